@@ -1,0 +1,200 @@
+"""Save and load checkpoints: safetensors weights + trainer state + config, atomically.
+
+A checkpoint folder (``runs/<name>/checkpoints/last/``) holds
+
+- ``model.safetensors``: the weights (a tied ``lm_head.weight`` is stored once,
+  as ``wte.weight``);
+- ``trainer_state.pt``: optimizer moments, RNG states, step, best val loss;
+  plain tensors and numbers only, read back with ``torch.load(weights_only=True)``;
+- ``config.yaml``: the resolved config, so the model can be rebuilt from the
+  folder alone;
+- ``meta.json``: step and losses, readable without torch.
+
+Writes go to a temporary sibling folder, are fsynced, then renamed into place:
+killing the process at any moment leaves the previous checkpoint loadable
+(:func:`resolve` falls back to the ``.old`` copy kept during the swap).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import Config, ConfigError, load_config
+from .errors import MinigptError
+from .model import GPT
+
+WEIGHTS = "model.safetensors"
+STATE = "trainer_state.pt"
+CONFIG = "config.yaml"
+META = "meta.json"
+_COMPILE_PREFIX = "_orig_mod."
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors for safetensors: no ``_orig_mod.`` prefix, tied head stored once."""
+    model = getattr(model, "_orig_mod", model)
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    sd = {k.removeprefix(_COMPILE_PREFIX): v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if getattr(model, "config", None) is not None and model.config.tie_weights:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def save(directory: Path, model: torch.nn.Module, config: Config,
+         trainer_state: Optional[dict[str, Any]] = None, meta: Optional[dict[str, Any]] = None) -> Path:
+    """Write a checkpoint folder atomically.
+
+    Args:
+        directory: the final folder, e.g. ``runs/x/checkpoints/last``.
+        model: the GPT (compiled or DDP-wrapped models are unwrapped).
+        config: the resolved run config.
+        trainer_state: optimizer state, RNG states, step, ...; tensors,
+            numbers, strings, lists and dicts only (``weights_only`` loadable).
+        meta: small JSON-able facts (step, losses).
+
+    Returns:
+        ``directory``.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+    try:
+        save_file(model_state(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / STATE)
+        (tmp / CONFIG).write_text(config.to_yaml(), encoding="utf-8")
+        (tmp / META).write_text(json.dumps(meta or {}, indent=1), encoding="utf-8")
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        old = directory.parent / f".{directory.name}.old"
+        if old.exists():
+            shutil.rmtree(old)
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        _fsync_dir(directory.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def resolve(directory: Path) -> Path:
+    """The folder to load: ``directory``, or its ``.old`` copy if a swap was cut short.
+
+    Raises:
+        MinigptError: neither holds a weights file.
+    """
+    directory = Path(directory)
+    if (directory / WEIGHTS).is_file():
+        return directory
+    old = directory.parent / f".{directory.name}.old"
+    if (old / WEIGHTS).is_file():
+        return old
+    raise MinigptError(f"no checkpoint at {str(directory)!r} (missing {WEIGHTS}); train first or pick another run")
+
+
+def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
+    """Rebuild the model from a checkpoint folder alone (config.yaml + safetensors).
+
+    Raises:
+        MinigptError: missing, truncated or corrupt files, or weights that do not
+            fit the config; the message names the file.
+    """
+    directory = resolve(directory)
+    try:
+        config = load_config(directory / CONFIG)
+    except ConfigError as exc:
+        raise MinigptError(f"checkpoint config is unusable: {exc}") from None
+    weights = directory / WEIGHTS
+    try:
+        sd = load_file(str(weights), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise MinigptError(
+            f"checkpoint weights {str(weights)!r} are corrupt or truncated ({str(exc).splitlines()[0]}); "
+            "use another checkpoint (e.g. checkpoints/best) or retrain"
+        ) from None
+    sd = {k.removeprefix(_COMPILE_PREFIX): v for k, v in sd.items()}
+    if config.model.vocab_size is None:
+        if "wte.weight" not in sd:
+            raise MinigptError(f"checkpoint weights {str(weights)!r} lack wte.weight; the file is not a minigpt checkpoint")
+        config.model.vocab_size = int(sd["wte.weight"].shape[0])
+    with torch.device("meta"):
+        model = GPT(config.model)
+    if config.model.tie_weights:
+        sd.pop("lm_head.weight", None)
+    expected = set(model_state_keys(model))
+    got = set(sd)
+    if expected != got:
+        missing = sorted(expected - got)[:3]
+        extra = sorted(got - expected)[:3]
+        raise MinigptError(
+            f"checkpoint weights {str(weights)!r} do not match its config.yaml "
+            f"(missing {missing}, unexpected {extra}); the checkpoint is damaged"
+        )
+    try:
+        model.load_state_dict(sd, strict=False, assign=True)
+    except RuntimeError as exc:
+        raise MinigptError(
+            f"checkpoint weights {str(weights)!r} do not fit its config.yaml ({str(exc).splitlines()[-1].strip()})"
+        ) from None
+    if config.model.tie_weights:
+        model.lm_head.weight = model.wte.weight
+    # Buffers that are not saved (sinusoidal table) are rebuilt on a real device.
+    if config.model.pos_encoding == "sinusoidal":
+        from .model import sinusoidal_table
+
+        model.pos_table = sinusoidal_table(config.model.block_size, config.model.n_embd)
+    model.to(device)
+    model.eval()
+    return model, config
+
+
+def model_state_keys(model: GPT) -> list[str]:
+    keys = [k for k in model.state_dict().keys()]
+    if model.config.tie_weights:
+        keys = [k for k in keys if k != "lm_head.weight"]
+    return keys
+
+
+def load_trainer_state(directory: Path) -> dict[str, Any]:
+    """Read ``trainer_state.pt`` with ``weights_only=True`` (no code runs on load).
+
+    Raises:
+        MinigptError: missing, truncated or unsafe file; the message names it.
+    """
+    path = resolve(directory) / STATE
+    if not path.is_file():
+        raise MinigptError(f"{str(path)!r} not found; this checkpoint cannot be resumed")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unpickling errors come in many types
+        raise MinigptError(
+            f"trainer state {str(path)!r} is corrupt or unsafe to load ({type(exc).__name__}); "
+            "use another checkpoint or start a new run"
+        ) from None

@@ -1,0 +1,240 @@
+"""The ``minigpt`` command (Typer). One short function per subcommand.
+
+Each function parses its options, loads the config, calls one library function
+and prints the result. torch is imported inside the commands that need it, so
+``minigpt --help`` answers at once. A :class:`~minigpt_cli.errors.MinigptError`
+or a usage error ends as one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from typer.core import TyperGroup
+
+try:  # Typer >= 0.20 carries its own copy of click
+    from typer._click import exceptions as _click_exc
+except ImportError:  # pragma: no cover - older Typer uses click itself
+    from click import exceptions as _click_exc
+
+from .errors import MinigptError
+
+EXIT_USAGE = 2
+
+
+class _Group(TyperGroup):
+    """Turns user errors into one line on stderr and exit 2, without a traceback."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args=args, prog_name=prog_name or "minigpt", complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except _click_exc.UsageError as exc:
+            path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
+            _fail(f"{exc.format_message()} (see '{path} --help')")
+        except MinigptError as exc:
+            _fail(str(exc))
+        except (_click_exc.Abort, KeyboardInterrupt):
+            print("aborted", file=sys.stderr)
+            sys.exit(130)
+        except _click_exc.ClickException as exc:
+            _fail(exc.format_message())
+        code = rv if isinstance(rv, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def _fail(message: str) -> None:
+    first = " ".join(str(message).split("\n")).strip()
+    print(f"error: {first}", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+
+
+app = typer.Typer(
+    cls=_Group,
+    help="Train, sample and measure small GPT models (decoder-only Transformers).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _echo(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- download
+
+
+@app.command()
+def download(
+    dataset: str = typer.Argument("tinyshakespeare", help="Corpus to fetch (only tinyshakespeare for now)."),
+    url: Optional[str] = typer.Option(
+        None, "--url", help="Mirror to fetch from; default $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn repository."
+    ),
+    force: bool = typer.Option(False, "--force", help="Fetch again even if a good copy is on disk."),
+    data_dir: Path = typer.Option(Path("data"), "--data-dir", help="Where corpora live."),
+) -> None:
+    """Download a corpus into data/<dataset>/input.txt (checksum-verified).
+
+    Example: minigpt download tinyshakespeare --url http://127.0.0.1:8000/input.txt
+    """
+    from .download import DATASET, download_tinyshakespeare
+
+    if dataset != DATASET:
+        raise MinigptError(f"unknown dataset {dataset!r}; known datasets: {DATASET}")
+    path, fetched = download_tinyshakespeare(data_dir, url=url, force=force)
+    size = path.stat().st_size
+    if fetched:
+        print(f"downloaded {path} ({size:,} bytes, sha256 verified)")
+    else:
+        print(f"{path} is already here ({size:,} bytes, sha256 verified); --force fetches it again")
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+@app.command("train-tokenizer")
+def train_tokenizer_cmd(
+    config: Optional[Path] = typer.Argument(None, help="A config whose tokenizer section to use."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="char (bpe, wordpiece, unigram come later)."),
+    vocab_size: Optional[int] = typer.Option(None, "--vocab-size", min=1, help="Target vocabulary size."),
+    input: Optional[Path] = typer.Option(None, "--input", help="Text to train on (default: the config's corpus)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Tokenizer file to write."),
+    set_: List[str] = typer.Option([], "--set", help="Override a config key: section.key=value."),
+) -> None:
+    """Train a tokenizer on the corpus and print a summary.
+
+    Example: minigpt train-tokenizer --kind char
+    """
+    from .config import apply_overrides, load_config, validate
+    from .train_tokenizer import run_train_tokenizer
+
+    cfg = load_config(config, set_) if config else validate(apply_overrides({}, set_), "--set")
+    print(run_train_tokenizer(cfg, kind=kind, vocab_size=vocab_size, input_path=input,
+                              output_path=output, echo=_echo))
+
+
+# ----------------------------------------------------------------------------- train
+
+
+@app.command()
+def train(
+    config: Path = typer.Argument(..., help="YAML config, e.g. configs/shakespeare-cpu.yaml."),
+    set_: List[str] = typer.Option(
+        [], "--set", help="Override a config key, e.g. --set train.learning_rate=3e-4 (repeatable)."
+    ),
+    run_name: Optional[str] = typer.Option(
+        None, "--run-name", help="Folder name under runs/ (default: <name>-<date>-<time>)."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Train a GPT as the config says; the run lands in runs/<name>/.
+
+    Downloads the corpus and trains the tokenizer first if they are missing.
+    The run folder holds config.yaml, tokenizer.json, metrics.jsonl, train.log,
+    loss.png, samples.txt, env.json and checkpoints/{last,best}.
+
+    Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
+    """
+    from .config import load_config
+
+    cfg = load_config(config, set_)
+    from .train import train as run_training
+
+    result = run_training(cfg, run_name=run_name, echo=_echo, progress=progress)
+    val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
+    print(f"trained {result.step} steps; final val loss {val}; run folder {result.run_dir}")
+    print(f"sample from it with: minigpt generate --run {result.run_dir}")
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+@app.command()
+def generate(
+    run: Optional[Path] = typer.Option(None, "--run", help="Run folder (default: the most recent under runs/)."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Text to continue (default: the config's sample.prompt)."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=0, help="Tokens to generate."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="0 means greedy."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, help="Keep only the k most likely tokens."),
+    top_p: Optional[float] = typer.Option(None, "--top-p",
+                                          help="Nucleus sampling, 0 < p <= 1: keep the smallest set of tokens reaching mass p."),
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", min=1, help="Independent samples."),
+    seed: int = typer.Option(1337, "--seed", help="Random seed for sampling."),
+    stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are produced."),
+    kv_cache: bool = typer.Option(True, "--kv-cache/--no-kv-cache", help="Reuse past keys and values."),
+    checkpoint: str = typer.Option("best", "--checkpoint", help="best or last."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
+) -> None:
+    """Sample text from a trained run.
+
+    Example: minigpt generate --prompt "ROMEO:" --max-new-tokens 300
+    """
+    from .generate import run_generate
+
+    run_generate(
+        run=run, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+        top_p=top_p, num_samples=num_samples, seed=seed, stream=stream, use_cache=kv_cache,
+        which=checkpoint, device=device, out=sys.stdout, echo=_echo,
+    )
+
+
+# ----------------------------------------------------------------------------- count-params
+
+
+@app.command("count-params")
+def count_params(
+    preset: Optional[str] = typer.Option(None, "--preset", help="A preset name (see --list)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A config file."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Context length for FLOPs (default block_size)."),
+    tokens: Optional[float] = typer.Option(None, "--tokens", min=1, help="Training tokens, for total FLOPs (e.g. 3e11)."),
+    vocab_size: Optional[int] = typer.Option(None, "--vocab-size", min=1, help="Vocabulary size when the config leaves it null."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16, for the memory estimate."),
+    batch_size: int = typer.Option(1, "--batch-size", min=1, help="Sequences per step, for the activation estimate."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    list_: bool = typer.Option(False, "--list", help="List the presets and exit."),
+) -> None:
+    """Exact parameter, FLOP and memory accounting for a preset or config.
+
+    Example: minigpt count-params --preset gpt2-small --seq-len 1024
+    """
+    from . import paths
+    from .config import load_config
+
+    if list_:
+        for name in paths.list_presets():
+            print(name)
+        return
+    if (preset is None) == (config is None):
+        raise MinigptError("pass exactly one of --preset NAME or --config FILE (--list shows the presets)")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise MinigptError(f"--dtype {dtype!r}: use float32, bfloat16 or float16")
+    from . import params
+
+    source = paths.preset_path(preset) if preset else config
+    cfg = load_config(source)
+    vocab = vocab_size or cfg.model.vocab_size or cfg.tokenizer.vocab_size
+    if vocab is None and cfg.tokenizer.kind == "char":
+        vocab = 65  # Tiny Shakespeare's alphabet
+    rep = params.report(cfg.model, seq_len=seq_len, tokens=int(tokens) if tokens else None,
+                        vocab_size=vocab, dtype=dtype, batch_size=batch_size)
+    if as_json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print(params.format_report(rep, title=preset or str(config)))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+"""The one config schema: pydantic models, YAML loading, ``--set`` overrides.
+
+A config is validated once, at the edge (the CLI), and passed around as a typed
+:class:`Config`. Unknown keys and wrong types are errors that name the key, and
+cross-field rules (``n_embd % n_head == 0``, even head size for RoPE, ...) are
+checked here, before any tensor exists. This module must not import torch: the
+CLI loads configs for ``count-params`` without it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    """Architecture of the decoder-only Transformer (GPT-2's names)."""
+
+    n_layer: int = Field(6, ge=1, description="number of Transformer blocks")
+    n_head: int = Field(6, ge=1, description="attention heads per block")
+    n_embd: int = Field(384, ge=1, description="model width d")
+    block_size: int = Field(256, ge=1, description="context length in tokens")
+    vocab_size: Optional[int] = Field(
+        None, ge=1, description="null: taken from the tokenizer"
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    bias: bool = True
+    pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = "learned"
+    rope_base: float = Field(10000.0, gt=0.0)
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = Field(1e-5, gt=0.0)
+    norm_position: Literal["pre", "post"] = "pre"
+    ffn: Literal["relu", "gelu", "gelu_tanh", "swiglu"] = "gelu"
+    d_ff: Optional[int] = Field(
+        None, ge=1, description="null: 4*d, or 8d/3 rounded up to multiple_of for SwiGLU"
+    )
+    multiple_of: int = Field(256, ge=1)
+    tie_weights: bool = True
+    scale_residual_init: bool = True
+    emb_scale: bool = False
+    n_kv_head: Optional[int] = Field(None, ge=1, description="null: n_head")
+    init_std: float = Field(0.02, gt=0.0)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
+    def ffn_hidden(self) -> int:
+        """Hidden width of the feed-forward block.
+
+        4*d (Vaswani et al. 2017, GPT-2); for SwiGLU 2/3 of that, rounded up to
+        ``multiple_of`` so the parameter count stays that of a 4*d MLP (Shazeer
+        2020 §2; Llama's ``FeedForward``: d=4096, multiple_of=256 -> 11008).
+        """
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.ffn == "swiglu":
+            hidden = int(2 * (4 * self.n_embd) / 3)
+            return self.multiple_of * math.ceil(hidden / self.multiple_of)
+        return 4 * self.n_embd
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> "ModelConfig":
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head "
+                f"({self.n_head}); e.g. n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}"
+            )
+        if self.n_kv_head is not None and self.n_head % self.n_kv_head != 0:
+            raise ValueError(
+                f"model.n_head ({self.n_head}) must be a multiple of model.n_kv_head "
+                f"({self.n_kv_head})"
+            )
+        if self.pos_encoding == "rope" and self.head_dim % 2 != 0:
+            raise ValueError(
+                f"model.pos_encoding=rope needs an even head size, but "
+                f"model.n_embd/model.n_head = {self.n_embd}/{self.n_head} = {self.head_dim}"
+            )
+        if self.pos_encoding == "sinusoidal" and self.n_embd % 2 != 0:
+            raise ValueError(
+                f"model.pos_encoding=sinusoidal needs an even model.n_embd, got {self.n_embd}"
+            )
+        return self
+
+
+class TokenizerConfig(_Strict):
+    """Which tokenizer turns text into ids, and where its file lives."""
+
+    kind: Literal["char", "bpe", "wordpiece", "unigram"] = "char"
+    vocab_size: Optional[int] = Field(
+        None, ge=1, description="target size for trained kinds; ignored for char"
+    )
+    path: Optional[str] = Field(
+        None, description="tokenizer file; null: data/<dataset>/tokenizer-<kind>.json"
+    )
+    special_tokens: list[str] = Field(default_factory=list)
+
+
+class DataConfig(_Strict):
+    """Corpus and prepared token files."""
+
+    dataset: Literal["tinyshakespeare"] = "tinyshakespeare"
+    data_dir: str = "data"
+    url: Optional[str] = Field(
+        None, description="mirror of the corpus; else $MINIGPT_TINYSHAKESPEARE_URL or the default"
+    )
+    val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+
+
+class TrainConfig(_Strict):
+    """Optimisation, schedule, evaluation and logging."""
+
+    batch_size: int = Field(64, ge=1)
+    grad_accum_steps: int = Field(1, ge=1)
+    max_iters: int = Field(5000, ge=0, description="optimizer steps")
+    learning_rate: float = Field(1e-3, gt=0.0)
+    min_lr: float = Field(1e-4, ge=0.0)
+    warmup_iters: int = Field(100, ge=0)
+    lr_schedule: Literal["cosine", "linear", "constant", "inverse_sqrt"] = "cosine"
+    lr_decay_iters: Optional[int] = Field(None, ge=1, description="null: max_iters")
+    weight_decay: float = Field(0.1, ge=0.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.99, ge=0.0, lt=1.0)
+    grad_clip: float = Field(1.0, ge=0.0, description="0 disables clipping")
+    eval_interval: int = Field(250, ge=1)
+    eval_iters: int = Field(200, ge=1)
+    log_interval: int = Field(10, ge=1)
+    sample_tokens: int = Field(200, ge=0, description="tokens sampled into samples.txt at each eval")
+    early_stop_patience: Optional[int] = Field(None, ge=1)
+    keep_every: Optional[int] = Field(None, ge=1)
+    out_dir: str = "runs"
+    tensorboard: bool = False
+
+    @model_validator(mode="after")
+    def _check_lr(self) -> "TrainConfig":
+        if self.min_lr > self.learning_rate:
+            raise ValueError(
+                f"train.min_lr ({self.min_lr}) must not exceed train.learning_rate "
+                f"({self.learning_rate})"
+            )
+        return self
+
+
+class SampleConfig(_Strict):
+    """Defaults for ``minigpt generate`` (Hugging Face's names)."""
+
+    prompt: str = "\n"
+    max_new_tokens: int = Field(500, ge=0)
+    temperature: float = Field(0.8, ge=0.0)
+    top_k: Optional[int] = Field(200, ge=1)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    num_samples: int = Field(1, ge=1)
+
+
+class Config(_Strict):
+    """A whole run: model, tokenizer, data, training, sampling, device."""
+
+    name: str = Field("run", min_length=1)
+    seed: int = 1337
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    compile: bool = False
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    sample: SampleConfig = Field(default_factory=SampleConfig)
+
+    @model_validator(mode="after")
+    def _check_run(self) -> "Config":
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+            raise ValueError(
+                f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N, mps"
+            )
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name):
+            raise ValueError(
+                f"name: {self.name!r} may only hold letters, digits, '.', '_' and '-'"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ----------------------------------------------------------------------------- YAML
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str, source: str = "<string>") -> Any:
+    """Parse YAML text; a syntax error becomes a one-line :class:`ConfigError`."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{source}:{where}: invalid YAML ({problem}); fix the syntax") from None
+
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys.extend(_known_keys(ann, prefix + name + "."))
+    return keys
+
+
+def _format_error(err: dict[str, Any], source: str) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(loc, _known_keys(Config), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else "; remove it (see configs/README.md for the keys)"
+        return f"{source}: {loc}: unknown key{hint}"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        # Cross-field rules already name their keys.
+        return f"{source}: {msg[len('Value error, '):]}"
+    got = err.get("input")
+    got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"{source}: {loc or 'config'}: {msg[0].lower() + msg[1:]}{got_s}"
+
+
+def validate(data: Any, source: str = "config") -> Config:
+    """Validate a parsed mapping into a :class:`Config`.
+
+    Raises:
+        ConfigError: naming the first bad key (unknown, wrong type, out of
+            range) or the broken cross-field rule.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc.errors()[0], source)) from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides to a parsed config mapping.
+
+    Values are parsed as YAML (``3e-4`` -> float, ``true`` -> bool, ``null``
+    -> None); the schema then checks the key and the type.
+
+    Raises:
+        ConfigError: for an override without ``=`` or a path through a non-mapping.
+    """
+    data = dict(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set train.learning_rate=3e-4")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"--set {item!r}: the key is empty; expected section.key=value")
+        value = parse_yaml(raw, f"--set {key}") if raw.strip() else ""
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section")
+            else:
+                child = dict(child)
+            node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config file, apply ``--set`` overrides, validate.
+
+    Raises:
+        ConfigError: missing or unreadable file, invalid YAML, or a schema error.
+    """
+    p = Path(path)
+    if not p.is_file():
+        hint = ""
+        configs = sorted(x.name for x in Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
+        if configs:
+            hint = f"; shipped configs: {', '.join('configs/' + c for c in configs)}"
+        raise ConfigError(f"config file {str(p)!r} not found{hint}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config {str(p)!r}: {exc}") from None
+    data = parse_yaml(text, str(p))
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(data).__name__}")
+    if overrides:
+        data = apply_overrides(data, overrides)
+    return validate(data, str(p))

@@ -1,0 +1,189 @@
+"""Corpus -> token memmaps -> batches.
+
+Prepared data lives in ``data/<dataset>/<kind>-<tokenizer fingerprint>/``:
+``train.bin`` and ``val.bin`` (token ids as a flat ``np.memmap``, uint16 below
+65,536 vocabulary entries, uint32 above) and ``meta.json`` naming the tokenizer
+and the corpus that made them. The first ``1 - val_fraction`` of the text (90%
+by default, nanoGPT's split) is for training, the rest for validation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .errors import MinigptError
+from .config import Config
+from .paths import corpus_path, default_tokenizer_path
+from .tokenizer import Tokenizer, atomic_write_text, load_tokenizer, train_tokenizer
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab ≤ 65,536), else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def split_text(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
+    """(train, val): the first ``int(len·(1-val_fraction))`` characters, and the rest."""
+    n = int(len(text) * (1 - val_fraction))
+    return text[:n], text[n:]
+
+
+def _write_bin(path: Path, ids: np.ndarray) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(ids.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def ensure_corpus(cfg: Config, log: Callable[[str], None]) -> Path:
+    """The corpus file, downloaded first (saying so) if it is not there or fails its checksum."""
+    from .download import download_tinyshakespeare, file_ok
+
+    path = corpus_path(cfg.data.data_dir, cfg.data.dataset)
+    if not file_ok(path):
+        log(f"{path} not found or incomplete; downloading it first")
+        path, _ = download_tinyshakespeare(cfg.data.data_dir, url=cfg.data.url)
+    return path
+
+
+def ensure_tokenizer(cfg: Config, corpus: Path, log: Callable[[str], None]) -> tuple[Tokenizer, Path]:
+    """Load the configured tokenizer, training (and saving) it first if its file does not exist."""
+    tc = cfg.tokenizer
+    path = Path(tc.path) if tc.path else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind)
+    if path.is_file():
+        tok = load_tokenizer(path)
+        if tok.kind != tc.kind:
+            raise MinigptError(
+                f"tokenizer file {str(path)!r} holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; "
+                "fix tokenizer.path or tokenizer.kind"
+            )
+        return tok, path
+    log(f"tokenizer {path} not found; training a {tc.kind} tokenizer on {corpus}")
+    text = corpus.read_text(encoding="utf-8")
+    tok = train_tokenizer(tc.kind, text, tc.vocab_size)
+    tok.save(path)
+    return tok, path
+
+
+@dataclass
+class PreparedData:
+    """Token memmaps of one corpus under one tokenizer."""
+
+    directory: Path
+    train: np.memmap
+    val: np.memmap
+    meta: dict
+
+
+def prepare(corpus: Path, tokenizer: Tokenizer, out_root: Path, val_fraction: float = 0.1,
+            log=print) -> PreparedData:
+    """Tokenize ``corpus`` into ``out_root/<kind>-<fingerprint>/{train,val}.bin``.
+
+    Reuses files whose ``meta.json`` names the same tokenizer, corpus and split;
+    otherwise writes them afresh (each file through a temporary name and a rename,
+    ``meta.json`` last, so a half-written set is never taken for a finished one).
+
+    Raises:
+        MinigptError: unreadable corpus, or text the tokenizer cannot encode.
+    """
+    try:
+        raw = corpus.read_bytes()
+    except OSError as exc:
+        raise MinigptError(f"cannot read corpus {str(corpus)!r}: {exc}") from None
+    corpus_sha = hashlib.sha256(raw).hexdigest()
+    fp = tokenizer.fingerprint()
+    directory = out_root / f"{tokenizer.kind}-{fp}"
+    meta_path = directory / "meta.json"
+    dtype = token_dtype(tokenizer.vocab_size)
+    want = {
+        "tokenizer_kind": tokenizer.kind,
+        "tokenizer_fingerprint": fp,
+        "vocab_size": tokenizer.vocab_size,
+        "dtype": dtype.name,
+        "corpus": corpus.name,
+        "corpus_sha256": corpus_sha,
+        "val_fraction": val_fraction,
+    }
+    meta = None
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            meta = None
+    ok = (
+        meta is not None
+        and all(meta.get(k) == v for k, v in want.items())
+        and all(
+            (directory / f"{s}.bin").is_file()
+            and (directory / f"{s}.bin").stat().st_size == meta.get(f"{s}_tokens", -1) * dtype.itemsize
+            for s in ("train", "val")
+        )
+    )
+    if not ok:
+        log(f"preparing token files in {directory} ...")
+        text = raw.decode("utf-8")
+        train_text, val_text = split_text(text, val_fraction)
+        directory.mkdir(parents=True, exist_ok=True)
+        meta_path.unlink(missing_ok=True)
+        meta = dict(want)
+        for split, part in (("train", train_text), ("val", val_text)):
+            ids = np.asarray(tokenizer.encode(part), dtype=dtype)
+            _write_bin(directory / f"{split}.bin", ids)
+            meta[f"{split}_tokens"] = int(ids.size)
+        atomic_write_text(meta_path, json.dumps(meta, indent=1))
+    train = np.memmap(directory / "train.bin", dtype=dtype, mode="r")
+    val = np.memmap(directory / "val.bin", dtype=dtype, mode="r")
+    return PreparedData(directory, train, val, meta)
+
+
+class BatchSampler:
+    """Random (x, y) windows from a token memmap, drawn without Python loops.
+
+    Offsets come from a dedicated ``torch.Generator`` so the data order is part
+    of the training state (saved and restored with a checkpoint).
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
+                 device: torch.device):
+        if len(tokens) < block_size + 1:
+            raise MinigptError(
+                f"the split has {len(tokens)} tokens, fewer than block_size+1 = {block_size + 1}; "
+                "lower model.block_size or use more text"
+            )
+        self.tokens = tokens
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.device = device
+        self.generator = torch.Generator().manual_seed(seed)
+        self._arange = np.arange(block_size + 1)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y: (batch_size, block_size) int64, y shifted by one position."""
+        ix = torch.randint(len(self.tokens) - self.block_size, (self.batch_size,), generator=self.generator)
+        window = torch.from_numpy(self.tokens[ix.numpy()[:, None] + self._arange].astype(np.int64))
+        x, y = window[:, :-1], window[:, 1:]
+        if self.device.type == "cuda":
+            return (x.pin_memory().to(self.device, non_blocking=True),
+                    y.pin_memory().to(self.device, non_blocking=True))
+        return x.to(self.device), y.to(self.device)
+
+    def state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)

@@ -1,0 +1,366 @@
+"""Download Tiny Shakespeare: streamed, checksummed, written atomically.
+
+The corpus (1,115,394 bytes) comes from the char-rnn repository's raw file
+address, or from a mirror given by ``--url`` or ``$MINIGPT_TINYSHAKESPEARE_URL``.
+The body is streamed into a temporary file beside the target while its sha256
+is computed, then fsynced and renamed over ``data/tinyshakespeare/input.txt``,
+so a reader never sees half a file. Nothing is printed to stdout: the progress
+bar and notices go to stderr and the CLI reports the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import sys
+import tempfile
+from http import HTTPStatus
+from pathlib import Path
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+from tqdm import tqdm
+
+from .errors import MinigptError
+from .paths import CORPUS_FILE, corpus_path
+
+#: Where the corpus is fetched from unless ``--url`` or :data:`URL_ENV` say otherwise.
+DEFAULT_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
+#: Environment variable naming a mirror of the corpus.
+URL_ENV = "MINIGPT_TINYSHAKESPEARE_URL"
+#: sha256 of the genuine corpus.
+SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+#: Size of the genuine corpus in bytes.
+SIZE = 1_115_394
+#: Name of the dataset folder under ``data/``.
+DATASET = "tinyshakespeare"
+
+_CHUNK = 64 * 1024
+_RETRY_STATUSES = (429, 500, 502, 503, 504)
+_MIRROR_HINT = f"set {URL_ENV} to a mirror"
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The address to download from: ``url``, else the env var, else the default.
+
+    The order is ``url``, then ``$MINIGPT_TINYSHAKESPEARE_URL``, then
+    :data:`DEFAULT_URL`. Empty or blank values count as not given.
+
+    Args:
+        url: an explicit address (the CLI's ``--url``), or None.
+    """
+    if url is not None and url.strip():
+        return url.strip()
+    env = os.environ.get(URL_ENV, "").strip()
+    return env or DEFAULT_URL
+
+
+def _sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_ok(path: str | Path) -> bool:
+    """True when ``path`` is a regular file holding exactly the genuine corpus.
+
+    The size is compared first, so a wrong file is rejected without hashing it.
+    An unreadable file counts as not OK.
+
+    Args:
+        path: the file to check.
+    """
+    p = Path(path)
+    try:
+        if not p.is_file() or p.stat().st_size != SIZE:
+            return False
+        return _sha256_of(p) == SHA256
+    except OSError:
+        return False
+
+
+def _session(retries: int, backoff_factor: float) -> requests.Session:
+    """A session that retries failed connections and 429/5xx answers to GET."""
+    retry = urllib3.util.Retry(
+        total=retries,
+        backoff_factor=backoff_factor,
+        status_forcelist=_RETRY_STATUSES,
+        allowed_methods=["GET"],
+        # Hand back the last 5xx response instead of raising RetryError, so the
+        # message can say "HTTP 503 Service Unavailable".
+        raise_on_status=False,
+    )
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=retry)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _chain(exc: BaseException):
+    """Every exception reachable from ``exc``: causes, contexts, ``.reason``, args."""
+    seen: set[int] = set()
+    stack: list[object] = [exc]
+    while stack:
+        e = stack.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack.extend(a for a in e.args if isinstance(a, BaseException))
+        stack.extend([getattr(e, "reason", None), e.__context__, e.__cause__])
+
+
+def _reason(exc: BaseException, timeout: float) -> str:
+    """A short, one-line reason for a network failure.
+
+    requests wraps urllib3 which wraps the socket error, and the outer messages
+    are long reprs of connection objects. Prefer the operating system's error
+    ("Connection refused", "Name or service not known"); a body cut short and
+    a timeout get a plain phrase; otherwise the outermost message, on one line.
+    """
+    chain = list(_chain(exc))
+    if any(isinstance(e, http.client.IncompleteRead) for e in chain):
+        return "the server closed the connection early"
+    for e in chain:
+        # requests' exceptions subclass OSError too; we want the socket's own error.
+        if (
+            isinstance(e, OSError)
+            and not isinstance(e, (requests.RequestException, TimeoutError))
+            and (e.strerror or str(e))
+        ):
+            return _one_line(e.strerror or str(e))
+    # NewConnectionError subclasses ConnectTimeoutError, hence the OSError pass first.
+    for e in chain:
+        if isinstance(e, (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)):
+            return f"timed out after {timeout:g} s"
+    return _one_line(str(exc) or type(exc).__name__)
+
+
+def _file_mode() -> int:
+    """The mode a newly created regular file gets under the current umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _missing_dirs(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    d = folder
+    while not d.exists() and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    return missing
+
+
+def _fetch(url: str, dest: Path, *, progress: bool, timeout: float, retries: int,
+           backoff_factor: float) -> None:
+    """Stream ``url`` into ``dest`` atomically; see :func:`download_tinyshakespeare`."""
+    fix_url = f"check the URL or {_MIRROR_HINT}"
+    created = _missing_dirs(dest.parent)
+    tmp_name: str | None = None
+    try:
+        with _session(retries, backoff_factor) as session:
+            try:
+                resp = session.get(url, stream=True, timeout=timeout)
+            except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
+                    requests.exceptions.InvalidURL) as e:
+                raise MinigptError(
+                    f"cannot download {url!r}: not a valid http(s) URL ({_one_line(e)}); "
+                    f"pass a full https://... address with --url or in {URL_ENV}"
+                ) from None
+            except (requests.ConnectionError, requests.Timeout) as e:
+                raise MinigptError(
+                    f"cannot reach {url} ({_reason(e, timeout)}); "
+                    f"check your network or {_MIRROR_HINT}"
+                ) from None
+            except requests.RequestException as e:
+                raise MinigptError(
+                    f"download of {url} failed ({_reason(e, timeout)}); {fix_url}"
+                ) from None
+
+            with resp:
+                if not 200 <= resp.status_code < 300:
+                    phrase = resp.reason
+                    if not phrase:
+                        try:
+                            phrase = HTTPStatus(resp.status_code).phrase
+                        except ValueError:
+                            phrase = ""
+                    status = _one_line(f"HTTP {resp.status_code} {phrase or ''}")
+                    raise MinigptError(f"download of {url} failed: {status}; {fix_url}")
+
+                # With Content-Encoding (gzip), Content-Length counts compressed
+                # bytes while iter_content yields decoded ones: no total then.
+                total = None
+                encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+                if encoding in ("", "identity"):
+                    try:
+                        total = int(resp.headers["Content-Length"])
+                    except (KeyError, ValueError):
+                        total = None
+
+                try:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = tempfile.NamedTemporaryFile(
+                        dir=dest.parent, delete=False, prefix=f".{CORPUS_FILE}.", suffix=".part"
+                    )
+                except OSError as e:
+                    raise MinigptError(
+                        f"cannot write into {dest.parent}: {_one_line(e)}; "
+                        f"check the folder's permissions or pass another data directory"
+                    ) from None
+                tmp_name = tmp.name
+
+                digest = hashlib.sha256()
+                received = 0
+                with tmp, tqdm(
+                    total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                    desc=str(dest), file=sys.stderr, disable=not progress, leave=False,
+                ) as bar:
+                    try:
+                        for chunk in resp.iter_content(chunk_size=_CHUNK):
+                            if not chunk:
+                                continue
+                            try:
+                                tmp.write(chunk)
+                            except OSError as e:
+                                raise MinigptError(
+                                    f"cannot write {dest}: {_one_line(e)}; "
+                                    f"free some disk space or pass another data directory"
+                                ) from None
+                            digest.update(chunk)
+                            received += len(chunk)
+                            bar.update(len(chunk))
+                    except MinigptError:
+                        raise
+                    except (requests.RequestException, urllib3.exceptions.HTTPError,
+                            OSError) as e:
+                        # ChunkedEncodingError (IncompleteRead / ProtocolError),
+                        # ConnectionError (reset, read timeout), ContentDecodingError.
+                        of_total = f" of {total:,}" if total is not None else ""
+                        raise MinigptError(
+                            f"download of {url} was cut off after {received:,}{of_total} bytes "
+                            f"({_reason(e, timeout)}); try again or {_MIRROR_HINT}"
+                        ) from None
+                    try:
+                        tmp.flush()
+                        os.fsync(tmp.fileno())
+                    except OSError as e:
+                        raise MinigptError(
+                            f"cannot write {dest}: {_one_line(e)}; "
+                            f"free some disk space or pass another data directory"
+                        ) from None
+
+        if total is not None and received < total:
+            # urllib3 normally raises IncompleteRead first; this is the backstop.
+            raise MinigptError(
+                f"download of {url} was cut off after {received:,} of {total:,} bytes; "
+                f"try again or {_MIRROR_HINT}"
+            )
+        got = digest.hexdigest()
+        if got != SHA256:
+            raise MinigptError(
+                f"download of {url} has sha256 {got} ({received:,} bytes), expected "
+                f"{SHA256} ({SIZE:,} bytes); the mirror serves a different file"
+            )
+        try:
+            # NamedTemporaryFile creates mode 0600; give the corpus the usual mode.
+            os.chmod(tmp_name, _file_mode())
+            os.replace(tmp_name, dest)
+        except OSError as e:
+            raise MinigptError(
+                f"cannot write {dest}: {_one_line(e)}; "
+                f"check the folder's permissions or pass another data directory"
+            ) from None
+        tmp_name = None
+    except BaseException:
+        # Leave no trace of a failed download: the temp file and any folder we made.
+        if tmp_name is not None:
+            try:
+                os.remove(tmp_name)
+            except OSError:
+                pass
+        for d in created:
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def download_tinyshakespeare(
+    data_dir: str | Path = "data",
+    url: str | None = None,
+    force: bool = False,
+    progress: bool = True,
+    timeout: float = 30.0,
+    retries: int = 3,
+    backoff_factor: float = 0.5,
+) -> tuple[Path, bool]:
+    """Make sure ``data/tinyshakespeare/input.txt`` holds the genuine corpus.
+
+    A file already there that passes the sha256 check is kept and no request
+    is made (unless ``force``). A file that fails the check (empty, truncated,
+    edited) is reported on stderr and downloaded again. The download streams
+    into a temporary file in the same folder, is checked against
+    :data:`SHA256`, fsynced, and renamed over the target.
+
+    After a failure no new file is left behind: the temporary file and any
+    folder created for it are removed. A pre-existing file that passes the
+    checksum (the ``force`` case) is left exactly as it was; a pre-existing file
+    that fails the checksum is deleted, since it is known to be bad.
+
+    Retries (with exponential backoff) cover failed connections and
+    429/500/502/503/504 answers; a body cut off mid-stream is not retried.
+
+    Args:
+        data_dir: the data folder; the corpus goes to ``<data_dir>/tinyshakespeare/input.txt``.
+        url: where to download from; None uses ``$MINIGPT_TINYSHAKESPEARE_URL``,
+            then :data:`DEFAULT_URL` (see :func:`resolve_url`).
+        force: download even when a good file is already there.
+        progress: show a tqdm bar on stderr.
+        timeout: seconds to wait to connect and between received bytes.
+        retries: how many times to retry a failed connection or a 429/5xx answer.
+        backoff_factor: urllib3's backoff factor for the pauses between retries.
+
+    Returns:
+        ``(path, downloaded)``: the corpus path and whether it was downloaded now.
+
+    Raises:
+        MinigptError: with a one-line message naming the URL, the problem and
+            the fix, when the URL is invalid, the server cannot be reached or
+            times out, it answers with an HTTP error, the body is cut off, its
+            sha256 differs from :data:`SHA256`, or the file cannot be written.
+    """
+    url = resolve_url(url)
+    path = corpus_path(data_dir, DATASET)
+    exists = path.exists()
+    good = exists and file_ok(path)
+    if good and not force:
+        return path, False
+    if exists and not good and not force:
+        tqdm.write(f"{path} fails its checksum; downloading it again", file=sys.stderr)
+    try:
+        _fetch(url, path, progress=progress, timeout=timeout, retries=retries,
+               backoff_factor=backoff_factor)
+    except MinigptError:
+        if exists and not good and path.is_file():
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        raise
+    return path, True

@@ -1,0 +1,19 @@
+"""The one exception type for mistakes a user can make.
+
+The CLI turns a :class:`MinigptError` into a one-line message on stderr and exit
+status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class MinigptError(Exception):
+    """A problem the user can fix: bad config, missing file, network failure.
+
+    The message is a single line naming the problem and, where there is one,
+    the fix.
+    """
+
+
+class ConfigError(MinigptError):
+    """The config (YAML, ``--set`` override or preset) is invalid."""

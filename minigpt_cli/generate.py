@@ -1,0 +1,192 @@
+"""Sampling from a trained GPT, with a KV cache.
+
+The cached path gives the same tokens as a plain forward pass over the last
+``block_size`` tokens at every step, also past ``block_size``: with RoPE or no
+positions the oldest cache entry is dropped (attention scores depend only on
+offsets), and with absolute positions (learned, sinusoidal), whose every
+position shifts when the window slides, the window is recomputed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator, Optional, TextIO
+
+import torch
+
+from .errors import MinigptError
+from .model import GPT
+
+
+def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None, top_p: Optional[float] = None) -> torch.Tensor:
+    """Mask logits (B, V) outside the top-k and the nucleus with -inf.
+
+    top_k keeps the k largest (ties at the k-th value kept, as nanoGPT).
+    top_p keeps the smallest set of most likely tokens whose probability mass
+    reaches p, the most likely token always (Holtzman et al. 2020 §3.1).
+    """
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits.float(), dim=-1)
+        # Mass before each token; a token is dropped when that mass already reaches p.
+        before = probs.cumsum(dim=-1) - probs
+        drop_sorted = before >= top_p
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
+                generator: Optional[torch.Generator]) -> torch.Tensor:
+    """Next ids (B,) from last-position logits (B, V). Temperature 0 is greedy (argmax)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate_tokens(
+    model: GPT,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    use_cache: bool = True,
+    generator: Optional[torch.Generator] = None,
+) -> Iterator[torch.Tensor]:
+    """Yield each new token, (B,) int64, as it is sampled.
+
+    Args:
+        model: a GPT in eval mode.
+        idx: prompt ids (B, T), T ≥ 1; only the last ``block_size`` are seen.
+        max_new_tokens: tokens to produce.
+        temperature: divides the logits; 0 means greedy.
+        top_k: keep only the k most likely tokens (None: all).
+        top_p: nucleus sampling mass, 0 < p ≤ 1 (None: off).
+        use_cache: reuse keys/values of past positions (a KV cache).
+        generator: the RNG for sampling (seeded by the caller).
+    """
+    block = model.config.block_size
+    sliding_ok = model.config.pos_encoding in ("rope", "none")
+    seq = idx
+    cache = None
+    for _ in range(max_new_tokens):
+        if not use_cache:
+            logits, _ = model(seq[:, -block:], last_only=True)
+        elif cache is None or (cache.length >= block and not sliding_ok):
+            # (Re)fill the cache with the current window.
+            cache = model.new_cache(seq.size(0), block)
+            logits, _ = model(seq[:, -block:], cache=cache, last_only=True)
+        else:
+            if cache.length >= block:
+                cache.drop_oldest(cache.length - block + 1)
+            logits, _ = model(seq[:, -1:], cache=cache, last_only=True)
+        nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+        seq = torch.cat([seq, nxt[:, None]], dim=1)
+        yield nxt
+
+
+def run_generate(
+    run: Optional[Path],
+    prompt: Optional[str],
+    max_new_tokens: Optional[int],
+    temperature: Optional[float],
+    top_k: Optional[int],
+    top_p: Optional[float],
+    num_samples: Optional[int],
+    seed: int,
+    stream: bool,
+    use_cache: bool,
+    which: str,
+    device: str,
+    out: TextIO,
+    echo: Callable[[str], None],
+) -> list[str]:
+    """The ``generate`` command: load a run, encode the prompt, sample, print.
+
+    Options left as None take the run's ``sample`` section. Each sample starts
+    with the prompt (as given) and is printed as it is produced when ``stream``.
+
+    Returns:
+        The samples' texts.
+
+    Raises:
+        MinigptError: no run, a damaged checkpoint, a prompt the tokenizer
+            cannot encode, bad sampling options.
+    """
+    from . import checkpoint
+    from .device import resolve_device
+    from .paths import latest_run
+    from .tokenizer import load_tokenizer
+
+    if which not in ("best", "last"):
+        raise MinigptError(f"--checkpoint {which!r}: use best or last")
+    run_dir = Path(run) if run is not None else latest_run()
+    if not run_dir.is_dir():
+        raise MinigptError(f"run folder {str(run_dir)!r} not found; pass --run runs/NAME of a trained run")
+    ckpt = run_dir / "checkpoints" / which
+    if which == "best" and not (ckpt / "model.safetensors").is_file() and not (
+        ckpt.parent / ".best.old" / "model.safetensors"
+    ).is_file():
+        ckpt = run_dir / "checkpoints" / "last"
+    tok = load_tokenizer(run_dir / "tokenizer.json")
+    dev = resolve_device(device)
+    model, cfg = checkpoint.load_model(ckpt, dev)
+    if cfg.model.vocab_size < tok.vocab_size:
+        raise MinigptError(
+            f"{run_dir / 'tokenizer.json'} has {tok.vocab_size} entries but the checkpoint's model has "
+            f"{cfg.model.vocab_size}; the run folder is inconsistent"
+        )
+    sc = cfg.sample
+    prompt = sc.prompt if prompt is None else prompt
+    max_new_tokens = sc.max_new_tokens if max_new_tokens is None else max_new_tokens
+    temperature = sc.temperature if temperature is None else temperature
+    explicit_top_k = top_k is not None
+    top_k = sc.top_k if top_k is None else top_k
+    top_p = sc.top_p if top_p is None else top_p
+    num_samples = sc.num_samples if num_samples is None else num_samples
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise MinigptError(f"--top-p {top_p}: must be in (0, 1]; e.g. --top-p 0.9")
+    if top_k is not None and top_k > tok.vocab_size:
+        if explicit_top_k:
+            echo(f"note: --top-k {top_k} is larger than the vocabulary ({tok.vocab_size}); using {tok.vocab_size}")
+        top_k = tok.vocab_size
+    if prompt == "":
+        raise MinigptError("the prompt is empty; pass --prompt TEXT (a newline works: --prompt $'\\n')")
+    ids = tok.encode(prompt)
+    if not ids:
+        raise MinigptError("the prompt encodes to no tokens; pass a longer --prompt")
+    block = cfg.model.block_size
+    if len(ids) > block:
+        echo(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block} (block_size)")
+    g = torch.Generator(device=dev).manual_seed(seed)
+    texts = []
+    for i in range(num_samples):
+        if num_samples > 1:
+            out.write(f"{'-' * 20} sample {i + 1} {'-' * 20}\n")
+        out.write(prompt)
+        out.flush()
+        idx = torch.tensor([ids], dtype=torch.long, device=dev)
+        new: list[int] = []
+        shown = ""
+        for t in generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, g):
+            new.append(int(t[0]))
+            if stream:
+                text = tok.decode(new)
+                # Print only what is new; multi-token characters wait until complete.
+                if not text.endswith("\ufffd"):
+                    out.write(text[len(shown):])
+                    out.flush()
+                    shown = text
+        text = tok.decode(new)
+        out.write(text[len(shown):] + "\n")
+        out.flush()
+        texts.append(prompt + text)
+    return texts

@@ -1,0 +1,81 @@
+"""Where a run reports: metrics.jsonl, train.log, loss.png, samples.txt.
+
+``metrics.jsonl`` is machine-readable (DESIGN §4): every line has ``step``
+(optimizer steps done), ``event`` (``"train"`` or ``"eval"``) and
+``elapsed_s``; train lines add ``loss``, ``lr``, ``tokens_per_sec``; eval lines
+add ``train_loss`` and ``val_loss``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+class RunLogger:
+    """Appends events to the run folder's files; redraws ``loss.png`` at each eval."""
+
+    def __init__(self, run_dir: Path, echo=None):
+        self.run_dir = Path(run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.log_path = self.run_dir / "train.log"
+        self.samples_path = self.run_dir / "samples.txt"
+        self.plot_path = self.run_dir / "loss.png"
+        self.echo = echo
+        self.train_points: list[tuple[int, float]] = []
+        self.eval_points: list[tuple[int, float, float]] = []
+
+    def log(self, message: str) -> None:
+        """A human-readable line in train.log (and on the console, if echo is set)."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(f"{stamp} {message}\n")
+        if self.echo is not None:
+            self.echo(message)
+
+    def event(self, record: dict[str, Any]) -> None:
+        """One JSON object per line in metrics.jsonl."""
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if record["event"] == "train":
+            self.train_points.append((record["step"], record["loss"]))
+        elif record["event"] == "eval":
+            self.eval_points.append((record["step"], record["train_loss"], record["val_loss"]))
+
+    def sample(self, step: int, text: str) -> None:
+        with open(self.samples_path, "a", encoding="utf-8") as f:
+            f.write(f"===== step {step} =====\n{text}\n\n")
+
+    def plot(self) -> None:
+        """Redraw loss.png (matplotlib, Agg backend) with train and val curves."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+        if self.train_points:
+            s, l = zip(*self.train_points)
+            ax.plot(s, l, label="train (batch)", color="tab:blue", alpha=0.4, linewidth=1)
+        if self.eval_points:
+            s, tl, vl = zip(*self.eval_points)
+            ax.plot(s, tl, "o-", label="train (eval)", color="tab:blue", markersize=3)
+            ax.plot(s, vl, "o-", label="val (eval)", color="tab:orange", markersize=3)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("cross-entropy loss (nats/token)")
+        ax.set_title(self.run_dir.name)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fd, tmp = tempfile.mkstemp(dir=self.run_dir, prefix=".loss.", suffix=".png")
+        os.close(fd)
+        try:
+            fig.savefig(tmp, format="png")
+            os.replace(tmp, self.plot_path)
+        finally:
+            plt.close(fig)
+            Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,91 @@
+"""Where corpora, tokenizers, prepared data, presets and runs live.
+
+All paths in a config are relative to the current directory, so a user who
+runs ``minigpt`` from the repository root gets ``data/`` and ``runs/`` there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import MinigptError
+
+#: Name of the file a dataset is downloaded to, inside ``data/<dataset>/``.
+CORPUS_FILE = "input.txt"
+
+
+def dataset_dir(data_dir: str | Path, dataset: str) -> Path:
+    """``data/<dataset>/``: the corpus and everything derived from it."""
+    return Path(data_dir) / dataset
+
+
+def corpus_path(data_dir: str | Path, dataset: str) -> Path:
+    """``data/<dataset>/input.txt``."""
+    return dataset_dir(data_dir, dataset) / CORPUS_FILE
+
+
+def default_tokenizer_path(data_dir: str | Path, dataset: str, kind: str) -> Path:
+    """``data/<dataset>/tokenizer-<kind>.json``, where a trained tokenizer is kept."""
+    return dataset_dir(data_dir, dataset) / f"tokenizer-{kind}.json"
+
+
+def configs_dir() -> Path:
+    """The shipped ``configs/`` folder.
+
+    Looked up in order: ``$MINIGPT_CONFIGS_DIR``, ``./configs`` when it holds
+    the presets, then the ``configs/`` beside the package (a source checkout or
+    an editable install).
+    """
+    env = os.environ.get("MINIGPT_CONFIGS_DIR")
+    if env:
+        return Path(env)
+    here = Path.cwd() / "configs"
+    if (here / "presets").is_dir():
+        return here
+    return Path(__file__).resolve().parent.parent / "configs"
+
+
+def presets_dir() -> Path:
+    """``configs/presets/``: one YAML per named model size."""
+    return configs_dir() / "presets"
+
+
+def list_presets() -> list[str]:
+    """Names of the presets shipped in ``configs/presets/``, sorted."""
+    d = presets_dir()
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def preset_path(name: str) -> Path:
+    """The YAML file of preset ``name``.
+
+    Raises:
+        MinigptError: unknown preset; the message lists the known ones.
+    """
+    path = presets_dir() / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(list_presets()) or f"none found in {presets_dir()}"
+        raise MinigptError(f"unknown preset {name!r}; known presets: {known}")
+    return path
+
+
+def latest_run(runs_dir: str | Path = "runs") -> Path:
+    """The most recently written run under ``runs_dir`` that has a checkpoint.
+
+    Raises:
+        MinigptError: no run with a checkpoint exists there.
+    """
+    root = Path(runs_dir)
+    candidates = []
+    if root.is_dir():
+        for run in root.iterdir():
+            ckpt = run / "checkpoints" / "last" / "model.safetensors"
+            if ckpt.is_file():
+                candidates.append((ckpt.stat().st_mtime, run))
+    if not candidates:
+        raise MinigptError(
+            f"no trained run found under {str(root)!r}; train one first "
+            f"(minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME"
+        )
+    return max(candidates)[1]

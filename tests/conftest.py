@@ -1,0 +1,148 @@
+"""Shared fixtures: the Tiny Shakespeare corpus and a local HTTP server serving it.
+
+Tests never touch the internet. The corpus lives in ``shared/`` beside the
+repository checkout (``<parent>/shared/data/tinyshakespeare/input.txt``) and is
+served from 127.0.0.1 so the real download code is exercised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+CORPUS_PATH = (
+    Path(__file__).resolve().parent.parent.parent
+    / "shared" / "data" / "tinyshakespeare" / "input.txt"
+)
+CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+
+@pytest.fixture(scope="session")
+def corpus_file() -> Path:
+    """Path of the genuine Tiny Shakespeare corpus in ``shared/``; fails if it is absent."""
+    if not CORPUS_PATH.is_file():
+        pytest.fail(
+            f"the tests need the Tiny Shakespeare corpus at {CORPUS_PATH}; check the "
+            f"repository out beside the shared/ folder that holds data/tinyshakespeare/input.txt",
+            pytrace=False,
+        )
+    digest = hashlib.sha256(CORPUS_PATH.read_bytes()).hexdigest()
+    if digest != CORPUS_SHA256:
+        pytest.fail(
+            f"{CORPUS_PATH} has sha256 {digest}, expected {CORPUS_SHA256}; "
+            f"restore the genuine corpus",
+            pytrace=False,
+        )
+    return CORPUS_PATH
+
+
+class CorpusServer:
+    """A running local server. ``url(path)`` builds addresses; ``hits`` counts requests.
+
+    ``hits`` is keyed by the request target as sent, query string included, so a
+    test can use ``url("/input.txt?t=mytest")`` to count only its own requests
+    (routing ignores the query string).
+    """
+
+    def __init__(self, host: str, port: int, hits: Counter, lock: threading.Lock):
+        self.host = host
+        self.port = port
+        self.hits = hits
+        self._lock = lock
+
+    def url(self, path: str = "/input.txt") -> str:
+        """``http://127.0.0.1:PORT/path``."""
+        if not path.startswith("/"):
+            path = "/" + path
+        return f"http://{self.host}:{self.port}{path}"
+
+    def hit_count(self, path: str) -> int:
+        with self._lock:
+            return self.hits.get(path, 0)
+
+
+def _make_handler(body: bytes, hits: Counter, lock: threading.Lock):
+    wrong = body.upper()
+    assert len(wrong) == len(body) and wrong != body
+
+    class Handler(BaseHTTPRequestHandler):
+        """Routes: /input.txt, /missing.txt (404), /wrong.txt (other bytes, same
+        length), /truncated.txt (half the body, full Content-Length),
+        /flaky.txt (503 on the first request of each target, then the corpus)."""
+
+        def log_message(self, format, *args):  # noqa: A002 - silence request logging
+            pass
+
+        def _send(self, status: int, payload: bytes, length: int | None = None) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(payload) if length is None else length))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+            self.wfile.flush()
+
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            with lock:
+                hits[self.path] += 1
+                count = hits[self.path]
+            route = urlsplit(self.path).path
+            self.close_connection = True
+            if route == "/input.txt":
+                self._send(200, body)
+            elif route == "/wrong.txt":
+                self._send(200, wrong)
+            elif route == "/truncated.txt":
+                self._send(200, body[: len(body) // 2], length=len(body))
+            elif route == "/flaky.txt":
+                if count == 1:
+                    self._send(503, b"try again later\n")
+                else:
+                    self._send(200, body)
+            else:
+                self._send(404, b"not found\n")
+
+    return Handler
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # clients that hang up early (truncated tests) are expected
+
+
+@pytest.fixture(scope="session")
+def corpus_server(corpus_file: Path):
+    """A ThreadingHTTPServer on 127.0.0.1 (random port) serving the corpus routes."""
+    hits: Counter = Counter()
+    lock = threading.Lock()
+    server = _QuietServer(("127.0.0.1", 0), _make_handler(corpus_file.read_bytes(), hits, lock))
+    thread = threading.Thread(target=server.serve_forever, name="corpus-server", daemon=True)
+    thread.start()
+    # A proxy set in the environment must not see requests to the local server.
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("NO_PROXY", "no_proxy"):
+            old = os.environ.get(var)
+            mp.setenv(var, f"{old},127.0.0.1" if old else "127.0.0.1")
+        try:
+            yield CorpusServer("127.0.0.1", server.server_address[1], hits, lock)
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+
+
+@pytest.fixture
+def shakespeare_env(monkeypatch: pytest.MonkeyPatch, corpus_server: CorpusServer) -> str:
+    """Point ``MINIGPT_TINYSHAKESPEARE_URL`` at the local server's /input.txt; returns that URL."""
+    url = corpus_server.url("/input.txt")
+    monkeypatch.setenv("MINIGPT_TINYSHAKESPEARE_URL", url)
+    return url

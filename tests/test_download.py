@@ -1,0 +1,266 @@
+"""download_tinyshakespeare against the local corpus server (no internet)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import stat
+
+import pytest
+
+from minigpt_cli import download
+from minigpt_cli.download import (
+    DEFAULT_URL,
+    SHA256,
+    SIZE,
+    URL_ENV,
+    download_tinyshakespeare,
+    file_ok,
+    resolve_url,
+)
+from minigpt_cli.errors import MinigptError
+
+FAST = dict(progress=False, timeout=5.0, retries=2, backoff_factor=0.01)
+
+
+def fetch(data_dir, url=None, **kw):
+    return download_tinyshakespeare(data_dir, url=url, **{**FAST, **kw})
+
+
+def leftovers(data_dir):
+    """Every file under data_dir (temp files included)."""
+    return sorted(str(p.relative_to(data_dir)) for p in data_dir.rglob("*") if p.is_file())
+
+
+def one_line(msg: str) -> str:
+    assert "\n" not in msg and "\r" not in msg, msg
+    return msg
+
+
+def sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def no_env(monkeypatch):
+    monkeypatch.delenv(URL_ENV, raising=False)
+
+
+# --- resolve_url / file_ok -------------------------------------------------------
+
+
+def test_resolve_url_order(monkeypatch):
+    monkeypatch.delenv(URL_ENV, raising=False)
+    assert resolve_url() == DEFAULT_URL
+    assert resolve_url("") == DEFAULT_URL
+    monkeypatch.setenv(URL_ENV, "http://mirror/env.txt")
+    assert resolve_url() == "http://mirror/env.txt"
+    assert resolve_url("http://mirror/explicit.txt") == "http://mirror/explicit.txt"
+    monkeypatch.setenv(URL_ENV, "  ")
+    assert resolve_url() == DEFAULT_URL
+
+
+def test_file_ok(tmp_path, corpus_file):
+    assert file_ok(corpus_file)
+    assert not file_ok(tmp_path / "absent.txt")
+    assert not file_ok(tmp_path)  # a directory
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(corpus_file.read_bytes().upper())  # same size, other bytes
+    assert not file_ok(bad)
+
+
+# --- success paths ---------------------------------------------------------------
+
+
+def test_download_then_cached(tmp_path, corpus_server, capsys):
+    target = "/input.txt?t=cached"
+    path, downloaded = fetch(tmp_path, corpus_server.url(target))
+    assert downloaded is True
+    assert path == tmp_path / "tinyshakespeare" / "input.txt"
+    assert path.stat().st_size == SIZE
+    assert sha(path) == SHA256
+    assert leftovers(tmp_path) == ["tinyshakespeare/input.txt"]
+    # Not the 0600 a NamedTemporaryFile gets: the usual mode under the umask.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert corpus_server.hit_count(target) == 1
+
+    path2, downloaded2 = fetch(tmp_path, corpus_server.url(target))
+    assert (path2, downloaded2) == (path, False)
+    assert corpus_server.hit_count(target) == 1  # no network the second time
+    out, _ = capsys.readouterr()
+    assert out == ""
+
+
+def test_cached_file_needs_no_network(tmp_path, corpus_file):
+    dest = tmp_path / "tinyshakespeare" / "input.txt"
+    dest.parent.mkdir()
+    dest.write_bytes(corpus_file.read_bytes())
+    # An unroutable URL: any request would fail.
+    assert fetch(tmp_path, "http://127.0.0.1:9/never") == (dest, False)
+
+
+def test_env_var_honoured(tmp_path, corpus_server, monkeypatch):
+    target = "/input.txt?t=env"
+    monkeypatch.setenv(URL_ENV, corpus_server.url(target))
+    path, downloaded = fetch(tmp_path)
+    assert downloaded and sha(path) == SHA256
+    assert corpus_server.hit_count(target) == 1
+
+
+def test_shakespeare_env_fixture(tmp_path, shakespeare_env):
+    assert os.environ[URL_ENV] == shakespeare_env
+    path, downloaded = fetch(tmp_path)
+    assert downloaded and file_ok(path)
+
+
+def test_flaky_server_retried(tmp_path, corpus_server):
+    target = "/flaky.txt?t=retry"
+    path, downloaded = fetch(tmp_path, corpus_server.url(target))
+    assert downloaded and sha(path) == SHA256
+    assert corpus_server.hit_count(target) == 2  # one 503, one success
+
+
+def test_flaky_server_without_retries_fails(tmp_path, corpus_server):
+    url = corpus_server.url("/flaky.txt?t=noretry")
+    with pytest.raises(MinigptError) as ei:
+        fetch(tmp_path, url, retries=0)
+    msg = one_line(str(ei.value))
+    assert url in msg and "503" in msg
+    assert leftovers(tmp_path) == []
+
+
+def test_progress_bar_goes_to_stderr(tmp_path, corpus_server, capsys):
+    fetch(tmp_path, corpus_server.url("/input.txt?t=progress"), progress=True)
+    out, _ = capsys.readouterr()
+    assert out == ""
+
+
+# --- failures leave nothing behind -------------------------------------------------
+
+
+def test_404(tmp_path, corpus_server):
+    url = corpus_server.url("/missing.txt")
+    with pytest.raises(MinigptError) as ei:
+        fetch(tmp_path, url)
+    msg = one_line(str(ei.value))
+    assert url in msg and "404" in msg and URL_ENV in msg
+    assert leftovers(tmp_path) == []
+    assert not (tmp_path / "tinyshakespeare").exists()  # the folder we made is gone too
+
+
+def test_wrong_checksum(tmp_path, corpus_server):
+    url = corpus_server.url("/wrong.txt")
+    with pytest.raises(MinigptError) as ei:
+        fetch(tmp_path, url)
+    msg = one_line(str(ei.value))
+    assert url in msg and "sha256" in msg and SHA256 in msg and "different file" in msg
+    assert leftovers(tmp_path) == []
+
+
+def test_truncated_body(tmp_path, corpus_server):
+    url = corpus_server.url("/truncated.txt")
+    with pytest.raises(MinigptError) as ei:
+        fetch(tmp_path, url)
+    msg = one_line(str(ei.value))
+    assert url in msg and "cut off" in msg and f"{SIZE:,}" in msg and "closed the connection early" in msg
+    assert leftovers(tmp_path) == []
+
+
+def test_connection_refused(tmp_path, no_env):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/input.txt"  # nothing listens there now
+    with pytest.raises(MinigptError) as ei:
+        fetch(tmp_path, url, retries=1)
+    msg = one_line(str(ei.value))
+    assert msg.startswith(f"cannot reach {url} (")
+    assert "refused" in msg.lower() and URL_ENV in msg
+    assert leftovers(tmp_path) == []
+
+
+def test_timeout(tmp_path):
+    # A listening socket that never answers: the read times out.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/input.txt"
+        with pytest.raises(MinigptError) as ei:
+            fetch(tmp_path, url, timeout=0.2, retries=0)
+    msg = one_line(str(ei.value))
+    assert url in msg and "timed out" in msg
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("bad", ["notaurl", "ftp://example.invalid/input.txt", "http://"])
+def test_invalid_url(tmp_path, bad):
+    with pytest.raises(MinigptError) as ei:
+        fetch(tmp_path, bad)
+    msg = one_line(str(ei.value))
+    assert bad in msg and "URL" in msg
+    assert leftovers(tmp_path) == []
+
+
+# --- an existing file ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", [b"", b"First Citizen:\nBefore we proceed"],
+                         ids=["empty", "truncated"])
+def test_bad_existing_file_replaced(tmp_path, corpus_server, capsys, content):
+    dest = tmp_path / "tinyshakespeare" / "input.txt"
+    dest.parent.mkdir()
+    dest.write_bytes(content)
+    path, downloaded = fetch(tmp_path, corpus_server.url("/input.txt"))
+    assert (path, downloaded) == (dest, True)
+    assert sha(dest) == SHA256
+    assert leftovers(tmp_path) == ["tinyshakespeare/input.txt"]
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert f"{dest} fails its checksum; downloading it again" in err
+
+
+def test_bad_existing_file_removed_on_failure(tmp_path, corpus_server):
+    dest = tmp_path / "tinyshakespeare" / "input.txt"
+    dest.parent.mkdir()
+    dest.write_text("edited by hand\n")
+    with pytest.raises(MinigptError):
+        fetch(tmp_path, corpus_server.url("/missing.txt"))
+    assert leftovers(tmp_path) == []  # known-bad, so not kept
+    assert dest.parent.is_dir()  # the folder was there before: kept
+
+
+@pytest.mark.parametrize("route", ["/missing.txt", "/wrong.txt", "/truncated.txt"])
+def test_force_failure_keeps_good_file(tmp_path, corpus_server, corpus_file, route):
+    dest = tmp_path / "tinyshakespeare" / "input.txt"
+    dest.parent.mkdir()
+    dest.write_bytes(corpus_file.read_bytes())
+    before = dest.stat()
+    with pytest.raises(MinigptError):
+        fetch(tmp_path, corpus_server.url(route), force=True)
+    assert sha(dest) == SHA256
+    after = dest.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert leftovers(tmp_path) == ["tinyshakespeare/input.txt"]
+
+
+def test_force_redownloads(tmp_path, corpus_server, corpus_file):
+    target = "/input.txt?t=force"
+    dest = tmp_path / "tinyshakespeare" / "input.txt"
+    dest.parent.mkdir()
+    dest.write_bytes(corpus_file.read_bytes())
+    assert fetch(tmp_path, corpus_server.url(target), force=True) == (dest, True)
+    assert corpus_server.hit_count(target) == 1
+    assert sha(dest) == SHA256
+
+
+def test_no_torch_import():
+    import subprocess
+    import sys
+
+    code = "import sys, minigpt_cli.download; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert download.DATASET == "tinyshakespeare"

@@ -1,0 +1,368 @@
+"""Analytic parameter / FLOP / memory accounting (minigpt_cli.params).
+
+Known values come from DESIGN §6 and issue 4; the analytic totals are
+cross-checked against our own GPT and the Hugging Face GPT-2 and Llama models,
+all built on the meta device (no memory, no weights downloaded).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minigpt_cli import params, paths
+from minigpt_cli.config import ModelConfig, load_config
+from minigpt_cli.errors import MinigptError
+
+ROOT = Path(__file__).resolve().parent.parent
+PRESETS = [
+    "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl",
+    "llama2-7b", "llama2-13b", "llama3-8b", "shakespeare-char",
+]
+ALL_YAML = sorted((ROOT / "configs").rglob("*.yaml"))
+#: Vocabulary for training configs whose vocab_size comes from the tokenizer.
+CHAR_VOCAB = 65
+
+
+def preset(name: str) -> ModelConfig:
+    return load_config(paths.preset_path(name)).model
+
+
+def variant(base: ModelConfig, **update) -> ModelConfig:
+    """A validated copy of ``base`` with some fields changed."""
+    return ModelConfig.model_validate({**base.model_dump(), **update})
+
+
+# ----------------------------------------------------------------------------- known values
+
+
+@pytest.mark.parametrize(
+    "name, total",
+    [
+        ("gpt2-small", 124_439_808),
+        ("gpt2-medium", 354_823_168),
+        ("gpt2-large", 774_030_080),
+        ("gpt2-xl", 1_557_611_200),
+        ("llama2-7b", 6_738_415_616),
+        ("llama2-13b", 13_015_864_320),
+        ("llama3-8b", 8_030_261_248),
+        ("shakespeare-char", 10_745_088),
+    ],
+)
+def test_preset_totals(name, total):
+    assert params.count(preset(name)).total == total
+
+
+def test_presets_shipped():
+    assert set(PRESETS) <= set(paths.list_presets())
+
+
+def test_gpt2_small_closed_form():
+    # DESIGN §6: V·d + P·d + L·(12d² + 13d) + 2d.
+    V, P, d, L = 50257, 1024, 768, 12
+    assert params.count(preset("gpt2-small")).total == V * d + P * d + L * (12 * d * d + 13 * d) + 2 * d
+
+
+def test_shakespeare_char_without_positions():
+    cfg = preset("shakespeare-char")
+    for pos in ("rope", "none", "sinusoidal"):
+        pc = params.count(variant(cfg, pos_encoding=pos))
+        assert pc.total == 10_646_784
+        assert pc.position_embedding == 0
+
+
+def test_gpt2_small_untied_and_padded():
+    cfg = preset("gpt2-small")
+    untied = params.count(variant(cfg, tie_weights=False))
+    assert untied.total == 163_037_184
+    assert untied.lm_head == 50257 * 768
+    assert params.count(cfg, vocab_size=50304).total == 124_475_904
+
+
+def test_gpt2_small_breakdown():
+    pc = params.count(preset("gpt2-small"))
+    layer = pc.layer
+    assert layer.attention == 2_362_368  # 4d² + 4d: "2.36M"
+    assert layer.ffn == 4_722_432  # 8d² + 5d: "4.72M"
+    assert layer.norms == 4 * 768
+    assert layer.ffn / layer.total == pytest.approx(2 / 3, abs=1e-3)
+    assert params.human(layer.attention) == "2.36M"
+    assert params.human(layer.ffn) == "4.72M"
+    assert pc.embedding == 38_597_376 + 786_432  # wte + wpe
+    assert params.human(pc.embedding) == "39.4M"
+    # Exact non-embedding count, and Kaplan's 12·L·d² (no biases, no norms): the "84.9M".
+    assert pc.non_embedding == 85_056_000
+    assert pc.non_embedding == pc.total - pc.embedding
+    assert pc.non_embedding_matrices == 12 * 12 * 768**2 == 84_934_656
+    assert params.human(pc.non_embedding_matrices) == "84.9M"
+    assert pc.final_norm == 2 * 768 and pc.lm_head == 0
+
+
+def test_llama_breakdown():
+    pc = params.count(preset("llama3-8b"))
+    d, kv = 4096, 8 * 128
+    assert pc.layer.attn_q == pc.layer.attn_o == d * d
+    assert pc.layer.attn_k == pc.layer.attn_v == d * kv  # grouped-query
+    assert pc.layer.ffn == 3 * d * 14336
+    assert pc.layer.norms == 2 * d  # RMSNorm: weight only
+    assert pc.layer.attn_bias == pc.layer.ffn_bias == 0
+    # The untied head is a vocabulary matrix: not in the non-embedding count.
+    assert pc.embedding == 2 * 128256 * d
+    assert pc.non_embedding == pc.total - 2 * 128256 * d
+    assert preset("llama2-7b").ffn_hidden == 11008
+    assert preset("llama3-8b").rope_base == 500000.0
+
+
+def test_non_embedding_independent_of_tying():
+    cfg = preset("gpt2-small")
+    tied, untied = params.count(cfg), params.count(variant(cfg, tie_weights=False))
+    assert tied.non_embedding == untied.non_embedding
+    assert untied.total - tied.total == untied.lm_head
+
+
+def test_post_ln_has_no_final_norm():
+    cfg = preset("gpt2-small")
+    pc = params.count(variant(cfg, norm_position="post"))
+    assert pc.final_norm == 0
+    assert pc.total == params.count(cfg).total - 2 * 768
+
+
+def test_vocab_size_required():
+    cfg = variant(preset("shakespeare-char"), vocab_size=None)
+    with pytest.raises(MinigptError, match="--vocab-size"):
+        params.count(cfg)
+    with pytest.raises(MinigptError, match="--vocab-size"):
+        params.report(cfg)
+    assert params.count(cfg, vocab_size=65).total == 10_745_088
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def test_linear_flops():
+    assert params.linear_flops(768, 3072) == (4_718_592, 9_437_184)
+
+
+@pytest.mark.parametrize("T, share", [(1024, 0.10), (4096, 0.31)])
+def test_gpt2_small_attention_share(T, share):
+    fl = params.flops(preset("gpt2-small"), T)
+    assert round(fl["attention_share"], 2) == share
+    assert fl["attention_forward"] == 2 * 12 * T * 768
+    assert fl["dense_forward"] == 2 * 85_056_000
+    assert fl["forward"] == fl["dense_forward"] + fl["attention_forward"]
+    assert fl["train"] == 3 * fl["forward"]
+    assert fl["lm_head_forward"] == 2 * 50257 * 768
+
+
+def test_training_flops_is_6ND():
+    cfg = preset("llama2-7b")
+    rep = params.report(cfg, seq_len=1, tokens=2 * 10**12)
+    N = rep["non_embedding"]
+    assert rep["training_flops"] == rep["flops_per_token_train"] * 2 * 10**12
+    assert rep["training_flops"] == pytest.approx(6 * N * 2 * 10**12, rel=1e-4)
+
+
+def test_mfu_flops_match_nanogpt():
+    # nanoGPT's estimate_mfu: 6N + 12·L·H·Q·T with N = params minus wpe (tied wte = lm_head).
+    cfg = preset("gpt2-small")
+    pc = params.count(cfg)
+    n_nanogpt = pc.total - pc.position_embedding
+    assert params.flops(cfg, 1024)["mfu_train"] == 6 * n_nanogpt + 12 * 12 * 12 * 64 * 1024
+
+
+# ----------------------------------------------------------------------------- memory and report
+
+
+def test_memory_adamw():
+    cfg = preset("gpt2-small")
+    N = 124_439_808
+    fp32 = params.memory(cfg, "float32", 1, 1024)
+    assert (fp32["weights"], fp32["gradients"], fp32["master_weights"], fp32["adam_moments"]) == (4 * N, 4 * N, 0, 8 * N)
+    assert fp32["model_states"] == 16 * N
+    bf16 = params.memory(cfg, "bfloat16", 1, 1024)
+    assert (bf16["weights"], bf16["gradients"], bf16["master_weights"]) == (2 * N, 2 * N, 4 * N)
+    assert bf16["model_states"] == 16 * N and bf16["mixed_precision"]
+    # Korthikanti et al. 2022: s·b·h·(34 + 5·a·s/h) bytes per layer at 16 bit.
+    s, b, h, a = 1024, 1, 768, 12
+    assert bf16["activations_estimate"] == 12 * (s * b * h * 34 + 5 * a * s * s * b)
+    assert fp32["activations_estimate"] == 2 * bf16["activations_estimate"]
+    assert bf16["activations_estimate_fused"] == 12 * s * b * h * 34
+    assert params.memory(cfg, "float32", 4, 1024)["activations_estimate"] == 4 * fp32["activations_estimate"]
+    with pytest.raises(MinigptError, match="dtype"):
+        params.memory(cfg, "int8", 1, 1024)
+
+
+def test_report_keys_and_json():
+    cfg = preset("gpt2-small")
+    rep = params.report(cfg)
+    for key in ("total", "non_embedding", "embedding", "per_layer", "flops_per_token_forward",
+                "flops_per_token_train", "seq_len"):
+        assert key in rep
+    assert rep["seq_len"] == 1024  # block_size by default
+    assert rep["total"] == 124_439_808
+    assert rep["embedding"] + rep["non_embedding"] == rep["total"]
+    assert rep["per_layer"]["attention"] == 2_362_368
+    assert rep["flops_per_token_train"] == 3 * rep["flops_per_token_forward"]
+    assert "training_flops" not in rep
+    assert json.loads(json.dumps(rep)) == rep
+    rep = params.report(cfg, seq_len=4096, tokens=10**9, dtype="bfloat16", batch_size=8)
+    assert rep["seq_len"] == 4096 and round(rep["attention_flops_share"], 2) == 0.31
+    assert rep["memory"]["batch_size"] == 8 and rep["memory"]["dtype"] == "bfloat16"
+    with pytest.raises(MinigptError):
+        params.report(cfg, seq_len=0)
+    with pytest.raises(MinigptError):
+        params.report(cfg, tokens=0)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_format_report(name):
+    rep = params.report(preset(name), tokens=10**10)
+    text = params.format_report(rep, name)
+    assert f"{rep['total']:,}" in text
+    assert params.human(rep["total"]) in text
+    assert "FLOPs per token" in text and "estimate" in text
+
+
+def test_format_report_gpt2_small():
+    text = params.format_report(params.report(preset("gpt2-small")), "gpt2-small")
+    assert text.startswith("gpt2-small: 124,439,808 parameters (124.4M)")
+    assert "10.0% of forward" in text
+    assert "4,722,432" in text and "2,362,368" in text
+
+
+def test_human():
+    assert params.human(124_439_808) == "124.4M"
+    assert params.human(6_738_415_616) == "6.74B"
+    assert params.human(512) == "512"
+
+
+def test_no_torch_on_the_analytic_path():
+    code = (
+        "import sys\n"
+        "from minigpt_cli import config, params, paths\n"
+        "cfg = config.load_config(paths.preset_path('llama2-7b'))\n"
+        "params.format_report(params.report(cfg.model), 'llama2-7b')\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+# ----------------------------------------------------------------------------- every shipped YAML
+
+
+@pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_yaml_counts(path):
+    cfg = load_config(path).model
+    V = cfg.vocab_size or CHAR_VOCAB
+    rep = params.report(cfg, vocab_size=V, tokens=1000)
+    assert rep["total"] > 0 and rep["total"] == rep["embedding"] + rep["non_embedding"]
+
+
+# ----------------------------------------------------------------------------- cross-checks on meta
+
+
+def meta_model_total(cfg: ModelConfig) -> int:
+    import torch
+
+    from minigpt_cli.model import GPT
+
+    with torch.device("meta"):
+        model = GPT(cfg)
+    return sum(p.numel() for p in model.parameters())  # tied weights once
+
+
+def _variants() -> list[tuple[str, ModelConfig]]:
+    base = variant(preset("shakespeare-char"), n_layer=2, n_embd=64, n_head=4, block_size=32)
+    cases = {
+        "base": {},
+        "post-ln": {"norm_position": "post"},
+        "rmsnorm": {"norm": "rmsnorm"},
+        "rmsnorm-bias-post": {"norm": "rmsnorm", "bias": True, "norm_position": "post"},
+        "layernorm-bias": {"bias": True},
+        "swiglu": {"ffn": "swiglu"},
+        "swiglu-bias": {"ffn": "swiglu", "bias": True},
+        "swiglu-d_ff": {"ffn": "swiglu", "d_ff": 100, "multiple_of": 32},
+        "relu": {"ffn": "relu"},
+        "gelu_tanh-d_ff": {"ffn": "gelu_tanh", "d_ff": 96},
+        "rope": {"pos_encoding": "rope"},
+        "sinusoidal": {"pos_encoding": "sinusoidal"},
+        "none": {"pos_encoding": "none"},
+        "untied": {"tie_weights": False},
+        "gqa": {"n_kv_head": 2, "bias": True},
+        "mqa": {"n_kv_head": 1},
+        "emb_scale": {"emb_scale": True},
+        "llama-like": {"norm": "rmsnorm", "ffn": "swiglu", "pos_encoding": "rope", "bias": False,
+                       "tie_weights": False, "n_kv_head": 2},
+    }
+    return [(k, variant(base, **v)) for k, v in cases.items()]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_meta_model_matches_presets(name):
+    cfg = preset(name)
+    assert meta_model_total(cfg) == params.count(cfg).total
+
+
+@pytest.mark.parametrize("name, cfg", _variants(), ids=[k for k, _ in _variants()])
+def test_meta_model_matches_variants(name, cfg):
+    assert meta_model_total(cfg) == params.count(cfg).total
+
+
+@pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: str(p.relative_to(ROOT)))
+def test_meta_model_matches_shipped_yaml(path):
+    cfg = load_config(path).model
+    if cfg.vocab_size is None:
+        cfg = variant(cfg, vocab_size=CHAR_VOCAB)
+    assert meta_model_total(cfg) == params.count(cfg).total
+
+
+def hf_gpt2(cfg: ModelConfig):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    hf_cfg = GPT2Config(
+        vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=cfg.d_ff,
+        tie_word_embeddings=cfg.tie_weights,
+    )
+    with torch.device("meta"):
+        return GPT2LMHeadModel(hf_cfg)
+
+
+def hf_llama(cfg: ModelConfig):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_cfg = LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.ffn_hidden,
+        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.block_size,
+        tie_word_embeddings=cfg.tie_weights, attention_bias=False, mlp_bias=False,
+    )
+    with torch.device("meta"):
+        return LlamaForCausalLM(hf_cfg)
+
+
+@pytest.mark.parametrize("name", ["gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"])
+def test_transformers_gpt2(name):
+    pytest.importorskip("transformers")
+    cfg = preset(name)
+    # num_parameters() counts the tied head once, as we do.
+    assert hf_gpt2(cfg).num_parameters() == params.count(cfg).total
+
+
+def test_transformers_gpt2_untied():
+    pytest.importorskip("transformers")
+    cfg = variant(preset("gpt2-small"), tie_weights=False)
+    assert hf_gpt2(cfg).num_parameters() == params.count(cfg).total == 163_037_184
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "llama2-13b", "llama3-8b"])
+def test_transformers_llama(name):
+    pytest.importorskip("transformers")
+    cfg = preset(name)
+    assert hf_llama(cfg).num_parameters() == params.count(cfg).total
