@@ -146,3 +146,43 @@ def shakespeare_env(monkeypatch: pytest.MonkeyPatch, corpus_server: CorpusServer
     url = corpus_server.url("/input.txt")
     monkeypatch.setenv("MINIGPT_TINYSHAKESPEARE_URL", url)
     return url
+
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "configs"
+
+
+@pytest.fixture(autouse=True)
+def _never_the_internet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the corpus URL at a closed local port unless a test sets it: no test reaches the internet."""
+    monkeypatch.setenv("MINIGPT_TINYSHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory, corpus_file: Path) -> Path:
+    """A ``data/`` folder holding the corpus (copied, no download), shared by the session.
+
+    Pass it to runs with ``--set data.data_dir=...``; tokenizers and token files
+    prepared in it are reused by later tests.
+    """
+    root = tmp_path_factory.mktemp("shared-data") / "data"
+    (root / "tinyshakespeare").mkdir(parents=True)
+    (root / "tinyshakespeare" / "input.txt").write_bytes(corpus_file.read_bytes())
+    return root
+
+
+@pytest.fixture
+def cli():
+    """Run the real ``minigpt`` Typer app in-process: ``cli("train", "x.yaml")`` -> CliResult."""
+    from typer.testing import CliRunner
+
+    from helpers import CliResult
+    from minigpt_cli.cli import app
+
+    runner = CliRunner()
+
+    def run(*args: str, input: str | None = None) -> CliResult:
+        res = runner.invoke(app, [str(a) for a in args], input=input, catch_exceptions=False)
+        return CliResult(res.exit_code, res.stdout, res.stderr)
+
+    return run

@@ -1,0 +1,248 @@
+"""End to end through the real CLI: download -> train -> generate, and the bad inputs a user tries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import assert_user_error
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "configs" / "tiny.yaml"
+SHA = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+RUN_FILES = ["config.yaml", "tokenizer.json", "metrics.jsonl", "train.log", "loss.png", "samples.txt", "env.json"]
+CKPT_FILES = ["model.safetensors", "trainer_state.pt", "config.yaml"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, corpus_server):
+    """download + train tiny through the CLI, once for this module, in a fresh folder."""
+    from typer.testing import CliRunner
+
+    from minigpt_cli.cli import app
+
+    work = tmp_path_factory.mktemp("e2e")
+    old = os.getcwd()
+    os.chdir(work)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MINIGPT_TINYSHAKESPEARE_URL", corpus_server.url("/input.txt?t=e2e"))
+    try:
+        runner = CliRunner()
+        dl = runner.invoke(app, ["download"])
+        tr = runner.invoke(app, ["train", str(TINY), "--run-name", "e2e", "--no-progress"])
+    finally:
+        os.chdir(old)
+        mp.undo()
+    return work, dl, tr, corpus_server.hit_count("/input.txt?t=e2e")
+
+
+def test_download_fetches_and_verifies(trained_run):
+    work, dl, _, hits = trained_run
+    assert dl.exit_code == 0, dl.stderr
+    corpus = work / "data" / "tinyshakespeare" / "input.txt"
+    assert hashlib.sha256(corpus.read_bytes()).hexdigest() == SHA
+    assert "downloaded" in dl.stdout and "1,115,394" in dl.stdout
+    assert hits == 1  # train found the good copy and did not fetch again
+
+
+def test_train_leaves_the_run_folder_of_the_design(trained_run):
+    work, _, tr, _ = trained_run
+    assert tr.exit_code == 0, tr.stderr
+    run = work / "runs" / "e2e"
+    for name in RUN_FILES:
+        assert (run / name).is_file(), name
+    for which in ("last", "best"):
+        for name in CKPT_FILES:
+            assert (run / "checkpoints" / which / name).is_file(), (which, name)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["model"]["vocab_size"] == 65  # resolved from the tokenizer before step 0
+    weights = load_file(run / "checkpoints" / "last" / "model.safetensors")
+    assert weights["wte.weight"].shape == (65, 32)
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["event"] == "eval" and lines[-1]["step"] == 30
+    env = json.loads((run / "env.json").read_text())
+    assert env["device"] == "cpu" and env["torch"]
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "step 30" in (run / "samples.txt").read_text()
+    assert "final val loss" in tr.stdout
+
+
+def test_generate_from_the_latest_run(trained_run, cli, monkeypatch):
+    work, *_ = trained_run
+    monkeypatch.chdir(work)
+    res = cli("generate", "--prompt", "ROMEO:", "--max-new-tokens", "50", "--seed", "1")
+    assert res.exit_code == 0, res
+    assert res.stdout.startswith("ROMEO:")
+    assert len(res.stdout) == len("ROMEO:") + 50 + 1  # 50 characters and a newline
+    again = cli("generate", "--run", "runs/e2e", "--prompt", "ROMEO:", "--max-new-tokens", "50", "--seed", "1")
+    assert again.stdout == res.stdout  # same seed, same text
+    other = cli("generate", "--prompt", "ROMEO:", "--max-new-tokens", "50", "--seed", "2")
+    assert other.stdout != res.stdout
+
+
+def test_generate_greedy_with_and_without_cache(trained_run, cli, monkeypatch):
+    work, *_ = trained_run
+    monkeypatch.chdir(work)
+    a = cli("generate", "--prompt", "KING", "--temperature", "0", "--max-new-tokens", "80")
+    b = cli("generate", "--prompt", "KING", "--temperature", "0", "--max-new-tokens", "80", "--no-kv-cache")
+    assert a.exit_code == b.exit_code == 0
+    assert a.stdout == b.stdout
+
+
+def test_long_prompt_is_cropped_with_a_note(trained_run, cli, monkeypatch):
+    work, *_ = trained_run
+    monkeypatch.chdir(work)
+    res = cli("generate", "--prompt", "To be or not to be " * 10, "--max-new-tokens", "5")
+    assert res.exit_code == 0, res
+    assert "block_size" in res.stderr and "only the last 32" in res.stderr
+
+
+def test_top_k_above_vocab_is_clamped_with_a_warning(trained_run, cli, monkeypatch):
+    work, *_ = trained_run
+    monkeypatch.chdir(work)
+    res = cli("generate", "--top-k", "1000", "--max-new-tokens", "5")
+    assert res.exit_code == 0 and "using 65" in res.stderr
+
+
+def test_prompt_with_unknown_characters(trained_run, cli, monkeypatch):
+    work, *_ = trained_run
+    monkeypatch.chdir(work)
+    res = cli("generate", "--prompt", "Zoë says ☃ and ☃ again")
+    assert_user_error(res, "'ë'", "'☃'")
+    assert res.stderr.count("☃") == 1
+    assert res.stdout == ""  # nothing generated
+
+
+def test_top_k_zero_and_bad_top_p(trained_run, cli, monkeypatch):
+    work, *_ = trained_run
+    monkeypatch.chdir(work)
+    assert_user_error(cli("generate", "--top-k", "0"), "--top-k")
+    assert_user_error(cli("generate", "--top-p", "1.5"), "--top-p")
+
+
+def test_generate_with_no_runs(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(cli("generate"), "no trained run", "minigpt train")
+
+
+def test_generate_with_missing_run(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(cli("generate", "--run", "runs/nope"), "runs/nope")
+
+
+def test_corrupt_checkpoint_is_refused(trained_run, cli, tmp_path, monkeypatch):
+    import shutil
+
+    work, *_ = trained_run
+    run = tmp_path / "runs" / "broken"
+    shutil.copytree(work / "runs" / "e2e", run)
+    for which in ("best", "last"):
+        w = run / "checkpoints" / which / "model.safetensors"
+        w.write_bytes(w.read_bytes()[:100])
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(cli("generate", "--run", "runs/broken"), "model.safetensors", "corrupt")
+
+
+def test_unknown_config_key(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "bad.yaml"
+    p.write_text(TINY.read_text().replace("learning_rate:", "learnig_rate:"))
+    assert_user_error(cli("train", p), "train.learnig_rate", "did you mean train.learning_rate")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_n_embd_not_divisible(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = cli("train", TINY, "--set", "model.n_embd=33")
+    assert_user_error(res, "model.n_embd (33)", "model.n_head (2)")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+
+
+def test_missing_config_file(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(cli("train", "nope.yaml"), "nope.yaml", "not found")
+
+
+def test_bad_set_override(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(cli("train", TINY, "--set", "train.max_iters=lots"), "train.max_iters")
+    assert_user_error(cli("train", TINY, "--set", "nonsense"), "section.key=value")
+
+
+def test_train_without_network_fails_cleanly(cli, tmp_path, monkeypatch):
+    """No corpus, and the mirror is unreachable: one line naming the URL, nothing left behind."""
+    monkeypatch.chdir(tmp_path)
+    res = cli("train", TINY)
+    assert_user_error(res, "127.0.0.1:9", "MINIGPT_TINYSHAKESPEARE_URL", notes_ok=True)
+    assert "downloading it first" in res.stderr
+    assert not (tmp_path / "data" / "tinyshakespeare" / "input.txt").exists()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_download_404_via_cli(cli, tmp_path, monkeypatch, corpus_server):
+    monkeypatch.chdir(tmp_path)
+    url = corpus_server.url("/missing.txt")
+    assert_user_error(cli("download", "--url", url), url, "404")
+    assert not any((tmp_path / "data").rglob("*")) if (tmp_path / "data").exists() else True
+
+
+def test_existing_run_name_is_refused(trained_run, cli, monkeypatch, data_dir):
+    work, *_ = trained_run
+    monkeypatch.chdir(work)
+    before = (work / "runs" / "e2e" / "metrics.jsonl").read_bytes()
+    assert_user_error(cli("train", TINY, "--run-name", "e2e"), "already exists")
+    assert (work / "runs" / "e2e" / "metrics.jsonl").read_bytes() == before
+
+
+def test_count_params_gpt2_small(cli):
+    res = cli("count-params", "--preset", "gpt2-small")
+    assert res.exit_code == 0, res
+    assert "124,439,808" in res.stdout
+    js = json.loads(cli("count-params", "--preset", "gpt2-small", "--json").stdout)
+    assert js["total"] == 124_439_808
+    for key in ("non_embedding", "embedding", "per_layer", "flops_per_token_forward",
+                "flops_per_token_train", "seq_len"):
+        assert key in js
+
+
+def test_count_params_bad_input(cli, tmp_path):
+    assert_user_error(cli("count-params", "--preset", "gpt5"), "gpt5", "gpt2-small")
+    assert_user_error(cli("count-params", "--config", tmp_path / "x.yaml"), "not found")
+    assert_user_error(cli("count-params"), "--preset")
+
+
+def test_train_tokenizer_char(cli, tmp_path, monkeypatch, data_dir):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "tok.json"
+    res = cli("train-tokenizer", "--set", f"data.data_dir={data_dir}", "--kind", "char", "--output", out)
+    assert res.exit_code == 0, res
+    assert "vocabulary size     65" in res.stdout and "111,540" in res.stdout and "exact" in res.stdout
+    assert json.loads(out.read_text())["kind"] == "char"
+
+
+def test_help_is_fast_because_torch_is_lazy():
+    """`minigpt --help` must not import torch (2.5 s here); measured as imports, not time."""
+    code = (
+        "import sys; from minigpt_cli.cli import app; from typer.testing import CliRunner;"
+        "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output;"
+        "r = CliRunner().invoke(app, ['download', '--help']); assert r.exit_code == 0;"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_console_script_exit_code(tmp_path):
+    """The installed entry point: a user error exits 2 with one line and no traceback."""
+    out = subprocess.run([sys.executable, "-m", "minigpt_cli", "train", str(tmp_path / "x.yaml")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("error:") and len(out.stderr.strip().splitlines()) == 1

@@ -1,0 +1,133 @@
+"""The config schema: shipped YAML, strictness, overrides, cross-field rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minigpt_cli.config import ConfigError, ModelConfig, apply_overrides, load_config, parse_yaml, validate
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+SHIPPED = sorted(CONFIGS.rglob("*.yaml"))
+
+
+def test_the_shipped_configs_exist():
+    names = {p.name for p in SHIPPED}
+    assert {"tiny.yaml", "shakespeare-cpu.yaml", "shakespeare.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(CONFIGS)) for p in SHIPPED])
+def test_every_shipped_yaml_loads(path):
+    cfg = load_config(path)
+    assert cfg.model.n_embd % cfg.model.n_head == 0
+
+
+def test_gpu_recipe_is_nanogpts_baby_gpt():
+    cfg = load_config(CONFIGS / "shakespeare.yaml")
+    m, t = cfg.model, cfg.train
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout) == (6, 6, 384, 256, 0.2)
+    assert (t.batch_size, t.learning_rate, t.max_iters) == (64, 1e-3, 5000)
+
+
+def test_unknown_key_is_named_with_a_suggestion(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  learnig_rate: 0.001\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert "train.learnig_rate: unknown key; did you mean train.learning_rate?" in msg
+    assert "\n" not in msg
+
+
+def test_unknown_section_is_named(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("trian:\n  max_iters: 3\n")
+    with pytest.raises(ConfigError, match=r"trian: unknown key; did you mean train\?"):
+        load_config(p)
+
+
+def test_wrong_type_names_the_key(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  n_layer: many\n")
+    with pytest.raises(ConfigError, match=r"model\.n_layer: .*integer.*'many'"):
+        load_config(p)
+
+
+def test_n_embd_must_divide_by_n_head():
+    with pytest.raises(ConfigError, match=r"model\.n_embd \(100\) must be divisible by model\.n_head \(3\)"):
+        validate({"model": {"n_embd": 100, "n_head": 3}})
+
+
+def test_rope_needs_even_head_size():
+    with pytest.raises(ConfigError, match=r"rope.*even head size"):
+        validate({"model": {"n_embd": 12, "n_head": 4, "pos_encoding": "rope"}})
+
+
+def test_gqa_needs_divisible_heads():
+    with pytest.raises(ConfigError, match=r"model\.n_head \(6\) must be a multiple of model\.n_kv_head \(4\)"):
+        validate({"model": {"n_embd": 48, "n_head": 6, "n_kv_head": 4}})
+
+
+def test_bad_device_and_values():
+    with pytest.raises(ConfigError, match="device"):
+        validate({"device": "gpu"})
+    with pytest.raises(ConfigError, match=r"train\.min_lr"):
+        validate({"train": {"learning_rate": 1e-4, "min_lr": 1e-3}})
+    with pytest.raises(ConfigError, match=r"model\.dropout"):
+        validate({"model": {"dropout": 1.5}})
+
+
+def test_scientific_notation_is_a_float():
+    assert parse_yaml("x: 3e-4")["x"] == pytest.approx(3e-4)
+    assert isinstance(parse_yaml("x: 3e-4")["x"], float)
+    assert parse_yaml("x: 1_000")["x"] == 1000
+
+
+def test_set_overrides_are_typed(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  max_iters: 10\n")
+    cfg = load_config(p, ["train.learning_rate=3e-4", "model.bias=false", "model.vocab_size=null",
+                          "train.max_iters=7", "name=exp1"])
+    assert cfg.train.learning_rate == pytest.approx(3e-4) and isinstance(cfg.train.learning_rate, float)
+    assert cfg.model.bias is False
+    assert cfg.model.vocab_size is None
+    assert cfg.train.max_iters == 7
+    assert cfg.name == "exp1"
+
+
+def test_set_unknown_key_and_bad_syntax(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("")
+    with pytest.raises(ConfigError, match=r"train\.learnig_rate: unknown key; did you mean train\.learning_rate"):
+        load_config(p, ["train.learnig_rate=1e-3"])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(p, ["train.learning_rate"])
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_overrides({"name": "x"}, ["name.sub=1"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    p = tmp_path / "bad.yaml"
+    p.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(p)
+    p.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(p)
+
+
+def test_swiglu_hidden_size_follows_llama():
+    # Llama-2-7B: d=4096, multiple_of=256 -> 11008 (Meta's FeedForward).
+    m = ModelConfig(n_embd=4096, n_head=32, ffn="swiglu", multiple_of=256)
+    assert m.ffn_hidden == 11008
+    assert ModelConfig(n_embd=384, n_head=6).ffn_hidden == 4 * 384
+    assert ModelConfig(n_embd=384, n_head=6, d_ff=1000).ffn_hidden == 1000
+
+
+def test_resolved_config_round_trips():
+    cfg = load_config(CONFIGS / "tiny.yaml")
+    again = validate(parse_yaml(cfg.to_yaml()))
+    assert again == cfg
