@@ -38,6 +38,24 @@ CONFIG = "config.yaml"
 META = "meta.json"
 _COMPILE_PREFIX = "_orig_mod."
 
+#: Test hook: "NAME:N:POINT" SIGKILLs the process during the N-th save of
+#: checkpoint folder NAME, at POINT ("weights": half-way through writing the
+#: temporary folder; "swap": after the old folder moved aside, before the new
+#: one is in place). Lets the tests prove a kill never costs the previous checkpoint.
+_KILL_HOOK = "MINIGPT_TEST_KILL_DURING_SAVE"
+_save_counts: dict[str, int] = {}
+
+
+def _maybe_die(name: str, point: str) -> None:
+    hook = os.environ.get(_KILL_HOOK)
+    if not hook:
+        return
+    h_name, h_n, h_point = hook.split(":")
+    if h_name == name and h_point == point and _save_counts.get(name, 0) == int(h_n):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
 
 def _fsync_dir(path: Path) -> None:
     try:
@@ -78,10 +96,12 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
         ``directory``.
     """
     directory = Path(directory)
+    _save_counts[directory.name] = _save_counts.get(directory.name, 0) + 1
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
     try:
         save_file(model_state(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        _maybe_die(directory.name, "weights")
         if trainer_state is not None:
             torch.save(trainer_state, tmp / STATE)
         (tmp / CONFIG).write_text(config.to_yaml(), encoding="utf-8")
@@ -95,6 +115,7 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
             shutil.rmtree(old)
         if directory.exists():
             os.replace(directory, old)
+        _maybe_die(directory.name, "swap")
         os.replace(tmp, directory)
         _fsync_dir(directory.parent)
         shutil.rmtree(old, ignore_errors=True)
@@ -173,6 +194,34 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
     model.to(device)
     model.eval()
     return model, config
+
+
+def load_weights_into(model: GPT, directory: Path) -> None:
+    """Load a checkpoint's safetensors weights into an existing model (for resuming).
+
+    Raises:
+        MinigptError: a corrupt or truncated file, or weights of another shape.
+    """
+    weights = resolve(directory) / WEIGHTS
+    try:
+        sd = load_file(str(weights), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise MinigptError(
+            f"checkpoint weights {str(weights)!r} are corrupt or truncated ({str(exc).splitlines()[0]}); "
+            "start a new run or restore the file"
+        ) from None
+    sd = {k.removeprefix(_COMPILE_PREFIX): v for k, v in sd.items()}
+    if model.config.tie_weights:
+        sd.pop("lm_head.weight", None)
+    expected = set(model_state_keys(model))
+    if set(sd) != expected:
+        raise MinigptError(f"checkpoint weights {str(weights)!r} do not match the model of the run's config")
+    try:
+        model.load_state_dict(sd, strict=False)
+    except RuntimeError as exc:
+        raise MinigptError(
+            f"checkpoint weights {str(weights)!r} do not fit the model ({str(exc).splitlines()[-1].strip()})"
+        ) from None
 
 
 def model_state_keys(model: GPT) -> list[str]:

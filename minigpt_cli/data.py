@@ -159,7 +159,7 @@ class BatchSampler:
     """
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
-                 device: torch.device):
+                 device: torch.device, rank: int = 0, world: int = 1):
         if len(tokens) < block_size + 1:
             raise MinigptError(
                 f"the split has {len(tokens)} tokens, fewer than block_size+1 = {block_size + 1}; "
@@ -170,11 +170,16 @@ class BatchSampler:
         self.batch_size = batch_size
         self.device = device
         self.generator = torch.Generator().manual_seed(seed)
+        # Every rank draws the same global batch and keeps its own slice, so a
+        # run on N processes sees exactly the data of one process with N times the batch.
+        self.rank, self.world = rank, world
         self._arange = np.arange(block_size + 1)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y: (batch_size, block_size) int64, y shifted by one position."""
-        ix = torch.randint(len(self.tokens) - self.block_size, (self.batch_size,), generator=self.generator)
+        ix = torch.randint(len(self.tokens) - self.block_size, (self.batch_size * self.world,),
+                           generator=self.generator)
+        ix = ix[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         window = torch.from_numpy(self.tokens[ix.numpy()[:, None] + self._arange].astype(np.int64))
         x, y = window[:, :-1], window[:, 1:]
         if self.device.type == "cuda":

@@ -11,9 +11,17 @@ class MinigptError(Exception):
     """A problem the user can fix: bad config, missing file, network failure.
 
     The message is a single line naming the problem and, where there is one,
-    the fix.
+    the fix. The CLI exits with ``exit_code``.
     """
+
+    exit_code = 2
 
 
 class ConfigError(MinigptError):
     """The config (YAML, ``--set`` override or preset) is invalid."""
+
+
+class Interrupted(MinigptError):
+    """Training stopped by SIGINT/SIGTERM after saving ``checkpoints/last``; exit status 130."""
+
+    exit_code = 130

@@ -19,7 +19,8 @@ from typing import Any
 class RunLogger:
     """Appends events to the run folder's files; redraws ``loss.png`` at each eval."""
 
-    def __init__(self, run_dir: Path, echo=None):
+    def __init__(self, run_dir: Path, echo=None, enabled: bool = True):
+        self.enabled = enabled  # False on DDP ranks other than 0: they write nothing
         self.run_dir = Path(run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.log_path = self.run_dir / "train.log"
@@ -29,8 +30,43 @@ class RunLogger:
         self.train_points: list[tuple[int, float]] = []
         self.eval_points: list[tuple[int, float, float]] = []
 
+    def _records(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.is_file():
+            return []
+        out = []
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line cut short by a kill: drop it and what follows
+        return out
+
+    def truncate_to(self, step: int, evaluated: bool) -> None:
+        """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran), reload the curves.
+
+        Events logged after the checkpoint was written belong to the lost
+        stretch of the run and are logged again as training repeats it.
+        """
+        keep = [r for r in self._records()
+                if r["step"] < step or (r["step"] == step and (r["event"] != "eval" or evaluated))]
+        self.train_points = [(r["step"], r["loss"]) for r in keep if r["event"] == "train"]
+        self.eval_points = [(r["step"], r["train_loss"], r["val_loss"]) for r in keep if r["event"] == "eval"]
+        self._last_elapsed = max((r["elapsed_s"] for r in keep), default=0.0)
+        if not self.enabled:
+            return
+        fd, tmp = tempfile.mkstemp(dir=self.run_dir, prefix=".metrics.", suffix=".jsonl")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in keep)
+        os.replace(tmp, self.metrics_path)
+
+    def elapsed_offset(self) -> float:
+        """Seconds of training already logged (non-zero after a resume), so elapsed_s continues."""
+        return getattr(self, "_last_elapsed", 0.0)
+
     def log(self, message: str) -> None:
         """A human-readable line in train.log (and on the console, if echo is set)."""
+        if not self.enabled:
+            return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(f"{stamp} {message}\n")
@@ -39,6 +75,8 @@ class RunLogger:
 
     def event(self, record: dict[str, Any]) -> None:
         """One JSON object per line in metrics.jsonl."""
+        if not self.enabled:
+            return
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         if record["event"] == "train":
@@ -47,11 +85,15 @@ class RunLogger:
             self.eval_points.append((record["step"], record["train_loss"], record["val_loss"]))
 
     def sample(self, step: int, text: str) -> None:
+        if not self.enabled:
+            return
         with open(self.samples_path, "a", encoding="utf-8") as f:
             f.write(f"===== step {step} =====\n{text}\n\n")
 
     def plot(self) -> None:
         """Redraw loss.png (matplotlib, Agg backend) with train and val curves."""
+        if not self.enabled:
+            return
         import matplotlib
 
         matplotlib.use("Agg")

@@ -1,7 +1,12 @@
 """The training loop: data, AdamW, schedule, evaluation, checkpoints, logging.
 
-The loop body stays short; each component decides when it acts
-(:meth:`Schedule.lr`, :func:`should_eval`, :class:`~minigpt_cli.metrics.RunLogger`).
+The loop body stays short; each component decides when it acts (:func:`lr_at`,
+:func:`should_eval`, :class:`~minigpt_cli.metrics.RunLogger`). A run can be
+interrupted (SIGINT/SIGTERM save ``checkpoints/last``) and resumed with the
+same losses at every later step: the trainer state holds the optimizer, every
+RNG, the data samplers' positions, the best val loss and the early-stopping
+counter. Under ``torchrun`` the model is wrapped in DistributedDataParallel
+and only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -11,27 +16,31 @@ import math
 import os
 import platform
 import random
+import signal
 import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
 
 from . import checkpoint
 from .config import Config, TrainConfig
-from .device import resolve_device, resolve_dtype
 from .data import BatchSampler, PreparedData, ensure_corpus, ensure_tokenizer, prepare
-from .errors import MinigptError
+from .device import resolve_device, resolve_dtype
+from .errors import Interrupted, MinigptError
 from .generate import generate_tokens
 from .metrics import RunLogger
 from .model import GPT
 from .paths import dataset_dir
 from .tokenizer import Tokenizer
+
+#: Consecutive non-finite losses after which a run stops.
+MAX_NONFINITE = 5
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -76,10 +85,11 @@ def should_eval(step: int, tc: TrainConfig) -> bool:
     return step % tc.eval_interval == 0 or step == tc.max_iters
 
 
-def make_optimizer(model: GPT, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW (Loshchilov & Hutter 2019) with weight decay on matrices only (nanoGPT).
 
-    Biases, norm gains and other vectors get no decay. Fused on CUDA.
+    Biases, norm gains and other vectors get no decay. Fused on CUDA, foreach
+    (multi-tensor) elsewhere.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
@@ -88,11 +98,89 @@ def make_optimizer(model: GPT, tc: TrainConfig, device: torch.device) -> torch.o
         {"params": decay, "weight_decay": tc.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    kwargs = {"fused": True} if device.type == "cuda" else {}
+    kwargs = {"fused": True} if device.type == "cuda" else {"foreach": True}
     return torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), **kwargs)
 
 
-# ----------------------------------------------------------------------------- setup
+def describe_schedule(cfg: Config, points: int = 8) -> str:
+    """The resolved config and the learning rate at a few steps (for ``--dry-run``)."""
+    tc = cfg.train
+    steps = sorted({0, max(tc.warmup_iters - 1, 0), tc.warmup_iters, tc.max_iters // 4, tc.max_iters // 2,
+                    3 * tc.max_iters // 4, max(tc.max_iters - 1, 0)})
+    steps = [s for s in steps if 0 <= s < max(tc.max_iters, 1)][:points]
+    lines = [cfg.to_yaml().rstrip(), "", f"learning rate ({tc.lr_schedule}, warmup {tc.warmup_iters}):"]
+    lines += [f"  step {s:>7,}: {lr_at(s, tc, cfg.model.n_embd):.3e}" for s in steps]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+@dataclass
+class Dist:
+    """Where this process stands in a torchrun job (world 1 without torchrun)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
+    """Join the torchrun process group (NCCL on CUDA, gloo on CPU) if launched by torchrun."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return Dist(), device
+    import torch.distributed as dist
+
+    info = Dist(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
+    if info.world == 1:
+        return info, device
+    if device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return info, device
+
+
+def _all_mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    if d.enabled:
+        import torch.distributed as dist
+
+        value = value.detach().clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= d.world
+    return value
+
+
+def _broadcast(obj: Any, d: Dist) -> Any:
+    if not d.enabled:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _barrier(d: Dist) -> None:
+    if d.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+# ----------------------------------------------------------------------------- run folder
 
 
 def new_run_dir(cfg: Config, run_name: Optional[str]) -> Path:
@@ -107,9 +195,45 @@ def new_run_dir(cfg: Config, run_name: Optional[str]) -> Path:
         raise MinigptError(f"--run-name {name!r} must be a plain folder name")
     run_dir = root / name
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise MinigptError(f"run folder {str(run_dir)!r} already exists; pick another --run-name or delete it")
+        raise MinigptError(
+            f"run folder {str(run_dir)!r} already exists; pick another --run-name, "
+            f"or continue it with --resume {run_dir}"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def find_resume_dir(cfg: Config, resume: str) -> Optional[Path]:
+    """The run folder ``--resume`` names: ``auto`` (the newest run of this config's name) or a path.
+
+    Returns None for ``auto`` when no run of that name has a checkpoint yet.
+
+    Raises:
+        MinigptError: a given path has no resumable checkpoint.
+    """
+    if resume != "auto":
+        run_dir = Path(resume)
+        last = run_dir / "checkpoints" / "last"
+        if not run_dir.is_dir():
+            raise MinigptError(f"--resume {resume}: no such run folder")
+        checkpoint.resolve(last)  # raises a clear error when there is none
+        return run_dir
+    root = Path(cfg.train.out_dir)
+    found = []
+    if root.is_dir():
+        for run in root.iterdir():
+            ckpt = run / "checkpoints" / "last"
+            try:
+                ckpt = checkpoint.resolve(ckpt)
+            except MinigptError:
+                continue
+            try:
+                name = json.loads((ckpt / checkpoint.META).read_text()).get("name")
+            except (OSError, json.JSONDecodeError):
+                name = None
+            if name == cfg.name:
+                found.append(((ckpt / checkpoint.WEIGHTS).stat().st_mtime, run))
+    return max(found)[1] if found else None
 
 
 def git_commit() -> Optional[str]:
@@ -119,12 +243,12 @@ def git_commit() -> Optional[str]:
             ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
             capture_output=True, text=True, timeout=5,
         )
-        return out.stdout.strip() or None if out.returncode == 0 else None
+        return (out.stdout.strip() or None) if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def env_info(device: torch.device, dtype: torch.dtype) -> dict:
+def env_info(device: torch.device, dtype: torch.dtype, d: Dist) -> dict:
     """Versions, device and git commit, for env.json."""
     import importlib.metadata as md
 
@@ -142,6 +266,7 @@ def env_info(device: torch.device, dtype: torch.dtype) -> dict:
         "minigpt": ver("minigpt-cli"),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
+        "world_size": d.world,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda,
@@ -153,46 +278,99 @@ def env_info(device: torch.device, dtype: torch.dtype) -> dict:
     return info
 
 
+# ----------------------------------------------------------------------------- RNG state
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
-# ----------------------------------------------------------------------------- loop
+def capture_rng() -> dict[str, Any]:
+    """Every RNG state as tensors and plain numbers (loadable with ``weights_only``)."""
+    py = random.getstate()
+    npy = np.random.get_state()
+    state = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [npy[0], torch.from_numpy(npy[1].astype(np.int64)), int(npy[2]), int(npy[3]), float(npy[4])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
-@dataclass
-class TrainResult:
-    run_dir: Path
-    step: int
-    train_loss: Optional[float]
-    val_loss: Optional[float]
-    best_val_loss: Optional[float]
+def restore_rng(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    npy = state["numpy"]
+    np.random.set_state((npy[0], npy[1].numpy().astype(np.uint32), npy[2], npy[3], npy[4]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- steps
 
 
 @torch.no_grad()
-def estimate_loss(model: GPT, samplers: dict[str, BatchSampler], iters: int, autocast) -> dict[str, float]:
+def estimate_loss(model: torch.nn.Module, samplers: dict[str, BatchSampler], iters: int, autocast,
+                  d: Dist = Dist()) -> dict[str, float]:
     """Mean loss over ``iters`` batches of each split, in eval mode, without gradients."""
     model.eval()
     out = {}
     for split, sampler in samplers.items():
-        losses = torch.zeros(iters)
+        losses = torch.zeros(iters, device=sampler.device)
         for i in range(iters):
             x, y = sampler.next()
             with autocast:
                 _, loss = model(x, y)
             losses[i] = loss.float()
-        out[split] = losses.mean().item()
+        out[split] = _all_mean(losses.mean(), d).item()
     model.train()
     return out
 
 
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator,
+               accum: int, autocast, scaler: torch.amp.GradScaler, grad_clip: float,
+               params: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+    """One optimizer step over ``accum`` micro-batches; returns (mean loss, whether it was applied).
+
+    The loss is averaged over micro-steps (each micro-batch loss divided by
+    ``accum``), so 4 micro-batches of 8 give the update of one batch of 32.
+    Under DDP, gradients are synchronised on the last micro-step only. A
+    non-finite loss or gradient skips the update (gradients are dropped).
+    """
+    loss_sum = None
+    for micro in range(accum):
+        x, y = next(batches)
+        sync = nullcontext()
+        if hasattr(model, "no_sync") and micro < accum - 1:
+            sync = model.no_sync()
+        with sync:
+            with autocast:
+                _, loss = model(x, y)
+                loss = loss / accum
+            scaler.scale(loss).backward()
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+    scaler.unscale_(optimizer)  # gradients unscaled before clipping (a no-op without a scaler)
+    finite = bool(torch.isfinite(loss_sum))  # one host sync per optimizer step, none per micro-step
+    if finite and grad_clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        finite = bool(torch.isfinite(norm))
+    if finite:
+        scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, finite
+
+
 def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int, seed: int) -> str:
-    """A short sample from a newline prompt (char) or the first token, for samples.txt."""
+    """A short sample from a newline prompt, for samples.txt."""
     model.eval()
     try:
-        prompt = tok.encode("\n")
+        prompt = tok.encode("\n") or [0]
     except MinigptError:
         prompt = [0]
     idx = torch.tensor([prompt], dtype=torch.long, device=device)
@@ -202,8 +380,71 @@ def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int,
     return tok.decode(prompt + ids)
 
 
+class _StopFlag:
+    """SIGINT/SIGTERM set a flag the loop checks between steps; a second Ctrl-C aborts at once."""
+
+    def __init__(self):
+        self.signal: Optional[str] = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. inside some test runners)
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    train_loss: Optional[float]
+    val_loss: Optional[float]
+    best_val_loss: Optional[float]
+    stopped_early: bool = False
+
+
+@dataclass
+class _Progress:
+    """What the trainer state carries besides optimizer and RNG."""
+
+    step: int = 0
+    evaluated: bool = False  # whether the eval at `step` already ran
+    best_val: float = math.inf
+    bad_evals: int = 0  # evals in a row without a new best (early stopping)
+    last: dict[str, float] = field(default_factory=dict)
+
+
+def _check_resume_config(cfg: Config, saved: Config) -> None:
+    for section in ("model", "tokenizer", "data"):
+        a, b = getattr(cfg, section).model_dump(), getattr(saved, section).model_dump()
+        if section == "model":
+            a["vocab_size"] = b["vocab_size"] = None
+        diff = [k for k in a if a[k] != b.get(k)]
+        if diff:
+            raise MinigptError(
+                f"--resume: {section}.{diff[0]} differs from the run's config.yaml "
+                f"({a[diff[0]]!r} vs {b.get(diff[0])!r}); resume with the run's own config"
+            )
+
+
 def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], None] = print,
-          progress: bool = True) -> TrainResult:
+          progress: bool = True, resume: Optional[str] = None) -> TrainResult:
     """Train a GPT as ``cfg`` says and leave a run folder (DESIGN §4).
 
     Args:
@@ -211,23 +452,47 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
         run_name: folder name under ``train.out_dir``; default ``<name>-<timestamp>``.
         echo: where status lines go (the CLI prints them to stderr).
         progress: show a tqdm bar.
+        resume: ``auto`` (the newest run named ``cfg.name``) or a run folder to continue.
 
     Returns:
         The run folder, the final step and losses.
 
     Raises:
-        MinigptError: device not available, data cannot be fetched, run exists.
+        MinigptError: device not available, data cannot be fetched, run exists,
+            checkpoint unusable, training diverged, or interrupted (after saving).
     """
     from tqdm.auto import tqdm
 
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    if dtype != torch.float32 and device.type == "cpu" and dtype == torch.float16:
+    if device.type == "cpu" and dtype == torch.float16:
         raise MinigptError("dtype: float16 needs a GPU; use dtype: auto, float32 or bfloat16 on the CPU")
-    tc, mc = cfg.train, cfg.model
+    d, device = init_distributed(device)
+    if not d.main:
+        echo = lambda message: None  # noqa: E731 - only rank 0 talks
+        progress = False
+    tc = cfg.train
 
+    if tc.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise MinigptError(
+                "train.tensorboard: true needs the tensorboard package; pip install tensorboard, "
+                "or set train.tensorboard: false"
+            ) from None
+
+    # Data: rank 0 downloads, trains the tokenizer and prepares token files; the others wait.
+    if d.main:
+        corpus = ensure_corpus(cfg, echo)
+        tok, _ = ensure_tokenizer(cfg, corpus, echo)
+        prepare(corpus, tok, dataset_dir(cfg.data.data_dir, cfg.data.dataset), cfg.data.val_fraction, log=echo)
+    _barrier(d)
     corpus = ensure_corpus(cfg, echo)
-    tok, tok_path = ensure_tokenizer(cfg, corpus, echo)
+    tok, _ = ensure_tokenizer(cfg, corpus, echo)
+    data: PreparedData = prepare(corpus, tok, dataset_dir(cfg.data.data_dir, cfg.data.dataset),
+                                 cfg.data.val_fraction, log=echo)
+    mc = cfg.model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": tok.vocab_size})
     elif mc.vocab_size < tok.vocab_size:
@@ -236,129 +501,204 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
             "set model.vocab_size: null to take it from the tokenizer"
         )
     cfg = cfg.model_copy(update={"model": mc})
-    data: PreparedData = prepare(corpus, tok, dataset_dir(cfg.data.data_dir, cfg.data.dataset),
-                                 cfg.data.val_fraction, log=echo)
 
-    run_dir = new_run_dir(cfg, run_name)
-    logger = RunLogger(run_dir, echo=None)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
-    tok.save(run_dir / "tokenizer.json")
-    (run_dir / "env.json").write_text(json.dumps(env_info(device, dtype), indent=1), encoding="utf-8")
+    # The run folder: new, or the one being resumed.
+    state: Optional[dict] = None
+    run_dir: Optional[Path] = None
+    if resume is not None:
+        run_dir = find_resume_dir(cfg, resume)
+        if run_dir is None:
+            echo(f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one")
+    if run_dir is not None:
+        saved = checkpoint.load_config(checkpoint.resolve(run_dir / "checkpoints" / "last") / checkpoint.CONFIG)
+        _check_resume_config(cfg, saved)
+        state = checkpoint.load_trainer_state(run_dir / "checkpoints" / "last")
+    elif d.main:
+        run_dir = new_run_dir(cfg, run_name)
+    run_dir = Path(_broadcast(str(run_dir), d))
+
+    logger = RunLogger(run_dir, echo=None, enabled=d.main)
+    if d.main and state is None:
+        (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+        tok.save(run_dir / "tokenizer.json")
+    if d.main:
+        (run_dir / "env.json").write_text(json.dumps(env_info(device, dtype, d), indent=1), encoding="utf-8")
 
     seed_everything(cfg.seed)
     model = GPT(mc).to(device)
     optimizer = make_optimizer(model, tc, device)
-    use_scaler = device.type == "cuda" and dtype == torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=use_scaler)
-    autocast = (torch.autocast(device_type=device.type, dtype=dtype)
-                if dtype != torch.float32 else nullcontext())
+    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
+    autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    train_model = model
+
+    def sampler(tokens, offset):
+        return BatchSampler(tokens, mc.block_size, tc.batch_size, cfg.seed + offset, device,
+                            rank=d.rank, world=d.world)
+
+    train_sampler = sampler(data.train, 1)
+    eval_samplers = {"train": sampler(data.train, 2), "val": sampler(data.val, 3)}
+    prog = _Progress()
+
+    if state is not None:
+        weights_dir = checkpoint.resolve(run_dir / "checkpoints" / "last")
+        checkpoint.load_weights_into(model, weights_dir)
+        optimizer.load_state_dict(state["optimizer"])
+        if state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        restore_rng(state["rng"])
+        train_sampler.set_state(state["data_rng"]["train"])
+        eval_samplers["train"].set_state(state["data_rng"]["eval_train"])
+        eval_samplers["val"].set_state(state["data_rng"]["eval_val"])
+        prog = _Progress(step=state["step"], evaluated=state["evaluated"], best_val=state["best_val_loss"],
+                         bad_evals=state["bad_evals"])
+        logger.truncate_to(prog.step, prog.evaluated)
+        logger.log(f"resumed from step {prog.step} ({weights_dir})")
+        echo(f"resuming {run_dir} from step {prog.step}")
+
+    train_model: torch.nn.Module = model
     if cfg.compile:
         try:
             train_model = torch.compile(model)
-        except Exception as exc:  # compile support varies by platform
-            echo(f"warning: torch.compile unavailable ({type(exc).__name__}); training without it")
+        except Exception as exc:  # platform support varies
+            echo(f"warning: torch.compile unavailable ({type(exc).__name__}: {exc}); training without it")
+    if d.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
-    train_sampler = BatchSampler(data.train, mc.block_size, tc.batch_size, cfg.seed + 1, device)
-    eval_samplers = {
-        "train": BatchSampler(data.train, mc.block_size, tc.batch_size, cfg.seed + 2, device),
-        "val": BatchSampler(data.val, mc.block_size, tc.batch_size, cfg.seed + 3, device),
-    }
-    tokens_per_step = tc.batch_size * mc.block_size * tc.grad_accum_steps
+        train_model = DDP(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    tokens_per_step = tc.batch_size * mc.block_size * tc.grad_accum_steps * d.world
     n_params = model.num_params()
+    dtype_name = str(dtype).removeprefix("torch.")
     logger.log(f"run folder {run_dir}")
-    logger.log(f"device {device}, dtype {str(dtype).removeprefix('torch.')}, {n_params:,} parameters, "
-               f"vocab {mc.vocab_size} ({tok.kind}), {tokens_per_step:,} tokens per step "
-               f"(batch {tc.batch_size} x block {mc.block_size} x accum {tc.grad_accum_steps})")
+    logger.log(f"device {device} x {d.world} process(es), dtype {dtype_name}, {n_params:,} parameters, "
+               f"vocab {mc.vocab_size} ({tok.kind})")
+    logger.log(f"global batch {tc.batch_size * tc.grad_accum_steps * d.world} sequences = batch {tc.batch_size} "
+               f"x accum {tc.grad_accum_steps} x world {d.world}; {tokens_per_step:,} tokens per step")
     logger.log(f"data {data.directory}: {len(data.train):,} train / {len(data.val):,} val tokens")
-    echo(f"training {n_params / 1e6:.2f}M parameters on {device} ({str(dtype).removeprefix('torch.')}); "
-         f"run folder {run_dir}")
+    echo(f"training {n_params / 1e6:.2f}M parameters on {device}"
+         f"{f' x {d.world} processes' if d.enabled else ''} ({dtype_name}); run folder {run_dir}")
 
-    best_val = math.inf
-    last_losses: dict[str, float] = {}
-    train_loss = None
-    step = 0
-    t0 = time.perf_counter()
-    t_log, tokens_since_log = t0, 0
-    bar = tqdm(total=tc.max_iters, desc="train", unit="step", disable=not progress, dynamic_ncols=True,
-               file=sys.stderr)
+    writer = None
+    if tc.tensorboard and d.main:
+        writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
-    def evaluate_and_save(step: int) -> None:
-        nonlocal best_val, last_losses, t_log
+    def save_state() -> dict:
+        return {
+            "step": prog.step, "evaluated": prog.evaluated, "best_val_loss": prog.best_val,
+            "bad_evals": prog.bad_evals, "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict() if scaler.is_enabled() else {},
+            "rng": capture_rng(),
+            "data_rng": {"train": train_sampler.state(), "eval_train": eval_samplers["train"].state(),
+                         "eval_val": eval_samplers["val"].state()},
+        }
+
+    def save(which: str) -> None:
+        if d.main:
+            meta = {"name": cfg.name, "step": prog.step, **prog.last}
+            checkpoint.save(run_dir / "checkpoints" / which, model, cfg, save_state(), meta)
+
+    bar = tqdm(total=tc.max_iters, initial=prog.step, desc="train", unit="step", disable=not progress,
+               dynamic_ncols=True, file=sys.stderr)
+    t0 = time.perf_counter() - logger.elapsed_offset()
+    t_log, tokens_since_log = time.perf_counter(), 0
+    params = [p for p in model.parameters() if p.requires_grad]
+    batches = iter(train_sampler.next, None)
+    stopped_early = False
+    nonfinite = 0
+
+    def evaluate() -> bool:
+        """Eval, log, checkpoint; returns True when early stopping says to stop."""
+        nonlocal t_log
         t_eval = time.perf_counter()
-        losses = estimate_loss(model, eval_samplers, tc.eval_iters, autocast)
-        last_losses = losses
-        elapsed = time.perf_counter() - t0
-        logger.event({"step": step, "event": "eval", "elapsed_s": round(elapsed, 3),
+        losses = estimate_loss(model, eval_samplers, tc.eval_iters, autocast, d)
+        prog.last = {"train_loss": losses["train"], "val_loss": losses["val"]}
+        prog.evaluated = True
+        logger.event({"step": prog.step, "event": "eval", "elapsed_s": round(time.perf_counter() - t0, 3),
                       "train_loss": losses["train"], "val_loss": losses["val"]})
-        logger.log(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-        bar.write(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", file=sys.stderr)
-        meta = {"step": step, "train_loss": losses["train"], "val_loss": losses["val"]}
-        state = {"step": step, "optimizer": optimizer.state_dict(), "best_val_loss": min(best_val, losses["val"]),
-                 "data_rng": train_sampler.state(), "torch_rng": torch.get_rng_state()}
-        if losses["val"] < best_val:
-            best_val = losses["val"]
-            checkpoint.save(run_dir / "checkpoints" / "best", model, cfg, state, meta)
-        checkpoint.save(run_dir / "checkpoints" / "last", model, cfg, state, meta)
-        if tc.sample_tokens > 0:
-            logger.sample(step, sample_text(model, tok, device, tc.sample_tokens, cfg.seed))
+        line = f"step {prog.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        logger.log(line)
+        if progress:
+            bar.write(line, file=sys.stderr)
+        else:
+            echo(line)
+        if writer is not None:
+            writer.add_scalars("loss", {"train": losses["train"], "val": losses["val"]}, prog.step)
+        if losses["val"] < prog.best_val:
+            prog.best_val, prog.bad_evals = losses["val"], 0
+            save("best")
+        elif prog.step > 0:
+            prog.bad_evals += 1
+        save("last")
+        if d.main and tc.sample_tokens > 0:
+            logger.sample(prog.step, sample_text(model, tok, device, tc.sample_tokens, cfg.seed))
         logger.plot()
         t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
+        return tc.early_stop_patience is not None and prog.bad_evals >= tc.early_stop_patience
 
     model.train()
-    try:
-        for step in range(tc.max_iters + 1):
-            if should_eval(step, tc):
-                evaluate_and_save(step)
-            if step == tc.max_iters:
+    with _StopFlag() as stop:
+        while True:
+            if should_eval(prog.step, tc) and not prog.evaluated:
+                if evaluate():
+                    stopped_early = True
+                    logger.log(f"early stopping at step {prog.step}: no better val loss in "
+                               f"{prog.bad_evals} evals (best {prog.best_val:.4f})")
+                    echo(f"early stopping at step {prog.step} (best val loss {prog.best_val:.4f})")
+                    break
+            if prog.step >= tc.max_iters:
                 break
-            lr = lr_at(step, tc, mc.n_embd)
+            if _broadcast(stop.signal, d) if d.enabled else stop.signal:
+                save("last")
+                bar.close()
+                logger.log(f"stopped by {stop.signal} at step {prog.step}; saved checkpoints/last")
+                raise Interrupted(
+                    f"stopped by {stop.signal} at step {prog.step}; saved {run_dir / 'checkpoints' / 'last'}; "
+                    f"continue with: minigpt train CONFIG --resume {run_dir}"
+                )
+            lr = lr_at(prog.step, tc, mc.n_embd)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum = torch.zeros((), device=device)
-            for _ in range(tc.grad_accum_steps):
-                x, y = train_sampler.next()
-                with autocast:
-                    _, loss = train_model(x, y)
-                    loss = loss / tc.grad_accum_steps
-                scaler.scale(loss).backward()
-                loss_sum += loss.detach()
-            if tc.grad_clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            loss, applied = train_step(train_model, optimizer, batches, tc.grad_accum_steps, autocast, scaler,
+                                       tc.grad_clip, params)
+            if not applied:
+                nonfinite += 1
+                logger.log(f"step {prog.step + 1}: non-finite loss or gradient ({float(loss)}); step skipped")
+                if nonfinite >= MAX_NONFINITE:
+                    bar.close()
+                    raise MinigptError(
+                        f"the loss was not finite for {nonfinite} steps in a row at step {prog.step + 1}; "
+                        f"lower train.learning_rate (now {tc.learning_rate:g}) or raise train.warmup_iters; "
+                        f"{run_dir / 'checkpoints' / 'last'} holds the last finite state"
+                    )
+                continue
+            nonfinite = 0
+            prog.step += 1
+            prog.evaluated = False
             tokens_since_log += tokens_per_step
             bar.update(1)
-            done = step + 1
-            if done % tc.log_interval == 0 or done == tc.max_iters:
-                train_loss = loss_sum.item()  # the only host sync of the step, once per log
+            if prog.step % tc.log_interval == 0 or prog.step == tc.max_iters:
+                train_loss = _all_mean(loss, d).item()
                 now = time.perf_counter()
                 tps = tokens_since_log / max(now - t_log, 1e-9)
                 t_log, tokens_since_log = now, 0
-                logger.event({"step": done, "event": "train", "elapsed_s": round(now - t0, 3),
+                logger.event({"step": prog.step, "event": "train", "elapsed_s": round(now - t0, 3),
                               "loss": train_loss, "lr": lr, "tokens_per_sec": round(tps, 1)})
+                if writer is not None:
+                    writer.add_scalar("train/loss", train_loss, prog.step)
+                    writer.add_scalar("train/lr", lr, prog.step)
                 bar.set_postfix(loss=f"{train_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
-                if not math.isfinite(train_loss):
-                    raise MinigptError(
-                        f"the training loss became {train_loss} at step {done}; "
-                        "lower train.learning_rate or raise train.warmup_iters"
-                    )
-    except KeyboardInterrupt:
-        bar.close()
-        meta = {"step": step, "interrupted": True}
-        checkpoint.save(run_dir / "checkpoints" / "last", model, cfg,
-                        {"step": step, "optimizer": optimizer.state_dict(), "best_val_loss": best_val}, meta)
-        logger.log(f"interrupted at step {step}; saved {run_dir / 'checkpoints' / 'last'}")
-        raise MinigptError(
-            f"interrupted at step {step}; weights saved in {run_dir / 'checkpoints' / 'last'} "
-            f"(sample with: minigpt generate --run {run_dir})"
-        ) from None
+            if tc.keep_every and prog.step % tc.keep_every == 0:
+                save(f"step-{prog.step:07d}")
     bar.close()
-    logger.log(f"done: {tc.max_iters} steps in {time.perf_counter() - t0:.1f}s; best val loss {best_val:.4f}")
-    return TrainResult(run_dir, tc.max_iters, last_losses.get("train"), last_losses.get("val"),
-                       best_val if math.isfinite(best_val) else None)
+    if writer is not None:
+        writer.close()
+    logger.log(f"done at step {prog.step} in {time.perf_counter() - t0:.1f}s; best val loss {prog.best_val:.4f}")
+    if d.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+    return TrainResult(run_dir, prog.step, prog.last.get("train_loss"), prog.last.get("val_loss"),
+                       prog.best_val if math.isfinite(prog.best_val) else None, stopped_early)

@@ -1,0 +1,333 @@
+"""The training engine under stress: resume, interruption, kills mid-write, accumulation, NaNs, DDP."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import assert_user_error
+from safetensors.torch import load_file
+
+from minigpt_cli import checkpoint
+from minigpt_cli.config import load_config
+from minigpt_cli.errors import Interrupted, MinigptError
+from minigpt_cli.model import GPT
+from minigpt_cli.train import train, train_step
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "configs" / "tiny.yaml"
+
+
+def tiny(data_dir, *extra):
+    return load_config(TINY, [f"data.data_dir={data_dir}", "train.log_interval=1", "train.sample_tokens=0",
+                              "train.eval_interval=20", *extra])
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def curve(run_dir: Path) -> dict[tuple[str, int], float]:
+    out = {}
+    for r in records(run_dir):
+        key = "loss" if r["event"] == "train" else "val_loss"
+        out[(r["event"], r["step"])] = r[key]
+    return out
+
+
+def assert_same_run(a: Path, b: Path, tol: float = 1e-6) -> None:
+    ca, cb = curve(a), curve(b)
+    assert ca.keys() == cb.keys()
+    for k in ca:
+        assert abs(ca[k] - cb[k]) <= tol, (k, ca[k], cb[k])
+    wa = load_file(a / "checkpoints" / "last" / "model.safetensors")
+    wb = load_file(b / "checkpoints" / "last" / "model.safetensors")
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=tol, rtol=0), k
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, data_dir):
+    """The uninterrupted tiny run (120 steps) every resumed run is compared with."""
+    work = tmp_path_factory.mktemp("ref")
+    old = os.getcwd()
+    os.chdir(work)
+    try:
+        cfg = tiny(data_dir, "train.max_iters=120", "model.dropout=0.1")
+        train(cfg, run_name="ref", echo=lambda m: None, progress=False)
+    finally:
+        os.chdir(old)
+    return work / "runs" / "ref"
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(reference_run, data_dir, tmp_path, monkeypatch):
+    """SIGINT mid-run (in-process), then --resume: every later loss and the final weights match."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny(data_dir, "train.max_iters=120", "model.dropout=0.1")
+    import minigpt_cli.train as T
+
+    real_step = T.train_step
+    calls = {"n": 0}
+
+    def step_then_signal(*a, **k):  # deliver a real SIGINT after step 57
+        out = real_step(*a, **k)
+        calls["n"] += 1
+        if calls["n"] == 57:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(T, "train_step", step_then_signal)
+    with pytest.raises(Interrupted, match="step 57.*--resume"):
+        train(cfg, run_name="r", echo=lambda m: None, progress=False)
+    monkeypatch.setattr(T, "train_step", real_step)
+    run = tmp_path / "runs" / "r"
+    assert json.loads((run / "checkpoints" / "last" / "meta.json").read_text())["step"] == 57
+    assert max(r["step"] for r in records(run)) == 57
+    result = train(cfg, echo=lambda m: None, progress=False, resume=str(run))
+    assert result.run_dir == run and result.step == 120
+    assert_same_run(reference_run, run)
+
+
+def test_resume_from_an_older_checkpoint_rewinds_the_metrics(reference_run, data_dir, tmp_path, monkeypatch):
+    """Lose the tail of a run (as after a SIGKILL): resuming from the step-40 checkpoint repeats it exactly."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "k"
+    shutil.copytree(reference_run, run)
+    kept = run / "checkpoints" / "step40"
+    # Re-create the state of a run killed at step ~70 whose last checkpoint is the eval at step 40.
+    cfg = tiny(data_dir, "train.max_iters=120", "model.dropout=0.1", "train.keep_every=40")
+    train(cfg, run_name="k40", echo=lambda m: None, progress=False)
+    src = tmp_path / "runs" / "k40" / "checkpoints" / "step-0000040"
+    shutil.rmtree(run / "checkpoints" / "last")
+    shutil.copytree(src, run / "checkpoints" / "last")
+    result = train(cfg, echo=lambda m: None, progress=False, resume="auto" if False else str(run))
+    assert result.step == 120
+    assert not kept.exists()
+    assert_same_run(reference_run, run)
+
+
+def test_resume_auto_picks_the_newest_run_of_that_name(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny(data_dir, "train.max_iters=10", "name=autoname")
+    train(cfg, run_name="first", echo=lambda m: None, progress=False)
+    time.sleep(0.05)
+    train(cfg, run_name="second", echo=lambda m: None, progress=False)
+    longer = tiny(data_dir, "train.max_iters=20", "name=autoname")
+    res = train(longer, echo=lambda m: None, progress=False, resume="auto")
+    assert res.run_dir.name == "second" and res.step == 20
+    notes = []
+    fresh = train(tiny(data_dir, "train.max_iters=5", "name=nobody"), echo=notes.append, progress=False,
+                  resume="auto")
+    assert fresh.step == 5 and any("starting a new one" in n for n in notes)
+
+
+def test_resume_refuses_a_different_model(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=5"), run_name="m", echo=lambda m: None, progress=False)
+    with pytest.raises(MinigptError, match=r"model\.n_layer differs"):
+        train(tiny(data_dir, "train.max_iters=5", "model.n_layer=3"), echo=lambda m: None, progress=False,
+              resume="runs/m")
+
+
+def _cli(args, env_extra=None, cwd=None, **kw):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "minigpt_cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, **kw)
+
+
+def test_sigint_through_the_cli_leaves_a_resumable_checkpoint(data_dir, tmp_path):
+    args = ["train", TINY, "--run-name", "s", "--no-progress", "--set", f"data.data_dir={data_dir}",
+            "--set", "train.max_iters=100000", "--set", "train.eval_interval=100000"]
+    proc = subprocess.Popen([sys.executable, "-m", "minigpt_cli", *map(str, args)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "runs" / "s" / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (metrics.is_file() and len(metrics.read_text().splitlines()) > 3):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "--resume runs/s" in err and "Traceback" not in err
+    last = tmp_path / "runs" / "s" / "checkpoints" / "last"
+    step = json.loads((last / "meta.json").read_text())["step"]
+    assert step > 0
+    model, _ = checkpoint.load_model(last)
+    assert model.num_params() > 0
+    done = _cli(["train", TINY, "--resume", "runs/s", "--no-progress", "--set", f"data.data_dir={data_dir}",
+                 "--set", f"train.max_iters={step + 10}", "--set", "train.eval_interval=100000"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"trained {step + 10} steps" in done.stdout
+
+
+@pytest.mark.parametrize("point", ["weights", "swap"])
+def test_kill_during_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path, point):
+    """SIGKILL inside the 2nd write of checkpoints/last: the 1st stays loadable and resumable."""
+    args = ["train", TINY, "--run-name", "k", "--no-progress", "--set", f"data.data_dir={data_dir}",
+            "--set", "train.max_iters=40", "--set", "train.eval_interval=20"]
+    killed = _cli(args, {"MINIGPT_TEST_KILL_DURING_SAVE": f"last:2:{point}"}, cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL
+    last = tmp_path / "runs" / "k" / "checkpoints" / "last"
+    survivor = checkpoint.resolve(last)
+    assert json.loads((survivor / "meta.json").read_text())["step"] == 0
+    model, _ = checkpoint.load_model(last)
+    assert model.wte.weight.isfinite().all()
+    resumed = _cli(["train", TINY, "--resume", "runs/k", "--no-progress", "--set", f"data.data_dir={data_dir}",
+                    "--set", "train.max_iters=40", "--set", "train.eval_interval=20"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((last / "meta.json").read_text())["step"] == 40
+
+
+def test_truncated_weights_are_refused(data_dir, tmp_path, monkeypatch, cli):
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=5"), run_name="t", echo=lambda m: None, progress=False)
+    w = tmp_path / "runs" / "t" / "checkpoints" / "last" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    with pytest.raises(MinigptError, match="model.safetensors.*corrupt or truncated"):
+        checkpoint.load_model(w.parent)
+    res = cli("train", TINY, "--resume", "runs/t", "--set", f"data.data_dir={data_dir}", "--no-progress")
+    assert_user_error(res, "model.safetensors", "corrupt")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {_Evil.marker}",))
+
+
+def test_a_pickle_that_runs_code_is_refused_and_not_run(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=5"), run_name="p", echo=lambda m: None, progress=False)
+    marker = tmp_path / "pwned"
+    _Evil.marker = marker
+    state = tmp_path / "runs" / "p" / "checkpoints" / "last" / "trainer_state.pt"
+    torch.save({"step": 1, "payload": _Evil()}, state)
+    with pytest.raises(MinigptError, match="trainer_state.pt.*unsafe"):
+        checkpoint.load_trainer_state(state.parent)
+    assert not marker.exists()
+    with pytest.raises(MinigptError, match="trainer_state.pt"):
+        train(tiny(data_dir, "train.max_iters=5"), echo=lambda m: None, progress=False, resume="runs/p")
+    assert not marker.exists()
+    assert pickle  # the module the attack would use
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    """4 micro-batches of 8 give the same update as one batch of 32 (to 1e-5).
+
+    Plain SGD with lr 1 makes the update the gradient itself (Adam's first step,
+    ~lr·sign(g), would magnify rounding noise in near-zero gradients).
+    """
+    cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})
+    torch.manual_seed(0)
+    x = torch.randint(0, 65, (32, 32))
+    y = torch.randint(0, 65, (32, 32))
+    results = []
+    for accum, chunks in ((1, [(x, y)]), (4, [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)])):
+        torch.manual_seed(1)
+        model = GPT(cfg)
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        params = list(model.parameters())
+        loss, applied = train_step(model, opt, iter(chunks), accum, torch.autocast("cpu", enabled=False),
+                                   scaler, 1.0, params)
+        assert applied
+        results.append((loss.item(), [p.detach().clone() for p in model.parameters()]))
+    assert results[0][0] == pytest.approx(results[1][0], abs=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+    moved = sum((a - b).abs().sum() for a, b in zip(results[0][1], before))
+    assert moved > 1e-3  # the step did change the weights
+
+
+def _nan_forward(bad_calls):
+    real = GPT.forward
+    count = {"n": 0}
+
+    def forward(self, idx, targets=None, *a, **k):
+        logits, loss = real(self, idx, targets, *a, **k)
+        if targets is not None and self.training:
+            count["n"] += 1
+            if count["n"] in bad_calls:
+                loss = loss * float("nan")
+        return logits, loss
+
+    return forward
+
+
+def test_one_nan_skips_the_step(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(GPT, "forward", _nan_forward({7}))
+    res = train(tiny(data_dir, "train.max_iters=20"), run_name="n", echo=lambda m: None, progress=False)
+    assert res.step == 20 and math.isfinite(res.val_loss)
+    log = (tmp_path / "runs" / "n" / "train.log").read_text()
+    assert "non-finite" in log and "step skipped" in log
+    w = load_file(tmp_path / "runs" / "n" / "checkpoints" / "last" / "model.safetensors")
+    assert all(t.isfinite().all() for t in w.values())
+
+
+def test_repeated_nans_stop_the_run_cleanly(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(GPT, "forward", _nan_forward(set(range(12, 1000))))
+    with pytest.raises(MinigptError, match=r"not finite for 5 steps in a row at step 12.*learning_rate"):
+        train(tiny(data_dir, "train.max_iters=40"), run_name="n", echo=lambda m: None, progress=False)
+    last = tmp_path / "runs" / "n" / "checkpoints" / "last"
+    model, _ = checkpoint.load_model(last)
+    assert all(p.isfinite().all() for p in model.parameters())
+
+
+def test_early_stopping_and_kept_checkpoints(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # A learning rate of ~0 after warmup: val loss stops improving, patience 2 ends the run.
+    cfg = tiny(data_dir, "train.max_iters=200", "train.eval_interval=10", "train.early_stop_patience=2",
+               "train.learning_rate=1e-9", "train.min_lr=0", "train.warmup_iters=0", "train.keep_every=10")
+    res = train(cfg, run_name="e", echo=lambda m: None, progress=False)
+    assert res.stopped_early and res.step < 200
+    ckpts = tmp_path / "runs" / "e" / "checkpoints"
+    assert (ckpts / "best").is_dir() and (ckpts / "last").is_dir()
+    assert (ckpts / "step-0000010" / "model.safetensors").is_file()
+    assert "early stopping" in (tmp_path / "runs" / "e" / "train.log").read_text()
+
+
+def test_dry_run_prints_config_and_schedule(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = cli("train", TINY, "--dry-run", "--set", "train.lr_schedule=linear")
+    assert res.exit_code == 0, res
+    assert "lr_schedule: linear" in res.stdout and "step       0: 5.000e-04" in res.stdout
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+
+
+def test_missing_device_is_a_clear_error(cli, tmp_path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(cli("train", TINY, "--set", "device=cuda"), "device: cuda", "no CUDA")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_two_process_ddp_matches_one_process(data_dir, tmp_path):
+    """torchrun, 2 gloo processes × batch 4 == 1 process × batch 8 (same global batch): losses to 1e-4."""
+    common = ["--no-progress", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=20",
+              "--set", "train.eval_interval=10", "--set", "train.log_interval=1", "--set", "train.sample_tokens=0"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                "-m", "minigpt_cli", "train", str(TINY), "--run-name", "ddp", "--set", "train.batch_size=4", *common]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(torchrun, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    single = _cli(["train", TINY, "--run-name", "one", "--set", "train.batch_size=8", *common], cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ddp", "one"]  # one folder per run
+    a, b = curve(tmp_path / "runs" / "ddp"), curve(tmp_path / "runs" / "one")
+    assert a.keys() == b.keys() and len(a) == 23
+    for k in a:
+        assert abs(a[k] - b[k]) < 1e-4, (k, a[k], b[k])
+    assert "world 2" in (tmp_path / "runs" / "ddp" / "train.log").read_text()
