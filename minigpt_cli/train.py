@@ -563,10 +563,12 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
             train_model = torch.compile(model)
         except Exception as exc:  # platform support varies
             echo(f"warning: torch.compile unavailable ({type(exc).__name__}: {exc}); training without it")
+    compile_failed = False
+    ddp_ids = [device.index] if device.type == "cuda" else None
     if d.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        train_model = DDP(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+        train_model = DDP(train_model, device_ids=ddp_ids)
 
     tokens_per_step = tc.batch_size * mc.block_size * tc.grad_accum_steps * d.world
     n_params = model.num_params()
@@ -660,8 +662,20 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
             lr = lr_at(prog.step, tc, mc.n_embd)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss, applied = train_step(train_model, optimizer, batches, tc.grad_accum_steps, autocast, scaler,
-                                       tc.grad_clip, params)
+            try:
+                loss, applied = train_step(train_model, optimizer, batches, tc.grad_accum_steps, autocast,
+                                           scaler, tc.grad_clip, params)
+            except Exception as exc:
+                # torch.compile fails lazily, at the first call; fall back to eager once.
+                if not cfg.compile or train_model is model or compile_failed:
+                    raise
+                compile_failed = True
+                echo(f"warning: torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                     "training without it")
+                logger.log(f"torch.compile failed ({type(exc).__name__}); training without it")
+                optimizer.zero_grad(set_to_none=True)
+                train_model = model if not d.enabled else DDP(model, device_ids=ddp_ids)
+                continue
             if not applied:
                 nonfinite += 1
                 logger.log(f"step {prog.step + 1}: non-finite loss or gradient ({float(loss)}); step skipped")

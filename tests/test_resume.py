@@ -331,3 +331,54 @@ def test_two_process_ddp_matches_one_process(data_dir, tmp_path):
     for k in a:
         assert abs(a[k] - b[k]) < 1e-4, (k, a[k], b[k])
     assert "world 2" in (tmp_path / "runs" / "ddp" / "train.log").read_text()
+
+
+def test_compile_failure_falls_back_with_a_warning(data_dir, tmp_path, monkeypatch):
+    """torch.compile fails lazily on some platforms: the run warns once and trains eagerly."""
+    monkeypatch.chdir(tmp_path)
+
+    class Broken(torch.nn.Module):
+        def forward(self, *a, **k):
+            raise RuntimeError("no C++ compiler here")
+
+    monkeypatch.setattr(torch, "compile", lambda model, **k: Broken())
+    notes = []
+    res = train(tiny(data_dir, "train.max_iters=10", "compile=true"), run_name="c", echo=notes.append,
+                progress=False)
+    assert res.step == 10 and math.isfinite(res.val_loss)
+    assert sum("torch.compile failed" in n for n in notes) == 1
+    keys = load_file(tmp_path / "runs" / "c" / "checkpoints" / "last" / "model.safetensors").keys()
+    assert not any(k.startswith("_orig_mod.") for k in keys)
+
+
+def test_loading_tolerates_a_compile_prefix(data_dir, tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=3"), run_name="p", echo=lambda m: None, progress=False)
+    w = tmp_path / "runs" / "p" / "checkpoints" / "last" / "model.safetensors"
+    sd = load_file(w)
+    save_file({f"_orig_mod.{k}": v for k, v in sd.items()}, str(w))
+    model, _ = checkpoint.load_model(w.parent)
+    assert torch.equal(model.wte.weight, sd["wte.weight"])
+
+
+def test_bfloat16_autocast_runs_on_cpu(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = train(tiny(data_dir, "train.max_iters=20", "dtype=bfloat16"), run_name="b", echo=lambda m: None,
+                progress=False)
+    assert math.isfinite(res.val_loss) and res.val_loss < math.log(65)
+    env = json.loads((tmp_path / "runs" / "b" / "env.json").read_text())
+    assert env["dtype"] == "bfloat16"
+
+
+def test_tensorboard_without_the_package_is_a_clear_error(cli, data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        import tensorboard  # noqa: F401
+        pytest.skip("tensorboard is installed here")
+    except ImportError:
+        pass
+    res = cli("train", TINY, "--set", "train.tensorboard=true", "--set", f"data.data_dir={data_dir}")
+    assert_user_error(res, "tensorboard", "pip install tensorboard")
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,201 @@
+"""``minigpt bench``: training throughput, MFU against a peak measured in the same run, generation speed.
+
+Everything is measured in one process on one device, so the figures are
+ratios that survive a noisy machine:
+
+- training: tokens/s and ms per optimizer step over ``iters`` steps of the real
+  training step (:func:`minigpt_cli.train.train_step`) on random tokens, after
+  warm-up;
+- model FLOPs per token: 6·N + 12·L·n_head·head_dim·T with N the parameters
+  without position embeddings, a tied embedding counted once (PaLM, Chowdhery
+  et al. 2022, appendix B; nanoGPT's ``estimate_mfu``), from our own analytic
+  accounting (:mod:`minigpt_cli.params`);
+- peak: the median FLOP/s of a 2048×2048 @ 2048×2048 matrix product in the
+  training dtype on the same device (2·n³ FLOPs each);
+- MFU = achieved model FLOP/s / peak;
+- generation: new tokens per second with and without the KV cache.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import torch
+
+from . import params as P
+from .config import Config
+from .device import resolve_device, resolve_dtype
+from .generate import generate_tokens
+from .model import GPT
+from .train import make_optimizer, train_step
+
+MATMUL_N = 2048
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def measure_peak(device: torch.device, dtype: torch.dtype, n: int = MATMUL_N, repeats: int = 10) -> float:
+    """Median FLOP/s of an n×n by n×n matrix product (2·n³ FLOPs) in ``dtype`` on ``device``."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
+          vocab_size: int = 65, generation: bool = True, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure training and generation speed of ``cfg``'s model on its device.
+
+    Args:
+        cfg: the config (model, batch size, device, dtype, compile).
+        iters: timed optimizer steps (after ``warmup`` untimed ones).
+        prompt_len: prompt tokens for the generation measurement.
+        max_new_tokens: tokens generated with and without the cache.
+        vocab_size: used when the config leaves ``model.vocab_size`` null.
+        generation: also measure generation.
+
+    Returns:
+        A JSON-ready dict with ``train_tokens_per_sec``, ``ms_per_step``,
+        ``flops_per_token``, ``achieved_flops``, ``peak_flops``, ``mfu``,
+        ``peak_memory_bytes``, ``gen_tokens_per_sec_cached``,
+        ``gen_tokens_per_sec_uncached``, ``gen_speedup`` and the settings.
+    """
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    mc = cfg.model
+    if mc.vocab_size is None:
+        mc = mc.model_copy(update={"vocab_size": vocab_size})
+    tc = cfg.train
+    T, B = mc.block_size, tc.batch_size
+    torch.manual_seed(cfg.seed)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.cuda.reset_peak_memory_stats(device)
+
+    echo(f"measuring the peak: {MATMUL_N}x{MATMUL_N} matmul in {str(dtype).removeprefix('torch.')} on {device}")
+    peak = measure_peak(device, dtype)
+
+    model = GPT(mc).to(device)
+    train_model = torch.compile(model) if cfg.compile else model
+    optimizer = make_optimizer(model, tc, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
+    autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    params_list = [p for p in model.parameters() if p.requires_grad]
+    g = torch.Generator().manual_seed(cfg.seed)
+
+    def batches():
+        while True:
+            x = torch.randint(0, mc.vocab_size, (B, T + 1), generator=g)
+            yield x[:, :-1].to(device), x[:, 1:].to(device)
+
+    it = batches()
+    echo(f"training: {warmup} warm-up + {iters} timed steps, batch {B} x {T} x accum {tc.grad_accum_steps}")
+    model.train()
+    for _ in range(warmup):
+        train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(iters):
+        loss, _ = train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip,
+                             params_list)
+    float(loss)
+    _sync(device)
+    dt = (time.perf_counter() - t) / iters
+    tokens_per_step = B * T * tc.grad_accum_steps
+    fl = P.flops(mc, T)
+    flops_per_token = fl["mfu_train"]
+    tps = tokens_per_step / dt
+    achieved = flops_per_token * tps
+    out: dict[str, Any] = {
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "compile": cfg.compile,
+        "parameters": model.num_params(),
+        "batch_size": B,
+        "block_size": T,
+        "grad_accum_steps": tc.grad_accum_steps,
+        "iters": iters,
+        "train_tokens_per_sec": tps,
+        "ms_per_step": dt * 1000,
+        "flops_per_token": flops_per_token,
+        "flops_per_step": flops_per_token * tokens_per_step,
+        "achieved_flops": achieved,
+        "peak_flops": peak,
+        "peak_matmul": f"{MATMUL_N}x{MATMUL_N} @ {MATMUL_N}x{MATMUL_N}, {str(dtype).removeprefix('torch.')}, median of 10",
+        "mfu": achieved / peak,
+        "peak_memory_bytes": _peak_memory(device),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if generation:
+        model.eval()
+        prompt = torch.randint(0, mc.vocab_size, (1, prompt_len), generator=g).to(device)
+        speeds = {}
+        for use_cache in (True, False):
+            echo(f"generation: {max_new_tokens} new tokens after a {prompt_len}-token prompt, "
+                 f"{'with' if use_cache else 'without'} the KV cache")
+            gen = torch.Generator(device=device).manual_seed(0)
+            list(generate_tokens(model, prompt, min(8, max_new_tokens), 1.0, None, None, use_cache, gen))  # warm-up
+            _sync(device)
+            t = time.perf_counter()
+            n = sum(1 for _ in generate_tokens(model, prompt, max_new_tokens, 1.0, None, None, use_cache, gen))
+            _sync(device)
+            speeds[use_cache] = n / (time.perf_counter() - t)
+        out.update({
+            "prompt_len": prompt_len,
+            "max_new_tokens": max_new_tokens,
+            "gen_tokens_per_sec_cached": speeds[True],
+            "gen_tokens_per_sec_uncached": speeds[False],
+            "gen_speedup": speeds[True] / speeds[False],
+        })
+    return out
+
+
+def format_bench(r: dict[str, Any]) -> str:
+    """A readable table of :func:`bench`'s result."""
+    lines = [
+        f"device {r['device']}, {r['dtype']}, {r['torch_threads']} threads, compile {r['compile']}",
+        f"model {r['parameters']:,} parameters; batch {r['batch_size']} x block {r['block_size']} "
+        f"x accum {r['grad_accum_steps']}",
+        "",
+        f"training tokens/s          {r['train_tokens_per_sec']:>14,.0f}",
+        f"ms per optimizer step      {r['ms_per_step']:>14.1f}",
+        f"model FLOPs per token      {r['flops_per_token']:>14,}   (6N + 12·L·H·Q·T, PaLM app. B)",
+        f"model FLOPs per step       {r['flops_per_step']:>14,}",
+        f"achieved                   {P.human_flops(r['achieved_flops']) + '/s':>14}",
+        f"peak (measured)            {P.human_flops(r['peak_flops']) + '/s':>14}   ({r['peak_matmul']})",
+        f"MFU                        {r['mfu']:>14.3f}",
+        f"peak memory                {P.human_bytes(r['peak_memory_bytes']):>14}",
+    ]
+    if "gen_tokens_per_sec_cached" in r:
+        lines += [
+            "",
+            f"generation ({r['max_new_tokens']} new tokens, prompt {r['prompt_len']})",
+            f"  with KV cache tokens/s   {r['gen_tokens_per_sec_cached']:>14,.1f}",
+            f"  without cache tokens/s   {r['gen_tokens_per_sec_uncached']:>14,.1f}",
+            f"  speed-up                 {r['gen_speedup']:>14.2f}x",
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,34 @@
+"""minigpt bench: the JSON contract and the FLOP accounting behind MFU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from minigpt_cli.config import load_config
+from minigpt_cli.model import GPT
+
+TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+
+
+def test_bench_json(cli):
+    res = cli("bench", TINY, "--iters", "2", "--max-new-tokens", "5", "--json")
+    assert res.exit_code == 0, res
+    r = json.loads(res.stdout)
+    for key in ("train_tokens_per_sec", "achieved_flops", "peak_flops", "mfu",
+                "gen_tokens_per_sec_cached", "gen_tokens_per_sec_uncached"):
+        assert r[key] > 0, key
+    assert abs(r["mfu"] - r["achieved_flops"] / r["peak_flops"]) < 1e-12
+    assert abs(r["achieved_flops"] - r["flops_per_token"] * r["train_tokens_per_sec"]) < 1e-3 * r["achieved_flops"]
+    # PaLM appendix B: 6·N + 12·L·H·Q·T, N without position embeddings, the tied embedding once.
+    cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})
+    model = GPT(cfg)
+    n = model.num_params() - model.wpe.weight.numel()
+    L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.block_size
+    assert r["flops_per_token"] == 6 * n + 12 * L * H * Q * T
+
+
+def test_bench_table(cli):
+    res = cli("bench", TINY, "--iters", "1", "--no-generation")
+    assert res.exit_code == 0, res
+    assert "MFU" in res.stdout and "training tokens/s" in res.stdout and "KV cache" not in res.stdout
