@@ -9,6 +9,7 @@ or a usage error ends as one line on stderr and exit status 2.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -37,10 +38,16 @@ class _Group(TyperGroup):
             path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
             _fail(f"{exc.format_message()} (see '{path} --help')")
         except MinigptError as exc:
-            _fail(str(exc))
-        except (_click_exc.Abort, KeyboardInterrupt):
+            _fail(str(exc), exc.exit_code)
+        except (typer.Abort, KeyboardInterrupt):
             print("aborted", file=sys.stderr)
             sys.exit(130)
+        except BrokenPipeError:  # e.g. `minigpt generate | head`: the reader left; not an error
+            try:
+                sys.stdout = open(os.devnull, "w")
+            except OSError:
+                pass
+            sys.exit(0)
         except _click_exc.ClickException as exc:
             _fail(exc.format_message())
         code = rv if isinstance(rv, int) else 0
@@ -49,10 +56,10 @@ class _Group(TyperGroup):
         return code
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = EXIT_USAGE) -> None:
     first = " ".join(str(message).split("\n")).strip()
     print(f"error: {first}", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
+    sys.exit(code)
 
 
 app = typer.Typer(
@@ -102,23 +109,45 @@ def download(
 
 @app.command("train-tokenizer")
 def train_tokenizer_cmd(
-    config: Optional[Path] = typer.Argument(None, help="A config whose tokenizer section to use."),
-    kind: Optional[str] = typer.Option(None, "--kind", help="char (bpe, wordpiece, unigram come later)."),
-    vocab_size: Optional[int] = typer.Option(None, "--vocab-size", min=1, help="Target vocabulary size."),
+    config: Optional[Path] = typer.Argument(None, help="A config whose tokenizer and data sections to use."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="char, bpe, wordpiece or unigram (default: the config's)."),
+    vocab_size: Optional[int] = typer.Option(
+        None, "--vocab-size", min=1, help="Entries in all, special tokens included (ignored for char)."
+    ),
     input: Optional[Path] = typer.Option(None, "--input", help="Text to train on (default: the config's corpus)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Tokenizer file to write."),
+    output: Optional[Path] = typer.Option(
+        None, "--output", help="Tokenizer file to write (default: data/<dataset>/tokenizer-<kind>[-<size>].json)."
+    ),
+    special_tokens: Optional[List[str]] = typer.Option(
+        None, "--special-tokens",
+        help="A text that becomes one id, e.g. '<|endoftext|>' (repeatable; default: the config's).",
+    ),
+    compare: bool = typer.Option(
+        False, "--compare", help="Train all four kinds at --vocab-size on the same corpus and print one table; writes nothing."
+    ),
     set_: List[str] = typer.Option([], "--set", help="Override a config key: section.key=value."),
 ) -> None:
-    """Train a tokenizer on the corpus and print a summary.
+    """Train a tokenizer on the corpus and print a summary (or compare all four kinds).
 
-    Example: minigpt train-tokenizer --kind char
+    The summary: vocabulary size, tokens on the validation split, characters
+    per token, whether decode(encode(text)) == text on the corpus, and how a
+    few words are cut.
+
+    Example: minigpt train-tokenizer --kind bpe --vocab-size 1024 --special-tokens '<|endoftext|>'
+
+    Example: minigpt train-tokenizer --compare --vocab-size 2048
     """
     from .config import apply_overrides, load_config, validate
-    from .train_tokenizer import run_train_tokenizer
+    from .train_tokenizer import run_compare, run_train_tokenizer
 
     cfg = load_config(config, set_) if config else validate(apply_overrides({}, set_), "--set")
-    print(run_train_tokenizer(cfg, kind=kind, vocab_size=vocab_size, input_path=input,
-                              output_path=output, echo=_echo))
+    if compare:
+        if kind is not None or output is not None:
+            raise MinigptError("--compare trains every kind and writes nothing; drop --kind and --output")
+        print(run_compare(cfg, vocab_size=vocab_size, input_path=input, special_tokens=special_tokens, echo=_echo))
+        return
+    print(run_train_tokenizer(cfg, kind=kind, vocab_size=vocab_size, input_path=input, output_path=output,
+                              special_tokens=special_tokens, echo=_echo))
 
 
 # ----------------------------------------------------------------------------- train
@@ -133,6 +162,10 @@ def train(
     run_name: Optional[str] = typer.Option(
         None, "--run-name", help="Folder name under runs/ (default: <name>-<date>-<time>)."
     ),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and learning rates; train nothing."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Train a GPT as the config says; the run lands in runs/<name>/.
@@ -141,14 +174,24 @@ def train(
     The run folder holds config.yaml, tokenizer.json, metrics.jsonl, train.log,
     loss.png, samples.txt, env.json and checkpoints/{last,best}.
 
+    Ctrl-C (or SIGTERM) saves checkpoints/last; --resume continues from it with
+    the same losses the uninterrupted run would have had. Under torchrun
+    (torchrun --nproc_per_node=N -m minigpt_cli train CONFIG) it trains with
+    DistributedDataParallel.
+
     Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
     """
     from .config import load_config
 
     cfg = load_config(config, set_)
-    from .train import train as run_training
+    if resume is not None and run_name is not None:
+        raise MinigptError("pass either --resume or --run-name, not both (a resumed run keeps its folder)")
+    from .train import describe_schedule, train as run_training
 
-    result = run_training(cfg, run_name=run_name, echo=_echo, progress=progress)
+    if dry_run:
+        print(describe_schedule(cfg))
+        return
+    result = run_training(cfg, run_name=run_name, echo=_echo, progress=progress, resume=resume)
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
     print(f"trained {result.step} steps; final val loss {val}; run folder {result.run_dir}")
     print(f"sample from it with: minigpt generate --run {result.run_dir}")
@@ -160,12 +203,20 @@ def train(
 @app.command()
 def generate(
     run: Optional[Path] = typer.Option(None, "--run", help="Run folder (default: the most recent under runs/)."),
-    prompt: Optional[str] = typer.Option(None, "--prompt", help="Text to continue (default: the config's sample.prompt)."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=0, help="Tokens to generate."),
+    prompt: Optional[str] = typer.Option(
+        None, "--prompt", help="Text to continue; '-' reads it from standard input (default: the config's sample.prompt)."
+    ),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from this UTF-8 file."),
+    max_new_tokens: Optional[int] = typer.Option(
+        None, "--max-new-tokens", min=0, help="Tokens to generate; 0 prints the prompt back unchanged."
+    ),
     temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="0 means greedy."),
     top_k: Optional[int] = typer.Option(None, "--top-k", min=1, help="Keep only the k most likely tokens."),
     top_p: Optional[float] = typer.Option(None, "--top-p",
                                           help="Nucleus sampling, 0 < p <= 1: keep the smallest set of tokens reaching mass p."),
+    stop: List[str] = typer.Option(
+        [], "--stop", help="End a sample when this text appears in the generated text; it is not printed (repeatable)."
+    ),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", min=1, help="Independent samples."),
     seed: int = typer.Option(1337, "--seed", help="Random seed for sampling."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are produced."),
@@ -175,14 +226,16 @@ def generate(
 ) -> None:
     """Sample text from a trained run.
 
-    Example: minigpt generate --prompt "ROMEO:" --max-new-tokens 300
+    Each sample is printed as the prompt, the new text and a newline.
+
+    Example: minigpt generate --prompt "ROMEO:" --max-new-tokens 300 --stop "JULIET:"
     """
-    from .generate import run_generate
+    from .generate import read_prompt, run_generate
 
     run_generate(
-        run=run, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-        top_p=top_p, num_samples=num_samples, seed=seed, stream=stream, use_cache=kv_cache,
-        which=checkpoint, device=device, out=sys.stdout, echo=_echo,
+        run=run, prompt=read_prompt(prompt, prompt_file, sys.stdin), max_new_tokens=max_new_tokens,
+        temperature=temperature, top_k=top_k, top_p=top_p, num_samples=num_samples, seed=seed, stream=stream,
+        use_cache=kv_cache, which=checkpoint, device=device, out=sys.stdout, echo=_echo, stop=stop,
     )
 
 
@@ -229,6 +282,33 @@ def count_params(
         print(json.dumps(rep, indent=1))
     else:
         print(params.format_report(rep, title=preset or str(config)))
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+@app.command()
+def bench(
+    config: Path = typer.Argument(..., help="YAML config whose model, batch, device and dtype to measure."),
+    set_: List[str] = typer.Option([], "--set", help="Override a config key: section.key=value (repeatable)."),
+    iters: int = typer.Option(20, "--iters", min=1, help="Timed optimizer steps (after 3 warm-up steps)."),
+    prompt_len: int = typer.Option(1, "--prompt-len", min=1, help="Prompt tokens for the generation measurement."),
+    max_new_tokens: int = typer.Option(500, "--max-new-tokens", min=1, help="Tokens generated with and without the cache."),
+    generation: bool = typer.Option(True, "--generation/--no-generation", help="Also measure generation."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Measure training tokens/s, MFU (against a matmul peak measured in the same run) and generation speed.
+
+    Example: minigpt bench configs/shakespeare-cpu.yaml --iters 50 --json
+    """
+    from .config import load_config
+
+    cfg = load_config(config, set_)
+    from .bench import bench as run_bench, format_bench
+
+    result = run_bench(cfg, iters=iters, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                       generation=generation, echo=_echo)
+    print(json.dumps(result, indent=1) if as_json else format_bench(result))
 
 
 def main() -> None:

@@ -83,6 +83,11 @@ class ModelConfig(_Strict):
                 f"model.n_embd ({self.n_embd}) must be divisible by model.n_head "
                 f"({self.n_head}); e.g. n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}"
             )
+        if self.n_kv_head is not None and self.n_kv_head > self.n_head:
+            raise ValueError(
+                f"model.n_kv_head ({self.n_kv_head}) must not exceed model.n_head ({self.n_head}); "
+                f"grouped-query attention shares each key/value head among n_head/n_kv_head query heads"
+            )
         if self.n_kv_head is not None and self.n_head % self.n_kv_head != 0:
             raise ValueError(
                 f"model.n_head ({self.n_head}) must be a multiple of model.n_kv_head "

@@ -15,7 +15,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -31,9 +31,20 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
 
 
-def split_text(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
-    """(train, val): the first ``int(len·(1-val_fraction))`` characters, and the rest."""
+def split_text(text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] = ()) -> tuple[str, str]:
+    """(train, val): the first ``int(len·(1-val_fraction))`` characters, and the rest.
+
+    A split point inside one of ``keep_whole`` (the tokenizer's special
+    tokens) moves back to that token's start, so the token stays one id.
+    """
     n = int(len(text) * (1 - val_fraction))
+    moved = True
+    while moved:
+        moved = False
+        for s in keep_whole:
+            i = text.find(s, max(0, n - len(s) + 1))
+            if i != -1 and i < n:
+                n, moved = i, True
     return text[:n], text[n:]
 
 
@@ -62,9 +73,20 @@ def ensure_corpus(cfg: Config, log: Callable[[str], None]) -> Path:
 
 
 def ensure_tokenizer(cfg: Config, corpus: Path, log: Callable[[str], None]) -> tuple[Tokenizer, Path]:
-    """Load the configured tokenizer, training (and saving) it first if its file does not exist."""
+    """Load the configured tokenizer, training (and saving) it first if its file does not exist.
+
+    The file is ``tokenizer.path``, else ``data/<dataset>/tokenizer-<kind>[-<vocab_size>].json``.
+    An existing file must agree with the config: same kind, the configured
+    special tokens among its own, and (for trained kinds, when
+    ``tokenizer.vocab_size`` is set) the same size.
+
+    Raises:
+        MinigptError: a file that disagrees with the config, or training that
+            fails (empty corpus, impossible vocabulary size); nothing is written then.
+    """
     tc = cfg.tokenizer
-    path = Path(tc.path) if tc.path else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind)
+    path = (Path(tc.path) if tc.path
+            else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind, tc.vocab_size))
     if path.is_file():
         tok = load_tokenizer(path)
         if tok.kind != tc.kind:
@@ -72,10 +94,25 @@ def ensure_tokenizer(cfg: Config, corpus: Path, log: Callable[[str], None]) -> t
                 f"tokenizer file {str(path)!r} holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; "
                 "fix tokenizer.path or tokenizer.kind"
             )
+        missing = [s for s in tc.special_tokens if s not in tok.special_tokens]
+        if missing:
+            raise MinigptError(
+                f"tokenizer file {str(path)!r} lacks the special tokens {', '.join(map(repr, missing))} "
+                "that tokenizer.special_tokens names; delete the file to train it again, or fix the config"
+            )
+        if tc.kind != "char" and tc.vocab_size is not None and tok.vocab_size != tc.vocab_size:
+            raise MinigptError(
+                f"tokenizer file {str(path)!r} has {tok.vocab_size:,} entries but tokenizer.vocab_size is "
+                f"{tc.vocab_size:,}; delete the file to train it again, or set tokenizer.vocab_size: {tok.vocab_size}"
+            )
         return tok, path
-    log(f"tokenizer {path} not found; training a {tc.kind} tokenizer on {corpus}")
-    text = corpus.read_text(encoding="utf-8")
-    tok = train_tokenizer(tc.kind, text, tc.vocab_size)
+    size = f" with {tc.vocab_size:,} entries" if tc.kind != "char" and tc.vocab_size else ""
+    log(f"tokenizer {path} not found; training a {tc.kind} tokenizer{size} on {corpus} first")
+    try:
+        text = corpus.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MinigptError(f"cannot read corpus {str(corpus)!r} as UTF-8 text ({exc})") from None
+    tok = train_tokenizer(tc.kind, text, tc.vocab_size, tc.special_tokens)
     tok.save(path)
     return tok, path
 
@@ -137,7 +174,7 @@ def prepare(corpus: Path, tokenizer: Tokenizer, out_root: Path, val_fraction: fl
     if not ok:
         log(f"preparing token files in {directory} ...")
         text = raw.decode("utf-8")
-        train_text, val_text = split_text(text, val_fraction)
+        train_text, val_text = split_text(text, val_fraction, getattr(tokenizer, "special_tokens", ()))
         directory.mkdir(parents=True, exist_ok=True)
         meta_path.unlink(missing_ok=True)
         meta = dict(want)

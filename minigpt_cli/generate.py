@@ -1,16 +1,27 @@
 """Sampling from a trained GPT, with a KV cache.
 
 The cached path gives the same tokens as a plain forward pass over the last
-``block_size`` tokens at every step, also past ``block_size``: with RoPE or no
-positions the oldest cache entry is dropped (attention scores depend only on
-offsets), and with absolute positions (learned, sinusoidal), whose every
-position shifts when the window slides, the window is recomputed.
+``block_size`` tokens at every step, also past ``block_size``. Up to
+``block_size`` tokens each step feeds only the newest token and reuses the
+keys and values of the others. Once the context slides, the window is
+recomputed at every step, whatever the position encoding: dropping the oldest
+cache entry would be exact for the first layer only (with RoPE or no
+positions), because the keys and values of every later layer were computed
+from hidden states that still saw the token that has left the window.
+
+``block_size`` and a learned position table: the table has exactly
+``block_size`` rows and generation never feeds the model more than
+``block_size`` tokens (a longer prompt is cropped to its last ``block_size``
+tokens, with a note, and the context slides as text is added), so no prompt
+length or ``max_new_tokens`` is impossible. Where a learned table and
+``block_size`` can disagree, weights made elsewhere, the importer refuses a
+``block_size`` beyond the table (:func:`minigpt_cli.hf.gpt2_config_from_hf`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator, Optional, TextIO
+from typing import Callable, Iterator, Optional, Sequence, TextIO
 
 import torch
 
@@ -74,23 +85,72 @@ def generate_tokens(
         generator: the RNG for sampling (seeded by the caller).
     """
     block = model.config.block_size
-    sliding_ok = model.config.pos_encoding in ("rope", "none")
     seq = idx
     cache = None
     for _ in range(max_new_tokens):
         if not use_cache:
             logits, _ = model(seq[:, -block:], last_only=True)
-        elif cache is None or (cache.length >= block and not sliding_ok):
-            # (Re)fill the cache with the current window.
-            cache = model.new_cache(seq.size(0), block)
+        elif cache is None or cache.length >= block:
+            # (Re)fill the cache with the current window: at the start, and at every
+            # step once the window slides (see the module docstring).
+            if cache is None:
+                cache = model.new_cache(seq.size(0), block)
+            cache.reset()
             logits, _ = model(seq[:, -block:], cache=cache, last_only=True)
         else:
-            if cache.length >= block:
-                cache.drop_oldest(cache.length - block + 1)
             logits, _ = model(seq[:, -1:], cache=cache, last_only=True)
         nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
         seq = torch.cat([seq, nxt[:, None]], dim=1)
         yield nxt
+
+
+def find_stop(text: str, stops: Sequence[str]) -> int:
+    """Index in ``text`` where the earliest of ``stops`` begins, or -1 if none occurs."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else -1
+
+
+def stop_holdback(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest end of ``text`` that begins some stop string without completing it.
+
+    While streaming, those characters are held back: the next tokens may
+    complete a stop string, which must not be printed.
+    """
+    held = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), held, -1):
+            if text.endswith(s[:k]):
+                held = k
+                break
+    return held
+
+
+def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]) -> Optional[str]:
+    """The prompt text from ``--prompt`` (``-``: standard input) or ``--prompt-file`` (``-``: standard input).
+
+    Returns None when neither is given (the run's ``sample.prompt`` applies).
+    The text is used as read: a file's final newline is part of the prompt.
+
+    Raises:
+        MinigptError: both options given, an unreadable or non-UTF-8 file.
+    """
+    if prompt is not None and prompt_file is not None:
+        raise MinigptError("pass either --prompt or --prompt-file, not both")
+    if prompt == "-" or (prompt_file is not None and str(prompt_file) == "-"):
+        if stdin is None:
+            raise MinigptError("--prompt -: no standard input to read the prompt from")
+        return stdin.read()
+    if prompt_file is None:
+        return prompt
+    path = Path(prompt_file)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MinigptError(f"--prompt-file {str(path)!r} not found") from None
+    except UnicodeDecodeError:
+        raise MinigptError(f"--prompt-file {str(path)!r} is not UTF-8 text; convert it (e.g. with iconv)") from None
+    except OSError as exc:
+        raise MinigptError(f"--prompt-file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
 
 
 def run_generate(
@@ -108,18 +168,24 @@ def run_generate(
     device: str,
     out: TextIO,
     echo: Callable[[str], None],
+    stop: Sequence[str] = (),
 ) -> list[str]:
     """The ``generate`` command: load a run, encode the prompt, sample, print.
 
-    Options left as None take the run's ``sample`` section. Each sample starts
-    with the prompt (as given) and is printed as it is produced when ``stream``.
+    Options left as None take the run's ``sample`` section. Each sample is
+    printed as the prompt (as given, never re-decoded) followed by the new
+    text and one newline, as it is produced when ``stream``. With
+    ``max_new_tokens`` 0 that is the prompt back unchanged. A sample ends early
+    when any of ``stop`` appears in its new text; the stop text and what
+    follows are not printed (while streaming, text that could be the start of
+    a stop string waits until it is known not to be one).
 
     Returns:
         The samples' texts.
 
     Raises:
         MinigptError: no run, a damaged checkpoint, a prompt the tokenizer
-            cannot encode, bad sampling options.
+            cannot encode, bad sampling options, an empty stop string.
     """
     from . import checkpoint
     from .device import resolve_device
@@ -152,6 +218,9 @@ def run_generate(
     top_k = sc.top_k if top_k is None else top_k
     top_p = sc.top_p if top_p is None else top_p
     num_samples = sc.num_samples if num_samples is None else num_samples
+    stops = list(stop)
+    if any(s == "" for s in stops):
+        raise MinigptError("--stop '': the stop text must not be empty")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise MinigptError(f"--top-p {top_p}: must be in (0, 1]; e.g. --top-p 0.9")
     if top_k is not None and top_k > tok.vocab_size:
@@ -164,7 +233,7 @@ def run_generate(
     if not ids:
         raise MinigptError("the prompt encodes to no tokens; pass a longer --prompt")
     block = cfg.model.block_size
-    if len(ids) > block:
+    if len(ids) > block and max_new_tokens > 0:
         echo(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block} (block_size)")
     g = torch.Generator(device=dev).manual_seed(seed)
     texts = []
@@ -176,16 +245,27 @@ def run_generate(
         idx = torch.tensor([ids], dtype=torch.long, device=dev)
         new: list[int] = []
         shown = ""
+        stopped = False
         for t in generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, g):
             new.append(int(t[0]))
+            if not (stream or stops):
+                continue
+            text = tok.decode(new)
+            cut = find_stop(text, stops)
+            if cut >= 0:
+                stopped = True
+                break
             if stream:
-                text = tok.decode(new)
-                # Print only what is new; multi-token characters wait until complete.
-                if not text.endswith("\ufffd"):
-                    out.write(text[len(shown):])
+                # Print only what is new; multi-token characters wait until complete,
+                # and so does an ending that may grow into a stop string.
+                ready = text[: len(text) - stop_holdback(text, stops)]
+                if len(ready) > len(shown) and not ready.endswith("\ufffd"):
+                    out.write(ready[len(shown):])
                     out.flush()
-                    shown = text
+                    shown = ready
         text = tok.decode(new)
+        if stopped:
+            text = text[: find_stop(text, stops)]
         out.write(text[len(shown):] + "\n")
         out.flush()
         texts.append(prompt + text)

@@ -82,7 +82,8 @@ def rope_cos_sin(
 
     θ_i = base^(-2i/head_dim) for i < head_dim/2, angle = position·θ_i, laid
     out twice ([θ_0..θ_{h/2-1}, θ_0..θ_{h/2-1}]) for the rotate-half form
-    (Su et al. 2021 eq. 34; GPT-NeoX / Hugging Face ``LlamaRotaryEmbedding``).
+    (Su et al. 2021 eq. 34; GPT-NeoX / Hugging Face ``LlamaRotaryEmbedding``,
+    computed as it does, in float32).
     """
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     inv_freq = inv_freq.to(positions.device)
@@ -102,9 +103,10 @@ class KVCache:
     """Keys and values of past positions for every layer, preallocated.
 
     Per layer ``k``/``v`` are (B, n_kv_head, capacity, head_dim); ``length``
-    positions are filled. Keys are stored after RoPE, at their absolute
-    positions, so ``start`` (the absolute position of the first cached entry)
-    can advance when the oldest entry is dropped (:meth:`drop_oldest`).
+    positions are filled, positions 0..length-1 of the sequence (keys after
+    RoPE). There is deliberately no way to drop the oldest entry: past the
+    first layer, keys and values depend on everything their token saw, so a
+    window that slides must be recomputed (:func:`~minigpt_cli.generate.generate_tokens`).
     """
 
     def __init__(self, n_layer: int, batch: int, n_kv_head: int, capacity: int, head_dim: int,
@@ -114,7 +116,6 @@ class KVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.capacity = capacity
         self.length = 0
-        self.start = 0
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k, v (B, n_kv, T, hs) for ``layer``; return all cached (B, n_kv, length+T, hs)."""
@@ -130,12 +131,9 @@ class KVCache:
         """Mark n more positions as filled (after all layers have updated)."""
         self.length += n
 
-    def drop_oldest(self, n: int = 1) -> None:
-        """Forget the n oldest positions (the context window slides)."""
-        for buf in (*self.k, *self.v):
-            buf[:, :, : self.length - n] = buf[:, :, n : self.length].clone()
-        self.length -= n
-        self.start += n
+    def reset(self) -> None:
+        """Forget every position (the buffers are reused)."""
+        self.length = 0
 
 
 class CausalSelfAttention(nn.Module):
@@ -313,7 +311,7 @@ class GPT(nn.Module):
         return n
 
     def _rope(self, start: int, T: int, device: torch.device):
-        """cos/sin for absolute positions start..start+T-1, from a table grown on demand."""
+        """cos/sin for positions start..start+T-1, from a table grown on demand."""
         end = start + T
         if self._rope_cache is None or self._rope_cache[0].numel() < end or self._rope_cache[0].device != device:
             n = max(end, self.config.block_size)
@@ -347,7 +345,6 @@ class GPT(nn.Module):
         """
         B, T = idx.size()
         past = cache.length if cache is not None else 0
-        start = (cache.start if cache is not None else 0) + past
         cfg = self.config
         x = self.wte(idx)  # (B, T, C)
         if cfg.emb_scale:
@@ -363,7 +360,7 @@ class GPT(nn.Module):
             else:
                 x = x + self.pos_table[past : past + T].to(x.dtype)
         elif cfg.pos_encoding == "rope":
-            rope = self._rope(start, T, idx.device)
+            rope = self._rope(past, T, idx.device)
         x = self.drop(x)
         for i, block in enumerate(self.h):
             x = block(x, rope, cache, i)

@@ -25,9 +25,16 @@ def corpus_path(data_dir: str | Path, dataset: str) -> Path:
     return dataset_dir(data_dir, dataset) / CORPUS_FILE
 
 
-def default_tokenizer_path(data_dir: str | Path, dataset: str, kind: str) -> Path:
-    """``data/<dataset>/tokenizer-<kind>.json``, where a trained tokenizer is kept."""
-    return dataset_dir(data_dir, dataset) / f"tokenizer-{kind}.json"
+def default_tokenizer_path(data_dir: str | Path, dataset: str, kind: str,
+                           vocab_size: int | None = None) -> Path:
+    """Where a trained tokenizer is kept: ``data/<dataset>/tokenizer-<kind>[-<vocab_size>].json``.
+
+    Trained kinds (bpe, wordpiece, unigram) carry their size in the name, so
+    configs that differ only in ``tokenizer.vocab_size`` do not share a file;
+    ``char`` has none (its alphabet decides).
+    """
+    suffix = f"-{vocab_size}" if vocab_size is not None and kind != "char" else ""
+    return dataset_dir(data_dir, dataset) / f"tokenizer-{kind}{suffix}.json"
 
 
 def configs_dir() -> Path:

@@ -512,6 +512,14 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
     if run_dir is not None:
         saved = checkpoint.load_config(checkpoint.resolve(run_dir / "checkpoints" / "last") / checkpoint.CONFIG)
         _check_resume_config(cfg, saved)
+        from .tokenizer import load_tokenizer
+
+        run_tok = load_tokenizer(run_dir / "tokenizer.json")
+        if run_tok.fingerprint() != tok.fingerprint():
+            raise MinigptError(
+                f"--resume: the tokenizer file the config names differs from {run_dir / 'tokenizer.json'}; "
+                "point tokenizer.path at the run's tokenizer.json"
+            )
         state = checkpoint.load_trainer_state(run_dir / "checkpoints" / "last")
     elif d.main:
         run_dir = new_run_dir(cfg, run_name)

@@ -1,36 +1,43 @@
-"""The ``train-tokenizer`` command: train, save, and summarise a tokenizer."""
+"""The ``train-tokenizer`` command: train, save, and summarise a tokenizer, or compare all four kinds."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from .config import Config
 from .data import ensure_corpus, split_text
 from .errors import MinigptError
 from .paths import default_tokenizer_path
-from .tokenizer import train_tokenizer
+from .tokenizer import KINDS, Tokenizer, check_special_tokens, check_vocab_size, train_tokenizer
 
-KINDS = ("char", "bpe", "wordpiece", "unigram")
-SAMPLE_WORDS = ("ROMEO", "thou", "hath", "wherefore", "Gloucester")
+#: Words whose segmentation the summary shows, each cut as in running text (after a space).
+SAMPLE_WORDS = ("ROMEO", "thou", "hath", "wherefore", "Gloucester", "unbelievable")
 
 
-def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Optional[int] = None,
-                        input_path: Optional[Path] = None, output_path: Optional[Path] = None,
-                        echo: Callable[[str], None] = print) -> str:
-    """Train a tokenizer of ``kind`` (default: the config's) and return a summary.
+@dataclass
+class TokenizerReport:
+    """How one trained tokenizer does on a corpus."""
 
-    The summary gives the vocabulary size, tokens on the validation split,
-    characters per token, whether decode(encode(text)) == text on the corpus,
-    and the segmentation of a few words.
+    tokenizer: Tokenizer
+    val_tokens: int
+    val_chars: int
+    round_trip: bool
+    train_seconds: float
+
+    @property
+    def chars_per_token(self) -> float:
+        return self.val_chars / max(self.val_tokens, 1)
+
+
+def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], None]) -> tuple[Path, str]:
+    """The training text: ``input_path``, else the config's corpus (downloaded first if missing).
 
     Raises:
-        MinigptError: unknown kind, empty or missing input, unusable vocabulary size.
+        MinigptError: a missing, unreadable or empty file.
     """
-    kind = kind or cfg.tokenizer.kind
-    if kind not in KINDS:
-        raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
-    vocab_size = vocab_size or cfg.tokenizer.vocab_size
     if input_path is not None:
         if not input_path.is_file():
             raise MinigptError(f"input file {str(input_path)!r} not found; pass an existing text file to --input")
@@ -43,26 +50,126 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
         raise MinigptError(f"cannot read {str(corpus)!r} as UTF-8 text ({exc})") from None
     if not text:
         raise MinigptError(f"input file {str(corpus)!r} is empty; give it some text")
-    tok = train_tokenizer(kind, text, vocab_size)
-    out = output_path or (Path(cfg.tokenizer.path) if cfg.tokenizer.path and kind == cfg.tokenizer.kind
-                          else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, kind))
+    return corpus, text
+
+
+def evaluate(tok: Tokenizer, text: str, val_fraction: float, train_seconds: float = 0.0) -> TokenizerReport:
+    """Tokens on the validation split, and whether decode(encode(text)) == text on the whole corpus."""
+    _, val = split_text(text, val_fraction, tok.special_tokens)
+    return TokenizerReport(tok, len(tok.encode(val)), len(val), tok.decode(tok.encode(text)) == text, train_seconds)
+
+
+def _show(piece: str) -> str:
+    return piece.replace(" ", "\u2581").replace("\n", "\\n").replace("\t", "\\t")
+
+
+def segmentation(tok: Tokenizer, word: str) -> str:
+    """``word``, after a space as in running text, cut into its tokens' texts: ``▁where | fore``.
+
+    Spaces show as ``▁``, WordPiece continuations keep their ``##``.
+    """
+    return " | ".join(_show(p) for p in tok.pieces(" " + word))
+
+
+def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Optional[int] = None,
+                        input_path: Optional[Path] = None, output_path: Optional[Path] = None,
+                        special_tokens: Optional[Sequence[str]] = None,
+                        echo: Callable[[str], None] = print) -> str:
+    """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary.
+
+    The file goes to ``output_path``, else the config's ``tokenizer.path`` when
+    the kind is the config's, else ``data/<dataset>/tokenizer-<kind>[-<size>].json``.
+    The summary gives the vocabulary size, tokens on the validation split,
+    characters per token, whether decode(encode(text)) == text on the corpus,
+    and the segmentation of a few words.
+
+    Raises:
+        MinigptError: unknown kind, empty or missing input, a vocabulary size
+            below the kind's base alphabet or above what the corpus gives;
+            nothing is written then.
+    """
+    kind = kind or cfg.tokenizer.kind
+    if kind not in KINDS:
+        raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+    vocab_size = vocab_size or cfg.tokenizer.vocab_size
+    specials = check_special_tokens(cfg.tokenizer.special_tokens if special_tokens is None else special_tokens)
+    _, text = read_corpus(cfg, input_path, echo)
+    t0 = time.perf_counter()
+    tok = train_tokenizer(kind, text, vocab_size, specials)
+    seconds = time.perf_counter() - t0
+    if output_path is not None:
+        out = output_path
+    elif cfg.tokenizer.path and kind == cfg.tokenizer.kind:
+        out = Path(cfg.tokenizer.path)
+    else:
+        out = default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, kind, None if kind == "char" else vocab_size)
+    rep = evaluate(tok, text, cfg.data.val_fraction, seconds)
     tok.save(out)
-    _, val = split_text(text, cfg.data.val_fraction)
-    val_ids = tok.encode(val)
-    roundtrip = tok.decode(tok.encode(text)) == text
+    size_note = "  (--vocab-size is ignored for char: the alphabet decides)" if kind == "char" and vocab_size else ""
     lines = [
         f"wrote {out}",
         f"kind                {kind}",
-        f"vocabulary size     {tok.vocab_size:,}",
-        f"val split tokens    {len(val_ids):,} ({len(val):,} characters)",
-        f"characters / token  {len(val) / max(len(val_ids), 1):.3f}",
-        f"round trip on corpus {'exact' if roundtrip else 'NOT exact'}",
-        "segmentation:",
+        f"vocabulary size     {tok.vocab_size:,}{size_note}",
+        f"val split tokens    {rep.val_tokens:,} ({rep.val_chars:,} characters)",
+        f"characters / token  {rep.chars_per_token:.3f}",
+        f"round trip on corpus {'exact' if rep.round_trip else 'NOT exact'}",
+        f"training time       {seconds:.2f} s",
     ]
+    if tok.special_tokens:
+        lines.append("special tokens      " + ", ".join(f"{s} (id {tok.encode(s)[0]})" for s in tok.special_tokens))
+    lines.append("segmentation (after a space, shown as \u2581):")
     for w in SAMPLE_WORDS:
         try:
-            pieces = [tok.decode([i]) for i in tok.encode(w)]
+            lines.append(f"  {w:<12} {segmentation(tok, w)}")
         except MinigptError:
-            pieces = ["(not encodable)"]
-        lines.append(f"  {w:<12} {' | '.join(pieces)}")
+            lines.append(f"  {w:<12} (not encodable)")
+    return "\n".join(lines)
+
+
+def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optional[Path] = None,
+                special_tokens: Optional[Sequence[str]] = None, echo: Callable[[str], None] = print) -> str:
+    """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations.
+
+    The notes' exercise (§B.5). Nothing is written. ``char`` has its alphabet's
+    size whatever ``vocab_size`` says.
+
+    Raises:
+        MinigptError: as :func:`run_train_tokenizer`, checked for every kind
+            before any is trained.
+    """
+    vocab_size = vocab_size or cfg.tokenizer.vocab_size
+    if vocab_size is None:
+        raise MinigptError("--compare needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
+    specials = check_special_tokens(cfg.tokenizer.special_tokens if special_tokens is None else special_tokens)
+    corpus, text = read_corpus(cfg, input_path, echo)
+    for kind in KINDS:
+        check_vocab_size(kind, text, vocab_size, specials)
+    reports = {}
+    for kind in KINDS:
+        echo(f"training {kind} ...")
+        t0 = time.perf_counter()
+        tok = train_tokenizer(kind, text, vocab_size, specials)
+        reports[kind] = evaluate(tok, text, cfg.data.val_fraction, time.perf_counter() - t0)
+    val_chars = next(iter(reports.values())).val_chars
+    lines = [
+        f"{corpus}: {len(text):,} characters; validation split {val_chars:,} characters; "
+        f"vocabulary size {vocab_size:,}" + (f"; special tokens {', '.join(specials)}" if specials else ""),
+        "",
+        f"{'kind':<10} {'vocab':>7} {'val tokens':>11} {'chars/token':>12} {'round trip':>11} {'train s':>8}",
+    ]
+    for kind, r in reports.items():
+        lines.append(f"{kind:<10} {r.tokenizer.vocab_size:>7,} {r.val_tokens:>11,} {r.chars_per_token:>12.3f} "
+                     f"{'exact' if r.round_trip else 'NOT exact':>11} {r.train_seconds:>8.2f}")
+    lines += [
+        "(bpe merges the most frequent pair; wordpiece the pair with the highest count(ab)/(count(a)·count(b)),",
+        " which favours pairs of rare symbols; unigram prunes a large candidate set by likelihood)",
+        "", "segmentation (after a space, shown as \u2581):"]
+    for w in SAMPLE_WORDS:
+        lines.append(f"  {w}")
+        for kind, r in reports.items():
+            try:
+                seg = segmentation(r.tokenizer, w)
+            except MinigptError:
+                seg = "(not encodable)"
+            lines.append(f"    {kind:<10} {seg}")
     return "\n".join(lines)
