@@ -248,11 +248,12 @@ def count_params(
     config: Optional[Path] = typer.Option(None, "--config", help="A config file."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Context length for FLOPs (default block_size)."),
     tokens: Optional[float] = typer.Option(None, "--tokens", min=1, help="Training tokens, for total FLOPs (e.g. 3e11)."),
-    vocab_size: Optional[int] = typer.Option(None, "--vocab-size", min=1, help="Vocabulary size when the config leaves it null."),
+    vocab_size: Optional[int] = typer.Option(None, "--vocab-size", min=1, help="Vocabulary size; overrides the config's (needed where it is null), e.g. 50304 for a padded GPT-2."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16, for the memory estimate."),
     batch_size: int = typer.Option(1, "--batch-size", min=1, help="Sequences per step, for the activation estimate."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     list_: bool = typer.Option(False, "--list", help="List the presets and exit."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key, e.g. --set model.tie_weights=false."),
 ) -> None:
     """Exact parameter, FLOP and memory accounting for a preset or config.
 
@@ -272,7 +273,7 @@ def count_params(
     from . import params
 
     source = paths.preset_path(preset) if preset else config
-    cfg = load_config(source)
+    cfg = load_config(source, set_)
     vocab = vocab_size or cfg.model.vocab_size or cfg.tokenizer.vocab_size
     if vocab is None and cfg.tokenizer.kind == "char":
         vocab = 65  # Tiny Shakespeare's alphabet

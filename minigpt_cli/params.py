@@ -361,6 +361,27 @@ def memory(
 # ----------------------------------------------------------------------------- report
 
 
+def linear_table(model_cfg: "ModelConfig", vocab_size: int) -> dict[str, dict[str, Any]]:
+    """Forward and backward FLOPs per token of each weight matrix of one layer (and the lm_head).
+
+    A linear layer in→out costs 2·in·out FLOPs per token forward (a multiply
+    and an add per weight) and twice that backward (gradients with respect to
+    the input and to the weight); Kaplan et al. 2020 §2.1.
+    """
+    d, kv, dff = model_cfg.n_embd, model_cfg.kv_heads * model_cfg.head_dim, model_cfg.ffn_hidden
+    shapes = {"attn_q": (d, d), "attn_k": (d, kv), "attn_v": (d, kv), "attn_o": (d, d)}
+    if model_cfg.ffn == "swiglu":
+        shapes.update({"ffn_w1_gate": (d, dff), "ffn_w3_up": (d, dff), "ffn_w2_down": (dff, d)})
+    else:
+        shapes.update({"ffn_up": (d, dff), "ffn_down": (dff, d)})
+    shapes["lm_head"] = (d, vocab_size)
+    out = {}
+    for name, (n_in, n_out) in shapes.items():
+        fwd, bwd = linear_flops(n_in, n_out)
+        out[name] = {"in": n_in, "out": n_out, "forward": fwd, "backward": bwd}
+    return out
+
+
 def report(
     model_cfg: "ModelConfig",
     *,
@@ -409,6 +430,7 @@ def report(
             "non_embedding_of_total": pc.non_embedding / total,
         },
         "seq_len": T,
+        "linear_flops_per_token": linear_table(model_cfg, pc.vocab_size),
         "flops_per_token_forward": fl["forward"],
         "flops_per_token_train": fl["train"],
         "attention_flops_share": fl["attention_share"],
@@ -541,6 +563,11 @@ def format_report(rep: dict[str, Any], title: str) -> str:
                           f"{rep['training_flops']:.3e}"))
     lines.append(line("Chinchilla-optimal tokens (20 per parameter)", rep["chinchilla_tokens"],
                       human(rep["chinchilla_tokens"])))
+
+    lines += ["", "FLOPs per token of each matrix (forward 2·in·out, backward 4·in·out)"]
+    for name, m in rep["linear_flops_per_token"].items():
+        lines.append(f"  {name:<12} {m['in']:>7,} × {m['out']:<7,}  forward {m['forward']:>15,}  "
+                     f"backward {m['backward']:>15,}")
 
     mem = rep["memory"]
     lines += [

@@ -366,3 +366,16 @@ def test_transformers_llama(name):
     pytest.importorskip("transformers")
     cfg = preset(name)
     assert hf_llama(cfg).num_parameters() == params.count(cfg).total
+
+
+def test_cli_overrides_and_linear_flops(cli):
+    """The issue's CLI checks: untied and padded GPT-2 small, and one 768×3072 matrix's FLOPs."""
+    import json
+
+    untied = json.loads(cli("count-params", "--preset", "gpt2-small", "--set", "model.tie_weights=false",
+                            "--json").stdout)
+    assert untied["total"] == 163_037_184
+    padded = json.loads(cli("count-params", "--preset", "gpt2-small", "--vocab-size", "50304", "--json").stdout)
+    assert padded["total"] == 124_475_904
+    up = json.loads(cli("count-params", "--preset", "gpt2-small", "--json").stdout)["linear_flops_per_token"]["ffn_up"]
+    assert (up["in"], up["out"], up["forward"], up["backward"]) == (768, 3072, 4_718_592, 9_437_184)
