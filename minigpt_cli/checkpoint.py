@@ -140,6 +140,17 @@ def resolve(directory: Path) -> Path:
     raise MinigptError(f"no checkpoint at {str(directory)!r} (missing {WEIGHTS}); train first or pick another run")
 
 
+def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, without a ``_orig_mod.`` prefix; a damaged file is a clear error."""
+    try:
+        sd = load_file(str(weights), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise MinigptError(
+            f"checkpoint weights {str(weights)!r} are corrupt or truncated ({str(exc).splitlines()[0]}); {fix}"
+        ) from None
+    return {k.removeprefix(_COMPILE_PREFIX): v for k, v in sd.items()}
+
+
 def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
     """Rebuild the model from a checkpoint folder alone (config.yaml + safetensors).
 
@@ -153,14 +164,7 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
     except ConfigError as exc:
         raise MinigptError(f"checkpoint config is unusable: {exc}") from None
     weights = directory / WEIGHTS
-    try:
-        sd = load_file(str(weights), device="cpu")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise MinigptError(
-            f"checkpoint weights {str(weights)!r} are corrupt or truncated ({str(exc).splitlines()[0]}); "
-            "use another checkpoint (e.g. checkpoints/best) or retrain"
-        ) from None
-    sd = {k.removeprefix(_COMPILE_PREFIX): v for k, v in sd.items()}
+    sd = _read_weights(weights, "use another checkpoint (e.g. checkpoints/best) or retrain")
     if config.model.vocab_size is None:
         if "wte.weight" not in sd:
             raise MinigptError(f"checkpoint weights {str(weights)!r} lack wte.weight; the file is not a minigpt checkpoint")
@@ -203,14 +207,7 @@ def load_weights_into(model: GPT, directory: Path) -> None:
         MinigptError: a corrupt or truncated file, or weights of another shape.
     """
     weights = resolve(directory) / WEIGHTS
-    try:
-        sd = load_file(str(weights), device="cpu")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise MinigptError(
-            f"checkpoint weights {str(weights)!r} are corrupt or truncated ({str(exc).splitlines()[0]}); "
-            "start a new run or restore the file"
-        ) from None
-    sd = {k.removeprefix(_COMPILE_PREFIX): v for k, v in sd.items()}
+    sd = _read_weights(weights, "start a new run or restore the file")
     if model.config.tie_weights:
         sd.pop("lm_head.weight", None)
     expected = set(model_state_keys(model))

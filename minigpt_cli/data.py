@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -23,7 +21,8 @@ import torch
 from .errors import MinigptError
 from .config import Config
 from .paths import corpus_path, default_tokenizer_path
-from .tokenizer import Tokenizer, atomic_write_text, load_tokenizer, train_tokenizer
+from .fileio import atomic_write_bytes, atomic_write_text
+from .tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -46,19 +45,6 @@ def split_text(text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] =
             if i != -1 and i < n:
                 n, moved = i, True
     return text[:n], text[n:]
-
-
-def _write_bin(path: Path, ids: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(ids.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def ensure_corpus(cfg: Config, log: Callable[[str], None]) -> Path:
@@ -180,7 +166,7 @@ def prepare(corpus: Path, tokenizer: Tokenizer, out_root: Path, val_fraction: fl
         meta = dict(want)
         for split, part in (("train", train_text), ("val", val_text)):
             ids = np.asarray(tokenizer.encode(part), dtype=dtype)
-            _write_bin(directory / f"{split}.bin", ids)
+            atomic_write_bytes(directory / f"{split}.bin", ids.tobytes())
             meta[f"{split}_tokens"] = int(ids.size)
         atomic_write_text(meta_path, json.dumps(meta, indent=1))
     train = np.memmap(directory / "train.bin", dtype=dtype, mode="r")

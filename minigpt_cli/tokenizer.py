@@ -41,14 +41,13 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
-import os
 import re
-import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional, Protocol, Sequence
 
 from .errors import MinigptError
+from .fileio import atomic_write_text
 
 FORMAT = "minigpt-char-tokenizer"
 KINDS = ("char", "bpe", "wordpiece", "unigram")
@@ -87,22 +86,6 @@ class Tokenizer(Protocol):
     def save(self, path: str | Path) -> None: ...
 
     def fingerprint(self) -> str: ...
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write text to path through a temporary file in the same folder and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
