@@ -29,6 +29,7 @@ import torch
 from . import params as P
 from .config import Config
 from .device import resolve_device, resolve_dtype
+from .errors import MinigptError
 from .generate import generate_tokens
 from .model import GPT
 from .train import make_optimizer, train_step
@@ -85,6 +86,8 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     """
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
+    if device.type == "cpu" and dtype == torch.float16:
+        raise MinigptError("dtype: float16 needs a GPU; use dtype: auto, float32 or bfloat16 on the CPU")
     mc = cfg.model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})

@@ -218,7 +218,7 @@ def generate(
         [], "--stop", help="End a sample when this text appears in the generated text; it is not printed (repeatable)."
     ),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", min=1, help="Independent samples."),
-    seed: int = typer.Option(1337, "--seed", help="Random seed for sampling."),
+    seed: int = typer.Option(1337, "--seed", min=0, max=2**63 - 1, help="Random seed for sampling."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are produced."),
     kv_cache: bool = typer.Option(True, "--kv-cache/--no-kv-cache", help="Reuse past keys and values."),
     checkpoint: str = typer.Option("best", "--checkpoint", help="best or last."),

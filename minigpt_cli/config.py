@@ -178,7 +178,7 @@ class Config(_Strict):
     """A whole run: model, tokenizer, data, training, sampling, device."""
 
     name: str = Field("run", min_length=1)
-    seed: int = 1337
+    seed: int = Field(1337, ge=0, lt=2**32, description="0 .. 2**32-1 (numpy's range)")
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     compile: bool = False

@@ -13,6 +13,10 @@ def resolve_device(name: str) -> torch.device:
     Raises:
         MinigptError: the named device is not available on this machine.
     """
+    import re
+
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+        raise MinigptError(f"device {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")

@@ -320,8 +320,8 @@ def download_tinyshakespeare(
 
     After a failure no new file is left behind: the temporary file and any
     folder created for it are removed. A pre-existing file that passes the
-    checksum (the ``force`` case) is left exactly as it was; a pre-existing file
-    that fails the checksum is deleted, since it is known to be bad.
+    checksum (the ``force`` case) is left exactly as it was, and so is one that
+    fails the checksum: only a verified download replaces a file on disk.
 
     Retries (with exponential backoff) cover failed connections and
     429/500/502/503/504 answers; a body cut off mid-stream is not retried.
@@ -357,10 +357,7 @@ def download_tinyshakespeare(
         _fetch(url, path, progress=progress, timeout=timeout, retries=retries,
                backoff_factor=backoff_factor)
     except MinigptError:
-        if exists and not good and path.is_file():
-            try:
-                path.unlink()
-            except OSError:
-                pass
+        # A file already there is the user's: a failed download never deletes it,
+        # bad checksum or not (it is replaced only by a verified download).
         raise
     return path, True

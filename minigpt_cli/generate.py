@@ -71,6 +71,7 @@ def generate_tokens(
     top_p: Optional[float] = None,
     use_cache: bool = True,
     generator: Optional[torch.Generator] = None,
+    vocab_limit: Optional[int] = None,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token, (B,) int64, as it is sampled.
 
@@ -83,6 +84,8 @@ def generate_tokens(
         top_p: nucleus sampling mass, 0 < p ≤ 1 (None: off).
         use_cache: reuse keys/values of past positions (a KV cache).
         generator: the RNG for sampling (seeded by the caller).
+        vocab_limit: never sample ids at or above this (a model vocabulary
+            padded beyond its tokenizer's entries).
     """
     block = model.config.block_size
     seq = idx
@@ -99,7 +102,11 @@ def generate_tokens(
             logits, _ = model(seq[:, -block:], cache=cache, last_only=True)
         else:
             logits, _ = model(seq[:, -1:], cache=cache, last_only=True)
-        nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+        last = logits[:, -1, :]
+        if vocab_limit is not None and vocab_limit < last.size(-1):
+            last = last.clone()
+            last[:, vocab_limit:] = float("-inf")
+        nxt = sample_next(last, temperature, top_k, top_p, generator)
         seq = torch.cat([seq, nxt[:, None]], dim=1)
         yield nxt
 
@@ -210,6 +217,11 @@ def run_generate(
             f"{run_dir / 'tokenizer.json'} has {tok.vocab_size} entries but the checkpoint's model has "
             f"{cfg.model.vocab_size}; the run folder is inconsistent"
         )
+    if tok.kind != cfg.tokenizer.kind:
+        raise MinigptError(
+            f"{run_dir / 'tokenizer.json'} is a {tok.kind} tokenizer but the run was trained with "
+            f"tokenizer.kind {cfg.tokenizer.kind}; restore the run's own tokenizer.json"
+        )
     sc = cfg.sample
     prompt = sc.prompt if prompt is None else prompt
     max_new_tokens = sc.max_new_tokens if max_new_tokens is None else max_new_tokens
@@ -246,7 +258,8 @@ def run_generate(
         new: list[int] = []
         shown = ""
         stopped = False
-        for t in generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, g):
+        for t in generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, g,
+                                  vocab_limit=tok.vocab_size):
             new.append(int(t[0]))
             if not (stream or stops):
                 continue

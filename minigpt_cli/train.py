@@ -377,7 +377,8 @@ def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int,
         prompt = [0]
     idx = torch.tensor([prompt], dtype=torch.long, device=device)
     g = torch.Generator(device=device).manual_seed(seed)
-    ids = [int(t[0]) for t in generate_tokens(model, idx, n_tokens, temperature=0.8, top_k=200, generator=g)]
+    ids = [int(t[0]) for t in generate_tokens(model, idx, n_tokens, temperature=0.8, top_k=200, generator=g,
+                                                  vocab_limit=tok.vocab_size)]
     model.train()
     return tok.decode(prompt + ids)
 

@@ -222,14 +222,15 @@ def test_bad_existing_file_replaced(tmp_path, corpus_server, capsys, content):
     assert f"{dest} fails its checksum; downloading it again" in err
 
 
-def test_bad_existing_file_removed_on_failure(tmp_path, corpus_server):
+def test_bad_existing_file_kept_on_failure(tmp_path, corpus_server):
+    """A failed re-download never deletes what the user had (an edited corpus stays)."""
     dest = tmp_path / "tinyshakespeare" / "input.txt"
     dest.parent.mkdir()
     dest.write_text("edited by hand\n")
     with pytest.raises(MinigptError):
         fetch(tmp_path, corpus_server.url("/missing.txt"))
-    assert leftovers(tmp_path) == []  # known-bad, so not kept
-    assert dest.parent.is_dir()  # the folder was there before: kept
+    assert dest.read_text() == "edited by hand\n"
+    assert leftovers(tmp_path) == ["tinyshakespeare/input.txt"]  # no temporary file beside it
 
 
 @pytest.mark.parametrize("route", ["/missing.txt", "/wrong.txt", "/truncated.txt"])
