@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
 
 class CliResult:
     def __init__(self, exit_code: int, stdout: str, stderr: str):
@@ -27,3 +31,14 @@ def assert_user_error(res: CliResult, *fragments: str, notes_ok: bool = False) -
     assert "Traceback" not in res.stderr + res.stdout
     for frag in fragments:
         assert frag in lines[0], (frag, lines[0])
+
+
+@contextmanager
+def working_dir(path: Path):
+    """Run the body with ``path`` as the current directory (module-scoped fixtures cannot use monkeypatch.chdir)."""
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield path
+    finally:
+        os.chdir(old)

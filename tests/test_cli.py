@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import assert_user_error
+from helpers import assert_user_error, working_dir
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,17 +29,11 @@ def trained_run(tmp_path_factory, corpus_server):
     from minigpt_cli.cli import app
 
     work = tmp_path_factory.mktemp("e2e")
-    old = os.getcwd()
-    os.chdir(work)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MINIGPT_TINYSHAKESPEARE_URL", corpus_server.url("/input.txt?t=e2e"))
-    try:
+    with working_dir(work), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINIGPT_TINYSHAKESPEARE_URL", corpus_server.url("/input.txt?t=e2e"))
         runner = CliRunner()
         dl = runner.invoke(app, ["download"])
         tr = runner.invoke(app, ["train", str(TINY), "--run-name", "e2e", "--no-progress"])
-    finally:
-        os.chdir(old)
-        mp.undo()
     return work, dl, tr, corpus_server.hit_count("/input.txt?t=e2e")
 
 

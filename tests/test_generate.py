@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import pytest
-from helpers import assert_user_error
+from helpers import assert_user_error, working_dir
 
 from minigpt_cli.generate import find_stop, run_generate, stop_holdback
 
@@ -24,13 +23,9 @@ def run_dir(tmp_path_factory, data_dir):
     from minigpt_cli.cli import app
 
     work = tmp_path_factory.mktemp("gen")
-    old = os.getcwd()
-    os.chdir(work)
-    try:
+    with working_dir(work):
         res = CliRunner().invoke(app, ["train", str(TINY), "--run-name", "g", "--no-progress",
                                        "--set", f"data.data_dir={data_dir}", "--set", "train.sample_tokens=0"])
-    finally:
-        os.chdir(old)
     assert res.exit_code == 0, res.stderr
     return work / "runs" / "g"
 
