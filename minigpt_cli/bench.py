@@ -30,7 +30,7 @@ from . import params as P
 from .config import Config
 from .device import resolve_device, resolve_dtype
 from .errors import MinigptError
-from .generate import generate_tokens
+from .generate import generate_tokens, resolve_window_stride
 from .model import GPT
 from .train import make_optimizer, train_step
 
@@ -74,7 +74,9 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         cfg: the config (model, batch size, device, dtype, compile).
         iters: timed optimizer steps (after ``warmup`` untimed ones).
         prompt_len: prompt tokens for the generation measurement.
-        max_new_tokens: tokens generated with and without the cache.
+        max_new_tokens: tokens generated with and without the cache (the
+            window slides by the config's ``sample.window_stride`` past
+            ``block_size``, the same rule on both paths).
         vocab_size: used when the config leaves ``model.vocab_size`` null.
         generation: also measure generation.
 
@@ -157,18 +159,22 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         model.eval()
         prompt = torch.randint(0, mc.vocab_size, (1, prompt_len), generator=g).to(device)
         speeds = {}
+        stride = resolve_window_stride(mc.block_size, cfg.sample.window_stride)
         for use_cache in (True, False):
             echo(f"generation: {max_new_tokens} new tokens after a {prompt_len}-token prompt, "
                  f"{'with' if use_cache else 'without'} the KV cache")
             gen = torch.Generator(device=device).manual_seed(0)
-            list(generate_tokens(model, prompt, min(8, max_new_tokens), 1.0, None, None, use_cache, gen))  # warm-up
+            list(generate_tokens(model, prompt, min(8, max_new_tokens), 1.0, None, None, use_cache, gen,
+                                 window_stride=stride))  # warm-up
             _sync(device)
             t = time.perf_counter()
-            n = sum(1 for _ in generate_tokens(model, prompt, max_new_tokens, 1.0, None, None, use_cache, gen))
+            n = sum(1 for _ in generate_tokens(model, prompt, max_new_tokens, 1.0, None, None, use_cache, gen,
+                                               window_stride=stride))
             _sync(device)
             speeds[use_cache] = n / (time.perf_counter() - t)
         out.update({
             "prompt_len": prompt_len,
+            "window_stride": stride,
             "max_new_tokens": max_new_tokens,
             "gen_tokens_per_sec_cached": speeds[True],
             "gen_tokens_per_sec_uncached": speeds[False],
@@ -196,7 +202,8 @@ def format_bench(r: dict[str, Any]) -> str:
     if "gen_tokens_per_sec_cached" in r:
         lines += [
             "",
-            f"generation ({r['max_new_tokens']} new tokens, prompt {r['prompt_len']})",
+            f"generation ({r['max_new_tokens']} new tokens, prompt {r['prompt_len']}, "
+            f"window stride {r['window_stride']})",
             f"  with KV cache tokens/s   {r['gen_tokens_per_sec_cached']:>14,.1f}",
             f"  without cache tokens/s   {r['gen_tokens_per_sec_uncached']:>14,.1f}",
             f"  speed-up                 {r['gen_speedup']:>14.2f}x",

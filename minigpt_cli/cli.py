@@ -221,6 +221,11 @@ def generate(
     seed: int = typer.Option(1337, "--seed", min=0, max=2**63 - 1, help="Random seed for sampling."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are produced."),
     kv_cache: bool = typer.Option(True, "--kv-cache/--no-kv-cache", help="Reuse past keys and values."),
+    window_stride: Optional[int] = typer.Option(
+        None, "--window-stride", min=1,
+        help="Past block_size, drop this many oldest tokens at once (1: slide token by token; "
+             "default: the run's sample.window_stride, else block_size // 4).",
+    ),
     checkpoint: str = typer.Option("best", "--checkpoint", help="best or last."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
 ) -> None:
@@ -236,6 +241,7 @@ def generate(
         run=run, prompt=read_prompt(prompt, prompt_file, sys.stdin), max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, num_samples=num_samples, seed=seed, stream=stream,
         use_cache=kv_cache, which=checkpoint, device=device, out=sys.stdout, echo=_echo, stop=stop,
+        window_stride=window_stride,
     )
 
 

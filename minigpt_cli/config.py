@@ -172,6 +172,9 @@ class SampleConfig(_Strict):
     top_k: Optional[int] = Field(200, ge=1)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     num_samples: int = Field(1, ge=1)
+    window_stride: Optional[int] = Field(
+        None, ge=1, description="tokens the context drops at once past block_size; null: block_size // 4"
+    )
 
 
 class Config(_Strict):
@@ -197,6 +200,12 @@ class Config(_Strict):
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name):
             raise ValueError(
                 f"name: {self.name!r} may only hold letters, digits, '.', '_' and '-'"
+            )
+        stride = self.sample.window_stride
+        if stride is not None and stride > self.model.block_size:
+            raise ValueError(
+                f"sample.window_stride: {stride} is larger than model.block_size ({self.model.block_size}); "
+                f"use 1 .. {self.model.block_size}"
             )
         return self
 

@@ -1,21 +1,30 @@
 """Sampling from a trained GPT, with a KV cache.
 
-The cached path gives the same tokens as a plain forward pass over the last
-``block_size`` tokens at every step, also past ``block_size``. Up to
-``block_size`` tokens each step feeds only the newest token and reuses the
-keys and values of the others. Once the context slides, the window is
-recomputed at every step, whatever the position encoding: dropping the oldest
-cache entry would be exact for the first layer only (with RoPE or no
-positions), because the keys and values of every later layer were computed
-from hidden states that still saw the token that has left the window.
+Past ``block_size`` the context window slides, and it slides by
+``window_stride`` tokens at a time: when one more token would not fit, the
+oldest ``window_stride`` tokens leave together, so the model sees between
+``block_size - window_stride + 1`` and ``block_size`` tokens. ``window_stride``
+1 is nanoGPT's rule (the last ``block_size`` tokens at every step); the
+default, ``block_size // 4``, keeps at least three quarters of the window.
+
+The cached and uncached paths follow the same rule and give the same tokens.
+Inside the window the cached path feeds only the newest token and reuses the
+keys and values of the others. When the window slides the cache is refilled
+from the tokens that stay: whatever the position encoding, every key and
+value above the first layer was computed from hidden states that saw the
+tokens that left, so keeping them would not be exact. With stride 1 that is a
+full forward at every step past ``block_size`` and the cache stops paying;
+with stride s the refill comes once every s tokens (llama.cpp's "context
+shift" drops half the window at once for the same reason, but keeps the
+stale keys).
 
 ``block_size`` and a learned position table: the table has exactly
 ``block_size`` rows and generation never feeds the model more than
 ``block_size`` tokens (a longer prompt is cropped to its last ``block_size``
-tokens, with a note, and the context slides as text is added), so no prompt
-length or ``max_new_tokens`` is impossible. Where a learned table and
-``block_size`` can disagree, weights made elsewhere, the importer refuses a
-``block_size`` beyond the table (:func:`minigpt_cli.hf.gpt2_config_from_hf`).
+tokens, with a note), so no prompt length or ``max_new_tokens`` is
+impossible. Where a learned table and ``block_size`` can disagree, weights
+made elsewhere, the importer refuses a ``block_size`` beyond the table
+(:func:`minigpt_cli.hf.gpt2_config_from_hf`).
 """
 
 from __future__ import annotations
@@ -61,6 +70,22 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def resolve_window_stride(block_size: int, window_stride: Optional[int]) -> int:
+    """The stride the window slides by: ``window_stride``, or ``block_size // 4`` (at least 1) when None.
+
+    Raises:
+        MinigptError: a stride outside 1 .. ``block_size``.
+    """
+    if window_stride is None:
+        return max(1, block_size // 4)
+    if not 1 <= window_stride <= block_size:
+        raise MinigptError(
+            f"window_stride {window_stride}: must be between 1 and block_size ({block_size}); "
+            f"1 slides one token at a time, {max(1, block_size // 4)} is the default"
+        )
+    return window_stride
+
+
 @torch.no_grad()
 def generate_tokens(
     model: GPT,
@@ -72,6 +97,7 @@ def generate_tokens(
     use_cache: bool = True,
     generator: Optional[torch.Generator] = None,
     vocab_limit: Optional[int] = None,
+    window_stride: Optional[int] = None,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token, (B,) int64, as it is sampled.
 
@@ -86,20 +112,28 @@ def generate_tokens(
         generator: the RNG for sampling (seeded by the caller).
         vocab_limit: never sample ids at or above this (a model vocabulary
             padded beyond its tokenizer's entries).
+        window_stride: tokens the context window drops at once when it is
+            full (see the module docstring); None: ``block_size // 4``.
+
+    Raises:
+        MinigptError: ``window_stride`` outside 1 .. ``block_size``.
     """
     block = model.config.block_size
+    stride = resolve_window_stride(block, window_stride)
     seq = idx
+    start = max(0, seq.size(1) - block)  # the window is seq[:, start:]
     cache = None
+    refill = True
     for _ in range(max_new_tokens):
         if not use_cache:
-            logits, _ = model(seq[:, -block:], last_only=True)
-        elif cache is None or cache.length >= block:
-            # (Re)fill the cache with the current window: at the start, and at every
-            # step once the window slides (see the module docstring).
+            logits, _ = model(seq[:, start:], last_only=True)
+        elif refill:
+            # Fill the cache with the whole window: at the start and after each slide.
             if cache is None:
                 cache = model.new_cache(seq.size(0), block)
             cache.reset()
-            logits, _ = model(seq[:, -block:], cache=cache, last_only=True)
+            logits, _ = model(seq[:, start:], cache=cache, last_only=True)
+            refill = False
         else:
             logits, _ = model(seq[:, -1:], cache=cache, last_only=True)
         last = logits[:, -1, :]
@@ -108,6 +142,9 @@ def generate_tokens(
             last[:, vocab_limit:] = float("-inf")
         nxt = sample_next(last, temperature, top_k, top_p, generator)
         seq = torch.cat([seq, nxt[:, None]], dim=1)
+        if seq.size(1) - start > block:
+            start += stride
+            refill = True
         yield nxt
 
 
@@ -176,6 +213,7 @@ def run_generate(
     out: TextIO,
     echo: Callable[[str], None],
     stop: Sequence[str] = (),
+    window_stride: Optional[int] = None,
 ) -> list[str]:
     """The ``generate`` command: load a run, encode the prompt, sample, print.
 
@@ -185,7 +223,9 @@ def run_generate(
     ``max_new_tokens`` 0 that is the prompt back unchanged. A sample ends early
     when any of ``stop`` appears in its new text; the stop text and what
     follows are not printed (while streaming, text that could be the start of
-    a stop string waits until it is known not to be one).
+    a stop string waits until it is known not to be one). ``window_stride``
+    (None: the run's ``sample.window_stride``) sets how the context slides
+    past ``block_size`` (see the module docstring).
 
     Returns:
         The samples' texts.
@@ -230,6 +270,9 @@ def run_generate(
     top_k = sc.top_k if top_k is None else top_k
     top_p = sc.top_p if top_p is None else top_p
     num_samples = sc.num_samples if num_samples is None else num_samples
+    window_stride = resolve_window_stride(
+        cfg.model.block_size, sc.window_stride if window_stride is None else window_stride
+    )
     stops = list(stop)
     if any(s == "" for s in stops):
         raise MinigptError("--stop '': the stop text must not be empty")
@@ -259,7 +302,7 @@ def run_generate(
         shown = ""
         stopped = False
         for t in generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, g,
-                                  vocab_limit=tok.vocab_size):
+                                  vocab_limit=tok.vocab_size, window_stride=window_stride):
             new.append(int(t[0]))
             if not (stream or stops):
                 continue

@@ -176,3 +176,38 @@ def test_sampled_text_is_the_same_with_and_without_the_cache(gen):
     a, b = gen(*args), gen(*args, "--no-kv-cache")
     assert a.exit_code == b.exit_code == 0
     assert a.stdout == b.stdout
+
+
+def test_window_stride(gen, monkeypatch):
+    """--window-stride sets how the context slides past block_size 32; both cache paths follow it."""
+    for stride in ("1", "32"):
+        args = ("--prompt", PROMPT, "--max-new-tokens", "100", "--window-stride", stride, *SAMPLING)
+        a, b = gen(*args), gen(*args, "--no-kv-cache")
+        assert a.exit_code == b.exit_code == 0, (a, b)
+        assert a.stdout == b.stdout
+    # The default (block_size // 4 = 8) is what --window-stride 8 gives.
+    # The stride reaches the sampler: the default (block_size // 4 = 8) or the option's value.
+    import minigpt_cli.generate as gen_mod
+
+    seen = []
+    real = gen_mod.generate_tokens
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["window_stride"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gen_mod, "generate_tokens", spy)
+    sampled(gen, n=10)
+    sampled(gen, "--window-stride", "3", n=10)
+    assert seen == [8, 3]
+    assert_user_error(gen("--window-stride", "33"), "window_stride 33", "block_size (32)")
+    assert_user_error(gen("--window-stride", "0"), "--window-stride")
+
+
+def test_window_stride_in_the_config_is_checked_against_block_size(tmp_path):
+    from minigpt_cli.config import ConfigError, load_config
+
+    cfg = load_config(TINY, ["sample.window_stride=32"])
+    assert cfg.sample.window_stride == 32
+    with pytest.raises(ConfigError, match="sample.window_stride: 33 is larger than model.block_size"):
+        load_config(TINY, ["sample.window_stride=33"])

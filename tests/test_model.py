@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from minigpt_cli.config import ModelConfig
+from minigpt_cli.errors import MinigptError
 from minigpt_cli.generate import filter_logits, generate_tokens
 from minigpt_cli.model import GPT, Block
 
@@ -105,7 +106,8 @@ POSITIONS = ["learned", "sinusoidal", "rope", "none"]
 
 @pytest.mark.parametrize("pos", POSITIONS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_kv_cache_gives_the_same_tokens(pos, temperature):
+@pytest.mark.parametrize("stride", [1, None, 5, 12])
+def test_kv_cache_gives_the_same_tokens(pos, temperature, stride):
     """Cached and uncached generation agree token for token, also past block_size (the window slides)."""
     torch.manual_seed(0)
     cfg = small(pos_encoding=pos, block_size=12, n_kv_head=2)
@@ -117,10 +119,58 @@ def test_kv_cache_gives_the_same_tokens(pos, temperature):
     for use_cache in (True, False):
         g = torch.Generator().manual_seed(7)
         toks = list(generate_tokens(model, prompt, 30, temperature=temperature, top_k=None,
-                                    use_cache=use_cache, generator=g))
+                                    use_cache=use_cache, generator=g, window_stride=stride))
         runs.append(torch.stack(toks, dim=1))
     assert runs[0].shape == (2, 30)  # 5 + 30 tokens: well past block_size 12
     assert torch.equal(runs[0], runs[1])
+
+
+def _window_lengths(model, prompt_len, n, stride, use_cache):
+    """Lengths of the inputs ``generate_tokens`` feeds the model, step by step."""
+    lengths = []
+    real = model.forward
+
+    def spy(idx, *args, **kwargs):
+        lengths.append(idx.size(1))
+        return real(idx, *args, **kwargs)
+
+    model.forward = spy
+    try:
+        list(generate_tokens(model, torch.zeros(1, prompt_len, dtype=torch.long), n, temperature=0.0,
+                             use_cache=use_cache, window_stride=stride))
+    finally:
+        del model.forward
+    return lengths
+
+
+def test_window_slides_by_the_stride():
+    """Block 8, stride 3: the window fills to 8, then drops 3 tokens at once (6 left), refills to 8, ..."""
+    model = GPT(small(block_size=8)).eval()
+    uncached = _window_lengths(model, 2, 14, 3, use_cache=False)
+    assert uncached == [2, 3, 4, 5, 6, 7, 8, 6, 7, 8, 6, 7, 8, 6]
+    cached = _window_lengths(model, 2, 14, 3, use_cache=True)
+    # The cache is filled with the whole window at the start and after each slide, else fed one token.
+    assert cached == [2, 1, 1, 1, 1, 1, 1, 6, 1, 1, 6, 1, 1, 6]
+    # A prompt longer than the block is cropped to its last 8 tokens; stride 1 is nanoGPT's crop.
+    assert _window_lengths(model, 20, 4, 1, use_cache=False) == [8, 8, 8, 8]
+    assert _window_lengths(model, 20, 4, 1, use_cache=True) == [8, 8, 8, 8]
+    with pytest.raises(MinigptError, match="window_stride 9"):
+        _window_lengths(model, 2, 3, 9, use_cache=True)
+
+
+def test_stride_one_is_nanogpts_crop():
+    """Greedy decoding with stride 1 equals a hand-written loop over ``seq[:, -block_size:]`` (nanoGPT)."""
+    torch.manual_seed(0)
+    model = GPT(small(block_size=10)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    seq = torch.randint(0, 65, (1, 4))
+    ours = torch.stack(list(generate_tokens(model, seq, 25, temperature=0.0, window_stride=1)), dim=1)
+    with torch.no_grad():
+        for _ in range(25):
+            logits, _ = model(seq[:, -10:])
+            seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(ours, seq[:, 4:])
 
 
 def test_cached_logits_match_a_full_forward():

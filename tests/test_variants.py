@@ -307,13 +307,14 @@ def test_kv_cache_agrees_for_every_switch(pos, switch, monkeypatch):
     with torch.no_grad():
         model.lm_head.weight.mul_(20)  # sharpen so that greedy choices are not near-ties
     prompt = torch.randint(0, 65, (2, 5))
-    for temperature, top_p in ((0.0, None), (1.0, None), (1.0, 0.9)):
+    # Each mode with another window stride (1: nanoGPT's slide; None: block_size // 4 = 3).
+    for temperature, top_p, stride in ((0.0, None, 1), (1.0, None, None), (1.0, 0.9, 5)):
         runs, logits = [], []
         for use_cache in (True, False):
             seen.clear()
             g = torch.Generator().manual_seed(7)
             toks = generate_tokens(model, prompt, 30, temperature=temperature, top_p=top_p,
-                                   use_cache=use_cache, generator=g)
+                                   use_cache=use_cache, generator=g, window_stride=stride)
             runs.append(torch.stack(list(toks), dim=1))
             logits.append(torch.stack(seen))
         assert runs[0].shape == (2, 30)
