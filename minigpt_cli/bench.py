@@ -28,7 +28,7 @@ import torch
 
 from . import params as P
 from .config import Config
-from .device import resolve_device, resolve_dtype
+from .device import resolve_device, resolve_dtype, tune_runtime
 from .errors import MinigptError
 from .generate import generate_tokens, resolve_window_stride
 from .model import GPT
@@ -96,9 +96,8 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     tc = cfg.train
     T, B = mc.block_size, tc.batch_size
     torch.manual_seed(cfg.seed)
+    tune_runtime(device)
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
         torch.cuda.reset_peak_memory_stats(device)
 
     echo(f"measuring the peak: {MATMUL_N}x{MATMUL_N} matmul in {str(dtype).removeprefix('torch.')} on {device}")
