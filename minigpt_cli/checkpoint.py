@@ -12,7 +12,9 @@ A checkpoint folder (``runs/<name>/checkpoints/last/``) holds
 
 Writes go to a temporary sibling folder, are fsynced, then renamed into place:
 killing the process at any moment leaves the previous checkpoint loadable
-(:func:`resolve` falls back to the ``.old`` copy kept during the swap).
+(:func:`resolve` falls back to the ``.old`` copy kept during the swap), and
+the temporary folder it leaves is swept on the next resume
+(:func:`sweep_stale_temps`).
 """
 
 from __future__ import annotations
@@ -123,6 +125,27 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
+
+
+def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:
+    """Remove the temporary folders (``.NAME.tmp-*``) that a process killed inside :func:`save` left behind.
+
+    Only safe while no other process can be saving into ``checkpoints_dir``
+    (the trainer holds the run folder's lock). The ``.NAME.old`` copies are
+    kept: :func:`resolve` may still need one.
+
+    Returns:
+        The folders removed.
+    """
+    removed = []
+    checkpoints_dir = Path(checkpoints_dir)
+    if not checkpoints_dir.is_dir():
+        return removed
+    for entry in sorted(checkpoints_dir.glob(".*.tmp-*")):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
 
 
 def resolve(directory: Path) -> Path:

@@ -2,12 +2,16 @@
 
 Each function parses its options, loads the config, calls one library function
 and prints the result. torch is imported inside the commands that need it, so
-``minigpt --help`` answers at once. A :class:`~minigpt_cli.errors.MinigptError`
-or a usage error ends as one line on stderr and exit status 2.
+``minigpt --help`` answers at once. A :class:`~minigpt_cli.errors.MinigptError`,
+a usage error, a file or standard output that cannot be written ends as one
+line on stderr and exit status 2; a closed pipe (``minigpt generate | head``)
+ends quietly with status 0.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import sys
@@ -15,7 +19,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 try:  # Typer >= 0.20 carries its own copy of click
     from typer._click import exceptions as _click_exc
@@ -27,13 +31,76 @@ from .errors import MinigptError
 EXIT_USAGE = 2
 
 
+class _StdoutError(Exception):
+    """Writing to standard output failed (``> /dev/full``, a full disk); not an OSError, so no file is blamed."""
+
+    def __init__(self, exc: OSError):
+        super().__init__(exc.strerror or str(exc))
+
+
+class _StdoutClosed(Exception):
+    """The reader of standard output left (``minigpt generate | head``); not an error.
+
+    Not a BrokenPipeError, which click would turn into exit status 1.
+    """
+
+
+class _GuardedStdout:
+    """``sys.stdout`` while a command runs: a failed write raises :class:`_StdoutError` or :class:`_StdoutClosed`.
+
+    Every other attribute is the wrapped stream's.
+    """
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _guard(self, method, *args):
+        try:
+            return method(*args)
+        except BrokenPipeError:
+            raise _StdoutClosed() from None
+        except OSError as exc:
+            raise _StdoutError(exc) from None
+
+    def write(self, text):
+        return self._guard(self._stream.write, text)
+
+    def flush(self):
+        return self._guard(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _drop_stdout() -> None:
+    """Send what is left of standard output to /dev/null, so the flush at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        sys.stdout = open(os.devnull, "w")
+
+
 class _Group(TyperGroup):
-    """Turns user errors into one line on stderr and exit 2, without a traceback."""
+    """Turns user errors into one line on stderr and exit 2, without a traceback.
+
+    Besides :class:`~minigpt_cli.errors.MinigptError` and usage errors, that
+    covers a file that cannot be written (an OSError naming a path, or a full
+    or read-only disk) and a standard output that cannot be written.
+    """
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        real_stdout = sys.stdout
+        sys.stdout = _GuardedStdout(real_stdout)
         try:
             rv = super().main(args=args, prog_name=prog_name or "minigpt", complete_var=complete_var,
                               standalone_mode=False, **extra)
+            sys.stdout.flush()  # buffered output fails here, not silently at exit
+        except _click_exc.NoArgsIsHelpError as exc:  # bare `minigpt`: the help, not an error
+            sys.stdout = real_stdout
+            print(exc.format_message().rstrip("\n"))
+            rv = 0
         except _click_exc.UsageError as exc:
             path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
             _fail(f"{exc.format_message()} (see '{path} --help')")
@@ -42,33 +109,111 @@ class _Group(TyperGroup):
         except (typer.Abort, KeyboardInterrupt):
             print("aborted", file=sys.stderr)
             sys.exit(130)
-        except BrokenPipeError:  # e.g. `minigpt generate | head`: the reader left; not an error
-            try:
-                sys.stdout = open(os.devnull, "w")
-            except OSError:
-                pass
+        except (_StdoutClosed, BrokenPipeError):  # e.g. `minigpt generate | head`: the reader left
+            sys.stdout = real_stdout
+            _drop_stdout()
             sys.exit(0)
+        except _StdoutError as exc:
+            sys.stdout = real_stdout
+            _drop_stdout()
+            _fail(f"cannot write to standard output: {exc}")
+        except OSError as exc:
+            # A write the library did not wrap: a path (run folder, data folder) that is
+            # read-only, full, a file where a folder should be, ... Others are bugs.
+            from .fileio import os_error_message
+
+            if exc.filename is None and exc.errno not in _DISK_ERRNOS:
+                raise
+            _fail(os_error_message(exc))
         except _click_exc.ClickException as exc:
             _fail(exc.format_message())
+        finally:
+            if isinstance(sys.stdout, _GuardedStdout):
+                sys.stdout = real_stdout
         code = rv if isinstance(rv, int) else 0
         if standalone_mode:
             sys.exit(code)
         return code
 
 
+#: OSErrors that mean "the disk said no" even without a file name (a write to an open file).
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
 def _fail(message: str, code: int = EXIT_USAGE) -> None:
     first = " ".join(str(message).split("\n")).strip()
+    if len(first) > _MAX_ERROR:
+        first = first[: _MAX_ERROR - 3] + "..."
     print(f"error: {first}", file=sys.stderr)
     sys.exit(code)
 
 
+#: Longest error line printed; a message quoting a huge value is cut there.
+_MAX_ERROR = 2000
+
+
+class _Command(TyperCommand):
+    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``.
+
+    Typer labels values by Python type (``<int range>``, ``<list[str]>``,
+    ``<path>``) and writes a required argument as ``{config}``. Here every
+    value shows its metavar: the one the option declares, else one derived
+    from its type (:func:`_default_metavar`); arguments appear as ``CONFIG``
+    (required) or ``[CONFIG]`` (optional).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.metavar is None and not getattr(param, "is_flag", False):
+                param.metavar = _default_metavar(param)
+
+    def collect_usage_pieces(self, ctx):
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                pieces.append(param.metavar if param.required else f"[{param.metavar}]")
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+    def format_options(self, ctx, formatter):
+        arguments, options = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if isinstance(param, TyperArgument):
+                arguments.append((param.metavar, record[1]))  # without Typer's type label
+            else:
+                options.append(record)
+        for title, rows in (("Arguments", arguments), ("Options", options)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+def _default_metavar(param) -> str:
+    """``N`` for integers, ``X`` for other numbers, ``PATH``, ``TEXT``; an argument's own name in capitals."""
+    if isinstance(param, TyperArgument):
+        return param.name.upper()
+    annotation = param.type_descriptor.annotation
+    args = getattr(annotation, "__args__", None)
+    if param.type_descriptor.is_list and args:
+        annotation = args[0]
+    return {int: "N", float: "X", Path: "PATH"}.get(annotation, "TEXT")
+
+
 app = typer.Typer(
+    name="minigpt",
     cls=_Group,
     help="Train, sample and measure small GPT models (decoder-only Transformers).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    # Plain click help: no boxes or type labels, and as wide as the terminal (up to 120 columns).
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
 )
 
 
@@ -79,24 +224,28 @@ def _echo(message: str) -> None:
 # ----------------------------------------------------------------------------- download
 
 
-@app.command()
+@app.command(cls=_Command)
 def download(
     dataset: str = typer.Argument("tinyshakespeare", help="Corpus to fetch (only tinyshakespeare for now)."),
     url: Optional[str] = typer.Option(
-        None, "--url", help="Mirror to fetch from; default $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn repository."
+        None, "--url", metavar="URL", help="Mirror to fetch from; default $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn repository."
     ),
     force: bool = typer.Option(False, "--force", help="Fetch again even if a good copy is on disk."),
-    data_dir: Path = typer.Option(Path("data"), "--data-dir", help="Where corpora live."),
+    data_dir: Path = typer.Option(Path("data"), "--data-dir", metavar="DIR", help="Where corpora live."),
+    progress: Optional[bool] = typer.Option(
+        None, "--progress/--no-progress", help="Show a progress bar (default: only when stderr is a terminal)."
+    ),
 ) -> None:
     """Download a corpus into data/<dataset>/input.txt (checksum-verified).
 
-    Example: minigpt download tinyshakespeare --url http://127.0.0.1:8000/input.txt
+    \b
+    Example: minigpt download --url http://127.0.0.1:8000/input.txt
     """
     from .download import DATASET, download_tinyshakespeare
 
     if dataset != DATASET:
         raise MinigptError(f"unknown dataset {dataset!r}; known datasets: {DATASET}")
-    path, fetched = download_tinyshakespeare(data_dir, url=url, force=force)
+    path, fetched = download_tinyshakespeare(data_dir, url=url, force=force, progress=progress)
     size = path.stat().st_size
     if fetched:
         print(f"downloaded {path} ({size:,} bytes, sha256 verified)")
@@ -107,25 +256,25 @@ def download(
 # ----------------------------------------------------------------------------- tokenizer
 
 
-@app.command("train-tokenizer")
+@app.command("train-tokenizer", cls=_Command)
 def train_tokenizer_cmd(
     config: Optional[Path] = typer.Argument(None, help="A config whose tokenizer and data sections to use."),
-    kind: Optional[str] = typer.Option(None, "--kind", help="char, bpe, wordpiece or unigram (default: the config's)."),
+    kind: Optional[str] = typer.Option(None, "--kind", metavar="KIND", help="char, bpe, wordpiece or unigram (default: the config's)."),
     vocab_size: Optional[int] = typer.Option(
         None, "--vocab-size", min=1, help="Entries in all, special tokens included (ignored for char)."
     ),
-    input: Optional[Path] = typer.Option(None, "--input", help="Text to train on (default: the config's corpus)."),
+    input: Optional[Path] = typer.Option(None, "--input", metavar="FILE", help="Text to train on (default: the config's corpus)."),
     output: Optional[Path] = typer.Option(
-        None, "--output", help="Tokenizer file to write (default: data/<dataset>/tokenizer-<kind>[-<size>].json)."
+        None, "--output", metavar="FILE", help="Tokenizer file to write (default: data/<dataset>/tokenizer-<kind>[-<size>][-special-<hash>].json)."
     ),
     special_tokens: Optional[List[str]] = typer.Option(
-        None, "--special-tokens",
+        None, "--special-tokens", metavar="TEXT",
         help="A text that becomes one id, e.g. '<|endoftext|>' (repeatable; default: the config's).",
     ),
     compare: bool = typer.Option(
         False, "--compare", help="Train all four kinds at --vocab-size on the same corpus and print one table; writes nothing."
     ),
-    set_: List[str] = typer.Option([], "--set", help="Override a config key: section.key=value."),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key: section.key=value."),
 ) -> None:
     """Train a tokenizer on the corpus and print a summary (or compare all four kinds).
 
@@ -133,9 +282,11 @@ def train_tokenizer_cmd(
     per token, whether decode(encode(text)) == text on the corpus, and how a
     few words are cut.
 
-    Example: minigpt train-tokenizer --kind bpe --vocab-size 1024 --special-tokens '<|endoftext|>'
-
-    Example: minigpt train-tokenizer --compare --vocab-size 2048
+    \b
+    Examples:
+      minigpt train-tokenizer --kind bpe --vocab-size 1024
+      minigpt train-tokenizer --kind bpe --special-tokens '<|endoftext|>'
+      minigpt train-tokenizer --compare --vocab-size 2048
     """
     from .config import apply_overrides, load_config, validate
     from .train_tokenizer import run_compare, run_train_tokenizer
@@ -153,20 +304,22 @@ def train_tokenizer_cmd(
 # ----------------------------------------------------------------------------- train
 
 
-@app.command()
+@app.command(cls=_Command)
 def train(
     config: Path = typer.Argument(..., help="YAML config, e.g. configs/shakespeare-cpu.yaml."),
     set_: List[str] = typer.Option(
-        [], "--set", help="Override a config key, e.g. --set train.learning_rate=3e-4 (repeatable)."
+        [], "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set train.learning_rate=3e-4 (repeatable)."
     ),
     run_name: Optional[str] = typer.Option(
-        None, "--run-name", help="Folder name under runs/ (default: <name>-<date>-<time>)."
+        None, "--run-name", metavar="NAME", help="Folder name under runs/ (default: <name>-<date>-<time>)."
     ),
     resume: Optional[str] = typer.Option(
-        None, "--resume", help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME."
+        None, "--resume", metavar="auto|DIR", help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and learning rates; train nothing."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: Optional[bool] = typer.Option(
+        None, "--progress/--no-progress", help="Show a progress bar (default: only when stderr is a terminal)."
+    ),
 ) -> None:
     """Train a GPT as the config says; the run lands in runs/<name>/.
 
@@ -174,11 +327,15 @@ def train(
     The run folder holds config.yaml, tokenizer.json, metrics.jsonl, train.log,
     loss.png, samples.txt, env.json and checkpoints/{last,best}.
 
-    Ctrl-C (or SIGTERM) saves checkpoints/last; --resume continues from it with
-    the same losses the uninterrupted run would have had. Under torchrun
+    Ctrl-C (or SIGTERM) saves checkpoints/last, even in the middle of an eval
+    (exit status 130, or 143 for SIGTERM); a second Ctrl-C aborts without
+    saving. --resume continues from it with the same losses the uninterrupted
+    run would have had; a larger train.max_iters trains a run further (the
+    learning-rate schedule then follows the new values). Under torchrun
     (torchrun --nproc_per_node=N -m minigpt_cli train CONFIG) it trains with
     DistributedDataParallel.
 
+    \b
     Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
     """
     from .config import load_config
@@ -191,7 +348,14 @@ def train(
     if dry_run:
         print(describe_schedule(cfg))
         return
-    result = run_training(cfg, run_name=run_name, echo=_echo, progress=progress, resume=resume)
+    result = run_training(cfg, run_name=run_name, echo=_echo, progress=progress, resume=resume,
+                          config_path=config, overrides=set_)
+    if result.already_done:
+        n = cfg.train.max_iters
+        where = "reached" if result.step == n else f"is at step {result.step}, past"
+        print(f"{result.run_dir} already {where} train.max_iters={n}; nothing was trained. To train longer, "
+              f"raise it, e.g. --set train.max_iters={max(2 * result.step, result.step + 1)}")
+        return
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
     print(f"trained {result.step} steps; final val loss {val}; run folder {result.run_dir}")
     print(f"sample from it with: minigpt generate --run {result.run_dir}")
@@ -200,25 +364,25 @@ def train(
 # ----------------------------------------------------------------------------- generate
 
 
-@app.command()
+@app.command(cls=_Command)
 def generate(
-    run: Optional[Path] = typer.Option(None, "--run", help="Run folder (default: the most recent under runs/)."),
+    run: Optional[Path] = typer.Option(None, "--run", metavar="DIR", help="Run folder (default: the most recent under runs/)."),
     prompt: Optional[str] = typer.Option(
-        None, "--prompt", help="Text to continue; '-' reads it from standard input (default: the config's sample.prompt)."
+        None, "--prompt", metavar="TEXT", help="Text to continue; '-' reads it from standard input (default: the config's sample.prompt)."
     ),
-    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from this UTF-8 file."),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", metavar="FILE", help="Read the prompt from this UTF-8 file."),
     max_new_tokens: Optional[int] = typer.Option(
         None, "--max-new-tokens", min=0, help="Tokens to generate; 0 prints the prompt back unchanged."
     ),
-    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="0 means greedy."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, help="Keep only the k most likely tokens."),
-    top_p: Optional[float] = typer.Option(None, "--top-p",
+    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, metavar="T", help="0 means greedy."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, metavar="K", help="Keep only the k most likely tokens."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", metavar="P",
                                           help="Nucleus sampling, 0 < p <= 1: keep the smallest set of tokens reaching mass p."),
     stop: List[str] = typer.Option(
-        [], "--stop", help="End a sample when this text appears in the generated text; it is not printed (repeatable)."
+        [], "--stop", metavar="TEXT", help="End a sample when this text appears in the generated text; it is not printed (repeatable)."
     ),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", min=1, help="Independent samples."),
-    seed: int = typer.Option(1337, "--seed", min=0, max=2**63 - 1, help="Random seed for sampling."),
+    seed: int = typer.Option(1337, "--seed", min=0, max=2**63 - 1, metavar="S", help="Random seed for sampling."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are produced."),
     kv_cache: bool = typer.Option(True, "--kv-cache/--no-kv-cache", help="Reuse past keys and values."),
     window_stride: Optional[int] = typer.Option(
@@ -226,14 +390,16 @@ def generate(
         help="Past block_size, drop this many oldest tokens at once (1: slide token by token; "
              "default: the run's sample.window_stride, else block_size // 4).",
     ),
-    checkpoint: str = typer.Option("best", "--checkpoint", help="best or last."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
+    checkpoint: str = typer.Option("best", "--checkpoint", metavar="best|last", help="best or last."),
+    device: str = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps."),
 ) -> None:
     """Sample text from a trained run.
 
     Each sample is printed as the prompt, the new text and a newline.
 
-    Example: minigpt generate --prompt "ROMEO:" --max-new-tokens 300 --stop "JULIET:"
+    \b
+    Example:
+      minigpt generate --prompt "ROMEO:" --max-new-tokens 300 --stop "JULIET:"
     """
     from .generate import read_prompt, run_generate
 
@@ -248,21 +414,22 @@ def generate(
 # ----------------------------------------------------------------------------- count-params
 
 
-@app.command("count-params")
+@app.command("count-params", cls=_Command)
 def count_params(
-    preset: Optional[str] = typer.Option(None, "--preset", help="A preset name (see --list)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="A config file."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Context length for FLOPs (default block_size)."),
-    tokens: Optional[float] = typer.Option(None, "--tokens", min=1, help="Training tokens, for total FLOPs (e.g. 3e11)."),
+    preset: Optional[str] = typer.Option(None, "--preset", metavar="NAME", help="A preset name (see --list)."),
+    config: Optional[Path] = typer.Option(None, "--config", metavar="CONFIG", help="A config file."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, metavar="T", help="Context length for FLOPs (default block_size)."),
+    tokens: Optional[float] = typer.Option(None, "--tokens", min=1, metavar="N", help="Training tokens, for total FLOPs (e.g. 3e11)."),
     vocab_size: Optional[int] = typer.Option(None, "--vocab-size", min=1, help="Vocabulary size; overrides the config's (needed where it is null), e.g. 50304 for a padded GPT-2."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16, for the memory estimate."),
+    dtype: str = typer.Option("float32", "--dtype", metavar="DTYPE", help="float32, bfloat16 or float16, for the memory estimate."),
     batch_size: int = typer.Option(1, "--batch-size", min=1, help="Sequences per step, for the activation estimate."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     list_: bool = typer.Option(False, "--list", help="List the presets and exit."),
-    set_: List[str] = typer.Option([], "--set", help="Override a key, e.g. --set model.tie_weights=false."),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a key, e.g. --set model.tie_weights=false."),
 ) -> None:
     """Exact parameter, FLOP and memory accounting for a preset or config.
 
+    \b
     Example: minigpt count-params --preset gpt2-small --seq-len 1024
     """
     from . import paths
@@ -276,6 +443,8 @@ def count_params(
         raise MinigptError("pass exactly one of --preset NAME or --config FILE (--list shows the presets)")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise MinigptError(f"--dtype {dtype!r}: use float32, bfloat16 or float16")
+    if tokens is not None and tokens == float("inf"):
+        raise MinigptError("--tokens inf: give a finite number of training tokens, e.g. --tokens 3e11")
     from . import params
 
     source = paths.preset_path(preset) if preset else config
@@ -294,10 +463,10 @@ def count_params(
 # ----------------------------------------------------------------------------- bench
 
 
-@app.command()
+@app.command(cls=_Command)
 def bench(
     config: Path = typer.Argument(..., help="YAML config whose model, batch, device and dtype to measure."),
-    set_: List[str] = typer.Option([], "--set", help="Override a config key: section.key=value (repeatable)."),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key: section.key=value (repeatable)."),
     iters: int = typer.Option(20, "--iters", min=1, help="Timed optimizer steps (after 3 warm-up steps)."),
     prompt_len: int = typer.Option(1, "--prompt-len", min=1, help="Prompt tokens for the generation measurement."),
     max_new_tokens: int = typer.Option(500, "--max-new-tokens", min=1, help="Tokens generated with and without the cache."),
@@ -306,6 +475,7 @@ def bench(
 ) -> None:
     """Measure training tokens/s, MFU (against a matmul peak measured in the same run) and generation speed.
 
+    \b
     Example: minigpt bench configs/shakespeare-cpu.yaml --iters 50 --json
     """
     from .config import load_config

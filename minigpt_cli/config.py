@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -22,7 +23,8 @@ from .errors import ConfigError
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: `.inf` or `.nan` (or "inf" through --set) is never a usable setting.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Strict):
@@ -113,7 +115,7 @@ class TokenizerConfig(_Strict):
         None, ge=1, description="target size for trained kinds; ignored for char"
     )
     path: Optional[str] = Field(
-        None, description="tokenizer file; null: data/<dataset>/tokenizer-<kind>.json"
+        None, description="tokenizer file; null: data/<dataset>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json"
     )
     special_tokens: list[str] = Field(default_factory=list)
 
@@ -219,8 +221,44 @@ class Config(_Strict):
 # ----------------------------------------------------------------------------- YAML
 
 
+class _Refused(yaml.MarkedYAMLError):
+    """Valid YAML that a config may not use (a duplicate key, an alias); ``problem`` holds the whole message."""
+
+    def __init__(self, problem: str, mark):
+        super().__init__(problem=problem, problem_mark=mark)
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``)."""
+    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``) and refuses duplicate keys.
+
+    A key given twice in one mapping is an error naming both lines (PyYAML
+    would silently keep the last). Anchors and aliases (``&name``, ``*name``)
+    are refused: a config does not need them, and nested aliases ("billion
+    laughs") turn a few lines into an object too large to validate or print.
+    """
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(f"alias *{event.anchor}: a config may not use anchors and aliases; "
+                           "write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeConstructor reports it
+                continue
+            if first is not None:
+                raise _Refused(f"duplicate key {key!r}, first given on line {first.line + 1}; keep one of them",
+                               key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -241,6 +279,11 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
     """Parse YAML text; a syntax error becomes a one-line :class:`ConfigError`."""
     try:
         return yaml.load(text, Loader=_Loader)
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid YAML (nested too deeply); a config is a few flat sections") from None
+    except _Refused as exc:
+        mark = exc.problem_mark
+        raise ConfigError(f"{source}: line {mark.line + 1}, column {mark.column + 1}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -258,6 +301,13 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
+#: Shows a value in an error message, cut to a readable length.
+_short_repr = reprlib.Repr()
+_short_repr.maxstring = _short_repr.maxother = 80
+_short_repr.maxlist = _short_repr.maxdict = 6
+_short_repr.maxlevel = 3
+
+
 def _format_error(err: dict[str, Any], source: str) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
@@ -269,7 +319,7 @@ def _format_error(err: dict[str, Any], source: str) -> str:
         # Cross-field rules already name their keys.
         return f"{source}: {msg[len('Value error, '):]}"
     got = err.get("input")
-    got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+    got_s = "" if isinstance(got, dict) else f" (got {_short_repr.repr(got)})"
     return f"{source}: {loc or 'config'}: {msg[0].lower() + msg[1:]}{got_s}"
 
 

@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -47,21 +47,25 @@ def split_text(text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] =
     return text[:n], text[n:]
 
 
-def ensure_corpus(cfg: Config, log: Callable[[str], None]) -> Path:
-    """The corpus file, downloaded first (saying so) if it is not there or fails its checksum."""
+def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
+    """The corpus file, downloaded first (saying so) if it is not there or fails its checksum.
+
+    ``progress``: the download's bar; None shows it only when stderr is a terminal.
+    """
     from .download import download_tinyshakespeare, file_ok
 
     path = corpus_path(cfg.data.data_dir, cfg.data.dataset)
     if not file_ok(path):
         log(f"{path} not found or incomplete; downloading it first")
-        path, _ = download_tinyshakespeare(cfg.data.data_dir, url=cfg.data.url)
+        path, _ = download_tinyshakespeare(cfg.data.data_dir, url=cfg.data.url, progress=progress)
     return path
 
 
 def ensure_tokenizer(cfg: Config, corpus: Path, log: Callable[[str], None]) -> tuple[Tokenizer, Path]:
     """Load the configured tokenizer, training (and saving) it first if its file does not exist.
 
-    The file is ``tokenizer.path``, else ``data/<dataset>/tokenizer-<kind>[-<vocab_size>].json``.
+    The file is ``tokenizer.path``, else ``data/<dataset>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json``
+    (:func:`~minigpt_cli.paths.default_tokenizer_path`).
     An existing file must agree with the config: same kind, the configured
     special tokens among its own, and (for trained kinds, when
     ``tokenizer.vocab_size`` is set) the same size.
@@ -72,7 +76,8 @@ def ensure_tokenizer(cfg: Config, corpus: Path, log: Callable[[str], None]) -> t
     """
     tc = cfg.tokenizer
     path = (Path(tc.path) if tc.path
-            else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind, tc.vocab_size))
+            else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind, tc.vocab_size,
+                                         tc.special_tokens))
     if path.is_file():
         tok = load_tokenizer(path)
         if tok.kind != tc.kind:

@@ -15,6 +15,7 @@ import http.client
 import os
 import sys
 import tempfile
+import time
 from http import HTTPStatus
 from pathlib import Path
 
@@ -85,9 +86,20 @@ def file_ok(path: str | Path) -> bool:
         return False
 
 
+class _Retry(urllib3.util.Retry):
+    """urllib3's Retry, whose final MaxRetryError says how many ``attempts`` were made."""
+
+    def increment(self, *args, **kwargs):
+        try:
+            return super().increment(*args, **kwargs)
+        except urllib3.exceptions.MaxRetryError as exc:
+            exc.attempts = len(self.history) + 1  # each earlier failure left one history entry
+            raise
+
+
 def _session(retries: int, backoff_factor: float) -> requests.Session:
     """A session that retries failed connections and 429/5xx answers to GET."""
-    retry = urllib3.util.Retry(
+    retry = _Retry(
         total=retries,
         backoff_factor=backoff_factor,
         status_forcelist=_RETRY_STATUSES,
@@ -122,13 +134,15 @@ def _chain(exc: BaseException):
         stack.extend([getattr(e, "reason", None), e.__context__, e.__cause__])
 
 
-def _reason(exc: BaseException, timeout: float) -> str:
+def _reason(exc: BaseException, timeout: float, elapsed: float | None = None) -> str:
     """A short, one-line reason for a network failure.
 
     requests wraps urllib3 which wraps the socket error, and the outer messages
     are long reprs of connection objects. Prefer the operating system's error
     ("Connection refused", "Name or service not known"); a body cut short and
     a timeout get a plain phrase; otherwise the outermost message, on one line.
+    A timeout that urllib3 retried until its retries ran out says how many
+    attempts there were and, given ``elapsed``, how long they took in all.
     """
     chain = list(_chain(exc))
     if any(isinstance(e, http.client.IncompleteRead) for e in chain):
@@ -144,6 +158,11 @@ def _reason(exc: BaseException, timeout: float) -> str:
     # NewConnectionError subclasses ConnectTimeoutError, hence the OSError pass first.
     for e in chain:
         if isinstance(e, (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)):
+            retry = next((r for r in chain if isinstance(r, urllib3.exceptions.MaxRetryError)), None)
+            attempts = getattr(retry, "attempts", None) if retry is not None else None
+            if attempts and attempts > 1:
+                total = f", {elapsed:.{1 if elapsed < 10 else 0}f} s in all" if elapsed is not None else ""
+                return f"timed out: no answer within {timeout:g} s on each of {attempts} attempts{total}"
             return f"timed out after {timeout:g} s"
     return _one_line(str(exc) or type(exc).__name__)
 
@@ -165,7 +184,7 @@ def _missing_dirs(folder: Path) -> list[Path]:
     return missing
 
 
-def _fetch(url: str, dest: Path, *, progress: bool, timeout: float, retries: int,
+def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retries: int,
            backoff_factor: float) -> None:
     """Stream ``url`` into ``dest`` atomically; see :func:`download_tinyshakespeare`."""
     fix_url = f"check the URL or {_MIRROR_HINT}"
@@ -173,6 +192,7 @@ def _fetch(url: str, dest: Path, *, progress: bool, timeout: float, retries: int
     tmp_name: str | None = None
     try:
         with _session(retries, backoff_factor) as session:
+            started = time.monotonic()
             try:
                 resp = session.get(url, stream=True, timeout=timeout)
             except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
@@ -183,7 +203,7 @@ def _fetch(url: str, dest: Path, *, progress: bool, timeout: float, retries: int
                 ) from None
             except (requests.ConnectionError, requests.Timeout) as e:
                 raise MinigptError(
-                    f"cannot reach {url} ({_reason(e, timeout)}); "
+                    f"cannot reach {url} ({_reason(e, timeout, time.monotonic() - started)}); "
                     f"check your network or {_MIRROR_HINT}"
                 ) from None
             except requests.RequestException as e:
@@ -228,7 +248,8 @@ def _fetch(url: str, dest: Path, *, progress: bool, timeout: float, retries: int
                 received = 0
                 with tmp, tqdm(
                     total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                    desc=str(dest), file=sys.stderr, disable=not progress, leave=False,
+                    desc=str(dest), file=sys.stderr, leave=False,
+                    disable=None if progress is None else not progress,  # None: only on a terminal
                 ) as bar:
                     try:
                         for chunk in resp.iter_content(chunk_size=_CHUNK):
@@ -305,7 +326,7 @@ def download_tinyshakespeare(
     data_dir: str | Path = "data",
     url: str | None = None,
     force: bool = False,
-    progress: bool = True,
+    progress: bool | None = None,
     timeout: float = 30.0,
     retries: int = 3,
     backoff_factor: float = 0.5,
@@ -331,7 +352,7 @@ def download_tinyshakespeare(
         url: where to download from; None uses ``$MINIGPT_TINYSHAKESPEARE_URL``,
             then :data:`DEFAULT_URL` (see :func:`resolve_url`).
         force: download even when a good file is already there.
-        progress: show a tqdm bar on stderr.
+        progress: show a tqdm bar on stderr; None: only when stderr is a terminal.
         timeout: seconds to wait to connect and between received bytes.
         retries: how many times to retry a failed connection or a 429/5xx answer.
         backoff_factor: urllib3's backoff factor for the pauses between retries.

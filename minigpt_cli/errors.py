@@ -22,6 +22,14 @@ class ConfigError(MinigptError):
 
 
 class Interrupted(MinigptError):
-    """Training stopped by SIGINT/SIGTERM after saving ``checkpoints/last``; exit status 130."""
+    """Training stopped by a signal; exit status 128 + the signal's number.
+
+    SIGINT (Ctrl-C) gives 130 and SIGTERM 143, as a shell reports a process
+    killed by that signal. The message says what was saved and how to continue.
+    """
 
     exit_code = 130
+
+    def __init__(self, message: str, signum: int = 2):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)

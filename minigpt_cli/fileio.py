@@ -1,30 +1,113 @@
 """Atomic file writes: a temporary file in the same folder, fsync, then a rename.
 
 A reader (or a process killed half-way) sees either the old file or the new
-one, never a half-written one.
+one, never a half-written one. The file gets the mode a plain ``open()`` would
+give it (an existing file keeps its mode, a new one gets ``0o666`` less the
+umask), not the ``0o600`` of :func:`tempfile.mkstemp`. A write that fails
+(disk full, read-only folder, a path through a file) is a one-line
+:class:`~minigpt_cli.errors.MinigptError` naming the path, and leaves the old
+file and no temporary file behind.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
 
+from .errors import MinigptError
+
+#: What to do about an OSError, by errno; the messages of :func:`os_error_message`.
+_FIXES = {
+    errno.ENOSPC: "free some disk space or choose another location",
+    errno.EDQUOT: "free some space in your quota or choose another location",
+    errno.EFBIG: "the file is too large for this file system; choose another location",
+    errno.EROFS: "the file system is read-only; choose another location",
+    errno.EACCES: "check the permissions of the folder or choose another location",
+    errno.EPERM: "check the permissions of the folder or choose another location",
+    errno.EISDIR: "give the path of a file, not of a folder",
+    errno.ENOTDIR: "a part of the path is a file, not a folder; choose another path",
+    errno.EEXIST: "a file is in the way of a folder there; move it or choose another path",
+    errno.ENOENT: "check that the folder exists",
+    errno.ENAMETOOLONG: "choose a shorter name",
+}
+
+
+def os_error_message(exc: OSError, path: str | Path | None = None, action: str | None = None) -> str:
+    """One line for an OSError: ``cannot <action> PATH: <strerror>; <fix>``.
+
+    Args:
+        exc: the error.
+        path: the path the user knows (default: the error's ``filename2``, the
+            target of a rename, else its ``filename``).
+        action: ``"write"``, ``"read"``, ...; None: ``"access"`` for a missing
+            file, else ``"write"`` (reads are reported where they happen).
+    """
+    if path is None:
+        path = exc.filename2 if exc.filename2 is not None else exc.filename
+    if action is None:
+        action = "access" if exc.errno == errno.ENOENT else "write"
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    fix = _FIXES.get(exc.errno, "check the path")
+    if isinstance(path, (str, bytes, os.PathLike)):
+        path = os.fsdecode(path)
+    where = f" {path}" if path is not None else ""
+    return " ".join(f"cannot {action}{where}: {reason}; {fix}".split())
+
+
+def _umask() -> int:
+    # /proc avoids os.umask's set-and-restore, which races with other threads.
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode(path: str | Path) -> int:
+    """The permission bits a plain ``open(path, "w")`` leaves: the existing file's, else ``0o666`` less the umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        return 0o666 & ~_umask()
+
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, creating the parent folder if needed."""
+    """Write ``data`` to ``path`` atomically, creating the parent folder if needed.
+
+    Raises:
+        MinigptError: the file cannot be written (``cannot write PATH: <reason>;
+            <fix>``); the old file, if any, is untouched and no temporary file is left.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        mode = file_mode(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
+            try:
+                os.fchmod(f.fileno(), mode)
+            except OSError:  # a file system without modes (FAT, some network mounts)
+                pass
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tmp = None
+    except OSError as exc:
+        raise MinigptError(os_error_message(exc, path, "write")) from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -197,6 +197,34 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optio
         raise MinigptError(f"--prompt-file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
 
 
+def describe_checkpoint(ckpt: Path) -> str:
+    """``checkpoint best, step 30`` for a checkpoint folder; the step is left out when meta.json lacks it."""
+    import json
+
+    from .checkpoint import META, resolve
+
+    try:
+        step = json.loads((resolve(ckpt) / META).read_text(encoding="utf-8")).get("step")
+    except (MinigptError, OSError, ValueError, AttributeError):
+        step = None
+    return f"checkpoint {Path(ckpt).name}" + (f", step {step}" if isinstance(step, int) else "")
+
+
+def check_finite(model: torch.nn.Module, ckpt: Path) -> None:
+    """Refuse weights holding NaN or infinity (a run that diverged): sampling from them cannot work.
+
+    Raises:
+        MinigptError: naming the first bad tensor and the checkpoint, with the fix.
+    """
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            other = "--checkpoint best" if Path(ckpt).name != "best" else "--checkpoint last"
+            raise MinigptError(
+                f"checkpoint {str(ckpt)!r} has NaN or infinite weights ({name}): the run diverged before it "
+                f"was saved; try {other}, or retrain with a lower train.learning_rate"
+            )
+
+
 def run_generate(
     run: Optional[Path],
     prompt: Optional[str],
@@ -252,6 +280,7 @@ def run_generate(
     tok = load_tokenizer(run_dir / "tokenizer.json")
     dev = resolve_device(device)
     model, cfg = checkpoint.load_model(ckpt, dev)
+    check_finite(model, ckpt)
     if cfg.model.vocab_size < tok.vocab_size:
         raise MinigptError(
             f"{run_dir / 'tokenizer.json'} has {tok.vocab_size} entries but the checkpoint's model has "
@@ -287,6 +316,8 @@ def run_generate(
     ids = tok.encode(prompt)
     if not ids:
         raise MinigptError("the prompt encodes to no tokens; pass a longer --prompt")
+    if run is None:  # said once all checks passed, so that an error stays one line
+        echo(f"using {run_dir} ({describe_checkpoint(ckpt)})")
     block = cfg.model.block_size
     if len(ids) > block and max_new_tokens > 0:
         echo(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block} (block_size)")

@@ -55,9 +55,29 @@ class RunLogger:
         if not self.enabled:
             return
         fd, tmp = tempfile.mkstemp(dir=self.run_dir, prefix=".metrics.", suffix=".jsonl")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in keep)
-        os.replace(tmp, self.metrics_path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in keep)
+            os.replace(tmp, self.metrics_path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    #: Temporary files of the atomic rewrites above and in :mod:`minigpt_cli.fileio`.
+    TEMP_PATTERNS = (".metrics.*.jsonl", ".loss.*.png", ".*.tmp")
+
+    def sweep_temps(self) -> list[Path]:
+        """Remove temporary files a killed process left in the run folder; returns them.
+
+        Only safe while this process holds the run folder's lock.
+        """
+        removed = []
+        for pattern in self.TEMP_PATTERNS:
+            for path in sorted(self.run_dir.glob(pattern)):
+                if path.is_file():
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
+        return removed
 
     def elapsed_offset(self) -> float:
         """Seconds of training already logged (non-zero after a resume), so elapsed_s continues."""

@@ -6,8 +6,11 @@ runs ``minigpt`` from the repository root gets ``data/`` and ``runs/`` there.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 from .errors import MinigptError
 
@@ -26,14 +29,20 @@ def corpus_path(data_dir: str | Path, dataset: str) -> Path:
 
 
 def default_tokenizer_path(data_dir: str | Path, dataset: str, kind: str,
-                           vocab_size: int | None = None) -> Path:
-    """Where a trained tokenizer is kept: ``data/<dataset>/tokenizer-<kind>[-<vocab_size>].json``.
+                           vocab_size: int | None = None, special_tokens: Sequence[str] = ()) -> Path:
+    """Where a trained tokenizer is kept: ``data/<dataset>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json``.
 
     Trained kinds (bpe, wordpiece, unigram) carry their size in the name, so
     configs that differ only in ``tokenizer.vocab_size`` do not share a file;
-    ``char`` has none (its alphabet decides).
+    ``char`` has none (its alphabet decides). Special tokens, when there are
+    any, add the first 8 hex digits of the sha256 of their list (in order:
+    the order decides their ids), so configs that differ only in their
+    special tokens do not share a file either.
     """
     suffix = f"-{vocab_size}" if vocab_size is not None and kind != "char" else ""
+    if special_tokens:
+        digest = hashlib.sha256(json.dumps(list(special_tokens)).encode("utf-8")).hexdigest()
+        suffix += f"-special-{digest[:8]}"
     return dataset_dir(data_dir, dataset) / f"tokenizer-{kind}{suffix}.json"
 
 

@@ -2,11 +2,12 @@
 
 The loop body stays short; each component decides when it acts (:func:`lr_at`,
 :func:`should_eval`, :class:`~minigpt_cli.metrics.RunLogger`). A run can be
-interrupted (SIGINT/SIGTERM save ``checkpoints/last``) and resumed with the
-same losses at every later step: the trainer state holds the optimizer, every
-RNG, the data samplers' positions, the best val loss and the early-stopping
-counter. Under ``torchrun`` the model is wrapped in DistributedDataParallel
-and only rank 0 writes files.
+interrupted (SIGINT/SIGTERM save ``checkpoints/last``, also in the middle of
+an eval) and resumed with the same losses at every later step: the trainer
+state holds the optimizer, every RNG, the data samplers' positions, the best
+val loss and the early-stopping counter. One process at a time trains in a
+run folder (:class:`RunLock`). Under ``torchrun`` the model is wrapped in
+DistributedDataParallel and only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import math
 import os
 import platform
 import random
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,16 +26,22 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 
+try:  # POSIX; elsewhere run folders are not locked
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
 from . import checkpoint
 from .config import Config, TrainConfig
 from .data import BatchSampler, PreparedData, ensure_corpus, ensure_tokenizer, prepare
-from .device import resolve_device, resolve_dtype
+from .device import resolve_device, resolve_dtype, tune_runtime
 from .errors import Interrupted, MinigptError
+from .fileio import atomic_write_text
 from .generate import generate_tokens
 from .metrics import RunLogger
 from .model import GPT
@@ -182,27 +191,170 @@ def _barrier(d: Dist) -> None:
         dist.barrier()
 
 
+def _close_distributed(d: Dist) -> None:
+    """Wait for every rank, then leave the process group (a no-op without torchrun)."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 # ----------------------------------------------------------------------------- run folder
 
 
-def new_run_dir(cfg: Config, run_name: Optional[str]) -> Path:
-    """``runs/<run_name>``, or ``runs/<name>-<YYYYmmdd-HHMMSS>``; refuses to reuse a folder.
+class RunLock:
+    """An exclusive ``flock`` on ``runs/<name>/.lock``, held while one process trains in the folder.
+
+    Two processes writing one run folder would interleave metrics and
+    checkpoints; the second one is refused instead. The lock goes with the
+    process (the kernel drops it on exit, SIGKILL included), so a crashed run
+    never leaves its folder locked. The file holds the owner's pid, for the
+    message, and is left in place (removing it would race with a new owner).
+    """
+
+    FILE = ".lock"
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / self.FILE
+        self._fd: Optional[int] = None
+
+    def acquire(self, fix: str) -> "RunLock":
+        """Take the lock without waiting.
+
+        Args:
+            fix: what the user should do when another process holds it.
+
+        Raises:
+            MinigptError: another process holds it (the message names its pid
+                and ``fix``), or the lock file cannot be created.
+        """
+        if fcntl is None:
+            return self
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise MinigptError(
+                f"cannot create the lock file {str(self.path)!r} ({exc.strerror}); "
+                "check the run folder's permissions"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            try:
+                pid = self.path.read_text(encoding="utf-8").strip() or "unknown"
+            except OSError:
+                pid = "unknown"
+            raise MinigptError(f"{self.run_dir} is in use by another minigpt train (pid {pid}); {fix}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Drop the lock (closing the file drops it); a second call does nothing."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    for which in ("last", "best"):
+        try:
+            checkpoint.resolve(run_dir / "checkpoints" / which)
+            return True
+        except MinigptError:
+            pass
+    return False
+
+
+@dataclass
+class RunFolder:
+    """The run folder this process trains in, its lock, and whether this process made it."""
+
+    path: Path
+    lock: RunLock
+    created: bool = False  # made by this process
+    was_empty: bool = False  # existed and was empty (a --run-name folder the user made)
+
+    def discard_if_unsaved(self) -> None:
+        """After a failure: undo a new run folder that never got a checkpoint.
+
+        A folder this process created is removed; one that was empty before is
+        emptied again. A folder with a checkpoint, or one that held anything
+        before, is left alone.
+        """
+        if not (self.created or self.was_empty) or _has_checkpoint(self.path):
+            return
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        for entry in self.path.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def new_run_dir(cfg: Config, run_name: Optional[str]) -> RunFolder:
+    """Create and lock ``runs/<run_name>``, or ``runs/<name>-<YYYYmmdd-HHMMSS>``.
+
+    Race-free: the folder is made with ``mkdir(exist_ok=False)``, and an
+    unnamed run that meets a folder of the same name (two runs started in the
+    same second) takes the next free one, ``<name>-<date>-<time>-2``, ``-3``, ...
+    A folder named by ``--run-name`` may already exist only if it is empty.
+    The caller releases the lock.
 
     Raises:
-        MinigptError: the run folder already exists.
+        MinigptError: a bad --run-name, a folder that already holds something,
+            or one another process is training in.
     """
     root = Path(cfg.train.out_dir)
-    name = run_name or f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if run_name is not None and (not name or "/" in name or name in (".", "..")):
-        raise MinigptError(f"--run-name {name!r} must be a plain folder name")
-    run_dir = root / name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise MinigptError(
-            f"run folder {str(run_dir)!r} already exists; pick another --run-name, "
-            f"or continue it with --resume {run_dir}"
+    if run_name is not None and (not run_name or "/" in run_name or run_name in (".", "..")):
+        raise MinigptError(f"--run-name {run_name!r} must be a plain folder name")
+    root.mkdir(parents=True, exist_ok=True)
+    if run_name is None:
+        base = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        for n in range(1, 1000):
+            run_dir = root / (base if n == 1 else f"{base}-{n}")
+            try:
+                run_dir.mkdir()
+            except FileExistsError:
+                continue
+            return RunFolder(run_dir, RunLock(run_dir).acquire("pass --run-name"), created=True)
+        raise MinigptError(f"999 run folders named {base}* already exist under {root}; pass --run-name")
+    run_dir = root / run_name
+    try:
+        run_dir.mkdir()
+        created = True
+    except FileExistsError:
+        created = False
+        if not run_dir.is_dir():
+            raise MinigptError(f"{str(run_dir)!r} exists and is not a folder; pick another --run-name") from None
+
+    def refuse() -> MinigptError:
+        if _has_checkpoint(run_dir):
+            return MinigptError(
+                f"run folder {str(run_dir)!r} already exists; pick another --run-name, "
+                f"or continue it with --resume {run_dir}"
+            )
+        return MinigptError(
+            f"run folder {str(run_dir)!r} already exists and holds no checkpoint (a run that stopped "
+            f"before its first save); delete the folder or pick another --run-name"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+
+    def occupied() -> bool:
+        return any(p.name != RunLock.FILE for p in run_dir.iterdir())
+
+    if not created and occupied() and not (run_dir / RunLock.FILE).exists():
+        raise refuse()  # an old run: no lock file to create in it
+    lock = RunLock(run_dir).acquire("wait for it or pass another --run-name")
+    if not created and occupied():
+        lock.release()
+        raise refuse()
+    return RunFolder(run_dir, lock, created=created, was_empty=not created)
 
 
 def find_resume_dir(cfg: Config, resume: str) -> Optional[Path]:
@@ -318,19 +470,29 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 @torch.no_grad()
 def estimate_loss(model: torch.nn.Module, samplers: dict[str, BatchSampler], iters: int, autocast,
-                  d: Dist = Dist()) -> dict[str, float]:
-    """Mean loss over ``iters`` batches of each split, in eval mode, without gradients."""
+                  d: Dist = Dist(), should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict[str, float]]:
+    """Mean loss over ``iters`` batches of each split, in eval mode, without gradients.
+
+    ``should_stop`` is asked before every batch (a long eval must not hold up a
+    Ctrl-C); when it answers True the evaluation ends there and None is
+    returned. The samplers have then advanced part-way: the caller rewinds
+    them. Under DDP ``should_stop`` must give every rank the same answer.
+    """
     model.eval()
     out = {}
-    for split, sampler in samplers.items():
-        losses = torch.zeros(iters, device=sampler.device)
-        for i in range(iters):
-            x, y = sampler.next()
-            with autocast:
-                _, loss = model(x, y)
-            losses[i] = loss.float()
-        out[split] = _all_mean(losses.mean(), d).item()
-    model.train()
+    try:
+        for split, sampler in samplers.items():
+            losses = torch.zeros(iters, device=sampler.device)
+            for i in range(iters):
+                if should_stop is not None and should_stop():
+                    return None
+                x, y = sampler.next()
+                with autocast:
+                    _, loss = model(x, y)
+                losses[i] = loss.float()
+            out[split] = _all_mean(losses.mean(), d).item()
+    finally:
+        model.train()
     return out
 
 
@@ -368,7 +530,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     return loss_sum, finite
 
 
-def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int, seed: int) -> str:
+def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int, seed: int,
+                window_stride: Optional[int] = None) -> str:
     """A short sample from a newline prompt, for samples.txt."""
     model.eval()
     try:
@@ -378,16 +541,24 @@ def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int,
     idx = torch.tensor([prompt], dtype=torch.long, device=device)
     g = torch.Generator(device=device).manual_seed(seed)
     ids = [int(t[0]) for t in generate_tokens(model, idx, n_tokens, temperature=0.8, top_k=200, generator=g,
-                                                  vocab_limit=tok.vocab_size)]
+                                                  vocab_limit=tok.vocab_size, window_stride=window_stride)]
     model.train()
     return tok.decode(prompt + ids)
 
 
 class _StopFlag:
-    """SIGINT/SIGTERM set a flag the loop checks between steps; a second Ctrl-C aborts at once."""
+    """SIGINT/SIGTERM set a flag the loop checks between steps and eval batches; a second Ctrl-C aborts at once.
+
+    The abort is a KeyboardInterrupt raised wherever the program is; the
+    trainer turns it into a one-line message (nothing saved, where the last
+    checkpoint is). A repeated SIGTERM only sets the flag again.
+    """
 
     def __init__(self):
         self.signal: Optional[str] = None
+        self.signum: int = signal.SIGINT
+        #: Builds the error that replaces the KeyboardInterrupt of a second Ctrl-C.
+        self.on_abort: Optional[Callable[[], Exception]] = None
         self._old: dict[int, Any] = {}
 
     def __enter__(self):
@@ -402,10 +573,13 @@ class _StopFlag:
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal = signal.Signals(signum).name
+        self.signum = int(signum)
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+        if exc_type is KeyboardInterrupt and self.signal is not None and self.on_abort is not None:
+            raise self.on_abort() from None
         return False
 
 
@@ -420,6 +594,7 @@ class TrainResult:
     val_loss: Optional[float]
     best_val_loss: Optional[float]
     stopped_early: bool = False
+    already_done: bool = False  # a resumed run that had reached max_iters: nothing trained
 
 
 @dataclass
@@ -434,6 +609,15 @@ class _Progress:
 
 
 def _check_resume_config(cfg: Config, saved: Config) -> None:
+    """Refuse to resume with another model, tokenizer or data than the run's own.
+
+    Other keys may change. The ``train`` section in particular: a larger
+    ``max_iters`` trains a finished run further; see :func:`schedule_note`
+    for what that does to the learning rate.
+
+    Raises:
+        MinigptError: a ``model``, ``tokenizer`` or ``data`` key differs; names the key.
+    """
     for section in ("model", "tokenizer", "data"):
         a, b = getattr(cfg, section).model_dump(), getattr(saved, section).model_dump()
         if section == "model":
@@ -446,24 +630,85 @@ def _check_resume_config(cfg: Config, saved: Config) -> None:
             )
 
 
+#: The ``train`` keys that shape the learning-rate schedule (:func:`lr_at`).
+SCHEDULE_KEYS = ("max_iters", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule")
+
+
+def schedule_note(cfg: Config, saved: Config, step: int) -> Optional[str]:
+    """The note a resume prints when the schedule keys differ from the checkpoint's config, else None.
+
+    Resuming with other schedule values is allowed (raising ``max_iters`` is
+    how a finished run trains further), but the learning rate from ``step`` on
+    follows the new values, so with the default ``lr_decay_iters: null`` the
+    cosine stretches to the new ``max_iters`` and the lr jumps at the resume
+    step. The note names the changed keys and the lr before and after.
+    """
+    old, new = saved.train, cfg.train
+    changed = [k for k in SCHEDULE_KEYS if getattr(old, k) != getattr(new, k)]
+    if not changed:
+        return None
+    what = ", ".join(f"train.{k} {getattr(old, k)} -> {getattr(new, k)}" for k in changed)
+    lr_old, lr_new = lr_at(step, old, cfg.model.n_embd), lr_at(step, new, cfg.model.n_embd)
+    jump = "unchanged" if math.isclose(lr_old, lr_new, rel_tol=1e-9) else f"was {lr_old:.3e}"
+    return (f"note: resuming with {what}; the learning-rate schedule follows the new values "
+            f"from here: lr {lr_new:.3e} at step {step} ({jump})")
+
+
+class _Claim:
+    """The run folder :func:`train` has locked, so the caller can undo and unlock it after a failure."""
+
+    folder: Optional[RunFolder] = None
+
+
 def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], None] = print,
-          progress: bool = True, resume: Optional[str] = None) -> TrainResult:
+          progress: Optional[bool] = None, resume: Optional[str] = None,
+          config_path: Optional[str | Path] = None, overrides: Sequence[str] = ()) -> TrainResult:
     """Train a GPT as ``cfg`` says and leave a run folder (DESIGN §4).
+
+    The run folder is locked for the whole run (:class:`RunLock`). A new run
+    that fails before its first checkpoint removes the folder it created.
+
+    Resuming (``resume``) keeps model, tokenizer and data fixed but accepts
+    other ``train`` values. Changing a schedule key (``max_iters``,
+    ``learning_rate``, ``min_lr``, ``warmup_iters``, ``lr_decay_iters``,
+    ``lr_schedule``) is allowed, with a note: the learning rate from the resume
+    step on follows the new values (:func:`schedule_note`). A run that already
+    reached ``max_iters`` trains nothing and returns ``already_done``.
 
     Args:
         cfg: the validated config.
         run_name: folder name under ``train.out_dir``; default ``<name>-<timestamp>``.
         echo: where status lines go (the CLI prints them to stderr).
-        progress: show a tqdm bar.
+        progress: show a tqdm bar; None: only when stderr is a terminal.
         resume: ``auto`` (the newest run named ``cfg.name``) or a run folder to continue.
+        config_path, overrides: the config file and ``--set`` values the user
+            gave, for the "continue with: minigpt train ..." hint.
 
     Returns:
         The run folder, the final step and losses.
 
     Raises:
-        MinigptError: device not available, data cannot be fetched, run exists,
-            checkpoint unusable, training diverged, or interrupted (after saving).
+        MinigptError: device not available, data cannot be fetched, run exists
+            or is in use, checkpoint unusable, or training diverged.
+        Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``),
+            or aborted by a second Ctrl-C (without saving).
     """
+    claim = _Claim()
+    try:
+        return _train(cfg, run_name, echo, progress, resume, config_path, overrides, claim)
+    except BaseException:
+        if claim.folder is not None:
+            claim.folder.discard_if_unsaved()
+        raise
+    finally:
+        if claim.folder is not None:
+            claim.folder.lock.release()
+
+
+def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], progress: Optional[bool],
+           resume: Optional[str], config_path: Optional[str | Path], overrides: Sequence[str],
+           claim: _Claim) -> TrainResult:
+    """The body of :func:`train`; registers the run folder it locks in ``claim``."""
     from tqdm.auto import tqdm
 
     device = resolve_device(cfg.device)
@@ -487,7 +732,7 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
 
     # Data: rank 0 downloads, trains the tokenizer and prepares token files; the others wait.
     if d.main:
-        corpus = ensure_corpus(cfg, echo)
+        corpus = ensure_corpus(cfg, echo, progress=progress)
         tok, _ = ensure_tokenizer(cfg, corpus, echo)
         prepare(corpus, tok, dataset_dir(cfg.data.data_dir, cfg.data.dataset), cfg.data.val_fraction, log=echo)
     _barrier(d)
@@ -512,7 +757,13 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
         run_dir = find_resume_dir(cfg, resume)
         if run_dir is None:
             echo(f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one")
+    swept: list[Path] = []
+    note: Optional[str] = None
     if run_dir is not None:
+        if d.main:
+            claim.folder = RunFolder(run_dir, RunLock(run_dir).acquire("wait for it to finish before resuming"))
+            # Safe under the lock: no other process is saving here.
+            swept = checkpoint.sweep_stale_temps(run_dir / "checkpoints")
         saved = checkpoint.load_config(checkpoint.resolve(run_dir / "checkpoints" / "last") / checkpoint.CONFIG)
         _check_resume_config(cfg, saved)
         from .tokenizer import load_tokenizer
@@ -524,25 +775,36 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
                 "point tokenizer.path at the run's tokenizer.json"
             )
         state = checkpoint.load_trainer_state(run_dir / "checkpoints" / "last")
+        if state["step"] > tc.max_iters or (state["step"] == tc.max_iters and state["evaluated"]):
+            try:  # the losses of the run's last eval, for the result
+                meta = json.loads((checkpoint.resolve(run_dir / "checkpoints" / "last") / checkpoint.META).read_text())
+            except (OSError, json.JSONDecodeError):
+                meta = {}
+            _close_distributed(d)
+            best = state["best_val_loss"]
+            return TrainResult(run_dir, state["step"], meta.get("train_loss"), meta.get("val_loss"),
+                               best if math.isfinite(best) else None, already_done=True)
+        note = schedule_note(cfg, saved, state["step"])
     elif d.main:
-        run_dir = new_run_dir(cfg, run_name)
+        claim.folder = new_run_dir(cfg, run_name)
+        run_dir = claim.folder.path
     run_dir = Path(_broadcast(str(run_dir), d))
 
     logger = RunLogger(run_dir, echo=None, enabled=d.main)
-    if d.main and state is None:
-        (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
-        tok.save(run_dir / "tokenizer.json")
     if d.main:
-        (run_dir / "env.json").write_text(json.dumps(env_info(device, dtype, d), indent=1), encoding="utf-8")
+        # On resume too: the run's config.yaml follows the train values it now runs with.
+        atomic_write_text(run_dir / "config.yaml", cfg.to_yaml())
+        if state is None:
+            tok.save(run_dir / "tokenizer.json")
+        atomic_write_text(run_dir / "env.json", json.dumps(env_info(device, dtype, d), indent=1))
+        swept += logger.sweep_temps()
 
     seed_everything(cfg.seed)
     model = GPT(mc).to(device)
     optimizer = make_optimizer(model, tc, device)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
     autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    tune_runtime(device)
 
     def sampler(tokens, offset):
         return BatchSampler(tokens, mc.block_size, tc.batch_size, cfg.seed + offset, device,
@@ -567,6 +829,12 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
         logger.truncate_to(prog.step, prog.evaluated)
         logger.log(f"resumed from step {prog.step} ({weights_dir})")
         echo(f"resuming {run_dir} from step {prog.step}")
+        if note:
+            logger.log(note.removeprefix("note: "))
+            echo(note)
+    if swept:
+        logger.log(f"removed {len(swept)} temporary file(s) left by a killed process: "
+                   f"{', '.join(p.name for p in swept)}")
 
     train_model: torch.nn.Module = model
     if cfg.compile:
@@ -612,27 +880,60 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
             meta = {"name": cfg.name, "step": prog.step, **prog.last}
             checkpoint.save(run_dir / "checkpoints" / which, model, cfg, save_state(), meta)
 
-    bar = tqdm(total=tc.max_iters, initial=prog.step, desc="train", unit="step", disable=not progress,
-               dynamic_ncols=True, file=sys.stderr)
+    # disable=None: tqdm shows the bar only when stderr is a terminal (no bar flooding a log file).
+    bar = tqdm(total=tc.max_iters, initial=prog.step, desc="train", unit="step",
+               disable=None if progress is None else not progress, dynamic_ncols=True, file=sys.stderr)
     t0 = time.perf_counter() - logger.elapsed_offset()
     t_log, tokens_since_log = time.perf_counter(), 0
     params = [p for p in model.parameters() if p.requires_grad]
     batches = iter(train_sampler.next, None)
     stopped_early = False
     nonfinite = 0
+    stop = _StopFlag()
+
+    def stop_requested() -> bool:
+        return bool(_broadcast(stop.signal, d) if d.enabled else stop.signal)
+
+    def resume_command() -> str:
+        words = ["minigpt", "train", str(config_path) if config_path is not None else "CONFIG"]
+        for item in overrides:
+            words += ["--set", item]
+        return shlex.join([*words, "--resume", str(run_dir)])
+
+    def abort_error() -> Interrupted:
+        bar.close()
+        last = run_dir / "checkpoints" / "last"
+        try:
+            step = json.loads((checkpoint.resolve(last) / checkpoint.META).read_text()).get("step", "?")
+        except (MinigptError, OSError, json.JSONDecodeError):
+            return Interrupted("aborted by a second Ctrl-C without saving; no checkpoint had been written yet, "
+                               "so there is nothing to resume")
+        logger.log(f"aborted by a second Ctrl-C at step {prog.step} without saving")
+        return Interrupted(f"aborted by a second Ctrl-C without saving; the last checkpoint is {last} "
+                           f"(step {step}); continue with: {resume_command()}")
 
     def evaluate() -> bool:
-        """Eval, log, checkpoint; returns True when early stopping says to stop."""
+        """Eval, log, checkpoint; returns True when early stopping says to stop.
+
+        A stop request cuts the eval short: the eval samplers are rewound and
+        ``prog.evaluated`` stays False, so the resumed run repeats this eval
+        exactly as the uninterrupted one does it.
+        """
         nonlocal t_log
         t_eval = time.perf_counter()
-        losses = estimate_loss(model, eval_samplers, tc.eval_iters, autocast, d)
+        before = {split: s.state() for split, s in eval_samplers.items()}
+        losses = estimate_loss(model, eval_samplers, tc.eval_iters, autocast, d, should_stop=stop_requested)
+        if losses is None:
+            for split, s in eval_samplers.items():
+                s.set_state(before[split])
+            return False
         prog.last = {"train_loss": losses["train"], "val_loss": losses["val"]}
         prog.evaluated = True
         logger.event({"step": prog.step, "event": "eval", "elapsed_s": round(time.perf_counter() - t0, 3),
                       "train_loss": losses["train"], "val_loss": losses["val"]})
         line = f"step {prog.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
         logger.log(line)
-        if progress:
+        if not bar.disable:
             bar.write(line, file=sys.stderr)
         else:
             echo(line)
@@ -645,13 +946,15 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
             prog.bad_evals += 1
         save("last")
         if d.main and tc.sample_tokens > 0:
-            logger.sample(prog.step, sample_text(model, tok, device, tc.sample_tokens, cfg.seed))
+            logger.sample(prog.step, sample_text(model, tok, device, tc.sample_tokens, cfg.seed,
+                                                        cfg.sample.window_stride))
         logger.plot()
         t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
         return tc.early_stop_patience is not None and prog.bad_evals >= tc.early_stop_patience
 
     model.train()
-    with _StopFlag() as stop:
+    stop.on_abort = abort_error
+    with stop:
         while True:
             if should_eval(prog.step, tc) and not prog.evaluated:
                 if evaluate():
@@ -660,15 +963,16 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
                                f"{prog.bad_evals} evals (best {prog.best_val:.4f})")
                     echo(f"early stopping at step {prog.step} (best val loss {prog.best_val:.4f})")
                     break
-            if prog.step >= tc.max_iters:
+            # At max_iters the run ends once its final eval ran (a stop request can cut that eval short).
+            if prog.step > tc.max_iters or (prog.step == tc.max_iters and prog.evaluated):
                 break
-            if _broadcast(stop.signal, d) if d.enabled else stop.signal:
+            if stop_requested():
                 save("last")
                 bar.close()
                 logger.log(f"stopped by {stop.signal} at step {prog.step}; saved checkpoints/last")
                 raise Interrupted(
                     f"stopped by {stop.signal} at step {prog.step}; saved {run_dir / 'checkpoints' / 'last'}; "
-                    f"continue with: minigpt train CONFIG --resume {run_dir}"
+                    f"continue with: {resume_command()}", stop.signum
                 )
             lr = lr_at(prog.step, tc, mc.n_embd)
             for group in optimizer.param_groups:
@@ -720,10 +1024,6 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
     if writer is not None:
         writer.close()
     logger.log(f"done at step {prog.step} in {time.perf_counter() - t0:.1f}s; best val loss {prog.best_val:.4f}")
-    if d.enabled:
-        import torch.distributed as dist
-
-        dist.barrier()
-        dist.destroy_process_group()
+    _close_distributed(d)
     return TrainResult(run_dir, prog.step, prog.last.get("train_loss"), prog.last.get("val_loss"),
                        prog.best_val if math.isfinite(prog.best_val) else None, stopped_early)

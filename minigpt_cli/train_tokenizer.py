@@ -78,7 +78,7 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary.
 
     The file goes to ``output_path``, else the config's ``tokenizer.path`` when
-    the kind is the config's, else ``data/<dataset>/tokenizer-<kind>[-<size>].json``.
+    the kind is the config's, else ``data/<dataset>/tokenizer-<kind>[-<size>][-special-<hash>].json``.
     The summary gives the vocabulary size, tokens on the validation split,
     characters per token, whether decode(encode(text)) == text on the corpus,
     and the segmentation of a few words.
@@ -102,7 +102,8 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     elif cfg.tokenizer.path and kind == cfg.tokenizer.kind:
         out = Path(cfg.tokenizer.path)
     else:
-        out = default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, kind, None if kind == "char" else vocab_size)
+        out = default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, kind, None if kind == "char" else vocab_size,
+                                     specials)
     rep = evaluate(tok, text, cfg.data.val_fraction, seconds)
     tok.save(out)
     size_note = "  (--vocab-size is ignored for char: the alphabet decides)" if kind == "char" and vocab_size else ""

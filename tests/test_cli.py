@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -239,3 +240,117 @@ def test_console_script_exit_code(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 2
     assert out.stderr.strip().startswith("error:") and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_progress_bars_only_on_a_terminal_unless_asked(cli, data_dir, corpus_server, tmp_path, monkeypatch):
+    """CliRunner's stderr is not a terminal: no bars by default; --progress forces them, --no-progress still works."""
+    monkeypatch.chdir(tmp_path)
+    common = ["--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=3", "--set", "train.sample_tokens=0"]
+    quiet = cli("train", TINY, "--run-name", "quiet", *common)
+    assert quiet.exit_code == 0, quiet
+    assert "%|" not in quiet.stderr and "step 3: train loss" in quiet.stderr
+    forced = cli("train", TINY, "--run-name", "forced", "--progress", *common)
+    assert forced.exit_code == 0, forced
+    assert "train: 100%|" in forced.stderr
+    off = cli("train", TINY, "--run-name", "off", "--no-progress", *common)
+    assert off.exit_code == 0 and "%|" not in off.stderr
+    url = corpus_server.url("/input.txt?t=progress")
+    dl = cli("download", "--url", url, "--data-dir", tmp_path / "d1")
+    assert dl.exit_code == 0, dl
+    assert "%|" not in dl.stderr
+    dl = cli("download", "--url", url, "--data-dir", tmp_path / "d2", "--progress")
+    assert dl.exit_code == 0, dl
+    assert "%|" in dl.stderr
+
+
+def test_bare_minigpt_prints_the_help_and_no_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "minigpt_cli"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("Usage: minigpt [OPTIONS] COMMAND") and "generate" in out.stdout
+    assert out.stderr == ""
+
+
+@pytest.mark.parametrize("command", ["train", "generate", "train-tokenizer", "count-params", "download", "bench"])
+def test_help_shows_metavars_not_python_types(cli, monkeypatch, command):
+    monkeypatch.setenv("COLUMNS", "80")
+    res = cli(command, "--help")
+    assert res.exit_code == 0, res
+    text = res.stdout
+    for odd in ("<int", "<float", "<str", "<path", "<list", "<bool", "{config", "{CONFIG", "│", "╭"):
+        assert odd not in text, (odd, text)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "  -h, --help" in text
+
+
+def test_help_reads_well_and_uses_the_terminal_width(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    train = cli("train", "--help").stdout
+    assert "Usage: minigpt train [OPTIONS] CONFIG\n" in train
+    assert "--set KEY=VALUE" in train and "--run-name NAME" in train and "\n  CONFIG  " in train
+    assert "Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500\n" in train  # not wrapped
+    gen = cli("generate", "--help").stdout
+    for opt in ("--top-k K", "--top-p P", "--temperature T", "--seed S", "--max-new-tokens N", "--run DIR",
+                "--checkpoint best|last"):
+        assert opt in gen, opt
+    assert "Usage: minigpt train-tokenizer [OPTIONS] [CONFIG]" in cli("train-tokenizer", "--help").stdout
+    # The width comes from the terminal (CliRunner pins it at 80, so through a real process).
+    def help_at(columns: int) -> str:
+        env = {**os.environ, "COLUMNS": str(columns)}
+        return subprocess.run([sys.executable, "-m", "minigpt_cli", "generate", "--help"], env=env,
+                              capture_output=True, text=True, check=True).stdout
+
+    narrow = help_at(80)
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    wide = help_at(160)
+    assert 80 < max(len(line) for line in wide.splitlines()) <= 120  # wider terminal, wider help, up to 120
+    assert len(wide.splitlines()) < len(narrow.splitlines())
+
+
+def test_generate_says_which_run_it_picked(trained_run, cli, monkeypatch):
+    work, *_ = trained_run
+    monkeypatch.chdir(work)
+    step = json.loads((work / "runs" / "e2e" / "checkpoints" / "best" / "meta.json").read_text())["step"]
+    res = cli("generate", "--prompt", "ROMEO:", "--max-new-tokens", "5")
+    assert res.exit_code == 0, res
+    assert res.stderr.splitlines() == [f"using {Path('runs') / 'e2e'} (checkpoint best, step {step})"]
+    assert res.stdout.startswith("ROMEO:") and "using" not in res.stdout
+    last = json.loads((work / "runs" / "e2e" / "checkpoints" / "last" / "meta.json").read_text())["step"]
+    res = cli("generate", "--prompt", "ROMEO:", "--max-new-tokens", "5", "--checkpoint", "last")
+    assert f"(checkpoint last, step {last})" in res.stderr
+    named = cli("generate", "--run", "runs/e2e", "--prompt", "ROMEO:", "--max-new-tokens", "5")
+    assert named.exit_code == 0 and named.stderr == ""  # the user named the run: nothing to say
+
+
+def test_checkpoint_with_nan_weights_is_refused(trained_run, cli, tmp_path, monkeypatch):
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    work, *_ = trained_run
+    run = tmp_path / "runs" / "diverged"
+    shutil.copytree(work / "runs" / "e2e", run)
+    for which, bad in (("best", float("nan")), ("last", float("inf"))):
+        w = run / "checkpoints" / which / "model.safetensors"
+        sd = load_file(w)
+        sd["wte.weight"][3, 5] = bad
+        save_file(sd, str(w), metadata={"format": "pt"})
+    monkeypatch.chdir(tmp_path)
+    res = cli("generate", "--run", "runs/diverged", "--max-new-tokens", "5")
+    assert_user_error(res, "checkpoints/best", "NaN or infinite", "wte.weight", "--checkpoint last")
+    assert res.stdout == ""
+    res = cli("generate", "--run", "runs/diverged", "--max-new-tokens", "5", "--checkpoint", "last")
+    assert_user_error(res, "checkpoints/last", "--checkpoint best")
+    assert torch.isfinite(load_file(work / "runs" / "e2e" / "checkpoints" / "best" / "model.safetensors")
+                          ["wte.weight"]).all()  # the original is untouched
+
+
+def test_generate_into_a_full_device(trained_run):
+    work, *_ = trained_run
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "-m", "minigpt_cli", "generate", "--run", "runs/e2e",
+                              "--max-new-tokens", "20"], cwd=work, stdout=full, stderr=subprocess.PIPE, text=True)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == "error: cannot write to standard output: No space left on device\n"

@@ -131,3 +131,61 @@ def test_resolved_config_round_trips():
     cfg = load_config(CONFIGS / "tiny.yaml")
     again = validate(parse_yaml(cfg.to_yaml()))
     assert again == cfg
+
+
+def test_a_duplicate_key_is_an_error_naming_it_and_its_lines(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("name: x\ntrain:\n  learning_rate: 1.0e-3\n  max_iters: 10\n  learning_rate: 3.0e-4\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert "duplicate key 'learning_rate'" in msg and "line 5" in msg and "line 3" in msg, msg
+    assert "\n" not in msg
+    p.write_text("train:\n  max_iters: 10\ntrain:\n  max_iters: 20\n")  # a whole section twice
+    with pytest.raises(ConfigError, match="duplicate key 'train'"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "'inf'"])
+def test_non_finite_floats_are_refused(tmp_path, value):
+    p = tmp_path / "c.yaml"
+    p.write_text(f"train:\n  learning_rate: {value}\n")
+    with pytest.raises(ConfigError, match="train.learning_rate: input should be a finite number"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="model.rope_base: input should be a finite number"):
+        load_config(CONFIGS / "tiny.yaml", ["model.rope_base=.inf"])
+    with pytest.raises(ConfigError, match="train.weight_decay"):
+        load_config(CONFIGS / "tiny.yaml", ["train.weight_decay=nan"])
+
+
+def test_nested_aliases_fail_fast_with_a_short_line(tmp_path):
+    """The "billion laughs" document: 9**9 strings if expanded; refused at the first alias."""
+    import time
+
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [{', '.join(['*' + prev] * 9)}]")
+    lines.append("name: *i")
+    p = tmp_path / "lol.yaml"
+    p.write_text("\n".join(lines) + "\n")
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert time.perf_counter() - t0 < 5
+    msg = str(e.value)
+    assert "line 2" in msg and "alias" in msg and len(msg) < 300, msg
+
+
+def test_a_huge_value_is_quoted_short(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: [" + ", ".join(["lol"] * 100_000) + "]\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert "name:" in str(e.value) and len(str(e.value)) < 400
+
+
+def test_deep_nesting_is_a_config_error(tmp_path):
+    p = tmp_path / "deep.yaml"
+    p.write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(p)

@@ -195,6 +195,20 @@ def test_timeout(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_timeout_after_retries_says_how_long_in_all(tmp_path):
+    """A stalled server, retried: the message counts every attempt, not just one timeout."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/input.txt"
+        with pytest.raises(MinigptError) as ei:
+            fetch(tmp_path, url, timeout=0.2, retries=2)
+    msg = one_line(str(ei.value))
+    assert url in msg and "0.2 s on each of 3 attempts" in msg, msg
+    assert " s in all" in msg
+    assert leftovers(tmp_path) == []
+
+
 @pytest.mark.parametrize("bad", ["notaurl", "ftp://example.invalid/input.txt", "http://"])
 def test_invalid_url(tmp_path, bad):
     with pytest.raises(MinigptError) as ei:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pickle
+import shlex
 import shutil
 import signal
 import subprocess
@@ -94,6 +95,110 @@ def test_interrupted_and_resumed_equals_uninterrupted(reference_run, data_dir, t
     assert_same_run(reference_run, run)
 
 
+def _counting_eval_forward(on_call):
+    """GPT.forward that counts eval-mode calls and runs ``on_call(n)`` after the n-th."""
+    real = GPT.forward
+    count = {"n": 0}
+
+    def forward(self, *a, **k):
+        out = real(self, *a, **k)
+        if not self.training:
+            count["n"] += 1
+            on_call(count["n"])
+        return out
+
+    return forward, count
+
+
+def test_sigint_during_a_long_eval_stops_it_at_once_and_resumes_identically(reference_run, data_dir, tmp_path,
+                                                                           monkeypatch):
+    """Ctrl-C inside the step-40 eval: no further eval batch runs, last is saved, the resume matches."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny(data_dir, "train.max_iters=120", "model.dropout=0.1")
+    # Evals at steps 0 and 20 make 2 x (5 train + 5 val) eval forwards; call 23 is the step-40 eval's third.
+    forward, count = _counting_eval_forward(lambda n: n == 23 and os.kill(os.getpid(), signal.SIGINT))
+    monkeypatch.setattr(GPT, "forward", forward)
+    with pytest.raises(Interrupted, match="stopped by SIGINT at step 40") as info:
+        train(cfg, run_name="ev", echo=lambda m: None, progress=False)
+    assert info.value.exit_code == 130
+    assert count["n"] == 23  # the eval ended before its next batch
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "ev"
+    assert json.loads((run / "checkpoints" / "last" / "meta.json").read_text())["step"] == 40
+    assert not [r for r in records(run) if r["event"] == "eval" and r["step"] == 40]
+    result = train(cfg, echo=lambda m: None, progress=False, resume=str(run))
+    assert result.step == 120
+    assert_same_run(reference_run, run)
+
+
+def test_a_second_ctrl_c_aborts_without_saving_and_says_where_the_last_checkpoint_is(data_dir, tmp_path,
+                                                                                    monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import minigpt_cli.train as T
+
+    real_step = T.train_step
+    calls = {"n": 0}
+
+    def step_then_two_signals(*a, **k):
+        out = real_step(*a, **k)
+        calls["n"] += 1
+        if calls["n"] == 25:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # raises here: the abort
+        return out
+
+    monkeypatch.setattr(T, "train_step", step_then_two_signals)
+    with pytest.raises(Interrupted, match=r"second Ctrl-C without saving; the last checkpoint is "
+                                          r"runs/a/checkpoints/last \(step 20\).*--resume runs/a") as info:
+        train(tiny(data_dir, "train.max_iters=60"), run_name="a", echo=lambda m: None, progress=False)
+    assert info.value.exit_code == 130
+    assert json.loads((tmp_path / "runs" / "a" / "checkpoints" / "last" / "meta.json").read_text())["step"] == 20
+    # Before any checkpoint exists (inside the step-0 eval), the message says so and the new folder goes.
+    monkeypatch.setattr(T, "train_step", real_step)
+
+    def two_signals(n):
+        if n == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(GPT, "forward", _counting_eval_forward(two_signals)[0])
+    with pytest.raises(Interrupted, match="without saving; no checkpoint had been written yet"):
+        train(tiny(data_dir, "train.max_iters=60"), run_name="b", echo=lambda m: None, progress=False)
+    assert not (tmp_path / "runs" / "b").exists()
+
+
+def test_sigterm_exits_143_and_the_hint_is_a_working_command(cli, data_dir, tmp_path, monkeypatch):
+    """SIGTERM: status 143 (128+15), and the printed resume command (real config path, --set values) runs."""
+    monkeypatch.chdir(tmp_path)
+    import minigpt_cli.train as T
+
+    real_step = T.train_step
+    calls = {"n": 0}
+
+    def step_then_sigterm(*a, **k):
+        out = real_step(*a, **k)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(T, "train_step", step_then_sigterm)
+    res = cli("train", TINY, "--run-name", "t", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=8",
+              "--set", "train.sample_tokens=0")
+    assert res.exit_code == 143, res
+    lines = [l for l in res.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "stopped by SIGTERM at step 3" in lines[0], res
+    hint = lines[0].split("continue with: ", 1)[1]
+    assert hint.startswith(f"minigpt train {TINY} --set ") and "CONFIG" not in hint
+    monkeypatch.setattr(T, "train_step", real_step)
+    args = shlex.split(hint)
+    assert args[:2] == ["minigpt", "train"]
+    done = cli(*args[1:], "--no-progress")
+    assert done.exit_code == 0, done
+    assert "trained 8 steps" in done.stdout
+
+
 def test_resume_from_an_older_checkpoint_rewinds_the_metrics(reference_run, data_dir, tmp_path, monkeypatch):
     """Lose the tail of a run (as after a SIGKILL): resuming from the step-40 checkpoint repeats it exactly."""
     monkeypatch.chdir(tmp_path)
@@ -131,6 +236,134 @@ def test_resume_refuses_a_different_model(data_dir, tmp_path, monkeypatch):
     with pytest.raises(MinigptError, match=r"model\.n_layer differs"):
         train(tiny(data_dir, "train.max_iters=5", "model.n_layer=3"), echo=lambda m: None, progress=False,
               resume="runs/m")
+
+
+def test_resume_with_a_longer_schedule_says_how_the_learning_rate_changes(data_dir, tmp_path, monkeypatch):
+    """Raising max_iters is allowed; a note names the change and the lr the run jumps to, which it uses."""
+    from minigpt_cli.train import lr_at
+
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=10"), run_name="l", echo=lambda m: None, progress=False)
+    longer = tiny(data_dir, "train.max_iters=30")
+    notes = []
+    res = train(longer, echo=notes.append, progress=False, resume="runs/l")
+    assert res.step == 30
+    new_lr, old_lr = lr_at(10, longer.train), lr_at(10, tiny(data_dir, "train.max_iters=10").train)
+    assert new_lr > 2 * old_lr  # the cosine restarted its descent from higher up
+    note = [n for n in notes if n.startswith("note:")]
+    assert len(note) == 1 and "train.max_iters 10 -> 30" in note[0], notes
+    assert "resuming runs/l from step 10" in notes
+    assert f"lr {new_lr:.3e} at step 10 (was {old_lr:.3e})" in note[0], note
+    lr_11 = [r["lr"] for r in records(tmp_path / "runs" / "l") if r["event"] == "train" and r["step"] == 11]
+    assert lr_11 == [pytest.approx(new_lr)]
+    assert "train.max_iters 10 -> 30" in (tmp_path / "runs" / "l" / "train.log").read_text()
+    assert "max_iters: 30" in (tmp_path / "runs" / "l" / "config.yaml").read_text()
+
+
+def test_resuming_a_finished_run_trains_nothing_and_says_how_to_go_on(cli, data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=10"), run_name="f", echo=lambda m: None, progress=False)
+    before = (tmp_path / "runs" / "f" / "metrics.jsonl").read_bytes()
+    res = cli("train", TINY, "--resume", "runs/f", "--no-progress", "--set", f"data.data_dir={data_dir}",
+              "--set", "train.max_iters=10")
+    assert res.exit_code == 0, res
+    assert "runs/f already reached train.max_iters=10; nothing was trained" in res.stdout, res
+    assert "--set train.max_iters=20" in res.stdout and "n/a" not in res.stdout
+    assert (tmp_path / "runs" / "f" / "metrics.jsonl").read_bytes() == before
+
+
+def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_no_folder(cli, data_dir, tmp_path, monkeypatch):
+    """The error comes after the run folder exists; the same --run-name works right after."""
+    monkeypatch.chdir(tmp_path)
+    args = ["train", TINY, "--run-name", "x", "--no-progress", "--set", f"data.data_dir={data_dir}"]
+    assert_user_error(cli(*args, "--set", "model.block_size=200000"), "block_size", notes_ok=True)
+    assert not (tmp_path / "runs" / "x").exists()
+    ok = cli(*args, "--set", "train.max_iters=2")
+    assert ok.exit_code == 0, ok
+
+
+def test_a_crash_before_the_first_checkpoint_undoes_only_what_the_run_made(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def broken(self, *a, **k):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(GPT, "forward", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train(tiny(data_dir), run_name="oom", echo=lambda m: None, progress=False)
+    assert not (tmp_path / "runs" / "oom").exists()
+    # A folder the user made (empty) is emptied again, not removed.
+    (tmp_path / "runs" / "mine").mkdir()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train(tiny(data_dir), run_name="mine", echo=lambda m: None, progress=False)
+    assert (tmp_path / "runs" / "mine").is_dir() and not any((tmp_path / "runs" / "mine").iterdir())
+    # A run with a checkpoint is kept whatever fails later.
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=3"), run_name="kept", echo=lambda m: None, progress=False)
+    monkeypatch.setattr(GPT, "forward", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train(tiny(data_dir, "train.max_iters=6"), resume="runs/kept", echo=lambda m: None, progress=False)
+    assert (tmp_path / "runs" / "kept" / "checkpoints" / "last" / "model.safetensors").is_file()
+
+
+def test_a_run_folder_in_use_is_refused(cli, data_dir, tmp_path, monkeypatch):
+    """Another process holds runs/m's lock: --resume and --run-name m both fail with its pid; nothing changes."""
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=3"), run_name="m", echo=lambda m: None, progress=False)
+    (tmp_path / "runs" / "e").mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from minigpt_cli.train import RunLock; "
+         "[RunLock(Path(p)).acquire('-') for p in sys.argv[1:]]; print('locked', flush=True); time.sleep(120)",
+         "runs/m", "runs/e"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = (tmp_path / "runs" / "m" / "metrics.jsonl").read_bytes()
+        common = ["--no-progress", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=6"]
+        res = cli("train", TINY, "--resume", "runs/m", *common)
+        assert_user_error(res, f"runs/m is in use by another minigpt train (pid {holder.pid})", "wait for it")
+        res = cli("train", TINY, "--run-name", "e", *common)
+        assert_user_error(res, f"runs/e is in use by another minigpt train (pid {holder.pid})", "--run-name")
+        assert (tmp_path / "runs" / "m" / "metrics.jsonl").read_bytes() == before
+        assert [p.name for p in (tmp_path / "runs" / "e").iterdir()] == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    res = cli("train", TINY, "--resume", "runs/m", *common)  # the lock died with its holder
+    assert res.exit_code == 0, res
+
+
+def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(data_dir, tmp_path, monkeypatch):
+    import minigpt_cli.train as T
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(T.time, "strftime", lambda fmt, *a: "20250101-120000")
+    cfg = tiny(data_dir, "train.max_iters=2")
+    first = T.new_run_dir(cfg, None)
+    second = T.new_run_dir(cfg, None)
+    try:
+        assert first.path.name == "tiny-20250101-120000" and second.path.name == "tiny-20250101-120000-2"
+        assert first.created and second.created
+    finally:
+        first.lock.release()
+        second.lock.release()
+    res = train(cfg, echo=lambda m: None, progress=False)
+    assert res.run_dir.name == "tiny-20250101-120000-3" and res.step == 2
+
+
+def test_resume_sweeps_temporary_files_a_kill_left(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=3"), run_name="w", echo=lambda m: None, progress=False)
+    run = tmp_path / "runs" / "w"
+    junk = [run / "checkpoints" / ".last.tmp-abc123", run / "checkpoints" / ".best.tmp-xyz"]
+    for j in junk:
+        j.mkdir()
+        (j / "model.safetensors").write_bytes(b"half")
+    (run / ".metrics.q1w2e3.jsonl").write_text("{}\n")
+    res = train(tiny(data_dir, "train.max_iters=5"), resume="runs/w", echo=lambda m: None, progress=False)
+    assert res.step == 5
+    assert not any(j.exists() for j in junk) and not (run / ".metrics.q1w2e3.jsonl").exists()
+    assert "removed 3 temporary file(s)" in (run / "train.log").read_text()
 
 
 def _cli(args, env_extra=None, cwd=None, **kw):
@@ -175,10 +408,12 @@ def test_kill_during_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path,
     assert json.loads((survivor / "meta.json").read_text())["step"] == 0
     model, _ = checkpoint.load_model(last)
     assert model.wte.weight.isfinite().all()
+    assert list(last.parent.glob(".last.tmp-*"))  # the killed save's temporary folder
     resumed = _cli(["train", TINY, "--resume", "runs/k", "--no-progress", "--set", f"data.data_dir={data_dir}",
                     "--set", "train.max_iters=40", "--set", "train.eval_interval=20"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((last / "meta.json").read_text())["step"] == 40
+    assert not list(last.parent.glob(".*.tmp-*"))  # swept on resume
 
 
 def test_truncated_weights_are_refused(data_dir, tmp_path, monkeypatch, cli):

@@ -526,10 +526,38 @@ def test_ensure_tokenizer_trains_once_then_loads(tmp_path, small_text):
                                         "tokenizer.vocab_size=300", f"tokenizer.special_tokens=['{EOT}']"]), "--set")
     logs: list[str] = []
     tok, path = ensure_tokenizer(cfg, corpus, logs.append)
-    assert path == tmp_path / "data" / "tinyshakespeare" / "tokenizer-unigram-300.json"
+    assert path.parent == tmp_path / "data" / "tinyshakespeare"
+    assert path.name.startswith("tokenizer-unigram-300-special-")  # special tokens are part of the name
     assert len(logs) == 1 and "training a unigram tokenizer with 300 entries" in logs[0]
     again, _ = ensure_tokenizer(cfg, corpus, logs.append)
     assert len(logs) == 1 and again.fingerprint() == tok.fingerprint() and again.special_tokens == [EOT]
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_default_tokenizer_files_differ_by_special_tokens(tmp_path, small_text, kind):
+    """Configs that differ only in their special tokens train and keep separate files."""
+    import hashlib
+
+    from minigpt_cli.config import apply_overrides, validate
+    from minigpt_cli.data import ensure_tokenizer
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(small_text, encoding="utf-8")
+    base = [f"data.data_dir={tmp_path / 'data'}", f"tokenizer.kind={kind}", "tokenizer.vocab_size=300"]
+    toks, paths = {}, {}
+    for specials in ([], [EOT], ["<s>"], ["<s>", EOT], [EOT, "<s>"]):
+        cfg = validate(apply_overrides({}, base + [f"tokenizer.special_tokens={json.dumps(specials)}"]), "--set")
+        toks[tuple(specials)], paths[tuple(specials)] = ensure_tokenizer(cfg, corpus, lambda m: None)
+    assert len(set(paths.values())) == len(paths)  # five lists, five files
+    for specials, tok in toks.items():
+        assert tok.special_tokens == list(specials)  # each config got its own, not another's
+        again, _ = ensure_tokenizer(validate(apply_overrides({}, base + [
+            f"tokenizer.special_tokens={json.dumps(list(specials))}"]), "--set"), corpus, lambda m: None)
+        assert again.fingerprint() == tok.fingerprint()
+    size = "" if kind == "char" else "-300"
+    assert paths[()].name == f"tokenizer-{kind}{size}.json"  # no special tokens: the name is unchanged
+    digest = hashlib.sha256(json.dumps([EOT]).encode()).hexdigest()[:8]
+    assert paths[(EOT,)].name == f"tokenizer-{kind}{size}-special-{digest}.json"
 
 
 def test_the_val_split_never_cuts_a_special_token():

@@ -1,0 +1,168 @@
+"""Atomic writes and write failures: file modes, paths that cannot be written, a full disk, a full stdout.
+
+We run as root here, where a chmod-ed read-only folder is no obstacle; the
+failures are made with paths that no user can write (a folder below a regular
+file, a folder where a file should go), a simulated ENOSPC, and /dev/full.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import assert_user_error
+
+from minigpt_cli import fileio
+from minigpt_cli.errors import MinigptError
+from minigpt_cli.fileio import atomic_write_bytes, atomic_write_text
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "configs" / "tiny.yaml"
+
+
+@pytest.fixture
+def umask():
+    """Set the umask for one test: ``umask(0o027)``; the old one comes back afterwards."""
+    old = os.umask(0o022)
+    try:
+        yield os.umask
+    finally:
+        os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_new_file_gets_the_umask_mode_like_open(tmp_path, umask):
+    for mask in (0o022, 0o027, 0o002):
+        umask(mask)
+        ours, plain = tmp_path / f"ours-{mask:o}.txt", tmp_path / f"plain-{mask:o}.txt"
+        atomic_write_text(ours, "x")
+        plain.write_text("x")
+        assert _mode(ours) == _mode(plain) == 0o666 & ~mask, oct(_mode(ours))
+
+
+def test_an_existing_file_keeps_its_mode(tmp_path, umask):
+    umask(0o022)
+    path = tmp_path / "secret.json"
+    path.write_text("old")
+    path.chmod(0o600)
+    atomic_write_text(path, "new")
+    assert path.read_text() == "new" and _mode(path) == 0o600
+    path.chmod(0o664)
+    atomic_write_text(path, "newer")
+    assert _mode(path) == 0o664
+
+
+def _no_temp_files(folder: Path) -> bool:
+    return not [p for p in folder.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_folder_below_a_regular_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "afile").write_text("keep me")
+    target = tmp_path / "afile" / "sub" / "tok.json"
+    with pytest.raises(MinigptError) as e:
+        atomic_write_text(target, "{}")
+    msg = str(e.value)
+    assert msg.startswith(f"cannot write {target}: ") and "\n" not in msg, msg
+    assert (tmp_path / "afile").read_text() == "keep me"
+
+
+def test_a_folder_in_place_of_the_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "inside.txt").write_text("keep me")
+    with pytest.raises(MinigptError) as e:
+        atomic_write_text(tmp_path / "out", "{}")
+    assert str(e.value).startswith(f"cannot write {tmp_path / 'out'}: Is a directory; ")
+    assert (tmp_path / "out" / "inside.txt").read_text() == "keep me"
+    assert _no_temp_files(tmp_path)
+
+
+def test_a_full_disk_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    path = tmp_path / "train.bin"
+    path.write_bytes(b"old bytes")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fileio.os, "fsync", full)
+    with pytest.raises(MinigptError) as e:
+        atomic_write_bytes(path, b"new bytes" * 1000)
+    msg = str(e.value)
+    assert msg == f"cannot write {path}: No space left on device; free some disk space or choose another location"
+    assert path.read_bytes() == b"old bytes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.bin"]
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into a read-only folder anyway")
+def test_a_read_only_folder_is_a_one_line_error(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    (folder / "old.json").write_text("old")
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(MinigptError, match="Permission denied; check the permissions"):
+            atomic_write_text(folder / "old.json", "new")
+        assert (folder / "old.json").read_text() == "old"
+    finally:
+        folder.chmod(0o755)
+
+
+def test_os_error_message_names_the_target_of_a_rename():
+    exc = OSError(errno.EISDIR, "Is a directory", "/x/.tmp123", None, "/x/out")
+    assert fileio.os_error_message(exc) == "cannot write /x/out: Is a directory; give the path of a file, not of a folder"
+    assert fileio.os_error_message(OSError(errno.ENOSPC, "No space left on device")).startswith(
+        "cannot write: No space left on device; free some disk space")
+
+
+# ----------------------------------------------------------------------------- through the CLI
+
+
+def test_cli_output_paths_that_cannot_be_written(cli, tmp_path, monkeypatch, data_dir):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    base = ("train-tokenizer", "--set", f"data.data_dir={data_dir}", "--kind", "char")
+    assert_user_error(cli(*base, "--output", "afile/tok.json"), "cannot write afile/tok.json")
+    assert_user_error(cli(*base, "--output", "adir"), "cannot write adir: Is a directory")
+    assert (tmp_path / "afile").read_text() == "x" and not any((tmp_path / "adir").iterdir())
+
+
+def test_cli_run_and_data_folders_below_a_file(cli, tmp_path, monkeypatch, data_dir, corpus_server):
+    """The library does not wrap every write (mkdir of runs/): the CLI's handler catches the rest."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    res = cli("train", TINY, "--no-progress", "--set", f"data.data_dir={data_dir}", "--set", "train.out_dir=afile/runs")
+    assert_user_error(res, "cannot write afile/runs", "Not a directory", notes_ok=True)
+    res = cli("download", "--data-dir", "afile/data", "--url", corpus_server.url("/input.txt?t=afile"))
+    assert_user_error(res, "afile/data")
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def _minigpt(*args: str, cwd: Path, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minigpt_cli", *args], cwd=cwd, stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_stdout_on_a_full_device_is_one_line(tmp_path):
+    with open("/dev/full", "w") as full:
+        out = _minigpt("count-params", "--preset", "gpt2-small", cwd=tmp_path, stdout=full)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == "error: cannot write to standard output: No space left on device\n"
+
+
+def test_a_closed_pipe_exits_quietly(tmp_path):
+    """`minigpt count-params ... | head -c 1`: the reader leaves; exit 0, nothing on stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "count-params", "--preset", "gpt2-small"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the child writes: its first write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert err == ""
