@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import Config, ConfigError, load_config
 from .errors import MinigptError
+from .fileio import chmod_quietly, dir_mode, new_file_mode, os_error_message
 from .model import GPT
 
 WEIGHTS = "model.safetensors"
@@ -96,13 +97,19 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
 
     Returns:
         ``directory``.
+
+    Raises:
+        MinigptError: the folder cannot be written (disk full, read-only);
+            the previous checkpoint is kept and no temporary folder is left.
     """
     directory = Path(directory)
     _save_counts[directory.name] = _save_counts.get(directory.name, 0) + 1
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+    chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700; a checkpoint is as readable as any file
     try:
         save_file(model_state(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        chmod_quietly(tmp / WEIGHTS, new_file_mode())  # safetensors creates it 0600
         _maybe_die(directory.name, "weights")
         if trainer_state is not None:
             torch.save(trainer_state, tmp / STATE)
@@ -121,6 +128,18 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
         os.replace(tmp, directory)
         _fsync_dir(directory.parent)
         shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise MinigptError(os_error_message(exc, directory, "write")) from None
+    except (SafetensorError, RuntimeError) as exc:
+        # safetensors and torch.save report a failed write (disk full) as their own errors.
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, RuntimeError) and "writ" not in str(exc).lower():
+            raise
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise MinigptError(
+            f"cannot write {directory}: {reason}; free some disk space or choose another train.out_dir"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -78,6 +78,27 @@ def file_mode(path: str | Path) -> int:
         return 0o666 & ~_umask()
 
 
+def new_file_mode() -> int:
+    """The permission bits a plain ``open(path, "w")`` gives a new file: ``0o666`` less the umask."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    """The permission bits a plain ``os.mkdir`` leaves: ``0o777`` less the umask."""
+    return 0o777 & ~_umask()
+
+
+def chmod_quietly(path: str | Path | int, mode: int) -> None:
+    """``chmod`` a path (or ``fchmod`` a file descriptor), ignoring file systems without modes."""
+    try:
+        if isinstance(path, int):
+            os.fchmod(path, mode)
+        else:
+            os.chmod(path, mode)
+    except OSError:
+        pass
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically, creating the parent folder if needed.
 

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .fileio import chmod_quietly, file_mode
+
 
 class RunLogger:
     """Appends events to the run folder's files; redraws ``loss.png`` at each eval."""
@@ -55,6 +57,7 @@ class RunLogger:
         if not self.enabled:
             return
         fd, tmp = tempfile.mkstemp(dir=self.run_dir, prefix=".metrics.", suffix=".jsonl")
+        chmod_quietly(fd, file_mode(self.metrics_path))
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(r) + "\n" for r in keep)
@@ -134,6 +137,7 @@ class RunLogger:
         ax.legend()
         fig.tight_layout()
         fd, tmp = tempfile.mkstemp(dir=self.run_dir, prefix=".loss.", suffix=".png")
+        chmod_quietly(fd, file_mode(self.plot_path))
         os.close(fd)
         try:
             fig.savefig(tmp, format="png")

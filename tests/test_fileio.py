@@ -166,3 +166,45 @@ def test_a_closed_pipe_exits_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert err == ""
+
+
+@pytest.mark.parametrize("failure", ["safetensors", "torch.save", "oserror"])
+def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypatch, failure):
+    """A full disk while saving: one line naming the folder; the old checkpoint loads; no temporary folder."""
+    import torch
+    from safetensors import SafetensorError
+
+    from minigpt_cli import checkpoint
+    from minigpt_cli.config import load_config
+    from minigpt_cli.model import GPT
+
+    cfg = load_config(TINY)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": 65})})
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    target = tmp_path / "checkpoints" / "last"
+    checkpoint.save(target, model, cfg, meta={"step": 1})
+    before = (target / checkpoint.WEIGHTS).read_bytes()
+
+    def full(*args, **kwargs):
+        if failure == "safetensors":
+            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                                  'message: "No space left on device" })')
+        if failure == "torch.save":
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0: "
+                               "PytorchStreamWriter failed writing file data/0")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if failure == "torch.save":
+        monkeypatch.setattr(checkpoint.torch, "save", full)
+    else:
+        monkeypatch.setattr(checkpoint, "save_file", full)
+    with torch.no_grad():
+        model.wte.weight.add_(1.0)
+    with pytest.raises(MinigptError) as info:
+        checkpoint.save(target, model, cfg, trainer_state={"step": 2}, meta={"step": 2})
+    msg = str(info.value)
+    assert msg.startswith(f"cannot write {target}") and "\n" not in msg, msg
+    assert "free some disk space" in msg
+    assert (target / checkpoint.WEIGHTS).read_bytes() == before
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last"]

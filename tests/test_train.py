@@ -76,3 +76,15 @@ def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
     for e in evals:
         assert {"train_loss", "val_loss"} <= set(e)
     assert result.best_val_loss == min(e["val_loss"] for e in evals)
+    # Every file and folder of the run gets the mode a plain open()/mkdir() would under the umask:
+    # no 0600 files from tempfile.mkstemp, no 0700 checkpoint folders from mkdtemp.
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.relative_to(result.run_dir).as_posix(): p.stat().st_mode & 0o777
+             for p in result.run_dir.rglob("*") if p.name != ".lock"}
+    assert {"loss.png", "metrics.jsonl", "checkpoints/last", "checkpoints/last/model.safetensors"} <= set(modes)
+    wrong = {k: oct(m) for k, m in modes.items()
+             if m != (0o777 if (result.run_dir / k).is_dir() else 0o666) & ~umask}
+    assert not wrong, wrong
