@@ -28,7 +28,7 @@ import torch
 
 from . import params as P
 from .config import Config
-from .device import resolve_device, resolve_dtype, tune_runtime
+from .device import CpuThreads, resolve_device, resolve_dtype, tune_runtime
 from .errors import MinigptError
 from .generate import generate_tokens, resolve_window_stride
 from .model import GPT
@@ -80,6 +80,11 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         vocab_size: used when the config leaves ``model.vocab_size`` null.
         generation: also measure generation.
 
+    On a CPU the intra-op thread count is chosen once, before anything is
+    measured, from the cores other processes leave free
+    (:class:`~minigpt_cli.device.CpuThreads`); ``torch_threads`` in the
+    result says how many were used.
+
     Returns:
         A JSON-ready dict with ``train_tokens_per_sec``, ``ms_per_step``,
         ``flops_per_token``, ``achieved_flops``, ``peak_flops``, ``mfu``,
@@ -97,11 +102,9 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     T, B = mc.block_size, tc.batch_size
     torch.manual_seed(cfg.seed)
     tune_runtime(device)
+    threads = CpuThreads(device, echo=echo)  # decides once, over the warm-up below
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-    echo(f"measuring the peak: {MATMUL_N}x{MATMUL_N} matmul in {str(dtype).removeprefix('torch.')} on {device}")
-    peak = measure_peak(device, dtype)
 
     model = GPT(mc).to(device)
     train_model = torch.compile(model) if cfg.compile else model
@@ -121,7 +124,14 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     model.train()
     for _ in range(warmup):
         train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+    if threads.enabled and threads.poll(force=True) != threads.max_threads:
+        # Other processes kept cores busy during the warm-up: warm up again with fewer threads.
+        for _ in range(warmup):
+            train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip,
+                       params_list)
     _sync(device)
+    echo(f"measuring the peak: {MATMUL_N}x{MATMUL_N} matmul in {str(dtype).removeprefix('torch.')} on {device}")
+    peak = measure_peak(device, dtype)
     t = time.perf_counter()
     for _ in range(iters):
         loss, _ = train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
+from typing import Callable, Optional
+
 import torch
 
 from .errors import MinigptError
@@ -81,3 +85,102 @@ def tune_runtime(device: torch.device) -> None:
             libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
         except (OSError, AttributeError):
             pass
+
+
+def _proc_stat_busy() -> Optional[float]:
+    """Seconds of CPU time all processes have spent busy since boot (user, nice, system, irq, softirq), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 8:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuThreads:
+    """PyTorch's intra-op threads on a CPU, matched to the cores other processes leave free.
+
+    PyTorch starts one OpenMP thread per core, and its threads wait for each
+    other by spinning. When another process keeps a core busy, a thread loses
+    its core for whole scheduler slices while the others spin: on the 2-core
+    machine two trainings side by side each ran 70 times slower (424
+    tokens/s) than alone, and 38 times slower than with one thread each
+    (16,000 tokens/s). So every ``interval`` seconds :meth:`poll` measures how
+    many cores the rest of the machine used (all busy CPU time from
+    ``/proc/stat`` less this process's own, over wall time) and sets
+    ``torch.set_num_threads`` to the cores left, rounded down with a little
+    slack, at least 1 and at most the count PyTorch started with. The first
+    decision is taken at once; later changes need two polls in a row that
+    agree, so a short burst elsewhere does not make the count flap.
+
+    Nothing changes where the user chose: ``OMP_NUM_THREADS`` or
+    ``MKL_NUM_THREADS`` set, a device other than the CPU, or no
+    ``/proc/stat`` (macOS, Windows).
+
+    Args:
+        device: the run's device.
+        echo: called with a one-line note whenever the count changes.
+        interval: seconds between measurements.
+        read_busy: the machine-wide busy-seconds counter (a test hook).
+        read_own: this process's CPU seconds (a test hook).
+    """
+
+    def __init__(self, device: torch.device, echo: Callable[[str], None] = lambda m: None, interval: float = 2.0,
+                 read_busy: Callable[[], Optional[float]] = _proc_stat_busy,
+                 read_own: Callable[[], float] = time.process_time):
+        self.echo = echo
+        self.interval = interval
+        self._read_busy, self._read_own = read_busy, read_own
+        self.max_threads = torch.get_num_threads()
+        try:
+            self.cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            self.cpus = os.cpu_count() or self.max_threads
+        user_chose = any(os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+        self.enabled = device.type == "cpu" and not user_chose and self.max_threads > 1
+        self._last = self._sample() if self.enabled else None
+        self.enabled = self._last is not None
+        self._decided = False
+        self._pending: Optional[int] = None
+        #: The cores other processes used over the last measurement window.
+        self.others: Optional[float] = None
+
+    def _sample(self) -> Optional[tuple[float, float, float]]:
+        busy = self._read_busy()
+        return None if busy is None else (time.monotonic(), busy, self._read_own())
+
+    def poll(self, force: bool = False) -> int:
+        """Measure (when ``interval`` has passed, or ``force``) and adjust; returns the thread count in use."""
+        if not self.enabled:
+            return torch.get_num_threads()
+        now = time.monotonic()
+        if not force and now - self._last[0] < (self.interval if self._decided else min(self.interval, 0.25)):
+            return torch.get_num_threads()
+        sample = self._sample()
+        if sample is None:
+            return torch.get_num_threads()
+        (t0, busy0, own0), (t1, busy1, own1) = self._last, sample
+        self._last = sample
+        wall = t1 - t0
+        if wall <= 0:
+            return torch.get_num_threads()
+        self.others = max(0.0, ((busy1 - busy0) - (own1 - own0)) / wall)
+        target = max(1, min(self.max_threads, int(self.cpus - self.others + 0.35)))
+        current = torch.get_num_threads()
+        if target == current:
+            self._pending = None
+        elif not self._decided or self._pending == target:
+            torch.set_num_threads(target)
+            self._pending = None
+            if target < current:
+                self.echo(f"note: other processes keep {self.others:.1f} of {self.cpus} CPU cores busy; "
+                          f"using {target} thread{'s' if target > 1 else ''} (set OMP_NUM_THREADS to choose)")
+            else:
+                self.echo(f"note: CPU cores are free again; using {target} threads")
+        else:
+            self._pending = target
+        self._decided = True
+        return torch.get_num_threads()

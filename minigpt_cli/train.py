@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - Windows
 from . import checkpoint
 from .config import Config, TrainConfig
 from .data import BatchSampler, PreparedData, ensure_corpus, ensure_tokenizer, prepare
-from .device import resolve_device, resolve_dtype, tune_runtime
+from .device import CpuThreads, resolve_device, resolve_dtype, tune_runtime
 from .errors import Interrupted, MinigptError
 from .fileio import atomic_write_text
 from .generate import generate_tokens
@@ -806,6 +806,12 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
     autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     tune_runtime(device)
 
+    def thread_note(message: str) -> None:
+        echo(message)
+        logger.log(message.removeprefix("note: "))
+
+    cpu_threads = CpuThreads(device, echo=thread_note)
+
     def sampler(tokens, offset):
         return BatchSampler(tokens, mc.block_size, tc.batch_size, cfg.seed + offset, device,
                             rank=d.rank, world=d.world)
@@ -922,7 +928,11 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
         nonlocal t_log
         t_eval = time.perf_counter()
         before = {split: s.state() for split, s in eval_samplers.items()}
-        losses = estimate_loss(model, eval_samplers, tc.eval_iters, autocast, d, should_stop=stop_requested)
+        def eval_should_stop() -> bool:
+            cpu_threads.poll()
+            return stop_requested()
+
+        losses = estimate_loss(model, eval_samplers, tc.eval_iters, autocast, d, should_stop=eval_should_stop)
         if losses is None:
             for split, s in eval_samplers.items():
                 s.set_state(before[split])
@@ -1003,6 +1013,7 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
                     )
                 continue
             nonfinite = 0
+            cpu_threads.poll()
             prog.step += 1
             prog.evaluated = False
             tokens_since_log += tokens_per_step

@@ -6,8 +6,11 @@ import json
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parent.parent
 
 SCRIPT = r"""
 import json, resource, sys
@@ -52,3 +55,130 @@ def test_cpu_training_steps_stop_page_faulting():
         faults[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     assert faults["default"] > 50, faults  # glibc hands activations back to the OS and faults them in again
     assert faults["tuned"] < faults["default"] / 5, faults
+
+
+class FakeMachine:
+    """Counters for CpuThreads: machine-wide busy CPU seconds and this process's, advanced by hand."""
+
+    def __init__(self):
+        self.busy = 1000.0
+        self.own = 5.0
+
+    def run(self, seconds: float, others: float, own: float) -> None:
+        """``seconds`` of wall time pass with ``others`` cores busy elsewhere and ``own`` cores here."""
+        self.busy += seconds * (others + own)
+        self.own += seconds * own
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """time.monotonic under the test's control."""
+    import minigpt_cli.device as dev
+
+    now = [100.0]
+    monkeypatch.setattr(dev.time, "monotonic", lambda: now[0])
+    return now
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    import torch
+
+    old = torch.get_num_threads()
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_cpu_threads_follow_the_free_cores(clock, two_threads):
+    import torch
+
+    from minigpt_cli.device import CpuThreads
+
+    m, notes = FakeMachine(), []
+    ct = CpuThreads(torch.device("cpu"), echo=notes.append, read_busy=lambda: m.busy, read_own=lambda: m.own)
+    ct.cpus = 2
+    assert ct.enabled and ct.max_threads == 2
+    # Quiet machine: the first decision (after 0.25 s) keeps 2 threads.
+    clock[0] += 0.3
+    m.run(0.3, others=0.05, own=2.0)
+    assert ct.poll() == 2 and notes == []
+    # Another process takes a core: after the first decision a change needs two polls in a row.
+    clock[0] += 1.0
+    m.run(1.0, others=0.6, own=1.4)
+    assert ct.poll() == 2 and ct.others == pytest.approx(0.05)  # within the 2 s interval: not measured
+    clock[0] += 1.0
+    m.run(1.0, others=0.6, own=1.4)
+    assert ct.poll() == 2 and ct.others == pytest.approx(0.6) and ct._pending == 1  # seen once: wait
+    clock[0] += 2.0
+    m.run(2.0, others=0.9, own=1.1)
+    assert ct.poll() == 1 and torch.get_num_threads() == 1
+    assert notes == ["note: other processes keep 0.9 of 2 CPU cores busy; using 1 thread (set OMP_NUM_THREADS to choose)"]
+    # A short lull of one poll does not bring the second thread back; two in a row do.
+    clock[0] += 2.0
+    m.run(2.0, others=0.0, own=1.0)
+    assert ct.poll() == 1
+    clock[0] += 2.0
+    m.run(2.0, others=1.0, own=1.0)
+    assert ct.poll() == 1 and ct._pending is None
+    for _ in range(2):
+        clock[0] += 2.0
+        m.run(2.0, others=0.1, own=1.0)
+        ct.poll()
+    assert torch.get_num_threads() == 2 and notes[-1] == "note: CPU cores are free again; using 2 threads"
+
+
+def test_cpu_threads_first_decision_is_immediate(clock, two_threads):
+    import torch
+
+    from minigpt_cli.device import CpuThreads
+
+    m = FakeMachine()
+    ct = CpuThreads(torch.device("cpu"), read_busy=lambda: m.busy, read_own=lambda: m.own)
+    ct.cpus = 2
+    clock[0] += 0.3
+    m.run(0.3, others=1.0, own=0.1)  # something else is training already
+    assert ct.poll() == 1
+
+
+def test_cpu_threads_leave_a_users_choice_alone(clock, two_threads, monkeypatch):
+    import torch
+
+    from minigpt_cli.device import CpuThreads
+
+    m = FakeMachine()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    ct = CpuThreads(torch.device("cpu"), read_busy=lambda: m.busy, read_own=lambda: m.own)
+    assert not ct.enabled
+    clock[0] += 3.0
+    m.run(3.0, others=2.0, own=0.0)
+    assert ct.poll(force=True) == 2
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert not CpuThreads(torch.device("cuda"), read_busy=lambda: m.busy).enabled
+    assert not CpuThreads(torch.device("cpu"), read_busy=lambda: None).enabled  # no /proc/stat
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc/stat")
+def test_training_beside_a_busy_process_drops_to_one_thread(tmp_path, data_dir):
+    """A real busy loop on one core: a short training notes it and trains with 1 thread."""
+    import os
+
+    if len(os.sched_getaffinity(0)) != 2:
+        pytest.skip("written for the 2-core machine")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "minigpt_cli", "train", str(REPO / "configs" / "tiny.yaml"), "--run-name", "b",
+             "--no-progress", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=400",
+             "--set", "train.sample_tokens=0"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            env={k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+        )
+    finally:
+        busy.kill()
+        busy.wait()
+    assert out.returncode == 0, out.stderr
+    assert "CPU cores busy; using 1 thread" in out.stderr, out.stderr
+    assert "CPU cores busy; using 1 thread" in (tmp_path / "runs" / "b" / "train.log").read_text()
