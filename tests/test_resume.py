@@ -610,3 +610,20 @@ def test_tensorboard_without_the_package_is_a_clear_error(cli, data_dir, tmp_pat
     res = cli("train", TINY, "--set", "train.tensorboard=true", "--set", f"data.data_dir={data_dir}")
     assert_user_error(res, "tensorboard", "pip install tensorboard")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile's CPU backend needs a C++ compiler")
+def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
+    """The GPU recipe's compile path, run for real on the CPU: the same losses as eager, no fallback."""
+    monkeypatch.chdir(tmp_path)
+    notes: list[str] = []
+    runs = {}
+    for flag in ("false", "true"):
+        res = train(tiny(data_dir, "train.max_iters=10", "train.eval_interval=10", f"compile={flag}"),
+                    run_name=f"c{flag}", echo=notes.append, progress=False)
+        runs[flag] = curve(res.run_dir)
+    assert not [n for n in notes if "compile" in n], notes
+    assert runs["true"].keys() == runs["false"].keys() and len(runs["true"]) >= 12
+    for key, value in runs["false"].items():
+        assert runs["true"][key] == pytest.approx(value, abs=2e-4), key
