@@ -67,23 +67,35 @@ def reference_run(tmp_path_factory, data_dir):
     return work / "runs" / "ref"
 
 
+def signals_after_step(monkeypatch, n: int, *signals: int):
+    """Make the n-th ``train_step`` deliver real ``signals`` to this process as it returns.
+
+    Returns the real ``train_step``, to put back with ``monkeypatch.setattr``.
+    """
+    import minigpt_cli.train as T
+
+    real_step = T.train_step
+    calls = {"n": 0}
+
+    def step_then_signals(*a, **k):
+        out = real_step(*a, **k)
+        calls["n"] += 1
+        if calls["n"] == n:
+            for sig in signals:
+                os.kill(os.getpid(), sig)
+        return out
+
+    monkeypatch.setattr(T, "train_step", step_then_signals)
+    return real_step
+
+
 def test_interrupted_and_resumed_equals_uninterrupted(reference_run, data_dir, tmp_path, monkeypatch):
     """SIGINT mid-run (in-process), then --resume: every later loss and the final weights match."""
     monkeypatch.chdir(tmp_path)
     cfg = tiny(data_dir, "train.max_iters=120", "model.dropout=0.1")
     import minigpt_cli.train as T
 
-    real_step = T.train_step
-    calls = {"n": 0}
-
-    def step_then_signal(*a, **k):  # deliver a real SIGINT after step 57
-        out = real_step(*a, **k)
-        calls["n"] += 1
-        if calls["n"] == 57:
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-
-    monkeypatch.setattr(T, "train_step", step_then_signal)
+    real_step = signals_after_step(monkeypatch, 57, signal.SIGINT)  # a real SIGINT after step 57
     with pytest.raises(Interrupted, match="step 57.*--resume"):
         train(cfg, run_name="r", echo=lambda m: None, progress=False)
     monkeypatch.setattr(T, "train_step", real_step)
@@ -137,18 +149,7 @@ def test_a_second_ctrl_c_aborts_without_saving_and_says_where_the_last_checkpoin
     monkeypatch.chdir(tmp_path)
     import minigpt_cli.train as T
 
-    real_step = T.train_step
-    calls = {"n": 0}
-
-    def step_then_two_signals(*a, **k):
-        out = real_step(*a, **k)
-        calls["n"] += 1
-        if calls["n"] == 25:
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)  # raises here: the abort
-        return out
-
-    monkeypatch.setattr(T, "train_step", step_then_two_signals)
+    real_step = signals_after_step(monkeypatch, 25, signal.SIGINT, signal.SIGINT)  # the second one aborts
     with pytest.raises(Interrupted, match=r"second Ctrl-C without saving; the last checkpoint is "
                                           r"runs/a/checkpoints/last \(step 20\).*--resume runs/a") as info:
         train(tiny(data_dir, "train.max_iters=60"), run_name="a", echo=lambda m: None, progress=False)
@@ -173,17 +174,7 @@ def test_sigterm_exits_143_and_the_hint_is_a_working_command(cli, data_dir, tmp_
     monkeypatch.chdir(tmp_path)
     import minigpt_cli.train as T
 
-    real_step = T.train_step
-    calls = {"n": 0}
-
-    def step_then_sigterm(*a, **k):
-        out = real_step(*a, **k)
-        calls["n"] += 1
-        if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return out
-
-    monkeypatch.setattr(T, "train_step", step_then_sigterm)
+    real_step = signals_after_step(monkeypatch, 3, signal.SIGTERM)
     res = cli("train", TINY, "--run-name", "t", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=8",
               "--set", "train.sample_tokens=0")
     assert res.exit_code == 143, res
