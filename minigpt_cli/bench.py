@@ -195,7 +195,8 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
 def format_bench(r: dict[str, Any]) -> str:
     """A readable table of :func:`bench`'s result."""
     lines = [
-        f"device {r['device']}, {r['dtype']}, {r['torch_threads']} threads, compile {r['compile']}",
+        f"device {r['device']}, {r['dtype']}, {r['torch_threads']} thread{'s' if r['torch_threads'] != 1 else ''}, "
+        f"compile {r['compile']}",
         f"model {r['parameters']:,} parameters; batch {r['batch_size']} x block {r['block_size']} "
         f"x accum {r['grad_accum_steps']}",
         "",

@@ -206,7 +206,10 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
     except ConfigError as exc:
         raise MinigptError(f"checkpoint config is unusable: {exc}") from None
     weights = directory / WEIGHTS
-    sd = _read_weights(weights, "use another checkpoint (e.g. checkpoints/best) or retrain")
+    other = {"best": "last", "last": "best"}.get(directory.name)
+    hint = (f"use the other checkpoint (generate --checkpoint {other}) or retrain" if other
+            else "use another checkpoint or retrain")
+    sd = _read_weights(weights, hint)
     if config.model.vocab_size is None:
         if "wte.weight" not in sd:
             raise MinigptError(f"checkpoint weights {str(weights)!r} lack wte.weight; the file is not a minigpt checkpoint")

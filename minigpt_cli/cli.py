@@ -26,7 +26,7 @@ try:  # Typer >= 0.20 carries its own copy of click
 except ImportError:  # pragma: no cover - older Typer uses click itself
     from click import exceptions as _click_exc
 
-from .errors import MinigptError
+from .errors import Interrupted, MinigptError
 
 EXIT_USAGE = 2
 
@@ -104,6 +104,8 @@ class _Group(TyperGroup):
         except _click_exc.UsageError as exc:
             path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
             _fail(f"{exc.format_message()} (see '{path} --help')")
+        except Interrupted as exc:  # asked for: what was saved and how to go on, not an error
+            _fail(str(exc), exc.exit_code, prefix="")
         except MinigptError as exc:
             _fail(str(exc), exc.exit_code)
         except (typer.Abort, KeyboardInterrupt):
@@ -140,11 +142,11 @@ class _Group(TyperGroup):
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> None:
+def _fail(message: str, code: int = EXIT_USAGE, prefix: str = "error: ") -> None:
     first = " ".join(str(message).split("\n")).strip()
     if len(first) > _MAX_ERROR:
         first = first[: _MAX_ERROR - 3] + "..."
-    print(f"error: {first}", file=sys.stderr)
+    print(f"{prefix}{first}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -381,8 +383,10 @@ def generate(
     stop: List[str] = typer.Option(
         [], "--stop", metavar="TEXT", help="End a sample when this text appears in the generated text; it is not printed (repeatable)."
     ),
-    num_samples: Optional[int] = typer.Option(None, "--num-samples", min=1, help="Independent samples."),
-    seed: int = typer.Option(1337, "--seed", min=0, max=2**63 - 1, metavar="S", help="Random seed for sampling."),
+    num_samples: Optional[int] = typer.Option(
+        None, "--num-samples", min=1, help="Independent samples, each after a '---- sample N ----' line."
+    ),
+    seed: int = typer.Option(1337, "--seed", metavar="S", help="Random seed for sampling, 0 .. 2**63-1."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are produced."),
     kv_cache: bool = typer.Option(True, "--kv-cache/--no-kv-cache", help="Reuse past keys and values."),
     window_stride: Optional[int] = typer.Option(
@@ -390,7 +394,10 @@ def generate(
         help="Past block_size, drop this many oldest tokens at once (1: slide token by token; "
              "default: the run's sample.window_stride, else block_size // 4).",
     ),
-    checkpoint: str = typer.Option("best", "--checkpoint", metavar="best|last", help="best or last."),
+    checkpoint: str = typer.Option(
+        "best", "--checkpoint", metavar="best|last",
+        help="best: the weights with the lowest val loss; last: the most recent save.",
+    ),
     device: str = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps."),
 ) -> None:
     """Sample text from a trained run.

@@ -143,6 +143,8 @@ class CpuThreads:
         self.enabled = device.type == "cpu" and not user_chose and self.max_threads > 1
         self._last = self._sample() if self.enabled else None
         self.enabled = self._last is not None
+        #: time.monotonic() when measuring began.
+        self.started = time.monotonic()
         self._decided = False
         self._pending: Optional[int] = None
         #: The cores other processes used over the last measurement window.

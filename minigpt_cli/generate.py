@@ -29,6 +29,7 @@ made elsewhere, the importer refuses a ``block_size`` beyond the table
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, TextIO
 
@@ -263,12 +264,14 @@ def run_generate(
             cannot encode, bad sampling options, an empty stop string.
     """
     from . import checkpoint
-    from .device import resolve_device
+    from .device import CpuThreads, resolve_device
     from .paths import latest_run
     from .tokenizer import load_tokenizer
 
     if which not in ("best", "last"):
         raise MinigptError(f"--checkpoint {which!r}: use best or last")
+    if not 0 <= seed < 2**63:
+        raise MinigptError(f"--seed {seed}: use a number from 0 to 2**63-1")
     run_dir = Path(run) if run is not None else latest_run()
     if not run_dir.is_dir():
         raise MinigptError(f"run folder {str(run_dir)!r} not found; pass --run runs/NAME of a trained run")
@@ -279,6 +282,7 @@ def run_generate(
         ckpt = run_dir / "checkpoints" / "last"
     tok = load_tokenizer(run_dir / "tokenizer.json")
     dev = resolve_device(device)
+    threads = CpuThreads(dev, echo=echo)  # measures what else runs while the model loads
     model, cfg = checkpoint.load_model(ckpt, dev)
     check_finite(model, ckpt)
     if cfg.model.vocab_size < tok.vocab_size:
@@ -321,6 +325,9 @@ def run_generate(
     block = cfg.model.block_size
     if len(ids) > block and max_new_tokens > 0:
         echo(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block} (block_size)")
+    if threads.enabled and max_new_tokens > 0:
+        time.sleep(max(0.0, 0.15 - (time.monotonic() - threads.started)))  # a window long enough to measure
+        threads.poll(force=True)
     g = torch.Generator(device=dev).manual_seed(seed)
     texts = []
     for i in range(num_samples):
@@ -335,6 +342,7 @@ def run_generate(
         for t in generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, g,
                                   vocab_limit=tok.vocab_size, window_stride=window_stride):
             new.append(int(t[0]))
+            threads.poll()
             if not (stream or stops):
                 continue
             text = tok.decode(new)

@@ -689,13 +689,26 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
 
     Raises:
         MinigptError: device not available, data cannot be fetched, run exists
-            or is in use, checkpoint unusable, or training diverged.
+            or is in use, checkpoint unusable, a model too large for the free
+            memory (estimated up front, or the allocator failing), or training
+            diverged.
         Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``),
             or aborted by a second Ctrl-C (without saving).
     """
     claim = _Claim()
     try:
-        return _train(cfg, run_name, echo, progress, resume, config_path, overrides, claim)
+        try:
+            return _train(cfg, run_name, echo, progress, resume, config_path, overrides, claim)
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            # check_memory's estimate passed but the allocator did not: one line, not a traceback.
+            text = str(exc)
+            if not isinstance(exc, torch.OutOfMemoryError) and "can't allocate memory" not in text:
+                raise
+            first = (text.strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise MinigptError(
+                f"out of memory ({first}); make model.n_layer, n_embd, model.block_size or train.batch_size "
+                f"smaller (minigpt count-params --config CONFIG estimates the memory)"
+            ) from None
     except BaseException:
         if claim.folder is not None:
             claim.folder.discard_if_unsaved()
@@ -703,6 +716,54 @@ def train(cfg: Config, run_name: Optional[str] = None, echo: Callable[[str], Non
     finally:
         if claim.folder is not None:
             claim.folder.lock.release()
+
+
+def available_memory(device: torch.device) -> Optional[int]:
+    """Bytes free for a new run on ``device``: CUDA's free memory, the CPU's ``MemAvailable``; None if unknown."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except RuntimeError:
+            return None
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
+def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, before any tensor exists, a model that cannot fit in the device's free memory.
+
+    The need is :func:`minigpt_cli.params.memory`'s estimate (the accounting
+    ``count-params`` prints): weights, gradients and AdamW moments, 16 bytes a
+    parameter (ZeRO §3.1), plus activations with fused attention and the
+    logits for one micro-batch. Only a model that needs more than all the
+    free memory is refused: the estimate leaves out allocator slack, so a
+    run that passes can still run out.
+
+    Raises:
+        MinigptError: the estimate exceeds the free memory; the message gives both.
+    """
+    from . import params as P
+
+    free = available_memory(device)
+    if free is None:
+        return
+    mem = P.memory(cfg.model, str(dtype).removeprefix("torch."), cfg.train.batch_size, cfg.model.block_size)
+    need = mem["model_states"] + mem["activations_estimate_fused"] + mem["logits"]
+    if need > free:
+        raise MinigptError(
+            f"this model needs about {P.human_bytes(need)} to train ({P.human_bytes(mem['model_states'])} for "
+            f"weights, gradients and AdamW moments of {P.count(cfg.model).total:,} parameters, "
+            f"{P.human_bytes(need - mem['model_states'])} for activations at batch {cfg.train.batch_size} x "
+            f"{cfg.model.block_size}) but {device.type} has {P.human_bytes(free)} free; make model.n_layer, "
+            f"n_embd or train.batch_size smaller (minigpt count-params --config CONFIG shows the accounting)"
+        )
 
 
 def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], progress: Optional[bool],
@@ -749,6 +810,7 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
             "set model.vocab_size: null to take it from the tokenizer"
         )
     cfg = cfg.model_copy(update={"model": mc})
+    check_memory(cfg, device, dtype)
 
     # The run folder: new, or the one being resumed.
     state: Optional[dict] = None
@@ -806,8 +868,17 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
     autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     tune_runtime(device)
 
+    bar = None  # the progress bar, once training starts
+
+    def say(line: str) -> None:
+        """A line for the user: above the progress bar while one is shown."""
+        if bar is not None and not bar.disable:
+            bar.write(line, file=sys.stderr)
+        else:
+            echo(line)
+
     def thread_note(message: str) -> None:
-        echo(message)
+        say(message)
         logger.log(message.removeprefix("note: "))
 
     cpu_threads = CpuThreads(device, echo=thread_note)
@@ -943,10 +1014,7 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
                       "train_loss": losses["train"], "val_loss": losses["val"]})
         line = f"step {prog.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
         logger.log(line)
-        if not bar.disable:
-            bar.write(line, file=sys.stderr)
-        else:
-            echo(line)
+        say(line)
         if writer is not None:
             writer.add_scalars("loss", {"train": losses["train"], "val": losses["val"]}, prog.step)
         if losses["val"] < prog.best_val:

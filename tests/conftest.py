@@ -17,6 +17,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
+# A fixed thread count for the whole suite (and the processes it starts): minigpt's CPU
+# trainer otherwise adapts its threads to what else runs (device.CpuThreads), which would
+# make notes and float rounding depend on the machine's load. The tests of that
+# adaptation remove the variable themselves.
+os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                             else os.cpu_count() or 1))
+
 CORPUS_PATH = (
     Path(__file__).resolve().parent.parent.parent
     / "shared" / "data" / "tinyshakespeare" / "input.txt"

@@ -88,3 +88,39 @@ def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
     wrong = {k: oct(m) for k, m in modes.items()
              if m != (0o777 if (result.run_dir / k).is_dir() else 0o666) & ~umask}
     assert not wrong, wrong
+
+
+def test_a_model_too_large_for_memory_is_refused_before_anything_is_made(cli, data_dir, tmp_path, monkeypatch):
+    """10 million layers: the estimate (count-params' accounting) exceeds the free memory; no run folder."""
+    from helpers import assert_user_error
+
+    import minigpt_cli.train as T
+
+    monkeypatch.chdir(tmp_path)
+    res = cli("train", CONFIGS / "tiny.yaml", "--set", f"data.data_dir={data_dir}", "--set", "model.n_layer=10000000")
+    assert_user_error(res, "this model needs about", "123,520,003,136 parameters", "free", "model.n_layer",
+                      notes_ok=True)
+    assert not (tmp_path / "runs").exists()
+    # The estimate against a pretend 1 MiB machine: even the tiny model is refused; with plenty, it trains.
+    monkeypatch.setattr(T, "available_memory", lambda device: 2**20)
+    cfg = load_config(CONFIGS / "tiny.yaml", [f"data.data_dir={data_dir}"])
+    with pytest.raises(T.MinigptError, match="but cpu has 1.00 MiB free"):
+        T.check_memory(cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": 65})}),
+                       torch.device("cpu"), torch.float32)
+
+
+def test_running_out_of_memory_is_one_line(cli, data_dir, tmp_path, monkeypatch):
+    """The allocator failing after the estimate passed: one line, exit 2, the fix named."""
+    from helpers import assert_user_error
+
+    import minigpt_cli.train as T
+
+    monkeypatch.chdir(tmp_path)
+
+    def oom(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 786432 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(T, "train_step", oom)
+    res = cli("train", CONFIGS / "tiny.yaml", "--set", f"data.data_dir={data_dir}", "--run-name", "o")
+    assert_user_error(res, "out of memory", "can't allocate memory", "train.batch_size", notes_ok=True)
