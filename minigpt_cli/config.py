@@ -215,10 +215,23 @@ class Config(_Strict):
         return self.model_dump(mode="json")
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        """The config as YAML; strings with line breaks are written double-quoted ("\\n"), on one line."""
+        return yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False)
 
 
 # ----------------------------------------------------------------------------- YAML
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that writes a string holding a line break as one double-quoted line."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = '"' if any(c in text for c in "\n\r") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
 
 
 class _Refused(yaml.MarkedYAMLError):

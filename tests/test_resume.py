@@ -525,6 +525,22 @@ def test_dry_run_prints_config_and_schedule(cli, tmp_path, monkeypatch):
     assert res.exit_code == 0, res
     assert "lr_schedule: linear" in res.stdout and "step       0: 5.000e-04" in res.stdout
     assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+    # The null keys, resolved: no tokenizer yet, so the vocabulary waits for it.
+    assert "model.vocab_size      from the tokenizer, trained into data/tinyshakespeare/tokenizer-char.json" \
+        in res.stdout
+    assert "model.d_ff            128\n" in res.stdout and "model.n_kv_head       2\n" in res.stdout
+    assert "sample.window_stride  8\n" in res.stdout and "parameters" not in res.stdout
+    assert '  prompt: "\\n"\n' in res.stdout  # one line, as typed in a config
+    # Once the tokenizer exists: its size, the parameter count and the memory estimate.
+    from minigpt_cli.tokenizer import CharTokenizer
+
+    path = tmp_path / "data" / "tinyshakespeare" / "tokenizer-char.json"
+    CharTokenizer.train("ab\ncd").save(path)
+    res = cli("train", TINY, "--dry-run", "--set", "model.d_ff=100")
+    assert f"model.vocab_size      5 (from {path.relative_to(tmp_path)})" in res.stdout, res.stdout
+    assert "model.d_ff            100 (set)" in res.stdout
+    n = GPT(load_config(TINY, ["model.vocab_size=5", "model.d_ff=100"]).model).num_params()
+    assert f"parameters            {n:,}\n" in res.stdout and "memory to train       about " in res.stdout
 
 
 def test_missing_device_is_a_clear_error(cli, tmp_path, monkeypatch):
