@@ -106,6 +106,12 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
+    from .train import check_memory
+
+    if generation and prompt_len > T:
+        raise MinigptError(f"--prompt-len {prompt_len}: the model sees at most block_size = {T} tokens; "
+                           f"use 1 .. {T}")
+    check_memory(cfg.model_copy(update={"model": mc}), device, dtype)
     model = GPT(mc).to(device)
     train_model = torch.compile(model) if cfg.compile else model
     optimizer = make_optimizer(model, tc, device)

@@ -120,10 +120,13 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
                 os.fsync(fh.fileno())
         _fsync_dir(tmp)
         old = directory.parent / f".{directory.name}.old"
-        if old.exists():
-            shutil.rmtree(old)
         if directory.exists():
+            # The current checkpoint becomes the old one; a previous .old is stale then.
+            if old.exists():
+                shutil.rmtree(old)
             os.replace(directory, old)
+        # Else a kill inside an earlier swap left .old as the only complete copy: it
+        # stays until the new folder is in place.
         _maybe_die(directory.name, "swap")
         os.replace(tmp, directory)
         _fsync_dir(directory.parent)

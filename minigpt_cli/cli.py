@@ -14,6 +14,7 @@ import errno
 import io
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -93,6 +94,7 @@ class _Group(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         real_stdout = sys.stdout
         sys.stdout = _GuardedStdout(real_stdout)
+        old_term = _install_termination_handlers()
         try:
             rv = super().main(args=args, prog_name=prog_name or "minigpt", complete_var=complete_var,
                               standalone_mode=False, **extra)
@@ -108,6 +110,9 @@ class _Group(TyperGroup):
             _fail(str(exc), exc.exit_code, prefix="")
         except MinigptError as exc:
             _fail(str(exc), exc.exit_code)
+        except _Terminated as exc:
+            _fail(f"stopped by {signal.Signals(exc.signum).name} (partial files removed)", 128 + exc.signum,
+                  prefix="")
         except (typer.Abort, KeyboardInterrupt):
             print("aborted", file=sys.stderr)
             sys.exit(130)
@@ -130,12 +135,41 @@ class _Group(TyperGroup):
         except _click_exc.ClickException as exc:
             _fail(exc.format_message())
         finally:
+            for sig, handler in old_term.items():
+                signal.signal(sig, handler)
             if isinstance(sys.stdout, _GuardedStdout):
                 sys.stdout = real_stdout
         code = rv if isinstance(rv, int) else 0
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP outside the training loop (which saves and stops on its own)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated(signum)
+
+
+def _install_termination_handlers() -> dict:
+    """Make SIGTERM and SIGHUP unwind like Ctrl-C does, so ``finally`` blocks remove partial files
+    (a download's ``.part``, a new run folder without a checkpoint). The training loop installs
+    its own handlers, which save ``checkpoints/last`` first. Returns the handlers replaced."""
+    old = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is None:
+            continue
+        try:
+            old[sig] = signal.signal(sig, _raise_terminated)
+        except ValueError:  # not the main thread
+            pass
+    return old
 
 
 #: OSErrors that mean "the disk said no" even without a file name (a write to an open file).
@@ -220,7 +254,12 @@ app = typer.Typer(
 
 
 def _echo(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A status line on stderr. A stderr that cannot be written (closed pipe, full disk) loses
+    the line, not the run: a training must not die, unsaved, because `2>&1 | head` went away."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 # ----------------------------------------------------------------------------- download

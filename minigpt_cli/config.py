@@ -325,7 +325,7 @@ def _format_error(err: dict[str, Any], source: str) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         close = difflib.get_close_matches(loc, _known_keys(Config), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else "; remove it (see configs/README.md for the keys)"
+        hint = f"; did you mean {close[0]}?" if close else "; remove it (the Configs section of README.md lists the keys)"
         return f"{source}: {loc}: unknown key{hint}"
     msg = err["msg"]
     if msg.startswith("Value error, "):

@@ -108,6 +108,53 @@ def ensure_tokenizer(cfg: Config, corpus: Path, log: Callable[[str], None]) -> t
     return tok, path
 
 
+#: Fewest tokens a split can have: one (x, y) window with block_size 1.
+MIN_SPLIT_TOKENS = 2
+
+
+def _split_error(val_fraction: float, n_train: int, n_val: int, need: int, block_size: int | None = None) -> MinigptError:
+    """The one-line refusal of a train/val split that leaves a side too small."""
+    small = " and ".join(name for name, n in (("train", n_train), ("val", n_val)) if n < need)
+    if block_size is None:
+        need_s = f"at least {need} tokens each"
+        fix = "choose a data.val_fraction such as 0.1, or use more text"
+    else:
+        need_s = f"at least model.block_size+1 = {need:,} tokens each"
+        fix = "choose a data.val_fraction such as 0.1, lower model.block_size, or use more text"
+    return MinigptError(
+        f"data.val_fraction={val_fraction:g} splits the corpus into {n_train:,} train and {n_val:,} val "
+        f"tokens, too few for {small} (they need {need_s}); {fix}"
+    )
+
+
+def check_split_sizes(data: "PreparedData", block_size: int) -> None:
+    """Refuse prepared data whose train or val split is shorter than ``block_size + 1`` tokens.
+
+    Call it before training starts, so the run stops with one line naming
+    ``data.val_fraction``, the token counts and ``model.block_size`` instead of
+    failing on the first batch.
+
+    Raises:
+        MinigptError: a split with fewer than ``block_size + 1`` tokens.
+    """
+    need = block_size + 1
+    n_train, n_val = len(data.train), len(data.val)
+    if n_train < need or n_val < need:
+        raise _split_error(data.meta.get("val_fraction", float("nan")), n_train, n_val, need, block_size)
+
+
+def _out_of_range(directory: Path, dtype: np.dtype, vocab_size: int) -> tuple[Path, int] | None:
+    """The first token file in ``directory`` holding an id ≥ ``vocab_size``, and its largest id; or None."""
+    for split in ("train", "val"):
+        path = directory / f"{split}.bin"
+        if path.stat().st_size == 0:
+            continue
+        top = int(np.max(np.memmap(path, dtype=dtype, mode="r")))
+        if top >= vocab_size:
+            return path, top
+    return None
+
+
 @dataclass
 class PreparedData:
     """Token memmaps of one corpus under one tokenizer."""
@@ -125,9 +172,14 @@ def prepare(corpus: Path, tokenizer: Tokenizer, out_root: Path, val_fraction: fl
     Reuses files whose ``meta.json`` names the same tokenizer, corpus and split;
     otherwise writes them afresh (each file through a temporary name and a rename,
     ``meta.json`` last, so a half-written set is never taken for a finished one).
+    Existing files of the wrong size, or holding a token id beyond the
+    tokenizer's vocabulary (damaged), are logged and prepared again.
 
     Raises:
-        MinigptError: unreadable corpus, or text the tokenizer cannot encode.
+        MinigptError: unreadable corpus, text the tokenizer cannot encode, or a
+            ``val_fraction`` that leaves the train or val split with fewer than
+            :data:`MIN_SPLIT_TOKENS` tokens (refused before anything is written;
+            :func:`check_split_sizes` checks against ``model.block_size``).
     """
     try:
         raw = corpus.read_bytes()
@@ -159,18 +211,30 @@ def prepare(corpus: Path, tokenizer: Tokenizer, out_root: Path, val_fraction: fl
         and all(
             (directory / f"{s}.bin").is_file()
             and (directory / f"{s}.bin").stat().st_size == meta.get(f"{s}_tokens", -1) * dtype.itemsize
+            and meta.get(f"{s}_tokens", -1) >= MIN_SPLIT_TOKENS
             for s in ("train", "val")
         )
     )
+    if ok:
+        bad = _out_of_range(directory, dtype, tokenizer.vocab_size)
+        if bad is not None:
+            log(f"{bad[0]} holds token id {bad[1]:,}, beyond the tokenizer's {tokenizer.vocab_size:,} "
+                f"entries (a damaged file); preparing it again")
+            ok = False
     if not ok:
         log(f"preparing token files in {directory} ...")
         text = raw.decode("utf-8")
         train_text, val_text = split_text(text, val_fraction, getattr(tokenizer, "special_tokens", ()))
+        # Encode both splits before writing anything, so a refused split leaves no files.
+        encoded = {split: np.asarray(tokenizer.encode(part), dtype=dtype)
+                   for split, part in (("train", train_text), ("val", val_text))}
+        n_train, n_val = encoded["train"].size, encoded["val"].size
+        if min(n_train, n_val) < MIN_SPLIT_TOKENS:
+            raise _split_error(val_fraction, n_train, n_val, MIN_SPLIT_TOKENS)
         directory.mkdir(parents=True, exist_ok=True)
         meta_path.unlink(missing_ok=True)
         meta = dict(want)
-        for split, part in (("train", train_text), ("val", val_text)):
-            ids = np.asarray(tokenizer.encode(part), dtype=dtype)
+        for split, ids in encoded.items():
             atomic_write_bytes(directory / f"{split}.bin", ids.tobytes())
             meta[f"{split}_tokens"] = int(ids.size)
         atomic_write_text(meta_path, json.dumps(meta, indent=1))

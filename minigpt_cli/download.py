@@ -24,6 +24,11 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from tqdm import tqdm
 
+try:
+    import fcntl
+except ImportError:  # not on Windows: stale partial files are then judged by age alone
+    fcntl = None
+
 from .errors import MinigptError
 from .paths import CORPUS_FILE, corpus_path
 
@@ -43,6 +48,10 @@ DATASET = "tinyshakespeare"
 _CHUNK = 64 * 1024
 _RETRY_STATUSES = (429, 500, 502, 503, 504)
 _MIRROR_HINT = f"set {URL_ENV} to a mirror"
+#: Glob of the temporary files a download streams into (``NamedTemporaryFile`` names).
+PART_GLOB = f".{CORPUS_FILE}.*.part"
+#: A partial file modified this recently may belong to a download still running.
+_STALE_AFTER_S = 5.0 if fcntl is not None else 3600.0
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -184,11 +193,95 @@ def _missing_dirs(folder: Path) -> list[Path]:
     return missing
 
 
+def sweep_partial_files(folder: Path) -> list[Path]:
+    """Delete the partial downloads (:data:`PART_GLOB`) that a killed earlier download left in ``folder``.
+
+    A running download holds an exclusive ``flock`` on its partial file (and
+    writes to it), so only files that are unlocked and were not modified in the
+    last few seconds are removed; without ``fcntl`` only files an hour old are.
+    Files that cannot be removed are left alone.
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    try:
+        candidates = sorted(folder.glob(PART_GLOB))
+    except OSError:
+        return removed
+    now = time.time()
+    for part in candidates:
+        try:
+            if not part.is_file() or part.is_symlink() or now - part.stat().st_mtime < _STALE_AFTER_S:
+                continue
+            with open(part, "rb") as f:
+                if fcntl is not None:
+                    try:
+                        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except OSError:
+                        continue  # a live download holds it
+                part.unlink()
+            removed.append(part)
+        except OSError:
+            continue
+    return removed
+
+
+def _backup_name(path: Path) -> Path:
+    """``input.txt.bak``, else the first free ``input.txt.bak-N`` (N = 1, 2, ...)."""
+    bak = path.with_name(path.name + ".bak")
+    n = 0
+    while os.path.lexists(bak):
+        n += 1
+        bak = path.with_name(f"{path.name}.bak-{n}")
+    return bak
+
+
+def _back_up(path: Path) -> Path | None:
+    """Keep the user's own file at ``path`` (one that fails the checksum) under a backup name.
+
+    It is hard-linked to the backup name, so ``path`` itself stays in place until
+    the verified download is renamed over it; where links are not possible it
+    is renamed. Nothing is kept for an absent, empty or genuine file, or a symlink
+    (replacing a link leaves the file it points to untouched).
+
+    Returns:
+        The backup path, or None when nothing needed keeping.
+
+    Raises:
+        OSError: the backup could not be made.
+    """
+    if path.is_symlink() or not path.is_file() or path.stat().st_size == 0 or file_ok(path):
+        return None
+    for _ in range(100):
+        bak = _backup_name(path)
+        try:
+            os.link(path, bak, follow_symlinks=False)
+            return bak
+        except FileExistsError:
+            continue  # taken meanwhile: pick the next name
+        except OSError:
+            if os.path.lexists(bak):
+                continue
+            os.rename(path, bak)
+            return bak
+    raise OSError(f"no free backup name beside {path}")
+
+
 def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retries: int,
-           backoff_factor: float) -> None:
-    """Stream ``url`` into ``dest`` atomically; see :func:`download_tinyshakespeare`."""
+           backoff_factor: float) -> Path | None:
+    """Stream ``url`` into ``dest`` atomically; see :func:`download_tinyshakespeare`.
+
+    Returns:
+        Where a differing file that was at ``dest`` was kept, or None.
+    """
     fix_url = f"check the URL or {_MIRROR_HINT}"
     created = _missing_dirs(dest.parent)
+    if not created:
+        swept = sweep_partial_files(dest.parent)
+        if swept:
+            tqdm.write(f"removed {len(swept)} partial file(s) of an earlier, interrupted download "
+                       f"in {dest.parent}", file=sys.stderr)
     tmp_name: str | None = None
     try:
         with _session(retries, backoff_factor) as session:
@@ -231,6 +324,11 @@ def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retri
                         total = int(resp.headers["Content-Length"])
                     except (KeyError, ValueError):
                         total = None
+                if total is not None and total != SIZE:
+                    raise MinigptError(
+                        f"download of {url} announces {total:,} bytes (Content-Length), expected "
+                        f"{SIZE:,}; the mirror serves a different file; {fix_url}"
+                    )
 
                 try:
                     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +341,11 @@ def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retri
                         f"check the folder's permissions or pass another data directory"
                     ) from None
                 tmp_name = tmp.name
+                if fcntl is not None:
+                    try:  # tells sweep_partial_files() of a later download that this one is alive
+                        fcntl.flock(tmp.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except OSError:
+                        pass
 
                 digest = hashlib.sha256()
                 received = 0
@@ -255,6 +358,13 @@ def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retri
                         for chunk in resp.iter_content(chunk_size=_CHUNK):
                             if not chunk:
                                 continue
+                            if received + len(chunk) > SIZE:
+                                # A server streaming without end must not fill the disk.
+                                raise MinigptError(
+                                    f"download of {url} sent more than the expected {SIZE:,} bytes; "
+                                    f"stopped and deleted the partial file; the mirror serves a "
+                                    f"different file; {fix_url}"
+                                )
                             try:
                                 tmp.write(chunk)
                             except OSError as e:
@@ -300,13 +410,23 @@ def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retri
         try:
             # NamedTemporaryFile creates mode 0600; give the corpus the usual mode.
             os.chmod(tmp_name, _file_mode())
-            os.replace(tmp_name, dest)
+            backup = _back_up(dest)
+            try:
+                os.replace(tmp_name, dest)
+            except OSError:
+                if backup is not None:  # undo the backup: the user's file stays where it was
+                    if not os.path.lexists(dest):
+                        os.rename(backup, dest)
+                    else:
+                        os.remove(backup)
+                raise
         except OSError as e:
             raise MinigptError(
                 f"cannot write {dest}: {_one_line(e)}; "
                 f"check the folder's permissions or pass another data directory"
             ) from None
         tmp_name = None
+        return backup
     except BaseException:
         # Leave no trace of a failed download: the temp file and any folder we made.
         if tmp_name is not None:
@@ -335,9 +455,15 @@ def download_tinyshakespeare(
 
     A file already there that passes the sha256 check is kept and no request
     is made (unless ``force``). A file that fails the check (empty, truncated,
-    edited) is reported on stderr and downloaded again. The download streams
-    into a temporary file in the same folder, is checked against
-    :data:`SHA256`, fsynced, and renamed over the target.
+    edited) is reported on stderr and downloaded again; once the download is
+    verified, a non-empty such file is kept as ``input.txt.bak`` (or
+    ``input.txt.bak-N``), and stderr says where. The download streams into a
+    temporary file in the same folder, is checked against :data:`SHA256`,
+    fsynced, and renamed over the target. It stops as soon as the server
+    announces (Content-Length) or sends a size other than :data:`SIZE`, so a
+    server streaming without end cannot fill the disk. Partial files that a
+    killed earlier download left in the folder are removed first
+    (:func:`sweep_partial_files`).
 
     After a failure no new file is left behind: the temporary file and any
     folder created for it are removed. A pre-existing file that passes the
@@ -363,8 +489,8 @@ def download_tinyshakespeare(
     Raises:
         MinigptError: with a one-line message naming the URL, the problem and
             the fix, when the URL is invalid, the server cannot be reached or
-            times out, it answers with an HTTP error, the body is cut off, its
-            sha256 differs from :data:`SHA256`, or the file cannot be written.
+            times out, it answers with an HTTP error, the body is cut off or
+            longer than :data:`SIZE`, its sha256 differs from :data:`SHA256`, or the file cannot be written.
     """
     url = resolve_url(url)
     path = corpus_path(data_dir, DATASET)
@@ -375,10 +501,12 @@ def download_tinyshakespeare(
     if exists and not good and not force:
         tqdm.write(f"{path} fails its checksum; downloading it again", file=sys.stderr)
     try:
-        _fetch(url, path, progress=progress, timeout=timeout, retries=retries,
-               backoff_factor=backoff_factor)
+        backup = _fetch(url, path, progress=progress, timeout=timeout, retries=retries,
+                        backoff_factor=backoff_factor)
     except MinigptError:
         # A file already there is the user's: a failed download never deletes it,
         # bad checksum or not (it is replaced only by a verified download).
         raise
+    if backup is not None:
+        tqdm.write(f"kept the earlier {path} (it failed the checksum) as {backup}", file=sys.stderr)
     return path, True

@@ -102,16 +102,26 @@ def chmod_quietly(path: str | Path | int, mode: int) -> None:
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically, creating the parent folder if needed.
 
+    A symbolic link is written through (its target is replaced, the link
+    stays); a device, FIFO or socket at ``path`` is refused, never replaced.
+
     Raises:
         MinigptError: the file cannot be written (``cannot write PATH: <reason>;
             <fix>``); the old file, if any, is untouched and no temporary file is left.
     """
     path = Path(path)
+    if path.is_symlink():
+        # Write through a link to its target, as open() would, instead of replacing the link.
+        path = Path(os.path.realpath(path))
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if path.exists() and not path.is_file():
+            # A device, FIFO or socket: renaming over it would replace it (as root, /dev/null for everyone).
+            raise MinigptError(f"cannot write {path}: it is not a regular file (a device, FIFO or socket); "
+                               "give the path of a file")
         mode = file_mode(path)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:

@@ -63,10 +63,15 @@ def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None, top_p: Opti
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
                 generator: Optional[torch.Generator]) -> torch.Tensor:
-    """Next ids (B,) from last-position logits (B, V). Temperature 0 is greedy (argmax)."""
+    """Next ids (B,) from last-position logits (B, V). Temperature 0 is greedy (argmax), and so is
+    a temperature so small that the scaled logits overflow float32."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    scaled = logits.float() / temperature
+    if torch.isposinf(scaled).any() or torch.isnan(scaled).any():
+        # A temperature so small (e.g. 1e-45) that logits/T overflows: its limit, greedy.
+        return logits.argmax(dim=-1)
+    logits = filter_logits(scaled, top_k, top_p)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 

@@ -61,6 +61,9 @@ SPACE_MARK = "\u2581"
 SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 #: Longest word WordPiece encodes; longer ones are one unknown token (BERT uses 100).
 WORDPIECE_MAX_WORD = 1000
+#: Largest vocabulary a trained tokenizer may ask for (2**20); far larger sizes
+#: make the tokenizers library abort the process instead of raising.
+MAX_VOCAB_SIZE = 1 << 20
 #: Byte-level BPE's base alphabet: one entry per byte.
 N_BYTES = 256
 
@@ -489,15 +492,20 @@ def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) ->
 
 
 def check_vocab_size(kind: str, text: str, vocab_size: Optional[int], special_tokens: Sequence[str] = ()) -> None:
-    """Refuse a missing vocabulary size, or one below ``kind``'s base alphabet, before training.
+    """Refuse a missing vocabulary size, one below ``kind``'s base alphabet, or one above :data:`MAX_VOCAB_SIZE`, before training.
 
     Raises:
-        MinigptError: naming the smallest size that works.
+        MinigptError: naming the smallest (or largest) size that works.
     """
     if kind == "char":
         return
     if vocab_size is None:
         raise MinigptError(f"a {kind} tokenizer needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise MinigptError(
+            f"vocabulary size {vocab_size:,} is above the largest supported, {MAX_VOCAB_SIZE:,}; "
+            f"use a vocabulary size of at most {MAX_VOCAB_SIZE:,} (a few thousand suits Tiny Shakespeare)"
+        )
     least = base_vocab_size(kind, text, special_tokens)
     if vocab_size < least:
         what = {"bpe": "256 bytes", "unigram": "the corpus's characters and <unk>",

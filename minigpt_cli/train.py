@@ -12,6 +12,7 @@ DistributedDataParallel and only rank 0 writes files.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import random
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -38,7 +40,7 @@ except ImportError:  # pragma: no cover - Windows
 
 from . import checkpoint
 from .config import Config, TrainConfig
-from .data import BatchSampler, PreparedData, ensure_corpus, ensure_tokenizer, prepare
+from .data import BatchSampler, PreparedData, check_split_sizes, ensure_corpus, ensure_tokenizer, prepare
 from .device import CpuThreads, resolve_device, resolve_dtype, tune_runtime
 from .errors import Interrupted, MinigptError
 from .fileio import atomic_write_text
@@ -276,13 +278,22 @@ class RunLock:
         """
         if fcntl is None:
             return self
+        not_a_file = (f"{self.path} is not a regular file (a link, folder or device where minigpt keeps its "
+                      f"lock); remove it and try again")
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            # O_NOFOLLOW: a link planted as .lock must not make us truncate its target;
+            # O_NONBLOCK: a FIFO there must not hang the open.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise MinigptError(not_a_file) from None
             raise MinigptError(
                 f"cannot create the lock file {str(self.path)!r} ({exc.strerror}); "
                 "check the run folder's permissions"
             ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise MinigptError(not_a_file)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -591,7 +602,7 @@ def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int,
 
 
 class _StopFlag:
-    """SIGINT/SIGTERM set a flag the loop checks between steps and eval batches; a second Ctrl-C aborts at once.
+    """SIGINT/SIGTERM/SIGHUP set a flag the loop checks between steps and eval batches; a second Ctrl-C aborts at once.
 
     The abort is a KeyboardInterrupt raised wherever the program is; the
     trainer turns it into a one-line message (nothing saved, where the last
@@ -606,7 +617,9 @@ class _StopFlag:
         self._old: dict[int, Any] = {}
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is None:
+                continue
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (e.g. inside some test runners)
@@ -845,6 +858,7 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
     tok, _ = ensure_tokenizer(cfg, corpus, echo)
     data: PreparedData = prepare(corpus, tok, dataset_dir(cfg.data.data_dir, cfg.data.dataset),
                                  cfg.data.val_fraction, log=echo)
+    check_split_sizes(data, cfg.model.block_size)
     mc = cfg.model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": tok.vocab_size})

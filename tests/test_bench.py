@@ -32,3 +32,11 @@ def test_bench_table(cli):
     res = cli("bench", TINY, "--iters", "1", "--no-generation")
     assert res.exit_code == 0, res
     assert "MFU" in res.stdout and "training tokens/s" in res.stdout and "KV cache" not in res.stdout
+
+
+def test_bench_refuses_impossible_sizes_before_allocating(cli):
+    from helpers import assert_user_error
+
+    assert_user_error(cli("bench", TINY, "--prompt-len", "1000000000"), "--prompt-len 1000000000", "block_size = 32")
+    assert_user_error(cli("bench", TINY, "--set", "train.batch_size=100000000"), "this model needs about",
+                      "train.batch_size", notes_ok=True)

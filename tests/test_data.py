@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from minigpt_cli.data import BatchSampler, prepare, split_text, token_dtype
+from minigpt_cli.data import BatchSampler, check_split_sizes, prepare, split_text, token_dtype
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.tokenizer import CharTokenizer, load_tokenizer
 
@@ -74,6 +74,65 @@ def test_prepare_writes_memmaps_with_a_sidecar(tmp_path, corpus_file):
         f.truncate(100)
     again = prepare(corpus_file, tok, tmp_path, 0.1, log=logs.append)
     assert len(again.train) == 1_003_854 and len(logs) == 2
+
+
+@pytest.mark.parametrize("fraction, small", [(0.99999999, "train"), (1e-7, "val")])
+def test_prepare_refuses_an_empty_split_before_writing(tmp_path, corpus_file, fraction, small):
+    """A val_fraction that leaves a split (nearly) empty: one line naming it, and nothing on disk."""
+    tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))
+    with pytest.raises(MinigptError) as e:
+        prepare(corpus_file, tok, tmp_path / "out", fraction, log=lambda m: None)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert f"data.val_fraction={fraction:g}" in msg and f"too few for {small} " in msg, msg
+    n_train = 0 if small == "train" else 1_115_393
+    assert f"{n_train:,} train and {1_115_394 - n_train:,} val tokens" in msg, msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_refuses_an_empty_split_left_by_an_earlier_run(tmp_path, corpus_file):
+    """A 0-byte train.bin with its meta.json (what the crash used to leave) is not memmapped."""
+    tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))
+    data = prepare(corpus_file, tok, tmp_path, 0.5, log=lambda m: None)
+    meta = json.loads((data.directory / "meta.json").read_text())
+    meta.update(val_fraction=0.99999999, train_tokens=0, val_tokens=1_115_394)
+    (data.directory / "meta.json").write_text(json.dumps(meta))
+    (data.directory / "train.bin").write_bytes(b"")
+    with pytest.raises(MinigptError, match="data.val_fraction"):
+        prepare(corpus_file, tok, tmp_path, 0.99999999, log=lambda m: None)
+
+
+def test_check_split_sizes_names_block_size(tmp_path, corpus_file):
+    tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))
+    data = prepare(corpus_file, tok, tmp_path, 0.9999, log=lambda m: None)
+    n_train, n_val = len(data.train), len(data.val)
+    assert n_train == 111
+    check_split_sizes(data, 110)  # 111 tokens hold one window of 110 + 1
+    with pytest.raises(MinigptError) as e:
+        check_split_sizes(data, 111)
+    msg = str(e.value)
+    assert "data.val_fraction=0.9999" in msg and f"{n_train:,} train and {n_val:,} val" in msg, msg
+    assert "too few for train " in msg and "model.block_size+1 = 112" in msg, msg
+
+
+def test_prepare_redoes_token_files_with_ids_beyond_the_vocabulary(tmp_path, corpus_file):
+    """A damaged train.bin (right size, an id ≥ vocab_size) is noticed and prepared again."""
+    tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))
+    logs = []
+    data = prepare(corpus_file, tok, tmp_path, 0.1, log=logs.append)
+    good = np.array(data.train[:10])
+    del data
+    for split in ("train", "val"):
+        damaged = np.memmap(tmp_path / f"char-{tok.fingerprint()}" / f"{split}.bin", dtype=np.uint16, mode="r+")
+        damaged[5] = 65_535
+        damaged.flush()
+        del damaged
+        again = prepare(corpus_file, tok, tmp_path, 0.1, log=logs.append)
+        assert int(np.max(again.train)) < tok.vocab_size and int(np.max(again.val)) < tok.vocab_size
+        assert np.array_equal(np.array(again.train[:10]), good)
+        assert f"{split}.bin holds token id 65,535, beyond the tokenizer's 65 entries" in logs[-2], logs
+        assert logs[-1].startswith("preparing token files in")
+        del again
 
 
 def test_token_dtype_widens_past_uint16():

@@ -219,10 +219,35 @@ def test_bad_existing_file_replaced(tmp_path, corpus_server, capsys, content):
     path, downloaded = fetch(tmp_path, corpus_server.url("/input.txt"))
     assert (path, downloaded) == (dest, True)
     assert sha(dest) == SHA256
-    assert leftovers(tmp_path) == ["tinyshakespeare/input.txt"]
     out, err = capsys.readouterr()
     assert out == ""
     assert f"{dest} fails its checksum; downloading it again" in err
+    if content:  # the user's own text is kept aside; an empty file holds nothing to keep
+        assert leftovers(tmp_path) == ["tinyshakespeare/input.txt", "tinyshakespeare/input.txt.bak"]
+        assert (dest.parent / "input.txt.bak").read_bytes() == content
+        assert f"kept the earlier {dest} (it failed the checksum) as {dest}.bak" in err
+    else:
+        assert leftovers(tmp_path) == ["tinyshakespeare/input.txt"]
+        assert ".bak" not in err
+
+
+def test_backup_takes_a_free_name(tmp_path, corpus_server, capsys):
+    """An edited corpus is never lost: a second replacement goes to .bak-1, leaving .bak as it was."""
+    dest = tmp_path / "tinyshakespeare" / "input.txt"
+    dest.parent.mkdir()
+    dest.write_text("my first edit\n")
+    fetch(tmp_path, corpus_server.url("/input.txt?t=bak1"))
+    dest.write_text("my second edit\n")
+    fetch(tmp_path, corpus_server.url("/input.txt?t=bak2"))
+    assert sha(dest) == SHA256
+    assert (dest.parent / "input.txt.bak").read_text() == "my first edit\n"
+    assert (dest.parent / "input.txt.bak-1").read_text() == "my second edit\n"
+    _, err = capsys.readouterr()
+    assert f"as {dest}.bak-1" in err
+    # A genuine file replaced with --force needs no backup.
+    fetch(tmp_path, corpus_server.url("/input.txt?t=bak3"), force=True)
+    assert leftovers(tmp_path) == ["tinyshakespeare/input.txt", "tinyshakespeare/input.txt.bak",
+                                   "tinyshakespeare/input.txt.bak-1"]
 
 
 def test_bad_existing_file_kept_on_failure(tmp_path, corpus_server):
@@ -260,6 +285,149 @@ def test_force_redownloads(tmp_path, corpus_server, corpus_file):
     assert sha(dest) == SHA256
 
 
+# --- servers that send too much; partial files of a killed download ----------------
+
+#: How much the endless routes send at most (so that code without the size limit fails, not hangs).
+ENDLESS_CAP = 64 * SIZE
+
+
+@pytest.fixture(scope="module")
+def endless_server(corpus_file):
+    """A local server whose routes send more than the corpus.
+
+    /endless: the corpus and then more of it, no Content-Length, until the client
+    hangs up (or ENDLESS_CAP bytes). /huge-length: announces ENDLESS_CAP bytes and
+    sends them. ``sent[path]`` records the bytes written for each request target.
+    """
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = corpus_file.read_bytes()
+    sent: dict[str, int] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format, *args):  # noqa: A002
+            pass
+
+        def do_GET(self):  # noqa: N802
+            self.close_connection = True
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            if self.path.startswith("/huge-length"):
+                self.send_header("Content-Length", str(ENDLESS_CAP))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            n = 0
+            try:
+                while n < ENDLESS_CAP:
+                    self.wfile.write(body)
+                    n += len(body)
+                self.wfile.flush()
+            except OSError:
+                pass  # the client hung up: what it should do
+            sent[self.path] = n
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            pass
+
+    server = Server(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NO_PROXY", "127.0.0.1")
+        mp.setenv("no_proxy", "127.0.0.1")
+        yield f"http://127.0.0.1:{server.server_address[1]}", sent
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def test_endless_stream_stops_at_the_expected_size(tmp_path, endless_server):
+    base, sent = endless_server
+    url = f"{base}/endless?t=1"
+    largest = 0
+
+    # Watch the partial file grow: it must never hold more than SIZE bytes.
+    def sizes():
+        return [p.stat().st_size for p in (tmp_path / "tinyshakespeare").glob(download.PART_GLOB)]
+
+    import threading
+    stop = threading.Event()
+
+    def watch():
+        nonlocal largest
+        while not stop.is_set():
+            try:
+                largest = max([largest, *sizes()])
+            except OSError:
+                pass
+            stop.wait(0.001)
+
+    (tmp_path / "tinyshakespeare").mkdir()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(MinigptError) as ei:
+            fetch(tmp_path, url)
+    finally:
+        stop.set()
+        watcher.join()
+    msg = one_line(str(ei.value))
+    assert url in msg and f"more than the expected {SIZE:,} bytes" in msg and "deleted" in msg, msg
+    assert leftovers(tmp_path) == []
+    assert largest <= SIZE
+    # The client hung up long before the server's cap: the server's writes failed.
+    import time
+    deadline = time.monotonic() + 10
+    while "/endless?t=1" not in sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sent["/endless?t=1"] < ENDLESS_CAP // 2
+
+
+def test_content_length_other_than_the_corpus_refused(tmp_path, endless_server):
+    base, sent = endless_server
+    url = f"{base}/huge-length?t=1"
+    with pytest.raises(MinigptError) as ei:
+        fetch(tmp_path, url)
+    msg = one_line(str(ei.value))
+    assert url in msg and f"announces {ENDLESS_CAP:,} bytes" in msg and f"expected {SIZE:,}" in msg, msg
+    assert leftovers(tmp_path) == []
+    assert not (tmp_path / "tinyshakespeare").exists()
+
+
+def test_stale_partial_files_swept(tmp_path, corpus_server, capsys):
+    """Partial files of a killed download go; one a live download holds (locked), or a fresh one, stays."""
+    import fcntl
+    import time
+
+    folder = tmp_path / "tinyshakespeare"
+    folder.mkdir()
+    old = time.time() - 3600
+    stale = [folder / ".input.txt.k1ll3d.part", folder / ".input.txt.0ther.part"]
+    for p in stale:
+        p.write_bytes(b"x" * 1000)
+        os.utime(p, (old, old))
+    live = folder / ".input.txt.l1ve.part"
+    live.write_bytes(b"y" * 10)
+    os.utime(live, (old, old))
+    fresh = folder / ".input.txt.fr3sh.part"
+    fresh.write_bytes(b"z")
+    unrelated = folder / "notes.part"
+    unrelated.write_bytes(b"mine")
+    os.utime(unrelated, (old, old))
+    with open(live, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        fetch(tmp_path, corpus_server.url("/input.txt?t=sweep"))
+    assert sha(folder / "input.txt") == SHA256
+    assert not any(p.exists() for p in stale)
+    assert live.exists() and fresh.exists() and unrelated.exists()
+    _, err = capsys.readouterr()
+    assert f"removed 2 partial file(s) of an earlier, interrupted download in {folder}" in err
+
+
 def test_no_torch_import():
     import subprocess
     import sys
@@ -268,3 +436,48 @@ def test_no_torch_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     assert download.DATASET == "tinyshakespeare"
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_termination_during_a_download_leaves_no_partial_file(tmp_path, sig):
+    """SIGTERM/SIGHUP while the server trickles bytes: exit 128+N, one line, no .part file left."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        conns = []
+
+        def trickle():  # an HTTP answer that starts, then sends a byte a second
+            try:
+                c, _ = s.accept()
+                conns.append(c)
+                c.recv(4096)
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1115394\r\n\r\n")
+                for _ in range(60):
+                    c.sendall(b"x")
+                    time.sleep(1)
+            except OSError:
+                pass
+
+        threading.Thread(target=trickle, daemon=True).start()
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/input.txt"
+        proc = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "download", "--url", url,
+                                 "--data-dir", str(tmp_path / "data")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 30
+        while time.time() < deadline and not list((tmp_path / "data").rglob("*.part*")):
+            time.sleep(0.05)
+        assert list((tmp_path / "data").rglob("*.part*")), "the download never started writing"
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=30)
+        for c in conns:
+            c.close()
+    assert proc.returncode == 128 + getattr(signal, sig), err
+    assert err.strip().splitlines()[-1] == f"stopped by {sig} (partial files removed)", err
+    assert "Traceback" not in err
+    assert leftovers(tmp_path / "data") == []

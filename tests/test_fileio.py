@@ -208,3 +208,33 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypa
     assert "free some disk space" in msg
     assert (target / checkpoint.WEIGHTS).read_bytes() == before
     assert sorted(p.name for p in target.parent.iterdir()) == ["last"]
+
+
+def test_a_link_is_written_through_and_a_fifo_is_refused(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    atomic_write_text(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(MinigptError, match="not a regular file"):
+        atomic_write_text(fifo, "x")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder"])
+def test_a_lock_path_that_is_not_a_file_is_refused_untouched(tmp_path, kind):
+    """runs/NAME/.lock as a link (its target must not be truncated), a FIFO (no hang) or a folder."""
+    from minigpt_cli.train import RunLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    lock = run / ".lock"
+    {"symlink": lambda: lock.symlink_to(precious), "fifo": lambda: os.mkfifo(lock), "folder": lock.mkdir}[kind]()
+    with pytest.raises(MinigptError, match=r"\.lock is not a regular file.*remove it"):
+        RunLock(run).acquire("wait")
+    assert precious.read_text() == "keep me"

@@ -211,3 +211,9 @@ def test_window_stride_in_the_config_is_checked_against_block_size(tmp_path):
     assert cfg.sample.window_stride == 32
     with pytest.raises(ConfigError, match="sample.window_stride: 33 is larger than model.block_size"):
         load_config(TINY, ["sample.window_stride=33"])
+
+
+def test_a_vanishing_temperature_is_greedy(gen):
+    """1e-45 overflows logits / T in float32: the limit of T -> 0, greedy, not a crash."""
+    for extra in ((), ("--no-kv-cache",)):
+        assert sampled(gen, "--temperature", "1e-45", *extra, n=40) == greedy(gen, n=40)

@@ -402,8 +402,14 @@ def test_kill_during_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path,
     model, _ = checkpoint.load_model(last)
     assert model.wte.weight.isfinite().all()
     assert list(last.parent.glob(".last.tmp-*"))  # the killed save's temporary folder
-    resumed = _cli(["train", TINY, "--resume", "runs/k", "--no-progress", "--set", f"data.data_dir={data_dir}",
-                    "--set", "train.max_iters=40", "--set", "train.eval_interval=20"], cwd=tmp_path)
+    resume = ["train", TINY, "--resume", "runs/k", "--no-progress", "--set", f"data.data_dir={data_dir}",
+              "--set", "train.max_iters=40", "--set", "train.eval_interval=20"]
+    if point == "swap":
+        # Killed again inside the next swap, while .last.old is the only complete copy: it must survive.
+        again = _cli(resume, {"MINIGPT_TEST_KILL_DURING_SAVE": "last:1:swap"}, cwd=tmp_path)
+        assert again.returncode == -signal.SIGKILL
+        assert json.loads((checkpoint.resolve(last) / "meta.json").read_text())["step"] == 0
+    resumed = _cli(resume, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((last / "meta.json").read_text())["step"] == 40
     assert not list(last.parent.glob(".*.tmp-*"))  # swept on resume

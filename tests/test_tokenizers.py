@@ -303,6 +303,18 @@ def test_bad_sizes_and_kinds(small_text):
         train_tokenizer("bpe", "", 300)
 
 
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece", "unigram"])
+def test_vocab_size_above_the_cap_is_refused_before_training(small_text, kind):
+    """A huge size must not reach the Rust library (which aborts the process on 1e9)."""
+    from minigpt_cli.tokenizer import MAX_VOCAB_SIZE
+
+    assert MAX_VOCAB_SIZE == 1_048_576
+    for size in (MAX_VOCAB_SIZE + 1, 1_000_000_000):
+        with pytest.raises(MinigptError, match=f"above the largest supported, 1,048,576") as e:
+            train_tokenizer(kind, small_text, size)
+        assert f"{size:,}" in str(e.value)
+
+
 def test_damaged_library_file_is_refused(tmp_path):
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"model": {"type": "BPE", "vocab": "nonsense"}}))
@@ -366,6 +378,8 @@ def test_cli_compare_prints_one_table_and_writes_nothing(cli, tmp_path, slice_fi
     (["--kind", "unigram", "--vocab-size", "900000", "--input", "{slice}"], ["at most"]),
     (["--kind", "wordpiece", "--vocab-size", "900000", "--input", "{tiny}"], ["at most"]),
     (["--kind", "bpe", "--vocab-size", "900000", "--input", "{tiny}"], ["at most"]),
+    (["--kind", "bpe", "--vocab-size", "1000000000", "--input", "{slice}"],
+     ["1,000,000,000", "at most 1,048,576"]),
     (["--kind", "sentencepiece", "--vocab-size", "300", "--input", "{slice}"], ["unknown tokenizer kind"]),
     (["--kind", "bpe", "--input", "{slice}"], ["--vocab-size"]),
     (["--compare", "--vocab-size", "100", "--input", "{slice}"], ["below"]),
