@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -367,8 +368,9 @@ def new_run_dir(cfg: Config, run_name: Optional[str]) -> RunFolder:
             or one another process is training in.
     """
     root = Path(cfg.train.out_dir)
-    if run_name is not None and (not run_name or "/" in run_name or run_name in (".", "..")):
-        raise MinigptError(f"--run-name {run_name!r} must be a plain folder name")
+    if run_name is not None and (not re.fullmatch(r"[A-Za-z0-9._-]+", run_name) or run_name in (".", "..")):
+        raise MinigptError(f"--run-name {run_name!r}: use letters, digits, '.', '_' and '-' only "
+                           "(a plain folder name that needs no quoting), e.g. --run-name my-run")
     root.mkdir(parents=True, exist_ok=True)
     if run_name is None:
         base = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -194,6 +194,11 @@ def test_existing_run_name_is_refused(trained_run, cli, monkeypatch, data_dir):
     before = (work / "runs" / "e2e" / "metrics.jsonl").read_bytes()
     assert_user_error(cli("train", TINY, "--run-name", "e2e"), "already exists")
     assert (work / "runs" / "e2e" / "metrics.jsonl").read_bytes() == before
+    # Names that would need quoting in the printed hints, or escape runs/, are refused up front.
+    for bad in ("sp ace", "new\nline", "../up", "a/b", "..", ""):
+        assert_user_error(cli("train", TINY, "--run-name", bad, "--set", f"data.data_dir={data_dir}"),
+                          "--run-name", "letters, digits", notes_ok=True)
+    assert sorted(p.name for p in (work / "runs").iterdir()) == ["e2e"]
 
 
 def test_count_params_gpt2_small(cli):
