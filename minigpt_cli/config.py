@@ -24,7 +24,7 @@ from .errors import ConfigError
 
 class _Strict(BaseModel):
     # allow_inf_nan=False: `.inf` or `.nan` (or "inf" through --set) is never a usable setting.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
 
 
 class ModelConfig(_Strict):

@@ -150,7 +150,9 @@ def test_a_duplicate_key_is_an_error_naming_it_and_its_lines(tmp_path):
 def test_non_finite_floats_are_refused(tmp_path, value):
     p = tmp_path / "c.yaml"
     p.write_text(f"train:\n  learning_rate: {value}\n")
-    with pytest.raises(ConfigError, match="train.learning_rate: input should be a finite number"):
+    # A quoted 'inf' is a string, and strings are not numbers (strict types).
+    expected = "a valid number" if value.startswith("'") else "a finite number"
+    with pytest.raises(ConfigError, match=f"train.learning_rate: input should be {expected}"):
         load_config(p)
     with pytest.raises(ConfigError, match="model.rope_base: input should be a finite number"):
         load_config(CONFIGS / "tiny.yaml", ["model.rope_base=.inf"])
@@ -189,3 +191,17 @@ def test_deep_nesting_is_a_config_error(tmp_path):
     p.write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(ConfigError, match="nested too deeply"):
         load_config(p)
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("model.n_layer=true", "model.n_layer: input should be a valid integer"),
+    ("model.bias=1", "model.bias: input should be a valid boolean"),
+    ("sample.window_stride=true", "sample.window_stride: input should be a valid integer"),
+    ("model.n_layer='8'", "model.n_layer: input should be a valid integer"),
+    ("train.max_iters=1.5", "train.max_iters: input should be a valid integer"),
+])
+def test_wrong_types_are_not_coerced(override, fragment):
+    """Strict types: YAML true is not 1, 1 is not true, a quoted '8' is not 8."""
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(CONFIGS / "tiny.yaml", [override])
+    assert load_config(CONFIGS / "tiny.yaml", ["train.learning_rate=1"]).train.learning_rate == 1.0  # int -> float is fine
