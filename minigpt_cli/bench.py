@@ -138,6 +138,9 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     _sync(device)
     echo(f"measuring the peak: {MATMUL_N}x{MATMUL_N} matmul in {str(dtype).removeprefix('torch.')} on {device}")
     peak = measure_peak(device, dtype)
+    for _ in range(warmup):  # back to the training steady state (caches, allocator) after the big matmul
+        train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+    _sync(device)
     t = time.perf_counter()
     for _ in range(iters):
         loss, _ = train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip,
