@@ -8,14 +8,13 @@ add ``train_loss`` and ``val_loss``.
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from .fileio import chmod_quietly, file_mode
+from .fileio import atomic_write_bytes, atomic_write_text
 
 
 class RunLogger:
@@ -56,17 +55,9 @@ class RunLogger:
         self._last_elapsed = max((r["elapsed_s"] for r in keep), default=0.0)
         if not self.enabled:
             return
-        fd, tmp = tempfile.mkstemp(dir=self.run_dir, prefix=".metrics.", suffix=".jsonl")
-        chmod_quietly(fd, file_mode(self.metrics_path))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r) + "\n" for r in keep)
-            os.replace(tmp, self.metrics_path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
 
-    #: Temporary files of the atomic rewrites above and in :mod:`minigpt_cli.fileio`.
+    #: Temporary files of :mod:`minigpt_cli.fileio`'s atomic writes (and the names earlier versions used).
     TEMP_PATTERNS = (".metrics.*.jsonl", ".loss.*.png", ".*.tmp")
 
     def sweep_temps(self) -> list[Path]:
@@ -136,12 +127,9 @@ class RunLogger:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fd, tmp = tempfile.mkstemp(dir=self.run_dir, prefix=".loss.", suffix=".png")
-        chmod_quietly(fd, file_mode(self.plot_path))
-        os.close(fd)
+        png = io.BytesIO()
         try:
-            fig.savefig(tmp, format="png")
-            os.replace(tmp, self.plot_path)
+            fig.savefig(png, format="png")
         finally:
             plt.close(fig)
-            Path(tmp).unlink(missing_ok=True)
+        atomic_write_bytes(self.plot_path, png.getvalue())

@@ -152,8 +152,7 @@ def describe_derived(cfg: Config) -> list[str]:
     if vocab is not None:
         mcv = mc.model_copy(update={"vocab_size": vocab})
         dtype = "float32" if cfg.dtype == "auto" else cfg.dtype
-        mem = P.memory(mcv, dtype, cfg.train.batch_size, mc.block_size)
-        need = mem["model_states"] + mem["activations_estimate_fused"] + mem["logits"]
+        need, _ = training_memory(mcv, dtype, cfg.train.batch_size)
         lines.append(f"  parameters            {P.count(mcv).total:,}")
         lines.append(f"  memory to train       about {P.human_bytes(need)} ({dtype}, batch {cfg.train.batch_size})")
     return lines
@@ -795,6 +794,15 @@ def available_memory(device: torch.device) -> Optional[int]:
     return None
 
 
+def training_memory(model_cfg, dtype: str, batch_size: int) -> tuple[int, dict[str, Any]]:
+    """Bytes to train ``model_cfg`` at ``batch_size`` × block_size: model states, activations with fused
+    attention and the logits (:func:`minigpt_cli.params.memory`'s estimate), and that estimate."""
+    from . import params as P
+
+    mem = P.memory(model_cfg, dtype, batch_size, model_cfg.block_size)
+    return mem["model_states"] + mem["activations_estimate_fused"] + mem["logits"], mem
+
+
 def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype) -> None:
     """Refuse, before any tensor exists, a model that cannot fit in the device's free memory.
 
@@ -813,8 +821,7 @@ def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype) -> None:
     free = available_memory(device)
     if free is None:
         return
-    mem = P.memory(cfg.model, str(dtype).removeprefix("torch."), cfg.train.batch_size, cfg.model.block_size)
-    need = mem["model_states"] + mem["activations_estimate_fused"] + mem["logits"]
+    need, mem = training_memory(cfg.model, str(dtype).removeprefix("torch."), cfg.train.batch_size)
     if need > free:
         raise MinigptError(
             f"this model needs about {P.human_bytes(need)} to train ({P.human_bytes(mem['model_states'])} for "
