@@ -17,19 +17,124 @@ field of :class:`~minigpt_cli.config.ModelConfig`:
   sqrt(d) embedding scale (Vaswani et al. 2017 §3.4).
 
 No I/O, no printing. Attention goes through
-``torch.nn.functional.scaled_dot_product_attention``.
+``torch.nn.functional.scaled_dot_product_attention``; the linear layers go
+through :func:`linear`, which uses oneDNN's matrix products for float32 on x86
+CPUs (see there).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+import os
+import platform
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+
+
+# ----------------------------------------------------------------------------- matrix products
+
+# PyTorch's CPU wheels run float32 ``F.linear``/``torch.mm`` on MKL, which takes
+# its AVX2 code path on AMD processors even where they have AVX-512; oneDNN
+# (bundled with the same wheel, PyTorch's convolution library) picks its kernels
+# by instruction set. On the 2-core AMD EPYC (Zen 5) of BENCHMARKS.md a
+# 768x128 @ 128x512 product runs at 230 GFLOP/s through MKL and 480 through
+# oneDNN. ``MINIGPT_ONEDNN=0`` turns it off; other architectures keep ``F.linear``.
+_ONEDNN_ENABLED = os.environ.get("MINIGPT_ONEDNN", "1") != "0" and platform.machine().lower() in ("x86_64", "amd64")
+_onednn_op = None
+
+
+def onednn_matmul_op():
+    """oneDNN's ``mkldnn::_linear_pointwise`` (x @ wᵀ + b) or None where this PyTorch lacks it."""
+    global _onednn_op
+    if _onednn_op is None:
+        op = None
+        if torch.backends.mkldnn.is_available():
+            op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+        _onednn_op = op or False
+    return _onednn_op or None
+
+
+def onednn_enabled() -> bool:
+    """Whether :func:`linear` sends float32 CPU products to oneDNN."""
+    return _ONEDNN_ENABLED and onednn_matmul_op() is not None
+
+
+@contextmanager
+def use_onednn(enabled: bool) -> Iterator[None]:
+    """Within the block, :func:`linear` uses oneDNN (if available) or plain ``F.linear``."""
+    global _ONEDNN_ENABLED
+    saved, _ONEDNN_ENABLED = _ONEDNN_ENABLED, enabled
+    try:
+        yield
+    finally:
+        _ONEDNN_ENABLED = saved
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """y = x Wᵀ + b on oneDNN, and its gradients (dx = dy W, dW = dyᵀ x, db = Σ dy)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        op = onednn_matmul_op()
+        x2 = x.reshape(-1, x.size(-1))
+        ctx.save_for_backward(x2, weight)
+        ctx.has_bias = bias is not None
+        return op(x2, weight, bias, "none", [], "").view(*x.shape[:-1], weight.size(0))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        op = onednn_matmul_op()
+        x2, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.size(-1))
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = op(g2, weight.t(), None, "none", [], "").view(*grad.shape[:-1], weight.size(1))
+        if ctx.needs_input_grad[1]:
+            gw = op(g2.t(), x2.t(), None, "none", [], "")
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear``: x (..., in) @ weight (out, in)ᵀ + bias (out,) → (..., out).
+
+    Float32 on a CPU, outside autocast and ``torch.compile`` (which keep their
+    own kernels), the product and its gradients run on oneDNN (see the note
+    above :func:`onednn_matmul_op`); results agree with ``F.linear`` to float32
+    rounding (summation order differs). Everywhere else this is ``F.linear``.
+    """
+    if (
+        _ONEDNN_ENABLED
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and (bias is None or bias.dtype == torch.float32)
+        and x.numel() > 0
+        and x.dim() >= 2
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and onednn_matmul_op() is not None
+    ):
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            return _OneDNNLinear.apply(x, weight, bias)
+        x2 = x.reshape(-1, x.size(-1))
+        return onednn_matmul_op()(x2, weight, bias, "none", [], "").view(*x.shape[:-1], weight.size(0))
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state dict) computed by :func:`linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 # ----------------------------------------------------------------------------- parts
@@ -149,8 +254,8 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_head = cfg.kv_heads
         self.head_dim = cfg.head_dim
         self.kv_dim = self.n_kv_head * self.head_dim
-        self.c_attn = nn.Linear(cfg.n_embd, cfg.n_embd + 2 * self.kv_dim, bias=cfg.bias)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_attn = Linear(cfg.n_embd, cfg.n_embd + 2 * self.kv_dim, bias=cfg.bias)
+        self.c_proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.attn_dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.rope = cfg.pos_encoding == "rope"
@@ -203,8 +308,8 @@ class MLP(nn.Module):
         hidden = cfg.ffn_hidden
         self.kind = cfg.ffn
         width = 2 * hidden if self.kind == "swiglu" else hidden
-        self.c_fc = nn.Linear(cfg.n_embd, width, bias=cfg.bias)
-        self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
+        self.c_fc = Linear(cfg.n_embd, width, bias=cfg.bias)
+        self.c_proj = Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -274,7 +379,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg) if cfg.norm_position == "pre" else None
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
         self._rope_cache: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None

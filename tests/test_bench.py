@@ -19,6 +19,13 @@ def test_bench_json(cli):
                 "gen_tokens_per_sec_cached", "gen_tokens_per_sec_uncached"):
         assert r[key] > 0, key
     assert abs(r["mfu"] - r["achieved_flops"] / r["peak_flops"]) < 1e-12
+    # The peak is the fastest kernel measured, and the kernel of the model's linear layers is among them.
+    from minigpt_cli.model import onednn_enabled
+
+    by_kernel = r["peak_flops_by_kernel"]
+    assert r["peak_flops"] == max(by_kernel.values()) == by_kernel[r["peak_kernel"]]
+    assert r["linear_kernel"] == ("oneDNN" if onednn_enabled() else "torch")
+    assert set(by_kernel) == ({"torch.mm", "oneDNN"} if onednn_enabled() else {"torch.mm"})
     assert abs(r["achieved_flops"] - r["flops_per_token"] * r["train_tokens_per_sec"]) < 1e-3 * r["achieved_flops"]
     # PaLM appendix B: 6·N + 12·L·H·Q·T, N without position embeddings, the tied embedding once.
     cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})

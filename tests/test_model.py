@@ -196,3 +196,67 @@ def test_top_k_and_top_p_filtering():
     assert kept(filter_logits(logits, top_p=0.81)) == [True, True, True, False]
     assert kept(filter_logits(logits, top_p=0.01)) == [True, False, False, False]
     assert kept(filter_logits(logits, top_p=1.0)) == [True, True, True, True]
+
+
+# ----------------------------------------------------------------------------- oneDNN linear layers
+
+
+@pytest.mark.parametrize("shape,bias,transposed", [((3, 5, 48), True, False), ((40, 48), False, False),
+                                                   ((5, 3, 48), True, True)])
+def test_linear_equals_f_linear_with_its_gradients(shape, bias, transposed):
+    from minigpt_cli.model import linear, onednn_enabled, use_onednn
+
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    if transposed:  # a non-contiguous input, as last_only's slice gives the head
+        x = x.transpose(0, 1)
+    x.requires_grad_(True)
+    w = torch.randn(24, 48, requires_grad=True)
+    b = torch.randn(24, requires_grad=True) if bias else None
+    leaves = [t for t in (x, w, b) if t is not None]
+    g = torch.randn(*x.shape[:-1], 24)
+
+    y = linear(x, w, b)
+    # On x86-64 (this project's CI) the oneDNN path must be the one taken.
+    assert ("OneDNN" in type(y.grad_fn).__name__) == onednn_enabled()
+    ours = torch.autograd.grad(y, leaves, g)
+    with use_onednn(False):
+        y_ref = linear(x, w, b)
+    assert "OneDNN" not in type(y_ref.grad_fn).__name__
+    ref = torch.autograd.grad(torch.nn.functional.linear(x, w, b), leaves, g)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    for a, r in zip(ours, ref):
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # the inference path skips autograd but computes the same
+        torch.testing.assert_close(linear(x, w, b), y.detach(), rtol=0, atol=0)
+
+
+def test_model_loss_and_gradients_do_not_depend_on_the_matmul_kernel():
+    from minigpt_cli.model import use_onednn
+
+    torch.manual_seed(0)
+    model = GPT(small(bias=True))
+    x = torch.randint(0, 65, (4, 16))
+    y = torch.randint(0, 65, (4, 16))
+    results = []
+    for enabled in (True, False):
+        with use_onednn(enabled):
+            model.zero_grad(set_to_none=True)
+            _, loss = model(x, y)
+            loss.backward()
+            results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (l1, g1), (l2, g2) = results
+    torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
+    assert g1.keys() == g2.keys()
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_bf16_autocast_keeps_torchs_kernels():
+    from minigpt_cli.model import linear
+
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(3, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = linear(x, w)
+    assert y.dtype == torch.bfloat16 and "OneDNN" not in type(y.grad_fn).__name__
