@@ -201,9 +201,9 @@ def test_top_k_and_top_p_filtering():
 # ----------------------------------------------------------------------------- oneDNN linear layers
 
 
-@pytest.mark.parametrize("shape,bias,transposed", [((3, 5, 48), True, False), ((40, 48), False, False),
-                                                   ((5, 3, 48), True, True)])
-def test_linear_equals_f_linear_with_its_gradients(shape, bias, transposed):
+@pytest.mark.parametrize("shape,out,bias,transposed", [((3, 5, 48), 24, True, False), ((40, 48), 96, False, False),
+                                                       ((5, 3, 48), 24, True, True), ((5, 3, 48), 96, True, True)])
+def test_linear_equals_f_linear_with_its_gradients(shape, out, bias, transposed):
     from minigpt_cli.model import linear, onednn_enabled, use_onednn
 
     torch.manual_seed(0)
@@ -211,10 +211,10 @@ def test_linear_equals_f_linear_with_its_gradients(shape, bias, transposed):
     if transposed:  # a non-contiguous input, as last_only's slice gives the head
         x = x.transpose(0, 1)
     x.requires_grad_(True)
-    w = torch.randn(24, 48, requires_grad=True)
-    b = torch.randn(24, requires_grad=True) if bias else None
+    w = torch.randn(out, 48, requires_grad=True)
+    b = torch.randn(out, requires_grad=True) if bias else None
     leaves = [t for t in (x, w, b) if t is not None]
-    g = torch.randn(*x.shape[:-1], 24)
+    g = torch.randn(*x.shape[:-1], out)
 
     y = linear(x, w, b)
     # On x86-64 (this project's CI) the oneDNN path must be the one taken.
