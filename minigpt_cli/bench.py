@@ -13,7 +13,7 @@ ratios that survive a noisy machine:
 - peak: the median FLOP/s of a 2048×2048 @ 2048×2048 matrix product in the
   training dtype on the same device (2·n³ FLOPs each), through every kernel
   the process can use for it: ``torch.mm`` and, for float32 on a CPU where the
-  model's linear layers use it, oneDNN (:func:`minigpt_cli.model.linear`).
+  model's linear layers can use it, oneDNN (:func:`minigpt_cli.model.linear`).
   The fastest is the peak, so MFU never credits the model for a kernel the
   peak did not get; both figures are in the result;
 - MFU = achieved model FLOP/s / peak;
@@ -49,10 +49,11 @@ def _sync(device: torch.device) -> None:
 
 
 def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
-    """The matrix-product kernels measured for the peak: ``torch.mm``, and ``oneDNN``
-    where the model's float32 CPU linear layers run on it."""
+    """The matrix-product kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for
+    float32 on a CPU where this PyTorch has it (whether or not the model's linear
+    layers use it: the peak is the machine's, not the configuration's)."""
     kernels = ["torch.mm"]
-    if device.type == "cpu" and dtype == torch.float32 and onednn_enabled():
+    if device.type == "cpu" and dtype == torch.float32 and onednn_matmul_op() is not None:
         kernels.append("oneDNN")
     return kernels
 
@@ -202,7 +203,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
                        f"median of 10, {peak_kernel}",
         "peak_kernel": peak_kernel,
         "peak_flops_by_kernel": peaks,
-        "linear_kernel": "oneDNN" if "oneDNN" in kernels else "torch",
+        "linear_kernel": "oneDNN" if device.type == "cpu" and dtype == torch.float32 and onednn_enabled() else "torch",
         "mfu": achieved / peak,
         "peak_memory_bytes": _peak_memory(device),
         "torch_threads": torch.get_num_threads(),

@@ -33,6 +33,7 @@ from typing import Iterator, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from .config import ModelConfig
 
@@ -88,6 +89,7 @@ class _OneDNNLinear(torch.autograd.Function):
         return op(x2, weight, bias, "none", [], "").view(*x.shape[:-1], weight.size(0))
 
     @staticmethod
+    @once_differentiable  # no second derivatives (oneDNN's op has no autograd formula)
     def backward(ctx, grad: torch.Tensor):
         op = onednn_matmul_op()
         x2, weight = ctx.saved_tensors
