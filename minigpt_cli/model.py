@@ -46,7 +46,8 @@ from .config import ModelConfig
 # by instruction set. On the 2-core AMD EPYC (Zen 5) of BENCHMARKS.md a
 # 768x128 @ 128x512 product runs at 230 GFLOP/s through MKL and 480 through
 # oneDNN. ``MINIGPT_ONEDNN=0`` turns it off; other architectures keep ``F.linear``.
-_ONEDNN_ENABLED = os.environ.get("MINIGPT_ONEDNN", "1") != "0" and platform.machine().lower() in ("x86_64", "amd64")
+_ONEDNN_ENABLED = (os.environ.get("MINIGPT_ONEDNN", "1").strip().lower() not in ("0", "false", "no", "off")
+                   and platform.machine().lower() in ("x86_64", "amd64"))
 _onednn_op = None
 
 

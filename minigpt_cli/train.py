@@ -47,7 +47,7 @@ from .errors import Interrupted, MinigptError
 from .fileio import atomic_write_text
 from .generate import generate_tokens
 from .metrics import RunLogger
-from .model import GPT
+from .model import GPT, onednn_enabled
 from .paths import dataset_dir
 from .tokenizer import Tokenizer
 
@@ -479,6 +479,8 @@ def env_info(device: torch.device, dtype: torch.dtype, d: Dist) -> dict:
         "world_size": d.world,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # The kernel behind the float32 CPU linear layers (model.linear); results differ by float32 rounding.
+        "linear_kernel": "oneDNN" if device.type == "cpu" and dtype == torch.float32 and onednn_enabled() else "torch",
         "cuda": torch.version.cuda,
         "git_commit": git_commit(),
         "argv": sys.argv,
@@ -981,6 +983,9 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
                    f"{', '.join(p.name for p in swept)}")
 
     train_model: torch.nn.Module = model
+    if cfg.compile and device.type == "cpu" and dtype == torch.float32 and onednn_enabled():
+        echo("note: compile: true keeps PyTorch's MKL matrix products; eager training runs the linear layers on "
+             "oneDNN, 1.5x faster on the CPU of BENCHMARKS.md (compare: minigpt bench CONFIG --set compile=false)")
     if cfg.compile:
         try:
             train_model = torch.compile(model)

@@ -63,6 +63,7 @@ def test_peak_is_the_machines_even_with_onednn_turned_off(cli):
     if onednn_matmul_op() is not None:  # the peak still tries both kernels
         assert set(r["peak_flops_by_kernel"]) == {"torch.mm", "oneDNN"}
     # The documented switch, read at import.
-    out = subprocess.run([sys.executable, "-c", "import minigpt_cli.model as m; print(m.onednn_enabled())"],
-                         env={**__import__("os").environ, "MINIGPT_ONEDNN": "0"}, capture_output=True, text=True)
-    assert out.stdout.strip() == "False", out
+    for value, expected in (("0", "False"), ("off", "False"), ("1", str(onednn_matmul_op() is not None))):
+        out = subprocess.run([sys.executable, "-c", "import minigpt_cli.model as m; print(m.onednn_enabled())"],
+                             env={**__import__("os").environ, "MINIGPT_ONEDNN": value}, capture_output=True, text=True)
+        assert out.stdout.strip() == expected, (value, out)
