@@ -589,8 +589,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
 
 
 def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int, seed: int,
-                window_stride: Optional[int] = None) -> str:
-    """A short sample from a newline prompt, for samples.txt."""
+                window_stride: Optional[int] = None, should_stop: Optional[Callable[[], bool]] = None) -> str:
+    """A short sample from a newline prompt, for samples.txt.
+
+    ``should_stop`` is asked after every token; when it answers True the
+    sample ends there (a Ctrl-C must not wait for a long sample).
+    """
     model.eval()
     try:
         prompt = tok.encode("\n") or [0]
@@ -598,9 +602,15 @@ def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int,
         prompt = [0]
     idx = torch.tensor([prompt], dtype=torch.long, device=device)
     g = torch.Generator(device=device).manual_seed(seed)
-    ids = [int(t[0]) for t in generate_tokens(model, idx, n_tokens, temperature=0.8, top_k=200, generator=g,
-                                                  vocab_limit=tok.vocab_size, window_stride=window_stride)]
-    model.train()
+    ids = []
+    try:
+        for t in generate_tokens(model, idx, n_tokens, temperature=0.8, top_k=200, generator=g,
+                                 vocab_limit=tok.vocab_size, window_stride=window_stride):
+            ids.append(int(t[0]))
+            if should_stop is not None and should_stop():
+                break
+    finally:
+        model.train()
     return tok.decode(prompt + ids)
 
 
@@ -1096,8 +1106,9 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
             prog.bad_evals += 1
         save("last")
         if d.main and tc.sample_tokens > 0:
+            # Only rank 0 samples, so it asks its own flag (stop_requested would wait for the other ranks).
             logger.sample(prog.step, sample_text(model, tok, device, tc.sample_tokens, cfg.seed,
-                                                        cfg.sample.window_stride))
+                                                 cfg.sample.window_stride, should_stop=lambda: stop.signal is not None))
         logger.plot()
         t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
         return tc.early_stop_patience is not None and prog.bad_evals >= tc.early_stop_patience

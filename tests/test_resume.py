@@ -646,3 +646,17 @@ def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
     assert runs["true"].keys() == runs["false"].keys() and len(runs["true"]) >= 12
     for key, value in runs["false"].items():
         assert runs["true"][key] == pytest.approx(value, abs=2e-4), key
+
+
+def test_sigint_during_the_eval_sample_stops_it_at_once(data_dir, tmp_path, monkeypatch):
+    """Ctrl-C while samples.txt's text is generated: the sample ends at the next token, not after 400."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny(data_dir, "train.max_iters=60", "train.sample_tokens=400")
+    # The step-0 eval makes 5 train + 5 val forwards; the sample's forwards follow (one per token).
+    forward, count = _counting_eval_forward(lambda n: n == 15 and os.kill(os.getpid(), signal.SIGINT))
+    monkeypatch.setattr(GPT, "forward", forward)
+    with pytest.raises(Interrupted, match="stopped by SIGINT at step 0"):
+        train(cfg, run_name="sm", echo=lambda m: None, progress=False)
+    assert count["n"] == 15  # no forward after the one that saw the signal
+    samples = (tmp_path / "runs" / "sm" / "samples.txt").read_text()
+    assert "step 0" in samples
