@@ -35,8 +35,8 @@ from .config import Config
 from .device import CpuThreads, resolve_device, resolve_dtype, tune_runtime
 from .errors import MinigptError
 from .generate import generate_tokens, resolve_window_stride
-from .model import GPT, onednn_enabled, onednn_matmul_op
-from .train import make_optimizer, train_step
+from .model import GPT, linear_kernel, onednn_matmul_op
+from .train import COMPILE_ONEDNN_NOTE, make_optimizer, train_step
 
 MATMUL_N = 2048
 
@@ -141,6 +141,8 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     check_memory(cfg.model_copy(update={"model": mc}), device, dtype)
     model = GPT(mc).to(device)
     train_model = torch.compile(model) if cfg.compile else model
+    if cfg.compile and "oneDNN" in linear_kernel(model, B * T, device, dtype):
+        echo(COMPILE_ONEDNN_NOTE)
     optimizer = make_optimizer(model, tc, device)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
     autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
@@ -172,6 +174,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     for _ in range(warmup):  # back to the training steady state (caches, allocator) after the big matmul
         train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
     _sync(device)
+    mark = threads.mark() if device.type == "cpu" else None
     t = time.perf_counter()
     for _ in range(iters):
         loss, _ = train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip,
@@ -179,6 +182,10 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     float(loss)
     _sync(device)
     dt = (time.perf_counter() - t) / iters
+    others = threads.others_since(mark)
+    if others is not None and others + torch.get_num_threads() > threads.cpus + 0.5:
+        echo(f"warning: other processes kept {others:.1f} of {threads.cpus} CPU cores busy while the training "
+             f"steps were timed; these figures are not this machine's (rerun on a quiet machine)")
     tokens_per_step = B * T * tc.grad_accum_steps
     fl = P.flops(mc, T)
     flops_per_token = fl["mfu_train"]
@@ -203,10 +210,12 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
                        f"median of 10, {peak_kernel}",
         "peak_kernel": peak_kernel,
         "peak_flops_by_kernel": peaks,
-        "linear_kernel": "oneDNN" if device.type == "cpu" and dtype == torch.float32 and onednn_enabled() else "torch",
+        "linear_kernel": linear_kernel(model, B * T, device, dtype, compiled=cfg.compile),
         "mfu": achieved / peak,
         "peak_memory_bytes": _peak_memory(device),
         "torch_threads": torch.get_num_threads(),
+        # Cores other processes kept busy while the training steps were timed (CPU; null if unknown).
+        "other_cores_busy": others,
     }
     if generation:
         model.eval()

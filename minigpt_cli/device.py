@@ -11,12 +11,28 @@ import torch
 from .errors import MinigptError
 
 
+_ONEDNN_OFF = ("0", "false", "no", "off")
+_ONEDNN_ON = ("", "1", "true", "yes", "on")
+
+
+def onednn_requested() -> bool:
+    """``MINIGPT_ONEDNN`` (default on): whether float32 CPU linear layers may use oneDNN (model.linear)."""
+    return os.environ.get("MINIGPT_ONEDNN", "1").strip().lower() not in _ONEDNN_OFF
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` picks CUDA, then MPS, then CPU; an explicit device must exist.
 
+    Also checks the environment's device settings (``MINIGPT_ONEDNN``).
+
     Raises:
-        MinigptError: the named device is not available on this machine.
+        MinigptError: the named device is not available on this machine, or
+            ``MINIGPT_ONEDNN`` has a value that is neither on nor off.
     """
+    onednn = os.environ.get("MINIGPT_ONEDNN", "1")
+    if onednn.strip().lower() not in _ONEDNN_OFF + _ONEDNN_ON:
+        raise MinigptError(f"MINIGPT_ONEDNN={onednn!r}: use 1 (oneDNN for float32 CPU matrix products, the "
+                           "default) or 0 (PyTorch's own kernels)")
     import re
 
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
@@ -153,6 +169,20 @@ class CpuThreads:
     def _sample(self) -> Optional[tuple[float, float, float]]:
         busy = self._read_busy()
         return None if busy is None else (time.monotonic(), busy, self._read_own())
+
+    def mark(self) -> Optional[tuple[float, float, float]]:
+        """A reading to measure a stretch of work from (:meth:`others_since`); None without ``/proc/stat``.
+
+        Works whether or not the thread count is adjusted (``OMP_NUM_THREADS`` set).
+        """
+        return self._sample()
+
+    def others_since(self, mark: Optional[tuple[float, float, float]]) -> Optional[float]:
+        """The cores other processes kept busy, on average, since ``mark`` (None if unknown)."""
+        now = self._sample() if mark is not None else None
+        if now is None or now[0] <= mark[0]:
+            return None
+        return max(0.0, ((now[1] - mark[1]) - (now[2] - mark[2])) / (now[0] - mark[0]))
 
     def poll(self, force: bool = False) -> int:
         """Measure (when ``interval`` has passed, or ``force``) and adjust; returns the thread count in use."""

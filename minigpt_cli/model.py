@@ -25,7 +25,6 @@ CPUs (see there).
 from __future__ import annotations
 
 import math
-import os
 import platform
 from contextlib import contextmanager
 from typing import Iterator, Optional
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .config import ModelConfig
+from .device import onednn_requested
 
 
 # ----------------------------------------------------------------------------- matrix products
@@ -46,8 +46,7 @@ from .config import ModelConfig
 # by instruction set. On the 2-core AMD EPYC (Zen 5) of BENCHMARKS.md a
 # 768x128 @ 128x512 product runs at 230 GFLOP/s through MKL and 480 through
 # oneDNN. ``MINIGPT_ONEDNN=0`` turns it off; other architectures keep ``F.linear``.
-_ONEDNN_ENABLED = (os.environ.get("MINIGPT_ONEDNN", "1").strip().lower() not in ("0", "false", "no", "off")
-                   and platform.machine().lower() in ("x86_64", "amd64"))
+_ONEDNN_ENABLED = onednn_requested() and platform.machine().lower() in ("x86_64", "amd64")
 _onednn_op = None
 
 
@@ -108,32 +107,51 @@ class _OneDNNLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear``: x (..., in) @ weight (out, in)ᵀ + bias (out,) → (..., out).
+#: Products smaller than this (2·M·K·N FLOPs) stay on ``F.linear``: a oneDNN call costs ~12 µs more, and
+#: measured on the CPU of BENCHMARKS.md oneDNN wins from about 2 MFLOP up (one-token generation and
+#: the smallest models lose below it, by up to 9x at 0.01 MFLOP).
+ONEDNN_MIN_FLOPS = 2_000_000
 
-    Float32 on a CPU, outside autocast and ``torch.compile`` (which keep their
-    own kernels), the product and its gradients run on oneDNN (see the note
-    above :func:`onednn_matmul_op`); results agree with ``F.linear`` to float32
-    rounding (summation order differs). Everywhere else this is ``F.linear``.
-    """
-    if (
+
+def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    return (
         _ONEDNN_ENABLED
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
-        and (bias is None or bias.dtype == torch.float32)
-        and x.numel() > 0
         and x.dim() >= 2
+        and weight.dim() == 2
+        and x.size(-1) == weight.size(1)  # else F.linear's own shape error
+        and (bias is None or (bias.dtype == torch.float32 and bias.shape == weight.shape[:1]))
+        and 2 * x.numel() * weight.size(0) >= ONEDNN_MIN_FLOPS
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
+        # Forward-mode AD and functorch transforms (jvp, vmap, grad) need F.linear's derivative formulas.
+        and torch.autograd.forward_ad._current_level < 0
+        and not torch._C._are_functorch_transforms_active()
         and onednn_matmul_op() is not None
-    ):
-        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                        or (bias is not None and bias.requires_grad)):
-            return _OneDNNLinear.apply(x, weight, bias)
-        x2 = x.reshape(-1, x.size(-1))
-        return onednn_matmul_op()(x2, weight, bias, "none", [], "").view(*x.shape[:-1], weight.size(0))
-    return F.linear(x, weight, bias)
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear``: x (..., in) @ weight (out, in)ᵀ + bias (out,) → (..., out).
+
+    Float32 on a CPU, for products of at least :data:`ONEDNN_MIN_FLOPS` and
+    outside autocast, ``torch.compile``, forward-mode AD and functorch
+    transforms (which keep PyTorch's kernels and formulas), the product and
+    its gradients run on oneDNN (see the note above :func:`onednn_matmul_op`);
+    results agree with ``F.linear`` to float32 rounding (summation order
+    differs). Everywhere else this is ``F.linear``.
+    """
+    if not _onednn_applies(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if bias is not None:
+        bias = bias.contiguous()  # oneDNN reads the bias as dense
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _OneDNNLinear.apply(x, weight, bias)
+    x2 = x.reshape(-1, x.size(-1))
+    return onednn_matmul_op()(x2, weight, bias, "none", [], "").view(*x.shape[:-1], weight.size(0))
 
 
 class Linear(nn.Linear):
@@ -141,6 +159,21 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+
+def linear_kernel(model: nn.Module, tokens: int, device: torch.device, dtype: torch.dtype,
+                  compiled: bool = False) -> str:
+    """The kernel that runs ``model``'s :class:`Linear` layers on a batch of ``tokens`` tokens.
+
+    ``dtype`` is the training dtype (bfloat16/float16 mean autocast). Returns
+    ``"oneDNN"``, ``"torch.mm"`` (PyTorch's own: MKL on x86 CPUs) or
+    ``"oneDNN+torch.mm"`` when only some products reach :data:`ONEDNN_MIN_FLOPS`.
+    """
+    if compiled or device.type != "cpu" or dtype != torch.float32 or not onednn_enabled():
+        return "torch.mm"
+    kinds = {"oneDNN" if 2 * tokens * m.in_features * m.out_features >= ONEDNN_MIN_FLOPS else "torch.mm"
+             for m in model.modules() if isinstance(m, Linear)}
+    return "+".join(sorted(kinds)) or "torch.mm"
 
 
 # ----------------------------------------------------------------------------- parts

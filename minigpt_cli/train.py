@@ -47,7 +47,7 @@ from .errors import Interrupted, MinigptError
 from .fileio import atomic_write_text
 from .generate import generate_tokens
 from .metrics import RunLogger
-from .model import GPT, onednn_enabled
+from .model import GPT, linear_kernel
 from .paths import dataset_dir
 from .tokenizer import Tokenizer
 
@@ -458,8 +458,14 @@ def git_commit() -> Optional[str]:
         return None
 
 
-def env_info(device: torch.device, dtype: torch.dtype, d: Dist) -> dict:
-    """Versions, device and git commit, for env.json."""
+#: Said when compile: true takes the training step's linear layers off oneDNN (torch.compile keeps its own kernels).
+COMPILE_ONEDNN_NOTE = ("note: compile: true keeps PyTorch's MKL matrix products; without it the linear layers run on "
+                       "oneDNN, 1.5x faster on the CPU of BENCHMARKS.md (compare with minigpt bench and compile=false)")
+
+
+def env_info(device: torch.device, dtype: torch.dtype, d: Dist, linear_kernel: str = "torch.mm") -> dict:
+    """Versions, device, git commit and the linear layers' kernel (:func:`~minigpt_cli.model.linear_kernel`
+    for the training step), for env.json."""
     import importlib.metadata as md
 
     def ver(pkg):
@@ -479,8 +485,8 @@ def env_info(device: torch.device, dtype: torch.dtype, d: Dist) -> dict:
         "world_size": d.world,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        # The kernel behind the float32 CPU linear layers (model.linear); results differ by float32 rounding.
-        "linear_kernel": "oneDNN" if device.type == "cpu" and dtype == torch.float32 and onednn_enabled() else "torch",
+        # The kernel behind the training step's linear layers (model.linear); results differ by float32 rounding.
+        "linear_kernel": linear_kernel,
         "cuda": torch.version.cuda,
         "git_commit": git_commit(),
         "argv": sys.argv,
@@ -931,17 +937,19 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
         run_dir = claim.folder.path
     run_dir = Path(_broadcast(str(run_dir), d))
 
+    seed_everything(cfg.seed)
+    model = GPT(mc).to(device)
+    kernel = linear_kernel(model, tc.batch_size * mc.block_size, device, dtype, compiled=cfg.compile)
+
     logger = RunLogger(run_dir, echo=None, enabled=d.main)
     if d.main:
         # On resume too: the run's config.yaml follows the train values it now runs with.
         atomic_write_text(run_dir / "config.yaml", cfg.to_yaml())
         if state is None:
             tok.save(run_dir / "tokenizer.json")
-        atomic_write_text(run_dir / "env.json", json.dumps(env_info(device, dtype, d), indent=1))
+        atomic_write_text(run_dir / "env.json", json.dumps(env_info(device, dtype, d, kernel), indent=1))
         swept += logger.sweep_temps()
 
-    seed_everything(cfg.seed)
-    model = GPT(mc).to(device)
     optimizer = make_optimizer(model, tc, device)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
     autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
@@ -993,9 +1001,9 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
                    f"{', '.join(p.name for p in swept)}")
 
     train_model: torch.nn.Module = model
-    if cfg.compile and device.type == "cpu" and dtype == torch.float32 and onednn_enabled():
-        echo("note: compile: true keeps PyTorch's MKL matrix products; eager training runs the linear layers on "
-             "oneDNN, 1.5x faster on the CPU of BENCHMARKS.md (compare: minigpt bench CONFIG --set compile=false)")
+    if cfg.compile and "oneDNN" in linear_kernel(model, tc.batch_size * mc.block_size, device, dtype):
+        echo(COMPILE_ONEDNN_NOTE)
+        logger.log(COMPILE_ONEDNN_NOTE)
     if cfg.compile:
         try:
             train_model = torch.compile(model)

@@ -20,11 +20,13 @@ def test_bench_json(cli):
         assert r[key] > 0, key
     assert abs(r["mfu"] - r["achieved_flops"] / r["peak_flops"]) < 1e-12
     # The peak is the fastest kernel measured, and the kernel of the model's linear layers is among them.
-    from minigpt_cli.model import onednn_enabled, onednn_matmul_op
+    from minigpt_cli.model import ONEDNN_MIN_FLOPS, onednn_enabled, onednn_matmul_op
 
     by_kernel = r["peak_flops_by_kernel"]
     assert r["peak_flops"] == max(by_kernel.values()) == by_kernel[r["peak_kernel"]]
-    assert r["linear_kernel"] == ("oneDNN" if onednn_enabled() else "torch")
+    # tiny.yaml, 8 x 32 tokens: c_fc (32 -> 128) reaches the oneDNN threshold, c_attn (32 -> 96) does not.
+    assert 2 * 256 * 32 * 128 >= ONEDNN_MIN_FLOPS > 2 * 256 * 32 * 96
+    assert r["linear_kernel"] == ("oneDNN+torch.mm" if onednn_enabled() else "torch.mm")
     assert set(by_kernel) == ({"torch.mm", "oneDNN"} if onednn_matmul_op() is not None else {"torch.mm"})
     assert abs(r["achieved_flops"] - r["flops_per_token"] * r["train_tokens_per_sec"]) < 1e-3 * r["achieved_flops"]
     # PaLM appendix B: 6·N + 12·L·H·Q·T, N without position embeddings, the tied embedding once.
@@ -49,7 +51,7 @@ def test_bench_refuses_impossible_sizes_before_allocating(cli):
                       "train.batch_size", notes_ok=True)
 
 
-def test_peak_is_the_machines_even_with_onednn_turned_off(cli):
+def test_peak_is_the_machines_even_with_onednn_turned_off(cli, monkeypatch):
     import subprocess
     import sys
 
@@ -59,7 +61,7 @@ def test_peak_is_the_machines_even_with_onednn_turned_off(cli):
         res = cli("bench", TINY, "--iters", "1", "--no-generation", "--json")
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)
-    assert r["linear_kernel"] == "torch"
+    assert r["linear_kernel"] == "torch.mm"
     if onednn_matmul_op() is not None:  # the peak still tries both kernels
         assert set(r["peak_flops_by_kernel"]) == {"torch.mm", "oneDNN"}
     # The documented switch, read at import.
@@ -67,3 +69,8 @@ def test_peak_is_the_machines_even_with_onednn_turned_off(cli):
         out = subprocess.run([sys.executable, "-c", "import minigpt_cli.model as m; print(m.onednn_enabled())"],
                              env={**__import__("os").environ, "MINIGPT_ONEDNN": value}, capture_output=True, text=True)
         assert out.stdout.strip() == expected, (value, out)
+    # A value that is neither on nor off is refused before any work.
+    from helpers import assert_user_error
+
+    monkeypatch.setenv("MINIGPT_ONEDNN", "bogus")
+    assert_user_error(cli("bench", TINY, "--iters", "1"), "MINIGPT_ONEDNN='bogus'", "use 1")

@@ -182,3 +182,21 @@ def test_training_beside_a_busy_process_drops_to_one_thread(tmp_path, data_dir):
     assert out.returncode == 0, out.stderr
     assert "CPU cores busy; using 1 thread" in out.stderr, out.stderr
     assert "CPU cores busy; using 1 thread" in (tmp_path / "runs" / "b" / "train.log").read_text()
+
+
+def test_cpu_threads_measure_other_processes_over_a_stretch(clock, two_threads, monkeypatch):
+    """bench's check that nothing else ran while it timed: works with the thread count fixed too."""
+    import torch
+
+    from minigpt_cli.device import CpuThreads
+
+    m = FakeMachine()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    ct = CpuThreads(torch.device("cpu"), read_busy=lambda: m.busy, read_own=lambda: m.own)
+    assert not ct.enabled
+    mark = ct.mark()
+    clock[0] += 4.0
+    m.run(4.0, others=1.5, own=2.0)
+    assert ct.others_since(mark) == pytest.approx(1.5)
+    assert ct.others_since(None) is None
+    assert CpuThreads(torch.device("cpu"), read_busy=lambda: None).mark() is None  # no /proc/stat

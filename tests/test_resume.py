@@ -641,8 +641,12 @@ def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
     from minigpt_cli.model import onednn_enabled
 
     assert not [n for n in notes if "compile" in n and "oneDNN" not in n], notes  # no fallback
-    # On x86 the compiled run says that eager would put the linear layers on the faster oneDNN.
+    # On x86 the compiled run says that eager would put (some of) tiny's linear layers on the faster oneDNN,
+    # and env.json names the kernel the compiled step really uses.
     assert sum("oneDNN" in n for n in notes) == int(onednn_enabled()), notes
+    envs = {flag: json.loads((tmp_path / "runs" / f"c{flag}" / "env.json").read_text()) for flag in runs}
+    assert envs["true"]["linear_kernel"] == "torch.mm"
+    assert envs["false"]["linear_kernel"] == ("oneDNN+torch.mm" if onednn_enabled() else "torch.mm")
     assert runs["true"].keys() == runs["false"].keys() and len(runs["true"]) >= 12
     for key, value in runs["false"].items():
         assert runs["true"][key] == pytest.approx(value, abs=2e-4), key
