@@ -107,10 +107,15 @@ class _OneDNNLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
-#: Products smaller than this (2·M·K·N FLOPs) stay on ``F.linear``: a oneDNN call costs ~12 µs more, and
-#: measured on the CPU of BENCHMARKS.md oneDNN wins from about 2 MFLOP up (one-token generation and
-#: the smallest models lose below it, by up to 9x at 0.01 MFLOP).
-ONEDNN_MIN_FLOPS = 2_000_000
+#: Products smaller than this (2·M·K·N FLOPs) stay on ``F.linear``: a oneDNN call costs ~12 µs more
+#: (and its backward transposes two operands), and measured on the CPU of BENCHMARKS.md a forward and
+#: backward through oneDNN wins from about 4 MFLOP up; the smallest models lose below it (one product
+#: of 0.01 MFLOP takes 9x as long) ...
+ONEDNN_MIN_FLOPS = 4_000_000
+#: ... unless the weight has at least this many elements: one-token generation streams the weights,
+#: and there oneDNN wins from about 128Ki elements (512 KiB) up (shakespeare.yaml's cached generation:
+#: 413 tokens/s, against 285 with its one-token products on MKL).
+ONEDNN_MIN_WEIGHT = 2 ** 17
 
 
 def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
@@ -123,7 +128,7 @@ def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
         and weight.dim() == 2
         and x.size(-1) == weight.size(1)  # else F.linear's own shape error
         and (bias is None or (bias.dtype == torch.float32 and bias.shape == weight.shape[:1]))
-        and 2 * x.numel() * weight.size(0) >= ONEDNN_MIN_FLOPS
+        and (2 * x.numel() * weight.size(0) >= ONEDNN_MIN_FLOPS or weight.numel() >= ONEDNN_MIN_WEIGHT)
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
         # Forward-mode AD and functorch transforms (jvp, vmap, grad) need F.linear's derivative formulas.

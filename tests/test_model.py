@@ -201,10 +201,10 @@ def test_top_k_and_top_p_filtering():
 # ----------------------------------------------------------------------------- oneDNN linear layers
 
 
-# Every case is above ONEDNN_MIN_FLOPS (2·M·K·N ≥ 2 MFLOP), so on x86-64 it takes the oneDNN path;
+# Every case is above ONEDNN_MIN_FLOPS (2·M·K·N ≥ 4 MFLOP), so on x86-64 it takes the oneDNN path;
 # out > in and out < in take the two weight-gradient orientations.
 @pytest.mark.parametrize("shape,out,bias,transposed", [((4, 64, 96), 160, True, False), ((600, 96), 48, False, False),
-                                                       ((64, 4, 96), 48, True, True), ((64, 4, 96), 160, True, True)])
+                                                       ((64, 8, 96), 48, True, True), ((64, 8, 96), 160, True, True)])
 def test_linear_equals_f_linear_with_its_gradients(shape, out, bias, transposed):
     from minigpt_cli.model import linear, onednn_enabled, use_onednn
 
@@ -270,16 +270,19 @@ def test_bf16_autocast_keeps_torchs_kernels():
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.func.jvp's own torch.jit use
 def test_linear_keeps_f_linear_where_onednn_would_lose_or_differ():
-    from minigpt_cli.model import ONEDNN_MIN_FLOPS, linear, onednn_enabled
+    from minigpt_cli.model import ONEDNN_MIN_FLOPS, ONEDNN_MIN_WEIGHT, linear, onednn_enabled
 
     torch.manual_seed(0)
     w = torch.randn(160, 96, requires_grad=True)
     big = torch.randn(256, 96, requires_grad=True)
     assert 2 * big.numel() * 160 >= ONEDNN_MIN_FLOPS
     assert ("OneDNN" in type(linear(big, w).grad_fn).__name__) == onednn_enabled()
-    # A one-token product (generation) is below the threshold: a oneDNN call costs more than it saves.
+    # A one-token product (generation) is below the threshold: a oneDNN call costs more than it saves ...
     one = torch.randn(1, 96, requires_grad=True)
     assert "OneDNN" not in type(linear(one, w).grad_fn).__name__
+    # ... unless the weight is big enough that streaming it dominates.
+    big_w = torch.randn(ONEDNN_MIN_WEIGHT // 96 + 1, 96, requires_grad=True)
+    assert ("OneDNN" in type(linear(one, big_w).grad_fn).__name__) == onednn_enabled()
     # A strided bias must be read with its strides (oneDNN would read it as dense).
     with torch.no_grad():
         b = torch.randn(320)[::2]

@@ -635,7 +635,9 @@ def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
     notes: list[str] = []
     runs = {}
     for flag in ("false", "true"):
-        res = train(tiny(data_dir, "train.max_iters=10", "train.eval_interval=10", f"compile={flag}"),
+        # n_embd 64: c_fc and the MLP's c_proj (256 tokens x 64 x 256) are big enough for oneDNN in eager mode.
+        res = train(tiny(data_dir, "train.max_iters=10", "train.eval_interval=10", f"compile={flag}",
+                         "model.n_embd=64"),
                     run_name=f"c{flag}", echo=notes.append, progress=False)
         runs[flag] = curve(res.run_dir)
     from minigpt_cli.model import onednn_enabled
