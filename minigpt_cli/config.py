@@ -14,7 +14,7 @@ import math
 import re
 import reprlib
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -336,8 +336,11 @@ def _format_error(err: dict[str, Any], source: str) -> str:
     return f"{source}: {loc or 'config'}: {msg[0].lower() + msg[1:]}{got_s}"
 
 
-def validate(data: Any, source: str = "config") -> Config:
+def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) -> Config:
     """Validate a parsed mapping into a :class:`Config`.
+
+    ``overridden``: keys (``section.key``) whose values came from ``--set``;
+    an error about one of them names ``--set`` instead of ``source``.
 
     Raises:
         ConfigError: naming the first bad key (unknown, wrong type, out of
@@ -350,7 +353,11 @@ def validate(data: Any, source: str = "config") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_error(exc.errors()[0], source)) from None
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        if any(loc == key or loc.startswith(key + ".") for key in overridden):
+            source = "--set"
+        raise ConfigError(_format_error(err, source)) from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -411,4 +418,4 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(data).__name__}")
     if overrides:
         data = apply_overrides(data, overrides)
-    return validate(data, str(p))
+    return validate(data, str(p), [item.split("=", 1)[0].strip() for item in overrides or []])

@@ -107,6 +107,21 @@ def test_set_unknown_key_and_bad_syntax(tmp_path):
         apply_overrides({"name": "x"}, ["name.sub=1"])
 
 
+def test_errors_name_where_the_bad_value_came_from(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("compile: maybe\ntrain:\n  batch_size: 4\n")
+    with pytest.raises(ConfigError, match=r"^.*c\.yaml: compile: input should be a valid boolean"):
+        load_config(p)
+    p.write_text("train:\n  batch_size: 4\n")
+    with pytest.raises(ConfigError, match=r"^--set: compile: input should be a valid boolean \(got 'maybe'\)"):
+        load_config(p, ["compile=maybe"])
+    with pytest.raises(ConfigError, match=r"^--set: train\.batch_sise: unknown key"):
+        load_config(p, ["train.batch_sise=3"])
+    p.write_text("train:\n  batch_size: -4\n")  # the file's value is bad, the override is fine
+    with pytest.raises(ConfigError, match=r"c\.yaml: train\.batch_size"):
+        load_config(p, ["train.max_iters=5"])
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
