@@ -157,7 +157,17 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     it = batches()
     echo(f"training: {warmup} warm-up + {iters} timed steps, batch {B} x {T} x accum {tc.grad_accum_steps}")
     model.train()
-    for _ in range(warmup):
+    compiled = cfg.compile
+    try:  # torch.compile fails lazily, at the first call: measure eager then, as train falls back to it
+        train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+    except Exception as exc:
+        if not compiled:
+            raise
+        echo(f"warning: torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+             "measuring without it")
+        optimizer.zero_grad(set_to_none=True)
+        train_model, compiled = model, False
+    for _ in range(warmup - 1):
         train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
     if threads.enabled and threads.poll(force=True) != threads.max_threads:
         # Other processes kept cores busy during the warm-up: warm up again with fewer threads.
@@ -194,7 +204,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     out: dict[str, Any] = {
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
-        "compile": cfg.compile,
+        "compile": compiled,
         "parameters": model.num_params(),
         "batch_size": B,
         "block_size": T,
@@ -210,7 +220,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
                        f"median of 10, {peak_kernel}",
         "peak_kernel": peak_kernel,
         "peak_flops_by_kernel": peaks,
-        "linear_kernel": linear_kernel(model, B * T, device, dtype, compiled=cfg.compile),
+        "linear_kernel": linear_kernel(model, B * T, device, dtype, compiled=compiled),
         "mfu": achieved / peak,
         "peak_memory_bytes": _peak_memory(device),
         "torch_threads": torch.get_num_threads(),

@@ -356,7 +356,12 @@ def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) 
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         if any(loc == key or loc.startswith(key + ".") for key in overridden):
-            source = "--set"
+            source = "--set"  # the bad value is one the command line gave
+        else:
+            # A rule over a whole section (or the config) that a --set value may be part of.
+            within = [key for key in overridden if not loc or key.startswith(loc + ".")]
+            if within:
+                source = f"{source} with --set {', '.join(dict.fromkeys(within))}"
         raise ConfigError(_format_error(err, source)) from None
 
 

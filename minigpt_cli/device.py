@@ -177,10 +177,14 @@ class CpuThreads:
         """
         return self._sample()
 
-    def others_since(self, mark: Optional[tuple[float, float, float]]) -> Optional[float]:
-        """The cores other processes kept busy, on average, since ``mark`` (None if unknown)."""
+    def others_since(self, mark: Optional[tuple[float, float, float]], min_seconds: float = 0.5) -> Optional[float]:
+        """The cores other processes kept busy, on average, since ``mark``.
+
+        None if unknown, or if less than ``min_seconds`` passed: ``/proc/stat``
+        counts in 10 ms ticks, so one tick of a short window reads as whole cores.
+        """
         now = self._sample() if mark is not None else None
-        if now is None or now[0] <= mark[0]:
+        if now is None or now[0] - mark[0] < min_seconds:
             return None
         return max(0.0, ((now[1] - mark[1]) - (now[2] - mark[2])) / (now[0] - mark[0]))
 

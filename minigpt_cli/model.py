@@ -118,6 +118,12 @@ ONEDNN_MIN_FLOPS = 4_000_000
 ONEDNN_MIN_WEIGHT = 2 ** 17
 
 
+def onednn_pays(rows: int, in_features: int, out_features: int) -> bool:
+    """Whether a (rows × in) @ (in × out) product is big enough for oneDNN (the two thresholds above)."""
+    return (2 * rows * in_features * out_features >= ONEDNN_MIN_FLOPS
+            or in_features * out_features >= ONEDNN_MIN_WEIGHT)
+
+
 def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     return (
         _ONEDNN_ENABLED
@@ -128,7 +134,8 @@ def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
         and weight.dim() == 2
         and x.size(-1) == weight.size(1)  # else F.linear's own shape error
         and (bias is None or (bias.dtype == torch.float32 and bias.shape == weight.shape[:1]))
-        and (2 * x.numel() * weight.size(0) >= ONEDNN_MIN_FLOPS or weight.numel() >= ONEDNN_MIN_WEIGHT)
+        and x.numel() > 0
+        and onednn_pays(x.numel() // x.size(-1), x.size(-1), weight.size(0))
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
         # Forward-mode AD and functorch transforms (jvp, vmap, grad) need F.linear's derivative formulas.
@@ -176,7 +183,7 @@ def linear_kernel(model: nn.Module, tokens: int, device: torch.device, dtype: to
     """
     if compiled or device.type != "cpu" or dtype != torch.float32 or not onednn_enabled():
         return "torch.mm"
-    kinds = {"oneDNN" if 2 * tokens * m.in_features * m.out_features >= ONEDNN_MIN_FLOPS else "torch.mm"
+    kinds = {"oneDNN" if tokens > 0 and onednn_pays(tokens, m.in_features, m.out_features) else "torch.mm"
              for m in model.modules() if isinstance(m, Linear)}
     return "+".join(sorted(kinds)) or "torch.mm"
 

@@ -1117,6 +1117,8 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
             # Only rank 0 samples, so it asks its own flag (stop_requested would wait for the other ranks).
             logger.sample(prog.step, sample_text(model, tok, device, tc.sample_tokens, cfg.seed,
                                                  cfg.sample.window_stride, should_stop=lambda: stop.signal is not None))
+            if stop.signal is not None:
+                logger.log(f"the step-{prog.step} sample was cut short by {stop.signal}")
         logger.plot()
         t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
         return tc.early_stop_patience is not None and prog.bad_evals >= tc.early_stop_patience
@@ -1159,6 +1161,9 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
                 logger.log(f"torch.compile failed ({type(exc).__name__}); training without it")
                 optimizer.zero_grad(set_to_none=True)
                 train_model = model if not d.enabled else DDP(model, device_ids=ddp_ids)
+                if d.main:  # the eager step's kernel, not the compiled one's
+                    eager = linear_kernel(model, tc.batch_size * mc.block_size, device, dtype)
+                    atomic_write_text(run_dir / "env.json", json.dumps(env_info(device, dtype, d, eager), indent=1))
                 continue
             if not applied:
                 nonfinite += 1

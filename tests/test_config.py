@@ -117,6 +117,9 @@ def test_errors_name_where_the_bad_value_came_from(tmp_path):
         load_config(p, ["compile=maybe"])
     with pytest.raises(ConfigError, match=r"^--set: train\.batch_sise: unknown key"):
         load_config(p, ["train.batch_sise=3"])
+    # A rule over a section names the file and the --set keys that took part.
+    with pytest.raises(ConfigError, match=r"c\.yaml with --set model\.n_head: model\.n_embd .* divisible by model\.n_head"):
+        load_config(p, ["model.n_head=5"])
     p.write_text("train:\n  batch_size: -4\n")  # the file's value is bad, the override is fine
     with pytest.raises(ConfigError, match=r"c\.yaml: train\.batch_size"):
         load_config(p, ["train.max_iters=5"])

@@ -199,4 +199,9 @@ def test_cpu_threads_measure_other_processes_over_a_stretch(clock, two_threads, 
     m.run(4.0, others=1.5, own=2.0)
     assert ct.others_since(mark) == pytest.approx(1.5)
     assert ct.others_since(None) is None
+    # A window of a few 10 ms ticks says nothing: one tick would read as whole cores.
+    mark = ct.mark()
+    clock[0] += 0.01
+    m.run(0.01, others=1.0, own=1.0)
+    assert ct.others_since(mark) is None
     assert CpuThreads(torch.device("cpu"), read_busy=lambda: None).mark() is None  # no /proc/stat

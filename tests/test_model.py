@@ -283,6 +283,10 @@ def test_linear_keeps_f_linear_where_onednn_would_lose_or_differ():
     # ... unless the weight is big enough that streaming it dominates.
     big_w = torch.randn(ONEDNN_MIN_WEIGHT // 96 + 1, 96, requires_grad=True)
     assert ("OneDNN" in type(linear(one, big_w).grad_fn).__name__) == onednn_enabled()
+    # An empty batch has nothing to gain and oneDNN's backward refuses it.
+    empty = torch.randn(0, 96, requires_grad=True)
+    linear(empty, big_w).sum().backward()
+    assert empty.grad.shape == (0, 96) and not big_w.grad.any()
     # A strided bias must be read with its strides (oneDNN would read it as dense).
     with torch.no_grad():
         b = torch.randn(320)[::2]
@@ -295,3 +299,28 @@ def test_linear_keeps_f_linear_where_onednn_would_lose_or_differ():
     wd = w.detach()
     _, tangent = torch.func.jvp(lambda a: linear(a, wd), (big.detach(),), (v,))
     torch.testing.assert_close(tangent, v @ wd.t(), rtol=1e-5, atol=1e-4)
+
+
+def test_linear_kernel_reports_what_runs():
+    """env.json's and bench's linear_kernel: the same rule as linear() itself, both thresholds."""
+    from minigpt_cli.model import linear_kernel, onednn_enabled
+
+    cpu, f32 = torch.device("cpu"), torch.float32
+    seen = set()
+
+    def record(module, args, out):
+        seen.add("oneDNN" if "OneDNN" in type(out.grad_fn).__name__ else "torch.mm")
+
+    for n_embd, B, T in ((32, 8, 32), (128, 8, 64), (256, 1, 4), (64, 8, 32)):
+        model = GPT(small(n_embd=n_embd, block_size=T))
+        handles = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        seen.clear()
+        model(torch.randint(0, 65, (B, T)))
+        for h in handles:
+            h.remove()
+        expected = "+".join(sorted(seen))
+        assert linear_kernel(model, B * T, cpu, f32) == expected, (n_embd, B, T)
+        if onednn_enabled() and n_embd >= 128:
+            assert "oneDNN" in expected  # (256, 1 x 4): by the weight rule alone
+        assert linear_kernel(model, B * T, cpu, f32, compiled=True) == "torch.mm"
+        assert linear_kernel(model, B * T, cpu, torch.bfloat16) == "torch.mm"

@@ -586,12 +586,25 @@ def test_compile_failure_falls_back_with_a_warning(data_dir, tmp_path, monkeypat
 
     monkeypatch.setattr(torch, "compile", lambda model, **k: Broken())
     notes = []
-    res = train(tiny(data_dir, "train.max_iters=10", "compile=true"), run_name="c", echo=notes.append,
-                progress=False)
+    # n_embd 128: in eager mode the linear layers run on oneDNN (x86), which env.json must then say.
+    res = train(tiny(data_dir, "train.max_iters=10", "compile=true", "model.n_embd=128"), run_name="c",
+                echo=notes.append, progress=False)
     assert res.step == 10 and math.isfinite(res.val_loss)
     assert sum("torch.compile failed" in n for n in notes) == 1
     keys = load_file(tmp_path / "runs" / "c" / "checkpoints" / "last" / "model.safetensors").keys()
     assert not any(k.startswith("_orig_mod.") for k in keys)
+    from minigpt_cli.model import onednn_enabled
+
+    env = json.loads((tmp_path / "runs" / "c" / "env.json").read_text())
+    assert env["linear_kernel"] == ("oneDNN" if onednn_enabled() else "torch.mm")
+    # bench falls back the same way, and says what it measured.
+    from minigpt_cli.bench import bench
+
+    bench_notes = []
+    r = bench(tiny(data_dir, "compile=true", "model.n_embd=128"), iters=1, generation=False,
+              echo=bench_notes.append)
+    assert r["compile"] is False and r["linear_kernel"] == env["linear_kernel"]
+    assert sum("torch.compile failed" in n for n in bench_notes) == 1
 
 
 def test_loading_tolerates_a_compile_prefix(data_dir, tmp_path, monkeypatch):
