@@ -107,6 +107,8 @@ class _Group(TyperGroup):
             path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
             _fail(f"{exc.format_message()} (see '{path} --help')")
         except Interrupted as exc:  # asked for: what was saved and how to go on, not an error
+            if _other_rank():  # under torchrun every rank stops; rank 0 says so
+                sys.exit(exc.exit_code)
             _fail(str(exc), exc.exit_code, prefix="")
         except MinigptError as exc:
             _fail(str(exc), exc.exit_code)
@@ -397,6 +399,8 @@ def train(
         print(f"{result.run_dir} already {where} train.max_iters={n}; nothing was trained. To train longer, "
               f"raise it, e.g. --set train.max_iters={max(2 * result.step, result.step + 1)}")
         return
+    if _other_rank():  # under torchrun, rank 0 reports for all
+        return
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
     print(f"trained {result.step} steps; final val loss {val}; run folder {result.run_dir}")
     print(f"sample from it with: minigpt generate --run {result.run_dir}")
@@ -532,6 +536,11 @@ def bench(
     result = run_bench(cfg, iters=iters, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
                        generation=generation, echo=_echo)
     print(json.dumps(result, indent=1) if as_json else format_bench(result))
+
+
+def _other_rank() -> bool:
+    """True in a torchrun process other than rank 0 (``RANK`` set and not 0)."""
+    return os.environ.get("RANK", "0").strip() not in ("", "0")
 
 
 def main() -> None:

@@ -566,6 +566,7 @@ def test_two_process_ddp_matches_one_process(data_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(torchrun, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("trained 20 steps") == 1  # rank 0 reports for both
     single = _cli(["train", TINY, "--run-name", "one", "--set", "train.batch_size=8", *common], cwd=tmp_path)
     assert single.returncode == 0, single.stderr
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ddp", "one"]  # one folder per run
