@@ -193,7 +193,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     _sync(device)
     dt = (time.perf_counter() - t) / iters
     others = threads.others_since(mark)
-    if others is not None and others + torch.get_num_threads() > threads.cpus + 0.5:
+    if others is not None and others + torch.get_num_threads() > threads.cpus + 0.25:
         echo(f"warning: other processes kept {others:.1f} of {threads.cpus} CPU cores busy while the training "
              f"steps were timed; these figures are not this machine's (rerun on a quiet machine)")
     tokens_per_step = B * T * tc.grad_accum_steps
