@@ -124,6 +124,11 @@ def onednn_pays(rows: int, in_features: int, out_features: int) -> bool:
             or in_features * out_features >= ONEDNN_MIN_WEIGHT)
 
 
+def _functorch_active() -> bool:
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active()) if active is not None else False
+
+
 def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     return (
         _ONEDNN_ENABLED
@@ -139,8 +144,8 @@ def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
         # Forward-mode AD and functorch transforms (jvp, vmap, grad) need F.linear's derivative formulas.
-        and torch.autograd.forward_ad._current_level < 0
-        and not torch._C._are_functorch_transforms_active()
+        and getattr(torch.autograd.forward_ad, "_current_level", -1) < 0
+        and not _functorch_active()
         and onednn_matmul_op() is not None
     )
 
@@ -148,7 +153,7 @@ def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear``: x (..., in) @ weight (out, in)ᵀ + bias (out,) → (..., out).
 
-    Float32 on a CPU, for products of at least :data:`ONEDNN_MIN_FLOPS` and
+    Float32 on a CPU, for products big enough to gain (:func:`onednn_pays`),
     outside autocast, ``torch.compile``, forward-mode AD and functorch
     transforms (which keep PyTorch's kernels and formulas), the product and
     its gradients run on oneDNN (see the note above :func:`onednn_matmul_op`);
@@ -179,7 +184,7 @@ def linear_kernel(model: nn.Module, tokens: int, device: torch.device, dtype: to
 
     ``dtype`` is the training dtype (bfloat16/float16 mean autocast). Returns
     ``"oneDNN"``, ``"torch.mm"`` (PyTorch's own: MKL on x86 CPUs) or
-    ``"oneDNN+torch.mm"`` when only some products reach :data:`ONEDNN_MIN_FLOPS`.
+    ``"oneDNN+torch.mm"`` when only some products are big enough (:func:`onednn_pays`).
     """
     if compiled or device.type != "cpu" or dtype != torch.float32 or not onednn_enabled():
         return "torch.mm"
