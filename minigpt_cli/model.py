@@ -77,16 +77,21 @@ def use_onednn(enabled: bool) -> Iterator[None]:
         _ONEDNN_ENABLED = saved
 
 
+def _onednn_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                    lead: torch.Size) -> torch.Tensor:
+    """x2 (rows, in) @ weightᵀ + bias on oneDNN, shaped (*lead, out); no autograd."""
+    return onednn_matmul_op()(x2, weight, bias, "none", [], "").view(*lead, weight.size(0))
+
+
 class _OneDNNLinear(torch.autograd.Function):
     """y = x Wᵀ + b on oneDNN, and its gradients (dx = dy W, dW = dyᵀ x, db = Σ dy)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        op = onednn_matmul_op()
         x2 = x.reshape(-1, x.size(-1))
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
-        return op(x2, weight, bias, "none", [], "").view(*x.shape[:-1], weight.size(0))
+        return _onednn_forward(x2, weight, bias, x.shape[:-1])
 
     @staticmethod
     @once_differentiable  # no second derivatives (oneDNN's op has no autograd formula)
@@ -131,7 +136,7 @@ def _functorch_active() -> bool:
 
 def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
     return (
-        _ONEDNN_ENABLED
+        onednn_enabled()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
@@ -146,7 +151,6 @@ def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
         # Forward-mode AD and functorch transforms (jvp, vmap, grad) need F.linear's derivative formulas.
         and getattr(torch.autograd.forward_ad, "_current_level", -1) < 0
         and not _functorch_active()
-        and onednn_matmul_op() is not None
     )
 
 
@@ -167,8 +171,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return _OneDNNLinear.apply(x, weight, bias)
-    x2 = x.reshape(-1, x.size(-1))
-    return onednn_matmul_op()(x2, weight, bias, "none", [], "").view(*x.shape[:-1], weight.size(0))
+    return _onednn_forward(x.reshape(-1, x.size(-1)), weight, bias, x.shape[:-1])
 
 
 class Linear(nn.Linear):

@@ -939,7 +939,8 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
 
     seed_everything(cfg.seed)
     model = GPT(mc).to(device)
-    kernel = linear_kernel(model, tc.batch_size * mc.block_size, device, dtype, compiled=cfg.compile)
+    eager_kernel = linear_kernel(model, tc.batch_size * mc.block_size, device, dtype)
+    kernel = "torch.mm" if cfg.compile else eager_kernel  # torch.compile keeps PyTorch's kernels
 
     logger = RunLogger(run_dir, echo=None, enabled=d.main)
     if d.main:
@@ -1001,7 +1002,7 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
                    f"{', '.join(p.name for p in swept)}")
 
     train_model: torch.nn.Module = model
-    if cfg.compile and "oneDNN" in linear_kernel(model, tc.batch_size * mc.block_size, device, dtype):
+    if cfg.compile and "oneDNN" in eager_kernel:
         echo(COMPILE_ONEDNN_NOTE)
         logger.log(COMPILE_ONEDNN_NOTE)
     if cfg.compile:
@@ -1162,8 +1163,8 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
                 optimizer.zero_grad(set_to_none=True)
                 train_model = model if not d.enabled else DDP(model, device_ids=ddp_ids)
                 if d.main:  # the eager step's kernel, not the compiled one's
-                    eager = linear_kernel(model, tc.batch_size * mc.block_size, device, dtype)
-                    atomic_write_text(run_dir / "env.json", json.dumps(env_info(device, dtype, d, eager), indent=1))
+                    atomic_write_text(run_dir / "env.json",
+                                      json.dumps(env_info(device, dtype, d, eager_kernel), indent=1))
                 continue
             if not applied:
                 nonfinite += 1
