@@ -24,6 +24,11 @@ def test_bench_json(cli):
 
     by_kernel = r["peak_flops_by_kernel"]
     assert r["peak_flops"] == max(by_kernel.values()) == by_kernel[r["peak_kernel"]]
+    # MFU against each kernel's peak; the headline one is the smallest (against the fastest kernel).
+    assert set(r["mfu_by_kernel"]) == set(by_kernel)
+    for kernel, mfu in r["mfu_by_kernel"].items():
+        assert abs(mfu - r["achieved_flops"] / by_kernel[kernel]) < 1e-12
+    assert r["mfu"] == min(r["mfu_by_kernel"].values())
     # tiny.yaml, 8 x 32 tokens, n_embd 32: every product is below the oneDNN threshold (the call would cost more).
     assert 2 * 256 * 32 * 128 < ONEDNN_MIN_FLOPS
     assert r["linear_kernel"] == "torch.mm"
@@ -41,6 +46,9 @@ def test_bench_table(cli):
     res = cli("bench", TINY, "--iters", "1", "--no-generation")
     assert res.exit_code == 0, res
     assert "MFU" in res.stdout and "training tokens/s" in res.stdout and "KV cache" not in res.stdout
+    from minigpt_cli.model import onednn_matmul_op
+
+    assert ("against torch.mm peak" in res.stdout) == (onednn_matmul_op() is not None)
 
 
 def test_bench_refuses_impossible_sizes_before_allocating(cli):
