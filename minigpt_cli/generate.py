@@ -203,16 +203,22 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optio
         raise MinigptError(f"--prompt-file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
 
 
-def describe_checkpoint(ckpt: Path) -> str:
-    """``checkpoint best, step 30`` for a checkpoint folder; the step is left out when meta.json lacks it."""
+def _checkpoint_meta(ckpt: Path) -> dict:
+    """A checkpoint folder's meta.json (step, losses, tokenizer fingerprint); {} when missing or unreadable."""
     import json
 
     from .checkpoint import META, resolve
 
     try:
-        step = json.loads((resolve(ckpt) / META).read_text(encoding="utf-8")).get("step")
-    except (MinigptError, OSError, ValueError, AttributeError):
-        step = None
+        meta = json.loads((resolve(ckpt) / META).read_text(encoding="utf-8"))
+    except (MinigptError, OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def describe_checkpoint(ckpt: Path) -> str:
+    """``checkpoint best, step 30`` for a checkpoint folder; the step is left out when meta.json lacks it."""
+    step = _checkpoint_meta(ckpt).get("step")
     return f"checkpoint {Path(ckpt).name}" + (f", step {step}" if isinstance(step, int) else "")
 
 
@@ -299,6 +305,12 @@ def run_generate(
         raise MinigptError(
             f"{run_dir / 'tokenizer.json'} is a {tok.kind} tokenizer but the run was trained with "
             f"tokenizer.kind {cfg.tokenizer.kind}; restore the run's own tokenizer.json"
+        )
+    trained_with = _checkpoint_meta(ckpt).get("tokenizer_fingerprint")
+    if trained_with is not None and trained_with != tok.fingerprint():  # older checkpoints lack it
+        raise MinigptError(
+            f"{run_dir / 'tokenizer.json'} is not the tokenizer this checkpoint was trained with (its fingerprint "
+            f"differs); restore the run's own tokenizer.json"
         )
     sc = cfg.sample
     prompt = sc.prompt if prompt is None else prompt

@@ -1045,7 +1045,8 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
 
     def save(which: str) -> None:
         if d.main:
-            meta = {"name": cfg.name, "step": prog.step, **prog.last}
+            # The tokenizer's fingerprint lets generate tell a swapped tokenizer.json from the run's own.
+            meta = {"name": cfg.name, "step": prog.step, "tokenizer_fingerprint": tok.fingerprint(), **prog.last}
             checkpoint.save(run_dir / "checkpoints" / which, model, cfg, save_state(), meta)
 
     # disable=None: tqdm shows the bar only when stderr is a terminal (no bar flooding a log file).

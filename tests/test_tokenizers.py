@@ -495,6 +495,32 @@ def test_tokenizer_file_must_match_the_checkpoint(bpe_run, cli, tmp_path, small_
     assert (bad_run / "tokenizer.json").read_bytes() == before
 
 
+def test_a_swapped_tokenizer_of_the_same_kind_and_size_is_refused(bpe_run, cli, tmp_path, small_text):
+    _, _, run, res = bpe_run
+    assert res.exit_code == 0, res.stderr
+    import shutil
+
+    from minigpt_cli.checkpoint import META
+
+    bad_run = tmp_path / "run"
+    shutil.copytree(run, bad_run)
+    own = load_tokenizer(run / "tokenizer.json")
+    other = train_tokenizer("bpe", small_text.swapcase(), own.vocab_size)  # same kind and size, other merges
+    assert other.vocab_size == own.vocab_size and other.fingerprint() != own.fingerprint()
+    other.save(bad_run / "tokenizer.json")
+    assert_user_error(cli("generate", "--run", bad_run, "--prompt", "x", "--max-new-tokens", "2"),
+                      "not the tokenizer this checkpoint was trained with", "restore the run's own tokenizer.json")
+    # Checkpoints written before the fingerprint was recorded still load (nothing to compare against).
+    for which in ("best", "last"):
+        meta_path = bad_run / "checkpoints" / which / META
+        if meta_path.is_file():
+            meta = json.loads(meta_path.read_text())
+            assert meta.pop("tokenizer_fingerprint") == own.fingerprint()
+            meta_path.write_text(json.dumps(meta))
+    shutil.copy(run / "tokenizer.json", bad_run / "tokenizer.json")
+    assert cli("generate", "--run", bad_run, "--prompt", "x", "--max-new-tokens", "2").exit_code == 0
+
+
 def test_config_and_tokenizer_file_must_agree(bpe_run, cli, tmp_path, data_dir):
     _, tok_path, _, res = bpe_run
     assert res.exit_code == 0, res.stderr
