@@ -948,8 +948,14 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
         atomic_write_text(run_dir / "config.yaml", cfg.to_yaml())
         if state is None:
             tok.save(run_dir / "tokenizer.json")
-        atomic_write_text(run_dir / "env.json", json.dumps(env_info(device, dtype, d, kernel), indent=1))
         swept += logger.sweep_temps()
+    env = env_info(device, dtype, d, kernel)
+
+    def write_env() -> None:
+        if d.main:
+            atomic_write_text(run_dir / "env.json", json.dumps(env, indent=1))
+
+    write_env()
 
     optimizer = make_optimizer(model, tc, device)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
@@ -968,6 +974,9 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
     def thread_note(message: str) -> None:
         say(message)
         logger.log(message.removeprefix("note: "))
+        # env.json's torch_threads is the count at the start; changes are listed after it.
+        env.setdefault("torch_threads_changes", []).append({"step": prog.step, "threads": torch.get_num_threads()})
+        write_env()
 
     cpu_threads = CpuThreads(device, echo=thread_note)
 
@@ -1163,9 +1172,8 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
                 logger.log(f"torch.compile failed ({type(exc).__name__}); training without it")
                 optimizer.zero_grad(set_to_none=True)
                 train_model = model if not d.enabled else DDP(model, device_ids=ddp_ids)
-                if d.main:  # the eager step's kernel, not the compiled one's
-                    atomic_write_text(run_dir / "env.json",
-                                      json.dumps(env_info(device, dtype, d, eager_kernel), indent=1))
+                env["linear_kernel"] = eager_kernel  # the eager step's kernel, not the compiled one's
+                write_env()
                 continue
             if not applied:
                 nonfinite += 1

@@ -182,6 +182,11 @@ def test_training_beside_a_busy_process_drops_to_one_thread(tmp_path, data_dir):
     assert out.returncode == 0, out.stderr
     assert "CPU cores busy; using 1 thread" in out.stderr, out.stderr
     assert "CPU cores busy; using 1 thread" in (tmp_path / "runs" / "b" / "train.log").read_text()
+    # env.json keeps the count at the start and lists the change, with the step it came at.
+    env = json.loads((tmp_path / "runs" / "b" / "env.json").read_text())
+    assert env["torch_threads"] == 2
+    first = env["torch_threads_changes"][0]
+    assert first["threads"] == 1 and 0 <= first["step"] <= 400
 
 
 def test_cpu_threads_measure_other_processes_over_a_stretch(clock, two_threads, monkeypatch):
