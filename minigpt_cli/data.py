@@ -279,8 +279,22 @@ class BatchSampler:
                     y.pin_memory().to(self.device, non_blocking=True))
         return x.to(self.device), y.to(self.device)
 
+    def reseed(self, seed: int) -> None:
+        """Restart the offsets from ``seed`` (eval batches are a function of the step, :func:`eval_seed`)."""
+        self.generator.manual_seed(seed)
+
     def state(self) -> torch.Tensor:
         return self.generator.get_state()
 
     def set_state(self, state: torch.Tensor) -> None:
         self.generator.set_state(state)
+
+
+def eval_seed(seed: int, split: str, step: int) -> int:
+    """The seed of the eval batches of ``split`` at optimizer step ``step``.
+
+    A function of the step alone, so an eval at step s reads the same batches
+    however the run got there: uninterrupted, resumed, or continued past a
+    finished run's final eval.
+    """
+    return ((seed * 1_000_003 + {"train": 2, "val": 3}[split]) * 1_000_000_007 + step) & (2**63 - 1)

@@ -41,7 +41,8 @@ except ImportError:  # pragma: no cover - Windows
 
 from . import checkpoint
 from .config import Config, TrainConfig
-from .data import BatchSampler, PreparedData, check_split_sizes, ensure_corpus, ensure_tokenizer, prepare
+from .data import (BatchSampler, PreparedData, check_split_sizes, ensure_corpus, ensure_tokenizer, eval_seed,
+                   prepare)
 from .device import CpuThreads, resolve_device, resolve_dtype, tune_runtime
 from .errors import Interrupted, MinigptError
 from .fileio import atomic_write_text
@@ -539,8 +540,8 @@ def estimate_loss(model: torch.nn.Module, samplers: dict[str, BatchSampler], ite
 
     ``should_stop`` is asked before every batch (a long eval must not hold up a
     Ctrl-C); when it answers True the evaluation ends there and None is
-    returned. The samplers have then advanced part-way: the caller rewinds
-    them. Under DDP ``should_stop`` must give every rank the same answer.
+    returned, the samplers advanced part-way (the trainer reseeds them before
+    every eval). Under DDP ``should_stop`` must give every rank the same answer.
     """
     model.eval()
     out = {}
@@ -996,8 +997,6 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
             scaler.load_state_dict(state["scaler"])
         restore_rng(state["rng"])
         train_sampler.set_state(state["data_rng"]["train"])
-        eval_samplers["train"].set_state(state["data_rng"]["eval_train"])
-        eval_samplers["val"].set_state(state["data_rng"]["eval_val"])
         prog = _Progress(step=state["step"], evaluated=state["evaluated"], best_val=state["best_val_loss"],
                          bad_evals=state["bad_evals"])
         logger.truncate_to(prog.step, prog.evaluated)
@@ -1048,8 +1047,7 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
             "bad_evals": prog.bad_evals, "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else {},
             "rng": capture_rng(),
-            "data_rng": {"train": train_sampler.state(), "eval_train": eval_samplers["train"].state(),
-                         "eval_val": eval_samplers["val"].state()},
+            "data_rng": {"train": train_sampler.state()},  # eval batches follow the step (eval_seed)
         }
 
     def save(which: str) -> None:
@@ -1093,21 +1091,21 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
     def evaluate() -> bool:
         """Eval, log, checkpoint; returns True when early stopping says to stop.
 
-        A stop request cuts the eval short: the eval samplers are rewound and
-        ``prog.evaluated`` stays False, so the resumed run repeats this eval
-        exactly as the uninterrupted one does it.
+        The eval batches depend on the step alone (:func:`~minigpt_cli.data.eval_seed`).
+        A stop request cuts the eval short and ``prog.evaluated`` stays False,
+        so the resumed run repeats this eval exactly as the uninterrupted one does it.
         """
         nonlocal t_log
         t_eval = time.perf_counter()
-        before = {split: s.state() for split, s in eval_samplers.items()}
+        for split, s in eval_samplers.items():
+            s.reseed(eval_seed(cfg.seed, split, prog.step))
+
         def eval_should_stop() -> bool:
             cpu_threads.poll()
             return stop_requested()
 
         losses = estimate_loss(model, eval_samplers, tc.eval_iters, autocast, d, should_stop=eval_should_stop)
         if losses is None:
-            for split, s in eval_samplers.items():
-                s.set_state(before[split])
             return False
         prog.last = {"train_loss": losses["train"], "val_loss": losses["val"]}
         prog.evaluated = True

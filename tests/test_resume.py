@@ -253,6 +253,22 @@ def test_resume_with_a_longer_schedule_says_how_the_learning_rate_changes(data_d
     assert "max_iters: 30" in (tmp_path / "runs" / "l" / "config.yaml").read_text()
 
 
+def test_continuing_a_finished_run_evaluates_like_the_uninterrupted_one(data_dir, tmp_path, monkeypatch):
+    """The finished run's final eval (step 30, off the eval_interval grid) draws no batches the later evals
+    would have drawn: with a schedule that does not depend on max_iters, every later loss matches."""
+    monkeypatch.chdir(tmp_path)
+    const = ("train.lr_schedule=constant", "train.warmup_iters=0")
+    train(tiny(data_dir, "train.max_iters=60", *const), run_name="whole", echo=lambda m: None, progress=False)
+    train(tiny(data_dir, "train.max_iters=30", *const), run_name="cont", echo=lambda m: None, progress=False)
+    train(tiny(data_dir, "train.max_iters=60", *const), echo=lambda m: None, progress=False, resume="runs/cont")
+    whole, cont = curve(tmp_path / "runs" / "whole"), curve(tmp_path / "runs" / "cont")
+    assert ("eval", 30) in cont and ("eval", 30) not in whole
+    del cont[("eval", 30)]
+    assert cont.keys() == whole.keys()
+    for k in whole:
+        assert abs(whole[k] - cont[k]) <= 1e-6, (k, whole[k], cont[k])
+
+
 def test_resuming_a_finished_run_trains_nothing_and_says_how_to_go_on(cli, data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=10"), run_name="f", echo=lambda m: None, progress=False)
