@@ -216,6 +216,35 @@ def _checkpoint_meta(ckpt: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+def _trained_tokenizer(ckpt: Path) -> Optional[str]:
+    """The fingerprint of the tokenizer ``ckpt`` was trained with; None for checkpoints that predate it.
+
+    Raises:
+        MinigptError: meta.json missing or damaged (every checkpoint has one),
+            so the tokenizer cannot be checked.
+    """
+    import json
+
+    from .checkpoint import META, resolve
+
+    path = resolve(ckpt) / META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+        fingerprint = meta.get("tokenizer_fingerprint", None)
+        if "tokenizer_fingerprint" in meta and not isinstance(fingerprint, str):
+            raise ValueError("tokenizer_fingerprint is not a string")
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:80]
+        other = "last" if Path(ckpt).name == "best" else "best"
+        raise MinigptError(
+            f"{str(path)!r} is missing or damaged ({reason}), so the tokenizer cannot be checked against the "
+            f"checkpoint; use --checkpoint {other}, or copy meta.json from the other checkpoint of this run"
+        ) from None
+    return fingerprint
+
+
 def describe_checkpoint(ckpt: Path) -> str:
     """``checkpoint best, step 30`` for a checkpoint folder; the step is left out when meta.json lacks it."""
     step = _checkpoint_meta(ckpt).get("step")
@@ -306,8 +335,8 @@ def run_generate(
             f"{run_dir / 'tokenizer.json'} is a {tok.kind} tokenizer but the run was trained with "
             f"tokenizer.kind {cfg.tokenizer.kind}; restore the run's own tokenizer.json"
         )
-    trained_with = _checkpoint_meta(ckpt).get("tokenizer_fingerprint")
-    if trained_with is not None and trained_with != tok.fingerprint():  # older checkpoints lack it
+    trained_with = _trained_tokenizer(ckpt)
+    if trained_with is not None and trained_with != tok.fingerprint():
         raise MinigptError(
             f"{run_dir / 'tokenizer.json'} is not the tokenizer this checkpoint was trained with (its fingerprint "
             f"differs); restore the run's own tokenizer.json"

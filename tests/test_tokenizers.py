@@ -519,6 +519,15 @@ def test_a_swapped_tokenizer_of_the_same_kind_and_size_is_refused(bpe_run, cli, 
             meta_path.write_text(json.dumps(meta))
     shutil.copy(run / "tokenizer.json", bad_run / "tokenizer.json")
     assert cli("generate", "--run", bad_run, "--prompt", "x", "--max-new-tokens", "2").exit_code == 0
+    # A damaged meta.json does not turn the check off: it is named, with the way out.
+    meta_path = bad_run / "checkpoints" / "last" / META
+    for damaged in ("[]", "", '{"tokenizer_fingerprint": 5}', '{"tokenizer_fingerprint": null}', None):
+        if damaged is None:
+            meta_path.unlink()
+        else:
+            meta_path.write_text(damaged)
+        assert_user_error(cli("generate", "--run", bad_run, "--checkpoint", "last", "--prompt", "x"),
+                          str(meta_path), "missing or damaged", "--checkpoint best")
 
 
 def test_config_and_tokenizer_file_must_agree(bpe_run, cli, tmp_path, data_dir):
