@@ -1100,11 +1100,23 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
         for split, s in eval_samplers.items():
             s.reseed(eval_seed(cfg.seed, split, prog.step))
 
+        # A second bar under the training one while the eval runs (a big eval_iters can take minutes).
+        ebar = tqdm(total=len(eval_samplers) * tc.eval_iters, desc=f"eval at step {prog.step}", unit="batch",
+                    leave=False, disable=bar.disable, dynamic_ncols=True, file=sys.stderr)
+        started = False
+
         def eval_should_stop() -> bool:
+            nonlocal started
+            if started:  # asked before every batch: the one before has finished
+                ebar.update(1)
+            started = True
             cpu_threads.poll()
             return stop_requested()
 
-        losses = estimate_loss(model, eval_samplers, tc.eval_iters, autocast, d, should_stop=eval_should_stop)
+        try:
+            losses = estimate_loss(model, eval_samplers, tc.eval_iters, autocast, d, should_stop=eval_should_stop)
+        finally:
+            ebar.close()
         if losses is None:
             return False
         prog.last = {"train_loss": losses["train"], "val_loss": losses["val"]}

@@ -20,7 +20,7 @@ def test_bench_json(cli):
         assert r[key] > 0, key
     assert abs(r["mfu"] - r["achieved_flops"] / r["peak_flops"]) < 1e-12
     # The peak is the fastest kernel measured, and the kernel of the model's linear layers is among them.
-    from minigpt_cli.model import ONEDNN_MIN_FLOPS, onednn_enabled, onednn_matmul_op
+    from minigpt_cli.model import ONEDNN_MIN_FLOPS, onednn_matmul_op
 
     by_kernel = r["peak_flops_by_kernel"]
     assert r["peak_flops"] == max(by_kernel.values()) == by_kernel[r["peak_kernel"]]

@@ -64,8 +64,6 @@ def test_train_leaves_the_run_folder_of_the_design(trained_run):
     assert lines[-1]["event"] == "eval" and lines[-1]["step"] == 30
     env = json.loads((run / "env.json").read_text())
     assert env["device"] == "cpu" and env["torch"]
-    from minigpt_cli.model import onednn_enabled
-
     assert env["linear_kernel"] == "torch.mm"  # tiny's products are all below the oneDNN threshold
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "step 30" in (run / "samples.txt").read_text()

@@ -52,6 +52,19 @@ def greedy(gen, *args, n=80, prompt=PROMPT):
     return res.stdout
 
 
+def test_a_missing_or_damaged_run_tokenizer_says_where_a_copy_is(cli, run_dir, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "tokenizer.json").write_text("{}")
+    res = cli("generate", "--run", run, "--prompt", "x")
+    assert_user_error(res, "is not a minigpt tokenizer", "copy it back from", "tokenizer-char.json")
+    assert "train it again" not in res.stderr  # a retrained tokenizer is not the run's
+    (run / "tokenizer.json").unlink()
+    assert_user_error(cli("generate", "--run", run, "--prompt", "x"), "not found", "copy it back from")
+
+
 def test_max_new_tokens_zero_prints_the_prompt_back(gen):
     for prompt in (PROMPT, "To be or not to be " * 5):  # the second is longer than block_size 32
         res = gen("--prompt", prompt, "--max-new-tokens", "0")

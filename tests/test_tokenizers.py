@@ -310,7 +310,7 @@ def test_vocab_size_above_the_cap_is_refused_before_training(small_text, kind):
 
     assert MAX_VOCAB_SIZE == 1_048_576
     for size in (MAX_VOCAB_SIZE + 1, 1_000_000_000):
-        with pytest.raises(MinigptError, match=f"above the largest supported, 1,048,576") as e:
+        with pytest.raises(MinigptError, match="above the largest supported, 1,048,576") as e:
             train_tokenizer(kind, small_text, size)
         assert f"{size:,}" in str(e.value)
 
