@@ -427,7 +427,7 @@ def generate(
         [], "--stop", metavar="TEXT", help="End a sample when this text appears in the generated text; it is not printed (repeatable)."
     ),
     num_samples: Optional[int] = typer.Option(
-        None, "--num-samples", min=1, help="Independent samples, each after a '---- sample N ----' line."
+        None, "--num-samples", min=1, help="Independent samples, each after a '----- sample N -----' line (20 dashes each side)."
     ),
     seed: int = typer.Option(1337, "--seed", metavar="S", help="Random seed for sampling, 0 .. 2**63-1."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are produced."),

@@ -394,6 +394,8 @@ def run_generate(
         raise MinigptError("the prompt encodes to no tokens; pass a longer --prompt")
     if run is None:  # said once all checks passed, so that an error stays one line
         echo(f"using {run_dir} ({describe_checkpoint(ckpt)})")
+    elif ckpt.name != which:
+        echo(f"using {describe_checkpoint(ckpt)}: the run has no {which} checkpoint yet")
     block = cfg.model.block_size
     if len(ids) > block and max_new_tokens > 0:
         echo(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block} (block_size)")

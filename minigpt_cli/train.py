@@ -682,7 +682,7 @@ class _Progress:
     evaluated: bool = False  # whether the eval at `step` already ran
     best_val: float = math.inf
     bad_evals: int = 0  # evals in a row without a new best (early stopping)
-    last: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)  # the latest eval: losses and eval_step
 
 
 def _check_resume_config(cfg: Config, saved: Config) -> None:
@@ -951,6 +951,14 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
             tok.save(run_dir / "tokenizer.json")
         swept += logger.sweep_temps()
     env = env_info(device, dtype, d, kernel)
+    if state is not None and d.main:  # a resumed run: the sessions before this one are kept, oldest first
+        try:
+            before = json.loads((run_dir / "env.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            before = None
+        if isinstance(before, dict):
+            earlier = before.pop("earlier_sessions", [])
+            env["earlier_sessions"] = (earlier if isinstance(earlier, list) else []) + [before]
 
     def write_env() -> None:
         if d.main:
@@ -1119,7 +1127,8 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
             ebar.close()
         if losses is None:
             return False
-        prog.last = {"train_loss": losses["train"], "val_loss": losses["val"]}
+        # eval_step: a checkpoint saved later (on a stop) carries the losses of this eval, with their step.
+        prog.last = {"train_loss": losses["train"], "val_loss": losses["val"], "eval_step": prog.step}
         prog.evaluated = True
         logger.event({"step": prog.step, "event": "eval", "elapsed_s": round(time.perf_counter() - t0, 3),
                       "train_loss": losses["train"], "val_loss": losses["val"]})

@@ -325,6 +325,14 @@ def test_generate_says_which_run_it_picked(trained_run, cli, monkeypatch):
     assert f"(checkpoint last, step {last})" in res.stderr
     named = cli("generate", "--run", "runs/e2e", "--prompt", "ROMEO:", "--max-new-tokens", "5")
     assert named.exit_code == 0 and named.stderr == ""  # the user named the run: nothing to say
+    # ... unless the checkpoint asked for is not there yet and the other one is used.
+    import shutil
+
+    shutil.copytree(work / "runs" / "e2e", work / "nobest")
+    shutil.rmtree(work / "nobest" / "checkpoints" / "best")
+    res = cli("generate", "--run", "nobest", "--prompt", "ROMEO:", "--max-new-tokens", "5")
+    assert res.exit_code == 0, res
+    assert res.stderr.splitlines() == [f"using checkpoint last, step {last}: the run has no best checkpoint yet"]
 
 
 def test_checkpoint_with_nan_weights_is_refused(trained_run, cli, tmp_path, monkeypatch):

@@ -100,7 +100,9 @@ def test_interrupted_and_resumed_equals_uninterrupted(reference_run, data_dir, t
         train(cfg, run_name="r", echo=lambda m: None, progress=False)
     monkeypatch.setattr(T, "train_step", real_step)
     run = tmp_path / "runs" / "r"
-    assert json.loads((run / "checkpoints" / "last" / "meta.json").read_text())["step"] == 57
+    meta = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())
+    assert meta["step"] == 57 and meta["eval_step"] == 40  # the losses it carries are step 40's (eval_interval 20)
+    assert meta["val_loss"] == curve(run)[("eval", 40)]
     assert max(r["step"] for r in records(run)) == 57
     result = train(cfg, echo=lambda m: None, progress=False, resume=str(run))
     assert result.run_dir == run and result.step == 120
@@ -267,6 +269,10 @@ def test_continuing_a_finished_run_evaluates_like_the_uninterrupted_one(data_dir
     assert cont.keys() == whole.keys()
     for k in whole:
         assert abs(whole[k] - cont[k]) <= 1e-6, (k, whole[k], cont[k])
+    # env.json describes the latest session and keeps the one before.
+    env = json.loads((tmp_path / "runs" / "cont" / "env.json").read_text())
+    assert [set(e) for e in env["earlier_sessions"]] == [set(env) - {"earlier_sessions"}]
+    assert "earlier_sessions" not in json.loads((tmp_path / "runs" / "whole" / "env.json").read_text())
 
 
 def test_resuming_a_finished_run_trains_nothing_and_says_how_to_go_on(cli, data_dir, tmp_path, monkeypatch):
