@@ -359,7 +359,7 @@ def train(
     resume: Optional[str] = typer.Option(
         None, "--resume", metavar="auto|DIR", help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME."
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and learning rates; train nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and learning rates (with --resume: the run and step it would continue from); train nothing."),
     progress: Optional[bool] = typer.Option(
         None, "--progress/--no-progress", help="Show a progress bar (default: only when stderr is a terminal)."
     ),
@@ -386,10 +386,12 @@ def train(
     cfg = load_config(config, set_)
     if resume is not None and run_name is not None:
         raise MinigptError("pass either --resume or --run-name, not both (a resumed run keeps its folder)")
-    from .train import describe_schedule, train as run_training
+    from .train import describe_resume, describe_schedule, train as run_training
 
     if dry_run:
         print(describe_schedule(cfg))
+        if resume is not None:
+            print("\n" + "\n".join(describe_resume(cfg, resume)))
         return
     result = run_training(cfg, run_name=run_name, echo=_echo, progress=progress, resume=resume,
                           config_path=config, overrides=set_)

@@ -171,6 +171,27 @@ def describe_schedule(cfg: Config, points: int = 8) -> str:
     return "\n".join(lines)
 
 
+def describe_resume(cfg: Config, resume: str) -> list[str]:
+    """What ``--resume`` would do, for ``--dry-run``: the run, its step, and the schedule note if any.
+
+    Raises:
+        MinigptError: as :func:`train` would: no such run, or one with another model, tokenizer or data.
+    """
+    run_dir = find_resume_dir(cfg, resume)
+    if run_dir is None:
+        return [f"--resume auto: no run named {cfg.name!r} under {cfg.train.out_dir}/ yet; a new run would start"]
+    last = checkpoint.resolve(run_dir / "checkpoints" / "last")
+    saved = checkpoint.load_config(last / checkpoint.CONFIG)
+    _check_resume_config(cfg, saved)
+    state = checkpoint.load_trainer_state(last)
+    step, n = state["step"], cfg.train.max_iters
+    if step > n or (step == n and state["evaluated"]):
+        return [f"--resume: {run_dir} is at step {step}, train.max_iters is {n}: nothing would be trained"]
+    lines = [f"--resume: would continue {run_dir} from step {step} to train.max_iters {n}"]
+    note = schedule_note(cfg, saved, step)
+    return lines + ([note] if note else [])
+
+
 # ----------------------------------------------------------------------------- distributed
 
 

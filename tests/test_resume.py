@@ -279,6 +279,19 @@ def test_resuming_a_finished_run_trains_nothing_and_says_how_to_go_on(cli, data_
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=10"), run_name="f", echo=lambda m: None, progress=False)
     before = (tmp_path / "runs" / "f" / "metrics.jsonl").read_bytes()
+    # --dry-run with --resume says what the resume would do, and does nothing.
+    dry = ["train", TINY, "--dry-run", "--set", f"data.data_dir={data_dir}"]
+    res = cli(*dry, "--resume", "runs/f", "--set", "train.max_iters=10")
+    assert res.exit_code == 0 and "runs/f is at step 10, train.max_iters is 10: nothing would be trained" in res.stdout
+    res = cli(*dry, "--resume", "runs/f", "--set", "train.max_iters=30")
+    assert res.exit_code == 0, res
+    assert "would continue runs/f from step 10 to train.max_iters 30" in res.stdout
+    assert "note: resuming with train.max_iters 10 -> 30" in res.stdout
+    res = cli(*dry, "--resume", "auto", "--set", "name=nosuch")
+    assert res.exit_code == 0 and "no run named 'nosuch' under runs/ yet; a new run would start" in res.stdout
+    assert_user_error(cli(*dry, "--resume", "runs/f", "--set", "model.n_layer=3"), "model.n_layer differs")
+    assert (tmp_path / "runs" / "f" / "metrics.jsonl").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["f"]
     res = cli("train", TINY, "--resume", "runs/f", "--no-progress", "--set", f"data.data_dir={data_dir}",
               "--set", "train.max_iters=10")
     assert res.exit_code == 0, res
