@@ -504,7 +504,11 @@ def count_params(
     vocab = vocab_size or cfg.model.vocab_size or cfg.tokenizer.vocab_size
     if vocab is None and cfg.tokenizer.kind == "char":
         vocab = 65  # Tiny Shakespeare's alphabet
-    rep = params.report(cfg.model, seq_len=seq_len, tokens=int(tokens) if tokens else None,
+    mc = cfg.model
+    if seq_len is not None and seq_len > mc.block_size:
+        _echo(f"note: --seq-len {seq_len:,} is beyond block_size {mc.block_size:,}, the longest context the "
+              f"model takes; the FLOPs and memory at {seq_len:,} are arithmetic only")
+    rep = params.report(mc, seq_len=seq_len, tokens=int(tokens) if tokens else None,
                         vocab_size=vocab, dtype=dtype, batch_size=batch_size)
     if as_json:
         print(json.dumps(rep, indent=1))

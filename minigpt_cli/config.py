@@ -328,6 +328,9 @@ def _format_error(err: dict[str, Any], source: str) -> str:
         hint = f"; did you mean {close[0]}?" if close else "; remove it (the Configs section of README.md lists the keys)"
         return f"{source}: {loc}: unknown key{hint}"
     msg = err["msg"]
+    if err["type"] == "model_type":  # "valid dictionary or instance of TrainConfig": a section given a value
+        return (f"{source}: {loc or 'config'}: is a section, not a value (got {_short_repr.repr(err.get('input'))}); "
+                f"give it keys: a mapping under {loc or 'train'}: in the file, or --set {loc or 'train'}.KEY=VALUE")
     if msg.startswith("Value error, "):
         # Cross-field rules already name their keys.
         return f"{source}: {msg[len('Value error, '):]}"
@@ -406,6 +409,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         ConfigError: missing or unreadable file, invalid YAML, or a schema error.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config {str(p)!r} is a folder; pass a YAML file, e.g. configs/shakespeare-cpu.yaml")
     if not p.is_file():
         hint = ""
         configs = sorted(x.name for x in Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []

@@ -135,6 +135,18 @@ def test_missing_file_and_bad_yaml(tmp_path):
     p.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(p)
+    with pytest.raises(ConfigError, match="is a folder; pass a YAML file"):
+        load_config(tmp_path)
+
+
+def test_a_section_given_a_value_says_so_without_class_names(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model: 5\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert "model: is a section, not a value (got 5)" in str(e.value) and "ModelConfig" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"--set: train: is a section, not a value \(got 3\).*--set train.KEY=VALUE"):
+        load_config(CONFIGS / "tiny.yaml", ["train=3"])
 
 
 def test_swiglu_hidden_size_follows_llama():

@@ -379,3 +379,12 @@ def test_cli_overrides_and_linear_flops(cli):
     assert padded["total"] == 124_475_904
     up = json.loads(cli("count-params", "--preset", "gpt2-small", "--json").stdout)["linear_flops_per_token"]["ffn_up"]
     assert (up["in"], up["out"], up["forward"], up["backward"]) == (768, 3072, 4_718_592, 9_437_184)
+
+
+def test_a_seq_len_beyond_block_size_gets_a_note(cli):
+    res = cli("count-params", "--preset", "gpt2-small", "--seq-len", "2048", "--json")
+    assert res.exit_code == 0, res
+    assert json.loads(res.stdout)["seq_len"] == 2048  # still computed: the arithmetic is asked for
+    assert "note: --seq-len 2,048 is beyond block_size 1,024" in res.stderr
+    within = cli("count-params", "--preset", "gpt2-small", "--seq-len", "1024", "--json")
+    assert within.exit_code == 0 and within.stderr == ""
