@@ -503,7 +503,11 @@ def count_params(
     cfg = load_config(source, set_)
     vocab = vocab_size or cfg.model.vocab_size or cfg.tokenizer.vocab_size
     if vocab is None and cfg.tokenizer.kind == "char":
-        vocab = 65  # Tiny Shakespeare's alphabet
+        specials = len(cfg.tokenizer.special_tokens)
+        vocab = 65 + specials  # Tiny Shakespeare's alphabet, as train would find it
+        _echo(f"note: model.vocab_size is null; counting with {vocab} entries (Tiny Shakespeare's 65 characters"
+              f"{f' and {specials} special token' + 's' * (specials > 1) if specials else ''}); "
+              "pass --vocab-size N for another corpus")
     mc = cfg.model
     if seq_len is not None and seq_len > mc.block_size:
         _echo(f"note: --seq-len {seq_len:,} is beyond block_size {mc.block_size:,}, the longest context the "

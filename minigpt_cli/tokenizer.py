@@ -518,6 +518,11 @@ def check_vocab_size(kind: str, text: str, vocab_size: Optional[int], special_to
 
 
 def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
+    if kind == "unigram":  # the library's trainer stops short by amounts that vary with the size asked
+        return MinigptError(
+            f"the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked for (near "
+            f"what the corpus can give it stops short); use a smaller vocabulary size, e.g. {got:,}, or more text"
+        )
     return MinigptError(
         f"the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} asked for; "
         f"use a vocabulary size of at most {got:,} or more text"

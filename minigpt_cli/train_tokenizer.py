@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +47,12 @@ def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], N
         corpus = ensure_corpus(cfg, echo)
     try:
         text = corpus.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MinigptError(f"cannot read {str(corpus)!r} as UTF-8 text ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise MinigptError(f"{str(corpus)!r} is not UTF-8 text ({exc.reason} at byte {exc.start:,}); "
+                           "convert it to UTF-8 (e.g. with iconv) or pass another --input") from None
+    except OSError as exc:
+        raise MinigptError(f"cannot read {str(corpus)!r} ({exc.strerror or exc}); check that it is a readable "
+                           "file") from None
     if not text:
         raise MinigptError(f"input file {str(corpus)!r} is empty; give it some text")
     return corpus, text
@@ -93,10 +98,7 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
         raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
     specials = check_special_tokens(cfg.tokenizer.special_tokens if special_tokens is None else special_tokens)
-    _, text = read_corpus(cfg, input_path, echo)
-    t0 = time.perf_counter()
-    tok = train_tokenizer(kind, text, vocab_size, specials)
-    seconds = time.perf_counter() - t0
+    corpus, text = read_corpus(cfg, input_path, echo)
     if output_path is not None:
         out = output_path
     elif cfg.tokenizer.path and kind == cfg.tokenizer.kind:
@@ -104,6 +106,12 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     else:
         out = default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, kind, None if kind == "char" else vocab_size,
                                      specials)
+    if out.exists() and corpus.exists() and os.path.samefile(out, corpus):
+        raise MinigptError(f"--output {str(out)!r} is the text the tokenizer trains on; writing there would "
+                           "replace it: pass another --output")
+    t0 = time.perf_counter()
+    tok = train_tokenizer(kind, text, vocab_size, specials)
+    seconds = time.perf_counter() - t0
     rep = evaluate(tok, text, cfg.data.val_fraction, seconds)
     tok.save(out)
     size_note = "  (--vocab-size is ignored for char: the alphabet decides)" if kind == "char" and vocab_size else ""
@@ -135,8 +143,9 @@ def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optio
     size whatever ``vocab_size`` says.
 
     Raises:
-        MinigptError: as :func:`run_train_tokenizer`, checked for every kind
-            before any is trained.
+        MinigptError: as :func:`run_train_tokenizer`; the sizes are checked
+            for every kind before any is trained, except that a size the
+            unigram trainer falls short of shows only once it has run.
     """
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
     if vocab_size is None:

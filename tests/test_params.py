@@ -388,3 +388,13 @@ def test_a_seq_len_beyond_block_size_gets_a_note(cli):
     assert "note: --seq-len 2,048 is beyond block_size 1,024" in res.stderr
     within = cli("count-params", "--preset", "gpt2-small", "--seq-len", "1024", "--json")
     assert within.exit_code == 0 and within.stderr == ""
+
+
+def test_an_assumed_vocabulary_is_said_and_counts_the_special_tokens(cli):
+    tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+    res = cli("count-params", "--config", tiny, "--set", "tokenizer.special_tokens=['<|endoftext|>']", "--json")
+    assert res.exit_code == 0, res
+    assert json.loads(res.stdout)["token_embedding"] == 66 * 32  # what train finds: 65 characters and the special token
+    assert "counting with 66 entries (Tiny Shakespeare's 65 characters and 1 special token)" in res.stderr
+    given = cli("count-params", "--config", tiny, "--vocab-size", "100", "--json")
+    assert json.loads(given.stdout)["token_embedding"] == 100 * 32 and given.stderr == ""

@@ -375,7 +375,10 @@ def test_cli_compare_prints_one_table_and_writes_nothing(cli, tmp_path, slice_fi
     (["--kind", "bpe", "--vocab-size", "300", "--input", "{empty}"], ["empty"]),
     (["--kind", "bpe", "--vocab-size", "100", "--input", "{slice}"], ["below", "256"]),
     (["--kind", "wordpiece", "--vocab-size", "50", "--input", "{slice}"], ["below"]),
-    (["--kind", "unigram", "--vocab-size", "900000", "--input", "{slice}"], ["at most"]),
+    (["--kind", "unigram", "--vocab-size", "900000", "--input", "{slice}"],
+     ["unigram trainer gave", "fewer than the 900,000", "use a smaller vocabulary size"]),
+    (["--kind", "char", "--input", "{slice}", "--output", "{slice}"], ["is the text the tokenizer trains on"]),
+    (["--kind", "char", "--input", "{latin1}"], ["is not UTF-8 text", "iconv"]),
     (["--kind", "wordpiece", "--vocab-size", "900000", "--input", "{tiny}"], ["at most"]),
     (["--kind", "bpe", "--vocab-size", "900000", "--input", "{tiny}"], ["at most"]),
     (["--kind", "bpe", "--vocab-size", "1000000000", "--input", "{slice}"],
@@ -388,15 +391,18 @@ def test_cli_bad_input_exits_2_and_writes_nothing(cli, tmp_path, slice_file, mon
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "tiny.txt").write_text("hug pug pun bun hugs\n")
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
     paths = {"missing": tmp_path / "nope.txt", "empty": tmp_path / "empty.txt", "slice": slice_file,
-             "tiny": tmp_path / "tiny.txt"}
+             "tiny": tmp_path / "tiny.txt", "latin1": tmp_path / "latin1.txt"}
+    before = slice_file.read_bytes()
     out = tmp_path / "out.json"
     args = [a.format(**paths) for a in args]
-    if "--compare" not in args:
+    if "--compare" not in args and "--output" not in args:
         args += ["--output", str(out)]
     res = cli("train-tokenizer", *args)
     assert_user_error(res, *fragments)
     assert not out.exists() and not (tmp_path / "data").exists()
+    assert slice_file.read_bytes() == before  # the input is never overwritten
 
 
 # ----------------------------------------------------------------------------- train and generate with BPE
