@@ -288,7 +288,8 @@ def download(
 
     if dataset != DATASET:
         raise MinigptError(f"unknown dataset {dataset!r}; known datasets: {DATASET}")
-    path, fetched = download_tinyshakespeare(data_dir, url=url, force=force, progress=progress)
+    path, fetched = download_tinyshakespeare(data_dir, url=url, force=force, progress=progress,
+                                             mirror_hint="pass another --url" if url else None)
     size = path.stat().st_size
     if fetched:
         print(f"downloaded {path} ({size:,} bytes, sha256 verified)")

@@ -57,7 +57,8 @@ def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bo
     path = corpus_path(cfg.data.data_dir, cfg.data.dataset)
     if not file_ok(path):
         log(f"{path} not found or incomplete; downloading it first")
-        path, _ = download_tinyshakespeare(cfg.data.data_dir, url=cfg.data.url, progress=progress)
+        hint = "fix data.url in the config (it overrides the environment)" if cfg.data.url else None
+        path, _ = download_tinyshakespeare(cfg.data.data_dir, url=cfg.data.url, progress=progress, mirror_hint=hint)
     return path
 
 

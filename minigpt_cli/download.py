@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import time
+import urllib.parse
 from http import HTTPStatus
 from pathlib import Path
 
@@ -268,14 +269,27 @@ def _back_up(path: Path) -> Path | None:
     raise OSError(f"no free backup name beside {path}")
 
 
+def _redact(url: str) -> str:
+    """``url`` for messages: a password in it (``user:secret@host``) shown as ``***``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retries: int,
-           backoff_factor: float) -> Path | None:
+           backoff_factor: float, mirror_hint: str = _MIRROR_HINT) -> Path | None:
     """Stream ``url`` into ``dest`` atomically; see :func:`download_tinyshakespeare`.
 
     Returns:
         Where a differing file that was at ``dest`` was kept, or None.
     """
-    fix_url = f"check the URL or {_MIRROR_HINT}"
+    real_url, url = url, _redact(url)  # ``url`` from here on is for messages only
+    fix_url = f"check the URL or {mirror_hint}"
     created = _missing_dirs(dest.parent)
     if not created:
         swept = sweep_partial_files(dest.parent)
@@ -287,7 +301,7 @@ def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retri
         with _session(retries, backoff_factor) as session:
             started = time.monotonic()
             try:
-                resp = session.get(url, stream=True, timeout=timeout)
+                resp = session.get(real_url, stream=True, timeout=timeout)
             except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
                     requests.exceptions.InvalidURL) as e:
                 raise MinigptError(
@@ -297,7 +311,7 @@ def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retri
             except (requests.ConnectionError, requests.Timeout) as e:
                 raise MinigptError(
                     f"cannot reach {url} ({_reason(e, timeout, time.monotonic() - started)}); "
-                    f"check your network or {_MIRROR_HINT}"
+                    f"check your network or {mirror_hint}"
                 ) from None
             except requests.RequestException as e:
                 raise MinigptError(
@@ -384,7 +398,7 @@ def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retri
                         of_total = f" of {total:,}" if total is not None else ""
                         raise MinigptError(
                             f"download of {url} was cut off after {received:,}{of_total} bytes "
-                            f"({_reason(e, timeout)}); try again or {_MIRROR_HINT}"
+                            f"({_reason(e, timeout)}); try again or {mirror_hint}"
                         ) from None
                     try:
                         tmp.flush()
@@ -399,7 +413,7 @@ def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retri
             # urllib3 normally raises IncompleteRead first; this is the backstop.
             raise MinigptError(
                 f"download of {url} was cut off after {received:,} of {total:,} bytes; "
-                f"try again or {_MIRROR_HINT}"
+                f"try again or {mirror_hint}"
             )
         got = digest.hexdigest()
         if got != SHA256:
@@ -450,6 +464,7 @@ def download_tinyshakespeare(
     timeout: float = 30.0,
     retries: int = 3,
     backoff_factor: float = 0.5,
+    mirror_hint: str | None = None,
 ) -> tuple[Path, bool]:
     """Make sure ``data/tinyshakespeare/input.txt`` holds the genuine corpus.
 
@@ -482,6 +497,8 @@ def download_tinyshakespeare(
         timeout: seconds to wait to connect and between received bytes.
         retries: how many times to retry a failed connection or a 429/5xx answer.
         backoff_factor: urllib3's backoff factor for the pauses between retries.
+        mirror_hint: how the user points at another mirror, for error messages
+            (default: set ``$MINIGPT_TINYSHAKESPEARE_URL``; a config's ``data.url`` says so).
 
     Returns:
         ``(path, downloaded)``: the corpus path and whether it was downloaded now.
@@ -494,6 +511,8 @@ def download_tinyshakespeare(
     """
     url = resolve_url(url)
     path = corpus_path(data_dir, DATASET)
+    if path.is_dir():
+        raise MinigptError(f"{path} is a folder where the corpus file belongs; move or delete it, then rerun")
     exists = path.exists()
     good = exists and file_ok(path)
     if good and not force:
@@ -502,7 +521,7 @@ def download_tinyshakespeare(
         tqdm.write(f"{path} fails its checksum; downloading it again", file=sys.stderr)
     try:
         backup = _fetch(url, path, progress=progress, timeout=timeout, retries=retries,
-                        backoff_factor=backoff_factor)
+                        backoff_factor=backoff_factor, mirror_hint=mirror_hint or _MIRROR_HINT)
     except MinigptError:
         # A file already there is the user's: a failed download never deletes it,
         # bad checksum or not (it is replaced only by a verified download).

@@ -8,6 +8,7 @@ import socket
 import stat
 
 import pytest
+from pathlib import Path
 
 from minigpt_cli import download
 from minigpt_cli.download import (
@@ -149,6 +150,36 @@ def test_404(tmp_path, corpus_server):
     assert url in msg and "404" in msg and URL_ENV in msg
     assert leftovers(tmp_path) == []
     assert not (tmp_path / "tinyshakespeare").exists()  # the folder we made is gone too
+
+
+def test_a_password_in_the_url_is_not_shown(tmp_path, corpus_server):
+    url = corpus_server.url("/missing.txt").replace("http://", "http://user:s3cret@")
+    with pytest.raises(MinigptError) as ei:
+        fetch(tmp_path, url)
+    msg = one_line(str(ei.value))
+    assert "404" in msg and "s3cret" not in msg and "user:***@127.0.0.1" in msg
+
+
+def test_the_fix_names_where_the_url_came_from(tmp_path, corpus_server, cli, shakespeare_env):
+    """--url and a config's data.url override the environment, so the fix names them instead."""
+    bad = corpus_server.url("/missing.txt")
+    res = cli("download", "--data-dir", tmp_path, "--url", bad, "--no-progress")
+    assert res.exit_code == 2 and "404" in res.stderr and "pass another --url" in res.stderr, res
+    assert URL_ENV not in res.stderr
+    from minigpt_cli.config import load_config
+    from minigpt_cli.data import ensure_corpus
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml",
+                      [f"data.data_dir={tmp_path}", f"data.url={bad}"])
+    with pytest.raises(MinigptError, match="fix data.url in the config"):
+        ensure_corpus(cfg, log=lambda m: None, progress=False)
+
+
+def test_a_folder_where_the_corpus_belongs_is_named(tmp_path, corpus_server):
+    (tmp_path / "tinyshakespeare" / "input.txt").mkdir(parents=True)
+    with pytest.raises(MinigptError, match="is a folder where the corpus file belongs; move or delete it"):
+        fetch(tmp_path, corpus_server.url("/input.txt?t=folder"))
+    assert corpus_server.hits["/input.txt?t=folder"] == 0  # refused before any download
 
 
 def test_wrong_checksum(tmp_path, corpus_server):
