@@ -277,7 +277,8 @@ def format_bench(r: dict[str, Any]) -> str:
         *(f"  {kernel + ' peak':<24} {P.human_flops(f) + '/s':>14}"
           for kernel, f in r["peak_flops_by_kernel"].items() if len(r["peak_flops_by_kernel"]) > 1),
         f"MFU                        {r['mfu']:>14.3f}   (against the fastest peak)",
-        *(f"  {'against ' + kernel + ' peak':<24} {m:>14.3f}"
+        *(f"  {'against ' + kernel + ' peak':<24} {m:>14.3f}" + ("   (above 1: the model's products run on a "
+                                                                 "faster kernel)" if m > 1 else "")
           for kernel, m in r["mfu_by_kernel"].items() if len(r["mfu_by_kernel"]) > 1),
         f"peak memory                {P.human_bytes(r['peak_memory_bytes']):>14}",
     ]

@@ -498,6 +498,8 @@ def count_params(
         raise MinigptError(f"--dtype {dtype!r}: use float32, bfloat16 or float16")
     if tokens is not None and tokens == float("inf"):
         raise MinigptError("--tokens inf: give a finite number of training tokens, e.g. --tokens 3e11")
+    if tokens is not None and tokens != int(tokens):
+        raise MinigptError(f"--tokens {tokens:g}: give a whole number of training tokens, e.g. --tokens 3e11")
     from . import params
 
     source = paths.preset_path(preset) if preset else config

@@ -391,6 +391,11 @@ def _fetch(url: str, dest: Path, *, progress: bool | None, timeout: float, retri
                             bar.update(len(chunk))
                     except MinigptError:
                         raise
+                    except requests.exceptions.ContentDecodingError:
+                        raise MinigptError(
+                            f"download of {url} sent a {encoding} body that does not decode; the mirror serves a "
+                            f"damaged file; {fix_url}"
+                        ) from None
                     except (requests.RequestException, urllib3.exceptions.HTTPError,
                             OSError) as e:
                         # ChunkedEncodingError (IncompleteRead / ProtocolError),

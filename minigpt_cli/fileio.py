@@ -22,8 +22,8 @@ from .errors import MinigptError
 _FIXES = {
     errno.ENOSPC: "free some disk space or choose another location",
     errno.EDQUOT: "free some space in your quota or choose another location",
-    errno.EFBIG: "the file is too large for this file system; choose another location",
-    errno.EROFS: "the file system is read-only; choose another location",
+    errno.EFBIG: "choose a location on a file system that takes larger files",
+    errno.EROFS: "choose a location on a writable file system",
     errno.EACCES: "check the permissions of the folder or choose another location",
     errno.EPERM: "check the permissions of the folder or choose another location",
     errno.EISDIR: "give the path of a file, not of a folder",

@@ -868,7 +868,8 @@ def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype) -> None:
             f"weights, gradients and AdamW moments of {P.count(cfg.model).total:,} parameters, "
             f"{P.human_bytes(need - mem['model_states'])} for activations at batch {cfg.train.batch_size} x "
             f"{cfg.model.block_size}) but {device.type} has {P.human_bytes(free)} free; make model.n_layer, "
-            f"n_embd or train.batch_size smaller (minigpt count-params --config CONFIG shows the accounting)"
+            f"n_embd, block_size or train.batch_size smaller (minigpt count-params --config CONFIG shows the "
+            f"accounting)"
         )
 
 

@@ -82,14 +82,17 @@ def _make_handler(body: bytes, hits: Counter, lock: threading.Lock):
     class Handler(BaseHTTPRequestHandler):
         """Routes: /input.txt, /missing.txt (404), /wrong.txt (other bytes, same
         length), /truncated.txt (half the body, full Content-Length),
-        /flaky.txt (503 on the first request of each target, then the corpus)."""
+        /flaky.txt (503 on the first request of each target, then the corpus),
+        /badgzip.txt (Content-Encoding: gzip over bytes that are not gzip)."""
 
         def log_message(self, format, *args):  # noqa: A002 - silence request logging
             pass
 
-        def _send(self, status: int, payload: bytes, length: int | None = None) -> None:
+        def _send(self, status: int, payload: bytes, length: int | None = None, encoding: str | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "text/plain; charset=utf-8")
+            if encoding is not None:
+                self.send_header("Content-Encoding", encoding)
             self.send_header("Content-Length", str(len(payload) if length is None else length))
             self.send_header("Connection", "close")
             self.end_headers()
@@ -108,6 +111,8 @@ def _make_handler(body: bytes, hits: Counter, lock: threading.Lock):
                 self._send(200, wrong)
             elif route == "/truncated.txt":
                 self._send(200, body[: len(body) // 2], length=len(body))
+            elif route == "/badgzip.txt":
+                self._send(200, b"this is not gzip" * 64, encoding="gzip")
             elif route == "/flaky.txt":
                 if count == 1:
                     self._send(503, b"try again later\n")

@@ -82,3 +82,14 @@ def test_peak_is_the_machines_even_with_onednn_turned_off(cli, monkeypatch):
 
     monkeypatch.setenv("MINIGPT_ONEDNN", "bogus")
     assert_user_error(cli("bench", TINY, "--iters", "1"), "MINIGPT_ONEDNN='bogus'", "use 1")
+
+
+def test_an_mfu_above_one_against_a_slower_kernel_is_explained():
+    from minigpt_cli.bench import bench, format_bench
+
+    r = bench(load_config(TINY), iters=1, generation=False, echo=lambda m: None)
+    r["mfu_by_kernel"] = {"torch.mm": 1.06, "oneDNN": 0.49}  # linear layers on oneDNN, beyond MKL's peak
+    lines = format_bench(r).splitlines()
+    above = [l for l in lines if "against torch.mm peak" in l]
+    assert len(above) == 1 and "1.060" in above[0] and "above 1: the model's products run on a faster kernel" in above[0]
+    assert not any("above 1" in l for l in lines if "against oneDNN peak" in l)

@@ -175,6 +175,14 @@ def test_the_fix_names_where_the_url_came_from(tmp_path, corpus_server, cli, sha
         ensure_corpus(cfg, log=lambda m: None, progress=False)
 
 
+def test_a_body_that_does_not_decode_is_named_so(tmp_path, corpus_server):
+    with pytest.raises(MinigptError) as ei:
+        fetch(tmp_path, corpus_server.url("/badgzip.txt"))
+    msg = one_line(str(ei.value))
+    assert "sent a gzip body that does not decode" in msg and "cut off" not in msg and "(('" not in msg
+    assert leftovers(tmp_path) == []
+
+
 def test_a_folder_where_the_corpus_belongs_is_named(tmp_path, corpus_server):
     (tmp_path / "tinyshakespeare" / "input.txt").mkdir(parents=True)
     with pytest.raises(MinigptError, match="is a folder where the corpus file belongs; move or delete it"):
