@@ -65,6 +65,11 @@ def _model_config(values: dict[str, Any], source: str) -> ModelConfig:
         raise MinigptError(f"{exc}; this checkpoint cannot be imported") from None
 
 
+def _default(value: Any, default: Any) -> Any:
+    """``value``, or ``default`` where config.json has null (0 stays 0, to be refused by the schema)."""
+    return default if value is None else value
+
+
 def _need(cfg: Mapping[str, Any], key: str, family: str) -> Any:
     if key not in cfg or cfg[key] is None:
         raise MinigptError(f"config.json lacks {key!r}, which a {family} config must have")
@@ -84,7 +89,8 @@ def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
         MinigptError: a missing key, an activation or attention option we do
             not implement, or ``block_size`` beyond ``n_positions``.
     """
-    n_positions = int(cfg.get("n_positions") or _need(cfg, "n_ctx", "GPT-2"))
+    n_positions = cfg.get("n_positions")
+    n_positions = int(n_positions if n_positions is not None else _need(cfg, "n_ctx", "GPT-2"))
     act = cfg.get("activation_function", "gelu_new")
     if act not in _GPT2_ACTIVATIONS:
         raise MinigptError(
@@ -104,7 +110,7 @@ def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
             n_layer=_need(cfg, "n_layer", "GPT-2"),
             n_head=_need(cfg, "n_head", "GPT-2"),
             n_embd=_need(cfg, "n_embd", "GPT-2"),
-            block_size=block_size or n_positions,
+            block_size=block_size if block_size is not None else n_positions,
             vocab_size=_need(cfg, "vocab_size", "GPT-2"),
             dropout=float(cfg.get("resid_pdrop", 0.0)),
             bias=True,
@@ -126,13 +132,18 @@ def _rope_theta(cfg: Mapping[str, Any]) -> float:
     """rope_theta from a transformers 4.x (``rope_theta``/``rope_scaling``) or 5.x (``rope_parameters``) config."""
     params = cfg.get("rope_parameters") or {}
     scaling = cfg.get("rope_scaling") or {}
-    for p in (params, scaling):
+    for name, p in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if not isinstance(p, Mapping):
+            raise MinigptError(f"config.json {name} must be an object, not {type(p).__name__}")
         kind = p.get("rope_type", p.get("type", "default"))
         if kind not in (None, "default"):
             raise MinigptError(
                 f"config.json rope type {kind!r} is not supported (only plain RoPE, rope_type 'default')"
             )
-    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
+        raise MinigptError(f"config.json rope_theta {theta!r} is not a positive number")
+    return float(theta)
 
 
 def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
@@ -172,7 +183,8 @@ def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = Non
             n_layer=_need(cfg, "num_hidden_layers", "Llama"),
             n_head=heads,
             n_embd=hidden,
-            block_size=block_size or int(cfg.get("max_position_embeddings") or 2048),
+            block_size=(block_size if block_size is not None
+                        else int(_default(cfg.get("max_position_embeddings"), 2048))),
             vocab_size=_need(cfg, "vocab_size", "Llama"),
             dropout=float(cfg.get("attention_dropout", 0.0)),
             bias=attn_bias,
@@ -402,9 +414,17 @@ def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
     if kind not in _FAMILIES:
         raise MinigptError(f"{cfg_path}: model_type {kind!r} is not supported; known: {', '.join(_FAMILIES)}")
     config_from_hf, map_state = _FAMILIES[kind]
-    model_cfg = config_from_hf(hf_cfg, block_size=block_size)
+    try:
+        model_cfg = config_from_hf(hf_cfg, block_size=block_size)
+    except (TypeError, ValueError, AttributeError) as exc:  # a number given as text, a list for an object, ...
+        raise MinigptError(f"{cfg_path} holds a value of the wrong type ({str(exc).splitlines()[0][:120]}); "
+                           "fix config.json or re-save the model") from None
     sd = map_state(_read_weights(folder), model_cfg)
-    sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+    not_float = sorted(k for k, v in sd.items() if not v.is_floating_point())
+    if not_float:
+        raise MinigptError(f"the weights hold {sd[not_float[0]].dtype} tensors ({not_float[0]}); a model's weights "
+                           "are floating point: the file is not this model's")
+    sd = {k: v.float() for k, v in sd.items()}
     with torch.device("meta"):
         model = GPT(model_cfg)  # no memory and no random init for weights about to be replaced
     tied = model.lm_head.weight is model.wte.weight

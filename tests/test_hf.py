@@ -190,7 +190,17 @@ def test_import_errors_are_one_line(tmp_path):
     fails("no place for", "h.2.")
     (folder / "config.json").write_text(json.dumps({**hf_cfg, "n_embd": 33}))
     fails("model.n_embd (33)", "model.n_head (4)")
+    (folder / "config.json").write_text(json.dumps({**hf_cfg, "n_positions": "many", "n_ctx": None}))
+    fails("config.json holds a value of the wrong type")
+    (folder / "config.json").write_text(json.dumps({**hf_cfg, "n_positions": 0}))
+    fails("model.block_size")  # 0 is refused by the schema, not replaced by a default
     (folder / "config.json").write_text(json.dumps(hf_cfg))
+    from safetensors.torch import load_file, save_file
+
+    good = load_file(str(folder / "model.safetensors"))
+    save_file({**good, "transformer.wte.weight": good["transformer.wte.weight"].to(torch.int32)},
+              str(folder / "model.safetensors"))
+    fails("int32 tensors", "not this model's")
     (folder / "model.safetensors").write_bytes(b"\x00" * 10)
     fails("model.safetensors", "corrupt")
     (folder / "model.safetensors").unlink()
@@ -202,6 +212,11 @@ def test_llama_options_we_do_not_implement_are_refused():
     base = LlamaConfig(num_hidden_layers=1, num_attention_heads=4, hidden_size=32, intermediate_size=40).to_dict()
     with pytest.raises(MinigptError, match="rope type 'linear'"):
         llama_config_from_hf({**base, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}})
+    for bad in ("x", None, [1], -1.0, float("inf")):
+        with pytest.raises(MinigptError, match="rope_theta .* is not a positive number"):
+            llama_config_from_hf({**base, "rope_parameters": {"rope_type": "default", "rope_theta": bad}})
+    with pytest.raises(MinigptError, match="rope_parameters must be an object, not str"):
+        llama_config_from_hf({**base, "rope_parameters": "abc"})
     with pytest.raises(MinigptError, match="head_dim"):
         llama_config_from_hf({**base, "head_dim": 16})
     with pytest.raises(MinigptError, match="attention_bias"):
