@@ -529,6 +529,59 @@ def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
     )
 
 
+def _train_interruptibly(tok, pieces: Iterator[str], trainer) -> None:
+    """``tok.train_from_iterator(pieces, trainer)`` in a worker thread, so that Ctrl-C and SIGTERM work.
+
+    The library's training runs in Rust without the GIL, but Python delivers a
+    signal to the main thread only between bytecodes: a main thread inside the
+    call would hold a Ctrl-C until training ended (minutes on a big corpus).
+    Here it waits in short joins instead; on an interruption the exception
+    propagates and the daemon thread ends with the process.
+    """
+    import threading
+
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            tok.train_from_iterator(pieces, trainer)
+        except BaseException as exc:  # re-raised in the caller's thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=work, name="tokenizer-training", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if failure:
+        raise failure[0]
+
+
+#: Text goes to the library's trainers in pieces of about this many characters: one 100 MB string
+#: made it hold ~22 GB at once; pieces keep its memory near the counts it needs.
+PIECE_CHARS = 1 << 20
+_CUT = re.compile(r"(?<=\S\n)(?=\S)|(?<=\S)(?= \S)")
+
+
+def _pieces(chunks: Iterable[str], size: int = PIECE_CHARS) -> Iterator[str]:
+    """``chunks`` cut into pieces of about ``size`` characters, only where GPT-2's split cuts anyway.
+
+    The cuts fall after a single newline between two non-spaces, or before a
+    single space between two non-spaces; GPT-2's pre-tokenizer (``SPLIT_PATTERN``,
+    used by every trained kind) splits there too, so the words the trainers
+    count are the same as from the whole text. A stretch with no such place
+    stays whole.
+    """
+    for chunk in chunks:
+        start = 0
+        while len(chunk) - start > size:
+            cut = _CUT.search(chunk, start + size)
+            if cut is None:
+                break
+            yield chunk[start:cut.start()]
+            start = cut.start()
+        yield chunk[start:]
+
+
 def _train_bpe(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTokenizer:
     from tokenizers import Tokenizer as _Backend, decoders, models, pre_tokenizers, trainers
 
@@ -537,7 +590,7 @@ def _train_bpe(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTok
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(chunks, trainer)
+    _train_interruptibly(tok, _pieces(chunks), trainer)
     return HFTokenizer(tok)
 
 
@@ -549,7 +602,7 @@ def _train_unigram(chunks: list[str], vocab_size: int, specials: list[str]) -> H
     tok.decoder = _space_decoder()
     trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token=UNK, special_tokens=[UNK, *specials],
                                       show_progress=False)
-    tok.train_from_iterator(chunks, trainer)
+    _train_interruptibly(tok, _pieces(chunks), trainer)
     return HFTokenizer(_trim_unigram(tok, vocab_size))
 
 

@@ -630,3 +630,43 @@ def test_cli_takes_kind_size_and_special_tokens_from_the_config(cli, tmp_path, s
     assert res.exit_code == 0, res
     assert "kind                bpe" in res.stdout and "vocabulary size     1,024" in res.stdout
     assert f"{EOT} (id 0)" in res.stdout
+
+
+def test_text_goes_to_the_trainers_in_pieces_cut_where_gpt2s_split_cuts(small_text):
+    """The pieces give the library the same pre-tokens (words) as the whole text, in bounded sizes."""
+    from tokenizers import pre_tokenizers
+
+    from minigpt_cli.tokenizer import _pieces, _word_pre_tokenizer
+
+    text = small_text + "\n  indented line\n\nword  two   spaces x\n" + "z" * 300 + " end"
+    pieces = list(_pieces([text], size=100))
+    assert "".join(pieces) == text and len(pieces) > 3
+    assert all(len(p) <= 100 + 400 for p in pieces)  # cut at the first place past the size
+    for pre in (_word_pre_tokenizer(), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)):
+        whole = [w for w, _ in pre.pre_tokenize_str(text)]
+        cut = [w for p in pieces for w, _ in pre.pre_tokenize_str(p)]
+        assert cut == whole
+
+
+def test_ctrl_c_stops_the_libraries_tokenizer_training_at_once(tmp_path):
+    """The library trains without the GIL in a worker thread; the main thread stays free for signals."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    slow = tmp_path / "a.txt"
+    slow.write_text("a" * 300_000)  # one word, no place to cut: BPE merges on it take many seconds
+    repo = Path(__file__).resolve().parent.parent
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        out = tmp_path / f"{sig.name}.json"
+        p = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "train-tokenizer", str(repo / "configs" / "tiny.yaml"),
+                              "--kind", "bpe", "--vocab-size", "278", "--input", str(slow), "--output", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2.5)
+        sent = time.monotonic()
+        p.send_signal(sig)
+        p.communicate(timeout=120)
+        assert p.returncode == code
+        assert time.monotonic() - sent < 5  # not when training would have ended
+        assert not out.exists()
