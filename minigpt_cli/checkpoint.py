@@ -137,7 +137,8 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
     except (SafetensorError, RuntimeError) as exc:
         # safetensors and torch.save report a failed write (disk full) as their own errors.
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, RuntimeError) and "writ" not in str(exc).lower():
+        text = str(exc).lower()
+        if isinstance(exc, RuntimeError) and not any(w in text for w in _WRITE_FAILURES) and not _disk_low(directory):
             raise
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise MinigptError(
@@ -147,6 +148,19 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
+
+
+#: Words of torch.save's and safetensors' messages for a write that failed (a full disk shows as
+#: "basic_ios::clear: iostream error" or "unexpected pos N vs M" from PyTorch's zip writer).
+_WRITE_FAILURES = ("writ", "iostream", "unexpected pos", "no space", "disk")
+
+
+def _disk_low(directory: Path, least: int = 64 << 20) -> bool:
+    """Whether the file system of ``directory`` has less than ``least`` bytes free (unknown: False)."""
+    try:
+        return shutil.disk_usage(directory.parent).free < least
+    except OSError:
+        return False
 
 
 def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:

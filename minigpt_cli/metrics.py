@@ -17,6 +17,18 @@ from typing import Any
 from .fileio import atomic_write_bytes, atomic_write_text
 
 
+def _append(path: Path, text: str) -> None:
+    """Append ``text`` to ``path``; an OSError names the file even when it comes from the write
+    or the close (a full disk), so the CLI's one-line error says which file failed."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
 class RunLogger:
     """Appends events to the run folder's files; redraws ``loss.png`` at each eval."""
 
@@ -82,8 +94,7 @@ class RunLogger:
         if not self.enabled:
             return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with open(self.log_path, "a", encoding="utf-8") as f:
-            f.write(f"{stamp} {message}\n")
+        _append(self.log_path, f"{stamp} {message}\n")
         if self.echo is not None:
             self.echo(message)
 
@@ -91,8 +102,7 @@ class RunLogger:
         """One JSON object per line in metrics.jsonl."""
         if not self.enabled:
             return
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        _append(self.metrics_path, json.dumps(record) + "\n")
         if record["event"] == "train":
             self.train_points.append((record["step"], record["loss"]))
         elif record["event"] == "eval":
@@ -101,8 +111,7 @@ class RunLogger:
     def sample(self, step: int, text: str) -> None:
         if not self.enabled:
             return
-        with open(self.samples_path, "a", encoding="utf-8") as f:
-            f.write(f"===== step {step} =====\n{text}\n\n")
+        _append(self.samples_path, f"===== step {step} =====\n{text}\n\n")
 
     def plot(self) -> None:
         """Redraw loss.png (matplotlib, Agg backend) with train and val curves."""

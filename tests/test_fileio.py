@@ -168,7 +168,7 @@ def test_a_closed_pipe_exits_quietly(tmp_path):
     assert err == ""
 
 
-@pytest.mark.parametrize("failure", ["safetensors", "torch.save", "oserror"])
+@pytest.mark.parametrize("failure", ["safetensors", "torch.save", "torch.save-iostream", "oserror"])
 def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypatch, failure):
     """A full disk while saving: one line naming the folder; the old checkpoint loads; no temporary folder."""
     import torch
@@ -193,9 +193,11 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypa
         if failure == "torch.save":
             raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0: "
                                "PytorchStreamWriter failed writing file data/0")
+        if failure == "torch.save-iostream":  # what a full disk gave in QA
+            raise RuntimeError("basic_ios::clear: iostream error")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    if failure == "torch.save":
+    if failure.startswith("torch.save"):
         monkeypatch.setattr(checkpoint.torch, "save", full)
     else:
         monkeypatch.setattr(checkpoint, "save_file", full)
@@ -208,6 +210,25 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypa
     assert "free some disk space" in msg
     assert (target / checkpoint.WEIGHTS).read_bytes() == before
     assert sorted(p.name for p in target.parent.iterdir()) == ["last"]
+
+
+def test_a_runtime_error_that_is_not_a_failed_write_is_not_hidden(tmp_path, monkeypatch):
+    import torch
+
+    from minigpt_cli import checkpoint
+    from minigpt_cli.config import load_config
+    from minigpt_cli.model import GPT
+
+    cfg = load_config(TINY)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": 65})})
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(checkpoint.torch, "save", bug)
+    with pytest.raises(RuntimeError, match="a bug of ours"):
+        checkpoint.save(tmp_path / "last", GPT(cfg.model), cfg, trainer_state={"step": 1})
+    assert list(tmp_path.iterdir()) == []  # its temporary folder is gone all the same
 
 
 def test_a_link_is_written_through_and_a_fifo_is_refused(tmp_path):
@@ -238,3 +259,19 @@ def test_a_lock_path_that_is_not_a_file_is_refused_untouched(tmp_path, kind):
     with pytest.raises(MinigptError, match=r"\.lock is not a regular file.*remove it"):
         RunLock(run).acquire("wait")
     assert precious.read_text() == "keep me"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_under_a_run_file_names_the_file(tmp_path):
+    """A write to an open file fails without a file name; the run's files add theirs for the error line."""
+    import errno
+
+    from minigpt_cli.fileio import os_error_message
+    from minigpt_cli.metrics import RunLogger
+
+    logger = RunLogger(tmp_path)
+    (tmp_path / "samples.txt").symlink_to("/dev/full")  # every write: ENOSPC
+    with pytest.raises(OSError) as info:
+        logger.sample(10, "some text")
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "samples.txt")
+    assert os_error_message(info.value).startswith(f"cannot write {tmp_path / 'samples.txt'}: No space left")
