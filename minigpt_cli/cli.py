@@ -14,6 +14,7 @@ import errno
 import io
 import json
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -405,8 +406,8 @@ def train(
     if _other_rank():  # under torchrun, rank 0 reports for all
         return
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
-    print(f"trained {result.step} steps; final val loss {val}; run folder {result.run_dir}")
-    print(f"sample from it with: minigpt generate --run {result.run_dir}")
+    print(f"trained to step {result.step}; final val loss {val}; run folder {result.run_dir}")
+    print(f"sample from it with: minigpt generate --run {shlex.quote(str(result.run_dir))}")
 
 
 # ----------------------------------------------------------------------------- generate

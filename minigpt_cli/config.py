@@ -10,14 +10,15 @@ CLI loads configs for ``count-params`` without it.
 from __future__ import annotations
 
 import difflib
+import os
 import math
 import re
 import reprlib
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence
+from typing import Annotated, Any, Literal, Optional, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
 
@@ -107,6 +108,11 @@ class ModelConfig(_Strict):
         return self
 
 
+#: A path from the config: ``~`` means the home folder, as in a shell (a literal ``~`` folder would
+#: surprise, and the hints minigpt prints would point elsewhere once pasted into a shell).
+UserPath = Annotated[str, AfterValidator(os.path.expanduser)]
+
+
 class TokenizerConfig(_Strict):
     """Which tokenizer turns text into ids, and where its file lives."""
 
@@ -114,7 +120,7 @@ class TokenizerConfig(_Strict):
     vocab_size: Optional[int] = Field(
         None, ge=1, description="target size for trained kinds; ignored for char"
     )
-    path: Optional[str] = Field(
+    path: Optional[UserPath] = Field(
         None, description="tokenizer file; null: data/<dataset>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json"
     )
     special_tokens: list[str] = Field(default_factory=list)
@@ -124,7 +130,7 @@ class DataConfig(_Strict):
     """Corpus and prepared token files."""
 
     dataset: Literal["tinyshakespeare"] = "tinyshakespeare"
-    data_dir: str = "data"
+    data_dir: UserPath = "data"
     url: Optional[str] = Field(
         None, description="mirror of the corpus; else $MINIGPT_TINYSHAKESPEARE_URL or the default"
     )
@@ -152,7 +158,7 @@ class TrainConfig(_Strict):
     sample_tokens: int = Field(200, ge=0, description="tokens sampled into samples.txt at each eval")
     early_stop_patience: Optional[int] = Field(None, ge=1)
     keep_every: Optional[int] = Field(None, ge=1)
-    out_dir: str = "runs"
+    out_dir: UserPath = "runs"
     tensorboard: bool = False
 
     @model_validator(mode="after")

@@ -368,3 +368,22 @@ def test_generate_into_a_full_device(trained_run):
                               "--max-new-tokens", "20"], cwd=work, stdout=full, stderr=subprocess.PIPE, text=True)
     assert out.returncode == 2, out.stderr
     assert out.stderr == "error: cannot write to standard output: No space left on device\n"
+
+
+def test_home_in_paths_and_a_pasteable_hint(cli, data_dir, tmp_path, monkeypatch):
+    """``~`` in out_dir is the home folder, as in a shell; the printed generate command survives a space."""
+    import shlex
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    res = cli("train", TINY, "--run-name", "h", "--no-progress", "--set", f"data.data_dir={data_dir}",
+              "--set", "train.out_dir=~/my runs", "--set", "train.max_iters=2", "--set", "train.sample_tokens=0")
+    assert res.exit_code == 0, res
+    run = tmp_path / "home" / "my runs" / "h"
+    assert (run / "checkpoints" / "last").is_dir() and not (tmp_path / "~").exists()
+    assert "trained to step 2" in res.stdout
+    hint = next(l for l in res.stdout.splitlines() if l.startswith("sample from it with: "))
+    words = shlex.split(hint.removeprefix("sample from it with: "))
+    assert words[:3] == ["minigpt", "generate", "--run"] and Path(words[3]) == run
+    gen = cli(*words[1:], "--prompt", "A", "--max-new-tokens", "3")
+    assert gen.exit_code == 0 and gen.stdout.startswith("A"), gen

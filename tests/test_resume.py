@@ -191,7 +191,7 @@ def test_sigterm_exits_143_and_the_hint_is_a_working_command(cli, data_dir, tmp_
     assert args[:2] == ["minigpt", "train"]
     done = cli(*args[1:], "--no-progress")
     assert done.exit_code == 0, done
-    assert "trained 8 steps" in done.stdout
+    assert "trained to step 8" in done.stdout
 
 
 def test_resume_from_an_older_checkpoint_rewinds_the_metrics(reference_run, data_dir, tmp_path, monkeypatch):
@@ -421,7 +421,7 @@ def test_sigint_through_the_cli_leaves_a_resumable_checkpoint(data_dir, tmp_path
     done = _cli(["train", TINY, "--resume", "runs/s", "--no-progress", "--set", f"data.data_dir={data_dir}",
                  "--set", f"train.max_iters={step + 10}", "--set", "train.eval_interval=100000"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert f"trained {step + 10} steps" in done.stdout
+    assert f"trained to step {step + 10}" in done.stdout
 
 
 @pytest.mark.parametrize("point", ["weights", "swap"])
@@ -601,7 +601,7 @@ def test_two_process_ddp_matches_one_process(data_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(torchrun, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.count("trained 20 steps") == 1  # rank 0 reports for both
+    assert out.stdout.count("trained to step 20") == 1  # rank 0 reports for both
     single = _cli(["train", TINY, "--run-name", "one", "--set", "train.batch_size=8", *common], cwd=tmp_path)
     assert single.returncode == 0, single.stderr
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ddp", "one"]  # one folder per run
