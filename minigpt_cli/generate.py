@@ -69,6 +69,11 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
                 generator: Optional[torch.Generator]) -> torch.Tensor:
     """Next ids (B,) from last-position logits (B, V). Temperature 0 is greedy (argmax), and so is
     a temperature so small that the scaled logits overflow float32."""
+    if torch.isnan(logits).any():
+        raise MinigptError(
+            "the model's output is NaN (its weights are finite, but the forward pass overflows), so there is "
+            "nothing to sample; retrain it with a smaller model.init_std or train.learning_rate"
+        )
     if temperature == 0:
         return logits.argmax(dim=-1)
     scaled = logits.float() / temperature

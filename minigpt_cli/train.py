@@ -637,6 +637,8 @@ def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int,
             ids.append(int(t[0]))
             if should_stop is not None and should_stop():
                 break
+    except MinigptError as exc:  # NaN output: the loss says so too, and the run decides what to do
+        return f"(no sample: {exc})"
     finally:
         model.train()
     return tok.decode(prompt + ids)
@@ -1221,6 +1223,12 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
                 logger.log(f"step {prog.step + 1}: non-finite loss or gradient ({float(loss)}); step skipped")
                 if nonfinite >= MAX_NONFINITE:
                     bar.close()
+                    if prog.step == 0:  # no update was ever applied: the fresh model itself overflows
+                        raise MinigptError(
+                            f"the loss was not finite for the first {nonfinite} steps, before any update: the "
+                            f"model overflows as initialised; lower model.init_std (now {mc.init_std:g}) or "
+                            f"the model's size"
+                        )
                     raise MinigptError(
                         f"the loss was not finite for {nonfinite} steps in a row at step {prog.step + 1}; "
                         f"lower train.learning_rate (now {tc.learning_rate:g}) or raise train.warmup_iters; "

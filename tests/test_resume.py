@@ -547,6 +547,22 @@ def test_repeated_nans_stop_the_run_cleanly(data_dir, tmp_path, monkeypatch):
     assert all(p.isfinite().all() for p in model.parameters())
 
 
+def test_a_model_that_overflows_as_initialised_is_told_apart_from_a_high_learning_rate(data_dir, tmp_path,
+                                                                                         monkeypatch):
+    """NaN from the first step on: no update happened, so the fix is the init, not the learning rate; the
+    eval sample says why there is none instead of sampling from NaN."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MinigptError, match=r"first 5 steps, before any update.*model.init_std \(now 1e\+10\)") as e:
+        train(tiny(data_dir, "train.max_iters=40", "model.init_std=1e10", "train.sample_tokens=20"),
+              run_name="o", echo=lambda m: None, progress=False)
+    assert "learning_rate" not in str(e.value)
+    assert "(no sample: the model's output is NaN" in (tmp_path / "runs" / "o" / "samples.txt").read_text()
+    from minigpt_cli.generate import sample_next
+
+    with pytest.raises(MinigptError, match="output is NaN"):
+        sample_next(torch.tensor([[0.0, float("nan")]]), 0.0, None, None, None)
+
+
 def test_early_stopping_and_kept_checkpoints(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # A learning rate of ~0 after warmup: val loss stops improving, patience 2 ends the run.
