@@ -31,16 +31,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence, TextIO
+from typing import Callable, Iterator, Optional, Sequence, TextIO
 
 import torch
 
 from .errors import MinigptError
 from .model import GPT
+from .tokenizer import load_run_tokenizer
 
-if TYPE_CHECKING:
-    from .config import Config
-    from .tokenizer import Tokenizer
 
 
 def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None, top_p: Optional[float] = None) -> torch.Tensor:
@@ -225,29 +223,6 @@ def _checkpoint_meta(ckpt: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def _run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
-    """The run's own tokenizer.json; a missing or damaged one is an error that says where a copy may be.
-
-    Raises:
-        MinigptError: the file is missing, unreadable or not a tokenizer.
-    """
-    from .paths import default_tokenizer_path
-    from .tokenizer import load_tokenizer
-
-    try:
-        return load_tokenizer(run_dir / "tokenizer.json")
-    except MinigptError as exc:
-        tc = cfg.tokenizer
-        source = (Path(tc.path) if tc.path
-                  else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind, tc.vocab_size,
-                                              tc.special_tokens))
-        problem = str(exc).split(";")[0]
-        raise MinigptError(
-            f"{problem}; a run samples with the tokenizer it was trained with: copy it back from "
-            f"{str(source)!r} if that file was not retrained since (generate checks it)"
-        ) from None
-
-
 def _trained_tokenizer(ckpt: Path) -> Optional[str]:
     """The fingerprint of the tokenizer ``ckpt`` was trained with; None for checkpoints that predate it.
 
@@ -354,7 +329,7 @@ def run_generate(
     dev = resolve_device(device)
     threads = CpuThreads(dev, echo=echo)  # measures what else runs while the model loads
     model, cfg = checkpoint.load_model(ckpt, dev)
-    tok = _run_tokenizer(run_dir, cfg)
+    tok = load_run_tokenizer(run_dir, cfg)
     check_finite(model, ckpt)
     if cfg.model.vocab_size < tok.vocab_size:
         raise MinigptError(

@@ -44,10 +44,13 @@ import json
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Optional, Protocol, Sequence
 
 from .errors import MinigptError
 from .fileio import atomic_write_text
+
+if TYPE_CHECKING:
+    from .config import Config
 
 FORMAT = "minigpt-char-tokenizer"
 KINDS = ("char", "bpe", "wordpiece", "unigram")
@@ -319,6 +322,31 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 
 # ----------------------------------------------------------------------------- WordPiece training
+
+
+def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
+    """A run folder's own ``tokenizer.json``, for ``generate`` and ``--resume``.
+
+    A missing or damaged file is an error that says where the file the run
+    was trained with came from (a retrained tokenizer is not the run's).
+
+    Raises:
+        MinigptError: the file is missing, unreadable or not a tokenizer.
+    """
+    from .paths import default_tokenizer_path
+
+    try:
+        return load_tokenizer(Path(run_dir) / "tokenizer.json")
+    except MinigptError as exc:
+        tc = cfg.tokenizer
+        source = (Path(tc.path) if tc.path
+                  else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind, tc.vocab_size,
+                                              tc.special_tokens))
+        problem = str(exc).split(";")[0]
+        raise MinigptError(
+            f"{problem}; a run keeps the tokenizer it was trained with: copy it back from {str(source)!r} "
+            f"if that file was not retrained since"
+        ) from None
 
 
 def wordpiece_symbols(word: str) -> list[str]:

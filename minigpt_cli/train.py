@@ -938,9 +938,9 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
             swept = checkpoint.sweep_stale_temps(run_dir / "checkpoints")
         saved = checkpoint.load_config(checkpoint.resolve(run_dir / "checkpoints" / "last") / checkpoint.CONFIG)
         _check_resume_config(cfg, saved)
-        from .tokenizer import load_tokenizer
+        from .tokenizer import load_run_tokenizer
 
-        run_tok = load_tokenizer(run_dir / "tokenizer.json")
+        run_tok = load_run_tokenizer(run_dir, saved)
         if run_tok.fingerprint() != tok.fingerprint():
             raise MinigptError(
                 f"--resume: the tokenizer file the config names differs from {run_dir / 'tokenizer.json'}; "

@@ -225,6 +225,15 @@ def test_resume_auto_picks_the_newest_run_of_that_name(data_dir, tmp_path, monke
     assert fresh.step == 5 and any("starting a new one" in n for n in notes)
 
 
+def test_resume_without_the_runs_tokenizer_says_where_it_came_from(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=4"), run_name="t", echo=lambda m: None, progress=False)
+    (tmp_path / "runs" / "t" / "tokenizer.json").unlink()
+    with pytest.raises(MinigptError, match=r"not found; a run keeps the tokenizer it was trained with: copy it back "
+                                           r"from .*tokenizer-char.json"):
+        train(tiny(data_dir, "train.max_iters=8"), echo=lambda m: None, progress=False, resume="runs/t")
+
+
 def test_resume_refuses_a_different_model(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=5"), run_name="m", echo=lambda m: None, progress=False)
