@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Optional, Sequence
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import ConfigError
+from .errors import ConfigError, MinigptError
 
 
 class _Strict(BaseModel):
@@ -125,6 +125,16 @@ class TokenizerConfig(_Strict):
     )
     special_tokens: list[str] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _check_special_tokens(self) -> "TokenizerConfig":
+        from .tokenizer import check_special_tokens  # no torch there; refused before anything runs
+
+        try:
+            check_special_tokens(self.special_tokens)
+        except MinigptError as exc:
+            raise ValueError(f"tokenizer.special_tokens: {exc}") from None
+        return self
+
 
 class DataConfig(_Strict):
     """Corpus and prepared token files."""
@@ -167,6 +177,11 @@ class TrainConfig(_Strict):
             raise ValueError(
                 f"train.min_lr ({self.min_lr}) must not exceed train.learning_rate "
                 f"({self.learning_rate})"
+            )
+        if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
+            raise ValueError(
+                f"train.lr_decay_iters ({self.lr_decay_iters}) ends the decay before the warmup ends "
+                f"(train.warmup_iters {self.warmup_iters}); set it to at least {self.warmup_iters}, or null"
             )
         return self
 

@@ -116,12 +116,15 @@ MIN_SPLIT_TOKENS = 2
 def _split_error(val_fraction: float, n_train: int, n_val: int, need: int, block_size: int | None = None) -> MinigptError:
     """The one-line refusal of a train/val split that leaves a side too small."""
     small = " and ".join(name for name, n in (("train", n_train), ("val", n_val)) if n < need)
+    # Another split helps only if the two sides together are enough for both.
+    split_fix = "choose a data.val_fraction such as 0.1, " if n_train + n_val >= 2 * need else ""
     if block_size is None:
         need_s = f"at least {need} tokens each"
-        fix = "choose a data.val_fraction such as 0.1, or use more text"
+        fix = f"{split_fix}use more text"
     else:
         need_s = f"at least model.block_size+1 = {need:,} tokens each"
-        fix = "choose a data.val_fraction such as 0.1, lower model.block_size, or use more text"
+        most = max(min(n_train, n_val) - 1, 1)
+        fix = f"{split_fix}lower model.block_size (to at most {most:,} with this split), or use more text"
     return MinigptError(
         f"data.val_fraction={val_fraction:g} splits the corpus into {n_train:,} train and {n_val:,} val "
         f"tokens, too few for {small} (they need {need_s}); {fix}"

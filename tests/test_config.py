@@ -235,3 +235,12 @@ def test_wrong_types_are_not_coerced(override, fragment):
     with pytest.raises(ConfigError, match=fragment):
         load_config(CONFIGS / "tiny.yaml", [override])
     assert load_config(CONFIGS / "tiny.yaml", ["train.learning_rate=1"]).train.learning_rate == 1.0  # int -> float is fine
+
+
+def test_schedules_and_special_tokens_that_cannot_work_are_refused_at_load():
+    with pytest.raises(ConfigError, match=r"train.lr_decay_iters \(10\) ends the decay before the warmup ends"):
+        load_config(CONFIGS / "tiny.yaml", ["train.lr_decay_iters=10", "train.warmup_iters=50"])
+    load_config(CONFIGS / "tiny.yaml", ["train.lr_decay_iters=50", "train.warmup_iters=50"])  # equal is fine
+    for bad, fragment in (('[""]', "must be non-empty"), ('["<s>", "<s>"]', "listed twice")):
+        with pytest.raises(ConfigError, match=fragment):
+            load_config(CONFIGS / "tiny.yaml", [f"tokenizer.special_tokens={bad}"])

@@ -113,6 +113,12 @@ def test_check_split_sizes_names_block_size(tmp_path, corpus_file):
     msg = str(e.value)
     assert "data.val_fraction=0.9999" in msg and f"{n_train:,} train and {n_val:,} val" in msg, msg
     assert "too few for train " in msg and "model.block_size+1 = 112" in msg, msg
+    assert "choose a data.val_fraction such as 0.1" in msg and "to at most 110 with this split" in msg
+    # A block the whole corpus cannot hold twice: another split would not help, so it is not suggested.
+    data = prepare(corpus_file, tok, tmp_path, 0.1, log=lambda m: None)
+    with pytest.raises(MinigptError) as e:
+        check_split_sizes(data, 1_000_000)
+    assert "val_fraction such as" not in str(e.value) and "lower model.block_size" in str(e.value)
 
 
 def test_prepare_redoes_token_files_with_ids_beyond_the_vocabulary(tmp_path, corpus_file):
