@@ -210,6 +210,20 @@ def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
     return {k.removeprefix(_COMPILE_PREFIX): v for k, v in sd.items()}
 
 
+def saved_config(directory: Path) -> Config:
+    """The config.yaml of a checkpoint folder (resolved as :func:`resolve` does).
+
+    Raises:
+        MinigptError: missing or damaged; the message says the checkpoint's copy is the problem.
+    """
+    path = resolve(directory) / CONFIG
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise MinigptError(f"the checkpoint's config is damaged ({exc}); restore {path} from the run's own "
+                           "config.yaml, which has the same content") from None
+
+
 def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
     """Rebuild the model from a checkpoint folder alone (config.yaml + safetensors).
 
@@ -218,10 +232,7 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
             fit the config; the message names the file.
     """
     directory = resolve(directory)
-    try:
-        config = load_config(directory / CONFIG)
-    except ConfigError as exc:
-        raise MinigptError(f"checkpoint config is unusable: {exc}") from None
+    config = saved_config(directory)
     weights = directory / WEIGHTS
     other = {"best": "last", "last": "best"}.get(directory.name)
     hint = (f"use the other checkpoint (generate --checkpoint {other}) or retrain" if other

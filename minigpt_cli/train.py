@@ -181,7 +181,7 @@ def describe_resume(cfg: Config, resume: str) -> list[str]:
     if run_dir is None:
         return [f"--resume auto: no run named {cfg.name!r} under {cfg.train.out_dir}/ yet; a new run would start"]
     last = checkpoint.resolve(run_dir / "checkpoints" / "last")
-    saved = checkpoint.load_config(last / checkpoint.CONFIG)
+    saved = checkpoint.saved_config(last)
     _check_resume_config(cfg, saved)
     state = checkpoint.load_trainer_state(last)
     step, n = state["step"], cfg.train.max_iters
@@ -936,7 +936,7 @@ def _train(cfg: Config, run_name: Optional[str], echo: Callable[[str], None], pr
             claim.folder = RunFolder(run_dir, RunLock(run_dir).acquire("wait for it to finish before resuming"))
             # Safe under the lock: no other process is saving here.
             swept = checkpoint.sweep_stale_temps(run_dir / "checkpoints")
-        saved = checkpoint.load_config(checkpoint.resolve(run_dir / "checkpoints" / "last") / checkpoint.CONFIG)
+        saved = checkpoint.saved_config(run_dir / "checkpoints" / "last")
         _check_resume_config(cfg, saved)
         from .tokenizer import load_run_tokenizer
 

@@ -232,6 +232,11 @@ def test_resume_without_the_runs_tokenizer_says_where_it_came_from(data_dir, tmp
     with pytest.raises(MinigptError, match=r"not found; a run keeps the tokenizer it was trained with: copy it back "
                                            r"from .*tokenizer-char.json"):
         train(tiny(data_dir, "train.max_iters=8"), echo=lambda m: None, progress=False, resume="runs/t")
+    # A damaged copy of the config in the checkpoint says which file and how to mend it.
+    shutil.copy(tmp_path / "runs" / "t" / "config.yaml", tmp_path / "good.yaml")
+    (tmp_path / "runs" / "t" / "checkpoints" / "last" / "config.yaml").write_text("name: null\n")
+    with pytest.raises(MinigptError, match=r"the checkpoint's config is damaged .*restore .*last/config.yaml"):
+        train(tiny(data_dir, "train.max_iters=8"), echo=lambda m: None, progress=False, resume="runs/t")
 
 
 def test_resume_refuses_a_different_model(data_dir, tmp_path, monkeypatch):
