@@ -10,8 +10,8 @@ CLI loads configs for ``count-params`` without it.
 from __future__ import annotations
 
 import difflib
-import os
 import math
+import os
 import re
 import reprlib
 from pathlib import Path

@@ -40,7 +40,6 @@ from .model import GPT
 from .tokenizer import load_run_tokenizer
 
 
-
 def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None, top_p: Optional[float] = None) -> torch.Tensor:
     """Mask logits (B, V) outside the top-k and the nucleus with -inf.
 
@@ -75,7 +74,7 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
     if temperature == 0:
         return logits.argmax(dim=-1)
     scaled = logits.float() / temperature
-    if torch.isposinf(scaled).any() or torch.isnan(scaled).any():
+    if torch.isposinf(scaled).any():  # (no NaN here: refused above)
         # A temperature so small (e.g. 1e-45) that logits/T overflows: its limit, greedy.
         return logits.argmax(dim=-1)
     logits = filter_logits(scaled, top_k, top_p)
@@ -210,17 +209,20 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optio
         raise MinigptError(f"--prompt-file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
 
 
-def _checkpoint_meta(ckpt: Path) -> dict:
-    """A checkpoint folder's meta.json (step, losses, tokenizer fingerprint); {} when missing or unreadable."""
+def _read_meta(ckpt: Path) -> dict:
+    """A checkpoint folder's meta.json (step, losses, tokenizer fingerprint).
+
+    Raises:
+        OSError, ValueError: missing, unreadable, not JSON, or not a JSON object.
+    """
     import json
 
     from .checkpoint import META, resolve
 
-    try:
-        meta = json.loads((resolve(ckpt) / META).read_text(encoding="utf-8"))
-    except (MinigptError, OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+    meta = json.loads((resolve(ckpt) / META).read_text(encoding="utf-8"))
+    if not isinstance(meta, dict):
+        raise ValueError("not a JSON object")
+    return meta
 
 
 def _trained_tokenizer(ckpt: Path) -> Optional[str]:
@@ -230,31 +232,30 @@ def _trained_tokenizer(ckpt: Path) -> Optional[str]:
         MinigptError: meta.json missing or damaged (every checkpoint has one),
             so the tokenizer cannot be checked.
     """
-    import json
-
     from .checkpoint import META, resolve
 
-    path = resolve(ckpt) / META
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(meta, dict):
-            raise ValueError("not a JSON object")
-        fingerprint = meta.get("tokenizer_fingerprint", None)
+        meta = _read_meta(ckpt)
+        fingerprint = meta.get("tokenizer_fingerprint")
         if "tokenizer_fingerprint" in meta and not isinstance(fingerprint, str):
             raise ValueError("tokenizer_fingerprint is not a string")
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:80]
         other = "last" if Path(ckpt).name == "best" else "best"
         raise MinigptError(
-            f"{str(path)!r} is missing or damaged ({reason}), so the tokenizer cannot be checked against the "
-            f"checkpoint; use --checkpoint {other}, or copy meta.json from the other checkpoint of this run"
+            f"{str(resolve(ckpt) / META)!r} is missing or damaged ({reason}), so the tokenizer cannot be checked "
+            f"against the checkpoint; use --checkpoint {other}, or copy meta.json from the other checkpoint of "
+            f"this run"
         ) from None
     return fingerprint
 
 
 def describe_checkpoint(ckpt: Path) -> str:
     """``checkpoint best, step 30`` for a checkpoint folder; the step is left out when meta.json lacks it."""
-    step = _checkpoint_meta(ckpt).get("step")
+    try:
+        step = _read_meta(ckpt).get("step")
+    except (MinigptError, OSError, ValueError):
+        step = None
     return f"checkpoint {Path(ckpt).name}" + (f", step {step}" if isinstance(step, int) else "")
 
 

@@ -65,9 +65,10 @@ def _model_config(values: dict[str, Any], source: str) -> ModelConfig:
         raise MinigptError(f"{exc}; this checkpoint cannot be imported") from None
 
 
-def _default(value: Any, default: Any) -> Any:
-    """``value``, or ``default`` where config.json has null (0 stays 0, to be refused by the schema)."""
-    return default if value is None else value
+def _max_positions(cfg: Mapping[str, Any]) -> Any:
+    """Llama's ``max_position_embeddings``; 2048 where null (0 does not fall back: the schema refuses it)."""
+    value = cfg.get("max_position_embeddings")
+    return 2048 if value is None else value
 
 
 def _need(cfg: Mapping[str, Any], key: str, family: str) -> Any:
@@ -89,8 +90,8 @@ def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
         MinigptError: a missing key, an activation or attention option we do
             not implement, or ``block_size`` beyond ``n_positions``.
     """
-    n_positions = cfg.get("n_positions")
-    n_positions = int(n_positions if n_positions is not None else _need(cfg, "n_ctx", "GPT-2"))
+    # null falls back (0 does not: the schema refuses it as a size)
+    n_positions = int(cfg["n_positions"] if cfg.get("n_positions") is not None else _need(cfg, "n_ctx", "GPT-2"))
     act = cfg.get("activation_function", "gelu_new")
     if act not in _GPT2_ACTIVATIONS:
         raise MinigptError(
@@ -183,8 +184,7 @@ def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = Non
             n_layer=_need(cfg, "num_hidden_layers", "Llama"),
             n_head=heads,
             n_embd=hidden,
-            block_size=(block_size if block_size is not None
-                        else int(_default(cfg.get("max_position_embeddings"), 2048))),
+            block_size=block_size if block_size is not None else int(_max_positions(cfg)),
             vocab_size=_need(cfg, "vocab_size", "Llama"),
             dropout=float(cfg.get("attention_dropout", 0.0)),
             bias=attn_bias,
