@@ -32,11 +32,12 @@ import torch
 
 from . import params as P
 from .config import Config
-from .device import CpuThreads, resolve_device, resolve_dtype, tune_runtime
 from .errors import MinigptError
-from .generate import generate_tokens, resolve_window_stride
-from .model import GPT, linear_kernel, onednn_matmul_op
-from .train import COMPILE_ONEDNN_NOTE, make_optimizer, train_step
+from .kernels import onednn
+from .model import GPT
+from .runtime import CpuThreads, check_memory, resolve_device, resolve_dtype, tune_runtime
+from .sampling import generate_tokens, resolve_window_stride
+from .trainer.step import make_optimizer, train_step
 
 MATMUL_N = 2048
 
@@ -53,7 +54,7 @@ def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
     float32 on a CPU where this PyTorch has it (whether or not the model's linear
     layers use it: the peak is the machine's, not the configuration's)."""
     kernels = ["torch.mm"]
-    if device.type == "cpu" and dtype == torch.float32 and onednn_matmul_op() is not None:
+    if device.type == "cpu" and dtype == torch.float32 and onednn.matmul_op() is not None:
         kernels.append("oneDNN")
     return kernels
 
@@ -68,7 +69,7 @@ def measure_peak(device: torch.device, dtype: torch.dtype, n: int = MATMUL_N, re
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     if kernel == "oneDNN":
-        op = onednn_matmul_op()
+        op = onednn.matmul_op()
 
         def product():
             return op(a, b, None, "none", [], "")
@@ -109,7 +110,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
 
     On a CPU the intra-op thread count is chosen once, before anything is
     measured, from the cores other processes leave free
-    (:class:`~minigpt_cli.device.CpuThreads`); ``torch_threads`` in the
+    (:class:`~minigpt_cli.runtime.CpuThreads`); ``torch_threads`` in the
     result says how many were used.
 
     Returns:
@@ -121,8 +122,6 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     """
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    if device.type == "cpu" and dtype == torch.float16:
-        raise MinigptError("dtype: float16 needs a GPU; use dtype: auto, float32 or bfloat16 on the CPU")
     mc = cfg.model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})
@@ -134,18 +133,16 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
-    from .train import check_memory
-
     if generation and prompt_len > T:
         raise MinigptError(f"--prompt-len {prompt_len}: the model sees at most block_size = {T} tokens; "
                            f"use 1 .. {T}")
     check_memory(cfg.model_copy(update={"model": mc}), device, dtype)
-    model = GPT(mc).to(device)
+    model = onednn.swap_linears(GPT(mc).to(device))
     train_model = torch.compile(model) if cfg.compile else model
-    eager_kernel = linear_kernel(model, B * T, device, dtype)
+    eager_kernel = onednn.linear_kernel(model, B * T, device, dtype)
     if cfg.compile and "oneDNN" in eager_kernel:
-        echo(COMPILE_ONEDNN_NOTE)
-    optimizer = make_optimizer(model, tc, device)
+        echo(onednn.COMPILE_NOTE)
+    optimizer = make_optimizer(model, tc)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
     autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     params_list = [p for p in model.parameters() if p.requires_grad]

@@ -1,6 +1,7 @@
-"""Save and load checkpoints: safetensors weights + trainer state + config, atomically.
+"""Save and load checkpoints atomically, and decide when a run saves (:class:`Checkpointer`).
 
-A checkpoint folder (``runs/<name>/checkpoints/last/``) holds
+A checkpoint folder (``runs/<name>/checkpoints/last/``; the names are
+:mod:`minigpt_cli.runs`') holds
 
 - ``model.safetensors``: the weights (a tied ``lm_head.weight`` is stored once,
   as ``wte.weight``);
@@ -24,7 +25,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from safetensors import SafetensorError
@@ -33,12 +34,9 @@ from safetensors.torch import load_file, save_file
 from .config import Config, ConfigError, load_config
 from .errors import MinigptError
 from .fileio import chmod_quietly, dir_mode, new_file_mode, os_error_message
-from .model import GPT
+from .model import GPT, sinusoidal_table
+from .runs import BEST, CONFIG, LAST, META, STATE, WEIGHTS, checkpoint_dir, kept_name, old_copy, read_meta, resolve
 
-WEIGHTS = "model.safetensors"
-STATE = "trainer_state.pt"
-CONFIG = "config.yaml"
-META = "meta.json"
 _COMPILE_PREFIX = "_orig_mod."
 
 #: Test hook: "NAME:N:POINT" SIGKILLs the process during the N-th save of
@@ -119,7 +117,7 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         _fsync_dir(tmp)
-        old = directory.parent / f".{directory.name}.old"
+        old = old_copy(directory)
         if directory.exists():
             # The current checkpoint becomes the old one; a previous .old is stale then.
             if old.exists():
@@ -184,21 +182,6 @@ def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:
     return removed
 
 
-def resolve(directory: Path) -> Path:
-    """The folder to load: ``directory``, or its ``.old`` copy if a swap was cut short.
-
-    Raises:
-        MinigptError: neither holds a weights file.
-    """
-    directory = Path(directory)
-    if (directory / WEIGHTS).is_file():
-        return directory
-    old = directory.parent / f".{directory.name}.old"
-    if (old / WEIGHTS).is_file():
-        return old
-    raise MinigptError(f"no checkpoint at {str(directory)!r} (missing {WEIGHTS}); train first or pick another run")
-
-
 def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, without a ``_orig_mod.`` prefix; a damaged file is a clear error."""
     try:
@@ -234,7 +217,7 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
     directory = resolve(directory)
     config = saved_config(directory)
     weights = directory / WEIGHTS
-    other = {"best": "last", "last": "best"}.get(directory.name)
+    other = {BEST: LAST, LAST: BEST}.get(directory.name)
     hint = (f"use the other checkpoint (generate --checkpoint {other}) or retrain" if other
             else "use another checkpoint or retrain")
     sd = _read_weights(weights, hint)
@@ -265,8 +248,6 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
         model.lm_head.weight = model.wte.weight
     # Buffers that are not saved (sinusoidal table) are rebuilt on a real device.
     if config.model.pos_encoding == "sinusoidal":
-        from .model import sinusoidal_table
-
         model.pos_table = sinusoidal_table(config.model.block_size, config.model.n_embd)
     model.to(device)
     model.eval()
@@ -317,3 +298,65 @@ def load_trainer_state(directory: Path) -> dict[str, Any]:
             f"trainer state {str(path)!r} is corrupt or unsafe to load ({type(exc).__name__}); "
             "use another checkpoint or start a new run"
         ) from None
+
+
+class Checkpointer:
+    """When a run saves, and where: the save policy in one place.
+
+    - after every eval, ``best`` when the val loss is the lowest so far, then ``last``;
+    - every ``train.keep_every`` steps, ``step-NNNNNNN`` (kept for good);
+    - on a stop request, ``last``.
+
+    Only the process that writes files (rank 0 under torchrun) saves; the
+    others' calls return at once. ``snapshot`` gives what a save writes at
+    the moment it is called: the model, the trainer state (optimizer, RNG,
+    step, ...) and the meta facts (step, losses, tokenizer fingerprint).
+
+    Args:
+        run_dir: the run folder.
+        config: the resolved run config (``train.keep_every`` is read from it).
+        snapshot: returns ``(model, trainer_state, meta)``.
+        enabled: whether this process writes.
+    """
+
+    def __init__(self, run_dir: Path, config: Config,
+                 snapshot: Callable[[], tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]], enabled: bool = True):
+        self.run_dir = Path(run_dir)
+        self.config = config
+        self.snapshot = snapshot
+        self.enabled = enabled
+
+    @property
+    def last(self) -> Path:
+        """The folder of the ``last`` checkpoint."""
+        return checkpoint_dir(self.run_dir, LAST)
+
+    def save(self, which: str) -> None:
+        """Write checkpoint ``which`` (``last``, ``best`` or a kept step's name) now."""
+        if self.enabled:
+            model, state, meta = self.snapshot()
+            save(checkpoint_dir(self.run_dir, which), model, self.config, state, meta)
+
+    def after_eval(self, improved: bool) -> None:
+        """An eval ended: ``best`` if its val loss is the lowest so far, then ``last``."""
+        if improved:
+            self.save(BEST)
+        self.save(LAST)
+
+    def after_step(self, step: int) -> None:
+        """Optimizer step ``step`` ended: keep ``step-NNNNNNN`` every ``train.keep_every`` steps."""
+        keep = self.config.train.keep_every
+        if keep and step % keep == 0:
+            self.save(kept_name(step))
+
+    def on_stop(self) -> None:
+        """A stop was requested: save ``last`` so that ``--resume`` continues from here."""
+        self.save(LAST)
+
+    def last_step(self) -> Optional[int]:
+        """The step of the ``last`` checkpoint on disk; None when there is none (or it is unreadable)."""
+        try:
+            step = read_meta(self.last).get("step")
+        except (MinigptError, OSError, ValueError):
+            return None
+        return step if isinstance(step, int) else None

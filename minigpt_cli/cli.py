@@ -2,250 +2,26 @@
 
 Each function parses its options, loads the config, calls one library function
 and prints the result. torch is imported inside the commands that need it, so
-``minigpt --help`` answers at once. A :class:`~minigpt_cli.errors.MinigptError`,
-a usage error, a file or standard output that cannot be written ends as one
-line on stderr and exit status 2; a closed pipe (``minigpt generate | head``)
-ends quietly with status 0.
+``minigpt --help`` answers at once. Errors become one line and an exit status
+in :mod:`minigpt_cli.cli_base`.
 """
 
 from __future__ import annotations
 
-import errno
-import io
 import json
-import os
 import shlex
-import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-try:  # Typer >= 0.20 carries its own copy of click
-    from typer._click import exceptions as _click_exc
-except ImportError:  # pragma: no cover - older Typer uses click itself
-    from click import exceptions as _click_exc
-
+from .cli_base import Command, Group, echo, other_rank, sample_flags
 from .errors import Interrupted, MinigptError
-
-EXIT_USAGE = 2
-
-
-class _StdoutError(Exception):
-    """Writing to standard output failed (``> /dev/full``, a full disk); not an OSError, so no file is blamed."""
-
-    def __init__(self, exc: OSError):
-        super().__init__(exc.strerror or str(exc))
-
-
-class _StdoutClosed(Exception):
-    """The reader of standard output left (``minigpt generate | head``); not an error.
-
-    Not a BrokenPipeError, which click would turn into exit status 1.
-    """
-
-
-class _GuardedStdout:
-    """``sys.stdout`` while a command runs: a failed write raises :class:`_StdoutError` or :class:`_StdoutClosed`.
-
-    Every other attribute is the wrapped stream's.
-    """
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    def _guard(self, method, *args):
-        try:
-            return method(*args)
-        except BrokenPipeError:
-            raise _StdoutClosed() from None
-        except OSError as exc:
-            raise _StdoutError(exc) from None
-
-    def write(self, text):
-        return self._guard(self._stream.write, text)
-
-    def flush(self):
-        return self._guard(self._stream.flush)
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-def _drop_stdout() -> None:
-    """Send what is left of standard output to /dev/null, so the flush at exit cannot fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        sys.stdout = open(os.devnull, "w")
-
-
-class _Group(TyperGroup):
-    """Turns user errors into one line on stderr and exit 2, without a traceback.
-
-    Besides :class:`~minigpt_cli.errors.MinigptError` and usage errors, that
-    covers a file that cannot be written (an OSError naming a path, or a full
-    or read-only disk) and a standard output that cannot be written.
-    """
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        real_stdout = sys.stdout
-        sys.stdout = _GuardedStdout(real_stdout)
-        old_term = _install_termination_handlers()
-        try:
-            rv = super().main(args=args, prog_name=prog_name or "minigpt", complete_var=complete_var,
-                              standalone_mode=False, **extra)
-            sys.stdout.flush()  # buffered output fails here, not silently at exit
-        except _click_exc.NoArgsIsHelpError as exc:  # bare `minigpt`: the help, not an error
-            sys.stdout = real_stdout
-            print(exc.format_message().rstrip("\n"))
-            rv = 0
-        except _click_exc.UsageError as exc:
-            path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
-            _fail(f"{exc.format_message()} (see '{path} --help')")
-        except Interrupted as exc:  # asked for: what was saved and how to go on, not an error
-            if _other_rank():  # under torchrun every rank stops; rank 0 says so
-                sys.exit(exc.exit_code)
-            _fail(str(exc), exc.exit_code, prefix="")
-        except MinigptError as exc:
-            _fail(str(exc), exc.exit_code)
-        except _Terminated as exc:
-            _fail(f"stopped by {signal.Signals(exc.signum).name} (partial files removed)", 128 + exc.signum,
-                  prefix="")
-        except (typer.Abort, KeyboardInterrupt):
-            print("aborted", file=sys.stderr)
-            sys.exit(130)
-        except (_StdoutClosed, BrokenPipeError):  # e.g. `minigpt generate | head`: the reader left
-            sys.stdout = real_stdout
-            _drop_stdout()
-            sys.exit(0)
-        except _StdoutError as exc:
-            sys.stdout = real_stdout
-            _drop_stdout()
-            _fail(f"cannot write to standard output: {exc}")
-        except OSError as exc:
-            # A write the library did not wrap: a path (run folder, data folder) that is
-            # read-only, full, a file where a folder should be, ... Others are bugs.
-            from .fileio import os_error_message
-
-            if exc.filename is None and exc.errno not in _DISK_ERRNOS:
-                raise
-            _fail(os_error_message(exc))
-        except _click_exc.ClickException as exc:
-            _fail(exc.format_message())
-        finally:
-            for sig, handler in old_term.items():
-                signal.signal(sig, handler)
-            if isinstance(sys.stdout, _GuardedStdout):
-                sys.stdout = real_stdout
-        code = rv if isinstance(rv, int) else 0
-        if standalone_mode:
-            sys.exit(code)
-        return code
-
-
-class _Terminated(BaseException):
-    """SIGTERM or SIGHUP outside the training loop (which saves and stops on its own)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_terminated(signum, frame):
-    raise _Terminated(signum)
-
-
-def _install_termination_handlers() -> dict:
-    """Make SIGTERM and SIGHUP unwind like Ctrl-C does, so ``finally`` blocks remove partial files
-    (a download's ``.part``, a new run folder without a checkpoint). The training loop installs
-    its own handlers, which save ``checkpoints/last`` first. Returns the handlers replaced."""
-    old = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is None:
-            continue
-        try:
-            old[sig] = signal.signal(sig, _raise_terminated)
-        except ValueError:  # not the main thread
-            pass
-    return old
-
-
-#: OSErrors that mean "the disk said no" even without a file name (a write to an open file).
-_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
-
-
-def _fail(message: str, code: int = EXIT_USAGE, prefix: str = "error: ") -> None:
-    first = " ".join(str(message).split("\n")).strip()
-    if len(first) > _MAX_ERROR:
-        first = first[: _MAX_ERROR - 3] + "..."
-    print(f"{prefix}{first}", file=sys.stderr)
-    sys.exit(code)
-
-
-#: Longest error line printed; a message quoting a huge value is cut there.
-_MAX_ERROR = 2000
-
-
-class _Command(TyperCommand):
-    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``.
-
-    Typer labels values by Python type (``<int range>``, ``<list[str]>``,
-    ``<path>``) and writes a required argument as ``{config}``. Here every
-    value shows its metavar: the one the option declares, else one derived
-    from its type (:func:`_default_metavar`); arguments appear as ``CONFIG``
-    (required) or ``[CONFIG]`` (optional).
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        for param in self.params:
-            if param.metavar is None and not getattr(param, "is_flag", False):
-                param.metavar = _default_metavar(param)
-
-    def collect_usage_pieces(self, ctx):
-        pieces = [self.options_metavar] if self.options_metavar else []
-        for param in self.get_params(ctx):
-            if isinstance(param, TyperArgument):
-                pieces.append(param.metavar if param.required else f"[{param.metavar}]")
-            else:
-                pieces.extend(param.get_usage_pieces(ctx))
-        return pieces
-
-    def format_options(self, ctx, formatter):
-        arguments, options = [], []
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is None:
-                continue
-            if isinstance(param, TyperArgument):
-                arguments.append((param.metavar, record[1]))  # without Typer's type label
-            else:
-                options.append(record)
-        for title, rows in (("Arguments", arguments), ("Options", options)):
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
-
-
-def _default_metavar(param) -> str:
-    """``N`` for integers, ``X`` for other numbers, ``PATH``, ``TEXT``; an argument's own name in capitals."""
-    if isinstance(param, TyperArgument):
-        return param.name.upper()
-    annotation = param.type_descriptor.annotation
-    args = getattr(annotation, "__args__", None)
-    if param.type_descriptor.is_list and args:
-        annotation = args[0]
-    return {int: "N", float: "X", Path: "PATH"}.get(annotation, "TEXT")
-
 
 app = typer.Typer(
     name="minigpt",
-    cls=_Group,
+    cls=Group,
     help="Train, sample and measure small GPT models (decoder-only Transformers).",
     no_args_is_help=True,
     add_completion=False,
@@ -256,19 +32,10 @@ app = typer.Typer(
 )
 
 
-def _echo(message: str) -> None:
-    """A status line on stderr. A stderr that cannot be written (closed pipe, full disk) loses
-    the line, not the run: a training must not die, unsaved, because `2>&1 | head` went away."""
-    try:
-        print(message, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
-
-
 # ----------------------------------------------------------------------------- download
 
 
-@app.command(cls=_Command)
+@app.command(cls=Command)
 def download(
     dataset: str = typer.Argument("tinyshakespeare", help="Corpus to fetch (only tinyshakespeare for now)."),
     url: Optional[str] = typer.Option(
@@ -285,12 +52,10 @@ def download(
     \b
     Example: minigpt download --url http://127.0.0.1:8000/input.txt
     """
-    from .download import DATASET, download_tinyshakespeare
+    from .download import download as fetch
 
-    if dataset != DATASET:
-        raise MinigptError(f"unknown dataset {dataset!r}; known datasets: {DATASET}")
-    path, fetched = download_tinyshakespeare(data_dir, url=url, force=force, progress=progress,
-                                             mirror_hint="pass another --url" if url else None)
+    path, fetched = fetch(dataset, data_dir, url=url, force=force, progress=progress,
+                          mirror_hint="pass another --url" if url else None)
     size = path.stat().st_size
     if fetched:
         print(f"downloaded {path} ({size:,} bytes, sha256 verified)")
@@ -301,7 +66,7 @@ def download(
 # ----------------------------------------------------------------------------- tokenizer
 
 
-@app.command("train-tokenizer", cls=_Command)
+@app.command("train-tokenizer", cls=Command)
 def train_tokenizer_cmd(
     config: Optional[Path] = typer.Argument(None, help="A config whose tokenizer and data sections to use."),
     kind: Optional[str] = typer.Option(None, "--kind", metavar="KIND", help="char, bpe, wordpiece or unigram (default: the config's)."),
@@ -340,16 +105,16 @@ def train_tokenizer_cmd(
     if compare:
         if kind is not None or output is not None:
             raise MinigptError("--compare trains every kind and writes nothing; drop --kind and --output")
-        print(run_compare(cfg, vocab_size=vocab_size, input_path=input, special_tokens=special_tokens, echo=_echo))
+        print(run_compare(cfg, vocab_size=vocab_size, input_path=input, special_tokens=special_tokens, echo=echo))
         return
     print(run_train_tokenizer(cfg, kind=kind, vocab_size=vocab_size, input_path=input, output_path=output,
-                              special_tokens=special_tokens, echo=_echo))
+                              special_tokens=special_tokens, echo=echo))
 
 
 # ----------------------------------------------------------------------------- train
 
 
-@app.command(cls=_Command)
+@app.command(cls=Command)
 def train(
     config: Path = typer.Argument(..., help="YAML config, e.g. configs/shakespeare-cpu.yaml."),
     set_: List[str] = typer.Option(
@@ -378,7 +143,8 @@ def train(
     run would have had; a larger train.max_iters trains a run further (the
     learning-rate schedule then follows the new values). Under torchrun
     (torchrun --nproc_per_node=N -m minigpt_cli train CONFIG) it trains with
-    DistributedDataParallel.
+    DistributedDataParallel. minigpt config-keys lists every key a config or
+    --set may give.
 
     \b
     Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
@@ -388,32 +154,49 @@ def train(
     cfg = load_config(config, set_)
     if resume is not None and run_name is not None:
         raise MinigptError("pass either --resume or --run-name, not both (a resumed run keeps its folder)")
-    from .train import describe_resume, describe_schedule, train as run_training
+    from .trainer import describe_resume, describe_schedule, train as run_training
 
     if dry_run:
         print(describe_schedule(cfg))
         if resume is not None:
             print("\n" + "\n".join(describe_resume(cfg, resume)))
         return
-    result = run_training(cfg, run_name=run_name, echo=_echo, progress=progress, resume=resume,
-                          config_path=config, overrides=set_)
+    try:
+        result = run_training(cfg, run_name, resume=resume, echo=echo, progress=progress)
+    except Interrupted as exc:
+        if exc.resume_dir is not None:  # how to go on: this command again, with --resume
+            words = ["minigpt", "train", str(config), *[w for item in set_ for w in ("--set", item)]]
+            exc.args = (f"{exc}; continue with: {shlex.join([*words, '--resume', str(exc.resume_dir)])}",)
+        raise
     if result.already_done:
         n = cfg.train.max_iters
         where = "reached" if result.step == n else f"is at step {result.step}, past"
         print(f"{result.run_dir} already {where} train.max_iters={n}; nothing was trained. To train longer, "
               f"raise it, e.g. --set train.max_iters={max(2 * result.step, result.step + 1)}")
         return
-    if _other_rank():  # under torchrun, rank 0 reports for all
+    if other_rank():  # under torchrun, rank 0 reports for all
         return
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
     print(f"trained to step {result.step}; final val loss {val}; run folder {result.run_dir}")
     print(f"sample from it with: minigpt generate --run {shlex.quote(str(result.run_dir))}")
 
 
+@app.command("config-keys", cls=Command)
+def config_keys() -> None:
+    """List every config key: its type or choices, its default and what it means.
+
+    \b
+    Example: minigpt config-keys | grep train.
+    """
+    from .config import describe_keys
+
+    print(describe_keys())
+
+
 # ----------------------------------------------------------------------------- generate
 
 
-@app.command(cls=_Command)
+@app.command(cls=Command)
 def generate(
     run: Optional[Path] = typer.Option(None, "--run", metavar="DIR", help="Run folder (default: the most recent under runs/)."),
     prompt: Optional[str] = typer.Option(
@@ -455,20 +238,19 @@ def generate(
     Example:
       minigpt generate --prompt "ROMEO:" --max-new-tokens 300 --stop "JULIET:"
     """
-    from .generate import read_prompt, run_generate
+    from .sampling import generate as run_generate, read_prompt
 
-    run_generate(
-        run=run, prompt=read_prompt(prompt, prompt_file, sys.stdin), max_new_tokens=max_new_tokens,
-        temperature=temperature, top_k=top_k, top_p=top_p, num_samples=num_samples, seed=seed, stream=stream,
-        use_cache=kv_cache, which=checkpoint, device=device, out=sys.stdout, echo=_echo, stop=stop,
-        window_stride=window_stride,
-    )
+    given = {"prompt": read_prompt(prompt, prompt_file, sys.stdin), "max_new_tokens": max_new_tokens,
+             "temperature": temperature, "top_k": top_k, "top_p": top_p, "num_samples": num_samples,
+             "window_stride": window_stride}
+    run_generate(run, sample_flags({k: v for k, v in given.items() if v is not None}), checkpoint=checkpoint,
+                 device=device, seed=seed, stream=stream, use_cache=kv_cache, stop=stop, out=sys.stdout, echo=echo)
 
 
 # ----------------------------------------------------------------------------- count-params
 
 
-@app.command("count-params", cls=_Command)
+@app.command("count-params", cls=Command)
 def count_params(
     preset: Optional[str] = typer.Option(None, "--preset", metavar="NAME", help="A preset name (see --list)."),
     config: Optional[Path] = typer.Option(None, "--config", metavar="CONFIG", help="A config file."),
@@ -495,39 +277,23 @@ def count_params(
         return
     if (preset is None) == (config is None):
         raise MinigptError("pass exactly one of --preset NAME or --config FILE (--list shows the presets)")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise MinigptError(f"--dtype {dtype!r}: use float32, bfloat16 or float16")
-    if tokens is not None and tokens == float("inf"):
-        raise MinigptError("--tokens inf: give a finite number of training tokens, e.g. --tokens 3e11")
-    if tokens is not None and tokens != int(tokens):
-        raise MinigptError(f"--tokens {tokens:g}: give a whole number of training tokens, e.g. --tokens 3e11")
     from . import params
+    from .count import count_params as count
 
     source = paths.preset_path(preset) if preset else config
     cfg = load_config(source, set_)
-    vocab = vocab_size or cfg.model.vocab_size or cfg.tokenizer.vocab_size
-    if vocab is None and cfg.tokenizer.kind == "char":
-        specials = len(cfg.tokenizer.special_tokens)
-        vocab = 65 + specials  # Tiny Shakespeare's alphabet, as train would find it
-        _echo(f"note: model.vocab_size is null; counting with {vocab} entries (Tiny Shakespeare's 65 characters"
-              f"{f' and {specials} special token' + 's' * (specials > 1) if specials else ''}); "
-              "pass --vocab-size N for another corpus")
-    mc = cfg.model
-    if seq_len is not None and seq_len > mc.block_size:
-        _echo(f"note: --seq-len {seq_len:,} is beyond block_size {mc.block_size:,}, the longest context the "
-              f"model takes; the FLOPs and memory at {seq_len:,} are arithmetic only")
-    rep = params.report(mc, seq_len=seq_len, tokens=int(tokens) if tokens else None,
-                        vocab_size=vocab, dtype=dtype, batch_size=batch_size)
+    rep = count(cfg, seq_len=seq_len, tokens=tokens, vocab_size=vocab_size, dtype=dtype, batch_size=batch_size,
+                echo=echo)
     if as_json:
         print(json.dumps(rep, indent=1))
     else:
-        print(params.format_report(rep, title=preset or str(config)))
+        print(params.format_report(rep, title=preset or str(config), overrides=set_))
 
 
 # ----------------------------------------------------------------------------- bench
 
 
-@app.command(cls=_Command)
+@app.command(cls=Command)
 def bench(
     config: Path = typer.Argument(..., help="YAML config whose model, batch, device and dtype to measure."),
     set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key: section.key=value (repeatable)."),
@@ -548,13 +314,8 @@ def bench(
     from .bench import bench as run_bench, format_bench
 
     result = run_bench(cfg, iters=iters, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-                       generation=generation, echo=_echo)
+                       generation=generation, echo=echo)
     print(json.dumps(result, indent=1) if as_json else format_bench(result))
-
-
-def _other_rank() -> bool:
-    """True in a torchrun process other than rank 0 (``RANK`` set and not 0)."""
-    return os.environ.get("RANK", "0").strip() not in ("", "0")
 
 
 def main() -> None:

@@ -1,25 +1,29 @@
-"""The one config schema: pydantic models, YAML loading, ``--set`` overrides.
+"""The one config schema: pydantic models, ``--set`` overrides, validation, the key reference.
 
 A config is validated once, at the edge (the CLI), and passed around as a typed
 :class:`Config`. Unknown keys and wrong types are errors that name the key, and
 cross-field rules (``n_embd % n_head == 0``, even head size for RoPE, ...) are
-checked here, before any tensor exists. This module must not import torch: the
+checked here, before any tensor exists. Every field carries a one-line
+``description``; :func:`describe_keys` prints them. YAML reading and writing
+live in :mod:`minigpt_cli.config_io`. This module must not import torch: the
 CLI loads configs for ``count-params`` without it.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
 import reprlib
+import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Sequence
+from typing import Annotated, Any, Literal, Optional, Sequence, Union, get_args, get_origin
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .config_io import dump_yaml, parse_yaml
 from .errors import ConfigError, MinigptError
 
 
@@ -32,29 +36,43 @@ class ModelConfig(_Strict):
     """Architecture of the decoder-only Transformer (GPT-2's names)."""
 
     n_layer: int = Field(6, ge=1, description="number of Transformer blocks")
-    n_head: int = Field(6, ge=1, description="attention heads per block")
-    n_embd: int = Field(384, ge=1, description="model width d")
+    n_head: int = Field(6, ge=1, description="attention (query) heads per block; must divide n_embd")
+    n_embd: int = Field(384, ge=1, description="model width d: the embedding and residual-stream size")
     block_size: int = Field(256, ge=1, description="context length in tokens")
-    vocab_size: Optional[int] = Field(
-        None, ge=1, description="null: taken from the tokenizer"
-    )
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    bias: bool = True
-    pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = "learned"
-    rope_base: float = Field(10000.0, gt=0.0)
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    norm_eps: float = Field(1e-5, gt=0.0)
-    norm_position: Literal["pre", "post"] = "pre"
-    ffn: Literal["relu", "gelu", "gelu_tanh", "swiglu"] = "gelu"
+    vocab_size: Optional[int] = Field(None, ge=1, description="rows of the token embedding; null: the tokenizer's size")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0,
+                           description="dropout probability on embeddings, attention weights and residual branches "
+                                       "(training only)")
+    bias: bool = Field(True, description="biases in the attention and MLP linear layers and in LayerNorm "
+                                         "(GPT-2: true, Llama: false)")
+    pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = Field(
+        "learned", description="positions: a learned table (GPT-2), sinusoidal (Vaswani et al. 2017 §3.5), "
+                               "rotary (RoPE, Su et al. 2021) or none")
+    rope_base: float = Field(10000.0, gt=0.0, description="RoPE frequency base θ (Su et al. 2021; Llama 2: 10000); "
+                                                          "used with pos_encoding: rope")
+    norm: Literal["layernorm", "rmsnorm"] = Field(
+        "layernorm", description="LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019)")
+    norm_eps: float = Field(1e-5, gt=0.0,
+                            description="epsilon added to the variance (RMSNorm: mean square) in each norm")
+    norm_position: Literal["pre", "post"] = Field(
+        "pre", description="pre: norm before each sub-layer, plus a final norm (GPT-2); post: after each residual "
+                           "add, no final norm (Vaswani et al. 2017)")
+    ffn: Literal["relu", "gelu", "gelu_tanh", "swiglu"] = Field(
+        "gelu", description="feed-forward activation: ReLU, exact GELU, GPT-2's tanh GELU, or SwiGLU (Shazeer 2020)")
     d_ff: Optional[int] = Field(
-        None, ge=1, description="null: 4*d, or 8d/3 rounded up to multiple_of for SwiGLU"
-    )
-    multiple_of: int = Field(256, ge=1)
-    tie_weights: bool = True
-    scale_residual_init: bool = True
-    emb_scale: bool = False
-    n_kv_head: Optional[int] = Field(None, ge=1, description="null: n_head")
-    init_std: float = Field(0.02, gt=0.0)
+        None, ge=1, description="feed-forward hidden width; null: 4·n_embd, for swiglu 8·n_embd/3 rounded up to "
+                                "multiple_of")
+    multiple_of: int = Field(256, ge=1, description="round SwiGLU's derived d_ff up to a multiple of this "
+                                                    "(Llama's FeedForward); unused when d_ff is set")
+    tie_weights: bool = Field(True, description="share the token embedding with the output layer (Press & Wolf 2017)")
+    scale_residual_init: bool = Field(
+        True, description="scale the init of residual output projections by 1/sqrt(2·n_layer) (GPT-2 §2.3)")
+    emb_scale: bool = Field(False, description="multiply token embeddings by sqrt(n_embd) (Vaswani et al. 2017 §3.4)")
+    n_kv_head: Optional[int] = Field(
+        None, ge=1, description="key/value heads, for grouped-query attention (Ainslie et al. 2023); must divide "
+                                "n_head; null: n_head")
+    init_std: float = Field(0.02, gt=0.0, description="standard deviation of the normal init of linear and "
+                                                      "embedding weights (GPT-2: 0.02)")
 
     @property
     def head_dim(self) -> int:
@@ -81,6 +99,7 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_sizes(self) -> "ModelConfig":
+        # d_ff and n_kv_head given as null stand for values (4·d or SwiGLU's rounding, n_head) that always pass.
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"model.n_embd ({self.n_embd}) must be divisible by model.n_head "
@@ -116,18 +135,19 @@ UserPath = Annotated[str, AfterValidator(os.path.expanduser)]
 class TokenizerConfig(_Strict):
     """Which tokenizer turns text into ids, and where its file lives."""
 
-    kind: Literal["char", "bpe", "wordpiece", "unigram"] = "char"
+    kind: Literal["char", "bpe", "wordpiece", "unigram"] = Field(
+        "char", description="char: one id per character; or a trained byte-level bpe, wordpiece or unigram tokenizer")
     vocab_size: Optional[int] = Field(
-        None, ge=1, description="target size for trained kinds; ignored for char"
-    )
+        None, ge=1, description="entries in all, special tokens included, for trained kinds; ignored for char")
     path: Optional[UserPath] = Field(
-        None, description="tokenizer file; null: data/<dataset>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json"
-    )
-    special_tokens: list[str] = Field(default_factory=list)
+        None, description="tokenizer file; null: <data_dir>/<dataset>/tokenizer-<kind>[-<vocab_size>]"
+                          "[-special-<hash>].json, <hash> naming the special tokens")
+    special_tokens: list[str] = Field(default_factory=list,
+                                      description="strings that always become one id each, e.g. <|endoftext|>")
 
     @model_validator(mode="after")
     def _check_special_tokens(self) -> "TokenizerConfig":
-        from .tokenizer import check_special_tokens  # no torch there; refused before anything runs
+        from .special_tokens import check_special_tokens  # no torch there; refused before anything runs
 
         try:
             check_special_tokens(self.special_tokens)
@@ -139,37 +159,47 @@ class TokenizerConfig(_Strict):
 class DataConfig(_Strict):
     """Corpus and prepared token files."""
 
-    dataset: Literal["tinyshakespeare"] = "tinyshakespeare"
-    data_dir: UserPath = "data"
+    dataset: Literal["tinyshakespeare"] = Field(
+        "tinyshakespeare", description="the corpus: Tiny Shakespeare (char-rnn's, about 1 MB of plays)")
+    data_dir: UserPath = Field("data",
+                               description="folder of corpora, tokenizers and token files (<data_dir>/<dataset>/)")
     url: Optional[str] = Field(
-        None, description="mirror of the corpus; else $MINIGPT_TINYSHAKESPEARE_URL or the default"
+        None, description="mirror of the corpus; null: $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn repository"
     )
-    val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+    val_fraction: float = Field(0.1, gt=0.0, lt=1.0,
+                                description="share of the corpus, taken from its end, held out for validation")
 
 
 class TrainConfig(_Strict):
     """Optimisation, schedule, evaluation and logging."""
 
-    batch_size: int = Field(64, ge=1)
-    grad_accum_steps: int = Field(1, ge=1)
-    max_iters: int = Field(5000, ge=0, description="optimizer steps")
-    learning_rate: float = Field(1e-3, gt=0.0)
-    min_lr: float = Field(1e-4, ge=0.0)
-    warmup_iters: int = Field(100, ge=0)
-    lr_schedule: Literal["cosine", "linear", "constant", "inverse_sqrt"] = "cosine"
-    lr_decay_iters: Optional[int] = Field(None, ge=1, description="null: max_iters")
-    weight_decay: float = Field(0.1, ge=0.0)
-    beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(0.99, ge=0.0, lt=1.0)
-    grad_clip: float = Field(1.0, ge=0.0, description="0 disables clipping")
-    eval_interval: int = Field(250, ge=1)
-    eval_iters: int = Field(200, ge=1)
-    log_interval: int = Field(10, ge=1)
-    sample_tokens: int = Field(200, ge=0, description="tokens sampled into samples.txt at each eval")
-    early_stop_patience: Optional[int] = Field(None, ge=1)
-    keep_every: Optional[int] = Field(None, ge=1)
-    out_dir: UserPath = "runs"
-    tensorboard: bool = False
+    batch_size: int = Field(64, ge=1, description="sequences per micro-batch, per process")
+    grad_accum_steps: int = Field(1, ge=1, description="micro-batches whose gradients make one optimizer step")
+    max_iters: int = Field(5000, ge=0, description="optimizer steps in all (a --resume trains on up to it)")
+    learning_rate: float = Field(1e-3, gt=0.0, description="peak learning rate, reached at the end of the warmup")
+    min_lr: float = Field(1e-4, ge=0.0, description="learning rate at the end of the cosine or linear decay")
+    warmup_iters: int = Field(100, ge=0, description="optimizer steps of linear warmup up to learning_rate")
+    lr_schedule: Literal["cosine", "linear", "constant", "inverse_sqrt"] = Field(
+        "cosine", description="after the warmup: cosine or linear decay to min_lr, constant, or inverse_sqrt "
+                              "(Vaswani et al. 2017 §5.3)")
+    lr_decay_iters: Optional[int] = Field(None, ge=1, description="step at which the decay reaches min_lr; "
+                                                                  "null: max_iters")
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay on matrices and embeddings; biases and "
+                                                         "norm gains get none")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW's first-moment (momentum) decay rate")
+    beta2: float = Field(0.99, ge=0.0, lt=1.0, description="AdamW's second-moment decay rate")
+    grad_clip: float = Field(1.0, ge=0.0, description="clip the global gradient norm to this; 0 disables clipping")
+    eval_interval: int = Field(250, ge=1, description="steps between evals of train and val loss; each eval "
+                                                      "saves checkpoints")
+    eval_iters: int = Field(200, ge=1, description="batches averaged per split at each eval")
+    log_interval: int = Field(10, ge=1, description="steps between train-loss lines in the log and metrics")
+    sample_tokens: int = Field(200, ge=0, description="tokens sampled into samples.txt at each eval; 0: none")
+    early_stop_patience: Optional[int] = Field(
+        None, ge=1, description="stop after this many evals in a row without a new best val loss; null: never")
+    keep_every: Optional[int] = Field(
+        None, ge=1, description="also keep a checkpoint every this many steps (checkpoints/step-NNNNNNN); null: none")
+    out_dir: UserPath = Field("runs", description="folder that holds the run folders")
+    tensorboard: bool = Field(False, description="also write TensorBoard event files (needs the tensorboard package)")
 
     @model_validator(mode="after")
     def _check_lr(self) -> "TrainConfig":
@@ -183,48 +213,68 @@ class TrainConfig(_Strict):
                 f"train.lr_decay_iters ({self.lr_decay_iters}) ends the decay before the warmup ends "
                 f"(train.warmup_iters {self.warmup_iters}); set it to at least {self.warmup_iters}, or null"
             )
+        # An explicit lr_decay_iters before the warmup's end drops the rate to min_lr as the warmup ends. null
+        # (max_iters) below warmup_iters cannot: the run ends inside the warmup. Short trial runs
+        # (--set train.max_iters=3) and their saved configs therefore load.
         return self
 
 
 class SampleConfig(_Strict):
     """Defaults for ``minigpt generate`` (Hugging Face's names)."""
 
-    prompt: str = "\n"
-    max_new_tokens: int = Field(500, ge=0)
-    temperature: float = Field(0.8, ge=0.0)
-    top_k: Optional[int] = Field(200, ge=1)
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    num_samples: int = Field(1, ge=1)
+    prompt: str = Field("\n", description="text minigpt generate continues when --prompt is not given")
+    max_new_tokens: int = Field(500, ge=0, description="tokens generated per sample")
+    temperature: float = Field(0.8, ge=0.0, description="divides the logits before sampling; 0: greedy")
+    top_k: Optional[int] = Field(200, ge=1, description="sample from the k most likely tokens only; null: all")
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of likeliest "
+                                                                     "tokens holding this probability; null: off")
+    num_samples: int = Field(1, ge=1, description="samples generated, one after another")
     window_stride: Optional[int] = Field(
         None, ge=1, description="tokens the context drops at once past block_size; null: block_size // 4"
     )
 
 
+#: The device names a config (and ``generate --device``) may give.
+DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
+
+
+def _check_device(name: str) -> str:
+    if not re.fullmatch(DEVICE_PATTERN, name):
+        raise ValueError(f"device: {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
+    return name
+
+
+#: A device name, checked at load (the device's presence is checked when a command starts).
+Device = Annotated[str, AfterValidator(_check_device)]
+
+
 class Config(_Strict):
     """A whole run: model, tokenizer, data, training, sampling, device."""
 
-    name: str = Field("run", min_length=1)
-    seed: int = Field(1337, ge=0, lt=2**32, description="0 .. 2**32-1 (numpy's range)")
-    device: str = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    compile: bool = False
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    sample: SampleConfig = Field(default_factory=SampleConfig)
+    name: str = Field("run", min_length=1, description="names the run folder (<name>-<date>-<time>) and --resume "
+                                                       "auto's match; letters, digits, '.', '_', '-'")
+    seed: int = Field(1337, ge=0, lt=2**32, description="random seed of init, batches and samples; 0 .. 2**32-1 "
+                                                        "(numpy's range)")
+    device: Device = Field("auto", description="auto: CUDA, else Apple MPS, else CPU; cuda:N: the N-th CUDA GPU")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="training precision: auto is bfloat16 autocast on CUDA where supported (else float16), "
+                            "float32 elsewhere; float16 needs a GPU")
+    compile: bool = Field(False, description="torch.compile the model: a slower start, often faster steps")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the Transformer's architecture")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="text to ids")
+    data: DataConfig = Field(default_factory=DataConfig, description="corpus and token files")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="optimisation, schedule, evals, logging")
+    sample: SampleConfig = Field(default_factory=SampleConfig, description="defaults for minigpt generate")
 
     @model_validator(mode="after")
     def _check_run(self) -> "Config":
-        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
-            raise ValueError(
-                f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N, mps"
-            )
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name):
             raise ValueError(
                 f"name: {self.name!r} may only hold letters, digits, '.', '_' and '-'"
             )
-        stride = self.sample.window_stride
+        if self.device == "cpu" and self.dtype == "float16":  # train refuses it too, when device: auto finds a CPU
+            raise ValueError("dtype: float16 needs a GPU; use dtype: auto, float32 or bfloat16 on the CPU")
+        stride = self.sample.window_stride  # null: block_size // 4, which always fits
         if stride is not None and stride > self.model.block_size:
             raise ValueError(
                 f"sample.window_stride: {stride} is larger than model.block_size ({self.model.block_size}); "
@@ -237,102 +287,59 @@ class Config(_Strict):
 
     def to_yaml(self) -> str:
         """The config as YAML; strings with line breaks are written double-quoted ("\\n"), on one line."""
-        return yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False)
+        return dump_yaml(self.to_dict())
 
 
-# ----------------------------------------------------------------------------- YAML
+# ----------------------------------------------------------------------------- the key reference
 
 
-class _Dumper(yaml.SafeDumper):
-    """SafeDumper that writes a string holding a line break as one double-quoted line."""
-
-
-def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
-    style = '"' if any(c in text for c in "\n\r") else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
-
-
-_Dumper.add_representer(str, _represent_str)
-
-
-class _Refused(yaml.MarkedYAMLError):
-    """Valid YAML that a config may not use (a duplicate key, an alias); ``problem`` holds the whole message."""
-
-    def __init__(self, problem: str, mark):
-        super().__init__(problem=problem, problem_mark=mark)
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``) and refuses duplicate keys.
-
-    A key given twice in one mapping is an error naming both lines (PyYAML
-    would silently keep the last). Anchors and aliases (``&name``, ``*name``)
-    are refused: a config does not need them, and nested aliases ("billion
-    laughs") turn a few lines into an object too large to validate or print.
-    """
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise _Refused(f"alias *{event.anchor}: a config may not use anchors and aliases; "
-                           "write the value out", event.start_mark)
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: SafeConstructor reports it
-                continue
-            if first is not None:
-                raise _Refused(f"duplicate key {key!r}, first given on line {first.line + 1}; keep one of them",
-                               key_node.start_mark)
-            seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+][0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def parse_yaml(text: str, source: str = "<string>") -> Any:
-    """Parse YAML text; a syntax error becomes a one-line :class:`ConfigError`."""
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except RecursionError:
-        raise ConfigError(f"{source}: invalid YAML (nested too deeply); a config is a few flat sections") from None
-    except _Refused as exc:
-        mark = exc.problem_mark
-        raise ConfigError(f"{source}: line {mark.line + 1}, column {mark.column + 1}: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{source}:{where}: invalid YAML ({problem}); fix the syntax") from None
-
-
-def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    keys = []
+def _fields(model: type[BaseModel] = Config, prefix: str = ""):
+    """(key, field) for every key, ``section.key`` in a section; a section comes just before its keys."""
     for name, field in model.model_fields.items():
-        keys.append(prefix + name)
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys.extend(_known_keys(ann, prefix + name + "."))
-    return keys
+        yield prefix + name, field
+        if _is_section(field):
+            yield from _fields(field.annotation, prefix + name + ".")
+
+
+def _is_section(field: Any) -> bool:
+    return isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+
+
+def _type_name(ann: Any) -> str:
+    """``int``, ``float or null``, ``cosine | linear | ...`` for a field's annotation."""
+    origin, args = get_origin(ann), get_args(ann)
+    if origin is Literal:
+        return " | ".join(str(a) for a in args)
+    if origin is Annotated:
+        return {UserPath: "path", Device: "auto | cpu | cuda | cuda:N | mps"}.get(ann) or _type_name(args[0])
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or null"
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    return getattr(ann, "__name__", str(ann))
+
+
+def _shown(value: Any) -> str:
+    """A default as YAML would spell it: null, true, 0.001, a bare word, or a quoted string."""
+    if isinstance(value, str) and re.fullmatch(r"[\w./<>-]+", value):
+        return value
+    return json.dumps(value)
+
+
+def key_rows() -> list[tuple[str, str, str, str]]:
+    """(key, type or choices, default, meaning) for every key, ``section.key`` in a section, in schema order."""
+    return [(key, _type_name(field.rebuild_annotation()), _shown(field.get_default(call_default_factory=True)),
+             field.description or "") for key, field in _fields() if not _is_section(field)]
+
+
+def describe_keys() -> str:
+    """Every config key as a table: key, type or choices, default, one-line meaning."""
+    rows = [("key", "type", "default", "meaning"), *key_rows()]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows)
+
+
+# ----------------------------------------------------------------------------- validation
 
 
 #: Shows a value in an error message, cut to a readable length.
@@ -341,13 +348,34 @@ _short_repr.maxstring = _short_repr.maxother = 80
 _short_repr.maxlist = _short_repr.maxdict = 6
 _short_repr.maxlevel = 3
 
+#: How alike (difflib's ratio of two key names) a misspelling must be to be suggested: "learnig_rate" and
+#: "trian" pass, "seed" for "sample" or "n_layer" for "min_lr" do not.
+_CLOSE = 0.75
+
+
+def _suggest(loc: str) -> str:
+    """The hint for an unknown key: where the same key lives (another section, or the top level), else a close
+    spelling in the same section, else anywhere; else the advice to remove it."""
+    keys = [key for key, _ in _fields()]
+    section, _, name = loc.rpartition(".")
+    place = lambda key: key if "." in key or not section else f"top-level {key}"  # noqa: E731
+    same = [key for key in keys if key.rpartition(".")[2] == name and key != loc]
+    if not same:
+        for pool in ([k for k in keys if k.rpartition(".")[0] == section], keys):
+            names = {k.rpartition(".")[2]: k for k in pool}
+            close = difflib.get_close_matches(name, list(names), n=1, cutoff=_CLOSE)
+            if close:
+                same = [names[close[0]]]
+                break
+    if same:
+        return f"did you mean {' or '.join(place(key) for key in same)}?"
+    return "remove it (the Configs section of README.md lists the keys)"
+
 
 def _format_error(err: dict[str, Any], source: str) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
-        close = difflib.get_close_matches(loc, _known_keys(Config), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else "; remove it (the Configs section of README.md lists the keys)"
-        return f"{source}: {loc}: unknown key{hint}"
+        return f"{source}: {loc}: unknown key; {_suggest(loc)}"
     msg = err["msg"]
     if err["type"] == "model_type":  # "valid dictionary or instance of TrainConfig": a section given a value
         return (f"{source}: {loc or 'config'}: is a section, not a value (got {_short_repr.repr(err.get('input'))}); "

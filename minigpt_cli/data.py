@@ -22,7 +22,8 @@ from .errors import MinigptError
 from .config import Config
 from .paths import corpus_path, default_tokenizer_path
 from .fileio import atomic_write_bytes, atomic_write_text
-from .tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from .tokenizer import Tokenizer, load_tokenizer
+from .tokenizer_training import train_tokenizer
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -25,11 +25,14 @@ class Interrupted(MinigptError):
     """Training stopped by a signal; exit status 128 + the signal's number.
 
     SIGINT (Ctrl-C) gives 130 and SIGTERM 143, as a shell reports a process
-    killed by that signal. The message says what was saved and how to continue.
+    killed by that signal. The message says what was saved; ``resume_dir``,
+    when set, is the run folder a ``--resume`` would continue (the CLI adds
+    the command that does it).
     """
 
     exit_code = 130
 
-    def __init__(self, message: str, signum: int = 2):
+    def __init__(self, message: str, signum: int = 2, resume_dir=None):
         super().__init__(message)
         self.exit_code = 128 + int(signum)
+        self.resume_dir = resume_dir

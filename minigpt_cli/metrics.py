@@ -1,6 +1,6 @@
 """Where a run reports: metrics.jsonl, train.log, loss.png, samples.txt.
 
-``metrics.jsonl`` is machine-readable (DESIGN §4): every line has ``step``
+``metrics.jsonl`` is machine-readable (the README documents it): every line has ``step``
 (optimizer steps done), ``event`` (``"train"`` or ``"eval"``) and
 ``elapsed_s``; train lines add ``loss``, ``lr``, ``tokens_per_sec``; eval lines
 add ``train_loss`` and ``val_loss``.

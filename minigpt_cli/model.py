@@ -1,7 +1,7 @@
 """The decoder-only Transformer (GPT) and its variants. Architecture only.
 
 Follows nanoGPT's layout and GPT-2's names (``wte``, ``wpe``, ``h``, ``ln_f``,
-``lm_head``, ``c_attn``, ``c_proj``, ``c_fc``). Every switch of DESIGN §3 is a
+``lm_head``, ``c_attn``, ``c_proj``, ``c_fc``). Every architecture switch is a
 field of :class:`~minigpt_cli.config.ModelConfig`:
 
 - positions: learned table (GPT-2), sinusoidal (Vaswani et al. 2017 §3.5),
@@ -17,183 +17,21 @@ field of :class:`~minigpt_cli.config.ModelConfig`:
   sqrt(d) embedding scale (Vaswani et al. 2017 §3.4).
 
 No I/O, no printing. Attention goes through
-``torch.nn.functional.scaled_dot_product_attention``; the linear layers go
-through :func:`linear`, which uses oneDNN's matrix products for float32 on x86
-CPUs (see there).
+``torch.nn.functional.scaled_dot_product_attention``; the linear layers are
+plain ``nn.Linear``, which a command may swap for faster kernels with the same
+parameters (:mod:`minigpt_cli.kernels`).
 """
 
 from __future__ import annotations
 
 import math
-import platform
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from .config import ModelConfig
-from .device import onednn_requested
-
-
-# ----------------------------------------------------------------------------- matrix products
-
-# PyTorch's CPU wheels run float32 ``F.linear``/``torch.mm`` on MKL, which takes
-# its AVX2 code path on AMD processors even where they have AVX-512; oneDNN
-# (bundled with the same wheel, PyTorch's convolution library) picks its kernels
-# by instruction set. On the 2-core AMD EPYC (Zen 5) of BENCHMARKS.md a
-# 768x128 @ 128x512 product runs at 230 GFLOP/s through MKL and 480 through
-# oneDNN. ``MINIGPT_ONEDNN=0`` turns it off; other architectures keep ``F.linear``.
-_ONEDNN_ENABLED = onednn_requested() and platform.machine().lower() in ("x86_64", "amd64")
-_onednn_op = None
-
-
-def onednn_matmul_op():
-    """oneDNN's ``mkldnn::_linear_pointwise`` (x @ wᵀ + b) or None where this PyTorch lacks it."""
-    global _onednn_op
-    if _onednn_op is None:
-        op = None
-        if torch.backends.mkldnn.is_available():
-            op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-        _onednn_op = op or False
-    return _onednn_op or None
-
-
-def onednn_enabled() -> bool:
-    """Whether :func:`linear` sends float32 CPU products to oneDNN."""
-    return _ONEDNN_ENABLED and onednn_matmul_op() is not None
-
-
-@contextmanager
-def use_onednn(enabled: bool) -> Iterator[None]:
-    """Within the block, :func:`linear` uses oneDNN (if available) or plain ``F.linear``."""
-    global _ONEDNN_ENABLED
-    saved, _ONEDNN_ENABLED = _ONEDNN_ENABLED, enabled
-    try:
-        yield
-    finally:
-        _ONEDNN_ENABLED = saved
-
-
-def _onednn_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                    lead: torch.Size) -> torch.Tensor:
-    """x2 (rows, in) @ weightᵀ + bias on oneDNN, shaped (*lead, out); no autograd."""
-    return onednn_matmul_op()(x2, weight, bias, "none", [], "").view(*lead, weight.size(0))
-
-
-class _OneDNNLinear(torch.autograd.Function):
-    """y = x Wᵀ + b on oneDNN, and its gradients (dx = dy W, dW = dyᵀ x, db = Σ dy)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        x2 = x.reshape(-1, x.size(-1))
-        ctx.save_for_backward(x2, weight)
-        ctx.has_bias = bias is not None
-        return _onednn_forward(x2, weight, bias, x.shape[:-1])
-
-    @staticmethod
-    @once_differentiable  # no second derivatives (oneDNN's op has no autograd formula)
-    def backward(ctx, grad: torch.Tensor):
-        op = onednn_matmul_op()
-        x2, weight = ctx.saved_tensors
-        g2 = grad.reshape(-1, grad.size(-1))
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = op(g2, weight.t(), None, "none", [], "").view(*grad.shape[:-1], weight.size(1))
-        if ctx.needs_input_grad[1]:
-            if weight.size(0) > weight.size(1):  # measured: oneDNN runs ~20% faster with the narrow side as rows
-                gw = op(x2.t(), g2.t(), None, "none", [], "").t().contiguous()
-            else:
-                gw = op(g2.t(), x2.t(), None, "none", [], "")
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g2.sum(0)
-        return gx, gw, gb
-
-
-#: Products smaller than this (2·M·K·N FLOPs) stay on ``F.linear``: a oneDNN call costs ~12 µs more
-#: (and its backward transposes two operands), and measured on the CPU of BENCHMARKS.md a forward and
-#: backward through oneDNN wins from about 4 MFLOP up; the smallest models lose below it (one product
-#: of 0.01 MFLOP takes 9x as long) ...
-ONEDNN_MIN_FLOPS = 4_000_000
-#: ... unless the weight has at least this many elements: one-token generation streams the weights,
-#: and there oneDNN wins from about 128Ki elements (512 KiB) up (shakespeare.yaml's cached generation:
-#: 413 tokens/s, against 285 with its one-token products on MKL).
-ONEDNN_MIN_WEIGHT = 2 ** 17
-
-
-def onednn_pays(rows: int, in_features: int, out_features: int) -> bool:
-    """Whether a (rows × in) @ (in × out) product is big enough for oneDNN (the two thresholds above)."""
-    return (2 * rows * in_features * out_features >= ONEDNN_MIN_FLOPS
-            or in_features * out_features >= ONEDNN_MIN_WEIGHT)
-
-
-def _functorch_active() -> bool:
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(active()) if active is not None else False
-
-
-def _onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
-    return (
-        onednn_enabled()
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and x.dim() >= 2
-        and weight.dim() == 2
-        and x.size(-1) == weight.size(1)  # else F.linear's own shape error
-        and (bias is None or (bias.dtype == torch.float32 and bias.shape == weight.shape[:1]))
-        and x.numel() > 0
-        and onednn_pays(x.numel() // x.size(-1), x.size(-1), weight.size(0))
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
-        # Forward-mode AD and functorch transforms (jvp, vmap, grad) need F.linear's derivative formulas.
-        and getattr(torch.autograd.forward_ad, "_current_level", -1) < 0
-        and not _functorch_active()
-    )
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear``: x (..., in) @ weight (out, in)ᵀ + bias (out,) → (..., out).
-
-    Float32 on a CPU, for products big enough to gain (:func:`onednn_pays`),
-    outside autocast, ``torch.compile``, forward-mode AD and functorch
-    transforms (which keep PyTorch's kernels and formulas), the product and
-    its gradients run on oneDNN (see the note above :func:`onednn_matmul_op`);
-    results agree with ``F.linear`` to float32 rounding (summation order
-    differs). Everywhere else this is ``F.linear``.
-    """
-    if not _onednn_applies(x, weight, bias):
-        return F.linear(x, weight, bias)
-    if bias is not None:
-        bias = bias.contiguous()  # oneDNN reads the bias as dense
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
-        return _OneDNNLinear.apply(x, weight, bias)
-    return _onednn_forward(x.reshape(-1, x.size(-1)), weight, bias, x.shape[:-1])
-
-
-class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state dict) computed by :func:`linear`."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
-
-
-def linear_kernel(model: nn.Module, tokens: int, device: torch.device, dtype: torch.dtype,
-                  compiled: bool = False) -> str:
-    """The kernel that runs ``model``'s :class:`Linear` layers on a batch of ``tokens`` tokens.
-
-    ``dtype`` is the training dtype (bfloat16/float16 mean autocast). Returns
-    ``"oneDNN"``, ``"torch.mm"`` (PyTorch's own: MKL on x86 CPUs) or
-    ``"oneDNN+torch.mm"`` when only some products are big enough (:func:`onednn_pays`).
-    """
-    if compiled or device.type != "cpu" or dtype != torch.float32 or not onednn_enabled():
-        return "torch.mm"
-    kinds = {"oneDNN" if tokens > 0 and onednn_pays(tokens, m.in_features, m.out_features) else "torch.mm"
-             for m in model.modules() if isinstance(m, Linear)}
-    return "+".join(sorted(kinds)) or "torch.mm"
 
 
 # ----------------------------------------------------------------------------- parts
@@ -313,8 +151,8 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_head = cfg.kv_heads
         self.head_dim = cfg.head_dim
         self.kv_dim = self.n_kv_head * self.head_dim
-        self.c_attn = Linear(cfg.n_embd, cfg.n_embd + 2 * self.kv_dim, bias=cfg.bias)
-        self.c_proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_attn = nn.Linear(cfg.n_embd, cfg.n_embd + 2 * self.kv_dim, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.attn_dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.rope = cfg.pos_encoding == "rope"
@@ -367,8 +205,8 @@ class MLP(nn.Module):
         hidden = cfg.ffn_hidden
         self.kind = cfg.ffn
         width = 2 * hidden if self.kind == "swiglu" else hidden
-        self.c_fc = Linear(cfg.n_embd, width, bias=cfg.bias)
-        self.c_proj = Linear(hidden, cfg.n_embd, bias=cfg.bias)
+        self.c_fc = nn.Linear(cfg.n_embd, width, bias=cfg.bias)
+        self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -438,7 +276,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg) if cfg.norm_position == "pre" else None
-        self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
         self._rope_cache: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None

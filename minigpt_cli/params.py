@@ -6,7 +6,7 @@ answers for Llama-2-7B in well under a second. The tests check every count
 against ``sum(p.numel())`` of :class:`minigpt_cli.model.GPT` and against the
 Hugging Face GPT-2 and Llama models, all built on the ``meta`` device.
 
-The architecture counted is the one of ``model.py`` (DESIGN §3):
+The architecture counted is the one :class:`minigpt_cli.model.GPT` builds:
 
 - token embedding ``wte``: V·d; learned positions ``wpe``: block_size·d;
   sinusoidal, RoPE and no positions hold no parameters;
@@ -26,10 +26,15 @@ Conventions (Kaplan et al. 2020, "Scaling Laws for Neural Language Models",
   embedding is Kaplan's N, counted exactly (biases and norms included). It
   does not change when the head is tied or untied, as with the
   "non-embedding parameters" Qwen2 (2024) reports for its untied models.
-  GPT-2 small: 124,439,808 − 39,383,808 = 85,056,000; Kaplan's
-  approximation N ≈ 12·L·d², which leaves out biases and norms, is 84,934,656
-  (the "84.9M"); :attr:`ParamCount.non_embedding_matrices` gives that form for
-  any architecture.
+  GPT-2 small: 124,439,808 − 39,383,808 = 85,056,000. Kaplan's
+  approximation N ≈ 12·L·d² (Table 1, for d_attn = d and d_ff = 4d) is
+  :attr:`ParamCount.kaplan_approximation`: 84,934,656 for GPT-2 small (the
+  "84.9M"), 6,442,450,944 for Llama-2-7B, whose exact weight-matrix count
+  (:attr:`ParamCount.non_embedding_matrices`, SwiGLU's three d·d_ff matrices)
+  is 6,476,005,376.
+- nanoGPT's printed count (karpathy/nanoGPT ``model.py``,
+  ``get_num_params(non_embedding=True)``) subtracts only the position table:
+  :attr:`ParamCount.without_positions`, 123,653,376 for GPT-2 small.
 - Forward FLOPs per token: C_forward = 2N + 2·L·T·d_attn (Kaplan Table 1),
   N non-embedding, T the context, d_attn = n_head·head_dim = d. The
   de-embedding matmul 2·V·d is reported beside it but, as in Kaplan's C, left
@@ -43,12 +48,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import MinigptError
+from .params_memory import DTYPE_BYTES, check_memory_args, training_memory  # noqa: F401 (DTYPE_BYTES re-exported)
+from .params_report import format_report, human, human_bytes, human_flops  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; keeps pydantic out of the import
     from .config import ModelConfig
-
-#: Bytes per element of each training dtype.
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 #: Tokens per parameter at the compute-optimal point (Hoffmann et al. 2022,
 #: "Training Compute-Optimal Large Language Models", Table 3: about 20).
@@ -134,6 +138,7 @@ class ParamCount:
 
     vocab_size: int
     n_layer: int
+    n_embd: int
     token_embedding: int
     position_embedding: int
     layer: LayerCount
@@ -165,8 +170,20 @@ class ParamCount:
 
     @property
     def non_embedding_matrices(self) -> int:
-        """Kaplan's approximate N: the blocks' weight matrices only (12·L·d² for GPT-2)."""
+        """The blocks' weight matrices only, exactly (no biases, no norms): 12·L·d² for GPT-2,
+        L·(4d² + 3·d·d_ff) for Llama-2-7B (full attention, SwiGLU)."""
         return self.n_layer * self.layer.matrices
+
+    @property
+    def kaplan_approximation(self) -> int:
+        """Kaplan et al. 2020's N ≈ 12·L·d² (Table 1, assuming d_attn = d and d_ff = 4d), literally."""
+        return 12 * self.n_layer * self.n_embd**2
+
+    @property
+    def without_positions(self) -> int:
+        """nanoGPT's count: total less the position table ``wpe`` only (karpathy/nanoGPT
+        ``model.py``, ``get_num_params(non_embedding=True)``); GPT-2 small 123,653,376."""
+        return self.total - self.position_embedding
 
 
 def _vocab(model_cfg: "ModelConfig", vocab_size: Optional[int]) -> int:
@@ -191,7 +208,8 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
 
     Returns:
         A :class:`ParamCount`. GPT-2 small: total 124,439,808
-        = V·d + P·d + L·(12d² + 13d) + 2d (DESIGN §6).
+        = V·d + P·d + L·(12d² + 13d) + 2d (wte, wpe, 12 blocks with biases and
+        two LayerNorms each, the final LayerNorm; the 124M of Radford et al. 2019).
 
     Raises:
         MinigptError: neither ``vocab_size`` nor ``model_cfg.vocab_size`` is set.
@@ -220,6 +238,7 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
     return ParamCount(
         vocab_size=V,
         n_layer=model_cfg.n_layer,
+        n_embd=d,
         token_embedding=V * d,
         position_embedding=model_cfg.block_size * d if model_cfg.pos_encoding == "learned" else 0,
         layer=layer,
@@ -280,82 +299,19 @@ def flops(model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = No
 # ----------------------------------------------------------------------------- memory
 
 
-def memory(
-    model_cfg: "ModelConfig",
-    dtype: str,
-    batch_size: int,
-    seq_len: int,
-    vocab_size: Optional[int] = None,
-) -> dict[str, Any]:
-    """Estimated bytes to train the model with AdamW, by kind.
+def memory(model_cfg: "ModelConfig", dtype: str, batch_size: int, seq_len: int,
+           vocab_size: Optional[int] = None) -> dict[str, Any]:
+    """Estimated bytes to train the model with AdamW, by kind: weights, gradients, master weights,
+    Adam moments, activations and logits of the exact :func:`count`.
 
-    Model states (Rajbhandari et al. 2020, ZeRO §3.1): float32 training keeps
-    weights, gradients and Adam's two moments in float32, 4+4+8 = 16 bytes per
-    parameter. Mixed precision (bfloat16/float16) keeps 16-bit weights and
-    gradients plus a float32 master copy and float32 moments, 2+2+4+8 = 16
-    bytes too (``torch.autocast`` over float32 parameters has the same total,
-    split 4+4+8).
-
-    Activations are an estimate: Korthikanti et al. 2022 ("Reducing Activation
-    Recomputation in Large Transformer Models", §4.1, eq. 1) give
-    s·b·h·(34 + 5·a·s/h) bytes per layer for 16-bit activations with dropout
-    (s sequence, b batch, h width, a heads); the 5·a·s/h term holds the a·s²
-    score matrices, which fused attention kernels (FlashAttention, SDPA) never
-    store. The 34 assumes a 4h GELU MLP, so SwiGLU and grouped-query models
-    are approximated. float32 doubles it. The logits add 4·s·b·V bytes (float32 for the
-    loss, §4.3). Workspace, allocator slack and the CUDA context are not
-    counted.
-
-    ``dtype`` "auto" is counted as float32 (the device is not known here).
-
-    Returns:
-        A dict of byte counts: weights, gradients, master_weights,
-        adam_moments, model_states, activations_estimate (standard attention),
-        activations_estimate_fused (no s² term), logits, total_estimate
-        (model states + activations_estimate + logits); plus dtype,
-        mixed_precision, batch_size, seq_len and the activation formula.
-
-    Raises:
-        MinigptError: unknown dtype, batch_size or seq_len < 1, no vocabulary size.
+    The formulas (ZeRO's 16 bytes per parameter, Korthikanti et al. 2022's
+    activations), the keys and the errors are those of
+    :func:`minigpt_cli.params_memory.training_memory`; no vocabulary size is
+    a :class:`MinigptError` too (see :func:`count`).
     """
-    if dtype == "auto":
-        dtype = "float32"
-    if dtype not in DTYPE_BYTES:
-        raise MinigptError(f"dtype {dtype!r}: expected one of {', '.join(DTYPE_BYTES)}")
-    if batch_size < 1 or seq_len < 1:
-        raise MinigptError(f"batch_size and seq_len must be at least 1, got {batch_size} and {seq_len}")
+    check_memory_args(dtype, batch_size, seq_len)
     pc = count(model_cfg, vocab_size)
-    N = pc.total
-    nbytes = DTYPE_BYTES[dtype]
-    mixed = nbytes < 4
-    weights = N * nbytes
-    grads = N * nbytes
-    master = 4 * N if mixed else 0
-    moments = 8 * N
-    states = weights + grads + master + moments
-
-    s, b, h, a, L = int(seq_len), int(batch_size), model_cfg.n_embd, model_cfg.n_head, model_cfg.n_layer
-    scale = nbytes / 2  # the formula is for 16-bit activations
-    per_layer = s * b * h * 34 + 5 * a * s * s * b
-    act = int(L * per_layer * scale)
-    act_fused = int(L * s * b * h * 34 * scale)
-    logits = 4 * s * b * pc.vocab_size
-    return {
-        "dtype": dtype,
-        "mixed_precision": mixed,
-        "batch_size": b,
-        "seq_len": s,
-        "weights": weights,
-        "gradients": grads,
-        "master_weights": master,
-        "adam_moments": moments,
-        "model_states": states,
-        "activations_estimate": act,
-        "activations_estimate_fused": act_fused,
-        "logits": logits,
-        "total_estimate": states + act + logits,
-        "activation_formula": "L*s*b*h*(34 + 5*a*s/h) bytes at 16 bit (Korthikanti et al. 2022, eq. 1)",
-    }
+    return training_memory(model_cfg, pc.total, pc.vocab_size, dtype, batch_size, seq_len)
 
 
 # ----------------------------------------------------------------------------- report
@@ -393,10 +349,12 @@ def report(
 ) -> dict[str, Any]:
     """Everything ``count-params`` shows, as a JSON-ready dict.
 
-    Keys DESIGN §4 promises: ``total``, ``non_embedding``, ``embedding``,
-    ``per_layer`` (dict of one block's components, see :class:`LayerCount`),
-    ``flops_per_token_forward``, ``flops_per_token_train``, ``seq_len``
-    (default ``block_size``). Also: the component counts, ``shares``,
+    Keys: ``total``, ``non_embedding``, ``embedding``, ``total_without_positions``
+    (nanoGPT's count), ``non_embedding_matrices`` (exact) and
+    ``kaplan_approximation`` (12·L·d²), ``per_layer`` (dict of one block's
+    components, see :class:`LayerCount`), ``flops_per_token_forward``,
+    ``flops_per_token_train``, ``seq_len`` (default ``block_size``). Also:
+    the component counts, ``shares``,
     ``flops`` (see :func:`flops`), ``memory`` (see :func:`memory`), the model
     sizes under ``model``, ``chinchilla_tokens`` (20 per parameter), and with
     ``tokens`` = D: ``tokens`` and ``training_flops`` (per-token train FLOPs × D).
@@ -422,6 +380,8 @@ def report(
         "lm_head": pc.lm_head,
         "tied": pc.tied,
         "non_embedding_matrices": pc.non_embedding_matrices,
+        "kaplan_approximation": pc.kaplan_approximation,
+        "total_without_positions": pc.without_positions,
         "shares": {
             "attention_of_layer": layer.attention / layer.total,
             "ffn_of_layer": layer.ffn / layer.total,
@@ -459,134 +419,3 @@ def report(
         rep["tokens"] = int(tokens)
         rep["training_flops"] = fl["train"] * int(tokens)
     return rep
-
-
-def human(n: float) -> str:
-    """Abbreviate a count: 124439808 -> '124.4M', 2362368 -> '2.36M'; k, M, B, T."""
-    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= div:
-            x = n / div
-            return f"{x:.1f}{unit}" if abs(x) >= 10 else f"{x:.2f}{unit}"
-    return f"{n:g}"
-
-
-def human_flops(n: float) -> str:
-    """FLOP counts with SI prefixes: 1.89e8 -> '189.0 MFLOP'."""
-    for div, unit in ((1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= div:
-            x = n / div
-            return f"{x:.1f} {unit}FLOP" if abs(x) >= 10 else f"{x:.2f} {unit}FLOP"
-    return f"{n:g} FLOP"
-
-
-def human_bytes(n: float) -> str:
-    """Bytes in binary units: 1536 -> '1.50 KiB'."""
-    for div, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def format_report(rep: dict[str, Any], title: str) -> str:
-    """Render a :func:`report` dict as a plain-text table for the terminal.
-
-    Per-layer rows give their share of one layer; the other rows of the total.
-    """
-    m = rep["model"]
-    pl = rep["per_layer"]
-    total = rep["total"]
-    L = rep["n_layer"]
-    w = 50  # label column
-
-    def line(label: str, n: float, abbrev: str, tail: str = "") -> str:
-        return f"{label:<{w}}{int(n):>28,}  {abbrev:>11}{('  ' + tail) if tail else ''}"
-
-    def row(label: str, n: int, note: str = "") -> str:
-        return line(label, n, human(n), f"{100 * n / total:6.2f}%" + (f"  {note}" if note else ""))
-
-    def lrow(label: str, n: int) -> str:
-        return line(label, n, human(n), f"{100 * n / pl['total']:6.2f}% of a layer")
-
-    kv = f", {m['n_kv_head']} KV heads" if m["n_kv_head"] != m["n_head"] else ""
-    pos_note = "" if m["pos_encoding"] == "learned" else f"({m['pos_encoding']}: no parameters)"
-    lines = [
-        f"{title}: {total:,} parameters ({human(total)})",
-        f"V={m['vocab_size']:,}  d={m['n_embd']:,}  L={L}  heads={m['n_head']}{kv}  "
-        f"d_ff={m['d_ff']:,}  block={m['block_size']:,}",
-        f"{m['norm']} ({m['norm_position']}-norm), {m['ffn']}, {m['pos_encoding']} positions, "
-        f"bias {'on' if m['bias'] else 'off'}, {'tied' if m['tie_weights'] else 'untied'} lm_head",
-        "",
-        f"{'parameters':<{w}}{'count':>28}  {'':>11}  share",
-        row("token embedding (wte, V·d)", rep["token_embedding"]),
-        row("position embedding (wpe, block·d)", rep["position_embedding"], pos_note),
-        row(f"{L} layers × {pl['total']:,}", rep["layers"]),
-        lrow("  attention (Q, K, V, O)", pl["attention"]),
-        lrow("    Q", pl["attn_q"]),
-        lrow("    K", pl["attn_k"]),
-        lrow("    V", pl["attn_v"]),
-        lrow("    O", pl["attn_o"]),
-        lrow("    of which biases", pl["attention_bias"]),
-        lrow(f"  feed-forward ({m['ffn']})", pl["ffn"]),
-    ]
-    if pl["ffn_w3"]:  # Llama's names: w2(silu(w1·x) * w3·x)
-        lines += [lrow("    W1 (gate)", pl["ffn_w1"]), lrow("    W3 (up)", pl["ffn_w3"])]
-    else:
-        lines.append(lrow("    W1 (up)", pl["ffn_w1"]))
-    lines += [
-        lrow("    W2 (down)", pl["ffn_w2"]),
-        lrow("    of which biases", pl["ffn_bias"]),
-        lrow("  2 norms", pl["norms"]),
-        row("final norm", rep["final_norm"], "" if m["norm_position"] == "pre" else "(post-norm: none)"),
-        row("lm_head (V·d)", rep["lm_head"], "(tied to wte)" if rep["tied"] else ""),
-        row("total", total),
-        row("embedding (wte + wpe + untied lm_head)", rep["embedding"]),
-        row("non-embedding N (Kaplan et al. 2020)", rep["non_embedding"]),
-        row("  weight matrices only (Kaplan's 12·L·d²)", rep["non_embedding_matrices"]),
-    ]
-
-    fl = rep["flops"]
-    lines += [
-        "",
-        f"FLOPs per token at T={rep['seq_len']:,} (Kaplan et al. 2020, Table 1: 2N + 2·L·T·d)",
-        line("  dense, 2N", fl["dense_forward"], human_flops(fl["dense_forward"])),
-        line("  attention, 2·L·T·d", fl["attention_forward"], human_flops(fl["attention_forward"]),
-             f"{100 * fl['attention_share']:.1f}% of forward"),
-        line("forward", fl["forward"], human_flops(fl["forward"])),
-        line("training (3× forward, ≈ 6N)", fl["train"], human_flops(fl["train"])),
-        line("  lm_head 2·V·d (not in Kaplan's C)", fl["lm_head_forward"], human_flops(fl["lm_head_forward"])),
-        line("  training with lm_head", fl["train_with_lm_head"], human_flops(fl["train_with_lm_head"])),
-        line("  6(N+V·d) + 12·L·d·T (PaLM app. B, MFU)", fl["mfu_train"], human_flops(fl["mfu_train"])),
-    ]
-    if "training_flops" in rep:
-        lines.append(line(f"training on D={human(rep['tokens'])} tokens (per token × D)",
-                          rep["training_flops"], human_flops(rep["training_flops"]),
-                          f"{rep['training_flops']:.3e}"))
-    lines.append(line("Chinchilla-optimal tokens (20 per parameter)", rep["chinchilla_tokens"],
-                      human(rep["chinchilla_tokens"])))
-
-    lines += ["", "FLOPs per token of each matrix (forward 2·in·out, backward 4·in·out)"]
-    for name, m in rep["linear_flops_per_token"].items():
-        lines.append(f"  {name:<12} {m['in']:>7,} × {m['out']:<7,}  forward {m['forward']:>15,}  "
-                     f"backward {m['backward']:>15,}")
-
-    mem = rep["memory"]
-    lines += [
-        "",
-        f"training memory with AdamW, {mem['dtype']}{' mixed precision' if mem['mixed_precision'] else ''}, "
-        f"batch {mem['batch_size']} × T={mem['seq_len']:,}",
-        line("  weights", mem["weights"], human_bytes(mem["weights"])),
-        line("  gradients", mem["gradients"], human_bytes(mem["gradients"])),
-    ]
-    if mem["master_weights"]:
-        lines.append(line("  float32 master weights", mem["master_weights"], human_bytes(mem["master_weights"])))
-    lines += [
-        line("  Adam moments (2 × float32)", mem["adam_moments"], human_bytes(mem["adam_moments"])),
-        line("model states", mem["model_states"], human_bytes(mem["model_states"])),
-        line("activations, estimate (Korthikanti et al. 2022)", mem["activations_estimate"],
-             human_bytes(mem["activations_estimate"])),
-        line("  with fused attention (no s² scores)", mem["activations_estimate_fused"],
-             human_bytes(mem["activations_estimate_fused"])),
-        line("logits (float32)", mem["logits"], human_bytes(mem["logits"])),
-        line("total, estimate", mem["total_estimate"], human_bytes(mem["total_estimate"])),
-    ]
-    return "\n".join(lines)

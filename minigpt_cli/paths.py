@@ -6,13 +6,18 @@ runs ``minigpt`` from the repository root gets ``data/`` and ``runs/`` there.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import json
-import os
+from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .errors import MinigptError
+
+if TYPE_CHECKING:  # importlib.resources.abc from Python 3.11 on
+    from importlib.abc import Traversable
 
 #: Name of the file a dataset is downloaded to, inside ``data/<dataset>/``.
 CORPUS_FILE = "input.txt"
@@ -46,62 +51,43 @@ def default_tokenizer_path(data_dir: str | Path, dataset: str, kind: str,
     return dataset_dir(data_dir, dataset) / f"tokenizer-{kind}{suffix}.json"
 
 
-def configs_dir() -> Path:
-    """The shipped ``configs/`` folder.
+#: The package folder that holds the presets (package data, shipped in the wheel).
+PRESETS_PACKAGE_DIR = "presets"
 
-    Looked up in order: ``$MINIGPT_CONFIGS_DIR``, ``./configs`` when it holds
-    the presets, then the ``configs/`` beside the package (a source checkout or
-    an editable install).
+
+def presets_dir() -> Traversable:
+    """``minigpt_cli/presets/``: one YAML per named model size.
+
+    The presets are package data, found with :mod:`importlib.resources`, so
+    they are there in a wheel install as in a source checkout, whatever the
+    current directory holds.
     """
-    env = os.environ.get("MINIGPT_CONFIGS_DIR")
-    if env:
-        return Path(env)
-    here = Path.cwd() / "configs"
-    if (here / "presets").is_dir():
-        return here
-    return Path(__file__).resolve().parent.parent / "configs"
-
-
-def presets_dir() -> Path:
-    """``configs/presets/``: one YAML per named model size."""
-    return configs_dir() / "presets"
+    return resources.files(__package__) / PRESETS_PACKAGE_DIR
 
 
 def list_presets() -> list[str]:
-    """Names of the presets shipped in ``configs/presets/``, sorted."""
+    """Names of the presets shipped in ``minigpt_cli/presets/``, sorted."""
     d = presets_dir()
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    if not d.is_dir():
+        return []
+    return sorted(p.name[: -len(".yaml")] for p in d.iterdir() if p.name.endswith(".yaml") and p.is_file())
 
 
 def preset_path(name: str) -> Path:
-    """The YAML file of preset ``name``.
+    """The YAML file of preset ``name``, as a path on disk.
 
     Raises:
         MinigptError: unknown preset; the message lists the known ones.
     """
-    path = presets_dir() / f"{name}.yaml"
-    if not path.is_file():
+    res = presets_dir() / f"{name}.yaml"
+    if "/" in name or "\\" in name or not res.is_file():
         known = ", ".join(list_presets()) or f"none found in {presets_dir()}"
         raise MinigptError(f"unknown preset {name!r}; known presets: {known}")
-    return path
+    if isinstance(res, Path):
+        return res
+    # A package imported from a zip: a temporary copy, kept until the process exits.
+    return _KEEP_FILES.enter_context(resources.as_file(res))
 
 
-def latest_run(runs_dir: str | Path = "runs") -> Path:
-    """The most recently written run under ``runs_dir`` that has a checkpoint.
-
-    Raises:
-        MinigptError: no run with a checkpoint exists there.
-    """
-    root = Path(runs_dir)
-    candidates = []
-    if root.is_dir():
-        for run in root.iterdir():
-            ckpt = run / "checkpoints" / "last" / "model.safetensors"
-            if ckpt.is_file():
-                candidates.append((ckpt.stat().st_mtime, run))
-    if not candidates:
-        raise MinigptError(
-            f"no trained run found under {str(root)!r}; train one first "
-            f"(minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME"
-        )
-    return max(candidates)[1]
+_KEEP_FILES = contextlib.ExitStack()
+atexit.register(_KEEP_FILES.close)

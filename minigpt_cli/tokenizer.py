@@ -3,19 +3,17 @@
 - ``char``: ours. One id per distinct character of the corpus, sorted by code
   point (nanoGPT's ``shakespeare_char``: 65 symbols on Tiny Shakespeare), then
   the special tokens, appended in the order given. Saved as our own JSON.
-- ``bpe``: byte-level BPE (GPT-2) trained by the ``tokenizers`` library:
-  ByteLevel pre-tokenizer (GPT-2's split regex, no prefix space) and decoder.
-  The base vocabulary is the 256 bytes, so no text is ever unknown and
-  decode(encode(s)) == s byte for byte.
-- ``unigram``: the library's Unigram trainer (Kudo 2018) with an unknown token.
-- ``wordpiece``: our trainer (below), which merges the pair with the highest
-  score count(ab) / (count(a)·count(b)) as the course notes (§6.2) teach; the
-  library's WordPiece trainer merges by frequency instead. The result is a
-  library WordPiece model: greedy longest match with ``##`` continuations.
+- ``bpe``: byte-level BPE (GPT-2). The base vocabulary is the 256 bytes, so no
+  text is ever unknown and decode(encode(s)) == s byte for byte.
+- ``unigram``: Unigram (Kudo 2018) with an unknown token.
+- ``wordpiece``: WordPiece with merges chosen by score count(ab) /
+  (count(a)·count(b)) (:mod:`.wordpiece`); encoding is greedy longest match
+  with ``##`` continuations.
 
-The three trained kinds are saved in the library's native ``tokenizer.json``
-format, so ``tokenizers.Tokenizer.from_file`` loads them directly; that format
-refuses extra top-level keys, so :func:`load_tokenizer` tells the kind from
+Training lives in :mod:`.tokenizer_training`. The three trained kinds are
+saved in the ``tokenizers`` library's native ``tokenizer.json`` format, so
+``tokenizers.Tokenizer.from_file`` loads them directly; that format refuses
+extra top-level keys, so :func:`load_tokenizer` tells the kind from
 ``model.type``.
 
 Unigram and WordPiece split words exactly as byte-level BPE does (GPT-2's
@@ -24,9 +22,11 @@ spell a space as ``▁`` (SentencePiece's Metaspace), undone on decode. Hence
 decode(encode(s)) == s for any text made of characters seen in training,
 with two documented exceptions: a literal ``▁`` (U+2581) in the input decodes
 as a space, and a WordPiece "word" (a run between split points) longer than
-:data:`WORDPIECE_MAX_WORD` characters is one unknown token. Characters never
-seen in training become the unknown token ``<unk>`` (Unigram: that character;
-WordPiece: the whole word holding it, as BERT does); the text around survives.
+``WORDPIECE_MAX_WORD`` characters is one unknown token. Characters never seen
+in training become the unknown token ``<unk>`` (Unigram: that character, a run
+of them one ``<unk>``; WordPiece: the whole word holding it, as BERT does); the
+text around survives. :meth:`Tokenizer.unknown_chars` and :func:`lossy_report`
+say which characters those are.
 
 Special tokens (``<|endoftext|>``, ...) are single ids in every kind: they are
 matched in the raw text before anything else, are never split or merged in
@@ -34,41 +34,33 @@ training, and decode to themselves. Near misses (``<|endof text|>``) are
 ordinary text. Trained kinds put them first (ids 0..k-1, the unknown token
 before them), as the library does; ``char`` appends them to its alphabet so
 that its ids for plain characters do not move.
+
+Every ``decode`` refuses an id outside [0, vocab_size) (:func:`check_ids`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
-import re
-from collections import Counter, defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Container, Iterable, Optional, Protocol
 
 from .errors import MinigptError
 from .fileio import atomic_write_text
+from .special_tokens import UNK, check_special_tokens, split_special
 
 if TYPE_CHECKING:
     from .config import Config
 
+__all__ = ["FORMAT", "KINDS", "UNK", "SPACE_MARK", "Tokenizer", "CharTokenizer", "HFTokenizer", "check_ids",
+           "lossy_report", "load_tokenizer", "load_run_tokenizer"]
+
 FORMAT = "minigpt-char-tokenizer"
 KINDS = ("char", "bpe", "wordpiece", "unigram")
-#: The unknown token of the Unigram and WordPiece kinds (byte-level BPE has none).
-UNK = "<unk>"
-#: WordPiece's mark for a piece that continues a word.
-CONTINUATION = "##"
 #: SentencePiece's visible space, used by the Unigram and WordPiece kinds.
 SPACE_MARK = "\u2581"
-#: GPT-2's pre-tokenization regex (what ByteLevel(use_regex=True) applies).
-SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-#: Longest word WordPiece encodes; longer ones are one unknown token (BERT uses 100).
-WORDPIECE_MAX_WORD = 1000
-#: Largest vocabulary a trained tokenizer may ask for (2**20); far larger sizes
-#: make the tokenizers library abort the process instead of raising.
-MAX_VOCAB_SIZE = 1 << 20
-#: Byte-level BPE's base alphabet: one entry per byte.
-N_BYTES = 256
+#: At most this many characters are named by :func:`lossy_report`.
+MAX_SHOWN = 10
 
 _MODEL_KINDS = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}
 
@@ -76,52 +68,91 @@ _MODEL_KINDS = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}
 class Tokenizer(Protocol):
     """What data preparation, training and generation need from a tokenizer."""
 
+    #: One of :data:`KINDS`.
     kind: str
     #: Configured special tokens (``<|endoftext|>``, ...), each a single id; not the unknown token.
     special_tokens: list[str]
+    #: The token unknown characters become (``<unk>``), or None: char refuses them, bpe has none.
+    unk_token: Optional[str]
 
     @property
-    def vocab_size(self) -> int: ...
+    def vocab_size(self) -> int:
+        """Number of ids: every id is in [0, vocab_size)."""
+        ...
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``, one per token; special tokens are single ids."""
+        ...
 
-    def decode(self, ids: Iterable[int]) -> str: ...
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids``; raises MinigptError for an id outside [0, vocab_size)."""
+        ...
 
-    def pieces(self, text: str) -> list[str]: ...
+    def unknown_chars(self, text: str) -> list[str]:
+        """Characters of ``text`` its vocabulary lacks (lost to ``unk_token``), once each, in order."""
+        ...
 
-    def save(self, path: str | Path) -> None: ...
+    def pieces(self, text: str) -> list[str]:
+        """The text of each token of ``text``."""
+        ...
 
-    def fingerprint(self) -> str: ...
+    def save(self, path: str | Path) -> None:
+        """Write the tokenizer file (atomically)."""
+        ...
+
+    def fingerprint(self) -> str:
+        """Short sha256 of the saved form (12 hex digits)."""
+        ...
 
 
-def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
-    """The special tokens as a list, checked: non-empty, no whitespace at the ends, distinct.
+def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
+    """``ids`` as a list of ints, each checked to be a token id: 0 <= id < ``vocab_size``.
+
+    One min and one max over the list, so decoding a stream token by token
+    stays cheap.
 
     Raises:
-        MinigptError: an empty, padded or repeated entry, or the unknown token.
+        MinigptError: naming the first id outside the vocabulary, and its size.
     """
-    out: list[str] = []
-    for s in special_tokens:
-        if not isinstance(s, str) or not s or s != s.strip():
-            raise MinigptError(f"special token {s!r} must be non-empty text without spaces at its ends")
-        if s == UNK:
-            raise MinigptError(f"special token {UNK!r} is the unknown token the tokenizer adds itself; drop it")
-        if s in out:
-            raise MinigptError(f"special token {s!r} is listed twice; list each once")
-        out.append(s)
+    out = list(map(int, ids))
+    if out and (min(out) < 0 or max(out) >= vocab_size):
+        bad = next(i for i in out if not 0 <= i < vocab_size)
+        raise MinigptError(
+            f"token id {bad:,} is not in the tokenizer's vocabulary of {vocab_size:,} ids "
+            f"(0 to {vocab_size - 1:,}); decode ids with the tokenizer that made them"
+        )
     return out
 
 
-def split_special(text: str, special_tokens: Sequence[str]) -> list[str]:
-    """``text`` cut around its special tokens: [text, special, text, special, ..., text].
+def lossy_report(tok: Tokenizer, text: str, what: str = "the prompt") -> Optional[str]:
+    """A one-line note naming the characters of ``text`` that ``tok.encode`` turns into ``<unk>``, or None.
 
-    Odd positions hold special tokens (longest match first); even positions
-    hold the ordinary text between them, possibly empty.
+    None when nothing is lost, and for kinds without an unknown token (bpe
+    keeps every byte; char refuses unknown characters in ``encode``). Meant
+    for stderr, e.g. ``note: 3 characters of the prompt became <unk>: '¿',
+    'é', '😀'``; ``what`` names the text. At most :data:`MAX_SHOWN`
+    characters are named.
     """
-    if not special_tokens:
-        return [text]
-    alternatives = "|".join(re.escape(s) for s in sorted(special_tokens, key=len, reverse=True))
-    return re.split(f"({alternatives})", text)
+    if tok.unk_token is None:
+        return None
+    chars = tok.unknown_chars(text)
+    if not chars:
+        return None
+    shown = ", ".join(repr(c) for c in chars[:MAX_SHOWN]) + (", ..." if len(chars) > MAX_SHOWN else "")
+    n = f"{len(chars)} character{'s' if len(chars) > 1 else ''}"
+    if tok.kind == "wordpiece":  # the whole word holding such a character becomes <unk>
+        return f"note: the words of {what} holding {n} the vocabulary lacks became {tok.unk_token}: {shown}"
+    return f"note: {n} of {what} became {tok.unk_token}: {shown}"
+
+
+def _missing(text: str, special_tokens: list[str], known: Container[str]) -> list[str]:
+    """Characters of ``text`` outside its special tokens that are not in ``known``, once each, in order."""
+    seen: dict[str, None] = {}
+    for part in split_special(text, special_tokens)[0::2]:
+        for ch in part:
+            if ch not in known:
+                seen.setdefault(ch, None)
+    return list(seen)
 
 
 # ----------------------------------------------------------------------------- char
@@ -135,6 +166,7 @@ class CharTokenizer:
     """
 
     kind = "char"
+    unk_token: Optional[str] = None  # encode refuses unknown characters instead
 
     def __init__(self, chars: Iterable[str], special_tokens: Iterable[str] = ()):
         self.chars = list(chars)
@@ -163,16 +195,14 @@ class CharTokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The alphabet's size plus the number of special tokens."""
         return len(self.itos)
 
-    def unknown(self, text: str) -> list[str]:
-        """Characters of ``text`` outside the alphabet, each once, in order of appearance."""
-        seen: dict[str, None] = {}
-        for part in split_special(text, self.special_tokens)[0::2]:
-            for ch in part:
-                if ch not in self.stoi:
-                    seen.setdefault(ch, None)
-        return list(seen)
+    def unknown_chars(self, text: str) -> list[str]:
+        """Characters of ``text`` outside the alphabet (``encode`` refuses them), once each, in order of appearance."""
+        return _missing(text, self.special_tokens, self.stoi)
+
+    unknown = unknown_chars  # the earlier name
 
     def encode(self, text: str) -> list[int]:
         """Ids of the characters of ``text``, each special token one id.
@@ -192,14 +222,20 @@ class CharTokenizer:
                     ids.extend(stoi[c] for c in part)
             return ids
         except KeyError:
-            bad = ", ".join(repr(c) for c in self.unknown(text))
+            bad = ", ".join(repr(c) for c in self.unknown_chars(text))
             raise MinigptError(
                 f"text has characters the tokenizer's vocabulary lacks: {bad}; "
                 "remove or replace them"
             ) from None
 
     def decode(self, ids: Iterable[int]) -> str:
-        return "".join(self.itos[int(i)] for i in ids)
+        """The characters and special tokens of ``ids``, joined.
+
+        Raises:
+            MinigptError: an id outside [0, vocab_size).
+        """
+        itos = self.itos
+        return "".join([itos[i] for i in check_ids(ids, len(itos))])
 
     def pieces(self, text: str) -> list[str]:
         """The text of each token of ``text``."""
@@ -251,6 +287,7 @@ class HFTokenizer:
         self.unk_token: Optional[str] = unk
         self.special_tokens = [a["content"] for a in obj.get("added_tokens") or []
                                if a.get("special") and a["content"] != unk]
+        self._known: Optional[frozenset[str]] = None  # single-character pieces, on first use
 
     @property
     def backend(self):
@@ -259,13 +296,34 @@ class HFTokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """Entries in all: base alphabet, merges or pieces, special tokens, ``<unk>``."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
+        """Ids of ``text``; never raises (bpe: bytes; unigram, wordpiece: ``<unk>`` for unseen characters)."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+        """The text of ``ids``, special and unknown tokens kept as their text.
+
+        Raises:
+            MinigptError: an id outside [0, vocab_size).
+        """
+        return self._tok.decode(check_ids(ids, self.vocab_size), skip_special_tokens=False)
+
+    def unknown_chars(self, text: str) -> list[str]:
+        """Characters of ``text`` that become ``<unk>``, once each, in order of appearance; [] for bpe.
+
+        A character is unknown when no single-character piece spells it (a
+        space: ``▁``). Unigram turns each run of them into one ``<unk>``;
+        WordPiece the whole word holding one.
+        """
+        if self.unk_token is None:
+            return []
+        if self._known is None:
+            known = {t for t in self._tok.get_vocab(with_added_tokens=False) if len(t) == 1}
+            self._known = frozenset(known | {" "} if SPACE_MARK in known else known)
+        return _missing(text, [*self.special_tokens, self.unk_token], self._known)
 
     def pieces(self, text: str) -> list[str]:
         """The text of each token of ``text``; WordPiece continuations keep their ``##``."""
@@ -275,6 +333,7 @@ class HFTokenizer:
         return [self.decode([i]) for i in ids]
 
     def token_to_id(self, token: str) -> Optional[int]:
+        """The id of the vocabulary entry ``token``, or None."""
         return self._tok.token_to_id(token)
 
     def save(self, path: str | Path) -> None:
@@ -321,7 +380,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     raise MinigptError(f"tokenizer file {str(p)!r} is not a minigpt tokenizer; delete it and train it again")
 
 
-# ----------------------------------------------------------------------------- WordPiece training
+# ----------------------------------------------------------------------------- run folders
 
 
 def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
@@ -347,387 +406,3 @@ def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
             f"{problem}; a run keeps the tokenizer it was trained with: copy it back from {str(source)!r} "
             f"if that file was not retrained since"
         ) from None
-
-
-def wordpiece_symbols(word: str) -> list[str]:
-    """A word as WordPiece's starting symbols: ``hugs`` -> ``h ##u ##g ##s``."""
-    return [word[0]] + [CONTINUATION + c for c in word[1:]]
-
-
-def wordpiece_scores(word_counts: Mapping[str, int]) -> dict[tuple[str, str], float]:
-    """Score count(ab) / (count(a)·count(b)) of every adjacent pair before any merge (notes §6.2)."""
-    sym: Counter = Counter()
-    pair: Counter = Counter()
-    for w, f in word_counts.items():
-        s = wordpiece_symbols(w)
-        for x in s:
-            sym[x] += f
-        for p in zip(s, s[1:]):
-            pair[p] += f
-    return {p: c / (sym[p[0]] * sym[p[1]]) for p, c in pair.items()}
-
-
-def wordpiece_merges(word_counts: Mapping[str, int]) -> Iterator[tuple[str, str, float, int]]:
-    """Yield WordPiece merges in order: (a, b, score, count(ab)), best score first.
-
-    Each step merges, in every word, the adjacent pair (a, b) with the highest
-    score count(ab) / (count(a)·count(b)) (counts weighted by word frequency;
-    ties: the more frequent pair, then the smaller strings). The new symbol is
-    ``a + b`` without ``b``'s ``##``. Stops when no word has two symbols left.
-
-    Pair and symbol counts are updated incrementally: a merge touches only the
-    words that hold its pair, and re-scores only the pairs whose count or whose
-    symbols' counts changed (a max-heap with stale entries skipped on pop).
-    """
-    words: list[list[str]] = []
-    freqs: list[int] = []
-    sym_count: Counter = Counter()
-    pair_count: Counter = Counter()
-    where: dict[tuple[str, str], set[int]] = defaultdict(set)
-    pairs_of: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    for w, f in word_counts.items():
-        if not w or f <= 0:
-            continue
-        s = wordpiece_symbols(w)
-        wi = len(words)
-        words.append(s)
-        freqs.append(f)
-        for x in s:
-            sym_count[x] += f
-        for p in zip(s, s[1:]):
-            pair_count[p] += f
-            where[p].add(wi)
-            pairs_of[p[0]].add(p)
-            pairs_of[p[1]].add(p)
-
-    def key(p: tuple[str, str]) -> tuple[float, int, str, str]:
-        c = pair_count[p]
-        return (-c / (sym_count[p[0]] * sym_count[p[1]]), -c, p[0], p[1])
-
-    heap = [key(p) for p in pair_count]
-    heapq.heapify(heap)
-    while heap:
-        top = heapq.heappop(heap)
-        p = (top[2], top[3])
-        if pair_count.get(p, 0) <= 0 or key(p) != top:
-            continue  # stale: a fresher entry for this pair is in the heap (or it is gone)
-        a, b = p
-        score, count = -top[0], -top[1]
-        new = a + b[len(CONTINUATION):]
-        pair_delta: Counter = Counter()
-        sym_before = {s: sym_count[s] for s in (a, b, new)}
-        for wi in where.pop(p):
-            s = words[wi]
-            if len(s) < 2:
-                continue
-            f = freqs[wi]
-            merged: list[str] = []
-            i, hit = 0, False
-            while i < len(s):
-                if i + 1 < len(s) and s[i] == a and s[i + 1] == b:
-                    merged.append(new)
-                    i += 2
-                    hit = True
-                else:
-                    merged.append(s[i])
-                    i += 1
-            if not hit:
-                continue  # the word lost this pair to an earlier merge
-            for q in zip(s, s[1:]):
-                pair_delta[q] -= f
-            for q in zip(merged, merged[1:]):
-                pair_delta[q] += f
-                where[q].add(wi)
-            n_merged = len(s) - len(merged)
-            sym_count[a] -= f * n_merged
-            sym_count[b] -= f * n_merged
-            sym_count[new] += f * n_merged
-            words[wi] = merged
-        touched: set[tuple[str, str]] = set()
-        for q, d in pair_delta.items():
-            if d:
-                pair_count[q] += d
-                if pair_count[q] <= 0:
-                    del pair_count[q]
-                else:
-                    pairs_of[q[0]].add(q)
-                    pairs_of[q[1]].add(q)
-                touched.add(q)
-        pair_count.pop(p, None)
-        for s_, before in sym_before.items():
-            if sym_count[s_] != before:
-                live = {q for q in pairs_of[s_] if pair_count.get(q, 0) > 0}
-                pairs_of[s_] = live
-                touched |= live
-        for q in touched:
-            if pair_count.get(q, 0) > 0:
-                heapq.heappush(heap, key(q))
-        if len(heap) > 4 * len(pair_count) + 10_000:  # drop stale entries now and then
-            heap = [key(q) for q in pair_count]
-            heapq.heapify(heap)
-        yield a, b, score, count
-
-
-# ----------------------------------------------------------------------------- training
-
-
-def _word_pre_tokenizer():
-    """GPT-2's split (every character kept), then spaces shown as ``▁``: Unigram and WordPiece."""
-    from tokenizers import Regex, pre_tokenizers
-
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.Metaspace(replacement=SPACE_MARK, prepend_scheme="never", split=False),
-    ])
-
-
-def _space_decoder():
-    from tokenizers import decoders
-
-    return decoders.Metaspace(replacement=SPACE_MARK, prepend_scheme="never", split=False)
-
-
-def _plain_chars(chunks: Sequence[str]) -> set[str]:
-    """Distinct characters of the ordinary text, spaces spelled ``▁``."""
-    chars: set[str] = set()
-    for c in chunks:
-        chars.update(c)
-    if " " in chars:
-        chars.discard(" ")
-        chars.add(SPACE_MARK)
-    return chars
-
-
-def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) -> int:
-    """The smallest vocabulary ``kind`` can have on ``text``: its base alphabet plus special tokens.
-
-    char: the distinct characters; bpe: the 256 bytes; unigram: the distinct
-    characters and ``<unk>``; wordpiece: each character both word-initial and
-    as a ``##`` continuation (so any word of seen characters can be spelled),
-    and ``<unk>``.
-    """
-    specials = check_special_tokens(special_tokens)
-    if kind == "bpe":
-        return N_BYTES + len(specials)
-    chars = _plain_chars(split_special(text, specials)[0::2])
-    if kind == "char":
-        return len(chars) + len(specials)
-    if kind == "unigram":
-        return len(chars) + 1 + len(specials)
-    if kind == "wordpiece":
-        return 2 * len(chars) + 1 + len(specials)
-    raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
-
-
-def check_vocab_size(kind: str, text: str, vocab_size: Optional[int], special_tokens: Sequence[str] = ()) -> None:
-    """Refuse a missing vocabulary size, one below ``kind``'s base alphabet, or one above :data:`MAX_VOCAB_SIZE`, before training.
-
-    Raises:
-        MinigptError: naming the smallest (or largest) size that works.
-    """
-    if kind == "char":
-        return
-    if vocab_size is None:
-        raise MinigptError(f"a {kind} tokenizer needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
-    if vocab_size > MAX_VOCAB_SIZE:
-        raise MinigptError(
-            f"vocabulary size {vocab_size:,} is above the largest supported, {MAX_VOCAB_SIZE:,}; "
-            f"use a vocabulary size of at most {MAX_VOCAB_SIZE:,} (a few thousand suits Tiny Shakespeare)"
-        )
-    least = base_vocab_size(kind, text, special_tokens)
-    if vocab_size < least:
-        what = {"bpe": "256 bytes", "unigram": "the corpus's characters and <unk>",
-                "wordpiece": "the corpus's characters, initial and ##, and <unk>"}[kind]
-        extra = f" and {len(special_tokens)} special tokens" if special_tokens else ""
-        raise MinigptError(
-            f"vocabulary size {vocab_size} is below the {kind} base alphabet of {least} "
-            f"({what}{extra}); use a vocabulary size of at least {least}"
-        )
-
-
-def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
-    if kind == "unigram":  # the library's trainer stops short by amounts that vary with the size asked
-        return MinigptError(
-            f"the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked for (near "
-            f"what the corpus can give it stops short); use a smaller vocabulary size, e.g. {got:,}, or more text"
-        )
-    return MinigptError(
-        f"the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} asked for; "
-        f"use a vocabulary size of at most {got:,} or more text"
-    )
-
-
-def _train_interruptibly(tok, pieces: Iterator[str], trainer) -> None:
-    """``tok.train_from_iterator(pieces, trainer)`` in a worker thread, so that Ctrl-C and SIGTERM work.
-
-    The library's training runs in Rust without the GIL, but Python delivers a
-    signal to the main thread only between bytecodes: a main thread inside the
-    call would hold a Ctrl-C until training ended (minutes on a big corpus).
-    Here it waits in short joins instead; on an interruption the exception
-    propagates and the daemon thread ends with the process.
-    """
-    import threading
-
-    failure: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            tok.train_from_iterator(pieces, trainer)
-        except BaseException as exc:  # re-raised in the caller's thread
-            failure.append(exc)
-
-    worker = threading.Thread(target=work, name="tokenizer-training", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.1)
-    if failure:
-        raise failure[0]
-
-
-#: Text goes to the library's trainers in pieces of about this many characters: one 100 MB string
-#: made it hold ~22 GB at once; pieces keep its memory near the counts it needs.
-PIECE_CHARS = 1 << 20
-_CUT = re.compile(r"(?<=\S\n)(?=\S)|(?<=\S)(?= \S)")
-
-
-def _pieces(chunks: Iterable[str], size: int = PIECE_CHARS) -> Iterator[str]:
-    """``chunks`` cut into pieces of about ``size`` characters, only where GPT-2's split cuts anyway.
-
-    The cuts fall after a single newline between two non-spaces, or before a
-    single space between two non-spaces; GPT-2's pre-tokenizer (``SPLIT_PATTERN``,
-    used by every trained kind) splits there too, so the words the trainers
-    count are the same as from the whole text. A stretch with no such place
-    stays whole.
-    """
-    for chunk in chunks:
-        start = 0
-        while len(chunk) - start > size:
-            cut = _CUT.search(chunk, start + size)
-            if cut is None:
-                break
-            yield chunk[start:cut.start()]
-            start = cut.start()
-        yield chunk[start:]
-
-
-def _train_bpe(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTokenizer:
-    from tokenizers import Tokenizer as _Backend, decoders, models, pre_tokenizers, trainers
-
-    tok = _Backend(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    _train_interruptibly(tok, _pieces(chunks), trainer)
-    return HFTokenizer(tok)
-
-
-def _train_unigram(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTokenizer:
-    from tokenizers import Tokenizer as _Backend, models, trainers
-
-    tok = _Backend(models.Unigram())
-    tok.pre_tokenizer = _word_pre_tokenizer()
-    tok.decoder = _space_decoder()
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token=UNK, special_tokens=[UNK, *specials],
-                                      show_progress=False)
-    _train_interruptibly(tok, _pieces(chunks), trainer)
-    return HFTokenizer(_trim_unigram(tok, vocab_size))
-
-
-def _trim_unigram(tok, vocab_size: int):
-    """Drop the least likely multi-character pieces beyond ``vocab_size``.
-
-    Near its base alphabet the library's trainer keeps every character on top
-    of the pieces it chose, overshooting the size asked for (66 asked, 73
-    given on Tiny Shakespeare). Single characters and special tokens stay, so
-    every seen character can still be encoded.
-    """
-    from tokenizers import Tokenizer as _Backend
-
-    extra = tok.get_vocab_size(with_added_tokens=True) - vocab_size
-    if extra <= 0:
-        return tok
-    obj = json.loads(tok.to_str())
-    vocab = obj["model"]["vocab"]
-    keep_ids = {a["id"] for a in obj.get("added_tokens") or []}
-    droppable = sorted((score, i) for i, (piece, score) in enumerate(vocab)
-                       if i not in keep_ids and len(piece) > 1)
-    drop = {i for _, i in droppable[:extra]}
-    if any(i < max(keep_ids, default=-1) for i in drop):
-        return tok  # would renumber a special token; keep the larger vocabulary
-    obj["model"]["vocab"] = [v for i, v in enumerate(vocab) if i not in drop]
-    return _Backend.from_str(json.dumps(obj, ensure_ascii=False))
-
-
-def _train_wordpiece(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTokenizer:
-    from tokenizers import AddedToken, Regex, Tokenizer as _Backend, decoders, models
-
-    pre = _word_pre_tokenizer()
-    counts: Counter = Counter()
-    for chunk in chunks:
-        counts.update(w for w, _ in pre.pre_tokenize_str(chunk))
-    chars = sorted(_plain_chars(chunks))
-    vocab: dict[str, int] = {}
-    for s in [UNK, *specials, *chars, *(CONTINUATION + c for c in chars)]:
-        vocab.setdefault(s, len(vocab))
-    if vocab_size > 8192:
-        # Every merged symbol is a word's prefix or an inner substring: a ceiling
-        # (0.5 s to count), so an impossible size fails at once rather than
-        # after minutes of merges.
-        ceiling = len(vocab) + len(
-            {w[:j] for w in counts for j in range(2, len(w) + 1)}
-            | {CONTINUATION + w[i:j] for w in counts for i in range(1, len(w)) for j in range(i + 2, len(w) + 1)})
-        if vocab_size > ceiling:
-            raise _too_big("wordpiece", ceiling, vocab_size)
-    if len(vocab) < vocab_size:
-        for a, b, _, _ in wordpiece_merges(counts):
-            vocab.setdefault(a + b[len(CONTINUATION):], len(vocab))
-            if len(vocab) >= vocab_size:
-                break
-    tok = _Backend(models.WordPiece(vocab=vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION,
-                                    max_input_chars_per_word=WORDPIECE_MAX_WORD))
-    tok.pre_tokenizer = pre
-    # Drop the ## of continuations and turn ▁ back into spaces; nothing else is
-    # added between tokens (the library's WordPiece decoder would add spaces).
-    tok.decoder = decoders.Sequence([decoders.Replace(Regex(f"^{re.escape(CONTINUATION)}"), ""), _space_decoder()])
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in [UNK, *specials]])
-    return HFTokenizer(tok)
-
-
-def train_tokenizer(kind: str, text: str, vocab_size: Optional[int] = None,
-                    special_tokens: Iterable[str] = ()) -> Tokenizer:
-    """Train a tokenizer of ``kind`` on ``text``.
-
-    Args:
-        kind: char, bpe, wordpiece or unigram.
-        text: the corpus.
-        vocab_size: entries in all (base alphabet, merges or pieces, special
-            tokens, ``<unk>``); ignored for char, whose alphabet decides.
-        special_tokens: texts that become single ids; their occurrences in
-            ``text`` are cut out before training.
-
-    Raises:
-        MinigptError: unknown kind, empty corpus, a vocabulary size missing,
-            below the kind's base alphabet, or above what the corpus can give.
-    """
-    if kind not in KINDS:
-        raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
-    specials = check_special_tokens(special_tokens)
-    if not text:
-        raise MinigptError(f"cannot train a {kind} tokenizer on an empty corpus")
-    if kind == "char":
-        return CharTokenizer.train(text, specials)
-    check_vocab_size(kind, text, vocab_size, specials)
-    chunks = [c for c in split_special(text, specials)[0::2] if c]
-    if not chunks:
-        raise MinigptError("the corpus holds nothing but special tokens; give it some text")
-    trainer = {"bpe": _train_bpe, "unigram": _train_unigram, "wordpiece": _train_wordpiece}[kind]
-    try:
-        tok = trainer(chunks, vocab_size, specials)
-    except MinigptError:
-        raise
-    except Exception as exc:  # the library's own refusals (plain Exception)
-        raise MinigptError(f"training the {kind} tokenizer failed: {str(exc).splitlines()[0]}") from None
-    if tok.vocab_size < vocab_size:
-        raise _too_big(kind, tok.vocab_size, vocab_size)
-    return tok

@@ -12,7 +12,9 @@ from .config import Config
 from .data import ensure_corpus, split_text
 from .errors import MinigptError
 from .paths import default_tokenizer_path
-from .tokenizer import KINDS, Tokenizer, check_special_tokens, check_vocab_size, train_tokenizer
+from .special_tokens import check_special_tokens
+from .tokenizer import KINDS, Tokenizer
+from .tokenizer_training import check_vocab_size, train_tokenizer
 
 #: Words whose segmentation the summary shows, each cut as in running text (after a space).
 SAMPLE_WORDS = ("ROMEO", "thou", "hath", "wherefore", "Gloucester", "unbelievable")
@@ -139,8 +141,7 @@ def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optio
                 special_tokens: Optional[Sequence[str]] = None, echo: Callable[[str], None] = print) -> str:
     """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations.
 
-    The notes' exercise (§B.5). Nothing is written. ``char`` has its alphabet's
-    size whatever ``vocab_size`` says.
+    Nothing is written. ``char`` has its alphabet's size whatever ``vocab_size`` says.
 
     Raises:
         MinigptError: as :func:`run_train_tokenizer`; the sizes are checked

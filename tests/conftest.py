@@ -1,16 +1,18 @@
 """Shared fixtures: the Tiny Shakespeare corpus and a local HTTP server serving it.
 
-Tests never touch the internet. The corpus lives in ``shared/`` beside the
-repository checkout (``<parent>/shared/data/tinyshakespeare/input.txt``) and is
-served from 127.0.0.1 so the real download code is exercised.
+Tests never touch the internet. The genuine corpus is found by
+:func:`locate_corpus` (``$MINIGPT_TEST_CORPUS``, ``../shared/``, the
+checkout's ``data/``, the user cache); only when none holds it is it fetched
+once, sha256-checked, into the user cache. It is served from 127.0.0.1 so the
+real download code is exercised.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -24,30 +26,81 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                              else os.cpu_count() or 1))
 
-CORPUS_PATH = (
-    Path(__file__).resolve().parent.parent.parent
-    / "shared" / "data" / "tinyshakespeare" / "input.txt"
-)
+REPO = Path(__file__).resolve().parent.parent
 CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+#: Names the corpus file to use; it must be the genuine one.
+CORPUS_ENV = "MINIGPT_TEST_CORPUS"
+#: Where the corpus is fetched from when no copy is found (a mirror set in the shell wins).
+CORPUS_URL = os.environ.get("MINIGPT_TINYSHAKESPEARE_URL", "").strip() or (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
+_CORPUS_REL = Path("data") / "tinyshakespeare" / "input.txt"
+
+
+class CorpusNotFound(Exception):
+    """No usable corpus; the message is one line saying what to do."""
+
+
+def corpus_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """``${XDG_CACHE_HOME:-~/.cache}/minigpt``: the data folder the tests fetch the corpus into."""
+    base = environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(base) if base else Path(environ.get("HOME") or Path.home()) / ".cache") / "minigpt"
+
+
+def corpus_candidates(environ: Mapping[str, str] = os.environ, repo: Path = REPO) -> list[Path]:
+    """Where the corpus is looked for, in order, after ``$MINIGPT_TEST_CORPUS``."""
+    return [
+        repo.parent / "shared" / _CORPUS_REL,                       # shared/ beside the checkout
+        repo / _CORPUS_REL,                                         # minigpt download in the checkout
+        corpus_cache_dir(environ) / "tinyshakespeare" / "input.txt",  # an earlier fetch
+    ]
+
+
+def locate_corpus(environ: Mapping[str, str] = os.environ, repo: Path = REPO) -> Path | None:
+    """The first verified copy of the corpus (size and sha256, ``download.file_ok``), or None.
+
+    ``$MINIGPT_TEST_CORPUS``, when set, must name the genuine corpus
+    (:class:`CorpusNotFound` otherwise); then :func:`corpus_candidates`, where a
+    file that fails the check is passed over.
+    """
+    from minigpt_cli.download import file_ok
+
+    explicit = environ.get(CORPUS_ENV, "").strip()
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not file_ok(path):
+            raise CorpusNotFound(f"${CORPUS_ENV}={explicit} is not the genuine Tiny Shakespeare corpus "
+                                 f"(missing, or its size or sha256 {CORPUS_SHA256[:8]}… differs); fix or unset it")
+        return path
+    return next((p for p in corpus_candidates(environ, repo) if file_ok(p)), None)
+
+
+def fetch_corpus(environ: Mapping[str, str] = os.environ, url: str = CORPUS_URL) -> Path:
+    """Download the corpus once into :func:`corpus_cache_dir` with minigpt's own downloader (sha256-checked)."""
+    from minigpt_cli.download import download_tinyshakespeare, file_ok
+
+    cache = corpus_cache_dir(environ)
+    try:
+        path, _ = download_tinyshakespeare(cache, url=url)
+    except Exception as exc:  # MinigptError, OSError: one line either way
+        tried = ", ".join(str(p) for p in corpus_candidates(environ))
+        raise CorpusNotFound(
+            f"the tests need the Tiny Shakespeare corpus: none verified at {tried} (or ${CORPUS_ENV}), "
+            f"and fetching it into {cache} failed: {' '.join(str(exc).split())}"
+        ) from None
+    if not file_ok(path):
+        raise CorpusNotFound(f"{path}: the downloaded corpus failed its sha256 check")
+    return Path(path)
 
 
 @pytest.fixture(scope="session")
 def corpus_file() -> Path:
-    """Path of the genuine Tiny Shakespeare corpus in ``shared/``; fails if it is absent."""
-    if not CORPUS_PATH.is_file():
-        pytest.fail(
-            f"the tests need the Tiny Shakespeare corpus at {CORPUS_PATH}; check the "
-            f"repository out beside the shared/ folder that holds data/tinyshakespeare/input.txt",
-            pytrace=False,
-        )
-    digest = hashlib.sha256(CORPUS_PATH.read_bytes()).hexdigest()
-    if digest != CORPUS_SHA256:
-        pytest.fail(
-            f"{CORPUS_PATH} has sha256 {digest}, expected {CORPUS_SHA256}; "
-            f"restore the genuine corpus",
-            pytrace=False,
-        )
-    return CORPUS_PATH
+    """Path of the genuine Tiny Shakespeare corpus (:func:`locate_corpus`, else :func:`fetch_corpus`)."""
+    try:
+        return locate_corpus() or fetch_corpus()
+    except CorpusNotFound as exc:
+        message = str(exc)
+    pytest.fail(message, pytrace=False)  # outside the except: one line, no chained traceback
 
 
 class CorpusServer:
@@ -160,7 +213,6 @@ def shakespeare_env(monkeypatch: pytest.MonkeyPatch, corpus_server: CorpusServer
     return url
 
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
 
 

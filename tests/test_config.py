@@ -5,11 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
-from minigpt_cli.config import ConfigError, ModelConfig, apply_overrides, load_config, parse_yaml, validate
+from minigpt_cli.config import (Config, ConfigError, ModelConfig, apply_overrides, describe_keys, load_config,
+                                parse_yaml, validate)
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-SHIPPED = sorted(CONFIGS.rglob("*.yaml"))
+README = CONFIGS.parent / "README.md"
+#: The example configs and the presets (package data in minigpt_cli/presets/).
+SHIPPED = sorted(CONFIGS.rglob("*.yaml")) + sorted((CONFIGS.parent / "minigpt_cli" / "presets").glob("*.yaml"))
 
 
 def test_the_shipped_configs_exist():
@@ -17,7 +21,7 @@ def test_the_shipped_configs_exist():
     assert {"tiny.yaml", "shakespeare-cpu.yaml", "shakespeare.yaml"} <= names
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(CONFIGS)) for p in SHIPPED])
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(CONFIGS.parent)) for p in SHIPPED])
 def test_every_shipped_yaml_loads(path):
     cfg = load_config(path)
     assert cfg.model.n_embd % cfg.model.n_head == 0
@@ -244,3 +248,150 @@ def test_schedules_and_special_tokens_that_cannot_work_are_refused_at_load():
     for bad, fragment in (('[""]', "must be non-empty"), ('["<s>", "<s>"]', "listed twice")):
         with pytest.raises(ConfigError, match=fragment):
             load_config(CONFIGS / "tiny.yaml", [f"tokenizer.special_tokens={bad}"])
+
+
+def _schema_keys(model=Config, prefix=""):
+    """Every leaf key of the schema, ``section.key`` in a section (walked here, not with config.py's helper)."""
+    keys = []
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys += _schema_keys(field.annotation, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def test_the_schema_walk_sees_every_section():
+    keys = _schema_keys()
+    assert {"name", "device", "model.n_layer", "tokenizer.special_tokens", "data.url", "train.tensorboard",
+            "sample.window_stride"} <= set(keys)
+    assert len(keys) == len(set(keys)) > 55
+
+
+@pytest.mark.parametrize("key,hint", [
+    # The key lives in another section, or at the top level: that place first, however close a sibling is.
+    ("model.batch_size", "did you mean train.batch_size?"),
+    ("train.block_size", "did you mean model.block_size?"),
+    ("train.n_layer", "did you mean model.n_layer?"),
+    ("train.n_embd", "did you mean model.n_embd?"),
+    ("train.compile", "did you mean top-level compile?"),
+    ("train.seed", "did you mean top-level seed?"),
+    ("sample.seed", "did you mean top-level seed?"),
+    ("model.learning_rate", "did you mean train.learning_rate?"),
+    ("data.kind", "did you mean tokenizer.kind?"),
+    ("n_layer", "did you mean model.n_layer?"),
+    ("train.vocab_size", "did you mean model.vocab_size or tokenizer.vocab_size?"),
+    # Then a close spelling: in the same section, else anywhere.
+    ("model.n_layr", "did you mean model.n_layer?"),
+    ("train.batch_sise", "did you mean train.batch_size?"),
+    ("model.learnig_rate", "did you mean train.learning_rate?"),
+    ("sample.seeds", "did you mean top-level seed?"),
+    # Nothing alike: no guess.
+    ("model.colour", "remove it (the Configs section of README.md lists the keys)"),
+    ("train.momentum", "remove it (the Configs section of README.md lists the keys)"),
+])
+def test_an_unknown_key_is_pointed_to_where_it_lives(tmp_path, key, hint):
+    section, _, name = key.rpartition(".")
+    p = tmp_path / "c.yaml"
+    p.write_text(f"{section}:\n  {name}: 16\n" if section else f"{name}: 16\n")
+    for source, overrides in ((str(p), []), ("--set", [f"{key}=16"])):
+        if overrides:
+            p.write_text("")
+        with pytest.raises(ConfigError) as e:
+            load_config(p, overrides)
+        assert str(e.value) == f"{source}: {key}: unknown key; {hint}"
+
+
+def test_a_weak_likeness_is_not_suggested():
+    # "sample.seed" is 70% like "sample"; "train.seed" 67% like "train.lr_schedule" (difflib's old 0.6 cutoff).
+    for key in ("sample.seed", "train.seed", "train.n_layer", "train.compile"):
+        with pytest.raises(ConfigError) as e:
+            load_config(CONFIGS / "tiny.yaml", [f"{key}=1"])
+        assert "did you mean sample?" not in str(e.value) and "min_lr" not in str(e.value)
+        assert "lr_schedule" not in str(e.value)
+
+
+def test_float16_on_the_cpu_is_refused_at_load(tmp_path):
+    fix = "dtype: float16 needs a GPU; use dtype: auto, float32 or bfloat16 on the CPU"
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "shakespeare.yaml", ["dtype=float16", "device=cpu"])
+    assert str(e.value).endswith(": " + fix) and "--set dtype, device" in str(e.value)
+    p = tmp_path / "c.yaml"
+    p.write_text("device: cpu\ndtype: float16\n")
+    with pytest.raises(ConfigError, match=f"^{p}: {fix}$"):
+        load_config(p)
+    # A GPU (or a device that may be one) keeps float16; the CPU keeps the other dtypes.
+    for device in ("auto", "cuda", "cuda:1", "mps"):
+        assert load_config(CONFIGS / "shakespeare.yaml", ["dtype=float16", f"device={device}"]).dtype == "float16"
+    for dtype in ("auto", "float32", "bfloat16"):
+        assert load_config(CONFIGS / "tiny.yaml", [f"dtype={dtype}"]).device == "cpu"
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "CPU", "cuda0", "tpu"])
+def test_a_bad_device_is_a_field_error_at_load(tmp_path, device):
+    msg = f"device: {device!r} is not one of auto, cpu, cuda, cuda:N, mps"
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "tiny.yaml", [f"device={device}"])
+    assert str(e.value) == f"--set: {msg}"  # the --set value is named, not the file
+    p = tmp_path / "c.yaml"
+    p.write_text(f"device: {device}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == f"{p}: {msg}"
+
+
+def test_values_a_null_stands_for_pass_the_checks_their_explicit_form_gets():
+    # d_ff, n_kv_head and window_stride: null means a value that always passes (4*d, n_head, block_size // 4).
+    cfg = load_config(CONFIGS / "tiny.yaml", ["model.block_size=1", "model.n_head=2", "model.ffn=swiglu"])
+    assert cfg.sample.window_stride is None and cfg.model.kv_heads == 2 and cfg.model.ffn_hidden % 256 == 0
+    with pytest.raises(ConfigError, match=r"sample\.window_stride: 2 is larger than model\.block_size \(1\)"):
+        load_config(CONFIGS / "tiny.yaml", ["model.block_size=1", "sample.window_stride=2"])
+    with pytest.raises(ConfigError, match=r"model\.n_kv_head \(4\) must not exceed model\.n_head \(2\)"):
+        load_config(CONFIGS / "tiny.yaml", ["model.n_kv_head=4"])
+    # lr_decay_iters: null (max_iters) below warmup_iters ends the run inside the warmup, with no cliff to
+    # min_lr after it: a short trial run loads. The explicit form is refused (test above).
+    cfg = load_config(CONFIGS / "tiny.yaml", ["train.max_iters=3"])
+    assert (cfg.train.max_iters, cfg.train.warmup_iters, cfg.train.lr_decay_iters) == (3, 5, None)
+
+
+def test_every_key_has_a_one_line_meaning():
+    for section in [Config, *(f.annotation for f in Config.model_fields.values()
+                              if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))]:
+        for name, field in section.model_fields.items():
+            assert field.description and field.description.strip(), f"{section.__name__}.{name} has no description"
+            assert "\n" not in field.description and len(field.description) < 140, name
+
+
+def test_describe_keys_lists_every_key_with_its_default_and_meaning():
+    text = describe_keys()
+    lines = {line.split()[0]: line for line in text.splitlines()[1:]}
+    assert list(lines) == _schema_keys()
+    assert text.splitlines()[0].split() == ["key", "type", "default", "meaning"]
+    m = lines["model.scale_residual_init"]
+    assert m.split()[1:3] == ["bool", "true"] and m.endswith("by 1/sqrt(2·n_layer) (GPT-2 §2.3)")
+    assert lines["model.ffn"].split()[1:8] == ["relu", "|", "gelu", "|", "gelu_tanh", "|", "swiglu"]
+    assert lines["train.lr_decay_iters"].split()[1:5] == ["int", "or", "null", "null"]
+    assert lines["device"].split()[1:10] == ["auto", "|", "cpu", "|", "cuda", "|", "cuda:N", "|", "mps"]
+    assert lines["sample.prompt"].split()[2] == '"\\n"'
+    assert lines["tokenizer.special_tokens"].split()[1:5] == ["list", "of", "str", "[]"]
+
+
+def test_the_readme_gives_every_key_a_meaning():
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Configs"):]
+    section = section[:section.index("\n## ", 1)]
+    for key in _schema_keys():
+        row = next((line for line in section.splitlines() if line.startswith(f"| `{key}` |")), None)
+        assert row is not None, f"README's Configs table has no row for {key}"
+        assert len(row.split(" | ")) >= 4 and row.rstrip(" |").split(" | ")[-1].strip(), row
+
+
+def test_the_full_recipe_writes_out_every_key_with_a_comment():
+    path = CONFIGS / "shakespeare.yaml"
+    data = parse_yaml(path.read_text(encoding="utf-8"))
+    written = [f"{s}.{k}" for s, v in data.items() if isinstance(v, dict) for k in v]
+    written += [k for k, v in data.items() if not isinstance(v, dict)]
+    assert sorted(written) == sorted(_schema_keys())
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#") and not line.endswith(":"):  # a key: value line
+            assert "  # " in line, f"no comment: {line!r}"

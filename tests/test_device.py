@@ -17,9 +17,9 @@ import json, resource, sys
 from contextlib import nullcontext
 import torch
 from minigpt_cli.config import ModelConfig, TrainConfig
-from minigpt_cli.device import tune_runtime
+from minigpt_cli.runtime import tune_runtime
 from minigpt_cli.model import GPT
-from minigpt_cli.train import make_optimizer, train_step
+from minigpt_cli.trainer import make_optimizer, train_step
 
 torch.set_num_threads(1)
 if sys.argv[1] == "tuned":
@@ -27,7 +27,7 @@ if sys.argv[1] == "tuned":
 torch.manual_seed(0)
 cfg = ModelConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False, vocab_size=65)
 model = GPT(cfg)
-opt = make_optimizer(model, TrainConfig(), torch.device("cpu"))
+opt = make_optimizer(model, TrainConfig())
 scaler = torch.amp.GradScaler("cpu", enabled=False)
 params = list(model.parameters())
 
@@ -73,7 +73,7 @@ class FakeMachine:
 @pytest.fixture
 def clock(monkeypatch):
     """time.monotonic under the test's control."""
-    import minigpt_cli.device as dev
+    import minigpt_cli.runtime as dev
 
     now = [100.0]
     monkeypatch.setattr(dev.time, "monotonic", lambda: now[0])
@@ -95,7 +95,7 @@ def two_threads(monkeypatch):
 def test_cpu_threads_follow_the_free_cores(clock, two_threads):
     import torch
 
-    from minigpt_cli.device import CpuThreads
+    from minigpt_cli.runtime import CpuThreads
 
     m, notes = FakeMachine(), []
     ct = CpuThreads(torch.device("cpu"), echo=notes.append, read_busy=lambda: m.busy, read_own=lambda: m.own)
@@ -133,7 +133,7 @@ def test_cpu_threads_follow_the_free_cores(clock, two_threads):
 def test_cpu_threads_first_decision_is_immediate(clock, two_threads):
     import torch
 
-    from minigpt_cli.device import CpuThreads
+    from minigpt_cli.runtime import CpuThreads
 
     m = FakeMachine()
     ct = CpuThreads(torch.device("cpu"), read_busy=lambda: m.busy, read_own=lambda: m.own)
@@ -146,7 +146,7 @@ def test_cpu_threads_first_decision_is_immediate(clock, two_threads):
 def test_cpu_threads_leave_a_users_choice_alone(clock, two_threads, monkeypatch):
     import torch
 
-    from minigpt_cli.device import CpuThreads
+    from minigpt_cli.runtime import CpuThreads
 
     m = FakeMachine()
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
@@ -193,7 +193,7 @@ def test_cpu_threads_measure_other_processes_over_a_stretch(clock, two_threads, 
     """bench's check that nothing else ran while it timed: works with the thread count fixed too."""
     import torch
 
-    from minigpt_cli.device import CpuThreads
+    from minigpt_cli.runtime import CpuThreads
 
     m = FakeMachine()
     monkeypatch.setenv("OMP_NUM_THREADS", "2")

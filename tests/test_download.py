@@ -71,6 +71,35 @@ def test_file_ok(tmp_path, corpus_file):
     assert not file_ok(bad)
 
 
+def test_registry_entry_is_the_char_rnn_corpus():
+    ts = download.DATASETS["tinyshakespeare"]
+    assert (ts.name, ts.size, ts.url_env) == ("tinyshakespeare", 1_115_394, "MINIGPT_TINYSHAKESPEARE_URL")
+    assert ts.url == DEFAULT_URL and ts.url.endswith("karpathy/char-rnn/master/data/tinyshakespeare/input.txt")
+    assert (DEFAULT_URL, URL_ENV, SHA256, SIZE) == (ts.url, ts.url_env, ts.sha256, ts.size)
+
+
+def test_a_second_dataset_needs_only_a_registry_entry(tmp_path, corpus_server, monkeypatch, capsys):
+    other = download.Dataset(name="other", url=corpus_server.url("/input.txt?t=registry"), sha256=SHA256,
+                             size=SIZE, url_env="MINIGPT_OTHER_URL")
+    monkeypatch.setitem(download.DATASETS, "other", other)
+    monkeypatch.delenv("MINIGPT_OTHER_URL", raising=False)
+    path, downloaded = download.download("other", tmp_path, **FAST)
+    assert (path, downloaded) == (tmp_path / "other" / "input.txt", True) and file_ok(path, "other")
+    monkeypatch.setenv("MINIGPT_OTHER_URL", "http://mirror/other.txt")
+    assert resolve_url(None, "other") == "http://mirror/other.txt"
+    with pytest.raises(MinigptError) as ei:
+        download.download("other", tmp_path / "x", url=corpus_server.url("/missing.txt"), **FAST)
+    assert one_line(str(ei.value)).endswith("check the URL or set MINIGPT_OTHER_URL to a mirror")
+    with pytest.raises(MinigptError, match="unknown dataset 'nope'; known datasets: tinyshakespeare, other"):
+        download.download("nope", tmp_path)
+
+
+def test_every_failure_kind_has_a_message():
+    kinds = {kind for phase in download._FAILURES.values() for _, kind in phase}
+    assert kinds and kinds <= set(download._MESSAGES)
+    assert download._classify(ValueError("a bug"), "read") is None  # not a network failure: let through
+
+
 # --- success paths ---------------------------------------------------------------
 
 

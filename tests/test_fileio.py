@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_user_error
 
-from minigpt_cli import fileio
+from minigpt_cli import fileio, runs
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.fileio import atomic_write_bytes, atomic_write_text
 
@@ -184,7 +184,7 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypa
     model = GPT(cfg.model)
     target = tmp_path / "checkpoints" / "last"
     checkpoint.save(target, model, cfg, meta={"step": 1})
-    before = (target / checkpoint.WEIGHTS).read_bytes()
+    before = (target / runs.WEIGHTS).read_bytes()
 
     def full(*args, **kwargs):
         if failure == "safetensors":
@@ -208,7 +208,7 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypa
     msg = str(info.value)
     assert msg.startswith(f"cannot write {target}") and "\n" not in msg, msg
     assert "free some disk space" in msg
-    assert (target / checkpoint.WEIGHTS).read_bytes() == before
+    assert (target / runs.WEIGHTS).read_bytes() == before
     assert sorted(p.name for p in target.parent.iterdir()) == ["last"]
 
 
@@ -248,7 +248,7 @@ def test_a_link_is_written_through_and_a_fifo_is_refused(tmp_path):
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "folder"])
 def test_a_lock_path_that_is_not_a_file_is_refused_untouched(tmp_path, kind):
     """runs/NAME/.lock as a link (its target must not be truncated), a FIFO (no hang) or a folder."""
-    from minigpt_cli.train import RunLock
+    from minigpt_cli.runs import RunLock
 
     run = tmp_path / "run"
     run.mkdir()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_user_error, working_dir
 
-from minigpt_cli.generate import find_stop, run_generate, stop_holdback
+from minigpt_cli.sampling import find_stop, generate, stop_holdback
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 PROMPT = "ROMEO:"
@@ -146,8 +146,8 @@ def test_streaming_holds_back_what_may_become_a_stop(run_dir):
             return super().write(s)
 
     out = Recorder()
-    run_generate(run_dir, PROMPT, 120, 1.0, 30, None, 1, 7, True, True, "best", "cpu", out,
-                 lambda m: None, stop=[stop])
+    generate(run_dir, {"prompt": PROMPT, "max_new_tokens": 120, "temperature": 1.0, "top_k": 30}, seed=7,
+             stream=True, device="cpu", out=out, stop=[stop])
     assert out.getvalue() == PROMPT + text[:cut] + "\n"
     # Writes only append, so a correct end result means no part of the stop text was ever
     # printed: without the hold-back, its first characters would be out before it completes.
@@ -156,7 +156,8 @@ def test_streaming_holds_back_what_may_become_a_stop(run_dir):
 
 def sampled_text(run_dir, n):
     out = io.StringIO()
-    run_generate(run_dir, PROMPT, n, 1.0, 30, None, 1, 7, False, True, "best", "cpu", out, lambda m: None)
+    generate(run_dir, {"prompt": PROMPT, "max_new_tokens": n, "temperature": 1.0, "top_k": 30}, seed=7,
+             device="cpu", out=out)
     return out.getvalue()[len(PROMPT):-1]
 
 
@@ -200,7 +201,7 @@ def test_window_stride(gen, monkeypatch):
         assert a.stdout == b.stdout
     # The default (block_size // 4 = 8) is what --window-stride 8 gives.
     # The stride reaches the sampler: the default (block_size // 4 = 8) or the option's value.
-    import minigpt_cli.generate as gen_mod
+    import minigpt_cli.sampling as gen_mod
 
     seen = []
     real = gen_mod.generate_tokens

@@ -1,8 +1,9 @@
 """Analytic parameter / FLOP / memory accounting (minigpt_cli.params).
 
-Known values come from DESIGN §6 and issue 4; the analytic totals are
-cross-checked against our own GPT and the Hugging Face GPT-2 and Llama models,
-all built on the meta device (no memory, no weights downloaded).
+Known values come from the GPT-2 and Llama releases, nanoGPT and Kaplan et al.
+2020; the analytic counts are cross-checked against our own GPT and the Hugging
+Face GPT-2 and Llama models, all built on the meta device (no memory, no
+weights downloaded).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ PRESETS = [
     "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl",
     "llama2-7b", "llama2-13b", "llama3-8b", "shakespeare-char",
 ]
-ALL_YAML = sorted((ROOT / "configs").rglob("*.yaml"))
+#: The example configs and the presets (package data in minigpt_cli/presets/).
+ALL_YAML = sorted((ROOT / "configs").rglob("*.yaml")) + sorted((ROOT / "minigpt_cli" / "presets").glob("*.yaml"))
 #: Vocabulary for training configs whose vocab_size comes from the tokenizer.
 CHAR_VOCAB = 65
 
@@ -62,7 +64,7 @@ def test_presets_shipped():
 
 
 def test_gpt2_small_closed_form():
-    # DESIGN §6: V·d + P·d + L·(12d² + 13d) + 2d.
+    # wte + wpe + 12 blocks (4d² + 4d attention, 8d² + 5d MLP, 2·2d LayerNorms) + the final LayerNorm.
     V, P, d, L = 50257, 1024, 768, 12
     assert params.count(preset("gpt2-small")).total == V * d + P * d + L * (12 * d * d + 13 * d) + 2 * d
 
@@ -96,9 +98,10 @@ def test_gpt2_small_breakdown():
     assert params.human(pc.embedding) == "39.4M"
     # Exact non-embedding count, and Kaplan's 12·L·d² (no biases, no norms): the "84.9M".
     assert pc.non_embedding == 85_056_000
-    assert pc.non_embedding == pc.total - pc.embedding
-    assert pc.non_embedding_matrices == 12 * 12 * 768**2 == 84_934_656
-    assert params.human(pc.non_embedding_matrices) == "84.9M"
+    assert pc.non_embedding_matrices == pc.kaplan_approximation == 12 * 12 * 768**2 == 84_934_656
+    assert params.human(pc.kaplan_approximation) == "84.9M"
+    # nanoGPT prints get_num_params(non_embedding=True), the total less wpe only: "123.65M".
+    assert pc.without_positions == 123_653_376
     assert pc.final_norm == 2 * 768 and pc.lm_head == 0
 
 
@@ -112,9 +115,19 @@ def test_llama_breakdown():
     assert pc.layer.attn_bias == pc.layer.ffn_bias == 0
     # The untied head is a vocabulary matrix: not in the non-embedding count.
     assert pc.embedding == 2 * 128256 * d
-    assert pc.non_embedding == pc.total - 2 * 128256 * d
+    assert pc.non_embedding == 32 * (4 * d * d - 2 * d * (d - kv) + 3 * d * 14336 + 2 * d) + d == 6_979_588_096
     assert preset("llama2-7b").ffn_hidden == 11008
     assert preset("llama3-8b").rope_base == 500000.0
+
+
+def test_kaplan_approximation_and_exact_matrices_differ_for_swiglu():
+    """12·L·d² assumes d_ff = 4d; Llama-2-7B's SwiGLU has three d×11008 matrices, so the exact count is larger."""
+    pc = params.count(preset("llama2-7b"))
+    assert pc.kaplan_approximation == 12 * 32 * 4096**2 == 6_442_450_944
+    assert pc.non_embedding_matrices == 32 * (4 * 4096**2 + 3 * 4096 * 11008) == 6_476_005_376
+    text = params.format_report(params.report(preset("llama2-7b")), "llama2-7b")
+    assert any("Kaplan's approximation 12·L·d²" in line and "6,442,450,944" in line for line in text.splitlines())
+    assert any("weight matrices only (exact)" in line and "6,476,005,376" in line for line in text.splitlines())
 
 
 def test_non_embedding_independent_of_tying():
@@ -204,7 +217,9 @@ def test_report_keys_and_json():
         assert key in rep
     assert rep["seq_len"] == 1024  # block_size by default
     assert rep["total"] == 124_439_808
-    assert rep["embedding"] + rep["non_embedding"] == rep["total"]
+    assert (rep["non_embedding"], rep["embedding"]) == (85_056_000, 39_383_808)
+    assert rep["total_without_positions"] == 123_653_376  # nanoGPT's "number of parameters: 123.65M"
+    assert (rep["kaplan_approximation"], rep["non_embedding_matrices"]) == (84_934_656, 84_934_656)
     assert rep["per_layer"]["attention"] == 2_362_368
     assert rep["flops_per_token_train"] == 3 * rep["flops_per_token_forward"]
     assert "training_flops" not in rep
@@ -232,6 +247,15 @@ def test_format_report_gpt2_small():
     assert text.startswith("gpt2-small: 124,439,808 parameters (124.4M)")
     assert "10.0% of forward" in text
     assert "4,722,432" in text and "2,362,368" in text
+    assert any("(nanoGPT's count)" in line and "123,653,376" in line for line in text.splitlines())
+
+
+def test_format_report_names_the_overrides():
+    """A preset changed by --set is not the preset: the header says so."""
+    two = variant(preset("gpt2-small"), n_layer=2)
+    text = params.format_report(params.report(two), "gpt2-small", overrides=["model.n_layer=2"])
+    total = 50257 * 768 + 1024 * 768 + 2 * (12 * 768**2 + 13 * 768) + 2 * 768
+    assert text.startswith(f"gpt2-small (with overrides: model.n_layer=2): {total:,} parameters")
 
 
 def test_human():
@@ -259,20 +283,36 @@ def test_every_shipped_yaml_counts(path):
     cfg = load_config(path).model
     V = cfg.vocab_size or CHAR_VOCAB
     rep = params.report(cfg, vocab_size=V, tokens=1000)
-    assert rep["total"] > 0 and rep["total"] == rep["embedding"] + rep["non_embedding"]
+    assert rep["total"] > 0 and json.loads(json.dumps(rep)) == rep  # the meta-model tests check the numbers
+    assert f"{rep['total']:,} parameters" in params.format_report(rep, path.name)
 
 
 # ----------------------------------------------------------------------------- cross-checks on meta
 
 
-def meta_model_total(cfg: ModelConfig) -> int:
+def meta_model_counts(cfg: ModelConfig) -> dict[str, int]:
+    """Our GPT built on the meta device, counted by parameter name (tied weights once).
+
+    ``non_embedding``: all but wte, wpe and lm_head (Kaplan et al. 2020's N);
+    ``total_without_positions``: all but wpe (nanoGPT's ``get_num_params()``).
+    """
     import torch
 
     from minigpt_cli.model import GPT
 
     with torch.device("meta"):
         model = GPT(cfg)
-    return sum(p.numel() for p in model.parameters())  # tied weights once
+    sizes = {name: p.numel() for name, p in model.named_parameters()}
+    return {
+        "total": sum(sizes.values()),
+        "non_embedding": sum(n for name, n in sizes.items() if name.split(".")[0] not in ("wte", "wpe", "lm_head")),
+        "total_without_positions": sum(n for name, n in sizes.items() if not name.startswith("wpe.")),
+    }
+
+
+def analytic_counts(cfg: ModelConfig) -> dict[str, int]:
+    pc = params.count(cfg)
+    return {"total": pc.total, "non_embedding": pc.non_embedding, "total_without_positions": pc.without_positions}
 
 
 def _variants() -> list[tuple[str, ModelConfig]]:
@@ -304,12 +344,17 @@ def _variants() -> list[tuple[str, ModelConfig]]:
 @pytest.mark.parametrize("name", PRESETS)
 def test_meta_model_matches_presets(name):
     cfg = preset(name)
-    assert meta_model_total(cfg) == params.count(cfg).total
+    assert meta_model_counts(cfg) == analytic_counts(cfg)
+
+
+def test_meta_model_gpt2_small_in_nanogpt_terms():
+    counts = meta_model_counts(preset("gpt2-small"))
+    assert counts["total_without_positions"] == 123_653_376 and counts["non_embedding"] == 85_056_000
 
 
 @pytest.mark.parametrize("name, cfg", _variants(), ids=[k for k, _ in _variants()])
 def test_meta_model_matches_variants(name, cfg):
-    assert meta_model_total(cfg) == params.count(cfg).total
+    assert meta_model_counts(cfg) == analytic_counts(cfg)
 
 
 @pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: str(p.relative_to(ROOT)))
@@ -317,7 +362,7 @@ def test_meta_model_matches_shipped_yaml(path):
     cfg = load_config(path).model
     if cfg.vocab_size is None:
         cfg = variant(cfg, vocab_size=CHAR_VOCAB)
-    assert meta_model_total(cfg) == params.count(cfg).total
+    assert meta_model_counts(cfg) == analytic_counts(cfg)
 
 
 def hf_gpt2(cfg: ModelConfig):
@@ -351,8 +396,10 @@ def hf_llama(cfg: ModelConfig):
 def test_transformers_gpt2(name):
     pytest.importorskip("transformers")
     cfg = preset(name)
-    # num_parameters() counts the tied head once, as we do.
-    assert hf_gpt2(cfg).num_parameters() == params.count(cfg).total
+    # num_parameters() counts the tied head once, as we do; without the embeddings (wte, wpe) it is N.
+    model = hf_gpt2(cfg)
+    assert model.num_parameters() == params.count(cfg).total
+    assert model.num_parameters(exclude_embeddings=True) == params.count(cfg).non_embedding
 
 
 def test_transformers_gpt2_untied():

@@ -19,11 +19,11 @@ import torch
 from helpers import assert_user_error, working_dir
 from safetensors.torch import load_file
 
-from minigpt_cli import checkpoint
+from minigpt_cli import checkpoint, runs
 from minigpt_cli.config import load_config
 from minigpt_cli.errors import Interrupted, MinigptError
 from minigpt_cli.model import GPT
-from minigpt_cli.train import train, train_step
+from minigpt_cli.trainer import train, train_step
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "tiny.yaml"
@@ -72,7 +72,7 @@ def signals_after_step(monkeypatch, n: int, *signals: int):
 
     Returns the real ``train_step``, to put back with ``monkeypatch.setattr``.
     """
-    import minigpt_cli.train as T
+    import minigpt_cli.trainer.loop as T
 
     real_step = T.train_step
     calls = {"n": 0}
@@ -93,11 +93,12 @@ def test_interrupted_and_resumed_equals_uninterrupted(reference_run, data_dir, t
     """SIGINT mid-run (in-process), then --resume: every later loss and the final weights match."""
     monkeypatch.chdir(tmp_path)
     cfg = tiny(data_dir, "train.max_iters=120", "model.dropout=0.1")
-    import minigpt_cli.train as T
+    import minigpt_cli.trainer.loop as T
 
     real_step = signals_after_step(monkeypatch, 57, signal.SIGINT)  # a real SIGINT after step 57
-    with pytest.raises(Interrupted, match="step 57.*--resume"):
+    with pytest.raises(Interrupted, match="step 57") as info:
         train(cfg, run_name="r", echo=lambda m: None, progress=False)
+    assert str(info.value.resume_dir) == "runs/r"
     monkeypatch.setattr(T, "train_step", real_step)
     run = tmp_path / "runs" / "r"
     meta = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())
@@ -149,13 +150,13 @@ def test_sigint_during_a_long_eval_stops_it_at_once_and_resumes_identically(refe
 def test_a_second_ctrl_c_aborts_without_saving_and_says_where_the_last_checkpoint_is(data_dir, tmp_path,
                                                                                     monkeypatch):
     monkeypatch.chdir(tmp_path)
-    import minigpt_cli.train as T
+    import minigpt_cli.trainer.loop as T
 
     real_step = signals_after_step(monkeypatch, 25, signal.SIGINT, signal.SIGINT)  # the second one aborts
     with pytest.raises(Interrupted, match=r"second Ctrl-C without saving; the last checkpoint is "
-                                          r"runs/a/checkpoints/last \(step 20\).*--resume runs/a") as info:
+                                          r"runs/a/checkpoints/last \(step 20\)") as info:
         train(tiny(data_dir, "train.max_iters=60"), run_name="a", echo=lambda m: None, progress=False)
-    assert info.value.exit_code == 130
+    assert info.value.exit_code == 130 and str(info.value.resume_dir) == "runs/a"
     assert json.loads((tmp_path / "runs" / "a" / "checkpoints" / "last" / "meta.json").read_text())["step"] == 20
     # Before any checkpoint exists (inside the step-0 eval), the message says so and the new folder goes.
     monkeypatch.setattr(T, "train_step", real_step)
@@ -174,7 +175,7 @@ def test_a_second_ctrl_c_aborts_without_saving_and_says_where_the_last_checkpoin
 def test_sigterm_exits_143_and_the_hint_is_a_working_command(cli, data_dir, tmp_path, monkeypatch):
     """SIGTERM: status 143 (128+15), and the printed resume command (real config path, --set values) runs."""
     monkeypatch.chdir(tmp_path)
-    import minigpt_cli.train as T
+    import minigpt_cli.trainer.loop as T
 
     real_step = signals_after_step(monkeypatch, 3, signal.SIGTERM)
     res = cli("train", TINY, "--run-name", "t", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=8",
@@ -249,7 +250,7 @@ def test_resume_refuses_a_different_model(data_dir, tmp_path, monkeypatch):
 
 def test_resume_with_a_longer_schedule_says_how_the_learning_rate_changes(data_dir, tmp_path, monkeypatch):
     """Raising max_iters is allowed; a note names the change and the lr the run jumps to, which it uses."""
-    from minigpt_cli.train import lr_at
+    from minigpt_cli.trainer import lr_at
 
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=10"), run_name="l", echo=lambda m: None, progress=False)
@@ -355,7 +356,7 @@ def test_a_run_folder_in_use_is_refused(cli, data_dir, tmp_path, monkeypatch):
     train(tiny(data_dir, "train.max_iters=3"), run_name="m", echo=lambda m: None, progress=False)
     (tmp_path / "runs" / "e").mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from minigpt_cli.train import RunLock; "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from minigpt_cli.runs import RunLock; "
          "[RunLock(Path(p)).acquire('-') for p in sys.argv[1:]]; print('locked', flush=True); time.sleep(120)",
          "runs/m", "runs/e"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     try:
@@ -373,24 +374,6 @@ def test_a_run_folder_in_use_is_refused(cli, data_dir, tmp_path, monkeypatch):
         holder.wait()
     res = cli("train", TINY, "--resume", "runs/m", *common)  # the lock died with its holder
     assert res.exit_code == 0, res
-
-
-def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(data_dir, tmp_path, monkeypatch):
-    import minigpt_cli.train as T
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(T.time, "strftime", lambda fmt, *a: "20250101-120000")
-    cfg = tiny(data_dir, "train.max_iters=2")
-    first = T.new_run_dir(cfg, None)
-    second = T.new_run_dir(cfg, None)
-    try:
-        assert first.path.name == "tiny-20250101-120000" and second.path.name == "tiny-20250101-120000-2"
-        assert first.created and second.created
-    finally:
-        first.lock.release()
-        second.lock.release()
-    res = train(cfg, echo=lambda m: None, progress=False)
-    assert res.run_dir.name == "tiny-20250101-120000-3" and res.step == 2
 
 
 def test_resume_sweeps_temporary_files_a_kill_left(data_dir, tmp_path, monkeypatch):
@@ -446,7 +429,7 @@ def test_kill_during_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path,
     killed = _cli(args, {"MINIGPT_TEST_KILL_DURING_SAVE": f"last:2:{point}"}, cwd=tmp_path)
     assert killed.returncode == -signal.SIGKILL
     last = tmp_path / "runs" / "k" / "checkpoints" / "last"
-    survivor = checkpoint.resolve(last)
+    survivor = runs.resolve(last)
     assert json.loads((survivor / "meta.json").read_text())["step"] == 0
     model, _ = checkpoint.load_model(last)
     assert model.wte.weight.isfinite().all()
@@ -457,7 +440,7 @@ def test_kill_during_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path,
         # Killed again inside the next swap, while .last.old is the only complete copy: it must survive.
         again = _cli(resume, {"MINIGPT_TEST_KILL_DURING_SAVE": "last:1:swap"}, cwd=tmp_path)
         assert again.returncode == -signal.SIGKILL
-        assert json.loads((checkpoint.resolve(last) / "meta.json").read_text())["step"] == 0
+        assert runs.read_meta(last)["step"] == 0
     resumed = _cli(resume, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((last / "meta.json").read_text())["step"] == 40
@@ -571,7 +554,7 @@ def test_a_model_that_overflows_as_initialised_is_told_apart_from_a_high_learnin
               run_name="o", echo=lambda m: None, progress=False)
     assert "learning_rate" not in str(e.value)
     assert "(no sample: the model's output is NaN" in (tmp_path / "runs" / "o" / "samples.txt").read_text()
-    from minigpt_cli.generate import sample_next
+    from minigpt_cli.sampling import sample_next
 
     with pytest.raises(MinigptError, match="output is NaN"):
         sample_next(torch.tensor([[0.0, float("nan")]]), 0.0, None, None, None)
@@ -659,7 +642,7 @@ def test_compile_failure_falls_back_with_a_warning(data_dir, tmp_path, monkeypat
     assert sum("torch.compile failed" in n for n in notes) == 1
     keys = load_file(tmp_path / "runs" / "c" / "checkpoints" / "last" / "model.safetensors").keys()
     assert not any(k.startswith("_orig_mod.") for k in keys)
-    from minigpt_cli.model import onednn_enabled
+    from minigpt_cli.kernels.onednn import available as onednn_enabled
 
     env = json.loads((tmp_path / "runs" / "c" / "env.json").read_text())
     assert env["linear_kernel"] == ("oneDNN" if onednn_enabled() else "torch.mm")
@@ -719,7 +702,7 @@ def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
                          "model.n_embd=64"),
                     run_name=f"c{flag}", echo=notes.append, progress=False)
         runs[flag] = curve(res.run_dir)
-    from minigpt_cli.model import onednn_enabled
+    from minigpt_cli.kernels.onednn import available as onednn_enabled
 
     assert not [n for n in notes if "compile" in n and "oneDNN" not in n], notes  # no fallback
     # On x86 the compiled run says that eager would put (some of) tiny's linear layers on the faster oneDNN,

@@ -1,4 +1,4 @@
-"""The four tokenizer kinds: the notes' toy merges, exact round trips, unknown text,
+"""The four tokenizer kinds: the course's toy merges, exact round trips, unknown text,
 special tokens, save/load through the `tokenizers` library, and the CLI around them."""
 
 from __future__ import annotations
@@ -15,20 +15,13 @@ from helpers import assert_user_error
 
 from minigpt_cli.data import prepare, split_text, token_dtype
 from minigpt_cli.errors import MinigptError
-from minigpt_cli.tokenizer import (
-    KINDS,
-    UNK,
-    CharTokenizer,
-    base_vocab_size,
-    load_tokenizer,
-    train_tokenizer,
-    wordpiece_merges,
-    wordpiece_scores,
-)
+from minigpt_cli.tokenizer import KINDS, UNK, CharTokenizer, load_tokenizer, lossy_report
+from minigpt_cli.tokenizer_training import base_vocab_size, train_tokenizer
+from minigpt_cli.wordpiece import wordpiece_merges, wordpiece_scores
 
 REPO = Path(__file__).resolve().parent.parent
 BPE_CONFIG = REPO / "configs" / "shakespeare-bpe.yaml"
-TOY = {"hug": 10, "pug": 5, "pun": 12, "bun": 4, "hugs": 5}  # notes §6.2
+TOY = {"hug": 10, "pug": 5, "pun": 12, "bun": 4, "hugs": 5}  # Hugging Face LLM course, ch. 6.5-6.6 (BPE, WordPiece)
 TOY_TEXT = "".join(f"{w}\n" * n for w, n in TOY.items())
 EOT = "<|endoftext|>"
 #: Whitespace and scripts a byte-level tokenizer must give back byte for byte.
@@ -66,7 +59,7 @@ def trained(small_text) -> dict:
     return {k: train_tokenizer(k, small_text, 400, [EOT]) for k in KINDS}
 
 
-# ----------------------------------------------------------------------------- the notes' toy corpus
+# ----------------------------------------------------------------------------- the course's toy corpus
 
 
 def test_bpe_first_merge_is_u_g_with_count_20(tmp_path):
@@ -159,6 +152,77 @@ def test_unseen_characters_become_unk_and_the_rest_survives(trained, kind, tmp_p
     tok.save(path)
     assert load_tokenizer(path).encode(s) == ids
     assert tokenizers.Tokenizer.from_file(str(path)).encode(s).ids == ids
+
+
+# ----------------------------------------------------------------------------- ids outside the vocabulary
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_decode_refuses_ids_outside_the_vocabulary(trained, kind):
+    """Not Python's negative indexing (char) nor an empty string (the library): a one-line error."""
+    tok = trained[kind]
+    n = tok.vocab_size
+    assert tok.decode([0, n - 1]) and tok.decode(np.array([0, n - 1])) == tok.decode([0, n - 1])
+    for bad in (-1, n, 10**12):
+        for ids in ([bad], [0, bad, 1]):
+            with pytest.raises(MinigptError) as e:
+                tok.decode(ids)
+            msg = str(e.value)
+            assert f"token id {bad:,} is not in the tokenizer's vocabulary of {n:,} ids (0 to {n - 1:,})" in msg
+            assert "\n" not in msg
+
+
+# ----------------------------------------------------------------------------- text lost to <unk>
+
+PROMPT = "ROMEO: ¿Qué tal? 😀"
+
+
+@pytest.mark.parametrize("kind", ["unigram", "wordpiece"])
+def test_unknown_chars_are_exactly_the_characters_that_become_unk(trained, kind, tmp_path):
+    tok = trained[kind]
+    unk = tok.token_to_id(UNK)
+    assert tok.unknown_chars(PROMPT) == ["¿", "é", "😀"]
+    for ch in set(PROMPT):  # each character alone: <unk> exactly when it is listed
+        assert (unk in tok.encode(ch)) == (ch in tok.unknown_chars(PROMPT)), ch
+    tok.save(tmp_path / "t.json")
+    assert load_tokenizer(tmp_path / "t.json").unknown_chars(PROMPT + " ☃") == ["¿", "é", "😀", "☃"]
+    # special tokens and a literal <unk> are single ids, not lost text; '<' and '|' alone were never seen
+    assert tok.unknown_chars(f"a{EOT}b{UNK}c") == []
+    assert tok.unknown_chars("<|x|>") == ["<", "|", ">"]
+    for s in KNOWN:
+        assert tok.unknown_chars(s) == [] and lossy_report(tok, s) is None
+
+
+def test_lossy_report_names_the_characters_lost(trained):
+    assert lossy_report(trained["unigram"], PROMPT) == "note: 3 characters of the prompt became <unk>: '¿', 'é', '😀'"
+    assert trained["unigram"].decode(trained["unigram"].encode(PROMPT)) == "ROMEO: <unk>Qu<unk> tal? <unk>"
+    assert lossy_report(trained["wordpiece"], "hear me ☃", what="the text") == (
+        "note: the words of the text holding 1 character the vocabulary lacks became <unk>: '☃'")
+    many = "".join(chr(0x4E00 + i) for i in range(12))
+    assert lossy_report(trained["unigram"], many).endswith(", '" + chr(0x4E09) + "', ...")
+    assert lossy_report(trained["unigram"], many).startswith("note: 12 characters of the prompt became <unk>: ")
+
+
+def test_bpe_and_char_report_no_loss(trained):
+    """Byte-level BPE keeps every byte; char refuses unknown characters in encode instead."""
+    assert trained["bpe"].unknown_chars(PROMPT) == [] and lossy_report(trained["bpe"], PROMPT) is None
+    assert trained["char"].unknown_chars(PROMPT) == ["¿", "é", "😀"]
+    assert lossy_report(trained["char"], PROMPT) is None
+    with pytest.raises(MinigptError, match="lacks: '¿', 'é', '😀'"):
+        trained["char"].encode(PROMPT)
+
+
+def test_config_does_not_import_the_tokenizers():
+    """Imports point one way (tokenizer -> config); the config still refuses bad special tokens."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom minigpt_cli.config import TokenizerConfig\n"
+            "try:\n    TokenizerConfig(special_tokens=['<unk>'])\nexcept ValueError as e:\n    print(e)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('minigpt_cli.tok')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "tokenizer.special_tokens: special token '<unk>' is the unknown token" in out
+    assert out.rstrip().endswith("[]")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -306,7 +370,7 @@ def test_bad_sizes_and_kinds(small_text):
 @pytest.mark.parametrize("kind", ["bpe", "wordpiece", "unigram"])
 def test_vocab_size_above_the_cap_is_refused_before_training(small_text, kind):
     """A huge size must not reach the Rust library (which aborts the process on 1e9)."""
-    from minigpt_cli.tokenizer import MAX_VOCAB_SIZE
+    from minigpt_cli.tokenizer_training import MAX_VOCAB_SIZE
 
     assert MAX_VOCAB_SIZE == 1_048_576
     for size in (MAX_VOCAB_SIZE + 1, 1_000_000_000):
@@ -452,7 +516,7 @@ def test_streaming_holds_back_partial_utf8(bpe_run, monkeypatch):
     """Byte-level tokens of an emoji decode to '\\ufffd' until the last byte; nothing partial is printed."""
     import torch
 
-    from minigpt_cli import generate as gen_mod
+    from minigpt_cli import sampling as gen_mod
 
     _, _, run, res = bpe_run
     assert res.exit_code == 0, res.stderr
@@ -478,9 +542,8 @@ def test_streaming_holds_back_partial_utf8(bpe_run, monkeypatch):
             pass
 
     out = Recorder()
-    texts = gen_mod.run_generate(run=run, prompt="A", max_new_tokens=len(ids), temperature=0.0, top_k=None,
-                                 top_p=None, num_samples=1, seed=0, stream=True, use_cache=True, which="last",
-                                 device="cpu", out=out, echo=lambda m: None)
+    texts = gen_mod.generate(run, {"prompt": "A", "max_new_tokens": len(ids), "temperature": 0.0, "top_k": None},
+                             seed=0, stream=True, checkpoint="last", device="cpu", out=out)
     assert texts == ["A" + text]
     assert "".join(out.writes) == "A" + text + "\n"
     assert not any("\ufffd" in w for w in out.writes)
@@ -506,7 +569,7 @@ def test_a_swapped_tokenizer_of_the_same_kind_and_size_is_refused(bpe_run, cli, 
     assert res.exit_code == 0, res.stderr
     import shutil
 
-    from minigpt_cli.checkpoint import META
+    from minigpt_cli.runs import META
 
     bad_run = tmp_path / "run"
     shutil.copytree(run, bad_run)
@@ -636,7 +699,7 @@ def test_text_goes_to_the_trainers_in_pieces_cut_where_gpt2s_split_cuts(small_te
     """The pieces give the library the same pre-tokens (words) as the whole text, in bounded sizes."""
     from tokenizers import pre_tokenizers
 
-    from minigpt_cli.tokenizer import _pieces, _word_pre_tokenizer
+    from minigpt_cli.tokenizer_training import _pieces, _word_pre_tokenizer
 
     text = small_text + "\n  indented line\n\nword  two   spaces x\n" + "z" * 300 + " end"
     pieces = list(_pieces([text], size=100))
@@ -663,7 +726,11 @@ def test_ctrl_c_stops_the_libraries_tokenizer_training_at_once(tmp_path):
         p = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "train-tokenizer", str(repo / "configs" / "tiny.yaml"),
                               "--kind", "bpe", "--vocab-size", "278", "--input", str(slow), "--output", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.5)
+        # Wait for the training thread (the signal must find the handlers installed, whatever the load), then a bit.
+        tasks, deadline = Path(f"/proc/{p.pid}/task"), time.monotonic() + 60
+        while tasks.is_dir() and len(list(tasks.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5 if tasks.is_dir() else 2.5)
         sent = time.monotonic()
         p.send_signal(sig)
         p.communicate(timeout=120)

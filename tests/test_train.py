@@ -11,7 +11,7 @@ import torch
 
 from minigpt_cli.config import TrainConfig, load_config
 from minigpt_cli.model import GPT
-from minigpt_cli.train import lr_at, make_optimizer, should_eval, train
+from minigpt_cli.trainer import lr_at, make_optimizer, should_eval, train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -48,7 +48,7 @@ def test_eval_points():
 def test_weight_decay_on_matrices_only():
     cfg = load_config(CONFIGS / "tiny.yaml").model.model_copy(update={"vocab_size": 65, "bias": True})
     model = GPT(cfg)
-    opt = make_optimizer(model, TrainConfig(weight_decay=0.1), torch.device("cpu"))
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
@@ -94,7 +94,7 @@ def test_a_model_too_large_for_memory_is_refused_before_anything_is_made(cli, da
     """10 million layers: the estimate (count-params' accounting) exceeds the free memory; no run folder."""
     from helpers import assert_user_error
 
-    import minigpt_cli.train as T
+    import minigpt_cli.runtime as T
 
     monkeypatch.chdir(tmp_path)
     res = cli("train", CONFIGS / "tiny.yaml", "--set", f"data.data_dir={data_dir}", "--set", "model.n_layer=10000000")
@@ -113,7 +113,7 @@ def test_running_out_of_memory_is_one_line(cli, data_dir, tmp_path, monkeypatch)
     """The allocator failing after the estimate passed: one line, exit 2, the fix named."""
     from helpers import assert_user_error
 
-    import minigpt_cli.train as T
+    import minigpt_cli.trainer.loop as T
 
     monkeypatch.chdir(tmp_path)
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from helpers import assert_user_error
 
 from minigpt_cli.config import ModelConfig, load_config
-from minigpt_cli.generate import generate_tokens
+from minigpt_cli.sampling import generate_tokens
 from minigpt_cli.model import GPT, MLP, Block, RMSNorm, apply_rope, rope_cos_sin, sinusoidal_table
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
@@ -292,7 +292,7 @@ def test_kv_cache_agrees_for_every_switch(pos, switch, monkeypatch):
     Beyond equal tokens, the logits each step samples from agree: equal
     tokens alone can hide a cache that drifts once the window slides.
     """
-    import minigpt_cli.generate as gen
+    import minigpt_cli.sampling as gen
 
     seen: list[torch.Tensor] = []
     real = gen.sample_next
@@ -344,8 +344,8 @@ def test_every_variant_trains(key, value, data_dir, tmp_path, monkeypatch):
     """30 steps of configs/tiny.yaml with the switch set lower the validation and training loss;
     sampling from the run gives the same text with and without the KV cache, past block_size."""
     monkeypatch.chdir(tmp_path)
-    from minigpt_cli.generate import run_generate
-    from minigpt_cli.train import train
+    from minigpt_cli.sampling import generate
+    from minigpt_cli.trainer import train
 
     setting = "null" if value is None else json.dumps(value)
     cfg = load_config(TINY, [f"data.data_dir={data_dir}", f"model.{key}={setting}",
@@ -360,8 +360,8 @@ def test_every_variant_trains(key, value, data_dir, tmp_path, monkeypatch):
     texts = []
     for use_cache in (True, False):
         out = io.StringIO()
-        run_generate(result.run_dir, "\n", 70, 1.0, 20, None, 1, 3, False, use_cache, "best", "cpu", out,
-                     lambda m: None)
+        generate(result.run_dir, {"prompt": "\n", "max_new_tokens": 70, "temperature": 1.0, "top_k": 20},
+                 seed=3, use_cache=use_cache, device="cpu", out=out)
         texts.append(out.getvalue())
     assert len(texts[0]) == 72 and texts[0] == texts[1]  # 1 + 70 tokens > block_size 32
 

@@ -1,41 +1,41 @@
-"""Which device and dtype a run uses (DESIGN §2: ``device``, ``dtype``)."""
+"""Where a process runs: device and dtype, torchrun, RNG state, thread count and memory.
+
+Everything here is about the process, not the model: which device and dtype
+the config's ``device``/``dtype`` resolve to, the torchrun process group
+(:class:`Dist`), every RNG's state for a bit-exact resume, the CPU thread
+count (:class:`CpuThreads`) and whether a model fits in the free memory
+(:func:`check_memory`).
+"""
 
 from __future__ import annotations
 
 import os
+import random
+import re
 import time
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
+from . import params as P
+from .config import DEVICE_PATTERN, Config, ModelConfig
 from .errors import MinigptError
-
-
-_ONEDNN_OFF = ("0", "false", "no", "off")
-_ONEDNN_ON = ("", "1", "true", "yes", "on")
-
-
-def onednn_requested() -> bool:
-    """``MINIGPT_ONEDNN`` (default on): whether float32 CPU linear layers may use oneDNN (model.linear)."""
-    return os.environ.get("MINIGPT_ONEDNN", "1").strip().lower() not in _ONEDNN_OFF
+from .kernels import onednn
 
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` picks CUDA, then MPS, then CPU; an explicit device must exist.
 
-    Also checks the environment's device settings (``MINIGPT_ONEDNN``).
+    Also checks the environment's kernel setting (``MINIGPT_ONEDNN``, :func:`~minigpt_cli.kernels.onednn.requested`).
 
     Raises:
         MinigptError: the named device is not available on this machine, or
             ``MINIGPT_ONEDNN`` has a value that is neither on nor off.
     """
-    onednn = os.environ.get("MINIGPT_ONEDNN", "1")
-    if onednn.strip().lower() not in _ONEDNN_OFF + _ONEDNN_ON:
-        raise MinigptError(f"MINIGPT_ONEDNN={onednn!r}: use 1 (oneDNN for float32 CPU matrix products, the "
-                           "default) or 0 (PyTorch's own kernels)")
-    import re
-
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+    onednn.requested()  # raises on a value that is neither on nor off
+    if not re.fullmatch(DEVICE_PATTERN, name):
         raise MinigptError(f"device {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
     if name == "auto":
         if torch.cuda.is_available():
@@ -58,19 +58,26 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA where supported, else float16 on CUDA, float32 elsewhere."""
+    """``auto``: bfloat16 on CUDA where supported, else float16 on CUDA, float32 elsewhere.
+
+    Raises:
+        MinigptError: float16 on a CPU (autocast has no float16 there).
+    """
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    if device.type == "cpu" and dtype == torch.float16:
+        raise MinigptError("dtype: float16 needs a GPU; use dtype: auto, float32 or bfloat16 on the CPU")
+    return dtype
 
 
 # glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
-def tune_runtime(device: torch.device) -> None:
+def tune_runtime(device: torch.device) -> Callable[[], None]:
     """Per-process settings that make training and sampling faster on ``device``.
 
     CUDA: TF32 matrix products and convolutions (nanoGPT's settings; float32
@@ -84,7 +91,16 @@ def tune_runtime(device: torch.device) -> None:
     64-bit) and the trim threshold to 1 GiB keeps those blocks for reuse, as
     the jemalloc/tcmalloc preload of Intel's PyTorch CPU tuning guide does.
     Elsewhere (macOS, musl) nothing is changed.
+
+    Returns:
+        A function that puts the TF32 flags back (the allocator's thresholds
+        only keep memory in the process, and stay).
     """
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+
+    def restore() -> None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -94,13 +110,14 @@ def tune_runtime(device: torch.device) -> None:
         import platform
 
         if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-            return
+            return restore
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
             libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
         except (OSError, AttributeError):
             pass
+    return restore
 
 
 def _proc_stat_busy() -> Optional[float]:
@@ -188,6 +205,11 @@ class CpuThreads:
             return None
         return max(0.0, ((now[1] - mark[1]) - (now[2] - mark[2])) / (now[0] - mark[0]))
 
+    def restore(self) -> None:
+        """Put back the thread count PyTorch had when this object was made."""
+        if self.enabled and torch.get_num_threads() != self.max_threads:
+            torch.set_num_threads(self.max_threads)
+
     def poll(self, force: bool = False) -> int:
         """Measure (when ``interval`` has passed, or ``force``) and adjust; returns the thread count in use."""
         if not self.enabled:
@@ -220,3 +242,173 @@ class CpuThreads:
             self._pending = target
         self._decided = True
         return torch.get_num_threads()
+
+
+# ----------------------------------------------------------------------------- torchrun
+
+
+@dataclass
+class Dist:
+    """Where this process stands in a torchrun job (world 1 without torchrun)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
+    """Join the torchrun process group (NCCL on CUDA, gloo on CPU) if launched by torchrun."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return Dist(), device
+    import torch.distributed as dist
+
+    info = Dist(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
+    if info.world == 1:
+        return info, device
+    if device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return info, device
+
+
+def all_mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The mean of ``value`` over every rank (itself without torchrun)."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        value = value.detach().clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= d.world
+    return value
+
+
+def broadcast(obj: Any, d: Dist) -> Any:
+    """Rank 0's ``obj`` on every rank (a picklable value)."""
+    if not d.enabled:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(d: Dist) -> None:
+    """Wait until every rank gets here."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def close_distributed(d: Dist) -> None:
+    """Wait for every rank, then leave the process group (a no-op without torchrun)."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- RNG state
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every RNG state as tensors and plain numbers (loadable with ``weights_only``)."""
+    py = random.getstate()
+    npy = np.random.get_state()
+    state = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [npy[0], torch.from_numpy(npy[1].astype(np.int64)), int(npy[2]), int(npy[3]), float(npy[4])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back every RNG state :func:`capture_rng` took."""
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    npy = state["numpy"]
+    np.random.set_state((npy[0], npy[1].numpy().astype(np.uint32), npy[2], npy[3], npy[4]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def available_memory(device: torch.device) -> Optional[int]:
+    """Bytes free for a new run on ``device``: CUDA's free memory, the CPU's ``MemAvailable``; None if unknown."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except RuntimeError:
+            return None
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
+def bytes_to_train(model_cfg: ModelConfig, dtype: str, batch_size: int) -> tuple[int, dict[str, Any]]:
+    """Bytes to train ``model_cfg`` at ``batch_size`` × block_size: model states, activations with fused
+    attention and the logits (:func:`minigpt_cli.params.memory`'s estimate), and that estimate."""
+    mem = P.memory(model_cfg, dtype, batch_size, model_cfg.block_size)
+    return mem["model_states"] + mem["activations_estimate_fused"] + mem["logits"], mem
+
+
+def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, before any tensor exists, a model that cannot fit in the device's free memory.
+
+    The need is :func:`minigpt_cli.params.memory`'s estimate (the accounting
+    ``count-params`` prints): weights, gradients and AdamW moments, 16 bytes a
+    parameter (ZeRO §3.1), plus activations with fused attention and the
+    logits for one micro-batch. Only a model that needs more than all the
+    free memory is refused: the estimate leaves out allocator slack, so a
+    run that passes can still run out.
+
+    Raises:
+        MinigptError: the estimate exceeds the free memory; the message gives both.
+    """
+    free = available_memory(device)
+    if free is None:
+        return
+    need, mem = bytes_to_train(cfg.model, str(dtype).removeprefix("torch."), cfg.train.batch_size)
+    if need > free:
+        raise MinigptError(
+            f"this model needs about {P.human_bytes(need)} to train ({P.human_bytes(mem['model_states'])} for "
+            f"weights, gradients and AdamW moments of {P.count(cfg.model).total:,} parameters, "
+            f"{P.human_bytes(need - mem['model_states'])} for activations at batch {cfg.train.batch_size} x "
+            f"{cfg.model.block_size}) but {device.type} has {P.human_bytes(free)} free; make model.n_layer, "
+            f"n_embd, block_size or train.batch_size smaller (minigpt count-params --config CONFIG shows the "
+            f"accounting)"
+        )

@@ -31,12 +31,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, TextIO
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TextIO
 
 import torch
 
+from . import runs
+from .checkpoint import load_model
+from .config import SampleConfig, validate
 from .errors import MinigptError
+from .kernels import onednn
 from .model import GPT
+from .runtime import CpuThreads, resolve_device
 from .tokenizer import load_run_tokenizer
 
 
@@ -209,22 +214,6 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optio
         raise MinigptError(f"--prompt-file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
 
 
-def _read_meta(ckpt: Path) -> dict:
-    """A checkpoint folder's meta.json (step, losses, tokenizer fingerprint).
-
-    Raises:
-        OSError, ValueError: missing, unreadable, not JSON, or not a JSON object.
-    """
-    import json
-
-    from .checkpoint import META, resolve
-
-    meta = json.loads((resolve(ckpt) / META).read_text(encoding="utf-8"))
-    if not isinstance(meta, dict):
-        raise ValueError("not a JSON object")
-    return meta
-
-
 def _trained_tokenizer(ckpt: Path) -> Optional[str]:
     """The fingerprint of the tokenizer ``ckpt`` was trained with; None for checkpoints that predate it.
 
@@ -232,18 +221,16 @@ def _trained_tokenizer(ckpt: Path) -> Optional[str]:
         MinigptError: meta.json missing or damaged (every checkpoint has one),
             so the tokenizer cannot be checked.
     """
-    from .checkpoint import META, resolve
-
     try:
-        meta = _read_meta(ckpt)
+        meta = runs.read_meta(ckpt)
         fingerprint = meta.get("tokenizer_fingerprint")
         if "tokenizer_fingerprint" in meta and not isinstance(fingerprint, str):
             raise ValueError("tokenizer_fingerprint is not a string")
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:80]
-        other = "last" if Path(ckpt).name == "best" else "best"
+        other = runs.LAST if Path(ckpt).name == runs.BEST else runs.BEST
         raise MinigptError(
-            f"{str(resolve(ckpt) / META)!r} is missing or damaged ({reason}), so the tokenizer cannot be checked "
+            f"{str(runs.resolve(ckpt) / runs.META)!r} is missing or damaged ({reason}), so the tokenizer cannot be checked "
             f"against the checkpoint; use --checkpoint {other}, or copy meta.json from the other checkpoint of "
             f"this run"
         ) from None
@@ -253,7 +240,7 @@ def _trained_tokenizer(ckpt: Path) -> Optional[str]:
 def describe_checkpoint(ckpt: Path) -> str:
     """``checkpoint best, step 30`` for a checkpoint folder; the step is left out when meta.json lacks it."""
     try:
-        step = _read_meta(ckpt).get("step")
+        step = runs.read_meta(ckpt).get("step")
     except (MinigptError, OSError, ValueError):
         step = None
     return f"checkpoint {Path(ckpt).name}" + (f", step {step}" if isinstance(step, int) else "")
@@ -267,105 +254,101 @@ def check_finite(model: torch.nn.Module, ckpt: Path) -> None:
     """
     for name, tensor in model.state_dict().items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            other = "--checkpoint best" if Path(ckpt).name != "best" else "--checkpoint last"
+            other = f"--checkpoint {runs.BEST if Path(ckpt).name != runs.BEST else runs.LAST}"
             raise MinigptError(
                 f"checkpoint {str(ckpt)!r} has NaN or infinite weights ({name}): the run diverged before it "
                 f"was saved; try {other}, or retrain with a lower train.learning_rate"
             )
 
 
-def run_generate(
-    run: Optional[Path],
-    prompt: Optional[str],
-    max_new_tokens: Optional[int],
-    temperature: Optional[float],
-    top_k: Optional[int],
-    top_p: Optional[float],
-    num_samples: Optional[int],
-    seed: int,
-    stream: bool,
-    use_cache: bool,
-    which: str,
-    device: str,
-    out: TextIO,
-    echo: Callable[[str], None],
+def generate(
+    run: Optional[str | Path] = None,
+    sample: Optional[SampleConfig | Mapping[str, Any]] = None,
+    *,
+    checkpoint: str = "best",
+    device: str = "auto",
+    seed: int = 1337,
+    stream: bool = False,
+    use_cache: bool = True,
     stop: Sequence[str] = (),
-    window_stride: Optional[int] = None,
+    out: Optional[TextIO] = None,
+    echo: Callable[[str], None] = lambda message: None,
 ) -> list[str]:
-    """The ``generate`` command: load a run, encode the prompt, sample, print.
+    """Sample from a trained run: load it, encode the prompt, sample, and print if asked.
 
-    Options left as None take the run's ``sample`` section. Each sample is
-    printed as the prompt (as given, never re-decoded) followed by the new
-    text and one newline, as it is produced when ``stream``. With
-    ``max_new_tokens`` 0 that is the prompt back unchanged. A sample ends early
-    when any of ``stop`` appears in its new text; the stop text and what
+    ``sample`` sets the prompt and the sampling: a whole
+    :class:`~minigpt_cli.config.SampleConfig`, or a mapping of some of its
+    keys that override the run's own ``sample`` section (validated by the
+    schema), or None for the run's own section. Each sample is written to
+    ``out`` (if given) as the prompt (as given, never re-decoded) followed by
+    the new text and one newline, token by token when ``stream``. With
+    ``max_new_tokens`` 0 that is the prompt back unchanged. A sample ends
+    early when any of ``stop`` appears in its new text; the stop text and what
     follows are not printed (while streaming, text that could be the start of
     a stop string waits until it is known not to be one). ``window_stride``
-    (None: the run's ``sample.window_stride``) sets how the context slides
-    past ``block_size`` (see the module docstring).
+    sets how the context slides past ``block_size`` (see the module docstring).
+
+    Args:
+        run: the run folder; None: the newest under ``runs/`` (named through ``echo``).
+        sample: the sampling settings, as above.
+        checkpoint: ``best`` (falls back to ``last`` when there is none yet) or ``last``.
+        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+        seed: the sampling RNG's seed, 0 .. 2**63-1.
+        stream: write tokens to ``out`` as they come.
+        use_cache: reuse past keys and values (the tokens are the same either way).
+        stop: texts that end a sample.
+        out: where the samples are written (None: nowhere).
+        echo: where notes go (the CLI prints them to stderr).
 
     Returns:
-        The samples' texts.
+        The samples' texts, each the prompt and its new text.
 
     Raises:
         MinigptError: no run, a damaged checkpoint, a prompt the tokenizer
-            cannot encode, bad sampling options, an empty stop string.
+            cannot encode, bad sampling settings, an empty stop string.
     """
-    from . import checkpoint
-    from .device import CpuThreads, resolve_device
-    from .paths import latest_run
-
-    if which not in ("best", "last"):
+    which = checkpoint
+    if which not in (runs.BEST, runs.LAST):
         raise MinigptError(f"--checkpoint {which!r}: use best or last")
     if not 0 <= seed < 2**63:
         raise MinigptError(f"--seed {seed}: use a number from 0 to 2**63-1")
-    run_dir = Path(run) if run is not None else latest_run()
+    run_dir = Path(run) if run is not None else runs.latest_run()
     if not run_dir.is_dir():
         raise MinigptError(f"run folder {str(run_dir)!r} not found; pass --run runs/NAME of a trained run")
-    ckpt = run_dir / "checkpoints" / which
-    if which == "best" and not (ckpt / "model.safetensors").is_file() and not (
-        ckpt.parent / ".best.old" / "model.safetensors"
-    ).is_file():
-        ckpt = run_dir / "checkpoints" / "last"
+    ckpt = runs.checkpoint_dir(run_dir, which)
+    if which == runs.BEST and not runs.has_weights(ckpt):
+        ckpt = runs.checkpoint_dir(run_dir, runs.LAST)
     dev = resolve_device(device)
     threads = CpuThreads(dev, echo=echo)  # measures what else runs while the model loads
-    model, cfg = checkpoint.load_model(ckpt, dev)
+    model, cfg = load_model(ckpt, dev)
+    onednn.swap_linears(model)
     tok = load_run_tokenizer(run_dir, cfg)
     check_finite(model, ckpt)
     if cfg.model.vocab_size < tok.vocab_size:
         raise MinigptError(
-            f"{run_dir / 'tokenizer.json'} has {tok.vocab_size} entries but the checkpoint's model has "
+            f"{run_dir / runs.TOKENIZER} has {tok.vocab_size} entries but the checkpoint's model has "
             f"{cfg.model.vocab_size}; the run folder is inconsistent"
         )
     if tok.kind != cfg.tokenizer.kind:
         raise MinigptError(
-            f"{run_dir / 'tokenizer.json'} is a {tok.kind} tokenizer but the run was trained with "
+            f"{run_dir / runs.TOKENIZER} is a {tok.kind} tokenizer but the run was trained with "
             f"tokenizer.kind {cfg.tokenizer.kind}; restore the run's own tokenizer.json"
         )
     trained_with = _trained_tokenizer(ckpt)
     if trained_with is not None and trained_with != tok.fingerprint():
         raise MinigptError(
-            f"{run_dir / 'tokenizer.json'} is not the tokenizer this checkpoint was trained with (its fingerprint "
+            f"{run_dir / runs.TOKENIZER} is not the tokenizer this checkpoint was trained with (its fingerprint "
             f"differs); restore the run's own tokenizer.json"
         )
-    sc = cfg.sample
-    prompt = sc.prompt if prompt is None else prompt
-    max_new_tokens = sc.max_new_tokens if max_new_tokens is None else max_new_tokens
-    temperature = sc.temperature if temperature is None else temperature
-    explicit_top_k = top_k is not None
-    top_k = sc.top_k if top_k is None else top_k
-    top_p = sc.top_p if top_p is None else top_p
-    num_samples = sc.num_samples if num_samples is None else num_samples
-    window_stride = resolve_window_stride(
-        cfg.model.block_size, sc.window_stride if window_stride is None else window_stride
-    )
+    sc = resolve_sample(cfg.sample, sample)
+    prompt, max_new_tokens, temperature, top_p = sc.prompt, sc.max_new_tokens, sc.temperature, sc.top_p
+    num_samples, top_k = sc.num_samples, sc.top_k
+    window_stride = resolve_window_stride(cfg.model.block_size, sc.window_stride)
     stops = list(stop)
     if any(s == "" for s in stops):
         raise MinigptError("--stop '': the stop text must not be empty")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise MinigptError(f"--top-p {top_p}: must be in (0, 1]; e.g. --top-p 0.9")
     if top_k is not None and top_k > tok.vocab_size:
-        if explicit_top_k:
+        if sample is not None and (not isinstance(sample, Mapping) or "top_k" in sample):  # asked for
             echo(f"note: --top-k {top_k} is larger than the vocabulary ({tok.vocab_size}); using {tok.vocab_size}")
         top_k = tok.vocab_size
     if prompt == "":
@@ -385,6 +368,7 @@ def run_generate(
         threads.poll(force=True)
     g = torch.Generator(device=dev).manual_seed(seed)
     texts = []
+    out = out if out is not None else _Nowhere()
     for i in range(num_samples):
         if num_samples > 1:
             out.write(f"{'-' * 20} sample {i + 1} {'-' * 20}\n")
@@ -420,3 +404,26 @@ def run_generate(
         out.flush()
         texts.append(prompt + text)
     return texts
+
+
+class _Nowhere:
+    """A text stream that drops what it is given (``generate`` without ``out``)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def resolve_sample(base: SampleConfig, sample: Optional[SampleConfig | Mapping[str, Any]]) -> SampleConfig:
+    """The sampling settings :func:`generate` uses: ``sample`` itself, or ``base`` with ``sample``'s keys.
+
+    Raises:
+        ConfigError: a key that is not a ``sample`` key, or a value the schema refuses; names the key.
+    """
+    if sample is None:
+        return base
+    if isinstance(sample, SampleConfig):
+        return sample
+    return validate({"sample": {**base.model_dump(), **dict(sample)}}, "sample").sample

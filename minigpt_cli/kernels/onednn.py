@@ -1,0 +1,210 @@
+"""float32 linear layers on oneDNN for x86 CPUs.
+
+PyTorch's CPU wheels run float32 ``F.linear``/``torch.mm`` on MKL, which takes
+its AVX2 code path on AMD processors even where they have AVX-512; oneDNN
+(bundled with the same wheel, PyTorch's convolution library) picks its kernels
+by instruction set. On the 2-core AMD EPYC (Zen 5) of BENCHMARKS.md a
+768x128 @ 128x512 product runs at 230 GFLOP/s through MKL and 480 through
+oneDNN, which makes a training step 1.48 times faster.
+
+:func:`swap_linears` replaces a model's ``nn.Linear`` modules by
+:class:`OneDNNLinear` (same parameters, same state dict). Those compute
+through :func:`linear`, which takes oneDNN only where it pays and gives the
+same results to float32 rounding, and ``F.linear`` everywhere else.
+``MINIGPT_ONEDNN=0`` (or ``off``) leaves models alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from ..errors import MinigptError
+
+#: The environment variable that turns the swap off (``0``, ``false``, ``no``, ``off``).
+ENV = "MINIGPT_ONEDNN"
+_OFF = ("0", "false", "no", "off")
+_ON = ("", "1", "true", "yes", "on")
+
+#: Products smaller than this (2·M·K·N FLOPs) stay on ``F.linear``: a oneDNN call costs ~12 µs more
+#: (and its backward transposes two operands), and measured on the CPU of BENCHMARKS.md a forward and
+#: backward through oneDNN wins from about 4 MFLOP up; the smallest models lose below it (one product
+#: of 0.01 MFLOP takes 9x as long) ...
+ONEDNN_MIN_FLOPS = 4_000_000
+#: ... unless the weight has at least this many elements: one-token generation streams the weights,
+#: and there oneDNN wins from about 128Ki elements (512 KiB) up (shakespeare.yaml's cached generation:
+#: 413 tokens/s, against 285 with its one-token products on MKL).
+ONEDNN_MIN_WEIGHT = 2 ** 17
+
+#: Said when compile: true takes the training step's linear layers off oneDNN (torch.compile keeps its own kernels).
+COMPILE_NOTE = ("note: compile: true keeps PyTorch's MKL matrix products; without it the linear layers run on "
+                "oneDNN, 1.5x faster on the CPU of BENCHMARKS.md (compare with minigpt bench and compile=false)")
+
+
+def requested() -> bool:
+    """Whether ``MINIGPT_ONEDNN`` (default on) lets float32 CPU linear layers use oneDNN.
+
+    Raises:
+        MinigptError: the variable is neither on nor off.
+    """
+    value = os.environ.get(ENV, "1")
+    if value.strip().lower() not in _OFF + _ON:
+        raise MinigptError(f"{ENV}={value!r}: use 1 (oneDNN for float32 CPU matrix products, the "
+                           "default) or 0 (PyTorch's own kernels)")
+    return value.strip().lower() not in _OFF
+
+
+@functools.cache
+def matmul_op():
+    """oneDNN's ``mkldnn::_linear_pointwise`` (x @ wᵀ + b) or None where this PyTorch lacks it."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    return getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+
+
+def available() -> bool:
+    """Whether this machine and PyTorch can run :func:`linear` on oneDNN (x86-64 with the op)."""
+    return platform.machine().lower() in ("x86_64", "amd64") and matmul_op() is not None
+
+
+def _forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+             lead: torch.Size) -> torch.Tensor:
+    """x2 (rows, in) @ weightᵀ + bias on oneDNN, shaped (*lead, out); no autograd."""
+    return matmul_op()(x2, weight, bias, "none", [], "").view(*lead, weight.size(0))
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """y = x Wᵀ + b on oneDNN, and its gradients (dx = dy W, dW = dyᵀ x, db = Σ dy)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        x2 = x.reshape(-1, x.size(-1))
+        ctx.save_for_backward(x2, weight)
+        ctx.has_bias = bias is not None
+        return _forward(x2, weight, bias, x.shape[:-1])
+
+    @staticmethod
+    @once_differentiable  # no second derivatives (oneDNN's op has no autograd formula)
+    def backward(ctx, grad: torch.Tensor):
+        op = matmul_op()
+        x2, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.size(-1))
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = op(g2, weight.t(), None, "none", [], "").view(*grad.shape[:-1], weight.size(1))
+        if ctx.needs_input_grad[1]:
+            if weight.size(0) > weight.size(1):  # measured: oneDNN runs ~20% faster with the narrow side as rows
+                gw = op(x2.t(), g2.t(), None, "none", [], "").t().contiguous()
+            else:
+                gw = op(g2.t(), x2.t(), None, "none", [], "")
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb
+
+
+def pays(rows: int, in_features: int, out_features: int) -> bool:
+    """Whether a (rows × in) @ (in × out) product is big enough for oneDNN (the two thresholds above)."""
+    return (2 * rows * in_features * out_features >= ONEDNN_MIN_FLOPS
+            or in_features * out_features >= ONEDNN_MIN_WEIGHT)
+
+
+def _functorch_active() -> bool:
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active()) if active is not None else False
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """Whether :func:`linear` takes oneDNN for these operands (else ``F.linear``)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.dim() >= 2
+        and weight.dim() == 2
+        and x.size(-1) == weight.size(1)  # else F.linear's own shape error
+        and (bias is None or (bias.dtype == torch.float32 and bias.shape == weight.shape[:1]))
+        and x.numel() > 0
+        and pays(x.numel() // x.size(-1), x.size(-1), weight.size(0))
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        # Forward-mode AD and functorch transforms (jvp, vmap, grad) need F.linear's derivative formulas.
+        and getattr(torch.autograd.forward_ad, "_current_level", -1) < 0
+        and not _functorch_active()
+        and available()
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear`` on oneDNN where it pays: x (..., in) @ weight (out, in)ᵀ + bias (out,) → (..., out).
+
+    Float32 on an x86 CPU, for products big enough to gain (:func:`pays`),
+    outside autocast, ``torch.compile``, forward-mode AD and functorch
+    transforms (which keep PyTorch's kernels and formulas), the product and
+    its gradients run on oneDNN; results agree with ``F.linear`` to float32
+    rounding (summation order differs). Everywhere else this is ``F.linear``.
+    """
+    if not applies(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if bias is not None:
+        bias = bias.contiguous()  # oneDNN reads the bias as dense
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _OneDNNLinear.apply(x, weight, bias)
+    return _forward(x.reshape(-1, x.size(-1)), weight, bias, x.shape[:-1])
+
+
+class OneDNNLinear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state dict) computed by :func:`linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def swap_linears(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
+    """Replace every ``nn.Linear`` of ``model`` by a :class:`OneDNNLinear` holding the same parameters.
+
+    In place; the parameters stay the same tensors, so the state dict, weight
+    tying and an optimizer built before or after are unaffected. ``enabled``
+    None means ``MINIGPT_ONEDNN`` (:func:`requested`) on a machine where
+    oneDNN is :func:`available`; when off, the model is left as it is.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        MinigptError: ``MINIGPT_ONEDNN`` is neither on nor off.
+    """
+    if enabled is None:
+        enabled = requested() and available()
+    if not enabled:
+        return model
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                fast = OneDNNLinear.__new__(OneDNNLinear)
+                fast.__dict__.update(child.__dict__)  # the same Parameter objects, hooks and flags
+                setattr(parent, name, fast)
+    return model
+
+
+def linear_kernel(model: nn.Module, tokens: int, device: torch.device, dtype: torch.dtype,
+                  compiled: bool = False) -> str:
+    """The kernel that runs ``model``'s linear layers on a batch of ``tokens`` tokens.
+
+    ``dtype`` is the training dtype (bfloat16/float16 mean autocast). Returns
+    ``"oneDNN"``, ``"torch.mm"`` (PyTorch's own: MKL on x86 CPUs) or
+    ``"oneDNN+torch.mm"`` when only some products are big enough (:func:`pays`)
+    or only some layers were swapped.
+    """
+    if compiled or device.type != "cpu" or dtype != torch.float32 or not available():
+        return "torch.mm"
+    kinds = {"oneDNN" if isinstance(m, OneDNNLinear) and tokens > 0 and pays(tokens, m.in_features, m.out_features)
+             else "torch.mm" for m in model.modules() if isinstance(m, nn.Linear)}
+    return "+".join(sorted(kinds)) or "torch.mm"

@@ -1,0 +1,320 @@
+"""The training loop: a :class:`Trainer` whose components decide when they act.
+
+:func:`train` is the whole command: it sets a :class:`Trainer` up, runs
+:meth:`Trainer.fit`, and undoes a new run folder that never got a checkpoint.
+The loop asks its components what to do (:func:`~.schedule.lr_at` for the
+learning rate, :class:`~.evaluate.Evaluator` whether this step evaluates,
+:class:`~minigpt_cli.checkpoint.Checkpointer` whether it saves); everything
+else is set up before it, in :mod:`.setup`.
+
+A run can be interrupted (SIGINT/SIGTERM save ``checkpoints/last``, also in
+the middle of an eval) and resumed with the same losses at every later step:
+the trainer state holds the optimizer, every RNG, the data sampler's position,
+the best val loss and the early-stopping counter.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..config import Config
+from ..errors import Interrupted, MinigptError
+from ..runtime import all_mean, broadcast, capture_rng, close_distributed
+from .schedule import lr_at
+from .setup import Claim, Setup, build
+from .step import train_step
+
+#: Consecutive non-finite losses after which a run stops.
+MAX_NONFINITE = 5
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the run folder, the final step and losses (None where no eval ran)."""
+
+    run_dir: Path
+    step: int
+    train_loss: Optional[float]
+    val_loss: Optional[float]
+    best_val_loss: Optional[float]
+    stopped_early: bool = False
+    already_done: bool = False  # a resumed run that had reached max_iters: nothing trained
+
+
+class Trainer:
+    """Runs the optimizer steps of one prepared run (:class:`~.setup.Setup`) until it ends.
+
+    The loop body (:meth:`fit`) asks the evaluator whether this step
+    evaluates, the schedule for the learning rate, and the checkpointer
+    whether it saves; :meth:`step` is one optimizer step with the
+    ``torch.compile`` fallback, :meth:`evaluate` one evaluation with what
+    follows it (log, checkpoints, sample, plot).
+    """
+
+    def __init__(self, s: Setup):
+        self.s = s
+        self.prog = s.prog
+        self.nonfinite = 0
+        self.t0 = time.perf_counter() - s.logger.elapsed_offset()
+        self.t_log, self.tokens_since_log = time.perf_counter(), 0
+        self.batches = iter(s.train_sampler.next, None)
+        s.checkpointer.snapshot = self.snapshot
+        s.stop.on_abort = self.abort_error
+        s.evaluator.should_stop = self.stop_requested
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> TrainResult:
+        """Train from the current step to ``train.max_iters`` (or early stopping, or a stop request).
+
+        Raises:
+            Interrupted: a stop request (after saving ``last``) or a second Ctrl-C (without saving).
+            MinigptError: the loss stayed non-finite for :data:`MAX_NONFINITE` steps.
+        """
+        s, p, tc = self.s, self.prog, self.s.cfg.train
+        stopped_early = False
+        s.model.train()
+        with s.stop:
+            while True:
+                if s.evaluator.due(p.step, p.evaluated) and self.evaluate():
+                    stopped_early = True
+                    s.logger.log(f"early stopping at step {p.step}: no better val loss in "
+                                 f"{p.bad_evals} evals (best {p.best_val:.4f})")
+                    s.echo(f"early stopping at step {p.step} (best val loss {p.best_val:.4f})")
+                    break
+                # At max_iters the run ends once its final eval ran (a stop request can cut that eval short).
+                if p.step > tc.max_iters or (p.step == tc.max_iters and p.evaluated):
+                    break
+                if self.stop_requested():
+                    self.interrupt()
+                lr = lr_at(p.step, tc, s.cfg.model.n_embd)
+                done = self.step(lr)
+                if done is None:  # torch.compile failed; the step runs again eagerly
+                    continue
+                loss, applied = done
+                if not applied:
+                    self.skip(loss)
+                    continue
+                self.nonfinite = 0
+                s.cpu_threads.poll()
+                p.step += 1
+                p.evaluated = False
+                self.tokens_since_log += s.tokens_per_step
+                s.bar.update(1)
+                if p.step % tc.log_interval == 0 or p.step == tc.max_iters:
+                    self.log_train(loss, lr)
+                s.checkpointer.after_step(p.step)
+        return self.finish(stopped_early)
+
+    def step(self, lr: float) -> Optional[tuple[torch.Tensor, bool]]:
+        """One optimizer step at learning rate ``lr``: the mean loss and whether the update was applied.
+
+        Returns None when ``torch.compile`` failed at its first call: the
+        trainer falls back to the eager model once, and the step is retried.
+        """
+        s = self.s
+        for group in s.optimizer.param_groups:
+            group["lr"] = lr
+        try:
+            loss, applied = train_step(s.train_model, s.optimizer, self.batches, s.cfg.train.grad_accum_steps,
+                                       s.autocast, s.scaler, s.cfg.train.grad_clip, s.params)
+        except Exception as exc:
+            # torch.compile fails lazily, at the first call; fall back to eager once.
+            if not s.cfg.compile or s.train_model is s.model or s.compile_failed:
+                raise
+            s.fall_back_to_eager(exc)
+            return None
+        return loss, applied
+
+    def skip(self, loss: torch.Tensor) -> None:
+        """A step whose loss or gradient was not finite: skipped; after :data:`MAX_NONFINITE` in a row, stop.
+
+        Raises:
+            MinigptError: the limit was reached; the message says what to change.
+        """
+        s, step = self.s, self.prog.step
+        self.nonfinite += 1
+        s.logger.log(f"step {step + 1}: non-finite loss or gradient ({float(loss)}); step skipped")
+        if self.nonfinite < MAX_NONFINITE:
+            return
+        s.bar.close()
+        mc, tc = s.cfg.model, s.cfg.train
+        if step == 0:  # no update was ever applied: the fresh model itself overflows
+            raise MinigptError(
+                f"the loss was not finite for the first {self.nonfinite} steps, before any update: the "
+                f"model overflows as initialised; lower model.init_std (now {mc.init_std:g}) or the model's size"
+            )
+        raise MinigptError(
+            f"the loss was not finite for {self.nonfinite} steps in a row at step {step + 1}; "
+            f"lower train.learning_rate (now {tc.learning_rate:g}) or raise train.warmup_iters; "
+            f"{s.checkpointer.last} holds the last finite state"
+        )
+
+    def log_train(self, loss: torch.Tensor, lr: float) -> None:
+        """A ``train`` event: the loss (averaged over ranks), the learning rate and tokens/s since the last one."""
+        s, step = self.s, self.prog.step
+        train_loss = all_mean(loss, s.dist).item()
+        now = time.perf_counter()
+        tps = self.tokens_since_log / max(now - self.t_log, 1e-9)
+        self.t_log, self.tokens_since_log = now, 0
+        s.logger.event({"step": step, "event": "train", "elapsed_s": round(now - self.t0, 3),
+                        "loss": train_loss, "lr": lr, "tokens_per_sec": round(tps, 1)})
+        if s.writer is not None:
+            s.writer.add_scalar("train/loss", train_loss, step)
+            s.writer.add_scalar("train/lr", lr, step)
+        s.bar.set_postfix(loss=f"{train_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
+
+    def evaluate(self) -> bool:
+        """Evaluate at the current step, then log, checkpoint, sample and plot; True when early stopping says stop.
+
+        The eval batches depend on the step alone. A stop request cuts the
+        eval short and ``evaluated`` stays False, so the resumed run repeats
+        this eval exactly as the uninterrupted one does it.
+        """
+        s, p = self.s, self.prog
+        t_eval = time.perf_counter()
+        losses = s.evaluator.losses(s.model, p.step)
+        if losses is None:
+            return False
+        # eval_step: a checkpoint saved later (on a stop) carries the losses of this eval, with their step.
+        p.last = {"train_loss": losses["train"], "val_loss": losses["val"], "eval_step": p.step}
+        p.evaluated = True
+        s.logger.event({"step": p.step, "event": "eval", "elapsed_s": round(time.perf_counter() - self.t0, 3),
+                        "train_loss": losses["train"], "val_loss": losses["val"]})
+        line = f"step {p.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        s.logger.log(line)
+        s.say(line)
+        if s.writer is not None:
+            s.writer.add_scalars("loss", {"train": losses["train"], "val": losses["val"]}, p.step)
+        improved = losses["val"] < p.best_val
+        if improved:
+            p.best_val, p.bad_evals = losses["val"], 0
+        elif p.step > 0:
+            p.bad_evals += 1
+        s.checkpointer.after_eval(improved)
+        s.evaluator.sample(s.model, p.step, s.logger)
+        s.logger.plot()
+        self.t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
+        patience = s.cfg.train.early_stop_patience
+        return patience is not None and p.bad_evals >= patience
+
+    # ------------------------------------------------------------------ stopping
+
+    def stop_requested(self) -> bool:
+        """Whether a signal asked to stop (under torchrun: rank 0's answer, the same on every rank)."""
+        s = self.s
+        return bool(broadcast(s.stop.signal, s.dist) if s.dist.enabled else s.stop.signal)
+
+    def interrupt(self) -> None:
+        """Save ``last`` and stop, as a signal asked.
+
+        Raises:
+            Interrupted: always; the exit status follows the signal.
+        """
+        s, step = self.s, self.prog.step
+        s.checkpointer.on_stop()
+        s.bar.close()
+        s.logger.log(f"stopped by {s.stop.signal} at step {step}; saved checkpoints/last")
+        raise Interrupted(f"stopped by {s.stop.signal} at step {step}; saved {s.checkpointer.last}",
+                          s.stop.signum, resume_dir=s.run_dir)
+
+    def abort_error(self) -> Interrupted:
+        """The error that replaces the KeyboardInterrupt of a second Ctrl-C: nothing saved, where the last checkpoint is."""
+        s = self.s
+        s.bar.close()
+        step = s.checkpointer.last_step()
+        if step is None:
+            return Interrupted("aborted by a second Ctrl-C without saving; no checkpoint had been written yet, "
+                               "so there is nothing to resume")
+        s.logger.log(f"aborted by a second Ctrl-C at step {self.prog.step} without saving")
+        return Interrupted(f"aborted by a second Ctrl-C without saving; the last checkpoint is "
+                           f"{s.checkpointer.last} (step {step})", resume_dir=s.run_dir)
+
+    # ------------------------------------------------------------------ state
+
+    def snapshot(self) -> tuple[torch.nn.Module, dict, dict]:
+        """What a checkpoint holds now: the model, the trainer state and the meta facts."""
+        s, p = self.s, self.prog
+        state = {
+            "step": p.step, "evaluated": p.evaluated, "best_val_loss": p.best_val,
+            "bad_evals": p.bad_evals, "optimizer": s.optimizer.state_dict(),
+            "scaler": s.scaler.state_dict() if s.scaler.is_enabled() else {},
+            "rng": capture_rng(),
+            "data_rng": {"train": s.train_sampler.state()},  # eval batches follow the step (eval_seed)
+        }
+        # The tokenizer's fingerprint lets generate tell a swapped tokenizer.json from the run's own.
+        meta = {"name": s.cfg.name, "step": p.step, "tokenizer_fingerprint": s.tok.fingerprint(), **p.last}
+        return s.model, state, meta
+
+    def finish(self, stopped_early: bool) -> TrainResult:
+        """Close the bar and the TensorBoard writer, log the end, leave the process group."""
+        s, p = self.s, self.prog
+        s.bar.close()
+        if s.writer is not None:
+            s.writer.close()
+        s.logger.log(f"done at step {p.step} in {time.perf_counter() - self.t0:.1f}s; best val loss {p.best_val:.4f}")
+        close_distributed(s.dist)
+        return TrainResult(s.run_dir, p.step, p.last.get("train_loss"), p.last.get("val_loss"),
+                           p.best_val if math.isfinite(p.best_val) else None, stopped_early)
+
+
+def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] = None,
+          echo: Callable[[str], None] = print, progress: Optional[bool] = None) -> TrainResult:
+    """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.runs`).
+
+    The run folder is locked for the whole run
+    (:class:`~minigpt_cli.runs.RunLock`). A new run that fails before its
+    first checkpoint removes the folder it created. Nothing global is left
+    changed afterwards: signal handlers, the thread count and the process
+    group are restored, so a sweep may call this many times in one process.
+
+    Resuming (``resume``) keeps model, tokenizer and data fixed but accepts
+    other ``train`` values. Changing a schedule key (``max_iters``,
+    ``learning_rate``, ``min_lr``, ``warmup_iters``, ``lr_decay_iters``,
+    ``lr_schedule``) is allowed, with a note: the learning rate from the resume
+    step on follows the new values (:func:`~.schedule.schedule_note`). A run
+    that already reached ``max_iters`` trains nothing and returns ``already_done``.
+
+    Args:
+        cfg: the validated config.
+        run_name: folder name under ``train.out_dir``; default ``<name>-<timestamp>``.
+        resume: ``auto`` (the newest run named ``cfg.name``) or a run folder to continue.
+        echo: where status lines go (the CLI prints them to stderr).
+        progress: show a tqdm bar; None: only when stderr is a terminal.
+
+    Returns:
+        The run folder, the final step and losses.
+
+    Raises:
+        MinigptError: device not available, data cannot be fetched, run exists
+            or is in use, checkpoint unusable, a model too large for the free
+            memory (estimated up front, or the allocator failing), or training
+            diverged.
+        Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``),
+            or aborted by a second Ctrl-C (without saving); ``resume_dir`` names
+            the run to continue.
+    """
+    claim = Claim()
+    try:
+        with claim:
+            prepared = build(cfg, run_name, resume, echo, progress, claim)
+            if not isinstance(prepared, Setup):  # a resumed run that is already done
+                return TrainResult(**prepared, already_done=True)
+            return Trainer(prepared).fit()
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        # check_memory's estimate passed but the allocator did not: one line, not a traceback.
+        text = str(exc)
+        if not isinstance(exc, torch.OutOfMemoryError) and "can't allocate memory" not in text:
+            raise
+        first = (text.strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise MinigptError(
+            f"out of memory ({first}); make model.n_layer, n_embd, model.block_size or train.batch_size "
+            f"smaller (minigpt count-params --config CONFIG estimates the memory)"
+        ) from None
+

@@ -1,0 +1,117 @@
+"""Continuing a run: which folder, whether its config allows it, and what ``--dry-run`` says about it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .. import checkpoint, runs
+from ..config import Config
+from ..errors import MinigptError
+from ..tokenizer import Tokenizer, load_run_tokenizer
+from .schedule import schedule_note
+
+
+def check_resume_config(cfg: Config, saved: Config) -> None:
+    """Refuse to resume with another model, tokenizer or data than the run's own.
+
+    Other keys may change. The ``train`` section in particular: a larger
+    ``max_iters`` trains a finished run further; see :func:`schedule_note`
+    for what that does to the learning rate.
+
+    Raises:
+        MinigptError: a ``model``, ``tokenizer`` or ``data`` key differs; names the key.
+    """
+    for section in ("model", "tokenizer", "data"):
+        a, b = getattr(cfg, section).model_dump(), getattr(saved, section).model_dump()
+        if section == "model":
+            a["vocab_size"] = b["vocab_size"] = None
+        diff = [k for k in a if a[k] != b.get(k)]
+        if diff:
+            raise MinigptError(
+                f"--resume: {section}.{diff[0]} differs from the run's config.yaml "
+                f"({a[diff[0]]!r} vs {b.get(diff[0])!r}); resume with the run's own config"
+            )
+
+
+def describe_resume(cfg: Config, resume: str) -> list[str]:
+    """What ``--resume`` would do, for ``--dry-run``: the run, its step, and the schedule note if any.
+
+    Raises:
+        MinigptError: as :func:`train` would: no such run, or one with another model, tokenizer or data.
+    """
+    run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
+    if run_dir is None:
+        return [f"--resume auto: no run named {cfg.name!r} under {cfg.train.out_dir}/ yet; a new run would start"]
+    last = runs.resolve(runs.checkpoint_dir(run_dir, runs.LAST))
+    saved = checkpoint.saved_config(last)
+    check_resume_config(cfg, saved)
+    state = checkpoint.load_trainer_state(last)
+    step, n = state["step"], cfg.train.max_iters
+    if step > n or (step == n and state["evaluated"]):
+        return [f"--resume: {run_dir} is at step {step}, train.max_iters is {n}: nothing would be trained"]
+    lines = [f"--resume: would continue {run_dir} from step {step} to train.max_iters {n}"]
+    note = schedule_note(cfg, saved, step)
+    return lines + ([note] if note else [])
+
+
+@dataclass
+class Resumed:
+    """A run folder being continued: its trainer state, the schedule note, the temporary files swept."""
+
+    run_dir: Path
+    state: dict[str, Any]
+    max_iters: int
+    note: Optional[str] = None
+    swept: list[Path] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        """Whether the run already reached ``train.max_iters`` (and ran its final eval): nothing to train."""
+        step = self.state["step"]
+        return step > self.max_iters or (step == self.max_iters and self.state["evaluated"])
+
+    def result(self) -> dict[str, Any]:
+        """The fields of a finished run's :class:`~.loop.TrainResult`: its step and last eval's losses."""
+        try:
+            meta = runs.read_meta(runs.checkpoint_dir(self.run_dir, runs.LAST))
+        except (OSError, ValueError):
+            meta = {}
+        best = self.state["best_val_loss"]
+        return {"run_dir": self.run_dir, "step": self.state["step"], "train_loss": meta.get("train_loss"),
+                "val_loss": meta.get("val_loss"), "best_val_loss": best if math.isfinite(best) else None}
+
+
+def open_resume(cfg: Config, resume: str, tok: Tokenizer, main: bool, claim) -> Optional[Resumed]:
+    """Find, lock (on rank 0) and check the run ``--resume`` names; None for ``auto`` with no run yet.
+
+    The run's ``model``, ``tokenizer`` and ``data`` values must be the
+    config's (:func:`check_resume_config`), and its ``tokenizer.json`` the
+    tokenizer file the config names. Temporary folders a killed save left are
+    swept, safely under the lock.
+
+    Raises:
+        MinigptError: no such run, a run in use, another model/tokenizer/data, a damaged checkpoint.
+    """
+    run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
+    if run_dir is None:
+        return None
+    last = runs.checkpoint_dir(run_dir, runs.LAST)
+    swept = []
+    if main:
+        claim.folder = runs.RunFolder(run_dir, runs.RunLock(run_dir).acquire("wait for it to finish before resuming"))
+        swept = checkpoint.sweep_stale_temps(last.parent)  # safe under the lock: no other process is saving here
+    saved = checkpoint.saved_config(last)
+    check_resume_config(cfg, saved)
+    if load_run_tokenizer(run_dir, saved).fingerprint() != tok.fingerprint():
+        raise MinigptError(
+            f"--resume: the tokenizer file the config names differs from {run_dir / runs.TOKENIZER}; "
+            "point tokenizer.path at the run's tokenizer.json"
+        )
+    state = checkpoint.load_trainer_state(last)
+    resumed = Resumed(run_dir, state, cfg.train.max_iters, swept=swept)
+    if not resumed.done:
+        resumed.note = schedule_note(cfg, saved, state["step"])
+    return resumed

@@ -1,0 +1,71 @@
+"""When the learning rate is what, and when the run evaluates."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from ..config import Config, TrainConfig
+
+
+def lr_at(step: int, tc: TrainConfig, n_embd: int = 512) -> float:
+    """Learning rate for optimizer step ``step`` (0-based).
+
+    Linear warmup reaching ``learning_rate`` after ``warmup_iters`` steps and
+    above zero on the first (nanoGPT: lr·(step+1)/(warmup+1)), then
+
+    - cosine: half a cosine from learning_rate down to min_lr at lr_decay_iters
+      (Loshchilov & Hutter 2017, SGDR, without restarts);
+    - linear: a straight line down to min_lr;
+    - constant: learning_rate;
+    - inverse_sqrt: d^-0.5 · min(s^-0.5, s · warmup^-1.5) with s = step+1,
+      scaled by learning_rate (Vaswani et al. 2017 §5.3; learning_rate 1 gives
+      the paper's values).
+    """
+    if tc.lr_schedule == "inverse_sqrt":
+        s = step + 1
+        w = max(tc.warmup_iters, 1)
+        return tc.learning_rate * n_embd ** -0.5 * min(s ** -0.5, s * w ** -1.5)
+    if step < tc.warmup_iters:
+        return tc.learning_rate * (step + 1) / (tc.warmup_iters + 1)
+    if tc.lr_schedule == "constant":
+        return tc.learning_rate
+    decay_iters = tc.lr_decay_iters or tc.max_iters
+    if step >= decay_iters:
+        return tc.min_lr
+    span = max(decay_iters - tc.warmup_iters, 1)
+    ratio = (step - tc.warmup_iters) / span
+    if tc.lr_schedule == "linear":
+        coeff = 1.0 - ratio
+    else:
+        coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+    return tc.min_lr + coeff * (tc.learning_rate - tc.min_lr)
+
+
+def should_eval(step: int, tc: TrainConfig) -> bool:
+    """Evaluate before the first step, every ``eval_interval`` steps, and after the last."""
+    return step % tc.eval_interval == 0 or step == tc.max_iters
+
+
+#: The ``train`` keys that shape the learning-rate schedule (:func:`lr_at`).
+SCHEDULE_KEYS = ("max_iters", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule")
+
+
+def schedule_note(cfg: Config, saved: Config, step: int) -> Optional[str]:
+    """The note a resume prints when the schedule keys differ from the checkpoint's config, else None.
+
+    Resuming with other schedule values is allowed (raising ``max_iters`` is
+    how a finished run trains further), but the learning rate from ``step`` on
+    follows the new values, so with the default ``lr_decay_iters: null`` the
+    cosine stretches to the new ``max_iters`` and the lr jumps at the resume
+    step. The note names the changed keys and the lr before and after.
+    """
+    old, new = saved.train, cfg.train
+    changed = [k for k in SCHEDULE_KEYS if getattr(old, k) != getattr(new, k)]
+    if not changed:
+        return None
+    what = ", ".join(f"train.{k} {getattr(old, k)} -> {getattr(new, k)}" for k in changed)
+    lr_old, lr_new = lr_at(step, old, cfg.model.n_embd), lr_at(step, new, cfg.model.n_embd)
+    jump = "unchanged" if math.isclose(lr_old, lr_new, rel_tol=1e-9) else f"was {lr_old:.3e}"
+    return (f"note: resuming with {what}; the learning-rate schedule follows the new values "
+            f"from here: lr {lr_new:.3e} at step {step} ({jump})")

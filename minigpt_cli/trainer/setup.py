@@ -1,0 +1,332 @@
+"""Everything a run needs before its first step, built once: the :class:`Setup` the trainer runs.
+
+:func:`build` resolves the device, prepares the data and tokenizer, opens the
+run folder (new, or the one being resumed), builds the model, the optimizer
+and the components the loop asks (evaluator, checkpointer, logger), and
+restores a resumed run's state. Rank 0 alone downloads, prepares and writes
+files under torchrun; the other ranks wait, then read what it made.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import runs
+from ..checkpoint import Checkpointer, load_weights_into
+from ..config import Config
+from ..data import BatchSampler, PreparedData, check_split_sizes, ensure_corpus, ensure_tokenizer, prepare
+from ..errors import MinigptError
+from ..fileio import atomic_write_text
+from ..kernels import onednn
+from ..metrics import RunLogger
+from ..model import GPT
+from ..paths import dataset_dir
+from ..runtime import (CpuThreads, Dist, barrier, broadcast, check_memory, close_distributed, init_distributed,
+                       resolve_device, resolve_dtype, restore_rng, seed_everything, tune_runtime)
+from ..tokenizer import Tokenizer
+from .evaluate import Evaluator
+from .resume import Resumed, open_resume
+from .signals import StopFlag
+from .step import make_optimizer
+
+class Claim(ExitStack):
+    """What :func:`~.loop.train` must undo when it ends: the locked run folder and process-wide settings.
+
+    On the way out, a new run folder that never got a checkpoint is removed
+    after a failure (:meth:`~minigpt_cli.runs.RunFolder.discard_if_unsaved`),
+    the lock is released, and every callback pushed (the thread count, CUDA
+    flags) runs, so the process is left as it was found.
+    """
+
+    folder: Optional[runs.RunFolder] = None
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if self.folder is not None:
+                if exc_type is not None:
+                    self.folder.discard_if_unsaved()
+                self.folder.lock.release()
+        finally:
+            return super().__exit__(exc_type, exc, tb)
+
+
+@dataclass
+class Progress:
+    """What the trainer state carries besides optimizer and RNG."""
+
+    step: int = 0
+    evaluated: bool = False  # whether the eval at `step` already ran
+    best_val: float = math.inf
+    bad_evals: int = 0  # evals in a row without a new best (early stopping)
+    last: dict[str, float] = field(default_factory=dict)  # the latest eval: losses and eval_step
+
+
+@dataclass
+class Setup:
+    """A run ready to train: the config with its vocabulary resolved, the model and every component."""
+
+    cfg: Config
+    device: torch.device
+    dist: Dist
+    echo: Callable[[str], None]
+    tok: Tokenizer
+    run_dir: Path
+    model: GPT
+    train_model: torch.nn.Module  # compiled and/or DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    autocast: Any
+    train_sampler: BatchSampler
+    prog: Progress
+    logger: RunLogger
+    stop: StopFlag
+    env: dict[str, Any]
+    eager_kernel: str
+    cpu_threads: Optional[CpuThreads] = None
+    evaluator: Optional[Evaluator] = None
+    checkpointer: Optional[Checkpointer] = None
+    writer: Any = None
+    bar: Any = None
+    compile_failed: bool = False
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        """The trainable parameters (for gradient clipping)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one optimizer step consumes, over every process."""
+        tc = self.cfg.train
+        return tc.batch_size * self.cfg.model.block_size * tc.grad_accum_steps * self.dist.world
+
+    def say(self, line: str) -> None:
+        """A line for the user: above the progress bar while one is shown."""
+        if self.bar is not None and not self.bar.disable:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            self.echo(line)
+
+    def write_env(self) -> None:
+        """Write env.json (rank 0)."""
+        if self.dist.main:
+            runs.write_env(self.run_dir, self.env)
+
+    def thread_note(self, message: str) -> None:
+        """The thread count changed: say so, log it, and list it in env.json."""
+        self.say(message)
+        self.logger.log(message.removeprefix("note: "))
+        # env.json's torch_threads is the count at the start; changes are listed after it.
+        self.env.setdefault("torch_threads_changes", []).append(
+            {"step": self.prog.step, "threads": torch.get_num_threads()})
+        self.write_env()
+
+    def fall_back_to_eager(self, exc: Exception) -> None:
+        """torch.compile failed at its first call: train the eager model (DDP-wrapped again) from here."""
+        self.compile_failed = True
+        self.echo(f"warning: torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                  "training without it")
+        self.logger.log(f"torch.compile failed ({type(exc).__name__}); training without it")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.train_model = _wrap_ddp(self.model, self.device, self.dist)
+        self.env["linear_kernel"] = self.eager_kernel  # the eager step's kernel, not the compiled one's
+        self.write_env()
+
+
+def _wrap_ddp(model: torch.nn.Module, device: torch.device, dist: Dist) -> torch.nn.Module:
+    if not dist.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def _prepare_data(cfg: Config, dist: Dist, echo: Callable[[str], None],
+                  progress: Optional[bool]) -> tuple[Tokenizer, PreparedData]:
+    """Rank 0 downloads, trains the tokenizer and prepares token files; the others wait, then read them."""
+    root = dataset_dir(cfg.data.data_dir, cfg.data.dataset)
+    if dist.main:
+        corpus = ensure_corpus(cfg, echo, progress=progress)
+        tok, _ = ensure_tokenizer(cfg, corpus, echo)
+        prepare(corpus, tok, root, cfg.data.val_fraction, log=echo)
+    barrier(dist)
+    corpus = ensure_corpus(cfg, echo)
+    tok, _ = ensure_tokenizer(cfg, corpus, echo)
+    data = prepare(corpus, tok, root, cfg.data.val_fraction, log=echo)
+    check_split_sizes(data, cfg.model.block_size)
+    return tok, data
+
+
+def _with_vocab(cfg: Config, tok: Tokenizer) -> Config:
+    """``cfg`` with ``model.vocab_size`` taken from the tokenizer when null.
+
+    Raises:
+        MinigptError: a vocabulary smaller than the tokenizer's.
+    """
+    mc = cfg.model
+    if mc.vocab_size is None:
+        mc = mc.model_copy(update={"vocab_size": tok.vocab_size})
+    elif mc.vocab_size < tok.vocab_size:
+        raise MinigptError(
+            f"model.vocab_size ({mc.vocab_size}) is smaller than the tokenizer's {tok.vocab_size} entries; "
+            "set model.vocab_size: null to take it from the tokenizer"
+        )
+    return cfg.model_copy(update={"model": mc})
+
+
+def _tensorboard_writer_class():
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise MinigptError(
+            "train.tensorboard: true needs the tensorboard package; pip install tensorboard, "
+            "or set train.tensorboard: false"
+        ) from None
+    return SummaryWriter
+
+
+def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Callable[[str], None],
+          progress: Optional[bool], claim: Claim) -> Setup | dict[str, Any]:
+    """Set a run up for :class:`~.loop.Trainer`; registers what must be undone in ``claim``.
+
+    Returns:
+        The :class:`Setup`; or, for a resumed run that already reached
+        ``train.max_iters``, the fields of its :class:`~.loop.TrainResult`.
+
+    Raises:
+        MinigptError: as :func:`~.loop.train` documents.
+    """
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    dist, device = init_distributed(device)
+    if not dist.main:
+        echo = lambda message: None  # noqa: E731 - only rank 0 talks
+        progress = False
+    tc = cfg.train
+    writer_class = _tensorboard_writer_class() if tc.tensorboard else None
+    tok, data = _prepare_data(cfg, dist, echo, progress)
+    cfg = _with_vocab(cfg, tok)
+    mc = cfg.model
+    check_memory(cfg, device, dtype)
+
+    # The run folder: new, or the one being resumed.
+    resumed: Optional[Resumed] = None
+    if resume is not None:
+        resumed = open_resume(cfg, resume, tok, dist.main, claim)
+        if resumed is None:
+            echo(f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one")
+        elif resumed.done:
+            close_distributed(dist)
+            return resumed.result()
+    if resumed is not None:
+        run_dir = resumed.run_dir
+    elif dist.main:
+        claim.folder = runs.new_run_dir(tc.out_dir, cfg.name, run_name)
+        run_dir = claim.folder.path
+    else:
+        run_dir = None
+    run_dir = Path(broadcast(str(run_dir), dist))
+
+    seed_everything(cfg.seed)
+    model = onednn.swap_linears(GPT(mc).to(device))
+    eager_kernel = onednn.linear_kernel(model, tc.batch_size * mc.block_size, device, dtype)
+    logger = RunLogger(run_dir, echo=None, enabled=dist.main)
+    swept = list(resumed.swept) if resumed is not None else []
+    if dist.main:
+        # On resume too: the run's config.yaml follows the train values it now runs with.
+        atomic_write_text(run_dir / runs.CONFIG, cfg.to_yaml())
+        if resumed is None:
+            tok.save(run_dir / runs.TOKENIZER)
+        swept += logger.sweep_temps()
+    env = runs.env_info(device, dtype, dist.world, "torch.mm" if cfg.compile else eager_kernel)
+    if resumed is not None and dist.main:  # a resumed run: the sessions before this one are kept, oldest first
+        env["earlier_sessions"] = runs.earlier_sessions(run_dir)
+
+    optimizer = make_optimizer(model, tc)
+    s = Setup(
+        cfg=cfg, device=device, dist=dist, echo=echo, tok=tok, run_dir=run_dir, model=model, train_model=model,
+        optimizer=optimizer,
+        scaler=torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16),
+        autocast=torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext(),
+        train_sampler=BatchSampler(data.train, mc.block_size, tc.batch_size, cfg.seed + 1, device,
+                                   rank=dist.rank, world=dist.world),
+        prog=Progress(), logger=logger, stop=StopFlag(), env=env, eager_kernel=eager_kernel,
+    )
+    s.write_env()
+    claim.callback(tune_runtime(device))
+    s.cpu_threads = CpuThreads(device, echo=s.thread_note)
+    claim.callback(s.cpu_threads.restore)
+    s.evaluator = Evaluator(cfg, data, device, dist, s.autocast, tok, s.cpu_threads, s.stop,
+                            show_bar=False)  # shown with the training bar, made last
+    s.checkpointer = Checkpointer(run_dir, cfg, snapshot=lambda: (model, {}, {}), enabled=dist.main)
+    if resumed is not None:
+        _restore(s, resumed)
+    if swept:
+        logger.log(f"removed {len(swept)} temporary file(s) left by a killed process: "
+                   f"{', '.join(p.name for p in swept)}")
+    _compile(s)
+    _announce(s, data, dtype)
+    if writer_class is not None and dist.main:
+        s.writer = writer_class(log_dir=str(run_dir / "tensorboard"))
+    # disable=None: tqdm shows the bar only when stderr is a terminal (no bar flooding a log file).
+    s.bar = tqdm(total=tc.max_iters, initial=s.prog.step, desc="train", unit="step",
+                 disable=None if progress is None else not progress, dynamic_ncols=True, file=sys.stderr)
+    s.evaluator.show_bar = not s.bar.disable
+    return s
+
+
+def _restore(s: Setup, resumed: Resumed) -> None:
+    """Load a resumed run's weights, optimizer, scaler, RNGs, data position and progress into ``s``."""
+    state = resumed.state
+    weights_dir = runs.resolve(runs.checkpoint_dir(s.run_dir, runs.LAST))
+    load_weights_into(s.model, weights_dir)
+    s.optimizer.load_state_dict(state["optimizer"])
+    if state.get("scaler"):
+        s.scaler.load_state_dict(state["scaler"])
+    restore_rng(state["rng"])
+    s.train_sampler.set_state(state["data_rng"]["train"])
+    s.prog = Progress(step=state["step"], evaluated=state["evaluated"], best_val=state["best_val_loss"],
+                      bad_evals=state["bad_evals"])
+    s.logger.truncate_to(s.prog.step, s.prog.evaluated)
+    s.logger.log(f"resumed from step {s.prog.step} ({weights_dir})")
+    s.echo(f"resuming {s.run_dir} from step {s.prog.step}")
+    if resumed.note:
+        s.logger.log(resumed.note.removeprefix("note: "))
+        s.echo(resumed.note)
+
+
+def _compile(s: Setup) -> None:
+    """Wrap the model for training: ``torch.compile`` when asked (with its note on oneDNN), DDP under torchrun."""
+    if s.cfg.compile and "oneDNN" in s.eager_kernel:
+        s.echo(onednn.COMPILE_NOTE)
+        s.logger.log(onednn.COMPILE_NOTE)
+    train_model: torch.nn.Module = s.model
+    if s.cfg.compile:
+        try:
+            train_model = torch.compile(s.model)
+        except Exception as exc:  # platform support varies
+            s.echo(f"warning: torch.compile unavailable ({type(exc).__name__}: {exc}); training without it")
+    s.train_model = _wrap_ddp(train_model, s.device, s.dist)
+
+
+def _announce(s: Setup, data: PreparedData, dtype: torch.dtype) -> None:
+    """The run's header in train.log, and one line for the user."""
+    tc, mc, d = s.cfg.train, s.cfg.model, s.dist
+    n_params = s.model.num_params()
+    dtype_name = str(dtype).removeprefix("torch.")
+    s.logger.log(f"run folder {s.run_dir}")
+    s.logger.log(f"device {s.device} x {d.world} process(es), dtype {dtype_name}, {n_params:,} parameters, "
+                 f"vocab {mc.vocab_size} ({s.tok.kind})")
+    s.logger.log(f"global batch {tc.batch_size * tc.grad_accum_steps * d.world} sequences = batch {tc.batch_size} "
+                 f"x accum {tc.grad_accum_steps} x world {d.world}; {s.tokens_per_step:,} tokens per step")
+    s.logger.log(f"data {data.directory}: {len(data.train):,} train / {len(data.val):,} val tokens")
+    s.echo(f"training {n_params / 1e6:.2f}M parameters on {s.device}"
+           f"{f' x {d.world} processes' if d.enabled else ''} ({dtype_name}); run folder {s.run_dir}")

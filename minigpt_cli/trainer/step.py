@@ -1,0 +1,125 @@
+"""One optimizer step, the optimizer, the loss estimate and the eval sample: the trainer's arithmetic."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from ..config import TrainConfig
+from ..data import BatchSampler
+from ..errors import MinigptError
+from ..model import GPT
+from ..runtime import Dist, all_mean
+from ..sampling import generate_tokens
+from ..tokenizer import Tokenizer
+
+
+def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
+    """AdamW (Loshchilov & Hutter 2019) with weight decay on matrices only (nanoGPT).
+
+    Biases, norm gains and other vectors get no decay. The fused
+    implementation where the device has one, else foreach (multi-tensor).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": tc.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    try:  # one fused kernel per step (CUDA; CPU since torch 2.4): measured 7% faster on 2 CPU cores
+        return torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), foreach=True)
+
+
+@torch.no_grad()
+def estimate_loss(model: torch.nn.Module, samplers: dict[str, BatchSampler], iters: int, autocast,
+                  d: Dist = Dist(), should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict[str, float]]:
+    """Mean loss over ``iters`` batches of each split, in eval mode, without gradients.
+
+    ``should_stop`` is asked before every batch (a long eval must not hold up a
+    Ctrl-C); when it answers True the evaluation ends there and None is
+    returned, the samplers advanced part-way (the trainer reseeds them before
+    every eval). Under DDP ``should_stop`` must give every rank the same answer.
+    """
+    model.eval()
+    out = {}
+    try:
+        for split, sampler in samplers.items():
+            losses = torch.zeros(iters, device=sampler.device)
+            for i in range(iters):
+                if should_stop is not None and should_stop():
+                    return None
+                x, y = sampler.next()
+                with autocast:
+                    _, loss = model(x, y)
+                losses[i] = loss.float()
+            out[split] = all_mean(losses.mean(), d).item()
+    finally:
+        model.train()
+    return out
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator,
+               accum: int, autocast, scaler: torch.amp.GradScaler, grad_clip: float,
+               params: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+    """One optimizer step over ``accum`` micro-batches; returns (mean loss, whether it was applied).
+
+    The loss is averaged over micro-steps (each micro-batch loss divided by
+    ``accum``), so 4 micro-batches of 8 give the update of one batch of 32.
+    Under DDP, gradients are synchronised on the last micro-step only. A
+    non-finite loss or gradient skips the update (gradients are dropped).
+    """
+    loss_sum = None
+    for micro in range(accum):
+        x, y = next(batches)
+        sync = nullcontext()
+        if hasattr(model, "no_sync") and micro < accum - 1:
+            sync = model.no_sync()
+        with sync:
+            with autocast:
+                _, loss = model(x, y)
+                loss = loss / accum
+            scaler.scale(loss).backward()
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+    scaler.unscale_(optimizer)  # gradients unscaled before clipping (a no-op without a scaler)
+    finite = bool(torch.isfinite(loss_sum))  # one host sync per optimizer step, none per micro-step
+    if finite and grad_clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
+        finite = bool(torch.isfinite(norm))
+    if finite:
+        scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, finite
+
+
+def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int, seed: int,
+                window_stride: Optional[int] = None, should_stop: Optional[Callable[[], bool]] = None) -> str:
+    """A short sample from a newline prompt, for samples.txt.
+
+    ``should_stop`` is asked after every token; when it answers True the
+    sample ends there (a Ctrl-C must not wait for a long sample).
+    """
+    model.eval()
+    try:
+        prompt = tok.encode("\n") or [0]
+    except MinigptError:
+        prompt = [0]
+    idx = torch.tensor([prompt], dtype=torch.long, device=device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    ids = []
+    try:
+        for t in generate_tokens(model, idx, n_tokens, temperature=0.8, top_k=200, generator=g,
+                                 vocab_limit=tok.vocab_size, window_stride=window_stride):
+            ids.append(int(t[0]))
+            if should_stop is not None and should_stop():
+                break
+    except MinigptError as exc:  # NaN output: the loss says so too, and the run decides what to do
+        return f"(no sample: {exc})"
+    finally:
+        model.train()
+    return tok.decode(prompt + ids)

@@ -1,0 +1,68 @@
+"""What the CLI reads at run time ships inside the package (a wheel install works, not only a checkout)."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import minigpt_cli
+from minigpt_cli import paths
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = Path(minigpt_cli.__file__).resolve().parent
+PRESETS = [
+    "gpt2-large", "gpt2-medium", "gpt2-small", "gpt2-xl",
+    "llama2-13b", "llama2-7b", "llama3-8b", "shakespeare-char",
+]
+
+
+def test_presets_are_package_data():
+    """One copy of each preset, inside the package, found with importlib.resources."""
+    assert Path(str(paths.presets_dir())).resolve() == PACKAGE / "presets"
+    assert paths.list_presets() == PRESETS
+    assert paths.preset_path("gpt2-small") == PACKAGE / "presets" / "gpt2-small.yaml"
+    assert not (REPO / "configs" / "presets").exists()
+
+
+def test_pyproject_ships_every_preset():
+    """Every file under minigpt_cli/presets/ matches a package-data pattern, so the wheel holds it."""
+    tomllib = pytest.importorskip("tomllib")
+    data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = data["tool"]["setuptools"]["package-data"]["minigpt_cli"]
+    files = sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "presets").iterdir() if p.is_file())
+    assert files == [f"presets/{n}.yaml" for n in PRESETS]
+    for f in files:
+        assert any(fnmatch.fnmatch(f, pat) for pat in patterns), (f, patterns)
+
+
+def test_presets_from_a_folder_without_configs(cli, tmp_path, monkeypatch):
+    """In-process, from an empty working directory: --list and --preset work."""
+    monkeypatch.chdir(tmp_path)
+    listed = cli("count-params", "--list")
+    assert listed.exit_code == 0, listed
+    assert listed.stdout.split() == PRESETS
+    res = cli("count-params", "--preset", "gpt2-small")
+    assert res.exit_code == 0, res
+    assert res.stdout.startswith("gpt2-small: 124,439,808 parameters"), res
+
+
+def test_presets_from_a_copy_of_the_package_alone(tmp_path):
+    """The package copied away from the checkout (as a wheel installs it), run from an empty folder."""
+    site = tmp_path / "site"
+    shutil.copytree(PACKAGE, site / "minigpt_cli", ignore=shutil.ignore_patterns("__pycache__"))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = subprocess.run([sys.executable, "-c", "import minigpt_cli; print(minigpt_cli.__file__)"],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert Path(where.stdout.strip()).parent == site / "minigpt_cli", where
+    out = subprocess.run([sys.executable, "-m", "minigpt_cli", "count-params", "--preset", "gpt2-small"],
+                         cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "unknown preset" not in out.stderr

@@ -1,0 +1,153 @@
+"""The run folder: its names, the newest-run and resume lookups, meta.json, env.json, and old runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from io import StringIO
+from pathlib import Path
+
+import pytest
+
+from minigpt_cli import runs
+from minigpt_cli.config import load_config
+from minigpt_cli.errors import MinigptError
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "configs" / "tiny.yaml"
+OLD_LAYOUT = Path(__file__).resolve().parent / "fixtures" / "old-layout"
+
+
+def fake_run(root: Path, name: str, which: str = "last", *, old: bool = False, meta: dict | None = None,
+             mtime: float = 1_000_000.0) -> Path:
+    """A run folder holding one checkpoint's files (empty weights: the lookups read names and times only)."""
+    run = root / name
+    ckpt = runs.checkpoint_dir(run, which)
+    folder = runs.old_copy(ckpt) if old else ckpt
+    folder.mkdir(parents=True)
+    (folder / runs.WEIGHTS).write_bytes(b"")
+    (folder / runs.META).write_text(json.dumps(meta if meta is not None else {"name": "tiny", "step": 1}))
+    os.utime(folder / runs.WEIGHTS, (mtime, mtime))
+    return run
+
+
+def test_the_layout_names_checkpoints_and_kept_steps(tmp_path):
+    assert runs.checkpoint_dir(tmp_path, runs.LAST) == tmp_path / "checkpoints" / "last"
+    assert runs.kept_name(500) == "step-0000500"
+    assert runs.old_copy(tmp_path / "checkpoints" / "best") == tmp_path / "checkpoints" / ".best.old"
+
+
+def test_resolve_falls_back_to_the_copy_a_cut_swap_left(tmp_path):
+    run = fake_run(tmp_path, "a", old=True)
+    last = runs.checkpoint_dir(run, runs.LAST)
+    assert runs.resolve(last) == runs.old_copy(last)
+    assert runs.has_weights(last) and runs.has_checkpoint(run)
+    (runs.old_copy(last) / runs.WEIGHTS).unlink()
+    with pytest.raises(MinigptError, match="no checkpoint at"):
+        runs.resolve(last)
+    assert not runs.has_checkpoint(run)
+
+
+def test_generate_and_resume_agree_on_the_newest_run(tmp_path):
+    """One finder: a run that holds only the .old copy counts for both (they used to disagree)."""
+    fake_run(tmp_path, "older", mtime=1_000_000)
+    fake_run(tmp_path, "newer-only-old", old=True, mtime=2_000_000)
+    fake_run(tmp_path, "other-name", meta={"name": "other"}, mtime=3_000_000)
+    (tmp_path / "no-checkpoint").mkdir()
+    assert runs.latest_run(tmp_path).name == "other-name"
+    assert runs.find_resume_dir(tmp_path, "tiny", "auto").name == "newer-only-old"
+    assert runs.newest_run(tmp_path, "tiny") == runs.find_resume_dir(tmp_path, "tiny", "auto")
+    assert runs.find_resume_dir(tmp_path, "nobody", "auto") is None
+
+
+def test_a_run_whose_meta_is_damaged_is_not_taken_for_one_of_that_name(tmp_path):
+    run = fake_run(tmp_path, "damaged")
+    (runs.checkpoint_dir(run, runs.LAST) / runs.META).write_text("[1, 2")
+    assert runs.newest_run(tmp_path, "tiny") is None
+    assert runs.newest_run(tmp_path) == run  # without a name, the weights alone count
+    with pytest.raises(ValueError):
+        runs.read_meta(runs.checkpoint_dir(run, runs.LAST))
+    (runs.checkpoint_dir(run, runs.LAST) / runs.META).write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a JSON object"):
+        runs.read_meta(runs.checkpoint_dir(run, runs.LAST))
+
+
+def test_no_run_is_one_clear_error(tmp_path):
+    with pytest.raises(MinigptError, match="no trained run found under"):
+        runs.latest_run(tmp_path / "runs")
+    with pytest.raises(MinigptError, match="no such run folder"):
+        runs.find_resume_dir(tmp_path, "tiny", str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MinigptError, match="no checkpoint at"):
+        runs.find_resume_dir(tmp_path, "tiny", str(tmp_path / "empty"))
+
+
+def test_env_json_keeps_the_earlier_sessions_oldest_first(tmp_path):
+    runs.write_env(tmp_path, {"session": 1})
+    first = runs.earlier_sessions(tmp_path)
+    assert first == [{"session": 1}]
+    runs.write_env(tmp_path, {"session": 2, "earlier_sessions": first})
+    assert runs.earlier_sessions(tmp_path) == [{"session": 1}, {"session": 2}]
+    (tmp_path / runs.ENV).write_text("not json")
+    assert runs.earlier_sessions(tmp_path) == []
+
+
+def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs.time, "strftime", lambda fmt, *a: "20250101-120000")
+    first = runs.new_run_dir(tmp_path, "tiny", None)
+    second = runs.new_run_dir(tmp_path, "tiny", None)
+    try:
+        assert first.path.name == "tiny-20250101-120000" and second.path.name == "tiny-20250101-120000-2"
+        assert first.created and second.created
+    finally:
+        first.lock.release()
+        second.lock.release()
+
+
+# ----------------------------------------------------------------------------- a run written before the split
+
+
+def old_run(tmp_path: Path, data_dir: Path) -> Path:
+    """The fixture run (trained by the code before the trainer was split into components) in ``tmp_path``.
+
+    Its config says ``data_dir: data``; the corpus is linked there.
+    """
+    shutil.copytree(OLD_LAYOUT, tmp_path / "runs" / "old-layout")
+    (tmp_path / "data").symlink_to(data_dir, target_is_directory=True)
+    return tmp_path / "runs" / "old-layout"
+
+
+def test_the_fixture_is_small_and_in_the_old_layout():
+    files = {str(p.relative_to(OLD_LAYOUT)) for p in OLD_LAYOUT.rglob("*") if p.is_file()}
+    assert {"checkpoints/last/model.safetensors", "checkpoints/last/trainer_state.pt", "checkpoints/last/meta.json",
+            "checkpoints/last/config.yaml", "config.yaml", "tokenizer.json"} <= files
+    assert sum(p.stat().st_size for p in OLD_LAYOUT.rglob("*") if p.is_file()) < 100 * 1024
+
+
+def test_a_checkpoint_of_the_old_layout_generates(tmp_path, data_dir, monkeypatch):
+    from minigpt_cli.sampling import generate
+
+    monkeypatch.chdir(tmp_path)
+    run = old_run(tmp_path, data_dir)
+    out = StringIO()
+    texts = generate(run, {"prompt": "ROMEO:", "max_new_tokens": 20}, device="cpu", out=out)
+    assert len(texts) == 1 and texts[0].startswith("ROMEO:") and len(texts[0]) == len("ROMEO:") + 20
+    assert out.getvalue() == texts[0] + "\n"
+
+
+def test_a_checkpoint_of_the_old_layout_resumes(tmp_path, data_dir, monkeypatch):
+    from minigpt_cli.trainer import train
+
+    monkeypatch.chdir(tmp_path)
+    run = old_run(tmp_path, data_dir)
+    overrides = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=16",
+                 "train.eval_interval=2", "train.eval_iters=2", "train.sample_tokens=10", "train.max_iters=6"]
+    notes: list[str] = []
+    res = train(load_config(TINY, overrides), resume=str(run), echo=notes.append, progress=False)
+    assert res.step == 6 and not res.already_done
+    assert any("resuming" in n and "from step 4" in n for n in notes), notes
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 6 and 4 in steps  # the old run's records kept, the new ones after them
+    env = json.loads((run / runs.ENV).read_text())
+    assert len(env["earlier_sessions"]) == 1  # the old session, kept
