@@ -22,7 +22,7 @@ _API = {
     "load_config": ("config", "load_config"),
     "train": ("trainer", "train"),
     "TrainResult": ("trainer", "TrainResult"),
-    "generate": ("sampling", "generate"),
+    "generate": ("generation", "generate"),
     "count_params": ("count", "count_params"),
 }
 

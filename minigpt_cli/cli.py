@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import typer
 
+from . import runs
 from .cli_base import Command, Group, echo, other_rank, sample_flags
 from .errors import Interrupted, MinigptError
 
@@ -225,7 +226,7 @@ def generate(
              "default: the run's sample.window_stride, else block_size // 4).",
     ),
     checkpoint: str = typer.Option(
-        "best", "--checkpoint", metavar="best|last",
+        runs.BEST, "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
         help="best: the weights with the lowest val loss; last: the most recent save.",
     ),
     device: str = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps."),
@@ -238,7 +239,7 @@ def generate(
     Example:
       minigpt generate --prompt "ROMEO:" --max-new-tokens 300 --stop "JULIET:"
     """
-    from .sampling import generate as run_generate, read_prompt
+    from .generation import generate as run_generate, read_prompt
 
     given = {"prompt": read_prompt(prompt, prompt_file, sys.stdin), "max_new_tokens": max_new_tokens,
              "temperature": temperature, "top_k": top_k, "top_p": top_p, "num_samples": num_samples,

@@ -234,6 +234,9 @@ class SampleConfig(_Strict):
     )
 
 
+#: Refused at load for ``device: cpu`` and when a run starts for ``device: auto`` that finds a CPU.
+FLOAT16_ON_CPU = "dtype: float16 needs a GPU; use dtype: auto, float32 or bfloat16 on the CPU"
+
 #: The device names a config (and ``generate --device``) may give.
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
 
@@ -273,7 +276,7 @@ class Config(_Strict):
                 f"name: {self.name!r} may only hold letters, digits, '.', '_' and '-'"
             )
         if self.device == "cpu" and self.dtype == "float16":  # train refuses it too, when device: auto finds a CPU
-            raise ValueError("dtype: float16 needs a GPU; use dtype: auto, float32 or bfloat16 on the CPU")
+            raise ValueError(FLOAT16_ON_CPU)
         stride = self.sample.window_stride  # null: block_size // 4, which always fits
         if stride is not None and stride > self.model.block_size:
             raise ValueError(

@@ -27,10 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any, Optional
 
 try:  # POSIX; elsewhere run folders are not locked
     import fcntl
@@ -39,6 +36,9 @@ except ImportError:  # pragma: no cover - Windows
 
 from .errors import MinigptError
 from .fileio import atomic_write_text
+
+if TYPE_CHECKING:  # torch is imported where env.json is written, so the CLI can read these names without it
+    import torch
 
 CHECKPOINTS = "checkpoints"
 LAST = "last"
@@ -347,6 +347,9 @@ def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, line
     """Versions, device, git commit and the linear layers' kernel (:func:`~minigpt_cli.kernels.onednn.linear_kernel`
     for the training step), for env.json."""
     import importlib.metadata as md
+
+    import numpy as np
+    import torch
 
     def ver(pkg):
         try:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import params as P
-from .config import DEVICE_PATTERN, Config, ModelConfig
+from .config import DEVICE_PATTERN, FLOAT16_ON_CPU, Config, ModelConfig
 from .errors import MinigptError
 from .kernels import onednn
 
@@ -69,7 +69,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.float32
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
     if device.type == "cpu" and dtype == torch.float16:
-        raise MinigptError("dtype: float16 needs a GPU; use dtype: auto, float32 or bfloat16 on the CPU")
+        raise MinigptError(FLOAT16_ON_CPU)
     return dtype
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
+
+TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 
 
 class CliResult:
@@ -42,3 +47,32 @@ def working_dir(path: Path):
         yield path
     finally:
         os.chdir(old)
+
+
+def tiny(data_dir, *extra):
+    """tiny.yaml on the test corpus: a train line every step, an eval every 20, no samples; ``extra`` overrides."""
+    from minigpt_cli.config import load_config
+
+    return load_config(TINY, [f"data.data_dir={data_dir}", "train.log_interval=1", "train.sample_tokens=0",
+                              "train.eval_interval=20", *extra])
+
+
+def records(run_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl events."""
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def curve(run_dir: Path) -> dict[tuple[str, int], float]:
+    """(event, step) -> the train loss or val loss logged there."""
+    out = {}
+    for r in records(run_dir):
+        key = "loss" if r["event"] == "train" else "val_loss"
+        out[(r["event"], r["step"])] = r[key]
+    return out
+
+
+def cli_process(args, env_extra=None, cwd=None, **kw) -> subprocess.CompletedProcess:
+    """``python -m minigpt_cli ARGS`` in a process of its own (signals, kills, torchrun), its output captured."""
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "minigpt_cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, **kw)

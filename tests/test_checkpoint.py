@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import signal
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY, assert_user_error, cli_process, tiny
+from safetensors.torch import load_file
 
 from minigpt_cli import checkpoint, runs
 from minigpt_cli.checkpoint import Checkpointer
 from minigpt_cli.config import load_config
+from minigpt_cli.errors import MinigptError
 from minigpt_cli.model import GPT
-
-REPO = Path(__file__).resolve().parent.parent
-TINY = REPO / "configs" / "tiny.yaml"
+from minigpt_cli.trainer import train
 
 
 @pytest.fixture
@@ -79,3 +83,72 @@ def test_a_saved_checkpoint_rebuilds_the_model_alone(tmp_path):
     assert checkpoint.load_trainer_state(runs.checkpoint_dir(tmp_path, runs.LAST)) == {"step": 3}
     meta = json.loads((runs.checkpoint_dir(tmp_path, runs.LAST) / runs.META).read_text())
     assert meta == {"step": 3}
+
+
+@pytest.mark.parametrize("point", ["weights", "swap"])
+def test_kill_during_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path, monkeypatch, point):
+    """SIGKILL inside the 2nd write of checkpoints/last: the 1st stays loadable and resumable."""
+    sets = [f"data.data_dir={data_dir}", "train.max_iters=20", "train.eval_interval=10", "train.sample_tokens=0"]
+    args = ["train", TINY, "--run-name", "k", "--no-progress", *[w for s in sets for w in ("--set", s)]]
+    killed = cli_process(args, {"MINIGPT_TEST_KILL_DURING_SAVE": f"last:2:{point}"}, cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL
+    last = tmp_path / "runs" / "k" / "checkpoints" / "last"
+    survivor = runs.resolve(last)
+    assert json.loads((survivor / "meta.json").read_text())["step"] == 0
+    model, _ = checkpoint.load_model(last)
+    assert model.wte.weight.isfinite().all()
+    assert list(last.parent.glob(".last.tmp-*"))  # the killed save's temporary folder
+    if point == "swap":
+        # Killed again inside the next swap, while .last.old is the only complete copy: it must survive.
+        resume = ["train", TINY, "--resume", "runs/k", "--no-progress", *[w for s in sets for w in ("--set", s)]]
+        again = cli_process(resume, {"MINIGPT_TEST_KILL_DURING_SAVE": "last:1:swap"}, cwd=tmp_path)
+        assert again.returncode == -signal.SIGKILL
+        assert runs.read_meta(last)["step"] == 0
+    monkeypatch.chdir(tmp_path)
+    resumed = train(load_config(TINY, sets), resume="runs/k", echo=lambda m: None, progress=False)
+    assert resumed.step == 20 and json.loads((last / "meta.json").read_text())["step"] == 20
+    assert not list(last.parent.glob(".*.tmp-*"))  # swept on resume
+
+
+def test_truncated_weights_are_refused(data_dir, tmp_path, monkeypatch, cli):
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=5"), run_name="t", echo=lambda m: None, progress=False)
+    w = tmp_path / "runs" / "t" / "checkpoints" / "last" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    with pytest.raises(MinigptError, match="model.safetensors.*corrupt or truncated"):
+        checkpoint.load_model(w.parent)
+    res = cli("train", TINY, "--resume", "runs/t", "--set", f"data.data_dir={data_dir}", "--no-progress")
+    assert_user_error(res, "model.safetensors", "corrupt")
+
+
+def test_a_pickle_that_runs_code_is_refused_and_not_run(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=5"), run_name="p", echo=lambda m: None, progress=False)
+    marker = tmp_path / "pwned"
+    _Evil.marker = marker
+    state = tmp_path / "runs" / "p" / "checkpoints" / "last" / "trainer_state.pt"
+    torch.save({"step": 1, "payload": _Evil()}, state)
+    with pytest.raises(MinigptError, match="trainer_state.pt.*unsafe"):
+        checkpoint.load_trainer_state(state.parent)
+    assert not marker.exists()
+    with pytest.raises(MinigptError, match="trainer_state.pt"):
+        train(tiny(data_dir, "train.max_iters=5"), echo=lambda m: None, progress=False, resume="runs/p")
+    assert not marker.exists()
+    assert pickle  # the module the attack would use
+
+
+def test_loading_tolerates_a_compile_prefix(data_dir, tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=3"), run_name="p", echo=lambda m: None, progress=False)
+    w = tmp_path / "runs" / "p" / "checkpoints" / "last" / "model.safetensors"
+    sd = load_file(w)
+    save_file({f"_orig_mod.{k}": v for k, v in sd.items()}, str(w))
+    model, _ = checkpoint.load_model(w.parent)
+    assert torch.equal(model.wte.weight, sd["wte.weight"])
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {_Evil.marker}",))

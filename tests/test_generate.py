@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_user_error, working_dir
 
-from minigpt_cli.sampling import find_stop, generate, stop_holdback
+from minigpt_cli.generation import find_stop, generate, stop_holdback
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 PROMPT = "ROMEO:"
@@ -201,7 +201,7 @@ def test_window_stride(gen, monkeypatch):
         assert a.stdout == b.stdout
     # The default (block_size // 4 = 8) is what --window-stride 8 gives.
     # The stride reaches the sampler: the default (block_size // 4 = 8) or the option's value.
-    import minigpt_cli.sampling as gen_mod
+    import minigpt_cli.generation as gen_mod
 
     seen = []
     real = gen_mod.generate_tokens

@@ -5,17 +5,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from io import StringIO
 from pathlib import Path
 
 import pytest
+from helpers import TINY, assert_user_error, tiny
 
 from minigpt_cli import runs
 from minigpt_cli.config import load_config
 from minigpt_cli.errors import MinigptError
+from minigpt_cli.model import GPT
+from minigpt_cli.trainer import train
 
-REPO = Path(__file__).resolve().parent.parent
-TINY = REPO / "configs" / "tiny.yaml"
+
 OLD_LAYOUT = Path(__file__).resolve().parent / "fixtures" / "old-layout"
 
 
@@ -126,7 +130,7 @@ def test_the_fixture_is_small_and_in_the_old_layout():
 
 
 def test_a_checkpoint_of_the_old_layout_generates(tmp_path, data_dir, monkeypatch):
-    from minigpt_cli.sampling import generate
+    from minigpt_cli.generation import generate
 
     monkeypatch.chdir(tmp_path)
     run = old_run(tmp_path, data_dir)
@@ -137,7 +141,7 @@ def test_a_checkpoint_of_the_old_layout_generates(tmp_path, data_dir, monkeypatc
 
 
 def test_a_checkpoint_of_the_old_layout_resumes(tmp_path, data_dir, monkeypatch):
-    from minigpt_cli.trainer import train
+
 
     monkeypatch.chdir(tmp_path)
     run = old_run(tmp_path, data_dir)
@@ -151,3 +155,64 @@ def test_a_checkpoint_of_the_old_layout_resumes(tmp_path, data_dir, monkeypatch)
     assert steps[-1] == 6 and 4 in steps  # the old run's records kept, the new ones after them
     env = json.loads((run / runs.ENV).read_text())
     assert len(env["earlier_sessions"]) == 1  # the old session, kept
+
+
+def test_a_run_folder_in_use_is_refused(cli, data_dir, tmp_path, monkeypatch):
+    """Another process holds runs/m's lock: --resume and --run-name m both fail with its pid; nothing changes."""
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=3"), run_name="m", echo=lambda m: None, progress=False)
+    (tmp_path / "runs" / "e").mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from minigpt_cli.runs import RunLock; "
+         "[RunLock(Path(p)).acquire('-') for p in sys.argv[1:]]; print('locked', flush=True); time.sleep(120)",
+         "runs/m", "runs/e"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = (tmp_path / "runs" / "m" / "metrics.jsonl").read_bytes()
+        common = ["--no-progress", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=6"]
+        res = cli("train", TINY, "--resume", "runs/m", *common)
+        assert_user_error(res, f"runs/m is in use by another minigpt train (pid {holder.pid})", "wait for it")
+        res = cli("train", TINY, "--run-name", "e", *common)
+        assert_user_error(res, f"runs/e is in use by another minigpt train (pid {holder.pid})", "--run-name")
+        assert (tmp_path / "runs" / "m" / "metrics.jsonl").read_bytes() == before
+        assert [p.name for p in (tmp_path / "runs" / "e").iterdir()] == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    res = cli("train", TINY, "--resume", "runs/m", *common)  # the lock died with its holder
+    assert res.exit_code == 0, res
+
+
+def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_no_folder(cli, data_dir, tmp_path, monkeypatch):
+    """The error comes after the run folder exists; the same --run-name works right after."""
+    monkeypatch.chdir(tmp_path)
+    args = ["train", TINY, "--run-name", "x", "--no-progress", "--set", f"data.data_dir={data_dir}"]
+    assert_user_error(cli(*args, "--set", "model.block_size=200000"), "block_size", notes_ok=True)
+    assert not (tmp_path / "runs" / "x").exists()
+    ok = cli(*args, "--set", "train.max_iters=2")
+    assert ok.exit_code == 0, ok
+
+
+def test_a_crash_before_the_first_checkpoint_undoes_only_what_the_run_made(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def broken(self, *a, **k):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(GPT, "forward", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train(tiny(data_dir), run_name="oom", echo=lambda m: None, progress=False)
+    assert not (tmp_path / "runs" / "oom").exists()
+    # A folder the user made (empty) is emptied again, not removed.
+    (tmp_path / "runs" / "mine").mkdir()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train(tiny(data_dir), run_name="mine", echo=lambda m: None, progress=False)
+    assert (tmp_path / "runs" / "mine").is_dir() and not any((tmp_path / "runs" / "mine").iterdir())
+    # A run with a checkpoint is kept whatever fails later.
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=3"), run_name="kept", echo=lambda m: None, progress=False)
+    monkeypatch.setattr(GPT, "forward", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train(tiny(data_dir, "train.max_iters=6"), resume="runs/kept", echo=lambda m: None, progress=False)
+    assert (tmp_path / "runs" / "kept" / "checkpoints" / "last" / "model.safetensors").is_file()

@@ -516,7 +516,7 @@ def test_streaming_holds_back_partial_utf8(bpe_run, monkeypatch):
     """Byte-level tokens of an emoji decode to '\\ufffd' until the last byte; nothing partial is printed."""
     import torch
 
-    from minigpt_cli import sampling as gen_mod
+    from minigpt_cli import generation as gen_mod
 
     _, _, run, res = bpe_run
     assert res.exit_code == 0, res.stderr

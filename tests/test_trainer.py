@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY, assert_user_error, curve, tiny
+from safetensors.torch import load_file
 
+from minigpt_cli import checkpoint
 from minigpt_cli.checkpoint import Checkpointer
-from minigpt_cli.config import load_config
-from minigpt_cli.trainer import train
+from minigpt_cli.config import TrainConfig, load_config
+from minigpt_cli.errors import MinigptError
+from minigpt_cli.model import GPT
+from minigpt_cli.trainer import make_optimizer, train, train_step
 from minigpt_cli.trainer.evaluate import Evaluator
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = REPO / "configs" / "tiny.yaml"
-
-
-def tiny(data_dir, *extra):
-    return load_config(TINY, [f"data.data_dir={data_dir}", "train.log_interval=1", "train.sample_tokens=0", *extra])
+CONFIGS = REPO / "configs"
 
 
 def test_the_loop_asks_the_evaluator_and_the_checkpointer(data_dir, tmp_path, monkeypatch):
@@ -84,3 +86,264 @@ def test_the_thread_count_is_put_back_after_a_run_that_changed_it(data_dir, tmp_
     monkeypatch.setattr(runtime.CpuThreads, "poll", busy_elsewhere)
     train(tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"), "t", echo=lambda m: None, progress=False)
     assert torch.get_num_threads() == start
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    """4 micro-batches of 8 give the same update as one batch of 32 (to 1e-5).
+
+    Plain SGD with lr 1 makes the update the gradient itself (Adam's first step,
+    ~lr·sign(g), would magnify rounding noise in near-zero gradients).
+    """
+    cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})
+    torch.manual_seed(0)
+    x = torch.randint(0, 65, (32, 32))
+    y = torch.randint(0, 65, (32, 32))
+    results = []
+    for accum, chunks in ((1, [(x, y)]), (4, [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)])):
+        torch.manual_seed(1)
+        model = GPT(cfg)
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        params = list(model.parameters())
+        loss, applied = train_step(model, opt, iter(chunks), accum, torch.autocast("cpu", enabled=False),
+                                   scaler, 1.0, params)
+        assert applied
+        results.append((loss.item(), [p.detach().clone() for p in model.parameters()]))
+    assert results[0][0] == pytest.approx(results[1][0], abs=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+    moved = sum((a - b).abs().sum() for a, b in zip(results[0][1], before))
+    assert moved > 1e-3  # the step did change the weights
+
+
+def test_one_nan_skips_the_step(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(GPT, "forward", _nan_forward({7}))
+    res = train(tiny(data_dir, "train.max_iters=20"), run_name="n", echo=lambda m: None, progress=False)
+    assert res.step == 20 and math.isfinite(res.val_loss)
+    log = (tmp_path / "runs" / "n" / "train.log").read_text()
+    assert "non-finite" in log and "step skipped" in log
+    w = load_file(tmp_path / "runs" / "n" / "checkpoints" / "last" / "model.safetensors")
+    assert all(t.isfinite().all() for t in w.values())
+
+
+def test_repeated_nans_stop_the_run_cleanly(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(GPT, "forward", _nan_forward(set(range(12, 1000))))
+    with pytest.raises(MinigptError, match=r"not finite for 5 steps in a row at step 12.*learning_rate"):
+        train(tiny(data_dir, "train.max_iters=40"), run_name="n", echo=lambda m: None, progress=False)
+    last = tmp_path / "runs" / "n" / "checkpoints" / "last"
+    model, _ = checkpoint.load_model(last)
+    assert all(p.isfinite().all() for p in model.parameters())
+
+
+def test_a_model_that_overflows_as_initialised_is_told_apart_from_a_high_learning_rate(data_dir, tmp_path,
+                                                                                         monkeypatch):
+    """NaN from the first step on: no update happened, so the fix is the init, not the learning rate; the
+    eval sample says why there is none instead of sampling from NaN."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MinigptError, match=r"first 5 steps, before any update.*model.init_std \(now 1e\+10\)") as e:
+        train(tiny(data_dir, "train.max_iters=40", "model.init_std=1e10", "train.sample_tokens=20"),
+              run_name="o", echo=lambda m: None, progress=False)
+    assert "learning_rate" not in str(e.value)
+    assert "(no sample: the model's output is NaN" in (tmp_path / "runs" / "o" / "samples.txt").read_text()
+    from minigpt_cli.sampling import sample_next
+
+    with pytest.raises(MinigptError, match="output is NaN"):
+        sample_next(torch.tensor([[0.0, float("nan")]]), 0.0, None, None, None)
+
+
+def test_early_stopping_and_kept_checkpoints(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # A learning rate of ~0 after warmup: val loss stops improving, patience 2 ends the run.
+    cfg = tiny(data_dir, "train.max_iters=200", "train.eval_interval=10", "train.early_stop_patience=2",
+               "train.learning_rate=1e-9", "train.min_lr=0", "train.warmup_iters=0", "train.keep_every=10")
+    res = train(cfg, run_name="e", echo=lambda m: None, progress=False)
+    assert res.stopped_early and res.step < 200
+    ckpts = tmp_path / "runs" / "e" / "checkpoints"
+    assert (ckpts / "best").is_dir() and (ckpts / "last").is_dir()
+    assert (ckpts / "step-0000010" / "model.safetensors").is_file()
+    assert "early stopping" in (tmp_path / "runs" / "e" / "train.log").read_text()
+
+
+def test_compile_failure_falls_back_with_a_warning(data_dir, tmp_path, monkeypatch):
+    """torch.compile fails lazily on some platforms: the run warns once and trains eagerly."""
+    monkeypatch.chdir(tmp_path)
+
+    class Broken(torch.nn.Module):
+        def forward(self, *a, **k):
+            raise RuntimeError("no C++ compiler here")
+
+    monkeypatch.setattr(torch, "compile", lambda model, **k: Broken())
+    notes = []
+    # n_embd 128: in eager mode the linear layers run on oneDNN (x86), which env.json must then say.
+    res = train(tiny(data_dir, "train.max_iters=10", "compile=true", "model.n_embd=128"), run_name="c",
+                echo=notes.append, progress=False)
+    assert res.step == 10 and math.isfinite(res.val_loss)
+    assert sum("torch.compile failed" in n for n in notes) == 1
+    keys = load_file(tmp_path / "runs" / "c" / "checkpoints" / "last" / "model.safetensors").keys()
+    assert not any(k.startswith("_orig_mod.") for k in keys)
+    from minigpt_cli.kernels.onednn import available as onednn_enabled
+
+    env = json.loads((tmp_path / "runs" / "c" / "env.json").read_text())
+    assert env["linear_kernel"] == ("oneDNN" if onednn_enabled() else "torch.mm")
+    # bench falls back the same way, and says what it measured.
+    from minigpt_cli.bench import bench
+
+    bench_notes = []
+    r = bench(tiny(data_dir, "compile=true", "model.n_embd=128"), iters=1, generation=False,
+              echo=bench_notes.append)
+    assert r["compile"] is False and r["linear_kernel"] == env["linear_kernel"]
+    assert sum("torch.compile failed" in n for n in bench_notes) == 1
+
+
+def test_bfloat16_autocast_runs_on_cpu(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = train(tiny(data_dir, "train.max_iters=20", "dtype=bfloat16"), run_name="b", echo=lambda m: None,
+                progress=False)
+    assert math.isfinite(res.val_loss) and res.val_loss < math.log(65)
+    env = json.loads((tmp_path / "runs" / "b" / "env.json").read_text())
+    assert env["dtype"] == "bfloat16"
+
+
+def test_tensorboard_without_the_package_is_a_clear_error(cli, data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        pytest.skip("tensorboard is installed here")
+    except ImportError:
+        pass
+    res = cli("train", TINY, "--set", "train.tensorboard=true", "--set", f"data.data_dir={data_dir}")
+    assert_user_error(res, "tensorboard", "pip install tensorboard")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile's CPU backend needs a C++ compiler")
+def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
+    """The GPU recipe's compile path, run for real on the CPU: the same losses as eager, no fallback."""
+    monkeypatch.chdir(tmp_path)
+    notes: list[str] = []
+    runs = {}
+    for flag in ("false", "true"):
+        # n_embd 64: c_fc and the MLP's c_proj (256 tokens x 64 x 256) are big enough for oneDNN in eager mode.
+        res = train(tiny(data_dir, "train.max_iters=10", "train.eval_interval=10", f"compile={flag}",
+                         "model.n_embd=64"),
+                    run_name=f"c{flag}", echo=notes.append, progress=False)
+        runs[flag] = curve(res.run_dir)
+    from minigpt_cli.kernels.onednn import available as onednn_enabled
+
+    assert not [n for n in notes if "compile" in n and "oneDNN" not in n], notes  # no fallback
+    # On x86 the compiled run says that eager would put (some of) tiny's linear layers on the faster oneDNN,
+    # and env.json names the kernel the compiled step really uses.
+    assert sum("oneDNN" in n for n in notes) == int(onednn_enabled()), notes
+    envs = {flag: json.loads((tmp_path / "runs" / f"c{flag}" / "env.json").read_text()) for flag in runs}
+    assert envs["true"]["linear_kernel"] == "torch.mm"
+    assert envs["false"]["linear_kernel"] == ("oneDNN+torch.mm" if onednn_enabled() else "torch.mm")
+    assert runs["true"].keys() == runs["false"].keys() and len(runs["true"]) >= 12
+    for key, value in runs["false"].items():
+        assert runs["true"][key] == pytest.approx(value, abs=2e-4), key
+
+
+def test_missing_device_is_a_clear_error(cli, tmp_path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(cli("train", TINY, "--set", "device=cuda"), "device: cuda", "no CUDA")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_weight_decay_on_matrices_only():
+    cfg = load_config(CONFIGS / "tiny.yaml").model.model_copy(update={"vocab_size": 65, "bias": True})
+    model = GPT(cfg)
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    n = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    assert n == model.num_params()
+
+
+def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(CONFIGS / "tiny.yaml", [f"data.data_dir={data_dir}", "train.max_iters=60",
+                                              "train.eval_interval=30", "train.eval_iters=20"])
+    result = train(cfg, run_name="t", echo=lambda m: None, progress=False)
+    lines = [json.loads(l) for l in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [l for l in lines if l["event"] == "eval"]
+    trains = [l for l in lines if l["event"] == "train"]
+    assert [e["step"] for e in evals] == [0, 30, 60]
+    # Loss at initialisation ≈ ln(65); it then falls.
+    assert abs(evals[0]["val_loss"] - math.log(65)) < 0.1
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
+    assert evals[-1]["train_loss"] < evals[0]["train_loss"] - 0.5
+    for l in lines:
+        assert {"step", "event", "elapsed_s"} <= set(l)
+    for l in trains:
+        assert {"loss", "lr", "tokens_per_sec"} <= set(l) and l["lr"] > 0 and l["tokens_per_sec"] > 0
+    for e in evals:
+        assert {"train_loss", "val_loss"} <= set(e)
+    assert result.best_val_loss == min(e["val_loss"] for e in evals)
+    # Every file and folder of the run gets the mode a plain open()/mkdir() would under the umask:
+    # no 0600 files from tempfile.mkstemp, no 0700 checkpoint folders from mkdtemp.
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.relative_to(result.run_dir).as_posix(): p.stat().st_mode & 0o777
+             for p in result.run_dir.rglob("*") if p.name != ".lock"}
+    assert {"loss.png", "metrics.jsonl", "checkpoints/last", "checkpoints/last/model.safetensors"} <= set(modes)
+    wrong = {k: oct(m) for k, m in modes.items()
+             if m != (0o777 if (result.run_dir / k).is_dir() else 0o666) & ~umask}
+    assert not wrong, wrong
+
+
+def test_a_model_too_large_for_memory_is_refused_before_anything_is_made(cli, data_dir, tmp_path, monkeypatch):
+    """10 million layers: the estimate (count-params' accounting) exceeds the free memory; no run folder."""
+    from helpers import assert_user_error
+
+    import minigpt_cli.runtime as T
+
+    monkeypatch.chdir(tmp_path)
+    res = cli("train", CONFIGS / "tiny.yaml", "--set", f"data.data_dir={data_dir}", "--set", "model.n_layer=10000000")
+    assert_user_error(res, "this model needs about", "123,520,003,136 parameters", "free", "model.n_layer",
+                      notes_ok=True)
+    assert not (tmp_path / "runs").exists()
+    # The estimate against a pretend 1 MiB machine: even the tiny model is refused; with plenty, it trains.
+    monkeypatch.setattr(T, "available_memory", lambda device: 2**20)
+    cfg = load_config(CONFIGS / "tiny.yaml", [f"data.data_dir={data_dir}"])
+    with pytest.raises(T.MinigptError, match="but cpu has 1.00 MiB free"):
+        T.check_memory(cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": 65})}),
+                       torch.device("cpu"), torch.float32)
+
+
+def test_running_out_of_memory_is_one_line(cli, data_dir, tmp_path, monkeypatch):
+    """The allocator failing after the estimate passed: one line, exit 2, the fix named."""
+    from helpers import assert_user_error
+
+    import minigpt_cli.trainer.loop as T
+
+    monkeypatch.chdir(tmp_path)
+
+    def oom(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 786432 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(T, "train_step", oom)
+    res = cli("train", CONFIGS / "tiny.yaml", "--set", f"data.data_dir={data_dir}", "--run-name", "o")
+    assert_user_error(res, "out of memory", "can't allocate memory", "train.batch_size", notes_ok=True)
+
+
+def _nan_forward(bad_calls):
+    real = GPT.forward
+    count = {"n": 0}
+
+    def forward(self, idx, targets=None, *a, **k):
+        logits, loss = real(self, idx, targets, *a, **k)
+        if targets is not None and self.training:
+            count["n"] += 1
+            if count["n"] in bad_calls:
+                loss = loss * float("nan")
+        return logits, loss
+
+    return forward

@@ -1,6 +1,6 @@
-"""Every architecture switch of DESIGN §3 against a reference we did not write.
+"""Every architecture switch of ModelConfig against a reference we did not write.
 
-References: the formulas of the papers as DESIGN §6 quotes them (sinusoidal
+References: the formulas of the papers (sinusoidal
 table, RoPE, GELU), ``torch.nn`` modules (RMSNorm, TransformerEncoderLayer
 with Pre- and Post-LN), and a short real training run per switch. The
 Hugging Face comparisons (GPT-2, Llama) live in test_hf.py.
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from helpers import assert_user_error
 
 from minigpt_cli.config import ModelConfig, load_config
-from minigpt_cli.sampling import generate_tokens
+from minigpt_cli.generation import generate_tokens
 from minigpt_cli.model import GPT, MLP, Block, RMSNorm, apply_rope, rope_cos_sin, sinusoidal_table
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
@@ -344,7 +344,7 @@ def test_every_variant_trains(key, value, data_dir, tmp_path, monkeypatch):
     """30 steps of configs/tiny.yaml with the switch set lower the validation and training loss;
     sampling from the run gives the same text with and without the KV cache, past block_size."""
     monkeypatch.chdir(tmp_path)
-    from minigpt_cli.sampling import generate
+    from minigpt_cli.generation import generate
     from minigpt_cli.trainer import train
 
     setting = "null" if value is None else json.dumps(value)

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import runs
 from ..config import Config
 from ..errors import Interrupted, MinigptError
 from ..runtime import all_mean, broadcast, capture_rng, close_distributed
@@ -220,7 +221,7 @@ class Trainer:
         s, step = self.s, self.prog.step
         s.checkpointer.on_stop()
         s.bar.close()
-        s.logger.log(f"stopped by {s.stop.signal} at step {step}; saved checkpoints/last")
+        s.logger.log(f"stopped by {s.stop.signal} at step {step}; saved {runs.CHECKPOINTS}/{runs.LAST}")
         raise Interrupted(f"stopped by {s.stop.signal} at step {step}; saved {s.checkpointer.last}",
                           s.stop.signum, resume_dir=s.run_dir)
 

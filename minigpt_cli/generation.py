@@ -1,0 +1,306 @@
+"""The ``generate`` command as a function: load a run, check it, encode the prompt, sample, stream the text.
+
+The sampling itself (temperature, top-k, top-p, the KV cache and the sliding
+window) is :mod:`minigpt_cli.sampling`'s; this module adds the run folder,
+the tokenizer and the printing: stop strings, and streaming that never shows
+half a character or the start of a stop string.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
+
+import torch
+
+from . import runs
+from .checkpoint import load_model
+from .config import SampleConfig, validate
+from .errors import MinigptError
+from .kernels import onednn
+from .runtime import CpuThreads, resolve_device
+from .sampling import generate_tokens, resolve_window_stride
+from .tokenizer import load_run_tokenizer
+
+
+def find_stop(text: str, stops: Sequence[str]) -> int:
+    """Index in ``text`` where the earliest of ``stops`` begins, or -1 if none occurs."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else -1
+
+
+def stop_holdback(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest end of ``text`` that begins some stop string without completing it.
+
+    While streaming, those characters are held back: the next tokens may
+    complete a stop string, which must not be printed.
+    """
+    held = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), held, -1):
+            if text.endswith(s[:k]):
+                held = k
+                break
+    return held
+
+
+def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]) -> Optional[str]:
+    """The prompt text from ``--prompt`` (``-``: standard input) or ``--prompt-file`` (``-``: standard input).
+
+    Returns None when neither is given (the run's ``sample.prompt`` applies).
+    The text is used as read: a file's final newline is part of the prompt.
+
+    Raises:
+        MinigptError: both options given, an unreadable or non-UTF-8 file.
+    """
+    if prompt is not None and prompt_file is not None:
+        raise MinigptError("pass either --prompt or --prompt-file, not both")
+    if prompt == "-" or (prompt_file is not None and str(prompt_file) == "-"):
+        if stdin is None:
+            raise MinigptError("--prompt -: no standard input to read the prompt from")
+        return stdin.read()
+    if prompt_file is None:
+        return prompt
+    path = Path(prompt_file)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MinigptError(f"--prompt-file {str(path)!r} not found") from None
+    except UnicodeDecodeError:
+        raise MinigptError(f"--prompt-file {str(path)!r} is not UTF-8 text; convert it (e.g. with iconv)") from None
+    except OSError as exc:
+        raise MinigptError(f"--prompt-file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
+
+
+def _trained_tokenizer(ckpt: Path) -> Optional[str]:
+    """The fingerprint of the tokenizer ``ckpt`` was trained with; None for checkpoints that predate it.
+
+    Raises:
+        MinigptError: meta.json missing or damaged (every checkpoint has one),
+            so the tokenizer cannot be checked.
+    """
+    try:
+        meta = runs.read_meta(ckpt)
+        fingerprint = meta.get("tokenizer_fingerprint")
+        if "tokenizer_fingerprint" in meta and not isinstance(fingerprint, str):
+            raise ValueError("tokenizer_fingerprint is not a string")
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:80]
+        other = runs.LAST if Path(ckpt).name == runs.BEST else runs.BEST
+        raise MinigptError(
+            f"{str(runs.resolve(ckpt) / runs.META)!r} is missing or damaged ({reason}), so the tokenizer cannot be checked "
+            f"against the checkpoint; use --checkpoint {other}, or copy meta.json from the other checkpoint of "
+            f"this run"
+        ) from None
+    return fingerprint
+
+
+def describe_checkpoint(ckpt: Path) -> str:
+    """``checkpoint best, step 30`` for a checkpoint folder; the step is left out when meta.json lacks it."""
+    try:
+        step = runs.read_meta(ckpt).get("step")
+    except (MinigptError, OSError, ValueError):
+        step = None
+    return f"checkpoint {Path(ckpt).name}" + (f", step {step}" if isinstance(step, int) else "")
+
+
+def check_finite(model: torch.nn.Module, ckpt: Path) -> None:
+    """Refuse weights holding NaN or infinity (a run that diverged): sampling from them cannot work.
+
+    Raises:
+        MinigptError: naming the first bad tensor and the checkpoint, with the fix.
+    """
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            other = f"--checkpoint {runs.BEST if Path(ckpt).name != runs.BEST else runs.LAST}"
+            raise MinigptError(
+                f"checkpoint {str(ckpt)!r} has NaN or infinite weights ({name}): the run diverged before it "
+                f"was saved; try {other}, or retrain with a lower train.learning_rate"
+            )
+
+
+def generate(
+    run: Optional[str | Path] = None,
+    sample: Optional[SampleConfig | Mapping[str, Any]] = None,
+    *,
+    checkpoint: str = runs.BEST,
+    device: str = "auto",
+    seed: int = 1337,
+    stream: bool = False,
+    use_cache: bool = True,
+    stop: Sequence[str] = (),
+    out: Optional[TextIO] = None,
+    echo: Callable[[str], None] = lambda message: None,
+) -> list[str]:
+    """Sample from a trained run: load it, encode the prompt, sample, and print if asked.
+
+    ``sample`` sets the prompt and the sampling: a whole
+    :class:`~minigpt_cli.config.SampleConfig`, or a mapping of some of its
+    keys that override the run's own ``sample`` section (validated by the
+    schema), or None for the run's own section. Each sample is written to
+    ``out`` (if given) as the prompt (as given, never re-decoded) followed by
+    the new text and one newline, token by token when ``stream``. With
+    ``max_new_tokens`` 0 that is the prompt back unchanged. A sample ends
+    early when any of ``stop`` appears in its new text; the stop text and what
+    follows are not printed (while streaming, text that could be the start of
+    a stop string waits until it is known not to be one). ``window_stride``
+    sets how the context slides past ``block_size`` (see the module docstring).
+
+    Args:
+        run: the run folder; None: the newest under ``runs/`` (named through ``echo``).
+        sample: the sampling settings, as above.
+        checkpoint: ``best`` (falls back to ``last`` when there is none yet) or ``last``.
+        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+        seed: the sampling RNG's seed, 0 .. 2**63-1.
+        stream: write tokens to ``out`` as they come.
+        use_cache: reuse past keys and values (the tokens are the same either way).
+        stop: texts that end a sample.
+        out: where the samples are written (None: nowhere).
+        echo: where notes go (the CLI prints them to stderr).
+
+    Returns:
+        The samples' texts, each the prompt and its new text.
+
+    Raises:
+        MinigptError: no run, a damaged checkpoint, a prompt the tokenizer
+            cannot encode, bad sampling settings, an empty stop string.
+    """
+    which = checkpoint
+    if which not in (runs.BEST, runs.LAST):
+        raise MinigptError(f"--checkpoint {which!r}: use best or last")
+    if not 0 <= seed < 2**63:
+        raise MinigptError(f"--seed {seed}: use a number from 0 to 2**63-1")
+    run_dir = Path(run) if run is not None else runs.latest_run()
+    if not run_dir.is_dir():
+        raise MinigptError(f"run folder {str(run_dir)!r} not found; pass --run runs/NAME of a trained run")
+    ckpt = runs.checkpoint_dir(run_dir, which)
+    if which == runs.BEST and not runs.has_weights(ckpt):
+        ckpt = runs.checkpoint_dir(run_dir, runs.LAST)
+    dev = resolve_device(device)
+    threads = CpuThreads(dev, echo=echo)  # measures what else runs while the model loads
+    model, cfg, tok = load_run(run_dir, ckpt, dev)
+    sc = resolve_sample(cfg.sample, sample)
+    prompt, max_new_tokens, num_samples, top_k = sc.prompt, sc.max_new_tokens, sc.num_samples, sc.top_k
+    window_stride = resolve_window_stride(cfg.model.block_size, sc.window_stride)
+    stops = list(stop)
+    if any(s == "" for s in stops):
+        raise MinigptError("--stop '': the stop text must not be empty")
+    if top_k is not None and top_k > tok.vocab_size:
+        if sample is not None and (not isinstance(sample, Mapping) or "top_k" in sample):  # asked for
+            echo(f"note: --top-k {top_k} is larger than the vocabulary ({tok.vocab_size}); using {tok.vocab_size}")
+        top_k = tok.vocab_size
+    if prompt == "":
+        raise MinigptError("the prompt is empty; pass --prompt TEXT (a newline works: --prompt $'\\n')")
+    ids = tok.encode(prompt)
+    if not ids:
+        raise MinigptError("the prompt encodes to no tokens; pass a longer --prompt")
+    if run is None:  # said once all checks passed, so that an error stays one line
+        echo(f"using {run_dir} ({describe_checkpoint(ckpt)})")
+    elif ckpt.name != which:
+        echo(f"using {describe_checkpoint(ckpt)}: the run has no {which} checkpoint yet")
+    block = cfg.model.block_size
+    if len(ids) > block and max_new_tokens > 0:
+        echo(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block} (block_size)")
+    if threads.enabled and max_new_tokens > 0:
+        time.sleep(max(0.0, 0.15 - (time.monotonic() - threads.started)))  # a window long enough to measure
+        threads.poll(force=True)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    texts = []
+    out = out if out is not None else _Nowhere()
+    for i in range(num_samples):
+        if num_samples > 1:
+            out.write(f"{'-' * 20} sample {i + 1} {'-' * 20}\n")
+        out.write(prompt)
+        out.flush()
+        text = _sample_one(model, tok, ids, sc, top_k, window_stride, use_cache, g, threads, stream, stops, out)
+        texts.append(prompt + text)
+    return texts
+
+
+class _Nowhere:
+    """A text stream that drops what it is given (``generate`` without ``out``)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def resolve_sample(base: SampleConfig, sample: Optional[SampleConfig | Mapping[str, Any]]) -> SampleConfig:
+    """The sampling settings :func:`generate` uses: ``sample`` itself, or ``base`` with ``sample``'s keys.
+
+    Raises:
+        ConfigError: a key that is not a ``sample`` key, or a value the schema refuses; names the key.
+    """
+    if sample is None:
+        return base
+    if isinstance(sample, SampleConfig):
+        return sample
+    return validate({"sample": {**base.model_dump(), **dict(sample)}}, "sample").sample
+
+
+def load_run(run_dir: Path, ckpt: Path, device: torch.device):
+    """The model of checkpoint ``ckpt`` (on ``device``, its linear layers swapped for faster kernels),
+    its config and the run's tokenizer, checked against each other.
+
+    Raises:
+        MinigptError: non-finite weights, or a tokenizer.json that is not the one the checkpoint was trained with.
+    """
+    model, cfg = load_model(ckpt, device)
+    onednn.swap_linears(model)
+    tok = load_run_tokenizer(run_dir, cfg)
+    check_finite(model, ckpt)
+    if cfg.model.vocab_size < tok.vocab_size:
+        raise MinigptError(
+            f"{run_dir / runs.TOKENIZER} has {tok.vocab_size} entries but the checkpoint's model has "
+            f"{cfg.model.vocab_size}; the run folder is inconsistent"
+        )
+    if tok.kind != cfg.tokenizer.kind:
+        raise MinigptError(
+            f"{run_dir / runs.TOKENIZER} is a {tok.kind} tokenizer but the run was trained with "
+            f"tokenizer.kind {cfg.tokenizer.kind}; restore the run's own tokenizer.json"
+        )
+    trained_with = _trained_tokenizer(ckpt)
+    if trained_with is not None and trained_with != tok.fingerprint():
+        raise MinigptError(
+            f"{run_dir / runs.TOKENIZER} is not the tokenizer this checkpoint was trained with (its fingerprint "
+            f"differs); restore the run's own tokenizer.json"
+        )
+    return model, cfg, tok
+
+
+def _sample_one(model, tok, ids: list[int], sc: SampleConfig, top_k: Optional[int], window_stride: int,
+                use_cache: bool, g: torch.Generator, threads: CpuThreads, stream: bool, stops: list[str],
+                out: TextIO) -> str:
+    """One sample's new text, written to ``out`` (as it comes when ``stream``), cut at the first stop string."""
+    idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
+    new: list[int] = []
+    shown = ""
+    stopped = False
+    for t in generate_tokens(model, idx, sc.max_new_tokens, sc.temperature, top_k, sc.top_p, use_cache, g,
+                              vocab_limit=tok.vocab_size, window_stride=window_stride):
+        new.append(int(t[0]))
+        threads.poll()
+        if not (stream or stops):
+            continue
+        text = tok.decode(new)
+        cut = find_stop(text, stops)
+        if cut >= 0:
+            stopped = True
+            break
+        if stream:
+            # Print only what is new; multi-token characters wait until complete,
+            # and so does an ending that may grow into a stop string.
+            ready = text[: len(text) - stop_holdback(text, stops)]
+            if len(ready) > len(shown) and not ready.endswith("\ufffd"):
+                out.write(ready[len(shown):])
+                out.flush()
+                shown = ready
+    text = tok.decode(new)
+    if stopped:
+        text = text[: find_stop(text, stops)]
+    out.write(text[len(shown):] + "\n")
+    out.flush()
+    return text
