@@ -17,7 +17,15 @@ ratios that survive a noisy machine:
   The fastest is the peak, so MFU never credits the model for a kernel the
   peak did not get; both figures are in the result;
 - MFU = achieved model FLOP/s / peak;
-- generation: new tokens per second with and without the KV cache.
+- generation: new tokens per second with and without the KV cache;
+- streaming (``stream_tokens`` > 0, off by default): the time of ``generate``'s
+  own text path (:func:`minigpt_cli.generation.write_sample`: incremental
+  decoding, the stop-string search and the hold-back) on top of sampling, with
+  the config's tokenizer (trained from the corpus first if missing). The same
+  seeded tokens are generated three times: decoded once at the end, streamed,
+  and streamed with a stop string that never occurs; the overheads are the
+  extra text-path time of the last two over the time generation takes without
+  it, each measured within its own pass (:func:`measure_streaming`).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from .kernels import onednn
 from .model import GPT
 from .runtime import CpuThreads, check_memory, resolve_device, resolve_dtype, tune_runtime
 from .sampling import generate_tokens, resolve_window_stride
+from .tokenizer import Tokenizer
 from .trainer.step import make_optimizer, train_step
 
 MATMUL_N = 2048
@@ -88,6 +97,83 @@ def measure_peak(device: torch.device, dtype: torch.dtype, n: int = MATMUL_N, re
     return 2 * n ** 3 / statistics.median(times)
 
 
+#: The stop string of the streaming measurement: 12 characters no corpus here holds (U+2403, SYMBOL FOR END OF
+#: TEXT), so the search runs at every token and never ends a sample.
+STREAM_STOP = "\u2403 never \u2403"
+
+
+def measure_streaming(model: GPT, tok: Tokenizer, cfg: Config, n_tokens: int, device: torch.device,
+                      echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """What streaming costs ``generate``: ``n_tokens`` sampled and written three times through its text path
+    (:func:`minigpt_cli.generation.write_sample`): decoded once at the end, streamed, and streamed with
+    :data:`STREAM_STOP` as a stop string.
+
+    Sampling follows the config's ``sample`` section (prompt, temperature,
+    top-k, top-p, window stride), with the KV cache and ids limited to the
+    tokenizer's; every pass starts from the same seed, so all three draw the
+    same tokens (``stream_text_equal`` says whether their texts agreed). Each
+    pass's time splits into sampling (inside the model and sampler, timed
+    around each token) and the text path (the rest). The overheads are the
+    extra text-path seconds of a pass over the decode-at-the-end pass,
+    divided by the time generation takes without them (that pass's sampling
+    plus the one decode): measured within each pass, they do not depend on
+    the machine staying equally fast from one pass to the next, as
+    ``stream_seconds`` (the wall time of each pass) does.
+    """
+    from .generation import Nowhere, write_sample  # the command's own path
+
+    sc = cfg.sample
+    prompt = tok.encode(sc.prompt) or [0]
+    idx = torch.tensor([prompt[-model.config.block_size:]], dtype=torch.long, device=device)
+    stride = resolve_window_stride(model.config.block_size, sc.window_stride)
+    top_k = min(sc.top_k, tok.vocab_size) if sc.top_k is not None else None
+
+    def run(n: int, stream: bool, stops: list[str]) -> tuple[float, float, str]:
+        """(wall seconds, sampling seconds, text) of one pass."""
+        g = torch.Generator(device=device).manual_seed(cfg.seed)
+        sampled = generate_tokens(model, idx, n, sc.temperature, top_k, sc.top_p, True, g,
+                                  vocab_limit=tok.vocab_size, window_stride=stride)
+        sampling = 0.0
+
+        def tokens():
+            nonlocal sampling
+            while True:
+                t = time.perf_counter()
+                nxt = next(sampled, None)
+                if nxt is None:
+                    return
+                token = int(nxt[0])  # waits for the device: sampling's time
+                sampling += time.perf_counter() - t
+                yield token
+
+        t = time.perf_counter()
+        text = write_sample(tok, tokens(), stops, Nowhere(), stream)
+        return time.perf_counter() - t, sampling, text
+
+    run(min(16, n_tokens), True, [STREAM_STOP])  # warm-up
+    passes = {}
+    for mode, stream, stops, what in (("plain", False, [], "decoded at the end"), ("stream", True, [], "streamed"),
+                                      ("stop", True, [STREAM_STOP], "streamed with a stop string")):
+        echo(f"streaming: {n_tokens} new tokens, {tok.kind} tokenizer, {what}")
+        passes[mode] = run(n_tokens, stream, stops)
+    wall, sampling, text = passes["plain"]
+    base_text = wall - sampling
+
+    def overhead(mode: str) -> float:
+        w, s, _ = passes[mode]
+        return ((w - s) - base_text) / (s + base_text)
+
+    return {
+        "stream_tokens": n_tokens,
+        "stream_tokenizer": tok.kind,
+        "stream_seconds": {mode: p[0] for mode, p in passes.items()},
+        "stream_text_seconds": {mode: p[0] - p[1] for mode, p in passes.items()},
+        "stream_overhead": overhead("stream"),
+        "stop_overhead": overhead("stop"),
+        "stream_text_equal": all(p[2] == text for p in passes.values()),
+    }
+
+
 def _peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -95,7 +181,8 @@ def _peak_memory(device: torch.device) -> int:
 
 
 def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
-          vocab_size: int = 65, generation: bool = True, echo: Callable[[str], None] = print) -> dict[str, Any]:
+          vocab_size: int = 65, generation: bool = True, stream_tokens: int = 0,
+          echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure training and generation speed of ``cfg``'s model on its device.
 
     Args:
@@ -105,8 +192,12 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         max_new_tokens: tokens generated with and without the cache (the
             window slides by the config's ``sample.window_stride`` past
             ``block_size``, the same rule on both paths).
-        vocab_size: used when the config leaves ``model.vocab_size`` null.
+        vocab_size: used when the config leaves ``model.vocab_size`` null
+            (with ``stream_tokens``, the tokenizer's size is used instead).
         generation: also measure generation.
+        stream_tokens: also measure streaming over this many tokens
+            (:func:`measure_streaming`; 0: not). Needs the corpus (downloaded
+            if missing) for the config's tokenizer (trained if missing).
 
     On a CPU the intra-op thread count is chosen once, before anything is
     measured, from the cores other processes leave free
@@ -118,11 +209,26 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         ``flops_per_token``, ``achieved_flops``, ``peak_flops``, ``mfu``
         (against the fastest kernel's peak), ``mfu_by_kernel`` (against each
         kernel's), ``peak_memory_bytes``, ``gen_tokens_per_sec_cached``,
-        ``gen_tokens_per_sec_uncached``, ``gen_speedup`` and the settings.
+        ``gen_tokens_per_sec_uncached``, ``gen_speedup``, with ``stream_tokens``
+        :func:`measure_streaming`'s keys (``stream_overhead``, ``stop_overhead``,
+        ...), and the settings.
+
+    Raises:
+        MinigptError: impossible sizes (memory, ``prompt_len``), a model
+            vocabulary smaller than the tokenizer's, no corpus.
     """
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     mc = cfg.model
+    tok = None
+    if stream_tokens > 0:
+        from .data import ensure_corpus, ensure_tokenizer
+
+        tok, tok_path = ensure_tokenizer(cfg, ensure_corpus(cfg, echo), echo)
+        if mc.vocab_size is not None and mc.vocab_size < tok.vocab_size:
+            raise MinigptError(f"model.vocab_size {mc.vocab_size} is smaller than the tokenizer's {tok.vocab_size} "
+                               f"entries ({tok_path}); raise it or set it to null")
+        vocab_size = tok.vocab_size
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})
     tc = cfg.train
@@ -254,6 +360,9 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
             "gen_tokens_per_sec_uncached": speeds[False],
             "gen_speedup": speeds[True] / speeds[False],
         })
+    if tok is not None:
+        model.eval()
+        out.update(measure_streaming(model, tok, cfg, stream_tokens, device, echo))
     return out
 
 
@@ -287,5 +396,16 @@ def format_bench(r: dict[str, Any]) -> str:
             f"  with KV cache tokens/s   {r['gen_tokens_per_sec_cached']:>14,.1f}",
             f"  without cache tokens/s   {r['gen_tokens_per_sec_uncached']:>14,.1f}",
             f"  speed-up                 {r['gen_speedup']:>14.2f}x",
+        ]
+    if "stream_overhead" in r:
+        sec, txt = r["stream_seconds"], r["stream_text_seconds"]
+        lines += [
+            "",
+            f"streaming ({r['stream_tokens']} new tokens, {r['stream_tokenizer']} tokenizer, KV cache)",
+            f"  decoded at the end s     {sec['plain']:>14.3f}   (text {txt['plain']:.3f})",
+            f"  streamed s               {sec['stream']:>14.3f}   (text {txt['stream']:.3f}; "
+            f"overhead {r['stream_overhead']:+.1%})",
+            f"  streamed with --stop s   {sec['stop']:>14.3f}   (text {txt['stop']:.3f}; "
+            f"overhead {r['stop_overhead']:+.1%})",
         ]
     return "\n".join(lines)

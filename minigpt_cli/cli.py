@@ -158,6 +158,8 @@ def train(
     from .trainer import describe_resume, describe_schedule, train as run_training
 
     if dry_run:
+        if run_name is not None:
+            runs.check_run_name(cfg.train.out_dir, run_name)
         print(describe_schedule(cfg))
         if resume is not None:
             print("\n" + "\n".join(describe_resume(cfg, resume)))
@@ -207,12 +209,15 @@ def generate(
     max_new_tokens: Optional[int] = typer.Option(
         None, "--max-new-tokens", min=0, help="Tokens to generate; 0 prints the prompt back unchanged."
     ),
-    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, metavar="T", help="0 means greedy."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", metavar="T",
+                                                help="Divides the logits: a finite number >= 0; 0 means greedy."),
     top_k: Optional[int] = typer.Option(None, "--top-k", min=1, metavar="K", help="Keep only the k most likely tokens."),
     top_p: Optional[float] = typer.Option(None, "--top-p", metavar="P",
                                           help="Nucleus sampling, 0 < p <= 1: keep the smallest set of tokens reaching mass p."),
     stop: List[str] = typer.Option(
-        [], "--stop", metavar="TEXT", help="End a sample when this text appears in the generated text; it is not printed (repeatable)."
+        [], "--stop", metavar="TEXT",
+        help="End a sample when this text appears in the generated text; it is not printed (repeatable). "
+             "Escapes as in printf: '\\n\\n' is a blank line, also \\t, \\r and \\\\ (a backslash).",
     ),
     num_samples: Optional[int] = typer.Option(
         None, "--num-samples", min=1, help="Independent samples, each after a '----- sample N -----' line (20 dashes each side)."
@@ -238,14 +243,16 @@ def generate(
     \b
     Example:
       minigpt generate --prompt "ROMEO:" --max-new-tokens 300 --stop "JULIET:"
+      minigpt generate --stop '\\n\\n'        # end at the first blank line
     """
-    from .generation import generate as run_generate, read_prompt
+    from .generation import generate as run_generate, read_prompt, unescape
 
     given = {"prompt": read_prompt(prompt, prompt_file, sys.stdin), "max_new_tokens": max_new_tokens,
              "temperature": temperature, "top_k": top_k, "top_p": top_p, "num_samples": num_samples,
              "window_stride": window_stride}
     run_generate(run, sample_flags({k: v for k, v in given.items() if v is not None}), checkpoint=checkpoint,
-                 device=device, seed=seed, stream=stream, use_cache=kv_cache, stop=stop, out=sys.stdout, echo=echo)
+                 device=device, seed=seed, stream=stream, use_cache=kv_cache, stop=[unescape(s) for s in stop],
+                 out=sys.stdout, echo=echo)
 
 
 # ----------------------------------------------------------------------------- count-params
@@ -302,12 +309,19 @@ def bench(
     prompt_len: int = typer.Option(1, "--prompt-len", min=1, help="Prompt tokens for the generation measurement."),
     max_new_tokens: int = typer.Option(500, "--max-new-tokens", min=1, help="Tokens generated with and without the cache."),
     generation: bool = typer.Option(True, "--generation/--no-generation", help="Also measure generation."),
+    stream_tokens: int = typer.Option(
+        0, "--stream-tokens", min=0, metavar="N",
+        help="Also time generate's streaming over N tokens: decoded at the end, streamed, streamed with a stop "
+             "string; reports the overheads (needs the corpus and the config's tokenizer; 0: off).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Measure training tokens/s, MFU (against a matmul peak measured in the same run) and generation speed.
 
     \b
-    Example: minigpt bench configs/shakespeare-cpu.yaml --iters 50 --json
+    Examples:
+      minigpt bench configs/shakespeare-cpu.yaml --iters 50 --json
+      minigpt bench configs/shakespeare-bpe.yaml --stream-tokens 8000
     """
     from .config import load_config
 
@@ -315,7 +329,7 @@ def bench(
     from .bench import bench as run_bench, format_bench
 
     result = run_bench(cfg, iters=iters, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-                       generation=generation, echo=echo)
+                       generation=generation, stream_tokens=stream_tokens, echo=echo)
     print(json.dumps(result, indent=1) if as_json else format_bench(result))
 
 

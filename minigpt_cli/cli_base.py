@@ -256,7 +256,8 @@ def echo(message: str) -> None:
 
 
 #: What a refused sampling option is told, by ``sample`` key (else the schema's own words).
-_SAMPLE_FLAG_HINTS = {"top_p": "must be in (0, 1]; e.g. --top-p 0.9"}
+_SAMPLE_FLAG_HINTS = {"top_p": "must be in (0, 1]; e.g. --top-p 0.9",
+                      "temperature": "must be a finite number >= 0 (0: greedy); e.g. --temperature 0.8"}
 
 
 def sample_flags(given: dict) -> dict:

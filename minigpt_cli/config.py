@@ -191,7 +191,10 @@ class TrainConfig(_Strict):
     grad_clip: float = Field(1.0, ge=0.0, description="clip the global gradient norm to this; 0 disables clipping")
     eval_interval: int = Field(250, ge=1, description="steps between evals of train and val loss; each eval "
                                                       "saves checkpoints")
-    eval_iters: int = Field(200, ge=1, description="batches averaged per split at each eval")
+    eval_iters: int = Field(200, ge=1, description="global batches per split at each eval: eval_iters x batch_size x "
+                                                   "grad_accum_steps x processes windows")
+    eval_at_start: bool = Field(True, description="also evaluate before the first step (the untrained loss, about "
+                                                  "ln(vocab_size)); false saves one eval")
     log_interval: int = Field(10, ge=1, description="steps between train-loss lines in the log and metrics")
     sample_tokens: int = Field(200, ge=0, description="tokens sampled into samples.txt at each eval; 0: none")
     early_stop_patience: Optional[int] = Field(
@@ -224,7 +227,8 @@ class SampleConfig(_Strict):
 
     prompt: str = Field("\n", description="text minigpt generate continues when --prompt is not given")
     max_new_tokens: int = Field(500, ge=0, description="tokens generated per sample")
-    temperature: float = Field(0.8, ge=0.0, description="divides the logits before sampling; 0: greedy")
+    temperature: float = Field(0.8, ge=0.0, allow_inf_nan=False,
+                               description="divides the logits before sampling; 0: greedy")
     top_k: Optional[int] = Field(200, ge=1, description="sample from the k most likely tokens only; null: all")
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of likeliest "
                                                                      "tokens holding this probability; null: off")

@@ -63,7 +63,7 @@ _RETRY_STATUSES = (429, 500, 502, 503, 504)
 #: Every message a download gives, by kind; the fields are those of :meth:`_Attempt.error`.
 _MESSAGES = {
     "invalid_url": "cannot download {url!r}: not a valid http(s) URL ({detail}); pass a full https://... "
-                   "address with --url or in {env}",
+                   "address with --url, data.url or in {env}",
     "unreachable": "cannot reach {url} ({reason}); check your network or {hint}",
     "request_failed": "download of {url} failed ({reason}); {fix}",
     "http_status": "download of {url} failed: {status}; {fix}",
@@ -78,7 +78,7 @@ _MESSAGES = {
     "cut_off": "download of {url} was cut off after {received:,}{of_total} bytes ({reason}); try again or {hint}",
     "cut_short": "download of {url} was cut off after {received:,} of {total:,} bytes; try again or {hint}",
     "checksum": "download of {url} has sha256 {got} ({received:,} bytes), expected {sha256} ({size:,} bytes); "
-                "the mirror serves a different file",
+                "the mirror serves a different file; {fix}",
     "cannot_install": "cannot write {dest}: {detail}; {perms}",
     "is_folder": "{path} is a folder where the corpus file belongs; move or delete it, then rerun",
     "unknown_dataset": "unknown dataset {name!r}; known datasets: {known}",

@@ -3,14 +3,18 @@
 The sampling itself (temperature, top-k, top-p, the KV cache and the sliding
 window) is :mod:`minigpt_cli.sampling`'s; this module adds the run folder,
 the tokenizer and the printing: stop strings, and streaming that never shows
-half a character or the start of a stop string.
+half a character or the start of a stop string. Streaming decodes
+incrementally (:class:`TextStream`) and searches for stop strings only near
+the newest text, so the text work per token stays constant however long the
+sample grows (``minigpt bench --stream-tokens N`` measures it).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TextIO
 
 import torch
 
@@ -20,8 +24,8 @@ from .config import SampleConfig, validate
 from .errors import MinigptError
 from .kernels import onednn
 from .runtime import CpuThreads, resolve_device
-from .sampling import generate_tokens, resolve_window_stride
-from .tokenizer import load_run_tokenizer
+from .sampling import check_temperature, generate_tokens, resolve_window_stride
+from .tokenizer import Tokenizer, load_run_tokenizer, lossy_report
 
 
 def find_stop(text: str, stops: Sequence[str]) -> int:
@@ -43,6 +47,104 @@ def stop_holdback(text: str, stops: Sequence[str]) -> int:
                 held = k
                 break
     return held
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """``text`` with printf's escapes ``\\n``, ``\\t``, ``\\r`` and ``\\\\`` turned into the characters
+    they name (``--stop '\\n\\n'``: a blank line); any other backslash is kept as written."""
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m[1], m[0]), text, flags=re.DOTALL)
+
+
+class TextStream:
+    """The text of a growing list of token ids, a piece at a time, each token decoded a bounded number of times.
+
+    Incremental detokenization as in Hugging Face's ``TextStreamer`` and
+    vLLM's ``detokenize_incrementally``: a prefix offset and a read offset
+    into the ids; each new id decodes only ``ids[prefix:]``, and what lies
+    past ``decode(ids[prefix:read])`` is handed out once it does not end in
+    U+FFFD (a byte-level BPE token that ends inside a multi-byte character).
+    Then prefix moves to read and read to the end. A token is decoded about
+    three times, so n tokens cost O(n) instead of the O(n²) of decoding all
+    of them at every step. The pieces join into ``decode(ids)`` for every
+    kind here: char, Unigram and WordPiece decode each token on its own
+    (``▁`` to a space, WordPiece's ``##`` dropped), and byte-level BPE's
+    bytes are cut only at character boundaries.
+    """
+
+    def __init__(self, tok: Tokenizer):
+        self.tok = tok
+        self.ids: list[int] = []
+        self._prefix = self._read = 0
+        self._prefix_text = ""  # decode(ids[prefix:read]), already handed out
+
+    def push(self, token: int) -> str:
+        """Add one id; returns the text it completes ("" while a character is incomplete)."""
+        self.ids.append(token)
+        text = self.tok.decode(self.ids[self._prefix:])
+        if len(text) <= len(self._prefix_text) or text.endswith("\ufffd"):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        piece = text[len(self._prefix_text):]
+        self._prefix_text = self.tok.decode(self.ids[self._prefix:self._read])
+        return piece
+
+
+def write_sample(tok: Tokenizer, tokens: Iterable[int], stops: Sequence[str], out: TextIO, stream: bool) -> str:
+    """Decode ``tokens`` (ids, as they are sampled), cut at the first stop string, write the text and a newline.
+
+    With ``stream`` the text is written as it comes (:class:`TextStream`),
+    except what may be the start of a stop string (held back until known).
+    Stop strings are searched for in each new piece plus the last
+    ``len(longest stop) - 1`` characters before it, so the work per token
+    does not grow with the text; the earliest occurrence ends the sample
+    (the rest of ``tokens`` is not drawn), and it and what follows are not
+    written. Without ``stream`` or ``stops`` the ids are decoded once, at the end.
+
+    Returns:
+        The sample's new text (without the newline).
+    """
+    if not (stream or stops):
+        text = tok.decode(list(tokens))
+        out.write(text + "\n")
+        out.flush()
+        return text
+    keep = max(map(len, stops), default=1) - 1
+    dec = TextStream(tok)
+    recent = ""  # the last `keep` characters decoded
+    pending = ""  # decoded, not yet written (streaming)
+    done = written = 0  # characters decoded, and written
+    cut = -1
+    for token in tokens:
+        piece = dec.push(token)
+        if not piece:
+            continue
+        window = recent + piece
+        at = find_stop(window, stops)
+        if at >= 0:
+            cut = done - len(recent) + at
+            break
+        recent = window[max(0, len(window) - keep):] if keep else ""
+        done += len(piece)
+        if stream:
+            pending += piece
+            ready = len(pending) - min(stop_holdback(window, stops), len(pending))
+            if ready:
+                out.write(pending[:ready])
+                out.flush()
+                written += ready
+                pending = pending[ready:]
+    text = tok.decode(dec.ids)
+    if cut < 0:  # the end of the last token, if it never became a piece (an incomplete character)
+        at = find_stop(recent + text[done:], stops)
+        cut = done - len(recent) + at if at >= 0 else -1
+    if cut >= 0:
+        text = text[:cut]
+    out.write(text[written:] + "\n")
+    out.flush()
+    return text
 
 
 def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]) -> Optional[str]:
@@ -96,13 +198,19 @@ def _trained_tokenizer(ckpt: Path) -> Optional[str]:
     return fingerprint
 
 
-def describe_checkpoint(ckpt: Path) -> str:
-    """``checkpoint best, step 30`` for a checkpoint folder; the step is left out when meta.json lacks it."""
+def checkpoint_step(ckpt: Path) -> Optional[int]:
+    """The optimizer step a checkpoint folder was saved at (its meta.json), or None when it does not say."""
     try:
         step = runs.read_meta(ckpt).get("step")
     except (MinigptError, OSError, ValueError):
-        step = None
-    return f"checkpoint {Path(ckpt).name}" + (f", step {step}" if isinstance(step, int) else "")
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def describe_checkpoint(ckpt: Path) -> str:
+    """``checkpoint best, step 30`` for a checkpoint folder; the step is left out when meta.json lacks it."""
+    step = checkpoint_step(ckpt)
+    return f"checkpoint {Path(ckpt).name}" + (f", step {step}" if step is not None else "")
 
 
 def check_finite(model: torch.nn.Module, ckpt: Path) -> None:
@@ -144,8 +252,12 @@ def generate(
     ``max_new_tokens`` 0 that is the prompt back unchanged. A sample ends
     early when any of ``stop`` appears in its new text; the stop text and what
     follows are not printed (while streaming, text that could be the start of
-    a stop string waits until it is known not to be one). ``window_stride``
-    sets how the context slides past ``block_size`` (see the module docstring).
+    a stop string waits until it is known not to be one; stop strings are
+    literal here, the CLI turns ``\\n`` and the like into characters first).
+    ``window_stride`` sets how the context slides past ``block_size`` (see
+    the module docstring). Notes go to ``echo``: the run chosen when ``run``
+    is None, a checkpoint saved at step 0 (untrained: random weights), the
+    characters of the prompt the tokenizer turns into ``<unk>``.
 
     Args:
         run: the run folder; None: the newest under ``runs/`` (named through ``echo``).
@@ -164,7 +276,9 @@ def generate(
 
     Raises:
         MinigptError: no run, a damaged checkpoint, a prompt the tokenizer
-            cannot encode, bad sampling settings, an empty stop string.
+            cannot encode, bad sampling settings (a temperature that is not
+            finite and >= 0, ...), an empty stop string, a sampled id outside
+            the vocabulary (a device's faulty sampler).
     """
     which = checkpoint
     if which not in (runs.BEST, runs.LAST):
@@ -183,6 +297,7 @@ def generate(
     sc = resolve_sample(cfg.sample, sample)
     prompt, max_new_tokens, num_samples, top_k = sc.prompt, sc.max_new_tokens, sc.num_samples, sc.top_k
     window_stride = resolve_window_stride(cfg.model.block_size, sc.window_stride)
+    check_temperature(sc.temperature)  # the schema refuses it too; a model_construct'ed config is not checked
     stops = list(stop)
     if any(s == "" for s in stops):
         raise MinigptError("--stop '': the stop text must not be empty")
@@ -199,6 +314,12 @@ def generate(
         echo(f"using {run_dir} ({describe_checkpoint(ckpt)})")
     elif ckpt.name != which:
         echo(f"using {describe_checkpoint(ckpt)}: the run has no {which} checkpoint yet")
+    if checkpoint_step(ckpt) == 0:
+        echo(f"note: {run_dir}'s {ckpt.name} checkpoint is untrained (saved at step 0, its weights are the "
+             f"random init), so the text is random; train the run further, or pass --run of a trained one")
+    lossy = lossy_report(tok, prompt)
+    if lossy is not None:
+        echo(lossy)
     block = cfg.model.block_size
     if len(ids) > block and max_new_tokens > 0:
         echo(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block} (block_size)")
@@ -207,7 +328,7 @@ def generate(
         threads.poll(force=True)
     g = torch.Generator(device=dev).manual_seed(seed)
     texts = []
-    out = out if out is not None else _Nowhere()
+    out = out if out is not None else Nowhere()
     for i in range(num_samples):
         if num_samples > 1:
             out.write(f"{'-' * 20} sample {i + 1} {'-' * 20}\n")
@@ -218,8 +339,8 @@ def generate(
     return texts
 
 
-class _Nowhere:
-    """A text stream that drops what it is given (``generate`` without ``out``)."""
+class Nowhere:
+    """A text stream that drops what it is given (``generate`` without ``out``; ``bench``)."""
 
     def write(self, text: str) -> int:
         return len(text)
@@ -276,31 +397,11 @@ def _sample_one(model, tok, ids: list[int], sc: SampleConfig, top_k: Optional[in
                 out: TextIO) -> str:
     """One sample's new text, written to ``out`` (as it comes when ``stream``), cut at the first stop string."""
     idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
-    new: list[int] = []
-    shown = ""
-    stopped = False
-    for t in generate_tokens(model, idx, sc.max_new_tokens, sc.temperature, top_k, sc.top_p, use_cache, g,
-                              vocab_limit=tok.vocab_size, window_stride=window_stride):
-        new.append(int(t[0]))
-        threads.poll()
-        if not (stream or stops):
-            continue
-        text = tok.decode(new)
-        cut = find_stop(text, stops)
-        if cut >= 0:
-            stopped = True
-            break
-        if stream:
-            # Print only what is new; multi-token characters wait until complete,
-            # and so does an ending that may grow into a stop string.
-            ready = text[: len(text) - stop_holdback(text, stops)]
-            if len(ready) > len(shown) and not ready.endswith("\ufffd"):
-                out.write(ready[len(shown):])
-                out.flush()
-                shown = ready
-    text = tok.decode(new)
-    if stopped:
-        text = text[: find_stop(text, stops)]
-    out.write(text[len(shown):] + "\n")
-    out.flush()
-    return text
+
+    def tokens():
+        for t in generate_tokens(model, idx, sc.max_new_tokens, sc.temperature, top_k, sc.top_p, use_cache, g,
+                                 vocab_limit=tok.vocab_size, window_stride=window_stride):
+            threads.poll()
+            yield int(t[0])
+
+    return write_sample(tok, tokens(), stops, out, stream)

@@ -268,6 +268,42 @@ class RunFolder:
                 entry.unlink(missing_ok=True)
 
 
+def check_run_name(out_dir: str | Path, run_name: str) -> Path:
+    """The folder ``--run-name`` names, refused as :func:`new_run_dir` would refuse it, without making it.
+
+    A folder may be named only by a plain name, and may already exist only if
+    it is an empty folder (one the user made for the run).
+
+    Raises:
+        MinigptError: a name that is not a plain folder name, or a path that holds something already.
+    """
+    _check_name(run_name)
+    run_dir = Path(out_dir) / run_name
+    if run_dir.exists() and not run_dir.is_dir():
+        raise MinigptError(f"{str(run_dir)!r} exists and is not a folder; pick another --run-name")
+    if run_dir.is_dir() and _occupied(run_dir):
+        raise _taken(run_dir)
+    return run_dir
+
+
+def _check_name(run_name: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", run_name) or run_name in (".", ".."):
+        raise MinigptError(f"--run-name {run_name!r}: use letters, digits, '.', '_' and '-' only "
+                           "(a plain folder name that needs no quoting), e.g. --run-name my-run")
+
+
+def _occupied(run_dir: Path) -> bool:
+    return any(p.name != RunLock.FILE for p in run_dir.iterdir())
+
+
+def _taken(run_dir: Path) -> MinigptError:
+    if has_checkpoint(run_dir):
+        return MinigptError(f"run folder {str(run_dir)!r} already exists; pick another --run-name, "
+                            f"or continue it with --resume {run_dir}")
+    return MinigptError(f"run folder {str(run_dir)!r} already exists and holds no checkpoint (a run that stopped "
+                        f"before its first save); delete the folder or pick another --run-name")
+
+
 def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunFolder:
     """Create and lock ``<out_dir>/<run_name>``, or ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>``.
 
@@ -282,9 +318,8 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
             or one another process is training in.
     """
     root = Path(out_dir)
-    if run_name is not None and (not re.fullmatch(r"[A-Za-z0-9._-]+", run_name) or run_name in (".", "..")):
-        raise MinigptError(f"--run-name {run_name!r}: use letters, digits, '.', '_' and '-' only "
-                           "(a plain folder name that needs no quoting), e.g. --run-name my-run")
+    if run_name is not None:
+        _check_name(run_name)
     root.mkdir(parents=True, exist_ok=True)
     if run_name is None:
         base = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -304,27 +339,12 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
         created = False
         if not run_dir.is_dir():
             raise MinigptError(f"{str(run_dir)!r} exists and is not a folder; pick another --run-name") from None
-
-    def refuse() -> MinigptError:
-        if has_checkpoint(run_dir):
-            return MinigptError(
-                f"run folder {str(run_dir)!r} already exists; pick another --run-name, "
-                f"or continue it with --resume {run_dir}"
-            )
-        return MinigptError(
-            f"run folder {str(run_dir)!r} already exists and holds no checkpoint (a run that stopped "
-            f"before its first save); delete the folder or pick another --run-name"
-        )
-
-    def occupied() -> bool:
-        return any(p.name != RunLock.FILE for p in run_dir.iterdir())
-
-    if not created and occupied() and not (run_dir / RunLock.FILE).exists():
-        raise refuse()  # an old run: no lock file to create in it
+    if not created and _occupied(run_dir) and not (run_dir / RunLock.FILE).exists():
+        raise _taken(run_dir)  # an old run: no lock file to create in it
     lock = RunLock(run_dir).acquire("wait for it or pass another --run-name")
-    if not created and occupied():
+    if not created and _occupied(run_dir):
         lock.release()
-        raise refuse()
+        raise _taken(run_dir)
     return RunFolder(run_dir, lock, created=created, was_empty=not created)
 
 

@@ -284,15 +284,19 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
     return info, device
 
 
-def all_mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
-    """The mean of ``value`` over every rank (itself without torchrun)."""
+def all_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The sum of ``value`` over every rank (itself without torchrun)."""
     if d.enabled:
         import torch.distributed as dist
 
         value = value.detach().clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        value /= d.world
     return value
+
+
+def all_mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The mean of ``value`` over every rank (itself without torchrun)."""
+    return all_sum(value, d) / d.world if d.enabled else value
 
 
 def broadcast(obj: Any, d: Dist) -> Any:

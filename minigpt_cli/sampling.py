@@ -29,6 +29,7 @@ made elsewhere, the importer refuses a ``block_size`` beyond the table
 
 from __future__ import annotations
 
+import math
 from typing import Iterator, Optional
 
 import torch
@@ -59,24 +60,86 @@ def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None, top_p: Opti
     return logits
 
 
+#: The largest temperature float32 rounds to 0 (half its smallest subnormal, 2**-149): below it
+#: logits / T would be 0 / 0 at the maximum, so sampling takes the limit T -> 0 instead.
+FLOAT32_ZERO = 2.0 ** -150
+
+
+def check_temperature(temperature: float) -> None:
+    """Refuse a temperature that is not a finite number >= 0 (infinity would sample uniform noise, NaN nothing).
+
+    Raises:
+        MinigptError: naming the value and the range.
+    """
+    try:
+        value = float(temperature)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise MinigptError(f"temperature {temperature!r}: must be a finite number >= 0 (0: greedy); e.g. 0.8")
+
+
+def _overflow_error(peak: torch.Tensor) -> MinigptError:
+    what = "NaN" if bool(torch.isnan(peak).any()) else "infinite"
+    return MinigptError(
+        f"the model's output is {what} (its weights are finite, but the forward pass overflows), so there is "
+        "nothing to sample; retrain it with a smaller model.init_std or train.learning_rate"
+    )
+
+
 def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
                 generator: Optional[torch.Generator]) -> torch.Tensor:
-    """Next ids (B,) from last-position logits (B, V). Temperature 0 is greedy (argmax), and so is
-    a temperature so small that the scaled logits overflow float32."""
-    if torch.isnan(logits).any():
-        raise MinigptError(
-            "the model's output is NaN (its weights are finite, but the forward pass overflows), so there is "
-            "nothing to sample; retrain it with a smaller model.init_std or train.learning_rate"
-        )
+    """Next ids (B,) int64, sampled from softmax(logits / T) of last-position logits (B, V).
+
+    softmax(l / T) is the Boltzmann distribution at temperature T (Ackley,
+    Hinton & Sejnowski 1985); the shift below is the log-sum-exp trick.
+
+    Temperature 0 is greedy (argmax, the first of tied maxima). For T > 0 the
+    logits are shifted by their row maximum before dividing: softmax is
+    invariant to a shift, and z = (l - max l) / T is 0 at the maxima and
+    <= 0 elsewhere, so for any finite T and any logits (either sign, any
+    scale, -inf entries masked out) nothing overflows to +inf and softmax
+    never sees a row of -inf. As T -> 0 this becomes the limit of
+    softmax(l / T): uniform over the tied maxima, 0 elsewhere (greedy up to
+    ties); a T that float32 rounds to 0 (<= :data:`FLOAT32_ZERO`) takes that
+    limit directly. T is applied in float32; a gap between logits beyond
+    float32's range counts as -inf (probability 0). Top-k and top-p filter
+    the scaled logits (:func:`filter_logits`). A -inf logit is never sampled.
+
+    Raises:
+        MinigptError: a temperature that is not finite and >= 0; logits holding
+            NaN or +inf, or a row of only -inf (the forward pass overflowed).
+    """
+    check_temperature(temperature)
+    logits = logits.float()
+    peak = logits.amax(dim=-1, keepdim=True)  # NaN anywhere in a row makes its max NaN
+    if not bool(torch.isfinite(peak).all()):
+        raise _overflow_error(peak)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    scaled = logits.float() / temperature
-    if torch.isposinf(scaled).any():  # (no NaN here: refused above)
-        # A temperature so small (e.g. 1e-45) that logits/T overflows: its limit, greedy.
-        return logits.argmax(dim=-1)
-    logits = filter_logits(scaled, top_k, top_p)
-    probs = torch.softmax(logits, dim=-1)
+    gap = logits - peak  # (B, V): 0 at the maxima, <= 0 or -inf elsewhere
+    if temperature > FLOAT32_ZERO:
+        scaled = gap / temperature
+    else:  # the limit T -> 0: the maxima alone, equally likely
+        scaled = gap.masked_fill(gap < 0, float("-inf"))
+    probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def check_sampled(ids: torch.Tensor, limit: int) -> None:
+    """Refuse a sampled id (B,) outside [0, ``limit``): a sampler fault, not a token (some devices'
+    ``torch.multinomial`` have returned int64-min).
+
+    Raises:
+        MinigptError: naming the first bad id, the device and the vocabulary.
+    """
+    bad = (ids < 0) | (ids >= limit)
+    if bool(bad.any()):
+        value = int(ids[bad][0])
+        raise MinigptError(
+            f"the sampler on {ids.device} returned token id {value}, outside the vocabulary (0 to {limit - 1}); "
+            f"a fault of torch.multinomial on that device: run with --device cpu"
+        )
 
 
 def resolve_window_stride(block_size: int, window_stride: Optional[int]) -> int:
@@ -114,7 +177,8 @@ def generate_tokens(
         model: a GPT in eval mode.
         idx: prompt ids (B, T), T ≥ 1; only the last ``block_size`` are seen.
         max_new_tokens: tokens to produce.
-        temperature: divides the logits; 0 means greedy.
+        temperature: divides the logits, a finite number >= 0; 0 means greedy
+            (see :func:`sample_next`).
         top_k: keep only the k most likely tokens (None: all).
         top_p: nucleus sampling mass, 0 < p ≤ 1 (None: off).
         use_cache: reuse keys/values of past positions (a KV cache).
@@ -125,8 +189,12 @@ def generate_tokens(
             full (see the module docstring); None: ``block_size // 4``.
 
     Raises:
-        MinigptError: ``window_stride`` outside 1 .. ``block_size``.
+        MinigptError: ``window_stride`` outside 1 .. ``block_size``; a temperature
+            that is not finite and >= 0 (before any forward pass); the model's
+            output NaN or infinite; a sampled id outside [0, ``vocab_limit``)
+            (:func:`check_sampled`).
     """
+    check_temperature(temperature)
     block = model.config.block_size
     stride = resolve_window_stride(block, window_stride)
     seq = idx
@@ -146,10 +214,13 @@ def generate_tokens(
         else:
             logits, _ = model(seq[:, -1:], cache=cache, last_only=True)
         last = logits[:, -1, :]
-        if vocab_limit is not None and vocab_limit < last.size(-1):
+        limit = last.size(-1)
+        if vocab_limit is not None and vocab_limit < limit:
+            limit = vocab_limit
             last = last.clone()
             last[:, vocab_limit:] = float("-inf")
         nxt = sample_next(last, temperature, top_k, top_p, generator)
+        check_sampled(nxt, limit)
         seq = torch.cat([seq, nxt[:, None]], dim=1)
         if seq.size(1) - start > block:
             start += stride

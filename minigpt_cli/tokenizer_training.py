@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from .errors import MinigptError
 from .special_tokens import UNK, check_special_tokens, split_special
@@ -265,7 +265,7 @@ def _train_wordpiece(chunks: list[str], vocab_size: int, specials: list[str]) ->
 
 
 def train_tokenizer(kind: str, text: str, vocab_size: Optional[int] = None,
-                    special_tokens: Iterable[str] = ()) -> Tokenizer:
+                    special_tokens: Iterable[str] = (), on_start: Callable[[], None] = lambda: None) -> Tokenizer:
     """Train a tokenizer of ``kind`` on ``text``.
 
     Args:
@@ -275,6 +275,7 @@ def train_tokenizer(kind: str, text: str, vocab_size: Optional[int] = None,
             tokens, ``<unk>``); ignored for char, whose alphabet decides.
         special_tokens: texts that become single ids; their occurrences in
             ``text`` are cut out before training.
+        on_start: called once the inputs are checked, as the (long) training of a trained kind starts.
 
     Raises:
         MinigptError: unknown kind, empty corpus, a vocabulary size missing,
@@ -292,6 +293,7 @@ def train_tokenizer(kind: str, text: str, vocab_size: Optional[int] = None,
     if not chunks:
         raise MinigptError("the corpus holds nothing but special tokens; give it some text")
     trainer = {"bpe": _train_bpe, "unigram": _train_unigram, "wordpiece": _train_wordpiece}[kind]
+    on_start()
     try:
         tok = trainer(chunks, vocab_size, specials)
     except MinigptError:

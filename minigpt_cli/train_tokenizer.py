@@ -111,8 +111,9 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     if out.exists() and corpus.exists() and os.path.samefile(out, corpus):
         raise MinigptError(f"--output {str(out)!r} is the text the tokenizer trains on; writing there would "
                            "replace it: pass another --output")
+    status = f"training a {kind} tokenizer of {vocab_size or 0:,} entries on {corpus} ({len(text):,} characters)"
     t0 = time.perf_counter()
-    tok = train_tokenizer(kind, text, vocab_size, specials)
+    tok = train_tokenizer(kind, text, vocab_size, specials, on_start=lambda: echo(status))
     seconds = time.perf_counter() - t0
     rep = evaluate(tok, text, cfg.data.val_fraction, seconds)
     tok.save(out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from minigpt_cli.config import load_config
 from minigpt_cli.model import GPT
 
@@ -86,3 +88,47 @@ def test_an_mfu_above_one_against_a_slower_kernel_is_explained():
     above = [l for l in lines if "against torch.mm peak" in l]
     assert len(above) == 1 and "1.060" in above[0] and "above 1: the model's products run on a faster kernel" in above[0]
     assert not any("above 1" in l for l in lines if "against oneDNN peak" in l)
+
+
+def test_bench_streaming_goes_through_generates_text_path(cli, data_dir, monkeypatch):
+    """--stream-tokens: the same seeded tokens through generation.write_sample three ways; the overheads are
+    the extra text-path seconds over the decode-at-the-end pass, against that pass's generation time."""
+    import minigpt_cli.generation as gen_mod
+    from minigpt_cli.bench import STREAM_STOP
+
+    calls = []
+    real = gen_mod.write_sample
+
+    def spy(tok, tokens, stops, out, stream):
+        calls.append((tok.kind, stream, list(stops)))
+        return real(tok, tokens, stops, out, stream)
+
+    monkeypatch.setattr(gen_mod, "write_sample", spy)
+    res = cli("bench", TINY, "--iters", "1", "--no-generation", "--stream-tokens", "60", "--json",
+              "--set", f"data.data_dir={data_dir}")
+    assert res.exit_code == 0, res
+    r = json.loads(res.stdout)
+    # A warm-up, then decoded at the end, streamed, streamed with a stop string that never occurs.
+    assert calls == [("char", True, [STREAM_STOP]), ("char", False, []), ("char", True, []),
+                     ("char", True, [STREAM_STOP])]
+    assert r["stream_tokens"] == 60 and r["stream_tokenizer"] == "char" and r["stream_text_equal"] is True
+    wall, text = r["stream_seconds"], r["stream_text_seconds"]
+    assert set(wall) == set(text) == {"plain", "stream", "stop"}
+    assert all(0 < text[m] < wall[m] for m in wall)
+    for mode, key in (("stream", "stream_overhead"), ("stop", "stop_overhead")):
+        sampling = wall[mode] - text[mode]
+        assert r[key] == pytest.approx((text[mode] - text["plain"]) / (sampling + text["plain"]))
+    from minigpt_cli.bench import format_bench
+
+    lines = format_bench(r).splitlines()
+    assert "streaming (60 new tokens, char tokenizer, KV cache)" in lines
+    stop_line = next(l for l in lines if l.startswith("  streamed with --stop s"))
+    assert f"overhead {r['stop_overhead']:+.1%}" in stop_line
+
+
+def test_bench_streaming_needs_a_model_vocabulary_that_holds_the_tokenizer(cli, data_dir):
+    from helpers import assert_user_error
+
+    assert_user_error(cli("bench", TINY, "--stream-tokens", "5", "--set", f"data.data_dir={data_dir}",
+                          "--set", "model.vocab_size=10"),
+                      "model.vocab_size 10 is smaller than the tokenizer's 65 entries")

@@ -214,7 +214,7 @@ def test_nested_aliases_fail_fast_with_a_short_line(tmp_path):
 
 def test_a_huge_value_is_quoted_short(tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text("name: [" + ", ".join(["lol"] * 100_000) + "]\n")
+    p.write_text("name: [" + ", ".join(["lol"] * 20_000) + "]\n")
     with pytest.raises(ConfigError) as e:
         load_config(p)
     assert "name:" in str(e.value) and len(str(e.value)) < 400
@@ -395,3 +395,86 @@ def test_the_full_recipe_writes_out_every_key_with_a_comment():
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip() and not line.startswith("#") and not line.endswith(":"):  # a key: value line
             assert "  # " in line, f"no comment: {line!r}"
+
+
+# ----------------------------------------------------------------------------- notes
+
+TINY = CONFIGS / "tiny.yaml"
+
+#: (a fragment of the note, --set values on tiny.yaml that give it, --set values that do not).
+NOTE_CASES = [
+    ("tokenizer.vocab_size (100) has no effect with tokenizer.kind char",
+     ["tokenizer.vocab_size=100"], ["tokenizer.vocab_size=100", "tokenizer.kind=bpe"]),
+    ("model.rope_base has no effect with model.pos_encoding learned",
+     ["model.rope_base=500000"], ["model.rope_base=500000", "model.pos_encoding=rope"]),
+    ("model.multiple_of has no effect with model.ffn gelu",
+     ["model.multiple_of=64"], ["model.multiple_of=64", "model.ffn=swiglu"]),
+    ("model.multiple_of has no effect when model.d_ff is set (96)",
+     ["model.ffn=swiglu", "model.multiple_of=64", "model.d_ff=96"], ["model.ffn=swiglu", "model.multiple_of=64"]),
+    ("train.min_lr has no effect with train.lr_schedule constant",
+     ["train.lr_schedule=constant"], ["train.lr_schedule=linear"]),
+    ("train.lr_decay_iters has no effect with train.lr_schedule inverse_sqrt",
+     ["train.lr_schedule=inverse_sqrt", "train.lr_decay_iters=20"], ["train.lr_decay_iters=20"]),
+    ("train.keep_every (100) is beyond train.max_iters (30)", ["train.keep_every=100"], ["train.keep_every=10"]),
+    ("sample.top_k has no effect with sample.temperature 0",
+     ["sample.temperature=0", "sample.top_k=5"], ["sample.top_k=5"]),
+    ("sample.top_p has no effect with sample.temperature 0",
+     ["sample.temperature=0", "sample.top_p=0.9"], ["sample.top_p=0.9"]),
+    ("train.max_iters (3) ends inside the warmup (train.warmup_iters 5): the learning rate never reaches "
+     "train.learning_rate", ["train.max_iters=3"], ["train.max_iters=5"]),
+    ("model.pos_encoding sinusoidal without model.emb_scale departs from Vaswani et al. 2017 (§3.4",
+     ["model.pos_encoding=sinusoidal"], ["model.pos_encoding=sinusoidal", "model.emb_scale=true"]),
+    ("model.ffn swiglu with model.bias true departs from Shazeer 2020 (§2, eq. 6",
+     ["model.ffn=swiglu", "model.bias=true"], ["model.ffn=swiglu"]),
+    ("train.lr_schedule inverse_sqrt with train.learning_rate 0.003 departs from Vaswani et al. 2017 (§5.3",
+     ["train.lr_schedule=inverse_sqrt"], ["train.lr_schedule=inverse_sqrt", "train.learning_rate=1"]),
+]
+
+
+@pytest.mark.parametrize("fragment, on, off", NOTE_CASES, ids=[c[0].split(" ")[0] + " " + " ".join(c[1])
+                                                                for c in NOTE_CASES])
+def test_each_note_is_given_where_it_applies_and_only_there(tmp_path, fragment, on, off):
+    from minigpt_cli.notes import notes
+
+    data = [f"data.data_dir={tmp_path}"]
+    got = notes(load_config(TINY, data + on))
+    assert [n for n in got if fragment in n], (fragment, got)
+    assert all(n.startswith("note: ") and "\n" not in n for n in got)
+    assert not [n for n in notes(load_config(TINY, data + off)) if fragment in n]
+
+
+def test_every_note_rule_has_a_case():
+    from minigpt_cli.notes import RULES
+
+    assert len(NOTE_CASES) + 1 == len(RULES)  # + the data.url rule: test_data_url_is_noted_when_the_corpus_is_on_disk
+
+
+def test_data_url_is_noted_when_the_corpus_is_on_disk(tmp_path, data_dir):
+    from minigpt_cli.notes import notes
+
+    url = "data.url=file:///home/me/my-own.txt"
+    (note,) = notes(load_config(TINY, [f"data.data_dir={data_dir}", url]))
+    assert note.startswith(f"note: data.url is not fetched: {data_dir / 'tinyshakespeare' / 'input.txt'} is on disk")
+    assert "mirror of that same file" in note and "own text is not supported yet" in note
+    assert notes(load_config(TINY, [f"data.data_dir={tmp_path}", url])) == []  # not on disk: the url is fetched
+    assert notes(load_config(TINY, [f"data.data_dir={data_dir}"])) == []
+
+
+def test_a_key_counts_as_given_only_when_set_to_a_value_of_its_own():
+    from minigpt_cli.notes import given, notes
+
+    cfg = load_config(TINY, ["model.rope_base=5e5", "compile=true", "train.keep_every=null"])
+    assert given(cfg, "model.rope_base") and given(cfg, "compile") and given(cfg, "train.min_lr")  # YAML, --set
+    assert not given(cfg, "train.keep_every")  # null
+    assert not given(cfg, "model.multiple_of") and not given(cfg, "data.url")  # absent
+    # A recipe that writes every key out at its default (rope_base, multiple_of) gets no note for them.
+    full = load_config(CONFIGS / "shakespeare.yaml")
+    assert "rope_base" in full.model.model_fields_set and not given(full, "model.rope_base")
+    assert notes(full) == []
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_the_shipped_configs_get_no_notes(path, tmp_path):
+    from minigpt_cli.notes import notes
+
+    assert notes(load_config(path, [f"data.data_dir={tmp_path}"])) == []

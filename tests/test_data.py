@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from minigpt_cli.data import BatchSampler, check_split_sizes, prepare, split_text, token_dtype
+from minigpt_cli.config import load_config
+from minigpt_cli.data import (BatchSampler, check_split_counts, check_split_sizes, prepare, split_counts, split_text,
+                              token_dtype, with_vocab)
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.tokenizer import CharTokenizer, load_tokenizer
 
@@ -84,7 +87,7 @@ def test_prepare_refuses_an_empty_split_before_writing(tmp_path, corpus_file, fr
         prepare(corpus_file, tok, tmp_path / "out", fraction, log=lambda m: None)
     msg = str(e.value)
     assert "\n" not in msg
-    assert f"data.val_fraction={fraction:g}" in msg and f"too few for {small} " in msg, msg
+    assert f"data.val_fraction={fraction:.12g} splits" in msg and f"too few for {small} " in msg, msg
     n_train = 0 if small == "train" else 1_115_393
     assert f"{n_train:,} train and {1_115_394 - n_train:,} val tokens" in msg, msg
     assert not (tmp_path / "out").exists()
@@ -162,3 +165,50 @@ def test_batches_are_shifted_windows():
 def test_too_short_split_is_a_clear_error():
     with pytest.raises(MinigptError, match="block_size"):
         BatchSampler(np.arange(5, dtype=np.uint16), 8, 2, 0, torch.device("cpu"))
+
+
+def test_the_refused_fraction_is_written_as_given():
+    """0.9999999 is not rounded to 1 (a value the schema refuses) in the message."""
+    with pytest.raises(MinigptError, match=r"data.val_fraction=0.9999999 splits the corpus into 0 train"):
+        check_split_counts(0.9999999, 0, 1_115_394, 32)
+
+
+def test_check_split_counts_is_prepares_refusal_then_the_block_sizes():
+    check_split_counts(0.5, 33, 33, 32)  # one window each
+    with pytest.raises(MinigptError, match=r"too few for val \(they need at least model.block_size\+1 = 33"):
+        check_split_counts(0.5, 33, 32, 32)
+    # A (nearly) empty side gets prepare's message, whatever the block size.
+    with pytest.raises(MinigptError, match=r"too few for train \(they need at least 2 tokens each\)"):
+        check_split_counts(0.5, 1, 40, 32)
+    check_split_counts(0.5, 2, 2)  # no block size: only the emptiness check
+
+
+def test_split_counts_equal_what_prepare_writes(tmp_path, corpus_file):
+    tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))
+    counts = split_counts(corpus_file, tok, tmp_path, 0.3)
+    assert not list(tmp_path.iterdir())  # nothing written
+    data = prepare(corpus_file, tok, tmp_path, 0.3, log=lambda m: None)
+    assert counts == (len(data.train), len(data.val)) == split_counts(corpus_file, tok, tmp_path, 0.3)
+    with pytest.raises(MinigptError, match="too few for val"):
+        split_counts(corpus_file, tok, tmp_path, 1e-7)
+
+
+def test_with_vocab_fills_a_null_size_and_refuses_a_smaller_one():
+    tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+    assert with_vocab(load_config(tiny), 65).model.vocab_size == 65
+    assert with_vocab(load_config(tiny, ["model.vocab_size=128"]), 65).model.vocab_size == 128
+    with pytest.raises(MinigptError) as e:
+        with_vocab(load_config(tiny, ["model.vocab_size=64"]), 65)
+    assert str(e.value) == ("model.vocab_size (64) is smaller than the tokenizer's 65 entries; set "
+                            "model.vocab_size: null to take it from the tokenizer")
+
+
+def test_a_failed_download_from_data_url_says_it_must_be_a_mirror(tmp_path, corpus_server):
+    from minigpt_cli.data import ensure_corpus
+
+    tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+    cfg = load_config(tiny, [f"data.data_dir={tmp_path}", f"data.url={corpus_server.url('/missing.txt')}"])
+    with pytest.raises(MinigptError) as e:
+        ensure_corpus(cfg, log=lambda m: None, progress=False)
+    assert "fix data.url in the config" in str(e.value)
+    assert "a mirror of the tinyshakespeare corpus itself, not another text" in str(e.value)

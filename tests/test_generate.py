@@ -1,5 +1,6 @@
 """``minigpt generate``'s sampling controls through the real CLI: --stop, --prompt-file, --prompt -,
---max-new-tokens 0, --top-p, the KV cache switch."""
+--max-new-tokens 0, --top-p, the KV cache switch; streaming (incremental decoding for every tokenizer kind),
+the temperature's range, notes about untrained checkpoints and prompts lost to <unk>."""
 
 from __future__ import annotations
 
@@ -9,25 +10,45 @@ from pathlib import Path
 import pytest
 from helpers import assert_user_error, working_dir
 
-from minigpt_cli.generation import find_stop, generate, stop_holdback
+from minigpt_cli.errors import MinigptError
+
+from minigpt_cli.generation import TextStream, find_stop, generate, stop_holdback, unescape, write_sample
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 PROMPT = "ROMEO:"
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, data_dir):
-    """configs/tiny.yaml trained once through the CLI (30 steps, block_size 32), for this module."""
+class Recorder(io.StringIO):
+    """A text stream that also keeps each write."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes = []
+
+    def write(self, s):
+        self.writes.append(s)
+        return super().write(s)
+
+
+def train_run(tmp_path_factory, data_dir, name, *sets):
+    """configs/tiny.yaml trained through the CLI in a folder of its own, with ``--set`` overrides; its run folder."""
     from typer.testing import CliRunner
 
     from minigpt_cli.cli import app
 
-    work = tmp_path_factory.mktemp("gen")
+    work = tmp_path_factory.mktemp(name)
+    args = ["train", str(TINY), "--run-name", name, "--no-progress", "--set", f"data.data_dir={data_dir}",
+            "--set", "train.sample_tokens=0"]
     with working_dir(work):
-        res = CliRunner().invoke(app, ["train", str(TINY), "--run-name", "g", "--no-progress",
-                                       "--set", f"data.data_dir={data_dir}", "--set", "train.sample_tokens=0"])
+        res = CliRunner().invoke(app, args + [a for item in sets for a in ("--set", item)])
     assert res.exit_code == 0, res.stderr
-    return work / "runs" / "g"
+    return work / "runs" / name
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, data_dir):
+    """configs/tiny.yaml trained once through the CLI (30 steps, block_size 32), for this module."""
+    return train_run(tmp_path_factory, data_dir, "g")
 
 
 @pytest.fixture
@@ -136,15 +157,6 @@ def test_streaming_holds_back_what_may_become_a_stop(run_dir):
     cut = text.find(stop)
     assert cut >= 10, text
 
-    class Recorder(io.StringIO):
-        def __init__(self):
-            super().__init__()
-            self.writes = []
-
-        def write(self, s):
-            self.writes.append(s)
-            return super().write(s)
-
     out = Recorder()
     generate(run_dir, {"prompt": PROMPT, "max_new_tokens": 120, "temperature": 1.0, "top_k": 30}, seed=7,
              stream=True, device="cpu", out=out, stop=[stop])
@@ -231,3 +243,188 @@ def test_a_vanishing_temperature_is_greedy(gen):
     """1e-45 overflows logits / T in float32: the limit of T -> 0, greedy, not a crash."""
     for extra in ((), ("--no-kv-cache",)):
         assert sampled(gen, "--temperature", "1e-45", *extra, n=40) == greedy(gen, n=40)
+
+
+# ----------------------------------------------------------------------------- the temperature's range
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-1", "1e400"])
+def test_a_temperature_that_is_not_finite_and_nonnegative_is_refused(gen, value):
+    res = gen("--temperature", value, "--max-new-tokens", "5")
+    assert_user_error(res, "--temperature", "finite number >= 0")
+    assert res.stdout == ""  # refused before the prompt is printed
+
+
+def test_the_schema_refuses_an_infinite_temperature_on_every_route(run_dir, tmp_path):
+    """One check (SampleConfig.temperature) for the Python API, --set and a config file."""
+    from minigpt_cli.config import ConfigError, SampleConfig, load_config
+
+    for value in (float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="sample.temperature: input should be a finite number"):
+            generate(run_dir, {"temperature": value, "max_new_tokens": 1}, device="cpu")
+        with pytest.raises(ValueError, match="finite"):
+            SampleConfig(temperature=value)
+    with pytest.raises(ConfigError, match="sample.temperature"):
+        load_config(TINY, ["sample.temperature=.inf"])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(TINY.read_text().replace("max_new_tokens: 100", "max_new_tokens: 100\n  temperature: .nan"))
+    with pytest.raises(ConfigError, match="sample.temperature: input should be a finite number"):
+        load_config(cfg)
+    # A config built without validation still reaches the sampler's own check, before anything is printed.
+    out = io.StringIO()
+    with pytest.raises(MinigptError, match="temperature inf: must be a finite number >= 0"):
+        generate(run_dir, SampleConfig.model_construct(**{**SampleConfig().model_dump(), "temperature": float("inf")}),
+                 device="cpu", out=out)
+    assert out.getvalue() == ""
+
+
+# ----------------------------------------------------------------------------- a run saved at step 0
+
+
+@pytest.fixture(scope="module")
+def early_run(tmp_path_factory, data_dir):
+    """tiny.yaml stopped at step 0 (the random init), its model vocabulary padded to 128 past the 65 characters."""
+    return train_run(tmp_path_factory, data_dir, "early", "train.max_iters=0", "model.vocab_size=128")
+
+
+UNTRAINED = "checkpoint is untrained (saved at step 0, its weights are the random init)"
+
+
+def test_an_untrained_checkpoint_is_said_plainly(cli, early_run, run_dir, monkeypatch):
+    for args in (("--run", early_run), ()):  # named, or picked as the newest run
+        monkeypatch.chdir(early_run.parent.parent)
+        res = cli("generate", *args, "--prompt", PROMPT, "--max-new-tokens", "20")
+        assert res.exit_code == 0, res
+        notes = res.stderr.splitlines()
+        assert sum(UNTRAINED in line for line in notes) == 1, notes
+        assert ("using runs/early (checkpoint best, step 0)" in notes) == (args == ())
+    trained = cli("generate", "--run", run_dir, "--prompt", PROMPT, "--max-new-tokens", "5")
+    assert trained.exit_code == 0 and "untrained" not in trained.stderr
+
+
+@pytest.mark.parametrize("temperature", ["1", "1e30", "1e-46"])
+def test_a_padded_model_vocabulary_never_yields_a_padding_id(cli, early_run, temperature):
+    """Model vocabulary 128, tokenizer 65: a random model at T = 1e30 is uniform over what it may sample;
+    ids 65..127 would make decode refuse the text. 300 tokens decode, and many different characters appear."""
+    res = cli("generate", "--run", early_run, "--prompt", PROMPT, "--max-new-tokens", "300",
+              "--temperature", temperature, "--top-k", "200")
+    assert res.exit_code == 0, res
+    new = res.stdout[len(PROMPT):-1]
+    assert len(new) == 300
+    if temperature == "1e30":
+        assert len(set(new)) > 40
+    assert_user_error(cli("generate", "--run", early_run, "--temperature", "inf"), "--temperature inf", "finite")
+
+
+# ----------------------------------------------------------------------------- prompts lost to <unk>
+
+
+@pytest.fixture(scope="module")
+def unigram_run(tmp_path_factory, data_dir):
+    """tiny.yaml on a 300-entry Unigram tokenizer (a file of its own), stopped at step 0 (the note is about the
+    prompt)."""
+    tok = tmp_path_factory.mktemp("unigram-tokenizer") / "unigram-300.json"
+    return train_run(tmp_path_factory, data_dir, "uni", "train.max_iters=0", "tokenizer.kind=unigram",
+                     "tokenizer.vocab_size=300", f"tokenizer.path={tok}")
+
+
+def test_a_prompt_partly_lost_to_unk_is_noted(cli, unigram_run):
+    prompt = "ROMEO: ¿Qué tal? 😀"
+    res = cli("generate", "--run", unigram_run, "--prompt", prompt, "--max-new-tokens", "5")
+    assert res.exit_code == 0, res
+    assert "note: 3 characters of the prompt became <unk>: '¿', 'é', '😀'" in res.stderr.splitlines()
+    assert res.stdout.startswith(prompt)  # printed as given
+    plain = cli("generate", "--run", unigram_run, "--prompt", "ROMEO: what?", "--max-new-tokens", "5")
+    assert plain.exit_code == 0 and "<unk>" not in plain.stderr
+
+
+# ----------------------------------------------------------------------------- streaming
+
+
+@pytest.fixture(scope="module")
+def tokenizers_by_kind(corpus_file):
+    """One tokenizer of each kind, 400 entries, on the corpus's first 60,000 characters, with <|endoftext|>."""
+    from minigpt_cli.tokenizer import KINDS
+    from minigpt_cli.tokenizer_training import train_tokenizer
+
+    text = corpus_file.read_text(encoding="utf-8")[:60_000]
+    return {k: train_tokenizer(k, text, 400, ["<|endoftext|>"]) for k in KINDS}
+
+
+#: Spaces (▁ in Unigram and WordPiece), WordPiece ## continuations, a special token, newlines; for bpe,
+#: characters of 2 to 4 bytes split across byte-level tokens.
+STREAM_TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.<|endoftext|>\n\n"
+               "All:\nSpeak, speak.  wherefore  art thou")
+BPE_EXTRA = " naïve café 😀👍🏽 ✨ ok"
+
+
+def _streamed(tok, ids, stops=(), stream=True):
+    out = Recorder()
+    text = write_sample(tok, iter(ids), list(stops), out, stream)
+    assert out.writes[-1].endswith("\n")
+    return text, out.writes
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "wordpiece", "unigram"])
+def test_streamed_text_equals_the_text_decoded_at_once(tokenizers_by_kind, kind):
+    import random
+
+    tok = tokenizers_by_kind[kind]
+    text = STREAM_TEXT + (BPE_EXTRA if kind == "bpe" else "")
+    ids = tok.encode(text)
+    if kind == "bpe":
+        assert "\ufffd" in tok.decode(ids[:ids.index(tok.encode("😀")[0]) + 1])  # a character split across tokens
+    if kind == "wordpiece":
+        assert any(p.startswith("##") for p in tok.pieces(text))
+    whole = tok.decode(ids)
+    rng = random.Random(0)
+    cases = [ids, [rng.randrange(tok.vocab_size) for _ in range(300)]]  # also ids no text would give
+    for case in cases:
+        whole = tok.decode(case)
+        got, writes = _streamed(tok, case)
+        assert got == whole and "".join(writes) == whole + "\n"
+        assert len(writes) > len(case) // 3  # it streamed
+        stream = TextStream(tok)
+        pieces = [stream.push(i) for i in case]
+        assert "".join(pieces) == whole[:len("".join(pieces))]  # pieces only append
+        if "\ufffd" not in whole:
+            assert not any("\ufffd" in w for w in writes) and "".join(pieces) == whole
+    # Stop strings: streamed, not streamed and the whole text cut at the earliest stop agree.
+    whole = tok.decode(ids)
+    for start, length in ((3, 1), (20, 4), (60, 2), (len(whole) - 3, 3)):
+        stop = whole[start:start + length]
+        other = whole[start // 2:start // 2 + 2]
+        expected = whole[:min(whole.find(stop), whole.find(other))]
+        for stream in (True, False):
+            got, writes = _streamed(tok, ids, [stop, other], stream)
+            assert got == expected and "".join(writes) == expected + "\n", (stop, other, stream)
+    assert _streamed(tok, ids, ["\u00a7never"])[0] == whole
+
+
+def test_streaming_work_grows_linearly(tokenizers_by_kind, monkeypatch):
+    """4,000 tokens streamed with a stop string: ids decoded and characters searched stay a few per token
+    (decoding everything again at every step would be about n²/2 = 8 million)."""
+    import minigpt_cli.generation as gen_mod
+
+    tok = tokenizers_by_kind["bpe"]
+    ids = (tok.encode(STREAM_TEXT + BPE_EXTRA) * 200)[:4000]
+    decoded, searched = [], []
+    real_decode, real_find = tok.decode, gen_mod.find_stop
+    monkeypatch.setattr(tok, "decode", lambda batch: decoded.append(len(batch)) or real_decode(batch))
+    monkeypatch.setattr(gen_mod, "find_stop", lambda text, stops: searched.append(len(text)) or real_find(text, stops))
+    text, _ = _streamed(tok, ids, ["\u00a7 never \u00a7"])
+    assert text == real_decode(ids)
+    assert sum(decoded) - len(ids) < 5 * len(ids)  # the final decode of all ids, and a few per token
+    assert sum(searched) < 15 * len(ids)
+
+
+def test_stop_escapes(gen):
+    assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb\\n") == "a\tb\\n" and unescape(r"\x\\") == "\\x\\"
+    assert unescape("ROMEO:") == "ROMEO:" and unescape("\\") == "\\"
+    full = sampled(gen, n=120)
+    new = full[len(PROMPT):-1]
+    cut = new.find("\n")
+    assert cut >= 0, new
+    for stream in ("--stream", "--no-stream"):
+        res = gen("--prompt", PROMPT, "--max-new-tokens", "120", *SAMPLING, "--stop", r"\n", stream)
+        assert res.exit_code == 0 and res.stdout == PROMPT + new[:cut] + "\n", res

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from minigpt_cli.config import ModelConfig
 from minigpt_cli.errors import MinigptError
-from minigpt_cli.sampling import filter_logits, generate_tokens
+from minigpt_cli.sampling import FLOAT32_ZERO, filter_logits, generate_tokens, sample_next
 from minigpt_cli.model import GPT, Block
 
 
@@ -196,3 +196,111 @@ def test_top_k_and_top_p_filtering():
     assert kept(filter_logits(logits, top_p=0.81)) == [True, True, True, False]
     assert kept(filter_logits(logits, top_p=0.01)) == [True, False, False, False]
     assert kept(filter_logits(logits, top_p=1.0)) == [True, True, True, True]
+
+
+# ----------------------------------------------------------------------------- sampling numerics
+
+INF = float("inf")
+#: Rows of logits of every sign and scale: the sampler's distribution must be softmax(logits / T) for each.
+LOGIT_ROWS = {
+    "positive": [1.0, 2.0, 3.0, 0.5],
+    "negative": [-3.0, -1.0, -2.0, -5.0],  # / 1e-40 once gave a row of -inf: NaN probabilities
+    "mixed": [-1.0, 0.5, 2.0, -4.0],
+    "large": [1e30, -1e30, 0.0, 5e29],
+    "masked": [-INF, 1.0, -INF, 0.0],
+    "ties": [2.0, 2.0, -1.0, 2.0],
+    "masked negative ties": [-INF, -7.0, -7.0, -INF, -9.0],
+}
+#: From the underflow of float32 (1e-46 and below round to 0) to temperatures that flatten everything.
+TEMPERATURES = [5e-324, 1e-300, 1e-46, 1e-45, 1e-30, 1e-8, 1e-3, 1.0, 1e3, 1e30]
+DRAWS = 4000
+
+
+def reference_probs(row: list[float], temperature: float) -> torch.Tensor:
+    """softmax(row / T) in float64 (torch.softmax); where row / T overflows even float64, its limit T -> 0:
+    the maxima, equally likely."""
+    logits = torch.tensor(row, dtype=torch.float64)
+    z = logits / temperature
+    if not torch.isinf(z.max()):
+        return torch.softmax(z, dim=-1)
+    top = logits == logits.max()
+    return top.double() / top.sum()
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("name", LOGIT_ROWS)
+def test_sampling_is_softmax_of_logits_over_temperature(name, temperature):
+    """4,000 draws at once: every id valid (in range, never a -inf one), the maxima alone at tiny T, and the
+    empirical distribution within total variation 0.04 of softmax(logits / T) (the sampling noise of 4,000
+    draws over <= 5 ids is about 0.01)."""
+    row = LOGIT_ROWS[name]
+    logits = torch.tensor([row]).expand(DRAWS, -1)
+    ids = sample_next(logits, temperature, None, None, torch.Generator().manual_seed(0))
+    assert ids.shape == (DRAWS,) and ids.dtype == torch.long
+    assert 0 <= int(ids.min()) and int(ids.max()) < len(row)
+    assert all(row[i] != -INF for i in ids.unique().tolist()), ids.unique()
+    if temperature <= 1e-8:  # greedy: one of the (tied) maxima
+        assert set(ids.unique().tolist()) <= {i for i, v in enumerate(row) if v == max(row)}
+    freq = torch.bincount(ids, minlength=len(row)).double() / DRAWS
+    expected = reference_probs(row, temperature)
+    tv = 0.5 * (freq - expected).abs().sum().item()
+    assert tv < 0.04, (freq.tolist(), expected.tolist())
+
+
+def test_the_grid_holds_distributions_that_are_neither_greedy_nor_uniform():
+    """The test above can fail: its rows and temperatures give distributions far from both ends."""
+    assert reference_probs(LOGIT_ROWS["large"], 1e30).max() < 0.5  # [e^1, e^-1, 1, e^0.5] normalised
+    # e^3 / (e^1 + e^2 + e^3 + e^0.5) = 20.0855 / 31.8421
+    assert reference_probs(LOGIT_ROWS["positive"], 1.0)[2] == pytest.approx(0.6308, abs=1e-4)
+    assert reference_probs(LOGIT_ROWS["ties"], 1e-3).tolist() == pytest.approx([1 / 3, 1 / 3, 0, 1 / 3])
+    assert 1e-46 <= FLOAT32_ZERO < 1e-45  # both sides of the float32 underflow are in the grid
+
+
+def test_filtering_after_the_temperature():
+    """Top-k and top-p act on softmax(logits / T) (Hugging Face's order): at T = 2, [4, 2, 0, -2] becomes
+    softmax([2, 1, 0, -1]) = [.644, .237, .087, .032]; top-p 0.85 keeps the first two, top-k 3 three."""
+    row = torch.tensor([[4.0, 2.0, 0.0, -2.0]]).expand(DRAWS, -1)
+    for top_k, top_p, kept in ((None, 0.85, 2), (3, None, 3)):
+        ids = sample_next(row, 2.0, top_k, top_p, torch.Generator().manual_seed(1))
+        freq = torch.bincount(ids, minlength=4).double() / DRAWS
+        expected = torch.softmax(torch.tensor([2.0, 1.0, 0.0, -1.0], dtype=torch.float64)[:kept], dim=-1)
+        assert freq[kept:].sum() == 0
+        assert 0.5 * (freq[:kept] - expected).abs().sum() < 0.04, freq
+
+
+@pytest.mark.parametrize("temperature", [INF, -INF, float("nan"), -1.0, -1e-30])
+def test_a_temperature_that_is_not_finite_and_nonnegative_is_refused(temperature):
+    with pytest.raises(MinigptError, match="must be a finite number >= 0") as info:
+        sample_next(torch.tensor([[1.0, -INF]]), temperature, None, None, None)
+    assert "\n" not in str(info.value)
+    model = GPT(small()).eval()
+    calls = []
+    model.forward = lambda *a, **k: calls.append(1)  # refused before any forward pass
+    with pytest.raises(MinigptError, match="temperature"):
+        next(generate_tokens(model, torch.zeros(1, 1, dtype=torch.long), 5, temperature=temperature))
+    assert calls == []
+
+
+@pytest.mark.parametrize("row,what", [([0.0, INF, 1.0], "infinite"), ([-INF, -INF], "infinite"),
+                                      ([1.0, float("nan")], "NaN")])
+def test_logits_with_nothing_to_sample_are_refused(row, what):
+    """+inf, NaN or a row of -inf: the forward pass overflowed; no temperature makes a distribution of it."""
+    for temperature in (0.0, 1e-45, 1.0):
+        with pytest.raises(MinigptError, match=f"the model's output is {what}"):
+            sample_next(torch.tensor([row]), temperature, None, None, None)
+
+
+@pytest.mark.parametrize("bad", [-2**63, -1, 65, 127])
+def test_a_sampled_id_outside_the_vocabulary_is_refused(monkeypatch, bad):
+    """Some devices' torch.multinomial returned int64-min. The vocabulary is the tokenizer's (vocab_limit 65)
+    even when the model's is padded to 128."""
+    model = GPT(small(vocab_size=128)).eval()
+    monkeypatch.setattr(torch, "multinomial", lambda probs, n, generator=None: torch.full((probs.size(0), n), bad))
+    with pytest.raises(MinigptError) as info:
+        list(generate_tokens(model, torch.zeros(1, 1, dtype=torch.long), 3, temperature=1.0, vocab_limit=65))
+    assert str(info.value).startswith(f"the sampler on cpu returned token id {bad}, outside the vocabulary "
+                                      f"(0 to 64); ")
+    monkeypatch.undo()
+    ids = torch.cat(list(generate_tokens(model, torch.zeros(1, 1, dtype=torch.long), 200, temperature=1e30,
+                                         vocab_limit=65, generator=torch.Generator().manual_seed(0))))
+    assert int(ids.max()) < 65 and len(ids.unique()) > 40  # near-uniform over the 65 real ids only

@@ -216,3 +216,15 @@ def test_a_crash_before_the_first_checkpoint_undoes_only_what_the_run_made(data_
     with pytest.raises(RuntimeError, match="out of memory"):
         train(tiny(data_dir, "train.max_iters=6"), resume="runs/kept", echo=lambda m: None, progress=False)
     assert (tmp_path / "runs" / "kept" / "checkpoints" / "last" / "model.safetensors").is_file()
+
+
+def test_dry_run_refuses_a_run_name_train_would_refuse(cli, data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    (tmp_path / "runs" / "taken" / "notes.txt").write_text("mine")
+    (tmp_path / "runs" / "empty").mkdir()
+    common = ["--set", f"data.data_dir={data_dir}", "--dry-run"]
+    assert_user_error(cli("train", TINY, "--run-name", "taken", *common), "already exists and holds no checkpoint")
+    assert_user_error(cli("train", TINY, "--run-name", "a b", *common), "--run-name 'a b'", "letters, digits")
+    assert cli("train", TINY, "--run-name", "empty", *common).exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["empty", "taken"]  # dry-run made nothing

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
-from helpers import TINY
+import importlib.util
+import shutil
 
+import pytest
+from helpers import TINY, assert_user_error
+
+import minigpt_cli.data
 from minigpt_cli.config import TrainConfig, load_config
 from minigpt_cli.model import GPT
 from minigpt_cli.trainer import lr_at, should_eval
@@ -61,3 +65,140 @@ def test_dry_run_prints_config_and_schedule(cli, tmp_path, monkeypatch):
     assert "model.d_ff            100 (set)" in res.stdout
     n = GPT(load_config(TINY, ["model.vocab_size=5", "model.d_ff=100"]).model).num_params()
     assert f"parameters            {n:,}\n" in res.stdout and "memory to train       about " in res.stdout
+
+
+# ----------------------------------------------------------------------------- --dry-run refuses what train refuses
+
+
+@pytest.fixture
+def own_data(tmp_path, corpus_file):
+    """A data folder of this test's own holding the corpus (train writes token files into it)."""
+    root = tmp_path / "own-data"
+    (root / "tinyshakespeare").mkdir(parents=True)
+    shutil.copyfile(corpus_file, root / "tinyshakespeare" / "input.txt")
+    return root
+
+
+def _error_line(res) -> str:
+    return [line for line in res.stderr.splitlines() if line.startswith("error: ")][-1]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+#: --set values train refuses before step 0, and a fragment of the one line it refuses them with.
+REFUSED = [
+    (["data.val_fraction=0.99999"], "11 train and 1,115,383 val tokens, too few for train (they need at least "
+                                    "model.block_size+1 = 33 tokens each)"),
+    (["data.val_fraction=0.00001"], "too few for val (they need at least model.block_size+1 = 33"),
+    (["data.val_fraction=0.9999999"], "data.val_fraction=0.9999999 splits the corpus into 0 train"),
+    (["model.block_size=200000", "model.n_embd=8"], "lower model.block_size (to at most 111,539 with this split)"),
+    (["model.vocab_size=10"], "model.vocab_size (10) is smaller than the tokenizer's 65 entries"),
+    (["train.batch_size=100000000"], "this model needs about"),
+    (["device=cuda:99"], "device: cuda:99 was asked for"),
+    (["tokenizer.kind=bpe"], "a bpe tokenizer needs a vocabulary size"),
+    (["tokenizer.kind=unigram", "tokenizer.vocab_size=5"],
+     "vocabulary size 5 is below the unigram base alphabet of 66"),
+]
+
+
+@pytest.mark.parametrize("overrides, fragment", REFUSED, ids=[" ".join(o) for o, _ in REFUSED])
+def test_dry_run_refuses_what_train_refuses_with_the_same_line(cli, own_data, tmp_path, overrides, fragment):
+    sets = [w for o in [f"data.data_dir={own_data}", f"train.out_dir={tmp_path / 'runs'}", *overrides]
+            for w in ("--set", o)]
+    dry = cli("train", TINY, "--dry-run", *sets)
+    assert_user_error(dry, fragment)
+    assert dry.stdout == ""
+    assert not list((own_data / "tinyshakespeare").glob("*-*")), "a dry run writes nothing"
+    real = cli("train", TINY, *sets)
+    assert_user_error(real, fragment, notes_ok=True)
+    # The same line (the free memory, measured anew, may differ by a few bytes).
+    assert _error_line(real).split(" but ")[0] == _error_line(dry).split(" but ")[0]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_dry_run_refuses_float16_where_auto_finds_a_cpu(cli, tmp_path, monkeypatch):
+    if _cuda():
+        pytest.skip("device: auto finds a GPU here")
+    monkeypatch.chdir(tmp_path)
+    res = cli("train", TINY, "--dry-run", "--set", "device=auto", "--set", "dtype=float16")
+    assert_user_error(res, "dtype: float16 needs a GPU")
+
+
+def test_dry_run_refuses_tensorboard_without_the_package(cli, tmp_path, monkeypatch):
+    if importlib.util.find_spec("tensorboard") is not None:
+        pytest.skip("tensorboard is installed here")
+    monkeypatch.chdir(tmp_path)
+    res = cli("train", TINY, "--dry-run", "--set", "train.tensorboard=true")
+    assert_user_error(res, "train.tensorboard: true needs the tensorboard package")
+
+
+def test_dry_run_refuses_a_tokenizer_file_that_disagrees(cli, tmp_path, monkeypatch):
+    from minigpt_cli.tokenizer import CharTokenizer
+
+    monkeypatch.chdir(tmp_path)
+    CharTokenizer.train("ab\ncd").save(tmp_path / "tok.json")
+    res = cli("train", TINY, "--dry-run", "--set", "tokenizer.path=tok.json", "--set", "tokenizer.kind=bpe",
+              "--set", "tokenizer.vocab_size=300")
+    assert_user_error(res, "holds a char tokenizer but tokenizer.kind is bpe")
+
+
+def test_dry_run_says_what_it_cannot_know_yet(cli, data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # No corpus: the split waits for the download; a too-small val_fraction passes, said in one line.
+    res = cli("train", TINY, "--dry-run", "--set", "data.val_fraction=0.99999")
+    assert res.exit_code == 0, res
+    assert ("  train/val tokens      not known yet: data/tinyshakespeare/input.txt is not downloaded (or fails its "
+            "checksum); train downloads it first, then checks the split\n") in res.stdout
+    assert "memory to train       at least about " in res.stdout and "the vocabulary is not known yet" in res.stdout
+    # A trained kind not trained yet: its size is tokenizer.vocab_size; the split waits for the training.
+    res = cli("train", TINY, "--dry-run", "--set", f"data.data_dir={data_dir}", "--set", "tokenizer.kind=bpe",
+              "--set", "tokenizer.vocab_size=300")
+    path = data_dir / "tinyshakespeare" / "tokenizer-bpe-300.json"
+    assert res.exit_code == 0, res
+    assert not path.exists()
+    assert f"  model.vocab_size      300 (tokenizer.vocab_size; trained into {path} at the first run)\n" in res.stdout
+    assert f"not known yet: the bpe tokenizer is not trained yet; train trains it into {path} first" in res.stdout
+    assert "  parameters            " in res.stdout
+
+
+def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(cli, own_data, tmp_path, monkeypatch):
+    from minigpt_cli.config import load_config
+    from minigpt_cli.data import ensure_tokenizer, prepare
+
+    sets = ["--set", f"data.data_dir={own_data}", "--set", "data.val_fraction=0.25"]
+    res = cli("train", TINY, "--dry-run", *sets)
+    assert res.exit_code == 0, res
+    line = "  train/val tokens      836,545 / 278,849 (data.val_fraction 0.25; each needs model.block_size+1 = 33)\n"
+    assert line in res.stdout
+    assert "  model.vocab_size      65 (the corpus's characters; trained into" in res.stdout
+    assert not list((own_data / "tinyshakespeare").glob("*-*")) and not (own_data / "tinyshakespeare" /
+                                                                         "tokenizer-char.json").exists()
+    # Once train has prepared the token files, their meta.json gives the counts: the corpus is not encoded again.
+    cfg = load_config(TINY, [f"data.data_dir={own_data}", "data.val_fraction=0.25"])
+    corpus = own_data / "tinyshakespeare" / "input.txt"
+    tok, path = ensure_tokenizer(cfg, corpus, lambda m: None)
+    data = prepare(corpus, tok, corpus.parent, 0.25, log=lambda m: None)
+    assert (len(data.train), len(data.val)) == (836_545, 278_849)
+    monkeypatch.setattr(minigpt_cli.data, "_encode_splits", lambda *a: pytest.fail("encoded the corpus again"))
+    res = cli("train", TINY, "--dry-run", *sets)
+    assert line in res.stdout and f"  model.vocab_size      65 (from {path})\n" in res.stdout
+
+
+# ----------------------------------------------------------------------------- notes in --dry-run
+
+
+def test_dry_run_prints_the_notes_last(cli, data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = cli("train", TINY, "--dry-run", "--set", "model.pos_encoding=sinusoidal", "--set", "train.max_iters=3",
+              "--set", f"data.data_dir={data_dir}", "--set", "data.url=file:///home/me/my.txt")
+    assert res.exit_code == 0, res
+    tail = res.stdout.rstrip("\n").split("\n\n")[-1].splitlines()
+    assert [line.split(":")[1].split()[0] for line in tail] == ["data.url", "train.max_iters", "model.pos_encoding"]
+    assert all(line.startswith("note: ") for line in tail)
+    assert "data.url is not fetched" in tail[0] and "not supported yet" in tail[0]
+    res = cli("train", TINY, "--dry-run")
+    assert "note: " not in res.stdout

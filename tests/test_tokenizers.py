@@ -464,7 +464,9 @@ def test_cli_bad_input_exits_2_and_writes_nothing(cli, tmp_path, slice_file, mon
     if "--compare" not in args and "--output" not in args:
         args += ["--output", str(out)]
     res = cli("train-tokenizer", *args)
-    assert_user_error(res, *fragments)
+    # A shortfall the trainer shows only by training comes after the line saying training started.
+    assert_user_error(res, *fragments, notes_ok=True)
+    assert all(line.startswith(("training a ", "error: ")) for line in res.stderr.splitlines()), res
     assert not out.exists() and not (tmp_path / "data").exists()
     assert slice_file.read_bytes() == before  # the input is never overwritten
 
@@ -726,11 +728,9 @@ def test_ctrl_c_stops_the_libraries_tokenizer_training_at_once(tmp_path):
         p = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "train-tokenizer", str(repo / "configs" / "tiny.yaml"),
                               "--kind", "bpe", "--vocab-size", "278", "--input", str(slow), "--output", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # Wait for the training thread (the signal must find the handlers installed, whatever the load), then a bit.
-        tasks, deadline = Path(f"/proc/{p.pid}/task"), time.monotonic() + 60
-        while tasks.is_dir() and len(list(tasks.iterdir())) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5 if tasks.is_dir() else 2.5)
+        # The status line comes just before training starts: then the command's handlers are in place.
+        assert p.stderr.readline().startswith("training a bpe tokenizer of 278 entries on ")
+        time.sleep(0.5)
         sent = time.monotonic()
         p.send_signal(sig)
         p.communicate(timeout=120)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY, assert_user_error, curve, tiny
+from helpers import TINY, assert_user_error, curve, records, tiny
 from safetensors.torch import load_file
 
 from minigpt_cli import checkpoint
@@ -48,6 +48,8 @@ def test_the_loop_asks_the_evaluator_and_the_checkpointer(data_dir, tmp_path, mo
     assert saves.count("last") == 4 and saves.count("best") >= 1
     assert [s for s in saves if s.startswith("step-")] == ["step-0000003", "step-0000006", "step-0000009"]
     assert saves[:2] == ["best", "last"]  # step 0's eval is the first best
+    log = (res.run_dir / "train.log").read_text()
+    assert "to go (from the first eval batches)" in log and "to go (3 steps at" in log  # the time estimate
     assert [r["step"] for r in map(json.loads, (res.run_dir / "metrics.jsonl").read_text().splitlines())
             if r["event"] == "train"] == list(range(1, 10))
 
@@ -347,3 +349,42 @@ def _nan_forward(bad_calls):
         return logits, loss
 
     return forward
+
+
+def test_the_eval_does_not_depend_on_how_the_global_batch_is_split(data_dir, tmp_path, monkeypatch):
+    """Identical weights at step 0: 8 x 1, 1 x 8 and 2 x 4 evaluate the same windows, to 1e-6 (2 processes x 4:
+    test_resume's DDP test). Before, each read eval_iters micro-batches: 4.1710, 4.1578 and 4.1636."""
+    monkeypatch.chdir(tmp_path)
+    losses = {}
+    for batch, accum in ((8, 1), (1, 8), (2, 4)):
+        res = train(tiny(data_dir, "train.max_iters=1", f"train.batch_size={batch}", f"train.grad_accum_steps={accum}",
+                         "train.eval_iters=3"), f"split-{batch}x{accum}", echo=lambda m: None, progress=False)
+        losses[batch, accum] = next((r["train_loss"], r["val_loss"]) for r in records(res.run_dir)
+                                    if r["event"] == "eval" and r["step"] == 0)
+    reference = losses[8, 1]
+    for split, pair in losses.items():
+        assert pair == pytest.approx(reference, abs=1e-6, rel=0), split
+    # The eval is over 3 x 8 windows per split, not 3 micro-batches: a different count gives another mean.
+    other = train(tiny(data_dir, "train.max_iters=1", "train.eval_iters=1"), "fewer", echo=lambda m: None,
+                  progress=False)
+    first = next(r["val_loss"] for r in records(other.run_dir) if r["event"] == "eval")
+    assert abs(first - reference[1]) > 1e-6
+
+
+def test_the_eval_at_start_can_be_skipped(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = train(tiny(data_dir, "train.max_iters=4", "train.eval_interval=2", "train.eval_at_start=false"), "late",
+                echo=lambda m: None, progress=False)
+    assert [r["step"] for r in records(res.run_dir) if r["event"] == "eval"] == [2, 4]
+
+
+def test_train_prints_the_notes_dry_run_shows(cli, data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sets = ["--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=2", "--set", "train.eval_interval=2",
+            "--set", "train.sample_tokens=0", "--set", "model.pos_encoding=sinusoidal",
+            "--set", "data.url=file:///home/me/my.txt"]
+    dry = [l for l in cli("train", TINY, "--dry-run", *sets).stdout.splitlines() if l.startswith("note: ")]
+    assert len(dry) == 3
+    res = cli("train", TINY, "--no-progress", *sets)
+    assert res.exit_code == 0, res
+    assert [l for l in res.stderr.splitlines() if l.startswith("note: ")] == dry

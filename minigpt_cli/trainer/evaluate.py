@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import AbstractContextManager
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from tqdm.auto import tqdm
 
 from ..config import Config
-from ..data import BatchSampler, PreparedData, eval_seed
+from ..data import PreparedData, eval_offsets, eval_seed, windows
 from ..metrics import RunLogger
 from ..runtime import CpuThreads, Dist
 from ..tokenizer import Tokenizer
@@ -22,12 +23,20 @@ from .step import estimate_loss, sample_text
 class Evaluator:
     """Decides when the run evaluates (:func:`~.schedule.should_eval`) and computes the losses.
 
-    The eval batches of each split depend on the seed, the split and the step
-    alone (:func:`~minigpt_cli.data.eval_seed`): the samplers are reseeded
-    before every eval, so an interrupted and resumed run evaluates exactly as
-    the uninterrupted one. A progress bar under the training bar shows a long
-    eval; ``should_stop`` (the trainer's stop request) is asked before every
-    batch, so a Ctrl-C does not wait for the eval to end.
+    An eval reads, for each split, ``train.eval_iters`` global batches' worth
+    of windows: eval_iters × batch_size × grad_accum_steps × processes. That
+    count and the windows themselves (:func:`~minigpt_cli.data.eval_offsets`,
+    seeded by :func:`~minigpt_cli.data.eval_seed`) depend on the seed, the
+    split, the step and the global batch alone, not on how the global batch
+    is split into micro-batches and processes: 8 × 1, 1 × 8, 2 × 4 and 2
+    processes × 4 evaluate the same windows, and an interrupted and resumed
+    run evaluates exactly as the uninterrupted one. Each process reads its
+    share in micro-batches of ``train.batch_size``.
+
+    A progress bar under the training bar shows a long eval; ``should_stop``
+    (the trainer's stop request) is asked before every batch, so a Ctrl-C
+    does not wait for the eval to end; ``on_batch(done, seconds)`` hears of
+    every batch done (the run's time estimate).
 
     Args:
         cfg: the resolved config (``train.eval_iters``, ``eval_interval``,
@@ -45,43 +54,55 @@ class Evaluator:
                  show_bar: bool):
         self.cfg, self.device, self.dist, self.autocast = cfg, device, dist, autocast
         self.tok, self.cpu_threads, self.stop, self.show_bar = tok, cpu_threads, stop, show_bar
-        mc, tc = cfg.model, cfg.train
-        self.samplers = {
-            split: BatchSampler(tokens, mc.block_size, tc.batch_size, cfg.seed + offset, device,
-                                rank=dist.rank, world=dist.world)
-            for split, tokens, offset in (("train", data.train, 2), ("val", data.val, 3))
-        }
+        self.splits = {"train": data.train, "val": data.val}
+        tc = cfg.train
+        #: Windows per split at each eval, over every process.
+        self.n_windows = tc.eval_iters * tc.batch_size * tc.grad_accum_steps * dist.world
+        #: Micro-batches per split that this process reads at each eval.
+        self.batches_per_split = tc.eval_iters * tc.grad_accum_steps
         #: Asked before every eval batch; the trainer sets it (under DDP every rank must get the same answer).
         self.should_stop: Callable[[], bool] = lambda: stop.signal is not None
+        #: Told (batches done, seconds since the eval began) after every eval batch.
+        self.on_batch: Callable[[int, float], None] = lambda done, seconds: None
 
     def due(self, step: int, evaluated: bool) -> bool:
-        """Whether the run evaluates now: at step 0, every ``eval_interval`` steps and at the end, once."""
+        """Whether the run evaluates now: at step 0 (unless ``train.eval_at_start`` is false), every
+        ``eval_interval`` steps and at the end, once."""
         return should_eval(step, self.cfg.train) and not evaluated
 
-    def losses(self, model: torch.nn.Module, step: int) -> Optional[dict[str, float]]:
-        """Mean train and val loss over ``train.eval_iters`` batches each; None when a stop request cut it short."""
-        iters = self.cfg.train.eval_iters
-        for split, sampler in self.samplers.items():
-            sampler.reseed(eval_seed(self.cfg.seed, split, step))
-        # A second bar under the training one while the eval runs (a big eval_iters can take minutes).
-        bar = tqdm(total=len(self.samplers) * iters, desc=f"eval at step {step}", unit="batch",
-                   leave=False, disable=not self.show_bar, dynamic_ncols=True, file=sys.stderr)
-        started = False
+    def batches(self, split: str, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This process's micro-batches of ``split``'s eval windows at ``step``."""
+        tokens, T = self.splits[split], self.cfg.model.block_size
+        offsets = eval_offsets(len(tokens), T, self.n_windows, eval_seed(self.cfg.seed, split, step))
+        share = self.n_windows // self.dist.world
+        mine = offsets[self.dist.rank * share:(self.dist.rank + 1) * share]
+        for chunk in mine.split(self.cfg.train.batch_size):
+            yield windows(tokens, chunk, T, self.device)
 
-        def batch_done_or_stop() -> bool:
-            nonlocal started
-            if started:  # asked before every batch: the one before has finished
+    def losses(self, model: torch.nn.Module, step: int) -> Optional[dict[str, float]]:
+        """Mean train and val loss per window (:func:`~.step.estimate_loss`); None when a stop request cut it short."""
+        # A second bar under the training one while the eval runs (a big eval_iters can take minutes).
+        bar = tqdm(total=len(self.splits) * self.batches_per_split, desc=f"eval at step {step}", unit="batch",
+                   leave=False, disable=not self.show_bar, dynamic_ncols=True, file=sys.stderr)
+        done, started = 0, time.perf_counter()
+
+        def counted(split: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            nonlocal done
+            for batch in self.batches(split, step):
+                yield batch  # resumed when the loss of this batch is computed and the next one is asked for
+                done += 1
                 bar.update(1)
-            started = True
+                self.on_batch(done, time.perf_counter() - started)
+
+        def poll_and_ask() -> bool:
             self.cpu_threads.poll()
             return self.should_stop()
 
         try:
-            return estimate_loss(model, self.samplers, iters, self.autocast, self.dist,
-                                 should_stop=batch_done_or_stop)
+            return estimate_loss(model, {split: counted(split) for split in self.splits}, self.n_windows,
+                                 self.autocast, self.dist, should_stop=poll_and_ask)
         finally:
             bar.close()
-
     def sample(self, model: torch.nn.Module, step: int, logger: RunLogger) -> None:
         """Append ``train.sample_tokens`` sampled tokens to samples.txt (rank 0 only; 0 tokens: nothing).
 

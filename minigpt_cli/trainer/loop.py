@@ -95,6 +95,7 @@ class Trainer:
                 if self.stop_requested():
                     self.interrupt()
                 lr = lr_at(p.step, tc, s.cfg.model.n_embd)
+                t_step = time.perf_counter()
                 done = self.step(lr)
                 if done is None:  # torch.compile failed; the step runs again eagerly
                     continue
@@ -106,6 +107,7 @@ class Trainer:
                 s.cpu_threads.poll()
                 p.step += 1
                 p.evaluated = False
+                s.estimate.step_done(p.step, time.perf_counter() - t_step)
                 self.tokens_since_log += s.tokens_per_step
                 s.bar.update(1)
                 if p.step % tc.log_interval == 0 or p.step == tc.max_iters:

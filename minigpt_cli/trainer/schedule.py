@@ -43,7 +43,9 @@ def lr_at(step: int, tc: TrainConfig, n_embd: int = 512) -> float:
 
 
 def should_eval(step: int, tc: TrainConfig) -> bool:
-    """Evaluate before the first step, every ``eval_interval`` steps, and after the last."""
+    """Evaluate before the first step (if ``eval_at_start``), every ``eval_interval`` steps, and after the last."""
+    if step == 0 and not tc.eval_at_start and tc.max_iters > 0:
+        return False
     return step % tc.eval_interval == 0 or step == tc.max_iters
 
 

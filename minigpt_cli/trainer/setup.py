@@ -22,16 +22,19 @@ from tqdm.auto import tqdm
 from .. import runs
 from ..checkpoint import Checkpointer, load_weights_into
 from ..config import Config
-from ..data import BatchSampler, PreparedData, check_split_sizes, ensure_corpus, ensure_tokenizer, prepare
+from ..data import (BatchSampler, PreparedData, check_split_sizes, ensure_corpus, ensure_tokenizer, prepare,
+                    with_vocab)
 from ..errors import MinigptError
 from ..fileio import atomic_write_text
 from ..kernels import onednn
 from ..metrics import RunLogger
 from ..model import GPT
+from ..notes import notes
 from ..paths import dataset_dir
 from ..runtime import (CpuThreads, Dist, barrier, broadcast, check_memory, close_distributed, init_distributed,
                        resolve_device, resolve_dtype, restore_rng, seed_everything, tune_runtime)
 from ..tokenizer import Tokenizer
+from .estimate import TimeEstimate
 from .evaluate import Evaluator
 from .resume import Resumed, open_resume
 from .signals import StopFlag
@@ -93,6 +96,7 @@ class Setup:
     cpu_threads: Optional[CpuThreads] = None
     evaluator: Optional[Evaluator] = None
     checkpointer: Optional[Checkpointer] = None
+    estimate: Optional[TimeEstimate] = None
     writer: Any = None
     bar: Any = None
     compile_failed: bool = False
@@ -165,24 +169,7 @@ def _prepare_data(cfg: Config, dist: Dist, echo: Callable[[str], None],
     return tok, data
 
 
-def _with_vocab(cfg: Config, tok: Tokenizer) -> Config:
-    """``cfg`` with ``model.vocab_size`` taken from the tokenizer when null.
-
-    Raises:
-        MinigptError: a vocabulary smaller than the tokenizer's.
-    """
-    mc = cfg.model
-    if mc.vocab_size is None:
-        mc = mc.model_copy(update={"vocab_size": tok.vocab_size})
-    elif mc.vocab_size < tok.vocab_size:
-        raise MinigptError(
-            f"model.vocab_size ({mc.vocab_size}) is smaller than the tokenizer's {tok.vocab_size} entries; "
-            "set model.vocab_size: null to take it from the tokenizer"
-        )
-    return cfg.model_copy(update={"model": mc})
-
-
-def _tensorboard_writer_class():
+def tensorboard_writer_class():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -210,10 +197,12 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
     if not dist.main:
         echo = lambda message: None  # noqa: E731 - only rank 0 talks
         progress = False
+    for note in notes(cfg):  # before the download: the data.url note looks at the corpus on disk
+        echo(note)
     tc = cfg.train
-    writer_class = _tensorboard_writer_class() if tc.tensorboard else None
+    writer_class = tensorboard_writer_class() if tc.tensorboard else None
     tok, data = _prepare_data(cfg, dist, echo, progress)
-    cfg = _with_vocab(cfg, tok)
+    cfg = with_vocab(cfg, tok.vocab_size)
     mc = cfg.model
     check_memory(cfg, device, dtype)
 
@@ -269,6 +258,9 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
     s.checkpointer = Checkpointer(run_dir, cfg, snapshot=lambda: (model, {}, {}), enabled=dist.main)
     if resumed is not None:
         _restore(s, resumed)
+    s.estimate = TimeEstimate(tc, s.prog.step, s.prog.evaluated, 2 * s.evaluator.batches_per_split,
+                              device.type == "cpu", say=s.say, log=logger.log)
+    s.evaluator.on_batch = s.estimate.eval_batch
     if swept:
         logger.log(f"removed {len(swept)} temporary file(s) left by a killed process: "
                    f"{', '.join(p.name for p in swept)}")

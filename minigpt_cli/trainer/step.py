@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 
 from ..config import TrainConfig
-from ..data import BatchSampler
 from ..errors import MinigptError
 from ..model import GPT
-from ..runtime import Dist, all_mean
+from ..runtime import Dist, all_sum
 from ..sampling import generate_tokens
 from ..tokenizer import Tokenizer
 
@@ -36,28 +35,35 @@ def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW
 
 
 @torch.no_grad()
-def estimate_loss(model: torch.nn.Module, samplers: dict[str, BatchSampler], iters: int, autocast,
-                  d: Dist = Dist(), should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict[str, float]]:
-    """Mean loss over ``iters`` batches of each split, in eval mode, without gradients.
+def estimate_loss(model: torch.nn.Module, splits: Mapping[str, Iterable[tuple[torch.Tensor, torch.Tensor]]],
+                  n_windows: int, autocast, d: Dist = Dist(),
+                  should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict[str, float]]:
+    """Mean loss per window of each split, in eval mode, without gradients.
+
+    ``splits`` gives, for each split, the (x, y) micro-batches of the windows
+    this process reads; over every process they are ``n_windows`` windows of
+    equal length, so the mean of the window losses is the token mean. Sums
+    are taken in float64 and over the ranks before dividing, so the result
+    does not depend on how the windows were split into micro-batches or
+    processes (to float32 rounding of the forward pass).
 
     ``should_stop`` is asked before every batch (a long eval must not hold up a
     Ctrl-C); when it answers True the evaluation ends there and None is
-    returned, the samplers advanced part-way (the trainer reseeds them before
-    every eval). Under DDP ``should_stop`` must give every rank the same answer.
+    returned. Under DDP ``should_stop`` must give every rank the same answer.
     """
     model.eval()
     out = {}
     try:
-        for split, sampler in samplers.items():
-            losses = torch.zeros(iters, device=sampler.device)
-            for i in range(iters):
+        for split, batches in splits.items():
+            total = None
+            for x, y in batches:
                 if should_stop is not None and should_stop():
                     return None
-                x, y = sampler.next()
                 with autocast:
                     _, loss = model(x, y)
-                losses[i] = loss.float()
-            out[split] = all_mean(losses.mean(), d).item()
+                part = loss.detach().double() * x.size(0)
+                total = part if total is None else total + part
+            out[split] = (all_sum(total, d) / n_windows).item()
     finally:
         model.train()
     return out

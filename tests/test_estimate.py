@@ -1,0 +1,66 @@
+"""The run's time estimate: the evals left, the rough figure from eval batches, the measured one from steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from minigpt_cli.config import TrainConfig
+from minigpt_cli.trainer.estimate import CPU_RECIPE, MEASURED_STEPS, TimeEstimate, evals_left, human_seconds
+from minigpt_cli.trainer.schedule import should_eval
+
+
+@pytest.mark.parametrize("max_iters,interval,at_start", [(5000, 250, True), (30, 15, True), (31, 15, True),
+                                                         (7, 10, True), (0, 5, True), (20, 10, False),
+                                                         (25, 10, False)])
+def test_evals_left_counts_the_schedules_eval_points(max_iters, interval, at_start):
+    tc = TrainConfig(max_iters=max_iters, eval_interval=interval, eval_at_start=at_start, warmup_iters=0)
+    for step in sorted({0, 1, interval, interval + 1, max_iters // 2, max_iters, max_iters + 1}):
+        for evaluated in (False, True):
+            expected = sum(should_eval(s, tc) for s in range(step, max_iters + 1))
+            if evaluated and step <= max_iters and should_eval(step, tc):
+                expected -= 1
+            assert evals_left(tc, step, evaluated) == expected, (step, evaluated)
+
+
+def test_human_seconds():
+    assert [human_seconds(s) for s in (40, 720, 7.2 * 3600)] == ["40 s", "12 min", "7.2 h"]
+
+
+def estimate(tc, on_cpu=True):
+    said, logged = [], []
+    return TimeEstimate(tc, 0, False, batches_per_eval=2 * tc.eval_iters, on_cpu=on_cpu, say=said.append,
+                        log=logged.append), said, logged
+
+
+def test_the_cpu_user_of_the_gpu_recipe_is_told_within_seconds():
+    """shakespeare.yaml on a CPU: 400 eval batches at ~1.15 s, 5,000 steps; about 7 h, said during the first eval."""
+    tc = TrainConfig(max_iters=5000, eval_interval=250, eval_iters=200)
+    est, said, logged = estimate(tc)
+    for done in range(1, 4):
+        est.eval_batch(done, 1.15 * done)
+    # 21 evals x 400 batches x 1.15 s + 5,000 steps x 3 x 1.15 s = 9,660 + 17,250 s
+    assert said[0] == f"note: about {human_seconds(9660 + 17250)} to go (from the first eval batches)"
+    assert said[1] == CPU_RECIPE and len(logged) == 2
+    for step in range(1, MEASURED_STEPS + 2):
+        est.step_done(step, 9.0 if step == 1 else 4.0)  # the first step pays for warm-up: left out
+    left = (5000 - MEASURED_STEPS - 1) * 4.0 + 20 * 400 * 1.15
+    assert said[2].startswith(f"note: about {human_seconds(left)} to go (4,994 steps at 4 s and 20 evals at")
+    assert said.count(CPU_RECIPE) == 1  # said once
+
+
+def test_a_short_run_is_only_logged():
+    tc = TrainConfig(max_iters=30, eval_interval=15, eval_iters=5, warmup_iters=0)
+    est, said, logged = estimate(tc)
+    for done in range(1, 4):
+        est.eval_batch(done, 0.01 * done)
+    for step in range(1, 8):
+        est.step_done(step, 0.02)
+    assert said == [] and len(logged) == 2 and all("to go" in line for line in logged)
+
+
+def test_a_long_gpu_run_gets_no_cpu_recipe():
+    tc = TrainConfig(max_iters=100_000, eval_interval=1000, eval_iters=200)
+    est, said, _ = estimate(tc, on_cpu=False)
+    for done in range(1, 4):
+        est.eval_batch(done, 0.1 * done)
+    assert len(said) == 1 and CPU_RECIPE not in said
