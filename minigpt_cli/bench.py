@@ -386,7 +386,8 @@ def format_bench(r: dict[str, Any]) -> str:
         *(f"  {'against ' + kernel + ' peak':<24} {m:>14.3f}" + ("   (above 1: the model's products run on a "
                                                                  "faster kernel)" if m > 1 else "")
           for kernel, m in r["mfu_by_kernel"].items() if len(r["mfu_by_kernel"]) > 1),
-        f"peak memory                {P.human_bytes(r['peak_memory_bytes']):>14}",
+        f"peak memory {'(CUDA allocator)' if r['device'].startswith('cuda') else '(process max RSS)':<16}"
+        f"{P.human_bytes(r['peak_memory_bytes']):>14}",
     ]
     if "gen_tokens_per_sec_cached" in r:
         lines += [

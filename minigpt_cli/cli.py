@@ -18,6 +18,7 @@ import typer
 
 from . import runs
 from .cli_base import Command, Group, echo, other_rank, sample_flags
+from .paths import resolve_config
 from .errors import Interrupted, MinigptError
 
 app = typer.Typer(
@@ -102,7 +103,7 @@ def train_tokenizer_cmd(
     from .config import apply_overrides, load_config, validate
     from .train_tokenizer import run_compare, run_train_tokenizer
 
-    cfg = load_config(config, set_) if config else validate(apply_overrides({}, set_), "--set")
+    cfg = load_config(resolve_config(config, echo), set_) if config else validate(apply_overrides({}, set_), "--set")
     if compare:
         if kind is not None or output is not None:
             raise MinigptError("--compare trains every kind and writes nothing; drop --kind and --output")
@@ -152,7 +153,7 @@ def train(
     """
     from .config import load_config
 
-    cfg = load_config(config, set_)
+    cfg = load_config(resolve_config(config, echo), set_)
     if resume is not None and run_name is not None:
         raise MinigptError("pass either --resume or --run-name, not both (a resumed run keeps its folder)")
     from .trainer import describe_resume, describe_schedule, train as run_training
@@ -160,9 +161,10 @@ def train(
     if dry_run:
         if run_name is not None:
             runs.check_run_name(cfg.train.out_dir, run_name)
+        resuming = describe_resume(cfg, resume) if resume is not None else []  # refused before anything prints
         print(describe_schedule(cfg))
-        if resume is not None:
-            print("\n" + "\n".join(describe_resume(cfg, resume)))
+        if resuming:
+            print("\n" + "\n".join(resuming))
         return
     try:
         result = run_training(cfg, run_name, resume=resume, echo=echo, progress=progress)
@@ -288,7 +290,7 @@ def count_params(
     from . import params
     from .count import count_params as count
 
-    source = paths.preset_path(preset) if preset else config
+    source = paths.preset_path(preset) if preset else paths.resolve_config(config, echo)
     cfg = load_config(source, set_)
     rep = count(cfg, seq_len=seq_len, tokens=tokens, vocab_size=vocab_size, dtype=dtype, batch_size=batch_size,
                 echo=echo)
@@ -325,7 +327,7 @@ def bench(
     """
     from .config import load_config
 
-    cfg = load_config(config, set_)
+    cfg = load_config(resolve_config(config, echo), set_)
     from .bench import bench as run_bench, format_bench
 
     result = run_bench(cfg, iters=iters, prompt_len=prompt_len, max_new_tokens=max_new_tokens,

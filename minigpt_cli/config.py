@@ -195,7 +195,7 @@ class TrainConfig(_Strict):
                                                    "grad_accum_steps x processes windows")
     eval_at_start: bool = Field(True, description="also evaluate before the first step (the untrained loss, about "
                                                   "ln(vocab_size)); false saves one eval")
-    log_interval: int = Field(10, ge=1, description="steps between train-loss lines in the log and metrics")
+    log_interval: int = Field(10, ge=1, description="steps between train-loss records in metrics.jsonl (and the bar's loss)")
     sample_tokens: int = Field(200, ge=0, description="tokens sampled into samples.txt at each eval; 0: none")
     early_stop_patience: Optional[int] = Field(
         None, ge=1, description="stop after this many evals in a row without a new best val loss; null: never")
@@ -468,10 +468,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     if p.is_dir():
         raise ConfigError(f"config {str(p)!r} is a folder; pass a YAML file, e.g. configs/shakespeare-cpu.yaml")
     if not p.is_file():
-        hint = ""
-        configs = sorted(x.name for x in Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
-        if configs:
-            hint = f"; shipped configs: {', '.join('configs/' + c for c in configs)}"
+        from .paths import list_configs
+
+        configs = list_configs()
+        hint = f"; shipped configs (pass the name alone): {', '.join(configs)}" if configs else ""
         raise ConfigError(f"config file {str(p)!r} not found{hint}")
     try:
         text = p.read_text(encoding="utf-8")

@@ -73,6 +73,37 @@ def list_presets() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in d.iterdir() if p.name.endswith(".yaml") and p.is_file())
 
 
+#: The package folder that holds the example run configs (``configs/`` in the repository is a link to it).
+CONFIGS_PACKAGE_DIR = "configs"
+
+
+def list_configs() -> list[str]:
+    """Names of the example run configs shipped in ``minigpt_cli/configs/``, sorted (``tiny``, ``shakespeare-cpu``, ...)."""
+    d = resources.files(__package__) / CONFIGS_PACKAGE_DIR
+    return sorted(p.name[: -len(".yaml")] for p in d.iterdir() if p.name.endswith(".yaml")) if d.is_dir() else []
+
+
+def resolve_config(path: str | Path, note=lambda message: None) -> Path:
+    """The config file ``path`` names: the file itself, else the shipped example of that name.
+
+    ``shakespeare-cpu`` names the shipped ``shakespeare-cpu.yaml``; so does
+    ``configs/shakespeare-cpu.yaml`` run from a folder that has no such file
+    (a wheel install), with a note through ``note`` saying which file is used.
+    Anything else is returned as given (:func:`~minigpt_cli.config.load_config`
+    says when it is missing).
+    """
+    p = Path(path)
+    if p.exists() or p.parent not in (Path("."), Path(CONFIGS_PACKAGE_DIR)):
+        return p
+    name = p.name[: -len(".yaml")] if p.name.endswith(".yaml") else p.name
+    res = resources.files(__package__) / CONFIGS_PACKAGE_DIR / f"{name}.yaml"
+    if name not in list_configs() or not isinstance(res, Path):
+        return p
+    if p.suffix == ".yaml":
+        note(f"note: {p} is not in this folder; using the copy shipped with minigpt ({res})")
+    return res
+
+
 def preset_path(name: str) -> Path:
     """The YAML file of preset ``name``, as a path on disk.
 

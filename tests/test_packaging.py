@@ -37,8 +37,24 @@ def test_pyproject_ships_every_preset():
     patterns = data["tool"]["setuptools"]["package-data"]["minigpt_cli"]
     files = sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "presets").iterdir() if p.is_file())
     assert files == [f"presets/{n}.yaml" for n in PRESETS]
+    files += sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "configs").iterdir() if p.is_file())
+    assert "configs/shakespeare-cpu.yaml" in files
     for f in files:
         assert any(fnmatch.fnmatch(f, pat) for pat in patterns), (f, patterns)
+
+
+def test_shipped_configs_from_a_folder_without_them(cli, tmp_path, monkeypatch):
+    """The README's examples from an empty folder: the name alone, or configs/NAME.yaml with a note."""
+    monkeypatch.chdir(tmp_path)
+    assert (REPO / "configs").resolve() == PACKAGE / "configs"  # the repository's configs/ is the package's
+    by_name = cli("train", "tiny", "--dry-run")
+    assert by_name.exit_code == 0 and by_name.stdout.startswith("name: tiny"), by_name
+    by_path = cli("train", "configs/shakespeare-cpu.yaml", "--dry-run")
+    assert by_path.exit_code == 0 and by_path.stdout.startswith("name: shakespeare-cpu"), by_path
+    assert "note: configs/shakespeare-cpu.yaml is not in this folder; using the copy shipped" in by_path.stderr
+    missing = cli("train", "my.yaml")
+    assert missing.exit_code == 2 and "shipped configs (pass the name alone): shakespeare," in missing.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_presets_from_a_folder_without_configs(cli, tmp_path, monkeypatch):

@@ -388,3 +388,16 @@ def test_train_prints_the_notes_dry_run_shows(cli, data_dir, tmp_path, monkeypat
     res = cli("train", TINY, "--no-progress", *sets)
     assert res.exit_code == 0, res
     assert [l for l in res.stderr.splitlines() if l.startswith("note: ")] == dry
+
+
+def test_without_a_bar_a_status_line_tells_of_progress(data_dir, tmp_path, monkeypatch):
+    """stderr to a file or pipe: no bar, so a line at most every STATUS_EVERY_S (0 here: at each log_interval)."""
+    import minigpt_cli.trainer.loop as loop
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(loop, "STATUS_EVERY_S", 0.0)
+    said: list[str] = []
+    train(tiny(data_dir, "train.max_iters=4", "train.log_interval=2", "train.eval_interval=4"), "quiet",
+          echo=said.append, progress=False)
+    status = [line for line in said if line.startswith("step ") and "tokens/s" in line]
+    assert [line.split(":")[0] for line in status] == ["step 2/4", "step 4/4"], said

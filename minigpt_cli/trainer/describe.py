@@ -137,8 +137,10 @@ def describe_derived(cfg: Config) -> list[str]:
         tensorboard_writer_class()
     d = preview(cfg)
     mc = cfg.model
-    lines = ["derived values (\"(set)\": given in the config):", *filter(None, [_vocab_line(cfg, d)]),
-             _split_line(cfg, d)]
+    lines = ["derived values (\"(set)\": given in the config):",
+             f"  device, dtype         {device}, {str(dtype).removeprefix('torch.')}"
+             + (" (set)" if (cfg.device, cfg.dtype) != ("auto", "auto") else ""),
+             *filter(None, [_vocab_line(cfg, d)]), _split_line(cfg, d)]
     lines.append(f"  model.d_ff            {mc.ffn_hidden}" + (" (set)" if mc.d_ff is not None else ""))
     lines.append(f"  model.n_kv_head       {mc.kv_heads}" + (" (set)" if mc.n_kv_head is not None else ""))
     lines.append(f"  head size             {mc.head_dim}")

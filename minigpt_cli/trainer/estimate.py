@@ -71,13 +71,22 @@ class TimeEstimate:
         self.tc, self.step0, self.evaluated0 = tc, step, evaluated
         self.batches_per_eval, self.on_cpu, self.say, self.log = batches_per_eval, on_cpu, say, log
         self.batch_s: Optional[float] = None  # one eval micro-batch
+        self._first_s = 0.0  # when the first batch of the current eval ended
         self.step_times: list[float] = []
         self.said_rough = self.said_measured = self.said_cpu = False
 
     def eval_batch(self, done: int, seconds: float) -> None:
-        """An eval batch ended: ``done`` batches of this eval in ``seconds``."""
-        self.batch_s = seconds / done
-        if done == FIRST_BATCHES and not (self.said_rough or self.step_times):
+        """An eval batch ended: ``done`` batches of this eval in ``seconds``.
+
+        The first batch of an eval pays for warm-up (allocations, kernel
+        choice): the rate is taken over the batches after it.
+        """
+        if done == 1:
+            self._first_s = seconds
+            self.batch_s = self.batch_s if self.batch_s is not None else seconds
+            return
+        self.batch_s = (seconds - self._first_s) / (done - 1)
+        if done == FIRST_BATCHES + 1 and not (self.said_rough or self.step_times):
             self.said_rough = True
             step_s = STEP_PER_FORWARD * self.tc.grad_accum_steps * self.batch_s
             self._tell(self._seconds_left(self.step0, step_s, self.evaluated0), "from the first eval batches")

@@ -33,6 +33,8 @@ from .step import train_step
 
 #: Consecutive non-finite losses after which a run stops.
 MAX_NONFINITE = 5
+#: Without a progress bar (stderr not a terminal), a status line at most this often, in seconds.
+STATUS_EVERY_S = 30.0
 
 
 @dataclass
@@ -64,6 +66,7 @@ class Trainer:
         self.nonfinite = 0
         self.t0 = time.perf_counter() - s.logger.elapsed_offset()
         self.t_log, self.tokens_since_log = time.perf_counter(), 0
+        self.t_status = time.perf_counter()
         self.batches = iter(s.train_sampler.next, None)
         s.checkpointer.snapshot = self.snapshot
         s.stop.on_abort = self.abort_error
@@ -172,6 +175,9 @@ class Trainer:
             s.writer.add_scalar("train/loss", train_loss, step)
             s.writer.add_scalar("train/lr", lr, step)
         s.bar.set_postfix(loss=f"{train_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
+        if s.bar.disable and now - self.t_status >= STATUS_EVERY_S:  # a log file or pipe still hears of progress
+            self.t_status = now
+            s.echo(f"step {step:,}/{s.cfg.train.max_iters:,}: loss {train_loss:.4f}, lr {lr:.2e}, {tps:,.0f} tokens/s")
 
     def evaluate(self) -> bool:
         """Evaluate at the current step, then log, checkpoint, sample and plot; True when early stopping says stop.
@@ -204,6 +210,7 @@ class Trainer:
         s.evaluator.sample(s.model, p.step, s.logger)
         s.logger.plot()
         self.t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
+        s.bar.unpause()  # nor does the bar's rate (and its time left) count the eval
         patience = s.cfg.train.early_stop_patience
         return patience is not None and p.bad_evals >= patience
 
