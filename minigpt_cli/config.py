@@ -360,13 +360,27 @@ _short_repr.maxlevel = 3
 _CLOSE = 0.75
 
 
+#: Other tools' names for our keys (Hugging Face, nanoGPT's short forms): an unknown key named so is pointed here.
+_ALIASES = {"lr": "learning_rate", "warmup": "warmup_iters", "warmup_steps": "warmup_iters",
+            "gradient_accumulation_steps": "grad_accum_steps", "temp": "temperature", "rope_theta": "rope_base",
+            "ffn_dim": "d_ff", "intermediate_size": "d_ff", "n_layers": "n_layer", "num_hidden_layers": "n_layer",
+            "n_heads": "n_head", "num_attention_heads": "n_head", "hidden_size": "n_embd", "d_model": "n_embd",
+            "max_steps": "max_iters", "num_key_value_heads": "n_kv_head", "max_position_embeddings": "block_size"}
+
+
 def _suggest(loc: str) -> str:
-    """The hint for an unknown key: where the same key lives (another section, or the top level), else a close
+    """The hint for an unknown key: where the same key lives (another section, or the top level; in any
+    letter case, or by another tool's name for it), else the key it begins (``lr_decay``), else a close
     spelling in the same section, else anywhere; else the advice to remove it."""
     keys = [key for key, _ in _fields()]
     section, _, name = loc.rpartition(".")
     place = lambda key: key if "." in key or not section else f"top-level {key}"  # noqa: E731
-    same = [key for key in keys if key.rpartition(".")[2] == name and key != loc]
+    wanted = _ALIASES.get(name.lower(), name.lower())
+    same = [key for key in keys if key.rpartition(".")[2] == wanted and key.lower() != loc.lower()]
+    same = same or [key for key in keys if key.lower() == loc.lower() and key != loc]
+    if not same and len(name) >= 3:
+        same = [key for key in keys if key.rpartition(".")[0] == section
+                and key.rpartition(".")[2].startswith(name.lower() + "_")]
     if not same:
         for pool in ([k for k in keys if k.rpartition(".")[0] == section], keys):
             names = {k.rpartition(".")[2]: k for k in pool}

@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -397,15 +397,21 @@ def windows(tokens: np.ndarray, offsets: torch.Tensor, block_size: int,
     return x.to(device), y.to(device)
 
 
-def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> torch.Tensor:
-    """The start offsets (count,) of the windows an eval reads: a function of the split's length and ``seed``.
+#: Eval offsets are drawn this many at a time: memory stays bounded whatever ``eval_iters`` asks for.
+EVAL_CHUNK = 4096
+
+
+def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> Iterator[torch.Tensor]:
+    """The start offsets of the ``count`` windows an eval reads, in chunks of at most :data:`EVAL_CHUNK`.
 
     Drawn uniformly from 0 .. n_tokens - block_size - 1 (every window has a
-    next token), by a generator of their own, so the set depends on (seed,
-    count) alone: not on the batch size, the accumulation or the process count
-    it is later read with.
+    next token), by a generator of their own, always in the same chunks, so
+    the windows depend on (seed, count) alone: not on the batch size, the
+    accumulation or the process count they are later read with.
     """
-    return torch.randint(n_tokens - block_size, (count,), generator=torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(seed)
+    for start in range(0, count, EVAL_CHUNK):
+        yield torch.randint(n_tokens - block_size, (min(EVAL_CHUNK, count - start),), generator=generator)
 
 
 def eval_seed(seed: int, split: str, step: int) -> int:

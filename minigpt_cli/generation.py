@@ -307,6 +307,11 @@ def generate(
         top_k = tok.vocab_size
     if prompt == "":
         raise MinigptError("the prompt is empty; pass --prompt TEXT (a newline works: --prompt $'\\n')")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # bytes that are not UTF-8, passed through as surrogate escapes
+        raise MinigptError(f"the prompt is not UTF-8 text (byte 0x{ord(prompt[exc.start]) & 0xff:02x} at "
+                           f"character {exc.start}); convert it to UTF-8 (e.g. with iconv)") from None
     ids = tok.encode(prompt)
     if not ids:
         raise MinigptError("the prompt encodes to no tokens; pass a longer --prompt")

@@ -119,7 +119,8 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
         return logits.argmax(dim=-1)
     gap = logits - peak  # (B, V): 0 at the maxima, <= 0 or -inf elsewhere
     if temperature > FLOAT32_ZERO:
-        scaled = gap / temperature
+        # In float64: a T beyond float32's range (1e39) would be inf there, and -inf / inf is NaN.
+        scaled = (gap.double() / temperature).float()
     else:  # the limit T -> 0: the maxima alone, equally likely
         scaled = gap.masked_fill(gap < 0, float("-inf"))
     probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)

@@ -114,6 +114,10 @@ def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
     Raises:
         MinigptError: naming the first id outside the vocabulary, and its size.
     """
+    ids = list(ids)
+    if any(isinstance(i, (bool, float)) for i in ids):  # int(1.7) would silently decode id 1
+        bad = next(i for i in ids if isinstance(i, (bool, float)))
+        raise MinigptError(f"token id {bad!r} is not an integer; decode integer ids (the ids encode gives)")
     out = list(map(int, ids))
     if out and (min(out) < 0 or max(out) >= vocab_size):
         bad = next(i for i in out if not 0 <= i < vocab_size)

@@ -478,3 +478,14 @@ def test_the_shipped_configs_get_no_notes(path, tmp_path):
     from minigpt_cli.notes import notes
 
     assert notes(load_config(path, [f"data.data_dir={tmp_path}"])) == []
+
+
+@pytest.mark.parametrize("key,meant", [("train.warmup", "train.warmup_iters"), ("train.lr", "train.learning_rate"),
+                                       ("train.lr_decay", "train.lr_decay_iters"),
+                                       ("sample.temp", "sample.temperature"), ("model.rope_theta", "model.rope_base"),
+                                       ("train.gradient_accumulation_steps", "train.grad_accum_steps"),
+                                       ("model.ffn_dim", "model.d_ff"), ("model.N_LAYER", "model.n_layer"),
+                                       ("model.hidden_size", "model.n_embd")])
+def test_other_tools_names_and_other_letter_cases_find_the_key(key, meant):
+    with pytest.raises(ConfigError, match=rf"{key}: unknown key; did you mean {meant}\?$"):
+        load_config(CONFIGS / "tiny.yaml", [f"{key}=2"])

@@ -8,6 +8,7 @@ import io
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import assert_user_error, working_dir
 
 from minigpt_cli.errors import MinigptError
@@ -428,3 +429,17 @@ def test_stop_escapes(gen):
     for stream in ("--stream", "--no-stream"):
         res = gen("--prompt", PROMPT, "--max-new-tokens", "120", *SAMPLING, "--stop", r"\n", stream)
         assert res.exit_code == 0 and res.stdout == PROMPT + new[:cut] + "\n", res
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(gen):
+    res = gen("--prompt", "ab\udcffcd", "--max-new-tokens", "3")
+    assert_user_error(res, "the prompt is not UTF-8 text (byte 0xff at character 2)", "iconv")
+
+
+def test_a_temperature_beyond_float32_samples_valid_ids():
+    """1e39 is finite but infinite in float32: -inf / inf would be NaN for a masked entry."""
+    from minigpt_cli.sampling import sample_next
+
+    logits = torch.tensor([[1.0, 2.0, float("-inf")]] * 4)
+    ids = sample_next(logits, 1e39, None, None, torch.Generator().manual_seed(0))
+    assert ((ids == 0) | (ids == 1)).all()

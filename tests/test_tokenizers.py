@@ -737,3 +737,14 @@ def test_ctrl_c_stops_the_libraries_tokenizer_training_at_once(tmp_path):
         assert p.returncode == code
         assert time.monotonic() - sent < 5  # not when training would have ended
         assert not out.exists()
+
+
+def test_decode_refuses_ids_that_are_not_integers():
+    """int(1.7) is 1: a float id would decode silently as another token."""
+    from minigpt_cli.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.train("abc")
+    assert tok.decode([0, 1]) == "ab"
+    for bad in (1.7, True, 2.0):
+        with pytest.raises(MinigptError, match="is not an integer"):
+            tok.decode([0, bad])

@@ -72,12 +72,20 @@ class Evaluator:
 
     def batches(self, split: str, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This process's micro-batches of ``split``'s eval windows at ``step``."""
-        tokens, T = self.splits[split], self.cfg.model.block_size
-        offsets = eval_offsets(len(tokens), T, self.n_windows, eval_seed(self.cfg.seed, split, step))
+        tokens, T, B = self.splits[split], self.cfg.model.block_size, self.cfg.train.batch_size
         share = self.n_windows // self.dist.world
-        mine = offsets[self.dist.rank * share:(self.dist.rank + 1) * share]
-        for chunk in mine.split(self.cfg.train.batch_size):
-            yield windows(tokens, chunk, T, self.device)
+        lo, hi = self.dist.rank * share, (self.dist.rank + 1) * share  # this process's windows
+        pending, seen = torch.empty(0, dtype=torch.long), 0
+        for chunk in eval_offsets(len(tokens), T, self.n_windows, eval_seed(self.cfg.seed, split, step)):
+            a, b = max(lo - seen, 0), min(hi - seen, len(chunk))
+            seen += len(chunk)
+            if a < b:
+                pending = torch.cat([pending, chunk[a:b]])
+            while len(pending) >= B or (seen >= hi and len(pending)):
+                yield windows(tokens, pending[:B], T, self.device)
+                pending = pending[B:]
+            if seen >= hi:
+                return
 
     def losses(self, model: torch.nn.Module, step: int) -> Optional[dict[str, float]]:
         """Mean train and val loss per window (:func:`~.step.estimate_loss`); None when a stop request cut it short."""

@@ -31,8 +31,9 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
         diff = [k for k in a if a[k] != b.get(k)]
         if diff:
             raise MinigptError(
-                f"--resume: {section}.{diff[0]} differs from the run's config.yaml "
-                f"({a[diff[0]]!r} vs {b.get(diff[0])!r}); resume with the run's own config"
+                f"--resume: {section}.{diff[0]} is {a[diff[0]]!r} here but {b.get(diff[0])!r} in the checkpoint "
+                f"({runs.CHECKPOINTS}/{runs.LAST}/{runs.CONFIG}); model, tokenizer and data values cannot change "
+                f"on a resume: resume with the config the run was trained with, or start a new run"
             )
 
 
