@@ -297,11 +297,9 @@ class Config(_Strict):
         return dump_yaml(self.to_dict())
 
 
-# ----------------------------------------------------------------------------- the key reference
-
-
 def _fields(model: type[BaseModel] = Config, prefix: str = ""):
-    """(key, field) for every key, ``section.key`` in a section; a section comes just before its keys."""
+    """(key, field) for every key, ``section.key`` in a section; a section comes just before its keys (the
+    key reference of ``config-keys`` and the README is built from these)."""
     for name, field in model.model_fields.items():
         yield prefix + name, field
         if _is_section(field):
@@ -361,11 +359,11 @@ _CLOSE = 0.75
 
 
 #: Other tools' names for our keys (Hugging Face, nanoGPT's short forms): an unknown key named so is pointed here.
-_ALIASES = {"lr": "learning_rate", "warmup": "warmup_iters", "warmup_steps": "warmup_iters",
-            "gradient_accumulation_steps": "grad_accum_steps", "temp": "temperature", "rope_theta": "rope_base",
-            "ffn_dim": "d_ff", "intermediate_size": "d_ff", "n_layers": "n_layer", "num_hidden_layers": "n_layer",
-            "n_heads": "n_head", "num_attention_heads": "n_head", "hidden_size": "n_embd", "d_model": "n_embd",
-            "max_steps": "max_iters", "num_key_value_heads": "n_kv_head", "max_position_embeddings": "block_size"}
+_ALIASES = dict(lr="learning_rate", warmup="warmup_iters", warmup_steps="warmup_iters", temp="temperature",
+                gradient_accumulation_steps="grad_accum_steps", rope_theta="rope_base", ffn_dim="d_ff",
+                intermediate_size="d_ff", n_layers="n_layer", num_hidden_layers="n_layer", n_heads="n_head",
+                num_attention_heads="n_head", hidden_size="n_embd", d_model="n_embd", max_steps="max_iters",
+                num_key_value_heads="n_kv_head", max_position_embeddings="block_size")
 
 
 def _suggest(loc: str) -> str:

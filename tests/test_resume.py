@@ -220,7 +220,7 @@ def test_resume_without_the_runs_tokenizer_says_where_it_came_from(data_dir, tmp
 def test_resume_refuses_a_different_model(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=5"), run_name="m", echo=lambda m: None, progress=False)
-    with pytest.raises(MinigptError, match=r"model\.n_layer differs"):
+    with pytest.raises(MinigptError, match=r"model\.n_layer is 3 here but 2 in the checkpoint \(checkpoints/last/"):
         train(tiny(data_dir, "train.max_iters=5", "model.n_layer=3"), echo=lambda m: None, progress=False,
               resume="runs/m")
 
@@ -281,7 +281,7 @@ def test_resuming_a_finished_run_trains_nothing_and_says_how_to_go_on(cli, data_
     assert "note: resuming with train.max_iters 10 -> 30" in res.stdout
     res = cli(*dry, "--resume", "auto", "--set", "name=nosuch")
     assert res.exit_code == 0 and "no run named 'nosuch' under runs/ yet; a new run would start" in res.stdout
-    assert_user_error(cli(*dry, "--resume", "runs/f", "--set", "model.n_layer=3"), "model.n_layer differs")
+    assert_user_error(cli(*dry, "--resume", "runs/f", "--set", "model.n_layer=3"), "model.n_layer is 3 here but 2 in the checkpoint")
     assert (tmp_path / "runs" / "f" / "metrics.jsonl").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["f"]
     res = cli("train", TINY, "--resume", "runs/f", "--no-progress", "--set", f"data.data_dir={data_dir}",
