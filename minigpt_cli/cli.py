@@ -193,7 +193,7 @@ def config_keys() -> None:
     \b
     Example: minigpt config-keys | grep train.
     """
-    from .config import describe_keys
+    from .config_docs import describe_keys
 
     print(describe_keys())
 

@@ -12,14 +12,12 @@ CLI loads configs for ``count-params`` without it.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import os
 import re
 import reprlib
-import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Sequence, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Optional, Sequence
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -310,40 +308,6 @@ def _is_section(field: Any) -> bool:
     return isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
 
 
-def _type_name(ann: Any) -> str:
-    """``int``, ``float or null``, ``cosine | linear | ...`` for a field's annotation."""
-    origin, args = get_origin(ann), get_args(ann)
-    if origin is Literal:
-        return " | ".join(str(a) for a in args)
-    if origin is Annotated:
-        return {UserPath: "path", Device: "auto | cpu | cuda | cuda:N | mps"}.get(ann) or _type_name(args[0])
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or null"
-    if origin is list:
-        return f"list of {_type_name(args[0])}"
-    return getattr(ann, "__name__", str(ann))
-
-
-def _shown(value: Any) -> str:
-    """A default as YAML would spell it: null, true, 0.001, a bare word, or a quoted string."""
-    if isinstance(value, str) and re.fullmatch(r"[\w./<>-]+", value):
-        return value
-    return json.dumps(value)
-
-
-def key_rows() -> list[tuple[str, str, str, str]]:
-    """(key, type or choices, default, meaning) for every key, ``section.key`` in a section, in schema order."""
-    return [(key, _type_name(field.rebuild_annotation()), _shown(field.get_default(call_default_factory=True)),
-             field.description or "") for key, field in _fields() if not _is_section(field)]
-
-
-def describe_keys() -> str:
-    """Every config key as a table: key, type or choices, default, one-line meaning."""
-    rows = [("key", "type", "default", "meaning"), *key_rows()]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows)
-
-
 # ----------------------------------------------------------------------------- validation
 
 
@@ -440,7 +404,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """Apply ``section.key=value`` overrides to a parsed config mapping.
 
     Values are parsed as YAML (``3e-4`` -> float, ``true`` -> bool, ``null``
-    -> None); the schema then checks the key and the type.
+    -> None), except that a key holding text keeps the text as typed when
+    YAML would read something else (``sample.prompt=ROMEO:`` is not a
+    mapping); the schema then checks the key and the type.
 
     Raises:
         ConfigError: for an override without ``=`` or a path through a non-mapping.
@@ -454,6 +420,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not key:
             raise ConfigError(f"--set {item!r}: the key is empty; expected section.key=value")
         value = parse_yaml(raw, f"--set {key}") if raw.strip() else ""
+        if value is not None and not isinstance(value, str) and _TEXT_KEYS.get(key, False):
+            value = raw  # a text key takes the text as given: --set sample.prompt=ROMEO: or name=2024
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
@@ -468,6 +436,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = child
         node[parts[-1]] = value
     return data
+
+
+#: Whether a key holds free text (its type is a string, maybe null): ``--set`` keeps such values as typed.
+_TEXT_KEYS = {key: field.annotation in (str, Optional[str]) for key, field in _fields() if not _is_section(field)}
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from minigpt_cli.config import (Config, ConfigError, ModelConfig, apply_overrides, describe_keys, load_config,
+from minigpt_cli.config import (Config, ConfigError, ModelConfig, apply_overrides, load_config,
                                 parse_yaml, validate)
+from minigpt_cli.config_docs import describe_keys
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 README = CONFIGS.parent / "README.md"
@@ -489,3 +490,12 @@ def test_the_shipped_configs_get_no_notes(path, tmp_path):
 def test_other_tools_names_and_other_letter_cases_find_the_key(key, meant):
     with pytest.raises(ConfigError, match=rf"{key}: unknown key; did you mean {meant}\?$"):
         load_config(CONFIGS / "tiny.yaml", [f"{key}=2"])
+
+
+def test_a_text_key_takes_the_text_as_typed():
+    """YAML would read ROMEO: as a mapping and 2024 as a number; the schema wants text there."""
+    cfg = load_config(CONFIGS / "tiny.yaml", ["sample.prompt=ROMEO:", "name=2024", "data.url=http://m/x:1"])
+    assert (cfg.sample.prompt, cfg.name, cfg.data.url) == ("ROMEO:", "2024", "http://m/x:1")
+    assert load_config(CONFIGS / "tiny.yaml", ["data.url=null"]).data.url is None
+    with pytest.raises(ConfigError, match="train.max_iters"):  # numbers stay numbers, and are checked
+        load_config(CONFIGS / "tiny.yaml", ["train.max_iters=ROMEO:"])

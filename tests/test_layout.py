@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minigpt_cli"
 
 #: Each module's layer: a module imports its own layer or lower ones, never a higher one.
 LAYERS = {
-    "base": {"config", "config_io", "paths", "errors", "fileio", "special_tokens"},
+    "base": {"config", "config_io", "config_docs", "paths", "errors", "fileio", "special_tokens"},
     "components": {"runs", "checkpoint", "runtime", "kernels", "kernels.onednn", "model", "data", "tokenizer",
                    "tokenizer_training", "wordpiece", "params", "params_report", "params_memory", "metrics", "hf",
                    "sampling", "download", "download_files", "trainer.schedule", "trainer.step", "trainer.evaluate",
