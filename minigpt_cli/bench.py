@@ -222,9 +222,10 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     mc = cfg.model
     tok = None
     if stream_tokens > 0:
-        from .data import ensure_corpus, ensure_tokenizer
+        from .data import configured_corpus, ensure_tokenizer
 
-        tok, tok_path = ensure_tokenizer(cfg, ensure_corpus(cfg, echo), echo)
+        corpus, root = configured_corpus(cfg, echo)
+        tok, tok_path = ensure_tokenizer(cfg, corpus, echo, root)
         if mc.vocab_size is not None and mc.vocab_size < tok.vocab_size:
             raise MinigptError(f"model.vocab_size {mc.vocab_size} is smaller than the tokenizer's {tok.vocab_size} "
                                f"entries ({tok_path}); raise it or set it to null")

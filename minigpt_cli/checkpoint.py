@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from safetensors import SafetensorError
@@ -35,6 +35,7 @@ from .config import Config, ConfigError, load_config
 from .errors import MinigptError
 from .fileio import chmod_quietly, dir_mode, new_file_mode, os_error_message
 from .model import GPT, sinusoidal_table
+from .parallel import load_model_state
 from .runs import BEST, CONFIG, LAST, META, STATE, WEIGHTS, checkpoint_dir, kept_name, old_copy, read_meta, resolve
 
 _COMPILE_PREFIX = "_orig_mod."
@@ -71,8 +72,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors for safetensors: no ``_orig_mod.`` prefix, tied head stored once."""
+def model_state(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's tensors for safetensors: no ``_orig_mod.`` prefix, tied head stored once.
+
+    ``model`` may also be its full state dict already gathered (FSDP,
+    :func:`~minigpt_cli.parallel.gather_state`, which leaves a tied head out).
+    """
+    if isinstance(model, Mapping):
+        return {k.removeprefix(_COMPILE_PREFIX): v.detach().contiguous().cpu() for k, v in model.items()}
     model = getattr(model, "_orig_mod", model)
     model = getattr(model, "module", model)  # DistributedDataParallel
     sd = {k.removeprefix(_COMPILE_PREFIX): v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -87,7 +94,8 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
 
     Args:
         directory: the final folder, e.g. ``runs/x/checkpoints/last``.
-        model: the GPT (compiled or DDP-wrapped models are unwrapped).
+        model: the GPT (compiled or DDP-wrapped models are unwrapped), or its
+            full state dict (an FSDP run's, gathered on rank 0).
         config: the resolved run config.
         trainer_state: optimizer state, RNG states, step, ...; tensors,
             numbers, strings, lists and dicts only (``weights_only`` loadable).
@@ -255,7 +263,9 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
 
 
 def load_weights_into(model: GPT, directory: Path) -> None:
-    """Load a checkpoint's safetensors weights into an existing model (for resuming).
+    """Load a checkpoint's safetensors weights into an existing model (for resuming), sharded by FSDP or not.
+
+    Under FSDP every process reads the file and keeps its shard.
 
     Raises:
         MinigptError: a corrupt or truncated file, or weights of another shape.
@@ -268,7 +278,7 @@ def load_weights_into(model: GPT, directory: Path) -> None:
     if set(sd) != expected:
         raise MinigptError(f"checkpoint weights {str(weights)!r} do not match the model of the run's config")
     try:
-        model.load_state_dict(sd, strict=False)
+        load_model_state(model, sd)
     except RuntimeError as exc:
         raise MinigptError(
             f"checkpoint weights {str(weights)!r} do not fit the model ({str(exc).splitlines()[-1].strip()})"
@@ -308,7 +318,9 @@ class Checkpointer:
     - on a stop request, ``last``.
 
     Only the process that writes files (rank 0 under torchrun) saves; the
-    others' calls return at once. ``snapshot`` gives what a save writes at
+    others' calls return at once, unless ``collective``: under FSDP every
+    process takes the snapshot (gathering the shards is a collective) and
+    rank 0 writes it. ``snapshot`` gives what a save writes at
     the moment it is called: the model, the trainer state (optimizer, RNG,
     step, ...) and the meta facts (step, losses, tokenizer fingerprint).
 
@@ -317,14 +329,17 @@ class Checkpointer:
         config: the resolved run config (``train.keep_every`` is read from it).
         snapshot: returns ``(model, trainer_state, meta)``.
         enabled: whether this process writes.
+        collective: whether every process must take the snapshot (FSDP).
     """
 
     def __init__(self, run_dir: Path, config: Config,
-                 snapshot: Callable[[], tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]], enabled: bool = True):
+                 snapshot: Callable[[], tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]], enabled: bool = True,
+                 collective: bool = False):
         self.run_dir = Path(run_dir)
         self.config = config
         self.snapshot = snapshot
         self.enabled = enabled
+        self.collective = collective
 
     @property
     def last(self) -> Path:
@@ -333,9 +348,10 @@ class Checkpointer:
 
     def save(self, which: str) -> None:
         """Write checkpoint ``which`` (``last``, ``best`` or a kept step's name) now."""
-        if self.enabled:
+        if self.enabled or self.collective:
             model, state, meta = self.snapshot()
-            save(checkpoint_dir(self.run_dir, which), model, self.config, state, meta)
+            if self.enabled:
+                save(checkpoint_dir(self.run_dir, which), model, self.config, state, meta)
 
     def after_eval(self, improved: bool) -> None:
         """An eval ended: ``best`` if its val loss is the lowest so far, then ``last``."""

@@ -17,7 +17,8 @@ from typing import List, Optional
 import typer
 
 from . import runs
-from .cli_base import Command, Group, echo, other_rank, sample_flags
+from .cli_base import (Command, Group, echo, other_rank, run_and_exit, sample_flags, say_when_stopped_late,
+                       unescape)
 from .paths import resolve_config
 from .errors import Interrupted, MinigptError
 
@@ -75,7 +76,7 @@ def train_tokenizer_cmd(
     vocab_size: Optional[int] = typer.Option(
         None, "--vocab-size", min=1, help="Entries in all, special tokens included (ignored for char)."
     ),
-    input: Optional[Path] = typer.Option(None, "--input", metavar="FILE", help="Text to train on (default: the config's corpus)."),
+    input: Optional[Path] = typer.Option(None, "--input", metavar="PATH", help="Text to train on: a UTF-8 file, a folder of .txt/.jsonl files, a glob or a .jsonl file (default: the config's corpus)."),
     output: Optional[Path] = typer.Option(
         None, "--output", metavar="FILE", help="Tokenizer file to write (default: data/<dataset>/tokenizer-<kind>[-<size>][-special-<hash>].json)."
     ),
@@ -159,6 +160,9 @@ def train(
     from .trainer import describe_resume, describe_schedule, train as run_training
 
     if dry_run:
+        from .trainer.preflight import check_paths
+
+        check_paths(cfg, resume if resume != "auto" else None)  # train's own check, before it writes anything
         if run_name is not None:
             runs.check_run_name(cfg.train.out_dir, run_name)
         resuming = describe_resume(cfg, resume) if resume is not None else []  # refused before anything prints
@@ -182,8 +186,41 @@ def train(
     if other_rank():  # under torchrun, rank 0 reports for all
         return
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
+    say_when_stopped_late(f"the run had finished at step {result.step} and is saved in "
+                          f"{runs.checkpoint_dir(result.run_dir, runs.LAST)}")
     print(f"trained to step {result.step}; final val loss {val}; run folder {result.run_dir}")
     print(f"sample from it with: minigpt generate --run {shlex.quote(str(result.run_dir))}")
+
+
+@app.command(cls=Command)
+def prepare(
+    config: Path = typer.Argument(..., help="YAML config whose data and tokenizer sections to use."),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key (repeatable)."),
+    progress: Optional[bool] = typer.Option(
+        None, "--progress/--no-progress", help="Show progress bars (default: only when stderr is a terminal)."
+    ),
+) -> None:
+    """Prepare a config's data as train would, and stop: corpus, tokenizer, token files.
+
+    Downloads the named dataset, or reads data.path (a file, a folder of
+    .txt/.jsonl files, a glob), trains the tokenizer if its file is missing,
+    and writes the train and val token files; a later train reuses them.
+
+    \b
+    Example: minigpt prepare configs/shakespeare-bpe.yaml --set data.path=books/
+    """
+    from .config import load_config
+    from .data import prepare_configured
+
+    cfg = load_config(resolve_config(config, echo), set_)
+    corpus, tok, tok_path, data = prepare_configured(cfg, echo, progress)
+    meta = data.meta
+    print(f"corpus      {corpus.source}: {corpus.size:,} bytes in {len(corpus.files):,} file(s), "
+          f"{meta.get('documents', 1):,} document(s); fingerprint {corpus.fingerprint[:12]}")
+    print(f"tokenizer   {tok.kind}, {tok.vocab_size:,} entries ({tok_path})")
+    split = "whole documents" if meta.get("split") == "documents" else "the end of the text"
+    print(f"token files {data.directory}: {len(data.train):,} train / {len(data.val):,} val tokens "
+          f"({data.train.dtype}; validation: {split})")
 
 
 @app.command("config-keys", cls=Command)
@@ -219,7 +256,9 @@ def generate(
     stop: List[str] = typer.Option(
         [], "--stop", metavar="TEXT",
         help="End a sample when this text appears in the generated text; it is not printed (repeatable). "
-             "Escapes as in printf: '\\n\\n' is a blank line, also \\t, \\r and \\\\ (a backslash).",
+             "Escapes as in printf: '\\n\\n' is a blank line; also \\t \\r \\a \\b \\e \\f \\v \\\" \\' \\\\ (a "
+             "backslash), \\uHHHH and \\UHHHHHHHH (a character: \\u00e9 is é), \\xHH and octal \\NNN (bytes, read "
+             "as UTF-8: \\xc3\\xa9 is é); any other backslash stays as typed.",
     ),
     num_samples: Optional[int] = typer.Option(
         None, "--num-samples", min=1, help="Independent samples, each after a '----- sample N -----' line (20 dashes each side)."
@@ -247,7 +286,7 @@ def generate(
       minigpt generate --prompt "ROMEO:" --max-new-tokens 300 --stop "JULIET:"
       minigpt generate --stop '\\n\\n'        # end at the first blank line
     """
-    from .generation import generate as run_generate, read_prompt, unescape
+    from .generation import generate as run_generate, read_prompt
 
     given = {"prompt": read_prompt(prompt, prompt_file, sys.stdin), "max_new_tokens": max_new_tokens,
              "temperature": temperature, "top_k": top_k, "top_p": top_p, "num_samples": num_samples,
@@ -267,8 +306,8 @@ def count_params(
     seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, metavar="T", help="Context length for FLOPs (default block_size)."),
     tokens: Optional[float] = typer.Option(None, "--tokens", min=1, metavar="N", help="Training tokens, for total FLOPs (e.g. 3e11)."),
     vocab_size: Optional[int] = typer.Option(None, "--vocab-size", min=1, help="Vocabulary size; overrides the config's (needed where it is null), e.g. 50304 for a padded GPT-2."),
-    dtype: str = typer.Option("float32", "--dtype", metavar="DTYPE", help="float32, bfloat16 or float16, for the memory estimate."),
-    batch_size: int = typer.Option(1, "--batch-size", min=1, help="Sequences per step, for the activation estimate."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="DTYPE", help="float32, bfloat16 or float16, for the memory estimate (default: the config's dtype; float32 for auto)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Sequences per micro-batch, for the activation estimate (default: the config's train.batch_size; 1 for a preset)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     list_: bool = typer.Option(False, "--list", help="List the presets and exit."),
     set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a key, e.g. --set model.tie_weights=false."),
@@ -288,7 +327,7 @@ def count_params(
     if (preset is None) == (config is None):
         raise MinigptError("pass exactly one of --preset NAME or --config FILE (--list shows the presets)")
     from . import params
-    from .count import count_params as count
+    from .count import count_params as count, overrides_in_effect
 
     source = paths.preset_path(preset) if preset else paths.resolve_config(config, echo)
     cfg = load_config(source, set_)
@@ -297,7 +336,8 @@ def count_params(
     if as_json:
         print(json.dumps(rep, indent=1))
     else:
-        print(params.format_report(rep, title=preset or str(config), overrides=set_))
+        flags = {"--vocab-size": vocab_size, "--batch-size": batch_size, "--dtype": dtype}
+        print(params.format_report(rep, title=preset or str(config), overrides=overrides_in_effect(set_, flags)))
 
 
 # ----------------------------------------------------------------------------- bench
@@ -316,6 +356,11 @@ def bench(
         help="Also time generate's streaming over N tokens: decoded at the end, streamed, streamed with a stop "
              "string; reports the overheads (needs the corpus and the config's tokenizer; 0: off).",
     ),
+    prepare: bool = typer.Option(
+        False, "--prepare",
+        help="Instead, time data preparation of the config's corpus (data.path or the dataset) with its tokenizer "
+             "against a bare tokenizers encode_batch loop over the same files, in MB/s.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Measure training tokens/s, MFU (against a matmul peak measured in the same run) and generation speed.
@@ -324,10 +369,17 @@ def bench(
     Examples:
       minigpt bench configs/shakespeare-cpu.yaml --iters 50 --json
       minigpt bench configs/shakespeare-bpe.yaml --stream-tokens 8000
+      minigpt bench configs/shakespeare-bpe.yaml --set data.path=books/ --prepare
     """
     from .config import load_config
 
     cfg = load_config(resolve_config(config, echo), set_)
+    if prepare:
+        from .bench_prepare import bench_prepare, format_bench_prepare
+
+        result = bench_prepare(cfg, echo=echo)
+        print(json.dumps(result, indent=1) if as_json else format_bench_prepare(result))
+        return
     from .bench import bench as run_bench, format_bench
 
     result = run_bench(cfg, iters=iters, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
@@ -336,8 +388,8 @@ def bench(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: runs the CLI and ends the process (:func:`~.cli_base.run_and_exit`)."""
+    run_and_exit(app)
 
 
 if __name__ == "__main__":

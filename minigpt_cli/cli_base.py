@@ -6,17 +6,23 @@ on stderr and an exit status: a :class:`~minigpt_cli.errors.MinigptError`
 SIGTERM or SIGHUP (128 + the signal), Ctrl-C (130). A closed pipe
 (``minigpt generate | head``) ends quietly with status 0. Anything else is a
 bug and keeps its traceback. :class:`Command` lays ``--help`` out like a
-Unix tool's.
+Unix tool's. :func:`run_and_exit` ends the process once the command is done
+(without the interpreter's teardown, which takes seconds once torch is loaded
+and in which a Ctrl-C would kill the process without a word).
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import io
 import os
+import re
 import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Any, Callable, NoReturn
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
@@ -278,3 +284,157 @@ def sample_flags(given: dict) -> dict:
         hint = _SAMPLE_FLAG_HINTS.get(key, err["msg"][:1].lower() + err["msg"][1:])
         raise MinigptError(f"--{key.replace('_', '-')} {given.get(key)}: {hint}") from None
     return given
+
+
+#: What a signal that comes once the command is done says: nothing was cut short; ``{done}``: what is done.
+LATE_SIGNAL = "stopped by {name} as minigpt was exiting: {done}"
+#: :data:`LATE_SIGNAL`'s ``{done}``, unless the command says more (:func:`say_when_stopped_late`).
+_DONE = ["the command had finished and its output is complete"]
+
+
+def say_when_stopped_late(done: str) -> None:
+    """What :func:`run_and_exit` says is done when a signal comes as the process ends (``train``: the run
+    folder and its last checkpoint)."""
+    _DONE[0] = done
+
+
+def _status(code: Any) -> int:
+    """The exit status of ``SystemExit(code)``, as the interpreter gives it (a message: printed, status 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def run_and_exit(app: Callable[[], Any]) -> NoReturn:
+    """Run the CLI in this process, then end the process at once, with the command's exit status.
+
+    Once the command is done, SIGINT, SIGTERM and SIGHUP are only noted; the
+    ``atexit`` functions run and standard output and error are flushed, then
+    the process ends with :func:`os._exit`. The interpreter's own teardown
+    (freeing every module; about 2 s with torch and matplotlib loaded) is
+    skipped: there, Python has put the default handlers back, and a Ctrl-C
+    killed the process with status 130 and no word, after the command had
+    finished. A signal noted in these last moments is answered with one line,
+    :data:`LATE_SIGNAL`, and status 128 + its number. While a thread that is
+    not a daemon still runs, the interpreter's normal exit waits for it
+    instead (the signals are then ignored).
+    """
+    late: list[int] = []
+    signals = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+
+    def note(signum, frame):
+        late.append(signum)
+
+    try:
+        try:
+            app()
+            code: Any = 0
+        except SystemExit as exc:
+            code = exc.code
+        for sig in signals:
+            signal.signal(sig, note)
+    except KeyboardInterrupt:  # past the command's own handling (which answers a Ctrl-C): its work was done
+        code = 0
+        late.append(signal.SIGINT)
+        for sig in signals:
+            signal.signal(sig, note)
+    status = _status(code)
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+        sys.exit(status)
+    atexit._run_exitfuncs()
+    _flush()
+    if hasattr(signal, "pthread_sigmask"):  # a call: a signal noted so far is handled first; later ones wait
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    if late:
+        print(LATE_SIGNAL.format(name=signal.Signals(late[0]).name, done=_DONE[0]), file=sys.stderr)
+        status = 128 + int(late[0])
+        _flush()
+    os._exit(status)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+# ----------------------------------------------------------------------------- --stop's escapes
+
+#: :func:`unescape`'s refusals.
+_ESCAPE_ERRORS = {
+    "bytes": ("{what} '{text}': its escapes give the bytes {bytes}, which are not UTF-8 text; write a character "
+              "as \\uHHHH (é: \\u00e9) or as all of its UTF-8 bytes (\\xc3\\xa9)"),
+    "byte_range": "{what} '{text}': {escape} is beyond a byte (at most \\377); write a character as \\uHHHH",
+    "code_point": ("{what} '{text}': {escape} is not a character (U+D800..U+DFFF and values past U+10FFFF are "
+                   "not); e.g. \\u00e9 is é"),
+}
+#: printf's escapes of one character (bash's printf builtin; its ``\\c``, which ends printf's output, is not one).
+_ESCAPES = {"\\": "\\", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r",
+            "t": "\t", "v": "\v", '"': '"', "'": "'"}
+#: One escape: octal (1 to 3 digits) and ``\\x`` (1 or 2 hex digits) give a byte, ``\\u`` (1 to 4) and ``\\U``
+#: (1 to 8) a code point, a backslash and any other character that character's escape, if it has one.
+_ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})|U([0-9A-Fa-f]{1,8})|(.))",
+                     re.DOTALL)
+
+
+def unescape(text: str, what: str = "--stop") -> str:
+    """``text`` with printf's escapes turned into what they name, as bash's ``printf`` does in its format.
+
+    ``\\n`` (``--stop '\\n\\n'``: a blank line), ``\\t``, ``\\r``, ``\\a``, ``\\b``, ``\\e``, ``\\f``,
+    ``\\v``, ``\\\\``, ``\\"``, ``\\'``; ``\\NNN`` (octal) and ``\\xHH`` give bytes, and a run of
+    them is read as UTF-8 (``\\xc3\\xa9`` is é, as printf writes it to a UTF-8 terminal); ``\\uHHHH`` and
+    ``\\UHHHHHHHH`` give the character of that code point (``\\u00e9`` is é). Any other backslash is kept
+    as written (``\\q`` stays ``\\q``, as printf leaves it).
+
+    Args:
+        text: the text as typed.
+        what: the option it came from, for the messages.
+
+    Raises:
+        MinigptError: bytes that are not UTF-8, an octal escape past ``\\377``, a code point that is not a
+            character (a surrogate, or past U+10FFFF).
+    """
+    out: list[str] = []
+    pending = bytearray()  # bytes of octal and \x escapes, read as UTF-8 together
+
+    def flush() -> None:
+        if pending:
+            try:
+                out.append(pending.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise MinigptError(_ESCAPE_ERRORS["bytes"].format(what=what, text=text,
+                                                                   bytes=pending.hex(" "))) from None
+            pending.clear()
+
+    pos = 0
+    for m in _ESCAPE.finditer(text):
+        octal, byte, short, long, other = m.groups()
+        if m.start() > pos:
+            flush()
+            out.append(text[pos:m.start()])
+        pos = m.end()
+        if octal is not None or byte is not None:
+            value = int(octal, 8) if octal is not None else int(byte, 16)
+            if value > 0xFF:
+                raise MinigptError(_ESCAPE_ERRORS["byte_range"].format(what=what, text=text, escape=m[0]))
+            pending.append(value)
+            continue
+        flush()
+        if other is not None:
+            out.append(_ESCAPES.get(other, m[0]))
+            continue
+        code = int(short or long, 16)
+        if 0xD800 <= code <= 0xDFFF or code > 0x10FFFF:
+            raise MinigptError(_ESCAPE_ERRORS["code_point"].format(what=what, text=text, escape=m[0]))
+        out.append(chr(code))
+    flush()
+    out.append(text[pos:])
+    return "".join(out)

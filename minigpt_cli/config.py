@@ -154,18 +154,44 @@ class TokenizerConfig(_Strict):
         return self
 
 
+def _check_dataset(name: str) -> str:
+    from .paths import check_dataset_name
+
+    return check_dataset_name(name)
+
+
 class DataConfig(_Strict):
     """Corpus and prepared token files."""
 
-    dataset: Literal["tinyshakespeare"] = Field(
-        "tinyshakespeare", description="the corpus: Tiny Shakespeare (char-rnn's, about 1 MB of plays)")
-    data_dir: UserPath = Field("data",
-                               description="folder of corpora, tokenizers and token files (<data_dir>/<dataset>/)")
+    dataset: Annotated[str, AfterValidator(_check_dataset)] = Field(
+        "tinyshakespeare", description="a named corpus, downloaded and checksummed: tinyshakespeare (char-rnn's, "
+                                       "about 1 MB of plays); unused when data.path is set")
+    path: Optional[UserPath] = Field(
+        None, description="your own corpus: a UTF-8 .txt file, a folder of .txt/.jsonl files (recursive) or a "
+                          "glob; null: data.dataset")
+    text_field: str = Field("text", min_length=1, description="the field holding each document's text in .jsonl "
+                                                              "files (one JSON object per line)")
+    data_dir: UserPath = Field("data", description="folder of corpora, tokenizers and token files (<data_dir>/"
+                                                   "<dataset>/, or <data_dir>/<name>-<fingerprint>/ for data.path)")
     url: Optional[str] = Field(
-        None, description="mirror of the corpus; null: $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn repository"
+        None, description="mirror of the named corpus; null: $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn "
+                          "repository"
     )
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0,
-                                description="share of the corpus, taken from its end, held out for validation")
+                                description="share held out for validation: the last documents when there are "
+                                            "10 or more, else the end of the text")
+    fingerprint: Optional[str] = Field(
+        None, description="sha256 of the corpus files (paths, sizes, contents), written by train into a run's "
+                          "config.yaml; set: refuse any other corpus")
+
+    @model_validator(mode="after")
+    def _check_source(self) -> "DataConfig":
+        if self.path is not None and self.dataset != "tinyshakespeare":
+            raise ValueError(f"data.path and data.dataset ({self.dataset}) both name a corpus; keep one of them")
+        if self.path is not None and self.url:
+            raise ValueError("data.url names a mirror of a named dataset, but data.path is set: there is nothing "
+                             "to download; drop data.url")
+        return self
 
 
 class TrainConfig(_Strict):
@@ -194,13 +220,16 @@ class TrainConfig(_Strict):
     eval_at_start: bool = Field(True, description="also evaluate before the first step (the untrained loss, about "
                                                   "ln(vocab_size)); false saves one eval")
     log_interval: int = Field(10, ge=1, description="steps between train-loss records in metrics.jsonl (and the bar's loss)")
-    sample_tokens: int = Field(200, ge=0, description="tokens sampled into samples.txt at each eval; 0: none")
+    sample_tokens: int = Field(200, ge=0, description="tokens sampled into samples.txt at each eval, from "
+                                                      "sample.prompt with the sample section's settings; 0: none")
     early_stop_patience: Optional[int] = Field(
         None, ge=1, description="stop after this many evals in a row without a new best val loss; null: never")
     keep_every: Optional[int] = Field(
         None, ge=1, description="also keep a checkpoint every this many steps (checkpoints/step-NNNNNNN); null: none")
     out_dir: UserPath = Field("runs", description="folder that holds the run folders")
     tensorboard: bool = Field(False, description="also write TensorBoard event files (needs the tensorboard package)")
+    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="under torchrun: ddp, a whole model per process; "
+                                                "fsdp, weights, gradients and AdamW moments sharded over the processes")
 
     @model_validator(mode="after")
     def _check_lr(self) -> "TrainConfig":

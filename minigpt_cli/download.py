@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
+import re
 import sys
 import time
 import urllib.parse
@@ -29,6 +30,7 @@ from tqdm import tqdm
 
 from .download_files import PART_GLOB, install, open_part, sweep_partial_files  # noqa: F401 (PART_GLOB: re-exported)
 from .errors import MinigptError
+from . import paths
 from .paths import corpus_path
 
 
@@ -43,16 +45,21 @@ class Dataset:
     url_env: str
 
 
-#: The corpora ``minigpt download`` knows, by name; a new one is a new entry, no code.
-DATASETS: dict[str, Dataset] = {
-    "tinyshakespeare": Dataset(
-        name="tinyshakespeare",
-        url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
-        sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
-        size=1_115_394,
-        url_env="MINIGPT_TINYSHAKESPEARE_URL",
-    ),
-}
+def url_variable(name: str) -> str:
+    """The environment variable naming a mirror of dataset ``name``: ``MINIGPT_<NAME>_URL``."""
+    return "MINIGPT_" + re.sub(r"[^A-Z0-9]+", "_", name.upper()) + "_URL"
+
+
+def datasets() -> dict[str, Dataset]:
+    """The corpora ``minigpt download`` knows, by name: the package's registry file
+    (:func:`~minigpt_cli.paths.dataset_registry`); a new one is a new entry there, no code."""
+    return {name: Dataset(name=name, url=e["url"], sha256=e["sha256"], size=int(e["size"]),
+                          url_env=url_variable(name))
+            for name, e in paths.dataset_registry().items()}
+
+
+#: The registry as it was when this module was imported.
+DATASETS: dict[str, Dataset] = datasets()
 #: Tiny Shakespeare's folder name, and its entry's fields under their own names.
 DATASET = "tinyshakespeare"
 DEFAULT_URL, URL_ENV, SHA256, SIZE = (getattr(DATASETS[DATASET], k) for k in ("url", "url_env", "sha256", "size"))
@@ -109,15 +116,16 @@ def _classify(exc: BaseException, phase: str) -> str | None:
 
 
 def get_dataset(dataset: str | Dataset) -> Dataset:
-    """The :data:`DATASETS` entry named ``dataset`` (an entry is returned as is).
+    """The :func:`datasets` entry named ``dataset`` (an entry is returned as is).
 
     Raises MinigptError for an unknown name; the message lists the known ones.
     """
     if isinstance(dataset, Dataset):
         return dataset
-    if dataset not in DATASETS:
-        raise MinigptError(_MESSAGES["unknown_dataset"].format(name=dataset, known=", ".join(DATASETS)))
-    return DATASETS[dataset]
+    known = datasets()
+    if dataset not in known:
+        raise MinigptError(_MESSAGES["unknown_dataset"].format(name=dataset, known=", ".join(known)))
+    return known[dataset]
 
 
 def resolve_url(url: str | None = None, dataset: str | Dataset = DATASET) -> str:

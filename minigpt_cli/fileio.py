@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -144,3 +145,105 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write UTF-8 ``text`` to ``path`` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+#: How much longer than its file's name the temporary name of :func:`atomic_write_bytes` is: ``.NAME.`` and
+#: :func:`tempfile.mkstemp`'s 8 random characters and ``.tmp``.
+_TEMP_EXTRA = len("..") + 8 + len(".tmp")
+
+
+def _limit(path: Path, name: str, default: int) -> int:
+    try:
+        return os.pathconf(path, name)
+    except (OSError, ValueError):
+        return default
+
+
+def write_problem(path: str | Path, folder: bool) -> OSError | None:
+    """The OSError that writing at ``path`` would end with, found without writing anything; None when none
+    is expected.
+
+    ``folder``: ``path`` is a folder to make if missing and write into (``Path.mkdir(parents=True,
+    exist_ok=True)``, then new entries in it); else a file written by :func:`atomic_write_bytes` (its folder
+    made if missing, a temporary file beside it renamed over it). The error is the one those calls would
+    raise: a name longer than the file system takes (``ENAMETOOLONG``; for a file, counting the temporary
+    name's extra characters), a file where a folder must be (``EEXIST`` for the folder itself, ``ENOTDIR``
+    further up), a folder where the file must be (``EISDIR``), a folder that cannot be written into
+    (``EACCES``, or ``EROFS`` on a read-only file system). It names the path the failing call names (a
+    folder: the first one ``mkdir`` could not make; a file: the file, as :func:`atomic_write_bytes` does).
+    Permissions are judged by :func:`os.access`, so what root may write passes.
+    """
+    path = Path(path)
+    if folder:
+        return _folder_problem(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:  # a file on the way (ENOTDIR), a name too long, a folder that cannot be searched
+        st = None
+        if exc.errno != errno.ENOTDIR:
+            return _error(exc.errno, path)
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            return _error(errno.EISDIR, path)
+        return None if _can_write(path.parent) else _denied(path.parent, path)
+    problem = _folder_problem(path.parent)
+    if problem is not None:
+        return _error(problem.errno, path)
+    if len(os.fsencode(path.name)) + _TEMP_EXTRA > _limit(path.parent, "PC_NAME_MAX", 255):
+        return _error(errno.ENAMETOOLONG, path)
+    return None
+
+
+def _folder_problem(path: Path) -> OSError | None:
+    """:func:`write_problem` of a folder."""
+    missing: list[Path] = []  # the folders mkdir would make, deepest first
+    at = path
+    while True:
+        try:
+            st = os.stat(at)
+            break
+        except FileNotFoundError:
+            if at == at.parent:
+                return None
+            missing.append(at)
+            at = at.parent
+        except OSError as exc:  # a file on the way (ENOTDIR), a name too long, a folder that cannot be searched
+            return _error(exc.errno, path)
+    if not stat.S_ISDIR(st.st_mode):
+        return _error(errno.EEXIST if not missing else errno.ENOTDIR, path)
+    name_max = _limit(at, "PC_NAME_MAX", 255)
+    if any(len(os.fsencode(p.name)) > name_max for p in missing) or \
+            len(os.fsencode(str(path))) >= _limit(at, "PC_PATH_MAX", 4096):
+        return _error(errno.ENAMETOOLONG, path)
+    if not _can_write(at):  # mkdir stops at the first folder it cannot make; an existing one takes no entry
+        return _denied(at, missing[-1] if missing else path)
+    return None
+
+
+def _can_write(folder: Path) -> bool:
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _denied(folder: Path, named: Path) -> OSError:
+    try:
+        readonly = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        readonly = False
+    return _error(errno.EROFS if readonly else errno.EACCES, named)
+
+
+def _error(code: int, path: Path) -> OSError:
+    return OSError(code, os.strerror(code), str(path))
+
+
+def check_writable(path: str | Path, folder: bool) -> None:
+    """Refuse a path that :func:`write_problem` says cannot be written, with the line writing it would give.
+
+    Raises:
+        MinigptError: ``cannot write PATH: <reason>; <fix>`` (:func:`os_error_message`).
+    """
+    problem = write_problem(path, folder)
+    if problem is not None:
+        raise MinigptError(os_error_message(problem, action="write"))

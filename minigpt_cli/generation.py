@@ -11,7 +11,6 @@ sample grows (``minigpt bench --stream-tokens N`` measures it).
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TextIO
@@ -23,9 +22,22 @@ from .checkpoint import load_model
 from .config import SampleConfig, validate
 from .errors import MinigptError
 from .kernels import onednn
+from .notes import notes
 from .runtime import CpuThreads, resolve_device
-from .sampling import check_temperature, generate_tokens, resolve_window_stride
+from .sampling import check_temperature, encode_prompt, generate_tokens, resolve_window_stride
 from .tokenizer import Tokenizer, load_run_tokenizer, lossy_report
+
+#: The flag of each ``sample`` key, as the notes name what the user gave (:func:`generate`).
+FLAGS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
+         "top_k": "--top-k", "top_p": "--top-p", "num_samples": "--num-samples", "window_stride": "--window-stride"}
+
+#: What :func:`generate` says: errors, then notes.
+_MESSAGES = {
+    "stop_empty": "--stop '': the stop text must not be empty",
+    "stop_never": ("note: --stop {stop!r} can never match: the tokenizer's vocabulary lacks {chars}, so the model "
+                   "never writes it"),
+    "top_k_clamped": "note: --top-k {top_k} is larger than the vocabulary ({vocab}); using {vocab}",
+}
 
 
 def find_stop(text: str, stops: Sequence[str]) -> int:
@@ -47,15 +59,6 @@ def stop_holdback(text: str, stops: Sequence[str]) -> int:
                 held = k
                 break
     return held
-
-
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
-
-
-def unescape(text: str) -> str:
-    """``text`` with printf's escapes ``\\n``, ``\\t``, ``\\r`` and ``\\\\`` turned into the characters
-    they name (``--stop '\\n\\n'``: a blank line); any other backslash is kept as written."""
-    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m[1], m[0]), text, flags=re.DOTALL)
 
 
 class TextStream:
@@ -256,8 +259,12 @@ def generate(
     literal here, the CLI turns ``\\n`` and the like into characters first).
     ``window_stride`` sets how the context slides past ``block_size`` (see
     the module docstring). Notes go to ``echo``: the run chosen when ``run``
-    is None, a checkpoint saved at step 0 (untrained: random weights), the
-    characters of the prompt the tokenizer turns into ``<unk>``.
+    is None, a checkpoint saved at step 0 (untrained: random weights), text
+    of the prompt the model will not see as typed (:func:`~minigpt_cli.tokenizer.lossy_report`),
+    the ``sample`` rules of :mod:`minigpt_cli.notes` about the keys given
+    (``--top-k`` with ``--temperature 0``, a ``--window-stride`` the window
+    never reaches), and a stop string holding a character the vocabulary
+    lacks (it can never match).
 
     Args:
         run: the run folder; None: the newest under ``runs/`` (named through ``echo``).
@@ -276,9 +283,10 @@ def generate(
 
     Raises:
         MinigptError: no run, a damaged checkpoint, a prompt the tokenizer
-            cannot encode, bad sampling settings (a temperature that is not
-            finite and >= 0, ...), an empty stop string, a sampled id outside
-            the vocabulary (a device's faulty sampler).
+            cannot encode (:func:`~minigpt_cli.sampling.encode_prompt`), bad
+            sampling settings (a temperature that is not finite and >= 0, ...),
+            an empty stop string, a sampled id outside the vocabulary (a
+            device's faulty sampler).
     """
     which = checkpoint
     if which not in (runs.BEST, runs.LAST):
@@ -300,21 +308,14 @@ def generate(
     check_temperature(sc.temperature)  # the schema refuses it too; a model_construct'ed config is not checked
     stops = list(stop)
     if any(s == "" for s in stops):
-        raise MinigptError("--stop '': the stop text must not be empty")
+        raise MinigptError(_MESSAGES["stop_empty"])
+    flags = given_keys(sample)
     if top_k is not None and top_k > tok.vocab_size:
-        if sample is not None and (not isinstance(sample, Mapping) or "top_k" in sample):  # asked for
-            echo(f"note: --top-k {top_k} is larger than the vocabulary ({tok.vocab_size}); using {tok.vocab_size}")
+        if "top_k" in flags:  # asked for
+            echo(_MESSAGES["top_k_clamped"].format(top_k=top_k, vocab=tok.vocab_size))
         top_k = tok.vocab_size
-    if prompt == "":
-        raise MinigptError("the prompt is empty; pass --prompt TEXT (a newline works: --prompt $'\\n')")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:  # bytes that are not UTF-8, passed through as surrogate escapes
-        raise MinigptError(f"the prompt is not UTF-8 text (byte 0x{ord(prompt[exc.start]) & 0xff:02x} at "
-                           f"character {exc.start}); convert it to UTF-8 (e.g. with iconv)") from None
-    ids = tok.encode(prompt)
-    if not ids:
-        raise MinigptError("the prompt encodes to no tokens; pass a longer --prompt")
+    # The run's own sample.prompt was checked by train before step 0, with the same message (encode_prompt).
+    ids = encode_prompt(tok, prompt, "the prompt" if "prompt" in flags else "sample.prompt")
     if run is None:  # said once all checks passed, so that an error stays one line
         echo(f"using {run_dir} ({describe_checkpoint(ckpt)})")
     elif ckpt.name != which:
@@ -325,6 +326,14 @@ def generate(
     lossy = lossy_report(tok, prompt)
     if lossy is not None:
         echo(lossy)
+    for line in notes(cfg.model_copy(update={"sample": sc}), route="generate",
+                      given_keys={f"sample.{k}" for k in flags}, names={f"sample.{k}": FLAGS[k] for k in flags},
+                      prompt_tokens=len(ids)):
+        echo(line)
+    for s in stops:  # text the model cannot write: the vocabulary lacks a character of it
+        missing = tok.unknown_chars(s)
+        if missing:
+            echo(_MESSAGES["stop_never"].format(stop=s, chars=", ".join(map(repr, missing))))
     block = cfg.model.block_size
     if len(ids) > block and max_new_tokens > 0:
         echo(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block} (block_size)")
@@ -352,6 +361,16 @@ class Nowhere:
 
     def flush(self) -> None:
         pass
+
+
+def given_keys(sample: Optional[SampleConfig | Mapping[str, Any]]) -> set[str]:
+    """The ``sample`` keys the caller of :func:`generate` gave (its flags): a mapping's keys, the fields a
+    :class:`~minigpt_cli.config.SampleConfig` was built with; none for None."""
+    if sample is None:
+        return set()
+    if isinstance(sample, SampleConfig):
+        return set(sample.model_fields_set)
+    return set(sample) & set(FLAGS)
 
 
 def resolve_sample(base: SampleConfig, sample: Optional[SampleConfig | Mapping[str, Any]]) -> SampleConfig:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import json
 from importlib import resources
@@ -21,6 +22,29 @@ if TYPE_CHECKING:  # importlib.resources.abc from Python 3.11 on
 
 #: Name of the file a dataset is downloaded to, inside ``data/<dataset>/``.
 CORPUS_FILE = "input.txt"
+#: The registry of named corpora (package data): name -> url, sha256, size in bytes, description.
+DATASETS_FILE = "datasets.json"
+
+
+@functools.cache
+def dataset_registry() -> dict[str, dict]:
+    """The named corpora ``data.dataset`` and ``minigpt download`` know, from the package's
+    :data:`DATASETS_FILE`: each name maps to its ``url``, ``sha256``, ``size`` (bytes) and ``description``.
+    A new corpus is a new entry there, no code; its mirror variable is ``MINIGPT_<NAME>_URL``."""
+    return json.loads((resources.files(__package__) / DATASETS_FILE).read_text(encoding="utf-8"))
+
+
+def check_dataset_name(name: str) -> str:
+    """``name`` when the registry (:func:`dataset_registry`) has it.
+
+    Raises:
+        ValueError: an unknown name; the message lists the known ones (the config reports it as a schema error).
+    """
+    known = dataset_registry()
+    if name not in known:
+        raise ValueError(f"data.dataset: unknown dataset {name!r}; known datasets: {', '.join(known)} "
+                         "(for your own text, set data.path)")
+    return name
 
 
 def dataset_dir(data_dir: str | Path, dataset: str) -> Path:

@@ -257,7 +257,13 @@ class Dist:
 
     @property
     def main(self) -> bool:
+        """Whether this is rank 0, the one process of the job that writes the run's files."""
         return self.rank == 0
+
+    @property
+    def local_main(self) -> bool:
+        """Whether this is the first process on its machine (local rank 0), one per node."""
+        return self.local_rank == 0
 
     @property
     def enabled(self) -> bool:
@@ -390,13 +396,22 @@ def bytes_to_train(model_cfg: ModelConfig, dtype: str, batch_size: int) -> tuple
     return mem["model_states"] + mem["activations_estimate_fused"] + mem["logits"], mem
 
 
-def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype) -> None:
+def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: int = 1) -> None:
     """Refuse, before any tensor exists, a model that cannot fit in the device's free memory.
 
     The need is :func:`minigpt_cli.params.memory`'s estimate (the accounting
     ``count-params`` prints): weights, gradients and AdamW moments, 16 bytes a
     parameter (ZeRO §3.1), plus activations with fused attention and the
-    logits for one micro-batch. Only a model that needs more than all the
+    logits for one micro-batch: ``train.grad_accum_steps`` adds nothing
+    (each micro-batch's backward pass frees its activations before the next
+    one runs, the gradients add up in place, and an eval reads its windows
+    :data:`~minigpt_cli.data.EVAL_CHUNK` at a time, one micro-batch of
+    ``train.batch_size`` on the device), so a large accumulation costs time,
+    not memory. Under FSDP (``shards`` processes, see
+    :mod:`minigpt_cli.parallel`) each process holds 1/shards of the model
+    states (ZeRO stage 3, §5.3), so only that share is counted with the
+    activations; the gathered weights of one block are left out, as the
+    allocator slack is. Only a model that needs more than all the
     free memory is refused: the estimate leaves out allocator slack, so a
     run that passes can still run out.
 
@@ -407,11 +422,14 @@ def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype) -> None:
     if free is None:
         return
     need, mem = bytes_to_train(cfg.model, str(dtype).removeprefix("torch."), cfg.train.batch_size)
+    need -= mem["model_states"] - mem["model_states"] // shards
     if need > free:
         raise MinigptError(
-            f"this model needs about {P.human_bytes(need)} to train ({P.human_bytes(mem['model_states'])} for "
-            f"weights, gradients and AdamW moments of {P.count(cfg.model).total:,} parameters, "
-            f"{P.human_bytes(need - mem['model_states'])} for activations at batch {cfg.train.batch_size} x "
+            f"this model needs about {P.human_bytes(need)} to train "
+            f"({P.human_bytes(mem['model_states'] // shards)} for "
+            f"weights, gradients and AdamW moments of {P.count(cfg.model).total:,} parameters"
+            f"{f', its share of {shards} processes (FSDP)' if shards > 1 else ''}, "
+            f"{P.human_bytes(need - mem['model_states'] // shards)} for activations at batch {cfg.train.batch_size} x "
             f"{cfg.model.block_size}) but {device.type} has {P.human_bytes(free)} free; make model.n_layer, "
             f"n_embd, block_size or train.batch_size smaller (minigpt count-params --config CONFIG shows the "
             f"accounting)"

@@ -30,12 +30,69 @@ made elsewhere, the importer refuses a ``block_size`` beyond the table
 from __future__ import annotations
 
 import math
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import torch
 
 from .errors import MinigptError
 from .model import GPT
+
+if TYPE_CHECKING:
+    from .config import SampleConfig
+    from .tokenizer import Tokenizer
+
+
+#: The refusals of :func:`encode_prompt`, and the fix for each place a prompt comes from.
+_PROMPT = {
+    "empty": "{source} is empty; {give}; a newline works: {newline}",
+    "not_utf8": ("{source} is not UTF-8 text (byte 0x{byte:02x} at character {at}); convert it to UTF-8 "
+                 "(e.g. with iconv)"),
+    "unknown": "{source} has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
+    "no_tokens": "{source} encodes to no tokens; {longer}",
+}
+_PROMPT_FIXES = {
+    "the prompt": {"give": "pass --prompt TEXT", "newline": "--prompt $'\\n'", "longer": "pass a longer --prompt"},
+    "sample.prompt": {"give": "set sample.prompt (or pass minigpt generate --prompt TEXT)",
+                      "newline": 'sample.prompt: "\\n"',
+                      "longer": "set a longer sample.prompt (or pass minigpt generate --prompt TEXT)"},
+}
+
+
+def encode_prompt(tok: Optional[Tokenizer], prompt: str, source: str = "the prompt") -> list[int]:
+    """The ids of a prompt to sample from: ``generate``'s prompt, and the ``sample.prompt`` that ``train``
+    samples samples.txt from (and checks before step 0, so that ``generate`` cannot fail on it later).
+
+    Args:
+        tok: the run's tokenizer; None (a dry run before the tokenizer is trained): the text alone is checked.
+        prompt: the text.
+        source: where it came from, for the messages: ``"the prompt"`` (``--prompt``, ``--prompt-file``,
+            standard input) or ``"sample.prompt"`` (the config).
+
+    Returns:
+        The ids, at least one ([] without ``tok``).
+
+    Raises:
+        MinigptError: one line naming ``source``: an empty prompt, one that is not UTF-8 (bytes passed
+            through as surrogate escapes), characters a char tokenizer lacks, or no tokens at all.
+    """
+    fixes = _PROMPT_FIXES.get(source, _PROMPT_FIXES["the prompt"])
+    if prompt == "":
+        raise MinigptError(_PROMPT["empty"].format(source=source, **fixes))
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise MinigptError(_PROMPT["not_utf8"].format(source=source, byte=ord(prompt[exc.start]) & 0xFF,
+                                                      at=exc.start)) from None
+    if tok is None:
+        return []
+    if tok.unk_token is None:  # char refuses what its alphabet lacks (bpe lacks nothing)
+        missing = tok.unknown_chars(prompt)
+        if missing:
+            raise MinigptError(_PROMPT["unknown"].format(source=source, chars=", ".join(map(repr, missing))))
+    ids = tok.encode(prompt)
+    if not ids:
+        raise MinigptError(_PROMPT["no_tokens"].format(source=source, **fixes))
+    return ids
 
 
 def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None, top_p: Optional[float] = None) -> torch.Tensor:
@@ -227,3 +284,38 @@ def generate_tokens(
             start += stride
             refill = True
         yield nxt
+
+
+def sample_prompt_text(model: GPT, tok: "Tokenizer", sc: "SampleConfig", n_tokens: int, seed: int,
+                       should_stop: Optional[Callable[[], bool]] = None) -> str:
+    """A sample as ``minigpt generate`` makes it from the run's ``sample`` section, for samples.txt.
+
+    ``n_tokens`` new tokens after ``sc.prompt``, drawn with ``sc``'s
+    temperature, top_k, top_p and window_stride by a generator seeded with
+    ``seed`` (``sc.max_new_tokens`` and ``sc.num_samples`` are generate's
+    own: the caller gives the count). ``should_stop`` is asked after every
+    token; when it answers True the sample ends there (a Ctrl-C must not wait
+    for a long sample). The model is put in eval mode and back in train mode.
+
+    Returns:
+        The prompt followed by the new text; ``(no sample: REASON)`` when
+        there is none (a prompt the tokenizer cannot encode, a model whose
+        output is NaN: the run's loss says so too).
+    """
+    device = next(model.parameters()).device
+    model.eval()
+    ids: list[int] = []
+    try:
+        prompt = encode_prompt(tok, sc.prompt, "sample.prompt")
+        idx = torch.tensor([prompt], dtype=torch.long, device=device)
+        g = torch.Generator(device=device).manual_seed(seed)
+        for t in generate_tokens(model, idx, n_tokens, sc.temperature, sc.top_k, sc.top_p, generator=g,
+                                 vocab_limit=tok.vocab_size, window_stride=sc.window_stride):
+            ids.append(int(t[0]))
+            if should_stop is not None and should_stop():
+                break
+    except MinigptError as exc:
+        return f"(no sample: {exc})"
+    finally:
+        model.train()
+    return sc.prompt + tok.decode(ids)

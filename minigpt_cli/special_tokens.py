@@ -14,6 +14,9 @@ from .errors import MinigptError
 
 #: The unknown token of the Unigram and WordPiece kinds (byte-level BPE has none).
 UNK = "<unk>"
+#: Spellings of an end-of-text token (GPT-2, SentencePiece, Llama 3, ...): the first special token of a
+#: tokenizer that is one of these joins the documents of a corpus.
+END_OF_TEXT = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|eot|>")
 
 
 def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:

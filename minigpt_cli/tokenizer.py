@@ -43,13 +43,15 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Container, Iterable, Optional, Protocol
+from typing import TYPE_CHECKING, Container, Iterable, Optional, Protocol, Sequence
 
 from .errors import MinigptError
 from .fileio import atomic_write_text
 from .special_tokens import UNK, check_special_tokens, split_special
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .config import Config
 
 __all__ = ["FORMAT", "KINDS", "UNK", "SPACE_MARK", "Tokenizer", "CharTokenizer", "HFTokenizer", "check_ids",
@@ -82,6 +84,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text``, one per token; special tokens are single ids."""
+        ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
+        """The ids of each of ``texts`` (as :meth:`encode`), as int64 arrays; faster than one call each."""
         ...
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -128,25 +134,55 @@ def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
     return out
 
 
-def lossy_report(tok: Tokenizer, text: str, what: str = "the prompt") -> Optional[str]:
-    """A one-line note naming the characters of ``text`` that ``tok.encode`` turns into ``<unk>``, or None.
+#: The parts of :func:`lossy_report`'s note: text of a prompt the model will not see as it was typed.
+_LOSSY = {
+    "unknown": "{n} of {what} became {unk}: {shown}",
+    "unknown_words": "the words of {what} holding {n} the vocabulary lacks became {unk}: {shown}",
+    "space_mark": "{what}'s {mark!r} (U+2581) becomes a space ({kind} writes a space as {mark!r})",
+    "unk_text": "{what}'s {unk!r} is read as the unknown token (one id), not as its {length} characters",
+    "other": "{what} does not come back as typed: it decodes as {back}",
+}
 
-    None when nothing is lost, and for kinds without an unknown token (bpe
-    keeps every byte; char refuses unknown characters in ``encode``). Meant
-    for stderr, e.g. ``note: 3 characters of the prompt became <unk>: '¿',
-    'é', '😀'``; ``what`` names the text. At most :data:`MAX_SHOWN`
-    characters are named.
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def lossy_report(tok: Tokenizer, text: str, what: str = "the prompt") -> Optional[str]:
+    """A one-line note naming the text of ``text`` the model will not see as typed, or None.
+
+    For the kinds with an unknown token (Unigram, WordPiece): the characters
+    ``tok.encode`` turns into ``<unk>`` (e.g. ``note: 3 characters of the
+    prompt became <unk>: '¿', 'é', '😀'``), a literal ``▁`` (it decodes as a
+    space), a literal ``<unk>`` (one id, the unknown token, not five
+    characters), and any other text for which decode(encode(text)) != text (a
+    WordPiece word over its longest, one ``<unk>``). The parts are joined
+    with ``; `` after ``note: ``; ``what`` names the text. At most
+    :data:`MAX_SHOWN` characters are named. None when nothing is lost, and for
+    kinds without an unknown token (bpe keeps every byte; char refuses
+    unknown characters in ``encode``, :func:`~minigpt_cli.sampling.encode_prompt`).
     """
-    if tok.unk_token is None:
+    unk = tok.unk_token
+    if unk is None:
         return None
+    parts = []
     chars = tok.unknown_chars(text)
-    if not chars:
-        return None
-    shown = ", ".join(repr(c) for c in chars[:MAX_SHOWN]) + (", ..." if len(chars) > MAX_SHOWN else "")
-    n = f"{len(chars)} character{'s' if len(chars) > 1 else ''}"
-    if tok.kind == "wordpiece":  # the whole word holding such a character becomes <unk>
-        return f"note: the words of {what} holding {n} the vocabulary lacks became {tok.unk_token}: {shown}"
-    return f"note: {n} of {what} became {tok.unk_token}: {shown}"
+    if chars:
+        shown = ", ".join(repr(c) for c in chars[:MAX_SHOWN]) + (", ..." if len(chars) > MAX_SHOWN else "")
+        n = f"{len(chars)} character{'s' if len(chars) > 1 else ''}"
+        # WordPiece: the whole word holding such a character becomes <unk>
+        parts.append(_LOSSY["unknown_words" if tok.kind == "wordpiece" else "unknown"].format(
+            n=n, what=what, unk=unk, shown=shown))
+    plain = "".join(split_special(text, tok.special_tokens)[0::2])  # special tokens are one id by design
+    if SPACE_MARK in plain:
+        parts.append(_LOSSY["space_mark"].format(what=what, mark=SPACE_MARK, kind=tok.kind))
+    if unk in plain:
+        parts.append(_LOSSY["unk_text"].format(what=what, unk=unk, length=len(unk)))
+    if not parts:
+        back = tok.decode(tok.encode(text))
+        if back != text:
+            parts.append(_LOSSY["other"].format(what=what, back=_clip(repr(back))))
+    return "note: " + "; ".join(parts) if parts else None
 
 
 def _missing(text: str, special_tokens: list[str], known: Container[str]) -> list[str]:
@@ -181,21 +217,30 @@ class CharTokenizer:
             raise MinigptError("a char tokenizer's alphabet must be distinct single characters")
         self.itos = self.chars + self.special_tokens
         self.stoi = {c: i for i, c in enumerate(self.itos)}
+        self._sorted = None  # (code points sorted, their ids): encode_batch's table, made on first use
 
     @classmethod
-    def train(cls, text: str, special_tokens: Iterable[str] = ()) -> "CharTokenizer":
+    def train(cls, text: str | Iterable[str], special_tokens: Iterable[str] = ()) -> "CharTokenizer":
         """The alphabet of ``text`` (outside its special tokens), sorted by code point.
+
+        ``text``: a string, or an iterable of pieces (a corpus read in a stream) none of which cuts a
+        special token in two.
 
         Raises:
             MinigptError: the text is empty, or holds nothing but special tokens.
         """
         specials = check_special_tokens(special_tokens)
-        if not text:
+        chars: set[str] = set()
+        empty = True
+        for piece in [text] if isinstance(text, str) else text:
+            empty = empty and not piece
+            for part in split_special(piece, specials)[0::2]:
+                chars.update(part)
+        if empty:
             raise MinigptError("cannot train a char tokenizer on an empty corpus")
-        plain = "".join(split_special(text, specials)[0::2])
-        if not plain:
+        if not chars:
             raise MinigptError("the corpus holds nothing but special tokens; give it some text")
-        return cls(sorted(set(plain)), specials)
+        return cls(sorted(chars), specials)
 
     @property
     def vocab_size(self) -> int:
@@ -231,6 +276,37 @@ class CharTokenizer:
                 f"text has characters the tokenizer's vocabulary lacks: {bad}; "
                 "remove or replace them"
             ) from None
+
+    def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
+        """The ids of each text, as :meth:`encode` gives them, in int64 arrays (vectorised over code points).
+
+        Raises:
+            MinigptError: as :meth:`encode`, naming each character the alphabet lacks.
+        """
+        import numpy as np
+
+        if self._sorted is None:
+            cps = np.array([ord(c) for c in self.chars], dtype=np.int64)
+            order = np.argsort(cps)
+            self._sorted = (cps[order], order)
+        cps, order = self._sorted
+
+        def plain(text: str) -> "np.ndarray":
+            codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+            at = np.minimum(np.searchsorted(cps, codes), len(cps) - 1)
+            if not np.array_equal(cps[at], codes):
+                self.encode(text)  # raises, naming the characters
+            return order[at]
+
+        out = []
+        for text in texts:
+            if not self.special_tokens:
+                out.append(plain(text))
+                continue
+            parts = split_special(text, self.special_tokens)
+            out.append(np.concatenate([plain(p) if i % 2 == 0 else np.array([self.stoi[p]], dtype=np.int64)
+                                       for i, p in enumerate(parts)]))
+        return out
 
     def decode(self, ids: Iterable[int]) -> str:
         """The characters and special tokens of ``ids``, joined.
@@ -306,6 +382,14 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         """Ids of ``text``; never raises (bpe: bytes; unigram, wordpiece: ``<unk>`` for unseen characters)."""
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
+        """The ids of each text, as :meth:`encode` gives them, in int64 arrays; the library encodes the
+        texts in parallel on every core (Rayon; ``TOKENIZERS_PARALLELISM=false`` turns that off)."""
+        import numpy as np
+
+        return [np.asarray(e.ids, dtype=np.int64)
+                for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids``, special and unknown tokens kept as their text.

@@ -264,13 +264,13 @@ def _train_wordpiece(chunks: list[str], vocab_size: int, specials: list[str]) ->
     return HFTokenizer(tok)
 
 
-def train_tokenizer(kind: str, text: str, vocab_size: Optional[int] = None,
+def train_tokenizer(kind: str, text: str | Iterable[str], vocab_size: Optional[int] = None,
                     special_tokens: Iterable[str] = (), on_start: Callable[[], None] = lambda: None) -> Tokenizer:
     """Train a tokenizer of ``kind`` on ``text``.
 
     Args:
         kind: char, bpe, wordpiece or unigram.
-        text: the corpus.
+        text: the corpus; or its pieces, none cutting a special token (char reads them as a stream).
         vocab_size: entries in all (base alphabet, merges or pieces, special
             tokens, ``<unk>``); ignored for char, whose alphabet decides.
         special_tokens: texts that become single ids; their occurrences in
@@ -284,10 +284,12 @@ def train_tokenizer(kind: str, text: str, vocab_size: Optional[int] = None,
     if kind not in KINDS:
         raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
     specials = check_special_tokens(special_tokens)
-    if not text:
-        raise MinigptError(f"cannot train a {kind} tokenizer on an empty corpus")
     if kind == "char":
         return CharTokenizer.train(text, specials)
+    if not isinstance(text, str):
+        text = "".join(text)
+    if not text:
+        raise MinigptError(f"cannot train a {kind} tokenizer on an empty corpus")
     check_vocab_size(kind, text, vocab_size, specials)
     chunks = [c for c in split_special(text, specials)[0::2] if c]
     if not chunks:

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .config import Config
-from .data import ensure_corpus, split_text
+from .corpus import open_corpus
+from .data import TOKENIZER_TRAIN_CHARS, configured_corpus, split_text, training_texts
 from .errors import MinigptError
 from .paths import default_tokenizer_path
 from .special_tokens import check_special_tokens
@@ -35,29 +36,30 @@ class TokenizerReport:
         return self.val_chars / max(self.val_tokens, 1)
 
 
-def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], None]) -> tuple[Path, str]:
-    """The training text: ``input_path``, else the config's corpus (downloaded first if missing).
+def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], None],
+                limit_chars: Optional[int] = None) -> tuple[str, str, Path]:
+    """The training text, what it came from, and that corpus's folder (where its tokenizers go by default).
+
+    ``input_path``: a text file, a folder of ``.txt``/``.jsonl`` files, a glob
+    or a ``.jsonl`` file (read as ``data.path`` is); else the config's corpus
+    (the named dataset downloaded first if missing). At most about
+    ``limit_chars`` characters are read (:func:`~minigpt_cli.data.training_texts`).
 
     Raises:
-        MinigptError: a missing, unreadable or empty file.
+        MinigptError: nothing there, an empty or unreadable file, text that is not UTF-8, a bad JSON line.
     """
     if input_path is not None:
-        if not input_path.is_file():
-            raise MinigptError(f"input file {str(input_path)!r} not found; pass an existing text file to --input")
-        corpus = input_path
+        try:
+            corpus = open_corpus(input_path, cfg.data.text_field)
+        except MinigptError as exc:
+            raise MinigptError(str(exc).replace("data.path", "--input")) from None
+        root = corpus.folder(cfg.data.data_dir)
     else:
-        corpus = ensure_corpus(cfg, echo)
-    try:
-        text = corpus.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise MinigptError(f"{str(corpus)!r} is not UTF-8 text ({exc.reason} at byte {exc.start:,}); "
-                           "convert it to UTF-8 (e.g. with iconv) or pass another --input") from None
-    except OSError as exc:
-        raise MinigptError(f"cannot read {str(corpus)!r} ({exc.strerror or exc}); check that it is a readable "
-                           "file") from None
-    if not text:
-        raise MinigptError(f"input file {str(corpus)!r} is empty; give it some text")
-    return corpus, text
+        corpus, root = configured_corpus(cfg, echo)
+    text = "".join(training_texts(corpus, cfg.tokenizer.special_tokens, limit_chars))
+    if not text.strip("\n"):
+        raise MinigptError(f"input {corpus.source!r} is empty; give it some text")
+    return corpus.source, text, root
 
 
 def evaluate(tok: Tokenizer, text: str, val_fraction: float, train_seconds: float = 0.0) -> TokenizerReport:
@@ -85,7 +87,9 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary.
 
     The file goes to ``output_path``, else the config's ``tokenizer.path`` when
-    the kind is the config's, else ``data/<dataset>/tokenizer-<kind>[-<size>][-special-<hash>].json``.
+    the kind is the config's, else ``tokenizer-<kind>[-<size>][-special-<hash>].json`` in the corpus's folder
+    (``data/<dataset>/``, or ``data/<name>-<fingerprint>/`` for a ``data.path`` or ``--input`` corpus), where
+    ``train`` looks for it.
     The summary gives the vocabulary size, tokens on the validation split,
     characters per token, whether decode(encode(text)) == text on the corpus,
     and the segmentation of a few words.
@@ -100,15 +104,14 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
         raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
     specials = check_special_tokens(cfg.tokenizer.special_tokens if special_tokens is None else special_tokens)
-    corpus, text = read_corpus(cfg, input_path, echo)
+    corpus, text, root = read_corpus(cfg, input_path, echo, None if kind == "char" else TOKENIZER_TRAIN_CHARS)
     if output_path is not None:
         out = output_path
     elif cfg.tokenizer.path and kind == cfg.tokenizer.kind:
         out = Path(cfg.tokenizer.path)
     else:
-        out = default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, kind, None if kind == "char" else vocab_size,
-                                     specials)
-    if out.exists() and corpus.exists() and os.path.samefile(out, corpus):
+        out = default_tokenizer_path(root.parent, root.name, kind, None if kind == "char" else vocab_size, specials)
+    if out.exists() and Path(corpus).exists() and os.path.samefile(out, corpus):
         raise MinigptError(f"--output {str(out)!r} is the text the tokenizer trains on; writing there would "
                            "replace it: pass another --output")
     status = f"training a {kind} tokenizer of {vocab_size or 0:,} entries on {corpus} ({len(text):,} characters)"
@@ -153,7 +156,7 @@ def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optio
     if vocab_size is None:
         raise MinigptError("--compare needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
     specials = check_special_tokens(cfg.tokenizer.special_tokens if special_tokens is None else special_tokens)
-    corpus, text = read_corpus(cfg, input_path, echo)
+    corpus, text, _ = read_corpus(cfg, input_path, echo, TOKENIZER_TRAIN_CHARS)
     for kind in KINDS:
         check_vocab_size(kind, text, vocab_size, specials)
     reports = {}

@@ -22,9 +22,12 @@ import pytest
 # A fixed thread count for the whole suite (and the processes it starts): minigpt's CPU
 # trainer otherwise adapts its threads to what else runs (device.CpuThreads), which would
 # make notes and float rounding depend on the machine's load. The tests of that
-# adaptation remove the variable themselves.
-os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                             else os.cpu_count() or 1))
+# adaptation remove the variable (or set the count) themselves.
+# One thread: the suite's models are tiny (their products are too small to gain from a second
+# thread), and PyTorch's spinning OpenMP threads make them many times slower as soon as anything
+# else runs on the machine (the kv-cache tests of test_variants took 190 s with two threads on a
+# busy 2-core machine, 15 s with one). OMP_NUM_THREADS set in the shell wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -250,3 +253,45 @@ def cli():
         return CliResult(res.exit_code, res.stdout, res.stderr)
 
     return run
+
+
+# A 1x1 grayscale PNG: what the quick stand-in for the loss plot writes.
+_TINY_PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010800000000"
+    "3a7e9b550000000a49444154789c63f80f0001010100b138f6140000000049454e44ae426082"
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quick_loss_plot():
+    """Every in-process run writes a tiny PNG for loss.png instead of drawing the plot.
+
+    Drawing loss.png with matplotlib after each eval cost about 0.33 s, more than half of a
+    tiny run's time (30 steps: 0.35 s), in every run of the suite. Tests marked
+    ``real_plot`` draw the real plot (see ``_real_plot_when_marked``); the file is still
+    written through the same atomic write, only when the real plot would be (main rank).
+    Processes the tests start draw the real plot.
+    """
+    from minigpt_cli.fileio import atomic_write_bytes
+    from minigpt_cli.metrics import RunLogger
+
+    real = RunLogger.plot
+
+    def quick_plot(self) -> None:
+        if self.enabled:
+            atomic_write_bytes(self.plot_path, _TINY_PNG)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RunLogger, "plot", quick_plot)
+        yield real
+
+
+@pytest.fixture(autouse=True)
+def _real_plot_when_marked(request: pytest.FixtureRequest, _quick_loss_plot) -> None:
+    """``@pytest.mark.real_plot``: this test's runs draw loss.png with matplotlib, as minigpt does."""
+    if request.node.get_closest_marker("real_plot") is not None:
+        from minigpt_cli.metrics import RunLogger
+
+        mp = pytest.MonkeyPatch()
+        mp.setattr(RunLogger, "plot", _quick_loss_plot)
+        request.addfinalizer(mp.undo)

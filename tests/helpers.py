@@ -76,3 +76,18 @@ def cli_process(args, env_extra=None, cwd=None, **kw) -> subprocess.CompletedPro
     env = dict(os.environ, **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "minigpt_cli", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, **kw)
+
+
+def small_peak(monkeypatch, n: int = 256) -> None:
+    """bench measures its matmul peak on n x n products instead of 2048 x 2048 (24 of those took ~5 s a call).
+
+    For tests of what bench does with the peak (the JSON, the table, kernels, fallbacks), not of its size.
+    """
+    import minigpt_cli.bench as bench_mod
+
+    real = bench_mod.measure_peak
+
+    def measure_small(device, dtype, kernel: str = "torch.mm"):
+        return real(device, dtype, n, kernel=kernel)
+
+    monkeypatch.setattr(bench_mod, "measure_peak", measure_small)

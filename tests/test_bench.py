@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import small_peak
 
 from minigpt_cli.config import load_config
 from minigpt_cli.model import GPT
@@ -13,10 +14,12 @@ from minigpt_cli.model import GPT
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 
 
-def test_bench_json(cli):
+def test_bench_json(cli, monkeypatch):
+    small_peak(monkeypatch)  # the products are 256 x 256 here; bench still names the 2048 x 2048 it runs
     res = cli("bench", TINY, "--iters", "2", "--max-new-tokens", "5", "--json")
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)
+    assert r["peak_matmul"] == f"2048x2048 @ 2048x2048, float32, median of 10, {r['peak_kernel']}"
     for key in ("train_tokens_per_sec", "achieved_flops", "peak_flops", "mfu",
                 "gen_tokens_per_sec_cached", "gen_tokens_per_sec_uncached"):
         assert r[key] > 0, key
@@ -44,7 +47,8 @@ def test_bench_json(cli):
     assert r["flops_per_token"] == 6 * n + 12 * L * H * Q * T
 
 
-def test_bench_table(cli):
+def test_bench_table(cli, monkeypatch):
+    small_peak(monkeypatch)
     res = cli("bench", TINY, "--iters", "1", "--no-generation")
     assert res.exit_code == 0, res
     assert "MFU" in res.stdout and "training tokens/s" in res.stdout and "KV cache" not in res.stdout
@@ -66,6 +70,7 @@ def test_peak_is_the_machines_even_with_onednn_turned_off(cli, monkeypatch):
 
     # n_embd 128: the MLP's products are big enough for oneDNN, so only the switch keeps them off it.
     monkeypatch.setenv("MINIGPT_ONEDNN", "0")
+    small_peak(monkeypatch)
     res = cli("bench", TINY, "--iters", "1", "--no-generation", "--json", "--set", "model.n_embd=128")
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)
@@ -79,8 +84,10 @@ def test_peak_is_the_machines_even_with_onednn_turned_off(cli, monkeypatch):
     assert_user_error(cli("bench", TINY, "--iters", "1"), "MINIGPT_ONEDNN='bogus'", "use 1")
 
 
-def test_an_mfu_above_one_against_a_slower_kernel_is_explained():
+def test_an_mfu_above_one_against_a_slower_kernel_is_explained(monkeypatch):
     from minigpt_cli.bench import bench, format_bench
+
+    small_peak(monkeypatch)
 
     r = bench(load_config(TINY), iters=1, generation=False, echo=lambda m: None)
     r["mfu_by_kernel"] = {"torch.mm": 1.06, "oneDNN": 0.49}  # linear layers on oneDNN, beyond MKL's peak
@@ -104,6 +111,7 @@ def test_bench_streaming_goes_through_generates_text_path(cli, data_dir, monkeyp
         return real(tok, tokens, stops, out, stream)
 
     monkeypatch.setattr(gen_mod, "write_sample", spy)
+    small_peak(monkeypatch)
     res = cli("bench", TINY, "--iters", "1", "--no-generation", "--stream-tokens", "60", "--json",
               "--set", f"data.data_dir={data_dir}")
     assert res.exit_code == 0, res

@@ -423,6 +423,12 @@ NOTE_CASES = [
      ["sample.temperature=0", "sample.top_p=0.9"], ["sample.top_p=0.9"]),
     ("train.max_iters (3) ends inside the warmup (train.warmup_iters 5): the learning rate never reaches "
      "train.learning_rate", ["train.max_iters=3"], ["train.max_iters=5"]),
+    ("train.early_stop_patience (3) can never stop this run: it evaluates 3 time(s)",  # at 0, 15, 30
+     ["train.early_stop_patience=3"], ["train.early_stop_patience=2"]),
+    # "\n" and 32 tokens reach block_size + 1 only after the last token; a 33rd token follows a slide
+    ("sample.window_stride has no effect: the context window never slides",
+     ["sample.window_stride=2", "sample.max_new_tokens=32", "train.sample_tokens=32"],
+     ["sample.window_stride=2", "sample.max_new_tokens=32", "train.sample_tokens=33"]),
     ("model.pos_encoding sinusoidal without model.emb_scale departs from Vaswani et al. 2017 (§3.4",
      ["model.pos_encoding=sinusoidal"], ["model.pos_encoding=sinusoidal", "model.emb_scale=true"]),
     ("model.ffn swiglu with model.bias true departs from Shazeer 2020 (§2, eq. 6",
@@ -447,7 +453,10 @@ def test_each_note_is_given_where_it_applies_and_only_there(tmp_path, fragment, 
 def test_every_note_rule_has_a_case():
     from minigpt_cli.notes import RULES
 
-    assert len(NOTE_CASES) + 1 == len(RULES)  # + the data.url rule: test_data_url_is_noted_when_the_corpus_is_on_disk
+    # + the data.url rule (test_data_url_is_noted_when_the_corpus_is_on_disk) and generate's window rule
+    # (test_generate.py: test_a_window_stride_the_window_never_reaches_is_noted)
+    assert len(NOTE_CASES) + 2 == len(RULES)
+    assert [r.route for r in RULES].count("generate") == 1
 
 
 def test_data_url_is_noted_when_the_corpus_is_on_disk(tmp_path, data_dir):
@@ -456,7 +465,7 @@ def test_data_url_is_noted_when_the_corpus_is_on_disk(tmp_path, data_dir):
     url = "data.url=file:///home/me/my-own.txt"
     (note,) = notes(load_config(TINY, [f"data.data_dir={data_dir}", url]))
     assert note.startswith(f"note: data.url is not fetched: {data_dir / 'tinyshakespeare' / 'input.txt'} is on disk")
-    assert "mirror of that same file" in note and "own text is not supported yet" in note
+    assert "mirror of that same file" in note and "for your own text, set data.path" in note
     assert notes(load_config(TINY, [f"data.data_dir={tmp_path}", url])) == []  # not on disk: the url is fetched
     assert notes(load_config(TINY, [f"data.data_dir={data_dir}"])) == []
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from minigpt_cli.config import load_config
-from minigpt_cli.data import (BatchSampler, check_split_counts, check_split_sizes, prepare, split_counts, split_text,
-                              token_dtype, with_vocab)
+from minigpt_cli.data import BatchSampler, split_text, with_vocab
+from minigpt_cli.preparation import check_split_counts, check_split_sizes, prepare, split_counts, token_dtype
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.tokenizer import CharTokenizer, load_tokenizer
 

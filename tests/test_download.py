@@ -79,9 +79,12 @@ def test_registry_entry_is_the_char_rnn_corpus():
 
 
 def test_a_second_dataset_needs_only_a_registry_entry(tmp_path, corpus_server, monkeypatch, capsys):
-    other = download.Dataset(name="other", url=corpus_server.url("/input.txt?t=registry"), sha256=SHA256,
-                             size=SIZE, url_env="MINIGPT_OTHER_URL")
-    monkeypatch.setitem(download.DATASETS, "other", other)
+    """An entry in the registry file's form (url, sha256, size) makes a dataset: no code."""
+    from minigpt_cli import paths
+
+    registry = dict(paths.dataset_registry(), other={"url": corpus_server.url("/input.txt?t=registry"),
+                                                     "sha256": SHA256, "size": SIZE, "description": "a copy"})
+    monkeypatch.setattr(paths, "dataset_registry", lambda: registry)
     monkeypatch.delenv("MINIGPT_OTHER_URL", raising=False)
     path, downloaded = download.download("other", tmp_path, **FAST)
     assert (path, downloaded) == (tmp_path / "other" / "input.txt", True) and file_ok(path, "other")

@@ -13,7 +13,8 @@ from helpers import assert_user_error, working_dir
 
 from minigpt_cli.errors import MinigptError
 
-from minigpt_cli.generation import TextStream, find_stop, generate, stop_holdback, unescape, write_sample
+from minigpt_cli.cli_base import unescape
+from minigpt_cli.generation import TextStream, find_stop, generate, stop_holdback, write_sample
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 PROMPT = "ROMEO:"
@@ -443,3 +444,89 @@ def test_a_temperature_beyond_float32_samples_valid_ids():
     logits = torch.tensor([[1.0, 2.0, float("-inf")]] * 4)
     ids = sample_next(logits, 1e39, None, None, torch.Generator().manual_seed(0))
     assert ((ids == 0) | (ids == 1)).all()
+
+
+# ----------------------------------------------------------------------------- issue 18: notes, escapes, prompts
+
+
+def _notes(res, fragment):
+    assert res.exit_code == 0, res
+    return [line for line in res.stderr.splitlines() if line.startswith("note: ") and fragment in line]
+
+
+def test_greedy_flags_get_the_note_the_config_route_gives(gen):
+    res = gen("--prompt", PROMPT, "--max-new-tokens", "5", "--temperature", "0", "--top-k", "5", "--top-p", "0.5")
+    assert _notes(res, "greedy") == [
+        "note: --top-k has no effect with --temperature 0: greedy decoding always takes the likeliest token",
+        "note: --top-p has no effect with --temperature 0: greedy decoding always takes the likeliest token"]
+    assert _notes(gen("--prompt", PROMPT, "--max-new-tokens", "5", "--temperature", "0"), "greedy") == []
+    assert _notes(gen("--prompt", PROMPT, "--max-new-tokens", "5", "--top-k", "5"), "greedy") == []
+
+
+def test_a_window_stride_the_window_never_reaches_is_noted(gen):
+    """block_size 32, a 6-token prompt: the window slides after the 27th new token, so the 28th is the first
+    one a stride changes."""
+    outputs = {}
+    for n in (27, 28):
+        for stride in ("1", "3"):
+            res = gen("--prompt", PROMPT, "--max-new-tokens", str(n), "--window-stride", stride, *SAMPLING)
+            notes = _notes(res, "--window-stride")
+            assert len(notes) == (n == 27), (n, notes)
+            outputs[n, stride] = res.stdout
+    assert outputs[27, "1"] == outputs[27, "3"]  # what the note says: the stride changes nothing there
+    assert _notes(gen("--prompt", PROMPT, "--max-new-tokens", "27", *SAMPLING), "window") == []  # not asked for
+    assert "the prompt (6 token(s)) followed by --max-new-tokens 27" in _notes(
+        gen("--prompt", PROMPT, "--max-new-tokens", "27", "--window-stride", "3"), "window")[0]
+
+
+def test_stop_takes_the_escapes_the_help_names(gen):
+    new = sampled(gen, n=120)[len(PROMPT):-1]
+    c = next((ch for ch in new if ch != new[0]), new[0])
+    cut = new.find(c)
+    for spelled in (f"\\u{ord(c):04x}", f"\\U{ord(c):08x}", f"\\x{ord(c):02x}", f"\\{ord(c):o}"):
+        res = gen("--prompt", PROMPT, "--max-new-tokens", "120", *SAMPLING, "--stop", spelled)
+        assert res.exit_code == 0 and res.stdout == PROMPT + new[:cut] + "\n", (spelled, res)
+    assert unescape(r"\u00e9\x41\xc3\xa9\101\q\\") == "éAéA\\q\\"
+    assert_user_error(gen("--prompt", PROMPT, "--stop", "\\xe9"), "--stop '\\xe9'", "not UTF-8 text", "\\u00e9")
+
+
+def test_a_stop_the_vocabulary_cannot_spell_is_noted(gen):
+    for spelled in ("é", "\\u00e9", "ROMEO é"):
+        res = gen("--prompt", PROMPT, "--max-new-tokens", "5", "--stop", spelled)
+        assert _notes(res, "--stop") == [f"note: --stop {unescape(spelled)!r} can never match: the tokenizer's "
+                                         "vocabulary lacks 'é', so the model never writes it"]
+    assert _notes(gen("--prompt", PROMPT, "--max-new-tokens", "5", "--stop", "\\n"), "--stop") == []
+
+
+def test_the_configs_prompt_gets_the_line_train_gives(run_dir, cli, tmp_path):
+    """A run whose sample.prompt the tokenizer lacks (train now refuses it; a config edited later): generate
+    without --prompt refuses it with train's line (tests/test_hardening.py)."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "edited"
+    shutil.copytree(run_dir, run)
+    for which in ("best", "last"):
+        path = run / "checkpoints" / which / "config.yaml"
+        cfg = yaml.safe_load(path.read_text())
+        cfg["sample"]["prompt"] = "Café"
+        path.write_text(yaml.safe_dump(cfg))
+    assert_user_error(cli("generate", "--run", run), "sample.prompt has characters the tokenizer's vocabulary "
+                                                      "lacks: 'é'; remove or replace them")
+    assert_user_error(cli("generate", "--run", run, "--prompt", "Ça"), "the prompt has characters")
+
+
+def test_a_prompt_that_will_not_come_back_as_typed_is_noted(cli, unigram_run, tokenizers_by_kind):
+    from minigpt_cli.tokenizer import lossy_report
+
+    res = cli("generate", "--run", unigram_run, "--prompt", "ROMEO: a\u2581b <unk>", "--max-new-tokens", "3")
+    assert _notes(res, "the prompt's") == [
+        "note: the prompt's '\u2581' (U+2581) becomes a space (unigram writes a space as '\u2581'); the prompt's "
+        "'<unk>' is read as the unknown token (one id), not as its 5 characters"]
+    assert lossy_report(tokenizers_by_kind["wordpiece"], "word" * 300) == (
+        "note: the prompt does not come back as typed: it decodes as '<unk>'")  # past WordPiece's longest word
+    for kind in ("bpe", "char", "unigram", "wordpiece"):
+        assert lossy_report(tokenizers_by_kind[kind], "ROMEO: what, ho!") is None
+    for kind in ("bpe", "char"):  # a byte for byte round trip; char refuses what it lacks instead
+        assert lossy_report(tokenizers_by_kind[kind], "a\u2581b <unk>") is None

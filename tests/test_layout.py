@@ -15,9 +15,10 @@ LAYERS = {
     "base": {"config", "config_io", "config_docs", "paths", "errors", "fileio", "special_tokens"},
     "components": {"runs", "checkpoint", "runtime", "kernels", "kernels.onednn", "model", "data", "tokenizer",
                    "tokenizer_training", "wordpiece", "params", "params_report", "params_memory", "metrics", "hf",
-                   "sampling", "download", "download_files", "trainer.schedule", "trainer.step", "trainer.evaluate",
-                   "trainer.signals", "trainer.resume", "trainer.setup", "trainer.describe", "trainer.estimate", "notes"},
-    "commands": {"trainer", "trainer.loop", "generation", "count", "bench", "train_tokenizer"},
+                   "sampling", "parallel", "corpus", "preparation", "download", "download_files", "trainer.schedule", "trainer.step",
+                   "trainer.evaluate", "trainer.signals", "trainer.resume", "trainer.setup", "trainer.describe", "trainer.estimate", "notes",
+                   "trainer.preflight"},
+    "commands": {"trainer", "trainer.loop", "generation", "count", "bench", "bench_prepare", "train_tokenizer"},
     "cli": {"cli", "cli_base", "__main__", ""},  # "" is the package itself (the lazy Python API)
 }
 RANK = {name: rank for rank, layer in enumerate(LAYERS.values()) for name in layer}
@@ -89,7 +90,7 @@ def test_the_model_imports_only_the_config():
 RUN_NAMES = {"checkpoints", "last", "best", "meta.json", "env.json", "model.safetensors", "trainer_state.pt",
              "tokenizer.json", "config.yaml", ".lock"}
 OTHER_FILES = {
-    "data.py": {"meta.json"},  # the prepared token files' own meta.json
+    "preparation.py": {"meta.json"},  # the prepared token files' own meta.json
     "hf.py": {"model.safetensors", "tokenizer.json"},  # Hugging Face's folder layout
     "tokenizer.py": {"tokenizer.json"},  # the library's file format, in messages
 }

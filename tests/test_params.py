@@ -445,3 +445,32 @@ def test_an_assumed_vocabulary_is_said_and_counts_the_special_tokens(cli):
     assert "counting with 66 entries (Tiny Shakespeare's 65 characters and 1 special token)" in res.stderr
     given = cli("count-params", "--config", tiny, "--vocab-size", "100", "--json")
     assert json.loads(given.stdout)["token_embedding"] == 100 * 32 and given.stderr == ""
+
+
+def test_the_header_names_the_overrides_that_took_effect(cli):
+    """A flag beats the --set of its key, a later --set beats an earlier one, and --vocab-size is named."""
+    head = lambda *args: cli("count-params", "--preset", "gpt2-small", *args).stdout.splitlines()[0]  # noqa: E731
+    assert head("--vocab-size", "50304").startswith("gpt2-small (with overrides: --vocab-size 50304): 124,475,904")
+    assert head("--set", "model.vocab_size=100", "--vocab-size", "50304").startswith(
+        "gpt2-small (with overrides: --vocab-size 50304): 124,475,904")
+    assert head("--set", "model.n_layer=3", "--set", "model.tie_weights=false", "--set", "model.n_layer=2").startswith(
+        "gpt2-small (with overrides: model.tie_weights=false, model.n_layer=2): ")
+    assert head().startswith("gpt2-small: 124,439,808")
+    assert head("--set", "train.batch_size=8", "--batch-size", "4").startswith("gpt2-small: ")
+
+
+def test_the_memory_section_counts_with_the_configs_train_settings(cli):
+    def memory(*args):
+        res = cli("count-params", *args, "--json")
+        assert res.exit_code == 0, res
+        mem = json.loads(res.stdout)["memory"]
+        return mem["batch_size"], mem["dtype"]
+
+    tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+    assert memory("--preset", "gpt2-small") == (1, "float32")  # a preset has no train section
+    assert memory("--preset", "gpt2-small", "--set", "train.batch_size=8") == (8, "float32")
+    assert memory("--preset", "gpt2-small", "--set", "train.batch_size=8", "--batch-size", "2") == (2, "float32")
+    assert memory("--config", tiny, "--vocab-size", "65") == (8, "float32")  # tiny.yaml's train.batch_size
+    assert memory("--config", tiny, "--vocab-size", "65", "--set", "dtype=bfloat16") == (8, "bfloat16")
+    text = cli("count-params", "--preset", "gpt2-small", "--set", "train.batch_size=8").stdout
+    assert "batch 8 × T=1,024" in text

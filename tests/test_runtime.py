@@ -48,11 +48,18 @@ print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) /
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_cpu_training_steps_stop_page_faulting():
-    """nanoGPT's CPU-recipe model, batch 12 x 64: page faults per training step with and without the tuning."""
+    """nanoGPT's CPU-recipe model, batch 12 x 64: page faults per training step with and without the tuning.
+
+    The two processes (one thread each) run side by side: each counts its own faults (RUSAGE_SELF).
+    """
+    procs = {mode: subprocess.Popen([sys.executable, "-c", SCRIPT, mode], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for mode in ("default", "tuned")}
     faults = {}
-    for mode in ("default", "tuned"):
-        out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True)
-        faults[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    for mode, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        faults[mode] = json.loads(out.strip().splitlines()[-1])
     assert faults["default"] > 50, faults  # glibc hands activations back to the OS and faults them in again
     assert faults["tuned"] < faults["default"] / 5, faults
 
@@ -162,7 +169,10 @@ def test_cpu_threads_leave_a_users_choice_alone(clock, two_threads, monkeypatch)
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc/stat")
 def test_training_beside_a_busy_process_drops_to_one_thread(tmp_path, data_dir):
-    """A real busy loop on one core: a short training notes it and trains with 1 thread."""
+    """A real busy loop on one core: a short training notes it and trains with 1 thread.
+
+    The first decision comes 0.25 s after the run starts measuring; the step-0 eval, its checkpoints
+    and its loss plot take longer than that, so it is taken by step 1 however fast the machine."""
     import os
 
     if len(os.sched_getaffinity(0)) != 2:
@@ -171,8 +181,8 @@ def test_training_beside_a_busy_process_drops_to_one_thread(tmp_path, data_dir):
     try:
         out = subprocess.run(
             [sys.executable, "-m", "minigpt_cli", "train", str(REPO / "configs" / "tiny.yaml"), "--run-name", "b",
-             "--no-progress", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=100",
-             "--set", "train.sample_tokens=0"],
+             "--no-progress", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=20",
+             "--set", "train.eval_interval=20", "--set", "train.sample_tokens=0"],
             cwd=tmp_path, capture_output=True, text=True, timeout=300,
             env={k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
         )
@@ -186,7 +196,7 @@ def test_training_beside_a_busy_process_drops_to_one_thread(tmp_path, data_dir):
     env = json.loads((tmp_path / "runs" / "b" / "env.json").read_text())
     assert env["torch_threads"] == 2
     first = env["torch_threads_changes"][0]
-    assert first["threads"] == 1 and 0 <= first["step"] <= 100
+    assert first["threads"] == 1 and 0 <= first["step"] <= 20
 
 
 def test_cpu_threads_measure_other_processes_over_a_stretch(clock, two_threads, monkeypatch):

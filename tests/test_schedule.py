@@ -8,7 +8,7 @@ import shutil
 import pytest
 from helpers import TINY, assert_user_error
 
-import minigpt_cli.data
+import minigpt_cli.preparation
 from minigpt_cli.config import TrainConfig, load_config
 from minigpt_cli.model import GPT
 from minigpt_cli.trainer import lr_at, should_eval
@@ -167,7 +167,8 @@ def test_dry_run_says_what_it_cannot_know_yet(cli, data_dir, tmp_path, monkeypat
 
 def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(cli, own_data, tmp_path, monkeypatch):
     from minigpt_cli.config import load_config
-    from minigpt_cli.data import ensure_tokenizer, prepare
+    from minigpt_cli.data import ensure_tokenizer
+    from minigpt_cli.preparation import prepare
 
     sets = ["--set", f"data.data_dir={own_data}", "--set", "data.val_fraction=0.25"]
     res = cli("train", TINY, "--dry-run", *sets)
@@ -183,7 +184,7 @@ def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(cli, own
     tok, path = ensure_tokenizer(cfg, corpus, lambda m: None)
     data = prepare(corpus, tok, corpus.parent, 0.25, log=lambda m: None)
     assert (len(data.train), len(data.val)) == (836_545, 278_849)
-    monkeypatch.setattr(minigpt_cli.data, "_encode_splits", lambda *a: pytest.fail("encoded the corpus again"))
+    monkeypatch.setattr(minigpt_cli.preparation, "_encode", lambda *a: pytest.fail("encoded the corpus again"))
     res = cli("train", TINY, "--dry-run", *sets)
     assert line in res.stdout and f"  model.vocab_size      65 (from {path})\n" in res.stdout
 
@@ -199,6 +200,6 @@ def test_dry_run_prints_the_notes_last(cli, data_dir, tmp_path, monkeypatch):
     tail = res.stdout.rstrip("\n").split("\n\n")[-1].splitlines()
     assert [line.split(":")[1].split()[0] for line in tail] == ["data.url", "train.max_iters", "model.pos_encoding"]
     assert all(line.startswith("note: ") for line in tail)
-    assert "data.url is not fetched" in tail[0] and "not supported yet" in tail[0]
+    assert "data.url is not fetched" in tail[0] and "set data.path" in tail[0]
     res = cli("train", TINY, "--dry-run")
     assert "note: " not in res.stdout

@@ -13,7 +13,8 @@ import tokenizers
 import yaml
 from helpers import assert_user_error
 
-from minigpt_cli.data import prepare, split_text, token_dtype
+from minigpt_cli.data import split_text
+from minigpt_cli.preparation import prepare, token_dtype
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.tokenizer import KINDS, UNK, CharTokenizer, load_tokenizer, lossy_report
 from minigpt_cli.tokenizer_training import base_vocab_size, train_tokenizer
@@ -410,11 +411,18 @@ def test_cli_train_tokenizer_bpe_summary(cli, tmp_path, slice_file, data_dir):
     assert lib.get_vocab_size() == 400 and load_tokenizer(out).kind == "bpe"
 
 
-def test_cli_default_output_goes_under_data(cli, tmp_path, slice_file, monkeypatch):
+def test_cli_default_output_goes_where_train_looks_for_it(cli, tmp_path, slice_file, monkeypatch):
+    """--input's tokenizer goes to that corpus's folder, the one train on data.path=<input> reads."""
+    from minigpt_cli.config import Config
+    from minigpt_cli.data import configured_corpus, tokenizer_path
+
     monkeypatch.chdir(tmp_path)
     res = cli("train-tokenizer", "--kind", "unigram", "--vocab-size", "300", "--input", slice_file)
     assert res.exit_code == 0, res
-    assert (tmp_path / "data" / "tinyshakespeare" / "tokenizer-unigram-300.json").is_file()
+    cfg = Config(data={"path": str(slice_file)}, tokenizer={"kind": "unigram", "vocab_size": 300})
+    _, root = configured_corpus(cfg, print)
+    assert tokenizer_path(cfg, root).is_file()
+    assert not (tmp_path / "data" / "tinyshakespeare").exists()  # not where a Shakespeare run would take it
 
 
 def test_cli_compare_prints_one_table_and_writes_nothing(cli, tmp_path, slice_file, monkeypatch):
@@ -435,7 +443,7 @@ def test_cli_compare_prints_one_table_and_writes_nothing(cli, tmp_path, slice_fi
 
 
 @pytest.mark.parametrize("args,fragments", [
-    (["--kind", "bpe", "--vocab-size", "300", "--input", "{missing}"], ["not found"]),
+    (["--kind", "bpe", "--vocab-size", "300", "--input", "{missing}"], ["does not exist"]),
     (["--kind", "bpe", "--vocab-size", "300", "--input", "{empty}"], ["empty"]),
     (["--kind", "bpe", "--vocab-size", "100", "--input", "{slice}"], ["below", "256"]),
     (["--kind", "wordpiece", "--vocab-size", "50", "--input", "{slice}"], ["below"]),
@@ -723,19 +731,32 @@ def test_ctrl_c_stops_the_libraries_tokenizer_training_at_once(tmp_path):
     slow = tmp_path / "a.txt"
     slow.write_text("a" * 300_000)  # one word, no place to cut: BPE merges on it take many seconds
     repo = Path(__file__).resolve().parent.parent
+    # The two processes (SIGINT, SIGTERM) run side by side: each pays the start-up once, together.
+    cases = []
     for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
         out = tmp_path / f"{sig.name}.json"
         p = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "train-tokenizer", str(repo / "configs" / "tiny.yaml"),
                               "--kind", "bpe", "--vocab-size", "278", "--input", str(slow), "--output", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cases.append((sig, code, out, p))
+    for _, _, _, p in cases:
         # The status line comes just before training starts: then the command's handlers are in place.
         assert p.stderr.readline().startswith("training a bpe tokenizer of 278 entries on ")
-        time.sleep(0.5)
-        sent = time.monotonic()
+    time.sleep(0.5)
+    sent, ended = {}, {}
+    for sig, _, _, p in cases:
+        sent[sig] = time.monotonic()
         p.send_signal(sig)
+    deadline = time.monotonic() + 120
+    while len(ended) < len(cases) and time.monotonic() < deadline:
+        for sig, _, _, p in cases:
+            if sig not in ended and p.poll() is not None:
+                ended[sig] = time.monotonic()
+        time.sleep(0.01)
+    for sig, code, out, p in cases:
         p.communicate(timeout=120)
-        assert p.returncode == code
-        assert time.monotonic() - sent < 5  # not when training would have ended
+        assert p.returncode == code, sig
+        assert ended[sig] - sent[sig] < 5, sig  # not when training would have ended
         assert not out.exists()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY, assert_user_error, curve, records, tiny
+from helpers import TINY, assert_user_error, curve, records, small_peak, tiny
 from safetensors.torch import load_file
 
 from minigpt_cli import checkpoint
@@ -74,20 +74,21 @@ def test_the_thread_count_is_put_back_after_a_run_that_changed_it(data_dir, tmp_
     """Other processes took a core mid-run (the trainer dropped to 1 thread); afterwards the count is restored."""
     from minigpt_cli import runtime
 
-    if torch.get_num_threads() < 2:
-        pytest.skip("needs 2 threads to drop one")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     monkeypatch.chdir(tmp_path)
-    start = torch.get_num_threads()
+    suite_threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the suite runs with 1 (conftest); a run that starts with 2 can drop one
+    try:
+        def busy_elsewhere(self, force=False):
+            torch.set_num_threads(1)  # what poll does when other processes keep the cores busy
+            return 1
 
-    def busy_elsewhere(self, force=False):
-        torch.set_num_threads(1)  # what poll does when other processes keep the cores busy
-        return 1
-
-    monkeypatch.setattr(runtime.CpuThreads, "poll", busy_elsewhere)
-    train(tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"), "t", echo=lambda m: None, progress=False)
-    assert torch.get_num_threads() == start
+        monkeypatch.setattr(runtime.CpuThreads, "poll", busy_elsewhere)
+        train(tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"), "t", echo=lambda m: None, progress=False)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(suite_threads)
 
 
 def test_gradient_accumulation_equals_one_big_batch():
@@ -194,6 +195,7 @@ def test_compile_failure_falls_back_with_a_warning(data_dir, tmp_path, monkeypat
     from minigpt_cli.bench import bench
 
     bench_notes = []
+    small_peak(monkeypatch)
     r = bench(tiny(data_dir, "compile=true", "model.n_embd=128"), iters=1, generation=False,
               echo=bench_notes.append)
     assert r["compile"] is False and r["linear_kernel"] == env["linear_kernel"]
@@ -266,6 +268,7 @@ def test_weight_decay_on_matrices_only():
     assert n == model.num_params()
 
 
+@pytest.mark.real_plot
 def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_config(CONFIGS / "tiny.yaml", [f"data.data_dir={data_dir}", "train.max_iters=60",
@@ -286,6 +289,10 @@ def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
     for e in evals:
         assert {"train_loss", "val_loss"} <= set(e)
     assert result.best_val_loss == min(e["val_loss"] for e in evals)
+    # loss.png is the real plot (the suite's other in-process runs write a 1x1 stand-in): a 700 x 450 PNG.
+    png = (result.run_dir / "loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    assert (int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")) == (700, 450)
     # Every file and folder of the run gets the mode a plain open()/mkdir() would under the umask:
     # no 0600 files from tempfile.mkstemp, no 0700 checkpoint folders from mkdtemp.
     import os

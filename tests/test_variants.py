@@ -276,6 +276,7 @@ SWITCHES = [
     dict(norm="rmsnorm"),
     dict(ffn="swiglu", multiple_of=16),
     dict(ffn="relu"),
+    dict(ffn="gelu_tanh"),
     dict(n_kv_head=1),
     dict(n_kv_head=2),
     dict(emb_scale=True),
@@ -342,14 +343,18 @@ VARIANTS = (
 @pytest.mark.parametrize("key,value", VARIANTS, ids=[f"{k}={v}" for k, v in VARIANTS])
 def test_every_variant_trains(key, value, data_dir, tmp_path, monkeypatch):
     """30 steps of configs/tiny.yaml with the switch set lower the validation and training loss;
-    sampling from the run gives the same text with and without the KV cache, past block_size."""
+    the run's checkpoint loads and samples past block_size.
+
+    That the KV cache gives the same tokens and logits as no cache, for every switch, is
+    test_kv_cache_agrees_for_every_switch's (on random models); here the uncached text is compared
+    only for dropout, where sampling must run the trained model in eval mode."""
     monkeypatch.chdir(tmp_path)
     from minigpt_cli.generation import generate
     from minigpt_cli.trainer import train
 
     setting = "null" if value is None else json.dumps(value)
     cfg = load_config(TINY, [f"data.data_dir={data_dir}", f"model.{key}={setting}",
-                             "train.eval_iters=4", "train.sample_tokens=0"])
+                             "train.eval_iters=4", "train.eval_interval=30", "train.sample_tokens=0"])
     assert getattr(cfg.model, key) == value
     result = train(cfg, run_name="v", echo=lambda m: None, progress=False)
     evals = [json.loads(l) for l in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -358,12 +363,12 @@ def test_every_variant_trains(key, value, data_dir, tmp_path, monkeypatch):
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.4, evals
     assert evals[-1]["train_loss"] < evals[0]["train_loss"] - 0.4, evals
     texts = []
-    for use_cache in (True, False):
+    for use_cache in (True, False) if key == "dropout" else (True,):
         out = io.StringIO()
         generate(result.run_dir, {"prompt": "\n", "max_new_tokens": 70, "temperature": 1.0, "top_k": 20},
                  seed=3, use_cache=use_cache, device="cpu", out=out)
         texts.append(out.getvalue())
-    assert len(texts[0]) == 72 and texts[0] == texts[1]  # 1 + 70 tokens > block_size 32
+    assert len(texts[0]) == 72 and texts[0] == texts[-1]  # 1 + 70 tokens > block_size 32
 
 
 # ----------------------------------------------------------------------------- impossible combinations

@@ -4,27 +4,37 @@ A dry run refuses what ``train`` would refuse before step 0, with the same
 message, wherever it can know without downloading or training anything: the
 device and dtype, the TensorBoard package, the tokenizer file, the train and
 val split against ``model.block_size``, ``model.vocab_size`` against the
-tokenizer's, and the memory estimate against the free memory. What it cannot
+tokenizer's, ``sample.prompt`` against the tokenizer
+(:func:`~minigpt_cli.sampling.encode_prompt`), and the memory estimate
+against the free memory; the CLI's dry run first checks the paths ``train``
+would write (:func:`~.preflight.check_paths`). What it cannot
 know yet (the corpus is not downloaded, a trained tokenizer not trained) it
 says in one line.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .. import params as P
+from .. import parallel, params as P
 from ..config import Config
-from ..data import (check_split_counts, load_configured_tokenizer, read_corpus, split_counts, tokenizer_path,
-                    with_vocab)
+from ..corpus import Corpus, open_corpus
+from ..data import TOKENIZER_TRAIN_CHARS, load_configured_tokenizer, tokenizer_path, training_texts, with_vocab
+from ..preparation import check_split_counts, prepared_meta, split_counts
 from ..notes import notes
 from ..paths import corpus_path, dataset_dir
-from ..runtime import bytes_to_train, check_memory, resolve_device, resolve_dtype
+from ..runtime import Dist, bytes_to_train, check_memory, resolve_device, resolve_dtype
+from ..sampling import encode_prompt
 from ..tokenizer import Tokenizer
 from ..tokenizer_training import MAX_VOCAB_SIZE, check_vocab_size, train_tokenizer
+from .resume import check_corpus
 from .schedule import lr_at
+
+#: A corpus larger than this (bytes) is not encoded by a dry run when no prepared files give its split.
+PREVIEW_BYTES = 64 << 20
 
 
 @dataclass
@@ -39,13 +49,16 @@ class DataPreview:
     is on disk and the tokenizer exists.
     """
 
-    corpus: Path
+    corpus: Path | str
     corpus_ok: bool
     tokenizer_path: Path
     tokenizer: Optional[Tokenizer] = None
     trained_now: bool = False
     vocab_size: Optional[int] = None
     split: Optional[tuple[int, int]] = None
+    root: Optional[Path] = None  # the corpus's folder of tokenizers and token files
+    source: Optional[Corpus] = None
+    too_big: bool = False  # not prepared yet, and too large to encode for a preview
 
 
 def preview(cfg: Config) -> DataPreview:
@@ -66,26 +79,40 @@ def preview(cfg: Config) -> DataPreview:
     """
     from ..download import file_ok
 
-    tc = cfg.tokenizer
-    corpus = corpus_path(cfg.data.data_dir, cfg.data.dataset)
-    path = tokenizer_path(cfg)
-    p = DataPreview(corpus, file_ok(corpus, cfg.data.dataset), path)
+    tc, dc = cfg.tokenizer, cfg.data
+    corpus: Optional[Corpus] = None
+    if dc.path is not None:
+        corpus = open_corpus(dc.path, dc.text_field)  # what train refuses: nothing there, an empty file
+        root = corpus.folder(dc.data_dir)
+        check_corpus(cfg, None, corpus)
+    else:
+        root = dataset_dir(dc.data_dir, dc.dataset)
+        if file_ok(corpus_path(dc.data_dir, dc.dataset), dc.dataset):
+            corpus = open_corpus(corpus_path(dc.data_dir, dc.dataset))
+    path = tokenizer_path(cfg, root)
+    p = DataPreview(dc.path or corpus_path(dc.data_dir, dc.dataset), corpus is not None, path, root=root,
+                    source=corpus)
     if path.is_file():
         p.tokenizer = load_configured_tokenizer(cfg, path)
     if p.tokenizer is None and tc.kind != "char":
         # The refusals that do not depend on the text (no size, one above the largest, bpe's 256 bytes) hold
         # without the corpus; the others need its characters.
-        if p.corpus_ok or tc.kind == "bpe" or tc.vocab_size is None or tc.vocab_size > MAX_VOCAB_SIZE:
-            check_vocab_size(tc.kind, read_corpus(corpus) if p.corpus_ok else "", tc.vocab_size, tc.special_tokens)
+        if corpus is not None or tc.kind == "bpe" or tc.vocab_size is None or tc.vocab_size > MAX_VOCAB_SIZE:
+            text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS)) \
+                if corpus is not None and tc.kind != "bpe" else ""
+            check_vocab_size(tc.kind, text, tc.vocab_size, tc.special_tokens)
         p.vocab_size = tc.vocab_size
         return p
-    if p.tokenizer is None and p.corpus_ok:
-        p.tokenizer, p.trained_now = train_tokenizer("char", read_corpus(corpus), None, tc.special_tokens), True
+    if p.tokenizer is None and corpus is not None:
+        p.tokenizer = train_tokenizer("char", training_texts(corpus, tc.special_tokens), None, tc.special_tokens)
+        p.trained_now = True
     p.vocab_size = p.tokenizer.vocab_size if p.tokenizer is not None else None
-    if p.tokenizer is not None and p.corpus_ok:
-        p.split = split_counts(corpus, p.tokenizer, dataset_dir(cfg.data.data_dir, cfg.data.dataset),
-                               cfg.data.val_fraction)
-        check_split_counts(cfg.data.val_fraction, *p.split, cfg.model.block_size)
+    if p.tokenizer is not None and corpus is not None:
+        if corpus.size > PREVIEW_BYTES and prepared_meta(corpus, p.tokenizer, root, dc.val_fraction) is None:
+            p.too_big = True
+            return p
+        p.split = split_counts(corpus, p.tokenizer, root, dc.val_fraction)
+        check_split_counts(dc.val_fraction, *p.split, cfg.model.block_size)
     return p
 
 
@@ -104,7 +131,10 @@ def _split_line(cfg: Config, d: DataPreview) -> str:
     if d.split is not None:
         return (f"  train/val tokens      {d.split[0]:,} / {d.split[1]:,} (data.val_fraction "
                 f"{cfg.data.val_fraction:g}; each needs model.block_size+1 = {cfg.model.block_size + 1:,})")
-    if not d.corpus_ok:
+    if d.too_big:
+        why = (f"the corpus ({d.source.size / 1e6:,.0f} MB) is not prepared yet and too large to encode for a "
+               "preview; train prepares it first")
+    elif not d.corpus_ok:
         why = f"{d.corpus} is not downloaded (or fails its checksum); train downloads it first"
     else:
         why = f"the {cfg.tokenizer.kind} tokenizer is not trained yet; train trains it into {d.tokenizer_path} first"
@@ -125,7 +155,8 @@ def describe_derived(cfg: Config) -> list[str]:
     Raises:
         MinigptError: the error ``train`` would raise before step 0: no such
             device, float16 on a CPU, no tensorboard package, what
-            :func:`preview` refuses, ``model.vocab_size`` below the
+            :func:`preview` refuses, a ``sample.prompt`` the tokenizer cannot
+            encode, ``model.vocab_size`` below the
             tokenizer's (:func:`~minigpt_cli.data.with_vocab`), or a model that
             does not fit in the free memory.
     """
@@ -136,6 +167,8 @@ def describe_derived(cfg: Config) -> list[str]:
 
         tensorboard_writer_class()
     d = preview(cfg)
+    # samples.txt and generate sample from it: train refuses it once its tokenizer is ready (None: the text alone)
+    encode_prompt(d.tokenizer, cfg.sample.prompt, "sample.prompt")
     mc = cfg.model
     lines = ["derived values (\"(set)\": given in the config):",
              f"  device, dtype         {device}, {str(dtype).removeprefix('torch.')}"
@@ -162,8 +195,15 @@ def describe_derived(cfg: Config) -> list[str]:
     else:
         lines.append(f"  memory to train       at least about {P.human_bytes(need)} ({dtype_name}, batch "
                      f"{cfg.train.batch_size}; the vocabulary is not known yet)")
-    check_memory(full, device, dtype)
+    check_memory(full, device, dtype, shards=parallel.shards(cfg.train.parallelism, _launched()))
     return lines
+
+
+def _launched() -> Dist:
+    """Where this process stands under torchrun, read from its variables without joining the group."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return Dist(rank=int(os.environ.get("RANK", "0") or 0), local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0),
+                world=world)
 
 
 def describe_schedule(cfg: Config, points: int = 8) -> str:
@@ -180,5 +220,5 @@ def describe_schedule(cfg: Config, points: int = 8) -> str:
     lines = [cfg.to_yaml().rstrip(), "", *describe_derived(cfg), "",
              f"learning rate ({tc.lr_schedule}, warmup {tc.warmup_iters}):"]
     lines += [f"  step {s:>7,}: {lr_at(s, tc, cfg.model.n_embd):.3e}" for s in steps]
-    found = notes(cfg)
+    found = notes(cfg) + [n for n in [parallel.single_process_note(tc.parallelism, _launched())] if n]
     return "\n".join(lines + ([""] + found if found else []))

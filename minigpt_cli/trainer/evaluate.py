@@ -1,4 +1,5 @@
-"""Evaluation during training: when it runs, on which batches, and the text sample that follows it."""
+"""Evaluation during training: when it runs and on which batches (the text sample that follows it is
+:meth:`~.loop.Trainer.sample`)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import Config
-from ..data import PreparedData, eval_offsets, eval_seed, windows
-from ..metrics import RunLogger
+from ..data import eval_offsets, eval_seed, windows
+from ..preparation import PreparedData
 from ..runtime import CpuThreads, Dist
 from ..tokenizer import Tokenizer
 from .schedule import should_eval
 from .signals import StopFlag
-from .step import estimate_loss, sample_text
+from .step import estimate_loss
 
 
 class Evaluator:
@@ -111,17 +112,3 @@ class Evaluator:
                                  self.autocast, self.dist, should_stop=poll_and_ask)
         finally:
             bar.close()
-    def sample(self, model: torch.nn.Module, step: int, logger: RunLogger) -> None:
-        """Append ``train.sample_tokens`` sampled tokens to samples.txt (rank 0 only; 0 tokens: nothing).
-
-        Only rank 0 samples, so it asks its own stop flag (the broadcast
-        answer would wait for the other ranks); a stop cuts the sample short.
-        """
-        tc = self.cfg.train
-        if not self.dist.main or tc.sample_tokens <= 0:
-            return
-        text = sample_text(model, self.tok, self.device, tc.sample_tokens, self.cfg.seed,
-                           self.cfg.sample.window_stride, should_stop=lambda: self.stop.signal is not None)
-        logger.sample(step, text)
-        if self.stop.signal is not None:
-            logger.log(f"the step-{step} sample was cut short by {self.stop.signal}")

@@ -23,10 +23,12 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import runs
+from .. import parallel, runs
 from ..config import Config
 from ..errors import Interrupted, MinigptError
 from ..runtime import all_mean, broadcast, capture_rng, close_distributed
+from ..sampling import sample_prompt_text
+from .preflight import check_paths
 from .schedule import lr_at
 from .setup import Claim, Setup, build
 from .step import train_step
@@ -35,6 +37,9 @@ from .step import train_step
 MAX_NONFINITE = 5
 #: Without a progress bar (stderr not a terminal), a status line at most this often, in seconds.
 STATUS_EVERY_S = 30.0
+#: A stop request that came once the run's last eval was done: the run ended anyway (:meth:`Trainer.fit`).
+STOPPED_AT_END = ("stopped by {signal} as the run ended at step {step}: it is complete{losses} and saved in {last}; "
+                  "nothing is left to resume")
 
 
 @dataclass
@@ -77,8 +82,14 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train from the current step to ``train.max_iters`` (or early stopping, or a stop request).
 
+        The stop handlers stay on until the run is closed (:meth:`finish`): a
+        stop request that comes after the last eval, while its checkpoints,
+        sample and plot are written or the run is closed, ends nothing early
+        but is answered, with :data:`STOPPED_AT_END`.
+
         Raises:
-            Interrupted: a stop request (after saving ``last``) or a second Ctrl-C (without saving).
+            Interrupted: a stop request (after saving ``last``; at the end, naming the saved run, with no
+                ``resume_dir``) or a second Ctrl-C (without saving).
             MinigptError: the loss stayed non-finite for :data:`MAX_NONFINITE` steps.
         """
         s, p, tc = self.s, self.prog, self.s.cfg.train
@@ -116,7 +127,10 @@ class Trainer:
                 if p.step % tc.log_interval == 0 or p.step == tc.max_iters:
                     self.log_train(loss, lr)
                 s.checkpointer.after_step(p.step)
-        return self.finish(stopped_early)
+            result = self.finish(stopped_early)
+            if s.stop.signal is not None:
+                raise self.stopped_at_end(result)
+        return result
 
     def step(self, lr: float) -> Optional[tuple[torch.Tensor, bool]]:
         """One optimizer step at learning rate ``lr``: the mean loss and whether the update was applied.
@@ -129,7 +143,7 @@ class Trainer:
             group["lr"] = lr
         try:
             loss, applied = train_step(s.train_model, s.optimizer, self.batches, s.cfg.train.grad_accum_steps,
-                                       s.autocast, s.scaler, s.cfg.train.grad_clip, s.params)
+                                       s.autocast, s.scaler, s.cfg.train.grad_clip, s.params, dist=s.dist)
         except Exception as exc:
             # torch.compile fails lazily, at the first call; fall back to eager once.
             if not s.cfg.compile or s.train_model is s.model or s.compile_failed:
@@ -207,7 +221,7 @@ class Trainer:
         elif p.step > 0:
             p.bad_evals += 1
         s.checkpointer.after_eval(improved)
-        s.evaluator.sample(s.model, p.step, s.logger)
+        self.sample()
         s.logger.plot()
         self.t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
         s.bar.unpause()  # nor does the bar's rate (and its time left) count the eval
@@ -234,6 +248,14 @@ class Trainer:
         raise Interrupted(f"stopped by {s.stop.signal} at step {step}; saved {s.checkpointer.last}",
                           s.stop.signum, resume_dir=s.run_dir)
 
+    def stopped_at_end(self, result: TrainResult) -> Interrupted:
+        """The answer to a stop request that came once the last eval was done: the run is complete and saved."""
+        s = self.s
+        losses = f" (val loss {result.val_loss:.4f})" if result.val_loss is not None else ""
+        s.logger.log(f"{s.stop.signal} came as the run ended at step {result.step}; nothing was cut short")
+        return Interrupted(STOPPED_AT_END.format(signal=s.stop.signal, step=result.step, losses=losses,
+                                                 last=s.checkpointer.last), s.stop.signum)
+
     def abort_error(self) -> Interrupted:
         """The error that replaces the KeyboardInterrupt of a second Ctrl-C: nothing saved, where the last checkpoint is."""
         s = self.s
@@ -246,21 +268,45 @@ class Trainer:
         return Interrupted(f"aborted by a second Ctrl-C without saving; the last checkpoint is "
                            f"{s.checkpointer.last} (step {step})", resume_dir=s.run_dir)
 
+    def sample(self) -> None:
+        """Append ``train.sample_tokens`` tokens to samples.txt, sampled as ``minigpt generate`` samples with
+        the run's ``sample`` section (its prompt, temperature, top_k, top_p and window_stride;
+        :func:`~minigpt_cli.sampling.sample_prompt_text`). Rank 0 only; 0 tokens: nothing. Rank 0 asks its
+        own stop flag (the broadcast answer would wait for the other ranks); a stop cuts the sample short.
+        Under FSDP each forward gathers the weights from every rank, so every rank samples the same tokens
+        (same seed, same logits) and asks rank 0's stop flag (broadcast); rank 0 writes.
+        """
+        s, step, tc = self.s, self.prog.step, self.s.cfg.train
+        sharded = parallel.is_sharded(s.model)
+        if not (s.dist.main or sharded) or tc.sample_tokens <= 0:
+            return
+        text = sample_prompt_text(s.model, s.tok, s.cfg.sample, tc.sample_tokens, s.cfg.seed,
+                                  should_stop=self.stop_requested if sharded else lambda: s.stop.signal is not None)
+        parallel.reshard(s.model)  # FSDP: the root's weights, gathered for the sample, back to shards
+        if not s.dist.main:
+            return
+        s.logger.sample(step, text)
+        if s.stop.signal is not None:
+            s.logger.log(f"the step-{step} sample was cut short by {s.stop.signal}")
+
     # ------------------------------------------------------------------ state
 
     def snapshot(self) -> tuple[torch.nn.Module, dict, dict]:
-        """What a checkpoint holds now: the model, the trainer state and the meta facts."""
+        """What a checkpoint holds now: the model (FSDP: its gathered weights), the trainer state and the meta facts."""
         s, p = self.s, self.prog
+        weights, optimizer_state = parallel.gather_state(s.model, s.optimizer)  # FSDP: a collective
         state = {
             "step": p.step, "evaluated": p.evaluated, "best_val_loss": p.best_val,
-            "bad_evals": p.bad_evals, "optimizer": s.optimizer.state_dict(),
+            "bad_evals": p.bad_evals, "optimizer": optimizer_state,
             "scaler": s.scaler.state_dict() if s.scaler.is_enabled() else {},
             "rng": capture_rng(),
             "data_rng": {"train": s.train_sampler.state()},  # eval batches follow the step (eval_seed)
         }
         # The tokenizer's fingerprint lets generate tell a swapped tokenizer.json from the run's own.
-        meta = {"name": s.cfg.name, "step": p.step, "tokenizer_fingerprint": s.tok.fingerprint(), **p.last}
-        return s.model, state, meta
+        # The corpus's files let a resume name the one that changed since.
+        meta = {"name": s.cfg.name, "step": p.step, "tokenizer_fingerprint": s.tok.fingerprint(),
+                "corpus": s.corpus, **p.last}
+        return weights, state, meta
 
     def finish(self, stopped_early: bool) -> TrainResult:
         """Close the bar and the TensorBoard writer, log the end, leave the process group."""
@@ -302,17 +348,22 @@ def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] 
         The run folder, the final step and losses.
 
     Raises:
-        MinigptError: device not available, data cannot be fetched, run exists
-            or is in use, checkpoint unusable, a model too large for the free
-            memory (estimated up front, or the allocator failing), or training
-            diverged.
+        MinigptError: a path it must write that cannot be written (checked
+            before anything is fetched or written, :func:`~.preflight.check_paths`),
+            device not available, data cannot be fetched, run exists
+            or is in use, checkpoint unusable, a ``sample.prompt`` the tokenizer
+            cannot encode (:func:`~minigpt_cli.sampling.encode_prompt`), a model too
+            large for the free memory (estimated up front, or the allocator failing),
+            or training diverged.
         Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``),
             or aborted by a second Ctrl-C (without saving); ``resume_dir`` names
-            the run to continue.
+            the run to continue (None when the signal came as the run ended:
+            it is complete).
     """
     claim = Claim()
     try:
         with claim:
+            check_paths(cfg, resume if resume != "auto" else None)  # before anything is fetched or written
             prepared = build(cfg, run_name, resume, echo, progress, claim)
             if not isinstance(prepared, Setup):  # a resumed run that is already done
                 return TrainResult(**prepared, already_done=True)

@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 from .. import checkpoint, runs
 from ..config import Config
+from ..corpus import Corpus, changed_file
+from ..data import check_fingerprint
 from ..errors import MinigptError
 from ..tokenizer import Tokenizer, load_run_tokenizer
 from .schedule import schedule_note
@@ -28,6 +30,8 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
         a, b = getattr(cfg, section).model_dump(), getattr(saved, section).model_dump()
         if section == "model":
             a["vocab_size"] = b["vocab_size"] = None
+        if section == "data":  # the corpus itself is checked against its files (check_resume_corpus)
+            a["fingerprint"] = b["fingerprint"] = None
         diff = [k for k in a if a[k] != b.get(k)]
         if diff:
             raise MinigptError(
@@ -37,7 +41,49 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
             )
 
 
-def describe_resume(cfg: Config, resume: str) -> list[str]:
+#: A resume whose corpus is not the one the run trained on.
+_CORPUS_CHANGED = ("--resume: corpus file {path} was {what} since the run trained on it{detail}; resume with the "
+                   "corpus as the run had it, or start a new run")
+
+
+def check_resume_corpus(saved: Config, last: Path, corpus: Corpus) -> None:
+    """Refuse to resume on a corpus other than the run's: compared by fingerprint, and the file that
+    differs named from the checkpoint's ``meta.json``. Runs saved before fingerprints existed pass.
+
+    Raises:
+        MinigptError: a file edited, added, removed or reordered since the run's checkpoint.
+    """
+    want = saved.data.fingerprint
+    if want is None or want == corpus.fingerprint:
+        return
+    try:
+        before = runs.read_meta(last).get("corpus", {}).get("files") or []
+    except (OSError, ValueError):
+        before = []
+    found = changed_file(before, corpus.records())
+    path, what = found if found else (corpus.source, "changed")
+    old = {r["path"]: r for r in before}.get(path)
+    now = {r["path"]: r for r in corpus.records()}.get(path)
+    detail = (f" (sha256 {old['sha256'][:12]}…, {old['size']:,} bytes; now {now['sha256'][:12]}…, "
+              f"{now['size']:,} bytes)" if old and now else "")
+    raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
+
+
+def check_corpus(cfg: Config, resume: Optional[str], corpus: Corpus) -> None:
+    """Before anything is prepared: refuse a corpus other than the resumed run's (:func:`check_resume_corpus`)
+    or than ``data.fingerprint`` names (:func:`~minigpt_cli.data.check_fingerprint`).
+
+    Raises:
+        MinigptError: as those do; a ``--resume`` run that does not exist is left to :func:`open_resume`.
+    """
+    run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume) if resume is not None else None
+    if run_dir is not None:
+        last = runs.checkpoint_dir(run_dir, runs.LAST)
+        check_resume_corpus(checkpoint.saved_config(last), last, corpus)
+    check_fingerprint(cfg, corpus)
+
+
+def describe_resume(cfg: Config, resume: str, corpus: Optional[Corpus] = None) -> list[str]:
     """What ``--resume`` would do, for ``--dry-run``: the run, its step, and the schedule note if any.
 
     Raises:
@@ -49,6 +95,8 @@ def describe_resume(cfg: Config, resume: str) -> list[str]:
     last = runs.resolve(runs.checkpoint_dir(run_dir, runs.LAST))
     saved = checkpoint.saved_config(last)
     check_resume_config(cfg, saved)
+    if corpus is not None:
+        check_resume_corpus(saved, last, corpus)
     state = checkpoint.load_trainer_state(last)
     step, n = state["step"], cfg.train.max_iters
     if step > n or (step == n and state["evaluated"]):
@@ -85,16 +133,17 @@ class Resumed:
                 "val_loss": meta.get("val_loss"), "best_val_loss": best if math.isfinite(best) else None}
 
 
-def open_resume(cfg: Config, resume: str, tok: Tokenizer, main: bool, claim) -> Optional[Resumed]:
+def open_resume(cfg: Config, resume: str, tok: Tokenizer, corpus: Corpus, main: bool, claim) -> Optional[Resumed]:
     """Find, lock (on rank 0) and check the run ``--resume`` names; None for ``auto`` with no run yet.
 
     The run's ``model``, ``tokenizer`` and ``data`` values must be the
-    config's (:func:`check_resume_config`), and its ``tokenizer.json`` the
-    tokenizer file the config names. Temporary folders a killed save left are
+    config's (:func:`check_resume_config`), its corpus ``corpus``
+    (:func:`check_resume_corpus`), and its ``tokenizer.json`` the tokenizer
+    file the config names. Temporary folders a killed save left are
     swept, safely under the lock.
 
     Raises:
-        MinigptError: no such run, a run in use, another model/tokenizer/data, a damaged checkpoint.
+        MinigptError: no such run, a run in use, another model/tokenizer/data or corpus, a damaged checkpoint.
     """
     run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
     if run_dir is None:
@@ -106,6 +155,7 @@ def open_resume(cfg: Config, resume: str, tok: Tokenizer, main: bool, claim) -> 
         swept = checkpoint.sweep_stale_temps(last.parent)  # safe under the lock: no other process is saving here
     saved = checkpoint.saved_config(last)
     check_resume_config(cfg, saved)
+    check_resume_corpus(saved, last, corpus)
     if load_run_tokenizer(run_dir, saved).fingerprint() != tok.fingerprint():
         raise MinigptError(
             f"--resume: the tokenizer file the config names differs from {run_dir / runs.TOKENIZER}; "

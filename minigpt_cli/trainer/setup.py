@@ -19,24 +19,25 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from .. import runs
+from .. import parallel, runs
 from ..checkpoint import Checkpointer, load_weights_into
 from ..config import Config
-from ..data import (BatchSampler, PreparedData, check_split_sizes, ensure_corpus, ensure_tokenizer, prepare,
-                    with_vocab)
+from ..corpus import Corpus
+from ..data import BatchSampler, configured_corpus, ensure_tokenizer, with_vocab
 from ..errors import MinigptError
 from ..fileio import atomic_write_text
 from ..kernels import onednn
 from ..metrics import RunLogger
 from ..model import GPT
 from ..notes import notes
-from ..paths import dataset_dir
+from ..preparation import PreparedData, check_split_sizes, prepare
+from ..sampling import encode_prompt
 from ..runtime import (CpuThreads, Dist, barrier, broadcast, check_memory, close_distributed, init_distributed,
                        resolve_device, resolve_dtype, restore_rng, seed_everything, tune_runtime)
 from ..tokenizer import Tokenizer
 from .estimate import TimeEstimate
 from .evaluate import Evaluator
-from .resume import Resumed, open_resume
+from .resume import Resumed, check_corpus, open_resume
 from .signals import StopFlag
 from .step import make_optimizer
 
@@ -93,6 +94,7 @@ class Setup:
     stop: StopFlag
     env: dict[str, Any]
     eager_kernel: str
+    corpus: dict[str, Any] = field(default_factory=dict)  # fingerprint and files, for the checkpoints' meta.json
     cpu_threads: Optional[CpuThreads] = None
     evaluator: Optional[Evaluator] = None
     checkpointer: Optional[Checkpointer] = None
@@ -103,8 +105,9 @@ class Setup:
 
     @property
     def params(self) -> list[torch.Tensor]:
-        """The trainable parameters (for gradient clipping)."""
-        return [p for p in self.model.parameters() if p.requires_grad]
+        """The trainable parameters (for gradient clipping): the optimizer's, so under FSDP always the
+        shards, even while a no-grad forward left the root's gathered weights on the model."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     @property
     def tokens_per_step(self) -> int:
@@ -134,39 +137,35 @@ class Setup:
         self.write_env()
 
     def fall_back_to_eager(self, exc: Exception) -> None:
-        """torch.compile failed at its first call: train the eager model (DDP-wrapped again) from here."""
+        """torch.compile failed at its first call: train the eager model (DDP-wrapped again, or sharded) from here."""
         self.compile_failed = True
         self.echo(f"warning: torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
                   "training without it")
         self.logger.log(f"torch.compile failed ({type(exc).__name__}); training without it")
         self.optimizer.zero_grad(set_to_none=True)
-        self.train_model = _wrap_ddp(self.model, self.device, self.dist)
+        self.train_model = parallel.wrap(self.model, self.device, self.dist)
         self.env["linear_kernel"] = self.eager_kernel  # the eager step's kernel, not the compiled one's
         self.write_env()
 
 
-def _wrap_ddp(model: torch.nn.Module, device: torch.device, dist: Dist) -> torch.nn.Module:
-    if not dist.enabled:
-        return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def _prepare_data(cfg: Config, dist: Dist, echo: Callable[[str], None],
-                  progress: Optional[bool]) -> tuple[Tokenizer, PreparedData]:
-    """Rank 0 downloads, trains the tokenizer and prepares token files; the others wait, then read them."""
-    root = dataset_dir(cfg.data.data_dir, cfg.data.dataset)
-    if dist.main:
-        corpus = ensure_corpus(cfg, echo, progress=progress)
-        tok, _ = ensure_tokenizer(cfg, corpus, echo)
-        prepare(corpus, tok, root, cfg.data.val_fraction, log=echo)
+def _prepare_data(cfg: Config, dist: Dist, echo: Callable[[str], None], progress: Optional[bool],
+                  resume: Optional[str]) -> tuple[Tokenizer, PreparedData, Corpus]:
+    """Each node's first process (local rank 0) downloads, trains the tokenizer and prepares token files;
+    the others wait at a barrier, then read what it made. A corpus other than the resumed run's, or than
+    ``data.fingerprint`` names, is refused first (:func:`~.resume.check_corpus`)."""
+    if dist.local_rank == 0:
+        corpus, root = configured_corpus(cfg, echo, progress)
+        check_corpus(cfg, resume, corpus)
+        tok, _ = ensure_tokenizer(cfg, corpus, echo, root)
+        prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=progress,
+                block_size=cfg.model.block_size)
     barrier(dist)
-    corpus = ensure_corpus(cfg, echo)
-    tok, _ = ensure_tokenizer(cfg, corpus, echo)
-    data = prepare(corpus, tok, root, cfg.data.val_fraction, log=echo)
+    corpus, root = configured_corpus(cfg, echo, progress=False)
+    check_corpus(cfg, resume, corpus)
+    tok, _ = ensure_tokenizer(cfg, corpus, echo, root)
+    data = prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=False)
     check_split_sizes(data, cfg.model.block_size)
-    return tok, data
+    return tok, data, corpus
 
 
 def tensorboard_writer_class():
@@ -199,17 +198,22 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
         progress = False
     for note in notes(cfg):  # before the download: the data.url note looks at the corpus on disk
         echo(note)
+    if note := parallel.single_process_note(cfg.train.parallelism, dist):
+        echo(note)
     tc = cfg.train
     writer_class = tensorboard_writer_class() if tc.tensorboard else None
-    tok, data = _prepare_data(cfg, dist, echo, progress)
+    tok, data, corpus = _prepare_data(cfg, dist, echo, progress, resume)
+    # samples.txt samples from sample.prompt, and generate will: refused now, as generate refuses it.
+    encode_prompt(tok, cfg.sample.prompt, "sample.prompt")
     cfg = with_vocab(cfg, tok.vocab_size)
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"fingerprint": corpus.fingerprint})})
     mc = cfg.model
-    check_memory(cfg, device, dtype)
+    check_memory(cfg, device, dtype, shards=parallel.shards(cfg.train.parallelism, dist))
 
     # The run folder: new, or the one being resumed.
     resumed: Optional[Resumed] = None
     if resume is not None:
-        resumed = open_resume(cfg, resume, tok, dist.main, claim)
+        resumed = open_resume(cfg, resume, tok, corpus, dist.main, claim)
         if resumed is None:
             echo(f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one")
         elif resumed.done:
@@ -225,7 +229,7 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
     run_dir = Path(broadcast(str(run_dir), dist))
 
     seed_everything(cfg.seed)
-    model = onednn.swap_linears(GPT(mc).to(device))
+    model = parallel.place(onednn.swap_linears(GPT(mc)), device, dist, tc.parallelism)  # FSDP: sharded here
     eager_kernel = onednn.linear_kernel(model, tc.batch_size * mc.block_size, device, dtype)
     logger = RunLogger(run_dir, echo=None, enabled=dist.main)
     swept = list(resumed.swept) if resumed is not None else []
@@ -248,6 +252,7 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
         train_sampler=BatchSampler(data.train, mc.block_size, tc.batch_size, cfg.seed + 1, device,
                                    rank=dist.rank, world=dist.world),
         prog=Progress(), logger=logger, stop=StopFlag(), env=env, eager_kernel=eager_kernel,
+        corpus={"fingerprint": corpus.fingerprint, "files": corpus.records()},
     )
     s.write_env()
     claim.callback(tune_runtime(device))
@@ -255,7 +260,8 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
     claim.callback(s.cpu_threads.restore)
     s.evaluator = Evaluator(cfg, data, device, dist, s.autocast, tok, s.cpu_threads, s.stop,
                             show_bar=False)  # shown with the training bar, made last
-    s.checkpointer = Checkpointer(run_dir, cfg, snapshot=lambda: (model, {}, {}), enabled=dist.main)
+    s.checkpointer = Checkpointer(run_dir, cfg, snapshot=lambda: (model, {}, {}), enabled=dist.main,
+                                  collective=parallel.is_sharded(model))
     if resumed is not None:
         _restore(s, resumed)
     s.estimate = TimeEstimate(tc, s.prog.step, s.prog.evaluated, 2 * s.evaluator.batches_per_split,
@@ -280,7 +286,7 @@ def _restore(s: Setup, resumed: Resumed) -> None:
     state = resumed.state
     weights_dir = runs.resolve(runs.checkpoint_dir(s.run_dir, runs.LAST))
     load_weights_into(s.model, weights_dir)
-    s.optimizer.load_state_dict(state["optimizer"])
+    parallel.load_optimizer_state(s.model, s.optimizer, state["optimizer"])
     if state.get("scaler"):
         s.scaler.load_state_dict(state["scaler"])
     restore_rng(state["rng"])
@@ -296,7 +302,8 @@ def _restore(s: Setup, resumed: Resumed) -> None:
 
 
 def _compile(s: Setup) -> None:
-    """Wrap the model for training: ``torch.compile`` when asked (with its note on oneDNN), DDP under torchrun."""
+    """Wrap the model for training: ``torch.compile`` when asked (with its note on oneDNN), DDP under torchrun
+    (unless :func:`~minigpt_cli.parallel.place` sharded it with FSDP)."""
     if s.cfg.compile and "oneDNN" in s.eager_kernel:
         s.echo(onednn.COMPILE_NOTE)
         s.logger.log(onednn.COMPILE_NOTE)
@@ -306,7 +313,9 @@ def _compile(s: Setup) -> None:
             train_model = torch.compile(s.model)
         except Exception as exc:  # platform support varies
             s.echo(f"warning: torch.compile unavailable ({type(exc).__name__}: {exc}); training without it")
-    s.train_model = _wrap_ddp(train_model, s.device, s.dist)
+    s.train_model = parallel.wrap(train_model, s.device, s.dist)
+    if parallel.is_sharded(s.model):
+        s.logger.log(f"FSDP: weights, gradients and AdamW moments sharded over {s.dist.world} processes")
 
 
 def _announce(s: Setup, data: PreparedData, dtype: torch.dtype) -> None:

@@ -1,4 +1,4 @@
-"""One optimizer step, the optimizer, the loss estimate and the eval sample: the trainer's arithmetic."""
+"""One optimizer step, the optimizer and the loss estimate: the trainer's arithmetic."""
 
 from __future__ import annotations
 
@@ -8,11 +8,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 import torch
 
 from ..config import TrainConfig
-from ..errors import MinigptError
-from ..model import GPT
 from ..runtime import Dist, all_sum
-from ..sampling import generate_tokens
-from ..tokenizer import Tokenizer
 
 
 def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
@@ -71,13 +67,18 @@ def estimate_loss(model: torch.nn.Module, splits: Mapping[str, Iterable[tuple[to
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator,
                accum: int, autocast, scaler: torch.amp.GradScaler, grad_clip: float,
-               params: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
-    """One optimizer step over ``accum`` micro-batches; returns (mean loss, whether it was applied).
+               params: list[torch.Tensor], dist: Dist = Dist()) -> tuple[torch.Tensor, bool]:
+    """One optimizer step over ``accum`` micro-batches; returns (this process's mean loss, whether it was applied).
 
     The loss is averaged over micro-steps (each micro-batch loss divided by
     ``accum``), so 4 micro-batches of 8 give the update of one batch of 32.
-    Under DDP, gradients are synchronised on the last micro-step only. A
-    non-finite loss or gradient skips the update (gradients are dropped).
+    Under DDP, gradients are synchronised on the last micro-step only; under
+    FSDP they are reduce-scattered at every micro-step (keeping whole
+    gradients until the last one would cost the memory sharding saves), and
+    ``params`` are the shards, whose clipping norm is the global one. A
+    non-finite loss or gradient skips the update (gradients are dropped);
+    under torchrun (``dist``) the processes decide together, on the sum of
+    their losses, so that none steps (or enters the norm's all-reduce) alone.
     """
     loss_sum = None
     for micro in range(accum):
@@ -92,7 +93,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
             scaler.scale(loss).backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
     scaler.unscale_(optimizer)  # gradients unscaled before clipping (a no-op without a scaler)
-    finite = bool(torch.isfinite(loss_sum))  # one host sync per optimizer step, none per micro-step
+    finite = bool(torch.isfinite(all_sum(loss_sum, dist)))  # one host sync per optimizer step, none per micro-step
     if finite and grad_clip > 0:
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
         finite = bool(torch.isfinite(norm))
@@ -101,31 +102,3 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, finite
-
-
-def sample_text(model: GPT, tok: Tokenizer, device: torch.device, n_tokens: int, seed: int,
-                window_stride: Optional[int] = None, should_stop: Optional[Callable[[], bool]] = None) -> str:
-    """A short sample from a newline prompt, for samples.txt.
-
-    ``should_stop`` is asked after every token; when it answers True the
-    sample ends there (a Ctrl-C must not wait for a long sample).
-    """
-    model.eval()
-    try:
-        prompt = tok.encode("\n") or [0]
-    except MinigptError:
-        prompt = [0]
-    idx = torch.tensor([prompt], dtype=torch.long, device=device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    ids = []
-    try:
-        for t in generate_tokens(model, idx, n_tokens, temperature=0.8, top_k=200, generator=g,
-                                 vocab_limit=tok.vocab_size, window_stride=window_stride):
-            ids.append(int(t[0]))
-            if should_stop is not None and should_stop():
-                break
-    except MinigptError as exc:  # NaN output: the loss says so too, and the run decides what to do
-        return f"(no sample: {exc})"
-    finally:
-        model.train()
-    return tok.decode(prompt + ids)

@@ -1,0 +1,66 @@
+"""What ``train`` and ``train --dry-run`` both refuse before anything is downloaded or written: paths
+``train`` would write that cannot be written, and a ``sample.prompt`` the tokenizer cannot encode.
+
+One check for both, so that the dry run refuses with the very line ``train``
+gives: :func:`check_paths` (``train`` runs it before its first download or
+write, the dry run before it describes the run) and
+:func:`~minigpt_cli.sampling.encode_prompt` (``train`` once its tokenizer is
+ready, the dry run once :func:`~.describe.preview` has it; ``generate`` gives
+the same line for the same prompt).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ..config import Config
+from ..fileio import check_writable
+from ..paths import corpus_path, dataset_dir
+
+
+def paths_to_write(cfg: Config, resume: Optional[str] = None) -> list[tuple[Path, bool]]:
+    """The paths ``train`` will write, as ``(path, is_folder)``, in the order it writes them.
+
+    - the named dataset's folder, when its corpus is missing or fails its checksum (the download);
+    - the tokenizer file, when it is missing (trained and saved);
+    - the named dataset's folder again, when no token files of the tokenizer's kind are there yet
+      (prepared; token files of another tokenizer of that kind may make ``train`` prepare as well);
+    - ``data.data_dir``, for a ``data.path`` corpus, when it is not a folder yet (its corpus folder goes in it);
+    - ``train.out_dir``, for a new run (not with ``resume``, whose run folder exists).
+    """
+    from ..data import tokenizer_path
+    from ..download import file_ok
+
+    dc, out = cfg.data, []
+    folder = dataset_dir(dc.data_dir, dc.dataset)
+    own_text = getattr(dc, "path", None) is not None
+    corpus_ok = own_text or file_ok(corpus_path(dc.data_dir, dc.dataset), dc.dataset)
+    if not corpus_ok:
+        out.append((folder, True))
+    if own_text:
+        if not Path(dc.data_dir).is_dir():
+            out.append((Path(dc.data_dir), True))
+        if cfg.tokenizer.path and not Path(cfg.tokenizer.path).is_file():
+            out.append((Path(cfg.tokenizer.path), False))
+    else:
+        tok = tokenizer_path(cfg)
+        if not tok.is_file():
+            out.append((tok, False))
+        elif corpus_ok and not any(folder.glob(f"{cfg.tokenizer.kind}-*/meta.json")):
+            out.append((folder, True))
+    if resume is None:
+        out.append((Path(cfg.train.out_dir), True))
+    return out
+
+
+def check_paths(cfg: Config, resume: Optional[str] = None) -> None:
+    """Refuse a path :func:`paths_to_write` names that cannot be written (a file in the way of a folder, a
+    folder that cannot be written into, a name too long for the file system), writing nothing.
+
+    Raises:
+        MinigptError: ``cannot write PATH: <reason>; <fix>``, the line the write itself would end with
+            (:func:`~minigpt_cli.fileio.check_writable`).
+    """
+    for path, folder in paths_to_write(cfg, resume):
+        check_writable(path, folder)
