@@ -213,7 +213,12 @@ def prepare(
     from .data import prepare_configured
 
     cfg = load_config(resolve_config(config, echo), set_)
-    corpus, tok, tok_path, data = prepare_configured(cfg, echo, progress)
+    try:
+        corpus, tok, tok_path, data = prepare_configured(cfg, echo, progress)
+    except KeyboardInterrupt:
+        echo("interrupted: no token files were completed (nothing half-written is kept); run the same "
+             "command again to start over")
+        raise typer.Exit(130) from None
     meta = data.meta
     print(f"corpus      {corpus.source}: {corpus.size:,} bytes in {len(corpus.files):,} file(s), "
           f"{meta.get('documents', 1):,} document(s); fingerprint {corpus.fingerprint[:12]}")

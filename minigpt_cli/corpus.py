@@ -32,7 +32,7 @@ JSONL_SUFFIXES = (".jsonl",)
 #: Bytes read from a file at a time.
 BLOCK = 1 << 22
 #: Documents are handed on in pieces of about this many characters.
-PIECE_CHARS = 1 << 16
+PIECE_CHARS = 1 << 11
 #: A stretch this many times :data:`PIECE_CHARS` with no place where GPT-2's split cuts is cut anyway.
 HARD_CUT_FACTOR = 64
 #: With at least this many documents the validation split is whole documents (the last ones); with fewer,
@@ -51,7 +51,9 @@ MESSAGES = {
     "unreadable": "cannot read corpus file {path!r} ({detail}); check that it is a readable file",
     "not_utf8": "corpus file {path!r} is not UTF-8 text ({reason} at byte {offset:,}); convert it to UTF-8 "
                 "(e.g. with iconv) or remove it from data.path",
-    "bad_json": "{path}:{line}: not a JSON object ({detail}); fix the line, or remove the file from data.path",
+    "bad_json": "{path}:{line}: does not parse as JSON ({detail}); fix the line, or remove the file from data.path",
+    "not_object": "{path}:{line}: holds a JSON {kind}, not an object with a text field; fix the line, or remove "
+                  "the file from data.path",
     "no_field": "{path}:{line}: the object has no text field {field!r} (it has {keys}); set data.text_field to "
                 "the field holding the text",
     "not_text": "{path}:{line}: field {field!r} holds {kind}, not text; set data.text_field to the field holding "
@@ -59,8 +61,8 @@ MESSAGES = {
 }
 
 
-def _error(kind: str, **fields: object) -> MinigptError:
-    return MinigptError(MESSAGES[kind].format(**fields))
+def _error(message: str, **fields: object) -> MinigptError:
+    return MinigptError(MESSAGES[message].format(**fields))
 
 
 @dataclass(frozen=True)
@@ -136,13 +138,28 @@ def changed_file(before: Sequence[dict], after: Sequence[dict]) -> Optional[tupl
     return None
 
 
-def _is_input(p: Path) -> bool:
-    return p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES
+def _is_input(p: Path, root: Path) -> bool:
+    """A text or JSON Lines file under ``root``, not hidden and not in a hidden folder (``.git``, ...)."""
+    return (p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES
+            and not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+def _once(paths: Iterable[Path]) -> list[Path]:
+    """``paths`` without a second name for a file seen already (a symbolic link to it, ...), in order."""
+    seen: set[Path] = set()
+    out = []
+    for p in paths:
+        real = p.resolve()
+        if real not in seen:
+            seen.add(real)
+            out.append(p)
+    return out
 
 
 def find_files(source: str | Path) -> list[Path]:
     """The files ``source`` names, in reading order: a file; a folder's ``*.txt``/``*.jsonl``
-    (recursive, sorted by path); or a glob's matching files (sorted).
+    (recursive, sorted by path, hidden files and folders left out); or a glob's matching files (sorted).
+    A file reached twice (through a symbolic link) is read once.
 
     Raises:
         MinigptError: nothing there, a folder without such files, a glob matching none.
@@ -152,12 +169,12 @@ def find_files(source: str | Path) -> list[Path]:
     if p.is_file():
         return [p]
     if p.is_dir():
-        files = sorted(q for q in p.rglob("*") if _is_input(q))
+        files = _once(sorted(q for q in p.rglob("*") if _is_input(q, p)))
         if not files:
             raise _error("empty_folder", source=text)
         return files
     if glob.has_magic(text):
-        files = sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file())
+        files = _once(sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file()))
         if not files:
             raise _error("no_match", source=text)
         return files
@@ -254,12 +271,15 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
                 if not line.strip():
                     yield "", len(raw)
                     continue
+                if number == 1:
+                    line = line.removeprefix("\ufeff")  # a byte-order mark, as Windows tools write one
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise _error("bad_json", path=path, line=number, detail=exc.msg) from None
+                    raise _error("bad_json", path=path, line=number, detail=f"{exc.msg} at column {exc.colno}") from None
                 if not isinstance(obj, dict):
-                    raise _error("bad_json", path=path, line=number, detail=f"a {type(obj).__name__}")
+                    kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
+                    raise _error("not_object", path=path, line=number, kind=kind)
                 if field not in obj:
                     keys = ", ".join(map(repr, list(obj)[:8])) or "no fields"
                     raise _error("no_field", path=path, line=number, field=field, keys=keys)

@@ -29,23 +29,6 @@ from .tokenizer_training import train_tokenizer
 TOKENIZER_TRAIN_CHARS = 64 << 20
 
 
-def split_text(text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] = ()) -> tuple[str, str]:
-    """(train, val): the first ``int(len·(1-val_fraction))`` characters, and the rest.
-
-    A split point inside one of ``keep_whole`` (the tokenizer's special
-    tokens) moves back to that token's start, so the token stays one id.
-    """
-    n = int(len(text) * (1 - val_fraction))
-    moved = True
-    while moved:
-        moved = False
-        for s in keep_whole:
-            i = text.find(s, max(0, n - len(s) + 1))
-            if i != -1 and i < n:
-                n, moved = i, True
-    return text[:n], text[n:]
-
-
 #: The download errors' fix when the config names a mirror (the url must serve the checksummed corpus itself).
 _URL_HINT = ("fix data.url in the config (it overrides the environment): it must name a mirror of the "
              "{dataset} corpus itself, not another text (for your own text, set data.path instead)")
@@ -101,6 +84,25 @@ def configured_corpus(cfg: Config, log: Callable[[str], None], progress: Optiona
             corpus = open_corpus(dc.path, dc.text_field, on_bytes=bar.update)
         root = corpus.folder(dc.data_dir)
     return corpus, root
+
+
+def corpus_on_disk(cfg: Config) -> Optional[Corpus]:
+    """The config's corpus when it can be read without a download: ``data.path``'s files, or the named
+    dataset's file when present and genuine; else None (for ``--dry-run``).
+
+    Raises:
+        MinigptError: a ``data.path`` that names nothing readable (as :func:`configured_corpus`).
+    """
+    from .download import file_ok
+
+    dc = cfg.data
+    if dc.path is not None:
+        return open_corpus(dc.path, dc.text_field)
+    path = corpus_path(dc.data_dir, dc.dataset)
+    if not file_ok(path, dc.dataset):
+        return None
+    corpus = open_corpus(path, dc.text_field)
+    return Corpus(corpus.source, dc.dataset, corpus.files, corpus.text_field)
 
 
 def check_fingerprint(cfg: Config, corpus: Corpus) -> None:

@@ -26,6 +26,7 @@ looks complete.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -47,7 +48,7 @@ from .special_tokens import END_OF_TEXT
 from .tokenizer import Tokenizer
 
 #: Characters of text encoded per batch (the library spreads a batch's pieces over the cores).
-BATCH_CHARS = 1 << 22
+BATCH_CHARS = 1 << 20
 #: A temporary token file older than this (seconds untouched) was left by a killed process.
 STALE_TEMP_S = 600.0
 _TEMP_PREFIX = ".prep-"
@@ -62,14 +63,27 @@ def token_dtype(vocab_size: int) -> np.dtype:
 MIN_SPLIT_TOKENS = 2
 
 
+def _fraction_that_fits(val_fraction: float, total: int, need: int) -> Optional[float]:
+    """A ``data.val_fraction`` leaving both sides at least ``need`` of ``total`` tokens (about): 0.1 when it
+    does, else the nearest such value to ``val_fraction``, rounded to two digits; None when none can."""
+    lo, hi = need / total, 1 - need / total
+    if total < 2 * need or lo >= hi:
+        return None
+    if lo <= 0.1 <= hi and val_fraction != 0.1:
+        return 0.1
+    fits = math.ceil(lo * 100 + 1) / 100 if val_fraction < lo or val_fraction == 0.1 else math.floor(hi * 100 - 1) / 100
+    return fits if lo <= fits <= hi else round((lo + hi) / 2, 3)
+
+
 def _split_error(val_fraction: float, n_train: int, n_val: int, need: int, block_size: int | None = None) -> MinigptError:
     """The one-line refusal of a train/val split that leaves a side too small."""
     small = " and ".join(name for name, n in (("train", n_train), ("val", n_val)) if n < need)
     # Another split helps only if the two sides together are enough for both.
-    split_fix = "choose a data.val_fraction such as 0.1, " if n_train + n_val >= 2 * need else ""
+    fits = _fraction_that_fits(val_fraction, n_train + n_val, need)
+    split_fix = f"choose a data.val_fraction such as {fits:g}, " if fits is not None else ""
     if block_size is None:
         need_s = f"at least {need} tokens each"
-        fix = f"{split_fix}use more text"
+        fix = f"{split_fix}or use more text" if split_fix else "use more text"
     else:
         need_s = f"at least model.block_size+1 = {need:,} tokens each"
         most = max(min(n_train, n_val) - 1, 1)
@@ -82,15 +96,15 @@ def _split_error(val_fraction: float, n_train: int, n_val: int, need: int, block
 
 def check_split_counts(val_fraction: float, n_train: int, n_val: int, block_size: Optional[int] = None) -> None:
     """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` tokens on a side (:func:`prepare`'s
-    refusal), then, given ``block_size``, one with fewer than ``block_size + 1`` (:func:`check_split_sizes`).
+    refusal) or, given ``block_size``, fewer than ``block_size + 1`` (:func:`check_split_sizes`).
 
     Raises:
         MinigptError: one line naming ``data.val_fraction``, the token counts and the fix.
     """
+    if block_size is not None and min(n_train, n_val) < max(block_size + 1, MIN_SPLIT_TOKENS):
+        raise _split_error(val_fraction, n_train, n_val, block_size + 1, block_size)
     if min(n_train, n_val) < MIN_SPLIT_TOKENS:
         raise _split_error(val_fraction, n_train, n_val, MIN_SPLIT_TOKENS)
-    if block_size is not None and min(n_train, n_val) < block_size + 1:
-        raise _split_error(val_fraction, n_train, n_val, block_size + 1, block_size)
 
 
 def separator_ids(tok: Tokenizer) -> tuple[list[int], str]:
@@ -144,6 +158,17 @@ def _tail_cut(piece: str, k: int, special_tokens: Sequence[str]) -> int:
             if i != -1 and i < k:
                 k, moved = i, True
     return k
+
+
+def split_text(text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] = ()) -> tuple[str, str]:
+    """(train, val): the first ``int(len·(1-val_fraction))`` characters, and the rest (nanoGPT's split of
+    one text; :func:`units` makes the same split in a stream).
+
+    A split point inside one of ``keep_whole`` (the tokenizer's special
+    tokens) moves back to that token's start, so the token stays one id.
+    """
+    n = _tail_cut(text, int(len(text) * (1 - val_fraction)), keep_whole)
+    return text[:n], text[n:]
 
 
 #: One unit of the stream: the split it belongs to (0 train, 1 val), its text (None: the separator), and the
@@ -401,6 +426,12 @@ def _prepare_afresh(corpus: Corpus, tok: Tokenizer, directory: Path, want: dict,
                 split="documents" if plan.by_documents else "tail", corpus_files=corpus.records(),
                 seconds=round(seconds, 3))
     atomic_write_text(directory / "meta.json", json.dumps(meta, indent=1))
+    share = counts["val"] / max(counts["train"] + counts["val"], 1)
+    if plan.by_documents and not want["val_fraction"] / 3 <= share <= want["val_fraction"] * 3:
+        log(f"note: the validation documents hold {share:.1%} of the tokens, not about data.val_fraction "
+            f"{want['val_fraction']:g}: the last {plan.n_documents - plan.val_from_doc:,} document(s) are "
+            f"{'long' if share > want['val_fraction'] else 'short'} ones; reorder the files, or choose another "
+            "data.val_fraction")
     if seconds > 5:
         log(f"prepared {counts['train'] + counts['val']:,} tokens in {seconds:.0f} s ({mb / seconds:.1f} MB/s)")
     return meta

@@ -10,7 +10,8 @@ from typing import Callable, Optional, Sequence
 
 from .config import Config
 from .corpus import open_corpus
-from .data import TOKENIZER_TRAIN_CHARS, configured_corpus, split_text, training_texts
+from .data import TOKENIZER_TRAIN_CHARS, configured_corpus, training_texts
+from .preparation import split_text
 from .errors import MinigptError
 from .paths import default_tokenizer_path
 from .special_tokens import check_special_tokens
@@ -48,15 +49,17 @@ def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], N
     Raises:
         MinigptError: nothing there, an empty or unreadable file, text that is not UTF-8, a bad JSON line.
     """
-    if input_path is not None:
-        try:
+    try:
+        if input_path is not None:
             corpus = open_corpus(input_path, cfg.data.text_field)
-        except MinigptError as exc:
-            raise MinigptError(str(exc).replace("data.path", "--input")) from None
-        root = corpus.folder(cfg.data.data_dir)
-    else:
-        corpus, root = configured_corpus(cfg, echo)
-    text = "".join(training_texts(corpus, cfg.tokenizer.special_tokens, limit_chars))
+            root = corpus.folder(cfg.data.data_dir)
+        else:
+            corpus, root = configured_corpus(cfg, echo)
+        text = "".join(training_texts(corpus, cfg.tokenizer.special_tokens, limit_chars))
+    except MinigptError as exc:
+        if input_path is None:
+            raise
+        raise MinigptError(str(exc).replace("data.path", "--input")) from None
     if not text.strip("\n"):
         raise MinigptError(f"input {corpus.source!r} is empty; give it some text")
     return corpus.source, text, root

@@ -13,7 +13,6 @@ import pytest
 from helpers import TINY, assert_user_error, records
 from minigpt_cli import corpus as C, preparation as P
 from minigpt_cli.config import Config
-from minigpt_cli.data import split_text
 from minigpt_cli.tokenizer import CharTokenizer
 from minigpt_cli.tokenizer_training import SPLIT_PATTERN, train_tokenizer
 
@@ -80,7 +79,7 @@ def test_streamed_ids_equal_the_whole_texts_and_the_tail_split_is_nanogpts(tmp_p
     src = tmp_path / "plays.txt"
     src.write_text(text, encoding="utf-8")
     data = P.prepare(src, bpe, tmp_path / "out", 0.1, log=lambda m: None, progress=True)
-    train_text, val_text = split_text(text, 0.1)
+    train_text, val_text = P.split_text(text, 0.1)
     assert data.train.tolist() == bpe.encode(train_text)
     assert data.val.tolist() == bpe.encode(val_text)
     assert data.meta["split"] == "tail" and data.meta["documents"] == 1
@@ -212,7 +211,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[str, list[str]]]:
         "empty file": (str(tmp / "empty.txt"), ["empty.txt", "is empty"]),
         "no text files": (str(tmp / "nodocs"), ["holds no .txt or .jsonl files"]),
         "not utf-8": (str(tmp / "latin1.txt"), ["latin1.txt", "not UTF-8", "at byte 2", "iconv"]),
-        "bad json": (str(tmp / "broken.jsonl"), ["broken.jsonl:2:", "not a JSON object"]),
+        "bad json": (str(tmp / "broken.jsonl"), ["broken.jsonl:2:", "does not parse as JSON", "column"]),
         "no field": (str(tmp / "nofield.jsonl"), ["nofield.jsonl:2:", "no text field 'text'", "data.text_field"]),
         "too small": (str(tmp / "short.txt"), ["too few for val", "val tokens", "model.block_size"]),
     }
@@ -250,9 +249,10 @@ def test_train_on_a_folder_then_edit_a_file(cli, tmp_path, shakespeare, monkeypa
     assert [r["event"] for r in records(run)].count("eval") == 2
     (tmp_path / "data").joinpath("marker").write_text("")
     paths[5].write_text(paths[5].read_text() + "\nAn edit.\n", encoding="utf-8")
-    res = cli(*args[:-2], "--set", "train.max_iters=8", "--resume", str(run))
-    assert_user_error(res, f"corpus file {paths[5].resolve()} was changed", "--resume", "start a new run",
-                      notes_ok=True)
+    for dry in ([], ["--dry-run"]):  # the dry run refuses it with the same line
+        res = cli(*args[:-2], "--set", "train.max_iters=8", "--resume", str(run), *dry)
+        assert_user_error(res, f"corpus file {paths[5].resolve()} was changed", "--resume", "start a new run",
+                          notes_ok=True)
     res = cli(*args)
     assert res.exit_code == 0, res
     assert "preparing token files" in res.stderr + res.stdout
@@ -281,3 +281,22 @@ def test_bench_prepare_compares_with_a_bare_encode_batch_loop(cli, tmp_path, sha
     assert r["bare_mb_s"] > 0 and r["prepare_mb_s"] > 0 and r["ratio"] == pytest.approx(
         r["prepare_mb_s"] / r["bare_mb_s"], rel=0.02)
     assert not list(tmp_path.glob("data/**/*.bin"))  # measured in a temporary folder
+
+
+def test_qa_cases_of_the_reading_kind(tmp_path):
+    """A BOM in JSON Lines, a non-string field, hidden folders and a link to a file already read."""
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "with a BOM"}\n')
+    assert C.corpus_text(C.open_corpus(tmp_path / "bom.jsonl")) == "with a BOM"
+    (tmp_path / "num.jsonl").write_text('{"text": "a"}\n{"text": 12345}\n')
+    with pytest.raises(C.MinigptError, match=r"num.jsonl:2: field 'text' holds int, not text"):
+        C.survey(C.open_corpus(tmp_path / "num.jsonl"))
+    (tmp_path / "arr.jsonl").write_text('[1, 2]\n')
+    with pytest.raises(C.MinigptError, match=r"arr.jsonl:1: holds a JSON array, not an object"):
+        C.survey(C.open_corpus(tmp_path / "arr.jsonl"))
+    books = tmp_path / "books"
+    (books / ".git").mkdir(parents=True)
+    (books / ".git" / "notes.txt").write_text("not a book")
+    (books / ".hidden.txt").write_text("not a book either")
+    (books / "a.txt").write_text("a book")
+    (books / "z.txt").symlink_to(books / "a.txt")
+    assert [f.path.name for f in C.open_corpus(books).files] == ["a.txt"]

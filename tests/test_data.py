@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 import torch
 
 from minigpt_cli.config import load_config
-from minigpt_cli.data import BatchSampler, split_text, with_vocab
-from minigpt_cli.preparation import check_split_counts, check_split_sizes, prepare, split_counts, token_dtype
+from minigpt_cli.data import BatchSampler, with_vocab
+from minigpt_cli.preparation import (check_split_counts, check_split_sizes, prepare, split_counts, split_text,
+                                     token_dtype)
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.tokenizer import CharTokenizer, load_tokenizer
 
@@ -173,14 +175,21 @@ def test_the_refused_fraction_is_written_as_given():
         check_split_counts(0.9999999, 0, 1_115_394, 32)
 
 
-def test_check_split_counts_is_prepares_refusal_then_the_block_sizes():
+def test_check_split_counts_names_what_is_needed_and_a_fraction_that_fits():
     check_split_counts(0.5, 33, 33, 32)  # one window each
     with pytest.raises(MinigptError, match=r"too few for val \(they need at least model.block_size\+1 = 33"):
         check_split_counts(0.5, 33, 32, 32)
-    # A (nearly) empty side gets prepare's message, whatever the block size.
-    with pytest.raises(MinigptError, match=r"too few for train \(they need at least 2 tokens each\)"):
+    # A (nearly) empty side: with a block size, the message says what the block needs, not just "2 tokens".
+    with pytest.raises(MinigptError, match=r"too few for train \(they need at least model.block_size\+1 = 33"):
         check_split_counts(0.5, 1, 40, 32)
-    check_split_counts(0.5, 2, 2)  # no block size: only the emptiness check
+    with pytest.raises(MinigptError, match=r"too few for train \(they need at least 2 tokens each\)"):
+        check_split_counts(0.5, 1, 40)  # no block size: only the emptiness check
+    check_split_counts(0.5, 2, 2)
+    # The fraction suggested is never the one in use, and leaves both sides enough (90 + 10 tokens, need 33).
+    with pytest.raises(MinigptError) as e:
+        check_split_counts(0.1, 90, 10, 32)
+    suggested = float(re.search(r"such as ([0-9.]+),", str(e.value)).group(1))
+    assert suggested != 0.1 and 33 <= 100 * suggested <= 100 - 33
 
 
 def test_split_counts_equal_what_prepare_writes(tmp_path, corpus_file):

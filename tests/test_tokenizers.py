@@ -13,8 +13,7 @@ import tokenizers
 import yaml
 from helpers import assert_user_error
 
-from minigpt_cli.data import split_text
-from minigpt_cli.preparation import prepare, token_dtype
+from minigpt_cli.preparation import prepare, split_text, token_dtype
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.tokenizer import KINDS, UNK, CharTokenizer, load_tokenizer, lossy_report
 from minigpt_cli.tokenizer_training import base_vocab_size, train_tokenizer

@@ -21,8 +21,9 @@ from typing import Optional
 
 from .. import parallel, params as P
 from ..config import Config
-from ..corpus import Corpus, open_corpus
-from ..data import TOKENIZER_TRAIN_CHARS, load_configured_tokenizer, tokenizer_path, training_texts, with_vocab
+from ..corpus import Corpus
+from ..data import (TOKENIZER_TRAIN_CHARS, corpus_on_disk, load_configured_tokenizer, tokenizer_path, training_texts,
+                    with_vocab)
 from ..preparation import check_split_counts, prepared_meta, split_counts
 from ..notes import notes
 from ..paths import corpus_path, dataset_dir
@@ -77,18 +78,11 @@ def preview(cfg: Config) -> DataPreview:
             text the tokenizer cannot encode, or a split shorter than
             ``model.block_size + 1`` tokens (:func:`~minigpt_cli.data.check_split_counts`).
     """
-    from ..download import file_ok
-
     tc, dc = cfg.tokenizer, cfg.data
-    corpus: Optional[Corpus] = None
-    if dc.path is not None:
-        corpus = open_corpus(dc.path, dc.text_field)  # what train refuses: nothing there, an empty file
-        root = corpus.folder(dc.data_dir)
+    corpus = corpus_on_disk(cfg)  # what train refuses: nothing at data.path, an empty file
+    root = corpus.folder(dc.data_dir) if dc.path is not None else dataset_dir(dc.data_dir, dc.dataset)
+    if corpus is not None:
         check_corpus(cfg, None, corpus)
-    else:
-        root = dataset_dir(dc.data_dir, dc.dataset)
-        if file_ok(corpus_path(dc.data_dir, dc.dataset), dc.dataset):
-            corpus = open_corpus(corpus_path(dc.data_dir, dc.dataset))
     path = tokenizer_path(cfg, root)
     p = DataPreview(dc.path or corpus_path(dc.data_dir, dc.dataset), corpus is not None, path, root=root,
                     source=corpus)

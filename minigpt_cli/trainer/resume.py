@@ -10,7 +10,7 @@ from typing import Any, Optional
 from .. import checkpoint, runs
 from ..config import Config
 from ..corpus import Corpus, changed_file
-from ..data import check_fingerprint
+from ..data import check_fingerprint, corpus_on_disk
 from ..errors import MinigptError
 from ..tokenizer import Tokenizer, load_run_tokenizer
 from .schedule import schedule_note
@@ -69,6 +69,19 @@ def check_resume_corpus(saved: Config, last: Path, corpus: Corpus) -> None:
     raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
 
 
+def check_resume_early(cfg: Config, resume: Optional[str]) -> None:
+    """Before the corpus is read or downloaded: refuse a ``--resume`` whose run has another model, tokenizer
+    or data config (:func:`check_resume_config`), so that a missing ``data.path`` is named, not downloaded
+    around. A run that does not exist is left to :func:`open_resume`.
+
+    Raises:
+        MinigptError: as :func:`check_resume_config`.
+    """
+    run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume) if resume is not None else None
+    if run_dir is not None:
+        check_resume_config(cfg, checkpoint.saved_config(runs.checkpoint_dir(run_dir, runs.LAST)))
+
+
 def check_corpus(cfg: Config, resume: Optional[str], corpus: Corpus) -> None:
     """Before anything is prepared: refuse a corpus other than the resumed run's (:func:`check_resume_corpus`)
     or than ``data.fingerprint`` names (:func:`~minigpt_cli.data.check_fingerprint`).
@@ -86,8 +99,11 @@ def check_corpus(cfg: Config, resume: Optional[str], corpus: Corpus) -> None:
 def describe_resume(cfg: Config, resume: str, corpus: Optional[Corpus] = None) -> list[str]:
     """What ``--resume`` would do, for ``--dry-run``: the run, its step, and the schedule note if any.
 
+    ``corpus``: the corpus to check against the run's; None: the config's, when it is on disk
+    (:func:`~minigpt_cli.data.corpus_on_disk`).
+
     Raises:
-        MinigptError: as :func:`train` would: no such run, or one with another model, tokenizer or data.
+        MinigptError: as :func:`train` would: no such run, or one with another model, tokenizer, data or corpus.
     """
     run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
     if run_dir is None:
@@ -95,6 +111,7 @@ def describe_resume(cfg: Config, resume: str, corpus: Optional[Corpus] = None) -
     last = runs.resolve(runs.checkpoint_dir(run_dir, runs.LAST))
     saved = checkpoint.saved_config(last)
     check_resume_config(cfg, saved)
+    corpus = corpus if corpus is not None else corpus_on_disk(cfg)
     if corpus is not None:
         check_resume_corpus(saved, last, corpus)
     state = checkpoint.load_trainer_state(last)

@@ -37,7 +37,7 @@ from ..runtime import (CpuThreads, Dist, barrier, broadcast, check_memory, close
 from ..tokenizer import Tokenizer
 from .estimate import TimeEstimate
 from .evaluate import Evaluator
-from .resume import Resumed, check_corpus, open_resume
+from .resume import Resumed, check_corpus, check_resume_early, open_resume
 from .signals import StopFlag
 from .step import make_optimizer
 
@@ -153,6 +153,7 @@ def _prepare_data(cfg: Config, dist: Dist, echo: Callable[[str], None], progress
     """Each node's first process (local rank 0) downloads, trains the tokenizer and prepares token files;
     the others wait at a barrier, then read what it made. A corpus other than the resumed run's, or than
     ``data.fingerprint`` names, is refused first (:func:`~.resume.check_corpus`)."""
+    check_resume_early(cfg, resume)
     if dist.local_rank == 0:
         corpus, root = configured_corpus(cfg, echo, progress)
         check_corpus(cfg, resume, corpus)
