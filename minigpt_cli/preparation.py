@@ -442,11 +442,13 @@ def prepared_meta(corpus: Corpus, tok: Tokenizer, root: Path, val_fraction: floa
     return reusable_meta(token_dir(root, tok), _wanted(corpus, tok, val_fraction))
 
 
-def split_counts(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float) -> tuple[int, int]:
+def split_counts(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float,
+                 block_size: Optional[int] = None) -> tuple[int, int]:
     """The (train, val) token counts :func:`prepare` would give, writing nothing.
 
     Read from prepared files that :func:`prepare` would reuse, else by
-    encoding the corpus in memory-bounded batches.
+    encoding the corpus in memory-bounded batches and refused as :func:`prepare` would refuse
+    them (with ``block_size``, when given).
 
     Raises:
         MinigptError: as :func:`prepare`.
@@ -462,7 +464,7 @@ def split_counts(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fr
     for batch in _batches(units(corpus, plan, list(getattr(tok, "special_tokens", ())))):
         for split, ids in _encode(tok, batch, sep):
             counts[split] += ids.size
-    check_split_counts(val_fraction, counts[0], counts[1])
+    check_split_counts(val_fraction, counts[0], counts[1], block_size)
     return counts[0], counts[1]
 
 

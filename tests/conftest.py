@@ -26,7 +26,8 @@ import pytest
 # One thread: the suite's models are tiny (their products are too small to gain from a second
 # thread), and PyTorch's spinning OpenMP threads make them many times slower as soon as anything
 # else runs on the machine (the kv-cache tests of test_variants took 190 s with two threads on a
-# busy 2-core machine, 15 s with one). OMP_NUM_THREADS set in the shell wins.
+# busy 2-core machine, 15 s with one). The README's command runs one pytest-xdist worker per core,
+# each with one thread. OMP_NUM_THREADS set in the shell wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent

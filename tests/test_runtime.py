@@ -52,16 +52,21 @@ def test_cpu_training_steps_stop_page_faulting():
 
     The two processes (one thread each) run side by side: each counts its own faults (RUSAGE_SELF).
     """
-    procs = {mode: subprocess.Popen([sys.executable, "-c", SCRIPT, mode], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-             for mode in ("default", "tuned")}
-    faults = {}
-    for mode, proc in procs.items():
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
-        faults[mode] = json.loads(out.strip().splitlines()[-1])
-    assert faults["default"] > 50, faults  # glibc hands activations back to the OS and faults them in again
-    assert faults["tuned"] < faults["default"] / 5, faults
+    seen = []
+    for _ in range(3):  # glibc's dynamic thresholds sometimes keep the default run's memory: measure again then
+        procs = {mode: subprocess.Popen([sys.executable, "-c", SCRIPT, mode], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+                 for mode in ("default", "tuned")}
+        faults = {}
+        for mode, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err
+            faults[mode] = json.loads(out.strip().splitlines()[-1])
+        seen.append(faults)
+        assert faults["tuned"] < 50, seen  # the tuned run never faults its activations back in
+        if faults["default"] > 50:  # glibc handed activations back to the OS and faulted them in again
+            break
+    assert faults["default"] > 50 and faults["tuned"] < faults["default"] / 5, seen
 
 
 class FakeMachine:

@@ -105,7 +105,7 @@ def preview(cfg: Config) -> DataPreview:
         if corpus.size > PREVIEW_BYTES and prepared_meta(corpus, p.tokenizer, root, dc.val_fraction) is None:
             p.too_big = True
             return p
-        p.split = split_counts(corpus, p.tokenizer, root, dc.val_fraction)
+        p.split = split_counts(corpus, p.tokenizer, root, dc.val_fraction, cfg.model.block_size)
         check_split_counts(dc.val_fraction, *p.split, cfg.model.block_size)
     return p
 
