@@ -59,6 +59,26 @@ def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
     return Path(run_dir) / CHECKPOINTS / which
 
 
+def keep_edited_config(run_dir: Path, new_text: str) -> Optional[Path]:
+    """Before a resume rewrites ``<run_dir>/config.yaml`` with ``new_text``: when the file holds an edit (it
+    is neither the last checkpoint's config nor ``new_text``), copy it to ``config.yaml.edited`` (or
+    ``.edited-N``) and return that path; else None."""
+    path = Path(run_dir) / CONFIG
+    try:
+        text = path.read_text(encoding="utf-8")
+        saved = (checkpoint_dir(run_dir, LAST) / CONFIG).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if text in (saved, new_text):
+        return None
+    keep = path.with_name(CONFIG + ".edited")
+    n = 1
+    while keep.exists():
+        keep, n = path.with_name(f"{CONFIG}.edited-{n}"), n + 1
+    keep.write_text(text, encoding="utf-8")
+    return keep
+
+
 def kept_name(step: int) -> str:
     """The folder name of a checkpoint kept every ``train.keep_every`` steps: ``step-0000500``."""
     return f"step-{step:07d}"

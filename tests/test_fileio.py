@@ -213,8 +213,6 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypa
 
 
 def test_a_runtime_error_that_is_not_a_failed_write_is_not_hidden(tmp_path, monkeypatch):
-    import torch
-
     from minigpt_cli import checkpoint
     from minigpt_cli.config import load_config
     from minigpt_cli.model import GPT

@@ -226,3 +226,21 @@ def test_an_escape_that_makes_no_text_is_one_line():
     for bad, fragment in ((r"\xe9", "not UTF-8"), (r"\ud800", "not a character"), (r"\777", "beyond a byte")):
         with pytest.raises(MinigptError, match=fragment):
             unescape(bad)
+
+
+def test_a_resume_keeps_a_hand_edited_run_config_and_says_so(cli, data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = _train(cli, data_dir, "train.eval_interval=2", "train.sample_tokens=0")
+    assert res.exit_code == 0, res
+    run = next((tmp_path / "runs").iterdir())
+    config = run / "config.yaml"
+    edited = config.read_text().replace("learning_rate: 0.003", "learning_rate: 0.1")
+    assert edited != config.read_text()
+    config.write_text(edited)
+    res = cli("train", TINY, "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=4", "--set",
+              "train.warmup_iters=0", "--set", "train.eval_interval=2", "--set", "train.sample_tokens=0",
+              "--no-progress", "--resume", str(run))
+    assert res.exit_code == 0, res
+    assert "config.yaml was edited since the last checkpoint" in res.stderr and "config.yaml.edited" in res.stderr
+    assert (run / "config.yaml.edited").read_text() == edited  # the edit is kept
+    assert "learning_rate: 0.003" in config.read_text()  # config.yaml is what the session ran with

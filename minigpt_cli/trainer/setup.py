@@ -235,7 +235,12 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
     logger = RunLogger(run_dir, echo=None, enabled=dist.main)
     swept = list(resumed.swept) if resumed is not None else []
     if dist.main:
-        # On resume too: the run's config.yaml follows the train values it now runs with.
+        # On resume too: the run's config.yaml follows the train values it now runs with (an edit made to
+        # it by hand is kept beside it, and said, not lost).
+        edited = runs.keep_edited_config(run_dir, cfg.to_yaml()) if resumed is not None else None
+        if edited is not None:
+            echo(f"note: {run_dir / runs.CONFIG} was edited since the last checkpoint; a resume runs with the "
+                 f"config given here (now in config.yaml), and the edited file is kept as {edited.name}")
         atomic_write_text(run_dir / runs.CONFIG, cfg.to_yaml())
         if resumed is None:
             tok.save(run_dir / runs.TOKENIZER)
