@@ -201,8 +201,9 @@ def _stem(source: str, files: Sequence[Path]) -> str:
 
 
 def open_corpus(source: str | Path, text_field: str = "text",
-                on_bytes: Callable[[int], None] = lambda n: None) -> Corpus:
-    """The corpus ``source`` names, its files hashed (``on_bytes`` is told each block's size).
+                on_bytes: Callable[[int], None] = lambda n: None, name: Optional[str] = None) -> Corpus:
+    """The corpus ``source`` names, its files hashed (``on_bytes`` is told each block's size); ``name``: its
+    folder stem (default: from ``source``, :meth:`Corpus.folder`).
 
     Raises:
         MinigptError: as :func:`find_files`; an empty or unreadable file.
@@ -217,7 +218,7 @@ def open_corpus(source: str | Path, text_field: str = "text",
         if size == 0 and len(found) == 1:
             raise _error("empty", path=str(p))
         files.append(CorpusFile(p.resolve(), size, _sha256(p, on_bytes), p.suffix.lower() in JSONL_SUFFIXES))
-    return Corpus(str(source), _stem(str(source), found), tuple(files), text_field)
+    return Corpus(str(source), name or _stem(str(source), found), tuple(files), text_field)
 
 
 # ----------------------------------------------------------------------------- reading

@@ -74,9 +74,7 @@ def configured_corpus(cfg: Config, log: Callable[[str], None], progress: Optiona
 
     dc = cfg.data
     if dc.path is None:
-        path = ensure_corpus(cfg, log, progress)
-        corpus = open_corpus(path, dc.text_field)
-        corpus = Corpus(corpus.source, dc.dataset, corpus.files, corpus.text_field)
+        corpus = open_corpus(ensure_corpus(cfg, log, progress), dc.text_field, name=dc.dataset)
         root = dataset_dir(dc.data_dir, dc.dataset)
     else:
         with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="hash corpus", leave=False,
@@ -101,8 +99,7 @@ def corpus_on_disk(cfg: Config) -> Optional[Corpus]:
     path = corpus_path(dc.data_dir, dc.dataset)
     if not file_ok(path, dc.dataset):
         return None
-    corpus = open_corpus(path, dc.text_field)
-    return Corpus(corpus.source, dc.dataset, corpus.files, corpus.text_field)
+    return open_corpus(path, dc.text_field, name=dc.dataset)
 
 
 def check_fingerprint(cfg: Config, corpus: Corpus) -> None:

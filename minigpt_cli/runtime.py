@@ -269,14 +269,19 @@ class Dist:
     def enabled(self) -> bool:
         return self.world > 1
 
+    @classmethod
+    def from_env(cls) -> "Dist":
+        """This process's place as torchrun's variables give it (RANK, LOCAL_RANK, WORLD_SIZE), without
+        joining the group; one process alone without them."""
+        env = os.environ
+        if "RANK" not in env or "WORLD_SIZE" not in env:
+            return cls()
+        return cls(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]))
+
 
 def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
     """Join the torchrun process group (NCCL on CUDA, gloo on CPU) if launched by torchrun."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return Dist(), device
-    import torch.distributed as dist
-
-    info = Dist(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
+    info = Dist.from_env()
     if info.world == 1:
         return info, device
     if device.type == "cuda":
@@ -285,6 +290,8 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
         backend = "nccl"
     else:
         backend = "gloo"
+    import torch.distributed as dist
+
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
     return info, device

@@ -14,7 +14,6 @@ says in one line.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -189,15 +188,9 @@ def describe_derived(cfg: Config) -> list[str]:
     else:
         lines.append(f"  memory to train       at least about {P.human_bytes(need)} ({dtype_name}, batch "
                      f"{cfg.train.batch_size}; the vocabulary is not known yet)")
-    check_memory(full, device, dtype, shards=parallel.shards(cfg.train.parallelism, _launched()))
+    check_memory(full, device, dtype, shards=parallel.shards(cfg.train.parallelism, Dist.from_env()))
     return lines
 
-
-def _launched() -> Dist:
-    """Where this process stands under torchrun, read from its variables without joining the group."""
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    return Dist(rank=int(os.environ.get("RANK", "0") or 0), local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0),
-                world=world)
 
 
 def describe_schedule(cfg: Config, points: int = 8) -> str:
@@ -214,5 +207,5 @@ def describe_schedule(cfg: Config, points: int = 8) -> str:
     lines = [cfg.to_yaml().rstrip(), "", *describe_derived(cfg), "",
              f"learning rate ({tc.lr_schedule}, warmup {tc.warmup_iters}):"]
     lines += [f"  step {s:>7,}: {lr_at(s, tc, cfg.model.n_embd):.3e}" for s in steps]
-    found = notes(cfg) + [n for n in [parallel.single_process_note(tc.parallelism, _launched())] if n]
+    found = notes(cfg) + [n for n in [parallel.single_process_note(tc.parallelism, Dist.from_env())] if n]
     return "\n".join(lines + ([""] + found if found else []))
