@@ -8,6 +8,8 @@ The Python API takes the same typed configs as the CLI::
     result = train(cfg, "quick")                  # a TrainResult: run_dir, step, losses
     texts = generate(result.run_dir, prompt="ROMEO:", max_new_tokens=40)
     print(count_params(cfg.model)["total"])
+    print(evaluate(result.run_dir, full=True)["bits_per_byte"])
+    export_run(result.run_dir, "exported/")      # a transformers folder
 
 Nothing heavy is imported until one of them is used (``minigpt --help``
 answers without importing torch).
@@ -15,7 +17,7 @@ answers without importing torch).
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "TrainResult", "count_params", "generate", "load_config", "train"]
+__all__ = ["Config", "TrainResult", "count_params", "evaluate", "export_run", "generate", "load_config", "train"]
 
 _API = {
     "Config": ("config", "Config"),
@@ -24,6 +26,8 @@ _API = {
     "TrainResult": ("trainer", "TrainResult"),
     "generate": ("generation", "generate"),
     "count_params": ("count", "count_params"),
+    "evaluate": ("evaluation", "evaluate"),
+    "export_run": ("hf_export", "export_run"),
 }
 
 

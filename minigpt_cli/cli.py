@@ -129,6 +129,10 @@ def train(
     resume: Optional[str] = typer.Option(
         None, "--resume", metavar="auto|DIR", help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME."
     ),
+    init_from: Optional[Path] = typer.Option(
+        None, "--init-from", metavar="DIR", help="Fine-tune: start from a local Hugging Face GPT-2 or Llama folder "
+        "(config.json, model.safetensors, tokenizer.json); the same as --set model.init_from=DIR."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and learning rates (with --resume: the run and step it would continue from); train nothing."),
     progress: Optional[bool] = typer.Option(
         None, "--progress/--no-progress", help="Show a progress bar (default: only when stderr is a terminal)."
@@ -153,8 +157,10 @@ def train(
     Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
     """
     from .config import load_config
+    from .pretrained import resolve_init_from
 
-    cfg = load_config(resolve_config(config, echo), set_)
+    set_ = [*set_, f"model.init_from={init_from}"] if init_from is not None else set_
+    cfg = resolve_init_from(load_config(resolve_config(config, echo), set_))
     if resume is not None and run_name is not None:
         raise MinigptError("pass either --resume or --run-name, not both (a resumed run keeps its folder)")
     from .trainer import describe_resume, describe_schedule, train as run_training
@@ -334,8 +340,10 @@ def count_params(
     from . import params
     from .count import count_params as count, overrides_in_effect
 
+    from .pretrained import resolve_init_from
+
     source = paths.preset_path(preset) if preset else paths.resolve_config(config, echo)
-    cfg = load_config(source, set_)
+    cfg = resolve_init_from(load_config(source, set_))
     rep = count(cfg, seq_len=seq_len, tokens=tokens, vocab_size=vocab_size, dtype=dtype, batch_size=batch_size,
                 echo=echo)
     if as_json:
@@ -390,6 +398,10 @@ def bench(
     result = run_bench(cfg, iters=iters, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
                        generation=generation, stream_tokens=stream_tokens, echo=echo)
     print(json.dumps(result, indent=1) if as_json else format_bench(result))
+
+
+from . import cli_hf  # noqa: E402 - its commands join the app here
+cli_hf.register(app)
 
 
 def main() -> None:

@@ -11,16 +11,15 @@ CLI loads configs for ``count-params`` without it.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
-import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Sequence
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .config_errors import format_error
 from .config_io import dump_yaml, parse_yaml
 from .errors import ConfigError, MinigptError
 
@@ -28,6 +27,11 @@ from .errors import ConfigError, MinigptError
 class _Strict(BaseModel):
     # allow_inf_nan=False: `.inf` or `.nan` (or "inf" through --set) is never a usable setting.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
+
+
+#: A path from the config: ``~`` means the home folder, as in a shell (a literal ``~`` folder would
+#: surprise, and the hints minigpt prints would point elsewhere once pasted into a shell).
+UserPath = Annotated[str, AfterValidator(os.path.expanduser)]
 
 
 class ModelConfig(_Strict):
@@ -71,6 +75,9 @@ class ModelConfig(_Strict):
                                 "n_head; null: n_head")
     init_std: float = Field(0.02, gt=0.0, description="standard deviation of the normal init of linear and "
                                                       "embedding weights (GPT-2: 0.02)")
+    init_from: Optional[UserPath] = Field(
+        None, description="fine-tune a local Hugging Face GPT-2 or Llama folder: its architecture, weights and "
+                          "tokenizer.json; null: random init")
 
     @property
     def head_dim(self) -> int:
@@ -125,16 +132,12 @@ class ModelConfig(_Strict):
         return self
 
 
-#: A path from the config: ``~`` means the home folder, as in a shell (a literal ``~`` folder would
-#: surprise, and the hints minigpt prints would point elsewhere once pasted into a shell).
-UserPath = Annotated[str, AfterValidator(os.path.expanduser)]
-
-
 class TokenizerConfig(_Strict):
     """Which tokenizer turns text into ids, and where its file lives."""
 
-    kind: Literal["char", "bpe", "wordpiece", "unigram"] = Field(
-        "char", description="char: one id per character; or a trained byte-level bpe, wordpiece or unigram tokenizer")
+    kind: Literal["char", "bpe", "wordpiece", "unigram", "hf"] = Field(
+        "char", description="char: one id per character; a trained byte-level bpe, wordpiece or unigram; or hf: "
+                            "a given Hugging Face tokenizer.json")
     vocab_size: Optional[int] = Field(
         None, ge=1, description="entries in all, special tokens included, for trained kinds; ignored for char")
     path: Optional[UserPath] = Field(
@@ -233,7 +236,7 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_lr(self) -> "TrainConfig":
-        if self.min_lr > self.learning_rate:
+        if self.min_lr > self.learning_rate and self.lr_schedule in ("cosine", "linear"):  # the others ignore it
             raise ValueError(
                 f"train.min_lr ({self.min_lr}) must not exceed train.learning_rate "
                 f"({self.learning_rate})"
@@ -306,6 +309,9 @@ class Config(_Strict):
             raise ValueError(
                 f"name: {self.name!r} may only hold letters, digits, '.', '_' and '-'"
             )
+        if self.tokenizer.kind == "hf" and not (self.tokenizer.path or self.model.init_from):
+            raise ValueError("tokenizer.kind hf reads a Hugging Face tokenizer.json: set tokenizer.path to it, or "
+                             "model.init_from to the model's folder")
         if self.device == "cpu" and self.dtype == "float16":  # train refuses it too, when device: auto finds a CPU
             raise ValueError(FLOAT16_ON_CPU)
         stride = self.sample.window_stride  # null: block_size // 4, which always fits
@@ -340,66 +346,6 @@ def _is_section(field: Any) -> bool:
 # ----------------------------------------------------------------------------- validation
 
 
-#: Shows a value in an error message, cut to a readable length.
-_short_repr = reprlib.Repr()
-_short_repr.maxstring = _short_repr.maxother = 80
-_short_repr.maxlist = _short_repr.maxdict = 6
-_short_repr.maxlevel = 3
-
-#: How alike (difflib's ratio of two key names) a misspelling must be to be suggested: "learnig_rate" and
-#: "trian" pass, "seed" for "sample" or "n_layer" for "min_lr" do not.
-_CLOSE = 0.75
-
-
-#: Other tools' names for our keys (Hugging Face, nanoGPT's short forms): an unknown key named so is pointed here.
-_ALIASES = dict(lr="learning_rate", warmup="warmup_iters", warmup_steps="warmup_iters", temp="temperature",
-                gradient_accumulation_steps="grad_accum_steps", rope_theta="rope_base", ffn_dim="d_ff",
-                intermediate_size="d_ff", n_layers="n_layer", num_hidden_layers="n_layer", n_heads="n_head",
-                num_attention_heads="n_head", hidden_size="n_embd", d_model="n_embd", max_steps="max_iters",
-                num_key_value_heads="n_kv_head", max_position_embeddings="block_size")
-
-
-def _suggest(loc: str) -> str:
-    """The hint for an unknown key: where the same key lives (another section, or the top level; in any
-    letter case, or by another tool's name for it), else the key it begins (``lr_decay``), else a close
-    spelling in the same section, else anywhere; else the advice to remove it."""
-    keys = [key for key, _ in _fields()]
-    section, _, name = loc.rpartition(".")
-    place = lambda key: key if "." in key or not section else f"top-level {key}"  # noqa: E731
-    wanted = _ALIASES.get(name.lower(), name.lower())
-    same = [key for key in keys if key.rpartition(".")[2] == wanted and key.lower() != loc.lower()]
-    same = same or [key for key in keys if key.lower() == loc.lower() and key != loc]
-    if not same and len(name) >= 3:
-        same = [key for key in keys if key.rpartition(".")[0] == section
-                and key.rpartition(".")[2].startswith(name.lower() + "_")]
-    if not same:
-        for pool in ([k for k in keys if k.rpartition(".")[0] == section], keys):
-            names = {k.rpartition(".")[2]: k for k in pool}
-            close = difflib.get_close_matches(name, list(names), n=1, cutoff=_CLOSE)
-            if close:
-                same = [names[close[0]]]
-                break
-    if same:
-        return f"did you mean {' or '.join(place(key) for key in same)}?"
-    return "remove it (the Configs section of README.md lists the keys)"
-
-
-def _format_error(err: dict[str, Any], source: str) -> str:
-    loc = ".".join(str(p) for p in err["loc"])
-    if err["type"] == "extra_forbidden":
-        return f"{source}: {loc}: unknown key; {_suggest(loc)}"
-    msg = err["msg"]
-    if err["type"] == "model_type":  # "valid dictionary or instance of TrainConfig": a section given a value
-        return (f"{source}: {loc or 'config'}: is a section, not a value (got {_short_repr.repr(err.get('input'))}); "
-                f"give it keys: a mapping under {loc or 'train'}: in the file, or --set {loc or 'train'}.KEY=VALUE")
-    if msg.startswith("Value error, "):
-        # Cross-field rules already name their keys.
-        return f"{source}: {msg[len('Value error, '):]}"
-    got = err.get("input")
-    got_s = "" if isinstance(got, dict) else f" (got {_short_repr.repr(got)})"
-    return f"{source}: {loc or 'config'}: {msg[0].lower() + msg[1:]}{got_s}"
-
-
 def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) -> Config:
     """Validate a parsed mapping into a :class:`Config`.
 
@@ -426,7 +372,7 @@ def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) 
             within = [key for key in overridden if not loc or key.startswith(loc + ".")]
             if within:
                 source = f"{source} with --set {', '.join(dict.fromkeys(within))}"
-        raise ConfigError(_format_error(err, source)) from None
+        raise ConfigError(format_error(err, source, [key for key, _ in _fields()])) from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -135,7 +135,7 @@ def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
         MinigptError: an unreadable file, or one that disagrees with the config.
     """
     tc = cfg.tokenizer
-    tok = load_tokenizer(path)
+    tok = load_tokenizer(path, tc.kind)
     if tok.kind != tc.kind:
         raise MinigptError(
             f"tokenizer file {str(path)!r} holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; "
@@ -197,6 +197,9 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path, log: Callable[[str], No
     path = tokenizer_path(cfg, root)
     if path.is_file():
         return load_configured_tokenizer(cfg, path), path
+    if tc.kind == "hf":  # a given file, never trained here
+        raise MinigptError(f"tokenizer file {str(path)!r} not found; tokenizer.kind hf reads a Hugging Face "
+                           "tokenizer.json: fix tokenizer.path (or model.init_from)")
     corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
     size = f" with {tc.vocab_size:,} entries" if tc.kind != "char" and tc.vocab_size else ""
     log(f"tokenizer {path} not found; training a {tc.kind} tokenizer{size} on {corpus.source} first")
@@ -219,7 +222,9 @@ def prepare_configured(cfg: Config, log: Callable[[str], None] = print, progress
             :func:`~minigpt_cli.preparation.prepare` (with ``model.block_size``).
     """
     from .preparation import prepare
+    from .pretrained import resolve_init_from
 
+    cfg = resolve_init_from(cfg)
     corpus, root = configured_corpus(cfg, log, progress)
     check_fingerprint(cfg, corpus)
     tok, path = ensure_tokenizer(cfg, corpus, log, root)

@@ -352,10 +352,12 @@ _FAMILIES = {
 }
 
 
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a ``save_pretrained`` folder: ``model.safetensors``, or the shards its index names.
 
+    Raises:
+        MinigptError: neither file (naming a ``.bin``/``.pth`` file found instead), or an unreadable index.
+    """
     single = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
     if single.is_file():
@@ -371,13 +373,53 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         hint = (f"; found {other[0]}: re-save it with save_pretrained(..., safe_serialization=True)"
                 if other else "; save the model with save_pretrained")
         raise MinigptError(f"{folder} has no model.safetensors{hint}")
+    return files
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     sd: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in weight_files(folder):
         try:
             sd.update(load_file(str(f), device="cpu"))
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise MinigptError(f"{f} is missing, corrupt or truncated ({str(exc).splitlines()[0]})") from None
     return sd
+
+
+def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[str, ModelConfig]:
+    """The ``model_type`` (gpt2 or llama) of a ``save_pretrained`` folder and our :class:`ModelConfig` for it.
+
+    Args:
+        path: the folder; its ``config.json`` is read.
+        block_size: as :func:`load_hf_folder` takes it.
+
+    Raises:
+        MinigptError: a missing folder or config.json, invalid JSON, a
+            ``model_type`` other than gpt2 or llama, or options we do not implement.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise MinigptError(f"{str(folder)!r} is not a folder; pass a folder saved with save_pretrained")
+    cfg_path = folder / "config.json"
+    try:
+        hf_cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MinigptError(f"{cfg_path} not found; the folder must hold config.json and model.safetensors") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise MinigptError(f"{cfg_path} is not valid JSON ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    if not isinstance(hf_cfg, dict):
+        raise MinigptError(f"{cfg_path} must hold a JSON object")
+    kind = hf_cfg.get("model_type")
+    if kind not in _FAMILIES:
+        raise MinigptError(f"{cfg_path}: model_type {kind!r} is not supported; known: {', '.join(_FAMILIES)}")
+    try:
+        return kind, _FAMILIES[kind][0](hf_cfg, block_size=block_size)
+    except (TypeError, ValueError, AttributeError) as exc:  # a number given as text, a list for an object, ...
+        raise MinigptError(f"{cfg_path} holds a value of the wrong type ({str(exc).splitlines()[0][:120]}); "
+                           "fix config.json or re-save the model") from None
 
 
 def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
@@ -398,28 +440,8 @@ def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
             other than gpt2 or llama, options we do not implement, or weights
             that do not fit the config.
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise MinigptError(f"{str(folder)!r} is not a folder; pass a folder saved with save_pretrained")
-    cfg_path = folder / "config.json"
-    try:
-        hf_cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MinigptError(f"{cfg_path} not found; the folder must hold config.json and model.safetensors") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise MinigptError(f"{cfg_path} is not valid JSON ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
-    if not isinstance(hf_cfg, dict):
-        raise MinigptError(f"{cfg_path} must hold a JSON object")
-    kind = hf_cfg.get("model_type")
-    if kind not in _FAMILIES:
-        raise MinigptError(f"{cfg_path}: model_type {kind!r} is not supported; known: {', '.join(_FAMILIES)}")
-    config_from_hf, map_state = _FAMILIES[kind]
-    try:
-        model_cfg = config_from_hf(hf_cfg, block_size=block_size)
-    except (TypeError, ValueError, AttributeError) as exc:  # a number given as text, a list for an object, ...
-        raise MinigptError(f"{cfg_path} holds a value of the wrong type ({str(exc).splitlines()[0][:120]}); "
-                           "fix config.json or re-save the model") from None
-    sd = map_state(_read_weights(folder), model_cfg)
+    kind, model_cfg = read_hf_config(path, block_size)
+    sd = _FAMILIES[kind][1](_read_weights(Path(path)), model_cfg)
     not_float = sorted(k for k, v in sd.items() if not v.is_floating_point())
     if not_float:
         raise MinigptError(f"the weights hold {sd[not_float[0]].dtype} tensors ({not_float[0]}); a model's weights "

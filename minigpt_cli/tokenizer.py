@@ -1,4 +1,4 @@
-"""One Tokenizer interface over the four kinds the config names.
+"""One Tokenizer interface over the five kinds the config names.
 
 - ``char``: ours. One id per distinct character of the corpus, sorted by code
   point (nanoGPT's ``shakespeare_char``: 65 symbols on Tiny Shakespeare), then
@@ -9,6 +9,8 @@
 - ``wordpiece``: WordPiece with merges chosen by score count(ab) /
   (count(a)·count(b)) (:mod:`.wordpiece`); encoding is greedy longest match
   with ``##`` continuations.
+- ``hf``: any ``tokenizer.json`` of a Hugging Face model folder (GPT-2's,
+  Llama's, ...), used as the library reads it; never trained here.
 
 Training lives in :mod:`.tokenizer_training`. The three trained kinds are
 saved in the ``tokenizers`` library's native ``tokenizer.json`` format, so
@@ -340,13 +342,13 @@ class CharTokenizer:
 
 
 class HFTokenizer:
-    """A ``tokenizers.Tokenizer`` of kind bpe, wordpiece or unigram.
+    """A ``tokenizers.Tokenizer`` of kind bpe, wordpiece or unigram; of kind hf (``kind="hf"``), any model.
 
     ``encode`` never raises (bytes for BPE, ``<unk>`` for the others) and
     ``decode`` keeps special and unknown tokens in the text.
     """
 
-    def __init__(self, tok):
+    def __init__(self, tok, kind: Optional[str] = None):
         from tokenizers import Tokenizer as _Backend
 
         # One trip through the JSON form: the library does not print floats
@@ -358,9 +360,9 @@ class HFTokenizer:
         obj = json.loads(self._json)
         model = obj.get("model") or {}
         mtype = model.get("type")
-        if mtype not in _MODEL_KINDS:
+        if mtype not in _MODEL_KINDS and kind != "hf":
             raise MinigptError(f"a {mtype!r} tokenizer model is not one of BPE, WordPiece, Unigram")
-        self.kind = _MODEL_KINDS[mtype]
+        self.kind = kind or _MODEL_KINDS[mtype]
         unk = model.get("unk_token")
         if mtype == "Unigram" and model.get("unk_id") is not None:
             unk = model["vocab"][model["unk_id"]][0]
@@ -433,8 +435,9 @@ class HFTokenizer:
         return hashlib.sha256(self._json.encode("utf-8")).hexdigest()[:12]
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a tokenizer file: ours (char) or a ``tokenizers`` tokenizer.json (kind from ``model.type``).
+def load_tokenizer(path: str | Path, kind: Optional[str] = None) -> Tokenizer:
+    """Load a tokenizer file: ours (char) or a ``tokenizers`` tokenizer.json (kind from ``model.type``, or
+    ``kind="hf"``: any such file, as it is).
 
     Raises:
         MinigptError: missing, unreadable or unrecognised file.
@@ -457,11 +460,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
                                "delete it and train it again")
         return CharTokenizer(chars, specials)
     model = obj.get("model") if isinstance(obj, dict) else None
-    if isinstance(model, dict) and model.get("type") in _MODEL_KINDS:
+    if isinstance(model, dict) and (model.get("type") in _MODEL_KINDS or kind == "hf"):
         from tokenizers import Tokenizer as _Backend
 
         try:
-            return HFTokenizer(_Backend.from_str(raw))
+            return HFTokenizer(_Backend.from_str(raw), "hf" if kind == "hf" else None)
         except Exception as exc:  # the library raises plain Exception on bad files
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise MinigptError(f"tokenizer file {str(p)!r} is damaged ({first}); delete it and train it again") from None
@@ -483,7 +486,7 @@ def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
     from .paths import default_tokenizer_path
 
     try:
-        return load_tokenizer(Path(run_dir) / "tokenizer.json")
+        return load_tokenizer(Path(run_dir) / "tokenizer.json", cfg.tokenizer.kind)
     except MinigptError as exc:
         tc = cfg.tokenizer
         source = (Path(tc.path) if tc.path

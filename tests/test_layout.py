@@ -12,14 +12,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minigpt_cli"
 
 #: Each module's layer: a module imports its own layer or lower ones, never a higher one.
 LAYERS = {
-    "base": {"config", "config_io", "config_docs", "paths", "errors", "fileio", "special_tokens"},
+    "base": {"config", "config_io", "config_docs", "config_errors", "paths", "errors", "fileio", "special_tokens"},
     "components": {"runs", "checkpoint", "runtime", "kernels", "kernels.onednn", "model", "data", "tokenizer",
                    "tokenizer_training", "wordpiece", "params", "params_report", "params_memory", "metrics", "hf",
-                   "sampling", "parallel", "corpus", "preparation", "download", "download_files", "trainer.schedule", "trainer.step",
+                   "sampling", "parallel", "corpus", "preparation", "pretrained", "download", "download_files", "trainer.schedule", "trainer.step",
                    "trainer.evaluate", "trainer.signals", "trainer.resume", "trainer.setup", "trainer.describe", "trainer.estimate", "notes",
                    "trainer.preflight"},
-    "commands": {"trainer", "trainer.loop", "generation", "count", "bench", "bench_prepare", "train_tokenizer"},
-    "cli": {"cli", "cli_base", "__main__", ""},  # "" is the package itself (the lazy Python API)
+    "commands": {"trainer", "trainer.loop", "generation", "count", "bench", "bench_prepare", "train_tokenizer",
+                 "evaluation", "hf_export"},
+    "cli": {"cli", "cli_base", "cli_hf", "__main__", ""},  # "" is the package itself (the lazy Python API)
 }
 RANK = {name: rank for rank, layer in enumerate(LAYERS.values()) for name in layer}
 
@@ -92,6 +93,8 @@ RUN_NAMES = {"checkpoints", "last", "best", "meta.json", "env.json", "model.safe
 OTHER_FILES = {
     "preparation.py": {"meta.json"},  # the prepared token files' own meta.json
     "hf.py": {"model.safetensors", "tokenizer.json"},  # Hugging Face's folder layout
+    "hf_export.py": {"model.safetensors", "tokenizer.json"},  # the same layout, written
+    "pretrained.py": {"tokenizer.json"},  # the pretrained folder's tokenizer
     "tokenizer.py": {"tokenizer.json"},  # the library's file format, in messages
 }
 

@@ -26,6 +26,7 @@ import torch
 from .. import parallel, runs
 from ..config import Config
 from ..errors import Interrupted, MinigptError
+from ..pretrained import resolve_init_from
 from ..runtime import all_mean, broadcast, capture_rng, close_distributed
 from ..sampling import sample_prompt_text
 from .preflight import check_paths
@@ -305,7 +306,7 @@ class Trainer:
         # The tokenizer's fingerprint lets generate tell a swapped tokenizer.json from the run's own.
         # The corpus's files let a resume name the one that changed since.
         meta = {"name": s.cfg.name, "step": p.step, "tokenizer_fingerprint": s.tok.fingerprint(),
-                "corpus": s.corpus, **p.last}
+                "corpus": s.corpus, "world_size": s.dist.world, **p.last}  # world: evaluate's eval windows
         return weights, state, meta
 
     def finish(self, stopped_early: bool) -> TrainResult:
@@ -363,6 +364,7 @@ def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] 
     claim = Claim()
     try:
         with claim:
+            cfg = resolve_init_from(cfg)  # a fine-tuning run: the pretrained folder's model and tokenizer
             check_paths(cfg, resume if resume != "auto" else None)  # before anything is fetched or written
             prepared = build(cfg, run_name, resume, echo, progress, claim)
             if not isinstance(prepared, Setup):  # a resumed run that is already done

@@ -31,6 +31,7 @@ from ..metrics import RunLogger
 from ..model import GPT
 from ..notes import notes
 from ..preparation import PreparedData, check_split_sizes, prepare
+from ..pretrained import load_pretrained
 from ..sampling import encode_prompt
 from ..runtime import (CpuThreads, Dist, barrier, broadcast, check_memory, close_distributed, init_distributed,
                        resolve_device, resolve_dtype, restore_rng, seed_everything, tune_runtime)
@@ -230,7 +231,10 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
     run_dir = Path(broadcast(str(run_dir), dist))
 
     seed_everything(cfg.seed)
-    model = parallel.place(onednn.swap_linears(GPT(mc)), device, dist, tc.parallelism)  # FSDP: sharded here
+    model = GPT(mc)
+    if mc.init_from is not None and resumed is None:  # fine-tuning; a resumed run loads its own checkpoint
+        load_pretrained(model, cfg)
+    model = parallel.place(onednn.swap_linears(model), device, dist, tc.parallelism)  # FSDP: sharded here
     eager_kernel = onednn.linear_kernel(model, tc.batch_size * mc.block_size, device, dtype)
     logger = RunLogger(run_dir, echo=None, enabled=dist.main)
     swept = list(resumed.swept) if resumed is not None else []

@@ -1,0 +1,242 @@
+"""Export a run to a Hugging Face ``transformers`` folder: the inverse of :mod:`minigpt_cli.hf`.
+
+:func:`export_run` writes what ``save_pretrained`` would: ``config.json``,
+``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json`` and
+``generation_config.json``, so that ``AutoModelForCausalLM.from_pretrained``
+and ``AutoTokenizer.from_pretrained`` read the folder offline.
+
+Which family (:func:`hf_family`): a model with learned positions, LayerNorm
+and a ReLU or GELU MLP is a ``GPT2LMHeadModel`` (GPT-2's Conv1D layers hold
+weights as (in, out), so the four projections are transposed back; with
+``bias: false`` the biases GPT-2 always has are written as zeros, which is
+exactly our model); a model with RoPE, RMSNorm and SwiGLU is a
+``LlamaForCausalLM`` (``c_attn`` split into q, k, v by head counts and
+``c_fc`` into gate, up). Anything else has no equivalent there and is
+refused, naming the key: sinusoidal or no positions, Post-LN, the embedding
+scale, or a mix of the two families.
+
+Tokenizers: the trained kinds and ``hf`` already are ``tokenizers`` files
+and are copied as they are; the char tokenizer becomes a ``WordLevel``
+model over its characters, each character split off alone and the pieces
+joined back without spaces (:func:`char_tokenizer_json`), giving the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from . import runs
+from .checkpoint import load_model
+from .config import Config, ModelConfig
+from .errors import MinigptError
+from .evaluation import open_checkpoint
+from .fileio import atomic_write_text
+from .tokenizer import CharTokenizer, Tokenizer, load_run_tokenizer
+
+_MESSAGES = {
+    "format": "--format {fmt!r}: only hf (a transformers folder) is supported",
+    "not_empty": "{out} exists and is not empty; pass --force to replace it, or another --output",
+    "not_folder": "{out} exists and is not a folder; pass another --output",
+    "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2 or Llama ({why}); this run "
+                   "cannot be exported",
+}
+
+#: Our MLP activation -> GPT-2's ``activation_function``.
+_GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+#: The projections GPT-2 stores as Conv1D, (in, out): transposed from nn.Linear's (out, in).
+_GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def hf_family(mc: ModelConfig) -> str:
+    """``gpt2`` or ``llama``: the transformers architecture that computes exactly what ``mc`` does.
+
+    Raises:
+        MinigptError: naming the first key no transformers architecture here expresses.
+    """
+    def refuse(key: str, why: str):
+        raise MinigptError(_MESSAGES["unsupported"].format(key=key, value=getattr(mc, key), why=why))
+
+    if mc.pos_encoding not in ("learned", "rope"):
+        refuse("pos_encoding", "GPT-2 learns its positions, Llama rotates them")
+    if mc.norm_position != "pre":
+        refuse("norm_position", "both normalise before each sub-layer")
+    if mc.emb_scale:
+        refuse("emb_scale", "neither scales the token embeddings by sqrt(n_embd)")
+    if mc.pos_encoding == "learned":
+        if mc.norm != "layernorm":
+            refuse("norm", "GPT-2, with learned positions, uses LayerNorm")
+        if mc.ffn not in _GPT2_ACT:
+            refuse("ffn", "GPT-2, with learned positions, has a two-layer MLP with GELU or ReLU")
+        if mc.kv_heads != mc.n_head:
+            refuse("n_kv_head", "GPT-2, with learned positions, has no grouped-query attention")
+        return "gpt2"
+    if mc.norm != "rmsnorm":
+        refuse("norm", "Llama, with RoPE, uses RMSNorm")
+    if mc.ffn != "swiglu":
+        refuse("ffn", "Llama, with RoPE, uses SwiGLU")
+    return "llama"
+
+
+def hf_config(cfg: Config, tok: Tokenizer) -> dict:
+    """The ``config.json`` of ``cfg``'s model (:func:`hf_family`), with the end-of-text id when the
+    tokenizer has one."""
+    mc = cfg.model
+    eos = next((tok.encode(s)[0] for s in tok.special_tokens if s in ("<|endoftext|>", "</s>", "<eos>")), None)
+    common = {"vocab_size": mc.vocab_size, "initializer_range": mc.init_std, "tie_word_embeddings": mc.tie_weights,
+              "bos_token_id": eos, "eos_token_id": eos, "torch_dtype": "float32"}
+    if hf_family(mc) == "gpt2":
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": mc.n_layer,
+                "n_head": mc.n_head, "n_embd": mc.n_embd, "n_positions": mc.block_size, "n_ctx": mc.block_size,
+                "n_inner": mc.ffn_hidden, "activation_function": _GPT2_ACT[mc.ffn], "resid_pdrop": mc.dropout,
+                "embd_pdrop": mc.dropout, "attn_pdrop": mc.dropout, "layer_norm_epsilon": mc.norm_eps,
+                "scale_attn_weights": True, **common}
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": mc.n_layer,
+            "num_attention_heads": mc.n_head, "num_key_value_heads": mc.kv_heads, "hidden_size": mc.n_embd,
+            "head_dim": mc.head_dim, "intermediate_size": mc.ffn_hidden, "hidden_act": "silu",
+            "max_position_embeddings": mc.block_size, "rms_norm_eps": mc.norm_eps, "rope_theta": mc.rope_base,
+            "attention_bias": mc.bias, "mlp_bias": mc.bias, "attention_dropout": mc.dropout, **common}
+
+
+def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our weights under transformers' names and layouts (the inverse of :mod:`minigpt_cli.hf`'s mapping).
+
+    GPT-2: Conv1D weights transposed to (in, out); zeros for the biases of a
+    ``bias: false`` model. Llama: ``c_attn`` rows split into q (n_embd), k
+    and v (n_kv_head · head_dim each), ``c_fc`` into gate and up halves. A
+    tied head is left out (the embedding is the head); an untied one is ``lm_head.weight``.
+    """
+    sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
+    if mc.tie_weights:
+        sd.pop("lm_head.weight", None)
+    out: dict[str, torch.Tensor] = {}
+    if hf_family(mc) == "gpt2":
+        if not mc.bias:  # GPT-2 always adds biases (and LayerNorm shifts): ours are zero, one per output
+            sd.update({name.removesuffix("weight") + "bias": torch.zeros(t.shape[0]) for name, t in sd.items()
+                       if name.startswith(("h.", "ln_f."))})
+        for name, t in sd.items():
+            if any(f".{conv}.weight" in f".{name}" for conv in _GPT2_CONV1D):
+                t = t.t().contiguous()
+            out[name if name == "lm_head.weight" else f"transformer.{name}"] = t
+        return out
+    q, kv = mc.n_embd, mc.kv_heads * mc.head_dim
+    simple = {"wte.weight": "model.embed_tokens.weight", "ln_f.weight": "model.norm.weight",
+              "lm_head.weight": "lm_head.weight"}
+    layer = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight",
+             "attn.c_proj.weight": "self_attn.o_proj.weight", "attn.c_proj.bias": "self_attn.o_proj.bias",
+             "mlp.c_proj.weight": "mlp.down_proj.weight", "mlp.c_proj.bias": "mlp.down_proj.bias"}
+    for name, t in sd.items():
+        if name in simple:
+            out[simple[name]] = t
+            continue
+        _, i, rest = name.split(".", 2)
+        prefix = f"model.layers.{i}."
+        kind = rest.rsplit(".", 1)[1]
+        if rest in layer:
+            out[prefix + layer[rest]] = t
+        elif rest.startswith("attn.c_attn."):
+            for part, piece in zip(("q_proj", "k_proj", "v_proj"), torch.split(t, [q, kv, kv])):
+                out[f"{prefix}self_attn.{part}.{kind}"] = piece.contiguous()
+        elif rest.startswith("mlp.c_fc."):
+            for part, piece in zip(("gate_proj", "up_proj"), torch.chunk(t, 2)):
+                out[f"{prefix}mlp.{part}.{kind}"] = piece.contiguous()
+        else:
+            raise RuntimeError(f"internal error: no Llama name for {name}")
+    return out
+
+
+def char_tokenizer_json(tok: CharTokenizer) -> str:
+    """A ``tokenizers`` ``tokenizer.json`` giving the char tokenizer's ids: a ``WordLevel`` vocabulary of its
+    characters (then its special tokens, as added tokens), a pre-tokenizer that splits off every character,
+    and a ``Fuse`` decoder that joins the pieces without spaces."""
+    from tokenizers import AddedToken, Regex, Tokenizer as Backend, decoders, models, pre_tokenizers
+
+    vocab = {ch: i for i, ch in enumerate(tok.chars)}
+    backend = Backend(models.WordLevel(vocab, unk_token=None))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in tok.special_tokens])
+    return backend.to_str(pretty=True)
+
+
+def tokenizer_files(tok: Tokenizer, run_dir: Path, cfg: Config) -> dict[str, str]:
+    """``tokenizer.json`` and ``tokenizer_config.json`` of the run's tokenizer, as text."""
+    if isinstance(tok, CharTokenizer):
+        tokenizer_json = char_tokenizer_json(tok)
+    else:
+        tokenizer_json = (run_dir / runs.TOKENIZER).read_text(encoding="utf-8")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.block_size,
+              "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False}
+    eos = next((s for s in tok.special_tokens if s in ("<|endoftext|>", "</s>", "<eos>")), None)
+    if eos is not None:
+        config["eos_token"] = eos
+    if tok.unk_token is not None:
+        config["unk_token"] = tok.unk_token
+    return {"tokenizer.json": tokenizer_json, "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
+
+
+def generation_config(cfg: Config, eos: Optional[int]) -> dict:
+    """``generation_config.json`` from the run's ``sample`` section (Hugging Face's names already)."""
+    sc = cfg.sample
+    out = {"do_sample": sc.temperature > 0, "max_new_tokens": sc.max_new_tokens}
+    if sc.temperature > 0:
+        out.update(temperature=sc.temperature, top_k=sc.top_k or 0, top_p=sc.top_p if sc.top_p is not None else 1.0)
+    if eos is not None:
+        out.update(bos_token_id=eos, eos_token_id=eos)
+    return out
+
+
+def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", checkpoint: str = runs.BEST,
+               force: bool = False, echo: Callable[[str], None] = lambda message: None) -> Path:
+    """Write a run's checkpoint as a transformers folder at ``output`` (module docstring); returns it.
+
+    The folder is written under a temporary name beside ``output`` and
+    renamed into place when complete, so an interrupted export leaves no
+    half-written folder (with ``force``, the old folder is removed after the
+    new one is in place).
+
+    Raises:
+        MinigptError: another format, no run or checkpoint, ``output`` a file
+            or a non-empty folder without ``force``, or a model transformers
+            cannot express (:func:`hf_family`).
+    """
+    from safetensors.torch import save_file
+
+    if fmt != "hf":
+        raise MinigptError(_MESSAGES["format"].format(fmt=fmt))
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise MinigptError(_MESSAGES["not_folder"].format(out=out))
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise MinigptError(_MESSAGES["not_empty"].format(out=out))
+    run_dir, ckpt = open_checkpoint(run, checkpoint)
+    model, cfg = load_model(runs.resolve(ckpt))
+    hf_family(cfg.model)  # refused before anything is written
+    tok = load_run_tokenizer(run_dir, cfg)
+    config = hf_config(cfg, tok)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_file(hf_state_dict(model, cfg.model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        files = {"config.json": json.dumps(config, indent=2) + "\n", **tokenizer_files(tok, run_dir, cfg),
+                 "generation_config.json": json.dumps(generation_config(cfg, config["eos_token_id"]), indent=2) + "\n"}
+        for name, text in files.items():
+            atomic_write_text(tmp / name, text)
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    echo(f"exported {run_dir} ({ckpt.name}) as a transformers {config['architectures'][0]} to {out}")
+    return out

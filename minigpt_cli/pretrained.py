@@ -1,0 +1,79 @@
+"""Fine-tuning: a run that starts from a local Hugging Face GPT-2 or Llama folder (``model.init_from``).
+
+nanoGPT's ``init_from='gpt2'`` (its ``finetune_shakespeare`` config), with
+the folder on disk instead of a hub download. :func:`resolve_init_from` turns
+the config into the folder's model: its architecture (read by
+:func:`~minigpt_cli.hf.read_hf_config`) and its ``tokenizer.json`` (tokenizer
+kind ``hf``). A model key the config sets must agree with the folder, except
+those that pretrained weights allow to change (:data:`FREE_KEYS`): dropout, a
+``block_size`` the position table covers, and the init settings (unused when
+weights are loaded). :func:`load_pretrained` then copies the folder's weights
+into the freshly built model. A resumed run takes its weights from its own
+checkpoint and reads the folder's config.json and tokenizer.json only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import Config
+from .errors import MinigptError
+from .hf import load_hf_folder, read_hf_config, weight_files
+
+#: Model keys a fine-tuning config may set to other values than the folder's.
+FREE_KEYS = frozenset({"init_from", "dropout", "block_size", "init_std", "scale_residual_init", "multiple_of"})
+
+_MESSAGES = {
+    "conflict": "model.{key} ({ours!r}) disagrees with the pretrained model in {folder} ({key}: {theirs!r}); "
+                "model.init_from takes the architecture from its config.json: drop model.{key}",
+    "tokenizer_kind": "tokenizer.kind {kind} does not fit model.init_from: a pretrained model keeps its own "
+                      "tokenizer (kind hf, {folder}/tokenizer.json); drop tokenizer.kind",
+    "no_tokenizer": "{folder} has no tokenizer.json; save the model's tokenizer beside it "
+                    "(AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or set tokenizer.path",
+}
+
+
+def resolve_init_from(cfg: Config) -> Config:
+    """``cfg`` with the architecture and tokenizer of ``model.init_from``; ``cfg`` itself when it is unset.
+
+    The result's ``model`` is the folder's (:func:`~minigpt_cli.hf.read_hf_config`),
+    with the config's values for :data:`FREE_KEYS` where it sets them; its
+    tokenizer is kind ``hf`` reading ``tokenizer.path``, or the folder's
+    ``tokenizer.json``. Applying it twice gives the same config.
+
+    Raises:
+        MinigptError: an unreadable or unsupported folder, a ``block_size``
+            past GPT-2's position table, a model key set to another value than
+            the folder's, another ``tokenizer.kind``, no tokenizer file.
+    """
+    mc = cfg.model
+    if mc.init_from is None:
+        return cfg
+    folder = Path(mc.init_from)
+    given = mc.model_fields_set
+    _, theirs = read_hf_config(folder, mc.block_size if "block_size" in given else None)
+    weight_files(folder)  # refused now, not after the data is prepared
+    for key in sorted(given - FREE_KEYS):
+        if getattr(mc, key) != getattr(theirs, key):
+            raise MinigptError(_MESSAGES["conflict"].format(key=key, ours=getattr(mc, key), folder=folder,
+                                                            theirs=getattr(theirs, key)))
+    model = theirs.model_copy(update={key: getattr(mc, key) for key in given & FREE_KEYS})
+    tc = cfg.tokenizer
+    if "kind" in tc.model_fields_set and tc.kind != "hf":
+        raise MinigptError(_MESSAGES["tokenizer_kind"].format(kind=tc.kind, folder=folder))
+    path = tc.path or str(folder / "tokenizer.json")
+    if not Path(path).is_file():
+        raise MinigptError(_MESSAGES["no_tokenizer"].format(folder=folder))
+    tokenizer = tc.model_copy(update={"kind": "hf", "path": path, "vocab_size": None})
+    return cfg.model_copy(update={"model": model, "tokenizer": tokenizer})
+
+
+def load_pretrained(model, cfg: Config) -> None:
+    """Copy ``model.init_from``'s weights into ``model`` (built from :func:`resolve_init_from`'s config).
+
+    Raises:
+        MinigptError: missing or damaged weights, or weights that do not fit
+            the folder's config.json (:func:`~minigpt_cli.hf.load_hf_folder`).
+    """
+    pretrained = load_hf_folder(cfg.model.init_from, block_size=cfg.model.block_size)
+    model.load_state_dict(pretrained.state_dict())

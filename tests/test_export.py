@@ -1,0 +1,111 @@
+"""``minigpt export --format hf``: transformers reads the folder and computes what minigpt computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from helpers import assert_user_error, tiny  # noqa: E402
+from minigpt_cli import runs  # noqa: E402
+from minigpt_cli.checkpoint import load_model  # noqa: E402
+from minigpt_cli.config import ModelConfig  # noqa: E402
+from minigpt_cli.errors import MinigptError  # noqa: E402
+from minigpt_cli.hf import load_hf_folder  # noqa: E402
+from minigpt_cli.hf_export import hf_family, hf_state_dict  # noqa: E402
+from minigpt_cli.tokenizer import load_tokenizer  # noqa: E402
+from minigpt_cli.trainer import train  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+#: A GPT-2-style run with the char tokenizer (learned positions, LayerNorm, GELU, tied, no biases) and a
+#: Llama-style one with a BPE tokenizer (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied).
+STYLES = {
+    "gpt2-char": [],
+    "llama-bpe": ["model.pos_encoding=rope", "model.norm=rmsnorm", "model.ffn=swiglu", "model.n_kv_head=1",
+                  "model.tie_weights=false", "model.d_ff=48", "tokenizer.kind=bpe", "tokenizer.vocab_size=300",
+                  "tokenizer.special_tokens=[<|endoftext|>]"],
+}
+
+
+@pytest.fixture(scope="module", params=list(STYLES))
+def exported(request, tmp_path_factory, data_dir):
+    """(run folder, export folder) of a 3-step run of each style."""
+    root = tmp_path_factory.mktemp(request.param)
+    cfg = tiny(data_dir, "train.max_iters=3", f"train.out_dir={root}/runs", *STYLES[request.param])
+    run = train(cfg, "r", echo=lambda m: None, progress=False).run_dir
+    from minigpt_cli.hf_export import export_run
+
+    return run, export_run(run, root / "hf")
+
+
+def test_transformers_gives_the_same_logits_and_token_ids(exported, corpus_file):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run, out = exported
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
+                                                     "tokenizer.json", "tokenizer_config.json"]
+    ours, cfg = load_model(runs.checkpoint_dir(run, runs.BEST))
+    tok = load_tokenizer(run / runs.TOKENIZER, cfg.tokenizer.kind)
+    passage = corpus_file.read_text()[-2000:]  # from the validation text
+    ids = tok.encode(passage)
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    assert hf_tok(passage, add_special_tokens=False)["input_ids"] == ids
+    assert hf_tok.decode(ids) == tok.decode(ids)
+    ref = AutoModelForCausalLM.from_pretrained(out).eval()
+    x = torch.tensor([ids[:32], ids[100:132]])
+    with torch.no_grad():
+        diff = (ref(x).logits - ours.eval()(x)[0]).abs().max().item()
+    assert diff < 1e-5, diff
+
+
+def test_the_export_imports_back_to_the_same_weights_byte_for_byte(exported, tmp_path):
+    from safetensors.torch import save_file
+
+    run, out = exported
+    ours, _ = load_model(runs.checkpoint_dir(run, runs.BEST))
+    back = load_hf_folder(out)
+    skip = {"init_std", "scale_residual_init", "multiple_of", "init_from", "d_ff", "bias"}  # d_ff: as ffn_hidden
+    assert back.config.model_dump(exclude=skip) == ours.config.model_dump(exclude=skip)
+    assert back.config.ffn_hidden == ours.config.ffn_hidden
+    mine, theirs = ours.state_dict(), back.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    extra = set(theirs) - set(mine)  # GPT-2 always has biases: ours, when bias is false, come back as zeros
+    assert all(k.endswith(".bias") and not theirs[k].any() for k in extra)
+    assert bool(extra) == (back.config.pos_encoding == "learned" and not ours.config.bias)
+    save_file(hf_state_dict(back, back.config), str(tmp_path / "again.safetensors"), metadata={"format": "pt"})
+    assert (tmp_path / "again.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("change,key", [
+    ({"pos_encoding": "sinusoidal"}, "model.pos_encoding='sinusoidal'"),
+    ({"pos_encoding": "none"}, "model.pos_encoding='none'"),
+    ({"norm_position": "post"}, "model.norm_position='post'"),
+    ({"emb_scale": True}, "model.emb_scale=True"),
+    ({"norm": "rmsnorm"}, "model.norm='rmsnorm'"),
+    ({"ffn": "swiglu"}, "model.ffn='swiglu'"),
+    ({"n_kv_head": 2}, "model.n_kv_head=2"),
+    ({"pos_encoding": "rope", "norm": "layernorm", "ffn": "swiglu"}, "model.norm='layernorm'"),
+    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "gelu"}, "model.ffn='gelu'"),
+])
+def test_a_model_transformers_cannot_express_is_refused_naming_the_key(change, key):
+    with pytest.raises(MinigptError, match="cannot be exported") as e:
+        hf_family(ModelConfig(n_head=4, n_embd=32, **change))
+    assert key in str(e.value)
+    assert hf_family(ModelConfig()) == "gpt2"
+    assert hf_family(ModelConfig(pos_encoding="rope", norm="rmsnorm", ffn="swiglu", n_kv_head=2)) == "llama"
+
+
+def test_export_refuses_a_non_empty_folder_unless_forced(cli, exported, tmp_path):
+    run, _ = exported
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert_user_error(cli("export", run, "--output", out), "not empty", "--force")
+    assert (out / "notes.txt").read_text() == "mine"  # nothing lost
+    assert_user_error(cli("export", run, "--output", out, "--format", "onnx"), "--format 'onnx'")
+    res = cli("export", run, "--output", out, "--force")
+    assert res.exit_code == 0, res
+    assert (out / "model.safetensors").is_file() and not (out / "notes.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left beside it
