@@ -400,8 +400,12 @@ def bench(
     print(json.dumps(result, indent=1) if as_json else format_bench(result))
 
 
-from . import cli_hf  # noqa: E402 - its commands join the app here
+from . import cli_hf, cli_sweep  # noqa: E402 - their commands join the app here
 cli_hf.register(app)
+cli_sweep.register(app)
+
+from . import cli_inspect  # noqa: E402 - the inspect topics join the app here
+app.add_typer(cli_inspect.app, name="inspect")
 
 
 def main() -> None:

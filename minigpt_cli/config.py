@@ -203,6 +203,9 @@ class TrainConfig(_Strict):
     batch_size: int = Field(64, ge=1, description="sequences per micro-batch, per process")
     grad_accum_steps: int = Field(1, ge=1, description="micro-batches whose gradients make one optimizer step")
     max_iters: int = Field(5000, ge=0, description="optimizer steps in all (a --resume trains on up to it)")
+    max_seconds: Optional[float] = Field(
+        None, gt=0.0, description="also end the run (with its final eval) once this many seconds have passed, evals "
+                                  "included; null: no time limit")
     learning_rate: float = Field(1e-3, gt=0.0, description="peak learning rate, reached at the end of the warmup")
     min_lr: float = Field(1e-4, ge=0.0, description="learning rate at the end of the cosine or linear decay")
     warmup_iters: int = Field(100, ge=0, description="optimizer steps of linear warmup up to learning_rate")

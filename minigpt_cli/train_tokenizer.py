@@ -102,7 +102,12 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
             below the kind's base alphabet or above what the corpus gives;
             nothing is written then.
     """
+    if kind is None and cfg.model.init_from is not None:  # a fine-tuning config: the folder's tokenizer.json
+        kind = "hf"
     kind = kind or cfg.tokenizer.kind
+    if kind == "hf":  # the config's kind: a given file
+        raise MinigptError("tokenizer.kind hf is a Hugging Face tokenizer.json used as it is, never trained here; "
+                           "pass --kind char, bpe, wordpiece or unigram to train one")
     if kind not in KINDS:
         raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
     vocab_size = vocab_size or cfg.tokenizer.vocab_size

@@ -17,10 +17,13 @@ LAYERS = {
                    "tokenizer_training", "wordpiece", "params", "params_report", "params_memory", "metrics", "hf",
                    "sampling", "parallel", "corpus", "preparation", "pretrained", "download", "download_files", "trainer.schedule", "trainer.step",
                    "trainer.evaluate", "trainer.signals", "trainer.resume", "trainer.setup", "trainer.describe", "trainer.estimate", "notes",
-                   "trainer.preflight"},
-    "commands": {"trainer", "trainer.loop", "generation", "count", "bench", "bench_prepare", "train_tokenizer",
-                 "evaluation", "hf_export"},
-    "cli": {"cli", "cli_base", "cli_hf", "__main__", ""},  # "" is the package itself (the lazy Python API)
+                   "trainer.preflight", "decoding"},
+    "commands": {"trainer", "trainer.loop", "generation", "count", "bench", "bench_prepare", "bench_generation", "train_tokenizer",
+                 "evaluation", "hf_export", "sweep", "compare",
+                 "inspection", "inspection.figures", "inspection.run_model", "inspection.positions", "inspection.block",
+                 "inspection.residual", "inspection.attention", "inspection.activations", "inspection.ffn",
+                 "inspection.tokenize"},
+    "cli": {"cli", "cli_base", "cli_hf", "cli_inspect", "cli_sweep", "__main__", ""},  # "" is the package itself (the lazy Python API)
 }
 RANK = {name: rank for rank, layer in enumerate(LAYERS.values()) for name in layer}
 

@@ -98,14 +98,15 @@ class Trainer:
         s.model.train()
         with s.stop:
             while True:
-                if s.evaluator.due(p.step, p.evaluated) and self.evaluate():
+                late = self.out_of_time()  # train.max_seconds passed: this step is the last, after its eval
+                if (s.evaluator.due(p.step, p.evaluated) or (late and not p.evaluated)) and self.evaluate():
                     stopped_early = True
                     s.logger.log(f"early stopping at step {p.step}: no better val loss in "
                                  f"{p.bad_evals} evals (best {p.best_val:.4f})")
                     s.echo(f"early stopping at step {p.step} (best val loss {p.best_val:.4f})")
                     break
                 # At max_iters the run ends once its final eval ran (a stop request can cut that eval short).
-                if p.step > tc.max_iters or (p.step == tc.max_iters and p.evaluated):
+                if p.step > tc.max_iters or ((p.step == tc.max_iters or late) and p.evaluated):
                     break
                 if self.stop_requested():
                     self.interrupt()
@@ -230,6 +231,15 @@ class Trainer:
         return patience is not None and p.bad_evals >= patience
 
     # ------------------------------------------------------------------ stopping
+
+    def out_of_time(self) -> bool:
+        """Whether ``train.max_seconds`` has passed on the run's clock (metrics.jsonl's ``elapsed_s``, evals
+        included); under torchrun rank 0's clock decides for every rank."""
+        limit = self.s.cfg.train.max_seconds
+        if limit is None:
+            return False
+        late = time.perf_counter() - self.t0 >= limit
+        return bool(broadcast(late, self.s.dist)) if self.s.dist.enabled else late
 
     def stop_requested(self) -> bool:
         """Whether a signal asked to stop (under torchrun: rank 0's answer, the same on every rank)."""

@@ -1,0 +1,120 @@
+"""``minigpt inspect activations``: ReLU, GELU, GELU-tanh and SiLU, and how far apart GELU's two forms are.
+
+- ReLU: max(0, x) (the original Transformer's FFN, Vaswani et al. 2017 §3.3);
+- GELU: x·Φ(x), Φ the standard normal CDF (Hendrycks & Gimpel 2016 §2);
+- GELU-tanh: 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))), the approximation of
+  Hendrycks & Gimpel 2016 §2 that GPT-2 uses (Hugging Face's ``gelu_new``);
+- SiLU (Swish): x·σ(x) (Elfwing et al. 2018; Ramachandran et al. 2017), SwiGLU's gate (Shazeer 2020).
+
+Computed with ``torch.nn.functional`` (``relu``, ``gelu`` exact and
+``approximate="tanh"``, ``silu``), the functions the model's MLP calls, in
+float64. GELU(−x) = GELU(x) − x holds for both forms, so their difference is
+even in x: its maximum is reached at ±x.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import MinigptError
+from .figures import new_figure, save_png, wrote
+
+_MESSAGES = {
+    "range": "--range {lo},{hi}: give two finite numbers, the first below the second; e.g. --range -4,4",
+}
+
+#: The difference GELU − GELU-tanh is searched on [-SEARCH, SEARCH] with step STEP (it vanishes far out).
+SEARCH = 10.0
+STEP = 1e-4
+#: Where the table of values is taken.
+TABLE_AT = (-3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0)
+
+FUNCTIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def activations(lo: float = -4.0, hi: float = 4.0, output: Optional[Path] = None) -> dict:
+    """The four activations on [lo, hi], and max |GELU − GELU-tanh| with where it is reached.
+
+    Args:
+        lo, hi: the plotted range.
+        output: folder for ``activations.png``; None draws nothing.
+
+    Returns:
+        A dict: ``range`` [lo, hi]; ``table`` ({``x``: the points of :data:`TABLE_AT`, and one list of
+        values per function name: ``relu``, ``gelu``, ``gelu_tanh``, ``silu``}); ``gelu_tanh_max_error``
+        (max |GELU − GELU-tanh| on [−10, 10], step 1e-4) and ``gelu_tanh_max_error_at`` (the positive
+        x where it is reached; −x gives the same); ``png``.
+
+    Raises:
+        MinigptError: a range that is not two finite numbers, lo < hi.
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise MinigptError(_MESSAGES["range"].format(lo=lo, hi=hi))
+    x = torch.arange(0.0, SEARCH + STEP / 2, STEP, dtype=torch.float64)
+    diff = (F.gelu(x) - F.gelu(x, approximate="tanh")).abs()
+    at = int(diff.argmax())
+    points = torch.tensor(TABLE_AT, dtype=torch.float64)
+    table = {"x": list(TABLE_AT), **{name: [float(v) for v in f(points)] for name, f in FUNCTIONS.items()}}
+    result = {"range": [lo, hi], "table": table, "gelu_tanh_max_error": float(diff[at]),
+              "gelu_tanh_max_error_at": float(x[at]), "png": None}
+    if output is not None:
+        result["png"] = _plot(result, Path(output))
+    return result
+
+
+def format_activations(r: dict) -> str:
+    """The text report of :func:`activations`."""
+    t = r["table"]
+    names = {"relu": "ReLU", "gelu": "GELU x·Φ(x)", "gelu_tanh": "GELU-tanh", "silu": "SiLU x·σ(x)"}
+    lines = ["activations (ReLU: Vaswani et al. 2017; GELU and its tanh form: Hendrycks & Gimpel 2016; "
+             "SiLU: Elfwing et al. 2018)",
+             f"  {'x':<13}" + "".join(f"{v:>9g}" for v in t["x"])]
+    for key, label in names.items():
+        lines.append(f"  {label:<13}" + "".join(f"{v:9.4f}" for v in t[key]))
+    err, at = r["gelu_tanh_max_error"], r["gelu_tanh_max_error_at"]
+    lines.append(f"  max |GELU − GELU-tanh| = {err:.3e} at x = ±{at:.3f} "
+                 f"(searched on [−{SEARCH:g}, {SEARCH:g}], step {STEP:g})")
+    if r["png"]:
+        lines.append(wrote(r["png"]))
+    return "\n".join(lines)
+
+
+def _plot(r: dict, folder: Path) -> str:
+    lo, hi = r["range"]
+    x = torch.linspace(lo, hi, 801, dtype=torch.float64)
+    fig = new_figure(12, 4.8)
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.12, top=0.9, wspace=0.25)
+    ax = fig.add_subplot(1, 2, 1)
+    styles = {"relu": ("ReLU", "-"), "gelu": ("GELU", "-"), "gelu_tanh": ("GELU-tanh", "--"), "silu": ("SiLU", "-")}
+    for key, (label, style) in styles.items():
+        ax.plot(x, FUNCTIONS[key](x), style, label=label, linewidth=1.5)
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.axvline(0, color="grey", linewidth=0.5)
+    ax.set_xlabel("x")
+    ax.set_title("activations")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    ax = fig.add_subplot(1, 2, 2)
+    span = max(abs(lo), abs(hi), r["gelu_tanh_max_error_at"] + 1)
+    xs = torch.linspace(-span, span, 2001, dtype=torch.float64)
+    ax.plot(xs, F.gelu(xs) - F.gelu(xs, approximate="tanh"), color="tab:purple")
+    a, e = r["gelu_tanh_max_error_at"], r["gelu_tanh_max_error"]
+    sign = math.copysign(1.0, float(F.gelu(torch.tensor(a, dtype=torch.float64))
+                                    - F.gelu(torch.tensor(a, dtype=torch.float64), approximate="tanh")))
+    ax.plot([-a, a], [sign * e, sign * e], "o", color="tab:red", label=f"max |difference| {e:.3e} at x = ±{a:.3f}")
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set_xlabel("x")
+    ax.set_title("GELU − GELU-tanh")
+    ax.legend(loc="center")
+    ax.grid(alpha=0.3)
+    return save_png(fig, folder, "activations.png")

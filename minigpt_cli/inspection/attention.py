@@ -1,0 +1,176 @@
+"""``minigpt inspect attention``: a trained run's attention weights on a prompt, per layer and head, and their entropy.
+
+The model computes attention inside ``scaled_dot_product_attention``,
+which does not return its weights. Here each block's attention input is
+captured (a forward pre-hook) and the weights are recomputed as the layer
+computes them: q, k from ``c_attn``, RoPE applied when the model uses it
+(:func:`~minigpt_cli.model.apply_rope`), each key head shared by
+n_head / n_kv_head query heads (grouped-query attention, Ainslie et al. 2023),
+softmax(q kᵀ / sqrt(head_dim)) under the causal mask (Vaswani et al. 2017
+§3.2.1). As a check, the weights times v, through ``c_proj``, must give the
+layer's own output (a forward hook); the largest difference is reported.
+
+A head's entropy at query position t is −Σ_s p(s) ln p(s) over the keys
+s ≤ t, in nats; a head spread evenly over its t + 1 keys has ln(t + 1), one
+that looks at a single key has 0. The mean is taken over positions 1..T−1
+(position 0 can only see itself).
+
+Prompts longer than ``block_size`` are refused rather than cropped: a map of
+a cropped prompt would show other positions than the ones typed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import runs
+from ..errors import MinigptError
+from ..model import apply_rope
+from ..sampling import encode_prompt
+from .figures import new_figure, save_png, wrote
+from .run_model import open_run
+
+_MESSAGES = {
+    "too_long": ("the prompt is {n} tokens, longer than the run's block_size {block}: the model never saw "
+                 "positions past {last}, so their maps would mean nothing; give at most {block} tokens"),
+}
+#: Tick labels are drawn for prompts up to this many tokens.
+LABELLED = 24
+
+
+def attention_weights(attn, x: torch.Tensor, rope=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention weights of one :class:`~minigpt_cli.model.CausalSelfAttention` on its input x (B, T, C).
+
+    Returns:
+        (weights (B, n_head, T, T) float32, rows summing to 1; the layer's output recomputed from them,
+        (B, T, C)).
+    """
+    B, T, C = x.size()
+    with torch.no_grad():
+        q, k, v = attn.c_attn(x).split([C, attn.kv_dim, attn.kv_dim], dim=2)
+        q = q.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+        if attn.rope:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        rep = attn.n_head // attn.n_kv_head
+        k = k.repeat_interleave(rep, dim=1)  # (B, nh, T, hs): query head h reads key head h // rep
+        v = v.repeat_interleave(rep, dim=1)
+        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(attn.head_dim)  # (B, nh, T, T)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        weights = F.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        y = (weights.to(v.dtype) @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return weights, attn.c_proj(y)
+
+
+def entropy(weights: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each row of ``weights`` (..., T, T): −Σ p ln p, 0·ln 0 taken as 0."""
+    logs = torch.where(weights > 0, weights.clamp_min(1e-30).log(), torch.zeros_like(weights))
+    return -(weights * logs).sum(-1)
+
+
+def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output: Optional[Path] = None,
+              echo: Callable[[str], None] = lambda m: None) -> dict:
+    """Attention weights of every layer and head of a run on ``prompt``, with each head's mean entropy.
+
+    Returns:
+        A dict: ``run``, ``checkpoint``, ``n_layer``, ``n_head``, ``n_kv_head``, ``pos_encoding``;
+        ``tokens`` (the prompt's pieces) and ``ids``; ``heads`` (each {``layer``, ``head``, ``kv_head``,
+        ``mean_entropy``}); ``uniform_entropy`` (the mean for weights spread evenly: mean of ln(t+1));
+        ``weights`` ([layer][head][query][key]); ``max_check_error`` (weights·v through c_proj against
+        the layer's output); ``png``.
+
+    Raises:
+        MinigptError: as :func:`~minigpt_cli.inspection.run_model.open_run`; a prompt the tokenizer cannot
+            encode (:func:`~minigpt_cli.sampling.encode_prompt`); one longer than block_size.
+    """
+    model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
+    ids = encode_prompt(tok, prompt)
+    block = cfg.model.block_size
+    if len(ids) > block:
+        raise MinigptError(_MESSAGES["too_long"].format(n=len(ids), block=block, last=block - 1))
+    maps: list[torch.Tensor] = []
+    errors: list[float] = []
+    inputs: dict = {}
+
+    def keep_input(module, args):
+        inputs["x"], inputs["rope"] = args[0], args[1] if len(args) > 1 else None
+
+    def compare_output(module, args, out):
+        weights, recomputed = attention_weights(module, inputs["x"], inputs["rope"])
+        maps.append(weights[0])
+        errors.append(float((recomputed - out).abs().max()))
+
+    hooks = [h for blk in model.h for h in (blk.attn.register_forward_pre_hook(keep_input),
+                                            blk.attn.register_forward_hook(compare_output))]
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids], dtype=torch.long))
+    finally:
+        for h in hooks:
+            h.remove()
+    T = len(ids)
+    rows = slice(1, T) if T > 1 else slice(0, 1)
+    rep = cfg.model.n_head // cfg.model.kv_heads
+    heads = [{"layer": l, "head": h, "kv_head": h // rep, "mean_entropy": float(entropy(m[h])[rows].mean())}
+             for l, m in enumerate(maps) for h in range(m.shape[0])]
+    uniform = float(torch.log(torch.arange(1, T + 1, dtype=torch.float64))[rows].mean())
+    result = {"run": str(run), "checkpoint": ckpt, "n_layer": cfg.model.n_layer, "n_head": cfg.model.n_head,
+              "n_kv_head": cfg.model.kv_heads, "pos_encoding": cfg.model.pos_encoding,
+              "tokens": tok.pieces(prompt), "ids": ids, "heads": heads, "uniform_entropy": uniform,
+              "weights": [m.tolist() for m in maps], "max_check_error": max(errors), "png": None}
+    if output is not None:
+        result["png"] = _plot(result, maps, Path(output))
+    return result
+
+
+def format_attention(r: dict) -> str:
+    """The text report of :func:`attention`."""
+    kv = f", {r['n_kv_head']} key/value heads (grouped-query)" if r["n_kv_head"] != r["n_head"] else ""
+    shown = " ".join(repr(t) for t in r["tokens"][:LABELLED]) + (" ..." if len(r["tokens"]) > LABELLED else "")
+    lines = [f"attention of {r['run']} ({r['checkpoint']}): {r['n_layer']} layers x {r['n_head']} heads{kv}, "
+             f"positions: {r['pos_encoding']}",
+             f"  prompt: {len(r['ids'])} tokens: {shown}",
+             f"  mean entropy per head over query positions 1..{len(r['ids']) - 1}, in nats (evenly spread: "
+             f"{r['uniform_entropy']:.3f}; one key: 0):"]
+    grouped = r["n_kv_head"] != r["n_head"]
+    for layer in range(r["n_layer"]):
+        cells = [f"h{h['head']}" + (f"(kv{h['kv_head']})" if grouped else "") + f" {h['mean_entropy']:.3f}"
+                 for h in r["heads"] if h["layer"] == layer]
+        lines.append(f"  layer {layer}: " + "  ".join(cells))
+    lines.append(f"  check: weights·v through c_proj reproduce each layer's output to {r['max_check_error']:.1e}")
+    if r["png"]:
+        lines.append(wrote(r["png"]))
+    return "\n".join(lines)
+
+
+def _plot(r: dict, maps: list[torch.Tensor], folder: Path) -> str:
+    L, H, T = r["n_layer"], r["n_head"], len(r["ids"])
+    cell = 2.6 if T <= LABELLED else 2.2
+    height = 0.9 * cell * L + 0.8
+    fig = new_figure(cell * H + 1.2, height)
+    fig.subplots_adjust(left=0.06, right=0.9, bottom=0.5 / height, top=1 - 0.6 / height, wspace=0.3, hspace=0.35)
+    fig.suptitle(f"{Path(r['run']).name}: attention weights (rows: query, columns: key), mean entropy H in nats")
+    labels = ([t.replace("\n", "↵").replace(" ", "␣") for t in r["tokens"]] if len(r["tokens"]) == T
+              else [str(i) for i in r["ids"]])
+    image = None
+    for l, m in enumerate(maps):
+        for h in range(H):
+            ax = fig.add_subplot(L, H, l * H + h + 1)
+            image = ax.imshow(m[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            ent = next(x["mean_entropy"] for x in r["heads"] if x["layer"] == l and x["head"] == h)
+            kv = f" kv{h // (H // r['n_kv_head'])}" if r["n_kv_head"] != H else ""
+            ax.set_title(f"layer {l} head {h}{kv}  H={ent:.2f}", fontsize=8)
+            if T <= LABELLED:
+                ax.set_xticks(range(T), labels, fontsize=6, rotation=90)
+                ax.set_yticks(range(T), labels, fontsize=6)
+            else:
+                ax.tick_params(labelsize=6)
+    if image is not None:
+        fig.colorbar(image, ax=fig.axes, fraction=0.02, pad=0.02)
+    return save_png(fig, folder, "attention.png")

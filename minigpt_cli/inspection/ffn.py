@@ -1,0 +1,319 @@
+"""``minigpt inspect ffn``: a tiny position-wise feed-forward pass, step by step, and SwiGLU's width rule.
+
+FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017 §3.3), written with
+row vectors as a learner computes it by hand: x (1, d_model), W1 (d_model, d_ff),
+W2 (d_ff, d_model). SwiGLU replaces act(x W1) by Swish(x W1) ⊙ (x V)
+(Shazeer 2020 eq. 6). Each step is computed in float64; the result is
+checked against the model's own :class:`~minigpt_cli.model.MLP` loaded with
+the same weights (float32). The block adds the FFN's output back: x + y.
+
+SwiGLU's hidden width keeps 3·d·d_ff equal to the 8d² of a 4d MLP:
+d_ff = 2/3·4d, rounded up to ``multiple_of`` (Llama's ``FeedForward``;
+d = 4096, multiple_of 256 gives 11008), as
+:attr:`~minigpt_cli.config.ModelConfig.ffn_hidden` computes it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..errors import MinigptError
+from ..model import MLP
+from .figures import new_figure, num, save_png, shape, vector, wrote
+
+#: The default example: d_model = 2, d_ff = 3, ReLU, no biases; x = [1, 2] and the variant [2, -1].
+#: Chosen so that every product is exact in halves and ReLU turns a different unit off for each x.
+EXAMPLE = {
+    "activation": "relu",
+    "W1": [[1.0, -1.0, 0.5], [0.5, 1.0, -1.0]],
+    "b1": [0.0, 0.0, 0.0],
+    "W2": [[1.0, 0.0], [0.0, 1.0], [1.0, -1.0]],
+    "b2": [0.0, 0.0],
+}
+EXAMPLE_XS = ((1.0, 2.0), (2.0, -1.0))
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
+#: Keys a weights file may hold.
+KEYS = {"activation", "W1", "b1", "W2", "b2", "V"}
+
+_MESSAGES = {
+    "read": "--weights {path}: {reason}; give a JSON file such as {example}",
+    "not_object": "--weights {path}: the file must hold one JSON object with W1, W2 (b1, b2 optional; V for swiglu)",
+    "unknown_key": "--weights {path}: unknown key {key!r}; use {keys}",
+    "missing": "--weights {path}: {key} is missing",
+    "activation": "activation {act!r}: use one of {choices}",
+    "not_numbers": "--weights {path}: {key} must be a list of numbers (a matrix: a list of rows)",
+    "shape": "{key} has shape {got}, but {want} is needed ({why}); fix the weights file or --x",
+    "matrix": "W1 must be a matrix, a list of d_model rows of d_ff numbers each, e.g. [[1, -1, 0.5], [0.5, 1, -1]]",
+    "ragged": "{key}'s rows differ in length ({lengths}); a matrix needs rows of one length",
+    "x": "--x {text!r}: give the input as numbers separated by commas, e.g. --x 1,2",
+    "x_width": "--x {text!r} has {got} numbers, but the weights take d_model = {want}",
+    "d_model": "--swiglu-d-model {d}: use a width of at least 1",
+}
+
+
+def read_weights(path: Path) -> dict:
+    """Load and check a weights file: a JSON object with ``W1``, ``W2``, optionally ``b1``, ``b2``,
+    ``activation`` (relu, gelu, gelu_tanh, swiglu; default relu) and, for swiglu, ``V``.
+
+    Raises:
+        MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, an unknown activation.
+    """
+    example = json.dumps(EXAMPLE, separators=(",", ":"))
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MinigptError(_MESSAGES["read"].format(path=path, reason="no such file", example=example)) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise MinigptError(_MESSAGES["read"].format(path=path, reason=reason, example=example)) from None
+    if not isinstance(obj, dict):
+        raise MinigptError(_MESSAGES["not_object"].format(path=path))
+    for key in obj:
+        if key not in KEYS:
+            raise MinigptError(_MESSAGES["unknown_key"].format(path=path, key=key, keys=", ".join(sorted(KEYS))))
+    for key in ("W1", "W2") + (("V",) if obj.get("activation") == "swiglu" else ()):
+        if key not in obj:
+            raise MinigptError(_MESSAGES["missing"].format(path=path, key=key))
+    for key in KEYS - {"activation"}:
+        if key in obj and not _numbers(obj[key]):
+            raise MinigptError(_MESSAGES["not_numbers"].format(path=path, key=key))
+    return obj
+
+
+def _numbers(value) -> bool:
+    if isinstance(value, list):
+        return all(_numbers(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_x(text: str) -> list[float]:
+    """``"1,2"`` -> [1.0, 2.0].
+
+    Raises:
+        MinigptError: not numbers separated by commas.
+    """
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise MinigptError(_MESSAGES["x"].format(text=text)) from None
+    if not values or not all(math.isfinite(v) for v in values):
+        raise MinigptError(_MESSAGES["x"].format(text=text))
+    return values
+
+
+def _check_shapes(w: dict, d_model: int) -> int:
+    """d_ff, once every matrix and bias fits d_model (the input's width) and W1's columns.
+
+    Raises:
+        MinigptError: a shape that does not fit, naming the key and both shapes.
+    """
+    w1 = shape(w["W1"])
+    d_ff = w1[1] if len(w1) == 2 else 0
+    want = {"W1": ((d_model, d_ff), "d_model x d_ff: one row per input number"),
+            "b1": ((d_ff,), "d_ff: one per hidden unit"),
+            "W2": ((d_ff, d_model), "d_ff x d_model: one row per hidden unit, back to d_model"),
+            "b2": ((d_model,), "d_model: one per output")}
+    if "V" in w:
+        want["V"] = ((d_model, d_ff), "d_model x d_ff, as W1")
+    for key, (need, why) in want.items():
+        if key not in w:
+            continue
+        got = shape(w[key])
+        rows = [len(row) if isinstance(row, list) else 0 for row in w[key]] if len(need) == 2 else []
+        if len(set(rows)) > 1:
+            raise MinigptError(_MESSAGES["ragged"].format(key=key, lengths=", ".join(map(str, rows))))
+        if got != need or d_ff == 0:
+            fmt = lambda s: " x ".join(map(str, s)) or "a number"  # noqa: E731
+            raise MinigptError(_MESSAGES["shape"].format(key=key, got=fmt(got), want=fmt(need), why=why))
+    return d_ff
+
+
+def _activate(z: torch.Tensor, act: str) -> torch.Tensor:
+    return {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+            "swiglu": F.silu}[act](z)
+
+
+def _model_mlp(w: dict, d_model: int, d_ff: int, act: str, b1, b2) -> MLP:
+    """The model's MLP holding these weights (nn.Linear stores W transposed: (out, in))."""
+    cfg = ModelConfig(n_layer=1, n_head=1, n_embd=d_model, d_ff=d_ff, ffn=act, bias=True, dropout=0.0)
+    mlp = MLP(cfg)
+    with torch.no_grad():
+        w1 = torch.tensor(w["W1"], dtype=torch.float32).T
+        if act == "swiglu":  # c_fc holds [W_gate; W_up] stacked
+            w1 = torch.cat([w1, torch.tensor(w["V"], dtype=torch.float32).T])
+            b1 = torch.cat([b1, torch.zeros_like(b1)])
+        mlp.c_fc.weight.copy_(w1)
+        mlp.c_fc.bias.copy_(b1)
+        mlp.c_proj.weight.copy_(torch.tensor(w["W2"], dtype=torch.float32).T)
+        mlp.c_proj.bias.copy_(b2)
+    return mlp.eval()
+
+
+def swiglu_width(d_model: int = 4096, multiple_of: int = 256) -> dict:
+    """SwiGLU's hidden width by the 2/3 rule (Shazeer 2020 §2; Llama's rounding), and the parameter counts.
+
+    Returns:
+        ``d_model``, ``four_d``, ``two_thirds`` (2/3·4d, unrounded), ``multiple_of``, ``d_ff`` (the model's
+        :attr:`~minigpt_cli.config.ModelConfig.ffn_hidden`), ``params_mlp`` (2·d·4d, no biases) and
+        ``params_swiglu`` (3·d·d_ff).
+
+    Raises:
+        MinigptError: ``d_model`` < 1.
+    """
+    if d_model < 1:
+        raise MinigptError(_MESSAGES["d_model"].format(d=d_model))
+    cfg = ModelConfig(n_layer=1, n_head=1, n_embd=d_model, ffn="swiglu", multiple_of=multiple_of)
+    d_ff = cfg.ffn_hidden
+    return {"d_model": d_model, "four_d": 4 * d_model, "two_thirds": 2 * 4 * d_model / 3, "multiple_of": multiple_of,
+            "d_ff": d_ff, "params_mlp": 8 * d_model * d_model, "params_swiglu": 3 * d_model * d_ff}
+
+
+def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_XS, swiglu_d_model: int = 4096,
+        multiple_of: int = 256, output: Optional[Path] = None) -> dict:
+    """The FFN forward pass for each input, step by step, checked against the model's MLP.
+
+    Args:
+        weights: as :func:`read_weights` returns (None: :data:`EXAMPLE`).
+        xs: the inputs, each d_model numbers.
+        swiglu_d_model, multiple_of: the example of SwiGLU's width rule (:func:`swiglu_width`).
+        output: folder for ``ffn.png``; None draws nothing.
+
+    Returns:
+        A dict: ``activation``, ``d_model``, ``d_ff``, ``W1``, ``b1``, ``W2``, ``b2`` (and ``V``);
+        ``steps``, one per input: {``x``, ``z`` (x W1 + b1), ``u`` (x V, swiglu only), ``h`` (after the
+        activation), ``off`` (indices of hidden units that are exactly 0), ``y`` (h W2 + b2),
+        ``x_plus_y``, ``model_y`` (the model's MLP), ``model_max_error``}; ``swiglu``; ``png``.
+
+    Raises:
+        MinigptError: an unknown activation, a weight or input of the wrong shape.
+    """
+    w = EXAMPLE if weights is None else weights
+    act = w.get("activation", "relu")
+    if act not in ACTIVATIONS:
+        raise MinigptError(_MESSAGES["activation"].format(act=act, choices=", ".join(ACTIVATIONS)))
+    if act == "swiglu" and "V" not in w:
+        raise MinigptError(_MESSAGES["missing"].format(path="(weights)", key="V"))
+    w1_shape = shape(w["W1"])
+    if len(w1_shape) != 2 or 0 in w1_shape:
+        raise MinigptError(_MESSAGES["matrix"])
+    d_model = w1_shape[0]
+    for x in xs:
+        if len(x) != d_model:
+            raise MinigptError(_MESSAGES["x_width"].format(text=",".join(num(v) for v in x), got=len(x), want=d_model))
+    d_ff = _check_shapes(w, d_model)
+    f64 = lambda key: torch.tensor(w[key], dtype=torch.float64)  # noqa: E731
+    W1, W2 = f64("W1"), f64("W2")
+    b1 = f64("b1") if "b1" in w else torch.zeros(d_ff, dtype=torch.float64)
+    b2 = f64("b2") if "b2" in w else torch.zeros(d_model, dtype=torch.float64)
+    mlp = _model_mlp(w, d_model, d_ff, act, b1.float(), b2.float())
+    steps = []
+    for x in xs:
+        xt = torch.tensor(list(x), dtype=torch.float64)
+        z = xt @ W1 + b1
+        h = _activate(z, act)
+        step = {"x": list(map(float, x)), "z": z.tolist()}
+        if act == "swiglu":
+            u = xt @ f64("V")
+            h = h * u
+            step["u"] = u.tolist()
+        y = h @ W2 + b2
+        with torch.no_grad():
+            model_y = mlp(xt.float()[None])[0].double()
+        step.update({"h": h.tolist(), "off": [j for j, v in enumerate(h.tolist()) if v == 0.0], "y": y.tolist(),
+                     "x_plus_y": (xt + y).tolist(), "model_y": model_y.tolist(),
+                     "model_max_error": float((model_y - y).abs().max())})
+        steps.append(step)
+    result = {"activation": act, "d_model": d_model, "d_ff": d_ff,
+              **{k: w[k] for k in ("W1", "W2", "V") if k in w}, "b1": b1.tolist(), "b2": b2.tolist(),
+              "steps": steps, "swiglu": swiglu_width(swiglu_d_model, multiple_of), "png": None}
+    if output is not None:
+        result["png"] = _plot(result, Path(output))
+    return result
+
+
+def _dot(x: Sequence[float], column: Sequence[float], bias: float) -> str:
+    """``1·1 + 2·0.5 + 0``."""
+    def factor(v: float) -> str:
+        return num(v) if v >= 0 else f"({num(v)})"
+
+    terms = [f"{factor(a)}·{factor(b)}" for a, b in zip(x, column)]
+    return " + ".join(terms) + (f" + {num(bias)}" if bias else "")
+
+
+def format_ffn(r: dict) -> str:
+    """The text report of :func:`ffn`: every product written out, so it can be checked by hand."""
+    act = r["activation"]
+    hidden = "Swish(x W1) ⊙ (x V)" if act == "swiglu" else f"{act}(x W1 + b1)"
+    lines = [f"FFN(x) = {hidden} W2 + b2: d_model = {r['d_model']}, d_ff = {r['d_ff']} "
+             f"({'Shazeer 2020' if act == 'swiglu' else 'Vaswani et al. 2017 §3.3'}; row vectors, x W)"]
+    for key in ("W1", "V", "W2"):
+        if key in r:
+            lines.append(f"  {key} ({' x '.join(map(str, shape(r[key])))}) = "
+                         + "[" + ", ".join(vector(row) for row in r[key]) + "]")
+    lines.append(f"  b1 = {vector(r['b1'])}   b2 = {vector(r['b2'])}")
+    W1T = list(zip(*r["W1"]))
+    W2T = list(zip(*r["W2"]))
+    for s in r["steps"]:
+        x = s["x"]
+        lines.append(f"x = {vector(x)}")
+        for j, zj in enumerate(s["z"]):
+            lines.append(f"  z{j + 1} = {_dot(x, W1T[j], r['b1'][j])} = {num(zj)}")
+        if act == "swiglu":
+            VT = list(zip(*r["V"]))
+            for j, uj in enumerate(s["u"]):
+                lines.append(f"  u{j + 1} = {_dot(x, VT[j], 0.0)} = {num(uj)}")
+            lines.append(f"  h = silu(z) ⊙ u = {vector(s['h'])}")
+        else:
+            off = ", ".join(str(j + 1) for j in s["off"])
+            lines.append(f"  h = {act}(z) = {vector(s['h'])}"
+                         + (f"   (unit {off} off)" if len(s["off"]) == 1 else f"   (units {off} off)" if off else ""))
+        for k, yk in enumerate(s["y"]):
+            lines.append(f"  y{k + 1} = {_dot(s['h'], W2T[k], r['b2'][k])} = {num(yk)}")
+        lines.append(f"  y = {vector(s['y'])};  x + y = {vector(s['x_plus_y'])} (the residual add)")
+        lines.append(f"  check: minigpt's MLP gives {vector(s['model_y'])} (max difference "
+                     f"{s['model_max_error']:.1e}, float32)")
+    g = r["swiglu"]
+    lines.append(f"SwiGLU width, d = {g['d_model']}: 2/3·4d = {g['two_thirds']:.2f}, rounded up to a multiple of "
+                 f"{g['multiple_of']}: d_ff = {g['d_ff']} (3·d·d_ff = {g['params_swiglu']:,} parameters against "
+                 f"8d² = {g['params_mlp']:,} for a 4d MLP; Shazeer 2020, Llama's rounding)")
+    if r["png"]:
+        lines.append(wrote(r["png"]))
+    return "\n".join(lines)
+
+
+def _plot(r: dict, folder: Path) -> str:
+    hidden = "h = silu(z) ⊙ x V" if r["activation"] == "swiglu" else f"h = {r['activation']}(z)"
+    stages = [("x", "x"), ("z", "z = x W1 + b1"), ("h", hidden), ("y", "y = h W2 + b2"), ("x_plus_y", "x + y")]
+    n = len(r["steps"])
+    fig = new_figure(3 * len(stages), 2.6 * n + 0.6)
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.08, top=0.88, wspace=0.35, hspace=0.6)
+    fig.suptitle(f"FFN forward pass, {r['activation']}, d_model = {r['d_model']}, d_ff = {r['d_ff']}: "
+                 "each row one input, left to right")
+    for i, s in enumerate(r["steps"]):
+        for j, (key, title) in enumerate(stages):
+            ax = fig.add_subplot(n, len(stages), i * len(stages) + j + 1)
+            values = s[key]
+            colors = ["lightgrey" if key == "h" and k in s["off"] else ("tab:blue" if v >= 0 else "tab:red")
+                      for k, v in enumerate(values)]
+            ax.bar(range(1, len(values) + 1), values, color=colors)
+            ax.axhline(0, color="grey", linewidth=0.5)
+            if len(values) <= 8:
+                for k, v in enumerate(values):
+                    off = key == "h" and k in s["off"]
+                    ax.annotate("0 (off)" if off else num(v, 3), (k + 1, v), ha="center",
+                                va="bottom" if v >= 0 else "top", fontsize=8, color="grey" if off else "black")
+            ax.set_xticks(range(1, len(values) + 1))
+            low, high = min(values + [0.0]), max(values + [0.0])
+            pad = 0.25 * (high - low or 1.0)
+            ax.set_ylim(low - pad, high + pad)
+            ax.set_title(title, fontsize=9)
+            if j == 0:
+                ax.set_ylabel(f"x = {vector(s['x'], 3)}", fontsize=8)
+    return save_png(fig, folder, "ffn.png")

@@ -1,0 +1,286 @@
+"""``minigpt inspect residual``: how the residual stream grows with depth, and what 1/sqrt(2L) does to it.
+
+In a Pre-LN stack every block adds two branches to the stream (x += attn(ln_1(x));
+x += mlp(ln_2(x))), so after L blocks it holds the input plus 2L roughly
+independent terms: without scaling, its RMS grows like sqrt(2L). GPT-2
+(Radford et al. 2019 §2.3) scales the initial weights of each branch's last
+layer by 1/sqrt(N), N = 2L residual layers, which keeps the stream's size
+independent of depth (the model's ``scale_residual_init``; Xiong et al.
+2020 analyse Pre-LN's growth).
+
+At initialisation the stack is the model's own (:class:`~minigpt_cli.model.GPT`'s
+blocks and init), fed unit-variance input, once as drawn and once with its
+``c_proj`` weights scaled by 1/sqrt(2L) (:func:`scale_branch_outputs`); the
+init std defaults to 1/sqrt(d), so that every branch writes O(1) to the
+stream and the growth shows. With a run, the same RMS is measured on
+validation windows through the trained model and through the same
+architecture at its initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .. import runs
+from ..config import ModelConfig
+from ..errors import MinigptError
+from ..model import GPT
+from .figures import new_figure, save_png, seeded, wrote
+from .run_model import open_run
+
+_MESSAGES = {
+    "depths": "--depths {depths}: give block counts of at least 1, e.g. --depths 4,16,64",
+    "size": "--{name} {value}: use at least {least}",
+    "heads": "--n-embd {n_embd} is not divisible by --n-head {n_head}; e.g. --n-embd {fix}",
+    "no_corpus": ("the run's corpus ({where}) is not on disk, so there is no validation text to run; "
+                  "prepare it with: minigpt prepare {config}"),
+    "short_val": "the run's validation split has {n} tokens, too few for one window of block_size {block}",
+}
+
+
+def stream_rms(blocks: Sequence[torch.nn.Module], x: torch.Tensor, rope=None) -> list[float]:
+    """RMS of the residual stream, per token then averaged, before the first block and after each block.
+
+    ``x`` is (B, T, C); returns L + 1 numbers.
+    """
+    def rms(t: torch.Tensor) -> float:
+        return float(t.float().pow(2).mean(-1).sqrt().mean())
+
+    out = [rms(x)]
+    with torch.no_grad():
+        for blk in blocks:
+            x = blk(x, rope)
+            out.append(rms(x))
+    return out
+
+
+def scale_branch_outputs(model: GPT, n_layer: int) -> None:
+    """Multiply each branch's last layer (every ``c_proj.weight``) by 1/sqrt(2·n_layer), in place.
+
+    The same weights drawn with std σ/sqrt(2L), as ``scale_residual_init`` draws them (GPT-2 §2.3); scaling
+    the unscaled draw keeps every other weight equal, so the two streams differ by the rule alone.
+    """
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("c_proj.weight"):
+                p.mul_(1 / math.sqrt(2 * n_layer))
+
+
+def _mean_std(rows: list[list[float]]) -> tuple[list[float], list[float]]:
+    t = torch.tensor(rows, dtype=torch.float64)
+    std = t.std(0) if len(rows) > 1 else torch.zeros(t.shape[1], dtype=torch.float64)
+    return t.mean(0).tolist(), std.tolist()
+
+
+def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 64, n_head: int = 4,
+             seq_len: int = 64, init_std: Optional[float] = None, output: Optional[Path] = None) -> dict:
+    """RMS of the residual stream after each block at initialisation, with and without the 1/sqrt(2L) init.
+
+    Args:
+        depths: block counts L to build.
+        seeds: initialisations per depth (the same seeds with and without scaling).
+        n_embd, n_head, seq_len: the blocks' width, heads, and tokens per input.
+        init_std: the weights' init std; None: 1/sqrt(n_embd).
+        output: folder for ``residual.png``; None draws nothing.
+
+    Returns:
+        A dict: ``config``; ``depths``, each {``layers``, ``unscaled`` and ``scaled`` (each {``mean``,
+        ``std``}: L + 1 RMS values, input first, over the seeds)}; ``growth`` (the final unscaled RMS of
+        each depth over the previous depth's, and the sqrt ratio of depths it should be near); ``png``.
+
+    Raises:
+        MinigptError: a depth, seed count or size below 1; n_embd not divisible by n_head.
+    """
+    if not depths or min(depths) < 1:
+        raise MinigptError(_MESSAGES["depths"].format(depths=",".join(map(str, depths))))
+    for name, value, least in (("seeds", seeds, 1), ("n-embd", n_embd, 1), ("n-head", n_head, 1),
+                               ("seq-len", seq_len, 1)):
+        if value < least:
+            raise MinigptError(_MESSAGES["size"].format(name=name, value=value, least=least))
+    if n_embd % n_head:
+        raise MinigptError(_MESSAGES["heads"].format(n_embd=n_embd, n_head=n_head,
+                                                     fix=n_head * max(1, round(n_embd / n_head))))
+    std = init_std if init_std is not None else 1 / math.sqrt(n_embd)
+    result_depths = []
+    for L in sorted(set(depths)):
+        curves: dict[str, list[list[float]]] = {"unscaled": [], "scaled": []}
+        for seed in range(seeds):
+            x = torch.randn(1, seq_len, n_embd, generator=torch.Generator().manual_seed(10_000 + seed))
+            cfg = ModelConfig(n_layer=L, n_head=n_head, n_embd=n_embd, block_size=seq_len, vocab_size=1,
+                              dropout=0.0, bias=False, init_std=std, scale_residual_init=False)
+            with seeded(seed):
+                model = GPT(cfg).eval()
+            curves["unscaled"].append(stream_rms(model.h, x))
+            scale_branch_outputs(model, L)
+            curves["scaled"].append(stream_rms(model.h, x))
+        entry = {"layers": L}
+        for key, rows in curves.items():
+            mean, spread = _mean_std(rows)
+            entry[key] = {"mean": mean, "std": spread}
+        result_depths.append(entry)
+    growth = [{"from": a["layers"], "to": b["layers"], "ratio": b["unscaled"]["mean"][-1] / a["unscaled"]["mean"][-1],
+               "sqrt_depth_ratio": math.sqrt(b["layers"] / a["layers"])}
+              for a, b in zip(result_depths, result_depths[1:])]
+    result = {"config": {"n_embd": n_embd, "n_head": n_head, "seq_len": seq_len, "seeds": seeds, "init_std": std},
+              "depths": result_depths, "growth": growth, "png": None}
+    if output is not None:
+        result["png"] = _plot(result, Path(output))
+    return result
+
+
+def _val_windows(run: Path, cfg, tok, count: int, seed: int, echo: Callable[[str], None]) -> torch.Tensor:
+    """``count`` windows of block_size tokens from the run's validation split (its prepared token files)."""
+    from ..data import corpus_on_disk, eval_offsets, windows
+    from ..paths import dataset_dir
+    from ..preparation import prepare
+
+    corpus = corpus_on_disk(cfg)
+    if corpus is None:
+        raise MinigptError(_MESSAGES["no_corpus"].format(where=cfg.data.path or cfg.data.dataset,
+                                                         config=Path(run) / runs.CONFIG))
+    dc = cfg.data
+    root = dataset_dir(dc.data_dir, dc.dataset) if dc.path is None else corpus.folder(dc.data_dir)
+    data = prepare(corpus, tok, root, dc.val_fraction, log=echo, progress=False)
+    block = cfg.model.block_size
+    if len(data.val) <= block:
+        raise MinigptError(_MESSAGES["short_val"].format(n=len(data.val), block=block))
+    offsets = next(eval_offsets(len(data.val), block, count, seed))
+    x, _ = windows(data.val, offsets, block, torch.device("cpu"))
+    return x
+
+
+def _embedded(model: GPT, idx: torch.Tensor):
+    """The stream entering the first block, and the rope angles, as GPT.forward computes them."""
+    captured = {}
+
+    def grab(module, args):
+        captured["x"], captured["rope"] = args[0], args[1] if len(args) > 1 else None
+        raise _Stop
+
+    handle = model.h[0].register_forward_pre_hook(grab)
+    try:
+        with torch.no_grad():
+            model(idx)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return captured["x"], captured["rope"]
+
+
+class _Stop(Exception):
+    """Ends a forward pass once the first block's input is known."""
+
+
+def residual_run(run: str | Path, checkpoint: str = runs.BEST, windows: int = 8, seed: int = 0,
+                 output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
+    """RMS of a trained run's residual stream after each block, on validation windows, against its init.
+
+    Returns:
+        A dict: ``run``, ``checkpoint``, ``layers``, ``windows``, ``block_size``, ``scale_residual_init``,
+        ``trained`` and ``init`` (L + 1 RMS values: the embedding, then after each block), ``png``.
+
+    Raises:
+        MinigptError: as :func:`~minigpt_cli.inspection.run_model.open_run`; the run's corpus is not on
+            disk; a validation split shorter than a window.
+    """
+    model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
+    idx = _val_windows(Path(run), cfg, tok, windows, seed, echo)
+    x, rope = _embedded(model, idx)
+    trained = stream_rms(model.h, x, rope)
+    with seeded(cfg.seed):
+        fresh = GPT(cfg.model).eval()
+    x0, rope0 = _embedded(fresh, idx)
+    init = stream_rms(fresh.h, x0, rope0)
+    result = {"run": str(run), "checkpoint": ckpt, "layers": cfg.model.n_layer, "windows": windows,
+              "block_size": cfg.model.block_size, "scale_residual_init": cfg.model.scale_residual_init,
+              "trained": trained, "init": init, "png": None}
+    if output is not None:
+        result["png"] = _plot_run(result, Path(output))
+    return result
+
+
+def format_residual(r: dict) -> str:
+    """The text report of :func:`residual` or :func:`residual_run`."""
+    if "trained" in r:
+        lines = [f"residual stream RMS of {r['run']} ({r['checkpoint']}), {r['windows']} validation windows of "
+                 f"{r['block_size']} tokens; 1/√(2L) init: {'on' if r['scale_residual_init'] else 'off'}",
+                 f"  {'after':<12}{'trained':>10}{'at init':>10}"]
+        for i, (a, b) in enumerate(zip(r["trained"], r["init"])):
+            lines.append(f"  {'embedding' if i == 0 else f'block {i - 1}':<12}{a:10.4f}{b:10.4f}")
+    else:
+        c = r["config"]
+        lines = [f"residual stream RMS at init after the last block (per token; mean ± std over {c['seeds']} seeds), "
+                 f"d = {c['n_embd']}, {c['n_head']} heads, T = {c['seq_len']}, init std {c['init_std']:.4g}, "
+                 "input RMS ≈ 1",
+                 f"  {'blocks L':>8}   {'without 1/√(2L)':>17}   {'with 1/√(2L)':>15}"]
+        for d in r["depths"]:
+            u, s = d["unscaled"], d["scaled"]
+            lines.append(f"  {d['layers']:>8}   {u['mean'][-1]:>8.3f} ± {u['std'][-1]:<6.3f}   "
+                         f"{s['mean'][-1]:>6.3f} ± {s['std'][-1]:.3f}")
+        for g in r["growth"]:
+            lines.append(f"  L {g['from']} → {g['to']}: without scaling ×{g['ratio']:.2f} "
+                         f"(√({g['to']}/{g['from']}) = {g['sqrt_depth_ratio']:.2f})")
+        lines.append("  (GPT-2's init, Radford et al. 2019 §2.3: each branch's last layer scaled by 1/√(2L))")
+    if r["png"]:
+        lines.append(wrote(r["png"]))
+    return "\n".join(lines)
+
+
+def _plot(r: dict, folder: Path) -> str:
+    fig = new_figure(13, 5)
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.12, top=0.9, wspace=0.22)
+    ax = fig.add_subplot(1, 2, 1)
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+    for i, d in enumerate(r["depths"]):
+        L, color = d["layers"], colors[i % len(colors)]
+        frac = [k / L for k in range(L + 1)]
+        for key, style, label in (("unscaled", "-", "without"), ("scaled", "--", "with")):
+            mean, std = d[key]["mean"], d[key]["std"]
+            ax.plot(frac, mean, style, color=color, label=f"L = {L}, {label} 1/√(2L)")
+            ax.fill_between(frac, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                            color=color, alpha=0.15)
+    ax.set_xlabel("depth l / L (0: the input)")
+    ax.set_ylabel("RMS of the residual stream")
+    ax.set_title(f"at init, mean ± std over {r['config']['seeds']} seeds")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax = fig.add_subplot(1, 2, 2)
+    Ls = [d["layers"] for d in r["depths"]]
+    for key, marker, label in (("unscaled", "o-", "without 1/√(2L)"), ("scaled", "s--", "with 1/√(2L)")):
+        ax.errorbar(Ls, [d[key]["mean"][-1] for d in r["depths"]], yerr=[d[key]["std"][-1] for d in r["depths"]],
+                    fmt=marker, capsize=3, label=label)
+    first = r["depths"][0]["unscaled"]["mean"][-1]
+    ax.plot(Ls, [first * math.sqrt(L / Ls[0]) for L in Ls], ":", color="grey", label="∝ √L")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xticks(Ls, [str(L) for L in Ls])
+    top = max(d["unscaled"]["mean"][-1] + d["unscaled"]["std"][-1] for d in r["depths"])
+    ticks = [2.0 ** k for k in range(-1, 12) if 2.0 ** k <= 2 * top]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_xlabel("blocks L")
+    ax.set_ylabel("RMS after the last block")
+    ax.set_title("final RMS against depth")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return save_png(fig, folder, "residual.png")
+
+
+def _plot_run(r: dict, folder: Path) -> str:
+    fig = new_figure(8, 5)
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.12, top=0.9)
+    ax = fig.add_subplot()
+    layers = range(len(r["trained"]))
+    ax.plot(layers, r["trained"], "o-", label=f"trained ({r['checkpoint']})")
+    ax.plot(layers, r["init"], "s--", label="same architecture at init")
+    ax.set_xticks(list(layers), ["emb"] + [str(i) for i in range(len(r["trained"]) - 1)])
+    ax.set_xlabel("after block")
+    ax.set_ylabel("RMS of the residual stream")
+    ax.set_title(f"{Path(r['run']).name}: {r['windows']} validation windows")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return save_png(fig, folder, "residual.png")

@@ -1,0 +1,46 @@
+"""A trained run's model, config and tokenizer for the inspect topics that read one (attention, residual --run).
+
+Loaded as ``minigpt generate`` loads it (:func:`~minigpt_cli.generation.load_run`):
+the ``best`` checkpoint, else ``last``, on the CPU, checked against its tokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .. import runs
+from ..errors import MinigptError
+from ..generation import checkpoint_step, describe_checkpoint, load_run
+
+_MESSAGES = {
+    "no_run": "run folder {run!r} not found; pass --run runs/NAME of a trained run",
+    "which": "--checkpoint {which!r}: use {best} or {last}",
+    "untrained": ("note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random "
+                  "init); train the run further for maps worth reading"),
+}
+
+
+def open_run(run: str | Path, checkpoint: str = runs.BEST, echo: Callable[[str], None] = lambda m: None):
+    """The model (eval mode, CPU), config and tokenizer of a run folder, and the checkpoint folder used.
+
+    Raises:
+        MinigptError: no such folder, no checkpoint in it (the message :func:`~minigpt_cli.runs.resolve`
+            gives: ``no checkpoint at ... ; train first or pick another run``), a damaged checkpoint, a
+            tokenizer that is not the run's.
+    """
+    if checkpoint not in (runs.BEST, runs.LAST):
+        raise MinigptError(_MESSAGES["which"].format(which=checkpoint, best=runs.BEST, last=runs.LAST))
+    run_dir = Path(run)
+    if not run_dir.is_dir():
+        raise MinigptError(_MESSAGES["no_run"].format(run=str(run_dir)))
+    ckpt = runs.checkpoint_dir(run_dir, checkpoint)
+    if checkpoint == runs.BEST and not runs.has_weights(ckpt):
+        ckpt = runs.checkpoint_dir(run_dir, runs.LAST)
+    import torch
+
+    model, cfg, tok = load_run(run_dir, ckpt, torch.device("cpu"))
+    model.eval()
+    if checkpoint_step(ckpt) == 0:
+        echo(_MESSAGES["untrained"].format(run=run_dir, which=ckpt.name))
+    return model, cfg, tok, describe_checkpoint(ckpt)

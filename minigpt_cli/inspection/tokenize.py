@@ -1,0 +1,494 @@
+"""``minigpt inspect tokenize``: how the three subword algorithms cut text, and why.
+
+Without a tokenizer, the toy corpus hug x10, pug x5, pun x12, bun x4, hugs x5
+(Hugging Face LLM course, ch. 6.5-6.7) is cut three ways:
+
+- BPE (Sennrich et al. 2016; byte-level as GPT-2, Radford et al. 2019 §2.2):
+  the ``tokenizers`` library's trainer with minigpt's settings merges the
+  most frequent adjacent pair first; each merge's count is replayed here;
+- WordPiece: minigpt's trainer (:func:`~minigpt_cli.wordpiece.wordpiece_merges`)
+  merges the pair with the highest count(ab) / (count(a)·count(b)) first;
+- Unigram (Kudo 2018 §3.2): the seed model, every substring of the words with
+  probability proportional to its frequency, loaded into the library's
+  Unigram model; each segmentation of a word is listed with its
+  log-probability, and the library's Viterbi choice is marked and checked
+  against the best of the list.
+
+With ``--tokenizer`` or ``--run``: that tokenizer's pieces and ids for the
+text; for BPE each piece's merge rank, for WordPiece its merge rank (and,
+given the training text with ``--corpus``, the score and count of the merge
+that made it), for Unigram each piece's log-probability and, with
+``all_segmentations``, every segmentation of each word.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from .. import runs
+from ..errors import MinigptError
+from ..special_tokens import UNK
+from ..tokenizer import Tokenizer, load_tokenizer
+from ..wordpiece import CONTINUATION, wordpiece_merges, wordpiece_scores, wordpiece_symbols
+from .figures import new_figure, save_png, wrote
+
+#: The toy corpus: word -> frequency.
+TOY_WORDS = {"hug": 10, "pug": 5, "pun": 12, "bun": 4, "hugs": 5}
+#: The toy's default text: a word of the corpus, and one it never saw.
+TOY_TEXT = "hugs bugs"
+#: Segmentations of one word are enumerated up to this many (then the word is skipped, with a note).
+MAX_SEGMENTATIONS = 20_000
+#: Words longer than this are not enumerated.
+MAX_WORD = 24
+#: Segmentations shown per word (the most likely first; the Viterbi choice always among them).
+SHOWN = 12
+
+_MESSAGES = {
+    "both": "pass --tokenizer FILE or --run DIR, not both",
+    "no_run": "run folder {run!r} not found; pass --run runs/NAME of a trained run",
+    "empty": "--text '': give some text to cut",
+    "words": "--words {text!r}: give word=count pairs (a word of letters only, a count of at least 1) separated "
+             "by commas, e.g. --words hug=10,pug=5",
+    "corpus": "--corpus {path}: {reason}",
+    "corpus_kind": "--corpus recomputes WordPiece merge scores; this tokenizer is {kind}",
+    "segmentations": "--all-segmentations lists Unigram segmentations; this tokenizer is {kind}",
+}
+
+
+def parse_words(text: str) -> dict[str, int]:
+    """``"hug=10,pug=5"`` -> {"hug": 10, "pug": 5}.
+
+    Raises:
+        MinigptError: not word=count pairs with counts >= 1.
+    """
+    out: dict[str, int] = {}
+    try:
+        for item in text.split(","):
+            word, count = item.split("=")
+            if not word.strip().isalpha() or int(count) < 1:
+                raise ValueError
+            out[word.strip()] = out.get(word.strip(), 0) + int(count)
+    except ValueError:
+        raise MinigptError(_MESSAGES["words"].format(text=text)) from None
+    return out
+
+
+def _corpus(words: dict[str, int]) -> str:
+    """One word a line, each as often as its count: the pre-tokenizer then sees exactly these words."""
+    return "\n".join(w for w, n in words.items() for _ in range(n))
+
+
+def replay(words: dict[str, int], merges: Sequence[tuple[str, str]]) -> list[int]:
+    """The count each BPE merge had when it was made: the merges applied in order to the weighted words."""
+    split = {w: list(w) for w in words}
+    counts = []
+    for a, b in merges:
+        pairs: Counter = Counter()
+        for w, symbols in split.items():
+            for p in zip(symbols, symbols[1:]):
+                pairs[p] += words[w]
+        counts.append(pairs[(a, b)])
+        for w, s in split.items():
+            merged, i = [], 0
+            while i < len(s):
+                if i + 1 < len(s) and (s[i], s[i + 1]) == (a, b):
+                    merged.append(a + b)
+                    i += 2
+                else:
+                    merged.append(s[i])
+                    i += 1
+            split[w] = merged
+    return counts
+
+
+def toy_bpe(words: dict[str, int]) -> list[dict]:
+    """Every BPE merge on the toy words, in order: {a, b, count} (the library's trainer, byte-level as minigpt's
+    ``bpe`` kind: GPT-2's split and the 256-byte alphabet; the toy words are ASCII, so bytes are letters)."""
+    from tokenizers import Tokenizer as _Backend, models, pre_tokenizers, trainers
+
+    tok = _Backend(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    bound = sum(len(w) - 1 for w in words)
+    trainer = trainers.BpeTrainer(vocab_size=256 + bound + 1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_corpus(words)], trainer)
+    raw = json.loads(tok.to_str())["model"]["merges"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in raw]
+    return [{"a": a, "b": b, "count": c} for (a, b), c in zip(merges, replay(words, merges))]
+
+
+def toy_wordpiece(words: dict[str, int]) -> list[dict]:
+    """Every WordPiece merge on the toy words, best score first: {a, b, score, count} (minigpt's trainer)."""
+    return [{"a": a, "b": b, "score": s, "count": c} for a, b, s, c in wordpiece_merges(words)]
+
+
+def seed_unigram(words: dict[str, int]) -> dict[str, float]:
+    """Kudo 2018 §3.2's seed model: every substring of the words, log-probability ln(freq / total)."""
+    freq: Counter = Counter()
+    for w, n in words.items():
+        for i in range(len(w)):
+            for j in range(i + 1, len(w) + 1):
+                freq[w[i:j]] += n
+    total = sum(freq.values())
+    return {piece: math.log(c / total) for piece, c in sorted(freq.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+def segmentations(word: str, logp: dict[str, float]) -> Optional[list[tuple[list[str], float]]]:
+    """Every cut of ``word`` into vocabulary pieces with its log-probability, most likely first;
+    None when there are more than :data:`MAX_SEGMENTATIONS` or the word is longer than :data:`MAX_WORD`."""
+    if len(word) > MAX_WORD:
+        return None
+    out: list[tuple[list[str], float]] = []
+
+    def walk(start: int, pieces: list[str], total: float) -> bool:
+        if start == len(word):
+            out.append((list(pieces), total))
+            return len(out) <= MAX_SEGMENTATIONS
+        for end in range(start + 1, len(word) + 1):
+            piece = word[start:end]
+            if piece in logp:
+                pieces.append(piece)
+                ok = walk(end, pieces, total + logp[piece])
+                pieces.pop()
+                if not ok:
+                    return False
+        return True
+
+    if not walk(0, [], 0.0):
+        return None
+    return sorted(out, key=lambda s: (-s[1], len(s[0])))
+
+
+def _unigram_words(backend, words: Sequence[str], logp: dict[str, float]) -> list[dict]:
+    """Each word's segmentations, the library's Viterbi pieces, and whether they are the best listed."""
+    out = []
+    for word in words:
+        viterbi = [t.value for t in backend.model.tokenize(word)]
+        found = segmentations(word, logp)
+        entry = {"word": word, "viterbi": viterbi, "count": None if found is None else len(found),
+                 "segmentations": None, "viterbi_is_best": None}
+        if found:
+            entry["segmentations"] = [{"pieces": p, "log_prob": lp, "viterbi": p == viterbi} for p, lp in found[:SHOWN]]
+            best = found[0][1]
+            entry["viterbi_is_best"] = any(p == viterbi and abs(lp - best) < 1e-9 for p, lp in found)
+            if not any(s["viterbi"] for s in entry["segmentations"]):
+                entry["segmentations"] += [{"pieces": p, "log_prob": lp, "viterbi": True} for p, lp in found
+                                           if p == viterbi]
+        out.append(entry)
+    return out
+
+
+def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Optional[Path] = None) -> dict:
+    """BPE and WordPiece merges and Unigram segmentations on the toy corpus (:data:`TOY_WORDS`).
+
+    Returns:
+        A dict: ``mode`` ("toy"), ``words``, ``text``; ``bpe`` (merges, each {a, b, count}),
+        ``bpe_first`` (every pair's count before any merge, highest first) and ``bpe_pieces``;
+        ``wordpiece`` (merges, each {a, b, score, count} at the time of the merge), ``wordpiece_first``
+        (every pair's score before any merge, highest first) and ``wordpiece_pieces``;
+        ``unigram`` ({``vocab``: piece -> log-probability, ``total``: the substring occurrences, ``words``:
+        per word of ``text``: {word, viterbi, count, segmentations (each {pieces, log_prob, viterbi}),
+        viterbi_is_best}}); ``png``.
+    """
+    from tokenizers import Tokenizer as _Backend, models, pre_tokenizers
+
+    from ..tokenizer_training import base_vocab_size, train_tokenizer
+
+    words = dict(TOY_WORDS if words is None else words)
+    if not text:
+        raise MinigptError(_MESSAGES["empty"])
+    bpe = toy_bpe(words)
+    wp = toy_wordpiece(words)
+    corpus = _corpus(words)
+    merged = {m["a"] + m["b"][len(CONTINUATION):] for m in wp} - set(wordpiece_symbols_all(words))
+    wp_tok = train_tokenizer("wordpiece", corpus, base_vocab_size("wordpiece", corpus) + len(merged))
+    logp = seed_unigram(words)
+    uni = _Backend(models.Unigram([(UNK, 0.0), *logp.items()], unk_id=0, byte_fallback=False))
+    uni.pre_tokenizer = pre_tokenizers.Whitespace()
+    text_words = [w for w, _ in uni.pre_tokenizer.pre_tokenize_str(text)]
+    bpe_pieces = _bpe_cut(text_words, bpe)
+    first_counts: Counter = Counter()
+    for w, n in words.items():
+        for pair in zip(w, w[1:]):
+            first_counts[pair] += n
+    result = {"mode": "toy", "words": words, "text": text, "bpe": bpe, "bpe_pieces": bpe_pieces,
+              "bpe_first": [{"a": a, "b": b, "count": c} for (a, b), c in
+                            sorted(first_counts.items(), key=lambda kv: (-kv[1], kv[0]))],
+              "wordpiece": wp, "wordpiece_pieces": [p for w in text_words for p in wp_tok.pieces(w)],
+              "wordpiece_first": [{"a": a, "b": b, "score": sc} for (a, b), sc in
+                                  sorted(wordpiece_scores(words).items(), key=lambda kv: (-kv[1], kv[0]))],
+              "unigram": {"vocab": logp, "total": sum(n * len(w) * (len(w) + 1) // 2 for w, n in words.items()),
+                          "words": _unigram_words(uni, text_words, logp)}, "png": None}
+    if output is not None:
+        result["png"] = _plot_toy(result, Path(output))
+    return result
+
+
+def wordpiece_symbols_all(words: dict[str, int]) -> set[str]:
+    """The starting symbols of the words (``h``, ``##u``, ...)."""
+    return {s for w in words for s in wordpiece_symbols(w)}
+
+
+def _bpe_cut(text_words: Sequence[str], merges: Sequence[dict]) -> list[str]:
+    """Each word cut by replaying the merges in order (how BPE encodes)."""
+    pieces = []
+    for w in text_words:
+        s = list(w)
+        for m in merges:
+            i, out = 0, []
+            while i < len(s):
+                if i + 1 < len(s) and s[i] == m["a"] and s[i + 1] == m["b"]:
+                    out.append(m["a"] + m["b"])
+                    i += 2
+                else:
+                    out.append(s[i])
+                    i += 1
+            s = out
+        pieces += s
+    return pieces
+
+
+def _read_corpus(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+        raise MinigptError(_MESSAGES["corpus"].format(path=path, reason=reason)) from None
+
+
+def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations: bool = False,
+                      corpus: Optional[Path] = None, output: Optional[Path] = None) -> dict:
+    """A trained tokenizer's pieces and ids for ``text``, with what each kind can say about them.
+
+    Returns:
+        A dict: ``mode`` ("tokenizer"), ``source``, ``kind``, ``vocab_size``, ``text``, ``pieces``, ``ids``;
+        ``details``, one per piece: bpe {merge_rank (None for a base byte), a, b}; wordpiece {merge_rank,
+        and with ``corpus`` score, count}; unigram {log_prob}; char {}; ``unigram_words`` (with
+        ``all_segmentations``, as :func:`toy`'s); ``png``.
+
+    Raises:
+        MinigptError: empty text; ``corpus`` for a kind other than wordpiece, or unreadable;
+            ``all_segmentations`` for a kind other than unigram.
+    """
+    if not text:
+        raise MinigptError(_MESSAGES["empty"])
+    if corpus is not None and tok.kind != "wordpiece":
+        raise MinigptError(_MESSAGES["corpus_kind"].format(kind=tok.kind))
+    if all_segmentations and tok.kind != "unigram":
+        raise MinigptError(_MESSAGES["segmentations"].format(kind=tok.kind))
+    ids = tok.encode(text)
+    result = {"mode": "tokenizer", "source": source, "kind": tok.kind, "vocab_size": tok.vocab_size, "text": text,
+              "pieces": tok.pieces(text), "ids": ids, "details": [{} for _ in ids], "unigram_words": None,
+              "png": None}
+    if tok.kind != "char":
+        model = json.loads(tok.backend.to_str())["model"]
+        backend = tok.backend
+        tokens = [backend.id_to_token(i) for i in ids]
+        if tok.kind == "bpe":
+            made = {}
+            for rank, m in enumerate(model["merges"]):
+                a, b = m.split(" ") if isinstance(m, str) else m
+                made.setdefault(a + b, (rank, a, b))
+            result["details"] = [dict(zip(("merge_rank", "a", "b"), made.get(t, (None, None, None)))) for t in tokens]
+        elif tok.kind == "wordpiece":
+            result["details"] = _wordpiece_details(tok, model, tokens, corpus)
+        else:
+            logp = {p: s for p, s in model["vocab"]}
+            result["details"] = [{"log_prob": logp.get(t)} for t in tokens]
+            if all_segmentations:
+                words = [w for w, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
+                result["unigram_words"] = _unigram_words(backend, words, logp)
+    if output is not None:
+        result["png"] = _plot_pieces(result, Path(output))
+    return result
+
+
+def _wordpiece_details(tok, model: dict, tokens: list[str], corpus: Optional[Path]) -> list[dict]:
+    """Each WordPiece piece's merge rank (its place among the merged entries, which our trainer appends in
+    merge order), and with the training text the score and count of the merge that made it."""
+    vocab = model["vocab"]
+    base = sum(1 for t in vocab if len(t.removeprefix(CONTINUATION)) <= 1 or t in tok.special_tokens
+               or t == tok.unk_token)
+    rank = {t: i - base for t, i in vocab.items() if i >= base}
+    details = [{"merge_rank": rank.get(t)} for t in tokens]
+    if corpus is not None:
+        counts: Counter = Counter()
+        pre = tok.backend.pre_tokenizer
+        counts.update(w for w, _ in pre.pre_tokenize_str(_read_corpus(corpus)))
+        need = max((d["merge_rank"] for d in details if d["merge_rank"] is not None), default=-1)
+        made = {}
+        for i, (a, b, score, count) in zip(range(need + 1), wordpiece_merges(counts)):
+            made.setdefault(a + b[len(CONTINUATION):], (i, a, b, score, count))
+        for d, t in zip(details, tokens):
+            d["corpus_checked"] = d["merge_rank"] is not None
+            if t in made:
+                i, a, b, score, count = made[t]
+                d.update({"a": a, "b": b, "score": score, "count": count, "corpus_rank": i})
+    return details
+
+
+def format_tokenize(r: dict) -> str:
+    """The text report of :func:`toy` or :func:`inspect_tokenizer`."""
+    lines = []
+    if r["mode"] == "toy":
+        words = ", ".join(f"{w} x{n}" for w, n in r["words"].items())
+        lines.append(f"toy corpus: {words}")
+        lines.append("BPE merges, most frequent pair first (Sennrich et al. 2016; GPT-2's byte-level BPE):")
+        for i, m in enumerate(r["bpe"]):
+            lines.append(f"  {i + 1:>2}. {m['a']} + {m['b']} -> {m['a'] + m['b']}   count {m['count']}")
+        first = ", ".join(f"{m['a']}+{m['b']} {m['count']}" for m in r["bpe_first"])
+        lines.append(f"  (pair counts before any merge: {first})")
+        lines.append("WordPiece merges, highest count(ab)/(count(a)·count(b)) first (scores at the time of "
+                     "each merge):")
+        for i, m in enumerate(r["wordpiece"]):
+            lines.append(f"  {i + 1:>2}. {m['a']} + {m['b']} -> {m['a'] + m['b'][len(CONTINUATION):]}   "
+                         f"score {m['score']:.4f}   count {m['count']}")
+        first = ", ".join(f"{m['a']}+{m['b']} {m['score']:.3f}" for m in r["wordpiece_first"])
+        lines.append(f"  (pair scores before any merge: {first})")
+        lines.append(f"{r['text']!r}: BPE {' '.join(r['bpe_pieces'])}   WordPiece {' '.join(r['wordpiece_pieces'])}")
+        lines.append(f"Unigram, the seed model (Kudo 2018 §3.2): every substring, p = frequency / "
+                     f"{r['unigram']['total']}; the library's Viterbi choice marked *:")
+        lines += _format_segmentations(r["unigram"]["words"])
+    else:
+        lines.append(f"{r['kind']} tokenizer {r['source']} ({r['vocab_size']:,} entries): {len(r['ids'])} tokens")
+        for piece, i, d in zip(r["pieces"], r["ids"], r["details"]):
+            lines.append(f"  {piece!r:<16} id {i:<7}{_detail(r['kind'], d)}")
+        if r["unigram_words"] is not None:
+            lines.append("every segmentation of each word (Unigram, Kudo 2018; ▁ is a space):")
+            lines += _format_segmentations(r["unigram_words"])
+    if r["png"]:
+        lines.append(wrote(r["png"]))
+    return "\n".join(lines)
+
+
+def _detail(kind: str, d: dict) -> str:
+    if kind == "bpe":
+        return "a base byte" if d.get("merge_rank") is None else f"merge #{d['merge_rank'] + 1}: {d['a']} + {d['b']}"
+    if kind == "wordpiece":
+        if d.get("merge_rank") is None:
+            return "base symbol"
+        if "score" in d:
+            text = f"merge #{d['merge_rank'] + 1}: {d['a']} + {d['b']}, score {d['score']:.3g}, count {d['count']:,}"
+            if d["corpus_rank"] != d["merge_rank"]:
+                text += f" (the corpus makes it at merge #{d['corpus_rank'] + 1}: is it the training text?)"
+            return text
+        if d.get("corpus_checked"):
+            return f"merge #{d['merge_rank'] + 1} (not among the corpus's merges: is it the training text?)"
+        return f"merge #{d['merge_rank'] + 1} (pass --corpus, the training text, for its score)"
+    if kind == "unigram":
+        return "" if d.get("log_prob") is None else f"log p = {d['log_prob']:.3f}"
+    return ""
+
+
+def _format_segmentations(entries: list[dict]) -> list[str]:
+    lines = []
+    for e in entries:
+        word = repr(e["word"])
+        if e["segmentations"] is None:
+            why = "none: a character outside the vocabulary" if e["count"] == 0 else "too many to list"
+            lines.append(f"  {word}: {why}; Viterbi: {' + '.join(e['viterbi'])}")
+            continue
+        agree = "the best listed" if e["viterbi_is_best"] else "NOT the best listed"
+        many = "segmentation" if e["count"] == 1 else "segmentations"
+        lines.append(f"  {word}: {e['count']} {many}; Viterbi (*) = {agree}")
+        for s in e["segmentations"]:
+            mark = "*" if s["viterbi"] else " "
+            lines.append(f"    {mark} {' + '.join(s['pieces']):<28} log P = {s['log_prob']:.3f}")
+    return lines
+
+
+def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Optional[Tokenizer], str]:
+    """The tokenizer ``--tokenizer`` or ``--run`` names (None: the toy corpus), and how to name it.
+
+    Raises:
+        MinigptError: both given; no such run folder; a missing or damaged file.
+    """
+    if tokenizer is not None and run is not None:
+        raise MinigptError(_MESSAGES["both"])
+    if tokenizer is not None:
+        return load_tokenizer(tokenizer), str(tokenizer)
+    if run is not None:
+        if not Path(run).is_dir():
+            raise MinigptError(_MESSAGES["no_run"].format(run=str(run)))
+        path = Path(run) / runs.TOKENIZER
+        return load_tokenizer(path), str(path)
+    return None, "toy"
+
+
+def tokenize(tokenizer: Optional[Path] = None, run: Optional[Path] = None, text: Optional[str] = None,
+             words: Optional[dict[str, int]] = None, all_segmentations: bool = False, corpus: Optional[Path] = None,
+             output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
+    """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer` (default text: :data:`TOY_TEXT`, else
+    ``ROMEO: hugs``)."""
+    tok, source = load_for_inspect(tokenizer, run)
+    if tok is None:
+        return toy(words, TOY_TEXT if text is None else text, output)
+    return inspect_tokenizer(tok, "ROMEO: hugs" if text is None else text, source, all_segmentations, corpus, output)
+
+
+def _plot_toy(r: dict, folder: Path) -> str:
+    fig = new_figure(15, 4.8)
+    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.22, top=0.88, wspace=0.35)
+    for k, (key, value, title, color) in enumerate((
+            ("bpe_first", "count", "BPE merges the most frequent pair", "tab:blue"),
+            ("wordpiece_first", "score", "WordPiece: count(ab)/(count(a)·count(b))", "tab:green"))):
+        ax = fig.add_subplot(1, 3, k + 1)
+        pairs = r[key]
+        ax.bar(range(len(pairs)), [m[value] for m in pairs],
+               color=[color if i == 0 else "lightgrey" for i in range(len(pairs))])
+        ax.set_xticks(range(len(pairs)), [f"{m['a']}+{m['b']}" for m in pairs], rotation=45, ha="right")
+        ax.set_title(f"{title}\nbefore any merge (coloured: the first merge)", fontsize=10)
+        ax.set_ylabel(f"pair {value}")
+    ax = fig.add_subplot(1, 3, 3)
+    entry = next((e for e in r["unigram"]["words"] if e["segmentations"]), None)
+    if entry is not None:
+        segs = entry["segmentations"][::-1]
+        ax.barh(range(len(segs)), [s["log_prob"] for s in segs],
+                color=["tab:red" if s["viterbi"] else "tab:grey" for s in segs])
+        ax.set_yticks(range(len(segs)), [" + ".join(s["pieces"]) for s in segs], fontsize=8)
+        ax.set_xlabel("log P (red: the Viterbi choice)")
+        ax.set_title(f"Unigram: segmentations of {entry['word']!r}")
+    return save_png(fig, folder, "tokenize.png")
+
+
+def _plot_pieces(r: dict, folder: Path) -> str:
+    pieces = r["pieces"][:60]
+    words = [e for e in r["unigram_words"] or [] if e["segmentations"]]
+    word = max(words, key=lambda e: e["count"], default=None)
+    rows = len(word["segmentations"]) if word else 0
+    height = 2.4 + (0.35 * rows + 1.2 if word else 0)
+    fig = new_figure(min(16, max(6, 2 + 0.5 * sum(max(len(p), 2) for p in pieces) / 2)), height)
+    ax = fig.add_axes((0.01, 1 - 2.0 / height, 0.98, 1.5 / height))
+    ax.set_axis_off()
+    x = 0.0
+    colors = ["#cfe8ff", "#ffe2c6", "#d8f5d0", "#f3d6f5", "#fff3b0"]
+    for k, (piece, i) in enumerate(zip(pieces, r["ids"])):
+        width = max(len(piece), 2) * 0.6 + 0.4
+        ax.add_patch(_box(x, width, colors[k % len(colors)]))
+        shown = piece.replace("\n", "\\n").replace(" ", "␣")
+        ax.text(x + width / 2, 0.62, shown, ha="center", va="center", fontsize=10, family="monospace")
+        ax.text(x + width / 2, 0.2, str(i), ha="center", va="center", fontsize=7, color="dimgrey")
+        x += width + 0.1
+    ax.set_xlim(-0.1, max(x, 1))
+    ax.set_ylim(0, 1)
+    more = f" (first 60 of {len(r['pieces'])})" if len(r["pieces"]) > 60 else ""
+    fig.suptitle(f"{r['kind']}: {len(r['ids'])} tokens{more}, ids below each piece", fontsize=10)
+    if word:
+        ax = fig.add_axes((0.3, 0.6 / height, 0.65, (0.35 * rows) / height))
+        segs = word["segmentations"][::-1]
+        ax.barh(range(len(segs)), [s["log_prob"] for s in segs],
+                color=["tab:red" if s["viterbi"] else "tab:grey" for s in segs])
+        ax.set_yticks(range(len(segs)), [" + ".join(s["pieces"]) for s in segs], fontsize=8)
+        ax.set_xlabel("log P (red: the Viterbi choice)")
+        ax.set_title(f"segmentations of {word['word']!r}", fontsize=9)
+    return save_png(fig, folder, "tokenize.png")
+
+
+def _box(x: float, width: float, color: str):
+    from matplotlib.patches import FancyBboxPatch
+
+    return FancyBboxPatch((x, 0.05), width, 0.9, boxstyle="round,pad=0.02", facecolor=color, edgecolor="grey")

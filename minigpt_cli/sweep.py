@@ -1,0 +1,330 @@
+"""``minigpt sweep``: many runs of one base config, compared fairly, resumable after a kill.
+
+A sweep file (YAML)::
+
+    name: ffn                      # runs land in <out_dir>/<name>/ (default: the file's name)
+    base: tiny                     # a config: a path relative to the sweep file, or a shipped config's name
+    set: [train.eval_interval=50]  # overrides for every run
+    grid:                          # every combination of these values: variants ffn-relu, ffn-gelu
+      model.ffn: [relu, gelu]
+    variants:                      # and/or named variants, each a mapping of overrides
+      swiglu: {model.ffn: swiglu, model.d_ff: 168}
+    seeds: 3                       # seeds seed, seed+1, ... of the base; or a list of seeds
+    budget: {iters: 500}           # per run: optimizer steps, or {tokens: 2.0e6}, or {seconds: 60}
+    target_loss: null              # for "time to target"; null: the worst run's final val loss
+
+Each run is an ordinary run folder, ``<out_dir>/<name>/<variant>-s<seed>/``,
+that ``generate``, ``evaluate`` and ``train --resume`` take. Every variant is
+validated by the config schema before the first run starts. The sweep keeps
+its state in ``<out_dir>/<name>/sweep.json`` (the sweep as it was read, the
+base config, the runs finished): started again, it skips the finished runs,
+resumes an interrupted one from its checkpoint (bit for bit as if it had not
+stopped) and refuses to go on if the sweep file or the base config changed,
+naming the difference. The summary (:mod:`minigpt_cli.compare`) is written at
+the end.
+
+Budgets make the comparison fair: ``iters`` gives every run the same steps,
+``tokens`` the same tokens (steps = tokens / tokens per step, per variant),
+``seconds`` the same wall-clock time (``train.max_seconds``; the schedule
+still follows ``train.max_iters``). With ``--jobs N`` the runs go N at a time
+in processes of their own, each with 1/N of the cores.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from . import runs
+from .config import Config, ConfigError, load_config
+from .config_io import parse_yaml
+from .errors import MinigptError
+from .fileio import atomic_write_text
+from .paths import resolve_config
+
+STATE = "sweep.json"
+
+_MESSAGES = {
+    "read": "cannot read sweep file {path!r} ({error})",
+    "top": "{path}: the top level must be a mapping (name, base, grid or variants, seeds, budget)",
+    "schema": "{path}: {loc}: {msg}",
+    "variant": "{path}: variant {variant}: {error}",
+    "collide": "{path}: variants {a!r} and {b!r} get the same name {name!r}; name them under variants: instead",
+    "no_variants": "{path}: give grid: or variants: (at least one variant to run)",
+    "changed": "{path} changed since this sweep started in {folder} ({what}); restore it, or give the sweep "
+               "another name: to start a new one",
+    "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
+    "failed": "run {run} failed (exit status {code}); its log: {log}",
+}
+
+
+class Budget(BaseModel):
+    """What each run gets: exactly one of optimizer steps, tokens or seconds."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    iters: Optional[int] = Field(None, gt=0, description="optimizer steps per run")
+    tokens: Optional[float] = Field(None, gt=0, description="training tokens per run")
+    seconds: Optional[float] = Field(None, gt=0, description="wall-clock seconds per run, evals included")
+
+    @model_validator(mode="after")
+    def _one(self) -> "Budget":
+        given = [k for k in ("iters", "tokens", "seconds") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of iters, tokens or seconds")
+        return self
+
+    def overrides(self, cfg: Config) -> list[str]:
+        """The ``--set`` values that give ``cfg`` this budget."""
+        if self.iters is not None:
+            return [f"train.max_iters={self.iters}"]
+        if self.tokens is not None:
+            tc = cfg.train
+            per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
+            return [f"train.max_iters={max(1, math.ceil(self.tokens / per_step))}"]
+        return [f"train.max_seconds={self.seconds}"]
+
+
+Scalar = Union[bool, int, float, str, None, list]
+
+
+class SweepFile(BaseModel):
+    """The sweep file's schema (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$")
+    base: str
+    set: list[str] = Field(default_factory=list)
+    grid: dict[str, list[Scalar]] = Field(default_factory=dict)
+    variants: dict[str, dict[str, Scalar]] = Field(default_factory=dict)
+    seeds: Union[int, list[int]] = 1
+    budget: Budget
+    target_loss: Optional[float] = Field(None, gt=0)
+    out_dir: str = "runs"
+
+    @model_validator(mode="after")
+    def _check(self) -> "SweepFile":
+        if isinstance(self.seeds, int) and self.seeds < 1:
+            raise ValueError("seeds: give a count of at least 1, or a list of seeds")
+        if isinstance(self.seeds, list) and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
+            raise ValueError("seeds: the list must be non-empty, without repeats")
+        for key, values in self.grid.items():
+            if not values:
+                raise ValueError(f"grid: {key} has no values")
+        return self
+
+
+def _value_text(value: Any) -> str:
+    """A value as ``--set`` reads it back (JSON is YAML's flow style; text stays as it is)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _slug(value: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "", _value_text(value)) or "x"
+
+
+class Run:
+    """One run of the sweep: a variant at a seed."""
+
+    def __init__(self, variant: str, seed: int, cfg: Config, overrides: list[str]):
+        self.variant, self.seed, self.cfg, self.overrides = variant, seed, cfg, overrides
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}-s{self.seed}"
+
+
+class Sweep:
+    """A sweep file read and checked: its runs, in order, each with its validated config."""
+
+    def __init__(self, path: Path, spec: SweepFile, base: Path, base_data: dict, runs_: list[Run]):
+        self.path, self.spec, self.base, self.base_data, self.runs = path, spec, base, base_data, runs_
+        self.name = spec.name or path.stem
+        self.folder = Path(spec.out_dir) / self.name
+
+    def state_record(self) -> dict:
+        """What ``sweep.json`` keeps of the sweep, to notice a change on a restart."""
+        return {"sweep": self.spec.model_dump(mode="json"), "base": self.base_data}
+
+
+def _variants(spec: SweepFile, path: Path) -> dict[str, dict[str, Any]]:
+    """Variant name -> its overrides: the grid's combinations (named key-value_key-value), then the named ones."""
+    out: dict[str, dict[str, Any]] = {}
+    keys = list(spec.grid)
+    for combo in itertools.product(*(spec.grid[k] for k in keys)) if keys else ():
+        name = "_".join(f"{k.rpartition('.')[2]}-{_slug(v)}" for k, v in zip(keys, combo))
+        if name in out:
+            raise MinigptError(_MESSAGES["collide"].format(path=path, a=dict(zip(keys, combo)), b=out[name], name=name))
+        out[name] = dict(zip(keys, combo))
+    for name, overrides in spec.variants.items():
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+            raise MinigptError(_MESSAGES["schema"].format(path=path, loc=f"variants.{name}",
+                                                          msg="a name may only hold letters, digits, '.', '_', '-'"))
+        if name in out:
+            raise MinigptError(_MESSAGES["collide"].format(path=path, a=out[name], b=overrides, name=name))
+        out[name] = dict(overrides)
+    if not out:
+        raise MinigptError(_MESSAGES["no_variants"].format(path=path))
+    return out
+
+
+def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -> Sweep:
+    """Read and check a sweep file: every run's config is validated before anything runs.
+
+    Raises:
+        MinigptError: an unreadable file, a key the schema lacks, a budget of
+            0, variants that collide in name, a grid key or value the config
+            schema refuses (naming the variant and the key).
+    """
+    p = Path(path)
+    try:
+        data = parse_yaml(p.read_text(encoding="utf-8"), str(p))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MinigptError(_MESSAGES["read"].format(path=str(p), error=exc)) from None
+    if not isinstance(data, dict):
+        raise MinigptError(_MESSAGES["top"].format(path=p))
+    try:
+        spec = SweepFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "sweep"
+        msg = err["msg"].removeprefix("Value error, ")
+        raise MinigptError(_MESSAGES["schema"].format(path=p, loc=loc, msg=msg[0].lower() + msg[1:])) from None
+    base = p.parent / spec.base
+    base = base if base.is_file() else resolve_config(Path(spec.base), echo)
+    base_data = parse_yaml(Path(base).read_text(encoding="utf-8"), str(base)) or {}
+    seeds = spec.seeds if isinstance(spec.seeds, list) else None
+    planned = []
+    for variant, overrides in _variants(spec, p).items():
+        sets = [*spec.set, *(f"{k}={_value_text(v)}" for k, v in overrides.items())]
+        try:
+            cfg = load_config(base, sets)
+            cfg = load_config(base, [*sets, *spec.budget.overrides(cfg)])
+        except ConfigError as exc:
+            raise MinigptError(_MESSAGES["variant"].format(path=p, variant=variant, error=exc)) from None
+        for seed in seeds or [cfg.seed + i for i in range(spec.seeds)]:
+            planned.append(Run(variant, seed, cfg.model_copy(update={"seed": seed}),
+                               [*sets, *spec.budget.overrides(cfg), f"seed={seed}"]))
+    return Sweep(p, spec, Path(base), base_data, planned)
+
+
+def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
+    """The first place two parsed documents differ, as ``key: old -> new``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=str):
+            found = _difference(old.get(key), new.get(key), f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+        return None
+    return None if old == new else f"{where or 'the file'}: {json.dumps(old)} -> {json.dumps(new)}"
+
+
+def _read_state(sweep: Sweep) -> dict:
+    """The sweep's state, created on the first start; refuses a sweep whose file or base config changed since."""
+    path = sweep.folder / STATE
+    record = sweep.state_record()
+    if path.is_file():
+        state = json.loads(path.read_text(encoding="utf-8"))
+        for part, source in (("sweep", sweep.path), ("base", sweep.base)):
+            what = _difference(state.get(part), record[part])
+            if what:
+                raise MinigptError(_MESSAGES["changed"].format(path=source, folder=sweep.folder, what=what))
+        return state
+    sweep.folder.mkdir(parents=True, exist_ok=True)
+    state = {**record, "done": []}
+    atomic_write_text(path, json.dumps(state, indent=1) + "\n")
+    return state
+
+
+def _mark_done(sweep: Sweep, state: dict, run: Run) -> None:
+    state["done"] = sorted(set(state["done"]) | {run.name})
+    atomic_write_text(sweep.folder / STATE, json.dumps(state, indent=1) + "\n")
+
+
+def _run_in_process(sweep: Sweep, run: Run) -> None:
+    """Train ``run`` here: a new run folder, or a resume of the one a killed sweep left."""
+    from .trainer import train
+
+    cfg = run.cfg.model_copy(update={"train": run.cfg.train.model_copy(update={"out_dir": str(sweep.folder)})})
+    folder = sweep.folder / run.name
+    if folder.is_dir() and runs.has_checkpoint(folder):
+        train(cfg, resume=str(folder), echo=lambda m: None, progress=False)
+    else:
+        if folder.is_dir():  # killed before its first checkpoint: nothing to keep
+            shutil.rmtree(folder)
+        train(cfg, run.name, echo=lambda m: None, progress=False)
+
+
+def _command(sweep: Sweep, run: Run) -> list[str]:
+    """The ``minigpt train`` command of ``run`` (for ``--jobs``)."""
+    folder = sweep.folder / run.name
+    words = [sys.executable, "-m", "minigpt_cli", "train", str(sweep.base), "--no-progress",
+             *[w for item in [*run.overrides, f"train.out_dir={sweep.folder}"] for w in ("--set", item)]]
+    if folder.is_dir() and runs.has_checkpoint(folder):
+        return [*words, "--resume", str(folder)]
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    return [*words, "--run-name", run.name]
+
+
+def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None,
+              echo: Callable[[str], None] = lambda m: None) -> dict:
+    """Run (or finish) a sweep, then write its summary; returns :func:`~minigpt_cli.compare.summarize`'s result.
+
+    Raises:
+        MinigptError: a bad sweep file (:func:`load_sweep`), a changed one
+            under a sweep being resumed, ``jobs`` outside 1 .. cores, a run
+            that fails.
+        Interrupted: Ctrl-C during a run (that run's checkpoint is saved; the
+            same command goes on from there).
+    """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from tqdm.auto import tqdm
+
+    from .compare import summarize
+
+    sweep = load_sweep(path, echo)
+    cores = os.cpu_count() or 1
+    if not 1 <= jobs <= cores:
+        raise MinigptError(_MESSAGES["jobs"].format(jobs=jobs, cores=cores))
+    state = _read_state(sweep)
+    todo = [r for r in sweep.runs if r.name not in state["done"]]
+    echo(f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done), "
+         f"{len({r.variant for r in sweep.runs})} variants; runs in {sweep.folder}")
+    bar = tqdm(total=len(sweep.runs), initial=len(sweep.runs) - len(todo), desc=f"sweep {sweep.name}", unit="run",
+               disable=None if progress is None else not progress, dynamic_ncols=True, file=sys.stderr)
+    with bar:
+        if jobs == 1:
+            for run in todo:
+                bar.set_postfix_str(run.name)
+                _run_in_process(sweep, run)
+                _mark_done(sweep, state, run)
+                bar.update(1)
+        else:
+            env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // jobs)))
+
+            def one(run: Run) -> Run:
+                log = sweep.folder / f"{run.name}.log"
+                with open(log, "w") as out:
+                    code = subprocess.run(_command(sweep, run), env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+                if code != 0:
+                    raise MinigptError(_MESSAGES["failed"].format(run=run.name, code=code, log=log))
+                log.unlink()
+                return run
+
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                for future in as_completed([pool.submit(one, run) for run in todo]):
+                    _mark_done(sweep, state, future.result())
+                    bar.update(1)
+    return summarize([sweep.folder / r.name for r in sweep.runs], out=sweep.folder, target=sweep.spec.target_loss,
+                     variants={r.name: r.variant for r in sweep.runs}, echo=echo)

@@ -1,0 +1,131 @@
+"""``minigpt sweep`` and ``minigpt compare``: fair budgets, seeds, a kill survived, bad sweep files refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import TINY, assert_user_error, tiny, working_dir
+from minigpt_cli.compare import summarize
+from minigpt_cli.errors import Interrupted
+from minigpt_cli.sweep import load_sweep, run_sweep
+from minigpt_cli.trainer import train
+
+
+def write_sweep(folder: Path, data_dir: Path, **over) -> Path:
+    spec = {"name": "s", "base": str(TINY),
+            "set": [f"data.data_dir={data_dir}", "train.eval_interval=10", "train.eval_iters=2",
+                    "train.sample_tokens=0", "train.log_interval=5"],
+            "grid": {"model.ffn": ["relu", "gelu"]}, "seeds": 2, "budget": {"iters": 20}, **over}
+    path = folder / "s.yaml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return path
+
+
+#: The columns that do not depend on the clock: equal for a killed-and-restarted sweep and an uninterrupted one.
+EXACT = ("variant", "params", "flops_per_token", "steps", "final_val_all", "best_val_all", "bits_per_byte_all")
+
+
+def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_dir, monkeypatch):
+    from minigpt_cli.trainer import loop
+
+    (tmp_path / "a").mkdir()
+    with working_dir(tmp_path / "a"):
+        whole = run_sweep(write_sweep(tmp_path / "a", data_dir))
+    assert [r["variant"] for r in whole["rows"]] == ["ffn-relu", "ffn-gelu"]
+    assert all(r["seeds"] == 2 and r["steps"] == 20 for r in whole["rows"])
+
+    log_train = loop.Trainer.log_train
+
+    def ctrl_c_at_step_15(self, loss, lr):  # what a Ctrl-C does: the stop flag, seen before the next step
+        log_train(self, loss, lr)
+        if self.s.run_dir.name == "ffn-gelu-s1337" and self.prog.step == 15:
+            self.s.stop.signal = "SIGINT"
+
+    (tmp_path / "b").mkdir()
+    with working_dir(tmp_path / "b"):
+        monkeypatch.setattr(loop.Trainer, "log_train", ctrl_c_at_step_15)
+        with pytest.raises(Interrupted):
+            run_sweep(write_sweep(tmp_path / "b", data_dir))
+        state = json.loads(Path("runs/s/sweep.json").read_text())
+        assert state["done"] == ["ffn-relu-s1337", "ffn-relu-s1338"]
+        monkeypatch.setattr(loop.Trainer, "log_train", log_train)
+        again = run_sweep(write_sweep(tmp_path / "b", data_dir))
+    for a, b in zip(whole["rows"], again["rows"]):
+        assert {k: a[k] for k in EXACT} == {k: b[k] for k in EXACT}
+    files = sorted(p.name for p in (tmp_path / "b" / "runs" / "s").iterdir())
+    assert files == ["ffn-gelu-s1337", "ffn-gelu-s1338", "ffn-relu-s1337", "ffn-relu-s1338", "summary.csv",
+                     "summary.json", "summary.md", "summary.png", "sweep.json"]
+    assert (tmp_path / "b" / "runs" / "s" / "summary.png").stat().st_size > 10_000
+    assert "| ffn-relu |" in (tmp_path / "b" / "runs" / "s" / "summary.md").read_text()
+    # Started once more, nothing is left to run, and the sweep file may not change under it.
+    with working_dir(tmp_path / "b"):
+        write_sweep(tmp_path / "b", data_dir, budget={"iters": 30})
+        with pytest.raises(Exception, match=r"budget.iters: 20 -> 30"):
+            run_sweep(tmp_path / "b" / "s.yaml")
+
+
+@pytest.mark.parametrize("over,fragment", [
+    ({"grid": {"model.ffnn": ["relu"]}}, "variant ffnn-relu", ),
+    ({"grid": {"model.n_layer": ["two"]}}, "model.n_layer"),
+    ({"grid": {"model.dropout": [0.5, "0.5"]}}, "get the same name 'dropout-0.5'"),
+    ({"budget": {"iters": 0}}, "budget.iters: input should be greater than 0"),
+    ({"budget": {"iters": 5, "seconds": 3}}, "exactly one of iters, tokens or seconds"),
+    ({"seeds": 0}, "seeds"),
+    ({"variants": {"ffn-relu": {"model.ffn": "gelu"}}}, "get the same name 'ffn-relu'"),
+    ({"grid": {}}, "give grid: or variants:"),
+])
+def test_a_bad_sweep_file_is_one_line_before_any_run(cli, tmp_path, data_dir, over, fragment):
+    path = write_sweep(tmp_path, data_dir, **over)
+    with working_dir(tmp_path):
+        res = cli("sweep", path)
+    assert_user_error(res, fragment)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_budgets_give_equal_tokens_or_equal_time(tmp_path, data_dir):
+    path = write_sweep(tmp_path, data_dir, grid={"train.batch_size": [4, 8]}, budget={"tokens": 8 * 32 * 20},
+                       seeds=1)
+    steps = {r.variant: r.cfg.train.max_iters for r in load_sweep(path).runs}
+    assert steps == {"batch_size-4": 40, "batch_size-8": 20}  # the same tokens: tiny's block_size is 32
+    result = train(tiny(data_dir, "train.max_iters=100000", "train.max_seconds=1", f"train.out_dir={tmp_path}"),
+                   "timed", echo=lambda m: None, progress=False)
+    events = [json.loads(l) for l in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = events[-1]
+    assert last["event"] == "eval" and last["step"] == result.step and 0 < result.step < 100000
+    assert last["elapsed_s"] >= 1.0
+
+
+def test_compare_by_hand_and_across_corpora(cli, tmp_path, data_dir):
+    a = train(tiny(data_dir, "train.max_iters=20", f"train.out_dir={tmp_path}"), "a", echo=lambda m: None,
+              progress=False).run_dir
+    b = train(tiny(data_dir, "train.max_iters=20", "model.pos_encoding=rope", f"train.out_dir={tmp_path}"), "b",
+              echo=lambda m: None, progress=False).run_dir
+    with working_dir(tmp_path):
+        res = cli("compare", a, b, "--json")
+    assert res.exit_code == 0, res
+    got = json.loads(res.stdout)
+    assert got["columns"] == ["model.pos_encoding"] and [r["variant"] for r in got["rows"]] == ["a", "b"]
+    assert got["rows"][0]["params"] - got["rows"][1]["params"] == 32 * 32  # b has no learned position table
+    assert "one seed" in got["sentences"][0]
+    assert (tmp_path / "comparison" / "summary.png").is_file()
+    other = tmp_path / "other.txt"
+    other.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:200_000])
+    c = train(tiny(data_dir, "train.max_iters=20", f"data.path={other}", f"train.out_dir={tmp_path}"), "c",
+              echo=lambda m: None, progress=False).run_dir
+    got = summarize([a, c])
+    assert "final_val" not in got["rows"][0] and got["rows"][0]["bits_per_byte"] > 0
+    assert any("different corpora" in n for n in got["notes"])
+    assert_user_error(cli("compare", a, c, "--metric", "val_loss", "--output", tmp_path / "x"), "different corpora")
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_every_shipped_experiment_checks_out_with_three_seeds(path):
+    if path.name == "base.yaml":
+        return
+    sweep = load_sweep(path)  # every variant's config validated
+    variants = {r.variant for r in sweep.runs}
+    assert len(variants) >= 2 and len(sweep.runs) >= 3 * len(variants)
