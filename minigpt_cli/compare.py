@@ -16,9 +16,10 @@ groups runs whose configs differ only in ``seed`` into a variant, and writes
 - val bits per byte: the final val loss in bits, divided by the val split's
   UTF-8 bytes per token (:func:`~minigpt_cli.evaluation.text_size`), the one
   measure fair across tokenizers;
-- time to the target loss (elapsed seconds, evals included, of the first eval
-  at or below it, averaged over seeds; the target defaults to the worst run's
-  final val loss, which every run reaches).
+- time to the target (elapsed seconds, evals included, of the first eval at
+  or below it, averaged over seeds), in the unit the runs compare by: val loss,
+  or bits per byte across tokenizers or corpora; the target defaults to the
+  worst run's final value, which every run reaches.
 
 Noise: for each pair of variants, the difference of their means against its
 standard error, sqrt(s1²/n1 + s2²/n2) (Welch); a difference over twice that is
@@ -211,16 +212,20 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
         notes.append(_MESSAGES["tokenizers"])
     metric = metric or ("val_loss" if not notes else "bits_per_byte")
     equal_time = min(r.seconds for r in records)
-    if target is None:
-        target = max(r.final for r in records)  # the worst run's final loss: every run reaches it
     cache: dict = {}
+    bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache) for r in records}
+    # The target is in the metric's unit: nats per token, or bits per byte (a loss / ln 2 / bytes per token).
+    scale = {r.path: 1.0 if metric == "val_loss" else (1 / math.log(2) / bpt[r.path] if bpt[r.path] else math.inf)
+             for r in records}
+    if target is None:  # the worst run's final value: every run reaches it
+        target = max((r.final * scale[r.path] for r in records if scale[r.path] < math.inf), default=math.inf)
     for key, v in groups.items():
         cfg = v.runs[0].cfg
         pc = params.count(cfg.model)
         per_token = params.flops(cfg.model, cfg.model.block_size)["train_with_lm_head"]
-        bpt = [_bytes_per_token(r.cfg, r.path, cache) for r in v.runs]
-        bpb = [r.final / math.log(2) / b for r, b in zip(v.runs, bpt) if b]
-        reached = [next((e["elapsed_s"] for e in r.evals if e["val_loss"] <= target), None) for r in v.runs]
+        bpb = [r.final / math.log(2) / bpt[r.path] for r in v.runs if bpt[r.path]]
+        reached = [next((e["elapsed_s"] for e in r.evals if e["val_loss"] * scale[r.path] <= target), None)
+                   for r in v.runs]
         v.row = {"variant": v.name, **{c: flats[key].get(c) for c in columns}, "seeds": len(v.runs),
                  "params": pc.total, "params_non_embedding": pc.non_embedding, "flops_per_token": per_token,
                  "tokens_per_sec": statistics.fmean(statistics.median(r.rates) for r in v.runs if r.rates)
@@ -275,7 +280,8 @@ def _table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     loss = "final_val" in (result["rows"][0] if result["rows"] else {})
     if loss:
         head += ["final val", "best val", f"val @ {result['equal_time_s']:.0f}s"]
-    head += ["val bits/byte", f"s to {result['target']:.3f}"]
+    unit = "nats" if result["metric"] == "val_loss" else "bits/byte"
+    head += ["val bits/byte", f"s to {result['target']:.3f} {unit}"]
     body = []
     for r in result["rows"]:
         cells = [r["variant"], *(json.dumps(r[c]) if not isinstance(r[c], str) else r[c] for c in result["columns"]),
