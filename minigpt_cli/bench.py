@@ -17,7 +17,10 @@ ratios that survive a noisy machine:
   The fastest is the peak, so MFU never credits the model for a kernel the
   peak did not get; both figures are in the result;
 - MFU = achieved model FLOP/s / peak;
-- generation: new tokens per second with and without the KV cache;
+- generation: new tokens per second without the KV cache, with it, with the
+  one-token step compiled over a static cache (on CUDA, or where the config
+  asks for ``compile``) and for 8 samples in one batch
+  (:mod:`minigpt_cli.bench_generation`);
 - streaming (``stream_tokens`` > 0, off by default): the time of ``generate``'s
   own text path (:func:`minigpt_cli.generation.write_sample`: incremental
   decoding, the stop-string search and the hold-back) on top of sampling, with
@@ -44,18 +47,12 @@ from .errors import MinigptError
 from .kernels import onednn
 from .model import GPT
 from .runtime import CpuThreads, check_memory, resolve_device, resolve_dtype, tune_runtime
+from .bench_generation import measure_generation, sync as _sync
 from .sampling import generate_tokens, resolve_window_stride
 from .tokenizer import Tokenizer
 from .trainer.step import make_optimizer, train_step
 
 MATMUL_N = 2048
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
@@ -208,8 +205,10 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         A JSON-ready dict with ``train_tokens_per_sec``, ``ms_per_step``,
         ``flops_per_token``, ``achieved_flops``, ``peak_flops``, ``mfu``
         (against the fastest kernel's peak), ``mfu_by_kernel`` (against each
-        kernel's), ``peak_memory_bytes``, ``gen_tokens_per_sec_cached``,
-        ``gen_tokens_per_sec_uncached``, ``gen_speedup``, with ``stream_tokens``
+        kernel's), ``peak_memory_bytes``, the generation figures of
+        :func:`~minigpt_cli.bench_generation.measure_generation`
+        (``gen_tokens_per_sec_cached``, ``..._uncached``, ``..._compiled``,
+        ``..._batched``, ``gen_speedup``, ...), with ``stream_tokens``
         :func:`measure_streaming`'s keys (``stream_overhead``, ``stop_overhead``,
         ...), and the settings.
 
@@ -339,28 +338,11 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     if generation:
         model.eval()
         prompt = torch.randint(0, mc.vocab_size, (1, prompt_len), generator=g).to(device)
-        speeds = {}
         stride = resolve_window_stride(mc.block_size, cfg.sample.window_stride)
-        for use_cache in (True, False):
-            echo(f"generation: {max_new_tokens} new tokens after a {prompt_len}-token prompt, "
-                 f"{'with' if use_cache else 'without'} the KV cache")
-            gen = torch.Generator(device=device).manual_seed(0)
-            list(generate_tokens(model, prompt, min(8, max_new_tokens), 1.0, None, None, use_cache, gen,
-                                 window_stride=stride))  # warm-up
-            _sync(device)
-            t = time.perf_counter()
-            n = sum(1 for _ in generate_tokens(model, prompt, max_new_tokens, 1.0, None, None, use_cache, gen,
-                                               window_stride=stride))
-            _sync(device)
-            speeds[use_cache] = n / (time.perf_counter() - t)
-        out.update({
-            "prompt_len": prompt_len,
-            "window_stride": stride,
-            "max_new_tokens": max_new_tokens,
-            "gen_tokens_per_sec_cached": speeds[True],
-            "gen_tokens_per_sec_uncached": speeds[False],
-            "gen_speedup": speeds[True] / speeds[False],
-        })
+        out.update({"prompt_len": prompt_len, "window_stride": stride, "max_new_tokens": max_new_tokens})
+        # Compiled where generate compiles by default (CUDA), or where the config asks for compile.
+        out.update(measure_generation(model, prompt, max_new_tokens, stride,
+                                      compile=device.type == "cuda" or cfg.compile, echo=echo))
     if tok is not None:
         model.eval()
         out.update(measure_streaming(model, tok, cfg, stream_tokens, device, echo))
@@ -398,7 +380,16 @@ def format_bench(r: dict[str, Any]) -> str:
             f"  with KV cache tokens/s   {r['gen_tokens_per_sec_cached']:>14,.1f}",
             f"  without cache tokens/s   {r['gen_tokens_per_sec_uncached']:>14,.1f}",
             f"  speed-up                 {r['gen_speedup']:>14.2f}x",
+            f"  {r['gen_batch']} samples, batch tokens/s {r['gen_tokens_per_sec_batched']:>11,.1f}   "
+            f"({r['gen_batched_speedup']:.2f}x one sample's)",
         ]
+        if r["gen_tokens_per_sec_compiled"] is not None:
+            same = "the same tokens" if r["gen_compiled_tokens_equal"] else "tokens DIFFER from the eager cache's"
+            lines.append(f"  compiled tokens/s        {r['gen_tokens_per_sec_compiled']:>14,.1f}   "
+                         f"({r['gen_compiled_speedup']:.2f}x eager; compiled in {r['gen_compile_seconds']:.1f} s; "
+                         f"{same})")
+        else:
+            lines.append(f"  compiled tokens/s        {'n/a':>14}   ({r['gen_compiled_note']})")
     if "stream_overhead" in r:
         sec, txt = r["stream_seconds"], r["stream_text_seconds"]
         lines += [

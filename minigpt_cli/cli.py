@@ -272,11 +272,24 @@ def generate(
              "as UTF-8: \\xc3\\xa9 is é); any other backslash stays as typed.",
     ),
     num_samples: Optional[int] = typer.Option(
-        None, "--num-samples", min=1, help="Independent samples, each after a '----- sample N -----' line (20 dashes each side)."
+        None, "--num-samples", min=1,
+        help="Independent samples, decoded together as one batch and printed when all have ended, each after a "
+             "'----- sample N -----' line (20 dashes each side). Sample N uses seed S+N-1, so it is the text "
+             "--num-samples 1 --seed S+N-1 gives (to float rounding).",
     ),
     seed: int = typer.Option(1337, "--seed", metavar="S", help="Random seed for sampling, 0 .. 2**63-1."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are produced."),
     kv_cache: bool = typer.Option(True, "--kv-cache/--no-kv-cache", help="Reuse past keys and values."),
+    compile_: Optional[bool] = typer.Option(
+        None, "--compile/--no-compile",
+        help="Decode through a static KV cache with the one-token step compiled (torch.compile; CUDA graphs on "
+             "a GPU); the same tokens. Default: on for CUDA, off on a CPU, where it does not pay.",
+    ),
+    dtype: str = typer.Option(
+        "float32", "--dtype", metavar="float32|bfloat16",
+        help="Weights and arithmetic: bfloat16 reads half the bytes per token (faster where memory is the "
+             "limit, as on CPUs); its text drifts from float32's after some tokens.",
+    ),
     window_stride: Optional[int] = typer.Option(
         None, "--window-stride", min=1,
         help="Past block_size, drop this many oldest tokens at once (1: slide token by token; "
@@ -290,7 +303,8 @@ def generate(
 ) -> None:
     """Sample text from a trained run.
 
-    Each sample is printed as the prompt, the new text and a newline.
+    Each sample is printed as the prompt, the new text and a newline, token
+    by token for a single sample (--no-stream: at the end).
 
     \b
     Example:
@@ -303,8 +317,8 @@ def generate(
              "temperature": temperature, "top_k": top_k, "top_p": top_p, "num_samples": num_samples,
              "window_stride": window_stride}
     run_generate(run, sample_flags({k: v for k, v in given.items() if v is not None}), checkpoint=checkpoint,
-                 device=device, seed=seed, stream=stream, use_cache=kv_cache, stop=[unescape(s) for s in stop],
-                 out=sys.stdout, echo=echo)
+                 device=device, seed=seed, stream=stream, use_cache=kv_cache, compile=compile_, dtype=dtype,
+                 stop=[unescape(s) for s in stop], out=sys.stdout, echo=echo)
 
 
 # ----------------------------------------------------------------------------- count-params

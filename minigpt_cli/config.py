@@ -265,7 +265,7 @@ class SampleConfig(_Strict):
     top_k: Optional[int] = Field(200, ge=1, description="sample from the k most likely tokens only; null: all")
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of likeliest "
                                                                      "tokens holding this probability; null: off")
-    num_samples: int = Field(1, ge=1, description="samples generated, one after another")
+    num_samples: int = Field(1, ge=1, description="samples generated, decoded together as one batch")
     window_stride: Optional[int] = Field(
         None, ge=1, description="tokens the context drops at once past block_size; null: block_size // 4"
     )

@@ -20,6 +20,7 @@ import torch
 from . import runs
 from .checkpoint import load_model
 from .config import SampleConfig, validate
+from .decoding import compiled_decoder
 from .errors import MinigptError
 from .kernels import onednn
 from .notes import notes
@@ -31,12 +32,21 @@ from .tokenizer import Tokenizer, load_run_tokenizer, lossy_report
 FLAGS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
          "top_k": "--top-k", "top_p": "--top-p", "num_samples": "--num-samples", "window_stride": "--window-stride"}
 
+#: Samples decoded together at most; more are decoded in batches of this many, one after another (the KV
+#: cache grows with the batch: 300 MB for 64 samples of configs/shakespeare.yaml's model).
+MAX_BATCH = 64
+
+#: The weight and arithmetic types :func:`generate` offers.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
 #: What :func:`generate` says: errors, then notes.
 _MESSAGES = {
     "stop_empty": "--stop '': the stop text must not be empty",
     "stop_never": ("note: --stop {stop!r} can never match: the tokenizer's vocabulary lacks {chars}, so the model "
                    "never writes it"),
     "top_k_clamped": "note: --top-k {top_k} is larger than the vocabulary ({vocab}); using {vocab}",
+    "dtype": "--dtype {dtype!r}: use float32 or bfloat16",
+    "compile_no_cache": "note: --compile has no effect with --no-kv-cache: it compiles the cached one-token step",
 }
 
 
@@ -95,59 +105,81 @@ class TextStream:
         return piece
 
 
-def write_sample(tok: Tokenizer, tokens: Iterable[int], stops: Sequence[str], out: TextIO, stream: bool) -> str:
-    """Decode ``tokens`` (ids, as they are sampled), cut at the first stop string, write the text and a newline.
+class SampleWriter:
+    """One sample's text as its ids arrive: decoded, cut at the first stop string, written to ``out``.
 
     With ``stream`` the text is written as it comes (:class:`TextStream`),
     except what may be the start of a stop string (held back until known).
     Stop strings are searched for in each new piece plus the last
     ``len(longest stop) - 1`` characters before it, so the work per token
     does not grow with the text; the earliest occurrence ends the sample
-    (the rest of ``tokens`` is not drawn), and it and what follows are not
-    written. Without ``stream`` or ``stops`` the ids are decoded once, at the end.
+    (:meth:`push` says so, and no more ids should come), and it and what
+    follows are not written. Without ``stream`` or ``stops`` the ids are
+    decoded once, by :meth:`finish`, which also writes what is left and a newline.
+    """
+
+    def __init__(self, tok: Tokenizer, stops: Sequence[str], out: TextIO, stream: bool):
+        self.tok, self.stops, self.out, self.stream = tok, list(stops), out, stream
+        self.plain = not (stream or stops)
+        self.keep = max(map(len, stops), default=1) - 1
+        self.dec = TextStream(tok)
+        self.recent = ""  # the last `keep` characters decoded
+        self.pending = ""  # decoded, not yet written (streaming)
+        self.done = self.written = 0  # characters decoded, and written
+        self.cut = -1
+
+    def push(self, token: int) -> bool:
+        """Add one id; True when a stop string has appeared (the sample ends there)."""
+        if self.plain:
+            self.dec.ids.append(token)
+            return False
+        piece = self.dec.push(token)
+        if not piece:
+            return False
+        window = self.recent + piece
+        at = find_stop(window, self.stops)
+        if at >= 0:
+            self.cut = self.done - len(self.recent) + at
+            return True
+        self.recent = window[max(0, len(window) - self.keep):] if self.keep else ""
+        self.done += len(piece)
+        if self.stream:
+            self.pending += piece
+            ready = len(self.pending) - min(stop_holdback(window, self.stops), len(self.pending))
+            if ready:
+                self.out.write(self.pending[:ready])
+                self.out.flush()
+                self.written += ready
+                self.pending = self.pending[ready:]
+        return False
+
+    def finish(self) -> str:
+        """Write the rest of the text and a newline; returns the sample's new text (without the newline)."""
+        text = self.tok.decode(self.dec.ids)
+        cut = self.cut
+        if cut < 0 and not self.plain:  # the end of the last token, if it never became a piece
+            at = find_stop(self.recent + text[self.done:], self.stops)
+            cut = self.done - len(self.recent) + at if at >= 0 else -1
+        if cut >= 0:
+            text = text[:cut]
+        self.out.write(text[self.written:] + "\n")
+        self.out.flush()
+        return text
+
+
+def write_sample(tok: Tokenizer, tokens: Iterable[int], stops: Sequence[str], out: TextIO, stream: bool) -> str:
+    """Decode ``tokens`` (ids, as they are sampled), cut at the first stop string, write the text and a newline.
+
+    See :class:`SampleWriter`; the rest of ``tokens`` is not drawn once a stop string appears.
 
     Returns:
         The sample's new text (without the newline).
     """
-    if not (stream or stops):
-        text = tok.decode(list(tokens))
-        out.write(text + "\n")
-        out.flush()
-        return text
-    keep = max(map(len, stops), default=1) - 1
-    dec = TextStream(tok)
-    recent = ""  # the last `keep` characters decoded
-    pending = ""  # decoded, not yet written (streaming)
-    done = written = 0  # characters decoded, and written
-    cut = -1
+    writer = SampleWriter(tok, stops, out, stream)
     for token in tokens:
-        piece = dec.push(token)
-        if not piece:
-            continue
-        window = recent + piece
-        at = find_stop(window, stops)
-        if at >= 0:
-            cut = done - len(recent) + at
+        if writer.push(token):
             break
-        recent = window[max(0, len(window) - keep):] if keep else ""
-        done += len(piece)
-        if stream:
-            pending += piece
-            ready = len(pending) - min(stop_holdback(window, stops), len(pending))
-            if ready:
-                out.write(pending[:ready])
-                out.flush()
-                written += ready
-                pending = pending[ready:]
-    text = tok.decode(dec.ids)
-    if cut < 0:  # the end of the last token, if it never became a piece (an incomplete character)
-        at = find_stop(recent + text[done:], stops)
-        cut = done - len(recent) + at if at >= 0 else -1
-    if cut >= 0:
-        text = text[:cut]
-    out.write(text[written:] + "\n")
-    out.flush()
-    return text
+    return writer.finish()
 
 
 def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]) -> Optional[str]:
@@ -223,7 +255,10 @@ def check_finite(model: torch.nn.Module, ckpt: Path) -> None:
         MinigptError: naming the first bad tensor and the checkpoint, with the fix.
     """
     for name, tensor in model.state_dict().items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        # aminmax reads the weights once, allocating nothing (10x faster than isfinite().all() on the
+        # 10.7M model); a NaN anywhere makes both NaN, an infinity makes one of them infinite.
+        if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(
+                torch.stack(torch.aminmax(tensor.view(-1)))).all()):
             other = f"--checkpoint {runs.BEST if Path(ckpt).name != runs.BEST else runs.LAST}"
             raise MinigptError(
                 f"checkpoint {str(ckpt)!r} has NaN or infinite weights ({name}): the run diverged before it "
@@ -240,6 +275,8 @@ def generate(
     seed: int = 1337,
     stream: bool = False,
     use_cache: bool = True,
+    compile: Optional[bool] = None,
+    dtype: str = "float32",
     stop: Sequence[str] = (),
     out: Optional[TextIO] = None,
     echo: Callable[[str], None] = lambda message: None,
@@ -258,7 +295,13 @@ def generate(
     a stop string waits until it is known not to be one; stop strings are
     literal here, the CLI turns ``\\n`` and the like into characters first).
     ``window_stride`` sets how the context slides past ``block_size`` (see
-    the module docstring). Notes go to ``echo``: the run chosen when ``run``
+    the module docstring). ``num_samples`` samples are decoded as one batch
+    (up to :data:`MAX_BATCH` at once) and written when all have ended, each
+    with its own stop point; sample i
+    (from 0) draws from a generator seeded with ``seed + i``, so it is the
+    text a single sample with that seed gives (to float rounding: a batch's
+    matrix products may round differently from one row's, which can change a
+    token only at a near-tie). Notes go to ``echo``: the run chosen when ``run``
     is None, a checkpoint saved at step 0 (untrained: random weights), text
     of the prompt the model will not see as typed (:func:`~minigpt_cli.tokenizer.lossy_report`),
     the ``sample`` rules of :mod:`minigpt_cli.notes` about the keys given
@@ -272,8 +315,15 @@ def generate(
         checkpoint: ``best`` (falls back to ``last`` when there is none yet) or ``last``.
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
         seed: the sampling RNG's seed, 0 .. 2**63-1.
-        stream: write tokens to ``out`` as they come.
+        stream: write tokens to ``out`` as they come (one sample only).
         use_cache: reuse past keys and values (the tokens are the same either way).
+        compile: decode through a static KV cache with the one-token step
+            compiled (:mod:`minigpt_cli.decoding`; CUDA graphs on CUDA); None:
+            on for CUDA, off elsewhere (on a CPU it does not pay). Needs
+            ``use_cache``. If compiling fails, a warning and the eager path.
+        dtype: ``float32`` or ``bfloat16``: the weights, the arithmetic and the
+            cache (bfloat16 reads half the bytes per token; its tokens drift
+            from float32's, see BENCHMARKS.md).
         stop: texts that end a sample.
         out: where the samples are written (None: nowhere).
         echo: where notes go (the CLI prints them to stderr).
@@ -284,7 +334,7 @@ def generate(
     Raises:
         MinigptError: no run, a damaged checkpoint, a prompt the tokenizer
             cannot encode (:func:`~minigpt_cli.sampling.encode_prompt`), bad
-            sampling settings (a temperature that is not finite and >= 0, ...),
+            sampling settings (a temperature that is not finite and >= 0, ...), an unknown dtype,
             an empty stop string, a sampled id outside the vocabulary (a
             device's faulty sampler).
     """
@@ -299,9 +349,12 @@ def generate(
     ckpt = runs.checkpoint_dir(run_dir, which)
     if which == runs.BEST and not runs.has_weights(ckpt):
         ckpt = runs.checkpoint_dir(run_dir, runs.LAST)
+    if dtype not in DTYPES:
+        raise MinigptError(_MESSAGES["dtype"].format(dtype=dtype))
     dev = resolve_device(device)
     threads = CpuThreads(dev, echo=echo)  # measures what else runs while the model loads
     model, cfg, tok = load_run(run_dir, ckpt, dev)
+    model.to(DTYPES[dtype])  # after the finite check: float32 to bfloat16 keeps the exponent range
     sc = resolve_sample(cfg.sample, sample)
     prompt, max_new_tokens, num_samples, top_k = sc.prompt, sc.max_new_tokens, sc.num_samples, sc.top_k
     window_stride = resolve_window_stride(cfg.model.block_size, sc.window_stride)
@@ -340,16 +393,34 @@ def generate(
     if threads.enabled and max_new_tokens > 0:
         time.sleep(max(0.0, 0.15 - (time.monotonic() - threads.started)))  # a window long enough to measure
         threads.poll(force=True)
-    g = torch.Generator(device=dev).manual_seed(seed)
-    texts = []
+    compiled = (compile if compile is not None else dev.type == "cuda") and max_new_tokens > 0
+    if compile and not use_cache:
+        echo(_MESSAGES["compile_no_cache"])
     out = out if out is not None else Nowhere()
-    for i in range(num_samples):
-        if num_samples > 1:
-            out.write(f"{'-' * 20} sample {i + 1} {'-' * 20}\n")
-        out.write(prompt)
-        out.flush()
-        text = _sample_one(model, tok, ids, sc, top_k, window_stride, use_cache, g, threads, stream, stops, out)
-        texts.append(prompt + text)
+    texts = []
+    for first in range(0, num_samples, MAX_BATCH):
+        rows = min(MAX_BATCH, num_samples - first)
+        decoder = compiled_decoder(model, rows, echo) if compiled and use_cache else None
+        idx = torch.tensor([ids] * rows, dtype=torch.long, device=dev)
+        # Sample i (from 0) draws from its own generator, seeded seed + i: the single sample of that seed.
+        gens = [torch.Generator(device=dev).manual_seed(seed + i) for i in range(first, first + rows)]
+        writers = [SampleWriter(tok, stops, out, stream and num_samples == 1) for _ in range(rows)]
+        live = set(range(rows))
+        if num_samples == 1:
+            out.write(prompt)
+            out.flush()
+        for t in generate_tokens(model, idx, max_new_tokens, sc.temperature, top_k, sc.top_p, use_cache, gens,
+                                 vocab_limit=tok.vocab_size, window_stride=window_stride, decoder=decoder):
+            threads.poll()
+            for i, token in enumerate(t.tolist()):
+                if i in live and writers[i].push(token):
+                    live.discard(i)
+            if not live:
+                break
+        for i, writer in enumerate(writers, start=first):
+            if num_samples > 1:
+                out.write(f"{'-' * 20} sample {i + 1} {'-' * 20}\n{prompt}")
+            texts.append(prompt + writer.finish())
     return texts
 
 
@@ -414,18 +485,3 @@ def load_run(run_dir: Path, ckpt: Path, device: torch.device):
             f"differs); restore the run's own tokenizer.json"
         )
     return model, cfg, tok
-
-
-def _sample_one(model, tok, ids: list[int], sc: SampleConfig, top_k: Optional[int], window_stride: int,
-                use_cache: bool, g: torch.Generator, threads: CpuThreads, stream: bool, stops: list[str],
-                out: TextIO) -> str:
-    """One sample's new text, written to ``out`` (as it comes when ``stream``), cut at the first stop string."""
-    idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
-
-    def tokens():
-        for t in generate_tokens(model, idx, sc.max_new_tokens, sc.temperature, top_k, sc.top_p, use_cache, g,
-                                 vocab_limit=tok.vocab_size, window_stride=window_stride):
-            threads.poll()
-            yield int(t[0])
-
-    return write_sample(tok, tokens(), stops, out, stream)

@@ -108,7 +108,7 @@ class KVCache:
     positions are filled, positions 0..length-1 of the sequence (keys after
     RoPE). There is deliberately no way to drop the oldest entry: past the
     first layer, keys and values depend on everything their token saw, so a
-    window that slides must be recomputed (:func:`~minigpt_cli.generate.generate_tokens`).
+    window that slides must be recomputed (:func:`~minigpt_cli.sampling.generate_tokens`).
     """
 
     def __init__(self, n_layer: int, batch: int, n_kv_head: int, capacity: int, head_dim: int,
@@ -119,15 +119,25 @@ class KVCache:
         self.capacity = capacity
         self.length = 0
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append k, v (B, n_kv, T, hs) for ``layer``; return all cached (B, n_kv, length+T, hs)."""
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               pos: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """Append k, v (B, n_kv, T, hs) for ``layer``.
+
+        Returns:
+            All cached keys and values (B, n_kv, length+T, hs), and the attention mask (T, length+T) bool
+            (True: may attend) of the new queries, or None where plain causal attention (empty cache) or
+            none (one new query) is right. ``pos`` is ignored: the positions follow ``length``.
+        """
         T = k.size(2)
-        end = self.length + T
+        past, end = self.length, self.length + T
         if end > self.capacity:
             raise RuntimeError(f"KV cache overflow: {end} > capacity {self.capacity}")
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        self.k[layer][:, :, past:end] = k
+        self.v[layer][:, :, past:end] = v
+        mask = None
+        if past and T > 1:  # T new queries after `past` cached keys: query i sees keys 0..past+i
+            mask = torch.ones(T, end, dtype=torch.bool, device=k.device).tril(diagonal=past)
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], mask
 
     def advance(self, n: int) -> None:
         """Mark n more positions as filled (after all layers have updated)."""
@@ -136,6 +146,45 @@ class KVCache:
     def reset(self) -> None:
         """Forget every position (the buffers are reused)."""
         self.length = 0
+
+
+class StaticKVCache:
+    """Keys and values for every layer in buffers of fixed shape, written at positions given as a tensor.
+
+    gpt-fast's static cache (pytorch-labs/gpt-fast, ``model.py``): per layer
+    ``k``/``v`` are (B, n_kv_head, capacity, head_dim) and never change shape
+    or address, and the positions of the tokens a forward pass feeds come as
+    an int64 tensor (``GPT.forward(..., pos=...)``), so a one-token decoding
+    step has the same shapes at every position and can be compiled once and
+    captured as a CUDA graph. Attention reads the whole buffer under a mask
+    (key slot j visible to a query at position p iff j <= p), so slots past
+    the newest position, stale or zero, count for nothing. Refilling from
+    position 0 (a sliding window) overwrites the slots it needs.
+    """
+
+    def __init__(self, n_layer: int, batch: int, n_kv_head: int, capacity: int, head_dim: int,
+                 device: torch.device, dtype: torch.dtype):
+        shape = (batch, n_kv_head, capacity, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.slots = torch.arange(capacity, device=device)
+        self.capacity = capacity
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor the cache holds (for ``torch._dynamo.mark_static_address``)."""
+        return [*self.k, *self.v, self.slots]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               pos: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write k, v (B, n_kv, T, hs) of ``layer`` at positions ``pos`` (T,) int64.
+
+        Returns:
+            The whole buffers (B, n_kv, capacity, hs) and the mask (T, capacity) bool, True where a
+            query may attend (slot <= its position).
+        """
+        self.k[layer].index_copy_(2, pos, k)
+        self.v[layer].index_copy_(2, pos, v)
+        return self.k[layer], self.v[layer], self.slots[None, :] <= pos[:, None]
 
 
 class CausalSelfAttention(nn.Module):
@@ -161,8 +210,9 @@ class CausalSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-        cache: Optional[KVCache] = None,
+        cache: Optional[KVCache | StaticKVCache] = None,
         layer: int = 0,
+        pos: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
@@ -172,23 +222,17 @@ class CausalSelfAttention(nn.Module):
         if self.rope:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        past = 0
+        mask = None
         if cache is not None:
-            past = cache.length
-            k, v = cache.update(layer, k, v)  # (B, nkv, past+T, hs)
+            k, v, mask = cache.update(layer, k, v, pos)  # (B, nkv, S, hs): S = cached + T, or the capacity
         if self.n_kv_head != self.n_head:
             rep = self.n_head // self.n_kv_head
-            k = k.repeat_interleave(rep, dim=1)  # (B, nh, past+T, hs)
+            k = k.repeat_interleave(rep, dim=1)  # (B, nh, S, hs)
             v = v.repeat_interleave(rep, dim=1)
         dropout_p = self.attn_dropout if self.training else 0.0
-        if past == 0:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
-        elif T == 1:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-        else:
-            # T new queries after `past` cached keys: query i sees keys 0..past+i.
-            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        # Without a mask: causal for T > 1 (no cache, or an empty one), every key for a single query.
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                           is_causal=mask is None and T > 1)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -238,12 +282,12 @@ class Block(nn.Module):
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope=None, cache=None, layer=0):
+    def forward(self, x, rope=None, cache=None, layer=0, pos=None):
         if self.pre:
-            x = x + self.attn(self.ln_1(x), rope, cache, layer)
+            x = x + self.attn(self.ln_1(x), rope, cache, layer, pos)
             x = x + self.mlp(self.ln_2(x))
         else:
-            x = self.ln_1(x + self.attn(x, rope, cache, layer))
+            x = self.ln_1(x + self.attn(x, rope, cache, layer, pos))
             x = self.ln_2(x + self.mlp(x))
         return x
 
@@ -327,8 +371,9 @@ class GPT(nn.Module):
         self,
         idx: torch.Tensor,
         targets: Optional[torch.Tensor] = None,
-        cache: Optional[KVCache] = None,
+        cache: Optional[KVCache | StaticKVCache] = None,
         last_only: bool = False,
+        pos: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Logits for every position, and the mean cross-entropy if targets are given.
 
@@ -336,8 +381,12 @@ class GPT(nn.Module):
             idx: token ids, (B, T) int64, T ≤ block_size (with a cache:
                 cached length + T ≤ block_size for learned/sinusoidal positions).
             targets: next-token ids, (B, T) int64, -1 to ignore a position.
-            cache: a :class:`KVCache`; new keys/values are appended to it.
+            cache: a :class:`KVCache`, to which new keys/values are appended,
+                or a :class:`StaticKVCache` with ``pos``.
             last_only: return logits for the last position only, (B, 1, V).
+            pos: with a :class:`StaticKVCache`, the positions of ``idx``'s
+                tokens, (T,) int64, each below block_size (not checked: a
+                check would wait for the device).
 
         Returns:
             (logits (B, T, V) float, loss scalar or None).
@@ -346,13 +395,21 @@ class GPT(nn.Module):
             ValueError: the sequence is longer than a position table holds.
         """
         B, T = idx.size()
-        past = cache.length if cache is not None else 0
+        past = cache.length if cache is not None and pos is None else 0
         cfg = self.config
         x = self.wte(idx)  # (B, T, C)
         if cfg.emb_scale:
             x = x * math.sqrt(cfg.n_embd)
         rope = None
-        if cfg.pos_encoding in ("learned", "sinusoidal"):
+        if pos is not None:  # positions as a tensor: the same shapes at every position
+            if cfg.pos_encoding == "learned":
+                x = x + self.wpe(pos)
+            elif cfg.pos_encoding == "sinusoidal":
+                x = x + self.pos_table[pos].to(x.dtype)
+            elif cfg.pos_encoding == "rope":
+                cos, sin = self._rope(0, cfg.block_size, idx.device)
+                rope = (cos[pos], sin[pos])
+        elif cfg.pos_encoding in ("learned", "sinusoidal"):
             if past + T > cfg.block_size:
                 raise ValueError(
                     f"sequence of {past + T} tokens exceeds block_size {cfg.block_size}"
@@ -365,8 +422,8 @@ class GPT(nn.Module):
             rope = self._rope(past, T, idx.device)
         x = self.drop(x)
         for i, block in enumerate(self.h):
-            x = block(x, rope, cache, i)
-        if cache is not None:
+            x = block(x, rope, cache, i, pos)
+        if cache is not None and pos is None:
             cache.advance(T)
         if self.ln_f is not None:
             x = self.ln_f(x)
@@ -387,3 +444,9 @@ class GPT(nn.Module):
             self.config.n_layer, batch, self.config.kv_heads, capacity or self.config.block_size,
             self.config.head_dim, p.device, p.dtype,
         )
+
+    def new_static_cache(self, batch: int) -> StaticKVCache:
+        """A :class:`StaticKVCache` for ``batch`` sequences of up to block_size tokens."""
+        p = self.wte.weight
+        cfg = self.config
+        return StaticKVCache(cfg.n_layer, batch, cfg.kv_heads, cfg.block_size, cfg.head_dim, p.device, p.dtype)

@@ -7,7 +7,10 @@ oldest ``window_stride`` tokens leave together, so the model sees between
 1 is nanoGPT's rule (the last ``block_size`` tokens at every step); the
 default, ``block_size // 4``, keeps at least three quarters of the window.
 
-The cached and uncached paths follow the same rule and give the same tokens.
+The cached and uncached paths follow the same rule and give the same tokens,
+and so does decoding through a static cache with a compiled step
+(:mod:`minigpt_cli.decoding`). A batch decodes several samples at once; with a
+generator per row, each row draws what it would draw alone.
 Inside the window the cached path feeds only the newest token and reuses the
 keys and values of the others. When the window slides the cache is refilled
 from the tokens that stay: whatever the position encoding, every key and
@@ -30,7 +33,7 @@ made elsewhere, the importer refuses a ``block_size`` beyond the table
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -39,6 +42,7 @@ from .model import GPT
 
 if TYPE_CHECKING:
     from .config import SampleConfig
+    from .decoding import StaticDecoder
     from .tokenizer import Tokenizer
 
 
@@ -145,8 +149,12 @@ def _overflow_error(peak: torch.Tensor) -> MinigptError:
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
-                generator: Optional[torch.Generator]) -> torch.Tensor:
+                generator: Optional[torch.Generator | Sequence[torch.Generator]]) -> torch.Tensor:
     """Next ids (B,) int64, sampled from softmax(logits / T) of last-position logits (B, V).
+
+    ``generator`` is one RNG for the whole batch, or one per row (a sequence
+    of B): then row i draws from its own generator exactly as a batch of one
+    would, so a row's sample does not depend on the other rows.
 
     softmax(l / T) is the Boltzmann distribution at temperature T (Ackley,
     Hinton & Sejnowski 1985); the shift below is the log-sum-exp trick.
@@ -181,6 +189,8 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
     else:  # the limit T -> 0: the maxima alone, equally likely
         scaled = gap.masked_fill(gap < 0, float("-inf"))
     probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
+    if isinstance(generator, (list, tuple)):
+        return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g) for i, g in enumerate(generator)]).squeeze(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -225,11 +235,16 @@ def generate_tokens(
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
     use_cache: bool = True,
-    generator: Optional[torch.Generator] = None,
+    generator: Optional[torch.Generator | Sequence[torch.Generator]] = None,
     vocab_limit: Optional[int] = None,
     window_stride: Optional[int] = None,
+    decoder: Optional[StaticDecoder] = None,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token, (B,) int64, as it is sampled.
+
+    Every row of ``idx`` is a sample of its own, all decoded as one batch
+    (the weights are read once per step for all of them); they share the
+    prompt's length, so the window slides for all at the same step.
 
     Args:
         model: a GPT in eval mode.
@@ -240,11 +255,16 @@ def generate_tokens(
         top_k: keep only the k most likely tokens (None: all).
         top_p: nucleus sampling mass, 0 < p ≤ 1 (None: off).
         use_cache: reuse keys/values of past positions (a KV cache).
-        generator: the RNG for sampling (seeded by the caller).
+        generator: the RNG for sampling (seeded by the caller), or one per
+            row (:func:`sample_next`).
         vocab_limit: never sample ids at or above this (a model vocabulary
             padded beyond its tokenizer's entries).
         window_stride: tokens the context window drops at once when it is
             full (see the module docstring); None: ``block_size // 4``.
+        decoder: with ``use_cache``, decode through this static cache and its
+            (compiled or eager) one-token step instead of the growing
+            :class:`~minigpt_cli.model.KVCache` (:mod:`minigpt_cli.decoding`);
+            its batch must be idx's. The same rule, the same tokens.
 
     Raises:
         MinigptError: ``window_stride`` outside 1 .. ``block_size``; a temperature
@@ -259,19 +279,23 @@ def generate_tokens(
     start = max(0, seq.size(1) - block)  # the window is seq[:, start:]
     cache = None
     refill = True
+    if decoder is not None and use_cache and decoder.batch != idx.size(0):
+        raise ValueError(f"the decoder decodes {decoder.batch} rows, the prompt has {idx.size(0)}")
     for _ in range(max_new_tokens):
         if not use_cache:
-            logits, _ = model(seq[:, start:], last_only=True)
+            last = model(seq[:, start:], last_only=True)[0][:, -1, :]
+        elif decoder is not None:  # the static cache: the window at positions 0.., refilled after each slide
+            last = decoder.prefill(seq[:, start:]) if refill else decoder.step(seq[:, -1], seq.size(1) - 1 - start)
+            refill = False
         elif refill:
             # Fill the cache with the whole window: at the start and after each slide.
             if cache is None:
                 cache = model.new_cache(seq.size(0), block)
             cache.reset()
-            logits, _ = model(seq[:, start:], cache=cache, last_only=True)
+            last = model(seq[:, start:], cache=cache, last_only=True)[0][:, -1, :]
             refill = False
         else:
-            logits, _ = model(seq[:, -1:], cache=cache, last_only=True)
-        last = logits[:, -1, :]
+            last = model(seq[:, -1:], cache=cache, last_only=True)[0][:, -1, :]
         limit = last.size(-1)
         if vocab_limit is not None and vocab_limit < limit:
             limit = vocab_limit

@@ -21,8 +21,13 @@ def test_bench_json(cli, monkeypatch):
     r = json.loads(res.stdout)
     assert r["peak_matmul"] == f"2048x2048 @ 2048x2048, float32, median of 10, {r['peak_kernel']}"
     for key in ("train_tokens_per_sec", "achieved_flops", "peak_flops", "mfu",
-                "gen_tokens_per_sec_cached", "gen_tokens_per_sec_uncached"):
+                "gen_tokens_per_sec_cached", "gen_tokens_per_sec_uncached", "gen_tokens_per_sec_batched"):
         assert r[key] > 0, key
+    # Generation: 8 samples in a batch; on a CPU without compile: true, no compiled figure, and why.
+    from minigpt_cli.bench_generation import CPU_COMPILE_OFF
+
+    assert r["gen_batch"] == 8 and r["gen_batched_speedup"] == r["gen_tokens_per_sec_batched"] / r["gen_tokens_per_sec_cached"]
+    assert r["gen_tokens_per_sec_compiled"] is None and r["gen_compiled_note"] == CPU_COMPILE_OFF
     assert abs(r["mfu"] - r["achieved_flops"] / r["peak_flops"]) < 1e-12
     # The peak is the fastest kernel measured, and the kernel of the model's linear layers is among them.
     from minigpt_cli.kernels.onednn import ONEDNN_MIN_FLOPS, matmul_op
@@ -140,3 +145,33 @@ def test_bench_streaming_needs_a_model_vocabulary_that_holds_the_tokenizer(cli, 
     assert_user_error(cli("bench", TINY, "--stream-tokens", "5", "--set", f"data.data_dir={data_dir}",
                           "--set", "model.vocab_size=10"),
                       "model.vocab_size 10 is smaller than the tokenizer's 65 entries")
+
+
+def test_bench_generation_compares_the_compiled_path_with_the_eager_cache(monkeypatch):
+    """measure_generation with compile on: the compiled figure, its compile time and whether its tokens equal
+    the eager cache's (the same seeds); a compile failure becomes a null figure with the reason."""
+    import torch
+
+    import minigpt_cli.decoding as decoding
+    from minigpt_cli.bench_generation import measure_generation
+
+    model = GPT(load_config(TINY).model.model_copy(update={"vocab_size": 65})).eval()
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+    # The real torch.compile is tests/test_generate.py's; here the same step, eagerly.
+    monkeypatch.setattr(decoding, "compiled_step", lambda mode, backend: decoding._step)
+    r = measure_generation(model, prompt, 40, 8, compile=True, batch=3, echo=lambda m: None)
+    assert r["gen_compiled_tokens_equal"] is True and r["gen_compiled_note"] is None
+    assert r["gen_compiled_speedup"] == r["gen_tokens_per_sec_compiled"] / r["gen_tokens_per_sec_cached"]
+    assert r["gen_compile_seconds"] > 0 and r["gen_batch"] == 3
+
+    def broken(mode, backend):
+        def step(*args):
+            raise RuntimeError("no C++ compiler here")
+        return step
+
+    monkeypatch.setattr(decoding, "compiled_step", broken)
+    notes = []
+    r = measure_generation(model, prompt, 10, 8, compile=True, echo=notes.append)
+    assert r["gen_tokens_per_sec_compiled"] is None and r["gen_compiled_tokens_equal"] is None
+    assert r["gen_compiled_note"] == "torch.compile failed: RuntimeError: no C++ compiler here"
+    assert "warning: torch.compile failed: RuntimeError: no C++ compiler here" in notes

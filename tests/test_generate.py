@@ -1,6 +1,7 @@
 """``minigpt generate``'s sampling controls through the real CLI: --stop, --prompt-file, --prompt -,
 --max-new-tokens 0, --top-p, the KV cache switch; streaming (incremental decoding for every tokenizer kind),
-the temperature's range, notes about untrained checkpoints and prompts lost to <unk>."""
+the temperature's range, notes about untrained checkpoints and prompts lost to <unk>; the static KV cache and
+the compiled step against the eager paths, and --num-samples as one batch."""
 
 from __future__ import annotations
 
@@ -530,3 +531,189 @@ def test_a_prompt_that_will_not_come_back_as_typed_is_noted(cli, unigram_run, to
         assert lossy_report(tokenizers_by_kind[kind], "ROMEO: what, ho!") is None
     for kind in ("bpe", "char"):  # a byte for byte round trip; char refuses what it lacks instead
         assert lossy_report(tokenizers_by_kind[kind], "a\u2581b <unk>") is None
+
+
+# ----------------------------------------------------------------------------- issue 19: static cache, compiled step, batches
+
+
+def _model(sharpen=True, **kw):
+    from minigpt_cli.config import ModelConfig
+    from minigpt_cli.model import GPT
+
+    torch.manual_seed(0)
+    base = dict(n_layer=2, n_head=4, n_embd=32, block_size=12, vocab_size=65, dropout=0.0)
+    model = GPT(ModelConfig(**{**base, **kw})).eval()
+    if sharpen:  # so that greedy choices are not near-ties
+        with torch.no_grad():
+            model.lm_head.weight.mul_(20)
+    return model
+
+
+def _decode(model, prompt, mode, temperature, top_p, stride, monkeypatch, n=30, per_row=False):
+    """The tokens (B, n) and the logits each step sampled from (n, B, V) of one path: uncached, cached (the
+    growing KVCache), static (the StaticKVCache, eager step) or compiled (its step through torch.compile, with
+    the aot_eager backend: see test_the_compiled_step_decodes_like_eager)."""
+    import minigpt_cli.sampling as sampling
+    from minigpt_cli.decoding import StaticDecoder
+    from minigpt_cli.sampling import generate_tokens
+
+    seen = []
+    real = sampling.sample_next
+    monkeypatch.setattr(sampling, "sample_next", lambda logits, *a: seen.append(logits.clone()) or real(logits, *a))
+    rows = prompt.size(0)
+    g = [torch.Generator().manual_seed(7 + i) for i in range(rows)] if per_row else torch.Generator().manual_seed(7)
+    decoder = (StaticDecoder(model, rows, compile=mode == "compiled", backend="aot_eager")
+               if mode in ("static", "compiled") else None)
+    toks = generate_tokens(model, prompt, n, temperature=temperature, top_p=top_p, use_cache=mode != "uncached",
+                           generator=g, window_stride=stride, decoder=decoder)
+    out = torch.stack(list(toks), dim=1)
+    monkeypatch.setattr(sampling, "sample_next", real)
+    return out, torch.stack(seen)
+
+
+#: Greedy and seeded sampling, each with another window stride (1: nanoGPT's slide; None: block_size // 4 = 3).
+MODES = ((0.0, None, 1), (1.0, None, None), (1.0, 0.9, 5))
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "none"])
+@pytest.mark.parametrize("switch", [{}, dict(norm="rmsnorm", norm_position="post"),
+                                    dict(n_kv_head=1, ffn="swiglu", multiple_of=16, tie_weights=False)],
+                         ids=["layernorm-pre", "rmsnorm-post", "gqa-swiglu-untied"])
+def test_the_static_cache_decodes_like_the_other_paths(pos, switch, monkeypatch):
+    """The static cache's step (eager here; compiled below) gives the tokens of the growing cache and of no
+    cache, greedy and seeded, 5 + 30 tokens through a block of 12 (the window slides), and the logits each
+    step samples from agree to float32 rounding (equal tokens alone could hide a drift)."""
+    model = _model(pos_encoding=pos, **switch)
+    prompt = torch.randint(0, 65, (2, 5))
+    for temperature, top_p, stride in MODES:
+        # Uncached against cached for every switch is test_variants' test; here once, for the greedy mode.
+        paths = ("cached", "static", "uncached") if temperature == 0 else ("cached", "static")
+        runs = {m: _decode(model, prompt, m, temperature, top_p, stride, monkeypatch) for m in paths}
+        tokens, logits = runs["cached"]
+        assert tokens.shape == (2, 30)
+        for mode in paths[1:]:
+            assert torch.equal(runs[mode][0], tokens), (mode, temperature, top_p)
+            assert (runs[mode][1] - logits).abs().max().item() < 1e-5, (mode, temperature, top_p)
+
+
+def test_the_compiled_step_decodes_like_eager(monkeypatch):
+    """torch.compile of the one-token step (fullgraph, static shapes) on one tiny variant (RoPE, RMSNorm,
+    grouped-query attention, one layer): the tokens of the eager paths, greedy and seeded.
+
+    The backend is aot_eager: Dynamo captures the step and AOTAutograd functionalizes its in-place cache
+    writes, as for Inductor, but the graph runs on eager kernels. Inductor's C++ compile of this model
+    takes 7 s here with a warm cache and about 20 s cold, over this file's budget; test_trainer's
+    test_compile_trains_like_eager_on_cpu runs Inductor on the CPU, and ``minigpt bench`` (compile on) and
+    scripts/gpu-check.sh compare Inductor's decoded tokens with the eager cache's
+    (``gen_compiled_tokens_equal``)."""
+    model = _model(pos_encoding="rope", norm="rmsnorm", n_kv_head=2, n_layer=1)
+    prompt = torch.randint(0, 65, (2, 5))
+    for temperature, top_p, stride in MODES[:2]:
+        compiled, logits = _decode(model, prompt, "compiled", temperature, top_p, stride, monkeypatch)
+        for mode in ("cached", "uncached"):
+            tokens, eager_logits = _decode(model, prompt, mode, temperature, top_p, stride, monkeypatch)
+            assert torch.equal(compiled, tokens), (mode, temperature)
+            assert (logits - eager_logits).abs().max().item() < 1e-4, (mode, temperature)
+
+
+def test_a_batch_row_is_the_single_sample_of_its_seed(monkeypatch):
+    """Rows with a generator each: row i of a batch draws what a batch of one with that generator draws
+    (the window slides for all rows at once, as for one); the paths agree on the batch too."""
+    from minigpt_cli.sampling import generate_tokens
+
+    model = _model(sharpen=False, pos_encoding="rope", n_kv_head=2)  # near uniform: the rows differ
+    prompt = torch.randint(0, 65, (1, 5)).expand(3, -1)
+    for mode in ("cached", "static", "uncached"):
+        batch, _ = _decode(model, prompt, mode, 1.0, None, None, monkeypatch, per_row=True)
+        for i in range(3):
+            g = torch.Generator().manual_seed(7 + i)
+            single = torch.stack(list(generate_tokens(model, prompt[:1], 30, temperature=1.0, generator=g,
+                                                      use_cache=mode != "uncached")), dim=1)
+            assert torch.equal(batch[i:i + 1], single), (mode, i)
+        assert len({tuple(r) for r in batch.tolist()}) == 3  # three different samples
+
+
+def test_num_samples_is_one_batch_whose_samples_are_the_seeds_single_samples(run_dir, monkeypatch):
+    """--num-samples 3 --seed 7: sample i is the single sample of seed 7 + i - 1 (what --help says), past
+    block_size 32, each cut at its own stop; the batch is decoded once (one generate_tokens of 3 rows) and
+    written at the end, not streamed; beyond MAX_BATCH samples, in several batches."""
+    import minigpt_cli.generation as gen_mod
+
+    calls = []
+    real = gen_mod.generate_tokens
+
+    def spy(model, idx, *args, **kwargs):
+        calls.append(idx.size(0))
+        return real(model, idx, *args, **kwargs)
+
+    monkeypatch.setattr(gen_mod, "generate_tokens", spy)
+    settings = {"prompt": PROMPT, "max_new_tokens": 100, "temperature": 1.0, "top_k": 30}
+    singles = [generate(run_dir, settings, seed=7 + i, device="cpu") for i in range(3)]
+    assert calls == [1, 1, 1] and len({s[0] for s in singles}) == 3
+    out = Recorder()
+    texts = generate(run_dir, {**settings, "num_samples": 3}, seed=7, device="cpu", stream=True, out=out)
+    assert calls[3:] == [3]
+    assert texts == [s[0] for s in singles]
+    assert out.getvalue() == "".join(f"{'-' * 20} sample {i + 1} {'-' * 20}\n{t}\n" for i, t in enumerate(texts))
+    assert len(out.writes) == 6  # a header with the prompt, then the rest, per sample: nothing streamed
+    # Stops: each sample ends at its own first occurrence, as it does alone.
+    stop = texts[0][len(PROMPT) + 20:len(PROMPT) + 22]
+    cut = [generate(run_dir, settings, seed=7 + i, device="cpu", stop=[stop])[0] for i in range(3)]
+    assert generate(run_dir, {**settings, "num_samples": 3}, seed=7, device="cpu", stop=[stop]) == cut
+    assert len(cut[0]) == len(PROMPT) + 20 and len({len(t) for t in cut}) > 1
+    # More samples than a batch holds: batches of MAX_BATCH, one after another, the same samples.
+    monkeypatch.setattr(gen_mod, "MAX_BATCH", 2)
+    del calls[:]
+    assert generate(run_dir, {**settings, "num_samples": 3}, seed=7, device="cpu") == texts and calls == [2, 1]
+
+
+def test_compile_flag_routes_through_the_static_decoder(gen, monkeypatch):
+    """--compile decodes through the compiled step (here a stand-in for torch.compile, which the test above
+    runs for real) with the same text as the eager cache; it needs the cache; a compile failure warns and
+    decodes eagerly; the default on a CPU is off."""
+    import minigpt_cli.decoding as decoding
+
+    modes = []
+
+    def fake_compiled_step(mode, backend):
+        modes.append((mode, backend))
+        return decoding._step
+
+    monkeypatch.setattr(decoding, "compiled_step", fake_compiled_step)
+    eager = sampled(gen, n=100)
+    assert modes == []  # off by default on a CPU
+    res = gen("--prompt", PROMPT, "--max-new-tokens", "100", *SAMPLING, "--compile")
+    assert res.exit_code == 0 and res.stdout == eager
+    assert modes == [(None, "inductor")]  # Inductor in its default mode on a CPU (no CUDA graphs)
+    assert "compiling the one-token decoding step" in res.stderr
+    res = gen("--prompt", PROMPT, "--max-new-tokens", "100", *SAMPLING, "--compile", "--num-samples", "2")
+    assert res.exit_code == 0 and res.stdout.split("\n", 1)[1].startswith(eager)
+    assert _notes(gen("--prompt", PROMPT, "--max-new-tokens", "5", "--compile", "--no-kv-cache"), "--compile") == [
+        "note: --compile has no effect with --no-kv-cache: it compiles the cached one-token step"]
+
+    def broken(mode, backend):
+        def step(*args):
+            raise RuntimeError("no C++ compiler here")
+        return step
+
+    monkeypatch.setattr(decoding, "compiled_step", broken)
+    res = gen("--prompt", PROMPT, "--max-new-tokens", "100", *SAMPLING, "--compile")
+    assert res.exit_code == 0 and res.stdout == eager
+    assert "warning: torch.compile failed (RuntimeError: no C++ compiler here); decoding without it" in res.stderr
+
+
+def test_dtype_bfloat16_decodes_in_bfloat16(gen, run_dir, monkeypatch):
+    """--dtype bfloat16: the logits the sampler sees come from bfloat16 weights; the text is reproducible and
+    as long as asked; an unknown dtype is refused in one line."""
+    import minigpt_cli.sampling as sampling
+
+    dtypes = []
+    real = sampling.sample_next
+    monkeypatch.setattr(sampling, "sample_next", lambda logits, *a: dtypes.append(logits.dtype) or real(logits, *a))
+    a = sampled(gen, "--dtype", "bfloat16", n=60)
+    assert set(dtypes) == {torch.bfloat16} and len(dtypes) == 60
+    assert a == sampled(gen, "--dtype", "bfloat16", n=60) and len(a) == len(PROMPT) + 61
+    dtypes.clear()
+    sampled(gen, n=5)
+    assert set(dtypes) == {torch.float32}
+    assert_user_error(gen("--dtype", "float16"), "--dtype 'float16'", "float32 or bfloat16")
