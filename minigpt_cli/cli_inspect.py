@@ -83,9 +83,9 @@ def _numbers(text: str, key: str, kind=float) -> list:
 
 @app.command(cls=Command)
 def positions(
-    dim: int = typer.Option(128, "--dim", metavar="D", help="Width d, even (128: p0·pk first rises at k = 12; "
+    dim: int = typer.Option(128, "--dim", min=2, max=8192, metavar="D", help="Width d, even (128: p0·pk first rises at k = 12; "
                                                              "64: the longest wavelength is ≈ 47,117)."),
-    max_len: int = typer.Option(4096, "--max-len", metavar="N", help="Positions 0..N-1 for the curve, its minimum "
+    max_len: int = typer.Option(4096, "--max-len", min=2, max=65536, metavar="N", help="Positions 0..N-1 for the curve, its minimum "
                                                                      "and the rotation check."),
     base: float = typer.Option(10000.0, "--base", metavar="B", help="Frequency base (Vaswani et al.: 10000)."),
     seed: int = typer.Option(0, "--seed", metavar="S", help="Seed of the random W_Q, W_K and content vectors."),
@@ -111,7 +111,7 @@ def positions(
 def block(
     trace: bool = typer.Option(False, "--trace", help="Also trace the shapes and dtypes through a small GPT, and "
                                                       "print each parameter's gradient norm after one backward."),
-    n_embd: int = typer.Option(64, "--n-embd", metavar="D", help="Model width."),
+    n_embd: int = typer.Option(64, "--n-embd", min=1, max=4096, metavar="D", help="Model width."),
     n_head: int = typer.Option(4, "--n-head", metavar="H", help="Attention heads (must divide --n-embd)."),
     d_ff: int = typer.Option(256, "--d-ff", metavar="N", help="Feed-forward width."),
     seq_len: int = typer.Option(8, "--seq-len", metavar="T", help="Tokens per sequence in the comparison."),
@@ -147,10 +147,10 @@ def residual(
                                                                           "validation windows, against its init."),
     depths: str = typer.Option("4,16,64", "--depths", metavar="L,L,...", help="Block counts to build."),
     seeds: int = typer.Option(8, "--seeds", metavar="N", help="Initialisations per depth."),
-    n_embd: int = typer.Option(64, "--n-embd", metavar="D", help="Model width."),
+    n_embd: int = typer.Option(64, "--n-embd", min=1, max=4096, metavar="D", help="Model width."),
     n_head: int = typer.Option(4, "--n-head", metavar="H", help="Attention heads."),
     seq_len: int = typer.Option(64, "--seq-len", metavar="T", help="Tokens per input."),
-    init_std: Optional[float] = typer.Option(None, "--init-std", metavar="X",
+    init_std: Optional[float] = typer.Option(None, "--init-std", min=1e-6, max=10.0, metavar="X",
                                              help="Init std of the weights (default 1/sqrt(d): O(1) branches)."),
     checkpoint: str = typer.Option(runs.BEST, "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
                                    help="With --run: which checkpoint."),
@@ -237,9 +237,9 @@ def ffn(
                                                 "2 -> 3 -> 2 ReLU example."),
     x: List[str] = typer.Option([], "--x", metavar="X1,X2,...", help="An input, d_model numbers (repeatable; "
                                                                      "default 1,2 and 2,-1)."),
-    swiglu_d_model: int = typer.Option(4096, "--swiglu-d-model", metavar="D", help="Width for the SwiGLU 2/3 "
+    swiglu_d_model: int = typer.Option(4096, "--swiglu-d-model", min=1, metavar="D", help="Width for the SwiGLU 2/3 "
                                                                                    "rule (Llama-7B: 4096)."),
-    multiple_of: int = typer.Option(256, "--multiple-of", metavar="M", help="Round the SwiGLU width up to a "
+    multiple_of: int = typer.Option(256, "--multiple-of", min=1, metavar="M", help="Round the SwiGLU width up to a "
                                                                             "multiple of this."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(Path("inspect"), "--output", metavar="DIR", help=OUTPUT_HELP),

@@ -53,6 +53,9 @@ _MESSAGES = {
     "metric": "--metric val_loss: the runs trained on different corpora, whose val losses do not compare; "
               "use --metric bits_per_byte",
     "metric_name": "--metric {metric!r}: use val_loss or bits_per_byte",
+    "target": "--target {target}: give a positive loss (or bits per byte), e.g. --target 1.9",
+    "unfinished": "note: {variant}'s seeds ended at different steps ({steps}): a run is unfinished or stopped "
+                  "early, and its mean mixes them",
     "corpora": "note: the runs trained on different corpora: val losses do not compare, so only bits per byte "
                "is shown",
     "tokenizers": "note: the variants use different tokenizers: val loss is per token of each, so compare bits "
@@ -193,11 +196,15 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     """
     if metric not in (None, "val_loss", "bits_per_byte"):
         raise MinigptError(_MESSAGES["metric_name"].format(metric=metric))
-    records = [read_run(p) for p in run_dirs]
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise MinigptError(_MESSAGES["target"].format(target=target))
+    records = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
     groups: dict[str, Variant] = {}
     for r in records:
         key = json.dumps({k: v for k, v in _flat(r.cfg.to_dict()).items() if k not in _IGNORED}, sort_keys=True)
         name = (variants or {}).get(r.path.name) or re.sub(r"-s\d+$", "", r.path.name)
+        if key not in groups and name in {v.name for v in groups.values()}:  # the same name, another config
+            name = f"{r.path.parent.name}/{name}"
         groups.setdefault(key, Variant(name)).runs.append(r)
     flats = {k: _flat(v.runs[0].cfg.to_dict()) for k, v in groups.items()}
     columns = sorted(k for k in set().union(*flats.values()) - _IGNORED
@@ -238,6 +245,9 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
                 continue
             mean, sd = _mean_sd(values) if values else (None, None)
             v.row[name], v.row[f"{name}_sd"], v.row[f"{name}_all"] = mean, sd, values
+        ends = sorted({r.evals[-1]["step"] for r in v.runs})
+        if len(ends) > 1:
+            notes.append(_MESSAGES["unfinished"].format(variant=v.name, steps=", ".join(map(str, ends))))
         done = [t for t in reached if t is not None]
         v.row["time_to_target_s"] = statistics.fmean(done) if len(done) == len(reached) else None
         v.row["reached_target"] = f"{len(done)}/{len(reached)}"

@@ -183,9 +183,11 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
         raise MinigptError(_MESSAGES["stride"].format(stride=stride, block_size=T))
     if text_file is not None:
         try:
-            text = Path(text_file).read_text(encoding="utf-8")
+            text = Path(text_file).read_bytes().decode("utf-8")  # as it is: no newline translation
         except (OSError, UnicodeDecodeError) as exc:
             raise MinigptError(_MESSAGES["text_file"].format(path=str(text_file), error=exc)) from None
+        if not text:
+            raise MinigptError(_MESSAGES["empty"].format(what=str(text_file), n=0))
         tokens = np.asarray(encode_prompt(tok, text, f"{text_file}"), dtype=np.int64)
         n_bytes, n_chars, source, full = len(text.encode("utf-8")), len(text), str(text_file), True
     else:

@@ -43,10 +43,15 @@ _MESSAGES = {
     "format": "--format {fmt!r}: only hf (a transformers folder) is supported",
     "not_empty": "{out} exists and is not empty; pass --force to replace it, or another --output",
     "not_folder": "{out} exists and is not a folder; pass another --output",
+    "holds": "--output {out} is or holds {what}; an export replaces its folder: pass a new or empty one",
+    "not_export": "{out} holds files an export does not write ({names}); --force replaces only an earlier "
+                  "export: pass a new or empty --output",
     "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2 or Llama ({why}); this run "
                    "cannot be exported",
 }
 
+#: What an export writes (and all that ``--force`` may replace).
+EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 #: Our MLP activation -> GPT-2's ``activation_function``.
 _GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 #: The projections GPT-2 stores as Conv1D, (in, out): transposed from nn.Linear's (out, in).
@@ -198,7 +203,8 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
     The folder is written under a temporary name beside ``output`` and
     renamed into place when complete, so an interrupted export leaves no
     half-written folder (with ``force``, the old folder is removed after the
-    new one is in place).
+    new one is in place). ``output`` may not be the run, a folder holding it or
+    the current folder, and ``force`` replaces only a folder of export files.
 
     Raises:
         MinigptError: another format, no run or checkpoint, ``output`` a file
@@ -215,6 +221,14 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
     if out.is_dir() and any(out.iterdir()) and not force:
         raise MinigptError(_MESSAGES["not_empty"].format(out=out))
     run_dir, ckpt = open_checkpoint(run, checkpoint)
+    target = out.resolve()
+    for what, inside in (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve())):
+        if inside == target or target in inside.parents:
+            raise MinigptError(_MESSAGES["holds"].format(out=out, what=what))
+    if out.is_dir() and force:
+        other = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
+        if other:
+            raise MinigptError(_MESSAGES["not_export"].format(out=out, names=", ".join(other[:3])))
     model, cfg = load_model(runs.resolve(ckpt))
     hf_family(cfg.model)  # refused before anything is written
     tok = load_run_tokenizer(run_dir, cfg)

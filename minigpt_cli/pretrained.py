@@ -28,6 +28,7 @@ _MESSAGES = {
                 "model.init_from takes the architecture from its config.json: drop model.{key}",
     "tokenizer_kind": "tokenizer.kind {kind} does not fit model.init_from: a pretrained model keeps its own "
                       "tokenizer (kind hf, {folder}/tokenizer.json); drop tokenizer.kind",
+    "no_path": "tokenizer.path {path} not found; fix it, or drop it to use {folder}/tokenizer.json",
     "no_tokenizer": "{folder} has no tokenizer.json; save the model's tokenizer beside it "
                     "(AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or set tokenizer.path",
 }
@@ -49,7 +50,7 @@ def resolve_init_from(cfg: Config) -> Config:
     mc = cfg.model
     if mc.init_from is None:
         return cfg
-    folder = Path(mc.init_from)
+    folder = Path(mc.init_from).absolute()  # the run records where it is, wherever it is later read from
     given = mc.model_fields_set
     _, theirs = read_hf_config(folder, mc.block_size if "block_size" in given else None)
     weight_files(folder)  # refused now, not after the data is prepared
@@ -61,10 +62,11 @@ def resolve_init_from(cfg: Config) -> Config:
     tc = cfg.tokenizer
     if "kind" in tc.model_fields_set and tc.kind != "hf":
         raise MinigptError(_MESSAGES["tokenizer_kind"].format(kind=tc.kind, folder=folder))
-    path = tc.path or str(folder / "tokenizer.json")
-    if not Path(path).is_file():
-        raise MinigptError(_MESSAGES["no_tokenizer"].format(folder=folder))
-    tokenizer = tc.model_copy(update={"kind": "hf", "path": path, "vocab_size": None})
+    path = Path(tc.path or folder / "tokenizer.json").absolute()
+    if not path.is_file():
+        raise MinigptError(_MESSAGES["no_tokenizer" if tc.path is None else "no_path"].format(folder=folder, path=path))
+    tokenizer = tc.model_copy(update={"kind": "hf", "path": str(path), "vocab_size": None})
+    model = model.model_copy(update={"init_from": str(folder)})
     return cfg.model_copy(update={"model": model, "tokenizer": tokenizer})
 
 

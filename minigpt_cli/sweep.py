@@ -38,8 +38,10 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -48,7 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from . import runs
 from .config import Config, ConfigError, load_config
 from .config_io import parse_yaml
-from .errors import MinigptError
+from .errors import Interrupted, MinigptError
 from .fileio import atomic_write_text
 from .paths import resolve_config
 
@@ -63,7 +65,10 @@ _MESSAGES = {
     "no_variants": "{path}: give grid: or variants: (at least one variant to run)",
     "changed": "{path} changed since this sweep started in {folder} ({what}); restore it, or give the sweep "
                "another name: to start a new one",
+    "taken": "{folder} exists and is not a sweep's folder (no sweep.json); give the sweep in {path} another "
+             "name:",
     "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
+    "interrupted": "interrupted; the runs under way saved their checkpoints",
     "failed": "run {run} failed (exit status {code}); its log: {log}",
 }
 
@@ -117,6 +122,8 @@ class SweepFile(BaseModel):
             raise ValueError("seeds: give a count of at least 1, or a list of seeds")
         if isinstance(self.seeds, list) and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
             raise ValueError("seeds: the list must be non-empty, without repeats")
+        if isinstance(self.seeds, list) and not all(0 <= x < 2**32 for x in self.seeds):
+            raise ValueError("seeds: each seed must be 0 .. 2**32-1")
         for key, values in self.grid.items():
             if not values:
                 raise ValueError(f"grid: {key} has no values")
@@ -212,6 +219,9 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
         except ConfigError as exc:
             raise MinigptError(_MESSAGES["variant"].format(path=p, variant=variant, error=exc)) from None
         for seed in seeds or [cfg.seed + i for i in range(spec.seeds)]:
+            if seed >= 2**32:
+                raise MinigptError(_MESSAGES["schema"].format(path=p, loc="seeds", msg=f"seed {seed} is past "
+                                                              "2**32-1; give fewer seeds or a smaller base seed"))
             planned.append(Run(variant, seed, cfg.model_copy(update={"seed": seed}),
                                [*sets, *spec.budget.overrides(cfg), f"seed={seed}"]))
     return Sweep(p, spec, Path(base), base_data, planned)
@@ -232,6 +242,8 @@ def _read_state(sweep: Sweep) -> dict:
     """The sweep's state, created on the first start; refuses a sweep whose file or base config changed since."""
     path = sweep.folder / STATE
     record = sweep.state_record()
+    if not path.is_file() and sweep.folder.is_dir() and any(sweep.folder.iterdir()):
+        raise MinigptError(_MESSAGES["taken"].format(folder=sweep.folder, path=sweep.path))
     if path.is_file():
         state = json.loads(path.read_text(encoding="utf-8"))
         for part, source in (("sweep", sweep.path), ("base", sweep.base)):
@@ -313,18 +325,39 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
         else:
             env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // jobs)))
 
-            def one(run: Run) -> Run:
+            running: dict[str, subprocess.Popen] = {}
+            stopping = threading.Event()
+
+            def one(run: Run) -> Optional[Run]:
+                if stopping.is_set():
+                    return None
                 log = sweep.folder / f"{run.name}.log"
                 with open(log, "w") as out:
-                    code = subprocess.run(_command(sweep, run), env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+                    proc = running[run.name] = subprocess.Popen(_command(sweep, run), env=env, stdout=out,
+                                                                stderr=subprocess.STDOUT, start_new_session=True)
+                    code = proc.wait()
+                del running[run.name]
+                if stopping.is_set():
+                    return None
                 if code != 0:
                     raise MinigptError(_MESSAGES["failed"].format(run=run.name, code=code, log=log))
                 log.unlink()
                 return run
 
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
+            pool = ThreadPoolExecutor(max_workers=jobs)
+            try:
                 for future in as_completed([pool.submit(one, run) for run in todo]):
-                    _mark_done(sweep, state, future.result())
-                    bar.update(1)
+                    if (done := future.result()) is not None:
+                        _mark_done(sweep, state, done)
+                        bar.update(1)
+            except BaseException as exc:  # Ctrl-C or a failed run: stop the others, each saving its checkpoint
+                stopping.set()
+                for proc in list(running.values()):
+                    proc.send_signal(signal.SIGINT)
+                pool.shutdown(wait=True, cancel_futures=True)
+                if isinstance(exc, KeyboardInterrupt):
+                    raise Interrupted(_MESSAGES["interrupted"]) from None
+                raise
+            pool.shutdown()
     return summarize([sweep.folder / r.name for r in sweep.runs], out=sweep.folder, target=sweep.spec.target_loss,
                      variants={r.name: r.variant for r in sweep.runs}, echo=echo)

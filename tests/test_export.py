@@ -103,9 +103,15 @@ def test_export_refuses_a_non_empty_folder_unless_forced(cli, exported, tmp_path
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     assert_user_error(cli("export", run, "--output", out), "not empty", "--force")
+    assert_user_error(cli("export", run, "--output", out, "--force"), "notes.txt", "only an earlier export")
     assert (out / "notes.txt").read_text() == "mine"  # nothing lost
     assert_user_error(cli("export", run, "--output", out, "--format", "onnx"), "--format 'onnx'")
-    res = cli("export", run, "--output", out, "--force")
+    for where in (run, run.parent, run.parent.parent):  # the run, the folder of runs: never replaced
+        assert_user_error(cli("export", run, "--output", where, "--force"), "is or holds the run")
+    assert (run / "checkpoints").is_dir()
+    (out / "notes.txt").unlink()
+    assert cli("export", run, "--output", out).exit_code == 0
+    res = cli("export", run, "--output", out, "--force")  # an earlier export is replaced
     assert res.exit_code == 0, res
-    assert (out / "model.safetensors").is_file() and not (out / "notes.txt").exists()
+    assert (out / "model.safetensors").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left beside it
