@@ -53,7 +53,7 @@ def test_shipped_configs_from_a_folder_without_them(cli, tmp_path, monkeypatch):
     assert by_path.exit_code == 0 and by_path.stdout.startswith("name: shakespeare-cpu"), by_path
     assert "note: configs/shakespeare-cpu.yaml is not in this folder; using the copy shipped" in by_path.stderr
     missing = cli("train", "my.yaml")
-    assert missing.exit_code == 2 and "shipped configs (pass the name alone): shakespeare," in missing.stderr
+    assert missing.exit_code == 2 and "shipped configs (pass the name alone): finetune-gpt2, shakespeare," in missing.stderr
     assert not (tmp_path / "runs").exists()
 
 
