@@ -51,6 +51,8 @@ _MESSAGES = {
     "no_run": "run folder {run!r} not found; pass --run runs/NAME of a trained run",
     "both": "pass either --split or --text-file, not both",
     "split": "--split {split!r}: use train or val",
+    "stride_alone": "--stride sets the windows of --full (and --text-file); the training eval's windows are "
+                    "fixed: add --full",
     "stride": "--stride {stride} must be between 1 and the run's block_size ({block_size})",
     "empty": "{what} holds {n} token(s); scoring needs at least 2 (a token and its next)",
     "text_file": "cannot read {path!r} as UTF-8 text ({error})",
@@ -170,6 +172,8 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
     """
     if split is not None and text_file is not None:
         raise MinigptError(_MESSAGES["both"])
+    if stride is not None and not full and text_file is None:
+        raise MinigptError(_MESSAGES["stride_alone"])
     split = split or "val"
     if split not in ("train", "val"):
         raise MinigptError(_MESSAGES["split"].format(split=split))

@@ -188,6 +188,8 @@ def test_bits_per_char_of_a_char_model_is_its_loss_in_bits(data_dir, tmp_path):
     assert got["tokens"] == len(text.read_text()) - 1 and got["mode"] == "full"
     assert got["bits_per_char"] == pytest.approx(got["loss"] / math.log(2) * got["tokens"] / got["chars"])
     assert got["bits_per_byte"] == pytest.approx(got["bits_per_char"])  # ASCII: a byte a character
+    with pytest.raises(MinigptError, match="add --full"):
+        evaluate(result.run_dir, stride=8)
     with pytest.raises(MinigptError, match="'☃'"):
         text.write_text("snow ☃ man")
         evaluate(result.run_dir, text_file=text)
