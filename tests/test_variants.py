@@ -22,6 +22,7 @@ from helpers import assert_user_error
 
 from minigpt_cli.config import ModelConfig, load_config
 from minigpt_cli.generation import generate_tokens
+from minigpt_cli.inspection.block import copy_into_reference
 from minigpt_cli.model import GPT, MLP, Block, RMSNorm, apply_rope, rope_cos_sin, sinusoidal_table
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
@@ -170,18 +171,7 @@ def torch_layer_from(block: Block, cfg: ModelConfig) -> nn.TransformerEncoderLay
     ref = nn.TransformerEncoderLayer(cfg.n_embd, cfg.n_head, dim_feedforward=cfg.ffn_hidden, dropout=0.0,
                                      activation=cfg.ffn, batch_first=True, norm_first=cfg.norm_position == "pre",
                                      layer_norm_eps=cfg.norm_eps).eval()
-    with torch.no_grad():
-        ref.self_attn.in_proj_weight.copy_(block.attn.c_attn.weight)
-        ref.self_attn.in_proj_bias.copy_(block.attn.c_attn.bias)
-        ref.self_attn.out_proj.weight.copy_(block.attn.c_proj.weight)
-        ref.self_attn.out_proj.bias.copy_(block.attn.c_proj.bias)
-        ref.linear1.weight.copy_(block.mlp.c_fc.weight)
-        ref.linear1.bias.copy_(block.mlp.c_fc.bias)
-        ref.linear2.weight.copy_(block.mlp.c_proj.weight)
-        ref.linear2.bias.copy_(block.mlp.c_proj.bias)
-        for ours, theirs in ((block.ln_1, ref.norm1), (block.ln_2, ref.norm2)):
-            theirs.weight.copy_(ours.weight)
-            theirs.bias.copy_(ours.bias)
+    copy_into_reference(block, ref)  # the weight copy inspect block uses too
     return ref
 
 

@@ -40,7 +40,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 TRACE_VOCAB = 65
 
 
-def _copy_into_reference(blk: Block, ref: nn.TransformerEncoderLayer) -> None:
+def copy_into_reference(blk: Block, ref: nn.TransformerEncoderLayer) -> None:
     """Our block's weights into PyTorch's layer: c_attn is [W_Q; W_K; W_V] stacked as in_proj is."""
     with torch.no_grad():
         ref.self_attn.in_proj_weight.copy_(blk.attn.c_attn.weight)
@@ -76,7 +76,7 @@ def compare(norm_position: str, n_embd: int = 64, n_head: int = 4, d_ff: int = 2
                                          layer_norm_eps=cfg.norm_eps, batch_first=True,
                                          norm_first=norm_position == "pre").eval()
         x = torch.randn(batch, seq_len, n_embd)
-    _copy_into_reference(blk, ref)
+    copy_into_reference(blk, ref)
     mask = nn.Transformer.generate_square_subsequent_mask(seq_len)
     with torch.no_grad():
         ours = blk(x)
