@@ -23,7 +23,8 @@ except ImportError:  # pragma: no cover - older Typer uses click itself
     from click.exceptions import UsageError
 
 _MESSAGES = {
-    "unknown_topic": "unknown topic {name!r}; the topics are: {topics}",
+    "unknown_topic": "unknown topic {name!r};{hint} the topics are: {topics}",
+    "did_you_mean": " did you mean {close}?",
     "range": "--range {text!r}: give two numbers separated by a comma, e.g. --range -4,4",
     "depths": "--depths {text!r}: give block counts separated by commas, e.g. --depths 4,16,64",
 }
@@ -35,8 +36,12 @@ class _Topics(Group):
     def resolve_command(self, ctx, args):
         name = args[0] if args else None
         if name is not None and not name.startswith("-") and self.get_command(ctx, name) is None:
-            topics = ", ".join(self.list_commands(ctx))
-            raise UsageError(_MESSAGES["unknown_topic"].format(name=name, topics=topics), ctx)
+            import difflib
+
+            names = list(self.list_commands(ctx))
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = _MESSAGES["did_you_mean"].format(close=close[0]) if close else ""
+            raise UsageError(_MESSAGES["unknown_topic"].format(name=name, hint=hint, topics=", ".join(names)), ctx)
         return super().resolve_command(ctx, args)
 
 

@@ -49,6 +49,8 @@ from .trainer.step import estimate_loss
 _MESSAGES = {
     "which": "--checkpoint {which!r}: use best or last",
     "no_run": "run folder {run!r} not found; pass --run runs/NAME of a trained run",
+    "no_checkpoint": "{run!r} has no checkpoint yet ({which}); name a trained run, or train this one until "
+                     "its first eval",
     "both": "pass either --split or --text-file, not both",
     "split": "--split {split!r}: use train or val",
     "stride_alone": "--stride sets the windows of --full (and --text-file); the training eval's windows are "
@@ -77,6 +79,9 @@ def open_checkpoint(run: Optional[str | Path], which: str) -> tuple[Path, Path]:
     ckpt = runs.checkpoint_dir(run_dir, which)
     if which == runs.BEST and not runs.has_weights(ckpt):
         ckpt = runs.checkpoint_dir(run_dir, runs.LAST)
+    if not runs.has_weights(ckpt):
+        which = "neither best nor last" if which == runs.BEST else "no last"
+        raise MinigptError(_MESSAGES["no_checkpoint"].format(run=str(run_dir), which=which))
     return run_dir, ckpt
 
 
