@@ -136,17 +136,14 @@ def _mean_sd(values: list[float]) -> tuple[float, Optional[float]]:
 
 def _bytes_per_token(cfg: Config, run_dir: Path, cache: dict) -> Optional[float]:
     """UTF-8 bytes per token of the run's val split (its corpus and tokenizer), None when it cannot be read."""
-    from .data import configured_corpus
-    from .evaluation import text_size
-    from .preparation import prepare
+    from .evaluation import split_tokens, text_size
     from .tokenizer import load_run_tokenizer
 
     try:
         tok = load_run_tokenizer(run_dir, cfg)
         key = (cfg.data.fingerprint, tok.fingerprint())
         if key not in cache:
-            corpus, root = configured_corpus(cfg, lambda m: None, progress=False)
-            val = prepare(corpus, tok, root, cfg.data.val_fraction, log=lambda m: None, progress=False).val
+            val = split_tokens(cfg, tok, "val")
             cache[key] = text_size(tok, val)[0] / len(val)
         return cache[key]
     except MinigptError:

@@ -47,10 +47,6 @@ from .sampling import encode_prompt
 from .trainer.step import estimate_loss
 
 _MESSAGES = {
-    "which": "--checkpoint {which!r}: use best or last",
-    "no_run": "run folder {run!r} not found; pass --run runs/NAME of a trained run",
-    "no_checkpoint": "{run!r} has no checkpoint yet ({which}); name a trained run, or train this one until "
-                     "its first eval",
     "both": "pass either --split or --text-file, not both",
     "split": "--split {split!r}: use train or val",
     "stride_alone": "--stride sets the windows of --full (and --text-file); the training eval's windows are "
@@ -64,27 +60,6 @@ _MESSAGES = {
 DECODE_CHUNK = 1 << 20
 
 
-def open_checkpoint(run: Optional[str | Path], which: str) -> tuple[Path, Path]:
-    """The run folder (``run``, or the newest under ``runs/``) and its checkpoint folder ``which``
-    (``best`` falls back to ``last`` when the run has no best yet).
-
-    Raises:
-        MinigptError: ``which`` is not best or last, or the folder does not exist.
-    """
-    if which not in (runs.BEST, runs.LAST):
-        raise MinigptError(_MESSAGES["which"].format(which=which))
-    run_dir = Path(run) if run is not None else runs.latest_run()
-    if not run_dir.is_dir():
-        raise MinigptError(_MESSAGES["no_run"].format(run=str(run_dir)))
-    ckpt = runs.checkpoint_dir(run_dir, which)
-    if which == runs.BEST and not runs.has_weights(ckpt):
-        ckpt = runs.checkpoint_dir(run_dir, runs.LAST)
-    if not runs.has_weights(ckpt):
-        which = "neither best nor last" if which == runs.BEST else "no last"
-        raise MinigptError(_MESSAGES["no_checkpoint"].format(run=str(run_dir), which=which))
-    return run_dir, ckpt
-
-
 def text_size(tok, ids: np.ndarray) -> tuple[int, int]:
     """UTF-8 bytes and characters of the text ``ids`` decode to, decoded :data:`DECODE_CHUNK` tokens at a time."""
     n_bytes = n_chars = 0
@@ -92,6 +67,19 @@ def text_size(tok, ids: np.ndarray) -> tuple[int, int]:
         text = tok.decode(ids[start:start + DECODE_CHUNK].tolist())
         n_bytes, n_chars = n_bytes + len(text.encode("utf-8")), n_chars + len(text)
     return n_bytes, n_chars
+
+
+def split_tokens(cfg, tok, split: str, echo: Callable[[str], None] = lambda m: None,
+                 progress: Optional[bool] = False) -> np.ndarray:
+    """The token ids of ``split`` (train or val) of the run's corpus under its tokenizer: the prepared files,
+    prepared again if they are gone.
+
+    Raises:
+        MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it.
+    """
+    corpus, root = configured_corpus(cfg, echo, progress)
+    check_fingerprint(cfg, corpus)
+    return getattr(prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=progress), split)
 
 
 def full_windows(n_tokens: int, block_size: int, stride: int) -> Iterator[tuple[int, int, int]]:
@@ -182,7 +170,7 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
     split = split or "val"
     if split not in ("train", "val"):
         raise MinigptError(_MESSAGES["split"].format(split=split))
-    run_dir, ckpt = open_checkpoint(run, checkpoint)
+    run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     dev = resolve_device(device)
     model, cfg, tok = load_run(run_dir, ckpt, dev)
     meta = runs.read_meta(ckpt)
@@ -200,9 +188,7 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
         tokens = np.asarray(encode_prompt(tok, text, f"{text_file}"), dtype=np.int64)
         n_bytes, n_chars, source, full = len(text.encode("utf-8")), len(text), str(text_file), True
     else:
-        corpus, root = configured_corpus(cfg, echo, progress)
-        check_fingerprint(cfg, corpus)
-        tokens = getattr(prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=progress), split)
+        tokens = split_tokens(cfg, tok, split, echo, progress)
         n_bytes, n_chars = text_size(tok, tokens)
         source = split
     if len(tokens) < 2:

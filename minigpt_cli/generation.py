@@ -339,16 +339,9 @@ def generate(
             device's faulty sampler).
     """
     which = checkpoint
-    if which not in (runs.BEST, runs.LAST):
-        raise MinigptError(f"--checkpoint {which!r}: use best or last")
     if not 0 <= seed < 2**63:
         raise MinigptError(f"--seed {seed}: use a number from 0 to 2**63-1")
-    run_dir = Path(run) if run is not None else runs.latest_run()
-    if not run_dir.is_dir():
-        raise MinigptError(f"run folder {str(run_dir)!r} not found; pass --run runs/NAME of a trained run")
-    ckpt = runs.checkpoint_dir(run_dir, which)
-    if which == runs.BEST and not runs.has_weights(ckpt):
-        ckpt = runs.checkpoint_dir(run_dir, runs.LAST)
+    run_dir, ckpt = runs.open_checkpoint(run, which)
     if dtype not in DTYPES:
         raise MinigptError(_MESSAGES["dtype"].format(dtype=dtype))
     dev = resolve_device(device)

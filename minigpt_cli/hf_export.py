@@ -35,8 +35,8 @@ from . import runs
 from .checkpoint import load_model
 from .config import Config, ModelConfig
 from .errors import MinigptError
-from .evaluation import open_checkpoint
 from .fileio import atomic_write_text
+from .special_tokens import END_OF_TEXT
 from .tokenizer import CharTokenizer, Tokenizer, load_run_tokenizer
 
 _MESSAGES = {
@@ -88,11 +88,17 @@ def hf_family(mc: ModelConfig) -> str:
     return "llama"
 
 
+def end_of_text(tok: Tokenizer) -> Optional[str]:
+    """The tokenizer's end-of-text special token (:data:`~minigpt_cli.special_tokens.END_OF_TEXT`), or None."""
+    return next((s for s in tok.special_tokens if s in END_OF_TEXT), None)
+
+
 def hf_config(cfg: Config, tok: Tokenizer) -> dict:
     """The ``config.json`` of ``cfg``'s model (:func:`hf_family`), with the end-of-text id when the
     tokenizer has one."""
     mc = cfg.model
-    eos = next((tok.encode(s)[0] for s in tok.special_tokens if s in ("<|endoftext|>", "</s>", "<eos>")), None)
+    eos = end_of_text(tok)
+    eos = tok.encode(eos)[0] if eos is not None else None
     common = {"vocab_size": mc.vocab_size, "initializer_range": mc.init_std, "tie_word_embeddings": mc.tie_weights,
               "bos_token_id": eos, "eos_token_id": eos, "torch_dtype": "float32"}
     if hf_family(mc) == "gpt2":
@@ -177,7 +183,7 @@ def tokenizer_files(tok: Tokenizer, run_dir: Path, cfg: Config) -> dict[str, str
         tokenizer_json = (run_dir / runs.TOKENIZER).read_text(encoding="utf-8")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.block_size,
               "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False}
-    eos = next((s for s in tok.special_tokens if s in ("<|endoftext|>", "</s>", "<eos>")), None)
+    eos = end_of_text(tok)
     if eos is not None:
         config["eos_token"] = eos
     if tok.unk_token is not None:
@@ -220,7 +226,7 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
         raise MinigptError(_MESSAGES["not_folder"].format(out=out))
     if out.is_dir() and any(out.iterdir()) and not force:
         raise MinigptError(_MESSAGES["not_empty"].format(out=out))
-    run_dir, ckpt = open_checkpoint(run, checkpoint)
+    run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     target = out.resolve()
     for what, inside in (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve())):
         if inside == target or target in inside.parents:

@@ -124,6 +124,28 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
     return meta
 
 
+def open_checkpoint(run: Optional[str | Path], which: str) -> tuple[Path, Path]:
+    """The run folder (``run``, or the newest under ``runs/``) and its checkpoint folder ``which``, for
+    generate, evaluate, export and inspect: ``best`` falls back to ``last`` when the run has no best yet.
+
+    Raises:
+        MinigptError: ``which`` is not best or last, no such folder, or no checkpoint in it.
+    """
+    if which not in (BEST, LAST):
+        raise MinigptError(f"--checkpoint {which!r}: use {BEST} or {LAST}")
+    run_dir = Path(run) if run is not None else latest_run()
+    if not run_dir.is_dir():
+        raise MinigptError(f"run folder {str(run_dir)!r} not found; pass a run folder (runs/NAME) of a trained run")
+    ckpt = checkpoint_dir(run_dir, which)
+    if which == BEST and not has_weights(ckpt):
+        ckpt = checkpoint_dir(run_dir, LAST)
+    if not has_weights(ckpt):
+        tried = f"{BEST} nor {LAST}" if which == BEST else LAST
+        raise MinigptError(f"no checkpoint at {str(run_dir / CHECKPOINTS)!r} (no {tried} holds {WEIGHTS}); "
+                           "train first or pick another run")
+    return run_dir, ckpt
+
+
 def has_checkpoint(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a loadable ``last`` or ``best`` checkpoint."""
     for which in (LAST, BEST):

@@ -262,17 +262,25 @@ def _mark_done(sweep: Sweep, state: dict, run: Run) -> None:
     atomic_write_text(sweep.folder / STATE, json.dumps(state, indent=1) + "\n")
 
 
+def _resumable(sweep: Sweep, run: Run) -> bool:
+    """Whether ``run`` resumes a checkpoint a killed sweep left; a folder killed before its first checkpoint
+    holds nothing to keep and is removed, so that the run starts afresh."""
+    folder = sweep.folder / run.name
+    if folder.is_dir() and runs.has_checkpoint(folder):
+        return True
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    return False
+
+
 def _run_in_process(sweep: Sweep, run: Run) -> None:
     """Train ``run`` here: a new run folder, or a resume of the one a killed sweep left."""
     from .trainer import train
 
     cfg = run.cfg.model_copy(update={"train": run.cfg.train.model_copy(update={"out_dir": str(sweep.folder)})})
-    folder = sweep.folder / run.name
-    if folder.is_dir() and runs.has_checkpoint(folder):
-        train(cfg, resume=str(folder), echo=lambda m: None, progress=False)
+    if _resumable(sweep, run):
+        train(cfg, resume=str(sweep.folder / run.name), echo=lambda m: None, progress=False)
     else:
-        if folder.is_dir():  # killed before its first checkpoint: nothing to keep
-            shutil.rmtree(folder)
         train(cfg, run.name, echo=lambda m: None, progress=False)
 
 
@@ -281,11 +289,7 @@ def _command(sweep: Sweep, run: Run) -> list[str]:
     folder = sweep.folder / run.name
     words = [sys.executable, "-m", "minigpt_cli", "train", str(sweep.base), "--no-progress",
              *[w for item in [*run.overrides, f"train.out_dir={sweep.folder}"] for w in ("--set", item)]]
-    if folder.is_dir() and runs.has_checkpoint(folder):
-        return [*words, "--resume", str(folder)]
-    if folder.is_dir():
-        shutil.rmtree(folder)
-    return [*words, "--run-name", run.name]
+    return [*words, "--resume", str(folder)] if _resumable(sweep, run) else [*words, "--run-name", run.name]
 
 
 def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None,

@@ -10,12 +10,9 @@ from pathlib import Path
 from typing import Callable
 
 from .. import runs
-from ..errors import MinigptError
 from ..generation import checkpoint_step, describe_checkpoint, load_run
 
 _MESSAGES = {
-    "no_run": "run folder {run!r} not found; pass --run runs/NAME of a trained run",
-    "which": "--checkpoint {which!r}: use {best} or {last}",
     "untrained": ("note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random "
                   "init); train the run further for maps worth reading"),
 }
@@ -29,14 +26,7 @@ def open_run(run: str | Path, checkpoint: str = runs.BEST, echo: Callable[[str],
             gives: ``no checkpoint at ... ; train first or pick another run``), a damaged checkpoint, a
             tokenizer that is not the run's.
     """
-    if checkpoint not in (runs.BEST, runs.LAST):
-        raise MinigptError(_MESSAGES["which"].format(which=checkpoint, best=runs.BEST, last=runs.LAST))
-    run_dir = Path(run)
-    if not run_dir.is_dir():
-        raise MinigptError(_MESSAGES["no_run"].format(run=str(run_dir)))
-    ckpt = runs.checkpoint_dir(run_dir, checkpoint)
-    if checkpoint == runs.BEST and not runs.has_weights(ckpt):
-        ckpt = runs.checkpoint_dir(run_dir, runs.LAST)
+    run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     import torch
 
     model, cfg, tok = load_run(run_dir, ckpt, torch.device("cpu"))
