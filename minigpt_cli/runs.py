@@ -140,8 +140,8 @@ def open_checkpoint(run: Optional[str | Path], which: str) -> tuple[Path, Path]:
     if which == BEST and not has_weights(ckpt):
         ckpt = checkpoint_dir(run_dir, LAST)
     if not has_weights(ckpt):
-        tried = f"{BEST} nor {LAST}" if which == BEST else LAST
-        raise MinigptError(f"no checkpoint at {str(run_dir / CHECKPOINTS)!r} (no {tried} holds {WEIGHTS}); "
+        tried = f"neither {BEST} nor {LAST} holds" if which == BEST else f"{LAST} holds no"
+        raise MinigptError(f"no checkpoint at {str(run_dir / CHECKPOINTS)!r} ({tried} {WEIGHTS}); "
                            "train first or pick another run")
     return run_dir, ckpt
 
