@@ -44,7 +44,7 @@ import torch
 from . import params as P
 from .config import Config
 from .errors import MinigptError
-from .kernels import onednn
+from .kernels import onednn, swap as swap_kernels
 from .model import GPT
 from .runtime import CpuThreads, check_memory, resolve_device, resolve_dtype, tune_runtime
 from .bench_generation import measure_generation, sync as _sync
@@ -243,7 +243,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         raise MinigptError(f"--prompt-len {prompt_len}: the model sees at most block_size = {T} tokens; "
                            f"use 1 .. {T}")
     check_memory(cfg.model_copy(update={"model": mc}), device, dtype)
-    model = onednn.swap_linears(GPT(mc).to(device))
+    model = swap_kernels(GPT(mc).to(device))
     train_model = torch.compile(model) if cfg.compile else model
     eager_kernel = onednn.linear_kernel(model, B * T, device, dtype)
     if cfg.compile and "oneDNN" in eager_kernel:

@@ -17,9 +17,9 @@ field of :class:`~minigpt_cli.config.ModelConfig`:
   sqrt(d) embedding scale (Vaswani et al. 2017 §3.4).
 
 No I/O, no printing. Attention goes through
-``torch.nn.functional.scaled_dot_product_attention``; the linear layers are
-plain ``nn.Linear``, which a command may swap for faster kernels with the same
-parameters (:mod:`minigpt_cli.kernels`).
+``torch.nn.functional.scaled_dot_product_attention``, the linear layers are
+plain ``nn.Linear`` and dropout ``nn.Dropout``; a command may swap them for
+faster kernels with the same parameters (:mod:`minigpt_cli.kernels`).
 """
 
 from __future__ import annotations
@@ -192,8 +192,12 @@ class CausalSelfAttention(nn.Module):
     """Multi-head (or grouped-query) causal self-attention.
 
     One fused projection ``c_attn`` gives q (n_head heads) and k, v (n_kv_head
-    heads each); ``c_proj`` is W_O.
+    heads each); ``c_proj`` is W_O. ``attend`` is the attention function, with
+    ``F.scaled_dot_product_attention``'s signature; a command may set a faster
+    one (:func:`minigpt_cli.kernels.dropout.attention`).
     """
+
+    attend = staticmethod(F.scaled_dot_product_attention)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -232,8 +236,7 @@ class CausalSelfAttention(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
         dropout_p = self.attn_dropout if self.training else 0.0
         # Without a mask: causal for T > 1 (no cache, or an empty one), every key for a single query.
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                           is_causal=mask is None and T > 1)
+        y = self.attend(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minigpt_cli"
 #: Each module's layer: a module imports its own layer or lower ones, never a higher one.
 LAYERS = {
     "base": {"config", "config_io", "config_docs", "config_errors", "paths", "errors", "fileio", "special_tokens"},
-    "components": {"runs", "checkpoint", "runtime", "kernels", "kernels.onednn", "model", "data", "tokenizer",
+    "components": {"runs", "checkpoint", "runtime", "kernels", "kernels.onednn", "kernels.dropout", "kernels.flags", "model", "data", "tokenizer",
                    "tokenizer_training", "wordpiece", "params", "params_report", "params_memory", "metrics", "hf",
                    "sampling", "parallel", "corpus", "preparation", "pretrained", "download", "download_files", "trainer.schedule", "trainer.step",
                    "trainer.evaluate", "trainer.signals", "trainer.resume", "trainer.setup", "trainer.describe", "trainer.estimate", "notes",

@@ -17,7 +17,6 @@ same results to float32 rounding, and ``F.linear`` everywhere else.
 from __future__ import annotations
 
 import functools
-import os
 import platform
 from typing import Optional
 
@@ -26,12 +25,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from ..errors import MinigptError
+from .flags import env_flag
 
 #: The environment variable that turns the swap off (``0``, ``false``, ``no``, ``off``).
 ENV = "MINIGPT_ONEDNN"
-_OFF = ("0", "false", "no", "off")
-_ON = ("", "1", "true", "yes", "on")
 
 #: Products smaller than this (2·M·K·N FLOPs) stay on ``F.linear``: a oneDNN call costs ~12 µs more
 #: (and its backward transposes two operands), and measured on the CPU of BENCHMARKS.md a forward and
@@ -54,11 +51,7 @@ def requested() -> bool:
     Raises:
         MinigptError: the variable is neither on nor off.
     """
-    value = os.environ.get(ENV, "1")
-    if value.strip().lower() not in _OFF + _ON:
-        raise MinigptError(f"{ENV}={value!r}: use 1 (oneDNN for float32 CPU matrix products, the "
-                           "default) or 0 (PyTorch's own kernels)")
-    return value.strip().lower() not in _OFF
+    return env_flag(ENV, "oneDNN for float32 CPU matrix products, the default", "PyTorch's own kernels")
 
 
 @functools.cache

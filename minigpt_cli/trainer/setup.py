@@ -26,7 +26,7 @@ from ..corpus import Corpus
 from ..data import BatchSampler, configured_corpus, ensure_tokenizer, with_vocab
 from ..errors import MinigptError
 from ..fileio import atomic_write_text
-from ..kernels import onednn
+from ..kernels import onednn, swap as swap_kernels
 from ..metrics import RunLogger
 from ..model import GPT
 from ..notes import notes
@@ -234,7 +234,7 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
     model = GPT(mc)
     if mc.init_from is not None and resumed is None:  # fine-tuning; a resumed run loads its own checkpoint
         load_pretrained(model, cfg)
-    model = parallel.place(onednn.swap_linears(model), device, dist, tc.parallelism)  # FSDP: sharded here
+    model = parallel.place(swap_kernels(model), device, dist, tc.parallelism)  # FSDP: sharded here
     eager_kernel = onednn.linear_kernel(model, tc.batch_size * mc.block_size, device, dtype)
     logger = RunLogger(run_dir, echo=None, enabled=dist.main)
     swept = list(resumed.swept) if resumed is not None else []

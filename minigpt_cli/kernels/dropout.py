@@ -1,0 +1,223 @@
+"""Dropout and causal attention with dropout, faster on CPUs.
+
+PyTorch's CPU dropout draws one Bernoulli sample per element
+(``aten::bernoulli_``), about 9 ns an element on the CPU of BENCHMARKS.md, and
+``F.scaled_dot_product_attention`` with ``dropout_p > 0`` leaves its flash
+kernel for the composite math path (``where``, ``isneginf``, a second softmax
+pass). With nanoGPT's dropout 0.2 that was a quarter of a
+``configs/shakespeare.yaml`` training step.
+
+Here a keep-mask costs two random bytes per element: 64-bit words from the
+same default generator (``random_`` over the whole int64 range), read as int16
+and compared with a threshold, so the drop probability is ``p`` rounded to a
+multiple of 2⁻¹⁶ (0.2 becomes 13107/65536 = 0.19999695), and the kept values
+are scaled by 1/(1 − that probability), which keeps E[y] = x exactly
+(inverted dropout, Srivastava et al. 2014 §10; PyTorch's ``nn.Dropout``).
+Masks come from the default generator, so seeding and checkpointed RNG state
+make runs reproducible as before; the masks themselves differ from
+``bernoulli_``'s.
+
+:func:`attention` computes causal attention with dropout on the attention
+weights (nanoGPT's ``attn_dropout``, Vaswani et al. 2017 §5.4) in one autograd
+function that keeps the softmax output and the mask for its backward.
+
+:func:`swap_dropout` puts both into a built model: the trainer, ``bench`` and
+``generate`` call it. ``MINIGPT_FAST_DROPOUT=0`` leaves models with PyTorch's.
+CUDA, ``torch.compile`` and the evaluation mode keep PyTorch's kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .flags import env_flag
+
+#: The environment variable that turns the fast dropout off (``0``, ``false``, ``no``, ``off``).
+ENV = "MINIGPT_FAST_DROPOUT"
+
+#: Resolution of the drop probability: masks compare int16 random values with a threshold.
+LEVELS = 2 ** 16
+
+
+def drop_threshold(p: float) -> int:
+    """The number of int16 values (of 65536) that drop an element: ``round(p · 65536)``."""
+    return round(p * LEVELS)
+
+
+def keep_mask(shape: tuple[int, ...], p: float, device: torch.device | str = "cpu",
+              generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """A random dropout mask of ``shape``: 0 where dropped, 1 / (1 − the drop probability) where kept.
+
+    Each element is dropped with probability ``drop_threshold(p) / 65536``
+    (``p`` to within 2⁻¹⁷), independently, from two bytes of 64-bit words drawn
+    with ``generator`` (default: the global one).
+
+    Returns:
+        ``shape``, float32. Float, not bool: a bool operand of a float
+        product costs a hidden conversion copy on every use.
+    """
+    n = math.prod(shape)
+    words = torch.empty((2 * n + 7) // 8, dtype=torch.int64, device=device)
+    words.random_(-2 ** 63, None, generator=generator)  # the whole int64 range: every bit uniform
+    values = words.view(torch.int16)[:n].view(shape)
+    dropped = drop_threshold(p)
+    scale = LEVELS / (LEVELS - dropped)
+    # Kept iff value >= dropped - 32768, i.e. value - (dropped - 32769) >= 1: times the scale that is >= scale
+    # (kept, clamped to the scale) or <= 0 (dropped, clamped to 0). Exact: the integers fit float32. Four
+    # element-wise passes, 3x faster than a comparison and a bool-to-float conversion.
+    return values.float().sub_(dropped - LEVELS // 2 - 1).mul_(scale).clamp_(0.0, scale)
+
+
+def usable(x: torch.Tensor, p: float) -> bool:
+    """Whether :func:`dropout` takes the fast path for ``x`` (CPU, eager, 0 < p < 1), else ``F.dropout``."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and 0.0 < p < 1.0 and drop_threshold(p) < LEVELS
+            and not torch.compiler.is_compiling())
+
+
+class _Dropout(torch.autograd.Function):
+    """y = x · mask; dx = dy · mask (mask: :func:`keep_mask`)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        mask = keep_mask(x.shape, p, x.device)
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``F.dropout(x, p, training)``, with the mask of :func:`keep_mask` on CPUs.
+
+    Args:
+        x: any shape, floating point.
+        p: drop probability, 0 <= p <= 1.
+
+    Returns:
+        x's shape and dtype.
+    """
+    if training and usable(x, p):
+        return _Dropout.apply(x, p)
+    return F.dropout(x, p, training)
+
+
+class FastDropout(nn.Dropout):
+    """``nn.Dropout`` computed by :func:`dropout`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
+_causal_bias: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
+def causal_bias(T: int, dtype: torch.dtype) -> torch.Tensor:
+    """(T, T): 0 on and below the diagonal, −inf above (query i sees keys 0..i); cached per size."""
+    key = (T, dtype)
+    if key not in _causal_bias:
+        _causal_bias[key] = torch.full((T, T), float("-inf"), dtype=dtype).triu_(1)
+    return _causal_bias[key]
+
+
+class _CausalAttention(torch.autograd.Function):
+    """softmax(q kᵀ/√d + causal) ⊙ mask @ v, and its gradients.
+
+    Forward (Vaswani et al. 2017 eq. 1, with dropout on the weights):
+    P = softmax(S), S = q kᵀ/√d + bias; y = (P ⊙ mask) v.
+    Backward: dv = (P ⊙ mask)ᵀ dy; dP = (dy vᵀ) ⊙ mask;
+    dS = P ⊙ (dP − rowsum(dP ⊙ P)) (the softmax Jacobian); dq = dS k/√d; dk = dSᵀ q/√d.
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        B, H, T, D = q.shape
+        scale = 1.0 / math.sqrt(D)
+        # The 1/√d goes on q (T·D products, not T·T), which dk's product reuses; the bias is added in place
+        # (baddbmm would first copy it into a (B·H, T, T) result).
+        q3 = q.reshape(B * H, T, D) * scale
+        k3, v3 = k.reshape(B * H, T, D), v.reshape(B * H, T, D)
+        probs = torch.softmax(torch.bmm(q3, k3.transpose(1, 2)).add_(causal_bias(T, q.dtype)), -1)
+        y = torch.bmm(probs * mask, v3)
+        ctx.save_for_backward(q3, k3, v3, probs, mask)
+        ctx.scale = scale
+        return y.view(B, H, T, D)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        q3, k3, v3, probs, mask = ctx.saved_tensors
+        shape = grad.shape
+        g3 = grad.reshape(q3.shape)
+        dv = torch.bmm((probs * mask).transpose(1, 2), g3)
+        dprobs = torch.bmm(g3, v3.transpose(1, 2)).mul_(mask)
+        dscores = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype)
+        dq = torch.bmm(dscores, k3).mul_(ctx.scale)
+        dk = torch.bmm(dscores.transpose(1, 2), q3)  # q3 is q/√d
+        return dq.view(shape), dk.view(shape), dv.view(shape), None
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Causal attention whose weights are multiplied by ``mask`` (dropout with a given :func:`keep_mask`).
+
+    Args:
+        q, k, v: (B, n_head, T, head_dim), float32.
+        mask: (B·n_head, T, T), float32.
+
+    Returns:
+        (B, n_head, T, head_dim).
+    """
+    return _CausalAttention.apply(q, k, v, mask)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+              dropout_p: float = 0.0, is_causal: bool = False) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` (same arguments and result), faster for causal training with dropout.
+
+    Float32 causal attention with 0 < ``dropout_p`` < 1 on a CPU, outside
+    ``torch.compile``, runs :func:`causal_attention` with a :func:`keep_mask`;
+    everything else (no dropout: the flash kernel; a mask; CUDA) is
+    ``F.scaled_dot_product_attention``.
+    """
+    if (is_causal and attn_mask is None and q.dtype == torch.float32 and q.shape == k.shape == v.shape
+            and usable(q, dropout_p) and not torch.is_autocast_enabled("cpu")):
+        B, H, T, _ = q.shape
+        return causal_attention(q, k, v, keep_mask((B * H, T, T), dropout_p, q.device))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+
+
+def swap_dropout(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
+    """Give ``model`` the fast dropout: every ``nn.Dropout`` becomes a :class:`FastDropout` (same ``p``), and
+    every module with an ``attend`` attribute (the model's attention) attends through :func:`attention`.
+
+    In place; no parameter or state-dict key changes. ``enabled`` None means
+    ``MINIGPT_FAST_DROPOUT`` (default on).
+
+    Returns:
+        ``model``.
+
+    Raises:
+        MinigptError: ``MINIGPT_FAST_DROPOUT`` is neither on nor off.
+    """
+    if enabled is None:
+        enabled = env_flag(ENV, "the fast CPU dropout, the default", "PyTorch's own dropout")
+    if not enabled:
+        return model
+    for parent in list(model.modules()):
+        if hasattr(parent, "attend"):
+            parent.attend = attention
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Dropout:
+                fast = FastDropout.__new__(FastDropout)
+                fast.__dict__.update(child.__dict__)
+                setattr(parent, name, fast)
+    return model

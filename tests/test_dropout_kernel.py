@@ -1,0 +1,180 @@
+"""The fast CPU dropout: its masks drop the right share and keep E[y] = x, its attention equals PyTorch's
+with the same mask, its gradients are the masked ones, and a swapped model computes as before."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minigpt_cli.config import ModelConfig
+from minigpt_cli.errors import MinigptError
+from minigpt_cli.kernels import dropout as fast
+from minigpt_cli.kernels import swap
+from minigpt_cli.model import GPT
+
+
+def small(**kw) -> ModelConfig:
+    base = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=65, dropout=0.2)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.5, 0.9])
+def test_keep_mask_drops_p_and_keeps_the_mean(p):
+    torch.manual_seed(0)
+    n = 1_000_000
+    mask = fast.keep_mask((1000, 1000), p)
+    dropped = fast.drop_threshold(p) / fast.LEVELS
+    assert abs(dropped - p) <= 2 ** -17
+    scale = 1 / (1 - dropped)
+    values = mask.unique().tolist()
+    assert values[0] == 0.0 and values[1] == pytest.approx(scale, rel=1e-7) and len(values) == 2
+    # Binomial: the dropped share within 5 standard deviations of the drop probability.
+    share = float((mask == 0).double().mean())
+    assert abs(share - dropped) < 5 * math.sqrt(dropped * (1 - dropped) / n)
+    # Inverted dropout: E[mask] = 1 (the kept share times 1/(1 - dropped)).
+    assert abs(float(mask.double().mean()) - 1) < 5 * math.sqrt(dropped / (1 - dropped) / n)
+
+
+def test_keep_mask_bits_are_uniform_and_independent_between_neighbours():
+    """Both int16 halves of each 64-bit word are used: neighbouring elements are uncorrelated."""
+    torch.manual_seed(1)
+    mask = fast.keep_mask((2_000_000,), 0.5) > 0
+    a, b = mask[:-1].double(), mask[1:].double()
+    corr = float(((a - a.mean()) * (b - b.mean())).mean() / (a.std() * b.std()))
+    assert abs(corr) < 5 / math.sqrt(mask.numel())
+    for offset in range(4):  # each of the four int16 lanes of a word drops half
+        assert abs(float(mask[offset::4].double().mean()) - 0.5) < 5 * 0.5 / math.sqrt(mask.numel() / 4)
+
+
+def test_keep_mask_follows_the_global_seed():
+    torch.manual_seed(7)
+    first = fast.keep_mask((64, 64), 0.2)
+    torch.manual_seed(7)
+    assert torch.equal(first, fast.keep_mask((64, 64), 0.2))
+    assert not torch.equal(first, fast.keep_mask((64, 64), 0.2))  # the generator moved on
+
+
+def test_dropout_gradient_is_the_forward_mask():
+    torch.manual_seed(0)
+    x = torch.randn(8, 16, 32, requires_grad=True)
+    y = fast.dropout(x, 0.2, training=True)
+    assert type(y.grad_fn).__name__ == "_DropoutBackward"
+    mask = y.detach() / x.detach()
+    g = torch.randn_like(y)
+    y.backward(g)
+    torch.testing.assert_close(x.grad, g * mask, rtol=1e-6, atol=1e-6)
+    assert set((y.detach() == 0).unique().tolist()) == {True, False}
+
+
+def test_dropout_keeps_pytorchs_where_it_does_not_apply():
+    x = torch.randn(4, 8)
+    assert torch.equal(fast.dropout(x, 0.2, training=False), x)  # evaluation mode
+    assert torch.equal(fast.dropout(x, 0.0, training=True), x)
+    torch.manual_seed(3)
+    expected = F.dropout(x.bfloat16(), 0.3, True)
+    torch.manual_seed(3)
+    assert torch.equal(fast.dropout(x.bfloat16(), 0.3, True), expected)  # bfloat16: PyTorch's own
+    assert torch.equal(fast.dropout(x, 1.0, True), torch.zeros_like(x))
+
+
+def reference_attention(q, k, v, mask):
+    """Causal attention with weights times mask, in plain autograd ops (float64)."""
+    T = q.size(-2)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return (scores.softmax(-1) * mask) @ v
+
+
+def test_causal_attention_equals_plain_ops_with_the_same_mask():
+    torch.manual_seed(0)
+    B, H, T, D = 2, 3, 24, 16
+    qkv = [torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(3)]
+    mask = fast.keep_mask((B * H, T, T), 0.3)
+    ours_in = [t.float().requires_grad_() for t in qkv]
+    ref_in = [t.clone().requires_grad_() for t in qkv]
+    y = fast.causal_attention(*ours_in, mask)
+    y_ref = reference_attention(*ref_in, mask.double().view(B, H, T, T))
+    g = torch.randn_like(y_ref)
+    y.backward(g.float())
+    y_ref.backward(g)
+    torch.testing.assert_close(y.double(), y_ref, rtol=1e-5, atol=1e-5)
+    for ours, ref in zip(ours_in, ref_in):
+        torch.testing.assert_close(ours.grad.double(), ref.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_attention_without_drops_equals_sdpa():
+    """With a mask of ones, the values and gradients of PyTorch's flash kernel."""
+    torch.manual_seed(0)
+    B, H, T, D = 2, 4, 32, 8
+    base = [torch.randn(B, H, T, D) for _ in range(3)]
+    ours_in = [t.clone().requires_grad_() for t in base]
+    ref_in = [t.clone().requires_grad_() for t in base]
+    y = fast.causal_attention(*ours_in, torch.ones(B * H, T, T))
+    y_ref = F.scaled_dot_product_attention(*ref_in, is_causal=True)
+    g = torch.randn_like(y)
+    y.backward(g)
+    y_ref.backward(g)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
+    for ours, ref in zip(ours_in, ref_in):
+        torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_takes_sdpa_where_the_fast_path_does_not_apply():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    flash = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.equal(fast.attention(q, k, v, is_causal=True), flash)  # no dropout
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    torch.manual_seed(1)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.5)
+    torch.manual_seed(1)
+    assert torch.equal(fast.attention(q, k, v, attn_mask=mask, dropout_p=0.5), expected)  # a mask: PyTorch's
+
+
+def test_swapped_model_is_the_same_model_with_faster_dropout(monkeypatch):
+    torch.manual_seed(0)
+    plain = GPT(small())
+    swapped = swap(GPT(small()))
+    swapped.load_state_dict(plain.state_dict())
+    assert swapped.state_dict().keys() == plain.state_dict().keys()
+    assert any(isinstance(m, fast.FastDropout) for m in swapped.modules())
+    assert not any(type(m) is nn.Dropout for m in swapped.modules())
+    assert all(block.attn.attend is fast.attention for block in swapped.h)
+    x = torch.randint(0, 65, (3, 16))
+    plain.eval(), swapped.eval()
+    torch.testing.assert_close(swapped(x, x)[1], plain(x, x)[1], rtol=1e-5, atol=1e-6)  # no dropout in eval
+    swapped.train()
+    losses = []
+    for _ in range(2):  # training mode: random, and reproducible from the seed
+        torch.manual_seed(5)
+        losses.append(float(swapped(x, x)[1].detach()))
+    assert losses[0] == losses[1]
+    assert float(swapped(x, x)[1].detach()) != losses[0]
+    monkeypatch.setenv(fast.ENV, "0")
+    assert not any(isinstance(m, fast.FastDropout) for m in swap(GPT(small())).modules())
+    monkeypatch.setenv(fast.ENV, "maybe")
+    with pytest.raises(MinigptError, match="MINIGPT_FAST_DROPOUT='maybe'"):
+        swap(GPT(small()))
+
+
+def test_swapped_model_with_dropout_trains():
+    """A few AdamW steps on one batch with dropout 0.2 lower the loss (masks and gradients line up)."""
+    torch.manual_seed(0)
+    model = swap(GPT(small(n_embd=64)))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x = torch.randint(0, 65, (8, 16))
+    y = torch.roll(x, -1, 1)
+    first = None
+    for _ in range(30):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        first = float(loss) if first is None else first
+    model.eval()
+    assert float(model(x, y)[1]) < first - 1.0
