@@ -28,7 +28,8 @@ def small(**kw) -> ModelConfig:
 # Every case is above ONEDNN_MIN_FLOPS (2·M·K·N ≥ 4 MFLOP), so on x86-64 it takes the oneDNN path;
 # out > in and out < in take the two weight-gradient orientations.
 @pytest.mark.parametrize("shape,out,bias,transposed", [((4, 64, 96), 160, True, False), ((600, 96), 48, False, False),
-                                                       ((64, 8, 96), 48, True, True), ((64, 8, 96), 160, True, True)])
+                                                       ((64, 8, 96), 48, True, True), ((64, 8, 96), 160, True, True),
+                                                       ((600, 96), 65, False, False)])  # 65: PyTorch's transpose
 def test_linear_equals_f_linear_with_its_gradients(shape, out, bias, transposed):
     torch.manual_seed(0)
     x = torch.randn(*shape)
@@ -52,6 +53,14 @@ def test_linear_equals_f_linear_with_its_gradients(shape, out, bias, transposed)
         torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-6 * float(r.abs().max()))
     with torch.no_grad():  # the inference path skips autograd but computes the same
         torch.testing.assert_close(linear(x, w, b), y.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(768, 128), (7, 16), (5, 13), (1, 8)])
+def test_transposed_copies_the_transpose(shape):
+    x = torch.randn(*shape)
+    out = onednn.transposed(x)
+    assert out.is_contiguous() and torch.equal(out, x.t())
+    assert torch.equal(onednn.transposed(x.t().contiguous().t()), x.t())  # a non-contiguous input too
 
 
 def test_model_loss_and_gradients_do_not_depend_on_the_matmul_kernel():
