@@ -11,7 +11,6 @@ sample grows (``minigpt bench --stream-tokens N`` measures it).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TextIO
 
@@ -345,7 +344,9 @@ def generate(
     if dtype not in DTYPES:
         raise MinigptError(_MESSAGES["dtype"].format(dtype=dtype))
     dev = resolve_device(device)
-    threads = CpuThreads(dev, echo=echo)  # measures what else runs while the model loads
+    # Measures what else runs from here on: the sampling loop's polls decide the thread count once 0.25 s
+    # have passed (no wait before the first token: an idle machine pays nothing).
+    threads = CpuThreads(dev, echo=echo)
     model, cfg, tok = load_run(run_dir, ckpt, dev)
     model.to(DTYPES[dtype])  # after the finite check: float32 to bfloat16 keeps the exponent range
     sc = resolve_sample(cfg.sample, sample)
@@ -383,9 +384,6 @@ def generate(
     block = cfg.model.block_size
     if len(ids) > block and max_new_tokens > 0:
         echo(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block} (block_size)")
-    if threads.enabled and max_new_tokens > 0:
-        time.sleep(max(0.0, 0.15 - (time.monotonic() - threads.started)))  # a window long enough to measure
-        threads.poll(force=True)
     compiled = (compile if compile is not None else dev.type == "cuda") and max_new_tokens > 0
     if compile and not use_cache:
         echo(_MESSAGES["compile_no_cache"])
