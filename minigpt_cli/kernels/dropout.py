@@ -23,7 +23,7 @@ function that keeps the softmax output and the mask for its backward.
 
 :func:`swap_dropout` puts both into a built model: the trainer, ``bench`` and
 ``generate`` call it. ``MINIGPT_FAST_DROPOUT=0`` leaves models with PyTorch's.
-CUDA, ``torch.compile`` and the evaluation mode keep PyTorch's kernels.
+CUDA, ``torch.compile``, bfloat16 and the evaluation mode keep PyTorch's kernels.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def keep_mask(shape: tuple[int, ...], p: float, device: torch.device | str = "cp
 
 
 def usable(x: torch.Tensor, p: float) -> bool:
-    """Whether :func:`dropout` takes the fast path for ``x`` (CPU, eager, 0 < p < 1), else ``F.dropout``."""
+    """Whether :func:`dropout` takes the fast path (float32 on a CPU, eager, 0 < p < 1), else ``F.dropout``."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and 0.0 < p < 1.0 and drop_threshold(p) < LEVELS
             and not torch.compiler.is_compiling())
 
