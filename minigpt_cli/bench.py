@@ -44,7 +44,7 @@ import torch
 from . import params as P
 from .config import Config
 from .errors import MinigptError
-from .kernels import onednn, swap as swap_kernels
+from .kernels import dropout, onednn, swap as swap_kernels
 from .model import GPT
 from .runtime import CpuThreads, check_memory, resolve_device, resolve_dtype, tune_runtime
 from .bench_generation import measure_generation, sync as _sync
@@ -326,6 +326,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         "peak_kernel": peak_kernel,
         "peak_flops_by_kernel": peaks,
         "linear_kernel": "torch.mm" if compiled else eager_kernel,  # torch.compile keeps PyTorch's kernels
+        "dropout_kernel": dropout.dropout_kernel(model, device, dtype, compiled),
         "mfu": achieved / peak,
         # The same figure against each kernel's peak: against torch.mm's alone (PyTorch's default float32
         # product, MKL on x86) it overstates MFU wherever the linear layers run on a faster kernel.
@@ -355,7 +356,7 @@ def format_bench(r: dict[str, Any]) -> str:
         f"device {r['device']}, {r['dtype']}, {r['torch_threads']} thread{'s' if r['torch_threads'] != 1 else ''}, "
         f"compile {r['compile']}",
         f"model {r['parameters']:,} parameters; batch {r['batch_size']} x block {r['block_size']} "
-        f"x accum {r['grad_accum_steps']}; linear layers on {r['linear_kernel']}",
+        f"x accum {r['grad_accum_steps']}; linear layers on {r['linear_kernel']}; dropout: {r['dropout_kernel']}",
         "",
         f"training tokens/s          {r['train_tokens_per_sec']:>14,.0f}",
         f"ms per optimizer step      {r['ms_per_step']:>14.1f}",

@@ -21,7 +21,7 @@ from .checkpoint import load_model
 from .config import SampleConfig, validate
 from .decoding import compiled_decoder
 from .errors import MinigptError
-from .kernels import onednn
+from .kernels import swap as swap_kernels
 from .notes import notes
 from .runtime import CpuThreads, resolve_device
 from .sampling import check_temperature, encode_prompt, generate_tokens, resolve_window_stride
@@ -456,7 +456,7 @@ def load_run(run_dir: Path, ckpt: Path, device: torch.device):
         MinigptError: non-finite weights, or a tokenizer.json that is not the one the checkpoint was trained with.
     """
     model, cfg = load_model(ckpt, device)
-    onednn.swap_linears(model)
+    swap_kernels(model)
     tok = load_run_tokenizer(run_dir, cfg)
     check_finite(model, ckpt)
     if cfg.model.vocab_size < tok.vocab_size:

@@ -405,9 +405,11 @@ def git_commit() -> Optional[str]:
         return None
 
 
-def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, linear_kernel: str = "torch.mm") -> dict:
-    """Versions, device, git commit and the linear layers' kernel (:func:`~minigpt_cli.kernels.onednn.linear_kernel`
-    for the training step), for env.json."""
+def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, linear_kernel: str = "torch.mm",
+             dropout_kernel: str = "torch") -> dict:
+    """Versions, device, git commit and the kernels of the training step's linear layers
+    (:func:`~minigpt_cli.kernels.onednn.linear_kernel`) and dropout
+    (:func:`~minigpt_cli.kernels.dropout.dropout_kernel`), for env.json."""
     import importlib.metadata as md
 
     import numpy as np
@@ -432,6 +434,8 @@ def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, line
         "torch_threads": torch.get_num_threads(),
         # The kernel behind the training step's linear layers (model.linear); results differ by float32 rounding.
         "linear_kernel": linear_kernel,
+        # minigpt's CPU dropout masks (kernels.dropout), PyTorch's, or none (dropout 0); their masks differ.
+        "dropout_kernel": dropout_kernel,
         "cuda": torch.version.cuda,
         "git_commit": git_commit(),
         "argv": sys.argv,

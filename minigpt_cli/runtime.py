@@ -22,19 +22,20 @@ import torch
 from . import params as P
 from .config import DEVICE_PATTERN, FLOAT16_ON_CPU, Config, ModelConfig
 from .errors import MinigptError
-from .kernels import onednn
+from .kernels import check_settings
 
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` picks CUDA, then MPS, then CPU; an explicit device must exist.
 
-    Also checks the environment's kernel setting (``MINIGPT_ONEDNN``, :func:`~minigpt_cli.kernels.onednn.requested`).
+    Also checks the environment's kernel settings (``MINIGPT_ONEDNN``, ``MINIGPT_FAST_DROPOUT``:
+    :func:`~minigpt_cli.kernels.check_settings`).
 
     Raises:
         MinigptError: the named device is not available on this machine, or
-            ``MINIGPT_ONEDNN`` has a value that is neither on nor off.
+            ``MINIGPT_ONEDNN`` or ``MINIGPT_FAST_DROPOUT`` has a value that is neither on nor off.
     """
-    onednn.requested()  # raises on a value that is neither on nor off
+    check_settings()  # raises on a value that is neither on nor off
     if not re.fullmatch(DEVICE_PATTERN, name):
         raise MinigptError(f"device {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
     if name == "auto":

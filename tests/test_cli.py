@@ -65,6 +65,7 @@ def test_train_leaves_the_run_folder_of_the_design(trained_run):
     env = json.loads((run / "env.json").read_text())
     assert env["device"] == "cpu" and env["torch"]
     assert env["linear_kernel"] == "torch.mm"  # tiny's products are all below the oneDNN threshold
+    assert env["dropout_kernel"] == "none"  # tiny has dropout 0
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "step 30" in (run / "samples.txt").read_text()
     assert "final val loss" in tr.stdout

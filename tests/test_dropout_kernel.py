@@ -178,3 +178,25 @@ def test_swapped_model_with_dropout_trains():
         first = float(loss) if first is None else first
     model.eval()
     assert float(model(x, y)[1]) < first - 1.0
+
+
+def test_dropout_kernel_names_what_runs(monkeypatch):
+    cpu, f32 = torch.device("cpu"), torch.float32
+    assert fast.dropout_kernel(swap(GPT(small())), cpu, f32) == "minigpt"
+    assert fast.dropout_kernel(swap(GPT(small(dropout=0.0))), cpu, f32) == "none"
+    assert fast.dropout_kernel(GPT(small()), cpu, f32) == "torch"  # not swapped
+    assert fast.dropout_kernel(swap(GPT(small())), cpu, f32, compiled=True) == "torch"
+    assert fast.dropout_kernel(swap(GPT(small())), cpu, torch.bfloat16) == "torch"  # autocast's activations
+    monkeypatch.setenv(fast.ENV, "off")
+    assert fast.dropout_kernel(swap(GPT(small())), cpu, f32) == "torch"
+
+
+def test_a_bad_setting_is_refused_before_any_work(monkeypatch):
+    """resolve_device, which train, bench, generate and --dry-run call first, checks both kernel variables."""
+    from minigpt_cli.runtime import resolve_device
+
+    monkeypatch.setenv(fast.ENV, "bogus")
+    with pytest.raises(MinigptError, match="MINIGPT_FAST_DROPOUT='bogus': use 1 .* or 0"):
+        resolve_device("cpu")
+    monkeypatch.setenv(fast.ENV, "1")
+    assert resolve_device("cpu").type == "cpu"

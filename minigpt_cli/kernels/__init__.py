@@ -17,6 +17,16 @@ import torch.nn as nn
 from . import dropout, onednn
 
 
+def check_settings() -> None:
+    """Refuse a value of ``MINIGPT_ONEDNN`` or ``MINIGPT_FAST_DROPOUT`` that is neither on nor off, before any work.
+
+    Raises:
+        MinigptError: naming the variable and the values it takes.
+    """
+    onednn.requested()
+    dropout.requested()
+
+
 def swap(model: nn.Module) -> nn.Module:
     """Both swaps, each as its environment variable says: oneDNN linear layers and the fast dropout.
 

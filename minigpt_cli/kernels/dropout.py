@@ -195,6 +195,28 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
 
 
+def requested() -> bool:
+    """Whether ``MINIGPT_FAST_DROPOUT`` (default on) lets models take the fast dropout.
+
+    Raises:
+        MinigptError: the variable is neither on nor off.
+    """
+    return env_flag(ENV, "the fast CPU dropout, the default", "PyTorch's own dropout")
+
+
+def dropout_kernel(model: nn.Module, device: torch.device, dtype: torch.dtype, compiled: bool = False) -> str:
+    """What runs ``model``'s dropout in training: ``"minigpt"`` (this module), ``"torch"`` or ``"none"`` (p = 0).
+
+    ``dtype`` is the training dtype (bfloat16/float16 mean autocast, where the
+    bfloat16 activations keep PyTorch's dropout).
+    """
+    rates = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
+    if not any(rates):
+        return "none"
+    fast = any(isinstance(m, FastDropout) for m in model.modules())
+    return "minigpt" if fast and device.type == "cpu" and dtype == torch.float32 and not compiled else "torch"
+
+
 def swap_dropout(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
     """Give ``model`` the fast dropout: every ``nn.Dropout`` becomes a :class:`FastDropout` (same ``p``), and
     every module with an ``attend`` attribute (the model's attention) attends through :func:`attention`.
@@ -209,7 +231,7 @@ def swap_dropout(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
         MinigptError: ``MINIGPT_FAST_DROPOUT`` is neither on nor off.
     """
     if enabled is None:
-        enabled = env_flag(ENV, "the fast CPU dropout, the default", "PyTorch's own dropout")
+        enabled = requested()
     if not enabled:
         return model
     for parent in list(model.modules()):

@@ -20,7 +20,7 @@ LONG_ON_CPU_S = 30 * 60.0
 STEP_PER_FORWARD = 3.0
 
 CPU_RECIPE = ("note: that is long for a CPU; configs/shakespeare-cpu.yaml is the recipe sized for one "
-              "(about 30 seconds on 2 cores; shakespeare-cpu-long.yaml: 3 minutes)")
+              "(under a minute on 2 cores; shakespeare-cpu-long.yaml: 3 minutes)")
 
 
 def human_seconds(seconds: float) -> str:

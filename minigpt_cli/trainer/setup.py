@@ -26,7 +26,7 @@ from ..corpus import Corpus
 from ..data import BatchSampler, configured_corpus, ensure_tokenizer, with_vocab
 from ..errors import MinigptError
 from ..fileio import atomic_write_text
-from ..kernels import onednn, swap as swap_kernels
+from ..kernels import dropout, onednn, swap as swap_kernels
 from ..metrics import RunLogger
 from ..model import GPT
 from ..notes import notes
@@ -94,7 +94,7 @@ class Setup:
     logger: RunLogger
     stop: StopFlag
     env: dict[str, Any]
-    eager_kernel: str
+    eager_kernels: dict[str, str]
     corpus: dict[str, Any] = field(default_factory=dict)  # fingerprint and files, for the checkpoints' meta.json
     cpu_threads: Optional[CpuThreads] = None
     evaluator: Optional[Evaluator] = None
@@ -145,7 +145,7 @@ class Setup:
         self.logger.log(f"torch.compile failed ({type(exc).__name__}); training without it")
         self.optimizer.zero_grad(set_to_none=True)
         self.train_model = parallel.wrap(self.model, self.device, self.dist)
-        self.env["linear_kernel"] = self.eager_kernel  # the eager step's kernel, not the compiled one's
+        self.env.update(self.eager_kernels)  # the eager step's kernels, not the compiled one's
         self.write_env()
 
 
@@ -235,7 +235,8 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
     if mc.init_from is not None and resumed is None:  # fine-tuning; a resumed run loads its own checkpoint
         load_pretrained(model, cfg)
     model = parallel.place(swap_kernels(model), device, dist, tc.parallelism)  # FSDP: sharded here
-    eager_kernel = onednn.linear_kernel(model, tc.batch_size * mc.block_size, device, dtype)
+    eager_kernels = {"linear_kernel": onednn.linear_kernel(model, tc.batch_size * mc.block_size, device, dtype),
+                     "dropout_kernel": dropout.dropout_kernel(model, device, dtype)}
     logger = RunLogger(run_dir, echo=None, enabled=dist.main)
     swept = list(resumed.swept) if resumed is not None else []
     if dist.main:
@@ -249,7 +250,9 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
         if resumed is None:
             tok.save(run_dir / runs.TOKENIZER)
         swept += logger.sweep_temps()
-    env = runs.env_info(device, dtype, dist.world, "torch.mm" if cfg.compile else eager_kernel)
+    compiled_kernels = {"linear_kernel": "torch.mm",  # torch.compile keeps PyTorch's kernels
+                        "dropout_kernel": dropout.dropout_kernel(model, device, dtype, compiled=True)}
+    env = runs.env_info(device, dtype, dist.world, **(compiled_kernels if cfg.compile else eager_kernels))
     if resumed is not None and dist.main:  # a resumed run: the sessions before this one are kept, oldest first
         env["earlier_sessions"] = runs.earlier_sessions(run_dir)
 
@@ -261,7 +264,7 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
         autocast=torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext(),
         train_sampler=BatchSampler(data.train, mc.block_size, tc.batch_size, cfg.seed + 1, device,
                                    rank=dist.rank, world=dist.world),
-        prog=Progress(), logger=logger, stop=StopFlag(), env=env, eager_kernel=eager_kernel,
+        prog=Progress(), logger=logger, stop=StopFlag(), env=env, eager_kernels=eager_kernels,
         corpus={"fingerprint": corpus.fingerprint, "files": corpus.records()},
     )
     s.write_env()
@@ -314,7 +317,7 @@ def _restore(s: Setup, resumed: Resumed) -> None:
 def _compile(s: Setup) -> None:
     """Wrap the model for training: ``torch.compile`` when asked (with its note on oneDNN), DDP under torchrun
     (unless :func:`~minigpt_cli.parallel.place` sharded it with FSDP)."""
-    if s.cfg.compile and "oneDNN" in s.eager_kernel:
+    if s.cfg.compile and "oneDNN" in s.eager_kernels["linear_kernel"]:
         s.echo(onednn.COMPILE_NOTE)
         s.logger.log(onednn.COMPILE_NOTE)
     train_model: torch.nn.Module = s.model
