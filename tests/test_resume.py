@@ -252,6 +252,25 @@ def test_resume_with_a_longer_schedule_says_how_the_learning_rate_changes(data_d
     assert "max_iters: 30" in (tmp_path / "runs" / "l" / "config.yaml").read_text()
 
 
+def test_resume_under_another_dropout_kernel_says_so(data_dir, tmp_path, monkeypatch):
+    """MINIGPT_FAST_DROPOUT changed between sessions: the masks differ, so the run is no longer bit-exact; a note
+    says it."""
+    from minigpt_cli.trainer.setup import DROPOUT_CHANGED
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINIGPT_FAST_DROPOUT", "0")
+    train(tiny(data_dir, "train.max_iters=4", "model.dropout=0.1"), run_name="d", echo=lambda m: None, progress=False)
+    monkeypatch.setenv("MINIGPT_FAST_DROPOUT", "1")
+    notes = []
+    train(tiny(data_dir, "train.max_iters=6", "model.dropout=0.1"), echo=notes.append, progress=False, resume="runs/d")
+    assert DROPOUT_CHANGED.format(before="torch", now="minigpt") in notes
+    env = json.loads((tmp_path / "runs" / "d" / "env.json").read_text())
+    assert env["dropout_kernel"] == "minigpt" and env["earlier_sessions"][-1]["dropout_kernel"] == "torch"
+    notes = []
+    train(tiny(data_dir, "train.max_iters=8", "model.dropout=0.1"), echo=notes.append, progress=False, resume="runs/d")
+    assert not any("dropout masks" in n for n in notes)  # the same kernel as the last session: nothing to say
+
+
 def test_continuing_a_finished_run_evaluates_like_the_uninterrupted_one(data_dir, tmp_path, monkeypatch):
     """The finished run's final eval (step 30, off the eval_interval grid) draws no batches the later evals
     would have drawn: with a schedule that does not depend on max_iters, every later loss matches."""

@@ -42,6 +42,12 @@ from .resume import Resumed, check_corpus, check_resume_early, open_resume
 from .signals import StopFlag
 from .step import make_optimizer
 
+#: Said when a resumed run's dropout masks come from another kernel than its last session's (MINIGPT_FAST_DROPOUT).
+DROPOUT_CHANGED = ("note: the last session of this run drew its dropout masks with {before}'s kernel, this one with "
+                   "{now}'s (MINIGPT_FAST_DROPOUT, or the device); the run goes on, but no longer as one uninterrupted "
+                   "run would")
+
+
 class Claim(ExitStack):
     """What :func:`~.loop.train` must undo when it ends: the locked run folder and process-wide settings.
 
@@ -255,6 +261,9 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
     env = runs.env_info(device, dtype, dist.world, **(compiled_kernels if cfg.compile else eager_kernels))
     if resumed is not None and dist.main:  # a resumed run: the sessions before this one are kept, oldest first
         env["earlier_sessions"] = runs.earlier_sessions(run_dir)
+        before = env["earlier_sessions"][-1].get("dropout_kernel") if env["earlier_sessions"] else None
+        if before not in (None, env["dropout_kernel"]):
+            echo(DROPOUT_CHANGED.format(before=before, now=env["dropout_kernel"]))
 
     optimizer = make_optimizer(model, tc)
     s = Setup(
