@@ -90,15 +90,26 @@ def reference_attention(q, k, v, mask):
     return (scores.softmax(-1) * mask) @ v
 
 
-def test_causal_attention_equals_plain_ops_with_the_same_mask():
+def full_mask(masks, B, H, T):
+    """The blocks' masks placed in one (B, H, T, T) mask (above the diagonal: anything, the weights are 0)."""
+    full = torch.zeros(B * H, T, T, dtype=torch.float64)
+    for (r0, r1), mask in zip(fast.query_blocks(T), masks):
+        full[:, r0:r1, :r1] = mask
+    return full.view(B, H, T, T)
+
+
+@pytest.mark.parametrize("T", [24, 128, 150, 300])  # one block, then 2, 3 and 4 of them
+def test_causal_attention_equals_plain_ops_with_the_same_mask(T):
     torch.manual_seed(0)
-    B, H, T, D = 2, 3, 24, 16
+    B, H, D = 2, 3, 16
     qkv = [torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(3)]
-    mask = fast.keep_mask((B * H, T, T), 0.3)
+    masks = fast.attention_masks(B, H, T, 0.3)
+    assert [m.shape[1:] for m in masks] == [(r1 - r0, r1) for r0, r1 in fast.query_blocks(T)]
+    assert fast.query_blocks(T)[-1][1] == T and len(masks) == min(4, -(-T // 64))
     ours_in = [t.float().requires_grad_() for t in qkv]
     ref_in = [t.clone().requires_grad_() for t in qkv]
-    y = fast.causal_attention(*ours_in, mask)
-    y_ref = reference_attention(*ref_in, mask.double().view(B, H, T, T))
+    y = fast.causal_attention(*ours_in, masks)
+    y_ref = reference_attention(*ref_in, full_mask(masks, B, H, T))
     g = torch.randn_like(y_ref)
     y.backward(g.float())
     y_ref.backward(g)
@@ -110,11 +121,12 @@ def test_causal_attention_equals_plain_ops_with_the_same_mask():
 def test_causal_attention_without_drops_equals_sdpa():
     """With a mask of ones, the values and gradients of PyTorch's flash kernel."""
     torch.manual_seed(0)
-    B, H, T, D = 2, 4, 32, 8
+    B, H, T, D = 2, 4, 200, 8
     base = [torch.randn(B, H, T, D) for _ in range(3)]
     ours_in = [t.clone().requires_grad_() for t in base]
     ref_in = [t.clone().requires_grad_() for t in base]
-    y = fast.causal_attention(*ours_in, torch.ones(B * H, T, T))
+    ones = [torch.ones(B * H, r1 - r0, r1) for r0, r1 in fast.query_blocks(T)]
+    y = fast.causal_attention(*ours_in, ones)
     y_ref = F.scaled_dot_product_attention(*ref_in, is_causal=True)
     g = torch.randn_like(y)
     y.backward(g)
@@ -175,7 +187,7 @@ def test_swapped_model_with_dropout_trains():
         opt.zero_grad()
         loss.backward()
         opt.step()
-        first = float(loss) if first is None else first
+        first = float(loss.detach()) if first is None else first
     model.eval()
     assert float(model(x, y)[1]) < first - 1.0
 

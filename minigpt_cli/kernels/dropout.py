@@ -129,54 +129,84 @@ def causal_bias(T: int, dtype: torch.dtype) -> torch.Tensor:
     return _causal_bias[key]
 
 
-class _CausalAttention(torch.autograd.Function):
-    """softmax(q kᵀ/√d + causal) ⊙ mask @ v, and its gradients.
+#: Queries per block of :func:`causal_attention`: block i (rows i·64 … i·64+63) needs keys 0 … i·64+63 only, so
+#: at T = 256 the (T × T) work is 62.5% of the full square's. Smaller blocks cost more calls than they save.
+QUERY_BLOCK = 64
 
-    Forward (Vaswani et al. 2017 eq. 1, with dropout on the weights):
+
+def query_blocks(T: int) -> list[tuple[int, int]]:
+    """The (start, end) row ranges of :func:`causal_attention`'s blocks: at most 4 of at least :data:`QUERY_BLOCK`."""
+    size = max(QUERY_BLOCK, -(-T // 4))
+    return [(start, min(start + size, T)) for start in range(0, T, size)]
+
+
+class _CausalAttention(torch.autograd.Function):
+    """softmax(q kᵀ/√d + causal) ⊙ mask @ v, and its gradients, by blocks of queries.
+
+    Forward (Vaswani et al. 2017 eq. 1, with dropout on the weights), for each
+    block of query rows r0 … r1−1 against the keys 0 … r1−1 it may see:
     P = softmax(S), S = q kᵀ/√d + bias; y = (P ⊙ mask) v.
     Backward: dv = (P ⊙ mask)ᵀ dy; dP = (dy vᵀ) ⊙ mask;
-    dS = P ⊙ (dP − rowsum(dP ⊙ P)) (the softmax Jacobian); dq = dS k/√d; dk = dSᵀ q/√d.
+    dS = P ⊙ (dP − rowsum(dP ⊙ P)) (the softmax Jacobian); dq = dS k/√d; dk = dSᵀ q/√d,
+    dv and dk summed over the blocks.
     """
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *masks: torch.Tensor) -> torch.Tensor:
         B, H, T, D = q.shape
         scale = 1.0 / math.sqrt(D)
         # The 1/√d goes on q (T·D products, not T·T), which dk's product reuses; the bias is added in place
-        # (baddbmm would first copy it into a (B·H, T, T) result).
+        # (baddbmm would first copy it into the result).
         q3 = q.reshape(B * H, T, D) * scale
         k3, v3 = k.reshape(B * H, T, D), v.reshape(B * H, T, D)
-        probs = torch.softmax(torch.bmm(q3, k3.transpose(1, 2)).add_(causal_bias(T, q.dtype)), -1)
-        y = torch.bmm(probs * mask, v3)
-        ctx.save_for_backward(q3, k3, v3, probs, mask)
+        bias = causal_bias(T, q.dtype)
+        y = q3.new_empty(B * H, T, D)
+        probs = []
+        for (r0, r1), mask in zip(query_blocks(T), masks):
+            p = torch.softmax(torch.bmm(q3[:, r0:r1], k3[:, :r1].transpose(1, 2)).add_(bias[r0:r1, :r1]), -1)
+            y[:, r0:r1] = torch.bmm(p * mask, v3[:, :r1])  # (bmm's out= into a slice loops over the batch)
+            probs.append(p)
+        ctx.save_for_backward(q3, k3, v3, *probs, *masks)
         ctx.scale = scale
         return y.view(B, H, T, D)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        q3, k3, v3, probs, mask = ctx.saved_tensors
+        q3, k3, v3, *saved = ctx.saved_tensors
+        blocks = query_blocks(q3.size(1))
+        probs, masks = saved[:len(blocks)], saved[len(blocks):]
         shape = grad.shape
         g3 = grad.reshape(q3.shape)
-        dv = torch.bmm((probs * mask).transpose(1, 2), g3)
-        dprobs = torch.bmm(g3, v3.transpose(1, 2)).mul_(mask)
-        dscores = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype)
-        dq = torch.bmm(dscores, k3).mul_(ctx.scale)
-        dk = torch.bmm(dscores.transpose(1, 2), q3)  # q3 is q/√d
-        return dq.view(shape), dk.view(shape), dv.view(shape), None
+        dq, dk, dv = torch.empty_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
+        for (r0, r1), p, mask in zip(blocks, probs, masks):
+            g = g3[:, r0:r1]
+            dv[:, :r1] += torch.bmm((p * mask).transpose(1, 2), g)
+            dprobs = torch.bmm(g, v3[:, :r1].transpose(1, 2)).mul_(mask)
+            dscores = torch._softmax_backward_data(dprobs, p, -1, p.dtype)
+            dq[:, r0:r1] = torch.bmm(dscores, k3[:, :r1])
+            dk[:, :r1] += torch.bmm(dscores.transpose(1, 2), q3[:, r0:r1])  # q3 is q/√d
+        dq.mul_(ctx.scale)
+        return (dq.view(shape), dk.view(shape), dv.view(shape), *(None for _ in masks))
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Causal attention whose weights are multiplied by ``mask`` (dropout with a given :func:`keep_mask`).
+def attention_masks(B: int, H: int, T: int, p: float, device: torch.device | str = "cpu",
+                    generator: Optional[torch.Generator] = None) -> list[torch.Tensor]:
+    """:func:`keep_mask` for each block of :func:`causal_attention`: (B·H, r1 − r0, r1) each."""
+    return [keep_mask((B * H, r1 - r0, r1), p, device, generator) for r0, r1 in query_blocks(T)]
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
+    """Causal attention whose weights are multiplied by ``masks`` (dropout with given :func:`attention_masks`).
 
     Args:
         q, k, v: (B, n_head, T, head_dim), float32.
-        mask: (B·n_head, T, T), float32.
+        masks: one per block of :func:`query_blocks`, (B·n_head, rows, keys), float32.
 
     Returns:
         (B, n_head, T, head_dim).
     """
-    return _CausalAttention.apply(q, k, v, mask)
+    return _CausalAttention.apply(q, k, v, *masks)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
@@ -191,7 +221,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     if (is_causal and attn_mask is None and q.dtype == torch.float32 and q.shape == k.shape == v.shape
             and usable(q, dropout_p) and not torch.is_autocast_enabled("cpu")):
         B, H, T, _ = q.shape
-        return causal_attention(q, k, v, keep_mask((B * H, T, T), dropout_p, q.device))
+        return causal_attention(q, k, v, attention_masks(B, H, T, dropout_p, q.device))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
 
 
