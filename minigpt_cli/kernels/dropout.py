@@ -19,7 +19,8 @@ make runs reproducible as before; the masks themselves differ from
 
 :func:`attention` computes causal attention with dropout on the attention
 weights (nanoGPT's ``attn_dropout``, Vaswani et al. 2017 §5.4) in one autograd
-function that keeps the softmax output and the mask for its backward.
+function that keeps the softmax output and the mask for its backward, by
+blocks of queries, each against only the keys it may see.
 
 :func:`swap_dropout` puts both into a built model: the trainer, ``bench`` and
 ``generate`` call it. ``MINIGPT_FAST_DROPOUT=0`` leaves models with PyTorch's.
@@ -115,6 +116,8 @@ class FastDropout(nn.Dropout):
     """``nn.Dropout`` computed by :func:`dropout`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:  # evaluation and generation: nothing to drop, no call
+            return x
         return dropout(x, self.p, self.training)
 
 

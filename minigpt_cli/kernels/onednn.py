@@ -62,6 +62,7 @@ def matmul_op():
     return getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 
 
+@functools.cache
 def available() -> bool:
     """Whether this machine and PyTorch can run :func:`linear` on oneDNN (x86-64 with the op)."""
     return platform.machine().lower() in ("x86_64", "amd64") and matmul_op() is not None
