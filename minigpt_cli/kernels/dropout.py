@@ -217,7 +217,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     """``F.scaled_dot_product_attention`` (same arguments and result), faster for causal training with dropout.
 
     Float32 causal attention with 0 < ``dropout_p`` < 1 on a CPU, outside
-    ``torch.compile``, runs :func:`causal_attention` with a :func:`keep_mask`;
+    ``torch.compile``, runs :func:`causal_attention` with :func:`attention_masks`;
     everything else (no dropout: the flash kernel; a mask; CUDA) is
     ``F.scaled_dot_product_attention``.
     """
