@@ -52,6 +52,7 @@ from .config import Config, ConfigError, load_config
 from .config_io import parse_yaml
 from .errors import Interrupted, MinigptError
 from .fileio import atomic_write_text
+from .kernels import check_settings
 from .paths import resolve_config
 
 STATE = "sweep.json"
@@ -297,7 +298,8 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
     """Run (or finish) a sweep, then write its summary; returns :func:`~minigpt_cli.compare.summarize`'s result.
 
     Raises:
-        MinigptError: a bad sweep file (:func:`load_sweep`), a changed one
+        MinigptError: a bad kernel setting in the environment
+            (:func:`~minigpt_cli.kernels.check_settings`), a bad sweep file (:func:`load_sweep`), a changed one
             under a sweep being resumed, ``jobs`` outside 1 .. cores, a run
             that fails.
         Interrupted: Ctrl-C during a run (that run's checkpoint is saved; the
@@ -309,6 +311,7 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
 
     from .compare import summarize
 
+    check_settings()  # the runs would each refuse a bad MINIGPT_ONEDNN / MINIGPT_FAST_DROPOUT: refuse it once, first
     sweep = load_sweep(path, echo)
     cores = os.cpu_count() or 1
     if not 1 <= jobs <= cores:

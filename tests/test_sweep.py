@@ -85,6 +85,17 @@ def test_a_bad_sweep_file_is_one_line_before_any_run(cli, tmp_path, data_dir, ov
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("var", ["MINIGPT_FAST_DROPOUT", "MINIGPT_ONEDNN"])
+def test_a_bad_kernel_setting_is_one_line_before_the_sweep_starts(cli, tmp_path, data_dir, monkeypatch, var):
+    """Refused once, by the sweep, not by each run after the sweep's folder is made (or in --jobs' logs)."""
+    path = write_sweep(tmp_path, data_dir)
+    monkeypatch.setenv(var, "maybe")
+    with working_dir(tmp_path):
+        res = cli("sweep", path, "--jobs", "2")
+    assert_user_error(res, f"{var}='maybe'")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_budgets_give_equal_tokens_or_equal_time(tmp_path, data_dir):
     path = write_sweep(tmp_path, data_dir, grid={"train.batch_size": [4, 8]}, budget={"tokens": 8 * 32 * 20},
                        seeds=1)

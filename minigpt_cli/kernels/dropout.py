@@ -238,16 +238,20 @@ def requested() -> bool:
 
 
 def dropout_kernel(model: nn.Module, device: torch.device, dtype: torch.dtype, compiled: bool = False) -> str:
-    """What runs ``model``'s dropout in training: ``"minigpt"`` (this module), ``"torch"`` or ``"none"`` (p = 0).
+    """What runs ``model``'s dropout in training: ``"minigpt"`` (this module), ``"torch"``, ``"minigpt+torch"``
+    or ``"none"`` (p = 0).
 
-    ``dtype`` is the training dtype (bfloat16/float16 mean autocast, where the
-    bfloat16 activations keep PyTorch's dropout).
+    ``dtype`` is the training dtype: bfloat16/float16 mean autocast, where the
+    half-precision activations keep PyTorch's dropout but the embeddings' (float32) take this module's, hence
+    ``"minigpt+torch"``.
     """
     rates = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
     if not any(rates):
         return "none"
     fast = any(isinstance(m, FastDropout) for m in model.modules())
-    return "minigpt" if fast and device.type == "cpu" and dtype == torch.float32 and not compiled else "torch"
+    if not fast or device.type != "cpu" or compiled:
+        return "torch"
+    return "minigpt" if dtype == torch.float32 else "minigpt+torch"
 
 
 def swap_dropout(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:

@@ -44,8 +44,8 @@ from .step import make_optimizer
 
 #: Said when a resumed run's dropout masks come from another kernel than its last session's (MINIGPT_FAST_DROPOUT).
 DROPOUT_CHANGED = ("note: the last session of this run drew its dropout masks with {before}'s kernel, this one with "
-                   "{now}'s (MINIGPT_FAST_DROPOUT, or the device); the run goes on, but no longer as one uninterrupted "
-                   "run would")
+                   "{now}'s (MINIGPT_FAST_DROPOUT, the device, dtype or compile changed); the run goes on, but no "
+                   "longer as one uninterrupted run would")
 
 
 class Claim(ExitStack):
