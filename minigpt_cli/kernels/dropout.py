@@ -221,8 +221,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     everything else (no dropout: the flash kernel; a mask; CUDA) is
     ``F.scaled_dot_product_attention``.
     """
-    if (is_causal and attn_mask is None and q.dtype == torch.float32 and q.shape == k.shape == v.shape
-            and usable(q, dropout_p) and not torch.is_autocast_enabled("cpu")):
+    if (is_causal and attn_mask is None and q.shape == k.shape == v.shape and usable(q, dropout_p)
+            and not torch.is_autocast_enabled("cpu")):  # usable: float32 on a CPU, eager, 0 < p < 1
         B, H, T, _ = q.shape
         return causal_attention(q, k, v, attention_masks(B, H, T, dropout_p, q.device))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
