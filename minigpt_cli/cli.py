@@ -157,10 +157,11 @@ def train(
     Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
     """
     from .config import load_config
-    from .pretrained import resolve_init_from
+    from .pretrained import resolve_init_from, resumed_run
 
     set_ = [*set_, f"model.init_from={init_from}"] if init_from is not None else set_
-    cfg = resolve_init_from(load_config(resolve_config(config, echo), set_))
+    cfg = load_config(resolve_config(config, echo), set_)
+    cfg = resolve_init_from(cfg, resumed_run(cfg, resume))
     if resume is not None and run_name is not None:
         raise MinigptError("pass either --resume or --run-name, not both (a resumed run keeps its folder)")
     from .trainer import describe_resume, describe_schedule, train as run_training
@@ -357,7 +358,9 @@ def count_params(
     from .pretrained import resolve_init_from
 
     source = paths.preset_path(preset) if preset else paths.resolve_config(config, echo)
-    cfg = resolve_init_from(load_config(source, set_))
+    folder = Path(source).parent  # a run's config.yaml: the run's record, wherever its init_from folder is now
+    run = folder if Path(source).name == runs.CONFIG and runs.has_checkpoint(folder) else None
+    cfg = resolve_init_from(load_config(source, set_), run)
     rep = count(cfg, seq_len=seq_len, tokens=tokens, vocab_size=vocab_size, dtype=dtype, batch_size=batch_size,
                 echo=echo)
     if as_json:

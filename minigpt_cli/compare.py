@@ -60,6 +60,7 @@ _MESSAGES = {
                "is shown",
     "tokenizers": "note: the variants use different tokenizers: val loss is per token of each, so compare bits "
                   "per byte",
+    "no_bpb": "note: no bits per byte for {run}: {why}",
 }
 
 #: Config keys that never make two runs different variants.
@@ -134,8 +135,10 @@ def _mean_sd(values: list[float]) -> tuple[float, Optional[float]]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def _bytes_per_token(cfg: Config, run_dir: Path, cache: dict) -> Optional[float]:
-    """UTF-8 bytes per token of the run's val split (its corpus and tokenizer), None when it cannot be read."""
+def _bytes_per_token(cfg: Config, run_dir: Path, cache: dict, notes: list[str]) -> Optional[float]:
+    """UTF-8 bytes per token of the run's val split (its corpus and tokenizer); None, with a note saying why,
+    when it cannot be read."""
+    from .data import run_corpus_config
     from .evaluation import split_tokens, text_size
     from .tokenizer import load_run_tokenizer
 
@@ -143,10 +146,11 @@ def _bytes_per_token(cfg: Config, run_dir: Path, cache: dict) -> Optional[float]
         tok = load_run_tokenizer(run_dir, cfg)
         key = (cfg.data.fingerprint, tok.fingerprint())
         if key not in cache:
-            val = split_tokens(cfg, tok, "val")
+            val = split_tokens(run_corpus_config(cfg, run_dir), tok, "val")
             cache[key] = text_size(tok, val)[0] / len(val)
         return cache[key]
-    except MinigptError:
+    except MinigptError as exc:
+        notes.append(_MESSAGES["no_bpb"].format(run=run_dir, why=exc))
         return None
 
 
@@ -217,7 +221,7 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     metric = metric or ("val_loss" if not notes else "bits_per_byte")
     equal_time = min(r.seconds for r in records)
     cache: dict = {}
-    bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache) for r in records}
+    bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache, notes) for r in records}
     # The target is in the metric's unit: nats per token, or bits per byte (a loss / ln 2 / bytes per token).
     scale = {r.path: 1.0 if metric == "val_loss" else (1 / math.log(2) / bpt[r.path] if bpt[r.path] else math.inf)
              for r in records}

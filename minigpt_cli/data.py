@@ -17,9 +17,10 @@ import numpy as np
 import torch
 
 from .config import Config
-from .corpus import Corpus, corpus_text, cut_pieces, documents, open_corpus
+from .corpus import Corpus, corpus_text, cut_pieces, documents, find_files, open_corpus
 from .errors import MinigptError
 from .paths import corpus_path, dataset_dir, default_tokenizer_path
+from .runs import training_dir
 from .special_tokens import END_OF_TEXT
 from .tokenizer import Tokenizer, load_tokenizer
 from .tokenizer_training import train_tokenizer
@@ -82,6 +83,50 @@ def configured_corpus(cfg: Config, log: Callable[[str], None], progress: Optiona
             corpus = open_corpus(dc.path, dc.text_field, on_bytes=bar.update)
         root = corpus.folder(dc.data_dir)
     return corpus, root
+
+
+#: A run's data.path corpus that is found neither where train read it nor from the current folder.
+_RUN_CORPUS_GONE = ("run {run} trained on a corpus that is gone: nothing at {path} (data.path {given!r}, from "
+                    "{base}, where it trained); put the corpus back there")
+
+
+def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
+    """A run's config with its corpus found from any folder: ``data.data_dir`` and ``data.path`` as
+    ``train`` read them (``evaluate``, ``compare`` and ``inspect`` read the run's splits through it).
+
+    Relative paths were relative to the folder train ran in (:func:`~minigpt_cli.runs.training_dir`):
+    they are joined to it. Where the corpus is not there but is relative to the current folder (a project
+    moved whole, or an old run read where it trained), they are kept as they are. A named dataset found in
+    neither place is downloaded again (by :func:`configured_corpus`) into the data folder train used, while
+    the folder train ran in is there.
+
+    Raises:
+        MinigptError: a ``data.path`` corpus found in neither place, naming where it was.
+    """
+    base = training_dir(run_dir, cfg.train.out_dir)
+    if base is None:
+        return cfg
+    dc = cfg.data
+    there = cfg.model_copy(update={"data": dc.model_copy(update={
+        "data_dir": str(base / dc.data_dir), "path": None if dc.path is None else str(base / dc.path)})})
+    if _corpus_found(there):
+        return there
+    if _corpus_found(cfg):
+        return cfg
+    if dc.path is not None:
+        raise MinigptError(_RUN_CORPUS_GONE.format(run=run_dir, path=there.data.path, given=dc.path, base=base))
+    return there if base.is_dir() else cfg  # downloaded again where train had it, if that folder is still there
+
+
+def _corpus_found(cfg: Config) -> bool:
+    """Whether the config's corpus has files where it says: the named dataset's file, or ``data.path``'s."""
+    dc = cfg.data
+    if dc.path is None:
+        return corpus_path(dc.data_dir, dc.dataset).is_file()
+    try:
+        return bool(find_files(dc.path))
+    except MinigptError:
+        return False
 
 
 def corpus_on_disk(cfg: Config) -> Optional[Corpus]:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import runs
-from .data import check_fingerprint, configured_corpus, eval_offsets, eval_seed, windows
+from .data import check_fingerprint, configured_corpus, eval_offsets, eval_seed, run_corpus_config, windows
 from .errors import MinigptError
 from .generation import load_run
 from .preparation import prepare
@@ -72,7 +72,7 @@ def text_size(tok, ids: np.ndarray) -> tuple[int, int]:
 def split_tokens(cfg, tok, split: str, echo: Callable[[str], None] = lambda m: None,
                  progress: Optional[bool] = False) -> np.ndarray:
     """The token ids of ``split`` (train or val) of the run's corpus under its tokenizer: the prepared files,
-    prepared again if they are gone.
+    prepared again if they are gone. ``cfg``: the run's, its corpus found (:func:`~.data.run_corpus_config`).
 
     Raises:
         MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it.
@@ -161,7 +161,8 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
         MinigptError: no run or checkpoint, both a split and a file, an
             unreadable file or one the tokenizer cannot encode (the char
             tokenizer's unknown characters), a stride out of range, a corpus
-            changed since training, too few tokens.
+            gone (:func:`~.data.run_corpus_config`) or changed since training,
+            too few tokens.
     """
     if split is not None and text_file is not None:
         raise MinigptError(_MESSAGES["both"])
@@ -188,7 +189,7 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
         tokens = np.asarray(encode_prompt(tok, text, f"{text_file}"), dtype=np.int64)
         n_bytes, n_chars, source, full = len(text.encode("utf-8")), len(text), str(text_file), True
     else:
-        tokens = split_tokens(cfg, tok, split, echo, progress)
+        tokens = split_tokens(run_corpus_config(cfg, run_dir), tok, split, echo, progress)
         n_bytes, n_chars = text_size(tok, tokens)
         source = split
     if len(tokens) < 2:

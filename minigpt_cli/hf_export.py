@@ -19,6 +19,8 @@ Tokenizers: the trained kinds and ``hf`` already are ``tokenizers`` files
 and are copied as they are; the char tokenizer becomes a ``WordLevel``
 model over its characters, each character split off alone and the pieces
 joined back without spaces (:func:`char_tokenizer_json`), giving the same ids.
+A character outside its alphabet becomes an unknown token where the model has
+a row to spare for one, else is removed, instead of failing in transformers.
 """
 
 from __future__ import annotations
@@ -48,12 +50,17 @@ _MESSAGES = {
                   "export: pass a new or empty --output",
     "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2 or Llama ({why}); this run "
                    "cannot be exported",
+    "char_drops": "note: the exported char tokenizer removes characters outside its {n}-character alphabet "
+                  "(minigpt refuses them): the model has no row for an unknown token; train with "
+                  "model.vocab_size above {size} for an export that maps them to one",
 }
 
 #: What an export writes (and all that ``--force`` may replace).
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 #: Our MLP activation -> GPT-2's ``activation_function``.
 _GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+#: The char tokenizer's unknown token in an export, where the model has a row for one (:func:`char_unk_token`).
+_REPLACEMENT = "\ufffd"
 #: The projections GPT-2 stores as Conv1D, (in, out): transposed from nn.Linear's (out, in).
 _GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
@@ -161,24 +168,49 @@ def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Te
     return out
 
 
-def char_tokenizer_json(tok: CharTokenizer) -> str:
-    """A ``tokenizers`` ``tokenizer.json`` giving the char tokenizer's ids: a ``WordLevel`` vocabulary of its
-    characters (then its special tokens, as added tokens), a pre-tokenizer that splits off every character,
-    and a ``Fuse`` decoder that joins the pieces without spaces."""
-    from tokenizers import AddedToken, Regex, Tokenizer as Backend, decoders, models, pre_tokenizers
+def char_unk_token(tok: CharTokenizer, vocab_size: int) -> Optional[str]:
+    """The unknown token of the char tokenizer's export: U+FFFD (Unicode's replacement character) at id
+    ``tok.vocab_size``, the model's first row past the tokenizer's, when the model has one (``model.vocab_size``
+    larger than the tokenizer); else None. ``<unk>`` stands in when the alphabet holds U+FFFD itself."""
+    if vocab_size <= tok.vocab_size:
+        return None
+    return "<unk>" if _REPLACEMENT in tok.stoi else _REPLACEMENT
 
-    vocab = {ch: i for i, ch in enumerate(tok.chars)}
-    backend = Backend(models.WordLevel(vocab, unk_token=None))
+
+def char_tokenizer_json(tok: CharTokenizer, vocab_size: int) -> str:
+    """A ``tokenizers`` ``tokenizer.json`` giving the char tokenizer's ids: a ``WordLevel`` vocabulary of its
+    characters and special tokens (the special tokens also added tokens, matched before the split), a
+    pre-tokenizer that splits off every character, and a ``Fuse`` decoder that joins the pieces without spaces.
+
+    minigpt refuses characters outside the alphabet; transformers' ``WordLevel`` would fail on them with
+    "Missing [UNK] token". So the export maps them to an unknown token (:func:`char_unk_token`) when the
+    model, of ``vocab_size`` rows, has a row for one past the tokenizer's ids; else a normalizer removes them
+    (the model has no id they could take), leaving the ids of the text's other characters. Either way the ids
+    of the alphabet's characters and of the special tokens are the run's.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers
+
+    vocab = dict(tok.stoi)  # the characters, then the special tokens: the run's ids
+    unk = char_unk_token(tok, vocab_size)
+    if unk is not None:
+        vocab[unk] = tok.vocab_size
+    backend = Backend(models.WordLevel(vocab, unk_token=unk))
+    if unk is None:  # [^alphabet], each character written \x{hex} so that none reads as a regex operator
+        alphabet = "".join(f"\\x{{{ord(ch):x}}}" for ch in tok.chars)
+        backend.normalizer = normalizers.Replace(Regex(f"[^{alphabet}]"), "")
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
+    # Special tokens are matched on the text as it is, before the normalizer (normalized=False).
     backend.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in tok.special_tokens])
     return backend.to_str(pretty=True)
 
 
 def tokenizer_files(tok: Tokenizer, run_dir: Path, cfg: Config) -> dict[str, str]:
     """``tokenizer.json`` and ``tokenizer_config.json`` of the run's tokenizer, as text."""
+    unk = tok.unk_token
     if isinstance(tok, CharTokenizer):
-        tokenizer_json = char_tokenizer_json(tok)
+        tokenizer_json = char_tokenizer_json(tok, cfg.model.vocab_size)
+        unk = char_unk_token(tok, cfg.model.vocab_size)
     else:
         tokenizer_json = (run_dir / runs.TOKENIZER).read_text(encoding="utf-8")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.block_size,
@@ -186,8 +218,8 @@ def tokenizer_files(tok: Tokenizer, run_dir: Path, cfg: Config) -> dict[str, str
     eos = end_of_text(tok)
     if eos is not None:
         config["eos_token"] = eos
-    if tok.unk_token is not None:
-        config["unk_token"] = tok.unk_token
+    if unk is not None:
+        config["unk_token"] = unk
     return {"tokenizer.json": tokenizer_json, "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
 
 
@@ -258,5 +290,7 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if isinstance(tok, CharTokenizer) and char_unk_token(tok, cfg.model.vocab_size) is None:
+        echo(_MESSAGES["char_drops"].format(n=len(tok.chars), size=tok.vocab_size))
     echo(f"exported {run_dir} ({ckpt.name}) as a transformers {config['architectures'][0]} to {out}")
     return out

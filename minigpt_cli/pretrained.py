@@ -9,13 +9,18 @@ those that pretrained weights allow to change (:data:`FREE_KEYS`): dropout, a
 ``block_size`` the position table covers, and the init settings (unused when
 weights are loaded). :func:`load_pretrained` then copies the folder's weights
 into the freshly built model. A resumed run takes its weights from its own
-checkpoint and reads the folder's config.json and tokenizer.json only.
+checkpoint and its tokenizer from its own ``tokenizer.json``; it reads the
+folder's config.json while the folder is there, and its checkpoint's record of
+it once the folder is moved away, so the run does not depend on the folder.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
+from . import runs
+from .checkpoint import saved_config
 from .config import Config
 from .errors import MinigptError
 from .hf import load_hf_folder, read_hf_config, weight_files
@@ -31,10 +36,12 @@ _MESSAGES = {
     "no_path": "tokenizer.path {path} not found; fix it, or drop it to use {folder}/tokenizer.json",
     "no_tokenizer": "{folder} has no tokenizer.json; save the model's tokenizer beside it "
                     "(AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or set tokenizer.path",
+    "no_run_tokenizer": "{path} not found; a fine-tuning run keeps the tokenizer it was trained with there: copy "
+                        "it back (from {folder}/tokenizer.json, if that is unchanged)",
 }
 
 
-def resolve_init_from(cfg: Config) -> Config:
+def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
     """``cfg`` with the architecture and tokenizer of ``model.init_from``; ``cfg`` itself when it is unset.
 
     The result's ``model`` is the folder's (:func:`~minigpt_cli.hf.read_hf_config`),
@@ -42,32 +49,60 @@ def resolve_init_from(cfg: Config) -> Config:
     tokenizer is kind ``hf`` reading ``tokenizer.path``, or the folder's
     ``tokenizer.json``. Applying it twice gives the same config.
 
+    ``run``: the run folder the config continues (``train --resume``) or is
+    the config of (``RUN/config.yaml``). Its own ``tokenizer.json`` is then the
+    tokenizer, and once the folder is gone its last checkpoint's model stands
+    for the folder's config.json, with the config's values where it sets them
+    (a resume refuses any that differ, :func:`~.trainer.resume.check_resume_config`).
+
     Raises:
         MinigptError: an unreadable or unsupported folder, a ``block_size``
             past GPT-2's position table, a model key set to another value than
-            the folder's, another ``tokenizer.kind``, no tokenizer file.
+            the folder's, another ``tokenizer.kind``, no tokenizer file; with
+            ``run``, a damaged checkpoint config.
     """
     mc = cfg.model
     if mc.init_from is None:
         return cfg
     folder = Path(mc.init_from).absolute()  # the run records where it is, wherever it is later read from
     given = mc.model_fields_set
-    _, theirs = read_hf_config(folder, mc.block_size if "block_size" in given else None)
-    weight_files(folder)  # refused now, not after the data is prepared
-    for key in sorted(given - FREE_KEYS):
-        if getattr(mc, key) != getattr(theirs, key):
-            raise MinigptError(_MESSAGES["conflict"].format(key=key, ours=getattr(mc, key), folder=folder,
-                                                            theirs=getattr(theirs, key)))
-    model = theirs.model_copy(update={key: getattr(mc, key) for key in given & FREE_KEYS})
+    if run is not None and not folder.is_dir():  # moved away since the run started: the run's record of it
+        ran = saved_config(runs.checkpoint_dir(run, runs.LAST)).model
+        model = ran.model_copy(update={key: getattr(mc, key) for key in given})
+    else:
+        _, theirs = read_hf_config(folder, mc.block_size if "block_size" in given else None)
+        weight_files(folder)  # refused now, not after the data is prepared
+        for key in sorted(given - FREE_KEYS):
+            if getattr(mc, key) != getattr(theirs, key):
+                raise MinigptError(_MESSAGES["conflict"].format(key=key, ours=getattr(mc, key), folder=folder,
+                                                                theirs=getattr(theirs, key)))
+        model = theirs.model_copy(update={key: getattr(mc, key) for key in given & FREE_KEYS})
     tc = cfg.tokenizer
     if "kind" in tc.model_fields_set and tc.kind != "hf":
         raise MinigptError(_MESSAGES["tokenizer_kind"].format(kind=tc.kind, folder=folder))
-    path = Path(tc.path or folder / "tokenizer.json").absolute()
+    if run is not None:  # the tokenizer the run was trained with, wherever the folder's is now
+        path = (Path(run) / runs.TOKENIZER).absolute()
+    else:
+        path = Path(tc.path or folder / "tokenizer.json").absolute()
     if not path.is_file():
-        raise MinigptError(_MESSAGES["no_tokenizer" if tc.path is None else "no_path"].format(folder=folder, path=path))
+        which = "no_run_tokenizer" if run is not None else "no_tokenizer" if tc.path is None else "no_path"
+        raise MinigptError(_MESSAGES[which].format(folder=folder, path=path))
     tokenizer = tc.model_copy(update={"kind": "hf", "path": str(path), "vocab_size": None})
     model = model.model_copy(update={"init_from": str(folder)})
     return cfg.model_copy(update={"model": model, "tokenizer": tokenizer})
+
+
+def resumed_run(cfg: Config, resume: Optional[str]) -> Optional[Path]:
+    """The run folder ``--resume`` continues, for :func:`resolve_init_from`: None without ``resume``, for
+    a config that does not fine-tune, or for ``auto`` with no run of the config's name yet.
+
+    Raises:
+        MinigptError: a ``resume`` path without a resumable checkpoint
+            (:func:`~minigpt_cli.runs.find_resume_dir`).
+    """
+    if resume is None or cfg.model.init_from is None:
+        return None
+    return runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
 
 
 def load_pretrained(model, cfg: Config) -> None:

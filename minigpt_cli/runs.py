@@ -439,6 +439,8 @@ def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, line
         "cuda": torch.version.cuda,
         "git_commit": git_commit(),
         "argv": sys.argv,
+        # The folder train ran in: argv's and the config's relative paths (data.data_dir, ...) are relative to it.
+        "cwd": os.getcwd(),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -448,6 +450,29 @@ def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, line
 def write_env(run_dir: Path, env: dict[str, Any]) -> None:
     """Write ``env.json`` (atomically)."""
     atomic_write_text(Path(run_dir) / ENV, json.dumps(env, indent=1))
+
+
+def training_dir(run_dir: Path, out_dir: str | Path) -> Optional[Path]:
+    """The folder ``train`` last ran in for this run, which its config's relative paths are relative to.
+
+    ``env.json`` records it (``cwd``). For a run from before it did, it is
+    the folder a relative ``train.out_dir`` hangs from, when the run folder is
+    still ``<that folder>/<out_dir>/<run name>``. None when neither says.
+    """
+    try:
+        cwd = json.loads((Path(run_dir) / ENV).read_text(encoding="utf-8")).get("cwd")
+    except (OSError, ValueError, AttributeError):
+        cwd = None
+    if isinstance(cwd, str) and cwd:
+        return Path(cwd)
+    out = Path(os.path.normpath(out_dir))
+    if out.is_absolute() or ".." in out.parts:
+        return None
+    parent = Path(os.path.normpath(Path(run_dir).absolute())).parent  # <that folder>/<out_dir>
+    n = len(out.parts)  # 0 for "."
+    if n and parent.parts[-n:] != out.parts:
+        return None
+    return Path(*parent.parts[:len(parent.parts) - n])
 
 
 def earlier_sessions(run_dir: Path) -> list[dict[str, Any]]:

@@ -27,7 +27,9 @@ Budgets make the comparison fair: ``iters`` gives every run the same steps,
 ``tokens`` the same tokens (steps = tokens / tokens per step, per variant),
 ``seconds`` the same wall-clock time (``train.max_seconds``; the schedule
 still follows ``train.max_iters``). With ``--jobs N`` the runs go N at a time
-in processes of their own, each with 1/N of the cores.
+in processes of their own, each with 1/N of the cores; on Linux they end
+(saving their checkpoints) when the sweep's process dies, even by SIGKILL
+(:func:`die_with_parent`).
 """
 
 from __future__ import annotations
@@ -293,6 +295,37 @@ def _command(sweep: Sweep, run: Run) -> list[str]:
     return [*words, "--resume", str(folder)] if _resumable(sweep, run) else [*words, "--run-name", run.name]
 
 
+#: Linux's prctl option that has the kernel signal a process when its parent dies (<linux/prctl.h>).
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` that makes a child process get SIGTERM when this process dies, SIGKILL included;
+    None where the system cannot (it is Linux's ``prctl(PR_SET_PDEATHSIG)``).
+
+    SIGTERM, not SIGKILL: a trainer saves ``checkpoints/last`` on it, so the sweep started again resumes
+    the run. The kernel sends it when the *thread* that started the child ends: ``--jobs`` starts each child
+    from a worker thread that waits for it, so that thread outlives the child unless the process dies.
+    ``prctl`` is looked up here, before the fork: the child only calls it (and ``getppid``), then execs.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # no C library to ask: the children outlive a killed sweep, as before
+        return None
+    parent = os.getpid()
+
+    def set_parent_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the sweep died before the call: its signal will never come
+            os._exit(128 + int(signal.SIGTERM))
+
+    return set_parent_death_signal
+
+
 def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None,
               echo: Callable[[str], None] = lambda m: None) -> dict:
     """Run (or finish) a sweep, then write its summary; returns :func:`~minigpt_cli.compare.summarize`'s result.
@@ -331,6 +364,9 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
                 bar.update(1)
         else:
             env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // jobs)))
+            # Each run in a session of its own (a Ctrl-C reaches the sweep, which passes it on), and ended
+            # with the sweep if the sweep is killed, instead of training on unseen.
+            preexec_fn = die_with_parent()
 
             running: dict[str, subprocess.Popen] = {}
             stopping = threading.Event()
@@ -341,7 +377,8 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
                 log = sweep.folder / f"{run.name}.log"
                 with open(log, "w") as out:
                     proc = running[run.name] = subprocess.Popen(_command(sweep, run), env=env, stdout=out,
-                                                                stderr=subprocess.STDOUT, start_new_session=True)
+                                                                stderr=subprocess.STDOUT, start_new_session=True,
+                                                                preexec_fn=preexec_fn)
                     code = proc.wait()
                 del running[run.name]
                 if stopping.is_set():

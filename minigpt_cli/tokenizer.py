@@ -490,8 +490,9 @@ def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
     except MinigptError as exc:
         tc = cfg.tokenizer
         source = (Path(tc.path) if tc.path
-                  else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind, tc.vocab_size,
-                                              tc.special_tokens))
+                  else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind, tc.vocab_size, tc.special_tokens))
+        if cfg.model.init_from and source.absolute() == (Path(run_dir) / "tokenizer.json").absolute():
+            source = Path(cfg.model.init_from) / "tokenizer.json"  # a resumed fine-tuning run names its own
         problem = str(exc).split(";")[0]
         raise MinigptError(
             f"{problem}; a run keeps the tokenizer it was trained with: copy it back from {str(source)!r} "

@@ -78,6 +78,44 @@ def test_the_export_imports_back_to_the_same_weights_byte_for_byte(exported, tmp
     assert (tmp_path / "again.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
 
 
+@pytest.mark.parametrize("exported", ["gpt2-char"], indirect=True)
+def test_an_exported_char_tokenizer_removes_characters_outside_its_alphabet(exported, cli, tmp_path):
+    """A model with no row to spare has no id for an unknown character: transformers gets the text without
+    them, instead of failing with "Missing [UNK] token"; the export says so."""
+    from transformers import AutoTokenizer
+
+    run, out = exported
+    tok = load_tokenizer(run / runs.TOKENIZER, "char")
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    text = "«héllo» 😀 [$3.?-&]^\\"  # '$', '.', '?', '-' are in the alphabet, read as regex operators elsewhere
+    assert hf_tok(text, add_special_tokens=False)["input_ids"] == tok.encode("hllo  $3.?-&")
+    assert hf_tok.unk_token is None
+    res = cli("export", run, "--output", tmp_path / "again")
+    assert res.exit_code == 0 and "removes characters outside its 65-character alphabet" in res.stderr, res
+
+
+def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_path, data_dir):
+    """With model.vocab_size above the tokenizer's, the first spare id is the unknown token; the ids of the
+    characters and of the special token stay the run's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from minigpt_cli.hf_export import export_run
+
+    cfg = tiny(data_dir, "train.max_iters=1", "model.vocab_size=72", "tokenizer.special_tokens=[<|endoftext|>]",
+               f"train.out_dir={tmp_path}/runs")
+    run = train(cfg, "r", echo=lambda m: None, progress=False).run_dir
+    out = export_run(run, tmp_path / "hf")
+    tok = load_tokenizer(run / runs.TOKENIZER, "char")
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    unk = tok.vocab_size  # 65 characters and <|endoftext|>: id 66
+    ids = hf_tok("héllo<|endoftext|>€", add_special_tokens=False)["input_ids"]
+    assert ids == [*tok.encode("h"), unk, *tok.encode("llo<|endoftext|>"), unk]
+    assert hf_tok.unk_token == "\ufffd" and hf_tok.unk_token_id == unk
+    assert hf_tok.decode(ids) == "h\ufffdllo<|endoftext|>\ufffd"
+    model = AutoModelForCausalLM.from_pretrained(out)  # the model has a row for the unknown id
+    assert model(torch.tensor([ids])).logits.shape == (1, len(ids), 72)
+
+
 @pytest.mark.parametrize("change,key", [
     ({"pos_encoding": "sinusoidal"}, "model.pos_encoding='sinusoidal'"),
     ({"pos_encoding": "none"}, "model.pos_encoding='none'"),

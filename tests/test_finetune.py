@@ -117,6 +117,39 @@ def test_twenty_steps_of_fine_tuning_then_generate_evaluate_resume_and_count(cli
         p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(folders["llama"]).parameters())
 
 
+def test_a_fine_tuning_run_outlives_the_folder_it_started_from(cli, folders, data_dir, tmp_path):
+    """Moved away, the pretrained folder is not needed: resume (with the run's config or the one it began
+    with), generate, evaluate and count-params read the run's own tokenizer.json and checkpoint."""
+    import shutil
+
+    folder = tmp_path / "gpt2"
+    shutil.copytree(folders["gpt2"], folder)
+    common = [f"data.data_dir={data_dir}", "device=cpu", f"train.out_dir={tmp_path}/runs", "model.block_size=32",
+              "train.batch_size=4", "train.eval_iters=2", "train.sample_tokens=0", "train.log_interval=2"]
+    sets = [w for s in common for w in ("--set", s)]
+    res = cli("train", FINETUNE, "--init-from", folder, *sets, "--set", "train.max_iters=2", "--run-name", "ft",
+              "--no-progress")
+    assert res.exit_code == 0, res
+    run = tmp_path / "runs" / "ft"
+    folder.rename(tmp_path / "elsewhere")
+    res = cli("train", run / runs.CONFIG, "--set", "train.max_iters=4", "--resume", run, "--no-progress")
+    assert res.exit_code == 0 and "trained to step 4" in res.stdout, res
+    res = cli("train", FINETUNE, "--init-from", folder, *sets, "--set", "train.max_iters=6", "--resume", run,
+              "--no-progress")
+    assert res.exit_code == 0 and "trained to step 6" in res.stdout, res
+    saved = load_config(run / runs.CONFIG)
+    assert saved.tokenizer.path == str((run / runs.TOKENIZER).absolute()) and saved.model.init_from == str(folder)
+    res = cli("generate", "--run", run, "--prompt", "ROMEO:", "--max-new-tokens", "4", "--seed", "1")
+    assert res.exit_code == 0 and res.stdout.startswith("ROMEO:"), res
+    res = cli("evaluate", "--run", run, "--checkpoint", "last", "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["step"] == 6, res
+    res = cli("count-params", "--config", run / runs.CONFIG, "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["total"] > 0, res
+    # A model key the run did not have is still refused, naming it.
+    assert_user_error(cli("train", FINETUNE, "--init-from", folder, *sets, "--set", "model.n_layer=3",
+                          "--set", "train.max_iters=8", "--resume", run), "model.n_layer is 3 here but 2")
+
+
 def _tokens_per_byte(run) -> float:
     """The val split's tokens per UTF-8 byte of its text: what the training eval's bits per byte converts by."""
     from minigpt_cli.data import prepare_configured

@@ -152,6 +152,32 @@ def test_attention_maps_of_a_gqa_rope_run(gqa_run, tmp_path):
     assert "(kv1)" in format_attention(r)
 
 
+@pytest.mark.parametrize("prompt", ["ROMEO: thou", "ROMEO: thou art a villain, sir"],
+                         ids=["labelled", "unlabelled"])  # tick labels up to LABELLED (24) tokens
+def test_the_attention_figure_of_two_heads_holds_its_title_and_labels(tmp_path, data_dir, monkeypatch, prompt):
+    """A 2 x 2 grid is the narrowest figure: its title and every label stay inside it (the title was clipped)."""
+    from minigpt_cli import train
+    from minigpt_cli.inspection import attention as topic
+
+    figures = []
+    save_png = topic.save_png
+
+    def keep(fig, folder, name):
+        figures.append(fig)
+        return save_png(fig, folder, name)
+
+    monkeypatch.setattr(topic, "save_png", keep)
+    run = train(tiny(data_dir, "train.max_iters=2", "train.eval_at_start=false", f"train.out_dir={tmp_path}"),
+                echo=lambda m: None, progress=False).run_dir
+    r = topic.attention(run, prompt, output=tmp_path)
+    assert (r["n_layer"], r["n_head"]) == (2, 2)
+    assert_png(r["png"])
+    fig = figures[0]
+    drawn = fig.get_tightbbox(fig.canvas.get_renderer())  # inches, every artist: title, ticks, colour bar
+    width, height = fig.get_size_inches()
+    assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height, (drawn, width, height)
+
+
 def test_residual_of_a_trained_run(gqa_run, cli, tmp_path):
     res = cli("inspect", "residual", "--run", gqa_run, "--windows", "2", "--json", "--output", tmp_path)
     assert res.exit_code == 0, res

@@ -222,6 +222,29 @@ def test_resume_without_the_runs_tokenizer_says_where_it_came_from(data_dir, tmp
         train(tiny(data_dir, "train.max_iters=8"), echo=lambda m: None, progress=False, resume="runs/t")
 
 
+def test_resume_takes_the_runs_tokenizer_by_its_path_and_refuses_another(data_dir, tmp_path, monkeypatch):
+    """What the tokenizer error says to do works: tokenizer.path at the run's tokenizer.json resumes; another
+    tokenizer is refused before anything is prepared with it, by the dry run as by train."""
+    from minigpt_cli.tokenizer import CharTokenizer
+    from minigpt_cli.trainer import describe_resume
+
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=4"), run_name="t", echo=lambda m: None, progress=False)
+    own = tmp_path / "runs" / "t" / "tokenizer.json"
+    res = train(tiny(data_dir, "train.max_iters=6", f"tokenizer.path={own}"), echo=lambda m: None, progress=False,
+                resume="runs/t")
+    assert res.step == 6
+    abc = CharTokenizer("abc")
+    abc.save(tmp_path / "other.json")
+    other = tiny(data_dir, "train.max_iters=8", f"tokenizer.path={tmp_path / 'other.json'}")
+    refused = r"the tokenizer file the config names differs from runs/t/tokenizer.json; point tokenizer.path at"
+    with pytest.raises(MinigptError, match=refused):
+        describe_resume(other, "runs/t")
+    with pytest.raises(MinigptError, match=refused):
+        train(other, echo=lambda m: None, progress=False, resume="runs/t")
+    assert not (data_dir / "tinyshakespeare" / f"char-{abc.fingerprint()}").exists()  # nothing prepared with it
+
+
 def test_resume_refuses_a_different_model(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=5"), run_name="m", echo=lambda m: None, progress=False)

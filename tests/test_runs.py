@@ -97,6 +97,40 @@ def test_env_json_keeps_the_earlier_sessions_oldest_first(tmp_path):
     assert runs.earlier_sessions(tmp_path) == []
 
 
+def test_evaluate_and_compare_find_a_runs_relative_corpus_from_any_folder(cli, data_dir, tmp_path, monkeypatch):
+    """Relative data.data_dir and data.path are relative to where train ran (env.json's cwd; for an older
+    run, the folder its relative train.out_dir hangs from), not to where evaluate or compare run; a corpus
+    that is gone is one line naming where it was."""
+    from minigpt_cli.compare import summarize
+
+    project = tmp_path / "project"
+    (project / "books").mkdir(parents=True)
+    (project / "data").symlink_to(data_dir)  # the shared corpus and its prepared files, under a relative name
+    (project / "books" / "a.txt").write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:100_000])
+    monkeypatch.chdir(project)
+    for name, extra in (("named", []), ("own", ["data.path=books"])):
+        train(tiny("data", "train.max_iters=2", "train.eval_at_start=false", *extra), name, echo=lambda m: None,
+              progress=False)
+    named, own = project / "runs" / "named", project / "runs" / "own"
+    assert json.loads((named / runs.ENV).read_text())["cwd"] == str(project)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for run in (named, own):
+        res = cli("evaluate", "--run", run, "--json")
+        assert res.exit_code == 0, res
+        got = json.loads(res.stdout)
+        assert abs(got["loss"] - got["logged_loss"]) < 1e-6, got
+    result = summarize([named, own])
+    assert all(row["bits_per_byte"] for row in result["rows"]) and not any("no bits" in n for n in result["notes"])
+    env = json.loads((named / runs.ENV).read_text())
+    del env["cwd"]  # a run trained before env.json said where
+    (named / runs.ENV).write_text(json.dumps(env))
+    assert cli("evaluate", "--run", named).exit_code == 0
+    (project / "books").rename(project / "moved")
+    assert_user_error(cli("evaluate", "--run", own), f"nothing at {project / 'books'}", "put the corpus back there")
+    assert any(f"nothing at {project / 'books'}" in n for n in summarize([named, own])["notes"])
+
+
 def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
     monkeypatch.setattr(runs.time, "strftime", lambda fmt, *a: "20250101-120000")
     first = runs.new_run_dir(tmp_path, "tiny", None)

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +99,72 @@ def test_a_bad_kernel_setting_is_one_line_before_the_sweep_starts(cli, tmp_path,
         res = cli("sweep", path, "--jobs", "2")
     assert_user_error(res, f"{var}='maybe'")
     assert not (tmp_path / "runs").exists()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie no one has reaped yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _training(run: Path) -> bool:
+    """Whether the run has logged a training step."""
+    metrics = run / "metrics.jsonl"
+    return metrics.is_file() and any(json.loads(line)["event"] == "train"
+                                     for line in metrics.read_text().splitlines() if line.endswith("}"))
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2,
+                    reason="the parent-death signal is Linux's; --jobs 2 needs 2 cores")
+def test_the_runs_of_a_sweep_killed_by_sigkill_stop_and_save(tmp_path, data_dir):
+    """SIGKILL gives the sweep no chance to stop its --jobs runs; the kernel sends each one SIGTERM instead,
+    on which it saves checkpoints/last and ends, rather than training on unseen."""
+    path = write_sweep(tmp_path, data_dir, seeds=1, budget={"iters": 1_000_000})
+    folders = [tmp_path / "runs" / "s" / name for name in ("ffn-relu-s1337", "ffn-gelu-s1337")]
+    sweep = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "sweep", str(path), "--jobs", "2"],
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children: list[int] = []
+    try:
+        assert _wait_for(lambda: sweep.poll() is not None or all(map(_training, folders)), 180)
+        assert sweep.poll() is None, "the sweep ended before its runs trained"
+        children = _children(sweep.pid)
+        assert len(children) == 2, children
+        sweep.kill()
+        sweep.wait(timeout=30)
+        assert _wait_for(lambda: not any(map(_alive, children)), 60), "the runs outlived the killed sweep"
+        for folder in folders:
+            assert "stopped by SIGTERM" in (folder / "train.log").read_text()
+            assert (folder / "checkpoints" / "last").is_dir()
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_budgets_give_equal_tokens_or_equal_time(tmp_path, data_dir):

@@ -32,7 +32,7 @@ from .. import runs
 from ..errors import MinigptError
 from ..model import apply_rope
 from ..sampling import encode_prompt
-from .figures import new_figure, save_png, wrote
+from .figures import new_figure, save_png, widen_to_fit, wrote
 from .run_model import open_run
 
 _MESSAGES = {
@@ -154,8 +154,11 @@ def _plot(r: dict, maps: list[torch.Tensor], folder: Path) -> str:
     cell = 2.6 if T <= LABELLED else 2.2
     height = 0.9 * cell * L + 0.8
     fig = new_figure(cell * H + 1.2, height)
-    fig.subplots_adjust(left=0.06, right=0.9, bottom=0.5 / height, top=1 - 0.6 / height, wspace=0.3, hspace=0.35)
-    fig.suptitle(f"{Path(r['run']).name}: attention weights (rows: query, columns: key), mean entropy H in nats")
+    # The layout engine makes room for the title, the heads' titles, the tick labels and the colour bar
+    # (fixed margins clipped the title of a narrow grid).
+    fig.set_layout_engine("constrained", w_pad=0.08, h_pad=0.08)
+    title = fig.suptitle(f"{Path(r['run']).name}: attention weights\n"
+                         "rows: query, columns: key; H: mean entropy in nats")
     labels = ([t.replace("\n", "↵").replace(" ", "␣") for t in r["tokens"]] if len(r["tokens"]) == T
               else [str(i) for i in r["ids"]])
     image = None
@@ -173,4 +176,5 @@ def _plot(r: dict, maps: list[torch.Tensor], folder: Path) -> str:
                 ax.tick_params(labelsize=6)
     if image is not None:
         fig.colorbar(image, ax=fig.axes, fraction=0.02, pad=0.02)
+    widen_to_fit(fig, title)
     return save_png(fig, folder, "attention.png")

@@ -26,6 +26,14 @@ def new_figure(width: float, height: float):
     return fig
 
 
+def widen_to_fit(fig, text, margin: float = 0.2) -> None:
+    """Widen ``fig`` so that ``text`` (a title: it does not wrap) fits inside it with ``margin`` inches to
+    spare on each side; a layout engine then spreads the axes over the new width."""
+    width = text.get_window_extent(fig.canvas.get_renderer()).width / fig.dpi + 2 * margin
+    if width > fig.get_figwidth():
+        fig.set_figwidth(width)
+
+
 def save_png(fig, folder: Path, name: str) -> str:
     """Write ``fig`` to ``folder/name`` atomically (the folder is created); returns the path as a string.
 

@@ -134,10 +134,11 @@ def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 
 
 def _val_windows(run: Path, cfg, tok, count: int, seed: int, echo: Callable[[str], None]) -> torch.Tensor:
     """``count`` windows of block_size tokens from the run's validation split (its prepared token files)."""
-    from ..data import corpus_on_disk, eval_offsets, windows
+    from ..data import corpus_on_disk, eval_offsets, run_corpus_config, windows
     from ..paths import dataset_dir
     from ..preparation import prepare
 
+    cfg = run_corpus_config(cfg, run)  # found from any folder, as train read it
     corpus = corpus_on_disk(cfg)
     if corpus is None:
         raise MinigptError(_MESSAGES["no_corpus"].format(where=cfg.data.path or cfg.data.dataset,

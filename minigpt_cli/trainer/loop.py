@@ -26,7 +26,7 @@ import torch
 from .. import parallel, runs
 from ..config import Config
 from ..errors import Interrupted, MinigptError
-from ..pretrained import resolve_init_from
+from ..pretrained import resolve_init_from, resumed_run
 from ..runtime import all_mean, broadcast, capture_rng, close_distributed
 from ..sampling import sample_prompt_text
 from .preflight import check_paths
@@ -374,7 +374,8 @@ def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] 
     claim = Claim()
     try:
         with claim:
-            cfg = resolve_init_from(cfg)  # a fine-tuning run: the pretrained folder's model and tokenizer
+            # A fine-tuning run: the pretrained folder's model and tokenizer (a resumed one: the run's tokenizer).
+            cfg = resolve_init_from(cfg, resumed_run(cfg, resume))
             check_paths(cfg, resume if resume != "auto" else None)  # before anything is fetched or written
             prepared = build(cfg, run_name, resume, echo, progress, claim)
             if not isinstance(prepared, Setup):  # a resumed run that is already done

@@ -12,7 +12,7 @@ from ..config import Config
 from ..corpus import Corpus, changed_file
 from ..data import check_fingerprint, corpus_on_disk
 from ..errors import MinigptError
-from ..tokenizer import Tokenizer, load_run_tokenizer
+from ..tokenizer import Tokenizer, load_run_tokenizer, load_tokenizer
 from .schedule import schedule_note
 
 
@@ -21,7 +21,10 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
 
     Other keys may change. The ``train`` section in particular: a larger
     ``max_iters`` trains a finished run further; see :func:`schedule_note`
-    for what that does to the learning rate.
+    for what that does to the learning rate. So may where files are:
+    ``tokenizer.path`` (the tokenizer itself is compared by its fingerprint,
+    :func:`check_resume_tokenizer`) and a fine-tuning run's ``model.init_from``
+    (a resume loads its own weights; the architecture is compared key by key).
 
     Raises:
         MinigptError: a ``model``, ``tokenizer`` or ``data`` key differs; names the key.
@@ -30,6 +33,10 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
         a, b = getattr(cfg, section).model_dump(), getattr(saved, section).model_dump()
         if section == "model":
             a["vocab_size"] = b["vocab_size"] = None
+            if a["init_from"] is not None and b["init_from"] is not None:  # fine-tuned: where from may move
+                a["init_from"] = b["init_from"] = None
+        if section == "tokenizer":
+            a["path"] = b["path"] = None
         if section == "data":  # the corpus itself is checked against its files (check_resume_corpus)
             a["fingerprint"] = b["fingerprint"] = None
         diff = [k for k in a if a[k] != b.get(k)]
@@ -39,6 +46,32 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
                 f"({runs.CHECKPOINTS}/{runs.LAST}/{runs.CONFIG}); model, tokenizer and data values cannot change "
                 f"on a resume: resume with the config the run was trained with, or start a new run"
             )
+
+
+#: A resume whose tokenizer is not the run's own.
+_TOKENIZER_CHANGED = ("--resume: the tokenizer file the config names differs from {path}; point tokenizer.path at "
+                      "the run's tokenizer.json")
+
+
+def check_resume_tokenizer(run_dir: Path, saved: Config, tok: Optional[Tokenizer]) -> None:
+    """Refuse to resume with another tokenizer ``tok`` than the run's ``tokenizer.json`` (None: none yet,
+    nothing to compare).
+
+    Raises:
+        MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json`` in the run.
+    """
+    if tok is not None and load_run_tokenizer(run_dir, saved).fingerprint() != tok.fingerprint():
+        raise MinigptError(_TOKENIZER_CHANGED.format(path=run_dir / runs.TOKENIZER))
+
+
+def _named_tokenizer(cfg: Config) -> Optional[Tokenizer]:
+    """The tokenizer in the file ``tokenizer.path`` names, when it is set and there; else None.
+
+    Raises:
+        MinigptError: a damaged file.
+    """
+    path = cfg.tokenizer.path
+    return load_tokenizer(path, cfg.tokenizer.kind) if path and Path(path).is_file() else None
 
 
 #: A resume whose corpus is not the one the run trained on.
@@ -72,14 +105,17 @@ def check_resume_corpus(saved: Config, last: Path, corpus: Corpus) -> None:
 def check_resume_early(cfg: Config, resume: Optional[str]) -> None:
     """Before the corpus is read or downloaded: refuse a ``--resume`` whose run has another model, tokenizer
     or data config (:func:`check_resume_config`), so that a missing ``data.path`` is named, not downloaded
-    around. A run that does not exist is left to :func:`open_resume`.
+    around, or whose ``tokenizer.path`` names another tokenizer (:func:`check_resume_tokenizer`). A run
+    that does not exist is left to :func:`open_resume`.
 
     Raises:
-        MinigptError: as :func:`check_resume_config`.
+        MinigptError: as :func:`check_resume_config` and :func:`check_resume_tokenizer`.
     """
     run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume) if resume is not None else None
     if run_dir is not None:
-        check_resume_config(cfg, checkpoint.saved_config(runs.checkpoint_dir(run_dir, runs.LAST)))
+        saved = checkpoint.saved_config(runs.checkpoint_dir(run_dir, runs.LAST))
+        check_resume_config(cfg, saved)
+        check_resume_tokenizer(run_dir, saved, _named_tokenizer(cfg))
 
 
 def check_corpus(cfg: Config, resume: Optional[str], corpus: Corpus) -> None:
@@ -111,6 +147,7 @@ def describe_resume(cfg: Config, resume: str, corpus: Optional[Corpus] = None) -
     last = runs.resolve(runs.checkpoint_dir(run_dir, runs.LAST))
     saved = checkpoint.saved_config(last)
     check_resume_config(cfg, saved)
+    check_resume_tokenizer(run_dir, saved, _named_tokenizer(cfg))
     corpus = corpus if corpus is not None else corpus_on_disk(cfg)
     if corpus is not None:
         check_resume_corpus(saved, last, corpus)
@@ -173,11 +210,7 @@ def open_resume(cfg: Config, resume: str, tok: Tokenizer, corpus: Corpus, main: 
     saved = checkpoint.saved_config(last)
     check_resume_config(cfg, saved)
     check_resume_corpus(saved, last, corpus)
-    if load_run_tokenizer(run_dir, saved).fingerprint() != tok.fingerprint():
-        raise MinigptError(
-            f"--resume: the tokenizer file the config names differs from {run_dir / runs.TOKENIZER}; "
-            "point tokenizer.path at the run's tokenizer.json"
-        )
+    check_resume_tokenizer(run_dir, saved, tok)
     state = checkpoint.load_trainer_state(last)
     resumed = Resumed(run_dir, state, cfg.train.max_iters, swept=swept)
     if not resumed.done:
