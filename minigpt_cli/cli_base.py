@@ -44,6 +44,10 @@ class _StdoutError(Exception):
         super().__init__(exc.strerror or str(exc))
 
 
+class _CtrlC(Exception):
+    """A Ctrl-C inside a command, carried past Typer (which turns it into exit status 130 without a word)."""
+
+
 class _StdoutClosed(Exception):
     """The reader of standard output left (``minigpt generate | head``); not an error.
 
@@ -96,6 +100,12 @@ class Group(TyperGroup):
     or read-only disk) and a standard output that cannot be written.
     """
 
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # Typer would exit 130 silently; Group.main says what happened
+            raise _CtrlC() from None
+
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         real_stdout = sys.stdout
         sys.stdout = _GuardedStdout(real_stdout)
@@ -118,11 +128,9 @@ class Group(TyperGroup):
         except MinigptError as exc:
             _fail(str(exc), exc.exit_code)
         except _Terminated as exc:
-            _fail(f"stopped by {signal.Signals(exc.signum).name} (partial files removed)", 128 + exc.signum,
-                  prefix="")
-        except (typer.Abort, KeyboardInterrupt):
-            print("aborted", file=sys.stderr)
-            sys.exit(130)
+            _fail(STOPPED.format(name=signal.Signals(exc.signum).name), 128 + exc.signum, prefix="")
+        except (_CtrlC, typer.Abort, KeyboardInterrupt):
+            _fail(STOPPED.format(name="Ctrl-C"), 130, prefix="")
         except (_StdoutClosed, BrokenPipeError):  # e.g. `minigpt generate | head`: the reader left
             sys.stdout = real_stdout
             _drop_stdout()
@@ -190,6 +198,10 @@ def _fail(message: str, code: int = EXIT_USAGE, prefix: str = "error: ") -> None
     print(f"{prefix}{first}", file=sys.stderr)
     sys.exit(code)
 
+
+#: Said when a signal stops a command that does not answer it itself (``train`` and ``prepare`` say more):
+#: what was being written is removed (files are written to a temporary name, then renamed).
+STOPPED = "stopped by {name} (partial files removed)"
 
 #: Longest error line printed; a message quoting a huge value is cut there.
 _MAX_ERROR = 2000

@@ -244,3 +244,17 @@ def test_a_resume_keeps_a_hand_edited_run_config_and_says_so(cli, data_dir, tmp_
     assert "config.yaml was edited since the last checkpoint" in res.stderr and "config.yaml.edited" in res.stderr
     assert (run / "config.yaml.edited").read_text() == edited  # the edit is kept
     assert "learning_rate: 0.003" in config.read_text()  # config.yaml is what the session ran with
+
+
+def test_a_ctrl_c_inside_any_command_says_so(cli, monkeypatch):
+    """Typer turned a Ctrl-C inside a command into exit status 130 without a word (generate, export, ...);
+    now every command that does not answer it itself says it stopped, in one line."""
+    import minigpt_cli.count as count
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(count, "count_params", interrupted)
+    res = cli("count-params", "--preset", "gpt2-small")
+    assert res.exit_code == 130, res
+    assert res.stderr.splitlines() == ["stopped by Ctrl-C (partial files removed)"], res
