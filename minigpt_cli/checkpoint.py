@@ -242,7 +242,8 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
     config = saved_config(directory)
     weights = directory / WEIGHTS
     other = {BEST: LAST, LAST: BEST}.get(directory.name)
-    hint = (f"use the other checkpoint (generate --checkpoint {other}) or retrain" if other
+    # Every command that loads a model (generate, evaluate, export, inspect) takes --checkpoint.
+    hint = (f"use the other checkpoint (--checkpoint {other}) or retrain" if other
             else "use another checkpoint or retrain")
     sd = _read_weights(weights, hint)
     if config.model.vocab_size is None:

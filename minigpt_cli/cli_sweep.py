@@ -35,7 +35,9 @@ def sweep(
 
     Started again after a kill, a sweep skips the finished runs and resumes
     the interrupted one from its checkpoint; a sweep file or base config
-    changed in between is refused, naming the difference. More --jobs than
+    changed in between is refused, naming the difference, once a run has
+    saved a checkpoint (before that, the edited file is a new start). The
+    runs' folder is the sweep's: train.out_dir may not be overridden. More --jobs than
     cores is slower than fewer: the runs then fight for the same cores, and
     each one's matmuls get less of them.
 

@@ -287,6 +287,7 @@ def _sentences(variants: list[Variant], stat: str) -> list[str]:
 
 
 def _table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    """The table's header and rows as text, numbers formatted for reading (``1,234``, ``4.1027 ± 0.0100``)."""
     head = ["variant", *result["columns"], "seeds", "params", "non-emb", "FLOPs/token", "tokens/s", "steps"]
     loss = "final_val" in (result["rows"][0] if result["rows"] else {})
     if loss:
@@ -295,7 +296,7 @@ def _table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     head += ["val bits/byte", f"s to {result['target']:.3f} {unit}"]
     body = []
     for r in result["rows"]:
-        cells = [r["variant"], *(json.dumps(r[c]) if not isinstance(r[c], str) else r[c] for c in result["columns"]),
+        cells = [r["variant"], *(_config_text(r[c]) for c in result["columns"]),
                  str(r["seeds"]), f"{r['params']:,}", f"{r['params_non_embedding']:,}", f"{r['flops_per_token']:,}",
                  f"{r['tokens_per_sec']:,.0f}" if r["tokens_per_sec"] else "n/a", f"{r['steps']:.0f}"]
         if loss:
@@ -308,11 +309,44 @@ def _table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     return head, body
 
 
+def _csv_rows(result: dict) -> list[list[Any]]:
+    """The table for summary.csv: the JSON rows' names and plain values (numbers as numbers, standard deviations
+    in columns of their own, an empty cell for none), one row per variant."""
+    keys = ["variant", *result["columns"], "seeds", "params", "params_non_embedding", "flops_per_token",
+            "tokens_per_sec", "steps"]
+    if "final_val" in (result["rows"][0] if result["rows"] else {}):
+        keys += [f"{stat}{sd}" for stat in ("final_val", "best_val", "val_at_equal_time") for sd in ("", "_sd")]
+    keys += ["bits_per_byte", "bits_per_byte_sd", "time_to_target_s", "reached_target"]
+    return [keys, *([_plain(r.get(k)) for k in keys] for r in result["rows"])]
+
+
+def _plain(value: Any) -> Any:
+    """A CSV cell: a number or text as it is, nothing as an empty cell, anything else as JSON (``true``)."""
+    if value is None:
+        return ""
+    return value if isinstance(value, (int, float, str)) and not isinstance(value, bool) else json.dumps(value)
+
+
+def _config_text(value: Any) -> str:
+    """A config value in a table cell: text as it is, anything else as JSON (``true``, ``null``, ``[1, 2]``)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+#: How a table cell writes what would break a Markdown row: a ``|`` ends the cell, a line break the row.
+_CELL_ESCAPES = {"\\": "\\\\", "|": "\\|", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _cell(text: str) -> str:
+    """``text`` safe in a Markdown table cell: ``|``, backslashes, line breaks and tabs escaped, any other
+    unprintable character written as Python writes it (``\\x07``, ``\\u2028``)."""
+    return "".join(_CELL_ESCAPES.get(c) or (c if c.isprintable() else repr(c)[1:-1]) for c in text)
+
+
 def format_summary(result: dict) -> str:
-    """The Markdown table, then the notes and the pairwise sentences."""
+    """The Markdown table (every cell escaped by :func:`_cell`), then the notes and the pairwise sentences."""
     head, body = _table_rows(result)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
+    lines = ["| " + " | ".join(map(_cell, row)) + " |" for row in [head, *body]]
+    lines.insert(1, "|" + "---|" * len(head))
     lines += [""] + result["notes"] + [f"- {s}" for s in result["sentences"]]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -320,9 +354,8 @@ def format_summary(result: dict) -> str:
 def _write(result: dict, variants: list[Variant], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "summary.md", format_summary(result))
-    head, body = _table_rows(result)
     buf = io.StringIO()
-    csv.writer(buf).writerows([head, *body])
+    csv.writer(buf).writerows(_csv_rows(result))
     atomic_write_text(out / "summary.csv", buf.getvalue())
     atomic_write_text(out / "summary.json", json.dumps(result, indent=1) + "\n")
     atomic_write_bytes(out / "summary.png", _plot(variants))

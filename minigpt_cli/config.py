@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Optional, Sequence
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .config_errors import format_error
+from .config_errors import MODEL_RULES, format_error
 from .config_io import dump_yaml, parse_yaml
 from .errors import ConfigError, MinigptError
 
@@ -102,33 +102,33 @@ class ModelConfig(_Strict):
             return self.multiple_of * math.ceil(hidden / self.multiple_of)
         return 4 * self.n_embd
 
+    def width_rules(self) -> list[tuple[int, str]]:
+        """What ``n_embd`` must be a multiple of, with the rule's name (:data:`~.config_errors.MODEL_RULES`):
+        n_head (whole heads); 2·n_head for RoPE, which rotates pairs of a head's dimensions; 2 for sinusoidal
+        positions, pairs of sin and cos. The width a refusal suggests passes them all (:meth:`fitting_width`)."""
+        rules = [(self.n_head, "divisible")]
+        if self.pos_encoding == "rope":
+            rules.append((2 * self.n_head, "rope"))
+        if self.pos_encoding == "sinusoidal":
+            rules.append((2, "sinusoidal"))
+        return rules
+
+    def fitting_width(self) -> int:
+        """The ``n_embd`` nearest the given one that every rule of :meth:`width_rules` accepts."""
+        step = math.lcm(*(multiple for multiple, _ in self.width_rules()))
+        return step * max(1, round(self.n_embd / step))
+
     @model_validator(mode="after")
     def _check_sizes(self) -> "ModelConfig":
         # d_ff and n_kv_head given as null stand for values (4·d or SwiGLU's rounding, n_head) that always pass.
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head "
-                f"({self.n_head}); e.g. n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}"
-            )
+        for multiple, rule in self.width_rules():
+            if self.n_embd % multiple != 0:
+                raise ValueError(MODEL_RULES[rule].format(n_embd=self.n_embd, n_head=self.n_head,
+                                                          head=self.head_dim, fit=self.fitting_width()))
         if self.n_kv_head is not None and self.n_kv_head > self.n_head:
-            raise ValueError(
-                f"model.n_kv_head ({self.n_kv_head}) must not exceed model.n_head ({self.n_head}); "
-                f"grouped-query attention shares each key/value head among n_head/n_kv_head query heads"
-            )
+            raise ValueError(MODEL_RULES["kv_above"].format(n_kv_head=self.n_kv_head, n_head=self.n_head))
         if self.n_kv_head is not None and self.n_head % self.n_kv_head != 0:
-            raise ValueError(
-                f"model.n_head ({self.n_head}) must be a multiple of model.n_kv_head "
-                f"({self.n_kv_head})"
-            )
-        if self.pos_encoding == "rope" and self.head_dim % 2 != 0:
-            raise ValueError(
-                f"model.pos_encoding=rope needs an even head size, but "
-                f"model.n_embd/model.n_head = {self.n_embd}/{self.n_head} = {self.head_dim}"
-            )
-        if self.pos_encoding == "sinusoidal" and self.n_embd % 2 != 0:
-            raise ValueError(
-                f"model.pos_encoding=sinusoidal needs an even model.n_embd, got {self.n_embd}"
-            )
+            raise ValueError(MODEL_RULES["kv_divisor"].format(n_kv_head=self.n_kv_head, n_head=self.n_head))
         return self
 
 
@@ -319,10 +319,7 @@ class Config(_Strict):
             raise ValueError(FLOAT16_ON_CPU)
         stride = self.sample.window_stride  # null: block_size // 4, which always fits
         if stride is not None and stride > self.model.block_size:
-            raise ValueError(
-                f"sample.window_stride: {stride} is larger than model.block_size ({self.model.block_size}); "
-                f"use 1 .. {self.model.block_size}"
-            )
+            raise ValueError(MODEL_RULES["window_stride"].format(stride=stride, block_size=self.model.block_size))
         return self
 
     def to_dict(self) -> dict[str, Any]:

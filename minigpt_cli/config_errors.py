@@ -31,6 +31,21 @@ _ALIASES = dict(lr="learning_rate", warmup="warmup_iters", warmup_steps="warmup_
                 num_key_value_heads="n_kv_head", max_position_embeddings="block_size")
 
 
+#: The cross-field rules of the model section (and the sample section's stride against it); ``{fit}`` is
+#: :meth:`~minigpt_cli.config.ModelConfig.fitting_width`, a width every rule on it accepts.
+MODEL_RULES = {
+    "divisible": "model.n_embd ({n_embd}) must be divisible by model.n_head ({n_head}); e.g. n_embd={fit}",
+    "rope": ("model.pos_encoding=rope needs an even head size, but model.n_embd/model.n_head = {n_embd}/{n_head} "
+             "= {head}; e.g. n_embd={fit}"),
+    "sinusoidal": "model.pos_encoding=sinusoidal needs an even model.n_embd, got {n_embd}; e.g. n_embd={fit}",
+    "kv_above": ("model.n_kv_head ({n_kv_head}) must not exceed model.n_head ({n_head}); grouped-query attention "
+                 "shares each key/value head among n_head/n_kv_head query heads"),
+    "kv_divisor": "model.n_head ({n_head}) must be a multiple of model.n_kv_head ({n_kv_head})",
+    "window_stride": ("sample.window_stride: {stride} is larger than model.block_size ({block_size}); "
+                      "use 1 .. {block_size}"),
+}
+
+
 def _suggest(loc: str, keys: list[str]) -> str:
     """The hint for an unknown key: where the same key lives (another section, or the top level; in any
     letter case, or by another tool's name for it), else the key it begins (``lr_decay``), else a close

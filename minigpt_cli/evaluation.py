@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from . import runs
 from .data import check_fingerprint, configured_corpus, eval_offsets, eval_seed, run_corpus_config, windows
 from .errors import MinigptError
+from .fileio import read_text_file
 from .generation import load_run
 from .preparation import prepare
 from .runtime import Dist, resolve_device
@@ -53,7 +54,6 @@ _MESSAGES = {
                     "fixed: add --full",
     "stride": "--stride {stride} must be between 1 and the run's block_size ({block_size})",
     "empty": "{what} holds {n} token(s); scoring needs at least 2 (a token and its next)",
-    "text_file": "cannot read {path!r} as UTF-8 text ({error})",
 }
 
 #: Tokens decoded at a time when counting a split's bytes and characters.
@@ -180,10 +180,7 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
     if not 1 <= stride <= T:
         raise MinigptError(_MESSAGES["stride"].format(stride=stride, block_size=T))
     if text_file is not None:
-        try:
-            text = Path(text_file).read_bytes().decode("utf-8")  # as it is: no newline translation
-        except (OSError, UnicodeDecodeError) as exc:
-            raise MinigptError(_MESSAGES["text_file"].format(path=str(text_file), error=exc)) from None
+        text = read_text_file(text_file, "--text-file", newline="")  # as it is: no newline translation
         if not text:
             raise MinigptError(_MESSAGES["empty"].format(what=str(text_file), n=0))
         tokens = np.asarray(encode_prompt(tok, text, f"{text_file}"), dtype=np.int64)

@@ -7,6 +7,10 @@ umask), not the ``0o600`` of :func:`tempfile.mkstemp`. A write that fails
 (disk full, read-only folder, a path through a file) is a one-line
 :class:`~minigpt_cli.errors.MinigptError` naming the path, and leaves the old
 file and no temporary file behind.
+
+:func:`read_text_file` reads a text file a user names with an option
+(``generate --prompt-file``, ``evaluate --text-file``), with the same one-line
+errors for every option.
 """
 
 from __future__ import annotations
@@ -55,6 +59,38 @@ def os_error_message(exc: OSError, path: str | Path | None = None, action: str |
         path = os.fsdecode(path)
     where = f" {path}" if path is not None else ""
     return " ".join(f"cannot {action}{where}: {reason}; {fix}".split())
+
+
+#: What :func:`read_text_file` says about a text file the user named that cannot be read.
+_READ = {
+    "not_found": "{option} {path!r} not found",
+    "folder": "{option} {path!r} is a folder; give a text file",
+    "not_utf8": "{option} {path!r} is not UTF-8 text; convert it (e.g. with iconv)",
+    "unreadable": "{option} {path!r} cannot be read ({reason})",
+}
+
+
+def read_text_file(path: str | Path, option: str, newline: str | None = None) -> str:
+    """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``).
+
+    ``newline`` as :func:`open` takes it: None turns ``\r\n`` and ``\r`` into ``\n``; ``""`` keeps the
+    text as it is.
+
+    Raises:
+        MinigptError: ``{option} 'PATH' ...``: not found, a folder, not UTF-8, or unreadable (permissions, ...).
+    """
+    fields = {"option": option, "path": str(path)}
+    try:
+        with open(path, encoding="utf-8", newline=newline) as f:
+            return f.read()
+    except FileNotFoundError:
+        raise MinigptError(_READ["not_found"].format(**fields)) from None
+    except IsADirectoryError:
+        raise MinigptError(_READ["folder"].format(**fields)) from None
+    except UnicodeDecodeError:
+        raise MinigptError(_READ["not_utf8"].format(**fields)) from None
+    except OSError as exc:
+        raise MinigptError(_READ["unreadable"].format(reason=exc.strerror or exc, **fields)) from None
 
 
 def _umask() -> int:

@@ -18,9 +18,10 @@ import torch
 
 from . import runs
 from .checkpoint import load_model
-from .config import SampleConfig, validate
+from .config import Config, SampleConfig, validate
 from .decoding import compiled_decoder
 from .errors import MinigptError
+from .fileio import read_text_file
 from .kernels import swap as swap_kernels
 from .notes import notes
 from .runtime import CpuThreads, resolve_device
@@ -198,15 +199,7 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optio
         return stdin.read()
     if prompt_file is None:
         return prompt
-    path = Path(prompt_file)
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MinigptError(f"--prompt-file {str(path)!r} not found") from None
-    except UnicodeDecodeError:
-        raise MinigptError(f"--prompt-file {str(path)!r} is not UTF-8 text; convert it (e.g. with iconv)") from None
-    except OSError as exc:
-        raise MinigptError(f"--prompt-file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
+    return read_text_file(prompt_file, "--prompt-file")
 
 
 def _trained_tokenizer(ckpt: Path) -> Optional[str]:
@@ -349,7 +342,7 @@ def generate(
     threads = CpuThreads(dev, echo=echo)
     model, cfg, tok = load_run(run_dir, ckpt, dev)
     model.to(DTYPES[dtype])  # after the finite check: float32 to bfloat16 keeps the exponent range
-    sc = resolve_sample(cfg.sample, sample)
+    sc = resolve_sample(cfg, sample)
     prompt, max_new_tokens, num_samples, top_k = sc.prompt, sc.max_new_tokens, sc.num_samples, sc.top_k
     window_stride = resolve_window_stride(cfg.model.block_size, sc.window_stride)
     check_temperature(sc.temperature)  # the schema refuses it too; a model_construct'ed config is not checked
@@ -435,17 +428,20 @@ def given_keys(sample: Optional[SampleConfig | Mapping[str, Any]]) -> set[str]:
     return set(sample) & set(FLAGS)
 
 
-def resolve_sample(base: SampleConfig, sample: Optional[SampleConfig | Mapping[str, Any]]) -> SampleConfig:
-    """The sampling settings :func:`generate` uses: ``sample`` itself, or ``base`` with ``sample``'s keys.
+def resolve_sample(cfg: Config, sample: Optional[SampleConfig | Mapping[str, Any]]) -> SampleConfig:
+    """The sampling settings :func:`generate` uses: ``sample`` itself, or the run's (``cfg.sample``) with
+    ``sample``'s keys, checked within the run's whole config (``window_stride`` against its block_size).
 
     Raises:
         ConfigError: a key that is not a ``sample`` key, or a value the schema refuses; names the key.
     """
     if sample is None:
-        return base
+        return cfg.sample
     if isinstance(sample, SampleConfig):
         return sample
-    return validate({"sample": {**base.model_dump(), **dict(sample)}}, "sample").sample
+    whole = cfg.to_dict()
+    whole["sample"] = {**whole["sample"], **dict(sample)}
+    return validate(whole, "sample").sample
 
 
 def load_run(run_dir: Path, ckpt: Path, device: torch.device):

@@ -26,6 +26,8 @@ a row to spare for one, else is removed, instead of failing in transformers.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -37,7 +39,7 @@ from . import runs
 from .checkpoint import load_model
 from .config import Config, ModelConfig
 from .errors import MinigptError
-from .fileio import atomic_write_text
+from .fileio import os_error_message
 from .special_tokens import END_OF_TEXT
 from .tokenizer import CharTokenizer, Tokenizer, load_run_tokenizer
 
@@ -234,51 +236,28 @@ def generation_config(cfg: Config, eos: Optional[int]) -> dict:
     return out
 
 
-def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", checkpoint: str = runs.BEST,
-               force: bool = False, echo: Callable[[str], None] = lambda message: None) -> Path:
-    """Write a run's checkpoint as a transformers folder at ``output`` (module docstring); returns it.
-
-    The folder is written under a temporary name beside ``output`` and
-    renamed into place when complete, so an interrupted export leaves no
-    half-written folder (with ``force``, the old folder is removed after the
-    new one is in place). ``output`` may not be the run, a folder holding it or
-    the current folder, and ``force`` replaces only a folder of export files.
-
-    Raises:
-        MinigptError: another format, no run or checkpoint, ``output`` a file
-            or a non-empty folder without ``force``, or a model transformers
-            cannot express (:func:`hf_family`).
-    """
+def _write_folder(out: Path, weights: dict[str, torch.Tensor], files: dict[str, str]) -> None:
+    """Write ``weights`` (``model.safetensors``) and ``files`` (name -> text) as the folder ``out``: into a
+    temporary folder beside it, renamed into place when complete (an old ``out`` is moved aside first and
+    removed after). A failed write removes the temporary folder and raises the OSError."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    if fmt != "hf":
-        raise MinigptError(_MESSAGES["format"].format(fmt=fmt))
-    out = Path(output)
-    if out.exists() and not out.is_dir():
-        raise MinigptError(_MESSAGES["not_folder"].format(out=out))
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise MinigptError(_MESSAGES["not_empty"].format(out=out))
-    run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
-    target = out.resolve()
-    for what, inside in (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve())):
-        if inside == target or target in inside.parents:
-            raise MinigptError(_MESSAGES["holds"].format(out=out, what=what))
-    if out.is_dir() and force:
-        other = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
-        if other:
-            raise MinigptError(_MESSAGES["not_export"].format(out=out, names=", ".join(other[:3])))
-    model, cfg = load_model(runs.resolve(ckpt))
-    hf_family(cfg.model)  # refused before anything is written
-    tok = load_run_tokenizer(run_dir, cfg)
-    config = hf_config(cfg, tok)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_file(hf_state_dict(model, cfg.model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        files = {"config.json": json.dumps(config, indent=2) + "\n", **tokenizer_files(tok, run_dir, cfg),
-                 "generation_config.json": json.dumps(generation_config(cfg, config["eos_token_id"]), indent=2) + "\n"}
-        for name, text in files.items():
-            atomic_write_text(tmp / name, text)
+        try:
+            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        except SafetensorError as exc:  # a failed write, with the OS's error number in its text
+            code = re.search(r"\(os error (\d+)\)", str(exc))
+            if code is None:
+                raise
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(tmp)) from None
+        for name, text in files.items():  # plain writes: the folder is renamed into place whole
+            with open(tmp / name, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
         old = None
         if out.exists():
             old = out.parent / f".{out.name}.old"
@@ -290,6 +269,52 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", checkpoint: str = runs.BEST,
+               force: bool = False, echo: Callable[[str], None] = lambda message: None) -> Path:
+    """Write a run's checkpoint as a transformers folder at ``output`` (module docstring); returns it.
+
+    The folder is written under a temporary name beside ``output`` and
+    renamed into place when complete, so an interrupted export leaves no
+    half-written folder (with ``force``, the old folder is removed after the
+    new one is in place). ``output`` may not be the run, a folder holding it or
+    the current folder, and ``force`` replaces only a folder of export files.
+
+    Raises:
+        MinigptError: another format, no run or checkpoint, ``output`` the run
+            or a folder holding it (with or without ``force``), a file, or a
+            non-empty folder without ``force``, a model transformers cannot
+            express (:func:`hf_family`), or a folder that cannot be written
+            (named as ``output``, not as the temporary folder).
+    """
+    if fmt != "hf":
+        raise MinigptError(_MESSAGES["format"].format(fmt=fmt))
+    out = Path(output)
+    run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
+    target = out.resolve()
+    # First: no --force replaces these, so the not-empty message must not suggest it.
+    for what, inside in (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve())):
+        if inside == target or target in inside.parents:
+            raise MinigptError(_MESSAGES["holds"].format(out=out, what=what))
+    if out.exists() and not out.is_dir():
+        raise MinigptError(_MESSAGES["not_folder"].format(out=out))
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise MinigptError(_MESSAGES["not_empty"].format(out=out))
+    if out.is_dir() and force:
+        other = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
+        if other:
+            raise MinigptError(_MESSAGES["not_export"].format(out=out, names=", ".join(other[:3])))
+    model, cfg = load_model(runs.resolve(ckpt))
+    hf_family(cfg.model)  # refused before anything is written
+    tok = load_run_tokenizer(run_dir, cfg)
+    config = hf_config(cfg, tok)
+    files = {"config.json": json.dumps(config, indent=2) + "\n", **tokenizer_files(tok, run_dir, cfg),
+             "generation_config.json": json.dumps(generation_config(cfg, config["eos_token_id"]), indent=2) + "\n"}
+    try:
+        _write_folder(out, hf_state_dict(model, cfg.model), files)
+    except OSError as exc:  # named as the user gave it, not as the temporary folder beside it
+        raise MinigptError(os_error_message(exc, out, "write")) from None
     if isinstance(tok, CharTokenizer) and char_unk_token(tok, cfg.model.vocab_size) is None:
         echo(_MESSAGES["char_drops"].format(n=len(tok.chars), size=tok.vocab_size))
     echo(f"exported {run_dir} ({ckpt.name}) as a transformers {config['architectures'][0]} to {out}")

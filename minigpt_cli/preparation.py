@@ -26,7 +26,6 @@ looks complete.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, 
 from .errors import MinigptError
 from .fileio import atomic_write_text, chmod_quietly, new_file_mode
 from .special_tokens import END_OF_TEXT
+from .splits import MIN_SPLIT_TOKENS, check_split_counts
 from .tokenizer import Tokenizer
 
 #: Characters of text encoded per batch (the library spreads a batch's pieces over the cores).
@@ -57,54 +57,6 @@ _TEMP_PREFIX = ".prep-"
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits (vocab ≤ 65,536), else uint32."""
     return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
-
-
-#: Fewest tokens a split can have: one (x, y) window with block_size 1.
-MIN_SPLIT_TOKENS = 2
-
-
-def _fraction_that_fits(val_fraction: float, total: int, need: int) -> Optional[float]:
-    """A ``data.val_fraction`` leaving both sides at least ``need`` of ``total`` tokens (about): 0.1 when it
-    does, else the nearest such value to ``val_fraction``, rounded to two digits; None when none can."""
-    lo, hi = need / total, 1 - need / total
-    if total < 2 * need or lo >= hi:
-        return None
-    if lo <= 0.1 <= hi and val_fraction != 0.1:
-        return 0.1
-    fits = math.ceil(lo * 100 + 1) / 100 if val_fraction < lo or val_fraction == 0.1 else math.floor(hi * 100 - 1) / 100
-    return fits if lo <= fits <= hi else round((lo + hi) / 2, 3)
-
-
-def _split_error(val_fraction: float, n_train: int, n_val: int, need: int, block_size: int | None = None) -> MinigptError:
-    """The one-line refusal of a train/val split that leaves a side too small."""
-    small = " and ".join(name for name, n in (("train", n_train), ("val", n_val)) if n < need)
-    # Another split helps only if the two sides together are enough for both.
-    fits = _fraction_that_fits(val_fraction, n_train + n_val, need)
-    split_fix = f"choose a data.val_fraction such as {fits:g}, " if fits is not None else ""
-    if block_size is None:
-        need_s = f"at least {need} tokens each"
-        fix = f"{split_fix}or use more text" if split_fix else "use more text"
-    else:
-        need_s = f"at least model.block_size+1 = {need:,} tokens each"
-        most = max(min(n_train, n_val) - 1, 1)
-        fix = f"{split_fix}lower model.block_size (to at most {most:,} with this split), or use more text"
-    return MinigptError(
-        f"data.val_fraction={val_fraction:.12g} splits the corpus into {n_train:,} train and {n_val:,} val "
-        f"tokens, too few for {small} (they need {need_s}); {fix}"
-    )
-
-
-def check_split_counts(val_fraction: float, n_train: int, n_val: int, block_size: Optional[int] = None) -> None:
-    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` tokens on a side (:func:`prepare`'s
-    refusal) or, given ``block_size``, fewer than ``block_size + 1`` (:func:`check_split_sizes`).
-
-    Raises:
-        MinigptError: one line naming ``data.val_fraction``, the token counts and the fix.
-    """
-    if block_size is not None and min(n_train, n_val) < max(block_size + 1, MIN_SPLIT_TOKENS):
-        raise _split_error(val_fraction, n_train, n_val, block_size + 1, block_size)
-    if min(n_train, n_val) < MIN_SPLIT_TOKENS:
-        raise _split_error(val_fraction, n_train, n_val, MIN_SPLIT_TOKENS)
 
 
 def separator_ids(tok: Tokenizer) -> tuple[list[int], str]:

@@ -20,8 +20,11 @@ its state in ``<out_dir>/<name>/sweep.json`` (the sweep as it was read, the
 base config, the runs finished): started again, it skips the finished runs,
 resumes an interrupted one from its checkpoint (bit for bit as if it had not
 stopped) and refuses to go on if the sweep file or the base config changed,
-naming the difference. The summary (:mod:`minigpt_cli.compare`) is written at
-the end.
+naming the difference, once a run has saved a checkpoint (a sweep that failed
+before that, on a download say, takes the edited file as a new start).
+The runs' ``train.out_dir`` is the sweep's folder, chosen by ``out_dir:`` and
+``name:``; an override of it is refused. The summary
+(:mod:`minigpt_cli.compare`) is written at the end.
 
 Budgets make the comparison fair: ``iters`` gives every run the same steps,
 ``tokens`` the same tokens (steps = tokens / tokens per step, per variant),
@@ -58,6 +61,8 @@ from .kernels import check_settings
 from .paths import resolve_config
 
 STATE = "sweep.json"
+#: The key a sweep sets itself: its runs go in ``<out_dir>/<name>/``.
+OUT_DIR = "train.out_dir"
 
 _MESSAGES = {
     "read": "cannot read sweep file {path!r} ({error})",
@@ -68,6 +73,12 @@ _MESSAGES = {
     "no_variants": "{path}: give grid: or variants: (at least one variant to run)",
     "changed": "{path} changed since this sweep started in {folder} ({what}); restore it, or give the sweep "
                "another name: to start a new one",
+    "no_base": ("{path}: base: config file {base!r} not found, neither beside the sweep file ({near}) nor among "
+                "the shipped configs; give a config's path relative to the sweep file, or one of {shipped}"),
+    "base_folder": "{path}: base: {base} is a folder; give a config file (YAML)",
+    "base_read": "{path}: base: cannot read {base} ({error}); give a readable YAML config file",
+    "out_dir": ("{path}: {where}: train.out_dir cannot be set in a sweep: its runs go in the sweep's folder, "
+                "{folder}; choose that folder with out_dir: (and name:) in the sweep file"),
     "taken": "{folder} exists and is not a sweep's folder (no sweep.json); give the sweep in {path} another "
              "name:",
     "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
@@ -209,9 +220,8 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
         loc = ".".join(str(x) for x in err["loc"]) or "sweep"
         msg = err["msg"].removeprefix("Value error, ")
         raise MinigptError(_MESSAGES["schema"].format(path=p, loc=loc, msg=msg[0].lower() + msg[1:])) from None
-    base = p.parent / spec.base
-    base = base if base.is_file() else resolve_config(Path(spec.base), echo)
-    base_data = parse_yaml(Path(base).read_text(encoding="utf-8"), str(base)) or {}
+    _check_out_dir(spec, p)
+    base, base_data = _read_base(p, spec.base, echo)
     seeds = spec.seeds if isinstance(spec.seeds, list) else None
     planned = []
     for variant, overrides in _variants(spec, p).items():
@@ -230,6 +240,42 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
     return Sweep(p, spec, Path(base), base_data, planned)
 
 
+def _read_base(path: Path, name: str, echo: Callable[[str], None]) -> tuple[Path, dict]:
+    """The sweep file ``path``'s ``base:`` config ``name`` (beside the sweep file, else a shipped config) and
+    its parsed mapping.
+
+    Raises:
+        MinigptError: no such file (naming ``base:``), or one that cannot be read.
+    """
+    near = path.parent / name
+    base = near if near.is_file() else resolve_config(Path(name), echo)
+    if base.is_dir():
+        raise MinigptError(_MESSAGES["base_folder"].format(path=path, base=base))
+    if not base.is_file():
+        from .paths import list_configs
+
+        raise MinigptError(_MESSAGES["no_base"].format(path=path, base=name, near=near,
+                                                       shipped=", ".join(list_configs())))
+    try:
+        return base, parse_yaml(base.read_text(encoding="utf-8"), str(base)) or {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MinigptError(_MESSAGES["base_read"].format(path=path, base=base, error=exc)) from None
+
+
+def _check_out_dir(spec: SweepFile, path: Path) -> None:
+    """Refuse ``train.out_dir`` among the sweep's overrides: every run goes in the sweep's own folder.
+
+    Raises:
+        MinigptError: naming where it was given (``set``, ``grid`` or the variant) and how to choose the folder.
+    """
+    given = [("set", [item.split("=", 1)[0].strip() for item in spec.set]), ("grid", list(spec.grid)),
+             *((f"variants.{name}", list(overrides)) for name, overrides in spec.variants.items())]
+    for where, keys in given:
+        if OUT_DIR in keys:
+            folder = Path(spec.out_dir) / (spec.name or path.stem)
+            raise MinigptError(_MESSAGES["out_dir"].format(path=path, where=where, folder=folder))
+
+
 def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
     """The first place two parsed documents differ, as ``key: old -> new``."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -242,18 +288,23 @@ def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
 
 
 def _read_state(sweep: Sweep) -> dict:
-    """The sweep's state, created on the first start; refuses a sweep whose file or base config changed since."""
+    """The sweep's state, created on the first start; refuses a sweep whose file or base config changed since
+    a run of it trained to a checkpoint (before that, nothing depends on the old record: it is replaced)."""
     path = sweep.folder / STATE
     record = sweep.state_record()
     if not path.is_file() and sweep.folder.is_dir() and any(sweep.folder.iterdir()):
         raise MinigptError(_MESSAGES["taken"].format(folder=sweep.folder, path=sweep.path))
     if path.is_file():
         state = json.loads(path.read_text(encoding="utf-8"))
-        for part, source in (("sweep", sweep.path), ("base", sweep.base)):
-            what = _difference(state.get(part), record[part])
-            if what:
-                raise MinigptError(_MESSAGES["changed"].format(path=source, folder=sweep.folder, what=what))
-        return state
+        changed = [(source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base))
+                   if (what := _difference(state.get(part), record[part]))]
+        if not changed:
+            return state
+        if state.get("done") or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir()):
+            source, what = changed[0]
+            raise MinigptError(_MESSAGES["changed"].format(path=source, folder=sweep.folder, what=what))
+        # No run has trained to a checkpoint yet (the sweep failed before, e.g. on a download): nothing to keep
+        # apart, so the edited sweep replaces the record (a run folder without a checkpoint starts afresh).
     sweep.folder.mkdir(parents=True, exist_ok=True)
     state = {**record, "done": []}
     atomic_write_text(path, json.dumps(state, indent=1) + "\n")

@@ -10,7 +10,10 @@
   (count(a)·count(b)) (:mod:`.wordpiece`); encoding is greedy longest match
   with ``##`` continuations.
 - ``hf``: any ``tokenizer.json`` of a Hugging Face model folder (GPT-2's,
-  Llama's, ...), used as the library reads it; never trained here.
+  Llama's, ...), used as the library reads it; never trained here. One
+  without an unknown token (a ``WordLevel`` vocabulary of characters) refuses
+  characters it lacks as char does, naming them, where the library would fail
+  with "Missing [UNK] token".
 
 Training lives in :mod:`.tokenizer_training`. The three trained kinds are
 saved in the ``tokenizers`` library's native ``tokenizer.json`` format, so
@@ -38,6 +41,8 @@ before them), as the library does; ``char`` appends them to its alphabet so
 that its ids for plain characters do not move.
 
 Every ``decode`` refuses an id outside [0, vocab_size) (:func:`check_ids`).
+The interface and the helpers over any tokenizer live in :mod:`.tokenizer_base`
+and are imported from here.
 """
 
 from __future__ import annotations
@@ -45,156 +50,47 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Container, Iterable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from .errors import MinigptError
 from .fileio import atomic_write_text
 from .special_tokens import UNK, check_special_tokens, split_special
+from .tokenizer_base import MAX_SHOWN, SPACE_MARK, Tokenizer, check_ids, lossy_report, missing_chars
 
 if TYPE_CHECKING:
     import numpy as np
 
     from .config import Config
 
-__all__ = ["FORMAT", "KINDS", "UNK", "SPACE_MARK", "Tokenizer", "CharTokenizer", "HFTokenizer", "check_ids",
-           "lossy_report", "load_tokenizer", "load_run_tokenizer"]
+__all__ = ["FORMAT", "KINDS", "UNK", "SPACE_MARK", "MAX_SHOWN", "Tokenizer", "CharTokenizer", "HFTokenizer",
+           "check_ids", "lossy_report", "load_tokenizer", "load_run_tokenizer"]
 
 FORMAT = "minigpt-char-tokenizer"
 KINDS = ("char", "bpe", "wordpiece", "unigram")
-#: SentencePiece's visible space, used by the Unigram and WordPiece kinds.
-SPACE_MARK = "\u2581"
-#: At most this many characters are named by :func:`lossy_report`.
-MAX_SHOWN = 10
 
 _MODEL_KINDS = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}
 
-
-class Tokenizer(Protocol):
-    """What data preparation, training and generation need from a tokenizer."""
-
-    #: One of :data:`KINDS`.
-    kind: str
-    #: Configured special tokens (``<|endoftext|>``, ...), each a single id; not the unknown token.
-    special_tokens: list[str]
-    #: The token unknown characters become (``<unk>``), or None: char refuses them, bpe has none.
-    unk_token: Optional[str]
-
-    @property
-    def vocab_size(self) -> int:
-        """Number of ids: every id is in [0, vocab_size)."""
-        ...
-
-    def encode(self, text: str) -> list[int]:
-        """Ids of ``text``, one per token; special tokens are single ids."""
-        ...
-
-    def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
-        """The ids of each of ``texts`` (as :meth:`encode`), as int64 arrays; faster than one call each."""
-        ...
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """The text of ``ids``; raises MinigptError for an id outside [0, vocab_size)."""
-        ...
-
-    def unknown_chars(self, text: str) -> list[str]:
-        """Characters of ``text`` its vocabulary lacks (lost to ``unk_token``), once each, in order."""
-        ...
-
-    def pieces(self, text: str) -> list[str]:
-        """The text of each token of ``text``."""
-        ...
-
-    def save(self, path: str | Path) -> None:
-        """Write the tokenizer file (atomically)."""
-        ...
-
-    def fingerprint(self) -> str:
-        """Short sha256 of the saved form (12 hex digits)."""
-        ...
-
-
-def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
-    """``ids`` as a list of ints, each checked to be a token id: 0 <= id < ``vocab_size``.
-
-    One min and one max over the list, so decoding a stream token by token
-    stays cheap.
-
-    Raises:
-        MinigptError: naming the first id outside the vocabulary, and its size.
-    """
-    ids = list(ids)
-    if any(isinstance(i, (bool, float)) for i in ids):  # int(1.7) would silently decode id 1
-        bad = next(i for i in ids if isinstance(i, (bool, float)))
-        raise MinigptError(f"token id {bad!r} is not an integer; decode integer ids (the ids encode gives)")
-    out = list(map(int, ids))
-    if out and (min(out) < 0 or max(out) >= vocab_size):
-        bad = next(i for i in out if not 0 <= i < vocab_size)
-        raise MinigptError(
-            f"token id {bad:,} is not in the tokenizer's vocabulary of {vocab_size:,} ids "
-            f"(0 to {vocab_size - 1:,}); decode ids with the tokenizer that made them"
-        )
-    return out
-
-
-#: The parts of :func:`lossy_report`'s note: text of a prompt the model will not see as it was typed.
-_LOSSY = {
-    "unknown": "{n} of {what} became {unk}: {shown}",
-    "unknown_words": "the words of {what} holding {n} the vocabulary lacks became {unk}: {shown}",
-    "space_mark": "{what}'s {mark!r} (U+2581) becomes a space ({kind} writes a space as {mark!r})",
-    "unk_text": "{what}'s {unk!r} is read as the unknown token (one id), not as its {length} characters",
-    "other": "{what} does not come back as typed: it decodes as {back}",
+#: What the tokenizers say: text they cannot encode, then tokenizer files they cannot read.
+_MESSAGES = {
+    "unknown": "{what} has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
+    "cannot_encode": "the tokenizer cannot encode {what} ({error}); remove or replace the text it fails on",
+    "not_found": "tokenizer file {path!r} not found; train one with minigpt train-tokenizer",
+    "not_json": "tokenizer file {path!r} is not valid JSON ({error}); {fix}",
+    "no_chars": "tokenizer file {path!r} is damaged (no 'chars' list); {fix}",
+    "specials": "tokenizer file {path!r} is damaged ('special_tokens' is not a list); {fix}",
+    "damaged": "tokenizer file {path!r} is damaged ({error}); {fix}",
+    "other": "tokenizer file {path!r} is not a minigpt tokenizer; {fix}",
 }
+#: The fix for a file :func:`load_tokenizer` cannot read, by whether minigpt made it (``own``): one it made
+#: (prepared data's, a run's) is trained again; one the user named is never deleted, but replaced by one it reads.
+_FIXES = {True: "delete it and train it again",
+          False: "pass a tokenizer file: minigpt's char tokenizer or a tokenizers tokenizer.json (train-tokenizer "
+                 "writes both; a run folder and a Hugging Face model folder hold one)"}
 
 
-def _clip(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def lossy_report(tok: Tokenizer, text: str, what: str = "the prompt") -> Optional[str]:
-    """A one-line note naming the text of ``text`` the model will not see as typed, or None.
-
-    For the kinds with an unknown token (Unigram, WordPiece): the characters
-    ``tok.encode`` turns into ``<unk>`` (e.g. ``note: 3 characters of the
-    prompt became <unk>: '¿', 'é', '😀'``), a literal ``▁`` (it decodes as a
-    space), a literal ``<unk>`` (one id, the unknown token, not five
-    characters), and any other text for which decode(encode(text)) != text (a
-    WordPiece word over its longest, one ``<unk>``). The parts are joined
-    with ``; `` after ``note: ``; ``what`` names the text. At most
-    :data:`MAX_SHOWN` characters are named. None when nothing is lost, and for
-    kinds without an unknown token (bpe keeps every byte; char refuses
-    unknown characters in ``encode``, :func:`~minigpt_cli.sampling.encode_prompt`).
-    """
-    unk = tok.unk_token
-    if unk is None:
-        return None
-    parts = []
-    chars = tok.unknown_chars(text)
-    if chars:
-        shown = ", ".join(repr(c) for c in chars[:MAX_SHOWN]) + (", ..." if len(chars) > MAX_SHOWN else "")
-        n = f"{len(chars)} character{'s' if len(chars) > 1 else ''}"
-        # WordPiece: the whole word holding such a character becomes <unk>
-        parts.append(_LOSSY["unknown_words" if tok.kind == "wordpiece" else "unknown"].format(
-            n=n, what=what, unk=unk, shown=shown))
-    plain = "".join(split_special(text, tok.special_tokens)[0::2])  # special tokens are one id by design
-    if SPACE_MARK in plain:
-        parts.append(_LOSSY["space_mark"].format(what=what, mark=SPACE_MARK, kind=tok.kind))
-    if unk in plain:
-        parts.append(_LOSSY["unk_text"].format(what=what, unk=unk, length=len(unk)))
-    if not parts:
-        back = tok.decode(tok.encode(text))
-        if back != text:
-            parts.append(_LOSSY["other"].format(what=what, back=_clip(repr(back))))
-    return "note: " + "; ".join(parts) if parts else None
-
-
-def _missing(text: str, special_tokens: list[str], known: Container[str]) -> list[str]:
-    """Characters of ``text`` outside its special tokens that are not in ``known``, once each, in order."""
-    seen: dict[str, None] = {}
-    for part in split_special(text, special_tokens)[0::2]:
-        for ch in part:
-            if ch not in known:
-                seen.setdefault(ch, None)
-    return list(seen)
+def _library_error(exc: Exception) -> bool:
+    """Whether ``exc`` is the ``tokenizers`` library's own error (a plain ``Exception``), not a bug of ours."""
+    return type(exc) is Exception
 
 
 # ----------------------------------------------------------------------------- char
@@ -251,7 +147,7 @@ class CharTokenizer:
 
     def unknown_chars(self, text: str) -> list[str]:
         """Characters of ``text`` outside the alphabet (``encode`` refuses them), once each, in order of appearance."""
-        return _missing(text, self.special_tokens, self.stoi)
+        return missing_chars(text, self.special_tokens, self.stoi)
 
     unknown = unknown_chars  # the earlier name
 
@@ -274,10 +170,7 @@ class CharTokenizer:
             return ids
         except KeyError:
             bad = ", ".join(repr(c) for c in self.unknown_chars(text))
-            raise MinigptError(
-                f"text has characters the tokenizer's vocabulary lacks: {bad}; "
-                "remove or replace them"
-            ) from None
+            raise MinigptError(_MESSAGES["unknown"].format(what="text", chars=bad)) from None
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
         """The ids of each text, as :meth:`encode` gives them, in int64 arrays (vectorised over code points).
@@ -344,8 +237,11 @@ class CharTokenizer:
 class HFTokenizer:
     """A ``tokenizers.Tokenizer`` of kind bpe, wordpiece or unigram; of kind hf (``kind="hf"``), any model.
 
-    ``encode`` never raises (bytes for BPE, ``<unk>`` for the others) and
-    ``decode`` keeps special and unknown tokens in the text.
+    ``encode`` never fails for the trained kinds (bytes for BPE, ``<unk>``
+    for the others); an ``hf`` tokenizer without an unknown token (a
+    ``WordLevel`` export of a char tokenizer) refuses characters its
+    vocabulary lacks, as the char kind does. ``decode`` keeps special and
+    unknown tokens in the text.
     """
 
     def __init__(self, tok, kind: Optional[str] = None):
@@ -366,6 +262,8 @@ class HFTokenizer:
         unk = model.get("unk_token")
         if mtype == "Unigram" and model.get("unk_id") is not None:
             unk = model["vocab"][model["unk_id"]][0]
+        if unk is not None and self._tok.token_to_id(unk) is None:
+            unk = None  # WordLevel names "<unk>" even when its vocabulary lacks it: then nothing becomes it
         self.unk_token: Optional[str] = unk
         self.special_tokens = [a["content"] for a in obj.get("added_tokens") or []
                                if a.get("special") and a["content"] != unk]
@@ -382,16 +280,62 @@ class HFTokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ``text``; never raises (bpe: bytes; unigram, wordpiece: ``<unk>`` for unseen characters)."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        """Ids of ``text`` (bpe: bytes; unigram, wordpiece: ``<unk>`` for unseen characters).
+
+        Raises:
+            MinigptError: text the library cannot encode (an ``hf`` tokenizer without an unknown token),
+                naming the characters its vocabulary lacks (:meth:`unknown_chars`).
+        """
+        try:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        except Exception as exc:
+            if not _library_error(exc):
+                raise
+            raise self._refusal(text, exc) from None
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
         """The ids of each text, as :meth:`encode` gives them, in int64 arrays; the library encodes the
-        texts in parallel on every core (Rayon; ``TOKENIZERS_PARALLELISM=false`` turns that off)."""
+        texts in parallel on every core (Rayon; ``TOKENIZERS_PARALLELISM=false`` turns that off).
+
+        Raises:
+            MinigptError: as :meth:`encode`, for the first text the library cannot encode.
+        """
         import numpy as np
 
-        return [np.asarray(e.ids, dtype=np.int64)
-                for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        try:
+            encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        except Exception as exc:
+            if not _library_error(exc):
+                raise
+            for text in texts:
+                self.encode(text)  # raises for the first text that fails, naming its characters
+            raise self._refusal("".join(texts), exc) from None
+        return [np.asarray(e.ids, dtype=np.int64) for e in encoded]
+
+    def _refusal(self, text: str, exc: Exception) -> MinigptError:
+        """The error for ``text``, which the library failed to encode with ``exc``: the characters it cannot
+        encode alone (:meth:`unknown_chars`), else the library's own words."""
+        chars = self._unencodable(text)
+        if chars:
+            return MinigptError(_MESSAGES["unknown"].format(what="text", chars=", ".join(map(repr, chars))))
+        error = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return MinigptError(_MESSAGES["cannot_encode"].format(what="the text", error=error))
+
+    def _unencodable(self, text: str) -> list[str]:
+        """Characters of ``text`` (outside its special tokens) the library fails to encode on their own,
+        once each, in order of appearance: one library call per distinct character, so only once a whole
+        text failed. A vocabulary of words (a ``WordLevel`` one) may name a character that is only
+        unknown on its own."""
+        plain = "".join(split_special(text, self.special_tokens)[0::2])
+        bad = []
+        for ch in dict.fromkeys(plain):
+            try:
+                self._tok.encode(ch, add_special_tokens=False)
+            except Exception as exc:
+                if not _library_error(exc):
+                    raise
+                bad.append(ch)
+        return bad
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids``, special and unknown tokens kept as their text.
@@ -406,14 +350,24 @@ class HFTokenizer:
 
         A character is unknown when no single-character piece spells it (a
         space: ``▁``). Unigram turns each run of them into one ``<unk>``;
-        WordPiece the whole word holding one.
+        WordPiece the whole word holding one. An ``hf`` tokenizer without an
+        unknown token: the characters :meth:`encode` refuses (the text is
+        encoded once; each character alone only when that fails).
         """
         if self.unk_token is None:
+            if self.kind != "hf":  # byte-level BPE: every text encodes
+                return []
+            try:
+                self._tok.encode(text, add_special_tokens=False)
+            except Exception as exc:
+                if not _library_error(exc):
+                    raise
+                return self._unencodable(text)
             return []
         if self._known is None:
             known = {t for t in self._tok.get_vocab(with_added_tokens=False) if len(t) == 1}
             self._known = frozenset(known | {" "} if SPACE_MARK in known else known)
-        return _missing(text, [*self.special_tokens, self.unk_token], self._known)
+        return missing_chars(text, [*self.special_tokens, self.unk_token], self._known)
 
     def pieces(self, text: str) -> list[str]:
         """The text of each token of ``text``; WordPiece continuations keep their ``##``."""
@@ -435,40 +389,49 @@ class HFTokenizer:
         return hashlib.sha256(self._json.encode("utf-8")).hexdigest()[:12]
 
 
-def load_tokenizer(path: str | Path, kind: Optional[str] = None) -> Tokenizer:
+def load_tokenizer(path: str | Path, kind: Optional[str] = None, *, own: bool = True) -> Tokenizer:
     """Load a tokenizer file: ours (char) or a ``tokenizers`` tokenizer.json (kind from ``model.type``, or
     ``kind="hf"``: any such file, as it is).
+
+    ``own``: whether minigpt made the file (prepared data's tokenizer, a run's): a damaged one is to be
+    deleted and trained again. False for a file the user names (``inspect tokenize --tokenizer``): any
+    tokenizers tokenizer.json is read (a model other than BPE, WordPiece and Unigram as kind ``hf``), and no
+    message says to delete it.
 
     Raises:
         MinigptError: missing, unreadable or unrecognised file.
     """
     p = Path(path)
+    fix = _FIXES[own]
+
+    def refuse(key: str, **fields) -> MinigptError:
+        return MinigptError(_MESSAGES[key].format(path=str(p), fix=fix, **fields))
+
     if not p.is_file():
-        raise MinigptError(f"tokenizer file {str(p)!r} not found; train one with minigpt train-tokenizer")
+        raise refuse("not_found")
     try:
         raw = p.read_text(encoding="utf-8")
         obj = json.loads(raw)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MinigptError(f"tokenizer file {str(p)!r} is not valid JSON ({exc}); delete it and train it again") from None
+        raise refuse("not_json", error=exc) from None
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
         chars = obj.get("chars")
         specials = obj.get("special_tokens", [])
         if not isinstance(chars, list) or not all(isinstance(c, str) for c in chars):
-            raise MinigptError(f"tokenizer file {str(p)!r} is damaged (no 'chars' list); delete it and train it again")
+            raise refuse("no_chars")
         if not isinstance(specials, list):
-            raise MinigptError(f"tokenizer file {str(p)!r} is damaged ('special_tokens' is not a list); "
-                               "delete it and train it again")
+            raise refuse("specials")
         return CharTokenizer(chars, specials)
     model = obj.get("model") if isinstance(obj, dict) else None
-    if isinstance(model, dict) and (model.get("type") in _MODEL_KINDS or kind == "hf"):
+    if isinstance(model, dict) and (model.get("type") in _MODEL_KINDS or kind == "hf" or not own):
         from tokenizers import Tokenizer as _Backend
 
+        as_hf = kind == "hf" or model.get("type") not in _MODEL_KINDS
         try:
-            return HFTokenizer(_Backend.from_str(raw), "hf" if kind == "hf" else None)
+            return HFTokenizer(_Backend.from_str(raw), "hf" if as_hf else None)
         except Exception as exc:  # the library raises plain Exception on bad files
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise MinigptError(f"tokenizer file {str(p)!r} is damaged ({first}); delete it and train it again") from None
-    raise MinigptError(f"tokenizer file {str(p)!r} is not a minigpt tokenizer; delete it and train it again")
+            raise refuse("damaged", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    raise refuse("other")
 
 
 # ----------------------------------------------------------------------------- run folders

@@ -91,3 +91,15 @@ def small_peak(monkeypatch, n: int = 256) -> None:
         return real(device, dtype, n, kernel=kernel)
 
     monkeypatch.setattr(bench_mod, "measure_peak", measure_small)
+
+
+def wordlevel_tokenizer(chars):
+    """A ``tokenizers`` WordLevel tokenizer over ``chars`` (ids in that order), each character split off alone,
+    without an unknown token: what an export of a char tokenizer once was, and what some Hugging Face folders
+    hold. Its library fails on any other character ("Missing [UNK] token")."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return tok

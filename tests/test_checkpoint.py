@@ -119,6 +119,33 @@ def test_truncated_weights_are_refused(data_dir, tmp_path, monkeypatch, cli):
         checkpoint.load_model(w.parent)
     res = cli("train", TINY, "--resume", "runs/t", "--set", f"data.data_dir={data_dir}", "--no-progress")
     assert_user_error(res, "model.safetensors", "corrupt")
+    # Every command that loads a checkpoint is told the option it takes, not another command's.
+    for command in (["evaluate", "--run", "runs/t"], ["export", "runs/t", "--output", "hf"],
+                    ["generate", "--run", "runs/t", "--max-new-tokens", "1"]):
+        res = cli(*command, "--checkpoint", "last")
+        assert_user_error(res, "corrupt or truncated", "use the other checkpoint (--checkpoint best)")
+        assert "generate --checkpoint" not in res.stderr, res
+
+
+@pytest.mark.parametrize("change,problem", [
+    (lambda s: {"x": 1}, "no 'step' entry"),
+    (lambda s: [s], "it holds a value of type list, not a dict"),
+    (lambda s: {**s, "evaluated": "yes"}, "'evaluated' is of type str"),
+    (lambda s: {**s, "rng": {**s["rng"], "torch": 3}}, "'rng.torch' is of type int"),
+    (lambda s: {**s, "data_rng": {}}, "no 'data_rng.train' entry"),
+])
+def test_a_trainer_state_of_the_wrong_shape_is_refused_in_one_line(data_dir, tmp_path, monkeypatch, cli, change,
+                                                                  problem):
+    """A well-formed pickle that is not a trainer state: the entry a resume would miss is named, as a truncated
+    file is, instead of a KeyError deep in the resume."""
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=2"), run_name="s", echo=lambda m: None, progress=False)
+    state = tmp_path / "runs" / "s" / "checkpoints" / "last" / "trainer_state.pt"
+    torch.save(change(torch.load(state, weights_only=True)), state)
+    sets = ["--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=8"]
+    for extra in ([], ["--dry-run"]):
+        res = cli("train", TINY, "--resume", "runs/s", *sets, *extra, "--no-progress")
+        assert_user_error(res, "trainer_state.pt", "is not a minigpt trainer state", problem, "start a new run")
 
 
 def test_a_pickle_that_runs_code_is_refused_and_not_run(data_dir, tmp_path, monkeypatch):

@@ -69,6 +69,27 @@ def test_rope_needs_even_head_size():
         validate({"model": {"n_embd": 12, "n_head": 4, "pos_encoding": "rope"}})
 
 
+def test_a_suggested_width_passes_every_rule_on_the_width():
+    """The n_embd a head-size refusal suggests is accepted: n_head=3 under RoPE gets 126, not 129 (odd heads)."""
+    import re
+
+    with pytest.raises(ConfigError, match=r"must be divisible by model\.n_head \(3\); e\.g\. n_embd=126$"):
+        validate({"model": {"n_embd": 128, "n_head": 3, "pos_encoding": "rope"}})
+    refused = 0
+    for pos in ("learned", "rope", "sinusoidal"):
+        for n_head in range(1, 9):
+            for n_embd in range(1, 66):
+                model = {"n_embd": n_embd, "n_head": n_head, "pos_encoding": pos}
+                try:
+                    validate({"model": model})
+                except ConfigError as exc:
+                    refused += 1
+                    fit = int(re.search(r"e\.g\. n_embd=(\d+)$", str(exc)).group(1))
+                    assert abs(fit - n_embd) <= 2 * n_head, (model, str(exc))  # a near width
+                    validate({"model": {**model, "n_embd": fit}})
+    assert refused > 1000
+
+
 def test_gqa_needs_divisible_heads():
     with pytest.raises(ConfigError, match=r"model\.n_head \(6\) must be a multiple of model\.n_kv_head \(4\)"):
         validate({"model": {"n_embd": 48, "n_head": 6, "n_kv_head": 4}})

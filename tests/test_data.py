@@ -15,6 +15,7 @@ from minigpt_cli.data import BatchSampler, with_vocab
 from minigpt_cli.preparation import (check_split_counts, check_split_sizes, prepare, split_counts, split_text,
                                      token_dtype)
 from minigpt_cli.errors import MinigptError
+from helpers import TINY, assert_user_error
 from minigpt_cli.tokenizer import CharTokenizer, load_tokenizer
 
 
@@ -190,6 +191,39 @@ def test_check_split_counts_names_what_is_needed_and_a_fraction_that_fits():
         check_split_counts(0.1, 90, 10, 32)
     suggested = float(re.search(r"such as ([0-9.]+),", str(e.value)).group(1))
     assert suggested != 0.1 and 33 <= 100 * suggested <= 100 - 33
+
+
+def test_a_split_refusal_gives_a_block_size_then_accepted_or_says_the_corpus_is_too_small():
+    """"to at most M" is a block size the same split accepts; when this split holds no window of any block size,
+    no bound is given: another fraction when the corpus allows one, else the corpus is too small."""
+    for n_train in range(0, 12):
+        for n_val in range(0, 12):
+            for block in (1, 2, 5, 64):
+                try:
+                    check_split_counts(0.1, n_train, n_val, block)
+                    continue
+                except MinigptError as exc:
+                    msg = str(exc)
+                most = re.search(r"to at most (\d+) with this split", msg)
+                if most:
+                    check_split_counts(0.1, n_train, n_val, int(most.group(1)))  # accepted
+                else:
+                    assert min(n_train, n_val) < 2 and "lower model.block_size (to" not in msg, msg
+                    assert ("data.val_fraction such as" in msg) != ("the corpus is too small" in msg), msg
+    # The QA case: 3 characters, 2 train and 1 val token; block_size 1 would still leave val 1 token short.
+    for block in (64, 1):
+        with pytest.raises(MinigptError) as e:
+            check_split_counts(0.1, 2, 1, block)
+        assert "the corpus is too small for any model.block_size (3 tokens" in str(e.value)
+        assert f"about {(block + 1) * 10} tokens give each side {block + 1}" in str(e.value)
+
+
+def test_a_three_character_corpus_is_too_small_through_the_cli(cli, tmp_path):
+    (tmp_path / "three.txt").write_text("abc")
+    res = cli("train", TINY, "--set", f"data.path={tmp_path / 'three.txt'}", "--set", f"data.data_dir={tmp_path}",
+              "--set", "sample.prompt=a", "--dry-run")
+    assert_user_error(res, "2 train and 1 val tokens", "the corpus is too small for any model.block_size")
+    assert "lower model.block_size" not in res.stderr
 
 
 def test_split_counts_equal_what_prepare_writes(tmp_path, corpus_file):

@@ -146,6 +146,9 @@ def test_export_refuses_a_non_empty_folder_unless_forced(cli, exported, tmp_path
     assert_user_error(cli("export", run, "--output", out, "--format", "onnx"), "--format 'onnx'")
     for where in (run, run.parent, run.parent.parent):  # the run, the folder of runs: never replaced
         assert_user_error(cli("export", run, "--output", where, "--force"), "is or holds the run")
+        res = cli("export", run, "--output", where)  # nor advised to pass --force, which would not do
+        assert_user_error(res, "is or holds the run")
+        assert "--force" not in res.stderr, res
     assert (run / "checkpoints").is_dir()
     (out / "notes.txt").unlink()
     assert cli("export", run, "--output", out).exit_code == 0
@@ -153,3 +156,39 @@ def test_export_refuses_a_non_empty_folder_unless_forced(cli, exported, tmp_path
     assert res.exit_code == 0, res
     assert (out / "model.safetensors").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left beside it
+
+
+def test_export_into_the_current_folder_or_above_is_refused_without_advising_force(cli, exported, tmp_path,
+                                                                                    monkeypatch):
+    run, _ = exported
+    here = tmp_path / "work" / "here"  # neither it nor the folder above holds the run
+    here.mkdir(parents=True)
+    (here / "notes.txt").write_text("mine")
+    monkeypatch.chdir(here)
+    for where in (".", ".."):
+        res = cli("export", run, "--output", where)
+        assert_user_error(res, f"--output {where} is or holds the current folder")
+        assert "--force" not in res.stderr, res
+
+
+@pytest.mark.parametrize("exported", ["gpt2-char"], indirect=True)
+def test_an_output_that_cannot_be_written_is_named_as_given(cli, exported, tmp_path, monkeypatch):
+    """Not the temporary folder the export writes first: a read-only file system (stood in for, as root
+    writes anywhere a mode forbids), and a file where a folder must be."""
+    import errno
+    import os
+
+    import minigpt_cli.hf_export as hf_export
+
+    run, _ = exported
+    (tmp_path / "afile").write_text("")
+    res = cli("export", run, "--output", tmp_path / "afile" / "hf")
+    assert_user_error(res, f"cannot write {tmp_path / 'afile' / 'hf'}: ")
+
+    def read_only(prefix, dir):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.path.join(dir, prefix + "dz52rdg_"))
+
+    monkeypatch.setattr(hf_export.tempfile, "mkdtemp", read_only)
+    res = cli("export", run, "--output", tmp_path / "ro" / "hf")
+    assert_user_error(res, f"cannot write {tmp_path / 'ro' / 'hf'}: Read-only file system; ")
+    assert ".hf." not in res.stderr, res

@@ -258,3 +258,58 @@ def test_bad_pretrained_folders_and_conflicts_are_one_line(cli, folders, data_di
     refused(folders["gpt2"], "tokenizer.kind bpe", extra=("--set", "tokenizer.kind=bpe"))
     (bad / "tokenizer.json").unlink()
     refused(bad, "has no tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def wordlevel_run(tmp_path_factory, corpus_file, data_dir):
+    """(pretrained folder, run folder): a tiny GPT-2 whose tokenizer.json is a WordLevel vocabulary of the
+    corpus's characters without an unknown token (kind hf), fine-tuned for 0 steps."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from helpers import wordlevel_tokenizer
+
+    chars = sorted(set(corpus_file.read_text()))
+    root = tmp_path_factory.mktemp("wordlevel")
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=48, vocab_size=len(chars))
+                    ).save_pretrained(root / "hf")
+    wordlevel_tokenizer(chars).save(str(root / "hf" / "tokenizer.json"))
+    cfg = finetune_config(data_dir, root / "hf", root, "train.max_iters=0", "train.eval_iters=1")
+    return root / "hf", train(cfg, "wl", echo=lambda m: None, progress=False).run_dir
+
+
+def test_a_wordlevel_run_refuses_characters_outside_its_vocabulary_in_one_line(cli, wordlevel_run, tmp_path):
+    """The library's "Missing [UNK] token" becomes the char kind's message, naming the characters, for a
+    prompt, a text file, inspect's prompt and text, and a corpus; text it knows still works."""
+    folder, run = wordlevel_run
+    lacks = "has characters the tokenizer's vocabulary lacks"
+    assert_user_error(cli("generate", "--run", run, "--prompt", "é€", "--max-new-tokens", "1"),
+                      f"the prompt {lacks}: 'é', '€'; remove or replace them", notes_ok=True)
+    text = tmp_path / "f.txt"
+    text.write_text("héllo wörld\n", encoding="utf-8")
+    assert_user_error(cli("evaluate", "--run", run, "--text-file", text), f"{text} {lacks}: 'é', 'ö'",
+                      notes_ok=True)
+    assert_user_error(cli("inspect", "attention", "--run", run, "--prompt", "é", "--output", tmp_path),
+                      f"the prompt {lacks}: 'é'", notes_ok=True)
+    assert_user_error(cli("inspect", "tokenize", "--run", run, "--text", "café", "--output", tmp_path),
+                      f"text {lacks}: 'é'")
+    corpus = tmp_path / "uc.txt"
+    corpus.write_text("A café, said ROMEO, and more words to fill a window.\n" * 200, encoding="utf-8")
+    res = cli("train", FINETUNE, "--init-from", folder, "--set", f"data.path={corpus}", "--set",
+              f"train.out_dir={tmp_path}/runs", "--set", "model.block_size=32", "--dry-run")
+    assert_user_error(res, f"text {lacks}: 'é'", notes_ok=True)
+    res = cli("generate", "--run", run, "--prompt", "ROMEO:", "--max-new-tokens", "3", "--seed", "1")
+    assert res.exit_code == 0 and res.stdout.startswith("ROMEO:"), res
+
+
+def test_inspect_tokenize_reads_a_runs_hf_tokenizer(cli, wordlevel_run, tmp_path):
+    """The run's config says its tokenizer.json is kind hf (a pretrained folder's, as it is): inspect reads it
+    as generate does, instead of advising to delete a file the run needs."""
+    _, run = wordlevel_run
+    res = cli("inspect", "tokenize", "--run", run, "--text", "ROMEO", "--json", "--output", tmp_path)
+    assert res.exit_code == 0, res
+    got = json.loads(res.stdout)
+    assert (got["kind"], got["model"], got["pieces"]) == ("hf", "WordLevel", list("ROMEO"))
+    res = cli("inspect", "tokenize", "--run", run, "--text", "ROMEO", "--output", tmp_path)
+    assert res.exit_code == 0 and "hf tokenizer" in res.stdout and "a WordLevel model" in res.stdout, res
+    assert (run / "tokenizer.json").is_file()

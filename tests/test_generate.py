@@ -124,6 +124,17 @@ def test_prompt_option_errors(gen, tmp_path):
     assert_user_error(gen("--prompt", "-", input=""), "prompt is empty")
 
 
+@pytest.mark.parametrize("command,option", [("generate", "--prompt-file"), ("evaluate", "--text-file")])
+def test_a_users_text_file_is_read_alike_by_every_command(cli, run_dir, tmp_path, command, option):
+    """generate --prompt-file and evaluate --text-file: one reader, the same one-line errors naming the option."""
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("café".encode("latin-1"))
+    for path, problem in ((tmp_path / "nope.txt", "not found"), (tmp_path, "is a folder; give a text file"),
+                          (bad, "is not UTF-8 text; convert it")):
+        res = cli(command, "--run", run_dir, option, path)
+        assert_user_error(res, f"{option} {str(path)!r} {problem}")
+
+
 @pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
 def test_stop_ends_the_sample_and_is_not_printed(gen, stream):
     full = sampled(gen, n=120)
@@ -229,7 +240,9 @@ def test_window_stride(gen, monkeypatch):
     sampled(gen, n=10)
     sampled(gen, "--window-stride", "3", n=10)
     assert seen == [8, 3]
-    assert_user_error(gen("--window-stride", "33"), "window_stride 33", "block_size (32)")
+    assert_user_error(gen("--window-stride", "33"), "window_stride: 33", "block_size (32)")
+    # Past the default config's block_size (256) too, the run's own block_size is the one named.
+    assert_user_error(gen("--window-stride", "257"), "window_stride: 257", "block_size (32)")
     assert_user_error(gen("--window-stride", "0"), "--window-stride")
 
 

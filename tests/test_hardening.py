@@ -100,6 +100,31 @@ def test_a_prepared_data_folder_is_not_written_so_not_checked(cli, data_dir, tmp
         assert paths_to_write(cfg, resume="runs/x") == []
 
 
+def test_dry_run_checks_the_folder_of_the_run_it_resumes(cli, data_dir, tmp_path, monkeypatch):
+    """A resumed run writes its lock, logs and checkpoints in its own folder: one that cannot be written is
+    refused by --dry-run as by train, before anything is written (os.access stands in for a read-only mount:
+    root writes through modes)."""
+    from minigpt_cli.config import load_config
+    from minigpt_cli.trainer.preflight import paths_to_write
+
+    with working_dir(tmp_path):
+        assert _train(cli, data_dir, "train.max_iters=1", "train.eval_interval=1").exit_code == 0
+        run = next((tmp_path / "runs").iterdir())
+        cfg = load_config(TINY, [f"data.data_dir={data_dir}"])
+        assert [(p.relative_to(tmp_path), folder) for p, folder in paths_to_write(cfg, resume=str(run))] == \
+            [(run.relative_to(tmp_path), True), (run.relative_to(tmp_path) / "checkpoints", True)]
+        resume = ["train", TINY, "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=3", "--no-progress",
+                  "--resume", run]
+        before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
+        real = os.access
+        for blocked in (run, run / "checkpoints"):
+            monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(blocked) else real(p, mode))
+            dry, train = cli(*resume, "--dry-run"), cli(*resume)
+            assert_user_error(dry, f"cannot write {blocked}: Permission denied")
+            assert train.stderr == dry.stderr
+        assert sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*")) == before  # nothing written
+
+
 # ----------------------------------------------------------------------------- sample.prompt
 
 

@@ -246,6 +246,11 @@ def test_ffn_refuses_weights_of_the_wrong_shape(cli, tmp_path):
     bad.write_text(json.dumps({"W1": [[1, 0, 1], [0, 1, 1]], "W2": [[1, 0], [0, 1]]}))
     assert_user_error(cli("inspect", "ffn", "--weights", bad, "--output", tmp_path), "W2 has shape 2 x 2", "3 x 2")
     assert_user_error(cli("inspect", "ffn", "--x", "1,2,3", "--output", tmp_path), "d_model = 2")
+    # Weights that do not fit each other are blamed before --x, which W1 alone sets the width of.
+    bad.write_text(json.dumps({"W1": [[1, 2]], "W2": [[1], [2], [3]]}))
+    for x in ([], ["--x", "1"]):
+        assert_user_error(cli("inspect", "ffn", "--weights", bad, *x, "--output", tmp_path),
+                          "W2 has shape 3 x 1, but 2 x 1 is needed", "fix the weights file")
 
 
 # ----------------------------------------------------------------------------- tokenize
@@ -308,6 +313,27 @@ def test_tokenize_refusals(small_tokenizers, cli, tmp_path):
               "--output", tmp_path)
     assert_user_error(res, "Unigram", "bpe")
     assert_user_error(cli("inspect", "tokenize", "--words", "hug=ten", "--output", tmp_path), "--words")
+
+
+def test_tokenize_reads_any_tokenizer_json_and_never_says_to_delete_a_users_file(cli, tmp_path):
+    """--tokenizer names the user's file: a tokenizers tokenizer.json of any model (here WordLevel, an
+    export's) is read as kind hf; a file that is no tokenizer is said to be none, with what is accepted."""
+    from helpers import wordlevel_tokenizer
+
+    wordlevel_tokenizer("ROME: ").save(str(tmp_path / "tokenizer.json"))
+    res = cli("inspect", "tokenize", "--tokenizer", tmp_path / "tokenizer.json", "--text", "ROME", "--json",
+              "--output", tmp_path)
+    assert res.exit_code == 0, res
+    got = json.loads(res.stdout)
+    assert (got["kind"], got["model"], got["ids"]) == ("hf", "WordLevel", [0, 1, 2, 3])
+    (tmp_path / "some.yaml").write_text("name: mine\n")
+    (tmp_path / "other.json").write_text('{"name": "mine"}')
+    (tmp_path / "chars.json").write_text('{"format": "minigpt-char-tokenizer", "chars": 5}')
+    for name in ("some.yaml", "other.json", "chars.json"):
+        res = cli("inspect", "tokenize", "--tokenizer", tmp_path / name, "--output", tmp_path)
+        assert_user_error(res, name, "pass a tokenizer file: minigpt's char tokenizer or a tokenizers tokenizer.json")
+        assert "delete" not in res.stderr, res
+        assert (tmp_path / name).is_file()
 
 
 # ----------------------------------------------------------------------------- the command group

@@ -13,16 +13,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minigpt_cli"
 #: Each module's layer: a module imports its own layer or lower ones, never a higher one.
 LAYERS = {
     "base": {"config", "config_io", "config_docs", "config_errors", "paths", "errors", "fileio", "special_tokens"},
-    "components": {"runs", "checkpoint", "runtime", "kernels", "kernels.onednn", "kernels.dropout", "kernels.flags", "model", "data", "tokenizer",
+    "components": {"runs", "checkpoint", "runtime", "kernels", "kernels.onednn", "kernels.dropout", "kernels.flags", "model", "data", "tokenizer", "tokenizer_base",
                    "tokenizer_training", "wordpiece", "params", "params_report", "params_memory", "metrics", "hf",
-                   "sampling", "parallel", "corpus", "preparation", "pretrained", "download", "download_files", "trainer.schedule", "trainer.step",
+                   "sampling", "parallel", "corpus", "preparation", "splits", "pretrained", "download", "download_files", "trainer.schedule", "trainer.step",
                    "trainer.evaluate", "trainer.signals", "trainer.resume", "trainer.setup", "trainer.describe", "trainer.estimate", "notes",
                    "trainer.preflight", "decoding"},
     "commands": {"trainer", "trainer.loop", "generation", "count", "bench", "bench_prepare", "bench_generation", "train_tokenizer",
                  "evaluation", "hf_export", "sweep", "compare",
                  "inspection", "inspection.figures", "inspection.run_model", "inspection.positions", "inspection.block",
                  "inspection.residual", "inspection.attention", "inspection.activations", "inspection.ffn",
-                 "inspection.tokenize"},
+                 "inspection.tokenize", "inspection.tokenize_figures"},
     "cli": {"cli", "cli_base", "cli_hf", "cli_inspect", "cli_sweep", "__main__", ""},  # "" is the package itself (the lazy Python API)
 }
 RANK = {name: rank for rank, layer in enumerate(LAYERS.values()) for name in layer}

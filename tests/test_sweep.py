@@ -14,7 +14,7 @@ import pytest
 
 from helpers import TINY, assert_user_error, tiny, working_dir
 from minigpt_cli.compare import summarize
-from minigpt_cli.errors import Interrupted
+from minigpt_cli.errors import Interrupted, MinigptError
 from minigpt_cli.sweep import load_sweep, run_sweep
 from minigpt_cli.trainer import train
 
@@ -81,6 +81,11 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
     ({"seeds": 0}, "seeds"),
     ({"variants": {"ffn-relu": {"model.ffn": "gelu"}}}, "get the same name 'ffn-relu'"),
     ({"grid": {}}, "give grid: or variants:"),
+    # A sweep's runs go in its own folder: an override of train.out_dir is refused, wherever it is given.
+    ({"set": ["train.out_dir=elsewhere"]}, "s.yaml: set: train.out_dir cannot be set in a sweep"),
+    ({"grid": {"train.out_dir": ["a", "b"]}}, "grid: train.out_dir cannot be set"),
+    ({"variants": {"v": {"train.out_dir": "a"}}}, "variants.v: train.out_dir cannot be set"),
+    ({"base": "nothere.yaml"}, "s.yaml: base: config file 'nothere.yaml' not found"),
 ])
 def test_a_bad_sweep_file_is_one_line_before_any_run(cli, tmp_path, data_dir, over, fragment):
     path = write_sweep(tmp_path, data_dir, **over)
@@ -88,6 +93,26 @@ def test_a_bad_sweep_file_is_one_line_before_any_run(cli, tmp_path, data_dir, ov
         res = cli("sweep", path)
     assert_user_error(res, fragment)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_base_names_base_not_a_folder(cli, tmp_path, data_dir):
+    with working_dir(tmp_path):
+        res = cli("sweep", write_sweep(tmp_path, data_dir, base="nothere.yaml"))
+    assert_user_error(res, "base:", "not found", "shipped configs", "tiny")
+    assert "folder" not in res.stderr and "cannot access" not in res.stderr
+
+
+def test_an_edited_sweep_that_never_trained_replaces_its_record(tmp_path, data_dir):
+    """A sweep that fails before any run saves a checkpoint (here: its corpus cannot be downloaded) leaves
+    nothing to keep apart from an edited sweep file: started again, the edit is taken, not refused."""
+    sets = [f"data.data_dir={tmp_path / 'empty-data'}", "data.url=http://127.0.0.1:9/input.txt"]
+    with working_dir(tmp_path):
+        for iters in (5, 6):
+            with pytest.raises(MinigptError) as e:
+                run_sweep(write_sweep(tmp_path, data_dir, set=sets, budget={"iters": iters}))
+            assert "cannot reach http://127.0.0.1:9" in str(e.value)  # not "s.yaml changed since"
+            state = json.loads((tmp_path / "runs" / "s" / "sweep.json").read_text())
+            assert state["sweep"]["budget"]["iters"] == iters and state["done"] == []
 
 
 @pytest.mark.parametrize("var", ["MINIGPT_FAST_DROPOUT", "MINIGPT_ONEDNN"])
@@ -201,6 +226,39 @@ def test_compare_by_hand_and_across_corpora(cli, tmp_path, data_dir):
     assert "final_val" not in got["rows"][0] and got["rows"][0]["bits_per_byte"] > 0
     assert any("different corpora" in n for n in got["notes"])
     assert_user_error(cli("compare", a, c, "--metric", "val_loss", "--output", tmp_path / "x"), "different corpora")
+
+
+def test_compare_escapes_table_cells_and_writes_plain_numbers(cli, tmp_path, data_dir):
+    """sample.prompt "\\n" (the default) must not split its Markdown row; summary.csv and .json hold numbers, not
+    "27,840": only the Markdown table formats them."""
+    import csv
+
+    from minigpt_cli.compare import format_summary
+
+    made = [train(tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}", *prompt),
+                  name, echo=lambda m: None, progress=False).run_dir
+            for name, prompt in (("newline", []), ("romeo", ["sample.prompt=ROMEO:"]))]
+    res = cli("compare", *made, "--output", tmp_path / "out")
+    assert res.exit_code == 0, res
+    md = (tmp_path / "out" / "summary.md").read_text()
+    for table in (md, res.stdout):
+        rows = [line for line in table.splitlines() if line.startswith("|")]
+        assert len(rows) == 4 and all(line.endswith("|") for line in rows), table  # header, rule, 2 variants
+        assert "| newline | \\n |" in rows[2] and "| romeo | ROMEO: |" in rows[3], table
+    with open(tmp_path / "out" / "summary.csv", newline="") as f:
+        head, *body = list(csv.reader(f))
+    got = dict(zip(head, body[0]))
+    assert got["sample.prompt"] == "\n"  # the value itself: CSV quotes it
+    for key in ("params", "params_non_embedding", "flops_per_token", "seeds"):
+        assert got[key].isdigit(), (key, got[key])
+    float(got["final_val"]), float(got["tokens_per_sec"]), float(got["bits_per_byte"])
+    rows = json.loads((tmp_path / "out" / "summary.json").read_text())["rows"]
+    assert all(isinstance(r["params"], int) and isinstance(r["final_val"], float) for r in rows)
+    # Any text a cell may hold: a | or a tab is escaped too, so each row keeps its cells.
+    result = summarize(made)
+    result["rows"][0]["sample.prompt"] = "a|b\tc\\"
+    line = [x for x in format_summary(result).splitlines() if x.startswith("| newline")][0]
+    assert "| a\\|b\\tc\\\\ |" in line and line.count(" | ") == format_summary(result).splitlines()[0].count(" | ")
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.yaml")),

@@ -212,6 +212,28 @@ def test_bpe_and_char_report_no_loss(trained):
         trained["char"].encode(PROMPT)
 
 
+def test_an_hf_tokenizer_without_an_unknown_token_refuses_what_it_lacks_as_char_does(tmp_path):
+    """A WordLevel tokenizer.json with no unknown token (an early char export): the library fails with "Missing
+    [UNK] token"; minigpt names the characters, as for char, wherever the text comes from."""
+    from minigpt_cli.sampling import encode_prompt
+
+    from helpers import wordlevel_tokenizer
+
+    wordlevel_tokenizer("ROME: ").save(str(tmp_path / "tokenizer.json"))
+    tok = load_tokenizer(tmp_path / "tokenizer.json", "hf")
+    assert tok.unk_token is None  # the library writes unk_token "<unk>", which its vocabulary lacks
+    assert tok.encode("ROME O") == [0, 1, 2, 3, 5, 1] and tok.unknown_chars("ROMEO") == []
+    assert tok.unknown_chars(PROMPT) == ["¿", "Q", "u", "é", "t", "a", "l", "?", "😀"]
+    lacks = "text has characters the tokenizer's vocabulary lacks: '¿', 'Q', 'u', 'é', 't', 'a', 'l', '?', '😀'; "
+    for encode in (tok.encode, lambda text: tok.encode_batch(["ROMEO", text]), tok.pieces):
+        with pytest.raises(MinigptError, match=lacks.replace("?", r"\?") + "remove or replace them$"):
+            encode(PROMPT)
+    with pytest.raises(MinigptError, match="^the prompt has characters the tokenizer's vocabulary lacks: 'é'; "):
+        encode_prompt(tok, "ROMEOé")
+    assert lossy_report(tok, PROMPT) is None  # refused, not lost
+    assert [a.tolist() for a in tok.encode_batch(["RO", "ME"])] == [[0, 1], [2, 3]]
+
+
 def test_config_does_not_import_the_tokenizers():
     """Imports point one way (tokenizer -> config); the config still refuses bad special tokens."""
     import subprocess

@@ -49,7 +49,7 @@ _MESSAGES = {
     "missing": "--weights {path}: {key} is missing",
     "activation": "activation {act!r}: use one of {choices}",
     "not_numbers": "--weights {path}: {key} must be a list of numbers (a matrix: a list of rows)",
-    "shape": "{key} has shape {got}, but {want} is needed ({why}); fix the weights file or --x",
+    "shape": "{key} has shape {got}, but {want} is needed ({why}); fix the weights file",
     "matrix": "W1 must be a matrix, a list of d_model rows of d_ff numbers each, e.g. [[1, -1, 0.5], [0.5, 1, -1]]",
     "ragged": "{key}'s rows differ in length ({lengths}); a matrix needs rows of one length",
     "x": "--x {text!r}: give the input as numbers separated by commas, e.g. --x 1,2",
@@ -109,7 +109,8 @@ def parse_x(text: str) -> list[float]:
 
 
 def _check_shapes(w: dict, d_model: int) -> int:
-    """d_ff, once every matrix and bias fits d_model (the input's width) and W1's columns.
+    """d_ff, once every matrix and bias fits d_model (W1's rows, the width the input must have) and W1's
+    columns.
 
     Raises:
         MinigptError: a shape that does not fit, naming the key and both shapes.
@@ -204,10 +205,10 @@ def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_
     if len(w1_shape) != 2 or 0 in w1_shape:
         raise MinigptError(_MESSAGES["matrix"])
     d_model = w1_shape[0]
+    d_ff = _check_shapes(w, d_model)  # the weights against each other first: --x is judged by W1's rows
     for x in xs:
         if len(x) != d_model:
             raise MinigptError(_MESSAGES["x_width"].format(text=",".join(num(v) for v in x), got=len(x), want=d_model))
-    d_ff = _check_shapes(w, d_model)
     f64 = lambda key: torch.tensor(w[key], dtype=torch.float64)  # noqa: E731
     W1, W2 = f64("W1"), f64("W2")
     b1 = f64("b1") if "b1" in w else torch.zeros(d_ff, dtype=torch.float64)

@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .. import runs
+from ..config import load_config
 from ..errors import MinigptError
 from ..special_tokens import UNK
-from ..tokenizer import Tokenizer, load_tokenizer
+from ..tokenizer import Tokenizer, load_run_tokenizer, load_tokenizer
 from ..wordpiece import CONTINUATION, wordpiece_merges, wordpiece_scores, wordpiece_symbols
-from .figures import new_figure, save_png, wrote
+from .figures import wrote
+from .tokenize_figures import plot_pieces, plot_toy
 
 #: The toy corpus: word -> frequency.
 TOY_WORDS = {"hug": 10, "pug": 5, "pun": 12, "bun": 4, "hugs": 5}
@@ -49,7 +51,7 @@ SHOWN = 12
 
 _MESSAGES = {
     "both": "pass --tokenizer FILE or --run DIR, not both",
-    "no_run": "run folder {run!r} not found; pass --run runs/NAME of a trained run",
+    "no_run": "run folder {run!r} not found (no config.yaml there); pass --run runs/NAME of a trained run",
     "empty": "--text '': give some text to cut",
     "words": "--words {text!r}: give word=count pairs (a word of letters only, a count of at least 1) separated "
              "by commas, e.g. --words hug=10,pug=5",
@@ -224,7 +226,7 @@ def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Op
               "unigram": {"vocab": logp, "total": sum(n * len(w) * (len(w) + 1) // 2 for w, n in words.items()),
                           "words": _unigram_words(uni, text_words, logp)}, "png": None}
     if output is not None:
-        result["png"] = _plot_toy(result, Path(output))
+        result["png"] = plot_toy(result, Path(output))
     return result
 
 
@@ -265,9 +267,10 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
     """A trained tokenizer's pieces and ids for ``text``, with what each kind can say about them.
 
     Returns:
-        A dict: ``mode`` ("tokenizer"), ``source``, ``kind``, ``vocab_size``, ``text``, ``pieces``, ``ids``;
-        ``details``, one per piece: bpe {merge_rank (None for a base byte), a, b}; wordpiece {merge_rank,
-        and with ``corpus`` score, count}; unigram {log_prob}; char {}; ``unigram_words`` (with
+        A dict: ``mode`` ("tokenizer"), ``source``, ``kind``, ``model`` (the library's model type, e.g.
+        ``WordLevel``; None for char), ``vocab_size``, ``text``, ``pieces``, ``ids``; ``details``, one per
+        piece: bpe {merge_rank (None for a base byte), a, b}; wordpiece {merge_rank, and with ``corpus``
+        score, count}; unigram {log_prob}; char and hf {}; ``unigram_words`` (with
         ``all_segmentations``, as :func:`toy`'s); ``png``.
 
     Raises:
@@ -281,11 +284,11 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
     if all_segmentations and tok.kind != "unigram":
         raise MinigptError(_MESSAGES["segmentations"].format(kind=tok.kind))
     ids = tok.encode(text)
-    result = {"mode": "tokenizer", "source": source, "kind": tok.kind, "vocab_size": tok.vocab_size, "text": text,
-              "pieces": tok.pieces(text), "ids": ids, "details": [{} for _ in ids], "unigram_words": None,
-              "png": None}
-    if tok.kind != "char":
-        model = json.loads(tok.backend.to_str())["model"]
+    model = json.loads(tok.backend.to_str())["model"] if tok.kind != "char" else {}
+    result = {"mode": "tokenizer", "source": source, "kind": tok.kind, "model": model.get("type"),
+              "vocab_size": tok.vocab_size, "text": text, "pieces": tok.pieces(text), "ids": ids,
+              "details": [{} for _ in ids], "unigram_words": None, "png": None}
+    if tok.kind in ("bpe", "wordpiece", "unigram"):  # char and hf (a pretrained folder's file): pieces and ids
         backend = tok.backend
         tokens = [backend.id_to_token(i) for i in ids]
         if tok.kind == "bpe":
@@ -303,7 +306,7 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
                 words = [w for w, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
                 result["unigram_words"] = _unigram_words(backend, words, logp)
     if output is not None:
-        result["png"] = _plot_pieces(result, Path(output))
+        result["png"] = plot_pieces(result, Path(output))
     return result
 
 
@@ -354,7 +357,9 @@ def format_tokenize(r: dict) -> str:
                      f"{r['unigram']['total']}; the library's Viterbi choice marked *:")
         lines += _format_segmentations(r["unigram"]["words"])
     else:
-        lines.append(f"{r['kind']} tokenizer {r['source']} ({r['vocab_size']:,} entries): {len(r['ids'])} tokens")
+        model = f", a {r['model']} model" if r["kind"] == "hf" and r.get("model") else ""
+        lines.append(f"{r['kind']} tokenizer {r['source']} ({r['vocab_size']:,} entries{model}): "
+                     f"{len(r['ids'])} tokens")
         for piece, i, d in zip(r["pieces"], r["ids"], r["details"]):
             lines.append(f"  {piece!r:<16} id {i:<7}{_detail(r['kind'], d)}")
         if r["unigram_words"] is not None:
@@ -404,18 +409,23 @@ def _format_segmentations(entries: list[dict]) -> list[str]:
 def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Optional[Tokenizer], str]:
     """The tokenizer ``--tokenizer`` or ``--run`` names (None: the toy corpus), and how to name it.
 
+    ``--tokenizer``: minigpt's char tokenizer or any ``tokenizers`` tokenizer.json (a model type other than
+    BPE, WordPiece and Unigram as kind hf); a file the user names is never to be deleted
+    (:func:`~minigpt_cli.tokenizer.load_tokenizer`'s ``own``). ``--run``: the run's own tokenizer, of the
+    kind its config names (:func:`~minigpt_cli.tokenizer.load_run_tokenizer`).
+
     Raises:
         MinigptError: both given; no such run folder; a missing or damaged file.
     """
     if tokenizer is not None and run is not None:
         raise MinigptError(_MESSAGES["both"])
     if tokenizer is not None:
-        return load_tokenizer(tokenizer), str(tokenizer)
+        return load_tokenizer(tokenizer, own=False), str(tokenizer)
     if run is not None:
-        if not Path(run).is_dir():
+        if not (Path(run) / runs.CONFIG).is_file():
             raise MinigptError(_MESSAGES["no_run"].format(run=str(run)))
-        path = Path(run) / runs.TOKENIZER
-        return load_tokenizer(path), str(path)
+        tok = load_run_tokenizer(Path(run), load_config(Path(run) / runs.CONFIG))
+        return tok, str(Path(run) / runs.TOKENIZER)
     return None, "toy"
 
 
@@ -428,67 +438,3 @@ def tokenize(tokenizer: Optional[Path] = None, run: Optional[Path] = None, text:
     if tok is None:
         return toy(words, TOY_TEXT if text is None else text, output)
     return inspect_tokenizer(tok, "ROMEO: hugs" if text is None else text, source, all_segmentations, corpus, output)
-
-
-def _plot_toy(r: dict, folder: Path) -> str:
-    fig = new_figure(15, 4.8)
-    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.22, top=0.88, wspace=0.35)
-    for k, (key, value, title, color) in enumerate((
-            ("bpe_first", "count", "BPE merges the most frequent pair", "tab:blue"),
-            ("wordpiece_first", "score", "WordPiece: count(ab)/(count(a)·count(b))", "tab:green"))):
-        ax = fig.add_subplot(1, 3, k + 1)
-        pairs = r[key]
-        ax.bar(range(len(pairs)), [m[value] for m in pairs],
-               color=[color if i == 0 else "lightgrey" for i in range(len(pairs))])
-        ax.set_xticks(range(len(pairs)), [f"{m['a']}+{m['b']}" for m in pairs], rotation=45, ha="right")
-        ax.set_title(f"{title}\nbefore any merge (coloured: the first merge)", fontsize=10)
-        ax.set_ylabel(f"pair {value}")
-    ax = fig.add_subplot(1, 3, 3)
-    entry = next((e for e in r["unigram"]["words"] if e["segmentations"]), None)
-    if entry is not None:
-        segs = entry["segmentations"][::-1]
-        ax.barh(range(len(segs)), [s["log_prob"] for s in segs],
-                color=["tab:red" if s["viterbi"] else "tab:grey" for s in segs])
-        ax.set_yticks(range(len(segs)), [" + ".join(s["pieces"]) for s in segs], fontsize=8)
-        ax.set_xlabel("log P (red: the Viterbi choice)")
-        ax.set_title(f"Unigram: segmentations of {entry['word']!r}")
-    return save_png(fig, folder, "tokenize.png")
-
-
-def _plot_pieces(r: dict, folder: Path) -> str:
-    pieces = r["pieces"][:60]
-    words = [e for e in r["unigram_words"] or [] if e["segmentations"]]
-    word = max(words, key=lambda e: e["count"], default=None)
-    rows = len(word["segmentations"]) if word else 0
-    height = 2.4 + (0.35 * rows + 1.2 if word else 0)
-    fig = new_figure(min(16, max(6, 2 + 0.5 * sum(max(len(p), 2) for p in pieces) / 2)), height)
-    ax = fig.add_axes((0.01, 1 - 2.0 / height, 0.98, 1.5 / height))
-    ax.set_axis_off()
-    x = 0.0
-    colors = ["#cfe8ff", "#ffe2c6", "#d8f5d0", "#f3d6f5", "#fff3b0"]
-    for k, (piece, i) in enumerate(zip(pieces, r["ids"])):
-        width = max(len(piece), 2) * 0.6 + 0.4
-        ax.add_patch(_box(x, width, colors[k % len(colors)]))
-        shown = piece.replace("\n", "\\n").replace(" ", "␣")
-        ax.text(x + width / 2, 0.62, shown, ha="center", va="center", fontsize=10, family="monospace")
-        ax.text(x + width / 2, 0.2, str(i), ha="center", va="center", fontsize=7, color="dimgrey")
-        x += width + 0.1
-    ax.set_xlim(-0.1, max(x, 1))
-    ax.set_ylim(0, 1)
-    more = f" (first 60 of {len(r['pieces'])})" if len(r["pieces"]) > 60 else ""
-    fig.suptitle(f"{r['kind']}: {len(r['ids'])} tokens{more}, ids below each piece", fontsize=10)
-    if word:
-        ax = fig.add_axes((0.3, 0.6 / height, 0.65, (0.35 * rows) / height))
-        segs = word["segmentations"][::-1]
-        ax.barh(range(len(segs)), [s["log_prob"] for s in segs],
-                color=["tab:red" if s["viterbi"] else "tab:grey" for s in segs])
-        ax.set_yticks(range(len(segs)), [" + ".join(s["pieces"]) for s in segs], fontsize=8)
-        ax.set_xlabel("log P (red: the Viterbi choice)")
-        ax.set_title(f"segmentations of {word['word']!r}", fontsize=9)
-    return save_png(fig, folder, "tokenize.png")
-
-
-def _box(x: float, width: float, color: str):
-    from matplotlib.patches import FancyBboxPatch
-
-    return FancyBboxPatch((x, 0.05), width, 0.9, boxstyle="round,pad=0.02", facecolor=color, edgecolor="grey")

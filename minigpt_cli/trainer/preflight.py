@@ -17,6 +17,7 @@ from typing import Optional
 from ..config import Config
 from ..fileio import check_writable
 from ..paths import corpus_path, dataset_dir
+from ..runs import CHECKPOINTS
 
 
 def paths_to_write(cfg: Config, resume: Optional[str] = None) -> list[tuple[Path, bool]]:
@@ -27,7 +28,8 @@ def paths_to_write(cfg: Config, resume: Optional[str] = None) -> list[tuple[Path
     - the named dataset's folder again, when no token files of the tokenizer's kind are there yet
       (prepared; token files of another tokenizer of that kind may make ``train`` prepare as well);
     - ``data.data_dir``, for a ``data.path`` corpus, when it is not a folder yet (its corpus folder goes in it);
-    - ``train.out_dir``, for a new run (not with ``resume``, whose run folder exists).
+    - ``train.out_dir``, for a new run; with ``resume``, the run folder (its lock, logs and metrics) and its
+      checkpoints folder, when the run folder is there (a missing one is ``--resume``'s own refusal).
     """
     from ..data import tokenizer_path
     from ..download import file_ok
@@ -51,6 +53,8 @@ def paths_to_write(cfg: Config, resume: Optional[str] = None) -> list[tuple[Path
             out.append((folder, True))
     if resume is None:
         out.append((Path(cfg.train.out_dir), True))
+    elif Path(resume).is_dir():
+        out += [(Path(resume), True), (Path(resume) / CHECKPOINTS, True)]
     return out
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 from .. import checkpoint, runs
 from ..config import Config
 from ..corpus import Corpus, changed_file
@@ -132,6 +134,45 @@ def check_corpus(cfg: Config, resume: Optional[str], corpus: Corpus) -> None:
     check_fingerprint(cfg, corpus)
 
 
+#: What a resume reads from ``trainer_state.pt`` (the trainer's snapshot, :meth:`~.loop.Trainer.snapshot`):
+#: entry (``a.b``: entry b of the dict at a) -> the types it may have.
+STATE_ENTRIES = {
+    "step": int, "evaluated": bool, "best_val_loss": (float, int), "bad_evals": int,
+    "optimizer": dict, "optimizer.state": dict, "optimizer.param_groups": list, "scaler": dict,
+    "rng": dict, "rng.python": list, "rng.numpy": list, "rng.torch": torch.Tensor,
+    "data_rng": dict, "data_rng.train": torch.Tensor,
+}
+#: A trainer state that loads but is not one: what is wrong with it.
+_STATE_WRONG = ("trainer state {path!r} is not a minigpt trainer state ({problem}); use another checkpoint or "
+                "start a new run")
+
+
+def load_resume_state(last: Path) -> dict[str, Any]:
+    """The trainer state of checkpoint ``last`` (:func:`~minigpt_cli.checkpoint.load_trainer_state`), checked
+    to hold every entry a resume reads, of its type (:data:`STATE_ENTRIES`).
+
+    Raises:
+        MinigptError: a missing, truncated or unsafe file, or one whose entries are not the trainer's,
+            naming the first entry missing or of another type.
+    """
+    state = checkpoint.load_trainer_state(last)
+    problem = None if isinstance(state, dict) else f"it holds a value of type {type(state).__name__}, not a dict"
+    for entry, types in STATE_ENTRIES.items():
+        if problem is not None:
+            break
+        *parents, key = entry.split(".")
+        holder = state
+        for name in parents:
+            holder = holder[name]  # a dict: STATE_ENTRIES lists each dict before its entries
+        if key not in holder:
+            problem = f"no {entry!r} entry"
+        elif not isinstance(holder[key], types):
+            problem = f"{entry!r} is of type {type(holder[key]).__name__}"
+    if problem is not None:
+        raise MinigptError(_STATE_WRONG.format(path=str(runs.resolve(last) / runs.STATE), problem=problem))
+    return state
+
+
 def describe_resume(cfg: Config, resume: str, corpus: Optional[Corpus] = None) -> list[str]:
     """What ``--resume`` would do, for ``--dry-run``: the run, its step, and the schedule note if any.
 
@@ -151,7 +192,7 @@ def describe_resume(cfg: Config, resume: str, corpus: Optional[Corpus] = None) -
     corpus = corpus if corpus is not None else corpus_on_disk(cfg)
     if corpus is not None:
         check_resume_corpus(saved, last, corpus)
-    state = checkpoint.load_trainer_state(last)
+    state = load_resume_state(last)
     step, n = state["step"], cfg.train.max_iters
     if step > n or (step == n and state["evaluated"]):
         return [f"--resume: {run_dir} is at step {step}, train.max_iters is {n}: nothing would be trained"]
@@ -211,7 +252,7 @@ def open_resume(cfg: Config, resume: str, tok: Tokenizer, corpus: Corpus, main: 
     check_resume_config(cfg, saved)
     check_resume_corpus(saved, last, corpus)
     check_resume_tokenizer(run_dir, saved, tok)
-    state = checkpoint.load_trainer_state(last)
+    state = load_resume_state(last)
     resumed = Resumed(run_dir, state, cfg.train.max_iters, swept=swept)
     if not resumed.done:
         resumed.note = schedule_note(cfg, saved, state["step"])
