@@ -169,7 +169,7 @@ def train(
     if dry_run:
         from .trainer.preflight import check_paths
 
-        check_paths(cfg, resume if resume != "auto" else None)  # train's own check, before it writes anything
+        check_paths(cfg, resume)  # train's own check, before it writes anything
         if run_name is not None:
             runs.check_run_name(cfg.train.out_dir, run_name)
         resuming = describe_resume(cfg, resume) if resume is not None else []  # refused before anything prints

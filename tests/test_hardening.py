@@ -113,15 +113,17 @@ def test_dry_run_checks_the_folder_of_the_run_it_resumes(cli, data_dir, tmp_path
         cfg = load_config(TINY, [f"data.data_dir={data_dir}"])
         assert [(p.relative_to(tmp_path), folder) for p, folder in paths_to_write(cfg, resume=str(run))] == \
             [(run.relative_to(tmp_path), True), (run.relative_to(tmp_path) / "checkpoints", True)]
-        resume = ["train", TINY, "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=3", "--no-progress",
-                  "--resume", run]
         before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
         real = os.access
-        for blocked in (run, run / "checkpoints"):
-            monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(blocked) else real(p, mode))
-            dry, train = cli(*resume, "--dry-run"), cli(*resume)
-            assert_user_error(dry, f"cannot write {blocked}: Permission denied")
-            assert train.stderr == dry.stderr
+        # --resume auto continues the newest run of the config's name: the same folder, found under runs/.
+        for given, folder in ((run, run), ("auto", run.relative_to(tmp_path))):
+            resume = ["train", TINY, "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=3",
+                      "--no-progress", "--resume", given]
+            for blocked in (folder, folder / "checkpoints"):
+                monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(blocked) else real(p, mode))
+                dry, train = cli(*resume, "--dry-run"), cli(*resume)
+                assert_user_error(dry, f"cannot write {blocked}: Permission denied")
+                assert train.stderr == dry.stderr
         assert sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*")) == before  # nothing written
 
 

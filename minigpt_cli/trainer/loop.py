@@ -376,7 +376,7 @@ def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] 
         with claim:
             # A fine-tuning run: the pretrained folder's model and tokenizer (a resumed one: the run's tokenizer).
             cfg = resolve_init_from(cfg, resumed_run(cfg, resume))
-            check_paths(cfg, resume if resume != "auto" else None)  # before anything is fetched or written
+            check_paths(cfg, resume)  # before anything is fetched or written
             prepared = build(cfg, run_name, resume, echo, progress, claim)
             if not isinstance(prepared, Setup):  # a resumed run that is already done
                 return TrainResult(**prepared, already_done=True)

@@ -17,7 +17,7 @@ from typing import Optional
 from ..config import Config
 from ..fileio import check_writable
 from ..paths import corpus_path, dataset_dir
-from ..runs import CHECKPOINTS
+from ..runs import CHECKPOINTS, newest_run
 
 
 def paths_to_write(cfg: Config, resume: Optional[str] = None) -> list[tuple[Path, bool]]:
@@ -29,11 +29,15 @@ def paths_to_write(cfg: Config, resume: Optional[str] = None) -> list[tuple[Path
       (prepared; token files of another tokenizer of that kind may make ``train`` prepare as well);
     - ``data.data_dir``, for a ``data.path`` corpus, when it is not a folder yet (its corpus folder goes in it);
     - ``train.out_dir``, for a new run; with ``resume``, the run folder (its lock, logs and metrics) and its
-      checkpoints folder, when the run folder is there (a missing one is ``--resume``'s own refusal).
+      checkpoints folder, when the run folder is there (a missing one is ``--resume``'s own refusal). For
+      ``auto``, that is the newest run of the config's name, or ``train.out_dir`` while there is none.
     """
     from ..data import tokenizer_path
     from ..download import file_ok
 
+    if resume == "auto":  # the run auto continues, if there is one yet
+        found = newest_run(cfg.train.out_dir, cfg.name)
+        resume = None if found is None else str(found)
     dc, out = cfg.data, []
     folder = dataset_dir(dc.data_dir, dc.dataset)
     own_text = getattr(dc, "path", None) is not None
