@@ -39,7 +39,7 @@ from . import runs
 from .checkpoint import load_model
 from .config import Config, ModelConfig
 from .errors import MinigptError
-from .fileio import os_error_message
+from .fileio import chmod_quietly, dir_mode, new_file_mode, os_error_message
 from .special_tokens import END_OF_TEXT
 from .tokenizer import CharTokenizer, Tokenizer, load_run_tokenizer
 
@@ -245,9 +245,11 @@ def _write_folder(out: Path, weights: dict[str, torch.Tensor], files: dict[str, 
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700: an export is as readable as any folder
     try:
         try:
             save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            chmod_quietly(tmp / "model.safetensors", new_file_mode())  # safetensors creates it 0600
         except SafetensorError as exc:  # a failed write, with the OS's error number in its text
             code = re.search(r"\(os error (\d+)\)", str(exc))
             if code is None:

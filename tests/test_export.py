@@ -40,6 +40,17 @@ def exported(request, tmp_path_factory, data_dir):
     return run, export_run(run, root / "hf")
 
 
+def test_an_export_has_the_modes_of_any_new_folder_and_file(exported):
+    """mkdtemp makes its folder 0700 and safetensors its file 0600: the renamed export kept them, so other
+    users (a shared model folder, a server's account) could not read it."""
+    from minigpt_cli.fileio import dir_mode, new_file_mode
+
+    _, out = exported
+    assert out.stat().st_mode & 0o777 == dir_mode()
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {name: new_file_mode() for name in
+                                                                          (p.name for p in out.iterdir())}
+
+
 def test_transformers_gives_the_same_logits_and_token_ids(exported, corpus_file):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
