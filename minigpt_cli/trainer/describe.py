@@ -75,7 +75,7 @@ def preview(cfg: Config) -> DataPreview:
         MinigptError: the error ``train`` would raise: a tokenizer file that
             disagrees with the config, an impossible ``tokenizer.vocab_size``,
             text the tokenizer cannot encode, or a split shorter than
-            ``model.block_size + 1`` tokens (:func:`~minigpt_cli.data.check_split_counts`).
+            ``model.block_size + 1`` tokens (:func:`~minigpt_cli.splits.check_split_counts`).
     """
     tc, dc = cfg.tokenizer, cfg.data
     corpus = corpus_on_disk(cfg)  # what train refuses: nothing at data.path, an empty file
