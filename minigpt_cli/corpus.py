@@ -19,6 +19,7 @@ import codecs
 import glob
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,16 +68,19 @@ def _error(message: str, **fields: object) -> MinigptError:
 
 @dataclass(frozen=True)
 class CorpusFile:
-    """One input file: its resolved path, size in bytes, sha256, and whether it is JSON Lines."""
+    """One input file: its resolved path, size in bytes, sha256, whether it is JSON Lines, and its name:
+    the path relative to the folder holding all the corpus's files (what identifies it, wherever that is)."""
 
     path: Path
     size: int
     sha256: str
     jsonl: bool
+    name: str = ""
 
     def record(self) -> dict:
         """The file as ``meta.json`` and the run's records keep it."""
-        return {"path": str(self.path), "size": self.size, "sha256": self.sha256}
+        return {"path": str(self.path), "name": self.name or self.path.name, "size": self.size,
+                "sha256": self.sha256}
 
 
 @dataclass(frozen=True)
@@ -99,15 +103,29 @@ class Corpus:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of every file's (path, size, sha256), in order, and of the JSON field read: 64 hex digits.
+        """sha256 of every file's (name, size, sha256), in order, and of the JSON field read: 64 hex digits.
 
         Editing, adding, removing or renaming a file changes it; so does another ``data.text_field`` when
-        a file is JSON Lines.
+        a file is JSON Lines. Moving the corpus (or the project holding it) does not: a name is relative to
+        the folder holding all the files.
         """
-        obj = {"files": [f.record() for f in self.files]}
+        return self._digest([{k: r[k] for k in ("name", "size", "sha256")} for r in self.records()])
+
+    @property
+    def legacy_fingerprint(self) -> str:
+        """The fingerprint as minigpt computed it before 2026-12 (of each file's absolute path): runs and
+        configs of then carry it, and :meth:`matches` accepts it while the corpus has not moved."""
+        return self._digest([{k: r[k] for k in ("path", "size", "sha256")} for r in self.records()])
+
+    def _digest(self, files: list[dict]) -> str:
+        obj: dict = {"files": files}
         if any(f.jsonl for f in self.files):
             obj["text_field"] = self.text_field
         return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
+
+    def matches(self, fingerprint: str) -> bool:
+        """Whether ``fingerprint`` (a config's ``data.fingerprint``) names this corpus, in either form."""
+        return fingerprint in (self.fingerprint, self.legacy_fingerprint)
 
     def records(self) -> list[dict]:
         """Every file as :meth:`CorpusFile.record` gives it."""
@@ -121,19 +139,22 @@ class Corpus:
 def changed_file(before: Sequence[dict], after: Sequence[dict]) -> Optional[tuple[str, str]]:
     """The first file that differs between two :meth:`Corpus.records` lists, and how: ``(path, what)``; or None.
 
-    ``what`` is ``"changed"`` (same path, other size or contents), ``"removed"`` or ``"added"``.
+    ``what`` is ``"changed"`` (same file, other size or contents), ``"removed"``, ``"added"`` or
+    ``"reordered"``. Files are matched by name (records from before names, by path); the path returned is
+    the file's path now where it still exists.
     """
-    old = {r["path"]: r for r in before}
-    new = {r["path"]: r for r in after}
+    key = "name" if all("name" in r for r in [*before, *after]) else "path"
+    old = {r[key]: r for r in before}
+    new = {r[key]: r for r in after}
     for r in before:
-        if r["path"] not in new:
+        if r[key] not in new:
             return r["path"], "removed"
-        if (new[r["path"]]["size"], new[r["path"]]["sha256"]) != (r["size"], r["sha256"]):
-            return r["path"], "changed"
+        if (new[r[key]]["size"], new[r[key]]["sha256"]) != (r["size"], r["sha256"]):
+            return new[r[key]]["path"], "changed"
     for r in after:
-        if r["path"] not in old:
+        if r[key] not in old:
             return r["path"], "added"
-    if [r["path"] for r in before] != [r["path"] for r in after]:
+    if [r[key] for r in before] != [r[key] for r in after]:
         return after[0]["path"], "reordered"
     return None
 
@@ -209,6 +230,9 @@ def open_corpus(source: str | Path, text_field: str = "text",
         MinigptError: as :func:`find_files`; an empty or unreadable file.
     """
     found = find_files(source)
+    # Names are relative to the folder holding every file (a single file's: its own folder), as the user
+    # named them (before symbolic links are followed).
+    root = Path(os.path.commonpath([os.path.abspath(p.parent) for p in found]))
     files = []
     for p in found:
         try:
@@ -217,7 +241,8 @@ def open_corpus(source: str | Path, text_field: str = "text",
             raise _error("unreadable", path=str(p), detail=exc.strerror or exc) from None
         if size == 0 and len(found) == 1:
             raise _error("empty", path=str(p))
-        files.append(CorpusFile(p.resolve(), size, _sha256(p, on_bytes), p.suffix.lower() in JSONL_SUFFIXES))
+        files.append(CorpusFile(p.resolve(), size, _sha256(p, on_bytes), p.suffix.lower() in JSONL_SUFFIXES,
+                                Path(os.path.abspath(p)).relative_to(root).as_posix()))
     return Corpus(str(source), name or _stem(str(source), found), tuple(files), text_field)
 
 

@@ -20,7 +20,7 @@ from .config import Config
 from .corpus import Corpus, corpus_text, cut_pieces, documents, find_files, open_corpus
 from .errors import MinigptError
 from .paths import corpus_path, dataset_dir, default_tokenizer_path
-from .runs import training_dir
+from .runs import training_dirs
 from .special_tokens import END_OF_TEXT
 from .tokenizer import Tokenizer, load_tokenizer
 from .tokenizer_training import train_tokenizer
@@ -94,28 +94,32 @@ def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
     """A run's config with its corpus found from any folder: ``data.data_dir`` and ``data.path`` as
     ``train`` read them (``evaluate``, ``compare`` and ``inspect`` read the run's splits through it).
 
-    Relative paths were relative to the folder train ran in (:func:`~minigpt_cli.runs.training_dir`):
-    they are joined to it. Where the corpus is not there but is relative to the current folder (a project
-    moved whole, or an old run read where it trained), they are kept as they are. A named dataset found in
-    neither place is downloaded again (by :func:`configured_corpus`) into the data folder train used, while
-    the folder train ran in is there.
+    Relative paths were relative to the folder train ran in: they are joined to each place that folder may
+    be now (:func:`~minigpt_cli.runs.training_dirs`: where it was, then where the run folder says it is,
+    after a project was moved whole), and the first that holds the corpus is taken; then the current
+    folder. A named dataset found nowhere is downloaded again (by :func:`configured_corpus`) into the data
+    folder of the first of those places that still exists.
 
     Raises:
-        MinigptError: a ``data.path`` corpus found in neither place, naming where it was.
+        MinigptError: a ``data.path`` corpus found in none of them, naming where it was.
     """
-    base = training_dir(run_dir, cfg.train.out_dir)
-    if base is None:
+    bases = training_dirs(run_dir, cfg.train.out_dir)
+    if not bases:
         return cfg
     dc = cfg.data
-    there = cfg.model_copy(update={"data": dc.model_copy(update={
+    joined = [cfg.model_copy(update={"data": dc.model_copy(update={
         "data_dir": str(base / dc.data_dir), "path": None if dc.path is None else str(base / dc.path)})})
-    if _corpus_found(there):
-        return there
-    if _corpus_found(cfg):
-        return cfg
+        for base in bases]
+    for there in (*joined, cfg):
+        if _corpus_found(there):
+            return there
     if dc.path is not None:
-        raise MinigptError(_RUN_CORPUS_GONE.format(run=run_dir, path=there.data.path, given=dc.path, base=base))
-    return there if base.is_dir() else cfg  # downloaded again where train had it, if that folder is still there
+        raise MinigptError(_RUN_CORPUS_GONE.format(run=run_dir, path=joined[0].data.path, given=dc.path,
+                                                   base=bases[0]))
+    for base, there in zip(bases, joined):
+        if base.is_dir():  # downloaded again where train had it, if that folder is still there
+            return there
+    return cfg
 
 
 def _corpus_found(cfg: Config) -> bool:
@@ -154,7 +158,7 @@ def check_fingerprint(cfg: Config, corpus: Corpus) -> None:
         MinigptError: the fingerprints differ.
     """
     want = cfg.data.fingerprint
-    if want is not None and want != corpus.fingerprint:
+    if want is not None and not corpus.matches(want):
         raise MinigptError(_FINGERPRINT.format(want=want[:12], got=corpus.fingerprint[:12]))
 
 

@@ -459,20 +459,30 @@ def training_dir(run_dir: Path, out_dir: str | Path) -> Optional[Path]:
     the folder a relative ``train.out_dir`` hangs from, when the run folder is
     still ``<that folder>/<out_dir>/<run name>``. None when neither says.
     """
+    found = training_dirs(run_dir, out_dir)
+    return found[0] if found else None
+
+
+def training_dirs(run_dir: Path, out_dir: str | Path) -> list[Path]:
+    """Where the folder ``train`` ran in may be now, most likely first: ``env.json``'s ``cwd``, then the
+    folder a relative ``train.out_dir`` hangs from, where the run folder is now ``<that>/<out_dir>/<run>``
+    (the same folder unless the project was moved, with its runs, after training)."""
+    out_found: list[Path] = []
     try:
         cwd = json.loads((Path(run_dir) / ENV).read_text(encoding="utf-8")).get("cwd")
     except (OSError, ValueError, AttributeError):
         cwd = None
     if isinstance(cwd, str) and cwd:
-        return Path(cwd)
+        out_found.append(Path(cwd))
     out = Path(os.path.normpath(out_dir))
-    if out.is_absolute() or ".." in out.parts:
-        return None
-    parent = Path(os.path.normpath(Path(run_dir).absolute())).parent  # <that folder>/<out_dir>
-    n = len(out.parts)  # 0 for "."
-    if n and parent.parts[-n:] != out.parts:
-        return None
-    return Path(*parent.parts[:len(parent.parts) - n])
+    if not out.is_absolute() and ".." not in out.parts:
+        parent = Path(os.path.normpath(Path(run_dir).absolute())).parent  # <that folder>/<out_dir>
+        n = len(out.parts)  # 0 for "."
+        if not n or parent.parts[-n:] == out.parts:
+            hung = Path(*parent.parts[:len(parent.parts) - n])
+            if hung not in out_found:
+                out_found.append(hung)
+    return out_found
 
 
 def earlier_sessions(run_dir: Path) -> list[dict[str, Any]]:

@@ -131,6 +131,52 @@ def test_evaluate_and_compare_find_a_runs_relative_corpus_from_any_folder(cli, d
     assert any(f"nothing at {project / 'books'}" in n for n in summarize([named, own])["notes"])
 
 
+def test_a_project_moved_whole_still_evaluates_its_runs(cli, data_dir, tmp_path, monkeypatch):
+    """The corpus fingerprint named each file by its absolute path, so moving a project (its runs and data
+    together) made evaluate refuse the corpus as edited, and from outside the project it looked for the
+    corpus where the project had been; now names are relative to the corpus's folder, and the run folder's
+    own place says where the project went."""
+    text = (data_dir / "tinyshakespeare" / "input.txt").read_text()
+    project = tmp_path / "a"
+    (project / "books").mkdir(parents=True)
+    (project / "books" / "a.txt").write_text(text[:100_000])
+    (project / "data" / "tinyshakespeare").mkdir(parents=True)
+    (project / "data" / "tinyshakespeare" / "input.txt").write_text(text)  # a copy, not a link: it moves too
+    monkeypatch.chdir(project)
+    for name, extra in (("named", []), ("own", ["data.path=books"])):
+        train(tiny("data", "train.max_iters=2", "train.eval_at_start=false", *extra), name, echo=lambda m: None,
+              progress=False)
+    monkeypatch.chdir(tmp_path)
+    moved = project.rename(tmp_path / "b")
+    for where in (moved, tmp_path):  # inside the moved project, and outside it
+        monkeypatch.chdir(where)
+        for name in ("named", "own"):
+            res = cli("evaluate", "--run", moved / "runs" / name, "--json")
+            assert res.exit_code == 0, res
+            got = json.loads(res.stdout)
+            assert abs(got["loss"] - got["logged_loss"]) < 1e-6, got
+    assert not (tmp_path / "data").exists()  # nothing downloaded beside the project
+
+
+def test_a_fingerprint_from_before_names_relative_to_the_corpus_is_still_accepted(tmp_path):
+    """Runs and configs of before carry the fingerprint of each file's absolute path (the formula below is
+    the one minigpt used); it still names the corpus where it has not moved."""
+    import hashlib
+
+    from minigpt_cli.corpus import open_corpus
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "x.txt").write_text("hello")
+    corpus = open_corpus(tmp_path / "c")
+    f = corpus.files[0]
+    old = hashlib.sha256(json.dumps({"files": [{"path": str(f.path), "size": f.size, "sha256": f.sha256}]},
+                                    sort_keys=True).encode("utf-8")).hexdigest()
+    assert corpus.legacy_fingerprint == old != corpus.fingerprint
+    assert corpus.matches(old) and corpus.matches(corpus.fingerprint) and not corpus.matches("0" * 64)
+    (tmp_path / "c").rename(tmp_path / "d")
+    assert open_corpus(tmp_path / "d").fingerprint == corpus.fingerprint  # moved: the same corpus
+
+
 def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
     monkeypatch.setattr(runs.time, "strftime", lambda fmt, *a: "20250101-120000")
     first = runs.new_run_dir(tmp_path, "tiny", None)
