@@ -184,7 +184,7 @@ class DataConfig(_Strict):
                                 description="share held out for validation: the last documents when there are "
                                             "10 or more, else the end of the text")
     fingerprint: Optional[str] = Field(
-        None, description="sha256 of the corpus files (paths, sizes, contents), written by train into a run's "
+        None, description="sha256 of the corpus files (names, sizes, contents), written by train into a run's "
                           "config.yaml; set: refuse any other corpus")
 
     @model_validator(mode="after")
