@@ -271,7 +271,8 @@ def ffn(
 def tokenize(
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", metavar="FILE", help="A tokenizer file: one "
                                              "train-tokenizer writes, or any tokenizers tokenizer.json (a run's, an "
-                                             "export's, a Hugging Face folder's)."),
+                                             "export's, a Hugging Face folder's); a folder: the tokenizer.json in "
+                                             "it."),
     run: Optional[Path] = typer.Option(None, "--run", metavar="DIR", help="Use this run's tokenizer."),
     text: Optional[str] = typer.Option(None, "--text", metavar="TEXT", help="Text to cut (default: 'hugs bugs' "
                                                                             "on the toy corpus, else 'ROMEO: hugs')."),

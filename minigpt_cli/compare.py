@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional
 from . import params, runs
 from .config import Config, load_config
 from .errors import MinigptError
-from .fileio import atomic_write_bytes, atomic_write_text
+from .fileio import atomic_write_set
 
 _MESSAGES = {
     "not_run": "{path!r} is neither a run folder (config.yaml and metrics.jsonl) nor a folder of runs",
@@ -251,7 +251,7 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
             notes.append(_MESSAGES["unfinished"].format(variant=v.name, steps=", ".join(map(str, ends))))
         done = [t for t in reached if t is not None]
         v.row["time_to_target_s"] = statistics.fmean(done) if len(done) == len(reached) else None
-        v.row["reached_target"] = f"{len(done)}/{len(reached)}"
+        v.row["seeds_reached_target"] = len(done)  # of "seeds"; the table writes "1/3"
     ordered = list(groups.values())
     result = {"columns": columns, "rows": [v.row for v in ordered], "notes": notes, "target": target,
               "equal_time_s": equal_time, "metric": metric,
@@ -304,7 +304,7 @@ def _table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
                       _fmt(r["val_at_equal_time"], r["val_at_equal_time_sd"])]
         cells += [_fmt(r["bits_per_byte"], r["bits_per_byte_sd"]),
                   f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None
-                  else f"not reached ({r['reached_target']})"]
+                  else f"not reached ({r['seeds_reached_target']}/{r['seeds']})"]
         body.append(cells)
     return head, body
 
@@ -316,7 +316,7 @@ def _csv_rows(result: dict) -> list[list[Any]]:
             "tokens_per_sec", "steps"]
     if "final_val" in (result["rows"][0] if result["rows"] else {}):
         keys += [f"{stat}{sd}" for stat in ("final_val", "best_val", "val_at_equal_time") for sd in ("", "_sd")]
-    keys += ["bits_per_byte", "bits_per_byte_sd", "time_to_target_s", "reached_target"]
+    keys += ["bits_per_byte", "bits_per_byte_sd", "time_to_target_s", "seeds_reached_target"]
     return [keys, *([_plain(r.get(k)) for k in keys] for r in result["rows"])]
 
 
@@ -352,13 +352,17 @@ def format_summary(result: dict) -> str:
 
 
 def _write(result: dict, variants: list[Variant], out: Path) -> None:
+    """summary.md, .csv, .json and .png as a set (:func:`~minigpt_cli.fileio.atomic_write_set`): all four are
+    built first (the PNG is the slow part), then renamed into place together, so an interrupt leaves the
+    previous set or none, never a mix."""
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "summary.md", format_summary(result))
     buf = io.StringIO()
     csv.writer(buf).writerows(_csv_rows(result))
-    atomic_write_text(out / "summary.csv", buf.getvalue())
-    atomic_write_text(out / "summary.json", json.dumps(result, indent=1) + "\n")
-    atomic_write_bytes(out / "summary.png", _plot(variants))
+    texts = {"summary.md": format_summary(result), "summary.csv": buf.getvalue(),
+             "summary.json": json.dumps(result, indent=1) + "\n"}
+    files = {out / name: text.encode("utf-8") for name, text in texts.items()}
+    files[out / "summary.png"] = _plot(variants)
+    atomic_write_set(files)
 
 
 def _plot(variants: list[Variant]) -> bytes:

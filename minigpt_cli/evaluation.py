@@ -180,7 +180,7 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
     if not 1 <= stride <= T:
         raise MinigptError(_MESSAGES["stride"].format(stride=stride, block_size=T))
     if text_file is not None:
-        text = read_text_file(text_file, "--text-file", newline="")  # as it is: no newline translation
+        text = read_text_file(text_file, "--text-file")  # as generate reads --prompt-file; bytes: of the text as read
         if not text:
             raise MinigptError(_MESSAGES["empty"].format(what=str(text_file), n=0))
         tokens = np.asarray(encode_prompt(tok, text, f"{text_file}"), dtype=np.int64)

@@ -9,8 +9,9 @@ umask), not the ``0o600`` of :func:`tempfile.mkstemp`. A write that fails
 file and no temporary file behind.
 
 :func:`read_text_file` reads a text file a user names with an option
-(``generate --prompt-file``, ``evaluate --text-file``), with the same one-line
-errors for every option.
+(``generate --prompt-file``, ``evaluate --text-file``) the same way for every
+option (universal newlines, a leading byte-order mark dropped), with the same
+one-line errors.
 """
 
 from __future__ import annotations
@@ -23,23 +24,32 @@ from pathlib import Path
 
 from .errors import MinigptError
 
-#: What to do about an OSError, by errno; the messages of :func:`os_error_message`.
+#: What to do about an OSError, by errno: for a path the user gave, and for a path inside a run folder (which
+#: the user did not name, so cannot "choose another" of); the messages of :func:`os_error_message`.
 _FIXES = {
-    errno.ENOSPC: "free some disk space or choose another location",
-    errno.EDQUOT: "free some space in your quota or choose another location",
-    errno.EFBIG: "choose a location on a file system that takes larger files",
-    errno.EROFS: "choose a location on a writable file system",
-    errno.EACCES: "check the permissions of the folder or choose another location",
-    errno.EPERM: "check the permissions of the folder or choose another location",
-    errno.EISDIR: "give the path of a file, not of a folder",
-    errno.ENOTDIR: "a part of the path is a file, not a folder; choose another path",
-    errno.EEXIST: "a file is in the way of a folder there; move it or choose another path",
-    errno.ENOENT: "check that the folder exists",
-    errno.ENAMETOOLONG: "choose a shorter name",
+    errno.ENOSPC: ("free some disk space or choose another location", "free some disk space"),
+    errno.EDQUOT: ("free some space in your quota or choose another location", "free some space in your quota"),
+    errno.EFBIG: ("choose a location on a file system that takes larger files",
+                  "copy the run folder to a file system that takes larger files and resume the copy"),
+    errno.EROFS: ("choose a location on a writable file system",
+                  "the run folder is on a read-only file system; copy it to a writable one and resume the copy"),
+    errno.EACCES: ("check the permissions of the folder or choose another location",
+                   "check the permissions of the run folder and of its files"),
+    errno.EPERM: ("check the permissions of the folder or choose another location",
+                  "check the permissions of the run folder and of its files"),
+    errno.EISDIR: ("give the path of a file, not of a folder",
+                   "a folder is in the way of that file; remove or rename the folder"),
+    errno.ENOTDIR: ("a part of the path is a file, not a folder; choose another path",
+                    "a file is in the way of a folder on that path; remove or rename the file"),
+    errno.EEXIST: ("a file is in the way of a folder there; move it or choose another path",
+                   "a file is in the way of that folder; remove or rename the file"),
+    errno.ENOENT: ("check that the folder exists", "check that the run folder exists"),
+    errno.ENAMETOOLONG: ("choose a shorter name", "choose a shorter name"),
 }
 
 
-def os_error_message(exc: OSError, path: str | Path | None = None, action: str | None = None) -> str:
+def os_error_message(exc: OSError, path: str | Path | None = None, action: str | None = None,
+                     in_run: bool = False) -> str:
     """One line for an OSError: ``cannot <action> PATH: <strerror>; <fix>``.
 
     Args:
@@ -48,13 +58,15 @@ def os_error_message(exc: OSError, path: str | Path | None = None, action: str |
             target of a rename, else its ``filename``).
         action: ``"write"``, ``"read"``, ...; None: ``"access"`` for a missing
             file, else ``"write"`` (reads are reported where they happen).
+        in_run: the path is one minigpt keeps inside a run folder, not one the user gave: the fix says what
+            to do about what is in its way instead of asking for another path.
     """
     if path is None:
         path = exc.filename2 if exc.filename2 is not None else exc.filename
     if action is None:
         action = "access" if exc.errno == errno.ENOENT else "write"
     reason = exc.strerror or str(exc) or type(exc).__name__
-    fix = _FIXES.get(exc.errno, "check the path")
+    fix = _FIXES[exc.errno][in_run] if exc.errno in _FIXES else "check the path"
     if isinstance(path, (str, bytes, os.PathLike)):
         path = os.fsdecode(path)
     where = f" {path}" if path is not None else ""
@@ -70,18 +82,17 @@ _READ = {
 }
 
 
-def read_text_file(path: str | Path, option: str, newline: str | None = None) -> str:
-    """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``).
-
-    ``newline`` as :func:`open` takes it: None turns ``\r\n`` and ``\r`` into ``\n``; ``""`` keeps the
-    text as it is.
+def read_text_file(path: str | Path, option: str) -> str:
+    """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``), read
+    alike for every option: universal newlines (``\r\n`` and ``\r`` become ``\n``, as a text editor shows
+    them) and a leading byte-order mark dropped (``utf-8-sig``: Windows editors write one).
 
     Raises:
         MinigptError: ``{option} 'PATH' ...``: not found, a folder, not UTF-8, or unreadable (permissions, ...).
     """
     fields = {"option": option, "path": str(path)}
     try:
-        with open(path, encoding="utf-8", newline=newline) as f:
+        with open(path, encoding="utf-8-sig") as f:
             return f.read()
     except FileNotFoundError:
         raise MinigptError(_READ["not_found"].format(**fields)) from None
@@ -146,21 +157,63 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         MinigptError: the file cannot be written (``cannot write PATH: <reason>;
             <fix>``); the old file, if any, is untouched and no temporary file is left.
     """
-    path = Path(path)
-    if path.is_symlink():
-        # Write through a link to its target, as open() would, instead of replacing the link.
-        path = Path(os.path.realpath(path))
-    tmp = None
+    atomic_write_set({path: data})
+
+
+def atomic_write_set(files: dict[str | Path, bytes]) -> None:
+    """Write several files as a set: each to a temporary file beside it first, then all renamed into place.
+
+    A failure or an interrupt (Ctrl-C, SIGTERM unwinding) while the temporary files are written leaves the
+    old files as they were and no temporary file; one while they are renamed (a moment) removes the files of
+    the set, so the set is the old one, the new one, or none, never a mix. Each file as
+    :func:`atomic_write_bytes` writes it.
+
+    Raises:
+        MinigptError: a file cannot be written, as :func:`atomic_write_bytes` says it.
+    """
+    temps: dict[Path, str] = {}
+    path = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir():
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-        if path.exists() and not path.is_file():
-            # A device, FIFO or socket: renaming over it would replace it (as root, /dev/null for everyone).
-            raise MinigptError(f"cannot write {path}: it is not a regular file (a device, FIFO or socket); "
-                               "give the path of a file")
-        mode = file_mode(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        for given, data in files.items():
+            path = _target(Path(given))
+            temps[path] = _write_temp(path, data)
+        placed = []
+        try:
+            for path, tmp in temps.items():
+                os.replace(tmp, path)
+                placed.append(path)
+        except BaseException:
+            if placed:  # a mix of new and old files: leave none
+                for target in temps:
+                    target.unlink(missing_ok=True)
+            raise
+        temps = {}
+    except OSError as exc:
+        raise MinigptError(os_error_message(exc, path, "write")) from None
+    finally:
+        for tmp in temps.values():
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _target(path: Path) -> Path:
+    """Where :func:`atomic_write_set` writes ``path``: a symbolic link's target (written through, as open()
+    would, instead of replacing the link)."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _write_temp(path: Path, data: bytes) -> str:
+    """``data`` in a new temporary file beside ``path`` (its folder made if needed), with the mode ``path``
+    has or a new file would get, flushed to disk; returns its name. Removes it if the write fails."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if path.exists() and not path.is_file():
+        # A device, FIFO or socket: renaming over it would replace it (as root, /dev/null for everyone).
+        raise MinigptError(f"cannot write {path}: it is not a regular file (a device, FIFO or socket); "
+                           "give the path of a file")
+    mode = file_mode(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
         with os.fdopen(fd, "wb") as f:
             try:
                 os.fchmod(f.fileno(), mode)
@@ -169,13 +222,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise MinigptError(os_error_message(exc, path, "write")) from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -195,7 +245,7 @@ def _limit(path: Path, name: str, default: int) -> int:
         return default
 
 
-def write_problem(path: str | Path, folder: bool) -> OSError | None:
+def write_problem(path: str | Path, folder: bool, append: bool = False) -> OSError | None:
     """The OSError that writing at ``path`` would end with, found without writing anything; None when none
     is expected.
 
@@ -208,6 +258,9 @@ def write_problem(path: str | Path, folder: bool) -> OSError | None:
     (``EACCES``, or ``EROFS`` on a read-only file system). It names the path the failing call names (a
     folder: the first one ``mkdir`` could not make; a file: the file, as :func:`atomic_write_bytes` does).
     Permissions are judged by :func:`os.access`, so what root may write passes.
+
+    ``append``: the file is opened and written in place (``open(path, "a")``), not replaced: an existing one
+    must itself be writable (not read-only, nor on a read-only mount), its folder need not be.
     """
     path = Path(path)
     if folder:
@@ -223,6 +276,8 @@ def write_problem(path: str | Path, folder: bool) -> OSError | None:
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
             return _error(errno.EISDIR, path)
+        if append:
+            return None if os.access(path, os.W_OK) else _denied(path, path)
         return None if _can_write(path.parent) else _denied(path.parent, path)
     problem = _folder_problem(path.parent)
     if problem is not None:
@@ -274,12 +329,15 @@ def _error(code: int, path: Path) -> OSError:
     return OSError(code, os.strerror(code), str(path))
 
 
-def check_writable(path: str | Path, folder: bool) -> None:
+def check_writable(path: str | Path, folder: bool, append: bool = False, in_run: bool = False) -> None:
     """Refuse a path that :func:`write_problem` says cannot be written, with the line writing it would give.
+
+    ``append`` as :func:`write_problem` takes it; ``in_run`` as :func:`os_error_message` does (a path inside a
+    run folder: the fix says what to remove or rename rather than ask for another path).
 
     Raises:
         MinigptError: ``cannot write PATH: <reason>; <fix>`` (:func:`os_error_message`).
     """
-    problem = write_problem(path, folder)
+    problem = write_problem(path, folder, append)
     if problem is not None:
-        raise MinigptError(os_error_message(problem, action="write"))
+        raise MinigptError(os_error_message(problem, action="write", in_run=in_run))

@@ -173,10 +173,15 @@ def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Te
 def char_unk_token(tok: CharTokenizer, vocab_size: int) -> Optional[str]:
     """The unknown token of the char tokenizer's export: U+FFFD (Unicode's replacement character) at id
     ``tok.vocab_size``, the model's first row past the tokenizer's, when the model has one (``model.vocab_size``
-    larger than the tokenizer); else None. ``<unk>`` stands in when the alphabet holds U+FFFD itself."""
+    larger than the tokenizer); else None. When the alphabet or a special token holds U+FFFD, the first
+    private-use character (U+E000, ...) neither holds. Always one character outside the alphabet:
+    transformers adds the unknown token to the tokens it matches in the text before the split, where a
+    character the alphabet lacks becomes that id anyway; a word such as ``<unk>`` would read the literal
+    text ``<unk>`` as one token, where minigpt reads five characters."""
     if vocab_size <= tok.vocab_size:
         return None
-    return "<unk>" if _REPLACEMENT in tok.stoi else _REPLACEMENT
+    taken = set(tok.chars).union(*tok.special_tokens)
+    return next(ch for ch in (_REPLACEMENT, *map(chr, range(0xE000, 0xF900))) if ch not in taken)
 
 
 def char_tokenizer_json(tok: CharTokenizer, vocab_size: int) -> str:

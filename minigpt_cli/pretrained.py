@@ -36,8 +36,9 @@ _MESSAGES = {
     "no_path": "tokenizer.path {path} not found; fix it, or drop it to use {folder}/tokenizer.json",
     "no_tokenizer": "{folder} has no tokenizer.json; save the model's tokenizer beside it "
                     "(AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or set tokenizer.path",
-    "no_run_tokenizer": "{path} not found; a fine-tuning run keeps the tokenizer it was trained with there: copy "
-                        "it back (from {folder}/tokenizer.json, if that is unchanged)",
+    "folder_fix": "replace it with the model's own (AutoTokenizer.from_pretrained(MODEL).save_pretrained(folder), "
+                  "MODEL the model's name on the hub) or set tokenizer.path",
+    "path_fix": "fix tokenizer.path, or drop it to use {folder}/tokenizer.json",
 }
 
 
@@ -82,14 +83,39 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
         raise MinigptError(_MESSAGES["tokenizer_kind"].format(kind=tc.kind, folder=folder))
     if run is not None:  # the tokenizer the run was trained with, wherever the folder's is now
         path = (Path(run) / runs.TOKENIZER).absolute()
+        _check_run_tokenizer(run, tc.path)
     else:
         path = Path(tc.path or folder / "tokenizer.json").absolute()
-    if not path.is_file():
-        which = "no_run_tokenizer" if run is not None else "no_tokenizer" if tc.path is None else "no_path"
-        raise MinigptError(_MESSAGES[which].format(folder=folder, path=path))
+        if not path.is_file():
+            raise MinigptError(_MESSAGES["no_tokenizer" if tc.path is None else "no_path"].format(folder=folder,
+                                                                                                   path=path))
+        from .tokenizer import load_tokenizer
+
+        # The user's file, not minigpt's: a damaged one is replaced, never deleted to be trained again.
+        fix = _MESSAGES["folder_fix" if tc.path is None else "path_fix"].format(folder=folder)
+        load_tokenizer(path, "hf", own=False, fix=fix)
     tokenizer = tc.model_copy(update={"kind": "hf", "path": str(path), "vocab_size": None})
     model = model.model_copy(update={"init_from": str(folder)})
     return cfg.model_copy(update={"model": model, "tokenizer": tokenizer})
+
+
+def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
+    """Refuse run ``run``'s missing or damaged ``tokenizer.json``, saying where a copy is
+    (:func:`~minigpt_cli.tokenizer.load_run_tokenizer`), and a ``tokenizer.path`` (``named``) that names another
+    tokenizer than the run's, unless it is the file the run's checkpoint records (the run keeps its own copy of
+    that one): :func:`~minigpt_cli.tokenizer.check_run_tokenizer`.
+
+    Raises:
+        MinigptError: as those do.
+    """
+    from .tokenizer import check_run_tokenizer, load_run_tokenizer, load_tokenizer
+
+    saved = saved_config(runs.checkpoint_dir(run, runs.LAST))
+    saved = saved.model_copy(update={"tokenizer": saved.tokenizer.model_copy(update={"kind": "hf"})})
+    load_run_tokenizer(run, saved)
+    recorded = saved.tokenizer.path and Path(saved.tokenizer.path).absolute()
+    if named is not None and Path(named).is_file() and Path(named).absolute() != recorded:
+        check_run_tokenizer(run, saved, load_tokenizer(named, "hf", own=False))
 
 
 def resumed_run(cfg: Config, resume: Optional[str]) -> Optional[Path]:

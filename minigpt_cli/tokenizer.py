@@ -55,7 +55,8 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 from .errors import MinigptError
 from .fileio import atomic_write_text
 from .special_tokens import UNK, check_special_tokens, split_special
-from .tokenizer_base import MAX_SHOWN, SPACE_MARK, Tokenizer, check_ids, lossy_report, missing_chars
+from .tokenizer_base import (MAX_SHOWN, SPACE_MARK, Tokenizer, check_ids, lossy_report, missing_chars,
+                             run_tokenizer_fix)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -63,7 +64,8 @@ if TYPE_CHECKING:
     from .config import Config
 
 __all__ = ["FORMAT", "KINDS", "UNK", "SPACE_MARK", "MAX_SHOWN", "Tokenizer", "CharTokenizer", "HFTokenizer",
-           "check_ids", "lossy_report", "load_tokenizer", "load_run_tokenizer"]
+           "check_ids", "lossy_report", "load_tokenizer", "load_run_tokenizer", "tokenizer_file",
+           "check_run_tokenizer"]
 
 FORMAT = "minigpt-char-tokenizer"
 KINDS = ("char", "bpe", "wordpiece", "unigram")
@@ -75,11 +77,15 @@ _MESSAGES = {
     "unknown": "{what} has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
     "cannot_encode": "the tokenizer cannot encode {what} ({error}); remove or replace the text it fails on",
     "not_found": "tokenizer file {path!r} not found; train one with minigpt train-tokenizer",
+    "folder": "tokenizer path {path!r} is a folder, not a tokenizer file, and holds no tokenizer.json; {fix}",
+    "not_file": "tokenizer path {path!r} is not a regular file; {fix}",
     "not_json": "tokenizer file {path!r} is not valid JSON ({error}); {fix}",
     "no_chars": "tokenizer file {path!r} is damaged (no 'chars' list); {fix}",
     "specials": "tokenizer file {path!r} is damaged ('special_tokens' is not a list); {fix}",
     "damaged": "tokenizer file {path!r} is damaged ({error}); {fix}",
     "other": "tokenizer file {path!r} is not a minigpt tokenizer; {fix}",
+    "changed": "--resume: the tokenizer file the config names differs from {path}; point tokenizer.path at the "
+               "run's tokenizer.json",
 }
 #: The fix for a file :func:`load_tokenizer` cannot read, by whether minigpt made it (``own``): one it made
 #: (prepared data's, a run's) is trained again; one the user named is never deleted, but replaced by one it reads.
@@ -389,26 +395,35 @@ class HFTokenizer:
         return hashlib.sha256(self._json.encode("utf-8")).hexdigest()[:12]
 
 
-def load_tokenizer(path: str | Path, kind: Optional[str] = None, *, own: bool = True) -> Tokenizer:
+def tokenizer_file(path: str | Path, own: bool = True) -> Path:
+    """The file :func:`load_tokenizer` reads for ``path``: ``path`` itself, or for a folder the user names
+    (``own`` False, a Hugging Face model folder) the ``tokenizer.json`` in it."""
+    p = Path(path)
+    return p / "tokenizer.json" if not own and p.is_dir() and (p / "tokenizer.json").is_file() else p
+
+
+def load_tokenizer(path: str | Path, kind: Optional[str] = None, *, own: bool = True,
+                   fix: Optional[str] = None) -> Tokenizer:
     """Load a tokenizer file: ours (char) or a ``tokenizers`` tokenizer.json (kind from ``model.type``, or
     ``kind="hf"``: any such file, as it is).
 
     ``own``: whether minigpt made the file (prepared data's tokenizer, a run's): a damaged one is to be
     deleted and trained again. False for a file the user names (``inspect tokenize --tokenizer``): any
     tokenizers tokenizer.json is read (a model other than BPE, WordPiece and Unigram as kind ``hf``), and no
-    message says to delete it.
+    message says to delete it; a folder holding a ``tokenizer.json`` stands for that file (:func:`tokenizer_file`).
+    ``fix``: what an error says to do, in place of the one for ``own``.
 
     Raises:
-        MinigptError: missing, unreadable or unrecognised file.
+        MinigptError: missing, unreadable or unrecognised file; a folder, or a path that is not a regular file.
     """
-    p = Path(path)
-    fix = _FIXES[own]
+    p = tokenizer_file(path, own)
+    fix = fix or _FIXES[own]
 
     def refuse(key: str, **fields) -> MinigptError:
         return MinigptError(_MESSAGES[key].format(path=str(p), fix=fix, **fields))
 
     if not p.is_file():
-        raise refuse("not_found")
+        raise refuse("folder" if p.is_dir() else "not_file" if p.exists() else "not_found")
     try:
         raw = p.read_text(encoding="utf-8")
         obj = json.loads(raw)
@@ -440,24 +455,26 @@ def load_tokenizer(path: str | Path, kind: Optional[str] = None, *, own: bool = 
 def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
     """A run folder's own ``tokenizer.json``, for ``generate`` and ``--resume``.
 
-    A missing or damaged file is an error that says where the file the run
-    was trained with came from (a retrained tokenizer is not the run's).
+    A missing or damaged file is an error that says where a copy of the file
+    the run was trained with is (:func:`~.tokenizer_base.run_tokenizer_fix`; a retrained tokenizer is not the
+    run's).
 
     Raises:
         MinigptError: the file is missing, unreadable or not a tokenizer.
     """
-    from .paths import default_tokenizer_path
-
     try:
         return load_tokenizer(Path(run_dir) / "tokenizer.json", cfg.tokenizer.kind)
     except MinigptError as exc:
-        tc = cfg.tokenizer
-        source = (Path(tc.path) if tc.path
-                  else default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind, tc.vocab_size, tc.special_tokens))
-        if cfg.model.init_from and source.absolute() == (Path(run_dir) / "tokenizer.json").absolute():
-            source = Path(cfg.model.init_from) / "tokenizer.json"  # a resumed fine-tuning run names its own
         problem = str(exc).split(";")[0]
-        raise MinigptError(
-            f"{problem}; a run keeps the tokenizer it was trained with: copy it back from {str(source)!r} "
-            f"if that file was not retrained since"
-        ) from None
+        raise MinigptError(f"{problem}; {run_tokenizer_fix(run_dir, cfg)}") from None
+
+
+def check_run_tokenizer(run_dir: Path, cfg: Config, tok: Optional[Tokenizer]) -> None:
+    """Refuse to resume run ``run_dir`` (config ``cfg``) with another tokenizer ``tok`` than its
+    ``tokenizer.json`` (None: none named, nothing to compare).
+
+    Raises:
+        MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json`` (:func:`load_run_tokenizer`).
+    """
+    if tok is not None and load_run_tokenizer(run_dir, cfg).fingerprint() != tok.fingerprint():
+        raise MinigptError(_MESSAGES["changed"].format(path=Path(run_dir) / "tokenizer.json"))

@@ -4,11 +4,13 @@
 from a tokenizer (:mod:`.tokenizer` implements it for every kind);
 :func:`check_ids` is the check every ``decode`` makes; :func:`lossy_report`
 names the text of a prompt the model will not see as typed;
-:func:`missing_chars` finds the characters a vocabulary lacks.
+:func:`missing_chars` finds the characters a vocabulary lacks; :func:`run_tokenizer_fix` says how to mend a
+run whose own ``tokenizer.json`` is missing or damaged.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Container, Iterable, Optional, Protocol, Sequence
 
@@ -18,7 +20,17 @@ from .special_tokens import split_special
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["SPACE_MARK", "MAX_SHOWN", "Tokenizer", "check_ids", "lossy_report", "missing_chars"]
+    from .config import Config
+
+__all__ = ["SPACE_MARK", "MAX_SHOWN", "Tokenizer", "check_ids", "lossy_report", "missing_chars", "run_tokenizer_fix"]
+
+#: The fix for a run whose own tokenizer.json is missing or damaged: a copy of the file it was trained with, or none.
+_MESSAGES = {
+    "copy": "a run keeps the tokenizer it was trained with: copy it back from {source!r} to {dest!r}, if that "
+            "file was not retrained since",
+    "no_copy": "a run keeps the tokenizer it was trained with, and no copy of it is known{where}: the run cannot be "
+               "used without it; restore {dest!r} from a backup, or train a new run",
+}
 
 #: SentencePiece's visible space, used by the Unigram and WordPiece kinds.
 SPACE_MARK = "\u2581"
@@ -152,3 +164,37 @@ def missing_chars(text: str, special_tokens: list[str], known: Container[str]) -
             if ch not in known:
                 seen.setdefault(ch, None)
     return list(seen)
+
+
+def run_tokenizer_fix(run_dir: Path, cfg: Config) -> str:
+    """How to mend run ``run_dir``'s missing or damaged ``tokenizer.json`` (``cfg``: the run's config): copy
+    back the file it was trained with, when that file is there; else that no copy is known.
+
+    The file it was trained with is ``tokenizer.path``, else a fine-tuning run's ``model.init_from`` folder's
+    ``tokenizer.json``, else the dataset's default tokenizer file; then the ``init_from`` folder's (a resumed
+    fine-tuning run's ``tokenizer.path`` names its own file). A relative path is taken from the folder
+    ``train`` ran in (:func:`~minigpt_cli.runs.training_dir`); a path that is the run's own file is never named.
+    """
+    from . import runs
+    from .paths import default_tokenizer_path
+
+    tc, mc = cfg.tokenizer, cfg.model
+    dest = Path(os.path.abspath(Path(run_dir) / runs.TOKENIZER))
+    folder = Path(mc.init_from) / runs.TOKENIZER if mc.init_from else None  # a model folder's, named as a run's
+    named = (Path(tc.path) if tc.path else folder
+             or default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind, tc.vocab_size, tc.special_tokens))
+    ran_in = runs.training_dir(run_dir, cfg.train.out_dir)
+    looked = []
+    for source in dict.fromkeys(p for p in (named, folder) if p is not None):
+        if not source.is_absolute():
+            if ran_in is None:
+                continue  # relative to a folder no record names
+            source = ran_in / source
+        source = Path(os.path.abspath(source))
+        if source == dest or (source.exists() and dest.exists() and os.path.samefile(source, dest)):
+            continue
+        if source.is_file():
+            return _MESSAGES["copy"].format(source=str(source), dest=str(dest))
+        looked.append(str(source))
+    where = f" ({' and '.join(map(repr, looked))} {'are' if len(looked) > 1 else 'is'} not there)" if looked else ""
+    return _MESSAGES["no_copy"].format(where=where, dest=str(dest))

@@ -203,3 +203,25 @@ def test_an_output_that_cannot_be_written_is_named_as_given(cli, exported, tmp_p
     res = cli("export", run, "--output", tmp_path / "ro" / "hf")
     assert_user_error(res, f"cannot write {tmp_path / 'ro' / 'hf'}: Read-only file system; ")
     assert ".hf." not in res.stderr, res
+
+
+def test_an_exported_char_tokenizer_reads_the_text_unk_as_characters(tmp_path):
+    """With U+FFFD in the alphabet the unknown token is another single character: transformers reads the
+    literal text ``<unk>`` as five characters, as minigpt does, and still maps an unknown character to it."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from minigpt_cli.hf_export import tokenizer_files
+    from minigpt_cli.tokenizer import CharTokenizer
+
+    tok = CharTokenizer(sorted("ab<unk>\ufffd"), ["<|endoftext|>"])
+    cfg = SimpleNamespace(model=SimpleNamespace(vocab_size=tok.vocab_size + 4, block_size=16))
+    for name, text in tokenizer_files(tok, tmp_path, cfg).items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path)
+    ids = hf_tok("a<unk>b\ufffd<|endoftext|>", add_special_tokens=False)["input_ids"]
+    assert ids == tok.encode("a<unk>b\ufffd<|endoftext|>")
+    unk = tok.vocab_size
+    assert hf_tok.unk_token_id == unk and len(hf_tok.unk_token) == 1 and hf_tok.unk_token not in tok.stoi
+    assert hf_tok("a€b", add_special_tokens=False)["input_ids"] == [tok.stoi["a"], unk, tok.stoi["b"]]

@@ -6,6 +6,7 @@ the compiled step against the eager paths, and --num-samples as one batch."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,25 @@ def test_a_users_text_file_is_read_alike_by_every_command(cli, run_dir, tmp_path
                           (bad, "is not UTF-8 text; convert it")):
         res = cli(command, "--run", run_dir, option, path)
         assert_user_error(res, f"{option} {str(path)!r} {problem}")
+
+
+def test_crlf_and_a_byte_order_mark_are_read_alike_by_generate_and_evaluate(cli, run_dir, tmp_path):
+    """A Windows editor's file (a BOM, CRLF line endings) reads as the same text as a plain one, for
+    --prompt-file and --text-file alike: no '\\r' or '\\ufeff' refused, bits per byte of the text as read."""
+    text = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east.\n"
+    plain, windows = tmp_path / "plain.txt", tmp_path / "windows.txt"
+    plain.write_bytes(text.encode("utf-8"))
+    windows.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("utf-8"))
+    got = {}
+    for f in (plain, windows):
+        res = cli("evaluate", "--run", run_dir, "--text-file", f, "--json")
+        assert res.exit_code == 0, res
+        got[f] = {k: v for k, v in json.loads(res.stdout).items() if k not in ("source", "text_file")}
+    assert got[windows] == got[plain] and got[plain]["bytes"] == len(text.encode("utf-8"))
+    outs = [cli("generate", "--run", run_dir, "--prompt-file", f, "--temperature", "0", "--max-new-tokens", "5")
+            for f in (plain, windows)]
+    assert all(r.exit_code == 0 for r in outs), outs
+    assert outs[0].stdout == outs[1].stdout and outs[0].stdout.startswith(text)
 
 
 @pytest.mark.parametrize("stream", ["--stream", "--no-stream"])

@@ -17,6 +17,8 @@ from helpers import TINY, assert_user_error, working_dir
 from minigpt_cli.errors import MinigptError
 
 LONG = "x" * 300  # past every file system's 255-byte names
+#: The files train writes in the folder of a run it resumes, in the order paths_to_write names them.
+RUN_FILES = [".lock", "metrics.jsonl", "train.log", "samples.txt", "config.yaml", "env.json", "loss.png"]
 
 
 def _train(cli, data_dir, *sets, dry=False):
@@ -111,8 +113,9 @@ def test_dry_run_checks_the_folder_of_the_run_it_resumes(cli, data_dir, tmp_path
         assert _train(cli, data_dir, "train.max_iters=1", "train.eval_interval=1").exit_code == 0
         run = next((tmp_path / "runs").iterdir())
         cfg = load_config(TINY, [f"data.data_dir={data_dir}"])
+        rel = run.relative_to(tmp_path)
         assert [(p.relative_to(tmp_path), folder) for p, folder in paths_to_write(cfg, resume=str(run))] == \
-            [(run.relative_to(tmp_path), True), (run.relative_to(tmp_path) / "checkpoints", True)]
+            [(rel, True), (rel / "checkpoints", True)] + [(rel / name, False) for name in RUN_FILES]
         before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
         real = os.access
         # --resume auto continues the newest run of the config's name: the same folder, found under runs/.
@@ -125,6 +128,39 @@ def test_dry_run_checks_the_folder_of_the_run_it_resumes(cli, data_dir, tmp_path
                 assert_user_error(dry, f"cannot write {blocked}: Permission denied")
                 assert train.stderr == dry.stderr
         assert sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*")) == before  # nothing written
+
+
+def test_a_resumed_run_whose_files_cannot_be_written_is_refused_before_anything_is_written(
+        cli, data_dir, tmp_path, monkeypatch):
+    """A folder where a resumed run's file goes (or a read-only file it appends to, os.access standing in for
+    a read-only mount) is refused by --dry-run and train with one line that says what to remove, before
+    train rewrites config.yaml or anything else."""
+    with working_dir(tmp_path):
+        assert _train(cli, data_dir, "train.max_iters=1", "train.eval_interval=1").exit_code == 0
+        run = next((tmp_path / "runs").iterdir())
+        (tmp_path / "cfg.yaml").write_text((run / "config.yaml").read_text())  # config.yaml itself is blocked
+        resume = ["train", "cfg.yaml", "--resume", str(run), "--set", "train.max_iters=14",
+                  "--no-progress"]
+        for name in RUN_FILES[1:]:
+            path = run / name
+            kept = path.with_name(name + ".kept")
+            path.rename(kept)
+            path.mkdir()
+            before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
+            dry, train = cli(*resume, "--dry-run"), cli(*resume)
+            assert_user_error(dry, f"cannot write {path}: Is a directory; a folder is in the way of that file; "
+                                   "remove or rename the folder")
+            assert train.stderr == dry.stderr, name
+            assert sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*")) == before, name
+            path.rmdir()
+            kept.rename(path)
+        real = os.access
+        metrics = run / "metrics.jsonl"
+        monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(metrics) else real(p, mode))
+        dry, train = cli(*resume, "--dry-run"), cli(*resume)
+        assert_user_error(dry, f"cannot write {metrics}:", "check the permissions of the run folder and of its files")
+        assert train.stderr == dry.stderr
+        assert "max_iters: 14" not in (run / "config.yaml").read_text()
 
 
 # ----------------------------------------------------------------------------- sample.prompt

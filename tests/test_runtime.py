@@ -63,8 +63,10 @@ def test_cpu_training_steps_stop_page_faulting():
             assert proc.returncode == 0, err
             faults[mode] = json.loads(out.strip().splitlines()[-1])
         seen.append(faults)
-        assert faults["tuned"] < 50, seen  # the tuned run never faults its activations back in
-        if faults["default"] > 50:  # glibc handed activations back to the OS and faulted them in again
+        # glibc handed the default run's activations back to the OS and faulted them in again, and the tuned
+        # run kept them (a few dozen faults a step remain when other processes press on memory: 67 against
+        # 938 was seen under a parallel test run, so the check is a ratio).
+        if faults["default"] > 50 and faults["tuned"] < faults["default"] / 10:
             break
     assert faults["default"] > 50 and faults["tuned"] < faults["default"] / 5, seen
 

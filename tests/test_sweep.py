@@ -249,8 +249,8 @@ def test_compare_escapes_table_cells_and_writes_plain_numbers(cli, tmp_path, dat
         head, *body = list(csv.reader(f))
     got = dict(zip(head, body[0]))
     assert got["sample.prompt"] == "\n"  # the value itself: CSV quotes it
-    for key in ("params", "params_non_embedding", "flops_per_token", "seeds"):
-        assert got[key].isdigit(), (key, got[key])
+    for key in ("params", "params_non_embedding", "flops_per_token", "seeds", "seeds_reached_target"):
+        assert got[key].isdigit(), (key, got[key])  # "1/1" is the Markdown table's, not a number
     float(got["final_val"]), float(got["tokens_per_sec"]), float(got["bits_per_byte"])
     rows = json.loads((tmp_path / "out" / "summary.json").read_text())["rows"]
     assert all(isinstance(r["params"], int) and isinstance(r["final_val"], float) for r in rows)
@@ -259,6 +259,40 @@ def test_compare_escapes_table_cells_and_writes_plain_numbers(cli, tmp_path, dat
     result["rows"][0]["sample.prompt"] = "a|b\tc\\"
     line = [x for x in format_summary(result).splitlines() if x.startswith("| newline")][0]
     assert "| a\\|b\\tc\\\\ |" in line and line.count(" | ") == format_summary(result).splitlines()[0].count(" | ")
+
+
+def test_an_interrupted_compare_leaves_the_previous_summary_set_or_none(tmp_path, data_dir, monkeypatch):
+    """The four summary files are built first, then renamed into place together: a Ctrl-C while the PNG is
+    drawn leaves the previous set as it was, one between the renames leaves none, and no temporary file."""
+    from minigpt_cli import compare
+
+    made = [train(tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}"),
+                  name, echo=lambda m: None, progress=False).run_dir for name in ("a", "b")]
+    out = tmp_path / "out"
+    summarize(made[:1], out=out)
+    names = ["summary.csv", "summary.json", "summary.md", "summary.png"]
+    before = {name: (out / name).read_bytes() for name in names}
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "_plot", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        summarize(made, out=out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    monkeypatch.undo()
+    real, calls = os.replace, []
+
+    def second_interrupted(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", second_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        summarize(made, out=out)
+    assert list(out.iterdir()) == []
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.yaml")),

@@ -33,7 +33,7 @@ from .. import runs
 from ..config import load_config
 from ..errors import MinigptError
 from ..special_tokens import UNK
-from ..tokenizer import Tokenizer, load_run_tokenizer, load_tokenizer
+from ..tokenizer import Tokenizer, load_run_tokenizer, load_tokenizer, tokenizer_file
 from ..wordpiece import CONTINUATION, wordpiece_merges, wordpiece_scores, wordpiece_symbols
 from .figures import wrote
 from .tokenize_figures import plot_pieces, plot_toy
@@ -410,8 +410,8 @@ def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Op
     """The tokenizer ``--tokenizer`` or ``--run`` names (None: the toy corpus), and how to name it.
 
     ``--tokenizer``: minigpt's char tokenizer or any ``tokenizers`` tokenizer.json (a model type other than
-    BPE, WordPiece and Unigram as kind hf); a file the user names is never to be deleted
-    (:func:`~minigpt_cli.tokenizer.load_tokenizer`'s ``own``). ``--run``: the run's own tokenizer, of the
+    BPE, WordPiece and Unigram as kind hf), or a folder holding a tokenizer.json; a file the user names is never
+    to be deleted (:func:`~minigpt_cli.tokenizer.load_tokenizer`'s ``own``). ``--run``: the run's own tokenizer, of the
     kind its config names (:func:`~minigpt_cli.tokenizer.load_run_tokenizer`).
 
     Raises:
@@ -420,7 +420,7 @@ def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Op
     if tokenizer is not None and run is not None:
         raise MinigptError(_MESSAGES["both"])
     if tokenizer is not None:
-        return load_tokenizer(tokenizer, own=False), str(tokenizer)
+        return load_tokenizer(tokenizer, own=False), str(tokenizer_file(tokenizer, own=False))
     if run is not None:
         if not (Path(run) / runs.CONFIG).is_file():
             raise MinigptError(_MESSAGES["no_run"].format(run=str(run)))

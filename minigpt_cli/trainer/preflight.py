@@ -17,7 +17,24 @@ from typing import Optional
 from ..config import Config
 from ..fileio import check_writable
 from ..paths import corpus_path, dataset_dir
-from ..runs import CHECKPOINTS, newest_run
+from ..metrics import RunLogger
+from ..runs import CHECKPOINTS, CONFIG, ENV, LOCK, newest_run
+
+
+def run_files(run_dir: Path) -> tuple[list[Path], set[Path]]:
+    """The files ``train`` writes in the folder of a run it resumes (its lock, config.yaml, the logs of
+    :class:`~minigpt_cli.metrics.RunLogger`, env.json), and those of them it appends to (opens in place)
+    rather than replaces."""
+    log = RunLogger(run_dir, enabled=False)
+    appended = [run_dir / LOCK, log.metrics_path, log.log_path, log.samples_path]
+    return appended + [run_dir / CONFIG, run_dir / ENV, log.plot_path], set(appended)
+
+
+def _resumed(cfg: Config, resume: Optional[str]) -> Optional[Path]:
+    """The run folder ``resume`` continues, when it is there (``auto``: the newest run of the config's name)."""
+    if resume == "auto":
+        resume = newest_run(cfg.train.out_dir, cfg.name)
+    return Path(resume) if resume is not None and Path(resume).is_dir() else None
 
 
 def paths_to_write(cfg: Config, resume: Optional[str] = None) -> list[tuple[Path, bool]]:
@@ -28,9 +45,10 @@ def paths_to_write(cfg: Config, resume: Optional[str] = None) -> list[tuple[Path
     - the named dataset's folder again, when no token files of the tokenizer's kind are there yet
       (prepared; token files of another tokenizer of that kind may make ``train`` prepare as well);
     - ``data.data_dir``, for a ``data.path`` corpus, when it is not a folder yet (its corpus folder goes in it);
-    - ``train.out_dir``, for a new run; with ``resume``, the run folder (its lock, logs and metrics) and its
-      checkpoints folder, when the run folder is there (a missing one is ``--resume``'s own refusal). For
-      ``auto``, that is the newest run of the config's name, or ``train.out_dir`` while there is none.
+    - ``train.out_dir``, for a new run; with ``resume``, the run folder, its checkpoints folder and the
+      files :func:`run_files` names, when the run folder is there (a missing one is ``--resume``'s own
+      refusal). For ``auto``, that is the newest run of the config's name, or ``train.out_dir`` while there
+      is none.
     """
     from ..data import tokenizer_path
     from ..download import file_ok
@@ -58,17 +76,21 @@ def paths_to_write(cfg: Config, resume: Optional[str] = None) -> list[tuple[Path
     if resume is None:
         out.append((Path(cfg.train.out_dir), True))
     elif Path(resume).is_dir():
-        out += [(Path(resume), True), (Path(resume) / CHECKPOINTS, True)]
+        run = Path(resume)
+        out += [(run, True), (run / CHECKPOINTS, True)] + [(path, False) for path in run_files(run)[0]]
     return out
 
 
 def check_paths(cfg: Config, resume: Optional[str] = None) -> None:
     """Refuse a path :func:`paths_to_write` names that cannot be written (a file in the way of a folder, a
-    folder that cannot be written into, a name too long for the file system), writing nothing.
+    folder that cannot be written into, a name too long for the file system; in a resumed run, a folder in
+    the way of one of its files, or a file it appends to that is read-only), writing nothing.
 
     Raises:
         MinigptError: ``cannot write PATH: <reason>; <fix>``, the line the write itself would end with
             (:func:`~minigpt_cli.fileio.check_writable`).
     """
+    run = _resumed(cfg, resume)
+    appended = run_files(run)[1] if run is not None else set()
     for path, folder in paths_to_write(cfg, resume):
-        check_writable(path, folder)
+        check_writable(path, folder, append=path in appended, in_run=run is not None and run in path.parents)

@@ -14,7 +14,7 @@ from ..config import Config
 from ..corpus import Corpus, changed_file
 from ..data import check_fingerprint, corpus_on_disk
 from ..errors import MinigptError
-from ..tokenizer import Tokenizer, load_run_tokenizer, load_tokenizer
+from ..tokenizer import Tokenizer, check_run_tokenizer, load_tokenizer
 from .schedule import schedule_note
 
 
@@ -50,11 +50,6 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
             )
 
 
-#: A resume whose tokenizer is not the run's own.
-_TOKENIZER_CHANGED = ("--resume: the tokenizer file the config names differs from {path}; point tokenizer.path at "
-                      "the run's tokenizer.json")
-
-
 def check_resume_tokenizer(run_dir: Path, saved: Config, tok: Optional[Tokenizer]) -> None:
     """Refuse to resume with another tokenizer ``tok`` than the run's ``tokenizer.json`` (None: none yet,
     nothing to compare).
@@ -62,8 +57,7 @@ def check_resume_tokenizer(run_dir: Path, saved: Config, tok: Optional[Tokenizer
     Raises:
         MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json`` in the run.
     """
-    if tok is not None and load_run_tokenizer(run_dir, saved).fingerprint() != tok.fingerprint():
-        raise MinigptError(_TOKENIZER_CHANGED.format(path=run_dir / runs.TOKENIZER))
+    check_run_tokenizer(run_dir, saved, tok)  # also for a fine-tuning run's, in resolve_init_from
 
 
 def _named_tokenizer(cfg: Config) -> Optional[Tokenizer]:
@@ -89,7 +83,7 @@ def check_resume_corpus(saved: Config, last: Path, corpus: Corpus) -> None:
         MinigptError: a file edited, added, removed or reordered since the run's checkpoint.
     """
     want = saved.data.fingerprint
-    if want is None or want == corpus.fingerprint:
+    if want is None or corpus.matches(want):
         return
     try:
         before = runs.read_meta(last).get("corpus", {}).get("files") or []
