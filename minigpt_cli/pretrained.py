@@ -66,7 +66,8 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
     if mc.init_from is None:
         return cfg
     folder = Path(mc.init_from).absolute()  # the run records where it is, wherever it is later read from
-    given = mc.model_fields_set
+    # model.vocab_size: null is "the tokenizer's size", which the folder's model has: not a value to compare.
+    given = mc.model_fields_set - ({"vocab_size"} if mc.vocab_size is None else set())
     if run is not None and not folder.is_dir():  # moved away since the run started: the run's record of it
         ran = saved_config(runs.checkpoint_dir(run, runs.LAST)).model
         model = ran.model_copy(update={key: getattr(mc, key) for key in given})

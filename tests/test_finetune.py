@@ -256,6 +256,11 @@ def test_bad_pretrained_folders_and_conflicts_are_one_line(cli, folders, data_di
     refused(folders["gpt2"], "model.n_layer (4)", "n_layer: 2", "drop model.n_layer", extra=("--set", "model.n_layer=4"))
     refused(folders["gpt2"], "model.block_size (64)", "n_positions=48", extra=("--set", "model.block_size=64"))
     refused(folders["gpt2"], "tokenizer.kind bpe", extra=("--set", "tokenizer.kind=bpe"))
+    # model.vocab_size: null, spelled out as in the shipped configs, means the tokenizer's size: no conflict.
+    spelled = cli("train", FINETUNE, "--init-from", folders["gpt2"], "--set", f"data.data_dir={data_dir}", "--set",
+                  f"train.out_dir={tmp_path}/runs", "--set", "model.block_size=32", "--set", "model.vocab_size=null",
+                  "--dry-run")
+    assert spelled.exit_code == 0, spelled
     (bad / "tokenizer.json").unlink()
     refused(bad, "has no tokenizer.json")
 
