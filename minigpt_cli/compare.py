@@ -146,7 +146,7 @@ def _bytes_per_token(cfg: Config, run_dir: Path, cache: dict, notes: list[str]) 
         tok = load_run_tokenizer(run_dir, cfg)
         key = (cfg.data.fingerprint, tok.fingerprint())
         if key not in cache:
-            val = split_tokens(run_corpus_config(cfg, run_dir), tok, "val")
+            val = split_tokens(run_corpus_config(cfg, run_dir), tok, "val", run_dir)
             cache[key] = text_size(tok, val)[0] / len(val)
         return cache[key]
     except MinigptError as exc:

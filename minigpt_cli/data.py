@@ -17,9 +17,10 @@ import numpy as np
 import torch
 
 from .config import Config
-from .corpus import Corpus, corpus_text, cut_pieces, documents, find_files, open_corpus
+from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, find_files, open_corpus
 from .errors import MinigptError
 from .paths import corpus_path, dataset_dir, default_tokenizer_path
+from . import runs
 from .runs import training_dirs
 from .special_tokens import END_OF_TEXT
 from .tokenizer import Tokenizer, load_tokenizer
@@ -149,6 +150,56 @@ def corpus_on_disk(cfg: Config) -> Optional[Corpus]:
     if not file_ok(path, dc.dataset):
         return None
     return open_corpus(path, dc.text_field, name=dc.dataset)
+
+
+#: A run's corpus that changed since it trained, read by evaluate, compare or inspect.
+_RUN_CORPUS_CHANGED = ("corpus file {path} was {what} since run {run} trained on it{detail}; its splits are read "
+                       "from the corpus as the run had it: restore that, or score the text as it is now with "
+                       "minigpt evaluate --text-file")
+
+
+def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
+    """What differs between a checkpoint's record of its corpus's files (``meta.json``'s ``corpus.files``)
+    and ``corpus`` now: (path, what, detail): the file's path now (where it was, for one removed, under the
+    corpus's folder now), ``edited``/``changed``, ``removed``, ``added`` or ``reordered``, and for a changed
+    file its sha256 and size then and now ("" otherwise)."""
+    now_records = corpus.records()
+    found = changed_file(before, now_records)
+    if found is None:
+        return corpus.source, "changed", ""
+    path, what = found
+    key = "name" if all("name" in r for r in [*before, *now_records]) else "path"
+    now = next((r for r in now_records if r["path"] == path), None)
+    old = ({r[key]: r for r in before}.get(now[key]) if now is not None
+           else next((r for r in before if r["path"] == path), None))
+    if what == "removed" and key == "name" and old is not None and now_records:  # where it was, moved or not
+        root = Path(now_records[0]["path"]).parents[len(Path(now_records[0]["name"]).parts) - 1]
+        path = str(root / old["name"])
+    detail = (f" (sha256 {old['sha256'][:12]}…, {old['size']:,} bytes; now {now['sha256'][:12]}…, "
+              f"{now['size']:,} bytes)" if old and now and what == "changed" else "")
+    return path, what, detail
+
+
+def check_run_corpus(cfg: Config, corpus: Corpus, run_dir: Path) -> None:
+    """Refuse to read a run's splits from a corpus other than the one it trained on, naming the file that
+    differs (from its checkpoints' ``meta.json``), for ``evaluate``, ``compare`` and ``inspect``.
+
+    Raises:
+        MinigptError: the fingerprint the run's config records names another corpus.
+    """
+    want = cfg.data.fingerprint
+    if want is None or corpus.matches(want):
+        return
+    before: list[dict] = []
+    for name in (runs.BEST, runs.LAST):
+        try:
+            before = runs.read_meta(runs.checkpoint_dir(run_dir, name)).get("corpus", {}).get("files") or []
+        except (MinigptError, OSError, ValueError, AttributeError):
+            continue
+        if before:
+            break
+    path, what, detail = corpus_change(before, corpus)
+    raise MinigptError(_RUN_CORPUS_CHANGED.format(path=path, what=what, run=run_dir, detail=detail))
 
 
 def check_fingerprint(cfg: Config, corpus: Corpus) -> None:

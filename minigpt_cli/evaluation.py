@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import runs
-from .data import check_fingerprint, configured_corpus, eval_offsets, eval_seed, run_corpus_config, windows
+from .data import check_run_corpus, configured_corpus, eval_offsets, eval_seed, run_corpus_config, windows
 from .errors import MinigptError
 from .fileio import read_text_file
 from .generation import load_run
@@ -69,16 +69,18 @@ def text_size(tok, ids: np.ndarray) -> tuple[int, int]:
     return n_bytes, n_chars
 
 
-def split_tokens(cfg, tok, split: str, echo: Callable[[str], None] = lambda m: None,
+def split_tokens(cfg, tok, split: str, run_dir: Path, echo: Callable[[str], None] = lambda m: None,
                  progress: Optional[bool] = False) -> np.ndarray:
     """The token ids of ``split`` (train or val) of the run's corpus under its tokenizer: the prepared files,
-    prepared again if they are gone. ``cfg``: the run's, its corpus found (:func:`~.data.run_corpus_config`).
+    prepared again if they are gone. ``cfg``: the run's (in ``run_dir``), its corpus found
+    (:func:`~.data.run_corpus_config`).
 
     Raises:
-        MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it.
+        MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it (naming
+            the file, :func:`~.data.check_run_corpus`).
     """
     corpus, root = configured_corpus(cfg, echo, progress)
-    check_fingerprint(cfg, corpus)
+    check_run_corpus(cfg, corpus, run_dir)
     return getattr(prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=progress), split)
 
 
@@ -186,7 +188,7 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
         tokens = np.asarray(encode_prompt(tok, text, f"{text_file}"), dtype=np.int64)
         n_bytes, n_chars, source, full = len(text.encode("utf-8")), len(text), str(text_file), True
     else:
-        tokens = split_tokens(run_corpus_config(cfg, run_dir), tok, split, echo, progress)
+        tokens = split_tokens(run_corpus_config(cfg, run_dir), tok, split, run_dir, echo, progress)
         n_bytes, n_chars = text_size(tok, tokens)
         source = split
     if len(tokens) < 2:

@@ -156,6 +156,23 @@ def test_a_project_moved_whole_still_evaluates_its_runs(cli, data_dir, tmp_path,
             got = json.loads(res.stdout)
             assert abs(got["loss"] - got["logged_loss"]) < 1e-6, got
     assert not (tmp_path / "data").exists()  # nothing downloaded beside the project
+    # A file renamed or edited since is named where it is (or was) in the moved project, for evaluate too.
+    books = moved / "books"
+    (books / "a.txt").rename(books / "a2.txt")
+    res = cli("evaluate", "--run", moved / "runs" / "own")
+    assert_user_error(res, f"corpus file {books / 'a.txt'} was removed since run", "--text-file")
+    (books / "a2.txt").rename(books / "a.txt")
+    with open(books / "a.txt", "a") as f:
+        f.write("more")
+    assert_user_error(cli("evaluate", "--run", moved / "runs" / "own"), f"corpus file {books / 'a.txt'} was changed",
+                      "now ")
+    assert any(f"{books / 'a.txt'} was changed" in n for n in summarize_notes(moved / "runs" / "own"))
+
+
+def summarize_notes(run: Path) -> list[str]:
+    from minigpt_cli.compare import summarize
+
+    return summarize([run])["notes"]
 
 
 def test_a_fingerprint_from_before_names_relative_to_the_corpus_is_still_accepted(tmp_path):

@@ -11,8 +11,8 @@ import torch
 
 from .. import checkpoint, runs
 from ..config import Config
-from ..corpus import Corpus, changed_file
-from ..data import check_fingerprint, corpus_on_disk
+from ..corpus import Corpus
+from ..data import check_fingerprint, corpus_change, corpus_on_disk
 from ..errors import MinigptError
 from ..tokenizer import Tokenizer, check_run_tokenizer, load_tokenizer
 from .schedule import schedule_note
@@ -89,12 +89,7 @@ def check_resume_corpus(saved: Config, last: Path, corpus: Corpus) -> None:
         before = runs.read_meta(last).get("corpus", {}).get("files") or []
     except (OSError, ValueError):
         before = []
-    found = changed_file(before, corpus.records())
-    path, what = found if found else (corpus.source, "changed")
-    old = {r["path"]: r for r in before}.get(path)
-    now = {r["path"]: r for r in corpus.records()}.get(path)
-    detail = (f" (sha256 {old['sha256'][:12]}…, {old['size']:,} bytes; now {now['sha256'][:12]}…, "
-              f"{now['size']:,} bytes)" if old and now else "")
+    path, what, detail = corpus_change(before, corpus)
     raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
 
 
