@@ -10,6 +10,7 @@ run whose own ``tokenizer.json`` is missing or damaged.
 
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Container, Iterable, Optional, Protocol, Sequence
@@ -171,30 +172,37 @@ def run_tokenizer_fix(run_dir: Path, cfg: Config) -> str:
     back the file it was trained with, when that file is there; else that no copy is known.
 
     The file it was trained with is ``tokenizer.path``, else a fine-tuning run's ``model.init_from`` folder's
-    ``tokenizer.json``, else the dataset's default tokenizer file; then the ``init_from`` folder's (a resumed
-    fine-tuning run's ``tokenizer.path`` names its own file). A relative path is taken from the folder
-    ``train`` ran in (:func:`~minigpt_cli.runs.training_dir`); a path that is the run's own file is never named.
+    ``tokenizer.json``, else the default tokenizer file of the dataset's folder (of a ``data.path`` corpus:
+    its folder ``<data_dir>/<name>-<fingerprint>/``); then the ``init_from`` folder's (a resumed fine-tuning
+    run's ``tokenizer.path`` names its own file). A relative path is taken from the folder ``train`` ran in,
+    or the one the project is in now (:func:`~minigpt_cli.runs.training_dirs`); a path that is the run's own
+    file is never named.
     """
     from . import runs
     from .paths import default_tokenizer_path
 
-    tc, mc = cfg.tokenizer, cfg.model
+    tc, mc, dc = cfg.tokenizer, cfg.model, cfg.data
     dest = Path(os.path.abspath(Path(run_dir) / runs.TOKENIZER))
     folder = Path(mc.init_from) / runs.TOKENIZER if mc.init_from else None  # a model folder's, named as a run's
-    named = (Path(tc.path) if tc.path else folder
-             or default_tokenizer_path(cfg.data.data_dir, cfg.data.dataset, tc.kind, tc.vocab_size, tc.special_tokens))
-    ran_in = runs.training_dir(run_dir, cfg.train.out_dir)
+    default = default_tokenizer_path(dc.data_dir, dc.dataset, tc.kind, tc.vocab_size, tc.special_tokens)
+    if dc.path is not None and dc.fingerprint:  # a data.path corpus keeps it in <data_dir>/<name>-<fingerprint>/
+        default = Path(dc.data_dir) / f"*-{dc.fingerprint[:12]}" / default.name
+    named = Path(tc.path) if tc.path else folder or default
+    bases = runs.training_dirs(run_dir, cfg.train.out_dir)  # where train ran, or where the project is now
     looked = []
-    for source in dict.fromkeys(p for p in (named, folder) if p is not None):
-        if not source.is_absolute():
-            if ran_in is None:
-                continue  # relative to a folder no record names
-            source = ran_in / source
-        source = Path(os.path.abspath(source))
-        if source == dest or (source.exists() and dest.exists() and os.path.samefile(source, dest)):
-            continue
-        if source.is_file():
-            return _MESSAGES["copy"].format(source=str(source), dest=str(dest))
-        looked.append(str(source))
+    for given in dict.fromkeys(p for p in (named, folder) if p is not None):
+        if given.is_absolute():
+            options = [given]
+        else:
+            options = [base / given for base in bases]  # none: relative to a folder no record names
+        for option in options:
+            matches = [Path(m) for m in sorted(glob.glob(str(option)))] if glob.has_magic(str(option)) else [option]
+            for source in (Path(os.path.abspath(m)) for m in matches):
+                if source == dest or (source.exists() and dest.exists() and os.path.samefile(source, dest)):
+                    continue
+                if source.is_file():
+                    return _MESSAGES["copy"].format(source=str(source), dest=str(dest))
+            looked.append(str(Path(os.path.abspath(option))))
+        looked = list(dict.fromkeys(looked))
     where = f" ({' and '.join(map(repr, looked))} {'are' if len(looked) > 1 else 'is'} not there)" if looked else ""
     return _MESSAGES["no_copy"].format(where=where, dest=str(dest))

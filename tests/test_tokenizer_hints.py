@@ -89,6 +89,29 @@ def test_a_relative_tokenizer_path_is_named_from_where_train_ran(cli, data_dir, 
     assert load_config(run / runs.CONFIG).tokenizer.path == "tok.json"
 
 
+def test_a_data_path_runs_tokenizer_is_found_in_its_corpus_folder_after_a_move(cli, data_dir, tmp_path,
+                                                                              monkeypatch):
+    """A data.path corpus keeps its tokenizer in <data_dir>/<name>-<fingerprint>/, not in the named dataset's
+    folder, where the hint looked ("no copy is known" while one was there); and a project moved whole is
+    looked for where it is now."""
+    project = tmp_path / "p"
+    (project / "books").mkdir(parents=True)
+    (project / "books" / "a.txt").write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:50_000])
+    monkeypatch.chdir(project)
+    train(tiny("data", "train.max_iters=1", "data.path=books"), run_name="t", echo=lambda m: None, progress=False)
+    monkeypatch.chdir(tmp_path)
+    moved = project.rename(tmp_path / "q")
+    run = moved / "runs" / "t"
+    kept = (run / runs.TOKENIZER).read_bytes()
+    (run / runs.TOKENIZER).unlink()
+    copy = next((moved / "data").glob("books-*/tokenizer-char.json"))
+    res = cli("evaluate", "--run", run)
+    assert_user_error(res, f"copy it back from {str(copy)!r}")
+    shutil.copy(copy, run / runs.TOKENIZER)  # the hint, followed
+    assert (run / runs.TOKENIZER).read_bytes() == kept
+    assert cli("evaluate", "--run", run).exit_code == 0
+
+
 def test_resuming_a_fine_tuning_run_refuses_another_tokenizer_path(cli, hf_folder, data_dir, tmp_path,
                                                                    corpus_file):
     assert _finetune(cli, hf_folder, data_dir, tmp_path, "train.max_iters=0", "--run-name", "ft").exit_code == 0
