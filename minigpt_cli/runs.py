@@ -452,17 +452,6 @@ def write_env(run_dir: Path, env: dict[str, Any]) -> None:
     atomic_write_text(Path(run_dir) / ENV, json.dumps(env, indent=1))
 
 
-def training_dir(run_dir: Path, out_dir: str | Path) -> Optional[Path]:
-    """The folder ``train`` last ran in for this run, which its config's relative paths are relative to.
-
-    ``env.json`` records it (``cwd``). For a run from before it did, it is
-    the folder a relative ``train.out_dir`` hangs from, when the run folder is
-    still ``<that folder>/<out_dir>/<run name>``. None when neither says.
-    """
-    found = training_dirs(run_dir, out_dir)
-    return found[0] if found else None
-
-
 def training_dirs(run_dir: Path, out_dir: str | Path) -> list[Path]:
     """Where the folder ``train`` ran in may be now, most likely first: ``env.json``'s ``cwd``, then the
     folder a relative ``train.out_dir`` hangs from, where the run folder is now ``<that>/<out_dir>/<run>``
