@@ -16,12 +16,11 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from . import runs
 from .config import Config
 from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, find_files, open_corpus
 from .errors import MinigptError
 from .paths import corpus_path, dataset_dir, default_tokenizer_path
-from . import runs
-from .runs import training_dirs
 from .special_tokens import END_OF_TEXT
 from .tokenizer import Tokenizer, load_tokenizer
 from .tokenizer_training import train_tokenizer
@@ -104,7 +103,7 @@ def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
     Raises:
         MinigptError: a ``data.path`` corpus found in none of them, naming where it was.
     """
-    bases = training_dirs(run_dir, cfg.train.out_dir)
+    bases = runs.training_dirs(run_dir, cfg.train.out_dir)
     if not bases:
         return cfg
     dc = cfg.data

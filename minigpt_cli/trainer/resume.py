@@ -25,7 +25,7 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
     ``max_iters`` trains a finished run further; see :func:`schedule_note`
     for what that does to the learning rate. So may where files are:
     ``tokenizer.path`` (the tokenizer itself is compared by its fingerprint,
-    :func:`check_resume_tokenizer`) and a fine-tuning run's ``model.init_from``
+    :func:`~minigpt_cli.tokenizer.check_run_tokenizer`) and a fine-tuning run's ``model.init_from``
     (a resume loads its own weights; the architecture is compared key by key).
 
     Raises:
@@ -48,16 +48,6 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
                 f"({runs.CHECKPOINTS}/{runs.LAST}/{runs.CONFIG}); model, tokenizer and data values cannot change "
                 f"on a resume: resume with the config the run was trained with, or start a new run"
             )
-
-
-def check_resume_tokenizer(run_dir: Path, saved: Config, tok: Optional[Tokenizer]) -> None:
-    """Refuse to resume with another tokenizer ``tok`` than the run's ``tokenizer.json`` (None: none yet,
-    nothing to compare).
-
-    Raises:
-        MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json`` in the run.
-    """
-    check_run_tokenizer(run_dir, saved, tok)  # also for a fine-tuning run's, in resolve_init_from
 
 
 def _named_tokenizer(cfg: Config) -> Optional[Tokenizer]:
@@ -96,17 +86,17 @@ def check_resume_corpus(saved: Config, last: Path, corpus: Corpus) -> None:
 def check_resume_early(cfg: Config, resume: Optional[str]) -> None:
     """Before the corpus is read or downloaded: refuse a ``--resume`` whose run has another model, tokenizer
     or data config (:func:`check_resume_config`), so that a missing ``data.path`` is named, not downloaded
-    around, or whose ``tokenizer.path`` names another tokenizer (:func:`check_resume_tokenizer`). A run
+    around, or whose ``tokenizer.path`` names another tokenizer (:func:`~minigpt_cli.tokenizer.check_run_tokenizer`). A run
     that does not exist is left to :func:`open_resume`.
 
     Raises:
-        MinigptError: as :func:`check_resume_config` and :func:`check_resume_tokenizer`.
+        MinigptError: as :func:`check_resume_config` and :func:`~minigpt_cli.tokenizer.check_run_tokenizer`.
     """
     run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume) if resume is not None else None
     if run_dir is not None:
         saved = checkpoint.saved_config(runs.checkpoint_dir(run_dir, runs.LAST))
         check_resume_config(cfg, saved)
-        check_resume_tokenizer(run_dir, saved, _named_tokenizer(cfg))
+        check_run_tokenizer(run_dir, saved, _named_tokenizer(cfg))
 
 
 def check_corpus(cfg: Config, resume: Optional[str], corpus: Corpus) -> None:
@@ -177,7 +167,7 @@ def describe_resume(cfg: Config, resume: str, corpus: Optional[Corpus] = None) -
     last = runs.resolve(runs.checkpoint_dir(run_dir, runs.LAST))
     saved = checkpoint.saved_config(last)
     check_resume_config(cfg, saved)
-    check_resume_tokenizer(run_dir, saved, _named_tokenizer(cfg))
+    check_run_tokenizer(run_dir, saved, _named_tokenizer(cfg))
     corpus = corpus if corpus is not None else corpus_on_disk(cfg)
     if corpus is not None:
         check_resume_corpus(saved, last, corpus)
@@ -240,7 +230,7 @@ def open_resume(cfg: Config, resume: str, tok: Tokenizer, corpus: Corpus, main: 
     saved = checkpoint.saved_config(last)
     check_resume_config(cfg, saved)
     check_resume_corpus(saved, last, corpus)
-    check_resume_tokenizer(run_dir, saved, tok)
+    check_run_tokenizer(run_dir, saved, tok)
     state = load_resume_state(last)
     resumed = Resumed(run_dir, state, cfg.train.max_iters, swept=swept)
     if not resumed.done:
