@@ -26,12 +26,17 @@ CORPUS_FILE = "input.txt"
 DATASETS_FILE = "datasets.json"
 
 
+def _shipped() -> Traversable:
+    """``minigpt_cli/config/``: the package data (presets, example configs, the dataset registry)."""
+    return resources.files(__package__) / "config"
+
+
 @functools.cache
 def dataset_registry() -> dict[str, dict]:
     """The named corpora ``data.dataset`` and ``minigpt download`` know, from the package's
     :data:`DATASETS_FILE`: each name maps to its ``url``, ``sha256``, ``size`` (bytes) and ``description``.
     A new corpus is a new entry there, no code; its mirror variable is ``MINIGPT_<NAME>_URL``."""
-    return json.loads((resources.files(__package__) / DATASETS_FILE).read_text(encoding="utf-8"))
+    return json.loads((_shipped() / DATASETS_FILE).read_text(encoding="utf-8"))
 
 
 def check_dataset_name(name: str) -> str:
@@ -80,17 +85,17 @@ PRESETS_PACKAGE_DIR = "presets"
 
 
 def presets_dir() -> Traversable:
-    """``minigpt_cli/presets/``: one YAML per named model size.
+    """``minigpt_cli/config/presets/``: one YAML per named model size.
 
     The presets are package data, found with :mod:`importlib.resources`, so
     they are there in a wheel install as in a source checkout, whatever the
     current directory holds.
     """
-    return resources.files(__package__) / PRESETS_PACKAGE_DIR
+    return _shipped() / PRESETS_PACKAGE_DIR
 
 
 def list_presets() -> list[str]:
-    """Names of the presets shipped in ``minigpt_cli/presets/``, sorted."""
+    """Names of the presets shipped in ``minigpt_cli/config/presets/``, sorted."""
     d = presets_dir()
     if not d.is_dir():
         return []
@@ -102,8 +107,8 @@ CONFIGS_PACKAGE_DIR = "configs"
 
 
 def list_configs() -> list[str]:
-    """Names of the example run configs shipped in ``minigpt_cli/configs/``, sorted (``tiny``, ``shakespeare-cpu``, ...)."""
-    d = resources.files(__package__) / CONFIGS_PACKAGE_DIR
+    """Names of the example run configs shipped in ``minigpt_cli/config/configs/``, sorted (``tiny``, ``shakespeare-cpu``, ...)."""
+    d = _shipped() / CONFIGS_PACKAGE_DIR
     return sorted(p.name[: -len(".yaml")] for p in d.iterdir() if p.name.endswith(".yaml")) if d.is_dir() else []
 
 
@@ -113,14 +118,14 @@ def resolve_config(path: str | Path, note=lambda message: None) -> Path:
     ``shakespeare-cpu`` names the shipped ``shakespeare-cpu.yaml``; so does
     ``configs/shakespeare-cpu.yaml`` run from a folder that has no such file
     (a wheel install), with a note through ``note`` saying which file is used.
-    Anything else is returned as given (:func:`~minigpt_cli.config.load_config`
+    Anything else is returned as given (:func:`~minigpt_cli.config.schema.load_config`
     says when it is missing).
     """
     p = Path(path)
     if p.exists() or p.parent not in (Path("."), Path(CONFIGS_PACKAGE_DIR)):
         return p
     name = p.name[: -len(".yaml")] if p.name.endswith(".yaml") else p.name
-    res = resources.files(__package__) / CONFIGS_PACKAGE_DIR / f"{name}.yaml"
+    res = _shipped() / CONFIGS_PACKAGE_DIR / f"{name}.yaml"
     if name not in list_configs() or not isinstance(res, Path):
         return p
     if p.suffix == ".yaml":

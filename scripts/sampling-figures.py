@@ -62,10 +62,10 @@ def startup(run: str, reps: int) -> None:
 
 
 def load(run: str):
-    from minigpt_cli import runs
-    from minigpt_cli.checkpoint import load_model
-    from minigpt_cli.kernels import onednn
-    from minigpt_cli.tokenizer import load_run_tokenizer
+    from minigpt_cli.run import folder as runs
+    from minigpt_cli.run.checkpoint import load_model
+    from minigpt_cli.runtime.kernels import onednn
+    from minigpt_cli.tokenizer.kinds import load_run_tokenizer
 
     model, cfg = load_model(runs.checkpoint_dir(run, runs.LAST))
     onednn.swap_linears(model)  # as generate does
@@ -75,7 +75,7 @@ def load(run: str):
 def bf16(run: str, reps: int) -> None:
     import torch
 
-    from minigpt_cli.sampling import generate_tokens
+    from minigpt_cli.sample.sampling import generate_tokens
 
     m32, cfg, tok = load(run)
     m16 = copy.deepcopy(m32).to(torch.bfloat16)
@@ -107,8 +107,8 @@ def bf16(run: str, reps: int) -> None:
 def compiled(run: str, reps: int) -> None:
     import torch
 
-    from minigpt_cli.bench_generation import measure_generation
-    from minigpt_cli.sampling import resolve_window_stride
+    from minigpt_cli.bench.generation import measure_generation
+    from minigpt_cli.sample.sampling import resolve_window_stride
 
     model, cfg, _ = load(run)
     stride = resolve_window_stride(cfg.model.block_size, cfg.sample.window_stride)

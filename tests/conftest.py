@@ -67,7 +67,7 @@ def locate_corpus(environ: Mapping[str, str] = os.environ, repo: Path = REPO) ->
     (:class:`CorpusNotFound` otherwise); then :func:`corpus_candidates`, where a
     file that fails the check is passed over.
     """
-    from minigpt_cli.download import file_ok
+    from minigpt_cli.data.download import file_ok
 
     explicit = environ.get(CORPUS_ENV, "").strip()
     if explicit:
@@ -81,7 +81,7 @@ def locate_corpus(environ: Mapping[str, str] = os.environ, repo: Path = REPO) ->
 
 def fetch_corpus(environ: Mapping[str, str] = os.environ, url: str = CORPUS_URL) -> Path:
     """Download the corpus once into :func:`corpus_cache_dir` with minigpt's own downloader (sha256-checked)."""
-    from minigpt_cli.download import download_tinyshakespeare, file_ok
+    from minigpt_cli.data.download import download_tinyshakespeare, file_ok
 
     cache = corpus_cache_dir(environ)
     try:
@@ -242,9 +242,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory, corpus_file: Path) -> Pat
 @pytest.fixture
 def cli():
     """Run the real ``minigpt`` Typer app in-process: ``cli("train", "x.yaml")`` -> CliResult."""
+    from helpers import CliResult
     from typer.testing import CliRunner
 
-    from helpers import CliResult
     from minigpt_cli.cli import app
 
     runner = CliRunner()
@@ -274,7 +274,7 @@ def _quick_loss_plot():
     Processes the tests start draw the real plot.
     """
     from minigpt_cli.fileio import atomic_write_bytes
-    from minigpt_cli.metrics import RunLogger
+    from minigpt_cli.run.metrics import RunLogger
 
     real = RunLogger.plot
 
@@ -291,7 +291,7 @@ def _quick_loss_plot():
 def _real_plot_when_marked(request: pytest.FixtureRequest, _quick_loss_plot) -> None:
     """``@pytest.mark.real_plot``: this test's runs draw loss.png with matplotlib, as minigpt does."""
     if request.node.get_closest_marker("real_plot") is not None:
-        from minigpt_cli.metrics import RunLogger
+        from minigpt_cli.run.metrics import RunLogger
 
         mp = pytest.MonkeyPatch()
         mp.setattr(RunLogger, "plot", _quick_loss_plot)

@@ -51,7 +51,7 @@ def working_dir(path: Path):
 
 def tiny(data_dir, *extra):
     """tiny.yaml on the test corpus: a train line every step, an eval every 20, no samples; ``extra`` overrides."""
-    from minigpt_cli.config import load_config
+    from minigpt_cli.config.schema import load_config
 
     return load_config(TINY, [f"data.data_dir={data_dir}", "train.log_interval=1", "train.sample_tokens=0",
                               "train.eval_interval=20", *extra])
@@ -83,7 +83,7 @@ def small_peak(monkeypatch, n: int = 256) -> None:
 
     For tests of what bench does with the peak (the JSON, the table, kernels, fallbacks), not of its size.
     """
-    import minigpt_cli.bench as bench_mod
+    import minigpt_cli.bench.throughput as bench_mod
 
     real = bench_mod.measure_peak
 

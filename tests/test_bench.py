@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from helpers import small_peak
 
-from minigpt_cli.config import load_config
-from minigpt_cli.model import GPT
+from minigpt_cli.config.schema import load_config
+from minigpt_cli.model.gpt import GPT
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 
@@ -24,13 +24,13 @@ def test_bench_json(cli, monkeypatch):
                 "gen_tokens_per_sec_cached", "gen_tokens_per_sec_uncached", "gen_tokens_per_sec_batched"):
         assert r[key] > 0, key
     # Generation: 8 samples in a batch; on a CPU without compile: true, no compiled figure, and why.
-    from minigpt_cli.bench_generation import CPU_COMPILE_OFF
+    from minigpt_cli.bench.generation import CPU_COMPILE_OFF
 
     assert r["gen_batch"] == 8 and r["gen_batched_speedup"] == r["gen_tokens_per_sec_batched"] / r["gen_tokens_per_sec_cached"]
     assert r["gen_tokens_per_sec_compiled"] is None and r["gen_compiled_note"] == CPU_COMPILE_OFF
     assert abs(r["mfu"] - r["achieved_flops"] / r["peak_flops"]) < 1e-12
     # The peak is the fastest kernel measured, and the kernel of the model's linear layers is among them.
-    from minigpt_cli.kernels.onednn import ONEDNN_MIN_FLOPS, matmul_op
+    from minigpt_cli.runtime.kernels.onednn import ONEDNN_MIN_FLOPS, matmul_op
 
     by_kernel = r["peak_flops_by_kernel"]
     assert r["peak_flops"] == max(by_kernel.values()) == by_kernel[r["peak_kernel"]]
@@ -57,7 +57,7 @@ def test_bench_table(cli, monkeypatch):
     res = cli("bench", TINY, "--iters", "1", "--no-generation")
     assert res.exit_code == 0, res
     assert "MFU" in res.stdout and "training tokens/s" in res.stdout and "KV cache" not in res.stdout
-    from minigpt_cli.kernels.onednn import matmul_op as onednn_matmul_op
+    from minigpt_cli.runtime.kernels.onednn import matmul_op as onednn_matmul_op
 
     assert ("against torch.mm peak" in res.stdout) == (onednn_matmul_op() is not None)
 
@@ -71,7 +71,7 @@ def test_bench_refuses_impossible_sizes_before_allocating(cli):
 
 
 def test_peak_is_the_machines_even_with_onednn_turned_off(cli, monkeypatch):
-    from minigpt_cli.kernels import onednn
+    from minigpt_cli.runtime.kernels import onednn
 
     # n_embd 128: the MLP's products are big enough for oneDNN, so only the switch keeps them off it.
     monkeypatch.setenv("MINIGPT_ONEDNN", "0")
@@ -90,7 +90,7 @@ def test_peak_is_the_machines_even_with_onednn_turned_off(cli, monkeypatch):
 
 
 def test_an_mfu_above_one_against_a_slower_kernel_is_explained(monkeypatch):
-    from minigpt_cli.bench import bench, format_bench
+    from minigpt_cli.bench.throughput import bench, format_bench
 
     small_peak(monkeypatch)
 
@@ -105,8 +105,8 @@ def test_an_mfu_above_one_against_a_slower_kernel_is_explained(monkeypatch):
 def test_bench_streaming_goes_through_generates_text_path(cli, data_dir, monkeypatch):
     """--stream-tokens: the same seeded tokens through generation.write_sample three ways; the overheads are
     the extra text-path seconds over the decode-at-the-end pass, against that pass's generation time."""
-    import minigpt_cli.generation as gen_mod
-    from minigpt_cli.bench import STREAM_STOP
+    import minigpt_cli.sample.generate as gen_mod
+    from minigpt_cli.bench.throughput import STREAM_STOP
 
     calls = []
     real = gen_mod.write_sample
@@ -131,7 +131,7 @@ def test_bench_streaming_goes_through_generates_text_path(cli, data_dir, monkeyp
     for mode, key in (("stream", "stream_overhead"), ("stop", "stop_overhead")):
         sampling = wall[mode] - text[mode]
         assert r[key] == pytest.approx((text[mode] - text["plain"]) / (sampling + text["plain"]))
-    from minigpt_cli.bench import format_bench
+    from minigpt_cli.bench.throughput import format_bench
 
     lines = format_bench(r).splitlines()
     assert "streaming (60 new tokens, char tokenizer, KV cache)" in lines
@@ -152,8 +152,8 @@ def test_bench_generation_compares_the_compiled_path_with_the_eager_cache(monkey
     the eager cache's (the same seeds); a compile failure becomes a null figure with the reason."""
     import torch
 
-    import minigpt_cli.decoding as decoding
-    from minigpt_cli.bench_generation import measure_generation
+    import minigpt_cli.sample.decoding as decoding
+    from minigpt_cli.bench.generation import measure_generation
 
     model = GPT(load_config(TINY).model.model_copy(update={"vocab_size": 65})).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long)

@@ -13,11 +13,12 @@ import torch
 from helpers import TINY, assert_user_error, cli_process, tiny
 from safetensors.torch import load_file
 
-from minigpt_cli import checkpoint, runs
-from minigpt_cli.checkpoint import Checkpointer
-from minigpt_cli.config import load_config
+from minigpt_cli.config.schema import load_config
 from minigpt_cli.errors import MinigptError
-from minigpt_cli.model import GPT
+from minigpt_cli.model.gpt import GPT
+from minigpt_cli.run import checkpoint
+from minigpt_cli.run import folder as runs
+from minigpt_cli.run.checkpoint import Checkpointer
 from minigpt_cli.trainer import train
 
 

@@ -7,14 +7,21 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from minigpt_cli.config import (Config, ConfigError, ModelConfig, apply_overrides, load_config,
-                                parse_yaml, validate)
-from minigpt_cli.config_docs import describe_keys
+from minigpt_cli.config.keys import describe_keys
+from minigpt_cli.config.schema import (
+    Config,
+    ConfigError,
+    ModelConfig,
+    apply_overrides,
+    load_config,
+    parse_yaml,
+    validate,
+)
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 README = CONFIGS.parent / "README.md"
-#: The example configs and the presets (package data in minigpt_cli/presets/).
-SHIPPED = sorted(CONFIGS.rglob("*.yaml")) + sorted((CONFIGS.parent / "minigpt_cli" / "presets").glob("*.yaml"))
+#: The example configs and the presets (package data in minigpt_cli/config/presets/).
+SHIPPED = sorted(CONFIGS.rglob("*.yaml")) + sorted((CONFIGS.parent / "minigpt_cli" / "config" / "presets").glob("*.yaml"))
 
 
 def test_the_shipped_configs_exist():
@@ -462,7 +469,7 @@ NOTE_CASES = [
 @pytest.mark.parametrize("fragment, on, off", NOTE_CASES, ids=[c[0].split(" ")[0] + " " + " ".join(c[1])
                                                                 for c in NOTE_CASES])
 def test_each_note_is_given_where_it_applies_and_only_there(tmp_path, fragment, on, off):
-    from minigpt_cli.notes import notes
+    from minigpt_cli.config.notes import notes
 
     data = [f"data.data_dir={tmp_path}"]
     got = notes(load_config(TINY, data + on))
@@ -472,7 +479,7 @@ def test_each_note_is_given_where_it_applies_and_only_there(tmp_path, fragment, 
 
 
 def test_every_note_rule_has_a_case():
-    from minigpt_cli.notes import RULES
+    from minigpt_cli.config.notes import RULES
 
     # + the data.url rule (test_data_url_is_noted_when_the_corpus_is_on_disk) and generate's window rule
     # (test_generate.py: test_a_window_stride_the_window_never_reaches_is_noted)
@@ -481,7 +488,7 @@ def test_every_note_rule_has_a_case():
 
 
 def test_data_url_is_noted_when_the_corpus_is_on_disk(tmp_path, data_dir):
-    from minigpt_cli.notes import notes
+    from minigpt_cli.trainer.setup import config_notes as notes
 
     url = "data.url=file:///home/me/my-own.txt"
     (note,) = notes(load_config(TINY, [f"data.data_dir={data_dir}", url]))
@@ -492,7 +499,7 @@ def test_data_url_is_noted_when_the_corpus_is_on_disk(tmp_path, data_dir):
 
 
 def test_a_key_counts_as_given_only_when_set_to_a_value_of_its_own():
-    from minigpt_cli.notes import given, notes
+    from minigpt_cli.config.notes import given, notes
 
     cfg = load_config(TINY, ["model.rope_base=5e5", "compile=true", "train.keep_every=null"])
     assert given(cfg, "model.rope_base") and given(cfg, "compile") and given(cfg, "train.min_lr")  # YAML, --set
@@ -506,7 +513,7 @@ def test_a_key_counts_as_given_only_when_set_to_a_value_of_its_own():
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_the_shipped_configs_get_no_notes(path, tmp_path):
-    from minigpt_cli.notes import notes
+    from minigpt_cli.config.notes import notes
 
     assert notes(load_config(path, [f"data.data_dir={tmp_path}"])) == []
 

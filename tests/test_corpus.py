@@ -9,12 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers import TINY, assert_user_error, records
-from minigpt_cli import corpus as C, preparation as P
-from minigpt_cli.config import Config
-from minigpt_cli.tokenizer import CharTokenizer
-from minigpt_cli.tokenizer_training import SPLIT_PATTERN, train_tokenizer
+
+from minigpt_cli.config.schema import Config
+from minigpt_cli.data import corpus as C
+from minigpt_cli.data import preparation as P
+from minigpt_cli.tokenizer.kinds import CharTokenizer
+from minigpt_cli.tokenizer.training import SPLIT_PATTERN, train_tokenizer
 
 EOT = "<|endoftext|>"
 

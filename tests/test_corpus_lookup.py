@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import CORPUS_ENV, CorpusNotFound, corpus_cache_dir, fetch_corpus, locate_corpus
 
 REL = Path("data") / "tinyshakespeare" / "input.txt"

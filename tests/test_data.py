@@ -9,14 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from minigpt_cli.config import load_config
-from minigpt_cli.data import BatchSampler, with_vocab
-from minigpt_cli.preparation import (check_split_counts, check_split_sizes, prepare, split_counts, split_text,
-                                     token_dtype)
-from minigpt_cli.errors import MinigptError
 from helpers import TINY, assert_user_error
-from minigpt_cli.tokenizer import CharTokenizer, load_tokenizer
+
+from minigpt_cli.config.schema import load_config
+from minigpt_cli.data.pipeline import BatchSampler, with_vocab
+from minigpt_cli.data.preparation import (
+    check_split_counts,
+    check_split_sizes,
+    prepare,
+    split_counts,
+    split_text,
+    token_dtype,
+)
+from minigpt_cli.errors import MinigptError
+from minigpt_cli.tokenizer.kinds import CharTokenizer, load_tokenizer
 
 
 def test_char_tokenizer_round_trip_and_json(tmp_path, corpus_file):
@@ -247,7 +253,7 @@ def test_with_vocab_fills_a_null_size_and_refuses_a_smaller_one():
 
 
 def test_a_failed_download_from_data_url_says_it_must_be_a_mirror(tmp_path, corpus_server):
-    from minigpt_cli.data import ensure_corpus
+    from minigpt_cli.data.pipeline import ensure_corpus
 
     tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
     cfg = load_config(tiny, [f"data.data_dir={tmp_path}", f"data.url={corpus_server.url('/missing.txt')}"])

@@ -162,12 +162,13 @@ def test_fsdp_state_is_saved_and_loaded_in_the_one_process_layout(one_process_gr
     correction); a no-grad forward's gathered root goes back to shards; after a step the gathered weights and
     optimizer state equal an unsharded twin's; and a sharded model loaded from the twin's saved state takes
     the same next step."""
-    from minigpt_cli import parallel
-    from minigpt_cli.config import ModelConfig, TrainConfig
-    from minigpt_cli.kernels import onednn
-    from minigpt_cli.model import GPT
-    from minigpt_cli.trainer.step import make_optimizer
     from torch.distributed.tensor import DTensor
+
+    from minigpt_cli.config.schema import ModelConfig, TrainConfig
+    from minigpt_cli.model.gpt import GPT
+    from minigpt_cli.runtime import distributed as parallel
+    from minigpt_cli.runtime.kernels import onednn
+    from minigpt_cli.trainer.step import make_optimizer
 
     # n_embd 192: the MLP's weights (192 x 768) are big enough for oneDNN; the head is tied (stored once).
     mc = ModelConfig(n_layer=1, n_head=2, n_embd=192, block_size=8, vocab_size=11)

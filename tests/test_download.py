@@ -6,20 +6,12 @@ import hashlib
 import os
 import socket
 import stat
-
-import pytest
 from pathlib import Path
 
-from minigpt_cli import download
-from minigpt_cli.download import (
-    DEFAULT_URL,
-    SHA256,
-    SIZE,
-    URL_ENV,
-    download_tinyshakespeare,
-    file_ok,
-    resolve_url,
-)
+import pytest
+
+from minigpt_cli.data import download
+from minigpt_cli.data.download import DEFAULT_URL, SHA256, SIZE, URL_ENV, download_tinyshakespeare, file_ok, resolve_url
 from minigpt_cli.errors import MinigptError
 
 FAST = dict(progress=False, timeout=5.0, retries=2, backoff_factor=0.01)
@@ -198,8 +190,8 @@ def test_the_fix_names_where_the_url_came_from(tmp_path, corpus_server, cli, sha
     res = cli("download", "--data-dir", tmp_path, "--url", bad, "--no-progress")
     assert res.exit_code == 2 and "404" in res.stderr and "pass another --url" in res.stderr, res
     assert URL_ENV not in res.stderr
-    from minigpt_cli.config import load_config
-    from minigpt_cli.data import ensure_corpus
+    from minigpt_cli.config.schema import load_config
+    from minigpt_cli.data.pipeline import ensure_corpus
 
     cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml",
                       [f"data.data_dir={tmp_path}", f"data.url={bad}"])
@@ -503,7 +495,7 @@ def test_no_torch_import():
     import subprocess
     import sys
 
-    code = "import sys, minigpt_cli.download; print('torch' in sys.modules)"
+    code = "import sys, minigpt_cli.data.download; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     assert download.DATASET == "tinyshakespeare"

@@ -10,11 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minigpt_cli.config import ModelConfig
+from minigpt_cli.config.schema import ModelConfig
 from minigpt_cli.errors import MinigptError
-from minigpt_cli.kernels import dropout as fast
-from minigpt_cli.kernels import swap
-from minigpt_cli.model import GPT
+from minigpt_cli.model.gpt import GPT
+from minigpt_cli.runtime.kernels import dropout as fast
+from minigpt_cli.runtime.kernels import swap
 
 
 def small(**kw) -> ModelConfig:
@@ -206,7 +206,7 @@ def test_dropout_kernel_names_what_runs(monkeypatch):
 
 def test_a_bad_setting_is_refused_before_any_work(monkeypatch):
     """resolve_device, which train, bench, generate and --dry-run call first, checks both kernel variables."""
-    from minigpt_cli.runtime import resolve_device
+    from minigpt_cli.runtime.device import resolve_device
 
     monkeypatch.setenv(fast.ENV, "bogus")
     with pytest.raises(MinigptError, match="MINIGPT_FAST_DROPOUT='bogus': use 1 .* or 0"):

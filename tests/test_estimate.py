@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minigpt_cli.config import TrainConfig
+from minigpt_cli.config.schema import TrainConfig
 from minigpt_cli.trainer.estimate import CPU_RECIPE, MEASURED_STEPS, TimeEstimate, evals_left, human_seconds
 from minigpt_cli.trainer.schedule import should_eval
 

@@ -8,13 +8,14 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from helpers import assert_user_error, tiny  # noqa: E402
-from minigpt_cli import runs  # noqa: E402
-from minigpt_cli.checkpoint import load_model  # noqa: E402
-from minigpt_cli.config import ModelConfig  # noqa: E402
+
+from minigpt_cli.config.schema import ModelConfig  # noqa: E402
 from minigpt_cli.errors import MinigptError  # noqa: E402
-from minigpt_cli.hf import load_hf_folder  # noqa: E402
-from minigpt_cli.hf_export import hf_family, hf_state_dict  # noqa: E402
-from minigpt_cli.tokenizer import load_tokenizer  # noqa: E402
+from minigpt_cli.hf.export import hf_family, hf_state_dict  # noqa: E402
+from minigpt_cli.hf.load import load_hf_folder  # noqa: E402
+from minigpt_cli.run import folder as runs  # noqa: E402
+from minigpt_cli.run.checkpoint import load_model  # noqa: E402
+from minigpt_cli.tokenizer.kinds import load_tokenizer  # noqa: E402
 from minigpt_cli.trainer import train  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -35,7 +36,7 @@ def exported(request, tmp_path_factory, data_dir):
     root = tmp_path_factory.mktemp(request.param)
     cfg = tiny(data_dir, "train.max_iters=3", f"train.out_dir={root}/runs", *STYLES[request.param])
     run = train(cfg, "r", echo=lambda m: None, progress=False).run_dir
-    from minigpt_cli.hf_export import export_run
+    from minigpt_cli.hf.export import export_run
 
     return run, export_run(run, root / "hf")
 
@@ -110,7 +111,7 @@ def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_p
     characters and of the special token stay the run's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from minigpt_cli.hf_export import export_run
+    from minigpt_cli.hf.export import export_run
 
     cfg = tiny(data_dir, "train.max_iters=1", "model.vocab_size=72", "tokenizer.special_tokens=[<|endoftext|>]",
                f"train.out_dir={tmp_path}/runs")
@@ -189,7 +190,7 @@ def test_an_output_that_cannot_be_written_is_named_as_given(cli, exported, tmp_p
     import errno
     import os
 
-    import minigpt_cli.hf_export as hf_export
+    import minigpt_cli.hf.export as hf_export
 
     run, _ = exported
     (tmp_path / "afile").write_text("")
@@ -212,8 +213,8 @@ def test_an_exported_char_tokenizer_reads_the_text_unk_as_characters(tmp_path):
 
     from transformers import AutoTokenizer
 
-    from minigpt_cli.hf_export import tokenizer_files
-    from minigpt_cli.tokenizer import CharTokenizer
+    from minigpt_cli.hf.export import tokenizer_files
+    from minigpt_cli.tokenizer.kinds import CharTokenizer
 
     tok = CharTokenizer(sorted("ab<unk>\ufffd"), ["<|endoftext|>"])
     cfg = SimpleNamespace(model=SimpleNamespace(vocab_size=tok.vocab_size + 4, block_size=16))

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from helpers import assert_user_error
 
-from minigpt_cli import fileio, runs
+from minigpt_cli import fileio
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.fileio import atomic_write_bytes, atomic_write_text
+from minigpt_cli.run import folder as runs
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "tiny.yaml"
@@ -174,9 +175,9 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypa
     import torch
     from safetensors import SafetensorError
 
-    from minigpt_cli import checkpoint
-    from minigpt_cli.config import load_config
-    from minigpt_cli.model import GPT
+    from minigpt_cli.config.schema import load_config
+    from minigpt_cli.model.gpt import GPT
+    from minigpt_cli.run import checkpoint
 
     cfg = load_config(TINY)
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": 65})})
@@ -213,9 +214,9 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypa
 
 
 def test_a_runtime_error_that_is_not_a_failed_write_is_not_hidden(tmp_path, monkeypatch):
-    from minigpt_cli import checkpoint
-    from minigpt_cli.config import load_config
-    from minigpt_cli.model import GPT
+    from minigpt_cli.config.schema import load_config
+    from minigpt_cli.model.gpt import GPT
+    from minigpt_cli.run import checkpoint
 
     cfg = load_config(TINY)
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": 65})})
@@ -246,7 +247,7 @@ def test_a_link_is_written_through_and_a_fifo_is_refused(tmp_path):
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "folder"])
 def test_a_lock_path_that_is_not_a_file_is_refused_untouched(tmp_path, kind):
     """runs/NAME/.lock as a link (its target must not be truncated), a FIFO (no hang) or a folder."""
-    from minigpt_cli.runs import RunLock
+    from minigpt_cli.run.folder import RunLock
 
     run = tmp_path / "run"
     run.mkdir()
@@ -265,7 +266,7 @@ def test_a_full_disk_under_a_run_file_names_the_file(tmp_path):
     import errno
 
     from minigpt_cli.fileio import os_error_message
-    from minigpt_cli.metrics import RunLogger
+    from minigpt_cli.run.metrics import RunLogger
 
     logger = RunLogger(tmp_path)
     (tmp_path / "samples.txt").symlink_to("/dev/full")  # every write: ENOSPC

@@ -18,12 +18,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from helpers import assert_user_error, records, tiny  # noqa: E402
-from minigpt_cli import runs  # noqa: E402
-from minigpt_cli.config import load_config  # noqa: E402
-from minigpt_cli.data import eval_offsets, eval_seed, windows  # noqa: E402
+
+from minigpt_cli.config.schema import load_config  # noqa: E402
+from minigpt_cli.data.pipeline import eval_offsets, eval_seed, windows  # noqa: E402
 from minigpt_cli.errors import MinigptError  # noqa: E402
-from minigpt_cli.evaluation import evaluate, full_windows  # noqa: E402
-from minigpt_cli.pretrained import resolve_init_from  # noqa: E402
+from minigpt_cli.eval.evaluate import evaluate, full_windows  # noqa: E402
+from minigpt_cli.hf.finetune import resolve_init_from  # noqa: E402
+from minigpt_cli.run import folder as runs  # noqa: E402
 from minigpt_cli.trainer import train  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -35,7 +36,7 @@ def folders(tmp_path_factory, corpus_file):
     """{"gpt2": folder, "llama": folder}: tiny random models with a 300-entry BPE tokenizer.json."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from minigpt_cli.tokenizer_training import train_tokenizer
+    from minigpt_cli.tokenizer.training import train_tokenizer
 
     tok = train_tokenizer("bpe", corpus_file.read_text()[:100_000], 300, ["<|endoftext|>"])
     root = tmp_path_factory.mktemp("pretrained")
@@ -73,7 +74,7 @@ def test_the_step_0_loss_is_transformers_loss_and_evaluate_gives_it_back(folders
     assert saved.tokenizer.kind == "hf" and saved.model.init_from == str(folders[kind])
     assert saved.model.pos_encoding == ("learned" if kind == "gpt2" else "rope")
     # transformers' own model on the windows the eval read (the same seed, split and step).
-    from minigpt_cli.data import prepare_configured
+    from minigpt_cli.data.pipeline import prepare_configured
 
     val = prepare_configured(resolve_init_from(cfg), log=lambda m: None, progress=False)[3].val
     T, n = 32, 3 * 4
@@ -152,7 +153,7 @@ def test_a_fine_tuning_run_outlives_the_folder_it_started_from(cli, folders, dat
 
 def _tokens_per_byte(run) -> float:
     """The val split's tokens per UTF-8 byte of its text: what the training eval's bits per byte converts by."""
-    from minigpt_cli.data import prepare_configured
+    from minigpt_cli.data.pipeline import prepare_configured
 
     cfg = load_config(run / runs.CONFIG)
     _, tok, _, data = prepare_configured(cfg, log=lambda m: None, progress=False)
@@ -177,13 +178,13 @@ def test_full_scoring_is_the_transformers_documentation_loop(folders, data_dir, 
     block_size, so ours with block_size = max_length - 1 scores the same (context, token) pairs."""
     from transformers import AutoModelForCausalLM
 
-    from minigpt_cli.evaluation import _score_full
-    from minigpt_cli.pretrained import load_pretrained
-    from minigpt_cli.model import GPT
+    from minigpt_cli.eval.evaluate import _score_full
+    from minigpt_cli.hf.finetune import load_pretrained
+    from minigpt_cli.model.gpt import GPT
 
     text = (data_dir / "tinyshakespeare" / "input.txt").read_text()[:3000]
     cfg = resolve_init_from(finetune_config(data_dir, folders["gpt2"], tmp_path, "model.block_size=47"))
-    from minigpt_cli.tokenizer import load_tokenizer
+    from minigpt_cli.tokenizer.kinds import load_tokenizer
 
     ids = np.asarray(load_tokenizer(cfg.tokenizer.path, "hf").encode(text))
     ours = GPT(cfg.model)
@@ -269,9 +270,8 @@ def test_bad_pretrained_folders_and_conflicts_are_one_line(cli, folders, data_di
 def wordlevel_run(tmp_path_factory, corpus_file, data_dir):
     """(pretrained folder, run folder): a tiny GPT-2 whose tokenizer.json is a WordLevel vocabulary of the
     corpus's characters without an unknown token (kind hf), fine-tuned for 0 steps."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     from helpers import wordlevel_tokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     chars = sorted(set(corpus_file.read_text()))
     root = tmp_path_factory.mktemp("wordlevel")

@@ -13,10 +13,9 @@ import pytest
 import torch
 from helpers import assert_user_error, working_dir
 
+from minigpt_cli.cli.base import unescape
 from minigpt_cli.errors import MinigptError
-
-from minigpt_cli.cli_base import unescape
-from minigpt_cli.generation import TextStream, find_stop, generate, stop_holdback, write_sample
+from minigpt_cli.sample.generate import TextStream, find_stop, generate, stop_holdback, write_sample
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 PROMPT = "ROMEO:"
@@ -247,7 +246,7 @@ def test_window_stride(gen, monkeypatch):
         assert a.stdout == b.stdout
     # The default (block_size // 4 = 8) is what --window-stride 8 gives.
     # The stride reaches the sampler: the default (block_size // 4 = 8) or the option's value.
-    import minigpt_cli.generation as gen_mod
+    import minigpt_cli.sample.generate as gen_mod
 
     seen = []
     real = gen_mod.generate_tokens
@@ -267,7 +266,7 @@ def test_window_stride(gen, monkeypatch):
 
 
 def test_window_stride_in_the_config_is_checked_against_block_size(tmp_path):
-    from minigpt_cli.config import ConfigError, load_config
+    from minigpt_cli.config.schema import ConfigError, load_config
 
     cfg = load_config(TINY, ["sample.window_stride=32"])
     assert cfg.sample.window_stride == 32
@@ -293,7 +292,7 @@ def test_a_temperature_that_is_not_finite_and_nonnegative_is_refused(gen, value)
 
 def test_the_schema_refuses_an_infinite_temperature_on_every_route(run_dir, tmp_path):
     """One check (SampleConfig.temperature) for the Python API, --set and a config file."""
-    from minigpt_cli.config import ConfigError, SampleConfig, load_config
+    from minigpt_cli.config.schema import ConfigError, SampleConfig, load_config
 
     for value in (float("inf"), float("nan")):
         with pytest.raises(ConfigError, match="sample.temperature: input should be a finite number"):
@@ -380,8 +379,8 @@ def test_a_prompt_partly_lost_to_unk_is_noted(cli, unigram_run):
 @pytest.fixture(scope="module")
 def tokenizers_by_kind(corpus_file):
     """One tokenizer of each kind, 400 entries, on the corpus's first 60,000 characters, with <|endoftext|>."""
-    from minigpt_cli.tokenizer import KINDS
-    from minigpt_cli.tokenizer_training import train_tokenizer
+    from minigpt_cli.tokenizer.kinds import KINDS
+    from minigpt_cli.tokenizer.training import train_tokenizer
 
     text = corpus_file.read_text(encoding="utf-8")[:60_000]
     return {k: train_tokenizer(k, text, 400, ["<|endoftext|>"]) for k in KINDS}
@@ -440,7 +439,7 @@ def test_streamed_text_equals_the_text_decoded_at_once(tokenizers_by_kind, kind)
 def test_streaming_work_grows_linearly(tokenizers_by_kind, monkeypatch):
     """4,000 tokens streamed with a stop string: ids decoded and characters searched stay a few per token
     (decoding everything again at every step would be about n²/2 = 8 million)."""
-    import minigpt_cli.generation as gen_mod
+    import minigpt_cli.sample.generate as gen_mod
 
     tok = tokenizers_by_kind["bpe"]
     ids = (tok.encode(STREAM_TEXT + BPE_EXTRA) * 200)[:4000]
@@ -473,7 +472,7 @@ def test_a_prompt_that_is_not_utf8_is_one_line(gen):
 
 def test_a_temperature_beyond_float32_samples_valid_ids():
     """1e39 is finite but infinite in float32: -inf / inf would be NaN for a masked entry."""
-    from minigpt_cli.sampling import sample_next
+    from minigpt_cli.sample.sampling import sample_next
 
     logits = torch.tensor([[1.0, 2.0, float("-inf")]] * 4)
     ids = sample_next(logits, 1e39, None, None, torch.Generator().manual_seed(0))
@@ -552,7 +551,7 @@ def test_the_configs_prompt_gets_the_line_train_gives(run_dir, cli, tmp_path):
 
 
 def test_a_prompt_that_will_not_come_back_as_typed_is_noted(cli, unigram_run, tokenizers_by_kind):
-    from minigpt_cli.tokenizer import lossy_report
+    from minigpt_cli.tokenizer.kinds import lossy_report
 
     res = cli("generate", "--run", unigram_run, "--prompt", "ROMEO: a\u2581b <unk>", "--max-new-tokens", "3")
     assert _notes(res, "the prompt's") == [
@@ -570,8 +569,8 @@ def test_a_prompt_that_will_not_come_back_as_typed_is_noted(cli, unigram_run, to
 
 
 def _model(sharpen=True, **kw):
-    from minigpt_cli.config import ModelConfig
-    from minigpt_cli.model import GPT
+    from minigpt_cli.config.schema import ModelConfig
+    from minigpt_cli.model.gpt import GPT
 
     torch.manual_seed(0)
     base = dict(n_layer=2, n_head=4, n_embd=32, block_size=12, vocab_size=65, dropout=0.0)
@@ -586,9 +585,9 @@ def _decode(model, prompt, mode, temperature, top_p, stride, monkeypatch, n=30, 
     """The tokens (B, n) and the logits each step sampled from (n, B, V) of one path: uncached, cached (the
     growing KVCache), static (the StaticKVCache, eager step) or compiled (its step through torch.compile, with
     the aot_eager backend: see test_the_compiled_step_decodes_like_eager)."""
-    import minigpt_cli.sampling as sampling
-    from minigpt_cli.decoding import StaticDecoder
-    from minigpt_cli.sampling import generate_tokens
+    import minigpt_cli.sample.sampling as sampling
+    from minigpt_cli.sample.decoding import StaticDecoder
+    from minigpt_cli.sample.sampling import generate_tokens
 
     seen = []
     real = sampling.sample_next
@@ -652,7 +651,7 @@ def test_the_compiled_step_decodes_like_eager(monkeypatch):
 def test_a_batch_row_is_the_single_sample_of_its_seed(monkeypatch):
     """Rows with a generator each: row i of a batch draws what a batch of one with that generator draws
     (the window slides for all rows at once, as for one); the paths agree on the batch too."""
-    from minigpt_cli.sampling import generate_tokens
+    from minigpt_cli.sample.sampling import generate_tokens
 
     model = _model(sharpen=False, pos_encoding="rope", n_kv_head=2)  # near uniform: the rows differ
     prompt = torch.randint(0, 65, (1, 5)).expand(3, -1)
@@ -670,7 +669,7 @@ def test_num_samples_is_one_batch_whose_samples_are_the_seeds_single_samples(run
     """--num-samples 3 --seed 7: sample i is the single sample of seed 7 + i - 1 (what --help says), past
     block_size 32, each cut at its own stop; the batch is decoded once (one generate_tokens of 3 rows) and
     written at the end, not streamed; beyond MAX_BATCH samples, in several batches."""
-    import minigpt_cli.generation as gen_mod
+    import minigpt_cli.sample.generate as gen_mod
 
     calls = []
     real = gen_mod.generate_tokens
@@ -704,7 +703,7 @@ def test_compile_flag_routes_through_the_static_decoder(gen, monkeypatch):
     """--compile decodes through the compiled step (here a stand-in for torch.compile, which the test above
     runs for real) with the same text as the eager cache; it needs the cache; a compile failure warns and
     decodes eagerly; the default on a CPU is off."""
-    import minigpt_cli.decoding as decoding
+    import minigpt_cli.sample.decoding as decoding
 
     modes = []
 
@@ -738,7 +737,7 @@ def test_compile_flag_routes_through_the_static_decoder(gen, monkeypatch):
 def test_dtype_bfloat16_decodes_in_bfloat16(gen, run_dir, monkeypatch):
     """--dtype bfloat16: the logits the sampler sees come from bfloat16 weights; the text is reproducible and
     as long as asked; an unknown dtype is refused in one line."""
-    import minigpt_cli.sampling as sampling
+    import minigpt_cli.sample.sampling as sampling
 
     dtypes = []
     real = sampling.sample_next

@@ -92,7 +92,7 @@ def test_write_problem_names_what_mkdir_and_atomic_writes_would(tmp_path, monkey
 def test_a_prepared_data_folder_is_not_written_so_not_checked(cli, data_dir, tmp_path):
     """Train writes nothing in a data folder that holds the corpus, the tokenizer and token files: a read-only
     shared copy must not be refused."""
-    from minigpt_cli.config import load_config
+    from minigpt_cli.config.schema import load_config
     from minigpt_cli.trainer.preflight import paths_to_write
 
     with working_dir(tmp_path):
@@ -106,7 +106,7 @@ def test_dry_run_checks_the_folder_of_the_run_it_resumes(cli, data_dir, tmp_path
     """A resumed run writes its lock, logs and checkpoints in its own folder: one that cannot be written is
     refused by --dry-run as by train, before anything is written (os.access stands in for a read-only mount:
     root writes through modes)."""
-    from minigpt_cli.config import load_config
+    from minigpt_cli.config.schema import load_config
     from minigpt_cli.trainer.preflight import paths_to_write
 
     with working_dir(tmp_path):
@@ -215,8 +215,8 @@ def test_settings_that_cannot_take_effect_are_noted(cli, data_dir, tmp_path, set
 
 
 def test_evals_in_run_counts_the_evals_the_schedule_makes():
-    from minigpt_cli.config import TrainConfig
-    from minigpt_cli.notes import evals_in_run
+    from minigpt_cli.config.notes import evals_in_run
+    from minigpt_cli.config.schema import TrainConfig
     from minigpt_cli.trainer.schedule import should_eval
 
     for max_iters in (0, 1, 14, 15, 16, 30, 31):
@@ -230,7 +230,7 @@ def test_evals_in_run_counts_the_evals_the_schedule_makes():
 def test_memory_does_not_grow_with_gradient_accumulation(cli, data_dir, tmp_path):
     """Accumulation frees each micro-batch's activations in its backward pass, and the eval reads its
     windows a chunk at a time, so the estimate is per micro-batch and a huge accumulation changes nothing."""
-    from minigpt_cli.data import EVAL_CHUNK, eval_offsets
+    from minigpt_cli.data.pipeline import EVAL_CHUNK, eval_offsets
 
     first = next(eval_offsets(1000, 32, 10**15, seed=1))
     assert len(first) == EVAL_CHUNK
@@ -247,7 +247,7 @@ def test_memory_does_not_grow_with_gradient_accumulation(cli, data_dir, tmp_path
 def test_a_ctrl_c_after_the_last_eval_is_answered_with_what_was_saved(cli, data_dir, tmp_path, monkeypatch):
     """The signal comes while the final eval's loss plot is drawn: the run is complete, and says so in one line
     (exit 130); before, the stop request was dropped and the command said nothing of it."""
-    from minigpt_cli.metrics import RunLogger
+    from minigpt_cli.run.metrics import RunLogger
 
     calls, plot = [], RunLogger.plot
 
@@ -271,7 +271,7 @@ def test_a_signal_as_the_process_exits_gets_a_line_not_a_silent_130():
     """The interpreter's teardown took ~2 s with torch loaded, and a Ctrl-C there killed the process without a
     word; now the process ends right after the atexit functions, and a signal in them is answered."""
     code = ("import atexit, os, signal\n"
-            "from minigpt_cli.cli_base import run_and_exit\n"
+            "from minigpt_cli.cli.base import run_and_exit\n"
             "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n"
             "run_and_exit(lambda: print('the output'))\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -284,7 +284,7 @@ def test_a_signal_as_the_process_exits_gets_a_line_not_a_silent_130():
 
 
 def test_an_escape_that_makes_no_text_is_one_line():
-    from minigpt_cli.cli_base import unescape
+    from minigpt_cli.cli.base import unescape
 
     for bad, fragment in ((r"\xe9", "not UTF-8"), (r"\ud800", "not a character"), (r"\777", "beyond a byte")):
         with pytest.raises(MinigptError, match=fragment):
@@ -312,7 +312,7 @@ def test_a_resume_keeps_a_hand_edited_run_config_and_says_so(cli, data_dir, tmp_
 def test_a_ctrl_c_inside_any_command_says_so(cli, monkeypatch):
     """Typer turned a Ctrl-C inside a command into exit status 130 without a word (generate, export, ...);
     now every command that does not answer it itself says it stopped, in one line."""
-    import minigpt_cli.count as count
+    import minigpt_cli.accounting.count as count
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

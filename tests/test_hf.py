@@ -18,14 +18,14 @@ transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from minigpt_cli.errors import MinigptError  # noqa: E402
-from minigpt_cli.hf import (  # noqa: E402
+from minigpt_cli.hf.load import (
     gpt2_config_from_hf,
     llama_config_from_hf,
     load_gpt2_state_dict,
     load_hf_folder,
     load_llama_state_dict,
 )
-from minigpt_cli.model import apply_rope, rope_cos_sin  # noqa: E402
+from minigpt_cli.model.gpt import apply_rope, rope_cos_sin  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 V = 97

@@ -62,7 +62,7 @@ def test_positions_gives_the_notes_figures(tmp_path):
 
 def test_positions_at_d64_and_the_models_table():
     from minigpt_cli.inspection.positions import positions, sinusoidal_table64
-    from minigpt_cli.model import sinusoidal_table
+    from minigpt_cli.model.gpt import sinusoidal_table
 
     r = positions(dim=64, max_len=256)
     assert r["longest_wavelength"] == pytest.approx(47117, abs=1)
@@ -280,7 +280,7 @@ def test_tokenize_toy_corpus(tmp_path):
 @pytest.fixture(scope="module")
 def small_tokenizers(tmp_path_factory, corpus_file):
     """A 300-entry tokenizer of each trained kind on the corpus's first 20,000 characters, and that text."""
-    from minigpt_cli.tokenizer_training import train_tokenizer
+    from minigpt_cli.tokenizer.training import train_tokenizer
 
     folder = tmp_path_factory.mktemp("inspect-tokenizers")
     text = corpus_file.read_text(encoding="utf-8")[:20_000]

@@ -8,11 +8,11 @@ import copy
 import pytest
 import torch
 
-from minigpt_cli.config import ModelConfig
+from minigpt_cli.config.schema import ModelConfig
 from minigpt_cli.errors import MinigptError
-from minigpt_cli.kernels import onednn
-from minigpt_cli.kernels.onednn import ONEDNN_MIN_FLOPS, ONEDNN_MIN_WEIGHT, linear, linear_kernel
-from minigpt_cli.model import GPT
+from minigpt_cli.model.gpt import GPT
+from minigpt_cli.runtime.kernels import onednn
+from minigpt_cli.runtime.kernels.onednn import ONEDNN_MIN_FLOPS, ONEDNN_MIN_WEIGHT, linear, linear_kernel
 
 # Every test here compares the oneDNN path with PyTorch's: without oneDNN (not x86-64, or a PyTorch without
 # the op) there is nothing to compare, and the comparison would be F.linear against itself.

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from minigpt_cli.config import ModelConfig
+from minigpt_cli.config.schema import ModelConfig
 from minigpt_cli.errors import MinigptError
-from minigpt_cli.sampling import FLOAT32_ZERO, filter_logits, generate_tokens, sample_next
-from minigpt_cli.model import GPT, Block
+from minigpt_cli.model.gpt import GPT, Block
+from minigpt_cli.sample.sampling import FLOAT32_ZERO, filter_logits, generate_tokens, sample_next
 
 
 def small(**kw) -> ModelConfig:

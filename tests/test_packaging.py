@@ -16,6 +16,7 @@ from minigpt_cli import paths
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = Path(minigpt_cli.__file__).resolve().parent
+SHIPPED = PACKAGE / "config"  # the package data: presets, example configs, the dataset registry
 PRESETS = [
     "gpt2-large", "gpt2-medium", "gpt2-small", "gpt2-xl",
     "llama2-13b", "llama2-7b", "llama3-8b", "shakespeare-char",
@@ -24,20 +25,20 @@ PRESETS = [
 
 def test_presets_are_package_data():
     """One copy of each preset, inside the package, found with importlib.resources."""
-    assert Path(str(paths.presets_dir())).resolve() == PACKAGE / "presets"
+    assert Path(str(paths.presets_dir())).resolve() == SHIPPED / "presets"
     assert paths.list_presets() == PRESETS
-    assert paths.preset_path("gpt2-small") == PACKAGE / "presets" / "gpt2-small.yaml"
+    assert paths.preset_path("gpt2-small") == SHIPPED / "presets" / "gpt2-small.yaml"
     assert not (REPO / "configs" / "presets").exists()
 
 
 def test_pyproject_ships_every_preset():
-    """Every file under minigpt_cli/presets/ matches a package-data pattern, so the wheel holds it."""
+    """Every file under minigpt_cli/config/presets/ matches a package-data pattern, so the wheel holds it."""
     tomllib = pytest.importorskip("tomllib")
     data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    patterns = data["tool"]["setuptools"]["package-data"]["minigpt_cli"]
-    files = sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "presets").iterdir() if p.is_file())
+    patterns = data["tool"]["setuptools"]["package-data"]["minigpt_cli.config"]
+    files = sorted(p.relative_to(SHIPPED).as_posix() for p in (SHIPPED / "presets").iterdir() if p.is_file())
     assert files == [f"presets/{n}.yaml" for n in PRESETS]
-    files += sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "configs").iterdir() if p.is_file())
+    files += sorted(p.relative_to(SHIPPED).as_posix() for p in (SHIPPED / "configs").iterdir() if p.is_file())
     assert "configs/shakespeare-cpu.yaml" in files
     for f in files:
         assert any(fnmatch.fnmatch(f, pat) for pat in patterns), (f, patterns)
@@ -46,7 +47,7 @@ def test_pyproject_ships_every_preset():
 def test_shipped_configs_from_a_folder_without_them(cli, tmp_path, monkeypatch):
     """The README's examples from an empty folder: the name alone, or configs/NAME.yaml with a note."""
     monkeypatch.chdir(tmp_path)
-    assert (REPO / "configs").resolve() == PACKAGE / "configs"  # the repository's configs/ is the package's
+    assert (REPO / "configs").resolve() == SHIPPED / "configs"  # the repository's configs/ is the package's
     by_name = cli("train", "tiny", "--dry-run")
     assert by_name.exit_code == 0 and by_name.stdout.startswith("name: tiny"), by_name
     by_path = cli("train", "configs/shakespeare-cpu.yaml", "--dry-run")

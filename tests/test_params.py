@@ -1,4 +1,4 @@
-"""Analytic parameter / FLOP / memory accounting (minigpt_cli.params).
+"""Analytic parameter / FLOP / memory accounting (minigpt_cli.accounting.params).
 
 Known values come from the GPT-2 and Llama releases, nanoGPT and Kaplan et al.
 2020; the analytic counts are cross-checked against our own GPT and the Hugging
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from minigpt_cli import params, paths
-from minigpt_cli.config import ModelConfig, load_config
+from minigpt_cli import paths
+from minigpt_cli.accounting import params
+from minigpt_cli.config.schema import ModelConfig, load_config
 from minigpt_cli.errors import MinigptError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,8 +25,8 @@ PRESETS = [
     "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl",
     "llama2-7b", "llama2-13b", "llama3-8b", "shakespeare-char",
 ]
-#: The example configs and the presets (package data in minigpt_cli/presets/).
-ALL_YAML = sorted((ROOT / "configs").rglob("*.yaml")) + sorted((ROOT / "minigpt_cli" / "presets").glob("*.yaml"))
+#: The example configs and the presets (package data in minigpt_cli/config/presets/).
+ALL_YAML = sorted((ROOT / "configs").rglob("*.yaml")) + sorted((ROOT / "minigpt_cli" / "config" / "presets").glob("*.yaml"))
 #: Vocabulary for training configs whose vocab_size comes from the tokenizer.
 CHAR_VOCAB = 65
 
@@ -267,7 +268,7 @@ def test_human():
 def test_no_torch_on_the_analytic_path():
     code = (
         "import sys\n"
-        "from minigpt_cli import config, params, paths\n"
+        "from minigpt_cli import paths\nfrom minigpt_cli.accounting import params\nfrom minigpt_cli.config import schema as config\n"
         "cfg = config.load_config(paths.preset_path('llama2-7b'))\n"
         "params.format_report(params.report(cfg.model), 'llama2-7b')\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
@@ -298,7 +299,7 @@ def meta_model_counts(cfg: ModelConfig) -> dict[str, int]:
     """
     import torch
 
-    from minigpt_cli.model import GPT
+    from minigpt_cli.model.gpt import GPT
 
     with torch.device("meta"):
         model = GPT(cfg)

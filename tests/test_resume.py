@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,9 +18,9 @@ import torch
 from helpers import TINY, assert_user_error, curve, records, tiny, working_dir
 from safetensors.torch import load_file
 
-from minigpt_cli import checkpoint
 from minigpt_cli.errors import Interrupted, MinigptError
-from minigpt_cli.model import GPT
+from minigpt_cli.model.gpt import GPT
+from minigpt_cli.run import checkpoint
 from minigpt_cli.trainer import train
 
 
@@ -225,7 +225,7 @@ def test_resume_without_the_runs_tokenizer_says_where_it_came_from(data_dir, tmp
 def test_resume_takes_the_runs_tokenizer_by_its_path_and_refuses_another(data_dir, tmp_path, monkeypatch):
     """What the tokenizer error says to do works: tokenizer.path at the run's tokenizer.json resumes; another
     tokenizer is refused before anything is prepared with it, by the dry run as by train."""
-    from minigpt_cli.tokenizer import CharTokenizer
+    from minigpt_cli.tokenizer.kinds import CharTokenizer
     from minigpt_cli.trainer import describe_resume
 
     monkeypatch.chdir(tmp_path)

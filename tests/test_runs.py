@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 from helpers import TINY, assert_user_error, tiny
 
-from minigpt_cli import runs
-from minigpt_cli.config import load_config
+from minigpt_cli.config.schema import load_config
 from minigpt_cli.errors import MinigptError
-from minigpt_cli.model import GPT
+from minigpt_cli.model.gpt import GPT
+from minigpt_cli.run import folder as runs
 from minigpt_cli.trainer import train
-
 
 OLD_LAYOUT = Path(__file__).resolve().parent / "fixtures" / "old-layout"
 
@@ -101,7 +100,7 @@ def test_evaluate_and_compare_find_a_runs_relative_corpus_from_any_folder(cli, d
     """Relative data.data_dir and data.path are relative to where train ran (env.json's cwd; for an older
     run, the folder its relative train.out_dir hangs from), not to where evaluate or compare run; a corpus
     that is gone is one line naming where it was."""
-    from minigpt_cli.compare import summarize
+    from minigpt_cli.experiments.compare import summarize
 
     project = tmp_path / "project"
     (project / "books").mkdir(parents=True)
@@ -170,7 +169,7 @@ def test_a_project_moved_whole_still_evaluates_its_runs(cli, data_dir, tmp_path,
 
 
 def summarize_notes(run: Path) -> list[str]:
-    from minigpt_cli.compare import summarize
+    from minigpt_cli.experiments.compare import summarize
 
     return summarize([run])["notes"]
 
@@ -180,7 +179,7 @@ def test_a_fingerprint_from_before_names_relative_to_the_corpus_is_still_accepte
     the one minigpt used); it still names the corpus where it has not moved."""
     import hashlib
 
-    from minigpt_cli.corpus import open_corpus
+    from minigpt_cli.data.corpus import open_corpus
 
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "x.txt").write_text("hello")
@@ -227,7 +226,7 @@ def test_the_fixture_is_small_and_in_the_old_layout():
 
 
 def test_a_checkpoint_of_the_old_layout_generates(tmp_path, data_dir, monkeypatch):
-    from minigpt_cli.generation import generate
+    from minigpt_cli.sample.generate import generate
 
     monkeypatch.chdir(tmp_path)
     run = old_run(tmp_path, data_dir)
@@ -260,7 +259,7 @@ def test_a_run_folder_in_use_is_refused(cli, data_dir, tmp_path, monkeypatch):
     train(tiny(data_dir, "train.max_iters=3"), run_name="m", echo=lambda m: None, progress=False)
     (tmp_path / "runs" / "e").mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from minigpt_cli.runs import RunLock; "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from minigpt_cli.run.folder import RunLock; "
          "[RunLock(Path(p)).acquire('-') for p in sys.argv[1:]]; print('locked', flush=True); time.sleep(120)",
          "runs/m", "runs/e"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     try:

@@ -16,9 +16,9 @@ SCRIPT = r"""
 import json, resource, sys
 from contextlib import nullcontext
 import torch
-from minigpt_cli.config import ModelConfig, TrainConfig
-from minigpt_cli.runtime import tune_runtime
-from minigpt_cli.model import GPT
+from minigpt_cli.config.schema import ModelConfig, TrainConfig
+from minigpt_cli.runtime.device import tune_runtime
+from minigpt_cli.model.gpt import GPT
 from minigpt_cli.trainer import make_optimizer, train_step
 
 torch.set_num_threads(1)
@@ -87,7 +87,7 @@ class FakeMachine:
 @pytest.fixture
 def clock(monkeypatch):
     """time.monotonic under the test's control."""
-    import minigpt_cli.runtime as dev
+    import minigpt_cli.runtime.device as dev
 
     now = [100.0]
     monkeypatch.setattr(dev.time, "monotonic", lambda: now[0])
@@ -109,7 +109,7 @@ def two_threads(monkeypatch):
 def test_cpu_threads_follow_the_free_cores(clock, two_threads):
     import torch
 
-    from minigpt_cli.runtime import CpuThreads
+    from minigpt_cli.runtime.device import CpuThreads
 
     m, notes = FakeMachine(), []
     ct = CpuThreads(torch.device("cpu"), echo=notes.append, read_busy=lambda: m.busy, read_own=lambda: m.own)
@@ -147,7 +147,7 @@ def test_cpu_threads_follow_the_free_cores(clock, two_threads):
 def test_cpu_threads_first_decision_is_immediate(clock, two_threads):
     import torch
 
-    from minigpt_cli.runtime import CpuThreads
+    from minigpt_cli.runtime.device import CpuThreads
 
     m = FakeMachine()
     ct = CpuThreads(torch.device("cpu"), read_busy=lambda: m.busy, read_own=lambda: m.own)
@@ -160,7 +160,7 @@ def test_cpu_threads_first_decision_is_immediate(clock, two_threads):
 def test_cpu_threads_leave_a_users_choice_alone(clock, two_threads, monkeypatch):
     import torch
 
-    from minigpt_cli.runtime import CpuThreads
+    from minigpt_cli.runtime.device import CpuThreads
 
     m = FakeMachine()
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
@@ -210,7 +210,7 @@ def test_cpu_threads_measure_other_processes_over_a_stretch(clock, two_threads, 
     """bench's check that nothing else ran while it timed: works with the thread count fixed too."""
     import torch
 
-    from minigpt_cli.runtime import CpuThreads
+    from minigpt_cli.runtime.device import CpuThreads
 
     m = FakeMachine()
     monkeypatch.setenv("OMP_NUM_THREADS", "2")

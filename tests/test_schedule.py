@@ -8,9 +8,9 @@ import shutil
 import pytest
 from helpers import TINY, assert_user_error
 
-import minigpt_cli.preparation
-from minigpt_cli.config import TrainConfig, load_config
-from minigpt_cli.model import GPT
+import minigpt_cli.data.preparation
+from minigpt_cli.config.schema import TrainConfig, load_config
+from minigpt_cli.model.gpt import GPT
 from minigpt_cli.trainer import lr_at, should_eval
 
 
@@ -56,7 +56,7 @@ def test_dry_run_prints_config_and_schedule(cli, tmp_path, monkeypatch):
     assert "sample.window_stride  8\n" in res.stdout and "parameters" not in res.stdout
     assert '  prompt: "\\n"\n' in res.stdout  # one line, as typed in a config
     # Once the tokenizer exists: its size, the parameter count and the memory estimate.
-    from minigpt_cli.tokenizer import CharTokenizer
+    from minigpt_cli.tokenizer.kinds import CharTokenizer
 
     path = tmp_path / "data" / "tinyshakespeare" / "tokenizer-char.json"
     CharTokenizer.train("ab\ncd").save(path)
@@ -137,7 +137,7 @@ def test_dry_run_refuses_tensorboard_without_the_package(cli, tmp_path, monkeypa
 
 
 def test_dry_run_refuses_a_tokenizer_file_that_disagrees(cli, tmp_path, monkeypatch):
-    from minigpt_cli.tokenizer import CharTokenizer
+    from minigpt_cli.tokenizer.kinds import CharTokenizer
 
     monkeypatch.chdir(tmp_path)
     CharTokenizer.train("ab\ncd").save(tmp_path / "tok.json")
@@ -166,9 +166,9 @@ def test_dry_run_says_what_it_cannot_know_yet(cli, data_dir, tmp_path, monkeypat
 
 
 def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(cli, own_data, tmp_path, monkeypatch):
-    from minigpt_cli.config import load_config
-    from minigpt_cli.data import ensure_tokenizer
-    from minigpt_cli.preparation import prepare
+    from minigpt_cli.config.schema import load_config
+    from minigpt_cli.data.pipeline import ensure_tokenizer
+    from minigpt_cli.data.preparation import prepare
 
     sets = ["--set", f"data.data_dir={own_data}", "--set", "data.val_fraction=0.25"]
     res = cli("train", TINY, "--dry-run", *sets)
@@ -184,7 +184,7 @@ def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(cli, own
     tok, path = ensure_tokenizer(cfg, corpus, lambda m: None)
     data = prepare(corpus, tok, corpus.parent, 0.25, log=lambda m: None)
     assert (len(data.train), len(data.val)) == (836_545, 278_849)
-    monkeypatch.setattr(minigpt_cli.preparation, "_encode", lambda *a: pytest.fail("encoded the corpus again"))
+    monkeypatch.setattr(minigpt_cli.data.preparation, "_encode", lambda *a: pytest.fail("encoded the corpus again"))
     res = cli("train", TINY, "--dry-run", *sets)
     assert line in res.stdout and f"  model.vocab_size      65 (from {path})\n" in res.stdout
 

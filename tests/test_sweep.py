@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import TINY, assert_user_error, tiny, working_dir
-from minigpt_cli.compare import summarize
+
 from minigpt_cli.errors import Interrupted, MinigptError
-from minigpt_cli.sweep import load_sweep, run_sweep
+from minigpt_cli.experiments.compare import summarize
+from minigpt_cli.experiments.sweep import load_sweep, run_sweep
 from minigpt_cli.trainer import train
 
 
@@ -233,7 +233,7 @@ def test_compare_escapes_table_cells_and_writes_plain_numbers(cli, tmp_path, dat
     "27,840": only the Markdown table formats them."""
     import csv
 
-    from minigpt_cli.compare import format_summary
+    from minigpt_cli.experiments.compare import format_summary
 
     made = [train(tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}", *prompt),
                   name, echo=lambda m: None, progress=False).run_dir
@@ -264,7 +264,7 @@ def test_compare_escapes_table_cells_and_writes_plain_numbers(cli, tmp_path, dat
 def test_an_interrupted_compare_leaves_the_previous_summary_set_or_none(tmp_path, data_dir, monkeypatch):
     """The four summary files are built first, then renamed into place together: a Ctrl-C while the PNG is
     drawn leaves the previous set as it was, one between the renames leaves none, and no temporary file."""
-    from minigpt_cli import compare
+    from minigpt_cli.experiments import compare
 
     made = [train(tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}"),
                   name, echo=lambda m: None, progress=False).run_dir for name in ("a", "b")]

@@ -13,8 +13,9 @@ import torch
 pytest.importorskip("transformers")
 
 from helpers import assert_user_error, tiny, wordlevel_tokenizer  # noqa: E402
-from minigpt_cli import runs  # noqa: E402
-from minigpt_cli.config import load_config  # noqa: E402
+
+from minigpt_cli.config.schema import load_config  # noqa: E402
+from minigpt_cli.run import folder as runs  # noqa: E402
 from minigpt_cli.trainer import train  # noqa: E402
 
 FINETUNE = Path(__file__).resolve().parent.parent / "configs" / "finetune-gpt2.yaml"

@@ -13,11 +13,11 @@ import tokenizers
 import yaml
 from helpers import assert_user_error
 
-from minigpt_cli.preparation import prepare, split_text, token_dtype
+from minigpt_cli.data.preparation import prepare, split_text, token_dtype
 from minigpt_cli.errors import MinigptError
-from minigpt_cli.tokenizer import KINDS, UNK, CharTokenizer, load_tokenizer, lossy_report
-from minigpt_cli.tokenizer_training import base_vocab_size, train_tokenizer
-from minigpt_cli.wordpiece import wordpiece_merges, wordpiece_scores
+from minigpt_cli.tokenizer.kinds import KINDS, UNK, CharTokenizer, load_tokenizer, lossy_report
+from minigpt_cli.tokenizer.training import base_vocab_size, train_tokenizer
+from minigpt_cli.tokenizer.wordpiece import wordpiece_merges, wordpiece_scores
 
 REPO = Path(__file__).resolve().parent.parent
 BPE_CONFIG = REPO / "configs" / "shakespeare-bpe.yaml"
@@ -215,9 +215,9 @@ def test_bpe_and_char_report_no_loss(trained):
 def test_an_hf_tokenizer_without_an_unknown_token_refuses_what_it_lacks_as_char_does(tmp_path):
     """A WordLevel tokenizer.json with no unknown token (an early char export): the library fails with "Missing
     [UNK] token"; minigpt names the characters, as for char, wherever the text comes from."""
-    from minigpt_cli.sampling import encode_prompt
-
     from helpers import wordlevel_tokenizer
+
+    from minigpt_cli.sample.sampling import encode_prompt
 
     wordlevel_tokenizer("ROME: ").save(str(tmp_path / "tokenizer.json"))
     tok = load_tokenizer(tmp_path / "tokenizer.json", "hf")
@@ -239,7 +239,7 @@ def test_config_does_not_import_the_tokenizers():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom minigpt_cli.config import TokenizerConfig\n"
+    code = ("import sys\nfrom minigpt_cli.config.schema import TokenizerConfig\n"
             "try:\n    TokenizerConfig(special_tokens=['<unk>'])\nexcept ValueError as e:\n    print(e)\n"
             "print(sorted(m for m in sys.modules if m.startswith('minigpt_cli.tok')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -392,7 +392,7 @@ def test_bad_sizes_and_kinds(small_text):
 @pytest.mark.parametrize("kind", ["bpe", "wordpiece", "unigram"])
 def test_vocab_size_above_the_cap_is_refused_before_training(small_text, kind):
     """A huge size must not reach the Rust library (which aborts the process on 1e9)."""
-    from minigpt_cli.tokenizer_training import MAX_VOCAB_SIZE
+    from minigpt_cli.tokenizer.training import MAX_VOCAB_SIZE
 
     assert MAX_VOCAB_SIZE == 1_048_576
     for size in (MAX_VOCAB_SIZE + 1, 1_000_000_000):
@@ -434,8 +434,8 @@ def test_cli_train_tokenizer_bpe_summary(cli, tmp_path, slice_file, data_dir):
 
 def test_cli_default_output_goes_where_train_looks_for_it(cli, tmp_path, slice_file, monkeypatch):
     """--input's tokenizer goes to that corpus's folder, the one train on data.path=<input> reads."""
-    from minigpt_cli.config import Config
-    from minigpt_cli.data import configured_corpus, tokenizer_path
+    from minigpt_cli.config.schema import Config
+    from minigpt_cli.data.pipeline import configured_corpus, tokenizer_path
 
     monkeypatch.chdir(tmp_path)
     res = cli("train-tokenizer", "--kind", "unigram", "--vocab-size", "300", "--input", slice_file)
@@ -547,7 +547,7 @@ def test_streaming_holds_back_partial_utf8(bpe_run, monkeypatch):
     """Byte-level tokens of an emoji decode to '\\ufffd' until the last byte; nothing partial is printed."""
     import torch
 
-    from minigpt_cli import generation as gen_mod
+    from minigpt_cli.sample import generate as gen_mod
 
     _, _, run, res = bpe_run
     assert res.exit_code == 0, res.stderr
@@ -600,7 +600,7 @@ def test_a_swapped_tokenizer_of_the_same_kind_and_size_is_refused(bpe_run, cli, 
     assert res.exit_code == 0, res.stderr
     import shutil
 
-    from minigpt_cli.runs import META
+    from minigpt_cli.run.folder import META
 
     bad_run = tmp_path / "run"
     shutil.copytree(run, bad_run)
@@ -666,8 +666,8 @@ def test_special_tokens_in_training_text_become_single_ids(tmp_path):
 
 
 def test_ensure_tokenizer_trains_once_then_loads(tmp_path, small_text):
-    from minigpt_cli.config import apply_overrides, validate
-    from minigpt_cli.data import ensure_tokenizer
+    from minigpt_cli.config.schema import apply_overrides, validate
+    from minigpt_cli.data.pipeline import ensure_tokenizer
 
     corpus = tmp_path / "c.txt"
     corpus.write_text(small_text, encoding="utf-8")
@@ -687,8 +687,8 @@ def test_default_tokenizer_files_differ_by_special_tokens(tmp_path, small_text, 
     """Configs that differ only in their special tokens train and keep separate files."""
     import hashlib
 
-    from minigpt_cli.config import apply_overrides, validate
-    from minigpt_cli.data import ensure_tokenizer
+    from minigpt_cli.config.schema import apply_overrides, validate
+    from minigpt_cli.data.pipeline import ensure_tokenizer
 
     corpus = tmp_path / "c.txt"
     corpus.write_text(small_text, encoding="utf-8")
@@ -730,7 +730,7 @@ def test_text_goes_to_the_trainers_in_pieces_cut_where_gpt2s_split_cuts(small_te
     """The pieces give the library the same pre-tokens (words) as the whole text, in bounded sizes."""
     from tokenizers import pre_tokenizers
 
-    from minigpt_cli.tokenizer_training import _pieces, _word_pre_tokenizer
+    from minigpt_cli.tokenizer.training import _pieces, _word_pre_tokenizer
 
     text = small_text + "\n  indented line\n\nword  two   spaces x\n" + "z" * 300 + " end"
     pieces = list(_pieces([text], size=100))
@@ -783,7 +783,7 @@ def test_ctrl_c_stops_the_libraries_tokenizer_training_at_once(tmp_path):
 
 def test_decode_refuses_ids_that_are_not_integers():
     """int(1.7) is 1: a float id would decode silently as another token."""
-    from minigpt_cli.tokenizer import CharTokenizer
+    from minigpt_cli.tokenizer.kinds import CharTokenizer
 
     tok = CharTokenizer.train("abc")
     assert tok.decode([0, 1]) == "ab"

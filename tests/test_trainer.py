@@ -14,11 +14,11 @@ import torch
 from helpers import TINY, assert_user_error, curve, records, small_peak, tiny
 from safetensors.torch import load_file
 
-from minigpt_cli import checkpoint
-from minigpt_cli.checkpoint import Checkpointer
-from minigpt_cli.config import TrainConfig, load_config
+from minigpt_cli.config.schema import TrainConfig, load_config
 from minigpt_cli.errors import MinigptError
-from minigpt_cli.model import GPT
+from minigpt_cli.model.gpt import GPT
+from minigpt_cli.run import checkpoint
+from minigpt_cli.run.checkpoint import Checkpointer
 from minigpt_cli.trainer import make_optimizer, train, train_step
 from minigpt_cli.trainer.evaluate import Evaluator
 
@@ -72,7 +72,7 @@ def test_train_leaves_no_global_state_behind(data_dir, tmp_path, monkeypatch):
 
 def test_the_thread_count_is_put_back_after_a_run_that_changed_it(data_dir, tmp_path, monkeypatch):
     """Other processes took a core mid-run (the trainer dropped to 1 thread); afterwards the count is restored."""
-    from minigpt_cli import runtime
+    from minigpt_cli.runtime import device as runtime
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
@@ -151,7 +151,7 @@ def test_a_model_that_overflows_as_initialised_is_told_apart_from_a_high_learnin
               run_name="o", echo=lambda m: None, progress=False)
     assert "learning_rate" not in str(e.value)
     assert "(no sample: the model's output is NaN" in (tmp_path / "runs" / "o" / "samples.txt").read_text()
-    from minigpt_cli.sampling import sample_next
+    from minigpt_cli.sample.sampling import sample_next
 
     with pytest.raises(MinigptError, match="output is NaN"):
         sample_next(torch.tensor([[0.0, float("nan")]]), 0.0, None, None, None)
@@ -187,12 +187,12 @@ def test_compile_failure_falls_back_with_a_warning(data_dir, tmp_path, monkeypat
     assert sum("torch.compile failed" in n for n in notes) == 1
     keys = load_file(tmp_path / "runs" / "c" / "checkpoints" / "last" / "model.safetensors").keys()
     assert not any(k.startswith("_orig_mod.") for k in keys)
-    from minigpt_cli.kernels.onednn import available as onednn_enabled
+    from minigpt_cli.runtime.kernels.onednn import available as onednn_enabled
 
     env = json.loads((tmp_path / "runs" / "c" / "env.json").read_text())
     assert env["linear_kernel"] == ("oneDNN" if onednn_enabled() else "torch.mm")
     # bench falls back the same way, and says what it measured.
-    from minigpt_cli.bench import bench
+    from minigpt_cli.bench.throughput import bench
 
     bench_notes = []
     small_peak(monkeypatch)
@@ -236,7 +236,7 @@ def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
                          "model.n_embd=64", "model.n_layer=1"),
                     run_name=f"c{flag}", echo=notes.append, progress=False)
         runs[flag] = curve(res.run_dir)
-    from minigpt_cli.kernels.onednn import available as onednn_enabled
+    from minigpt_cli.runtime.kernels.onednn import available as onednn_enabled
 
     assert not [n for n in notes if "compile" in n and "oneDNN" not in n], notes  # no fallback
     # On x86 the compiled run says that eager would put (some of) tiny's linear layers on the faster oneDNN,
@@ -312,7 +312,7 @@ def test_a_model_too_large_for_memory_is_refused_before_anything_is_made(cli, da
     """10 million layers: the estimate (count-params' accounting) exceeds the free memory; no run folder."""
     from helpers import assert_user_error
 
-    import minigpt_cli.runtime as T
+    import minigpt_cli.runtime.device as T
 
     monkeypatch.chdir(tmp_path)
     res = cli("train", CONFIGS / "tiny.yaml", "--set", f"data.data_dir={data_dir}", "--set", "model.n_layer=10000000")

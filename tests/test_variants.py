@@ -20,10 +20,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from helpers import assert_user_error
 
-from minigpt_cli.config import ModelConfig, load_config
-from minigpt_cli.generation import generate_tokens
+from minigpt_cli.config.schema import ModelConfig, load_config
 from minigpt_cli.inspection.block import copy_into_reference
-from minigpt_cli.model import GPT, MLP, Block, RMSNorm, apply_rope, rope_cos_sin, sinusoidal_table
+from minigpt_cli.model.gpt import GPT, MLP, Block, RMSNorm, apply_rope, rope_cos_sin, sinusoidal_table
+from minigpt_cli.sample.generate import generate_tokens
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 
@@ -283,7 +283,7 @@ def test_kv_cache_agrees_for_every_switch(pos, switch, monkeypatch):
     Beyond equal tokens, the logits each step samples from agree: equal
     tokens alone can hide a cache that drifts once the window slides.
     """
-    import minigpt_cli.sampling as gen
+    import minigpt_cli.sample.sampling as gen
 
     seen: list[torch.Tensor] = []
     real = gen.sample_next
@@ -339,7 +339,7 @@ def test_every_variant_trains(key, value, data_dir, tmp_path, monkeypatch):
     test_kv_cache_agrees_for_every_switch's (on random models); here the uncached text is compared
     only for dropout, where sampling must run the trained model in eval mode."""
     monkeypatch.chdir(tmp_path)
-    from minigpt_cli.generation import generate
+    from minigpt_cli.sample.generate import generate
     from minigpt_cli.trainer import train
 
     setting = "null" if value is None else json.dumps(value)

@@ -4,7 +4,7 @@ The model computes attention inside ``scaled_dot_product_attention``,
 which does not return its weights. Here each block's attention input is
 captured (a forward pre-hook) and the weights are recomputed as the layer
 computes them: q, k from ``c_attn``, RoPE applied when the model uses it
-(:func:`~minigpt_cli.model.apply_rope`), each key head shared by
+(:func:`~minigpt_cli.model.gpt.apply_rope`), each key head shared by
 n_head / n_kv_head query heads (grouped-query attention, Ainslie et al. 2023),
 softmax(q kᵀ / sqrt(head_dim)) under the causal mask (Vaswani et al. 2017
 §3.2.1). As a check, the weights times v, through ``c_proj``, must give the
@@ -28,10 +28,10 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .. import runs
 from ..errors import MinigptError
-from ..model import apply_rope
-from ..sampling import encode_prompt
+from ..model.gpt import apply_rope
+from ..run import folder as runs
+from ..sample.sampling import encode_prompt
 from .figures import new_figure, save_png, widen_to_fit, wrote
 from .run_model import open_run
 
@@ -44,7 +44,7 @@ LABELLED = 24
 
 
 def attention_weights(attn, x: torch.Tensor, rope=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The attention weights of one :class:`~minigpt_cli.model.CausalSelfAttention` on its input x (B, T, C).
+    """The attention weights of one :class:`~minigpt_cli.model.gpt.CausalSelfAttention` on its input x (B, T, C).
 
     Returns:
         (weights (B, n_head, T, T) float32, rows summing to 1; the layer's output recomputed from them,
@@ -87,7 +87,7 @@ def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output:
 
     Raises:
         MinigptError: as :func:`~minigpt_cli.inspection.run_model.open_run`; a prompt the tokenizer cannot
-            encode (:func:`~minigpt_cli.sampling.encode_prompt`); one longer than block_size.
+            encode (:func:`~minigpt_cli.sample.sampling.encode_prompt`); one longer than block_size.
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     ids = encode_prompt(tok, prompt)

@@ -1,6 +1,6 @@
 """``minigpt inspect block``: our Transformer block against PyTorch's, and the shapes through a stack of them.
 
-The model's :class:`~minigpt_cli.model.Block` is built Pre-LN (GPT-2;
+The model's :class:`~minigpt_cli.model.gpt.Block` is built Pre-LN (GPT-2;
 Xiong et al. 2020) and Post-LN (Vaswani et al. 2017 §3.1), its weights are
 copied into ``torch.nn.TransformerEncoderLayer`` (``norm_first`` True and
 False, ``batch_first``, dropout 0, the same activation), and both run the same
@@ -24,9 +24,9 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..config import ModelConfig
+from ..config.schema import ModelConfig
 from ..errors import MinigptError
-from ..model import GPT, Block
+from ..model.gpt import GPT, Block
 from .figures import new_figure, save_png, seeded, wrote
 
 _MESSAGES = {

@@ -4,13 +4,13 @@ FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017 §3.3), written with
 row vectors as a learner computes it by hand: x (1, d_model), W1 (d_model, d_ff),
 W2 (d_ff, d_model). SwiGLU replaces act(x W1) by Swish(x W1) ⊙ (x V)
 (Shazeer 2020 eq. 6). Each step is computed in float64; the result is
-checked against the model's own :class:`~minigpt_cli.model.MLP` loaded with
+checked against the model's own :class:`~minigpt_cli.model.gpt.MLP` loaded with
 the same weights (float32). The block adds the FFN's output back: x + y.
 
 SwiGLU's hidden width keeps 3·d·d_ff equal to the 8d² of a 4d MLP:
 d_ff = 2/3·4d, rounded up to ``multiple_of`` (Llama's ``FeedForward``;
 d = 4096, multiple_of 256 gives 11008), as
-:attr:`~minigpt_cli.config.ModelConfig.ffn_hidden` computes it.
+:attr:`~minigpt_cli.config.schema.ModelConfig.ffn_hidden` computes it.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig
+from ..config.schema import ModelConfig
 from ..errors import MinigptError
-from ..model import MLP
+from ..model.gpt import MLP
 from .figures import new_figure, num, save_png, shape, vector, wrote
 
 #: The default example: d_model = 2, d_ff = 3, ReLU, no biases; x = [1, 2] and the variant [2, -1].
@@ -162,7 +162,7 @@ def swiglu_width(d_model: int = 4096, multiple_of: int = 256) -> dict:
 
     Returns:
         ``d_model``, ``four_d``, ``two_thirds`` (2/3·4d, unrounded), ``multiple_of``, ``d_ff`` (the model's
-        :attr:`~minigpt_cli.config.ModelConfig.ffn_hidden`), ``params_mlp`` (2·d·4d, no biases) and
+        :attr:`~minigpt_cli.config.schema.ModelConfig.ffn_hidden`), ``params_mlp`` (2·d·4d, no biases) and
         ``params_swiglu`` (3·d·d_ff).
 
     Raises:

@@ -12,10 +12,10 @@ Vaswani et al. 2017 §3.5: p[t, 2i] = sin(t·ω_i), p[t, 2i+1] = cos(t·ω_i),
   RoPE (Su et al. 2021, RoFormer §3.4) rotates q and k after the projection,
   so (R_t q)·(R_s k) = q^T R_{s−t} k depends on s − t alone.
 
-The table is the model's own formula (:func:`~minigpt_cli.model.sinusoidal_table`,
+The table is the model's own formula (:func:`~minigpt_cli.model.gpt.sinusoidal_table`,
 which rounds it to float32); RoPE goes through the model's
-:func:`~minigpt_cli.model.apply_rope`, with the angles of
-:func:`~minigpt_cli.model.rope_cos_sin` once in float64 and once through
+:func:`~minigpt_cli.model.gpt.apply_rope`, with the angles of
+:func:`~minigpt_cli.model.gpt.rope_cos_sin` once in float64 and once through
 that function itself (float32, as the model runs).
 """
 
@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..errors import MinigptError
-from ..model import apply_rope, rope_cos_sin
+from ..model.gpt import apply_rope, rope_cos_sin
 from .figures import new_figure, num, save_png, wrote
 
 #: What :func:`positions` refuses.
@@ -52,7 +52,7 @@ HEATMAP_ROWS = 256
 
 
 def sinusoidal_table64(n_pos: int, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """The sinusoidal position table (n_pos, dim) in float64: :func:`~minigpt_cli.model.sinusoidal_table`'s
+    """The sinusoidal position table (n_pos, dim) in float64: :func:`~minigpt_cli.model.gpt.sinusoidal_table`'s
     formula (Vaswani et al. 2017 §3.5) before its float32 rounding."""
     t = torch.arange(n_pos, dtype=torch.float64)[:, None]
     omega = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
@@ -72,7 +72,7 @@ def rotation(k: int, dim: int, base: float = 10000.0) -> torch.Tensor:
 
 
 def _rope_cos_sin64(positions: torch.Tensor, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`~minigpt_cli.model.rope_cos_sin`'s layout (θ_0..θ_{d/2−1} twice) in float64."""
+    """:func:`~minigpt_cli.model.gpt.rope_cos_sin`'s layout (θ_0..θ_{d/2−1} twice) in float64."""
     theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     angles = positions.double()[:, None] * theta[None, :]
     emb = torch.cat((angles, angles), dim=-1)

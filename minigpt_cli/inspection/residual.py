@@ -8,7 +8,7 @@ layer by 1/sqrt(N), N = 2L residual layers, which keeps the stream's size
 independent of depth (the model's ``scale_residual_init``; Xiong et al.
 2020 analyse Pre-LN's growth).
 
-At initialisation the stack is the model's own (:class:`~minigpt_cli.model.GPT`'s
+At initialisation the stack is the model's own (:class:`~minigpt_cli.model.gpt.GPT`'s
 blocks and init), fed unit-variance input, once as drawn and once with its
 ``c_proj`` weights scaled by 1/sqrt(2L) (:func:`scale_branch_outputs`); the
 init std defaults to 1/sqrt(d), so that every branch writes O(1) to the
@@ -25,10 +25,10 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .. import runs
-from ..config import ModelConfig
+from ..config.schema import ModelConfig
 from ..errors import MinigptError
-from ..model import GPT
+from ..model.gpt import GPT
+from ..run import folder as runs
 from .figures import new_figure, save_png, seeded, wrote
 from .run_model import open_run
 
@@ -134,9 +134,9 @@ def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 
 
 def _val_windows(run: Path, cfg, tok, count: int, seed: int, echo: Callable[[str], None]) -> torch.Tensor:
     """``count`` windows of block_size tokens from the run's validation split (its prepared token files)."""
-    from ..data import corpus_on_disk, eval_offsets, run_corpus_config, windows
+    from ..data.pipeline import corpus_on_disk, eval_offsets, run_corpus_config, windows
+    from ..data.preparation import prepare
     from ..paths import dataset_dir
-    from ..preparation import prepare
 
     cfg = run_corpus_config(cfg, run)  # found from any folder, as train read it
     corpus = corpus_on_disk(cfg)

@@ -1,6 +1,6 @@
 """A trained run's model, config and tokenizer for the inspect topics that read one (attention, residual --run).
 
-Loaded as ``minigpt generate`` loads it (:func:`~minigpt_cli.generation.load_run`):
+Loaded as ``minigpt generate`` loads it (:func:`~minigpt_cli.sample.generate.load_run`):
 the ``best`` checkpoint, else ``last``, on the CPU, checked against its tokenizer.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .. import runs
-from ..generation import checkpoint_step, describe_checkpoint, load_run
+from ..run import folder as runs
+from ..sample.generate import checkpoint_step, describe_checkpoint, load_run
 
 _MESSAGES = {
     "untrained": ("note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random "
@@ -22,7 +22,7 @@ def open_run(run: str | Path, checkpoint: str = runs.BEST, echo: Callable[[str],
     """The model (eval mode, CPU), config and tokenizer of a run folder, and the checkpoint folder used.
 
     Raises:
-        MinigptError: no such folder, no checkpoint in it (the message :func:`~minigpt_cli.runs.resolve`
+        MinigptError: no such folder, no checkpoint in it (the message :func:`~minigpt_cli.run.folder.resolve`
             gives: ``no checkpoint at ... ; train first or pick another run``), a damaged checkpoint, a
             tokenizer that is not the run's.
     """

@@ -6,7 +6,7 @@ Without a tokenizer, the toy corpus hug x10, pug x5, pun x12, bun x4, hugs x5
 - BPE (Sennrich et al. 2016; byte-level as GPT-2, Radford et al. 2019 §2.2):
   the ``tokenizers`` library's trainer with minigpt's settings merges the
   most frequent adjacent pair first; each merge's count is replayed here;
-- WordPiece: minigpt's trainer (:func:`~minigpt_cli.wordpiece.wordpiece_merges`)
+- WordPiece: minigpt's trainer (:func:`~minigpt_cli.tokenizer.wordpiece.wordpiece_merges`)
   merges the pair with the highest count(ab) / (count(a)·count(b)) first;
 - Unigram (Kudo 2018 §3.2): the seed model, every substring of the words with
   probability proportional to its frequency, loaded into the library's
@@ -29,12 +29,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .. import runs
-from ..config import load_config
+from ..config.schema import load_config
+from ..config.special_tokens import UNK
 from ..errors import MinigptError
-from ..special_tokens import UNK
-from ..tokenizer import Tokenizer, load_run_tokenizer, load_tokenizer, tokenizer_file
-from ..wordpiece import CONTINUATION, wordpiece_merges, wordpiece_scores, wordpiece_symbols
+from ..run import folder as runs
+from ..tokenizer.kinds import Tokenizer, load_run_tokenizer, load_tokenizer, tokenizer_file
+from ..tokenizer.wordpiece import CONTINUATION, wordpiece_merges, wordpiece_scores, wordpiece_symbols
 from .figures import wrote
 from .tokenize_figures import plot_pieces, plot_toy
 
@@ -110,7 +110,8 @@ def replay(words: dict[str, int], merges: Sequence[tuple[str, str]]) -> list[int
 def toy_bpe(words: dict[str, int]) -> list[dict]:
     """Every BPE merge on the toy words, in order: {a, b, count} (the library's trainer, byte-level as minigpt's
     ``bpe`` kind: GPT-2's split and the 256-byte alphabet; the toy words are ASCII, so bytes are letters)."""
-    from tokenizers import Tokenizer as _Backend, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as _Backend
+    from tokenizers import models, pre_tokenizers, trainers
 
     tok = _Backend(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -196,9 +197,10 @@ def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Op
         per word of ``text``: {word, viterbi, count, segmentations (each {pieces, log_prob, viterbi}),
         viterbi_is_best}}); ``png``.
     """
-    from tokenizers import Tokenizer as _Backend, models, pre_tokenizers
+    from tokenizers import Tokenizer as _Backend
+    from tokenizers import models, pre_tokenizers
 
-    from ..tokenizer_training import base_vocab_size, train_tokenizer
+    from ..tokenizer.training import base_vocab_size, train_tokenizer
 
     words = dict(TOY_WORDS if words is None else words)
     if not text:
@@ -411,8 +413,8 @@ def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Op
 
     ``--tokenizer``: minigpt's char tokenizer or any ``tokenizers`` tokenizer.json (a model type other than
     BPE, WordPiece and Unigram as kind hf), or a folder holding a tokenizer.json; a file the user names is never
-    to be deleted (:func:`~minigpt_cli.tokenizer.load_tokenizer`'s ``own``). ``--run``: the run's own tokenizer, of the
-    kind its config names (:func:`~minigpt_cli.tokenizer.load_run_tokenizer`).
+    to be deleted (:func:`~minigpt_cli.tokenizer.kinds.load_tokenizer`'s ``own``). ``--run``: the run's own tokenizer, of the
+    kind its config names (:func:`~minigpt_cli.tokenizer.kinds.load_run_tokenizer`).
 
     Raises:
         MinigptError: both given; no such run folder; a missing or damaged file.

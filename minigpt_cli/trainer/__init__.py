@@ -9,7 +9,7 @@
 """
 
 from .describe import describe_schedule
-from .loop import TrainResult, Trainer, train
+from .loop import Trainer, TrainResult, train
 from .resume import describe_resume
 from .schedule import lr_at, schedule_note, should_eval
 from .step import estimate_loss, make_optimizer, train_step

@@ -5,7 +5,7 @@ message, wherever it can know without downloading or training anything: the
 device and dtype, the TensorBoard package, the tokenizer file, the train and
 val split against ``model.block_size``, ``model.vocab_size`` against the
 tokenizer's, ``sample.prompt`` against the tokenizer
-(:func:`~minigpt_cli.sampling.encode_prompt`), and the memory estimate
+(:func:`~minigpt_cli.sample.sampling.encode_prompt`), and the memory estimate
 against the free memory; the CLI's dry run first checks the paths ``train``
 would write (:func:`~.preflight.check_paths`). What it cannot
 know yet (the corpus is not downloaded, a trained tokenizer not trained) it
@@ -18,20 +18,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .. import parallel, params as P
-from ..config import Config
-from ..corpus import Corpus
-from ..data import (TOKENIZER_TRAIN_CHARS, corpus_on_disk, load_configured_tokenizer, tokenizer_path, training_texts,
-                    with_vocab)
-from ..preparation import check_split_counts, prepared_meta, split_counts
-from ..notes import notes
+from ..accounting import params as P
+from ..config.schema import Config
+from ..data.corpus import Corpus
+from ..data.pipeline import (
+    TOKENIZER_TRAIN_CHARS,
+    corpus_on_disk,
+    load_configured_tokenizer,
+    tokenizer_path,
+    training_texts,
+    with_vocab,
+)
+from ..data.preparation import check_split_counts, prepared_meta, split_counts
 from ..paths import corpus_path, dataset_dir
-from ..runtime import Dist, bytes_to_train, check_memory, resolve_device, resolve_dtype
-from ..sampling import encode_prompt
-from ..tokenizer import Tokenizer
-from ..tokenizer_training import MAX_VOCAB_SIZE, check_vocab_size, train_tokenizer
+from ..runtime import distributed as parallel
+from ..runtime.device import Dist, bytes_to_train, check_memory, resolve_device, resolve_dtype
+from ..sample.sampling import encode_prompt
+from ..tokenizer.kinds import Tokenizer
+from ..tokenizer.training import MAX_VOCAB_SIZE, check_vocab_size, train_tokenizer
 from .resume import check_corpus
 from .schedule import lr_at
+from .setup import config_notes
 
 #: A corpus larger than this (bytes) is not encoded by a dry run when no prepared files give its split.
 PREVIEW_BYTES = 64 << 20
@@ -69,13 +76,13 @@ def preview(cfg: Config) -> DataPreview:
     with the config; a missing char tokenizer is built in memory (a few
     hundredths of a second); a missing trained one is not trained, only its
     ``tokenizer.vocab_size`` checked. The split sizes come from prepared
-    files or from encoding the corpus (:func:`~minigpt_cli.data.split_counts`).
+    files or from encoding the corpus (:func:`~minigpt_cli.data.pipeline.split_counts`).
 
     Raises:
         MinigptError: the error ``train`` would raise: a tokenizer file that
             disagrees with the config, an impossible ``tokenizer.vocab_size``,
             text the tokenizer cannot encode, or a split shorter than
-            ``model.block_size + 1`` tokens (:func:`~minigpt_cli.splits.check_split_counts`).
+            ``model.block_size + 1`` tokens (:func:`~minigpt_cli.data.splits.check_split_counts`).
     """
     tc, dc = cfg.tokenizer, cfg.data
     corpus = corpus_on_disk(cfg)  # what train refuses: nothing at data.path, an empty file
@@ -141,7 +148,7 @@ def describe_derived(cfg: Config) -> list[str]:
     ``model.vocab_size`` comes from the tokenizer file when it exists already,
     from the corpus for a char tokenizer not trained yet, or from
     ``tokenizer.vocab_size``; with it, the parameter count and the memory
-    estimate of :func:`~minigpt_cli.runtime.check_memory` follow. Without it
+    estimate of :func:`~minigpt_cli.runtime.device.check_memory` follow. Without it
     (a char tokenizer and no corpus yet), the memory check uses the smallest
     vocabulary the tokenizer can have.
 
@@ -150,7 +157,7 @@ def describe_derived(cfg: Config) -> list[str]:
             device, float16 on a CPU, no tensorboard package, what
             :func:`preview` refuses, a ``sample.prompt`` the tokenizer cannot
             encode, ``model.vocab_size`` below the
-            tokenizer's (:func:`~minigpt_cli.data.with_vocab`), or a model that
+            tokenizer's (:func:`~minigpt_cli.data.pipeline.with_vocab`), or a model that
             does not fit in the free memory.
     """
     device = resolve_device(cfg.device)
@@ -195,7 +202,7 @@ def describe_derived(cfg: Config) -> list[str]:
 
 def describe_schedule(cfg: Config, points: int = 8) -> str:
     """The resolved config, the values it leaves to be derived, the learning rate at a few steps, and the
-    notes of :func:`~minigpt_cli.notes.notes` (for ``--dry-run``).
+    notes of :func:`~minigpt_cli.config.notes.notes` (for ``--dry-run``).
 
     Raises:
         MinigptError: as :func:`describe_derived`.
@@ -207,5 +214,5 @@ def describe_schedule(cfg: Config, points: int = 8) -> str:
     lines = [cfg.to_yaml().rstrip(), "", *describe_derived(cfg), "",
              f"learning rate ({tc.lr_schedule}, warmup {tc.warmup_iters}):"]
     lines += [f"  step {s:>7,}: {lr_at(s, tc, cfg.model.n_embd):.3e}" for s in steps]
-    found = notes(cfg) + [n for n in [parallel.single_process_note(tc.parallelism, Dist.from_env())] if n]
+    found = config_notes(cfg)
     return "\n".join(lines + ([""] + found if found else []))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
-from ..config import TrainConfig
+from ..config.schema import TrainConfig
 
 #: Eval batches timed before the first, rough figure (said during the first eval, long before it ends).
 FIRST_BATCHES = 3

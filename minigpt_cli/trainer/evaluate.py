@@ -11,11 +11,11 @@ from typing import Callable, Iterator, Optional
 import torch
 from tqdm.auto import tqdm
 
-from ..config import Config
-from ..data import eval_offsets, eval_seed, windows
-from ..preparation import PreparedData
-from ..runtime import CpuThreads, Dist
-from ..tokenizer import Tokenizer
+from ..config.schema import Config
+from ..data.pipeline import eval_offsets, eval_seed, windows
+from ..data.preparation import PreparedData
+from ..runtime.device import CpuThreads, Dist
+from ..tokenizer.kinds import Tokenizer
 from .schedule import should_eval
 from .signals import StopFlag
 from .step import estimate_loss
@@ -26,8 +26,8 @@ class Evaluator:
 
     An eval reads, for each split, ``train.eval_iters`` global batches' worth
     of windows: eval_iters × batch_size × grad_accum_steps × processes. That
-    count and the windows themselves (:func:`~minigpt_cli.data.eval_offsets`,
-    seeded by :func:`~minigpt_cli.data.eval_seed`) depend on the seed, the
+    count and the windows themselves (:func:`~minigpt_cli.data.pipeline.eval_offsets`,
+    seeded by :func:`~minigpt_cli.data.pipeline.eval_seed`) depend on the seed, the
     split, the step and the global batch alone, not on how the global batch
     is split into micro-batches and processes: 8 × 1, 1 × 8, 2 × 4 and 2
     processes × 4 evaluate the same windows, and an interrupted and resumed

@@ -4,7 +4,7 @@
 :meth:`Trainer.fit`, and undoes a new run folder that never got a checkpoint.
 The loop asks its components what to do (:func:`~.schedule.lr_at` for the
 learning rate, :class:`~.evaluate.Evaluator` whether this step evaluates,
-:class:`~minigpt_cli.checkpoint.Checkpointer` whether it saves); everything
+:class:`~minigpt_cli.run.checkpoint.Checkpointer` whether it saves); everything
 else is set up before it, in :mod:`.setup`.
 
 A run can be interrupted (SIGINT/SIGTERM save ``checkpoints/last``, also in
@@ -23,12 +23,13 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import parallel, runs
-from ..config import Config
+from ..config.schema import Config
 from ..errors import Interrupted, MinigptError
-from ..pretrained import resolve_init_from, resumed_run
-from ..runtime import all_mean, broadcast, capture_rng, close_distributed
-from ..sampling import sample_prompt_text
+from ..hf.finetune import resolve_init_from, resumed_run
+from ..run import folder as runs
+from ..runtime import distributed as parallel
+from ..runtime.device import all_mean, broadcast, capture_rng, close_distributed
+from ..sample.sampling import sample_prompt_text
 from .preflight import check_paths
 from .schedule import lr_at
 from .setup import Claim, Setup, build
@@ -282,7 +283,7 @@ class Trainer:
     def sample(self) -> None:
         """Append ``train.sample_tokens`` tokens to samples.txt, sampled as ``minigpt generate`` samples with
         the run's ``sample`` section (its prompt, temperature, top_k, top_p and window_stride;
-        :func:`~minigpt_cli.sampling.sample_prompt_text`). Rank 0 only; 0 tokens: nothing. Rank 0 asks its
+        :func:`~minigpt_cli.sample.sampling.sample_prompt_text`). Rank 0 only; 0 tokens: nothing. Rank 0 asks its
         own stop flag (the broadcast answer would wait for the other ranks); a stop cuts the sample short.
         Under FSDP each forward gathers the weights from every rank, so every rank samples the same tokens
         (same seed, same logits) and asks rank 0's stop flag (broadcast); rank 0 writes.
@@ -333,10 +334,10 @@ class Trainer:
 
 def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] = None,
           echo: Callable[[str], None] = print, progress: Optional[bool] = None) -> TrainResult:
-    """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.runs`).
+    """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`).
 
     The run folder is locked for the whole run
-    (:class:`~minigpt_cli.runs.RunLock`). A new run that fails before its
+    (:class:`~minigpt_cli.run.folder.RunLock`). A new run that fails before its
     first checkpoint removes the folder it created. Nothing global is left
     changed afterwards: signal handlers, the thread count and the process
     group are restored, so a sweep may call this many times in one process.
@@ -363,7 +364,7 @@ def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] 
             before anything is fetched or written, :func:`~.preflight.check_paths`),
             device not available, data cannot be fetched, run exists
             or is in use, checkpoint unusable, a ``sample.prompt`` the tokenizer
-            cannot encode (:func:`~minigpt_cli.sampling.encode_prompt`), a model too
+            cannot encode (:func:`~minigpt_cli.sample.sampling.encode_prompt`), a model too
             large for the free memory (estimated up front, or the allocator failing),
             or training diverged.
         Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``),

@@ -4,7 +4,7 @@
 One check for both, so that the dry run refuses with the very line ``train``
 gives: :func:`check_paths` (``train`` runs it before its first download or
 write, the dry run before it describes the run) and
-:func:`~minigpt_cli.sampling.encode_prompt` (``train`` once its tokenizer is
+:func:`~minigpt_cli.sample.sampling.encode_prompt` (``train`` once its tokenizer is
 ready, the dry run once :func:`~.describe.preview` has it; ``generate`` gives
 the same line for the same prompt).
 """
@@ -14,16 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..config import Config
+from ..config.schema import Config
 from ..fileio import check_writable
 from ..paths import corpus_path, dataset_dir
-from ..metrics import RunLogger
-from ..runs import CHECKPOINTS, CONFIG, ENV, LOCK, newest_run
+from ..run.folder import CHECKPOINTS, CONFIG, ENV, LOCK, newest_run
+from ..run.metrics import RunLogger
 
 
 def run_files(run_dir: Path) -> tuple[list[Path], set[Path]]:
     """The files ``train`` writes in the folder of a run it resumes (its lock, config.yaml, the logs of
-    :class:`~minigpt_cli.metrics.RunLogger`, env.json), and those of them it appends to (opens in place)
+    :class:`~minigpt_cli.run.metrics.RunLogger`, env.json), and those of them it appends to (opens in place)
     rather than replaces."""
     log = RunLogger(run_dir, enabled=False)
     appended = [run_dir / LOCK, log.metrics_path, log.log_path, log.samples_path]
@@ -50,8 +50,8 @@ def paths_to_write(cfg: Config, resume: Optional[str] = None) -> list[tuple[Path
       refusal). For ``auto``, that is the newest run of the config's name, or ``train.out_dir`` while there
       is none.
     """
-    from ..data import tokenizer_path
-    from ..download import file_ok
+    from ..data.download import file_ok
+    from ..data.pipeline import tokenizer_path
 
     if resume == "auto":  # the run auto continues, if there is one yet
         found = newest_run(cfg.train.out_dir, cfg.name)

@@ -9,12 +9,13 @@ from typing import Any, Optional
 
 import torch
 
-from .. import checkpoint, runs
-from ..config import Config
-from ..corpus import Corpus
-from ..data import check_fingerprint, corpus_change, corpus_on_disk
+from ..config.schema import Config
+from ..data.corpus import Corpus
+from ..data.pipeline import check_fingerprint, corpus_change, corpus_on_disk
 from ..errors import MinigptError
-from ..tokenizer import Tokenizer, check_run_tokenizer, load_tokenizer
+from ..run import checkpoint
+from ..run import folder as runs
+from ..tokenizer.kinds import Tokenizer, check_run_tokenizer, load_tokenizer
 from .schedule import schedule_note
 
 
@@ -25,7 +26,7 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
     ``max_iters`` trains a finished run further; see :func:`schedule_note`
     for what that does to the learning rate. So may where files are:
     ``tokenizer.path`` (the tokenizer itself is compared by its fingerprint,
-    :func:`~minigpt_cli.tokenizer.check_run_tokenizer`) and a fine-tuning run's ``model.init_from``
+    :func:`~minigpt_cli.tokenizer.kinds.check_run_tokenizer`) and a fine-tuning run's ``model.init_from``
     (a resume loads its own weights; the architecture is compared key by key).
 
     Raises:
@@ -86,11 +87,11 @@ def check_resume_corpus(saved: Config, last: Path, corpus: Corpus) -> None:
 def check_resume_early(cfg: Config, resume: Optional[str]) -> None:
     """Before the corpus is read or downloaded: refuse a ``--resume`` whose run has another model, tokenizer
     or data config (:func:`check_resume_config`), so that a missing ``data.path`` is named, not downloaded
-    around, or whose ``tokenizer.path`` names another tokenizer (:func:`~minigpt_cli.tokenizer.check_run_tokenizer`). A run
+    around, or whose ``tokenizer.path`` names another tokenizer (:func:`~minigpt_cli.tokenizer.kinds.check_run_tokenizer`). A run
     that does not exist is left to :func:`open_resume`.
 
     Raises:
-        MinigptError: as :func:`check_resume_config` and :func:`~minigpt_cli.tokenizer.check_run_tokenizer`.
+        MinigptError: as :func:`check_resume_config` and :func:`~minigpt_cli.tokenizer.kinds.check_run_tokenizer`.
     """
     run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume) if resume is not None else None
     if run_dir is not None:
@@ -101,7 +102,7 @@ def check_resume_early(cfg: Config, resume: Optional[str]) -> None:
 
 def check_corpus(cfg: Config, resume: Optional[str], corpus: Corpus) -> None:
     """Before anything is prepared: refuse a corpus other than the resumed run's (:func:`check_resume_corpus`)
-    or than ``data.fingerprint`` names (:func:`~minigpt_cli.data.check_fingerprint`).
+    or than ``data.fingerprint`` names (:func:`~minigpt_cli.data.pipeline.check_fingerprint`).
 
     Raises:
         MinigptError: as those do; a ``--resume`` run that does not exist is left to :func:`open_resume`.
@@ -127,7 +128,7 @@ _STATE_WRONG = ("trainer state {path!r} is not a minigpt trainer state ({problem
 
 
 def load_resume_state(last: Path) -> dict[str, Any]:
-    """The trainer state of checkpoint ``last`` (:func:`~minigpt_cli.checkpoint.load_trainer_state`), checked
+    """The trainer state of checkpoint ``last`` (:func:`~minigpt_cli.run.checkpoint.load_trainer_state`), checked
     to hold every entry a resume reads, of its type (:data:`STATE_ENTRIES`).
 
     Raises:
@@ -156,7 +157,7 @@ def describe_resume(cfg: Config, resume: str, corpus: Optional[Corpus] = None) -
     """What ``--resume`` would do, for ``--dry-run``: the run, its step, and the schedule note if any.
 
     ``corpus``: the corpus to check against the run's; None: the config's, when it is on disk
-    (:func:`~minigpt_cli.data.corpus_on_disk`).
+    (:func:`~minigpt_cli.data.pipeline.corpus_on_disk`).
 
     Raises:
         MinigptError: as :func:`train` would: no such run, or one with another model, tokenizer, data or corpus.

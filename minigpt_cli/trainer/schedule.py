@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from ..config import Config, TrainConfig
+from ..config.schema import Config, TrainConfig
 
 
 def lr_at(step: int, tc: TrainConfig, n_embd: int = 512) -> float:

@@ -19,23 +19,38 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from .. import parallel, runs
-from ..checkpoint import Checkpointer, load_weights_into
-from ..config import Config
-from ..corpus import Corpus
-from ..data import BatchSampler, configured_corpus, ensure_tokenizer, with_vocab
+from ..config.notes import notes
+from ..config.schema import Config
+from ..data.corpus import Corpus
+from ..data.download import url_corpus_on_disk
+from ..data.pipeline import BatchSampler, configured_corpus, ensure_tokenizer, with_vocab
+from ..data.preparation import PreparedData, check_split_sizes, prepare
 from ..errors import MinigptError
 from ..fileio import atomic_write_text
-from ..kernels import dropout, onednn, swap as swap_kernels
-from ..metrics import RunLogger
-from ..model import GPT
-from ..notes import notes
-from ..preparation import PreparedData, check_split_sizes, prepare
-from ..pretrained import load_pretrained
-from ..sampling import encode_prompt
-from ..runtime import (CpuThreads, Dist, barrier, broadcast, check_memory, close_distributed, init_distributed,
-                       resolve_device, resolve_dtype, restore_rng, seed_everything, tune_runtime)
-from ..tokenizer import Tokenizer
+from ..hf.finetune import load_pretrained
+from ..model.gpt import GPT
+from ..run import folder as runs
+from ..run.checkpoint import Checkpointer, load_weights_into
+from ..run.metrics import RunLogger
+from ..runtime import distributed as parallel
+from ..runtime.device import (
+    CpuThreads,
+    Dist,
+    barrier,
+    broadcast,
+    check_memory,
+    close_distributed,
+    init_distributed,
+    resolve_device,
+    resolve_dtype,
+    restore_rng,
+    seed_everything,
+    tune_runtime,
+)
+from ..runtime.kernels import dropout, onednn
+from ..runtime.kernels import swap as swap_kernels
+from ..sample.sampling import encode_prompt
+from ..tokenizer.kinds import Tokenizer
 from .estimate import TimeEstimate
 from .evaluate import Evaluator
 from .resume import Resumed, check_corpus, check_resume_early, open_resume
@@ -52,7 +67,7 @@ class Claim(ExitStack):
     """What :func:`~.loop.train` must undo when it ends: the locked run folder and process-wide settings.
 
     On the way out, a new run folder that never got a checkpoint is removed
-    after a failure (:meth:`~minigpt_cli.runs.RunFolder.discard_if_unsaved`),
+    after a failure (:meth:`~minigpt_cli.run.folder.RunFolder.discard_if_unsaved`),
     the lock is released, and every callback pushed (the thread count, CUDA
     flags) runs, so the process is left as it was found.
     """
@@ -187,6 +202,14 @@ def tensorboard_writer_class():
     return SummaryWriter
 
 
+def config_notes(cfg: Config, dist: Optional[Dist] = None) -> list[str]:
+    """The notes on a config before a run: :func:`~minigpt_cli.config.notes.notes`, with the corpus on disk
+    looked at for the ``data.url`` note, and the note on a parallelism that one process ignores."""
+    found = notes(cfg, corpus_on_disk=url_corpus_on_disk(cfg.data.data_dir, cfg.data.dataset, cfg.data.url))
+    single = parallel.single_process_note(cfg.train.parallelism, dist or Dist.from_env())
+    return found + ([single] if single else [])
+
+
 def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Callable[[str], None],
           progress: Optional[bool], claim: Claim) -> Setup | dict[str, Any]:
     """Set a run up for :class:`~.loop.Trainer`; registers what must be undone in ``claim``.
@@ -204,9 +227,7 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
     if not dist.main:
         echo = lambda message: None  # noqa: E731 - only rank 0 talks
         progress = False
-    for note in notes(cfg):  # before the download: the data.url note looks at the corpus on disk
-        echo(note)
-    if note := parallel.single_process_note(cfg.train.parallelism, dist):
+    for note in config_notes(cfg, dist):  # before the download: the data.url note looks at the corpus on disk
         echo(note)
     tc = cfg.train
     writer_class = tensorboard_writer_class() if tc.tensorboard else None
@@ -325,7 +346,7 @@ def _restore(s: Setup, resumed: Resumed) -> None:
 
 def _compile(s: Setup) -> None:
     """Wrap the model for training: ``torch.compile`` when asked (with its note on oneDNN), DDP under torchrun
-    (unless :func:`~minigpt_cli.parallel.place` sharded it with FSDP)."""
+    (unless :func:`~minigpt_cli.runtime.distributed.place` sharded it with FSDP)."""
     if s.cfg.compile and "oneDNN" in s.eager_kernels["linear_kernel"]:
         s.echo(onednn.COMPILE_NOTE)
         s.logger.log(onednn.COMPILE_NOTE)

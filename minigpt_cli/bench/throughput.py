@@ -1,0 +1,407 @@
+"""``minigpt bench``: training throughput, MFU against a peak measured in the same run, generation speed.
+
+Everything is measured in one process on one device, so the figures are
+ratios that survive a noisy machine:
+
+- training: tokens/s and ms per optimizer step over ``iters`` steps of the real
+  training step (:func:`minigpt_cli.train.train_step`) on random tokens, after
+  warm-up;
+- model FLOPs per token: 6·N + 12·L·n_head·head_dim·T with N the parameters
+  without position embeddings, a tied embedding counted once (PaLM, Chowdhery
+  et al. 2022, appendix B; nanoGPT's ``estimate_mfu``), from our own analytic
+  accounting (:mod:`minigpt_cli.accounting.params`);
+- peak: the median FLOP/s of a 2048×2048 @ 2048×2048 matrix product in the
+  training dtype on the same device (2·n³ FLOPs each), through every kernel
+  the process can use for it: ``torch.mm`` and, for float32 on a CPU where the
+  model's linear layers can use it, oneDNN (:func:`minigpt_cli.model.gpt.linear`).
+  The fastest is the peak, so MFU never credits the model for a kernel the
+  peak did not get; both figures are in the result;
+- MFU = achieved model FLOP/s / peak;
+- generation: new tokens per second without the KV cache, with it, with the
+  one-token step compiled over a static cache (on CUDA, or where the config
+  asks for ``compile``) and for 8 samples in one batch
+  (:mod:`minigpt_cli.bench.generation`);
+- streaming (``stream_tokens`` > 0, off by default): the time of ``generate``'s
+  own text path (:func:`minigpt_cli.sample.generate.write_sample`: incremental
+  decoding, the stop-string search and the hold-back) on top of sampling, with
+  the config's tokenizer (trained from the corpus first if missing). The same
+  seeded tokens are generated three times: decoded once at the end, streamed,
+  and streamed with a stop string that never occurs; the overheads are the
+  extra text-path time of the last two over the time generation takes without
+  it, each measured within its own pass (:func:`measure_streaming`).
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import torch
+
+from ..accounting import params as P
+from ..config.schema import Config
+from ..errors import MinigptError
+from ..model.gpt import GPT
+from ..runtime.device import CpuThreads, check_memory, resolve_device, resolve_dtype, tune_runtime
+from ..runtime.kernels import dropout, onednn
+from ..runtime.kernels import swap as swap_kernels
+from ..sample.sampling import generate_tokens, resolve_window_stride
+from ..tokenizer.kinds import Tokenizer
+from ..trainer.step import make_optimizer, train_step
+from .generation import measure_generation
+from .generation import sync as _sync
+
+MATMUL_N = 2048
+
+
+def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
+    """The matrix-product kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for
+    float32 on a CPU where this PyTorch has it (whether or not the model's linear
+    layers use it: the peak is the machine's, not the configuration's)."""
+    kernels = ["torch.mm"]
+    if device.type == "cpu" and dtype == torch.float32 and onednn.matmul_op() is not None:
+        kernels.append("oneDNN")
+    return kernels
+
+
+def measure_peak(device: torch.device, dtype: torch.dtype, n: int = MATMUL_N, repeats: int = 10,
+                 kernel: str = "torch.mm") -> float:
+    """Median FLOP/s of an n×n by n×n matrix product (2·n³ FLOPs) in ``dtype`` on ``device``.
+
+    ``kernel`` is ``torch.mm`` (``a @ b``) or ``oneDNN`` (``a @ bᵀ`` through
+    ``mkldnn::_linear_pointwise``, the same FLOPs).
+    """
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    if kernel == "oneDNN":
+        op = onednn.matmul_op()
+
+        def product():
+            return op(a, b, None, "none", [], "")
+    else:
+        def product():
+            return a @ b
+    for _ in range(2):
+        product()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        product()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+#: The stop string of the streaming measurement: 12 characters no corpus here holds (U+2403, SYMBOL FOR END OF
+#: TEXT), so the search runs at every token and never ends a sample.
+STREAM_STOP = "\u2403 never \u2403"
+
+
+def measure_streaming(model: GPT, tok: Tokenizer, cfg: Config, n_tokens: int, device: torch.device,
+                      echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """What streaming costs ``generate``: ``n_tokens`` sampled and written three times through its text path
+    (:func:`minigpt_cli.sample.generate.write_sample`): decoded once at the end, streamed, and streamed with
+    :data:`STREAM_STOP` as a stop string.
+
+    Sampling follows the config's ``sample`` section (prompt, temperature,
+    top-k, top-p, window stride), with the KV cache and ids limited to the
+    tokenizer's; every pass starts from the same seed, so all three draw the
+    same tokens (``stream_text_equal`` says whether their texts agreed). Each
+    pass's time splits into sampling (inside the model and sampler, timed
+    around each token) and the text path (the rest). The overheads are the
+    extra text-path seconds of a pass over the decode-at-the-end pass,
+    divided by the time generation takes without them (that pass's sampling
+    plus the one decode): measured within each pass, they do not depend on
+    the machine staying equally fast from one pass to the next, as
+    ``stream_seconds`` (the wall time of each pass) does.
+    """
+    from ..sample.generate import Nowhere, write_sample  # the command's own path
+
+    sc = cfg.sample
+    prompt = tok.encode(sc.prompt) or [0]
+    idx = torch.tensor([prompt[-model.config.block_size:]], dtype=torch.long, device=device)
+    stride = resolve_window_stride(model.config.block_size, sc.window_stride)
+    top_k = min(sc.top_k, tok.vocab_size) if sc.top_k is not None else None
+
+    def run(n: int, stream: bool, stops: list[str]) -> tuple[float, float, str]:
+        """(wall seconds, sampling seconds, text) of one pass."""
+        g = torch.Generator(device=device).manual_seed(cfg.seed)
+        sampled = generate_tokens(model, idx, n, sc.temperature, top_k, sc.top_p, True, g,
+                                  vocab_limit=tok.vocab_size, window_stride=stride)
+        sampling = 0.0
+
+        def tokens():
+            nonlocal sampling
+            while True:
+                t = time.perf_counter()
+                nxt = next(sampled, None)
+                if nxt is None:
+                    return
+                token = int(nxt[0])  # waits for the device: sampling's time
+                sampling += time.perf_counter() - t
+                yield token
+
+        t = time.perf_counter()
+        text = write_sample(tok, tokens(), stops, Nowhere(), stream)
+        return time.perf_counter() - t, sampling, text
+
+    run(min(16, n_tokens), True, [STREAM_STOP])  # warm-up
+    passes = {}
+    for mode, stream, stops, what in (("plain", False, [], "decoded at the end"), ("stream", True, [], "streamed"),
+                                      ("stop", True, [STREAM_STOP], "streamed with a stop string")):
+        echo(f"streaming: {n_tokens} new tokens, {tok.kind} tokenizer, {what}")
+        passes[mode] = run(n_tokens, stream, stops)
+    wall, sampling, text = passes["plain"]
+    base_text = wall - sampling
+
+    def overhead(mode: str) -> float:
+        w, s, _ = passes[mode]
+        return ((w - s) - base_text) / (s + base_text)
+
+    return {
+        "stream_tokens": n_tokens,
+        "stream_tokenizer": tok.kind,
+        "stream_seconds": {mode: p[0] for mode, p in passes.items()},
+        "stream_text_seconds": {mode: p[0] - p[1] for mode, p in passes.items()},
+        "stream_overhead": overhead("stream"),
+        "stop_overhead": overhead("stop"),
+        "stream_text_equal": all(p[2] == text for p in passes.values()),
+    }
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
+          vocab_size: int = 65, generation: bool = True, stream_tokens: int = 0,
+          echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure training and generation speed of ``cfg``'s model on its device.
+
+    Args:
+        cfg: the config (model, batch size, device, dtype, compile).
+        iters: timed optimizer steps (after ``warmup`` untimed ones).
+        prompt_len: prompt tokens for the generation measurement.
+        max_new_tokens: tokens generated with and without the cache (the
+            window slides by the config's ``sample.window_stride`` past
+            ``block_size``, the same rule on both paths).
+        vocab_size: used when the config leaves ``model.vocab_size`` null
+            (with ``stream_tokens``, the tokenizer's size is used instead).
+        generation: also measure generation.
+        stream_tokens: also measure streaming over this many tokens
+            (:func:`measure_streaming`; 0: not). Needs the corpus (downloaded
+            if missing) for the config's tokenizer (trained if missing).
+
+    On a CPU the intra-op thread count is chosen once, before anything is
+    measured, from the cores other processes leave free
+    (:class:`~minigpt_cli.runtime.device.CpuThreads`); ``torch_threads`` in the
+    result says how many were used.
+
+    Returns:
+        A JSON-ready dict with ``train_tokens_per_sec``, ``ms_per_step``,
+        ``flops_per_token``, ``achieved_flops``, ``peak_flops``, ``mfu``
+        (against the fastest kernel's peak), ``mfu_by_kernel`` (against each
+        kernel's), ``peak_memory_bytes``, the generation figures of
+        :func:`~minigpt_cli.bench.generation.measure_generation`
+        (``gen_tokens_per_sec_cached``, ``..._uncached``, ``..._compiled``,
+        ``..._batched``, ``gen_speedup``, ...), with ``stream_tokens``
+        :func:`measure_streaming`'s keys (``stream_overhead``, ``stop_overhead``,
+        ...), and the settings.
+
+    Raises:
+        MinigptError: impossible sizes (memory, ``prompt_len``), a model
+            vocabulary smaller than the tokenizer's, no corpus.
+    """
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    mc = cfg.model
+    tok = None
+    if stream_tokens > 0:
+        from ..data.pipeline import configured_corpus, ensure_tokenizer
+
+        corpus, root = configured_corpus(cfg, echo)
+        tok, tok_path = ensure_tokenizer(cfg, corpus, echo, root)
+        if mc.vocab_size is not None and mc.vocab_size < tok.vocab_size:
+            raise MinigptError(f"model.vocab_size {mc.vocab_size} is smaller than the tokenizer's {tok.vocab_size} "
+                               f"entries ({tok_path}); raise it or set it to null")
+        vocab_size = tok.vocab_size
+    if mc.vocab_size is None:
+        mc = mc.model_copy(update={"vocab_size": vocab_size})
+    tc = cfg.train
+    T, B = mc.block_size, tc.batch_size
+    torch.manual_seed(cfg.seed)
+    tune_runtime(device)
+    threads = CpuThreads(device, echo=echo)  # decides once, over the warm-up below
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    if generation and prompt_len > T:
+        raise MinigptError(f"--prompt-len {prompt_len}: the model sees at most block_size = {T} tokens; "
+                           f"use 1 .. {T}")
+    check_memory(cfg.model_copy(update={"model": mc}), device, dtype)
+    model = swap_kernels(GPT(mc).to(device))
+    train_model = torch.compile(model) if cfg.compile else model
+    eager_kernel = onednn.linear_kernel(model, B * T, device, dtype)
+    if cfg.compile and "oneDNN" in eager_kernel:
+        echo(onednn.COMPILE_NOTE)
+    optimizer = make_optimizer(model, tc)
+    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
+    autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    params_list = [p for p in model.parameters() if p.requires_grad]
+    g = torch.Generator().manual_seed(cfg.seed)
+
+    def batches():
+        while True:
+            x = torch.randint(0, mc.vocab_size, (B, T + 1), generator=g)
+            yield x[:, :-1].to(device), x[:, 1:].to(device)
+
+    it = batches()
+    echo(f"training: {warmup} warm-up + {iters} timed steps, batch {B} x {T} x accum {tc.grad_accum_steps}")
+    model.train()
+    compiled = cfg.compile
+    try:  # torch.compile fails lazily, at the first call: measure eager then, as train falls back to it
+        train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+    except Exception as exc:
+        if not compiled:
+            raise
+        echo(f"warning: torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+             "measuring without it")
+        optimizer.zero_grad(set_to_none=True)
+        train_model, compiled = model, False
+    for _ in range(warmup - 1):
+        train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+    if threads.enabled and threads.poll(force=True) != threads.max_threads:
+        # Other processes kept cores busy during the warm-up: warm up again with fewer threads.
+        for _ in range(warmup):
+            train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip,
+                       params_list)
+    _sync(device)
+    kernels = peak_kernels(device, dtype)
+    echo(f"measuring the peak: {MATMUL_N}x{MATMUL_N} matmul in {str(dtype).removeprefix('torch.')} on {device} "
+         f"({', '.join(kernels)})")
+    peaks = {k: measure_peak(device, dtype, kernel=k) for k in kernels}
+    peak_kernel = max(peaks, key=peaks.get)
+    peak = peaks[peak_kernel]
+    for _ in range(warmup):  # back to the training steady state (caches, allocator) after the big matmul
+        train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+    _sync(device)
+    mark = threads.mark() if device.type == "cpu" else None
+    t = time.perf_counter()
+    for _ in range(iters):
+        loss, _ = train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip,
+                             params_list)
+    float(loss)
+    _sync(device)
+    dt = (time.perf_counter() - t) / iters
+    others = threads.others_since(mark)
+    if others is not None and others + torch.get_num_threads() > threads.cpus + 0.25:
+        echo(f"warning: other processes kept {others:.1f} of {threads.cpus} CPU cores busy while the training "
+             f"steps were timed; these figures are not this machine's (rerun on a quiet machine)")
+    tokens_per_step = B * T * tc.grad_accum_steps
+    fl = P.flops(mc, T)
+    flops_per_token = fl["mfu_train"]
+    tps = tokens_per_step / dt
+    achieved = flops_per_token * tps
+    out: dict[str, Any] = {
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "compile": compiled,
+        "parameters": model.num_params(),
+        "batch_size": B,
+        "block_size": T,
+        "grad_accum_steps": tc.grad_accum_steps,
+        "iters": iters,
+        "train_tokens_per_sec": tps,
+        "ms_per_step": dt * 1000,
+        "flops_per_token": flops_per_token,
+        "flops_per_step": flops_per_token * tokens_per_step,
+        "achieved_flops": achieved,
+        "peak_flops": peak,
+        "peak_matmul": f"{MATMUL_N}x{MATMUL_N} @ {MATMUL_N}x{MATMUL_N}, {str(dtype).removeprefix('torch.')}, "
+                       f"median of 10, {peak_kernel}",
+        "peak_kernel": peak_kernel,
+        "peak_flops_by_kernel": peaks,
+        "linear_kernel": "torch.mm" if compiled else eager_kernel,  # torch.compile keeps PyTorch's kernels
+        "dropout_kernel": dropout.dropout_kernel(model, device, dtype, compiled),
+        "mfu": achieved / peak,
+        # The same figure against each kernel's peak: against torch.mm's alone (PyTorch's default float32
+        # product, MKL on x86) it overstates MFU wherever the linear layers run on a faster kernel.
+        "mfu_by_kernel": {k: achieved / f for k, f in peaks.items()},
+        "peak_memory_bytes": _peak_memory(device),
+        "torch_threads": torch.get_num_threads(),
+        # Cores other processes kept busy while the training steps were timed (CPU; null if unknown).
+        "other_cores_busy": others,
+    }
+    if generation:
+        model.eval()
+        prompt = torch.randint(0, mc.vocab_size, (1, prompt_len), generator=g).to(device)
+        stride = resolve_window_stride(mc.block_size, cfg.sample.window_stride)
+        out.update({"prompt_len": prompt_len, "window_stride": stride, "max_new_tokens": max_new_tokens})
+        # Compiled where generate compiles by default (CUDA), or where the config asks for compile.
+        out.update(measure_generation(model, prompt, max_new_tokens, stride,
+                                      compile=device.type == "cuda" or cfg.compile, echo=echo))
+    if tok is not None:
+        model.eval()
+        out.update(measure_streaming(model, tok, cfg, stream_tokens, device, echo))
+    return out
+
+
+def format_bench(r: dict[str, Any]) -> str:
+    """A readable table of :func:`bench`'s result."""
+    lines = [
+        f"device {r['device']}, {r['dtype']}, {r['torch_threads']} thread{'s' if r['torch_threads'] != 1 else ''}, "
+        f"compile {r['compile']}",
+        f"model {r['parameters']:,} parameters; batch {r['batch_size']} x block {r['block_size']} "
+        f"x accum {r['grad_accum_steps']}; linear layers on {r['linear_kernel']}; dropout: {r['dropout_kernel']}",
+        "",
+        f"training tokens/s          {r['train_tokens_per_sec']:>14,.0f}",
+        f"ms per optimizer step      {r['ms_per_step']:>14.1f}",
+        f"model FLOPs per token      {r['flops_per_token']:>14,}   (6N + 12·L·H·Q·T, PaLM app. B)",
+        f"model FLOPs per step       {r['flops_per_step']:>14,}",
+        f"achieved                   {P.human_flops(r['achieved_flops']) + '/s':>14}",
+        f"peak (measured)            {P.human_flops(r['peak_flops']) + '/s':>14}   ({r['peak_matmul']})",
+        *(f"  {kernel + ' peak':<24} {P.human_flops(f) + '/s':>14}"
+          for kernel, f in r["peak_flops_by_kernel"].items() if len(r["peak_flops_by_kernel"]) > 1),
+        f"MFU                        {r['mfu']:>14.3f}   (against the fastest peak)",
+        *(f"  {'against ' + kernel + ' peak':<24} {m:>14.3f}" + ("   (above 1: the model's products run on a "
+                                                                 "faster kernel)" if m > 1 else "")
+          for kernel, m in r["mfu_by_kernel"].items() if len(r["mfu_by_kernel"]) > 1),
+        f"peak memory {'(CUDA allocator)' if r['device'].startswith('cuda') else '(process max RSS)':<16}"
+        f"{P.human_bytes(r['peak_memory_bytes']):>14}",
+    ]
+    if "gen_tokens_per_sec_cached" in r:
+        lines += [
+            "",
+            f"generation ({r['max_new_tokens']} new tokens, prompt {r['prompt_len']}, "
+            f"window stride {r['window_stride']})",
+            f"  with KV cache tokens/s   {r['gen_tokens_per_sec_cached']:>14,.1f}",
+            f"  without cache tokens/s   {r['gen_tokens_per_sec_uncached']:>14,.1f}",
+            f"  speed-up                 {r['gen_speedup']:>14.2f}x",
+            f"  {r['gen_batch']} samples, batch tokens/s {r['gen_tokens_per_sec_batched']:>11,.1f}   "
+            f"({r['gen_batched_speedup']:.2f}x one sample's)",
+        ]
+        if r["gen_tokens_per_sec_compiled"] is not None:
+            same = "the same tokens" if r["gen_compiled_tokens_equal"] else "tokens DIFFER from the eager cache's"
+            lines.append(f"  compiled tokens/s        {r['gen_tokens_per_sec_compiled']:>14,.1f}   "
+                         f"({r['gen_compiled_speedup']:.2f}x eager; compiled in {r['gen_compile_seconds']:.1f} s; "
+                         f"{same})")
+        else:
+            lines.append(f"  compiled tokens/s        {'n/a':>14}   ({r['gen_compiled_note']})")
+    if "stream_overhead" in r:
+        sec, txt = r["stream_seconds"], r["stream_text_seconds"]
+        lines += [
+            "",
+            f"streaming ({r['stream_tokens']} new tokens, {r['stream_tokenizer']} tokenizer, KV cache)",
+            f"  decoded at the end s     {sec['plain']:>14.3f}   (text {txt['plain']:.3f})",
+            f"  streamed s               {sec['stream']:>14.3f}   (text {txt['stream']:.3f}; "
+            f"overhead {r['stream_overhead']:+.1%})",
+            f"  streamed with --stop s   {sec['stop']:>14.3f}   (text {txt['stop']:.3f}; "
+            f"overhead {r['stop_overhead']:+.1%})",
+        ]
+    return "\n".join(lines)

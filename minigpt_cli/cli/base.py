@@ -1,0 +1,466 @@
+"""What every ``minigpt`` command shares: one-line errors with exit statuses, a guarded stdout, help layout.
+
+:class:`Group` runs a command and turns what a user can cause into one line
+on stderr and an exit status: a :class:`~minigpt_cli.errors.MinigptError`
+(2), a usage error (2), a file or standard output that cannot be written (2),
+SIGTERM or SIGHUP (128 + the signal), Ctrl-C (130). A closed pipe
+(``minigpt generate | head``) ends quietly with status 0. Anything else is a
+bug and keeps its traceback. :class:`Command` lays ``--help`` out like a
+Unix tool's. :func:`run_and_exit` ends the process once the command is done
+(without the interpreter's teardown, which takes seconds once torch is loaded
+and in which a Ctrl-C would kill the process without a word).
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import io
+import os
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup
+
+try:  # Typer >= 0.20 carries its own copy of click
+    from typer._click import exceptions as _click_exc
+except ImportError:  # pragma: no cover - older Typer uses click itself
+    from click import exceptions as _click_exc
+
+from ..errors import Interrupted, MinigptError
+
+EXIT_USAGE = 2
+
+
+class _StdoutError(Exception):
+    """Writing to standard output failed (``> /dev/full``, a full disk); not an OSError, so no file is blamed."""
+
+    def __init__(self, exc: OSError):
+        super().__init__(exc.strerror or str(exc))
+
+
+class _CtrlC(Exception):
+    """A Ctrl-C inside a command, carried past Typer (which turns it into exit status 130 without a word)."""
+
+
+class _StdoutClosed(Exception):
+    """The reader of standard output left (``minigpt generate | head``); not an error.
+
+    Not a BrokenPipeError, which click would turn into exit status 1.
+    """
+
+
+class _GuardedStdout:
+    """``sys.stdout`` while a command runs: a failed write raises :class:`_StdoutError` or :class:`_StdoutClosed`.
+
+    Every other attribute is the wrapped stream's.
+    """
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _guard(self, method, *args):
+        try:
+            return method(*args)
+        except BrokenPipeError:
+            raise _StdoutClosed() from None
+        except OSError as exc:
+            raise _StdoutError(exc) from None
+
+    def write(self, text):
+        return self._guard(self._stream.write, text)
+
+    def flush(self):
+        return self._guard(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _drop_stdout() -> None:
+    """Send what is left of standard output to /dev/null, so the flush at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        sys.stdout = open(os.devnull, "w")
+
+
+class Group(TyperGroup):
+    """Turns user errors into one line on stderr and exit 2, without a traceback.
+
+    Besides :class:`~minigpt_cli.errors.MinigptError` and usage errors, that
+    covers a file that cannot be written (an OSError naming a path, or a full
+    or read-only disk) and a standard output that cannot be written.
+    """
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # Typer would exit 130 silently; Group.main says what happened
+            raise _CtrlC() from None
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        real_stdout = sys.stdout
+        sys.stdout = _GuardedStdout(real_stdout)
+        old_term = _install_termination_handlers()
+        try:
+            rv = super().main(args=args, prog_name=prog_name or "minigpt", complete_var=complete_var,
+                              standalone_mode=False, **extra)
+            sys.stdout.flush()  # buffered output fails here, not silently at exit
+        except _click_exc.NoArgsIsHelpError as exc:  # bare `minigpt`: the help, not an error
+            sys.stdout = real_stdout
+            print(exc.format_message().rstrip("\n"))
+            rv = 0
+        except _click_exc.UsageError as exc:
+            path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
+            _fail(f"{exc.format_message()} (see '{path} --help')")
+        except Interrupted as exc:  # asked for: what was saved and how to go on, not an error
+            if other_rank():  # under torchrun every rank stops; rank 0 says so
+                sys.exit(exc.exit_code)
+            _fail(str(exc), exc.exit_code, prefix="")
+        except MinigptError as exc:
+            _fail(str(exc), exc.exit_code)
+        except _Terminated as exc:
+            _fail(STOPPED.format(name=signal.Signals(exc.signum).name), 128 + exc.signum, prefix="")
+        except (_CtrlC, typer.Abort, KeyboardInterrupt):
+            _fail(STOPPED.format(name="Ctrl-C"), 130, prefix="")
+        except (_StdoutClosed, BrokenPipeError):  # e.g. `minigpt generate | head`: the reader left
+            sys.stdout = real_stdout
+            _drop_stdout()
+            sys.exit(0)
+        except _StdoutError as exc:
+            sys.stdout = real_stdout
+            _drop_stdout()
+            _fail(f"cannot write to standard output: {exc}")
+        except OSError as exc:
+            # A write the library did not wrap: a path (run folder, data folder) that is
+            # read-only, full, a file where a folder should be, ... Others are bugs.
+            from ..fileio import os_error_message
+
+            if exc.filename is None and exc.errno not in _DISK_ERRNOS:
+                raise
+            _fail(os_error_message(exc))
+        except _click_exc.ClickException as exc:
+            _fail(exc.format_message())
+        finally:
+            for sig, handler in old_term.items():
+                signal.signal(sig, handler)
+            if isinstance(sys.stdout, _GuardedStdout):
+                sys.stdout = real_stdout
+        code = rv if isinstance(rv, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP outside the training loop (which saves and stops on its own)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated(signum)
+
+
+def _install_termination_handlers() -> dict:
+    """Make SIGTERM and SIGHUP unwind like Ctrl-C does, so ``finally`` blocks remove partial files
+    (a download's ``.part``, a new run folder without a checkpoint). The training loop installs
+    its own handlers, which save ``checkpoints/last`` first. Returns the handlers replaced."""
+    old = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is None:
+            continue
+        try:
+            old[sig] = signal.signal(sig, _raise_terminated)
+        except ValueError:  # not the main thread
+            pass
+    return old
+
+
+#: OSErrors that mean "the disk said no" even without a file name (a write to an open file).
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
+def _fail(message: str, code: int = EXIT_USAGE, prefix: str = "error: ") -> None:
+    first = " ".join(str(message).split("\n")).strip()
+    if len(first) > _MAX_ERROR:
+        first = first[: _MAX_ERROR - 3] + "..."
+    print(f"{prefix}{first}", file=sys.stderr)
+    sys.exit(code)
+
+
+#: Said when a signal stops a command that does not answer it itself (``train`` and ``prepare`` say more):
+#: what was being written is removed (files are written to a temporary name, then renamed).
+STOPPED = "stopped by {name} (partial files removed)"
+
+#: Longest error line printed; a message quoting a huge value is cut there.
+_MAX_ERROR = 2000
+
+
+class Command(TyperCommand):
+    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``.
+
+    Typer labels values by Python type (``<int range>``, ``<list[str]>``,
+    ``<path>``) and writes a required argument as ``{config}``. Here every
+    value shows its metavar: the one the option declares, else one derived
+    from its type (:func:`_default_metavar`); arguments appear as ``CONFIG``
+    (required) or ``[CONFIG]`` (optional).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.metavar is None and not getattr(param, "is_flag", False):
+                param.metavar = _default_metavar(param)
+
+    def collect_usage_pieces(self, ctx):
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                pieces.append(param.metavar if param.required else f"[{param.metavar}]")
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+    def format_options(self, ctx, formatter):
+        arguments, options = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if isinstance(param, TyperArgument):
+                arguments.append((param.metavar, record[1]))  # without Typer's type label
+            else:
+                options.append(record)
+        for title, rows in (("Arguments", arguments), ("Options", options)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+def _default_metavar(param) -> str:
+    """``N`` for integers, ``X`` for other numbers, ``PATH``, ``TEXT``; an argument's own name in capitals."""
+    if isinstance(param, TyperArgument):
+        return param.name.upper()
+    annotation = param.type_descriptor.annotation
+    args = getattr(annotation, "__args__", None)
+    if param.type_descriptor.is_list and args:
+        annotation = args[0]
+    return {int: "N", float: "X", Path: "PATH"}.get(annotation, "TEXT")
+
+
+def other_rank() -> bool:
+    """True in a torchrun process other than rank 0 (``RANK`` set and not 0)."""
+    return os.environ.get("RANK", "0").strip() not in ("", "0")
+
+
+def echo(message: str) -> None:
+    """A status line on stderr. A stderr that cannot be written (closed pipe, full disk) loses
+    the line, not the run: a training must not die, unsaved, because `2>&1 | head` went away."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+#: What a refused sampling option is told, by ``sample`` key (else the schema's own words).
+_SAMPLE_FLAG_HINTS = {"top_p": "must be in (0, 1]; e.g. --top-p 0.9",
+                      "temperature": "must be a finite number >= 0 (0: greedy); e.g. --temperature 0.8"}
+
+
+def sample_flags(given: dict) -> dict:
+    """``generate``'s sampling options, checked by the ``sample`` schema; a refused one is named by its flag.
+
+    Raises:
+        MinigptError: ``--top-p 1.5: must be in (0, 1]; e.g. --top-p 0.9`` and the like.
+    """
+    from pydantic import ValidationError
+
+    from ..config.schema import SampleConfig
+
+    try:
+        SampleConfig.model_validate(given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = str(err["loc"][0])
+        hint = _SAMPLE_FLAG_HINTS.get(key, err["msg"][:1].lower() + err["msg"][1:])
+        raise MinigptError(f"--{key.replace('_', '-')} {given.get(key)}: {hint}") from None
+    return given
+
+
+#: What a signal that comes once the command is done says: nothing was cut short; ``{done}``: what is done.
+LATE_SIGNAL = "stopped by {name} as minigpt was exiting: {done}"
+#: :data:`LATE_SIGNAL`'s ``{done}``, unless the command says more (:func:`say_when_stopped_late`).
+_DONE = ["the command had finished and its output is complete"]
+
+
+def say_when_stopped_late(done: str) -> None:
+    """What :func:`run_and_exit` says is done when a signal comes as the process ends (``train``: the run
+    folder and its last checkpoint)."""
+    _DONE[0] = done
+
+
+def _status(code: Any) -> int:
+    """The exit status of ``SystemExit(code)``, as the interpreter gives it (a message: printed, status 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def run_and_exit(app: Callable[[], Any]) -> NoReturn:
+    """Run the CLI in this process, then end the process at once, with the command's exit status.
+
+    Once the command is done, SIGINT, SIGTERM and SIGHUP are only noted; the
+    ``atexit`` functions run and standard output and error are flushed, then
+    the process ends with :func:`os._exit`. The interpreter's own teardown
+    (freeing every module; about 2 s with torch and matplotlib loaded) is
+    skipped: there, Python has put the default handlers back, and a Ctrl-C
+    killed the process with status 130 and no word, after the command had
+    finished. A signal noted in these last moments is answered with one line,
+    :data:`LATE_SIGNAL`, and status 128 + its number. While a thread that is
+    not a daemon still runs, the interpreter's normal exit waits for it
+    instead (the signals are then ignored).
+    """
+    late: list[int] = []
+    signals = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+
+    def note(signum, frame):
+        late.append(signum)
+
+    try:
+        try:
+            app()
+            code: Any = 0
+        except SystemExit as exc:
+            code = exc.code
+        for sig in signals:
+            signal.signal(sig, note)
+    except KeyboardInterrupt:  # past the command's own handling (which answers a Ctrl-C): its work was done
+        code = 0
+        late.append(signal.SIGINT)
+        for sig in signals:
+            signal.signal(sig, note)
+    status = _status(code)
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+        sys.exit(status)
+    atexit._run_exitfuncs()
+    _flush()
+    if hasattr(signal, "pthread_sigmask"):  # a call: a signal noted so far is handled first; later ones wait
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    if late:
+        print(LATE_SIGNAL.format(name=signal.Signals(late[0]).name, done=_DONE[0]), file=sys.stderr)
+        status = 128 + int(late[0])
+        _flush()
+    os._exit(status)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+# ----------------------------------------------------------------------------- --stop's escapes
+
+#: :func:`unescape`'s refusals.
+_ESCAPE_ERRORS = {
+    "bytes": ("{what} '{text}': its escapes give the bytes {bytes}, which are not UTF-8 text; write a character "
+              "as \\uHHHH (é: \\u00e9) or as all of its UTF-8 bytes (\\xc3\\xa9)"),
+    "byte_range": "{what} '{text}': {escape} is beyond a byte (at most \\377); write a character as \\uHHHH",
+    "code_point": ("{what} '{text}': {escape} is not a character (U+D800..U+DFFF and values past U+10FFFF are "
+                   "not); e.g. \\u00e9 is é"),
+}
+#: printf's escapes of one character (bash's printf builtin; its ``\\c``, which ends printf's output, is not one).
+_ESCAPES = {"\\": "\\", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r",
+            "t": "\t", "v": "\v", '"': '"', "'": "'"}
+#: One escape: octal (1 to 3 digits) and ``\\x`` (1 or 2 hex digits) give a byte, ``\\u`` (1 to 4) and ``\\U``
+#: (1 to 8) a code point, a backslash and any other character that character's escape, if it has one.
+_ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})|U([0-9A-Fa-f]{1,8})|(.))",
+                     re.DOTALL)
+
+
+def unescape(text: str, what: str = "--stop") -> str:
+    """``text`` with printf's escapes turned into what they name, as bash's ``printf`` does in its format.
+
+    ``\\n`` (``--stop '\\n\\n'``: a blank line), ``\\t``, ``\\r``, ``\\a``, ``\\b``, ``\\e``, ``\\f``,
+    ``\\v``, ``\\\\``, ``\\"``, ``\\'``; ``\\NNN`` (octal) and ``\\xHH`` give bytes, and a run of
+    them is read as UTF-8 (``\\xc3\\xa9`` is é, as printf writes it to a UTF-8 terminal); ``\\uHHHH`` and
+    ``\\UHHHHHHHH`` give the character of that code point (``\\u00e9`` is é). Any other backslash is kept
+    as written (``\\q`` stays ``\\q``, as printf leaves it).
+
+    Args:
+        text: the text as typed.
+        what: the option it came from, for the messages.
+
+    Raises:
+        MinigptError: bytes that are not UTF-8, an octal escape past ``\\377``, a code point that is not a
+            character (a surrogate, or past U+10FFFF).
+    """
+    out: list[str] = []
+    pending = bytearray()  # bytes of octal and \x escapes, read as UTF-8 together
+
+    def flush() -> None:
+        if pending:
+            try:
+                out.append(pending.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise MinigptError(_ESCAPE_ERRORS["bytes"].format(what=what, text=text,
+                                                                   bytes=pending.hex(" "))) from None
+            pending.clear()
+
+    pos = 0
+    for m in _ESCAPE.finditer(text):
+        octal, byte, short, long, other = m.groups()
+        if m.start() > pos:
+            flush()
+            out.append(text[pos:m.start()])
+        pos = m.end()
+        if octal is not None or byte is not None:
+            value = int(octal, 8) if octal is not None else int(byte, 16)
+            if value > 0xFF:
+                raise MinigptError(_ESCAPE_ERRORS["byte_range"].format(what=what, text=text, escape=m[0]))
+            pending.append(value)
+            continue
+        flush()
+        if other is not None:
+            out.append(_ESCAPES.get(other, m[0]))
+            continue
+        code = int(short or long, 16)
+        if 0xD800 <= code <= 0xDFFF or code > 0x10FFFF:
+            raise MinigptError(_ESCAPE_ERRORS["code_point"].format(what=what, text=text, escape=m[0]))
+        out.append(chr(code))
+    flush()
+    out.append(text[pos:])
+    return "".join(out)
+
+
+#: The ``minigpt`` command; each module of this package adds its commands to it.
+app = typer.Typer(
+    name="minigpt",
+    cls=Group,
+    help="Train, sample and measure small GPT models (decoder-only Transformers).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # Plain click help: no boxes or type labels, and as wide as the terminal (up to 120 columns).
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+)

@@ -1,0 +1,61 @@
+"""``bench``: training and generation speed, measured in one run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+import typer
+
+from ..paths import resolve_config
+from .base import (
+    Command,
+    app,
+    echo,
+)
+
+
+@app.command(cls=Command)
+def bench(
+    config: Path = typer.Argument(..., help="YAML config whose model, batch, device and dtype to measure."),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key: section.key=value (repeatable)."),
+    iters: int = typer.Option(20, "--iters", min=1, help="Timed optimizer steps (after 3 warm-up steps)."),
+    prompt_len: int = typer.Option(1, "--prompt-len", min=1, help="Prompt tokens for the generation measurement."),
+    max_new_tokens: int = typer.Option(500, "--max-new-tokens", min=1, help="Tokens generated with and without the cache."),
+    generation: bool = typer.Option(True, "--generation/--no-generation", help="Also measure generation."),
+    stream_tokens: int = typer.Option(
+        0, "--stream-tokens", min=0, metavar="N",
+        help="Also time generate's streaming over N tokens: decoded at the end, streamed, streamed with a stop "
+             "string; reports the overheads (needs the corpus and the config's tokenizer; 0: off).",
+    ),
+    prepare: bool = typer.Option(
+        False, "--prepare",
+        help="Instead, time data preparation of the config's corpus (data.path or the dataset) with its tokenizer "
+             "against a bare tokenizers encode_batch loop over the same files, in MB/s.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Measure training tokens/s, MFU (against a matmul peak measured in the same run) and generation speed.
+
+    \b
+    Examples:
+      minigpt bench configs/shakespeare-cpu.yaml --iters 50 --json
+      minigpt bench configs/shakespeare-bpe.yaml --stream-tokens 8000
+      minigpt bench configs/shakespeare-bpe.yaml --set data.path=books/ --prepare
+    """
+    from ..config.schema import load_config
+
+    cfg = load_config(resolve_config(config, echo), set_)
+    if prepare:
+        from ..bench.prepare import bench_prepare, format_bench_prepare
+
+        result = bench_prepare(cfg, echo=echo)
+        print(json.dumps(result, indent=1) if as_json else format_bench_prepare(result))
+        return
+    from ..bench.throughput import bench as run_bench
+    from ..bench.throughput import format_bench
+
+    result = run_bench(cfg, iters=iters, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                       generation=generation, stream_tokens=stream_tokens, echo=echo)
+    print(json.dumps(result, indent=1) if as_json else format_bench(result))

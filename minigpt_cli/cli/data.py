@@ -1,0 +1,89 @@
+"""The commands that make data: ``download`` a corpus, ``train-tokenizer``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import MinigptError
+from ..paths import resolve_config
+from .base import (
+    Command,
+    app,
+    echo,
+)
+
+
+@app.command(cls=Command)
+def download(
+    dataset: str = typer.Argument("tinyshakespeare", help="Corpus to fetch (only tinyshakespeare for now)."),
+    url: Optional[str] = typer.Option(
+        None, "--url", metavar="URL", help="Mirror to fetch from; default $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn repository."
+    ),
+    force: bool = typer.Option(False, "--force", help="Fetch again even if a good copy is on disk."),
+    data_dir: Path = typer.Option(Path("data"), "--data-dir", metavar="DIR", help="Where corpora live."),
+    progress: Optional[bool] = typer.Option(
+        None, "--progress/--no-progress", help="Show a progress bar (default: only when stderr is a terminal)."
+    ),
+) -> None:
+    """Download a corpus into data/<dataset>/input.txt (checksum-verified).
+
+    \b
+    Example: minigpt download --url http://127.0.0.1:8000/input.txt
+    """
+    from ..data.download import download as fetch
+
+    path, fetched = fetch(dataset, data_dir, url=url, force=force, progress=progress,
+                          mirror_hint="pass another --url" if url else None)
+    size = path.stat().st_size
+    if fetched:
+        print(f"downloaded {path} ({size:,} bytes, sha256 verified)")
+    else:
+        print(f"{path} is already here ({size:,} bytes, sha256 verified); --force fetches it again")
+
+
+@app.command("train-tokenizer", cls=Command)
+def train_tokenizer_cmd(
+    config: Optional[Path] = typer.Argument(None, help="A config whose tokenizer and data sections to use."),
+    kind: Optional[str] = typer.Option(None, "--kind", metavar="KIND", help="char, bpe, wordpiece or unigram (default: the config's)."),
+    vocab_size: Optional[int] = typer.Option(
+        None, "--vocab-size", min=1, help="Entries in all, special tokens included (ignored for char)."
+    ),
+    input: Optional[Path] = typer.Option(None, "--input", metavar="PATH", help="Text to train on: a UTF-8 file, a folder of .txt/.jsonl files, a glob or a .jsonl file (default: the config's corpus)."),
+    output: Optional[Path] = typer.Option(
+        None, "--output", metavar="FILE", help="Tokenizer file to write (default: data/<dataset>/tokenizer-<kind>[-<size>][-special-<hash>].json)."
+    ),
+    special_tokens: Optional[List[str]] = typer.Option(
+        None, "--special-tokens", metavar="TEXT",
+        help="A text that becomes one id, e.g. '<|endoftext|>' (repeatable; default: the config's).",
+    ),
+    compare: bool = typer.Option(
+        False, "--compare", help="Train all four kinds at --vocab-size on the same corpus and print one table; writes nothing."
+    ),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key: section.key=value."),
+) -> None:
+    """Train a tokenizer on the corpus and print a summary (or compare all four kinds).
+
+    The summary: vocabulary size, tokens on the validation split, characters
+    per token, whether decode(encode(text)) == text on the corpus, and how a
+    few words are cut.
+
+    \b
+    Examples:
+      minigpt train-tokenizer --kind bpe --vocab-size 1024
+      minigpt train-tokenizer --kind bpe --special-tokens '<|endoftext|>'
+      minigpt train-tokenizer --compare --vocab-size 2048
+    """
+    from ..config.schema import apply_overrides, load_config, validate
+    from ..data.train_tokenizer import run_compare, run_train_tokenizer
+
+    cfg = load_config(resolve_config(config, echo), set_) if config else validate(apply_overrides({}, set_), "--set")
+    if compare:
+        if kind is not None or output is not None:
+            raise MinigptError("--compare trains every kind and writes nothing; drop --kind and --output")
+        print(run_compare(cfg, vocab_size=vocab_size, input_path=input, special_tokens=special_tokens, echo=echo))
+        return
+    print(run_train_tokenizer(cfg, kind=kind, vocab_size=vocab_size, input_path=input, output_path=output,
+                              special_tokens=special_tokens, echo=echo))

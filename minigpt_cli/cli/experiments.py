@@ -1,0 +1,95 @@
+"""Many runs: ``sweep`` trains the variants of a sweep file, ``compare`` puts runs side by side."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import Interrupted
+from .base import (
+    Command,
+    app,
+    echo,
+)
+
+
+@app.command(cls=Command)
+def sweep(
+    file: Path = typer.Argument(..., metavar="SWEEP.yaml", help="The sweep file (see experiments/ for examples)."),
+    jobs: int = typer.Option(1, "--jobs", min=1, metavar="N",
+                             help="Runs at a time, each in its own process with 1/N of the cores (default 1)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
+    progress: Optional[bool] = typer.Option(
+        None, "--progress/--no-progress", help="Show a progress bar over the sweep (default: only when stderr is a terminal)."
+    ),
+) -> None:
+    """Train every variant of a sweep file at every seed, then compare them.
+
+    A sweep file names a base config, a grid and/or named variants of --set
+    overrides, seeds, and a budget per run: optimizer steps (iters), tokens,
+    or wall-clock seconds, so that the comparison is fair. Runs land in
+    runs/<sweep>/<variant>-s<seed>/ as ordinary runs; the summary (a table in
+    summary.md, .csv and .json, and summary.png) lands beside them.
+
+    Started again after a kill, a sweep skips the finished runs and resumes
+    the interrupted one from its checkpoint; a sweep file or base config
+    changed in between is refused, naming the difference, once a run has
+    saved a checkpoint (before that, the edited file is a new start). The
+    runs' folder is the sweep's: train.out_dir may not be overridden. More --jobs than
+    cores is slower than fewer: the runs then fight for the same cores, and
+    each one's matmuls get less of them.
+
+    \b
+    Example: minigpt sweep experiments/ffn.yaml
+    """
+    from ..experiments.compare import format_summary
+    from ..experiments.sweep import run_sweep
+
+    try:
+        result = run_sweep(file, jobs=jobs, progress=progress, echo=echo)
+    except Interrupted as exc:
+        exc.args = (f"{exc}; continue the sweep with: minigpt sweep {shlex.quote(str(file))}",)
+        exc.resume_dir = None
+        raise
+    print(json.dumps(result, indent=1) if as_json else format_summary(result), end="" if not as_json else "\n")
+
+
+@app.command(cls=Command)
+def compare(
+    paths: List[Path] = typer.Argument(..., metavar="RUN_OR_SWEEP...", help="Run folders, or folders of runs (a sweep's)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="DIR",
+                                          help="Where summary.md/.csv/.json/.png go (default: the sweep folder when "
+                                               "one is given, else ./comparison)."),
+    target: Optional[float] = typer.Option(None, "--target", metavar="LOSS",
+                                           help="Val loss for the time-to-target column (default: the worst "
+                                                "run's final val loss)."),
+    metric: Optional[str] = typer.Option(None, "--metric", metavar="val_loss|bits_per_byte",
+                                         help="What the pairwise sentences compare (default: val_loss when the runs "
+                                              "share corpus and tokenizer, else bits_per_byte)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Put runs side by side: one row per variant, averaged over seeds.
+
+    Runs whose configs differ only in the seed are one variant. The table
+    shows the keys that differ, parameters, FLOPs per token, tokens/s, final
+    and best val loss (mean ± standard deviation over seeds), the val loss at
+    equal wall time, val bits per byte (the fair measure across tokenizers),
+    and the time to a target loss; a sentence per pair says whether the
+    difference exceeds the seed noise (twice its standard error).
+
+    \b
+    Examples:
+      minigpt compare runs/ffn
+      minigpt compare runs/quick runs/quick-rope --target 1.9
+    """
+    from ..experiments.compare import expand, format_summary, summarize
+
+    runs_ = expand(paths)
+    out = output or (paths[0] if len(paths) == 1 and runs_ != paths else Path("comparison"))
+    result = summarize(runs_, out=out, target=target, metric=metric, echo=echo)
+    print(json.dumps(result, indent=1) if as_json else format_summary(result), end="" if not as_json else "\n")
+    echo(f"summary written to {out}/summary.md, .csv, .json and .png")

@@ -1,0 +1,139 @@
+"""``train`` a model from a config, or ``prepare`` its data and stop."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import Interrupted, MinigptError
+from ..paths import resolve_config
+from ..run import folder as runs
+from .base import (
+    Command,
+    app,
+    echo,
+    other_rank,
+    say_when_stopped_late,
+)
+
+
+@app.command(cls=Command)
+def train(
+    config: Path = typer.Argument(..., help="YAML config, e.g. configs/shakespeare-cpu.yaml."),
+    set_: List[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set train.learning_rate=3e-4 (repeatable)."
+    ),
+    run_name: Optional[str] = typer.Option(
+        None, "--run-name", metavar="NAME", help="Folder name under runs/ (default: <name>-<date>-<time>)."
+    ),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", metavar="auto|DIR", help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME."
+    ),
+    init_from: Optional[Path] = typer.Option(
+        None, "--init-from", metavar="DIR", help="Fine-tune: start from a local Hugging Face GPT-2 or Llama folder "
+        "(config.json, model.safetensors, tokenizer.json); the same as --set model.init_from=DIR."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and learning rates (with --resume: the run and step it would continue from); train nothing."),
+    progress: Optional[bool] = typer.Option(
+        None, "--progress/--no-progress", help="Show a progress bar (default: only when stderr is a terminal)."
+    ),
+) -> None:
+    """Train a GPT as the config says; the run lands in runs/<name>/.
+
+    Downloads the corpus and trains the tokenizer first if they are missing.
+    The run folder holds config.yaml, tokenizer.json, metrics.jsonl, train.log,
+    loss.png, samples.txt, env.json and checkpoints/{last,best}.
+
+    Ctrl-C (or SIGTERM) saves checkpoints/last, even in the middle of an eval
+    (exit status 130, or 143 for SIGTERM); a second Ctrl-C aborts without
+    saving. --resume continues from it with the same losses the uninterrupted
+    run would have had; a larger train.max_iters trains a run further (the
+    learning-rate schedule then follows the new values). Under torchrun
+    (torchrun --nproc_per_node=N -m minigpt_cli train CONFIG) it trains with
+    DistributedDataParallel. minigpt config-keys lists every key a config or
+    --set may give.
+
+    \b
+    Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
+    """
+    from ..config.schema import load_config
+    from ..hf.finetune import resolve_init_from, resumed_run
+
+    set_ = [*set_, f"model.init_from={init_from}"] if init_from is not None else set_
+    cfg = load_config(resolve_config(config, echo), set_)
+    cfg = resolve_init_from(cfg, resumed_run(cfg, resume))
+    if resume is not None and run_name is not None:
+        raise MinigptError("pass either --resume or --run-name, not both (a resumed run keeps its folder)")
+    from ..trainer import describe_resume, describe_schedule
+    from ..trainer import train as run_training
+
+    if dry_run:
+        from ..trainer.preflight import check_paths
+
+        check_paths(cfg, resume)  # train's own check, before it writes anything
+        if run_name is not None:
+            runs.check_run_name(cfg.train.out_dir, run_name)
+        resuming = describe_resume(cfg, resume) if resume is not None else []  # refused before anything prints
+        print(describe_schedule(cfg))
+        if resuming:
+            print("\n" + "\n".join(resuming))
+        return
+    try:
+        result = run_training(cfg, run_name, resume=resume, echo=echo, progress=progress)
+    except Interrupted as exc:
+        if exc.resume_dir is not None:  # how to go on: this command again, with --resume
+            words = ["minigpt", "train", str(config), *[w for item in set_ for w in ("--set", item)]]
+            exc.args = (f"{exc}; continue with: {shlex.join([*words, '--resume', str(exc.resume_dir)])}",)
+        raise
+    if result.already_done:
+        n = cfg.train.max_iters
+        where = "reached" if result.step == n else f"is at step {result.step}, past"
+        print(f"{result.run_dir} already {where} train.max_iters={n}; nothing was trained. To train longer, "
+              f"raise it, e.g. --set train.max_iters={max(2 * result.step, result.step + 1)}")
+        return
+    if other_rank():  # under torchrun, rank 0 reports for all
+        return
+    val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
+    say_when_stopped_late(f"the run had finished at step {result.step} and is saved in "
+                          f"{runs.checkpoint_dir(result.run_dir, runs.LAST)}")
+    print(f"trained to step {result.step}; final val loss {val}; run folder {result.run_dir}")
+    print(f"sample from it with: minigpt generate --run {shlex.quote(str(result.run_dir))}")
+
+
+@app.command(cls=Command)
+def prepare(
+    config: Path = typer.Argument(..., help="YAML config whose data and tokenizer sections to use."),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key (repeatable)."),
+    progress: Optional[bool] = typer.Option(
+        None, "--progress/--no-progress", help="Show progress bars (default: only when stderr is a terminal)."
+    ),
+) -> None:
+    """Prepare a config's data as train would, and stop: corpus, tokenizer, token files.
+
+    Downloads the named dataset, or reads data.path (a file, a folder of
+    .txt/.jsonl files, a glob), trains the tokenizer if its file is missing,
+    and writes the train and val token files; a later train reuses them.
+
+    \b
+    Example: minigpt prepare configs/shakespeare-bpe.yaml --set data.path=books/
+    """
+    from ..config.schema import load_config
+    from ..data.pipeline import prepare_configured
+
+    cfg = load_config(resolve_config(config, echo), set_)
+    try:
+        corpus, tok, tok_path, data = prepare_configured(cfg, echo, progress)
+    except KeyboardInterrupt:
+        echo("interrupted: no token files were completed (nothing half-written is kept); run the same "
+             "command again to start over")
+        raise typer.Exit(130) from None
+    meta = data.meta
+    print(f"corpus      {corpus.source}: {corpus.size:,} bytes in {len(corpus.files):,} file(s), "
+          f"{meta.get('documents', 1):,} document(s); fingerprint {corpus.fingerprint[:12]}")
+    print(f"tokenizer   {tok.kind}, {tok.vocab_size:,} entries ({tok_path})")
+    split = "whole documents" if meta.get("split") == "documents" else "the end of the text"
+    print(f"token files {data.directory}: {len(data.train):,} train / {len(data.val):,} val tokens "
+          f"({data.train.dtype}; validation: {split})")

@@ -1,0 +1,47 @@
+"""The config key reference: every key's type or choices, default and one-line meaning, from the schema.
+
+``minigpt config-keys`` prints it; the README's table is the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from .schema import Device, UserPath, _fields, _is_section
+
+
+def _type_name(ann: Any) -> str:
+    """``int``, ``float or null``, ``cosine | linear | ...`` for a field's annotation."""
+    origin, args = get_origin(ann), get_args(ann)
+    if origin is Literal:
+        return " | ".join(str(a) for a in args)
+    if origin is Annotated:
+        return {UserPath: "path", Device: "auto | cpu | cuda | cuda:N | mps"}.get(ann) or _type_name(args[0])
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or null"
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    return getattr(ann, "__name__", str(ann))
+
+
+def _shown(value: Any) -> str:
+    """A default as YAML would spell it: null, true, 0.001, a bare word, or a quoted string."""
+    if isinstance(value, str) and re.fullmatch(r"[\w./<>-]+", value):
+        return value
+    return json.dumps(value)
+
+
+def key_rows() -> list[tuple[str, str, str, str]]:
+    """(key, type or choices, default, meaning) for every key, ``section.key`` in a section, in schema order."""
+    return [(key, _type_name(field.rebuild_annotation()), _shown(field.get_default(call_default_factory=True)),
+             field.description or "") for key, field in _fields() if not _is_section(field)]
+
+
+def describe_keys() -> str:
+    """Every config key as a table: key, type or choices, default, one-line meaning."""
+    rows = [("key", "type", "default", "meaning"), *key_rows()]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows)

@@ -1,0 +1,100 @@
+"""YAML for configs: a strict loader (no duplicate keys, no aliases, ``3e-4`` is a float) and a dumper.
+
+Part of the config schema's edge (:mod:`minigpt_cli.config.schema` re-exports :func:`parse_yaml`). No torch here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that writes a string holding a line break as one double-quoted line."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = '"' if any(c in text for c in "\n\r") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as YAML in its own key order; strings with line breaks double-quoted ("\\n"), on one line."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """Valid YAML that a config may not use (a duplicate key, an alias); ``problem`` holds the whole message."""
+
+    def __init__(self, problem: str, mark):
+        super().__init__(problem=problem, problem_mark=mark)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``) and refuses duplicate keys.
+
+    A key given twice in one mapping is an error naming both lines (PyYAML
+    would silently keep the last). Anchors and aliases (``&name``, ``*name``)
+    are refused: a config does not need them, and nested aliases ("billion
+    laughs") turn a few lines into an object too large to validate or print.
+    """
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(f"alias *{event.anchor}: a config may not use anchors and aliases; "
+                           "write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeConstructor reports it
+                continue
+            if first is not None:
+                raise _Refused(f"duplicate key {key!r}, first given on line {first.line + 1}; keep one of them",
+                               key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str, source: str = "<string>") -> Any:
+    """Parse YAML text; a syntax error becomes a one-line :class:`ConfigError`."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid YAML (nested too deeply); a config is a few flat sections") from None
+    except _Refused as exc:
+        mark = exc.problem_mark
+        raise ConfigError(f"{source}: line {mark.line + 1}, column {mark.column + 1}: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{source}:{where}: invalid YAML ({problem}); fix the syntax") from None

@@ -1,0 +1,458 @@
+"""A corpus: the text files ``data.path`` names (or a named download), read as documents, in a stream.
+
+``data.path`` is a UTF-8 text file, a folder (its ``*.txt`` and ``*.jsonl``
+files, recursively, sorted by path), or a glob (``books/**/*.txt``). A text
+file is one document; a JSON Lines file (``.jsonl``) holds one document per
+line, its text in the field ``data.text_field``. Nothing here holds a whole
+file: :func:`documents` reads in blocks of :data:`BLOCK` bytes and yields each
+document as pieces of about :data:`PIECE_CHARS` characters, cut only where
+GPT-2's pre-tokenizer cuts anyway (:func:`cut_pieces`), so encoding the pieces
+one by one gives the ids of the whole document.
+
+Every failure is one :class:`MinigptError` naming the file, and the byte
+offset or line where it can; :data:`MESSAGES` holds the texts.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional, Sequence
+
+from ..errors import MinigptError
+
+#: Files a folder contributes; anything else in it is left out.
+TEXT_SUFFIXES = (".txt",)
+JSONL_SUFFIXES = (".jsonl",)
+#: Bytes read from a file at a time.
+BLOCK = 1 << 22
+#: Documents are handed on in pieces of about this many characters.
+PIECE_CHARS = 1 << 11
+#: A stretch this many times :data:`PIECE_CHARS` with no place where GPT-2's split cuts is cut anyway.
+HARD_CUT_FACTOR = 64
+#: With at least this many documents the validation split is whole documents (the last ones); with fewer,
+#: the tail fraction of the text.
+MANY_DOCUMENTS = 10
+
+#: Every message, by kind.
+MESSAGES = {
+    "missing": "data.path {source!r} does not exist; point data.path at a text file, a folder of .txt/.jsonl "
+               "files or a glob",
+    "no_match": "data.path {source!r} matches no file; check the pattern (quote it in the shell so that minigpt expands it)",
+    "empty_folder": "folder {source!r} holds no .txt or .jsonl files (searched recursively); add some, or point "
+                    "data.path at a file",
+    "empty": "corpus file {path!r} is empty; give it some text, or remove it from data.path",
+    "no_text": "data.path {source!r} holds no text: every document is empty; give it some text",
+    "unreadable": "cannot read corpus file {path!r} ({detail}); check that it is a readable file",
+    "not_utf8": "corpus file {path!r} is not UTF-8 text ({reason} at byte {offset:,}); convert it to UTF-8 "
+                "(e.g. with iconv) or remove it from data.path",
+    "bad_json": "{path}:{line}: does not parse as JSON ({detail}); fix the line, or remove the file from data.path",
+    "not_object": "{path}:{line}: holds a JSON {kind}, not an object with a text field; fix the line, or remove "
+                  "the file from data.path",
+    "no_field": "{path}:{line}: the object has no text field {field!r} (it has {keys}); set data.text_field to "
+                "the field holding the text",
+    "not_text": "{path}:{line}: field {field!r} holds {kind}, not text; set data.text_field to the field holding "
+                "the text",
+}
+
+
+def _error(message: str, **fields: object) -> MinigptError:
+    return MinigptError(MESSAGES[message].format(**fields))
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    """One input file: its resolved path, size in bytes, sha256, whether it is JSON Lines, and its name:
+    the path relative to the folder holding all the corpus's files (what identifies it, wherever that is)."""
+
+    path: Path
+    size: int
+    sha256: str
+    jsonl: bool
+    name: str = ""
+
+    def record(self) -> dict:
+        """The file as ``meta.json`` and the run's records keep it."""
+        return {"path": str(self.path), "name": self.name or self.path.name, "size": self.size,
+                "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The files of one corpus, in reading order, and how to read them.
+
+    ``source``: what the user named (for messages); ``name``: a short stem
+    for its data folder (:meth:`folder`).
+    """
+
+    source: str
+    name: str
+    files: tuple[CorpusFile, ...]
+    text_field: str = "text"
+
+    @property
+    def size(self) -> int:
+        """Bytes in all."""
+        return sum(f.size for f in self.files)
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of every file's (name, size, sha256), in order, and of the JSON field read: 64 hex digits.
+
+        Editing, adding, removing or renaming a file changes it; so does another ``data.text_field`` when
+        a file is JSON Lines. Moving the corpus (or the project holding it) does not: a name is relative to
+        the folder holding all the files.
+        """
+        return self._digest([{k: r[k] for k in ("name", "size", "sha256")} for r in self.records()])
+
+    @property
+    def legacy_fingerprint(self) -> str:
+        """The fingerprint as minigpt computed it before 2026-12 (of each file's absolute path): runs and
+        configs of then carry it, and :meth:`matches` accepts it while the corpus has not moved."""
+        return self._digest([{k: r[k] for k in ("path", "size", "sha256")} for r in self.records()])
+
+    def _digest(self, files: list[dict]) -> str:
+        obj: dict = {"files": files}
+        if any(f.jsonl for f in self.files):
+            obj["text_field"] = self.text_field
+        return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
+
+    def matches(self, fingerprint: str) -> bool:
+        """Whether ``fingerprint`` (a config's ``data.fingerprint``) names this corpus, in either form."""
+        return fingerprint in (self.fingerprint, self.legacy_fingerprint)
+
+    def records(self) -> list[dict]:
+        """Every file as :meth:`CorpusFile.record` gives it."""
+        return [f.record() for f in self.files]
+
+    def folder(self, data_dir: str | Path) -> Path:
+        """``<data_dir>/<name>-<fingerprint[:12]>/``: this corpus's tokenizers and token files."""
+        return Path(data_dir) / f"{self.name}-{self.fingerprint[:12]}"
+
+
+def changed_file(before: Sequence[dict], after: Sequence[dict]) -> Optional[tuple[str, str]]:
+    """The first file that differs between two :meth:`Corpus.records` lists, and how: ``(path, what)``; or None.
+
+    ``what`` is ``"changed"`` (same file, other size or contents), ``"removed"``, ``"added"`` or
+    ``"reordered"``. Files are matched by name (records from before names, by path); the path returned is
+    the file's path now where it still exists.
+    """
+    key = "name" if all("name" in r for r in [*before, *after]) else "path"
+    old = {r[key]: r for r in before}
+    new = {r[key]: r for r in after}
+    for r in before:
+        if r[key] not in new:
+            return r["path"], "removed"
+        if (new[r[key]]["size"], new[r[key]]["sha256"]) != (r["size"], r["sha256"]):
+            return new[r[key]]["path"], "changed"
+    for r in after:
+        if r[key] not in old:
+            return r["path"], "added"
+    if [r[key] for r in before] != [r[key] for r in after]:
+        return after[0]["path"], "reordered"
+    return None
+
+
+def _is_input(p: Path, root: Path) -> bool:
+    """A text or JSON Lines file under ``root``, not hidden and not in a hidden folder (``.git``, ...)."""
+    return (p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES
+            and not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+def _once(paths: Iterable[Path]) -> list[Path]:
+    """``paths`` without a second name for a file seen already (a symbolic link to it, ...), in order."""
+    seen: set[Path] = set()
+    out = []
+    for p in paths:
+        real = p.resolve()
+        if real not in seen:
+            seen.add(real)
+            out.append(p)
+    return out
+
+
+def find_files(source: str | Path) -> list[Path]:
+    """The files ``source`` names, in reading order: a file; a folder's ``*.txt``/``*.jsonl``
+    (recursive, sorted by path, hidden files and folders left out); or a glob's matching files (sorted).
+    A file reached twice (through a symbolic link) is read once.
+
+    Raises:
+        MinigptError: nothing there, a folder without such files, a glob matching none.
+    """
+    text = str(source)
+    p = Path(text).expanduser()
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = _once(sorted(q for q in p.rglob("*") if _is_input(q, p)))
+        if not files:
+            raise _error("empty_folder", source=text)
+        return files
+    if glob.has_magic(text):
+        files = _once(sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file()))
+        if not files:
+            raise _error("no_match", source=text)
+        return files
+    raise _error("missing", source=text)
+
+
+def _sha256(path: Path, on_bytes: Callable[[int], None]) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(BLOCK):
+                h.update(block)
+                on_bytes(len(block))
+    except OSError as exc:
+        raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+    return h.hexdigest()
+
+
+def _stem(source: str, files: Sequence[Path]) -> str:
+    """A readable folder name: the file's stem, the folder's name, or ``corpus`` for a glob."""
+    p = Path(source).expanduser()
+    name = p.stem if p.is_file() else p.name if p.is_dir() else "corpus"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")[:40] or "corpus"
+
+
+def open_corpus(source: str | Path, text_field: str = "text",
+                on_bytes: Callable[[int], None] = lambda n: None, name: Optional[str] = None) -> Corpus:
+    """The corpus ``source`` names, its files hashed (``on_bytes`` is told each block's size); ``name``: its
+    folder stem (default: from ``source``, :meth:`Corpus.folder`).
+
+    Raises:
+        MinigptError: as :func:`find_files`; an empty or unreadable file.
+    """
+    found = find_files(source)
+    # Names are relative to the folder holding every file (a single file's: its own folder), as the user
+    # named them (before symbolic links are followed).
+    root = Path(os.path.commonpath([os.path.abspath(p.parent) for p in found]))
+    files = []
+    for p in found:
+        try:
+            size = p.stat().st_size
+        except OSError as exc:
+            raise _error("unreadable", path=str(p), detail=exc.strerror or exc) from None
+        if size == 0 and len(found) == 1:
+            raise _error("empty", path=str(p))
+        files.append(CorpusFile(p.resolve(), size, _sha256(p, on_bytes), p.suffix.lower() in JSONL_SUFFIXES,
+                                Path(os.path.abspath(p)).relative_to(root).as_posix()))
+    return Corpus(str(source), name or _stem(str(source), found), tuple(files), text_field)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
+    """The text of a UTF-8 file in blocks, each with the byte count it took; a leading BOM dropped.
+
+    Raises:
+        MinigptError: unreadable, or not UTF-8 (naming the byte offset of the first bad byte).
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, first = 0, True
+    try:
+        with open(path, "rb") as f:
+            while True:
+                block = f.read(BLOCK)
+                pending = len(decoder.getstate()[0])
+                try:
+                    text = decoder.decode(block, final=not block)
+                except UnicodeDecodeError as exc:
+                    raise _error("not_utf8", path=str(path), reason=exc.reason,
+                                 offset=offset - pending + exc.start) from None
+                if first and text.startswith("\ufeff"):
+                    text = text[1:]
+                first = False
+                offset += len(block)
+                if text or block:
+                    yield text, len(block)
+                if not block:
+                    return
+    except OSError as exc:
+        raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+
+
+def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
+    """The documents of a JSON Lines file, each with the byte count of its line; blank lines skipped.
+
+    Raises:
+        MinigptError: a line that is not UTF-8 or not a JSON object, or that lacks a text ``field``.
+    """
+    offset = 0
+    try:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise _error("not_utf8", path=str(path), reason=exc.reason, offset=offset + exc.start) from None
+                offset += len(raw)
+                if not line.strip():
+                    yield "", len(raw)
+                    continue
+                if number == 1:
+                    line = line.removeprefix("\ufeff")  # a byte-order mark, as Windows tools write one
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise _error("bad_json", path=path, line=number, detail=f"{exc.msg} at column {exc.colno}") from None
+                if not isinstance(obj, dict):
+                    kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
+                    raise _error("not_object", path=path, line=number, kind=kind)
+                if field not in obj:
+                    keys = ", ".join(map(repr, list(obj)[:8])) or "no fields"
+                    raise _error("no_field", path=path, line=number, field=field, keys=keys)
+                text = obj[field]
+                if not isinstance(text, str):
+                    raise _error("not_text", path=path, line=number, field=field, kind=type(text).__name__)
+                yield text, len(raw)
+    except OSError as exc:
+        raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+
+
+#: Where GPT-2's split (``tokenizer_training.SPLIT_PATTERN``) cuts anyway: after a single newline between two
+#: non-spaces, or before a single space between two non-spaces.
+SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)|(?<=\S)(?= \S)")
+
+
+def _inside_special(text: str, pos: int, special_tokens: Sequence[str]) -> bool:
+    """Whether an occurrence of a special token in ``text`` spans position ``pos`` (cutting there would break it)."""
+    for s in special_tokens:
+        lo = max(0, pos - len(s) + 1)
+        i = text.find(s, lo)
+        while i != -1 and i < pos:
+            if i + len(s) > pos:
+                return True
+            i = text.find(s, i + 1)
+    return False
+
+
+def cut_pieces(chunks: Iterable[str], size: Optional[int] = None, special_tokens: Sequence[str] = ()) -> Iterator[str]:
+    """The text of ``chunks`` (one document, in order) as pieces of about ``size`` characters
+    (default :data:`PIECE_CHARS`).
+
+    A cut falls only where :data:`SAFE_CUT` matches, so every trained
+    tokenizer kind (they all split words with GPT-2's regex) encodes the
+    pieces to the ids of the whole text; never inside a special token. A
+    stretch of :data:`HARD_CUT_FACTOR` × ``size`` characters with no such
+    place (no whitespace at all) is cut at ``size`` anyway: the one place
+    where the ids may differ from the whole text's, by a token or two.
+    """
+    size = size or PIECE_CHARS
+    risky = [s for s in special_tokens if any(ch.isspace() for ch in s)]  # others never span a safe cut
+    longest = max(map(len, special_tokens), default=1)
+    buf = ""
+    for chunk in chunks:
+        buf += chunk
+        start = 0
+        while len(buf) - start > size:
+            m = SAFE_CUT.search(buf, start + size)
+            while m is not None and risky and _inside_special(buf, m.start(), risky):
+                m = SAFE_CUT.search(buf, m.start() + 1)
+            if m is None:
+                if len(buf) - start < HARD_CUT_FACTOR * size:
+                    break
+                cut = start + size
+                while cut > start + 1 and _inside_special(buf, cut, special_tokens):
+                    cut -= 1
+                cut = cut if cut > start + 1 else start + size + longest
+            else:
+                cut = m.start()
+            yield buf[start:cut]
+            start = cut
+        buf = buf[start:]
+    if buf:
+        yield buf
+
+
+def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]]]:
+    """Each document of ``corpus`` as an iterator of its text in blocks, with a function giving the bytes
+    read so far (for a progress bar). Iterate each document's blocks before taking the next document.
+
+    Raises:
+        MinigptError: as :func:`_text_blocks` and :func:`_jsonl_documents`, while reading.
+    """
+    done = [0]
+
+    def read_so_far() -> int:
+        return done[0]
+
+    def counted(blocks: Iterator[tuple[str, int]]) -> Iterator[str]:
+        for text, n in blocks:
+            done[0] += n
+            yield text
+
+    for f in corpus.files:
+        if f.jsonl:
+            for text, n in _jsonl_documents(f.path, corpus.text_field):
+                done[0] += n
+                yield iter((text,)), read_so_far
+        else:
+            yield counted(_text_blocks(f.path)), read_so_far
+
+
+@dataclass
+class Survey:
+    """What one reading pass found: non-empty documents, their characters, and (when asked) the alphabet."""
+
+    n_documents: int
+    total_chars: int
+    chars: Optional[set[str]] = None
+
+
+def survey(corpus: Corpus, alphabet: bool = False, on_bytes: Callable[[int], None] = lambda n: None) -> Survey:
+    """Read ``corpus`` once, checking every file, and count its non-empty documents and their characters.
+
+    ``alphabet``: also collect the distinct characters (for a char tokenizer; slower).
+
+    Raises:
+        MinigptError: a file that is not UTF-8, a bad JSON line (:func:`documents`), or no text at all.
+    """
+    n_docs = total = 0
+    chars: Optional[set[str]] = set() if alphabet else None
+    seen = 0
+    for blocks, read_so_far in documents(corpus):
+        n = 0
+        for text in blocks:
+            n += len(text)
+            if chars is not None:
+                chars.update(text)
+        n_docs += n > 0
+        total += n
+        now = read_so_far()
+        on_bytes(now - seen)
+        seen = now
+    if not total:
+        raise _error("no_text", source=corpus.source)
+    return Survey(n_docs, total, chars)
+
+
+def corpus_text(corpus: Corpus, limit_chars: Optional[int] = None, separator: str = "\n\n") -> str:
+    """The documents of ``corpus`` joined by ``separator``, stopping after about ``limit_chars`` characters
+    (at a :func:`cut_pieces` boundary); for training a tokenizer.
+
+    Raises:
+        MinigptError: as :func:`documents`.
+    """
+    parts: list[str] = []
+    n = 0
+    for blocks, _ in documents(corpus):
+        first = True
+        for piece in cut_pieces(blocks):
+            if not piece:
+                continue
+            if first and parts:
+                parts.append(separator)
+            first = False
+            parts.append(piece)
+            n += len(piece)
+            if limit_chars is not None and n >= limit_chars:
+                return "".join(parts)
+    return "".join(parts)

@@ -1,0 +1,413 @@
+"""Download a named corpus (:data:`DATASETS`): streamed, checksummed, written atomically.
+
+The body streams into a partial file beside ``data/<dataset>/input.txt``
+(:mod:`minigpt_cli.data.download_files`) while its sha256 is computed, and only a
+verified file is renamed over the target. The progress bar and notices go to
+stderr. Every failure is one :class:`MinigptError`: :func:`_classify` picks its
+kind, :data:`_MESSAGES` holds its text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import re
+import sys
+import time
+import urllib.parse
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from http import HTTPStatus
+from itertools import takewhile
+from pathlib import Path
+from typing import IO, Iterator
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+from tqdm import tqdm
+
+from .. import paths
+from ..errors import MinigptError
+from ..paths import corpus_path
+from .download_files import PART_GLOB, install, open_part, sweep_partial_files  # noqa: F401 (PART_GLOB: re-exported)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A corpus: its folder under ``data/``, default address, sha256, size in bytes and mirror variable."""
+
+    name: str
+    url: str
+    sha256: str
+    size: int
+    url_env: str
+
+
+def url_variable(name: str) -> str:
+    """The environment variable naming a mirror of dataset ``name``: ``MINIGPT_<NAME>_URL``."""
+    return "MINIGPT_" + re.sub(r"[^A-Z0-9]+", "_", name.upper()) + "_URL"
+
+
+def datasets() -> dict[str, Dataset]:
+    """The corpora ``minigpt download`` knows, by name: the package's registry file
+    (:func:`~minigpt_cli.paths.dataset_registry`); a new one is a new entry there, no code."""
+    return {name: Dataset(name=name, url=e["url"], sha256=e["sha256"], size=int(e["size"]),
+                          url_env=url_variable(name))
+            for name, e in paths.dataset_registry().items()}
+
+
+#: The registry as it was when this module was imported.
+DATASETS: dict[str, Dataset] = datasets()
+#: Tiny Shakespeare's folder name, and its entry's fields under their own names.
+DATASET = "tinyshakespeare"
+DEFAULT_URL, URL_ENV, SHA256, SIZE = (getattr(DATASETS[DATASET], k) for k in ("url", "url_env", "sha256", "size"))
+
+_CHUNK = 64 * 1024
+_RETRY_STATUSES = (429, 500, 502, 503, 504)
+
+#: Every message a download gives, by kind; the fields are those of :meth:`_Attempt.error`.
+_MESSAGES = {
+    "invalid_url": "cannot download {url!r}: not a valid http(s) URL ({detail}); pass a full https://... "
+                   "address with --url, data.url or in {env}",
+    "unreachable": "cannot reach {url} ({reason}); check your network or {hint}",
+    "request_failed": "download of {url} failed ({reason}); {fix}",
+    "http_status": "download of {url} failed: {status}; {fix}",
+    "wrong_length": "download of {url} announces {total:,} bytes (Content-Length), expected {size:,}; "
+                    "the mirror serves a different file; {fix}",
+    "cannot_create": "cannot write into {folder}: {detail}; {perms}",
+    "too_long": "download of {url} sent more than the expected {size:,} bytes; stopped and deleted the "
+                "partial file; the mirror serves a different file; {fix}",
+    "disk_write": "cannot write {dest}: {detail}; free some disk space or pass another data directory",
+    "bad_encoding": "download of {url} sent a {encoding} body that does not decode; the mirror serves a "
+                    "damaged file; {fix}",
+    "cut_off": "download of {url} was cut off after {received:,}{of_total} bytes ({reason}); try again or {hint}",
+    "cut_short": "download of {url} was cut off after {received:,} of {total:,} bytes; try again or {hint}",
+    "checksum": "download of {url} has sha256 {got} ({received:,} bytes), expected {sha256} ({size:,} bytes); "
+                "the mirror serves a different file; {fix}",
+    "cannot_install": "cannot write {dest}: {detail}; {perms}",
+    "is_folder": "{path} is a folder where the corpus file belongs; move or delete it, then rerun",
+    "unknown_dataset": "unknown dataset {name!r}; known datasets: {known}",
+    # Notices on stderr, not errors.
+    "swept": "removed {n} partial file(s) of an earlier, interrupted download in {folder}",
+    "refetch": "{path} fails its checksum; downloading it again",
+    "backup": "kept the earlier {path} (it failed the checksum) as {backup}",
+}
+
+#: For each phase of a download, the exceptions that end it and their message kind (first match wins).
+_FAILURES: dict[str, tuple[tuple[type | tuple[type, ...], str], ...]] = {
+    "request": (((requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
+                  requests.exceptions.InvalidURL), "invalid_url"),
+                ((requests.ConnectionError, requests.Timeout), "unreachable"),
+                (requests.RequestException, "request_failed")),
+    "open": ((OSError, "cannot_create"),),
+    # ChunkedEncodingError (IncompleteRead / ProtocolError), ConnectionError (reset, read timeout).
+    "read": ((requests.exceptions.ContentDecodingError, "bad_encoding"),
+             ((requests.RequestException, urllib3.exceptions.HTTPError, OSError), "cut_off")),
+    "write": ((OSError, "disk_write"),),
+    "install": ((OSError, "cannot_install"),),
+}
+
+
+def _classify(exc: BaseException, phase: str) -> str | None:
+    """The message kind for ``exc`` ending ``phase``; None for anything else (a bug: let it through)."""
+    return next((kind for types, kind in _FAILURES[phase] if isinstance(exc, types)), None)
+
+
+def get_dataset(dataset: str | Dataset) -> Dataset:
+    """The :func:`datasets` entry named ``dataset`` (an entry is returned as is).
+
+    Raises MinigptError for an unknown name; the message lists the known ones.
+    """
+    if isinstance(dataset, Dataset):
+        return dataset
+    known = datasets()
+    if dataset not in known:
+        raise MinigptError(_MESSAGES["unknown_dataset"].format(name=dataset, known=", ".join(known)))
+    return known[dataset]
+
+
+def resolve_url(url: str | None = None, dataset: str | Dataset = DATASET) -> str:
+    """The address to download from: ``url`` (``--url``), else the dataset's variable
+    (``$MINIGPT_TINYSHAKESPEARE_URL``), else its default. Blank values count as not given."""
+    ds = get_dataset(dataset)
+    if url is not None and url.strip():
+        return url.strip()
+    return os.environ.get(ds.url_env, "").strip() or ds.url
+
+
+def file_ok(path: str | Path, dataset: str | Dataset = DATASET) -> bool:
+    """True when ``path`` is a regular file holding exactly the genuine corpus of ``dataset``
+    (the size is compared before hashing); an unreadable file counts as not OK."""
+    ds, p = get_dataset(dataset), Path(path)
+    try:
+        if not p.is_file() or p.stat().st_size != ds.size:
+            return False
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest() == ds.sha256
+    except OSError:
+        return False
+
+
+def url_corpus_on_disk(data_dir: str | Path, dataset: str, url: str | None) -> bool:
+    """Whether ``data.url`` is set while the named corpus is already on disk and genuine (the note that
+    the url is not fetched); not hashed when no url is set."""
+    return bool(url and url.strip()) and file_ok(corpus_path(data_dir, dataset), dataset)
+
+
+# ----------------------------------------------------------------------------- network
+
+
+class _Retry(urllib3.util.Retry):
+    """urllib3's Retry, whose final MaxRetryError says how many ``attempts`` were made."""
+
+    def increment(self, *args, **kwargs):
+        try:
+            return super().increment(*args, **kwargs)
+        except urllib3.exceptions.MaxRetryError as exc:
+            exc.attempts = len(self.history) + 1  # each earlier failure left one history entry
+            raise
+
+
+def _session(retries: int, backoff_factor: float) -> requests.Session:
+    """A session that retries failed connections and 429/5xx answers to GET, then hands back the
+    last 5xx answer (no RetryError), so the message can say "HTTP 503 Service Unavailable"."""
+    retry = _Retry(total=retries, backoff_factor=backoff_factor, status_forcelist=_RETRY_STATUSES,
+                   allowed_methods=["GET"], raise_on_status=False)
+    session, adapter = requests.Session(), HTTPAdapter(max_retries=retry)
+    for scheme in ("http://", "https://"):
+        session.mount(scheme, adapter)
+    return session
+
+
+def _one_line(text: object, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """Every exception reachable from ``exc``: causes, contexts, ``.reason``, args."""
+    seen: set[int] = set()
+    stack: list[object] = [exc]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, BaseException) and id(e) not in seen:
+            seen.add(id(e))
+            yield e
+            stack.extend([*(a for a in e.args if isinstance(a, BaseException)),
+                          getattr(e, "reason", None), e.__context__, e.__cause__])
+
+
+def _reason(exc: BaseException, timeout: float, elapsed: float) -> str:
+    """A short, one-line reason for a network failure, found in the chain requests > urllib3 > socket.
+
+    The operating system's error ("Connection refused") first; a body cut short or a timeout
+    (retried: how many attempts, in ``elapsed`` seconds) get a phrase; else the outermost message.
+    """
+    chain = list(_chain(exc))
+    if any(isinstance(e, http.client.IncompleteRead) for e in chain):
+        return "the server closed the connection early"
+    for e in chain:  # requests' exceptions subclass OSError too; we want the socket's own error.
+        if isinstance(e, OSError) and not isinstance(e, (requests.RequestException, TimeoutError)) \
+                and (e.strerror or str(e)):
+            return _one_line(e.strerror or str(e))
+    # NewConnectionError subclasses ConnectTimeoutError, hence the OSError pass first.
+    if any(isinstance(e, (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)) for e in chain):
+        attempts = max((getattr(e, "attempts", 1) for e in chain), default=1)
+        if attempts > 1:
+            return (f"timed out: no answer within {timeout:g} s on each of {attempts} attempts, "
+                    f"{elapsed:.{1 if elapsed < 10 else 0}f} s in all")
+        return f"timed out after {timeout:g} s"
+    return _one_line(str(exc) or type(exc).__name__)
+
+
+def _redact(url: str) -> str:
+    """``url`` for messages: a password in it (``user:secret@host``) shown as ``***``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
+
+# ----------------------------------------------------------------------------- one download
+
+
+@dataclass
+class _Attempt:
+    """One download under way: what it has received so far, and the messages its failures get."""
+
+    ds: Dataset
+    url: str  # redacted: for messages only
+    dest: Path
+    hint: str
+    timeout: float
+    started: float = 0.0
+    total: int | None = None  # the announced Content-Length
+    received: int = 0
+    encoding: str = "identity"
+    part: IO[bytes] | None = None
+
+    def error(self, kind: str, exc: BaseException | None = None, **extra: object) -> MinigptError:
+        """The :class:`MinigptError` of :data:`_MESSAGES` ``[kind]``, filled from this download and ``exc``."""
+        fields = dict(
+            url=self.url, env=self.ds.url_env, hint=self.hint, fix=f"check the URL or {self.hint}",
+            perms="check the folder's permissions or pass another data directory",
+            size=self.ds.size, sha256=self.ds.sha256, dest=self.dest, folder=self.dest.parent,
+            total=self.total, received=self.received, encoding=self.encoding,
+            of_total=f" of {self.total:,}" if self.total is not None else "",
+        )
+        if exc is not None:
+            fields.update(detail=_one_line(exc), reason=_reason(exc, self.timeout, time.monotonic() - self.started))
+        return MinigptError(_MESSAGES[kind].format(**fields, **extra))
+
+    @contextmanager
+    def failing(self, phase: str) -> Iterator[None]:
+        """Turn an exception that ends ``phase`` (:func:`_classify`) into its one-line :class:`MinigptError`."""
+        try:
+            yield
+        except Exception as exc:
+            kind = _classify(exc, phase)
+            if kind is None:
+                raise
+            raise self.error(kind, exc) from None
+
+    def check(self, resp: requests.Response) -> None:
+        """Refuse an HTTP error, or a Content-Length other than the dataset's size
+        (not compared with a Content-Encoding: gzip's counts compressed bytes)."""
+        if not 200 <= resp.status_code < 300:
+            phrase = resp.reason or next((s.phrase for s in HTTPStatus if s == resp.status_code), "")
+            raise self.error("http_status", status=_one_line(f"HTTP {resp.status_code} {phrase}"))
+        self.encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+        with suppress(KeyError, ValueError):
+            if self.encoding in ("", "identity"):
+                self.total = int(resp.headers["Content-Length"])
+        if self.total is not None and self.total != self.ds.size:
+            raise self.error("wrong_length")
+
+    def _chunks(self, resp: requests.Response) -> Iterator[bytes]:
+        with self.failing("read"):
+            yield from (chunk for chunk in resp.iter_content(chunk_size=_CHUNK) if chunk)
+
+    def save(self, resp: requests.Response, progress: bool | None) -> str:
+        """Stream the body into :attr:`part` with a tqdm bar on stderr, fsync it; return its sha256."""
+        digest = hashlib.sha256()
+        with self.part as f, tqdm(total=self.total, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
+                                  desc=str(self.dest), file=sys.stderr,
+                                  disable=None if progress is None else not progress) as bar:  # None: a terminal
+            for chunk in self._chunks(resp):
+                if self.received + len(chunk) > self.ds.size:  # a server streaming without end must not fill the disk
+                    raise self.error("too_long")
+                with self.failing("write"):
+                    f.write(chunk)
+                digest.update(chunk)
+                self.received += len(chunk)
+                bar.update(len(chunk))
+            with self.failing("write"):
+                f.flush()
+                os.fsync(f.fileno())
+        return digest.hexdigest()
+
+    def verify(self, digest: str) -> None:
+        """Refuse a body shorter than announced, or one whose sha256 is not the dataset's."""
+        if self.total is not None and self.received < self.total:
+            raise self.error("cut_short")  # urllib3 normally raises IncompleteRead first; this is the backstop
+        if digest != self.ds.sha256:
+            raise self.error("checksum", got=digest)
+
+
+def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout: float, retries: int,
+           backoff_factor: float, mirror_hint: str) -> Path | None:
+    """Stream ``url`` into ``dest`` atomically (see :func:`download`); return where a differing
+    file that was at ``dest`` was kept, or None."""
+    att = _Attempt(ds, _redact(url), dest, mirror_hint, timeout)
+    created = list(takewhile(lambda d: not d.exists() and d != d.parent, [dest.parent, *dest.parent.parents]))
+    swept = [] if created else sweep_partial_files(dest.parent)
+    if swept:
+        tqdm.write(_MESSAGES["swept"].format(n=len(swept), folder=dest.parent), file=sys.stderr)
+    try:
+        with _session(retries, backoff_factor) as session:
+            att.started = time.monotonic()
+            with att.failing("request"):
+                resp = session.get(url, stream=True, timeout=timeout)
+            with resp:
+                att.check(resp)
+                with att.failing("open"):
+                    att.part = open_part(dest)
+                digest = att.save(resp, progress)
+        att.verify(digest)
+        with att.failing("install"):
+            backup = install(att.part.name, dest, genuine=lambda p: file_ok(p, ds))
+        att.part = None
+        return backup
+    except BaseException:
+        # Leave no trace of a failed download: the partial file and the folders we made (deepest first).
+        with suppress(OSError):
+            if att.part is not None:
+                os.remove(att.part.name)
+        with suppress(OSError):
+            for d in created:
+                d.rmdir()
+        raise
+
+
+def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | None = None, force: bool = False,
+             progress: bool | None = None, timeout: float = 30.0, retries: int = 3, backoff_factor: float = 0.5,
+             mirror_hint: str | None = None) -> tuple[Path, bool]:
+    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus.
+
+    A file there that passes the sha256 check is kept and no request is made
+    (unless ``force``); one that fails it is downloaded again, and kept as
+    ``input.txt.bak`` (or ``.bak-N``) once the download is verified. The body
+    streams into a partial file beside the target (stale ones are swept first,
+    :func:`sweep_partial_files`), stops as soon as the server announces or
+    sends a size other than the dataset's, is checked against its sha256,
+    fsynced and renamed over the target. A failure leaves no new file or
+    folder behind. Failed connections and 429/5xx answers are retried (urllib3
+    ``Retry``, exponential backoff); a body cut off mid-stream is not.
+
+    Args:
+        dataset: a name in :data:`DATASETS`, or an entry.
+        url: the address; None: the dataset's variable, then its default (:func:`resolve_url`).
+        progress: a tqdm bar on stderr; None: only when stderr is a terminal.
+        timeout: seconds to wait to connect and between received bytes.
+        retries, backoff_factor: urllib3 ``Retry``'s total and backoff factor.
+        mirror_hint: how the user points at another mirror, for the messages
+            (default: set the dataset's variable; a config's ``data.url`` says so).
+
+    Returns:
+        ``(path, downloaded)``: the corpus path and whether it was downloaded now.
+
+    Raises:
+        MinigptError: one line naming the URL, the problem and the fix
+            (:data:`_MESSAGES`): an unknown dataset or invalid URL, an unreachable
+            or silent server, an HTTP error, a body cut off, too long or with
+            another sha256, or a file that cannot be written.
+    """
+    ds = get_dataset(dataset)
+    url = resolve_url(url, ds)
+    path = corpus_path(data_dir, ds.name)
+    if path.is_dir():
+        raise MinigptError(_MESSAGES["is_folder"].format(path=path))
+    exists = path.exists()
+    good = exists and file_ok(path, ds)
+    if good and not force:
+        return path, False
+    if exists and not good and not force:
+        tqdm.write(_MESSAGES["refetch"].format(path=path), file=sys.stderr)
+    backup = _fetch(ds, url, path, progress=progress, timeout=timeout, retries=retries,
+                    backoff_factor=backoff_factor, mirror_hint=mirror_hint or f"set {ds.url_env} to a mirror")
+    if backup is not None:
+        tqdm.write(_MESSAGES["backup"].format(path=path, backup=backup), file=sys.stderr)
+    return path, True
+
+
+def download_tinyshakespeare(data_dir: str | Path = "data", **kwargs) -> tuple[Path, bool]:
+    """:func:`download` of Tiny Shakespeare into ``<data_dir>/tinyshakespeare/input.txt``; same arguments and errors."""
+    return download(DATASET, data_dir, **kwargs)

@@ -1,0 +1,427 @@
+"""The config's corpus and tokenizer, made ready for training, and the batches drawn from token memmaps.
+
+:func:`configured_corpus` finds the corpus the config names (``data.path``,
+else the named ``data.dataset``, downloaded first) and the folder its
+tokenizers and token files go in; :func:`ensure_tokenizer` trains the
+configured tokenizer on it when its file is missing; the streaming
+preparation itself is :mod:`minigpt_cli.data.preparation`. :class:`BatchSampler`
+and :func:`eval_offsets` draw the (x, y) windows the trainer and the eval read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..config.schema import Config
+from ..config.special_tokens import END_OF_TEXT
+from ..errors import MinigptError
+from ..paths import corpus_path, dataset_dir, default_tokenizer_path
+from ..run import folder as runs
+from ..tokenizer.kinds import Tokenizer, load_tokenizer
+from ..tokenizer.training import train_tokenizer
+from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, find_files, open_corpus
+
+#: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus
+#: (its first documents); the char tokenizer reads all of it (every character needs an id).
+TOKENIZER_TRAIN_CHARS = 64 << 20
+
+
+#: The download errors' fix when the config names a mirror (the url must serve the checksummed corpus itself).
+_URL_HINT = ("fix data.url in the config (it overrides the environment): it must name a mirror of the "
+             "{dataset} corpus itself, not another text (for your own text, set data.path instead)")
+
+#: The messages of a corpus that is not the one the config or the run names.
+_FINGERPRINT = ("the corpus is not the one data.fingerprint names ({want}…; now {got}…): a file was edited, added "
+                "or removed; set data.fingerprint: null to train on it as it is now")
+
+
+def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
+    """The named dataset's corpus file, downloaded first (saying so) if it is not there or fails its checksum.
+
+    ``progress``: the download's bar; None shows it only when stderr is a terminal.
+
+    Raises:
+        MinigptError: the download failed (:func:`~minigpt_cli.data.download.download`); with ``data.url``
+            set, the fix says it must be a mirror of the named corpus.
+    """
+    from .download import download, file_ok
+
+    path = corpus_path(cfg.data.data_dir, cfg.data.dataset)
+    if not file_ok(path, cfg.data.dataset):
+        log(f"{path} not found or incomplete; downloading it first")
+        hint = _URL_HINT.format(dataset=cfg.data.dataset) if cfg.data.url else None
+        path, _ = download(cfg.data.dataset, cfg.data.data_dir, url=cfg.data.url, progress=progress,
+                           mirror_hint=hint)
+    return path
+
+
+def configured_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> tuple[Corpus, Path]:
+    """The corpus the config names, and the folder its tokenizers and token files go in.
+
+    ``data.path``: those files (hashed; a bar in bytes when ``progress``),
+    kept in ``<data_dir>/<name>-<fingerprint[:12]>/``, so an edited corpus gets
+    a folder, tokenizer and token files of its own. Else the named dataset,
+    downloaded first when missing (:func:`ensure_corpus`), in ``<data_dir>/<dataset>/``.
+
+    Raises:
+        MinigptError: a ``data.path`` that names nothing readable (:func:`~minigpt_cli.data.corpus.open_corpus`),
+            or a failed download.
+    """
+    from tqdm import tqdm
+
+    dc = cfg.data
+    if dc.path is None:
+        corpus = open_corpus(ensure_corpus(cfg, log, progress), dc.text_field, name=dc.dataset)
+        root = dataset_dir(dc.data_dir, dc.dataset)
+    else:
+        with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="hash corpus", leave=False,
+                  disable=None if progress is None else not progress) as bar:
+            corpus = open_corpus(dc.path, dc.text_field, on_bytes=bar.update)
+        root = corpus.folder(dc.data_dir)
+    return corpus, root
+
+
+#: A run's data.path corpus that is found neither where train read it nor from the current folder.
+_RUN_CORPUS_GONE = ("run {run} trained on a corpus that is gone: nothing at {path} (data.path {given!r}, from "
+                    "{base}, where it trained); put the corpus back there")
+
+
+def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
+    """A run's config with its corpus found from any folder: ``data.data_dir`` and ``data.path`` as
+    ``train`` read them (``evaluate``, ``compare`` and ``inspect`` read the run's splits through it).
+
+    Relative paths were relative to the folder train ran in: they are joined to each place that folder may
+    be now (:func:`~minigpt_cli.run.folder.training_dirs`: where it was, then where the run folder says it is,
+    after a project was moved whole), and the first that holds the corpus is taken; then the current
+    folder. A named dataset found nowhere is downloaded again (by :func:`configured_corpus`) into the data
+    folder of the first of those places that still exists.
+
+    Raises:
+        MinigptError: a ``data.path`` corpus found in none of them, naming where it was.
+    """
+    bases = runs.training_dirs(run_dir, cfg.train.out_dir)
+    if not bases:
+        return cfg
+    dc = cfg.data
+    joined = [cfg.model_copy(update={"data": dc.model_copy(update={
+        "data_dir": str(base / dc.data_dir), "path": None if dc.path is None else str(base / dc.path)})})
+        for base in bases]
+    for there in (*joined, cfg):
+        if _corpus_found(there):
+            return there
+    if dc.path is not None:
+        raise MinigptError(_RUN_CORPUS_GONE.format(run=run_dir, path=joined[0].data.path, given=dc.path,
+                                                   base=bases[0]))
+    for base, there in zip(bases, joined):
+        if base.is_dir():  # downloaded again where train had it, if that folder is still there
+            return there
+    return cfg
+
+
+def _corpus_found(cfg: Config) -> bool:
+    """Whether the config's corpus has files where it says: the named dataset's file, or ``data.path``'s."""
+    dc = cfg.data
+    if dc.path is None:
+        return corpus_path(dc.data_dir, dc.dataset).is_file()
+    try:
+        return bool(find_files(dc.path))
+    except MinigptError:
+        return False
+
+
+def corpus_on_disk(cfg: Config) -> Optional[Corpus]:
+    """The config's corpus when it can be read without a download: ``data.path``'s files, or the named
+    dataset's file when present and genuine; else None (for ``--dry-run``).
+
+    Raises:
+        MinigptError: a ``data.path`` that names nothing readable (as :func:`configured_corpus`).
+    """
+    from .download import file_ok
+
+    dc = cfg.data
+    if dc.path is not None:
+        return open_corpus(dc.path, dc.text_field)
+    path = corpus_path(dc.data_dir, dc.dataset)
+    if not file_ok(path, dc.dataset):
+        return None
+    return open_corpus(path, dc.text_field, name=dc.dataset)
+
+
+#: A run's corpus that changed since it trained, read by evaluate, compare or inspect.
+_RUN_CORPUS_CHANGED = ("corpus file {path} was {what} since run {run} trained on it{detail}; its splits are read "
+                       "from the corpus as the run had it: restore that, or score the text as it is now with "
+                       "minigpt evaluate --text-file")
+
+
+def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
+    """What differs between a checkpoint's record of its corpus's files (``meta.json``'s ``corpus.files``)
+    and ``corpus`` now: (path, what, detail): the file's path now (where it was, for one removed, under the
+    corpus's folder now), ``edited``/``changed``, ``removed``, ``added`` or ``reordered``, and for a changed
+    file its sha256 and size then and now ("" otherwise)."""
+    now_records = corpus.records()
+    found = changed_file(before, now_records)
+    if found is None:
+        return corpus.source, "changed", ""
+    path, what = found
+    key = "name" if all("name" in r for r in [*before, *now_records]) else "path"
+    now = next((r for r in now_records if r["path"] == path), None)
+    old = ({r[key]: r for r in before}.get(now[key]) if now is not None
+           else next((r for r in before if r["path"] == path), None))
+    if what == "removed" and key == "name" and old is not None and now_records:  # where it was, moved or not
+        root = Path(now_records[0]["path"]).parents[len(Path(now_records[0]["name"]).parts) - 1]
+        path = str(root / old["name"])
+    detail = (f" (sha256 {old['sha256'][:12]}…, {old['size']:,} bytes; now {now['sha256'][:12]}…, "
+              f"{now['size']:,} bytes)" if old and now and what == "changed" else "")
+    return path, what, detail
+
+
+def check_run_corpus(cfg: Config, corpus: Corpus, run_dir: Path) -> None:
+    """Refuse to read a run's splits from a corpus other than the one it trained on, naming the file that
+    differs (from its checkpoints' ``meta.json``), for ``evaluate``, ``compare`` and ``inspect``.
+
+    Raises:
+        MinigptError: the fingerprint the run's config records names another corpus.
+    """
+    want = cfg.data.fingerprint
+    if want is None or corpus.matches(want):
+        return
+    before: list[dict] = []
+    for name in (runs.BEST, runs.LAST):
+        try:
+            before = runs.read_meta(runs.checkpoint_dir(run_dir, name)).get("corpus", {}).get("files") or []
+        except (MinigptError, OSError, ValueError, AttributeError):
+            continue
+        if before:
+            break
+    path, what, detail = corpus_change(before, corpus)
+    raise MinigptError(_RUN_CORPUS_CHANGED.format(path=path, what=what, run=run_dir, detail=detail))
+
+
+def check_fingerprint(cfg: Config, corpus: Corpus) -> None:
+    """Refuse a corpus other than the one ``data.fingerprint`` names (when set).
+
+    Raises:
+        MinigptError: the fingerprints differ.
+    """
+    want = cfg.data.fingerprint
+    if want is not None and not corpus.matches(want):
+        raise MinigptError(_FINGERPRINT.format(want=want[:12], got=corpus.fingerprint[:12]))
+
+
+def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
+    """The configured tokenizer file: ``tokenizer.path``, else
+    ``<root>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json``
+    (:func:`~minigpt_cli.paths.default_tokenizer_path`), ``root`` being the
+    corpus's folder (default: the named dataset's, ``<data_dir>/<dataset>/``)."""
+    tc = cfg.tokenizer
+    if tc.path:
+        return Path(tc.path)
+    root = dataset_dir(cfg.data.data_dir, cfg.data.dataset) if root is None else root
+    return default_tokenizer_path(root.parent, root.name, tc.kind, tc.vocab_size, tc.special_tokens)
+
+
+def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
+    """Load the tokenizer file ``path`` and check that it agrees with the config.
+
+    It must be of ``tokenizer.kind``, hold the configured special tokens, and
+    (for trained kinds, when ``tokenizer.vocab_size`` is set) have that size.
+
+    Raises:
+        MinigptError: an unreadable file, or one that disagrees with the config.
+    """
+    tc = cfg.tokenizer
+    tok = load_tokenizer(path, tc.kind)
+    if tok.kind != tc.kind:
+        raise MinigptError(
+            f"tokenizer file {str(path)!r} holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; "
+            "fix tokenizer.path or tokenizer.kind"
+        )
+    missing = [s for s in tc.special_tokens if s not in tok.special_tokens]
+    if missing:
+        raise MinigptError(
+            f"tokenizer file {str(path)!r} lacks the special tokens {', '.join(map(repr, missing))} "
+            "that tokenizer.special_tokens names; delete the file to train it again, or fix the config"
+        )
+    if tc.kind != "char" and tc.vocab_size is not None and tok.vocab_size != tc.vocab_size:
+        raise MinigptError(
+            f"tokenizer file {str(path)!r} has {tok.vocab_size:,} entries but tokenizer.vocab_size is "
+            f"{tc.vocab_size:,}; delete the file to train it again, or set tokenizer.vocab_size: {tok.vocab_size}"
+        )
+    return tok
+
+
+def read_corpus(corpus: Path) -> str:
+    """The corpus as text.
+
+    Raises:
+        MinigptError: unreadable, or not UTF-8.
+    """
+    try:
+        return corpus.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MinigptError(f"cannot read corpus {str(corpus)!r} as UTF-8 text ({exc})") from None
+
+
+def training_texts(corpus: Corpus, special_tokens: Sequence[str], limit_chars: Optional[int] = None) -> Iterator[str]:
+    """The corpus as a tokenizer learns it: every piece of every document, and a blank line when the
+    documents will be joined by one (several documents, no end-of-text special token), so its characters
+    get ids; at most about ``limit_chars`` characters."""
+    several = len(corpus.files) > 1 or any(f.jsonl for f in corpus.files)
+    if several and not any(s in END_OF_TEXT for s in special_tokens):
+        yield "\n\n"
+    if limit_chars is not None:
+        yield corpus_text(corpus, limit_chars)
+        return
+    for blocks, _ in documents(corpus):
+        yield from cut_pieces(blocks, special_tokens=special_tokens)
+
+
+def ensure_tokenizer(cfg: Config, corpus: Corpus | Path, log: Callable[[str], None],
+                     root: Optional[Path] = None) -> tuple[Tokenizer, Path]:
+    """Load the configured tokenizer (:func:`tokenizer_path`), training (and saving) it on ``corpus`` first if
+    its file is missing: a char tokenizer on all of it, a trained kind on its first
+    :data:`TOKENIZER_TRAIN_CHARS` characters.
+
+    An existing file must agree with the config (:func:`load_configured_tokenizer`).
+
+    Raises:
+        MinigptError: a file that disagrees with the config, or training that
+            fails (empty corpus, impossible vocabulary size); nothing is written then.
+    """
+    tc = cfg.tokenizer
+    path = tokenizer_path(cfg, root)
+    if path.is_file():
+        return load_configured_tokenizer(cfg, path), path
+    if tc.kind == "hf":  # a given file, never trained here
+        raise MinigptError(f"tokenizer file {str(path)!r} not found; tokenizer.kind hf reads a Hugging Face "
+                           "tokenizer.json: fix tokenizer.path (or model.init_from)")
+    corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
+    size = f" with {tc.vocab_size:,} entries" if tc.kind != "char" and tc.vocab_size else ""
+    log(f"tokenizer {path} not found; training a {tc.kind} tokenizer{size} on {corpus.source} first")
+    if tc.kind == "char":
+        tok = train_tokenizer("char", training_texts(corpus, tc.special_tokens), None, tc.special_tokens)
+    else:
+        text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS))
+        tok = train_tokenizer(tc.kind, text, tc.vocab_size, tc.special_tokens)
+    tok.save(path)
+    return tok, path
+
+
+def prepare_configured(cfg: Config, log: Callable[[str], None] = print, progress: Optional[bool] = None):
+    """What ``train`` does before it builds a model: find (or download) the corpus, train the tokenizer if
+    missing, prepare the token files (``minigpt prepare``). Returns the corpus, the tokenizer, its file and the
+    :class:`~minigpt_cli.data.preparation.PreparedData`.
+
+    Raises:
+        MinigptError: as :func:`configured_corpus`, :func:`ensure_tokenizer` and
+            :func:`~minigpt_cli.data.preparation.prepare` (with ``model.block_size``).
+    """
+    from ..hf.finetune import resolve_init_from
+    from .preparation import prepare
+
+    cfg = resolve_init_from(cfg)
+    corpus, root = configured_corpus(cfg, log, progress)
+    check_fingerprint(cfg, corpus)
+    tok, path = ensure_tokenizer(cfg, corpus, log, root)
+    data = prepare(corpus, tok, root, cfg.data.val_fraction, log=log, progress=progress,
+                   block_size=cfg.model.block_size)
+    return corpus, tok, path, data
+
+
+def with_vocab(cfg: Config, vocab_size: int) -> Config:
+    """``cfg`` with ``model.vocab_size`` taken from the tokenizer's ``vocab_size`` when null.
+
+    Raises:
+        MinigptError: a ``model.vocab_size`` smaller than the tokenizer's (its ids would not fit).
+    """
+    mc = cfg.model
+    if mc.vocab_size is None:
+        mc = mc.model_copy(update={"vocab_size": vocab_size})
+    elif mc.vocab_size < vocab_size:
+        raise MinigptError(
+            f"model.vocab_size ({mc.vocab_size}) is smaller than the tokenizer's {vocab_size} entries; "
+            "set model.vocab_size: null to take it from the tokenizer"
+        )
+    return cfg.model_copy(update={"model": mc})
+
+
+class BatchSampler:
+    """Random (x, y) windows from a token memmap, drawn without Python loops.
+
+    Offsets come from a dedicated ``torch.Generator`` so the data order is part
+    of the training state (saved and restored with a checkpoint).
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
+                 device: torch.device, rank: int = 0, world: int = 1):
+        if len(tokens) < block_size + 1:
+            raise MinigptError(
+                f"the split has {len(tokens)} tokens, fewer than block_size+1 = {block_size + 1}; "
+                "lower model.block_size or use more text"
+            )
+        self.tokens = tokens
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.device = device
+        self.generator = torch.Generator().manual_seed(seed)
+        # Every rank draws the same global batch and keeps its own slice, so a
+        # run on N processes sees exactly the data of one process with N times the batch.
+        self.rank, self.world = rank, world
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y: (batch_size, block_size) int64, y shifted by one position."""
+        ix = torch.randint(len(self.tokens) - self.block_size, (self.batch_size * self.world,),
+                           generator=self.generator)
+        ix = ix[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        return windows(self.tokens, ix, self.block_size, self.device)
+
+    def reseed(self, seed: int) -> None:
+        """Restart the offsets from ``seed`` (eval batches are a function of the step, :func:`eval_seed`)."""
+        self.generator.manual_seed(seed)
+
+    def state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+
+def windows(tokens: np.ndarray, offsets: torch.Tensor, block_size: int,
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The windows of ``tokens`` starting at ``offsets`` (n,): x, y (n, block_size) int64 on ``device``, y shifted by one."""
+    window = torch.from_numpy(tokens[offsets.numpy()[:, None] + np.arange(block_size + 1)].astype(np.int64))
+    x, y = window[:, :-1], window[:, 1:]
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+#: Eval offsets are drawn this many at a time: memory stays bounded whatever ``eval_iters`` asks for.
+EVAL_CHUNK = 4096
+
+
+def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> Iterator[torch.Tensor]:
+    """The start offsets of the ``count`` windows an eval reads, in chunks of at most :data:`EVAL_CHUNK`.
+
+    Drawn uniformly from 0 .. n_tokens - block_size - 1 (every window has a
+    next token), by a generator of their own, always in the same chunks, so
+    the windows depend on (seed, count) alone: not on the batch size, the
+    accumulation or the process count they are later read with.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for start in range(0, count, EVAL_CHUNK):
+        yield torch.randint(n_tokens - block_size, (min(EVAL_CHUNK, count - start),), generator=generator)
+
+
+def eval_seed(seed: int, split: str, step: int) -> int:
+    """The seed of the eval batches of ``split`` at optimizer step ``step``.
+
+    A function of the step alone, so an eval at step s reads the same batches
+    however the run got there: uninterrupted, resumed, or continued past a
+    finished run's final eval.
+    """
+    return ((seed * 1_000_003 + {"train": 2, "val": 3}[split]) * 1_000_000_007 + step) & (2**63 - 1)

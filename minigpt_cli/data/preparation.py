@@ -1,0 +1,433 @@
+"""Corpus -> token memmaps, streamed: :func:`prepare` and the split it makes.
+
+Prepared data lives in ``<corpus folder>/<kind>-<tokenizer fingerprint>/``:
+``train.bin`` and ``val.bin`` (token ids as a flat ``np.memmap``, uint16 below
+65,536 vocabulary entries, uint32 above) and ``meta.json`` naming the
+tokenizer, the corpus fingerprint (every file's path, size and sha256) and the
+split that made them. Any change to these prepares the files again.
+
+The split (:class:`SplitPlan`): with :data:`~minigpt_cli.data.corpus.MANY_DOCUMENTS`
+documents or more, validation takes the last ``round(n · val_fraction)``
+whole documents (at least one, and one stays for training); with fewer, the
+last ``val_fraction`` of the characters, as nanoGPT splits Tiny Shakespeare
+(90/10). Documents are joined with the tokenizer's end-of-text token when it
+has one (:data:`~minigpt_cli.config.special_tokens.END_OF_TEXT`), else with the ids
+of a blank line.
+
+Preparation reads the corpus twice (a survey that checks every file and
+counts, then the encoding) and never holds more than a batch of text and its
+ids: each batch of pieces is encoded by the tokenizer's ``encode_batch`` (the
+``tokenizers`` library uses every core) in a worker thread while the next
+batch is read, and the ids are appended to temporary files renamed into place
+at the end, ``meta.json`` last, so an interrupted run leaves nothing that
+looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, suppress
+from dataclasses import dataclass
+from itertools import takewhile
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from ..config.special_tokens import END_OF_TEXT
+from ..errors import MinigptError
+from ..fileio import atomic_write_text, chmod_quietly, new_file_mode
+from ..tokenizer.kinds import Tokenizer
+from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, survey
+from .splits import MIN_SPLIT_TOKENS, check_split_counts
+
+#: Characters of text encoded per batch (the library spreads a batch's pieces over the cores).
+BATCH_CHARS = 1 << 20
+#: A temporary token file older than this (seconds untouched) was left by a killed process.
+STALE_TEMP_S = 600.0
+_TEMP_PREFIX = ".prep-"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab ≤ 65,536), else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def separator_ids(tok: Tokenizer) -> tuple[list[int], str]:
+    """The ids put between two documents, and what they are: the first of the tokenizer's special tokens
+    that spells end-of-text (:data:`END_OF_TEXT`), else a blank line's ids (none when the char
+    tokenizer's alphabet has no newline)."""
+    for s in getattr(tok, "special_tokens", ()):
+        if s in END_OF_TEXT:
+            return tok.encode(s), s
+    try:
+        return tok.encode("\n\n"), "blank line"
+    except MinigptError:
+        return [], "nothing"
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Where validation starts: at document ``val_from_doc`` (by documents), or at character ``val_from_char``
+    of the documents' text (by the tail fraction)."""
+
+    val_fraction: float
+    n_documents: int
+    val_from_doc: Optional[int] = None
+    val_from_char: Optional[int] = None
+
+    @classmethod
+    def make(cls, n_documents: int, total_chars: int, val_fraction: float) -> "SplitPlan":
+        if n_documents >= MANY_DOCUMENTS:
+            k = min(max(1, round(n_documents * val_fraction)), n_documents - 1)
+            return cls(val_fraction, n_documents, val_from_doc=n_documents - k)
+        return cls(val_fraction, n_documents, val_from_char=int(total_chars * (1 - val_fraction)))
+
+    @property
+    def by_documents(self) -> bool:
+        return self.val_from_doc is not None
+
+    def describe(self) -> str:
+        if self.by_documents:
+            n_val = self.n_documents - self.val_from_doc
+            return f"the last {n_val:,} of {self.n_documents:,} documents"
+        return f"the last {self.val_fraction:.0%} of the text"
+
+
+def _tail_cut(piece: str, k: int, special_tokens: Sequence[str]) -> int:
+    """``k``, moved back to the start of a special token it falls inside (the token stays one id)."""
+    moved = True
+    while moved:
+        moved = False
+        for s in special_tokens:
+            i = piece.find(s, max(0, k - len(s) + 1))
+            if i != -1 and i < k:
+                k, moved = i, True
+    return k
+
+
+def split_text(text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] = ()) -> tuple[str, str]:
+    """(train, val): the first ``int(len·(1-val_fraction))`` characters, and the rest (nanoGPT's split of
+    one text; :func:`units` makes the same split in a stream).
+
+    A split point inside one of ``keep_whole`` (the tokenizer's special
+    tokens) moves back to that token's start, so the token stays one id.
+    """
+    n = _tail_cut(text, int(len(text) * (1 - val_fraction)), keep_whole)
+    return text[:n], text[n:]
+
+
+#: One unit of the stream: the split it belongs to (0 train, 1 val), its text (None: the separator), and the
+#: corpus bytes read once it is taken.
+Unit = tuple[int, Optional[str], int]
+
+
+def units(corpus: Corpus, plan: SplitPlan, special_tokens: Sequence[str]) -> Iterator[Unit]:
+    """The corpus as a stream of pieces and separators, each tagged with its split (see :class:`SplitPlan`).
+
+    A separator goes between two non-empty documents of the same split; by
+    the tail fraction, with the split whose side it falls on (before the
+    first validation character: train).
+    """
+    doc, chars = -1, 0
+    for blocks, read_so_far in documents(corpus):
+        started = False
+        for piece in cut_pieces(blocks, special_tokens=special_tokens):
+            if not piece:
+                continue
+            if not started:
+                started, doc = True, doc + 1
+                if doc > 0:
+                    if plan.by_documents:
+                        if doc != plan.val_from_doc:
+                            yield int(doc > plan.val_from_doc), None, read_so_far()
+                    else:
+                        yield int(chars > plan.val_from_char), None, read_so_far()
+            if plan.by_documents:
+                yield int(doc >= plan.val_from_doc), piece, read_so_far()
+            else:
+                start, end = chars, chars + len(piece)
+                cut = plan.val_from_char
+                if start < cut < end:
+                    k = _tail_cut(piece, cut - start, special_tokens)
+                    if k:
+                        yield 0, piece[:k], read_so_far()
+                    yield 1, piece[k:], read_so_far()
+                else:
+                    yield int(start >= cut), piece, read_so_far()
+                chars = end
+
+
+def _batches(stream: Iterator[Unit]) -> Iterator[list[Unit]]:
+    batch: list[Unit] = []
+    size = 0
+    for unit in stream:
+        batch.append(unit)
+        size += len(unit[1] or "")
+        if size >= BATCH_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _encode(tok: Tokenizer, batch: list[Unit], sep: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    texts = [text for _, text, _ in batch if text is not None]
+    if hasattr(tok, "encode_batch"):
+        encoded = iter(tok.encode_batch(texts))
+    else:  # a tokenizer of the earlier protocol: one call per text
+        encoded = (np.asarray(tok.encode(t), dtype=np.int64) for t in texts)
+    return [(split, sep if text is None else next(encoded)) for split, text, _ in batch]
+
+
+def sweep_stale_temps(directory: Path, now: Optional[float] = None) -> list[Path]:
+    """Remove temporary token files in ``directory`` untouched for :data:`STALE_TEMP_S` (left by a killed
+    process; a live writer touches its own every batch)."""
+    now = time.time() if now is None else now
+    gone = []
+    for p in directory.glob(f"{_TEMP_PREFIX}*"):
+        try:
+            if now - p.stat().st_mtime > STALE_TEMP_S:
+                p.unlink()
+                gone.append(p)
+        except OSError:
+            pass
+    return gone
+
+
+def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory: Path,
+                      progress: Optional[bool] = None, block_size: Optional[int] = None) -> dict[str, int]:
+    """Encode ``corpus`` into ``directory/{train,val}.bin`` (see the module docstring); return the token counts.
+
+    Each file is written under a temporary name and renamed once complete and
+    its counts pass :func:`check_split_counts` (with ``block_size``, when given).
+    ``progress``: a tqdm bar in bytes on stderr; None: only on a terminal.
+
+    Raises:
+        MinigptError: text the tokenizer cannot encode (char: unseen characters), a file unreadable or not
+            UTF-8, a split with fewer than :data:`MIN_SPLIT_TOKENS` tokens; nothing that looks complete is left.
+    """
+    dtype = token_dtype(tok.vocab_size)
+    sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
+    specials = list(getattr(tok, "special_tokens", ()))
+    created = list(takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents]))
+    directory.mkdir(parents=True, exist_ok=True)
+    counts = [0, 0]
+    with ExitStack() as stack:
+        temps = []
+        for split in ("train", "val"):
+            fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
+            temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
+        try:
+            bar = stack.enter_context(tqdm(total=corpus.size, unit="B", unit_scale=True, unit_divisor=1024,
+                                           desc="prepare", leave=False, file=sys.stderr,
+                                           disable=None if progress is None else not progress))
+            pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="encode"))
+            pending = None  # the batch being encoded while the next one is read
+            done = 0
+
+            def flush(job) -> None:
+                nonlocal done
+                batch, future = job
+                for split, ids in future.result():
+                    temps[split][1].write(ids.astype(dtype).tobytes())
+                    counts[split] += ids.size
+                bar.update(batch[-1][2] - done)
+                done = batch[-1][2]
+
+            for batch in _batches(units(corpus, plan, specials)):
+                job = (batch, pool.submit(_encode, tok, batch, sep))
+                if pending is not None:
+                    flush(pending)
+                pending = job
+            if pending is not None:
+                flush(pending)
+            check_split_counts(plan.val_fraction, counts[0], counts[1], block_size)
+            for path, f in temps:
+                f.flush()
+                os.fsync(f.fileno())
+                chmod_quietly(f.fileno(), new_file_mode())
+            for (path, _), split in zip(temps, ("train", "val")):
+                os.replace(path, directory / f"{split}.bin")
+        except BaseException:
+            for path, _ in temps:
+                path.unlink(missing_ok=True)
+            with suppress(OSError):
+                for d in created:  # the folders made here, deepest first: a refusal leaves nothing behind
+                    d.rmdir()
+            raise
+    return {"train": counts[0], "val": counts[1]}
+
+
+@dataclass
+class PreparedData:
+    """Token memmaps of one corpus under one tokenizer."""
+
+    directory: Path
+    train: np.memmap
+    val: np.memmap
+    meta: dict
+
+
+def _wanted(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> dict:
+    """The ``meta.json`` fields that name what made a set of token files."""
+    return {
+        "tokenizer_kind": tok.kind,
+        "tokenizer_fingerprint": tok.fingerprint(),
+        "vocab_size": tok.vocab_size,
+        "dtype": token_dtype(tok.vocab_size).name,
+        "corpus_fingerprint": corpus.fingerprint,
+        "val_fraction": val_fraction,
+        "separator": separator_ids(tok)[1],
+    }
+
+
+def reusable_meta(directory: Path, want: dict) -> Optional[dict]:
+    """``directory``'s ``meta.json`` when it names ``want`` and both token files have its sizes; else None."""
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    itemsize = np.dtype(want["dtype"]).itemsize
+    ok = isinstance(meta, dict) and all(meta.get(k) == v for k, v in want.items()) and all(
+        (directory / f"{s}.bin").is_file()
+        and (directory / f"{s}.bin").stat().st_size == meta.get(f"{s}_tokens", -1) * itemsize
+        and meta.get(f"{s}_tokens", -1) >= MIN_SPLIT_TOKENS
+        for s in ("train", "val")
+    )
+    return meta if ok else None
+
+
+def _out_of_range(directory: Path, dtype: np.dtype, vocab_size: int) -> tuple[Path, int] | None:
+    """The first token file in ``directory`` holding an id ≥ ``vocab_size``, and its largest id; or None."""
+    for split in ("train", "val"):
+        path = directory / f"{split}.bin"
+        if path.stat().st_size == 0:
+            continue
+        top = int(np.max(np.memmap(path, dtype=dtype, mode="r")))
+        if top >= vocab_size:
+            return path, top
+    return None
+
+
+def token_dir(root: Path, tok: Tokenizer) -> Path:
+    """``<root>/<kind>-<fingerprint>/``: where ``tok``'s token files of the corpus in ``root`` go."""
+    return root / f"{tok.kind}-{tok.fingerprint()}"
+
+
+def _as_corpus(corpus: Corpus | str | Path) -> Corpus:
+    return corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
+
+
+def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float = 0.1,
+            log: Callable[[str], None] = print, progress: Optional[bool] = None,
+            block_size: Optional[int] = None) -> PreparedData:
+    """Tokenize ``corpus`` (or the one file, folder or glob it names) into
+    ``root/<kind>-<fingerprint>/{train,val}.bin`` (see the module docstring).
+
+    Reuses files whose ``meta.json`` names the same tokenizer, corpus and split;
+    otherwise writes them afresh. Existing files of the wrong size, or holding
+    a token id beyond the tokenizer's vocabulary (damaged), are logged and
+    prepared again. Given ``block_size``, a split shorter than ``block_size + 1``
+    tokens is refused before new files are renamed into place (:func:`check_split_sizes`
+    checks reused ones).
+
+    Raises:
+        MinigptError: an unreadable or non-UTF-8 file, a bad JSON line, text
+            the tokenizer cannot encode, or a split with fewer than
+            :data:`MIN_SPLIT_TOKENS` tokens on a side.
+    """
+    corpus = _as_corpus(corpus)
+    directory = token_dir(root, tok)
+    want = _wanted(corpus, tok, val_fraction)
+    dtype = np.dtype(want["dtype"])
+    meta = reusable_meta(directory, want)
+    if meta is not None:
+        bad = _out_of_range(directory, dtype, tok.vocab_size)
+        if bad is not None:
+            log(f"{bad[0]} holds token id {bad[1]:,}, beyond the tokenizer's {tok.vocab_size:,} "
+                f"entries (a damaged file); preparing it again")
+            meta = None
+    if meta is None:
+        meta = _prepare_afresh(corpus, tok, directory, want, log, progress, block_size)
+    train = np.memmap(directory / "train.bin", dtype=dtype, mode="r")
+    val = np.memmap(directory / "val.bin", dtype=dtype, mode="r")
+    return PreparedData(directory, train, val, meta)
+
+
+def _prepare_afresh(corpus: Corpus, tok: Tokenizer, directory: Path, want: dict, log: Callable[[str], None],
+                    progress: Optional[bool], block_size: Optional[int]) -> dict:
+    found = survey(corpus)
+    plan = SplitPlan.make(found.n_documents, found.total_chars, want["val_fraction"])
+    mb = corpus.size / 1e6
+    log(f"preparing token files in {directory} ({mb:,.1f} MB, {found.n_documents:,} document(s); validation: "
+        f"{plan.describe()}) ...")
+    if directory.is_dir():
+        sweep_stale_temps(directory)
+        (directory / "meta.json").unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    counts = write_token_files(corpus, tok, plan, directory, progress, block_size)
+    seconds = time.perf_counter() - t0
+    meta = dict(want, train_tokens=counts["train"], val_tokens=counts["val"], documents=found.n_documents,
+                split="documents" if plan.by_documents else "tail", corpus_files=corpus.records(),
+                seconds=round(seconds, 3))
+    atomic_write_text(directory / "meta.json", json.dumps(meta, indent=1))
+    share = counts["val"] / max(counts["train"] + counts["val"], 1)
+    if plan.by_documents and not want["val_fraction"] / 3 <= share <= want["val_fraction"] * 3:
+        log(f"note: the validation documents hold {share:.1%} of the tokens, not about data.val_fraction "
+            f"{want['val_fraction']:g}: the last {plan.n_documents - plan.val_from_doc:,} document(s) are "
+            f"{'long' if share > want['val_fraction'] else 'short'} ones; reorder the files, or choose another "
+            "data.val_fraction")
+    if seconds > 5:
+        log(f"prepared {counts['train'] + counts['val']:,} tokens in {seconds:.0f} s ({mb / seconds:.1f} MB/s)")
+    return meta
+
+
+def prepared_meta(corpus: Corpus, tok: Tokenizer, root: Path, val_fraction: float) -> Optional[dict]:
+    """The ``meta.json`` of token files :func:`prepare` would reuse as they are; None when it would prepare."""
+    return reusable_meta(token_dir(root, tok), _wanted(corpus, tok, val_fraction))
+
+
+def split_counts(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float,
+                 block_size: Optional[int] = None) -> tuple[int, int]:
+    """The (train, val) token counts :func:`prepare` would give, writing nothing.
+
+    Read from prepared files that :func:`prepare` would reuse, else by
+    encoding the corpus in memory-bounded batches and refused as :func:`prepare` would refuse
+    them (with ``block_size``, when given).
+
+    Raises:
+        MinigptError: as :func:`prepare`.
+    """
+    corpus = _as_corpus(corpus)
+    meta = prepared_meta(corpus, tok, root, val_fraction)
+    if meta is not None:
+        return meta["train_tokens"], meta["val_tokens"]
+    found = survey(corpus)
+    plan = SplitPlan.make(found.n_documents, found.total_chars, val_fraction)
+    sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
+    counts = [0, 0]
+    for batch in _batches(units(corpus, plan, list(getattr(tok, "special_tokens", ())))):
+        for split, ids in _encode(tok, batch, sep):
+            counts[split] += ids.size
+    check_split_counts(val_fraction, counts[0], counts[1], block_size)
+    return counts[0], counts[1]
+
+
+def check_split_sizes(data: PreparedData, block_size: int) -> None:
+    """Refuse prepared data whose train or val split is shorter than ``block_size + 1`` tokens.
+
+    Call it before training starts, so the run stops with one line naming
+    ``data.val_fraction``, the token counts and ``model.block_size`` instead of
+    failing on the first batch.
+
+    Raises:
+        MinigptError: a split with fewer than ``block_size + 1`` tokens.
+    """
+    check_split_counts(data.meta.get("val_fraction", float("nan")), len(data.train), len(data.val), block_size)

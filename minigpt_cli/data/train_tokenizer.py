@@ -1,0 +1,198 @@
+"""The ``train-tokenizer`` command: train, save, and summarise a tokenizer, or compare all four kinds."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from ..config.schema import Config
+from ..config.special_tokens import check_special_tokens
+from ..errors import MinigptError
+from ..paths import default_tokenizer_path
+from ..tokenizer.kinds import KINDS, Tokenizer
+from ..tokenizer.training import check_vocab_size, train_tokenizer
+from .corpus import open_corpus
+from .pipeline import TOKENIZER_TRAIN_CHARS, configured_corpus, training_texts
+from .preparation import split_text
+
+#: Words whose segmentation the summary shows, each cut as in running text (after a space).
+SAMPLE_WORDS = ("ROMEO", "thou", "hath", "wherefore", "Gloucester", "unbelievable")
+
+
+@dataclass
+class TokenizerReport:
+    """How one trained tokenizer does on a corpus."""
+
+    tokenizer: Tokenizer
+    val_tokens: int
+    val_chars: int
+    round_trip: bool
+    train_seconds: float
+
+    @property
+    def chars_per_token(self) -> float:
+        return self.val_chars / max(self.val_tokens, 1)
+
+
+def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], None],
+                limit_chars: Optional[int] = None) -> tuple[str, str, Path]:
+    """The training text, what it came from, and that corpus's folder (where its tokenizers go by default).
+
+    ``input_path``: a text file, a folder of ``.txt``/``.jsonl`` files, a glob
+    or a ``.jsonl`` file (read as ``data.path`` is); else the config's corpus
+    (the named dataset downloaded first if missing). At most about
+    ``limit_chars`` characters are read (:func:`~minigpt_cli.data.pipeline.training_texts`).
+
+    Raises:
+        MinigptError: nothing there, an empty or unreadable file, text that is not UTF-8, a bad JSON line.
+    """
+    try:
+        if input_path is not None:
+            corpus = open_corpus(input_path, cfg.data.text_field)
+            root = corpus.folder(cfg.data.data_dir)
+        else:
+            corpus, root = configured_corpus(cfg, echo)
+        text = "".join(training_texts(corpus, cfg.tokenizer.special_tokens, limit_chars))
+    except MinigptError as exc:
+        if input_path is None:
+            raise
+        raise MinigptError(str(exc).replace("data.path", "--input")) from None
+    if not text.strip("\n"):
+        raise MinigptError(f"input {corpus.source!r} is empty; give it some text")
+    return corpus.source, text, root
+
+
+def evaluate(tok: Tokenizer, text: str, val_fraction: float, train_seconds: float = 0.0) -> TokenizerReport:
+    """Tokens on the validation split, and whether decode(encode(text)) == text on the whole corpus."""
+    _, val = split_text(text, val_fraction, tok.special_tokens)
+    return TokenizerReport(tok, len(tok.encode(val)), len(val), tok.decode(tok.encode(text)) == text, train_seconds)
+
+
+def _show(piece: str) -> str:
+    return piece.replace(" ", "\u2581").replace("\n", "\\n").replace("\t", "\\t")
+
+
+def segmentation(tok: Tokenizer, word: str) -> str:
+    """``word``, after a space as in running text, cut into its tokens' texts: ``▁where | fore``.
+
+    Spaces show as ``▁``, WordPiece continuations keep their ``##``.
+    """
+    return " | ".join(_show(p) for p in tok.pieces(" " + word))
+
+
+def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Optional[int] = None,
+                        input_path: Optional[Path] = None, output_path: Optional[Path] = None,
+                        special_tokens: Optional[Sequence[str]] = None,
+                        echo: Callable[[str], None] = print) -> str:
+    """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary.
+
+    The file goes to ``output_path``, else the config's ``tokenizer.path`` when
+    the kind is the config's, else ``tokenizer-<kind>[-<size>][-special-<hash>].json`` in the corpus's folder
+    (``data/<dataset>/``, or ``data/<name>-<fingerprint>/`` for a ``data.path`` or ``--input`` corpus), where
+    ``train`` looks for it.
+    The summary gives the vocabulary size, tokens on the validation split,
+    characters per token, whether decode(encode(text)) == text on the corpus,
+    and the segmentation of a few words.
+
+    Raises:
+        MinigptError: unknown kind, empty or missing input, a vocabulary size
+            below the kind's base alphabet or above what the corpus gives;
+            nothing is written then.
+    """
+    if kind is None and cfg.model.init_from is not None:  # a fine-tuning config: the folder's tokenizer.json
+        kind = "hf"
+    kind = kind or cfg.tokenizer.kind
+    if kind == "hf":  # the config's kind: a given file
+        raise MinigptError("tokenizer.kind hf is a Hugging Face tokenizer.json used as it is, never trained here; "
+                           "pass --kind char, bpe, wordpiece or unigram to train one")
+    if kind not in KINDS:
+        raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+    vocab_size = vocab_size or cfg.tokenizer.vocab_size
+    specials = check_special_tokens(cfg.tokenizer.special_tokens if special_tokens is None else special_tokens)
+    corpus, text, root = read_corpus(cfg, input_path, echo, None if kind == "char" else TOKENIZER_TRAIN_CHARS)
+    if output_path is not None:
+        out = output_path
+    elif cfg.tokenizer.path and kind == cfg.tokenizer.kind:
+        out = Path(cfg.tokenizer.path)
+    else:
+        out = default_tokenizer_path(root.parent, root.name, kind, None if kind == "char" else vocab_size, specials)
+    if out.exists() and Path(corpus).exists() and os.path.samefile(out, corpus):
+        raise MinigptError(f"--output {str(out)!r} is the text the tokenizer trains on; writing there would "
+                           "replace it: pass another --output")
+    status = f"training a {kind} tokenizer of {vocab_size or 0:,} entries on {corpus} ({len(text):,} characters)"
+    t0 = time.perf_counter()
+    tok = train_tokenizer(kind, text, vocab_size, specials, on_start=lambda: echo(status))
+    seconds = time.perf_counter() - t0
+    rep = evaluate(tok, text, cfg.data.val_fraction, seconds)
+    tok.save(out)
+    size_note = "  (--vocab-size is ignored for char: the alphabet decides)" if kind == "char" and vocab_size else ""
+    lines = [
+        f"wrote {out}",
+        f"kind                {kind}",
+        f"vocabulary size     {tok.vocab_size:,}{size_note}",
+        f"val split tokens    {rep.val_tokens:,} ({rep.val_chars:,} characters)",
+        f"characters / token  {rep.chars_per_token:.3f}",
+        f"round trip on corpus {'exact' if rep.round_trip else 'NOT exact'}",
+        f"training time       {seconds:.2f} s",
+    ]
+    if tok.special_tokens:
+        lines.append("special tokens      " + ", ".join(f"{s} (id {tok.encode(s)[0]})" for s in tok.special_tokens))
+    lines.append("segmentation (after a space, shown as \u2581):")
+    for w in SAMPLE_WORDS:
+        try:
+            lines.append(f"  {w:<12} {segmentation(tok, w)}")
+        except MinigptError:
+            lines.append(f"  {w:<12} (not encodable)")
+    return "\n".join(lines)
+
+
+def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optional[Path] = None,
+                special_tokens: Optional[Sequence[str]] = None, echo: Callable[[str], None] = print) -> str:
+    """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations.
+
+    Nothing is written. ``char`` has its alphabet's size whatever ``vocab_size`` says.
+
+    Raises:
+        MinigptError: as :func:`run_train_tokenizer`; the sizes are checked
+            for every kind before any is trained, except that a size the
+            unigram trainer falls short of shows only once it has run.
+    """
+    vocab_size = vocab_size or cfg.tokenizer.vocab_size
+    if vocab_size is None:
+        raise MinigptError("--compare needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
+    specials = check_special_tokens(cfg.tokenizer.special_tokens if special_tokens is None else special_tokens)
+    corpus, text, _ = read_corpus(cfg, input_path, echo, TOKENIZER_TRAIN_CHARS)
+    for kind in KINDS:
+        check_vocab_size(kind, text, vocab_size, specials)
+    reports = {}
+    for kind in KINDS:
+        echo(f"training {kind} ...")
+        t0 = time.perf_counter()
+        tok = train_tokenizer(kind, text, vocab_size, specials)
+        reports[kind] = evaluate(tok, text, cfg.data.val_fraction, time.perf_counter() - t0)
+    val_chars = next(iter(reports.values())).val_chars
+    lines = [
+        f"{corpus}: {len(text):,} characters; validation split {val_chars:,} characters; "
+        f"vocabulary size {vocab_size:,}" + (f"; special tokens {', '.join(specials)}" if specials else ""),
+        "",
+        f"{'kind':<10} {'vocab':>7} {'val tokens':>11} {'chars/token':>12} {'round trip':>11} {'train s':>8}",
+    ]
+    for kind, r in reports.items():
+        lines.append(f"{kind:<10} {r.tokenizer.vocab_size:>7,} {r.val_tokens:>11,} {r.chars_per_token:>12.3f} "
+                     f"{'exact' if r.round_trip else 'NOT exact':>11} {r.train_seconds:>8.2f}")
+    lines += [
+        "(bpe merges the most frequent pair; wordpiece the pair with the highest count(ab)/(count(a)·count(b)),",
+        " which favours pairs of rare symbols; unigram prunes a large candidate set by likelihood)",
+        "", "segmentation (after a space, shown as \u2581):"]
+    for w in SAMPLE_WORDS:
+        lines.append(f"  {w}")
+        for kind, r in reports.items():
+            try:
+                seg = segmentation(r.tokenizer, w)
+            except MinigptError:
+                seg = "(not encodable)"
+            lines.append(f"    {kind:<10} {seg}")
+    return "\n".join(lines)

@@ -1,0 +1,232 @@
+"""The ``evaluate`` command as a function: a checkpoint's loss, perplexity and bits per byte.
+
+Three ways to score (:func:`evaluate`):
+
+- **the training eval** (default): the windows the run's own eval read at the
+  checkpoint's step (:func:`~minigpt_cli.data.pipeline.eval_offsets` seeded by
+  :func:`~minigpt_cli.data.pipeline.eval_seed`, ``train.eval_iters`` global batches),
+  in micro-batches of ``train.batch_size``, so the result is the logged
+  ``val_loss`` of that step again (to float32 rounding).
+- **full** (``full=True``): every token of the split scored exactly once, by
+  windows of ``block_size`` tokens that advance by ``stride`` tokens; each
+  window scores only the tokens the previous one did not, so each scored
+  token sees at least ``block_size - stride`` tokens of context (all of them
+  near the start). This is the transformers documentation's "Perplexity of
+  fixed-length models" (its sliding-window strategy). The first token has no
+  context and is not scored.
+- **a text file**: the same full scoring over the file's text.
+
+Loss is the mean cross-entropy in nats per token and perplexity its
+exponential. Bits per byte, ``loss · tokens / (ln 2 · UTF-8 bytes)``, does
+not depend on how the text was cut into tokens, so it compares models with
+different tokenizers (bits per character likewise, per character); the
+training eval converts with the split's average bytes per token, full
+scoring with the bytes of exactly the text scored.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..data.pipeline import check_run_corpus, configured_corpus, eval_offsets, eval_seed, run_corpus_config, windows
+from ..data.preparation import prepare
+from ..errors import MinigptError
+from ..fileio import read_text_file
+from ..run import folder as runs
+from ..runtime.device import Dist, resolve_device
+from ..sample.generate import load_run
+from ..sample.sampling import encode_prompt
+from ..trainer.step import estimate_loss
+
+_MESSAGES = {
+    "both": "pass either --split or --text-file, not both",
+    "split": "--split {split!r}: use train or val",
+    "stride_alone": "--stride sets the windows of --full (and --text-file); the training eval's windows are "
+                    "fixed: add --full",
+    "stride": "--stride {stride} must be between 1 and the run's block_size ({block_size})",
+    "empty": "{what} holds {n} token(s); scoring needs at least 2 (a token and its next)",
+}
+
+#: Tokens decoded at a time when counting a split's bytes and characters.
+DECODE_CHUNK = 1 << 20
+
+
+def text_size(tok, ids: np.ndarray) -> tuple[int, int]:
+    """UTF-8 bytes and characters of the text ``ids`` decode to, decoded :data:`DECODE_CHUNK` tokens at a time."""
+    n_bytes = n_chars = 0
+    for start in range(0, len(ids), DECODE_CHUNK):
+        text = tok.decode(ids[start:start + DECODE_CHUNK].tolist())
+        n_bytes, n_chars = n_bytes + len(text.encode("utf-8")), n_chars + len(text)
+    return n_bytes, n_chars
+
+
+def split_tokens(cfg, tok, split: str, run_dir: Path, echo: Callable[[str], None] = lambda m: None,
+                 progress: Optional[bool] = False) -> np.ndarray:
+    """The token ids of ``split`` (train or val) of the run's corpus under its tokenizer: the prepared files,
+    prepared again if they are gone. ``cfg``: the run's (in ``run_dir``), its corpus found
+    (:func:`~.data.run_corpus_config`).
+
+    Raises:
+        MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it (naming
+            the file, :func:`~.data.check_run_corpus`).
+    """
+    corpus, root = configured_corpus(cfg, echo, progress)
+    check_run_corpus(cfg, corpus, run_dir)
+    return getattr(prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=progress), split)
+
+
+def full_windows(n_tokens: int, block_size: int, stride: int) -> Iterator[tuple[int, int, int]]:
+    """(begin, end, scored) of each window over ``n_tokens`` tokens: the window reads tokens
+    ``begin .. end - 1`` and predicts ``begin + 1 .. end``, scoring the last ``scored`` of those predictions.
+
+    Together the windows score every token from the second to the last exactly once (transformers'
+    "Perplexity of fixed-length models", with the targets of a window shifted inside it).
+    """
+    done = 1  # tokens scored so far, counting the first, which nothing predicts
+    begin = 0
+    while done < n_tokens:
+        end = min(begin + block_size + 1, n_tokens)  # block_size inputs and their next tokens
+        yield begin, end, end - done
+        done = end
+        begin += stride
+
+
+def _score_full(model, tokens: np.ndarray, block_size: int, stride: int, batch_size: int, device: torch.device,
+                progress: Optional[bool]) -> float:
+    """The summed loss in nats of every token of ``tokens`` after the first (:func:`full_windows`)."""
+    spans = list(full_windows(len(tokens), block_size, stride))
+    total = torch.zeros((), dtype=torch.float64)
+    bar = tqdm(total=len(spans), desc="evaluate", unit="window", disable=None if progress is None else not progress,
+               dynamic_ncols=True, file=sys.stderr)
+    with torch.no_grad(), bar:
+        for i in range(0, len(spans), batch_size):
+            group = spans[i:i + batch_size]
+            width = max(end - begin for begin, end, _ in group) - 1
+            x = torch.zeros((len(group), width), dtype=torch.long)
+            y = torch.full((len(group), width), -1, dtype=torch.long)
+            for row, (begin, end, scored) in enumerate(group):
+                window = torch.from_numpy(tokens[begin:end].astype(np.int64))
+                x[row, :end - begin - 1] = window[:-1]
+                y[row, end - begin - 1 - scored:end - begin - 1] = window[-scored:]
+            logits, _ = model(x.to(device))
+            total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), ignore_index=-1,
+                                     reduction="sum").double().cpu()
+            bar.update(len(group))
+    return float(total)
+
+
+def _training_eval(model, cfg, tokens: np.ndarray, split: str, step: int, world: int,
+                   device: torch.device) -> tuple[float, int]:
+    """The mean loss of the windows the run's eval read at ``step``, and the number of windows."""
+    tc, T = cfg.train, cfg.model.block_size
+    n_windows = tc.eval_iters * tc.batch_size * tc.grad_accum_steps * world
+    offsets = torch.cat(list(eval_offsets(len(tokens), T, n_windows, eval_seed(cfg.seed, split, step))))
+    batches = (windows(tokens, offsets[i:i + tc.batch_size], T, device)
+               for i in range(0, n_windows, tc.batch_size))
+    return estimate_loss(model, {split: batches}, n_windows, nullcontext(), Dist())[split], n_windows
+
+
+def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, split: Optional[str] = None,
+             text_file: Optional[str | Path] = None, full: bool = False, stride: Optional[int] = None,
+             batch_size: int = 8, device: str = "auto", progress: Optional[bool] = None,
+             echo: Callable[[str], None] = lambda message: None) -> dict:
+    """Score a run's checkpoint on a split or a text file.
+
+    Args:
+        run: the run folder; None: the newest under ``runs/``.
+        checkpoint: ``best`` (else ``last``) or ``last``.
+        split: ``val`` (default) or ``train``, of the run's own corpus.
+        text_file: score this UTF-8 file instead (full scoring).
+        full: score every token of the split once (module docstring), not the training eval's windows.
+        stride: tokens each full-scoring window advances; default ``block_size // 2``.
+        batch_size: windows per forward pass in full scoring.
+        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+
+    Returns:
+        ``loss`` (nats per token), ``perplexity``, ``bits_per_byte``,
+        ``bits_per_char``, ``tokens`` (scored), ``bytes`` and ``chars`` (of
+        the text the conversion uses), ``step`` and ``checkpoint``, ``mode``
+        (``eval`` or ``full``), ``source`` (the split or file), ``stride``
+        (full), ``logged_loss`` (the training eval's loss at that step when it
+        is the same measurement, else None), ``block_size`` and ``run``.
+
+    Raises:
+        MinigptError: no run or checkpoint, both a split and a file, an
+            unreadable file or one the tokenizer cannot encode (the char
+            tokenizer's unknown characters), a stride out of range, a corpus
+            gone (:func:`~.data.run_corpus_config`) or changed since training,
+            too few tokens.
+    """
+    if split is not None and text_file is not None:
+        raise MinigptError(_MESSAGES["both"])
+    if stride is not None and not full and text_file is None:
+        raise MinigptError(_MESSAGES["stride_alone"])
+    split = split or "val"
+    if split not in ("train", "val"):
+        raise MinigptError(_MESSAGES["split"].format(split=split))
+    run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
+    dev = resolve_device(device)
+    model, cfg, tok = load_run(run_dir, ckpt, dev)
+    meta = runs.read_meta(ckpt)
+    T = cfg.model.block_size
+    stride = (T // 2 or 1) if stride is None else stride
+    if not 1 <= stride <= T:
+        raise MinigptError(_MESSAGES["stride"].format(stride=stride, block_size=T))
+    if text_file is not None:
+        text = read_text_file(text_file, "--text-file")  # as generate reads --prompt-file; bytes: of the text as read
+        if not text:
+            raise MinigptError(_MESSAGES["empty"].format(what=str(text_file), n=0))
+        tokens = np.asarray(encode_prompt(tok, text, f"{text_file}"), dtype=np.int64)
+        n_bytes, n_chars, source, full = len(text.encode("utf-8")), len(text), str(text_file), True
+    else:
+        tokens = split_tokens(run_corpus_config(cfg, run_dir), tok, split, run_dir, echo, progress)
+        n_bytes, n_chars = text_size(tok, tokens)
+        source = split
+    if len(tokens) < 2:
+        raise MinigptError(_MESSAGES["empty"].format(what=source, n=len(tokens)))
+    model.eval()
+    logged = None
+    if full:
+        n_scored = len(tokens) - 1
+        loss = _score_full(model, tokens, T, stride, batch_size, dev, progress) / n_scored
+        if text_file is None:  # the scored text is the split's, less its first token
+            n_bytes, n_chars = (a - b for a, b in zip((n_bytes, n_chars), text_size(tok, tokens[:1])))
+    else:
+        world = meta.get("world_size", 1)
+        loss, n_windows = _training_eval(model, cfg, tokens, split, meta.get("step", 0), world, dev)
+        n_scored = n_windows * T
+        per_token = len(tokens) / n_bytes, len(tokens) / n_chars  # the conversion: the split's average
+        if meta.get("eval_step") == meta.get("step"):
+            logged = meta.get(f"{split}_loss")
+    nats_per = (loss * n_scored / n_bytes, loss * n_scored / n_chars) if full else (loss * per_token[0],
+                                                                                    loss * per_token[1])
+    return {
+        "run": str(run_dir), "checkpoint": ckpt.name, "step": meta.get("step"), "source": source,
+        "mode": "full" if full else "eval", "loss": loss, "perplexity": math.exp(loss),
+        "bits_per_byte": nats_per[0] / math.log(2), "bits_per_char": nats_per[1] / math.log(2),
+        "tokens": n_scored, "bytes": n_bytes, "chars": n_chars, "block_size": T,
+        "stride": stride if full else None, "logged_loss": logged,
+    }
+
+
+def format_evaluation(r: dict) -> str:
+    """The text form of :func:`evaluate`'s result."""
+    how = (f"every token once, windows of {r['block_size']} advancing by {r['stride']}" if r["mode"] == "full"
+           else "the training eval's windows")
+    lines = [f"{r['run']} ({r['checkpoint']}, step {r['step']}) on {r['source']}: {how}",
+             f"  loss            {r['loss']:.6f} nats/token over {r['tokens']:,} tokens",
+             f"  perplexity      {r['perplexity']:.4f}",
+             f"  bits per byte   {r['bits_per_byte']:.4f} ({r['bytes']:,} bytes)",
+             f"  bits per char   {r['bits_per_char']:.4f} ({r['chars']:,} characters)"]
+    if r["logged_loss"] is not None:
+        lines.append(f"  logged          {r['logged_loss']:.6f} (the run's {r['source']}_loss at step {r['step']})")
+    return "\n".join(lines)

@@ -1,0 +1,399 @@
+"""``minigpt compare``: runs side by side, variants averaged over seeds, with the seed noise said.
+
+:func:`summarize` reads each run folder (``config.yaml``, ``metrics.jsonl``),
+groups runs whose configs differ only in ``seed`` into a variant, and writes
+``summary.md``, ``summary.csv``, ``summary.json`` and ``summary.png``:
+
+- the config keys that differ between variants;
+- parameters, total and non-embedding, and training FLOPs per token
+  (:func:`~minigpt_cli.accounting.params.flops`, ``train_with_lm_head``: 3 × the forward,
+  the head included);
+- tokens/s (the median of the run's logged rates, averaged over seeds);
+- final and best val loss, mean ± sample standard deviation over seeds: the
+  equal-tokens view when the runs had the same token budget;
+- val loss at equal time: each run's last eval at or before the shortest run's
+  end (the equal-time view);
+- val bits per byte: the final val loss in bits, divided by the val split's
+  UTF-8 bytes per token (:func:`~minigpt_cli.eval.evaluate.text_size`), the one
+  measure fair across tokenizers;
+- time to the target (elapsed seconds, evals included, of the first eval at
+  or below it, averaged over seeds), in the unit the runs compare by: val loss,
+  or bits per byte across tokenizers or corpora; the target defaults to the
+  worst run's final value, which every run reaches.
+
+Noise: for each pair of variants, the difference of their means against its
+standard error, sqrt(s1²/n1 + s2²/n2) (Welch); a difference over twice that is
+said to exceed the seed noise (about a 95% two-sided test for normal errors;
+with 3 seeds a rough guide, not a proof).
+
+Runs on different corpora have no comparable val loss: the loss columns are
+left out with a note, and bits per byte remains.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..accounting import params
+from ..config.schema import Config, load_config
+from ..errors import MinigptError
+from ..fileio import atomic_write_set
+from ..run import folder as runs
+
+_MESSAGES = {
+    "not_run": "{path!r} is neither a run folder (config.yaml and metrics.jsonl) nor a folder of runs",
+    "no_evals": "{path} has no eval in metrics.jsonl yet; train it until its first eval",
+    "metric": "--metric val_loss: the runs trained on different corpora, whose val losses do not compare; "
+              "use --metric bits_per_byte",
+    "metric_name": "--metric {metric!r}: use val_loss or bits_per_byte",
+    "target": "--target {target}: give a positive loss (or bits per byte), e.g. --target 1.9",
+    "unfinished": "note: {variant}'s seeds ended at different steps ({steps}): a run is unfinished or stopped "
+                  "early, and its mean mixes them",
+    "corpora": "note: the runs trained on different corpora: val losses do not compare, so only bits per byte "
+               "is shown",
+    "tokenizers": "note: the variants use different tokenizers: val loss is per token of each, so compare bits "
+                  "per byte",
+    "no_bpb": "note: no bits per byte for {run}: {why}",
+}
+
+#: Config keys that never make two runs different variants.
+_IGNORED = {"seed", "name", "train.out_dir", "data.fingerprint", "tokenizer.path"}
+
+
+@dataclass
+class RunRecord:
+    """One run folder's config and curves."""
+
+    path: Path
+    cfg: Config
+    evals: list[dict]  # metrics.jsonl eval events: step, elapsed_s, val_loss
+    rates: list[float]  # tokens/s of its train events
+    variant: str = ""
+
+    @property
+    def final(self) -> float:
+        return self.evals[-1]["val_loss"]
+
+    @property
+    def best(self) -> float:
+        return min(e["val_loss"] for e in self.evals)
+
+    @property
+    def seconds(self) -> float:
+        return self.evals[-1]["elapsed_s"]
+
+
+def read_run(path: Path) -> RunRecord:
+    """A run folder as a :class:`RunRecord`.
+
+    Raises:
+        MinigptError: no config.yaml or metrics.jsonl, or no eval yet.
+    """
+    metrics = path / "metrics.jsonl"
+    if not (path / runs.CONFIG).is_file() or not metrics.is_file():
+        raise MinigptError(_MESSAGES["not_run"].format(path=str(path)))
+    events = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+    evals = [e for e in events if e.get("event") == "eval" and e.get("val_loss") is not None]
+    if not evals:
+        raise MinigptError(_MESSAGES["no_evals"].format(path=path))
+    rates = [e["tokens_per_sec"] for e in events if e.get("event") == "train" and e.get("tokens_per_sec")]
+    return RunRecord(path, load_config(path / runs.CONFIG), evals, rates)
+
+
+def expand(paths: list[Path]) -> list[Path]:
+    """Run folders: each path itself when it is one, else the run folders inside it (sorted).
+
+    Raises:
+        MinigptError: a path that is neither.
+    """
+    out = []
+    for p in paths:
+        if (p / runs.CONFIG).is_file():
+            out.append(p)
+            continue
+        inside = sorted(q for q in p.iterdir() if (q / runs.CONFIG).is_file()) if p.is_dir() else []
+        if not inside:
+            raise MinigptError(_MESSAGES["not_run"].format(path=str(p)))
+        out += inside
+    return out
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        return {k: v for key, value in data.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: data}
+
+
+def _mean_sd(values: list[float]) -> tuple[float, Optional[float]]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def _bytes_per_token(cfg: Config, run_dir: Path, cache: dict, notes: list[str]) -> Optional[float]:
+    """UTF-8 bytes per token of the run's val split (its corpus and tokenizer); None, with a note saying why,
+    when it cannot be read."""
+    from ..data.pipeline import run_corpus_config
+    from ..eval.evaluate import split_tokens, text_size
+    from ..tokenizer.kinds import load_run_tokenizer
+
+    try:
+        tok = load_run_tokenizer(run_dir, cfg)
+        key = (cfg.data.fingerprint, tok.fingerprint())
+        if key not in cache:
+            val = split_tokens(run_corpus_config(cfg, run_dir), tok, "val", run_dir)
+            cache[key] = text_size(tok, val)[0] / len(val)
+        return cache[key]
+    except MinigptError as exc:
+        notes.append(_MESSAGES["no_bpb"].format(run=run_dir, why=exc))
+        return None
+
+
+@dataclass
+class Variant:
+    """Runs of one config at several seeds, and what the table says of them."""
+
+    name: str
+    runs: list[RunRecord] = field(default_factory=list)
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+def _at_time(r: RunRecord, t: float) -> float:
+    """The run's val loss at its last eval at or before ``t`` seconds (its first eval when none is)."""
+    before = [e for e in r.evals if e["elapsed_s"] <= t + 1e-9]
+    return (before or r.evals[:1])[-1]["val_loss"]
+
+
+def _fmt(mean: Optional[float], sd: Optional[float], digits: int = 4) -> str:
+    if mean is None:
+        return "n/a"
+    return f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+
+
+def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optional[float] = None,
+              variants: Optional[dict[str, str]] = None, metric: Optional[str] = None,
+              echo: Callable[[str], None] = lambda m: None) -> dict:
+    """Compare runs (module docstring); writes the summary files into ``out`` when given.
+
+    Args:
+        run_dirs: run folders (:func:`expand` takes sweep folders apart).
+        out: folder for summary.md/.csv/.json/.png.
+        target: the val loss for "time to target"; None: the worst run's final val loss.
+        variants: run folder name -> variant name (a sweep's); default: the folder name less ``-s<seed>``.
+        metric: ``val_loss`` or ``bits_per_byte``, what the pairwise sentences compare; default val_loss
+            when the runs share corpus and tokenizer, else bits_per_byte.
+
+    Returns:
+        ``columns`` (the differing keys), ``rows`` (one dict per variant), ``sentences``, ``notes``,
+        ``target``, ``equal_time_s``, ``metric``.
+
+    Raises:
+        MinigptError: a folder that is not a run, a run without evals, ``metric`` val_loss over different corpora.
+    """
+    if metric not in (None, "val_loss", "bits_per_byte"):
+        raise MinigptError(_MESSAGES["metric_name"].format(metric=metric))
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise MinigptError(_MESSAGES["target"].format(target=target))
+    records = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
+    groups: dict[str, Variant] = {}
+    for r in records:
+        key = json.dumps({k: v for k, v in _flat(r.cfg.to_dict()).items() if k not in _IGNORED}, sort_keys=True)
+        name = (variants or {}).get(r.path.name) or re.sub(r"-s\d+$", "", r.path.name)
+        if key not in groups and name in {v.name for v in groups.values()}:  # the same name, another config
+            name = f"{r.path.parent.name}/{name}"
+        groups.setdefault(key, Variant(name)).runs.append(r)
+    flats = {k: _flat(v.runs[0].cfg.to_dict()) for k, v in groups.items()}
+    columns = sorted(k for k in set().union(*flats.values()) - _IGNORED
+                     if len({json.dumps(f.get(k)) for f in flats.values()}) > 1)
+    notes = []
+    same_corpus = len({r.cfg.data.fingerprint for r in records}) == 1
+    if not same_corpus:
+        if metric == "val_loss":
+            raise MinigptError(_MESSAGES["metric"])
+        notes.append(_MESSAGES["corpora"])
+    if len({(r.cfg.tokenizer.kind, r.cfg.tokenizer.vocab_size) for r in records}) > 1 and same_corpus:
+        notes.append(_MESSAGES["tokenizers"])
+    metric = metric or ("val_loss" if not notes else "bits_per_byte")
+    equal_time = min(r.seconds for r in records)
+    cache: dict = {}
+    bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache, notes) for r in records}
+    # The target is in the metric's unit: nats per token, or bits per byte (a loss / ln 2 / bytes per token).
+    scale = {r.path: 1.0 if metric == "val_loss" else (1 / math.log(2) / bpt[r.path] if bpt[r.path] else math.inf)
+             for r in records}
+    if target is None:  # the worst run's final value: every run reaches it
+        target = max((r.final * scale[r.path] for r in records if scale[r.path] < math.inf), default=math.inf)
+    for key, v in groups.items():
+        cfg = v.runs[0].cfg
+        pc = params.count(cfg.model)
+        per_token = params.flops(cfg.model, cfg.model.block_size)["train_with_lm_head"]
+        bpb = [r.final / math.log(2) / bpt[r.path] for r in v.runs if bpt[r.path]]
+        reached = [next((e["elapsed_s"] for e in r.evals if e["val_loss"] * scale[r.path] <= target), None)
+                   for r in v.runs]
+        v.row = {"variant": v.name, **{c: flats[key].get(c) for c in columns}, "seeds": len(v.runs),
+                 "params": pc.total, "params_non_embedding": pc.non_embedding, "flops_per_token": per_token,
+                 "tokens_per_sec": statistics.fmean(statistics.median(r.rates) for r in v.runs if r.rates)
+                 if any(r.rates for r in v.runs) else None,
+                 "steps": statistics.fmean(r.evals[-1]["step"] for r in v.runs)}
+        stats = {"final_val": [r.final for r in v.runs], "best_val": [r.best for r in v.runs],
+                 "val_at_equal_time": [_at_time(r, equal_time) for r in v.runs], "bits_per_byte": bpb}
+        for name, values in stats.items():
+            if name != "bits_per_byte" and not same_corpus:
+                continue
+            mean, sd = _mean_sd(values) if values else (None, None)
+            v.row[name], v.row[f"{name}_sd"], v.row[f"{name}_all"] = mean, sd, values
+        ends = sorted({r.evals[-1]["step"] for r in v.runs})
+        if len(ends) > 1:
+            notes.append(_MESSAGES["unfinished"].format(variant=v.name, steps=", ".join(map(str, ends))))
+        done = [t for t in reached if t is not None]
+        v.row["time_to_target_s"] = statistics.fmean(done) if len(done) == len(reached) else None
+        v.row["seeds_reached_target"] = len(done)  # of "seeds"; the table writes "1/3"
+    ordered = list(groups.values())
+    result = {"columns": columns, "rows": [v.row for v in ordered], "notes": notes, "target": target,
+              "equal_time_s": equal_time, "metric": metric,
+              "sentences": _sentences(ordered, "final_val" if metric == "val_loss" else "bits_per_byte")}
+    if out is not None:
+        _write(result, ordered, Path(out))
+    return result
+
+
+def _sentences(variants: list[Variant], stat: str) -> list[str]:
+    """One sentence per pair of variants (each against the best when there are more than five)."""
+    unit = "nats" if stat == "final_val" else "bits per byte"
+    have = [v for v in variants if v.row.get(stat) is not None]
+    if len(have) > 5:
+        best = min(have, key=lambda v: v.row[stat])
+        pairs = [(best, v) for v in have if v is not best]
+    else:
+        pairs = [(a, b) for i, a in enumerate(have) for b in have[i + 1:]]
+    out = []
+    for a, b in pairs:
+        xa, xb = a.row[f"{stat}_all"], b.row[f"{stat}_all"]
+        diff = statistics.fmean(xa) - statistics.fmean(xb)
+        lower, higher = (a, b) if diff < 0 else (b, a)
+        if len(xa) < 2 or len(xb) < 2:
+            out.append(f"{lower.name} is {abs(diff):.4f} {unit} below {higher.name}; with one seed there is no "
+                       f"noise estimate")
+            continue
+        se = math.sqrt(statistics.variance(xa) / len(xa) + statistics.variance(xb) / len(xb))
+        verdict = "exceeds" if abs(diff) > 2 * se else "is within"
+        out.append(f"{lower.name} is {abs(diff):.4f} {unit} below {higher.name}; the difference {verdict} the "
+                   f"seed noise (2 × standard error = {2 * se:.4f})")
+    return out
+
+
+def _table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    """The table's header and rows as text, numbers formatted for reading (``1,234``, ``4.1027 ± 0.0100``)."""
+    head = ["variant", *result["columns"], "seeds", "params", "non-emb", "FLOPs/token", "tokens/s", "steps"]
+    loss = "final_val" in (result["rows"][0] if result["rows"] else {})
+    if loss:
+        head += ["final val", "best val", f"val @ {result['equal_time_s']:.0f}s"]
+    unit = "nats" if result["metric"] == "val_loss" else "bits/byte"
+    head += ["val bits/byte", f"s to {result['target']:.3f} {unit}"]
+    body = []
+    for r in result["rows"]:
+        cells = [r["variant"], *(_config_text(r[c]) for c in result["columns"]),
+                 str(r["seeds"]), f"{r['params']:,}", f"{r['params_non_embedding']:,}", f"{r['flops_per_token']:,}",
+                 f"{r['tokens_per_sec']:,.0f}" if r["tokens_per_sec"] else "n/a", f"{r['steps']:.0f}"]
+        if loss:
+            cells += [_fmt(r["final_val"], r["final_val_sd"]), _fmt(r["best_val"], r["best_val_sd"]),
+                      _fmt(r["val_at_equal_time"], r["val_at_equal_time_sd"])]
+        cells += [_fmt(r["bits_per_byte"], r["bits_per_byte_sd"]),
+                  f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None
+                  else f"not reached ({r['seeds_reached_target']}/{r['seeds']})"]
+        body.append(cells)
+    return head, body
+
+
+def _csv_rows(result: dict) -> list[list[Any]]:
+    """The table for summary.csv: the JSON rows' names and plain values (numbers as numbers, standard deviations
+    in columns of their own, an empty cell for none), one row per variant."""
+    keys = ["variant", *result["columns"], "seeds", "params", "params_non_embedding", "flops_per_token",
+            "tokens_per_sec", "steps"]
+    if "final_val" in (result["rows"][0] if result["rows"] else {}):
+        keys += [f"{stat}{sd}" for stat in ("final_val", "best_val", "val_at_equal_time") for sd in ("", "_sd")]
+    keys += ["bits_per_byte", "bits_per_byte_sd", "time_to_target_s", "seeds_reached_target"]
+    return [keys, *([_plain(r.get(k)) for k in keys] for r in result["rows"])]
+
+
+def _plain(value: Any) -> Any:
+    """A CSV cell: a number or text as it is, nothing as an empty cell, anything else as JSON (``true``)."""
+    if value is None:
+        return ""
+    return value if isinstance(value, (int, float, str)) and not isinstance(value, bool) else json.dumps(value)
+
+
+def _config_text(value: Any) -> str:
+    """A config value in a table cell: text as it is, anything else as JSON (``true``, ``null``, ``[1, 2]``)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+#: How a table cell writes what would break a Markdown row: a ``|`` ends the cell, a line break the row.
+_CELL_ESCAPES = {"\\": "\\\\", "|": "\\|", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _cell(text: str) -> str:
+    """``text`` safe in a Markdown table cell: ``|``, backslashes, line breaks and tabs escaped, any other
+    unprintable character written as Python writes it (``\\x07``, ``\\u2028``)."""
+    return "".join(_CELL_ESCAPES.get(c) or (c if c.isprintable() else repr(c)[1:-1]) for c in text)
+
+
+def format_summary(result: dict) -> str:
+    """The Markdown table (every cell escaped by :func:`_cell`), then the notes and the pairwise sentences."""
+    head, body = _table_rows(result)
+    lines = ["| " + " | ".join(map(_cell, row)) + " |" for row in [head, *body]]
+    lines.insert(1, "|" + "---|" * len(head))
+    lines += [""] + result["notes"] + [f"- {s}" for s in result["sentences"]]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _write(result: dict, variants: list[Variant], out: Path) -> None:
+    """summary.md, .csv, .json and .png as a set (:func:`~minigpt_cli.fileio.atomic_write_set`): all four are
+    built first (the PNG is the slow part), then renamed into place together, so an interrupt leaves the
+    previous set or none, never a mix."""
+    out.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    csv.writer(buf).writerows(_csv_rows(result))
+    texts = {"summary.md": format_summary(result), "summary.csv": buf.getvalue(),
+             "summary.json": json.dumps(result, indent=1) + "\n"}
+    files = {out / name: text.encode("utf-8") for name, text in texts.items()}
+    files[out / "summary.png"] = _plot(variants)
+    atomic_write_set(files)
+
+
+def _plot(variants: list[Variant]) -> bytes:
+    """Val loss against steps, wall time and training FLOPs: each variant's mean over seeds, its seeds' range shaded."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.13, top=0.9, wspace=0.2)
+    axes = fig.subplots(1, 3, sharey=True)
+    for i, v in enumerate(variants):
+        cfg = v.runs[0].cfg
+        per_step = cfg.train.batch_size * cfg.train.grad_accum_steps * cfg.model.block_size * v.row["flops_per_token"]
+        steps = sorted(set.intersection(*({e["step"] for e in r.evals} for r in v.runs)))
+        at = [{e["step"]: e for e in r.evals} for r in v.runs]
+        losses = [[a[s]["val_loss"] for a in at] for s in steps]
+        mean = [statistics.fmean(x) for x in losses]
+        xs = {"optimizer step": steps,
+              "wall time (s, evals included)": [statistics.fmean(a[s]["elapsed_s"] for a in at) for s in steps],
+              "training FLOPs": [s * per_step for s in steps]}
+        for ax, (label, x) in zip(axes, xs.items()):
+            ax.plot(x, mean, "o-", markersize=2, label=f"{v.name} ({len(v.runs)} seeds)", color=f"C{i % 10}")
+            if len(v.runs) > 1:
+                ax.fill_between(x, [min(l) for l in losses], [max(l) for l in losses], alpha=0.2, color=f"C{i % 10}")
+            ax.set_xlabel(label)
+            ax.grid(alpha=0.3)
+    axes[0].set_ylabel("val loss (nats/token)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("validation loss: mean over seeds, shaded from the lowest to the highest seed")
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    return png.getvalue()

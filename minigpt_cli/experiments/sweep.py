@@ -1,0 +1,458 @@
+"""``minigpt sweep``: many runs of one base config, compared fairly, resumable after a kill.
+
+A sweep file (YAML)::
+
+    name: ffn                      # runs land in <out_dir>/<name>/ (default: the file's name)
+    base: tiny                     # a config: a path relative to the sweep file, or a shipped config's name
+    set: [train.eval_interval=50]  # overrides for every run
+    grid:                          # every combination of these values: variants ffn-relu, ffn-gelu
+      model.ffn: [relu, gelu]
+    variants:                      # and/or named variants, each a mapping of overrides
+      swiglu: {model.ffn: swiglu, model.d_ff: 168}
+    seeds: 3                       # seeds seed, seed+1, ... of the base; or a list of seeds
+    budget: {iters: 500}           # per run: optimizer steps, or {tokens: 2.0e6}, or {seconds: 60}
+    target_loss: null              # for "time to target"; null: the worst run's final val loss
+
+Each run is an ordinary run folder, ``<out_dir>/<name>/<variant>-s<seed>/``,
+that ``generate``, ``evaluate`` and ``train --resume`` take. Every variant is
+validated by the config schema before the first run starts. The sweep keeps
+its state in ``<out_dir>/<name>/sweep.json`` (the sweep as it was read, the
+base config, the runs finished): started again, it skips the finished runs,
+resumes an interrupted one from its checkpoint (bit for bit as if it had not
+stopped) and refuses to go on if the sweep file or the base config changed,
+naming the difference, once a run has saved a checkpoint (a sweep that failed
+before that, on a download say, takes the edited file as a new start).
+The runs' ``train.out_dir`` is the sweep's folder, chosen by ``out_dir:`` and
+``name:``; an override of it is refused. The summary
+(:mod:`minigpt_cli.experiments.compare`) is written at the end.
+
+Budgets make the comparison fair: ``iters`` gives every run the same steps,
+``tokens`` the same tokens (steps = tokens / tokens per step, per variant),
+``seconds`` the same wall-clock time (``train.max_seconds``; the schedule
+still follows ``train.max_iters``). With ``--jobs N`` the runs go N at a time
+in processes of their own, each with 1/N of the cores; on Linux they end
+(saving their checkpoints) when the sweep's process dies, even by SIGKILL
+(:func:`die_with_parent`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..config.schema import Config, ConfigError, load_config
+from ..config.yaml_io import parse_yaml
+from ..errors import Interrupted, MinigptError
+from ..fileio import atomic_write_text
+from ..paths import resolve_config
+from ..run import folder as runs
+from ..runtime.kernels import check_settings
+
+STATE = "sweep.json"
+#: The key a sweep sets itself: its runs go in ``<out_dir>/<name>/``.
+OUT_DIR = "train.out_dir"
+
+_MESSAGES = {
+    "read": "cannot read sweep file {path!r} ({error})",
+    "top": "{path}: the top level must be a mapping (name, base, grid or variants, seeds, budget)",
+    "schema": "{path}: {loc}: {msg}",
+    "variant": "{path}: variant {variant}: {error}",
+    "collide": "{path}: variants {a!r} and {b!r} get the same name {name!r}; name them under variants: instead",
+    "no_variants": "{path}: give grid: or variants: (at least one variant to run)",
+    "changed": "{path} changed since this sweep started in {folder} ({what}); restore it, or give the sweep "
+               "another name: to start a new one",
+    "no_base": ("{path}: base: config file {base!r} not found, neither beside the sweep file ({near}) nor among "
+                "the shipped configs; give a config's path relative to the sweep file, or one of {shipped}"),
+    "base_folder": "{path}: base: {base} is a folder; give a config file (YAML)",
+    "base_read": "{path}: base: cannot read {base} ({error}); give a readable YAML config file",
+    "out_dir": ("{path}: {where}: train.out_dir cannot be set in a sweep: its runs go in the sweep's folder, "
+                "{folder}; choose that folder with out_dir: (and name:) in the sweep file"),
+    "taken": "{folder} exists and is not a sweep's folder (no sweep.json); give the sweep in {path} another "
+             "name:",
+    "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
+    "interrupted": "interrupted; the runs under way saved their checkpoints",
+    "failed": "run {run} failed (exit status {code}); its log: {log}",
+}
+
+
+class Budget(BaseModel):
+    """What each run gets: exactly one of optimizer steps, tokens or seconds."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    iters: Optional[int] = Field(None, gt=0, description="optimizer steps per run")
+    tokens: Optional[float] = Field(None, gt=0, description="training tokens per run")
+    seconds: Optional[float] = Field(None, gt=0, description="wall-clock seconds per run, evals included")
+
+    @model_validator(mode="after")
+    def _one(self) -> "Budget":
+        given = [k for k in ("iters", "tokens", "seconds") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of iters, tokens or seconds")
+        return self
+
+    def overrides(self, cfg: Config) -> list[str]:
+        """The ``--set`` values that give ``cfg`` this budget."""
+        if self.iters is not None:
+            return [f"train.max_iters={self.iters}"]
+        if self.tokens is not None:
+            tc = cfg.train
+            per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
+            return [f"train.max_iters={max(1, math.ceil(self.tokens / per_step))}"]
+        return [f"train.max_seconds={self.seconds}"]
+
+
+Scalar = Union[bool, int, float, str, None, list]
+
+
+class SweepFile(BaseModel):
+    """The sweep file's schema (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$")
+    base: str
+    set: list[str] = Field(default_factory=list)
+    grid: dict[str, list[Scalar]] = Field(default_factory=dict)
+    variants: dict[str, dict[str, Scalar]] = Field(default_factory=dict)
+    seeds: Union[int, list[int]] = 1
+    budget: Budget
+    target_loss: Optional[float] = Field(None, gt=0)
+    out_dir: str = "runs"
+
+    @model_validator(mode="after")
+    def _check(self) -> "SweepFile":
+        if isinstance(self.seeds, int) and self.seeds < 1:
+            raise ValueError("seeds: give a count of at least 1, or a list of seeds")
+        if isinstance(self.seeds, list) and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
+            raise ValueError("seeds: the list must be non-empty, without repeats")
+        if isinstance(self.seeds, list) and not all(0 <= x < 2**32 for x in self.seeds):
+            raise ValueError("seeds: each seed must be 0 .. 2**32-1")
+        for key, values in self.grid.items():
+            if not values:
+                raise ValueError(f"grid: {key} has no values")
+        return self
+
+
+def _value_text(value: Any) -> str:
+    """A value as ``--set`` reads it back (JSON is YAML's flow style; text stays as it is)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _slug(value: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "", _value_text(value)) or "x"
+
+
+class Run:
+    """One run of the sweep: a variant at a seed."""
+
+    def __init__(self, variant: str, seed: int, cfg: Config, overrides: list[str]):
+        self.variant, self.seed, self.cfg, self.overrides = variant, seed, cfg, overrides
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}-s{self.seed}"
+
+
+class Sweep:
+    """A sweep file read and checked: its runs, in order, each with its validated config."""
+
+    def __init__(self, path: Path, spec: SweepFile, base: Path, base_data: dict, runs_: list[Run]):
+        self.path, self.spec, self.base, self.base_data, self.runs = path, spec, base, base_data, runs_
+        self.name = spec.name or path.stem
+        self.folder = Path(spec.out_dir) / self.name
+
+    def state_record(self) -> dict:
+        """What ``sweep.json`` keeps of the sweep, to notice a change on a restart."""
+        return {"sweep": self.spec.model_dump(mode="json"), "base": self.base_data}
+
+
+def _variants(spec: SweepFile, path: Path) -> dict[str, dict[str, Any]]:
+    """Variant name -> its overrides: the grid's combinations (named key-value_key-value), then the named ones."""
+    out: dict[str, dict[str, Any]] = {}
+    keys = list(spec.grid)
+    for combo in itertools.product(*(spec.grid[k] for k in keys)) if keys else ():
+        name = "_".join(f"{k.rpartition('.')[2]}-{_slug(v)}" for k, v in zip(keys, combo))
+        if name in out:
+            raise MinigptError(_MESSAGES["collide"].format(path=path, a=dict(zip(keys, combo)), b=out[name], name=name))
+        out[name] = dict(zip(keys, combo))
+    for name, overrides in spec.variants.items():
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+            raise MinigptError(_MESSAGES["schema"].format(path=path, loc=f"variants.{name}",
+                                                          msg="a name may only hold letters, digits, '.', '_', '-'"))
+        if name in out:
+            raise MinigptError(_MESSAGES["collide"].format(path=path, a=out[name], b=overrides, name=name))
+        out[name] = dict(overrides)
+    if not out:
+        raise MinigptError(_MESSAGES["no_variants"].format(path=path))
+    return out
+
+
+def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -> Sweep:
+    """Read and check a sweep file: every run's config is validated before anything runs.
+
+    Raises:
+        MinigptError: an unreadable file, a key the schema lacks, a budget of
+            0, variants that collide in name, a grid key or value the config
+            schema refuses (naming the variant and the key).
+    """
+    p = Path(path)
+    try:
+        data = parse_yaml(p.read_text(encoding="utf-8"), str(p))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MinigptError(_MESSAGES["read"].format(path=str(p), error=exc)) from None
+    if not isinstance(data, dict):
+        raise MinigptError(_MESSAGES["top"].format(path=p))
+    try:
+        spec = SweepFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "sweep"
+        msg = err["msg"].removeprefix("Value error, ")
+        raise MinigptError(_MESSAGES["schema"].format(path=p, loc=loc, msg=msg[0].lower() + msg[1:])) from None
+    _check_out_dir(spec, p)
+    base, base_data = _read_base(p, spec.base, echo)
+    seeds = spec.seeds if isinstance(spec.seeds, list) else None
+    planned = []
+    for variant, overrides in _variants(spec, p).items():
+        sets = [*spec.set, *(f"{k}={_value_text(v)}" for k, v in overrides.items())]
+        try:
+            cfg = load_config(base, sets)
+            cfg = load_config(base, [*sets, *spec.budget.overrides(cfg)])
+        except ConfigError as exc:
+            raise MinigptError(_MESSAGES["variant"].format(path=p, variant=variant, error=exc)) from None
+        for seed in seeds or [cfg.seed + i for i in range(spec.seeds)]:
+            if seed >= 2**32:
+                raise MinigptError(_MESSAGES["schema"].format(path=p, loc="seeds", msg=f"seed {seed} is past "
+                                                              "2**32-1; give fewer seeds or a smaller base seed"))
+            planned.append(Run(variant, seed, cfg.model_copy(update={"seed": seed}),
+                               [*sets, *spec.budget.overrides(cfg), f"seed={seed}"]))
+    return Sweep(p, spec, Path(base), base_data, planned)
+
+
+def _read_base(path: Path, name: str, echo: Callable[[str], None]) -> tuple[Path, dict]:
+    """The sweep file ``path``'s ``base:`` config ``name`` (beside the sweep file, else a shipped config) and
+    its parsed mapping.
+
+    Raises:
+        MinigptError: no such file (naming ``base:``), or one that cannot be read.
+    """
+    near = path.parent / name
+    base = near if near.is_file() else resolve_config(Path(name), echo)
+    if base.is_dir():
+        raise MinigptError(_MESSAGES["base_folder"].format(path=path, base=base))
+    if not base.is_file():
+        from ..paths import list_configs
+
+        raise MinigptError(_MESSAGES["no_base"].format(path=path, base=name, near=near,
+                                                       shipped=", ".join(list_configs())))
+    try:
+        return base, parse_yaml(base.read_text(encoding="utf-8"), str(base)) or {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MinigptError(_MESSAGES["base_read"].format(path=path, base=base, error=exc)) from None
+
+
+def _check_out_dir(spec: SweepFile, path: Path) -> None:
+    """Refuse ``train.out_dir`` among the sweep's overrides: every run goes in the sweep's own folder.
+
+    Raises:
+        MinigptError: naming where it was given (``set``, ``grid`` or the variant) and how to choose the folder.
+    """
+    given = [("set", [item.split("=", 1)[0].strip() for item in spec.set]), ("grid", list(spec.grid)),
+             *((f"variants.{name}", list(overrides)) for name, overrides in spec.variants.items())]
+    for where, keys in given:
+        if OUT_DIR in keys:
+            folder = Path(spec.out_dir) / (spec.name or path.stem)
+            raise MinigptError(_MESSAGES["out_dir"].format(path=path, where=where, folder=folder))
+
+
+def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
+    """The first place two parsed documents differ, as ``key: old -> new``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=str):
+            found = _difference(old.get(key), new.get(key), f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+        return None
+    return None if old == new else f"{where or 'the file'}: {json.dumps(old)} -> {json.dumps(new)}"
+
+
+def _read_state(sweep: Sweep) -> dict:
+    """The sweep's state, created on the first start; refuses a sweep whose file or base config changed since
+    a run of it trained to a checkpoint (before that, nothing depends on the old record: it is replaced)."""
+    path = sweep.folder / STATE
+    record = sweep.state_record()
+    if not path.is_file() and sweep.folder.is_dir() and any(sweep.folder.iterdir()):
+        raise MinigptError(_MESSAGES["taken"].format(folder=sweep.folder, path=sweep.path))
+    if path.is_file():
+        state = json.loads(path.read_text(encoding="utf-8"))
+        changed = [(source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base))
+                   if (what := _difference(state.get(part), record[part]))]
+        if not changed:
+            return state
+        if state.get("done") or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir()):
+            source, what = changed[0]
+            raise MinigptError(_MESSAGES["changed"].format(path=source, folder=sweep.folder, what=what))
+        # No run has trained to a checkpoint yet (the sweep failed before, e.g. on a download): nothing to keep
+        # apart, so the edited sweep replaces the record (a run folder without a checkpoint starts afresh).
+    sweep.folder.mkdir(parents=True, exist_ok=True)
+    state = {**record, "done": []}
+    atomic_write_text(path, json.dumps(state, indent=1) + "\n")
+    return state
+
+
+def _mark_done(sweep: Sweep, state: dict, run: Run) -> None:
+    state["done"] = sorted(set(state["done"]) | {run.name})
+    atomic_write_text(sweep.folder / STATE, json.dumps(state, indent=1) + "\n")
+
+
+def _resumable(sweep: Sweep, run: Run) -> bool:
+    """Whether ``run`` resumes a checkpoint a killed sweep left; a folder killed before its first checkpoint
+    holds nothing to keep and is removed, so that the run starts afresh."""
+    folder = sweep.folder / run.name
+    if folder.is_dir() and runs.has_checkpoint(folder):
+        return True
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    return False
+
+
+def _run_in_process(sweep: Sweep, run: Run) -> None:
+    """Train ``run`` here: a new run folder, or a resume of the one a killed sweep left."""
+    from ..trainer import train
+
+    cfg = run.cfg.model_copy(update={"train": run.cfg.train.model_copy(update={"out_dir": str(sweep.folder)})})
+    if _resumable(sweep, run):
+        train(cfg, resume=str(sweep.folder / run.name), echo=lambda m: None, progress=False)
+    else:
+        train(cfg, run.name, echo=lambda m: None, progress=False)
+
+
+def _command(sweep: Sweep, run: Run) -> list[str]:
+    """The ``minigpt train`` command of ``run`` (for ``--jobs``)."""
+    folder = sweep.folder / run.name
+    words = [sys.executable, "-m", "minigpt_cli", "train", str(sweep.base), "--no-progress",
+             *[w for item in [*run.overrides, f"train.out_dir={sweep.folder}"] for w in ("--set", item)]]
+    return [*words, "--resume", str(folder)] if _resumable(sweep, run) else [*words, "--run-name", run.name]
+
+
+#: Linux's prctl option that has the kernel signal a process when its parent dies (<linux/prctl.h>).
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` that makes a child process get SIGTERM when this process dies, SIGKILL included;
+    None where the system cannot (it is Linux's ``prctl(PR_SET_PDEATHSIG)``).
+
+    SIGTERM, not SIGKILL: a trainer saves ``checkpoints/last`` on it, so the sweep started again resumes
+    the run. The kernel sends it when the *thread* that started the child ends: ``--jobs`` starts each child
+    from a worker thread that waits for it, so that thread outlives the child unless the process dies.
+    ``prctl`` is looked up here, before the fork: the child only calls it (and ``getppid``), then execs.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # no C library to ask: the children outlive a killed sweep, as before
+        return None
+    parent = os.getpid()
+
+    def set_parent_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the sweep died before the call: its signal will never come
+            os._exit(128 + int(signal.SIGTERM))
+
+    return set_parent_death_signal
+
+
+def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None,
+              echo: Callable[[str], None] = lambda m: None) -> dict:
+    """Run (or finish) a sweep, then write its summary; returns :func:`~minigpt_cli.experiments.compare.summarize`'s result.
+
+    Raises:
+        MinigptError: a bad kernel setting in the environment
+            (:func:`~minigpt_cli.runtime.kernels.check_settings`), a bad sweep file (:func:`load_sweep`), a changed one
+            under a sweep being resumed, ``jobs`` outside 1 .. cores, a run
+            that fails.
+        Interrupted: Ctrl-C during a run (that run's checkpoint is saved; the
+            same command goes on from there).
+    """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from tqdm.auto import tqdm
+
+    from .compare import summarize
+
+    check_settings()  # the runs would each refuse a bad MINIGPT_ONEDNN / MINIGPT_FAST_DROPOUT: refuse it once, first
+    sweep = load_sweep(path, echo)
+    cores = os.cpu_count() or 1
+    if not 1 <= jobs <= cores:
+        raise MinigptError(_MESSAGES["jobs"].format(jobs=jobs, cores=cores))
+    state = _read_state(sweep)
+    todo = [r for r in sweep.runs if r.name not in state["done"]]
+    echo(f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done), "
+         f"{len({r.variant for r in sweep.runs})} variants; runs in {sweep.folder}")
+    bar = tqdm(total=len(sweep.runs), initial=len(sweep.runs) - len(todo), desc=f"sweep {sweep.name}", unit="run",
+               disable=None if progress is None else not progress, dynamic_ncols=True, file=sys.stderr)
+    with bar:
+        if jobs == 1:
+            for run in todo:
+                bar.set_postfix_str(run.name)
+                _run_in_process(sweep, run)
+                _mark_done(sweep, state, run)
+                bar.update(1)
+        else:
+            env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // jobs)))
+            # Each run in a session of its own (a Ctrl-C reaches the sweep, which passes it on), and ended
+            # with the sweep if the sweep is killed, instead of training on unseen.
+            preexec_fn = die_with_parent()
+
+            running: dict[str, subprocess.Popen] = {}
+            stopping = threading.Event()
+
+            def one(run: Run) -> Optional[Run]:
+                if stopping.is_set():
+                    return None
+                log = sweep.folder / f"{run.name}.log"
+                with open(log, "w") as out:
+                    proc = running[run.name] = subprocess.Popen(_command(sweep, run), env=env, stdout=out,
+                                                                stderr=subprocess.STDOUT, start_new_session=True,
+                                                                preexec_fn=preexec_fn)
+                    code = proc.wait()
+                del running[run.name]
+                if stopping.is_set():
+                    return None
+                if code != 0:
+                    raise MinigptError(_MESSAGES["failed"].format(run=run.name, code=code, log=log))
+                log.unlink()
+                return run
+
+            pool = ThreadPoolExecutor(max_workers=jobs)
+            try:
+                for future in as_completed([pool.submit(one, run) for run in todo]):
+                    if (done := future.result()) is not None:
+                        _mark_done(sweep, state, done)
+                        bar.update(1)
+            except BaseException as exc:  # Ctrl-C or a failed run: stop the others, each saving its checkpoint
+                stopping.set()
+                for proc in list(running.values()):
+                    proc.send_signal(signal.SIGINT)
+                pool.shutdown(wait=True, cancel_futures=True)
+                if isinstance(exc, KeyboardInterrupt):
+                    raise Interrupted(_MESSAGES["interrupted"]) from None
+                raise
+            pool.shutdown()
+    return summarize([sweep.folder / r.name for r in sweep.runs], out=sweep.folder, target=sweep.spec.target_loss,
+                     variants={r.name: r.variant for r in sweep.runs}, echo=echo)

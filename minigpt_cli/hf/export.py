@@ -1,0 +1,329 @@
+"""Export a run to a Hugging Face ``transformers`` folder: the inverse of :mod:`minigpt_cli.hf.load`.
+
+:func:`export_run` writes what ``save_pretrained`` would: ``config.json``,
+``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json`` and
+``generation_config.json``, so that ``AutoModelForCausalLM.from_pretrained``
+and ``AutoTokenizer.from_pretrained`` read the folder offline.
+
+Which family (:func:`hf_family`): a model with learned positions, LayerNorm
+and a ReLU or GELU MLP is a ``GPT2LMHeadModel`` (GPT-2's Conv1D layers hold
+weights as (in, out), so the four projections are transposed back; with
+``bias: false`` the biases GPT-2 always has are written as zeros, which is
+exactly our model); a model with RoPE, RMSNorm and SwiGLU is a
+``LlamaForCausalLM`` (``c_attn`` split into q, k, v by head counts and
+``c_fc`` into gate, up). Anything else has no equivalent there and is
+refused, naming the key: sinusoidal or no positions, Post-LN, the embedding
+scale, or a mix of the two families.
+
+Tokenizers: the trained kinds and ``hf`` already are ``tokenizers`` files
+and are copied as they are; the char tokenizer becomes a ``WordLevel``
+model over its characters, each character split off alone and the pieces
+joined back without spaces (:func:`char_tokenizer_json`), giving the same ids.
+A character outside its alphabet becomes an unknown token where the model has
+a row to spare for one, else is removed, instead of failing in transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..config.schema import Config, ModelConfig
+from ..config.special_tokens import END_OF_TEXT
+from ..errors import MinigptError
+from ..fileio import chmod_quietly, dir_mode, new_file_mode, os_error_message
+from ..run import folder as runs
+from ..run.checkpoint import load_model
+from ..tokenizer.kinds import CharTokenizer, Tokenizer, load_run_tokenizer
+
+_MESSAGES = {
+    "format": "--format {fmt!r}: only hf (a transformers folder) is supported",
+    "not_empty": "{out} exists and is not empty; pass --force to replace it, or another --output",
+    "not_folder": "{out} exists and is not a folder; pass another --output",
+    "holds": "--output {out} is or holds {what}; an export replaces its folder: pass a new or empty one",
+    "not_export": "{out} holds files an export does not write ({names}); --force replaces only an earlier "
+                  "export: pass a new or empty --output",
+    "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2 or Llama ({why}); this run "
+                   "cannot be exported",
+    "char_drops": "note: the exported char tokenizer removes characters outside its {n}-character alphabet "
+                  "(minigpt refuses them): the model has no row for an unknown token; train with "
+                  "model.vocab_size above {size} for an export that maps them to one",
+}
+
+#: What an export writes (and all that ``--force`` may replace).
+EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+#: Our MLP activation -> GPT-2's ``activation_function``.
+_GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+#: The char tokenizer's unknown token in an export, where the model has a row for one (:func:`char_unk_token`).
+_REPLACEMENT = "\ufffd"
+#: The projections GPT-2 stores as Conv1D, (in, out): transposed from nn.Linear's (out, in).
+_GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def hf_family(mc: ModelConfig) -> str:
+    """``gpt2`` or ``llama``: the transformers architecture that computes exactly what ``mc`` does.
+
+    Raises:
+        MinigptError: naming the first key no transformers architecture here expresses.
+    """
+    def refuse(key: str, why: str):
+        raise MinigptError(_MESSAGES["unsupported"].format(key=key, value=getattr(mc, key), why=why))
+
+    if mc.pos_encoding not in ("learned", "rope"):
+        refuse("pos_encoding", "GPT-2 learns its positions, Llama rotates them")
+    if mc.norm_position != "pre":
+        refuse("norm_position", "both normalise before each sub-layer")
+    if mc.emb_scale:
+        refuse("emb_scale", "neither scales the token embeddings by sqrt(n_embd)")
+    if mc.pos_encoding == "learned":
+        if mc.norm != "layernorm":
+            refuse("norm", "GPT-2, with learned positions, uses LayerNorm")
+        if mc.ffn not in _GPT2_ACT:
+            refuse("ffn", "GPT-2, with learned positions, has a two-layer MLP with GELU or ReLU")
+        if mc.kv_heads != mc.n_head:
+            refuse("n_kv_head", "GPT-2, with learned positions, has no grouped-query attention")
+        return "gpt2"
+    if mc.norm != "rmsnorm":
+        refuse("norm", "Llama, with RoPE, uses RMSNorm")
+    if mc.ffn != "swiglu":
+        refuse("ffn", "Llama, with RoPE, uses SwiGLU")
+    return "llama"
+
+
+def end_of_text(tok: Tokenizer) -> Optional[str]:
+    """The tokenizer's end-of-text special token (:data:`~minigpt_cli.config.special_tokens.END_OF_TEXT`), or None."""
+    return next((s for s in tok.special_tokens if s in END_OF_TEXT), None)
+
+
+def hf_config(cfg: Config, tok: Tokenizer) -> dict:
+    """The ``config.json`` of ``cfg``'s model (:func:`hf_family`), with the end-of-text id when the
+    tokenizer has one."""
+    mc = cfg.model
+    eos = end_of_text(tok)
+    eos = tok.encode(eos)[0] if eos is not None else None
+    common = {"vocab_size": mc.vocab_size, "initializer_range": mc.init_std, "tie_word_embeddings": mc.tie_weights,
+              "bos_token_id": eos, "eos_token_id": eos, "torch_dtype": "float32"}
+    if hf_family(mc) == "gpt2":
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": mc.n_layer,
+                "n_head": mc.n_head, "n_embd": mc.n_embd, "n_positions": mc.block_size, "n_ctx": mc.block_size,
+                "n_inner": mc.ffn_hidden, "activation_function": _GPT2_ACT[mc.ffn], "resid_pdrop": mc.dropout,
+                "embd_pdrop": mc.dropout, "attn_pdrop": mc.dropout, "layer_norm_epsilon": mc.norm_eps,
+                "scale_attn_weights": True, **common}
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": mc.n_layer,
+            "num_attention_heads": mc.n_head, "num_key_value_heads": mc.kv_heads, "hidden_size": mc.n_embd,
+            "head_dim": mc.head_dim, "intermediate_size": mc.ffn_hidden, "hidden_act": "silu",
+            "max_position_embeddings": mc.block_size, "rms_norm_eps": mc.norm_eps, "rope_theta": mc.rope_base,
+            "attention_bias": mc.bias, "mlp_bias": mc.bias, "attention_dropout": mc.dropout, **common}
+
+
+def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our weights under transformers' names and layouts (the inverse of :mod:`minigpt_cli.hf.load`'s mapping).
+
+    GPT-2: Conv1D weights transposed to (in, out); zeros for the biases of a
+    ``bias: false`` model. Llama: ``c_attn`` rows split into q (n_embd), k
+    and v (n_kv_head · head_dim each), ``c_fc`` into gate and up halves. A
+    tied head is left out (the embedding is the head); an untied one is ``lm_head.weight``.
+    """
+    sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
+    if mc.tie_weights:
+        sd.pop("lm_head.weight", None)
+    out: dict[str, torch.Tensor] = {}
+    if hf_family(mc) == "gpt2":
+        if not mc.bias:  # GPT-2 always adds biases (and LayerNorm shifts): ours are zero, one per output
+            sd.update({name.removesuffix("weight") + "bias": torch.zeros(t.shape[0]) for name, t in sd.items()
+                       if name.startswith(("h.", "ln_f."))})
+        for name, t in sd.items():
+            if any(f".{conv}.weight" in f".{name}" for conv in _GPT2_CONV1D):
+                t = t.t().contiguous()
+            out[name if name == "lm_head.weight" else f"transformer.{name}"] = t
+        return out
+    q, kv = mc.n_embd, mc.kv_heads * mc.head_dim
+    simple = {"wte.weight": "model.embed_tokens.weight", "ln_f.weight": "model.norm.weight",
+              "lm_head.weight": "lm_head.weight"}
+    layer = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight",
+             "attn.c_proj.weight": "self_attn.o_proj.weight", "attn.c_proj.bias": "self_attn.o_proj.bias",
+             "mlp.c_proj.weight": "mlp.down_proj.weight", "mlp.c_proj.bias": "mlp.down_proj.bias"}
+    for name, t in sd.items():
+        if name in simple:
+            out[simple[name]] = t
+            continue
+        _, i, rest = name.split(".", 2)
+        prefix = f"model.layers.{i}."
+        kind = rest.rsplit(".", 1)[1]
+        if rest in layer:
+            out[prefix + layer[rest]] = t
+        elif rest.startswith("attn.c_attn."):
+            for part, piece in zip(("q_proj", "k_proj", "v_proj"), torch.split(t, [q, kv, kv])):
+                out[f"{prefix}self_attn.{part}.{kind}"] = piece.contiguous()
+        elif rest.startswith("mlp.c_fc."):
+            for part, piece in zip(("gate_proj", "up_proj"), torch.chunk(t, 2)):
+                out[f"{prefix}mlp.{part}.{kind}"] = piece.contiguous()
+        else:
+            raise RuntimeError(f"internal error: no Llama name for {name}")
+    return out
+
+
+def char_unk_token(tok: CharTokenizer, vocab_size: int) -> Optional[str]:
+    """The unknown token of the char tokenizer's export: U+FFFD (Unicode's replacement character) at id
+    ``tok.vocab_size``, the model's first row past the tokenizer's, when the model has one (``model.vocab_size``
+    larger than the tokenizer); else None. When the alphabet or a special token holds U+FFFD, the first
+    private-use character (U+E000, ...) neither holds. Always one character outside the alphabet:
+    transformers adds the unknown token to the tokens it matches in the text before the split, where a
+    character the alphabet lacks becomes that id anyway; a word such as ``<unk>`` would read the literal
+    text ``<unk>`` as one token, where minigpt reads five characters."""
+    if vocab_size <= tok.vocab_size:
+        return None
+    taken = set(tok.chars).union(*tok.special_tokens)
+    return next(ch for ch in (_REPLACEMENT, *map(chr, range(0xE000, 0xF900))) if ch not in taken)
+
+
+def char_tokenizer_json(tok: CharTokenizer, vocab_size: int) -> str:
+    """A ``tokenizers`` ``tokenizer.json`` giving the char tokenizer's ids: a ``WordLevel`` vocabulary of its
+    characters and special tokens (the special tokens also added tokens, matched before the split), a
+    pre-tokenizer that splits off every character, and a ``Fuse`` decoder that joins the pieces without spaces.
+
+    minigpt refuses characters outside the alphabet; transformers' ``WordLevel`` would fail on them with
+    "Missing [UNK] token". So the export maps them to an unknown token (:func:`char_unk_token`) when the
+    model, of ``vocab_size`` rows, has a row for one past the tokenizer's ids; else a normalizer removes them
+    (the model has no id they could take), leaving the ids of the text's other characters. Either way the ids
+    of the alphabet's characters and of the special tokens are the run's.
+    """
+    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    vocab = dict(tok.stoi)  # the characters, then the special tokens: the run's ids
+    unk = char_unk_token(tok, vocab_size)
+    if unk is not None:
+        vocab[unk] = tok.vocab_size
+    backend = Backend(models.WordLevel(vocab, unk_token=unk))
+    if unk is None:  # [^alphabet], each character written \x{hex} so that none reads as a regex operator
+        alphabet = "".join(f"\\x{{{ord(ch):x}}}" for ch in tok.chars)
+        backend.normalizer = normalizers.Replace(Regex(f"[^{alphabet}]"), "")
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    # Special tokens are matched on the text as it is, before the normalizer (normalized=False).
+    backend.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in tok.special_tokens])
+    return backend.to_str(pretty=True)
+
+
+def tokenizer_files(tok: Tokenizer, run_dir: Path, cfg: Config) -> dict[str, str]:
+    """``tokenizer.json`` and ``tokenizer_config.json`` of the run's tokenizer, as text."""
+    unk = tok.unk_token
+    if isinstance(tok, CharTokenizer):
+        tokenizer_json = char_tokenizer_json(tok, cfg.model.vocab_size)
+        unk = char_unk_token(tok, cfg.model.vocab_size)
+    else:
+        tokenizer_json = (run_dir / runs.TOKENIZER).read_text(encoding="utf-8")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.block_size,
+              "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False}
+    eos = end_of_text(tok)
+    if eos is not None:
+        config["eos_token"] = eos
+    if unk is not None:
+        config["unk_token"] = unk
+    return {"tokenizer.json": tokenizer_json, "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
+
+
+def generation_config(cfg: Config, eos: Optional[int]) -> dict:
+    """``generation_config.json`` from the run's ``sample`` section (Hugging Face's names already)."""
+    sc = cfg.sample
+    out = {"do_sample": sc.temperature > 0, "max_new_tokens": sc.max_new_tokens}
+    if sc.temperature > 0:
+        out.update(temperature=sc.temperature, top_k=sc.top_k or 0, top_p=sc.top_p if sc.top_p is not None else 1.0)
+    if eos is not None:
+        out.update(bos_token_id=eos, eos_token_id=eos)
+    return out
+
+
+def _write_folder(out: Path, weights: dict[str, torch.Tensor], files: dict[str, str]) -> None:
+    """Write ``weights`` (``model.safetensors``) and ``files`` (name -> text) as the folder ``out``: into a
+    temporary folder beside it, renamed into place when complete (an old ``out`` is moved aside first and
+    removed after). A failed write removes the temporary folder and raises the OSError."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700: an export is as readable as any folder
+    try:
+        try:
+            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            chmod_quietly(tmp / "model.safetensors", new_file_mode())  # safetensors creates it 0600
+        except SafetensorError as exc:  # a failed write, with the OS's error number in its text
+            code = re.search(r"\(os error (\d+)\)", str(exc))
+            if code is None:
+                raise
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(tmp)) from None
+        for name, text in files.items():  # plain writes: the folder is renamed into place whole
+            with open(tmp / name, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", checkpoint: str = runs.BEST,
+               force: bool = False, echo: Callable[[str], None] = lambda message: None) -> Path:
+    """Write a run's checkpoint as a transformers folder at ``output`` (module docstring); returns it.
+
+    The folder is written under a temporary name beside ``output`` and
+    renamed into place when complete, so an interrupted export leaves no
+    half-written folder (with ``force``, the old folder is removed after the
+    new one is in place). ``output`` may not be the run, a folder holding it or
+    the current folder, and ``force`` replaces only a folder of export files.
+
+    Raises:
+        MinigptError: another format, no run or checkpoint, ``output`` the run
+            or a folder holding it (with or without ``force``), a file, or a
+            non-empty folder without ``force``, a model transformers cannot
+            express (:func:`hf_family`), or a folder that cannot be written
+            (named as ``output``, not as the temporary folder).
+    """
+    if fmt != "hf":
+        raise MinigptError(_MESSAGES["format"].format(fmt=fmt))
+    out = Path(output)
+    run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
+    target = out.resolve()
+    # First: no --force replaces these, so the not-empty message must not suggest it.
+    for what, inside in (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve())):
+        if inside == target or target in inside.parents:
+            raise MinigptError(_MESSAGES["holds"].format(out=out, what=what))
+    if out.exists() and not out.is_dir():
+        raise MinigptError(_MESSAGES["not_folder"].format(out=out))
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise MinigptError(_MESSAGES["not_empty"].format(out=out))
+    if out.is_dir() and force:
+        other = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
+        if other:
+            raise MinigptError(_MESSAGES["not_export"].format(out=out, names=", ".join(other[:3])))
+    model, cfg = load_model(runs.resolve(ckpt))
+    hf_family(cfg.model)  # refused before anything is written
+    tok = load_run_tokenizer(run_dir, cfg)
+    config = hf_config(cfg, tok)
+    files = {"config.json": json.dumps(config, indent=2) + "\n", **tokenizer_files(tok, run_dir, cfg),
+             "generation_config.json": json.dumps(generation_config(cfg, config["eos_token_id"]), indent=2) + "\n"}
+    try:
+        _write_folder(out, hf_state_dict(model, cfg.model), files)
+    except OSError as exc:  # named as the user gave it, not as the temporary folder beside it
+        raise MinigptError(os_error_message(exc, out, "write")) from None
+    if isinstance(tok, CharTokenizer) and char_unk_token(tok, cfg.model.vocab_size) is None:
+        echo(_MESSAGES["char_drops"].format(n=len(tok.chars), size=tok.vocab_size))
+    echo(f"exported {run_dir} ({ckpt.name}) as a transformers {config['architectures'][0]} to {out}")
+    return out

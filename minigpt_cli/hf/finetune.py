@@ -1,0 +1,143 @@
+"""Fine-tuning: a run that starts from a local Hugging Face GPT-2 or Llama folder (``model.init_from``).
+
+nanoGPT's ``init_from='gpt2'`` (its ``finetune_shakespeare`` config), with
+the folder on disk instead of a hub download. :func:`resolve_init_from` turns
+the config into the folder's model: its architecture (read by
+:func:`~minigpt_cli.hf.load.read_hf_config`) and its ``tokenizer.json`` (tokenizer
+kind ``hf``). A model key the config sets must agree with the folder, except
+those that pretrained weights allow to change (:data:`FREE_KEYS`): dropout, a
+``block_size`` the position table covers, and the init settings (unused when
+weights are loaded). :func:`load_pretrained` then copies the folder's weights
+into the freshly built model. A resumed run takes its weights from its own
+checkpoint and its tokenizer from its own ``tokenizer.json``; it reads the
+folder's config.json while the folder is there, and its checkpoint's record of
+it once the folder is moved away, so the run does not depend on the folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ..config.schema import Config
+from ..errors import MinigptError
+from ..run import folder as runs
+from ..run.checkpoint import saved_config
+from .load import load_hf_folder, read_hf_config, weight_files
+
+#: Model keys a fine-tuning config may set to other values than the folder's.
+FREE_KEYS = frozenset({"init_from", "dropout", "block_size", "init_std", "scale_residual_init", "multiple_of"})
+
+_MESSAGES = {
+    "conflict": "model.{key} ({ours!r}) disagrees with the pretrained model in {folder} ({key}: {theirs!r}); "
+                "model.init_from takes the architecture from its config.json: drop model.{key}",
+    "tokenizer_kind": "tokenizer.kind {kind} does not fit model.init_from: a pretrained model keeps its own "
+                      "tokenizer (kind hf, {folder}/tokenizer.json); drop tokenizer.kind",
+    "no_path": "tokenizer.path {path} not found; fix it, or drop it to use {folder}/tokenizer.json",
+    "no_tokenizer": "{folder} has no tokenizer.json; save the model's tokenizer beside it "
+                    "(AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or set tokenizer.path",
+    "folder_fix": "replace it with the model's own (AutoTokenizer.from_pretrained(MODEL).save_pretrained(folder), "
+                  "MODEL the model's name on the hub) or set tokenizer.path",
+    "path_fix": "fix tokenizer.path, or drop it to use {folder}/tokenizer.json",
+}
+
+
+def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
+    """``cfg`` with the architecture and tokenizer of ``model.init_from``; ``cfg`` itself when it is unset.
+
+    The result's ``model`` is the folder's (:func:`~minigpt_cli.hf.load.read_hf_config`),
+    with the config's values for :data:`FREE_KEYS` where it sets them; its
+    tokenizer is kind ``hf`` reading ``tokenizer.path``, or the folder's
+    ``tokenizer.json``. Applying it twice gives the same config.
+
+    ``run``: the run folder the config continues (``train --resume``) or is
+    the config of (``RUN/config.yaml``). Its own ``tokenizer.json`` is then the
+    tokenizer, and once the folder is gone its last checkpoint's model stands
+    for the folder's config.json, with the config's values where it sets them
+    (a resume refuses any that differ, :func:`~.trainer.resume.check_resume_config`).
+
+    Raises:
+        MinigptError: an unreadable or unsupported folder, a ``block_size``
+            past GPT-2's position table, a model key set to another value than
+            the folder's, another ``tokenizer.kind``, no tokenizer file; with
+            ``run``, a damaged checkpoint config.
+    """
+    mc = cfg.model
+    if mc.init_from is None:
+        return cfg
+    folder = Path(mc.init_from).absolute()  # the run records where it is, wherever it is later read from
+    # model.vocab_size: null is "the tokenizer's size", which the folder's model has: not a value to compare.
+    given = mc.model_fields_set - ({"vocab_size"} if mc.vocab_size is None else set())
+    if run is not None and not folder.is_dir():  # moved away since the run started: the run's record of it
+        ran = saved_config(runs.checkpoint_dir(run, runs.LAST)).model
+        model = ran.model_copy(update={key: getattr(mc, key) for key in given})
+    else:
+        _, theirs = read_hf_config(folder, mc.block_size if "block_size" in given else None)
+        weight_files(folder)  # refused now, not after the data is prepared
+        for key in sorted(given - FREE_KEYS):
+            if getattr(mc, key) != getattr(theirs, key):
+                raise MinigptError(_MESSAGES["conflict"].format(key=key, ours=getattr(mc, key), folder=folder,
+                                                                theirs=getattr(theirs, key)))
+        model = theirs.model_copy(update={key: getattr(mc, key) for key in given & FREE_KEYS})
+    tc = cfg.tokenizer
+    if "kind" in tc.model_fields_set and tc.kind != "hf":
+        raise MinigptError(_MESSAGES["tokenizer_kind"].format(kind=tc.kind, folder=folder))
+    if run is not None:  # the tokenizer the run was trained with, wherever the folder's is now
+        path = (Path(run) / runs.TOKENIZER).absolute()
+        _check_run_tokenizer(run, tc.path)
+    else:
+        path = Path(tc.path or folder / "tokenizer.json").absolute()
+        if not path.is_file():
+            raise MinigptError(_MESSAGES["no_tokenizer" if tc.path is None else "no_path"].format(folder=folder,
+                                                                                                   path=path))
+        from ..tokenizer.kinds import load_tokenizer
+
+        # The user's file, not minigpt's: a damaged one is replaced, never deleted to be trained again.
+        fix = _MESSAGES["folder_fix" if tc.path is None else "path_fix"].format(folder=folder)
+        load_tokenizer(path, "hf", own=False, fix=fix)
+    tokenizer = tc.model_copy(update={"kind": "hf", "path": str(path), "vocab_size": None})
+    model = model.model_copy(update={"init_from": str(folder)})
+    return cfg.model_copy(update={"model": model, "tokenizer": tokenizer})
+
+
+def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
+    """Refuse run ``run``'s missing or damaged ``tokenizer.json``, saying where a copy is
+    (:func:`~minigpt_cli.tokenizer.kinds.load_run_tokenizer`), and a ``tokenizer.path`` (``named``) that names another
+    tokenizer than the run's, unless it is the file the run's checkpoint records (the run keeps its own copy of
+    that one): :func:`~minigpt_cli.tokenizer.kinds.check_run_tokenizer`.
+
+    Raises:
+        MinigptError: as those do.
+    """
+    from ..tokenizer.kinds import check_run_tokenizer, load_run_tokenizer, load_tokenizer
+
+    saved = saved_config(runs.checkpoint_dir(run, runs.LAST))
+    saved = saved.model_copy(update={"tokenizer": saved.tokenizer.model_copy(update={"kind": "hf"})})
+    load_run_tokenizer(run, saved)
+    recorded = saved.tokenizer.path and Path(saved.tokenizer.path).absolute()
+    if named is not None and Path(named).is_file() and Path(named).absolute() != recorded:
+        check_run_tokenizer(run, saved, load_tokenizer(named, "hf", own=False))
+
+
+def resumed_run(cfg: Config, resume: Optional[str]) -> Optional[Path]:
+    """The run folder ``--resume`` continues, for :func:`resolve_init_from`: None without ``resume``, for
+    a config that does not fine-tune, or for ``auto`` with no run of the config's name yet.
+
+    Raises:
+        MinigptError: a ``resume`` path without a resumable checkpoint
+            (:func:`~minigpt_cli.run.folder.find_resume_dir`).
+    """
+    if resume is None or cfg.model.init_from is None:
+        return None
+    return runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
+
+
+def load_pretrained(model, cfg: Config) -> None:
+    """Copy ``model.init_from``'s weights into ``model`` (built from :func:`resolve_init_from`'s config).
+
+    Raises:
+        MinigptError: missing or damaged weights, or weights that do not fit
+            the folder's config.json (:func:`~minigpt_cli.hf.load.load_hf_folder`).
+    """
+    pretrained = load_hf_folder(cfg.model.init_from, block_size=cfg.model.block_size)
+    model.load_state_dict(pretrained.state_dict())

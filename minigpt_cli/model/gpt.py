@@ -1,0 +1,455 @@
+"""The decoder-only Transformer (GPT) and its variants. Architecture only.
+
+Follows nanoGPT's layout and GPT-2's names (``wte``, ``wpe``, ``h``, ``ln_f``,
+``lm_head``, ``c_attn``, ``c_proj``, ``c_fc``). Every architecture switch is a
+field of :class:`~minigpt_cli.config.schema.ModelConfig`:
+
+- positions: learned table (GPT-2), sinusoidal (Vaswani et al. 2017 §3.5),
+  rotary (Su et al. 2021, RoFormer; the rotate-half pairing of GPT-NeoX and
+  Hugging Face's Llama), or none;
+- norms: LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019), before
+  each sub-layer (Pre-LN, GPT-2) or after the residual add (Post-LN, the
+  original Transformer, no final norm);
+- feed-forward: ReLU, GELU (exact or tanh; Hendrycks & Gimpel 2016) or SwiGLU
+  (Shazeer 2020);
+- grouped-query attention (Ainslie et al. 2023) through ``n_kv_head``;
+- weight tying (Press & Wolf 2017), 1/sqrt(2L) residual init (GPT-2 §2.3),
+  sqrt(d) embedding scale (Vaswani et al. 2017 §3.4).
+
+No I/O, no printing. Attention goes through
+``torch.nn.functional.scaled_dot_product_attention``, the linear layers are
+plain ``nn.Linear`` and dropout ``nn.Dropout``; a command may swap them for
+faster kernels with the same parameters (:mod:`minigpt_cli.runtime.kernels`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config.schema import ModelConfig
+
+# ----------------------------------------------------------------------------- parts
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) * g (Zhang & Sennrich 2019, eq. 4).
+
+    Computed in float32 and cast back, as Hugging Face's ``LlamaRMSNorm``.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        # One fused call (the same values as x * rsqrt(mean(x²) + eps), bit for bit): four element-wise passes
+        # each way made RMSNorm slower than LayerNorm's single kernel (EXPERIMENTS.md, "LayerNorm against RMSNorm").
+        x = F.rms_norm(x.float(), (x.size(-1),), eps=self.eps)
+        return self.weight * x.to(dtype)
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The configured norm over the last dimension (n_embd)."""
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def sinusoidal_table(n_pos: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal position table, shape (n_pos, dim), float32.
+
+    p[t, 2i] = sin(t·ω_i), p[t, 2i+1] = cos(t·ω_i), ω_i = base^(-2i/dim)
+    (Vaswani et al. 2017 §3.5). ``dim`` must be even.
+    """
+    t = torch.arange(n_pos, dtype=torch.float64)[:, None]
+    omega = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = t * omega  # (n_pos, dim/2)
+    table = torch.empty(n_pos, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)
+    return table.float()
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, base: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each (T, head_dim), float32.
+
+    θ_i = base^(-2i/head_dim) for i < head_dim/2, angle = position·θ_i, laid
+    out twice ([θ_0..θ_{h/2-1}, θ_0..θ_{h/2-1}]) for the rotate-half form
+    (Su et al. 2021 eq. 34; GPT-NeoX / Hugging Face ``LlamaRotaryEmbedding``,
+    computed as it does, in float32).
+    """
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = inv_freq.to(positions.device)
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x_i, x_{i+h/2}) of x (B, nh, T, hs) by the angles in cos/sin (T, hs)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class KVCache:
+    """Keys and values of past positions for every layer, preallocated.
+
+    Per layer ``k``/``v`` are (B, n_kv_head, capacity, head_dim); ``length``
+    positions are filled, positions 0..length-1 of the sequence (keys after
+    RoPE). There is deliberately no way to drop the oldest entry: past the
+    first layer, keys and values depend on everything their token saw, so a
+    window that slides must be recomputed (:func:`~minigpt_cli.sample.sampling.generate_tokens`).
+    """
+
+    def __init__(self, n_layer: int, batch: int, n_kv_head: int, capacity: int, head_dim: int,
+                 device: torch.device, dtype: torch.dtype):
+        shape = (batch, n_kv_head, capacity, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.capacity = capacity
+        self.length = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               pos: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """Append k, v (B, n_kv, T, hs) for ``layer``.
+
+        Returns:
+            All cached keys and values (B, n_kv, length+T, hs), and the attention mask (T, length+T) bool
+            (True: may attend) of the new queries, or None where plain causal attention (empty cache) or
+            none (one new query) is right. ``pos`` is ignored: the positions follow ``length``.
+        """
+        T = k.size(2)
+        past, end = self.length, self.length + T
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {end} > capacity {self.capacity}")
+        self.k[layer][:, :, past:end] = k
+        self.v[layer][:, :, past:end] = v
+        mask = None
+        if past and T > 1:  # T new queries after `past` cached keys: query i sees keys 0..past+i
+            mask = torch.ones(T, end, dtype=torch.bool, device=k.device).tril(diagonal=past)
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], mask
+
+    def advance(self, n: int) -> None:
+        """Mark n more positions as filled (after all layers have updated)."""
+        self.length += n
+
+    def reset(self) -> None:
+        """Forget every position (the buffers are reused)."""
+        self.length = 0
+
+
+class StaticKVCache:
+    """Keys and values for every layer in buffers of fixed shape, written at positions given as a tensor.
+
+    gpt-fast's static cache (pytorch-labs/gpt-fast, ``model.py``): per layer
+    ``k``/``v`` are (B, n_kv_head, capacity, head_dim) and never change shape
+    or address, and the positions of the tokens a forward pass feeds come as
+    an int64 tensor (``GPT.forward(..., pos=...)``), so a one-token decoding
+    step has the same shapes at every position and can be compiled once and
+    captured as a CUDA graph. Attention reads the whole buffer under a mask
+    (key slot j visible to a query at position p iff j <= p), so slots past
+    the newest position, stale or zero, count for nothing. Refilling from
+    position 0 (a sliding window) overwrites the slots it needs.
+    """
+
+    def __init__(self, n_layer: int, batch: int, n_kv_head: int, capacity: int, head_dim: int,
+                 device: torch.device, dtype: torch.dtype):
+        shape = (batch, n_kv_head, capacity, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.slots = torch.arange(capacity, device=device)
+        self.capacity = capacity
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor the cache holds (for ``torch._dynamo.mark_static_address``)."""
+        return [*self.k, *self.v, self.slots]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               pos: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write k, v (B, n_kv, T, hs) of ``layer`` at positions ``pos`` (T,) int64.
+
+        Returns:
+            The whole buffers (B, n_kv, capacity, hs) and the mask (T, capacity) bool, True where a
+            query may attend (slot <= its position).
+        """
+        self.k[layer].index_copy_(2, pos, k)
+        self.v[layer].index_copy_(2, pos, v)
+        return self.k[layer], self.v[layer], self.slots[None, :] <= pos[:, None]
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head (or grouped-query) causal self-attention.
+
+    One fused projection ``c_attn`` gives q (n_head heads) and k, v (n_kv_head
+    heads each); ``c_proj`` is W_O. ``attend`` is the attention function, with
+    ``F.scaled_dot_product_attention``'s signature; a command may set a faster
+    one (:func:`minigpt_cli.runtime.kernels.dropout.attention`).
+    """
+
+    attend = staticmethod(F.scaled_dot_product_attention)
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.n_kv_head = cfg.kv_heads
+        self.head_dim = cfg.head_dim
+        self.kv_dim = self.n_kv_head * self.head_dim
+        self.c_attn = nn.Linear(cfg.n_embd, cfg.n_embd + 2 * self.kv_dim, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.attn_dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.rope = cfg.pos_encoding == "rope"
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+        cache: Optional[KVCache | StaticKVCache] = None,
+        layer: int = 0,
+        pos: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        if self.rope:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        mask = None
+        if cache is not None:
+            k, v, mask = cache.update(layer, k, v, pos)  # (B, nkv, S, hs): S = cached + T, or the capacity
+        if self.n_kv_head != self.n_head:
+            rep = self.n_head // self.n_kv_head
+            k = k.repeat_interleave(rep, dim=1)  # (B, nh, S, hs)
+            v = v.repeat_interleave(rep, dim=1)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        # Without a mask: causal for T > 1 (no cache, or an empty one), every key for a single query.
+        y = self.attend(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: c_proj(act(c_fc(x))), or SwiGLU.
+
+    SwiGLU (Shazeer 2020 eq. 6): c_proj(silu(x W_gate) * (x W_up)); ``c_fc``
+    holds [W_gate; W_up] stacked, so its output is 2·d_ff wide.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = cfg.ffn_hidden
+        self.kind = cfg.ffn
+        width = 2 * hidden if self.kind == "swiglu" else hidden
+        self.c_fc = nn.Linear(cfg.n_embd, width, bias=cfg.bias)
+        self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c_fc(x)
+        if self.kind == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        elif self.kind == "gelu":
+            h = F.gelu(h)
+        elif self.kind == "gelu_tanh":
+            h = F.gelu(h, approximate="tanh")
+        else:
+            h = F.relu(h)
+        return self.dropout(self.c_proj(h))
+
+
+class Block(nn.Module):
+    """One Transformer layer.
+
+    Pre-LN: x += attn(ln_1(x)); x += mlp(ln_2(x))   (GPT-2, Xiong et al. 2020)
+    Post-LN: x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))   (Vaswani et al. 2017)
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.pre = cfg.norm_position == "pre"
+        self.ln_1 = make_norm(cfg)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = make_norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope=None, cache=None, layer=0, pos=None):
+        if self.pre:
+            x = x + self.attn(self.ln_1(x), rope, cache, layer, pos)
+            x = x + self.mlp(self.ln_2(x))
+        else:
+            x = self.ln_1(x + self.attn(x, rope, cache, layer, pos))
+            x = self.ln_2(x + self.mlp(x))
+        return x
+
+
+# ----------------------------------------------------------------------------- GPT
+
+
+class GPT(nn.Module):
+    """A decoder-only Transformer language model.
+
+    Args:
+        cfg: the model section of the config; ``vocab_size`` must be set.
+
+    Raises:
+        ValueError: ``cfg.vocab_size`` is None.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size is None:
+            raise ValueError("ModelConfig.vocab_size must be set (take it from the tokenizer)")
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        if cfg.pos_encoding == "learned":
+            self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        elif cfg.pos_encoding == "sinusoidal":
+            self.register_buffer(
+                "pos_table", sinusoidal_table(cfg.block_size, cfg.n_embd), persistent=False
+            )
+        self.drop = nn.Dropout(cfg.dropout)
+        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = make_norm(cfg) if cfg.norm_position == "pre" else None
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.wte.weight
+        self._rope_cache: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+        self.apply(self._init_weights)
+        if cfg.scale_residual_init:
+            # GPT-2 §2.3: scale the last layer of each residual branch by 1/sqrt(N),
+            # N = 2L residual additions (nanoGPT's `c_proj.weight` rule).
+            std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
+            for name, p in self.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, mean=0.0, std=std)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameters, tied weights once.
+
+        ``non_embedding`` drops the vocabulary and position embeddings (wte,
+        wpe, an untied lm_head), Kaplan et al. 2020 §2.1.
+        """
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wte.weight.numel()
+            if hasattr(self, "wpe"):
+                n -= self.wpe.weight.numel()
+            if not self.config.tie_weights:
+                n -= self.lm_head.weight.numel()
+        return n
+
+    def _rope(self, start: int, T: int, device: torch.device):
+        """cos/sin for positions start..start+T-1, from a table grown on demand."""
+        end = start + T
+        if self._rope_cache is None or self._rope_cache[0].numel() < end or self._rope_cache[0].device != device:
+            n = max(end, self.config.block_size)
+            pos = torch.arange(n, device=device)
+            cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_base)
+            self._rope_cache = (pos, cos, sin)
+        _, cos, sin = self._rope_cache
+        return cos[start:end], sin[start:end]
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: Optional[torch.Tensor] = None,
+        cache: Optional[KVCache | StaticKVCache] = None,
+        last_only: bool = False,
+        pos: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Logits for every position, and the mean cross-entropy if targets are given.
+
+        Args:
+            idx: token ids, (B, T) int64, T ≤ block_size (with a cache:
+                cached length + T ≤ block_size for learned/sinusoidal positions).
+            targets: next-token ids, (B, T) int64, -1 to ignore a position.
+            cache: a :class:`KVCache`, to which new keys/values are appended,
+                or a :class:`StaticKVCache` with ``pos``.
+            last_only: return logits for the last position only, (B, 1, V).
+            pos: with a :class:`StaticKVCache`, the positions of ``idx``'s
+                tokens, (T,) int64, each below block_size (not checked: a
+                check would wait for the device).
+
+        Returns:
+            (logits (B, T, V) float, loss scalar or None).
+
+        Raises:
+            ValueError: the sequence is longer than a position table holds.
+        """
+        B, T = idx.size()
+        past = cache.length if cache is not None and pos is None else 0
+        cfg = self.config
+        x = self.wte(idx)  # (B, T, C)
+        if cfg.emb_scale:
+            x = x * math.sqrt(cfg.n_embd)
+        rope = None
+        if pos is not None:  # positions as a tensor: the same shapes at every position
+            if cfg.pos_encoding == "learned":
+                x = x + self.wpe(pos)
+            elif cfg.pos_encoding == "sinusoidal":
+                x = x + self.pos_table[pos].to(x.dtype)
+            elif cfg.pos_encoding == "rope":
+                cos, sin = self._rope(0, cfg.block_size, idx.device)
+                rope = (cos[pos], sin[pos])
+        elif cfg.pos_encoding in ("learned", "sinusoidal"):
+            if past + T > cfg.block_size:
+                raise ValueError(
+                    f"sequence of {past + T} tokens exceeds block_size {cfg.block_size}"
+                )
+            if cfg.pos_encoding == "learned":
+                x = x + self.wpe(torch.arange(past, past + T, device=idx.device))
+            else:
+                x = x + self.pos_table[past : past + T].to(x.dtype)
+        elif cfg.pos_encoding == "rope":
+            rope = self._rope(past, T, idx.device)
+        x = self.drop(x)
+        for i, block in enumerate(self.h):
+            x = block(x, rope, cache, i, pos)
+        if cache is not None and pos is None:
+            cache.advance(T)
+        if self.ln_f is not None:
+            x = self.ln_f(x)
+        if last_only:
+            x = x[:, -1:, :]
+        logits = self.lm_head(x)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
+            )
+        return logits, loss
+
+    def new_cache(self, batch: int, capacity: Optional[int] = None) -> KVCache:
+        """An empty :class:`KVCache` for ``batch`` sequences of up to ``capacity`` (block_size) tokens."""
+        p = self.wte.weight
+        return KVCache(
+            self.config.n_layer, batch, self.config.kv_heads, capacity or self.config.block_size,
+            self.config.head_dim, p.device, p.dtype,
+        )
+
+    def new_static_cache(self, batch: int) -> StaticKVCache:
+        """A :class:`StaticKVCache` for ``batch`` sequences of up to block_size tokens."""
+        p = self.wte.weight
+        cfg = self.config
+        return StaticKVCache(cfg.n_layer, batch, cfg.kv_heads, cfg.block_size, cfg.head_dim, p.device, p.dtype)

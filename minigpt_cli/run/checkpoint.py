@@ -1,0 +1,400 @@
+"""Save and load checkpoints atomically, and decide when a run saves (:class:`Checkpointer`).
+
+A checkpoint folder (``runs/<name>/checkpoints/last/``; the names are
+:mod:`minigpt_cli.run.folder`') holds
+
+- ``model.safetensors``: the weights (a tied ``lm_head.weight`` is stored once,
+  as ``wte.weight``);
+- ``trainer_state.pt``: optimizer moments, RNG states, step, best val loss;
+  plain tensors and numbers only, read back with ``torch.load(weights_only=True)``;
+- ``config.yaml``: the resolved config, so the model can be rebuilt from the
+  folder alone;
+- ``meta.json``: step and losses, readable without torch.
+
+Writes go to a temporary sibling folder, are fsynced, then renamed into place:
+killing the process at any moment leaves the previous checkpoint loadable
+(:func:`resolve` falls back to the ``.old`` copy kept during the swap), and
+the temporary folder it leaves is swept on the next resume
+(:func:`sweep_stale_temps`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..config.schema import Config, ConfigError, load_config
+from ..errors import MinigptError
+from ..fileio import chmod_quietly, dir_mode, new_file_mode, os_error_message
+from ..model.gpt import GPT, sinusoidal_table
+from ..runtime.distributed import load_model_state
+from .folder import BEST, CONFIG, LAST, META, STATE, WEIGHTS, checkpoint_dir, kept_name, old_copy, read_meta, resolve
+
+_COMPILE_PREFIX = "_orig_mod."
+
+#: Test hook: "NAME:N:POINT" SIGKILLs the process during the N-th save of
+#: checkpoint folder NAME, at POINT ("weights": half-way through writing the
+#: temporary folder; "swap": after the old folder moved aside, before the new
+#: one is in place). Lets the tests prove a kill never costs the previous checkpoint.
+_KILL_HOOK = "MINIGPT_TEST_KILL_DURING_SAVE"
+_save_counts: dict[str, int] = {}
+
+
+def _maybe_die(name: str, point: str) -> None:
+    hook = os.environ.get(_KILL_HOOK)
+    if not hook:
+        return
+    h_name, h_n, h_point = hook.split(":")
+    if h_name == name and h_point == point and _save_counts.get(name, 0) == int(h_n):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def model_state(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's tensors for safetensors: no ``_orig_mod.`` prefix, tied head stored once.
+
+    ``model`` may also be its full state dict already gathered (FSDP,
+    :func:`~minigpt_cli.runtime.distributed.gather_state`, which leaves a tied head out).
+    """
+    if isinstance(model, Mapping):
+        return {k.removeprefix(_COMPILE_PREFIX): v.detach().contiguous().cpu() for k, v in model.items()}
+    model = getattr(model, "_orig_mod", model)
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    sd = {k.removeprefix(_COMPILE_PREFIX): v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if getattr(model, "config", None) is not None and model.config.tie_weights:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def save(directory: Path, model: torch.nn.Module, config: Config,
+         trainer_state: Optional[dict[str, Any]] = None, meta: Optional[dict[str, Any]] = None) -> Path:
+    """Write a checkpoint folder atomically.
+
+    Args:
+        directory: the final folder, e.g. ``runs/x/checkpoints/last``.
+        model: the GPT (compiled or DDP-wrapped models are unwrapped), or its
+            full state dict (an FSDP run's, gathered on rank 0).
+        config: the resolved run config.
+        trainer_state: optimizer state, RNG states, step, ...; tensors,
+            numbers, strings, lists and dicts only (``weights_only`` loadable).
+        meta: small JSON-able facts (step, losses).
+
+    Returns:
+        ``directory``.
+
+    Raises:
+        MinigptError: the folder cannot be written (disk full, read-only);
+            the previous checkpoint is kept and no temporary folder is left.
+    """
+    directory = Path(directory)
+    _save_counts[directory.name] = _save_counts.get(directory.name, 0) + 1
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+    chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700; a checkpoint is as readable as any file
+    try:
+        save_file(model_state(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        chmod_quietly(tmp / WEIGHTS, new_file_mode())  # safetensors creates it 0600
+        _maybe_die(directory.name, "weights")
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / STATE)
+        (tmp / CONFIG).write_text(config.to_yaml(), encoding="utf-8")
+        (tmp / META).write_text(json.dumps(meta or {}, indent=1), encoding="utf-8")
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        old = old_copy(directory)
+        if directory.exists():
+            # The current checkpoint becomes the old one; a previous .old is stale then.
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(directory, old)
+        # Else a kill inside an earlier swap left .old as the only complete copy: it
+        # stays until the new folder is in place.
+        _maybe_die(directory.name, "swap")
+        os.replace(tmp, directory)
+        _fsync_dir(directory.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise MinigptError(os_error_message(exc, directory, "write")) from None
+    except (SafetensorError, RuntimeError) as exc:
+        # safetensors and torch.save report a failed write (disk full) as their own errors.
+        shutil.rmtree(tmp, ignore_errors=True)
+        text = str(exc).lower()
+        if isinstance(exc, RuntimeError) and not any(w in text for w in _WRITE_FAILURES) and not _disk_low(directory):
+            raise
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise MinigptError(
+            f"cannot write {directory}: {reason}; free some disk space or choose another train.out_dir"
+        ) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+#: Words of torch.save's and safetensors' messages for a write that failed (a full disk shows as
+#: "basic_ios::clear: iostream error" or "unexpected pos N vs M" from PyTorch's zip writer).
+_WRITE_FAILURES = ("writ", "iostream", "unexpected pos", "no space", "disk")
+
+
+def _disk_low(directory: Path, least: int = 64 << 20) -> bool:
+    """Whether the file system of ``directory`` has less than ``least`` bytes free (unknown: False)."""
+    try:
+        return shutil.disk_usage(directory.parent).free < least
+    except OSError:
+        return False
+
+
+def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:
+    """Remove the temporary folders (``.NAME.tmp-*``) that a process killed inside :func:`save` left behind.
+
+    Only safe while no other process can be saving into ``checkpoints_dir``
+    (the trainer holds the run folder's lock). The ``.NAME.old`` copies are
+    kept: :func:`resolve` may still need one.
+
+    Returns:
+        The folders removed.
+    """
+    removed = []
+    checkpoints_dir = Path(checkpoints_dir)
+    if not checkpoints_dir.is_dir():
+        return removed
+    for entry in sorted(checkpoints_dir.glob(".*.tmp-*")):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, without a ``_orig_mod.`` prefix; a damaged file is a clear error."""
+    try:
+        sd = load_file(str(weights), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise MinigptError(
+            f"checkpoint weights {str(weights)!r} are corrupt or truncated ({str(exc).splitlines()[0]}); {fix}"
+        ) from None
+    return {k.removeprefix(_COMPILE_PREFIX): v for k, v in sd.items()}
+
+
+def saved_config(directory: Path) -> Config:
+    """The config.yaml of a checkpoint folder (resolved as :func:`resolve` does).
+
+    Raises:
+        MinigptError: missing or damaged; the message says the checkpoint's copy is the problem.
+    """
+    path = resolve(directory) / CONFIG
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise MinigptError(f"the checkpoint's config is damaged ({exc}); restore {path} from the run's own "
+                           "config.yaml, which has the same content") from None
+
+
+@contextmanager
+def _no_init():
+    """``torch.nn.init``'s initialisers as no-ops, for a model whose every weight is loaded next (as
+    transformers' ``no_init_weights``); the tensors keep whatever memory held."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    for name in names:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
+def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
+    """Rebuild the model from a checkpoint folder alone (config.yaml + safetensors).
+
+    Raises:
+        MinigptError: missing, truncated or corrupt files, or weights that do not
+            fit the config; the message names the file.
+    """
+    directory = resolve(directory)
+    config = saved_config(directory)
+    weights = directory / WEIGHTS
+    other = {BEST: LAST, LAST: BEST}.get(directory.name)
+    # Every command that loads a model (generate, evaluate, export, inspect) takes --checkpoint.
+    hint = (f"use the other checkpoint (--checkpoint {other}) or retrain" if other
+            else "use another checkpoint or retrain")
+    sd = _read_weights(weights, hint)
+    if config.model.vocab_size is None:
+        if "wte.weight" not in sd:
+            raise MinigptError(f"checkpoint weights {str(weights)!r} lack wte.weight; the file is not a minigpt checkpoint")
+        config.model.vocab_size = int(sd["wte.weight"].shape[0])
+    # Big models are built on the meta device (no memory for weights about to be replaced); small ones on the
+    # CPU with the initialisers off: initialising meta tensors imports torch._dynamo (2 s, longer than generating
+    # 200 tokens takes) and real ones draw random numbers for nothing (0.15-0.7 s at 10.7M parameters).
+    m = config.model  # about 12·L·d² + V·d parameters (Kaplan et al. 2020 §2.1)
+    big = 12 * m.n_layer * m.n_embd ** 2 + m.vocab_size * m.n_embd > 100_000_000
+    with torch.device("meta") if big else _no_init():
+        model = GPT(config.model)
+    if config.model.tie_weights:
+        sd.pop("lm_head.weight", None)
+    expected = set(model_state_keys(model))
+    got = set(sd)
+    if expected != got:
+        missing = sorted(expected - got)[:3]
+        extra = sorted(got - expected)[:3]
+        raise MinigptError(
+            f"checkpoint weights {str(weights)!r} do not match its config.yaml "
+            f"(missing {missing}, unexpected {extra}); the checkpoint is damaged"
+        )
+    try:
+        model.load_state_dict(sd, strict=False, assign=True)
+    except RuntimeError as exc:
+        raise MinigptError(
+            f"checkpoint weights {str(weights)!r} do not fit its config.yaml ({str(exc).splitlines()[-1].strip()})"
+        ) from None
+    if config.model.tie_weights:
+        model.lm_head.weight = model.wte.weight
+    # Buffers that are not saved (sinusoidal table) are rebuilt on a real device.
+    if config.model.pos_encoding == "sinusoidal":
+        model.pos_table = sinusoidal_table(config.model.block_size, config.model.n_embd)
+    model.to(device)
+    model.eval()
+    return model, config
+
+
+def load_weights_into(model: GPT, directory: Path) -> None:
+    """Load a checkpoint's safetensors weights into an existing model (for resuming), sharded by FSDP or not.
+
+    Under FSDP every process reads the file and keeps its shard.
+
+    Raises:
+        MinigptError: a corrupt or truncated file, or weights of another shape.
+    """
+    weights = resolve(directory) / WEIGHTS
+    sd = _read_weights(weights, "start a new run or restore the file")
+    if model.config.tie_weights:
+        sd.pop("lm_head.weight", None)
+    expected = set(model_state_keys(model))
+    if set(sd) != expected:
+        raise MinigptError(f"checkpoint weights {str(weights)!r} do not match the model of the run's config")
+    try:
+        load_model_state(model, sd)
+    except RuntimeError as exc:
+        raise MinigptError(
+            f"checkpoint weights {str(weights)!r} do not fit the model ({str(exc).splitlines()[-1].strip()})"
+        ) from None
+
+
+def model_state_keys(model: GPT) -> list[str]:
+    keys = [k for k in model.state_dict().keys()]
+    if model.config.tie_weights:
+        keys = [k for k in keys if k != "lm_head.weight"]
+    return keys
+
+
+def load_trainer_state(directory: Path) -> dict[str, Any]:
+    """Read ``trainer_state.pt`` with ``weights_only=True`` (no code runs on load).
+
+    Raises:
+        MinigptError: missing, truncated or unsafe file; the message names it.
+    """
+    path = resolve(directory) / STATE
+    if not path.is_file():
+        raise MinigptError(f"{str(path)!r} not found; this checkpoint cannot be resumed")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unpickling errors come in many types
+        raise MinigptError(
+            f"trainer state {str(path)!r} is corrupt or unsafe to load ({type(exc).__name__}); "
+            "use another checkpoint or start a new run"
+        ) from None
+
+
+class Checkpointer:
+    """When a run saves, and where: the save policy in one place.
+
+    - after every eval, ``best`` when the val loss is the lowest so far, then ``last``;
+    - every ``train.keep_every`` steps, ``step-NNNNNNN`` (kept for good);
+    - on a stop request, ``last``.
+
+    Only the process that writes files (rank 0 under torchrun) saves; the
+    others' calls return at once, unless ``collective``: under FSDP every
+    process takes the snapshot (gathering the shards is a collective) and
+    rank 0 writes it. ``snapshot`` gives what a save writes at
+    the moment it is called: the model, the trainer state (optimizer, RNG,
+    step, ...) and the meta facts (step, losses, tokenizer fingerprint).
+
+    Args:
+        run_dir: the run folder.
+        config: the resolved run config (``train.keep_every`` is read from it).
+        snapshot: returns ``(model, trainer_state, meta)``.
+        enabled: whether this process writes.
+        collective: whether every process must take the snapshot (FSDP).
+    """
+
+    def __init__(self, run_dir: Path, config: Config,
+                 snapshot: Callable[[], tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]], enabled: bool = True,
+                 collective: bool = False):
+        self.run_dir = Path(run_dir)
+        self.config = config
+        self.snapshot = snapshot
+        self.enabled = enabled
+        self.collective = collective
+
+    @property
+    def last(self) -> Path:
+        """The folder of the ``last`` checkpoint."""
+        return checkpoint_dir(self.run_dir, LAST)
+
+    def save(self, which: str) -> None:
+        """Write checkpoint ``which`` (``last``, ``best`` or a kept step's name) now."""
+        if self.enabled or self.collective:
+            model, state, meta = self.snapshot()
+            if self.enabled:
+                save(checkpoint_dir(self.run_dir, which), model, self.config, state, meta)
+
+    def after_eval(self, improved: bool) -> None:
+        """An eval ended: ``best`` if its val loss is the lowest so far, then ``last``."""
+        if improved:
+            self.save(BEST)
+        self.save(LAST)
+
+    def after_step(self, step: int) -> None:
+        """Optimizer step ``step`` ended: keep ``step-NNNNNNN`` every ``train.keep_every`` steps."""
+        keep = self.config.train.keep_every
+        if keep and step % keep == 0:
+            self.save(kept_name(step))
+
+    def on_stop(self) -> None:
+        """A stop was requested: save ``last`` so that ``--resume`` continues from here."""
+        self.save(LAST)
+
+    def last_step(self) -> Optional[int]:
+        """The step of the ``last`` checkpoint on disk; None when there is none (or it is unreadable)."""
+        try:
+            step = read_meta(self.last).get("step")
+        except (MinigptError, OSError, ValueError):
+            return None
+        return step if isinstance(step, int) else None

@@ -1,0 +1,146 @@
+"""Where a run reports: metrics.jsonl, train.log, loss.png, samples.txt.
+
+``metrics.jsonl`` is machine-readable (the README documents it): every line has ``step``
+(optimizer steps done), ``event`` (``"train"`` or ``"eval"``) and
+``elapsed_s``; train lines add ``loss``, ``lr``, ``tokens_per_sec``; eval lines
+add ``train_loss`` and ``val_loss``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..fileio import atomic_write_bytes, atomic_write_text
+
+
+def _append(path: Path, text: str) -> None:
+    """Append ``text`` to ``path``; an OSError names the file even when it comes from the write
+    or the close (a full disk), so the CLI's one-line error says which file failed."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
+class RunLogger:
+    """Appends events to the run folder's files; redraws ``loss.png`` at each eval."""
+
+    def __init__(self, run_dir: Path, echo=None, enabled: bool = True):
+        self.enabled = enabled  # False on DDP ranks other than 0: they write nothing
+        self.run_dir = Path(run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.log_path = self.run_dir / "train.log"
+        self.samples_path = self.run_dir / "samples.txt"
+        self.plot_path = self.run_dir / "loss.png"
+        self.echo = echo
+        self.train_points: list[tuple[int, float]] = []
+        self.eval_points: list[tuple[int, float, float]] = []
+
+    def _records(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.is_file():
+            return []
+        out = []
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line cut short by a kill: drop it and what follows
+        return out
+
+    def truncate_to(self, step: int, evaluated: bool) -> None:
+        """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran), reload the curves.
+
+        Events logged after the checkpoint was written belong to the lost
+        stretch of the run and are logged again as training repeats it.
+        """
+        keep = [r for r in self._records()
+                if r["step"] < step or (r["step"] == step and (r["event"] != "eval" or evaluated))]
+        self.train_points = [(r["step"], r["loss"]) for r in keep if r["event"] == "train"]
+        self.eval_points = [(r["step"], r["train_loss"], r["val_loss"]) for r in keep if r["event"] == "eval"]
+        self._last_elapsed = max((r["elapsed_s"] for r in keep), default=0.0)
+        if not self.enabled:
+            return
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
+
+    #: Temporary files of :mod:`minigpt_cli.fileio`'s atomic writes (and the names earlier versions used).
+    TEMP_PATTERNS = (".metrics.*.jsonl", ".loss.*.png", ".*.tmp")
+
+    def sweep_temps(self) -> list[Path]:
+        """Remove temporary files a killed process left in the run folder; returns them.
+
+        Only safe while this process holds the run folder's lock.
+        """
+        removed = []
+        for pattern in self.TEMP_PATTERNS:
+            for path in sorted(self.run_dir.glob(pattern)):
+                if path.is_file():
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
+        return removed
+
+    def elapsed_offset(self) -> float:
+        """Seconds of training already logged (non-zero after a resume), so elapsed_s continues."""
+        return getattr(self, "_last_elapsed", 0.0)
+
+    def log(self, message: str) -> None:
+        """A human-readable line in train.log (and on the console, if echo is set)."""
+        if not self.enabled:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        _append(self.log_path, f"{stamp} {message}\n")
+        if self.echo is not None:
+            self.echo(message)
+
+    def event(self, record: dict[str, Any]) -> None:
+        """One JSON object per line in metrics.jsonl."""
+        if not self.enabled:
+            return
+        _append(self.metrics_path, json.dumps(record) + "\n")
+        if record["event"] == "train":
+            self.train_points.append((record["step"], record["loss"]))
+        elif record["event"] == "eval":
+            self.eval_points.append((record["step"], record["train_loss"], record["val_loss"]))
+
+    def sample(self, step: int, text: str) -> None:
+        if not self.enabled:
+            return
+        _append(self.samples_path, f"===== step {step} =====\n{text}\n\n")
+
+    def plot(self) -> None:
+        """Redraw loss.png with train and val curves.
+
+        Drawn on a bare matplotlib ``Figure`` with the Agg canvas: no pyplot,
+        so the process's matplotlib backend (a notebook's, say) is left alone,
+        and fixed margins instead of a layout pass, which cost most of a redraw.
+        """
+        if not self.enabled:
+            return
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(7, 4.5), dpi=100)
+        FigureCanvasAgg(fig)
+        fig.subplots_adjust(left=0.1, right=0.97, bottom=0.11, top=0.93)
+        ax = fig.add_subplot()
+        if self.train_points:
+            s, l = zip(*self.train_points)
+            ax.plot(s, l, label="train (batch)", color="tab:blue", alpha=0.4, linewidth=1)
+        if self.eval_points:
+            s, tl, vl = zip(*self.eval_points)
+            ax.plot(s, tl, "o-", label="train (eval)", color="tab:blue", markersize=3)
+            ax.plot(s, vl, "o-", label="val (eval)", color="tab:orange", markersize=3)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("cross-entropy loss (nats/token)")
+        ax.set_title(self.run_dir.name)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
+        atomic_write_bytes(self.plot_path, png.getvalue())

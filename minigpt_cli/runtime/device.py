@@ -1,0 +1,444 @@
+"""Where a process runs: device and dtype, torchrun, RNG state, thread count and memory.
+
+Everything here is about the process, not the model: which device and dtype
+the config's ``device``/``dtype`` resolve to, the torchrun process group
+(:class:`Dist`), every RNG's state for a bit-exact resume, the CPU thread
+count (:class:`CpuThreads`) and whether a model fits in the free memory
+(:func:`check_memory`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from ..accounting import params as P
+from ..config.schema import DEVICE_PATTERN, FLOAT16_ON_CPU, Config, ModelConfig
+from ..errors import MinigptError
+from .kernels import check_settings
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA, then MPS, then CPU; an explicit device must exist.
+
+    Also checks the environment's kernel settings (``MINIGPT_ONEDNN``, ``MINIGPT_FAST_DROPOUT``:
+    :func:`~minigpt_cli.runtime.kernels.check_settings`).
+
+    Raises:
+        MinigptError: the named device is not available on this machine, or
+            ``MINIGPT_ONEDNN`` or ``MINIGPT_FAST_DROPOUT`` has a value that is neither on nor off.
+    """
+    check_settings()  # raises on a value that is neither on nor off
+    if not re.fullmatch(DEVICE_PATTERN, name):
+        raise MinigptError(f"device {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise MinigptError(f"device: {name} was asked for, but this machine has no CUDA GPU; use device: auto or cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise MinigptError(
+                f"device: {name} was asked for, but this machine has {torch.cuda.device_count()} CUDA GPU(s); "
+                f"use cuda:0..cuda:{torch.cuda.device_count() - 1}"
+            )
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise MinigptError("device: mps was asked for, but MPS is not available here; use device: auto or cpu")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on CUDA where supported, else float16 on CUDA, float32 elsewhere.
+
+    Raises:
+        MinigptError: float16 on a CPU (autocast has no float16 there).
+    """
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    if device.type == "cpu" and dtype == torch.float16:
+        raise MinigptError(FLOAT16_ON_CPU)
+    return dtype
+
+
+# glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def tune_runtime(device: torch.device) -> Callable[[], None]:
+    """Per-process settings that make training and sampling faster on ``device``.
+
+    CUDA: TF32 matrix products and convolutions (nanoGPT's settings; float32
+    matmuls keep float32 storage and a 10-bit mantissa inside the tensor cores).
+
+    CPU on glibc: keep freed memory in the process. By default glibc serves
+    large blocks (activations of a few MiB) with ``mmap`` and returns them to
+    the OS when freed, so each training step faults the same pages back in
+    (zero-filled by the kernel: a few hundred page faults a step for the
+    4-layer CPU recipe). Raising the mmap threshold to its maximum (32 MiB on
+    64-bit) and the trim threshold to 1 GiB keeps those blocks for reuse, as
+    the jemalloc/tcmalloc preload of Intel's PyTorch CPU tuning guide does.
+    Elsewhere (macOS, musl) nothing is changed.
+
+    Returns:
+        A function that puts the TF32 flags back (the allocator's thresholds
+        only keep memory in the process, and stay).
+    """
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+
+    def restore() -> None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    elif device.type == "cpu":
+        import ctypes
+        import ctypes.util
+        import platform
+
+        if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+            return restore
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+            libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+        except (OSError, AttributeError):
+            pass
+    return restore
+
+
+def _proc_stat_busy() -> Optional[float]:
+    """Seconds of CPU time all processes have spent busy since boot (user, nice, system, irq, softirq), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 8:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuThreads:
+    """PyTorch's intra-op threads on a CPU, matched to the cores other processes leave free.
+
+    PyTorch starts one OpenMP thread per core, and its threads wait for each
+    other by spinning. When another process keeps a core busy, a thread loses
+    its core for whole scheduler slices while the others spin: on the 2-core
+    machine two trainings side by side each ran 70 times slower (424
+    tokens/s) than alone, and 38 times slower than with one thread each
+    (16,000 tokens/s). So every ``interval`` seconds :meth:`poll` measures how
+    many cores the rest of the machine used (all busy CPU time from
+    ``/proc/stat`` less this process's own, over wall time) and sets
+    ``torch.set_num_threads`` to the cores left, rounded down with a little
+    slack, at least 1 and at most the count PyTorch started with. The first
+    decision is taken at once; later changes need two polls in a row that
+    agree, so a short burst elsewhere does not make the count flap.
+
+    Nothing changes where the user chose: ``OMP_NUM_THREADS`` or
+    ``MKL_NUM_THREADS`` set, a device other than the CPU, or no
+    ``/proc/stat`` (macOS, Windows).
+
+    Args:
+        device: the run's device.
+        echo: called with a one-line note whenever the count changes.
+        interval: seconds between measurements.
+        read_busy: the machine-wide busy-seconds counter (a test hook).
+        read_own: this process's CPU seconds (a test hook).
+    """
+
+    def __init__(self, device: torch.device, echo: Callable[[str], None] = lambda m: None, interval: float = 2.0,
+                 read_busy: Callable[[], Optional[float]] = _proc_stat_busy,
+                 read_own: Callable[[], float] = time.process_time):
+        self.echo = echo
+        self.interval = interval
+        self._read_busy, self._read_own = read_busy, read_own
+        self.max_threads = torch.get_num_threads()
+        try:
+            self.cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            self.cpus = os.cpu_count() or self.max_threads
+        user_chose = any(os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+        self.enabled = device.type == "cpu" and not user_chose and self.max_threads > 1
+        self._last = self._sample() if self.enabled else None
+        self.enabled = self._last is not None
+        #: time.monotonic() when measuring began.
+        self.started = time.monotonic()
+        self._decided = False
+        self._pending: Optional[int] = None
+        #: The cores other processes used over the last measurement window.
+        self.others: Optional[float] = None
+
+    def _sample(self) -> Optional[tuple[float, float, float]]:
+        busy = self._read_busy()
+        return None if busy is None else (time.monotonic(), busy, self._read_own())
+
+    def mark(self) -> Optional[tuple[float, float, float]]:
+        """A reading to measure a stretch of work from (:meth:`others_since`); None without ``/proc/stat``.
+
+        Works whether or not the thread count is adjusted (``OMP_NUM_THREADS`` set).
+        """
+        return self._sample()
+
+    def others_since(self, mark: Optional[tuple[float, float, float]], min_seconds: float = 0.5) -> Optional[float]:
+        """The cores other processes kept busy, on average, since ``mark``.
+
+        None if unknown, or if less than ``min_seconds`` passed: ``/proc/stat``
+        counts in 10 ms ticks, so one tick of a short window reads as whole cores.
+        """
+        now = self._sample() if mark is not None else None
+        if now is None or now[0] - mark[0] < min_seconds:
+            return None
+        return max(0.0, ((now[1] - mark[1]) - (now[2] - mark[2])) / (now[0] - mark[0]))
+
+    def restore(self) -> None:
+        """Put back the thread count PyTorch had when this object was made."""
+        if self.enabled and torch.get_num_threads() != self.max_threads:
+            torch.set_num_threads(self.max_threads)
+
+    def poll(self, force: bool = False) -> int:
+        """Measure (when ``interval`` has passed, or ``force``) and adjust; returns the thread count in use."""
+        if not self.enabled:
+            return torch.get_num_threads()
+        now = time.monotonic()
+        if not force and now - self._last[0] < (self.interval if self._decided else min(self.interval, 0.25)):
+            return torch.get_num_threads()
+        sample = self._sample()
+        if sample is None:
+            return torch.get_num_threads()
+        (t0, busy0, own0), (t1, busy1, own1) = self._last, sample
+        self._last = sample
+        wall = t1 - t0
+        if wall <= 0:
+            return torch.get_num_threads()
+        self.others = max(0.0, ((busy1 - busy0) - (own1 - own0)) / wall)
+        target = max(1, min(self.max_threads, int(self.cpus - self.others + 0.35)))
+        current = torch.get_num_threads()
+        if target == current:
+            self._pending = None
+        elif not self._decided or self._pending == target:
+            torch.set_num_threads(target)
+            self._pending = None
+            if target < current:
+                self.echo(f"note: other processes keep {self.others:.1f} of {self.cpus} CPU cores busy; "
+                          f"using {target} thread{'s' if target > 1 else ''} (set OMP_NUM_THREADS to choose)")
+            else:
+                self.echo(f"note: CPU cores are free again; using {target} threads")
+        else:
+            self._pending = target
+        self._decided = True
+        return torch.get_num_threads()
+
+
+# ----------------------------------------------------------------------------- torchrun
+
+
+@dataclass
+class Dist:
+    """Where this process stands in a torchrun job (world 1 without torchrun)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        """Whether this is rank 0, the one process of the job that writes the run's files."""
+        return self.rank == 0
+
+    @property
+    def local_main(self) -> bool:
+        """Whether this is the first process on its machine (local rank 0), one per node."""
+        return self.local_rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @classmethod
+    def from_env(cls) -> "Dist":
+        """This process's place as torchrun's variables give it (RANK, LOCAL_RANK, WORLD_SIZE), without
+        joining the group; one process alone without them."""
+        env = os.environ
+        if "RANK" not in env or "WORLD_SIZE" not in env:
+            return cls()
+        return cls(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]))
+
+
+def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
+    """Join the torchrun process group (NCCL on CUDA, gloo on CPU) if launched by torchrun."""
+    info = Dist.from_env()
+    if info.world == 1:
+        return info, device
+    if device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return info, device
+
+
+def all_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The sum of ``value`` over every rank (itself without torchrun)."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        value = value.detach().clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def all_mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The mean of ``value`` over every rank (itself without torchrun)."""
+    return all_sum(value, d) / d.world if d.enabled else value
+
+
+def broadcast(obj: Any, d: Dist) -> Any:
+    """Rank 0's ``obj`` on every rank (a picklable value)."""
+    if not d.enabled:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(d: Dist) -> None:
+    """Wait until every rank gets here."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def close_distributed(d: Dist) -> None:
+    """Wait for every rank, then leave the process group (a no-op without torchrun)."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- RNG state
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every RNG state as tensors and plain numbers (loadable with ``weights_only``)."""
+    py = random.getstate()
+    npy = np.random.get_state()
+    state = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [npy[0], torch.from_numpy(npy[1].astype(np.int64)), int(npy[2]), int(npy[3]), float(npy[4])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back every RNG state :func:`capture_rng` took."""
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    npy = state["numpy"]
+    np.random.set_state((npy[0], npy[1].numpy().astype(np.uint32), npy[2], npy[3], npy[4]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def available_memory(device: torch.device) -> Optional[int]:
+    """Bytes free for a new run on ``device``: CUDA's free memory, the CPU's ``MemAvailable``; None if unknown."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except RuntimeError:
+            return None
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
+def bytes_to_train(model_cfg: ModelConfig, dtype: str, batch_size: int) -> tuple[int, dict[str, Any]]:
+    """Bytes to train ``model_cfg`` at ``batch_size`` × block_size: model states, activations with fused
+    attention and the logits (:func:`minigpt_cli.accounting.params.memory`'s estimate), and that estimate."""
+    mem = P.memory(model_cfg, dtype, batch_size, model_cfg.block_size)
+    return mem["model_states"] + mem["activations_estimate_fused"] + mem["logits"], mem
+
+
+def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: int = 1) -> None:
+    """Refuse, before any tensor exists, a model that cannot fit in the device's free memory.
+
+    The need is :func:`minigpt_cli.accounting.params.memory`'s estimate (the accounting
+    ``count-params`` prints): weights, gradients and AdamW moments, 16 bytes a
+    parameter (ZeRO §3.1), plus activations with fused attention and the
+    logits for one micro-batch: ``train.grad_accum_steps`` adds nothing
+    (each micro-batch's backward pass frees its activations before the next
+    one runs, the gradients add up in place, and an eval reads its windows
+    :data:`~minigpt_cli.data.pipeline.EVAL_CHUNK` at a time, one micro-batch of
+    ``train.batch_size`` on the device), so a large accumulation costs time,
+    not memory. Under FSDP (``shards`` processes, see
+    :mod:`minigpt_cli.runtime.distributed`) each process holds 1/shards of the model
+    states (ZeRO stage 3, §5.3), so only that share is counted with the
+    activations; the gathered weights of one block are left out, as the
+    allocator slack is. Only a model that needs more than all the
+    free memory is refused: the estimate leaves out allocator slack, so a
+    run that passes can still run out.
+
+    Raises:
+        MinigptError: the estimate exceeds the free memory; the message gives both.
+    """
+    free = available_memory(device)
+    if free is None:
+        return
+    need, mem = bytes_to_train(cfg.model, str(dtype).removeprefix("torch."), cfg.train.batch_size)
+    need -= mem["model_states"] - mem["model_states"] // shards
+    if need > free:
+        raise MinigptError(
+            f"this model needs about {P.human_bytes(need)} to train "
+            f"({P.human_bytes(mem['model_states'] // shards)} for "
+            f"weights, gradients and AdamW moments of {P.count(cfg.model).total:,} parameters"
+            f"{f', its share of {shards} processes (FSDP)' if shards > 1 else ''}, "
+            f"{P.human_bytes(need - mem['model_states'] // shards)} for activations at batch {cfg.train.batch_size} x "
+            f"{cfg.model.block_size}) but {device.type} has {P.human_bytes(free)} free; make model.n_layer, "
+            f"n_embd, block_size or train.batch_size smaller (minigpt count-params --config CONFIG shows the "
+            f"accounting)"
+        )

@@ -1,0 +1,479 @@
+"""One Tokenizer interface over the five kinds the config names.
+
+- ``char``: ours. One id per distinct character of the corpus, sorted by code
+  point (nanoGPT's ``shakespeare_char``: 65 symbols on Tiny Shakespeare), then
+  the special tokens, appended in the order given. Saved as our own JSON.
+- ``bpe``: byte-level BPE (GPT-2). The base vocabulary is the 256 bytes, so no
+  text is ever unknown and decode(encode(s)) == s byte for byte.
+- ``unigram``: Unigram (Kudo 2018) with an unknown token.
+- ``wordpiece``: WordPiece with merges chosen by score count(ab) /
+  (count(a)·count(b)) (:mod:`.wordpiece`); encoding is greedy longest match
+  with ``##`` continuations.
+- ``hf``: any ``tokenizer.json`` of a Hugging Face model folder (GPT-2's,
+  Llama's, ...), used as the library reads it; never trained here. One
+  without an unknown token (a ``WordLevel`` vocabulary of characters) refuses
+  characters it lacks as char does, naming them, where the library would fail
+  with "Missing [UNK] token".
+
+Training lives in :mod:`.tokenizer_training`. The three trained kinds are
+saved in the ``tokenizers`` library's native ``tokenizer.json`` format, so
+``tokenizers.Tokenizer.from_file`` loads them directly; that format refuses
+extra top-level keys, so :func:`load_tokenizer` tells the kind from
+``model.type``.
+
+Unigram and WordPiece split words exactly as byte-level BPE does (GPT-2's
+regex, every character kept), so the three compare on the same words, and
+spell a space as ``▁`` (SentencePiece's Metaspace), undone on decode. Hence
+decode(encode(s)) == s for any text made of characters seen in training,
+with two documented exceptions: a literal ``▁`` (U+2581) in the input decodes
+as a space, and a WordPiece "word" (a run between split points) longer than
+``WORDPIECE_MAX_WORD`` characters is one unknown token. Characters never seen
+in training become the unknown token ``<unk>`` (Unigram: that character, a run
+of them one ``<unk>``; WordPiece: the whole word holding it, as BERT does); the
+text around survives. :meth:`Tokenizer.unknown_chars` and :func:`lossy_report`
+say which characters those are.
+
+Special tokens (``<|endoftext|>``, ...) are single ids in every kind: they are
+matched in the raw text before anything else, are never split or merged in
+training, and decode to themselves. Near misses (``<|endof text|>``) are
+ordinary text. Trained kinds put them first (ids 0..k-1, the unknown token
+before them), as the library does; ``char`` appends them to its alphabet so
+that its ids for plain characters do not move.
+
+Every ``decode`` refuses an id outside [0, vocab_size) (:func:`check_ids`).
+The interface and the helpers over any tokenizer live in :mod:`.tokenizer_base`
+and are imported from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+
+from ..config.special_tokens import UNK, check_special_tokens, split_special
+from ..errors import MinigptError
+from ..fileio import atomic_write_text
+from .base import MAX_SHOWN, SPACE_MARK, Tokenizer, check_ids, lossy_report, missing_chars, run_tokenizer_fix
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..config.schema import Config
+
+__all__ = ["FORMAT", "KINDS", "UNK", "SPACE_MARK", "MAX_SHOWN", "Tokenizer", "CharTokenizer", "HFTokenizer",
+           "check_ids", "lossy_report", "load_tokenizer", "load_run_tokenizer", "tokenizer_file",
+           "check_run_tokenizer"]
+
+FORMAT = "minigpt-char-tokenizer"
+KINDS = ("char", "bpe", "wordpiece", "unigram")
+
+_MODEL_KINDS = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}
+
+#: What the tokenizers say: text they cannot encode, then tokenizer files they cannot read.
+_MESSAGES = {
+    "unknown": "{what} has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
+    "cannot_encode": "the tokenizer cannot encode {what} ({error}); remove or replace the text it fails on",
+    "not_found": "tokenizer file {path!r} not found; train one with minigpt train-tokenizer",
+    "folder": "tokenizer path {path!r} is a folder, not a tokenizer file, and holds no tokenizer.json; {fix}",
+    "not_file": "tokenizer path {path!r} is not a regular file; {fix}",
+    "not_json": "tokenizer file {path!r} is not valid JSON ({error}); {fix}",
+    "no_chars": "tokenizer file {path!r} is damaged (no 'chars' list); {fix}",
+    "specials": "tokenizer file {path!r} is damaged ('special_tokens' is not a list); {fix}",
+    "damaged": "tokenizer file {path!r} is damaged ({error}); {fix}",
+    "other": "tokenizer file {path!r} is not a minigpt tokenizer; {fix}",
+    "changed": "--resume: the tokenizer file the config names differs from {path}; point tokenizer.path at the "
+               "run's tokenizer.json",
+}
+#: The fix for a file :func:`load_tokenizer` cannot read, by whether minigpt made it (``own``): one it made
+#: (prepared data's, a run's) is trained again; one the user named is never deleted, but replaced by one it reads.
+_FIXES = {True: "delete it and train it again",
+          False: "pass a tokenizer file: minigpt's char tokenizer or a tokenizers tokenizer.json (train-tokenizer "
+                 "writes both; a run folder and a Hugging Face model folder hold one)"}
+
+
+def _library_error(exc: Exception) -> bool:
+    """Whether ``exc`` is the ``tokenizers`` library's own error (a plain ``Exception``), not a bug of ours."""
+    return type(exc) is Exception
+
+
+# ----------------------------------------------------------------------------- char
+
+
+class CharTokenizer:
+    """Character-level tokenizer: id i is the i-th character of a sorted alphabet.
+
+    Special tokens follow the alphabet (ids ``len(chars)``, ...) and are matched
+    first when encoding, longest first.
+    """
+
+    kind = "char"
+    unk_token: Optional[str] = None  # encode refuses unknown characters instead
+
+    def __init__(self, chars: Iterable[str], special_tokens: Iterable[str] = ()):
+        self.chars = list(chars)
+        self.special_tokens = check_special_tokens(special_tokens)
+        if not self.chars:
+            raise MinigptError("a char tokenizer needs at least one character; is the corpus empty?")
+        if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
+            raise MinigptError("a char tokenizer's alphabet must be distinct single characters")
+        self.itos = self.chars + self.special_tokens
+        self.stoi = {c: i for i, c in enumerate(self.itos)}
+        self._sorted = None  # (code points sorted, their ids): encode_batch's table, made on first use
+
+    @classmethod
+    def train(cls, text: str | Iterable[str], special_tokens: Iterable[str] = ()) -> "CharTokenizer":
+        """The alphabet of ``text`` (outside its special tokens), sorted by code point.
+
+        ``text``: a string, or an iterable of pieces (a corpus read in a stream) none of which cuts a
+        special token in two.
+
+        Raises:
+            MinigptError: the text is empty, or holds nothing but special tokens.
+        """
+        specials = check_special_tokens(special_tokens)
+        chars: set[str] = set()
+        empty = True
+        for piece in [text] if isinstance(text, str) else text:
+            empty = empty and not piece
+            for part in split_special(piece, specials)[0::2]:
+                chars.update(part)
+        if empty:
+            raise MinigptError("cannot train a char tokenizer on an empty corpus")
+        if not chars:
+            raise MinigptError("the corpus holds nothing but special tokens; give it some text")
+        return cls(sorted(chars), specials)
+
+    @property
+    def vocab_size(self) -> int:
+        """The alphabet's size plus the number of special tokens."""
+        return len(self.itos)
+
+    def unknown_chars(self, text: str) -> list[str]:
+        """Characters of ``text`` outside the alphabet (``encode`` refuses them), once each, in order of appearance."""
+        return missing_chars(text, self.special_tokens, self.stoi)
+
+    unknown = unknown_chars  # the earlier name
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of the characters of ``text``, each special token one id.
+
+        Raises:
+            MinigptError: naming each character the alphabet lacks, once.
+        """
+        stoi = self.stoi
+        try:
+            if not self.special_tokens:
+                return [stoi[c] for c in text]
+            ids: list[int] = []
+            for i, part in enumerate(split_special(text, self.special_tokens)):
+                if i % 2:
+                    ids.append(stoi[part])
+                else:
+                    ids.extend(stoi[c] for c in part)
+            return ids
+        except KeyError:
+            bad = ", ".join(repr(c) for c in self.unknown_chars(text))
+            raise MinigptError(_MESSAGES["unknown"].format(what="text", chars=bad)) from None
+
+    def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
+        """The ids of each text, as :meth:`encode` gives them, in int64 arrays (vectorised over code points).
+
+        Raises:
+            MinigptError: as :meth:`encode`, naming each character the alphabet lacks.
+        """
+        import numpy as np
+
+        if self._sorted is None:
+            cps = np.array([ord(c) for c in self.chars], dtype=np.int64)
+            order = np.argsort(cps)
+            self._sorted = (cps[order], order)
+        cps, order = self._sorted
+
+        def plain(text: str) -> "np.ndarray":
+            codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+            at = np.minimum(np.searchsorted(cps, codes), len(cps) - 1)
+            if not np.array_equal(cps[at], codes):
+                self.encode(text)  # raises, naming the characters
+            return order[at]
+
+        out = []
+        for text in texts:
+            if not self.special_tokens:
+                out.append(plain(text))
+                continue
+            parts = split_special(text, self.special_tokens)
+            out.append(np.concatenate([plain(p) if i % 2 == 0 else np.array([self.stoi[p]], dtype=np.int64)
+                                       for i, p in enumerate(parts)]))
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The characters and special tokens of ``ids``, joined.
+
+        Raises:
+            MinigptError: an id outside [0, vocab_size).
+        """
+        itos = self.itos
+        return "".join([itos[i] for i in check_ids(ids, len(itos))])
+
+    def pieces(self, text: str) -> list[str]:
+        """The text of each token of ``text``."""
+        return [self.itos[i] for i in self.encode(text)]
+
+    def to_json(self) -> str:
+        obj: dict = {"format": FORMAT, "kind": "char", "chars": self.chars}
+        if self.special_tokens:  # absent when none, so older files keep their fingerprint
+            obj["special_tokens"] = self.special_tokens
+        return json.dumps(obj, ensure_ascii=False, indent=1)
+
+    def save(self, path: str | Path) -> None:
+        """Write the tokenizer as JSON (atomically)."""
+        atomic_write_text(path, self.to_json())
+
+    def fingerprint(self) -> str:
+        """Short sha256 of the saved form: names the prepared data it made."""
+        return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- library-backed kinds
+
+
+class HFTokenizer:
+    """A ``tokenizers.Tokenizer`` of kind bpe, wordpiece or unigram; of kind hf (``kind="hf"``), any model.
+
+    ``encode`` never fails for the trained kinds (bytes for BPE, ``<unk>``
+    for the others); an ``hf`` tokenizer without an unknown token (a
+    ``WordLevel`` export of a char tokenizer) refuses characters its
+    vocabulary lacks, as the char kind does. ``decode`` keeps special and
+    unknown tokens in the text.
+    """
+
+    def __init__(self, tok, kind: Optional[str] = None):
+        from tokenizers import Tokenizer as _Backend
+
+        # One trip through the JSON form: the library does not print floats
+        # (Unigram scores) exactly, so a freshly trained tokenizer and the one
+        # read back from its file would differ in the last bit, and in
+        # fingerprint. After one trip the form is a fixed point.
+        self._json = _Backend.from_str(tok.to_str()).to_str()
+        self._tok = _Backend.from_str(self._json)
+        obj = json.loads(self._json)
+        model = obj.get("model") or {}
+        mtype = model.get("type")
+        if mtype not in _MODEL_KINDS and kind != "hf":
+            raise MinigptError(f"a {mtype!r} tokenizer model is not one of BPE, WordPiece, Unigram")
+        self.kind = kind or _MODEL_KINDS[mtype]
+        unk = model.get("unk_token")
+        if mtype == "Unigram" and model.get("unk_id") is not None:
+            unk = model["vocab"][model["unk_id"]][0]
+        if unk is not None and self._tok.token_to_id(unk) is None:
+            unk = None  # WordLevel names "<unk>" even when its vocabulary lacks it: then nothing becomes it
+        self.unk_token: Optional[str] = unk
+        self.special_tokens = [a["content"] for a in obj.get("added_tokens") or []
+                               if a.get("special") and a["content"] != unk]
+        self._known: Optional[frozenset[str]] = None  # single-character pieces, on first use
+
+    @property
+    def backend(self):
+        """The underlying ``tokenizers.Tokenizer``."""
+        return self._tok
+
+    @property
+    def vocab_size(self) -> int:
+        """Entries in all: base alphabet, merges or pieces, special tokens, ``<unk>``."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` (bpe: bytes; unigram, wordpiece: ``<unk>`` for unseen characters).
+
+        Raises:
+            MinigptError: text the library cannot encode (an ``hf`` tokenizer without an unknown token),
+                naming the characters its vocabulary lacks (:meth:`unknown_chars`).
+        """
+        try:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        except Exception as exc:
+            if not _library_error(exc):
+                raise
+            raise self._refusal(text, exc) from None
+
+    def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
+        """The ids of each text, as :meth:`encode` gives them, in int64 arrays; the library encodes the
+        texts in parallel on every core (Rayon; ``TOKENIZERS_PARALLELISM=false`` turns that off).
+
+        Raises:
+            MinigptError: as :meth:`encode`, for the first text the library cannot encode.
+        """
+        import numpy as np
+
+        try:
+            encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        except Exception as exc:
+            if not _library_error(exc):
+                raise
+            for text in texts:
+                self.encode(text)  # raises for the first text that fails, naming its characters
+            raise self._refusal("".join(texts), exc) from None
+        return [np.asarray(e.ids, dtype=np.int64) for e in encoded]
+
+    def _refusal(self, text: str, exc: Exception) -> MinigptError:
+        """The error for ``text``, which the library failed to encode with ``exc``: the characters it cannot
+        encode alone (:meth:`unknown_chars`), else the library's own words."""
+        chars = self._unencodable(text)
+        if chars:
+            return MinigptError(_MESSAGES["unknown"].format(what="text", chars=", ".join(map(repr, chars))))
+        error = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return MinigptError(_MESSAGES["cannot_encode"].format(what="the text", error=error))
+
+    def _unencodable(self, text: str) -> list[str]:
+        """Characters of ``text`` (outside its special tokens) the library fails to encode on their own,
+        once each, in order of appearance: one library call per distinct character, so only once a whole
+        text failed. A vocabulary of words (a ``WordLevel`` one) may name a character that is only
+        unknown on its own."""
+        plain = "".join(split_special(text, self.special_tokens)[0::2])
+        bad = []
+        for ch in dict.fromkeys(plain):
+            try:
+                self._tok.encode(ch, add_special_tokens=False)
+            except Exception as exc:
+                if not _library_error(exc):
+                    raise
+                bad.append(ch)
+        return bad
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids``, special and unknown tokens kept as their text.
+
+        Raises:
+            MinigptError: an id outside [0, vocab_size).
+        """
+        return self._tok.decode(check_ids(ids, self.vocab_size), skip_special_tokens=False)
+
+    def unknown_chars(self, text: str) -> list[str]:
+        """Characters of ``text`` that become ``<unk>``, once each, in order of appearance; [] for bpe.
+
+        A character is unknown when no single-character piece spells it (a
+        space: ``▁``). Unigram turns each run of them into one ``<unk>``;
+        WordPiece the whole word holding one. An ``hf`` tokenizer without an
+        unknown token: the characters :meth:`encode` refuses (the text is
+        encoded once; each character alone only when that fails).
+        """
+        if self.unk_token is None:
+            if self.kind != "hf":  # byte-level BPE: every text encodes
+                return []
+            try:
+                self._tok.encode(text, add_special_tokens=False)
+            except Exception as exc:
+                if not _library_error(exc):
+                    raise
+                return self._unencodable(text)
+            return []
+        if self._known is None:
+            known = {t for t in self._tok.get_vocab(with_added_tokens=False) if len(t) == 1}
+            self._known = frozenset(known | {" "} if SPACE_MARK in known else known)
+        return missing_chars(text, [*self.special_tokens, self.unk_token], self._known)
+
+    def pieces(self, text: str) -> list[str]:
+        """The text of each token of ``text``; WordPiece continuations keep their ``##``."""
+        ids = self.encode(text)
+        if self.kind == "wordpiece":
+            return [self._tok.id_to_token(i).replace(SPACE_MARK, " ") for i in ids]
+        return [self.decode([i]) for i in ids]
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        """The id of the vocabulary entry ``token``, or None."""
+        return self._tok.token_to_id(token)
+
+    def save(self, path: str | Path) -> None:
+        """Write the library's ``tokenizer.json`` (atomically)."""
+        atomic_write_text(path, self._tok.to_str(pretty=True))
+
+    def fingerprint(self) -> str:
+        """Short sha256 of the serialized tokenizer: names the prepared data it made."""
+        return hashlib.sha256(self._json.encode("utf-8")).hexdigest()[:12]
+
+
+def tokenizer_file(path: str | Path, own: bool = True) -> Path:
+    """The file :func:`load_tokenizer` reads for ``path``: ``path`` itself, or for a folder the user names
+    (``own`` False, a Hugging Face model folder) the ``tokenizer.json`` in it."""
+    p = Path(path)
+    return p / "tokenizer.json" if not own and p.is_dir() and (p / "tokenizer.json").is_file() else p
+
+
+def load_tokenizer(path: str | Path, kind: Optional[str] = None, *, own: bool = True,
+                   fix: Optional[str] = None) -> Tokenizer:
+    """Load a tokenizer file: ours (char) or a ``tokenizers`` tokenizer.json (kind from ``model.type``, or
+    ``kind="hf"``: any such file, as it is).
+
+    ``own``: whether minigpt made the file (prepared data's tokenizer, a run's): a damaged one is to be
+    deleted and trained again. False for a file the user names (``inspect tokenize --tokenizer``): any
+    tokenizers tokenizer.json is read (a model other than BPE, WordPiece and Unigram as kind ``hf``), and no
+    message says to delete it; a folder holding a ``tokenizer.json`` stands for that file (:func:`tokenizer_file`).
+    ``fix``: what an error says to do, in place of the one for ``own``.
+
+    Raises:
+        MinigptError: missing, unreadable or unrecognised file; a folder, or a path that is not a regular file.
+    """
+    p = tokenizer_file(path, own)
+    fix = fix or _FIXES[own]
+
+    def refuse(key: str, **fields) -> MinigptError:
+        return MinigptError(_MESSAGES[key].format(path=str(p), fix=fix, **fields))
+
+    if not p.is_file():
+        raise refuse("folder" if p.is_dir() else "not_file" if p.exists() else "not_found")
+    try:
+        raw = p.read_text(encoding="utf-8")
+        obj = json.loads(raw)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise refuse("not_json", error=exc) from None
+    if isinstance(obj, dict) and obj.get("format") == FORMAT:
+        chars = obj.get("chars")
+        specials = obj.get("special_tokens", [])
+        if not isinstance(chars, list) or not all(isinstance(c, str) for c in chars):
+            raise refuse("no_chars")
+        if not isinstance(specials, list):
+            raise refuse("specials")
+        return CharTokenizer(chars, specials)
+    model = obj.get("model") if isinstance(obj, dict) else None
+    if isinstance(model, dict) and (model.get("type") in _MODEL_KINDS or kind == "hf" or not own):
+        from tokenizers import Tokenizer as _Backend
+
+        as_hf = kind == "hf" or model.get("type") not in _MODEL_KINDS
+        try:
+            return HFTokenizer(_Backend.from_str(raw), "hf" if as_hf else None)
+        except Exception as exc:  # the library raises plain Exception on bad files
+            raise refuse("damaged", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    raise refuse("other")
+
+
+# ----------------------------------------------------------------------------- run folders
+
+
+def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
+    """A run folder's own ``tokenizer.json``, for ``generate`` and ``--resume``.
+
+    A missing or damaged file is an error that says where a copy of the file
+    the run was trained with is (:func:`~.tokenizer_base.run_tokenizer_fix`; a retrained tokenizer is not the
+    run's).
+
+    Raises:
+        MinigptError: the file is missing, unreadable or not a tokenizer.
+    """
+    try:
+        return load_tokenizer(Path(run_dir) / "tokenizer.json", cfg.tokenizer.kind)
+    except MinigptError as exc:
+        problem = str(exc).split(";")[0]
+        raise MinigptError(f"{problem}; {run_tokenizer_fix(run_dir, cfg)}") from None
+
+
+def check_run_tokenizer(run_dir: Path, cfg: Config, tok: Optional[Tokenizer]) -> None:
+    """Refuse to resume run ``run_dir`` (config ``cfg``) with another tokenizer ``tok`` than its
+    ``tokenizer.json`` (None: none named, nothing to compare).
+
+    Raises:
+        MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json`` (:func:`load_run_tokenizer`).
+    """
+    if tok is not None and load_run_tokenizer(run_dir, cfg).fingerprint() != tok.fingerprint():
+        raise MinigptError(_MESSAGES["changed"].format(path=Path(run_dir) / "tokenizer.json"))

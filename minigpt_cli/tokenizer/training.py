@@ -1,0 +1,310 @@
+"""Training the three library-backed kinds (bpe, unigram, wordpiece), and the size checks before it.
+
+- ``bpe``: byte-level BPE (GPT-2; Radford et al. 2019 §2.2) trained by the
+  ``tokenizers`` library: ByteLevel pre-tokenizer (GPT-2's split regex, no
+  prefix space) and decoder; the base vocabulary is the 256 bytes.
+- ``unigram``: the library's Unigram trainer (Kudo 2018) with the unknown
+  token ``<unk>``; see :func:`_trim_unigram` for the one correction we apply.
+- ``wordpiece``: merges chosen by our trainer (:mod:`.wordpiece`), stored as a
+  library WordPiece model: greedy longest match with ``##`` continuations.
+
+Unigram and WordPiece split words as byte-level BPE does (GPT-2's regex, every
+character kept) and spell a space ``▁`` (SentencePiece's Metaspace), so the
+three compare on the same words. The library trains in a worker thread so that
+Ctrl-C and SIGTERM stop it at once (:func:`_train_interruptibly`), and gets the
+text in pieces cut where GPT-2's split cuts anyway (:func:`_pieces`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from typing import Callable, Iterable, Iterator, Optional, Sequence
+
+from ..config.special_tokens import UNK, check_special_tokens, split_special
+from ..errors import MinigptError
+from .kinds import KINDS, SPACE_MARK, CharTokenizer, HFTokenizer, Tokenizer
+from .wordpiece import CONTINUATION, wordpiece_merges
+
+#: GPT-2's pre-tokenization regex (what ByteLevel(use_regex=True) applies).
+SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+#: Longest word WordPiece encodes; longer ones are one unknown token (BERT uses 100).
+WORDPIECE_MAX_WORD = 1000
+#: Largest vocabulary a trained tokenizer may ask for (2**20); far larger sizes
+#: make the tokenizers library abort the process instead of raising.
+MAX_VOCAB_SIZE = 1 << 20
+#: Byte-level BPE's base alphabet: one entry per byte.
+N_BYTES = 256
+
+
+def _word_pre_tokenizer():
+    """GPT-2's split (every character kept), then spaces shown as ``▁``: Unigram and WordPiece."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.Metaspace(replacement=SPACE_MARK, prepend_scheme="never", split=False),
+    ])
+
+
+def _space_decoder():
+    from tokenizers import decoders
+
+    return decoders.Metaspace(replacement=SPACE_MARK, prepend_scheme="never", split=False)
+
+
+def _plain_chars(chunks: Sequence[str]) -> set[str]:
+    """Distinct characters of the ordinary text, spaces spelled ``▁``."""
+    chars: set[str] = set()
+    for c in chunks:
+        chars.update(c)
+    if " " in chars:
+        chars.discard(" ")
+        chars.add(SPACE_MARK)
+    return chars
+
+
+def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) -> int:
+    """The smallest vocabulary ``kind`` can have on ``text``: its base alphabet plus special tokens.
+
+    char: the distinct characters; bpe: the 256 bytes; unigram: the distinct
+    characters and ``<unk>``; wordpiece: each character both word-initial and
+    as a ``##`` continuation (so any word of seen characters can be spelled),
+    and ``<unk>``.
+
+    Raises:
+        MinigptError: an unknown kind, or a bad special token.
+    """
+    specials = check_special_tokens(special_tokens)
+    if kind == "bpe":
+        return N_BYTES + len(specials)
+    chars = _plain_chars(split_special(text, specials)[0::2])
+    if kind == "char":
+        return len(chars) + len(specials)
+    if kind == "unigram":
+        return len(chars) + 1 + len(specials)
+    if kind == "wordpiece":
+        return 2 * len(chars) + 1 + len(specials)
+    raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+
+
+def check_vocab_size(kind: str, text: str, vocab_size: Optional[int], special_tokens: Sequence[str] = ()) -> None:
+    """Refuse a missing vocabulary size, one below ``kind``'s base alphabet, or one above :data:`MAX_VOCAB_SIZE`, before training.
+
+    Raises:
+        MinigptError: naming the smallest (or largest) size that works.
+    """
+    if kind == "char":
+        return
+    if vocab_size is None:
+        raise MinigptError(f"a {kind} tokenizer needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise MinigptError(
+            f"vocabulary size {vocab_size:,} is above the largest supported, {MAX_VOCAB_SIZE:,}; "
+            f"use a vocabulary size of at most {MAX_VOCAB_SIZE:,} (a few thousand suits Tiny Shakespeare)"
+        )
+    least = base_vocab_size(kind, text, special_tokens)
+    if vocab_size < least:
+        what = {"bpe": "256 bytes", "unigram": "the corpus's characters and <unk>",
+                "wordpiece": "the corpus's characters, initial and ##, and <unk>"}[kind]
+        extra = f" and {len(special_tokens)} special tokens" if special_tokens else ""
+        raise MinigptError(
+            f"vocabulary size {vocab_size} is below the {kind} base alphabet of {least} "
+            f"({what}{extra}); use a vocabulary size of at least {least}"
+        )
+
+
+def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
+    if kind == "unigram":  # the library's trainer stops short by amounts that vary with the size asked
+        return MinigptError(
+            f"the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked for (near "
+            f"what the corpus can give it stops short); use a smaller vocabulary size, e.g. {got:,}, or more text"
+        )
+    return MinigptError(
+        f"the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} asked for; "
+        f"use a vocabulary size of at most {got:,} or more text"
+    )
+
+
+def _train_interruptibly(tok, pieces: Iterator[str], trainer) -> None:
+    """``tok.train_from_iterator(pieces, trainer)`` in a worker thread, so that Ctrl-C and SIGTERM work.
+
+    The library's training runs in Rust without the GIL, but Python delivers a
+    signal to the main thread only between bytecodes: a main thread inside the
+    call would hold a Ctrl-C until training ended (minutes on a big corpus).
+    Here it waits in short joins instead; on an interruption the exception
+    propagates and the daemon thread ends with the process.
+    """
+    import threading
+
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            tok.train_from_iterator(pieces, trainer)
+        except BaseException as exc:  # re-raised in the caller's thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=work, name="tokenizer-training", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if failure:
+        raise failure[0]
+
+
+#: Text goes to the library's trainers in pieces of about this many characters: one 100 MB string
+#: made it hold ~22 GB at once; pieces keep its memory near the counts it needs.
+PIECE_CHARS = 1 << 20
+_CUT = re.compile(r"(?<=\S\n)(?=\S)|(?<=\S)(?= \S)")
+
+
+def _pieces(chunks: Iterable[str], size: int = PIECE_CHARS) -> Iterator[str]:
+    """``chunks`` cut into pieces of about ``size`` characters, only where GPT-2's split cuts anyway.
+
+    The cuts fall after a single newline between two non-spaces, or before a
+    single space between two non-spaces; GPT-2's pre-tokenizer (``SPLIT_PATTERN``,
+    used by every trained kind) splits there too, so the words the trainers
+    count are the same as from the whole text. A stretch with no such place
+    stays whole.
+    """
+    for chunk in chunks:
+        start = 0
+        while len(chunk) - start > size:
+            cut = _CUT.search(chunk, start + size)
+            if cut is None:
+                break
+            yield chunk[start:cut.start()]
+            start = cut.start()
+        yield chunk[start:]
+
+
+def _train_bpe(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTokenizer:
+    from tokenizers import Tokenizer as _Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = _Backend(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    _train_interruptibly(tok, _pieces(chunks), trainer)
+    return HFTokenizer(tok)
+
+
+def _train_unigram(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTokenizer:
+    from tokenizers import Tokenizer as _Backend
+    from tokenizers import models, trainers
+
+    tok = _Backend(models.Unigram())
+    tok.pre_tokenizer = _word_pre_tokenizer()
+    tok.decoder = _space_decoder()
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token=UNK, special_tokens=[UNK, *specials],
+                                      show_progress=False)
+    _train_interruptibly(tok, _pieces(chunks), trainer)
+    return HFTokenizer(_trim_unigram(tok, vocab_size))
+
+
+def _trim_unigram(tok, vocab_size: int):
+    """Drop the least likely multi-character pieces beyond ``vocab_size``.
+
+    Near its base alphabet the library's trainer keeps every character on top
+    of the pieces it chose, overshooting the size asked for (66 asked, 73
+    given on Tiny Shakespeare). Single characters and special tokens stay, so
+    every seen character can still be encoded.
+    """
+    from tokenizers import Tokenizer as _Backend
+
+    extra = tok.get_vocab_size(with_added_tokens=True) - vocab_size
+    if extra <= 0:
+        return tok
+    obj = json.loads(tok.to_str())
+    vocab = obj["model"]["vocab"]
+    keep_ids = {a["id"] for a in obj.get("added_tokens") or []}
+    droppable = sorted((score, i) for i, (piece, score) in enumerate(vocab)
+                       if i not in keep_ids and len(piece) > 1)
+    drop = {i for _, i in droppable[:extra]}
+    if any(i < max(keep_ids, default=-1) for i in drop):
+        return tok  # would renumber a special token; keep the larger vocabulary
+    obj["model"]["vocab"] = [v for i, v in enumerate(vocab) if i not in drop]
+    return _Backend.from_str(json.dumps(obj, ensure_ascii=False))
+
+
+def _train_wordpiece(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTokenizer:
+    from tokenizers import AddedToken, Regex, decoders, models
+    from tokenizers import Tokenizer as _Backend
+
+    pre = _word_pre_tokenizer()
+    counts: Counter = Counter()
+    for chunk in chunks:
+        counts.update(w for w, _ in pre.pre_tokenize_str(chunk))
+    chars = sorted(_plain_chars(chunks))
+    vocab: dict[str, int] = {}
+    for s in [UNK, *specials, *chars, *(CONTINUATION + c for c in chars)]:
+        vocab.setdefault(s, len(vocab))
+    if vocab_size > 8192:
+        # Every merged symbol is a word's prefix or an inner substring: a ceiling
+        # (0.5 s to count), so an impossible size fails at once rather than
+        # after minutes of merges.
+        ceiling = len(vocab) + len(
+            {w[:j] for w in counts for j in range(2, len(w) + 1)}
+            | {CONTINUATION + w[i:j] for w in counts for i in range(1, len(w)) for j in range(i + 2, len(w) + 1)})
+        if vocab_size > ceiling:
+            raise _too_big("wordpiece", ceiling, vocab_size)
+    if len(vocab) < vocab_size:
+        for a, b, _, _ in wordpiece_merges(counts):
+            vocab.setdefault(a + b[len(CONTINUATION):], len(vocab))
+            if len(vocab) >= vocab_size:
+                break
+    tok = _Backend(models.WordPiece(vocab=vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION,
+                                    max_input_chars_per_word=WORDPIECE_MAX_WORD))
+    tok.pre_tokenizer = pre
+    # Drop the ## of continuations and turn ▁ back into spaces; nothing else is
+    # added between tokens (the library's WordPiece decoder would add spaces).
+    tok.decoder = decoders.Sequence([decoders.Replace(Regex(f"^{re.escape(CONTINUATION)}"), ""), _space_decoder()])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in [UNK, *specials]])
+    return HFTokenizer(tok)
+
+
+def train_tokenizer(kind: str, text: str | Iterable[str], vocab_size: Optional[int] = None,
+                    special_tokens: Iterable[str] = (), on_start: Callable[[], None] = lambda: None) -> Tokenizer:
+    """Train a tokenizer of ``kind`` on ``text``.
+
+    Args:
+        kind: char, bpe, wordpiece or unigram.
+        text: the corpus; or its pieces, none cutting a special token (char reads them as a stream).
+        vocab_size: entries in all (base alphabet, merges or pieces, special
+            tokens, ``<unk>``); ignored for char, whose alphabet decides.
+        special_tokens: texts that become single ids; their occurrences in
+            ``text`` are cut out before training.
+        on_start: called once the inputs are checked, as the (long) training of a trained kind starts.
+
+    Raises:
+        MinigptError: unknown kind, empty corpus, a vocabulary size missing,
+            below the kind's base alphabet, or above what the corpus can give.
+    """
+    if kind not in KINDS:
+        raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+    specials = check_special_tokens(special_tokens)
+    if kind == "char":
+        return CharTokenizer.train(text, specials)
+    if not isinstance(text, str):
+        text = "".join(text)
+    if not text:
+        raise MinigptError(f"cannot train a {kind} tokenizer on an empty corpus")
+    check_vocab_size(kind, text, vocab_size, specials)
+    chunks = [c for c in split_special(text, specials)[0::2] if c]
+    if not chunks:
+        raise MinigptError("the corpus holds nothing but special tokens; give it some text")
+    trainer = {"bpe": _train_bpe, "unigram": _train_unigram, "wordpiece": _train_wordpiece}[kind]
+    on_start()
+    try:
+        tok = trainer(chunks, vocab_size, specials)
+    except MinigptError:
+        raise
+    except Exception as exc:  # the library's own refusals (plain Exception)
+        raise MinigptError(f"training the {kind} tokenizer failed: {str(exc).splitlines()[0]}") from None
+    if tok.vocab_size < vocab_size:
+        raise _too_big(kind, tok.vocab_size, vocab_size)
+    return tok
