@@ -52,7 +52,7 @@ def sweep(
     try:
         result = run_sweep(file, jobs=jobs, progress=progress, echo=echo)
     except Interrupted as exc:
-        exc.args = (f"{exc}; continue the sweep with: minigpt sweep {shlex.quote(str(file))}",)
+        exc.with_fix(f"continue the sweep with: minigpt sweep {shlex.quote(str(file))}")
         exc.resume_dir = None
         raise
     print(json.dumps(result, indent=1) if as_json else format_summary(result), end="" if not as_json else "\n")

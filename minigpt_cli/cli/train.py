@@ -86,7 +86,7 @@ def train(
     except Interrupted as exc:
         if exc.resume_dir is not None:  # how to go on: this command again, with --resume
             words = ["minigpt", "train", str(config), *[w for item in set_ for w in ("--set", item)]]
-            exc.args = (f"{exc}; continue with: {shlex.join([*words, '--resume', str(exc.resume_dir)])}",)
+            exc.with_fix(f"continue with: {shlex.join([*words, '--resume', str(exc.resume_dir)])}")
         raise
     if result.already_done:
         n = cfg.train.max_iters
