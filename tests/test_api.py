@@ -35,7 +35,8 @@ def test_the_readmes_python_block_runs(workdir, capsys):
     exec(compile(code.replace("train.max_iters=60", "train.max_iters=16"), "README.md", "exec"), scope)
     assert scope["result"].step == 16 and scope["texts"][0].startswith("ROMEO:")
     run = scope["run"]
-    assert not run.model.training and run.config.name == "tiny" and run.checkpoint.parent.parent == scope["result"].run_dir
+    assert not run.model.training and run.config.name == "tiny"
+    assert run.checkpoint.parent.parent == scope["result"].run_dir and run.step == 16
     assert scope["logits"].shape == (1, len("ROMEO:"), run.config.model.vocab_size)
     assert run.tokenizer.decode(run.tokenizer.encode("ROMEO:")) == "ROMEO:"
     assert (workdir / "quick-hf" / "config.json").is_file()

@@ -230,8 +230,13 @@ def test_report_keys_and_json():
     assert rep["memory"]["batch_size"] == 8 and rep["memory"]["dtype"] == "bfloat16"
     with pytest.raises(MinigptError):
         params.report(cfg, seq_len=0)
-    with pytest.raises(MinigptError):
-        params.report(cfg, tokens=0)
+    from minigpt_cli.accounting.count import count_params
+
+    for tokens in (0, 1.5, float("inf"), float("nan")):  # checked once, where the number comes in
+        with pytest.raises(MinigptError, match="--tokens .*: give a whole number"):
+            count_params(cfg, tokens=tokens)
+    with pytest.raises(MinigptError, match="--dtype 'float8'"):
+        count_params(cfg, dtype="float8")
 
 
 @pytest.mark.parametrize("name", PRESETS)

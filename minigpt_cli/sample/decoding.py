@@ -73,7 +73,7 @@ class StaticDecoder:
 
     @torch.no_grad()
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        """Fill the cache with a window idx (B, T), T <= block_size, from position 0; logits (B, V) of its last token."""
+        """Fill the cache with a window idx (B, T), T <= block_size, from position 0; logits (B, V) of its last."""
         pos = torch.arange(idx.size(1), device=idx.device)
         logits, _ = self.model(idx, cache=self.cache, last_only=True, pos=pos)
         return logits[:, -1, :]

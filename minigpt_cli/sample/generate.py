@@ -17,7 +17,6 @@ import torch
 from ..config.notes import notes
 from ..config.schema import Config, SampleConfig, validate
 from ..errors import MinigptError
-from ..fileio import read_text_file
 from ..run import folder as runs
 from ..runtime.device import CpuThreads, resolve_device
 from ..tokenizer.kinds import Tokenizer, lossy_report
@@ -41,8 +40,6 @@ _MESSAGES = {
     "seed": "--seed {seed}: use a number from 0 to 2**63-1",
     "dtype": "--dtype {dtype!r}: use float32 or bfloat16",
     "stop_empty": "--stop '': the stop text must not be empty",
-    "both_prompts": "pass either --prompt or --prompt-file, not both",
-    "no_stdin": "--prompt -: no standard input to read the prompt from",
     "stop_never": ("note: --stop {stop!r} can never match: the tokenizer's vocabulary lacks {chars}, so the model "
                    "never writes it"),
     "top_k_clamped": "note: --top-k {top_k} is larger than the vocabulary ({vocab}); using {vocab}",
@@ -163,24 +160,6 @@ def write_sample(tok: Tokenizer, tokens: Iterable[int], stops: Sequence[str], ou
         if writer.push(token):
             break
     return writer.finish()
-
-
-def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]) -> Optional[str]:
-    """The prompt from ``--prompt`` or ``--prompt-file`` (``-``: standard input), as read (a file's last newline
-    is part of it); None when neither is given (the run's ``sample.prompt`` applies).
-
-    Raises:
-        MinigptError: both options given, no standard input, an unreadable or non-UTF-8 file.
-    """
-    if prompt is not None and prompt_file is not None:
-        raise MinigptError(_MESSAGES["both_prompts"])
-    if prompt == "-" or (prompt_file is not None and str(prompt_file) == "-"):
-        if stdin is None:
-            raise MinigptError(_MESSAGES["no_stdin"])
-        return stdin.read()
-    if prompt_file is None:
-        return prompt
-    return read_text_file(prompt_file, "--prompt-file")
 
 
 def generate(

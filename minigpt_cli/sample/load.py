@@ -29,11 +29,8 @@ _MESSAGES = {
              "checkpoint; use --checkpoint {other}, or copy meta.json from the other checkpoint of this run"),
     "not_finite": ("checkpoint {ckpt!r} has NaN or infinite weights ({name}): the run diverged before it was saved; "
                    "try --checkpoint {other}, or retrain with a lower train.learning_rate"),
-    "vocab": "{tok} has {n} entries but the checkpoint's model has {vocab}; the run folder is inconsistent",
-    "kind": ("{tok} is a {kind} tokenizer but the run was trained with tokenizer.kind {trained}; restore the run's "
-             "own tokenizer.json"),
-    "fingerprint": ("{tok} is not the tokenizer this checkpoint was trained with (its fingerprint differs); restore "
-                    "the run's own tokenizer.json"),
+    "tokenizer": "{tok} is not the tokenizer this checkpoint was trained with ({why}); restore the run's own "
+                 "tokenizer.json",
 }
 
 
@@ -66,13 +63,14 @@ def _read_meta(ckpt: Path) -> dict:
     """
     try:
         meta = runs.read_meta(ckpt)
-        if not isinstance(meta.get("tokenizer_fingerprint", ""), str):
-            raise ValueError("tokenizer_fingerprint is not a string")
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:80]
-        raise MinigptError(_MESSAGES["meta"].format(meta=str(runs.resolve(ckpt) / runs.META), reason=reason,
-                                                    other=_other(ckpt))) from None
-    return meta
+    else:
+        if isinstance(meta.get("tokenizer_fingerprint", ""), str):  # absent: a checkpoint from before it was kept
+            return meta
+        reason = "tokenizer_fingerprint is not a string"
+    raise MinigptError(_MESSAGES["meta"].format(meta=str(runs.resolve(ckpt) / runs.META), reason=reason,
+                                                other=_other(ckpt))) from None
 
 
 def _check_finite(model: torch.nn.Module, ckpt: Path) -> None:
@@ -83,6 +81,18 @@ def _check_finite(model: torch.nn.Module, ckpt: Path) -> None:
         if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(
                 torch.stack(torch.aminmax(tensor.view(-1)))).all()):
             raise MinigptError(_MESSAGES["not_finite"].format(ckpt=str(ckpt), name=name, other=_other(ckpt)))
+
+
+def _mismatch(tok: Tokenizer, cfg: Config, meta: dict) -> Optional[str]:
+    """How the run's tokenizer differs from the one its checkpoint was trained with, cheapest check first
+    (the fingerprint hashes the whole vocabulary); None when it does not."""
+    if cfg.model.vocab_size < tok.vocab_size:
+        return f"{tok.vocab_size} entries for a model of {cfg.model.vocab_size}"
+    if tok.kind != cfg.tokenizer.kind:
+        return f"a {tok.kind} tokenizer; the run trained with tokenizer.kind {cfg.tokenizer.kind}"
+    if meta.get("tokenizer_fingerprint") not in (None, tok.fingerprint()):  # None: from before it was recorded
+        return "its fingerprint differs"
+    return None
 
 
 def load_run(run: Optional[str | Path] = None, checkpoint: str = runs.BEST,
@@ -100,15 +110,10 @@ def load_run(run: Optional[str | Path] = None, checkpoint: str = runs.BEST,
     swap_kernels(model)
     tok = load_run_tokenizer(run_dir, cfg)
     _check_finite(model, ckpt)
-    path = run_dir / runs.TOKENIZER
-    if cfg.model.vocab_size < tok.vocab_size:
-        raise MinigptError(_MESSAGES["vocab"].format(tok=path, n=tok.vocab_size, vocab=cfg.model.vocab_size))
-    if tok.kind != cfg.tokenizer.kind:
-        raise MinigptError(_MESSAGES["kind"].format(tok=path, kind=tok.kind, trained=cfg.tokenizer.kind))
     meta = _read_meta(ckpt)
-    trained_with = meta.get("tokenizer_fingerprint")  # None: a checkpoint from before it was recorded
-    if trained_with is not None and trained_with != tok.fingerprint():
-        raise MinigptError(_MESSAGES["fingerprint"].format(tok=path))
+    why = _mismatch(tok, cfg, meta)
+    if why is not None:
+        raise MinigptError(_MESSAGES["tokenizer"].format(tok=run_dir / runs.TOKENIZER, why=why))
     step = meta.get("step")
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
     return LoadedRun(model, tok, cfg, run_dir, ckpt, step)

@@ -15,6 +15,7 @@ the run's config): the functions here trust them.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 import torch
@@ -44,6 +45,9 @@ _PROMPT_FIXES = {
 }
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def encode_prompt(tok: Optional[Tokenizer], prompt: str, source: str = "the prompt") -> list[int]:
     """The ids of a prompt, at least one: ``generate``'s, or the ``sample.prompt`` that ``train`` checks before
     step 0 (so that ``generate`` cannot fail on it later). ``tok`` None (a dry run before the tokenizer is
@@ -57,11 +61,10 @@ def encode_prompt(tok: Optional[Tokenizer], prompt: str, source: str = "the prom
     fixes = _PROMPT_FIXES.get(source, _PROMPT_FIXES["the prompt"])
     if prompt == "":
         raise MinigptError(_PROMPT["empty"].format(source=source, **fixes))
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise MinigptError(_PROMPT["not_utf8"].format(source=source, byte=ord(prompt[exc.start]) & 0xFF,
-                                                      at=exc.start)) from None
+    # Bytes that were not UTF-8 arrive as lone surrogates (surrogateescape): the only text UTF-8 cannot encode.
+    bad = _SURROGATE.search(prompt)
+    if bad is not None:
+        raise MinigptError(_PROMPT["not_utf8"].format(source=source, byte=ord(bad.group()) & 0xFF, at=bad.start()))
     if tok is None:
         return []
     if tok.unk_token is None:  # char refuses what its alphabet lacks (bpe lacks nothing)
@@ -136,7 +139,8 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
         scaled = gap.masked_fill(gap < 0, float("-inf"))
     probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
     if isinstance(generator, (list, tuple)):
-        return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g) for i, g in enumerate(generator)]).squeeze(-1)
+        rows = [torch.multinomial(probs[i:i + 1], 1, generator=g) for i, g in enumerate(generator)]
+        return torch.cat(rows).squeeze(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -184,12 +188,12 @@ def generate_tokens(
     """
     block = model.config.block_size
     stride = resolve_window_stride(block, window_stride)
-    assert 1 <= stride <= block, f"window_stride {stride} outside 1 .. block_size {block}"  # the schema's bound
+    assert 1 <= stride <= block, stride  # the schema keeps sample.window_stride within block_size
     seq = idx
     start = max(0, seq.size(1) - block)  # the window is seq[:, start:]
     cache = None
     refill = True
-    assert decoder is None or decoder.batch == idx.size(0), "the decoder's batch is not the prompt's"
+    assert decoder is None or decoder.batch == idx.size(0), decoder.batch  # a static cache has a fixed batch
     for _ in range(max_new_tokens):
         if not use_cache:
             last = model(seq[:, start:], last_only=True)[0][:, -1, :]
