@@ -154,11 +154,11 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
     """
     V = _vocab(model_cfg, vocab_size)
     d = model_cfg.n_embd
-    kv = model_cfg.kv_heads * model_cfg.head_dim
-    d_ff = model_cfg.ffn_hidden
+    kv = model_cfg.kv_heads * model_cfg.head_dim  # K and V width: n_kv_head < n_head shrinks them (GQA)
+    d_ff = model_cfg.ffn_hidden  # model.d_ff, else 4d, or for SwiGLU 2/3 of it rounded up (Llama's 11008)
     b = 1 if model_cfg.bias else 0
 
-    norm = d + (d * b if model_cfg.norm == "layernorm" else 0)
+    norm = d + (d * b if model_cfg.norm == "layernorm" else 0)  # a gain, plus a shift for LayerNorm with bias
     swiglu = model_cfg.ffn == "swiglu"
     layer = LayerCount(
         attn_q=d * d + b * d,
@@ -169,7 +169,7 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
         ffn_w1=d * d_ff + b * d_ff,
         ffn_w3=(d * d_ff + b * d_ff) if swiglu else 0,
         ffn_w2=d_ff * d + b * d,
-        ffn_bias=b * ((2 if swiglu else 1) * d_ff + d),
+        ffn_bias=b * ((2 if swiglu else 1) * d_ff + d),  # SwiGLU's gate and up projections both carry one
         norm_1=norm,
         norm_2=norm,
     )
@@ -180,8 +180,8 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
         token_embedding=V * d,
         position_embedding=model_cfg.block_size * d if model_cfg.pos_encoding == "learned" else 0,
         layer=layer,
-        final_norm=norm if model_cfg.norm_position == "pre" else 0,
-        lm_head=0 if model_cfg.tie_weights else V * d,
+        final_norm=norm if model_cfg.norm_position == "pre" else 0,  # Post-LN ends on a block's own norm
+        lm_head=0 if model_cfg.tie_weights else V * d,  # tied: wte's matrix, counted once
         tied=model_cfg.tie_weights,
     )
 
@@ -203,20 +203,21 @@ def flops(model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = No
     L, d, T = model_cfg.n_layer, model_cfg.n_embd, int(seq_len)
     d_attn = model_cfg.n_head * model_cfg.head_dim
     N = pc.non_embedding
-    dense = 2 * N
-    attention = 2 * L * T * d_attn
+    dense = 2 * N  # a multiply and an add per weight
+    attention = 2 * L * T * d_attn  # Q·Kᵀ and the weighted sum of V, per token, over a context of T
     forward = dense + attention
-    head = 2 * pc.vocab_size * d
+    head = 2 * pc.vocab_size * d  # the de-embedding, which Kaplan's C leaves out
     return {
         "seq_len": T,
         "dense_forward": dense,
         "attention_forward": attention,
         "forward": forward,
-        "train": 3 * forward,
+        "train": 3 * forward,  # backward is twice the forward (the input's and the weight's gradients)
         "attention_share": attention / forward,
         "lm_head_forward": head,
         "forward_with_lm_head": forward + head,
         "train_with_lm_head": 3 * (forward + head),
+        # PaLM's form counts the lm_head and both attention matmuls without a causal discount, as nanoGPT does.
         "mfu_train": 6 * (N + pc.vocab_size * d) + 12 * L * d_attn * T,
     }
 

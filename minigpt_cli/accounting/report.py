@@ -1,8 +1,6 @@
-"""The ``count-params`` table: a :func:`minigpt_cli.accounting.params.report` dict rendered for the terminal.
+"""The ``count-params`` table, and the abbreviations other reports share (:func:`human`, :func:`human_bytes`, ...).
 
-Also the abbreviations it uses (:func:`human`, :func:`human_flops`,
-:func:`human_bytes`), which other reports share. Pure formatting: nothing here
-computes a count, so this module imports nothing of minigpt's.
+Pure formatting: nothing here computes a count, so this module imports nothing of minigpt's.
 """
 
 from __future__ import annotations
@@ -39,16 +37,8 @@ def human_bytes(n: float) -> str:
 
 
 def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()) -> str:
-    """Render a :func:`minigpt_cli.accounting.params.report` dict as a plain-text table for the terminal.
-
-    Per-layer rows give their share of one layer; the other rows of the total.
-
-    Args:
-        rep: the report.
-        title: what was counted: a preset name or a config path.
-        overrides: the ``--set KEY=VALUE`` overrides applied to it, named in
-            the header (the model is then no longer the preset as shipped).
-    """
+    """Render a :func:`minigpt_cli.accounting.params.report` dict as a plain-text table for the terminal, headed by
+    ``title`` (a preset name or a config path) and the ``--set`` ``overrides`` that changed it."""
     m = rep["model"]
     pl = rep["per_layer"]
     total = rep["total"]
@@ -79,7 +69,7 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
         row("token embedding (wte, V·d)", rep["token_embedding"]),
         row("position embedding (wpe, block·d)", rep["position_embedding"], pos_note),
         row(f"{L} layers × {pl['total']:,}", rep["layers"]),
-        lrow("  attention (Q, K, V, O)", pl["attention"]),
+        lrow("  attention (Q, K, V, O)", pl["attention"]),  # then one row per projection
         *(lrow(f"    {name}", pl[f"attn_{name.lower()}"]) for name in "QKVO"),
         lrow("    of which biases", pl["attention_bias"]),
         lrow(f"  feed-forward ({m['ffn']})", pl["ffn"]),

@@ -34,14 +34,9 @@ def sync(device: torch.device) -> None:
 def measure_generation(model: GPT, prompt: torch.Tensor, max_new_tokens: int, window_stride: int,
                        compile: bool, batch: int = BATCH,
                        echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Tokens/s of ``model`` (eval mode) continuing ``prompt`` (1, T) on its device, by path (module docstring);
-    the compiled path only with ``compile`` (else None, with ``gen_compiled_note`` saying why).
-
-    Returns:
-        ``gen_tokens_per_sec_{uncached,cached,compiled,batched}``, ``gen_speedup`` (cached / uncached),
-        ``gen_compiled_speedup`` and ``gen_batched_speedup`` (over cached), ``gen_compile_seconds``,
-        ``gen_compiled_tokens_equal``, ``gen_compiled_note``, ``gen_batch``.
-    """
+    """Tokens/s of ``model`` (eval mode) continuing ``prompt`` (1, T) on its device, by path (module docstring):
+    ``gen_tokens_per_sec_{uncached,cached,compiled,batched}`` and their ratios; the compiled path only with
+    ``compile`` (else None, ``gen_compiled_note`` saying why)."""
     device = prompt.device
 
     def timed(use_cache: bool, rows: int = 1, decoder=None) -> tuple[float, torch.Tensor]:

@@ -39,9 +39,8 @@ MATMUL_N = 2048
 
 
 def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
-    """The matrix-product kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for
-    float32 on a CPU where this PyTorch has it (whether or not the model's linear
-    layers use it: the peak is the machine's, not the configuration's)."""
+    """The kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for float32 on a CPU where this PyTorch has
+    it (whether or not the model's linear layers use it: the peak is the machine's, not the configuration's)."""
     kernels = ["torch.mm"]
     if device.type == "cpu" and dtype == torch.float32 and onednn.matmul_op() is not None:
         kernels.append("oneDNN")
@@ -152,13 +151,8 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
 
     ``iters`` timed optimizer steps follow ``warmup`` untimed ones; generation continues a ``prompt_len``-token
     random prompt by ``max_new_tokens``. ``vocab_size`` stands for a null ``model.vocab_size`` (with
-    ``stream_tokens``, the tokenizer's size: the corpus is downloaded and the tokenizer trained if missing). On a
-    CPU the thread count is chosen once, before anything is measured, from the cores other processes leave free.
-
-    Returns:
-        A JSON-ready dict: ``train_tokens_per_sec``, ``ms_per_step``, ``flops_per_token``, ``mfu`` (against the
-        fastest kernel's peak) and ``mfu_by_kernel``, ``peak_memory_bytes``, the generation and streaming figures,
-        and the settings.
+    ``stream_tokens``, the tokenizer's size: the corpus is downloaded and the tokenizer trained if missing).
+    Returns a JSON-ready dict (``train_tokens_per_sec``, ``mfu``, ..., and the settings).
 
     Raises:
         MinigptError: impossible sizes (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's,

@@ -96,12 +96,8 @@ class TextStream:
 
 
 class SampleWriter:
-    """One sample's text as its ids arrive: decoded, cut at the first stop string, written to ``out``.
-
-    With ``stream`` the text is written as it comes, except what may be the start of a stop string. Stop strings
-    are searched for in each new piece plus the ``len(longest stop) - 1`` characters before it. Without
-    ``stream`` or ``stops`` the ids are decoded once, by :meth:`finish`.
-    """
+    """One sample's text as its ids arrive: decoded, cut at the first stop string, written to ``out`` (with
+    ``stream``, as it comes, holding back what may start a stop string; else at :meth:`finish`)."""
 
     def __init__(self, tok: Tokenizer, stops: Sequence[str], out: TextIO, stream: bool):
         self.tok, self.stops, self.out, self.stream = tok, list(stops), out, stream
@@ -282,13 +278,8 @@ def given_keys(sample: Optional[SampleConfig | Mapping[str, Any]]) -> set[str]:
 
 
 def resolve_sample(cfg: Config, sample: Optional[SampleConfig | Mapping[str, Any]]) -> SampleConfig:
-    """The sampling settings :func:`generate` uses: the run's ``sample`` section, replaced by a whole
-    :class:`SampleConfig` or updated with a mapping's keys, validated within the run's config (so
-    ``window_stride`` meets its block_size, and a ``model_construct``-ed section is checked too).
-
-    Raises:
-        ConfigError: a key that is not a ``sample`` key, or a value the schema refuses; names the key.
-    """
+    """The run's ``sample`` section, replaced by a whole :class:`SampleConfig` or updated with a mapping's keys,
+    validated within the run's config (``window_stride`` against its block_size); raises ConfigError naming the key."""
     if sample is None:
         return cfg.sample  # validated when the run's config was loaded
     whole = cfg.to_dict()

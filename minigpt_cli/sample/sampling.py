@@ -29,13 +29,16 @@ if TYPE_CHECKING:
     from .decoding import StaticDecoder
 
 
-#: The refusals of :func:`encode_prompt`, and the fix for each place a prompt comes from.
-_PROMPT = {
+#: The refusals of :func:`encode_prompt` (and the fix for each place a prompt comes from), then of the sampler.
+_MESSAGES = {
     "empty": "{source} is empty; {give}; a newline works: {newline}",
-    "not_utf8": ("{source} is not UTF-8 text (byte 0x{byte:02x} at character {at}); convert it to UTF-8 "
-                 "(e.g. with iconv)"),
+    "not_utf8": "{source} is not UTF-8 text (byte 0x{byte:02x} at character {at}); convert it to UTF-8 with iconv",
     "unknown": "{source} has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
     "no_tokens": "{source} encodes to no tokens; {longer}",
+    "overflow": ("the model's output is {what} (its weights are finite, but the forward pass overflows), so there is "
+                 "nothing to sample; retrain it with a smaller model.init_std or train.learning_rate"),
+    "sampler": ("the sampler on {device} returned token id {value}, outside the vocabulary (0 to {last}); a fault of "
+                "torch.multinomial on that device: run with --device cpu"),
 }
 _PROMPT_FIXES = {
     "the prompt": {"give": "pass --prompt TEXT", "newline": "--prompt $'\\n'", "longer": "pass a longer --prompt"},
@@ -60,20 +63,20 @@ def encode_prompt(tok: Optional[Tokenizer], prompt: str, source: str = "the prom
     """
     fixes = _PROMPT_FIXES.get(source, _PROMPT_FIXES["the prompt"])
     if prompt == "":
-        raise MinigptError(_PROMPT["empty"].format(source=source, **fixes))
+        raise MinigptError(_MESSAGES["empty"].format(source=source, **fixes))
     # Bytes that were not UTF-8 arrive as lone surrogates (surrogateescape): the only text UTF-8 cannot encode.
     bad = _SURROGATE.search(prompt)
     if bad is not None:
-        raise MinigptError(_PROMPT["not_utf8"].format(source=source, byte=ord(bad.group()) & 0xFF, at=bad.start()))
+        raise MinigptError(_MESSAGES["not_utf8"].format(source=source, byte=ord(bad.group()) & 0xFF, at=bad.start()))
     if tok is None:
         return []
     if tok.unk_token is None:  # char refuses what its alphabet lacks (bpe lacks nothing)
         missing = tok.unknown_chars(prompt)
         if missing:
-            raise MinigptError(_PROMPT["unknown"].format(source=source, chars=", ".join(map(repr, missing))))
+            raise MinigptError(_MESSAGES["unknown"].format(source=source, chars=", ".join(map(repr, missing))))
     ids = tok.encode(prompt)
     if not ids:
-        raise MinigptError(_PROMPT["no_tokens"].format(source=source, **fixes))
+        raise MinigptError(_MESSAGES["no_tokens"].format(source=source, **fixes))
     return ids
 
 
@@ -104,14 +107,6 @@ def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None, top_p: Opti
 FLOAT32_ZERO = 2.0 ** -150
 
 
-def _overflow_error(peak: torch.Tensor) -> MinigptError:
-    what = "NaN" if bool(torch.isnan(peak).any()) else "infinite"
-    return MinigptError(
-        f"the model's output is {what} (its weights are finite, but the forward pass overflows), so there is "
-        "nothing to sample; retrain it with a smaller model.init_std or train.learning_rate"
-    )
-
-
 def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
                 generator: Optional[torch.Generator | Sequence[torch.Generator]]) -> torch.Tensor:
     """Next ids (B,) int64, sampled from softmax(logits / T) of last-position logits (B, V), T finite and >= 0.
@@ -127,7 +122,8 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
     logits = logits.float()
     peak = logits.amax(dim=-1, keepdim=True)  # NaN anywhere in a row makes its max NaN
     if not bool(torch.isfinite(peak).all()):
-        raise _overflow_error(peak)
+        what = "NaN" if bool(torch.isnan(peak).any()) else "infinite"
+        raise MinigptError(_MESSAGES["overflow"].format(what=what))
     if temperature == 0:
         return logits.argmax(dim=-1)
     # The log-sum-exp shift: softmax ignores it, and (l - max l) / T <= 0 never overflows to +inf for any finite T.
@@ -149,11 +145,7 @@ def check_sampled(ids: torch.Tensor, limit: int) -> None:
     ``torch.multinomial`` have returned int64-min)."""
     bad = (ids < 0) | (ids >= limit)
     if bool(bad.any()):
-        value = int(ids[bad][0])
-        raise MinigptError(
-            f"the sampler on {ids.device} returned token id {value}, outside the vocabulary (0 to {limit - 1}); "
-            f"a fault of torch.multinomial on that device: run with --device cpu"
-        )
+        raise MinigptError(_MESSAGES["sampler"].format(device=ids.device, value=int(ids[bad][0]), last=limit - 1))
 
 
 def resolve_window_stride(block_size: int, window_stride: Optional[int]) -> int:
