@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import minigpt_cli
+from minigpt_cli.errors import MinigptError
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -40,6 +41,10 @@ def test_the_readmes_python_block_runs(workdir, capsys):
     assert scope["logits"].shape == (1, len("ROMEO:"), run.config.model.vocab_size)
     assert run.tokenizer.decode(run.tokenizer.encode("ROMEO:")) == "ROMEO:"
     assert (workdir / "quick-hf" / "config.json").is_file()
+    last = minigpt_cli.load_run(scope["result"].run_dir, checkpoint="last")
+    assert last.checkpoint.name == "last" and last.describe() == "checkpoint last, step 16"
+    with pytest.raises(MinigptError, match="not found"):
+        minigpt_cli.load_run(workdir / "no-such-run")
 
 
 def test_the_package_docstrings_example_runs(workdir):

@@ -179,7 +179,8 @@ def generate(
     section (None: that section). Sample i draws from a generator seeded ``seed + i``; ``num_samples`` are
     decoded as one batch (at most :data:`MAX_BATCH` at once). Each is written to ``out`` as the prompt, the new
     text (cut before the first of ``stop``) and a newline, token by token when ``stream``. ``compile`` None:
-    on for CUDA. ``dtype``: float32 or bfloat16. Notes go to ``echo``. The README's "generate" is the manual.
+    on for CUDA. ``dtype``: float32 or bfloat16. Notes go to ``echo``. The README (Commands, Faster sampling) is
+    the manual.
 
     Raises:
         MinigptError: no run, a damaged checkpoint, a prompt the tokenizer cannot encode, sampling settings the
