@@ -35,6 +35,18 @@ def test_every_shipped_yaml_loads(path):
     assert cfg.model.n_embd % cfg.model.n_head == 0
 
 
+
+def test_load_config_takes_a_shipped_name_as_the_cli_does(tmp_path, monkeypatch):
+    """One resolver (paths.resolve_config): the name alone, or configs/NAME.yaml from a folder without it."""
+    monkeypatch.chdir(tmp_path)
+    by_file = load_config(CONFIGS / "shakespeare-cpu.yaml", ["train.max_iters=7"])
+    assert load_config("shakespeare-cpu", ["train.max_iters=7"]) == by_file
+    notes = []
+    assert load_config("configs/shakespeare-cpu.yaml", ["train.max_iters=7"], note=notes.append) == by_file
+    assert notes and "using the copy shipped" in notes[0]
+    with pytest.raises(ConfigError, match="not found; shipped configs"):
+        load_config("no-such-config")
+
 def test_gpu_recipe_is_nanogpts_baby_gpt():
     cfg = load_config(CONFIGS / "shakespeare.yaml")
     m, t = cfg.model, cfg.train

@@ -230,8 +230,13 @@ def test_report_keys_and_json():
     assert rep["memory"]["batch_size"] == 8 and rep["memory"]["dtype"] == "bfloat16"
     with pytest.raises(MinigptError):
         params.report(cfg, seq_len=0)
-    with pytest.raises(MinigptError):
-        params.report(cfg, tokens=0)
+    from minigpt_cli.accounting.count import count_params
+
+    for tokens in (0, 1.5, float("inf"), float("nan")):  # checked once, where the number comes in
+        with pytest.raises(MinigptError, match="--tokens .*: give a whole number"):
+            count_params(cfg, tokens=tokens)
+    with pytest.raises(MinigptError, match="--dtype 'float8'"):
+        count_params(cfg, dtype="float8")
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -274,6 +279,37 @@ def test_no_torch_on_the_analytic_path():
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+
+def test_count_params_never_imports_torch(tmp_path, corpus_file):
+    """The command, for a preset, a config file and a fine-tuning config whose architecture is a folder's
+    config.json: arithmetic only, so it answers in a fraction of a second (torch takes seconds to import)."""
+    from minigpt_cli.tokenizer.training import train_tokenizer
+
+    folder = tmp_path / "gpt2"  # a save_pretrained folder as count-params reads it: no weights are opened
+    folder.mkdir()
+    hf = {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 48, "vocab_size": 300}
+    (folder / "config.json").write_text(json.dumps(hf))
+    (folder / "model.safetensors").write_bytes(b"")
+    train_tokenizer("bpe", corpus_file.read_text()[:20_000], 300, []).save(folder / "tokenizer.json")
+    commands = [["--preset", "llama2-7b"], ["--config", "configs/shakespeare-cpu.yaml"],
+                ["--config", "configs/finetune-gpt2.yaml", "--set", f"model.init_from={folder}",
+                 "--set", "model.block_size=32"]]
+    code = (
+        "import json, sys\n"
+        "from typer.testing import CliRunner\n"
+        "from minigpt_cli.cli import app\n"
+        f"for args in {commands!r}:\n"
+        "    res = CliRunner().invoke(app, ['count-params', *args, '--json'])\n"
+        "    print(json.dumps([res.exit_code, json.loads(res.stdout)['total'], 'torch' in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    results = [json.loads(line) for line in out.splitlines()]
+    assert [torch for _, _, torch in results] == [False, False, False], results
+    assert [code for code, _, _ in results] == [0, 0, 0]
+    # The fine-tuning config counts the folder's GPT-2: 300·32 + 48·32 + 2·(12·32² + 13·32) + 2·32.
+    assert results[2][1] == 300 * 32 + 32 * 32 + 2 * (12 * 32**2 + 13 * 32) + 2 * 32
 
 
 # ----------------------------------------------------------------------------- every shipped YAML

@@ -1,4 +1,4 @@
-"""The ``count-params`` command as a function: a config in, the accounting of :mod:`minigpt_cli.accounting.params` out."""
+"""The ``count-params`` command as a function: a config in, the accounting of :mod:`.params` out."""
 
 from __future__ import annotations
 
@@ -17,20 +17,14 @@ FLAG_KEYS = {"--vocab-size": "model.vocab_size", "--batch-size": "train.batch_si
 
 
 def overrides_in_effect(set_items: Sequence[str], flags: dict[str, Any]) -> list[str]:
-    """The overrides a report was counted with, as its header names them.
-
-    Each ``--set KEY=VALUE`` that took effect: the last one of each key (in the
-    order of those), unless a flag given in ``flags`` (``{"--vocab-size":
-    50304}``, None for one not given) overrides that key (:data:`FLAG_KEYS`);
-    then ``--vocab-size N`` when given, the one flag that changes the model
-    (``--batch-size`` and ``--dtype`` set the memory section's figures, which
-    it names).
-    """
+    """The overrides the report's header names: the last ``--set`` of each key unless one of ``flags`` (given:
+    not None) overrides that key (:data:`FLAG_KEYS`), then ``--vocab-size N``, the one flag that changes the model
+    (``--batch-size`` and ``--dtype`` are named by the memory section)."""
     beaten = {FLAG_KEYS[flag] for flag, value in flags.items() if value is not None and flag in FLAG_KEYS}
     last: dict[str, str] = {}
     for item in set_items:
         key = item.split("=", 1)[0].strip()
-        last.pop(key, None)  # a later --set of the same key wins
+        last.pop(key, None)  # a later --set of the same key wins, in its own place in the order
         last[key] = item.strip()
     out = [item for key, item in last.items() if key not in beaten]
     if flags.get("--vocab-size") is not None:
@@ -39,13 +33,9 @@ def overrides_in_effect(set_items: Sequence[str], flags: dict[str, Any]) -> list
 
 
 def memory_settings(cfg: Config | ModelConfig, dtype: Optional[str], batch_size: Optional[int]) -> tuple[str, int]:
-    """The dtype and batch the memory section counts with: those given, else what ``train`` would use.
-
-    ``dtype``: the given one, else the config's ``dtype`` unless ``auto``
-    (whose device is not known here), else float32. ``batch_size``: the
-    given one, else the config's ``train.batch_size`` when it has a train
-    section (in its YAML or a ``--set train.*``; a preset has none), else 1.
-    """
+    """The dtype and batch the memory section counts with: those given, else what ``train`` would use: the
+    config's ``dtype`` unless ``auto`` (whose device is not known here: float32), and its ``train.batch_size``
+    when it has a train section (a preset has none: 1)."""
     whole = isinstance(cfg, Config)
     if dtype is None:
         dtype = cfg.dtype if whole and cfg.dtype != "auto" else "float32"
@@ -59,37 +49,18 @@ def count_params(cfg: Config | ModelConfig, *, seq_len: Optional[int] = None, to
                  echo: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
     """Exact parameters, FLOPs per token and training memory of a model (:func:`minigpt_cli.accounting.params.report`).
 
-    The vocabulary is ``vocab_size``, else the config's ``model.vocab_size``,
-    else its ``tokenizer.vocab_size``; a char tokenizer with neither counts
-    Tiny Shakespeare's 65 characters plus its special tokens, with a note
-    through ``echo``.
-
-    Args:
-        cfg: a whole config, or just its model section.
-        seq_len: context length for the FLOPs (None: ``block_size``); beyond
-            ``block_size`` the figures are arithmetic only (a note says so).
-        tokens: training tokens, for the total FLOPs (a whole number).
-        vocab_size: overrides the config's vocabulary.
-        dtype: ``float32``, ``bfloat16`` or ``float16``, for the memory estimate;
-            None: the config's (:func:`memory_settings`).
-        batch_size: sequences per micro-batch, for the activation estimate; None:
-            the config's ``train.batch_size`` (:func:`memory_settings`).
-            ``train.grad_accum_steps`` adds no memory (each micro-batch's
-            activations are freed by its backward pass).
-        echo: where notes go.
-
-    Returns:
-        The report: ``total``, ``non_embedding``, ``embedding``, FLOPs and memory keys.
+    The vocabulary is ``vocab_size``, else the model's, else the tokenizer's; a char tokenizer with neither
+    counts Tiny Shakespeare's 65 characters and its special tokens, with a note through ``echo``. ``seq_len``
+    (default ``block_size``) sets the FLOPs and activations, ``tokens`` the total training FLOPs, ``dtype`` and
+    ``batch_size`` the memory (default: :func:`memory_settings`).
 
     Raises:
-        MinigptError: an unknown dtype, a fractional or infinite ``tokens``.
+        MinigptError: an unknown dtype; ``tokens`` not a whole number >= 1.
     """
     dtype, batch_size = memory_settings(cfg, dtype, batch_size)
     if dtype not in params.DTYPE_BYTES:
         raise MinigptError(f"--dtype {dtype!r}: use float32, bfloat16 or float16")
-    if tokens is not None and math.isinf(tokens):
-        raise MinigptError("--tokens inf: give a finite number of training tokens, e.g. --tokens 3e11")
-    if tokens is not None and tokens != int(tokens):
+    if tokens is not None and not (math.isfinite(tokens) and tokens == int(tokens) and tokens >= 1):
         raise MinigptError(f"--tokens {tokens:g}: give a whole number of training tokens, e.g. --tokens 3e11")
     mc = cfg if isinstance(cfg, ModelConfig) else cfg.model
     vocab = vocab_size or mc.vocab_size

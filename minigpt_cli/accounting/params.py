@@ -1,45 +1,18 @@
-"""Analytic parameter, FLOP and memory accounting, from a model config alone.
+"""Analytic parameter and FLOP accounting from a :class:`~minigpt_cli.config.schema.ModelConfig` alone.
 
-Everything here is arithmetic on a :class:`~minigpt_cli.config.schema.ModelConfig`:
-no tensor is built and torch is never imported, so ``minigpt count-params``
-answers for Llama-2-7B in well under a second. The tests check every count
-against ``sum(p.numel())`` of :class:`minigpt_cli.model.gpt.GPT` and against the
-Hugging Face GPT-2 and Llama models, all built on the ``meta`` device.
+Arithmetic only, torch never imported, so ``minigpt count-params`` answers for Llama-2-7B in a fraction of a
+second; the tests check every count against :class:`minigpt_cli.model.gpt.GPT` and the Hugging Face GPT-2 and
+Llama models built on the meta device. The architecture counted is the one GPT builds: ``wte`` V·d, a learned
+``wpe`` block_size·d (other position encodings hold no parameters); per layer W_Q and W_O d·d, W_K and W_V
+d·(n_kv_head·head_dim) (grouped-query attention, Ainslie et al. 2023), W_1 d·d_ff and W_2 d_ff·d plus SwiGLU's gate
+W_3 d·d_ff (Shazeer 2020), biases iff ``bias``, two norms of d (plus a bias of d for LayerNorm with ``bias``); a
+final norm for Pre-LN only; ``lm_head`` V·d, 0 when tied.
 
-The architecture counted is the one :class:`minigpt_cli.model.gpt.GPT` builds:
-
-- token embedding ``wte``: V·d; learned positions ``wpe``: block_size·d;
-  sinusoidal, RoPE and no positions hold no parameters;
-- per layer, attention: W_Q and W_O d·d each, W_K and W_V d·(n_kv_head·head_dim)
-  each (grouped-query attention, Ainslie et al. 2023), a bias on each iff
-  ``bias``; feed-forward: W_1 d·d_ff and W_2 d_ff·d, plus the gate W_3 d·d_ff
-  for SwiGLU (Shazeer 2020), biases iff ``bias``; two norms, each with a
-  weight of d, plus a bias of d for LayerNorm with ``bias`` (RMSNorm has none);
-- a final norm for Pre-LN only (Post-LN ends on a block's own norm);
-- ``lm_head`` V·d without bias, 0 when tied to ``wte``.
-
-Conventions (Kaplan et al. 2020, "Scaling Laws for Neural Language Models",
-§2.1 and Table 1):
-
-- ``embedding`` is every vocabulary or position matrix: ``wte``, ``wpe`` and an
-  untied ``lm_head`` (the "de-embedding"). ``non_embedding`` = total −
-  embedding is Kaplan's N, counted exactly (biases and norms included). It
-  does not change when the head is tied or untied, as with the
-  "non-embedding parameters" Qwen2 (2024) reports for its untied models.
-  GPT-2 small: 124,439,808 − 39,383,808 = 85,056,000. Kaplan's
-  approximation N ≈ 12·L·d² (Table 1, for d_attn = d and d_ff = 4d) is
-  :attr:`ParamCount.kaplan_approximation`: 84,934,656 for GPT-2 small (the
-  "84.9M"), 6,442,450,944 for Llama-2-7B, whose exact weight-matrix count
-  (:attr:`ParamCount.non_embedding_matrices`, SwiGLU's three d·d_ff matrices)
-  is 6,476,005,376.
-- nanoGPT's printed count (karpathy/nanoGPT ``model.py``,
-  ``get_num_params(non_embedding=True)``) subtracts only the position table:
-  :attr:`ParamCount.without_positions`, 123,653,376 for GPT-2 small.
-- Forward FLOPs per token: C_forward = 2N + 2·L·T·d_attn (Kaplan Table 1),
-  N non-embedding, T the context, d_attn = n_head·head_dim = d. The
-  de-embedding matmul 2·V·d is reported beside it but, as in Kaplan's C, left
-  out of the total. Training is 3× forward (backward = 2× forward), so
-  C ≈ 6·N·D for D tokens.
+Conventions (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1 and Table 1): ``embedding``
+is every vocabulary or position matrix (``wte``, ``wpe``, an untied ``lm_head``); ``non_embedding`` = total −
+embedding is Kaplan's N, exact (GPT-2 small: 124,439,808 − 39,383,808 = 85,056,000), unchanged by tying the head
+(as Qwen2 reports it). nanoGPT's printed count (``get_num_params``) subtracts only ``wpe``. Forward FLOPs per
+token C_forward = 2N + 2·L·T·d_attn, the de-embedding matmul 2·V·d reported beside it; training is 3× forward.
 """
 
 from __future__ import annotations
@@ -48,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import MinigptError
-from .memory import DTYPE_BYTES, check_memory_args, training_memory  # noqa: F401 (DTYPE_BYTES re-exported)
+from .memory import DTYPE_BYTES, training_memory  # noqa: F401 (DTYPE_BYTES re-exported)
 from .report import format_report, human, human_bytes, human_flops  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; keeps pydantic out of the import
@@ -60,12 +33,8 @@ CHINCHILLA_TOKENS_PER_PARAM = 20
 
 
 def linear_flops(n_in: int, n_out: int) -> tuple[int, int]:
-    """FLOPs per token of one ``n_in -> n_out`` linear layer: (forward, backward).
-
-    Forward is one multiply and one add per weight, 2·in·out; backward computes
-    the gradients of both the input and the weight, twice that, 4·in·out
-    (Kaplan et al. 2020 §2.1). 768×3072: (4,718,592, 9,437,184).
-    """
+    """FLOPs per token of one ``n_in -> n_out`` linear layer: (forward 2·in·out, a multiply and an add per weight;
+    backward 4·in·out, the gradients of the input and of the weight), Kaplan et al. 2020 §2.1."""
     return 2 * n_in * n_out, 4 * n_in * n_out
 
 
@@ -74,12 +43,8 @@ def linear_flops(n_in: int, n_out: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class LayerCount:
-    """Parameters of one Transformer block, by component.
-
-    Each projection's count includes its bias; ``attn_bias`` and ``ffn_bias``
-    say how much of the sub-layer is bias. ``ffn_w3`` is SwiGLU's gate (0
-    otherwise); ``ffn_w1`` is the up projection, ``ffn_w2`` the down one.
-    """
+    """Parameters of one Transformer block, by component, each projection with its bias (``attn_bias`` and
+    ``ffn_bias`` say how much is bias); ``ffn_w3`` is SwiGLU's third matrix (0 otherwise)."""
 
     attn_q: int
     attn_k: int
@@ -115,21 +80,10 @@ class LayerCount:
         return self.attention + self.ffn + self.norms
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "attn_q": self.attn_q,
-            "attn_k": self.attn_k,
-            "attn_v": self.attn_v,
-            "attn_o": self.attn_o,
-            "attention": self.attention,
-            "attention_bias": self.attn_bias,
-            "ffn_w1": self.ffn_w1,
-            "ffn_w3": self.ffn_w3,
-            "ffn_w2": self.ffn_w2,
-            "ffn": self.ffn,
-            "ffn_bias": self.ffn_bias,
-            "norms": self.norms,
-            "total": self.total,
-        }
+        """The report's ``per_layer``, in its order (``attention_bias`` is ``attn_bias``)."""
+        names = ("attn_q", "attn_k", "attn_v", "attn_o", "attention", "attention_bias", "ffn_w1", "ffn_w3", "ffn_w2",
+                 "ffn", "ffn_bias", "norms", "total")
+        return {name: getattr(self, "attn_bias" if name == "attention_bias" else name) for name in names}
 
 
 @dataclass(frozen=True)
@@ -153,10 +107,7 @@ class ParamCount:
 
     @property
     def total(self) -> int:
-        return (
-            self.token_embedding + self.position_embedding + self.layers
-            + self.final_norm + self.lm_head
-        )
+        return self.token_embedding + self.position_embedding + self.layers + self.final_norm + self.lm_head
 
     @property
     def embedding(self) -> int:
@@ -187,40 +138,27 @@ class ParamCount:
 
 
 def _vocab(model_cfg: "ModelConfig", vocab_size: Optional[int]) -> int:
-    v = vocab_size if vocab_size is not None else model_cfg.vocab_size
+    v = vocab_size if vocab_size is not None else model_cfg.vocab_size  # >= 1: the schema's and --vocab-size's bound
     if v is None:
-        raise MinigptError(
-            "model.vocab_size is null (it is taken from the tokenizer); "
-            "pass --vocab-size N to count parameters"
-        )
-    if v < 1:
-        raise MinigptError(f"vocab size must be positive, got {v}")
+        raise MinigptError("model.vocab_size is null (it is taken from the tokenizer); pass --vocab-size N to count")
     return int(v)
 
 
 def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCount:
-    """Count the parameters of the model ``model_cfg`` describes, by component.
-
-    Args:
-        model_cfg: the model section of a config.
-        vocab_size: overrides ``model_cfg.vocab_size`` (which may be null in a
-            training config, where the tokenizer decides).
-
-    Returns:
-        A :class:`ParamCount`. GPT-2 small: total 124,439,808
-        = V·d + P·d + L·(12d² + 13d) + 2d (wte, wpe, 12 blocks with biases and
-        two LayerNorms each, the final LayerNorm; the 124M of Radford et al. 2019).
+    """The parameters of the model ``model_cfg`` describes, by component; ``vocab_size`` overrides its
+    ``vocab_size`` (null in a training config, where the tokenizer decides). GPT-2 small: 124,439,808
+    = V·d + P·d + L·(12d² + 13d) + 2d (the 124M of Radford et al. 2019).
 
     Raises:
         MinigptError: neither ``vocab_size`` nor ``model_cfg.vocab_size`` is set.
     """
     V = _vocab(model_cfg, vocab_size)
     d = model_cfg.n_embd
-    kv = model_cfg.kv_heads * model_cfg.head_dim
-    d_ff = model_cfg.ffn_hidden
+    kv = model_cfg.kv_heads * model_cfg.head_dim  # K and V width: n_kv_head < n_head shrinks them (GQA)
+    d_ff = model_cfg.ffn_hidden  # model.d_ff, else 4d, or for SwiGLU 2/3 of it rounded up (Llama's 11008)
     b = 1 if model_cfg.bias else 0
 
-    norm = d + (d * b if model_cfg.norm == "layernorm" else 0)
+    norm = d + (d * b if model_cfg.norm == "layernorm" else 0)  # a gain, plus a shift for LayerNorm with bias
     swiglu = model_cfg.ffn == "swiglu"
     layer = LayerCount(
         attn_q=d * d + b * d,
@@ -231,7 +169,7 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
         ffn_w1=d * d_ff + b * d_ff,
         ffn_w3=(d * d_ff + b * d_ff) if swiglu else 0,
         ffn_w2=d_ff * d + b * d,
-        ffn_bias=b * ((2 if swiglu else 1) * d_ff + d),
+        ffn_bias=b * ((2 if swiglu else 1) * d_ff + d),  # SwiGLU's gate and up projections both carry one
         norm_1=norm,
         norm_2=norm,
     )
@@ -242,8 +180,8 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
         token_embedding=V * d,
         position_embedding=model_cfg.block_size * d if model_cfg.pos_encoding == "learned" else 0,
         layer=layer,
-        final_norm=norm if model_cfg.norm_position == "pre" else 0,
-        lm_head=0 if model_cfg.tie_weights else V * d,
+        final_norm=norm if model_cfg.norm_position == "pre" else 0,  # Post-LN ends on a block's own norm
+        lm_head=0 if model_cfg.tie_weights else V * d,  # tied: wte's matrix, counted once
         tied=model_cfg.tie_weights,
     )
 
@@ -252,46 +190,34 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
 
 
 def flops(model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = None) -> dict[str, Any]:
-    """FLOPs per token of one forward and one training step, at context ``seq_len``.
+    """FLOPs per token of one forward and one training step at context ``seq_len`` (>= 1, as --seq-len).
 
-    Kaplan et al. 2020 Table 1: C_forward = 2N + 2·n_layer·n_ctx·d_attn, with N
-    the non-embedding count and d_attn = n_head·head_dim (= d; grouped-query
-    attention shrinks K/V, not the score or value matmuls). Training costs
-    3× forward. GPT-2 small: the attention term is 10% of the forward at
-    T=1024 and 31% at T=4096.
-
-    Returned keys (FLOPs per token unless named otherwise):
-        seq_len; dense_forward (2N); attention_forward (2·L·T·d);
-        forward (their sum); train (3× forward); attention_share (of forward);
-        lm_head_forward (2·V·d, Kaplan's de-embedding, not in ``forward``);
-        forward_with_lm_head, train_with_lm_head (with it);
-        mfu_train: 6·(N + V·d) + 12·L·d·T, the form of PaLM (Chowdhery et al.
-        2022, appendix B) and nanoGPT's ``estimate_mfu``, which counts the
-        lm_head matmul and both attention matmuls without a causal discount.
+    Kaplan et al. 2020 Table 1: C_forward = 2N + 2·n_layer·n_ctx·d_attn, N non-embedding, d_attn = n_head·head_dim
+    (grouped-query attention shrinks K/V, not the score or value matmuls); training is 3× forward. ``mfu_train`` is
+    6·(N + V·d) + 12·L·d·T, the form of PaLM (Chowdhery et al. 2022, appendix B) and nanoGPT's ``estimate_mfu``.
 
     Raises:
-        MinigptError: ``seq_len`` < 1, or no vocabulary size (see :func:`count`).
+        MinigptError: no vocabulary size (see :func:`count`).
     """
-    if seq_len < 1:
-        raise MinigptError(f"seq_len must be at least 1, got {seq_len}")
     pc = count(model_cfg, vocab_size)
     L, d, T = model_cfg.n_layer, model_cfg.n_embd, int(seq_len)
     d_attn = model_cfg.n_head * model_cfg.head_dim
     N = pc.non_embedding
-    dense = 2 * N
-    attention = 2 * L * T * d_attn
+    dense = 2 * N  # a multiply and an add per weight
+    attention = 2 * L * T * d_attn  # Q·Kᵀ and the weighted sum of V, per token, over a context of T
     forward = dense + attention
-    head = 2 * pc.vocab_size * d
+    head = 2 * pc.vocab_size * d  # the de-embedding, which Kaplan's C leaves out
     return {
         "seq_len": T,
         "dense_forward": dense,
         "attention_forward": attention,
         "forward": forward,
-        "train": 3 * forward,
+        "train": 3 * forward,  # backward is twice the forward (the input's and the weight's gradients)
         "attention_share": attention / forward,
         "lm_head_forward": head,
         "forward_with_lm_head": forward + head,
         "train_with_lm_head": 3 * (forward + head),
+        # PaLM's form counts the lm_head and both attention matmuls without a causal discount, as nanoGPT does.
         "mfu_train": 6 * (N + pc.vocab_size * d) + 12 * L * d_attn * T,
     }
 
@@ -301,15 +227,8 @@ def flops(model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = No
 
 def memory(model_cfg: "ModelConfig", dtype: str, batch_size: int, seq_len: int,
            vocab_size: Optional[int] = None) -> dict[str, Any]:
-    """Estimated bytes to train the model with AdamW, by kind: weights, gradients, master weights,
-    Adam moments, activations and logits of the exact :func:`count`.
-
-    The formulas (ZeRO's 16 bytes per parameter, Korthikanti et al. 2022's
-    activations), the keys and the errors are those of
-    :func:`minigpt_cli.accounting.memory.training_memory`; no vocabulary size is
-    a :class:`MinigptError` too (see :func:`count`).
-    """
-    check_memory_args(dtype, batch_size, seq_len)
+    """:func:`minigpt_cli.accounting.memory.training_memory` of the exact :func:`count` (its keys and errors, and
+    no vocabulary size: a :class:`MinigptError`)."""
     pc = count(model_cfg, vocab_size)
     return training_memory(model_cfg, pc.total, pc.vocab_size, dtype, batch_size, seq_len)
 
@@ -318,12 +237,7 @@ def memory(model_cfg: "ModelConfig", dtype: str, batch_size: int, seq_len: int,
 
 
 def linear_table(model_cfg: "ModelConfig", vocab_size: int) -> dict[str, dict[str, Any]]:
-    """Forward and backward FLOPs per token of each weight matrix of one layer (and the lm_head).
-
-    A linear layer in→out costs 2·in·out FLOPs per token forward (a multiply
-    and an add per weight) and twice that backward (gradients with respect to
-    the input and to the weight); Kaplan et al. 2020 §2.1.
-    """
+    """Forward and backward FLOPs per token of each matrix of one layer and the lm_head (:func:`linear_flops`)."""
     d, kv, dff = model_cfg.n_embd, model_cfg.kv_heads * model_cfg.head_dim, model_cfg.ffn_hidden
     shapes = {"attn_q": (d, d), "attn_k": (d, kv), "attn_v": (d, kv), "attn_o": (d, d)}
     if model_cfg.ffn == "swiglu":
@@ -347,20 +261,13 @@ def report(
     dtype: str = "float32",
     batch_size: int = 1,
 ) -> dict[str, Any]:
-    """Everything ``count-params`` shows, as a JSON-ready dict.
-
-    Keys: ``total``, ``non_embedding``, ``embedding``, ``total_without_positions``
-    (nanoGPT's count), ``non_embedding_matrices`` (exact) and
-    ``kaplan_approximation`` (12·L·d²), ``per_layer`` (dict of one block's
-    components, see :class:`LayerCount`), ``flops_per_token_forward``,
-    ``flops_per_token_train``, ``seq_len`` (default ``block_size``). Also:
-    the component counts, ``shares``,
-    ``flops`` (see :func:`flops`), ``memory`` (see :func:`memory`), the model
-    sizes under ``model``, ``chinchilla_tokens`` (20 per parameter), and with
-    ``tokens`` = D: ``tokens`` and ``training_flops`` (per-token train FLOPs × D).
+    """Everything ``count-params`` shows, as a JSON-ready dict: the counts of :class:`ParamCount`, ``per_layer``,
+    ``shares``, ``flops`` (:func:`flops`, at ``seq_len``, default ``block_size``), ``memory`` (:func:`memory`),
+    ``model``, ``chinchilla_tokens`` (20 per parameter) and, with ``tokens`` D (>= 1, a whole number: count_params
+    checks it), ``training_flops`` (per-token train FLOPs × D).
 
     Raises:
-        MinigptError: no vocabulary size, or a non-positive seq_len or tokens.
+        MinigptError: no vocabulary size.
     """
     pc = count(model_cfg, vocab_size)
     T = model_cfg.block_size if seq_len is None else int(seq_len)
@@ -414,8 +321,6 @@ def report(
         },
     }
     if tokens is not None:
-        if tokens < 1:
-            raise MinigptError(f"tokens must be at least 1, got {tokens}")
         rep["tokens"] = int(tokens)
         rep["training_flops"] = fl["train"] * int(tokens)
     return rep

@@ -1,8 +1,6 @@
-"""The ``count-params`` table: a :func:`minigpt_cli.accounting.params.report` dict rendered for the terminal.
+"""The ``count-params`` table, and the abbreviations other reports share (:func:`human`, :func:`human_bytes`, ...).
 
-Also the abbreviations it uses (:func:`human`, :func:`human_flops`,
-:func:`human_bytes`), which other reports share. Pure formatting: nothing here
-computes a count, so this module imports nothing of minigpt's.
+Pure formatting: nothing here computes a count, so this module imports nothing of minigpt's.
 """
 
 from __future__ import annotations
@@ -10,22 +8,24 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 
-def human(n: float) -> str:
-    """Abbreviate a count: 124439808 -> '124.4M', 2362368 -> '2.36M'; k, M, B, T."""
-    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+def _scaled(n: float, units: tuple[tuple[float, str], ...], after: str) -> str:
+    """``n`` in the largest of ``units`` it reaches, three significant digits (one decimal from 10 on)."""
+    for div, unit in units:
         if abs(n) >= div:
             x = n / div
-            return f"{x:.1f}{unit}" if abs(x) >= 10 else f"{x:.2f}{unit}"
-    return f"{n:g}"
+            return f"{x:.1f}{unit}{after}" if abs(x) >= 10 else f"{x:.2f}{unit}{after}"
+    return f"{n:g} {after}" if after else f"{n:g}"  # below the smallest unit: '512', '5 FLOP'
+
+
+def human(n: float) -> str:
+    """Abbreviate a count: 124439808 -> '124.4M', 2362368 -> '2.36M'; k, M, B, T."""
+    return _scaled(n, ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")), "")
 
 
 def human_flops(n: float) -> str:
     """FLOP counts with SI prefixes: 1.89e8 -> '189.0 MFLOP'."""
-    for div, unit in ((1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= div:
-            x = n / div
-            return f"{x:.1f} {unit}FLOP" if abs(x) >= 10 else f"{x:.2f} {unit}FLOP"
-    return f"{n:g} FLOP"
+    return _scaled(n, ((1e21, " Z"), (1e18, " E"), (1e15, " P"), (1e12, " T"), (1e9, " G"), (1e6, " M"), (1e3, " k")),
+                   "FLOP")
 
 
 def human_bytes(n: float) -> str:
@@ -37,16 +37,8 @@ def human_bytes(n: float) -> str:
 
 
 def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()) -> str:
-    """Render a :func:`minigpt_cli.accounting.params.report` dict as a plain-text table for the terminal.
-
-    Per-layer rows give their share of one layer; the other rows of the total.
-
-    Args:
-        rep: the report.
-        title: what was counted: a preset name or a config path.
-        overrides: the ``--set KEY=VALUE`` overrides applied to it, named in
-            the header (the model is then no longer the preset as shipped).
-    """
+    """Render a :func:`minigpt_cli.accounting.params.report` dict as a plain-text table for the terminal, headed by
+    ``title`` (a preset name or a config path) and the ``--set`` ``overrides`` that changed it."""
     m = rep["model"]
     pl = rep["per_layer"]
     total = rep["total"]
@@ -77,11 +69,8 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
         row("token embedding (wte, V·d)", rep["token_embedding"]),
         row("position embedding (wpe, block·d)", rep["position_embedding"], pos_note),
         row(f"{L} layers × {pl['total']:,}", rep["layers"]),
-        lrow("  attention (Q, K, V, O)", pl["attention"]),
-        lrow("    Q", pl["attn_q"]),
-        lrow("    K", pl["attn_k"]),
-        lrow("    V", pl["attn_v"]),
-        lrow("    O", pl["attn_o"]),
+        lrow("  attention (Q, K, V, O)", pl["attention"]),  # then one row per projection
+        *(lrow(f"    {name}", pl[f"attn_{name.lower()}"]) for name in "QKVO"),
         lrow("    of which biases", pl["attention_bias"]),
         lrow(f"  feed-forward ({m['ffn']})", pl["ffn"]),
     ]

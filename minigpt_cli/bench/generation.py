@@ -1,16 +1,8 @@
-"""Generation speed for ``minigpt bench``: tokens/s without the cache, with it, compiled, and in a batch.
+"""Generation speed for ``minigpt bench``: new tokens/s at temperature 1 from one random prompt, after warm-up.
 
-Each figure is new tokens per second over ``max_new_tokens`` tokens sampled
-at temperature 1 from the same random prompt, after a few warm-up tokens:
-
-- ``uncached``: every step feeds the whole window (no KV cache);
-- ``cached``: the eager KV cache (:class:`~minigpt_cli.model.gpt.KVCache`), one sample;
-- ``compiled``: the static cache with the one-token step compiled
-  (:class:`~minigpt_cli.sample.decoding.StaticDecoder`, CUDA graphs on CUDA), one
-  sample; its compile time is reported apart, and its tokens are compared
-  with the cached path's (same seed);
-- ``batched``: :data:`BATCH` samples decoded together with the eager cache,
-  counting every sample's tokens (what ``generate --num-samples 8`` does).
+``uncached`` feeds the whole window at every step; ``cached`` uses the eager KV cache; ``compiled`` the static
+cache with the one-token step compiled (:class:`~minigpt_cli.sample.decoding.StaticDecoder`), its compile time
+apart and its tokens compared with the cached path's; ``batched``: :data:`BATCH` samples decoded together.
 """
 
 from __future__ import annotations
@@ -42,20 +34,9 @@ def sync(device: torch.device) -> None:
 def measure_generation(model: GPT, prompt: torch.Tensor, max_new_tokens: int, window_stride: int,
                        compile: bool, batch: int = BATCH,
                        echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Tokens/s of ``model`` (eval mode) continuing ``prompt`` (1, T) on its device, by path (module docstring).
-
-    Args:
-        compile: also measure the compiled path (else its figure is None, with the reason).
-        batch: samples of the batched figure.
-
-    Returns:
-        ``gen_tokens_per_sec_{uncached,cached,compiled,batched}`` (compiled None
-        where not measured or failed, ``gen_compiled_note`` saying why),
-        ``gen_speedup`` (cached / uncached), ``gen_compiled_speedup`` and
-        ``gen_batched_speedup`` (over cached), ``gen_compile_seconds``,
-        ``gen_compiled_tokens_equal`` (the compiled tokens are the cached
-        ones), ``gen_batch``.
-    """
+    """Tokens/s of ``model`` (eval mode) continuing ``prompt`` (1, T) on its device, by path (module docstring):
+    ``gen_tokens_per_sec_{uncached,cached,compiled,batched}`` and their ratios; the compiled path only with
+    ``compile`` (else None, ``gen_compiled_note`` saying why)."""
     device = prompt.device
 
     def timed(use_cache: bool, rows: int = 1, decoder=None) -> tuple[float, torch.Tensor]:

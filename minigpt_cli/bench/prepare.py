@@ -1,12 +1,8 @@
 """``minigpt bench --prepare``: data preparation's throughput against a bare ``encode_batch`` loop, in one run.
 
-The baseline reads the same files line by line in 4 MiB batches and hands
-each batch to the tokenizer's ``encode_batch`` (the ``tokenizers`` library
-encodes a batch on every core), keeping only the token count: what any
-pipeline must at least do. minigpt's :func:`~minigpt_cli.data.preparation.prepare`
-then does the whole job into a temporary folder: the survey pass that checks
-every file, the safe cuts, the encoding, the memmaps. The ratio of the two
-rates is the pipeline's own overhead; both are in MB/s of corpus bytes.
+The baseline hands the corpus's lines to the tokenizer's ``encode_batch`` in 4 MiB batches, keeping only the
+count: what any pipeline must at least do. :func:`~minigpt_cli.data.preparation.prepare` then does the whole job
+(the survey, the safe cuts, the encoding, the memmaps) into a temporary folder; both rates are in MB/s.
 """
 
 from __future__ import annotations

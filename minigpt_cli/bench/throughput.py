@@ -1,34 +1,15 @@
 """``minigpt bench``: training throughput, MFU against a peak measured in the same run, generation speed.
 
-Everything is measured in one process on one device, so the figures are
-ratios that survive a noisy machine:
+Everything is measured in one process on one device, so the figures are ratios that survive a noisy machine:
 
-- training: tokens/s and ms per optimizer step over ``iters`` steps of the real
-  training step (:func:`minigpt_cli.train.train_step`) on random tokens, after
-  warm-up;
-- model FLOPs per token: 6·N + 12·L·n_head·head_dim·T with N the parameters
-  without position embeddings, a tied embedding counted once (PaLM, Chowdhery
-  et al. 2022, appendix B; nanoGPT's ``estimate_mfu``), from our own analytic
-  accounting (:mod:`minigpt_cli.accounting.params`);
-- peak: the median FLOP/s of a 2048×2048 @ 2048×2048 matrix product in the
-  training dtype on the same device (2·n³ FLOPs each), through every kernel
-  the process can use for it: ``torch.mm`` and, for float32 on a CPU where the
-  model's linear layers can use it, oneDNN (:func:`minigpt_cli.model.gpt.linear`).
-  The fastest is the peak, so MFU never credits the model for a kernel the
-  peak did not get; both figures are in the result;
-- MFU = achieved model FLOP/s / peak;
-- generation: new tokens per second without the KV cache, with it, with the
-  one-token step compiled over a static cache (on CUDA, or where the config
-  asks for ``compile``) and for 8 samples in one batch
-  (:mod:`minigpt_cli.bench.generation`);
-- streaming (``stream_tokens`` > 0, off by default): the time of ``generate``'s
-  own text path (:func:`minigpt_cli.sample.generate.write_sample`: incremental
-  decoding, the stop-string search and the hold-back) on top of sampling, with
-  the config's tokenizer (trained from the corpus first if missing). The same
-  seeded tokens are generated three times: decoded once at the end, streamed,
-  and streamed with a stop string that never occurs; the overheads are the
-  extra text-path time of the last two over the time generation takes without
-  it, each measured within its own pass (:func:`measure_streaming`).
+- training: tokens/s and ms per optimizer step of the real training step on random tokens, after warm-up;
+- model FLOPs per token: 6·N + 12·L·n_head·head_dim·T, N without position embeddings and a tied embedding once
+  (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``), from :mod:`minigpt_cli.accounting.params`;
+- peak: the median FLOP/s of a 2048² matrix product (2·n³ FLOPs) in the training dtype on the same device, through
+  every kernel the model's linear layers can use (``torch.mm``; oneDNN for float32 on a CPU): the fastest is the
+  peak, so MFU never credits the model for a kernel the peak did not get;
+- generation (:mod:`.generation`) and, with ``stream_tokens``, what ``generate``'s text path (incremental
+  decoding, the stop-string search, the hold-back) adds to sampling (:func:`measure_streaming`).
 """
 
 from __future__ import annotations
@@ -58,9 +39,8 @@ MATMUL_N = 2048
 
 
 def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
-    """The matrix-product kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for
-    float32 on a CPU where this PyTorch has it (whether or not the model's linear
-    layers use it: the peak is the machine's, not the configuration's)."""
+    """The kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for float32 on a CPU where this PyTorch has
+    it (whether or not the model's linear layers use it: the peak is the machine's, not the configuration's)."""
     kernels = ["torch.mm"]
     if device.type == "cpu" and dtype == torch.float32 and onednn.matmul_op() is not None:
         kernels.append("oneDNN")
@@ -69,21 +49,14 @@ def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
 
 def measure_peak(device: torch.device, dtype: torch.dtype, n: int = MATMUL_N, repeats: int = 10,
                  kernel: str = "torch.mm") -> float:
-    """Median FLOP/s of an n×n by n×n matrix product (2·n³ FLOPs) in ``dtype`` on ``device``.
-
-    ``kernel`` is ``torch.mm`` (``a @ b``) or ``oneDNN`` (``a @ bᵀ`` through
-    ``mkldnn::_linear_pointwise``, the same FLOPs).
-    """
+    """Median FLOP/s of an n×n by n×n matrix product (2·n³ FLOPs) in ``dtype`` on ``device``, through ``kernel``:
+    ``torch.mm`` (``a @ b``) or ``oneDNN`` (``a @ bᵀ`` through ``mkldnn::_linear_pointwise``, the same FLOPs)."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    if kernel == "oneDNN":
-        op = onednn.matmul_op()
+    op = onednn.matmul_op() if kernel == "oneDNN" else None
 
-        def product():
-            return op(a, b, None, "none", [], "")
-    else:
-        def product():
-            return a @ b
+    def product():
+        return a @ b if op is None else op(a, b, None, "none", [], "")  # oneDNN's linear takes b as (out, in)
     for _ in range(2):
         product()
     _sync(device)
@@ -103,21 +76,13 @@ STREAM_STOP = "\u2403 never \u2403"
 
 def measure_streaming(model: GPT, tok: Tokenizer, cfg: Config, n_tokens: int, device: torch.device,
                       echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """What streaming costs ``generate``: ``n_tokens`` sampled and written three times through its text path
-    (:func:`minigpt_cli.sample.generate.write_sample`): decoded once at the end, streamed, and streamed with
-    :data:`STREAM_STOP` as a stop string.
+    """What streaming costs ``generate``: ``n_tokens`` sampled with the config's ``sample`` settings and written
+    three times through its text path (:func:`~minigpt_cli.sample.generate.write_sample`) from the same seed:
+    decoded once at the end, streamed, and streamed with :data:`STREAM_STOP` as a stop string.
 
-    Sampling follows the config's ``sample`` section (prompt, temperature,
-    top-k, top-p, window stride), with the KV cache and ids limited to the
-    tokenizer's; every pass starts from the same seed, so all three draw the
-    same tokens (``stream_text_equal`` says whether their texts agreed). Each
-    pass's time splits into sampling (inside the model and sampler, timed
-    around each token) and the text path (the rest). The overheads are the
-    extra text-path seconds of a pass over the decode-at-the-end pass,
-    divided by the time generation takes without them (that pass's sampling
-    plus the one decode): measured within each pass, they do not depend on
-    the machine staying equally fast from one pass to the next, as
-    ``stream_seconds`` (the wall time of each pass) does.
+    Each pass's time splits into sampling (timed around each token) and the text path (the rest); an overhead
+    is a pass's extra text-path seconds over the first pass's, divided by generation's time without them, so
+    it does not depend on the machine staying equally fast from one pass to the next.
     """
     from ..sample.generate import Nowhere, write_sample  # the command's own path
 
@@ -182,41 +147,16 @@ def _peak_memory(device: torch.device) -> int:
 def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
           vocab_size: int = 65, generation: bool = True, stream_tokens: int = 0,
           echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure training and generation speed of ``cfg``'s model on its device.
+    """Measure training and generation speed of ``cfg``'s model on its device (the module docstring).
 
-    Args:
-        cfg: the config (model, batch size, device, dtype, compile).
-        iters: timed optimizer steps (after ``warmup`` untimed ones).
-        prompt_len: prompt tokens for the generation measurement.
-        max_new_tokens: tokens generated with and without the cache (the
-            window slides by the config's ``sample.window_stride`` past
-            ``block_size``, the same rule on both paths).
-        vocab_size: used when the config leaves ``model.vocab_size`` null
-            (with ``stream_tokens``, the tokenizer's size is used instead).
-        generation: also measure generation.
-        stream_tokens: also measure streaming over this many tokens
-            (:func:`measure_streaming`; 0: not). Needs the corpus (downloaded
-            if missing) for the config's tokenizer (trained if missing).
-
-    On a CPU the intra-op thread count is chosen once, before anything is
-    measured, from the cores other processes leave free
-    (:class:`~minigpt_cli.runtime.device.CpuThreads`); ``torch_threads`` in the
-    result says how many were used.
-
-    Returns:
-        A JSON-ready dict with ``train_tokens_per_sec``, ``ms_per_step``,
-        ``flops_per_token``, ``achieved_flops``, ``peak_flops``, ``mfu``
-        (against the fastest kernel's peak), ``mfu_by_kernel`` (against each
-        kernel's), ``peak_memory_bytes``, the generation figures of
-        :func:`~minigpt_cli.bench.generation.measure_generation`
-        (``gen_tokens_per_sec_cached``, ``..._uncached``, ``..._compiled``,
-        ``..._batched``, ``gen_speedup``, ...), with ``stream_tokens``
-        :func:`measure_streaming`'s keys (``stream_overhead``, ``stop_overhead``,
-        ...), and the settings.
+    ``iters`` timed optimizer steps follow ``warmup`` untimed ones; generation continues a ``prompt_len``-token
+    random prompt by ``max_new_tokens``. ``vocab_size`` stands for a null ``model.vocab_size`` (with
+    ``stream_tokens``, the tokenizer's size: the corpus is downloaded and the tokenizer trained if missing).
+    Returns a JSON-ready dict (``train_tokens_per_sec``, ``mfu``, ..., and the settings).
 
     Raises:
-        MinigptError: impossible sizes (memory, ``prompt_len``), a model
-            vocabulary smaller than the tokenizer's, no corpus.
+        MinigptError: impossible sizes (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's,
+            no corpus.
     """
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -262,11 +202,15 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
             yield x[:, :-1].to(device), x[:, 1:].to(device)
 
     it = batches()
+
+    def step():  # train_model is read at each call: the eager model once compiling has failed
+        return train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+
     echo(f"training: {warmup} warm-up + {iters} timed steps, batch {B} x {T} x accum {tc.grad_accum_steps}")
     model.train()
     compiled = cfg.compile
     try:  # torch.compile fails lazily, at the first call: measure eager then, as train falls back to it
-        train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+        step()
     except Exception as exc:
         if not compiled:
             raise
@@ -275,12 +219,11 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         optimizer.zero_grad(set_to_none=True)
         train_model, compiled = model, False
     for _ in range(warmup - 1):
-        train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+        step()
     if threads.enabled and threads.poll(force=True) != threads.max_threads:
         # Other processes kept cores busy during the warm-up: warm up again with fewer threads.
         for _ in range(warmup):
-            train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip,
-                       params_list)
+            step()
     _sync(device)
     kernels = peak_kernels(device, dtype)
     echo(f"measuring the peak: {MATMUL_N}x{MATMUL_N} matmul in {str(dtype).removeprefix('torch.')} on {device} "
@@ -289,14 +232,13 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     peak_kernel = max(peaks, key=peaks.get)
     peak = peaks[peak_kernel]
     for _ in range(warmup):  # back to the training steady state (caches, allocator) after the big matmul
-        train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+        step()
     _sync(device)
     mark = threads.mark() if device.type == "cpu" else None
     t = time.perf_counter()
     for _ in range(iters):
-        loss, _ = train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip,
-                             params_list)
-    float(loss)
+        loss, _ = step()
+    float(loss)  # waits for the device
     _sync(device)
     dt = (time.perf_counter() - t) / iters
     others = threads.others_since(mark)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, TextIO
 
 import typer
 
+from ..errors import MinigptError
+from ..fileio import read_text_file
 from ..run import folder as runs
 from .base import (
     Command,
@@ -82,14 +84,31 @@ def generate(
       minigpt generate --stop '\\n\\n'        # end at the first blank line
     """
     from ..sample.generate import generate as run_generate
-    from ..sample.generate import read_prompt
 
-    given = {"prompt": read_prompt(prompt, prompt_file, sys.stdin), "max_new_tokens": max_new_tokens,
+    given = {"prompt": _read_prompt(prompt, prompt_file, sys.stdin), "max_new_tokens": max_new_tokens,
              "temperature": temperature, "top_k": top_k, "top_p": top_p, "num_samples": num_samples,
              "window_stride": window_stride}
     run_generate(run, sample_flags({k: v for k, v in given.items() if v is not None}), checkpoint=checkpoint,
                  device=device, seed=seed, stream=stream, use_cache=kv_cache, compile=compile_, dtype=dtype,
                  stop=[unescape(s) for s in stop], out=sys.stdout, echo=echo)
+
+
+def _read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]) -> Optional[str]:
+    """The prompt from ``--prompt`` or ``--prompt-file`` (``-``: standard input), as read (a file's last newline
+    is part of it); None when neither is given (the run's ``sample.prompt`` applies).
+
+    Raises:
+        MinigptError: both options given, no standard input, an unreadable or non-UTF-8 file.
+    """
+    if prompt is not None and prompt_file is not None:
+        raise MinigptError("pass either --prompt or --prompt-file, not both")
+    if prompt == "-" or (prompt_file is not None and str(prompt_file) == "-"):
+        if stdin is None:
+            raise MinigptError("--prompt -: no standard input to read the prompt from")
+        return stdin.read()
+    if prompt_file is None:
+        return prompt
+    return read_text_file(prompt_file, "--prompt-file")
 
 
 

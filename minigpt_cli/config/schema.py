@@ -417,13 +417,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 _TEXT_KEYS = {key: field.annotation in (str, Optional[str]) for key, field in _fields() if not _is_section(field)}
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config file, apply ``--set`` overrides, validate.
+def load_config(path: str | Path, overrides: list[str] | None = None, note=lambda message: None) -> Config:
+    """Load a YAML config file or a shipped config by name (``shakespeare-cpu``), apply ``--set`` overrides, validate.
+
+    ``note`` hears which shipped file a missing ``configs/NAME.yaml`` stands for (:func:`~minigpt_cli.paths.resolve_config`).
 
     Raises:
         ConfigError: missing or unreadable file, invalid YAML, or a schema error.
     """
-    p = Path(path)
+    from ..paths import resolve_config
+
+    p = resolve_config(path, note)  # the one resolver: the CLI's names are the API's
     if p.is_dir():
         raise ConfigError(f"config {str(p)!r} is a folder; pass a YAML file, e.g. configs/shakespeare-cpu.yaml")
     if not p.is_file():

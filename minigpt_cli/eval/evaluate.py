@@ -43,7 +43,7 @@ from ..errors import MinigptError
 from ..fileio import read_text_file
 from ..run import folder as runs
 from ..runtime.device import Dist, resolve_device
-from ..sample.generate import load_run
+from ..sample.load import load_run
 from ..sample.sampling import encode_prompt
 from ..trainer.step import estimate_loss
 
@@ -173,9 +173,9 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
     split = split or "val"
     if split not in ("train", "val"):
         raise MinigptError(_MESSAGES["split"].format(split=split))
-    run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     dev = resolve_device(device)
-    model, cfg, tok = load_run(run_dir, ckpt, dev)
+    loaded = load_run(run, checkpoint, dev)
+    model, cfg, tok, run_dir, ckpt = loaded.model, loaded.config, loaded.tokenizer, loaded.run_dir, loaded.checkpoint
     meta = runs.read_meta(ckpt)
     T = cfg.model.block_size
     stride = (T // 2 or 1) if stride is None else stride

@@ -22,8 +22,7 @@ from typing import Optional
 from ..config.schema import Config
 from ..errors import MinigptError
 from ..run import folder as runs
-from ..run.checkpoint import saved_config
-from .load import load_hf_folder, read_hf_config, weight_files
+from .load import read_hf_config, weight_files
 
 #: Model keys a fine-tuning config may set to other values than the folder's.
 FREE_KEYS = frozenset({"init_from", "dropout", "block_size", "init_std", "scale_residual_init", "multiple_of"})
@@ -69,6 +68,8 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
     # model.vocab_size: null is "the tokenizer's size", which the folder's model has: not a value to compare.
     given = mc.model_fields_set - ({"vocab_size"} if mc.vocab_size is None else set())
     if run is not None and not folder.is_dir():  # moved away since the run started: the run's record of it
+        from ..run.checkpoint import saved_config  # torch: only for a run folder, not count-params' configs
+
         ran = saved_config(runs.checkpoint_dir(run, runs.LAST)).model
         model = ran.model_copy(update={key: getattr(mc, key) for key in given})
     else:
@@ -109,6 +110,7 @@ def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
     Raises:
         MinigptError: as those do.
     """
+    from ..run.checkpoint import saved_config  # torch: only for a run folder, not count-params' configs
     from ..tokenizer.kinds import check_run_tokenizer, load_run_tokenizer, load_tokenizer
 
     saved = saved_config(runs.checkpoint_dir(run, runs.LAST))
@@ -139,5 +141,7 @@ def load_pretrained(model, cfg: Config) -> None:
         MinigptError: missing or damaged weights, or weights that do not fit
             the folder's config.json (:func:`~minigpt_cli.hf.load.load_hf_folder`).
     """
+    from .load import load_hf_folder
+
     pretrained = load_hf_folder(cfg.model.init_from, block_size=cfg.model.block_size)
     model.load_state_dict(pretrained.state_dict())

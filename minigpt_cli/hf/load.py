@@ -45,13 +45,15 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Mapping, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..config.schema import ConfigError, ModelConfig, validate
 from ..errors import MinigptError
-from ..model.gpt import GPT
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: count-params reads config.json without it
+    import torch
+
+    from ..model.gpt import GPT
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 _GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
@@ -205,6 +207,10 @@ def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = Non
 
 def _expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Our parameter names and shapes for ``model_cfg`` (built on the meta device, no memory)."""
+    import torch
+
+    from ..model.gpt import GPT
+
     with torch.device("meta"):
         model = GPT(model_cfg)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -309,6 +315,8 @@ def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
     Raises:
         MinigptError: missing, surplus or misshapen tensors.
     """
+    import torch
+
     out: dict[str, torch.Tensor] = {}
     parts: dict[str, torch.Tensor] = {}
     unused = []
@@ -440,6 +448,10 @@ def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
             other than gpt2 or llama, options we do not implement, or weights
             that do not fit the config.
     """
+    import torch
+
+    from ..model.gpt import GPT
+
     kind, model_cfg = read_hf_config(path, block_size)
     sd = _FAMILIES[kind][1](_read_weights(Path(path)), model_cfg)
     not_float = sorted(k for k, v in sd.items() if not v.is_floating_point())

@@ -2,5 +2,6 @@
 
 - :mod:`.sampling`: temperature, top-k, top-p, the sliding window;
 - :mod:`.decoding`: the static KV cache and the compiled one-token step (gpt-fast's way);
+- :mod:`.load`: :func:`~.load.load_run`, a finished run's model, tokenizer and config, checked against each other;
 - :mod:`.generate`: the ``generate`` command as a function.
 """

@@ -1,25 +1,11 @@
-"""Decoding with a static KV cache and a compiled one-token step, as gpt-fast does it.
+"""Decoding with a static KV cache and a compiled one-token step, as gpt-fast (pytorch-labs) does it.
 
-gpt-fast (pytorch-labs/gpt-fast, ``generate.py``) makes small-batch decoding
-on a GPU fast by removing the Python and kernel-launch overhead of every
-token: the KV cache is preallocated with fixed shapes
-(:class:`~minigpt_cli.model.gpt.StaticKVCache`), the positions are a tensor, so
-the one-token step sees the same shapes at every position; that step is
-compiled once with ``torch.compile(mode="reduce-overhead")``, which on CUDA
-replays it as a CUDA graph. The prompt (and, here, every refill after the
-context window slides) goes through the model eagerly ("prefill"), since its
-length varies.
-
-Sampling is not compiled: the logits go to the same
-:func:`~minigpt_cli.sample.sampling.sample_next` as every other path, so seeded
-samples draw the same random numbers and the tokens equal the eager paths'
-wherever the logits agree (they do to float32 rounding; greedy choices can
-differ only at near-ties).
-
-On a CPU the step is compiled in Inductor's default mode (no CUDA graphs),
-where it does not pay (BENCHMARKS.md: the step streams the weights from
-memory either way, and compiled code uses MKL's products instead of oneDNN's),
-so ``generate`` leaves it off there unless asked.
+The cache is preallocated (:class:`~minigpt_cli.model.gpt.StaticKVCache`) and the position is a tensor, so the
+one-token step sees the same shapes at every position and is compiled once (``mode="reduce-overhead"``: on CUDA,
+replayed as a CUDA graph). The prompt and every refill after the window slides go through the model eagerly
+("prefill"), since their length varies. Sampling stays eager, in :func:`~minigpt_cli.sample.sampling.sample_next`,
+so seeded samples draw the same random numbers as the other paths. On a CPU compiling does not pay
+(BENCHMARKS.md), so ``generate`` leaves it off there unless asked.
 """
 
 from __future__ import annotations
@@ -46,12 +32,8 @@ def _step(model: GPT, cache: StaticKVCache, idx: torch.Tensor, pos: torch.Tensor
 
 @functools.cache
 def compiled_step(mode: Optional[str], backend: str = "inductor"):
-    """:func:`_step` through ``torch.compile`` in ``mode`` (None: the default), one graph, static shapes.
-
-    ``backend`` is ``torch.compile``'s: Inductor generates the kernels; ``aot_eager`` captures the same
-    graph (Dynamo, then AOTAutograd's functionalized in-place cache writes) and runs it on eager kernels,
-    in a fraction of the compile time (the tests).
-    """
+    """:func:`_step` through ``torch.compile`` in ``mode`` (None: the default), one graph, static shapes;
+    ``backend`` ``aot_eager`` captures the same graph on eager kernels in a fraction of the time (the tests)."""
     return torch.compile(_step, mode=mode, fullgraph=True, dynamic=False, backend=backend)
 
 
@@ -61,16 +43,9 @@ def default_mode(device: torch.device) -> Optional[str]:
 
 
 class StaticDecoder:
-    """Prefill and one-token steps of ``model`` over a :class:`~minigpt_cli.model.gpt.StaticKVCache` of ``batch`` rows.
-
-    Args:
-        model: a GPT in eval mode.
-        batch: sequences decoded together (fixed: the compiled step has static shapes).
-        compile: compile the one-token step (:func:`compiled_step`); False runs
-            the same step eagerly (the tests compare both with the other paths).
-        mode: ``torch.compile``'s mode; None: :func:`default_mode` of the model's device.
-        backend: ``torch.compile``'s backend (:func:`compiled_step`).
-    """
+    """Prefill and one-token steps of ``model`` (eval mode) over a static cache of ``batch`` rows (fixed: the
+    compiled step has static shapes); ``compile`` False runs the same step eagerly. ``mode`` None:
+    :func:`default_mode` of the model's device."""
 
     def __init__(self, model: GPT, batch: int, compile: bool = False, mode: Optional[str] = None,
                  backend: str = "inductor"):
@@ -98,7 +73,7 @@ class StaticDecoder:
 
     @torch.no_grad()
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        """Fill the cache with a window idx (B, T), T <= block_size, from position 0; logits (B, V) of its last token."""
+        """Fill the cache with a window idx (B, T), T <= block_size, from position 0; logits (B, V) of its last."""
         pos = torch.arange(idx.size(1), device=idx.device)
         logits, _ = self.model(idx, cache=self.cache, last_only=True, pos=pos)
         return logits[:, -1, :]
@@ -114,13 +89,8 @@ class StaticDecoder:
         return logits.clone() if self.cuda_graphs else logits  # a graph's outputs are overwritten next replay
 
     def warm_up(self, steps: int = 3) -> None:
-        """Run the step a few times at position 0 (compiling it; on CUDA, recording its graph) before decoding.
-
-        What they write to the cache is overwritten by the next :meth:`prefill`.
-
-        Raises:
-            Exception: whatever ``torch.compile`` raises where it cannot compile.
-        """
+        """Run the step a few times at position 0 (compiling it; on CUDA, recording its graph); what they write
+        to the cache is overwritten by the next :meth:`prefill`. Raises whatever ``torch.compile`` raises."""
         token = torch.zeros(self.batch, dtype=torch.long, device=self.device)
         for _ in range(steps):
             self.step(token, 0)

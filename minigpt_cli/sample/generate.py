@@ -1,16 +1,14 @@
-"""The ``generate`` command as a function: load a run, check it, encode the prompt, sample, stream the text.
+"""The ``generate`` command as a function: open a run, encode the prompt, sample, stream the text.
 
-The sampling itself (temperature, top-k, top-p, the KV cache and the sliding
-window) is :mod:`minigpt_cli.sample.sampling`'s; this module adds the run folder,
-the tokenizer and the printing: stop strings, and streaming that never shows
-half a character or the start of a stop string. Streaming decodes
-incrementally (:class:`TextStream`) and searches for stop strings only near
-the newest text, so the text work per token stays constant however long the
-sample grows (``minigpt bench --stream-tokens N`` measures it).
+The sampling (temperature, top-k, top-p, the KV cache, the sliding window) is :mod:`.sampling`'s; this module
+adds the prompt, the printing and the stop strings. Streaming decodes incrementally (:class:`TextStream`) and
+searches for stop strings only near the newest text, so the text work per token stays constant however long
+the sample grows (``minigpt bench --stream-tokens N`` measures it).
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TextIO
 
@@ -19,14 +17,12 @@ import torch
 from ..config.notes import notes
 from ..config.schema import Config, SampleConfig, validate
 from ..errors import MinigptError
-from ..fileio import read_text_file
 from ..run import folder as runs
-from ..run.checkpoint import load_model
 from ..runtime.device import CpuThreads, resolve_device
-from ..runtime.kernels import swap as swap_kernels
-from ..tokenizer.kinds import Tokenizer, load_run_tokenizer, lossy_report
+from ..tokenizer.kinds import Tokenizer, lossy_report
 from .decoding import compiled_decoder
-from .sampling import check_temperature, encode_prompt, generate_tokens, resolve_window_stride
+from .load import load_run
+from .sampling import encode_prompt, generate_tokens, resolve_window_stride
 
 #: The flag of each ``sample`` key, as the notes name what the user gave (:func:`generate`).
 FLAGS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
@@ -41,12 +37,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 #: What :func:`generate` says: errors, then notes.
 _MESSAGES = {
+    "seed": "--seed {seed}: use a number from 0 to 2**63-1",
+    "dtype": "--dtype {dtype!r}: use float32 or bfloat16",
     "stop_empty": "--stop '': the stop text must not be empty",
     "stop_never": ("note: --stop {stop!r} can never match: the tokenizer's vocabulary lacks {chars}, so the model "
                    "never writes it"),
     "top_k_clamped": "note: --top-k {top_k} is larger than the vocabulary ({vocab}); using {vocab}",
-    "dtype": "--dtype {dtype!r}: use float32 or bfloat16",
     "compile_no_cache": "note: --compile has no effect with --no-kv-cache: it compiles the cached one-token step",
+    "untrained": ("note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random init), "
+                  "so the text is random; train the run further, or pass --run of a trained one"),
+    "cropped": "note: the prompt has {n} tokens; the model sees only the last {block} (block_size)",
 }
 
 
@@ -57,11 +57,8 @@ def find_stop(text: str, stops: Sequence[str]) -> int:
 
 
 def stop_holdback(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest end of ``text`` that begins some stop string without completing it.
-
-    While streaming, those characters are held back: the next tokens may
-    complete a stop string, which must not be printed.
-    """
+    """Length of the longest end of ``text`` that begins some stop string without completing it: held back
+    while streaming, since the next tokens may complete the stop string, which must not be printed."""
     held = 0
     for s in stops:
         for k in range(min(len(s) - 1, len(text)), held, -1):
@@ -74,17 +71,10 @@ def stop_holdback(text: str, stops: Sequence[str]) -> int:
 class TextStream:
     """The text of a growing list of token ids, a piece at a time, each token decoded a bounded number of times.
 
-    Incremental detokenization as in Hugging Face's ``TextStreamer`` and
-    vLLM's ``detokenize_incrementally``: a prefix offset and a read offset
-    into the ids; each new id decodes only ``ids[prefix:]``, and what lies
-    past ``decode(ids[prefix:read])`` is handed out once it does not end in
-    U+FFFD (a byte-level BPE token that ends inside a multi-byte character).
-    Then prefix moves to read and read to the end. A token is decoded about
-    three times, so n tokens cost O(n) instead of the O(n²) of decoding all
-    of them at every step. The pieces join into ``decode(ids)`` for every
-    kind here: char, Unigram and WordPiece decode each token on its own
-    (``▁`` to a space, WordPiece's ``##`` dropped), and byte-level BPE's
-    bytes are cut only at character boundaries.
+    Incremental detokenization as Hugging Face's ``TextStreamer`` and vLLM's ``detokenize_incrementally`` do it:
+    each new id decodes only ``ids[prefix:]``, and what lies past ``decode(ids[prefix:read])`` is handed out once
+    it does not end in U+FFFD (a byte-level BPE token that ends inside a character). n tokens cost O(n), not the
+    O(n²) of decoding all of them at every step; the pieces join into ``decode(ids)`` for every kind here.
     """
 
     def __init__(self, tok: Tokenizer):
@@ -106,17 +96,8 @@ class TextStream:
 
 
 class SampleWriter:
-    """One sample's text as its ids arrive: decoded, cut at the first stop string, written to ``out``.
-
-    With ``stream`` the text is written as it comes (:class:`TextStream`),
-    except what may be the start of a stop string (held back until known).
-    Stop strings are searched for in each new piece plus the last
-    ``len(longest stop) - 1`` characters before it, so the work per token
-    does not grow with the text; the earliest occurrence ends the sample
-    (:meth:`push` says so, and no more ids should come), and it and what
-    follows are not written. Without ``stream`` or ``stops`` the ids are
-    decoded once, by :meth:`finish`, which also writes what is left and a newline.
-    """
+    """One sample's text as its ids arrive: decoded, cut at the first stop string, written to ``out`` (with
+    ``stream``, as it comes, holding back what may start a stop string; else at :meth:`finish`)."""
 
     def __init__(self, tok: Tokenizer, stops: Sequence[str], out: TextIO, stream: bool):
         self.tok, self.stops, self.out, self.stream = tok, list(stops), out, stream
@@ -168,94 +149,13 @@ class SampleWriter:
 
 
 def write_sample(tok: Tokenizer, tokens: Iterable[int], stops: Sequence[str], out: TextIO, stream: bool) -> str:
-    """Decode ``tokens`` (ids, as they are sampled), cut at the first stop string, write the text and a newline.
-
-    See :class:`SampleWriter`; the rest of ``tokens`` is not drawn once a stop string appears.
-
-    Returns:
-        The sample's new text (without the newline).
-    """
+    """Decode ``tokens`` as they are sampled, cut at the first stop string (no more are drawn), write the text
+    and a newline (:class:`SampleWriter`); returns the new text."""
     writer = SampleWriter(tok, stops, out, stream)
     for token in tokens:
         if writer.push(token):
             break
     return writer.finish()
-
-
-def read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]) -> Optional[str]:
-    """The prompt text from ``--prompt`` (``-``: standard input) or ``--prompt-file`` (``-``: standard input).
-
-    Returns None when neither is given (the run's ``sample.prompt`` applies).
-    The text is used as read: a file's final newline is part of the prompt.
-
-    Raises:
-        MinigptError: both options given, an unreadable or non-UTF-8 file.
-    """
-    if prompt is not None and prompt_file is not None:
-        raise MinigptError("pass either --prompt or --prompt-file, not both")
-    if prompt == "-" or (prompt_file is not None and str(prompt_file) == "-"):
-        if stdin is None:
-            raise MinigptError("--prompt -: no standard input to read the prompt from")
-        return stdin.read()
-    if prompt_file is None:
-        return prompt
-    return read_text_file(prompt_file, "--prompt-file")
-
-
-def _trained_tokenizer(ckpt: Path) -> Optional[str]:
-    """The fingerprint of the tokenizer ``ckpt`` was trained with; None for checkpoints that predate it.
-
-    Raises:
-        MinigptError: meta.json missing or damaged (every checkpoint has one),
-            so the tokenizer cannot be checked.
-    """
-    try:
-        meta = runs.read_meta(ckpt)
-        fingerprint = meta.get("tokenizer_fingerprint")
-        if "tokenizer_fingerprint" in meta and not isinstance(fingerprint, str):
-            raise ValueError("tokenizer_fingerprint is not a string")
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:80]
-        other = runs.LAST if Path(ckpt).name == runs.BEST else runs.BEST
-        raise MinigptError(
-            f"{str(runs.resolve(ckpt) / runs.META)!r} is missing or damaged ({reason}), so the tokenizer cannot be checked "
-            f"against the checkpoint; use --checkpoint {other}, or copy meta.json from the other checkpoint of "
-            f"this run"
-        ) from None
-    return fingerprint
-
-
-def checkpoint_step(ckpt: Path) -> Optional[int]:
-    """The optimizer step a checkpoint folder was saved at (its meta.json), or None when it does not say."""
-    try:
-        step = runs.read_meta(ckpt).get("step")
-    except (MinigptError, OSError, ValueError):
-        return None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
-
-
-def describe_checkpoint(ckpt: Path) -> str:
-    """``checkpoint best, step 30`` for a checkpoint folder; the step is left out when meta.json lacks it."""
-    step = checkpoint_step(ckpt)
-    return f"checkpoint {Path(ckpt).name}" + (f", step {step}" if step is not None else "")
-
-
-def check_finite(model: torch.nn.Module, ckpt: Path) -> None:
-    """Refuse weights holding NaN or infinity (a run that diverged): sampling from them cannot work.
-
-    Raises:
-        MinigptError: naming the first bad tensor and the checkpoint, with the fix.
-    """
-    for name, tensor in model.state_dict().items():
-        # aminmax reads the weights once, allocating nothing (10x faster than isfinite().all() on the
-        # 10.7M model); a NaN anywhere makes both NaN, an infinity makes one of them infinite.
-        if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(
-                torch.stack(torch.aminmax(tensor.view(-1)))).all()):
-            other = f"--checkpoint {runs.BEST if Path(ckpt).name != runs.BEST else runs.LAST}"
-            raise MinigptError(
-                f"checkpoint {str(ckpt)!r} has NaN or infinite weights ({name}): the run diverged before it "
-                f"was saved; try {other}, or retrain with a lower train.learning_rate"
-            )
 
 
 def generate(
@@ -273,96 +173,50 @@ def generate(
     out: Optional[TextIO] = None,
     echo: Callable[[str], None] = lambda message: None,
 ) -> list[str]:
-    """Sample from a trained run: load it, encode the prompt, sample, and print if asked.
+    """Sample from a trained run (``None``: the newest under ``runs/``); returns each sample's prompt and text.
 
-    ``sample`` sets the prompt and the sampling: a whole
-    :class:`~minigpt_cli.config.schema.SampleConfig`, or a mapping of some of its
-    keys that override the run's own ``sample`` section (validated by the
-    schema), or None for the run's own section. Each sample is written to
-    ``out`` (if given) as the prompt (as given, never re-decoded) followed by
-    the new text and one newline, token by token when ``stream``. With
-    ``max_new_tokens`` 0 that is the prompt back unchanged. A sample ends
-    early when any of ``stop`` appears in its new text; the stop text and what
-    follows are not printed (while streaming, text that could be the start of
-    a stop string waits until it is known not to be one; stop strings are
-    literal here, the CLI turns ``\\n`` and the like into characters first).
-    ``window_stride`` sets how the context slides past ``block_size`` (see
-    the module docstring). ``num_samples`` samples are decoded as one batch
-    (up to :data:`MAX_BATCH` at once) and written when all have ended, each
-    with its own stop point; sample i
-    (from 0) draws from a generator seeded with ``seed + i``, so it is the
-    text a single sample with that seed gives (to float rounding: a batch's
-    matrix products may round differently from one row's, which can change a
-    token only at a near-tie). Notes go to ``echo``: the run chosen when ``run``
-    is None, a checkpoint saved at step 0 (untrained: random weights), text
-    of the prompt the model will not see as typed (:func:`~minigpt_cli.tokenizer.kinds.lossy_report`),
-    the ``sample`` rules of :mod:`minigpt_cli.config.notes` about the keys given
-    (``--top-k`` with ``--temperature 0``, a ``--window-stride`` the window
-    never reaches), and a stop string holding a character the vocabulary
-    lacks (it can never match).
-
-    Args:
-        run: the run folder; None: the newest under ``runs/`` (named through ``echo``).
-        sample: the sampling settings, as above.
-        checkpoint: ``best`` (falls back to ``last`` when there is none yet) or ``last``.
-        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
-        seed: the sampling RNG's seed, 0 .. 2**63-1.
-        stream: write tokens to ``out`` as they come (one sample only).
-        use_cache: reuse past keys and values (the tokens are the same either way).
-        compile: decode through a static KV cache with the one-token step
-            compiled (:mod:`minigpt_cli.sample.decoding`; CUDA graphs on CUDA); None:
-            on for CUDA, off elsewhere (on a CPU it does not pay). Needs
-            ``use_cache``. If compiling fails, a warning and the eager path.
-        dtype: ``float32`` or ``bfloat16``: the weights, the arithmetic and the
-            cache (bfloat16 reads half the bytes per token; its tokens drift
-            from float32's, see BENCHMARKS.md).
-        stop: texts that end a sample.
-        out: where the samples are written (None: nowhere).
-        echo: where notes go (the CLI prints them to stderr).
-
-    Returns:
-        The samples' texts, each the prompt and its new text.
+    ``sample`` is a whole :class:`SampleConfig` or a mapping of some of its keys over the run's own ``sample``
+    section (None: that section). Sample i draws from a generator seeded ``seed + i``; ``num_samples`` are
+    decoded as one batch (at most :data:`MAX_BATCH` at once). Each is written to ``out`` as the prompt, the new
+    text (cut before the first of ``stop``) and a newline, token by token when ``stream``. ``compile`` None:
+    on for CUDA. ``dtype``: float32 or bfloat16. Notes go to ``echo``. The README (Commands, Faster sampling) is
+    the manual.
 
     Raises:
-        MinigptError: no run, a damaged checkpoint, a prompt the tokenizer
-            cannot encode (:func:`~minigpt_cli.sample.sampling.encode_prompt`), bad
-            sampling settings (a temperature that is not finite and >= 0, ...), an unknown dtype,
-            an empty stop string, a sampled id outside the vocabulary (a
-            device's faulty sampler).
+        MinigptError: no run, a damaged checkpoint, a prompt the tokenizer cannot encode, sampling settings the
+            schema refuses (ConfigError), a bad seed, dtype or empty stop string, a sampled id outside the
+            vocabulary (a device's faulty sampler).
     """
-    which = checkpoint
     if not 0 <= seed < 2**63:
-        raise MinigptError(f"--seed {seed}: use a number from 0 to 2**63-1")
-    run_dir, ckpt = runs.open_checkpoint(run, which)
+        raise MinigptError(_MESSAGES["seed"].format(seed=seed))
     if dtype not in DTYPES:
         raise MinigptError(_MESSAGES["dtype"].format(dtype=dtype))
+    stops = list(stop)
+    if "" in stops:
+        raise MinigptError(_MESSAGES["stop_empty"])
     dev = resolve_device(device)
     # Measures what else runs from here on: the sampling loop's polls decide the thread count once 0.25 s
     # have passed (no wait before the first token: an idle machine pays nothing).
     threads = CpuThreads(dev, echo=echo)
-    model, cfg, tok = load_run(run_dir, ckpt, dev)
-    model.to(DTYPES[dtype])  # after the finite check: float32 to bfloat16 keeps the exponent range
-    sc = resolve_sample(cfg, sample)
+    loaded = load_run(run, checkpoint, dev)
+    model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer
+    model.to(DTYPES[dtype])  # after load_run's finite check: float32 to bfloat16 keeps the exponent range
+    sc = resolve_sample(cfg, sample)  # validated once here: the sampler trusts it
     prompt, max_new_tokens, num_samples, top_k = sc.prompt, sc.max_new_tokens, sc.num_samples, sc.top_k
     window_stride = resolve_window_stride(cfg.model.block_size, sc.window_stride)
-    check_temperature(sc.temperature)  # the schema refuses it too; a model_construct'ed config is not checked
-    stops = list(stop)
-    if any(s == "" for s in stops):
-        raise MinigptError(_MESSAGES["stop_empty"])
     flags = given_keys(sample)
     if top_k is not None and top_k > tok.vocab_size:
-        if "top_k" in flags:  # asked for
+        if "top_k" in flags:  # asked for: say so; the run's own default is clamped silently
             echo(_MESSAGES["top_k_clamped"].format(top_k=top_k, vocab=tok.vocab_size))
         top_k = tok.vocab_size
     # The run's own sample.prompt was checked by train before step 0, with the same message (encode_prompt).
     ids = encode_prompt(tok, prompt, "the prompt" if "prompt" in flags else "sample.prompt")
     if run is None:  # said once all checks passed, so that an error stays one line
-        echo(f"using {run_dir} ({describe_checkpoint(ckpt)})")
-    elif ckpt.name != which:
-        echo(f"using {describe_checkpoint(ckpt)}: the run has no {which} checkpoint yet")
-    if checkpoint_step(ckpt) == 0:
-        echo(f"note: {run_dir}'s {ckpt.name} checkpoint is untrained (saved at step 0, its weights are the "
-             f"random init), so the text is random; train the run further, or pass --run of a trained one")
+        echo(f"using {loaded.run_dir} ({loaded.describe()})")
+    elif loaded.checkpoint.name != checkpoint:
+        echo(f"using {loaded.describe()}: the run has no {checkpoint} checkpoint yet")
+    if loaded.step == 0:
+        echo(_MESSAGES["untrained"].format(run=loaded.run_dir, which=loaded.checkpoint.name))
     lossy = lossy_report(tok, prompt)
     if lossy is not None:
         echo(lossy)
@@ -374,9 +228,8 @@ def generate(
         missing = tok.unknown_chars(s)
         if missing:
             echo(_MESSAGES["stop_never"].format(stop=s, chars=", ".join(map(repr, missing))))
-    block = cfg.model.block_size
-    if len(ids) > block and max_new_tokens > 0:
-        echo(f"note: the prompt has {len(ids)} tokens; the model sees only the last {block} (block_size)")
+    if len(ids) > cfg.model.block_size and max_new_tokens > 0:
+        echo(_MESSAGES["cropped"].format(n=len(ids), block=cfg.model.block_size))
     compiled = (compile if compile is not None else dev.type == "cuda") and max_new_tokens > 0
     if compile and not use_cache:
         echo(_MESSAGES["compile_no_cache"])
@@ -390,7 +243,7 @@ def generate(
         gens = [torch.Generator(device=dev).manual_seed(seed + i) for i in range(first, first + rows)]
         writers = [SampleWriter(tok, stops, out, stream and num_samples == 1) for _ in range(rows)]
         live = set(range(rows))
-        if num_samples == 1:
+        if num_samples == 1:  # a batch is written at its end, each sample under its own header
             out.write(prompt)
             out.flush()
         for t in generate_tokens(model, idx, max_new_tokens, sc.temperature, top_k, sc.top_p, use_cache, gens,
@@ -408,19 +261,16 @@ def generate(
     return texts
 
 
-class Nowhere:
+class Nowhere(io.TextIOBase):
     """A text stream that drops what it is given (``generate`` without ``out``; ``bench``)."""
 
     def write(self, text: str) -> int:
         return len(text)
 
-    def flush(self) -> None:
-        pass
-
 
 def given_keys(sample: Optional[SampleConfig | Mapping[str, Any]]) -> set[str]:
     """The ``sample`` keys the caller of :func:`generate` gave (its flags): a mapping's keys, the fields a
-    :class:`~minigpt_cli.config.schema.SampleConfig` was built with; none for None."""
+    :class:`SampleConfig` was built with; none for None."""
     if sample is None:
         return set()
     if isinstance(sample, SampleConfig):
@@ -429,46 +279,11 @@ def given_keys(sample: Optional[SampleConfig | Mapping[str, Any]]) -> set[str]:
 
 
 def resolve_sample(cfg: Config, sample: Optional[SampleConfig | Mapping[str, Any]]) -> SampleConfig:
-    """The sampling settings :func:`generate` uses: ``sample`` itself, or the run's (``cfg.sample``) with
-    ``sample``'s keys, checked within the run's whole config (``window_stride`` against its block_size).
-
-    Raises:
-        ConfigError: a key that is not a ``sample`` key, or a value the schema refuses; names the key.
-    """
+    """The run's ``sample`` section, replaced by a whole :class:`SampleConfig` or updated with a mapping's keys,
+    validated within the run's config (``window_stride`` against its block_size); raises ConfigError naming the key."""
     if sample is None:
-        return cfg.sample
-    if isinstance(sample, SampleConfig):
-        return sample
+        return cfg.sample  # validated when the run's config was loaded
     whole = cfg.to_dict()
-    whole["sample"] = {**whole["sample"], **dict(sample)}
+    update = sample.model_dump() if isinstance(sample, SampleConfig) else dict(sample)
+    whole["sample"] = {**whole["sample"], **update}
     return validate(whole, "sample").sample
-
-
-def load_run(run_dir: Path, ckpt: Path, device: torch.device):
-    """The model of checkpoint ``ckpt`` (on ``device``, its linear layers swapped for faster kernels),
-    its config and the run's tokenizer, checked against each other.
-
-    Raises:
-        MinigptError: non-finite weights, or a tokenizer.json that is not the one the checkpoint was trained with.
-    """
-    model, cfg = load_model(ckpt, device)
-    swap_kernels(model)
-    tok = load_run_tokenizer(run_dir, cfg)
-    check_finite(model, ckpt)
-    if cfg.model.vocab_size < tok.vocab_size:
-        raise MinigptError(
-            f"{run_dir / runs.TOKENIZER} has {tok.vocab_size} entries but the checkpoint's model has "
-            f"{cfg.model.vocab_size}; the run folder is inconsistent"
-        )
-    if tok.kind != cfg.tokenizer.kind:
-        raise MinigptError(
-            f"{run_dir / runs.TOKENIZER} is a {tok.kind} tokenizer but the run was trained with "
-            f"tokenizer.kind {cfg.tokenizer.kind}; restore the run's own tokenizer.json"
-        )
-    trained_with = _trained_tokenizer(ckpt)
-    if trained_with is not None and trained_with != tok.fingerprint():
-        raise MinigptError(
-            f"{run_dir / runs.TOKENIZER} is not the tokenizer this checkpoint was trained with (its fingerprint "
-            f"differs); restore the run's own tokenizer.json"
-        )
-    return model, cfg, tok

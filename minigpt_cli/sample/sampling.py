@@ -1,38 +1,21 @@
-"""Sampling from a trained GPT, with a KV cache.
+"""Sampling from a trained GPT, with a KV cache and a sliding context window.
 
-Past ``block_size`` the context window slides, and it slides by
-``window_stride`` tokens at a time: when one more token would not fit, the
-oldest ``window_stride`` tokens leave together, so the model sees between
-``block_size - window_stride + 1`` and ``block_size`` tokens. ``window_stride``
-1 is nanoGPT's rule (the last ``block_size`` tokens at every step); the
-default, ``block_size // 4``, keeps at least three quarters of the window.
+Past ``block_size`` the window slides by ``window_stride`` tokens at a time: when one more token would not fit,
+the oldest ``window_stride`` leave together, so the model sees ``block_size - window_stride + 1`` to
+``block_size`` tokens (1 is nanoGPT's rule; the default, ``block_size // 4``, keeps three quarters). Inside the
+window the cached path feeds only the newest token; after a slide the cache is refilled from the tokens that stay,
+since every key and value above the first layer saw the tokens that left (llama.cpp's "context shift" keeps those
+stale keys). The uncached, cached and static-cache paths (:mod:`.decoding`) follow the same rule and give the same
+tokens; a batch gives each row, with its own generator, what it would draw alone. A prompt longer than
+``block_size`` is cropped to its last ``block_size`` tokens, so a learned position table is never outgrown.
 
-The cached and uncached paths follow the same rule and give the same tokens,
-and so does decoding through a static cache with a compiled step
-(:mod:`minigpt_cli.sample.decoding`). A batch decodes several samples at once; with a
-generator per row, each row draws what it would draw alone.
-Inside the window the cached path feeds only the newest token and reuses the
-keys and values of the others. When the window slides the cache is refilled
-from the tokens that stay: whatever the position encoding, every key and
-value above the first layer was computed from hidden states that saw the
-tokens that left, so keeping them would not be exact. With stride 1 that is a
-full forward at every step past ``block_size`` and the cache stops paying;
-with stride s the refill comes once every s tokens (llama.cpp's "context
-shift" drops half the window at once for the same reason, but keeps the
-stale keys).
-
-``block_size`` and a learned position table: the table has exactly
-``block_size`` rows and generation never feeds the model more than
-``block_size`` tokens (a longer prompt is cropped to its last ``block_size``
-tokens, with a note), so no prompt length or ``max_new_tokens`` is
-impossible. Where a learned table and ``block_size`` can disagree, weights
-made elsewhere, the importer refuses a ``block_size`` beyond the table
-(:func:`minigpt_cli.hf.load.gpt2_config_from_hf`).
+The sample settings are validated once, by the schema (:class:`~minigpt_cli.config.schema.SampleConfig`, within
+the run's config): the functions here trust them.
 """
 
 from __future__ import annotations
 
-import math
+import re
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 import torch
@@ -46,13 +29,16 @@ if TYPE_CHECKING:
     from .decoding import StaticDecoder
 
 
-#: The refusals of :func:`encode_prompt`, and the fix for each place a prompt comes from.
-_PROMPT = {
+#: The refusals of :func:`encode_prompt` (and the fix for each place a prompt comes from), then of the sampler.
+_MESSAGES = {
     "empty": "{source} is empty; {give}; a newline works: {newline}",
-    "not_utf8": ("{source} is not UTF-8 text (byte 0x{byte:02x} at character {at}); convert it to UTF-8 "
-                 "(e.g. with iconv)"),
+    "not_utf8": "{source} is not UTF-8 text (byte 0x{byte:02x} at character {at}); convert it to UTF-8 with iconv",
     "unknown": "{source} has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
     "no_tokens": "{source} encodes to no tokens; {longer}",
+    "overflow": ("the model's output is {what} (its weights are finite, but the forward pass overflows), so there is "
+                 "nothing to sample; retrain it with a smaller model.init_std or train.learning_rate"),
+    "sampler": ("the sampler on {device} returned token id {value}, outside the vocabulary (0 to {last}); a fault of "
+                "torch.multinomial on that device: run with --device cpu"),
 }
 _PROMPT_FIXES = {
     "the prompt": {"give": "pass --prompt TEXT", "newline": "--prompt $'\\n'", "longer": "pass a longer --prompt"},
@@ -62,40 +48,35 @@ _PROMPT_FIXES = {
 }
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def encode_prompt(tok: Optional[Tokenizer], prompt: str, source: str = "the prompt") -> list[int]:
-    """The ids of a prompt to sample from: ``generate``'s prompt, and the ``sample.prompt`` that ``train``
-    samples samples.txt from (and checks before step 0, so that ``generate`` cannot fail on it later).
-
-    Args:
-        tok: the run's tokenizer; None (a dry run before the tokenizer is trained): the text alone is checked.
-        prompt: the text.
-        source: where it came from, for the messages: ``"the prompt"`` (``--prompt``, ``--prompt-file``,
-            standard input) or ``"sample.prompt"`` (the config).
-
-    Returns:
-        The ids, at least one ([] without ``tok``).
+    """The ids of a prompt, at least one: ``generate``'s, or the ``sample.prompt`` that ``train`` checks before
+    step 0 (so that ``generate`` cannot fail on it later). ``tok`` None (a dry run before the tokenizer is
+    trained): the text alone is checked, and [] returned. ``source`` names it in the messages: ``"the prompt"``
+    or ``"sample.prompt"``.
 
     Raises:
-        MinigptError: one line naming ``source``: an empty prompt, one that is not UTF-8 (bytes passed
-            through as surrogate escapes), characters a char tokenizer lacks, or no tokens at all.
+        MinigptError: an empty prompt, one that is not UTF-8 (bytes passed through as surrogate escapes),
+            characters a char tokenizer lacks, or no tokens at all.
     """
     fixes = _PROMPT_FIXES.get(source, _PROMPT_FIXES["the prompt"])
     if prompt == "":
-        raise MinigptError(_PROMPT["empty"].format(source=source, **fixes))
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise MinigptError(_PROMPT["not_utf8"].format(source=source, byte=ord(prompt[exc.start]) & 0xFF,
-                                                      at=exc.start)) from None
+        raise MinigptError(_MESSAGES["empty"].format(source=source, **fixes))
+    # Bytes that were not UTF-8 arrive as lone surrogates (surrogateescape): the only text UTF-8 cannot encode.
+    bad = _SURROGATE.search(prompt)
+    if bad is not None:
+        raise MinigptError(_MESSAGES["not_utf8"].format(source=source, byte=ord(bad.group()) & 0xFF, at=bad.start()))
     if tok is None:
         return []
     if tok.unk_token is None:  # char refuses what its alphabet lacks (bpe lacks nothing)
         missing = tok.unknown_chars(prompt)
         if missing:
-            raise MinigptError(_PROMPT["unknown"].format(source=source, chars=", ".join(map(repr, missing))))
+            raise MinigptError(_MESSAGES["unknown"].format(source=source, chars=", ".join(map(repr, missing))))
     ids = tok.encode(prompt)
     if not ids:
-        raise MinigptError(_PROMPT["no_tokens"].format(source=source, **fixes))
+        raise MinigptError(_MESSAGES["no_tokens"].format(source=source, **fixes))
     return ids
 
 
@@ -126,62 +107,26 @@ def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None, top_p: Opti
 FLOAT32_ZERO = 2.0 ** -150
 
 
-def check_temperature(temperature: float) -> None:
-    """Refuse a temperature that is not a finite number >= 0 (infinity would sample uniform noise, NaN nothing).
-
-    Raises:
-        MinigptError: naming the value and the range.
-    """
-    try:
-        value = float(temperature)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise MinigptError(f"temperature {temperature!r}: must be a finite number >= 0 (0: greedy); e.g. 0.8")
-
-
-def _overflow_error(peak: torch.Tensor) -> MinigptError:
-    what = "NaN" if bool(torch.isnan(peak).any()) else "infinite"
-    return MinigptError(
-        f"the model's output is {what} (its weights are finite, but the forward pass overflows), so there is "
-        "nothing to sample; retrain it with a smaller model.init_std or train.learning_rate"
-    )
-
-
 def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
                 generator: Optional[torch.Generator | Sequence[torch.Generator]]) -> torch.Tensor:
-    """Next ids (B,) int64, sampled from softmax(logits / T) of last-position logits (B, V).
+    """Next ids (B,) int64, sampled from softmax(logits / T) of last-position logits (B, V), T finite and >= 0.
 
-    ``generator`` is one RNG for the whole batch, or one per row (a sequence
-    of B): then row i draws from its own generator exactly as a batch of one
-    would, so a row's sample does not depend on the other rows.
-
-    softmax(l / T) is the Boltzmann distribution at temperature T (Ackley,
-    Hinton & Sejnowski 1985); the shift below is the log-sum-exp trick.
-
-    Temperature 0 is greedy (argmax, the first of tied maxima). For T > 0 the
-    logits are shifted by their row maximum before dividing: softmax is
-    invariant to a shift, and z = (l - max l) / T is 0 at the maxima and
-    <= 0 elsewhere, so for any finite T and any logits (either sign, any
-    scale, -inf entries masked out) nothing overflows to +inf and softmax
-    never sees a row of -inf. As T -> 0 this becomes the limit of
-    softmax(l / T): uniform over the tied maxima, 0 elsewhere (greedy up to
-    ties); a T that float32 rounds to 0 (<= :data:`FLOAT32_ZERO`) takes that
-    limit directly. T is applied in float32; a gap between logits beyond
-    float32's range counts as -inf (probability 0). Top-k and top-p filter
-    the scaled logits (:func:`filter_logits`). A -inf logit is never sampled.
+    softmax(l / T) is the Boltzmann distribution at temperature T (Ackley, Hinton & Sejnowski 1985). T = 0 is
+    greedy (the first of tied maxima); a T that float32 rounds to 0 (<= :data:`FLOAT32_ZERO`) takes the limit
+    T -> 0, uniform over the tied maxima. Top-k and top-p filter the scaled logits (:func:`filter_logits`).
+    ``generator``: one for the batch, or one per row, so that row i draws what a batch of one would.
 
     Raises:
-        MinigptError: a temperature that is not finite and >= 0; logits holding
-            NaN or +inf, or a row of only -inf (the forward pass overflowed).
+        MinigptError: logits holding NaN or +inf, or a row of only -inf (the forward pass overflowed).
     """
-    check_temperature(temperature)
     logits = logits.float()
     peak = logits.amax(dim=-1, keepdim=True)  # NaN anywhere in a row makes its max NaN
     if not bool(torch.isfinite(peak).all()):
-        raise _overflow_error(peak)
+        what = "NaN" if bool(torch.isnan(peak).any()) else "infinite"
+        raise MinigptError(_MESSAGES["overflow"].format(what=what))
     if temperature == 0:
         return logits.argmax(dim=-1)
+    # The log-sum-exp shift: softmax ignores it, and (l - max l) / T <= 0 never overflows to +inf for any finite T.
     gap = logits - peak  # (B, V): 0 at the maxima, <= 0 or -inf elsewhere
     if temperature > FLOAT32_ZERO:
         # In float64: a T beyond float32's range (1e39) would be inf there, and -inf / inf is NaN.
@@ -190,40 +135,23 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
         scaled = gap.masked_fill(gap < 0, float("-inf"))
     probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
     if isinstance(generator, (list, tuple)):
-        return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g) for i, g in enumerate(generator)]).squeeze(-1)
+        rows = [torch.multinomial(probs[i:i + 1], 1, generator=g) for i, g in enumerate(generator)]
+        return torch.cat(rows).squeeze(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 def check_sampled(ids: torch.Tensor, limit: int) -> None:
     """Refuse a sampled id (B,) outside [0, ``limit``): a sampler fault, not a token (some devices'
-    ``torch.multinomial`` have returned int64-min).
-
-    Raises:
-        MinigptError: naming the first bad id, the device and the vocabulary.
-    """
+    ``torch.multinomial`` have returned int64-min)."""
     bad = (ids < 0) | (ids >= limit)
     if bool(bad.any()):
-        value = int(ids[bad][0])
-        raise MinigptError(
-            f"the sampler on {ids.device} returned token id {value}, outside the vocabulary (0 to {limit - 1}); "
-            f"a fault of torch.multinomial on that device: run with --device cpu"
-        )
+        raise MinigptError(_MESSAGES["sampler"].format(device=ids.device, value=int(ids[bad][0]), last=limit - 1))
 
 
 def resolve_window_stride(block_size: int, window_stride: Optional[int]) -> int:
-    """The stride the window slides by: ``window_stride``, or ``block_size // 4`` (at least 1) when None.
-
-    Raises:
-        MinigptError: a stride outside 1 .. ``block_size``.
-    """
-    if window_stride is None:
-        return max(1, block_size // 4)
-    if not 1 <= window_stride <= block_size:
-        raise MinigptError(
-            f"window_stride {window_stride}: must be between 1 and block_size ({block_size}); "
-            f"1 slides one token at a time, {max(1, block_size // 4)} is the default"
-        )
-    return window_stride
+    """The stride the window slides by: ``window_stride`` (the schema keeps it within 1 .. ``block_size``), or
+    ``block_size // 4`` (at least 1) when None."""
+    return max(1, block_size // 4) if window_stride is None else window_stride
 
 
 @torch.no_grad()
@@ -240,47 +168,24 @@ def generate_tokens(
     window_stride: Optional[int] = None,
     decoder: Optional[StaticDecoder] = None,
 ) -> Iterator[torch.Tensor]:
-    """Yield each new token, (B,) int64, as it is sampled.
+    """Yield each new token, (B,) int64, as it is sampled, for each row of the prompt ids ``idx`` (B, T).
 
-    Every row of ``idx`` is a sample of its own, all decoded as one batch
-    (the weights are read once per step for all of them); they share the
-    prompt's length, so the window slides for all at the same step.
-
-    Args:
-        model: a GPT in eval mode.
-        idx: prompt ids (B, T), T ≥ 1; only the last ``block_size`` are seen.
-        max_new_tokens: tokens to produce.
-        temperature: divides the logits, a finite number >= 0; 0 means greedy
-            (see :func:`sample_next`).
-        top_k: keep only the k most likely tokens (None: all).
-        top_p: nucleus sampling mass, 0 < p ≤ 1 (None: off).
-        use_cache: reuse keys/values of past positions (a KV cache).
-        generator: the RNG for sampling (seeded by the caller), or one per
-            row (:func:`sample_next`).
-        vocab_limit: never sample ids at or above this (a model vocabulary
-            padded beyond its tokenizer's entries).
-        window_stride: tokens the context window drops at once when it is
-            full (see the module docstring); None: ``block_size // 4``.
-        decoder: with ``use_cache``, decode through this static cache and its
-            (compiled or eager) one-token step instead of the growing
-            :class:`~minigpt_cli.model.gpt.KVCache` (:mod:`minigpt_cli.sample.decoding`);
-            its batch must be idx's. The same rule, the same tokens.
+    ``model`` is in eval mode; the settings are :func:`sample_next`'s and the module docstring's, trusted
+    (validated by the schema). ``generator``: one, or one per row. ``vocab_limit``: never sample ids at or above
+    it (a model vocabulary padded past its tokenizer's). ``decoder``, with ``use_cache``: decode through its static
+    cache and one-token step (:mod:`.decoding`) instead of the growing KV cache: the same rule, the same tokens.
 
     Raises:
-        MinigptError: ``window_stride`` outside 1 .. ``block_size``; a temperature
-            that is not finite and >= 0 (before any forward pass); the model's
-            output NaN or infinite; a sampled id outside [0, ``vocab_limit``)
-            (:func:`check_sampled`).
+        MinigptError: the model's output NaN or infinite; a sampled id outside the vocabulary (:func:`check_sampled`).
     """
-    check_temperature(temperature)
     block = model.config.block_size
     stride = resolve_window_stride(block, window_stride)
+    assert 1 <= stride <= block, stride  # the schema keeps sample.window_stride within block_size
     seq = idx
     start = max(0, seq.size(1) - block)  # the window is seq[:, start:]
     cache = None
     refill = True
-    if decoder is not None and use_cache and decoder.batch != idx.size(0):
-        raise ValueError(f"the decoder decodes {decoder.batch} rows, the prompt has {idx.size(0)}")
+    assert decoder is None or decoder.batch == idx.size(0), decoder.batch  # a static cache has a fixed batch
     for _ in range(max_new_tokens):
         if not use_cache:
             last = model(seq[:, start:], last_only=True)[0][:, -1, :]
@@ -312,19 +217,13 @@ def generate_tokens(
 
 def sample_prompt_text(model: GPT, tok: "Tokenizer", sc: "SampleConfig", n_tokens: int, seed: int,
                        should_stop: Optional[Callable[[], bool]] = None) -> str:
-    """A sample as ``minigpt generate`` makes it from the run's ``sample`` section, for samples.txt.
-
-    ``n_tokens`` new tokens after ``sc.prompt``, drawn with ``sc``'s
-    temperature, top_k, top_p and window_stride by a generator seeded with
-    ``seed`` (``sc.max_new_tokens`` and ``sc.num_samples`` are generate's
-    own: the caller gives the count). ``should_stop`` is asked after every
-    token; when it answers True the sample ends there (a Ctrl-C must not wait
-    for a long sample). The model is put in eval mode and back in train mode.
+    """samples.txt's sample: ``n_tokens`` after ``sc.prompt``, drawn as ``minigpt generate`` draws them with
+    ``sc``'s settings from a generator seeded ``seed``; the sample ends when ``should_stop()`` says so (a Ctrl-C
+    must not wait for it). The model is put in eval mode and back in train mode.
 
     Returns:
-        The prompt followed by the new text; ``(no sample: REASON)`` when
-        there is none (a prompt the tokenizer cannot encode, a model whose
-        output is NaN: the run's loss says so too).
+        The prompt and the new text; ``(no sample: REASON)`` when there is none (a prompt the tokenizer cannot
+        encode, a model whose output is NaN: the run's loss says so too).
     """
     device = next(model.parameters()).device
     model.eval()

@@ -1,0 +1,121 @@
+"""Opening a finished run: its model (eval mode), tokenizer and config, checked against each other.
+
+The one way ``generate``, ``evaluate``, ``inspect`` and a Python script open a run, as nanoGPT's
+``sample.py`` and ``transformers``' ``from_pretrained`` hand back a model and its tokenizer::
+
+    run = load_run("runs/tiny")
+    logits, _ = run.model(torch.tensor([run.tokenizer.encode("ROMEO:")]))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..config.schema import Config
+from ..errors import MinigptError
+from ..model.gpt import GPT
+from ..run import folder as runs
+from ..run.checkpoint import load_model
+from ..runtime.device import resolve_device
+from ..runtime.kernels import swap as swap_kernels
+from ..tokenizer.kinds import Tokenizer, load_run_tokenizer
+
+_MESSAGES = {
+    "meta": ("{meta!r} is missing or damaged ({reason}), so the tokenizer cannot be checked against the "
+             "checkpoint; use --checkpoint {other}, or copy meta.json from the other checkpoint of this run"),
+    "not_finite": ("checkpoint {ckpt!r} has NaN or infinite weights ({name}): the run diverged before it was saved; "
+                   "try --checkpoint {other}, or retrain with a lower train.learning_rate"),
+    "tokenizer": "{tok} is not the tokenizer this checkpoint was trained with ({why}); restore the run's own "
+                 "tokenizer.json",
+}
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A trained run, opened: ``run.model(ids)`` gives (logits (B, T, V), None); ``run.tokenizer.encode(text)`` ids."""
+
+    model: GPT
+    tokenizer: Tokenizer
+    config: Config
+    run_dir: Path
+    checkpoint: Path  # the checkpoint folder read: ``best`` falls back to ``last`` before the first eval
+    step: Optional[int]  # the optimizer step it was saved at; None for checkpoints whose meta.json lacks it
+
+    def describe(self) -> str:
+        """``checkpoint best, step 30`` (the step left out when unknown)."""
+        return f"checkpoint {self.checkpoint.name}" + (f", step {self.step}" if self.step is not None else "")
+
+
+def _other(ckpt: Path) -> str:
+    """The checkpoint to suggest when ``ckpt`` is damaged."""
+    return runs.LAST if ckpt.name == runs.BEST else runs.BEST
+
+
+def _read_meta(ckpt: Path) -> dict:
+    """The checkpoint's meta.json, which every checkpoint has: it names the tokenizer it was trained with.
+
+    Raises:
+        MinigptError: missing or damaged, so the tokenizer cannot be checked.
+    """
+    try:
+        meta = runs.read_meta(ckpt)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:80]
+    else:
+        if isinstance(meta.get("tokenizer_fingerprint", ""), str):  # absent: a checkpoint from before it was kept
+            return meta
+        reason = "tokenizer_fingerprint is not a string"
+    where = str(runs.resolve(ckpt) / runs.META)  # the file read: the .old copy where the checkpoint is one
+    raise MinigptError(_MESSAGES["meta"].format(meta=where, reason=reason, other=_other(ckpt))) from None
+
+
+def _check_finite(model: torch.nn.Module, ckpt: Path) -> None:
+    """Refuse weights holding NaN or infinity (a run that diverged): sampling from them cannot work."""
+    for name, tensor in model.state_dict().items():
+        if not tensor.is_floating_point() or not tensor.numel():
+            continue
+        # aminmax reads the weights once, allocating nothing (10x faster than isfinite().all() on the
+        # 10.7M model); a NaN anywhere makes both NaN, an infinity makes one of them infinite.
+        extremes = torch.stack(torch.aminmax(tensor.view(-1)))
+        if not bool(torch.isfinite(extremes).all()):
+            raise MinigptError(_MESSAGES["not_finite"].format(ckpt=str(ckpt), name=name, other=_other(ckpt)))
+
+
+def _mismatch(tok: Tokenizer, cfg: Config, meta: dict) -> Optional[str]:
+    """How the run's tokenizer differs from the one its checkpoint was trained with, cheapest check first
+    (the fingerprint hashes the whole vocabulary); None when it does not."""
+    if cfg.model.vocab_size < tok.vocab_size:
+        return f"{tok.vocab_size} entries for a model of {cfg.model.vocab_size}"
+    if tok.kind != cfg.tokenizer.kind:
+        return f"a {tok.kind} tokenizer; the run trained with tokenizer.kind {cfg.tokenizer.kind}"
+    if meta.get("tokenizer_fingerprint") not in (None, tok.fingerprint()):  # None: from before it was recorded
+        return "its fingerprint differs"
+    return None
+
+
+def load_run(run: Optional[str | Path] = None, checkpoint: str = runs.BEST,
+             device: str | torch.device = "cpu") -> LoadedRun:
+    """The model of a run's checkpoint (eval mode, on ``device``, linear layers on the fastest kernel),
+    its config and the run's tokenizer; ``run`` None: the newest run under ``runs/``.
+
+    Raises:
+        MinigptError: no such run or checkpoint, damaged files, non-finite weights, or a tokenizer.json
+            that is not the one the checkpoint was trained with.
+    """
+    run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
+    dev = resolve_device(device) if isinstance(device, str) else device
+    model, cfg = load_model(ckpt, dev)
+    swap_kernels(model)
+    tok = load_run_tokenizer(run_dir, cfg)
+    _check_finite(model, ckpt)
+    meta = _read_meta(ckpt)
+    why = _mismatch(tok, cfg, meta)
+    if why is not None:
+        raise MinigptError(_MESSAGES["tokenizer"].format(tok=run_dir / runs.TOKENIZER, why=why))
+    step = meta.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    return LoadedRun(model, tok, cfg, run_dir, ckpt, step)
