@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
-from itertools import takewhile
+from itertools import chain, takewhile
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError
-from ..fileio import atomic_write_text, chmod_quietly, new_file_mode
+from ..fileio import atomic_write_text, check_writable, chmod_quietly, new_file_mode
 from ..tokenizer.kinds import Tokenizer
 from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, survey
 from .splits import MIN_SPLIT_TOKENS, check_split_counts
@@ -52,6 +52,8 @@ BATCH_CHARS = 1 << 20
 #: A temporary token file older than this (seconds untouched) was left by a killed process.
 STALE_TEMP_S = 600.0
 _TEMP_PREFIX = ".prep-"
+#: A corpus larger than this (bytes) is not encoded by a dry run when no prepared files give its split.
+PREVIEW_BYTES = 64 << 20
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -201,54 +203,63 @@ def sweep_stale_temps(directory: Path, now: Optional[float] = None) -> list[Path
     return gone
 
 
-def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory: Path,
-                      progress: Optional[bool] = None, block_size: Optional[int] = None) -> dict[str, int]:
-    """Encode ``corpus`` into ``directory/{train,val}.bin`` (see the module docstring); return the token counts.
-
-    Each file is written under a temporary name and renamed once complete and
-    its counts pass :func:`check_split_counts` (with ``block_size``, when given).
-    ``progress``: a tqdm bar in bytes on stderr; None: only on a terminal.
+def encoded(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, progress: Optional[bool] = None,
+            ) -> Iterator[tuple[int, np.ndarray, int]]:
+    """``(split, ids, chars)`` for each unit of :func:`units`, each batch encoded in a worker thread while the
+    next is read; a tqdm bar in bytes on stderr when ``progress`` (None: only on a terminal).
 
     Raises:
-        MinigptError: text the tokenizer cannot encode (char: unseen characters), a file unreadable or not
-            UTF-8, a split with fewer than :data:`MIN_SPLIT_TOKENS` tokens; nothing that looks complete is left.
+        MinigptError: text the tokenizer cannot encode, a file unreadable or not UTF-8.
     """
-    dtype = token_dtype(tok.vocab_size)
     sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
     specials = list(getattr(tok, "special_tokens", ()))
-    created = list(takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents]))
-    directory.mkdir(parents=True, exist_ok=True)
-    counts = [0, 0]
+    with ExitStack() as stack:
+        bar = stack.enter_context(tqdm(total=corpus.size, unit="B", unit_scale=True, unit_divisor=1024,
+                                       desc="prepare", leave=False, file=sys.stderr,
+                                       disable=None if progress is None else not progress))
+        pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="encode"))
+        pending, done = None, 0  # the batch being encoded while the next one is read
+        for batch in chain(_batches(units(corpus, plan, specials)), [None]):
+            job = None if batch is None else (batch, pool.submit(_encode, tok, batch, sep))
+            if pending is not None:
+                ready, future = pending
+                for (split, ids), (_, text, _) in zip(future.result(), ready):
+                    yield split, ids, len(text or "")
+                bar.update(ready[-1][2] - done)
+                done = ready[-1][2]
+            pending = job
+
+
+def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory: Optional[Path],
+                      progress: Optional[bool] = None, block_size: Optional[int] = None) -> dict[str, int]:
+    """Encode ``corpus`` into ``directory/{train,val}.bin`` (see the module docstring); return the token and
+    character counts. ``directory`` None: count only, writing nothing.
+
+    Each file is written under a temporary name and renamed once complete and its counts pass
+    :func:`~.splits.check_split_counts` (with ``block_size``, when given).
+
+    Raises:
+        MinigptError: as :func:`encoded`, or a split too small; nothing that looks complete is left.
+    """
+    dtype = token_dtype(tok.vocab_size)
+    created = [] if directory is None else list(
+        takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents]))
+    counts = {"train_tokens": 0, "val_tokens": 0, "train_chars": 0, "val_chars": 0}
     with ExitStack() as stack:
         temps = []
-        for split in ("train", "val"):
-            fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
-            temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            for split in ("train", "val"):
+                fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
+                temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
         try:
-            bar = stack.enter_context(tqdm(total=corpus.size, unit="B", unit_scale=True, unit_divisor=1024,
-                                           desc="prepare", leave=False, file=sys.stderr,
-                                           disable=None if progress is None else not progress))
-            pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="encode"))
-            pending = None  # the batch being encoded while the next one is read
-            done = 0
-
-            def flush(job) -> None:
-                nonlocal done
-                batch, future = job
-                for split, ids in future.result():
+            for split, ids, chars in encoded(corpus, tok, plan, progress):
+                name = ("train", "val")[split]
+                if temps:
                     temps[split][1].write(ids.astype(dtype).tobytes())
-                    counts[split] += ids.size
-                bar.update(batch[-1][2] - done)
-                done = batch[-1][2]
-
-            for batch in _batches(units(corpus, plan, specials)):
-                job = (batch, pool.submit(_encode, tok, batch, sep))
-                if pending is not None:
-                    flush(pending)
-                pending = job
-            if pending is not None:
-                flush(pending)
-            check_split_counts(plan.val_fraction, counts[0], counts[1], block_size)
+                counts[f"{name}_tokens"] += ids.size
+                counts[f"{name}_chars"] += chars
+            check_split_counts(plan.val_fraction, counts["train_tokens"], counts["val_tokens"], block_size)
             for path, f in temps:
                 f.flush()
                 os.fsync(f.fileno())
@@ -262,17 +273,22 @@ def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory
                 for d in created:  # the folders made here, deepest first: a refusal leaves nothing behind
                     d.rmdir()
             raise
-    return {"train": counts[0], "val": counts[1]}
+    return counts
 
 
 @dataclass
 class PreparedData:
-    """Token memmaps of one corpus under one tokenizer."""
+    """Token memmaps of one corpus under one tokenizer (None: counted by a dry run, not written)."""
 
     directory: Path
-    train: np.memmap
-    val: np.memmap
+    train: Optional[np.memmap]
+    val: Optional[np.memmap]
     meta: dict
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """(train, val) tokens."""
+        return self.meta["train_tokens"], self.meta["val_tokens"]
 
 
 def _wanted(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> dict:
@@ -325,23 +341,33 @@ def _as_corpus(corpus: Corpus | str | Path) -> Corpus:
     return corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
 
 
+def split_plan(corpus: Corpus, val_fraction: float) -> tuple[SplitPlan, int]:
+    """The split of ``corpus`` (:class:`SplitPlan`) and its non-empty documents: the one split ``prepare``,
+    ``train`` and ``train-tokenizer`` make. Reads the corpus once, checking every file.
+
+    Raises:
+        MinigptError: as :func:`~.corpus.survey`.
+    """
+    found = survey(corpus)
+    return SplitPlan.make(found.n_documents, found.total_chars, val_fraction), found.n_documents
+
+
 def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float = 0.1,
             log: Callable[[str], None] = print, progress: Optional[bool] = None,
-            block_size: Optional[int] = None) -> PreparedData:
+            block_size: Optional[int] = None, write: bool = True) -> PreparedData:
     """Tokenize ``corpus`` (or the one file, folder or glob it names) into
     ``root/<kind>-<fingerprint>/{train,val}.bin`` (see the module docstring).
 
-    Reuses files whose ``meta.json`` names the same tokenizer, corpus and split;
-    otherwise writes them afresh. Existing files of the wrong size, or holding
-    a token id beyond the tokenizer's vocabulary (damaged), are logged and
-    prepared again. Given ``block_size``, a split shorter than ``block_size + 1``
-    tokens is refused before new files are renamed into place (:func:`check_split_sizes`
-    checks reused ones).
+    Reuses files whose ``meta.json`` names the same tokenizer, corpus and split; files of the wrong size, or
+    holding an id beyond the vocabulary (damaged), are prepared again. Given ``block_size``, a split shorter
+    than ``block_size + 1`` tokens is refused, before new files are renamed into place.
+
+    ``write`` False (``train --dry-run``): what it would do, writing nothing: the token folder is checked
+    to be writable and the corpus encoded only to count; the result's ``train`` and ``val`` are then None.
 
     Raises:
-        MinigptError: an unreadable or non-UTF-8 file, a bad JSON line, text
-            the tokenizer cannot encode, or a split with fewer than
-            :data:`MIN_SPLIT_TOKENS` tokens on a side.
+        MinigptError: an unreadable or non-UTF-8 file, a bad JSON line, text the tokenizer cannot encode,
+            a folder that cannot be written, or a split too small.
     """
     corpus = _as_corpus(corpus)
     directory = token_dir(root, tok)
@@ -354,19 +380,28 @@ def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fractio
             log(f"{bad[0]} holds token id {bad[1]:,}, beyond the tokenizer's {tok.vocab_size:,} "
                 f"entries (a damaged file); preparing it again")
             meta = None
+        else:
+            check_split_counts(val_fraction, meta["train_tokens"], meta["val_tokens"], block_size)
     if meta is None:
-        meta = _prepare_afresh(corpus, tok, directory, want, log, progress, block_size)
+        check_writable(directory, folder=True)
+        meta = _prepare_afresh(corpus, tok, directory, want, log, progress, block_size, write)
+        if not write:
+            return PreparedData(directory, None, None, meta)
     train = np.memmap(directory / "train.bin", dtype=dtype, mode="r")
     val = np.memmap(directory / "val.bin", dtype=dtype, mode="r")
     return PreparedData(directory, train, val, meta)
 
 
 def _prepare_afresh(corpus: Corpus, tok: Tokenizer, directory: Path, want: dict, log: Callable[[str], None],
-                    progress: Optional[bool], block_size: Optional[int]) -> dict:
-    found = survey(corpus)
-    plan = SplitPlan.make(found.n_documents, found.total_chars, want["val_fraction"])
+                    progress: Optional[bool], block_size: Optional[int], write: bool) -> dict:
+    if not write and corpus.size > PREVIEW_BYTES:
+        return want  # a dry run does not encode a large corpus: its counts wait for train
+    plan, n_documents = split_plan(corpus, want["val_fraction"])
     mb = corpus.size / 1e6
-    log(f"preparing token files in {directory} ({mb:,.1f} MB, {found.n_documents:,} document(s); validation: "
+    if not write:  # counted, not written
+        counts = write_token_files(corpus, tok, plan, None, False, block_size)
+        return dict(want, **counts, documents=n_documents, split="documents" if plan.by_documents else "tail")
+    log(f"preparing token files in {directory} ({mb:,.1f} MB, {n_documents:,} document(s); validation: "
         f"{plan.describe()}) ...")
     if directory.is_dir():
         sweep_stale_temps(directory)
@@ -374,60 +409,16 @@ def _prepare_afresh(corpus: Corpus, tok: Tokenizer, directory: Path, want: dict,
     t0 = time.perf_counter()
     counts = write_token_files(corpus, tok, plan, directory, progress, block_size)
     seconds = time.perf_counter() - t0
-    meta = dict(want, train_tokens=counts["train"], val_tokens=counts["val"], documents=found.n_documents,
-                split="documents" if plan.by_documents else "tail", corpus_files=corpus.records(),
-                seconds=round(seconds, 3))
+    meta = dict(want, **counts, documents=n_documents, split="documents" if plan.by_documents else "tail",
+                corpus_files=corpus.records(), seconds=round(seconds, 3))
     atomic_write_text(directory / "meta.json", json.dumps(meta, indent=1))
-    share = counts["val"] / max(counts["train"] + counts["val"], 1)
+    share = counts["val_tokens"] / max(counts["train_tokens"] + counts["val_tokens"], 1)
     if plan.by_documents and not want["val_fraction"] / 3 <= share <= want["val_fraction"] * 3:
         log(f"note: the validation documents hold {share:.1%} of the tokens, not about data.val_fraction "
             f"{want['val_fraction']:g}: the last {plan.n_documents - plan.val_from_doc:,} document(s) are "
             f"{'long' if share > want['val_fraction'] else 'short'} ones; reorder the files, or choose another "
             "data.val_fraction")
     if seconds > 5:
-        log(f"prepared {counts['train'] + counts['val']:,} tokens in {seconds:.0f} s ({mb / seconds:.1f} MB/s)")
+        n = counts["train_tokens"] + counts["val_tokens"]
+        log(f"prepared {n:,} tokens in {seconds:.0f} s ({mb / seconds:.1f} MB/s)")
     return meta
-
-
-def prepared_meta(corpus: Corpus, tok: Tokenizer, root: Path, val_fraction: float) -> Optional[dict]:
-    """The ``meta.json`` of token files :func:`prepare` would reuse as they are; None when it would prepare."""
-    return reusable_meta(token_dir(root, tok), _wanted(corpus, tok, val_fraction))
-
-
-def split_counts(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float,
-                 block_size: Optional[int] = None) -> tuple[int, int]:
-    """The (train, val) token counts :func:`prepare` would give, writing nothing.
-
-    Read from prepared files that :func:`prepare` would reuse, else by
-    encoding the corpus in memory-bounded batches and refused as :func:`prepare` would refuse
-    them (with ``block_size``, when given).
-
-    Raises:
-        MinigptError: as :func:`prepare`.
-    """
-    corpus = _as_corpus(corpus)
-    meta = prepared_meta(corpus, tok, root, val_fraction)
-    if meta is not None:
-        return meta["train_tokens"], meta["val_tokens"]
-    found = survey(corpus)
-    plan = SplitPlan.make(found.n_documents, found.total_chars, val_fraction)
-    sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
-    counts = [0, 0]
-    for batch in _batches(units(corpus, plan, list(getattr(tok, "special_tokens", ())))):
-        for split, ids in _encode(tok, batch, sep):
-            counts[split] += ids.size
-    check_split_counts(val_fraction, counts[0], counts[1], block_size)
-    return counts[0], counts[1]
-
-
-def check_split_sizes(data: PreparedData, block_size: int) -> None:
-    """Refuse prepared data whose train or val split is shorter than ``block_size + 1`` tokens.
-
-    Call it before training starts, so the run stops with one line naming
-    ``data.val_fraction``, the token counts and ``model.block_size`` instead of
-    failing on the first batch.
-
-    Raises:
-        MinigptError: a split with fewer than ``block_size + 1`` tokens.
-    """
-    check_split_counts(data.meta.get("val_fraction", float("nan")), len(data.train), len(data.val), block_size)

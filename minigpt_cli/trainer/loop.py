@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -25,14 +26,15 @@ import torch
 
 from ..config.schema import Config
 from ..errors import Interrupted, MinigptError
-from ..hf.finetune import resolve_init_from, resumed_run
 from ..run import folder as runs
+from ..run.checkpoint import Checkpointer
 from ..runtime import distributed as parallel
 from ..runtime.device import all_mean, broadcast, capture_rng, close_distributed
 from ..sample.sampling import sample_prompt_text
-from .preflight import check_paths
+from .estimate import TimeEstimate
+from .evaluate import Evaluator
 from .schedule import lr_at
-from .setup import Claim, Setup, build
+from .setup import Claim, Setup, build, plan
 from .step import train_step
 
 #: Consecutive non-finite losses after which a run stops.
@@ -75,9 +77,14 @@ class Trainer:
         self.t_log, self.tokens_since_log = time.perf_counter(), 0
         self.t_status = time.perf_counter()
         self.batches = iter(s.train_sampler.next, None)
-        s.checkpointer.snapshot = self.snapshot
-        s.stop.on_abort = self.abort_error
-        s.evaluator.should_stop = self.stop_requested
+        tc = s.cfg.train
+        self.estimate = TimeEstimate(tc, s.prog.step, s.prog.evaluated, 2 * tc.eval_iters * tc.grad_accum_steps,
+                                     s.device.type == "cpu", say=s.say, log=s.logger.log)
+        self.evaluator = Evaluator(s.cfg, s.data, s.device, s.dist, s.autocast, s.cpu_threads,
+                                   show_bar=not s.bar.disable, should_stop=self.stop_requested,
+                                   on_batch=self.estimate.eval_batch)
+        self.checkpointer = Checkpointer(s.run_dir, s.cfg, snapshot=self.snapshot, enabled=s.dist.main,
+                                         collective=parallel.is_sharded(s.model))
 
     # ------------------------------------------------------------------ the loop
 
@@ -97,10 +104,10 @@ class Trainer:
         s, p, tc = self.s, self.prog, self.s.cfg.train
         stopped_early = False
         s.model.train()
-        with s.stop:
+        with s.stop, self.second_ctrl_c():
             while True:
                 late = self.out_of_time()  # train.max_seconds passed: this step is the last, after its eval
-                if (s.evaluator.due(p.step, p.evaluated) or (late and not p.evaluated)) and self.evaluate():
+                if (self.evaluator.due(p.step, p.evaluated) or (late and not p.evaluated)) and self.evaluate():
                     stopped_early = True
                     s.logger.log(f"early stopping at step {p.step}: no better val loss in "
                                  f"{p.bad_evals} evals (best {p.best_val:.4f})")
@@ -124,16 +131,26 @@ class Trainer:
                 s.cpu_threads.poll()
                 p.step += 1
                 p.evaluated = False
-                s.estimate.step_done(p.step, time.perf_counter() - t_step)
+                self.estimate.step_done(p.step, time.perf_counter() - t_step)
                 self.tokens_since_log += s.tokens_per_step
                 s.bar.update(1)
                 if p.step % tc.log_interval == 0 or p.step == tc.max_iters:
                     self.log_train(loss, lr)
-                s.checkpointer.after_step(p.step)
+                self.checkpointer.after_step(p.step)
             result = self.finish(stopped_early)
             if s.stop.signal is not None:
                 raise self.stopped_at_end(result)
         return result
+
+    @contextmanager
+    def second_ctrl_c(self):
+        """A second Ctrl-C (a KeyboardInterrupt once a stop was asked) becomes :meth:`abort_error`."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            if self.s.stop.signal is None:
+                raise
+            raise self.abort_error() from None
 
     def step(self, lr: float) -> Optional[tuple[torch.Tensor, bool]]:
         """One optimizer step at learning rate ``lr``: the mean loss and whether the update was applied.
@@ -176,7 +193,7 @@ class Trainer:
         raise MinigptError(
             f"the loss was not finite for {self.nonfinite} steps in a row at step {step + 1}; "
             f"lower train.learning_rate (now {tc.learning_rate:g}) or raise train.warmup_iters; "
-            f"{s.checkpointer.last} holds the last finite state"
+            f"{self.checkpointer.last} holds the last finite state"
         )
 
     def log_train(self, loss: torch.Tensor, lr: float) -> None:
@@ -205,7 +222,7 @@ class Trainer:
         """
         s, p = self.s, self.prog
         t_eval = time.perf_counter()
-        losses = s.evaluator.losses(s.model, p.step)
+        losses = self.evaluator.losses(s.model, p.step)
         if losses is None:
             return False
         # eval_step: a checkpoint saved later (on a stop) carries the losses of this eval, with their step.
@@ -223,7 +240,7 @@ class Trainer:
             p.best_val, p.bad_evals = losses["val"], 0
         elif p.step > 0:
             p.bad_evals += 1
-        s.checkpointer.after_eval(improved)
+        self.checkpointer.after_eval(improved)
         self.sample()
         s.logger.plot()
         self.t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
@@ -254,10 +271,10 @@ class Trainer:
             Interrupted: always; the exit status follows the signal.
         """
         s, step = self.s, self.prog.step
-        s.checkpointer.on_stop()
+        self.checkpointer.on_stop()
         s.bar.close()
         s.logger.log(f"stopped by {s.stop.signal} at step {step}; saved {runs.CHECKPOINTS}/{runs.LAST}")
-        raise Interrupted(f"stopped by {s.stop.signal} at step {step}; saved {s.checkpointer.last}",
+        raise Interrupted(f"stopped by {s.stop.signal} at step {step}; saved {self.checkpointer.last}",
                           s.stop.signum, resume_dir=s.run_dir)
 
     def stopped_at_end(self, result: TrainResult) -> Interrupted:
@@ -266,19 +283,19 @@ class Trainer:
         losses = f" (val loss {result.val_loss:.4f})" if result.val_loss is not None else ""
         s.logger.log(f"{s.stop.signal} came as the run ended at step {result.step}; nothing was cut short")
         return Interrupted(STOPPED_AT_END.format(signal=s.stop.signal, step=result.step, losses=losses,
-                                                 last=s.checkpointer.last), s.stop.signum)
+                                                 last=self.checkpointer.last), s.stop.signum)
 
     def abort_error(self) -> Interrupted:
         """The error that replaces the KeyboardInterrupt of a second Ctrl-C: nothing saved, where the last checkpoint is."""
         s = self.s
         s.bar.close()
-        step = s.checkpointer.last_step()
+        step = self.checkpointer.last_step()
         if step is None:
             return Interrupted("aborted by a second Ctrl-C without saving; no checkpoint had been written yet, "
                                "so there is nothing to resume")
         s.logger.log(f"aborted by a second Ctrl-C at step {self.prog.step} without saving")
         return Interrupted(f"aborted by a second Ctrl-C without saving; the last checkpoint is "
-                           f"{s.checkpointer.last} (step {step})", resume_dir=s.run_dir)
+                           f"{self.checkpointer.last} (step {step})", resume_dir=s.run_dir)
 
     def sample(self) -> None:
         """Append ``train.sample_tokens`` tokens to samples.txt, sampled as ``minigpt generate`` samples with
@@ -375,13 +392,11 @@ def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] 
     claim = Claim()
     try:
         with claim:
-            # A fine-tuning run: the pretrained folder's model and tokenizer (a resumed one: the run's tokenizer).
-            cfg = resolve_init_from(cfg, resumed_run(cfg, resume))
-            check_paths(cfg, resume)  # before anything is fetched or written
-            prepared = build(cfg, run_name, resume, echo, progress, claim)
-            if not isinstance(prepared, Setup):  # a resumed run that is already done
-                return TrainResult(**prepared, already_done=True)
-            return Trainer(prepared).fit()
+            p = plan(cfg, run_name, resume, echo, progress, claim)
+            if p.done:  # a resumed run that already reached max_iters
+                close_distributed(p.dist)
+                return TrainResult(**p.resumed.result(), already_done=True)
+            return Trainer(build(p, claim, echo, progress)).fit()
     except (torch.OutOfMemoryError, RuntimeError) as exc:
         # check_memory's estimate passed but the allocator did not: one line, not a traceback.
         text = str(exc)

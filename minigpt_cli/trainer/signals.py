@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import signal
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 
 class StopFlag:
     """SIGINT/SIGTERM/SIGHUP set a flag the loop checks between steps and eval batches; a second Ctrl-C aborts at once.
 
-    The abort is a KeyboardInterrupt raised wherever the program is; the
-    trainer turns it into a one-line message (nothing saved, where the last
-    checkpoint is). A repeated SIGTERM only sets the flag again.
+    The abort is a KeyboardInterrupt raised wherever the program is (the trainer turns it into one line,
+    :meth:`~.loop.Trainer.second_ctrl_c`). A repeated SIGTERM only sets the flag again.
     """
 
     def __init__(self):
         self.signal: Optional[str] = None
         self.signum: int = signal.SIGINT
-        #: Builds the error that replaces the KeyboardInterrupt of a second Ctrl-C.
-        self.on_abort: Optional[Callable[[], Exception]] = None
         self._old: dict[int, Any] = {}
 
     def __enter__(self):
@@ -40,6 +37,4 @@ class StopFlag:
     def __exit__(self, exc_type, exc, tb):
         for sig, old in self._old.items():
             signal.signal(sig, old)
-        if exc_type is KeyboardInterrupt and self.signal is not None and self.on_abort is not None:
-            raise self.on_abort() from None
         return False
