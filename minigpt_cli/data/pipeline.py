@@ -1,11 +1,5 @@
-"""The config's corpus and tokenizer, made ready for training, and the batches drawn from token memmaps.
-
-:func:`configured_corpus` finds the corpus the config names (``data.path``,
-else the named ``data.dataset``, downloaded first) and the folder its
-tokenizers and token files go in; :func:`ensure_tokenizer` trains the
-configured tokenizer on it when its file is missing; the streaming
-preparation itself is :mod:`minigpt_cli.data.preparation`. :class:`BatchSampler`
-and :func:`eval_offsets` draw the (x, y) windows the trainer and the eval read.
+"""The config's corpus, tokenizer and token files made ready (:func:`prepare_data`, ``train``'s data steps),
+and the batches drawn from token memmaps (:class:`BatchSampler`, :func:`eval_offsets`).
 """
 
 from __future__ import annotations
@@ -44,8 +38,6 @@ _FINGERPRINT = ("the corpus is not the one data.fingerprint names ({want}…; no
 
 def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
     """The named dataset's corpus file, downloaded (saying so) when it is not there or fails its checksum.
-
-    ``progress``: the download's bar; None shows it only when stderr is a terminal.
 
     Raises:
         MinigptError: the download failed (:func:`~minigpt_cli.data.download.download`); with ``data.url``
@@ -113,12 +105,6 @@ def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
     """A run's config with its corpus found from any folder: ``data.data_dir`` and ``data.path`` as
     ``train`` read them (``evaluate``, ``compare`` and ``inspect`` read the run's splits through it).
 
-    Relative paths were relative to the folder train ran in: they are joined to each place that folder may
-    be now (:func:`~minigpt_cli.run.folder.training_dirs`: where it was, then where the run folder says it is,
-    after a project was moved whole), and the first that holds the corpus is taken; then the current
-    folder. A named dataset found nowhere is downloaded again (by :func:`configured_corpus`) into the data
-    folder of the first of those places that still exists.
-
     Raises:
         MinigptError: a ``data.path`` corpus found in none of them, naming where it was.
     """
@@ -180,26 +166,35 @@ def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
     return path, what, detail
 
 
-def check_run_corpus(cfg: Config, corpus: Corpus, run_dir: Path) -> None:
-    """Refuse to read a run's splits from a corpus other than the one it trained on, naming the file that
-    differs (from its checkpoints' ``meta.json``), for ``evaluate``, ``compare`` and ``inspect``.
-
-    Raises:
-        MinigptError: the fingerprint the run's config records names another corpus.
-    """
-    want = cfg.data.fingerprint
+def run_corpus_change(want: Optional[str], corpus: Corpus, run_dir: Path,
+                      checkpoints: Sequence[str] = (runs.BEST, runs.LAST)) -> Optional[tuple[str, str, str]]:
+    """None when ``corpus`` is the one the run's fingerprint ``want`` names (or it records none, a run saved
+    before fingerprints); else what differs (:func:`corpus_change`) from the files the first of its
+    ``checkpoints`` with a ``meta.json`` records."""
     if want is None or corpus.matches(want):
-        return
+        return None
     before: list[dict] = []
-    for name in (runs.BEST, runs.LAST):
+    for name in checkpoints:
         try:
             before = runs.read_meta(runs.checkpoint_dir(run_dir, name)).get("corpus", {}).get("files") or []
         except (MinigptError, OSError, ValueError, AttributeError):
             continue
         if before:
             break
-    path, what, detail = corpus_change(before, corpus)
-    raise MinigptError(_RUN_CORPUS_CHANGED.format(path=path, what=what, run=run_dir, detail=detail))
+    return corpus_change(before, corpus)
+
+
+def check_run_corpus(cfg: Config, corpus: Corpus, run_dir: Path) -> None:
+    """Refuse to read a run's splits (``evaluate``, ``compare``, ``inspect``) from another corpus than it
+    trained on, naming the file that differs.
+
+    Raises:
+        MinigptError: the fingerprint the run's config records names another corpus.
+    """
+    change = run_corpus_change(cfg.data.fingerprint, corpus, run_dir)
+    if change is not None:
+        path, what, detail = change
+        raise MinigptError(_RUN_CORPUS_CHANGED.format(path=path, what=what, run=run_dir, detail=detail))
 
 
 def check_fingerprint(cfg: Config, corpus: Corpus) -> None:
@@ -227,9 +222,6 @@ def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
 
 def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
     """Load the tokenizer file ``path`` and check that it agrees with the config.
-
-    It must be of ``tokenizer.kind``, hold the configured special tokens, and
-    (for trained kinds, when ``tokenizer.vocab_size`` is set) have that size.
 
     Raises:
         MinigptError: an unreadable file, or one that disagrees with the config.
@@ -273,11 +265,8 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[s
                      root: Optional[Path] = None, write: bool = True) -> tuple[Optional[Tokenizer], Path]:
     """The configured tokenizer (:func:`tokenizer_path`, checked by :func:`load_configured_tokenizer`), trained
     on ``corpus`` and saved first when its file is missing: a char tokenizer on all of it, a trained kind on
-    its first :data:`TOKENIZER_TRAIN_CHARS` characters.
-
-    ``write`` False (a dry run): nothing is saved; a char tokenizer is built in memory, a trained kind only
-    has its size checked (what can be checked without ``corpus``, None when it is not on disk yet), and
-    None is returned for it.
+    its first :data:`TOKENIZER_TRAIN_CHARS` characters. ``write`` False (a dry run): nothing saved; a char
+    tokenizer is built in memory, a trained kind only has its size checked, and None stands for it.
 
     Raises:
         MinigptError: a file that disagrees with the config, a path that cannot be written, or training that
@@ -316,11 +305,7 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[s
 @dataclass
 class DataStage:
     """What ``train``'s data steps found or made: the corpus, its folder, the tokenizer and the token files.
-
-    A dry run downloads and trains nothing: ``corpus`` is None while the named dataset is not downloaded,
-    ``tok`` None while a trained kind is not trained, ``data`` None (or counted, not written) until both
-    are there; ``waits`` says why, and ``trained`` that the tokenizer is not a file yet.
-    """
+    A dry run downloads and trains nothing: what is not there yet is None, and ``waits`` says why."""
 
     root: Path
     tok_path: Path
@@ -336,10 +321,8 @@ def prepare_data(cfg: Config, log: Callable[[str], None], progress: Optional[boo
                  found: Callable[[Optional[Corpus]], None] = lambda corpus: None) -> DataStage:
     """Find (or download) the corpus, train the tokenizer if missing, prepare the token files
     (:func:`~.preparation.prepare`, with ``model.block_size``): ``train``'s data steps and ``minigpt prepare``.
-
-    ``write`` False: ``train --dry-run``, which refuses what those steps would refuse and writes nothing
-    (:class:`DataStage`). ``found`` hears of the corpus on disk (None: not there) before any download;
-    ``check`` refuses a corpus before anything is made from it (a resume's).
+    ``write`` False: ``train --dry-run``'s, refusing what they would refuse and writing nothing. ``found`` hears
+    of the corpus on disk (None: not there) before any download; ``check`` may refuse it before it is used.
 
     Raises:
         MinigptError: as :func:`configured_corpus`, ``check``, :func:`ensure_tokenizer` and ``prepare``.
@@ -396,11 +379,8 @@ def with_vocab(cfg: Config, vocab_size: int) -> Config:
 
 
 class BatchSampler:
-    """Random (x, y) windows from a token memmap, drawn without Python loops.
-
-    Offsets come from a dedicated ``torch.Generator`` so the data order is part
-    of the training state (saved and restored with a checkpoint).
-    """
+    """Random (x, y) windows from a token memmap, drawn without Python loops; the offsets come from a
+    ``torch.Generator`` of its own, so the data order is part of the trainer state."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  device: torch.device, rank: int = 0, world: int = 1):
@@ -451,23 +431,14 @@ EVAL_CHUNK = 4096
 
 
 def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> Iterator[torch.Tensor]:
-    """The start offsets of the ``count`` windows an eval reads, in chunks of at most :data:`EVAL_CHUNK`.
-
-    Drawn uniformly from 0 .. n_tokens - block_size - 1 (every window has a
-    next token), by a generator of their own, always in the same chunks, so
-    the windows depend on (seed, count) alone: not on the batch size, the
-    accumulation or the process count they are later read with.
-    """
+    """The start offsets of the ``count`` windows an eval reads, in chunks of at most :data:`EVAL_CHUNK`, by a
+    generator of their own: they depend on (seed, count) alone, not on the batches they are read in."""
     generator = torch.Generator().manual_seed(seed)
     for start in range(0, count, EVAL_CHUNK):
         yield torch.randint(n_tokens - block_size, (min(EVAL_CHUNK, count - start),), generator=generator)
 
 
 def eval_seed(seed: int, split: str, step: int) -> int:
-    """The seed of the eval batches of ``split`` at optimizer step ``step``.
-
-    A function of the step alone, so an eval at step s reads the same batches
-    however the run got there: uninterrupted, resumed, or continued past a
-    finished run's final eval.
-    """
+    """The seed of the eval batches of ``split`` at optimizer step ``step``: a function of the step alone, so a
+    resumed run evaluates as the uninterrupted one."""
     return ((seed * 1_000_003 + {"train": 2, "val": 3}[split]) * 1_000_000_007 + step) & (2**63 - 1)

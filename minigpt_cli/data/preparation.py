@@ -1,31 +1,18 @@
-"""Corpus -> token memmaps, streamed: :func:`prepare` and the split it makes.
+"""Corpus -> token memmaps, streamed: :func:`prepare` and the one split it makes (:class:`SplitPlan`).
 
-Prepared data lives in ``<corpus folder>/<kind>-<tokenizer fingerprint>/``:
-``train.bin`` and ``val.bin`` (token ids as a flat ``np.memmap``, uint16 below
-65,536 vocabulary entries, uint32 above) and ``meta.json`` naming the
-tokenizer, the corpus fingerprint (every file's path, size and sha256) and the
-split that made them. Any change to these prepares the files again.
-
-The split (:class:`SplitPlan`): with :data:`~minigpt_cli.data.corpus.MANY_DOCUMENTS`
-documents or more, validation takes the last ``round(n · val_fraction)``
-whole documents (at least one, and one stays for training); with fewer, the
-last ``val_fraction`` of the characters, as nanoGPT splits Tiny Shakespeare
-(90/10). Documents are joined with the tokenizer's end-of-text token when it
-has one (:data:`~minigpt_cli.config.special_tokens.END_OF_TEXT`), else with the ids
-of a blank line.
-
-Preparation reads the corpus twice (a survey that checks every file and
-counts, then the encoding) and never holds more than a batch of text and its
-ids: each batch of pieces is encoded by the tokenizer's ``encode_batch`` (the
-``tokenizers`` library uses every core) in a worker thread while the next
-batch is read, and the ids are appended to temporary files renamed into place
-at the end, ``meta.json`` last, so an interrupted run leaves nothing that
-looks complete.
+``<corpus folder>/<kind>-<tokenizer fingerprint>/`` holds ``train.bin`` and ``val.bin`` (flat ids, uint16
+below 65,536 entries, else uint32) and ``meta.json`` naming what made them. With
+:data:`~minigpt_cli.data.corpus.MANY_DOCUMENTS` documents or more, validation is the last
+``round(n · val_fraction)`` whole documents; with fewer, the last ``val_fraction`` of the characters
+(nanoGPT's 90/10). Documents are joined by the tokenizer's end-of-text token, else a blank line. The corpus
+is read twice (a survey, then the encoding, a batch at a time in a worker thread), into temporary files
+renamed into place at the end, ``meta.json`` last, so an interrupted run leaves nothing that looks complete.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -45,7 +32,6 @@ from ..errors import MinigptError
 from ..fileio import atomic_write_text, check_writable, chmod_quietly, new_file_mode
 from ..tokenizer.kinds import Tokenizer
 from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, survey
-from .splits import MIN_SPLIT_TOKENS, check_split_counts
 
 #: Characters of text encoded per batch (the library spreads a batch's pieces over the cores).
 BATCH_CHARS = 1 << 20
@@ -54,6 +40,73 @@ STALE_TEMP_S = 600.0
 _TEMP_PREFIX = ".prep-"
 #: A corpus larger than this (bytes) is not encoded by a dry run when no prepared files give its split.
 PREVIEW_BYTES = 64 << 20
+
+
+#: Fewest tokens a split can have: one (x, y) window with block_size 1.
+MIN_SPLIT_TOKENS = 2
+
+_MESSAGES = {
+    "split": ("data.val_fraction={val_fraction:.12g} splits the corpus into {n_train:,} train and {n_val:,} val "
+              "tokens, too few for {small} (they need {need_s}); {fix}"),
+    "need_block": "at least model.block_size+1 = {need:,} tokens each",
+    "need": "at least {need} tokens each",
+    "another_fraction": "choose a data.val_fraction such as {fits:g}, ",
+    "lower_block": "{another}lower model.block_size (to at most {most:,} with this split), or use more text",
+    "fraction": "choose a data.val_fraction such as {fits:g}, or use more text",
+    "fraction_and_block": ("choose a data.val_fraction such as {fits:g}, then a lower model.block_size (with this "
+                           "split a side has under {least} tokens, which no block size fits), or use more text"),
+    "too_small": ("the corpus is too small for any model.block_size ({total:,} tokens, and train and val need "
+                  "{least} or more each); use more text: about {more:,} tokens give each side {need:,} with this "
+                  "data.val_fraction"),
+}
+
+
+def _fraction_that_fits(val_fraction: float, total: int, need: int) -> Optional[float]:
+    """A ``data.val_fraction`` leaving both sides at least ``need`` of ``total`` tokens (about): 0.1 when it
+    does, else the nearest such value to ``val_fraction``, rounded to two digits; None when none can."""
+    if total < 2 * need:
+        return None
+    lo, hi = need / total, 1 - need / total
+    if lo >= hi:
+        return None
+    if lo <= 0.1 <= hi and val_fraction != 0.1:
+        return 0.1
+    fits = math.ceil(lo * 100 + 1) / 100 if val_fraction < lo or val_fraction == 0.1 else math.floor(hi * 100 - 1) / 100
+    return fits if lo <= fits <= hi else round((lo + hi) / 2, 3)
+
+
+def _fix(val_fraction: float, n_train: int, n_val: int, need: int, block_size: Optional[int]) -> str:
+    """What to change, for a split with a side under ``need`` tokens: a value then accepted, or more text."""
+    total, smallest = n_train + n_val, min(n_train, n_val)
+    fits = _fraction_that_fits(val_fraction, total, need)  # another split, this block size
+    if block_size is not None and smallest >= MIN_SPLIT_TOKENS:  # this split holds a window of smallest - 1
+        another = _MESSAGES["another_fraction"].format(fits=fits) if fits is not None else ""
+        return _MESSAGES["lower_block"].format(another=another, most=smallest - 1)
+    if fits is not None:
+        return _MESSAGES["fraction"].format(fits=fits)
+    fits = _fraction_that_fits(val_fraction, total, MIN_SPLIT_TOKENS)  # another split and a smaller block
+    if fits is not None:
+        return _MESSAGES["fraction_and_block"].format(fits=fits, least=MIN_SPLIT_TOKENS)
+    more = math.ceil(need / min(val_fraction, 1 - val_fraction)) if 0 < val_fraction < 1 else 2 * need
+    return _MESSAGES["too_small"].format(total=total, least=MIN_SPLIT_TOKENS, more=more, need=need)
+
+
+def check_split_counts(val_fraction: float, n_train: int, n_val: int, block_size: Optional[int] = None) -> None:
+    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` tokens on a side or, given ``block_size``, fewer
+    than ``block_size + 1``. The fix offered is one then accepted: a lower ``model.block_size`` when this split
+    has one that fits, another ``data.val_fraction`` when the corpus is large enough, else more text.
+
+    Raises:
+        MinigptError: one line naming ``data.val_fraction``, the token counts and the fix.
+    """
+    need = max(block_size + 1, MIN_SPLIT_TOKENS) if block_size is not None else MIN_SPLIT_TOKENS
+    if min(n_train, n_val) >= need:
+        return
+    small = " and ".join(name for name, n in (("train", n_train), ("val", n_val)) if n < need)
+    need_s = _MESSAGES["need_block" if block_size is not None else "need"].format(need=need)
+    raise MinigptError(_MESSAGES["split"].format(
+        val_fraction=val_fraction, n_train=n_train, n_val=n_val, small=small, need_s=need_s,
+        fix=_fix(val_fraction, n_train, n_val, need, block_size)))
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -117,9 +170,6 @@ def _tail_cut(piece: str, k: int, special_tokens: Sequence[str]) -> int:
 def split_text(text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] = ()) -> tuple[str, str]:
     """(train, val): the first ``int(len·(1-val_fraction))`` characters, and the rest (nanoGPT's split of
     one text; :func:`units` makes the same split in a stream).
-
-    A split point inside one of ``keep_whole`` (the tokenizer's special
-    tokens) moves back to that token's start, so the token stays one id.
     """
     n = _tail_cut(text, int(len(text) * (1 - val_fraction)), keep_whole)
     return text[:n], text[n:]
@@ -131,12 +181,7 @@ Unit = tuple[int, Optional[str], int]
 
 
 def units(corpus: Corpus, plan: SplitPlan, special_tokens: Sequence[str]) -> Iterator[Unit]:
-    """The corpus as a stream of pieces and separators, each tagged with its split (see :class:`SplitPlan`).
-
-    A separator goes between two non-empty documents of the same split; by
-    the tail fraction, with the split whose side it falls on (before the
-    first validation character: train).
-    """
+    """The corpus as a stream of pieces and separators, each tagged with its split (see :class:`SplitPlan`)."""
     doc, chars = -1, 0
     for blocks, read_so_far in documents(corpus):
         started = False
@@ -234,9 +279,6 @@ def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory
                       progress: Optional[bool] = None, block_size: Optional[int] = None) -> dict[str, int]:
     """Encode ``corpus`` into ``directory/{train,val}.bin`` (see the module docstring); return the token and
     character counts. ``directory`` None: count only, writing nothing.
-
-    Each file is written under a temporary name and renamed once complete and its counts pass
-    :func:`~.splits.check_split_counts` (with ``block_size``, when given).
 
     Raises:
         MinigptError: as :func:`encoded`, or a split too small; nothing that looks complete is left.
@@ -356,14 +398,10 @@ def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fractio
             log: Callable[[str], None] = print, progress: Optional[bool] = None,
             block_size: Optional[int] = None, write: bool = True) -> PreparedData:
     """Tokenize ``corpus`` (or the one file, folder or glob it names) into
-    ``root/<kind>-<fingerprint>/{train,val}.bin`` (see the module docstring).
-
-    Reuses files whose ``meta.json`` names the same tokenizer, corpus and split; files of the wrong size, or
-    holding an id beyond the vocabulary (damaged), are prepared again. Given ``block_size``, a split shorter
-    than ``block_size + 1`` tokens is refused, before new files are renamed into place.
-
-    ``write`` False (``train --dry-run``): what it would do, writing nothing: the token folder is checked
-    to be writable and the corpus encoded only to count; the result's ``train`` and ``val`` are then None.
+    ``root/<kind>-<fingerprint>/{train,val}.bin`` (see the module docstring), or reuse files whose
+    ``meta.json`` names the same tokenizer, corpus and split and that are not damaged. Given ``block_size``, a
+    split shorter than ``block_size + 1`` tokens is refused. ``write`` False (a dry run): nothing is written;
+    new token files are only counted, and ``train``/``val`` are None.
 
     Raises:
         MinigptError: an unreadable or non-UTF-8 file, a bad JSON line, text the tokenizer cannot encode,

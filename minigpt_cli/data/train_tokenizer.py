@@ -41,11 +41,6 @@ def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], N
                 limit_chars: Optional[int] = None) -> tuple[Corpus, str, Path]:
     """The corpus, its training text, and its folder (where its tokenizers go by default).
 
-    ``input_path``: a text file, a folder of ``.txt``/``.jsonl`` files, a glob
-    or a ``.jsonl`` file (read as ``data.path`` is); else the config's corpus
-    (the named dataset downloaded first if missing). At most about
-    ``limit_chars`` characters are read (:func:`~minigpt_cli.data.pipeline.training_texts`).
-
     Raises:
         MinigptError: nothing there, an empty or unreadable file, text that is not UTF-8, a bad JSON line.
     """
@@ -79,10 +74,7 @@ def _show(piece: str) -> str:
 
 
 def segmentation(tok: Tokenizer, word: str) -> str:
-    """``word``, after a space as in running text, cut into its tokens' texts: ``▁where | fore``.
-
-    Spaces show as ``▁``, WordPiece continuations keep their ``##``.
-    """
+    """``word``, after a space as in running text, cut into its tokens' texts: ``▁where | fore``."""
     return " | ".join(_show(p) for p in tok.pieces(" " + word))
 
 
@@ -91,14 +83,6 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
                         special_tokens: Optional[Sequence[str]] = None,
                         echo: Callable[[str], None] = print) -> str:
     """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary.
-
-    The file goes to ``output_path``, else the config's ``tokenizer.path`` when
-    the kind is the config's, else ``tokenizer-<kind>[-<size>][-special-<hash>].json`` in the corpus's folder
-    (``data/<dataset>/``, or ``data/<name>-<fingerprint>/`` for a ``data.path`` or ``--input`` corpus), where
-    ``train`` looks for it.
-    The summary gives the vocabulary size, tokens on the validation split,
-    characters per token, whether decode(encode(text)) == text on the corpus,
-    and the segmentation of a few words.
 
     Raises:
         MinigptError: unknown kind, empty or missing input, a vocabulary size
@@ -155,8 +139,6 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
 def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optional[Path] = None,
                 special_tokens: Optional[Sequence[str]] = None, echo: Callable[[str], None] = print) -> str:
     """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations.
-
-    Nothing is written. ``char`` has its alphabet's size whatever ``vocab_size`` says.
 
     Raises:
         MinigptError: as :func:`run_train_tokenizer`; the sizes are checked

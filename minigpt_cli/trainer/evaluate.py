@@ -22,19 +22,10 @@ from .step import estimate_loss
 class Evaluator:
     """Decides when the run evaluates (:func:`~.schedule.should_eval`) and computes the losses.
 
-    An eval reads, for each split, ``train.eval_iters`` global batches' worth
-    of windows: eval_iters × batch_size × grad_accum_steps × processes. That
-    count and the windows themselves (:func:`~minigpt_cli.data.pipeline.eval_offsets`,
-    seeded by :func:`~minigpt_cli.data.pipeline.eval_seed`) depend on the seed, the
-    split, the step and the global batch alone, not on how the global batch
-    is split into micro-batches and processes: 8 × 1, 1 × 8, 2 × 4 and 2
-    processes × 4 evaluate the same windows, and an interrupted and resumed
-    run evaluates exactly as the uninterrupted one. Each process reads its
-    share in micro-batches of ``train.batch_size``.
-
-    A progress bar under the training bar shows a long eval (``show_bar``); ``should_stop`` (the trainer's
-    stop request, the same answer on every rank) is asked before every batch, so a Ctrl-C does not wait for
-    the eval to end; ``on_batch(done, seconds)`` hears of every batch done (the run's time estimate).
+    Each split's eval reads eval_iters × batch_size × grad_accum_steps × processes windows, which depend on
+    the seed, the split, the step and that global batch alone (:func:`~minigpt_cli.data.pipeline.eval_offsets`,
+    :func:`~minigpt_cli.data.pipeline.eval_seed`): any split into micro-batches and processes, and a resumed
+    run, evaluate the same windows.
     """
 
     def __init__(self, cfg: Config, data: PreparedData, device: torch.device, dist: Dist,

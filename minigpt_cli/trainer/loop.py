@@ -1,16 +1,8 @@
-"""The training loop: a :class:`Trainer` whose components decide when they act.
+"""The training loop: a :class:`Trainer` that asks its components when to act, and :func:`train`, the command.
 
-:func:`train` is the whole command: it sets a :class:`Trainer` up, runs
-:meth:`Trainer.fit`, and undoes a new run folder that never got a checkpoint.
-The loop asks its components what to do (:func:`~.schedule.lr_at` for the
-learning rate, :class:`~.evaluate.Evaluator` whether this step evaluates,
-:class:`~minigpt_cli.run.checkpoint.Checkpointer` whether it saves); everything
-else is set up before it, in :mod:`.setup`.
-
-A run can be interrupted (SIGINT/SIGTERM save ``checkpoints/last``, also in
-the middle of an eval) and resumed with the same losses at every later step:
-the trainer state holds the optimizer, every RNG, the data sampler's position,
-the best val loss and the early-stopping counter.
+A stop request (SIGINT/SIGTERM) saves ``checkpoints/last``, also mid-eval; the trainer state holds the
+optimizer, every RNG, the sampler's position, the best val loss and the early-stopping counter, so a
+resumed run has the same losses at every later step.
 """
 
 from __future__ import annotations
@@ -60,14 +52,7 @@ class TrainResult:
 
 
 class Trainer:
-    """Runs the optimizer steps of one prepared run (:class:`~.setup.Setup`) until it ends.
-
-    The loop body (:meth:`fit`) asks the evaluator whether this step
-    evaluates, the schedule for the learning rate, and the checkpointer
-    whether it saves; :meth:`step` is one optimizer step with the
-    ``torch.compile`` fallback, :meth:`evaluate` one evaluation with what
-    follows it (log, checkpoints, sample, plot).
-    """
+    """Runs the optimizer steps of one prepared run (:class:`~.setup.Setup`) until it ends."""
 
     def __init__(self, s: Setup):
         self.s = s
@@ -90,11 +75,6 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         """Train from the current step to ``train.max_iters`` (or early stopping, or a stop request).
-
-        The stop handlers stay on until the run is closed (:meth:`finish`): a
-        stop request that comes after the last eval, while its checkpoints,
-        sample and plot are written or the run is closed, ends nothing early
-        but is answered, with :data:`STOPPED_AT_END`.
 
         Raises:
             Interrupted: a stop request (after saving ``last``; at the end, naming the saved run, with no
@@ -153,11 +133,7 @@ class Trainer:
             raise self.abort_error() from None
 
     def step(self, lr: float) -> Optional[tuple[torch.Tensor, bool]]:
-        """One optimizer step at learning rate ``lr``: the mean loss and whether the update was applied.
-
-        Returns None when ``torch.compile`` failed at its first call: the
-        trainer falls back to the eager model once, and the step is retried.
-        """
+        """One optimizer step at learning rate ``lr``: the mean loss and whether the update was applied."""
         s = self.s
         for group in s.optimizer.param_groups:
             group["lr"] = lr
@@ -214,12 +190,7 @@ class Trainer:
             s.echo(f"step {step:,}/{s.cfg.train.max_iters:,}: loss {train_loss:.4f}, lr {lr:.2e}, {tps:,.0f} tokens/s")
 
     def evaluate(self) -> bool:
-        """Evaluate at the current step, then log, checkpoint, sample and plot; True when early stopping says stop.
-
-        The eval batches depend on the step alone. A stop request cuts the
-        eval short and ``evaluated`` stays False, so the resumed run repeats
-        this eval exactly as the uninterrupted one does it.
-        """
+        """Evaluate at the current step, then log, checkpoint, sample and plot; True when early stopping says stop."""
         s, p = self.s, self.prog
         t_eval = time.perf_counter()
         losses = self.evaluator.losses(s.model, p.step)
@@ -352,29 +323,6 @@ class Trainer:
 def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] = None,
           echo: Callable[[str], None] = print, progress: Optional[bool] = None) -> TrainResult:
     """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`).
-
-    The run folder is locked for the whole run
-    (:class:`~minigpt_cli.run.folder.RunLock`). A new run that fails before its
-    first checkpoint removes the folder it created. Nothing global is left
-    changed afterwards: signal handlers, the thread count and the process
-    group are restored, so a sweep may call this many times in one process.
-
-    Resuming (``resume``) keeps model, tokenizer and data fixed but accepts
-    other ``train`` values. Changing a schedule key (``max_iters``,
-    ``learning_rate``, ``min_lr``, ``warmup_iters``, ``lr_decay_iters``,
-    ``lr_schedule``) is allowed, with a note: the learning rate from the resume
-    step on follows the new values (:func:`~.schedule.schedule_note`). A run
-    that already reached ``max_iters`` trains nothing and returns ``already_done``.
-
-    Args:
-        cfg: the validated config.
-        run_name: folder name under ``train.out_dir``; default ``<name>-<timestamp>``.
-        resume: ``auto`` (the newest run named ``cfg.name``) or a run folder to continue.
-        echo: where status lines go (the CLI prints them to stderr).
-        progress: show a tqdm bar; None: only when stderr is a terminal.
-
-    Returns:
-        The run folder, the final step and losses.
 
     Raises:
         MinigptError: a path it must write that cannot be written (checked

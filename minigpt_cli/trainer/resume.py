@@ -11,7 +11,7 @@ import torch
 
 from ..config.schema import Config
 from ..data.corpus import Corpus
-from ..data.pipeline import corpus_change
+from ..data.pipeline import run_corpus_change
 from ..errors import MinigptError
 from ..run import checkpoint
 from ..run import folder as runs
@@ -21,13 +21,6 @@ from .schedule import schedule_note
 
 def check_resume_config(cfg: Config, saved: Config) -> None:
     """Refuse to resume with another model, tokenizer or data than the run's own.
-
-    Other keys may change. The ``train`` section in particular: a larger
-    ``max_iters`` trains a finished run further; see :func:`schedule_note`
-    for what that does to the learning rate. So may where files are:
-    ``tokenizer.path`` (the tokenizer itself is compared by its fingerprint,
-    :func:`~minigpt_cli.tokenizer.kinds.check_run_tokenizer`) and a fine-tuning run's ``model.init_from``
-    (a resume loads its own weights; the architecture is compared key by key).
 
     Raises:
         MinigptError: a ``model``, ``tokenizer`` or ``data`` key differs; names the key.
@@ -40,7 +33,7 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
                 a["init_from"] = b["init_from"] = None
         if section == "tokenizer":
             a["path"] = b["path"] = None
-        if section == "data":  # the corpus itself is checked against its files (check_resume_corpus)
+        if section == "data":  # the corpus itself is compared by its files (Resumed.check_corpus)
             a["fingerprint"] = b["fingerprint"] = None
         diff = [k for k in a if a[k] != b.get(k)]
         if diff:
@@ -64,24 +57,6 @@ def _named_tokenizer(cfg: Config) -> Optional[Tokenizer]:
 #: A resume whose corpus is not the one the run trained on.
 _CORPUS_CHANGED = ("--resume: corpus file {path} was {what} since the run trained on it{detail}; resume with the "
                    "corpus as the run had it, or start a new run")
-
-
-def check_resume_corpus(saved: Config, last: Path, corpus: Corpus) -> None:
-    """Refuse to resume on a corpus other than the run's: compared by fingerprint, and the file that
-    differs named from the checkpoint's ``meta.json``. Runs saved before fingerprints existed pass.
-
-    Raises:
-        MinigptError: a file edited, added, removed or reordered since the run's checkpoint.
-    """
-    want = saved.data.fingerprint
-    if want is None or corpus.matches(want):
-        return
-    try:
-        before = runs.read_meta(last).get("corpus", {}).get("files") or []
-    except (OSError, ValueError):
-        before = []
-    path, what, detail = corpus_change(before, corpus)
-    raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
 
 
 #: What a resume reads from ``trainer_state.pt`` (the trainer's snapshot, :meth:`~.loop.Trainer.snapshot`):
@@ -156,8 +131,12 @@ class Resumed:
         check_run_tokenizer(self.run_dir, self.saved, _named_tokenizer(cfg))
 
     def check_corpus(self, corpus: Corpus) -> None:
-        """Refuse a corpus other than the run's (:func:`check_resume_corpus`)."""
-        check_resume_corpus(self.saved, self.last_of(self.run_dir), corpus)
+        """Refuse a corpus other than the run's, naming the file that differs (runs saved before fingerprints
+        existed pass)."""
+        change = run_corpus_change(self.saved.data.fingerprint, corpus, self.run_dir, (runs.LAST,))
+        if change is not None:
+            path, what, detail = change
+            raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
 
     def open(self, cfg: Config, tok: Optional[Tokenizer], claim=None) -> None:
         """Lock the run (with ``claim``: rank 0 of a real run; a dry run passes none) and sweep the temporary

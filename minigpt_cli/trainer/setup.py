@@ -1,16 +1,15 @@
 """Everything a run needs before its first step, resolved and built once.
 
-:func:`plan` resolves what ``train`` will do, in the order it does it: the device, the resumed run (found
-once) and ``model.init_from``, the run folder's paths, the corpus (hashed once), the tokenizer, the token
-files, the vocabulary and the memory estimate, and the resumed run's state. ``train --dry-run`` runs it
-with no :class:`Claim`: it refuses what ``train`` refuses, with the same line, and writes nothing, saying
-what it cannot check yet (:mod:`.describe`). :func:`build` then makes the run folder, the model, the
-optimizer and the rest of the :class:`Setup`. Rank 0 alone downloads, prepares and writes files under
-torchrun; the other ranks wait, then read what it made.
+:func:`plan` resolves what ``train`` will do, in its order: the device, the resumed run and
+``model.init_from`` (each found once), the run folder's paths, the corpus (hashed once), the tokenizer and
+token files, the vocabulary, the memory, the resumed state. ``--dry-run`` is :func:`plan` without a
+:class:`Claim`: the same refusals, nothing written. :func:`build` then makes the run folder, the model and
+the :class:`Setup`. Under torchrun the first process of a node prepares the data; the others wait, then read.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 import time
@@ -63,13 +62,8 @@ DROPOUT_CHANGED = ("note: the last session of this run drew its dropout masks wi
 
 
 class Claim(ExitStack):
-    """What :func:`~.loop.train` must undo when it ends: the locked run folder and process-wide settings.
-
-    On the way out, a new run folder that never got a checkpoint is removed
-    after a failure (:meth:`~minigpt_cli.run.folder.RunFolder.discard_if_unsaved`),
-    the lock is released, and every callback pushed (the thread count, CUDA
-    flags) runs, so the process is left as it was found.
-    """
+    """What :func:`~.loop.train` must undo when it ends: a new run folder that never got a checkpoint (after a
+    failure), the run lock, and the process-wide settings pushed as callbacks."""
 
     folder: Optional[runs.RunFolder] = None
 
@@ -170,13 +164,11 @@ class Setup:
 
 
 def tensorboard_writer_class():
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise MinigptError(
-            "train.tensorboard: true needs the tensorboard package; pip install tensorboard, "
-            "or set train.tensorboard: false"
-        ) from None
+    if importlib.util.find_spec("tensorboard") is None:
+        raise MinigptError("train.tensorboard: true needs the tensorboard package; pip install tensorboard, "
+                           "or set train.tensorboard: false")
+    from torch.utils.tensorboard import SummaryWriter
+
     return SummaryWriter
 
 
@@ -225,9 +217,7 @@ class Plan:
 def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Callable[[str], None],
          progress: Optional[bool], claim: Optional["Claim"] = None) -> Plan:
     """Resolve and check everything ``train`` needs before it makes a run folder (see the module docstring).
-
-    ``claim`` None: a dry run, which writes nothing (no download, tokenizer, token files or lock). With a
-    claim, the resumed run's lock is registered in it.
+    ``claim`` None: a dry run, which writes nothing; else the resumed run's lock is registered in it.
 
     Raises:
         MinigptError: as :func:`~.loop.train` documents, up to its first write into a run folder.

@@ -7,11 +7,7 @@ from typing import Any, Optional
 
 
 class StopFlag:
-    """SIGINT/SIGTERM/SIGHUP set a flag the loop checks between steps and eval batches; a second Ctrl-C aborts at once.
-
-    The abort is a KeyboardInterrupt raised wherever the program is (the trainer turns it into one line,
-    :meth:`~.loop.Trainer.second_ctrl_c`). A repeated SIGTERM only sets the flag again.
-    """
+    """SIGINT/SIGTERM/SIGHUP set a flag the loop checks between steps and eval batches; a second Ctrl-C aborts at once."""
 
     def __init__(self):
         self.signal: Optional[str] = None
