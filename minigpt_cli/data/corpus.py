@@ -15,9 +15,10 @@ import hashlib
 import json
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence
 
 from ..errors import MinigptError
 
@@ -182,15 +183,22 @@ def find_files(source: str | Path) -> list[Path]:
     raise _error("missing", source=text)
 
 
-def _sha256(path: Path, on_bytes: Callable[[int], None]) -> str:
-    h = hashlib.sha256()
+@contextmanager
+def _reading(path: Path) -> Iterator[BinaryIO]:
+    """``path`` opened for reading; an OSError while it is read is the one-line ``unreadable`` error."""
     try:
         with open(path, "rb") as f:
-            while block := f.read(BLOCK):
-                h.update(block)
-                on_bytes(len(block))
+            yield f
     except OSError as exc:
         raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+
+
+def _sha256(path: Path, on_bytes: Callable[[int], None]) -> str:
+    h = hashlib.sha256()
+    with _reading(path) as f:
+        while block := f.read(BLOCK):
+            h.update(block)
+            on_bytes(len(block))
     return h.hexdigest()
 
 
@@ -237,26 +245,23 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
     """
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, first = 0, True
-    try:
-        with open(path, "rb") as f:
-            while True:
-                block = f.read(BLOCK)
-                pending = len(decoder.getstate()[0])
-                try:
-                    text = decoder.decode(block, final=not block)
-                except UnicodeDecodeError as exc:
-                    raise _error("not_utf8", path=str(path), reason=exc.reason,
-                                 offset=offset - pending + exc.start) from None
-                if first and text.startswith("\ufeff"):
-                    text = text[1:]
-                first = False
-                offset += len(block)
-                if text or block:
-                    yield text, len(block)
-                if not block:
-                    return
-    except OSError as exc:
-        raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+    with _reading(path) as f:
+        while True:
+            block = f.read(BLOCK)
+            pending = len(decoder.getstate()[0])
+            try:
+                text = decoder.decode(block, final=not block)
+            except UnicodeDecodeError as exc:
+                raise _error("not_utf8", path=str(path), reason=exc.reason,
+                             offset=offset - pending + exc.start) from None
+            if first and text.startswith("\ufeff"):
+                text = text[1:]
+            first = False
+            offset += len(block)
+            if text or block:
+                yield text, len(block)
+            if not block:
+                return
 
 
 def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
@@ -266,35 +271,32 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
         MinigptError: a line that is not UTF-8 or not a JSON object, or that lacks a text ``field``.
     """
     offset = 0
-    try:
-        with open(path, "rb") as f:
-            for number, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise _error("not_utf8", path=str(path), reason=exc.reason, offset=offset + exc.start) from None
-                offset += len(raw)
-                if not line.strip():
-                    yield "", len(raw)
-                    continue
-                if number == 1:
-                    line = line.removeprefix("\ufeff")  # a byte-order mark, as Windows tools write one
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise _error("bad_json", path=path, line=number, detail=f"{exc.msg} at column {exc.colno}") from None
-                if not isinstance(obj, dict):
-                    kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
-                    raise _error("not_object", path=path, line=number, kind=kind)
-                if field not in obj:
-                    keys = ", ".join(map(repr, list(obj)[:8])) or "no fields"
-                    raise _error("no_field", path=path, line=number, field=field, keys=keys)
-                text = obj[field]
-                if not isinstance(text, str):
-                    raise _error("not_text", path=path, line=number, field=field, kind=type(text).__name__)
-                yield text, len(raw)
-    except OSError as exc:
-        raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+    with _reading(path) as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _error("not_utf8", path=str(path), reason=exc.reason, offset=offset + exc.start) from None
+            offset += len(raw)
+            if not line.strip():
+                yield "", len(raw)
+                continue
+            if number == 1:
+                line = line.removeprefix("\ufeff")  # a byte-order mark, as Windows tools write one
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise _error("bad_json", path=path, line=number, detail=f"{exc.msg} at column {exc.colno}") from None
+            if not isinstance(obj, dict):
+                kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
+                raise _error("not_object", path=path, line=number, kind=kind)
+            if field not in obj:
+                keys = ", ".join(map(repr, list(obj)[:8])) or "no fields"
+                raise _error("no_field", path=path, line=number, field=field, keys=keys)
+            text = obj[field]
+            if not isinstance(text, str):
+                raise _error("not_text", path=path, line=number, field=field, kind=type(text).__name__)
+            yield text, len(raw)
 
 
 #: Where GPT-2's split (``tokenizer_training.SPLIT_PATTERN``) cuts anyway: after a single newline between two

@@ -74,8 +74,11 @@ def _show(piece: str) -> str:
 
 
 def segmentation(tok: Tokenizer, word: str) -> str:
-    """``word``, after a space as in running text, cut into its tokens' texts: ``▁where | fore``."""
-    return " | ".join(_show(p) for p in tok.pieces(" " + word))
+    """``word``, after a space as in running text, cut into its tokens' texts (``▁where | fore``), or ``(not encodable)``."""
+    try:
+        return " | ".join(_show(p) for p in tok.pieces(" " + word))
+    except MinigptError:
+        return "(not encodable)"
 
 
 def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Optional[int] = None,
@@ -128,11 +131,7 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     if tok.special_tokens:
         lines.append("special tokens      " + ", ".join(f"{s} (id {tok.encode(s)[0]})" for s in tok.special_tokens))
     lines.append("segmentation (after a space, shown as \u2581):")
-    for w in SAMPLE_WORDS:
-        try:
-            lines.append(f"  {w:<12} {segmentation(tok, w)}")
-        except MinigptError:
-            lines.append(f"  {w:<12} (not encodable)")
+    lines += [f"  {w:<12} {segmentation(tok, w)}" for w in SAMPLE_WORDS]
     return "\n".join(lines)
 
 
@@ -174,10 +173,5 @@ def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optio
         "", "segmentation (after a space, shown as \u2581):"]
     for w in SAMPLE_WORDS:
         lines.append(f"  {w}")
-        for kind, r in reports.items():
-            try:
-                seg = segmentation(r.tokenizer, w)
-            except MinigptError:
-                seg = "(not encodable)"
-            lines.append(f"    {kind:<10} {seg}")
+        lines += [f"    {kind:<10} {segmentation(r.tokenizer, w)}" for kind, r in reports.items()]
     return "\n".join(lines)

@@ -322,20 +322,16 @@ class Trainer:
 
 def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] = None,
           echo: Callable[[str], None] = print, progress: Optional[bool] = None) -> TrainResult:
-    """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`).
+    """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`); ``resume``:
+    ``auto`` or a run folder to continue. Nothing global is left changed afterwards (a sweep calls this often).
 
     Raises:
-        MinigptError: a path it must write that cannot be written (checked
-            before anything is fetched or written, :func:`~.preflight.check_paths`),
-            device not available, data cannot be fetched, run exists
-            or is in use, checkpoint unusable, a ``sample.prompt`` the tokenizer
-            cannot encode (:func:`~minigpt_cli.sample.sampling.encode_prompt`), a model too
-            large for the free memory (estimated up front, or the allocator failing),
-            or training diverged.
-        Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``),
-            or aborted by a second Ctrl-C (without saving); ``resume_dir`` names
-            the run to continue (None when the signal came as the run ended:
-            it is complete).
+        MinigptError: what :func:`~.setup.plan` refuses before anything is written (a path that cannot be
+            written, no such device, data that cannot be fetched, a run that exists or is in use, a damaged
+            checkpoint, a prompt the tokenizer cannot encode, a model too large for the free memory), the
+            allocator running out, or training that diverged.
+        Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``), or aborted by a second
+            Ctrl-C (without saving); ``resume_dir`` names the run to continue (None: it is complete).
     """
     claim = Claim()
     try:
