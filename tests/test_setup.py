@@ -12,21 +12,13 @@ from collections import Counter
 import pytest
 from helpers import TINY, assert_user_error, tiny, working_dir
 from test_corpus import shakespeare, write_docs  # noqa: F401 (a fixture)
+from test_schedule import own_data  # noqa: F401 (a fixture)
 
 import minigpt_cli.data.corpus as C
 import minigpt_cli.data.download as D
 from minigpt_cli.trainer import train
 
 REPO_CONFIGS = TINY.parent
-
-
-@pytest.fixture
-def own_data(tmp_path, corpus_file):
-    """A data folder of this test's own holding the corpus (train writes tokenizers and token files into it)."""
-    root = tmp_path / "own-data"
-    (root / "tinyshakespeare").mkdir(parents=True)
-    shutil.copyfile(corpus_file, root / "tinyshakespeare" / "input.txt")
-    return root
 
 
 def _error(res) -> str:
