@@ -36,23 +36,27 @@ def _split_line(p: Plan) -> str:
 
 
 def unchecked(p: Plan) -> list[str]:
-    """The checks ``train`` makes that this dry run could not make yet, each with the reason (none passes
-    silently): what needs the tokenizer or the corpus while they are not there."""
+    """The checks ``train`` makes that this dry run does not, each with the reason (none passes silently):
+    what needs the tokenizer or the corpus while they are not there, and what only training reads."""
     given, stage, why = p.given, p.stage, p.stage.waits
-    if why is None:
-        return []
     out = []
-    if stage.tok is None and given.model.vocab_size is not None:
-        out.append(f"model.vocab_size {given.model.vocab_size} against the tokenizer's size")
-    if stage.tok is None and given.sample.prompt:
-        out.append("sample.prompt against the tokenizer's vocabulary")
-    if stage.corpus is None and given.tokenizer.kind in ("unigram", "wordpiece"):
-        out.append("tokenizer.vocab_size against the corpus's characters")
-    if stage.corpus is None and p.resumed is not None:
-        out.append("the corpus against the resumed run's")
-    if stage.corpus is None and given.data.fingerprint is not None:
-        out.append("the corpus against data.fingerprint")
-    return [f"  not checked: {what} ({why})" for what in out]
+    if why is not None:
+        if stage.tok is None and given.model.vocab_size is not None:
+            out.append((f"model.vocab_size {given.model.vocab_size} against the tokenizer's size", why))
+        if stage.tok is None and given.sample.prompt:
+            out.append(("sample.prompt against the tokenizer's vocabulary", why))
+        if stage.corpus is None and given.tokenizer.kind in ("unigram", "wordpiece"):
+            out.append(("tokenizer.vocab_size against the corpus's characters", why))
+        if stage.corpus is None and p.resumed is not None:
+            out.append(("the corpus against the resumed run's", why))
+        if stage.corpus is None and given.data.fingerprint is not None:
+            out.append(("the corpus against data.fingerprint", why))
+    if p.resumed is not None:
+        out.append(("that no other train holds the run's lock, and its checkpoint's weights",
+                    "a dry run takes no lock and loads no weights"))
+    elif given.model.init_from is not None:
+        out.append((f"the weights in {given.model.init_from}", "a dry run loads no weights"))
+    return [f"  not checked: {what} ({reason})" for what, reason in out]
 
 
 def describe_derived(p: Plan) -> list[str]:
