@@ -39,7 +39,6 @@ from ..runtime.device import (
     barrier,
     broadcast,
     check_memory,
-    close_distributed,
     init_distributed,
     resolve_device,
     resolve_dtype,
