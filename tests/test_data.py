@@ -13,14 +13,7 @@ from helpers import TINY, assert_user_error
 
 from minigpt_cli.config.schema import load_config
 from minigpt_cli.data.pipeline import BatchSampler, with_vocab
-from minigpt_cli.data.preparation import (
-    check_split_counts,
-    check_split_sizes,
-    prepare,
-    split_counts,
-    split_text,
-    token_dtype,
-)
+from minigpt_cli.data.preparation import check_split_counts, prepare, split_text, token_dtype
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.tokenizer.kinds import CharTokenizer, load_tokenizer
 
@@ -114,22 +107,21 @@ def test_prepare_refuses_an_empty_split_left_by_an_earlier_run(tmp_path, corpus_
         prepare(corpus_file, tok, tmp_path, 0.99999999, log=lambda m: None)
 
 
-def test_check_split_sizes_names_block_size(tmp_path, corpus_file):
+def test_a_split_too_small_for_the_block_size_is_refused_naming_it(tmp_path, corpus_file):
     tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))
     data = prepare(corpus_file, tok, tmp_path, 0.9999, log=lambda m: None)
     n_train, n_val = len(data.train), len(data.val)
     assert n_train == 111
-    check_split_sizes(data, 110)  # 111 tokens hold one window of 110 + 1
+    prepare(corpus_file, tok, tmp_path, 0.9999, log=lambda m: None, block_size=110)  # one window of 110 + 1
     with pytest.raises(MinigptError) as e:
-        check_split_sizes(data, 111)
+        prepare(corpus_file, tok, tmp_path, 0.9999, log=lambda m: None, block_size=111)  # the files reused
     msg = str(e.value)
     assert "data.val_fraction=0.9999" in msg and f"{n_train:,} train and {n_val:,} val" in msg, msg
     assert "too few for train " in msg and "model.block_size+1 = 112" in msg, msg
     assert "choose a data.val_fraction such as 0.1" in msg and "to at most 110 with this split" in msg
     # A block the whole corpus cannot hold twice: another split would not help, so it is not suggested.
-    data = prepare(corpus_file, tok, tmp_path, 0.1, log=lambda m: None)
     with pytest.raises(MinigptError) as e:
-        check_split_sizes(data, 1_000_000)
+        prepare(corpus_file, tok, tmp_path, 0.1, log=lambda m: None, block_size=1_000_000)
     assert "val_fraction such as" not in str(e.value) and "lower model.block_size" in str(e.value)
 
 
@@ -232,14 +224,14 @@ def test_a_three_character_corpus_is_too_small_through_the_cli(cli, tmp_path):
     assert "lower model.block_size" not in res.stderr
 
 
-def test_split_counts_equal_what_prepare_writes(tmp_path, corpus_file):
+def test_a_dry_prepare_counts_what_prepare_writes(tmp_path, corpus_file):
     tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))
-    counts = split_counts(corpus_file, tok, tmp_path, 0.3)
+    counts = prepare(corpus_file, tok, tmp_path, 0.3, write=False).counts
     assert not list(tmp_path.iterdir())  # nothing written
     data = prepare(corpus_file, tok, tmp_path, 0.3, log=lambda m: None)
-    assert counts == (len(data.train), len(data.val)) == split_counts(corpus_file, tok, tmp_path, 0.3)
+    assert counts == (len(data.train), len(data.val)) == prepare(corpus_file, tok, tmp_path, 0.3, write=False).counts
     with pytest.raises(MinigptError, match="too few for val"):
-        split_counts(corpus_file, tok, tmp_path, 1e-7)
+        prepare(corpus_file, tok, tmp_path, 1e-7, write=False)
 
 
 def test_with_vocab_fills_a_null_size_and_refuses_a_smaller_one():

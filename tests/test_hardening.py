@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import TINY, assert_user_error, working_dir
@@ -17,7 +18,7 @@ from helpers import TINY, assert_user_error, working_dir
 from minigpt_cli.errors import MinigptError
 
 LONG = "x" * 300  # past every file system's 255-byte names
-#: The files train writes in the folder of a run it resumes, in the order paths_to_write names them.
+#: The files train writes in the folder of a run it resumes, in the order run_files names them.
 RUN_FILES = [".lock", "metrics.jsonl", "train.log", "samples.txt", "config.yaml", "env.json", "loss.png"]
 
 
@@ -89,33 +90,28 @@ def test_write_problem_names_what_mkdir_and_atomic_writes_would(tmp_path, monkey
     assert write_problem(tmp_path / "d", folder=True).errno in (13, 30)  # EACCES, or EROFS
 
 
-def test_a_prepared_data_folder_is_not_written_so_not_checked(cli, data_dir, tmp_path):
+def test_a_prepared_data_folder_is_not_written_so_not_checked(cli, data_dir, tmp_path, monkeypatch):
     """Train writes nothing in a data folder that holds the corpus, the tokenizer and token files: a read-only
-    shared copy must not be refused."""
-    from minigpt_cli.config.schema import load_config
-    from minigpt_cli.trainer.preflight import paths_to_write
-
+    shared copy must not be refused (os.access stands in for a read-only mount)."""
     with working_dir(tmp_path):
         assert _train(cli, data_dir, "train.max_iters=0").exit_code == 0  # prepares, if no test did yet
-        cfg = load_config(TINY, [f"data.data_dir={data_dir}"])
-        assert [(str(p), folder) for p, folder in paths_to_write(cfg)] == [("runs", True)]
-        assert paths_to_write(cfg, resume="runs/x") == []
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if str(data_dir) in str(p) else real(p, mode))
+        for dry in (True, False):
+            res = _train(cli, data_dir, "train.max_iters=0", dry=dry)
+            assert res.exit_code == 0, res
 
 
 def test_dry_run_checks_the_folder_of_the_run_it_resumes(cli, data_dir, tmp_path, monkeypatch):
     """A resumed run writes its lock, logs and checkpoints in its own folder: one that cannot be written is
     refused by --dry-run as by train, before anything is written (os.access stands in for a read-only mount:
     root writes through modes)."""
-    from minigpt_cli.config.schema import load_config
-    from minigpt_cli.trainer.preflight import paths_to_write
+    from minigpt_cli.trainer.setup import run_files
 
     with working_dir(tmp_path):
         assert _train(cli, data_dir, "train.max_iters=1", "train.eval_interval=1").exit_code == 0
         run = next((tmp_path / "runs").iterdir())
-        cfg = load_config(TINY, [f"data.data_dir={data_dir}"])
-        rel = run.relative_to(tmp_path)
-        assert [(p.relative_to(tmp_path), folder) for p, folder in paths_to_write(cfg, resume=str(run))] == \
-            [(rel, True), (rel / "checkpoints", True)] + [(rel / name, False) for name in RUN_FILES]
+        assert [p.relative_to(run) for p in run_files(run)[0]] == [Path(name) for name in RUN_FILES]
         before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
         real = os.access
         # --resume auto continues the newest run of the config's name: the same folder, found under runs/.

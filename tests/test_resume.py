@@ -226,7 +226,7 @@ def test_resume_takes_the_runs_tokenizer_by_its_path_and_refuses_another(data_di
     """What the tokenizer error says to do works: tokenizer.path at the run's tokenizer.json resumes; another
     tokenizer is refused before anything is prepared with it, by the dry run as by train."""
     from minigpt_cli.tokenizer.kinds import CharTokenizer
-    from minigpt_cli.trainer import describe_resume
+    from minigpt_cli.trainer.setup import plan
 
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=4"), run_name="t", echo=lambda m: None, progress=False)
@@ -239,7 +239,7 @@ def test_resume_takes_the_runs_tokenizer_by_its_path_and_refuses_another(data_di
     other = tiny(data_dir, "train.max_iters=8", f"tokenizer.path={tmp_path / 'other.json'}")
     refused = r"the tokenizer file the config names differs from runs/t/tokenizer.json; point tokenizer.path at"
     with pytest.raises(MinigptError, match=refused):
-        describe_resume(other, "runs/t")
+        plan(other, None, "runs/t", lambda m: None, False)  # the dry run's set-up
     with pytest.raises(MinigptError, match=refused):
         train(other, echo=lambda m: None, progress=False, resume="runs/t")
     assert not (data_dir / "tinyshakespeare" / f"char-{abc.fingerprint()}").exists()  # nothing prepared with it

@@ -213,9 +213,11 @@ def test_bfloat16_autocast_runs_on_cpu(data_dir, tmp_path, monkeypatch):
 
 
 def test_tensorboard_without_the_package_is_a_clear_error(cli, data_dir, tmp_path, monkeypatch):
-    """Runs whether or not tensorboard is installed: a None in sys.modules makes its import fail."""
+    import importlib.util
+
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    real = importlib.util.find_spec  # the package as missing, whether it is installed here or not
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
     res = cli("train", TINY, "--set", "train.tensorboard=true", "--set", f"data.data_dir={data_dir}")
     assert_user_error(res, "tensorboard", "pip install tensorboard")
     assert not (tmp_path / "runs").exists()

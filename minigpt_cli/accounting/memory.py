@@ -48,11 +48,12 @@ def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dt
     Recomputation in Large Transformer Models", §4.1, eq. 1) give
     s·b·h·(34 + 5·a·s/h) bytes per layer for 16-bit activations with dropout
     (s sequence, b batch, h width, a heads); the 5·a·s/h term holds the a·s²
-    score matrices, which fused attention kernels (FlashAttention, SDPA) never
-    store. The 34 assumes a 4h GELU MLP, so SwiGLU and grouped-query models
-    are approximated. float32 doubles it. The logits add 4·s·b·V bytes (float32 for the
-    loss, §4.3). Workspace, allocator slack and the CUDA context are not
-    counted.
+    score matrices, which fused attention kernels (FlashAttention, SDPA, what
+    the model trains with) never store, so the total leaves it out. The 34
+    assumes a 4h GELU MLP, so SwiGLU and grouped-query models are
+    approximated. float32 doubles it. The logits add 4·s·b·V bytes (float32
+    for the loss, §4.3). Workspace, allocator slack and the CUDA context are
+    not counted.
 
     Args:
         model_cfg: the model section (n_layer, n_embd, n_head are used).
@@ -65,7 +66,8 @@ def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dt
         A dict of byte counts: weights, gradients, master_weights,
         adam_moments, model_states, activations_estimate (standard attention),
         activations_estimate_fused (no s² term), logits, total_estimate
-        (model states + activations_estimate + logits); plus dtype,
+        (model states + activations_estimate_fused + logits: the figure
+        ``train`` checks against the free memory); plus dtype,
         mixed_precision, batch_size, seq_len and the activation formula.
 
     Raises:
@@ -100,6 +102,6 @@ def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dt
         "activations_estimate": act,
         "activations_estimate_fused": act_fused,
         "logits": logits,
-        "total_estimate": states + act + logits,
+        "total_estimate": states + act_fused + logits,
         "activation_formula": "L*s*b*h*(34 + 5*a*s/h) bytes at 16 bit (Korthikanti et al. 2022, eq. 1)",
     }

@@ -60,26 +60,18 @@ def train(
     Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
     """
     from ..config.schema import load_config
-    from ..hf.finetune import resolve_init_from, resumed_run
 
     set_ = [*set_, f"model.init_from={init_from}"] if init_from is not None else set_
     cfg = load_config(resolve_config(config, echo), set_)
-    cfg = resolve_init_from(cfg, resumed_run(cfg, resume))
     if resume is not None and run_name is not None:
         raise MinigptError("pass either --resume or --run-name, not both (a resumed run keeps its folder)")
-    from ..trainer import describe_resume, describe_schedule
     from ..trainer import train as run_training
 
-    if dry_run:
-        from ..trainer.preflight import check_paths
+    if dry_run:  # train's own set-up, stopped before its first write
+        from ..trainer.describe import describe_schedule
+        from ..trainer.setup import plan
 
-        check_paths(cfg, resume)  # train's own check, before it writes anything
-        if run_name is not None:
-            runs.check_run_name(cfg.train.out_dir, run_name)
-        resuming = describe_resume(cfg, resume) if resume is not None else []  # refused before anything prints
-        print(describe_schedule(cfg))
-        if resuming:
-            print("\n" + "\n".join(resuming))
+        print(describe_schedule(plan(cfg, run_name, resume, echo, progress)))
         return
     try:
         result = run_training(cfg, run_name, resume=resume, echo=echo, progress=progress)
@@ -122,8 +114,9 @@ def prepare(
     """
     from ..config.schema import load_config
     from ..data.pipeline import prepare_configured
+    from ..hf.finetune import resolve_init_from
 
-    cfg = load_config(resolve_config(config, echo), set_)
+    cfg = resolve_init_from(load_config(resolve_config(config, echo), set_))
     try:
         corpus, tok, tok_path, data = prepare_configured(cfg, echo, progress)
     except KeyboardInterrupt:

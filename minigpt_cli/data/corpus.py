@@ -1,16 +1,10 @@
 """A corpus: the text files ``data.path`` names (or a named download), read as documents, in a stream.
 
-``data.path`` is a UTF-8 text file, a folder (its ``*.txt`` and ``*.jsonl``
-files, recursively, sorted by path), or a glob (``books/**/*.txt``). A text
-file is one document; a JSON Lines file (``.jsonl``) holds one document per
-line, its text in the field ``data.text_field``. Nothing here holds a whole
-file: :func:`documents` reads in blocks of :data:`BLOCK` bytes and yields each
-document as pieces of about :data:`PIECE_CHARS` characters, cut only where
-GPT-2's pre-tokenizer cuts anyway (:func:`cut_pieces`), so encoding the pieces
-one by one gives the ids of the whole document.
-
-Every failure is one :class:`MinigptError` naming the file, and the byte
-offset or line where it can; :data:`MESSAGES` holds the texts.
+``data.path`` is a UTF-8 file, a folder (its ``*.txt`` and ``*.jsonl``, recursively, sorted) or a glob. A
+text file is one document; a JSON Lines file one per line (field ``data.text_field``). :func:`documents`
+reads blocks of :data:`BLOCK` bytes and :func:`cut_pieces` cuts only where GPT-2's pre-tokenizer cuts, so
+encoding the pieces one by one gives the ids of the whole document. Every failure is one line
+(:data:`MESSAGES`).
 """
 
 from __future__ import annotations
@@ -21,9 +15,10 @@ import hashlib
 import json
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence
 
 from ..errors import MinigptError
 
@@ -85,11 +80,7 @@ class CorpusFile:
 
 @dataclass(frozen=True)
 class Corpus:
-    """The files of one corpus, in reading order, and how to read them.
-
-    ``source``: what the user named (for messages); ``name``: a short stem
-    for its data folder (:meth:`folder`).
-    """
+    """The files of one corpus, in reading order, and how to read them."""
 
     source: str
     name: str
@@ -103,12 +94,7 @@ class Corpus:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of every file's (name, size, sha256), in order, and of the JSON field read: 64 hex digits.
-
-        Editing, adding, removing or renaming a file changes it; so does another ``data.text_field`` when
-        a file is JSON Lines. Moving the corpus (or the project holding it) does not: a name is relative to
-        the folder holding all the files.
-        """
+        """sha256 of every file's (name, size, sha256), in order, and of the JSON field read: 64 hex digits."""
         return self._digest([{k: r[k] for k in ("name", "size", "sha256")} for r in self.records()])
 
     @property
@@ -137,12 +123,7 @@ class Corpus:
 
 
 def changed_file(before: Sequence[dict], after: Sequence[dict]) -> Optional[tuple[str, str]]:
-    """The first file that differs between two :meth:`Corpus.records` lists, and how: ``(path, what)``; or None.
-
-    ``what`` is ``"changed"`` (same file, other size or contents), ``"removed"``, ``"added"`` or
-    ``"reordered"``. Files are matched by name (records from before names, by path); the path returned is
-    the file's path now where it still exists.
-    """
+    """The first file that differs between two :meth:`Corpus.records` lists, and how: ``(path, what)``; or None."""
     key = "name" if all("name" in r for r in [*before, *after]) else "path"
     old = {r[key]: r for r in before}
     new = {r[key]: r for r in after}
@@ -202,15 +183,22 @@ def find_files(source: str | Path) -> list[Path]:
     raise _error("missing", source=text)
 
 
-def _sha256(path: Path, on_bytes: Callable[[int], None]) -> str:
-    h = hashlib.sha256()
+@contextmanager
+def _reading(path: Path) -> Iterator[BinaryIO]:
+    """``path`` opened for reading; an OSError while it is read is the one-line ``unreadable`` error."""
     try:
         with open(path, "rb") as f:
-            while block := f.read(BLOCK):
-                h.update(block)
-                on_bytes(len(block))
+            yield f
     except OSError as exc:
         raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+
+
+def _sha256(path: Path, on_bytes: Callable[[int], None]) -> str:
+    h = hashlib.sha256()
+    with _reading(path) as f:
+        while block := f.read(BLOCK):
+            h.update(block)
+            on_bytes(len(block))
     return h.hexdigest()
 
 
@@ -257,26 +245,23 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
     """
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, first = 0, True
-    try:
-        with open(path, "rb") as f:
-            while True:
-                block = f.read(BLOCK)
-                pending = len(decoder.getstate()[0])
-                try:
-                    text = decoder.decode(block, final=not block)
-                except UnicodeDecodeError as exc:
-                    raise _error("not_utf8", path=str(path), reason=exc.reason,
-                                 offset=offset - pending + exc.start) from None
-                if first and text.startswith("\ufeff"):
-                    text = text[1:]
-                first = False
-                offset += len(block)
-                if text or block:
-                    yield text, len(block)
-                if not block:
-                    return
-    except OSError as exc:
-        raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+    with _reading(path) as f:
+        while True:
+            block = f.read(BLOCK)
+            pending = len(decoder.getstate()[0])
+            try:
+                text = decoder.decode(block, final=not block)
+            except UnicodeDecodeError as exc:
+                raise _error("not_utf8", path=str(path), reason=exc.reason,
+                             offset=offset - pending + exc.start) from None
+            if first and text.startswith("\ufeff"):
+                text = text[1:]
+            first = False
+            offset += len(block)
+            if text or block:
+                yield text, len(block)
+            if not block:
+                return
 
 
 def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
@@ -286,35 +271,32 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
         MinigptError: a line that is not UTF-8 or not a JSON object, or that lacks a text ``field``.
     """
     offset = 0
-    try:
-        with open(path, "rb") as f:
-            for number, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise _error("not_utf8", path=str(path), reason=exc.reason, offset=offset + exc.start) from None
-                offset += len(raw)
-                if not line.strip():
-                    yield "", len(raw)
-                    continue
-                if number == 1:
-                    line = line.removeprefix("\ufeff")  # a byte-order mark, as Windows tools write one
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise _error("bad_json", path=path, line=number, detail=f"{exc.msg} at column {exc.colno}") from None
-                if not isinstance(obj, dict):
-                    kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
-                    raise _error("not_object", path=path, line=number, kind=kind)
-                if field not in obj:
-                    keys = ", ".join(map(repr, list(obj)[:8])) or "no fields"
-                    raise _error("no_field", path=path, line=number, field=field, keys=keys)
-                text = obj[field]
-                if not isinstance(text, str):
-                    raise _error("not_text", path=path, line=number, field=field, kind=type(text).__name__)
-                yield text, len(raw)
-    except OSError as exc:
-        raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+    with _reading(path) as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _error("not_utf8", path=str(path), reason=exc.reason, offset=offset + exc.start) from None
+            offset += len(raw)
+            if not line.strip():
+                yield "", len(raw)
+                continue
+            if number == 1:
+                line = line.removeprefix("\ufeff")  # a byte-order mark, as Windows tools write one
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise _error("bad_json", path=path, line=number, detail=f"{exc.msg} at column {exc.colno}") from None
+            if not isinstance(obj, dict):
+                kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
+                raise _error("not_object", path=path, line=number, kind=kind)
+            if field not in obj:
+                keys = ", ".join(map(repr, list(obj)[:8])) or "no fields"
+                raise _error("no_field", path=path, line=number, field=field, keys=keys)
+            text = obj[field]
+            if not isinstance(text, str):
+                raise _error("not_text", path=path, line=number, field=field, kind=type(text).__name__)
+            yield text, len(raw)
 
 
 #: Where GPT-2's split (``tokenizer_training.SPLIT_PATTERN``) cuts anyway: after a single newline between two
@@ -337,13 +319,6 @@ def _inside_special(text: str, pos: int, special_tokens: Sequence[str]) -> bool:
 def cut_pieces(chunks: Iterable[str], size: Optional[int] = None, special_tokens: Sequence[str] = ()) -> Iterator[str]:
     """The text of ``chunks`` (one document, in order) as pieces of about ``size`` characters
     (default :data:`PIECE_CHARS`).
-
-    A cut falls only where :data:`SAFE_CUT` matches, so every trained
-    tokenizer kind (they all split words with GPT-2's regex) encodes the
-    pieces to the ids of the whole text; never inside a special token. A
-    stretch of :data:`HARD_CUT_FACTOR` × ``size`` characters with no such
-    place (no whitespace at all) is cut at ``size`` anyway: the one place
-    where the ids may differ from the whole text's, by a token or two.
     """
     size = size or PIECE_CHARS
     risky = [s for s in special_tokens if any(ch.isspace() for ch in s)]  # others never span a safe cut
@@ -409,8 +384,6 @@ class Survey:
 
 def survey(corpus: Corpus, alphabet: bool = False, on_bytes: Callable[[int], None] = lambda n: None) -> Survey:
     """Read ``corpus`` once, checking every file, and count its non-empty documents and their characters.
-
-    ``alphabet``: also collect the distinct characters (for a char tokenizer; slower).
 
     Raises:
         MinigptError: a file that is not UTF-8, a bad JSON line (:func:`documents`), or no text at all.

@@ -1,15 +1,10 @@
-"""The config's corpus and tokenizer, made ready for training, and the batches drawn from token memmaps.
-
-:func:`configured_corpus` finds the corpus the config names (``data.path``,
-else the named ``data.dataset``, downloaded first) and the folder its
-tokenizers and token files go in; :func:`ensure_tokenizer` trains the
-configured tokenizer on it when its file is missing; the streaming
-preparation itself is :mod:`minigpt_cli.data.preparation`. :class:`BatchSampler`
-and :func:`eval_offsets` draw the (x, y) windows the trainer and the eval read.
+"""The config's corpus, tokenizer and token files made ready (:func:`prepare_data`, ``train``'s data steps),
+and the batches drawn from token memmaps (:class:`BatchSampler`, :func:`eval_offsets`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -19,11 +14,13 @@ import torch
 from ..config.schema import Config
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError
+from ..fileio import check_writable
 from ..paths import corpus_path, dataset_dir, default_tokenizer_path
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_tokenizer
-from ..tokenizer.training import train_tokenizer
+from ..tokenizer.training import MAX_VOCAB_SIZE, check_vocab_size, train_tokenizer
 from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, find_files, open_corpus
+from .preparation import PreparedData, prepare
 
 #: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus
 #: (its first documents); the char tokenizer reads all of it (every character needs an id).
@@ -40,49 +37,63 @@ _FINGERPRINT = ("the corpus is not the one data.fingerprint names ({want}…; no
 
 
 def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
-    """The named dataset's corpus file, downloaded first (saying so) if it is not there or fails its checksum.
-
-    ``progress``: the download's bar; None shows it only when stderr is a terminal.
+    """The named dataset's corpus file, downloaded (saying so) when it is not there or fails its checksum.
 
     Raises:
         MinigptError: the download failed (:func:`~minigpt_cli.data.download.download`); with ``data.url``
             set, the fix says it must be a mirror of the named corpus.
     """
-    from .download import download, file_ok
+    from .download import download
 
-    path = corpus_path(cfg.data.data_dir, cfg.data.dataset)
-    if not file_ok(path, cfg.data.dataset):
-        log(f"{path} not found or incomplete; downloading it first")
-        hint = _URL_HINT.format(dataset=cfg.data.dataset) if cfg.data.url else None
-        path, _ = download(cfg.data.dataset, cfg.data.data_dir, url=cfg.data.url, progress=progress,
-                           mirror_hint=hint)
-    return path
+    log(f"{corpus_path(cfg.data.data_dir, cfg.data.dataset)} not found or incomplete; downloading it first")
+    hint = _URL_HINT.format(dataset=cfg.data.dataset) if cfg.data.url else None
+    return download(cfg.data.dataset, cfg.data.data_dir, url=cfg.data.url, progress=progress, mirror_hint=hint)[0]
 
 
-def configured_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> tuple[Corpus, Path]:
-    """The corpus the config names, and the folder its tokenizers and token files go in.
-
-    ``data.path``: those files (hashed; a bar in bytes when ``progress``),
-    kept in ``<data_dir>/<name>-<fingerprint[:12]>/``, so an edited corpus gets
-    a folder, tokenizer and token files of its own. Else the named dataset,
-    downloaded first when missing (:func:`ensure_corpus`), in ``<data_dir>/<dataset>/``.
+def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Corpus]:
+    """The config's corpus when it can be read without a download, its files hashed once: ``data.path``'s
+    (a bar in bytes when ``progress``), or the named dataset's file when it is the genuine one; else None.
 
     Raises:
-        MinigptError: a ``data.path`` that names nothing readable (:func:`~minigpt_cli.data.corpus.open_corpus`),
-            or a failed download.
+        MinigptError: a ``data.path`` that names nothing readable (:func:`~.corpus.open_corpus`).
     """
     from tqdm import tqdm
 
+    from .download import get_dataset
+
     dc = cfg.data
-    if dc.path is None:
-        corpus = open_corpus(ensure_corpus(cfg, log, progress), dc.text_field, name=dc.dataset)
-        root = dataset_dir(dc.data_dir, dc.dataset)
-    else:
+    if dc.path is not None:
         with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="hash corpus", leave=False,
                   disable=None if progress is None else not progress) as bar:
-            corpus = open_corpus(dc.path, dc.text_field, on_bytes=bar.update)
-        root = corpus.folder(dc.data_dir)
-    return corpus, root
+            return open_corpus(dc.path, dc.text_field, on_bytes=bar.update)
+    path, ds = corpus_path(dc.data_dir, dc.dataset), get_dataset(dc.dataset)
+    try:
+        if not path.is_file() or path.stat().st_size != ds.size:
+            return None
+        corpus = open_corpus(path, dc.text_field, name=dc.dataset)
+    except (OSError, MinigptError):  # unreadable: downloaded again, as a file that fails its checksum is
+        return None
+    return corpus if corpus.files[0].sha256 == ds.sha256 else None
+
+
+def corpus_root(cfg: Config, corpus: Optional[Corpus]) -> Path:
+    """The folder a corpus's tokenizers and token files go in: ``<data_dir>/<dataset>/`` for the named
+    dataset, ``<data_dir>/<name>-<fingerprint[:12]>/`` for ``data.path`` (an edited corpus gets its own)."""
+    dc = cfg.data
+    return dataset_dir(dc.data_dir, dc.dataset) if dc.path is None else corpus.folder(dc.data_dir)
+
+
+def configured_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> tuple[Corpus, Path]:
+    """The corpus the config names (:func:`corpus_on_disk`, the named dataset downloaded first when missing,
+    :func:`ensure_corpus`), and the folder its tokenizers and token files go in (:func:`corpus_root`).
+
+    Raises:
+        MinigptError: a ``data.path`` that names nothing readable, or a failed download.
+    """
+    corpus = corpus_on_disk(cfg, progress)
+    if corpus is None:
+        corpus = open_corpus(ensure_corpus(cfg, log, progress), cfg.data.text_field, name=cfg.data.dataset)
+    return corpus, corpus_root(cfg, corpus)
 
 
 #: A run's data.path corpus that is found neither where train read it nor from the current folder.
@@ -93,12 +104,6 @@ _RUN_CORPUS_GONE = ("run {run} trained on a corpus that is gone: nothing at {pat
 def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
     """A run's config with its corpus found from any folder: ``data.data_dir`` and ``data.path`` as
     ``train`` read them (``evaluate``, ``compare`` and ``inspect`` read the run's splits through it).
-
-    Relative paths were relative to the folder train ran in: they are joined to each place that folder may
-    be now (:func:`~minigpt_cli.run.folder.training_dirs`: where it was, then where the run folder says it is,
-    after a project was moved whole), and the first that holds the corpus is taken; then the current
-    folder. A named dataset found nowhere is downloaded again (by :func:`configured_corpus`) into the data
-    folder of the first of those places that still exists.
 
     Raises:
         MinigptError: a ``data.path`` corpus found in none of them, naming where it was.
@@ -133,24 +138,6 @@ def _corpus_found(cfg: Config) -> bool:
         return False
 
 
-def corpus_on_disk(cfg: Config) -> Optional[Corpus]:
-    """The config's corpus when it can be read without a download: ``data.path``'s files, or the named
-    dataset's file when present and genuine; else None (for ``--dry-run``).
-
-    Raises:
-        MinigptError: a ``data.path`` that names nothing readable (as :func:`configured_corpus`).
-    """
-    from .download import file_ok
-
-    dc = cfg.data
-    if dc.path is not None:
-        return open_corpus(dc.path, dc.text_field)
-    path = corpus_path(dc.data_dir, dc.dataset)
-    if not file_ok(path, dc.dataset):
-        return None
-    return open_corpus(path, dc.text_field, name=dc.dataset)
-
-
 #: A run's corpus that changed since it trained, read by evaluate, compare or inspect.
 _RUN_CORPUS_CHANGED = ("corpus file {path} was {what} since run {run} trained on it{detail}; its splits are read "
                        "from the corpus as the run had it: restore that, or score the text as it is now with "
@@ -179,26 +166,35 @@ def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
     return path, what, detail
 
 
-def check_run_corpus(cfg: Config, corpus: Corpus, run_dir: Path) -> None:
-    """Refuse to read a run's splits from a corpus other than the one it trained on, naming the file that
-    differs (from its checkpoints' ``meta.json``), for ``evaluate``, ``compare`` and ``inspect``.
-
-    Raises:
-        MinigptError: the fingerprint the run's config records names another corpus.
-    """
-    want = cfg.data.fingerprint
+def run_corpus_change(want: Optional[str], corpus: Corpus, run_dir: Path,
+                      checkpoints: Sequence[str] = (runs.BEST, runs.LAST)) -> Optional[tuple[str, str, str]]:
+    """None when ``corpus`` is the one the run's fingerprint ``want`` names (or it records none, a run saved
+    before fingerprints); else what differs (:func:`corpus_change`) from the files the first of its
+    ``checkpoints`` with a ``meta.json`` records."""
     if want is None or corpus.matches(want):
-        return
+        return None
     before: list[dict] = []
-    for name in (runs.BEST, runs.LAST):
+    for name in checkpoints:
         try:
             before = runs.read_meta(runs.checkpoint_dir(run_dir, name)).get("corpus", {}).get("files") or []
         except (MinigptError, OSError, ValueError, AttributeError):
             continue
         if before:
             break
-    path, what, detail = corpus_change(before, corpus)
-    raise MinigptError(_RUN_CORPUS_CHANGED.format(path=path, what=what, run=run_dir, detail=detail))
+    return corpus_change(before, corpus)
+
+
+def check_run_corpus(cfg: Config, corpus: Corpus, run_dir: Path) -> None:
+    """Refuse to read a run's splits (``evaluate``, ``compare``, ``inspect``) from another corpus than it
+    trained on, naming the file that differs.
+
+    Raises:
+        MinigptError: the fingerprint the run's config records names another corpus.
+    """
+    change = run_corpus_change(cfg.data.fingerprint, corpus, run_dir)
+    if change is not None:
+        path, what, detail = change
+        raise MinigptError(_RUN_CORPUS_CHANGED.format(path=path, what=what, run=run_dir, detail=detail))
 
 
 def check_fingerprint(cfg: Config, corpus: Corpus) -> None:
@@ -227,9 +223,6 @@ def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
 def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
     """Load the tokenizer file ``path`` and check that it agrees with the config.
 
-    It must be of ``tokenizer.kind``, hold the configured special tokens, and
-    (for trained kinds, when ``tokenizer.vocab_size`` is set) have that size.
-
     Raises:
         MinigptError: an unreadable file, or one that disagrees with the config.
     """
@@ -254,18 +247,6 @@ def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
     return tok
 
 
-def read_corpus(corpus: Path) -> str:
-    """The corpus as text.
-
-    Raises:
-        MinigptError: unreadable, or not UTF-8.
-    """
-    try:
-        return corpus.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MinigptError(f"cannot read corpus {str(corpus)!r} as UTF-8 text ({exc})") from None
-
-
 def training_texts(corpus: Corpus, special_tokens: Sequence[str], limit_chars: Optional[int] = None) -> Iterator[str]:
     """The corpus as a tokenizer learns it: every piece of every document, and a blank line when the
     documents will be joined by one (several documents, no end-of-text special token), so its characters
@@ -280,16 +261,15 @@ def training_texts(corpus: Corpus, special_tokens: Sequence[str], limit_chars: O
         yield from cut_pieces(blocks, special_tokens=special_tokens)
 
 
-def ensure_tokenizer(cfg: Config, corpus: Corpus | Path, log: Callable[[str], None],
-                     root: Optional[Path] = None) -> tuple[Tokenizer, Path]:
-    """Load the configured tokenizer (:func:`tokenizer_path`), training (and saving) it on ``corpus`` first if
-    its file is missing: a char tokenizer on all of it, a trained kind on its first
-    :data:`TOKENIZER_TRAIN_CHARS` characters.
-
-    An existing file must agree with the config (:func:`load_configured_tokenizer`).
+def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[str], None],
+                     root: Optional[Path] = None, write: bool = True) -> tuple[Optional[Tokenizer], Path]:
+    """The configured tokenizer (:func:`tokenizer_path`, checked by :func:`load_configured_tokenizer`), trained
+    on ``corpus`` and saved first when its file is missing: a char tokenizer on all of it, a trained kind on
+    its first :data:`TOKENIZER_TRAIN_CHARS` characters. ``write`` False (a dry run): nothing saved; a char
+    tokenizer is built in memory, a trained kind only has its size checked, and None stands for it.
 
     Raises:
-        MinigptError: a file that disagrees with the config, or training that
+        MinigptError: a file that disagrees with the config, a path that cannot be written, or training that
             fails (empty corpus, impossible vocabulary size); nothing is written then.
     """
     tc = cfg.tokenizer
@@ -299,37 +279,86 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path, log: Callable[[str], No
     if tc.kind == "hf":  # a given file, never trained here
         raise MinigptError(f"tokenizer file {str(path)!r} not found; tokenizer.kind hf reads a Hugging Face "
                            "tokenizer.json: fix tokenizer.path (or model.init_from)")
-    corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
-    size = f" with {tc.vocab_size:,} entries" if tc.kind != "char" and tc.vocab_size else ""
-    log(f"tokenizer {path} not found; training a {tc.kind} tokenizer{size} on {corpus.source} first")
+    check_writable(path, folder=False)
+    corpus = open_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
+    if corpus is None or (not write and tc.kind != "char"):
+        # Without the text, only the sizes no text allows (none, past the largest, below bpe's 256 bytes).
+        if tc.kind != "char" and (corpus is not None or tc.kind == "bpe" or tc.vocab_size is None
+                                  or tc.vocab_size > MAX_VOCAB_SIZE):
+            text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS)) \
+                if corpus is not None and tc.kind != "bpe" else ""
+            check_vocab_size(tc.kind, text, tc.vocab_size, tc.special_tokens)
+        return None, path
+    if write:
+        size = f" with {tc.vocab_size:,} entries" if tc.kind != "char" and tc.vocab_size else ""
+        log(f"tokenizer {path} not found; training a {tc.kind} tokenizer{size} on {corpus.source} first")
     if tc.kind == "char":
         tok = train_tokenizer("char", training_texts(corpus, tc.special_tokens), None, tc.special_tokens)
     else:
         text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS))
         tok = train_tokenizer(tc.kind, text, tc.vocab_size, tc.special_tokens)
-    tok.save(path)
+    if write:
+        tok.save(path)
     return tok, path
 
 
-def prepare_configured(cfg: Config, log: Callable[[str], None] = print, progress: Optional[bool] = None):
-    """What ``train`` does before it builds a model: find (or download) the corpus, train the tokenizer if
-    missing, prepare the token files (``minigpt prepare``). Returns the corpus, the tokenizer, its file and the
-    :class:`~minigpt_cli.data.preparation.PreparedData`.
+@dataclass
+class DataStage:
+    """What ``train``'s data steps found or made: the corpus, its folder, the tokenizer and the token files.
+    A dry run downloads and trains nothing: what is not there yet is None, and ``waits`` says why."""
+
+    root: Path
+    tok_path: Path
+    corpus: Optional[Corpus] = None
+    tok: Optional[Tokenizer] = None
+    data: Optional[PreparedData] = None
+    trained: bool = False
+    waits: Optional[str] = None
+
+
+def prepare_data(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None, write: bool = True,
+                 check: Callable[[Corpus], None] = lambda corpus: None,
+                 found: Callable[[Optional[Corpus]], None] = lambda corpus: None) -> DataStage:
+    """Find (or download) the corpus, train the tokenizer if missing, prepare the token files
+    (:func:`~.preparation.prepare`, with ``model.block_size``): ``train``'s data steps and ``minigpt prepare``.
+    ``write`` False: ``train --dry-run``'s, refusing what they would refuse and writing nothing. ``found`` hears
+    of the corpus on disk (None: not there) before any download; ``check`` may refuse it before it is used.
 
     Raises:
-        MinigptError: as :func:`configured_corpus`, :func:`ensure_tokenizer` and
-            :func:`~minigpt_cli.data.preparation.prepare` (with ``model.block_size``).
+        MinigptError: as :func:`configured_corpus`, ``check``, :func:`ensure_tokenizer` and ``prepare``.
     """
-    from ..hf.finetune import resolve_init_from
-    from .preparation import prepare
+    dc = cfg.data
+    corpus = corpus_on_disk(cfg, progress)
+    found(corpus)
+    if corpus is None:
+        check_writable(dataset_dir(dc.data_dir, dc.dataset), folder=True)  # where the download goes
+        if write:
+            corpus = open_corpus(ensure_corpus(cfg, log, progress), dc.text_field, name=dc.dataset)
+    root = corpus_root(cfg, corpus)
+    if corpus is not None:
+        check(corpus)
+    tok_path = tokenizer_path(cfg, root)
+    trained = not tok_path.is_file()
+    tok, _ = ensure_tokenizer(cfg, corpus, log, root, write)
+    stage = DataStage(root, tok_path, corpus, tok, trained=trained)
+    if corpus is None:
+        stage.waits = f"{corpus_path(dc.data_dir, dc.dataset)} is not downloaded (or fails its checksum); " \
+                      "train downloads it first"
+    elif tok is None:
+        stage.waits = f"the {cfg.tokenizer.kind} tokenizer is not trained yet; train trains it into {tok_path} first"
+    else:
+        stage.data = prepare(corpus, tok, root, dc.val_fraction, log=log, progress=progress,
+                             block_size=cfg.model.block_size, write=write)
+        if "train_tokens" not in stage.data.meta:
+            stage.waits = (f"the corpus ({corpus.size / 1e6:,.0f} MB) is not prepared yet and too large to encode "
+                           "for a preview; train prepares it first")
+    return stage
 
-    cfg = resolve_init_from(cfg)
-    corpus, root = configured_corpus(cfg, log, progress)
-    check_fingerprint(cfg, corpus)
-    tok, path = ensure_tokenizer(cfg, corpus, log, root)
-    data = prepare(corpus, tok, root, cfg.data.val_fraction, log=log, progress=progress,
-                   block_size=cfg.model.block_size)
-    return corpus, tok, path, data
+
+def prepare_configured(cfg: Config, log: Callable[[str], None] = print, progress: Optional[bool] = None):
+    """``minigpt prepare``: :func:`prepare_data`'s corpus, tokenizer, its file and token files."""
+    stage = prepare_data(cfg, log, progress)
+    return stage.corpus, stage.tok, stage.tok_path, stage.data
 
 
 def with_vocab(cfg: Config, vocab_size: int) -> Config:
@@ -350,11 +379,8 @@ def with_vocab(cfg: Config, vocab_size: int) -> Config:
 
 
 class BatchSampler:
-    """Random (x, y) windows from a token memmap, drawn without Python loops.
-
-    Offsets come from a dedicated ``torch.Generator`` so the data order is part
-    of the training state (saved and restored with a checkpoint).
-    """
+    """Random (x, y) windows from a token memmap, drawn without Python loops; the offsets come from a
+    ``torch.Generator`` of its own, so the data order is part of the trainer state."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  device: torch.device, rank: int = 0, world: int = 1):
@@ -405,23 +431,14 @@ EVAL_CHUNK = 4096
 
 
 def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> Iterator[torch.Tensor]:
-    """The start offsets of the ``count`` windows an eval reads, in chunks of at most :data:`EVAL_CHUNK`.
-
-    Drawn uniformly from 0 .. n_tokens - block_size - 1 (every window has a
-    next token), by a generator of their own, always in the same chunks, so
-    the windows depend on (seed, count) alone: not on the batch size, the
-    accumulation or the process count they are later read with.
-    """
+    """The start offsets of the ``count`` windows an eval reads, in chunks of at most :data:`EVAL_CHUNK`, by a
+    generator of their own: they depend on (seed, count) alone, not on the batches they are read in."""
     generator = torch.Generator().manual_seed(seed)
     for start in range(0, count, EVAL_CHUNK):
         yield torch.randint(n_tokens - block_size, (min(EVAL_CHUNK, count - start),), generator=generator)
 
 
 def eval_seed(seed: int, split: str, step: int) -> int:
-    """The seed of the eval batches of ``split`` at optimizer step ``step``.
-
-    A function of the step alone, so an eval at step s reads the same batches
-    however the run got there: uninterrupted, resumed, or continued past a
-    finished run's final eval.
-    """
+    """The seed of the eval batches of ``split`` at optimizer step ``step``: a function of the step alone, so a
+    resumed run evaluates as the uninterrupted one."""
     return ((seed * 1_000_003 + {"train": 2, "val": 3}[split]) * 1_000_000_007 + step) & (2**63 - 1)

@@ -1,31 +1,18 @@
-"""Corpus -> token memmaps, streamed: :func:`prepare` and the split it makes.
+"""Corpus -> token memmaps, streamed: :func:`prepare` and the one split it makes (:class:`SplitPlan`).
 
-Prepared data lives in ``<corpus folder>/<kind>-<tokenizer fingerprint>/``:
-``train.bin`` and ``val.bin`` (token ids as a flat ``np.memmap``, uint16 below
-65,536 vocabulary entries, uint32 above) and ``meta.json`` naming the
-tokenizer, the corpus fingerprint (every file's path, size and sha256) and the
-split that made them. Any change to these prepares the files again.
-
-The split (:class:`SplitPlan`): with :data:`~minigpt_cli.data.corpus.MANY_DOCUMENTS`
-documents or more, validation takes the last ``round(n · val_fraction)``
-whole documents (at least one, and one stays for training); with fewer, the
-last ``val_fraction`` of the characters, as nanoGPT splits Tiny Shakespeare
-(90/10). Documents are joined with the tokenizer's end-of-text token when it
-has one (:data:`~minigpt_cli.config.special_tokens.END_OF_TEXT`), else with the ids
-of a blank line.
-
-Preparation reads the corpus twice (a survey that checks every file and
-counts, then the encoding) and never holds more than a batch of text and its
-ids: each batch of pieces is encoded by the tokenizer's ``encode_batch`` (the
-``tokenizers`` library uses every core) in a worker thread while the next
-batch is read, and the ids are appended to temporary files renamed into place
-at the end, ``meta.json`` last, so an interrupted run leaves nothing that
-looks complete.
+``<corpus folder>/<kind>-<tokenizer fingerprint>/`` holds ``train.bin`` and ``val.bin`` (flat ids, uint16
+below 65,536 entries, else uint32) and ``meta.json`` naming what made them. With
+:data:`~minigpt_cli.data.corpus.MANY_DOCUMENTS` documents or more, validation is the last
+``round(n · val_fraction)`` whole documents; with fewer, the last ``val_fraction`` of the characters
+(nanoGPT's 90/10). Documents are joined by the tokenizer's end-of-text token, else a blank line. The corpus
+is read twice (a survey, then the encoding, a batch at a time in a worker thread), into temporary files
+renamed into place at the end, ``meta.json`` last, so an interrupted run leaves nothing that looks complete.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -33,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
-from itertools import takewhile
+from itertools import chain, takewhile
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -42,16 +29,84 @@ from tqdm import tqdm
 
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError
-from ..fileio import atomic_write_text, chmod_quietly, new_file_mode
+from ..fileio import atomic_write_text, check_writable, chmod_quietly, new_file_mode
 from ..tokenizer.kinds import Tokenizer
 from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, survey
-from .splits import MIN_SPLIT_TOKENS, check_split_counts
 
 #: Characters of text encoded per batch (the library spreads a batch's pieces over the cores).
 BATCH_CHARS = 1 << 20
 #: A temporary token file older than this (seconds untouched) was left by a killed process.
 STALE_TEMP_S = 600.0
 _TEMP_PREFIX = ".prep-"
+#: A corpus larger than this (bytes) is not encoded by a dry run when no prepared files give its split.
+PREVIEW_BYTES = 64 << 20
+
+
+#: Fewest tokens a split can have: one (x, y) window with block_size 1.
+MIN_SPLIT_TOKENS = 2
+
+_MESSAGES = {
+    "split": ("data.val_fraction={val_fraction:.12g} splits the corpus into {n_train:,} train and {n_val:,} val "
+              "tokens, too few for {small} (they need {need_s}); {fix}"),
+    "need_block": "at least model.block_size+1 = {need:,} tokens each",
+    "need": "at least {need} tokens each",
+    "another_fraction": "choose a data.val_fraction such as {fits:g}, ",
+    "lower_block": "{another}lower model.block_size (to at most {most:,} with this split), or use more text",
+    "fraction": "choose a data.val_fraction such as {fits:g}, or use more text",
+    "fraction_and_block": ("choose a data.val_fraction such as {fits:g}, then a lower model.block_size (with this "
+                           "split a side has under {least} tokens, which no block size fits), or use more text"),
+    "too_small": ("the corpus is too small for any model.block_size ({total:,} tokens, and train and val need "
+                  "{least} or more each); use more text: about {more:,} tokens give each side {need:,} with this "
+                  "data.val_fraction"),
+}
+
+
+def _fraction_that_fits(val_fraction: float, total: int, need: int) -> Optional[float]:
+    """A ``data.val_fraction`` leaving both sides at least ``need`` of ``total`` tokens (about): 0.1 when it
+    does, else the nearest such value to ``val_fraction``, rounded to two digits; None when none can."""
+    if total < 2 * need:
+        return None
+    lo, hi = need / total, 1 - need / total
+    if lo >= hi:
+        return None
+    if lo <= 0.1 <= hi and val_fraction != 0.1:
+        return 0.1
+    fits = math.ceil(lo * 100 + 1) / 100 if val_fraction < lo or val_fraction == 0.1 else math.floor(hi * 100 - 1) / 100
+    return fits if lo <= fits <= hi else round((lo + hi) / 2, 3)
+
+
+def _fix(val_fraction: float, n_train: int, n_val: int, need: int, block_size: Optional[int]) -> str:
+    """What to change, for a split with a side under ``need`` tokens: a value then accepted, or more text."""
+    total, smallest = n_train + n_val, min(n_train, n_val)
+    fits = _fraction_that_fits(val_fraction, total, need)  # another split, this block size
+    if block_size is not None and smallest >= MIN_SPLIT_TOKENS:  # this split holds a window of smallest - 1
+        another = _MESSAGES["another_fraction"].format(fits=fits) if fits is not None else ""
+        return _MESSAGES["lower_block"].format(another=another, most=smallest - 1)
+    if fits is not None:
+        return _MESSAGES["fraction"].format(fits=fits)
+    fits = _fraction_that_fits(val_fraction, total, MIN_SPLIT_TOKENS)  # another split and a smaller block
+    if fits is not None:
+        return _MESSAGES["fraction_and_block"].format(fits=fits, least=MIN_SPLIT_TOKENS)
+    more = math.ceil(need / min(val_fraction, 1 - val_fraction)) if 0 < val_fraction < 1 else 2 * need
+    return _MESSAGES["too_small"].format(total=total, least=MIN_SPLIT_TOKENS, more=more, need=need)
+
+
+def check_split_counts(val_fraction: float, n_train: int, n_val: int, block_size: Optional[int] = None) -> None:
+    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` tokens on a side or, given ``block_size``, fewer
+    than ``block_size + 1``. The fix offered is one then accepted: a lower ``model.block_size`` when this split
+    has one that fits, another ``data.val_fraction`` when the corpus is large enough, else more text.
+
+    Raises:
+        MinigptError: one line naming ``data.val_fraction``, the token counts and the fix.
+    """
+    need = max(block_size + 1, MIN_SPLIT_TOKENS) if block_size is not None else MIN_SPLIT_TOKENS
+    if min(n_train, n_val) >= need:
+        return
+    small = " and ".join(name for name, n in (("train", n_train), ("val", n_val)) if n < need)
+    need_s = _MESSAGES["need_block" if block_size is not None else "need"].format(need=need)
+    raise MinigptError(_MESSAGES["split"].format(
+        val_fraction=val_fraction, n_train=n_train, n_val=n_val, small=small, need_s=need_s,
+        fix=_fix(val_fraction, n_train, n_val, need, block_size)))
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -115,9 +170,6 @@ def _tail_cut(piece: str, k: int, special_tokens: Sequence[str]) -> int:
 def split_text(text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] = ()) -> tuple[str, str]:
     """(train, val): the first ``int(len·(1-val_fraction))`` characters, and the rest (nanoGPT's split of
     one text; :func:`units` makes the same split in a stream).
-
-    A split point inside one of ``keep_whole`` (the tokenizer's special
-    tokens) moves back to that token's start, so the token stays one id.
     """
     n = _tail_cut(text, int(len(text) * (1 - val_fraction)), keep_whole)
     return text[:n], text[n:]
@@ -129,12 +181,7 @@ Unit = tuple[int, Optional[str], int]
 
 
 def units(corpus: Corpus, plan: SplitPlan, special_tokens: Sequence[str]) -> Iterator[Unit]:
-    """The corpus as a stream of pieces and separators, each tagged with its split (see :class:`SplitPlan`).
-
-    A separator goes between two non-empty documents of the same split; by
-    the tail fraction, with the split whose side it falls on (before the
-    first validation character: train).
-    """
+    """The corpus as a stream of pieces and separators, each tagged with its split (see :class:`SplitPlan`)."""
     doc, chars = -1, 0
     for blocks, read_so_far in documents(corpus):
         started = False
@@ -201,54 +248,60 @@ def sweep_stale_temps(directory: Path, now: Optional[float] = None) -> list[Path
     return gone
 
 
-def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory: Path,
-                      progress: Optional[bool] = None, block_size: Optional[int] = None) -> dict[str, int]:
-    """Encode ``corpus`` into ``directory/{train,val}.bin`` (see the module docstring); return the token counts.
-
-    Each file is written under a temporary name and renamed once complete and
-    its counts pass :func:`check_split_counts` (with ``block_size``, when given).
-    ``progress``: a tqdm bar in bytes on stderr; None: only on a terminal.
+def encoded(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, progress: Optional[bool] = None,
+            ) -> Iterator[tuple[int, np.ndarray, int]]:
+    """``(split, ids, chars)`` for each unit of :func:`units`, each batch encoded in a worker thread while the
+    next is read; a tqdm bar in bytes on stderr when ``progress`` (None: only on a terminal).
 
     Raises:
-        MinigptError: text the tokenizer cannot encode (char: unseen characters), a file unreadable or not
-            UTF-8, a split with fewer than :data:`MIN_SPLIT_TOKENS` tokens; nothing that looks complete is left.
+        MinigptError: text the tokenizer cannot encode, a file unreadable or not UTF-8.
     """
-    dtype = token_dtype(tok.vocab_size)
     sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
     specials = list(getattr(tok, "special_tokens", ()))
-    created = list(takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents]))
-    directory.mkdir(parents=True, exist_ok=True)
-    counts = [0, 0]
+    with ExitStack() as stack:
+        bar = stack.enter_context(tqdm(total=corpus.size, unit="B", unit_scale=True, unit_divisor=1024,
+                                       desc="prepare", leave=False, file=sys.stderr,
+                                       disable=None if progress is None else not progress))
+        pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="encode"))
+        pending, done = None, 0  # the batch being encoded while the next one is read
+        for batch in chain(_batches(units(corpus, plan, specials)), [None]):
+            job = None if batch is None else (batch, pool.submit(_encode, tok, batch, sep))
+            if pending is not None:
+                ready, future = pending
+                for (split, ids), (_, text, _) in zip(future.result(), ready):
+                    yield split, ids, len(text or "")
+                bar.update(ready[-1][2] - done)
+                done = ready[-1][2]
+            pending = job
+
+
+def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory: Optional[Path],
+                      progress: Optional[bool] = None, block_size: Optional[int] = None) -> dict[str, int]:
+    """Encode ``corpus`` into ``directory/{train,val}.bin`` (see the module docstring); return the token and
+    character counts. ``directory`` None: count only, writing nothing.
+
+    Raises:
+        MinigptError: as :func:`encoded`, or a split too small; nothing that looks complete is left.
+    """
+    dtype = token_dtype(tok.vocab_size)
+    created = [] if directory is None else list(
+        takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents]))
+    counts = {"train_tokens": 0, "val_tokens": 0, "train_chars": 0, "val_chars": 0}
     with ExitStack() as stack:
         temps = []
-        for split in ("train", "val"):
-            fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
-            temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            for split in ("train", "val"):
+                fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
+                temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
         try:
-            bar = stack.enter_context(tqdm(total=corpus.size, unit="B", unit_scale=True, unit_divisor=1024,
-                                           desc="prepare", leave=False, file=sys.stderr,
-                                           disable=None if progress is None else not progress))
-            pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="encode"))
-            pending = None  # the batch being encoded while the next one is read
-            done = 0
-
-            def flush(job) -> None:
-                nonlocal done
-                batch, future = job
-                for split, ids in future.result():
+            for split, ids, chars in encoded(corpus, tok, plan, progress):
+                name = ("train", "val")[split]
+                if temps:
                     temps[split][1].write(ids.astype(dtype).tobytes())
-                    counts[split] += ids.size
-                bar.update(batch[-1][2] - done)
-                done = batch[-1][2]
-
-            for batch in _batches(units(corpus, plan, specials)):
-                job = (batch, pool.submit(_encode, tok, batch, sep))
-                if pending is not None:
-                    flush(pending)
-                pending = job
-            if pending is not None:
-                flush(pending)
-            check_split_counts(plan.val_fraction, counts[0], counts[1], block_size)
+                counts[f"{name}_tokens"] += ids.size
+                counts[f"{name}_chars"] += chars
+            check_split_counts(plan.val_fraction, counts["train_tokens"], counts["val_tokens"], block_size)
             for path, f in temps:
                 f.flush()
                 os.fsync(f.fileno())
@@ -262,17 +315,22 @@ def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory
                 for d in created:  # the folders made here, deepest first: a refusal leaves nothing behind
                     d.rmdir()
             raise
-    return {"train": counts[0], "val": counts[1]}
+    return counts
 
 
 @dataclass
 class PreparedData:
-    """Token memmaps of one corpus under one tokenizer."""
+    """Token memmaps of one corpus under one tokenizer (None: counted by a dry run, not written)."""
 
     directory: Path
-    train: np.memmap
-    val: np.memmap
+    train: Optional[np.memmap]
+    val: Optional[np.memmap]
     meta: dict
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """(train, val) tokens."""
+        return self.meta["train_tokens"], self.meta["val_tokens"]
 
 
 def _wanted(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> dict:
@@ -325,23 +383,29 @@ def _as_corpus(corpus: Corpus | str | Path) -> Corpus:
     return corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
 
 
-def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float = 0.1,
-            log: Callable[[str], None] = print, progress: Optional[bool] = None,
-            block_size: Optional[int] = None) -> PreparedData:
-    """Tokenize ``corpus`` (or the one file, folder or glob it names) into
-    ``root/<kind>-<fingerprint>/{train,val}.bin`` (see the module docstring).
-
-    Reuses files whose ``meta.json`` names the same tokenizer, corpus and split;
-    otherwise writes them afresh. Existing files of the wrong size, or holding
-    a token id beyond the tokenizer's vocabulary (damaged), are logged and
-    prepared again. Given ``block_size``, a split shorter than ``block_size + 1``
-    tokens is refused before new files are renamed into place (:func:`check_split_sizes`
-    checks reused ones).
+def split_plan(corpus: Corpus, val_fraction: float) -> tuple[SplitPlan, int]:
+    """The split of ``corpus`` (:class:`SplitPlan`) and its non-empty documents: the one split ``prepare``,
+    ``train`` and ``train-tokenizer`` make. Reads the corpus once, checking every file.
 
     Raises:
-        MinigptError: an unreadable or non-UTF-8 file, a bad JSON line, text
-            the tokenizer cannot encode, or a split with fewer than
-            :data:`MIN_SPLIT_TOKENS` tokens on a side.
+        MinigptError: as :func:`~.corpus.survey`.
+    """
+    found = survey(corpus)
+    return SplitPlan.make(found.n_documents, found.total_chars, val_fraction), found.n_documents
+
+
+def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float = 0.1,
+            log: Callable[[str], None] = print, progress: Optional[bool] = None,
+            block_size: Optional[int] = None, write: bool = True) -> PreparedData:
+    """Tokenize ``corpus`` (or the one file, folder or glob it names) into
+    ``root/<kind>-<fingerprint>/{train,val}.bin`` (see the module docstring), or reuse files whose
+    ``meta.json`` names the same tokenizer, corpus and split and that are not damaged. Given ``block_size``, a
+    split shorter than ``block_size + 1`` tokens is refused. ``write`` False (a dry run): nothing is written;
+    new token files are only counted, and ``train``/``val`` are None.
+
+    Raises:
+        MinigptError: an unreadable or non-UTF-8 file, a bad JSON line, text the tokenizer cannot encode,
+            a folder that cannot be written, or a split too small.
     """
     corpus = _as_corpus(corpus)
     directory = token_dir(root, tok)
@@ -354,19 +418,28 @@ def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fractio
             log(f"{bad[0]} holds token id {bad[1]:,}, beyond the tokenizer's {tok.vocab_size:,} "
                 f"entries (a damaged file); preparing it again")
             meta = None
+        else:
+            check_split_counts(val_fraction, meta["train_tokens"], meta["val_tokens"], block_size)
     if meta is None:
-        meta = _prepare_afresh(corpus, tok, directory, want, log, progress, block_size)
+        check_writable(directory, folder=True)
+        meta = _prepare_afresh(corpus, tok, directory, want, log, progress, block_size, write)
+        if not write:
+            return PreparedData(directory, None, None, meta)
     train = np.memmap(directory / "train.bin", dtype=dtype, mode="r")
     val = np.memmap(directory / "val.bin", dtype=dtype, mode="r")
     return PreparedData(directory, train, val, meta)
 
 
 def _prepare_afresh(corpus: Corpus, tok: Tokenizer, directory: Path, want: dict, log: Callable[[str], None],
-                    progress: Optional[bool], block_size: Optional[int]) -> dict:
-    found = survey(corpus)
-    plan = SplitPlan.make(found.n_documents, found.total_chars, want["val_fraction"])
+                    progress: Optional[bool], block_size: Optional[int], write: bool) -> dict:
+    if not write and corpus.size > PREVIEW_BYTES:
+        return want  # a dry run does not encode a large corpus: its counts wait for train
+    plan, n_documents = split_plan(corpus, want["val_fraction"])
     mb = corpus.size / 1e6
-    log(f"preparing token files in {directory} ({mb:,.1f} MB, {found.n_documents:,} document(s); validation: "
+    if not write:  # counted, not written
+        counts = write_token_files(corpus, tok, plan, None, False, block_size)
+        return dict(want, **counts, documents=n_documents, split="documents" if plan.by_documents else "tail")
+    log(f"preparing token files in {directory} ({mb:,.1f} MB, {n_documents:,} document(s); validation: "
         f"{plan.describe()}) ...")
     if directory.is_dir():
         sweep_stale_temps(directory)
@@ -374,60 +447,16 @@ def _prepare_afresh(corpus: Corpus, tok: Tokenizer, directory: Path, want: dict,
     t0 = time.perf_counter()
     counts = write_token_files(corpus, tok, plan, directory, progress, block_size)
     seconds = time.perf_counter() - t0
-    meta = dict(want, train_tokens=counts["train"], val_tokens=counts["val"], documents=found.n_documents,
-                split="documents" if plan.by_documents else "tail", corpus_files=corpus.records(),
-                seconds=round(seconds, 3))
+    meta = dict(want, **counts, documents=n_documents, split="documents" if plan.by_documents else "tail",
+                corpus_files=corpus.records(), seconds=round(seconds, 3))
     atomic_write_text(directory / "meta.json", json.dumps(meta, indent=1))
-    share = counts["val"] / max(counts["train"] + counts["val"], 1)
+    share = counts["val_tokens"] / max(counts["train_tokens"] + counts["val_tokens"], 1)
     if plan.by_documents and not want["val_fraction"] / 3 <= share <= want["val_fraction"] * 3:
         log(f"note: the validation documents hold {share:.1%} of the tokens, not about data.val_fraction "
             f"{want['val_fraction']:g}: the last {plan.n_documents - plan.val_from_doc:,} document(s) are "
             f"{'long' if share > want['val_fraction'] else 'short'} ones; reorder the files, or choose another "
             "data.val_fraction")
     if seconds > 5:
-        log(f"prepared {counts['train'] + counts['val']:,} tokens in {seconds:.0f} s ({mb / seconds:.1f} MB/s)")
+        n = counts["train_tokens"] + counts["val_tokens"]
+        log(f"prepared {n:,} tokens in {seconds:.0f} s ({mb / seconds:.1f} MB/s)")
     return meta
-
-
-def prepared_meta(corpus: Corpus, tok: Tokenizer, root: Path, val_fraction: float) -> Optional[dict]:
-    """The ``meta.json`` of token files :func:`prepare` would reuse as they are; None when it would prepare."""
-    return reusable_meta(token_dir(root, tok), _wanted(corpus, tok, val_fraction))
-
-
-def split_counts(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float,
-                 block_size: Optional[int] = None) -> tuple[int, int]:
-    """The (train, val) token counts :func:`prepare` would give, writing nothing.
-
-    Read from prepared files that :func:`prepare` would reuse, else by
-    encoding the corpus in memory-bounded batches and refused as :func:`prepare` would refuse
-    them (with ``block_size``, when given).
-
-    Raises:
-        MinigptError: as :func:`prepare`.
-    """
-    corpus = _as_corpus(corpus)
-    meta = prepared_meta(corpus, tok, root, val_fraction)
-    if meta is not None:
-        return meta["train_tokens"], meta["val_tokens"]
-    found = survey(corpus)
-    plan = SplitPlan.make(found.n_documents, found.total_chars, val_fraction)
-    sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
-    counts = [0, 0]
-    for batch in _batches(units(corpus, plan, list(getattr(tok, "special_tokens", ())))):
-        for split, ids in _encode(tok, batch, sep):
-            counts[split] += ids.size
-    check_split_counts(val_fraction, counts[0], counts[1], block_size)
-    return counts[0], counts[1]
-
-
-def check_split_sizes(data: PreparedData, block_size: int) -> None:
-    """Refuse prepared data whose train or val split is shorter than ``block_size + 1`` tokens.
-
-    Call it before training starts, so the run stops with one line naming
-    ``data.val_fraction``, the token counts and ``model.block_size`` instead of
-    failing on the first batch.
-
-    Raises:
-        MinigptError: a split with fewer than ``block_size + 1`` tokens.
-    """
-    check_split_counts(data.meta.get("val_fraction", float("nan")), len(data.train), len(data.val), block_size)

@@ -14,9 +14,9 @@ from ..errors import MinigptError
 from ..paths import default_tokenizer_path
 from ..tokenizer.kinds import KINDS, Tokenizer
 from ..tokenizer.training import check_vocab_size, train_tokenizer
-from .corpus import open_corpus
+from .corpus import Corpus, open_corpus
 from .pipeline import TOKENIZER_TRAIN_CHARS, configured_corpus, training_texts
-from .preparation import split_text
+from .preparation import split_plan, write_token_files
 
 #: Words whose segmentation the summary shows, each cut as in running text (after a space).
 SAMPLE_WORDS = ("ROMEO", "thou", "hath", "wherefore", "Gloucester", "unbelievable")
@@ -38,13 +38,8 @@ class TokenizerReport:
 
 
 def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], None],
-                limit_chars: Optional[int] = None) -> tuple[str, str, Path]:
-    """The training text, what it came from, and that corpus's folder (where its tokenizers go by default).
-
-    ``input_path``: a text file, a folder of ``.txt``/``.jsonl`` files, a glob
-    or a ``.jsonl`` file (read as ``data.path`` is); else the config's corpus
-    (the named dataset downloaded first if missing). At most about
-    ``limit_chars`` characters are read (:func:`~minigpt_cli.data.pipeline.training_texts`).
+                limit_chars: Optional[int] = None) -> tuple[Corpus, str, Path]:
+    """The corpus, its training text, and its folder (where its tokenizers go by default).
 
     Raises:
         MinigptError: nothing there, an empty or unreadable file, text that is not UTF-8, a bad JSON line.
@@ -62,13 +57,16 @@ def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], N
         raise MinigptError(str(exc).replace("data.path", "--input")) from None
     if not text.strip("\n"):
         raise MinigptError(f"input {corpus.source!r} is empty; give it some text")
-    return corpus.source, text, root
+    return corpus, text, root
 
 
-def evaluate(tok: Tokenizer, text: str, val_fraction: float, train_seconds: float = 0.0) -> TokenizerReport:
-    """Tokens on the validation split, and whether decode(encode(text)) == text on the whole corpus."""
-    _, val = split_text(text, val_fraction, tok.special_tokens)
-    return TokenizerReport(tok, len(tok.encode(val)), len(val), tok.decode(tok.encode(text)) == text, train_seconds)
+def evaluate(tok: Tokenizer, corpus: Corpus, text: str, val_fraction: float, train_seconds: float = 0.0
+             ) -> TokenizerReport:
+    """Tokens on the validation split ``prepare`` and ``train`` make (:func:`~.preparation.split_plan`), and
+    whether decode(encode(text)) == text on the training text."""
+    counts = write_token_files(corpus, tok, split_plan(corpus, val_fraction)[0], None, progress=False)
+    return TokenizerReport(tok, counts["val_tokens"], counts["val_chars"], tok.decode(tok.encode(text)) == text,
+                           train_seconds)
 
 
 def _show(piece: str) -> str:
@@ -76,11 +74,11 @@ def _show(piece: str) -> str:
 
 
 def segmentation(tok: Tokenizer, word: str) -> str:
-    """``word``, after a space as in running text, cut into its tokens' texts: ``▁where | fore``.
-
-    Spaces show as ``▁``, WordPiece continuations keep their ``##``.
-    """
-    return " | ".join(_show(p) for p in tok.pieces(" " + word))
+    """``word``, after a space as in running text, cut into its tokens' texts (``▁where | fore``), or ``(not encodable)``."""
+    try:
+        return " | ".join(_show(p) for p in tok.pieces(" " + word))
+    except MinigptError:
+        return "(not encodable)"
 
 
 def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Optional[int] = None,
@@ -88,14 +86,6 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
                         special_tokens: Optional[Sequence[str]] = None,
                         echo: Callable[[str], None] = print) -> str:
     """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary.
-
-    The file goes to ``output_path``, else the config's ``tokenizer.path`` when
-    the kind is the config's, else ``tokenizer-<kind>[-<size>][-special-<hash>].json`` in the corpus's folder
-    (``data/<dataset>/``, or ``data/<name>-<fingerprint>/`` for a ``data.path`` or ``--input`` corpus), where
-    ``train`` looks for it.
-    The summary gives the vocabulary size, tokens on the validation split,
-    characters per token, whether decode(encode(text)) == text on the corpus,
-    and the segmentation of a few words.
 
     Raises:
         MinigptError: unknown kind, empty or missing input, a vocabulary size
@@ -119,14 +109,14 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
         out = Path(cfg.tokenizer.path)
     else:
         out = default_tokenizer_path(root.parent, root.name, kind, None if kind == "char" else vocab_size, specials)
-    if out.exists() and Path(corpus).exists() and os.path.samefile(out, corpus):
+    if out.exists() and Path(corpus.source).exists() and os.path.samefile(out, corpus.source):
         raise MinigptError(f"--output {str(out)!r} is the text the tokenizer trains on; writing there would "
                            "replace it: pass another --output")
-    status = f"training a {kind} tokenizer of {vocab_size or 0:,} entries on {corpus} ({len(text):,} characters)"
+    status = f"training a {kind} tokenizer of {vocab_size or 0:,} entries on {corpus.source} ({len(text):,} characters)"
     t0 = time.perf_counter()
     tok = train_tokenizer(kind, text, vocab_size, specials, on_start=lambda: echo(status))
     seconds = time.perf_counter() - t0
-    rep = evaluate(tok, text, cfg.data.val_fraction, seconds)
+    rep = evaluate(tok, corpus, text, cfg.data.val_fraction, seconds)
     tok.save(out)
     size_note = "  (--vocab-size is ignored for char: the alphabet decides)" if kind == "char" and vocab_size else ""
     lines = [
@@ -141,19 +131,13 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     if tok.special_tokens:
         lines.append("special tokens      " + ", ".join(f"{s} (id {tok.encode(s)[0]})" for s in tok.special_tokens))
     lines.append("segmentation (after a space, shown as \u2581):")
-    for w in SAMPLE_WORDS:
-        try:
-            lines.append(f"  {w:<12} {segmentation(tok, w)}")
-        except MinigptError:
-            lines.append(f"  {w:<12} (not encodable)")
+    lines += [f"  {w:<12} {segmentation(tok, w)}" for w in SAMPLE_WORDS]
     return "\n".join(lines)
 
 
 def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optional[Path] = None,
                 special_tokens: Optional[Sequence[str]] = None, echo: Callable[[str], None] = print) -> str:
     """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations.
-
-    Nothing is written. ``char`` has its alphabet's size whatever ``vocab_size`` says.
 
     Raises:
         MinigptError: as :func:`run_train_tokenizer`; the sizes are checked
@@ -172,10 +156,10 @@ def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optio
         echo(f"training {kind} ...")
         t0 = time.perf_counter()
         tok = train_tokenizer(kind, text, vocab_size, specials)
-        reports[kind] = evaluate(tok, text, cfg.data.val_fraction, time.perf_counter() - t0)
+        reports[kind] = evaluate(tok, corpus, text, cfg.data.val_fraction, time.perf_counter() - t0)
     val_chars = next(iter(reports.values())).val_chars
     lines = [
-        f"{corpus}: {len(text):,} characters; validation split {val_chars:,} characters; "
+        f"{corpus.source}: {len(text):,} characters; validation split {val_chars:,} characters; "
         f"vocabulary size {vocab_size:,}" + (f"; special tokens {', '.join(specials)}" if specials else ""),
         "",
         f"{'kind':<10} {'vocab':>7} {'val tokens':>11} {'chars/token':>12} {'round trip':>11} {'train s':>8}",
@@ -189,10 +173,5 @@ def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optio
         "", "segmentation (after a space, shown as \u2581):"]
     for w in SAMPLE_WORDS:
         lines.append(f"  {w}")
-        for kind, r in reports.items():
-            try:
-                seg = segmentation(r.tokenizer, w)
-            except MinigptError:
-                seg = "(not encodable)"
-            lines.append(f"    {kind:<10} {seg}")
+        lines += [f"    {kind:<10} {segmentation(r.tokenizer, w)}" for kind, r in reports.items()]
     return "\n".join(lines)

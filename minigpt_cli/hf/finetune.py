@@ -121,19 +121,6 @@ def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
         check_run_tokenizer(run, saved, load_tokenizer(named, "hf", own=False))
 
 
-def resumed_run(cfg: Config, resume: Optional[str]) -> Optional[Path]:
-    """The run folder ``--resume`` continues, for :func:`resolve_init_from`: None without ``resume``, for
-    a config that does not fine-tune, or for ``auto`` with no run of the config's name yet.
-
-    Raises:
-        MinigptError: a ``resume`` path without a resumable checkpoint
-            (:func:`~minigpt_cli.run.folder.find_resume_dir`).
-    """
-    if resume is None or cfg.model.init_from is None:
-        return None
-    return runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
-
-
 def load_pretrained(model, cfg: Config) -> None:
     """Copy ``model.init_from``'s weights into ``model`` (built from :func:`resolve_init_from`'s config).
 

@@ -398,10 +398,10 @@ def available_memory(device: torch.device) -> Optional[int]:
 
 
 def bytes_to_train(model_cfg: ModelConfig, dtype: str, batch_size: int) -> tuple[int, dict[str, Any]]:
-    """Bytes to train ``model_cfg`` at ``batch_size`` × block_size: model states, activations with fused
-    attention and the logits (:func:`minigpt_cli.accounting.params.memory`'s estimate), and that estimate."""
+    """Bytes to train ``model_cfg`` at ``batch_size`` × block_size, and the estimate they come from: the
+    ``total_estimate`` of :func:`minigpt_cli.accounting.params.memory`, the figure ``count-params`` prints."""
     mem = P.memory(model_cfg, dtype, batch_size, model_cfg.block_size)
-    return mem["model_states"] + mem["activations_estimate_fused"] + mem["logits"], mem
+    return mem["total_estimate"], mem
 
 
 def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: int = 1) -> None:

@@ -47,24 +47,7 @@ def evals_left(tc: TrainConfig, step: int, evaluated: bool) -> int:
 
 
 class TimeEstimate:
-    """The run's remaining wall time, from its own first eval batches and optimizer steps.
-
-    Two figures, each said once: a rough one after the first
-    :data:`FIRST_BATCHES` batches of the first eval (a step taken as
-    :data:`STEP_PER_FORWARD` forward passes per micro-batch), then the
-    measured one after :data:`MEASURED_STEPS` optimizer steps. Both go to
-    ``log``; a figure of :data:`SAY_FROM_S` or more is also said with ``say``,
-    and on a CPU one over :data:`LONG_ON_CPU_S` adds a line naming the CPU
-    recipe.
-
-    Args:
-        tc: the run's train section.
-        step: the step the run starts (or resumes) from.
-        evaluated: whether the eval at ``step`` already ran (a resumed run).
-        batches_per_eval: micro-batches one eval reads on this process (both splits).
-        on_cpu: whether the run trains on a CPU.
-        say, log: where a figure goes (the user's terminal, train.log).
-    """
+    """The run's remaining wall time, from its own first eval batches and optimizer steps."""
 
     def __init__(self, tc: TrainConfig, step: int, evaluated: bool, batches_per_eval: int, on_cpu: bool,
                  say: Callable[[str], None], log: Callable[[str], None]):
@@ -76,11 +59,7 @@ class TimeEstimate:
         self.said_rough = self.said_measured = self.said_cpu = False
 
     def eval_batch(self, done: int, seconds: float) -> None:
-        """An eval batch ended: ``done`` batches of this eval in ``seconds``.
-
-        The first batch of an eval pays for warm-up (allocations, kernel
-        choice): the rate is taken over the batches after it.
-        """
+        """An eval batch ended: ``done`` batches of this eval in ``seconds``."""
         if done == 1:
             self._first_s = seconds
             self.batch_s = self.batch_s if self.batch_s is not None else seconds

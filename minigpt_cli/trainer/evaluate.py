@@ -15,56 +15,30 @@ from ..config.schema import Config
 from ..data.pipeline import eval_offsets, eval_seed, windows
 from ..data.preparation import PreparedData
 from ..runtime.device import CpuThreads, Dist
-from ..tokenizer.kinds import Tokenizer
 from .schedule import should_eval
-from .signals import StopFlag
 from .step import estimate_loss
 
 
 class Evaluator:
     """Decides when the run evaluates (:func:`~.schedule.should_eval`) and computes the losses.
 
-    An eval reads, for each split, ``train.eval_iters`` global batches' worth
-    of windows: eval_iters × batch_size × grad_accum_steps × processes. That
-    count and the windows themselves (:func:`~minigpt_cli.data.pipeline.eval_offsets`,
-    seeded by :func:`~minigpt_cli.data.pipeline.eval_seed`) depend on the seed, the
-    split, the step and the global batch alone, not on how the global batch
-    is split into micro-batches and processes: 8 × 1, 1 × 8, 2 × 4 and 2
-    processes × 4 evaluate the same windows, and an interrupted and resumed
-    run evaluates exactly as the uninterrupted one. Each process reads its
-    share in micro-batches of ``train.batch_size``.
-
-    A progress bar under the training bar shows a long eval; ``should_stop``
-    (the trainer's stop request) is asked before every batch, so a Ctrl-C
-    does not wait for the eval to end; ``on_batch(done, seconds)`` hears of
-    every batch done (the run's time estimate).
-
-    Args:
-        cfg: the resolved config (``train.eval_iters``, ``eval_interval``,
-            ``sample_tokens``, ``seed``, ``sample.window_stride``).
-        data: the prepared token files.
-        device, dist, autocast: where and how the model runs.
-        tok: the run's tokenizer, for the text sample.
-        cpu_threads: polled during long evals.
-        stop: the run's stop flag (the sample, on rank 0 only, asks it directly).
-        show_bar: whether the eval's progress bar is shown.
+    Each split's eval reads eval_iters × batch_size × grad_accum_steps × processes windows, which depend on
+    the seed, the split, the step and that global batch alone (:func:`~minigpt_cli.data.pipeline.eval_offsets`,
+    :func:`~minigpt_cli.data.pipeline.eval_seed`): any split into micro-batches and processes, and a resumed
+    run, evaluate the same windows.
     """
 
     def __init__(self, cfg: Config, data: PreparedData, device: torch.device, dist: Dist,
-                 autocast: AbstractContextManager, tok: Tokenizer, cpu_threads: CpuThreads, stop: StopFlag,
-                 show_bar: bool):
+                 autocast: AbstractContextManager, cpu_threads: CpuThreads, show_bar: bool,
+                 should_stop: Callable[[], bool], on_batch: Callable[[int, float], None]):
         self.cfg, self.device, self.dist, self.autocast = cfg, device, dist, autocast
-        self.tok, self.cpu_threads, self.stop, self.show_bar = tok, cpu_threads, stop, show_bar
+        self.cpu_threads, self.show_bar, self.should_stop, self.on_batch = cpu_threads, show_bar, should_stop, on_batch
         self.splits = {"train": data.train, "val": data.val}
         tc = cfg.train
         #: Windows per split at each eval, over every process.
         self.n_windows = tc.eval_iters * tc.batch_size * tc.grad_accum_steps * dist.world
         #: Micro-batches per split that this process reads at each eval.
         self.batches_per_split = tc.eval_iters * tc.grad_accum_steps
-        #: Asked before every eval batch; the trainer sets it (under DDP every rank must get the same answer).
-        self.should_stop: Callable[[], bool] = lambda: stop.signal is not None
-        #: Told (batches done, seconds since the eval began) after every eval batch.
-        self.on_batch: Callable[[int, float], None] = lambda done, seconds: None
 
     def due(self, step: int, evaluated: bool) -> bool:
         """Whether the run evaluates now: at step 0 (unless ``train.eval_at_start`` is false), every

@@ -1,22 +1,15 @@
-"""The training loop: a :class:`Trainer` whose components decide when they act.
+"""The training loop: a :class:`Trainer` that asks its components when to act, and :func:`train`, the command.
 
-:func:`train` is the whole command: it sets a :class:`Trainer` up, runs
-:meth:`Trainer.fit`, and undoes a new run folder that never got a checkpoint.
-The loop asks its components what to do (:func:`~.schedule.lr_at` for the
-learning rate, :class:`~.evaluate.Evaluator` whether this step evaluates,
-:class:`~minigpt_cli.run.checkpoint.Checkpointer` whether it saves); everything
-else is set up before it, in :mod:`.setup`.
-
-A run can be interrupted (SIGINT/SIGTERM save ``checkpoints/last``, also in
-the middle of an eval) and resumed with the same losses at every later step:
-the trainer state holds the optimizer, every RNG, the data sampler's position,
-the best val loss and the early-stopping counter.
+A stop request (SIGINT/SIGTERM) saves ``checkpoints/last``, also mid-eval; the trainer state holds the
+optimizer, every RNG, the sampler's position, the best val loss and the early-stopping counter, so a
+resumed run has the same losses at every later step.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -25,14 +18,15 @@ import torch
 
 from ..config.schema import Config
 from ..errors import Interrupted, MinigptError
-from ..hf.finetune import resolve_init_from, resumed_run
 from ..run import folder as runs
+from ..run.checkpoint import Checkpointer
 from ..runtime import distributed as parallel
 from ..runtime.device import all_mean, broadcast, capture_rng, close_distributed
 from ..sample.sampling import sample_prompt_text
-from .preflight import check_paths
+from .estimate import TimeEstimate
+from .evaluate import Evaluator
 from .schedule import lr_at
-from .setup import Claim, Setup, build
+from .setup import Claim, Setup, build, plan
 from .step import train_step
 
 #: Consecutive non-finite losses after which a run stops.
@@ -58,14 +52,7 @@ class TrainResult:
 
 
 class Trainer:
-    """Runs the optimizer steps of one prepared run (:class:`~.setup.Setup`) until it ends.
-
-    The loop body (:meth:`fit`) asks the evaluator whether this step
-    evaluates, the schedule for the learning rate, and the checkpointer
-    whether it saves; :meth:`step` is one optimizer step with the
-    ``torch.compile`` fallback, :meth:`evaluate` one evaluation with what
-    follows it (log, checkpoints, sample, plot).
-    """
+    """Runs the optimizer steps of one prepared run (:class:`~.setup.Setup`) until it ends."""
 
     def __init__(self, s: Setup):
         self.s = s
@@ -75,19 +62,19 @@ class Trainer:
         self.t_log, self.tokens_since_log = time.perf_counter(), 0
         self.t_status = time.perf_counter()
         self.batches = iter(s.train_sampler.next, None)
-        s.checkpointer.snapshot = self.snapshot
-        s.stop.on_abort = self.abort_error
-        s.evaluator.should_stop = self.stop_requested
+        tc = s.cfg.train
+        self.estimate = TimeEstimate(tc, s.prog.step, s.prog.evaluated, 2 * tc.eval_iters * tc.grad_accum_steps,
+                                     s.device.type == "cpu", say=s.say, log=s.logger.log)
+        self.evaluator = Evaluator(s.cfg, s.data, s.device, s.dist, s.autocast, s.cpu_threads,
+                                   show_bar=not s.bar.disable, should_stop=self.stop_requested,
+                                   on_batch=self.estimate.eval_batch)
+        self.checkpointer = Checkpointer(s.run_dir, s.cfg, snapshot=self.snapshot, enabled=s.dist.main,
+                                         collective=parallel.is_sharded(s.model))
 
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> TrainResult:
         """Train from the current step to ``train.max_iters`` (or early stopping, or a stop request).
-
-        The stop handlers stay on until the run is closed (:meth:`finish`): a
-        stop request that comes after the last eval, while its checkpoints,
-        sample and plot are written or the run is closed, ends nothing early
-        but is answered, with :data:`STOPPED_AT_END`.
 
         Raises:
             Interrupted: a stop request (after saving ``last``; at the end, naming the saved run, with no
@@ -97,10 +84,10 @@ class Trainer:
         s, p, tc = self.s, self.prog, self.s.cfg.train
         stopped_early = False
         s.model.train()
-        with s.stop:
+        with s.stop, self.second_ctrl_c():
             while True:
                 late = self.out_of_time()  # train.max_seconds passed: this step is the last, after its eval
-                if (s.evaluator.due(p.step, p.evaluated) or (late and not p.evaluated)) and self.evaluate():
+                if (self.evaluator.due(p.step, p.evaluated) or (late and not p.evaluated)) and self.evaluate():
                     stopped_early = True
                     s.logger.log(f"early stopping at step {p.step}: no better val loss in "
                                  f"{p.bad_evals} evals (best {p.best_val:.4f})")
@@ -124,23 +111,29 @@ class Trainer:
                 s.cpu_threads.poll()
                 p.step += 1
                 p.evaluated = False
-                s.estimate.step_done(p.step, time.perf_counter() - t_step)
+                self.estimate.step_done(p.step, time.perf_counter() - t_step)
                 self.tokens_since_log += s.tokens_per_step
                 s.bar.update(1)
                 if p.step % tc.log_interval == 0 or p.step == tc.max_iters:
                     self.log_train(loss, lr)
-                s.checkpointer.after_step(p.step)
+                self.checkpointer.after_step(p.step)
             result = self.finish(stopped_early)
             if s.stop.signal is not None:
                 raise self.stopped_at_end(result)
         return result
 
-    def step(self, lr: float) -> Optional[tuple[torch.Tensor, bool]]:
-        """One optimizer step at learning rate ``lr``: the mean loss and whether the update was applied.
+    @contextmanager
+    def second_ctrl_c(self):
+        """A second Ctrl-C (a KeyboardInterrupt once a stop was asked) becomes :meth:`abort_error`."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            if self.s.stop.signal is None:
+                raise
+            raise self.abort_error() from None
 
-        Returns None when ``torch.compile`` failed at its first call: the
-        trainer falls back to the eager model once, and the step is retried.
-        """
+    def step(self, lr: float) -> Optional[tuple[torch.Tensor, bool]]:
+        """One optimizer step at learning rate ``lr``: the mean loss and whether the update was applied."""
         s = self.s
         for group in s.optimizer.param_groups:
             group["lr"] = lr
@@ -176,7 +169,7 @@ class Trainer:
         raise MinigptError(
             f"the loss was not finite for {self.nonfinite} steps in a row at step {step + 1}; "
             f"lower train.learning_rate (now {tc.learning_rate:g}) or raise train.warmup_iters; "
-            f"{s.checkpointer.last} holds the last finite state"
+            f"{self.checkpointer.last} holds the last finite state"
         )
 
     def log_train(self, loss: torch.Tensor, lr: float) -> None:
@@ -197,15 +190,10 @@ class Trainer:
             s.echo(f"step {step:,}/{s.cfg.train.max_iters:,}: loss {train_loss:.4f}, lr {lr:.2e}, {tps:,.0f} tokens/s")
 
     def evaluate(self) -> bool:
-        """Evaluate at the current step, then log, checkpoint, sample and plot; True when early stopping says stop.
-
-        The eval batches depend on the step alone. A stop request cuts the
-        eval short and ``evaluated`` stays False, so the resumed run repeats
-        this eval exactly as the uninterrupted one does it.
-        """
+        """Evaluate at the current step, then log, checkpoint, sample and plot; True when early stopping says stop."""
         s, p = self.s, self.prog
         t_eval = time.perf_counter()
-        losses = s.evaluator.losses(s.model, p.step)
+        losses = self.evaluator.losses(s.model, p.step)
         if losses is None:
             return False
         # eval_step: a checkpoint saved later (on a stop) carries the losses of this eval, with their step.
@@ -223,7 +211,7 @@ class Trainer:
             p.best_val, p.bad_evals = losses["val"], 0
         elif p.step > 0:
             p.bad_evals += 1
-        s.checkpointer.after_eval(improved)
+        self.checkpointer.after_eval(improved)
         self.sample()
         s.logger.plot()
         self.t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
@@ -254,10 +242,10 @@ class Trainer:
             Interrupted: always; the exit status follows the signal.
         """
         s, step = self.s, self.prog.step
-        s.checkpointer.on_stop()
+        self.checkpointer.on_stop()
         s.bar.close()
         s.logger.log(f"stopped by {s.stop.signal} at step {step}; saved {runs.CHECKPOINTS}/{runs.LAST}")
-        raise Interrupted(f"stopped by {s.stop.signal} at step {step}; saved {s.checkpointer.last}",
+        raise Interrupted(f"stopped by {s.stop.signal} at step {step}; saved {self.checkpointer.last}",
                           s.stop.signum, resume_dir=s.run_dir)
 
     def stopped_at_end(self, result: TrainResult) -> Interrupted:
@@ -266,19 +254,19 @@ class Trainer:
         losses = f" (val loss {result.val_loss:.4f})" if result.val_loss is not None else ""
         s.logger.log(f"{s.stop.signal} came as the run ended at step {result.step}; nothing was cut short")
         return Interrupted(STOPPED_AT_END.format(signal=s.stop.signal, step=result.step, losses=losses,
-                                                 last=s.checkpointer.last), s.stop.signum)
+                                                 last=self.checkpointer.last), s.stop.signum)
 
     def abort_error(self) -> Interrupted:
         """The error that replaces the KeyboardInterrupt of a second Ctrl-C: nothing saved, where the last checkpoint is."""
         s = self.s
         s.bar.close()
-        step = s.checkpointer.last_step()
+        step = self.checkpointer.last_step()
         if step is None:
             return Interrupted("aborted by a second Ctrl-C without saving; no checkpoint had been written yet, "
                                "so there is nothing to resume")
         s.logger.log(f"aborted by a second Ctrl-C at step {self.prog.step} without saving")
         return Interrupted(f"aborted by a second Ctrl-C without saving; the last checkpoint is "
-                           f"{s.checkpointer.last} (step {step})", resume_dir=s.run_dir)
+                           f"{self.checkpointer.last} (step {step})", resume_dir=s.run_dir)
 
     def sample(self) -> None:
         """Append ``train.sample_tokens`` tokens to samples.txt, sampled as ``minigpt generate`` samples with
@@ -334,54 +322,25 @@ class Trainer:
 
 def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] = None,
           echo: Callable[[str], None] = print, progress: Optional[bool] = None) -> TrainResult:
-    """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`).
-
-    The run folder is locked for the whole run
-    (:class:`~minigpt_cli.run.folder.RunLock`). A new run that fails before its
-    first checkpoint removes the folder it created. Nothing global is left
-    changed afterwards: signal handlers, the thread count and the process
-    group are restored, so a sweep may call this many times in one process.
-
-    Resuming (``resume``) keeps model, tokenizer and data fixed but accepts
-    other ``train`` values. Changing a schedule key (``max_iters``,
-    ``learning_rate``, ``min_lr``, ``warmup_iters``, ``lr_decay_iters``,
-    ``lr_schedule``) is allowed, with a note: the learning rate from the resume
-    step on follows the new values (:func:`~.schedule.schedule_note`). A run
-    that already reached ``max_iters`` trains nothing and returns ``already_done``.
-
-    Args:
-        cfg: the validated config.
-        run_name: folder name under ``train.out_dir``; default ``<name>-<timestamp>``.
-        resume: ``auto`` (the newest run named ``cfg.name``) or a run folder to continue.
-        echo: where status lines go (the CLI prints them to stderr).
-        progress: show a tqdm bar; None: only when stderr is a terminal.
-
-    Returns:
-        The run folder, the final step and losses.
+    """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`); ``resume``:
+    ``auto`` or a run folder to continue. Nothing global is left changed afterwards (a sweep calls this often).
 
     Raises:
-        MinigptError: a path it must write that cannot be written (checked
-            before anything is fetched or written, :func:`~.preflight.check_paths`),
-            device not available, data cannot be fetched, run exists
-            or is in use, checkpoint unusable, a ``sample.prompt`` the tokenizer
-            cannot encode (:func:`~minigpt_cli.sample.sampling.encode_prompt`), a model too
-            large for the free memory (estimated up front, or the allocator failing),
-            or training diverged.
-        Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``),
-            or aborted by a second Ctrl-C (without saving); ``resume_dir`` names
-            the run to continue (None when the signal came as the run ended:
-            it is complete).
+        MinigptError: what :func:`~.setup.plan` refuses before anything is written (a path that cannot be
+            written, no such device, data that cannot be fetched, a run that exists or is in use, a damaged
+            checkpoint, a prompt the tokenizer cannot encode, a model too large for the free memory), the
+            allocator running out, or training that diverged.
+        Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``), or aborted by a second
+            Ctrl-C (without saving); ``resume_dir`` names the run to continue (None: it is complete).
     """
     claim = Claim()
     try:
         with claim:
-            # A fine-tuning run: the pretrained folder's model and tokenizer (a resumed one: the run's tokenizer).
-            cfg = resolve_init_from(cfg, resumed_run(cfg, resume))
-            check_paths(cfg, resume)  # before anything is fetched or written
-            prepared = build(cfg, run_name, resume, echo, progress, claim)
-            if not isinstance(prepared, Setup):  # a resumed run that is already done
-                return TrainResult(**prepared, already_done=True)
-            return Trainer(prepared).fit()
+            p = plan(cfg, run_name, resume, echo, progress, claim)
+            if p.done:  # a resumed run that already reached max_iters
+                close_distributed(p.dist)
+                return TrainResult(**p.resumed.result(), already_done=True)
+            return Trainer(build(p, claim, echo, progress)).fit()
     except (torch.OutOfMemoryError, RuntimeError) as exc:
         # check_memory's estimate passed but the allocator did not: one line, not a traceback.
         text = str(exc)

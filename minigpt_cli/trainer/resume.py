@@ -1,4 +1,4 @@
-"""Continuing a run: which folder, whether its config allows it, and what ``--dry-run`` says about it."""
+"""Continuing a run: which folder (found once), whether its config and corpus allow it, its trainer state."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from ..config.schema import Config
 from ..data.corpus import Corpus
-from ..data.pipeline import check_fingerprint, corpus_change, corpus_on_disk
+from ..data.pipeline import run_corpus_change
 from ..errors import MinigptError
 from ..run import checkpoint
 from ..run import folder as runs
@@ -21,13 +21,6 @@ from .schedule import schedule_note
 
 def check_resume_config(cfg: Config, saved: Config) -> None:
     """Refuse to resume with another model, tokenizer or data than the run's own.
-
-    Other keys may change. The ``train`` section in particular: a larger
-    ``max_iters`` trains a finished run further; see :func:`schedule_note`
-    for what that does to the learning rate. So may where files are:
-    ``tokenizer.path`` (the tokenizer itself is compared by its fingerprint,
-    :func:`~minigpt_cli.tokenizer.kinds.check_run_tokenizer`) and a fine-tuning run's ``model.init_from``
-    (a resume loads its own weights; the architecture is compared key by key).
 
     Raises:
         MinigptError: a ``model``, ``tokenizer`` or ``data`` key differs; names the key.
@@ -40,7 +33,7 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
                 a["init_from"] = b["init_from"] = None
         if section == "tokenizer":
             a["path"] = b["path"] = None
-        if section == "data":  # the corpus itself is checked against its files (check_resume_corpus)
+        if section == "data":  # the corpus itself is compared by its files (Resumed.check_corpus)
             a["fingerprint"] = b["fingerprint"] = None
         diff = [k for k in a if a[k] != b.get(k)]
         if diff:
@@ -64,54 +57,6 @@ def _named_tokenizer(cfg: Config) -> Optional[Tokenizer]:
 #: A resume whose corpus is not the one the run trained on.
 _CORPUS_CHANGED = ("--resume: corpus file {path} was {what} since the run trained on it{detail}; resume with the "
                    "corpus as the run had it, or start a new run")
-
-
-def check_resume_corpus(saved: Config, last: Path, corpus: Corpus) -> None:
-    """Refuse to resume on a corpus other than the run's: compared by fingerprint, and the file that
-    differs named from the checkpoint's ``meta.json``. Runs saved before fingerprints existed pass.
-
-    Raises:
-        MinigptError: a file edited, added, removed or reordered since the run's checkpoint.
-    """
-    want = saved.data.fingerprint
-    if want is None or corpus.matches(want):
-        return
-    try:
-        before = runs.read_meta(last).get("corpus", {}).get("files") or []
-    except (OSError, ValueError):
-        before = []
-    path, what, detail = corpus_change(before, corpus)
-    raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
-
-
-def check_resume_early(cfg: Config, resume: Optional[str]) -> None:
-    """Before the corpus is read or downloaded: refuse a ``--resume`` whose run has another model, tokenizer
-    or data config (:func:`check_resume_config`), so that a missing ``data.path`` is named, not downloaded
-    around, or whose ``tokenizer.path`` names another tokenizer (:func:`~minigpt_cli.tokenizer.kinds.check_run_tokenizer`). A run
-    that does not exist is left to :func:`open_resume`.
-
-    Raises:
-        MinigptError: as :func:`check_resume_config` and :func:`~minigpt_cli.tokenizer.kinds.check_run_tokenizer`.
-    """
-    run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume) if resume is not None else None
-    if run_dir is not None:
-        saved = checkpoint.saved_config(runs.checkpoint_dir(run_dir, runs.LAST))
-        check_resume_config(cfg, saved)
-        check_run_tokenizer(run_dir, saved, _named_tokenizer(cfg))
-
-
-def check_corpus(cfg: Config, resume: Optional[str], corpus: Corpus) -> None:
-    """Before anything is prepared: refuse a corpus other than the resumed run's (:func:`check_resume_corpus`)
-    or than ``data.fingerprint`` names (:func:`~minigpt_cli.data.pipeline.check_fingerprint`).
-
-    Raises:
-        MinigptError: as those do; a ``--resume`` run that does not exist is left to :func:`open_resume`.
-    """
-    run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume) if resume is not None else None
-    if run_dir is not None:
-        last = runs.checkpoint_dir(run_dir, runs.LAST)
-        check_resume_corpus(checkpoint.saved_config(last), last, corpus)
-    check_fingerprint(cfg, corpus)
 
 
 #: What a resume reads from ``trainer_state.pt`` (the trainer's snapshot, :meth:`~.loop.Trainer.snapshot`):
@@ -153,43 +98,63 @@ def load_resume_state(last: Path) -> dict[str, Any]:
     return state
 
 
-def describe_resume(cfg: Config, resume: str, corpus: Optional[Corpus] = None) -> list[str]:
-    """What ``--resume`` would do, for ``--dry-run``: the run, its step, and the schedule note if any.
-
-    ``corpus``: the corpus to check against the run's; None: the config's, when it is on disk
-    (:func:`~minigpt_cli.data.pipeline.corpus_on_disk`).
-
-    Raises:
-        MinigptError: as :func:`train` would: no such run, or one with another model, tokenizer, data or corpus.
-    """
-    run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
-    if run_dir is None:
-        return [f"--resume auto: no run named {cfg.name!r} under {cfg.train.out_dir}/ yet; a new run would start"]
-    last = runs.resolve(runs.checkpoint_dir(run_dir, runs.LAST))
-    saved = checkpoint.saved_config(last)
-    check_resume_config(cfg, saved)
-    check_run_tokenizer(run_dir, saved, _named_tokenizer(cfg))
-    corpus = corpus if corpus is not None else corpus_on_disk(cfg)
-    if corpus is not None:
-        check_resume_corpus(saved, last, corpus)
-    state = load_resume_state(last)
-    step, n = state["step"], cfg.train.max_iters
-    if step > n or (step == n and state["evaluated"]):
-        return [f"--resume: {run_dir} is at step {step}, train.max_iters is {n}: nothing would be trained"]
-    lines = [f"--resume: would continue {run_dir} from step {step} to train.max_iters {n}"]
-    note = schedule_note(cfg, saved, step)
-    return lines + ([note] if note else [])
-
-
 @dataclass
 class Resumed:
-    """A run folder being continued: its trainer state, the schedule note, the temporary files swept."""
+    """The run ``--resume`` continues, found once: its folder, its checkpoint's config, and once opened
+    (:meth:`open`) its trainer state, the schedule note and the temporary files swept."""
 
     run_dir: Path
-    state: dict[str, Any]
-    max_iters: int
+    saved: Config
+    state: dict[str, Any] = field(default_factory=dict)
+    max_iters: int = 0
     note: Optional[str] = None
     swept: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def find(cls, cfg: Config, resume: str) -> Optional["Resumed"]:
+        """The run ``resume`` names (``auto``: the newest of ``cfg.name``; None when there is none yet).
+
+        Raises:
+            MinigptError: a path without a resumable checkpoint, a damaged checkpoint config.
+        """
+        run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
+        return None if run_dir is None else cls(run_dir, checkpoint.saved_config(cls.last_of(run_dir)))
+
+    @staticmethod
+    def last_of(run_dir: Path) -> Path:
+        return runs.checkpoint_dir(run_dir, runs.LAST)
+
+    def check(self, cfg: Config) -> None:
+        """Before the corpus is read or downloaded: refuse another model, tokenizer or data config
+        (:func:`check_resume_config`), or a ``tokenizer.path`` naming another tokenizer than the run's."""
+        check_resume_config(cfg, self.saved)
+        check_run_tokenizer(self.run_dir, self.saved, _named_tokenizer(cfg))
+
+    def check_corpus(self, corpus: Corpus) -> None:
+        """Refuse a corpus other than the run's, naming the file that differs (runs saved before fingerprints
+        existed pass)."""
+        change = run_corpus_change(self.saved.data.fingerprint, corpus, self.run_dir, (runs.LAST,))
+        if change is not None:
+            path, what, detail = change
+            raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
+
+    def open(self, cfg: Config, tok: Optional[Tokenizer], claim=None) -> None:
+        """Lock the run (with ``claim``: rank 0 of a real run; a dry run passes none) and sweep the temporary
+        folders a killed save left, then check the run's tokenizer against ``tok`` and read the trainer state.
+
+        Raises:
+            MinigptError: a run in use, another tokenizer, a damaged trainer state.
+        """
+        last = self.last_of(self.run_dir)
+        if claim is not None:
+            claim.folder = runs.RunFolder(self.run_dir,
+                                          runs.RunLock(self.run_dir).acquire("wait for it to finish before resuming"))
+            self.swept = checkpoint.sweep_stale_temps(last.parent)  # safe under the lock: no other process saves
+        check_run_tokenizer(self.run_dir, self.saved, tok)
+        self.state = load_resume_state(last)
+        self.max_iters = cfg.train.max_iters
+        if not self.done:
+            self.note = schedule_note(cfg, self.saved, self.state["step"])
 
     @property
     def done(self) -> bool:
@@ -197,43 +162,20 @@ class Resumed:
         step = self.state["step"]
         return step > self.max_iters or (step == self.max_iters and self.state["evaluated"])
 
+    def describe(self) -> list[str]:
+        """What the resume would do, for ``--dry-run``: the run, its step, and the schedule note if any."""
+        step, n = self.state["step"], self.max_iters
+        if self.done:
+            return [f"--resume: {self.run_dir} is at step {step}, train.max_iters is {n}: nothing would be trained"]
+        return [f"--resume: would continue {self.run_dir} from step {step} to train.max_iters {n}"] + \
+            ([self.note] if self.note else [])
+
     def result(self) -> dict[str, Any]:
         """The fields of a finished run's :class:`~.loop.TrainResult`: its step and last eval's losses."""
         try:
-            meta = runs.read_meta(runs.checkpoint_dir(self.run_dir, runs.LAST))
+            meta = runs.read_meta(self.last_of(self.run_dir))
         except (OSError, ValueError):
             meta = {}
         best = self.state["best_val_loss"]
         return {"run_dir": self.run_dir, "step": self.state["step"], "train_loss": meta.get("train_loss"),
                 "val_loss": meta.get("val_loss"), "best_val_loss": best if math.isfinite(best) else None}
-
-
-def open_resume(cfg: Config, resume: str, tok: Tokenizer, corpus: Corpus, main: bool, claim) -> Optional[Resumed]:
-    """Find, lock (on rank 0) and check the run ``--resume`` names; None for ``auto`` with no run yet.
-
-    The run's ``model``, ``tokenizer`` and ``data`` values must be the
-    config's (:func:`check_resume_config`), its corpus ``corpus``
-    (:func:`check_resume_corpus`), and its ``tokenizer.json`` the tokenizer
-    file the config names. Temporary folders a killed save left are
-    swept, safely under the lock.
-
-    Raises:
-        MinigptError: no such run, a run in use, another model/tokenizer/data or corpus, a damaged checkpoint.
-    """
-    run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
-    if run_dir is None:
-        return None
-    last = runs.checkpoint_dir(run_dir, runs.LAST)
-    swept = []
-    if main:
-        claim.folder = runs.RunFolder(run_dir, runs.RunLock(run_dir).acquire("wait for it to finish before resuming"))
-        swept = checkpoint.sweep_stale_temps(last.parent)  # safe under the lock: no other process is saving here
-    saved = checkpoint.saved_config(last)
-    check_resume_config(cfg, saved)
-    check_resume_corpus(saved, last, corpus)
-    check_run_tokenizer(run_dir, saved, tok)
-    state = load_resume_state(last)
-    resumed = Resumed(run_dir, state, cfg.train.max_iters, swept=swept)
-    if not resumed.done:
-        resumed.note = schedule_note(cfg, saved, state["step"])
-    return resumed

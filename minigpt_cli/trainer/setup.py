@@ -1,16 +1,18 @@
-"""Everything a run needs before its first step, built once: the :class:`Setup` the trainer runs.
+"""Everything a run needs before its first step, resolved and built once.
 
-:func:`build` resolves the device, prepares the data and tokenizer, opens the
-run folder (new, or the one being resumed), builds the model, the optimizer
-and the components the loop asks (evaluator, checkpointer, logger), and
-restores a resumed run's state. Rank 0 alone downloads, prepares and writes
-files under torchrun; the other ranks wait, then read what it made.
+:func:`plan` resolves what ``train`` will do, in its order: the device, the resumed run and
+``model.init_from`` (each found once), the run folder's paths, the corpus (hashed once), the tokenizer and
+token files, the vocabulary, the memory, the resumed state. ``--dry-run`` is :func:`plan` without a
+:class:`Claim`: the same refusals, nothing written. :func:`build` then makes the run folder, the model and
+the :class:`Setup`. Under torchrun the first process of a node prepares the data; the others wait, then read.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
+import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,16 +23,14 @@ from tqdm.auto import tqdm
 
 from ..config.notes import notes
 from ..config.schema import Config
-from ..data.corpus import Corpus
 from ..data.download import url_corpus_on_disk
-from ..data.pipeline import BatchSampler, configured_corpus, ensure_tokenizer, with_vocab
-from ..data.preparation import PreparedData, check_split_sizes, prepare
+from ..data.pipeline import BatchSampler, DataStage, check_fingerprint, prepare_data, with_vocab
 from ..errors import MinigptError
-from ..fileio import atomic_write_text
-from ..hf.finetune import load_pretrained
+from ..fileio import atomic_write_text, check_writable
+from ..hf.finetune import load_pretrained, resolve_init_from
 from ..model.gpt import GPT
 from ..run import folder as runs
-from ..run.checkpoint import Checkpointer, load_weights_into
+from ..run.checkpoint import load_weights_into
 from ..run.metrics import RunLogger
 from ..runtime import distributed as parallel
 from ..runtime.device import (
@@ -39,7 +39,6 @@ from ..runtime.device import (
     barrier,
     broadcast,
     check_memory,
-    close_distributed,
     init_distributed,
     resolve_device,
     resolve_dtype,
@@ -51,9 +50,7 @@ from ..runtime.kernels import dropout, onednn
 from ..runtime.kernels import swap as swap_kernels
 from ..sample.sampling import encode_prompt
 from ..tokenizer.kinds import Tokenizer
-from .estimate import TimeEstimate
-from .evaluate import Evaluator
-from .resume import Resumed, check_corpus, check_resume_early, open_resume
+from .resume import Resumed
 from .signals import StopFlag
 from .step import make_optimizer
 
@@ -64,13 +61,8 @@ DROPOUT_CHANGED = ("note: the last session of this run drew its dropout masks wi
 
 
 class Claim(ExitStack):
-    """What :func:`~.loop.train` must undo when it ends: the locked run folder and process-wide settings.
-
-    On the way out, a new run folder that never got a checkpoint is removed
-    after a failure (:meth:`~minigpt_cli.run.folder.RunFolder.discard_if_unsaved`),
-    the lock is released, and every callback pushed (the thread count, CUDA
-    flags) runs, so the process is left as it was found.
-    """
+    """What :func:`~.loop.train` must undo when it ends: a new run folder that never got a checkpoint (after a
+    failure), the run lock, and the process-wide settings pushed as callbacks."""
 
     folder: Optional[runs.RunFolder] = None
 
@@ -116,14 +108,14 @@ class Setup:
     stop: StopFlag
     env: dict[str, Any]
     eager_kernels: dict[str, str]
+    data: Any  # the PreparedData the evaluator reads
     corpus: dict[str, Any] = field(default_factory=dict)  # fingerprint and files, for the checkpoints' meta.json
-    cpu_threads: Optional[CpuThreads] = None
-    evaluator: Optional[Evaluator] = None
-    checkpointer: Optional[Checkpointer] = None
-    estimate: Optional[TimeEstimate] = None
     writer: Any = None
     bar: Any = None
     compile_failed: bool = False
+
+    def __post_init__(self):
+        self.cpu_threads = CpuThreads(self.device, echo=self.thread_note)
 
     @property
     def params(self) -> list[torch.Tensor]:
@@ -170,88 +162,135 @@ class Setup:
         self.write_env()
 
 
-def _prepare_data(cfg: Config, dist: Dist, echo: Callable[[str], None], progress: Optional[bool],
-                  resume: Optional[str]) -> tuple[Tokenizer, PreparedData, Corpus]:
-    """Each node's first process (local rank 0) downloads, trains the tokenizer and prepares token files;
-    the others wait at a barrier, then read what it made. A corpus other than the resumed run's, or than
-    ``data.fingerprint`` names, is refused first (:func:`~.resume.check_corpus`)."""
-    check_resume_early(cfg, resume)
-    if dist.local_rank == 0:
-        corpus, root = configured_corpus(cfg, echo, progress)
-        check_corpus(cfg, resume, corpus)
-        tok, _ = ensure_tokenizer(cfg, corpus, echo, root)
-        prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=progress,
-                block_size=cfg.model.block_size)
-    barrier(dist)
-    corpus, root = configured_corpus(cfg, echo, progress=False)
-    check_corpus(cfg, resume, corpus)
-    tok, _ = ensure_tokenizer(cfg, corpus, echo, root)
-    data = prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=False)
-    check_split_sizes(data, cfg.model.block_size)
-    return tok, data, corpus
-
-
 def tensorboard_writer_class():
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise MinigptError(
-            "train.tensorboard: true needs the tensorboard package; pip install tensorboard, "
-            "or set train.tensorboard: false"
-        ) from None
+    if importlib.util.find_spec("tensorboard") is None:
+        raise MinigptError("train.tensorboard: true needs the tensorboard package; pip install tensorboard, "
+                           "or set train.tensorboard: false")
+    from torch.utils.tensorboard import SummaryWriter
+
     return SummaryWriter
 
 
-def config_notes(cfg: Config, dist: Optional[Dist] = None) -> list[str]:
-    """The notes on a config before a run: :func:`~minigpt_cli.config.notes.notes`, with the corpus on disk
-    looked at for the ``data.url`` note, and the note on a parallelism that one process ignores."""
-    found = notes(cfg, corpus_on_disk=url_corpus_on_disk(cfg.data.data_dir, cfg.data.dataset, cfg.data.url))
+def config_notes(cfg: Config, dist: Optional[Dist] = None, corpus_on_disk: Optional[bool] = None) -> list[str]:
+    """The notes on a config before a run (:func:`~minigpt_cli.config.notes.notes`), and the note on a
+    parallelism that one process ignores. ``corpus_on_disk``: whether the named corpus is there and genuine
+    (for the ``data.url`` note); None: looked at here."""
+    if corpus_on_disk is None:
+        corpus_on_disk = url_corpus_on_disk(cfg.data.data_dir, cfg.data.dataset, cfg.data.url)
     single = parallel.single_process_note(cfg.train.parallelism, dist or Dist.from_env())
-    return found + ([single] if single else [])
+    return notes(cfg, corpus_on_disk=corpus_on_disk) + ([single] if single else [])
 
 
-def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Callable[[str], None],
-          progress: Optional[bool], claim: Claim) -> Setup | dict[str, Any]:
-    """Set a run up for :class:`~.loop.Trainer`; registers what must be undone in ``claim``.
+def run_files(run_dir: Path) -> tuple[list[Path], set[Path]]:
+    """The files ``train`` writes in a run folder it resumes (its lock, the logs of
+    :class:`~minigpt_cli.run.metrics.RunLogger`, config.yaml, env.json, the plot), and those it appends to."""
+    log = RunLogger(run_dir, enabled=False)
+    appended = [run_dir / runs.LOCK, log.metrics_path, log.log_path, log.samples_path]
+    return appended + [run_dir / runs.CONFIG, run_dir / runs.ENV, log.plot_path], set(appended)
 
-    Returns:
-        The :class:`Setup`; or, for a resumed run that already reached
-        ``train.max_iters``, the fields of its :class:`~.loop.TrainResult`.
+
+@dataclass
+class Plan:
+    """What ``train`` will do, resolved once (:func:`plan`): ``given`` is the config as the user gave it
+    (``model.init_from`` resolved), ``cfg`` with the vocabulary and corpus fingerprint filled in where known."""
+
+    given: Config
+    cfg: Config
+    device: torch.device
+    dtype: torch.dtype
+    dist: Dist
+    run_name: Optional[str]
+    resume: Optional[str]
+    resumed: Optional[Resumed]
+    stage: DataStage
+    notes: list[str]
+    vocab_size: Optional[int]  # None: not known until the corpus is downloaded (a dry run)
+    writer_class: Any = None
+
+    @property
+    def done(self) -> bool:
+        """A resumed run that already reached ``train.max_iters``: nothing to train."""
+        return self.resumed is not None and self.resumed.done
+
+
+def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Callable[[str], None],
+         progress: Optional[bool], claim: Optional["Claim"] = None) -> Plan:
+    """Resolve and check everything ``train`` needs before it makes a run folder (see the module docstring).
+    ``claim`` None: a dry run, which writes nothing; else the resumed run's lock is registered in it.
 
     Raises:
-        MinigptError: as :func:`~.loop.train` documents.
+        MinigptError: as :func:`~.loop.train` documents, up to its first write into a run folder.
     """
+    write = claim is not None
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    dist, device = init_distributed(device)
+    dist, device = init_distributed(device) if write else (Dist.from_env(), device)
+    if not dist.main:
+        echo = lambda message: None  # noqa: E731 - only rank 0 talks
+    tc = cfg.train
+    writer_class = tensorboard_writer_class() if tc.tensorboard else None
+    resumed = Resumed.find(cfg, resume) if resume is not None else None
+    cfg = resolve_init_from(cfg, resumed.run_dir if resumed is not None else None)
+    if resumed is not None:
+        resumed.check(cfg)
+        appended = run_files(resumed.run_dir)[1]
+        run = resumed.run_dir
+        for path, folder in [(run, True), (run / runs.CHECKPOINTS, True)] + [(p, False) for p in run_files(run)[0]]:
+            check_writable(path, folder, append=path in appended, in_run=True)
+    else:
+        check_writable(tc.out_dir, folder=True)
+        if run_name is not None:
+            runs.check_run_name(tc.out_dir, run_name)
+        name = run_name or f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        check_writable(Path(tc.out_dir) / name, folder=True)
+    found: list[str] = []
+
+    def checked(corpus) -> None:
+        if resumed is not None:
+            resumed.check_corpus(corpus)
+        check_fingerprint(cfg, corpus)
+
+    def noted(corpus) -> None:  # before the download: the data.url note looks at the corpus on disk
+        found[:] = config_notes(cfg, dist, corpus is not None and cfg.data.path is None)
+        for note in found if write else []:
+            echo(note)
+
+    stage = None
+    if dist.local_rank == 0 or not write:
+        stage = prepare_data(cfg, echo, progress if dist.main else False, write, check=checked, found=noted)
+    if write:
+        barrier(dist)
+    if stage is None:
+        stage = prepare_data(cfg, echo, False, write, check=checked, found=noted)
+    # samples.txt samples from sample.prompt, and generate will: refused now, as generate refuses it.
+    encode_prompt(stage.tok, cfg.sample.prompt, "sample.prompt")
+    given, vocab = cfg, stage.tok.vocab_size if stage.tok is not None else cfg.tokenizer.vocab_size
+    if cfg.tokenizer.kind == "char" and stage.tok is None:
+        vocab = None  # the corpus's characters, not known before it is downloaded
+    # With no vocabulary yet, the memory check counts the smallest a char tokenizer can have.
+    cfg = with_vocab(cfg, vocab if vocab is not None else cfg.model.vocab_size or 1 + len(cfg.tokenizer.special_tokens))
+    if stage.corpus is not None:
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"fingerprint": stage.corpus.fingerprint})})
+    check_memory(cfg, device, dtype, shards=parallel.shards(tc.parallelism, dist))
+    if resumed is not None:
+        resumed.open(cfg, stage.tok, claim if write and dist.main else None)
+    elif resume is not None and write:
+        echo(f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one")
+    return Plan(given, cfg, device, dtype, dist, run_name, resume, resumed, stage, found, vocab, writer_class)
+
+
+def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional[bool]) -> Setup:
+    """Make the run folder (new, or the resumed one's files), the model, the optimizer and the :class:`Setup`
+    the trainer runs; registers what must be undone in ``claim``."""
+    cfg, dist, device, dtype, resumed = p.cfg, p.dist, p.device, p.dtype, p.resumed
+    tc, mc, tok = cfg.train, cfg.model, p.stage.tok
     if not dist.main:
         echo = lambda message: None  # noqa: E731 - only rank 0 talks
         progress = False
-    for note in config_notes(cfg, dist):  # before the download: the data.url note looks at the corpus on disk
-        echo(note)
-    tc = cfg.train
-    writer_class = tensorboard_writer_class() if tc.tensorboard else None
-    tok, data, corpus = _prepare_data(cfg, dist, echo, progress, resume)
-    # samples.txt samples from sample.prompt, and generate will: refused now, as generate refuses it.
-    encode_prompt(tok, cfg.sample.prompt, "sample.prompt")
-    cfg = with_vocab(cfg, tok.vocab_size)
-    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"fingerprint": corpus.fingerprint})})
-    mc = cfg.model
-    check_memory(cfg, device, dtype, shards=parallel.shards(cfg.train.parallelism, dist))
-
-    # The run folder: new, or the one being resumed.
-    resumed: Optional[Resumed] = None
-    if resume is not None:
-        resumed = open_resume(cfg, resume, tok, corpus, dist.main, claim)
-        if resumed is None:
-            echo(f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one")
-        elif resumed.done:
-            close_distributed(dist)
-            return resumed.result()
     if resumed is not None:
         run_dir = resumed.run_dir
     elif dist.main:
-        claim.folder = runs.new_run_dir(tc.out_dir, cfg.name, run_name)
+        claim.folder = runs.new_run_dir(tc.out_dir, cfg.name, p.run_name)
         run_dir = claim.folder.path
     else:
         run_dir = None
@@ -286,41 +325,32 @@ def build(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Cal
         if before not in (None, env["dropout_kernel"]):
             echo(DROPOUT_CHANGED.format(before=before, now=env["dropout_kernel"]))
 
-    optimizer = make_optimizer(model, tc)
+    data, corpus = p.stage.data, p.stage.corpus
     s = Setup(
         cfg=cfg, device=device, dist=dist, echo=echo, tok=tok, run_dir=run_dir, model=model, train_model=model,
-        optimizer=optimizer,
+        optimizer=make_optimizer(model, tc),
         scaler=torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16),
         autocast=torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext(),
         train_sampler=BatchSampler(data.train, mc.block_size, tc.batch_size, cfg.seed + 1, device,
                                    rank=dist.rank, world=dist.world),
-        prog=Progress(), logger=logger, stop=StopFlag(), env=env, eager_kernels=eager_kernels,
+        prog=Progress(), logger=logger, stop=StopFlag(), env=env, eager_kernels=eager_kernels, data=data,
         corpus={"fingerprint": corpus.fingerprint, "files": corpus.records()},
     )
     s.write_env()
     claim.callback(tune_runtime(device))
-    s.cpu_threads = CpuThreads(device, echo=s.thread_note)
     claim.callback(s.cpu_threads.restore)
-    s.evaluator = Evaluator(cfg, data, device, dist, s.autocast, tok, s.cpu_threads, s.stop,
-                            show_bar=False)  # shown with the training bar, made last
-    s.checkpointer = Checkpointer(run_dir, cfg, snapshot=lambda: (model, {}, {}), enabled=dist.main,
-                                  collective=parallel.is_sharded(model))
     if resumed is not None:
         _restore(s, resumed)
-    s.estimate = TimeEstimate(tc, s.prog.step, s.prog.evaluated, 2 * s.evaluator.batches_per_split,
-                              device.type == "cpu", say=s.say, log=logger.log)
-    s.evaluator.on_batch = s.estimate.eval_batch
     if swept:
         logger.log(f"removed {len(swept)} temporary file(s) left by a killed process: "
                    f"{', '.join(p.name for p in swept)}")
     _compile(s)
     _announce(s, data, dtype)
-    if writer_class is not None and dist.main:
-        s.writer = writer_class(log_dir=str(run_dir / "tensorboard"))
+    if p.writer_class is not None and dist.main:
+        s.writer = p.writer_class(log_dir=str(run_dir / "tensorboard"))
     # disable=None: tqdm shows the bar only when stderr is a terminal (no bar flooding a log file).
     s.bar = tqdm(total=tc.max_iters, initial=s.prog.step, desc="train", unit="step",
                  disable=None if progress is None else not progress, dynamic_ncols=True, file=sys.stderr)
-    s.evaluator.show_bar = not s.bar.disable
     return s
 
 
@@ -361,7 +391,7 @@ def _compile(s: Setup) -> None:
         s.logger.log(f"FSDP: weights, gradients and AdamW moments sharded over {s.dist.world} processes")
 
 
-def _announce(s: Setup, data: PreparedData, dtype: torch.dtype) -> None:
+def _announce(s: Setup, data, dtype: torch.dtype) -> None:
     """The run's header in train.log, and one line for the user."""
     tc, mc, d = s.cfg.train, s.cfg.model, s.dist
     n_params = s.model.num_params()

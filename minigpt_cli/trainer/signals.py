@@ -3,32 +3,24 @@
 from __future__ import annotations
 
 import signal
-from typing import Any, Callable, Optional
+import threading
+from typing import Any, Optional
 
 
 class StopFlag:
-    """SIGINT/SIGTERM/SIGHUP set a flag the loop checks between steps and eval batches; a second Ctrl-C aborts at once.
-
-    The abort is a KeyboardInterrupt raised wherever the program is; the
-    trainer turns it into a one-line message (nothing saved, where the last
-    checkpoint is). A repeated SIGTERM only sets the flag again.
-    """
+    """SIGINT/SIGTERM/SIGHUP set a flag the loop checks between steps and eval batches; a second Ctrl-C aborts at once."""
 
     def __init__(self):
         self.signal: Optional[str] = None
         self.signum: int = signal.SIGINT
-        #: Builds the error that replaces the KeyboardInterrupt of a second Ctrl-C.
-        self.on_abort: Optional[Callable[[], Exception]] = None
         self._old: dict[int, Any] = {}
 
     def __enter__(self):
+        if threading.current_thread() is not threading.main_thread():
+            return self  # only the main thread may set handlers (a run inside some test runners)
         for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-            if sig is None:
-                continue
-            try:
+            if sig is not None:
                 self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. inside some test runners)
-                pass
         return self
 
     def _handle(self, signum, frame):
@@ -40,6 +32,4 @@ class StopFlag:
     def __exit__(self, exc_type, exc, tb):
         for sig, old in self._old.items():
             signal.signal(sig, old)
-        if exc_type is KeyboardInterrupt and self.signal is not None and self.on_abort is not None:
-            raise self.on_abort() from None
         return False

@@ -12,11 +12,7 @@ from ..runtime.device import Dist, all_sum
 
 
 def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
-    """AdamW (Loshchilov & Hutter 2019) with weight decay on matrices only (nanoGPT).
-
-    Biases, norm gains and other vectors get no decay. The fused
-    implementation where the device has one, else foreach (multi-tensor).
-    """
+    """AdamW (Loshchilov & Hutter 2019) with weight decay on matrices only (nanoGPT)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -34,19 +30,10 @@ def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW
 def estimate_loss(model: torch.nn.Module, splits: Mapping[str, Iterable[tuple[torch.Tensor, torch.Tensor]]],
                   n_windows: int, autocast, d: Dist = Dist(),
                   should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict[str, float]]:
-    """Mean loss per window of each split, in eval mode, without gradients.
-
-    ``splits`` gives, for each split, the (x, y) micro-batches of the windows
-    this process reads; over every process they are ``n_windows`` windows of
-    equal length, so the mean of the window losses is the token mean. Sums
-    are taken in float64 and over the ranks before dividing, so the result
-    does not depend on how the windows were split into micro-batches or
-    processes (to float32 rounding of the forward pass).
-
-    ``should_stop`` is asked before every batch (a long eval must not hold up a
-    Ctrl-C); when it answers True the evaluation ends there and None is
-    returned. Under DDP ``should_stop`` must give every rank the same answer.
-    """
+    """Mean loss per window of each split, in eval mode, without gradients; None when ``should_stop`` (asked
+    before every batch, the same answer on every rank) cut it short. Sums are float64, taken over the ranks
+    before dividing, so the result does not depend on how the ``n_windows`` were split into micro-batches
+    or processes."""
     model.eval()
     out = {}
     try:
@@ -70,15 +57,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
                params: list[torch.Tensor], dist: Dist = Dist()) -> tuple[torch.Tensor, bool]:
     """One optimizer step over ``accum`` micro-batches; returns (this process's mean loss, whether it was applied).
 
-    The loss is averaged over micro-steps (each micro-batch loss divided by
-    ``accum``), so 4 micro-batches of 8 give the update of one batch of 32.
-    Under DDP, gradients are synchronised on the last micro-step only; under
-    FSDP they are reduce-scattered at every micro-step (keeping whole
-    gradients until the last one would cost the memory sharding saves), and
-    ``params`` are the shards, whose clipping norm is the global one. A
-    non-finite loss or gradient skips the update (gradients are dropped);
-    under torchrun (``dist``) the processes decide together, on the sum of
-    their losses, so that none steps (or enters the norm's all-reduce) alone.
+    DDP syncs gradients on the last micro-step only; FSDP reduce-scatters at every one (whole gradients would
+    cost the memory sharding saves). A non-finite loss or gradient skips the update; under torchrun the
+    processes decide together, on the sum of their losses, so that none steps alone.
     """
     loss_sum = None
     for micro in range(accum):
