@@ -211,7 +211,8 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
                                                                                     loss * per_token[1])
     return {
         "run": str(run_dir), "checkpoint": ckpt.name, "step": meta.get("step"), "source": source,
-        "mode": "full" if full else "eval", "loss": loss, "perplexity": math.exp(loss),
+        "mode": "full" if full else "eval", "loss": loss,
+        "perplexity": math.exp(loss) if loss < 709.0 else math.inf,  # exp overflows a float past 709.78
         "bits_per_byte": nats_per[0] / math.log(2), "bits_per_char": nats_per[1] / math.log(2),
         "tokens": n_scored, "bytes": n_bytes, "chars": n_chars, "block_size": T,
         "stride": stride if full else None, "logged_loss": logged,

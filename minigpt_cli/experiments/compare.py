@@ -36,6 +36,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from ..config.schema import Config, load_config
 from ..errors import MinigptError
 from ..fileio import atomic_write_set
 from ..run import folder as runs
+from ..run.metrics import METRICS, read_events
 
 _MESSAGES = {
     "not_run": "{path!r} is neither a run folder (config.yaml and metrics.jsonl) nor a folder of runs",
@@ -62,7 +64,10 @@ _MESSAGES = {
     "tokenizers": "note: the variants use different tokenizers: val loss is per token of each, so compare bits "
                   "per byte",
     "no_bpb": "note: no bits per byte for {run}: {why}",
+    "users": "{path} is not a summary minigpt wrote (its summary.json is not one); pass another --output",
 }
+#: The files a summary writes; summary.json is also what proves an earlier summary minigpt's.
+SUMMARY_FILES = ("summary.md", "summary.csv", "summary.json", "summary.png")
 
 #: Config keys that never make two runs different variants.
 _IGNORED = {"seed", "name", "train.out_dir", "data.fingerprint", "tokenizer.path"}
@@ -97,14 +102,14 @@ def read_run(path: Path) -> RunRecord:
     Raises:
         MinigptError: no config.yaml or metrics.jsonl, or no eval yet.
     """
-    metrics = path / "metrics.jsonl"
+    metrics = path / METRICS
     if not (path / runs.CONFIG).is_file() or not metrics.is_file():
         raise MinigptError(_MESSAGES["not_run"].format(path=str(path)))
-    events = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
-    evals = [e for e in events if e.get("event") == "eval" and e.get("val_loss") is not None]
+    events = read_events(metrics)
+    evals = [e for e in events if e["event"] == "eval"]
     if not evals:
         raise MinigptError(_MESSAGES["no_evals"].format(path=path))
-    rates = [e["tokens_per_sec"] for e in events if e.get("event") == "train" and e.get("tokens_per_sec")]
+    rates = [e["tokens_per_sec"] for e in events if e.get("tokens_per_sec")]
     return RunRecord(path, load_config(path / runs.CONFIG), evals, rates)
 
 
@@ -356,6 +361,7 @@ def _write(result: dict, variants: list[Variant], out: Path) -> None:
     """summary.md, .csv, .json and .png as a set (:func:`~minigpt_cli.fileio.atomic_write_set`): all four are
     built first (the PNG is the slow part), then renamed into place together, so an interrupt leaves the
     previous set or none, never a mix."""
+    _check_ours(out)
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     csv.writer(buf).writerows(_csv_rows(result))
@@ -364,6 +370,18 @@ def _write(result: dict, variants: list[Variant], out: Path) -> None:
     files = {out / name: text.encode("utf-8") for name, text in texts.items()}
     files[out / "summary.png"] = _plot(variants)
     atomic_write_set(files)
+
+
+def _check_ours(out: Path) -> None:
+    """Refuse to replace summary files in ``out`` unless they are an earlier summary (its summary.json one)."""
+    if not any(os.path.lexists(out / name) for name in SUMMARY_FILES):
+        return
+    try:
+        earlier = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        earlier = None
+    if not (isinstance(earlier, dict) and {"columns", "rows", "metric"} <= earlier.keys()):
+        raise MinigptError(_MESSAGES["users"].format(path=out))
 
 
 def _plot(variants: list[Variant]) -> bytes:

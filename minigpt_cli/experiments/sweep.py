@@ -42,7 +42,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -120,7 +119,7 @@ class SweepFile(BaseModel):
     """The sweep file's schema (module docstring)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$")
+    name: Optional[str] = None
     base: str
     set: list[str] = Field(default_factory=list)
     grid: dict[str, list[Scalar]] = Field(default_factory=dict)
@@ -187,9 +186,7 @@ def _variants(spec: SweepFile, path: Path) -> dict[str, dict[str, Any]]:
             raise MinigptError(_MESSAGES["collide"].format(path=path, a=dict(zip(keys, combo)), b=out[name], name=name))
         out[name] = dict(zip(keys, combo))
     for name, overrides in spec.variants.items():
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-            raise MinigptError(_MESSAGES["schema"].format(path=path, loc=f"variants.{name}",
-                                                          msg="a name may only hold letters, digits, '.', '_', '-'"))
+        runs.check_name(name, f"{path}: variants:")
         if name in out:
             raise MinigptError(_MESSAGES["collide"].format(path=path, a=out[name], b=overrides, name=name))
         out[name] = dict(overrides)
@@ -220,6 +217,7 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
         loc = ".".join(str(x) for x in err["loc"]) or "sweep"
         msg = err["msg"].removeprefix("Value error, ")
         raise MinigptError(_MESSAGES["schema"].format(path=p, loc=loc, msg=msg[0].lower() + msg[1:])) from None
+    runs.check_name(spec.name or p.stem, f"{p}: name:")  # the sweep's folder: never a path out of out_dir
     _check_out_dir(spec, p)
     base, base_data = _read_base(p, spec.base, echo)
     seeds = spec.seeds if isinstance(spec.seeds, list) else None
@@ -317,13 +315,13 @@ def _mark_done(sweep: Sweep, state: dict, run: Run) -> None:
 
 
 def _resumable(sweep: Sweep, run: Run) -> bool:
-    """Whether ``run`` resumes a checkpoint a killed sweep left; a folder killed before its first checkpoint
-    holds nothing to keep and is removed, so that the run starts afresh."""
+    """Whether ``run`` resumes a checkpoint a killed sweep left; a run folder killed before its first
+    checkpoint holds nothing to keep and is emptied (:func:`~.run.folder.clear_unsaved`), so the run starts afresh."""
     folder = sweep.folder / run.name
     if folder.is_dir() and runs.has_checkpoint(folder):
         return True
     if folder.is_dir():
-        shutil.rmtree(folder)
+        runs.clear_unsaved(folder)
     return False
 
 

@@ -25,6 +25,7 @@ a row to spare for one, else is removed, instead of failing in transformers.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -242,15 +243,36 @@ def generation_config(cfg: Config, eos: Optional[int]) -> dict:
     return out
 
 
+def _is_export(folder: Path) -> bool:
+    """Whether ``folder`` holds only what an export writes: regular files of :data:`EXPORT_FILES` (no folder or
+    link of those names), or nothing."""
+    return all(p.name in EXPORT_FILES and p.is_file() and not p.is_symlink() for p in folder.iterdir())
+
+
+def _temp_prefix(out: Path) -> str:
+    """The name an export's temporary folder (and the old copy it replaces) starts with, beside ``out``."""
+    return f".{out.name}.minigpt-export-"
+
+
+def _sweep_temps(out: Path) -> None:
+    """Remove the temporary folders a killed export to ``out`` left beside it (:func:`_temp_prefix`, holding
+    only export files)."""
+    for left in out.parent.glob(f"{glob.escape(_temp_prefix(out))}*"):
+        if left.is_dir() and not left.is_symlink() and _is_export(left):
+            shutil.rmtree(left, ignore_errors=True)
+
+
 def _write_folder(out: Path, weights: dict[str, torch.Tensor], files: dict[str, str]) -> None:
     """Write ``weights`` (``model.safetensors``) and ``files`` (name -> text) as the folder ``out``: into a
-    temporary folder beside it, renamed into place when complete (an old ``out`` is moved aside first and
-    removed after). A failed write removes the temporary folder and raises the OSError."""
+    temporary folder beside it, renamed into place when complete (an old ``out`` is moved aside to a name of
+    this export's own first, and removed after). A failed write removes the temporary folder and raises the
+    OSError."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    _sweep_temps(out)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out), dir=out.parent))
     chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700: an export is as readable as any folder
     try:
         try:
@@ -266,14 +288,11 @@ def _write_folder(out: Path, weights: dict[str, torch.Tensor], files: dict[str, 
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
-        old = None
+        old = tmp.with_name(tmp.name + ".old")  # unique, as tmp is: never a folder of the user's
         if out.exists():
-            old = out.parent / f".{out.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
             out.rename(old)
         tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -309,10 +328,9 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
         raise MinigptError(_MESSAGES["not_folder"].format(out=out))
     if out.is_dir() and any(out.iterdir()) and not force:
         raise MinigptError(_MESSAGES["not_empty"].format(out=out))
-    if out.is_dir() and force:
-        other = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
-        if other:
-            raise MinigptError(_MESSAGES["not_export"].format(out=out, names=", ".join(other[:3])))
+    if out.is_dir() and force and not _is_export(out):
+        other = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES or not p.is_file() or p.is_symlink())
+        raise MinigptError(_MESSAGES["not_export"].format(out=out, names=", ".join(other[:3])))
     model, cfg = load_model(runs.resolve(ckpt))
     hf_family(cfg.model)  # refused before anything is written
     tok = load_run_tokenizer(run_dir, cfg)

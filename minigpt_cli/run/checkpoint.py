@@ -288,8 +288,8 @@ def _check_keys(sd: dict[str, torch.Tensor], model: GPT, weights: Path, what: st
         sd.pop("lm_head.weight", None)
     expected, got = set(model_state_keys(model)), set(sd)
     if expected != got:
-        raise MinigptError(_MESSAGES["mismatch"].format(path=str(weights), what=what, missing=sorted(expected - got)[:3],
-                                                        extra=sorted(got - expected)[:3]))
+        missing, extra = sorted(expected - got)[:3], sorted(got - expected)[:3]
+        raise MinigptError(_MESSAGES["mismatch"].format(path=str(weights), what=what, missing=missing, extra=extra))
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     wrong = next((k for k, v in sd.items() if tuple(v.shape) != shapes[k]), None)
     if wrong is not None:
@@ -300,7 +300,8 @@ def _check_keys(sd: dict[str, torch.Tensor], model: GPT, weights: Path, what: st
 def _other_hint(directory: Path) -> str:
     # Every command that loads a model (generate, evaluate, export, inspect) takes --checkpoint.
     other = {BEST: LAST, LAST: BEST}.get(directory.name.strip(".").removesuffix(".old"))
-    return f"use the other checkpoint (--checkpoint {other}) or retrain" if other else "use another checkpoint or retrain"
+    return f"use the other checkpoint (--checkpoint {other}) or retrain" if other else \
+        "use another checkpoint or retrain"
 
 
 def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:

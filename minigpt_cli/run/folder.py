@@ -325,7 +325,7 @@ def clear_unsaved(run_dir: Path) -> None:
     Raises:
         MinigptError: the folder is not minigpt's, or holds a checkpoint.
     """
-    if not made_here(run_dir):
+    if _occupied(run_dir) and not made_here(run_dir):
         raise fail("users", path=str(run_dir))
     if has_checkpoint(run_dir):
         raise fail("resumable", path=str(run_dir))
