@@ -66,7 +66,7 @@ _MESSAGES = {
     "resumable": ("run folder {path!r} already exists", "pick another --run-name, or continue it with --resume {path}"),
     "unsaved": ("run folder {path!r} holds a run that stopped before its first save",
                 "delete the folder or pick another --run-name"),
-    "users": ("{path!r} holds files minigpt did not make", "pick another --run-name (a new or empty folder)"),
+    "users": ("{path!r} holds files minigpt did not make", "move them away, or pick another name for the run"),
     "in_use": ("{path} is in use by another minigpt train (pid {pid})", "{fix}"),
     "lock_kind": ("{path} is not a regular file (a link, folder or device where minigpt keeps its lock)",
                   "remove it and try again"),
