@@ -1,38 +1,11 @@
 """``minigpt sweep``: many runs of one base config, compared fairly, resumable after a kill.
 
-A sweep file (YAML)::
-
-    name: ffn                      # runs land in <out_dir>/<name>/ (default: the file's name)
-    base: tiny                     # a config: a path relative to the sweep file, or a shipped config's name
-    set: [train.eval_interval=50]  # overrides for every run
-    grid:                          # every combination of these values: variants ffn-relu, ffn-gelu
-      model.ffn: [relu, gelu]
-    variants:                      # and/or named variants, each a mapping of overrides
-      swiglu: {model.ffn: swiglu, model.d_ff: 168}
-    seeds: 3                       # seeds seed, seed+1, ... of the base; or a list of seeds
-    budget: {iters: 500}           # per run: optimizer steps, or {tokens: 2.0e6}, or {seconds: 60}
-    target_loss: null              # for "time to target"; null: the worst run's final val loss
-
-Each run is an ordinary run folder, ``<out_dir>/<name>/<variant>-s<seed>/``,
-that ``generate``, ``evaluate`` and ``train --resume`` take. Every variant is
-validated by the config schema before the first run starts. The sweep keeps
-its state in ``<out_dir>/<name>/sweep.json`` (the sweep as it was read, the
-base config, the runs finished): started again, it skips the finished runs,
-resumes an interrupted one from its checkpoint (bit for bit as if it had not
-stopped) and refuses to go on if the sweep file or the base config changed,
-naming the difference, once a run has saved a checkpoint (a sweep that failed
-before that, on a download say, takes the edited file as a new start).
-The runs' ``train.out_dir`` is the sweep's folder, chosen by ``out_dir:`` and
-``name:``; an override of it is refused. The summary
-(:mod:`minigpt_cli.experiments.compare`) is written at the end.
-
-Budgets make the comparison fair: ``iters`` gives every run the same steps,
-``tokens`` the same tokens (steps = tokens / tokens per step, per variant),
-``seconds`` the same wall-clock time (``train.max_seconds``; the schedule
-still follows ``train.max_iters``). With ``--jobs N`` the runs go N at a time
-in processes of their own, each with 1/N of the cores; on Linux they end
-(saving their checkpoints) when the sweep's process dies, even by SIGKILL
-(:func:`die_with_parent`).
+A sweep file (the README documents it) names a ``base`` config, ``set`` overrides, a ``grid`` and/or named
+``variants``, ``seeds`` and a per-run ``budget`` (``iters``, ``tokens`` or ``seconds``: the same steps, tokens
+or wall-clock time for every run). Each run is an ordinary run folder, ``<out_dir>/<name>/<variant>-s<seed>/``.
+``<out_dir>/<name>/sweep.json`` keeps the sweep as read and the runs done: a restart skips those, resumes an
+interrupted one, and refuses a changed sweep file or base config once a run has saved a checkpoint. With
+``--jobs N`` runs go N at a time in processes of their own, ended with the sweep (:func:`die_with_parent`).
 """
 
 from __future__ import annotations
@@ -199,9 +172,8 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
     """Read and check a sweep file: every run's config is validated before anything runs.
 
     Raises:
-        MinigptError: an unreadable file, a key the schema lacks, a budget of
-            0, variants that collide in name, a grid key or value the config
-            schema refuses (naming the variant and the key).
+        MinigptError: an unreadable file, a key the schema lacks or refuses, a name that is not a plain folder
+            name, variants that collide in name, an override the config schema refuses (naming the variant).
     """
     p = Path(path)
     try:
@@ -239,8 +211,7 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
 
 
 def _read_base(path: Path, name: str, echo: Callable[[str], None]) -> tuple[Path, dict]:
-    """The sweep file ``path``'s ``base:`` config ``name`` (beside the sweep file, else a shipped config) and
-    its parsed mapping.
+    """The sweep file's ``base:`` config (beside the sweep file, else a shipped one) and its parsed mapping.
 
     Raises:
         MinigptError: no such file (naming ``base:``), or one that cannot be read.
@@ -261,11 +232,7 @@ def _read_base(path: Path, name: str, echo: Callable[[str], None]) -> tuple[Path
 
 
 def _check_out_dir(spec: SweepFile, path: Path) -> None:
-    """Refuse ``train.out_dir`` among the sweep's overrides: every run goes in the sweep's own folder.
-
-    Raises:
-        MinigptError: naming where it was given (``set``, ``grid`` or the variant) and how to choose the folder.
-    """
+    """Refuse ``train.out_dir`` among the overrides (``set``, ``grid``, a variant): runs go in the sweep's folder."""
     given = [("set", [item.split("=", 1)[0].strip() for item in spec.set]), ("grid", list(spec.grid)),
              *((f"variants.{name}", list(overrides)) for name, overrides in spec.variants.items())]
     for where, keys in given:
@@ -286,8 +253,8 @@ def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
 
 
 def _read_state(sweep: Sweep) -> dict:
-    """The sweep's state, created on the first start; refuses a sweep whose file or base config changed since
-    a run of it trained to a checkpoint (before that, nothing depends on the old record: it is replaced)."""
+    """The sweep's state, created on the first start; refuses a sweep whose file or base config changed once a
+    run of it saved a checkpoint (before that the old record is replaced)."""
     path = sweep.folder / STATE
     record = sweep.state_record()
     if not path.is_file() and sweep.folder.is_dir() and any(sweep.folder.iterdir()):
@@ -349,14 +316,9 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> Optional[Callable[[], None]]:
-    """A ``preexec_fn`` that makes a child process get SIGTERM when this process dies, SIGKILL included;
-    None where the system cannot (it is Linux's ``prctl(PR_SET_PDEATHSIG)``).
-
-    SIGTERM, not SIGKILL: a trainer saves ``checkpoints/last`` on it, so the sweep started again resumes
-    the run. The kernel sends it when the *thread* that started the child ends: ``--jobs`` starts each child
-    from a worker thread that waits for it, so that thread outlives the child unless the process dies.
-    ``prctl`` is looked up here, before the fork: the child only calls it (and ``getppid``), then execs.
-    """
+    """A ``preexec_fn`` that has a child get SIGTERM (a trainer saves ``last`` on it) when this process dies,
+    SIGKILL included; None off Linux (``prctl(PR_SET_PDEATHSIG)``). The kernel sends it when the *thread* that
+    started the child ends: each ``--jobs`` child is started by a worker thread that waits for it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -377,15 +339,12 @@ def die_with_parent() -> Optional[Callable[[], None]]:
 
 def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None,
               echo: Callable[[str], None] = lambda m: None) -> dict:
-    """Run (or finish) a sweep, then write its summary; returns :func:`~minigpt_cli.experiments.compare.summarize`'s result.
+    """Run (or finish) a sweep, then write its summary (:func:`.compare.summarize`'s result).
 
     Raises:
-        MinigptError: a bad kernel setting in the environment
-            (:func:`~minigpt_cli.runtime.kernels.check_settings`), a bad sweep file (:func:`load_sweep`), a changed one
-            under a sweep being resumed, ``jobs`` outside 1 .. cores, a run
-            that fails.
-        Interrupted: Ctrl-C during a run (that run's checkpoint is saved; the
-            same command goes on from there).
+        MinigptError: a bad kernel setting (:func:`~minigpt_cli.runtime.kernels.check_settings`) or sweep file
+            (:func:`load_sweep`), one changed under a resumed sweep, ``jobs`` outside 1 .. cores, a failed run.
+        Interrupted: Ctrl-C during a run (its checkpoint saved; the same command goes on from there).
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 

@@ -1,43 +1,10 @@
-"""Import Hugging Face ``transformers`` GPT-2 and Llama weights into our GPT.
+"""Import a local Hugging Face GPT-2 or Llama folder (``save_pretrained``: config.json and safetensors) into our GPT.
 
-Reads a local folder as ``save_pretrained`` leaves it (``config.json`` plus
-``model.safetensors``, or shards named by ``model.safetensors.index.json``);
-nothing is fetched from a hub. Each family has two steps that tests and
-scripts can call on their own:
-
-- ``*_config_from_hf(config.json as a dict)`` -> :class:`ModelConfig`;
-- ``load_*_state_dict(HF tensors, model_cfg)`` -> our tensor names and layouts.
-
-Name and layout mapping:
-
-GPT-2 (``GPT2LMHeadModel``; keys with or without the ``transformer.`` prefix)
-    Our names are GPT-2's, so only the layout changes: GPT-2's ``Conv1D``
-    stores weights as (in, out) and computes ``x @ W + b``, ``nn.Linear`` stores
-    (out, in), so ``c_attn``, ``attn.c_proj``, ``c_fc`` and ``mlp.c_proj`` are
-    transposed. ``c_attn`` already holds [q; k; v] in our order. The causal-mask
-    buffers old checkpoints carry (``attn.bias``, ``attn.masked_bias``) are
-    dropped. ``activation_function`` ``gelu_new`` is the tanh GELU
-    (``gelu_tanh``). The tied ``lm_head`` is ``wte``.
-
-Llama (``LlamaForCausalLM``; keys with or without the ``model.`` prefix)
-    ``embed_tokens`` -> ``wte``, ``input_layernorm`` -> ``ln_1``,
-    ``post_attention_layernorm`` -> ``ln_2``, [``q_proj``; ``k_proj``;
-    ``v_proj``] stacked along the output dimension -> ``attn.c_attn``,
-    ``o_proj`` -> ``attn.c_proj``, [``gate_proj``; ``up_proj``] -> ``mlp.c_fc``
-    (our SwiGLU chunks it as gate, up), ``down_proj`` -> ``mlp.c_proj``,
-    ``norm`` -> ``ln_f``.
-
-    RoPE needs no permutation: Hugging Face's Llama rotates the pair
-    (x_i, x_{i+hs/2}) ("rotate half", ``LlamaRotaryEmbedding`` and
-    ``apply_rotary_pos_emb``), which is exactly our :func:`~minigpt_cli.model.gpt.apply_rope`.
-    Meta's original ``consolidated.*.pth`` files pair adjacent dimensions
-    (x_{2i}, x_{2i+1}); Hugging Face's conversion script permutes the rows of
-    ``wq``/``wk`` into rotate-half order, so HF-layout weights load as they are
-    (Meta's own files are not read here).
-
-Every mistake a user can make (missing folder or file, bad JSON, an
-unsupported architecture or option, tensors that do not fit) raises a one-line
-:class:`~minigpt_cli.errors.MinigptError`.
+Each family has ``*_config_from_hf(config.json) -> ModelConfig`` and ``load_*_state_dict(tensors, cfg)``.
+GPT-2's names are ours; its Conv1D weights are (in, out), so ``c_attn``, ``attn.c_proj``, ``c_fc`` and
+``mlp.c_proj`` are transposed, and old checkpoints' causal-mask buffers dropped. Llama: q, k, v stack into
+``attn.c_attn`` and gate, up into ``mlp.c_fc``; its rotate-half RoPE is :func:`~minigpt_cli.model.gpt.apply_rope`'s,
+so no rows are permuted (Meta's own ``consolidated.*.pth`` files, in the other pairing, are not read).
 """
 
 from __future__ import annotations
@@ -78,17 +45,11 @@ def _need(cfg: Mapping[str, Any], key: str, family: str) -> Any:
 
 
 def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
-    """Our :class:`ModelConfig` for a ``transformers`` ``GPT2Config`` (as a dict).
-
-    Args:
-        cfg: the parsed ``config.json``.
-        block_size: context length to use; default ``n_positions``. It may be
-            shorter (the learned table is then cropped), never longer: the
-            table has no rows for later positions.
+    """Our :class:`ModelConfig` for a ``GPT2Config`` dict; ``block_size`` (default ``n_positions``) may crop
+    the learned position table, never grow it.
 
     Raises:
-        MinigptError: a missing key, an activation or attention option we do
-            not implement, or ``block_size`` beyond ``n_positions``.
+        MinigptError: a missing key, an option we do not implement, ``block_size`` past ``n_positions``.
     """
     # null falls back (0 does not: the schema refuses it as a size)
     n_positions = int(cfg["n_positions"] if cfg.get("n_positions") is not None else _need(cfg, "n_ctx", "GPT-2"))
@@ -148,20 +109,11 @@ def _rope_theta(cfg: Mapping[str, Any]) -> float:
 
 
 def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
-    """Our :class:`ModelConfig` for a ``transformers`` ``LlamaConfig`` (as a dict).
-
-    Pre-RMSNorm, SwiGLU with ``d_ff = intermediate_size``, RoPE with
-    ``rope_theta``, grouped-query attention with ``num_key_value_heads``.
-
-    Args:
-        cfg: the parsed ``config.json``.
-        block_size: context length; default ``max_position_embeddings``. RoPE
-            has no table, so any length works.
+    """Our :class:`ModelConfig` for a ``LlamaConfig`` dict; ``block_size`` defaults to ``max_position_embeddings``.
 
     Raises:
-        MinigptError: a missing key, ``hidden_act`` other than silu, RoPE
-            scaling, a ``head_dim`` other than hidden_size/num_attention_heads,
-            or biases on attention but not on the MLP (or the reverse).
+        MinigptError: a missing key, ``hidden_act`` other than silu, RoPE scaling, a ``head_dim`` other than
+            hidden_size/num_attention_heads, attention and MLP biases that differ.
     """
     hidden = _need(cfg, "hidden_size", "Llama")
     heads = _need(cfg, "num_attention_heads", "Llama")
@@ -237,15 +189,8 @@ def _check(out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[st
 
 
 def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Map a ``GPT2LMHeadModel`` state dict to our names and layouts.
-
-    Conv1D weights (in, out) are transposed to ``nn.Linear``'s (out, in); the
-    learned position table is cropped to ``model_cfg.block_size``; a tied
-    ``lm_head.weight`` is dropped (it is ``wte.weight``).
-
-    Returns:
-        Tensors keyed as :meth:`GPT.state_dict` names them (``lm_head.weight``
-        only when untied), shapes checked against ``model_cfg``.
+    """A ``GPT2LMHeadModel`` state dict under our names and layouts (module docstring), shapes checked; the
+    position table cropped to ``block_size``, a tied head dropped.
 
     Raises:
         MinigptError: missing, surplus or misshapen tensors.
@@ -297,14 +242,7 @@ _LLAMA_FUSED = {
 
 
 def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Map a ``LlamaForCausalLM`` state dict to our names and layouts.
-
-    q/k/v projections are concatenated into ``attn.c_attn`` and gate/up into
-    ``mlp.c_fc``; rows are not permuted (both sides use rotate-half RoPE, see
-    the module docstring). Rotary ``inv_freq`` buffers are dropped.
-
-    Returns:
-        Tensors keyed as :meth:`GPT.state_dict` names them, shapes checked.
+    """A ``LlamaForCausalLM`` state dict under our names and layouts (module docstring), shapes checked.
 
     Raises:
         MinigptError: missing, surplus or misshapen tensors.
@@ -392,13 +330,8 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[str, ModelConfig]:
     """The ``model_type`` (gpt2 or llama) of a ``save_pretrained`` folder and our :class:`ModelConfig` for it.
 
-    Args:
-        path: the folder; its ``config.json`` is read.
-        block_size: as :func:`load_hf_folder` takes it.
-
     Raises:
-        MinigptError: a missing folder or config.json, invalid JSON, a
-            ``model_type`` other than gpt2 or llama, or options we do not implement.
+        MinigptError: no folder or config.json, invalid JSON, another model_type, an option we lack.
     """
     folder = Path(path)
     if not folder.is_dir():
@@ -423,22 +356,11 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
 
 
 def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
-    """Build our GPT from a local ``save_pretrained`` folder of a GPT-2 or Llama model.
-
-    Args:
-        path: folder with ``config.json`` and ``model.safetensors`` (or
-            ``model.safetensors.index.json`` and its shards).
-        block_size: context length; default the model's own (``n_positions``,
-            ``max_position_embeddings``). For GPT-2 at most ``n_positions``.
-
-    Returns:
-        The model in float32 on the CPU, in eval mode; ``model.config`` is the
-        matching :class:`ModelConfig`.
+    """Our GPT (float32, CPU, eval mode) from a local GPT-2 or Llama ``save_pretrained`` folder (config.json and
+    model.safetensors, or its shards); ``block_size`` as the ``*_config_from_hf`` take it.
 
     Raises:
-        MinigptError: missing folder or files, invalid JSON, a ``model_type``
-            other than gpt2 or llama, options we do not implement, or weights
-            that do not fit the config.
+        MinigptError: as :func:`read_hf_config`, or weights that do not fit the config.
     """
     kind, model_cfg = read_hf_config(path, block_size)
     sd = _FAMILIES[kind][1](_read_weights(Path(path)), model_cfg)

@@ -16,7 +16,8 @@ import os
 import shutil
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -46,10 +47,8 @@ _MESSAGES = {
     "no_state": "{path!r} not found; this checkpoint cannot be resumed",
 }
 
-#: Test hook: "NAME:N:POINT" SIGKILLs the process during the N-th save of
-#: checkpoint folder NAME, at POINT ("weights": half-way through writing the
-#: temporary folder; "swap": after the old folder moved aside, before the new
-#: one is in place). Lets the tests prove a kill never costs the previous checkpoint.
+#: Test hook: "NAME:N:POINT" SIGKILLs the process in the N-th save of folder NAME, at POINT ("weights": half-way
+#: through the temporary folder; "swap": between moving the old folder aside and renaming the new one in).
 _KILL_HOOK = "MINIGPT_TEST_KILL_DURING_SAVE"
 _save_counts: dict[str, int] = {}
 
@@ -66,16 +65,12 @@ def _maybe_die(name: str, point: str) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
+    with suppress(OSError):  # a file system that cannot fsync a folder: the rename still happened
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _unprefixed(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -138,23 +133,13 @@ def verify(directory: Path, name: str, what: str, fix: str) -> Path:
 
 def save(directory: Path, model: torch.nn.Module, config: Config,
          trainer_state: Optional[dict[str, Any]] = None, meta: Optional[dict[str, Any]] = None) -> Path:
-    """Write a checkpoint folder atomically.
-
-    Args:
-        directory: the final folder, e.g. ``runs/x/checkpoints/last``.
-        model: the GPT (compiled or DDP-wrapped models are unwrapped), or its
-            full state dict (an FSDP run's, gathered on rank 0).
-        config: the resolved run config.
-        trainer_state: optimizer state, RNG states, step, ...; tensors,
-            numbers, strings, lists and dicts only (``weights_only`` loadable).
-        meta: small JSON-able facts (step, losses).
-
-    Returns:
-        ``directory``.
+    """Write the checkpoint folder ``directory`` (``runs/x/checkpoints/last``) atomically, with the sha256 of
+    each file in its meta.json. ``model``: the GPT (compiled or DDP-wrapped: unwrapped) or its full state dict
+    (FSDP's, gathered); ``trainer_state``: ``weights_only``-loadable values; ``meta``: JSON-able facts.
 
     Raises:
-        MinigptError: the folder cannot be written (disk full, read-only);
-            the previous checkpoint is kept and no temporary folder is left.
+        MinigptError: the folder cannot be written (disk full, read-only); the previous checkpoint is kept
+            and no temporary folder is left.
     """
     directory = Path(directory)
     _save_counts[directory.name] = _save_counts.get(directory.name, 0) + 1
@@ -186,22 +171,19 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
         os.replace(tmp, directory)
         _fsync_dir(directory.parent)
         shutil.rmtree(old, ignore_errors=True)
-    except OSError as exc:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise MinigptError(os_error_message(exc, directory, "write")) from None
-    except (SafetensorError, RuntimeError) as exc:
-        # safetensors and torch.save report a failed write (disk full) as their own errors.
-        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise MinigptError(os_error_message(exc, directory, "write")) from None
+        # safetensors and torch.save report a failed write (disk full) as their own errors, in C++ words
+        # ("[enforce fail at inline_container.cc:672]"): said as the OS would say it.
         text = str(exc).lower()
-        if isinstance(exc, RuntimeError) and not any(w in text for w in _WRITE_FAILURES) and not _disk_low(directory):
+        if not isinstance(exc, SafetensorError) and not (
+                isinstance(exc, RuntimeError) and (any(w in text for w in _WRITE_FAILURES) or _disk_low(directory))):
             raise
-        # Their text is a C++ assertion ("[enforce fail at inline_container.cc:672]"): say what the OS would.
         full = _disk_low(directory) or any(w in text for w in ("no space", "storagefull", "os error 28"))
         reason = os.strerror(errno.ENOSPC) if full else "the write failed"
         raise MinigptError(_MESSAGES["write"].format(path=directory, reason=reason)) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return directory
 
 
@@ -212,27 +194,16 @@ _WRITE_FAILURES = ("writ", "iostream", "unexpected pos", "no space", "disk")
 
 def _disk_low(directory: Path, least: int = 64 << 20) -> bool:
     """Whether the file system of ``directory`` has less than ``least`` bytes free (unknown: False)."""
-    try:
+    with suppress(OSError):
         return shutil.disk_usage(directory.parent).free < least
-    except OSError:
-        return False
+    return False
 
 
 def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:
-    """Remove the temporary folders (``.NAME.tmp-*``) that a process killed inside :func:`save` left behind.
-
-    Only safe while no other process can be saving into ``checkpoints_dir``
-    (the trainer holds the run folder's lock). The ``.NAME.old`` copies are
-    kept: :func:`resolve` may still need one.
-
-    Returns:
-        The folders removed.
-    """
+    """Remove (and return) the temporary folders ``.NAME.tmp-*`` a process killed inside :func:`save` left; only
+    under the run's lock. The ``.NAME.old`` copies stay: :func:`resolve` may need one."""
     removed = []
-    checkpoints_dir = Path(checkpoints_dir)
-    if not checkpoints_dir.is_dir():
-        return removed
-    for entry in sorted(checkpoints_dir.glob(".*.tmp-*")):
+    for entry in sorted(Path(checkpoints_dir).glob(".*.tmp-*")):
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
@@ -369,36 +340,21 @@ def load_trainer_state(directory: Path) -> dict[str, Any]:
         raise MinigptError(_MESSAGES["state"].format(path=str(path), why=type(exc).__name__)) from None
 
 
+@dataclass
 class Checkpointer:
-    """When a run saves, and where: the save policy in one place.
+    """When a run saves, and where: after every eval ``best`` (when the val loss is the lowest yet) then
+    ``last``; every ``train.keep_every`` steps ``step-NNNNNNN``; on a stop request ``last``.
 
-    - after every eval, ``best`` when the val loss is the lowest so far, then ``last``;
-    - every ``train.keep_every`` steps, ``step-NNNNNNN`` (kept for good);
-    - on a stop request, ``last``.
-
-    Only the process that writes files (rank 0 under torchrun) saves; the
-    others' calls return at once, unless ``collective``: under FSDP every
-    process takes the snapshot (gathering the shards is a collective) and
-    rank 0 writes it. ``snapshot`` gives what a save writes at
-    the moment it is called: the model, the trainer state (optimizer, RNG,
-    step, ...) and the meta facts (step, losses, tokenizer fingerprint).
-
-    Args:
-        run_dir: the run folder.
-        config: the resolved run config (``train.keep_every`` is read from it).
-        snapshot: returns ``(model, trainer_state, meta)``.
-        enabled: whether this process writes.
-        collective: whether every process must take the snapshot (FSDP).
+    ``snapshot()`` gives ``(model, trainer_state, meta)`` as of the call. Only the process that writes
+    (``enabled``: rank 0) saves, but with ``collective`` (FSDP: gathering the shards is a collective) every
+    process takes the snapshot.
     """
 
-    def __init__(self, run_dir: Path, config: Config,
-                 snapshot: Callable[[], tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]], enabled: bool = True,
-                 collective: bool = False):
-        self.run_dir = Path(run_dir)
-        self.config = config
-        self.snapshot = snapshot
-        self.enabled = enabled
-        self.collective = collective
+    run_dir: Path
+    config: Config
+    snapshot: Callable[[], tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]]
+    enabled: bool = True
+    collective: bool = False
 
     @property
     def last(self) -> Path:

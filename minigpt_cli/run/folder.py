@@ -19,6 +19,7 @@ import stat
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -425,14 +426,11 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
 
 def git_commit() -> Optional[str]:
     """The project's git commit, if the package runs from a checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-            capture_output=True, text=True, timeout=5,
-        )
+    with suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
         return (out.stdout.strip() or None) if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return None
 
 
 def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, linear_kernel: str = "torch.mm",
@@ -445,18 +443,15 @@ def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, line
     import numpy as np
     import torch
 
-    def ver(pkg):
-        try:
-            return md.version(pkg)
-        except md.PackageNotFoundError:
-            return None
-
+    minigpt = None
+    with suppress(md.PackageNotFoundError):
+        minigpt = md.version("minigpt-cli")
     info = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "torch": torch.__version__,
         "numpy": np.__version__,
-        "minigpt": ver("minigpt-cli"),
+        "minigpt": minigpt,
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "world_size": world_size,
@@ -482,17 +477,20 @@ def write_env(run_dir: Path, env: dict[str, Any]) -> None:
     atomic_write_text(Path(run_dir) / ENV, json.dumps(env, indent=1))
 
 
+def _read_env(run_dir: Path) -> dict[str, Any]:
+    """A run's ``env.json``; a missing or damaged one (it only informs) reads as empty."""
+    with suppress(OSError, ValueError):
+        env = json.loads((Path(run_dir) / ENV).read_text(encoding="utf-8"))
+        return env if isinstance(env, dict) else {}
+    return {}
+
+
 def training_dirs(run_dir: Path, out_dir: str | Path) -> list[Path]:
     """Where the folder ``train`` ran in may be now, most likely first: ``env.json``'s ``cwd``, then the
     folder a relative ``train.out_dir`` hangs from, where the run folder is now ``<that>/<out_dir>/<run>``
     (the same folder unless the project was moved, with its runs, after training)."""
-    out_found: list[Path] = []
-    try:
-        cwd = json.loads((Path(run_dir) / ENV).read_text(encoding="utf-8")).get("cwd")
-    except (OSError, ValueError, AttributeError):
-        cwd = None
-    if isinstance(cwd, str) and cwd:
-        out_found.append(Path(cwd))
+    cwd = _read_env(run_dir).get("cwd")
+    out_found = [Path(cwd)] if isinstance(cwd, str) and cwd else []
     out = Path(os.path.normpath(out_dir))
     if not out.is_absolute() and ".." not in out.parts:
         parent = Path(os.path.normpath(Path(run_dir).absolute())).parent  # <that folder>/<out_dir>
@@ -505,15 +503,9 @@ def training_dirs(run_dir: Path, out_dir: str | Path) -> list[Path]:
 
 
 def earlier_sessions(run_dir: Path) -> list[dict[str, Any]]:
-    """The sessions recorded in a run's ``env.json`` so far, oldest first (for a resumed run's env.json).
-
-    A missing or damaged file gives none.
-    """
-    try:
-        before = json.loads((Path(run_dir) / ENV).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    if not isinstance(before, dict):
+    """The sessions recorded in a run's ``env.json`` so far, oldest first (none when it is missing or damaged)."""
+    before = _read_env(run_dir)
+    if not before:
         return []
     earlier = before.pop("earlier_sessions", [])
     return (earlier if isinstance(earlier, list) else []) + [before]
