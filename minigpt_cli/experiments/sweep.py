@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Annotated, Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -56,6 +56,7 @@ _MESSAGES = {
     "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
     "interrupted": "interrupted; the runs under way saved their checkpoints",
     "failed": "run {run} failed (exit status {code}); its log: {log}",
+    "state": "{path} is damaged or unreadable ({why}); restore it, or move the sweep's folder away to start anew",
 }
 
 
@@ -86,6 +87,7 @@ class Budget(BaseModel):
 
 
 Scalar = Union[bool, int, float, str, None, list]
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
 
 
 class SweepFile(BaseModel):
@@ -95,25 +97,26 @@ class SweepFile(BaseModel):
     name: Optional[str] = None
     base: str
     set: list[str] = Field(default_factory=list)
-    grid: dict[str, list[Scalar]] = Field(default_factory=dict)
+    grid: dict[str, Annotated[list[Scalar], Field(min_length=1)]] = Field(default_factory=dict)
     variants: dict[str, dict[str, Scalar]] = Field(default_factory=dict)
-    seeds: Union[int, list[int]] = 1
+    seeds: Union[Annotated[int, Field(ge=1)], Annotated[list[Seed], Field(min_length=1)]] = 1  # a count, or the seeds
     budget: Budget
     target_loss: Optional[float] = Field(None, gt=0)
     out_dir: str = "runs"
 
     @model_validator(mode="after")
     def _check(self) -> "SweepFile":
-        if isinstance(self.seeds, int) and self.seeds < 1:
-            raise ValueError("seeds: give a count of at least 1, or a list of seeds")
-        if isinstance(self.seeds, list) and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
-            raise ValueError("seeds: the list must be non-empty, without repeats")
-        if isinstance(self.seeds, list) and not all(0 <= x < 2**32 for x in self.seeds):
-            raise ValueError("seeds: each seed must be 0 .. 2**32-1")
-        for key, values in self.grid.items():
-            if not values:
-                raise ValueError(f"grid: {key} has no values")
+        if isinstance(self.seeds, list) and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds: the list must be without repeats")
         return self
+
+
+class _State(BaseModel):
+    """``sweep.json``: the sweep file and base config as read, and the runs done."""
+
+    sweep: dict[str, Any]
+    base: dict[str, Any]
+    done: list[str] = Field(default_factory=list)
 
 
 def _value_text(value: Any) -> str:
@@ -153,12 +156,9 @@ def _variants(spec: SweepFile, path: Path) -> dict[str, dict[str, Any]]:
     """Variant name -> its overrides: the grid's combinations (named key-value_key-value), then the named ones."""
     out: dict[str, dict[str, Any]] = {}
     keys = list(spec.grid)
-    for combo in itertools.product(*(spec.grid[k] for k in keys)) if keys else ():
-        name = "_".join(f"{k.rpartition('.')[2]}-{_slug(v)}" for k, v in zip(keys, combo))
-        if name in out:
-            raise MinigptError(_MESSAGES["collide"].format(path=path, a=dict(zip(keys, combo)), b=out[name], name=name))
-        out[name] = dict(zip(keys, combo))
-    for name, overrides in spec.variants.items():
+    grid = [dict(zip(keys, combo)) for combo in itertools.product(*spec.grid.values())] if keys else []
+    named = [("_".join(f"{k.rpartition('.')[2]}-{_slug(v)}" for k, v in g.items()), g) for g in grid]
+    for name, overrides in [*named, *spec.variants.items()]:
         runs.check_name(name, f"{path}: variants:")
         if name in out:
             raise MinigptError(_MESSAGES["collide"].format(path=path, a=out[name], b=overrides, name=name))
@@ -260,7 +260,10 @@ def _read_state(sweep: Sweep) -> dict:
     if not path.is_file() and sweep.folder.is_dir() and any(sweep.folder.iterdir()):
         raise MinigptError(_MESSAGES["taken"].format(folder=sweep.folder, path=sweep.path))
     if path.is_file():
-        state = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            state = _State.model_validate_json(path.read_bytes()).model_dump()
+        except (OSError, ValidationError) as exc:
+            raise MinigptError(_MESSAGES["state"].format(path=path, why=str(exc).splitlines()[-1].strip())) from None
         changed = [(source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base))
                    if (what := _difference(state.get(part), record[part]))]
         if not changed:

@@ -27,6 +27,7 @@ from ..fileio import chmod_quietly, dir_mode, new_file_mode, os_error_message
 from ..run import folder as runs
 from ..run.checkpoint import load_model
 from ..tokenizer.kinds import CharTokenizer, Tokenizer, load_run_tokenizer
+from .load import _GPT2_CONV1D, _LLAMA_FUSED, _LLAMA_LAYER, _LLAMA_SIMPLE  # the one name table, both ways
 
 _MESSAGES = {
     "format": "--format {fmt!r}: only hf (a transformers folder) is supported",
@@ -48,8 +49,6 @@ EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer
 _GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 #: The char tokenizer's unknown token in an export, where the model has a row for one (:func:`char_unk_token`).
 _REPLACEMENT = "\ufffd"
-#: The projections GPT-2 stores as Conv1D, (in, out): transposed from nn.Linear's (out, in).
-_GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
 def hf_family(mc: ModelConfig) -> str:
@@ -120,32 +119,27 @@ def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Te
             sd.update({name.removesuffix("weight") + "bias": torch.zeros(t.shape[0]) for name, t in sd.items()
                        if name.startswith(("h.", "ln_f."))})
         for name, t in sd.items():
-            if any(f".{conv}.weight" in f".{name}" for conv in _GPT2_CONV1D):
+            if _GPT2_CONV1D.fullmatch(name):
                 t = t.t().contiguous()
             out[name if name == "lm_head.weight" else f"transformer.{name}"] = t
         return out
     q, kv = mc.n_embd, mc.kv_heads * mc.head_dim
-    simple = {"wte.weight": "model.embed_tokens.weight", "ln_f.weight": "model.norm.weight",
-              "lm_head.weight": "lm_head.weight"}
-    layer = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight",
-             "attn.c_proj.weight": "self_attn.o_proj.weight", "attn.c_proj.bias": "self_attn.o_proj.bias",
-             "mlp.c_proj.weight": "mlp.down_proj.weight", "mlp.c_proj.bias": "mlp.down_proj.bias"}
+    simple = {ours: theirs if theirs == "lm_head.weight" else f"model.{theirs}" for theirs, ours in _LLAMA_SIMPLE.items()}
+    layer = {ours: theirs for theirs, ours in _LLAMA_LAYER.items()}
     for name, t in sd.items():
         if name in simple:
             out[simple[name]] = t
             continue
         _, i, rest = name.split(".", 2)
         prefix = f"model.layers.{i}."
-        kind = rest.rsplit(".", 1)[1]
+        fused, kind = rest.rsplit(".", 1)
         if rest in layer:
             out[prefix + layer[rest]] = t
-        elif rest.startswith("attn.c_attn."):
-            for part, piece in zip(("q_proj", "k_proj", "v_proj"), torch.split(t, [q, kv, kv])):
-                out[f"{prefix}self_attn.{part}.{kind}"] = piece.contiguous()
-        else:
-            assert rest.startswith("mlp.c_fc."), name  # hf_family admitted only these layers
-            for part, piece in zip(("gate_proj", "up_proj"), torch.chunk(t, 2)):
-                out[f"{prefix}mlp.{part}.{kind}"] = piece.contiguous()
+            continue
+        assert fused in _LLAMA_FUSED, name  # hf_family admitted only these layers
+        pieces = torch.split(t, [q, kv, kv]) if fused == "attn.c_attn" else torch.chunk(t, 2)
+        for part, piece in zip(_LLAMA_FUSED[fused], pieces):
+            out[f"{prefix}{part}.{kind}"] = piece.contiguous()
     return out
 
 

@@ -391,8 +391,8 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
         MinigptError: a bad --run-name, a folder that already holds something, or one in use.
     """
     root = Path(out_dir)
-    if run_name is not None:
-        check_name(run_name, "--run-name")
+    if run_name is not None:  # refused before the lock file is made in a folder of the user's
+        check_run_name(root, run_name)
     root.mkdir(parents=True, exist_ok=True)
     if run_name is None:
         base = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -408,12 +408,8 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
     try:
         run_dir.mkdir()
         created = True
-    except FileExistsError:
+    except FileExistsError:  # an empty folder check_run_name let through, or one filled since: checked under the lock
         created = False
-        if not run_dir.is_dir():
-            raise fail("not_folder", path=str(run_dir)) from None
-    if not created and _occupied(run_dir) and not (run_dir / LOCK).exists():
-        raise _taken(run_dir)  # an old run or the user's files: no lock file to create in it
     lock = RunLock(run_dir).acquire("wait for it or pass another --run-name")
     if not created and _occupied(run_dir):
         lock.release()

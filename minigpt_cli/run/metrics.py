@@ -1,10 +1,4 @@
-"""Where a run reports: metrics.jsonl, train.log, loss.png, samples.txt.
-
-``metrics.jsonl`` is machine-readable (the README documents it): every line has ``step``
-(optimizer steps done), ``event`` (``"train"`` or ``"eval"``) and
-``elapsed_s``; train lines add ``loss``, ``lr``, ``tokens_per_sec``; eval lines
-add ``train_loss`` and ``val_loss``.
-"""
+"""Where a run reports: metrics.jsonl (one event a line, as the README documents), train.log, loss.png, samples.txt."""
 
 from __future__ import annotations
 
@@ -100,6 +94,7 @@ class RunLogger:
         self.echo = echo
         self.train_points: list[tuple[int, float]] = []
         self.eval_points: list[tuple[int, float, float]] = []
+        self._last_elapsed = 0.0
 
     def truncate_to(self, step: int, evaluated: bool) -> None:
         """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran), reload the curves.
@@ -120,10 +115,7 @@ class RunLogger:
     TEMP_PATTERNS = (".metrics.*.jsonl", ".loss.*.png", ".*.tmp")
 
     def sweep_temps(self) -> list[Path]:
-        """Remove temporary files a killed process left in the run folder; returns them.
-
-        Only safe while this process holds the run folder's lock.
-        """
+        """Remove (and return) the temporary files a killed process left in the run folder; only under its lock."""
         removed = []
         for pattern in self.TEMP_PATTERNS:
             for path in sorted(self.run_dir.glob(pattern)):
@@ -134,7 +126,7 @@ class RunLogger:
 
     def elapsed_offset(self) -> float:
         """Seconds of training already logged (non-zero after a resume), so elapsed_s continues."""
-        return getattr(self, "_last_elapsed", 0.0)
+        return self._last_elapsed
 
     def log(self, message: str) -> None:
         """A human-readable line in train.log (and on the console, if echo is set)."""
