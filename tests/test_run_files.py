@@ -27,7 +27,8 @@ def _event(step, kind="train"):
 
 
 @pytest.mark.parametrize("bad", [b"\xff\xfe not text", b"[]", b"42", b'{"foo": 1}', b'{"step": "x", "event": "eval"}',
-                                 b'{"step": 1, "event": "eval", "elapsed_s": 1.0}', b'{"step": true, "event": "train"}'])
+                                 b'{"step": 1, "event": "eval", "elapsed_s": 1.0}',
+                                 b'{"step": true, "event": "train"}'])
 def test_a_damaged_metrics_line_is_one_error_naming_the_file_and_line(tmp_path, bad):
     path = tmp_path / "metrics.jsonl"
     lines = [json.dumps(_event(i)).encode() for i in range(4)]
@@ -171,3 +172,14 @@ def test_a_run_name_folder_of_the_users_files_is_not_called_a_stopped_run(tmp_pa
     (tmp_path / "runs" / "stopped" / "config.yaml").write_text("name: tiny\n")
     with pytest.raises(MinigptError, match="stopped before its first save"):
         runs.check_run_name(tmp_path / "runs", "stopped")
+
+
+@pytest.mark.parametrize("text", ['{"sweep": {}', '[]', '{"sweep": {}, "base": {}, "done": "all"}'])
+def test_a_damaged_sweep_json_is_one_line(cli, data_dir, tmp_path, monkeypatch, text):
+    monkeypatch.chdir(tmp_path)
+    spec = {"name": "s", "base": str(TINY), "set": [f"data.data_dir={data_dir}"], "variants": {"v": {}},
+            "budget": {"iters": 2}}
+    (tmp_path / "s.yaml").write_text(json.dumps(spec))
+    (tmp_path / "runs" / "s").mkdir(parents=True)
+    (tmp_path / "runs" / "s" / "sweep.json").write_text(text)
+    assert_user_error(cli("sweep", "s.yaml"), "sweep.json is damaged", notes_ok=True)

@@ -64,7 +64,8 @@ def test_sweep_and_train_leave_the_users_files_of_their_names_alone(cli, data_di
     files = _precious(project / "runs" / "s" / "summary.md", project / "runs" / "mine" / "config.yaml")
     assert_user_error(cli("sweep", _sweep_file(project, data_dir)), "not a sweep's folder")
     sets = ["--set", f"data.data_dir={data_dir}", "--no-progress"]
-    assert_user_error(cli("train", TINY, "--run-name", "mine", *sets), "holds files minigpt did not make", notes_ok=True)
+    assert_user_error(cli("train", TINY, "--run-name", "mine", *sets), "holds files minigpt did not make",
+                      notes_ok=True)
     # A sweep being resumed meets a run folder of the user's own where a run of it goes.
     (project / "runs" / "s" / "summary.md").unlink()
     files.pop(project / "runs" / "s" / "summary.md")

@@ -1,4 +1,4 @@
-"""Export a run as a Hugging Face ``transformers`` folder (what ``save_pretrained`` writes): the inverse of :mod:`.load`.
+"""Export a run as a Hugging Face ``transformers`` folder (as ``save_pretrained`` writes it): :mod:`.load` inverted.
 
 A model with learned positions, LayerNorm and a ReLU/GELU MLP is a ``GPT2LMHeadModel`` (Conv1D weights
 transposed back; ``bias: false`` written as zero biases); one with RoPE, RMSNorm and SwiGLU a
@@ -108,8 +108,8 @@ def hf_config(cfg: Config, tok: Tokenizer) -> dict:
 
 
 def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our weights under transformers' names and layouts (the inverse of :mod:`.load`'s mapping): ``c_attn``
-    rows split into q (n_embd), k and v (n_kv_head · head_dim each), ``c_fc`` into gate and up; a tied head left out."""
+    """Our weights under transformers' names and layouts (:mod:`.load`'s mapping inverted): ``c_attn`` rows split
+    into q (n_embd), k and v (n_kv_head · head_dim each), ``c_fc`` into gate and up; a tied head left out."""
     sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
     if mc.tie_weights:
         sd.pop("lm_head.weight", None)
@@ -124,7 +124,8 @@ def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Te
             out[name if name == "lm_head.weight" else f"transformer.{name}"] = t
         return out
     q, kv = mc.n_embd, mc.kv_heads * mc.head_dim
-    simple = {ours: theirs if theirs == "lm_head.weight" else f"model.{theirs}" for theirs, ours in _LLAMA_SIMPLE.items()}
+    simple = {ours: theirs if theirs == "lm_head.weight" else f"model.{theirs}"
+              for theirs, ours in _LLAMA_SIMPLE.items()}
     layer = {ours: theirs for theirs, ours in _LLAMA_LAYER.items()}
     for name, t in sd.items():
         if name in simple:
@@ -204,10 +205,9 @@ def generation_config(cfg: Config, eos: Optional[int]) -> dict:
     return out
 
 
-def _is_export(folder: Path) -> bool:
-    """Whether ``folder`` holds only what an export writes: regular files of :data:`EXPORT_FILES` (no folder or
-    link of those names), or nothing."""
-    return all(p.name in EXPORT_FILES and p.is_file() and not p.is_symlink() for p in folder.iterdir())
+def _foreign(folder: Path) -> list[str]:
+    """The names in ``folder`` an export does not write: all but regular files of :data:`EXPORT_FILES`."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in EXPORT_FILES or not p.is_file() or p.is_symlink())
 
 
 def _temp_prefix(out: Path) -> str:
@@ -219,7 +219,7 @@ def _sweep_temps(out: Path) -> None:
     """Remove the temporary folders a killed export to ``out`` left beside it (:func:`_temp_prefix`, holding
     only export files)."""
     for left in out.parent.glob(f"{glob.escape(_temp_prefix(out))}*"):
-        if left.is_dir() and not left.is_symlink() and _is_export(left):
+        if left.is_dir() and not left.is_symlink() and not _foreign(left):
             shutil.rmtree(left, ignore_errors=True)
 
 
@@ -280,8 +280,7 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
         raise MinigptError(_MESSAGES["not_folder"].format(out=out))
     if out.is_dir() and any(out.iterdir()) and not force:
         raise MinigptError(_MESSAGES["not_empty"].format(out=out))
-    if out.is_dir() and force and not _is_export(out):
-        other = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES or not p.is_file() or p.is_symlink())
+    if out.is_dir() and force and (other := _foreign(out)):
         raise MinigptError(_MESSAGES["not_export"].format(out=out, names=", ".join(other[:3])))
     model, cfg = load_model(runs.resolve(ckpt))
     hf_family(cfg.model)  # refused before anything is written

@@ -101,14 +101,8 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
 
 
 def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
-    """Refuse run ``run``'s missing or damaged ``tokenizer.json``, saying where a copy is
-    (:func:`~minigpt_cli.tokenizer.kinds.load_run_tokenizer`), and a ``tokenizer.path`` (``named``) that names another
-    tokenizer than the run's, unless it is the file the run's checkpoint records (the run keeps its own copy of
-    that one): :func:`~minigpt_cli.tokenizer.kinds.check_run_tokenizer`.
-
-    Raises:
-        MinigptError: as those do.
-    """
+    """Refuse run ``run``'s missing or damaged ``tokenizer.json``, and a ``tokenizer.path`` (``named``) of
+    another tokenizer than the run's, unless it is the file the checkpoint records (the run keeps a copy)."""
     from ..tokenizer.kinds import check_run_tokenizer, load_run_tokenizer, load_tokenizer
 
     saved = saved_config(runs.checkpoint_dir(run, runs.LAST))
@@ -120,24 +114,15 @@ def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
 
 
 def resumed_run(cfg: Config, resume: Optional[str]) -> Optional[Path]:
-    """The run folder ``--resume`` continues, for :func:`resolve_init_from`: None without ``resume``, for
-    a config that does not fine-tune, or for ``auto`` with no run of the config's name yet.
-
-    Raises:
-        MinigptError: a ``resume`` path without a resumable checkpoint
-            (:func:`~minigpt_cli.run.folder.find_resume_dir`).
-    """
+    """The run folder ``--resume`` continues, for :func:`resolve_init_from`; None without ``resume``, for a
+    config that does not fine-tune, or for ``auto`` with no run yet (:func:`~.run.folder.find_resume_dir`)."""
     if resume is None or cfg.model.init_from is None:
         return None
     return runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
 
 
 def load_pretrained(model, cfg: Config) -> None:
-    """Copy ``model.init_from``'s weights into ``model`` (built from :func:`resolve_init_from`'s config).
-
-    Raises:
-        MinigptError: missing or damaged weights, or weights that do not fit
-            the folder's config.json (:func:`~minigpt_cli.hf.load.load_hf_folder`).
-    """
+    """Copy ``model.init_from``'s weights into ``model`` (built from :func:`resolve_init_from`'s config);
+    refused as :func:`~.load.load_hf_folder` refuses them."""
     pretrained = load_hf_folder(cfg.model.init_from, block_size=cfg.model.block_size)
     model.load_state_dict(pretrained.state_dict())

@@ -24,6 +24,8 @@ from ..model.gpt import GPT
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 _GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
+_GPT2_WEIGHT = re.compile(r"wte\.weight|ln_f\.(weight|bias)"
+                          r"|h\.\d+\.(ln_[12]|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(weight|bias)")
 
 
 class _Json(BaseModel):
@@ -149,7 +151,8 @@ def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = Non
                               block_size=block_size if block_size is not None else positions,
                               vocab_size=c.vocab_size, dropout=c.attention_dropout, bias=c.attention_bias,
                               rope_base=theta, norm_eps=c.rms_norm_eps, d_ff=c.intermediate_size,
-                              tie_weights=c.tie_word_embeddings, n_kv_head=c.num_key_value_heads or c.num_attention_heads,
+                              tie_weights=c.tie_word_embeddings,
+                              n_kv_head=c.num_key_value_heads or c.num_attention_heads,
                               **_FIXED["llama"]), "config.json (llama)")
 
 
@@ -163,7 +166,8 @@ def _expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _check(out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[str], family: str) -> dict[str, torch.Tensor]:
+def _check(out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[str],
+           family: str) -> dict[str, torch.Tensor]:
     """``out`` if it holds exactly the tensors :class:`GPT` expects for ``model_cfg``, in their shapes."""
     expected = _expected_shapes(model_cfg)
     unused = list(unused) + sorted(set(out) - set(expected))
@@ -206,13 +210,8 @@ def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig)
         if _GPT2_CONV1D.fullmatch(name):
             t = t.t()
         elif name == "wpe.weight":
-            if t.shape[0] < model_cfg.block_size:
-                raise MinigptError(
-                    f"model.block_size ({model_cfg.block_size}) exceeds the learned position table "
-                    f"({t.shape[0]} rows in wpe.weight)"
-                )
-            t = t[: model_cfg.block_size]
-        elif not re.fullmatch(r"wte\.weight|ln_f\.(weight|bias)|h\.\d+\.(ln_[12]|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(weight|bias)", name):
+            t = t[: model_cfg.block_size]  # a table shorter than block_size: a shape _check names
+        elif not _GPT2_WEIGHT.fullmatch(name):
             unused.append(key)
             continue
         out[name] = t.contiguous()
@@ -272,12 +271,8 @@ def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
         for ours, srcs in _LLAMA_FUSED.items():
             for kind in ("weight", "bias"):
                 pieces = [parts.pop(f"{layer}.{s}.{kind}", None) for s in srcs]
-                if all(p is None for p in pieces):
-                    continue
-                if any(p is None for p in pieces):
-                    lacking = [s for s, p in zip(srcs, pieces) if p is None]
-                    raise MinigptError(f"Llama weights lack layers.{layer}.{lacking[0]}.{kind}; the file is incomplete")
-                out[f"h.{layer}.{ours}.{kind}"] = torch.cat(pieces, dim=0)
+                if all(p is not None for p in pieces):  # else _check names the fused tensor as lacking
+                    out[f"h.{layer}.{ours}.{kind}"] = torch.cat(pieces, dim=0)
     unused += [f"layers.{k}" for k in parts]  # layers beyond n_layer
     return _check(out, model_cfg, unused, "Llama")
 
@@ -302,7 +297,7 @@ def weight_files(folder: Path) -> list[Path]:
         try:
             names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise MinigptError(f"{index} is not a safetensors index ({type(exc).__name__}); re-save the model") from None
+            raise MinigptError(f"{index} is not a safetensors index ({type(exc).__name__})", "re-save the model") from None
         files = [folder / n for n in names]
     else:
         other = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pth")]
