@@ -297,7 +297,8 @@ def weight_files(folder: Path) -> list[Path]:
         try:
             names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise MinigptError(f"{index} is not a safetensors index ({type(exc).__name__})", "re-save the model") from None
+            raise MinigptError(f"{index} is not a safetensors index ({type(exc).__name__})",
+                               "re-save the model") from None
         files = [folder / n for n in names]
     else:
         other = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pth")]
