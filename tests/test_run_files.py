@@ -71,7 +71,7 @@ def test_a_damaged_meta_json_is_one_line(cli, data_dir, tmp_path, monkeypatch, f
     for which in ("best", "last"):
         path = tmp_path / "runs" / "m" / "checkpoints" / which / "meta.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
-    assert_user_error(cli("evaluate", "--run", "runs/m"), "meta.json is damaged", fragment)
+    assert_user_error(cli("evaluate", "--run", "runs/m"), "meta.json is missing or damaged", fragment)
 
 
 def test_evaluate_with_a_huge_loss_reports_an_infinite_perplexity(data_dir, tmp_path, monkeypatch):

@@ -69,10 +69,10 @@ def test_a_run_whose_meta_is_damaged_is_not_taken_for_one_of_that_name(tmp_path)
     (runs.checkpoint_dir(run, runs.LAST) / runs.META).write_text("[1, 2")
     assert runs.newest_run(tmp_path, "tiny") is None
     assert runs.newest_run(tmp_path) == run  # without a name, the weights alone count
-    with pytest.raises(MinigptError, match="meta.json is damaged"):
+    with pytest.raises(MinigptError, match="meta.json is missing or damaged"):
         runs.read_meta(runs.checkpoint_dir(run, runs.LAST))
     (runs.checkpoint_dir(run, runs.LAST) / runs.META).write_text("[1, 2]")
-    with pytest.raises(MinigptError, match="meta.json is damaged .*object"):
+    with pytest.raises(MinigptError, match="meta.json is missing or damaged .*object"):
         runs.read_meta(runs.checkpoint_dir(run, runs.LAST))
 
 

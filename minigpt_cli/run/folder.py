@@ -57,7 +57,7 @@ _MESSAGES = {
     "no_checkpoint": ("no checkpoint at {path!r} ({why})", "train first or pick another run"),
     "only_best": ("{path!r} has no last checkpoint (its write failed) but best, step {step}, is intact",
                   "resume from best: cp -r {best} {last} && minigpt train ... --resume {run}"),
-    "meta": ("{path} is damaged ({why})", "copy meta.json from the run's other checkpoint or retrain"),
+    "meta": ("{path} is missing or damaged ({why})", "use --checkpoint {other}, or copy meta.json from it"),
     "no_run": ("run folder {path!r} not found", "pass a run folder (runs/NAME) of a trained run"),
     "no_runs": ("no trained run found under {path!r}",
                 "train one first (minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME"),
@@ -153,7 +153,7 @@ class Meta(BaseModel):
     world_size: int = Field(1, ge=1)
     train_loss: Optional[float] = None
     val_loss: Optional[float] = None
-    tokenizer_fingerprint: Optional[str] = None
+    tokenizer_fingerprint: str = ""  # absent in checkpoints from before it was recorded; never null
     corpus: Optional[dict[str, Any]] = None
     sha256: Optional[dict[str, str]] = None  # file name -> hex digest; absent in checkpoints of earlier versions
 
@@ -166,16 +166,17 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
             (not JSON, or a field of the wrong type, naming the field).
     """
     path = resolve(ckpt) / META
+    other = {BEST: LAST, LAST: BEST}.get(Path(ckpt).name, "another checkpoint")
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
+        return Meta.model_validate_json(path.read_bytes()).model_dump(exclude_unset=True)
+    except PermissionError as exc:  # unreadable, not damaged
         raise MinigptError(os_error_message(exc, path, "read", in_run=True)) from None
-    try:
-        return Meta.model_validate_json(raw).model_dump(exclude_unset=True)
+    except OSError as exc:
+        raise fail("meta", path=path, why=exc.strerror, other=other) from None
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(map(str, err["loc"]))
-        raise fail("meta", path=path, why=f"{where}: {err['msg']}" if where else err["msg"]) from None
+        raise fail("meta", path=path, why=f"{where}: {err['msg']}" if where else err["msg"], other=other) from None
 
 
 def open_checkpoint(run: Optional[str | Path], which: str) -> tuple[Path, Path]:
