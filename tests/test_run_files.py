@@ -183,3 +183,57 @@ def test_a_damaged_sweep_json_is_one_line(cli, data_dir, tmp_path, monkeypatch, 
     (tmp_path / "runs" / "s").mkdir(parents=True)
     (tmp_path / "runs" / "s" / "sweep.json").write_text(text)
     assert_user_error(cli("sweep", "s.yaml"), "sweep.json is damaged", notes_ok=True)
+
+
+def test_an_unreadable_checkpoint_file_is_called_unreadable_even_as_root(data_dir, tmp_path, monkeypatch):
+    """As the test above, with the permission error injected (root reads any file)."""
+    import errno
+
+    from minigpt_cli.run import checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=2"), run_name="r", echo=lambda m: None, progress=False)
+    last = runs.checkpoint_dir(tmp_path / "runs" / "r", runs.LAST)
+
+    def denied(path):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(checkpoint, "sha256", denied)
+    for load in (checkpoint.load_model, checkpoint.load_trainer_state):
+        with pytest.raises(MinigptError, match=r"cannot read .*: Permission denied; check the permissions") as info:
+            load(last)
+        assert "corrupt" not in str(info.value) and "write" not in str(info.value)
+
+
+def test_a_checkpoint_write_that_fails_in_torch_says_what_the_os_would(tmp_path, monkeypatch):
+    import torch
+
+    from minigpt_cli.config.schema import load_config
+    from minigpt_cli.model.gpt import GPT
+    from minigpt_cli.run import checkpoint
+
+    cfg = load_config(TINY, ["model.vocab_size=65"])
+    monkeypatch.setattr(checkpoint, "_disk_low", lambda directory: True)
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(MinigptError) as info:
+        checkpoint.save(tmp_path / "last", GPT(cfg.model), cfg, {"step": 1}, {"step": 1})
+    assert str(info.value) == (f"cannot write {tmp_path / 'last'}: No space left on device; free some disk space "
+                               "or choose another train.out_dir")
+    assert not any(tmp_path.iterdir())
+
+
+def test_download_refuses_an_unreadable_corpus_instead_of_replacing_it(cli, tmp_path, monkeypatch):
+    from minigpt_cli.data import download
+
+    corpus = tmp_path / "data" / "tinyshakespeare" / "input.txt"
+    corpus.parent.mkdir(parents=True)
+    corpus.write_text("the user's own text")
+    real = os.access
+    monkeypatch.setattr(download.os, "access", lambda p, mode: False if Path(p) == corpus else real(p, mode))
+    with pytest.raises(MinigptError, match=rf"cannot read {corpus}: Permission denied"):
+        download.download("tinyshakespeare", tmp_path / "data", url="http://127.0.0.1:9/none")
+    assert corpus.read_text() == "the user's own text" and not list(corpus.parent.glob("*.bak*"))
