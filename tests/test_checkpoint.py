@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY, assert_user_error, cli_process, tiny
+from helpers import TINY, assert_user_error, cli_process, record_checksums, tiny
 from safetensors.torch import load_file
 
 from minigpt_cli.config.schema import load_config
@@ -83,7 +84,10 @@ def test_a_saved_checkpoint_rebuilds_the_model_alone(tmp_path):
         assert torch.equal(a, b), name
     assert checkpoint.load_trainer_state(runs.checkpoint_dir(tmp_path, runs.LAST)) == {"step": 3}
     meta = json.loads((runs.checkpoint_dir(tmp_path, runs.LAST) / runs.META).read_text())
+    sums = meta.pop("sha256")
     assert meta == {"step": 3}
+    assert sums == {name: hashlib.sha256((runs.checkpoint_dir(tmp_path, runs.LAST) / name).read_bytes()).hexdigest()
+                    for name in (runs.WEIGHTS, runs.STATE, runs.CONFIG)}
 
 
 @pytest.mark.parametrize("point", ["weights", "swap"])
@@ -143,6 +147,7 @@ def test_a_trainer_state_of_the_wrong_shape_is_refused_in_one_line(data_dir, tmp
     train(tiny(data_dir, "train.max_iters=2"), run_name="s", echo=lambda m: None, progress=False)
     state = tmp_path / "runs" / "s" / "checkpoints" / "last" / "trainer_state.pt"
     torch.save(change(torch.load(state, weights_only=True)), state)
+    record_checksums(state.parent)  # a file of the wrong shape, not a damaged one
     sets = ["--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=8"]
     for extra in ([], ["--dry-run"]):
         res = cli("train", TINY, "--resume", "runs/s", *sets, *extra, "--no-progress")
@@ -156,6 +161,7 @@ def test_a_pickle_that_runs_code_is_refused_and_not_run(data_dir, tmp_path, monk
     _Evil.marker = marker
     state = tmp_path / "runs" / "p" / "checkpoints" / "last" / "trainer_state.pt"
     torch.save({"step": 1, "payload": _Evil()}, state)
+    record_checksums(state.parent)  # a pickle planted with its checksum: weights_only must still refuse it
     with pytest.raises(MinigptError, match="trainer_state.pt.*unsafe"):
         checkpoint.load_trainer_state(state.parent)
     assert not marker.exists()
@@ -165,16 +171,18 @@ def test_a_pickle_that_runs_code_is_refused_and_not_run(data_dir, tmp_path, monk
     assert pickle  # the module the attack would use
 
 
-def test_loading_tolerates_a_compile_prefix(data_dir, tmp_path, monkeypatch):
+def test_loading_tolerates_a_compile_or_ddp_prefix(data_dir, tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=3"), run_name="p", echo=lambda m: None, progress=False)
     w = tmp_path / "runs" / "p" / "checkpoints" / "last" / "model.safetensors"
     sd = load_file(w)
-    save_file({f"_orig_mod.{k}": v for k, v in sd.items()}, str(w))
-    model, _ = checkpoint.load_model(w.parent)
-    assert torch.equal(model.wte.weight, sd["wte.weight"])
+    for prefix in ("_orig_mod.", "module.", "module._orig_mod."):  # compiled, DDP-wrapped, both
+        save_file({f"{prefix}{k}": v for k, v in sd.items()}, str(w))
+        record_checksums(w.parent)
+        model, _ = checkpoint.load_model(w.parent)
+        assert torch.equal(model.wte.weight, sd["wte.weight"])
 
 
 class _Evil:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import assert_user_error, working_dir
+from helpers import assert_user_error, record_checksums, working_dir
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -350,6 +350,7 @@ def test_checkpoint_with_nan_weights_is_refused(trained_run, cli, tmp_path, monk
         sd = load_file(w)
         sd["wte.weight"][3, 5] = bad
         save_file(sd, str(w), metadata={"format": "pt"})
+        record_checksums(w.parent)  # a diverged run saves its NaNs with their checksum
     monkeypatch.chdir(tmp_path)
     res = cli("generate", "--run", "runs/diverged", "--max-new-tokens", "5")
     assert_user_error(res, "checkpoints/best", "NaN or infinite", "wte.weight", "--checkpoint last")

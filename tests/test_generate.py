@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_user_error, working_dir
+from helpers import assert_user_error, record_checksums, working_dir
 
 from minigpt_cli.cli.base import unescape
 from minigpt_cli.errors import MinigptError
@@ -545,6 +545,7 @@ def test_the_configs_prompt_gets_the_line_train_gives(run_dir, cli, tmp_path):
         cfg = yaml.safe_load(path.read_text())
         cfg["sample"]["prompt"] = "Café"
         path.write_text(yaml.safe_dump(cfg))
+        record_checksums(path.parent)  # an edit, not damage: the checksum follows it
     assert_user_error(cli("generate", "--run", run), "sample.prompt has characters the tokenizer's vocabulary "
                                                       "lacks: 'é'; remove or replace them")
     assert_user_error(cli("generate", "--run", run, "--prompt", "Ça"), "the prompt has characters")

@@ -69,10 +69,10 @@ def test_a_run_whose_meta_is_damaged_is_not_taken_for_one_of_that_name(tmp_path)
     (runs.checkpoint_dir(run, runs.LAST) / runs.META).write_text("[1, 2")
     assert runs.newest_run(tmp_path, "tiny") is None
     assert runs.newest_run(tmp_path) == run  # without a name, the weights alone count
-    with pytest.raises(ValueError):
+    with pytest.raises(MinigptError, match="meta.json is missing or damaged"):
         runs.read_meta(runs.checkpoint_dir(run, runs.LAST))
     (runs.checkpoint_dir(run, runs.LAST) / runs.META).write_text("[1, 2]")
-    with pytest.raises(ValueError, match="not a JSON object"):
+    with pytest.raises(MinigptError, match="meta.json is missing or damaged .*object"):
         runs.read_meta(runs.checkpoint_dir(run, runs.LAST))
 
 
@@ -320,7 +320,7 @@ def test_dry_run_refuses_a_run_name_train_would_refuse(cli, data_dir, tmp_path, 
     (tmp_path / "runs" / "taken" / "notes.txt").write_text("mine")
     (tmp_path / "runs" / "empty").mkdir()
     common = ["--set", f"data.data_dir={data_dir}", "--dry-run"]
-    assert_user_error(cli("train", TINY, "--run-name", "taken", *common), "already exists and holds no checkpoint")
+    assert_user_error(cli("train", TINY, "--run-name", "taken", *common), "holds files minigpt did not make")
     assert_user_error(cli("train", TINY, "--run-name", "a b", *common), "--run-name 'a b'", "letters, digits")
     assert cli("train", TINY, "--run-name", "empty", *common).exit_code == 0
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["empty", "taken"]  # dry-run made nothing

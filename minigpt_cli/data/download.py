@@ -9,6 +9,7 @@ kind, :data:`_MESSAGES` holds its text.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.client
 import os
@@ -30,6 +31,7 @@ from tqdm import tqdm
 
 from .. import paths
 from ..errors import MinigptError
+from ..fileio import os_error_message
 from ..paths import corpus_path
 from .download_files import PART_GLOB, install, open_part, sweep_partial_files  # noqa: F401 (PART_GLOB: re-exported)
 
@@ -328,9 +330,6 @@ def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout:
     file that was at ``dest`` was kept, or None."""
     att = _Attempt(ds, _redact(url), dest, mirror_hint, timeout)
     created = list(takewhile(lambda d: not d.exists() and d != d.parent, [dest.parent, *dest.parent.parents]))
-    swept = [] if created else sweep_partial_files(dest.parent)
-    if swept:
-        tqdm.write(_MESSAGES["swept"].format(n=len(swept), folder=dest.parent), file=sys.stderr)
     try:
         with _session(retries, backoff_factor) as session:
             att.started = time.monotonic()
@@ -395,6 +394,10 @@ def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | N
     path = corpus_path(data_dir, ds.name)
     if path.is_dir():
         raise MinigptError(_MESSAGES["is_folder"].format(path=path))
+    if path.parent.is_dir() and (swept := sweep_partial_files(path.parent)):  # even when the corpus is there
+        tqdm.write(_MESSAGES["swept"].format(n=len(swept), folder=path.parent), file=sys.stderr)
+    if path.is_file() and not os.access(path, os.R_OK):  # the user's to fix, never replaced as a failed checksum
+        raise MinigptError(os_error_message(OSError(errno.EACCES, os.strerror(errno.EACCES)), path, "read"))
     exists = path.exists()
     good = exists and file_ok(path, ds)
     if good and not force:

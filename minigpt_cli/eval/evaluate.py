@@ -1,27 +1,10 @@
 """The ``evaluate`` command as a function: a checkpoint's loss, perplexity and bits per byte.
 
-Three ways to score (:func:`evaluate`):
-
-- **the training eval** (default): the windows the run's own eval read at the
-  checkpoint's step (:func:`~minigpt_cli.data.pipeline.eval_offsets` seeded by
-  :func:`~minigpt_cli.data.pipeline.eval_seed`, ``train.eval_iters`` global batches),
-  in micro-batches of ``train.batch_size``, so the result is the logged
-  ``val_loss`` of that step again (to float32 rounding).
-- **full** (``full=True``): every token of the split scored exactly once, by
-  windows of ``block_size`` tokens that advance by ``stride`` tokens; each
-  window scores only the tokens the previous one did not, so each scored
-  token sees at least ``block_size - stride`` tokens of context (all of them
-  near the start). This is the transformers documentation's "Perplexity of
-  fixed-length models" (its sliding-window strategy). The first token has no
-  context and is not scored.
-- **a text file**: the same full scoring over the file's text.
-
-Loss is the mean cross-entropy in nats per token and perplexity its
-exponential. Bits per byte, ``loss · tokens / (ln 2 · UTF-8 bytes)``, does
-not depend on how the text was cut into tokens, so it compares models with
-different tokenizers (bits per character likewise, per character); the
-training eval converts with the split's average bytes per token, full
-scoring with the bytes of exactly the text scored.
+By default the windows the run's own eval read at the checkpoint's step (:func:`~.data.pipeline.eval_offsets`),
+so the result is the logged ``val_loss`` again; ``full`` scores every token of the split once, by windows
+of ``block_size`` advancing by ``stride`` (transformers' "Perplexity of fixed-length models", sliding
+window); a text file is scored the same way. Loss is in nats per token; bits per byte,
+``loss · tokens / (ln 2 · UTF-8 bytes)``, compares models across tokenizers.
 """
 
 from __future__ import annotations
@@ -71,13 +54,10 @@ def text_size(tok, ids: np.ndarray) -> tuple[int, int]:
 
 def split_tokens(cfg, tok, split: str, run_dir: Path, echo: Callable[[str], None] = lambda m: None,
                  progress: Optional[bool] = False) -> np.ndarray:
-    """The token ids of ``split`` (train or val) of the run's corpus under its tokenizer: the prepared files,
-    prepared again if they are gone. ``cfg``: the run's (in ``run_dir``), its corpus found
-    (:func:`~.data.run_corpus_config`).
+    """The token ids of ``split`` of the run's corpus under its tokenizer (prepared again if gone).
 
     Raises:
-        MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it (naming
-            the file, :func:`~.data.check_run_corpus`).
+        MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it.
     """
     corpus, root = configured_corpus(cfg, echo, progress)
     check_run_corpus(cfg, corpus, run_dir)
@@ -85,12 +65,8 @@ def split_tokens(cfg, tok, split: str, run_dir: Path, echo: Callable[[str], None
 
 
 def full_windows(n_tokens: int, block_size: int, stride: int) -> Iterator[tuple[int, int, int]]:
-    """(begin, end, scored) of each window over ``n_tokens`` tokens: the window reads tokens
-    ``begin .. end - 1`` and predicts ``begin + 1 .. end``, scoring the last ``scored`` of those predictions.
-
-    Together the windows score every token from the second to the last exactly once (transformers'
-    "Perplexity of fixed-length models", with the targets of a window shifted inside it).
-    """
+    """(begin, end, scored) of each window over ``n_tokens`` tokens: it reads ``begin .. end - 1`` and scores
+    the last ``scored`` of its predictions; together they score every token after the first exactly once."""
     done = 1  # tokens scored so far, counting the first, which nothing predicts
     begin = 0
     while done < n_tokens:
@@ -139,32 +115,16 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
              text_file: Optional[str | Path] = None, full: bool = False, stride: Optional[int] = None,
              batch_size: int = 8, device: str = "auto", progress: Optional[bool] = None,
              echo: Callable[[str], None] = lambda message: None) -> dict:
-    """Score a run's checkpoint on a split or a text file.
+    """Score a run's checkpoint (``run``: default the newest) on ``split`` (val or train) or ``text_file``.
 
-    Args:
-        run: the run folder; None: the newest under ``runs/``.
-        checkpoint: ``best`` (else ``last``) or ``last``.
-        split: ``val`` (default) or ``train``, of the run's own corpus.
-        text_file: score this UTF-8 file instead (full scoring).
-        full: score every token of the split once (module docstring), not the training eval's windows.
-        stride: tokens each full-scoring window advances; default ``block_size // 2``.
-        batch_size: windows per forward pass in full scoring.
-        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
-
-    Returns:
-        ``loss`` (nats per token), ``perplexity``, ``bits_per_byte``,
-        ``bits_per_char``, ``tokens`` (scored), ``bytes`` and ``chars`` (of
-        the text the conversion uses), ``step`` and ``checkpoint``, ``mode``
-        (``eval`` or ``full``), ``source`` (the split or file), ``stride``
-        (full), ``logged_loss`` (the training eval's loss at that step when it
-        is the same measurement, else None), ``block_size`` and ``run``.
+    ``stride``: tokens each full-scoring window advances (default ``block_size // 2``). Returns ``loss`` (nats
+    per token), ``perplexity`` (inf past a float's range), ``bits_per_byte``, ``bits_per_char``, ``tokens``
+    scored, ``bytes`` and ``chars``, ``step``, ``checkpoint``, ``mode`` (eval or full), ``source``,
+    ``stride``, ``logged_loss`` (the run's own loss of the same measurement, else None), ``block_size``, ``run``.
 
     Raises:
-        MinigptError: no run or checkpoint, both a split and a file, an
-            unreadable file or one the tokenizer cannot encode (the char
-            tokenizer's unknown characters), a stride out of range, a corpus
-            gone (:func:`~.data.run_corpus_config`) or changed since training,
-            too few tokens.
+        MinigptError: no run or checkpoint, both a split and a file, an unreadable or unencodable file, a
+            stride out of range, a corpus gone or changed since training, too few tokens.
     """
     if split is not None and text_file is not None:
         raise MinigptError(_MESSAGES["both"])
@@ -211,7 +171,8 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
                                                                                     loss * per_token[1])
     return {
         "run": str(run_dir), "checkpoint": ckpt.name, "step": meta.get("step"), "source": source,
-        "mode": "full" if full else "eval", "loss": loss, "perplexity": math.exp(loss),
+        "mode": "full" if full else "eval", "loss": loss,
+        "perplexity": math.exp(loss) if loss < 709.0 else math.inf,  # exp overflows a float past 709.78
         "bits_per_byte": nats_per[0] / math.log(2), "bits_per_char": nats_per[1] / math.log(2),
         "tokens": n_scored, "bytes": n_bytes, "chars": n_chars, "block_size": T,
         "stride": stride if full else None, "logged_loss": logged,

@@ -1,33 +1,11 @@
 """``minigpt compare``: runs side by side, variants averaged over seeds, with the seed noise said.
 
-:func:`summarize` reads each run folder (``config.yaml``, ``metrics.jsonl``),
-groups runs whose configs differ only in ``seed`` into a variant, and writes
-``summary.md``, ``summary.csv``, ``summary.json`` and ``summary.png``:
-
-- the config keys that differ between variants;
-- parameters, total and non-embedding, and training FLOPs per token
-  (:func:`~minigpt_cli.accounting.params.flops`, ``train_with_lm_head``: 3 × the forward,
-  the head included);
-- tokens/s (the median of the run's logged rates, averaged over seeds);
-- final and best val loss, mean ± sample standard deviation over seeds: the
-  equal-tokens view when the runs had the same token budget;
-- val loss at equal time: each run's last eval at or before the shortest run's
-  end (the equal-time view);
-- val bits per byte: the final val loss in bits, divided by the val split's
-  UTF-8 bytes per token (:func:`~minigpt_cli.eval.evaluate.text_size`), the one
-  measure fair across tokenizers;
-- time to the target (elapsed seconds, evals included, of the first eval at
-  or below it, averaged over seeds), in the unit the runs compare by: val loss,
-  or bits per byte across tokenizers or corpora; the target defaults to the
-  worst run's final value, which every run reaches.
-
-Noise: for each pair of variants, the difference of their means against its
-standard error, sqrt(s1²/n1 + s2²/n2) (Welch); a difference over twice that is
-said to exceed the seed noise (about a 95% two-sided test for normal errors;
-with 3 seeds a rough guide, not a proof).
-
-Runs on different corpora have no comparable val loss: the loss columns are
-left out with a note, and bits per byte remains.
+:func:`summarize` groups runs whose configs differ only in ``seed`` into a variant and writes summary.md,
+.csv, .json and .png (the README lists the columns). FLOPs per token are
+:func:`~minigpt_cli.accounting.params.flops`' ``train_with_lm_head``; bits per byte divide the final val loss
+in bits by the val split's UTF-8 bytes per token, the one measure fair across tokenizers and corpora. Seed
+noise: a difference of means is said to exceed it past twice its standard error sqrt(s1²/n1 + s2²/n2)
+(Welch; about a 95% two-sided test for normal errors, a rough guide with 3 seeds).
 """
 
 from __future__ import annotations
@@ -36,6 +14,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -47,6 +26,7 @@ from ..config.schema import Config, load_config
 from ..errors import MinigptError
 from ..fileio import atomic_write_set
 from ..run import folder as runs
+from ..run.metrics import METRICS, read_events
 
 _MESSAGES = {
     "not_run": "{path!r} is neither a run folder (config.yaml and metrics.jsonl) nor a folder of runs",
@@ -62,7 +42,10 @@ _MESSAGES = {
     "tokenizers": "note: the variants use different tokenizers: val loss is per token of each, so compare bits "
                   "per byte",
     "no_bpb": "note: no bits per byte for {run}: {why}",
+    "users": "{path} is not a summary minigpt wrote (its summary.json is not one); pass another --output",
 }
+#: The files a summary writes; summary.json is also what proves an earlier summary minigpt's.
+SUMMARY_FILES = ("summary.md", "summary.csv", "summary.json", "summary.png")
 
 #: Config keys that never make two runs different variants.
 _IGNORED = {"seed", "name", "train.out_dir", "data.fingerprint", "tokenizer.path"}
@@ -95,16 +78,16 @@ def read_run(path: Path) -> RunRecord:
     """A run folder as a :class:`RunRecord`.
 
     Raises:
-        MinigptError: no config.yaml or metrics.jsonl, or no eval yet.
+        MinigptError: no config.yaml or metrics.jsonl, a damaged one, or no eval yet.
     """
-    metrics = path / "metrics.jsonl"
+    metrics = path / METRICS
     if not (path / runs.CONFIG).is_file() or not metrics.is_file():
         raise MinigptError(_MESSAGES["not_run"].format(path=str(path)))
-    events = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
-    evals = [e for e in events if e.get("event") == "eval" and e.get("val_loss") is not None]
+    events = read_events(metrics)
+    evals = [e for e in events if e["event"] == "eval"]
     if not evals:
         raise MinigptError(_MESSAGES["no_evals"].format(path=path))
-    rates = [e["tokens_per_sec"] for e in events if e.get("event") == "train" and e.get("tokens_per_sec")]
+    rates = [e["tokens_per_sec"] for e in events if e.get("tokens_per_sec")]
     return RunRecord(path, load_config(path / runs.CONFIG), evals, rates)
 
 
@@ -179,22 +162,16 @@ def _fmt(mean: Optional[float], sd: Optional[float], digits: int = 4) -> str:
 def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optional[float] = None,
               variants: Optional[dict[str, str]] = None, metric: Optional[str] = None,
               echo: Callable[[str], None] = lambda m: None) -> dict:
-    """Compare runs (module docstring); writes the summary files into ``out`` when given.
+    """Compare runs (module docstring), writing the summary files into ``out`` when given.
 
-    Args:
-        run_dirs: run folders (:func:`expand` takes sweep folders apart).
-        out: folder for summary.md/.csv/.json/.png.
-        target: the val loss for "time to target"; None: the worst run's final val loss.
-        variants: run folder name -> variant name (a sweep's); default: the folder name less ``-s<seed>``.
-        metric: ``val_loss`` or ``bits_per_byte``, what the pairwise sentences compare; default val_loss
-            when the runs share corpus and tokenizer, else bits_per_byte.
-
-    Returns:
-        ``columns`` (the differing keys), ``rows`` (one dict per variant), ``sentences``, ``notes``,
-        ``target``, ``equal_time_s``, ``metric``.
+    ``target``: for "time to target" (default: the worst run's final value); ``variants``: run folder name ->
+    variant (default: the name less ``-s<seed>``); ``metric``: ``val_loss`` or ``bits_per_byte`` (default:
+    val_loss when the runs share corpus and tokenizer). Returns ``columns`` (the differing keys), ``rows``,
+    ``sentences``, ``notes``, ``target``, ``equal_time_s`` and ``metric``.
 
     Raises:
-        MinigptError: a folder that is not a run, a run without evals, ``metric`` val_loss over different corpora.
+        MinigptError: a folder that is not a run, a damaged metrics.jsonl, a run without evals, ``metric``
+            val_loss over different corpora, an ``out`` holding summary files minigpt did not write.
     """
     if metric not in (None, "val_loss", "bits_per_byte"):
         raise MinigptError(_MESSAGES["metric_name"].format(metric=metric))
@@ -311,8 +288,7 @@ def _table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def _csv_rows(result: dict) -> list[list[Any]]:
-    """The table for summary.csv: the JSON rows' names and plain values (numbers as numbers, standard deviations
-    in columns of their own, an empty cell for none), one row per variant."""
+    """summary.csv's rows: the JSON rows' names and plain values, standard deviations in columns of their own."""
     keys = ["variant", *result["columns"], "seeds", "params", "params_non_embedding", "flops_per_token",
             "tokens_per_sec", "steps"]
     if "final_val" in (result["rows"][0] if result["rows"] else {}):
@@ -353,9 +329,9 @@ def format_summary(result: dict) -> str:
 
 
 def _write(result: dict, variants: list[Variant], out: Path) -> None:
-    """summary.md, .csv, .json and .png as a set (:func:`~minigpt_cli.fileio.atomic_write_set`): all four are
-    built first (the PNG is the slow part), then renamed into place together, so an interrupt leaves the
-    previous set or none, never a mix."""
+    """summary.md, .csv, .json and .png, built first and renamed into place as a set
+    (:func:`~minigpt_cli.fileio.atomic_write_set`): an interrupt leaves the previous set or none."""
+    _check_ours(out)
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     csv.writer(buf).writerows(_csv_rows(result))
@@ -364,6 +340,18 @@ def _write(result: dict, variants: list[Variant], out: Path) -> None:
     files = {out / name: text.encode("utf-8") for name, text in texts.items()}
     files[out / "summary.png"] = _plot(variants)
     atomic_write_set(files)
+
+
+def _check_ours(out: Path) -> None:
+    """Refuse to replace summary files in ``out`` unless they are an earlier summary (its summary.json one)."""
+    if not any(os.path.lexists(out / name) for name in SUMMARY_FILES):
+        return
+    try:
+        earlier = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        earlier = None
+    if not (isinstance(earlier, dict) and {"columns", "rows", "metric"} <= earlier.keys()):
+        raise MinigptError(_MESSAGES["users"].format(path=out))
 
 
 def _plot(variants: list[Variant]) -> bytes:

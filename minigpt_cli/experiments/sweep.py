@@ -1,38 +1,11 @@
 """``minigpt sweep``: many runs of one base config, compared fairly, resumable after a kill.
 
-A sweep file (YAML)::
-
-    name: ffn                      # runs land in <out_dir>/<name>/ (default: the file's name)
-    base: tiny                     # a config: a path relative to the sweep file, or a shipped config's name
-    set: [train.eval_interval=50]  # overrides for every run
-    grid:                          # every combination of these values: variants ffn-relu, ffn-gelu
-      model.ffn: [relu, gelu]
-    variants:                      # and/or named variants, each a mapping of overrides
-      swiglu: {model.ffn: swiglu, model.d_ff: 168}
-    seeds: 3                       # seeds seed, seed+1, ... of the base; or a list of seeds
-    budget: {iters: 500}           # per run: optimizer steps, or {tokens: 2.0e6}, or {seconds: 60}
-    target_loss: null              # for "time to target"; null: the worst run's final val loss
-
-Each run is an ordinary run folder, ``<out_dir>/<name>/<variant>-s<seed>/``,
-that ``generate``, ``evaluate`` and ``train --resume`` take. Every variant is
-validated by the config schema before the first run starts. The sweep keeps
-its state in ``<out_dir>/<name>/sweep.json`` (the sweep as it was read, the
-base config, the runs finished): started again, it skips the finished runs,
-resumes an interrupted one from its checkpoint (bit for bit as if it had not
-stopped) and refuses to go on if the sweep file or the base config changed,
-naming the difference, once a run has saved a checkpoint (a sweep that failed
-before that, on a download say, takes the edited file as a new start).
-The runs' ``train.out_dir`` is the sweep's folder, chosen by ``out_dir:`` and
-``name:``; an override of it is refused. The summary
-(:mod:`minigpt_cli.experiments.compare`) is written at the end.
-
-Budgets make the comparison fair: ``iters`` gives every run the same steps,
-``tokens`` the same tokens (steps = tokens / tokens per step, per variant),
-``seconds`` the same wall-clock time (``train.max_seconds``; the schedule
-still follows ``train.max_iters``). With ``--jobs N`` the runs go N at a time
-in processes of their own, each with 1/N of the cores; on Linux they end
-(saving their checkpoints) when the sweep's process dies, even by SIGKILL
-(:func:`die_with_parent`).
+A sweep file (the README documents it) names a ``base`` config, ``set`` overrides, a ``grid`` and/or named
+``variants``, ``seeds`` and a per-run ``budget`` (``iters``, ``tokens`` or ``seconds``: the same steps, tokens
+or wall-clock time for every run). Each run is an ordinary run folder, ``<out_dir>/<name>/<variant>-s<seed>/``.
+``<out_dir>/<name>/sweep.json`` keeps the sweep as read and the runs done: a restart skips those, resumes an
+interrupted one, and refuses a changed sweep file or base config once a run has saved a checkpoint. With
+``--jobs N`` runs go N at a time in processes of their own, ended with the sweep (:func:`die_with_parent`).
 """
 
 from __future__ import annotations
@@ -42,13 +15,12 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Annotated, Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -84,6 +56,7 @@ _MESSAGES = {
     "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
     "interrupted": "interrupted; the runs under way saved their checkpoints",
     "failed": "run {run} failed (exit status {code}); its log: {log}",
+    "state": "{path} is damaged or unreadable ({why}); restore it, or move the sweep's folder away to start anew",
 }
 
 
@@ -114,34 +87,36 @@ class Budget(BaseModel):
 
 
 Scalar = Union[bool, int, float, str, None, list]
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
 
 
 class SweepFile(BaseModel):
     """The sweep file's schema (module docstring)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$")
+    name: Optional[str] = None
     base: str
     set: list[str] = Field(default_factory=list)
-    grid: dict[str, list[Scalar]] = Field(default_factory=dict)
+    grid: dict[str, Annotated[list[Scalar], Field(min_length=1)]] = Field(default_factory=dict)
     variants: dict[str, dict[str, Scalar]] = Field(default_factory=dict)
-    seeds: Union[int, list[int]] = 1
+    seeds: Union[Annotated[int, Field(ge=1)], Annotated[list[Seed], Field(min_length=1)]] = 1  # a count, or the seeds
     budget: Budget
     target_loss: Optional[float] = Field(None, gt=0)
     out_dir: str = "runs"
 
     @model_validator(mode="after")
     def _check(self) -> "SweepFile":
-        if isinstance(self.seeds, int) and self.seeds < 1:
-            raise ValueError("seeds: give a count of at least 1, or a list of seeds")
-        if isinstance(self.seeds, list) and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
-            raise ValueError("seeds: the list must be non-empty, without repeats")
-        if isinstance(self.seeds, list) and not all(0 <= x < 2**32 for x in self.seeds):
-            raise ValueError("seeds: each seed must be 0 .. 2**32-1")
-        for key, values in self.grid.items():
-            if not values:
-                raise ValueError(f"grid: {key} has no values")
+        if isinstance(self.seeds, list) and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds: the list must be without repeats")
         return self
+
+
+class _State(BaseModel):
+    """``sweep.json``: the sweep file and base config as read, and the runs done."""
+
+    sweep: dict[str, Any]
+    base: dict[str, Any]
+    done: list[str] = Field(default_factory=list)
 
 
 def _value_text(value: Any) -> str:
@@ -181,15 +156,10 @@ def _variants(spec: SweepFile, path: Path) -> dict[str, dict[str, Any]]:
     """Variant name -> its overrides: the grid's combinations (named key-value_key-value), then the named ones."""
     out: dict[str, dict[str, Any]] = {}
     keys = list(spec.grid)
-    for combo in itertools.product(*(spec.grid[k] for k in keys)) if keys else ():
-        name = "_".join(f"{k.rpartition('.')[2]}-{_slug(v)}" for k, v in zip(keys, combo))
-        if name in out:
-            raise MinigptError(_MESSAGES["collide"].format(path=path, a=dict(zip(keys, combo)), b=out[name], name=name))
-        out[name] = dict(zip(keys, combo))
-    for name, overrides in spec.variants.items():
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-            raise MinigptError(_MESSAGES["schema"].format(path=path, loc=f"variants.{name}",
-                                                          msg="a name may only hold letters, digits, '.', '_', '-'"))
+    grid = [dict(zip(keys, combo)) for combo in itertools.product(*spec.grid.values())] if keys else []
+    named = [("_".join(f"{k.rpartition('.')[2]}-{_slug(v)}" for k, v in g.items()), g) for g in grid]
+    for name, overrides in [*named, *spec.variants.items()]:
+        runs.check_name(name, f"{path}: variants:")
         if name in out:
             raise MinigptError(_MESSAGES["collide"].format(path=path, a=out[name], b=overrides, name=name))
         out[name] = dict(overrides)
@@ -202,9 +172,8 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
     """Read and check a sweep file: every run's config is validated before anything runs.
 
     Raises:
-        MinigptError: an unreadable file, a key the schema lacks, a budget of
-            0, variants that collide in name, a grid key or value the config
-            schema refuses (naming the variant and the key).
+        MinigptError: an unreadable file, a key the schema lacks or refuses, a name that is not a plain folder
+            name, variants that collide in name, an override the config schema refuses (naming the variant).
     """
     p = Path(path)
     try:
@@ -220,6 +189,7 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
         loc = ".".join(str(x) for x in err["loc"]) or "sweep"
         msg = err["msg"].removeprefix("Value error, ")
         raise MinigptError(_MESSAGES["schema"].format(path=p, loc=loc, msg=msg[0].lower() + msg[1:])) from None
+    runs.check_name(spec.name or p.stem, f"{p}: name:")  # the sweep's folder: never a path out of out_dir
     _check_out_dir(spec, p)
     base, base_data = _read_base(p, spec.base, echo)
     seeds = spec.seeds if isinstance(spec.seeds, list) else None
@@ -241,8 +211,7 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
 
 
 def _read_base(path: Path, name: str, echo: Callable[[str], None]) -> tuple[Path, dict]:
-    """The sweep file ``path``'s ``base:`` config ``name`` (beside the sweep file, else a shipped config) and
-    its parsed mapping.
+    """The sweep file's ``base:`` config (beside the sweep file, else a shipped one) and its parsed mapping.
 
     Raises:
         MinigptError: no such file (naming ``base:``), or one that cannot be read.
@@ -263,11 +232,7 @@ def _read_base(path: Path, name: str, echo: Callable[[str], None]) -> tuple[Path
 
 
 def _check_out_dir(spec: SweepFile, path: Path) -> None:
-    """Refuse ``train.out_dir`` among the sweep's overrides: every run goes in the sweep's own folder.
-
-    Raises:
-        MinigptError: naming where it was given (``set``, ``grid`` or the variant) and how to choose the folder.
-    """
+    """Refuse ``train.out_dir`` among the overrides (``set``, ``grid``, a variant): runs go in the sweep's folder."""
     given = [("set", [item.split("=", 1)[0].strip() for item in spec.set]), ("grid", list(spec.grid)),
              *((f"variants.{name}", list(overrides)) for name, overrides in spec.variants.items())]
     for where, keys in given:
@@ -288,14 +253,17 @@ def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
 
 
 def _read_state(sweep: Sweep) -> dict:
-    """The sweep's state, created on the first start; refuses a sweep whose file or base config changed since
-    a run of it trained to a checkpoint (before that, nothing depends on the old record: it is replaced)."""
+    """The sweep's state, created on the first start; refuses a sweep whose file or base config changed once a
+    run of it saved a checkpoint (before that the old record is replaced)."""
     path = sweep.folder / STATE
     record = sweep.state_record()
     if not path.is_file() and sweep.folder.is_dir() and any(sweep.folder.iterdir()):
         raise MinigptError(_MESSAGES["taken"].format(folder=sweep.folder, path=sweep.path))
     if path.is_file():
-        state = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            state = _State.model_validate_json(path.read_bytes()).model_dump()
+        except (OSError, ValidationError) as exc:
+            raise MinigptError(_MESSAGES["state"].format(path=path, why=str(exc).splitlines()[-1].strip())) from None
         changed = [(source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base))
                    if (what := _difference(state.get(part), record[part]))]
         if not changed:
@@ -317,13 +285,13 @@ def _mark_done(sweep: Sweep, state: dict, run: Run) -> None:
 
 
 def _resumable(sweep: Sweep, run: Run) -> bool:
-    """Whether ``run`` resumes a checkpoint a killed sweep left; a folder killed before its first checkpoint
-    holds nothing to keep and is removed, so that the run starts afresh."""
+    """Whether ``run`` resumes a checkpoint a killed sweep left; a run folder killed before its first
+    checkpoint holds nothing to keep and is emptied (:func:`~.run.folder.clear_unsaved`), so the run starts afresh."""
     folder = sweep.folder / run.name
     if folder.is_dir() and runs.has_checkpoint(folder):
         return True
     if folder.is_dir():
-        shutil.rmtree(folder)
+        runs.clear_unsaved(folder)
     return False
 
 
@@ -351,14 +319,9 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> Optional[Callable[[], None]]:
-    """A ``preexec_fn`` that makes a child process get SIGTERM when this process dies, SIGKILL included;
-    None where the system cannot (it is Linux's ``prctl(PR_SET_PDEATHSIG)``).
-
-    SIGTERM, not SIGKILL: a trainer saves ``checkpoints/last`` on it, so the sweep started again resumes
-    the run. The kernel sends it when the *thread* that started the child ends: ``--jobs`` starts each child
-    from a worker thread that waits for it, so that thread outlives the child unless the process dies.
-    ``prctl`` is looked up here, before the fork: the child only calls it (and ``getppid``), then execs.
-    """
+    """A ``preexec_fn`` that has a child get SIGTERM (a trainer saves ``last`` on it) when this process dies,
+    SIGKILL included; None off Linux (``prctl(PR_SET_PDEATHSIG)``). The kernel sends it when the *thread* that
+    started the child ends: each ``--jobs`` child is started by a worker thread that waits for it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -379,15 +342,12 @@ def die_with_parent() -> Optional[Callable[[], None]]:
 
 def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None,
               echo: Callable[[str], None] = lambda m: None) -> dict:
-    """Run (or finish) a sweep, then write its summary; returns :func:`~minigpt_cli.experiments.compare.summarize`'s result.
+    """Run (or finish) a sweep, then write its summary (:func:`.compare.summarize`'s result).
 
     Raises:
-        MinigptError: a bad kernel setting in the environment
-            (:func:`~minigpt_cli.runtime.kernels.check_settings`), a bad sweep file (:func:`load_sweep`), a changed one
-            under a sweep being resumed, ``jobs`` outside 1 .. cores, a run
-            that fails.
-        Interrupted: Ctrl-C during a run (that run's checkpoint is saved; the
-            same command goes on from there).
+        MinigptError: a bad kernel setting (:func:`~minigpt_cli.runtime.kernels.check_settings`) or sweep file
+            (:func:`load_sweep`), one changed under a resumed sweep, ``jobs`` outside 1 .. cores, a failed run.
+        Interrupted: Ctrl-C during a run (its checkpoint saved; the same command goes on from there).
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 

@@ -1,30 +1,15 @@
-"""Export a run to a Hugging Face ``transformers`` folder: the inverse of :mod:`minigpt_cli.hf.load`.
+"""Export a run as a Hugging Face ``transformers`` folder (as ``save_pretrained`` writes it): :mod:`.load` inverted.
 
-:func:`export_run` writes what ``save_pretrained`` would: ``config.json``,
-``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json`` and
-``generation_config.json``, so that ``AutoModelForCausalLM.from_pretrained``
-and ``AutoTokenizer.from_pretrained`` read the folder offline.
-
-Which family (:func:`hf_family`): a model with learned positions, LayerNorm
-and a ReLU or GELU MLP is a ``GPT2LMHeadModel`` (GPT-2's Conv1D layers hold
-weights as (in, out), so the four projections are transposed back; with
-``bias: false`` the biases GPT-2 always has are written as zeros, which is
-exactly our model); a model with RoPE, RMSNorm and SwiGLU is a
-``LlamaForCausalLM`` (``c_attn`` split into q, k, v by head counts and
-``c_fc`` into gate, up). Anything else has no equivalent there and is
-refused, naming the key: sinusoidal or no positions, Post-LN, the embedding
-scale, or a mix of the two families.
-
-Tokenizers: the trained kinds and ``hf`` already are ``tokenizers`` files
-and are copied as they are; the char tokenizer becomes a ``WordLevel``
-model over its characters, each character split off alone and the pieces
-joined back without spaces (:func:`char_tokenizer_json`), giving the same ids.
-A character outside its alphabet becomes an unknown token where the model has
-a row to spare for one, else is removed, instead of failing in transformers.
+A model with learned positions, LayerNorm and a ReLU/GELU MLP is a ``GPT2LMHeadModel`` (Conv1D weights
+transposed back; ``bias: false`` written as zero biases); one with RoPE, RMSNorm and SwiGLU a
+``LlamaForCausalLM``; anything else is refused, naming the key (:func:`hf_family`). Trained tokenizers are
+``tokenizers`` files already; the char tokenizer becomes a ``WordLevel`` model over its characters
+(:func:`char_tokenizer_json`), giving the same ids.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -42,6 +27,7 @@ from ..fileio import chmod_quietly, dir_mode, new_file_mode, os_error_message
 from ..run import folder as runs
 from ..run.checkpoint import load_model
 from ..tokenizer.kinds import CharTokenizer, Tokenizer, load_run_tokenizer
+from .load import _GPT2_CONV1D, _LLAMA_FUSED, _LLAMA_LAYER, _LLAMA_SIMPLE  # the one name table, both ways
 
 _MESSAGES = {
     "format": "--format {fmt!r}: only hf (a transformers folder) is supported",
@@ -63,8 +49,6 @@ EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer
 _GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 #: The char tokenizer's unknown token in an export, where the model has a row for one (:func:`char_unk_token`).
 _REPLACEMENT = "\ufffd"
-#: The projections GPT-2 stores as Conv1D, (in, out): transposed from nn.Linear's (out, in).
-_GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
 def hf_family(mc: ModelConfig) -> str:
@@ -124,13 +108,8 @@ def hf_config(cfg: Config, tok: Tokenizer) -> dict:
 
 
 def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our weights under transformers' names and layouts (the inverse of :mod:`minigpt_cli.hf.load`'s mapping).
-
-    GPT-2: Conv1D weights transposed to (in, out); zeros for the biases of a
-    ``bias: false`` model. Llama: ``c_attn`` rows split into q (n_embd), k
-    and v (n_kv_head · head_dim each), ``c_fc`` into gate and up halves. A
-    tied head is left out (the embedding is the head); an untied one is ``lm_head.weight``.
-    """
+    """Our weights under transformers' names and layouts (:mod:`.load`'s mapping inverted): ``c_attn`` rows split
+    into q (n_embd), k and v (n_kv_head · head_dim each), ``c_fc`` into gate and up; a tied head left out."""
     sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
     if mc.tie_weights:
         sd.pop("lm_head.weight", None)
@@ -140,44 +119,35 @@ def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Te
             sd.update({name.removesuffix("weight") + "bias": torch.zeros(t.shape[0]) for name, t in sd.items()
                        if name.startswith(("h.", "ln_f."))})
         for name, t in sd.items():
-            if any(f".{conv}.weight" in f".{name}" for conv in _GPT2_CONV1D):
+            if _GPT2_CONV1D.fullmatch(name):
                 t = t.t().contiguous()
             out[name if name == "lm_head.weight" else f"transformer.{name}"] = t
         return out
     q, kv = mc.n_embd, mc.kv_heads * mc.head_dim
-    simple = {"wte.weight": "model.embed_tokens.weight", "ln_f.weight": "model.norm.weight",
-              "lm_head.weight": "lm_head.weight"}
-    layer = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight",
-             "attn.c_proj.weight": "self_attn.o_proj.weight", "attn.c_proj.bias": "self_attn.o_proj.bias",
-             "mlp.c_proj.weight": "mlp.down_proj.weight", "mlp.c_proj.bias": "mlp.down_proj.bias"}
+    simple = {ours: theirs if theirs == "lm_head.weight" else f"model.{theirs}"
+              for theirs, ours in _LLAMA_SIMPLE.items()}
+    layer = {ours: theirs for theirs, ours in _LLAMA_LAYER.items()}
     for name, t in sd.items():
         if name in simple:
             out[simple[name]] = t
             continue
         _, i, rest = name.split(".", 2)
         prefix = f"model.layers.{i}."
-        kind = rest.rsplit(".", 1)[1]
+        fused, kind = rest.rsplit(".", 1)
         if rest in layer:
             out[prefix + layer[rest]] = t
-        elif rest.startswith("attn.c_attn."):
-            for part, piece in zip(("q_proj", "k_proj", "v_proj"), torch.split(t, [q, kv, kv])):
-                out[f"{prefix}self_attn.{part}.{kind}"] = piece.contiguous()
-        elif rest.startswith("mlp.c_fc."):
-            for part, piece in zip(("gate_proj", "up_proj"), torch.chunk(t, 2)):
-                out[f"{prefix}mlp.{part}.{kind}"] = piece.contiguous()
-        else:
-            raise RuntimeError(f"internal error: no Llama name for {name}")
+            continue
+        assert fused in _LLAMA_FUSED, name  # hf_family admitted only these layers
+        pieces = torch.split(t, [q, kv, kv]) if fused == "attn.c_attn" else torch.chunk(t, 2)
+        for part, piece in zip(_LLAMA_FUSED[fused], pieces):
+            out[f"{prefix}{part}.{kind}"] = piece.contiguous()
     return out
 
 
 def char_unk_token(tok: CharTokenizer, vocab_size: int) -> Optional[str]:
-    """The unknown token of the char tokenizer's export: U+FFFD (Unicode's replacement character) at id
-    ``tok.vocab_size``, the model's first row past the tokenizer's, when the model has one (``model.vocab_size``
-    larger than the tokenizer); else None. When the alphabet or a special token holds U+FFFD, the first
-    private-use character (U+E000, ...) neither holds. Always one character outside the alphabet:
-    transformers adds the unknown token to the tokens it matches in the text before the split, where a
-    character the alphabet lacks becomes that id anyway; a word such as ``<unk>`` would read the literal
-    text ``<unk>`` as one token, where minigpt reads five characters."""
+    """The char export's unknown token at id ``tok.vocab_size``, when the model has a row there (else None):
+    U+FFFD, or the first private-use character the alphabet lacks. One character, never a word such as
+    ``<unk>``: transformers matches it in the text, where minigpt would read its five characters."""
     if vocab_size <= tok.vocab_size:
         return None
     taken = set(tok.chars).union(*tok.special_tokens)
@@ -185,16 +155,9 @@ def char_unk_token(tok: CharTokenizer, vocab_size: int) -> Optional[str]:
 
 
 def char_tokenizer_json(tok: CharTokenizer, vocab_size: int) -> str:
-    """A ``tokenizers`` ``tokenizer.json`` giving the char tokenizer's ids: a ``WordLevel`` vocabulary of its
-    characters and special tokens (the special tokens also added tokens, matched before the split), a
-    pre-tokenizer that splits off every character, and a ``Fuse`` decoder that joins the pieces without spaces.
-
-    minigpt refuses characters outside the alphabet; transformers' ``WordLevel`` would fail on them with
-    "Missing [UNK] token". So the export maps them to an unknown token (:func:`char_unk_token`) when the
-    model, of ``vocab_size`` rows, has a row for one past the tokenizer's ids; else a normalizer removes them
-    (the model has no id they could take), leaving the ids of the text's other characters. Either way the ids
-    of the alphabet's characters and of the special tokens are the run's.
-    """
+    """A ``tokenizer.json`` giving the char tokenizer's ids: a ``WordLevel`` vocabulary of its characters and
+    special tokens, every character split off alone, a ``Fuse`` decoder. Characters outside the alphabet
+    (which WordLevel would fail on) map to :func:`char_unk_token`, or are removed when the model has no row."""
     from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as Backend
 
@@ -242,15 +205,34 @@ def generation_config(cfg: Config, eos: Optional[int]) -> dict:
     return out
 
 
+def _foreign(folder: Path) -> list[str]:
+    """The names in ``folder`` an export does not write: all but regular files of :data:`EXPORT_FILES`."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in EXPORT_FILES or not p.is_file() or p.is_symlink())
+
+
+def _temp_prefix(out: Path) -> str:
+    """The name an export's temporary folder (and the old copy it replaces) starts with, beside ``out``."""
+    return f".{out.name}.minigpt-export-"
+
+
+def _sweep_temps(out: Path) -> None:
+    """Remove the temporary folders a killed export to ``out`` left beside it (:func:`_temp_prefix`, holding
+    only export files)."""
+    for left in out.parent.glob(f"{glob.escape(_temp_prefix(out))}*"):
+        if left.is_dir() and not left.is_symlink() and not _foreign(left):
+            shutil.rmtree(left, ignore_errors=True)
+
+
 def _write_folder(out: Path, weights: dict[str, torch.Tensor], files: dict[str, str]) -> None:
-    """Write ``weights`` (``model.safetensors``) and ``files`` (name -> text) as the folder ``out``: into a
-    temporary folder beside it, renamed into place when complete (an old ``out`` is moved aside first and
-    removed after). A failed write removes the temporary folder and raises the OSError."""
+    """Write ``weights`` (``model.safetensors``) and ``files`` (name -> text) as the folder ``out``: a temporary
+    folder beside it is renamed into place when complete, an old ``out`` moved aside under a name of this
+    export's own first. A failed write removes the temporary folder and raises the OSError."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    _sweep_temps(out)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out), dir=out.parent))
     chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700: an export is as readable as any folder
     try:
         try:
@@ -266,14 +248,11 @@ def _write_folder(out: Path, weights: dict[str, torch.Tensor], files: dict[str, 
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
-        old = None
+        old = tmp.with_name(tmp.name + ".old")  # unique, as tmp is: never a folder of the user's
         if out.exists():
-            old = out.parent / f".{out.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
             out.rename(old)
         tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -281,20 +260,12 @@ def _write_folder(out: Path, weights: dict[str, torch.Tensor], files: dict[str, 
 
 def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", checkpoint: str = runs.BEST,
                force: bool = False, echo: Callable[[str], None] = lambda message: None) -> Path:
-    """Write a run's checkpoint as a transformers folder at ``output`` (module docstring); returns it.
-
-    The folder is written under a temporary name beside ``output`` and
-    renamed into place when complete, so an interrupted export leaves no
-    half-written folder (with ``force``, the old folder is removed after the
-    new one is in place). ``output`` may not be the run, a folder holding it or
-    the current folder, and ``force`` replaces only a folder of export files.
+    """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`).
 
     Raises:
-        MinigptError: another format, no run or checkpoint, ``output`` the run
-            or a folder holding it (with or without ``force``), a file, or a
-            non-empty folder without ``force``, a model transformers cannot
-            express (:func:`hf_family`), or a folder that cannot be written
-            (named as ``output``, not as the temporary folder).
+        MinigptError: another format; no run or checkpoint; ``output`` the run, the current folder or one
+            holding them, a file, a non-empty folder without ``force``, or with it one that is not an export;
+            a model transformers cannot express (:func:`hf_family`); a write that fails (naming ``output``).
     """
     if fmt != "hf":
         raise MinigptError(_MESSAGES["format"].format(fmt=fmt))
@@ -309,10 +280,8 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
         raise MinigptError(_MESSAGES["not_folder"].format(out=out))
     if out.is_dir() and any(out.iterdir()) and not force:
         raise MinigptError(_MESSAGES["not_empty"].format(out=out))
-    if out.is_dir() and force:
-        other = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
-        if other:
-            raise MinigptError(_MESSAGES["not_export"].format(out=out, names=", ".join(other[:3])))
+    if out.is_dir() and force and (other := _foreign(out)):
+        raise MinigptError(_MESSAGES["not_export"].format(out=out, names=", ".join(other[:3])))
     model, cfg = load_model(runs.resolve(ckpt))
     hf_family(cfg.model)  # refused before anything is written
     tok = load_run_tokenizer(run_dir, cfg)

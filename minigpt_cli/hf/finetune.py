@@ -102,14 +102,8 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
 
 
 def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
-    """Refuse run ``run``'s missing or damaged ``tokenizer.json``, saying where a copy is
-    (:func:`~minigpt_cli.tokenizer.kinds.load_run_tokenizer`), and a ``tokenizer.path`` (``named``) that names another
-    tokenizer than the run's, unless it is the file the run's checkpoint records (the run keeps its own copy of
-    that one): :func:`~minigpt_cli.tokenizer.kinds.check_run_tokenizer`.
-
-    Raises:
-        MinigptError: as those do.
-    """
+    """Refuse run ``run``'s missing or damaged ``tokenizer.json``, and a ``tokenizer.path`` (``named``) of
+    another tokenizer than the run's, unless it is the file the checkpoint records (the run keeps a copy)."""
     from ..run.checkpoint import saved_config  # torch: only for a run folder, not count-params' configs
     from ..tokenizer.kinds import check_run_tokenizer, load_run_tokenizer, load_tokenizer
 
@@ -122,12 +116,8 @@ def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
 
 
 def load_pretrained(model, cfg: Config) -> None:
-    """Copy ``model.init_from``'s weights into ``model`` (built from :func:`resolve_init_from`'s config).
-
-    Raises:
-        MinigptError: missing or damaged weights, or weights that do not fit
-            the folder's config.json (:func:`~minigpt_cli.hf.load.load_hf_folder`).
-    """
+    """Copy ``model.init_from``'s weights into ``model`` (built from :func:`resolve_init_from`'s config);
+    refused as :func:`~.load.load_hf_folder` refuses them."""
     from .load import load_hf_folder
 
     pretrained = load_hf_folder(cfg.model.init_from, block_size=cfg.model.block_size)

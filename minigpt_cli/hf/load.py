@@ -1,43 +1,10 @@
-"""Import Hugging Face ``transformers`` GPT-2 and Llama weights into our GPT.
+"""Import a local Hugging Face GPT-2 or Llama folder (``save_pretrained``: config.json and safetensors) into our GPT.
 
-Reads a local folder as ``save_pretrained`` leaves it (``config.json`` plus
-``model.safetensors``, or shards named by ``model.safetensors.index.json``);
-nothing is fetched from a hub. Each family has two steps that tests and
-scripts can call on their own:
-
-- ``*_config_from_hf(config.json as a dict)`` -> :class:`ModelConfig`;
-- ``load_*_state_dict(HF tensors, model_cfg)`` -> our tensor names and layouts.
-
-Name and layout mapping:
-
-GPT-2 (``GPT2LMHeadModel``; keys with or without the ``transformer.`` prefix)
-    Our names are GPT-2's, so only the layout changes: GPT-2's ``Conv1D``
-    stores weights as (in, out) and computes ``x @ W + b``, ``nn.Linear`` stores
-    (out, in), so ``c_attn``, ``attn.c_proj``, ``c_fc`` and ``mlp.c_proj`` are
-    transposed. ``c_attn`` already holds [q; k; v] in our order. The causal-mask
-    buffers old checkpoints carry (``attn.bias``, ``attn.masked_bias``) are
-    dropped. ``activation_function`` ``gelu_new`` is the tanh GELU
-    (``gelu_tanh``). The tied ``lm_head`` is ``wte``.
-
-Llama (``LlamaForCausalLM``; keys with or without the ``model.`` prefix)
-    ``embed_tokens`` -> ``wte``, ``input_layernorm`` -> ``ln_1``,
-    ``post_attention_layernorm`` -> ``ln_2``, [``q_proj``; ``k_proj``;
-    ``v_proj``] stacked along the output dimension -> ``attn.c_attn``,
-    ``o_proj`` -> ``attn.c_proj``, [``gate_proj``; ``up_proj``] -> ``mlp.c_fc``
-    (our SwiGLU chunks it as gate, up), ``down_proj`` -> ``mlp.c_proj``,
-    ``norm`` -> ``ln_f``.
-
-    RoPE needs no permutation: Hugging Face's Llama rotates the pair
-    (x_i, x_{i+hs/2}) ("rotate half", ``LlamaRotaryEmbedding`` and
-    ``apply_rotary_pos_emb``), which is exactly our :func:`~minigpt_cli.model.gpt.apply_rope`.
-    Meta's original ``consolidated.*.pth`` files pair adjacent dimensions
-    (x_{2i}, x_{2i+1}); Hugging Face's conversion script permutes the rows of
-    ``wq``/``wk`` into rotate-half order, so HF-layout weights load as they are
-    (Meta's own files are not read here).
-
-Every mistake a user can make (missing folder or file, bad JSON, an
-unsupported architecture or option, tensors that do not fit) raises a one-line
-:class:`~minigpt_cli.errors.MinigptError`.
+Each family has ``*_config_from_hf(config.json) -> ModelConfig`` and ``load_*_state_dict(tensors, cfg)``.
+GPT-2's names are ours; its Conv1D weights are (in, out), so ``c_attn``, ``attn.c_proj``, ``c_fc`` and
+``mlp.c_proj`` are transposed, and old checkpoints' causal-mask buffers dropped. Llama: q, k, v stack into
+``attn.c_attn`` and gate, up into ``mlp.c_fc``; its rotate-half RoPE is :func:`~minigpt_cli.model.gpt.apply_rope`'s,
+so no rows are permuted (Meta's own ``consolidated.*.pth`` files, in the other pairing, are not read).
 """
 
 from __future__ import annotations
@@ -45,10 +12,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config.schema import ConfigError, ModelConfig, validate
 from ..errors import MinigptError
+from ..fileio import os_error_message
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: count-params reads config.json without it
     import torch
@@ -57,6 +27,73 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: count-params read
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 _GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
+_GPT2_WEIGHT = re.compile(r"wte\.weight|ln_f\.(weight|bias)"
+                          r"|h\.\d+\.(ln_[12]|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(weight|bias)")
+
+
+class _Json(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # config.json holds many keys we have no use for
+
+
+class GPT2Json(_Json):
+    """The keys of a ``GPT2Config``'s config.json that we read; options we do not implement are refused by type."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    vocab_size: int
+    n_positions: Optional[int] = None  # null falls back to n_ctx (0 does not: the schema refuses it as a size)
+    n_ctx: Optional[int] = None
+    activation_function: Literal[tuple(_GPT2_ACTIVATIONS)] = "gelu_new"
+    scale_attn_weights: Literal[True] = True
+    scale_attn_by_inverse_layer_idx: Literal[False] = False
+    add_cross_attention: Literal[False] = False
+    resid_pdrop: float = 0.0
+    layer_norm_epsilon: float = 1e-5
+    n_inner: Optional[int] = None
+    tie_word_embeddings: bool = True
+
+
+class _Rope(_Json):
+    """transformers 5.x ``rope_parameters`` (4.x: ``rope_scaling`` and a top-level ``rope_theta``): plain RoPE only."""
+
+    rope_type: Literal["default"] = "default"
+    type: Literal["default"] = "default"  # the 4.x spelling of rope_type
+    rope_theta: float = Field(10000.0, gt=0, allow_inf_nan=False)
+
+
+class LlamaJson(_Json):
+    """The keys of a ``LlamaConfig``'s config.json that we read."""
+
+    num_hidden_layers: int
+    num_attention_heads: int
+    hidden_size: int
+    vocab_size: int
+    intermediate_size: int
+    max_position_embeddings: Optional[int] = None  # null: 2048 (0 does not fall back: the schema refuses it)
+    num_key_value_heads: Optional[int] = None
+    hidden_act: Literal["silu"] = "silu"  # Llama's SwiGLU
+    head_dim: Optional[int] = None
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    attention_dropout: float = 0.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    rope_theta: float = Field(10000.0, gt=0, allow_inf_nan=False)
+    rope_parameters: Optional[_Rope] = None
+    rope_scaling: Optional[_Rope] = None
+
+
+def _parse(schema: type[_Json], cfg: Mapping[str, Any], family: str) -> Any:
+    """``cfg`` read through ``schema``; the first problem is one line naming the key."""
+    try:
+        return schema.model_validate(cfg)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(map(str, err["loc"]))
+        what = (f"config.json lacks {key!r}, which a {family} config must have" if err["type"] == "missing"
+                else f"config.json {key} {err['input']!r} is not supported ({err['msg']})")
+        raise MinigptError(what, "fix config.json or re-save the model") from None
 
 
 def _model_config(values: dict[str, Any], source: str) -> ModelConfig:
@@ -67,142 +104,59 @@ def _model_config(values: dict[str, Any], source: str) -> ModelConfig:
         raise MinigptError(f"{exc}; this checkpoint cannot be imported") from None
 
 
-def _max_positions(cfg: Mapping[str, Any]) -> Any:
-    """Llama's ``max_position_embeddings``; 2048 where null (0 does not fall back: the schema refuses it)."""
-    value = cfg.get("max_position_embeddings")
-    return 2048 if value is None else value
-
-
-def _need(cfg: Mapping[str, Any], key: str, family: str) -> Any:
-    if key not in cfg or cfg[key] is None:
-        raise MinigptError(f"config.json lacks {key!r}, which a {family} config must have")
-    return cfg[key]
+#: Our model keys that every imported model of a family has.
+_FIXED = {"gpt2": dict(bias=True, pos_encoding="learned", norm="layernorm", norm_position="pre", emb_scale=False,
+                       n_kv_head=None),
+          "llama": dict(pos_encoding="rope", norm="rmsnorm", norm_position="pre", ffn="swiglu", emb_scale=False)}
 
 
 def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
-    """Our :class:`ModelConfig` for a ``transformers`` ``GPT2Config`` (as a dict).
-
-    Args:
-        cfg: the parsed ``config.json``.
-        block_size: context length to use; default ``n_positions``. It may be
-            shorter (the learned table is then cropped), never longer: the
-            table has no rows for later positions.
+    """Our :class:`ModelConfig` for a ``GPT2Config`` dict; ``block_size`` (default ``n_positions``) may crop
+    the learned position table, never grow it.
 
     Raises:
-        MinigptError: a missing key, an activation or attention option we do
-            not implement, or ``block_size`` beyond ``n_positions``.
+        MinigptError: a missing key, an option we do not implement, ``block_size`` past ``n_positions``.
     """
-    # null falls back (0 does not: the schema refuses it as a size)
-    n_positions = int(cfg["n_positions"] if cfg.get("n_positions") is not None else _need(cfg, "n_ctx", "GPT-2"))
-    act = cfg.get("activation_function", "gelu_new")
-    if act not in _GPT2_ACTIVATIONS:
-        raise MinigptError(
-            f"config.json activation_function {act!r} is not supported; known: {', '.join(_GPT2_ACTIVATIONS)}"
-        )
-    for key, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
-                      ("add_cross_attention", False)):
-        if cfg.get(key, want) != want:
-            raise MinigptError(f"config.json {key}={cfg[key]!r} is not supported (only {want})")
+    c = _parse(GPT2Json, cfg, "GPT-2")
+    n_positions = c.n_positions if c.n_positions is not None else c.n_ctx
+    if n_positions is None:
+        raise MinigptError("config.json lacks 'n_positions', which a GPT-2 config must have")
     if block_size is not None and block_size > n_positions:
         raise MinigptError(
             f"model.block_size ({block_size}) exceeds the learned position table of this GPT-2 "
             f"(config.json n_positions={n_positions}); use block_size <= {n_positions}"
         )
-    return _model_config(
-        dict(
-            n_layer=_need(cfg, "n_layer", "GPT-2"),
-            n_head=_need(cfg, "n_head", "GPT-2"),
-            n_embd=_need(cfg, "n_embd", "GPT-2"),
-            block_size=block_size if block_size is not None else n_positions,
-            vocab_size=_need(cfg, "vocab_size", "GPT-2"),
-            dropout=float(cfg.get("resid_pdrop", 0.0)),
-            bias=True,
-            pos_encoding="learned",
-            norm="layernorm",
-            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
-            norm_position="pre",
-            ffn=_GPT2_ACTIVATIONS[act],
-            d_ff=cfg.get("n_inner"),
-            tie_weights=bool(cfg.get("tie_word_embeddings", True)),
-            emb_scale=False,
-            n_kv_head=None,
-        ),
-        "config.json (gpt2)",
-    )
-
-
-def _rope_theta(cfg: Mapping[str, Any]) -> float:
-    """rope_theta from a transformers 4.x (``rope_theta``/``rope_scaling``) or 5.x (``rope_parameters``) config."""
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    for name, p in (("rope_parameters", params), ("rope_scaling", scaling)):
-        if not isinstance(p, Mapping):
-            raise MinigptError(f"config.json {name} must be an object, not {type(p).__name__}")
-        kind = p.get("rope_type", p.get("type", "default"))
-        if kind not in (None, "default"):
-            raise MinigptError(
-                f"config.json rope type {kind!r} is not supported (only plain RoPE, rope_type 'default')"
-            )
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
-        raise MinigptError(f"config.json rope_theta {theta!r} is not a positive number")
-    return float(theta)
+    return _model_config(dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size,
+                              block_size=block_size if block_size is not None else n_positions,
+                              dropout=c.resid_pdrop, norm_eps=c.layer_norm_epsilon, d_ff=c.n_inner,
+                              ffn=_GPT2_ACTIVATIONS[c.activation_function], tie_weights=c.tie_word_embeddings,
+                              **_FIXED["gpt2"]), "config.json (gpt2)")
 
 
 def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
-    """Our :class:`ModelConfig` for a ``transformers`` ``LlamaConfig`` (as a dict).
-
-    Pre-RMSNorm, SwiGLU with ``d_ff = intermediate_size``, RoPE with
-    ``rope_theta``, grouped-query attention with ``num_key_value_heads``.
-
-    Args:
-        cfg: the parsed ``config.json``.
-        block_size: context length; default ``max_position_embeddings``. RoPE
-            has no table, so any length works.
+    """Our :class:`ModelConfig` for a ``LlamaConfig`` dict; ``block_size`` defaults to ``max_position_embeddings``.
 
     Raises:
-        MinigptError: a missing key, ``hidden_act`` other than silu, RoPE
-            scaling, a ``head_dim`` other than hidden_size/num_attention_heads,
-            or biases on attention but not on the MLP (or the reverse).
+        MinigptError: a missing key, ``hidden_act`` other than silu, RoPE scaling, a ``head_dim`` other than
+            hidden_size/num_attention_heads, attention and MLP biases that differ.
     """
-    hidden = _need(cfg, "hidden_size", "Llama")
-    heads = _need(cfg, "num_attention_heads", "Llama")
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise MinigptError(f"config.json hidden_act {act!r} is not supported (Llama's SwiGLU uses silu)")
-    head_dim = cfg.get("head_dim")
-    if head_dim is not None and head_dim * heads != hidden:
-        raise MinigptError(
-            f"config.json head_dim ({head_dim}) differs from hidden_size/num_attention_heads "
-            f"({hidden}/{heads}); our attention needs head_dim = n_embd/n_head"
-        )
-    attn_bias, mlp_bias = bool(cfg.get("attention_bias", False)), bool(cfg.get("mlp_bias", False))
-    if attn_bias != mlp_bias:
-        raise MinigptError(
-            f"config.json attention_bias={attn_bias} but mlp_bias={mlp_bias}; model.bias covers both, so they must agree"
-        )
-    return _model_config(
-        dict(
-            n_layer=_need(cfg, "num_hidden_layers", "Llama"),
-            n_head=heads,
-            n_embd=hidden,
-            block_size=block_size if block_size is not None else int(_max_positions(cfg)),
-            vocab_size=_need(cfg, "vocab_size", "Llama"),
-            dropout=float(cfg.get("attention_dropout", 0.0)),
-            bias=attn_bias,
-            pos_encoding="rope",
-            rope_base=_rope_theta(cfg),
-            norm="rmsnorm",
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            norm_position="pre",
-            ffn="swiglu",
-            d_ff=_need(cfg, "intermediate_size", "Llama"),
-            tie_weights=bool(cfg.get("tie_word_embeddings", False)),
-            emb_scale=False,
-            n_kv_head=cfg.get("num_key_value_heads") or heads,
-        ),
-        "config.json (llama)",
-    )
+    c = _parse(LlamaJson, cfg, "Llama")
+    if c.head_dim is not None and c.head_dim * c.num_attention_heads != c.hidden_size:
+        raise MinigptError(f"config.json head_dim ({c.head_dim}) differs from hidden_size/num_attention_heads "
+                           f"({c.hidden_size}/{c.num_attention_heads}); our attention needs head_dim = n_embd/n_head")
+    if c.attention_bias != c.mlp_bias:
+        raise MinigptError(f"config.json attention_bias={c.attention_bias} but mlp_bias={c.mlp_bias}; model.bias "
+                           "covers both, so they must agree")
+    rope = c.rope_parameters
+    theta = rope.rope_theta if rope is not None and "rope_theta" in rope.model_fields_set else c.rope_theta
+    positions = 2048 if c.max_position_embeddings is None else c.max_position_embeddings
+    return _model_config(dict(n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,
+                              block_size=block_size if block_size is not None else positions,
+                              vocab_size=c.vocab_size, dropout=c.attention_dropout, bias=c.attention_bias,
+                              rope_base=theta, norm_eps=c.rms_norm_eps, d_ff=c.intermediate_size,
+                              tie_weights=c.tie_word_embeddings,
+                              n_kv_head=c.num_key_value_heads or c.num_attention_heads,
+                              **_FIXED["llama"]), "config.json (llama)")
 
 
 def _expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -219,7 +173,8 @@ def _expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _check(out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[str], family: str) -> dict[str, torch.Tensor]:
+def _check(out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[str],
+           family: str) -> dict[str, torch.Tensor]:
     """``out`` if it holds exactly the tensors :class:`GPT` expects for ``model_cfg``, in their shapes."""
     expected = _expected_shapes(model_cfg)
     unused = list(unused) + sorted(set(out) - set(expected))
@@ -243,15 +198,8 @@ def _check(out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[st
 
 
 def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Map a ``GPT2LMHeadModel`` state dict to our names and layouts.
-
-    Conv1D weights (in, out) are transposed to ``nn.Linear``'s (out, in); the
-    learned position table is cropped to ``model_cfg.block_size``; a tied
-    ``lm_head.weight`` is dropped (it is ``wte.weight``).
-
-    Returns:
-        Tensors keyed as :meth:`GPT.state_dict` names them (``lm_head.weight``
-        only when untied), shapes checked against ``model_cfg``.
+    """A ``GPT2LMHeadModel`` state dict under our names and layouts (module docstring), shapes checked; the
+    position table cropped to ``block_size``, a tied head dropped.
 
     Raises:
         MinigptError: missing, surplus or misshapen tensors.
@@ -269,13 +217,8 @@ def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig)
         if _GPT2_CONV1D.fullmatch(name):
             t = t.t()
         elif name == "wpe.weight":
-            if t.shape[0] < model_cfg.block_size:
-                raise MinigptError(
-                    f"model.block_size ({model_cfg.block_size}) exceeds the learned position table "
-                    f"({t.shape[0]} rows in wpe.weight)"
-                )
-            t = t[: model_cfg.block_size]
-        elif not re.fullmatch(r"wte\.weight|ln_f\.(weight|bias)|h\.\d+\.(ln_[12]|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(weight|bias)", name):
+            t = t[: model_cfg.block_size]  # a table shorter than block_size: a shape _check names
+        elif not _GPT2_WEIGHT.fullmatch(name):
             unused.append(key)
             continue
         out[name] = t.contiguous()
@@ -303,14 +246,7 @@ _LLAMA_FUSED = {
 
 
 def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Map a ``LlamaForCausalLM`` state dict to our names and layouts.
-
-    q/k/v projections are concatenated into ``attn.c_attn`` and gate/up into
-    ``mlp.c_fc``; rows are not permuted (both sides use rotate-half RoPE, see
-    the module docstring). Rotary ``inv_freq`` buffers are dropped.
-
-    Returns:
-        Tensors keyed as :meth:`GPT.state_dict` names them, shapes checked.
+    """A ``LlamaForCausalLM`` state dict under our names and layouts (module docstring), shapes checked.
 
     Raises:
         MinigptError: missing, surplus or misshapen tensors.
@@ -344,12 +280,8 @@ def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
         for ours, srcs in _LLAMA_FUSED.items():
             for kind in ("weight", "bias"):
                 pieces = [parts.pop(f"{layer}.{s}.{kind}", None) for s in srcs]
-                if all(p is None for p in pieces):
-                    continue
-                if any(p is None for p in pieces):
-                    lacking = [s for s, p in zip(srcs, pieces) if p is None]
-                    raise MinigptError(f"Llama weights lack layers.{layer}.{lacking[0]}.{kind}; the file is incomplete")
-                out[f"h.{layer}.{ours}.{kind}"] = torch.cat(pieces, dim=0)
+                if all(p is not None for p in pieces):  # else _check names the fused tensor as lacking
+                    out[f"h.{layer}.{ours}.{kind}"] = torch.cat(pieces, dim=0)
     unused += [f"layers.{k}" for k in parts]  # layers beyond n_layer
     return _check(out, model_cfg, unused, "Llama")
 
@@ -374,7 +306,8 @@ def weight_files(folder: Path) -> list[Path]:
         try:
             names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise MinigptError(f"{index} is not a safetensors index ({type(exc).__name__}); re-save the model") from None
+            raise MinigptError(f"{index} is not a safetensors index ({type(exc).__name__})",
+                               "re-save the model") from None
         files = [folder / n for n in names]
     else:
         other = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pth")]
@@ -400,13 +333,8 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[str, ModelConfig]:
     """The ``model_type`` (gpt2 or llama) of a ``save_pretrained`` folder and our :class:`ModelConfig` for it.
 
-    Args:
-        path: the folder; its ``config.json`` is read.
-        block_size: as :func:`load_hf_folder` takes it.
-
     Raises:
-        MinigptError: a missing folder or config.json, invalid JSON, a
-            ``model_type`` other than gpt2 or llama, or options we do not implement.
+        MinigptError: no folder or config.json, invalid JSON, another model_type, an option we lack.
     """
     folder = Path(path)
     if not folder.is_dir():
@@ -416,37 +344,24 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
         hf_cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise MinigptError(f"{cfg_path} not found; the folder must hold config.json and model.safetensors") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except OSError as exc:  # unreadable: not to be called invalid
+        raise MinigptError(os_error_message(exc, cfg_path, "read")) from None
+    except ValueError as exc:  # UnicodeDecodeError included
         raise MinigptError(f"{cfg_path} is not valid JSON ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     if not isinstance(hf_cfg, dict):
         raise MinigptError(f"{cfg_path} must hold a JSON object")
     kind = hf_cfg.get("model_type")
     if kind not in _FAMILIES:
         raise MinigptError(f"{cfg_path}: model_type {kind!r} is not supported; known: {', '.join(_FAMILIES)}")
-    try:
-        return kind, _FAMILIES[kind][0](hf_cfg, block_size=block_size)
-    except (TypeError, ValueError, AttributeError) as exc:  # a number given as text, a list for an object, ...
-        raise MinigptError(f"{cfg_path} holds a value of the wrong type ({str(exc).splitlines()[0][:120]}); "
-                           "fix config.json or re-save the model") from None
+    return kind, _FAMILIES[kind][0](hf_cfg, block_size=block_size)
 
 
 def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
-    """Build our GPT from a local ``save_pretrained`` folder of a GPT-2 or Llama model.
-
-    Args:
-        path: folder with ``config.json`` and ``model.safetensors`` (or
-            ``model.safetensors.index.json`` and its shards).
-        block_size: context length; default the model's own (``n_positions``,
-            ``max_position_embeddings``). For GPT-2 at most ``n_positions``.
-
-    Returns:
-        The model in float32 on the CPU, in eval mode; ``model.config`` is the
-        matching :class:`ModelConfig`.
+    """Our GPT (float32, CPU, eval mode) from a local GPT-2 or Llama ``save_pretrained`` folder (config.json and
+    model.safetensors, or its shards); ``block_size`` as the ``*_config_from_hf`` take it.
 
     Raises:
-        MinigptError: missing folder or files, invalid JSON, a ``model_type``
-            other than gpt2 or llama, options we do not implement, or weights
-            that do not fit the config.
+        MinigptError: as :func:`read_hf_config`, or weights that do not fit the config.
     """
     import torch
 
@@ -465,7 +380,5 @@ def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
     model.load_state_dict(sd, strict=False, assign=True)
     if tied:  # assign replaced wte.weight; the head must follow it again
         model.lm_head.weight = model.wte.weight
-    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if left:
-        raise RuntimeError(f"internal error: {left[:3]} not loaded from the imported weights")
+    assert not any(t.is_meta for t in (*model.parameters(), *model.buffers())), "a tensor was not imported"
     return model.eval()

@@ -1,30 +1,23 @@
-"""Save and load checkpoints atomically, and decide when a run saves (:class:`Checkpointer`).
+"""Save and load checkpoints atomically, each file's sha256 in meta.json, and when a run saves (:class:`Checkpointer`).
 
-A checkpoint folder (``runs/<name>/checkpoints/last/``; the names are
-:mod:`minigpt_cli.run.folder`') holds
-
-- ``model.safetensors``: the weights (a tied ``lm_head.weight`` is stored once,
-  as ``wte.weight``);
-- ``trainer_state.pt``: optimizer moments, RNG states, step, best val loss;
-  plain tensors and numbers only, read back with ``torch.load(weights_only=True)``;
-- ``config.yaml``: the resolved config, so the model can be rebuilt from the
-  folder alone;
-- ``meta.json``: step and losses, readable without torch.
-
-Writes go to a temporary sibling folder, are fsynced, then renamed into place:
-killing the process at any moment leaves the previous checkpoint loadable
-(:func:`resolve` falls back to the ``.old`` copy kept during the swap), and
-the temporary folder it leaves is swept on the next resume
-(:func:`sweep_stale_temps`).
+A checkpoint folder holds ``model.safetensors`` (a tied head stored once, as ``wte.weight``),
+``trainer_state.pt`` (plain tensors and numbers, read with ``weights_only=True``), ``config.yaml`` (the resolved
+config: the model is rebuilt from the folder alone) and ``meta.json`` (step, losses and the files' sha256,
+readable without torch). It is written into a temporary sibling, fsynced and renamed into place, so a kill at
+any moment leaves the previous checkpoint loadable (:func:`~.folder.resolve`).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -39,12 +32,23 @@ from ..model.gpt import GPT, sinusoidal_table
 from ..runtime.distributed import load_model_state
 from .folder import BEST, CONFIG, LAST, META, STATE, WEIGHTS, checkpoint_dir, kept_name, old_copy, read_meta, resolve
 
-_COMPILE_PREFIX = "_orig_mod."
+#: Prefixes of a wrapped model's state dict: torch.compile's and DistributedDataParallel's.
+_PREFIXES = ("_orig_mod.", "module.")
 
-#: Test hook: "NAME:N:POINT" SIGKILLs the process during the N-th save of
-#: checkpoint folder NAME, at POINT ("weights": half-way through writing the
-#: temporary folder; "swap": after the old folder moved aside, before the new
-#: one is in place). Lets the tests prove a kill never costs the previous checkpoint.
+_MESSAGES = {
+    "write": "cannot write {path}: {reason}; free some disk space or choose another train.out_dir",
+    "checksum": "{what} (not the sha256 its meta.json recorded); {fix}",
+    "unchecked": "note: {path} was written before checkpoints recorded their sha256; its files are not verified",
+    "weights": "checkpoint weights {path!r} are corrupt or truncated ({why}); {fix}",
+    "mismatch": "checkpoint weights {path!r} do not match {what} (missing {missing}, unexpected {extra}); "
+                "the checkpoint is damaged",
+    "fit": "checkpoint weights {path!r} do not fit {what} ({why})",
+    "state": "trainer state {path!r} is corrupt or unsafe to load ({why}); use another checkpoint or start a new run",
+    "no_state": "{path!r} not found; this checkpoint cannot be resumed",
+}
+
+#: Test hook: "NAME:N:POINT" SIGKILLs the process in the N-th save of folder NAME, at POINT ("weights": half-way
+#: through the temporary folder; "swap": between moving the old folder aside and renaming the new one in).
 _KILL_HOOK = "MINIGPT_TEST_KILL_DURING_SAVE"
 _save_counts: dict[str, int] = {}
 
@@ -61,53 +65,81 @@ def _maybe_die(name: str, point: str) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
+    with suppress(OSError):  # a file system that cannot fsync a folder: the rename still happened
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _unprefixed(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` without a compiled or DDP-wrapped model's key prefixes (:data:`_PREFIXES`)."""
+    out = {}
+    for key, value in sd.items():
+        while key.startswith(_PREFIXES):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
 
 
 def model_state(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model's tensors for safetensors: no ``_orig_mod.`` prefix, tied head stored once.
+    """The model's tensors for safetensors: no wrapper prefix, tied head stored once.
 
     ``model`` may also be its full state dict already gathered (FSDP,
     :func:`~minigpt_cli.runtime.distributed.gather_state`, which leaves a tied head out).
     """
     if isinstance(model, Mapping):
-        return {k.removeprefix(_COMPILE_PREFIX): v.detach().contiguous().cpu() for k, v in model.items()}
+        return {k: v.detach().contiguous().cpu() for k, v in _unprefixed(model).items()}
     model = getattr(model, "_orig_mod", model)
     model = getattr(model, "module", model)  # DistributedDataParallel
-    sd = {k.removeprefix(_COMPILE_PREFIX): v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    sd = {k: v.detach().contiguous().cpu() for k, v in _unprefixed(model.state_dict()).items()}
     if getattr(model, "config", None) is not None and model.config.tie_weights:
         sd.pop("lm_head.weight", None)
     return sd
 
 
-def save(directory: Path, model: torch.nn.Module, config: Config,
-         trainer_state: Optional[dict[str, Any]] = None, meta: Optional[dict[str, Any]] = None) -> Path:
-    """Write a checkpoint folder atomically.
+def sha256(path: Path) -> str:
+    """The hex sha256 of a file, read 16 MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
-    Args:
-        directory: the final folder, e.g. ``runs/x/checkpoints/last``.
-        model: the GPT (compiled or DDP-wrapped models are unwrapped), or its
-            full state dict (an FSDP run's, gathered on rank 0).
-        config: the resolved run config.
-        trainer_state: optimizer state, RNG states, step, ...; tensors,
-            numbers, strings, lists and dicts only (``weights_only`` loadable).
-        meta: small JSON-able facts (step, losses).
 
-    Returns:
-        ``directory``.
+_unchecked_said: set[Path] = set()
+
+
+def verify(directory: Path, name: str, what: str, fix: str) -> Path:
+    """``directory/name`` once its sha256 matches the one ``meta.json`` recorded (else the error ``what``; ``fix``).
+    A checkpoint of a version before the checksums loads unverified, with a note on stderr (once).
 
     Raises:
-        MinigptError: the folder cannot be written (disk full, read-only);
-            the previous checkpoint is kept and no temporary folder is left.
+        MinigptError: the file is unreadable (the OS's reason), or does not match (damaged).
+    """
+    path = directory / name
+    recorded = (read_meta(directory).get("sha256") or {}).get(name)
+    try:
+        if recorded is not None and sha256(path) != recorded:
+            raise MinigptError(_MESSAGES["checksum"].format(what=what, fix=fix), path=path)
+    except OSError as exc:
+        raise MinigptError(os_error_message(exc, path, "read", in_run=True)) from None
+    if recorded is None and directory not in _unchecked_said:
+        _unchecked_said.add(directory)
+        print(_MESSAGES["unchecked"].format(path=directory), file=sys.stderr)
+    return path
+
+
+def save(directory: Path, model: torch.nn.Module, config: Config,
+         trainer_state: Optional[dict[str, Any]] = None, meta: Optional[dict[str, Any]] = None) -> Path:
+    """Write the checkpoint folder ``directory`` (``runs/x/checkpoints/last``) atomically, with the sha256 of
+    each file in its meta.json. ``model``: the GPT (compiled or DDP-wrapped: unwrapped) or its full state dict
+    (FSDP's, gathered); ``trainer_state``: ``weights_only``-loadable values; ``meta``: JSON-able facts.
+
+    Raises:
+        MinigptError: the folder cannot be written (disk full, read-only); the previous checkpoint is kept
+            and no temporary folder is left.
     """
     directory = Path(directory)
     _save_counts[directory.name] = _save_counts.get(directory.name, 0) + 1
@@ -121,7 +153,8 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
         if trainer_state is not None:
             torch.save(trainer_state, tmp / STATE)
         (tmp / CONFIG).write_text(config.to_yaml(), encoding="utf-8")
-        (tmp / META).write_text(json.dumps(meta or {}, indent=1), encoding="utf-8")
+        sums = {f.name: sha256(f) for f in sorted(tmp.iterdir())}
+        (tmp / META).write_text(json.dumps({**(meta or {}), "sha256": sums}, indent=1), encoding="utf-8")
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -138,22 +171,19 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
         os.replace(tmp, directory)
         _fsync_dir(directory.parent)
         shutil.rmtree(old, ignore_errors=True)
-    except OSError as exc:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise MinigptError(os_error_message(exc, directory, "write")) from None
-    except (SafetensorError, RuntimeError) as exc:
-        # safetensors and torch.save report a failed write (disk full) as their own errors.
-        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise MinigptError(os_error_message(exc, directory, "write")) from None
+        # safetensors and torch.save report a failed write (disk full) as their own errors, in C++ words
+        # ("[enforce fail at inline_container.cc:672]"): said as the OS would say it.
         text = str(exc).lower()
-        if isinstance(exc, RuntimeError) and not any(w in text for w in _WRITE_FAILURES) and not _disk_low(directory):
+        if not isinstance(exc, SafetensorError) and not (
+                isinstance(exc, RuntimeError) and (any(w in text for w in _WRITE_FAILURES) or _disk_low(directory))):
             raise
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise MinigptError(
-            f"cannot write {directory}: {reason}; free some disk space or choose another train.out_dir"
-        ) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        full = _disk_low(directory) or any(w in text for w in ("no space", "storagefull", "os error 28"))
+        reason = os.strerror(errno.ENOSPC) if full else "the write failed"
+        raise MinigptError(_MESSAGES["write"].format(path=directory, reason=reason)) from None
     return directory
 
 
@@ -164,27 +194,16 @@ _WRITE_FAILURES = ("writ", "iostream", "unexpected pos", "no space", "disk")
 
 def _disk_low(directory: Path, least: int = 64 << 20) -> bool:
     """Whether the file system of ``directory`` has less than ``least`` bytes free (unknown: False)."""
-    try:
+    with suppress(OSError):
         return shutil.disk_usage(directory.parent).free < least
-    except OSError:
-        return False
+    return False
 
 
 def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:
-    """Remove the temporary folders (``.NAME.tmp-*``) that a process killed inside :func:`save` left behind.
-
-    Only safe while no other process can be saving into ``checkpoints_dir``
-    (the trainer holds the run folder's lock). The ``.NAME.old`` copies are
-    kept: :func:`resolve` may still need one.
-
-    Returns:
-        The folders removed.
-    """
+    """Remove (and return) the temporary folders ``.NAME.tmp-*`` a process killed inside :func:`save` left; only
+    under the run's lock. The ``.NAME.old`` copies stay: :func:`resolve` may need one."""
     removed = []
-    checkpoints_dir = Path(checkpoints_dir)
-    if not checkpoints_dir.is_dir():
-        return removed
-    for entry in sorted(checkpoints_dir.glob(".*.tmp-*")):
+    for entry in sorted(Path(checkpoints_dir).glob(".*.tmp-*")):
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
@@ -192,28 +211,31 @@ def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:
 
 
 def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, without a ``_orig_mod.`` prefix; a damaged file is a clear error."""
+    """The verified (:func:`verify`) tensors of a checkpoint's safetensors file, without wrapper prefixes."""
+    verify(weights.parent, weights.name, f"checkpoint weights {str(weights)!r} are corrupt or truncated", fix)
     try:
         sd = load_file(str(weights), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise MinigptError(
-            f"checkpoint weights {str(weights)!r} are corrupt or truncated ({str(exc).splitlines()[0]}); {fix}"
-        ) from None
-    return {k.removeprefix(_COMPILE_PREFIX): v for k, v in sd.items()}
+        raise MinigptError(_MESSAGES["weights"].format(path=str(weights), why=str(exc).splitlines()[0],
+                                                       fix=fix)) from None
+    return _unprefixed(sd)
 
 
 def saved_config(directory: Path) -> Config:
-    """The config.yaml of a checkpoint folder (resolved as :func:`resolve` does).
+    """The verified config.yaml of a checkpoint folder (resolved as :func:`resolve` does).
 
     Raises:
-        MinigptError: missing or damaged; the message says the checkpoint's copy is the problem.
+        MinigptError: missing, damaged or not matching its sha256; the message says the checkpoint's copy is
+            the problem.
     """
-    path = resolve(directory) / CONFIG
+    directory = resolve(directory)
+    path = directory / CONFIG
+    fix = f"restore {path} from the run's own config.yaml, which has the same content"
+    verify(directory, CONFIG, "the checkpoint's config is damaged", fix)
     try:
         return load_config(path)
     except ConfigError as exc:
-        raise MinigptError(f"the checkpoint's config is damaged ({exc}); restore {path} from the run's own "
-                           "config.yaml, which has the same content") from None
+        raise MinigptError(f"the checkpoint's config is damaged ({exc})", fix) from None
 
 
 @contextmanager
@@ -231,25 +253,41 @@ def _no_init():
             setattr(torch.nn.init, name, fn)
 
 
+def _check_keys(sd: dict[str, torch.Tensor], model: GPT, weights: Path, what: str) -> None:
+    """Refuse weights whose names are not the model's, or that do not fit its shapes."""
+    if model.config.tie_weights:
+        sd.pop("lm_head.weight", None)
+    expected, got = set(model_state_keys(model)), set(sd)
+    if expected != got:
+        missing, extra = sorted(expected - got)[:3], sorted(got - expected)[:3]
+        raise MinigptError(_MESSAGES["mismatch"].format(path=str(weights), what=what, missing=missing, extra=extra))
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = next((k for k, v in sd.items() if tuple(v.shape) != shapes[k]), None)
+    if wrong is not None:
+        raise MinigptError(_MESSAGES["fit"].format(path=str(weights), what=what, why=f"{wrong}: shape "
+                                                   f"{tuple(sd[wrong].shape)}, the model's {shapes[wrong]}"))
+
+
+def _other_hint(directory: Path) -> str:
+    # Every command that loads a model (generate, evaluate, export, inspect) takes --checkpoint.
+    other = {BEST: LAST, LAST: BEST}.get(directory.name.strip(".").removesuffix(".old"))
+    return f"use the other checkpoint (--checkpoint {other}) or retrain" if other else \
+        "use another checkpoint or retrain"
+
+
 def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
-    """Rebuild the model from a checkpoint folder alone (config.yaml + safetensors).
+    """Rebuild the model from a checkpoint folder alone (config.yaml + safetensors), each file verified.
 
     Raises:
-        MinigptError: missing, truncated or corrupt files, or weights that do not
-            fit the config; the message names the file.
+        MinigptError: missing, truncated, corrupt or altered files, or weights that do not fit the config;
+            the message names the file.
     """
     directory = resolve(directory)
     config = saved_config(directory)
     weights = directory / WEIGHTS
-    other = {BEST: LAST, LAST: BEST}.get(directory.name)
-    # Every command that loads a model (generate, evaluate, export, inspect) takes --checkpoint.
-    hint = (f"use the other checkpoint (--checkpoint {other}) or retrain" if other
-            else "use another checkpoint or retrain")
-    sd = _read_weights(weights, hint)
+    sd = _read_weights(weights, _other_hint(directory))
     if config.model.vocab_size is None:
-        if "wte.weight" not in sd:
-            raise MinigptError(f"checkpoint weights {str(weights)!r} lack wte.weight; the file is not a minigpt checkpoint")
-        config.model.vocab_size = int(sd["wte.weight"].shape[0])
+        config.model.vocab_size = int(sd["wte.weight"].shape[0]) if "wte.weight" in sd else 1
     # Big models are built on the meta device (no memory for weights about to be replaced); small ones on the
     # CPU with the initialisers off: initialising meta tensors imports torch._dynamo (2 s, longer than generating
     # 200 tokens takes) and real ones draw random numbers for nothing (0.15-0.7 s at 10.7M parameters).
@@ -257,23 +295,8 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
     big = 12 * m.n_layer * m.n_embd ** 2 + m.vocab_size * m.n_embd > 100_000_000
     with torch.device("meta") if big else _no_init():
         model = GPT(config.model)
-    if config.model.tie_weights:
-        sd.pop("lm_head.weight", None)
-    expected = set(model_state_keys(model))
-    got = set(sd)
-    if expected != got:
-        missing = sorted(expected - got)[:3]
-        extra = sorted(got - expected)[:3]
-        raise MinigptError(
-            f"checkpoint weights {str(weights)!r} do not match its config.yaml "
-            f"(missing {missing}, unexpected {extra}); the checkpoint is damaged"
-        )
-    try:
-        model.load_state_dict(sd, strict=False, assign=True)
-    except RuntimeError as exc:
-        raise MinigptError(
-            f"checkpoint weights {str(weights)!r} do not fit its config.yaml ({str(exc).splitlines()[-1].strip()})"
-        ) from None
+    _check_keys(sd, model, weights, "its config.yaml")
+    model.load_state_dict(sd, strict=False, assign=True)
     if config.model.tie_weights:
         model.lm_head.weight = model.wte.weight
     # Buffers that are not saved (sinusoidal table) are rebuilt on a real device.
@@ -285,83 +308,53 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
 
 
 def load_weights_into(model: GPT, directory: Path) -> None:
-    """Load a checkpoint's safetensors weights into an existing model (for resuming), sharded by FSDP or not.
-
-    Under FSDP every process reads the file and keeps its shard.
+    """Load a checkpoint's verified weights into an existing model (for resuming), sharded by FSDP or not.
 
     Raises:
-        MinigptError: a corrupt or truncated file, or weights of another shape.
+        MinigptError: a corrupt, truncated or altered file, or weights of another shape.
     """
     weights = resolve(directory) / WEIGHTS
     sd = _read_weights(weights, "start a new run or restore the file")
-    if model.config.tie_weights:
-        sd.pop("lm_head.weight", None)
-    expected = set(model_state_keys(model))
-    if set(sd) != expected:
-        raise MinigptError(f"checkpoint weights {str(weights)!r} do not match the model of the run's config")
-    try:
-        load_model_state(model, sd)
-    except RuntimeError as exc:
-        raise MinigptError(
-            f"checkpoint weights {str(weights)!r} do not fit the model ({str(exc).splitlines()[-1].strip()})"
-        ) from None
+    _check_keys(sd, model, weights, "the model of the run's config")
+    load_model_state(model, sd)
 
 
 def model_state_keys(model: GPT) -> list[str]:
-    keys = [k for k in model.state_dict().keys()]
-    if model.config.tie_weights:
-        keys = [k for k in keys if k != "lm_head.weight"]
-    return keys
+    return [k for k in model.state_dict() if not (model.config.tie_weights and k == "lm_head.weight")]
 
 
 def load_trainer_state(directory: Path) -> dict[str, Any]:
-    """Read ``trainer_state.pt`` with ``weights_only=True`` (no code runs on load).
+    """Read the verified ``trainer_state.pt`` with ``weights_only=True`` (no code runs on load).
 
     Raises:
-        MinigptError: missing, truncated or unsafe file; the message names it.
+        MinigptError: missing, truncated, altered or unsafe file; the message names it.
     """
-    path = resolve(directory) / STATE
+    directory = resolve(directory)
+    path = directory / STATE
     if not path.is_file():
-        raise MinigptError(f"{str(path)!r} not found; this checkpoint cannot be resumed")
+        raise MinigptError(_MESSAGES["no_state"].format(path=str(path)))
+    verify(directory, STATE, f"trainer state {str(path)!r} is corrupt", "use another checkpoint or start a new run")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # unpickling errors come in many types
-        raise MinigptError(
-            f"trainer state {str(path)!r} is corrupt or unsafe to load ({type(exc).__name__}); "
-            "use another checkpoint or start a new run"
-        ) from None
+        raise MinigptError(_MESSAGES["state"].format(path=str(path), why=type(exc).__name__)) from None
 
 
+@dataclass
 class Checkpointer:
-    """When a run saves, and where: the save policy in one place.
+    """When a run saves, and where: after every eval ``best`` (when the val loss is the lowest yet) then
+    ``last``; every ``train.keep_every`` steps ``step-NNNNNNN``; on a stop request ``last``.
 
-    - after every eval, ``best`` when the val loss is the lowest so far, then ``last``;
-    - every ``train.keep_every`` steps, ``step-NNNNNNN`` (kept for good);
-    - on a stop request, ``last``.
-
-    Only the process that writes files (rank 0 under torchrun) saves; the
-    others' calls return at once, unless ``collective``: under FSDP every
-    process takes the snapshot (gathering the shards is a collective) and
-    rank 0 writes it. ``snapshot`` gives what a save writes at
-    the moment it is called: the model, the trainer state (optimizer, RNG,
-    step, ...) and the meta facts (step, losses, tokenizer fingerprint).
-
-    Args:
-        run_dir: the run folder.
-        config: the resolved run config (``train.keep_every`` is read from it).
-        snapshot: returns ``(model, trainer_state, meta)``.
-        enabled: whether this process writes.
-        collective: whether every process must take the snapshot (FSDP).
+    ``snapshot()`` gives ``(model, trainer_state, meta)`` as of the call. Only the process that writes
+    (``enabled``: rank 0) saves, but with ``collective`` (FSDP: gathering the shards is a collective) every
+    process takes the snapshot.
     """
 
-    def __init__(self, run_dir: Path, config: Config,
-                 snapshot: Callable[[], tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]], enabled: bool = True,
-                 collective: bool = False):
-        self.run_dir = Path(run_dir)
-        self.config = config
-        self.snapshot = snapshot
-        self.enabled = enabled
-        self.collective = collective
+    run_dir: Path
+    config: Config
+    snapshot: Callable[[], tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]]
+    enabled: bool = True
+    collective: bool = False
 
     @property
     def last(self) -> Path:
@@ -394,7 +387,6 @@ class Checkpointer:
     def last_step(self) -> Optional[int]:
         """The step of the ``last`` checkpoint on disk; None when there is none (or it is unreadable)."""
         try:
-            step = read_meta(self.last).get("step")
-        except (MinigptError, OSError, ValueError):
+            return read_meta(self.last).get("step")
+        except MinigptError:
             return None
-        return step if isinstance(step, int) else None

@@ -1,16 +1,10 @@
-"""The run folder: its layout, its lock, finding runs, ``meta.json`` and ``env.json``.
+"""The run folder: the one place that spells its names; finding, naming and locking runs; meta.json, env.json.
 
-This module is the one place that spells the run folder's names::
+    runs/<name>/  config.yaml tokenizer.json env.json .lock (the lock, and the mark of a folder minigpt made)
+      checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml meta.json
 
-    runs/<name>/
-      config.yaml  tokenizer.json  env.json  .lock   (metrics.py names its logs)
-      checkpoints/last/  checkpoints/best/  checkpoints/step-0000500/
-        model.safetensors  trainer_state.pt  config.yaml  meta.json
-
-A checkpoint folder is replaced atomically by :mod:`minigpt_cli.run.checkpoint`;
-while the swap runs the previous copy is ``checkpoints/.<which>.old``, which
-:func:`resolve` falls back to. One process at a time trains in a run folder
-(:class:`RunLock`).
+While :mod:`.checkpoint` swaps a checkpoint folder, the previous copy is ``checkpoints/.<which>.old``,
+which :func:`resolve` falls back to.
 """
 
 from __future__ import annotations
@@ -25,9 +19,12 @@ import stat
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 try:  # POSIX; elsewhere run folders are not locked
     import fcntl
@@ -35,7 +32,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 from ..errors import MinigptError
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_text, os_error_message
 
 if TYPE_CHECKING:  # torch is imported where env.json is written, so the CLI can read these names without it
     import torch
@@ -52,6 +49,44 @@ META = "meta.json"
 ENV = "env.json"
 TOKENIZER = "tokenizer.json"
 LOCK = ".lock"
+#: A name minigpt makes a file or folder of: one plain folder entry, never ``.``, ``..``, a path or a separator.
+NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]+")
+
+_MESSAGES = {
+    "name": ("{what} {name!r} is not a plain folder name", "use letters, digits, '.', '_' and '-' (not . or ..)"),
+    "no_checkpoint": ("no checkpoint at {path!r} ({why})", "train first or pick another run"),
+    "only_best": ("{path!r} has no last checkpoint (its write failed) but best, step {step}, is intact",
+                  "resume from best: cp -r {best} {last} && minigpt train ... --resume {run}"),
+    "meta": ("{path} is missing or damaged ({why})", "use --checkpoint {other}, or copy meta.json from it"),
+    "no_run": ("run folder {path!r} not found", "pass a run folder (runs/NAME) of a trained run"),
+    "no_runs": ("no trained run found under {path!r}",
+                "train one first (minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME"),
+    "which": ("--checkpoint {which!r}: use {BEST} or {LAST}", None),
+    "resume": ("--resume {path}: no such run folder", None),
+    "not_folder": ("{path!r} exists and is not a folder", "pick another --run-name"),
+    "resumable": ("run folder {path!r} already exists", "pick another --run-name, or continue it with --resume {path}"),
+    "unsaved": ("run folder {path!r} holds a run that stopped before its first save",
+                "delete the folder or pick another --run-name"),
+    "users": ("{path!r} holds files minigpt did not make", "move them away, or pick another name for the run"),
+    "in_use": ("{path} is in use by another minigpt train (pid {pid})", "{fix}"),
+    "lock_kind": ("{path} is not a regular file (a link, folder or device where minigpt keeps its lock)",
+                  "remove it and try again"),
+    "taken_all": ("999 run folders named {path}* already exist", "pass --run-name"),
+}
+
+
+def fail(key: str, **fields: Any) -> MinigptError:
+    """The error ``key`` of :data:`_MESSAGES`, its ``what`` and ``fix`` filled in from ``fields``."""
+    what, fix = _MESSAGES[key]
+    fields.update(BEST=BEST, LAST=LAST)
+    return MinigptError(what.format(**fields), fix and fix.format(**fields), path=fields.get("path"))
+
+
+def check_name(name: str, what: str) -> str:
+    """``name`` when it is one plain folder entry (:data:`NAME`); ``what`` says where it was given."""
+    if not NAME.fullmatch(name):
+        raise fail("name", what=what, name=name)
+    return name
 
 
 def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
@@ -102,26 +137,46 @@ def resolve(directory: str | Path) -> Path:
         MinigptError: neither holds a weights file.
     """
     directory = Path(directory)
-    if (directory / WEIGHTS).is_file():
-        return directory
-    old = old_copy(directory)
-    if (old / WEIGHTS).is_file():
-        return old
-    raise MinigptError(f"no checkpoint at {str(directory)!r} (missing {WEIGHTS}); train first or pick another run")
+    for candidate in (directory, old_copy(directory)):
+        if (candidate / WEIGHTS).is_file():
+            return candidate
+    raise fail("no_checkpoint", path=str(directory), why=f"missing {WEIGHTS}")
+
+
+class Meta(BaseModel):
+    """``meta.json``'s schema: what readers rely on is typed; the trainer's other facts pass through."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    name: Optional[str] = None
+    step: int = Field(0, ge=0)
+    eval_step: Optional[int] = Field(None, ge=0)
+    world_size: int = Field(1, ge=1)
+    train_loss: Optional[float] = None
+    val_loss: Optional[float] = None
+    tokenizer_fingerprint: str = ""  # absent in checkpoints from before it was recorded; never null
+    corpus: Optional[dict[str, Any]] = None
+    sha256: Optional[dict[str, str]] = None  # file name -> hex digest; absent in checkpoints of earlier versions
 
 
 def read_meta(ckpt: str | Path) -> dict[str, Any]:
-    """A checkpoint folder's ``meta.json``: name, step, the latest eval's losses and ``eval_step``,
-    the tokenizer's fingerprint (resolved as :func:`resolve` does).
+    """A checkpoint folder's ``meta.json`` (resolved as :func:`resolve` does), checked by :class:`Meta`.
 
     Raises:
-        MinigptError: no checkpoint there.
-        OSError, ValueError: meta.json missing, unreadable, not JSON, or not a JSON object.
+        MinigptError: no checkpoint there; meta.json unreadable (naming the OS's reason) or damaged
+            (not JSON, or a field of the wrong type, naming the field).
     """
-    meta = json.loads((resolve(ckpt) / META).read_text(encoding="utf-8"))
-    if not isinstance(meta, dict):
-        raise ValueError("not a JSON object")
-    return meta
+    path = resolve(ckpt) / META
+    other = {BEST: LAST, LAST: BEST}.get(Path(ckpt).name, "another checkpoint")
+    try:
+        return Meta.model_validate_json(path.read_bytes()).model_dump(exclude_unset=True)
+    except PermissionError as exc:  # unreadable, not damaged
+        raise MinigptError(os_error_message(exc, path, "read", in_run=True)) from None
+    except OSError as exc:
+        raise fail("meta", path=path, why=exc.strerror, other=other) from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(map(str, err["loc"]))
+        raise fail("meta", path=path, why=f"{where}: {err['msg']}" if where else err["msg"], other=other) from None
 
 
 def open_checkpoint(run: Optional[str | Path], which: str) -> tuple[Path, Path]:
@@ -132,52 +187,42 @@ def open_checkpoint(run: Optional[str | Path], which: str) -> tuple[Path, Path]:
         MinigptError: ``which`` is not best or last, no such folder, or no checkpoint in it.
     """
     if which not in (BEST, LAST):
-        raise MinigptError(f"--checkpoint {which!r}: use {BEST} or {LAST}")
+        raise fail("which", which=which)
     run_dir = Path(run) if run is not None else latest_run()
     if not run_dir.is_dir():
-        raise MinigptError(f"run folder {str(run_dir)!r} not found; pass a run folder (runs/NAME) of a trained run")
+        raise fail("no_run", path=str(run_dir))
     ckpt = checkpoint_dir(run_dir, which)
     if which == BEST and not has_weights(ckpt):
         ckpt = checkpoint_dir(run_dir, LAST)
     if not has_weights(ckpt):
         tried = f"neither {BEST} nor {LAST} holds" if which == BEST else f"{LAST} holds no"
-        raise MinigptError(f"no checkpoint at {str(run_dir / CHECKPOINTS)!r} ({tried} {WEIGHTS}); "
-                           "train first or pick another run")
+        raise fail("no_checkpoint", path=str(run_dir / CHECKPOINTS), why=f"{tried} {WEIGHTS}")
     return run_dir, ckpt
 
 
 def has_checkpoint(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a loadable ``last`` or ``best`` checkpoint."""
-    for which in (LAST, BEST):
-        try:
-            resolve(checkpoint_dir(run_dir, which))
-            return True
-        except MinigptError:
-            pass
-    return False
+    return any(has_weights(checkpoint_dir(run_dir, which)) for which in (LAST, BEST))
+
+
+def made_here(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a run folder minigpt made: it holds the lock file every run takes, or a checkpoint
+    (a run of a version before the lock)."""
+    return (Path(run_dir) / LOCK).is_file() or has_checkpoint(run_dir)
 
 
 def newest_run(root: str | Path, name: Optional[str] = None) -> Optional[Path]:
-    """The run under ``root`` whose ``last`` checkpoint (or its ``.old`` copy) was written most recently.
-
-    With ``name``, only runs whose checkpoint's ``meta.json`` carries that
-    config name count. None when there is none.
-    """
-    root = Path(root)
+    """The run under ``root`` whose ``last`` checkpoint (or its ``.old`` copy) was written most recently;
+    with ``name``, only runs whose checkpoint's ``meta.json`` carries that config name. None when none."""
     found = []
-    if root.is_dir():
-        for run in root.iterdir():
-            try:
-                ckpt = resolve(checkpoint_dir(run, LAST))
-            except MinigptError:
+    for run in Path(root).iterdir() if Path(root).is_dir() else ():
+        try:
+            ckpt = resolve(checkpoint_dir(run, LAST))
+            if name is not None and read_meta(ckpt).get("name") != name:
                 continue
-            if name is not None:
-                try:
-                    if read_meta(ckpt).get("name") != name:
-                        continue
-                except (OSError, ValueError):
-                    continue
-            found.append(((ckpt / WEIGHTS).stat().st_mtime, run))
+        except MinigptError:
+            continue
+        found.append(((ckpt / WEIGHTS).stat().st_mtime, run))
     return max(found)[1] if found else None
 
 
@@ -189,10 +234,7 @@ def latest_run(runs_dir: str | Path = "runs") -> Path:
     """
     run = newest_run(runs_dir)
     if run is None:
-        raise MinigptError(
-            f"no trained run found under {str(runs_dir)!r}; train one first "
-            f"(minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME"
-        )
+        raise fail("no_runs", path=str(runs_dir))
     return run
 
 
@@ -202,15 +244,19 @@ def find_resume_dir(out_dir: str | Path, name: str, resume: str) -> Optional[Pat
     Returns None for ``auto`` when no run of that name has a checkpoint yet.
 
     Raises:
-        MinigptError: a given path has no resumable checkpoint.
+        MinigptError: a given path has no resumable checkpoint (offering ``best`` when only it is left).
     """
-    if resume != "auto":
-        run_dir = Path(resume)
-        if not run_dir.is_dir():
-            raise MinigptError(f"--resume {resume}: no such run folder")
-        resolve(checkpoint_dir(run_dir, LAST))  # raises a clear error when there is none
-        return run_dir
-    return newest_run(out_dir, name)
+    if resume == "auto":
+        return newest_run(out_dir, name)
+    run_dir = Path(resume)
+    if not run_dir.is_dir():
+        raise fail("resume", path=resume)
+    last, best = checkpoint_dir(run_dir, LAST), checkpoint_dir(run_dir, BEST)
+    if not has_weights(last) and has_weights(best):
+        raise fail("only_best", path=str(run_dir / CHECKPOINTS), step=read_meta(best).get("step"), best=best,
+                   last=last, run=run_dir)
+    resolve(last)  # raises a clear error when there is none
+    return run_dir
 
 
 # ----------------------------------------------------------------------------- lock and folder
@@ -219,11 +265,8 @@ def find_resume_dir(out_dir: str | Path, name: str, resume: str) -> Optional[Pat
 class RunLock:
     """An exclusive ``flock`` on ``runs/<name>/.lock``, held while one process trains in the folder.
 
-    Two processes writing one run folder would interleave metrics and
-    checkpoints; the second one is refused instead. The lock goes with the
-    process (the kernel drops it on exit, SIGKILL included), so a crashed run
-    never leaves its folder locked. The file holds the owner's pid, for the
-    message, and is left in place (removing it would race with a new owner).
+    The kernel drops it when the process ends (SIGKILL included), so a crashed run never leaves its folder
+    locked. The file holds the owner's pid, for the message, and stays: it marks the folder as minigpt's.
     """
 
     FILE = LOCK
@@ -234,33 +277,24 @@ class RunLock:
         self._fd: Optional[int] = None
 
     def acquire(self, fix: str) -> "RunLock":
-        """Take the lock without waiting.
-
-        Args:
-            fix: what the user should do when another process holds it.
+        """Take the lock without waiting; ``fix``: what to do when another process holds it.
 
         Raises:
-            MinigptError: another process holds it (the message names its pid
-                and ``fix``), or the lock file cannot be created.
+            MinigptError: another process holds it (naming its pid), or the lock file cannot be written.
         """
         if fcntl is None:
             return self
-        not_a_file = (f"{self.path} is not a regular file (a link, folder or device where minigpt keeps its "
-                      f"lock); remove it and try again")
         try:
             # O_NOFOLLOW: a link planted as .lock must not make us truncate its target;
             # O_NONBLOCK: a FIFO there must not hang the open.
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise MinigptError(not_a_file) from None
-            raise MinigptError(
-                f"cannot create the lock file {str(self.path)!r} ({exc.strerror}); "
-                "check the run folder's permissions"
-            ) from None
+                raise fail("lock_kind", path=self.path) from None
+            raise MinigptError(os_error_message(exc, self.path, "create", in_run=True)) from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise MinigptError(not_a_file)
+            raise fail("lock_kind", path=self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -269,9 +303,13 @@ class RunLock:
                 pid = self.path.read_text(encoding="utf-8").strip() or "unknown"
             except OSError:
                 pid = "unknown"
-            raise MinigptError(f"{self.run_dir} is in use by another minigpt train (pid {pid}); {fix}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+            raise fail("in_use", path=self.run_dir, pid=pid, fix=fix) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:  # a full disk: the pid is only for the message, but say which file failed
+            os.close(fd)
+            raise MinigptError(os_error_message(exc, self.path, "write", in_run=True)) from None
         self._fd = fd
         return self
 
@@ -280,6 +318,24 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def clear_unsaved(run_dir: Path) -> None:
+    """Empty a run folder minigpt made (:func:`made_here`) that never got a checkpoint; through a link, the
+    folder it points to. Entries are removed, never followed.
+
+    Raises:
+        MinigptError: the folder is not minigpt's, or holds a checkpoint.
+    """
+    if _occupied(run_dir) and not made_here(run_dir):
+        raise fail("users", path=str(run_dir))
+    if has_checkpoint(run_dir):
+        raise fail("resumable", path=str(run_dir))
+    for entry in Path(run_dir).iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 @dataclass
@@ -292,76 +348,52 @@ class RunFolder:
     was_empty: bool = False  # existed and was empty (a --run-name folder the user made)
 
     def discard_if_unsaved(self) -> None:
-        """After a failure: undo a new run folder that never got a checkpoint.
-
-        A folder this process created is removed; one that was empty before is
-        emptied again. A folder with a checkpoint, or one that held anything
-        before, is left alone.
-        """
+        """After a failure: remove a run folder this process made, or empty again one that was empty before,
+        when it never got a checkpoint. Anything else is left alone."""
         if not (self.created or self.was_empty) or has_checkpoint(self.path):
             return
         if self.created:
             shutil.rmtree(self.path, ignore_errors=True)
-            return
-        for entry in self.path.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+        else:
+            clear_unsaved(self.path)
+
+
+def _occupied(run_dir: Path) -> bool:
+    return any(p.name != LOCK for p in run_dir.iterdir())
+
+
+def _taken(run_dir: Path) -> MinigptError:
+    """Why ``run_dir``, which holds something, cannot be a new run's folder."""
+    if has_checkpoint(run_dir):
+        return fail("resumable", path=str(run_dir))
+    return fail("unsaved" if made_here(run_dir) else "users", path=str(run_dir))
 
 
 def check_run_name(out_dir: str | Path, run_name: str) -> Path:
     """The folder ``--run-name`` names, refused as :func:`new_run_dir` would refuse it, without making it.
 
-    A folder may be named only by a plain name, and may already exist only if
-    it is an empty folder (one the user made for the run).
-
     Raises:
-        MinigptError: a name that is not a plain folder name, or a path that holds something already.
+        MinigptError: not a plain folder name, or a path that holds something already.
     """
-    _check_name(run_name)
-    run_dir = Path(out_dir) / run_name
+    run_dir = Path(out_dir) / check_name(run_name, "--run-name")
     if run_dir.exists() and not run_dir.is_dir():
-        raise MinigptError(f"{str(run_dir)!r} exists and is not a folder; pick another --run-name")
+        raise fail("not_folder", path=str(run_dir))
     if run_dir.is_dir() and _occupied(run_dir):
         raise _taken(run_dir)
     return run_dir
 
 
-def _check_name(run_name: str) -> None:
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", run_name) or run_name in (".", ".."):
-        raise MinigptError(f"--run-name {run_name!r}: use letters, digits, '.', '_' and '-' only "
-                           "(a plain folder name that needs no quoting), e.g. --run-name my-run")
-
-
-def _occupied(run_dir: Path) -> bool:
-    return any(p.name != RunLock.FILE for p in run_dir.iterdir())
-
-
-def _taken(run_dir: Path) -> MinigptError:
-    if has_checkpoint(run_dir):
-        return MinigptError(f"run folder {str(run_dir)!r} already exists; pick another --run-name, "
-                            f"or continue it with --resume {run_dir}")
-    return MinigptError(f"run folder {str(run_dir)!r} already exists and holds no checkpoint (a run that stopped "
-                        f"before its first save); delete the folder or pick another --run-name")
-
-
 def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunFolder:
-    """Create and lock ``<out_dir>/<run_name>``, or ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>``.
-
-    Race-free: the folder is made with ``mkdir(exist_ok=False)``, and an
-    unnamed run that meets a folder of the same name (two runs started in the
-    same second) takes the next free one, ``<name>-<date>-<time>-2``, ``-3``, ...
-    A folder named by ``--run-name`` may already exist only if it is empty.
-    The caller releases the lock.
+    """Create and lock ``<out_dir>/<run_name>``, or ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ...
+    when two runs start in the same second). A ``--run-name`` folder may exist only if empty. The caller
+    releases the lock.
 
     Raises:
-        MinigptError: a bad --run-name, a folder that already holds something,
-            or one another process is training in.
+        MinigptError: a bad --run-name, a folder that already holds something, or one in use.
     """
     root = Path(out_dir)
-    if run_name is not None:
-        _check_name(run_name)
+    if run_name is not None:  # refused before the lock file is made in a folder of the user's
+        check_run_name(root, run_name)
     root.mkdir(parents=True, exist_ok=True)
     if run_name is None:
         base = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -372,17 +404,13 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
             except FileExistsError:
                 continue
             return RunFolder(run_dir, RunLock(run_dir).acquire("pass --run-name"), created=True)
-        raise MinigptError(f"999 run folders named {base}* already exist under {root}; pass --run-name")
+        raise fail("taken_all", path=str(root / base))
     run_dir = root / run_name
     try:
         run_dir.mkdir()
         created = True
-    except FileExistsError:
+    except FileExistsError:  # an empty folder check_run_name let through, or one filled since: checked under the lock
         created = False
-        if not run_dir.is_dir():
-            raise MinigptError(f"{str(run_dir)!r} exists and is not a folder; pick another --run-name") from None
-    if not created and _occupied(run_dir) and not (run_dir / RunLock.FILE).exists():
-        raise _taken(run_dir)  # an old run: no lock file to create in it
     lock = RunLock(run_dir).acquire("wait for it or pass another --run-name")
     if not created and _occupied(run_dir):
         lock.release()
@@ -395,14 +423,11 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
 
 def git_commit() -> Optional[str]:
     """The project's git commit, if the package runs from a checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-            capture_output=True, text=True, timeout=5,
-        )
+    with suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
         return (out.stdout.strip() or None) if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return None
 
 
 def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, linear_kernel: str = "torch.mm",
@@ -415,18 +440,15 @@ def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, line
     import numpy as np
     import torch
 
-    def ver(pkg):
-        try:
-            return md.version(pkg)
-        except md.PackageNotFoundError:
-            return None
-
+    minigpt = None
+    with suppress(md.PackageNotFoundError):
+        minigpt = md.version("minigpt-cli")
     info = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "torch": torch.__version__,
         "numpy": np.__version__,
-        "minigpt": ver("minigpt-cli"),
+        "minigpt": minigpt,
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "world_size": world_size,
@@ -452,17 +474,20 @@ def write_env(run_dir: Path, env: dict[str, Any]) -> None:
     atomic_write_text(Path(run_dir) / ENV, json.dumps(env, indent=1))
 
 
+def _read_env(run_dir: Path) -> dict[str, Any]:
+    """A run's ``env.json``; a missing or damaged one (it only informs) reads as empty."""
+    with suppress(OSError, ValueError):
+        env = json.loads((Path(run_dir) / ENV).read_text(encoding="utf-8"))
+        return env if isinstance(env, dict) else {}
+    return {}
+
+
 def training_dirs(run_dir: Path, out_dir: str | Path) -> list[Path]:
     """Where the folder ``train`` ran in may be now, most likely first: ``env.json``'s ``cwd``, then the
     folder a relative ``train.out_dir`` hangs from, where the run folder is now ``<that>/<out_dir>/<run>``
     (the same folder unless the project was moved, with its runs, after training)."""
-    out_found: list[Path] = []
-    try:
-        cwd = json.loads((Path(run_dir) / ENV).read_text(encoding="utf-8")).get("cwd")
-    except (OSError, ValueError, AttributeError):
-        cwd = None
-    if isinstance(cwd, str) and cwd:
-        out_found.append(Path(cwd))
+    cwd = _read_env(run_dir).get("cwd")
+    out_found = [Path(cwd)] if isinstance(cwd, str) and cwd else []
     out = Path(os.path.normpath(out_dir))
     if not out.is_absolute() and ".." not in out.parts:
         parent = Path(os.path.normpath(Path(run_dir).absolute())).parent  # <that folder>/<out_dir>
@@ -475,15 +500,9 @@ def training_dirs(run_dir: Path, out_dir: str | Path) -> list[Path]:
 
 
 def earlier_sessions(run_dir: Path) -> list[dict[str, Any]]:
-    """The sessions recorded in a run's ``env.json`` so far, oldest first (for a resumed run's env.json).
-
-    A missing or damaged file gives none.
-    """
-    try:
-        before = json.loads((Path(run_dir) / ENV).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    if not isinstance(before, dict):
+    """The sessions recorded in a run's ``env.json`` so far, oldest first (none when it is missing or damaged)."""
+    before = _read_env(run_dir)
+    if not before:
         return []
     earlier = before.pop("earlier_sessions", [])
     return (earlier if isinstance(earlier, list) else []) + [before]

@@ -1,10 +1,4 @@
-"""Where a run reports: metrics.jsonl, train.log, loss.png, samples.txt.
-
-``metrics.jsonl`` is machine-readable (the README documents it): every line has ``step``
-(optimizer steps done), ``event`` (``"train"`` or ``"eval"``) and
-``elapsed_s``; train lines add ``loss``, ``lr``, ``tokens_per_sec``; eval lines
-add ``train_loss`` and ``val_loss``.
-"""
+"""Where a run reports: metrics.jsonl (one event a line, as the README documents), train.log, loss.png, samples.txt."""
 
 from __future__ import annotations
 
@@ -12,9 +6,67 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Optional, Union
 
-from ..fileio import atomic_write_bytes, atomic_write_text
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from ..errors import MinigptError
+from ..fileio import atomic_write_bytes, atomic_write_text, os_error_message
+
+METRICS = "metrics.jsonl"
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    step: int = Field(ge=0)
+    elapsed_s: float = Field(ge=0)
+
+
+class TrainEvent(_Event):
+    event: Literal["train"]
+    loss: float
+    lr: Optional[float] = None
+    tokens_per_sec: Optional[float] = None
+
+
+class EvalEvent(_Event):
+    event: Literal["eval"]
+    train_loss: float
+    val_loss: float
+
+
+_EVENT = TypeAdapter(Annotated[Union[TrainEvent, EvalEvent], Field(discriminator="event")])
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The events of a ``metrics.jsonl``, each checked (step, event, elapsed_s and the event's losses); none
+    when the file is absent. Only a last line cut short by a kill (no newline after it) may be incomplete: it
+    is dropped.
+
+    Raises:
+        MinigptError: the file is unreadable, or a line is not an event (naming the file and the line).
+    """
+    try:
+        lines = Path(path).read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise MinigptError(os_error_message(exc, path, "read", in_run=True)) from None
+    events = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            _EVENT.validate_json(line)
+            events.append(json.loads(line))  # as written: a resume writes the kept lines back unchanged
+        except ValidationError as exc:
+            if n == len(lines):  # no newline after it: a write cut short
+                break
+            err = exc.errors()[0]
+            where = ".".join(str(x) for x in err["loc"][1:] or err["loc"])
+            raise MinigptError(f"{path} line {n} is not a metrics event ({where + ': ' if where else ''}"
+                               f"{err['msg']})", "fix or remove that line", path=path) from None
+    return events
 
 
 def _append(path: Path, text: str) -> None:
@@ -35,24 +87,14 @@ class RunLogger:
     def __init__(self, run_dir: Path, echo=None, enabled: bool = True):
         self.enabled = enabled  # False on DDP ranks other than 0: they write nothing
         self.run_dir = Path(run_dir)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / METRICS
         self.log_path = self.run_dir / "train.log"
         self.samples_path = self.run_dir / "samples.txt"
         self.plot_path = self.run_dir / "loss.png"
         self.echo = echo
         self.train_points: list[tuple[int, float]] = []
         self.eval_points: list[tuple[int, float, float]] = []
-
-    def _records(self) -> list[dict[str, Any]]:
-        if not self.metrics_path.is_file():
-            return []
-        out = []
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut short by a kill: drop it and what follows
-        return out
+        self._last_elapsed = 0.0
 
     def truncate_to(self, step: int, evaluated: bool) -> None:
         """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran), reload the curves.
@@ -60,7 +102,7 @@ class RunLogger:
         Events logged after the checkpoint was written belong to the lost
         stretch of the run and are logged again as training repeats it.
         """
-        keep = [r for r in self._records()
+        keep = [r for r in read_events(self.metrics_path)
                 if r["step"] < step or (r["step"] == step and (r["event"] != "eval" or evaluated))]
         self.train_points = [(r["step"], r["loss"]) for r in keep if r["event"] == "train"]
         self.eval_points = [(r["step"], r["train_loss"], r["val_loss"]) for r in keep if r["event"] == "eval"]
@@ -73,10 +115,7 @@ class RunLogger:
     TEMP_PATTERNS = (".metrics.*.jsonl", ".loss.*.png", ".*.tmp")
 
     def sweep_temps(self) -> list[Path]:
-        """Remove temporary files a killed process left in the run folder; returns them.
-
-        Only safe while this process holds the run folder's lock.
-        """
+        """Remove (and return) the temporary files a killed process left in the run folder; only under its lock."""
         removed = []
         for pattern in self.TEMP_PATTERNS:
             for path in sorted(self.run_dir.glob(pattern)):
@@ -87,7 +126,7 @@ class RunLogger:
 
     def elapsed_offset(self) -> float:
         """Seconds of training already logged (non-zero after a resume), so elapsed_s continues."""
-        return getattr(self, "_last_elapsed", 0.0)
+        return self._last_elapsed
 
     def log(self, message: str) -> None:
         """A human-readable line in train.log (and on the console, if echo is set)."""
