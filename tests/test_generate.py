@@ -14,7 +14,6 @@ import torch
 from helpers import assert_user_error, record_checksums, working_dir
 
 from minigpt_cli.cli.base import unescape
-from minigpt_cli.errors import MinigptError
 from minigpt_cli.sample.generate import TextStream, find_stop, generate, stop_holdback, write_sample
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"

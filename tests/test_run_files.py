@@ -206,7 +206,6 @@ def test_an_unreadable_checkpoint_file_is_called_unreadable_even_as_root(data_di
 
 
 def test_a_checkpoint_write_that_fails_in_torch_says_what_the_os_would(tmp_path, monkeypatch):
-    import torch
 
     from minigpt_cli.config.schema import load_config
     from minigpt_cli.model.gpt import GPT

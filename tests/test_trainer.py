@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 import signal
 import threading
 from pathlib import Path
