@@ -8,7 +8,7 @@ tokenizers both import it, and neither imports the other's way back.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 from ..errors import MinigptError
 
@@ -19,22 +19,32 @@ UNK = "<unk>"
 END_OF_TEXT = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|eot|>")
 
 
-def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
-    """The special tokens as a list, checked: non-empty, no whitespace at the ends, distinct.
-
-    Raises:
-        MinigptError: an empty, padded or repeated entry, or the unknown token.
-    """
-    out: list[str] = []
+def special_token_problem(special_tokens: Iterable[str]) -> Optional[str]:
+    """What is wrong with a list of special tokens (an empty, padded or repeated entry, the unknown token), or
+    None when each is non-empty text without whitespace at its ends, listed once."""
+    seen: set[str] = set()
     for s in special_tokens:
         if not isinstance(s, str) or not s or s != s.strip():
-            raise MinigptError(f"special token {s!r} must be non-empty text without spaces at its ends")
+            return f"special token {s!r} must be non-empty text without spaces at its ends"
         if s == UNK:
-            raise MinigptError(f"special token {UNK!r} is the unknown token the tokenizer adds itself; drop it")
-        if s in out:
-            raise MinigptError(f"special token {s!r} is listed twice; list each once")
-        out.append(s)
-    return out
+            return f"special token {UNK!r} is the unknown token the tokenizer adds itself; drop it"
+        if s in seen:
+            return f"special token {s!r} is listed twice; list each once"
+        seen.add(s)
+    return None
+
+
+def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
+    """The special tokens as a list, checked (:func:`special_token_problem`).
+
+    Raises:
+        MinigptError: the problem.
+    """
+    tokens = list(special_tokens)
+    problem = special_token_problem(tokens)
+    if problem:
+        raise MinigptError(problem)
+    return tokens
 
 
 def split_special(text: str, special_tokens: Sequence[str]) -> list[str]:

@@ -22,18 +22,17 @@ import re
 from collections import Counter
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
+from ..config.schema import MAX_VOCAB as MAX_VOCAB_SIZE  # far larger: the tokenizers library aborts
 from ..config.special_tokens import UNK, check_special_tokens, split_special
 from ..errors import MinigptError
-from .kinds import KINDS, SPACE_MARK, CharTokenizer, HFTokenizer, Tokenizer
+from .kinds import _MESSAGES as _KIND_MESSAGES
+from .kinds import KINDS, SPACE_MARK, CharTokenizer, HFTokenizer, Tokenizer, _library_error
 from .wordpiece import CONTINUATION, wordpiece_merges
 
 #: GPT-2's pre-tokenization regex (what ByteLevel(use_regex=True) applies).
 SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 #: Longest word WordPiece encodes; longer ones are one unknown token (BERT uses 100).
 WORDPIECE_MAX_WORD = 1000
-#: Largest vocabulary a trained tokenizer may ask for (2**20); far larger sizes
-#: make the tokenizers library abort the process instead of raising.
-MAX_VOCAB_SIZE = 1 << 20
 #: Byte-level BPE's base alphabet: one entry per byte.
 N_BYTES = 256
 
@@ -73,10 +72,8 @@ def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) ->
     as a ``##`` continuation (so any word of seen characters can be spelled),
     and ``<unk>``.
 
-    Raises:
-        MinigptError: an unknown kind, or a bad special token.
     """
-    specials = check_special_tokens(special_tokens)
+    specials = list(special_tokens)
     if kind == "bpe":
         return N_BYTES + len(specials)
     chars = _plain_chars(split_special(text, specials)[0::2])
@@ -84,9 +81,8 @@ def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) ->
         return len(chars) + len(specials)
     if kind == "unigram":
         return len(chars) + 1 + len(specials)
-    if kind == "wordpiece":
-        return 2 * len(chars) + 1 + len(specials)
-    raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+    assert kind == "wordpiece", kind  # the config (a Literal) and train-tokenizer's --kind are checked
+    return 2 * len(chars) + 1 + len(specials)
 
 
 def check_vocab_size(kind: str, text: str, vocab_size: Optional[int], special_tokens: Sequence[str] = ()) -> None:
@@ -97,34 +93,36 @@ def check_vocab_size(kind: str, text: str, vocab_size: Optional[int], special_to
     """
     if kind == "char":
         return
-    if vocab_size is None:
-        raise MinigptError(f"a {kind} tokenizer needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
-    if vocab_size > MAX_VOCAB_SIZE:
-        raise MinigptError(
-            f"vocabulary size {vocab_size:,} is above the largest supported, {MAX_VOCAB_SIZE:,}; "
-            f"use a vocabulary size of at most {MAX_VOCAB_SIZE:,} (a few thousand suits Tiny Shakespeare)"
-        )
-    least = base_vocab_size(kind, text, special_tokens)
-    if vocab_size < least:
+    too_big = vocab_size is not None and vocab_size > MAX_VOCAB_SIZE
+    least = base_vocab_size(kind, text, special_tokens) if vocab_size is not None and not too_big else 0
+    problem = "no_size" if vocab_size is None else "above" if too_big else "below" if vocab_size < least else None
+    if problem:
         what = {"bpe": "256 bytes", "unigram": "the corpus's characters and <unk>",
                 "wordpiece": "the corpus's characters, initial and ##, and <unk>"}[kind]
         extra = f" and {len(special_tokens)} special tokens" if special_tokens else ""
-        raise MinigptError(
-            f"vocabulary size {vocab_size} is below the {kind} base alphabet of {least} "
-            f"({what}{extra}); use a vocabulary size of at least {least}"
-        )
+        raise MinigptError(_MESSAGES[problem].format(kind=kind, size=vocab_size, least=least, most=MAX_VOCAB_SIZE,
+                                                     what=what + extra))
+
+
+_MESSAGES = {
+    "no_size": "a {kind} tokenizer needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size",
+    "above": ("vocabulary size {size:,} is above the largest supported, {most:,}; use a vocabulary size of at "
+              "most {most:,} (a few thousand suits Tiny Shakespeare)"),
+    "below": ("vocabulary size {size} is below the {kind} base alphabet of {least} ({what}); use a vocabulary "
+              "size of at least {least}"),
+    "unigram_short": ("the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked for "
+                      "(near what the corpus can give it stops short); use a smaller vocabulary size, e.g. "
+                      "{got:,}, or more text"),
+    "short": ("the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} asked for; "
+              "use a vocabulary size of at most {got:,} or more text"),
+    "failed": "training the {kind} tokenizer failed: {error}",
+}
 
 
 def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
-    if kind == "unigram":  # the library's trainer stops short by amounts that vary with the size asked
-        return MinigptError(
-            f"the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked for (near "
-            f"what the corpus can give it stops short); use a smaller vocabulary size, e.g. {got:,}, or more text"
-        )
-    return MinigptError(
-        f"the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} asked for; "
-        f"use a vocabulary size of at most {got:,} or more text"
-    )
+    # the unigram trainer stops short of what the corpus can give by amounts that vary with the size asked
+    return MinigptError(_MESSAGES["unigram_short" if kind == "unigram" else "short"].format(
+        kind=kind, got=got, wanted=wanted))
 
 
 def _train_interruptibly(tok, pieces: Iterator[str], trainer) -> None:
@@ -284,27 +282,25 @@ def train_tokenizer(kind: str, text: str | Iterable[str], vocab_size: Optional[i
         MinigptError: unknown kind, empty corpus, a vocabulary size missing,
             below the kind's base alphabet, or above what the corpus can give.
     """
-    if kind not in KINDS:
-        raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+    if kind not in KINDS:  # the Python API's edge; the config's kind is a Literal
+        raise MinigptError(_KIND_MESSAGES["kind"].format(kind=kind))
     specials = check_special_tokens(special_tokens)
     if kind == "char":
         return CharTokenizer.train(text, specials)
     if not isinstance(text, str):
         text = "".join(text)
-    if not text:
-        raise MinigptError(f"cannot train a {kind} tokenizer on an empty corpus")
-    check_vocab_size(kind, text, vocab_size, specials)
     chunks = [c for c in split_special(text, specials)[0::2] if c]
     if not chunks:
-        raise MinigptError("the corpus holds nothing but special tokens; give it some text")
+        raise MinigptError(_KIND_MESSAGES["empty" if not text else "only_specials"].format(kind=kind))
+    check_vocab_size(kind, text, vocab_size, specials)
     trainer = {"bpe": _train_bpe, "unigram": _train_unigram, "wordpiece": _train_wordpiece}[kind]
     on_start()
     try:
         tok = trainer(chunks, vocab_size, specials)
-    except MinigptError:
-        raise
-    except Exception as exc:  # the library's own refusals (plain Exception)
-        raise MinigptError(f"training the {kind} tokenizer failed: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:
+        if not _library_error(exc):  # ours (a MinigptError) or a bug: as it is
+            raise
+        raise MinigptError(_MESSAGES["failed"].format(kind=kind, error=str(exc).splitlines()[0])) from None
     if tok.vocab_size < vocab_size:
         raise _too_big(kind, tok.vocab_size, vocab_size)
     return tok
