@@ -93,12 +93,7 @@ def _drop_stdout() -> None:
 
 
 class Group(TyperGroup):
-    """Turns user errors into one line on stderr and exit 2, without a traceback.
-
-    Besides :class:`~minigpt_cli.errors.MinigptError` and usage errors, that
-    covers a file that cannot be written (an OSError naming a path, or a full
-    or read-only disk) and a standard output that cannot be written.
-    """
+    """Runs a command and renders what a user can cause as one line on stderr and an exit status (:func:`_exit`)."""
 
     def invoke(self, ctx):
         try:
@@ -114,41 +109,9 @@ class Group(TyperGroup):
             rv = super().main(args=args, prog_name=prog_name or "minigpt", complete_var=complete_var,
                               standalone_mode=False, **extra)
             sys.stdout.flush()  # buffered output fails here, not silently at exit
-        except _click_exc.NoArgsIsHelpError as exc:  # bare `minigpt`: the help, not an error
+        except BaseException as exc:  # the one place errors are rendered; _exit re-raises what is a bug
             sys.stdout = real_stdout
-            print(exc.format_message().rstrip("\n"))
-            rv = 0
-        except _click_exc.UsageError as exc:
-            path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
-            _fail(f"{exc.format_message()} (see '{path} --help')")
-        except Interrupted as exc:  # asked for: what was saved and how to go on, not an error
-            if other_rank():  # under torchrun every rank stops; rank 0 says so
-                sys.exit(exc.exit_code)
-            _fail(str(exc), exc.exit_code, prefix="")
-        except MinigptError as exc:
-            _fail(str(exc), exc.exit_code)
-        except _Terminated as exc:
-            _fail(STOPPED.format(name=signal.Signals(exc.signum).name), 128 + exc.signum, prefix="")
-        except (_CtrlC, typer.Abort, KeyboardInterrupt):
-            _fail(STOPPED.format(name="Ctrl-C"), 130, prefix="")
-        except (_StdoutClosed, BrokenPipeError):  # e.g. `minigpt generate | head`: the reader left
-            sys.stdout = real_stdout
-            _drop_stdout()
-            sys.exit(0)
-        except _StdoutError as exc:
-            sys.stdout = real_stdout
-            _drop_stdout()
-            _fail(f"cannot write to standard output: {exc}")
-        except OSError as exc:
-            # A write the library did not wrap: a path (run folder, data folder) that is
-            # read-only, full, a file where a folder should be, ... Others are bugs.
-            from ..fileio import os_error_message
-
-            if exc.filename is None and exc.errno not in _DISK_ERRNOS:
-                raise
-            _fail(os_error_message(exc))
-        except _click_exc.ClickException as exc:
-            _fail(exc.format_message())
+            rv = _exit(exc)
         finally:
             for sig, handler in old_term.items():
                 signal.signal(sig, handler)
@@ -158,6 +121,54 @@ class Group(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+def _exit(exc: BaseException) -> int:
+    """What ``exc``, raised by a command, becomes: the help (a bare ``minigpt``: 0), or one line on stderr and
+    the process's exit (:func:`_fail`); an error that is not the user's (a bug) is raised again."""
+    if isinstance(exc, _click_exc.NoArgsIsHelpError):  # bare `minigpt`: the help, not an error
+        print(exc.format_message().rstrip("\n"))
+        return 0
+    if isinstance(exc, Interrupted):  # asked for: what was saved and how to go on, not an error
+        if other_rank():  # under torchrun every rank stops; rank 0 says so
+            sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code, prefix="")
+    if isinstance(exc, (_StdoutClosed, BrokenPipeError)):  # e.g. `minigpt generate | head`: the reader left
+        _drop_stdout()
+        sys.exit(0)
+    if isinstance(exc, _StdoutError):
+        _drop_stdout()
+    from ..fileio import os_error_message
+
+    # An OSError the library did not wrap: a path (run folder, data folder) that is read-only, full, a file
+    # where a folder should be, ...; one without a path or a disk's errno is a bug.
+    disk = isinstance(exc, OSError) and (exc.filename is not None or exc.errno in _DISK_ERRNOS)
+    line = (str(exc) if isinstance(exc, MinigptError)
+            else _usage_line(exc) if isinstance(exc, _click_exc.UsageError)
+            else STOPPED.format(name=signal.Signals(exc.signum).name) if isinstance(exc, _Terminated)
+            else STOPPED.format(name="Ctrl-C") if isinstance(exc, (_CtrlC, typer.Abort, KeyboardInterrupt))
+            else f"cannot write to standard output: {exc}" if isinstance(exc, _StdoutError)
+            else os_error_message(exc) if disk
+            else exc.format_message() if isinstance(exc, _click_exc.ClickException)
+            else None)
+    if line is None:
+        raise exc
+    signalled = isinstance(exc, (_Terminated, _CtrlC, typer.Abort, KeyboardInterrupt))
+    code = 128 + exc.signum if isinstance(exc, _Terminated) else 130 if signalled else getattr(exc, "exit_code", 2)
+    _fail(line, code if isinstance(exc, MinigptError) or signalled else EXIT_USAGE, prefix="" if signalled else "error: ")
+
+
+def _usage_line(exc) -> str:
+    """A usage error as the tool's own one-liners read: ``--top-k 0: input should be greater than or equal to 1
+    (see 'minigpt generate --help')``; Typer checks an option's value through pydantic, whose error holds it."""
+    path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
+    param = getattr(exc, "param", None)
+    errors = exc.__cause__.errors() if hasattr(exc.__cause__, "errors") else []
+    if param is None or not errors or type(exc) is not _click_exc.BadParameter:
+        return f"{exc.format_message()} (see '{path} --help')"
+    flag = max(getattr(param, "opts", None) or [param.name.upper()], key=len)
+    msg = errors[0]["msg"]
+    return f"{flag} {errors[0].get('input')}: {msg[0].lower() + msg[1:]} (see '{path} --help')"
 
 
 class _Terminated(BaseException):

@@ -30,7 +30,7 @@ from .yaml_io import dump_yaml, parse_yaml
 MAX_LAYERS = MAX_HEADS = 1024
 MAX_WIDTH = MAX_TOKENS = MAX_VOCAB = 1 << 20
 MAX_BATCH = 1 << 16
-MAX_STEPS = MAX_SECONDS = 10**9
+MAX_STEPS = MAX_SECONDS = 10**12
 MAX_SAMPLES = 1024
 
 
@@ -203,7 +203,7 @@ class TrainConfig(_Strict):
     """Optimisation, schedule, evaluation and logging."""
 
     batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="sequences per micro-batch, per process")
-    grad_accum_steps: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches whose gradients make one optimizer step")
+    grad_accum_steps: int = Field(1, ge=1, le=MAX_STEPS, description="micro-batches whose gradients make one optimizer step")
     max_iters: int = Field(5000, ge=0, le=MAX_STEPS, description="optimizer steps in all (a --resume trains on up to it)")
     max_seconds: Optional[float] = Field(
         None, gt=0.0, le=MAX_SECONDS, description="also end the run (with its final eval) once this many seconds have passed, evals "
