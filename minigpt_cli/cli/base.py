@@ -167,7 +167,7 @@ def _usage_line(exc) -> str:
     if param is None or not errors or type(exc) is not _click_exc.BadParameter:
         return f"{exc.format_message()} (see '{path} --help')"
     flag = max(getattr(param, "opts", None) or [param.name.upper()], key=len)
-    msg = errors[0]["msg"]
+    msg = errors[0]["msg"].removeprefix("Value error, ")
     return f"{flag} {errors[0].get('input')}: {msg[0].lower() + msg[1:]} (see '{path} --help')"
 
 
