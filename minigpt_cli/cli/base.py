@@ -1,14 +1,8 @@
 """What every ``minigpt`` command shares: one-line errors with exit statuses, a guarded stdout, help layout.
 
-:class:`Group` runs a command and turns what a user can cause into one line
-on stderr and an exit status: a :class:`~minigpt_cli.errors.MinigptError`
-(2), a usage error (2), a file or standard output that cannot be written (2),
-SIGTERM or SIGHUP (128 + the signal), Ctrl-C (130). A closed pipe
-(``minigpt generate | head``) ends quietly with status 0. Anything else is a
-bug and keeps its traceback. :class:`Command` lays ``--help`` out like a
-Unix tool's. :func:`run_and_exit` ends the process once the command is done
-(without the interpreter's teardown, which takes seconds once torch is loaded
-and in which a Ctrl-C would kill the process without a word).
+A :class:`~minigpt_cli.errors.MinigptError`, a usage error, or a file or standard output that cannot be
+written is one line on stderr and status 2; SIGTERM or SIGHUP 128 + the signal, Ctrl-C 130; a closed pipe
+(``minigpt generate | head``) ends quietly with 0. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -49,17 +43,11 @@ class _CtrlC(Exception):
 
 
 class _StdoutClosed(Exception):
-    """The reader of standard output left (``minigpt generate | head``); not an error.
-
-    Not a BrokenPipeError, which click would turn into exit status 1.
-    """
+    """The reader of standard output left (``minigpt generate | head``); not a BrokenPipeError, which click makes status 1."""
 
 
 class _GuardedStdout:
-    """``sys.stdout`` while a command runs: a failed write raises :class:`_StdoutError` or :class:`_StdoutClosed`.
-
-    Every other attribute is the wrapped stream's.
-    """
+    """``sys.stdout`` while a command runs: a failed write raises :class:`_StdoutError` or :class:`_StdoutClosed`."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -67,10 +55,8 @@ class _GuardedStdout:
     def _guard(self, method, *args):
         try:
             return method(*args)
-        except BrokenPipeError:
-            raise _StdoutClosed() from None
         except OSError as exc:
-            raise _StdoutError(exc) from None
+            raise (_StdoutClosed() if isinstance(exc, BrokenPipeError) else _StdoutError(exc)) from None
 
     def write(self, text):
         return self._guard(self._stream.write, text)
@@ -184,18 +170,13 @@ def _raise_terminated(signum, frame):
 
 
 def _install_termination_handlers() -> dict:
-    """Make SIGTERM and SIGHUP unwind like Ctrl-C does, so ``finally`` blocks remove partial files
-    (a download's ``.part``, a new run folder without a checkpoint). The training loop installs
-    its own handlers, which save ``checkpoints/last`` first. Returns the handlers replaced."""
-    old = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is None:
-            continue
-        try:
-            old[sig] = signal.signal(sig, _raise_terminated)
-        except ValueError:  # not the main thread
-            pass
-    return old
+    """Make SIGTERM and SIGHUP unwind like Ctrl-C, so ``finally`` blocks remove partial files (the training loop
+    installs its own, which save first). Returns the handlers replaced.
+    """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        return {}
+    signals = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    return {sig: signal.signal(sig, _raise_terminated) for sig in signals}
 
 
 #: OSErrors that mean "the disk said no" even without a file name (a write to an open file).
@@ -219,13 +200,8 @@ _MAX_ERROR = 2000
 
 
 class Command(TyperCommand):
-    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``.
-
-    Typer labels values by Python type (``<int range>``, ``<list[str]>``,
-    ``<path>``) and writes a required argument as ``{config}``. Here every
-    value shows its metavar: the one the option declares, else one derived
-    from its type (:func:`_default_metavar`); arguments appear as ``CONFIG``
-    (required) or ``[CONFIG]`` (optional).
+    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``, not Typer's
+    type labels (``<int range>``) and ``{config}``.
     """
 
     def __init__(self, *args, **kwargs):
@@ -290,11 +266,7 @@ _SAMPLE_FLAG_HINTS = {"top_p": "must be in (0, 1]; e.g. --top-p 0.9",
 
 
 def sample_flags(given: dict) -> dict:
-    """``generate``'s sampling options, checked by the ``sample`` schema; a refused one is named by its flag.
-
-    Raises:
-        MinigptError: ``--top-p 1.5: must be in (0, 1]; e.g. --top-p 0.9`` and the like.
-    """
+    """``generate``'s sampling options, checked by the ``sample`` schema; MinigptError names a refused one by its flag."""
     from pydantic import ValidationError
 
     from ..config.schema import SampleConfig
@@ -332,18 +304,12 @@ def _status(code: Any) -> int:
 
 
 def run_and_exit(app: Callable[[], Any]) -> NoReturn:
-    """Run the CLI in this process, then end the process at once, with the command's exit status.
+    """Run the CLI, then end the process at once (:func:`os._exit`) with the command's exit status.
 
-    Once the command is done, SIGINT, SIGTERM and SIGHUP are only noted; the
-    ``atexit`` functions run and standard output and error are flushed, then
-    the process ends with :func:`os._exit`. The interpreter's own teardown
-    (freeing every module; about 2 s with torch and matplotlib loaded) is
-    skipped: there, Python has put the default handlers back, and a Ctrl-C
-    killed the process with status 130 and no word, after the command had
-    finished. A signal noted in these last moments is answered with one line,
-    :data:`LATE_SIGNAL`, and status 128 + its number. While a thread that is
-    not a daemon still runs, the interpreter's normal exit waits for it
-    instead (the signals are then ignored).
+    The interpreter's teardown (about 2 s with torch loaded) is skipped: in it Python has put the default
+    handlers back, and a Ctrl-C killed the finished process with 130 and no word. A signal in these last
+    moments is answered with :data:`LATE_SIGNAL` and 128 + its number. While a non-daemon thread runs, the
+    normal exit waits for it instead.
     """
     late: list[int] = []
     signals = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
@@ -409,21 +375,13 @@ _ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})
 
 
 def unescape(text: str, what: str = "--stop") -> str:
-    """``text`` with printf's escapes turned into what they name, as bash's ``printf`` does in its format.
+    """``text`` with printf's escapes turned into what they name, as bash's ``printf`` does (``--stop '\\n\\n'``).
 
-    ``\\n`` (``--stop '\\n\\n'``: a blank line), ``\\t``, ``\\r``, ``\\a``, ``\\b``, ``\\e``, ``\\f``,
-    ``\\v``, ``\\\\``, ``\\"``, ``\\'``; ``\\NNN`` (octal) and ``\\xHH`` give bytes, and a run of
-    them is read as UTF-8 (``\\xc3\\xa9`` is é, as printf writes it to a UTF-8 terminal); ``\\uHHHH`` and
-    ``\\UHHHHHHHH`` give the character of that code point (``\\u00e9`` is é). Any other backslash is kept
-    as written (``\\q`` stays ``\\q``, as printf leaves it).
-
-    Args:
-        text: the text as typed.
-        what: the option it came from, for the messages.
+    One-character escapes as printf's; ``\\NNN`` (octal) and ``\\xHH`` give bytes, a run of them read as UTF-8
+    (``\\xc3\\xa9`` is é); ``\\uHHHH`` and ``\\UHHHHHHHH`` a code point; any other backslash stays as written.
 
     Raises:
-        MinigptError: bytes that are not UTF-8, an octal escape past ``\\377``, a code point that is not a
-            character (a surrogate, or past U+10FFFF).
+        MinigptError: bytes that are not UTF-8, an octal escape past ``\\377``, a code point that is not a character.
     """
     out: list[str] = []
     pending = bytearray()  # bytes of octal and \x escapes, read as UTF-8 together

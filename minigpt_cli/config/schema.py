@@ -1,12 +1,8 @@
-"""The one config schema: pydantic models, ``--set`` overrides, validation, the key reference.
+"""The one config schema: pydantic models, ``--set`` overrides, validation once at the edge.
 
-A config is validated once, at the edge (the CLI), and passed around as a typed
-:class:`Config`. Unknown keys and wrong types are errors that name the key, and
-cross-field rules (``n_embd % n_head == 0``, even head size for RoPE, ...) are
-checked here, before any tensor exists. Every field carries a one-line
-``description``; :func:`describe_keys` prints them. YAML reading and writing
-live in :mod:`minigpt_cli.config.yaml_io`. This module must not import torch: the
-CLI loads configs for ``count-params`` without it.
+Unknown keys, wrong types, out-of-range values and broken cross-field rules (``n_embd % n_head == 0``, ...) are
+refused naming the key, all at once, before any tensor exists; every field's ``description`` is its line in
+``config-keys``. No torch here: the CLI loads configs for ``count-params`` without it.
 """
 
 from __future__ import annotations
@@ -328,10 +324,7 @@ def _is_section(field: Any) -> bool:
 
 
 def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) -> Config:
-    """Validate a parsed mapping into a :class:`Config`.
-
-    ``overridden``: keys (``section.key``) whose values came from ``--set``; an error about one of them names
-    ``--set`` instead of ``source``.
+    """Validate a parsed mapping into a :class:`Config`; ``overridden``: the keys ``--set`` gave (named instead of ``source``).
 
     Raises:
         ConfigError: naming every bad key (unknown, wrong type, out of range) and broken cross-field rule.
@@ -343,11 +336,8 @@ def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) 
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` overrides to a parsed config mapping.
-
-    Values are parsed as YAML (``3e-4`` -> float, ``true`` -> bool, ``null`` -> None, ``[a, b]`` -> a list),
-    except that a key holding text keeps the text as typed when YAML would read something else
-    (``sample.prompt=ROMEO:`` is not a mapping); the schema then checks the key and the type.
+    """Apply ``section.key=value`` overrides to a parsed config mapping, each value read as YAML (``[a, b]`` is a
+    list), except that a text key keeps the text as typed (``sample.prompt=ROMEO:``).
 
     Raises:
         ConfigError: for an override without ``key=`` or a path through a non-mapping.
@@ -378,11 +368,7 @@ _TEXT_KEYS = {key: field.annotation in (str, Optional[str]) for key, field in _f
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config file, apply ``--set`` overrides, validate.
-
-    Raises:
-        ConfigError: missing or unreadable file, invalid YAML, or a schema error.
-    """
+    """Load a YAML config file, apply ``--set`` overrides, validate; ConfigError for any problem, naming it."""
     p = Path(path)
     try:
         data = parse_yaml(p.read_text(encoding="utf-8"), str(p))

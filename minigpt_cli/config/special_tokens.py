@@ -1,8 +1,5 @@
-"""Special tokens (``<|endoftext|>``, ...): checking the configured list, and cutting text around them.
-
-Pure Python with no dependencies inside the package but :mod:`.errors`, so
-that the config (which refuses bad special tokens when it is read) and the
-tokenizers both import it, and neither imports the other's way back.
+"""Special tokens (``<|endoftext|>``, ...): checking a list, and cutting text around them (no torch; the config
+and the tokenizers both import it).
 """
 
 from __future__ import annotations
@@ -35,11 +32,7 @@ def special_token_problem(special_tokens: Iterable[str]) -> Optional[str]:
 
 
 def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
-    """The special tokens as a list, checked (:func:`special_token_problem`).
-
-    Raises:
-        MinigptError: the problem.
-    """
+    """The special tokens as a list, checked; MinigptError names the problem (:func:`special_token_problem`)."""
     tokens = list(special_tokens)
     problem = special_token_problem(tokens)
     if problem:
@@ -48,11 +41,7 @@ def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
 
 
 def split_special(text: str, special_tokens: Sequence[str]) -> list[str]:
-    """``text`` cut around its special tokens: [text, special, text, special, ..., text].
-
-    Odd positions hold special tokens (longest match first); even positions
-    hold the ordinary text between them, possibly empty.
-    """
+    """``text`` cut around its special tokens (longest first): [text, special, text, ..., text], text maybe empty."""
     if not special_tokens:
         return [text]
     alternatives = "|".join(re.escape(s) for s in sorted(special_tokens, key=len, reverse=True))

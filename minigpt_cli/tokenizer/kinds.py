@@ -77,11 +77,7 @@ def _library_error(exc: Exception) -> bool:
 
 
 class CharTokenizer:
-    """Character-level tokenizer: id i is the i-th character of a sorted alphabet.
-
-    Special tokens follow the alphabet (ids ``len(chars)``, ...) and are matched
-    first when encoding, longest first.
-    """
+    """Character-level tokenizer: id i is the i-th character of a sorted alphabet, then the special tokens."""
 
     kind = "char"
     unk_token: Optional[str] = None  # encode refuses unknown characters instead
@@ -96,8 +92,7 @@ class CharTokenizer:
 
     @classmethod
     def train(cls, text: str | Iterable[str], special_tokens: Iterable[str] = ()) -> "CharTokenizer":
-        """The alphabet of ``text`` (a string, or pieces none of which cuts a special token in two) outside its
-        special tokens, sorted by code point.
+        """The sorted alphabet of ``text`` (a string, or pieces none cutting a special token), special tokens aside.
 
         Raises:
             MinigptError: the text is empty, or holds nothing but special tokens.
@@ -125,11 +120,7 @@ class CharTokenizer:
     unknown = unknown_chars  # the earlier name
 
     def encode(self, text: str) -> list[int]:
-        """Ids of the characters of ``text``, each special token one id.
-
-        Raises:
-            MinigptError: naming each character the alphabet lacks, once.
-        """
+        """Ids of the characters of ``text``, each special token one id; MinigptError names unknown characters."""
         stoi = self.stoi
         try:
             if not self.special_tokens:
@@ -146,11 +137,7 @@ class CharTokenizer:
             raise MinigptError(_MESSAGES["unknown"].format(chars=bad)) from None
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
-        """The ids of each text, as :meth:`encode` gives them, in int64 arrays (vectorised over code points).
-
-        Raises:
-            MinigptError: as :meth:`encode`, naming each character the alphabet lacks.
-        """
+        """The ids of each text, as :meth:`encode` gives them, in int64 arrays (vectorised over code points)."""
         import numpy as np
 
         if self._sorted is None:
@@ -177,11 +164,7 @@ class CharTokenizer:
         return out
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The characters and special tokens of ``ids``, joined.
-
-        Raises:
-            MinigptError: an id outside [0, vocab_size).
-        """
+        """The characters and special tokens of ``ids``, joined; MinigptError for an id outside [0, vocab_size)."""
         itos = self.itos
         return "".join([itos[i] for i in check_ids(ids, len(itos))])
 
@@ -210,11 +193,8 @@ class CharTokenizer:
 class HFTokenizer:
     """A ``tokenizers.Tokenizer`` of kind bpe, wordpiece or unigram; of kind hf (``kind="hf"``), any model.
 
-    ``encode`` never fails for the trained kinds (bytes for BPE, ``<unk>``
-    for the others); an ``hf`` tokenizer without an unknown token (a
-    ``WordLevel`` export of a char tokenizer) refuses characters its
-    vocabulary lacks, as the char kind does. ``decode`` keeps special and
-    unknown tokens in the text.
+    ``encode`` never fails for the trained kinds (bytes for BPE, ``<unk>`` for the others); an ``hf`` one without
+    an unknown token refuses characters its vocabulary lacks, as char does. ``decode`` keeps special tokens.
     """
 
     def __init__(self, tok, kind: Optional[str] = None):
@@ -256,8 +236,7 @@ class HFTokenizer:
         """Ids of ``text`` (bpe: bytes; unigram, wordpiece: ``<unk>`` for unseen characters).
 
         Raises:
-            MinigptError: text the library cannot encode (an ``hf`` tokenizer without an unknown token),
-                naming the characters its vocabulary lacks (:meth:`unknown_chars`).
+            MinigptError: text an ``hf`` tokenizer without an unknown token cannot encode, naming the characters.
         """
         try:
             return self._tok.encode(text, add_special_tokens=False).ids
@@ -267,11 +246,8 @@ class HFTokenizer:
             raise self._refusal(text, exc) from None
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
-        """The ids of each text, as :meth:`encode` gives them, in int64 arrays; the library encodes the
-        texts in parallel on every core (Rayon; ``TOKENIZERS_PARALLELISM=false`` turns that off).
-
-        Raises:
-            MinigptError: as :meth:`encode`, for the first text the library cannot encode.
+        """The ids of each text, as :meth:`encode` gives them, in int64 arrays; the library encodes them in parallel
+        (``TOKENIZERS_PARALLELISM=false`` turns that off).
         """
         import numpy as np
 
@@ -295,10 +271,9 @@ class HFTokenizer:
         return MinigptError(_MESSAGES["cannot_encode"].format(error=error))
 
     def _unencodable(self, text: str) -> list[str]:
-        """Characters of ``text`` (outside its special tokens) the library fails to encode on their own,
-        once each, in order of appearance: one library call per distinct character, so only once a whole
-        text failed. A vocabulary of words (a ``WordLevel`` one) may name a character that is only
-        unknown on its own."""
+        """Characters of ``text`` (outside its special tokens) the library fails to encode on their own, once each;
+        one call per distinct character, so only once a whole text failed.
+        """
         plain = "".join(split_special(text, self.special_tokens)[0::2])
         bad = []
         for ch in dict.fromkeys(plain):
@@ -311,21 +286,12 @@ class HFTokenizer:
         return bad
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The text of ``ids``, special and unknown tokens kept as their text.
-
-        Raises:
-            MinigptError: an id outside [0, vocab_size).
-        """
+        """The text of ``ids``, special and unknown tokens kept as their text; MinigptError for an id out of range."""
         return self._tok.decode(check_ids(ids, self.vocab_size), skip_special_tokens=False)
 
     def unknown_chars(self, text: str) -> list[str]:
-        """Characters of ``text`` that become ``<unk>``, once each, in order of appearance; [] for bpe.
-
-        A character is unknown when no single-character piece spells it (a
-        space: ``▁``). Unigram turns each run of them into one ``<unk>``;
-        WordPiece the whole word holding one. An ``hf`` tokenizer without an
-        unknown token: the characters :meth:`encode` refuses (the text is
-        encoded once; each character alone only when that fails).
+        """Characters of ``text`` that become ``<unk>`` (no single-character piece spells them), once each, in order;
+        [] for bpe. An ``hf`` tokenizer without an unknown token: the characters :meth:`encode` refuses.
         """
         if self.unk_token is None:
             if self.kind != "hf":  # byte-level BPE: every text encodes
@@ -374,10 +340,9 @@ def load_tokenizer(path: str | Path, kind: Optional[str] = None, *, own: bool = 
     """Load a tokenizer file: ours (char) or a ``tokenizers`` tokenizer.json (kind from ``model.type``, or
     ``kind="hf"``: any such file, as it is).
 
-    ``own``: whether minigpt made the file (prepared data's tokenizer, a run's): a damaged one is to be deleted
-    and trained again. False for a file the user names (``inspect tokenize --tokenizer``): any tokenizers
-    tokenizer.json is read (a model other than BPE, WordPiece and Unigram as kind ``hf``), and a folder holding
-    a ``tokenizer.json`` stands for that file (:func:`tokenizer_file`). ``fix``: the fix an error gives.
+    ``own``: minigpt made the file (prepared data's, a run's), so a damaged one is trained again; False for a
+    file the user names: any tokenizer.json is read, and a folder stands for its ``tokenizer.json``. ``fix``:
+    the fix an error gives (a function: worked out only then).
 
     Raises:
         MinigptError: missing, unreadable or unrecognised file; a folder, or a path that is not a regular file.
@@ -424,22 +389,18 @@ def _read(p: Path, kind: Optional[str], own: bool) -> Tokenizer | tuple[str, dic
 
 
 def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
-    """A run folder's own ``tokenizer.json``, for ``generate`` and ``--resume``; a missing or damaged one is
-    an error that says where a copy of the file the run was trained with is (:func:`~.base.run_tokenizer_fix`).
-
-    Raises:
-        MinigptError: the file is missing, unreadable or not a tokenizer.
+    """A run folder's own ``tokenizer.json``; a missing or damaged one's error says where a copy of the file the run
+    was trained with is (:func:`~.base.run_tokenizer_fix`).
     """
     return load_tokenizer(Path(run_dir) / "tokenizer.json", cfg.tokenizer.kind,
                           fix=lambda: run_tokenizer_fix(run_dir, cfg))
 
 
 def check_run_tokenizer(run_dir: Path, cfg: Config, tok: Optional[Tokenizer]) -> None:
-    """Refuse to resume run ``run_dir`` (config ``cfg``) with another tokenizer ``tok`` than its
-    ``tokenizer.json`` (None: none named, nothing to compare).
+    """Refuse to resume run ``run_dir`` with another tokenizer ``tok`` (None: none named) than its ``tokenizer.json``.
 
     Raises:
-        MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json`` (:func:`load_run_tokenizer`).
+        MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json``.
     """
     if tok is not None and load_run_tokenizer(run_dir, cfg).fingerprint() != tok.fingerprint():
         raise MinigptError(_MESSAGES["changed"].format(path=Path(run_dir) / "tokenizer.json"))

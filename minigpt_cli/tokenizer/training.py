@@ -1,18 +1,9 @@
 """Training the three library-backed kinds (bpe, unigram, wordpiece), and the size checks before it.
 
-- ``bpe``: byte-level BPE (GPT-2; Radford et al. 2019 §2.2) trained by the
-  ``tokenizers`` library: ByteLevel pre-tokenizer (GPT-2's split regex, no
-  prefix space) and decoder; the base vocabulary is the 256 bytes.
-- ``unigram``: the library's Unigram trainer (Kudo 2018) with the unknown
-  token ``<unk>``; see :func:`_trim_unigram` for the one correction we apply.
-- ``wordpiece``: merges chosen by our trainer (:mod:`.wordpiece`), stored as a
-  library WordPiece model: greedy longest match with ``##`` continuations.
-
-Unigram and WordPiece split words as byte-level BPE does (GPT-2's regex, every
-character kept) and spell a space ``▁`` (SentencePiece's Metaspace), so the
-three compare on the same words. The library trains in a worker thread so that
-Ctrl-C and SIGTERM stop it at once (:func:`_train_interruptibly`), and gets the
-text in pieces cut where GPT-2's split cuts anyway (:func:`_pieces`).
+bpe: the ``tokenizers`` library's byte-level BPE (GPT-2; Radford et al. 2019 §2.2); unigram: its Unigram
+trainer (Kudo 2018) with ``<unk>``, trimmed to the size asked (:func:`_trim_unigram`); wordpiece: our merges
+(:mod:`.wordpiece`) in a library WordPiece model. Unigram and WordPiece split words as GPT-2 does and spell a
+space ``▁``. The library trains in a worker thread so that Ctrl-C stops it at once.
 """
 
 from __future__ import annotations
@@ -65,13 +56,8 @@ def _plain_chars(chunks: Sequence[str]) -> set[str]:
 
 
 def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) -> int:
-    """The smallest vocabulary ``kind`` can have on ``text``: its base alphabet plus special tokens.
-
-    char: the distinct characters; bpe: the 256 bytes; unigram: the distinct
-    characters and ``<unk>``; wordpiece: each character both word-initial and
-    as a ``##`` continuation (so any word of seen characters can be spelled),
-    and ``<unk>``.
-
+    """The smallest vocabulary ``kind`` can have on ``text``: char its characters, bpe the 256 bytes, unigram the
+    characters and ``<unk>``, wordpiece each character initial and as ``##``, and ``<unk>``; plus special tokens.
     """
     specials = list(special_tokens)
     if kind == "bpe":
@@ -86,7 +72,7 @@ def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) ->
 
 
 def check_vocab_size(kind: str, text: str, vocab_size: Optional[int], special_tokens: Sequence[str] = ()) -> None:
-    """Refuse a missing vocabulary size, one below ``kind``'s base alphabet, or one above :data:`MAX_VOCAB_SIZE`, before training.
+    """Refuse a missing vocabulary size, one below ``kind``'s base alphabet or one above the largest, before training.
 
     Raises:
         MinigptError: naming the smallest (or largest) size that works.
@@ -126,13 +112,8 @@ def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
 
 
 def _train_interruptibly(tok, pieces: Iterator[str], trainer) -> None:
-    """``tok.train_from_iterator(pieces, trainer)`` in a worker thread, so that Ctrl-C and SIGTERM work.
-
-    The library's training runs in Rust without the GIL, but Python delivers a
-    signal to the main thread only between bytecodes: a main thread inside the
-    call would hold a Ctrl-C until training ended (minutes on a big corpus).
-    Here it waits in short joins instead; on an interruption the exception
-    propagates and the daemon thread ends with the process.
+    """``tok.train_from_iterator(pieces, trainer)`` in a worker thread: Python delivers a signal only between
+    bytecodes, so a main thread inside the Rust call would hold a Ctrl-C until training ended.
     """
     import threading
 
@@ -159,13 +140,8 @@ _CUT = re.compile(r"(?<=\S\n)(?=\S)|(?<=\S)(?= \S)")
 
 
 def _pieces(chunks: Iterable[str], size: int = PIECE_CHARS) -> Iterator[str]:
-    """``chunks`` cut into pieces of about ``size`` characters, only where GPT-2's split cuts anyway.
-
-    The cuts fall after a single newline between two non-spaces, or before a
-    single space between two non-spaces; GPT-2's pre-tokenizer (``SPLIT_PATTERN``,
-    used by every trained kind) splits there too, so the words the trainers
-    count are the same as from the whole text. A stretch with no such place
-    stays whole.
+    """``chunks`` cut into pieces of about ``size`` characters, only where GPT-2's split cuts anyway (after a single
+    newline, or before a single space, between non-spaces), so the trainers count the same words.
     """
     for chunk in chunks:
         start = 0
@@ -205,12 +181,8 @@ def _train_unigram(chunks: list[str], vocab_size: int, specials: list[str]) -> H
 
 
 def _trim_unigram(tok, vocab_size: int):
-    """Drop the least likely multi-character pieces beyond ``vocab_size``.
-
-    Near its base alphabet the library's trainer keeps every character on top
-    of the pieces it chose, overshooting the size asked for (66 asked, 73
-    given on Tiny Shakespeare). Single characters and special tokens stay, so
-    every seen character can still be encoded.
+    """Drop the least likely multi-character pieces beyond ``vocab_size``: near its base alphabet the library's
+    trainer overshoots (66 asked, 73 given on Tiny Shakespeare). Characters and special tokens stay.
     """
     from tokenizers import Tokenizer as _Backend
 
@@ -267,20 +239,14 @@ def _train_wordpiece(chunks: list[str], vocab_size: int, specials: list[str]) ->
 
 def train_tokenizer(kind: str, text: str | Iterable[str], vocab_size: Optional[int] = None,
                     special_tokens: Iterable[str] = (), on_start: Callable[[], None] = lambda: None) -> Tokenizer:
-    """Train a tokenizer of ``kind`` on ``text``.
+    """Train a tokenizer of ``kind`` on ``text`` (or its pieces, none cutting a special token).
 
-    Args:
-        kind: char, bpe, wordpiece or unigram.
-        text: the corpus; or its pieces, none cutting a special token (char reads them as a stream).
-        vocab_size: entries in all (base alphabet, merges or pieces, special
-            tokens, ``<unk>``); ignored for char, whose alphabet decides.
-        special_tokens: texts that become single ids; their occurrences in
-            ``text`` are cut out before training.
-        on_start: called once the inputs are checked, as the (long) training of a trained kind starts.
+    ``vocab_size``: entries in all (ignored for char); ``special_tokens`` become single ids; ``on_start`` is
+    called once the inputs are checked, as the (long) training starts.
 
     Raises:
-        MinigptError: unknown kind, empty corpus, a vocabulary size missing,
-            below the kind's base alphabet, or above what the corpus can give.
+        MinigptError: unknown kind, empty corpus, a vocabulary size missing, below the kind's base alphabet, or
+            above what the corpus can give.
     """
     if kind not in KINDS:  # the Python API's edge; the config's kind is a Literal
         raise MinigptError(_KIND_MESSAGES["kind"].format(kind=kind))
