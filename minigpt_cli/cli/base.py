@@ -43,7 +43,7 @@ class _CtrlC(Exception):
 
 
 class _StdoutClosed(Exception):
-    """The reader of standard output left (``minigpt generate | head``); not a BrokenPipeError, which click makes status 1."""
+    """The reader of standard output left (``minigpt generate | head``); not a BrokenPipeError (click: status 1)."""
 
 
 class _GuardedStdout:
@@ -141,7 +141,8 @@ def _exit(exc: BaseException) -> int:
         raise exc
     signalled = isinstance(exc, (_Terminated, _CtrlC, typer.Abort, KeyboardInterrupt))
     code = 128 + exc.signum if isinstance(exc, _Terminated) else 130 if signalled else getattr(exc, "exit_code", 2)
-    _fail(line, code if isinstance(exc, MinigptError) or signalled else EXIT_USAGE, prefix="" if signalled else "error: ")
+    code = code if isinstance(exc, MinigptError) or signalled else EXIT_USAGE
+    _fail(line, code, prefix="" if signalled else "error: ")
 
 
 def _usage_line(exc) -> str:
@@ -266,7 +267,7 @@ _SAMPLE_FLAG_HINTS = {"top_p": "must be in (0, 1]; e.g. --top-p 0.9",
 
 
 def sample_flags(given: dict) -> dict:
-    """``generate``'s sampling options, checked by the ``sample`` schema; MinigptError names a refused one by its flag."""
+    """``generate``'s sampling options, checked by the ``sample`` schema; an error names the refused one's flag."""
     from pydantic import ValidationError
 
     from ..config.schema import SampleConfig

@@ -37,7 +37,8 @@ RULES = {
                   "e.g. n_embd={m.fitting_width}"),
     "rope": ("model.pos_encoding=rope needs an even head size, but model.n_embd/model.n_head = {m.n_embd}/{m.n_head} "
              "= {m.head_dim}; e.g. n_embd={m.fitting_width}"),
-    "sinusoidal": "model.pos_encoding=sinusoidal needs an even model.n_embd, got {m.n_embd}; e.g. n_embd={m.fitting_width}",
+    "sinusoidal": ("model.pos_encoding=sinusoidal needs an even model.n_embd, got {m.n_embd}; "
+                   "e.g. n_embd={m.fitting_width}"),
     "kv_above": ("model.n_kv_head ({m.n_kv_head}) must not exceed model.n_head ({m.n_head}); grouped-query attention "
                  "shares each key/value head among n_head/n_kv_head query heads"),
     "kv_divisor": "model.n_head ({m.n_head}) must be a multiple of model.n_kv_head ({m.n_kv_head})",

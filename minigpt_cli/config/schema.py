@@ -58,7 +58,8 @@ class ModelConfig(_Strict):
     n_head: int = Field(6, ge=1, le=MAX_HEADS, description="attention (query) heads per block; must divide n_embd")
     n_embd: int = Field(384, ge=1, le=MAX_WIDTH, description="model width d: the embedding and residual-stream size")
     block_size: int = Field(256, ge=1, le=MAX_TOKENS, description="context length in tokens")
-    vocab_size: Optional[int] = Field(None, ge=1, le=MAX_VOCAB, description="rows of the token embedding; null: the tokenizer's size")
+    vocab_size: Optional[int] = Field(
+        None, ge=1, le=MAX_VOCAB, description="rows of the token embedding; null: the tokenizer's size")
     dropout: float = Field(0.0, ge=0.0, lt=1.0,
                            description="dropout probability on embeddings, attention weights and residual branches "
                                        "(training only)")
@@ -78,18 +79,18 @@ class ModelConfig(_Strict):
                            "add, no final norm (Vaswani et al. 2017)")
     ffn: Literal["relu", "gelu", "gelu_tanh", "swiglu"] = Field(
         "gelu", description="feed-forward activation: ReLU, exact GELU, GPT-2's tanh GELU, or SwiGLU (Shazeer 2020)")
-    d_ff: Optional[int] = Field(
-        None, ge=1, le=MAX_WIDTH, description="feed-forward hidden width; null: 4·n_embd, for swiglu 8·n_embd/3 rounded up to "
-                                "multiple_of")
-    multiple_of: int = Field(256, ge=1, le=MAX_WIDTH, description="round SwiGLU's derived d_ff up to a multiple of this "
-                                                    "(Llama's FeedForward); unused when d_ff is set")
+    d_ff: Optional[int] = Field(None, ge=1, le=MAX_WIDTH, description="feed-forward hidden width; null: 4·n_embd, for "
+                                                                      "swiglu 8·n_embd/3 rounded up to multiple_of")
+    multiple_of: int = Field(256, ge=1, le=MAX_WIDTH, description="round SwiGLU's derived d_ff up to a multiple of "
+                                                                  "this (Llama's FeedForward); unused when d_ff is "
+                                                                  "set")
     tie_weights: bool = Field(True, description="share the token embedding with the output layer (Press & Wolf 2017)")
     scale_residual_init: bool = Field(
         True, description="scale the init of residual output projections by 1/sqrt(2·n_layer) (GPT-2 §2.3)")
     emb_scale: bool = Field(False, description="multiply token embeddings by sqrt(n_embd) (Vaswani et al. 2017 §3.4)")
-    n_kv_head: Optional[int] = Field(
-        None, ge=1, le=MAX_HEADS, description="key/value heads, for grouped-query attention (Ainslie et al. 2023); must divide "
-                                "n_head; null: n_head")
+    n_kv_head: Optional[int] = Field(None, ge=1, le=MAX_HEADS, description="key/value heads, for grouped-query "
+                                                                           "attention (Ainslie et al. 2023); must "
+                                                                           "divide n_head; null: n_head")
     init_std: float = Field(0.02, gt=0.0, description="standard deviation of the normal init of linear and "
                                                       "embedding weights (GPT-2: 0.02)")
     init_from: Optional[UserPath] = Field(
@@ -143,7 +144,8 @@ class TokenizerConfig(_Strict):
         "char", description="char: one id per character; a trained byte-level bpe, wordpiece or unigram; or hf: "
                             "a given Hugging Face tokenizer.json")
     vocab_size: Optional[int] = Field(
-        None, ge=1, le=MAX_VOCAB, description="entries in all, special tokens included, for trained kinds; ignored for char")
+        None, ge=1, le=MAX_VOCAB, description="entries in all, special tokens included, for trained kinds; ignored "
+                                              "for char")
     path: Optional[UserPath] = Field(
         None, description="tokenizer file; null: <data_dir>/<dataset>/tokenizer-<kind>[-<vocab_size>]"
                           "[-special-<hash>].json, <hash> naming the special tokens")
@@ -199,37 +201,44 @@ class TrainConfig(_Strict):
     """Optimisation, schedule, evaluation and logging."""
 
     batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="sequences per micro-batch, per process")
-    grad_accum_steps: int = Field(1, ge=1, le=MAX_STEPS, description="micro-batches whose gradients make one optimizer step")
-    max_iters: int = Field(5000, ge=0, le=MAX_STEPS, description="optimizer steps in all (a --resume trains on up to it)")
+    grad_accum_steps: int = Field(1, ge=1, le=MAX_STEPS, description="micro-batches whose gradients make one "
+                                                                     "optimizer step")
+    max_iters: int = Field(5000, ge=0, le=MAX_STEPS, description="optimizer steps in all (a --resume trains on up to "
+                                                                 "it)")
     max_seconds: Optional[float] = Field(
-        None, gt=0.0, le=MAX_SECONDS, description="also end the run (with its final eval) once this many seconds have passed, evals "
-                                  "included; null: no time limit")
+        None, gt=0.0, le=MAX_SECONDS, description="also end the run (with its final eval) once this many seconds have "
+                                                  "passed, evals included; null: no time limit")
     learning_rate: float = Field(1e-3, gt=0.0, description="peak learning rate, reached at the end of the warmup")
     min_lr: float = Field(1e-4, ge=0.0, description="learning rate at the end of the cosine or linear decay")
-    warmup_iters: int = Field(100, ge=0, le=MAX_STEPS, description="optimizer steps of linear warmup up to learning_rate")
+    warmup_iters: int = Field(100, ge=0, le=MAX_STEPS, description="optimizer steps of linear warmup up to "
+                                                                   "learning_rate")
     lr_schedule: Literal["cosine", "linear", "constant", "inverse_sqrt"] = Field(
         "cosine", description="after the warmup: cosine or linear decay to min_lr, constant, or inverse_sqrt "
                               "(Vaswani et al. 2017 §5.3)")
-    lr_decay_iters: Optional[int] = Field(None, ge=1, le=MAX_STEPS, description="step at which the decay reaches min_lr; "
-                                                                  "null: max_iters")
+    lr_decay_iters: Optional[int] = Field(
+        None, ge=1, le=MAX_STEPS, description="step at which the decay reaches min_lr; null: max_iters")
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay on matrices and embeddings; biases and "
                                                          "norm gains get none")
     beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW's first-moment (momentum) decay rate")
     beta2: float = Field(0.99, ge=0.0, lt=1.0, description="AdamW's second-moment decay rate")
     grad_clip: float = Field(1.0, ge=0.0, description="clip the global gradient norm to this; 0 disables clipping")
-    eval_interval: int = Field(250, ge=1, le=MAX_STEPS, description="steps between evals of train and val loss; each eval "
-                                                      "saves checkpoints")
-    eval_iters: int = Field(200, ge=1, le=MAX_STEPS, description="global batches per split at each eval: eval_iters x batch_size x "
-                                                   "grad_accum_steps x processes windows")
+    eval_interval: int = Field(250, ge=1, le=MAX_STEPS, description="steps between evals of train and val loss; each "
+                                                                    "eval saves checkpoints")
+    eval_iters: int = Field(200, ge=1, le=MAX_STEPS, description="global batches per split at each eval: eval_iters x "
+                                                                 "batch_size x grad_accum_steps x processes windows")
     eval_at_start: bool = Field(True, description="also evaluate before the first step (the untrained loss, about "
                                                   "ln(vocab_size)); false saves one eval")
-    log_interval: int = Field(10, ge=1, le=MAX_STEPS, description="steps between train-loss records in metrics.jsonl (and the bar's loss)")
-    sample_tokens: int = Field(200, ge=0, le=MAX_TOKENS, description="tokens sampled into samples.txt at each eval, from "
-                                                      "sample.prompt with the sample section's settings; 0: none")
+    log_interval: int = Field(10, ge=1, le=MAX_STEPS, description="steps between train-loss records in metrics.jsonl "
+                                                                  "(and the bar's loss)")
+    sample_tokens: int = Field(200, ge=0, le=MAX_TOKENS, description="tokens sampled into samples.txt at each eval, "
+                                                                     "from sample.prompt with the sample section's "
+                                                                     "settings; 0: none")
     early_stop_patience: Optional[int] = Field(
-        None, ge=1, le=MAX_STEPS, description="stop after this many evals in a row without a new best val loss; null: never")
+        None, ge=1, le=MAX_STEPS, description="stop after this many evals in a row without a new best val loss; null: "
+                                              "never")
     keep_every: Optional[int] = Field(
-        None, ge=1, le=MAX_STEPS, description="also keep a checkpoint every this many steps (checkpoints/step-NNNNNNN); null: none")
+        None, ge=1, le=MAX_STEPS, description="also keep a checkpoint every this many steps "
+                                              "(checkpoints/step-NNNNNNN); null: none")
     out_dir: UserPath = Field("runs", description="folder that holds the run folders")
     tensorboard: bool = Field(False, description="also write TensorBoard event files (needs the tensorboard package)")
     parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="under torchrun: ddp, a whole model per process; "
@@ -252,7 +261,8 @@ class SampleConfig(_Strict):
     max_new_tokens: int = Field(500, ge=0, le=MAX_TOKENS, description="tokens generated per sample")
     temperature: float = Field(0.8, ge=0.0, allow_inf_nan=False,
                                description="divides the logits before sampling; 0: greedy")
-    top_k: Optional[int] = Field(200, ge=1, le=MAX_VOCAB, description="sample from the k most likely tokens only; null: all")
+    top_k: Optional[int] = Field(200, ge=1, le=MAX_VOCAB, description="sample from the k most likely tokens only; "
+                                                                      "null: all")
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of likeliest "
                                                                      "tokens holding this probability; null: off")
     num_samples: int = Field(1, ge=1, le=MAX_SAMPLES, description="samples generated, decoded together as one batch")
@@ -275,8 +285,10 @@ Device = Annotated[str, Field(pattern=f"^(?:{DEVICE_PATTERN})$")]
 class Config(_Strict):
     """A whole run: model, tokenizer, data, training, sampling, device."""
 
-    name: str = Field("run", pattern=r"^[A-Za-z0-9._-]+$", max_length=200, description="names the run folder (<name>-<date>-<time>) and --resume "
-                                                       "auto's match; letters, digits, '.', '_', '-'")
+    name: str = Field(
+        "run", pattern=r"^[A-Za-z0-9._-]+$", max_length=200, description="names the run folder (<name>-<date>-<time>) "
+                                                                         "and --resume auto's match; letters, digits, "
+                                                                         "'.', '_', '-'")
     seed: int = Field(1337, ge=0, lt=2**32, description="random seed of init, batches and samples "
                                                         "(numpy's range)")
     device: Device = Field("auto", description="auto: CUDA, else Apple MPS, else CPU; cuda:N: the N-th CUDA GPU")
@@ -324,7 +336,7 @@ def _is_section(field: Any) -> bool:
 
 
 def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) -> Config:
-    """Validate a parsed mapping into a :class:`Config`; ``overridden``: the keys ``--set`` gave (named instead of ``source``).
+    """Validate a parsed mapping into a :class:`Config`; ``overridden``: the keys ``--set`` gave (named for ``source``).
 
     Raises:
         ConfigError: naming every bad key (unknown, wrong type, out of range) and broken cross-field rule.

@@ -44,7 +44,8 @@ MANY_DOCUMENTS = 10
 MESSAGES = {
     "missing": "{{key}} {source!r} does not exist; point {{key}} at a text file, a folder of .txt/.jsonl "
                "files or a glob",
-    "no_match": "{{key}} {source!r} matches no file; check the pattern (quote it in the shell so that minigpt expands it)",
+    "no_match": ("{{key}} {source!r} matches no file; check the pattern (quote it in the shell so that minigpt "
+                 "expands it)"),
     "empty_folder": "folder {source!r} holds no .txt or .jsonl files (searched recursively); add some, or point "
                     "{{key}} at a file",
     "empty": "corpus file {path!r} is empty; give it some text, or remove it from {{key}}",
