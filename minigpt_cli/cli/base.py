@@ -8,6 +8,7 @@ written is one line on stderr and status 2; SIGTERM or SIGHUP 128 + the signal, 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import io
 import os
@@ -255,10 +256,8 @@ def other_rank() -> bool:
 def echo(message: str) -> None:
     """A status line on stderr. A stderr that cannot be written (closed pipe, full disk) loses
     the line, not the run: a training must not die, unsaved, because `2>&1 | head` went away."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         print(message, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 #: What a refused sampling option is told, by ``sample`` key (else the schema's own words).
@@ -348,12 +347,9 @@ def run_and_exit(app: Callable[[], Any]) -> NoReturn:
 
 
 def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass
+    for stream in (s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None):
+        with contextlib.suppress(OSError, ValueError):  # a stream that cannot be flushed has nothing to lose
+            stream.flush()
 
 
 # ----------------------------------------------------------------------------- --stop's escapes

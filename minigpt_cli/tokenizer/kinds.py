@@ -68,9 +68,15 @@ _FIXES = {True: "delete it and train it again",
           "not_found": "train one with minigpt train-tokenizer"}
 
 
-def _library_error(exc: Exception) -> bool:
-    """Whether ``exc`` is the ``tokenizers`` library's own error (a plain ``Exception``), not a bug of ours."""
-    return type(exc) is Exception
+def _attempt(call: Callable[[], object]) -> tuple[object, Optional[Exception]]:
+    """``(call(), None)``, or ``(None, error)`` when the ``tokenizers`` library refuses with its own error (a plain
+    ``Exception``); anything else is a bug and is raised."""
+    try:
+        return call(), None
+    except Exception as exc:
+        if type(exc) is not Exception:
+            raise
+        return None, exc
 
 
 # ----------------------------------------------------------------------------- char
@@ -238,12 +244,10 @@ class HFTokenizer:
         Raises:
             MinigptError: text an ``hf`` tokenizer without an unknown token cannot encode, naming the characters.
         """
-        try:
-            return self._tok.encode(text, add_special_tokens=False).ids
-        except Exception as exc:
-            if not _library_error(exc):
-                raise
-            raise self._refusal(text, exc) from None
+        encoded, error = _attempt(lambda: self._tok.encode(text, add_special_tokens=False))
+        if error is not None:
+            raise self._refusal(text, error)
+        return encoded.ids
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
         """The ids of each text, as :meth:`encode` gives them, in int64 arrays; the library encodes them in parallel
@@ -251,14 +255,11 @@ class HFTokenizer:
         """
         import numpy as np
 
-        try:
-            encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)
-        except Exception as exc:
-            if not _library_error(exc):
-                raise
+        encoded, error = _attempt(lambda: self._tok.encode_batch(list(texts), add_special_tokens=False))
+        if error is not None:
             for text in texts:
                 self.encode(text)  # raises for the first text that fails, naming its characters
-            raise self._refusal("".join(texts), exc) from None
+            raise self._refusal("".join(texts), error)
         return [np.asarray(e.ids, dtype=np.int64) for e in encoded]
 
     def _refusal(self, text: str, exc: Exception) -> MinigptError:
@@ -275,15 +276,8 @@ class HFTokenizer:
         one call per distinct character, so only once a whole text failed.
         """
         plain = "".join(split_special(text, self.special_tokens)[0::2])
-        bad = []
-        for ch in dict.fromkeys(plain):
-            try:
-                self._tok.encode(ch, add_special_tokens=False)
-            except Exception as exc:
-                if not _library_error(exc):
-                    raise
-                bad.append(ch)
-        return bad
+        return [ch for ch in dict.fromkeys(plain)
+                if _attempt(lambda: self._tok.encode(ch, add_special_tokens=False))[1] is not None]
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids``, special and unknown tokens kept as their text; MinigptError for an id out of range."""
@@ -296,13 +290,8 @@ class HFTokenizer:
         if self.unk_token is None:
             if self.kind != "hf":  # byte-level BPE: every text encodes
                 return []
-            try:
-                self._tok.encode(text, add_special_tokens=False)
-            except Exception as exc:
-                if not _library_error(exc):
-                    raise
-                return self._unencodable(text)
-            return []
+            failed = _attempt(lambda: self._tok.encode(text, add_special_tokens=False))[1]
+            return self._unencodable(text) if failed else []
         if self._known is None:
             known = {t for t in self._tok.get_vocab(with_added_tokens=False) if len(t) == 1}
             self._known = frozenset(known | {" "} if SPACE_MARK in known else known)
@@ -379,10 +368,8 @@ def _read(p: Path, kind: Optional[str], own: bool) -> Tokenizer | tuple[str, dic
     from tokenizers import Tokenizer as _Backend
 
     as_hf = kind == "hf" or model.get("type") not in _MODEL_KINDS
-    try:
-        return HFTokenizer(_Backend.from_str(raw), "hf" if as_hf else None)
-    except Exception as exc:  # the library raises plain Exception on bad files
-        return "damaged", {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+    tok, error = _attempt(lambda: HFTokenizer(_Backend.from_str(raw), "hf" if as_hf else None))
+    return ("damaged", {"error": str(error).splitlines()[0] if str(error) else "Exception"}) if error else tok
 
 
 # ----------------------------------------------------------------------------- run folders

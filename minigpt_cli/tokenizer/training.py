@@ -17,7 +17,7 @@ from ..config.schema import MAX_VOCAB as MAX_VOCAB_SIZE  # far larger: the token
 from ..config.special_tokens import UNK, check_special_tokens, split_special
 from ..errors import MinigptError
 from .kinds import _MESSAGES as _KIND_MESSAGES
-from .kinds import KINDS, SPACE_MARK, CharTokenizer, HFTokenizer, Tokenizer, _library_error
+from .kinds import KINDS, SPACE_MARK, CharTokenizer, HFTokenizer, Tokenizer, _attempt
 from .wordpiece import CONTINUATION, wordpiece_merges
 
 #: GPT-2's pre-tokenization regex (what ByteLevel(use_regex=True) applies).
@@ -261,12 +261,9 @@ def train_tokenizer(kind: str, text: str | Iterable[str], vocab_size: Optional[i
     check_vocab_size(kind, text, vocab_size, specials)
     trainer = {"bpe": _train_bpe, "unigram": _train_unigram, "wordpiece": _train_wordpiece}[kind]
     on_start()
-    try:
-        tok = trainer(chunks, vocab_size, specials)
-    except Exception as exc:
-        if not _library_error(exc):  # ours (a MinigptError) or a bug: as it is
-            raise
-        raise MinigptError(_MESSAGES["failed"].format(kind=kind, error=str(exc).splitlines()[0])) from None
+    tok, error = _attempt(lambda: trainer(chunks, vocab_size, specials))  # the library's refusals: one line
+    if error is not None:
+        raise MinigptError(_MESSAGES["failed"].format(kind=kind, error=str(error).splitlines()[0]))
     if tok.vocab_size < vocab_size:
         raise _too_big(kind, tok.vocab_size, vocab_size)
     return tok
