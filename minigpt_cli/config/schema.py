@@ -22,10 +22,10 @@ from .yaml_io import dump_yaml, parse_yaml
 
 #: Upper bounds of the sizes and counts (config-keys shows each key's range): far past any model trained today
 #: (Llama 3 405B: 126 layers, width 16,384, d_ff 53,248), and small enough that the arithmetic on them (FLOPs,
-#: memory, the schedule) stays in floats: an integer past about 1.8e308 cannot become one.
-MAX_LAYERS = MAX_HEADS = 1024
-MAX_WIDTH = MAX_TOKENS = MAX_VOCAB = 1 << 20
-MAX_BATCH = 1 << 16
+#: memory, the schedule) stays in floats: an integer past about 1.8e308 cannot become one. Within them, the
+#: memory check refuses what does not fit (n_layer 10,000,000: "this model needs about ...").
+MAX_LAYERS = MAX_BATCH = 1 << 30
+MAX_WIDTH = MAX_HEADS = MAX_TOKENS = MAX_VOCAB = 1 << 20
 MAX_STEPS = MAX_SECONDS = 10**12
 MAX_SAMPLES = 1024
 
