@@ -83,17 +83,18 @@ def replay(words: dict[str, int], merges: Sequence[tuple[str, str]]) -> list[int
             for p in zip(symbols, symbols[1:]):
                 pairs[p] += words[w]
         counts.append(pairs[(a, b)])
-        for w, s in split.items():
-            merged, i = [], 0
-            while i < len(s):
-                if i + 1 < len(s) and (s[i], s[i + 1]) == (a, b):
-                    merged.append(a + b)
-                    i += 2
-                else:
-                    merged.append(s[i])
-                    i += 1
-            split[w] = merged
+        split = {w: _merge(s, a, b) for w, s in split.items()}
     return counts
+
+
+def _merge(symbols: list[str], a: str, b: str) -> list[str]:
+    """``symbols`` with each adjacent ``a``, ``b`` (left to right, not overlapping) made one symbol ``a + b``."""
+    out, i = [], 0
+    while i < len(symbols):
+        pair = i + 1 < len(symbols) and symbols[i] == a and symbols[i + 1] == b
+        out.append(a + b if pair else symbols[i])
+        i += 2 if pair else 1
+    return out
 
 
 def toy_bpe(words: dict[str, int]) -> list[dict]:
@@ -229,15 +230,7 @@ def _bpe_cut(text_words: Sequence[str], merges: Sequence[dict]) -> list[str]:
     for w in text_words:
         s = list(w)
         for m in merges:
-            i, out = 0, []
-            while i < len(s):
-                if i + 1 < len(s) and s[i] == m["a"] and s[i + 1] == m["b"]:
-                    out.append(m["a"] + m["b"])
-                    i += 2
-                else:
-                    out.append(s[i])
-                    i += 1
-            s = out
+            s = _merge(s, m["a"], m["b"])
         pieces += s
     return pieces
 

@@ -19,8 +19,11 @@ if TYPE_CHECKING:
 
 __all__ = ["SPACE_MARK", "MAX_SHOWN", "Tokenizer", "check_ids", "lossy_report", "missing_chars", "run_tokenizer_fix"]
 
-#: The fix for a run whose own tokenizer.json is missing or damaged: a copy of the file it was trained with, or none.
+#: What this module says: ids that are not token ids, and the fix for a run whose own tokenizer.json is lost.
 _MESSAGES = {
+    "not_int": "token id {bad!r} is not an integer; decode integer ids (the ids encode gives)",
+    "outside": ("token id {bad:,} is not in the tokenizer's vocabulary of {n:,} ids (0 to {last:,}); decode ids with "
+                "the tokenizer that made them"),
     "copy": "a run keeps the tokenizer it was trained with: copy it back from {source!r} to {dest!r}, if that "
             "file was not retrained since",
     "no_copy": "a run keeps the tokenizer it was trained with, and no copy of it is known{where}: the run cannot be "
@@ -84,16 +87,12 @@ def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
         MinigptError: naming the first id outside the vocabulary, and its size.
     """
     ids = list(ids)
-    if any(isinstance(i, (bool, float)) for i in ids):  # int(1.7) would silently decode id 1
-        bad = next(i for i in ids if isinstance(i, (bool, float)))
-        raise MinigptError(f"token id {bad!r} is not an integer; decode integer ids (the ids encode gives)")
-    out = list(map(int, ids))
-    if out and (min(out) < 0 or max(out) >= vocab_size):
-        bad = next(i for i in out if not 0 <= i < vocab_size)
-        raise MinigptError(
-            f"token id {bad:,} is not in the tokenizer's vocabulary of {vocab_size:,} ids "
-            f"(0 to {vocab_size - 1:,}); decode ids with the tokenizer that made them"
-        )
+    floats = [i for i in ids if isinstance(i, (bool, float))]  # int(1.7) would silently decode id 1
+    out = [] if floats else list(map(int, ids))
+    outside = [i for i in out if not 0 <= i < vocab_size] if out and (min(out) < 0 or max(out) >= vocab_size) else []
+    if floats or outside:
+        raise MinigptError(_MESSAGES["not_int"].format(bad=floats[0]) if floats else
+                           _MESSAGES["outside"].format(bad=outside[0], n=vocab_size, last=vocab_size - 1))
     return out
 
 

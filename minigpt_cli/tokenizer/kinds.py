@@ -215,8 +215,7 @@ class HFTokenizer:
         obj = json.loads(self._json)
         model = obj.get("model") or {}
         mtype = model.get("type")
-        if mtype not in _MODEL_KINDS and kind != "hf":
-            raise MinigptError(f"a {mtype!r} tokenizer model is not one of BPE, WordPiece, Unigram")
+        assert mtype in _MODEL_KINDS or kind == "hf", mtype  # the trainers' models, or load_tokenizer's kind hf
         self.kind = kind or _MODEL_KINDS[mtype]
         unk = model.get("unk_token")
         if mtype == "Unigram" and model.get("unk_id") is not None:
