@@ -34,11 +34,8 @@ LABELLED = 24
 
 
 def attention_weights(attn, x: torch.Tensor, rope=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The attention weights of one :class:`~minigpt_cli.model.gpt.CausalSelfAttention` on its input x (B, T, C).
-
-    Returns:
-        (weights (B, n_head, T, T) float32, rows summing to 1; the layer's output recomputed from them,
-        (B, T, C)).
+    """The attention weights (B, n_head, T, T) float32 of one attention layer on its input x (B, T, C), and the
+    layer's output (B, T, C) recomputed from them.
     """
     B, T, C = x.size()
     with torch.no_grad():

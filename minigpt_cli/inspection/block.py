@@ -43,12 +43,8 @@ def copy_into_reference(blk: Block, ref: nn.TransformerEncoderLayer) -> None:
 
 def compare(norm_position: str, n_embd: int = 64, n_head: int = 4, d_ff: int = 256, seq_len: int = 8,
             batch: int = 2, activation: str = "gelu", seed: int = 0) -> dict:
-    """One block of ours against ``nn.TransformerEncoderLayer`` with the same weights, causal mask, float32.
-
-    Returns:
-        ``norm_position``, ``max_error`` (max |ours − torch|), ``max_error_without_mask`` (torch's layer
-        run without the mask: what a missing mask costs), ``ours``, ``reference`` and ``unmasked``
-        (the first 256 output values, for the plot).
+    """One block of ours against ``nn.TransformerEncoderLayer`` with the same weights, causal mask, float32:
+    ``max_error``, ``max_error_without_mask`` (what a missing mask costs), and 256 outputs of each for the plot.
     """
     cfg = ModelConfig(n_layer=1, n_head=n_head, n_embd=n_embd, d_ff=d_ff, block_size=seq_len, ffn=activation,
                       norm_position=norm_position, bias=True, dropout=0.0)
@@ -75,12 +71,8 @@ def compare(norm_position: str, n_embd: int = 64, n_head: int = 4, d_ff: int = 2
 
 def trace(n_layer: int = 2, batch: int = 2, seq_len: int = 4, n_embd: int = 64, n_head: int = 4,
           d_ff: int = 256, dtype: str = "float32", seed: int = 0) -> dict:
-    """Shapes and dtypes after every sub-layer of a small GPT, and every parameter's gradient norm.
-
-    Returns:
-        ``config`` (the sizes), ``dtype``, ``steps`` (each {``name``, ``shape``, ``dtype``, ``bt_c``: whether
-        the shape is (B, T, C)}), ``dtype_kept`` (each block returned its input's dtype), ``loss`` and
-        ``grad_norms`` ({parameter name: norm}).
+    """Shapes and dtypes after every sub-layer of a small GPT (``steps``, each with ``bt_c``: the shape is
+    (B, T, C)), whether each block kept its input's dtype, the ``loss`` and every parameter's gradient norm.
     """
     cfg = ModelConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, d_ff=d_ff, block_size=seq_len,
                       vocab_size=TRACE_VOCAB, dropout=0.0)
@@ -147,11 +139,8 @@ def trace(n_layer: int = 2, batch: int = 2, seq_len: int = 4, n_embd: int = 64, 
 def block(n_embd: int = 64, n_head: int = 4, d_ff: int = 256, seq_len: int = 8, activation: str = "gelu",
           seed: int = 0, with_trace: bool = False, n_layer: int = 2, batch: int = 2, trace_len: int = 4,
           dtype: str = "float32", output: Optional[Path] = None) -> dict:
-    """Pre-LN and Post-LN blocks against ``nn.TransformerEncoderLayer``; with ``with_trace``, :func:`trace`.
-
-    Returns:
-        A dict: ``config``; ``pre`` and ``post`` (each as :func:`compare` returns, without the raw values);
-        ``trace`` (as :func:`trace` returns; None without ``with_trace``); ``png``.
+    """Pre-LN and Post-LN blocks against ``nn.TransformerEncoderLayer`` (``pre``, ``post``: :func:`compare`'s
+    numbers), with ``with_trace`` :func:`trace`'s (else None), and ``png``.
 
     Raises:
         MinigptError: n_embd not divisible by n_head (the CLI checks the sizes, activation and dtype).

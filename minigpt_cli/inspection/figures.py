@@ -16,11 +16,7 @@ from ..errors import MinigptError
 
 
 def check_heads(n_embd: int, n_head: int) -> None:
-    """Refuse a width that whole heads do not divide, suggesting the nearest that they do.
-
-    Raises:
-        MinigptError: ``n_embd`` not divisible by ``n_head``.
-    """
+    """Refuse (MinigptError) a width that whole heads do not divide, suggesting the nearest that they do."""
     if n_embd % n_head:
         raise MinigptError(f"--n-embd {n_embd} is not divisible by --n-head {n_head}; "
                            f"e.g. --n-embd {n_head * max(1, round(n_embd / n_head))}")
@@ -45,11 +41,7 @@ def widen_to_fit(fig, text, margin: float = 0.2) -> None:
 
 
 def save_png(fig, folder: Path, name: str) -> str:
-    """Write ``fig`` to ``folder/name`` atomically (the folder is created); returns the path as a string.
-
-    Raises:
-        MinigptError: the file cannot be written (:func:`~minigpt_cli.fileio.atomic_write_bytes`).
-    """
+    """Write ``fig`` to ``folder/name`` atomically (the folder is created); returns the path as a string."""
     from ..fileio import atomic_write_bytes
 
     png = io.BytesIO()

@@ -46,10 +46,8 @@ def stream_rms(blocks: Sequence[torch.nn.Module], x: torch.Tensor, rope=None) ->
 
 
 def scale_branch_outputs(model: GPT, n_layer: int) -> None:
-    """Multiply each branch's last layer (every ``c_proj.weight``) by 1/sqrt(2·n_layer), in place.
-
-    The same weights drawn with std σ/sqrt(2L), as ``scale_residual_init`` draws them (GPT-2 §2.3); scaling
-    the unscaled draw keeps every other weight equal, so the two streams differ by the rule alone.
+    """Multiply every ``c_proj.weight`` (each branch's last layer) by 1/sqrt(2·n_layer) in place: the rule of
+    GPT-2 §2.3 applied to the same draw, so the two streams differ by the rule alone.
     """
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -153,15 +151,11 @@ class _Stop(Exception):
 
 def residual_run(run: str | Path, checkpoint: str = runs.BEST, windows: int = 8, seed: int = 0,
                  output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
-    """RMS of a trained run's residual stream after each block, on validation windows, against its init.
-
-    Returns:
-        A dict: ``run``, ``checkpoint``, ``layers``, ``windows``, ``block_size``, ``scale_residual_init``,
-        ``trained`` and ``init`` (L + 1 RMS values: the embedding, then after each block), ``png``.
+    """RMS of a trained run's residual stream (``trained``) and of its architecture at init (``init``) after the
+    embedding and each block, on validation windows.
 
     Raises:
-        MinigptError: as :func:`~minigpt_cli.inspection.run_model.open_run`; the run's corpus is not on
-            disk; a validation split shorter than a window.
+        MinigptError: as :func:`~.run_model.open_run`; the corpus is not on disk; a split shorter than a window.
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     idx = _val_windows(Path(run), cfg, tok, windows, seed, echo)

@@ -19,12 +19,10 @@ _MESSAGES = {
 
 
 def open_run(run: str | Path, checkpoint: str = runs.BEST, echo: Callable[[str], None] = lambda m: None):
-    """The model (eval mode, CPU), config and tokenizer of a run folder, and the checkpoint folder used.
+    """The model (eval mode, CPU), config and tokenizer of a run folder, and the checkpoint used.
 
     Raises:
-        MinigptError: no such folder, no checkpoint in it (the message :func:`~minigpt_cli.run.folder.resolve`
-            gives: ``no checkpoint at ... ; train first or pick another run``), a damaged checkpoint, a
-            tokenizer that is not the run's.
+        MinigptError: no such folder or checkpoint, a damaged checkpoint, a tokenizer that is not the run's.
     """
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     import torch
