@@ -389,3 +389,36 @@ def test_home_in_paths_and_a_pasteable_hint(cli, data_dir, tmp_path, monkeypatch
     assert words[:3] == ["minigpt", "generate", "--run"] and Path(words[3]) == run
     gen = cli(*words[1:], "--prompt", "A", "--max-new-tokens", "3")
     assert gen.exit_code == 0 and gen.stdout.startswith("A"), gen
+
+
+@pytest.mark.parametrize("args,line", [
+    (["generate", "--top-k", "0"],
+     "error: --top-k 0: input should be greater than or equal to 1 (see 'minigpt generate --help')"),
+    (["generate", "--max-new-tokens", "many"],
+     "error: --max-new-tokens many: input should be a valid integer, unable to parse string as an integer "
+     "(see 'minigpt generate --help')"),
+    (["train", "--dry-run"], "error: Missing argument 'CONFIG'. (see 'minigpt train --help')"),
+])
+def test_typers_own_errors_read_like_the_tools_one_liners(cli, tmp_path, monkeypatch, args, line):
+    monkeypatch.chdir(tmp_path)
+    res = cli(*args)
+    assert_user_error(res)
+    assert res.stderr.strip() == line
+
+
+def test_generate_says_nothing_about_cpu_threads(trained_run, cli, monkeypatch):
+    """The thread count changes generate's speed, not its text: its CpuThreads gets no echo for its notes."""
+    from minigpt_cli.runtime.device import CpuThreads
+    from minigpt_cli.sample import generate as gen
+
+    work, *_ = trained_run
+    monkeypatch.chdir(work)
+    made = []
+
+    def recording(device, **kwargs):
+        made.append(kwargs)
+        return CpuThreads(device, **kwargs)
+
+    monkeypatch.setattr(gen, "CpuThreads", recording)
+    res = cli("generate", "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "1")
+    assert res.exit_code == 0 and len(made) == 1 and "echo" not in made[0], made

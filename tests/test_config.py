@@ -548,3 +548,108 @@ def test_a_text_key_takes_the_text_as_typed():
     assert load_config(CONFIGS / "tiny.yaml", ["data.url=null"]).data.url is None
     with pytest.raises(ConfigError, match="train.max_iters"):  # numbers stay numbers, and are checked
         load_config(CONFIGS / "tiny.yaml", ["train.max_iters=ROMEO:"])
+
+
+# ----------------------------------------------------------------------------- limits (issue 27 §3)
+
+
+HUGE = "1" * 5000  # past Python's 4,300-digit limit for int(str)
+
+
+@pytest.mark.parametrize("args", [
+    ["--set", f"seed={HUGE}"],
+    ["--set", f"model.n_layer={10**400}"],
+    ["--set", f"model.n_embd={10**400}"],
+    ["--set", f"model.vocab_size={10**400}"],
+    ["--set", f"model.d_ff={10**400}"],
+    ["--set", f"train.batch_size={10**400}"],
+    ["--set", f"train.warmup_iters={10**400}"],
+    ["--set", f"train.learning_rate={10**400}"],
+])
+def test_huge_integers_are_one_line_through_the_cli(cli, args):
+    res = cli("train", TINY, *args, "--dry-run")
+    assert res.exit_code == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --set"), res.stderr
+    assert "Traceback" not in res.stderr and len(lines[0]) < 400
+
+
+def test_a_huge_integer_in_a_config_file_or_sweep_file_is_one_line(cli, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"train:\n  max_iters: {HUGE}\n")
+    res = cli("train", cfg, "--dry-run")
+    assert res.exit_code == 2 and "line 2, column 14: an integer of 5,000 digits" in res.stderr, res.stderr
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"name: s\nbase: {TINY}\nvariants: {{v: {{}}}}\nseeds: [{HUGE}]\nbudget: {{iters: 2}}\n")
+    res = cli("sweep", sweep)
+    assert res.exit_code == 2 and "an integer of 5,000 digits" in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("key", ["model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "model.d_ff",
+                                 "model.vocab_size", "train.batch_size", "train.grad_accum_steps",
+                                 "train.max_iters", "train.warmup_iters", "sample.max_new_tokens",
+                                 "sample.num_samples", "tokenizer.vocab_size", "train.eval_iters"])
+def test_every_size_and_count_has_an_upper_bound_that_config_keys_states(key):
+    from minigpt_cli.config.keys import key_rows
+
+    section, name = key.split(".")
+    field = Config.model_fields[section].annotation.model_fields[name]
+    most = next(m.le for m in field.metadata if hasattr(m, "le"))
+    with pytest.raises(ConfigError, match=rf"{key}: input should be less than or equal to {most}"):
+        load_config(TINY, [f"{key}={most + 1}"])
+    meaning = next(row[3] for row in key_rows() if row[0] == key)
+    assert meaning.endswith(f" .. {most:,})"), meaning
+
+
+def test_the_readme_states_each_keys_range_as_config_keys_does():
+    from minigpt_cli.config.keys import key_rows
+
+    text = README.read_text(encoding="utf-8")
+    for key, _, _, meaning in key_rows():
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{key}` |"))
+        if meaning.endswith(")") and " .. " in meaning.rsplit("(", 1)[-1]:
+            assert row.endswith(f"({meaning.rsplit('(', 1)[-1]} |"), row
+
+
+@pytest.mark.parametrize("flag,value,limit", [("--max-new-tokens", 2**64, "1048576"),
+                                              ("--num-samples", 10**12, "1024")])
+def test_generate_refuses_counts_past_the_stated_limit(cli, tmp_path, flag, value, limit):
+    res = cli("generate", "--run", tmp_path / "no-run", flag, value)
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: {flag} {value}: input should be less than or equal to {limit}", res.stderr
+
+
+# ----------------------------------------------------------------------------- messages (issue 27 §5)
+
+
+def test_every_problem_of_a_yaml_is_reported_in_one_pass(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  lr: 1e-3\n  batch_sise: 4\nmodel:\n  n_layr: 2\n  n_embd: -1\n")
+    with pytest.raises(ConfigError, match=r"^\S+c\.yaml: 4 problems: \(1\) ") as e:
+        load_config(p)
+    assert "\n" not in str(e.value)
+    text = str(e.value)
+    for fragment in ("train.lr: unknown key; did you mean train.learning_rate?",
+                     "train.batch_sise: unknown key; did you mean train.batch_size?",
+                     "model.n_layr: unknown key; did you mean model.n_layer?",
+                     "model.n_embd: input should be greater than or equal to 1"):
+        assert fragment in text, text
+
+
+def test_every_broken_rule_is_reported_together():
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, ["model.n_embd=30", "model.n_head=4", "model.n_kv_head=3", "train.min_lr=1",
+                           "train.learning_rate=0.1"])
+    text = str(e.value)
+    assert "3 problems" in text and "divisible by model.n_head" in text, text
+    assert "multiple of model.n_kv_head" in text and "train.min_lr (1.0) must not exceed" in text, text
+
+
+def test_a_list_key_given_a_value_shows_the_list_syntax(cli):
+    res = cli("train", TINY, "--set", "tokenizer.special_tokens=<|endoftext|>", "--dry-run")
+    assert res.exit_code == 2
+    assert "input should be a valid list" in res.stderr
+    assert "--set 'tokenizer.special_tokens=[a, b]'" in res.stderr, res.stderr
+    cfg = load_config(TINY, ["tokenizer.special_tokens=[<|endoftext|>]"])  # the syntax the hint shows works
+    assert cfg.tokenizer.special_tokens == ["<|endoftext|>"]

@@ -1,19 +1,14 @@
 """What every ``minigpt`` command shares: one-line errors with exit statuses, a guarded stdout, help layout.
 
-:class:`Group` runs a command and turns what a user can cause into one line
-on stderr and an exit status: a :class:`~minigpt_cli.errors.MinigptError`
-(2), a usage error (2), a file or standard output that cannot be written (2),
-SIGTERM or SIGHUP (128 + the signal), Ctrl-C (130). A closed pipe
-(``minigpt generate | head``) ends quietly with status 0. Anything else is a
-bug and keeps its traceback. :class:`Command` lays ``--help`` out like a
-Unix tool's. :func:`run_and_exit` ends the process once the command is done
-(without the interpreter's teardown, which takes seconds once torch is loaded
-and in which a Ctrl-C would kill the process without a word).
+A :class:`~minigpt_cli.errors.MinigptError`, a usage error, or a file or standard output that cannot be
+written is one line on stderr and status 2; SIGTERM or SIGHUP 128 + the signal, Ctrl-C 130; a closed pipe
+(``minigpt generate | head``) ends quietly with 0. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import io
 import os
@@ -49,17 +44,11 @@ class _CtrlC(Exception):
 
 
 class _StdoutClosed(Exception):
-    """The reader of standard output left (``minigpt generate | head``); not an error.
-
-    Not a BrokenPipeError, which click would turn into exit status 1.
-    """
+    """The reader of standard output left (``minigpt generate | head``); not a BrokenPipeError (click: status 1)."""
 
 
 class _GuardedStdout:
-    """``sys.stdout`` while a command runs: a failed write raises :class:`_StdoutError` or :class:`_StdoutClosed`.
-
-    Every other attribute is the wrapped stream's.
-    """
+    """``sys.stdout`` while a command runs: a failed write raises :class:`_StdoutError` or :class:`_StdoutClosed`."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -67,10 +56,8 @@ class _GuardedStdout:
     def _guard(self, method, *args):
         try:
             return method(*args)
-        except BrokenPipeError:
-            raise _StdoutClosed() from None
         except OSError as exc:
-            raise _StdoutError(exc) from None
+            raise (_StdoutClosed() if isinstance(exc, BrokenPipeError) else _StdoutError(exc)) from None
 
     def write(self, text):
         return self._guard(self._stream.write, text)
@@ -93,12 +80,7 @@ def _drop_stdout() -> None:
 
 
 class Group(TyperGroup):
-    """Turns user errors into one line on stderr and exit 2, without a traceback.
-
-    Besides :class:`~minigpt_cli.errors.MinigptError` and usage errors, that
-    covers a file that cannot be written (an OSError naming a path, or a full
-    or read-only disk) and a standard output that cannot be written.
-    """
+    """Runs a command and renders what a user can cause as one line on stderr and an exit status (:func:`_exit`)."""
 
     def invoke(self, ctx):
         try:
@@ -114,41 +96,9 @@ class Group(TyperGroup):
             rv = super().main(args=args, prog_name=prog_name or "minigpt", complete_var=complete_var,
                               standalone_mode=False, **extra)
             sys.stdout.flush()  # buffered output fails here, not silently at exit
-        except _click_exc.NoArgsIsHelpError as exc:  # bare `minigpt`: the help, not an error
+        except BaseException as exc:  # the one place errors are rendered; _exit re-raises what is a bug
             sys.stdout = real_stdout
-            print(exc.format_message().rstrip("\n"))
-            rv = 0
-        except _click_exc.UsageError as exc:
-            path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
-            _fail(f"{exc.format_message()} (see '{path} --help')")
-        except Interrupted as exc:  # asked for: what was saved and how to go on, not an error
-            if other_rank():  # under torchrun every rank stops; rank 0 says so
-                sys.exit(exc.exit_code)
-            _fail(str(exc), exc.exit_code, prefix="")
-        except MinigptError as exc:
-            _fail(str(exc), exc.exit_code)
-        except _Terminated as exc:
-            _fail(STOPPED.format(name=signal.Signals(exc.signum).name), 128 + exc.signum, prefix="")
-        except (_CtrlC, typer.Abort, KeyboardInterrupt):
-            _fail(STOPPED.format(name="Ctrl-C"), 130, prefix="")
-        except (_StdoutClosed, BrokenPipeError):  # e.g. `minigpt generate | head`: the reader left
-            sys.stdout = real_stdout
-            _drop_stdout()
-            sys.exit(0)
-        except _StdoutError as exc:
-            sys.stdout = real_stdout
-            _drop_stdout()
-            _fail(f"cannot write to standard output: {exc}")
-        except OSError as exc:
-            # A write the library did not wrap: a path (run folder, data folder) that is
-            # read-only, full, a file where a folder should be, ... Others are bugs.
-            from ..fileio import os_error_message
-
-            if exc.filename is None and exc.errno not in _DISK_ERRNOS:
-                raise
-            _fail(os_error_message(exc))
-        except _click_exc.ClickException as exc:
-            _fail(exc.format_message())
+            rv = _exit(exc)
         finally:
             for sig, handler in old_term.items():
                 signal.signal(sig, handler)
@@ -158,6 +108,55 @@ class Group(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+def _exit(exc: BaseException) -> int:
+    """What ``exc``, raised by a command, becomes: the help (a bare ``minigpt``: 0), or one line on stderr and
+    the process's exit (:func:`_fail`); an error that is not the user's (a bug) is raised again."""
+    if isinstance(exc, _click_exc.NoArgsIsHelpError):  # bare `minigpt`: the help, not an error
+        print(exc.format_message().rstrip("\n"))
+        return 0
+    if isinstance(exc, Interrupted):  # asked for: what was saved and how to go on, not an error
+        if other_rank():  # under torchrun every rank stops; rank 0 says so
+            sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code, prefix="")
+    if isinstance(exc, (_StdoutClosed, BrokenPipeError)):  # e.g. `minigpt generate | head`: the reader left
+        _drop_stdout()
+        sys.exit(0)
+    if isinstance(exc, _StdoutError):
+        _drop_stdout()
+    from ..fileio import os_error_message
+
+    # An OSError the library did not wrap: a path (run folder, data folder) that is read-only, full, a file
+    # where a folder should be, ...; one without a path or a disk's errno is a bug.
+    disk = isinstance(exc, OSError) and (exc.filename is not None or exc.errno in _DISK_ERRNOS)
+    line = (str(exc) if isinstance(exc, MinigptError)
+            else _usage_line(exc) if isinstance(exc, _click_exc.UsageError)
+            else STOPPED.format(name=signal.Signals(exc.signum).name) if isinstance(exc, _Terminated)
+            else STOPPED.format(name="Ctrl-C") if isinstance(exc, (_CtrlC, typer.Abort, KeyboardInterrupt))
+            else f"cannot write to standard output: {exc}" if isinstance(exc, _StdoutError)
+            else os_error_message(exc) if disk
+            else exc.format_message() if isinstance(exc, _click_exc.ClickException)
+            else None)
+    if line is None:
+        raise exc
+    signalled = isinstance(exc, (_Terminated, _CtrlC, typer.Abort, KeyboardInterrupt))
+    code = 128 + exc.signum if isinstance(exc, _Terminated) else 130 if signalled else getattr(exc, "exit_code", 2)
+    code = code if isinstance(exc, MinigptError) or signalled else EXIT_USAGE
+    _fail(line, code, prefix="" if signalled else "error: ")
+
+
+def _usage_line(exc) -> str:
+    """A usage error as the tool's own one-liners read: ``--top-k 0: input should be greater than or equal to 1
+    (see 'minigpt generate --help')``; Typer checks an option's value through pydantic, whose error holds it."""
+    path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
+    param = getattr(exc, "param", None)
+    errors = exc.__cause__.errors() if hasattr(exc.__cause__, "errors") else []
+    if param is None or not errors or type(exc) is not _click_exc.BadParameter:
+        return f"{exc.format_message()} (see '{path} --help')"
+    flag = max(getattr(param, "opts", None) or [param.name.upper()], key=len)
+    msg = errors[0]["msg"].removeprefix("Value error, ")
+    return f"{flag} {errors[0].get('input')}: {msg[0].lower() + msg[1:]} (see '{path} --help')"
 
 
 class _Terminated(BaseException):
@@ -173,18 +172,13 @@ def _raise_terminated(signum, frame):
 
 
 def _install_termination_handlers() -> dict:
-    """Make SIGTERM and SIGHUP unwind like Ctrl-C does, so ``finally`` blocks remove partial files
-    (a download's ``.part``, a new run folder without a checkpoint). The training loop installs
-    its own handlers, which save ``checkpoints/last`` first. Returns the handlers replaced."""
-    old = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is None:
-            continue
-        try:
-            old[sig] = signal.signal(sig, _raise_terminated)
-        except ValueError:  # not the main thread
-            pass
-    return old
+    """Make SIGTERM and SIGHUP unwind like Ctrl-C, so ``finally`` blocks remove partial files (the training loop
+    installs its own, which save first). Returns the handlers replaced.
+    """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        return {}
+    signals = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    return {sig: signal.signal(sig, _raise_terminated) for sig in signals}
 
 
 #: OSErrors that mean "the disk said no" even without a file name (a write to an open file).
@@ -208,13 +202,8 @@ _MAX_ERROR = 2000
 
 
 class Command(TyperCommand):
-    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``.
-
-    Typer labels values by Python type (``<int range>``, ``<list[str]>``,
-    ``<path>``) and writes a required argument as ``{config}``. Here every
-    value shows its metavar: the one the option declares, else one derived
-    from its type (:func:`_default_metavar`); arguments appear as ``CONFIG``
-    (required) or ``[CONFIG]`` (optional).
+    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``, not Typer's
+    type labels (``<int range>``) and ``{config}``.
     """
 
     def __init__(self, *args, **kwargs):
@@ -267,10 +256,8 @@ def other_rank() -> bool:
 def echo(message: str) -> None:
     """A status line on stderr. A stderr that cannot be written (closed pipe, full disk) loses
     the line, not the run: a training must not die, unsaved, because `2>&1 | head` went away."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         print(message, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 #: What a refused sampling option is told, by ``sample`` key (else the schema's own words).
@@ -279,11 +266,7 @@ _SAMPLE_FLAG_HINTS = {"top_p": "must be in (0, 1]; e.g. --top-p 0.9",
 
 
 def sample_flags(given: dict) -> dict:
-    """``generate``'s sampling options, checked by the ``sample`` schema; a refused one is named by its flag.
-
-    Raises:
-        MinigptError: ``--top-p 1.5: must be in (0, 1]; e.g. --top-p 0.9`` and the like.
-    """
+    """``generate``'s sampling options, checked by the ``sample`` schema; an error names the refused one's flag."""
     from pydantic import ValidationError
 
     from ..config.schema import SampleConfig
@@ -321,18 +304,12 @@ def _status(code: Any) -> int:
 
 
 def run_and_exit(app: Callable[[], Any]) -> NoReturn:
-    """Run the CLI in this process, then end the process at once, with the command's exit status.
+    """Run the CLI, then end the process at once (:func:`os._exit`) with the command's exit status.
 
-    Once the command is done, SIGINT, SIGTERM and SIGHUP are only noted; the
-    ``atexit`` functions run and standard output and error are flushed, then
-    the process ends with :func:`os._exit`. The interpreter's own teardown
-    (freeing every module; about 2 s with torch and matplotlib loaded) is
-    skipped: there, Python has put the default handlers back, and a Ctrl-C
-    killed the process with status 130 and no word, after the command had
-    finished. A signal noted in these last moments is answered with one line,
-    :data:`LATE_SIGNAL`, and status 128 + its number. While a thread that is
-    not a daemon still runs, the interpreter's normal exit waits for it
-    instead (the signals are then ignored).
+    The interpreter's teardown (about 2 s with torch loaded) is skipped: in it Python has put the default
+    handlers back, and a Ctrl-C killed the finished process with 130 and no word. A signal in these last
+    moments is answered with :data:`LATE_SIGNAL` and 128 + its number. While a non-daemon thread runs, the
+    normal exit waits for it instead.
     """
     late: list[int] = []
     signals = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
@@ -370,12 +347,9 @@ def run_and_exit(app: Callable[[], Any]) -> NoReturn:
 
 
 def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass
+    for stream in (s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None):
+        with contextlib.suppress(OSError, ValueError):  # a stream that cannot be flushed has nothing to lose
+            stream.flush()
 
 
 # ----------------------------------------------------------------------------- --stop's escapes
@@ -398,21 +372,13 @@ _ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})
 
 
 def unescape(text: str, what: str = "--stop") -> str:
-    """``text`` with printf's escapes turned into what they name, as bash's ``printf`` does in its format.
+    """``text`` with printf's escapes turned into what they name, as bash's ``printf`` does (``--stop '\\n\\n'``).
 
-    ``\\n`` (``--stop '\\n\\n'``: a blank line), ``\\t``, ``\\r``, ``\\a``, ``\\b``, ``\\e``, ``\\f``,
-    ``\\v``, ``\\\\``, ``\\"``, ``\\'``; ``\\NNN`` (octal) and ``\\xHH`` give bytes, and a run of
-    them is read as UTF-8 (``\\xc3\\xa9`` is é, as printf writes it to a UTF-8 terminal); ``\\uHHHH`` and
-    ``\\UHHHHHHHH`` give the character of that code point (``\\u00e9`` is é). Any other backslash is kept
-    as written (``\\q`` stays ``\\q``, as printf leaves it).
-
-    Args:
-        text: the text as typed.
-        what: the option it came from, for the messages.
+    One-character escapes as printf's; ``\\NNN`` (octal) and ``\\xHH`` give bytes, a run of them read as UTF-8
+    (``\\xc3\\xa9`` is é); ``\\uHHHH`` and ``\\UHHHHHHHH`` a code point; any other backslash stays as written.
 
     Raises:
-        MinigptError: bytes that are not UTF-8, an octal escape past ``\\377``, a code point that is not a
-            character (a surrogate, or past U+10FFFF).
+        MinigptError: bytes that are not UTF-8, an octal escape past ``\\377``, a code point that is not a character.
     """
     out: list[str] = []
     pending = bytearray()  # bytes of octal and \x escapes, read as UTF-8 together

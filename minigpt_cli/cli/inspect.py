@@ -8,9 +8,10 @@ torch and matplotlib are imported inside the commands, so ``--help`` stays fast.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 import typer
 
@@ -26,7 +27,7 @@ _MESSAGES = {
     "unknown_topic": "unknown topic {name!r};{hint} the topics are: {topics}",
     "did_you_mean": " did you mean {close}?",
     "range": "--range {text!r}: give two numbers separated by a comma, e.g. --range -4,4",
-    "depths": "--depths {text!r}: give block counts separated by commas, e.g. --depths 4,16,64",
+    "depths": "--depths {text!r}: give block counts of at least 1 separated by commas, e.g. --depths 4,16,64",
 }
 
 
@@ -77,13 +78,17 @@ def _one_thread() -> None:
         torch.set_num_threads(1)
 
 
-def _numbers(text: str, key: str, kind=float) -> list:
+def _numbers(text: str, key: str, kind=float, count: Optional[int] = None, least: float = -math.inf) -> list:
+    """The comma-separated numbers of an option: ``count`` of them when given, each at least ``least``."""
     from ..errors import MinigptError
 
     try:
-        return [kind(v) for v in text.split(",") if v.strip()]
+        values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise MinigptError(_MESSAGES[key].format(text=text)) from None
+        values = []
+    if not values or len(values) != (count or len(values)) or min(values) < least:
+        raise MinigptError(_MESSAGES[key].format(text=text))
+    return values
 
 
 @app.command(cls=Command)
@@ -118,15 +123,16 @@ def block(
     trace: bool = typer.Option(False, "--trace", help="Also trace the shapes and dtypes through a small GPT, and "
                                                       "print each parameter's gradient norm after one backward."),
     n_embd: int = typer.Option(64, "--n-embd", min=1, max=4096, metavar="D", help="Model width."),
-    n_head: int = typer.Option(4, "--n-head", metavar="H", help="Attention heads (must divide --n-embd)."),
-    d_ff: int = typer.Option(256, "--d-ff", metavar="N", help="Feed-forward width."),
-    seq_len: int = typer.Option(8, "--seq-len", metavar="T", help="Tokens per sequence in the comparison."),
-    activation: str = typer.Option("gelu", "--activation", metavar="relu|gelu", help="Feed-forward activation."),
-    n_layer: int = typer.Option(2, "--n-layer", metavar="L", help="Blocks in the trace."),
-    batch: int = typer.Option(2, "--batch", metavar="B", help="Sequences per batch."),
-    trace_len: int = typer.Option(4, "--trace-len", metavar="T", help="Tokens per sequence in the trace."),
-    dtype: str = typer.Option("float32", "--dtype", metavar="DTYPE", help="The trace's dtype: float32, float64 "
-                                                                          "or bfloat16."),
+    n_head: int = typer.Option(4, "--n-head", min=1, metavar="H", help="Attention heads (must divide --n-embd)."),
+    d_ff: int = typer.Option(256, "--d-ff", min=1, metavar="N", help="Feed-forward width."),
+    seq_len: int = typer.Option(8, "--seq-len", min=1, metavar="T", help="Tokens per sequence in the comparison."),
+    activation: Literal["relu", "gelu"] = typer.Option("gelu", "--activation", metavar="relu|gelu",
+                                                       help="Feed-forward activation."),
+    n_layer: int = typer.Option(2, "--n-layer", min=1, metavar="L", help="Blocks in the trace."),
+    batch: int = typer.Option(2, "--batch", min=1, metavar="B", help="Sequences per batch."),
+    trace_len: int = typer.Option(4, "--trace-len", min=1, metavar="T", help="Tokens per sequence in the trace."),
+    dtype: Literal["float32", "float64", "bfloat16"] = typer.Option(
+        "float32", "--dtype", metavar="DTYPE", help="The trace's dtype: float32, float64 or bfloat16."),
     seed: int = typer.Option(0, "--seed", metavar="S", help="Seed of the weights and inputs."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(Path("inspect"), "--output", metavar="DIR", help=OUTPUT_HELP),
@@ -153,10 +159,10 @@ def residual(
     run: Optional[Path] = typer.Option(None, "--run", metavar="DIR", help="Measure a trained run instead, on "
                                                                           "validation windows, against its init."),
     depths: str = typer.Option("4,16,64", "--depths", metavar="L,L,...", help="Block counts to build."),
-    seeds: int = typer.Option(8, "--seeds", metavar="N", help="Initialisations per depth."),
+    seeds: int = typer.Option(8, "--seeds", min=1, metavar="N", help="Initialisations per depth."),
     n_embd: int = typer.Option(64, "--n-embd", min=1, max=4096, metavar="D", help="Model width."),
-    n_head: int = typer.Option(4, "--n-head", metavar="H", help="Attention heads."),
-    seq_len: int = typer.Option(64, "--seq-len", metavar="T", help="Tokens per input."),
+    n_head: int = typer.Option(4, "--n-head", min=1, metavar="H", help="Attention heads."),
+    seq_len: int = typer.Option(64, "--seq-len", min=1, metavar="T", help="Tokens per input."),
     init_std: Optional[float] = typer.Option(None, "--init-std", min=1e-6, max=10.0, metavar="X",
                                              help="Init std of the weights (default 1/sqrt(d): O(1) branches)."),
     checkpoint: str = typer.Option(runs.BEST, "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
@@ -182,7 +188,7 @@ def residual(
     if run is not None:
         result = residual_run(run, checkpoint, windows, output=output, echo=echo)
     else:
-        result = study(_numbers(depths, "depths", int), seeds, n_embd, n_head, seq_len, init_std, output)
+        result = study(_numbers(depths, "depths", int, least=1), seeds, n_embd, n_head, seq_len, init_std, output)
     _report(result, as_json, format_residual)
 
 
@@ -228,13 +234,10 @@ def activations(
     Example: minigpt inspect activations --range=-6,6
     """
     _one_thread()
-    from ..errors import MinigptError
     from ..inspection.activations import activations as run
     from ..inspection.activations import format_activations
 
-    bounds = _numbers(range_, "range")
-    if len(bounds) != 2:
-        raise MinigptError(_MESSAGES["range"].format(text=range_))
+    bounds = _numbers(range_, "range", count=2)
     _report(run(bounds[0], bounds[1], output), as_json, format_activations)
 
 

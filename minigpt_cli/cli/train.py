@@ -24,7 +24,8 @@ from .base import (
 def train(
     config: Path = typer.Argument(..., help="YAML config, e.g. configs/shakespeare-cpu.yaml."),
     set_: List[str] = typer.Option(
-        [], "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set train.learning_rate=3e-4 (repeatable)."
+        [], "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set train.learning_rate=3e-4; a list in "
+        "brackets: --set 'tokenizer.special_tokens=[<|endoftext|>]' (repeatable)."
     ),
     run_name: Optional[str] = typer.Option(
         None, "--run-name", metavar="NAME", help="Folder name under runs/ (default: <name>-<date>-<time>)."

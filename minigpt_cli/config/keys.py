@@ -10,7 +10,7 @@ import re
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from .schema import Device, UserPath, _fields, _is_section
+from .schema import DEVICE_PATTERN, UserPath, _fields, _is_section
 
 
 def _type_name(ann: Any) -> str:
@@ -19,7 +19,9 @@ def _type_name(ann: Any) -> str:
     if origin is Literal:
         return " | ".join(str(a) for a in args)
     if origin is Annotated:
-        return {UserPath: "path", Device: "auto | cpu | cuda | cuda:N | mps"}.get(ann) or _type_name(args[0])
+        if any(DEVICE_PATTERN in str(getattr(m, "pattern", "")) for m in args[1:]):
+            return "auto | cpu | cuda | cuda:N | mps"
+        return "path" if ann == UserPath else _type_name(args[0])
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or null"
     if origin is list:
@@ -34,14 +36,27 @@ def _shown(value: Any) -> str:
     return json.dumps(value)
 
 
+def _range(field: Any) -> str:
+    """`` (1 .. 1,024)``, `` (> 0)``: a field's bounds, as the meaning's last words; empty when it has none."""
+    names = [type(m).__name__.lower() for m in field.metadata]
+    bounds = {name: getattr(m, name) for name, m in zip(names, field.metadata) if name in ("ge", "gt", "le", "lt")}
+    if "ge" in bounds and "le" in bounds:
+        return f" ({bounds['ge']:,} .. {bounds['le']:,})"
+    ops = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    shown = {k: f"{v:,}" if isinstance(v, int) else f"{v:g}" for k, v in bounds.items()}
+    return f" ({', '.join(f'{ops[k]} {v}' for k, v in shown.items())})" if bounds else ""
+
+
 def key_rows() -> list[tuple[str, str, str, str]]:
-    """(key, type or choices, default, meaning) for every key, ``section.key`` in a section, in schema order."""
+    """(key, type or choices, default, meaning and range) for every key, ``section.key`` in a section, in
+    schema order."""
     return [(key, _type_name(field.rebuild_annotation()), _shown(field.get_default(call_default_factory=True)),
-             field.description or "") for key, field in _fields() if not _is_section(field)]
+             (field.description or "") + _range(field)) for key, field in _fields() if not _is_section(field)]
 
 
 def describe_keys() -> str:
-    """Every config key as a table: key, type or choices, default, one-line meaning."""
+    """Every config key as a table: key, type or choices, default, one-line meaning with the key's range."""
     rows = [("key", "type", "default", "meaning"), *key_rows()]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows)
+

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import reprlib
-from typing import Any
+from typing import Any, Sequence
 
 #: Shows a value in an error message, cut to a readable length.
 _short_repr = reprlib.Repr()
@@ -30,19 +30,39 @@ _ALIASES = dict(lr="learning_rate", warmup="warmup_iters", warmup_steps="warmup_
                 num_key_value_heads="n_kv_head", max_position_embeddings="block_size")
 
 
-#: The cross-field rules of the model section (and the sample section's stride against it); ``{fit}`` is
-#: :meth:`~minigpt_cli.config.schema.ModelConfig.fitting_width`, a width every rule on it accepts.
-MODEL_RULES = {
-    "divisible": "model.n_embd ({n_embd}) must be divisible by model.n_head ({n_head}); e.g. n_embd={fit}",
-    "rope": ("model.pos_encoding=rope needs an even head size, but model.n_embd/model.n_head = {n_embd}/{n_head} "
-             "= {head}; e.g. n_embd={fit}"),
-    "sinusoidal": "model.pos_encoding=sinusoidal needs an even model.n_embd, got {n_embd}; e.g. n_embd={fit}",
-    "kv_above": ("model.n_kv_head ({n_kv_head}) must not exceed model.n_head ({n_head}); grouped-query attention "
+#: Every message of the schema: the cross-field rules (formatted with the section: ``m`` model, ``d`` data,
+#: ``t`` train), then the edge's own refusals.
+RULES = {
+    "divisible": ("model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head}); "
+                  "e.g. n_embd={m.fitting_width}"),
+    "rope": ("model.pos_encoding=rope needs an even head size, but model.n_embd/model.n_head = {m.n_embd}/{m.n_head} "
+             "= {m.head_dim}; e.g. n_embd={m.fitting_width}"),
+    "sinusoidal": ("model.pos_encoding=sinusoidal needs an even model.n_embd, got {m.n_embd}; "
+                   "e.g. n_embd={m.fitting_width}"),
+    "kv_above": ("model.n_kv_head ({m.n_kv_head}) must not exceed model.n_head ({m.n_head}); grouped-query attention "
                  "shares each key/value head among n_head/n_kv_head query heads"),
-    "kv_divisor": "model.n_head ({n_head}) must be a multiple of model.n_kv_head ({n_kv_head})",
+    "kv_divisor": "model.n_head ({m.n_head}) must be a multiple of model.n_kv_head ({m.n_kv_head})",
     "window_stride": ("sample.window_stride: {stride} is larger than model.block_size ({block_size}); "
                       "use 1 .. {block_size}"),
+    "path_and_dataset": "data.path and data.dataset ({d.dataset}) both name a corpus; keep one of them",
+    "path_and_url": ("data.url names a mirror of a named dataset, but data.path is set: there is nothing to "
+                     "download; drop data.url"),
+    "min_lr": "train.min_lr ({t.min_lr}) must not exceed train.learning_rate ({t.learning_rate})",
+    "lr_decay_iters": ("train.lr_decay_iters ({t.lr_decay_iters}) ends the decay before the warmup ends "
+                       "(train.warmup_iters {t.warmup_iters}); set it to at least {t.warmup_iters}, or null"),
+    "hf_tokenizer": ("tokenizer.kind hf reads a Hugging Face tokenizer.json: set tokenizer.path to it, or "
+                     "model.init_from to the model's folder"),
+    "set_syntax": "--set {item!r}: expected section.key=value, e.g. --set train.learning_rate=3e-4",
+    "config_folder": "config {path!r} is a folder; pass a YAML file, e.g. configs/shakespeare-cpu.yaml",
 }
+
+#: What a value refused by a pattern is told, by key (pydantic would quote the regular expression).
+_PATTERNS = {"name": "may only hold letters, digits, '.', '_' and '-'",
+             "device": "is not one of auto, cpu, cuda, cuda:N, mps"}
+
+#: How a list is written, for a key that wants one.
+_LIST_EXAMPLE = ("write a list in brackets: {loc}: [a, b] in the file, or --set '{loc}=[a, b]' "
+                 "(e.g. --set 'tokenizer.special_tokens=[<|endoftext|>]')")
 
 
 def _suggest(loc: str, keys: list[str]) -> str:
@@ -69,19 +89,38 @@ def _suggest(loc: str, keys: list[str]) -> str:
     return "remove it (the Configs section of README.md lists the keys)"
 
 
-def format_error(err: dict[str, Any], source: str, keys: list[str]) -> str:
-    """One line for pydantic's error ``err`` (its ``loc``, ``type``, ``msg`` and ``input``) in a config from
-    ``source``; ``keys`` are every ``section.key`` of the schema, for the hint after an unknown key."""
+def format_errors(errors: list[dict[str, Any]], source: str, overridden: Sequence[str], keys: list[str]) -> str:
+    """One line for pydantic's ``errors`` (each with its ``loc``, ``type``, ``msg`` and ``input``) in a config
+    from ``source``: the problem when there is one, else each numbered. ``overridden``: the keys ``--set``
+    gave (a problem with one of them names ``--set``); ``keys``: every ``section.key``, for the hints."""
+    problems = [(where, text) for err in errors for where, text in _problems(err, source, overridden, keys)]
+    if len(problems) == 1:
+        return f"{problems[0][0]}: {problems[0][1]}"
+    return f"{source}: {len(problems)} problems: " + " ".join(
+        f"({i}) {text if where == source else f'{where}: {text}'}" for i, (where, text) in enumerate(problems, 1))
+
+
+def _problems(err: dict[str, Any], source: str, overridden: Sequence[str], keys: list[str]):
+    """(where, text) for one pydantic error: ``where`` is ``source``, ``--set`` or ``source with --set KEY``."""
     loc = ".".join(str(p) for p in err["loc"])
-    if err["type"] == "extra_forbidden":
-        return f"{source}: {loc}: unknown key; {_suggest(loc, keys)}"
-    msg = err["msg"]
-    if err["type"] == "model_type":  # "valid dictionary or instance of TrainConfig": a section given a value
-        return (f"{source}: {loc or 'config'}: is a section, not a value (got {_short_repr.repr(err.get('input'))}); "
-                f"give it keys: a mapping under {loc or 'train'}: in the file, or --set {loc or 'train'}.KEY=VALUE")
-    if msg.startswith("Value error, "):
-        # Cross-field rules already name their keys.
-        return f"{source}: {msg[len('Value error, '):]}"
-    got = err.get("input")
-    got_s = "" if isinstance(got, dict) else f" (got {_short_repr.repr(got)})"
-    return f"{source}: {loc or 'config'}: {msg[0].lower() + msg[1:]}{got_s}"
+    if any(loc == key or loc.startswith(key + ".") for key in overridden):
+        source = "--set"  # the bad value is one the command line gave
+    else:  # a rule over a whole section (or the config) that a --set value may be part of
+        within = [key for key in overridden if not loc or key.startswith(loc + ".")]
+        source = f"{source} with --set {', '.join(dict.fromkeys(within))}" if within else source
+    kind, msg, got = err["type"], err["msg"], err.get("input")
+    if kind == "extra_forbidden":
+        yield source, f"{loc}: unknown key; {_suggest(loc, keys)}"
+    elif kind == "model_type" and not loc:
+        yield source, f"the top level must be a mapping of sections, got {type(got).__name__}"
+    elif kind == "model_type":  # "valid dictionary or instance of TrainConfig": a section given a value
+        yield source, (f"{loc}: is a section, not a value (got {_short_repr.repr(got)}); give it keys: a mapping "
+                       f"under {loc}: in the file, or --set {loc}.KEY=VALUE")
+    elif msg.startswith("Value error, "):  # the cross-field rules, one a line; they name their keys
+        yield from ((source, rule) for rule in msg[len("Value error, "):].splitlines())
+    elif kind == "string_pattern_mismatch" and loc in _PATTERNS:
+        yield source, f"{loc}: {got!r} {_PATTERNS[loc]}"
+    else:
+        hint = f"; {_LIST_EXAMPLE.format(loc=loc)}" if kind == "list_type" else ""
+        got_s = "" if isinstance(got, dict) else f" (got {_short_repr.repr(got)})"
+        yield source, f"{loc}: {msg[0].lower() + msg[1:]}{got_s}{hint}"

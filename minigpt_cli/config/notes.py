@@ -1,25 +1,9 @@
 """One-line notes on a config: what it sets that cannot take effect, and where a variant departs from its source.
 
-:func:`notes` walks one table, :data:`RULES`: each rule is a condition on the
-config and the note it prints (a ``str.format`` template), so the wording
-lives here and nowhere else. ``train --dry-run`` and ``train`` print them
-before anything runs; ``generate`` prints the ``sample`` rules about the flags
-it was given (``--top-k`` with ``--temperature 0``), on its own route
-(:class:`Facts`), with the keys spelled as the user spelled them. Three kinds:
-
-- a setting that has no effect in the combination it is in (``model.rope_base``
-  without RoPE, ``train.min_lr`` with a constant schedule, ...). Noted only
-  when the user gave the key a value of its own (:func:`given`), so a config
-  that writes out every key at its default (``configs/shakespeare.yaml``, a
-  run's ``config.yaml``) gets none;
-- a value derived from others that defeats a setting (``train.max_iters``
-  ending inside the warmup, ``train.early_stop_patience`` beyond the run's
-  evals, ``sample.window_stride`` where the window never slides);
-- a variant that departs from the paper it comes from, with the section cited
-  and the setting that follows it.
-
-No torch here; the ``data.url`` rule reads the corpus file's checksum (about
-5 ms for Tiny Shakespeare's 1 MB).
+:func:`notes` walks one table, :data:`RULES` (a condition and its ``str.format`` note each), so the wording
+lives here alone. ``train`` and ``--dry-run`` print them; ``generate`` prints the ``sample`` rules about its
+flags, spelled as given. A setting without effect is noted only when the user gave it a value of its own
+(:func:`given`), so a config written out at its defaults gets none. No torch here.
 """
 
 from __future__ import annotations
@@ -36,13 +20,9 @@ DECAYING = ("cosine", "linear")
 
 @dataclass(frozen=True)
 class Facts:
-    """What a rule may need besides the config.
-
-    ``route``: ``"config"`` (``train`` and ``--dry-run``: the whole config) or
-    ``"generate"`` (its flags over a run's ``sample`` section).
-    ``prompt_tokens``: the prompt's length in tokens; on the config route, where
-    the tokenizer is not known yet, an upper bound (the UTF-8 bytes of
-    ``sample.prompt``: no kind makes more tokens than bytes).
+    """What a rule may need besides the config: the ``route`` (``"config"``: train and --dry-run; ``"generate"``:
+    its flags over a run's sample section), the prompt's length in tokens (on the config route an upper
+    bound, ``sample.prompt``'s UTF-8 bytes) and whether the named corpus is on disk, checksum passed.
     """
 
     route: str = "config"
@@ -52,15 +32,9 @@ class Facts:
 
 @dataclass(frozen=True)
 class Rule:
-    """A note and when it applies.
-
-    ``key``: the setting the note is about; the rule is checked only when the
-    user gave it (:func:`given`, or the flags ``generate`` was given). None:
-    checked on every config. ``when(c, f)``: the condition on the config and
-    the :class:`Facts`. ``text``: the note, formatted with ``c`` (the config),
-    ``key`` (as the user spelled it), ``n[KEY]`` (how the user spelled another
-    key) and :func:`_values`. ``route``: checked on that route only; None: on
-    both (``generate`` checks only rules about the ``sample`` section).
+    """A note and when it applies: ``key`` (checked only when the user gave it; None: always), ``when(c, f)`` on
+    the config and the :class:`Facts`, the ``text`` (formatted with ``c``, ``key`` and ``n[KEY]`` as the user
+    spelled them, and :func:`_values`), and the ``route`` it is checked on (None: both).
     """
 
     key: Optional[str]
@@ -77,12 +51,8 @@ class _Names(dict):
 
 
 def given(cfg: Config, key: str) -> bool:
-    """Whether the user gave ``key`` (``section.key`` or a top-level key) a value of its own.
-
-    That is: it appears in the YAML or a ``--set`` (pydantic's ``model_fields_set``,
-    which :func:`~minigpt_cli.config.schema.load_config` keeps per section), and is
-    neither null nor its default (a key written out at its default changes
-    nothing, whether or not it takes effect).
+    """Whether the user gave ``key`` (``section.key`` or top-level) a value of its own: set in the YAML or a
+    ``--set`` (pydantic's ``model_fields_set``), and neither null nor its default.
     """
     section_name, _, name = key.rpartition(".")
     section = getattr(cfg, section_name) if section_name else cfg
@@ -93,18 +63,15 @@ def given(cfg: Config, key: str) -> bool:
 
 
 def evals_in_run(tc: TrainConfig) -> int:
-    """The evals a run from step 0 to ``train.max_iters`` makes: the steps where
-    :func:`~minigpt_cli.trainer.should_eval` is true (0 unless ``eval_at_start`` is false, every
-    ``eval_interval``, and ``max_iters``)."""
+    """The evals a run from step 0 to ``train.max_iters`` makes (:func:`~minigpt_cli.trainer.should_eval`)."""
     n = tc.max_iters // tc.eval_interval + 1 + (tc.max_iters % tc.eval_interval != 0)
     return n - (not tc.eval_at_start and tc.max_iters > 0)
 
 
 def _never_slides(c: Config, f: Facts) -> bool:
-    """Whether no sample outgrows ``model.block_size`` while tokens follow, so ``sample.window_stride`` never
-    applies: :func:`~minigpt_cli.sample.sampling.generate_tokens` slides once the window holds block_size + 1 tokens,
-    which changes something only when another token is drawn after that. The samples are ``generate``'s
-    (``sample.max_new_tokens``) and, on the config route, samples.txt's (``train.sample_tokens``)."""
+    """Whether no sample (generate's ``sample.max_new_tokens``, and on the config route samples.txt's
+    ``train.sample_tokens``) grows past block_size + 1 tokens with one more to draw: then the window never slides.
+    """
     block = c.model.block_size
     seen = min(f.prompt_tokens, block)  # a longer prompt is cropped to its last block_size tokens
     lengths = [c.sample.max_new_tokens] + ([c.train.sample_tokens] if f.route == "config" else [])
@@ -188,19 +155,11 @@ RULES: tuple[Rule, ...] = (
 def notes(cfg: Config, *, route: str = "config", given_keys: Optional[Collection[str]] = None,
           names: Optional[Mapping[str, str]] = None, prompt_tokens: Optional[int] = None,
           corpus_on_disk: bool = False) -> list[str]:
-    """The notes :data:`RULES` give ``cfg``, one line each, starting ``note: ``; empty when none applies.
+    """The notes :data:`RULES` give ``cfg``, one line each, starting ``note: ``; a note never stops a run.
 
-    Args:
-        cfg: the config (``generate``: the run's, with the sample section it samples with).
-        route: ``"config"`` (every rule of that route) or ``"generate"`` (the ``sample`` rules only).
-        given_keys: the keys the user gave on this route (``generate``: its flags, as ``sample.top_k``);
-            None: those :func:`given` finds in the config.
-        names: how the user spelled those keys (``{"sample.top_k": "--top-k"}``); others as themselves.
-        prompt_tokens: the prompt's length in tokens when known; None: bounded by ``sample.prompt``'s
-            UTF-8 bytes (:class:`Facts`).
-        corpus_on_disk: whether the named corpus is on disk and passes its checksum (for ``data.url``).
-
-    Raises nothing: a note never stops a run.
+    ``route``: ``"config"`` or ``"generate"`` (the sample rules only); ``given_keys``: the keys the user gave
+    (None: :func:`given`); ``names``: how they were spelled (``{"sample.top_k": "--top-k"}``);
+    ``prompt_tokens``: the prompt's length when known; ``corpus_on_disk``: for the ``data.url`` rule.
     """
     if prompt_tokens is None:
         prompt_tokens = max(len(cfg.sample.prompt.encode("utf-8", "surrogatepass")), 1)

@@ -1,12 +1,8 @@
-"""The one config schema: pydantic models, ``--set`` overrides, validation, the key reference.
+"""The one config schema: pydantic models, ``--set`` overrides, validation once at the edge.
 
-A config is validated once, at the edge (the CLI), and passed around as a typed
-:class:`Config`. Unknown keys and wrong types are errors that name the key, and
-cross-field rules (``n_embd % n_head == 0``, even head size for RoPE, ...) are
-checked here, before any tensor exists. Every field carries a one-line
-``description``; :func:`describe_keys` prints them. YAML reading and writing
-live in :mod:`minigpt_cli.config.yaml_io`. This module must not import torch: the
-CLI loads configs for ``count-params`` without it.
+Unknown keys, wrong types, out-of-range values and broken cross-field rules (``n_embd % n_head == 0``, ...) are
+refused naming the key, all at once, before any tensor exists; every field's ``description`` is its line in
+``config-keys``. No torch here: the CLI loads configs for ``count-params`` without it.
 """
 
 from __future__ import annotations
@@ -15,18 +11,39 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Sequence
+from typing import Annotated, Any, Iterator, Literal, Optional, Sequence
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ConfigError, MinigptError
-from .messages import MODEL_RULES, format_error
+from .messages import RULES, format_errors
 from .yaml_io import dump_yaml, parse_yaml
+
+
+#: Upper bounds of the sizes and counts (config-keys shows each key's range): far past any model trained today
+#: (Llama 3 405B: 126 layers, width 16,384, d_ff 53,248), and small enough that the arithmetic on them (FLOPs,
+#: memory, the schedule) stays in floats: an integer past about 1.8e308 cannot become one. Within them, the
+#: memory check refuses what does not fit (n_layer 10,000,000: "this model needs about ...").
+MAX_LAYERS = MAX_BATCH = 1 << 30
+MAX_WIDTH = MAX_HEADS = MAX_TOKENS = MAX_VOCAB = 1 << 20
+MAX_STEPS = MAX_SECONDS = 10**12
+MAX_SAMPLES = 1024
 
 
 class _Strict(BaseModel):
     # allow_inf_nan=False: `.inf` or `.nan` (or "inf" through --set) is never a usable setting.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
+
+    def _broken(self) -> Iterator[str]:
+        """The section's cross-field rules that this config breaks, one message each (:data:`.messages.RULES`)."""
+        return iter(())
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> "_Strict":
+        broken = list(self._broken())
+        if broken:  # every broken rule at once, one per line (format_error makes each its own problem)
+            raise ValueError("\n".join(broken))
+        return self
 
 
 #: A path from the config: ``~`` means the home folder, as in a shell (a literal ``~`` folder would
@@ -37,11 +54,12 @@ UserPath = Annotated[str, AfterValidator(os.path.expanduser)]
 class ModelConfig(_Strict):
     """Architecture of the decoder-only Transformer (GPT-2's names)."""
 
-    n_layer: int = Field(6, ge=1, description="number of Transformer blocks")
-    n_head: int = Field(6, ge=1, description="attention (query) heads per block; must divide n_embd")
-    n_embd: int = Field(384, ge=1, description="model width d: the embedding and residual-stream size")
-    block_size: int = Field(256, ge=1, description="context length in tokens")
-    vocab_size: Optional[int] = Field(None, ge=1, description="rows of the token embedding; null: the tokenizer's size")
+    n_layer: int = Field(6, ge=1, le=MAX_LAYERS, description="number of Transformer blocks")
+    n_head: int = Field(6, ge=1, le=MAX_HEADS, description="attention (query) heads per block; must divide n_embd")
+    n_embd: int = Field(384, ge=1, le=MAX_WIDTH, description="model width d: the embedding and residual-stream size")
+    block_size: int = Field(256, ge=1, le=MAX_TOKENS, description="context length in tokens")
+    vocab_size: Optional[int] = Field(
+        None, ge=1, le=MAX_VOCAB, description="rows of the token embedding; null: the tokenizer's size")
     dropout: float = Field(0.0, ge=0.0, lt=1.0,
                            description="dropout probability on embeddings, attention weights and residual branches "
                                        "(training only)")
@@ -61,18 +79,18 @@ class ModelConfig(_Strict):
                            "add, no final norm (Vaswani et al. 2017)")
     ffn: Literal["relu", "gelu", "gelu_tanh", "swiglu"] = Field(
         "gelu", description="feed-forward activation: ReLU, exact GELU, GPT-2's tanh GELU, or SwiGLU (Shazeer 2020)")
-    d_ff: Optional[int] = Field(
-        None, ge=1, description="feed-forward hidden width; null: 4·n_embd, for swiglu 8·n_embd/3 rounded up to "
-                                "multiple_of")
-    multiple_of: int = Field(256, ge=1, description="round SwiGLU's derived d_ff up to a multiple of this "
-                                                    "(Llama's FeedForward); unused when d_ff is set")
+    d_ff: Optional[int] = Field(None, ge=1, le=MAX_WIDTH, description="feed-forward hidden width; null: 4·n_embd, for "
+                                                                      "swiglu 8·n_embd/3 rounded up to multiple_of")
+    multiple_of: int = Field(256, ge=1, le=MAX_WIDTH, description="round SwiGLU's derived d_ff up to a multiple of "
+                                                                  "this (Llama's FeedForward); unused when d_ff is "
+                                                                  "set")
     tie_weights: bool = Field(True, description="share the token embedding with the output layer (Press & Wolf 2017)")
     scale_residual_init: bool = Field(
         True, description="scale the init of residual output projections by 1/sqrt(2·n_layer) (GPT-2 §2.3)")
     emb_scale: bool = Field(False, description="multiply token embeddings by sqrt(n_embd) (Vaswani et al. 2017 §3.4)")
-    n_kv_head: Optional[int] = Field(
-        None, ge=1, description="key/value heads, for grouped-query attention (Ainslie et al. 2023); must divide "
-                                "n_head; null: n_head")
+    n_kv_head: Optional[int] = Field(None, ge=1, le=MAX_HEADS, description="key/value heads, for grouped-query "
+                                                                           "attention (Ainslie et al. 2023); must "
+                                                                           "divide n_head; null: n_head")
     init_std: float = Field(0.02, gt=0.0, description="standard deviation of the normal init of linear and "
                                                       "embedding weights (GPT-2: 0.02)")
     init_from: Optional[UserPath] = Field(
@@ -89,12 +107,8 @@ class ModelConfig(_Strict):
 
     @property
     def ffn_hidden(self) -> int:
-        """Hidden width of the feed-forward block.
-
-        4*d (Vaswani et al. 2017, GPT-2); for SwiGLU 2/3 of that, rounded up to
-        ``multiple_of`` so the parameter count stays that of a 4*d MLP (Shazeer
-        2020 §2; Llama's ``FeedForward``: d=4096, multiple_of=256 -> 11008).
-        """
+        """Hidden width of the feed-forward block: 4·d (Vaswani et al. 2017, GPT-2); for SwiGLU 2/3 of that,
+        rounded up to ``multiple_of`` (Shazeer 2020 §2; Llama's ``FeedForward``: d=4096 -> 11008)."""
         if self.d_ff is not None:
             return self.d_ff
         if self.ffn == "swiglu":
@@ -102,34 +116,25 @@ class ModelConfig(_Strict):
             return self.multiple_of * math.ceil(hidden / self.multiple_of)
         return 4 * self.n_embd
 
-    def width_rules(self) -> list[tuple[int, str]]:
-        """What ``n_embd`` must be a multiple of, with the rule's name (:data:`~.config_errors.MODEL_RULES`):
-        n_head (whole heads); 2·n_head for RoPE, which rotates pairs of a head's dimensions; 2 for sinusoidal
-        positions, pairs of sin and cos. The width a refusal suggests passes them all (:meth:`fitting_width`)."""
-        rules = [(self.n_head, "divisible")]
-        if self.pos_encoding == "rope":
-            rules.append((2 * self.n_head, "rope"))
-        if self.pos_encoding == "sinusoidal":
-            rules.append((2, "sinusoidal"))
-        return rules
-
+    @property
     def fitting_width(self) -> int:
-        """The ``n_embd`` nearest the given one that every rule of :meth:`width_rules` accepts."""
-        step = math.lcm(*(multiple for multiple, _ in self.width_rules()))
+        """The ``n_embd`` nearest the given one that whole heads accept, with pairs of dimensions per head for
+        RoPE (it rotates pairs) and an even width for sinusoidal positions (pairs of sin and cos)."""
+        step = math.lcm(self.n_head, *{"rope": [2 * self.n_head], "sinusoidal": [2]}.get(self.pos_encoding, []))
         return step * max(1, round(self.n_embd / step))
 
-    @model_validator(mode="after")
-    def _check_sizes(self) -> "ModelConfig":
+    def _broken(self) -> Iterator[str]:
         # d_ff and n_kv_head given as null stand for values (4·d or SwiGLU's rounding, n_head) that always pass.
-        for multiple, rule in self.width_rules():
-            if self.n_embd % multiple != 0:
-                raise ValueError(MODEL_RULES[rule].format(n_embd=self.n_embd, n_head=self.n_head,
-                                                          head=self.head_dim, fit=self.fitting_width()))
+        if self.n_embd % self.n_head:
+            yield RULES["divisible"].format(m=self)
+        elif self.pos_encoding == "rope" and self.head_dim % 2:
+            yield RULES["rope"].format(m=self)
+        elif self.pos_encoding == "sinusoidal" and self.n_embd % 2:
+            yield RULES["sinusoidal"].format(m=self)
         if self.n_kv_head is not None and self.n_kv_head > self.n_head:
-            raise ValueError(MODEL_RULES["kv_above"].format(n_kv_head=self.n_kv_head, n_head=self.n_head))
-        if self.n_kv_head is not None and self.n_head % self.n_kv_head != 0:
-            raise ValueError(MODEL_RULES["kv_divisor"].format(n_kv_head=self.n_kv_head, n_head=self.n_head))
-        return self
+            yield RULES["kv_above"].format(m=self)
+        elif self.n_kv_head is not None and self.n_head % self.n_kv_head:
+            yield RULES["kv_divisor"].format(m=self)
 
 
 class TokenizerConfig(_Strict):
@@ -139,22 +144,20 @@ class TokenizerConfig(_Strict):
         "char", description="char: one id per character; a trained byte-level bpe, wordpiece or unigram; or hf: "
                             "a given Hugging Face tokenizer.json")
     vocab_size: Optional[int] = Field(
-        None, ge=1, description="entries in all, special tokens included, for trained kinds; ignored for char")
+        None, ge=1, le=MAX_VOCAB, description="entries in all, special tokens included, for trained kinds; ignored "
+                                              "for char")
     path: Optional[UserPath] = Field(
         None, description="tokenizer file; null: <data_dir>/<dataset>/tokenizer-<kind>[-<vocab_size>]"
                           "[-special-<hash>].json, <hash> naming the special tokens")
     special_tokens: list[str] = Field(default_factory=list,
                                       description="strings that always become one id each, e.g. <|endoftext|>")
 
-    @model_validator(mode="after")
-    def _check_special_tokens(self) -> "TokenizerConfig":
-        from .special_tokens import check_special_tokens  # no torch there; refused before anything runs
+    def _broken(self) -> Iterator[str]:
+        from .special_tokens import special_token_problem  # no torch there; refused before anything runs
 
-        try:
-            check_special_tokens(self.special_tokens)
-        except MinigptError as exc:
-            raise ValueError(f"tokenizer.special_tokens: {exc}") from None
-        return self
+        problem = special_token_problem(self.special_tokens)
+        if problem:
+            yield f"tokenizer.special_tokens: {problem}"
 
 
 def _check_dataset(name: str) -> str:
@@ -187,87 +190,84 @@ class DataConfig(_Strict):
         None, description="sha256 of the corpus files (names, sizes, contents), written by train into a run's "
                           "config.yaml; set: refuse any other corpus")
 
-    @model_validator(mode="after")
-    def _check_source(self) -> "DataConfig":
+    def _broken(self) -> Iterator[str]:
         if self.path is not None and self.dataset != "tinyshakespeare":
-            raise ValueError(f"data.path and data.dataset ({self.dataset}) both name a corpus; keep one of them")
+            yield RULES["path_and_dataset"].format(d=self)
         if self.path is not None and self.url:
-            raise ValueError("data.url names a mirror of a named dataset, but data.path is set: there is nothing "
-                             "to download; drop data.url")
-        return self
+            yield RULES["path_and_url"]
 
 
 class TrainConfig(_Strict):
     """Optimisation, schedule, evaluation and logging."""
 
-    batch_size: int = Field(64, ge=1, description="sequences per micro-batch, per process")
-    grad_accum_steps: int = Field(1, ge=1, description="micro-batches whose gradients make one optimizer step")
-    max_iters: int = Field(5000, ge=0, description="optimizer steps in all (a --resume trains on up to it)")
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="sequences per micro-batch, per process")
+    grad_accum_steps: int = Field(1, ge=1, le=MAX_STEPS, description="micro-batches whose gradients make one "
+                                                                     "optimizer step")
+    max_iters: int = Field(5000, ge=0, le=MAX_STEPS, description="optimizer steps in all (a --resume trains on up to "
+                                                                 "it)")
     max_seconds: Optional[float] = Field(
-        None, gt=0.0, description="also end the run (with its final eval) once this many seconds have passed, evals "
-                                  "included; null: no time limit")
+        None, gt=0.0, le=MAX_SECONDS, description="also end the run (with its final eval) once this many seconds have "
+                                                  "passed, evals included; null: no time limit")
     learning_rate: float = Field(1e-3, gt=0.0, description="peak learning rate, reached at the end of the warmup")
     min_lr: float = Field(1e-4, ge=0.0, description="learning rate at the end of the cosine or linear decay")
-    warmup_iters: int = Field(100, ge=0, description="optimizer steps of linear warmup up to learning_rate")
+    warmup_iters: int = Field(100, ge=0, le=MAX_STEPS, description="optimizer steps of linear warmup up to "
+                                                                   "learning_rate")
     lr_schedule: Literal["cosine", "linear", "constant", "inverse_sqrt"] = Field(
         "cosine", description="after the warmup: cosine or linear decay to min_lr, constant, or inverse_sqrt "
                               "(Vaswani et al. 2017 §5.3)")
-    lr_decay_iters: Optional[int] = Field(None, ge=1, description="step at which the decay reaches min_lr; "
-                                                                  "null: max_iters")
+    lr_decay_iters: Optional[int] = Field(
+        None, ge=1, le=MAX_STEPS, description="step at which the decay reaches min_lr; null: max_iters")
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay on matrices and embeddings; biases and "
                                                          "norm gains get none")
     beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW's first-moment (momentum) decay rate")
     beta2: float = Field(0.99, ge=0.0, lt=1.0, description="AdamW's second-moment decay rate")
     grad_clip: float = Field(1.0, ge=0.0, description="clip the global gradient norm to this; 0 disables clipping")
-    eval_interval: int = Field(250, ge=1, description="steps between evals of train and val loss; each eval "
-                                                      "saves checkpoints")
-    eval_iters: int = Field(200, ge=1, description="global batches per split at each eval: eval_iters x batch_size x "
-                                                   "grad_accum_steps x processes windows")
+    eval_interval: int = Field(250, ge=1, le=MAX_STEPS, description="steps between evals of train and val loss; each "
+                                                                    "eval saves checkpoints")
+    eval_iters: int = Field(200, ge=1, le=MAX_STEPS, description="global batches per split at each eval: eval_iters x "
+                                                                 "batch_size x grad_accum_steps x processes windows")
     eval_at_start: bool = Field(True, description="also evaluate before the first step (the untrained loss, about "
                                                   "ln(vocab_size)); false saves one eval")
-    log_interval: int = Field(10, ge=1, description="steps between train-loss records in metrics.jsonl (and the bar's loss)")
-    sample_tokens: int = Field(200, ge=0, description="tokens sampled into samples.txt at each eval, from "
-                                                      "sample.prompt with the sample section's settings; 0: none")
+    log_interval: int = Field(10, ge=1, le=MAX_STEPS, description="steps between train-loss records in metrics.jsonl "
+                                                                  "(and the bar's loss)")
+    sample_tokens: int = Field(200, ge=0, le=MAX_TOKENS, description="tokens sampled into samples.txt at each eval, "
+                                                                     "from sample.prompt with the sample section's "
+                                                                     "settings; 0: none")
     early_stop_patience: Optional[int] = Field(
-        None, ge=1, description="stop after this many evals in a row without a new best val loss; null: never")
+        None, ge=1, le=MAX_STEPS, description="stop after this many evals in a row without a new best val loss; null: "
+                                              "never")
     keep_every: Optional[int] = Field(
-        None, ge=1, description="also keep a checkpoint every this many steps (checkpoints/step-NNNNNNN); null: none")
+        None, ge=1, le=MAX_STEPS, description="also keep a checkpoint every this many steps "
+                                              "(checkpoints/step-NNNNNNN); null: none")
     out_dir: UserPath = Field("runs", description="folder that holds the run folders")
     tensorboard: bool = Field(False, description="also write TensorBoard event files (needs the tensorboard package)")
     parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="under torchrun: ddp, a whole model per process; "
                                                 "fsdp, weights, gradients and AdamW moments sharded over the processes")
 
-    @model_validator(mode="after")
-    def _check_lr(self) -> "TrainConfig":
+    def _broken(self) -> Iterator[str]:
         if self.min_lr > self.learning_rate and self.lr_schedule in ("cosine", "linear"):  # the others ignore it
-            raise ValueError(
-                f"train.min_lr ({self.min_lr}) must not exceed train.learning_rate "
-                f"({self.learning_rate})"
-            )
+            yield RULES["min_lr"].format(t=self)
+        # An explicit lr_decay_iters before the warmup's end would drop the rate to min_lr as the warmup ends.
+        # null (max_iters) below warmup_iters cannot: the run ends inside the warmup, so short trial runs
+        # (--set train.max_iters=3) and their saved configs load.
         if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
-            raise ValueError(
-                f"train.lr_decay_iters ({self.lr_decay_iters}) ends the decay before the warmup ends "
-                f"(train.warmup_iters {self.warmup_iters}); set it to at least {self.warmup_iters}, or null"
-            )
-        # An explicit lr_decay_iters before the warmup's end drops the rate to min_lr as the warmup ends. null
-        # (max_iters) below warmup_iters cannot: the run ends inside the warmup. Short trial runs
-        # (--set train.max_iters=3) and their saved configs therefore load.
-        return self
+            yield RULES["lr_decay_iters"].format(t=self)
 
 
 class SampleConfig(_Strict):
     """Defaults for ``minigpt generate`` (Hugging Face's names)."""
 
     prompt: str = Field("\n", description="text minigpt generate continues when --prompt is not given")
-    max_new_tokens: int = Field(500, ge=0, description="tokens generated per sample")
+    max_new_tokens: int = Field(500, ge=0, le=MAX_TOKENS, description="tokens generated per sample")
     temperature: float = Field(0.8, ge=0.0, allow_inf_nan=False,
                                description="divides the logits before sampling; 0: greedy")
-    top_k: Optional[int] = Field(200, ge=1, description="sample from the k most likely tokens only; null: all")
+    top_k: Optional[int] = Field(200, ge=1, le=MAX_VOCAB, description="sample from the k most likely tokens only; "
+                                                                      "null: all")
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of likeliest "
                                                                      "tokens holding this probability; null: off")
-    num_samples: int = Field(1, ge=1, description="samples generated, decoded together as one batch")
+    num_samples: int = Field(1, ge=1, le=MAX_SAMPLES, description="samples generated, decoded together as one batch")
     window_stride: Optional[int] = Field(
-        None, ge=1, description="tokens the context drops at once past block_size; null: block_size // 4"
+        None, ge=1, le=MAX_TOKENS, description="tokens the context drops at once past block_size; null: block_size // 4"
     )
 
 
@@ -278,22 +278,18 @@ FLOAT16_ON_CPU = "dtype: float16 needs a GPU; use dtype: auto, float32 or bfloat
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
 
 
-def _check_device(name: str) -> str:
-    if not re.fullmatch(DEVICE_PATTERN, name):
-        raise ValueError(f"device: {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
-    return name
-
-
 #: A device name, checked at load (the device's presence is checked when a command starts).
-Device = Annotated[str, AfterValidator(_check_device)]
+Device = Annotated[str, Field(pattern=f"^(?:{DEVICE_PATTERN})$")]
 
 
 class Config(_Strict):
     """A whole run: model, tokenizer, data, training, sampling, device."""
 
-    name: str = Field("run", min_length=1, description="names the run folder (<name>-<date>-<time>) and --resume "
-                                                       "auto's match; letters, digits, '.', '_', '-'")
-    seed: int = Field(1337, ge=0, lt=2**32, description="random seed of init, batches and samples; 0 .. 2**32-1 "
+    name: str = Field(
+        "run", pattern=r"^[A-Za-z0-9._-]+$", max_length=200, description="names the run folder (<name>-<date>-<time>) "
+                                                                         "and --resume auto's match; letters, digits, "
+                                                                         "'.', '_', '-'")
+    seed: int = Field(1337, ge=0, lt=2**32, description="random seed of init, batches and samples "
                                                         "(numpy's range)")
     device: Device = Field("auto", description="auto: CUDA, else Apple MPS, else CPU; cuda:N: the N-th CUDA GPU")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -306,21 +302,14 @@ class Config(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig, description="optimisation, schedule, evals, logging")
     sample: SampleConfig = Field(default_factory=SampleConfig, description="defaults for minigpt generate")
 
-    @model_validator(mode="after")
-    def _check_run(self) -> "Config":
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name):
-            raise ValueError(
-                f"name: {self.name!r} may only hold letters, digits, '.', '_' and '-'"
-            )
+    def _broken(self) -> Iterator[str]:
         if self.tokenizer.kind == "hf" and not (self.tokenizer.path or self.model.init_from):
-            raise ValueError("tokenizer.kind hf reads a Hugging Face tokenizer.json: set tokenizer.path to it, or "
-                             "model.init_from to the model's folder")
+            yield RULES["hf_tokenizer"]
         if self.device == "cpu" and self.dtype == "float16":  # train refuses it too, when device: auto finds a CPU
-            raise ValueError(FLOAT16_ON_CPU)
+            yield FLOAT16_ON_CPU
         stride = self.sample.window_stride  # null: block_size // 4, which always fits
         if stride is not None and stride > self.model.block_size:
-            raise ValueError(MODEL_RULES["window_stride"].format(stride=stride, block_size=self.model.block_size))
-        return self
+            yield RULES["window_stride"].format(stride=stride, block_size=self.model.block_size)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -347,69 +336,42 @@ def _is_section(field: Any) -> bool:
 
 
 def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) -> Config:
-    """Validate a parsed mapping into a :class:`Config`.
-
-    ``overridden``: keys (``section.key``) whose values came from ``--set``;
-    an error about one of them names ``--set`` instead of ``source``.
+    """Validate a parsed mapping into a :class:`Config`; ``overridden``: the keys ``--set`` gave (named for ``source``).
 
     Raises:
-        ConfigError: naming the first bad key (unknown, wrong type, out of
-            range) or the broken cross-field rule.
+        ConfigError: naming every bad key (unknown, wrong type, out of range) and broken cross-field rule.
     """
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
     try:
-        return Config.model_validate(data)
+        return Config.model_validate({} if data is None else data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        if any(loc == key or loc.startswith(key + ".") for key in overridden):
-            source = "--set"  # the bad value is one the command line gave
-        else:
-            # A rule over a whole section (or the config) that a --set value may be part of.
-            within = [key for key in overridden if not loc or key.startswith(loc + ".")]
-            if within:
-                source = f"{source} with --set {', '.join(dict.fromkeys(within))}"
-        raise ConfigError(format_error(err, source, [key for key, _ in _fields()])) from None
+        raise ConfigError(format_errors(exc.errors(), source, overridden, [key for key, _ in _fields()])) from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` overrides to a parsed config mapping.
-
-    Values are parsed as YAML (``3e-4`` -> float, ``true`` -> bool, ``null``
-    -> None), except that a key holding text keeps the text as typed when
-    YAML would read something else (``sample.prompt=ROMEO:`` is not a
-    mapping); the schema then checks the key and the type.
+    """Apply ``section.key=value`` overrides to a parsed config mapping, each value read as YAML (``[a, b]`` is a
+    list), except that a text key keeps the text as typed (``sample.prompt=ROMEO:``).
 
     Raises:
-        ConfigError: for an override without ``=`` or a path through a non-mapping.
+        ConfigError: for an override without ``key=`` or a path through a non-mapping.
     """
     data = dict(data)
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set train.learning_rate=3e-4")
-        key, raw = item.split("=", 1)
+        key, _, raw = item.partition("=")
         key = key.strip()
-        if not key:
-            raise ConfigError(f"--set {item!r}: the key is empty; expected section.key=value")
+        if not key or "=" not in item:
+            raise ConfigError(RULES["set_syntax"].format(item=item))
         value = parse_yaml(raw, f"--set {key}") if raw.strip() else ""
         if value is not None and not isinstance(value, str) and _TEXT_KEYS.get(key, False):
             value = raw  # a text key takes the text as given: --set sample.prompt=ROMEO: or name=2024
         node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
+        *sections, name = key.split(".")
+        for part in sections:
             child = node.get(part)
-            if child is None:
-                child = {}
-            elif not isinstance(child, dict):
+            if not isinstance(child, (dict, type(None))):
                 raise ConfigError(f"--set {key}: {part} is not a section")
-            else:
-                child = dict(child)
-            node[part] = child
-            node = child
-        node[parts[-1]] = value
+            node[part] = dict(child or {})
+            node = node[part]
+        node[name] = value
     return data
 
 
@@ -418,33 +380,29 @@ _TEXT_KEYS = {key: field.annotation in (str, Optional[str]) for key, field in _f
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None, note=lambda message: None) -> Config:
-    """Load a YAML config file or a shipped config by name (``shakespeare-cpu``), apply ``--set`` overrides, validate.
-
-    ``note`` hears which shipped file a missing ``configs/NAME.yaml`` stands for (:func:`~minigpt_cli.paths.resolve_config`).
-
-    Raises:
-        ConfigError: missing or unreadable file, invalid YAML, or a schema error.
-    """
+    """Load a YAML config file or a shipped config by name (``shakespeare-cpu``), apply ``--set`` overrides and
+    validate; ConfigError for any problem, naming it. ``note`` hears which shipped file a missing
+    ``configs/NAME.yaml`` stands for (:func:`~minigpt_cli.paths.resolve_config`)."""
     from ..paths import resolve_config
 
     p = resolve_config(path, note)  # the one resolver: the CLI's names are the API's
+    try:
+        data = parse_yaml(p.read_text(encoding="utf-8"), str(p))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(_unreadable(p, exc)) from None
+    if overrides and isinstance(data, (dict, type(None))):
+        data = apply_overrides(data or {}, overrides)
+    return validate(data, str(p), [item.split("=", 1)[0].strip() for item in overrides or []])
+
+
+def _unreadable(p: Path, exc: Exception) -> str:
+    """Why config file ``p`` cannot be read: a folder, missing (with the shipped configs' names), or ``exc``."""
     if p.is_dir():
-        raise ConfigError(f"config {str(p)!r} is a folder; pass a YAML file, e.g. configs/shakespeare-cpu.yaml")
-    if not p.is_file():
+        return RULES["config_folder"].format(path=str(p))
+    if not p.exists():
         from ..paths import list_configs
 
         configs = list_configs()
         hint = f"; shipped configs (pass the name alone): {', '.join(configs)}" if configs else ""
-        raise ConfigError(f"config file {str(p)!r} not found{hint}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config {str(p)!r}: {exc}") from None
-    data = parse_yaml(text, str(p))
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(data).__name__}")
-    if overrides:
-        data = apply_overrides(data, overrides)
-    return validate(data, str(p), [item.split("=", 1)[0].strip() for item in overrides or []])
+        return f"config file {str(p)!r} not found{hint}"
+    return f"cannot read config {str(p)!r}: {exc}"

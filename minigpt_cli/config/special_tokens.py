@@ -1,14 +1,11 @@
-"""Special tokens (``<|endoftext|>``, ...): checking the configured list, and cutting text around them.
-
-Pure Python with no dependencies inside the package but :mod:`.errors`, so
-that the config (which refuses bad special tokens when it is read) and the
-tokenizers both import it, and neither imports the other's way back.
+"""Special tokens (``<|endoftext|>``, ...): checking a list, and cutting text around them (no torch; the config
+and the tokenizers both import it).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 from ..errors import MinigptError
 
@@ -19,30 +16,32 @@ UNK = "<unk>"
 END_OF_TEXT = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|eot|>")
 
 
-def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
-    """The special tokens as a list, checked: non-empty, no whitespace at the ends, distinct.
-
-    Raises:
-        MinigptError: an empty, padded or repeated entry, or the unknown token.
-    """
-    out: list[str] = []
+def special_token_problem(special_tokens: Iterable[str]) -> Optional[str]:
+    """What is wrong with a list of special tokens (an empty, padded or repeated entry, the unknown token), or
+    None when each is non-empty text without whitespace at its ends, listed once."""
+    seen: set[str] = set()
     for s in special_tokens:
         if not isinstance(s, str) or not s or s != s.strip():
-            raise MinigptError(f"special token {s!r} must be non-empty text without spaces at its ends")
+            return f"special token {s!r} must be non-empty text without spaces at its ends"
         if s == UNK:
-            raise MinigptError(f"special token {UNK!r} is the unknown token the tokenizer adds itself; drop it")
-        if s in out:
-            raise MinigptError(f"special token {s!r} is listed twice; list each once")
-        out.append(s)
-    return out
+            return f"special token {UNK!r} is the unknown token the tokenizer adds itself; drop it"
+        if s in seen:
+            return f"special token {s!r} is listed twice; list each once"
+        seen.add(s)
+    return None
+
+
+def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
+    """The special tokens as a list, checked; MinigptError names the problem (:func:`special_token_problem`)."""
+    tokens = list(special_tokens)
+    problem = special_token_problem(tokens)
+    if problem:
+        raise MinigptError(problem)
+    return tokens
 
 
 def split_special(text: str, special_tokens: Sequence[str]) -> list[str]:
-    """``text`` cut around its special tokens: [text, special, text, special, ..., text].
-
-    Odd positions hold special tokens (longest match first); even positions
-    hold the ordinary text between them, possibly empty.
-    """
+    """``text`` cut around its special tokens (longest first): [text, special, text, ..., text], text maybe empty."""
     if not special_tokens:
         return [text]
     alternatives = "|".join(re.escape(s) for s in sorted(special_tokens, key=len, reverse=True))

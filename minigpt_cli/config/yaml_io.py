@@ -6,6 +6,7 @@ Part of the config schema's edge (:mod:`minigpt_cli.config.schema` re-exports :f
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from typing import Any
 
 import yaml
@@ -38,12 +39,11 @@ class _Refused(yaml.MarkedYAMLError):
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``) and refuses duplicate keys.
+    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``) and refuses what a config never needs.
 
-    A key given twice in one mapping is an error naming both lines (PyYAML
-    would silently keep the last). Anchors and aliases (``&name``, ``*name``)
-    are refused: a config does not need them, and nested aliases ("billion
-    laughs") turn a few lines into an object too large to validate or print.
+    A key given twice in one mapping is an error naming both lines (PyYAML would silently keep the last).
+    Anchors and aliases (``&name``, ``*name``) are refused: nested aliases ("billion laughs") turn a few lines
+    into an object too large to validate or print. So is an integer too long for Python to read (4,300 digits).
     """
 
     def compose_node(self, parent, index):
@@ -56,20 +56,28 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
+            key = self.construct_object(key_node, deep=True) if key_node.tag != _MERGE else _MERGE
+            if key is _MERGE or not isinstance(key, Hashable):  # SafeConstructor refuses an unhashable key itself
                 continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: SafeConstructor reports it
-                continue
+            first = seen.get(key)
             if first is not None:
                 raise _Refused(f"duplicate key {key!r}, first given on line {first.line + 1}; keep one of them",
                                key_node.start_mark)
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node):
+        # int() refuses a string of more than sys.get_int_max_str_digits() digits with a bare ValueError.
+        if len(node.value) > _MAX_DIGITS:
+            raise _Refused(f"an integer of {len(node.value):,} digits: no setting takes a number that large; "
+                           "give a smaller one (config-keys lists each key's range)", node.start_mark)
+        return super().construct_yaml_int(node)
 
+
+_MERGE = "tag:yaml.org,2002:merge"
+#: Longest integer literal read (underscores and a sign included), far below Python's limit of 4,300 digits.
+_MAX_DIGITS = 400
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(
@@ -85,16 +93,20 @@ _Loader.add_implicit_resolver(
 
 
 def parse_yaml(text: str, source: str = "<string>") -> Any:
-    """Parse YAML text; a syntax error becomes a one-line :class:`ConfigError`."""
+    """Parse YAML text; a syntax error (or what :class:`_Loader` refuses) becomes a one-line :class:`ConfigError`."""
     try:
         return yaml.load(text, Loader=_Loader)
-    except RecursionError:
-        raise ConfigError(f"{source}: invalid YAML (nested too deeply); a config is a few flat sections") from None
-    except _Refused as exc:
-        mark = exc.problem_mark
-        raise ConfigError(f"{source}: line {mark.line + 1}, column {mark.column + 1}: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{source}:{where}: invalid YAML ({problem}); fix the syntax") from None
+    except (RecursionError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{source}{_yaml_problem(exc)}") from None
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """``: line L, column C: problem`` for a YAML error (PyYAML's own marked ``invalid YAML``)."""
+    if isinstance(exc, RecursionError):
+        return ": invalid YAML (nested too deeply); a config is a few flat sections"
+    mark = getattr(exc, "problem_mark", None)
+    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    if isinstance(exc, _Refused):
+        return f":{where}: {exc.problem}"
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f":{where}: invalid YAML ({problem}); fix the syntax"

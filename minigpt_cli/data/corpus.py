@@ -37,19 +37,20 @@ MANY_DOCUMENTS = 10
 
 #: Every message, by kind.
 MESSAGES = {
-    "missing": "data.path {source!r} does not exist; point data.path at a text file, a folder of .txt/.jsonl "
+    "missing": "{{key}} {source!r} does not exist; point {{key}} at a text file, a folder of .txt/.jsonl "
                "files or a glob",
-    "no_match": "data.path {source!r} matches no file; check the pattern (quote it in the shell so that minigpt expands it)",
+    "no_match": ("{{key}} {source!r} matches no file; check the pattern (quote it in the shell so that minigpt "
+                 "expands it)"),
     "empty_folder": "folder {source!r} holds no .txt or .jsonl files (searched recursively); add some, or point "
-                    "data.path at a file",
-    "empty": "corpus file {path!r} is empty; give it some text, or remove it from data.path",
-    "no_text": "data.path {source!r} holds no text: every document is empty; give it some text",
+                    "{{key}} at a file",
+    "empty": "corpus file {path!r} is empty; give it some text, or remove it from {{key}}",
+    "no_text": "{{key}} {source!r} holds no text: every document is empty; give it some text",
     "unreadable": "cannot read corpus file {path!r} ({detail}); check that it is a readable file",
     "not_utf8": "corpus file {path!r} is not UTF-8 text ({reason} at byte {offset:,}); convert it to UTF-8 "
-                "(e.g. with iconv) or remove it from data.path",
-    "bad_json": "{path}:{line}: does not parse as JSON ({detail}); fix the line, or remove the file from data.path",
+                "(e.g. with iconv) or remove it from {{key}}",
+    "bad_json": "{path}:{line}: does not parse as JSON ({detail}); fix the line, or remove the file from {{key}}",
     "not_object": "{path}:{line}: holds a JSON {kind}, not an object with a text field; fix the line, or remove "
-                  "the file from data.path",
+                  "the file from {{key}}",
     "no_field": "{path}:{line}: the object has no text field {field!r} (it has {keys}); set data.text_field to "
                 "the field holding the text",
     "not_text": "{path}:{line}: field {field!r} holds {kind}, not text; set data.text_field to the field holding "
@@ -58,7 +59,7 @@ MESSAGES = {
 
 
 def _error(message: str, **fields: object) -> MinigptError:
-    return MinigptError(MESSAGES[message].format(**fields))
+    return MinigptError(MESSAGES[message].format(**fields), key="data.path")  # train-tokenizer spells it --input
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,9 @@ def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], N
             corpus, root = configured_corpus(cfg, echo)
         text = "".join(training_texts(corpus, cfg.tokenizer.special_tokens, limit_chars))
     except MinigptError as exc:
-        if input_path is None:
-            raise
-        raise MinigptError(str(exc).replace("data.path", "--input")) from None
+        if input_path is not None:  # the corpus's errors name the key that gave it; here that is --input
+            exc.spelled({"data.path": "--input"})
+        raise
     if not text.strip("\n"):
         raise MinigptError(f"input {corpus.source!r} is empty; give it some text")
     return corpus, text, root

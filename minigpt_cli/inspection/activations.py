@@ -1,15 +1,9 @@
 """``minigpt inspect activations``: ReLU, GELU, GELU-tanh and SiLU, and how far apart GELU's two forms are.
 
-- ReLU: max(0, x) (the original Transformer's FFN, Vaswani et al. 2017 §3.3);
-- GELU: x·Φ(x), Φ the standard normal CDF (Hendrycks & Gimpel 2016 §2);
-- GELU-tanh: 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))), the approximation of
-  Hendrycks & Gimpel 2016 §2 that GPT-2 uses (Hugging Face's ``gelu_new``);
-- SiLU (Swish): x·σ(x) (Elfwing et al. 2018; Ramachandran et al. 2017), SwiGLU's gate (Shazeer 2020).
-
-Computed with ``torch.nn.functional`` (``relu``, ``gelu`` exact and
-``approximate="tanh"``, ``silu``), the functions the model's MLP calls, in
-float64. GELU(−x) = GELU(x) − x holds for both forms, so their difference is
-even in x: its maximum is reached at ±x.
+ReLU max(0, x) (Vaswani et al. 2017 §3.3); GELU x·Φ(x) and its tanh approximation
+0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))) that GPT-2 uses (Hendrycks & Gimpel 2016 §2); SiLU x·σ(x)
+(Elfwing et al. 2018), SwiGLU's gate. Computed with the ``torch.nn.functional`` calls the model's MLP makes, in
+float64. GELU(−x) = GELU(x) − x for both forms, so their difference is even: its maximum is at ±x.
 """
 
 from __future__ import annotations
@@ -45,15 +39,9 @@ FUNCTIONS = {
 def activations(lo: float = -4.0, hi: float = 4.0, output: Optional[Path] = None) -> dict:
     """The four activations on [lo, hi], and max |GELU − GELU-tanh| with where it is reached.
 
-    Args:
-        lo, hi: the plotted range.
-        output: folder for ``activations.png``; None draws nothing.
-
-    Returns:
-        A dict: ``range`` [lo, hi]; ``table`` ({``x``: the points of :data:`TABLE_AT`, and one list of
-        values per function name: ``relu``, ``gelu``, ``gelu_tanh``, ``silu``}); ``gelu_tanh_max_error``
-        (max |GELU − GELU-tanh| on [−10, 10], step 1e-4) and ``gelu_tanh_max_error_at`` (the positive
-        x where it is reached; −x gives the same); ``png``.
+    ``output``: folder for ``activations.png``. Returns ``range``, ``table`` (the points of :data:`TABLE_AT` as
+    ``x`` and one list per function), ``gelu_tanh_max_error`` (on [−10, 10], step 1e-4) with the positive x
+    where it is reached, ``gelu_tanh_max_error_at``, and ``png``.
 
     Raises:
         MinigptError: a range that is not two finite numbers, lo < hi.

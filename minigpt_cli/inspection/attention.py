@@ -1,22 +1,12 @@
 """``minigpt inspect attention``: a trained run's attention weights on a prompt, per layer and head, and their entropy.
 
-The model computes attention inside ``scaled_dot_product_attention``,
-which does not return its weights. Here each block's attention input is
-captured (a forward pre-hook) and the weights are recomputed as the layer
-computes them: q, k from ``c_attn``, RoPE applied when the model uses it
-(:func:`~minigpt_cli.model.gpt.apply_rope`), each key head shared by
-n_head / n_kv_head query heads (grouped-query attention, Ainslie et al. 2023),
-softmax(q kᵀ / sqrt(head_dim)) under the causal mask (Vaswani et al. 2017
-§3.2.1). As a check, the weights times v, through ``c_proj``, must give the
-layer's own output (a forward hook); the largest difference is reported.
-
-A head's entropy at query position t is −Σ_s p(s) ln p(s) over the keys
-s ≤ t, in nats; a head spread evenly over its t + 1 keys has ln(t + 1), one
-that looks at a single key has 0. The mean is taken over positions 1..T−1
-(position 0 can only see itself).
-
-Prompts longer than ``block_size`` are refused rather than cropped: a map of
-a cropped prompt would show other positions than the ones typed.
+``scaled_dot_product_attention`` does not return its weights, so each block's attention input is captured (a
+forward pre-hook) and the weights are recomputed as the layer computes them: q, k from ``c_attn``, RoPE when the
+model uses it, each key head shared by n_head / n_kv_head query heads (Ainslie et al. 2023), softmax(q kᵀ /
+sqrt(head_dim)) under the causal mask (Vaswani et al. 2017 §3.2.1). As a check, weights·v through ``c_proj``
+must give the layer's own output. A head's entropy at position t is −Σ_s p(s) ln p(s) over the keys s ≤ t,
+in nats (ln(t + 1) spread evenly, 0 on one key), averaged over positions 1..T−1. Prompts longer than
+``block_size`` are refused, not cropped: their maps would show positions the model never saw together.
 """
 
 from __future__ import annotations
@@ -44,11 +34,8 @@ LABELLED = 24
 
 
 def attention_weights(attn, x: torch.Tensor, rope=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The attention weights of one :class:`~minigpt_cli.model.gpt.CausalSelfAttention` on its input x (B, T, C).
-
-    Returns:
-        (weights (B, n_head, T, T) float32, rows summing to 1; the layer's output recomputed from them,
-        (B, T, C)).
+    """The attention weights (B, n_head, T, T) float32 of one attention layer on its input x (B, T, C), and the
+    layer's output (B, T, C) recomputed from them.
     """
     B, T, C = x.size()
     with torch.no_grad():
@@ -78,16 +65,12 @@ def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output:
               echo: Callable[[str], None] = lambda m: None) -> dict:
     """Attention weights of every layer and head of a run on ``prompt``, with each head's mean entropy.
 
-    Returns:
-        A dict: ``run``, ``checkpoint``, ``n_layer``, ``n_head``, ``n_kv_head``, ``pos_encoding``;
-        ``tokens`` (the prompt's pieces) and ``ids``; ``heads`` (each {``layer``, ``head``, ``kv_head``,
-        ``mean_entropy``}); ``uniform_entropy`` (the mean for weights spread evenly: mean of ln(t+1));
-        ``weights`` ([layer][head][query][key]); ``max_check_error`` (weights·v through c_proj against
-        the layer's output); ``png``.
+    Returns the numbers ``format_attention`` prints, ``weights`` ([layer][head][query][key]),
+    ``max_check_error`` (weights·v through c_proj against the layer's output) and ``png``.
 
     Raises:
-        MinigptError: as :func:`~minigpt_cli.inspection.run_model.open_run`; a prompt the tokenizer cannot
-            encode (:func:`~minigpt_cli.sample.sampling.encode_prompt`); one longer than block_size.
+        MinigptError: as :func:`~.run_model.open_run`; a prompt the tokenizer cannot encode, or one longer
+            than block_size.
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     ids = encode_prompt(tok, prompt)

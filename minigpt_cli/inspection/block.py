@@ -1,18 +1,10 @@
 """``minigpt inspect block``: our Transformer block against PyTorch's, and the shapes through a stack of them.
 
-The model's :class:`~minigpt_cli.model.gpt.Block` is built Pre-LN (GPT-2;
-Xiong et al. 2020) and Post-LN (Vaswani et al. 2017 §3.1), its weights are
-copied into ``torch.nn.TransformerEncoderLayer`` (``norm_first`` True and
-False, ``batch_first``, dropout 0, the same activation), and both run the same
-input under a causal mask; the largest difference is reported, along with
-what it would be without the mask (which shows that the check can fail).
-
-The trace runs a 2-block GPT (B = 2, T = 4, d = 64, 4 heads, d_ff = 256 by
-default) once forward and backward and lists the (B, T, C) shape and dtype
-after every sub-layer, with the per-head q/k/v and the score matrix that
-attention computes inside ``scaled_dot_product_attention``, then the
-gradient norm of every parameter after one backward pass of the
-cross-entropy on random targets.
+The model's Block, Pre-LN (GPT-2; Xiong et al. 2020) and Post-LN (Vaswani et al. 2017 §3.1), has its weights
+copied into ``torch.nn.TransformerEncoderLayer``; both run one input under a causal mask, and without it (to
+show that the check can fail). The trace runs a small GPT forward and backward and lists the shape and dtype
+after every sub-layer (with the per-head q/k/v and scores that ``scaled_dot_product_attention`` hides) and
+each parameter's gradient norm.
 """
 
 from __future__ import annotations
@@ -25,16 +17,9 @@ import torch
 import torch.nn as nn
 
 from ..config.schema import ModelConfig
-from ..errors import MinigptError
 from ..model.gpt import GPT, Block
-from .figures import new_figure, save_png, seeded, wrote
+from .figures import check_heads, new_figure, save_png, seeded, wrote
 
-_MESSAGES = {
-    "heads": "--n-embd {n_embd} is not divisible by --n-head {n_head}; e.g. --n-embd {fix}",
-    "activation": "--activation {act!r}: nn.TransformerEncoderLayer takes relu or gelu",
-    "dtype": "--dtype {dtype!r}: use float32, float64 or bfloat16",
-    "size": "--{name} {value}: use at least 1",
-}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 #: The trace's vocabulary: Tiny Shakespeare's 65 characters.
 TRACE_VOCAB = 65
@@ -58,12 +43,8 @@ def copy_into_reference(blk: Block, ref: nn.TransformerEncoderLayer) -> None:
 
 def compare(norm_position: str, n_embd: int = 64, n_head: int = 4, d_ff: int = 256, seq_len: int = 8,
             batch: int = 2, activation: str = "gelu", seed: int = 0) -> dict:
-    """One block of ours against ``nn.TransformerEncoderLayer`` with the same weights, causal mask, float32.
-
-    Returns:
-        ``norm_position``, ``max_error`` (max |ours − torch|), ``max_error_without_mask`` (torch's layer
-        run without the mask: what a missing mask costs), ``ours``, ``reference`` and ``unmasked``
-        (the first 256 output values, for the plot).
+    """One block of ours against ``nn.TransformerEncoderLayer`` with the same weights, causal mask, float32:
+    ``max_error``, ``max_error_without_mask`` (what a missing mask costs), and 256 outputs of each for the plot.
     """
     cfg = ModelConfig(n_layer=1, n_head=n_head, n_embd=n_embd, d_ff=d_ff, block_size=seq_len, ffn=activation,
                       norm_position=norm_position, bias=True, dropout=0.0)
@@ -90,12 +71,8 @@ def compare(norm_position: str, n_embd: int = 64, n_head: int = 4, d_ff: int = 2
 
 def trace(n_layer: int = 2, batch: int = 2, seq_len: int = 4, n_embd: int = 64, n_head: int = 4,
           d_ff: int = 256, dtype: str = "float32", seed: int = 0) -> dict:
-    """Shapes and dtypes after every sub-layer of a small GPT, and every parameter's gradient norm.
-
-    Returns:
-        ``config`` (the sizes), ``dtype``, ``steps`` (each {``name``, ``shape``, ``dtype``, ``bt_c``: whether
-        the shape is (B, T, C)}), ``dtype_kept`` (each block returned its input's dtype), ``loss`` and
-        ``grad_norms`` ({parameter name: norm}).
+    """Shapes and dtypes after every sub-layer of a small GPT (``steps``, each with ``bt_c``: the shape is
+    (B, T, C)), whether each block kept its input's dtype, the ``loss`` and every parameter's gradient norm.
     """
     cfg = ModelConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, d_ff=d_ff, block_size=seq_len,
                       vocab_size=TRACE_VOCAB, dropout=0.0)
@@ -162,27 +139,14 @@ def trace(n_layer: int = 2, batch: int = 2, seq_len: int = 4, n_embd: int = 64, 
 def block(n_embd: int = 64, n_head: int = 4, d_ff: int = 256, seq_len: int = 8, activation: str = "gelu",
           seed: int = 0, with_trace: bool = False, n_layer: int = 2, batch: int = 2, trace_len: int = 4,
           dtype: str = "float32", output: Optional[Path] = None) -> dict:
-    """Pre-LN and Post-LN blocks against ``nn.TransformerEncoderLayer``; with ``with_trace``, :func:`trace`.
-
-    Returns:
-        A dict: ``config``; ``pre`` and ``post`` (each as :func:`compare` returns, without the raw values);
-        ``trace`` (as :func:`trace` returns; None without ``with_trace``); ``png``.
+    """Pre-LN and Post-LN blocks against ``nn.TransformerEncoderLayer`` (``pre``, ``post``: :func:`compare`'s
+    numbers), with ``with_trace`` :func:`trace`'s (else None), and ``png``.
 
     Raises:
-        MinigptError: n_embd not divisible by n_head, an activation the reference lacks, an unknown dtype,
-            a size below 1.
+        MinigptError: n_embd not divisible by n_head (the CLI checks the sizes, activation and dtype).
     """
-    for name, value in (("n-embd", n_embd), ("n-head", n_head), ("d-ff", d_ff), ("seq-len", seq_len),
-                        ("n-layer", n_layer), ("batch", batch), ("trace-len", trace_len)):
-        if value < 1:
-            raise MinigptError(_MESSAGES["size"].format(name=name, value=value))
-    if n_embd % n_head:
-        raise MinigptError(_MESSAGES["heads"].format(n_embd=n_embd, n_head=n_head,
-                                                     fix=n_head * max(1, round(n_embd / n_head))))
-    if activation not in ("relu", "gelu"):
-        raise MinigptError(_MESSAGES["activation"].format(act=activation))
-    if dtype not in DTYPES:
-        raise MinigptError(_MESSAGES["dtype"].format(dtype=dtype))
+    assert activation in ("relu", "gelu") and dtype in DTYPES and min(n_embd, n_head, d_ff, seq_len, batch) >= 1
+    check_heads(n_embd, n_head)
     runs = {p: compare(p, n_embd, n_head, d_ff, seq_len, batch, activation, seed) for p in ("pre", "post")}
     result = {"config": {"n_embd": n_embd, "n_head": n_head, "d_ff": d_ff, "seq_len": seq_len, "batch": batch,
                          "activation": activation, "seed": seed},

@@ -1,16 +1,10 @@
 """``minigpt inspect ffn``: a tiny position-wise feed-forward pass, step by step, and SwiGLU's width rule.
 
-FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017 §3.3), written with
-row vectors as a learner computes it by hand: x (1, d_model), W1 (d_model, d_ff),
-W2 (d_ff, d_model). SwiGLU replaces act(x W1) by Swish(x W1) ⊙ (x V)
-(Shazeer 2020 eq. 6). Each step is computed in float64; the result is
-checked against the model's own :class:`~minigpt_cli.model.gpt.MLP` loaded with
-the same weights (float32). The block adds the FFN's output back: x + y.
-
-SwiGLU's hidden width keeps 3·d·d_ff equal to the 8d² of a 4d MLP:
-d_ff = 2/3·4d, rounded up to ``multiple_of`` (Llama's ``FeedForward``;
-d = 4096, multiple_of 256 gives 11008), as
-:attr:`~minigpt_cli.config.schema.ModelConfig.ffn_hidden` computes it.
+FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017 §3.3), with row vectors as a learner computes it by hand:
+x (1, d_model), W1 (d_model, d_ff), W2 (d_ff, d_model); SwiGLU replaces act(x W1) by Swish(x W1) ⊙ (x V)
+(Shazeer 2020 eq. 6). Each step is in float64, checked against the model's own MLP with the same weights.
+SwiGLU's width keeps 3·d·d_ff equal to a 4d MLP's 8d²: d_ff = 2/3·4d rounded up to ``multiple_of`` (Llama:
+d = 4096 gives 11008), as :attr:`~minigpt_cli.config.schema.ModelConfig.ffn_hidden` computes it.
 """
 
 from __future__ import annotations
@@ -54,7 +48,6 @@ _MESSAGES = {
     "ragged": "{key}'s rows differ in length ({lengths}); a matrix needs rows of one length",
     "x": "--x {text!r}: give the input as numbers separated by commas, e.g. --x 1,2",
     "x_width": "--x {text!r} has {got} numbers, but the weights take d_model = {want}",
-    "d_model": "--swiglu-d-model {d}: use a width of at least 1",
 }
 
 
@@ -63,28 +56,31 @@ def read_weights(path: Path) -> dict:
     ``activation`` (relu, gelu, gelu_tanh, swiglu; default relu) and, for swiglu, ``V``.
 
     Raises:
-        MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, an unknown activation.
+        MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, a missing matrix.
     """
     example = json.dumps(EXAMPLE, separators=(",", ":"))
     try:
         obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MinigptError(_MESSAGES["read"].format(path=path, reason="no such file", example=example)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        reason = "no such file" if isinstance(exc, FileNotFoundError) else (
+            getattr(exc, "strerror", None) or str(exc).splitlines()[0])
         raise MinigptError(_MESSAGES["read"].format(path=path, reason=reason, example=example)) from None
-    if not isinstance(obj, dict):
-        raise MinigptError(_MESSAGES["not_object"].format(path=path))
-    for key in obj:
-        if key not in KEYS:
-            raise MinigptError(_MESSAGES["unknown_key"].format(path=path, key=key, keys=", ".join(sorted(KEYS))))
-    for key in ("W1", "W2") + (("V",) if obj.get("activation") == "swiglu" else ()):
-        if key not in obj:
-            raise MinigptError(_MESSAGES["missing"].format(path=path, key=key))
-    for key in KEYS - {"activation"}:
-        if key in obj and not _numbers(obj[key]):
-            raise MinigptError(_MESSAGES["not_numbers"].format(path=path, key=key))
+    problem = _file_problem(obj)
+    if problem:
+        raise MinigptError(_MESSAGES[problem[0]].format(path=path, keys=", ".join(sorted(KEYS)), **problem[1]))
     return obj
+
+
+def _file_problem(obj) -> Optional[tuple[str, dict]]:
+    """What is wrong with a weights file's object (a key of :data:`_MESSAGES` and its fields), or None."""
+    if not isinstance(obj, dict):
+        return "not_object", {}
+    unknown = [key for key in obj if key not in KEYS]
+    needed = ("W1", "W2") + (("V",) if obj.get("activation") == "swiglu" else ())
+    missing = [key for key in needed if key not in obj]
+    bad = [key for key in sorted(KEYS - {"activation"}) if key in obj and not _numbers(obj[key])]
+    return (("unknown_key", {"key": unknown[0]}) if unknown else ("missing", {"key": missing[0]}) if missing
+            else ("not_numbers", {"key": bad[0]}) if bad else None)
 
 
 def _numbers(value) -> bool:
@@ -97,43 +93,44 @@ def parse_x(text: str) -> list[float]:
     """``"1,2"`` -> [1.0, 2.0].
 
     Raises:
-        MinigptError: not numbers separated by commas.
+        MinigptError: not finite numbers separated by commas.
     """
     try:
         values = [float(v) for v in text.split(",")]
     except ValueError:
-        raise MinigptError(_MESSAGES["x"].format(text=text)) from None
+        values = []
     if not values or not all(math.isfinite(v) for v in values):
         raise MinigptError(_MESSAGES["x"].format(text=text))
     return values
 
 
-def _check_shapes(w: dict, d_model: int) -> int:
-    """d_ff, once every matrix and bias fits d_model (W1's rows, the width the input must have) and W1's
-    columns.
-
-    Raises:
-        MinigptError: a shape that does not fit, naming the key and both shapes.
-    """
+def _shape_problem(w: dict, xs: Sequence[Sequence[float]]) -> Optional[str]:
+    """What does not fit in the weights (the activation, W1 a matrix, each matrix and bias against d_model, the
+    width of W1's rows, and d_ff, the width of its columns) and then the inputs, or None."""
+    act = w.get("activation", "relu")
+    if act not in ACTIVATIONS:
+        return _MESSAGES["activation"].format(act=act, choices=", ".join(ACTIVATIONS))
+    if act == "swiglu" and "V" not in w:
+        return _MESSAGES["missing"].format(path="(weights)", key="V")
     w1 = shape(w["W1"])
-    d_ff = w1[1] if len(w1) == 2 else 0
+    if len(w1) != 2 or 0 in w1:
+        return _MESSAGES["matrix"]
+    d_model, d_ff = w1
     want = {"W1": ((d_model, d_ff), "d_model x d_ff: one row per input number"),
             "b1": ((d_ff,), "d_ff: one per hidden unit"),
             "W2": ((d_ff, d_model), "d_ff x d_model: one row per hidden unit, back to d_model"),
-            "b2": ((d_model,), "d_model: one per output")}
-    if "V" in w:
-        want["V"] = ((d_model, d_ff), "d_model x d_ff, as W1")
+            "b2": ((d_model,), "d_model: one per output"), "V": ((d_model, d_ff), "d_model x d_ff, as W1")}
+    fmt = lambda s: " x ".join(map(str, s)) or "a number"  # noqa: E731
     for key, (need, why) in want.items():
-        if key not in w:
-            continue
-        got = shape(w[key])
-        rows = [len(row) if isinstance(row, list) else 0 for row in w[key]] if len(need) == 2 else []
+        got = shape(w[key]) if key in w else need
+        rows = [len(row) if isinstance(row, list) else 0 for row in w[key]] if key in w and len(need) == 2 else []
         if len(set(rows)) > 1:
-            raise MinigptError(_MESSAGES["ragged"].format(key=key, lengths=", ".join(map(str, rows))))
-        if got != need or d_ff == 0:
-            fmt = lambda s: " x ".join(map(str, s)) or "a number"  # noqa: E731
-            raise MinigptError(_MESSAGES["shape"].format(key=key, got=fmt(got), want=fmt(need), why=why))
-    return d_ff
+            return _MESSAGES["ragged"].format(key=key, lengths=", ".join(map(str, rows)))
+        if got != need:
+            return _MESSAGES["shape"].format(key=key, got=fmt(got), want=fmt(need), why=why)
+    wrong = [x for x in xs if len(x) != d_model]  # the weights first: --x is judged by W1's rows
+    return _MESSAGES["x_width"].format(text=",".join(num(v) for v in wrong[0]), got=len(wrong[0]),
+                                       want=d_model) if wrong else None
 
 
 def _activate(z: torch.Tensor, act: str) -> torch.Tensor:
@@ -160,16 +157,10 @@ def _model_mlp(w: dict, d_model: int, d_ff: int, act: str, b1, b2) -> MLP:
 def swiglu_width(d_model: int = 4096, multiple_of: int = 256) -> dict:
     """SwiGLU's hidden width by the 2/3 rule (Shazeer 2020 §2; Llama's rounding), and the parameter counts.
 
-    Returns:
-        ``d_model``, ``four_d``, ``two_thirds`` (2/3·4d, unrounded), ``multiple_of``, ``d_ff`` (the model's
-        :attr:`~minigpt_cli.config.schema.ModelConfig.ffn_hidden`), ``params_mlp`` (2·d·4d, no biases) and
-        ``params_swiglu`` (3·d·d_ff).
-
-    Raises:
-        MinigptError: ``d_model`` < 1.
+    Returns ``d_model``, ``four_d``, ``two_thirds`` (2/3·4d, unrounded), ``multiple_of``, ``d_ff`` (the model's
+    :attr:`~minigpt_cli.config.schema.ModelConfig.ffn_hidden`), ``params_mlp`` (2·d·4d) and ``params_swiglu``
+    (3·d·d_ff), biases aside.
     """
-    if d_model < 1:
-        raise MinigptError(_MESSAGES["d_model"].format(d=d_model))
     cfg = ModelConfig(n_layer=1, n_head=1, n_embd=d_model, ffn="swiglu", multiple_of=multiple_of)
     d_ff = cfg.ffn_hidden
     return {"d_model": d_model, "four_d": 4 * d_model, "two_thirds": 2 * 4 * d_model / 3, "multiple_of": multiple_of,
@@ -180,35 +171,21 @@ def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_
         multiple_of: int = 256, output: Optional[Path] = None) -> dict:
     """The FFN forward pass for each input, step by step, checked against the model's MLP.
 
-    Args:
-        weights: as :func:`read_weights` returns (None: :data:`EXAMPLE`).
-        xs: the inputs, each d_model numbers.
-        swiglu_d_model, multiple_of: the example of SwiGLU's width rule (:func:`swiglu_width`).
-        output: folder for ``ffn.png``; None draws nothing.
-
-    Returns:
-        A dict: ``activation``, ``d_model``, ``d_ff``, ``W1``, ``b1``, ``W2``, ``b2`` (and ``V``);
-        ``steps``, one per input: {``x``, ``z`` (x W1 + b1), ``u`` (x V, swiglu only), ``h`` (after the
-        activation), ``off`` (indices of hidden units that are exactly 0), ``y`` (h W2 + b2),
-        ``x_plus_y``, ``model_y`` (the model's MLP), ``model_max_error``}; ``swiglu``; ``png``.
+    ``weights``: as :func:`read_weights` returns (None: :data:`EXAMPLE`); ``xs``: the inputs, d_model numbers
+    each; ``swiglu_d_model``, ``multiple_of``: the example of :func:`swiglu_width`; ``output``: folder for
+    ``ffn.png``. Returns the weights, ``steps`` (per input: ``x``, ``z`` = x W1 + b1, ``u`` = x V for swiglu,
+    ``h`` after the activation, ``off`` (units exactly 0), ``y``, ``x_plus_y``, ``model_y`` from the model's
+    MLP and ``model_max_error``), ``swiglu`` and ``png``.
 
     Raises:
         MinigptError: an unknown activation, a weight or input of the wrong shape.
     """
     w = EXAMPLE if weights is None else weights
+    problem = _shape_problem(w, xs)
+    if problem:
+        raise MinigptError(problem)
     act = w.get("activation", "relu")
-    if act not in ACTIVATIONS:
-        raise MinigptError(_MESSAGES["activation"].format(act=act, choices=", ".join(ACTIVATIONS)))
-    if act == "swiglu" and "V" not in w:
-        raise MinigptError(_MESSAGES["missing"].format(path="(weights)", key="V"))
-    w1_shape = shape(w["W1"])
-    if len(w1_shape) != 2 or 0 in w1_shape:
-        raise MinigptError(_MESSAGES["matrix"])
-    d_model = w1_shape[0]
-    d_ff = _check_shapes(w, d_model)  # the weights against each other first: --x is judged by W1's rows
-    for x in xs:
-        if len(x) != d_model:
-            raise MinigptError(_MESSAGES["x_width"].format(text=",".join(num(v) for v in x), got=len(x), want=d_model))
+    d_model, d_ff = shape(w["W1"])
     f64 = lambda key: torch.tensor(w[key], dtype=torch.float64)  # noqa: E731
     W1, W2 = f64("W1"), f64("W2")
     b1 = f64("b1") if "b1" in w else torch.zeros(d_ff, dtype=torch.float64)

@@ -1,9 +1,6 @@
 """What every inspect topic shares: a figure without pyplot and its atomic PNG write, JSON, numbers, a seeded RNG.
 
-Figures are drawn on a bare :class:`matplotlib.figure.Figure` with the Agg
-canvas (as the run folder's loss plot is), so the process's matplotlib
-backend is left alone, and written with
-:func:`~minigpt_cli.fileio.atomic_write_bytes`.
+Figures are drawn on a bare Figure with the Agg canvas (the process's matplotlib backend is left alone).
 """
 
 from __future__ import annotations
@@ -14,6 +11,15 @@ import math
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Optional
+
+from ..errors import MinigptError
+
+
+def check_heads(n_embd: int, n_head: int) -> None:
+    """Refuse (MinigptError) a width that whole heads do not divide, suggesting the nearest that they do."""
+    if n_embd % n_head:
+        raise MinigptError(f"--n-embd {n_embd} is not divisible by --n-head {n_head}; "
+                           f"e.g. --n-embd {n_head * max(1, round(n_embd / n_head))}")
 
 
 def new_figure(width: float, height: float):
@@ -35,11 +41,7 @@ def widen_to_fit(fig, text, margin: float = 0.2) -> None:
 
 
 def save_png(fig, folder: Path, name: str) -> str:
-    """Write ``fig`` to ``folder/name`` atomically (the folder is created); returns the path as a string.
-
-    Raises:
-        MinigptError: the file cannot be written (:func:`~minigpt_cli.fileio.atomic_write_bytes`).
-    """
+    """Write ``fig`` to ``folder/name`` atomically (the folder is created); returns the path as a string."""
     from ..fileio import atomic_write_bytes
 
     png = io.BytesIO()

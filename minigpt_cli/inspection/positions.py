@@ -1,22 +1,10 @@
 """``minigpt inspect positions``: the sinusoidal table, what its dot products and rotations say, and RoPE.
 
-Vaswani et al. 2017 §3.5: p[t, 2i] = sin(t·ω_i), p[t, 2i+1] = cos(t·ω_i),
-ω_i = base^(-2i/d). Three consequences are computed here, in float64:
-
-- p_t·p_s = Σ_i cos(ω_i (t − s)) depends on t − s alone; as a function of the
-  offset k it falls, but not monotonically (it rises again, and turns negative);
-- p_{t+k} = R_k p_t, R_k block-diagonal with the 2x2 rotations
-  [[cos ω_i k, sin ω_i k], [−sin ω_i k, cos ω_i k]] (the sum formulas);
-- after random projections the score (p_t W_Q)·(p_s W_K) = p_t^T W_Q W_K^T p_s
-  depends on t, not only on t − s, unless W_Q W_K^T commutes with every R_k.
-  RoPE (Su et al. 2021, RoFormer §3.4) rotates q and k after the projection,
-  so (R_t q)·(R_s k) = q^T R_{s−t} k depends on s − t alone.
-
-The table is the model's own formula (:func:`~minigpt_cli.model.gpt.sinusoidal_table`,
-which rounds it to float32); RoPE goes through the model's
-:func:`~minigpt_cli.model.gpt.apply_rope`, with the angles of
-:func:`~minigpt_cli.model.gpt.rope_cos_sin` once in float64 and once through
-that function itself (float32, as the model runs).
+Vaswani et al. 2017 §3.5: p[t, 2i] = sin(t·ω_i), p[t, 2i+1] = cos(t·ω_i), ω_i = base^(-2i/d). In float64:
+p_t·p_s = Σ_i cos(ω_i (t − s)) depends on t − s alone (and falls with the offset, not monotonically);
+p_{t+k} = R_k p_t, R_k block-diagonal 2x2 rotations; after random projections (p_t W_Q)·(p_s W_K) depends
+on t, while RoPE (Su et al. 2021 §3.4) rotates q and k after the projection, so (R_t q)·(R_s k) depends on
+s − t alone. The table and RoPE are the model's own (:mod:`minigpt_cli.model.gpt`), RoPE also in float32.
 """
 
 from __future__ import annotations
@@ -31,12 +19,10 @@ from ..errors import MinigptError
 from ..model.gpt import apply_rope, rope_cos_sin
 from .figures import new_figure, num, save_png, wrote
 
-#: What :func:`positions` refuses.
+#: What :func:`positions` refuses (the CLI's option bounds keep --dim and --max-len at 2 or more).
 _MESSAGES = {
     "odd_dim": ("--dim {dim}: sinusoidal positions pair dimensions (sin, cos), so the width must be even; "
                 "e.g. --dim {even}"),
-    "small_dim": "--dim {dim}: use at least 2 (one sin/cos pair)",
-    "max_len": "--max-len {max_len}: use at least 2 positions (the curve p0·pk needs an offset)",
     "base": "--base {base}: the frequency base must be a finite number above 1; Vaswani et al. use 10000",
 }
 
@@ -100,33 +86,18 @@ def positions(dim: int = 128, max_len: int = 4096, base: float = 10000.0, seed: 
               output: Optional[Path] = None) -> dict:
     """The sinusoidal table's figures, the rotation check and the q·k scores with and without RoPE.
 
-    Args:
-        dim: the width d (even).
-        max_len: positions 0..max_len−1 (the curve, the minimum, the rotation check).
-        base: the frequency base (10000 in Vaswani et al. 2017).
-        seed: seeds the random W_Q, W_K (entries N(0, 1/d)) and the content vectors of the RoPE check.
-        output: folder for ``positions.png``; None draws nothing.
-
-    Returns:
-        A dict: ``dim``, ``max_len``, ``base``; ``curve`` (p0·pk for k = 0..max_len−1); ``first_rise``
-        (the least k with p0·pk > p0·p(k−1), or None); ``rising_steps`` and ``rise_window`` (the count
-        of such k in 1..rise_window); ``minimum`` and ``minimum_at``; ``longest_wavelength`` (2π·base^((d−2)/d))
-        and ``shortest_wavelength`` (2π); ``rotation`` ({``offsets``, ``max_error``}: max |p(t+k) − R_k p(t)|
-        over those k and every t); ``pairs`` ({``offset``, ``starts``}); ``sinusoidal_identity``,
-        ``sinusoidal_projected``, ``rope``, ``rope_float32`` (each {``scores``, ``spread``}: the score of
-        each pair and max − min); ``png``.
+    ``dim`` (even) and ``max_len`` (positions 0..max_len−1), both at least 2; ``seed`` seeds the random W_Q,
+    W_K (entries N(0, 1/d)) and the RoPE check's content vectors; ``output``: folder for ``positions.png``.
+    Returns the numbers ``format_positions`` prints (``curve`` is p0·pk for every k, ``rotation`` the largest
+    |p(t+k) − R_k p(t)|, each score row {``scores``, ``spread``}), and ``png``.
 
     Raises:
-        MinigptError: an odd or too small ``dim``, ``max_len`` < 2, ``base`` ≤ 1.
+        MinigptError: an odd ``dim``, ``base`` ≤ 1.
     """
-    if dim < 2:
-        raise MinigptError(_MESSAGES["small_dim"].format(dim=dim))
-    if dim % 2:
-        raise MinigptError(_MESSAGES["odd_dim"].format(dim=dim, even=dim + 1))
-    if max_len < 2:
-        raise MinigptError(_MESSAGES["max_len"].format(max_len=max_len))
-    if not (math.isfinite(base) and base > 1):
-        raise MinigptError(_MESSAGES["base"].format(base=base))
+    assert dim >= 2 and max_len >= 2, (dim, max_len)
+    problem = "odd_dim" if dim % 2 else "base" if not (math.isfinite(base) and base > 1) else None
+    if problem:
+        raise MinigptError(_MESSAGES[problem].format(dim=dim, even=dim + 1, base=base))
     table = sinusoidal_table64(max_len, dim, base)  # (max_len, dim)
     curve = table @ table[0]  # p0·pk, k = 0..max_len-1
     up = (curve[1:] > curve[:-1]).nonzero().flatten() + 1  # the k with a rise from k-1 to k

@@ -1,20 +1,10 @@
 """``minigpt inspect residual``: how the residual stream grows with depth, and what 1/sqrt(2L) does to it.
 
-In a Pre-LN stack every block adds two branches to the stream (x += attn(ln_1(x));
-x += mlp(ln_2(x))), so after L blocks it holds the input plus 2L roughly
-independent terms: without scaling, its RMS grows like sqrt(2L). GPT-2
-(Radford et al. 2019 §2.3) scales the initial weights of each branch's last
-layer by 1/sqrt(N), N = 2L residual layers, which keeps the stream's size
-independent of depth (the model's ``scale_residual_init``; Xiong et al.
-2020 analyse Pre-LN's growth).
-
-At initialisation the stack is the model's own (:class:`~minigpt_cli.model.gpt.GPT`'s
-blocks and init), fed unit-variance input, once as drawn and once with its
-``c_proj`` weights scaled by 1/sqrt(2L) (:func:`scale_branch_outputs`); the
-init std defaults to 1/sqrt(d), so that every branch writes O(1) to the
-stream and the growth shows. With a run, the same RMS is measured on
-validation windows through the trained model and through the same
-architecture at its initialisation.
+Every Pre-LN block adds two branches to the stream, so after L blocks its RMS grows like sqrt(2L); GPT-2
+(Radford et al. 2019 §2.3) scales each branch's last layer at init by 1/sqrt(2L), which keeps it flat (the
+model's ``scale_residual_init``; Xiong et al. 2020). The stack is the model's own, fed unit-variance input,
+with init std 1/sqrt(d) so that every branch writes O(1) and the growth shows; with a run, the trained model
+on validation windows against the same architecture at its init.
 """
 
 from __future__ import annotations
@@ -29,13 +19,10 @@ from ..config.schema import ModelConfig
 from ..errors import MinigptError
 from ..model.gpt import GPT
 from ..run import folder as runs
-from .figures import new_figure, save_png, seeded, wrote
+from .figures import check_heads, new_figure, save_png, seeded, wrote
 from .run_model import open_run
 
 _MESSAGES = {
-    "depths": "--depths {depths}: give block counts of at least 1, e.g. --depths 4,16,64",
-    "size": "--{name} {value}: use at least {least}",
-    "heads": "--n-embd {n_embd} is not divisible by --n-head {n_head}; e.g. --n-embd {fix}",
     "no_corpus": ("the run's corpus ({where}) is not on disk, so there is no validation text to run; "
                   "prepare it with: minigpt prepare {config}"),
     "short_val": "the run's validation split has {n} tokens, too few for one window of block_size {block}",
@@ -59,10 +46,8 @@ def stream_rms(blocks: Sequence[torch.nn.Module], x: torch.Tensor, rope=None) ->
 
 
 def scale_branch_outputs(model: GPT, n_layer: int) -> None:
-    """Multiply each branch's last layer (every ``c_proj.weight``) by 1/sqrt(2·n_layer), in place.
-
-    The same weights drawn with std σ/sqrt(2L), as ``scale_residual_init`` draws them (GPT-2 §2.3); scaling
-    the unscaled draw keeps every other weight equal, so the two streams differ by the rule alone.
+    """Multiply every ``c_proj.weight`` (each branch's last layer) by 1/sqrt(2·n_layer) in place: the rule of
+    GPT-2 §2.3 applied to the same draw, so the two streams differ by the rule alone.
     """
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -80,30 +65,17 @@ def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 
              seq_len: int = 64, init_std: Optional[float] = None, output: Optional[Path] = None) -> dict:
     """RMS of the residual stream after each block at initialisation, with and without the 1/sqrt(2L) init.
 
-    Args:
-        depths: block counts L to build.
-        seeds: initialisations per depth (the same seeds with and without scaling).
-        n_embd, n_head, seq_len: the blocks' width, heads, and tokens per input.
-        init_std: the weights' init std; None: 1/sqrt(n_embd).
-        output: folder for ``residual.png``; None draws nothing.
-
-    Returns:
-        A dict: ``config``; ``depths``, each {``layers``, ``unscaled`` and ``scaled`` (each {``mean``,
-        ``std``}: L + 1 RMS values, input first, over the seeds)}; ``growth`` (the final unscaled RMS of
-        each depth over the previous depth's, and the sqrt ratio of depths it should be near); ``png``.
+    ``depths``: block counts L (at least 1); ``seeds`` initialisations per depth, the same with and without the
+    scaling; ``init_std``: None is 1/sqrt(n_embd); ``output``: folder for ``residual.png``. Returns ``config``,
+    ``depths`` (each {``layers``, ``unscaled`` and ``scaled``: {``mean``, ``std``} of the L + 1 RMS values,
+    input first}), ``growth`` (the final unscaled RMS over the previous depth's, beside the sqrt of the depths'
+    ratio) and ``png``.
 
     Raises:
-        MinigptError: a depth, seed count or size below 1; n_embd not divisible by n_head.
+        MinigptError: n_embd not divisible by n_head (the CLI checks the counts).
     """
-    if not depths or min(depths) < 1:
-        raise MinigptError(_MESSAGES["depths"].format(depths=",".join(map(str, depths))))
-    for name, value, least in (("seeds", seeds, 1), ("n-embd", n_embd, 1), ("n-head", n_head, 1),
-                               ("seq-len", seq_len, 1)):
-        if value < least:
-            raise MinigptError(_MESSAGES["size"].format(name=name, value=value, least=least))
-    if n_embd % n_head:
-        raise MinigptError(_MESSAGES["heads"].format(n_embd=n_embd, n_head=n_head,
-                                                     fix=n_head * max(1, round(n_embd / n_head))))
+    assert depths and min(depths) >= 1 and min(seeds, n_embd, n_head, seq_len) >= 1
+    check_heads(n_embd, n_head)
     std = init_std if init_std is not None else 1 / math.sqrt(n_embd)
     result_depths = []
     for L in sorted(set(depths)):
@@ -179,15 +151,11 @@ class _Stop(Exception):
 
 def residual_run(run: str | Path, checkpoint: str = runs.BEST, windows: int = 8, seed: int = 0,
                  output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
-    """RMS of a trained run's residual stream after each block, on validation windows, against its init.
-
-    Returns:
-        A dict: ``run``, ``checkpoint``, ``layers``, ``windows``, ``block_size``, ``scale_residual_init``,
-        ``trained`` and ``init`` (L + 1 RMS values: the embedding, then after each block), ``png``.
+    """RMS of a trained run's residual stream (``trained``) and of its architecture at init (``init``) after the
+    embedding and each block, on validation windows.
 
     Raises:
-        MinigptError: as :func:`~minigpt_cli.inspection.run_model.open_run`; the run's corpus is not on
-            disk; a validation split shorter than a window.
+        MinigptError: as :func:`~.run_model.open_run`; the corpus is not on disk; a split shorter than a window.
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     idx = _val_windows(Path(run), cfg, tok, windows, seed, echo)

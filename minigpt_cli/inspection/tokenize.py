@@ -1,24 +1,13 @@
 """``minigpt inspect tokenize``: how the three subword algorithms cut text, and why.
 
-Without a tokenizer, the toy corpus hug x10, pug x5, pun x12, bun x4, hugs x5
-(Hugging Face LLM course, ch. 6.5-6.7) is cut three ways:
-
-- BPE (Sennrich et al. 2016; byte-level as GPT-2, Radford et al. 2019 §2.2):
-  the ``tokenizers`` library's trainer with minigpt's settings merges the
-  most frequent adjacent pair first; each merge's count is replayed here;
-- WordPiece: minigpt's trainer (:func:`~minigpt_cli.tokenizer.wordpiece.wordpiece_merges`)
-  merges the pair with the highest count(ab) / (count(a)·count(b)) first;
-- Unigram (Kudo 2018 §3.2): the seed model, every substring of the words with
-  probability proportional to its frequency, loaded into the library's
-  Unigram model; each segmentation of a word is listed with its
-  log-probability, and the library's Viterbi choice is marked and checked
-  against the best of the list.
-
-With ``--tokenizer`` or ``--run``: that tokenizer's pieces and ids for the
-text; for BPE each piece's merge rank, for WordPiece its merge rank (and,
-given the training text with ``--corpus``, the score and count of the merge
-that made it), for Unigram each piece's log-probability and, with
-``all_segmentations``, every segmentation of each word.
+Without a tokenizer, the toy corpus hug x10, pug x5, pun x12, bun x4, hugs x5 (Hugging Face LLM course,
+ch. 6.5-6.7) is cut three ways: BPE (Sennrich et al. 2016; byte-level as GPT-2) by the ``tokenizers`` trainer
+with minigpt's settings, most frequent pair first, each merge's count replayed here; WordPiece by minigpt's
+trainer, highest count(ab) / (count(a)·count(b)) first; Unigram (Kudo 2018 §3.2) from its seed model (every
+substring, probability by frequency) in the library's Unigram model, each segmentation listed with its
+log-probability and the library's Viterbi choice marked and checked. With ``--tokenizer`` or ``--run``: that
+tokenizer's pieces and ids, with BPE merge ranks, WordPiece merge ranks (and with ``--corpus`` the merge's
+score and count) or Unigram log-probabilities (and with ``--all-segmentations`` every segmentation).
 """
 
 from __future__ import annotations
@@ -94,17 +83,18 @@ def replay(words: dict[str, int], merges: Sequence[tuple[str, str]]) -> list[int
             for p in zip(symbols, symbols[1:]):
                 pairs[p] += words[w]
         counts.append(pairs[(a, b)])
-        for w, s in split.items():
-            merged, i = [], 0
-            while i < len(s):
-                if i + 1 < len(s) and (s[i], s[i + 1]) == (a, b):
-                    merged.append(a + b)
-                    i += 2
-                else:
-                    merged.append(s[i])
-                    i += 1
-            split[w] = merged
+        split = {w: _merge(s, a, b) for w, s in split.items()}
     return counts
+
+
+def _merge(symbols: list[str], a: str, b: str) -> list[str]:
+    """``symbols`` with each adjacent ``a``, ``b`` (left to right, not overlapping) made one symbol ``a + b``."""
+    out, i = [], 0
+    while i < len(symbols):
+        pair = i + 1 < len(symbols) and symbols[i] == a and symbols[i + 1] == b
+        out.append(a + b if pair else symbols[i])
+        i += 2 if pair else 1
+    return out
 
 
 def toy_bpe(words: dict[str, int]) -> list[dict]:
@@ -188,14 +178,11 @@ def _unigram_words(backend, words: Sequence[str], logp: dict[str, float]) -> lis
 def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Optional[Path] = None) -> dict:
     """BPE and WordPiece merges and Unigram segmentations on the toy corpus (:data:`TOY_WORDS`).
 
-    Returns:
-        A dict: ``mode`` ("toy"), ``words``, ``text``; ``bpe`` (merges, each {a, b, count}),
-        ``bpe_first`` (every pair's count before any merge, highest first) and ``bpe_pieces``;
-        ``wordpiece`` (merges, each {a, b, score, count} at the time of the merge), ``wordpiece_first``
-        (every pair's score before any merge, highest first) and ``wordpiece_pieces``;
-        ``unigram`` ({``vocab``: piece -> log-probability, ``total``: the substring occurrences, ``words``:
-        per word of ``text``: {word, viterbi, count, segmentations (each {pieces, log_prob, viterbi}),
-        viterbi_is_best}}); ``png``.
+    Returns ``mode`` ("toy"), ``words``, ``text``; ``bpe`` (merges {a, b, count}), ``bpe_first`` (every pair's
+    count before any merge, highest first), ``bpe_pieces``; ``wordpiece`` (merges {a, b, score, count} at the
+    time of the merge), ``wordpiece_first``, ``wordpiece_pieces``; ``unigram`` ({``vocab``: piece ->
+    log-probability, ``total``, ``words``: per word of ``text`` its segmentations and the Viterbi choice});
+    ``png``.
     """
     from tokenizers import Tokenizer as _Backend
     from tokenizers import models, pre_tokenizers
@@ -243,15 +230,7 @@ def _bpe_cut(text_words: Sequence[str], merges: Sequence[dict]) -> list[str]:
     for w in text_words:
         s = list(w)
         for m in merges:
-            i, out = 0, []
-            while i < len(s):
-                if i + 1 < len(s) and s[i] == m["a"] and s[i + 1] == m["b"]:
-                    out.append(m["a"] + m["b"])
-                    i += 2
-                else:
-                    out.append(s[i])
-                    i += 1
-            s = out
+            s = _merge(s, m["a"], m["b"])
         pieces += s
     return pieces
 
@@ -268,23 +247,18 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
                       corpus: Optional[Path] = None, output: Optional[Path] = None) -> dict:
     """A trained tokenizer's pieces and ids for ``text``, with what each kind can say about them.
 
-    Returns:
-        A dict: ``mode`` ("tokenizer"), ``source``, ``kind``, ``model`` (the library's model type, e.g.
-        ``WordLevel``; None for char), ``vocab_size``, ``text``, ``pieces``, ``ids``; ``details``, one per
-        piece: bpe {merge_rank (None for a base byte), a, b}; wordpiece {merge_rank, and with ``corpus``
-        score, count}; unigram {log_prob}; char and hf {}; ``unigram_words`` (with
-        ``all_segmentations``, as :func:`toy`'s); ``png``.
+    Returns ``mode`` ("tokenizer"), ``source``, ``kind``, ``model`` (the library's model type; None for char),
+    ``vocab_size``, ``text``, ``pieces``, ``ids``, ``details`` (per piece: bpe {merge_rank, a, b}; wordpiece
+    {merge_rank, and with ``corpus`` score, count}; unigram {log_prob}), ``unigram_words`` (with
+    ``all_segmentations``) and ``png``.
 
     Raises:
-        MinigptError: empty text; ``corpus`` for a kind other than wordpiece, or unreadable;
-            ``all_segmentations`` for a kind other than unigram.
+        MinigptError: empty text; ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
     """
-    if not text:
-        raise MinigptError(_MESSAGES["empty"])
-    if corpus is not None and tok.kind != "wordpiece":
-        raise MinigptError(_MESSAGES["corpus_kind"].format(kind=tok.kind))
-    if all_segmentations and tok.kind != "unigram":
-        raise MinigptError(_MESSAGES["segmentations"].format(kind=tok.kind))
+    problem = ("empty" if not text else "corpus_kind" if corpus is not None and tok.kind != "wordpiece"
+               else "segmentations" if all_segmentations and tok.kind != "unigram" else None)
+    if problem:
+        raise MinigptError(_MESSAGES[problem].format(kind=tok.kind))
     ids = tok.encode(text)
     model = json.loads(tok.backend.to_str())["model"] if tok.kind != "char" else {}
     result = {"mode": "tokenizer", "source": source, "kind": tok.kind, "model": model.get("type"),
@@ -409,23 +383,19 @@ def _format_segmentations(entries: list[dict]) -> list[str]:
 
 
 def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Optional[Tokenizer], str]:
-    """The tokenizer ``--tokenizer`` or ``--run`` names (None: the toy corpus), and how to name it.
-
-    ``--tokenizer``: minigpt's char tokenizer or any ``tokenizers`` tokenizer.json (a model type other than
-    BPE, WordPiece and Unigram as kind hf), or a folder holding a tokenizer.json; a file the user names is never
-    to be deleted (:func:`~minigpt_cli.tokenizer.kinds.load_tokenizer`'s ``own``). ``--run``: the run's own tokenizer, of the
-    kind its config names (:func:`~minigpt_cli.tokenizer.kinds.load_run_tokenizer`).
+    """The tokenizer ``--tokenizer`` (any tokenizer file the user names, never to be deleted) or ``--run`` (the
+    run's own) names, or None for the toy corpus; and how to name it.
 
     Raises:
         MinigptError: both given; no such run folder; a missing or damaged file.
     """
-    if tokenizer is not None and run is not None:
-        raise MinigptError(_MESSAGES["both"])
+    problem = "both" if tokenizer is not None and run is not None else (
+        "no_run" if run is not None and not (Path(run) / runs.CONFIG).is_file() else None)
+    if problem:
+        raise MinigptError(_MESSAGES[problem].format(run=str(run)))
     if tokenizer is not None:
         return load_tokenizer(tokenizer, own=False), str(tokenizer_file(tokenizer, own=False))
     if run is not None:
-        if not (Path(run) / runs.CONFIG).is_file():
-            raise MinigptError(_MESSAGES["no_run"].format(run=str(run)))
         tok = load_run_tokenizer(Path(run), load_config(Path(run) / runs.CONFIG))
         return tok, str(Path(run) / runs.TOKENIZER)
     return None, "toy"

@@ -197,7 +197,7 @@ def generate(
     dev = resolve_device(device)
     # Measures what else runs from here on: the sampling loop's polls decide the thread count once 0.25 s
     # have passed (no wait before the first token: an idle machine pays nothing).
-    threads = CpuThreads(dev, echo=echo)
+    threads = CpuThreads(dev)  # silent: the thread count changes the speed, not the text (issue 27 §5)
     loaded = load_run(run, checkpoint, dev)
     model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer
     model.to(DTYPES[dtype])  # after load_run's finite check: float32 to bfloat16 keeps the exponent range

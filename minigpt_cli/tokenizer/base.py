@@ -1,11 +1,5 @@
-"""The :class:`Tokenizer` interface and what is computed over any tokenizer.
-
-:class:`Tokenizer` is what data preparation, training and generation need
-from a tokenizer (:mod:`.tokenizer` implements it for every kind);
-:func:`check_ids` is the check every ``decode`` makes; :func:`lossy_report`
-names the text of a prompt the model will not see as typed;
-:func:`missing_chars` finds the characters a vocabulary lacks; :func:`run_tokenizer_fix` says how to mend a
-run whose own ``tokenizer.json`` is missing or damaged.
+"""The :class:`Tokenizer` interface, and what is computed over any tokenizer: the id check every ``decode``
+makes, the note on prompt text the model will not see as typed, the fix for a run's lost tokenizer.
 """
 
 from __future__ import annotations
@@ -25,8 +19,11 @@ if TYPE_CHECKING:
 
 __all__ = ["SPACE_MARK", "MAX_SHOWN", "Tokenizer", "check_ids", "lossy_report", "missing_chars", "run_tokenizer_fix"]
 
-#: The fix for a run whose own tokenizer.json is missing or damaged: a copy of the file it was trained with, or none.
+#: What this module says: ids that are not token ids, and the fix for a run whose own tokenizer.json is lost.
 _MESSAGES = {
+    "not_int": "token id {bad!r} is not an integer; decode integer ids (the ids encode gives)",
+    "outside": ("token id {bad:,} is not in the tokenizer's vocabulary of {n:,} ids (0 to {last:,}); decode ids with "
+                "the tokenizer that made them"),
     "copy": "a run keeps the tokenizer it was trained with: copy it back from {source!r} to {dest!r}, if that "
             "file was not retrained since",
     "no_copy": "a run keeps the tokenizer it was trained with, and no copy of it is known{where}: the run cannot be "
@@ -84,25 +81,18 @@ class Tokenizer(Protocol):
 
 
 def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
-    """``ids`` as a list of ints, each checked to be a token id: 0 <= id < ``vocab_size``.
-
-    One min and one max over the list, so decoding a stream token by token
-    stays cheap.
+    """``ids`` as a list of ints, each a token id: 0 <= id < ``vocab_size`` (one min and one max: cheap per token).
 
     Raises:
         MinigptError: naming the first id outside the vocabulary, and its size.
     """
     ids = list(ids)
-    if any(isinstance(i, (bool, float)) for i in ids):  # int(1.7) would silently decode id 1
-        bad = next(i for i in ids if isinstance(i, (bool, float)))
-        raise MinigptError(f"token id {bad!r} is not an integer; decode integer ids (the ids encode gives)")
-    out = list(map(int, ids))
-    if out and (min(out) < 0 or max(out) >= vocab_size):
-        bad = next(i for i in out if not 0 <= i < vocab_size)
-        raise MinigptError(
-            f"token id {bad:,} is not in the tokenizer's vocabulary of {vocab_size:,} ids "
-            f"(0 to {vocab_size - 1:,}); decode ids with the tokenizer that made them"
-        )
+    floats = [i for i in ids if isinstance(i, (bool, float))]  # int(1.7) would silently decode id 1
+    out = [] if floats else list(map(int, ids))
+    outside = [i for i in out if not 0 <= i < vocab_size] if out and (min(out) < 0 or max(out) >= vocab_size) else []
+    if floats or outside:
+        raise MinigptError(_MESSAGES["not_int"].format(bad=floats[0]) if floats else
+                           _MESSAGES["outside"].format(bad=outside[0], n=vocab_size, last=vocab_size - 1))
     return out
 
 
@@ -121,18 +111,11 @@ def _clip(text: str, limit: int = 80) -> str:
 
 
 def lossy_report(tok: Tokenizer, text: str, what: str = "the prompt") -> Optional[str]:
-    """A one-line note naming the text of ``text`` the model will not see as typed, or None.
+    """A one-line ``note:`` naming the text of ``text`` (``what``) the model will not see as typed, or None.
 
-    For the kinds with an unknown token (Unigram, WordPiece): the characters
-    ``tok.encode`` turns into ``<unk>`` (e.g. ``note: 3 characters of the
-    prompt became <unk>: '¿', 'é', '😀'``), a literal ``▁`` (it decodes as a
-    space), a literal ``<unk>`` (one id, the unknown token, not five
-    characters), and any other text for which decode(encode(text)) != text (a
-    WordPiece word over its longest, one ``<unk>``). The parts are joined
-    with ``; `` after ``note: ``; ``what`` names the text. At most
-    :data:`MAX_SHOWN` characters are named. None when nothing is lost, and for
-    kinds without an unknown token (bpe keeps every byte; char refuses
-    unknown characters in ``encode``, :func:`~minigpt_cli.sample.sampling.encode_prompt`).
+    For the kinds with an unknown token (Unigram, WordPiece): the characters that become ``<unk>`` (at most
+    :data:`MAX_SHOWN` named), a literal ``▁`` (it decodes as a space), a literal ``<unk>`` (one id), and any
+    other text whose round trip differs. None for bpe (every byte kept) and char (``encode`` refuses).
     """
     unk = tok.unk_token
     if unk is None:
@@ -168,15 +151,10 @@ def missing_chars(text: str, special_tokens: list[str], known: Container[str]) -
 
 
 def run_tokenizer_fix(run_dir: Path, cfg: Config) -> str:
-    """How to mend run ``run_dir``'s missing or damaged ``tokenizer.json`` (``cfg``: the run's config): copy
-    back the file it was trained with, when that file is there; else that no copy is known.
-
-    The file it was trained with is ``tokenizer.path``, else a fine-tuning run's ``model.init_from`` folder's
-    ``tokenizer.json``, else the default tokenizer file of the dataset's folder (of a ``data.path`` corpus:
-    its folder ``<data_dir>/<name>-<fingerprint>/``); then the ``init_from`` folder's (a resumed fine-tuning
-    run's ``tokenizer.path`` names its own file). A relative path is taken from the folder ``train`` ran in,
-    or the one the project is in now (:func:`~minigpt_cli.run.folder.training_dirs`); a path that is the run's own
-    file is never named.
+    """How to mend run ``run_dir``'s missing or damaged ``tokenizer.json``: copy back the file it was trained
+    with (``tokenizer.path``, else the ``model.init_from`` folder's, else the dataset folder's default file) when
+    it is there, else that no copy is known. A relative path is taken from where ``train`` ran, or from the
+    project's folder now; the run's own file is never named.
     """
     from ..paths import default_tokenizer_path
     from ..run import folder as runs

@@ -1,48 +1,19 @@
 """One Tokenizer interface over the five kinds the config names.
 
-- ``char``: ours. One id per distinct character of the corpus, sorted by code
-  point (nanoGPT's ``shakespeare_char``: 65 symbols on Tiny Shakespeare), then
-  the special tokens, appended in the order given. Saved as our own JSON.
-- ``bpe``: byte-level BPE (GPT-2). The base vocabulary is the 256 bytes, so no
-  text is ever unknown and decode(encode(s)) == s byte for byte.
+- ``char``: ours. One id per distinct character of the corpus, sorted by code point (nanoGPT's
+  ``shakespeare_char``: 65 on Tiny Shakespeare), then the special tokens in the order given; our own JSON.
+- ``bpe``: byte-level BPE (GPT-2): the 256 bytes as base, so decode(encode(s)) == s byte for byte.
 - ``unigram``: Unigram (Kudo 2018) with an unknown token.
-- ``wordpiece``: WordPiece with merges chosen by score count(ab) /
-  (count(a)·count(b)) (:mod:`.wordpiece`); encoding is greedy longest match
-  with ``##`` continuations.
-- ``hf``: any ``tokenizer.json`` of a Hugging Face model folder (GPT-2's,
-  Llama's, ...), used as the library reads it; never trained here. One
-  without an unknown token (a ``WordLevel`` vocabulary of characters) refuses
-  characters it lacks as char does, naming them, where the library would fail
-  with "Missing [UNK] token".
+- ``wordpiece``: merges by score count(ab) / (count(a)·count(b)) (:mod:`.wordpiece`); greedy longest match.
+- ``hf``: any Hugging Face ``tokenizer.json``, used as the library reads it; never trained here. One without
+  an unknown token refuses characters it lacks as char does, naming them.
 
-Training lives in :mod:`.tokenizer_training`. The three trained kinds are
-saved in the ``tokenizers`` library's native ``tokenizer.json`` format, so
-``tokenizers.Tokenizer.from_file`` loads them directly; that format refuses
-extra top-level keys, so :func:`load_tokenizer` tells the kind from
-``model.type``.
-
-Unigram and WordPiece split words exactly as byte-level BPE does (GPT-2's
-regex, every character kept), so the three compare on the same words, and
-spell a space as ``▁`` (SentencePiece's Metaspace), undone on decode. Hence
-decode(encode(s)) == s for any text made of characters seen in training,
-with two documented exceptions: a literal ``▁`` (U+2581) in the input decodes
-as a space, and a WordPiece "word" (a run between split points) longer than
-``WORDPIECE_MAX_WORD`` characters is one unknown token. Characters never seen
-in training become the unknown token ``<unk>`` (Unigram: that character, a run
-of them one ``<unk>``; WordPiece: the whole word holding it, as BERT does); the
-text around survives. :meth:`Tokenizer.unknown_chars` and :func:`lossy_report`
-say which characters those are.
-
-Special tokens (``<|endoftext|>``, ...) are single ids in every kind: they are
-matched in the raw text before anything else, are never split or merged in
-training, and decode to themselves. Near misses (``<|endof text|>``) are
-ordinary text. Trained kinds put them first (ids 0..k-1, the unknown token
-before them), as the library does; ``char`` appends them to its alphabet so
-that its ids for plain characters do not move.
-
-Every ``decode`` refuses an id outside [0, vocab_size) (:func:`check_ids`).
-The interface and the helpers over any tokenizer live in :mod:`.tokenizer_base`
-and are imported from here.
+The trained kinds are saved in the ``tokenizers`` library's own ``tokenizer.json`` (which refuses extra keys,
+so :func:`load_tokenizer` tells the kind from ``model.type``). Unigram and WordPiece split words as byte-level
+BPE does and spell a space ``▁``, so decode(encode(s)) == s for seen characters, except a literal ``▁`` (it
+decodes as a space) and a WordPiece word over ``WORDPIECE_MAX_WORD`` characters (one ``<unk>``). Special tokens
+are single ids in every kind, matched in the raw text first; trained kinds put them first (ids 0..k-1), char
+appends them. Every ``decode`` refuses an id outside [0, vocab_size) (:func:`check_ids`).
 """
 
 from __future__ import annotations
@@ -50,9 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
-from ..config.special_tokens import UNK, check_special_tokens, split_special
+from ..config.special_tokens import UNK, special_token_problem, split_special
 from ..errors import MinigptError
 from ..fileio import atomic_write_text
 from .base import MAX_SHOWN, SPACE_MARK, Tokenizer, check_ids, lossy_report, missing_chars, run_tokenizer_fix
@@ -71,18 +42,21 @@ KINDS = ("char", "bpe", "wordpiece", "unigram")
 
 _MODEL_KINDS = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}
 
-#: What the tokenizers say: text they cannot encode, then tokenizer files they cannot read.
+#: What the tokenizers say: text they cannot encode, then tokenizer files they cannot read (the fix follows).
 _MESSAGES = {
-    "unknown": "{what} has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
-    "cannot_encode": "the tokenizer cannot encode {what} ({error}); remove or replace the text it fails on",
-    "not_found": "tokenizer file {path!r} not found; train one with minigpt train-tokenizer",
-    "folder": "tokenizer path {path!r} is a folder, not a tokenizer file, and holds no tokenizer.json; {fix}",
-    "not_file": "tokenizer path {path!r} is not a regular file; {fix}",
-    "not_json": "tokenizer file {path!r} is not valid JSON ({error}); {fix}",
-    "no_chars": "tokenizer file {path!r} is damaged (no 'chars' list); {fix}",
-    "specials": "tokenizer file {path!r} is damaged ('special_tokens' is not a list); {fix}",
-    "damaged": "tokenizer file {path!r} is damaged ({error}); {fix}",
-    "other": "tokenizer file {path!r} is not a minigpt tokenizer; {fix}",
+    "unknown": "text has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
+    "cannot_encode": "the tokenizer cannot encode the text ({error}); remove or replace the text it fails on",
+    "empty": "cannot train a {kind} tokenizer on an empty corpus",
+    "only_specials": "the corpus holds nothing but special tokens; give it some text",
+    "kind": "unknown tokenizer kind {kind!r}; use one of char, bpe, wordpiece, unigram",
+    "not_found": "tokenizer file {path!r} not found",
+    "folder": "tokenizer path {path!r} is a folder, not a tokenizer file, and holds no tokenizer.json",
+    "not_file": "tokenizer path {path!r} is not a regular file",
+    "not_json": "tokenizer file {path!r} is not valid JSON ({error})",
+    "no_chars": "tokenizer file {path!r} is damaged (no list of distinct single characters in 'chars')",
+    "specials": "tokenizer file {path!r} is damaged ('special_tokens': {error})",
+    "damaged": "tokenizer file {path!r} is damaged ({error})",
+    "other": "tokenizer file {path!r} is not a minigpt tokenizer",
     "changed": "--resume: the tokenizer file the config names differs from {path}; point tokenizer.path at the "
                "run's tokenizer.json",
 }
@@ -90,59 +64,54 @@ _MESSAGES = {
 #: (prepared data's, a run's) is trained again; one the user named is never deleted, but replaced by one it reads.
 _FIXES = {True: "delete it and train it again",
           False: "pass a tokenizer file: minigpt's char tokenizer or a tokenizers tokenizer.json (train-tokenizer "
-                 "writes both; a run folder and a Hugging Face model folder hold one)"}
+                 "writes both; a run folder and a Hugging Face model folder hold one)",
+          "not_found": "train one with minigpt train-tokenizer"}
 
 
-def _library_error(exc: Exception) -> bool:
-    """Whether ``exc`` is the ``tokenizers`` library's own error (a plain ``Exception``), not a bug of ours."""
-    return type(exc) is Exception
+def _attempt(call: Callable[[], object]) -> tuple[object, Optional[Exception]]:
+    """``(call(), None)``, or ``(None, error)`` when the ``tokenizers`` library refuses with its own error (a plain
+    ``Exception``); anything else is a bug and is raised."""
+    try:
+        return call(), None
+    except Exception as exc:
+        if type(exc) is not Exception:
+            raise
+        return None, exc
 
 
 # ----------------------------------------------------------------------------- char
 
 
 class CharTokenizer:
-    """Character-level tokenizer: id i is the i-th character of a sorted alphabet.
-
-    Special tokens follow the alphabet (ids ``len(chars)``, ...) and are matched
-    first when encoding, longest first.
-    """
+    """Character-level tokenizer: id i is the i-th character of a sorted alphabet, then the special tokens."""
 
     kind = "char"
     unk_token: Optional[str] = None  # encode refuses unknown characters instead
 
     def __init__(self, chars: Iterable[str], special_tokens: Iterable[str] = ()):
         self.chars = list(chars)
-        self.special_tokens = check_special_tokens(special_tokens)
-        if not self.chars:
-            raise MinigptError("a char tokenizer needs at least one character; is the corpus empty?")
-        if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
-            raise MinigptError("a char tokenizer's alphabet must be distinct single characters")
+        self.special_tokens = list(special_tokens)  # checked where they came in: the config, a file, a flag
+        assert self.chars and all(len(c) == 1 for c in self.chars) and len(set(self.chars)) == len(self.chars)
         self.itos = self.chars + self.special_tokens
         self.stoi = {c: i for i, c in enumerate(self.itos)}
         self._sorted = None  # (code points sorted, their ids): encode_batch's table, made on first use
 
     @classmethod
     def train(cls, text: str | Iterable[str], special_tokens: Iterable[str] = ()) -> "CharTokenizer":
-        """The alphabet of ``text`` (outside its special tokens), sorted by code point.
-
-        ``text``: a string, or an iterable of pieces (a corpus read in a stream) none of which cuts a
-        special token in two.
+        """The sorted alphabet of ``text`` (a string, or pieces none cutting a special token), special tokens aside.
 
         Raises:
             MinigptError: the text is empty, or holds nothing but special tokens.
         """
-        specials = check_special_tokens(special_tokens)
+        specials = list(special_tokens)
         chars: set[str] = set()
         empty = True
         for piece in [text] if isinstance(text, str) else text:
             empty = empty and not piece
             for part in split_special(piece, specials)[0::2]:
                 chars.update(part)
-        if empty:
-            raise MinigptError("cannot train a char tokenizer on an empty corpus")
         if not chars:
-            raise MinigptError("the corpus holds nothing but special tokens; give it some text")
+            raise MinigptError(_MESSAGES["empty" if empty else "only_specials"].format(kind="char"))
         return cls(sorted(chars), specials)
 
     @property
@@ -157,11 +126,7 @@ class CharTokenizer:
     unknown = unknown_chars  # the earlier name
 
     def encode(self, text: str) -> list[int]:
-        """Ids of the characters of ``text``, each special token one id.
-
-        Raises:
-            MinigptError: naming each character the alphabet lacks, once.
-        """
+        """Ids of the characters of ``text``, each special token one id; MinigptError names unknown characters."""
         stoi = self.stoi
         try:
             if not self.special_tokens:
@@ -175,14 +140,10 @@ class CharTokenizer:
             return ids
         except KeyError:
             bad = ", ".join(repr(c) for c in self.unknown_chars(text))
-            raise MinigptError(_MESSAGES["unknown"].format(what="text", chars=bad)) from None
+            raise MinigptError(_MESSAGES["unknown"].format(chars=bad)) from None
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
-        """The ids of each text, as :meth:`encode` gives them, in int64 arrays (vectorised over code points).
-
-        Raises:
-            MinigptError: as :meth:`encode`, naming each character the alphabet lacks.
-        """
+        """The ids of each text, as :meth:`encode` gives them, in int64 arrays (vectorised over code points)."""
         import numpy as np
 
         if self._sorted is None:
@@ -209,11 +170,7 @@ class CharTokenizer:
         return out
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The characters and special tokens of ``ids``, joined.
-
-        Raises:
-            MinigptError: an id outside [0, vocab_size).
-        """
+        """The characters and special tokens of ``ids``, joined; MinigptError for an id outside [0, vocab_size)."""
         itos = self.itos
         return "".join([itos[i] for i in check_ids(ids, len(itos))])
 
@@ -242,11 +199,8 @@ class CharTokenizer:
 class HFTokenizer:
     """A ``tokenizers.Tokenizer`` of kind bpe, wordpiece or unigram; of kind hf (``kind="hf"``), any model.
 
-    ``encode`` never fails for the trained kinds (bytes for BPE, ``<unk>``
-    for the others); an ``hf`` tokenizer without an unknown token (a
-    ``WordLevel`` export of a char tokenizer) refuses characters its
-    vocabulary lacks, as the char kind does. ``decode`` keeps special and
-    unknown tokens in the text.
+    ``encode`` never fails for the trained kinds (bytes for BPE, ``<unk>`` for the others); an ``hf`` one without
+    an unknown token refuses characters its vocabulary lacks, as char does. ``decode`` keeps special tokens.
     """
 
     def __init__(self, tok, kind: Optional[str] = None):
@@ -261,8 +215,7 @@ class HFTokenizer:
         obj = json.loads(self._json)
         model = obj.get("model") or {}
         mtype = model.get("type")
-        if mtype not in _MODEL_KINDS and kind != "hf":
-            raise MinigptError(f"a {mtype!r} tokenizer model is not one of BPE, WordPiece, Unigram")
+        assert mtype in _MODEL_KINDS or kind == "hf", mtype  # the trainers' models, or load_tokenizer's kind hf
         self.kind = kind or _MODEL_KINDS[mtype]
         unk = model.get("unk_token")
         if mtype == "Unigram" and model.get("unk_id") is not None:
@@ -288,33 +241,24 @@ class HFTokenizer:
         """Ids of ``text`` (bpe: bytes; unigram, wordpiece: ``<unk>`` for unseen characters).
 
         Raises:
-            MinigptError: text the library cannot encode (an ``hf`` tokenizer without an unknown token),
-                naming the characters its vocabulary lacks (:meth:`unknown_chars`).
+            MinigptError: text an ``hf`` tokenizer without an unknown token cannot encode, naming the characters.
         """
-        try:
-            return self._tok.encode(text, add_special_tokens=False).ids
-        except Exception as exc:
-            if not _library_error(exc):
-                raise
-            raise self._refusal(text, exc) from None
+        encoded, error = _attempt(lambda: self._tok.encode(text, add_special_tokens=False))
+        if error is not None:
+            raise self._refusal(text, error)
+        return encoded.ids
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
-        """The ids of each text, as :meth:`encode` gives them, in int64 arrays; the library encodes the
-        texts in parallel on every core (Rayon; ``TOKENIZERS_PARALLELISM=false`` turns that off).
-
-        Raises:
-            MinigptError: as :meth:`encode`, for the first text the library cannot encode.
+        """The ids of each text, as :meth:`encode` gives them, in int64 arrays; the library encodes them in parallel
+        (``TOKENIZERS_PARALLELISM=false`` turns that off).
         """
         import numpy as np
 
-        try:
-            encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)
-        except Exception as exc:
-            if not _library_error(exc):
-                raise
+        encoded, error = _attempt(lambda: self._tok.encode_batch(list(texts), add_special_tokens=False))
+        if error is not None:
             for text in texts:
                 self.encode(text)  # raises for the first text that fails, naming its characters
-            raise self._refusal("".join(texts), exc) from None
+            raise self._refusal("".join(texts), error)
         return [np.asarray(e.ids, dtype=np.int64) for e in encoded]
 
     def _refusal(self, text: str, exc: Exception) -> MinigptError:
@@ -322,53 +266,31 @@ class HFTokenizer:
         encode alone (:meth:`unknown_chars`), else the library's own words."""
         chars = self._unencodable(text)
         if chars:
-            return MinigptError(_MESSAGES["unknown"].format(what="text", chars=", ".join(map(repr, chars))))
+            return MinigptError(_MESSAGES["unknown"].format(chars=", ".join(map(repr, chars))))
         error = (str(exc).splitlines() or [type(exc).__name__])[0]
-        return MinigptError(_MESSAGES["cannot_encode"].format(what="the text", error=error))
+        return MinigptError(_MESSAGES["cannot_encode"].format(error=error))
 
     def _unencodable(self, text: str) -> list[str]:
-        """Characters of ``text`` (outside its special tokens) the library fails to encode on their own,
-        once each, in order of appearance: one library call per distinct character, so only once a whole
-        text failed. A vocabulary of words (a ``WordLevel`` one) may name a character that is only
-        unknown on its own."""
+        """Characters of ``text`` (outside its special tokens) the library fails to encode on their own, once each;
+        one call per distinct character, so only once a whole text failed.
+        """
         plain = "".join(split_special(text, self.special_tokens)[0::2])
-        bad = []
-        for ch in dict.fromkeys(plain):
-            try:
-                self._tok.encode(ch, add_special_tokens=False)
-            except Exception as exc:
-                if not _library_error(exc):
-                    raise
-                bad.append(ch)
-        return bad
+        return [ch for ch in dict.fromkeys(plain)
+                if _attempt(lambda: self._tok.encode(ch, add_special_tokens=False))[1] is not None]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The text of ``ids``, special and unknown tokens kept as their text.
-
-        Raises:
-            MinigptError: an id outside [0, vocab_size).
-        """
+        """The text of ``ids``, special and unknown tokens kept as their text; MinigptError for an id out of range."""
         return self._tok.decode(check_ids(ids, self.vocab_size), skip_special_tokens=False)
 
     def unknown_chars(self, text: str) -> list[str]:
-        """Characters of ``text`` that become ``<unk>``, once each, in order of appearance; [] for bpe.
-
-        A character is unknown when no single-character piece spells it (a
-        space: ``▁``). Unigram turns each run of them into one ``<unk>``;
-        WordPiece the whole word holding one. An ``hf`` tokenizer without an
-        unknown token: the characters :meth:`encode` refuses (the text is
-        encoded once; each character alone only when that fails).
+        """Characters of ``text`` that become ``<unk>`` (no single-character piece spells them), once each, in order;
+        [] for bpe. An ``hf`` tokenizer without an unknown token: the characters :meth:`encode` refuses.
         """
         if self.unk_token is None:
             if self.kind != "hf":  # byte-level BPE: every text encodes
                 return []
-            try:
-                self._tok.encode(text, add_special_tokens=False)
-            except Exception as exc:
-                if not _library_error(exc):
-                    raise
-                return self._unencodable(text)
-            return []
+            failed = _attempt(lambda: self._tok.encode(text, add_special_tokens=False))[1]
+            return self._unencodable(text) if failed else []
         if self._known is None:
             known = {t for t in self._tok.get_vocab(with_added_tokens=False) if len(t) == 1}
             self._known = frozenset(known | {" "} if SPACE_MARK in known else known)
@@ -402,78 +324,69 @@ def tokenizer_file(path: str | Path, own: bool = True) -> Path:
 
 
 def load_tokenizer(path: str | Path, kind: Optional[str] = None, *, own: bool = True,
-                   fix: Optional[str] = None) -> Tokenizer:
+                   fix: Optional[str | Callable[[], str]] = None) -> Tokenizer:
     """Load a tokenizer file: ours (char) or a ``tokenizers`` tokenizer.json (kind from ``model.type``, or
     ``kind="hf"``: any such file, as it is).
 
-    ``own``: whether minigpt made the file (prepared data's tokenizer, a run's): a damaged one is to be
-    deleted and trained again. False for a file the user names (``inspect tokenize --tokenizer``): any
-    tokenizers tokenizer.json is read (a model other than BPE, WordPiece and Unigram as kind ``hf``), and no
-    message says to delete it; a folder holding a ``tokenizer.json`` stands for that file (:func:`tokenizer_file`).
-    ``fix``: what an error says to do, in place of the one for ``own``.
+    ``own``: minigpt made the file (prepared data's, a run's), so a damaged one is trained again; False for a
+    file the user names: any tokenizer.json is read, and a folder stands for its ``tokenizer.json``. ``fix``:
+    the fix an error gives (a function: worked out only then).
 
     Raises:
         MinigptError: missing, unreadable or unrecognised file; a folder, or a path that is not a regular file.
     """
     p = tokenizer_file(path, own)
-    fix = fix or _FIXES[own]
+    found = _read(p, kind, own)
+    if isinstance(found, tuple):
+        problem, fields = found
+        fix = fix() if callable(fix) else fix
+        raise MinigptError(_MESSAGES[problem].format(path=str(p), **fields),
+                           fix or _FIXES["not_found" if problem == "not_found" else own], path=p)
+    return found
 
-    def refuse(key: str, **fields) -> MinigptError:
-        return MinigptError(_MESSAGES[key].format(path=str(p), fix=fix, **fields))
 
+def _read(p: Path, kind: Optional[str], own: bool) -> Tokenizer | tuple[str, dict]:
+    """The tokenizer in file ``p``, or what is wrong with the file: its key in :data:`_MESSAGES` and fields."""
     if not p.is_file():
-        raise refuse("folder" if p.is_dir() else "not_file" if p.exists() else "not_found")
+        return "folder" if p.is_dir() else "not_file" if p.exists() else "not_found", {}
     try:
         raw = p.read_text(encoding="utf-8")
         obj = json.loads(raw)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise refuse("not_json", error=exc) from None
+        return "not_json", {"error": exc}
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
-        chars = obj.get("chars")
-        specials = obj.get("special_tokens", [])
-        if not isinstance(chars, list) or not all(isinstance(c, str) for c in chars):
-            raise refuse("no_chars")
-        if not isinstance(specials, list):
-            raise refuse("specials")
-        return CharTokenizer(chars, specials)
+        chars, specials = obj.get("chars"), obj.get("special_tokens", [])
+        if not (isinstance(chars, list) and chars and all(isinstance(c, str) and len(c) == 1 for c in chars)
+                and len(set(chars)) == len(chars)):
+            return "no_chars", {}
+        problem = special_token_problem(specials) if isinstance(specials, list) else "not a list"
+        return ("specials", {"error": problem}) if problem else CharTokenizer(chars, specials)
     model = obj.get("model") if isinstance(obj, dict) else None
-    if isinstance(model, dict) and (model.get("type") in _MODEL_KINDS or kind == "hf" or not own):
-        from tokenizers import Tokenizer as _Backend
+    if not (isinstance(model, dict) and (model.get("type") in _MODEL_KINDS or kind == "hf" or not own)):
+        return "other", {}
+    from tokenizers import Tokenizer as _Backend
 
-        as_hf = kind == "hf" or model.get("type") not in _MODEL_KINDS
-        try:
-            return HFTokenizer(_Backend.from_str(raw), "hf" if as_hf else None)
-        except Exception as exc:  # the library raises plain Exception on bad files
-            raise refuse("damaged", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-    raise refuse("other")
+    as_hf = kind == "hf" or model.get("type") not in _MODEL_KINDS
+    tok, error = _attempt(lambda: HFTokenizer(_Backend.from_str(raw), "hf" if as_hf else None))
+    return ("damaged", {"error": str(error).splitlines()[0] if str(error) else "Exception"}) if error else tok
 
 
 # ----------------------------------------------------------------------------- run folders
 
 
 def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
-    """A run folder's own ``tokenizer.json``, for ``generate`` and ``--resume``.
-
-    A missing or damaged file is an error that says where a copy of the file
-    the run was trained with is (:func:`~.tokenizer_base.run_tokenizer_fix`; a retrained tokenizer is not the
-    run's).
-
-    Raises:
-        MinigptError: the file is missing, unreadable or not a tokenizer.
+    """A run folder's own ``tokenizer.json``; a missing or damaged one's error says where a copy of the file the run
+    was trained with is (:func:`~.base.run_tokenizer_fix`).
     """
-    try:
-        return load_tokenizer(Path(run_dir) / "tokenizer.json", cfg.tokenizer.kind)
-    except MinigptError as exc:
-        problem = str(exc).split(";")[0]
-        raise MinigptError(f"{problem}; {run_tokenizer_fix(run_dir, cfg)}") from None
+    return load_tokenizer(Path(run_dir) / "tokenizer.json", cfg.tokenizer.kind,
+                          fix=lambda: run_tokenizer_fix(run_dir, cfg))
 
 
 def check_run_tokenizer(run_dir: Path, cfg: Config, tok: Optional[Tokenizer]) -> None:
-    """Refuse to resume run ``run_dir`` (config ``cfg``) with another tokenizer ``tok`` than its
-    ``tokenizer.json`` (None: none named, nothing to compare).
+    """Refuse to resume run ``run_dir`` with another tokenizer ``tok`` (None: none named) than its ``tokenizer.json``.
 
     Raises:
-        MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json`` (:func:`load_run_tokenizer`).
+        MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json``.
     """
     if tok is not None and load_run_tokenizer(run_dir, cfg).fingerprint() != tok.fingerprint():
         raise MinigptError(_MESSAGES["changed"].format(path=Path(run_dir) / "tokenizer.json"))

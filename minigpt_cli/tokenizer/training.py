@@ -1,18 +1,9 @@
 """Training the three library-backed kinds (bpe, unigram, wordpiece), and the size checks before it.
 
-- ``bpe``: byte-level BPE (GPT-2; Radford et al. 2019 §2.2) trained by the
-  ``tokenizers`` library: ByteLevel pre-tokenizer (GPT-2's split regex, no
-  prefix space) and decoder; the base vocabulary is the 256 bytes.
-- ``unigram``: the library's Unigram trainer (Kudo 2018) with the unknown
-  token ``<unk>``; see :func:`_trim_unigram` for the one correction we apply.
-- ``wordpiece``: merges chosen by our trainer (:mod:`.wordpiece`), stored as a
-  library WordPiece model: greedy longest match with ``##`` continuations.
-
-Unigram and WordPiece split words as byte-level BPE does (GPT-2's regex, every
-character kept) and spell a space ``▁`` (SentencePiece's Metaspace), so the
-three compare on the same words. The library trains in a worker thread so that
-Ctrl-C and SIGTERM stop it at once (:func:`_train_interruptibly`), and gets the
-text in pieces cut where GPT-2's split cuts anyway (:func:`_pieces`).
+bpe: the ``tokenizers`` library's byte-level BPE (GPT-2; Radford et al. 2019 §2.2); unigram: its Unigram
+trainer (Kudo 2018) with ``<unk>``, trimmed to the size asked (:func:`_trim_unigram`); wordpiece: our merges
+(:mod:`.wordpiece`) in a library WordPiece model. Unigram and WordPiece split words as GPT-2 does and spell a
+space ``▁``. The library trains in a worker thread so that Ctrl-C stops it at once.
 """
 
 from __future__ import annotations
@@ -22,18 +13,17 @@ import re
 from collections import Counter
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
+from ..config.schema import MAX_VOCAB as MAX_VOCAB_SIZE  # far larger: the tokenizers library aborts
 from ..config.special_tokens import UNK, check_special_tokens, split_special
 from ..errors import MinigptError
-from .kinds import KINDS, SPACE_MARK, CharTokenizer, HFTokenizer, Tokenizer
+from .kinds import _MESSAGES as _KIND_MESSAGES
+from .kinds import KINDS, SPACE_MARK, CharTokenizer, HFTokenizer, Tokenizer, _attempt
 from .wordpiece import CONTINUATION, wordpiece_merges
 
 #: GPT-2's pre-tokenization regex (what ByteLevel(use_regex=True) applies).
 SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 #: Longest word WordPiece encodes; longer ones are one unknown token (BERT uses 100).
 WORDPIECE_MAX_WORD = 1000
-#: Largest vocabulary a trained tokenizer may ask for (2**20); far larger sizes
-#: make the tokenizers library abort the process instead of raising.
-MAX_VOCAB_SIZE = 1 << 20
 #: Byte-level BPE's base alphabet: one entry per byte.
 N_BYTES = 256
 
@@ -66,17 +56,10 @@ def _plain_chars(chunks: Sequence[str]) -> set[str]:
 
 
 def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) -> int:
-    """The smallest vocabulary ``kind`` can have on ``text``: its base alphabet plus special tokens.
-
-    char: the distinct characters; bpe: the 256 bytes; unigram: the distinct
-    characters and ``<unk>``; wordpiece: each character both word-initial and
-    as a ``##`` continuation (so any word of seen characters can be spelled),
-    and ``<unk>``.
-
-    Raises:
-        MinigptError: an unknown kind, or a bad special token.
+    """The smallest vocabulary ``kind`` can have on ``text``: char its characters, bpe the 256 bytes, unigram the
+    characters and ``<unk>``, wordpiece each character initial and as ``##``, and ``<unk>``; plus special tokens.
     """
-    specials = check_special_tokens(special_tokens)
+    specials = list(special_tokens)
     if kind == "bpe":
         return N_BYTES + len(specials)
     chars = _plain_chars(split_special(text, specials)[0::2])
@@ -84,57 +67,53 @@ def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) ->
         return len(chars) + len(specials)
     if kind == "unigram":
         return len(chars) + 1 + len(specials)
-    if kind == "wordpiece":
-        return 2 * len(chars) + 1 + len(specials)
-    raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+    assert kind == "wordpiece", kind  # the config (a Literal) and train-tokenizer's --kind are checked
+    return 2 * len(chars) + 1 + len(specials)
 
 
 def check_vocab_size(kind: str, text: str, vocab_size: Optional[int], special_tokens: Sequence[str] = ()) -> None:
-    """Refuse a missing vocabulary size, one below ``kind``'s base alphabet, or one above :data:`MAX_VOCAB_SIZE`, before training.
+    """Refuse a missing vocabulary size, one below ``kind``'s base alphabet or one above the largest, before training.
 
     Raises:
         MinigptError: naming the smallest (or largest) size that works.
     """
     if kind == "char":
         return
-    if vocab_size is None:
-        raise MinigptError(f"a {kind} tokenizer needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
-    if vocab_size > MAX_VOCAB_SIZE:
-        raise MinigptError(
-            f"vocabulary size {vocab_size:,} is above the largest supported, {MAX_VOCAB_SIZE:,}; "
-            f"use a vocabulary size of at most {MAX_VOCAB_SIZE:,} (a few thousand suits Tiny Shakespeare)"
-        )
-    least = base_vocab_size(kind, text, special_tokens)
-    if vocab_size < least:
+    too_big = vocab_size is not None and vocab_size > MAX_VOCAB_SIZE
+    least = base_vocab_size(kind, text, special_tokens) if vocab_size is not None and not too_big else 0
+    problem = "no_size" if vocab_size is None else "above" if too_big else "below" if vocab_size < least else None
+    if problem:
         what = {"bpe": "256 bytes", "unigram": "the corpus's characters and <unk>",
                 "wordpiece": "the corpus's characters, initial and ##, and <unk>"}[kind]
         extra = f" and {len(special_tokens)} special tokens" if special_tokens else ""
-        raise MinigptError(
-            f"vocabulary size {vocab_size} is below the {kind} base alphabet of {least} "
-            f"({what}{extra}); use a vocabulary size of at least {least}"
-        )
+        raise MinigptError(_MESSAGES[problem].format(kind=kind, size=vocab_size, least=least, most=MAX_VOCAB_SIZE,
+                                                     what=what + extra))
+
+
+_MESSAGES = {
+    "no_size": "a {kind} tokenizer needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size",
+    "above": ("vocabulary size {size:,} is above the largest supported, {most:,}; use a vocabulary size of at "
+              "most {most:,} (a few thousand suits Tiny Shakespeare)"),
+    "below": ("vocabulary size {size} is below the {kind} base alphabet of {least} ({what}); use a vocabulary "
+              "size of at least {least}"),
+    "unigram_short": ("the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked for "
+                      "(near what the corpus can give it stops short); use a smaller vocabulary size, e.g. "
+                      "{got:,}, or more text"),
+    "short": ("the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} asked for; "
+              "use a vocabulary size of at most {got:,} or more text"),
+    "failed": "training the {kind} tokenizer failed: {error}",
+}
 
 
 def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
-    if kind == "unigram":  # the library's trainer stops short by amounts that vary with the size asked
-        return MinigptError(
-            f"the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked for (near "
-            f"what the corpus can give it stops short); use a smaller vocabulary size, e.g. {got:,}, or more text"
-        )
-    return MinigptError(
-        f"the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} asked for; "
-        f"use a vocabulary size of at most {got:,} or more text"
-    )
+    # the unigram trainer stops short of what the corpus can give by amounts that vary with the size asked
+    return MinigptError(_MESSAGES["unigram_short" if kind == "unigram" else "short"].format(
+        kind=kind, got=got, wanted=wanted))
 
 
 def _train_interruptibly(tok, pieces: Iterator[str], trainer) -> None:
-    """``tok.train_from_iterator(pieces, trainer)`` in a worker thread, so that Ctrl-C and SIGTERM work.
-
-    The library's training runs in Rust without the GIL, but Python delivers a
-    signal to the main thread only between bytecodes: a main thread inside the
-    call would hold a Ctrl-C until training ended (minutes on a big corpus).
-    Here it waits in short joins instead; on an interruption the exception
-    propagates and the daemon thread ends with the process.
+    """``tok.train_from_iterator(pieces, trainer)`` in a worker thread: Python delivers a signal only between
+    bytecodes, so a main thread inside the Rust call would hold a Ctrl-C until training ended.
     """
     import threading
 
@@ -161,13 +140,8 @@ _CUT = re.compile(r"(?<=\S\n)(?=\S)|(?<=\S)(?= \S)")
 
 
 def _pieces(chunks: Iterable[str], size: int = PIECE_CHARS) -> Iterator[str]:
-    """``chunks`` cut into pieces of about ``size`` characters, only where GPT-2's split cuts anyway.
-
-    The cuts fall after a single newline between two non-spaces, or before a
-    single space between two non-spaces; GPT-2's pre-tokenizer (``SPLIT_PATTERN``,
-    used by every trained kind) splits there too, so the words the trainers
-    count are the same as from the whole text. A stretch with no such place
-    stays whole.
+    """``chunks`` cut into pieces of about ``size`` characters, only where GPT-2's split cuts anyway (after a single
+    newline, or before a single space, between non-spaces), so the trainers count the same words.
     """
     for chunk in chunks:
         start = 0
@@ -207,12 +181,8 @@ def _train_unigram(chunks: list[str], vocab_size: int, specials: list[str]) -> H
 
 
 def _trim_unigram(tok, vocab_size: int):
-    """Drop the least likely multi-character pieces beyond ``vocab_size``.
-
-    Near its base alphabet the library's trainer keeps every character on top
-    of the pieces it chose, overshooting the size asked for (66 asked, 73
-    given on Tiny Shakespeare). Single characters and special tokens stay, so
-    every seen character can still be encoded.
+    """Drop the least likely multi-character pieces beyond ``vocab_size``: near its base alphabet the library's
+    trainer overshoots (66 asked, 73 given on Tiny Shakespeare). Characters and special tokens stay.
     """
     from tokenizers import Tokenizer as _Backend
 
@@ -269,42 +239,31 @@ def _train_wordpiece(chunks: list[str], vocab_size: int, specials: list[str]) ->
 
 def train_tokenizer(kind: str, text: str | Iterable[str], vocab_size: Optional[int] = None,
                     special_tokens: Iterable[str] = (), on_start: Callable[[], None] = lambda: None) -> Tokenizer:
-    """Train a tokenizer of ``kind`` on ``text``.
+    """Train a tokenizer of ``kind`` on ``text`` (or its pieces, none cutting a special token).
 
-    Args:
-        kind: char, bpe, wordpiece or unigram.
-        text: the corpus; or its pieces, none cutting a special token (char reads them as a stream).
-        vocab_size: entries in all (base alphabet, merges or pieces, special
-            tokens, ``<unk>``); ignored for char, whose alphabet decides.
-        special_tokens: texts that become single ids; their occurrences in
-            ``text`` are cut out before training.
-        on_start: called once the inputs are checked, as the (long) training of a trained kind starts.
+    ``vocab_size``: entries in all (ignored for char); ``special_tokens`` become single ids; ``on_start`` is
+    called once the inputs are checked, as the (long) training starts.
 
     Raises:
-        MinigptError: unknown kind, empty corpus, a vocabulary size missing,
-            below the kind's base alphabet, or above what the corpus can give.
+        MinigptError: unknown kind, empty corpus, a vocabulary size missing, below the kind's base alphabet, or
+            above what the corpus can give.
     """
-    if kind not in KINDS:
-        raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+    if kind not in KINDS:  # the Python API's edge; the config's kind is a Literal
+        raise MinigptError(_KIND_MESSAGES["kind"].format(kind=kind))
     specials = check_special_tokens(special_tokens)
     if kind == "char":
         return CharTokenizer.train(text, specials)
     if not isinstance(text, str):
         text = "".join(text)
-    if not text:
-        raise MinigptError(f"cannot train a {kind} tokenizer on an empty corpus")
-    check_vocab_size(kind, text, vocab_size, specials)
     chunks = [c for c in split_special(text, specials)[0::2] if c]
     if not chunks:
-        raise MinigptError("the corpus holds nothing but special tokens; give it some text")
+        raise MinigptError(_KIND_MESSAGES["empty" if not text else "only_specials"].format(kind=kind))
+    check_vocab_size(kind, text, vocab_size, specials)
     trainer = {"bpe": _train_bpe, "unigram": _train_unigram, "wordpiece": _train_wordpiece}[kind]
     on_start()
-    try:
-        tok = trainer(chunks, vocab_size, specials)
-    except MinigptError:
-        raise
-    except Exception as exc:  # the library's own refusals (plain Exception)
-        raise MinigptError(f"training the {kind} tokenizer failed: {str(exc).splitlines()[0]}") from None
+    tok, error = _attempt(lambda: trainer(chunks, vocab_size, specials))  # the library's refusals: one line
+    if error is not None:
+        raise MinigptError(_MESSAGES["failed"].format(kind=kind, error=str(error).splitlines()[0]))
     if tok.vocab_size < vocab_size:
         raise _too_big(kind, tok.vocab_size, vocab_size)
     return tok

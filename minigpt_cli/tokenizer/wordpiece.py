@@ -1,13 +1,8 @@
 """Our WordPiece trainer: the merges, best score first.
 
-Like BPE, WordPiece starts from single characters (``h ##u ##g``: a piece that
-continues a word carries ``##``) and merges adjacent pairs, but it picks the
-pair with the highest score count(ab) / (count(a)·count(b)) rather than the
-most frequent one, which favours pairs of symbols that are rare on their own.
-Formula and toy corpus: Hugging Face LLM course, chapter 6.6 "WordPiece
-tokenization" (Google never published its trainer; the library's own
-WordPiece trainer merges by frequency instead). Pure Python, no dependencies:
-:mod:`.tokenizer_training` turns the merges into a library WordPiece model.
+From single characters (``h ##u ##g``), it merges the adjacent pair with the highest count(ab) /
+(count(a)·count(b)), not the most frequent (Hugging Face LLM course, ch. 6.6 "WordPiece tokenization";
+the library's own trainer merges by frequency). Pure Python.
 """
 
 from __future__ import annotations
@@ -26,11 +21,8 @@ def wordpiece_symbols(word: str) -> list[str]:
 
 
 def wordpiece_scores(word_counts: Mapping[str, int]) -> dict[tuple[str, str], float]:
-    """Score count(ab) / (count(a)·count(b)) of every adjacent pair before any merge.
-
-    ``word_counts`` maps each word (non-empty) to its frequency; a symbol's or
-    pair's count is summed over the words, weighted by frequency. Scores lie in
-    (0, 1]. Source: Hugging Face LLM course, ch. 6.6 (see the module docstring).
+    """Score count(ab) / (count(a)·count(b)) of every adjacent pair before any merge, in (0, 1]; counts are
+    weighted by the words' frequencies in ``word_counts``.
     """
     sym: Counter = Counter()
     pair: Counter = Counter()
@@ -44,16 +36,11 @@ def wordpiece_scores(word_counts: Mapping[str, int]) -> dict[tuple[str, str], fl
 
 
 def wordpiece_merges(word_counts: Mapping[str, int]) -> Iterator[tuple[str, str, float, int]]:
-    """Yield WordPiece merges in order: (a, b, score, count(ab)), best score first.
+    """Yield WordPiece merges in order: (a, b, score, count(ab)), best score first (ties: the more frequent pair,
+    then the smaller strings); the new symbol is ``a + b`` without ``b``'s ``##``.
 
-    Each step merges, in every word, the adjacent pair (a, b) with the highest
-    score count(ab) / (count(a)·count(b)) (counts weighted by word frequency;
-    ties: the more frequent pair, then the smaller strings). The new symbol is
-    ``a + b`` without ``b``'s ``##``. Stops when no word has two symbols left.
-
-    Pair and symbol counts are updated incrementally: a merge touches only the
-    words that hold its pair, and re-scores only the pairs whose count or whose
-    symbols' counts changed (a max-heap with stale entries skipped on pop).
+    Counts are updated incrementally: a merge touches only the words holding its pair and re-scores only the
+    pairs it changed (a max-heap, stale entries skipped on pop).
     """
     words: list[list[str]] = []
     freqs: list[int] = []
