@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, Optional, Sequence
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import ConfigError, MinigptError
+from ..errors import ConfigError
 from .messages import RULES, format_errors
 from .yaml_io import dump_yaml, parse_yaml
 
