@@ -10,7 +10,9 @@ Counted with the ast module, per file, over the package's ``*.py`` files:
 - guard lines: the code lines of a ``raise`` statement, of an ``except ...:`` clause's header, and of the
   test of an ``if`` whose body ends in a ``raise``;
 - message lines: the code lines spanned by a string of prose (a literal or f-string, outside docstrings,
-  of 20 characters or more with at least three words) that is not already a guard line;
+  of 20 characters or more with at least three words) that is not already a guard line. Documentation
+  is not counted as message prose: docstrings, and the strings given as ``help=``, ``description=`` or
+  ``epilog=`` (the ``--help`` texts and the schema's key reference);
 - comment lines: lines that hold a ``#`` comment, as a share of code lines plus comment-only lines.
 
 The guard/message share is (guard lines + message lines) / code lines.
@@ -24,6 +26,10 @@ import io
 import json
 import tokenize
 from pathlib import Path
+
+
+#: Keyword arguments whose strings are documentation (Typer's --help texts, pydantic's key descriptions).
+_DOC_KEYWORDS = {"help", "description", "epilog", "short_help"}
 
 
 def _docstring_lines(tree: ast.AST) -> set[int]:
@@ -66,6 +72,8 @@ def file_stats(path: Path) -> dict[str, int]:
     guard, message = set(), set()
     raises = excepts = 0
     inside_fstring = set()
+    documentation = {id(n) for node in ast.walk(tree) if isinstance(node, ast.keyword) and node.arg in _DOC_KEYWORDS
+                     for n in ast.walk(node.value)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise):
             raises += 1
@@ -79,7 +87,7 @@ def file_stats(path: Path) -> dict[str, int]:
         if isinstance(node, ast.JoinedStr):
             inside_fstring.update(id(v) for v in node.values)
     for node in ast.walk(tree):
-        if id(node) not in inside_fstring and _prose(node):
+        if id(node) not in inside_fstring and id(node) not in documentation and _prose(node):
             message.update(_span(node))
     guard &= code
     message = (message & code) - guard
