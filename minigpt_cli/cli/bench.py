@@ -8,7 +8,6 @@ from typing import List
 
 import typer
 
-from ..paths import resolve_config
 from .base import (
     Command,
     app,
@@ -46,7 +45,7 @@ def bench(
     """
     from ..config.schema import load_config
 
-    cfg = load_config(resolve_config(config, echo), set_)
+    cfg = load_config(config, set_, note=echo)
     if prepare:
         from ..bench.prepare import bench_prepare, format_bench_prepare
 

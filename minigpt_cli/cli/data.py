@@ -8,7 +8,6 @@ from typing import List, Optional
 import typer
 
 from ..errors import MinigptError
-from ..paths import resolve_config
 from .base import (
     Command,
     app,
@@ -79,7 +78,7 @@ def train_tokenizer_cmd(
     from ..config.schema import apply_overrides, load_config, validate
     from ..data.train_tokenizer import run_compare, run_train_tokenizer
 
-    cfg = load_config(resolve_config(config, echo), set_) if config else validate(apply_overrides({}, set_), "--set")
+    cfg = load_config(config, set_, note=echo) if config else validate(apply_overrides({}, set_), "--set")
     if compare:
         if kind is not None or output is not None:
             raise MinigptError("--compare trains every kind and writes nothing; drop --kind and --output")

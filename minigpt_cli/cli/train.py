@@ -9,7 +9,6 @@ from typing import List, Optional
 import typer
 
 from ..errors import Interrupted, MinigptError
-from ..paths import resolve_config
 from ..run import folder as runs
 from .base import (
     Command,
@@ -63,7 +62,7 @@ def train(
     from ..config.schema import load_config
 
     set_ = [*set_, f"model.init_from={init_from}"] if init_from is not None else set_
-    cfg = load_config(resolve_config(config, echo), set_)
+    cfg = load_config(config, set_, note=echo)
     if resume is not None and run_name is not None:
         raise MinigptError("pass either --resume or --run-name, not both (a resumed run keeps its folder)")
     from ..trainer import train as run_training
@@ -117,7 +116,7 @@ def prepare(
     from ..data.pipeline import prepare_configured
     from ..hf.finetune import resolve_init_from
 
-    cfg = resolve_init_from(load_config(resolve_config(config, echo), set_))
+    cfg = resolve_init_from(load_config(config, set_, note=echo))
     try:
         corpus, tok, tok_path, data = prepare_configured(cfg, echo, progress)
     except KeyboardInterrupt:
