@@ -64,11 +64,11 @@ def os_error_message(exc: OSError, path: str | Path | None = None, action: str |
 
 
 class errors_as:
-    """A ``with`` block in which an exception of a type in ``table`` becomes the MinigptError its entry builds
-    (the first matching entry, in order); anything else passes unchanged. The one place that turns the
-    exceptions of reading and writing files into the one-line error."""
+    """A ``with`` block in which an exception of a type in ``table`` becomes the error its entry builds from it
+    (the first matching entry, in order; an entry that returns None lets the exception pass); anything else
+    passes unchanged. The one place that turns the failures of reading and writing files into one line."""
 
-    def __init__(self, table: Mapping[type, Callable[[BaseException], MinigptError]]):
+    def __init__(self, table: Mapping[type | tuple[type, ...], Callable[[BaseException], BaseException | None]]):
         self.table = table
 
     def __enter__(self) -> "errors_as":
@@ -76,20 +76,33 @@ class errors_as:
 
     def __exit__(self, kind, exc, tb) -> bool:
         make = next((make for k, make in self.table.items() if isinstance(exc, k)), None)
-        if make is not None:
-            raise make(exc) from None
+        error = make(exc) if make is not None else None
+        if error is not None:
+            raise error from None
         return False
+
+
+def os_error(path: str | Path | None = None, action: str = "write",
+             in_run: bool = False) -> Callable[[OSError], MinigptError]:
+    """For :class:`errors_as`: an OSError as ``cannot <action> PATH: <reason>; <fix>`` (:func:`os_error_message`)."""
+    return lambda exc: MinigptError(os_error_message(exc, path, action, in_run), path=path)
 
 
 class os_errors(errors_as):
     """A ``with`` block in which an OSError becomes ``cannot <action> PATH: <reason>; <fix>``
     (:func:`os_error_message`); ``path`` may be set on the block as it moves from file to file."""
 
-    def __init__(self, path: str | Path | None = None, action: str = "write", in_run: bool = False,
-                 kinds: type | tuple[type, ...] = OSError):
+    def __init__(self, path: str | Path | None = None, action: str = "write", in_run: bool = False):
         self.path = path
-        super().__init__({kinds: lambda exc: MinigptError(os_error_message(exc, self.path, action, in_run),
-                                                          path=self.path)})
+        super().__init__({OSError: lambda exc: os_error(self.path, action, in_run)(exc)})
+
+
+def schema_problem(exc, skip: int = 0) -> str:
+    """A pydantic ValidationError's first problem as ``field.sub: message`` (``skip``: leading parts of the
+    location left out, such as a tagged union's tag); the one wording of a damaged file's field."""
+    err = exc.errors()[0]
+    where = ".".join(map(str, err["loc"][skip:] or err["loc"]))
+    return f"{where}: {err['msg']}" if where else err["msg"]
 
 
 #: What :func:`read_text_file` says about a text file the user named that cannot be read, by exception type.
