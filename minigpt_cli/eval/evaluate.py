@@ -126,13 +126,12 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
         MinigptError: no run or checkpoint, both a split and a file, an unreadable or unencodable file, a
             stride out of range, a corpus gone or changed since training, too few tokens.
     """
-    if split is not None and text_file is not None:
-        raise MinigptError(_MESSAGES["both"])
-    if stride is not None and not full and text_file is None:
-        raise MinigptError(_MESSAGES["stride_alone"])
+    problem = next((key for key, bad in (("both", split is not None and text_file is not None),
+                                         ("stride_alone", stride is not None and not full and text_file is None),
+                                         ("split", (split or "val") not in ("train", "val"))) if bad), None)
+    if problem is not None:  # the arguments alone, before a model is loaded
+        raise MinigptError(_MESSAGES[problem].format(split=split))
     split = split or "val"
-    if split not in ("train", "val"):
-        raise MinigptError(_MESSAGES["split"].format(split=split))
     dev = resolve_device(device)
     loaded = load_run(run, checkpoint, dev)
     model, cfg, tok, run_dir, ckpt = loaded.model, loaded.config, loaded.tokenizer, loaded.run_dir, loaded.checkpoint
@@ -143,9 +142,8 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
         raise MinigptError(_MESSAGES["stride"].format(stride=stride, block_size=T))
     if text_file is not None:
         text = read_text_file(text_file, "--text-file")  # as generate reads --prompt-file; bytes: of the text as read
-        if not text:
-            raise MinigptError(_MESSAGES["empty"].format(what=str(text_file), n=0))
-        tokens = np.asarray(encode_prompt(tok, text, f"{text_file}"), dtype=np.int64)
+        # An empty file holds no token: refused below, as a split too short is.
+        tokens = np.asarray(encode_prompt(tok, text, f"{text_file}") if text else [], dtype=np.int64)
         n_bytes, n_chars, source, full = len(text.encode("utf-8")), len(text), str(text_file), True
     else:
         tokens = split_tokens(run_corpus_config(cfg, run_dir), tok, split, run_dir, echo, progress)

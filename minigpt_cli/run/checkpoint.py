@@ -331,11 +331,10 @@ def load_trainer_state(directory: Path) -> dict[str, Any]:
     """
     directory = resolve(directory)
     path = directory / STATE
-    if not path.is_file():
-        raise MinigptError(_MESSAGES["no_state"].format(path=str(path)))
     verify(directory, STATE, f"trainer state {str(path)!r} is corrupt", "use another checkpoint or start a new run")
     # Unpickling errors come in many types.
-    with errors_as({Exception: lambda exc: MinigptError(_MESSAGES["state"].format(path=str(path),
+    with errors_as({FileNotFoundError: lambda exc: MinigptError(_MESSAGES["no_state"].format(path=str(path))),
+                    Exception: lambda exc: MinigptError(_MESSAGES["state"].format(path=str(path),
                                                                                   why=type(exc).__name__))}):
         return torch.load(path, map_location="cpu", weights_only=True)
 

@@ -10,6 +10,7 @@ which :func:`resolve` falls back to.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import platform
@@ -71,7 +72,6 @@ _MESSAGES = {
     "in_use": ("{path} is in use by another minigpt train (pid {pid})", "{fix}"),
     "lock_kind": ("{path} is not a regular file (a link, folder or device where minigpt keeps its lock)",
                   "remove it and try again"),
-    "taken_all": ("999 run folders named {path}* already exist", "pass --run-name"),
 }
 
 
@@ -177,18 +177,20 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
         return Meta.model_validate_json(path.read_bytes()).model_dump(exclude_unset=True)
 
 
-def open_checkpoint(run: Optional[str | Path], which: str) -> tuple[Path, Path]:
-    """The run folder (``run``, or the newest under ``runs/``) and its checkpoint folder ``which``, for
+def open_checkpoint(run: Optional[str | Path], which: str, runs_dir: str | Path = "runs") -> tuple[Path, Path]:
+    """The run folder (``run``, or the newest under ``runs_dir``) and its checkpoint folder ``which``, for
     generate, evaluate, export and inspect: ``best`` falls back to ``last`` when the run has no best yet.
 
     Raises:
-        MinigptError: ``which`` is not best or last, no such folder, or no checkpoint in it.
+        MinigptError: ``which`` is not best or last, no run there, no such folder, or no checkpoint in it.
     """
-    known = which in (BEST, LAST)
-    run_dir = Path(run) if run is not None else latest_run() if known else Path(".")
+    newest = newest_run(runs_dir) if run is None else None
+    run_dir = Path(run) if run is not None else newest or Path(runs_dir)
     ckpt = checkpoint_dir(run_dir, which if has_weights(checkpoint_dir(run_dir, which)) else LAST)
     tried = f"neither {BEST} nor {LAST} holds" if which == BEST else f"{LAST} holds no"
-    problem = _first((not known, "which", {"which": which}), (not run_dir.is_dir(), "no_run", {"path": str(run_dir)}),
+    problem = _first((which not in (BEST, LAST), "which", {"which": which}),
+                     (run is None and newest is None, "no_runs", {"path": str(runs_dir)}),
+                     (not run_dir.is_dir(), "no_run", {"path": str(run_dir)}),
                      (not has_weights(ckpt), "no_checkpoint", {"path": str(run_dir / CHECKPOINTS),
                                                                "why": f"{tried} {WEIGHTS}"}))
     if problem is not None:
@@ -227,10 +229,7 @@ def latest_run(runs_dir: str | Path = "runs") -> Path:
     Raises:
         MinigptError: no run with a checkpoint exists there.
     """
-    run = newest_run(runs_dir)
-    if run is None:
-        raise fail("no_runs", path=str(runs_dir))
-    return run
+    return open_checkpoint(None, LAST, runs_dir)[0]
 
 
 def find_resume_dir(out_dir: str | Path, name: str, resume: str) -> Optional[Path]:
@@ -326,9 +325,9 @@ def clear_unsaved(run_dir: Path) -> None:
     Raises:
         MinigptError: the folder is not minigpt's, or holds a checkpoint.
     """
-    key = _taken(run_dir) if _occupied(run_dir) else "unsaved"
-    if key != "unsaved":
-        raise fail(key, path=str(run_dir))
+    assert not has_checkpoint(run_dir), run_dir  # both callers keep a run that has one
+    if _occupied(run_dir) and not made_here(run_dir):
+        raise fail("users", path=str(run_dir))
     for entry in Path(run_dir).iterdir():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -401,17 +400,16 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
     root.mkdir(parents=True, exist_ok=True)
     if run_name is None:
         base = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        for n in range(1, 1000):
-            run_dir = root / (base if n == 1 else f"{base}-{n}")
-            if _make(run_dir):
-                return RunFolder(run_dir, RunLock(run_dir).acquire("pass --run-name"), created=True)
-        raise fail("taken_all", path=str(root / base))
+        # A free name comes soon: only runs started in the same second share a base.
+        run_dir = next(d for n in itertools.count(1) if _make(d := root / (base if n == 1 else f"{base}-{n}")))
+        return RunFolder(run_dir, RunLock(run_dir).acquire("pass --run-name"), created=True)
     run_dir = root / run_name
-    created = _make(run_dir)  # else an empty folder check_run_name let through, or one filled since: checked here
+    created = _make(run_dir)
     lock = RunLock(run_dir).acquire("wait for it or pass another --run-name")
-    if not created and _occupied(run_dir):
-        lock.release()
-        raise fail(_taken(run_dir), path=str(run_dir))
+    with ExitStack() as on_failure:  # an empty folder check_run_name let through may have filled since
+        on_failure.callback(lock.release)
+        check_run_name(root, run_name)
+        on_failure.pop_all()
     return RunFolder(run_dir, lock, created=created, was_empty=not created)
 
 
