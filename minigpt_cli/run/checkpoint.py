@@ -1,10 +1,7 @@
 """Save and load checkpoints atomically, each file's sha256 in meta.json, and when a run saves (:class:`Checkpointer`).
 
-A checkpoint folder holds ``model.safetensors`` (a tied head stored once, as ``wte.weight``),
-``trainer_state.pt`` (plain tensors and numbers, read with ``weights_only=True``), ``config.yaml`` (the resolved
-config: the model is rebuilt from the folder alone) and ``meta.json`` (step, losses and the files' sha256,
-readable without torch). It is written into a temporary sibling, fsynced and renamed into place, so a kill at
-any moment leaves the previous checkpoint loadable (:func:`~.folder.resolve`).
+A checkpoint is written into a temporary sibling, fsynced and renamed into place, so a kill at any moment
+leaves the previous one loadable (:func:`~.folder.resolve`); the README describes its files.
 """
 
 from __future__ import annotations
@@ -84,11 +81,8 @@ def _unprefixed(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def model_state(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model's tensors for safetensors: no wrapper prefix, tied head stored once.
-
-    ``model`` may also be its full state dict already gathered (FSDP,
-    :func:`~minigpt_cli.runtime.distributed.gather_state`, which leaves a tied head out).
-    """
+    """The model's tensors for safetensors: no wrapper prefix, tied head stored once. ``model`` may also be
+    its full state dict already gathered (FSDP's :func:`~minigpt_cli.runtime.distributed.gather_state`)."""
     if isinstance(model, Mapping):
         return {k: v.detach().contiguous().cpu() for k, v in _unprefixed(model).items()}
     model = getattr(model, "_orig_mod", model)
@@ -112,12 +106,8 @@ _unchecked_said: set[Path] = set()
 
 
 def verify(directory: Path, name: str, what: str, fix: str) -> Path:
-    """``directory/name`` once its sha256 matches the one ``meta.json`` recorded (else the error ``what``; ``fix``).
-    A checkpoint of a version before the checksums loads unverified, with a note on stderr (once).
-
-    Raises:
-        MinigptError: the file is unreadable (the OS's reason), or does not match (damaged).
-    """
+    """``directory/name`` once its sha256 matches the one ``meta.json`` recorded (else the error ``what``; ``fix``);
+    one from before the checksums loads unverified, with a note on stderr. Raises MinigptError: unreadable, damaged."""
     path = directory / name
     recorded = (read_meta(directory).get("sha256") or {}).get(name)
     with os_errors(path, "read", in_run=True):
@@ -132,14 +122,9 @@ def verify(directory: Path, name: str, what: str, fix: str) -> Path:
 
 def save(directory: Path, model: torch.nn.Module, config: Config,
          trainer_state: Optional[dict[str, Any]] = None, meta: Optional[dict[str, Any]] = None) -> Path:
-    """Write the checkpoint folder ``directory`` (``runs/x/checkpoints/last``) atomically, with the sha256 of
-    each file in its meta.json. ``model``: the GPT (compiled or DDP-wrapped: unwrapped) or its full state dict
-    (FSDP's, gathered); ``trainer_state``: ``weights_only``-loadable values; ``meta``: JSON-able facts.
-
-    Raises:
-        MinigptError: the folder cannot be written (disk full, read-only); the previous checkpoint is kept
-            and no temporary folder is left.
-    """
+    """Write the checkpoint folder ``directory`` atomically, each file's sha256 in its meta.json. ``model``: the
+    GPT (compiled or DDP-wrapped) or its full state dict (FSDP's, gathered). Raises MinigptError when it cannot
+    be written (disk full, read-only); the previous checkpoint is kept and no temporary folder is left."""
     directory = Path(directory)
     _save_counts[directory.name] = _save_counts.get(directory.name, 0) + 1
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -225,12 +210,8 @@ def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
 
 
 def saved_config(directory: Path) -> Config:
-    """The verified config.yaml of a checkpoint folder (resolved as :func:`resolve` does).
-
-    Raises:
-        MinigptError: missing, damaged or not matching its sha256; the message says the checkpoint's copy is
-            the problem.
-    """
+    """The verified config.yaml of a checkpoint folder (resolved as :func:`resolve` does). Raises MinigptError:
+    missing, damaged or not matching its sha256 (the message says the checkpoint's copy is the problem)."""
     directory = resolve(directory)
     path = directory / CONFIG
     fix = f"restore {path} from the run's own config.yaml, which has the same content"
@@ -276,12 +257,8 @@ def _other_hint(directory: Path) -> str:
 
 
 def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
-    """Rebuild the model from a checkpoint folder alone (config.yaml + safetensors), each file verified.
-
-    Raises:
-        MinigptError: missing, truncated, corrupt or altered files, or weights that do not fit the config;
-            the message names the file.
-    """
+    """Rebuild the model (eval mode) from a checkpoint folder alone, each file verified. Raises MinigptError,
+    naming the file: missing, truncated, corrupt or altered files, or weights that do not fit the config."""
     directory = resolve(directory)
     config = saved_config(directory)
     weights = directory / WEIGHTS
@@ -308,11 +285,8 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
 
 
 def load_weights_into(model: GPT, directory: Path) -> None:
-    """Load a checkpoint's verified weights into an existing model (for resuming), sharded by FSDP or not.
-
-    Raises:
-        MinigptError: a corrupt, truncated or altered file, or weights of another shape.
-    """
+    """Load a checkpoint's verified weights into an existing model (resuming), FSDP-sharded or not.
+    Raises MinigptError: a corrupt, truncated or altered file, or weights of another shape."""
     weights = resolve(directory) / WEIGHTS
     sd = _read_weights(weights, "start a new run or restore the file")
     _check_keys(sd, model, weights, "the model of the run's config")
@@ -324,11 +298,8 @@ def model_state_keys(model: GPT) -> list[str]:
 
 
 def load_trainer_state(directory: Path) -> dict[str, Any]:
-    """Read the verified ``trainer_state.pt`` with ``weights_only=True`` (no code runs on load).
-
-    Raises:
-        MinigptError: missing, truncated, altered or unsafe file; the message names it.
-    """
+    """The verified ``trainer_state.pt``, read with ``weights_only=True`` (no code runs on load).
+    Raises MinigptError, naming it: a missing, truncated, altered or unsafe file."""
     directory = resolve(directory)
     path = directory / STATE
     verify(directory, STATE, f"trainer state {str(path)!r} is corrupt", "use another checkpoint or start a new run")
@@ -341,13 +312,9 @@ def load_trainer_state(directory: Path) -> dict[str, Any]:
 
 @dataclass
 class Checkpointer:
-    """When a run saves, and where: after every eval ``best`` (when the val loss is the lowest yet) then
-    ``last``; every ``train.keep_every`` steps ``step-NNNNNNN``; on a stop request ``last``.
-
-    ``snapshot()`` gives ``(model, trainer_state, meta)`` as of the call. Only the process that writes
-    (``enabled``: rank 0) saves, but with ``collective`` (FSDP: gathering the shards is a collective) every
-    process takes the snapshot.
-    """
+    """When a run saves, and where (after each eval ``best`` if improved, then ``last``; ``step-NNNNNNN``
+    every ``train.keep_every`` steps; ``last`` on a stop). ``snapshot()`` gives ``(model, trainer_state,
+    meta)``; rank 0 (``enabled``) writes, and with ``collective`` (FSDP's gather) every rank snapshots."""
 
     run_dir: Path
     config: Config

@@ -2,9 +2,7 @@
 
     runs/<name>/  config.yaml tokenizer.json env.json .lock (the lock, and the mark of a folder minigpt made)
       checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml meta.json
-
-While :mod:`.checkpoint` swaps a checkpoint folder, the previous copy is ``checkpoints/.<which>.old``,
-which :func:`resolve` falls back to.
+      checkpoints/.<which>.old/  the previous copy while :mod:`.checkpoint` swaps one in (:func:`resolve`)
 """
 
 from __future__ import annotations
@@ -100,9 +98,8 @@ def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
 
 
 def keep_edited_config(run_dir: Path, new_text: str) -> Optional[Path]:
-    """Before a resume rewrites ``<run_dir>/config.yaml`` with ``new_text``: when the file holds an edit (it
-    is neither the last checkpoint's config nor ``new_text``), copy it to ``config.yaml.edited`` (or
-    ``.edited-N``) and return that path; else None."""
+    """Before a resume rewrites ``<run_dir>/config.yaml`` with ``new_text``: an edit of it (neither the last
+    checkpoint's config nor ``new_text``) copied to ``config.yaml.edited[-N]``, and that path; else None."""
     path = Path(run_dir) / CONFIG
     text = saved = None
     with suppress(OSError, UnicodeDecodeError):  # either unreadable: nothing to compare, nothing kept
@@ -136,10 +133,7 @@ def has_weights(directory: str | Path) -> bool:
 
 def resolve(directory: str | Path) -> Path:
     """The checkpoint folder to load: ``directory``, or its ``.old`` copy if a swap was cut short.
-
-    Raises:
-        MinigptError: neither holds a weights file.
-    """
+    Raises MinigptError when neither holds a weights file."""
     directory = Path(directory)
     for candidate in (directory, old_copy(directory)):
         if (candidate / WEIGHTS).is_file():
@@ -164,11 +158,7 @@ class Meta(BaseModel):
 
 def read_meta(ckpt: str | Path) -> dict[str, Any]:
     """A checkpoint folder's ``meta.json`` (resolved as :func:`resolve` does), checked by :class:`Meta`.
-
-    Raises:
-        MinigptError: no checkpoint there; meta.json unreadable (naming the OS's reason) or damaged
-            (not JSON, or a field of the wrong type, naming the field).
-    """
+    Raises MinigptError: no checkpoint there; meta.json unreadable, or damaged (naming the field)."""
     path = resolve(ckpt) / META
     other = {BEST: LAST, LAST: BEST}.get(Path(ckpt).name, "another checkpoint")
     with errors_as({PermissionError: os_error(path, "read", in_run=True),  # unreadable, not damaged
@@ -178,12 +168,9 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
 
 
 def open_checkpoint(run: Optional[str | Path], which: str, runs_dir: str | Path = "runs") -> tuple[Path, Path]:
-    """The run folder (``run``, or the newest under ``runs_dir``) and its checkpoint folder ``which``, for
-    generate, evaluate, export and inspect: ``best`` falls back to ``last`` when the run has no best yet.
-
-    Raises:
-        MinigptError: ``which`` is not best or last, no run there, no such folder, or no checkpoint in it.
-    """
+    """The run folder (``run``, or the newest under ``runs_dir``) and its checkpoint folder ``which``
+    (``best`` falls back to ``last`` before the first eval). Raises MinigptError: ``which`` is not best or
+    last, no run there, no such folder, or no checkpoint in it."""
     newest = newest_run(runs_dir) if run is None else None
     run_dir = Path(run) if run is not None else newest or Path(runs_dir)
     ckpt = checkpoint_dir(run_dir, which if has_weights(checkpoint_dir(run_dir, which)) else LAST)
@@ -204,14 +191,12 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 
 def made_here(run_dir: Path) -> bool:
-    """Whether ``run_dir`` is a run folder minigpt made: it holds the lock file every run takes, or a checkpoint
-    (a run of a version before the lock)."""
+    """Whether minigpt made ``run_dir``: it holds the lock every run takes, or a checkpoint (older versions)."""
     return (Path(run_dir) / LOCK).is_file() or has_checkpoint(run_dir)
 
 
 def newest_run(root: str | Path, name: Optional[str] = None) -> Optional[Path]:
-    """The run under ``root`` whose ``last`` checkpoint (or its ``.old`` copy) was written most recently;
-    with ``name``, only runs whose checkpoint's ``meta.json`` carries that config name. None when none."""
+    """The run under ``root`` whose ``last`` checkpoint was written most recently (of config ``name``); or None."""
     found = []
     for run in Path(root).iterdir() if Path(root).is_dir() else ():
         if not has_weights(checkpoint_dir(run, LAST)):
@@ -224,22 +209,13 @@ def newest_run(root: str | Path, name: Optional[str] = None) -> Optional[Path]:
 
 
 def latest_run(runs_dir: str | Path = "runs") -> Path:
-    """The most recently written run under ``runs_dir`` that has a checkpoint (:func:`newest_run`).
-
-    Raises:
-        MinigptError: no run with a checkpoint exists there.
-    """
+    """The most recently written run under ``runs_dir`` (:func:`newest_run`); MinigptError when there is none."""
     return open_checkpoint(None, LAST, runs_dir)[0]
 
 
 def find_resume_dir(out_dir: str | Path, name: str, resume: str) -> Optional[Path]:
-    """The run folder ``--resume`` names: ``auto`` (the newest run of config name ``name``) or a path.
-
-    Returns None for ``auto`` when no run of that name has a checkpoint yet.
-
-    Raises:
-        MinigptError: a given path has no resumable checkpoint (offering ``best`` when only it is left).
-    """
+    """The run folder ``--resume`` names: ``auto`` (the newest run of config ``name``, or None) or a path.
+    Raises MinigptError when a given path has no resumable checkpoint (offering ``best`` when only it is left)."""
     if resume == "auto":
         return newest_run(out_dir, name)
     run_dir = Path(resume)
@@ -258,11 +234,8 @@ def find_resume_dir(out_dir: str | Path, name: str, resume: str) -> Optional[Pat
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``runs/<name>/.lock``, held while one process trains in the folder.
-
-    The kernel drops it when the process ends (SIGKILL included), so a crashed run never leaves its folder
-    locked. The file holds the owner's pid, for the message, and stays: it marks the folder as minigpt's.
-    """
+    """An exclusive ``flock`` on ``runs/<name>/.lock`` while one process trains there. The kernel drops it
+    when the process ends (SIGKILL included); the file holds the owner's pid and stays: it marks the folder."""
 
     FILE = LOCK
 
@@ -272,11 +245,8 @@ class RunLock:
         self._fd: Optional[int] = None
 
     def acquire(self, fix: str) -> "RunLock":
-        """Take the lock without waiting; ``fix``: what to do when another process holds it.
-
-        Raises:
-            MinigptError: another process holds it (naming its pid), or the lock file cannot be written.
-        """
+        """Take the lock without waiting; ``fix``: what to do when another process holds it. Raises
+        MinigptError: another process holds it (naming its pid), or the lock file cannot be made or written."""
         if fcntl is None:
             return self
         kind = fail("lock_kind", path=self.path)
@@ -319,12 +289,8 @@ def _flock(fd: int) -> bool:
 
 
 def clear_unsaved(run_dir: Path) -> None:
-    """Empty a run folder minigpt made (:func:`made_here`) that never got a checkpoint; through a link, the
-    folder it points to. Entries are removed, never followed.
-
-    Raises:
-        MinigptError: the folder is not minigpt's, or holds a checkpoint.
-    """
+    """Empty a run folder minigpt made (:func:`made_here`) that never got a checkpoint (entries are removed,
+    never followed). Raises MinigptError when the folder holds files that are not minigpt's."""
     assert not has_checkpoint(run_dir), run_dir  # both callers keep a run that has one
     if _occupied(run_dir) and not made_here(run_dir):
         raise fail("users", path=str(run_dir))
@@ -374,10 +340,7 @@ def _make(run_dir: Path) -> bool:
 
 def check_run_name(out_dir: str | Path, run_name: str) -> Path:
     """The folder ``--run-name`` names, refused as :func:`new_run_dir` would refuse it, without making it.
-
-    Raises:
-        MinigptError: not a plain folder name, or a path that holds something already.
-    """
+    Raises MinigptError: not a plain folder name, or a path that holds something already."""
     run_dir = Path(out_dir) / check_name(run_name, "--run-name")
     key = "not_folder" if run_dir.exists() and not run_dir.is_dir() else \
         _taken(run_dir) if run_dir.is_dir() and _occupied(run_dir) else None
@@ -387,22 +350,19 @@ def check_run_name(out_dir: str | Path, run_name: str) -> Path:
 
 
 def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunFolder:
-    """Create and lock ``<out_dir>/<run_name>``, or ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ...
-    when two runs start in the same second). A ``--run-name`` folder may exist only if empty. The caller
-    releases the lock.
-
-    Raises:
-        MinigptError: a bad --run-name, a folder that already holds something, or one in use.
-    """
+    """Create and lock ``<out_dir>/<run_name>`` (which may exist only if empty), or
+    ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>[-N]``; the caller releases the lock. Raises MinigptError: a bad
+    --run-name, a folder that already holds something, or one in use."""
     root = Path(out_dir)
     if run_name is not None:  # refused before the lock file is made in a folder of the user's
         check_run_name(root, run_name)
     root.mkdir(parents=True, exist_ok=True)
     if run_name is None:
         base = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        # A free name comes soon: only runs started in the same second share a base.
-        run_dir = next(d for n in itertools.count(1) if _make(d := root / (base if n == 1 else f"{base}-{n}")))
-        return RunFolder(run_dir, RunLock(run_dir).acquire("pass --run-name"), created=True)
+        for n in itertools.count(1):  # a free name comes soon: only runs started in the same second share a base
+            run_dir = root / (base if n == 1 else f"{base}-{n}")
+            if _make(run_dir):
+                return RunFolder(run_dir, RunLock(run_dir).acquire("pass --run-name"), created=True)
     run_dir = root / run_name
     created = _make(run_dir)
     lock = RunLock(run_dir).acquire("wait for it or pass another --run-name")
@@ -427,9 +387,7 @@ def git_commit() -> Optional[str]:
 
 def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, linear_kernel: str = "torch.mm",
              dropout_kernel: str = "torch") -> dict:
-    """Versions, device, git commit and the kernels of the training step's linear layers
-    (:func:`~minigpt_cli.runtime.kernels.onednn.linear_kernel`) and dropout
-    (:func:`~minigpt_cli.runtime.kernels.dropout.dropout_kernel`), for env.json."""
+    """Versions, device, git commit and the training step's linear and dropout kernels, for env.json."""
     import importlib.metadata as md
 
     import numpy as np

@@ -40,13 +40,9 @@ _EVENT = TypeAdapter(Annotated[Union[TrainEvent, EvalEvent], Field(discriminator
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The events of a ``metrics.jsonl``, each checked (step, event, elapsed_s and the event's losses); none
-    when the file is absent. Only a last line cut short by a kill (no newline after it) may be incomplete: it
-    is dropped.
-
-    Raises:
-        MinigptError: the file is unreadable, or a line is not an event (naming the file and the line).
-    """
+    """The events of a ``metrics.jsonl``, each checked by its schema; none when the file is absent; a last line
+    cut short by a kill (no newline after it) is dropped. Raises MinigptError: the file is unreadable, or a line
+    is not an event (naming the file, the line and the field)."""
     path = Path(path)
     if not path.exists():
         return []
@@ -91,11 +87,8 @@ class RunLogger:
         self._last_elapsed = 0.0
 
     def truncate_to(self, step: int, evaluated: bool) -> None:
-        """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran), reload the curves.
-
-        Events logged after the checkpoint was written belong to the lost
-        stretch of the run and are logged again as training repeats it.
-        """
+        """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran), reload the curves;
+        the later ones belong to the lost stretch of the run, logged again as training repeats it."""
         keep = [r for r in read_events(self.metrics_path)
                 if r["step"] < step or (r["step"] == step and (r["event"] != "eval" or evaluated))]
         self.train_points = [(r["step"], r["loss"]) for r in keep if r["event"] == "train"]
@@ -147,12 +140,8 @@ class RunLogger:
         _append(self.samples_path, f"===== step {step} =====\n{text}\n\n")
 
     def plot(self) -> None:
-        """Redraw loss.png with train and val curves.
-
-        Drawn on a bare matplotlib ``Figure`` with the Agg canvas: no pyplot,
-        so the process's matplotlib backend (a notebook's, say) is left alone,
-        and fixed margins instead of a layout pass, which cost most of a redraw.
-        """
+        """Redraw loss.png with train and val curves: a bare Agg ``Figure`` (no pyplot, so a notebook's backend
+        is left alone) with fixed margins (a layout pass cost most of a redraw)."""
         if not self.enabled:
             return
         from matplotlib.backends.backend_agg import FigureCanvasAgg
