@@ -1,9 +1,7 @@
 """Atomic file writes (a temporary file beside the target, fsync, rename) and the one line for an OSError.
 
-A reader (or a process killed half-way) sees either the old file or the new one, never a half-written one.
-The file gets the mode a plain ``open()`` would give it (an existing file keeps its mode, a new one gets
-``0o666`` less the umask), not the ``0o600`` of :func:`tempfile.mkstemp`. A write that fails is a one-line
-:class:`~minigpt_cli.errors.MinigptError` naming the path, and leaves the old file and no temporary file.
+A reader (or a process killed half-way) sees the old file or the new one, never a half-written one; the file
+gets the mode a plain ``open()`` would give it, not :func:`tempfile.mkstemp`'s ``0o600``.
 """
 
 from __future__ import annotations
@@ -45,12 +43,9 @@ _FIXES = {
 
 def os_error_message(exc: OSError, path: str | Path | None = None, action: str | None = None,
                      in_run: bool = False) -> str:
-    """One line for an OSError: ``cannot <action> PATH: <strerror>; <fix>``.
-
-    ``path``: default the error's ``filename2`` (a rename's target), else its ``filename``; ``action``: default
-    ``access`` for a missing file, else ``write``; ``in_run``: a path minigpt keeps inside a run folder, so the
-    fix says what is in its way instead of asking for another path.
-    """
+    """One line for an OSError: ``cannot <action> PATH: <strerror>; <fix>``. ``path``: default the error's
+    ``filename2`` (a rename's target), else its ``filename``; ``in_run``: a path minigpt keeps in a run folder,
+    so the fix says what is in its way instead of asking for another path."""
     if path is None:
         path = exc.filename2 if exc.filename2 is not None else exc.filename
     if action is None:
@@ -116,11 +111,8 @@ _READ = {
 
 def read_text_file(path: str | Path, option: str) -> str:
     """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``): universal
-    newlines (as a text editor shows them) and a leading byte-order mark dropped (Windows editors write one).
-
-    Raises:
-        MinigptError: ``{option} 'PATH' ...``: not found, a folder, not UTF-8, or unreadable (permissions, ...).
-    """
+    newlines (as a text editor shows them), a leading byte-order mark (Windows editors write one) dropped.
+    Raises MinigptError ``{option} 'PATH' ...``: not found, a folder, not UTF-8, or unreadable."""
     def message(text: str) -> Callable[[BaseException], MinigptError]:
         return lambda exc: MinigptError(text.format(option=option, path=str(path),
                                                     reason=getattr(exc, "strerror", None) or exc), path=path)
@@ -165,25 +157,15 @@ def chmod_quietly(path: str | Path | int, mode: int) -> None:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, creating the parent folder if needed. A symbolic link is written
-    through (its target replaced, the link kept); a folder, device, FIFO or socket at ``path`` is refused.
-
-    Raises:
-        MinigptError: ``cannot write PATH: <reason>; <fix>``; the old file is untouched, no temporary file left.
-    """
+    """Write ``data`` to ``path`` atomically (its folder made if needed; a link written through; a folder,
+    device, FIFO or socket refused). Raises MinigptError ``cannot write PATH: <reason>; <fix>``."""
     atomic_write_set({path: data})
 
 
 def atomic_write_set(files: dict[str | Path, bytes]) -> None:
-    """Write several files as a set: each to a temporary file beside it first, then all renamed into place.
-
-    A failure or an interrupt while the temporary files are written leaves the old files and no temporary
-    file; one while they are renamed (a moment) removes the files of the set, so the set is the old one, the
-    new one, or none, never a mix.
-
-    Raises:
-        MinigptError: a file cannot be written, as :func:`atomic_write_bytes` says it.
-    """
+    """Write several files as a set: each to a temporary file beside it, then all renamed into place; a
+    failure or interrupt leaves the old set, the new one, or none, never a mix, and no temporary file.
+    Raises MinigptError as :func:`atomic_write_bytes` does."""
     temps: dict[Path, str] = {}
     placed = 0
     try:
@@ -203,14 +185,13 @@ def atomic_write_set(files: dict[str | Path, bytes]) -> None:
 
 
 def _target(path: Path) -> Path:
-    """Where :func:`atomic_write_set` writes ``path``: a symbolic link's target (written through, as open()
-    would, instead of replacing the link)."""
+    """Where :func:`atomic_write_set` writes ``path``: a symbolic link's target, as open() would."""
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def _write_temp(path: Path, data: bytes, temps: dict[Path, str]) -> None:
-    """``data`` in a new temporary file beside ``path`` (its folder made if needed), recorded in ``temps`` at
-    once (for removal), with the mode ``path`` has or a new file would get, flushed to disk."""
+    """``data`` flushed to a new temporary file beside ``path``, with the mode ``path`` has or a new file would
+    get; recorded in ``temps`` as soon as it exists, for removal."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not path.is_file():
         # A device, FIFO or socket: renaming over it would replace it (as root, /dev/null for everyone).
@@ -243,8 +224,7 @@ def _limit(path: Path, name: str, default: int) -> int:
 
 
 def _stat(path: Path) -> os.stat_result | OSError | None:
-    """``os.stat(path)``; None when nothing is there; the OSError when something on the way stops it (a file
-    where a folder must be, a name too long, a folder that cannot be searched)."""
+    """``os.stat(path)``; None when nothing is there; the OSError when something on the way stops it."""
     try:
         return os.stat(path)
     except FileNotFoundError:
@@ -254,16 +234,10 @@ def _stat(path: Path) -> os.stat_result | OSError | None:
 
 
 def write_problem(path: str | Path, folder: bool, append: bool = False) -> OSError | None:
-    """The OSError that writing at ``path`` would end with, found without writing anything; None when none
-    is expected.
-
-    ``folder``: ``path`` is a folder to make if missing and write into; else a file written by
-    :func:`atomic_write_bytes`. The error is the one those calls would raise (``ENAMETOOLONG`` counting the
-    temporary name's extra characters, ``EEXIST``/``ENOTDIR`` for a file on the way, ``EISDIR``, ``EACCES``
-    or ``EROFS``), naming the path the failing call names. Permissions are judged by :func:`os.access`, so
-    what root may write passes. ``append``: the file is written in place (``open(path, "a")``), so an existing
-    one must itself be writable, its folder need not be.
-    """
+    """The OSError that writing at ``path`` would end with (the one the failing call would raise, naming its
+    path), found without writing anything; None when none is expected. ``folder``: a folder to make and write
+    into, else a file :func:`atomic_write_bytes` writes, or with ``append`` one written in place. Permissions
+    are judged by :func:`os.access`, so what root may write passes."""
     path = Path(path)
     if folder:
         return _folder_problem(path)
@@ -324,12 +298,8 @@ def _error(code: int, path: Path) -> OSError:
 
 
 def check_writable(path: str | Path, folder: bool, append: bool = False, in_run: bool = False) -> None:
-    """Refuse a path that :func:`write_problem` says cannot be written, with the line writing it would give
-    (``in_run`` as :func:`os_error_message` takes it).
-
-    Raises:
-        MinigptError: ``cannot write PATH: <reason>; <fix>``.
-    """
+    """Refuse a path that :func:`write_problem` says cannot be written, with the line writing it would give:
+    MinigptError ``cannot write PATH: <reason>; <fix>`` (``in_run`` as :func:`os_error_message` takes it)."""
     problem = write_problem(path, folder, append)
     if problem is not None:
         raise MinigptError(os_error_message(problem, action="write", in_run=in_run))

@@ -239,7 +239,7 @@ def _check_keys(sd: dict[str, torch.Tensor], model: GPT, weights: Path, what: st
     """Refuse weights whose names are not the model's, or that do not fit its shapes."""
     if model.config.tie_weights:
         sd.pop("lm_head.weight", None)
-    expected, got = set(model_state_keys(model)), set(sd)
+    expected, got = set(model.state_dict()) - ({"lm_head.weight"} if model.config.tie_weights else set()), set(sd)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     wrong = next((k for k, v in sd.items() if tuple(v.shape) != shapes.get(k, tuple(v.shape))), None)
     if expected != got or wrong is not None:
@@ -291,10 +291,6 @@ def load_weights_into(model: GPT, directory: Path) -> None:
     sd = _read_weights(weights, "start a new run or restore the file")
     _check_keys(sd, model, weights, "the model of the run's config")
     load_model_state(model, sd)
-
-
-def model_state_keys(model: GPT) -> list[str]:
-    return [k for k in model.state_dict() if not (model.config.tie_weights and k == "lm_head.weight")]
 
 
 def load_trainer_state(directory: Path) -> dict[str, Any]:
