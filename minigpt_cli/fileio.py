@@ -27,8 +27,6 @@ _FIXES = {
                   "the run folder is on a read-only file system; copy it to a writable one and resume the copy"),
     errno.EACCES: ("check the permissions of the folder or choose another location",
                    "check the permissions of the run folder and of its files"),
-    errno.EPERM: ("check the permissions of the folder or choose another location",
-                  "check the permissions of the run folder and of its files"),
     errno.EISDIR: ("give the path of a file, not of a folder",
                    "a folder is in the way of that file; remove or rename the folder"),
     errno.ENOTDIR: ("a part of the path is a file, not a folder; choose another path",
@@ -39,6 +37,7 @@ _FIXES = {
     errno.ENAMETOOLONG: ("choose a shorter name", "choose a shorter name"),
     errno.EINVAL: ("give the path of a regular file", "remove it and try again"),
 }
+_FIXES[errno.EPERM] = _FIXES[errno.EACCES]  # an operation not permitted: the same permissions to check
 
 
 def os_error_message(exc: OSError, path: str | Path | None = None, action: str | None = None,
