@@ -1,17 +1,7 @@
-"""Atomic file writes: a temporary file in the same folder, fsync, then a rename.
+"""Atomic file writes (a temporary file beside the target, fsync, rename) and the one line for an OSError.
 
-A reader (or a process killed half-way) sees either the old file or the new
-one, never a half-written one. The file gets the mode a plain ``open()`` would
-give it (an existing file keeps its mode, a new one gets ``0o666`` less the
-umask), not the ``0o600`` of :func:`tempfile.mkstemp`. A write that fails
-(disk full, read-only folder, a path through a file) is a one-line
-:class:`~minigpt_cli.errors.MinigptError` naming the path, and leaves the old
-file and no temporary file behind.
-
-:func:`read_text_file` reads a text file a user names with an option
-(``generate --prompt-file``, ``evaluate --text-file``) the same way for every
-option (universal newlines, a leading byte-order mark dropped), with the same
-one-line errors.
+A reader (or a process killed half-way) sees the old file or the new one, never a half-written one; the file
+gets the mode a plain ``open()`` would give it, not :func:`tempfile.mkstemp`'s ``0o600``.
 """
 
 from __future__ import annotations
@@ -20,7 +10,9 @@ import errno
 import os
 import stat
 import tempfile
+from contextlib import suppress
 from pathlib import Path
+from typing import Callable, Mapping
 
 from .errors import MinigptError
 
@@ -35,8 +27,6 @@ _FIXES = {
                   "the run folder is on a read-only file system; copy it to a writable one and resume the copy"),
     errno.EACCES: ("check the permissions of the folder or choose another location",
                    "check the permissions of the run folder and of its files"),
-    errno.EPERM: ("check the permissions of the folder or choose another location",
-                  "check the permissions of the run folder and of its files"),
     errno.EISDIR: ("give the path of a file, not of a folder",
                    "a folder is in the way of that file; remove or rename the folder"),
     errno.ENOTDIR: ("a part of the path is a file, not a folder; choose another path",
@@ -45,22 +35,16 @@ _FIXES = {
                    "a file is in the way of that folder; remove or rename the file"),
     errno.ENOENT: ("check that the folder exists", "check that the run folder exists"),
     errno.ENAMETOOLONG: ("choose a shorter name", "choose a shorter name"),
+    errno.EINVAL: ("give the path of a regular file", "remove it and try again"),
 }
+_FIXES[errno.EPERM] = _FIXES[errno.EACCES]  # an operation not permitted: the same permissions to check
 
 
 def os_error_message(exc: OSError, path: str | Path | None = None, action: str | None = None,
                      in_run: bool = False) -> str:
-    """One line for an OSError: ``cannot <action> PATH: <strerror>; <fix>``.
-
-    Args:
-        exc: the error.
-        path: the path the user knows (default: the error's ``filename2``, the
-            target of a rename, else its ``filename``).
-        action: ``"write"``, ``"read"``, ...; None: ``"access"`` for a missing
-            file, else ``"write"`` (reads are reported where they happen).
-        in_run: the path is one minigpt keeps inside a run folder, not one the user gave: the fix says what
-            to do about what is in its way instead of asking for another path.
-    """
+    """One line for an OSError: ``cannot <action> PATH: <strerror>; <fix>``. ``path``: default the error's
+    ``filename2`` (a rename's target), else its ``filename``; ``in_run``: a path minigpt keeps in a run folder,
+    so the fix says what is in its way instead of asking for another path."""
     if path is None:
         path = exc.filename2 if exc.filename2 is not None else exc.filename
     if action is None:
@@ -73,57 +57,86 @@ def os_error_message(exc: OSError, path: str | Path | None = None, action: str |
     return " ".join(f"cannot {action}{where}: {reason}; {fix}".split())
 
 
-#: What :func:`read_text_file` says about a text file the user named that cannot be read.
+class errors_as:
+    """A ``with`` block in which an exception of a type in ``table`` becomes the error its entry builds from it
+    (the first matching entry, in order; an entry that returns None lets the exception pass); anything else
+    passes unchanged. The one place that turns the failures of reading and writing files into one line."""
+
+    def __init__(self, table: Mapping[type | tuple[type, ...], Callable[[BaseException], BaseException | None]]):
+        self.table = table
+
+    def __enter__(self) -> "errors_as":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        make = next((make for k, make in self.table.items() if isinstance(exc, k)), None)
+        error = make(exc) if make is not None else None
+        if error is not None:
+            raise error from None
+        return False
+
+
+def os_error(path: str | Path | None = None, action: str = "write",
+             in_run: bool = False) -> Callable[[OSError], MinigptError]:
+    """For :class:`errors_as`: an OSError as ``cannot <action> PATH: <reason>; <fix>`` (:func:`os_error_message`)."""
+    return lambda exc: MinigptError(os_error_message(exc, path, action, in_run), path=path)
+
+
+class os_errors(errors_as):
+    """A ``with`` block in which an OSError becomes ``cannot <action> PATH: <reason>; <fix>``
+    (:func:`os_error_message`); ``path`` may be set on the block as it moves from file to file."""
+
+    def __init__(self, path: str | Path | None = None, action: str = "write", in_run: bool = False):
+        self.path = path
+        super().__init__({OSError: lambda exc: os_error(self.path, action, in_run)(exc)})
+
+
+def schema_problem(exc, skip: int = 0) -> str:
+    """A pydantic ValidationError's first problem as ``field.sub: message`` (``skip``: leading parts of the
+    location left out, such as a tagged union's tag); the one wording of a damaged file's field."""
+    err = exc.errors()[0]
+    where = ".".join(map(str, err["loc"][skip:] or err["loc"]))
+    return f"{where}: {err['msg']}" if where else err["msg"]
+
+
+#: What :func:`read_text_file` says about a text file the user named that cannot be read, by exception type.
 _READ = {
-    "not_found": "{option} {path!r} not found",
-    "folder": "{option} {path!r} is a folder; give a text file",
-    "not_utf8": "{option} {path!r} is not UTF-8 text; convert it (e.g. with iconv)",
-    "unreadable": "{option} {path!r} cannot be read ({reason})",
+    FileNotFoundError: "{option} {path!r} not found",
+    IsADirectoryError: "{option} {path!r} is a folder; give a text file",
+    UnicodeDecodeError: "{option} {path!r} is not UTF-8 text; convert it (e.g. with iconv)",
+    OSError: "{option} {path!r} cannot be read ({reason})",
 }
 
 
 def read_text_file(path: str | Path, option: str) -> str:
-    """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``), read
-    alike for every option: universal newlines (``\r\n`` and ``\r`` become ``\n``, as a text editor shows
-    them) and a leading byte-order mark dropped (``utf-8-sig``: Windows editors write one).
+    """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``): universal
+    newlines (as a text editor shows them), a leading byte-order mark (Windows editors write one) dropped.
+    Raises MinigptError ``{option} 'PATH' ...``: not found, a folder, not UTF-8, or unreadable."""
+    def message(text: str) -> Callable[[BaseException], MinigptError]:
+        return lambda exc: MinigptError(text.format(option=option, path=str(path),
+                                                    reason=getattr(exc, "strerror", None) or exc), path=path)
 
-    Raises:
-        MinigptError: ``{option} 'PATH' ...``: not found, a folder, not UTF-8, or unreadable (permissions, ...).
-    """
-    fields = {"option": option, "path": str(path)}
-    try:
-        with open(path, encoding="utf-8-sig") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise MinigptError(_READ["not_found"].format(**fields)) from None
-    except IsADirectoryError:
-        raise MinigptError(_READ["folder"].format(**fields)) from None
-    except UnicodeDecodeError:
-        raise MinigptError(_READ["not_utf8"].format(**fields)) from None
-    except OSError as exc:
-        raise MinigptError(_READ["unreadable"].format(reason=exc.strerror or exc, **fields)) from None
+    with errors_as({kind: message(text) for kind, text in _READ.items()}), open(path, encoding="utf-8-sig") as f:
+        return f.read()
 
 
 def _umask() -> int:
     # /proc avoids os.umask's set-and-restore, which races with other threads.
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    with suppress(OSError, ValueError, IndexError), open("/proc/self/status", encoding="ascii",
+                                                         errors="replace") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
 def file_mode(path: str | Path) -> int:
-    """The permission bits a plain ``open(path, "w")`` leaves: the existing file's, else ``0o666`` less the umask."""
-    try:
+    """The permission bits a plain ``open(path, "w")`` leaves: the existing file's, else a new file's."""
+    with suppress(OSError):
         return os.stat(path).st_mode & 0o777
-    except OSError:
-        return 0o666 & ~_umask()
+    return new_file_mode()
 
 
 def new_file_mode() -> int:
@@ -137,95 +150,60 @@ def dir_mode() -> int:
 
 
 def chmod_quietly(path: str | Path | int, mode: int) -> None:
-    """``chmod`` a path (or ``fchmod`` a file descriptor), ignoring file systems without modes."""
-    try:
-        if isinstance(path, int):
-            os.fchmod(path, mode)
-        else:
-            os.chmod(path, mode)
-    except OSError:
-        pass
+    """``chmod`` a path (or ``fchmod`` a file descriptor), ignoring file systems without modes (FAT, some mounts)."""
+    with suppress(OSError):
+        os.fchmod(path, mode) if isinstance(path, int) else os.chmod(path, mode)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, creating the parent folder if needed.
-
-    A symbolic link is written through (its target is replaced, the link
-    stays); a device, FIFO or socket at ``path`` is refused, never replaced.
-
-    Raises:
-        MinigptError: the file cannot be written (``cannot write PATH: <reason>;
-            <fix>``); the old file, if any, is untouched and no temporary file is left.
-    """
+    """Write ``data`` to ``path`` atomically (its folder made if needed; a link written through; a folder,
+    device, FIFO or socket refused). Raises MinigptError ``cannot write PATH: <reason>; <fix>``."""
     atomic_write_set({path: data})
 
 
 def atomic_write_set(files: dict[str | Path, bytes]) -> None:
-    """Write several files as a set: each to a temporary file beside it first, then all renamed into place.
-
-    A failure or an interrupt (Ctrl-C, SIGTERM unwinding) while the temporary files are written leaves the
-    old files as they were and no temporary file; one while they are renamed (a moment) removes the files of
-    the set, so the set is the old one, the new one, or none, never a mix. Each file as
-    :func:`atomic_write_bytes` writes it.
-
-    Raises:
-        MinigptError: a file cannot be written, as :func:`atomic_write_bytes` says it.
-    """
+    """Write several files as a set: each to a temporary file beside it, then all renamed into place; a
+    failure or interrupt leaves the old set, the new one, or none, never a mix, and no temporary file.
+    Raises MinigptError as :func:`atomic_write_bytes` does."""
     temps: dict[Path, str] = {}
-    path = None
+    placed = 0
     try:
-        for given, data in files.items():
-            path = _target(Path(given))
-            temps[path] = _write_temp(path, data)
-        placed = []
-        try:
-            for path, tmp in temps.items():
-                os.replace(tmp, path)
-                placed.append(path)
-        except BaseException:
-            if placed:  # a mix of new and old files: leave none
-                for target in temps:
-                    target.unlink(missing_ok=True)
-            raise
-        temps = {}
-    except OSError as exc:
-        raise MinigptError(os_error_message(exc, path, "write")) from None
+        with os_errors() as at:
+            for given, data in files.items():
+                at.path = _target(Path(given))
+                _write_temp(at.path, data, temps)
+            for at.path, tmp in temps.items():
+                os.replace(tmp, at.path)
+                placed += 1
     finally:
-        for tmp in temps.values():
-            Path(tmp).unlink(missing_ok=True)
+        if placed < len(temps):  # a failure: no temporary file stays, nor a mix of new and old files
+            for target, tmp in temps.items():
+                Path(tmp).unlink(missing_ok=True)
+                if placed:
+                    target.unlink(missing_ok=True)
 
 
 def _target(path: Path) -> Path:
-    """Where :func:`atomic_write_set` writes ``path``: a symbolic link's target (written through, as open()
-    would, instead of replacing the link)."""
+    """Where :func:`atomic_write_set` writes ``path``: a symbolic link's target, as open() would."""
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
-def _write_temp(path: Path, data: bytes) -> str:
-    """``data`` in a new temporary file beside ``path`` (its folder made if needed), with the mode ``path``
-    has or a new file would get, flushed to disk; returns its name. Removes it if the write fails."""
+def _write_temp(path: Path, data: bytes, temps: dict[Path, str]) -> None:
+    """``data`` flushed to a new temporary file beside ``path``, with the mode ``path`` has or a new file would
+    get; recorded in ``temps`` as soon as it exists, for removal."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_dir():
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if path.exists() and not path.is_file():
         # A device, FIFO or socket: renaming over it would replace it (as root, /dev/null for everyone).
-        raise MinigptError(f"cannot write {path}: it is not a regular file (a device, FIFO or socket); "
-                           "give the path of a file")
+        code, why = (errno.EISDIR, None) if path.is_dir() else (errno.EINVAL, "not a regular file (a device, FIFO "
+                                                                              "or socket)")
+        raise OSError(code, why or os.strerror(code), str(path))
     mode = file_mode(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            try:
-                os.fchmod(f.fileno(), mode)
-            except OSError:  # a file system without modes (FAT, some network mounts)
-                pass
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return tmp
+    fd, temps[path] = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        chmod_quietly(f.fileno(), mode)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -239,40 +217,34 @@ _TEMP_EXTRA = len("..") + 8 + len(".tmp")
 
 
 def _limit(path: Path, name: str, default: int) -> int:
-    try:
+    with suppress(OSError, ValueError):
         return os.pathconf(path, name)
-    except (OSError, ValueError):
-        return default
+    return default
+
+
+def _stat(path: Path) -> os.stat_result | OSError | None:
+    """``os.stat(path)``; None when nothing is there; the OSError when something on the way stops it."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc
 
 
 def write_problem(path: str | Path, folder: bool, append: bool = False) -> OSError | None:
-    """The OSError that writing at ``path`` would end with, found without writing anything; None when none
-    is expected.
-
-    ``folder``: ``path`` is a folder to make if missing and write into (``Path.mkdir(parents=True,
-    exist_ok=True)``, then new entries in it); else a file written by :func:`atomic_write_bytes` (its folder
-    made if missing, a temporary file beside it renamed over it). The error is the one those calls would
-    raise: a name longer than the file system takes (``ENAMETOOLONG``; for a file, counting the temporary
-    name's extra characters), a file where a folder must be (``EEXIST`` for the folder itself, ``ENOTDIR``
-    further up), a folder where the file must be (``EISDIR``), a folder that cannot be written into
-    (``EACCES``, or ``EROFS`` on a read-only file system). It names the path the failing call names (a
-    folder: the first one ``mkdir`` could not make; a file: the file, as :func:`atomic_write_bytes` does).
-    Permissions are judged by :func:`os.access`, so what root may write passes.
-
-    ``append``: the file is opened and written in place (``open(path, "a")``), not replaced: an existing one
-    must itself be writable (not read-only, nor on a read-only mount), its folder need not be.
-    """
+    """The OSError that writing at ``path`` would end with (the one the failing call would raise, naming its
+    path), found without writing anything; None when none is expected. ``folder``: a folder to make and write
+    into, else a file :func:`atomic_write_bytes` writes, or with ``append`` one written in place. Permissions
+    are judged by :func:`os.access`, so what root may write passes."""
     path = Path(path)
     if folder:
         return _folder_problem(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
+    st = _stat(path)
+    if isinstance(st, OSError):
+        if st.errno != errno.ENOTDIR:
+            return _error(st.errno, path)
         st = None
-    except OSError as exc:  # a file on the way (ENOTDIR), a name too long, a folder that cannot be searched
-        st = None
-        if exc.errno != errno.ENOTDIR:
-            return _error(exc.errno, path)
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
             return _error(errno.EISDIR, path)
@@ -291,17 +263,13 @@ def _folder_problem(path: Path) -> OSError | None:
     """:func:`write_problem` of a folder."""
     missing: list[Path] = []  # the folders mkdir would make, deepest first
     at = path
-    while True:
-        try:
-            st = os.stat(at)
-            break
-        except FileNotFoundError:
-            if at == at.parent:
-                return None
-            missing.append(at)
-            at = at.parent
-        except OSError as exc:  # a file on the way (ENOTDIR), a name too long, a folder that cannot be searched
-            return _error(exc.errno, path)
+    while (st := _stat(at)) is None and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    if st is None:
+        return None
+    if isinstance(st, OSError):
+        return _error(st.errno, path)
     if not stat.S_ISDIR(st.st_mode):
         return _error(errno.EEXIST if not missing else errno.ENOTDIR, path)
     name_max = _limit(at, "PC_NAME_MAX", 255)
@@ -318,10 +286,9 @@ def _can_write(folder: Path) -> bool:
 
 
 def _denied(folder: Path, named: Path) -> OSError:
-    try:
+    readonly = False
+    with suppress(OSError, AttributeError):
         readonly = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):
-        readonly = False
     return _error(errno.EROFS if readonly else errno.EACCES, named)
 
 
@@ -330,14 +297,8 @@ def _error(code: int, path: Path) -> OSError:
 
 
 def check_writable(path: str | Path, folder: bool, append: bool = False, in_run: bool = False) -> None:
-    """Refuse a path that :func:`write_problem` says cannot be written, with the line writing it would give.
-
-    ``append`` as :func:`write_problem` takes it; ``in_run`` as :func:`os_error_message` does (a path inside a
-    run folder: the fix says what to remove or rename rather than ask for another path).
-
-    Raises:
-        MinigptError: ``cannot write PATH: <reason>; <fix>`` (:func:`os_error_message`).
-    """
+    """Refuse a path that :func:`write_problem` says cannot be written, with the line writing it would give:
+    MinigptError ``cannot write PATH: <reason>; <fix>`` (``in_run`` as :func:`os_error_message` takes it)."""
     problem = write_problem(path, folder, append)
     if problem is not None:
         raise MinigptError(os_error_message(problem, action="write", in_run=in_run))

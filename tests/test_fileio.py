@@ -274,3 +274,34 @@ def test_a_full_disk_under_a_run_file_names_the_file(tmp_path):
         logger.sample(10, "some text")
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "samples.txt")
     assert os_error_message(info.value).startswith(f"cannot write {tmp_path / 'samples.txt'}: No space left")
+
+
+def test_errors_as_turns_the_first_matching_type_into_its_error_and_passes_the_rest(tmp_path):
+    table = {FileNotFoundError: lambda exc: MinigptError("gone"), OSError: lambda exc: MinigptError("other"),
+             ValueError: lambda exc: None}
+    with pytest.raises(MinigptError, match="^gone$"):
+        with fileio.errors_as(table):
+            open(tmp_path / "missing")
+    with pytest.raises(MinigptError, match="^other$"):
+        with fileio.errors_as(table):
+            raise OSError(errno.EIO, "I/O error")
+    with pytest.raises(ValueError, match="left alone"):  # an entry that builds nothing lets the error pass
+        with fileio.errors_as(table):
+            raise ValueError("left alone")
+    with fileio.os_errors(tmp_path / "a", "read", in_run=True) as at:
+        pass
+    with pytest.raises(MinigptError) as info:
+        with at:
+            at.path = tmp_path / "b"  # the block names the file it has moved on to
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    assert str(info.value) == f"cannot read {tmp_path / 'b'}: Permission denied; check the permissions of the run " \
+                              "folder and of its files"
+
+
+def test_read_text_file_says_which_way_a_named_file_cannot_be_read(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfa\r\nb")
+    assert fileio.read_text_file(tmp_path / "bom.txt", "--text-file") == "a\nb"
+    for name, fragment in [("none.txt", "not found"), (".", "is a folder"), ("latin1.txt", "is not UTF-8 text")]:
+        with pytest.raises(MinigptError, match=f"^--text-file '.*' {fragment}"):
+            fileio.read_text_file(tmp_path / name, "--text-file")

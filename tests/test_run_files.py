@@ -236,3 +236,20 @@ def test_download_refuses_an_unreadable_corpus_instead_of_replacing_it(cli, tmp_
     with pytest.raises(MinigptError, match=rf"cannot read {corpus}: Permission denied"):
         download.download("tinyshakespeare", tmp_path / "data", url="http://127.0.0.1:9/none")
     assert corpus.read_text() == "the user's own text" and not list(corpus.parent.glob("*.bak*"))
+
+
+def test_evaluate_refuses_conflicting_or_out_of_range_arguments_in_one_line(data_dir, tmp_path, monkeypatch):
+    from minigpt_cli.eval import evaluate as ev
+
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=2"), run_name="a", echo=lambda m: None, progress=False)
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "some.txt").write_text("some text")
+    for kwargs, fragment in [({"split": "val", "text_file": "some.txt"}, "not both"),
+                             ({"stride": 2}, "add --full"), ({"split": "test"}, "use train or val"),
+                             ({"full": True, "stride": 10_000}, "must be between 1 and the run's block_size"),
+                             ({"full": True, "stride": 0}, "must be between 1"),
+                             ({"text_file": "empty.txt"}, "empty.txt holds 0 token")]:
+        with pytest.raises(MinigptError, match=fragment) as info:
+            ev.evaluate("runs/a", **kwargs)
+        assert "\n" not in str(info.value)

@@ -54,11 +54,8 @@ def text_size(tok, ids: np.ndarray) -> tuple[int, int]:
 
 def split_tokens(cfg, tok, split: str, run_dir: Path, echo: Callable[[str], None] = lambda m: None,
                  progress: Optional[bool] = False) -> np.ndarray:
-    """The token ids of ``split`` of the run's corpus under its tokenizer (prepared again if gone).
-
-    Raises:
-        MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it.
-    """
+    """The token ids of ``split`` of the run's corpus under its tokenizer (prepared again if gone). Raises
+    MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it."""
     corpus, root = configured_corpus(cfg, echo, progress)
     check_run_corpus(cfg, corpus, run_dir)
     return getattr(prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=progress), split)
@@ -117,35 +114,31 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
              echo: Callable[[str], None] = lambda message: None) -> dict:
     """Score a run's checkpoint (``run``: default the newest) on ``split`` (val or train) or ``text_file``.
 
-    ``stride``: tokens each full-scoring window advances (default ``block_size // 2``). Returns ``loss`` (nats
-    per token), ``perplexity`` (inf past a float's range), ``bits_per_byte``, ``bits_per_char``, ``tokens``
-    scored, ``bytes`` and ``chars``, ``step``, ``checkpoint``, ``mode`` (eval or full), ``source``,
-    ``stride``, ``logged_loss`` (the run's own loss of the same measurement, else None), ``block_size``, ``run``.
-
-    Raises:
-        MinigptError: no run or checkpoint, both a split and a file, an unreadable or unencodable file, a
-            stride out of range, a corpus gone or changed since training, too few tokens.
+    ``stride``: tokens each full-scoring window advances (default ``block_size // 2``). Returns
+    ``loss`` (nats per token), ``perplexity`` (inf past a float's range), ``bits_per_byte``,
+    ``bits_per_char``, ``tokens``, ``bytes``, ``chars``, ``step``, ``checkpoint``, ``mode``, ``source``, ``stride``,
+    ``logged_loss`` (the run's own loss of the same measurement, else None), ``block_size``, ``run``.
+    Raises MinigptError: no run or checkpoint, arguments that conflict or are out of range, an unreadable or
+    unencodable file, a corpus gone or changed since training, too few tokens.
     """
-    if split is not None and text_file is not None:
-        raise MinigptError(_MESSAGES["both"])
-    if stride is not None and not full and text_file is None:
-        raise MinigptError(_MESSAGES["stride_alone"])
-    split = split or "val"
-    if split not in ("train", "val"):
-        raise MinigptError(_MESSAGES["split"].format(split=split))
     dev = resolve_device(device)
     loaded = load_run(run, checkpoint, dev)
     model, cfg, tok, run_dir, ckpt = loaded.model, loaded.config, loaded.tokenizer, loaded.run_dir, loaded.checkpoint
     meta = runs.read_meta(ckpt)
     T = cfg.model.block_size
+    # The arguments, checked once the run's block_size is known and before any corpus is read.
+    problem = next((key for key, bad in (("both", split is not None and text_file is not None),
+                                         ("stride_alone", stride is not None and not full and text_file is None),
+                                         ("split", (split or "val") not in ("train", "val")),
+                                         ("stride", stride is not None and not 1 <= stride <= T)) if bad), None)
+    if problem is not None:
+        raise MinigptError(_MESSAGES[problem].format(split=split, stride=stride, block_size=T))
+    split = split or "val"
     stride = (T // 2 or 1) if stride is None else stride
-    if not 1 <= stride <= T:
-        raise MinigptError(_MESSAGES["stride"].format(stride=stride, block_size=T))
     if text_file is not None:
         text = read_text_file(text_file, "--text-file")  # as generate reads --prompt-file; bytes: of the text as read
-        if not text:
-            raise MinigptError(_MESSAGES["empty"].format(what=str(text_file), n=0))
-        tokens = np.asarray(encode_prompt(tok, text, f"{text_file}"), dtype=np.int64)
+        # An empty file holds no token: refused below, as a split too short is.
+        tokens = np.asarray(encode_prompt(tok, text, f"{text_file}") if text else [], dtype=np.int64)
         n_bytes, n_chars, source, full = len(text.encode("utf-8")), len(text), str(text_file), True
     else:
         tokens = split_tokens(run_corpus_config(cfg, run_dir), tok, split, run_dir, echo, progress)

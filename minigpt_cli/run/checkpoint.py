@@ -1,10 +1,7 @@
 """Save and load checkpoints atomically, each file's sha256 in meta.json, and when a run saves (:class:`Checkpointer`).
 
-A checkpoint folder holds ``model.safetensors`` (a tied head stored once, as ``wte.weight``),
-``trainer_state.pt`` (plain tensors and numbers, read with ``weights_only=True``), ``config.yaml`` (the resolved
-config: the model is rebuilt from the folder alone) and ``meta.json`` (step, losses and the files' sha256,
-readable without torch). It is written into a temporary sibling, fsynced and renamed into place, so a kill at
-any moment leaves the previous checkpoint loadable (:func:`~.folder.resolve`).
+A checkpoint is written into a temporary sibling, fsynced and renamed into place, so a kill at any moment
+leaves the previous one loadable (:func:`~.folder.resolve`); the README describes its files.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from ..config.schema import Config, ConfigError, load_config
 from ..errors import MinigptError
-from ..fileio import chmod_quietly, dir_mode, new_file_mode, os_error_message
+from ..fileio import chmod_quietly, dir_mode, errors_as, new_file_mode, os_error, os_errors
 from ..model.gpt import GPT, sinusoidal_table
 from ..runtime.distributed import load_model_state
 from .folder import BEST, CONFIG, LAST, META, STATE, WEIGHTS, checkpoint_dir, kept_name, old_copy, read_meta, resolve
@@ -84,11 +81,8 @@ def _unprefixed(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def model_state(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model's tensors for safetensors: no wrapper prefix, tied head stored once.
-
-    ``model`` may also be its full state dict already gathered (FSDP,
-    :func:`~minigpt_cli.runtime.distributed.gather_state`, which leaves a tied head out).
-    """
+    """The model's tensors for safetensors: no wrapper prefix, tied head stored once. ``model`` may also be
+    its full state dict already gathered (FSDP's :func:`~minigpt_cli.runtime.distributed.gather_state`)."""
     if isinstance(model, Mapping):
         return {k: v.detach().contiguous().cpu() for k, v in _unprefixed(model).items()}
     model = getattr(model, "_orig_mod", model)
@@ -112,19 +106,14 @@ _unchecked_said: set[Path] = set()
 
 
 def verify(directory: Path, name: str, what: str, fix: str) -> Path:
-    """``directory/name`` once its sha256 matches the one ``meta.json`` recorded (else the error ``what``; ``fix``).
-    A checkpoint of a version before the checksums loads unverified, with a note on stderr (once).
-
-    Raises:
-        MinigptError: the file is unreadable (the OS's reason), or does not match (damaged).
-    """
+    """``directory/name`` once its sha256 matches the one ``meta.json`` recorded (else the error ``what``; ``fix``);
+    one from before the checksums loads unverified, with a note on stderr. Raises MinigptError: unreadable, damaged."""
     path = directory / name
     recorded = (read_meta(directory).get("sha256") or {}).get(name)
-    try:
-        if recorded is not None and sha256(path) != recorded:
-            raise MinigptError(_MESSAGES["checksum"].format(what=what, fix=fix), path=path)
-    except OSError as exc:
-        raise MinigptError(os_error_message(exc, path, "read", in_run=True)) from None
+    with os_errors(path, "read", in_run=True):
+        intact = recorded is None or sha256(path) == recorded
+    if not intact:
+        raise MinigptError(_MESSAGES["checksum"].format(what=what, fix=fix), path=path)
     if recorded is None and directory not in _unchecked_said:
         _unchecked_said.add(directory)
         print(_MESSAGES["unchecked"].format(path=directory), file=sys.stderr)
@@ -133,58 +122,60 @@ def verify(directory: Path, name: str, what: str, fix: str) -> Path:
 
 def save(directory: Path, model: torch.nn.Module, config: Config,
          trainer_state: Optional[dict[str, Any]] = None, meta: Optional[dict[str, Any]] = None) -> Path:
-    """Write the checkpoint folder ``directory`` (``runs/x/checkpoints/last``) atomically, with the sha256 of
-    each file in its meta.json. ``model``: the GPT (compiled or DDP-wrapped: unwrapped) or its full state dict
-    (FSDP's, gathered); ``trainer_state``: ``weights_only``-loadable values; ``meta``: JSON-able facts.
-
-    Raises:
-        MinigptError: the folder cannot be written (disk full, read-only); the previous checkpoint is kept
-            and no temporary folder is left.
-    """
+    """Write the checkpoint folder ``directory`` atomically, each file's sha256 in its meta.json. ``model``: the
+    GPT (compiled or DDP-wrapped) or its full state dict (FSDP's, gathered). Raises MinigptError when it cannot
+    be written (disk full, read-only); the previous checkpoint is kept and no temporary folder is left."""
     directory = Path(directory)
     _save_counts[directory.name] = _save_counts.get(directory.name, 0) + 1
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
     chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700; a checkpoint is as readable as any file
     try:
-        save_file(model_state(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
-        chmod_quietly(tmp / WEIGHTS, new_file_mode())  # safetensors creates it 0600
-        _maybe_die(directory.name, "weights")
-        if trainer_state is not None:
-            torch.save(trainer_state, tmp / STATE)
-        (tmp / CONFIG).write_text(config.to_yaml(), encoding="utf-8")
-        sums = {f.name: sha256(f) for f in sorted(tmp.iterdir())}
-        (tmp / META).write_text(json.dumps({**(meta or {}), "sha256": sums}, indent=1), encoding="utf-8")
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(tmp)
-        old = old_copy(directory)
-        if directory.exists():
-            # The current checkpoint becomes the old one; a previous .old is stale then.
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(directory, old)
-        # Else a kill inside an earlier swap left .old as the only complete copy: it
-        # stays until the new folder is in place.
-        _maybe_die(directory.name, "swap")
-        os.replace(tmp, directory)
-        _fsync_dir(directory.parent)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException as exc:
+        with errors_as({OSError: os_error(directory, "write"),
+                        (SafetensorError, RuntimeError): lambda exc: _failed_write(exc, directory)}):
+            _write_folder(tmp, directory, model, config, trainer_state, meta)
+    finally:  # a failure or an interrupt: no temporary folder stays (after the swap, the name is gone already)
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise MinigptError(os_error_message(exc, directory, "write")) from None
-        # safetensors and torch.save report a failed write (disk full) as their own errors, in C++ words
-        # ("[enforce fail at inline_container.cc:672]"): said as the OS would say it.
-        text = str(exc).lower()
-        if not isinstance(exc, SafetensorError) and not (
-                isinstance(exc, RuntimeError) and (any(w in text for w in _WRITE_FAILURES) or _disk_low(directory))):
-            raise
-        full = _disk_low(directory) or any(w in text for w in ("no space", "storagefull", "os error 28"))
-        reason = os.strerror(errno.ENOSPC) if full else "the write failed"
-        raise MinigptError(_MESSAGES["write"].format(path=directory, reason=reason)) from None
     return directory
+
+
+def _write_folder(tmp: Path, directory: Path, model, config: Config, trainer_state, meta) -> None:
+    """:func:`save`'s files into ``tmp``, fsynced, then ``tmp`` swapped in as ``directory``."""
+    save_file(model_state(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+    chmod_quietly(tmp / WEIGHTS, new_file_mode())  # safetensors creates it 0600
+    _maybe_die(directory.name, "weights")
+    if trainer_state is not None:
+        torch.save(trainer_state, tmp / STATE)
+    (tmp / CONFIG).write_text(config.to_yaml(), encoding="utf-8")
+    sums = {f.name: sha256(f) for f in sorted(tmp.iterdir())}
+    (tmp / META).write_text(json.dumps({**(meta or {}), "sha256": sums}, indent=1), encoding="utf-8")
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    old = old_copy(directory)
+    if directory.exists():
+        # The current checkpoint becomes the old one; a previous .old is stale then.
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(directory, old)
+    # Else a kill inside an earlier swap left .old as the only complete copy: it
+    # stays until the new folder is in place.
+    _maybe_die(directory.name, "swap")
+    os.replace(tmp, directory)
+    _fsync_dir(directory.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _failed_write(exc: BaseException, directory: Path) -> Optional[MinigptError]:
+    """A failed write (disk full) that safetensors or torch.save reports as its own error, in C++ words
+    ("[enforce fail at inline_container.cc:672]"), said as the OS would say it; None for anything else (a bug)."""
+    text = str(exc).lower()
+    if not isinstance(exc, SafetensorError) and not (any(w in text for w in _WRITE_FAILURES) or _disk_low(directory)):
+        return None
+    full = _disk_low(directory) or any(w in text for w in ("no space", "storagefull", "os error 28"))
+    reason = os.strerror(errno.ENOSPC) if full else "the write failed"
+    return MinigptError(_MESSAGES["write"].format(path=directory, reason=reason))
 
 
 #: Words of torch.save's and safetensors' messages for a write that failed (a full disk shows as
@@ -213,29 +204,20 @@ def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:
 def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
     """The verified (:func:`verify`) tensors of a checkpoint's safetensors file, without wrapper prefixes."""
     verify(weights.parent, weights.name, f"checkpoint weights {str(weights)!r} are corrupt or truncated", fix)
-    try:
-        sd = load_file(str(weights), device="cpu")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise MinigptError(_MESSAGES["weights"].format(path=str(weights), why=str(exc).splitlines()[0],
-                                                       fix=fix)) from None
-    return _unprefixed(sd)
+    with errors_as({(SafetensorError, OSError, ValueError, RuntimeError): lambda exc: MinigptError(
+            _MESSAGES["weights"].format(path=str(weights), why=str(exc).splitlines()[0], fix=fix))}):
+        return _unprefixed(load_file(str(weights), device="cpu"))
 
 
 def saved_config(directory: Path) -> Config:
-    """The verified config.yaml of a checkpoint folder (resolved as :func:`resolve` does).
-
-    Raises:
-        MinigptError: missing, damaged or not matching its sha256; the message says the checkpoint's copy is
-            the problem.
-    """
+    """The verified config.yaml of a checkpoint folder (resolved as :func:`resolve` does). Raises MinigptError:
+    missing, damaged or not matching its sha256 (the message says the checkpoint's copy is the problem)."""
     directory = resolve(directory)
     path = directory / CONFIG
     fix = f"restore {path} from the run's own config.yaml, which has the same content"
     verify(directory, CONFIG, "the checkpoint's config is damaged", fix)
-    try:
+    with errors_as({ConfigError: lambda exc: MinigptError(f"the checkpoint's config is damaged ({exc})", fix)}):
         return load_config(path)
-    except ConfigError as exc:
-        raise MinigptError(f"the checkpoint's config is damaged ({exc})", fix) from None
 
 
 @contextmanager
@@ -257,15 +239,14 @@ def _check_keys(sd: dict[str, torch.Tensor], model: GPT, weights: Path, what: st
     """Refuse weights whose names are not the model's, or that do not fit its shapes."""
     if model.config.tie_weights:
         sd.pop("lm_head.weight", None)
-    expected, got = set(model_state_keys(model)), set(sd)
-    if expected != got:
-        missing, extra = sorted(expected - got)[:3], sorted(got - expected)[:3]
-        raise MinigptError(_MESSAGES["mismatch"].format(path=str(weights), what=what, missing=missing, extra=extra))
+    expected, got = set(model.state_dict()) - ({"lm_head.weight"} if model.config.tie_weights else set()), set(sd)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    wrong = next((k for k, v in sd.items() if tuple(v.shape) != shapes[k]), None)
-    if wrong is not None:
-        raise MinigptError(_MESSAGES["fit"].format(path=str(weights), what=what, why=f"{wrong}: shape "
-                                                   f"{tuple(sd[wrong].shape)}, the model's {shapes[wrong]}"))
+    wrong = next((k for k, v in sd.items() if tuple(v.shape) != shapes.get(k, tuple(v.shape))), None)
+    if expected != got or wrong is not None:
+        why = wrong and f"{wrong}: shape {tuple(sd[wrong].shape)}, the model's {shapes[wrong]}"
+        missing, extra = sorted(expected - got)[:3], sorted(got - expected)[:3]
+        raise MinigptError(_MESSAGES["mismatch" if expected != got else "fit"].format(
+            path=str(weights), what=what, missing=missing, extra=extra, why=why))
 
 
 def _other_hint(directory: Path) -> str:
@@ -276,12 +257,8 @@ def _other_hint(directory: Path) -> str:
 
 
 def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
-    """Rebuild the model from a checkpoint folder alone (config.yaml + safetensors), each file verified.
-
-    Raises:
-        MinigptError: missing, truncated, corrupt or altered files, or weights that do not fit the config;
-            the message names the file.
-    """
+    """Rebuild the model (eval mode) from a checkpoint folder alone, each file verified. Raises MinigptError,
+    naming the file: missing, truncated, corrupt or altered files, or weights that do not fit the config."""
     directory = resolve(directory)
     config = saved_config(directory)
     weights = directory / WEIGHTS
@@ -308,47 +285,32 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
 
 
 def load_weights_into(model: GPT, directory: Path) -> None:
-    """Load a checkpoint's verified weights into an existing model (for resuming), sharded by FSDP or not.
-
-    Raises:
-        MinigptError: a corrupt, truncated or altered file, or weights of another shape.
-    """
+    """Load a checkpoint's verified weights into an existing model (resuming), FSDP-sharded or not.
+    Raises MinigptError: a corrupt, truncated or altered file, or weights of another shape."""
     weights = resolve(directory) / WEIGHTS
     sd = _read_weights(weights, "start a new run or restore the file")
     _check_keys(sd, model, weights, "the model of the run's config")
     load_model_state(model, sd)
 
 
-def model_state_keys(model: GPT) -> list[str]:
-    return [k for k in model.state_dict() if not (model.config.tie_weights and k == "lm_head.weight")]
-
-
 def load_trainer_state(directory: Path) -> dict[str, Any]:
-    """Read the verified ``trainer_state.pt`` with ``weights_only=True`` (no code runs on load).
-
-    Raises:
-        MinigptError: missing, truncated, altered or unsafe file; the message names it.
-    """
+    """The verified ``trainer_state.pt``, read with ``weights_only=True`` (no code runs on load).
+    Raises MinigptError, naming it: a missing, truncated, altered or unsafe file."""
     directory = resolve(directory)
     path = directory / STATE
-    if not path.is_file():
-        raise MinigptError(_MESSAGES["no_state"].format(path=str(path)))
     verify(directory, STATE, f"trainer state {str(path)!r} is corrupt", "use another checkpoint or start a new run")
-    try:
+    # Unpickling errors come in many types.
+    with errors_as({FileNotFoundError: lambda exc: MinigptError(_MESSAGES["no_state"].format(path=str(path))),
+                    Exception: lambda exc: MinigptError(_MESSAGES["state"].format(path=str(path),
+                                                                                  why=type(exc).__name__))}):
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # unpickling errors come in many types
-        raise MinigptError(_MESSAGES["state"].format(path=str(path), why=type(exc).__name__)) from None
 
 
 @dataclass
 class Checkpointer:
-    """When a run saves, and where: after every eval ``best`` (when the val loss is the lowest yet) then
-    ``last``; every ``train.keep_every`` steps ``step-NNNNNNN``; on a stop request ``last``.
-
-    ``snapshot()`` gives ``(model, trainer_state, meta)`` as of the call. Only the process that writes
-    (``enabled``: rank 0) saves, but with ``collective`` (FSDP: gathering the shards is a collective) every
-    process takes the snapshot.
-    """
+    """When a run saves, and where (after each eval ``best`` if improved, then ``last``; ``step-NNNNNNN``
+    every ``train.keep_every`` steps; ``last`` on a stop). ``snapshot()`` gives ``(model, trainer_state,
+    meta)``; rank 0 (``enabled``) writes, and with ``collective`` (FSDP's gather) every rank snapshots."""
 
     run_dir: Path
     config: Config
@@ -386,7 +348,6 @@ class Checkpointer:
 
     def last_step(self) -> Optional[int]:
         """The step of the ``last`` checkpoint on disk; None when there is none (or it is unreadable)."""
-        try:
+        with suppress(MinigptError):
             return read_meta(self.last).get("step")
-        except MinigptError:
-            return None
+        return None

@@ -2,14 +2,13 @@
 
     runs/<name>/  config.yaml tokenizer.json env.json .lock (the lock, and the mark of a folder minigpt made)
       checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml meta.json
-
-While :mod:`.checkpoint` swaps a checkpoint folder, the previous copy is ``checkpoints/.<which>.old``,
-which :func:`resolve` falls back to.
+      checkpoints/.<which>.old/  the previous copy while :mod:`.checkpoint` swaps one in (:func:`resolve`)
 """
 
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import platform
@@ -19,7 +18,7 @@ import stat
 import subprocess
 import sys
 import time
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -32,7 +31,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 from ..errors import MinigptError
-from ..fileio import atomic_write_text, os_error_message
+from ..fileio import atomic_write_text, errors_as, os_error, os_errors, schema_problem
 
 if TYPE_CHECKING:  # torch is imported where env.json is written, so the CLI can read these names without it
     import torch
@@ -71,7 +70,6 @@ _MESSAGES = {
     "in_use": ("{path} is in use by another minigpt train (pid {pid})", "{fix}"),
     "lock_kind": ("{path} is not a regular file (a link, folder or device where minigpt keeps its lock)",
                   "remove it and try again"),
-    "taken_all": ("999 run folders named {path}* already exist", "pass --run-name"),
 }
 
 
@@ -80,6 +78,11 @@ def fail(key: str, **fields: Any) -> MinigptError:
     what, fix = _MESSAGES[key]
     fields.update(BEST=BEST, LAST=LAST)
     return MinigptError(what.format(**fields), fix and fix.format(**fields), path=fields.get("path"))
+
+
+def _first(*checks: tuple[bool, str, dict[str, Any]]) -> Optional[MinigptError]:
+    """The error of the first ``(condition, key, fields)`` whose condition holds (:func:`fail`); None if none."""
+    return next((fail(key, **fields) for bad, key, fields in checks if bad), None)
 
 
 def check_name(name: str, what: str) -> str:
@@ -95,16 +98,14 @@ def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
 
 
 def keep_edited_config(run_dir: Path, new_text: str) -> Optional[Path]:
-    """Before a resume rewrites ``<run_dir>/config.yaml`` with ``new_text``: when the file holds an edit (it
-    is neither the last checkpoint's config nor ``new_text``), copy it to ``config.yaml.edited`` (or
-    ``.edited-N``) and return that path; else None."""
+    """Before a resume rewrites ``<run_dir>/config.yaml`` with ``new_text``: an edit of it (neither the last
+    checkpoint's config nor ``new_text``) copied to ``config.yaml.edited[-N]``, and that path; else None."""
     path = Path(run_dir) / CONFIG
-    try:
+    text = saved = None
+    with suppress(OSError, UnicodeDecodeError):  # either unreadable: nothing to compare, nothing kept
         text = path.read_text(encoding="utf-8")
         saved = (checkpoint_dir(run_dir, LAST) / CONFIG).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    if text in (saved, new_text):
+    if saved is None or text in (saved, new_text):
         return None
     keep = path.with_name(CONFIG + ".edited")
     n = 1
@@ -132,10 +133,7 @@ def has_weights(directory: str | Path) -> bool:
 
 def resolve(directory: str | Path) -> Path:
     """The checkpoint folder to load: ``directory``, or its ``.old`` copy if a swap was cut short.
-
-    Raises:
-        MinigptError: neither holds a weights file.
-    """
+    Raises MinigptError when neither holds a weights file."""
     directory = Path(directory)
     for candidate in (directory, old_copy(directory)):
         if (candidate / WEIGHTS).is_file():
@@ -160,43 +158,30 @@ class Meta(BaseModel):
 
 def read_meta(ckpt: str | Path) -> dict[str, Any]:
     """A checkpoint folder's ``meta.json`` (resolved as :func:`resolve` does), checked by :class:`Meta`.
-
-    Raises:
-        MinigptError: no checkpoint there; meta.json unreadable (naming the OS's reason) or damaged
-            (not JSON, or a field of the wrong type, naming the field).
-    """
+    Raises MinigptError: no checkpoint there; meta.json unreadable, or damaged (naming the field)."""
     path = resolve(ckpt) / META
     other = {BEST: LAST, LAST: BEST}.get(Path(ckpt).name, "another checkpoint")
-    try:
+    with errors_as({PermissionError: os_error(path, "read", in_run=True),  # unreadable, not damaged
+                    OSError: lambda exc: fail("meta", path=path, why=exc.strerror, other=other),
+                    ValidationError: lambda exc: fail("meta", path=path, why=schema_problem(exc), other=other)}):
         return Meta.model_validate_json(path.read_bytes()).model_dump(exclude_unset=True)
-    except PermissionError as exc:  # unreadable, not damaged
-        raise MinigptError(os_error_message(exc, path, "read", in_run=True)) from None
-    except OSError as exc:
-        raise fail("meta", path=path, why=exc.strerror, other=other) from None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(map(str, err["loc"]))
-        raise fail("meta", path=path, why=f"{where}: {err['msg']}" if where else err["msg"], other=other) from None
 
 
-def open_checkpoint(run: Optional[str | Path], which: str) -> tuple[Path, Path]:
-    """The run folder (``run``, or the newest under ``runs/``) and its checkpoint folder ``which``, for
-    generate, evaluate, export and inspect: ``best`` falls back to ``last`` when the run has no best yet.
-
-    Raises:
-        MinigptError: ``which`` is not best or last, no such folder, or no checkpoint in it.
-    """
-    if which not in (BEST, LAST):
-        raise fail("which", which=which)
-    run_dir = Path(run) if run is not None else latest_run()
-    if not run_dir.is_dir():
-        raise fail("no_run", path=str(run_dir))
-    ckpt = checkpoint_dir(run_dir, which)
-    if which == BEST and not has_weights(ckpt):
-        ckpt = checkpoint_dir(run_dir, LAST)
-    if not has_weights(ckpt):
-        tried = f"neither {BEST} nor {LAST} holds" if which == BEST else f"{LAST} holds no"
-        raise fail("no_checkpoint", path=str(run_dir / CHECKPOINTS), why=f"{tried} {WEIGHTS}")
+def open_checkpoint(run: Optional[str | Path], which: str, runs_dir: str | Path = "runs") -> tuple[Path, Path]:
+    """The run folder (``run``, or the newest under ``runs_dir``) and its checkpoint folder ``which``
+    (``best`` falls back to ``last`` before the first eval). Raises MinigptError: ``which`` is not best or
+    last, no run there, no such folder, or no checkpoint in it."""
+    newest = newest_run(runs_dir) if run is None else None
+    run_dir = Path(run) if run is not None else newest or Path(runs_dir)
+    ckpt = checkpoint_dir(run_dir, which if has_weights(checkpoint_dir(run_dir, which)) else LAST)
+    tried = f"neither {BEST} nor {LAST} holds" if which == BEST else f"{LAST} holds no"
+    problem = _first((which not in (BEST, LAST), "which", {"which": which}),
+                     (run is None and newest is None, "no_runs", {"path": str(runs_dir)}),
+                     (not run_dir.is_dir(), "no_run", {"path": str(run_dir)}),
+                     (not has_weights(ckpt), "no_checkpoint", {"path": str(run_dir / CHECKPOINTS),
+                                                               "why": f"{tried} {WEIGHTS}"}))
+    if problem is not None:
+        raise problem
     return run_dir, ckpt
 
 
@@ -206,56 +191,42 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 
 def made_here(run_dir: Path) -> bool:
-    """Whether ``run_dir`` is a run folder minigpt made: it holds the lock file every run takes, or a checkpoint
-    (a run of a version before the lock)."""
+    """Whether minigpt made ``run_dir``: it holds the lock every run takes, or a checkpoint (older versions)."""
     return (Path(run_dir) / LOCK).is_file() or has_checkpoint(run_dir)
 
 
 def newest_run(root: str | Path, name: Optional[str] = None) -> Optional[Path]:
-    """The run under ``root`` whose ``last`` checkpoint (or its ``.old`` copy) was written most recently;
-    with ``name``, only runs whose checkpoint's ``meta.json`` carries that config name. None when none."""
+    """The run under ``root`` whose ``last`` checkpoint was written most recently (of config ``name``); or None."""
     found = []
     for run in Path(root).iterdir() if Path(root).is_dir() else ():
-        try:
-            ckpt = resolve(checkpoint_dir(run, LAST))
-            if name is not None and read_meta(ckpt).get("name") != name:
-                continue
-        except MinigptError:
+        if not has_weights(checkpoint_dir(run, LAST)):
             continue
-        found.append(((ckpt / WEIGHTS).stat().st_mtime, run))
+        ckpt = resolve(checkpoint_dir(run, LAST))
+        with suppress(MinigptError):  # a damaged meta.json: not a run of that name
+            if name is None or read_meta(ckpt).get("name") == name:
+                found.append(((ckpt / WEIGHTS).stat().st_mtime, run))
     return max(found)[1] if found else None
 
 
 def latest_run(runs_dir: str | Path = "runs") -> Path:
-    """The most recently written run under ``runs_dir`` that has a checkpoint (:func:`newest_run`).
-
-    Raises:
-        MinigptError: no run with a checkpoint exists there.
-    """
-    run = newest_run(runs_dir)
-    if run is None:
-        raise fail("no_runs", path=str(runs_dir))
-    return run
+    """The most recently written run under ``runs_dir`` (:func:`newest_run`); MinigptError when there is none."""
+    return open_checkpoint(None, LAST, runs_dir)[0]
 
 
 def find_resume_dir(out_dir: str | Path, name: str, resume: str) -> Optional[Path]:
-    """The run folder ``--resume`` names: ``auto`` (the newest run of config name ``name``) or a path.
-
-    Returns None for ``auto`` when no run of that name has a checkpoint yet.
-
-    Raises:
-        MinigptError: a given path has no resumable checkpoint (offering ``best`` when only it is left).
-    """
+    """The run folder ``--resume`` names: ``auto`` (the newest run of config ``name``, or None) or a path.
+    Raises MinigptError when a given path has no resumable checkpoint (offering ``best`` when only it is left)."""
     if resume == "auto":
         return newest_run(out_dir, name)
     run_dir = Path(resume)
-    if not run_dir.is_dir():
-        raise fail("resume", path=resume)
     last, best = checkpoint_dir(run_dir, LAST), checkpoint_dir(run_dir, BEST)
-    if not has_weights(last) and has_weights(best):
-        raise fail("only_best", path=str(run_dir / CHECKPOINTS), step=read_meta(best).get("step"), best=best,
-                   last=last, run=run_dir)
-    resolve(last)  # raises a clear error when there is none
+    only_best = run_dir.is_dir() and not has_weights(last) and has_weights(best)
+    problem = _first((not run_dir.is_dir(), "resume", {"path": resume}),
+                     (only_best, "only_best", {"path": str(run_dir / CHECKPOINTS), "best": best, "last": last,
+                                               "run": run_dir, "step": only_best and read_meta(best).get("step")}))
+    if problem is not None:
+        raise problem
+    resolve(last)  # a clear error when there is none
     return run_dir
 
 
@@ -263,11 +234,8 @@ def find_resume_dir(out_dir: str | Path, name: str, resume: str) -> Optional[Pat
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``runs/<name>/.lock``, held while one process trains in the folder.
-
-    The kernel drops it when the process ends (SIGKILL included), so a crashed run never leaves its folder
-    locked. The file holds the owner's pid, for the message, and stays: it marks the folder as minigpt's.
-    """
+    """An exclusive ``flock`` on ``runs/<name>/.lock`` while one process trains there. The kernel drops it
+    when the process ends (SIGKILL included); the file holds the owner's pid and stays: it marks the folder."""
 
     FILE = LOCK
 
@@ -277,41 +245,33 @@ class RunLock:
         self._fd: Optional[int] = None
 
     def acquire(self, fix: str) -> "RunLock":
-        """Take the lock without waiting; ``fix``: what to do when another process holds it.
-
-        Raises:
-            MinigptError: another process holds it (naming its pid), or the lock file cannot be written.
-        """
+        """Take the lock without waiting; ``fix``: what to do when another process holds it. Raises
+        MinigptError: another process holds it (naming its pid), or the lock file cannot be made or written."""
         if fcntl is None:
             return self
-        try:
-            # O_NOFOLLOW: a link planted as .lock must not make us truncate its target;
-            # O_NONBLOCK: a FIFO there must not hang the open.
+        kind = fail("lock_kind", path=self.path)
+        # O_NOFOLLOW: a link planted as .lock must not make us truncate its target (ELOOP); O_NONBLOCK: a FIFO
+        # there must not hang the open. A folder is EISDIR, a device without a reader ENXIO.
+        with errors_as({OSError: lambda exc: kind if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) else
+                        os_error(self.path, "create", in_run=True)(exc)}):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise fail("lock_kind", path=self.path) from None
-            raise MinigptError(os_error_message(exc, self.path, "create", in_run=True)) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise fail("lock_kind", path=self.path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            try:
-                pid = self.path.read_text(encoding="utf-8").strip() or "unknown"
-            except OSError:
-                pid = "unknown"
-            raise fail("in_use", path=self.run_dir, pid=pid, fix=fix) from None
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        except OSError as exc:  # a full disk: the pid is only for the message, but say which file failed
-            os.close(fd)
-            raise MinigptError(os_error_message(exc, self.path, "write", in_run=True)) from None
+        with ExitStack() as on_failure:
+            on_failure.callback(os.close, fd)
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+            if not (regular and _flock(fd)):
+                raise kind if not regular else fail("in_use", path=self.run_dir, pid=self._owner(), fix=fix)
+            with os_errors(self.path, "write", in_run=True):  # the pid is only for the message; say which file
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+            on_failure.pop_all()
         self._fd = fd
         return self
+
+    def _owner(self) -> str:
+        """The pid the lock file names, for the message."""
+        with suppress(OSError, UnicodeDecodeError):
+            return self.path.read_text(encoding="utf-8").strip() or "unknown"
+        return "unknown"
 
     def release(self) -> None:
         """Drop the lock (closing the file drops it); a second call does nothing."""
@@ -320,17 +280,20 @@ class RunLock:
             self._fd = None
 
 
-def clear_unsaved(run_dir: Path) -> None:
-    """Empty a run folder minigpt made (:func:`made_here`) that never got a checkpoint; through a link, the
-    folder it points to. Entries are removed, never followed.
+def _flock(fd: int) -> bool:
+    """Whether an exclusive lock on ``fd`` was taken without waiting (False: another process holds it)."""
+    with suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    return False
 
-    Raises:
-        MinigptError: the folder is not minigpt's, or holds a checkpoint.
-    """
+
+def clear_unsaved(run_dir: Path) -> None:
+    """Empty a run folder minigpt made (:func:`made_here`) that never got a checkpoint (entries are removed,
+    never followed). Raises MinigptError when the folder holds files that are not minigpt's."""
+    assert not has_checkpoint(run_dir), run_dir  # both callers keep a run that has one
     if _occupied(run_dir) and not made_here(run_dir):
         raise fail("users", path=str(run_dir))
-    if has_checkpoint(run_dir):
-        raise fail("resumable", path=str(run_dir))
     for entry in Path(run_dir).iterdir():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -362,59 +325,51 @@ def _occupied(run_dir: Path) -> bool:
     return any(p.name != LOCK for p in run_dir.iterdir())
 
 
-def _taken(run_dir: Path) -> MinigptError:
-    """Why ``run_dir``, which holds something, cannot be a new run's folder."""
-    if has_checkpoint(run_dir):
-        return fail("resumable", path=str(run_dir))
-    return fail("unsaved" if made_here(run_dir) else "users", path=str(run_dir))
+def _taken(run_dir: Path) -> str:
+    """Why ``run_dir``, which holds something, cannot be a new run's folder: the key of its message."""
+    return "resumable" if has_checkpoint(run_dir) else "unsaved" if made_here(run_dir) else "users"
+
+
+def _make(run_dir: Path) -> bool:
+    """Make the folder ``run_dir``; False when something is there already."""
+    with suppress(FileExistsError):
+        run_dir.mkdir()
+        return True
+    return False
 
 
 def check_run_name(out_dir: str | Path, run_name: str) -> Path:
     """The folder ``--run-name`` names, refused as :func:`new_run_dir` would refuse it, without making it.
-
-    Raises:
-        MinigptError: not a plain folder name, or a path that holds something already.
-    """
+    Raises MinigptError: not a plain folder name, or a path that holds something already."""
     run_dir = Path(out_dir) / check_name(run_name, "--run-name")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise fail("not_folder", path=str(run_dir))
-    if run_dir.is_dir() and _occupied(run_dir):
-        raise _taken(run_dir)
+    key = "not_folder" if run_dir.exists() and not run_dir.is_dir() else \
+        _taken(run_dir) if run_dir.is_dir() and _occupied(run_dir) else None
+    if key is not None:
+        raise fail(key, path=str(run_dir))
     return run_dir
 
 
 def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunFolder:
-    """Create and lock ``<out_dir>/<run_name>``, or ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ...
-    when two runs start in the same second). A ``--run-name`` folder may exist only if empty. The caller
-    releases the lock.
-
-    Raises:
-        MinigptError: a bad --run-name, a folder that already holds something, or one in use.
-    """
+    """Create and lock ``<out_dir>/<run_name>`` (which may exist only if empty), or
+    ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>[-N]``; the caller releases the lock. Raises MinigptError: a bad
+    --run-name, a folder that already holds something, or one in use."""
     root = Path(out_dir)
     if run_name is not None:  # refused before the lock file is made in a folder of the user's
         check_run_name(root, run_name)
     root.mkdir(parents=True, exist_ok=True)
     if run_name is None:
         base = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        for n in range(1, 1000):
+        for n in itertools.count(1):  # a free name comes soon: only runs started in the same second share a base
             run_dir = root / (base if n == 1 else f"{base}-{n}")
-            try:
-                run_dir.mkdir()
-            except FileExistsError:
-                continue
-            return RunFolder(run_dir, RunLock(run_dir).acquire("pass --run-name"), created=True)
-        raise fail("taken_all", path=str(root / base))
+            if _make(run_dir):
+                return RunFolder(run_dir, RunLock(run_dir).acquire("pass --run-name"), created=True)
     run_dir = root / run_name
-    try:
-        run_dir.mkdir()
-        created = True
-    except FileExistsError:  # an empty folder check_run_name let through, or one filled since: checked under the lock
-        created = False
+    created = _make(run_dir)
     lock = RunLock(run_dir).acquire("wait for it or pass another --run-name")
-    if not created and _occupied(run_dir):
-        lock.release()
-        raise _taken(run_dir)
+    with ExitStack() as on_failure:  # an empty folder check_run_name let through may have filled since
+        on_failure.callback(lock.release)
+        check_run_name(root, run_name)
+        on_failure.pop_all()
     return RunFolder(run_dir, lock, created=created, was_empty=not created)
 
 
@@ -432,9 +387,7 @@ def git_commit() -> Optional[str]:
 
 def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, linear_kernel: str = "torch.mm",
              dropout_kernel: str = "torch") -> dict:
-    """Versions, device, git commit and the kernels of the training step's linear layers
-    (:func:`~minigpt_cli.runtime.kernels.onednn.linear_kernel`) and dropout
-    (:func:`~minigpt_cli.runtime.kernels.dropout.dropout_kernel`), for env.json."""
+    """Versions, device, git commit and the training step's linear and dropout kernels, for env.json."""
     import importlib.metadata as md
 
     import numpy as np
@@ -474,11 +427,18 @@ def write_env(run_dir: Path, env: dict[str, Any]) -> None:
     atomic_write_text(Path(run_dir) / ENV, json.dumps(env, indent=1))
 
 
+class Env(BaseModel):
+    """``env.json``'s schema: what readers rely on is typed; the other facts pass through."""
+
+    model_config = ConfigDict(extra="allow")
+    cwd: Optional[str] = None
+    earlier_sessions: list[Any] = []
+
+
 def _read_env(run_dir: Path) -> dict[str, Any]:
     """A run's ``env.json``; a missing or damaged one (it only informs) reads as empty."""
-    with suppress(OSError, ValueError):
-        env = json.loads((Path(run_dir) / ENV).read_text(encoding="utf-8"))
-        return env if isinstance(env, dict) else {}
+    with suppress(OSError, ValidationError):
+        return Env.model_validate_json((Path(run_dir) / ENV).read_bytes()).model_dump(exclude_unset=True)
     return {}
 
 
@@ -487,7 +447,7 @@ def training_dirs(run_dir: Path, out_dir: str | Path) -> list[Path]:
     folder a relative ``train.out_dir`` hangs from, where the run folder is now ``<that>/<out_dir>/<run>``
     (the same folder unless the project was moved, with its runs, after training)."""
     cwd = _read_env(run_dir).get("cwd")
-    out_found = [Path(cwd)] if isinstance(cwd, str) and cwd else []
+    out_found = [Path(cwd)] if cwd else []
     out = Path(os.path.normpath(out_dir))
     if not out.is_absolute() and ".." not in out.parts:
         parent = Path(os.path.normpath(Path(run_dir).absolute())).parent  # <that folder>/<out_dir>
@@ -504,5 +464,4 @@ def earlier_sessions(run_dir: Path) -> list[dict[str, Any]]:
     before = _read_env(run_dir)
     if not before:
         return []
-    earlier = before.pop("earlier_sessions", [])
-    return (earlier if isinstance(earlier, list) else []) + [before]
+    return before.pop("earlier_sessions", []) + [before]

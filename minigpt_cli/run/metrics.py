@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import json
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import MinigptError
-from ..fileio import atomic_write_bytes, atomic_write_text, os_error_message
+from ..fileio import atomic_write_bytes, atomic_write_text, errors_as, os_errors, schema_problem
 
 METRICS = "metrics.jsonl"
 
@@ -39,46 +40,35 @@ _EVENT = TypeAdapter(Annotated[Union[TrainEvent, EvalEvent], Field(discriminator
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The events of a ``metrics.jsonl``, each checked (step, event, elapsed_s and the event's losses); none
-    when the file is absent. Only a last line cut short by a kill (no newline after it) may be incomplete: it
-    is dropped.
-
-    Raises:
-        MinigptError: the file is unreadable, or a line is not an event (naming the file and the line).
-    """
-    try:
-        lines = Path(path).read_bytes().split(b"\n")
-    except FileNotFoundError:
+    """The events of a ``metrics.jsonl``, each checked by its schema; none when the file is absent; a last line
+    cut short by a kill (no newline after it) is dropped. Raises MinigptError: the file is unreadable, or a line
+    is not an event (naming the file, the line and the field)."""
+    path = Path(path)
+    if not path.exists():
         return []
-    except OSError as exc:
-        raise MinigptError(os_error_message(exc, path, "read", in_run=True)) from None
-    events = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            _EVENT.validate_json(line)
-            events.append(json.loads(line))  # as written: a resume writes the kept lines back unchanged
-        except ValidationError as exc:
-            if n == len(lines):  # no newline after it: a write cut short
-                break
-            err = exc.errors()[0]
-            where = ".".join(str(x) for x in err["loc"][1:] or err["loc"])
-            raise MinigptError(f"{path} line {n} is not a metrics event ({where + ': ' if where else ''}"
-                               f"{err['msg']})", "fix or remove that line", path=path) from None
+    with os_errors(path, "read", in_run=True):
+        *lines, tail = path.read_bytes().split(b"\n")  # tail: after the last newline
+    events, n = [], 0
+    # A tagged union's errors are located under the tag first: the field is what follows it.
+    with errors_as({ValidationError: lambda exc: MinigptError(
+            f"{path} line {n} is not a metrics event ({schema_problem(exc, skip=1)})", "fix or remove that line",
+            path=path)}):
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                _EVENT.validate_json(line)
+                events.append(json.loads(line))  # as written: a resume writes the kept lines back unchanged
+    with suppress(ValidationError):  # a last line without its newline: whole, or a write cut short (dropped)
+        _EVENT.validate_json(tail)
+        events.append(json.loads(tail))
     return events
 
 
 def _append(path: Path, text: str) -> None:
-    """Append ``text`` to ``path``; an OSError names the file even when it comes from the write
-    or the close (a full disk), so the CLI's one-line error says which file failed."""
-    try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as exc:
-        if exc.filename is None:
-            exc.filename = str(path)
-        raise
+    """Append ``text`` to ``path``; an OSError names the file even when it comes from the write or the close
+    (a full disk), so the CLI's one-line error says which file failed."""
+    with errors_as({OSError: lambda exc: OSError(exc.errno, exc.strerror, exc.filename or str(path))}), \
+            open(path, "a", encoding="utf-8") as f:
+        f.write(text)
 
 
 class RunLogger:
@@ -97,11 +87,8 @@ class RunLogger:
         self._last_elapsed = 0.0
 
     def truncate_to(self, step: int, evaluated: bool) -> None:
-        """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran), reload the curves.
-
-        Events logged after the checkpoint was written belong to the lost
-        stretch of the run and are logged again as training repeats it.
-        """
+        """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran), reload the curves;
+        the later ones belong to the lost stretch of the run, logged again as training repeats it."""
         keep = [r for r in read_events(self.metrics_path)
                 if r["step"] < step or (r["step"] == step and (r["event"] != "eval" or evaluated))]
         self.train_points = [(r["step"], r["loss"]) for r in keep if r["event"] == "train"]
@@ -153,12 +140,8 @@ class RunLogger:
         _append(self.samples_path, f"===== step {step} =====\n{text}\n\n")
 
     def plot(self) -> None:
-        """Redraw loss.png with train and val curves.
-
-        Drawn on a bare matplotlib ``Figure`` with the Agg canvas: no pyplot,
-        so the process's matplotlib backend (a notebook's, say) is left alone,
-        and fixed margins instead of a layout pass, which cost most of a redraw.
-        """
+        """Redraw loss.png with train and val curves: a bare Agg ``Figure`` (no pyplot, so a notebook's backend
+        is left alone) with fixed margins (a layout pass cost most of a redraw)."""
         if not self.enabled:
             return
         from matplotlib.backends.backend_agg import FigureCanvasAgg
