@@ -4,7 +4,7 @@
 text file is one document; a JSON Lines file one per line (field ``data.text_field``). :func:`documents`
 reads blocks of :data:`BLOCK` bytes and :func:`cut_pieces` cuts only where GPT-2's pre-tokenizer cuts, so
 encoding the pieces one by one gives the ids of the whole document. Every failure is one line
-(:data:`MESSAGES`).
+(:data:`MESSAGES`); a read's is made in one place, :func:`_reading`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from ..errors import MinigptError
 
@@ -159,9 +159,8 @@ def _once(paths: Iterable[Path]) -> list[Path]:
 
 
 def find_files(source: str | Path) -> list[Path]:
-    """The files ``source`` names, in reading order: a file; a folder's ``*.txt``/``*.jsonl``
-    (recursive, sorted by path, hidden files and folders left out); or a glob's matching files (sorted).
-    A file reached twice (through a symbolic link) is read once.
+    """The files ``source`` names, in reading order: a file; a folder's ``*.txt``/``*.jsonl`` (recursive,
+    sorted, hidden ones left out); or a glob's files (sorted). A file reached twice (a symlink) is read once.
 
     Raises:
         MinigptError: nothing there, a folder without such files, a glob matching none.
@@ -171,31 +170,45 @@ def find_files(source: str | Path) -> list[Path]:
     if p.is_file():
         return [p]
     if p.is_dir():
-        files = _once(sorted(q for q in p.rglob("*") if _is_input(q, p)))
-        if not files:
-            raise _error("empty_folder", source=text)
-        return files
-    if glob.has_magic(text):
-        files = _once(sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file()))
-        if not files:
-            raise _error("no_match", source=text)
-        return files
-    raise _error("missing", source=text)
+        found, kind = sorted(q for q in p.rglob("*") if _is_input(q, p)), "empty_folder"
+    elif glob.has_magic(text):
+        found, kind = sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file()), "no_match"
+    else:
+        found, kind = [], "missing"
+    if not found:
+        raise _error(kind, source=text)
+    return _once(found)
+
+
+@dataclass
+class _Place:
+    """Where a read of a file is, for the message of a failure: the byte offset of the bytes being decoded
+    and (JSON Lines) the line number."""
+
+    offset: int = 0
+    line: int = 0
 
 
 @contextmanager
-def _reading(path: Path) -> Iterator[BinaryIO]:
-    """``path`` opened for reading; an OSError while it is read is the one-line ``unreadable`` error."""
+def _reading(path: Path) -> Iterator[_Place]:
+    """The reads of ``path`` in the block: an OSError, a byte that is not UTF-8 or a line that is not JSON
+    becomes the one line for that file (the block keeps the :class:`_Place` it yields up to date)."""
+    at = _Place()
     try:
-        with open(path, "rb") as f:
-            yield f
-    except OSError as exc:
-        raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+        yield at
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if isinstance(exc, UnicodeDecodeError):
+            error = _error("not_utf8", path=str(path), reason=exc.reason, offset=at.offset + exc.start)
+        elif isinstance(exc, json.JSONDecodeError):
+            error = _error("bad_json", path=path, line=at.line, detail=f"{exc.msg} at column {exc.colno}")
+        else:
+            error = _error("unreadable", path=str(path), detail=exc.strerror or exc)
+        raise error from None
 
 
 def _sha256(path: Path, on_bytes: Callable[[int], None]) -> str:
     h = hashlib.sha256()
-    with _reading(path) as f:
+    with _reading(path), open(path, "rb") as f:
         while block := f.read(BLOCK):
             h.update(block)
             on_bytes(len(block))
@@ -211,8 +224,8 @@ def _stem(source: str, files: Sequence[Path]) -> str:
 
 def open_corpus(source: str | Path, text_field: str = "text",
                 on_bytes: Callable[[int], None] = lambda n: None, name: Optional[str] = None) -> Corpus:
-    """The corpus ``source`` names, its files hashed (``on_bytes`` is told each block's size); ``name``: its
-    folder stem (default: from ``source``, :meth:`Corpus.folder`).
+    """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its
+    folder stem (default: from ``source``).
 
     Raises:
         MinigptError: as :func:`find_files`; an empty or unreadable file.
@@ -223,10 +236,8 @@ def open_corpus(source: str | Path, text_field: str = "text",
     root = Path(os.path.commonpath([os.path.abspath(p.parent) for p in found]))
     files = []
     for p in found:
-        try:
+        with _reading(p):
             size = p.stat().st_size
-        except OSError as exc:
-            raise _error("unreadable", path=str(p), detail=exc.strerror or exc) from None
         if size == 0 and len(found) == 1:
             raise _error("empty", path=str(p))
         files.append(CorpusFile(p.resolve(), size, _sha256(p, on_bytes), p.suffix.lower() in JSONL_SUFFIXES,
@@ -245,15 +256,11 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
     """
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, first = 0, True
-    with _reading(path) as f:
+    with _reading(path) as at, open(path, "rb") as f:
         while True:
             block = f.read(BLOCK)
-            pending = len(decoder.getstate()[0])
-            try:
-                text = decoder.decode(block, final=not block)
-            except UnicodeDecodeError as exc:
-                raise _error("not_utf8", path=str(path), reason=exc.reason,
-                             offset=offset - pending + exc.start) from None
+            at.offset = offset - len(decoder.getstate()[0])  # the decoder still holds the last block's tail
+            text = decoder.decode(block, final=not block)
             if first and text.startswith("\ufeff"):
                 text = text[1:]
             first = False
@@ -270,33 +277,32 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
     Raises:
         MinigptError: a line that is not UTF-8 or not a JSON object, or that lacks a text ``field``.
     """
-    offset = 0
-    with _reading(path) as f:
+    with _reading(path) as at, open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise _error("not_utf8", path=str(path), reason=exc.reason, offset=offset + exc.start) from None
-            offset += len(raw)
+            at.line = number
+            line = raw.decode("utf-8")
+            at.offset += len(raw)
             if not line.strip():
                 yield "", len(raw)
                 continue
             if number == 1:
                 line = line.removeprefix("\ufeff")  # a byte-order mark, as Windows tools write one
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise _error("bad_json", path=path, line=number, detail=f"{exc.msg} at column {exc.colno}") from None
-            if not isinstance(obj, dict):
-                kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
-                raise _error("not_object", path=path, line=number, kind=kind)
-            if field not in obj:
-                keys = ", ".join(map(repr, list(obj)[:8])) or "no fields"
-                raise _error("no_field", path=path, line=number, field=field, keys=keys)
-            text = obj[field]
+            obj = json.loads(line)
+            text = obj.get(field) if isinstance(obj, dict) else None
             if not isinstance(text, str):
-                raise _error("not_text", path=path, line=number, field=field, kind=type(text).__name__)
+                raise _not_text(obj, field, path, number)
             yield text, len(raw)
+
+
+def _not_text(obj: object, field: str, path: Path, line: int) -> MinigptError:
+    """What is wrong with a JSON line ``obj`` that holds no text in ``field``."""
+    where = dict(path=path, line=line, field=field)
+    if not isinstance(obj, dict):
+        kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
+        return _error("not_object", kind=kind, **where)
+    if field not in obj:
+        return _error("no_field", keys=", ".join(map(repr, list(obj)[:8])) or "no fields", **where)
+    return _error("not_text", kind=type(obj[field]).__name__, **where)
 
 
 #: Where GPT-2's split (``tokenizer_training.SPLIT_PATTERN``) cuts anyway: after a single newline between two
