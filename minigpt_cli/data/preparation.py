@@ -22,14 +22,14 @@ from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from itertools import chain, takewhile
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import IO, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError
-from ..fileio import atomic_write_text, check_writable, chmod_quietly, new_file_mode
+from ..fileio import atomic_write_text, check_writable, chmod_quietly, new_file_mode, os_error_message
 from ..tokenizer.kinds import Tokenizer
 from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, survey
 
@@ -38,6 +38,8 @@ BATCH_CHARS = 1 << 20
 #: A temporary token file older than this (seconds untouched) was left by a killed process.
 STALE_TEMP_S = 600.0
 _TEMP_PREFIX = ".prep-"
+#: The splits, by their index in a :data:`Unit`.
+SPLITS = ("train", "val")
 #: A corpus larger than this (bytes) is not encoded by a dry run when no prepared files give its split.
 PREVIEW_BYTES = 64 << 20
 
@@ -287,34 +289,39 @@ def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory
     created = [] if directory is None else list(
         takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents]))
     counts = {"train_tokens": 0, "val_tokens": 0, "train_chars": 0, "val_chars": 0}
-    with ExitStack() as stack:
-        temps = []
-        if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
-            for split in ("train", "val"):
-                fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
-                temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
-        try:
+    temps: list[tuple[Path, IO[bytes]]] = []
+    target = directory
+    try:
+        with ExitStack() as stack:
+            if directory is not None:
+                directory.mkdir(parents=True, exist_ok=True)
+                for split in SPLITS:
+                    fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
+                    temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
             for split, ids, chars in encoded(corpus, tok, plan, progress):
-                name = ("train", "val")[split]
                 if temps:
+                    target = directory / f"{SPLITS[split]}.bin"  # what a write that fails names
                     temps[split][1].write(ids.astype(dtype).tobytes())
-                counts[f"{name}_tokens"] += ids.size
-                counts[f"{name}_chars"] += chars
+                counts[f"{SPLITS[split]}_tokens"] += ids.size
+                counts[f"{SPLITS[split]}_chars"] += chars
             check_split_counts(plan.val_fraction, counts["train_tokens"], counts["val_tokens"], block_size)
-            for path, f in temps:
+            for (path, f), split in zip(temps, SPLITS):
+                target = directory / f"{split}.bin"
                 f.flush()
                 os.fsync(f.fileno())
                 chmod_quietly(f.fileno(), new_file_mode())
-            for (path, _), split in zip(temps, ("train", "val")):
+            for (path, _), split in zip(temps, SPLITS):
                 os.replace(path, directory / f"{split}.bin")
-        except BaseException:
-            for path, _ in temps:
-                path.unlink(missing_ok=True)
-            with suppress(OSError):
-                for d in created:  # the folders made here, deepest first: a refusal leaves nothing behind
-                    d.rmdir()
-            raise
+    except OSError as exc:  # the corpus's read errors are MinigptErrors: this is a token file's write
+        raise MinigptError(os_error_message(exc, None if exc.filename else target, "write")) from None
+    finally:
+        # Whatever is left of the temporary files, and the folders made here (deepest first, while
+        # empty): a failure or a refusal leaves nothing behind.
+        for path, _ in temps:
+            path.unlink(missing_ok=True)
+        with suppress(OSError):
+            for d in created:
+                d.rmdir()
     return counts
 
 
