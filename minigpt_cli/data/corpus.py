@@ -158,26 +158,31 @@ def _once(paths: Iterable[Path]) -> list[Path]:
     return out
 
 
+def matching(source: str | Path) -> tuple[list[Path], str]:
+    """The files ``source`` names, in reading order, and (when none) the message kind that says so: a file;
+    a folder's ``*.txt``/``*.jsonl`` (recursive, sorted, hidden ones left out); or a glob's files (sorted).
+    A file reached twice (a symlink) is read once."""
+    text = str(source)
+    p = Path(text).expanduser()
+    if p.is_file():
+        return [p], ""
+    if p.is_dir():
+        return _once(sorted(q for q in p.rglob("*") if _is_input(q, p))), "empty_folder"
+    if glob.has_magic(text):
+        return _once(sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file())), "no_match"
+    return [], "missing"
+
+
 def find_files(source: str | Path) -> list[Path]:
-    """The files ``source`` names, in reading order: a file; a folder's ``*.txt``/``*.jsonl`` (recursive,
-    sorted, hidden ones left out); or a glob's files (sorted). A file reached twice (a symlink) is read once.
+    """:func:`matching`'s files.
 
     Raises:
         MinigptError: nothing there, a folder without such files, a glob matching none.
     """
-    text = str(source)
-    p = Path(text).expanduser()
-    if p.is_file():
-        return [p]
-    if p.is_dir():
-        found, kind = sorted(q for q in p.rglob("*") if _is_input(q, p)), "empty_folder"
-    elif glob.has_magic(text):
-        found, kind = sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file()), "no_match"
-    else:
-        found, kind = [], "missing"
+    found, kind = matching(source)
     if not found:
-        raise _error(kind, source=text)
-    return _once(found)
+        raise _error(kind, source=str(source))
+    return found
 
 
 @dataclass

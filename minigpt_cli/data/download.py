@@ -95,7 +95,8 @@ _MESSAGES = {
 #: The network failures of a download, before the answer (the request) and while its body is read, by
 #: exception (first match wins): their message kind. A file that cannot be written is not one of them.
 _FAILURES: dict[str, tuple[tuple[tuple[type, ...], str], ...]] = {
-    "request": (((requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
+    "request": (((requests.HTTPError,), "http_status"),  # raise_for_status: the answer is an HTTP error
+                ((requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
                   requests.exceptions.InvalidURL), "invalid_url"),
                 ((requests.ConnectionError, requests.Timeout), "unreachable"),
                 ((requests.RequestException,), "request_failed")),
@@ -137,16 +138,14 @@ def file_ok(path: str | Path, dataset: str | Dataset = DATASET) -> bool:
     """True when ``path`` is a regular file holding exactly the genuine corpus of ``dataset``
     (the size is compared before hashing); an unreadable file counts as not OK."""
     ds, p = get_dataset(dataset), Path(path)
-    try:
-        if not p.is_file() or p.stat().st_size != ds.size:
-            return False
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest() == ds.sha256
-    except OSError:
-        return False
+    with suppress(OSError):  # unreadable: not OK
+        if p.is_file() and p.stat().st_size == ds.size:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            return h.hexdigest() == ds.sha256
+    return False
 
 
 def url_corpus_on_disk(data_dir: str | Path, dataset: str, url: str | None) -> bool:
@@ -242,6 +241,10 @@ class _Attempt:
         if exc is not None:
             elapsed = time.monotonic() - self.started
             fields.update(detail=_one_line(exc), reason=_reason(exc, self.timeout, self.retries, elapsed))
+        if isinstance(exc, requests.HTTPError):
+            code, phrase = exc.response.status_code, exc.response.reason
+            phrase = phrase or next((s.phrase for s in HTTPStatus if s == code), "")
+            fields.update(status=_one_line(f"HTTP {code} {phrase}"))
         return MinigptError(_MESSAGES[kind].format(**fields, **extra))
 
     @contextmanager
@@ -253,11 +256,8 @@ class _Attempt:
             raise self.error(_classify(exc, phase), exc) from None
 
     def check(self, resp: requests.Response) -> None:
-        """Refuse an HTTP error, or a Content-Length other than the dataset's size
-        (not compared with a Content-Encoding: gzip's counts compressed bytes)."""
-        if not 200 <= resp.status_code < 300:
-            phrase = resp.reason or next((s.phrase for s in HTTPStatus if s == resp.status_code), "")
-            raise self.error("http_status", status=_one_line(f"HTTP {resp.status_code} {phrase}"))
+        """Refuse a Content-Length other than the dataset's size (not compared with a Content-Encoding:
+        gzip's counts compressed bytes)."""
         self.encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
         with suppress(KeyError, ValueError):
             if self.encoding in ("", "identity"):
@@ -303,6 +303,7 @@ def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout:
             att.started = time.monotonic()
             with att.failing("request"):
                 resp = session.get(url, stream=True, timeout=timeout)
+                resp.raise_for_status()
             with resp:
                 att.check(resp)
                 att.part = open_part(dest)

@@ -72,10 +72,10 @@ def back_up(path: Path, genuine: Callable[[Path], bool]) -> Path | None:
     for bak in (b for b in names if not os.path.lexists(b)):
         try:
             os.link(path, bak, follow_symlinks=False)
-        except FileExistsError:
-            continue  # taken meanwhile: the next free name
-        except OSError:  # no hard links on this file system
-            os.rename(path, bak)
+        except OSError:
+            if os.path.lexists(bak):
+                continue  # taken meanwhile: the next free name
+            os.rename(path, bak)  # no hard links on this file system
         return bak
 
 

@@ -4,6 +4,8 @@ and the batches drawn from token memmaps (:class:`BatchSampler`, :func:`eval_off
 
 from __future__ import annotations
 
+import os
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -19,7 +21,7 @@ from ..paths import corpus_path, dataset_dir, default_tokenizer_path
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_tokenizer
 from ..tokenizer.training import MAX_VOCAB_SIZE, check_vocab_size, train_tokenizer
-from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, find_files, open_corpus
+from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, matching, open_corpus
 from .preparation import PreparedData, prepare
 
 #: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus
@@ -67,12 +69,10 @@ def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Co
                   disable=None if progress is None else not progress) as bar:
             return open_corpus(dc.path, dc.text_field, on_bytes=bar.update)
     path, ds = corpus_path(dc.data_dir, dc.dataset), get_dataset(dc.dataset)
-    try:
-        if not path.is_file() or path.stat().st_size != ds.size:
-            return None
-        corpus = open_corpus(path, dc.text_field, name=dc.dataset)
-    except (OSError, MinigptError):  # unreadable: downloaded again, as a file that fails its checksum is
+    # An unreadable file goes to the download, which refuses it (the user's to fix) rather than replace it.
+    if not path.is_file() or not os.access(path, os.R_OK) or path.stat().st_size != ds.size:
         return None
+    corpus = open_corpus(path, dc.text_field, name=dc.dataset)
     return corpus if corpus.files[0].sha256 == ds.sha256 else None
 
 
@@ -130,12 +130,7 @@ def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
 def _corpus_found(cfg: Config) -> bool:
     """Whether the config's corpus has files where it says: the named dataset's file, or ``data.path``'s."""
     dc = cfg.data
-    if dc.path is None:
-        return corpus_path(dc.data_dir, dc.dataset).is_file()
-    try:
-        return bool(find_files(dc.path))
-    except MinigptError:
-        return False
+    return corpus_path(dc.data_dir, dc.dataset).is_file() if dc.path is None else bool(matching(dc.path)[0])
 
 
 #: A run's corpus that changed since it trained, read by evaluate, compare or inspect.
@@ -175,10 +170,8 @@ def run_corpus_change(want: Optional[str], corpus: Corpus, run_dir: Path,
         return None
     before: list[dict] = []
     for name in checkpoints:
-        try:
+        with suppress(MinigptError):  # no checkpoint there, or a damaged meta.json: the next one
             before = runs.read_meta(runs.checkpoint_dir(run_dir, name)).get("corpus", {}).get("files") or []
-        except (MinigptError, OSError, ValueError, AttributeError):
-            continue
         if before:
             break
     return corpus_change(before, corpus)
@@ -220,30 +213,31 @@ def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
     return default_tokenizer_path(root.parent, root.name, tc.kind, tc.vocab_size, tc.special_tokens)
 
 
+#: How a tokenizer file can disagree with the config (checked in this order), and the fix.
+_DISAGREES = {
+    "kind": "holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; fix tokenizer.path or tokenizer.kind",
+    "special": "lacks the special tokens {missing} that tokenizer.special_tokens names; delete the file to "
+               "train it again, or fix the config",
+    "size": "has {tok.vocab_size:,} entries but tokenizer.vocab_size is {tc.vocab_size:,}; delete the file to "
+            "train it again, or set tokenizer.vocab_size: {tok.vocab_size}",
+}
+
+
 def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
-    """Load the tokenizer file ``path`` and check that it agrees with the config.
+    """Load the tokenizer file ``path`` and check that it agrees with the config (:data:`_DISAGREES`).
 
     Raises:
         MinigptError: an unreadable file, or one that disagrees with the config.
     """
     tc = cfg.tokenizer
     tok = load_tokenizer(path, tc.kind)
-    if tok.kind != tc.kind:
-        raise MinigptError(
-            f"tokenizer file {str(path)!r} holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; "
-            "fix tokenizer.path or tokenizer.kind"
-        )
     missing = [s for s in tc.special_tokens if s not in tok.special_tokens]
-    if missing:
-        raise MinigptError(
-            f"tokenizer file {str(path)!r} lacks the special tokens {', '.join(map(repr, missing))} "
-            "that tokenizer.special_tokens names; delete the file to train it again, or fix the config"
-        )
-    if tc.kind != "char" and tc.vocab_size is not None and tok.vocab_size != tc.vocab_size:
-        raise MinigptError(
-            f"tokenizer file {str(path)!r} has {tok.vocab_size:,} entries but tokenizer.vocab_size is "
-            f"{tc.vocab_size:,}; delete the file to train it again, or set tokenizer.vocab_size: {tok.vocab_size}"
-        )
+    sized = tc.kind != "char" and tc.vocab_size is not None  # a char tokenizer's alphabet decides its size
+    disagrees = next((k for k, differs in (("kind", tok.kind != tc.kind), ("special", bool(missing)),
+                                          ("size", sized and tok.vocab_size != tc.vocab_size)) if differs), None)
+    if disagrees is not None:
+        raise MinigptError(f"tokenizer file {str(path)!r} " + _DISAGREES[disagrees].format(
+            tok=tok, tc=tc, missing=", ".join(map(repr, missing))))
     return tok
 
 

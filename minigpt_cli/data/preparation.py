@@ -241,12 +241,10 @@ def sweep_stale_temps(directory: Path, now: Optional[float] = None) -> list[Path
     now = time.time() if now is None else now
     gone = []
     for p in directory.glob(f"{_TEMP_PREFIX}*"):
-        try:
+        with suppress(OSError):  # gone meanwhile, or not ours to remove: left alone
             if now - p.stat().st_mtime > STALE_TEMP_S:
                 p.unlink()
                 gone.append(p)
-        except OSError:
-            pass
     return gone
 
 
