@@ -63,8 +63,8 @@ def _error(message: str, **fields: object) -> MinigptError:
 
 @dataclass(frozen=True)
 class CorpusFile:
-    """One input file: its resolved path, size in bytes, sha256, whether it is JSON Lines, and its name:
-    the path relative to the folder holding all the corpus's files (what identifies it, wherever that is)."""
+    """One input file: resolved path, size in bytes, sha256, whether JSON Lines, and name (the path
+    relative to the folder holding all the corpus's files: what identifies it, wherever that is)."""
 
     path: Path
     size: int
@@ -99,8 +99,7 @@ class Corpus:
 
     @property
     def legacy_fingerprint(self) -> str:
-        """The fingerprint as minigpt computed it before 2026-12 (of each file's absolute path): runs and
-        configs of then carry it, and :meth:`matches` accepts it while the corpus has not moved."""
+        """The fingerprint of before 2026-12 (of each file's absolute path), which older runs carry."""
         return self._digest([{k: r[k] for k in ("path", "size", "sha256")} for r in self.records()])
 
     def _digest(self, files: list[dict]) -> str:
@@ -123,7 +122,7 @@ class Corpus:
 
 
 def changed_file(before: Sequence[dict], after: Sequence[dict]) -> Optional[tuple[str, str]]:
-    """The first file that differs between two :meth:`Corpus.records` lists, and how: ``(path, what)``; or None."""
+    """The first file that differs between two :meth:`Corpus.records` lists, and how: ``(path, what)``."""
     key = "name" if all("name" in r for r in [*before, *after]) else "path"
     old = {r[key]: r for r in before}
     new = {r[key]: r for r in after}
@@ -233,8 +232,7 @@ def open_corpus(source: str | Path, text_field: str = "text",
     folder stem (default: from ``source``).
 
     Raises:
-        MinigptError: as :func:`find_files`; an empty or unreadable file.
-    """
+        MinigptError: as :func:`find_files`; an empty or unreadable file."""
     found = find_files(source)
     # Names are relative to the folder holding every file (a single file's: its own folder), as the user
     # named them (before symbolic links are followed).
@@ -254,11 +252,7 @@ def open_corpus(source: str | Path, text_field: str = "text",
 
 
 def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
-    """The text of a UTF-8 file in blocks, each with the byte count it took; a leading BOM dropped.
-
-    Raises:
-        MinigptError: unreadable, or not UTF-8 (naming the byte offset of the first bad byte).
-    """
+    """The text of a UTF-8 file in blocks, each with the byte count it took; a leading BOM dropped."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, first = 0, True
     with _reading(path) as at, open(path, "rb") as f:
@@ -277,11 +271,7 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
 
 
 def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
-    """The documents of a JSON Lines file, each with the byte count of its line; blank lines skipped.
-
-    Raises:
-        MinigptError: a line that is not UTF-8 or not a JSON object, or that lacks a text ``field``.
-    """
+    """The documents of a JSON Lines file, each with the byte count of its line; blank lines empty."""
     with _reading(path) as at, open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             at.line = number
@@ -328,9 +318,7 @@ def _inside_special(text: str, pos: int, special_tokens: Sequence[str]) -> bool:
 
 
 def cut_pieces(chunks: Iterable[str], size: Optional[int] = None, special_tokens: Sequence[str] = ()) -> Iterator[str]:
-    """The text of ``chunks`` (one document, in order) as pieces of about ``size`` characters
-    (default :data:`PIECE_CHARS`).
-    """
+    """One document's text (``chunks``, in order) in pieces of about ``size`` (:data:`PIECE_CHARS`) characters."""
     size = size or PIECE_CHARS
     risky = [s for s in special_tokens if any(ch.isspace() for ch in s)]  # others never span a safe cut
     longest = max(map(len, special_tokens), default=1)
@@ -359,12 +347,11 @@ def cut_pieces(chunks: Iterable[str], size: Optional[int] = None, special_tokens
 
 
 def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]]]:
-    """Each document of ``corpus`` as an iterator of its text in blocks, with a function giving the bytes
-    read so far (for a progress bar). Iterate each document's blocks before taking the next document.
+    """Each document of ``corpus`` as an iterator of its text, with a function giving the bytes read so far;
+    iterate a document's text before taking the next.
 
     Raises:
-        MinigptError: as :func:`_text_blocks` and :func:`_jsonl_documents`, while reading.
-    """
+        MinigptError: a file unreadable, not UTF-8, or a bad JSON line, while reading."""
     done = [0]
 
     def read_so_far() -> int:
@@ -386,45 +373,26 @@ def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]
 
 @dataclass
 class Survey:
-    """What one reading pass found: non-empty documents, their characters, and (when asked) the alphabet."""
+    """What one reading pass found: the non-empty documents and their characters."""
 
     n_documents: int
     total_chars: int
-    chars: Optional[set[str]] = None
 
 
-def survey(corpus: Corpus, alphabet: bool = False, on_bytes: Callable[[int], None] = lambda n: None) -> Survey:
+def survey(corpus: Corpus) -> Survey:
     """Read ``corpus`` once, checking every file, and count its non-empty documents and their characters.
 
     Raises:
-        MinigptError: a file that is not UTF-8, a bad JSON line (:func:`documents`), or no text at all.
-    """
-    n_docs = total = 0
-    chars: Optional[set[str]] = set() if alphabet else None
-    seen = 0
-    for blocks, read_so_far in documents(corpus):
-        n = 0
-        for text in blocks:
-            n += len(text)
-            if chars is not None:
-                chars.update(text)
-        n_docs += n > 0
-        total += n
-        now = read_so_far()
-        on_bytes(now - seen)
-        seen = now
-    if not total:
+        MinigptError: as :func:`documents`, or no text at all."""
+    lengths = [sum(map(len, blocks)) for blocks, _ in documents(corpus)]
+    if not sum(lengths):
         raise _error("no_text", source=corpus.source)
-    return Survey(n_docs, total, chars)
+    return Survey(sum(n > 0 for n in lengths), sum(lengths))
 
 
 def corpus_text(corpus: Corpus, limit_chars: Optional[int] = None, separator: str = "\n\n") -> str:
-    """The documents of ``corpus`` joined by ``separator``, stopping after about ``limit_chars`` characters
-    (at a :func:`cut_pieces` boundary); for training a tokenizer.
-
-    Raises:
-        MinigptError: as :func:`documents`.
-    """
+    """The documents joined by ``separator``, stopping after about ``limit_chars`` characters (at a piece's
+    end); for training a tokenizer."""
     parts: list[str] = []
     n = 0
     for blocks, _ in documents(corpus):

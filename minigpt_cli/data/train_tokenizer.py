@@ -88,10 +88,7 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary.
 
     Raises:
-        MinigptError: unknown kind, empty or missing input, a vocabulary size
-            below the kind's base alphabet or above what the corpus gives;
-            nothing is written then.
-    """
+        MinigptError: unknown kind, empty or missing input, an impossible vocabulary size; nothing written."""
     if kind is None and cfg.model.init_from is not None:  # a fine-tuning config: the folder's tokenizer.json
         kind = "hf"
     kind = kind or cfg.tokenizer.kind
@@ -139,10 +136,7 @@ def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optio
     """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations.
 
     Raises:
-        MinigptError: as :func:`run_train_tokenizer`; the sizes are checked
-            for every kind before any is trained, except that a size the
-            unigram trainer falls short of shows only once it has run.
-    """
+        MinigptError: as :func:`run_train_tokenizer`; every kind's size is checked before any is trained."""
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
     if vocab_size is None:
         raise MinigptError("--compare needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
