@@ -4,7 +4,6 @@ and the batches drawn from token memmaps (:class:`BatchSampler`, :func:`eval_off
 
 from __future__ import annotations
 
-import os
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,10 +65,12 @@ def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Co
                   disable=None if progress is None else not progress) as bar:
             return open_corpus(dc.path, dc.text_field, on_bytes=bar.update)
     path, ds = corpus_path(dc.data_dir, dc.dataset), get_dataset(dc.dataset)
-    # An unreadable file goes to the download, which refuses it (the user's to fix) rather than replace it.
-    if not path.is_file() or not os.access(path, os.R_OK) or path.stat().st_size != ds.size:
+    if not path.is_file() or path.stat().st_size != ds.size:
         return None
-    corpus = open_corpus(path, dc.text_field, name=dc.dataset)
+    try:
+        corpus = open_corpus(path, dc.text_field, name=dc.dataset)
+    except MinigptError:  # unreadable: the download refuses it (the user's to fix) rather than replace it
+        return None
     return corpus if corpus.files[0].sha256 == ds.sha256 else None
 
 
