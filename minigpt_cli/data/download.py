@@ -31,6 +31,7 @@ from .. import paths
 from ..errors import MinigptError
 from ..fileio import os_error_message
 from ..paths import corpus_path
+from .corpus import _sha256
 from .download_files import install, open_part, sweep_partial_files
 
 
@@ -138,13 +139,8 @@ def file_ok(path: str | Path, dataset: str | Dataset = DATASET) -> bool:
     """True when ``path`` is a regular file holding exactly the genuine corpus of ``dataset``
     (the size is compared before hashing); an unreadable file counts as not OK."""
     ds, p = get_dataset(dataset), Path(path)
-    with suppress(OSError):  # unreadable: not OK
-        if p.is_file() and p.stat().st_size == ds.size:
-            h = hashlib.sha256()
-            with open(p, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            return h.hexdigest() == ds.sha256
+    with suppress(OSError, MinigptError):  # unreadable: not OK
+        return p.is_file() and p.stat().st_size == ds.size and _sha256(p, lambda n: None) == ds.sha256
     return False
 
 
