@@ -95,6 +95,28 @@ def test_prepare_refuses_an_empty_split_before_writing(tmp_path, corpus_file, fr
     assert not (tmp_path / "out").exists()
 
 
+def test_a_full_disk_while_writing_token_files_names_the_file_issue_27(tmp_path, corpus_file, monkeypatch):
+    """ENOSPC on a token file's write (injected): one line naming the file, and no temporary file left."""
+    import errno
+    import io
+    import os
+
+    from minigpt_cli.data import preparation
+
+    class FullDisk(io.FileIO):
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))
+    monkeypatch.setattr(preparation.os, "fdopen", lambda fd, mode: FullDisk(fd, mode))
+    with pytest.raises(MinigptError) as e:
+        prepare(corpus_file, tok, tmp_path / "out", 0.1, log=lambda m: None)
+    folder = tmp_path / "out" / f"char-{tok.fingerprint()}"
+    assert str(e.value) == (f"cannot write {folder / 'train.bin'}: No space left on device; "
+                            "free some disk space or choose another location")
+    assert not (tmp_path / "out").exists()  # no temporary token file, no folder made for them
+
+
 def test_prepare_refuses_an_empty_split_left_by_an_earlier_run(tmp_path, corpus_file):
     """A 0-byte train.bin with its meta.json (what the crash used to leave) is not memmapped."""
     tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))

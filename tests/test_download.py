@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from minigpt_cli.data import download
+from minigpt_cli.data.download_files import PART_GLOB
 from minigpt_cli.data.download import DEFAULT_URL, SHA256, SIZE, URL_ENV, download_tinyshakespeare, file_ok, resolve_url
 from minigpt_cli.errors import MinigptError
 
@@ -415,7 +416,7 @@ def test_endless_stream_stops_at_the_expected_size(tmp_path, endless_server):
 
     # Watch the partial file grow: it must never hold more than SIZE bytes.
     def sizes():
-        return [p.stat().st_size for p in (tmp_path / "tinyshakespeare").glob(download.PART_GLOB)]
+        return [p.stat().st_size for p in (tmp_path / "tinyshakespeare").glob(PART_GLOB)]
 
     import threading
     stop = threading.Event()

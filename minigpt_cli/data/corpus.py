@@ -4,7 +4,7 @@
 text file is one document; a JSON Lines file one per line (field ``data.text_field``). :func:`documents`
 reads blocks of :data:`BLOCK` bytes and :func:`cut_pieces` cuts only where GPT-2's pre-tokenizer cuts, so
 encoding the pieces one by one gives the ids of the whole document. Every failure is one line
-(:data:`MESSAGES`).
+(:data:`MESSAGES`); a read's is made in one place, :func:`_reading`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from ..errors import MinigptError
 
@@ -64,8 +64,8 @@ def _error(message: str, **fields: object) -> MinigptError:
 
 @dataclass(frozen=True)
 class CorpusFile:
-    """One input file: its resolved path, size in bytes, sha256, whether it is JSON Lines, and its name:
-    the path relative to the folder holding all the corpus's files (what identifies it, wherever that is)."""
+    """One input file: resolved path, size in bytes, sha256, whether JSON Lines, and name (the path
+    relative to the folder holding all the corpus's files: what identifies it, wherever that is)."""
 
     path: Path
     size: int
@@ -100,8 +100,7 @@ class Corpus:
 
     @property
     def legacy_fingerprint(self) -> str:
-        """The fingerprint as minigpt computed it before 2026-12 (of each file's absolute path): runs and
-        configs of then carry it, and :meth:`matches` accepts it while the corpus has not moved."""
+        """The fingerprint of before 2026-12 (of each file's absolute path), which older runs carry."""
         return self._digest([{k: r[k] for k in ("path", "size", "sha256")} for r in self.records()])
 
     def _digest(self, files: list[dict]) -> str:
@@ -124,7 +123,7 @@ class Corpus:
 
 
 def changed_file(before: Sequence[dict], after: Sequence[dict]) -> Optional[tuple[str, str]]:
-    """The first file that differs between two :meth:`Corpus.records` lists, and how: ``(path, what)``; or None."""
+    """The first file that differs between two :meth:`Corpus.records` lists, and how: ``(path, what)``."""
     key = "name" if all("name" in r for r in [*before, *after]) else "path"
     old = {r[key]: r for r in before}
     new = {r[key]: r for r in after}
@@ -159,44 +158,62 @@ def _once(paths: Iterable[Path]) -> list[Path]:
     return out
 
 
+def matching(source: str | Path) -> tuple[list[Path], str]:
+    """The files ``source`` names, in reading order, and (when none) the message kind that says so: a file;
+    a folder's ``*.txt``/``*.jsonl`` (recursive, sorted, hidden ones left out); or a glob's files (sorted).
+    A file reached twice (a symlink) is read once."""
+    text = str(source)
+    p = Path(text).expanduser()
+    if p.is_file():
+        return [p], ""
+    if p.is_dir():
+        return _once(sorted(q for q in p.rglob("*") if _is_input(q, p))), "empty_folder"
+    if glob.has_magic(text):
+        return _once(sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file())), "no_match"
+    return [], "missing"
+
+
 def find_files(source: str | Path) -> list[Path]:
-    """The files ``source`` names, in reading order: a file; a folder's ``*.txt``/``*.jsonl``
-    (recursive, sorted by path, hidden files and folders left out); or a glob's matching files (sorted).
-    A file reached twice (through a symbolic link) is read once.
+    """:func:`matching`'s files.
 
     Raises:
         MinigptError: nothing there, a folder without such files, a glob matching none.
     """
-    text = str(source)
-    p = Path(text).expanduser()
-    if p.is_file():
-        return [p]
-    if p.is_dir():
-        files = _once(sorted(q for q in p.rglob("*") if _is_input(q, p)))
-        if not files:
-            raise _error("empty_folder", source=text)
-        return files
-    if glob.has_magic(text):
-        files = _once(sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file()))
-        if not files:
-            raise _error("no_match", source=text)
-        return files
-    raise _error("missing", source=text)
+    found, kind = matching(source)
+    if not found:
+        raise _error(kind, source=str(source))
+    return found
+
+
+@dataclass
+class _Place:
+    """Where a read of a file is, for the message of a failure: the byte offset of the bytes being decoded
+    and (JSON Lines) the line number."""
+
+    offset: int = 0
+    line: int = 0
 
 
 @contextmanager
-def _reading(path: Path) -> Iterator[BinaryIO]:
-    """``path`` opened for reading; an OSError while it is read is the one-line ``unreadable`` error."""
+def _reading(path: Path) -> Iterator[_Place]:
+    """The reads of ``path`` in the block: an OSError, a byte that is not UTF-8 or a line that is not JSON
+    becomes the one line for that file (the block keeps the :class:`_Place` it yields up to date)."""
+    at = _Place()
     try:
-        with open(path, "rb") as f:
-            yield f
-    except OSError as exc:
-        raise _error("unreadable", path=str(path), detail=exc.strerror or exc) from None
+        yield at
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if isinstance(exc, UnicodeDecodeError):
+            error = _error("not_utf8", path=str(path), reason=exc.reason, offset=at.offset + exc.start)
+        elif isinstance(exc, json.JSONDecodeError):
+            error = _error("bad_json", path=path, line=at.line, detail=f"{exc.msg} at column {exc.colno}")
+        else:
+            error = _error("unreadable", path=str(path), detail=exc.strerror or exc)
+        raise error from None
 
 
 def _sha256(path: Path, on_bytes: Callable[[int], None]) -> str:
     h = hashlib.sha256()
-    with _reading(path) as f:
+    with _reading(path), open(path, "rb") as f:
         while block := f.read(BLOCK):
             h.update(block)
             on_bytes(len(block))
@@ -212,22 +229,19 @@ def _stem(source: str, files: Sequence[Path]) -> str:
 
 def open_corpus(source: str | Path, text_field: str = "text",
                 on_bytes: Callable[[int], None] = lambda n: None, name: Optional[str] = None) -> Corpus:
-    """The corpus ``source`` names, its files hashed (``on_bytes`` is told each block's size); ``name``: its
-    folder stem (default: from ``source``, :meth:`Corpus.folder`).
+    """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its
+    folder stem (default: from ``source``).
 
     Raises:
-        MinigptError: as :func:`find_files`; an empty or unreadable file.
-    """
+        MinigptError: as :func:`find_files`; an empty or unreadable file."""
     found = find_files(source)
     # Names are relative to the folder holding every file (a single file's: its own folder), as the user
     # named them (before symbolic links are followed).
     root = Path(os.path.commonpath([os.path.abspath(p.parent) for p in found]))
     files = []
     for p in found:
-        try:
+        with _reading(p):
             size = p.stat().st_size
-        except OSError as exc:
-            raise _error("unreadable", path=str(p), detail=exc.strerror or exc) from None
         if size == 0 and len(found) == 1:
             raise _error("empty", path=str(p))
         files.append(CorpusFile(p.resolve(), size, _sha256(p, on_bytes), p.suffix.lower() in JSONL_SUFFIXES,
@@ -239,22 +253,14 @@ def open_corpus(source: str | Path, text_field: str = "text",
 
 
 def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
-    """The text of a UTF-8 file in blocks, each with the byte count it took; a leading BOM dropped.
-
-    Raises:
-        MinigptError: unreadable, or not UTF-8 (naming the byte offset of the first bad byte).
-    """
+    """The text of a UTF-8 file in blocks, each with the byte count it took; a leading BOM dropped."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, first = 0, True
-    with _reading(path) as f:
+    with _reading(path) as at, open(path, "rb") as f:
         while True:
             block = f.read(BLOCK)
-            pending = len(decoder.getstate()[0])
-            try:
-                text = decoder.decode(block, final=not block)
-            except UnicodeDecodeError as exc:
-                raise _error("not_utf8", path=str(path), reason=exc.reason,
-                             offset=offset - pending + exc.start) from None
+            at.offset = offset - len(decoder.getstate()[0])  # the decoder still holds the last block's tail
+            text = decoder.decode(block, final=not block)
             if first and text.startswith("\ufeff"):
                 text = text[1:]
             first = False
@@ -266,38 +272,33 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
 
 
 def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
-    """The documents of a JSON Lines file, each with the byte count of its line; blank lines skipped.
-
-    Raises:
-        MinigptError: a line that is not UTF-8 or not a JSON object, or that lacks a text ``field``.
-    """
-    offset = 0
-    with _reading(path) as f:
+    """The documents of a JSON Lines file, each with the byte count of its line; blank lines empty."""
+    with _reading(path) as at, open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise _error("not_utf8", path=str(path), reason=exc.reason, offset=offset + exc.start) from None
-            offset += len(raw)
+            at.line = number
+            line = raw.decode("utf-8")
+            at.offset += len(raw)
             if not line.strip():
                 yield "", len(raw)
                 continue
             if number == 1:
                 line = line.removeprefix("\ufeff")  # a byte-order mark, as Windows tools write one
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise _error("bad_json", path=path, line=number, detail=f"{exc.msg} at column {exc.colno}") from None
-            if not isinstance(obj, dict):
-                kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
-                raise _error("not_object", path=path, line=number, kind=kind)
-            if field not in obj:
-                keys = ", ".join(map(repr, list(obj)[:8])) or "no fields"
-                raise _error("no_field", path=path, line=number, field=field, keys=keys)
-            text = obj[field]
+            obj = json.loads(line)
+            text = obj.get(field) if isinstance(obj, dict) else None
             if not isinstance(text, str):
-                raise _error("not_text", path=path, line=number, field=field, kind=type(text).__name__)
+                raise _not_text(obj, field, path, number)
             yield text, len(raw)
+
+
+def _not_text(obj: object, field: str, path: Path, line: int) -> MinigptError:
+    """What is wrong with a JSON line ``obj`` that holds no text in ``field``."""
+    where = dict(path=path, line=line, field=field)
+    if not isinstance(obj, dict):
+        kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
+        return _error("not_object", kind=kind, **where)
+    if field not in obj:
+        return _error("no_field", keys=", ".join(map(repr, list(obj)[:8])) or "no fields", **where)
+    return _error("not_text", kind=type(obj[field]).__name__, **where)
 
 
 #: Where GPT-2's split (``tokenizer_training.SPLIT_PATTERN``) cuts anyway: after a single newline between two
@@ -318,9 +319,7 @@ def _inside_special(text: str, pos: int, special_tokens: Sequence[str]) -> bool:
 
 
 def cut_pieces(chunks: Iterable[str], size: Optional[int] = None, special_tokens: Sequence[str] = ()) -> Iterator[str]:
-    """The text of ``chunks`` (one document, in order) as pieces of about ``size`` characters
-    (default :data:`PIECE_CHARS`).
-    """
+    """One document's text (``chunks``, in order) in pieces of about ``size`` (:data:`PIECE_CHARS`) characters."""
     size = size or PIECE_CHARS
     risky = [s for s in special_tokens if any(ch.isspace() for ch in s)]  # others never span a safe cut
     longest = max(map(len, special_tokens), default=1)
@@ -349,12 +348,11 @@ def cut_pieces(chunks: Iterable[str], size: Optional[int] = None, special_tokens
 
 
 def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]]]:
-    """Each document of ``corpus`` as an iterator of its text in blocks, with a function giving the bytes
-    read so far (for a progress bar). Iterate each document's blocks before taking the next document.
+    """Each document of ``corpus`` as an iterator of its text, with a function giving the bytes read so far;
+    iterate a document's text before taking the next.
 
     Raises:
-        MinigptError: as :func:`_text_blocks` and :func:`_jsonl_documents`, while reading.
-    """
+        MinigptError: a file unreadable, not UTF-8, or a bad JSON line, while reading."""
     done = [0]
 
     def read_so_far() -> int:
@@ -376,45 +374,26 @@ def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]
 
 @dataclass
 class Survey:
-    """What one reading pass found: non-empty documents, their characters, and (when asked) the alphabet."""
+    """What one reading pass found: the non-empty documents and their characters."""
 
     n_documents: int
     total_chars: int
-    chars: Optional[set[str]] = None
 
 
-def survey(corpus: Corpus, alphabet: bool = False, on_bytes: Callable[[int], None] = lambda n: None) -> Survey:
+def survey(corpus: Corpus) -> Survey:
     """Read ``corpus`` once, checking every file, and count its non-empty documents and their characters.
 
     Raises:
-        MinigptError: a file that is not UTF-8, a bad JSON line (:func:`documents`), or no text at all.
-    """
-    n_docs = total = 0
-    chars: Optional[set[str]] = set() if alphabet else None
-    seen = 0
-    for blocks, read_so_far in documents(corpus):
-        n = 0
-        for text in blocks:
-            n += len(text)
-            if chars is not None:
-                chars.update(text)
-        n_docs += n > 0
-        total += n
-        now = read_so_far()
-        on_bytes(now - seen)
-        seen = now
-    if not total:
+        MinigptError: as :func:`documents`, or no text at all."""
+    lengths = [sum(map(len, blocks)) for blocks, _ in documents(corpus)]
+    if not sum(lengths):
         raise _error("no_text", source=corpus.source)
-    return Survey(n_docs, total, chars)
+    return Survey(sum(n > 0 for n in lengths), sum(lengths))
 
 
 def corpus_text(corpus: Corpus, limit_chars: Optional[int] = None, separator: str = "\n\n") -> str:
-    """The documents of ``corpus`` joined by ``separator``, stopping after about ``limit_chars`` characters
-    (at a :func:`cut_pieces` boundary); for training a tokenizer.
-
-    Raises:
-        MinigptError: as :func:`documents`.
-    """
+    """The documents joined by ``separator``, stopping after about ``limit_chars`` characters (at a piece's
+    end); for training a tokenizer."""
     parts: list[str] = []
     n = 0
     for blocks, _ in documents(corpus):

@@ -1,10 +1,9 @@
 """Download a named corpus (:data:`DATASETS`): streamed, checksummed, written atomically.
 
-The body streams into a partial file beside ``data/<dataset>/input.txt``
-(:mod:`minigpt_cli.data.download_files`) while its sha256 is computed, and only a
-verified file is renamed over the target. The progress bar and notices go to
-stderr. Every failure is one :class:`MinigptError`: :func:`_classify` picks its
-kind, :data:`_MESSAGES` holds its text.
+The body streams into a partial file beside ``data/<dataset>/input.txt`` (:mod:`.download_files`) while
+its sha256 is computed; only a verified file is renamed over the target. urllib3's ``Retry`` retries. A
+network failure is classified in one place (:data:`_FAILURES`, :meth:`_Attempt.failing`), a file that
+cannot be written is :func:`~minigpt_cli.fileio.os_error_message`'s line; :data:`_MESSAGES` holds the text.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import os
 import re
 import sys
 import time
-import urllib.parse
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -33,7 +31,8 @@ from .. import paths
 from ..errors import MinigptError
 from ..fileio import os_error_message
 from ..paths import corpus_path
-from .download_files import PART_GLOB, install, open_part, sweep_partial_files  # noqa: F401 (PART_GLOB: re-exported)
+from .corpus import _sha256
+from .download_files import install, open_part, sweep_partial_files
 
 
 @dataclass(frozen=True)
@@ -78,17 +77,14 @@ _MESSAGES = {
     "http_status": "download of {url} failed: {status}; {fix}",
     "wrong_length": "download of {url} announces {total:,} bytes (Content-Length), expected {size:,}; "
                     "the mirror serves a different file; {fix}",
-    "cannot_create": "cannot write into {folder}: {detail}; {perms}",
     "too_long": "download of {url} sent more than the expected {size:,} bytes; stopped and deleted the "
                 "partial file; the mirror serves a different file; {fix}",
-    "disk_write": "cannot write {dest}: {detail}; free some disk space or pass another data directory",
     "bad_encoding": "download of {url} sent a {encoding} body that does not decode; the mirror serves a "
                     "damaged file; {fix}",
     "cut_off": "download of {url} was cut off after {received:,}{of_total} bytes ({reason}); try again or {hint}",
     "cut_short": "download of {url} was cut off after {received:,} of {total:,} bytes; try again or {hint}",
     "checksum": "download of {url} has sha256 {got} ({received:,} bytes), expected {sha256} ({size:,} bytes); "
                 "the mirror serves a different file; {fix}",
-    "cannot_install": "cannot write {dest}: {detail}; {perms}",
     "is_folder": "{path} is a folder where the corpus file belongs; move or delete it, then rerun",
     "unknown_dataset": "unknown dataset {name!r}; known datasets: {known}",
     # Notices on stderr, not errors.
@@ -97,18 +93,17 @@ _MESSAGES = {
     "backup": "kept the earlier {path} (it failed the checksum) as {backup}",
 }
 
-#: For each phase of a download, the exceptions that end it and their message kind (first match wins).
-_FAILURES: dict[str, tuple[tuple[type | tuple[type, ...], str], ...]] = {
-    "request": (((requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
+#: The network failures of a download, before the answer (the request) and while its body is read, by
+#: exception (first match wins): their message kind. A file that cannot be written is not one of them.
+_FAILURES: dict[str, tuple[tuple[tuple[type, ...], str], ...]] = {
+    "request": (((requests.HTTPError,), "http_status"),  # raise_for_status: the answer is an HTTP error
+                ((requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
                   requests.exceptions.InvalidURL), "invalid_url"),
                 ((requests.ConnectionError, requests.Timeout), "unreachable"),
-                (requests.RequestException, "request_failed")),
-    "open": ((OSError, "cannot_create"),),
+                ((requests.RequestException,), "request_failed")),
     # ChunkedEncodingError (IncompleteRead / ProtocolError), ConnectionError (reset, read timeout).
-    "read": ((requests.exceptions.ContentDecodingError, "bad_encoding"),
+    "read": (((requests.exceptions.ContentDecodingError,), "bad_encoding"),
              ((requests.RequestException, urllib3.exceptions.HTTPError, OSError), "cut_off")),
-    "write": ((OSError, "disk_write"),),
-    "install": ((OSError, "cannot_install"),),
 }
 
 
@@ -120,7 +115,8 @@ def _classify(exc: BaseException, phase: str) -> str | None:
 def get_dataset(dataset: str | Dataset) -> Dataset:
     """The :func:`datasets` entry named ``dataset`` (an entry is returned as is).
 
-    Raises MinigptError for an unknown name; the message lists the known ones.
+    Raises:
+        MinigptError: an unknown name, listing the known ones.
     """
     if isinstance(dataset, Dataset):
         return dataset
@@ -143,16 +139,9 @@ def file_ok(path: str | Path, dataset: str | Dataset = DATASET) -> bool:
     """True when ``path`` is a regular file holding exactly the genuine corpus of ``dataset``
     (the size is compared before hashing); an unreadable file counts as not OK."""
     ds, p = get_dataset(dataset), Path(path)
-    try:
-        if not p.is_file() or p.stat().st_size != ds.size:
-            return False
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest() == ds.sha256
-    except OSError:
-        return False
+    with suppress(OSError, MinigptError):  # unreadable: not OK
+        return p.is_file() and p.stat().st_size == ds.size and _sha256(p, lambda n: None) == ds.sha256
+    return False
 
 
 def url_corpus_on_disk(data_dir: str | Path, dataset: str, url: str | None) -> bool:
@@ -164,22 +153,11 @@ def url_corpus_on_disk(data_dir: str | Path, dataset: str, url: str | None) -> b
 # ----------------------------------------------------------------------------- network
 
 
-class _Retry(urllib3.util.Retry):
-    """urllib3's Retry, whose final MaxRetryError says how many ``attempts`` were made."""
-
-    def increment(self, *args, **kwargs):
-        try:
-            return super().increment(*args, **kwargs)
-        except urllib3.exceptions.MaxRetryError as exc:
-            exc.attempts = len(self.history) + 1  # each earlier failure left one history entry
-            raise
-
-
 def _session(retries: int, backoff_factor: float) -> requests.Session:
     """A session that retries failed connections and 429/5xx answers to GET, then hands back the
     last 5xx answer (no RetryError), so the message can say "HTTP 503 Service Unavailable"."""
-    retry = _Retry(total=retries, backoff_factor=backoff_factor, status_forcelist=_RETRY_STATUSES,
-                   allowed_methods=["GET"], raise_on_status=False)
+    retry = urllib3.util.Retry(total=retries, backoff_factor=backoff_factor, status_forcelist=_RETRY_STATUSES,
+                               allowed_methods=["GET"], raise_on_status=False)
     session, adapter = requests.Session(), HTTPAdapter(max_retries=retry)
     for scheme in ("http://", "https://"):
         session.mount(scheme, adapter)
@@ -204,12 +182,10 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
                           getattr(e, "reason", None), e.__context__, e.__cause__])
 
 
-def _reason(exc: BaseException, timeout: float, elapsed: float) -> str:
-    """A short, one-line reason for a network failure, found in the chain requests > urllib3 > socket.
-
-    The operating system's error ("Connection refused") first; a body cut short or a timeout
-    (retried: how many attempts, in ``elapsed`` seconds) get a phrase; else the outermost message.
-    """
+def _reason(exc: BaseException, timeout: float, retries: int, elapsed: float) -> str:
+    """A short reason for a network failure, from the chain requests > urllib3 > socket: the operating
+    system's error ("Connection refused") first, a phrase for a body cut short or a timeout (retried: how
+    many attempts, in ``elapsed`` seconds), else the outermost message."""
     chain = list(_chain(exc))
     if any(isinstance(e, http.client.IncompleteRead) for e in chain):
         return "the server closed the connection early"
@@ -219,9 +195,9 @@ def _reason(exc: BaseException, timeout: float, elapsed: float) -> str:
             return _one_line(e.strerror or str(e))
     # NewConnectionError subclasses ConnectTimeoutError, hence the OSError pass first.
     if any(isinstance(e, (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)) for e in chain):
-        attempts = max((getattr(e, "attempts", 1) for e in chain), default=1)
-        if attempts > 1:
-            return (f"timed out: no answer within {timeout:g} s on each of {attempts} attempts, "
+        # Retry raises MaxRetryError only once its total is spent: after retries + 1 attempts.
+        if retries and any(isinstance(e, urllib3.exceptions.MaxRetryError) for e in chain):
+            return (f"timed out: no answer within {timeout:g} s on each of {retries + 1} attempts, "
                     f"{elapsed:.{1 if elapsed < 10 else 0}f} s in all")
         return f"timed out after {timeout:g} s"
     return _one_line(str(exc) or type(exc).__name__)
@@ -229,13 +205,7 @@ def _reason(exc: BaseException, timeout: float, elapsed: float) -> str:
 
 def _redact(url: str) -> str:
     """``url`` for messages: a password in it (``user:secret@host``) shown as ``***``."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return url
-    if parts.password is None:
-        return url
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+    return re.sub(r"^([^:/?#]+://[^/?#@:]*:)[^/?#@]*@", r"\1***@", url, count=1)
 
 
 # ----------------------------------------------------------------------------- one download
@@ -250,6 +220,7 @@ class _Attempt:
     dest: Path
     hint: str
     timeout: float
+    retries: int
     started: float = 0.0
     total: int | None = None  # the announced Content-Length
     received: int = 0
@@ -260,32 +231,29 @@ class _Attempt:
         """The :class:`MinigptError` of :data:`_MESSAGES` ``[kind]``, filled from this download and ``exc``."""
         fields = dict(
             url=self.url, env=self.ds.url_env, hint=self.hint, fix=f"check the URL or {self.hint}",
-            perms="check the folder's permissions or pass another data directory",
-            size=self.ds.size, sha256=self.ds.sha256, dest=self.dest, folder=self.dest.parent,
-            total=self.total, received=self.received, encoding=self.encoding,
-            of_total=f" of {self.total:,}" if self.total is not None else "",
+            size=self.ds.size, sha256=self.ds.sha256, total=self.total, received=self.received,
+            encoding=self.encoding, of_total=f" of {self.total:,}" if self.total is not None else "",
         )
         if exc is not None:
-            fields.update(detail=_one_line(exc), reason=_reason(exc, self.timeout, time.monotonic() - self.started))
+            elapsed = time.monotonic() - self.started
+            fields.update(detail=_one_line(exc), reason=_reason(exc, self.timeout, self.retries, elapsed))
+        if isinstance(exc, requests.HTTPError):
+            code, phrase = exc.response.status_code, exc.response.reason
+            phrase = phrase or next((s.phrase for s in HTTPStatus if s == code), "")
+            fields.update(status=_one_line(f"HTTP {code} {phrase}"))
         return MinigptError(_MESSAGES[kind].format(**fields, **extra))
 
     @contextmanager
     def failing(self, phase: str) -> Iterator[None]:
-        """Turn an exception that ends ``phase`` (:func:`_classify`) into its one-line :class:`MinigptError`."""
+        """A network failure that ends ``phase`` (:data:`_FAILURES`) as its one-line :class:`MinigptError`."""
         try:
             yield
-        except Exception as exc:
-            kind = _classify(exc, phase)
-            if kind is None:
-                raise
-            raise self.error(kind, exc) from None
+        except tuple(t for types, _ in _FAILURES[phase] for t in types) as exc:
+            raise self.error(_classify(exc, phase), exc) from None
 
     def check(self, resp: requests.Response) -> None:
-        """Refuse an HTTP error, or a Content-Length other than the dataset's size
-        (not compared with a Content-Encoding: gzip's counts compressed bytes)."""
-        if not 200 <= resp.status_code < 300:
-            phrase = resp.reason or next((s.phrase for s in HTTPStatus if s == resp.status_code), "")
-            raise self.error("http_status", status=_one_line(f"HTTP {resp.status_code} {phrase}"))
+        """Refuse a Content-Length other than the dataset's size (not compared with a Content-Encoding:
+        gzip's counts compressed bytes)."""
         self.encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
         with suppress(KeyError, ValueError):
             if self.encoding in ("", "identity"):
@@ -297,8 +265,11 @@ class _Attempt:
         with self.failing("read"):
             yield from (chunk for chunk in resp.iter_content(chunk_size=_CHUNK) if chunk)
 
-    def save(self, resp: requests.Response, progress: bool | None) -> str:
-        """Stream the body into :attr:`part` with a tqdm bar on stderr, fsync it; return its sha256."""
+    def save(self, resp: requests.Response, progress: bool | None) -> None:
+        """Stream the body into :attr:`part` with a tqdm bar on stderr, fsync it, and check its sha256.
+
+        A body shorter than announced is "cut off": urllib3 raises IncompleteRead first, and the checksum
+        is the backstop that names it."""
         digest = hashlib.sha256()
         with self.part as f, tqdm(total=self.total, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
                                   desc=str(self.dest), file=sys.stderr,
@@ -306,88 +277,65 @@ class _Attempt:
             for chunk in self._chunks(resp):
                 if self.received + len(chunk) > self.ds.size:  # a server streaming without end must not fill the disk
                     raise self.error("too_long")
-                with self.failing("write"):
-                    f.write(chunk)
+                f.write(chunk)
                 digest.update(chunk)
                 self.received += len(chunk)
                 bar.update(len(chunk))
-            with self.failing("write"):
-                f.flush()
-                os.fsync(f.fileno())
-        return digest.hexdigest()
-
-    def verify(self, digest: str) -> None:
-        """Refuse a body shorter than announced, or one whose sha256 is not the dataset's."""
-        if self.total is not None and self.received < self.total:
-            raise self.error("cut_short")  # urllib3 normally raises IncompleteRead first; this is the backstop
-        if digest != self.ds.sha256:
-            raise self.error("checksum", got=digest)
+            f.flush()
+            os.fsync(f.fileno())
+        if digest.hexdigest() != self.ds.sha256:
+            short = self.total is not None and self.received < self.total
+            raise self.error("cut_short" if short else "checksum", got=digest.hexdigest())
 
 
 def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout: float, retries: int,
            backoff_factor: float, mirror_hint: str) -> Path | None:
     """Stream ``url`` into ``dest`` atomically (see :func:`download`); return where a differing
     file that was at ``dest`` was kept, or None."""
-    att = _Attempt(ds, _redact(url), dest, mirror_hint, timeout)
+    att = _Attempt(ds, _redact(url), dest, mirror_hint, timeout, retries)
     created = list(takewhile(lambda d: not d.exists() and d != d.parent, [dest.parent, *dest.parent.parents]))
     try:
         with _session(retries, backoff_factor) as session:
             att.started = time.monotonic()
             with att.failing("request"):
                 resp = session.get(url, stream=True, timeout=timeout)
+                resp.raise_for_status()
             with resp:
                 att.check(resp)
-                with att.failing("open"):
-                    att.part = open_part(dest)
-                digest = att.save(resp, progress)
-        att.verify(digest)
-        with att.failing("install"):
-            backup = install(att.part.name, dest, genuine=lambda p: file_ok(p, ds))
+                att.part = open_part(dest)
+                att.save(resp, progress)
+        backup = install(att.part.name, dest, genuine=lambda p: file_ok(p, ds))
         att.part = None
         return backup
-    except BaseException:
-        # Leave no trace of a failed download: the partial file and the folders we made (deepest first).
+    except OSError as exc:  # the network's are MinigptErrors by now: this is a file that cannot be written
+        raise MinigptError(os_error_message(exc, None if exc.filename else dest, "write")) from None
+    finally:
+        # Leave no trace of a failed download: the partial file and the (now empty) folders we made,
+        # deepest first; after a success the part is installed and the folder holds it.
         with suppress(OSError):
             if att.part is not None:
                 os.remove(att.part.name)
         with suppress(OSError):
             for d in created:
                 d.rmdir()
-        raise
 
 
 def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | None = None, force: bool = False,
              progress: bool | None = None, timeout: float = 30.0, retries: int = 3, backoff_factor: float = 0.5,
              mirror_hint: str | None = None) -> tuple[Path, bool]:
-    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus.
+    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus (the README's "Data" says how).
 
-    A file there that passes the sha256 check is kept and no request is made
-    (unless ``force``); one that fails it is downloaded again, and kept as
-    ``input.txt.bak`` (or ``.bak-N``) once the download is verified. The body
-    streams into a partial file beside the target (stale ones are swept first,
-    :func:`sweep_partial_files`), stops as soon as the server announces or
-    sends a size other than the dataset's, is checked against its sha256,
-    fsynced and renamed over the target. A failure leaves no new file or
-    folder behind. Failed connections and 429/5xx answers are retried (urllib3
-    ``Retry``, exponential backoff); a body cut off mid-stream is not.
-
-    Args:
-        dataset: a name in :data:`DATASETS`, or an entry.
-        url: the address; None: the dataset's variable, then its default (:func:`resolve_url`).
-        progress: a tqdm bar on stderr; None: only when stderr is a terminal.
-        timeout: seconds to wait to connect and between received bytes.
-        retries, backoff_factor: urllib3 ``Retry``'s total and backoff factor.
-        mirror_hint: how the user points at another mirror, for the messages
-            (default: set the dataset's variable; a config's ``data.url`` says so).
+    A genuine file there is kept and no request made (unless ``force``); one that fails the checksum is
+    downloaded again and kept as ``input.txt.bak`` (``.bak-N``). ``url`` None: :func:`resolve_url`;
+    ``progress`` None: a bar only on a terminal; ``timeout``: seconds to connect and between bytes;
+    ``retries``, ``backoff_factor``: urllib3 ``Retry``'s; ``mirror_hint``: how the user names another mirror
+    (default: the dataset's variable). A failure leaves no new file or folder behind.
 
     Returns:
         ``(path, downloaded)``: the corpus path and whether it was downloaded now.
 
     Raises:
-        MinigptError: one line naming the URL, the problem and the fix
-            (:data:`_MESSAGES`): an unknown dataset or invalid URL, an unreachable
-            or silent server, an HTTP error, a body cut off, too long or with
-            another sha256, or a file that cannot be written.
+        MinigptError: one line naming the URL, the problem and the fix (:data:`_MESSAGES`), or the file.
     """
     ds = get_dataset(dataset)
     url = resolve_url(url, ds)

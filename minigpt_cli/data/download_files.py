@@ -1,15 +1,15 @@
 """Where a download writes: a locked partial file, the sweep of stale ones, the final rename.
 
-A download streams into ``.input.txt.<random>.part`` beside its target and
-holds an exclusive ``flock`` on it while it lives; a later download removes
-only partial files that are unlocked and stale. The verified file is renamed
-over the target, and a user's own differing file there is kept under a backup
-name first. Used by :mod:`minigpt_cli.data.download`.
+A download streams into ``.input.txt.<random>.part`` beside its target, holding an exclusive ``flock`` on
+it; a later download removes only partial files that are unlocked and stale. The verified file is renamed
+over the target, a user's own differing file there kept under a backup name first.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import tempfile
 import time
 from contextlib import suppress
@@ -17,10 +17,8 @@ from itertools import count
 from pathlib import Path
 from typing import IO, Callable
 
-try:
-    import fcntl
-except ImportError:  # not on Windows: stale partial files are then judged by age alone
-    fcntl = None
+# Not on Windows: stale partial files are then judged by age alone.
+fcntl = None if sys.platform == "win32" else importlib.import_module("fcntl")
 
 from ..fileio import new_file_mode
 from ..paths import CORPUS_FILE
@@ -32,13 +30,8 @@ _STALE_AFTER_S = 5.0 if fcntl is not None else 3600.0
 
 
 def sweep_partial_files(folder: Path) -> list[Path]:
-    """Delete the partial downloads (:data:`PART_GLOB`) a killed earlier download left in ``folder``.
-
-    A running download holds an exclusive ``flock`` on its partial file (and
-    writes to it), so only files unlocked and unmodified for a few seconds are
-    removed (without ``fcntl``: an hour). Returns the files removed; those that
-    cannot be are left alone.
-    """
+    """Delete the partial downloads (:data:`PART_GLOB`) a killed earlier download left in ``folder``: those
+    unlocked and unmodified for a few seconds (without ``fcntl``: an hour). Returns the files removed."""
     removed = []
     with suppress(OSError):
         candidates = sorted(folder.glob(PART_GLOB))
@@ -69,28 +62,21 @@ def open_part(dest: Path) -> IO[bytes]:
 def back_up(path: Path, genuine: Callable[[Path], bool]) -> Path | None:
     """Keep the user's own file at ``path`` (one that fails the checksum) under a backup name; return it.
 
-    It is hard-linked to ``input.txt.bak``, else the first free ``input.txt.bak-N``,
-    so ``path`` stays in place until the verified download is renamed over it;
-    where links are not possible it is renamed. Nothing is kept (None) for an
-    absent, empty or genuine file, or a symlink (replacing a link leaves its
-    target untouched). Raises OSError when no backup can be made.
+    It is hard-linked to ``input.txt.bak`` (else the first free ``.bak-N``), so ``path`` stays in place until
+    the verified download replaces it; where links are not possible it is renamed. Nothing is kept (None)
+    for an absent, empty or genuine file, or a symlink (replacing a link leaves its target untouched).
     """
     if path.is_symlink() or not path.is_file() or path.stat().st_size == 0 or genuine(path):
         return None
-    for _ in range(100):
-        names = (path.with_name(f"{path.name}.bak{f'-{n}' if n else ''}") for n in count())
-        bak = next(b for b in names if not os.path.lexists(b))
+    names = (path.with_name(f"{path.name}.bak{f'-{n}' if n else ''}") for n in count())
+    for bak in (b for b in names if not os.path.lexists(b)):
         try:
             os.link(path, bak, follow_symlinks=False)
-            return bak
-        except FileExistsError:
-            continue  # taken meanwhile: pick the next name
         except OSError:
             if os.path.lexists(bak):
-                continue
-            os.rename(path, bak)
-            return bak
-    raise OSError(f"no free backup name beside {path}")
+                continue  # taken meanwhile: the next free name
+            os.rename(path, bak)  # no hard links on this file system
+        return bak
 
 
 def install(part: str, dest: Path, genuine: Callable[[Path], bool]) -> Path | None:

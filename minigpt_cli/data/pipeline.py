@@ -4,6 +4,7 @@ and the batches drawn from token memmaps (:class:`BatchSampler`, :func:`eval_off
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -19,7 +20,7 @@ from ..paths import corpus_path, dataset_dir, default_tokenizer_path
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_tokenizer
 from ..tokenizer.training import MAX_VOCAB_SIZE, check_vocab_size, train_tokenizer
-from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, find_files, open_corpus
+from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, matching, open_corpus
 from .preparation import PreparedData, prepare
 
 #: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus
@@ -37,12 +38,10 @@ _FINGERPRINT = ("the corpus is not the one data.fingerprint names ({want}…; no
 
 
 def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
-    """The named dataset's corpus file, downloaded (saying so) when it is not there or fails its checksum.
+    """The named dataset's corpus file, downloaded (saying so) when missing or failing its checksum.
 
     Raises:
-        MinigptError: the download failed (:func:`~minigpt_cli.data.download.download`); with ``data.url``
-            set, the fix says it must be a mirror of the named corpus.
-    """
+        MinigptError: the download failed; with ``data.url`` set, the fix says it must be a mirror."""
     from .download import download
 
     log(f"{corpus_path(cfg.data.data_dir, cfg.data.dataset)} not found or incomplete; downloading it first")
@@ -52,11 +51,10 @@ def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bo
 
 def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Corpus]:
     """The config's corpus when it can be read without a download, its files hashed once: ``data.path``'s
-    (a bar in bytes when ``progress``), or the named dataset's file when it is the genuine one; else None.
+    (a bar in bytes when ``progress``), or the named dataset's genuine file; else None.
 
     Raises:
-        MinigptError: a ``data.path`` that names nothing readable (:func:`~.corpus.open_corpus`).
-    """
+        MinigptError: a ``data.path`` that names nothing readable."""
     from tqdm import tqdm
 
     from .download import get_dataset
@@ -67,29 +65,27 @@ def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Co
                   disable=None if progress is None else not progress) as bar:
             return open_corpus(dc.path, dc.text_field, on_bytes=bar.update)
     path, ds = corpus_path(dc.data_dir, dc.dataset), get_dataset(dc.dataset)
+    if not path.is_file() or path.stat().st_size != ds.size:
+        return None
     try:
-        if not path.is_file() or path.stat().st_size != ds.size:
-            return None
         corpus = open_corpus(path, dc.text_field, name=dc.dataset)
-    except (OSError, MinigptError):  # unreadable: downloaded again, as a file that fails its checksum is
+    except MinigptError:  # unreadable: the download refuses it (the user's to fix) rather than replace it
         return None
     return corpus if corpus.files[0].sha256 == ds.sha256 else None
 
 
 def corpus_root(cfg: Config, corpus: Optional[Corpus]) -> Path:
-    """The folder a corpus's tokenizers and token files go in: ``<data_dir>/<dataset>/`` for the named
+    """The folder of a corpus's tokenizers and token files: ``<data_dir>/<dataset>/`` for the named
     dataset, ``<data_dir>/<name>-<fingerprint[:12]>/`` for ``data.path`` (an edited corpus gets its own)."""
     dc = cfg.data
     return dataset_dir(dc.data_dir, dc.dataset) if dc.path is None else corpus.folder(dc.data_dir)
 
 
 def configured_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> tuple[Corpus, Path]:
-    """The corpus the config names (:func:`corpus_on_disk`, the named dataset downloaded first when missing,
-    :func:`ensure_corpus`), and the folder its tokenizers and token files go in (:func:`corpus_root`).
+    """The corpus the config names (downloaded first when missing) and its folder (:func:`corpus_root`).
 
     Raises:
-        MinigptError: a ``data.path`` that names nothing readable, or a failed download.
-    """
+        MinigptError: a ``data.path`` that names nothing readable, or a failed download."""
     corpus = corpus_on_disk(cfg, progress)
     if corpus is None:
         corpus = open_corpus(ensure_corpus(cfg, log, progress), cfg.data.text_field, name=cfg.data.dataset)
@@ -102,12 +98,11 @@ _RUN_CORPUS_GONE = ("run {run} trained on a corpus that is gone: nothing at {pat
 
 
 def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
-    """A run's config with its corpus found from any folder: ``data.data_dir`` and ``data.path`` as
-    ``train`` read them (``evaluate``, ``compare`` and ``inspect`` read the run's splits through it).
+    """A run's config with its corpus found from any folder (``data.data_dir`` and ``data.path`` as
+    ``train`` read them), for ``evaluate``, ``compare`` and ``inspect``.
 
     Raises:
-        MinigptError: a ``data.path`` corpus found in none of them, naming where it was.
-    """
+        MinigptError: a ``data.path`` corpus found nowhere, naming where it was."""
     bases = runs.training_dirs(run_dir, cfg.train.out_dir)
     if not bases:
         return cfg
@@ -130,12 +125,7 @@ def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
 def _corpus_found(cfg: Config) -> bool:
     """Whether the config's corpus has files where it says: the named dataset's file, or ``data.path``'s."""
     dc = cfg.data
-    if dc.path is None:
-        return corpus_path(dc.data_dir, dc.dataset).is_file()
-    try:
-        return bool(find_files(dc.path))
-    except MinigptError:
-        return False
+    return corpus_path(dc.data_dir, dc.dataset).is_file() if dc.path is None else bool(matching(dc.path)[0])
 
 
 #: A run's corpus that changed since it trained, read by evaluate, compare or inspect.
@@ -145,10 +135,9 @@ _RUN_CORPUS_CHANGED = ("corpus file {path} was {what} since run {run} trained on
 
 
 def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
-    """What differs between a checkpoint's record of its corpus's files (``meta.json``'s ``corpus.files``)
-    and ``corpus`` now: (path, what, detail): the file's path now (where it was, for one removed, under the
-    corpus's folder now), ``edited``/``changed``, ``removed``, ``added`` or ``reordered``, and for a changed
-    file its sha256 and size then and now ("" otherwise)."""
+    """What differs between a checkpoint's record of its corpus's files (``meta.json``) and ``corpus``
+    now: (path now, or where a removed one was; ``changed``, ``removed``, ``added`` or ``reordered``; for a
+    changed file its sha256 and size then and now, else "")."""
     now_records = corpus.records()
     found = changed_file(before, now_records)
     if found is None:
@@ -168,29 +157,24 @@ def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
 
 def run_corpus_change(want: Optional[str], corpus: Corpus, run_dir: Path,
                       checkpoints: Sequence[str] = (runs.BEST, runs.LAST)) -> Optional[tuple[str, str, str]]:
-    """None when ``corpus`` is the one the run's fingerprint ``want`` names (or it records none, a run saved
-    before fingerprints); else what differs (:func:`corpus_change`) from the files the first of its
-    ``checkpoints`` with a ``meta.json`` records."""
+    """None when ``corpus`` is the one the run's fingerprint ``want`` names (or it records none);
+    else :func:`corpus_change` from the first of ``checkpoints`` that records its files."""
     if want is None or corpus.matches(want):
         return None
     before: list[dict] = []
     for name in checkpoints:
-        try:
+        with suppress(MinigptError):  # no checkpoint there, or a damaged meta.json: the next one
             before = runs.read_meta(runs.checkpoint_dir(run_dir, name)).get("corpus", {}).get("files") or []
-        except (MinigptError, OSError, ValueError, AttributeError):
-            continue
         if before:
             break
     return corpus_change(before, corpus)
 
 
 def check_run_corpus(cfg: Config, corpus: Corpus, run_dir: Path) -> None:
-    """Refuse to read a run's splits (``evaluate``, ``compare``, ``inspect``) from another corpus than it
-    trained on, naming the file that differs.
+    """Refuse to read a run's splits from another corpus than it trained on, naming the file that differs.
 
     Raises:
-        MinigptError: the fingerprint the run's config records names another corpus.
-    """
+        MinigptError: the run's fingerprint names another corpus."""
     change = run_corpus_change(cfg.data.fingerprint, corpus, run_dir)
     if change is not None:
         path, what, detail = change
@@ -201,18 +185,15 @@ def check_fingerprint(cfg: Config, corpus: Corpus) -> None:
     """Refuse a corpus other than the one ``data.fingerprint`` names (when set).
 
     Raises:
-        MinigptError: the fingerprints differ.
-    """
+        MinigptError: the fingerprints differ."""
     want = cfg.data.fingerprint
     if want is not None and not corpus.matches(want):
         raise MinigptError(_FINGERPRINT.format(want=want[:12], got=corpus.fingerprint[:12]))
 
 
 def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
-    """The configured tokenizer file: ``tokenizer.path``, else
-    ``<root>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json``
-    (:func:`~minigpt_cli.paths.default_tokenizer_path`), ``root`` being the
-    corpus's folder (default: the named dataset's, ``<data_dir>/<dataset>/``)."""
+    """The configured tokenizer file: ``tokenizer.path``, else :func:`~minigpt_cli.paths.default_tokenizer_path`
+    in ``root``, the corpus's folder (default: the named dataset's)."""
     tc = cfg.tokenizer
     if tc.path:
         return Path(tc.path)
@@ -220,37 +201,37 @@ def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
     return default_tokenizer_path(root.parent, root.name, tc.kind, tc.vocab_size, tc.special_tokens)
 
 
+#: How a tokenizer file can disagree with the config (checked in this order), and the fix.
+_DISAGREES = {
+    "kind": "holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; fix tokenizer.path or tokenizer.kind",
+    "special": "lacks the special tokens {missing} that tokenizer.special_tokens names; delete the file to "
+               "train it again, or fix the config",
+    "size": "has {tok.vocab_size:,} entries but tokenizer.vocab_size is {tc.vocab_size:,}; delete the file to "
+            "train it again, or set tokenizer.vocab_size: {tok.vocab_size}",
+}
+
+
 def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
-    """Load the tokenizer file ``path`` and check that it agrees with the config.
+    """Load the tokenizer file ``path`` and check that it agrees with the config (:data:`_DISAGREES`).
 
     Raises:
         MinigptError: an unreadable file, or one that disagrees with the config.
     """
     tc = cfg.tokenizer
     tok = load_tokenizer(path, tc.kind)
-    if tok.kind != tc.kind:
-        raise MinigptError(
-            f"tokenizer file {str(path)!r} holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; "
-            "fix tokenizer.path or tokenizer.kind"
-        )
     missing = [s for s in tc.special_tokens if s not in tok.special_tokens]
-    if missing:
-        raise MinigptError(
-            f"tokenizer file {str(path)!r} lacks the special tokens {', '.join(map(repr, missing))} "
-            "that tokenizer.special_tokens names; delete the file to train it again, or fix the config"
-        )
-    if tc.kind != "char" and tc.vocab_size is not None and tok.vocab_size != tc.vocab_size:
-        raise MinigptError(
-            f"tokenizer file {str(path)!r} has {tok.vocab_size:,} entries but tokenizer.vocab_size is "
-            f"{tc.vocab_size:,}; delete the file to train it again, or set tokenizer.vocab_size: {tok.vocab_size}"
-        )
+    sized = tc.kind != "char" and tc.vocab_size is not None  # a char tokenizer's alphabet decides its size
+    disagrees = next((k for k, differs in (("kind", tok.kind != tc.kind), ("special", bool(missing)),
+                                          ("size", sized and tok.vocab_size != tc.vocab_size)) if differs), None)
+    if disagrees is not None:
+        raise MinigptError(f"tokenizer file {str(path)!r} " + _DISAGREES[disagrees].format(
+            tok=tok, tc=tc, missing=", ".join(map(repr, missing))))
     return tok
 
 
 def training_texts(corpus: Corpus, special_tokens: Sequence[str], limit_chars: Optional[int] = None) -> Iterator[str]:
-    """The corpus as a tokenizer learns it: every piece of every document, and a blank line when the
-    documents will be joined by one (several documents, no end-of-text special token), so its characters
-    get ids; at most about ``limit_chars`` characters."""
+    """The corpus as a tokenizer learns it: every piece of every document (at most about ``limit_chars``
+    characters), after a blank line when documents will be joined by one, so that its characters get ids."""
     several = len(corpus.files) > 1 or any(f.jsonl for f in corpus.files)
     if several and not any(s in END_OF_TEXT for s in special_tokens):
         yield "\n\n"
@@ -263,15 +244,13 @@ def training_texts(corpus: Corpus, special_tokens: Sequence[str], limit_chars: O
 
 def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[str], None],
                      root: Optional[Path] = None, write: bool = True) -> tuple[Optional[Tokenizer], Path]:
-    """The configured tokenizer (:func:`tokenizer_path`, checked by :func:`load_configured_tokenizer`), trained
-    on ``corpus`` and saved first when its file is missing: a char tokenizer on all of it, a trained kind on
-    its first :data:`TOKENIZER_TRAIN_CHARS` characters. ``write`` False (a dry run): nothing saved; a char
-    tokenizer is built in memory, a trained kind only has its size checked, and None stands for it.
+    """The configured tokenizer, checked (:func:`load_configured_tokenizer`), or trained on ``corpus``
+    (a char one on all of it, a trained kind on :data:`TOKENIZER_TRAIN_CHARS`) and saved when its file is
+    missing. ``write`` False (a dry run): nothing saved; a trained kind only has its size checked (None).
 
     Raises:
         MinigptError: a file that disagrees with the config, a path that cannot be written, or training that
-            fails (empty corpus, impossible vocabulary size); nothing is written then.
-    """
+            fails; nothing is written then."""
     tc = cfg.tokenizer
     path = tokenizer_path(cfg, root)
     if path.is_file():
@@ -304,8 +283,8 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[s
 
 @dataclass
 class DataStage:
-    """What ``train``'s data steps found or made: the corpus, its folder, the tokenizer and the token files.
-    A dry run downloads and trains nothing: what is not there yet is None, and ``waits`` says why."""
+    """What ``train``'s data steps found or made; a dry run makes nothing: what is not there is None,
+    and ``waits`` says why."""
 
     root: Path
     tok_path: Path
@@ -319,14 +298,13 @@ class DataStage:
 def prepare_data(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None, write: bool = True,
                  check: Callable[[Corpus], None] = lambda corpus: None,
                  found: Callable[[Optional[Corpus]], None] = lambda corpus: None) -> DataStage:
-    """Find (or download) the corpus, train the tokenizer if missing, prepare the token files
-    (:func:`~.preparation.prepare`, with ``model.block_size``): ``train``'s data steps and ``minigpt prepare``.
-    ``write`` False: ``train --dry-run``'s, refusing what they would refuse and writing nothing. ``found`` hears
-    of the corpus on disk (None: not there) before any download; ``check`` may refuse it before it is used.
+    """``train``'s data steps and ``minigpt prepare``: the corpus (downloaded if missing), the tokenizer
+    (trained if missing), the token files (:func:`~.preparation.prepare`). ``write`` False: ``--dry-run``'s,
+    refusing what they would and writing nothing. ``found`` hears of the corpus on disk (None: not there)
+    before any download; ``check`` may refuse it before it is used.
 
     Raises:
-        MinigptError: as :func:`configured_corpus`, ``check``, :func:`ensure_tokenizer` and ``prepare``.
-    """
+        MinigptError: as :func:`configured_corpus`, ``check``, :func:`ensure_tokenizer` and ``prepare``."""
     dc = cfg.data
     corpus = corpus_on_disk(cfg, progress)
     found(corpus)
@@ -362,11 +340,10 @@ def prepare_configured(cfg: Config, log: Callable[[str], None] = print, progress
 
 
 def with_vocab(cfg: Config, vocab_size: int) -> Config:
-    """``cfg`` with ``model.vocab_size`` taken from the tokenizer's ``vocab_size`` when null.
+    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's.
 
     Raises:
-        MinigptError: a ``model.vocab_size`` smaller than the tokenizer's (its ids would not fit).
-    """
+        MinigptError: a ``model.vocab_size`` smaller than the tokenizer's."""
     mc = cfg.model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})
@@ -379,8 +356,8 @@ def with_vocab(cfg: Config, vocab_size: int) -> Config:
 
 
 class BatchSampler:
-    """Random (x, y) windows from a token memmap, drawn without Python loops; the offsets come from a
-    ``torch.Generator`` of its own, so the data order is part of the trainer state."""
+    """Random (x, y) windows from a token memmap, by a ``torch.Generator`` of its own (part of the
+    trainer state)."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  device: torch.device, rank: int = 0, world: int = 1):
@@ -431,14 +408,14 @@ EVAL_CHUNK = 4096
 
 
 def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> Iterator[torch.Tensor]:
-    """The start offsets of the ``count`` windows an eval reads, in chunks of at most :data:`EVAL_CHUNK`, by a
-    generator of their own: they depend on (seed, count) alone, not on the batches they are read in."""
+    """The start offsets of an eval's ``count`` windows, in chunks of at most :data:`EVAL_CHUNK`, by a
+    generator of their own: a function of (seed, count) alone."""
     generator = torch.Generator().manual_seed(seed)
     for start in range(0, count, EVAL_CHUNK):
         yield torch.randint(n_tokens - block_size, (min(EVAL_CHUNK, count - start),), generator=generator)
 
 
 def eval_seed(seed: int, split: str, step: int) -> int:
-    """The seed of the eval batches of ``split`` at optimizer step ``step``: a function of the step alone, so a
-    resumed run evaluates as the uninterrupted one."""
+    """The seed of the eval batches of ``split`` at step ``step``: a resumed run evaluates as the
+    uninterrupted one."""
     return ((seed * 1_000_003 + {"train": 2, "val": 3}[split]) * 1_000_000_007 + step) & (2**63 - 1)

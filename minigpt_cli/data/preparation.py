@@ -22,14 +22,14 @@ from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from itertools import chain, takewhile
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import IO, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError
-from ..fileio import atomic_write_text, check_writable, chmod_quietly, new_file_mode
+from ..fileio import atomic_write_text, check_writable, chmod_quietly, new_file_mode, os_error_message
 from ..tokenizer.kinds import Tokenizer
 from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, survey
 
@@ -38,6 +38,8 @@ BATCH_CHARS = 1 << 20
 #: A temporary token file older than this (seconds untouched) was left by a killed process.
 STALE_TEMP_S = 600.0
 _TEMP_PREFIX = ".prep-"
+#: The splits, by their index in a :data:`Unit`.
+SPLITS = ("train", "val")
 #: A corpus larger than this (bytes) is not encoded by a dry run when no prepared files give its split.
 PREVIEW_BYTES = 64 << 20
 
@@ -92,13 +94,11 @@ def _fix(val_fraction: float, n_train: int, n_val: int, need: int, block_size: O
 
 
 def check_split_counts(val_fraction: float, n_train: int, n_val: int, block_size: Optional[int] = None) -> None:
-    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` tokens on a side or, given ``block_size``, fewer
-    than ``block_size + 1``. The fix offered is one then accepted: a lower ``model.block_size`` when this split
-    has one that fits, another ``data.val_fraction`` when the corpus is large enough, else more text.
+    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` (given ``block_size``: ``block_size + 1``)
+    tokens on a side, offering a fix then accepted: a lower block size, another ``data.val_fraction``, more text.
 
     Raises:
-        MinigptError: one line naming ``data.val_fraction``, the token counts and the fix.
-    """
+        MinigptError: one line naming ``data.val_fraction``, the token counts and the fix."""
     need = max(block_size + 1, MIN_SPLIT_TOKENS) if block_size is not None else MIN_SPLIT_TOKENS
     if min(n_train, n_val) >= need:
         return
@@ -115,9 +115,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def separator_ids(tok: Tokenizer) -> tuple[list[int], str]:
-    """The ids put between two documents, and what they are: the first of the tokenizer's special tokens
-    that spells end-of-text (:data:`END_OF_TEXT`), else a blank line's ids (none when the char
-    tokenizer's alphabet has no newline)."""
+    """The ids put between two documents and what they are: the tokenizer's first end-of-text special
+    token (:data:`END_OF_TEXT`), else a blank line (nothing when the alphabet has no newline)."""
     for s in getattr(tok, "special_tokens", ()):
         if s in END_OF_TEXT:
             return tok.encode(s), s
@@ -168,9 +167,7 @@ def _tail_cut(piece: str, k: int, special_tokens: Sequence[str]) -> int:
 
 
 def split_text(text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] = ()) -> tuple[str, str]:
-    """(train, val): the first ``int(len·(1-val_fraction))`` characters, and the rest (nanoGPT's split of
-    one text; :func:`units` makes the same split in a stream).
-    """
+    """(train, val): the first ``int(len·(1-val_fraction))`` characters and the rest (nanoGPT's split)."""
     n = _tail_cut(text, int(len(text) * (1 - val_fraction)), keep_whole)
     return text[:n], text[n:]
 
@@ -239,23 +236,17 @@ def sweep_stale_temps(directory: Path, now: Optional[float] = None) -> list[Path
     now = time.time() if now is None else now
     gone = []
     for p in directory.glob(f"{_TEMP_PREFIX}*"):
-        try:
+        with suppress(OSError):  # gone meanwhile, or not ours to remove: left alone
             if now - p.stat().st_mtime > STALE_TEMP_S:
                 p.unlink()
                 gone.append(p)
-        except OSError:
-            pass
     return gone
 
 
 def encoded(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, progress: Optional[bool] = None,
             ) -> Iterator[tuple[int, np.ndarray, int]]:
-    """``(split, ids, chars)`` for each unit of :func:`units`, each batch encoded in a worker thread while the
-    next is read; a tqdm bar in bytes on stderr when ``progress`` (None: only on a terminal).
-
-    Raises:
-        MinigptError: text the tokenizer cannot encode, a file unreadable or not UTF-8.
-    """
+    """``(split, ids, chars)`` for each unit of :func:`units`, a batch encoded in a worker thread while the
+    next is read; a tqdm bar on stderr when ``progress`` (None: on a terminal)."""
     sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
     specials = list(getattr(tok, "special_tokens", ()))
     with ExitStack() as stack:
@@ -277,44 +268,49 @@ def encoded(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, progress: Optional[
 
 def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory: Optional[Path],
                       progress: Optional[bool] = None, block_size: Optional[int] = None) -> dict[str, int]:
-    """Encode ``corpus`` into ``directory/{train,val}.bin`` (see the module docstring); return the token and
-    character counts. ``directory`` None: count only, writing nothing.
+    """Encode ``corpus`` into ``directory/{train,val}.bin``; return the token and character counts.
+    ``directory`` None: count only.
 
     Raises:
-        MinigptError: as :func:`encoded`, or a split too small; nothing that looks complete is left.
-    """
+        MinigptError: as :func:`encoded`, a split too small, a file that cannot be written; nothing that looks
+            complete is left."""
     dtype = token_dtype(tok.vocab_size)
     created = [] if directory is None else list(
         takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents]))
     counts = {"train_tokens": 0, "val_tokens": 0, "train_chars": 0, "val_chars": 0}
-    with ExitStack() as stack:
-        temps = []
-        if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
-            for split in ("train", "val"):
-                fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
-                temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
-        try:
+    temps: list[tuple[Path, IO[bytes]]] = []
+    target = directory
+    try:
+        with ExitStack() as stack:
+            if directory is not None:
+                directory.mkdir(parents=True, exist_ok=True)
+                for split in SPLITS:
+                    fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
+                    temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
             for split, ids, chars in encoded(corpus, tok, plan, progress):
-                name = ("train", "val")[split]
                 if temps:
+                    target = directory / f"{SPLITS[split]}.bin"  # what a write that fails names
                     temps[split][1].write(ids.astype(dtype).tobytes())
-                counts[f"{name}_tokens"] += ids.size
-                counts[f"{name}_chars"] += chars
+                counts[f"{SPLITS[split]}_tokens"] += ids.size
+                counts[f"{SPLITS[split]}_chars"] += chars
             check_split_counts(plan.val_fraction, counts["train_tokens"], counts["val_tokens"], block_size)
-            for path, f in temps:
+            for (path, f), split in zip(temps, SPLITS):
+                target = directory / f"{split}.bin"
                 f.flush()
                 os.fsync(f.fileno())
                 chmod_quietly(f.fileno(), new_file_mode())
-            for (path, _), split in zip(temps, ("train", "val")):
+            for (path, _), split in zip(temps, SPLITS):
                 os.replace(path, directory / f"{split}.bin")
-        except BaseException:
-            for path, _ in temps:
-                path.unlink(missing_ok=True)
-            with suppress(OSError):
-                for d in created:  # the folders made here, deepest first: a refusal leaves nothing behind
-                    d.rmdir()
-            raise
+    except OSError as exc:  # the corpus's read errors are MinigptErrors: this is a token file's write
+        raise MinigptError(os_error_message(exc, None if exc.filename else target, "write")) from None
+    finally:
+        # Whatever is left of the temporary files, and the folders made here (deepest first, while
+        # empty): a failure or a refusal leaves nothing behind.
+        for path, _ in temps:
+            path.unlink(missing_ok=True)
+        with suppress(OSError):
+            for d in created:
+                d.rmdir()
     return counts
 
 
@@ -384,12 +380,8 @@ def _as_corpus(corpus: Corpus | str | Path) -> Corpus:
 
 
 def split_plan(corpus: Corpus, val_fraction: float) -> tuple[SplitPlan, int]:
-    """The split of ``corpus`` (:class:`SplitPlan`) and its non-empty documents: the one split ``prepare``,
-    ``train`` and ``train-tokenizer`` make. Reads the corpus once, checking every file.
-
-    Raises:
-        MinigptError: as :func:`~.corpus.survey`.
-    """
+    """The one split ``prepare``, ``train`` and ``train-tokenizer`` make, and the non-empty documents;
+    reads the corpus once."""
     found = survey(corpus)
     return SplitPlan.make(found.n_documents, found.total_chars, val_fraction), found.n_documents
 
@@ -397,16 +389,13 @@ def split_plan(corpus: Corpus, val_fraction: float) -> tuple[SplitPlan, int]:
 def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float = 0.1,
             log: Callable[[str], None] = print, progress: Optional[bool] = None,
             block_size: Optional[int] = None, write: bool = True) -> PreparedData:
-    """Tokenize ``corpus`` (or the one file, folder or glob it names) into
-    ``root/<kind>-<fingerprint>/{train,val}.bin`` (see the module docstring), or reuse files whose
-    ``meta.json`` names the same tokenizer, corpus and split and that are not damaged. Given ``block_size``, a
-    split shorter than ``block_size + 1`` tokens is refused. ``write`` False (a dry run): nothing is written;
-    new token files are only counted, and ``train``/``val`` are None.
+    """Tokenize ``corpus`` (or what it names) into ``root/<kind>-<fingerprint>/{train,val}.bin``, or reuse
+    undamaged files whose ``meta.json`` names the same tokenizer, corpus and split. ``block_size``: a split
+    shorter than it is refused. ``write`` False (a dry run): new files only counted, ``train``/``val`` None.
 
     Raises:
-        MinigptError: an unreadable or non-UTF-8 file, a bad JSON line, text the tokenizer cannot encode,
-            a folder that cannot be written, or a split too small.
-    """
+        MinigptError: a corpus file unreadable or not UTF-8, a bad JSON line, text the tokenizer cannot encode,
+            a folder that cannot be written, or a split too small."""
     corpus = _as_corpus(corpus)
     directory = token_dir(root, tok)
     want = _wanted(corpus, tok, val_fraction)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -75,10 +76,9 @@ def _show(piece: str) -> str:
 
 def segmentation(tok: Tokenizer, word: str) -> str:
     """``word``, after a space as in running text, cut into its tokens' texts (``▁where | fore``), or ``(not encodable)``."""
-    try:
+    with suppress(MinigptError):  # a char tokenizer without these characters
         return " | ".join(_show(p) for p in tok.pieces(" " + word))
-    except MinigptError:
-        return "(not encodable)"
+    return "(not encodable)"
 
 
 def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Optional[int] = None,
@@ -88,18 +88,14 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary.
 
     Raises:
-        MinigptError: unknown kind, empty or missing input, a vocabulary size
-            below the kind's base alphabet or above what the corpus gives;
-            nothing is written then.
-    """
+        MinigptError: unknown kind, empty or missing input, an impossible vocabulary size; nothing written."""
     if kind is None and cfg.model.init_from is not None:  # a fine-tuning config: the folder's tokenizer.json
         kind = "hf"
     kind = kind or cfg.tokenizer.kind
-    if kind == "hf":  # the config's kind: a given file
+    if kind not in KINDS:  # hf, the config's kind for a given file, is not one
         raise MinigptError("tokenizer.kind hf is a Hugging Face tokenizer.json used as it is, never trained here; "
-                           "pass --kind char, bpe, wordpiece or unigram to train one")
-    if kind not in KINDS:
-        raise MinigptError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
+                           "pass --kind char, bpe, wordpiece or unigram to train one" if kind == "hf" else
+                           f"unknown tokenizer kind {kind!r}; use one of {', '.join(KINDS)}")
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
     specials = check_special_tokens(cfg.tokenizer.special_tokens if special_tokens is None else special_tokens)
     corpus, text, root = read_corpus(cfg, input_path, echo, None if kind == "char" else TOKENIZER_TRAIN_CHARS)
@@ -140,10 +136,7 @@ def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optio
     """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations.
 
     Raises:
-        MinigptError: as :func:`run_train_tokenizer`; the sizes are checked
-            for every kind before any is trained, except that a size the
-            unigram trainer falls short of shows only once it has run.
-    """
+        MinigptError: as :func:`run_train_tokenizer`; every kind's size is checked before any is trained."""
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
     if vocab_size is None:
         raise MinigptError("--compare needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
