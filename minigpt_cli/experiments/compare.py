@@ -61,17 +61,14 @@ def _why(exc: OSError | ValidationError) -> str:
     if isinstance(exc, OSError):
         return exc.strerror or type(exc).__name__
     err = exc.errors()[0]
-    loc, msg = ".".join(map(str, err["loc"])), err["msg"].removeprefix("Value error, ")
+    loc, msg = ".".join(map(str, err["loc"])), err["msg"]
     msg = "the top level must be a mapping" if err["type"] == "model_type" and not loc else msg[0].lower() + msg[1:]
     return f"{loc}: {msg}" if loc else msg
 
 
 def read_model(schema: type[Model], source: Path | Any, what: str, **fields: Any) -> Model:
-    """``source`` (a JSON file, or data already parsed) read through ``schema``.
-
-    Raises:
-        MinigptError: ``what`` formatted with ``fields`` and ``why`` (:func:`_why`).
-    """
+    """``source`` (a JSON file, or data already parsed) read through ``schema``; any problem is a
+    :class:`MinigptError`, ``what`` formatted with ``fields`` and ``why`` (:func:`_why`)."""
     try:
         return schema.model_validate_json(source.read_bytes()) if isinstance(source, Path) else \
             schema.model_validate(source)
@@ -87,27 +84,15 @@ class RunRecord:
     cfg: Config
     evals: list[dict]  # metrics.jsonl eval events: step, elapsed_s, val_loss
     rates: list[float]  # tokens/s of its train events
-    variant: str = ""
 
     @property
     def final(self) -> float:
         return self.evals[-1]["val_loss"]
 
-    @property
-    def best(self) -> float:
-        return min(e["val_loss"] for e in self.evals)
-
-    @property
-    def seconds(self) -> float:
-        return self.evals[-1]["elapsed_s"]
-
 
 def read_run(path: Path) -> RunRecord:
-    """A run folder as a :class:`RunRecord`, read by run/'s readers (their errors are one line each).
-
-    Raises:
-        MinigptError: no or a damaged config.yaml or metrics.jsonl, or no eval yet.
-    """
+    """A run folder as a :class:`RunRecord`, read by run/'s readers (trusted: their errors are one line each);
+    a :class:`MinigptError` when it has no eval yet."""
     events = read_events(path / METRICS)  # none when the file is absent
     evals = [e for e in events if e["event"] == "eval"]
     if not evals:
@@ -117,11 +102,8 @@ def read_run(path: Path) -> RunRecord:
 
 
 def expand(paths: list[Path]) -> list[Path]:
-    """Run folders: each path itself when it is one, else the run folders inside it (sorted).
-
-    Raises:
-        MinigptError: a path that is neither.
-    """
+    """Run folders: each path itself when it is one, else the run folders inside it (sorted); a
+    :class:`MinigptError` for a path that is neither."""
     out = []
     for p in paths:
         if (p / runs.CONFIG).is_file():
@@ -192,11 +174,7 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     ``target``: for "time to target" (default: the worst run's final value); ``variants``: run folder name ->
     variant (default: the name less ``-s<seed>``); ``metric``: ``val_loss`` or ``bits_per_byte`` (default:
     val_loss when the runs share corpus and tokenizer). Returns ``columns`` (the differing keys), ``rows``,
-    ``sentences``, ``notes``, ``target``, ``equal_time_s`` and ``metric``.
-
-    Raises:
-        MinigptError: a folder that is not a run, a damaged metrics.jsonl, a run without evals, ``metric``
-            val_loss over different corpora, an ``out`` holding summary files minigpt did not write.
+    ``sentences``, ``notes``, ``target``, ``equal_time_s`` and ``metric``. Refusals: :data:`_MESSAGES`.
     """
     records = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
     groups: dict[str, Variant] = {}
@@ -217,7 +195,7 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     if len({(r.cfg.tokenizer.kind, r.cfg.tokenizer.vocab_size) for r in records}) > 1 and same_corpus:
         notes.append(_MESSAGES["tokenizers"])
     metric = metric or ("val_loss" if not notes else "bits_per_byte")
-    equal_time = min(r.seconds for r in records)
+    equal_time = min(r.evals[-1]["elapsed_s"] for r in records)
     cache: dict = {}
     bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache, notes) for r in records}
     # The target is in the metric's unit: nats per token, or bits per byte (a loss / ln 2 / bytes per token).
@@ -237,7 +215,8 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
                  "tokens_per_sec": statistics.fmean(statistics.median(r.rates) for r in v.runs if r.rates)
                  if any(r.rates for r in v.runs) else None,
                  "steps": statistics.fmean(r.evals[-1]["step"] for r in v.runs)}
-        stats = {"final_val": [r.final for r in v.runs], "best_val": [r.best for r in v.runs],
+        stats = {"final_val": [r.final for r in v.runs],
+                 "best_val": [min(e["val_loss"] for e in r.evals) for r in v.runs],
                  "val_at_equal_time": [_at_time(r, equal_time) for r in v.runs], "bits_per_byte": bpb}
         for name, values in stats.items():
             if name != "bits_per_byte" and not same_corpus:
@@ -294,7 +273,7 @@ def _table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     head += ["val bits/byte", f"s to {result['target']:.3f} {unit}"]
     body = []
     for r in result["rows"]:
-        cells = [r["variant"], *(_config_text(r[c]) for c in result["columns"]),
+        cells = [r["variant"], *(value_text(r[c]) for c in result["columns"]),
                  str(r["seeds"]), f"{r['params']:,}", f"{r['params_non_embedding']:,}", f"{r['flops_per_token']:,}",
                  f"{r['tokens_per_sec']:,.0f}" if r["tokens_per_sec"] else "n/a", f"{r['steps']:.0f}"]
         if loss:
@@ -324,8 +303,9 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (int, float, str)) and not isinstance(value, bool) else json.dumps(value)
 
 
-def _config_text(value: Any) -> str:
-    """A config value in a table cell: text as it is, anything else as JSON (``true``, ``null``, ``[1, 2]``)."""
+def value_text(value: Any) -> str:
+    """A config value as text: text as it is, anything else as JSON (``true``, ``null``, ``[1, 2]``), which
+    ``--set`` reads back (JSON is YAML's flow style)."""
     return value if isinstance(value, str) else json.dumps(value)
 
 

@@ -32,7 +32,7 @@ from ..fileio import atomic_write_text, read_text_file
 from ..paths import list_configs, resolve_config
 from ..run import folder as runs
 from ..runtime.kernels import check_settings
-from .compare import read_model, summarize
+from .compare import read_model, summarize, value_text
 
 STATE = "sweep.json"
 #: The key a sweep sets itself: its runs go in ``<out_dir>/<name>/``.
@@ -108,13 +108,8 @@ class _State(BaseModel):
     done: list[str] = Field(default_factory=list)
 
 
-def _value_text(value: Any) -> str:
-    """A value as ``--set`` reads it back (JSON is YAML's flow style; text stays as it is)."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 def _slug(value: Any) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "", _value_text(value)) or "x"
+    return re.sub(r"[^A-Za-z0-9.]+", "", value_text(value)) or "x"
 
 
 @dataclass
@@ -139,10 +134,6 @@ class Sweep:
         self.name = spec.name or path.stem
         self.folder = Path(spec.out_dir) / self.name
 
-    def state_record(self) -> dict:
-        """What ``sweep.json`` keeps of the sweep, to notice a change on a restart."""
-        return {"sweep": self.spec.model_dump(mode="json"), "base": self.base_data}
-
 
 def _variants(spec: SweepFile) -> list[tuple[str, dict[str, Any]]]:
     """(variant name, its overrides): the grid's combinations (named key-value_key-value), then the named ones."""
@@ -153,12 +144,8 @@ def _variants(spec: SweepFile) -> list[tuple[str, dict[str, Any]]]:
 
 
 def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -> Sweep:
-    """Read and check a sweep file: every run's config is validated before anything runs.
-
-    Raises:
-        MinigptError: an unreadable file, a key the schema lacks or refuses, a name that is not a plain folder
-            name, variants that collide in name, an override the config schema refuses (naming the variant).
-    """
+    """Read and check a sweep file: every run's config is validated before anything runs. Refusals: the
+    schema's, :data:`_MESSAGES`', a name that is not a plain folder name, a config its schema refuses."""
     p = Path(path)
     data = parse_yaml(read_text_file(p, "sweep file"), str(p))
     spec = read_model(SweepFile, data, _MESSAGES["schema"], path=p)
@@ -188,7 +175,7 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
     base_data = base_data or {}
     planned = []
     for variant, overrides in variants:
-        sets = [*spec.set, *(f"{k}={_value_text(v)}" for k, v in overrides.items())]
+        sets = [*spec.set, *(f"{k}={value_text(v)}" for k, v in overrides.items())]
         source = f"{p}: variant {variant}"
         cfg = validate(apply_overrides(base_data, sets), source)
         sets += spec.budget.overrides(cfg)
@@ -213,7 +200,7 @@ def _read_state(sweep: Sweep, jobs: int) -> dict:
     """The sweep's state, created on the first start; refuses a sweep whose file or base config changed once a
     run of it saved a checkpoint (before that the old record is replaced), and ``jobs`` past the cores."""
     path = sweep.folder / STATE
-    record = sweep.state_record()
+    record = {"sweep": sweep.spec.model_dump(mode="json"), "base": sweep.base_data}  # to notice a change
     state = read_model(_State, path, _MESSAGES["state"], path=path).model_dump() if path.is_file() else None
     changed = [(source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base))
                if state and (what := _difference(state[part], record[part]))]
@@ -296,8 +283,7 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
     """Run (or finish) a sweep, then write its summary (:func:`.compare.summarize`'s result).
 
     Raises:
-        MinigptError: a bad kernel setting (:func:`~minigpt_cli.runtime.kernels.check_settings`) or sweep file
-            (:func:`load_sweep`), one changed under a resumed sweep, ``jobs`` outside 1 .. cores, a failed run.
+        MinigptError: a bad kernel setting, sweep file or state (:func:`load_sweep`, :func:`_read_state`), a failed run.
         Interrupted: Ctrl-C during a run (its checkpoint saved; the same command goes on from there).
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed

@@ -44,6 +44,8 @@ _MESSAGES = {
 
 #: What an export writes (and all that ``--force`` may replace).
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+#: The name an export's temporary folder (and the old copy it replaces) starts with, beside the output.
+_TEMP = ".{}.minigpt-export-"
 #: Our MLP activation -> GPT-2's ``activation_function``.
 _GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 #: The char tokenizer's unknown token in an export, where the model has a row for one (:func:`char_unk_token`).
@@ -51,11 +53,8 @@ _REPLACEMENT = "\ufffd"
 
 
 def hf_family(mc: ModelConfig) -> str:
-    """``gpt2`` or ``llama``: the transformers architecture that computes exactly what ``mc`` does.
-
-    Raises:
-        MinigptError: naming the first key no transformers architecture here expresses.
-    """
+    """``gpt2`` or ``llama``: the transformers architecture that computes exactly what ``mc`` does; a
+    :class:`MinigptError` names the first key neither expresses."""
     gpt2 = mc.pos_encoding == "learned"
     refused = [  # (when, key, why), in the order a user would fix them
         (mc.pos_encoding not in ("learned", "rope"), "pos_encoding", "GPT-2 learns its positions, Llama rotates them"),
@@ -203,29 +202,19 @@ def _foreign(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name not in EXPORT_FILES or not p.is_file() or p.is_symlink())
 
 
-def _temp_prefix(out: Path) -> str:
-    """The name an export's temporary folder (and the old copy it replaces) starts with, beside ``out``."""
-    return f".{out.name}.minigpt-export-"
-
-
 def _sweep_temps(out: Path) -> None:
-    """Remove the temporary folders a killed export to ``out`` left beside it (:func:`_temp_prefix`, holding
-    only export files)."""
-    for left in out.parent.glob(f"{glob.escape(_temp_prefix(out))}*"):
+    """Remove the temporary folders (holding only export files) a killed export to ``out`` left beside it."""
+    for left in out.parent.glob(f"{glob.escape(_TEMP.format(out.name))}*"):
         if left.is_dir() and not left.is_symlink() and not _foreign(left):
             shutil.rmtree(left, ignore_errors=True)
 
 
 def _write_folder(out: Path, files: dict[str, bytes]) -> None:
     """Write ``files`` (name -> contents) as the folder ``out``: a temporary folder beside it is renamed into
-    place when complete, an old ``out`` moved aside under a name of this export's own first.
-
-    Raises:
-        OSError: a failed write, after the temporary folder is removed.
-    """
+    place when complete, an old ``out`` moved aside under a name of this export's own first."""
     out.parent.mkdir(parents=True, exist_ok=True)
     _sweep_temps(out)
-    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out), dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_TEMP.format(out.name), dir=out.parent))
     try:
         chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700: an export is as readable as any folder
         for name, data in files.items():  # plain writes: the folder is renamed into place whole
@@ -244,12 +233,8 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
 
 def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", checkpoint: str = runs.BEST,
                force: bool = False, echo: Callable[[str], None] = lambda message: None) -> Path:
-    """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`).
-
-    Raises:
-        MinigptError: another format; no run or checkpoint; an ``output`` that :data:`_MESSAGES` refuses; a
-            model transformers cannot express (:func:`hf_family`); a write that fails (naming ``output``).
-    """
+    """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`); a
+    :class:`MinigptError` for each refusal of :data:`_MESSAGES`, :func:`hf_family`'s, and a failed write."""
     from safetensors.torch import save
 
     out = Path(output)

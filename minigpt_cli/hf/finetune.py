@@ -34,17 +34,13 @@ _MESSAGES = {
 
 
 def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
-    """``cfg`` with the architecture and tokenizer of ``model.init_from``; ``cfg`` itself when it is unset.
+    """``cfg`` with the architecture and tokenizer of ``model.init_from`` (``cfg`` itself when it is unset);
+    applying it twice gives the same config.
 
     The model is the folder's (:func:`~minigpt_cli.hf.load.read_hf_config`) with the config's values for
     :data:`FREE_KEYS`; the tokenizer is kind ``hf``, ``tokenizer.path`` or the folder's ``tokenizer.json``.
     ``run``: the run folder the config continues or is the config of; its ``tokenizer.json`` is the tokenizer,
-    and once the folder is gone its last checkpoint's model stands for config.json. Applying it twice gives the
-    same config.
-
-    Raises:
-        MinigptError: an unreadable or unsupported folder, a model key other than the folder's, another
-            ``tokenizer.kind``, no tokenizer file; with ``run``, a damaged checkpoint config.
+    and once the folder is gone its last checkpoint's model stands for config.json. Refusals: :data:`_MESSAGES`.
     """
     mc = cfg.model
     if mc.init_from is None:

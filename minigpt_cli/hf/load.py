@@ -139,11 +139,7 @@ _FIXED = {"gpt2": dict(bias=True, pos_encoding="learned", norm="layernorm", norm
 
 def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
     """Our :class:`ModelConfig` for a ``GPT2Config`` dict; ``block_size`` (default ``n_positions``) may crop
-    the learned position table, never grow it.
-
-    Raises:
-        MinigptError: a missing key, an option we do not implement, ``block_size`` past ``n_positions``.
-    """
+    the learned position table, never grow it (a :class:`MinigptError`, as a key or option we lack is)."""
     c = _parse(GPT2Json, cfg)
     n_positions = c.n_positions if c.n_positions is not None else c.n_ctx
     refuse([(n_positions is None, "no_positions"),
@@ -158,11 +154,7 @@ def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
 
 def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
     """Our :class:`ModelConfig` for a ``LlamaConfig`` dict; ``block_size`` defaults to ``max_position_embeddings``.
-
-    Raises:
-        MinigptError: a missing key, ``hidden_act`` other than silu, RoPE scaling, a ``head_dim`` other than
-            hidden_size/num_attention_heads, attention and MLP biases that differ.
-    """
+    A :class:`MinigptError` names a key or option we lack (:class:`LlamaJson`, :data:`_MESSAGES`)."""
     c = _parse(LlamaJson, cfg)
     refuse([(c.head_dim is not None and c.head_dim * c.num_attention_heads != c.hidden_size, "head_dim"),
             (c.attention_bias != c.mlp_bias, "bias")], _MESSAGES, head_dim=c.head_dim, hidden_size=c.hidden_size,
@@ -214,12 +206,8 @@ def _check(out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[st
 
 
 def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A ``GPT2LMHeadModel`` state dict under our names and layouts (module docstring), shapes checked; the
-    position table cropped to ``block_size``, a tied head dropped.
-
-    Raises:
-        MinigptError: missing, surplus or misshapen tensors.
-    """
+    """A ``GPT2LMHeadModel`` state dict under our names and layouts (module docstring), checked by :func:`_check`;
+    the position table cropped to ``block_size``, a tied head dropped."""
     out: dict[str, torch.Tensor] = {}
     unused = []
     for key, t in sd.items():
@@ -262,11 +250,7 @@ _LLAMA_FUSED = {
 
 
 def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A ``LlamaForCausalLM`` state dict under our names and layouts (module docstring), shapes checked.
-
-    Raises:
-        MinigptError: missing, surplus or misshapen tensors.
-    """
+    """A ``LlamaForCausalLM`` state dict under our names and layouts (module docstring), checked by :func:`_check`."""
     import torch
 
     out: dict[str, torch.Tensor] = {}
@@ -309,11 +293,8 @@ _FAMILIES = {
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a ``save_pretrained`` folder: ``model.safetensors``, or the shards its index names.
-
-    Raises:
-        MinigptError: neither file (naming a ``.bin``/``.pth`` file found instead), or an unreadable index.
-    """
+    """The safetensors files of a ``save_pretrained`` folder: ``model.safetensors``, or the shards its index names
+    (a :class:`MinigptError` when there are none, naming a ``.bin``/``.pth`` file found instead)."""
     index = folder / "model.safetensors.index.json"
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
@@ -339,11 +320,8 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[str, ModelConfig]:
-    """The ``model_type`` (gpt2 or llama) of a ``save_pretrained`` folder and our :class:`ModelConfig` for it.
-
-    Raises:
-        MinigptError: no folder or config.json, invalid JSON, another model_type, an option we lack.
-    """
+    """The ``model_type`` (gpt2 or llama) of a ``save_pretrained`` folder and our :class:`ModelConfig` for it;
+    a :class:`MinigptError` for no folder or config.json, a config.json its schema refuses."""
     folder = Path(path)
     cfg_path = folder / "config.json"
     refuse([(not folder.is_dir(), "not_folder"), (not cfg_path.is_file(), "no_config")], _MESSAGES,
@@ -354,12 +332,8 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
 
 
 def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
-    """Our GPT (float32, CPU, eval mode) from a local GPT-2 or Llama ``save_pretrained`` folder (config.json and
-    model.safetensors, or its shards); ``block_size`` as the ``*_config_from_hf`` take it.
-
-    Raises:
-        MinigptError: as :func:`read_hf_config`, or weights that do not fit the config.
-    """
+    """Our GPT (float32, CPU, eval mode) from a local GPT-2 or Llama ``save_pretrained`` folder; ``block_size``
+    as the ``*_config_from_hf`` take it. Refused as :func:`read_hf_config` and :func:`_check` refuse."""
     import torch
 
     from ..model.gpt import GPT
