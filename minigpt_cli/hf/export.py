@@ -26,7 +26,7 @@ from ..fileio import chmod_quietly, dir_mode, os_error_message
 from ..run import folder as runs
 from ..run.checkpoint import load_model
 from ..tokenizer.kinds import CharTokenizer, Tokenizer, load_run_tokenizer
-from .load import _GPT2_CONV1D, _LLAMA_FUSED, _LLAMA_LAYER, _LLAMA_SIMPLE  # the one name table, both ways
+from .load import _GPT2_CONV1D, llama_names  # the one name table, both ways
 
 _MESSAGES = {
     "format": "--format {fmt!r}: only hf (a transformers folder) is supported",
@@ -115,24 +115,13 @@ def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Te
                 t = t.t().contiguous()
             out[name if name == "lm_head.weight" else f"transformer.{name}"] = t
         return out
-    q, kv = mc.n_embd, mc.kv_heads * mc.head_dim
-    simple = {ours: theirs if theirs == "lm_head.weight" else f"model.{theirs}"
-              for theirs, ours in _LLAMA_SIMPLE.items()}
-    layer = {ours: theirs for theirs, ours in _LLAMA_LAYER.items()}
-    for name, t in sd.items():
-        if name in simple:
-            out[simple[name]] = t
-            continue
-        _, i, rest = name.split(".", 2)
-        prefix = f"model.layers.{i}."
-        fused, kind = rest.rsplit(".", 1)
-        if rest in layer:
-            out[prefix + layer[rest]] = t
-            continue
-        assert fused in _LLAMA_FUSED, name  # hf_family admitted only these layers
-        pieces = torch.split(t, [q, kv, kv]) if fused == "attn.c_attn" else torch.chunk(t, 2)
-        for part, piece in zip(_LLAMA_FUSED[fused], pieces):
-            out[f"{prefix}{part}.{kind}"] = piece.contiguous()
+    split = {1: lambda t: (t,), 2: lambda t: torch.chunk(t, 2),  # by the names stacked: [gate; up], [q; k; v]
+             3: lambda t: torch.split(t, [mc.n_embd, mc.kv_heads * mc.head_dim, mc.kv_heads * mc.head_dim])}
+    names = llama_names(mc)
+    assert set(sd) <= set(names), set(sd) - set(names)  # hf_family admitted only these layers
+    for ours, t in sd.items():
+        for name, piece in zip(names[ours], split[len(names[ours])](t)):
+            out[name if name == "lm_head.weight" else f"model.{name}"] = piece.contiguous()
     return out
 
 

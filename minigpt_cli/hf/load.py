@@ -229,11 +229,6 @@ def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig)
     return _check(out, model_cfg, unused, "GPT-2")
 
 
-_LLAMA_SIMPLE = {
-    "embed_tokens.weight": "wte.weight",
-    "norm.weight": "ln_f.weight",
-    "lm_head.weight": "lm_head.weight",
-}
 _LLAMA_LAYER = {
     "input_layernorm.weight": "ln_1.weight",
     "post_attention_layernorm.weight": "ln_2.weight",
@@ -249,41 +244,29 @@ _LLAMA_FUSED = {
 }
 
 
+def llama_names(mc: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """The one Llama name table, both ways: our tensor name -> transformers' (``model.`` left off), several
+    names where ours stacks them."""
+    names = {"wte.weight": ("embed_tokens.weight",), "ln_f.weight": ("norm.weight",),
+             "lm_head.weight": ("lm_head.weight",)}
+    for i in range(mc.n_layer):
+        names.update({f"h.{i}.{ours}": (f"layers.{i}.{theirs}",) for theirs, ours in _LLAMA_LAYER.items()})
+        names.update({f"h.{i}.{ours}.{kind}": tuple(f"layers.{i}.{part}.{kind}" for part in parts)
+                      for ours, parts in _LLAMA_FUSED.items() for kind in ("weight", "bias")})
+    return names
+
+
 def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """A ``LlamaForCausalLM`` state dict under our names and layouts (module docstring), checked by :func:`_check`."""
     import torch
 
-    out: dict[str, torch.Tensor] = {}
-    parts: dict[str, torch.Tensor] = {}
-    unused = []
-    for key, t in sd.items():
-        name = key.removeprefix("model.")
-        if name.endswith("rotary_emb.inv_freq"):
-            continue
-        if name in _LLAMA_SIMPLE:
-            if name == "lm_head.weight" and model_cfg.tie_weights:
-                continue
-            out[_LLAMA_SIMPLE[name]] = t
-            continue
-        m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
-        if m is None:
-            unused.append(key)
-            continue
-        layer, rest = m.groups()
-        if rest in _LLAMA_LAYER:
-            out[f"h.{layer}.{_LLAMA_LAYER[rest]}"] = t
-        elif any(rest.rsplit(".", 1)[0] in srcs for srcs in _LLAMA_FUSED.values()):
-            parts[f"{layer}.{rest}"] = t
-        else:
-            unused.append(key)
-    for layer in range(model_cfg.n_layer):
-        for ours, srcs in _LLAMA_FUSED.items():
-            for kind in ("weight", "bias"):
-                pieces = [parts.pop(f"{layer}.{s}.{kind}", None) for s in srcs]
-                if all(p is not None for p in pieces):  # else _check names the fused tensor as lacking
-                    out[f"h.{layer}.{ours}.{kind}"] = torch.cat(pieces, dim=0)
-    unused += [f"layers.{k}" for k in parts]  # layers beyond n_layer
-    return _check(out, model_cfg, unused, "Llama")
+    theirs = {k.removeprefix("model."): t for k, t in sd.items() if not k.endswith("rotary_emb.inv_freq")}
+    if model_cfg.tie_weights:
+        theirs.pop("lm_head.weight", None)  # the head is the embedding
+    wanted = _expected_shapes(model_cfg)
+    out = {ours: torch.cat([theirs.pop(n) for n in names]) for ours, names in llama_names(model_cfg).items()
+           if ours in wanted and all(n in theirs for n in names)}  # else _check names what lacks
+    return _check(out, model_cfg, list(theirs), "Llama")
 
 
 _FAMILIES = {
