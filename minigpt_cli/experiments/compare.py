@@ -19,11 +19,13 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from ..accounting import params
 from ..config.schema import Config, load_config
-from ..errors import MinigptError
+from ..errors import MinigptError, refuse
 from ..fileio import atomic_write_set
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
@@ -42,13 +44,36 @@ _MESSAGES = {
     "tokenizers": "note: the variants use different tokenizers: val loss is per token of each, so compare bits "
                   "per byte",
     "no_bpb": "note: no bits per byte for {run}: {why}",
-    "users": "{path} is not a summary minigpt wrote (its summary.json is not one); pass another --output",
+    "users": "{path} is not a summary minigpt wrote (its summary.json is not one: {why}); pass another --output",
 }
 #: The files a summary writes; summary.json is also what proves an earlier summary minigpt's.
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.json", "summary.png")
 
 #: Config keys that never make two runs different variants.
 _IGNORED = {"seed", "name", "train.out_dir", "data.fingerprint", "tokenizer.path"}
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def _why(exc: OSError | ValidationError) -> str:
+    """What is wrong with a file: the OS's reason, or the first key its schema refuses, in words."""
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    err = exc.errors()[0]
+    loc, msg = ".".join(map(str, err["loc"])), err["msg"]
+    msg = "the top level must be a mapping" if err["type"] == "model_type" and not loc else msg[0].lower() + msg[1:]
+    return f"{loc}: {msg}" if loc else msg
+
+
+def read_model(schema: type[Model], source: Path | Any, what: str, **fields: Any) -> Model:
+    """``source`` (a JSON file, or data already parsed) read through ``schema``; any problem is a
+    :class:`MinigptError`, ``what`` formatted with ``fields`` and ``why`` (:func:`_why`)."""
+    try:
+        return schema.model_validate_json(source.read_bytes()) if isinstance(source, Path) else \
+            schema.model_validate(source)
+    except (OSError, ValidationError) as exc:  # unreadable, or not what the schema says
+        raise MinigptError(what.format(why=_why(exc), **fields)) from None
 
 
 @dataclass
@@ -59,31 +84,16 @@ class RunRecord:
     cfg: Config
     evals: list[dict]  # metrics.jsonl eval events: step, elapsed_s, val_loss
     rates: list[float]  # tokens/s of its train events
-    variant: str = ""
 
     @property
     def final(self) -> float:
         return self.evals[-1]["val_loss"]
 
-    @property
-    def best(self) -> float:
-        return min(e["val_loss"] for e in self.evals)
-
-    @property
-    def seconds(self) -> float:
-        return self.evals[-1]["elapsed_s"]
-
 
 def read_run(path: Path) -> RunRecord:
-    """A run folder as a :class:`RunRecord`.
-
-    Raises:
-        MinigptError: no config.yaml or metrics.jsonl, a damaged one, or no eval yet.
-    """
-    metrics = path / METRICS
-    if not (path / runs.CONFIG).is_file() or not metrics.is_file():
-        raise MinigptError(_MESSAGES["not_run"].format(path=str(path)))
-    events = read_events(metrics)
+    """A run folder as a :class:`RunRecord`, read by run/'s readers (trusted: their errors are one line each);
+    a :class:`MinigptError` when it has no eval yet."""
+    events = read_events(path / METRICS)  # none when the file is absent
     evals = [e for e in events if e["event"] == "eval"]
     if not evals:
         raise MinigptError(_MESSAGES["no_evals"].format(path=path))
@@ -92,11 +102,8 @@ def read_run(path: Path) -> RunRecord:
 
 
 def expand(paths: list[Path]) -> list[Path]:
-    """Run folders: each path itself when it is one, else the run folders inside it (sorted).
-
-    Raises:
-        MinigptError: a path that is neither.
-    """
+    """Run folders: each path itself when it is one, else the run folders inside it (sorted); a
+    :class:`MinigptError` for a path that is neither."""
     out = []
     for p in paths:
         if (p / runs.CONFIG).is_file():
@@ -167,16 +174,8 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     ``target``: for "time to target" (default: the worst run's final value); ``variants``: run folder name ->
     variant (default: the name less ``-s<seed>``); ``metric``: ``val_loss`` or ``bits_per_byte`` (default:
     val_loss when the runs share corpus and tokenizer). Returns ``columns`` (the differing keys), ``rows``,
-    ``sentences``, ``notes``, ``target``, ``equal_time_s`` and ``metric``.
-
-    Raises:
-        MinigptError: a folder that is not a run, a damaged metrics.jsonl, a run without evals, ``metric``
-            val_loss over different corpora, an ``out`` holding summary files minigpt did not write.
+    ``sentences``, ``notes``, ``target``, ``equal_time_s`` and ``metric``. Refusals: :data:`_MESSAGES`.
     """
-    if metric not in (None, "val_loss", "bits_per_byte"):
-        raise MinigptError(_MESSAGES["metric_name"].format(metric=metric))
-    if target is not None and not (math.isfinite(target) and target > 0):
-        raise MinigptError(_MESSAGES["target"].format(target=target))
     records = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
     groups: dict[str, Variant] = {}
     for r in records:
@@ -188,16 +187,15 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     flats = {k: _flat(v.runs[0].cfg.to_dict()) for k, v in groups.items()}
     columns = sorted(k for k in set().union(*flats.values()) - _IGNORED
                      if len({json.dumps(f.get(k)) for f in flats.values()}) > 1)
-    notes = []
     same_corpus = len({r.cfg.data.fingerprint for r in records}) == 1
-    if not same_corpus:
-        if metric == "val_loss":
-            raise MinigptError(_MESSAGES["metric"])
-        notes.append(_MESSAGES["corpora"])
+    refuse([(metric not in (None, "val_loss", "bits_per_byte"), "metric_name"),
+            (target is not None and not (math.isfinite(target) and target > 0), "target"),
+            (metric == "val_loss" and not same_corpus, "metric")], _MESSAGES, metric=metric, target=target)
+    notes = [] if same_corpus else [_MESSAGES["corpora"]]
     if len({(r.cfg.tokenizer.kind, r.cfg.tokenizer.vocab_size) for r in records}) > 1 and same_corpus:
         notes.append(_MESSAGES["tokenizers"])
     metric = metric or ("val_loss" if not notes else "bits_per_byte")
-    equal_time = min(r.seconds for r in records)
+    equal_time = min(r.evals[-1]["elapsed_s"] for r in records)
     cache: dict = {}
     bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache, notes) for r in records}
     # The target is in the metric's unit: nats per token, or bits per byte (a loss / ln 2 / bytes per token).
@@ -217,7 +215,8 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
                  "tokens_per_sec": statistics.fmean(statistics.median(r.rates) for r in v.runs if r.rates)
                  if any(r.rates for r in v.runs) else None,
                  "steps": statistics.fmean(r.evals[-1]["step"] for r in v.runs)}
-        stats = {"final_val": [r.final for r in v.runs], "best_val": [r.best for r in v.runs],
+        stats = {"final_val": [r.final for r in v.runs],
+                 "best_val": [min(e["val_loss"] for e in r.evals) for r in v.runs],
                  "val_at_equal_time": [_at_time(r, equal_time) for r in v.runs], "bits_per_byte": bpb}
         for name, values in stats.items():
             if name != "bits_per_byte" and not same_corpus:
@@ -274,7 +273,7 @@ def _table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     head += ["val bits/byte", f"s to {result['target']:.3f} {unit}"]
     body = []
     for r in result["rows"]:
-        cells = [r["variant"], *(_config_text(r[c]) for c in result["columns"]),
+        cells = [r["variant"], *(value_text(r[c]) for c in result["columns"]),
                  str(r["seeds"]), f"{r['params']:,}", f"{r['params_non_embedding']:,}", f"{r['flops_per_token']:,}",
                  f"{r['tokens_per_sec']:,.0f}" if r["tokens_per_sec"] else "n/a", f"{r['steps']:.0f}"]
         if loss:
@@ -304,8 +303,9 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (int, float, str)) and not isinstance(value, bool) else json.dumps(value)
 
 
-def _config_text(value: Any) -> str:
-    """A config value in a table cell: text as it is, anything else as JSON (``true``, ``null``, ``[1, 2]``)."""
+def value_text(value: Any) -> str:
+    """A config value as text: text as it is, anything else as JSON (``true``, ``null``, ``[1, 2]``), which
+    ``--set`` reads back (JSON is YAML's flow style)."""
     return value if isinstance(value, str) else json.dumps(value)
 
 
@@ -342,16 +342,18 @@ def _write(result: dict, variants: list[Variant], out: Path) -> None:
     atomic_write_set(files)
 
 
+class _Summary(BaseModel):
+    """What proves a summary.json minigpt's: the keys :func:`summarize` writes."""
+
+    columns: list
+    rows: list
+    metric: str
+
+
 def _check_ours(out: Path) -> None:
     """Refuse to replace summary files in ``out`` unless they are an earlier summary (its summary.json one)."""
-    if not any(os.path.lexists(out / name) for name in SUMMARY_FILES):
-        return
-    try:
-        earlier = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        earlier = None
-    if not (isinstance(earlier, dict) and {"columns", "rows", "metric"} <= earlier.keys()):
-        raise MinigptError(_MESSAGES["users"].format(path=out))
+    if any(os.path.lexists(out / name) for name in SUMMARY_FILES):
+        read_model(_Summary, out / "summary.json", _MESSAGES["users"], path=out)
 
 
 def _plot(variants: list[Variant]) -> bytes:

@@ -19,38 +19,38 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..config.schema import Config, ConfigError, load_config
+from ..config.schema import Config, apply_overrides, validate
 from ..config.yaml_io import parse_yaml
-from ..errors import Interrupted, MinigptError
-from ..fileio import atomic_write_text
-from ..paths import resolve_config
+from ..errors import Interrupted, MinigptError, refuse
+from ..fileio import atomic_write_text, read_text_file
+from ..paths import list_configs, resolve_config
 from ..run import folder as runs
 from ..runtime.kernels import check_settings
+from .compare import read_model, summarize, value_text
 
 STATE = "sweep.json"
 #: The key a sweep sets itself: its runs go in ``<out_dir>/<name>/``.
 OUT_DIR = "train.out_dir"
 
 _MESSAGES = {
-    "read": "cannot read sweep file {path!r} ({error})",
-    "top": "{path}: the top level must be a mapping (name, base, grid or variants, seeds, budget)",
-    "schema": "{path}: {loc}: {msg}",
-    "variant": "{path}: variant {variant}: {error}",
-    "collide": "{path}: variants {a!r} and {b!r} get the same name {name!r}; name them under variants: instead",
+    "schema": "{path}: {why}",
+    "budget": "{path}: budget: give exactly one of iters, tokens or seconds",
+    "seeds": "{path}: seeds: the list must be without repeats",
     "no_variants": "{path}: give grid: or variants: (at least one variant to run)",
-    "changed": "{path} changed since this sweep started in {folder} ({what}); restore it, or give the sweep "
-               "another name: to start a new one",
-    "no_base": ("{path}: base: config file {base!r} not found, neither beside the sweep file ({near}) nor among "
-                "the shipped configs; give a config's path relative to the sweep file, or one of {shipped}"),
-    "base_folder": "{path}: base: {base} is a folder; give a config file (YAML)",
-    "base_read": "{path}: base: cannot read {base} ({error}); give a readable YAML config file",
+    "collide": "{path}: variants {a!r} and {b!r} get the same name {name!r}; name them under variants: instead",
     "out_dir": ("{path}: {where}: train.out_dir cannot be set in a sweep: its runs go in the sweep's folder, "
                 "{folder}; choose that folder with out_dir: (and name:) in the sweep file"),
+    "base_top": "{path}: base: {base} must hold a mapping of config sections",
+    "no_base": ("{path}: base: config file {name!r} not found, neither beside the sweep file ({near}) nor among "
+                "the shipped configs; give a config's path relative to the sweep file, or one of {shipped}"),
+    "changed": "{source} changed since this sweep started in {folder} ({what}); restore it, or give the sweep "
+               "another name: to start a new one",
     "taken": "{folder} exists and is not a sweep's folder (no sweep.json); give the sweep in {path} another "
              "name:",
     "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
@@ -61,19 +61,12 @@ _MESSAGES = {
 
 
 class Budget(BaseModel):
-    """What each run gets: exactly one of optimizer steps, tokens or seconds."""
+    """What each run gets: exactly one of optimizer steps, tokens or seconds (:func:`load_sweep` checks one)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     iters: Optional[int] = Field(None, gt=0, description="optimizer steps per run")
     tokens: Optional[float] = Field(None, gt=0, description="training tokens per run")
     seconds: Optional[float] = Field(None, gt=0, description="wall-clock seconds per run, evals included")
-
-    @model_validator(mode="after")
-    def _one(self) -> "Budget":
-        given = [k for k in ("iters", "tokens", "seconds") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError("give exactly one of iters, tokens or seconds")
-        return self
 
     def overrides(self, cfg: Config) -> list[str]:
         """The ``--set`` values that give ``cfg`` this budget."""
@@ -88,6 +81,7 @@ class Budget(BaseModel):
 
 Scalar = Union[bool, int, float, str, None, list]
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
+Key = Annotated[str, Field(pattern=r"^\s*[^=\s]")]  # a config key, as --set spells it
 
 
 class SweepFile(BaseModel):
@@ -96,43 +90,36 @@ class SweepFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     name: Optional[str] = None
     base: str
-    set: list[str] = Field(default_factory=list)
-    grid: dict[str, Annotated[list[Scalar], Field(min_length=1)]] = Field(default_factory=dict)
-    variants: dict[str, dict[str, Scalar]] = Field(default_factory=dict)
+    set: list[Annotated[str, Field(pattern=r"^\s*[^=\s][^=]*=")]] = Field(default_factory=list)  # key=value
+    grid: dict[Key, Annotated[list[Scalar], Field(min_length=1)]] = Field(default_factory=dict)
+    variants: dict[str, dict[Key, Scalar]] = Field(default_factory=dict)
     seeds: Union[Annotated[int, Field(ge=1)], Annotated[list[Seed], Field(min_length=1)]] = 1  # a count, or the seeds
     budget: Budget
-    target_loss: Optional[float] = Field(None, gt=0)
+    target_loss: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     out_dir: str = "runs"
-
-    @model_validator(mode="after")
-    def _check(self) -> "SweepFile":
-        if isinstance(self.seeds, list) and len(set(self.seeds)) != len(self.seeds):
-            raise ValueError("seeds: the list must be without repeats")
-        return self
 
 
 class _State(BaseModel):
     """``sweep.json``: the sweep file and base config as read, and the runs done."""
 
+    model_config = ConfigDict(strict=True)
     sweep: dict[str, Any]
     base: dict[str, Any]
     done: list[str] = Field(default_factory=list)
 
 
-def _value_text(value: Any) -> str:
-    """A value as ``--set`` reads it back (JSON is YAML's flow style; text stays as it is)."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 def _slug(value: Any) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "", _value_text(value)) or "x"
+    return re.sub(r"[^A-Za-z0-9.]+", "", value_text(value)) or "x"
 
 
+@dataclass
 class Run:
-    """One run of the sweep: a variant at a seed."""
+    """One run of the sweep: a variant at a seed, its validated config and the ``--set`` values that give it."""
 
-    def __init__(self, variant: str, seed: int, cfg: Config, overrides: list[str]):
-        self.variant, self.seed, self.cfg, self.overrides = variant, seed, cfg, overrides
+    variant: str
+    seed: int
+    cfg: Config
+    overrides: list[str]
 
     @property
     def name(self) -> str:
@@ -147,98 +134,55 @@ class Sweep:
         self.name = spec.name or path.stem
         self.folder = Path(spec.out_dir) / self.name
 
-    def state_record(self) -> dict:
-        """What ``sweep.json`` keeps of the sweep, to notice a change on a restart."""
-        return {"sweep": self.spec.model_dump(mode="json"), "base": self.base_data}
 
-
-def _variants(spec: SweepFile, path: Path) -> dict[str, dict[str, Any]]:
-    """Variant name -> its overrides: the grid's combinations (named key-value_key-value), then the named ones."""
-    out: dict[str, dict[str, Any]] = {}
+def _variants(spec: SweepFile) -> list[tuple[str, dict[str, Any]]]:
+    """(variant name, its overrides): the grid's combinations (named key-value_key-value), then the named ones."""
     keys = list(spec.grid)
     grid = [dict(zip(keys, combo)) for combo in itertools.product(*spec.grid.values())] if keys else []
     named = [("_".join(f"{k.rpartition('.')[2]}-{_slug(v)}" for k, v in g.items()), g) for g in grid]
-    for name, overrides in [*named, *spec.variants.items()]:
-        runs.check_name(name, f"{path}: variants:")
-        if name in out:
-            raise MinigptError(_MESSAGES["collide"].format(path=path, a=out[name], b=overrides, name=name))
-        out[name] = dict(overrides)
-    if not out:
-        raise MinigptError(_MESSAGES["no_variants"].format(path=path))
-    return out
+    return [*named, *spec.variants.items()]
 
 
 def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -> Sweep:
-    """Read and check a sweep file: every run's config is validated before anything runs.
-
-    Raises:
-        MinigptError: an unreadable file, a key the schema lacks or refuses, a name that is not a plain folder
-            name, variants that collide in name, an override the config schema refuses (naming the variant).
-    """
+    """Read and check a sweep file: every run's config is validated before anything runs. Refusals: the
+    schema's, :data:`_MESSAGES`', a name that is not a plain folder name, a config its schema refuses."""
     p = Path(path)
-    try:
-        data = parse_yaml(p.read_text(encoding="utf-8"), str(p))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MinigptError(_MESSAGES["read"].format(path=str(p), error=exc)) from None
-    if not isinstance(data, dict):
-        raise MinigptError(_MESSAGES["top"].format(path=p))
-    try:
-        spec = SweepFile.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "sweep"
-        msg = err["msg"].removeprefix("Value error, ")
-        raise MinigptError(_MESSAGES["schema"].format(path=p, loc=loc, msg=msg[0].lower() + msg[1:])) from None
-    runs.check_name(spec.name or p.stem, f"{p}: name:")  # the sweep's folder: never a path out of out_dir
-    _check_out_dir(spec, p)
-    base, base_data = _read_base(p, spec.base, echo)
+    data = parse_yaml(read_text_file(p, "sweep file"), str(p))
+    spec = read_model(SweepFile, data, _MESSAGES["schema"], path=p)
+    sweep_name = runs.check_name(spec.name or p.stem, f"{p}: name:")  # the sweep's folder: never a path out of out_dir
+    variants = _variants(spec)
+    for variant, _ in variants:
+        runs.check_name(variant, f"{p}: variants:")
+    names = [v for v, _ in variants]
+    same = next((v for i, v in enumerate(names) if v in names[:i]), None)
+    near = p.parent / spec.base
+    base = near if near.is_file() else resolve_config(Path(spec.base), echo)
+    overriding = [("set", [item.split("=", 1)[0].strip() for item in spec.set]), ("grid", list(spec.grid)),
+                  *((f"variants.{v}", list(o)) for v, o in spec.variants.items())]
+    where = next((where for where, keys in overriding if OUT_DIR in keys), None)
     seeds = spec.seeds if isinstance(spec.seeds, list) else None
+    # A folder is refused by read_text_file; what is not there is looked for among the shipped configs.
+    base_data = parse_yaml(read_text_file(base, f"{p}: base:"), str(base)) if base.exists() else {}
+    refuse([(sum(v is not None for v in spec.budget.model_dump().values()) != 1, "budget"),
+            (seeds and len(set(seeds)) != len(seeds), "seeds"),
+            (not variants, "no_variants"),
+            (same, "collide"),
+            (where, "out_dir"),
+            (not base.exists(), "no_base"),
+            (not isinstance(base_data, (dict, type(None))), "base_top")], _MESSAGES,
+           path=p, a=same and dict(variants[::-1])[same], b=same and dict(variants)[same], name=same or spec.base,
+           where=where, folder=Path(spec.out_dir) / sweep_name, base=base, near=near, shipped=", ".join(list_configs()))
+    base_data = base_data or {}
     planned = []
-    for variant, overrides in _variants(spec, p).items():
-        sets = [*spec.set, *(f"{k}={_value_text(v)}" for k, v in overrides.items())]
-        try:
-            cfg = load_config(base, sets)
-            cfg = load_config(base, [*sets, *spec.budget.overrides(cfg)])
-        except ConfigError as exc:
-            raise MinigptError(_MESSAGES["variant"].format(path=p, variant=variant, error=exc)) from None
+    for variant, overrides in variants:
+        sets = [*spec.set, *(f"{k}={value_text(v)}" for k, v in overrides.items())]
+        source = f"{p}: variant {variant}"
+        cfg = validate(apply_overrides(base_data, sets), source)
+        sets += spec.budget.overrides(cfg)
         for seed in seeds or [cfg.seed + i for i in range(spec.seeds)]:
-            if seed >= 2**32:
-                raise MinigptError(_MESSAGES["schema"].format(path=p, loc="seeds", msg=f"seed {seed} is past "
-                                                              "2**32-1; give fewer seeds or a smaller base seed"))
-            planned.append(Run(variant, seed, cfg.model_copy(update={"seed": seed}),
-                               [*sets, *spec.budget.overrides(cfg), f"seed={seed}"]))
+            run_sets = [*sets, f"seed={seed}"]  # the schema bounds the seed: 0 .. 2**32-1
+            planned.append(Run(variant, seed, validate(apply_overrides(base_data, run_sets), source), run_sets))
     return Sweep(p, spec, Path(base), base_data, planned)
-
-
-def _read_base(path: Path, name: str, echo: Callable[[str], None]) -> tuple[Path, dict]:
-    """The sweep file's ``base:`` config (beside the sweep file, else a shipped one) and its parsed mapping.
-
-    Raises:
-        MinigptError: no such file (naming ``base:``), or one that cannot be read.
-    """
-    near = path.parent / name
-    base = near if near.is_file() else resolve_config(Path(name), echo)
-    if base.is_dir():
-        raise MinigptError(_MESSAGES["base_folder"].format(path=path, base=base))
-    if not base.is_file():
-        from ..paths import list_configs
-
-        raise MinigptError(_MESSAGES["no_base"].format(path=path, base=name, near=near,
-                                                       shipped=", ".join(list_configs())))
-    try:
-        return base, parse_yaml(base.read_text(encoding="utf-8"), str(base)) or {}
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MinigptError(_MESSAGES["base_read"].format(path=path, base=base, error=exc)) from None
-
-
-def _check_out_dir(spec: SweepFile, path: Path) -> None:
-    """Refuse ``train.out_dir`` among the overrides (``set``, ``grid``, a variant): runs go in the sweep's folder."""
-    given = [("set", [item.split("=", 1)[0].strip() for item in spec.set]), ("grid", list(spec.grid)),
-             *((f"variants.{name}", list(overrides)) for name, overrides in spec.variants.items())]
-    for where, keys in given:
-        if OUT_DIR in keys:
-            folder = Path(spec.out_dir) / (spec.name or path.stem)
-            raise MinigptError(_MESSAGES["out_dir"].format(path=path, where=where, folder=folder))
 
 
 def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
@@ -252,27 +196,24 @@ def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
     return None if old == new else f"{where or 'the file'}: {json.dumps(old)} -> {json.dumps(new)}"
 
 
-def _read_state(sweep: Sweep) -> dict:
+def _read_state(sweep: Sweep, jobs: int) -> dict:
     """The sweep's state, created on the first start; refuses a sweep whose file or base config changed once a
-    run of it saved a checkpoint (before that the old record is replaced)."""
+    run of it saved a checkpoint (before that the old record is replaced), and ``jobs`` past the cores."""
     path = sweep.folder / STATE
-    record = sweep.state_record()
-    if not path.is_file() and sweep.folder.is_dir() and any(sweep.folder.iterdir()):
-        raise MinigptError(_MESSAGES["taken"].format(folder=sweep.folder, path=sweep.path))
-    if path.is_file():
-        try:
-            state = _State.model_validate_json(path.read_bytes()).model_dump()
-        except (OSError, ValidationError) as exc:
-            raise MinigptError(_MESSAGES["state"].format(path=path, why=str(exc).splitlines()[-1].strip())) from None
-        changed = [(source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base))
-                   if (what := _difference(state.get(part), record[part]))]
-        if not changed:
-            return state
-        if state.get("done") or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir()):
-            source, what = changed[0]
-            raise MinigptError(_MESSAGES["changed"].format(path=source, folder=sweep.folder, what=what))
-        # No run has trained to a checkpoint yet (the sweep failed before, e.g. on a download): nothing to keep
-        # apart, so the edited sweep replaces the record (a run folder without a checkpoint starts afresh).
+    record = {"sweep": sweep.spec.model_dump(mode="json"), "base": sweep.base_data}  # to notice a change
+    state = read_model(_State, path, _MESSAGES["state"], path=path).model_dump() if path.is_file() else None
+    changed = [(source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base))
+               if state and (what := _difference(state[part], record[part]))]
+    # No run has trained to a checkpoint yet (the sweep failed before, e.g. on a download): nothing to keep
+    # apart, so the edited sweep replaces the record (a run folder without a checkpoint starts afresh).
+    trained = changed and (state["done"] or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir()))
+    cores = os.cpu_count() or 1
+    refuse([(not 1 <= jobs <= cores, "jobs"),
+            (state is None and sweep.folder.is_dir() and any(sweep.folder.iterdir()), "taken"),
+            (trained, "changed")], _MESSAGES, jobs=jobs, cores=cores, folder=sweep.folder, path=sweep.path,
+           source=changed and changed[0][0], what=changed and changed[0][1])
+    if state is not None and not changed:
+        return state
     sweep.folder.mkdir(parents=True, exist_ok=True)
     state = {**record, "done": []}
     atomic_write_text(path, json.dumps(state, indent=1) + "\n")
@@ -324,12 +265,9 @@ def die_with_parent() -> Optional[Callable[[], None]]:
     started the child ends: each ``--jobs`` child is started by a worker thread that waits for it."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        import ctypes
+    import ctypes
 
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # no C library to ask: the children outlive a killed sweep, as before
-        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # every Linux C library has had it since Linux 2.1.57
     parent = os.getpid()
 
     def set_parent_death_signal() -> None:
@@ -345,22 +283,16 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
     """Run (or finish) a sweep, then write its summary (:func:`.compare.summarize`'s result).
 
     Raises:
-        MinigptError: a bad kernel setting (:func:`~minigpt_cli.runtime.kernels.check_settings`) or sweep file
-            (:func:`load_sweep`), one changed under a resumed sweep, ``jobs`` outside 1 .. cores, a failed run.
+        MinigptError: a bad kernel setting, sweep file or state (:func:`load_sweep`, :func:`_read_state`), a failed run.
         Interrupted: Ctrl-C during a run (its checkpoint saved; the same command goes on from there).
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from tqdm.auto import tqdm
 
-    from .compare import summarize
-
     check_settings()  # the runs would each refuse a bad MINIGPT_ONEDNN / MINIGPT_FAST_DROPOUT: refuse it once, first
     sweep = load_sweep(path, echo)
-    cores = os.cpu_count() or 1
-    if not 1 <= jobs <= cores:
-        raise MinigptError(_MESSAGES["jobs"].format(jobs=jobs, cores=cores))
-    state = _read_state(sweep)
+    state = _read_state(sweep, jobs)
     todo = [r for r in sweep.runs if r.name not in state["done"]]
     echo(f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done), "
          f"{len({r.variant for r in sweep.runs})} variants; runs in {sweep.folder}")
@@ -374,7 +306,7 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
                 _mark_done(sweep, state, run)
                 bar.update(1)
         else:
-            env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // jobs)))
+            env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // jobs)))
             # Each run in a session of its own (a Ctrl-C reaches the sweep, which passes it on), and ended
             # with the sweep if the sweep is killed, instead of training on unseen.
             preexec_fn = die_with_parent()
@@ -405,14 +337,12 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
                     if (done := future.result()) is not None:
                         _mark_done(sweep, state, done)
                         bar.update(1)
-            except BaseException as exc:  # Ctrl-C or a failed run: stop the others, each saving its checkpoint
+            except KeyboardInterrupt:
+                raise Interrupted(_MESSAGES["interrupted"]) from None
+            finally:  # after a Ctrl-C or a failed run, stop the others, each saving its checkpoint
                 stopping.set()
                 for proc in list(running.values()):
                     proc.send_signal(signal.SIGINT)
                 pool.shutdown(wait=True, cancel_futures=True)
-                if isinstance(exc, KeyboardInterrupt):
-                    raise Interrupted(_MESSAGES["interrupted"]) from None
-                raise
-            pool.shutdown()
     return summarize([sweep.folder / r.name for r in sweep.runs], out=sweep.folder, target=sweep.spec.target_loss,
                      variants={r.name: r.variant for r in sweep.runs}, echo=echo)

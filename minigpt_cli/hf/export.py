@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,12 +21,12 @@ import torch
 
 from ..config.schema import Config, ModelConfig
 from ..config.special_tokens import END_OF_TEXT
-from ..errors import MinigptError
-from ..fileio import chmod_quietly, dir_mode, new_file_mode, os_error_message
+from ..errors import MinigptError, refuse
+from ..fileio import chmod_quietly, dir_mode, os_error_message
 from ..run import folder as runs
 from ..run.checkpoint import load_model
 from ..tokenizer.kinds import CharTokenizer, Tokenizer, load_run_tokenizer
-from .load import _GPT2_CONV1D, _LLAMA_FUSED, _LLAMA_LAYER, _LLAMA_SIMPLE  # the one name table, both ways
+from .load import _GPT2_CONV1D, llama_names  # the one name table, both ways
 
 _MESSAGES = {
     "format": "--format {fmt!r}: only hf (a transformers folder) is supported",
@@ -45,6 +44,8 @@ _MESSAGES = {
 
 #: What an export writes (and all that ``--force`` may replace).
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+#: The name an export's temporary folder (and the old copy it replaces) starts with, beside the output.
+_TEMP = ".{}.minigpt-export-"
 #: Our MLP activation -> GPT-2's ``activation_function``.
 _GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 #: The char tokenizer's unknown token in an export, where the model has a row for one (:func:`char_unk_token`).
@@ -52,33 +53,24 @@ _REPLACEMENT = "\ufffd"
 
 
 def hf_family(mc: ModelConfig) -> str:
-    """``gpt2`` or ``llama``: the transformers architecture that computes exactly what ``mc`` does.
-
-    Raises:
-        MinigptError: naming the first key no transformers architecture here expresses.
-    """
-    def refuse(key: str, why: str):
+    """``gpt2`` or ``llama``: the transformers architecture that computes exactly what ``mc`` does; a
+    :class:`MinigptError` names the first key neither expresses."""
+    gpt2 = mc.pos_encoding == "learned"
+    refused = [  # (when, key, why), in the order a user would fix them
+        (mc.pos_encoding not in ("learned", "rope"), "pos_encoding", "GPT-2 learns its positions, Llama rotates them"),
+        (mc.norm_position != "pre", "norm_position", "both normalise before each sub-layer"),
+        (mc.emb_scale, "emb_scale", "neither scales the token embeddings by sqrt(n_embd)"),
+        (gpt2 and mc.norm != "layernorm", "norm", "GPT-2, with learned positions, uses LayerNorm"),
+        (gpt2 and mc.ffn not in _GPT2_ACT, "ffn",
+         "GPT-2, with learned positions, has a two-layer MLP with GELU or ReLU"),
+        (gpt2 and mc.kv_heads != mc.n_head, "n_kv_head",
+         "GPT-2, with learned positions, has no grouped-query attention"),
+        (not gpt2 and mc.norm != "rmsnorm", "norm", "Llama, with RoPE, uses RMSNorm"),
+        (not gpt2 and mc.ffn != "swiglu", "ffn", "Llama, with RoPE, uses SwiGLU"),
+    ]
+    for key, why in ((key, why) for failed, key, why in refused if failed):
         raise MinigptError(_MESSAGES["unsupported"].format(key=key, value=getattr(mc, key), why=why))
-
-    if mc.pos_encoding not in ("learned", "rope"):
-        refuse("pos_encoding", "GPT-2 learns its positions, Llama rotates them")
-    if mc.norm_position != "pre":
-        refuse("norm_position", "both normalise before each sub-layer")
-    if mc.emb_scale:
-        refuse("emb_scale", "neither scales the token embeddings by sqrt(n_embd)")
-    if mc.pos_encoding == "learned":
-        if mc.norm != "layernorm":
-            refuse("norm", "GPT-2, with learned positions, uses LayerNorm")
-        if mc.ffn not in _GPT2_ACT:
-            refuse("ffn", "GPT-2, with learned positions, has a two-layer MLP with GELU or ReLU")
-        if mc.kv_heads != mc.n_head:
-            refuse("n_kv_head", "GPT-2, with learned positions, has no grouped-query attention")
-        return "gpt2"
-    if mc.norm != "rmsnorm":
-        refuse("norm", "Llama, with RoPE, uses RMSNorm")
-    if mc.ffn != "swiglu":
-        refuse("ffn", "Llama, with RoPE, uses SwiGLU")
-    return "llama"
+    return "gpt2" if gpt2 else "llama"
 
 
 def end_of_text(tok: Tokenizer) -> Optional[str]:
@@ -123,24 +115,13 @@ def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Te
                 t = t.t().contiguous()
             out[name if name == "lm_head.weight" else f"transformer.{name}"] = t
         return out
-    q, kv = mc.n_embd, mc.kv_heads * mc.head_dim
-    simple = {ours: theirs if theirs == "lm_head.weight" else f"model.{theirs}"
-              for theirs, ours in _LLAMA_SIMPLE.items()}
-    layer = {ours: theirs for theirs, ours in _LLAMA_LAYER.items()}
-    for name, t in sd.items():
-        if name in simple:
-            out[simple[name]] = t
-            continue
-        _, i, rest = name.split(".", 2)
-        prefix = f"model.layers.{i}."
-        fused, kind = rest.rsplit(".", 1)
-        if rest in layer:
-            out[prefix + layer[rest]] = t
-            continue
-        assert fused in _LLAMA_FUSED, name  # hf_family admitted only these layers
-        pieces = torch.split(t, [q, kv, kv]) if fused == "attn.c_attn" else torch.chunk(t, 2)
-        for part, piece in zip(_LLAMA_FUSED[fused], pieces):
-            out[f"{prefix}{part}.{kind}"] = piece.contiguous()
+    split = {1: lambda t: (t,), 2: lambda t: torch.chunk(t, 2),  # by the names stacked: [gate; up], [q; k; v]
+             3: lambda t: torch.split(t, [mc.n_embd, mc.kv_heads * mc.head_dim, mc.kv_heads * mc.head_dim])}
+    names = llama_names(mc)
+    assert set(sd) <= set(names), set(sd) - set(names)  # hf_family admitted only these layers
+    for ours, t in sd.items():
+        for name, piece in zip(names[ours], split[len(names[ours])](t)):
+            out[name if name == "lm_head.weight" else f"model.{name}"] = piece.contiguous()
     return out
 
 
@@ -210,42 +191,24 @@ def _foreign(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name not in EXPORT_FILES or not p.is_file() or p.is_symlink())
 
 
-def _temp_prefix(out: Path) -> str:
-    """The name an export's temporary folder (and the old copy it replaces) starts with, beside ``out``."""
-    return f".{out.name}.minigpt-export-"
-
-
 def _sweep_temps(out: Path) -> None:
-    """Remove the temporary folders a killed export to ``out`` left beside it (:func:`_temp_prefix`, holding
-    only export files)."""
-    for left in out.parent.glob(f"{glob.escape(_temp_prefix(out))}*"):
+    """Remove the temporary folders (holding only export files) a killed export to ``out`` left beside it."""
+    for left in out.parent.glob(f"{glob.escape(_TEMP.format(out.name))}*"):
         if left.is_dir() and not left.is_symlink() and not _foreign(left):
             shutil.rmtree(left, ignore_errors=True)
 
 
-def _write_folder(out: Path, weights: dict[str, torch.Tensor], files: dict[str, str]) -> None:
-    """Write ``weights`` (``model.safetensors``) and ``files`` (name -> text) as the folder ``out``: a temporary
-    folder beside it is renamed into place when complete, an old ``out`` moved aside under a name of this
-    export's own first. A failed write removes the temporary folder and raises the OSError."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
+def _write_folder(out: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` (name -> contents) as the folder ``out``: a temporary folder beside it is renamed into
+    place when complete, an old ``out`` moved aside under a name of this export's own first."""
     out.parent.mkdir(parents=True, exist_ok=True)
     _sweep_temps(out)
-    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out), dir=out.parent))
-    chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700: an export is as readable as any folder
+    tmp = Path(tempfile.mkdtemp(prefix=_TEMP.format(out.name), dir=out.parent))
     try:
-        try:
-            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            chmod_quietly(tmp / "model.safetensors", new_file_mode())  # safetensors creates it 0600
-        except SafetensorError as exc:  # a failed write, with the OS's error number in its text
-            code = re.search(r"\(os error (\d+)\)", str(exc))
-            if code is None:
-                raise
-            raise OSError(int(code[1]), os.strerror(int(code[1])), str(tmp)) from None
-        for name, text in files.items():  # plain writes: the folder is renamed into place whole
-            with open(tmp / name, "w", encoding="utf-8") as f:
-                f.write(text)
+        chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700: an export is as readable as any folder
+        for name, data in files.items():  # plain writes: the folder is renamed into place whole
+            with open(tmp / name, "wb") as f:
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
         old = tmp.with_name(tmp.name + ".old")  # unique, as tmp is: never a folder of the user's
@@ -253,43 +216,37 @@ def _write_folder(out: Path, weights: dict[str, torch.Tensor], files: dict[str, 
             out.rename(old)
         tmp.rename(out)
         shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # what a failed write left; after the rename there is nothing
 
 
 def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", checkpoint: str = runs.BEST,
                force: bool = False, echo: Callable[[str], None] = lambda message: None) -> Path:
-    """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`).
+    """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`); a
+    :class:`MinigptError` for each refusal of :data:`_MESSAGES`, :func:`hf_family`'s, and a failed write."""
+    from safetensors.torch import save
 
-    Raises:
-        MinigptError: another format; no run or checkpoint; ``output`` the run, the current folder or one
-            holding them, a file, a non-empty folder without ``force``, or with it one that is not an export;
-            a model transformers cannot express (:func:`hf_family`); a write that fails (naming ``output``).
-    """
-    if fmt != "hf":
-        raise MinigptError(_MESSAGES["format"].format(fmt=fmt))
     out = Path(output)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     target = out.resolve()
-    # First: no --force replaces these, so the not-empty message must not suggest it.
-    for what, inside in (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve())):
-        if inside == target or target in inside.parents:
-            raise MinigptError(_MESSAGES["holds"].format(out=out, what=what))
-    if out.exists() and not out.is_dir():
-        raise MinigptError(_MESSAGES["not_folder"].format(out=out))
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise MinigptError(_MESSAGES["not_empty"].format(out=out))
-    if out.is_dir() and force and (other := _foreign(out)):
-        raise MinigptError(_MESSAGES["not_export"].format(out=out, names=", ".join(other[:3])))
+    around = (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve()))
+    holds = next((what for what, inside in around if inside == target or target in inside.parents), None)
+    foreign = _foreign(out) if out.is_dir() else []
+    refuse([(fmt != "hf", "format"),
+            (holds, "holds"),  # before "not empty": no --force replaces these, so none may be suggested
+            (out.exists() and not out.is_dir(), "not_folder"),
+            (out.is_dir() and any(out.iterdir()) and not force, "not_empty"),
+            (force and foreign, "not_export")], _MESSAGES, fmt=fmt, out=out, what=holds, names=", ".join(foreign[:3]))
     model, cfg = load_model(runs.resolve(ckpt))
     hf_family(cfg.model)  # refused before anything is written
     tok = load_run_tokenizer(run_dir, cfg)
     config = hf_config(cfg, tok)
-    files = {"config.json": json.dumps(config, indent=2) + "\n", **tokenizer_files(tok, run_dir, cfg),
+    texts = {"config.json": json.dumps(config, indent=2) + "\n", **tokenizer_files(tok, run_dir, cfg),
              "generation_config.json": json.dumps(generation_config(cfg, config["eos_token_id"]), indent=2) + "\n"}
+    files = {"model.safetensors": save(hf_state_dict(model, cfg.model), metadata={"format": "pt"}),
+             **{name: text.encode("utf-8") for name, text in texts.items()}}
     try:
-        _write_folder(out, hf_state_dict(model, cfg.model), files)
+        _write_folder(out, files)
     except OSError as exc:  # named as the user gave it, not as the temporary folder beside it
         raise MinigptError(os_error_message(exc, out, "write")) from None
     if isinstance(tok, CharTokenizer) and char_unk_token(tok, cfg.model.vocab_size) is None:

@@ -1,17 +1,9 @@
 """Fine-tuning: a run that starts from a local Hugging Face GPT-2 or Llama folder (``model.init_from``).
 
-nanoGPT's ``init_from='gpt2'`` (its ``finetune_shakespeare`` config), with
-the folder on disk instead of a hub download. :func:`resolve_init_from` turns
-the config into the folder's model: its architecture (read by
-:func:`~minigpt_cli.hf.load.read_hf_config`) and its ``tokenizer.json`` (tokenizer
-kind ``hf``). A model key the config sets must agree with the folder, except
-those that pretrained weights allow to change (:data:`FREE_KEYS`): dropout, a
-``block_size`` the position table covers, and the init settings (unused when
-weights are loaded). :func:`load_pretrained` then copies the folder's weights
-into the freshly built model. A resumed run takes its weights from its own
-checkpoint and its tokenizer from its own ``tokenizer.json``; it reads the
-folder's config.json while the folder is there, and its checkpoint's record of
-it once the folder is moved away, so the run does not depend on the folder.
+nanoGPT's ``init_from='gpt2'`` (its ``finetune_shakespeare`` config), with the folder on disk instead of a hub
+download: :func:`resolve_init_from` takes the folder's architecture and ``tokenizer.json`` (kind ``hf``),
+:func:`load_pretrained` its weights. A resumed run reads its own checkpoint and ``tokenizer.json`` instead, so
+it does not depend on the folder.
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..config.schema import Config
-from ..errors import MinigptError
+from ..errors import refuse
 from ..run import folder as runs
 from .load import read_hf_config, weight_files
 
@@ -42,24 +34,13 @@ _MESSAGES = {
 
 
 def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
-    """``cfg`` with the architecture and tokenizer of ``model.init_from``; ``cfg`` itself when it is unset.
+    """``cfg`` with the architecture and tokenizer of ``model.init_from`` (``cfg`` itself when it is unset);
+    applying it twice gives the same config.
 
-    The result's ``model`` is the folder's (:func:`~minigpt_cli.hf.load.read_hf_config`),
-    with the config's values for :data:`FREE_KEYS` where it sets them; its
-    tokenizer is kind ``hf`` reading ``tokenizer.path``, or the folder's
-    ``tokenizer.json``. Applying it twice gives the same config.
-
-    ``run``: the run folder the config continues (``train --resume``) or is
-    the config of (``RUN/config.yaml``). Its own ``tokenizer.json`` is then the
-    tokenizer, and once the folder is gone its last checkpoint's model stands
-    for the folder's config.json, with the config's values where it sets them
-    (a resume refuses any that differ, :func:`~.trainer.resume.check_resume_config`).
-
-    Raises:
-        MinigptError: an unreadable or unsupported folder, a ``block_size``
-            past GPT-2's position table, a model key set to another value than
-            the folder's, another ``tokenizer.kind``, no tokenizer file; with
-            ``run``, a damaged checkpoint config.
+    The model is the folder's (:func:`~minigpt_cli.hf.load.read_hf_config`) with the config's values for
+    :data:`FREE_KEYS`; the tokenizer is kind ``hf``, ``tokenizer.path`` or the folder's ``tokenizer.json``.
+    ``run``: the run folder the config continues or is the config of; its ``tokenizer.json`` is the tokenizer,
+    and once the folder is gone its last checkpoint's model stands for config.json. Refusals: :data:`_MESSAGES`.
     """
     mc = cfg.model
     if mc.init_from is None:
@@ -67,6 +48,7 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
     folder = Path(mc.init_from).absolute()  # the run records where it is, wherever it is later read from
     # model.vocab_size: null is "the tokenizer's size", which the folder's model has: not a value to compare.
     given = mc.model_fields_set - ({"vocab_size"} if mc.vocab_size is None else set())
+    theirs = conflict = None
     if run is not None and not folder.is_dir():  # moved away since the run started: the run's record of it
         from ..run.checkpoint import saved_config  # torch: only for a run folder, not count-params' configs
 
@@ -75,22 +57,17 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
     else:
         _, theirs = read_hf_config(folder, mc.block_size if "block_size" in given else None)
         weight_files(folder)  # refused now, not after the data is prepared
-        for key in sorted(given - FREE_KEYS):
-            if getattr(mc, key) != getattr(theirs, key):
-                raise MinigptError(_MESSAGES["conflict"].format(key=key, ours=getattr(mc, key), folder=folder,
-                                                                theirs=getattr(theirs, key)))
+        conflict = next((key for key in sorted(given - FREE_KEYS) if getattr(mc, key) != getattr(theirs, key)), None)
         model = theirs.model_copy(update={key: getattr(mc, key) for key in given & FREE_KEYS})
     tc = cfg.tokenizer
-    if "kind" in tc.model_fields_set and tc.kind != "hf":
-        raise MinigptError(_MESSAGES["tokenizer_kind"].format(kind=tc.kind, folder=folder))
+    path = (Path(run) / runs.TOKENIZER if run is not None else Path(tc.path or folder / "tokenizer.json")).absolute()
+    refuse([(conflict, "conflict"), ("kind" in tc.model_fields_set and tc.kind != "hf", "tokenizer_kind"),
+            (run is None and not path.is_file(), "no_tokenizer" if tc.path is None else "no_path")], _MESSAGES,
+           key=conflict, ours=conflict and getattr(mc, conflict), theirs=conflict and getattr(theirs, conflict),
+           kind=tc.kind, folder=folder, path=path)
     if run is not None:  # the tokenizer the run was trained with, wherever the folder's is now
-        path = (Path(run) / runs.TOKENIZER).absolute()
         _check_run_tokenizer(run, tc.path)
     else:
-        path = Path(tc.path or folder / "tokenizer.json").absolute()
-        if not path.is_file():
-            raise MinigptError(_MESSAGES["no_tokenizer" if tc.path is None else "no_path"].format(folder=folder,
-                                                                                                   path=path))
         from ..tokenizer.kinds import load_tokenizer
 
         # The user's file, not minigpt's: a damaged one is replaced, never deleted to be trained again.

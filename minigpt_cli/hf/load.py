@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..config.schema import ConfigError, ModelConfig, validate
-from ..errors import MinigptError
-from ..fileio import os_error_message
+from ..config.schema import ModelConfig, validate
+from ..errors import MinigptError, refuse
+from ..fileio import read_text_file
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: count-params reads config.json without it
     import torch
@@ -30,14 +30,47 @@ _GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_
 _GPT2_WEIGHT = re.compile(r"wte\.weight|ln_f\.(weight|bias)"
                           r"|h\.\d+\.(ln_[12]|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(weight|bias)")
 
+#: What an import refuses; the first four render pydantic's error types (:func:`_parse`).
+_MESSAGES = {
+    "missing": "{source} lacks {key!r}, which a {family} must have",
+    "json_invalid": "{source} is not valid JSON ({msg})",
+    "object": "{source} must hold a JSON object",
+    "unsupported": "{source} {key} {input!r} is not supported ({msg})",
+    "not_folder": "{folder!r} is not a folder; pass a folder saved with save_pretrained",
+    "no_config": "{folder}/config.json not found; the folder must hold config.json and model.safetensors",
+    "no_positions": "config.json lacks 'n_positions', which a GPT-2 config must have",
+    "block_size": "model.block_size ({block_size}) exceeds the learned position table of this GPT-2 (config.json "
+                  "n_positions={n_positions}); use block_size <= {n_positions}",
+    "head_dim": "config.json head_dim ({head_dim}) differs from hidden_size/num_attention_heads ({hidden_size}/"
+                "{heads}); our attention needs head_dim = n_embd/n_head",
+    "bias": "config.json attention_bias={attention} but mlp_bias={mlp}; model.bias covers both, so they must agree",
+    "surplus": "{family} weights hold tensors this config has no place for: {surplus}; config.json and the weights "
+               "disagree",
+    "lacks": "{family} weights lack {lacks}; the file is incomplete or not of this architecture",
+    "shape": "{family} tensor for {bad} has shape {shape}, but config.json implies {want}",
+    "dtype": "the weights hold {dtype} tensors ({bad}); a model's weights are floating point: the file is not this "
+             "model's",
+}
+
 
 class _Json(BaseModel):
     model_config = ConfigDict(extra="ignore")  # config.json holds many keys we have no use for
+    family: ClassVar[str] = "transformers config"
+
+
+class _Kind(_Json):
+    model_type: Literal["gpt2", "llama"]
+
+
+class _Index(_Json):
+    family: ClassVar[str] = "safetensors index"
+    weight_map: dict[str, str]
 
 
 class GPT2Json(_Json):
     """The keys of a ``GPT2Config``'s config.json that we read; options we do not implement are refused by type."""
 
+    family: ClassVar[str] = "GPT-2 config"
     n_layer: int
     n_head: int
     n_embd: int
@@ -65,6 +98,7 @@ class _Rope(_Json):
 class LlamaJson(_Json):
     """The keys of a ``LlamaConfig``'s config.json that we read."""
 
+    family: ClassVar[str] = "Llama config"
     num_hidden_layers: int
     num_attention_heads: int
     hidden_size: int
@@ -84,24 +118,17 @@ class LlamaJson(_Json):
     rope_scaling: Optional[_Rope] = None
 
 
-def _parse(schema: type[_Json], cfg: Mapping[str, Any], family: str) -> Any:
-    """``cfg`` read through ``schema``; the first problem is one line naming the key."""
+def _parse(schema: type[_Json], data: str | Mapping[str, Any], source: str = "config.json") -> Any:
+    """``data`` (JSON text, or parsed) read through ``schema``; its first problem is one line naming the key."""
     try:
-        return schema.model_validate(cfg)
+        return schema.model_validate_json(data) if isinstance(data, str) else schema.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        key = ".".join(map(str, err["loc"]))
-        what = (f"config.json lacks {key!r}, which a {family} config must have" if err["type"] == "missing"
-                else f"config.json {key} {err['input']!r} is not supported ({err['msg']})")
-        raise MinigptError(what, "fix config.json or re-save the model") from None
-
-
-def _model_config(values: dict[str, Any], source: str) -> ModelConfig:
-    """Validate ``model`` keys through the one schema (its errors name the key)."""
-    try:
-        return validate({"model": values}, source).model
-    except ConfigError as exc:
-        raise MinigptError(f"{exc}; this checkpoint cannot be imported") from None
+        # The two types said in words of their own; any other is a value we do not support, or no object at all.
+        kind = err["type"] if err["type"] in ("missing", "json_invalid") else "unsupported" if err["loc"] else "object"
+        what = _MESSAGES[kind].format(source=source, key=".".join(map(str, err["loc"])), input=err.get("input"),
+                                      msg=err["msg"], family=schema.family)
+        raise MinigptError(what, "fix it or re-save the model") from None
 
 
 #: Our model keys that every imported model of a family has.
@@ -112,51 +139,36 @@ _FIXED = {"gpt2": dict(bias=True, pos_encoding="learned", norm="layernorm", norm
 
 def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
     """Our :class:`ModelConfig` for a ``GPT2Config`` dict; ``block_size`` (default ``n_positions``) may crop
-    the learned position table, never grow it.
-
-    Raises:
-        MinigptError: a missing key, an option we do not implement, ``block_size`` past ``n_positions``.
-    """
-    c = _parse(GPT2Json, cfg, "GPT-2")
+    the learned position table, never grow it (a :class:`MinigptError`, as a key or option we lack is)."""
+    c = _parse(GPT2Json, cfg)
     n_positions = c.n_positions if c.n_positions is not None else c.n_ctx
-    if n_positions is None:
-        raise MinigptError("config.json lacks 'n_positions', which a GPT-2 config must have")
-    if block_size is not None and block_size > n_positions:
-        raise MinigptError(
-            f"model.block_size ({block_size}) exceeds the learned position table of this GPT-2 "
-            f"(config.json n_positions={n_positions}); use block_size <= {n_positions}"
-        )
-    return _model_config(dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size,
-                              block_size=block_size if block_size is not None else n_positions,
-                              dropout=c.resid_pdrop, norm_eps=c.layer_norm_epsilon, d_ff=c.n_inner,
-                              ffn=_GPT2_ACTIVATIONS[c.activation_function], tie_weights=c.tie_word_embeddings,
-                              **_FIXED["gpt2"]), "config.json (gpt2)")
+    refuse([(n_positions is None, "no_positions"),
+            (block_size is not None and block_size > (n_positions or block_size), "block_size")],
+           _MESSAGES, block_size=block_size, n_positions=n_positions)
+    return validate({"model": dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size,
+                                   block_size=block_size if block_size is not None else n_positions,
+                                   dropout=c.resid_pdrop, norm_eps=c.layer_norm_epsilon, d_ff=c.n_inner,
+                                   ffn=_GPT2_ACTIVATIONS[c.activation_function], tie_weights=c.tie_word_embeddings,
+                                   **_FIXED["gpt2"])}, "config.json (gpt2)").model
 
 
 def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
     """Our :class:`ModelConfig` for a ``LlamaConfig`` dict; ``block_size`` defaults to ``max_position_embeddings``.
-
-    Raises:
-        MinigptError: a missing key, ``hidden_act`` other than silu, RoPE scaling, a ``head_dim`` other than
-            hidden_size/num_attention_heads, attention and MLP biases that differ.
-    """
-    c = _parse(LlamaJson, cfg, "Llama")
-    if c.head_dim is not None and c.head_dim * c.num_attention_heads != c.hidden_size:
-        raise MinigptError(f"config.json head_dim ({c.head_dim}) differs from hidden_size/num_attention_heads "
-                           f"({c.hidden_size}/{c.num_attention_heads}); our attention needs head_dim = n_embd/n_head")
-    if c.attention_bias != c.mlp_bias:
-        raise MinigptError(f"config.json attention_bias={c.attention_bias} but mlp_bias={c.mlp_bias}; model.bias "
-                           "covers both, so they must agree")
+    A :class:`MinigptError` names a key or option we lack (:class:`LlamaJson`, :data:`_MESSAGES`)."""
+    c = _parse(LlamaJson, cfg)
+    refuse([(c.head_dim is not None and c.head_dim * c.num_attention_heads != c.hidden_size, "head_dim"),
+            (c.attention_bias != c.mlp_bias, "bias")], _MESSAGES, head_dim=c.head_dim, hidden_size=c.hidden_size,
+           heads=c.num_attention_heads, attention=c.attention_bias, mlp=c.mlp_bias)
     rope = c.rope_parameters
     theta = rope.rope_theta if rope is not None and "rope_theta" in rope.model_fields_set else c.rope_theta
     positions = 2048 if c.max_position_embeddings is None else c.max_position_embeddings
-    return _model_config(dict(n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,
-                              block_size=block_size if block_size is not None else positions,
-                              vocab_size=c.vocab_size, dropout=c.attention_dropout, bias=c.attention_bias,
-                              rope_base=theta, norm_eps=c.rms_norm_eps, d_ff=c.intermediate_size,
-                              tie_weights=c.tie_word_embeddings,
-                              n_kv_head=c.num_key_value_heads or c.num_attention_heads,
-                              **_FIXED["llama"]), "config.json (llama)")
+    return validate({"model": dict(n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,
+                                   block_size=block_size if block_size is not None else positions,
+                                   vocab_size=c.vocab_size, dropout=c.attention_dropout, bias=c.attention_bias,
+                                   rope_base=theta, norm_eps=c.rms_norm_eps, d_ff=c.intermediate_size,
+                                   tie_weights=c.tie_word_embeddings,
+                                   n_kv_head=c.num_key_value_heads or c.num_attention_heads,
+                                   **_FIXED["llama"])}, "config.json (llama)").model
 
 
 def _expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -173,37 +185,29 @@ def _expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+
+
 def _check(out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[str],
            family: str) -> dict[str, torch.Tensor]:
-    """``out`` if it holds exactly the tensors :class:`GPT` expects for ``model_cfg``, in their shapes."""
+    """``out`` if it holds exactly the floating-point tensors :class:`GPT` expects for ``model_cfg``, in their
+    shapes."""
     expected = _expected_shapes(model_cfg)
-    unused = list(unused) + sorted(set(out) - set(expected))
-    if unused:
-        raise MinigptError(
-            f"{family} weights hold tensors this config has no place for: {', '.join(sorted(unused)[:3])}"
-            f"{' ...' if len(unused) > 3 else ''}; config.json and the weights disagree"
-        )
-    missing = sorted(set(expected) - set(out))
-    if missing:
-        raise MinigptError(
-            f"{family} weights lack {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; "
-            "the file is incomplete or not of this architecture"
-        )
-    for name, shape in expected.items():
-        if tuple(out[name].shape) != shape:
-            raise MinigptError(
-                f"{family} tensor for {name} has shape {tuple(out[name].shape)}, but config.json implies {shape}"
-            )
+    surplus = sorted([*unused, *(set(out) - set(expected))])
+    lacks = sorted(set(expected) - set(out))
+    shape = next((k for k, want in expected.items() if k in out and tuple(out[k].shape) != want), None)
+    dtype = next((k for k in expected if k in out and not out[k].is_floating_point()), None)
+    bad = out[shape or dtype] if shape or dtype else None
+    refuse([(surplus, "surplus"), (lacks, "lacks"), (shape, "shape"), (dtype, "dtype")], _MESSAGES, family=family,
+           surplus=_names(surplus), lacks=_names(lacks), bad=shape or dtype, want=expected.get(shape),
+           shape=bad is not None and tuple(bad.shape), dtype=bad is not None and bad.dtype)
     return {k: out[k] for k in expected}
 
 
 def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A ``GPT2LMHeadModel`` state dict under our names and layouts (module docstring), shapes checked; the
-    position table cropped to ``block_size``, a tied head dropped.
-
-    Raises:
-        MinigptError: missing, surplus or misshapen tensors.
-    """
+    """A ``GPT2LMHeadModel`` state dict under our names and layouts (module docstring), checked by :func:`_check`;
+    the position table cropped to ``block_size``, a tied head dropped."""
     out: dict[str, torch.Tensor] = {}
     unused = []
     for key, t in sd.items():
@@ -225,11 +229,6 @@ def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig)
     return _check(out, model_cfg, unused, "GPT-2")
 
 
-_LLAMA_SIMPLE = {
-    "embed_tokens.weight": "wte.weight",
-    "norm.weight": "ln_f.weight",
-    "lm_head.weight": "lm_head.weight",
-}
 _LLAMA_LAYER = {
     "input_layernorm.weight": "ln_1.weight",
     "post_attention_layernorm.weight": "ln_2.weight",
@@ -245,45 +244,29 @@ _LLAMA_FUSED = {
 }
 
 
-def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A ``LlamaForCausalLM`` state dict under our names and layouts (module docstring), shapes checked.
+def llama_names(mc: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """The one Llama name table, both ways: our tensor name -> transformers' (``model.`` left off), several
+    names where ours stacks them."""
+    names = {"wte.weight": ("embed_tokens.weight",), "ln_f.weight": ("norm.weight",),
+             "lm_head.weight": ("lm_head.weight",)}
+    for i in range(mc.n_layer):
+        names.update({f"h.{i}.{ours}": (f"layers.{i}.{theirs}",) for theirs, ours in _LLAMA_LAYER.items()})
+        names.update({f"h.{i}.{ours}.{kind}": tuple(f"layers.{i}.{part}.{kind}" for part in parts)
+                      for ours, parts in _LLAMA_FUSED.items() for kind in ("weight", "bias")})
+    return names
 
-    Raises:
-        MinigptError: missing, surplus or misshapen tensors.
-    """
+
+def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A ``LlamaForCausalLM`` state dict under our names and layouts (module docstring), checked by :func:`_check`."""
     import torch
 
-    out: dict[str, torch.Tensor] = {}
-    parts: dict[str, torch.Tensor] = {}
-    unused = []
-    for key, t in sd.items():
-        name = key.removeprefix("model.")
-        if name.endswith("rotary_emb.inv_freq"):
-            continue
-        if name in _LLAMA_SIMPLE:
-            if name == "lm_head.weight" and model_cfg.tie_weights:
-                continue
-            out[_LLAMA_SIMPLE[name]] = t
-            continue
-        m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
-        if m is None:
-            unused.append(key)
-            continue
-        layer, rest = m.groups()
-        if rest in _LLAMA_LAYER:
-            out[f"h.{layer}.{_LLAMA_LAYER[rest]}"] = t
-        elif any(rest.rsplit(".", 1)[0] in srcs for srcs in _LLAMA_FUSED.values()):
-            parts[f"{layer}.{rest}"] = t
-        else:
-            unused.append(key)
-    for layer in range(model_cfg.n_layer):
-        for ours, srcs in _LLAMA_FUSED.items():
-            for kind in ("weight", "bias"):
-                pieces = [parts.pop(f"{layer}.{s}.{kind}", None) for s in srcs]
-                if all(p is not None for p in pieces):  # else _check names the fused tensor as lacking
-                    out[f"h.{layer}.{ours}.{kind}"] = torch.cat(pieces, dim=0)
-    unused += [f"layers.{k}" for k in parts]  # layers beyond n_layer
-    return _check(out, model_cfg, unused, "Llama")
+    theirs = {k.removeprefix("model."): t for k, t in sd.items() if not k.endswith("rotary_emb.inv_freq")}
+    if model_cfg.tie_weights:
+        theirs.pop("lm_head.weight", None)  # the head is the embedding
+    wanted = _expected_shapes(model_cfg)
+    out = {ours: torch.cat([theirs.pop(n) for n in names]) for ours, names in llama_names(model_cfg).items()
+           if ours in wanted and all(n in theirs for n in names)}  # else _check names what lacks
+    return _check(out, model_cfg, list(theirs), "Llama")
 
 
 _FAMILIES = {
@@ -293,28 +276,17 @@ _FAMILIES = {
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a ``save_pretrained`` folder: ``model.safetensors``, or the shards its index names.
-
-    Raises:
-        MinigptError: neither file (naming a ``.bin``/``.pth`` file found instead), or an unreadable index.
-    """
-    single = folder / "model.safetensors"
+    """The safetensors files of a ``save_pretrained`` folder: ``model.safetensors``, or the shards its index names
+    (a :class:`MinigptError` when there are none, naming a ``.bin``/``.pth`` file found instead)."""
     index = folder / "model.safetensors.index.json"
-    if single.is_file():
-        files = [single]
-    elif index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise MinigptError(f"{index} is not a safetensors index ({type(exc).__name__})",
-                               "re-save the model") from None
-        files = [folder / n for n in names]
-    else:
-        other = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pth")]
-        hint = (f"; found {other[0]}: re-save it with save_pretrained(..., safe_serialization=True)"
-                if other else "; save the model with save_pretrained")
-        raise MinigptError(f"{folder} has no model.safetensors{hint}")
-    return files
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    if index.is_file():
+        return [folder / n for n in sorted(set(_parse(_Index, read_text_file(index, "the index"), str(index))
+                                               .weight_map.values()))]
+    other = [p.name for pattern in ("*.bin", "*.pth") for p in folder.glob(pattern)]
+    raise MinigptError(f"{folder} has no model.safetensors", f"found {other[0]}: re-save it with save_pretrained(..., "
+                       "safe_serialization=True)" if other else "save the model with save_pretrained")
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -331,49 +303,26 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[str, ModelConfig]:
-    """The ``model_type`` (gpt2 or llama) of a ``save_pretrained`` folder and our :class:`ModelConfig` for it.
-
-    Raises:
-        MinigptError: no folder or config.json, invalid JSON, another model_type, an option we lack.
-    """
+    """The ``model_type`` (gpt2 or llama) of a ``save_pretrained`` folder and our :class:`ModelConfig` for it;
+    a :class:`MinigptError` for no folder or config.json, a config.json its schema refuses."""
     folder = Path(path)
-    if not folder.is_dir():
-        raise MinigptError(f"{str(folder)!r} is not a folder; pass a folder saved with save_pretrained")
     cfg_path = folder / "config.json"
-    try:
-        hf_cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MinigptError(f"{cfg_path} not found; the folder must hold config.json and model.safetensors") from None
-    except OSError as exc:  # unreadable: not to be called invalid
-        raise MinigptError(os_error_message(exc, cfg_path, "read")) from None
-    except ValueError as exc:  # UnicodeDecodeError included
-        raise MinigptError(f"{cfg_path} is not valid JSON ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
-    if not isinstance(hf_cfg, dict):
-        raise MinigptError(f"{cfg_path} must hold a JSON object")
-    kind = hf_cfg.get("model_type")
-    if kind not in _FAMILIES:
-        raise MinigptError(f"{cfg_path}: model_type {kind!r} is not supported; known: {', '.join(_FAMILIES)}")
-    return kind, _FAMILIES[kind][0](hf_cfg, block_size=block_size)
+    refuse([(not folder.is_dir(), "not_folder"), (not cfg_path.is_file(), "no_config")], _MESSAGES,
+           folder=str(folder))
+    text = read_text_file(cfg_path, "the model's config")
+    kind = _parse(_Kind, text, str(cfg_path)).model_type
+    return kind, _FAMILIES[kind][0](json.loads(text), block_size=block_size)
 
 
 def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
-    """Our GPT (float32, CPU, eval mode) from a local GPT-2 or Llama ``save_pretrained`` folder (config.json and
-    model.safetensors, or its shards); ``block_size`` as the ``*_config_from_hf`` take it.
-
-    Raises:
-        MinigptError: as :func:`read_hf_config`, or weights that do not fit the config.
-    """
+    """Our GPT (float32, CPU, eval mode) from a local GPT-2 or Llama ``save_pretrained`` folder; ``block_size``
+    as the ``*_config_from_hf`` take it. Refused as :func:`read_hf_config` and :func:`_check` refuse."""
     import torch
 
     from ..model.gpt import GPT
 
     kind, model_cfg = read_hf_config(path, block_size)
-    sd = _FAMILIES[kind][1](_read_weights(Path(path)), model_cfg)
-    not_float = sorted(k for k, v in sd.items() if not v.is_floating_point())
-    if not_float:
-        raise MinigptError(f"the weights hold {sd[not_float[0]].dtype} tensors ({not_float[0]}); a model's weights "
-                           "are floating point: the file is not this model's")
-    sd = {k: v.float() for k, v in sd.items()}
+    sd = {k: v.float() for k, v in _FAMILIES[kind][1](_read_weights(Path(path)), model_cfg).items()}
     with torch.device("meta"):
         model = GPT(model_cfg)  # no memory and no random init for weights about to be replaced
     tied = model.lm_head.weight is model.wte.weight
