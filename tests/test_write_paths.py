@@ -145,3 +145,25 @@ def test_prepare_and_download_keep_the_users_files(cli, data_dir, project, monke
     assert not part.exists()
     assert cli("train", TINY, "--set", "train.max_iters=1", "--dry-run").exit_code == 0
     _intact(files)
+
+
+def test_export_force_replaces_only_a_folder_it_marked_as_its_export(cli, run, project):
+    """A folder of export-named files that minigpt did not write (a user's config.json alone, a Hugging Face
+    model folder) is not an earlier export: --force refuses it and keeps every file."""
+    files = _precious(project / "proj" / "config.json",
+                      *(project / "hf-model" / n for n in ("config.json", "model.safetensors", "tokenizer.json")))
+    for out in ("proj", "hf-model"):
+        assert_user_error(cli("export", run, "--output", out, "--force"), "is not an export minigpt wrote")
+    _intact(files)
+    assert cli("export", run, "--output", "mine").exit_code == 0
+    assert cli("export", run, "--output", "mine", "--force").exit_code == 0  # its own earlier export: replaced
+
+
+def test_export_refuses_a_tokenizer_that_is_not_the_runs(cli, run, project):
+    """export checks the run's tokenizer.json as generate does: swapped ids would scramble the vocabulary."""
+    path = run / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["chars"][10], data["chars"][11] = data["chars"][11], data["chars"][10]
+    path.write_text(json.dumps(data))
+    assert_user_error(cli("export", run, "--output", "out"), "is not the tokenizer this checkpoint was trained with")
+    assert not (project / "out").exists()

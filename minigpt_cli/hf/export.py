@@ -9,6 +9,7 @@ transposed back; ``bias: false`` written as zero biases); one with RoPE, RMSNorm
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -24,8 +25,8 @@ from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError, refuse
 from ..fileio import chmod_quietly, dir_mode, os_error_message
 from ..run import folder as runs
-from ..run.checkpoint import load_model
-from ..tokenizer.kinds import CharTokenizer, Tokenizer, load_run_tokenizer
+from ..sample.load import load_run
+from ..tokenizer.kinds import CharTokenizer, Tokenizer
 from .load import _GPT2_CONV1D, llama_names  # the one name table, both ways
 
 _MESSAGES = {
@@ -35,6 +36,8 @@ _MESSAGES = {
     "holds": "--output {out} is or holds {what}; an export replaces its folder: pass a new or empty one",
     "not_export": "{out} holds files an export does not write ({names}); --force replaces only an earlier "
                   "export: pass a new or empty --output",
+    "not_ours": "{out} is not an export minigpt wrote (its config.json carries no minigpt mark); --force "
+                "replaces only an earlier export: pass a new or empty --output",
     "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2 or Llama ({why}); this run "
                    "cannot be exported",
     "char_drops": "note: the exported char tokenizer removes characters outside its {n}-character alphabet "
@@ -44,6 +47,8 @@ _MESSAGES = {
 
 #: What an export writes (and all that ``--force`` may replace).
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+#: The config.json key that marks a folder as an export of ours: all that ``--force`` replaces.
+EXPORT_MARK = "minigpt_export"
 #: The name an export's temporary folder (and the old copy it replaces) starts with, beside the output.
 _TEMP = ".{}.minigpt-export-"
 #: Our MLP activation -> GPT-2's ``activation_function``.
@@ -191,6 +196,14 @@ def _foreign(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name not in EXPORT_FILES or not p.is_file() or p.is_symlink())
 
 
+def _is_export(folder: Path) -> bool:
+    """Whether ``folder``'s config.json carries :data:`EXPORT_MARK` (a Hugging Face model's does not)."""
+    config = folder / "config.json"
+    with contextlib.suppress(OSError, ValueError, TypeError):  # unreadable, not JSON, not an object: not ours
+        return config.is_file() and not config.is_symlink() and EXPORT_MARK in json.loads(config.read_text("utf-8"))
+    return False
+
+
 def _sweep_temps(out: Path) -> None:
     """Remove the temporary folders (holding only export files) a killed export to ``out`` left beside it."""
     for left in out.parent.glob(f"{glob.escape(_TEMP.format(out.name))}*"):
@@ -236,12 +249,14 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
             (holds, "holds"),  # before "not empty": no --force replaces these, so none may be suggested
             (out.exists() and not out.is_dir(), "not_folder"),
             (out.is_dir() and any(out.iterdir()) and not force, "not_empty"),
-            (force and foreign, "not_export")], _MESSAGES, fmt=fmt, out=out, what=holds, names=", ".join(foreign[:3]))
-    model, cfg = load_model(runs.resolve(ckpt))
+            (force and foreign, "not_export"),
+            (force and out.is_dir() and any(out.iterdir()) and not _is_export(out), "not_ours")], _MESSAGES, fmt=fmt, out=out, what=holds, names=", ".join(foreign[:3]))
+    loaded = load_run(run_dir, checkpoint)  # generate's checks: checksums, finite weights, the run's own tokenizer
+    model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer
     hf_family(cfg.model)  # refused before anything is written
-    tok = load_run_tokenizer(run_dir, cfg)
     config = hf_config(cfg, tok)
-    texts = {"config.json": json.dumps(config, indent=2) + "\n", **tokenizer_files(tok, run_dir, cfg),
+    texts = {"config.json": json.dumps({**config, EXPORT_MARK: 1}, indent=2) + "\n",
+             **tokenizer_files(tok, run_dir, cfg),
              "generation_config.json": json.dumps(generation_config(cfg, config["eos_token_id"]), indent=2) + "\n"}
     files = {"model.safetensors": save(hf_state_dict(model, cfg.model), metadata={"format": "pt"}),
              **{name: text.encode("utf-8") for name, text in texts.items()}}
