@@ -303,3 +303,17 @@ def test_every_shipped_experiment_checks_out_with_three_seeds(path):
     sweep = load_sweep(path)  # every variant's config validated
     variants = {r.variant for r in sweep.runs}
     assert len(variants) >= 2 and len(sweep.runs) >= 3 * len(variants)
+
+
+def test_compare_reads_the_config_the_weights_were_trained_with(tmp_path, data_dir):
+    """An edited run config.yaml (n_embd 32 -> 64) must not change compare's parameters or columns: the checkpoint's
+    verified config is the record, and the edit is noted."""
+    made = [train(tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}"), name,
+                  echo=lambda m: None, progress=False).run_dir for name in ("a", "b")]
+    honest = summarize(made)
+    config = made[1] / "config.yaml"
+    config.write_text(config.read_text().replace("n_embd: 32", "n_embd: 64"))
+    got = summarize(made)
+    assert [r["params"] for r in got["rows"]] == [r["params"] for r in honest["rows"]]
+    assert got["columns"] == honest["columns"] == []
+    assert any("differs from its checkpoint's config.yaml" in n and str(config) in n for n in got["notes"])

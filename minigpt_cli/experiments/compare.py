@@ -31,6 +31,8 @@ from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 
 _MESSAGES = {
+    "edited": "note: {path} differs from its checkpoint's config.yaml; compared as the checkpoint records it (the "
+              "config the weights were trained with)",
     "not_run": "{path!r} is neither a run folder (config.yaml and metrics.jsonl) nor a folder of runs",
     "no_evals": "{path} has no eval in metrics.jsonl yet; train it until its first eval",
     "metric": "--metric val_loss: the runs trained on different corpora, whose val losses do not compare; "
@@ -84,6 +86,7 @@ class RunRecord:
     cfg: Config
     evals: list[dict]  # metrics.jsonl eval events: step, elapsed_s, val_loss
     rates: list[float]  # tokens/s of its train events
+    note: Optional[str] = None  # the run's config.yaml differs from its checkpoint's (which is read)
 
     @property
     def final(self) -> float:
@@ -98,7 +101,16 @@ def read_run(path: Path) -> RunRecord:
     if not evals:
         raise MinigptError(_MESSAGES["no_evals"].format(path=path))
     rates = [e["tokens_per_sec"] for e in events if e.get("tokens_per_sec")]
-    return RunRecord(path, load_config(path / runs.CONFIG), evals, rates)
+    cfg = load_config(path / runs.CONFIG)
+    if not runs.has_checkpoint(path):
+        return RunRecord(path, cfg, evals, rates)
+    from ..run.checkpoint import saved_config  # torch: only for a run with weights
+
+    which = runs.LAST if runs.has_weights(runs.checkpoint_dir(path, runs.LAST)) else runs.BEST
+    saved = saved_config(runs.checkpoint_dir(path, which))  # verified: the record of what the weights are
+    differs = saved.to_dict() != cfg.to_dict()
+    note = _MESSAGES["edited"].format(path=path / runs.CONFIG) if differs else None
+    return RunRecord(path, saved, evals, rates, note)
 
 
 def expand(paths: list[Path]) -> list[Path]:
@@ -195,6 +207,7 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     if len({(r.cfg.tokenizer.kind, r.cfg.tokenizer.vocab_size) for r in records}) > 1 and same_corpus:
         notes.append(_MESSAGES["tokenizers"])
     metric = metric or ("val_loss" if not notes else "bits_per_byte")
+    notes += [r.note for r in records if r.note]  # after the metric is chosen: these do not change it
     equal_time = min(r.evals[-1]["elapsed_s"] for r in records)
     cache: dict = {}
     bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache, notes) for r in records}
