@@ -28,7 +28,10 @@ def _event(step, kind="train"):
 
 @pytest.mark.parametrize("bad", [b"\xff\xfe not text", b"[]", b"42", b'{"foo": 1}', b'{"step": "x", "event": "eval"}',
                                  b'{"step": 1, "event": "eval", "elapsed_s": 1.0}',
-                                 b'{"step": true, "event": "train"}'])
+                                 b'{"step": true, "event": "train"}',
+                                 # impossible losses: a cross-entropy is never negative, and never NaN in a log
+                                 b'{"step": 9, "event": "eval", "elapsed_s": 1.0, "train_loss": NaN, "val_loss": NaN}',
+                                 b'{"step": 9, "event": "eval", "elapsed_s": 1.0, "train_loss": 1.0, "val_loss": -5.0}'])
 def test_a_damaged_metrics_line_is_one_error_naming_the_file_and_line(tmp_path, bad):
     path = tmp_path / "metrics.jsonl"
     lines = [json.dumps(_event(i)).encode() for i in range(4)]

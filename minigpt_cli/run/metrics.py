@@ -17,6 +17,10 @@ from ..fileio import atomic_write_bytes, atomic_write_text, errors_as, os_errors
 METRICS = "metrics.jsonl"
 
 
+#: A cross-entropy in nats per token: never negative, and never NaN (the trainer skips non-finite steps).
+Loss = Annotated[float, Field(ge=0)]
+
+
 class _Event(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     step: int = Field(ge=0)
@@ -25,15 +29,15 @@ class _Event(BaseModel):
 
 class TrainEvent(_Event):
     event: Literal["train"]
-    loss: float
+    loss: Loss
     lr: Optional[float] = None
     tokens_per_sec: Optional[float] = None
 
 
 class EvalEvent(_Event):
     event: Literal["eval"]
-    train_loss: float
-    val_loss: float
+    train_loss: Loss
+    val_loss: Loss
 
 
 _EVENT = TypeAdapter(Annotated[Union[TrainEvent, EvalEvent], Field(discriminator="event")])
