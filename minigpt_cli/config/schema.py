@@ -15,6 +15,7 @@ from typing import Annotated, Any, Iterator, Literal, Optional, Sequence
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ConfigError
+from ..paths import check_dataset_name, list_configs, resolve_config
 from .messages import RULES, format_errors
 from .yaml_io import dump_yaml, parse_yaml
 
@@ -159,16 +160,10 @@ class TokenizerConfig(_Strict):
             yield f"tokenizer.special_tokens: {problem}"
 
 
-def _check_dataset(name: str) -> str:
-    from ..paths import check_dataset_name
-
-    return check_dataset_name(name)
-
-
 class DataConfig(_Strict):
     """Corpus and prepared token files."""
 
-    dataset: Annotated[str, AfterValidator(_check_dataset)] = Field(
+    dataset: Annotated[str, AfterValidator(check_dataset_name)] = Field(
         "tinyshakespeare", description="a named corpus, downloaded and checksummed: tinyshakespeare (char-rnn's, "
                                        "about 1 MB of plays); unused when data.path is set")
     path: Optional[UserPath] = Field(
@@ -382,8 +377,6 @@ def load_config(path: str | Path, overrides: list[str] | None = None, note=lambd
     """Load a YAML config file or a shipped config by name (``shakespeare-cpu``), apply ``--set`` overrides and
     validate; ConfigError for any problem, naming it. ``note`` hears which shipped file a missing
     ``configs/NAME.yaml`` stands for (:func:`~minigpt_cli.paths.resolve_config`)."""
-    from ..paths import resolve_config
-
     p = resolve_config(path, note)  # the one resolver: the CLI's names are the API's
     try:
         data = parse_yaml(p.read_text(encoding="utf-8"), str(p))
@@ -399,8 +392,6 @@ def _unreadable(p: Path, exc: Exception) -> str:
     if p.is_dir():
         return RULES["config_folder"].format(path=str(p))
     if not p.exists():
-        from ..paths import list_configs
-
         configs = list_configs()
         hint = f"; shipped configs (pass the name alone): {', '.join(configs)}" if configs else ""
         return f"config file {str(p)!r} not found{hint}"

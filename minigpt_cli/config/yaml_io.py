@@ -1,7 +1,4 @@
-"""YAML for configs: a strict loader (no duplicate keys, no aliases, ``3e-4`` is a float) and a dumper.
-
-Part of the config schema's edge (:mod:`minigpt_cli.config.schema` re-exports :func:`parse_yaml`). No torch here.
-"""
+"""YAML for configs: a strict loader (no duplicate keys, no aliases, ``3e-4`` is a float) and a dumper."""
 
 from __future__ import annotations
 
