@@ -30,8 +30,8 @@ EXIT_USAGE = 2
 
 # The options several commands share, defined once (Typer copies an Annotated option for each command).
 SetOption = Annotated[List[str], typer.Option(
-    "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set train.learning_rate=3e-4; a list in brackets: "
-    "--set 'tokenizer.special_tokens=[<|endoftext|>]' (repeatable).")]
+    "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set train.learning_rate=3e-4; a list in "
+    "brackets: --set 'tokenizer.special_tokens=[<|endoftext|>]' (repeatable).")]
 ProgressOption = Annotated[Optional[bool], typer.Option(
     "--progress/--no-progress", help="Show progress bars (default: only when stderr is a terminal).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -184,8 +184,7 @@ def _raise_terminated(signum, frame):
 
 def _install_termination_handlers() -> dict:
     """Make SIGTERM and SIGHUP unwind like Ctrl-C, so ``finally`` blocks remove partial files (the training loop
-    installs its own, which save first). Returns the handlers replaced.
-    """
+    installs its own, which save first). Returns the handlers replaced."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         return {}
     signals = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
@@ -213,9 +212,7 @@ _MAX_ERROR = 2000
 
 
 class Command(TyperCommand):
-    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``, not Typer's
-    type labels (``<int range>``) and ``{config}``.
-    """
+    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -327,13 +324,9 @@ def _status(code: Any) -> int:
 
 
 def run_and_exit(app: Callable[[], Any]) -> NoReturn:
-    """Run the CLI, then end the process at once (:func:`os._exit`) with the command's exit status.
-
-    The interpreter's teardown (about 2 s with torch loaded) is skipped: in it Python has put the default
-    handlers back, and a Ctrl-C killed the finished process with 130 and no word. A signal in these last
-    moments is answered with :data:`LATE_SIGNAL` and 128 + its number. While a non-daemon thread runs, the
-    normal exit waits for it instead.
-    """
+    """Run the CLI, then end the process at once (:func:`os._exit`) with the command's exit status, skipping the
+    interpreter's teardown (2 s with torch, in which a Ctrl-C killed it silently); a signal now gets
+    :data:`LATE_SIGNAL` and 128 + its number. While a non-daemon thread runs, the normal exit waits for it."""
     late: list[int] = []
     signals = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
 
@@ -395,10 +388,7 @@ _ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})
 
 
 def unescape(text: str, what: str = "--stop") -> str:
-    """``text`` with printf's escapes turned into what they name, as bash's ``printf`` does (``--stop '\\n\\n'``).
-
-    One-character escapes as printf's; ``\\NNN`` (octal) and ``\\xHH`` give bytes, a run of them read as UTF-8
-    (``\\xc3\\xa9`` is é); ``\\uHHHH`` and ``\\UHHHHHHHH`` a code point; any other backslash stays as written.
+    """``text`` with printf's escapes (:data:`_ESCAPE`) turned into what they name, as bash's ``printf`` does.
 
     Raises:
         MinigptError: bytes that are not UTF-8, an octal escape past ``\\377``, a code point that is not a character.
@@ -409,7 +399,8 @@ def unescape(text: str, what: str = "--stop") -> str:
     def flush() -> None:
         if pending:
             decoded = pending.decode("utf-8", "replace")  # not UTF-8: a U+FFFD that does not encode back to them
-            refuse([(decoded.encode() != pending, "bytes")], _ESCAPE_ERRORS, what=what, text=text, bytes=pending.hex(" "))
+            refuse([(decoded.encode() != pending, "bytes")], _ESCAPE_ERRORS, what=what, text=text,
+                   bytes=pending.hex(" "))
             out.append(decoded)
             pending.clear()
 

@@ -36,12 +36,9 @@ class _Refused(yaml.MarkedYAMLError):
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``) and refuses what a config never needs.
-
-    A key given twice in one mapping is an error naming both lines (PyYAML would silently keep the last).
-    Anchors and aliases (``&name``, ``*name``) are refused: nested aliases ("billion laughs") turn a few lines
-    into an object too large to validate or print. So is an integer too long for Python to read (4,300 digits).
-    """
+    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``) and refuses what a config never needs:
+    a key given twice (PyYAML keeps the last), aliases (nested ones, "billion laughs", make a few lines too large
+    to validate or print) and an integer too long for Python to read (4,300 digits)."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
