@@ -1,8 +1,4 @@
-"""Where corpora, tokenizers, prepared data, presets and runs live.
-
-All paths in a config are relative to the current directory, so a user who
-runs ``minigpt`` from the repository root gets ``data/`` and ``runs/`` there.
-"""
+"""Where corpora, tokenizers, prepared data, presets and runs live (a config's paths: from the current folder)."""
 
 from __future__ import annotations
 
@@ -66,12 +62,8 @@ def default_tokenizer_path(data_dir: str | Path, dataset: str, kind: str,
                            vocab_size: int | None = None, special_tokens: Sequence[str] = ()) -> Path:
     """Where a trained tokenizer is kept: ``data/<dataset>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json``.
 
-    Trained kinds (bpe, wordpiece, unigram) carry their size in the name, so
-    configs that differ only in ``tokenizer.vocab_size`` do not share a file;
-    ``char`` has none (its alphabet decides). Special tokens, when there are
-    any, add the first 8 hex digits of the sha256 of their list (in order:
-    the order decides their ids), so configs that differ only in their
-    special tokens do not share a file either.
+    Configs that differ in a trained kind's size or in their special tokens (``<hash>``: 8 hex digits of the
+    sha256 of their list, in order) get files of their own; ``char`` has no size (its alphabet decides).
     """
     suffix = f"-{vocab_size}" if vocab_size is not None and kind != "char" else ""
     if special_tokens:
@@ -80,46 +72,37 @@ def default_tokenizer_path(data_dir: str | Path, dataset: str, kind: str,
     return dataset_dir(data_dir, dataset) / f"tokenizer-{kind}{suffix}.json"
 
 
-#: The package folder that holds the presets (package data, shipped in the wheel).
-PRESETS_PACKAGE_DIR = "presets"
+#: The package folder of the example run configs (``configs/`` in the repository is a link to it).
+CONFIGS_PACKAGE_DIR = "configs"
 
 
 def presets_dir() -> Traversable:
-    """``minigpt_cli/config/presets/``: one YAML per named model size.
+    """``minigpt_cli/config/presets/``: one YAML per named model size (package data, there in a wheel too)."""
+    return _shipped() / "presets"
 
-    The presets are package data, found with :mod:`importlib.resources`, so
-    they are there in a wheel install as in a source checkout, whatever the
-    current directory holds.
-    """
-    return _shipped() / PRESETS_PACKAGE_DIR
+
+def _yaml_names(folder: Traversable) -> list[str]:
+    """The names of the ``.yaml`` files in a shipped folder, sorted, without the suffix."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml") and p.is_file())
 
 
 def list_presets() -> list[str]:
     """Names of the presets shipped in ``minigpt_cli/config/presets/``, sorted."""
-    d = presets_dir()
-    if not d.is_dir():
-        return []
-    return sorted(p.name[: -len(".yaml")] for p in d.iterdir() if p.name.endswith(".yaml") and p.is_file())
-
-
-#: The package folder that holds the example run configs (``configs/`` in the repository is a link to it).
-CONFIGS_PACKAGE_DIR = "configs"
+    return _yaml_names(presets_dir())
 
 
 def list_configs() -> list[str]:
-    """Names of the example run configs shipped in ``minigpt_cli/config/configs/``, sorted (``tiny``, ``shakespeare-cpu``, ...)."""
-    d = _shipped() / CONFIGS_PACKAGE_DIR
-    return sorted(p.name[: -len(".yaml")] for p in d.iterdir() if p.name.endswith(".yaml")) if d.is_dir() else []
+    """Names of the example run configs shipped in ``minigpt_cli/config/configs/`` (``tiny``, ...), sorted."""
+    return _yaml_names(_shipped() / CONFIGS_PACKAGE_DIR)
 
 
 def resolve_config(path: str | Path, note=lambda message: None) -> Path:
     """The config file ``path`` names: the file itself, else the shipped example of that name.
 
-    ``shakespeare-cpu`` names the shipped ``shakespeare-cpu.yaml``; so does
-    ``configs/shakespeare-cpu.yaml`` run from a folder that has no such file
-    (a wheel install), with a note through ``note`` saying which file is used.
-    Anything else is returned as given (:func:`~minigpt_cli.config.schema.load_config`
-    says when it is missing).
+    ``shakespeare-cpu`` names the shipped ``shakespeare-cpu.yaml``; so does ``configs/shakespeare-cpu.yaml``
+    where no such file exists (a wheel install), with a note through ``note``. Anything else is returned as given.
     """
     p = Path(path)
     if p.exists() or p.parent not in (Path("."), Path(CONFIGS_PACKAGE_DIR)):

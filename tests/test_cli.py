@@ -422,3 +422,26 @@ def test_generate_says_nothing_about_cpu_threads(trained_run, cli, monkeypatch):
     monkeypatch.setattr(gen, "CpuThreads", recording)
     res = cli("generate", "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "1")
     assert res.exit_code == 0 and len(made) == 1 and "echo" not in made[0], made
+
+
+def test_a_ctrl_c_in_prepare_or_sweep_is_the_common_stopped_line(cli, monkeypatch, tmp_path):
+    """prepare answers a Ctrl-C as every other command (one line, 130); sweep adds how to continue it."""
+    import minigpt_cli.data.pipeline as pipeline
+    import minigpt_cli.experiments.sweep as sweep
+    from minigpt_cli.errors import Interrupted
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "prepare_configured", interrupted)
+    res = cli("prepare", TINY)
+    assert (res.exit_code, res.stderr.splitlines()) == (130, ["stopped by Ctrl-C (partial files removed)"]), res
+
+    def stopped(*args, **kwargs):
+        raise Interrupted("stopped by SIGINT at step 3", resume_dir=tmp_path)
+
+    monkeypatch.setattr(sweep, "run_sweep", stopped)
+    res = cli("sweep", tmp_path / "my sweep.yaml")
+    assert res.exit_code == 130, res
+    assert res.stderr.splitlines() == [f"stopped by SIGINT at step 3; continue the sweep with: minigpt sweep "
+                                       f"'{tmp_path / 'my sweep.yaml'}'"], res

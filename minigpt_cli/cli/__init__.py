@@ -1,17 +1,6 @@
-"""The ``minigpt`` command (Typer): one module per command family, each function thin.
-
-Each command parses its options, loads the config, calls one library function
-and prints the result. torch is imported inside the commands that need it, so
-``minigpt --help`` answers at once. Errors become one line and an exit status
-in :mod:`.base`, which also holds the app.
-
-- :mod:`.data`: ``download``, ``train-tokenizer``;
-- :mod:`.train`: ``train``, ``prepare``;
-- :mod:`.config`: ``config-keys``, ``count-params``;
-- :mod:`.runs`: ``generate``, ``evaluate``, ``export``;
-- :mod:`.bench`: ``bench``;
-- :mod:`.experiments`: ``sweep``, ``compare``;
-- :mod:`.inspect`: ``inspect TOPIC``.
+"""The ``minigpt`` command (Typer): one module per command family, each function thin (parse, call one library
+function, print). torch is imported inside the commands, so ``minigpt --help`` answers at once; :mod:`.base`
+holds the app and turns errors into one line and an exit status.
 """
 
 from __future__ import annotations

@@ -17,19 +17,30 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Annotated, Any, Callable, List, NoReturn, Optional
 
 import typer
+from typer._click import exceptions as _click_exc  # Typer's own copy of click (typer.core builds on it)
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-try:  # Typer >= 0.20 carries its own copy of click
-    from typer._click import exceptions as _click_exc
-except ImportError:  # pragma: no cover - older Typer uses click itself
-    from click import exceptions as _click_exc
-
-from ..errors import Interrupted, MinigptError
+from ..errors import Interrupted, MinigptError, refuse
+from ..run import folder as runs
 
 EXIT_USAGE = 2
+
+# The options several commands share, defined once (Typer copies an Annotated option for each command).
+SetOption = Annotated[List[str], typer.Option(
+    "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set train.learning_rate=3e-4; a list in "
+    "brackets: --set 'tokenizer.special_tokens=[<|endoftext|>]' (repeatable).")]
+ProgressOption = Annotated[Optional[bool], typer.Option(
+    "--progress/--no-progress", help="Show progress bars (default: only when stderr is a terminal).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+DeviceOption = Annotated[str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
+RunOption = Annotated[Optional[Path], typer.Option(
+    "--run", metavar="DIR", help="Run folder (default: the most recent under runs/).")]
+CheckpointOption = Annotated[str, typer.Option(
+    "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
+    help="best: the weights with the lowest val loss; last: the most recent save.")]
 
 
 class _StdoutError(Exception):
@@ -173,8 +184,7 @@ def _raise_terminated(signum, frame):
 
 def _install_termination_handlers() -> dict:
     """Make SIGTERM and SIGHUP unwind like Ctrl-C, so ``finally`` blocks remove partial files (the training loop
-    installs its own, which save first). Returns the handlers replaced.
-    """
+    installs its own, which save first). Returns the handlers replaced."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         return {}
     signals = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
@@ -193,7 +203,7 @@ def _fail(message: str, code: int = EXIT_USAGE, prefix: str = "error: ") -> None
     sys.exit(code)
 
 
-#: Said when a signal stops a command that does not answer it itself (``train`` and ``prepare`` say more):
+#: Said when a signal stops a command that does not answer it itself (``train`` says more):
 #: what was being written is removed (files are written to a temporary name, then renamed).
 STOPPED = "stopped by {name} (partial files removed)"
 
@@ -202,9 +212,7 @@ _MAX_ERROR = 2000
 
 
 class Command(TyperCommand):
-    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``, not Typer's
-    type labels (``<int range>``) and ``{config}``.
-    """
+    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -246,6 +254,18 @@ def _default_metavar(param) -> str:
     if param.type_descriptor.is_list and args:
         annotation = args[0]
     return {int: "N", float: "X", Path: "PATH"}.get(annotation, "TEXT")
+
+
+@contextlib.contextmanager
+def fix_when_interrupted(fix: Callable[[Interrupted], Optional[str]]):
+    """Adds ``fix(error)`` (how to go on; None or empty: nothing) to an :class:`Interrupted` raised inside."""
+    try:
+        yield
+    except Interrupted as exc:
+        text = fix(exc)
+        if text:
+            exc.with_fix(text)
+        raise
 
 
 def other_rank() -> bool:
@@ -304,13 +324,9 @@ def _status(code: Any) -> int:
 
 
 def run_and_exit(app: Callable[[], Any]) -> NoReturn:
-    """Run the CLI, then end the process at once (:func:`os._exit`) with the command's exit status.
-
-    The interpreter's teardown (about 2 s with torch loaded) is skipped: in it Python has put the default
-    handlers back, and a Ctrl-C killed the finished process with 130 and no word. A signal in these last
-    moments is answered with :data:`LATE_SIGNAL` and 128 + its number. While a non-daemon thread runs, the
-    normal exit waits for it instead.
-    """
+    """Run the CLI, then end the process at once (:func:`os._exit`) with the command's exit status, skipping the
+    interpreter's teardown (2 s with torch, in which a Ctrl-C killed it silently); a signal now gets
+    :data:`LATE_SIGNAL` and 128 + its number. While a non-daemon thread runs, the normal exit waits for it."""
     late: list[int] = []
     signals = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
 
@@ -372,10 +388,7 @@ _ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})
 
 
 def unescape(text: str, what: str = "--stop") -> str:
-    """``text`` with printf's escapes turned into what they name, as bash's ``printf`` does (``--stop '\\n\\n'``).
-
-    One-character escapes as printf's; ``\\NNN`` (octal) and ``\\xHH`` give bytes, a run of them read as UTF-8
-    (``\\xc3\\xa9`` is é); ``\\uHHHH`` and ``\\UHHHHHHHH`` a code point; any other backslash stays as written.
+    """``text`` with printf's escapes (:data:`_ESCAPE`) turned into what they name, as bash's ``printf`` does.
 
     Raises:
         MinigptError: bytes that are not UTF-8, an octal escape past ``\\377``, a code point that is not a character.
@@ -385,11 +398,10 @@ def unescape(text: str, what: str = "--stop") -> str:
 
     def flush() -> None:
         if pending:
-            try:
-                out.append(pending.decode("utf-8"))
-            except UnicodeDecodeError:
-                raise MinigptError(_ESCAPE_ERRORS["bytes"].format(what=what, text=text,
-                                                                   bytes=pending.hex(" "))) from None
+            decoded = pending.decode("utf-8", "replace")  # not UTF-8: a U+FFFD that does not encode back to them
+            refuse([(decoded.encode() != pending, "bytes")], _ESCAPE_ERRORS, what=what, text=text,
+                   bytes=pending.hex(" "))
+            out.append(decoded)
             pending.clear()
 
     pos = 0
@@ -401,8 +413,7 @@ def unescape(text: str, what: str = "--stop") -> str:
         pos = m.end()
         if octal is not None or byte is not None:
             value = int(octal, 8) if octal is not None else int(byte, 16)
-            if value > 0xFF:
-                raise MinigptError(_ESCAPE_ERRORS["byte_range"].format(what=what, text=text, escape=m[0]))
+            refuse([(value > 0xFF, "byte_range")], _ESCAPE_ERRORS, what=what, text=text, escape=m[0])
             pending.append(value)
             continue
         flush()
@@ -410,8 +421,8 @@ def unescape(text: str, what: str = "--stop") -> str:
             out.append(_ESCAPES.get(other, m[0]))
             continue
         code = int(short or long, 16)
-        if 0xD800 <= code <= 0xDFFF or code > 0x10FFFF:
-            raise MinigptError(_ESCAPE_ERRORS["code_point"].format(what=what, text=text, escape=m[0]))
+        refuse([(0xD800 <= code <= 0xDFFF or code > 0x10FFFF, "code_point")], _ESCAPE_ERRORS, what=what, text=text,
+               escape=m[0])
         out.append(chr(code))
     flush()
     out.append(text[pos:])

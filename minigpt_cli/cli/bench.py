@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List
-
 import typer
 
-from .base import (
-    Command,
-    app,
-    echo,
-)
+from .base import Command, JsonOption, SetOption, app, echo
 
 
 @app.command(cls=Command)
 def bench(
     config: Path = typer.Argument(..., help="YAML config whose model, batch, device and dtype to measure."),
-    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key: section.key=value (repeatable)."),
+    set_: SetOption = [],
     iters: int = typer.Option(20, "--iters", min=1, help="Timed optimizer steps (after 3 warm-up steps)."),
     prompt_len: int = typer.Option(1, "--prompt-len", min=1, help="Prompt tokens for the generation measurement."),
     max_new_tokens: int = typer.Option(500, "--max-new-tokens", min=1, help="Tokens generated with and without the cache."),
@@ -33,7 +27,7 @@ def bench(
         help="Instead, time data preparation of the config's corpus (data.path or the dataset) with its tokenizer "
              "against a bare tokenizers encode_batch loop over the same files, in MB/s.",
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    as_json: JsonOption = False,
 ) -> None:
     """Measure training tokens/s, MFU (against a matmul peak measured in the same run) and generation speed.
 

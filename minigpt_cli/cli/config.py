@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
 from ..errors import MinigptError
 from ..run import folder as runs
-from .base import (
-    Command,
-    app,
-    echo,
-)
+from .base import Command, JsonOption, SetOption, app, echo
 
 
 @app.command("config-keys", cls=Command)
@@ -29,8 +25,6 @@ def config_keys() -> None:
     print(describe_keys())
 
 
-
-
 @app.command("count-params", cls=Command)
 def count_params(
     preset: Optional[str] = typer.Option(None, "--preset", metavar="NAME", help="A preset name (see --list)."),
@@ -40,9 +34,9 @@ def count_params(
     vocab_size: Optional[int] = typer.Option(None, "--vocab-size", min=1, help="Vocabulary size; overrides the config's (needed where it is null), e.g. 50304 for a padded GPT-2."),
     dtype: Optional[str] = typer.Option(None, "--dtype", metavar="DTYPE", help="float32, bfloat16 or float16, for the memory estimate (default: the config's dtype; float32 for auto)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Sequences per micro-batch, for the activation estimate (default: the config's train.batch_size; 1 for a preset)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    as_json: JsonOption = False,
     list_: bool = typer.Option(False, "--list", help="List the presets and exit."),
-    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a key, e.g. --set model.tie_weights=false."),
+    set_: SetOption = [],
 ) -> None:
     """Exact parameter, FLOP and memory accounting for a preset or config.
 

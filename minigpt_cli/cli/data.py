@@ -8,11 +8,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import MinigptError
-from .base import (
-    Command,
-    app,
-    echo,
-)
+from .base import Command, ProgressOption, SetOption, app, echo
 
 
 @app.command(cls=Command)
@@ -23,9 +19,7 @@ def download(
     ),
     force: bool = typer.Option(False, "--force", help="Fetch again even if a good copy is on disk."),
     data_dir: Path = typer.Option(Path("data"), "--data-dir", metavar="DIR", help="Where corpora live."),
-    progress: Optional[bool] = typer.Option(
-        None, "--progress/--no-progress", help="Show a progress bar (default: only when stderr is a terminal)."
-    ),
+    progress: ProgressOption = None,
 ) -> None:
     """Download a corpus into data/<dataset>/input.txt (checksum-verified).
 
@@ -61,7 +55,7 @@ def train_tokenizer_cmd(
     compare: bool = typer.Option(
         False, "--compare", help="Train all four kinds at --vocab-size on the same corpus and print one table; writes nothing."
     ),
-    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key: section.key=value."),
+    set_: SetOption = [],
 ) -> None:
     """Train a tokenizer on the corpus and print a summary (or compare all four kinds).
 

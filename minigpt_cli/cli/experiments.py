@@ -9,12 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import Interrupted
-from .base import (
-    Command,
-    app,
-    echo,
-)
+from .base import Command, JsonOption, app, echo, fix_when_interrupted
 
 
 @app.command(cls=Command)
@@ -49,12 +44,8 @@ def sweep(
     from ..experiments.compare import format_summary
     from ..experiments.sweep import run_sweep
 
-    try:
+    with fix_when_interrupted(lambda exc: f"continue the sweep with: minigpt sweep {shlex.quote(str(file))}"):
         result = run_sweep(file, jobs=jobs, progress=progress, echo=echo)
-    except Interrupted as exc:
-        exc.with_fix(f"continue the sweep with: minigpt sweep {shlex.quote(str(file))}")
-        exc.resume_dir = None
-        raise
     print(json.dumps(result, indent=1) if as_json else format_summary(result), end="" if not as_json else "\n")
 
 
@@ -70,7 +61,7 @@ def compare(
     metric: Optional[str] = typer.Option(None, "--metric", metavar="val_loss|bits_per_byte",
                                          help="What the pairwise sentences compare (default: val_loss when the runs "
                                               "share corpus and tokenizer, else bits_per_byte)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    as_json: JsonOption = False,
 ) -> None:
     """Put runs side by side: one row per variant, averaged over seeds.
 

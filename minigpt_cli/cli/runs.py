@@ -13,7 +13,12 @@ from ..errors import MinigptError
 from ..fileio import read_text_file
 from ..run import folder as runs
 from .base import (
+    CheckpointOption,
     Command,
+    DeviceOption,
+    JsonOption,
+    ProgressOption,
+    RunOption,
     app,
     echo,
     sample_flags,
@@ -23,7 +28,7 @@ from .base import (
 
 @app.command(cls=Command)
 def generate(
-    run: Optional[Path] = typer.Option(None, "--run", metavar="DIR", help="Run folder (default: the most recent under runs/)."),
+    run: RunOption = None,
     prompt: Optional[str] = typer.Option(
         None, "--prompt", metavar="TEXT", help="Text to continue; '-' reads it from standard input (default: the config's sample.prompt)."
     ),
@@ -67,11 +72,8 @@ def generate(
         help="Past block_size, drop this many oldest tokens at once (1: slide token by token; "
              "default: the run's sample.window_stride, else block_size // 4).",
     ),
-    checkpoint: str = typer.Option(
-        runs.BEST, "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
-        help="best: the weights with the lowest val loss; last: the most recent save.",
-    ),
-    device: str = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps."),
+    checkpoint: CheckpointOption = runs.BEST,
+    device: DeviceOption = "auto",
 ) -> None:
     """Sample text from a trained run.
 
@@ -94,12 +96,8 @@ def generate(
 
 
 def _read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]) -> Optional[str]:
-    """The prompt from ``--prompt`` or ``--prompt-file`` (``-``: standard input), as read (a file's last newline
-    is part of it); None when neither is given (the run's ``sample.prompt`` applies).
-
-    Raises:
-        MinigptError: both options given, no standard input, an unreadable or non-UTF-8 file.
-    """
+    """The prompt from ``--prompt`` or ``--prompt-file`` (``-``: standard input), as read, newline included; None
+    when neither is given. Raises MinigptError: both given, no standard input, an unreadable or non-UTF-8 file."""
     if prompt is not None and prompt_file is not None:
         raise MinigptError("pass either --prompt or --prompt-file, not both")
     if prompt == "-" or (prompt_file is not None and str(prompt_file) == "-"):
@@ -111,15 +109,10 @@ def _read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Opti
     return read_text_file(prompt_file, "--prompt-file")
 
 
-
-
 @app.command(cls=Command)
 def evaluate(
-    run: Optional[Path] = typer.Option(None, "--run", metavar="DIR", help="Run folder (default: the most recent under runs/)."),
-    checkpoint: str = typer.Option(
-        runs.BEST, "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
-        help="best: the weights with the lowest val loss; last: the most recent save.",
-    ),
+    run: RunOption = None,
+    checkpoint: CheckpointOption = runs.BEST,
     split: Optional[str] = typer.Option(None, "--split", metavar="val|train", help="Which split of the run's corpus (default val)."),
     text_file: Optional[Path] = typer.Option(None, "--text-file", metavar="FILE",
                                              help="Score this UTF-8 file instead (every token once, as --full)."),
@@ -129,11 +122,9 @@ def evaluate(
                                          help="Tokens each --full window advances (default block_size // 2): every "
                                               "scored token sees at least block_size - N tokens of context."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, help="Windows per forward pass with --full."),
-    device: str = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    progress: Optional[bool] = typer.Option(
-        None, "--progress/--no-progress", help="Show a progress bar (default: only when stderr is a terminal)."
-    ),
+    device: DeviceOption = "auto",
+    as_json: JsonOption = False,
+    progress: ProgressOption = None,
 ) -> None:
     """Loss, perplexity and bits per byte of a run's checkpoint.
 
@@ -167,8 +158,7 @@ def export(
     run: Path = typer.Argument(..., metavar="RUN", help="The run folder to export."),
     output: Path = typer.Option(..., "--output", "-o", metavar="DIR", help="Folder to write (created)."),
     fmt: str = typer.Option("hf", "--format", metavar="hf", help="hf: a transformers folder (the only format)."),
-    checkpoint: str = typer.Option(runs.BEST, "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
-                                   help="Which checkpoint's weights."),
+    checkpoint: CheckpointOption = runs.BEST,
     force: bool = typer.Option(False, "--force", help="Replace DIR if it exists and is not empty."),
 ) -> None:
     """Write a run as a Hugging Face transformers folder.

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
-from ..errors import Interrupted, MinigptError
+from ..errors import MinigptError
 from ..run import folder as runs
 from .base import (
     Command,
+    ProgressOption,
+    SetOption,
     app,
     echo,
+    fix_when_interrupted,
     other_rank,
     say_when_stopped_late,
 )
@@ -22,10 +25,7 @@ from .base import (
 @app.command(cls=Command)
 def train(
     config: Path = typer.Argument(..., help="YAML config, e.g. configs/shakespeare-cpu.yaml."),
-    set_: List[str] = typer.Option(
-        [], "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set train.learning_rate=3e-4; a list in "
-        "brackets: --set 'tokenizer.special_tokens=[<|endoftext|>]' (repeatable)."
-    ),
+    set_: SetOption = [],
     run_name: Optional[str] = typer.Option(
         None, "--run-name", metavar="NAME", help="Folder name under runs/ (default: <name>-<date>-<time>)."
     ),
@@ -37,9 +37,7 @@ def train(
         "(config.json, model.safetensors, tokenizer.json); the same as --set model.init_from=DIR."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and learning rates (with --resume: the run and step it would continue from); train nothing."),
-    progress: Optional[bool] = typer.Option(
-        None, "--progress/--no-progress", help="Show a progress bar (default: only when stderr is a terminal)."
-    ),
+    progress: ProgressOption = None,
 ) -> None:
     """Train a GPT as the config says; the run lands in runs/<name>/.
 
@@ -73,13 +71,10 @@ def train(
 
         print(describe_schedule(plan(cfg, run_name, resume, echo, progress)))
         return
-    try:
+    words = ["minigpt", "train", str(config), *[w for item in set_ for w in ("--set", item)]]
+    with fix_when_interrupted(lambda exc: exc.resume_dir and  # how to go on: this command again, with --resume
+                              f"continue with: {shlex.join([*words, '--resume', str(exc.resume_dir)])}"):
         result = run_training(cfg, run_name, resume=resume, echo=echo, progress=progress)
-    except Interrupted as exc:
-        if exc.resume_dir is not None:  # how to go on: this command again, with --resume
-            words = ["minigpt", "train", str(config), *[w for item in set_ for w in ("--set", item)]]
-            exc.with_fix(f"continue with: {shlex.join([*words, '--resume', str(exc.resume_dir)])}")
-        raise
     if result.already_done:
         n = cfg.train.max_iters
         where = "reached" if result.step == n else f"is at step {result.step}, past"
@@ -98,10 +93,8 @@ def train(
 @app.command(cls=Command)
 def prepare(
     config: Path = typer.Argument(..., help="YAML config whose data and tokenizer sections to use."),
-    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key (repeatable)."),
-    progress: Optional[bool] = typer.Option(
-        None, "--progress/--no-progress", help="Show progress bars (default: only when stderr is a terminal)."
-    ),
+    set_: SetOption = [],
+    progress: ProgressOption = None,
 ) -> None:
     """Prepare a config's data as train would, and stop: corpus, tokenizer, token files.
 
@@ -117,12 +110,7 @@ def prepare(
     from ..hf.finetune import resolve_init_from
 
     cfg = resolve_init_from(load_config(config, set_, note=echo))
-    try:
-        corpus, tok, tok_path, data = prepare_configured(cfg, echo, progress)
-    except KeyboardInterrupt:
-        echo("interrupted: no token files were completed (nothing half-written is kept); run the same "
-             "command again to start over")
-        raise typer.Exit(130) from None
+    corpus, tok, tok_path, data = prepare_configured(cfg, echo, progress)  # Ctrl-C: base's STOPPED line, status 130
     meta = data.meta
     print(f"corpus      {corpus.source}: {corpus.size:,} bytes in {len(corpus.files):,} file(s), "
           f"{meta.get('documents', 1):,} document(s); fingerprint {corpus.fingerprint[:12]}")

@@ -1,7 +1,4 @@
-"""The config key reference: every key's type or choices, default and one-line meaning, from the schema.
-
-``minigpt config-keys`` prints it; the README's table is the same rows.
-"""
+"""The config key reference (``minigpt config-keys``, the README's table): every key's type, default, meaning."""
 
 from __future__ import annotations
 
@@ -59,4 +56,3 @@ def describe_keys() -> str:
     rows = [("key", "type", "default", "meaning"), *key_rows()]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows)
-

@@ -1,9 +1,5 @@
-"""The one-line messages for a config that fails validation, with a hint for an unknown key.
-
-Kept apart from the schema (:mod:`minigpt_cli.config.schema`) so that the message texts stay out of the rules'
-way: a misspelt key is pointed to the key meant (the same key in another section, another tool's name for
-it, a close spelling), a bad value is named with what was given.
-"""
+"""The one-line messages for a config that fails validation: a misspelt key is pointed to the key meant (in
+another section, by another tool's name, a close spelling), a bad value is named with what was given."""
 
 from __future__ import annotations
 

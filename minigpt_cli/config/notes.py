@@ -1,9 +1,7 @@
 """One-line notes on a config: what it sets that cannot take effect, and where a variant departs from its source.
 
-:func:`notes` walks one table, :data:`RULES` (a condition and its ``str.format`` note each), so the wording
-lives here alone. ``train`` and ``--dry-run`` print them; ``generate`` prints the ``sample`` rules about its
-flags, spelled as given. A setting without effect is noted only when the user gave it a value of its own
-(:func:`given`), so a config written out at its defaults gets none. No torch here.
+:func:`notes` walks one table, :data:`RULES`; ``train`` and ``--dry-run`` print them, ``generate`` the ``sample``
+rules, with its flags' names. A setting without effect is noted only when the user gave it (:func:`given`).
 """
 
 from __future__ import annotations
@@ -20,10 +18,8 @@ DECAYING = ("cosine", "linear")
 
 @dataclass(frozen=True)
 class Facts:
-    """What a rule may need besides the config: the ``route`` (``"config"``: train and --dry-run; ``"generate"``:
-    its flags over a run's sample section), the prompt's length in tokens (on the config route an upper
-    bound, ``sample.prompt``'s UTF-8 bytes) and whether the named corpus is on disk, checksum passed.
-    """
+    """What a rule may need besides the config: the ``route`` (``"config"`` or ``"generate"``), the prompt's
+    length in tokens (on the config route an upper bound: its UTF-8 bytes), whether the named corpus is on disk."""
 
     route: str = "config"
     prompt_tokens: int = 1
@@ -32,10 +28,8 @@ class Facts:
 
 @dataclass(frozen=True)
 class Rule:
-    """A note and when it applies: ``key`` (checked only when the user gave it; None: always), ``when(c, f)`` on
-    the config and the :class:`Facts`, the ``text`` (formatted with ``c``, ``key`` and ``n[KEY]`` as the user
-    spelled them, and :func:`_values`), and the ``route`` it is checked on (None: both).
-    """
+    """A note: ``key`` (checked only when the user gave it; None: always), ``when(c, f)``, the ``text`` (formatted
+    with ``c``, ``key``, ``n[KEY]`` as spelled and :func:`_values`), and its ``route`` (None: both)."""
 
     key: Optional[str]
     when: Callable[[Config, Facts], bool]
@@ -52,8 +46,7 @@ class _Names(dict):
 
 def given(cfg: Config, key: str) -> bool:
     """Whether the user gave ``key`` (``section.key`` or top-level) a value of its own: set in the YAML or a
-    ``--set`` (pydantic's ``model_fields_set``), and neither null nor its default.
-    """
+    ``--set`` (pydantic's ``model_fields_set``), and neither null nor its default."""
     section_name, _, name = key.rpartition(".")
     section = getattr(cfg, section_name) if section_name else cfg
     if name not in section.model_fields_set:
@@ -69,9 +62,8 @@ def evals_in_run(tc: TrainConfig) -> int:
 
 
 def _never_slides(c: Config, f: Facts) -> bool:
-    """Whether no sample (generate's ``sample.max_new_tokens``, and on the config route samples.txt's
-    ``train.sample_tokens``) grows past block_size + 1 tokens with one more to draw: then the window never slides.
-    """
+    """Whether no sample (``sample.max_new_tokens``; on the config route also ``train.sample_tokens``) grows past
+    block_size + 1 tokens with one more to draw: then the window never slides."""
     block = c.model.block_size
     seen = min(f.prompt_tokens, block)  # a longer prompt is cropped to its last block_size tokens
     lengths = [c.sample.max_new_tokens] + ([c.train.sample_tokens] if f.route == "config" else [])
@@ -157,9 +149,8 @@ def notes(cfg: Config, *, route: str = "config", given_keys: Optional[Collection
           corpus_on_disk: bool = False) -> list[str]:
     """The notes :data:`RULES` give ``cfg``, one line each, starting ``note: ``; a note never stops a run.
 
-    ``route``: ``"config"`` or ``"generate"`` (the sample rules only); ``given_keys``: the keys the user gave
-    (None: :func:`given`); ``names``: how they were spelled (``{"sample.top_k": "--top-k"}``);
-    ``prompt_tokens``: the prompt's length when known; ``corpus_on_disk``: for the ``data.url`` rule.
+    ``given_keys``: the keys the user gave (None: :func:`given`); ``names``: how they were spelled
+    (``{"sample.top_k": "--top-k"}``); ``prompt_tokens``: the prompt's length when known.
     """
     if prompt_tokens is None:
         prompt_tokens = max(len(cfg.sample.prompt.encode("utf-8", "surrogatepass")), 1)

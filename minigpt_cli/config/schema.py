@@ -15,6 +15,7 @@ from typing import Annotated, Any, Iterator, Literal, Optional, Sequence
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ConfigError
+from ..paths import check_dataset_name, list_configs, resolve_config
 from .messages import RULES, format_errors
 from .yaml_io import dump_yaml, parse_yaml
 
@@ -33,8 +34,7 @@ class _Strict(BaseModel):
     # allow_inf_nan=False: `.inf` or `.nan` (or "inf" through --set) is never a usable setting.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
 
-    def _broken(self) -> Iterator[str]:
-        """The section's cross-field rules that this config breaks, one message each (:data:`.messages.RULES`)."""
+    def _broken(self) -> Iterator[str]:  # the section's broken cross-field rules, one message each
         return iter(())
 
     @model_validator(mode="after")
@@ -159,16 +159,10 @@ class TokenizerConfig(_Strict):
             yield f"tokenizer.special_tokens: {problem}"
 
 
-def _check_dataset(name: str) -> str:
-    from ..paths import check_dataset_name
-
-    return check_dataset_name(name)
-
-
 class DataConfig(_Strict):
     """Corpus and prepared token files."""
 
-    dataset: Annotated[str, AfterValidator(_check_dataset)] = Field(
+    dataset: Annotated[str, AfterValidator(check_dataset_name)] = Field(
         "tinyshakespeare", description="a named corpus, downloaded and checksummed: tinyshakespeare (char-rnn's, "
                                        "about 1 MB of plays); unused when data.path is set")
     path: Optional[UserPath] = Field(
@@ -319,8 +313,7 @@ class Config(_Strict):
 
 
 def _fields(model: type[BaseModel] = Config, prefix: str = ""):
-    """(key, field) for every key, ``section.key`` in a section; a section comes just before its keys (the
-    key reference of ``config-keys`` and the README is built from these)."""
+    """(key, field) for every key, ``section.key`` in a section; a section comes just before its keys."""
     for name, field in model.model_fields.items():
         yield prefix + name, field
         if _is_section(field):
@@ -348,7 +341,7 @@ def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` overrides to a parsed config mapping, each value read as YAML (``[a, b]`` is a
-    list), except that a text key keeps the text as typed (``sample.prompt=ROMEO:``).
+    list); a text key keeps the text as typed (``sample.prompt=ROMEO:``).
 
     Raises:
         ConfigError: for an override without ``key=`` or a path through a non-mapping.
@@ -379,11 +372,8 @@ _TEXT_KEYS = {key: field.annotation in (str, Optional[str]) for key, field in _f
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None, note=lambda message: None) -> Config:
-    """Load a YAML config file or a shipped config by name (``shakespeare-cpu``), apply ``--set`` overrides and
-    validate; ConfigError for any problem, naming it. ``note`` hears which shipped file a missing
-    ``configs/NAME.yaml`` stands for (:func:`~minigpt_cli.paths.resolve_config`)."""
-    from ..paths import resolve_config
-
+    """Load a YAML config file or a shipped config by name (``shakespeare-cpu``; ``note`` hears which file:
+    :func:`~minigpt_cli.paths.resolve_config`), apply ``--set`` overrides, validate; ConfigError names any problem."""
     p = resolve_config(path, note)  # the one resolver: the CLI's names are the API's
     try:
         data = parse_yaml(p.read_text(encoding="utf-8"), str(p))
@@ -399,8 +389,6 @@ def _unreadable(p: Path, exc: Exception) -> str:
     if p.is_dir():
         return RULES["config_folder"].format(path=str(p))
     if not p.exists():
-        from ..paths import list_configs
-
         configs = list_configs()
         hint = f"; shipped configs (pass the name alone): {', '.join(configs)}" if configs else ""
         return f"config file {str(p)!r} not found{hint}"

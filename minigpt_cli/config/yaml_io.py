@@ -1,13 +1,10 @@
-"""YAML for configs: a strict loader (no duplicate keys, no aliases, ``3e-4`` is a float) and a dumper.
-
-Part of the config schema's edge (:mod:`minigpt_cli.config.schema` re-exports :func:`parse_yaml`). No torch here.
-"""
+"""YAML for configs: a strict loader (no duplicate keys, no aliases, ``3e-4`` is a float) and a dumper."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -38,19 +35,28 @@ class _Refused(yaml.MarkedYAMLError):
         super().__init__(problem=problem, problem_mark=mark)
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``) and refuses what a config never needs.
+#: What :class:`_Loader` refuses, by kind.
+_REFUSALS = {
+    "alias": "alias *{anchor}: a config may not use anchors and aliases; write the value out",
+    "duplicate": "duplicate key {key!r}, first given on line {line}; keep one of them",
+    "digits": ("an integer of {digits:,} digits: no setting takes a number that large; give a smaller one "
+               "(config-keys lists each key's range)"),
+}
 
-    A key given twice in one mapping is an error naming both lines (PyYAML would silently keep the last).
-    Anchors and aliases (``&name``, ``*name``) are refused: nested aliases ("billion laughs") turn a few lines
-    into an object too large to validate or print. So is an integer too long for Python to read (4,300 digits).
-    """
+
+def _refuse(kind: str, mark, **fields) -> NoReturn:
+    raise _Refused(_REFUSALS[kind].format(**fields), mark)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``) and refuses what a config never needs:
+    a key given twice (PyYAML keeps the last), aliases (nested ones, "billion laughs", make a few lines too large
+    to validate or print) and an integer too long for Python to read (4,300 digits)."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise _Refused(f"alias *{event.anchor}: a config may not use anchors and aliases; "
-                           "write the value out", event.start_mark)
+            _refuse("alias", event.start_mark, anchor=event.anchor)
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
@@ -61,16 +67,14 @@ class _Loader(yaml.SafeLoader):
                 continue
             first = seen.get(key)
             if first is not None:
-                raise _Refused(f"duplicate key {key!r}, first given on line {first.line + 1}; keep one of them",
-                               key_node.start_mark)
+                _refuse("duplicate", key_node.start_mark, key=key, line=first.line + 1)
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node):
         # int() refuses a string of more than sys.get_int_max_str_digits() digits with a bare ValueError.
         if len(node.value) > _MAX_DIGITS:
-            raise _Refused(f"an integer of {len(node.value):,} digits: no setting takes a number that large; "
-                           "give a smaller one (config-keys lists each key's range)", node.start_mark)
+            _refuse("digits", node.start_mark, digits=len(node.value))
         return super().construct_yaml_int(node)
 
 
