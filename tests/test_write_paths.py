@@ -167,3 +167,9 @@ def test_export_refuses_a_tokenizer_that_is_not_the_runs(cli, run, project):
     path.write_text(json.dumps(data))
     assert_user_error(cli("export", run, "--output", "out"), "is not the tokenizer this checkpoint was trained with")
     assert not (project / "out").exists()
+
+
+def test_compare_never_writes_into_a_run_folder(cli, run, project):
+    before = sorted(p.name for p in run.iterdir())
+    assert_user_error(cli("compare", run, "--output", run), "is a run folder")
+    assert sorted(p.name for p in run.iterdir()) == before

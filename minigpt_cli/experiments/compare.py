@@ -33,6 +33,7 @@ from ..run.metrics import METRICS, read_events
 _MESSAGES = {
     "edited": "note: {path} differs from its checkpoint's config.yaml; compared as the checkpoint records it (the "
               "config the weights were trained with)",
+    "run_output": "--output {path} is a run folder, which holds that run's record; pass another --output",
     "not_run": "{path!r} is neither a run folder (config.yaml and metrics.jsonl) nor a folder of runs",
     "no_evals": "{path} has no eval in metrics.jsonl yet; train it until its first eval",
     "metric": "--metric val_loss: the runs trained on different corpora, whose val losses do not compare; "
@@ -364,7 +365,9 @@ class _Summary(BaseModel):
 
 
 def _check_ours(out: Path) -> None:
-    """Refuse to replace summary files in ``out`` unless they are an earlier summary (its summary.json one)."""
+    """Refuse a run folder as ``out`` (its files are the run's record), and summary files in ``out`` unless they
+    are an earlier summary (its summary.json one)."""
+    refuse([((out / runs.CONFIG).is_file() or runs.made_here(out), "run_output")], _MESSAGES, path=out)
     if any(os.path.lexists(out / name) for name in SUMMARY_FILES):
         read_model(_Summary, out / "summary.json", _MESSAGES["users"], path=out)
 
