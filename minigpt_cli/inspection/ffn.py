@@ -1,10 +1,8 @@
 """``minigpt inspect ffn``: a tiny position-wise feed-forward pass, step by step, and SwiGLU's width rule.
 
-FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017 §3.3), with row vectors as a learner computes it by hand:
-x (1, d_model), W1 (d_model, d_ff), W2 (d_ff, d_model); SwiGLU replaces act(x W1) by Swish(x W1) ⊙ (x V)
-(Shazeer 2020 eq. 6). Each step is in float64, checked against the model's own MLP with the same weights.
-SwiGLU's width keeps 3·d·d_ff equal to a 4d MLP's 8d²: d_ff = 2/3·4d rounded up to ``multiple_of`` (Llama:
-d = 4096 gives 11008), as :attr:`~minigpt_cli.config.schema.ModelConfig.ffn_hidden` computes it.
+FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017 §3.3), row vectors: x (1, d_model), W1 (d_model, d_ff),
+W2 (d_ff, d_model); SwiGLU: Swish(x W1) ⊙ (x V) (Shazeer 2020 eq. 6). SwiGLU's d_ff = 2/3·4d rounded up to
+``multiple_of`` keeps 3·d·d_ff near a 4d MLP's 8d² (Llama: d = 4096 gives 11008).
 """
 
 from __future__ import annotations
@@ -20,10 +18,11 @@ import torch.nn.functional as F
 from ..config.schema import ModelConfig
 from ..errors import MinigptError
 from ..model.gpt import MLP
-from .figures import new_figure, num, save_png, shape, vector, wrote
+from .activations import FUNCTIONS
+from .figures import drawn, new_figure, num, report, save_png, shape, vector
 
-#: The default example: d_model = 2, d_ff = 3, ReLU, no biases; x = [1, 2] and the variant [2, -1].
-#: Chosen so that every product is exact in halves and ReLU turns a different unit off for each x.
+#: The default example, d_model = 2, d_ff = 3, ReLU: every product is exact in halves and ReLU turns a
+#: different unit off for each x.
 EXAMPLE = {
     "activation": "relu",
     "W1": [[1.0, -1.0, 0.5], [0.5, 1.0, -1.0]],
@@ -46,14 +45,12 @@ _MESSAGES = {
     "shape": "{key} has shape {got}, but {want} is needed ({why}); fix the weights file",
     "matrix": "W1 must be a matrix, a list of d_model rows of d_ff numbers each, e.g. [[1, -1, 0.5], [0.5, 1, -1]]",
     "ragged": "{key}'s rows differ in length ({lengths}); a matrix needs rows of one length",
-    "x": "--x {text!r}: give the input as numbers separated by commas, e.g. --x 1,2",
     "x_width": "--x {text!r} has {got} numbers, but the weights take d_model = {want}",
 }
 
 
 def read_weights(path: Path) -> dict:
-    """Load and check a weights file: a JSON object with ``W1``, ``W2``, optionally ``b1``, ``b2``,
-    ``activation`` (relu, gelu, gelu_tanh, swiglu; default relu) and, for swiglu, ``V``.
+    """A weights file: a JSON object of :data:`KEYS` (``W1``, ``W2``; ``V`` for swiglu; ``activation``: relu).
 
     Raises:
         MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, a missing matrix.
@@ -89,29 +86,11 @@ def _numbers(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_x(text: str) -> list[float]:
-    """``"1,2"`` -> [1.0, 2.0].
-
-    Raises:
-        MinigptError: not finite numbers separated by commas.
-    """
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or not all(math.isfinite(v) for v in values):
-        raise MinigptError(_MESSAGES["x"].format(text=text))
-    return values
-
-
 def _shape_problem(w: dict, xs: Sequence[Sequence[float]]) -> Optional[str]:
-    """What does not fit in the weights (the activation, W1 a matrix, each matrix and bias against d_model, the
-    width of W1's rows, and d_ff, the width of its columns) and then the inputs, or None."""
+    """What does not fit: the activation, then each weight against W1's (d_model, d_ff), then the inputs; or None."""
     act = w.get("activation", "relu")
     if act not in ACTIVATIONS:
         return _MESSAGES["activation"].format(act=act, choices=", ".join(ACTIVATIONS))
-    if act == "swiglu" and "V" not in w:
-        return _MESSAGES["missing"].format(path="(weights)", key="V")
     w1 = shape(w["W1"])
     if len(w1) != 2 or 0 in w1:
         return _MESSAGES["matrix"]
@@ -134,8 +113,7 @@ def _shape_problem(w: dict, xs: Sequence[Sequence[float]]) -> Optional[str]:
 
 
 def _activate(z: torch.Tensor, act: str) -> torch.Tensor:
-    return {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-            "swiglu": F.silu}[act](z)
+    return {**FUNCTIONS, "swiglu": F.silu}[act](z)  # SwiGLU's gate is SiLU
 
 
 def _model_mlp(w: dict, d_model: int, d_ff: int, act: str, b1, b2) -> MLP:
@@ -155,12 +133,8 @@ def _model_mlp(w: dict, d_model: int, d_ff: int, act: str, b1, b2) -> MLP:
 
 
 def swiglu_width(d_model: int = 4096, multiple_of: int = 256) -> dict:
-    """SwiGLU's hidden width by the 2/3 rule (Shazeer 2020 §2; Llama's rounding), and the parameter counts.
-
-    Returns ``d_model``, ``four_d``, ``two_thirds`` (2/3·4d, unrounded), ``multiple_of``, ``d_ff`` (the model's
-    :attr:`~minigpt_cli.config.schema.ModelConfig.ffn_hidden`), ``params_mlp`` (2·d·4d) and ``params_swiglu``
-    (3·d·d_ff), biases aside.
-    """
+    """SwiGLU's hidden width by the 2/3 rule (Shazeer 2020 §2; Llama's rounding: the model's ``ffn_hidden``),
+    and the parameter counts biases aside: ``params_mlp`` 2·d·4d, ``params_swiglu`` 3·d·d_ff."""
     cfg = ModelConfig(n_layer=1, n_head=1, n_embd=d_model, ffn="swiglu", multiple_of=multiple_of)
     d_ff = cfg.ffn_hidden
     return {"d_model": d_model, "four_d": 4 * d_model, "two_thirds": 2 * 4 * d_model / 3, "multiple_of": multiple_of,
@@ -169,13 +143,8 @@ def swiglu_width(d_model: int = 4096, multiple_of: int = 256) -> dict:
 
 def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_XS, swiglu_d_model: int = 4096,
         multiple_of: int = 256, output: Optional[Path] = None) -> dict:
-    """The FFN forward pass for each input, step by step, checked against the model's MLP.
-
-    ``weights``: as :func:`read_weights` returns (None: :data:`EXAMPLE`); ``xs``: the inputs, d_model numbers
-    each; ``swiglu_d_model``, ``multiple_of``: the example of :func:`swiglu_width`; ``output``: folder for
-    ``ffn.png``. Returns the weights, ``steps`` (per input: ``x``, ``z`` = x W1 + b1, ``u`` = x V for swiglu,
-    ``h`` after the activation, ``off`` (units exactly 0), ``y``, ``x_plus_y``, ``model_y`` from the model's
-    MLP and ``model_max_error``), ``swiglu`` and ``png``.
+    """The FFN forward pass in float64 for each input, step by step (``z`` = x W1 + b1, ``u`` = x V, ``h``, ``off``
+    (units exactly 0), ``y``, ``x_plus_y``), checked against the model's MLP (``model_y``, ``model_max_error``).
 
     Raises:
         MinigptError: an unknown activation, a weight or input of the wrong shape.
@@ -211,9 +180,7 @@ def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_
     result = {"activation": act, "d_model": d_model, "d_ff": d_ff,
               **{k: w[k] for k in ("W1", "W2", "V") if k in w}, "b1": b1.tolist(), "b2": b2.tolist(),
               "steps": steps, "swiglu": swiglu_width(swiglu_d_model, multiple_of), "png": None}
-    if output is not None:
-        result["png"] = _plot(result, Path(output))
-    return result
+    return drawn(result, output, _plot)
 
 
 def _dot(x: Sequence[float], column: Sequence[float], bias: float) -> str:
@@ -261,9 +228,7 @@ def format_ffn(r: dict) -> str:
     lines.append(f"SwiGLU width, d = {g['d_model']}: 2/3·4d = {g['two_thirds']:.2f}, rounded up to a multiple of "
                  f"{g['multiple_of']}: d_ff = {g['d_ff']} (3·d·d_ff = {g['params_swiglu']:,} parameters against "
                  f"8d² = {g['params_mlp']:,} for a 4d MLP; Shazeer 2020, Llama's rounding)")
-    if r["png"]:
-        lines.append(wrote(r["png"]))
-    return "\n".join(lines)
+    return report(lines, r)
 
 
 def _plot(r: dict, folder: Path) -> str:

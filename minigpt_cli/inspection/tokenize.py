@@ -1,13 +1,8 @@
 """``minigpt inspect tokenize``: how the three subword algorithms cut text, and why.
 
-Without a tokenizer, the toy corpus hug x10, pug x5, pun x12, bun x4, hugs x5 (Hugging Face LLM course,
-ch. 6.5-6.7) is cut three ways: BPE (Sennrich et al. 2016; byte-level as GPT-2) by the ``tokenizers`` trainer
-with minigpt's settings, most frequent pair first, each merge's count replayed here; WordPiece by minigpt's
-trainer, highest count(ab) / (count(a)·count(b)) first; Unigram (Kudo 2018 §3.2) from its seed model (every
-substring, probability by frequency) in the library's Unigram model, each segmentation listed with its
-log-probability and the library's Viterbi choice marked and checked. With ``--tokenizer`` or ``--run``: that
-tokenizer's pieces and ids, with BPE merge ranks, WordPiece merge ranks (and with ``--corpus`` the merge's
-score and count) or Unigram log-probabilities (and with ``--all-segmentations`` every segmentation).
+The toy corpus is the Hugging Face LLM course's (ch. 6.5-6.7): BPE (Sennrich et al. 2016; byte-level as GPT-2)
+merges the most frequent pair, WordPiece the highest count(ab) / (count(a)·count(b)), and Unigram (Kudo 2018
+§3.2) starts from every substring, probability by frequency.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from ..errors import MinigptError
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_run_tokenizer, load_tokenizer, tokenizer_file
 from ..tokenizer.wordpiece import CONTINUATION, wordpiece_merges, wordpiece_scores, wordpiece_symbols
-from .figures import wrote
+from .figures import drawn, report
 from .tokenize_figures import plot_pieces, plot_toy
 
 #: The toy corpus: word -> frequency.
@@ -51,11 +46,7 @@ _MESSAGES = {
 
 
 def parse_words(text: str) -> dict[str, int]:
-    """``"hug=10,pug=5"`` -> {"hug": 10, "pug": 5}.
-
-    Raises:
-        MinigptError: not word=count pairs with counts >= 1.
-    """
+    """``"hug=10,pug=5"`` -> {"hug": 10, "pug": 5}; MinigptError unless word=count pairs with counts >= 1."""
     out: dict[str, int] = {}
     try:
         for item in text.split(","):
@@ -176,13 +167,8 @@ def _unigram_words(backend, words: Sequence[str], logp: dict[str, float]) -> lis
 
 
 def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Optional[Path] = None) -> dict:
-    """BPE and WordPiece merges and Unigram segmentations on the toy corpus (:data:`TOY_WORDS`).
-
-    Returns ``mode`` ("toy"), ``words``, ``text``; ``bpe`` (merges {a, b, count}), ``bpe_first`` (every pair's
-    count before any merge, highest first), ``bpe_pieces``; ``wordpiece`` (merges {a, b, score, count} at the
-    time of the merge), ``wordpiece_first``, ``wordpiece_pieces``; ``unigram`` ({``vocab``: piece ->
-    log-probability, ``total``, ``words``: per word of ``text`` its segmentations and the Viterbi choice});
-    ``png``.
+    """BPE and WordPiece merges ({a, b, count} / {a, b, score, count}; ``*_first``: every pair before any merge)
+    and Unigram segmentations (the library's Viterbi choice marked) on the toy corpus, and ``text`` cut by each.
     """
     from tokenizers import Tokenizer as _Backend
     from tokenizers import models, pre_tokenizers
@@ -195,7 +181,7 @@ def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Op
     bpe = toy_bpe(words)
     wp = toy_wordpiece(words)
     corpus = _corpus(words)
-    merged = {m["a"] + m["b"][len(CONTINUATION):] for m in wp} - set(wordpiece_symbols_all(words))
+    merged = {m["a"] + m["b"][len(CONTINUATION):] for m in wp} - {s for w in words for s in wordpiece_symbols(w)}
     wp_tok = train_tokenizer("wordpiece", corpus, base_vocab_size("wordpiece", corpus) + len(merged))
     logp = seed_unigram(words)
     uni = _Backend(models.Unigram([(UNK, 0.0), *logp.items()], unk_id=0, byte_fallback=False))
@@ -214,14 +200,7 @@ def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Op
                                   sorted(wordpiece_scores(words).items(), key=lambda kv: (-kv[1], kv[0]))],
               "unigram": {"vocab": logp, "total": sum(n * len(w) * (len(w) + 1) // 2 for w, n in words.items()),
                           "words": _unigram_words(uni, text_words, logp)}, "png": None}
-    if output is not None:
-        result["png"] = plot_toy(result, Path(output))
-    return result
-
-
-def wordpiece_symbols_all(words: dict[str, int]) -> set[str]:
-    """The starting symbols of the words (``h``, ``##u``, ...)."""
-    return {s for w in words for s in wordpiece_symbols(w)}
+    return drawn(result, output, plot_toy)
 
 
 def _bpe_cut(text_words: Sequence[str], merges: Sequence[dict]) -> list[str]:
@@ -245,12 +224,8 @@ def _read_corpus(path: Path) -> str:
 
 def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations: bool = False,
                       corpus: Optional[Path] = None, output: Optional[Path] = None) -> dict:
-    """A trained tokenizer's pieces and ids for ``text``, with what each kind can say about them.
-
-    Returns ``mode`` ("tokenizer"), ``source``, ``kind``, ``model`` (the library's model type; None for char),
-    ``vocab_size``, ``text``, ``pieces``, ``ids``, ``details`` (per piece: bpe {merge_rank, a, b}; wordpiece
-    {merge_rank, and with ``corpus`` score, count}; unigram {log_prob}), ``unigram_words`` (with
-    ``all_segmentations``) and ``png``.
+    """A trained tokenizer's pieces and ids for ``text``, with ``details`` per piece: bpe {merge_rank, a, b};
+    wordpiece {merge_rank, and with ``corpus`` score, count}; unigram {log_prob}.
 
     Raises:
         MinigptError: empty text; ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
@@ -281,9 +256,7 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
             if all_segmentations:
                 words = [w for w, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
                 result["unigram_words"] = _unigram_words(backend, words, logp)
-    if output is not None:
-        result["png"] = plot_pieces(result, Path(output))
-    return result
+    return drawn(result, output, plot_pieces)
 
 
 def _wordpiece_details(tok, model: dict, tokens: list[str], corpus: Optional[Path]) -> list[dict]:
@@ -341,9 +314,7 @@ def format_tokenize(r: dict) -> str:
         if r["unigram_words"] is not None:
             lines.append("every segmentation of each word (Unigram, Kudo 2018; ▁ is a space):")
             lines += _format_segmentations(r["unigram_words"])
-    if r["png"]:
-        lines.append(wrote(r["png"]))
-    return "\n".join(lines)
+    return report(lines, r)
 
 
 def _detail(kind: str, d: dict) -> str:
@@ -383,8 +354,8 @@ def _format_segmentations(entries: list[dict]) -> list[str]:
 
 
 def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Optional[Tokenizer], str]:
-    """The tokenizer ``--tokenizer`` (any tokenizer file the user names, never to be deleted) or ``--run`` (the
-    run's own) names, or None for the toy corpus; and how to name it.
+    """The tokenizer ``--tokenizer`` (a user's file, never to be deleted) or ``--run`` names (None: the toy
+    corpus), and how to name it.
 
     Raises:
         MinigptError: both given; no such run folder; a missing or damaged file.
@@ -404,8 +375,7 @@ def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Op
 def tokenize(tokenizer: Optional[Path] = None, run: Optional[Path] = None, text: Optional[str] = None,
              words: Optional[dict[str, int]] = None, all_segmentations: bool = False, corpus: Optional[Path] = None,
              output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
-    """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer` (default text: :data:`TOY_TEXT`, else
-    ``ROMEO: hugs``)."""
+    """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer`."""
     tok, source = load_for_inspect(tokenizer, run)
     if tok is None:
         return toy(words, TOY_TEXT if text is None else text, output)
