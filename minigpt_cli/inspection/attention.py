@@ -71,18 +71,13 @@ def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output:
         raise MinigptError(_MESSAGES["too_long"].format(n=len(ids), block=block, last=block - 1))
     maps: list[torch.Tensor] = []
     errors: list[float] = []
-    inputs: dict = {}
 
-    def keep_input(module, args):
-        inputs["x"], inputs["rope"] = args[0], args[1] if len(args) > 1 else None
-
-    def compare_output(module, args, out):
-        weights, recomputed = attention_weights(module, inputs["x"], inputs["rope"])
+    def compare_output(module, args, out):  # Block calls attn(x, rope, cache, layer, pos)
+        weights, recomputed = attention_weights(module, args[0], args[1])
         maps.append(weights[0])
         errors.append(float((recomputed - out).abs().max()))
 
-    hooks = [h for blk in model.h for h in (blk.attn.register_forward_pre_hook(keep_input),
-                                            blk.attn.register_forward_hook(compare_output))]
+    hooks = [blk.attn.register_forward_hook(compare_output) for blk in model.h]
     try:
         with torch.no_grad():
             model(torch.tensor([ids], dtype=torch.long))

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config.schema import ModelConfig
-from ..errors import MinigptError
+from ..errors import MinigptError, refuse
 from ..model.gpt import MLP
 from .activations import FUNCTIONS
 from .figures import drawn, new_figure, num, report, save_png, shape, vector
@@ -40,7 +40,7 @@ _MESSAGES = {
     "not_object": "--weights {path}: the file must hold one JSON object with W1, W2 (b1, b2 optional; V for swiglu)",
     "unknown_key": "--weights {path}: unknown key {key!r}; use {keys}",
     "missing": "--weights {path}: {key} is missing",
-    "activation": "activation {act!r}: use one of {choices}",
+    "activation": "--weights {path}: activation {act!r}: use one of {choices}",
     "not_numbers": "--weights {path}: {key} must be a list of numbers (a matrix: a list of rows)",
     "shape": "{key} has shape {got}, but {want} is needed ({why}); fix the weights file",
     "matrix": "W1 must be a matrix, a list of d_model rows of d_ff numbers each, e.g. [[1, -1, 0.5], [0.5, 1, -1]]",
@@ -53,7 +53,8 @@ def read_weights(path: Path) -> dict:
     """A weights file: a JSON object of :data:`KEYS` (``W1``, ``W2``; ``V`` for swiglu; ``activation``: relu).
 
     Raises:
-        MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, a missing matrix.
+        MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, a missing matrix, an
+            unknown activation.
     """
     example = json.dumps(EXAMPLE, separators=(",", ":"))
     try:
@@ -62,22 +63,16 @@ def read_weights(path: Path) -> dict:
         reason = "no such file" if isinstance(exc, FileNotFoundError) else (
             getattr(exc, "strerror", None) or str(exc).splitlines()[0])
         raise MinigptError(_MESSAGES["read"].format(path=path, reason=reason, example=example)) from None
-    problem = _file_problem(obj)
-    if problem:
-        raise MinigptError(_MESSAGES[problem[0]].format(path=path, keys=", ".join(sorted(KEYS)), **problem[1]))
-    return obj
-
-
-def _file_problem(obj) -> Optional[tuple[str, dict]]:
-    """What is wrong with a weights file's object (a key of :data:`_MESSAGES` and its fields), or None."""
     if not isinstance(obj, dict):
-        return "not_object", {}
+        raise MinigptError(_MESSAGES["not_object"].format(path=path))
+    act = obj.get("activation", "relu")
     unknown = [key for key in obj if key not in KEYS]
-    needed = ("W1", "W2") + (("V",) if obj.get("activation") == "swiglu" else ())
-    missing = [key for key in needed if key not in obj]
+    missing = [key for key in ("W1", "W2") + (("V",) if act == "swiglu" else ()) if key not in obj]
     bad = [key for key in sorted(KEYS - {"activation"}) if key in obj and not _numbers(obj[key])]
-    return (("unknown_key", {"key": unknown[0]}) if unknown else ("missing", {"key": missing[0]}) if missing
-            else ("not_numbers", {"key": bad[0]}) if bad else None)
+    refuse([(unknown, "unknown_key"), (missing, "missing"), (bad, "not_numbers"),
+            (act not in ACTIVATIONS, "activation")], _MESSAGES, path=path, key=(unknown + missing + bad + [None])[0],
+           keys=", ".join(sorted(KEYS)), act=act, choices=", ".join(ACTIVATIONS))
+    return obj
 
 
 def _numbers(value) -> bool:
@@ -87,10 +82,7 @@ def _numbers(value) -> bool:
 
 
 def _shape_problem(w: dict, xs: Sequence[Sequence[float]]) -> Optional[str]:
-    """What does not fit: the activation, then each weight against W1's (d_model, d_ff), then the inputs; or None."""
-    act = w.get("activation", "relu")
-    if act not in ACTIVATIONS:
-        return _MESSAGES["activation"].format(act=act, choices=", ".join(ACTIVATIONS))
+    """What does not fit: each weight against W1's (d_model, d_ff), then the inputs; or None."""
     w1 = shape(w["W1"])
     if len(w1) != 2 or 0 in w1:
         return _MESSAGES["matrix"]
@@ -147,7 +139,7 @@ def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_
     (units exactly 0), ``y``, ``x_plus_y``), checked against the model's MLP (``model_y``, ``model_max_error``).
 
     Raises:
-        MinigptError: an unknown activation, a weight or input of the wrong shape.
+        MinigptError: a weight or input of the wrong shape.
     """
     w = EXAMPLE if weights is None else weights
     problem = _shape_problem(w, xs)

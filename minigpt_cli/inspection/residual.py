@@ -116,8 +116,8 @@ def _embedded(model: GPT, idx: torch.Tensor):
     """The stream entering the first block, and the rope angles, as GPT.forward computes them."""
     captured = {}
 
-    def grab(module, args):
-        captured["x"], captured["rope"] = args[0], args[1] if len(args) > 1 else None
+    def grab(module, args):  # GPT.forward calls block(x, rope, cache, layer, pos)
+        captured["x"], captured["rope"] = args[0], args[1]
 
     handle = model.h[0].register_forward_pre_hook(grab)
     try:

@@ -69,13 +69,18 @@ def replay(words: dict[str, int], merges: Sequence[tuple[str, str]]) -> list[int
     split = {w: list(w) for w in words}
     counts = []
     for a, b in merges:
-        pairs: Counter = Counter()
-        for w, symbols in split.items():
-            for p in zip(symbols, symbols[1:]):
-                pairs[p] += words[w]
-        counts.append(pairs[(a, b)])
+        counts.append(_pair_counts(split, words)[(a, b)])
         split = {w: _merge(s, a, b) for w, s in split.items()}
     return counts
+
+
+def _pair_counts(split: dict[str, list[str]], words: dict[str, int]) -> Counter:
+    """How often each adjacent pair of symbols occurs in the weighted words, ``split`` into symbols."""
+    pairs: Counter = Counter()
+    for w, symbols in split.items():
+        for p in zip(symbols, symbols[1:]):
+            pairs[p] += words[w]
+    return pairs
 
 
 def _merge(symbols: list[str], a: str, b: str) -> list[str]:
@@ -103,11 +108,6 @@ def toy_bpe(words: dict[str, int]) -> list[dict]:
     raw = json.loads(tok.to_str())["model"]["merges"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in raw]
     return [{"a": a, "b": b, "count": c} for (a, b), c in zip(merges, replay(words, merges))]
-
-
-def toy_wordpiece(words: dict[str, int]) -> list[dict]:
-    """Every WordPiece merge on the toy words, best score first: {a, b, score, count} (minigpt's trainer)."""
-    return [{"a": a, "b": b, "score": s, "count": c} for a, b, s, c in wordpiece_merges(words)]
 
 
 def seed_unigram(words: dict[str, int]) -> dict[str, float]:
@@ -176,10 +176,8 @@ def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Op
     from ..tokenizer.training import base_vocab_size, train_tokenizer
 
     words = dict(TOY_WORDS if words is None else words)
-    if not text:
-        raise MinigptError(_MESSAGES["empty"])
     bpe = toy_bpe(words)
-    wp = toy_wordpiece(words)
+    wp = [{"a": a, "b": b, "score": s, "count": c} for a, b, s, c in wordpiece_merges(words)]  # best score first
     corpus = _corpus(words)
     merged = {m["a"] + m["b"][len(CONTINUATION):] for m in wp} - {s for w in words for s in wordpiece_symbols(w)}
     wp_tok = train_tokenizer("wordpiece", corpus, base_vocab_size("wordpiece", corpus) + len(merged))
@@ -188,10 +186,7 @@ def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Op
     uni.pre_tokenizer = pre_tokenizers.Whitespace()
     text_words = [w for w, _ in uni.pre_tokenizer.pre_tokenize_str(text)]
     bpe_pieces = _bpe_cut(text_words, bpe)
-    first_counts: Counter = Counter()
-    for w, n in words.items():
-        for pair in zip(w, w[1:]):
-            first_counts[pair] += n
+    first_counts = _pair_counts({w: list(w) for w in words}, words)
     result = {"mode": "toy", "words": words, "text": text, "bpe": bpe, "bpe_pieces": bpe_pieces,
               "bpe_first": [{"a": a, "b": b, "count": c} for (a, b), c in
                             sorted(first_counts.items(), key=lambda kv: (-kv[1], kv[0]))],
@@ -228,9 +223,9 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
     wordpiece {merge_rank, and with ``corpus`` score, count}; unigram {log_prob}.
 
     Raises:
-        MinigptError: empty text; ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
+        MinigptError: ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
     """
-    problem = ("empty" if not text else "corpus_kind" if corpus is not None and tok.kind != "wordpiece"
+    problem = ("corpus_kind" if corpus is not None and tok.kind != "wordpiece"
                else "segmentations" if all_segmentations and tok.kind != "unigram" else None)
     if problem:
         raise MinigptError(_MESSAGES[problem].format(kind=tok.kind))
@@ -375,7 +370,9 @@ def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Op
 def tokenize(tokenizer: Optional[Path] = None, run: Optional[Path] = None, text: Optional[str] = None,
              words: Optional[dict[str, int]] = None, all_segmentations: bool = False, corpus: Optional[Path] = None,
              output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
-    """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer`."""
+    """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer`; MinigptError for an empty ``text``."""
+    if text == "":
+        raise MinigptError(_MESSAGES["empty"])
     tok, source = load_for_inspect(tokenizer, run)
     if tok is None:
         return toy(words, TOY_TEXT if text is None else text, output)
