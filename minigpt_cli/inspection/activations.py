@@ -36,9 +36,7 @@ FUNCTIONS = {
 
 def activations(lo: float = -4.0, hi: float = 4.0, output: Optional[Path] = None) -> dict:
     """The four activations at :data:`TABLE_AT` and max |GELU − GELU-tanh| with its x > 0 (``output``: a folder).
-
-    Raises:
-        MinigptError: a range that is not two finite numbers, lo < hi.
+    Raises MinigptError: a range that is not two finite numbers, lo < hi.
     """
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise MinigptError(_MESSAGES["range"].format(lo=lo, hi=hi))

@@ -59,10 +59,8 @@ def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output:
               echo: Callable[[str], None] = lambda m: None) -> dict:
     """Attention weights ([layer][head][query][key]) of a run on ``prompt``, each head's mean entropy over
     positions 1..T−1, and ``max_check_error`` (weights·v through c_proj against the layer's output).
-
-    Raises:
-        MinigptError: as :func:`~.run_model.open_run`; a prompt the tokenizer cannot encode or longer than
-            block_size (refused, not cropped: the model never saw those positions together).
+    Raises MinigptError: as :func:`~.run_model.open_run`; a prompt the tokenizer cannot encode or longer than
+    block_size (refused, not cropped: the model never saw those positions together).
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     ids = encode_prompt(tok, prompt)

@@ -132,9 +132,7 @@ def block(n_embd: int = 64, n_head: int = 4, d_ff: int = 256, seq_len: int = 8, 
           dtype: str = "float32", output: Optional[Path] = None) -> dict:
     """Pre-LN and Post-LN blocks against ``nn.TransformerEncoderLayer`` (``pre``, ``post``: :func:`compare`'s
     numbers), and with ``with_trace`` :func:`trace`'s.
-
-    Raises:
-        MinigptError: n_embd not divisible by n_head (the CLI checks the sizes, activation and dtype).
+    Raises MinigptError: n_embd not divisible by n_head (the CLI checks the sizes, activation and dtype).
     """
     assert activation in ("relu", "gelu") and dtype in DTYPES and min(n_embd, n_head, d_ff, seq_len, batch) >= 1
     check_heads(n_embd, n_head)

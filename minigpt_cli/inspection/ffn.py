@@ -51,10 +51,8 @@ _MESSAGES = {
 
 def read_weights(path: Path) -> dict:
     """A weights file: a JSON object of :data:`KEYS` (``W1``, ``W2``; ``V`` for swiglu; ``activation``: relu).
-
-    Raises:
-        MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, a missing matrix, an
-            unknown activation.
+    Raises MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, a missing matrix, an
+    unknown activation.
     """
     example = json.dumps(EXAMPLE, separators=(",", ":"))
     try:
@@ -137,9 +135,7 @@ def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_
         multiple_of: int = 256, output: Optional[Path] = None) -> dict:
     """The FFN forward pass in float64 for each input, step by step (``z`` = x W1 + b1, ``u`` = x V, ``h``, ``off``
     (units exactly 0), ``y``, ``x_plus_y``), checked against the model's MLP (``model_y``, ``model_max_error``).
-
-    Raises:
-        MinigptError: a weight or input of the wrong shape.
+    Raises MinigptError: a weight or input of the wrong shape.
     """
     w = EXAMPLE if weights is None else weights
     problem = _shape_problem(w, xs)

@@ -83,9 +83,7 @@ def positions(dim: int = 128, max_len: int = 4096, base: float = 10000.0, seed: 
               output: Optional[Path] = None) -> dict:
     """The sinusoidal table's p0·pk ``curve``, the ``rotation`` check (largest |p(t+k) − R_k p(t)|) and the q·k
     scores with and without RoPE, each {``scores``, ``spread``}; ``seed`` seeds W_Q, W_K ~ N(0, 1/d).
-
-    Raises:
-        MinigptError: an odd ``dim``, ``base`` ≤ 1.
+    Raises MinigptError: an odd ``dim``, ``base`` ≤ 1.
     """
     assert dim >= 2 and max_len >= 2, (dim, max_len)
     problem = "odd_dim" if dim % 2 else "base" if not (math.isfinite(base) and base > 1) else None

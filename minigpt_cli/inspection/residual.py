@@ -58,9 +58,7 @@ def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 
              seq_len: int = 64, init_std: Optional[float] = None, output: Optional[Path] = None) -> dict:
     """RMS of the residual stream after each block at init, with and without 1/sqrt(2L), over ``seeds`` draws of
     unit-variance input; ``init_std`` None is 1/sqrt(n_embd), so that every branch writes O(1) and growth shows.
-
-    Raises:
-        MinigptError: n_embd not divisible by n_head (the CLI checks the counts).
+    Raises MinigptError: n_embd not divisible by n_head (the CLI checks the counts).
     """
     assert depths and min(depths) >= 1 and min(seeds, n_embd, n_head, seq_len) >= 1
     check_heads(n_embd, n_head)
@@ -132,9 +130,7 @@ def residual_run(run: str | Path, checkpoint: str = runs.BEST, windows: int = 8,
                  output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
     """RMS of a trained run's residual stream (``trained``) and of its architecture at init (``init``) after the
     embedding and each block, on validation windows.
-
-    Raises:
-        MinigptError: as :func:`~.run_model.open_run`; the corpus is not on disk; a split shorter than a window.
+    Raises MinigptError: as :func:`~.run_model.open_run`; the corpus is not on disk; a split shorter than a window.
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     idx = _val_windows(Path(run), cfg, tok, windows, seed, echo)

@@ -221,9 +221,7 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
                       corpus: Optional[Path] = None, output: Optional[Path] = None) -> dict:
     """A trained tokenizer's pieces and ids for ``text``, with ``details`` per piece: bpe {merge_rank, a, b};
     wordpiece {merge_rank, and with ``corpus`` score, count}; unigram {log_prob}.
-
-    Raises:
-        MinigptError: ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
+    Raises MinigptError: ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
     """
     problem = ("corpus_kind" if corpus is not None and tok.kind != "wordpiece"
                else "segmentations" if all_segmentations and tok.kind != "unigram" else None)
@@ -351,9 +349,7 @@ def _format_segmentations(entries: list[dict]) -> list[str]:
 def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Optional[Tokenizer], str]:
     """The tokenizer ``--tokenizer`` (a user's file, never to be deleted) or ``--run`` names (None: the toy
     corpus), and how to name it.
-
-    Raises:
-        MinigptError: both given; no such run folder; a missing or damaged file.
+    Raises MinigptError: both given; no such run folder; a missing or damaged file.
     """
     problem = "both" if tokenizer is not None and run is not None else (
         "no_run" if run is not None and not (Path(run) / runs.CONFIG).is_file() else None)
