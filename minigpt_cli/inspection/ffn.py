@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ..config.schema import ModelConfig
 from ..errors import MinigptError, refuse
+from ..fileio import read_text_file
 from ..model.gpt import MLP
 from .activations import FUNCTIONS
 from .figures import drawn, new_figure, num, report, save_png, shape, vector
@@ -56,11 +57,9 @@ def read_weights(path: Path) -> dict:
     """
     example = json.dumps(EXAMPLE, separators=(",", ":"))
     try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        reason = "no such file" if isinstance(exc, FileNotFoundError) else (
-            getattr(exc, "strerror", None) or str(exc).splitlines()[0])
-        raise MinigptError(_MESSAGES["read"].format(path=path, reason=reason, example=example)) from None
+        obj = json.loads(read_text_file(path, "--weights"))
+    except json.JSONDecodeError as exc:
+        raise MinigptError(_MESSAGES["read"].format(path=path, reason=exc, example=example)) from None
     if not isinstance(obj, dict):
         raise MinigptError(_MESSAGES["not_object"].format(path=path))
     act = obj.get("activation", "relu")
@@ -171,13 +170,16 @@ def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_
     return drawn(result, output, _plot)
 
 
-def _dot(x: Sequence[float], column: Sequence[float], bias: float) -> str:
-    """``1·1 + 2·0.5 + 0``."""
+def _products(name: str, x: Sequence[float], matrix, bias: Optional[Sequence[float]], out: Sequence[float]):
+    """Each output ``out[j]`` of x·matrix + bias written out: ``z1 = 1·1 + 2·0.5 = 2``."""
     def factor(v: float) -> str:
         return num(v) if v >= 0 else f"({num(v)})"
 
-    terms = [f"{factor(a)}·{factor(b)}" for a, b in zip(x, column)]
-    return " + ".join(terms) + (f" + {num(bias)}" if bias else "")
+    lines = []
+    for j, (column, value) in enumerate(zip(zip(*matrix), out)):
+        terms = " + ".join(f"{factor(a)}·{factor(b)}" for a, b in zip(x, column))
+        lines.append(f"  {name}{j + 1} = {terms}{f' + {num(bias[j])}' if bias and bias[j] else ''} = {num(value)}")
+    return lines
 
 
 def format_ffn(r: dict) -> str:
@@ -191,24 +193,18 @@ def format_ffn(r: dict) -> str:
             lines.append(f"  {key} ({' x '.join(map(str, shape(r[key])))}) = "
                          + "[" + ", ".join(vector(row) for row in r[key]) + "]")
     lines.append(f"  b1 = {vector(r['b1'])}   b2 = {vector(r['b2'])}")
-    W1T = list(zip(*r["W1"]))
-    W2T = list(zip(*r["W2"]))
     for s in r["steps"]:
         x = s["x"]
         lines.append(f"x = {vector(x)}")
-        for j, zj in enumerate(s["z"]):
-            lines.append(f"  z{j + 1} = {_dot(x, W1T[j], r['b1'][j])} = {num(zj)}")
+        lines += _products("z", x, r["W1"], r["b1"], s["z"])
         if act == "swiglu":
-            VT = list(zip(*r["V"]))
-            for j, uj in enumerate(s["u"]):
-                lines.append(f"  u{j + 1} = {_dot(x, VT[j], 0.0)} = {num(uj)}")
+            lines += _products("u", x, r["V"], None, s["u"])
             lines.append(f"  h = silu(z) ⊙ u = {vector(s['h'])}")
         else:
             off = ", ".join(str(j + 1) for j in s["off"])
             lines.append(f"  h = {act}(z) = {vector(s['h'])}"
                          + (f"   (unit {off} off)" if len(s["off"]) == 1 else f"   (units {off} off)" if off else ""))
-        for k, yk in enumerate(s["y"]):
-            lines.append(f"  y{k + 1} = {_dot(s['h'], W2T[k], r['b2'][k])} = {num(yk)}")
+        lines += _products("y", s["h"], r["W2"], r["b2"], s["y"])
         lines.append(f"  y = {vector(s['y'])};  x + y = {vector(s['x_plus_y'])} (the residual add)")
         lines.append(f"  check: minigpt's MLP gives {vector(s['model_y'])} (max difference "
                      f"{s['model_max_error']:.1e}, float32)")

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 from ..config.schema import load_config
 from ..config.special_tokens import UNK
 from ..errors import MinigptError
+from ..fileio import read_text_file
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_run_tokenizer, load_tokenizer, tokenizer_file
 from ..tokenizer.wordpiece import CONTINUATION, wordpiece_merges, wordpiece_scores, wordpiece_symbols
@@ -39,7 +40,6 @@ _MESSAGES = {
     "empty": "--text '': give some text to cut",
     "words": "--words {text!r}: give word=count pairs (a word of letters only, a count of at least 1) separated "
              "by commas, e.g. --words hug=10,pug=5",
-    "corpus": "--corpus {path}: {reason}",
     "corpus_kind": "--corpus recomputes WordPiece merge scores; this tokenizer is {kind}",
     "segmentations": "--all-segmentations lists Unigram segmentations; this tokenizer is {kind}",
 }
@@ -209,14 +209,6 @@ def _bpe_cut(text_words: Sequence[str], merges: Sequence[dict]) -> list[str]:
     return pieces
 
 
-def _read_corpus(path: Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
-        raise MinigptError(_MESSAGES["corpus"].format(path=path, reason=reason)) from None
-
-
 def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations: bool = False,
                       corpus: Optional[Path] = None, output: Optional[Path] = None) -> dict:
     """A trained tokenizer's pieces and ids for ``text``, with ``details`` per piece: bpe {merge_rank, a, b};
@@ -263,7 +255,7 @@ def _wordpiece_details(tok, model: dict, tokens: list[str], corpus: Optional[Pat
     if corpus is not None:
         counts: Counter = Counter()
         pre = tok.backend.pre_tokenizer
-        counts.update(w for w, _ in pre.pre_tokenize_str(_read_corpus(corpus)))
+        counts.update(w for w, _ in pre.pre_tokenize_str(read_text_file(corpus, "--corpus")))
         need = max((d["merge_rank"] for d in details if d["merge_rank"] is not None), default=-1)
         made = {}
         for i, (a, b, score, count) in zip(range(need + 1), wordpiece_merges(counts)):
