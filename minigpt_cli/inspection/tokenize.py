@@ -101,12 +101,12 @@ def toy_bpe(words: dict[str, int]) -> list[dict]:
 
     tok = _Backend(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    bound = sum(len(w) - 1 for w in words)
+    bound = sum(len(w) - 1 for w in words)  # no word has more merges than letters - 1: room to merge everything
     trainer = trainers.BpeTrainer(vocab_size=256 + bound + 1, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_corpus(words)], trainer)
     raw = json.loads(tok.to_str())["model"]["merges"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in raw]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in raw]  # "a b" (old files) or [a, b]
     return [{"a": a, "b": b, "count": c} for (a, b), c in zip(merges, replay(words, merges))]
 
 
@@ -230,7 +230,7 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
         if tok.kind == "bpe":
             made = {}
             for rank, m in enumerate(model["merges"]):
-                a, b = m.split(" ") if isinstance(m, str) else m
+                a, b = m.split(" ") if isinstance(m, str) else m  # "a b" (old files) or [a, b]
                 made.setdefault(a + b, (rank, a, b))
             result["details"] = [dict(zip(("merge_rank", "a", "b"), made.get(t, (None, None, None)))) for t in tokens]
         elif tok.kind == "wordpiece":
