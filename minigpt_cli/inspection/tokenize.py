@@ -47,15 +47,12 @@ _MESSAGES = {
 
 def parse_words(text: str) -> dict[str, int]:
     """``"hug=10,pug=5"`` -> {"hug": 10, "pug": 5}; MinigptError unless word=count pairs with counts >= 1."""
+    pairs = [(word.strip(), count.strip()) for word, _, count in (item.partition("=") for item in text.split(","))]
+    if not all(word.isalpha() and count.isdecimal() and int(count) >= 1 for word, count in pairs):
+        raise MinigptError(_MESSAGES["words"].format(text=text))
     out: dict[str, int] = {}
-    try:
-        for item in text.split(","):
-            word, count = item.split("=")
-            if not word.strip().isalpha() or int(count) < 1:
-                raise ValueError
-            out[word.strip()] = out.get(word.strip(), 0) + int(count)
-    except ValueError:
-        raise MinigptError(_MESSAGES["words"].format(text=text)) from None
+    for word, count in pairs:
+        out[word] = out.get(word, 0) + int(count)
     return out
 
 
