@@ -26,7 +26,8 @@ except ImportError:  # pragma: no cover - older Typer uses click itself
 _MESSAGES = {
     "unknown_topic": "unknown topic {name!r};{hint} the topics are: {topics}",
     "did_you_mean": " did you mean {close}?",
-    "range": "--range {text!r}: give two numbers separated by a comma, e.g. --range -4,4",
+    "range": "--range {text!r}: give two finite numbers separated by a comma, e.g. --range -4,4",
+    "x": "--x {text!r}: give the input as finite numbers separated by commas, e.g. --x 1,2",
     "depths": "--depths {text!r}: give block counts of at least 1 separated by commas, e.g. --depths 4,16,64",
 }
 
@@ -79,14 +80,15 @@ def _one_thread() -> None:
 
 
 def _numbers(text: str, key: str, kind=float, count: Optional[int] = None, least: float = -math.inf) -> list:
-    """The comma-separated numbers of an option: ``count`` of them when given, each at least ``least``."""
+    """The comma-separated finite numbers of an option: ``count`` of them when given, each at least ``least``."""
     from ..errors import MinigptError
 
     try:
         values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
-    if not values or len(values) != (count or len(values)) or min(values) < least:
+    wrong = len(values) != (count or len(values)) or not all(map(math.isfinite, values))
+    if not values or wrong or min(values) < least:
         raise MinigptError(_MESSAGES[key].format(text=text))
     return values
 
@@ -268,11 +270,11 @@ def ffn(
       minigpt inspect ffn --weights w.json --x 1,2
     """
     _one_thread()
-    from ..inspection.ffn import EXAMPLE_XS, format_ffn, parse_x, read_weights
+    from ..inspection.ffn import EXAMPLE_XS, format_ffn, read_weights
     from ..inspection.ffn import ffn as run
 
     w = read_weights(weights) if weights is not None else None
-    xs = [parse_x(v) for v in x] if x else list(EXAMPLE_XS)
+    xs = [_numbers(v, "x") for v in x] if x else list(EXAMPLE_XS)
     _report(run(w, xs, swiglu_d_model, multiple_of, output), as_json, format_ffn)
 
 

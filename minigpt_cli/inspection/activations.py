@@ -1,9 +1,7 @@
 """``minigpt inspect activations``: ReLU, GELU, GELU-tanh and SiLU, and how far apart GELU's two forms are.
 
-ReLU max(0, x) (Vaswani et al. 2017 §3.3); GELU x·Φ(x) and its tanh approximation
-0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))) that GPT-2 uses (Hendrycks & Gimpel 2016 §2); SiLU x·σ(x)
-(Elfwing et al. 2018), SwiGLU's gate. Computed with the ``torch.nn.functional`` calls the model's MLP makes, in
-float64. GELU(−x) = GELU(x) − x for both forms, so their difference is even: its maximum is at ±x.
+ReLU max(0, x) (Vaswani et al. 2017 §3.3); GELU x·Φ(x) and its tanh form 0.5·x·(1 + tanh(sqrt(2/π)·(x +
+0.044715·x³))) (Hendrycks & Gimpel 2016 §2); SiLU x·σ(x) (Elfwing et al. 2018); float64, the MLP's own calls.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import MinigptError
-from .figures import new_figure, save_png, wrote
+from .figures import decorate, drawn, new_figure, report, save_png
 
 _MESSAGES = {
     "range": "--range {lo},{hi}: give two finite numbers, the first below the second; e.g. --range -4,4",
@@ -37,17 +35,12 @@ FUNCTIONS = {
 
 
 def activations(lo: float = -4.0, hi: float = 4.0, output: Optional[Path] = None) -> dict:
-    """The four activations on [lo, hi], and max |GELU − GELU-tanh| with where it is reached.
-
-    ``output``: folder for ``activations.png``. Returns ``range``, ``table`` (the points of :data:`TABLE_AT` as
-    ``x`` and one list per function), ``gelu_tanh_max_error`` (on [−10, 10], step 1e-4) with the positive x
-    where it is reached, ``gelu_tanh_max_error_at``, and ``png``.
-
-    Raises:
-        MinigptError: a range that is not two finite numbers, lo < hi.
+    """The four activations at :data:`TABLE_AT` and max |GELU − GELU-tanh| with its x > 0 (``output``: a folder).
+    Raises MinigptError: a range that is not two finite numbers, lo < hi.
     """
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise MinigptError(_MESSAGES["range"].format(lo=lo, hi=hi))
+    # GELU(−x) = GELU(x) − x for both forms, so their difference is even: x >= 0 is searched alone
     x = torch.arange(0.0, SEARCH + STEP / 2, STEP, dtype=torch.float64)
     diff = (F.gelu(x) - F.gelu(x, approximate="tanh")).abs()
     at = int(diff.argmax())
@@ -55,9 +48,7 @@ def activations(lo: float = -4.0, hi: float = 4.0, output: Optional[Path] = None
     table = {"x": list(TABLE_AT), **{name: [float(v) for v in f(points)] for name, f in FUNCTIONS.items()}}
     result = {"range": [lo, hi], "table": table, "gelu_tanh_max_error": float(diff[at]),
               "gelu_tanh_max_error_at": float(x[at]), "png": None}
-    if output is not None:
-        result["png"] = _plot(result, Path(output))
-    return result
+    return drawn(result, output, _plot)
 
 
 def format_activations(r: dict) -> str:
@@ -72,9 +63,7 @@ def format_activations(r: dict) -> str:
     err, at = r["gelu_tanh_max_error"], r["gelu_tanh_max_error_at"]
     lines.append(f"  max |GELU − GELU-tanh| = {err:.3e} at x = ±{at:.3f} "
                  f"(searched on [−{SEARCH:g}, {SEARCH:g}], step {STEP:g})")
-    if r["png"]:
-        lines.append(wrote(r["png"]))
-    return "\n".join(lines)
+    return report(lines, r)
 
 
 def _plot(r: dict, folder: Path) -> str:
@@ -88,10 +77,7 @@ def _plot(r: dict, folder: Path) -> str:
         ax.plot(x, FUNCTIONS[key](x), style, label=label, linewidth=1.5)
     ax.axhline(0, color="grey", linewidth=0.5)
     ax.axvline(0, color="grey", linewidth=0.5)
-    ax.set_xlabel("x")
-    ax.set_title("activations")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    decorate(ax, "x", None, "activations")
     ax = fig.add_subplot(1, 2, 2)
     span = max(abs(lo), abs(hi), r["gelu_tanh_max_error_at"] + 1)
     xs = torch.linspace(-span, span, 2001, dtype=torch.float64)
@@ -101,8 +87,5 @@ def _plot(r: dict, folder: Path) -> str:
                                     - F.gelu(torch.tensor(a, dtype=torch.float64), approximate="tanh")))
     ax.plot([-a, a], [sign * e, sign * e], "o", color="tab:red", label=f"max |difference| {e:.3e} at x = ±{a:.3f}")
     ax.axhline(0, color="grey", linewidth=0.5)
-    ax.set_xlabel("x")
-    ax.set_title("GELU − GELU-tanh")
-    ax.legend(loc="center")
-    ax.grid(alpha=0.3)
+    decorate(ax, "x", None, "GELU − GELU-tanh", loc="center")
     return save_png(fig, folder, "activations.png")

@@ -1,12 +1,7 @@
 """``minigpt inspect attention``: a trained run's attention weights on a prompt, per layer and head, and their entropy.
 
-``scaled_dot_product_attention`` does not return its weights, so each block's attention input is captured (a
-forward pre-hook) and the weights are recomputed as the layer computes them: q, k from ``c_attn``, RoPE when the
-model uses it, each key head shared by n_head / n_kv_head query heads (Ainslie et al. 2023), softmax(q kᵀ /
-sqrt(head_dim)) under the causal mask (Vaswani et al. 2017 §3.2.1). As a check, weights·v through ``c_proj``
-must give the layer's own output. A head's entropy at position t is −Σ_s p(s) ln p(s) over the keys s ≤ t,
-in nats (ln(t + 1) spread evenly, 0 on one key), averaged over positions 1..T−1. Prompts longer than
-``block_size`` are refused, not cropped: their maps would show positions the model never saw together.
+Weights softmax(q kᵀ / sqrt(head_dim)) under the causal mask (Vaswani et al. 2017 §3.2.1), key heads shared by
+n_head / n_kv_head query heads (Ainslie et al. 2023); entropy −Σ_s p(s) ln p(s) over keys s ≤ t, in nats.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from ..errors import MinigptError
 from ..model.gpt import apply_rope
 from ..run import folder as runs
 from ..sample.sampling import encode_prompt
-from .figures import new_figure, save_png, widen_to_fit, wrote
+from .figures import drawn, new_figure, report, save_png, widen_to_fit
 from .run_model import open_run
 
 _MESSAGES = {
@@ -35,8 +30,7 @@ LABELLED = 24
 
 def attention_weights(attn, x: torch.Tensor, rope=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention weights (B, n_head, T, T) float32 of one attention layer on its input x (B, T, C), and the
-    layer's output (B, T, C) recomputed from them.
-    """
+    layer's output (B, T, C) recomputed from them (``scaled_dot_product_attention`` does not return weights)."""
     B, T, C = x.size()
     with torch.no_grad():
         q, k, v = attn.c_attn(x).split([C, attn.kv_dim, attn.kv_dim], dim=2)
@@ -63,14 +57,10 @@ def entropy(weights: torch.Tensor) -> torch.Tensor:
 
 def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output: Optional[Path] = None,
               echo: Callable[[str], None] = lambda m: None) -> dict:
-    """Attention weights of every layer and head of a run on ``prompt``, with each head's mean entropy.
-
-    Returns the numbers ``format_attention`` prints, ``weights`` ([layer][head][query][key]),
-    ``max_check_error`` (weights·v through c_proj against the layer's output) and ``png``.
-
-    Raises:
-        MinigptError: as :func:`~.run_model.open_run`; a prompt the tokenizer cannot encode, or one longer
-            than block_size.
+    """Attention weights ([layer][head][query][key]) of a run on ``prompt``, each head's mean entropy over
+    positions 1..T−1, and ``max_check_error`` (weights·v through c_proj against the layer's output).
+    Raises MinigptError: as :func:`~.run_model.open_run`; a prompt the tokenizer cannot encode or longer than
+    block_size (refused, not cropped: the model never saw those positions together).
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     ids = encode_prompt(tok, prompt)
@@ -79,18 +69,13 @@ def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output:
         raise MinigptError(_MESSAGES["too_long"].format(n=len(ids), block=block, last=block - 1))
     maps: list[torch.Tensor] = []
     errors: list[float] = []
-    inputs: dict = {}
 
-    def keep_input(module, args):
-        inputs["x"], inputs["rope"] = args[0], args[1] if len(args) > 1 else None
-
-    def compare_output(module, args, out):
-        weights, recomputed = attention_weights(module, inputs["x"], inputs["rope"])
+    def compare_output(module, args, out):  # Block calls attn(x, rope, cache, layer, pos)
+        weights, recomputed = attention_weights(module, args[0], args[1])
         maps.append(weights[0])
         errors.append(float((recomputed - out).abs().max()))
 
-    hooks = [h for blk in model.h for h in (blk.attn.register_forward_pre_hook(keep_input),
-                                            blk.attn.register_forward_hook(compare_output))]
+    hooks = [blk.attn.register_forward_hook(compare_output) for blk in model.h]
     try:
         with torch.no_grad():
             model(torch.tensor([ids], dtype=torch.long))
@@ -107,9 +92,7 @@ def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output:
               "n_kv_head": cfg.model.kv_heads, "pos_encoding": cfg.model.pos_encoding,
               "tokens": tok.pieces(prompt), "ids": ids, "heads": heads, "uniform_entropy": uniform,
               "weights": [m.tolist() for m in maps], "max_check_error": max(errors), "png": None}
-    if output is not None:
-        result["png"] = _plot(result, maps, Path(output))
-    return result
+    return drawn(result, output, _plot, maps)
 
 
 def format_attention(r: dict) -> str:
@@ -127,9 +110,7 @@ def format_attention(r: dict) -> str:
                  for h in r["heads"] if h["layer"] == layer]
         lines.append(f"  layer {layer}: " + "  ".join(cells))
     lines.append(f"  check: weights·v through c_proj reproduce each layer's output to {r['max_check_error']:.1e}")
-    if r["png"]:
-        lines.append(wrote(r["png"]))
-    return "\n".join(lines)
+    return report(lines, r)
 
 
 def _plot(r: dict, maps: list[torch.Tensor], folder: Path) -> str:
@@ -137,8 +118,7 @@ def _plot(r: dict, maps: list[torch.Tensor], folder: Path) -> str:
     cell = 2.6 if T <= LABELLED else 2.2
     height = 0.9 * cell * L + 0.8
     fig = new_figure(cell * H + 1.2, height)
-    # The layout engine makes room for the title, the heads' titles, the tick labels and the colour bar
-    # (fixed margins clipped the title of a narrow grid).
+    # fixed margins clipped the title of a narrow grid: the layout engine makes room for every label
     fig.set_layout_engine("constrained", w_pad=0.08, h_pad=0.08)
     title = fig.suptitle(f"{Path(r['run']).name}: attention weights\n"
                          "rows: query, columns: key; H: mean entropy in nats")

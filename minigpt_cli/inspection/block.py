@@ -1,10 +1,7 @@
 """``minigpt inspect block``: our Transformer block against PyTorch's, and the shapes through a stack of them.
 
-The model's Block, Pre-LN (GPT-2; Xiong et al. 2020) and Post-LN (Vaswani et al. 2017 §3.1), has its weights
-copied into ``torch.nn.TransformerEncoderLayer``; both run one input under a causal mask, and without it (to
-show that the check can fail). The trace runs a small GPT forward and backward and lists the shape and dtype
-after every sub-layer (with the per-head q/k/v and scores that ``scaled_dot_product_attention`` hides) and
-each parameter's gradient norm.
+Pre-LN (GPT-2; Xiong et al. 2020) and Post-LN (Vaswani et al. 2017 §3.1) blocks, their weights copied into
+``torch.nn.TransformerEncoderLayer``, run with and without the causal mask (so that the check can fail).
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import torch.nn as nn
 
 from ..config.schema import ModelConfig
 from ..model.gpt import GPT, Block
-from .figures import check_heads, new_figure, save_png, seeded, wrote
+from .figures import check_heads, decorate, drawn, new_figure, report, save_png, seeded
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 #: The trace's vocabulary: Tiny Shakespeare's 65 characters.
@@ -30,13 +27,8 @@ def copy_into_reference(blk: Block, ref: nn.TransformerEncoderLayer) -> None:
     with torch.no_grad():
         ref.self_attn.in_proj_weight.copy_(blk.attn.c_attn.weight)
         ref.self_attn.in_proj_bias.copy_(blk.attn.c_attn.bias)
-        ref.self_attn.out_proj.weight.copy_(blk.attn.c_proj.weight)
-        ref.self_attn.out_proj.bias.copy_(blk.attn.c_proj.bias)
-        ref.linear1.weight.copy_(blk.mlp.c_fc.weight)
-        ref.linear1.bias.copy_(blk.mlp.c_fc.bias)
-        ref.linear2.weight.copy_(blk.mlp.c_proj.weight)
-        ref.linear2.bias.copy_(blk.mlp.c_proj.bias)
-        for ours, theirs in ((blk.ln_1, ref.norm1), (blk.ln_2, ref.norm2)):
+        for ours, theirs in ((blk.attn.c_proj, ref.self_attn.out_proj), (blk.mlp.c_fc, ref.linear1),
+                             (blk.mlp.c_proj, ref.linear2), (blk.ln_1, ref.norm1), (blk.ln_2, ref.norm2)):
             theirs.weight.copy_(ours.weight)
             theirs.bias.copy_(ours.bias)
 
@@ -71,9 +63,8 @@ def compare(norm_position: str, n_embd: int = 64, n_head: int = 4, d_ff: int = 2
 
 def trace(n_layer: int = 2, batch: int = 2, seq_len: int = 4, n_embd: int = 64, n_head: int = 4,
           d_ff: int = 256, dtype: str = "float32", seed: int = 0) -> dict:
-    """Shapes and dtypes after every sub-layer of a small GPT (``steps``, each with ``bt_c``: the shape is
-    (B, T, C)), whether each block kept its input's dtype, the ``loss`` and every parameter's gradient norm.
-    """
+    """Shapes and dtypes after every sub-layer of a small GPT forward (``steps``, ``bt_c``: the shape is (B, T, C);
+    with the per-head q/k/v and scores SDPA hides), ``dtype_kept``, the ``loss`` and each gradient's norm."""
     cfg = ModelConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, d_ff=d_ff, block_size=seq_len,
                       vocab_size=TRACE_VOCAB, dropout=0.0)
     with seeded(seed):
@@ -140,10 +131,8 @@ def block(n_embd: int = 64, n_head: int = 4, d_ff: int = 256, seq_len: int = 8, 
           seed: int = 0, with_trace: bool = False, n_layer: int = 2, batch: int = 2, trace_len: int = 4,
           dtype: str = "float32", output: Optional[Path] = None) -> dict:
     """Pre-LN and Post-LN blocks against ``nn.TransformerEncoderLayer`` (``pre``, ``post``: :func:`compare`'s
-    numbers), with ``with_trace`` :func:`trace`'s (else None), and ``png``.
-
-    Raises:
-        MinigptError: n_embd not divisible by n_head (the CLI checks the sizes, activation and dtype).
+    numbers), and with ``with_trace`` :func:`trace`'s.
+    Raises MinigptError: n_embd not divisible by n_head (the CLI checks the sizes, activation and dtype).
     """
     assert activation in ("relu", "gelu") and dtype in DTYPES and min(n_embd, n_head, d_ff, seq_len, batch) >= 1
     check_heads(n_embd, n_head)
@@ -154,9 +143,7 @@ def block(n_embd: int = 64, n_head: int = 4, d_ff: int = 256, seq_len: int = 8, 
                  for p, r in runs.items()},
               "trace": trace(n_layer, batch, trace_len, n_embd, n_head, d_ff, dtype, seed) if with_trace else None,
               "png": None}
-    if output is not None:
-        result["png"] = _plot(result, runs, Path(output))
-    return result
+    return drawn(result, output, _plot, runs)
 
 
 def format_block(r: dict) -> str:
@@ -183,9 +170,7 @@ def format_block(r: dict) -> str:
         width = max(len(n) for n in t["grad_norms"])
         for name, norm in t["grad_norms"].items():
             lines.append(f"  {name:<{width}}  {norm:.3e}")
-    if r["png"]:
-        lines.append(wrote(r["png"]))
-    return "\n".join(lines)
+    return report(lines, r)
 
 
 def _plot(r: dict, runs: dict, folder: Path) -> str:
@@ -201,11 +186,8 @@ def _plot(r: dict, runs: dict, folder: Path) -> str:
         ax.plot(runs[key]["unmasked"], ours, ".", markersize=3, color="tab:orange", alpha=0.5,
                 label="torch without the causal mask")
         ax.plot(ref, ours, ".", markersize=3, color="tab:blue", label="torch, causal mask: the check")
-        ax.set_xlabel("nn.TransformerEncoderLayer")
-        ax.set_ylabel("minigpt Block")
-        ax.set_title(f"{'Pre' if key == 'pre' else 'Post'}-LN: max |difference| {r[key]['max_error']:.1e}")
-        ax.legend(loc="upper left")
-        ax.grid(alpha=0.3)
+        decorate(ax, "nn.TransformerEncoderLayer", "minigpt Block",
+              f"{'Pre' if key == 'pre' else 'Post'}-LN: max |difference| {r[key]['max_error']:.1e}", loc="upper left")
     if t:
         ax = fig.add_subplot(1, panels, 3)
         names = list(t["grad_norms"])

@@ -1,10 +1,8 @@
 """``minigpt inspect ffn``: a tiny position-wise feed-forward pass, step by step, and SwiGLU's width rule.
 
-FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017 §3.3), with row vectors as a learner computes it by hand:
-x (1, d_model), W1 (d_model, d_ff), W2 (d_ff, d_model); SwiGLU replaces act(x W1) by Swish(x W1) ⊙ (x V)
-(Shazeer 2020 eq. 6). Each step is in float64, checked against the model's own MLP with the same weights.
-SwiGLU's width keeps 3·d·d_ff equal to a 4d MLP's 8d²: d_ff = 2/3·4d rounded up to ``multiple_of`` (Llama:
-d = 4096 gives 11008), as :attr:`~minigpt_cli.config.schema.ModelConfig.ffn_hidden` computes it.
+FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017 §3.3), row vectors: x (1, d_model), W1 (d_model, d_ff),
+W2 (d_ff, d_model); SwiGLU: Swish(x W1) ⊙ (x V) (Shazeer 2020 eq. 6). SwiGLU's d_ff = 2/3·4d rounded up to
+``multiple_of`` keeps 3·d·d_ff near a 4d MLP's 8d² (Llama: d = 4096 gives 11008).
 """
 
 from __future__ import annotations
@@ -18,12 +16,14 @@ import torch
 import torch.nn.functional as F
 
 from ..config.schema import ModelConfig
-from ..errors import MinigptError
+from ..errors import MinigptError, refuse
+from ..fileio import read_text_file
 from ..model.gpt import MLP
-from .figures import new_figure, num, save_png, shape, vector, wrote
+from .activations import FUNCTIONS
+from .figures import drawn, new_figure, num, report, save_png, shape, vector
 
-#: The default example: d_model = 2, d_ff = 3, ReLU, no biases; x = [1, 2] and the variant [2, -1].
-#: Chosen so that every product is exact in halves and ReLU turns a different unit off for each x.
+#: The default example, d_model = 2, d_ff = 3, ReLU: every product is exact in halves and ReLU turns a
+#: different unit off for each x.
 EXAMPLE = {
     "activation": "relu",
     "W1": [[1.0, -1.0, 0.5], [0.5, 1.0, -1.0]],
@@ -41,46 +41,35 @@ _MESSAGES = {
     "not_object": "--weights {path}: the file must hold one JSON object with W1, W2 (b1, b2 optional; V for swiglu)",
     "unknown_key": "--weights {path}: unknown key {key!r}; use {keys}",
     "missing": "--weights {path}: {key} is missing",
-    "activation": "activation {act!r}: use one of {choices}",
+    "activation": "--weights {path}: activation {act!r}: use one of {choices}",
     "not_numbers": "--weights {path}: {key} must be a list of numbers (a matrix: a list of rows)",
     "shape": "{key} has shape {got}, but {want} is needed ({why}); fix the weights file",
     "matrix": "W1 must be a matrix, a list of d_model rows of d_ff numbers each, e.g. [[1, -1, 0.5], [0.5, 1, -1]]",
     "ragged": "{key}'s rows differ in length ({lengths}); a matrix needs rows of one length",
-    "x": "--x {text!r}: give the input as numbers separated by commas, e.g. --x 1,2",
     "x_width": "--x {text!r} has {got} numbers, but the weights take d_model = {want}",
 }
 
 
 def read_weights(path: Path) -> dict:
-    """Load and check a weights file: a JSON object with ``W1``, ``W2``, optionally ``b1``, ``b2``,
-    ``activation`` (relu, gelu, gelu_tanh, swiglu; default relu) and, for swiglu, ``V``.
-
-    Raises:
-        MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, a missing matrix.
+    """A weights file: a JSON object of :data:`KEYS` (``W1``, ``W2``; ``V`` for swiglu; ``activation``: relu).
+    Raises MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, a missing matrix, an
+    unknown activation.
     """
     example = json.dumps(EXAMPLE, separators=(",", ":"))
     try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        reason = "no such file" if isinstance(exc, FileNotFoundError) else (
-            getattr(exc, "strerror", None) or str(exc).splitlines()[0])
-        raise MinigptError(_MESSAGES["read"].format(path=path, reason=reason, example=example)) from None
-    problem = _file_problem(obj)
-    if problem:
-        raise MinigptError(_MESSAGES[problem[0]].format(path=path, keys=", ".join(sorted(KEYS)), **problem[1]))
-    return obj
-
-
-def _file_problem(obj) -> Optional[tuple[str, dict]]:
-    """What is wrong with a weights file's object (a key of :data:`_MESSAGES` and its fields), or None."""
+        obj = json.loads(read_text_file(path, "--weights"))
+    except json.JSONDecodeError as exc:
+        raise MinigptError(_MESSAGES["read"].format(path=path, reason=exc, example=example)) from None
     if not isinstance(obj, dict):
-        return "not_object", {}
+        raise MinigptError(_MESSAGES["not_object"].format(path=path))
+    act = obj.get("activation", "relu")
     unknown = [key for key in obj if key not in KEYS]
-    needed = ("W1", "W2") + (("V",) if obj.get("activation") == "swiglu" else ())
-    missing = [key for key in needed if key not in obj]
+    missing = [key for key in ("W1", "W2") + (("V",) if act == "swiglu" else ()) if key not in obj]
     bad = [key for key in sorted(KEYS - {"activation"}) if key in obj and not _numbers(obj[key])]
-    return (("unknown_key", {"key": unknown[0]}) if unknown else ("missing", {"key": missing[0]}) if missing
-            else ("not_numbers", {"key": bad[0]}) if bad else None)
+    refuse([(unknown, "unknown_key"), (missing, "missing"), (bad, "not_numbers"),
+            (act not in ACTIVATIONS, "activation")], _MESSAGES, path=path, key=(unknown + missing + bad + [None])[0],
+           keys=", ".join(sorted(KEYS)), act=act, choices=", ".join(ACTIVATIONS))
+    return obj
 
 
 def _numbers(value) -> bool:
@@ -89,29 +78,8 @@ def _numbers(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_x(text: str) -> list[float]:
-    """``"1,2"`` -> [1.0, 2.0].
-
-    Raises:
-        MinigptError: not finite numbers separated by commas.
-    """
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or not all(math.isfinite(v) for v in values):
-        raise MinigptError(_MESSAGES["x"].format(text=text))
-    return values
-
-
 def _shape_problem(w: dict, xs: Sequence[Sequence[float]]) -> Optional[str]:
-    """What does not fit in the weights (the activation, W1 a matrix, each matrix and bias against d_model, the
-    width of W1's rows, and d_ff, the width of its columns) and then the inputs, or None."""
-    act = w.get("activation", "relu")
-    if act not in ACTIVATIONS:
-        return _MESSAGES["activation"].format(act=act, choices=", ".join(ACTIVATIONS))
-    if act == "swiglu" and "V" not in w:
-        return _MESSAGES["missing"].format(path="(weights)", key="V")
+    """What does not fit: each weight against W1's (d_model, d_ff), then the inputs; or None."""
     w1 = shape(w["W1"])
     if len(w1) != 2 or 0 in w1:
         return _MESSAGES["matrix"]
@@ -134,8 +102,7 @@ def _shape_problem(w: dict, xs: Sequence[Sequence[float]]) -> Optional[str]:
 
 
 def _activate(z: torch.Tensor, act: str) -> torch.Tensor:
-    return {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-            "swiglu": F.silu}[act](z)
+    return {**FUNCTIONS, "swiglu": F.silu}[act](z)  # SwiGLU's gate is SiLU
 
 
 def _model_mlp(w: dict, d_model: int, d_ff: int, act: str, b1, b2) -> MLP:
@@ -155,12 +122,8 @@ def _model_mlp(w: dict, d_model: int, d_ff: int, act: str, b1, b2) -> MLP:
 
 
 def swiglu_width(d_model: int = 4096, multiple_of: int = 256) -> dict:
-    """SwiGLU's hidden width by the 2/3 rule (Shazeer 2020 §2; Llama's rounding), and the parameter counts.
-
-    Returns ``d_model``, ``four_d``, ``two_thirds`` (2/3·4d, unrounded), ``multiple_of``, ``d_ff`` (the model's
-    :attr:`~minigpt_cli.config.schema.ModelConfig.ffn_hidden`), ``params_mlp`` (2·d·4d) and ``params_swiglu``
-    (3·d·d_ff), biases aside.
-    """
+    """SwiGLU's hidden width by the 2/3 rule (Shazeer 2020 §2; Llama's rounding: the model's ``ffn_hidden``),
+    and the parameter counts biases aside: ``params_mlp`` 2·d·4d, ``params_swiglu`` 3·d·d_ff."""
     cfg = ModelConfig(n_layer=1, n_head=1, n_embd=d_model, ffn="swiglu", multiple_of=multiple_of)
     d_ff = cfg.ffn_hidden
     return {"d_model": d_model, "four_d": 4 * d_model, "two_thirds": 2 * 4 * d_model / 3, "multiple_of": multiple_of,
@@ -169,16 +132,9 @@ def swiglu_width(d_model: int = 4096, multiple_of: int = 256) -> dict:
 
 def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_XS, swiglu_d_model: int = 4096,
         multiple_of: int = 256, output: Optional[Path] = None) -> dict:
-    """The FFN forward pass for each input, step by step, checked against the model's MLP.
-
-    ``weights``: as :func:`read_weights` returns (None: :data:`EXAMPLE`); ``xs``: the inputs, d_model numbers
-    each; ``swiglu_d_model``, ``multiple_of``: the example of :func:`swiglu_width`; ``output``: folder for
-    ``ffn.png``. Returns the weights, ``steps`` (per input: ``x``, ``z`` = x W1 + b1, ``u`` = x V for swiglu,
-    ``h`` after the activation, ``off`` (units exactly 0), ``y``, ``x_plus_y``, ``model_y`` from the model's
-    MLP and ``model_max_error``), ``swiglu`` and ``png``.
-
-    Raises:
-        MinigptError: an unknown activation, a weight or input of the wrong shape.
+    """The FFN forward pass in float64 for each input, step by step (``z`` = x W1 + b1, ``u`` = x V, ``h``, ``off``
+    (units exactly 0), ``y``, ``x_plus_y``), checked against the model's MLP (``model_y``, ``model_max_error``).
+    Raises MinigptError: a weight or input of the wrong shape.
     """
     w = EXAMPLE if weights is None else weights
     problem = _shape_problem(w, xs)
@@ -211,18 +167,19 @@ def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_
     result = {"activation": act, "d_model": d_model, "d_ff": d_ff,
               **{k: w[k] for k in ("W1", "W2", "V") if k in w}, "b1": b1.tolist(), "b2": b2.tolist(),
               "steps": steps, "swiglu": swiglu_width(swiglu_d_model, multiple_of), "png": None}
-    if output is not None:
-        result["png"] = _plot(result, Path(output))
-    return result
+    return drawn(result, output, _plot)
 
 
-def _dot(x: Sequence[float], column: Sequence[float], bias: float) -> str:
-    """``1·1 + 2·0.5 + 0``."""
+def _products(name: str, x: Sequence[float], matrix, bias: Optional[Sequence[float]], out: Sequence[float]):
+    """Each output ``out[j]`` of x·matrix + bias written out: ``z1 = 1·1 + 2·0.5 = 2``."""
     def factor(v: float) -> str:
         return num(v) if v >= 0 else f"({num(v)})"
 
-    terms = [f"{factor(a)}·{factor(b)}" for a, b in zip(x, column)]
-    return " + ".join(terms) + (f" + {num(bias)}" if bias else "")
+    lines = []
+    for j, (column, value) in enumerate(zip(zip(*matrix), out)):
+        terms = " + ".join(f"{factor(a)}·{factor(b)}" for a, b in zip(x, column))
+        lines.append(f"  {name}{j + 1} = {terms}{f' + {num(bias[j])}' if bias and bias[j] else ''} = {num(value)}")
+    return lines
 
 
 def format_ffn(r: dict) -> str:
@@ -236,24 +193,18 @@ def format_ffn(r: dict) -> str:
             lines.append(f"  {key} ({' x '.join(map(str, shape(r[key])))}) = "
                          + "[" + ", ".join(vector(row) for row in r[key]) + "]")
     lines.append(f"  b1 = {vector(r['b1'])}   b2 = {vector(r['b2'])}")
-    W1T = list(zip(*r["W1"]))
-    W2T = list(zip(*r["W2"]))
     for s in r["steps"]:
         x = s["x"]
         lines.append(f"x = {vector(x)}")
-        for j, zj in enumerate(s["z"]):
-            lines.append(f"  z{j + 1} = {_dot(x, W1T[j], r['b1'][j])} = {num(zj)}")
+        lines += _products("z", x, r["W1"], r["b1"], s["z"])
         if act == "swiglu":
-            VT = list(zip(*r["V"]))
-            for j, uj in enumerate(s["u"]):
-                lines.append(f"  u{j + 1} = {_dot(x, VT[j], 0.0)} = {num(uj)}")
+            lines += _products("u", x, r["V"], None, s["u"])
             lines.append(f"  h = silu(z) ⊙ u = {vector(s['h'])}")
         else:
             off = ", ".join(str(j + 1) for j in s["off"])
             lines.append(f"  h = {act}(z) = {vector(s['h'])}"
                          + (f"   (unit {off} off)" if len(s["off"]) == 1 else f"   (units {off} off)" if off else ""))
-        for k, yk in enumerate(s["y"]):
-            lines.append(f"  y{k + 1} = {_dot(s['h'], W2T[k], r['b2'][k])} = {num(yk)}")
+        lines += _products("y", s["h"], r["W2"], r["b2"], s["y"])
         lines.append(f"  y = {vector(s['y'])};  x + y = {vector(s['x_plus_y'])} (the residual add)")
         lines.append(f"  check: minigpt's MLP gives {vector(s['model_y'])} (max difference "
                      f"{s['model_max_error']:.1e}, float32)")
@@ -261,9 +212,7 @@ def format_ffn(r: dict) -> str:
     lines.append(f"SwiGLU width, d = {g['d_model']}: 2/3·4d = {g['two_thirds']:.2f}, rounded up to a multiple of "
                  f"{g['multiple_of']}: d_ff = {g['d_ff']} (3·d·d_ff = {g['params_swiglu']:,} parameters against "
                  f"8d² = {g['params_mlp']:,} for a 4d MLP; Shazeer 2020, Llama's rounding)")
-    if r["png"]:
-        lines.append(wrote(r["png"]))
-    return "\n".join(lines)
+    return report(lines, r)
 
 
 def _plot(r: dict, folder: Path) -> str:

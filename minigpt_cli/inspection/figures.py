@@ -10,7 +10,7 @@ import json
 import math
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from ..errors import MinigptError
 
@@ -33,11 +33,28 @@ def new_figure(width: float, height: float):
 
 
 def widen_to_fit(fig, text, margin: float = 0.2) -> None:
-    """Widen ``fig`` so that ``text`` (a title: it does not wrap) fits inside it with ``margin`` inches to
-    spare on each side; a layout engine then spreads the axes over the new width."""
+    """Widen ``fig`` so that ``text`` (a title: it does not wrap) fits with ``margin`` inches on each side."""
     width = text.get_window_extent(fig.canvas.get_renderer()).width / fig.dpi + 2 * margin
     if width > fig.get_figwidth():
         fig.set_figwidth(width)
+
+
+def decorate(ax, xlabel: str, ylabel: Optional[str], title: str, **legend) -> None:
+    """Name ``ax``'s axes (``ylabel`` None: left unnamed) and title it, then draw its legend (``legend``: the
+    keywords of ``ax.legend``) and a light grid."""
+    ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(**legend)
+    ax.grid(alpha=0.3)
+
+
+def drawn(result: dict, output: Optional[Path], plot: Callable[..., str], *data) -> dict:
+    """``result`` with its ``png`` set to ``plot(result, *data, folder)`` when ``output`` names a folder."""
+    if output is not None:
+        result["png"] = plot(result, *data, Path(output))
+    return result
 
 
 def save_png(fig, folder: Path, name: str) -> str:
@@ -90,9 +107,9 @@ def shape(values) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def wrote(path: Optional[str]) -> str:
-    """The closing line of a text report: where the picture went."""
-    return f"picture: {path}" if path else ""
+def report(lines: list[str], result: dict) -> str:
+    """A text report: ``lines``, then where the picture went when one was drawn."""
+    return "\n".join(lines + ([f"picture: {result['png']}"] if result["png"] else []))
 
 
 @contextmanager

@@ -1,10 +1,8 @@
 """``minigpt inspect positions``: the sinusoidal table, what its dot products and rotations say, and RoPE.
 
-Vaswani et al. 2017 §3.5: p[t, 2i] = sin(t·ω_i), p[t, 2i+1] = cos(t·ω_i), ω_i = base^(-2i/d). In float64:
-p_t·p_s = Σ_i cos(ω_i (t − s)) depends on t − s alone (and falls with the offset, not monotonically);
-p_{t+k} = R_k p_t, R_k block-diagonal 2x2 rotations; after random projections (p_t W_Q)·(p_s W_K) depends
-on t, while RoPE (Su et al. 2021 §3.4) rotates q and k after the projection, so (R_t q)·(R_s k) depends on
-s − t alone. The table and RoPE are the model's own (:mod:`minigpt_cli.model.gpt`), RoPE also in float32.
+Vaswani et al. 2017 §3.5: p[t, 2i] = sin(t·ω_i), p[t, 2i+1] = cos(t·ω_i), ω_i = base^(-2i/d), so
+p_t·p_s = Σ_i cos(ω_i (t − s)) and p_{t+k} = R_k p_t; RoPE (Su et al. 2021 §3.4) rotates q and k after the
+projection, so (R_t q)·(R_s k) depends on s − t alone, while (p_t W_Q)·(p_s W_K) does not.
 """
 
 from __future__ import annotations
@@ -17,9 +15,8 @@ import torch
 
 from ..errors import MinigptError
 from ..model.gpt import apply_rope, rope_cos_sin
-from .figures import new_figure, num, save_png, wrote
+from .figures import decorate, drawn, new_figure, num, report, save_png
 
-#: What :func:`positions` refuses (the CLI's option bounds keep --dim and --max-len at 2 or more).
 _MESSAGES = {
     "odd_dim": ("--dim {dim}: sinusoidal positions pair dimensions (sin, cos), so the width must be even; "
                 "e.g. --dim {even}"),
@@ -84,15 +81,9 @@ def _scores(values: list[float]) -> dict:
 
 def positions(dim: int = 128, max_len: int = 4096, base: float = 10000.0, seed: int = 0,
               output: Optional[Path] = None) -> dict:
-    """The sinusoidal table's figures, the rotation check and the q·k scores with and without RoPE.
-
-    ``dim`` (even) and ``max_len`` (positions 0..max_len−1), both at least 2; ``seed`` seeds the random W_Q,
-    W_K (entries N(0, 1/d)) and the RoPE check's content vectors; ``output``: folder for ``positions.png``.
-    Returns the numbers ``format_positions`` prints (``curve`` is p0·pk for every k, ``rotation`` the largest
-    |p(t+k) − R_k p(t)|, each score row {``scores``, ``spread``}), and ``png``.
-
-    Raises:
-        MinigptError: an odd ``dim``, ``base`` ≤ 1.
+    """The sinusoidal table's p0·pk ``curve``, the ``rotation`` check (largest |p(t+k) − R_k p(t)|) and the q·k
+    scores with and without RoPE, each {``scores``, ``spread``}; ``seed`` seeds W_Q, W_K ~ N(0, 1/d).
+    Raises MinigptError: an odd ``dim``, ``base`` ≤ 1.
     """
     assert dim >= 2 and max_len >= 2, (dim, max_len)
     problem = "odd_dim" if dim % 2 else "base" if not (math.isfinite(base) and base > 1) else None
@@ -132,9 +123,7 @@ def positions(dim: int = 128, max_len: int = 4096, base: float = 10000.0, seed: 
         "rope_float32": _scores(_rope_scores(q, k, starts, offset, dim, base, exact=False)),
         "png": None,
     }
-    if output is not None:
-        result["png"] = _plot(result, table[:HEATMAP_ROWS], Path(output))
-    return result
+    return drawn(result, output, _plot, table[:HEATMAP_ROWS])
 
 
 def format_positions(r: dict) -> str:
@@ -163,9 +152,7 @@ def format_positions(r: dict) -> str:
         lines.append(f"  {label:<36}{scores}   spread {s['spread']:.1e} ({note})")
     lines.append("  (RoPE: Su et al. 2021 §3.4; W_Q, W_K entries N(0, 1/d), seed "
                  f"{r['seed']}; RoPE's q, k from random content vectors)")
-    if r["png"]:
-        lines.append(wrote(r["png"]))
-    return "\n".join(lines)
+    return report(lines, r)
 
 
 def _plot(r: dict, heat: torch.Tensor, folder: Path) -> str:
@@ -189,11 +176,9 @@ def _plot(r: dict, heat: torch.Tensor, folder: Path) -> str:
     ax.plot([r["minimum_at"]], [r["minimum"]], "v", color="tab:red",
             label=f"minimum {r['minimum']:.2f} at k = {r['minimum_at']}")
     ax.set_xscale("symlog", linthresh=16)
-    ax.set_xlabel("offset k (linear to 16, then log)")
-    ax.set_ylabel("p0 · pk")
-    ax.set_title(f"p0·pk = Σ cos(ω_i k): {r['rising_steps']} rising steps in 0..{r['rise_window']}")
-    ax.legend(loc="upper right", fontsize=8)
-    ax.grid(alpha=0.3)
+    decorate(ax, "offset k (linear to 16, then log)", "p0 · pk",
+          f"p0·pk = Σ cos(ω_i k): {r['rising_steps']} rising steps in 0..{r['rise_window']}", loc="upper right",
+          fontsize=8)
 
     ax = fig.add_subplot(grid[1, 1])
     starts = r["pairs"]["starts"]
@@ -202,9 +187,6 @@ def _plot(r: dict, heat: torch.Tensor, folder: Path) -> str:
                                ("rope", "RoPE, random W_Q, W_K", "^")):
         ax.plot(range(len(starts)), r[key]["scores"], marker=marker, label=f"{label} (spread {r[key]['spread']:.1e})")
     ax.set_xticks(range(len(starts)), [f"({t}, {t + r['pairs']['offset']})" for t in starts])
-    ax.set_xlabel("pair of positions (t, s), s − t fixed")
-    ax.set_ylabel("score")
-    ax.set_title("q·k at equal offsets: flat lines are relative")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    decorate(ax, "pair of positions (t, s), s − t fixed", "score", "q·k at equal offsets: flat lines are relative",
+          fontsize=8)
     return save_png(fig, folder, "positions.png")

@@ -1,10 +1,7 @@
 """``minigpt inspect residual``: how the residual stream grows with depth, and what 1/sqrt(2L) does to it.
 
-Every Pre-LN block adds two branches to the stream, so after L blocks its RMS grows like sqrt(2L); GPT-2
-(Radford et al. 2019 §2.3) scales each branch's last layer at init by 1/sqrt(2L), which keeps it flat (the
-model's ``scale_residual_init``; Xiong et al. 2020). The stack is the model's own, fed unit-variance input,
-with init std 1/sqrt(d) so that every branch writes O(1) and the growth shows; with a run, the trained model
-on validation windows against the same architecture at its init.
+Each Pre-LN block adds two branches, so after L blocks the RMS grows like sqrt(2L); GPT-2 (Radford et al. 2019
+§2.3) scales each branch's last layer at init by 1/sqrt(2L), which keeps it flat (Xiong et al. 2020).
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from ..config.schema import ModelConfig
 from ..errors import MinigptError
 from ..model.gpt import GPT
 from ..run import folder as runs
-from .figures import check_heads, new_figure, save_png, seeded, wrote
+from .figures import check_heads, decorate, drawn, new_figure, report, save_png, seeded
 from .run_model import open_run
 
 _MESSAGES = {
@@ -30,10 +27,7 @@ _MESSAGES = {
 
 
 def stream_rms(blocks: Sequence[torch.nn.Module], x: torch.Tensor, rope=None) -> list[float]:
-    """RMS of the residual stream, per token then averaged, before the first block and after each block.
-
-    ``x`` is (B, T, C); returns L + 1 numbers.
-    """
+    """RMS of the residual stream ``x`` (B, T, C), per token then averaged, before and after each block (L + 1)."""
     def rms(t: torch.Tensor) -> float:
         return float(t.float().pow(2).mean(-1).sqrt().mean())
 
@@ -46,9 +40,8 @@ def stream_rms(blocks: Sequence[torch.nn.Module], x: torch.Tensor, rope=None) ->
 
 
 def scale_branch_outputs(model: GPT, n_layer: int) -> None:
-    """Multiply every ``c_proj.weight`` (each branch's last layer) by 1/sqrt(2·n_layer) in place: the rule of
-    GPT-2 §2.3 applied to the same draw, so the two streams differ by the rule alone.
-    """
+    """Multiply every ``c_proj.weight`` (each branch's last layer) by 1/sqrt(2·n_layer) in place (GPT-2 §2.3),
+    on the same draw, so that the two streams differ by the rule alone."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("c_proj.weight"):
@@ -63,16 +56,9 @@ def _mean_std(rows: list[list[float]]) -> tuple[list[float], list[float]]:
 
 def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 64, n_head: int = 4,
              seq_len: int = 64, init_std: Optional[float] = None, output: Optional[Path] = None) -> dict:
-    """RMS of the residual stream after each block at initialisation, with and without the 1/sqrt(2L) init.
-
-    ``depths``: block counts L (at least 1); ``seeds`` initialisations per depth, the same with and without the
-    scaling; ``init_std``: None is 1/sqrt(n_embd); ``output``: folder for ``residual.png``. Returns ``config``,
-    ``depths`` (each {``layers``, ``unscaled`` and ``scaled``: {``mean``, ``std``} of the L + 1 RMS values,
-    input first}), ``growth`` (the final unscaled RMS over the previous depth's, beside the sqrt of the depths'
-    ratio) and ``png``.
-
-    Raises:
-        MinigptError: n_embd not divisible by n_head (the CLI checks the counts).
+    """RMS of the residual stream after each block at init, with and without 1/sqrt(2L), over ``seeds`` draws of
+    unit-variance input; ``init_std`` None is 1/sqrt(n_embd), so that every branch writes O(1) and growth shows.
+    Raises MinigptError: n_embd not divisible by n_head (the CLI checks the counts).
     """
     assert depths and min(depths) >= 1 and min(seeds, n_embd, n_head, seq_len) >= 1
     check_heads(n_embd, n_head)
@@ -99,9 +85,7 @@ def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 
               for a, b in zip(result_depths, result_depths[1:])]
     result = {"config": {"n_embd": n_embd, "n_head": n_head, "seq_len": seq_len, "seeds": seeds, "init_std": std},
               "depths": result_depths, "growth": growth, "png": None}
-    if output is not None:
-        result["png"] = _plot(result, Path(output))
-    return result
+    return drawn(result, output, _plot)
 
 
 def _val_windows(run: Path, cfg, tok, count: int, seed: int, echo: Callable[[str], None]) -> torch.Tensor:
@@ -130,32 +114,23 @@ def _embedded(model: GPT, idx: torch.Tensor):
     """The stream entering the first block, and the rope angles, as GPT.forward computes them."""
     captured = {}
 
-    def grab(module, args):
-        captured["x"], captured["rope"] = args[0], args[1] if len(args) > 1 else None
-        raise _Stop
+    def grab(module, args):  # GPT.forward calls block(x, rope, cache, layer, pos)
+        captured["x"], captured["rope"] = args[0], args[1]
 
     handle = model.h[0].register_forward_pre_hook(grab)
     try:
         with torch.no_grad():
             model(idx)
-    except _Stop:
-        pass
     finally:
         handle.remove()
     return captured["x"], captured["rope"]
-
-
-class _Stop(Exception):
-    """Ends a forward pass once the first block's input is known."""
 
 
 def residual_run(run: str | Path, checkpoint: str = runs.BEST, windows: int = 8, seed: int = 0,
                  output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
     """RMS of a trained run's residual stream (``trained``) and of its architecture at init (``init``) after the
     embedding and each block, on validation windows.
-
-    Raises:
-        MinigptError: as :func:`~.run_model.open_run`; the corpus is not on disk; a split shorter than a window.
+    Raises MinigptError: as :func:`~.run_model.open_run`; the corpus is not on disk; a split shorter than a window.
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     idx = _val_windows(Path(run), cfg, tok, windows, seed, echo)
@@ -168,9 +143,7 @@ def residual_run(run: str | Path, checkpoint: str = runs.BEST, windows: int = 8,
     result = {"run": str(run), "checkpoint": ckpt, "layers": cfg.model.n_layer, "windows": windows,
               "block_size": cfg.model.block_size, "scale_residual_init": cfg.model.scale_residual_init,
               "trained": trained, "init": init, "png": None}
-    if output is not None:
-        result["png"] = _plot_run(result, Path(output))
-    return result
+    return drawn(result, output, _plot_run)
 
 
 def format_residual(r: dict) -> str:
@@ -195,9 +168,7 @@ def format_residual(r: dict) -> str:
             lines.append(f"  L {g['from']} → {g['to']}: without scaling ×{g['ratio']:.2f} "
                          f"(√({g['to']}/{g['from']}) = {g['sqrt_depth_ratio']:.2f})")
         lines.append("  (GPT-2's init, Radford et al. 2019 §2.3: each branch's last layer scaled by 1/√(2L))")
-    if r["png"]:
-        lines.append(wrote(r["png"]))
-    return "\n".join(lines)
+    return report(lines, r)
 
 
 def _plot(r: dict, folder: Path) -> str:
@@ -213,11 +184,8 @@ def _plot(r: dict, folder: Path) -> str:
             ax.plot(frac, mean, style, color=color, label=f"L = {L}, {label} 1/√(2L)")
             ax.fill_between(frac, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                             color=color, alpha=0.15)
-    ax.set_xlabel("depth l / L (0: the input)")
-    ax.set_ylabel("RMS of the residual stream")
-    ax.set_title(f"at init, mean ± std over {r['config']['seeds']} seeds")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    decorate(ax, "depth l / L (0: the input)", "RMS of the residual stream",
+          f"at init, mean ± std over {r['config']['seeds']} seeds", fontsize=8)
     ax = fig.add_subplot(1, 2, 2)
     Ls = [d["layers"] for d in r["depths"]]
     for key, marker, label in (("unscaled", "o-", "without 1/√(2L)"), ("scaled", "s--", "with 1/√(2L)")):
@@ -231,11 +199,7 @@ def _plot(r: dict, folder: Path) -> str:
     top = max(d["unscaled"]["mean"][-1] + d["unscaled"]["std"][-1] for d in r["depths"])
     ticks = [2.0 ** k for k in range(-1, 12) if 2.0 ** k <= 2 * top]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
-    ax.set_xlabel("blocks L")
-    ax.set_ylabel("RMS after the last block")
-    ax.set_title("final RMS against depth")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    decorate(ax, "blocks L", "RMS after the last block", "final RMS against depth")
     return save_png(fig, folder, "residual.png")
 
 
@@ -247,9 +211,6 @@ def _plot_run(r: dict, folder: Path) -> str:
     ax.plot(layers, r["trained"], "o-", label=f"trained ({r['checkpoint']})")
     ax.plot(layers, r["init"], "s--", label="same architecture at init")
     ax.set_xticks(list(layers), ["emb"] + [str(i) for i in range(len(r["trained"]) - 1)])
-    ax.set_xlabel("after block")
-    ax.set_ylabel("RMS of the residual stream")
-    ax.set_title(f"{Path(r['run']).name}: {r['windows']} validation windows")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    decorate(ax, "after block", "RMS of the residual stream",
+             f"{Path(r['run']).name}: {r['windows']} validation windows")
     return save_png(fig, folder, "residual.png")

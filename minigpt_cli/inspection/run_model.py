@@ -1,8 +1,4 @@
-"""A trained run's model, config and tokenizer for the inspect topics that read one (attention, residual --run).
-
-Opened as ``minigpt generate`` opens it (:func:`~minigpt_cli.sample.load.load_run`): the ``best`` checkpoint,
-else ``last``, on the CPU, checked against its tokenizer.
-"""
+"""A trained run's model, config and tokenizer for the inspect topics that read one (attention, residual --run)."""
 
 from __future__ import annotations
 
@@ -12,19 +8,14 @@ from typing import Callable
 from ..run import folder as runs
 from ..sample.load import load_run
 
-_MESSAGES = {
-    "untrained": ("note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random "
-                  "init); train the run further for maps worth reading"),
-}
+UNTRAINED = ("note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random init); "
+             "train the run further for maps worth reading")
 
 
 def open_run(run: str | Path, checkpoint: str = runs.BEST, echo: Callable[[str], None] = lambda m: None):
-    """The model (eval mode, CPU), config and tokenizer of a run folder, and the checkpoint used, described.
-
-    Raises:
-        MinigptError: as :func:`~minigpt_cli.sample.load.load_run`.
-    """
+    """The model (eval mode, CPU), config and tokenizer of a run folder as ``minigpt generate`` opens them, and
+    the checkpoint used, described; MinigptError as :func:`~minigpt_cli.sample.load.load_run`."""
     loaded = load_run(run, checkpoint)
     if loaded.step == 0:
-        echo(_MESSAGES["untrained"].format(run=loaded.run_dir, which=loaded.checkpoint.name))
+        echo(UNTRAINED.format(run=loaded.run_dir, which=loaded.checkpoint.name))
     return loaded.model, loaded.config, loaded.tokenizer, loaded.describe()

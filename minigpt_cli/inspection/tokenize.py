@@ -1,13 +1,8 @@
 """``minigpt inspect tokenize``: how the three subword algorithms cut text, and why.
 
-Without a tokenizer, the toy corpus hug x10, pug x5, pun x12, bun x4, hugs x5 (Hugging Face LLM course,
-ch. 6.5-6.7) is cut three ways: BPE (Sennrich et al. 2016; byte-level as GPT-2) by the ``tokenizers`` trainer
-with minigpt's settings, most frequent pair first, each merge's count replayed here; WordPiece by minigpt's
-trainer, highest count(ab) / (count(a)·count(b)) first; Unigram (Kudo 2018 §3.2) from its seed model (every
-substring, probability by frequency) in the library's Unigram model, each segmentation listed with its
-log-probability and the library's Viterbi choice marked and checked. With ``--tokenizer`` or ``--run``: that
-tokenizer's pieces and ids, with BPE merge ranks, WordPiece merge ranks (and with ``--corpus`` the merge's
-score and count) or Unigram log-probabilities (and with ``--all-segmentations`` every segmentation).
+The toy corpus is the Hugging Face LLM course's (ch. 6.5-6.7): BPE (Sennrich et al. 2016; byte-level as GPT-2)
+merges the most frequent pair, WordPiece the highest count(ab) / (count(a)·count(b)), and Unigram (Kudo 2018
+§3.2) starts from every substring, probability by frequency.
 """
 
 from __future__ import annotations
@@ -21,10 +16,11 @@ from typing import Callable, Optional, Sequence
 from ..config.schema import load_config
 from ..config.special_tokens import UNK
 from ..errors import MinigptError
+from ..fileio import read_text_file
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_run_tokenizer, load_tokenizer, tokenizer_file
 from ..tokenizer.wordpiece import CONTINUATION, wordpiece_merges, wordpiece_scores, wordpiece_symbols
-from .figures import wrote
+from .figures import drawn, report
 from .tokenize_figures import plot_pieces, plot_toy
 
 #: The toy corpus: word -> frequency.
@@ -44,27 +40,19 @@ _MESSAGES = {
     "empty": "--text '': give some text to cut",
     "words": "--words {text!r}: give word=count pairs (a word of letters only, a count of at least 1) separated "
              "by commas, e.g. --words hug=10,pug=5",
-    "corpus": "--corpus {path}: {reason}",
     "corpus_kind": "--corpus recomputes WordPiece merge scores; this tokenizer is {kind}",
     "segmentations": "--all-segmentations lists Unigram segmentations; this tokenizer is {kind}",
 }
 
 
 def parse_words(text: str) -> dict[str, int]:
-    """``"hug=10,pug=5"`` -> {"hug": 10, "pug": 5}.
-
-    Raises:
-        MinigptError: not word=count pairs with counts >= 1.
-    """
+    """``"hug=10,pug=5"`` -> {"hug": 10, "pug": 5}; MinigptError unless word=count pairs with counts >= 1."""
+    pairs = [(word.strip(), count.strip()) for word, _, count in (item.partition("=") for item in text.split(","))]
+    if not all(word.isalpha() and count.isdecimal() and int(count) >= 1 for word, count in pairs):
+        raise MinigptError(_MESSAGES["words"].format(text=text))
     out: dict[str, int] = {}
-    try:
-        for item in text.split(","):
-            word, count = item.split("=")
-            if not word.strip().isalpha() or int(count) < 1:
-                raise ValueError
-            out[word.strip()] = out.get(word.strip(), 0) + int(count)
-    except ValueError:
-        raise MinigptError(_MESSAGES["words"].format(text=text)) from None
+    for word, count in pairs:
+        out[word] = out.get(word, 0) + int(count)
     return out
 
 
@@ -78,13 +66,18 @@ def replay(words: dict[str, int], merges: Sequence[tuple[str, str]]) -> list[int
     split = {w: list(w) for w in words}
     counts = []
     for a, b in merges:
-        pairs: Counter = Counter()
-        for w, symbols in split.items():
-            for p in zip(symbols, symbols[1:]):
-                pairs[p] += words[w]
-        counts.append(pairs[(a, b)])
+        counts.append(_pair_counts(split, words)[(a, b)])
         split = {w: _merge(s, a, b) for w, s in split.items()}
     return counts
+
+
+def _pair_counts(split: dict[str, list[str]], words: dict[str, int]) -> Counter:
+    """How often each adjacent pair of symbols occurs in the weighted words, ``split`` into symbols."""
+    pairs: Counter = Counter()
+    for w, symbols in split.items():
+        for p in zip(symbols, symbols[1:]):
+            pairs[p] += words[w]
+    return pairs
 
 
 def _merge(symbols: list[str], a: str, b: str) -> list[str]:
@@ -105,18 +98,13 @@ def toy_bpe(words: dict[str, int]) -> list[dict]:
 
     tok = _Backend(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    bound = sum(len(w) - 1 for w in words)
+    bound = sum(len(w) - 1 for w in words)  # no word has more merges than letters - 1: room to merge everything
     trainer = trainers.BpeTrainer(vocab_size=256 + bound + 1, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_corpus(words)], trainer)
     raw = json.loads(tok.to_str())["model"]["merges"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in raw]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in raw]  # "a b" (old files) or [a, b]
     return [{"a": a, "b": b, "count": c} for (a, b), c in zip(merges, replay(words, merges))]
-
-
-def toy_wordpiece(words: dict[str, int]) -> list[dict]:
-    """Every WordPiece merge on the toy words, best score first: {a, b, score, count} (minigpt's trainer)."""
-    return [{"a": a, "b": b, "score": s, "count": c} for a, b, s, c in wordpiece_merges(words)]
 
 
 def seed_unigram(words: dict[str, int]) -> dict[str, float]:
@@ -176,13 +164,8 @@ def _unigram_words(backend, words: Sequence[str], logp: dict[str, float]) -> lis
 
 
 def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Optional[Path] = None) -> dict:
-    """BPE and WordPiece merges and Unigram segmentations on the toy corpus (:data:`TOY_WORDS`).
-
-    Returns ``mode`` ("toy"), ``words``, ``text``; ``bpe`` (merges {a, b, count}), ``bpe_first`` (every pair's
-    count before any merge, highest first), ``bpe_pieces``; ``wordpiece`` (merges {a, b, score, count} at the
-    time of the merge), ``wordpiece_first``, ``wordpiece_pieces``; ``unigram`` ({``vocab``: piece ->
-    log-probability, ``total``, ``words``: per word of ``text`` its segmentations and the Viterbi choice});
-    ``png``.
+    """BPE and WordPiece merges ({a, b, count} / {a, b, score, count}; ``*_first``: every pair before any merge)
+    and Unigram segmentations (the library's Viterbi choice marked) on the toy corpus, and ``text`` cut by each.
     """
     from tokenizers import Tokenizer as _Backend
     from tokenizers import models, pre_tokenizers
@@ -190,22 +173,17 @@ def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Op
     from ..tokenizer.training import base_vocab_size, train_tokenizer
 
     words = dict(TOY_WORDS if words is None else words)
-    if not text:
-        raise MinigptError(_MESSAGES["empty"])
     bpe = toy_bpe(words)
-    wp = toy_wordpiece(words)
+    wp = [{"a": a, "b": b, "score": s, "count": c} for a, b, s, c in wordpiece_merges(words)]  # best score first
     corpus = _corpus(words)
-    merged = {m["a"] + m["b"][len(CONTINUATION):] for m in wp} - set(wordpiece_symbols_all(words))
+    merged = {m["a"] + m["b"][len(CONTINUATION):] for m in wp} - {s for w in words for s in wordpiece_symbols(w)}
     wp_tok = train_tokenizer("wordpiece", corpus, base_vocab_size("wordpiece", corpus) + len(merged))
     logp = seed_unigram(words)
     uni = _Backend(models.Unigram([(UNK, 0.0), *logp.items()], unk_id=0, byte_fallback=False))
     uni.pre_tokenizer = pre_tokenizers.Whitespace()
     text_words = [w for w, _ in uni.pre_tokenizer.pre_tokenize_str(text)]
     bpe_pieces = _bpe_cut(text_words, bpe)
-    first_counts: Counter = Counter()
-    for w, n in words.items():
-        for pair in zip(w, w[1:]):
-            first_counts[pair] += n
+    first_counts = _pair_counts({w: list(w) for w in words}, words)
     result = {"mode": "toy", "words": words, "text": text, "bpe": bpe, "bpe_pieces": bpe_pieces,
               "bpe_first": [{"a": a, "b": b, "count": c} for (a, b), c in
                             sorted(first_counts.items(), key=lambda kv: (-kv[1], kv[0]))],
@@ -214,14 +192,7 @@ def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Op
                                   sorted(wordpiece_scores(words).items(), key=lambda kv: (-kv[1], kv[0]))],
               "unigram": {"vocab": logp, "total": sum(n * len(w) * (len(w) + 1) // 2 for w, n in words.items()),
                           "words": _unigram_words(uni, text_words, logp)}, "png": None}
-    if output is not None:
-        result["png"] = plot_toy(result, Path(output))
-    return result
-
-
-def wordpiece_symbols_all(words: dict[str, int]) -> set[str]:
-    """The starting symbols of the words (``h``, ``##u``, ...)."""
-    return {s for w in words for s in wordpiece_symbols(w)}
+    return drawn(result, output, plot_toy)
 
 
 def _bpe_cut(text_words: Sequence[str], merges: Sequence[dict]) -> list[str]:
@@ -235,27 +206,13 @@ def _bpe_cut(text_words: Sequence[str], merges: Sequence[dict]) -> list[str]:
     return pieces
 
 
-def _read_corpus(path: Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
-        raise MinigptError(_MESSAGES["corpus"].format(path=path, reason=reason)) from None
-
-
 def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations: bool = False,
                       corpus: Optional[Path] = None, output: Optional[Path] = None) -> dict:
-    """A trained tokenizer's pieces and ids for ``text``, with what each kind can say about them.
-
-    Returns ``mode`` ("tokenizer"), ``source``, ``kind``, ``model`` (the library's model type; None for char),
-    ``vocab_size``, ``text``, ``pieces``, ``ids``, ``details`` (per piece: bpe {merge_rank, a, b}; wordpiece
-    {merge_rank, and with ``corpus`` score, count}; unigram {log_prob}), ``unigram_words`` (with
-    ``all_segmentations``) and ``png``.
-
-    Raises:
-        MinigptError: empty text; ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
+    """A trained tokenizer's pieces and ids for ``text``, with ``details`` per piece: bpe {merge_rank, a, b};
+    wordpiece {merge_rank, and with ``corpus`` score, count}; unigram {log_prob}.
+    Raises MinigptError: ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
     """
-    problem = ("empty" if not text else "corpus_kind" if corpus is not None and tok.kind != "wordpiece"
+    problem = ("corpus_kind" if corpus is not None and tok.kind != "wordpiece"
                else "segmentations" if all_segmentations and tok.kind != "unigram" else None)
     if problem:
         raise MinigptError(_MESSAGES[problem].format(kind=tok.kind))
@@ -270,7 +227,7 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
         if tok.kind == "bpe":
             made = {}
             for rank, m in enumerate(model["merges"]):
-                a, b = m.split(" ") if isinstance(m, str) else m
+                a, b = m.split(" ") if isinstance(m, str) else m  # "a b" (old files) or [a, b]
                 made.setdefault(a + b, (rank, a, b))
             result["details"] = [dict(zip(("merge_rank", "a", "b"), made.get(t, (None, None, None)))) for t in tokens]
         elif tok.kind == "wordpiece":
@@ -281,9 +238,7 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
             if all_segmentations:
                 words = [w for w, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
                 result["unigram_words"] = _unigram_words(backend, words, logp)
-    if output is not None:
-        result["png"] = plot_pieces(result, Path(output))
-    return result
+    return drawn(result, output, plot_pieces)
 
 
 def _wordpiece_details(tok, model: dict, tokens: list[str], corpus: Optional[Path]) -> list[dict]:
@@ -297,7 +252,7 @@ def _wordpiece_details(tok, model: dict, tokens: list[str], corpus: Optional[Pat
     if corpus is not None:
         counts: Counter = Counter()
         pre = tok.backend.pre_tokenizer
-        counts.update(w for w, _ in pre.pre_tokenize_str(_read_corpus(corpus)))
+        counts.update(w for w, _ in pre.pre_tokenize_str(read_text_file(corpus, "--corpus")))
         need = max((d["merge_rank"] for d in details if d["merge_rank"] is not None), default=-1)
         made = {}
         for i, (a, b, score, count) in zip(range(need + 1), wordpiece_merges(counts)):
@@ -341,9 +296,7 @@ def format_tokenize(r: dict) -> str:
         if r["unigram_words"] is not None:
             lines.append("every segmentation of each word (Unigram, Kudo 2018; ▁ is a space):")
             lines += _format_segmentations(r["unigram_words"])
-    if r["png"]:
-        lines.append(wrote(r["png"]))
-    return "\n".join(lines)
+    return report(lines, r)
 
 
 def _detail(kind: str, d: dict) -> str:
@@ -383,11 +336,9 @@ def _format_segmentations(entries: list[dict]) -> list[str]:
 
 
 def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Optional[Tokenizer], str]:
-    """The tokenizer ``--tokenizer`` (any tokenizer file the user names, never to be deleted) or ``--run`` (the
-    run's own) names, or None for the toy corpus; and how to name it.
-
-    Raises:
-        MinigptError: both given; no such run folder; a missing or damaged file.
+    """The tokenizer ``--tokenizer`` (a user's file, never to be deleted) or ``--run`` names (None: the toy
+    corpus), and how to name it.
+    Raises MinigptError: both given; no such run folder; a missing or damaged file.
     """
     problem = "both" if tokenizer is not None and run is not None else (
         "no_run" if run is not None and not (Path(run) / runs.CONFIG).is_file() else None)
@@ -404,8 +355,9 @@ def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Op
 def tokenize(tokenizer: Optional[Path] = None, run: Optional[Path] = None, text: Optional[str] = None,
              words: Optional[dict[str, int]] = None, all_segmentations: bool = False, corpus: Optional[Path] = None,
              output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
-    """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer` (default text: :data:`TOY_TEXT`, else
-    ``ROMEO: hugs``)."""
+    """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer`; MinigptError for an empty ``text``."""
+    if text == "":
+        raise MinigptError(_MESSAGES["empty"])
     tok, source = load_for_inspect(tokenizer, run)
     if tok is None:
         return toy(words, TOY_TEXT if text is None else text, output)

@@ -26,11 +26,7 @@ def plot_toy(r: dict, folder: Path) -> str:
     ax = fig.add_subplot(1, 3, 3)
     entry = next((e for e in r["unigram"]["words"] if e["segmentations"]), None)
     if entry is not None:
-        segs = entry["segmentations"][::-1]
-        ax.barh(range(len(segs)), [s["log_prob"] for s in segs],
-                color=["tab:red" if s["viterbi"] else "tab:grey" for s in segs])
-        ax.set_yticks(range(len(segs)), [" + ".join(s["pieces"]) for s in segs], fontsize=8)
-        ax.set_xlabel("log P (red: the Viterbi choice)")
+        _segmentations(ax, entry)
         ax.set_title(f"Unigram: segmentations of {entry['word']!r}")
     return save_png(fig, folder, "tokenize.png")
 
@@ -61,13 +57,18 @@ def plot_pieces(r: dict, folder: Path) -> str:
     fig.suptitle(f"{r['kind']}: {len(r['ids'])} tokens{more}, ids below each piece", fontsize=10)
     if word:
         ax = fig.add_axes((0.3, 0.6 / height, 0.65, (0.35 * rows) / height))
-        segs = word["segmentations"][::-1]
-        ax.barh(range(len(segs)), [s["log_prob"] for s in segs],
-                color=["tab:red" if s["viterbi"] else "tab:grey" for s in segs])
-        ax.set_yticks(range(len(segs)), [" + ".join(s["pieces"]) for s in segs], fontsize=8)
-        ax.set_xlabel("log P (red: the Viterbi choice)")
+        _segmentations(ax, word)
         ax.set_title(f"segmentations of {word['word']!r}", fontsize=9)
     return save_png(fig, folder, "tokenize.png")
+
+
+def _segmentations(ax, entry: dict) -> None:
+    """Bars of a word's segmentations by log P, the first at the top and the Viterbi choice in red."""
+    segs = entry["segmentations"][::-1]
+    ax.barh(range(len(segs)), [s["log_prob"] for s in segs],
+            color=["tab:red" if s["viterbi"] else "tab:grey" for s in segs])
+    ax.set_yticks(range(len(segs)), [" + ".join(s["pieces"]) for s in segs], fontsize=8)
+    ax.set_xlabel("log P (red: the Viterbi choice)")
 
 
 def _box(x: float, width: float, color: str):
