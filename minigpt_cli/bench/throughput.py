@@ -160,17 +160,13 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     """
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    mc = cfg.model
-    tok = None
+    mc, tok = cfg.model, None
     if stream_tokens > 0:
-        from ..data.pipeline import configured_corpus, ensure_tokenizer
+        from ..data.pipeline import configured_corpus, ensure_tokenizer, with_vocab
 
         corpus, root = configured_corpus(cfg, echo)
-        tok, tok_path = ensure_tokenizer(cfg, corpus, echo, root)
-        if mc.vocab_size is not None and mc.vocab_size < tok.vocab_size:
-            raise MinigptError(f"model.vocab_size {mc.vocab_size} is smaller than the tokenizer's {tok.vocab_size} "
-                               f"entries ({tok_path}); raise it or set it to null")
-        vocab_size = tok.vocab_size
+        tok, _ = ensure_tokenizer(cfg, corpus, echo, root)
+        mc = with_vocab(cfg, tok.vocab_size).model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})
     tc = cfg.train

@@ -12,6 +12,7 @@ from typing import Callable, Optional, Sequence
 from ..config.schema import Config
 from ..config.special_tokens import check_special_tokens
 from ..errors import MinigptError
+from ..fileio import errors_as
 from ..paths import default_tokenizer_path
 from ..tokenizer.kinds import KINDS, Tokenizer
 from ..tokenizer.training import check_vocab_size, train_tokenizer
@@ -45,17 +46,14 @@ def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], N
     Raises:
         MinigptError: nothing there, an empty or unreadable file, text that is not UTF-8, a bad JSON line.
     """
-    try:
+    # The corpus's errors name the key that gave it; with input_path that is --input.
+    with errors_as({MinigptError: lambda exc: exc.spelled({"data.path": "--input"}) if input_path else None}):
         if input_path is not None:
             corpus = open_corpus(input_path, cfg.data.text_field)
             root = corpus.folder(cfg.data.data_dir)
         else:
             corpus, root = configured_corpus(cfg, echo)
         text = "".join(training_texts(corpus, cfg.tokenizer.special_tokens, limit_chars))
-    except MinigptError as exc:
-        if input_path is not None:  # the corpus's errors name the key that gave it; here that is --input
-            exc.spelled({"data.path": "--input"})
-        raise
     if not text.strip("\n"):
         raise MinigptError(f"input {corpus.source!r} is empty; give it some text")
     return corpus, text, root
