@@ -250,22 +250,23 @@ class _Attempt:
     def save(self, resp: requests.Response, progress: bool | None) -> None:
         """Stream the body into :attr:`part` with a tqdm bar on stderr, fsync it, and check its sha256 (the
         backstop naming a body cut short)."""
-        digest = hashlib.sha256()
+        digest, over = hashlib.sha256(), False
         with self.part as f, tqdm(total=self.total, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
                                   desc=str(self.dest), file=sys.stderr,
                                   disable=None if progress is None else not progress) as bar:  # None: a terminal
             for chunk in self._chunks(resp):
-                if self.received + len(chunk) > self.ds.size:  # a server streaming without end must not fill the disk
-                    raise self.error("too_long")
+                over = self.received + len(chunk) > self.ds.size  # a server streaming without end: not on disk
+                if over:
+                    break
                 f.write(chunk)
                 digest.update(chunk)
                 self.received += len(chunk)
                 bar.update(len(chunk))
             f.flush()
             os.fsync(f.fileno())
-        if digest.hexdigest() != self.ds.sha256:
+        if over or digest.hexdigest() != self.ds.sha256:
             short = self.total is not None and self.received < self.total
-            raise self.error("cut_short" if short else "checksum", got=digest.hexdigest())
+            raise self.error("too_long" if over else "cut_short" if short else "checksum", got=digest.hexdigest())
 
 
 def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout: float, retries: int,

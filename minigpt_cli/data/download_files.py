@@ -72,12 +72,13 @@ def install(part: str, dest: Path, genuine: Callable[[Path], bool]) -> Path | No
     """Rename the verified ``part`` over ``dest``, keeping a differing file there; return the backup, or None."""
     os.chmod(part, new_file_mode())  # NamedTemporaryFile creates mode 0600; give the corpus the usual mode
     backup = back_up(dest, genuine)
+    replaced = False
     try:
         os.replace(part, dest)
-    except OSError:
-        if backup is not None and not os.path.lexists(dest):  # undo the backup
+        replaced = True
+    finally:
+        if not replaced and backup is not None and not os.path.lexists(dest):  # undo the backup
             os.rename(backup, dest)
-        elif backup is not None:
+        elif not replaced and backup is not None:
             os.remove(backup)
-        raise
     return backup

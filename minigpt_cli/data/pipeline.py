@@ -203,6 +203,10 @@ _DISAGREES = {
 }
 
 
+#: The fix for a kind hf tokenizer file that cannot be read.
+_HF_FIX = "tokenizer.kind hf reads a Hugging Face tokenizer.json: fix tokenizer.path (or model.init_from)"
+
+
 def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
     """Load the tokenizer file ``path`` and check that it agrees with the config (:data:`_DISAGREES`).
 
@@ -210,7 +214,7 @@ def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
         MinigptError: an unreadable file, or one that disagrees with the config.
     """
     tc = cfg.tokenizer
-    tok = load_tokenizer(path, tc.kind)
+    tok = load_tokenizer(path, tc.kind, fix=_HF_FIX if tc.kind == "hf" else None)
     missing = [s for s in tc.special_tokens if s not in tok.special_tokens]
     sized = tc.kind != "char" and tc.vocab_size is not None  # a char tokenizer's alphabet decides its size
     disagrees = next((k for k, differs in (("kind", tok.kind != tc.kind), ("special", bool(missing)),
@@ -244,11 +248,8 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[s
             fails; nothing is written then."""
     tc = cfg.tokenizer
     path = tokenizer_path(cfg, root)
-    if path.is_file():
+    if path.is_file() or tc.kind == "hf":  # hf: a given file, never trained here
         return load_configured_tokenizer(cfg, path), path
-    if tc.kind == "hf":  # a given file, never trained here
-        raise MinigptError(f"tokenizer file {str(path)!r} not found; tokenizer.kind hf reads a Hugging Face "
-                           "tokenizer.json: fix tokenizer.path (or model.init_from)")
     check_writable(path, folder=False)
     corpus = open_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
     if corpus is None or (not write and tc.kind != "char"):
