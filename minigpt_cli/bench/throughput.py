@@ -133,13 +133,9 @@ def _peak_memory(device: torch.device) -> int:
 def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
           vocab_size: int = 65, generation: bool = True, stream_tokens: int = 0,
           echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure training and generation speed of ``cfg``'s model on its device: a JSON-ready dict.
-    ``vocab_size`` stands for a null ``model.vocab_size`` (with ``stream_tokens``: the tokenizer's).
-
-    Raises:
-        MinigptError: impossible sizes (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's,
-            no corpus.
-    """
+    """Measure training and generation speed of ``cfg``'s model on its device: a JSON-ready dict. ``vocab_size`` stands
+    for a null ``model.vocab_size`` (with ``stream_tokens``: the tokenizer's). Raises MinigptError: impossible sizes
+    (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's, no corpus."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     mc, tok = cfg.model, None

@@ -145,14 +145,10 @@ def _is_input(p: Path, root: Path) -> bool:
 
 def _once(paths: Iterable[Path]) -> list[Path]:
     """``paths`` without a second name for a file seen already (a symbolic link to it, ...), in order."""
-    seen: set[Path] = set()
-    out = []
+    first: dict[Path, Path] = {}
     for p in paths:
-        real = p.resolve()
-        if real not in seen:
-            seen.add(real)
-            out.append(p)
-    return out
+        first.setdefault(p.resolve(), p)
+    return list(first.values())
 
 
 def matching(source: str | Path) -> tuple[list[Path], str]:
@@ -202,11 +198,9 @@ def _stem(source: str, files: Sequence[Path]) -> str:
 
 def open_corpus(source: str | Path, text_field: str = "text",
                 on_bytes: Callable[[int], None] = lambda n: None, name: Optional[str] = None) -> Corpus:
-    """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its stem.
-
-    Raises:
-        MinigptError: nothing there, a folder without such files, a glob matching none; a single empty file,
-            an unreadable one."""
+    """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its stem. Raises
+    MinigptError: nothing there, a folder without such files, a glob matching none; a single empty file, an unreadable
+    one."""
     found, kind = matching(source)
     sizes = []
     for p in found:
@@ -321,10 +315,8 @@ def cut_pieces(chunks: Iterable[str], size: Optional[int] = None, special_tokens
 
 
 def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]]]:
-    """Each document of ``corpus`` as an iterator of its text (to be read before the next), with the bytes read.
-
-    Raises:
-        MinigptError: a file unreadable, not UTF-8, or a bad JSON line, while reading."""
+    """Each document of ``corpus`` as an iterator of its text (to be read before the next), with the bytes read. Raises
+    MinigptError: a file unreadable, not UTF-8, or a bad JSON line, while reading."""
     done = [0]
 
     def read_so_far() -> int:
@@ -345,10 +337,8 @@ def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]
 
 
 def survey(corpus: Corpus) -> tuple[int, int]:
-    """Read ``corpus`` once, checking every file: its non-empty documents and their characters.
-
-    Raises:
-        MinigptError: as :func:`documents`, or no text at all."""
+    """Read ``corpus`` once, checking every file: its non-empty documents and their characters. Raises MinigptError: as
+    :func:`documents`, or no text at all."""
     lengths = [sum(map(len, blocks)) for blocks, _ in documents(corpus)]
     if not sum(lengths):
         raise _error("no_text", source=corpus.source)

@@ -43,15 +43,10 @@ class Dataset:
     url_env: str
 
 
-def url_variable(name: str) -> str:
-    """The environment variable naming a mirror of dataset ``name``: ``MINIGPT_<NAME>_URL``."""
-    return "MINIGPT_" + re.sub(r"[^A-Z0-9]+", "_", name.upper()) + "_URL"
-
-
 def datasets() -> dict[str, Dataset]:
     """The corpora ``minigpt download`` knows, by name (:func:`~minigpt_cli.paths.dataset_registry`)."""
     return {name: Dataset(name=name, url=e["url"], sha256=e["sha256"], size=int(e["size"]),
-                          url_env=url_variable(name))
+                          url_env="MINIGPT_" + re.sub(r"[^A-Z0-9]+", "_", name.upper()) + "_URL")
             for name, e in paths.dataset_registry().items()}
 
 
@@ -104,11 +99,8 @@ _FAILURES: dict[str, tuple[tuple[tuple[type, ...], str], ...]] = {
 
 
 def get_dataset(dataset: str | Dataset) -> Dataset:
-    """The :func:`datasets` entry named ``dataset`` (an entry as is).
-
-    Raises:
-        MinigptError: an unknown name, listing the known ones.
-    """
+    """The :func:`datasets` entry named ``dataset`` (an entry as is). Raises MinigptError: an unknown name, listing the
+    known ones."""
     if isinstance(dataset, Dataset):
         return dataset
     known = datasets()
@@ -304,13 +296,10 @@ def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout:
 def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | None = None, force: bool = False,
              progress: bool | None = None, timeout: float = 30.0, retries: int = 3, backoff_factor: float = 0.5,
              mirror_hint: str | None = None) -> tuple[Path, bool]:
-    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus (the README's "Data" says how);
-    return ``(path, downloaded now)``. ``timeout``: seconds to connect and between bytes; ``mirror_hint``: how
-    the user names another mirror. A failure leaves no new file or folder behind.
-
-    Raises:
-        MinigptError: one line naming the URL, the problem and the fix (:data:`_MESSAGES`), or the file.
-    """
+    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus (the README's "Data" says how); return
+    ``(path, downloaded now)``. ``timeout``: seconds to connect and between bytes; ``mirror_hint``: how the user names
+    another mirror. A failure leaves no new file or folder behind. Raises MinigptError: one line naming the URL, the
+    problem and the fix (:data:`_MESSAGES`), or the file."""
     ds = get_dataset(dataset)
     url = resolve_url(url, ds)
     path = corpus_path(data_dir, ds.name)

@@ -24,15 +24,16 @@ PART_GLOB = f".{CORPUS_FILE}.*.part"
 _STALE_AFTER_S = 5.0 if fcntl is not None else 3600.0
 
 
-def sweep_partial_files(folder: Path) -> list[Path]:
-    """Delete (and return) the partial downloads a killed earlier download left in ``folder``: unlocked and stale."""
+def sweep_partial_files(folder: Path, pattern: str = PART_GLOB, stale_after: float = _STALE_AFTER_S) -> list[Path]:
+    """Delete (and return) the partial files (a download's, or ``pattern``) a killed process left in ``folder``:
+    unlocked and untouched for ``stale_after`` seconds."""
     removed = []
     with suppress(OSError):
-        candidates = sorted(folder.glob(PART_GLOB))
+        candidates = sorted(folder.glob(pattern))
         now = time.time()
         for part in candidates:
             with suppress(OSError):
-                if not part.is_file() or part.is_symlink() or now - part.stat().st_mtime < _STALE_AFTER_S:
+                if not part.is_file() or part.is_symlink() or now - part.stat().st_mtime < stale_after:
                     continue
                 with open(part, "rb") as f:
                     if fcntl is not None:

@@ -19,7 +19,7 @@ from ..fileio import check_writable
 from ..paths import corpus_path, dataset_dir, default_tokenizer_path
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_tokenizer
-from ..tokenizer.training import MAX_VOCAB_SIZE, check_vocab_size, train_tokenizer
+from ..tokenizer.training import check_vocab_size, train_tokenizer
 from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, matching, open_corpus
 from .preparation import PreparedData, prepare
 
@@ -38,10 +38,8 @@ _FINGERPRINT = ("the corpus is not the one data.fingerprint names ({want}…; no
 
 
 def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
-    """The named dataset's corpus file, downloaded (saying so).
-
-    Raises:
-        MinigptError: the download failed; with ``data.url`` set, the fix says it must be a mirror."""
+    """The named dataset's corpus file, downloaded (saying so). Raises MinigptError: the download failed; with
+    ``data.url`` set, the fix says it must be a mirror."""
     from .download import download
 
     log(f"{corpus_path(cfg.data.data_dir, cfg.data.dataset)} not found or incomplete; downloading it first")
@@ -50,11 +48,8 @@ def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bo
 
 
 def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Corpus]:
-    """The config's corpus when it can be read without a download (``data.path``'s, or the named dataset's
-    genuine file), hashed once; else None.
-
-    Raises:
-        MinigptError: a ``data.path`` that names nothing readable."""
+    """The config's corpus when it can be read without a download (``data.path``'s, or the named dataset's genuine
+    file), hashed once; else None. Raises MinigptError: a ``data.path`` that names nothing readable."""
     from tqdm import tqdm
 
     from .download import get_dataset
@@ -82,10 +77,8 @@ def corpus_root(cfg: Config, corpus: Optional[Corpus]) -> Path:
 
 
 def configured_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> tuple[Corpus, Path]:
-    """The corpus the config names (downloaded first when missing) and its folder (:func:`corpus_root`).
-
-    Raises:
-        MinigptError: a ``data.path`` that names nothing readable, or a failed download."""
+    """The corpus the config names (downloaded first when missing) and its folder (:func:`corpus_root`). Raises
+    MinigptError: a ``data.path`` that names nothing readable, or a failed download."""
     corpus = corpus_on_disk(cfg, progress)
     if corpus is None:
         corpus = open_corpus(ensure_corpus(cfg, log, progress), cfg.data.text_field, name=cfg.data.dataset)
@@ -99,9 +92,7 @@ _RUN_CORPUS_GONE = ("run {run} trained on a corpus that is gone: nothing at {pat
 
 def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
     """A run's config with its corpus found from any folder (``data.data_dir``, ``data.path`` as ``train`` read them).
-
-    Raises:
-        MinigptError: a ``data.path`` corpus found nowhere, naming where it was."""
+    Raises MinigptError: a ``data.path`` corpus found nowhere, naming where it was."""
     bases = runs.training_dirs(run_dir, cfg.train.out_dir)
     if not bases:
         return cfg
@@ -168,11 +159,8 @@ def run_corpus_change(want: Optional[str], corpus: Corpus, run_dir: Path,
 
 
 def check_corpus(cfg: Config, corpus: Corpus, run_dir: Optional[Path] = None) -> None:
-    """Refuse a corpus other than the one ``data.fingerprint`` names (when set); with ``run_dir``, the run's
-    splits read from it, naming the file that differs.
-
-    Raises:
-        MinigptError: the fingerprint names another corpus."""
+    """Refuse a corpus other than the one ``data.fingerprint`` names (when set); with ``run_dir``, the run's splits read
+    from it, naming the file that differs. Raises MinigptError: the fingerprint names another corpus."""
     want = cfg.data.fingerprint
     if want is None or corpus.matches(want):
         return
@@ -208,11 +196,8 @@ _HF_FIX = "tokenizer.kind hf reads a Hugging Face tokenizer.json: fix tokenizer.
 
 
 def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
-    """Load the tokenizer file ``path`` and check that it agrees with the config (:data:`_DISAGREES`).
-
-    Raises:
-        MinigptError: an unreadable file, or one that disagrees with the config.
-    """
+    """Load the tokenizer file ``path`` and check that it agrees with the config (:data:`_DISAGREES`). Raises
+    MinigptError: an unreadable file, or one that disagrees with the config."""
     tc = cfg.tokenizer
     tok = load_tokenizer(path, tc.kind, fix=_HF_FIX if tc.kind == "hf" else None)
     missing = [s for s in tc.special_tokens if s not in tok.special_tokens]
@@ -240,12 +225,9 @@ def training_texts(corpus: Corpus, special_tokens: Sequence[str], limit_chars: O
 
 def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[str], None],
                      root: Optional[Path] = None, write: bool = True) -> tuple[Optional[Tokenizer], Path]:
-    """The configured tokenizer, checked, or trained on ``corpus`` and saved when its file is missing.
-    ``write`` False (a dry run): nothing saved; a trained kind only has its size checked (None).
-
-    Raises:
-        MinigptError: a file that disagrees with the config, a path that cannot be written, or training that
-            fails; nothing is written then."""
+    """The configured tokenizer, checked, or trained on ``corpus`` and saved when its file is missing. ``write`` False
+    (a dry run): nothing saved; a trained kind only has its size checked (None). Raises MinigptError: a file that
+    disagrees with the config, a path that cannot be written, or training that fails; nothing is written then."""
     tc = cfg.tokenizer
     path = tokenizer_path(cfg, root)
     if path.is_file() or tc.kind == "hf":  # hf: a given file, never trained here
@@ -253,12 +235,10 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[s
     check_writable(path, folder=False)
     corpus = open_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
     if corpus is None or (not write and tc.kind != "char"):
-        # Without the text, only the sizes no text allows (none, past the largest, below bpe's 256 bytes).
-        if tc.kind != "char" and (corpus is not None or tc.kind == "bpe" or tc.vocab_size is None
-                                  or tc.vocab_size > MAX_VOCAB_SIZE):
-            text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS)) \
-                if corpus is not None and tc.kind != "bpe" else ""
-            check_vocab_size(tc.kind, text, tc.vocab_size, tc.special_tokens)
+        # Without the text, the base alphabet counts none of its characters: only a size no text allows is refused.
+        text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS)) \
+            if corpus is not None and tc.kind not in ("bpe", "char") else ""
+        check_vocab_size(tc.kind, text, tc.vocab_size, tc.special_tokens)
         return None, path
     if write:
         size = f" with {tc.vocab_size:,} entries" if tc.kind != "char" and tc.vocab_size else ""
@@ -289,12 +269,10 @@ class DataStage:
 def prepare_data(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None, write: bool = True,
                  check: Callable[[Corpus], None] = lambda corpus: None,
                  found: Callable[[Optional[Corpus]], None] = lambda corpus: None) -> DataStage:
-    """``train``'s data steps and ``minigpt prepare``: the corpus, the tokenizer, the token files, each made
-    if missing (``write`` False: ``--dry-run``, nothing written). ``found`` hears of the corpus on disk
-    (None: not there) before any download; ``check`` may refuse it.
-
-    Raises:
-        MinigptError: as :func:`configured_corpus`, ``check``, :func:`ensure_tokenizer` and ``prepare``."""
+    """``train``'s data steps and ``minigpt prepare``: the corpus, the tokenizer, the token files, each made if missing
+    (``write`` False: ``--dry-run``, nothing written). ``found`` hears of the corpus on disk (None: not there) before
+    any download; ``check`` may refuse it. Raises MinigptError: as :func:`configured_corpus`, ``check``,
+    :func:`ensure_tokenizer` and ``prepare``."""
     dc = cfg.data
     corpus = corpus_on_disk(cfg, progress)
     found(corpus)
@@ -330,10 +308,8 @@ def prepare_configured(cfg: Config, log: Callable[[str], None] = print, progress
 
 
 def with_vocab(cfg: Config, vocab_size: int) -> Config:
-    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's.
-
-    Raises:
-        MinigptError: a ``model.vocab_size`` smaller than the tokenizer's."""
+    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's. Raises MinigptError: a ``model.vocab_size``
+    smaller than the tokenizer's."""
     mc = cfg.model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})

@@ -27,6 +27,7 @@ from ..errors import MinigptError
 from ..fileio import atomic_write_text, check_writable, chmod_quietly, errors_as, new_file_mode, os_error_message
 from ..tokenizer.kinds import Tokenizer
 from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, survey
+from .download_files import sweep_partial_files
 
 #: Characters of text encoded per batch (the library spreads a batch's pieces over the cores).
 BATCH_CHARS = 1 << 20
@@ -89,10 +90,8 @@ def _fix(val_fraction: float, n_train: int, n_val: int, need: int, block_size: O
 
 
 def check_split_counts(val_fraction: float, n_train: int, n_val: int, block_size: Optional[int] = None) -> None:
-    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` (or ``block_size + 1``) tokens on a side.
-
-    Raises:
-        MinigptError: one line naming ``data.val_fraction``, the token counts and the fix."""
+    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` (or ``block_size + 1``) tokens on a side. Raises
+    MinigptError: one line naming ``data.val_fraction``, the token counts and the fix."""
     need = max(block_size + 1, MIN_SPLIT_TOKENS) if block_size is not None else MIN_SPLIT_TOKENS
     if min(n_train, n_val) >= need:
         return
@@ -174,18 +173,12 @@ def units(corpus: Corpus, plan: SplitPlan, special_tokens: Sequence[str]) -> Ite
     """The corpus as a stream of pieces and separators, each tagged with its split (see :class:`SplitPlan`)."""
     doc, chars = -1, 0
     for blocks, read_so_far in documents(corpus):
-        started = False
-        for piece in cut_pieces(blocks, special_tokens=special_tokens):
-            if not piece:
-                continue
-            if not started:
-                started, doc = True, doc + 1
-                if doc > 0:
-                    if plan.by_documents:
-                        if doc != plan.val_from_doc:
-                            yield int(doc > plan.val_from_doc), None, read_so_far()
-                    else:
-                        yield int(chars > plan.val_from_char), None, read_so_far()
+        for i, piece in enumerate(p for p in cut_pieces(blocks, special_tokens=special_tokens) if p):
+            if i == 0:
+                doc += 1
+                if 0 < doc != plan.val_from_doc:  # no separator where validation starts by documents
+                    after = doc > plan.val_from_doc if plan.by_documents else chars > plan.val_from_char
+                    yield int(after), None, read_so_far()
             if plan.by_documents:
                 yield int(doc >= plan.val_from_doc), piece, read_so_far()
             else:
@@ -223,18 +216,6 @@ def _encode(tok: Tokenizer, batch: list[Unit], sep: np.ndarray) -> list[tuple[in
     return [(split, sep if text is None else next(encoded)) for split, text, _ in batch]
 
 
-def sweep_stale_temps(directory: Path, now: Optional[float] = None) -> list[Path]:
-    """Remove temporary token files in ``directory`` untouched for :data:`STALE_TEMP_S` (a killed process's)."""
-    now = time.time() if now is None else now
-    gone = []
-    for p in directory.glob(f"{_TEMP_PREFIX}*"):
-        with suppress(OSError):  # gone meanwhile, or not ours to remove: left alone
-            if now - p.stat().st_mtime > STALE_TEMP_S:
-                p.unlink()
-                gone.append(p)
-    return gone
-
-
 def encoded(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, progress: Optional[bool] = None,
             ) -> Iterator[tuple[int, np.ndarray, int]]:
     """``(split, ids, chars)`` for each unit of :func:`units`, a batch encoded while the next is read."""
@@ -260,10 +241,8 @@ def encoded(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, progress: Optional[
 def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory: Optional[Path],
                       progress: Optional[bool] = None, block_size: Optional[int] = None) -> dict[str, int]:
     """Encode ``corpus`` into ``directory/{train,val}.bin`` (None: count only); return the token and character counts.
-
-    Raises:
-        MinigptError: as :func:`encoded`, a split too small, a file that cannot be written; nothing that looks
-            complete is left."""
+    Raises MinigptError: as :func:`encoded`, a split too small, a file that cannot be written; nothing that looks
+    complete is left."""
     dtype = token_dtype(tok.vocab_size)
     created = [] if directory is None else list(
         takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents]))
@@ -375,12 +354,10 @@ def split_plan(corpus: Corpus, val_fraction: float) -> tuple[SplitPlan, int]:
 def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float = 0.1,
             log: Callable[[str], None] = print, progress: Optional[bool] = None,
             block_size: Optional[int] = None, write: bool = True) -> PreparedData:
-    """Tokenize ``corpus`` into ``root/<kind>-<fingerprint>/{train,val}.bin``, or reuse files whose ``meta.json``
-    names the same tokenizer, corpus and split. ``write`` False (a dry run): only counted.
-
-    Raises:
-        MinigptError: a corpus file unreadable or not UTF-8, a bad JSON line, text the tokenizer cannot encode,
-            a folder that cannot be written, or a split too small."""
+    """Tokenize ``corpus`` into ``root/<kind>-<fingerprint>/{train,val}.bin``, or reuse files whose ``meta.json`` names
+    the same tokenizer, corpus and split. ``write`` False (a dry run): only counted. Raises MinigptError: a corpus file
+    unreadable or not UTF-8, a bad JSON line, text the tokenizer cannot encode, a folder that cannot be written, or a
+    split too small."""
     corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
     directory = token_dir(root, tok)
     want = _wanted(corpus, tok, val_fraction)
@@ -416,7 +393,7 @@ def _prepare_afresh(corpus: Corpus, tok: Tokenizer, directory: Path, want: dict,
     log(f"preparing token files in {directory} ({mb:,.1f} MB, {n_documents:,} document(s); validation: "
         f"{plan.describe()}) ...")
     if directory.is_dir():
-        sweep_stale_temps(directory)
+        sweep_partial_files(directory, f"{_TEMP_PREFIX}*", STALE_TEMP_S)  # a live writer touches its own
         (directory / "meta.json").unlink(missing_ok=True)
     t0 = time.perf_counter()
     counts = write_token_files(corpus, tok, plan, directory, progress, block_size)

@@ -41,11 +41,8 @@ class TokenizerReport:
 
 def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], None],
                 limit_chars: Optional[int] = None) -> tuple[Corpus, str, Path]:
-    """The corpus, its training text, and its folder (where its tokenizers go by default).
-
-    Raises:
-        MinigptError: nothing there, an empty or unreadable file, text that is not UTF-8, a bad JSON line.
-    """
+    """The corpus, its training text, and its folder (where its tokenizers go by default). Raises MinigptError: nothing
+    there, an empty or unreadable file, text that is not UTF-8, a bad JSON line."""
     # The corpus's errors name the key that gave it; with input_path that is --input.
     with errors_as({MinigptError: lambda exc: exc.spelled({"data.path": "--input"}) if input_path else None}):
         if input_path is not None:
@@ -83,10 +80,8 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
                         input_path: Optional[Path] = None, output_path: Optional[Path] = None,
                         special_tokens: Optional[Sequence[str]] = None,
                         echo: Callable[[str], None] = print) -> str:
-    """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary.
-
-    Raises:
-        MinigptError: unknown kind, empty or missing input, an impossible vocabulary size; nothing written."""
+    """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary. Raises MinigptError:
+    unknown kind, empty or missing input, an impossible vocabulary size; nothing written."""
     if kind is None and cfg.model.init_from is not None:  # a fine-tuning config: the folder's tokenizer.json
         kind = "hf"
     kind = kind or cfg.tokenizer.kind
@@ -131,10 +126,8 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
 
 def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optional[Path] = None,
                 special_tokens: Optional[Sequence[str]] = None, echo: Callable[[str], None] = print) -> str:
-    """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations.
-
-    Raises:
-        MinigptError: as :func:`run_train_tokenizer`; every kind's size is checked before any is trained."""
+    """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations. Raises MinigptError:
+    as :func:`run_train_tokenizer`; every kind's size is checked before any is trained."""
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
     if vocab_size is None:
         raise MinigptError("--compare needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
