@@ -14,7 +14,7 @@ import torch
 
 from ..config.schema import Config
 from ..config.special_tokens import END_OF_TEXT
-from ..errors import MinigptError
+from ..errors import MinigptError, refuse
 from ..fileio import check_writable
 from ..paths import corpus_path, dataset_dir, default_tokenizer_path
 from ..run import folder as runs
@@ -183,11 +183,12 @@ def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
 
 #: How a tokenizer file can disagree with the config (checked in this order), and the fix.
 _DISAGREES = {
-    "kind": "holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; fix tokenizer.path or tokenizer.kind",
-    "special": "lacks the special tokens {missing} that tokenizer.special_tokens names; delete the file to "
-               "train it again, or fix the config",
-    "size": "has {tok.vocab_size:,} entries but tokenizer.vocab_size is {tc.vocab_size:,}; delete the file to "
-            "train it again, or set tokenizer.vocab_size: {tok.vocab_size}",
+    "kind": "tokenizer file {path!r} holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; fix "
+            "tokenizer.path or tokenizer.kind",
+    "special": "tokenizer file {path!r} lacks the special tokens {missing} that tokenizer.special_tokens names; "
+               "delete the file to train it again, or fix the config",
+    "size": "tokenizer file {path!r} has {tok.vocab_size:,} entries but tokenizer.vocab_size is {tc.vocab_size:,}; "
+            "delete the file to train it again, or set tokenizer.vocab_size: {tok.vocab_size}",
 }
 
 
@@ -202,11 +203,9 @@ def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
     tok = load_tokenizer(path, tc.kind, fix=_HF_FIX if tc.kind == "hf" else None)
     missing = [s for s in tc.special_tokens if s not in tok.special_tokens]
     sized = tc.kind != "char" and tc.vocab_size is not None  # a char tokenizer's alphabet decides its size
-    disagrees = next((k for k, differs in (("kind", tok.kind != tc.kind), ("special", bool(missing)),
-                                          ("size", sized and tok.vocab_size != tc.vocab_size)) if differs), None)
-    if disagrees is not None:
-        raise MinigptError(f"tokenizer file {str(path)!r} " + _DISAGREES[disagrees].format(
-            tok=tok, tc=tc, missing=", ".join(map(repr, missing))))
+    refuse([(tok.kind != tc.kind, "kind"), (bool(missing), "special"),
+            (sized and tok.vocab_size != tc.vocab_size, "size")], _DISAGREES,
+           path=str(path), tok=tok, tc=tc, missing=", ".join(map(repr, missing)))
     return tok
 
 
@@ -243,11 +242,9 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[s
     if write:
         size = f" with {tc.vocab_size:,} entries" if tc.kind != "char" and tc.vocab_size else ""
         log(f"tokenizer {path} not found; training a {tc.kind} tokenizer{size} on {corpus.source} first")
-    if tc.kind == "char":
-        tok = train_tokenizer("char", training_texts(corpus, tc.special_tokens), None, tc.special_tokens)
-    else:
-        text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS))
-        tok = train_tokenizer(tc.kind, text, tc.vocab_size, tc.special_tokens)
+    char = tc.kind == "char"  # learns from all of the corpus, streamed: every character needs an id
+    texts = training_texts(corpus, tc.special_tokens, None if char else TOKENIZER_TRAIN_CHARS)
+    tok = train_tokenizer(tc.kind, texts if char else "".join(texts), None if char else tc.vocab_size, tc.special_tokens)
     if write:
         tok.save(path)
     return tok, path
