@@ -28,8 +28,7 @@ BLOCK = 1 << 22
 PIECE_CHARS = 1 << 11
 #: A stretch this many times :data:`PIECE_CHARS` with no place where GPT-2's split cuts is cut anyway.
 HARD_CUT_FACTOR = 64
-#: With at least this many documents the validation split is whole documents (the last ones); with fewer,
-#: the tail fraction of the text.
+#: With at least this many documents the validation split is the last whole documents, else the text's tail.
 MANY_DOCUMENTS = 10
 
 #: Every message, by kind.

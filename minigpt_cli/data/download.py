@@ -84,8 +84,7 @@ _MESSAGES = {
     "backup": "kept the earlier {path} (it failed the checksum) as {backup}",
 }
 
-#: The network failures of a download, before the answer (the request) and while its body is read, by
-#: exception (first match wins): their message kind. A file that cannot be written is not one of them.
+#: The network failures of a download's request and of its body's read, by exception (first match wins): their kind.
 _FAILURES: dict[str, tuple[tuple[tuple[type, ...], str], ...]] = {
     "request": (((requests.HTTPError,), "http_status"),  # raise_for_status: the answer is an HTTP error
                 ((requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,

@@ -1,6 +1,4 @@
-"""The config's corpus, tokenizer and token files made ready (:func:`prepare_data`, ``train``'s data steps),
-and the batches drawn from token memmaps (:class:`BatchSampler`, :func:`eval_offsets`).
-"""
+"""The config's corpus, tokenizer and token files made ready (:func:`prepare_data`), and the batches drawn."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ from ..tokenizer.training import check_vocab_size, train_tokenizer
 from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, matching, open_corpus
 from .preparation import PreparedData, prepare
 
-#: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus
-#: (its first documents); the char tokenizer reads all of it (every character needs an id).
+#: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus, its first.
 TOKENIZER_TRAIN_CHARS = 64 << 20
 
 
@@ -244,7 +241,8 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[s
         log(f"tokenizer {path} not found; training a {tc.kind} tokenizer{size} on {corpus.source} first")
     char = tc.kind == "char"  # learns from all of the corpus, streamed: every character needs an id
     texts = training_texts(corpus, tc.special_tokens, None if char else TOKENIZER_TRAIN_CHARS)
-    tok = train_tokenizer(tc.kind, texts if char else "".join(texts), None if char else tc.vocab_size, tc.special_tokens)
+    tok = train_tokenizer(tc.kind, texts if char else "".join(texts), None if char else tc.vocab_size,
+                          tc.special_tokens)
     if write:
         tok.save(path)
     return tok, path

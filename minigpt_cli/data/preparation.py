@@ -50,7 +50,6 @@ _MESSAGES = {
     "need": "at least {need} tokens each",
     "another_fraction": "choose a data.val_fraction such as {fits:g}, ",
     "lower_block": "{another}lower model.block_size (to at most {most:,} with this split), or use more text",
-    "fraction": "choose a data.val_fraction such as {fits:g}, or use more text",
     "fraction_and_block": ("choose a data.val_fraction such as {fits:g}, then a lower model.block_size (with this "
                            "split a side has under {least} tokens, which no block size fits), or use more text"),
     "too_small": ("the corpus is too small for any model.block_size ({total:,} tokens, and train and val need "
@@ -81,7 +80,7 @@ def _fix(val_fraction: float, n_train: int, n_val: int, need: int, block_size: O
         another = _MESSAGES["another_fraction"].format(fits=fits) if fits is not None else ""
         return _MESSAGES["lower_block"].format(another=another, most=smallest - 1)
     if fits is not None:
-        return _MESSAGES["fraction"].format(fits=fits)
+        return _MESSAGES["another_fraction"].format(fits=fits) + "or use more text"
     fits = _fraction_that_fits(val_fraction, total, MIN_SPLIT_TOKENS)  # another split and a smaller block
     if fits is not None:
         return _MESSAGES["fraction_and_block"].format(fits=fits, least=MIN_SPLIT_TOKENS)
