@@ -93,7 +93,9 @@ def test_a_second_dataset_needs_only_a_registry_entry(tmp_path, corpus_server, m
 def test_every_failure_kind_has_a_message():
     kinds = {kind for phase in download._FAILURES.values() for _, kind in phase}
     assert kinds and kinds <= set(download._MESSAGES)
-    assert download._classify(ValueError("a bug"), "read") is None  # not a network failure: let through
+    attempt = download._Attempt(download.DATASETS["tinyshakespeare"], "http://x", Path("input.txt"), "", 1.0, 0)
+    with pytest.raises(ValueError, match="a bug"), attempt.failing("read"):  # not a network failure: let through
+        raise ValueError("a bug")
 
 
 # --- success paths ---------------------------------------------------------------

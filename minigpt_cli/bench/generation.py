@@ -1,9 +1,5 @@
-"""Generation speed for ``minigpt bench``: new tokens/s at temperature 1 from one random prompt, after warm-up.
-
-``uncached`` feeds the whole window at every step; ``cached`` uses the eager KV cache; ``compiled`` the static
-cache with the one-token step compiled (:class:`~minigpt_cli.sample.decoding.StaticDecoder`), its compile time
-apart and its tokens compared with the cached path's; ``batched``: :data:`BATCH` samples decoded together.
-"""
+"""Generation speed for ``minigpt bench``: new tokens/s at temperature 1 from one random prompt, after warm-up:
+uncached, with the KV cache, compiled (static cache), and :data:`BATCH` samples together."""
 
 from __future__ import annotations
 
@@ -34,9 +30,7 @@ def sync(device: torch.device) -> None:
 def measure_generation(model: GPT, prompt: torch.Tensor, max_new_tokens: int, window_stride: int,
                        compile: bool, batch: int = BATCH,
                        echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Tokens/s of ``model`` (eval mode) continuing ``prompt`` (1, T) on its device, by path (module docstring):
-    ``gen_tokens_per_sec_{uncached,cached,compiled,batched}`` and their ratios; the compiled path only with
-    ``compile`` (else None, ``gen_compiled_note`` saying why)."""
+    """Tokens/s of ``model`` continuing ``prompt`` (1, T) by path, and their ratios; compiled only with ``compile``."""
     device = prompt.device
 
     def timed(use_cache: bool, rows: int = 1, decoder=None) -> tuple[float, torch.Tensor]:

@@ -1,9 +1,4 @@
-"""``minigpt bench --prepare``: data preparation's throughput against a bare ``encode_batch`` loop, in one run.
-
-The baseline hands the corpus's lines to the tokenizer's ``encode_batch`` in 4 MiB batches, keeping only the
-count: what any pipeline must at least do. :func:`~minigpt_cli.data.preparation.prepare` then does the whole job
-(the survey, the safe cuts, the encoding, the memmaps) into a temporary folder; both rates are in MB/s.
-"""
+"""``minigpt bench --prepare``: data preparation's throughput against a bare ``encode_batch`` loop, in MB/s."""
 
 from __future__ import annotations
 
@@ -33,15 +28,8 @@ def bare_encode(paths: list[Path], tok) -> int:
 
 
 def bench_prepare(cfg: Config, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Time the bare loop, then :func:`prepare`, on the config's corpus and tokenizer (trained first if missing).
-
-    Returns:
-        corpus size (MB), both rates (MB/s), their ratio, the token counts, the process's peak RSS (MiB, both
-        runs) and the cores the library may use.
-
-    Raises:
-        MinigptError: as :func:`~minigpt_cli.data.pipeline.configured_corpus` and :func:`prepare`.
-    """
+    """Time the bare loop, then :func:`prepare`, on the config's corpus and tokenizer: rates, ratio, counts, RSS. Raises
+    MinigptError: as :func:`~minigpt_cli.data.pipeline.configured_corpus` and :func:`prepare`."""
     corpus, root = configured_corpus(cfg, echo)
     tok, tok_path = ensure_tokenizer(cfg, corpus, echo, root)
     mb = corpus.size / 1e6

@@ -1,15 +1,8 @@
 """``minigpt bench``: training throughput, MFU against a peak measured in the same run, generation speed.
 
-Everything is measured in one process on one device, so the figures are ratios that survive a noisy machine:
-
-- training: tokens/s and ms per optimizer step of the real training step on random tokens, after warm-up;
-- model FLOPs per token: 6·N + 12·L·n_head·head_dim·T, N without position embeddings and a tied embedding once
-  (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``), from :mod:`minigpt_cli.accounting.params`;
-- peak: the median FLOP/s of a 2048² matrix product (2·n³ FLOPs) in the training dtype on the same device, through
-  every kernel the model's linear layers can use (``torch.mm``; oneDNN for float32 on a CPU): the fastest is the
-  peak, so MFU never credits the model for a kernel the peak did not get;
-- generation (:mod:`.generation`) and, with ``stream_tokens``, what ``generate``'s text path (incremental
-  decoding, the stop-string search, the hold-back) adds to sampling (:func:`measure_streaming`).
+Model FLOPs per token: 6·N + 12·L·n_head·head_dim·T, N without position embeddings and a tied embedding once
+(PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``). Peak: the median FLOP/s of a 2048² matrix
+product (2·n³ FLOPs) through every kernel the linear layers can use; the fastest is the peak.
 """
 
 from __future__ import annotations
@@ -39,8 +32,7 @@ MATMUL_N = 2048
 
 
 def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
-    """The kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for float32 on a CPU where this PyTorch has
-    it (whether or not the model's linear layers use it: the peak is the machine's, not the configuration's)."""
+    """The kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for float32 on a CPU where PyTorch has it."""
     kernels = ["torch.mm"]
     if device.type == "cpu" and dtype == torch.float32 and onednn.matmul_op() is not None:
         kernels.append("oneDNN")
@@ -49,8 +41,7 @@ def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
 
 def measure_peak(device: torch.device, dtype: torch.dtype, n: int = MATMUL_N, repeats: int = 10,
                  kernel: str = "torch.mm") -> float:
-    """Median FLOP/s of an n×n by n×n matrix product (2·n³ FLOPs) in ``dtype`` on ``device``, through ``kernel``:
-    ``torch.mm`` (``a @ b``) or ``oneDNN`` (``a @ bᵀ`` through ``mkldnn::_linear_pointwise``, the same FLOPs)."""
+    """Median FLOP/s of an n×n by n×n matrix product (2·n³ FLOPs) in ``dtype`` on ``device``, through ``kernel``."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     op = onednn.matmul_op() if kernel == "oneDNN" else None
@@ -76,14 +67,9 @@ STREAM_STOP = "\u2403 never \u2403"
 
 def measure_streaming(model: GPT, tok: Tokenizer, cfg: Config, n_tokens: int, device: torch.device,
                       echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """What streaming costs ``generate``: ``n_tokens`` sampled with the config's ``sample`` settings and written
-    three times through its text path (:func:`~minigpt_cli.sample.generate.write_sample`) from the same seed:
-    decoded once at the end, streamed, and streamed with :data:`STREAM_STOP` as a stop string.
-
-    Each pass's time splits into sampling (timed around each token) and the text path (the rest); an overhead
-    is a pass's extra text-path seconds over the first pass's, divided by generation's time without them, so
-    it does not depend on the machine staying equally fast from one pass to the next.
-    """
+    """What streaming costs ``generate``: ``n_tokens`` written three times through its text path from one seed
+    (decoded at the end, streamed, streamed with :data:`STREAM_STOP`). An overhead is a pass's extra text-path
+    seconds over the first pass's, divided by generation's time without them."""
     from ..sample.generate import Nowhere, write_sample  # the command's own path
 
     sc = cfg.sample
@@ -147,30 +133,18 @@ def _peak_memory(device: torch.device) -> int:
 def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
           vocab_size: int = 65, generation: bool = True, stream_tokens: int = 0,
           echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure training and generation speed of ``cfg``'s model on its device (the module docstring).
-
-    ``iters`` timed optimizer steps follow ``warmup`` untimed ones; generation continues a ``prompt_len``-token
-    random prompt by ``max_new_tokens``. ``vocab_size`` stands for a null ``model.vocab_size`` (with
-    ``stream_tokens``, the tokenizer's size: the corpus is downloaded and the tokenizer trained if missing).
-    Returns a JSON-ready dict (``train_tokens_per_sec``, ``mfu``, ..., and the settings).
-
-    Raises:
-        MinigptError: impossible sizes (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's,
-            no corpus.
-    """
+    """Measure training and generation speed of ``cfg``'s model on its device: a JSON-ready dict. ``vocab_size`` stands
+    for a null ``model.vocab_size`` (with ``stream_tokens``: the tokenizer's). Raises MinigptError: impossible sizes
+    (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's, no corpus."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    mc = cfg.model
-    tok = None
+    mc, tok = cfg.model, None
     if stream_tokens > 0:
-        from ..data.pipeline import configured_corpus, ensure_tokenizer
+        from ..data.pipeline import configured_corpus, ensure_tokenizer, with_vocab
 
         corpus, root = configured_corpus(cfg, echo)
-        tok, tok_path = ensure_tokenizer(cfg, corpus, echo, root)
-        if mc.vocab_size is not None and mc.vocab_size < tok.vocab_size:
-            raise MinigptError(f"model.vocab_size {mc.vocab_size} is smaller than the tokenizer's {tok.vocab_size} "
-                               f"entries ({tok_path}); raise it or set it to null")
-        vocab_size = tok.vocab_size
+        tok, _ = ensure_tokenizer(cfg, corpus, echo, root)
+        mc = with_vocab(cfg, tok.vocab_size).model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})
     tc = cfg.train
@@ -294,56 +268,59 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     return out
 
 
+def _row(label: str, value: str, note: str = "") -> str:
+    """One line of :func:`format_bench`'s table: the label, the value right-aligned, a note in brackets."""
+    return f"{label:<27}{value:>14}" + (f"   ({note})" if note else "")
+
+
 def format_bench(r: dict[str, Any]) -> str:
     """A readable table of :func:`bench`'s result."""
+    flops = {k: P.human_flops(r[k]) + "/s" for k in ("achieved_flops", "peak_flops")}
+    memory = "(CUDA allocator)" if r["device"].startswith("cuda") else "(process max RSS)"
     lines = [
         f"device {r['device']}, {r['dtype']}, {r['torch_threads']} thread{'s' if r['torch_threads'] != 1 else ''}, "
         f"compile {r['compile']}",
         f"model {r['parameters']:,} parameters; batch {r['batch_size']} x block {r['block_size']} "
         f"x accum {r['grad_accum_steps']}; linear layers on {r['linear_kernel']}; dropout: {r['dropout_kernel']}",
         "",
-        f"training tokens/s          {r['train_tokens_per_sec']:>14,.0f}",
-        f"ms per optimizer step      {r['ms_per_step']:>14.1f}",
-        f"model FLOPs per token      {r['flops_per_token']:>14,}   (6N + 12·L·H·Q·T, PaLM app. B)",
-        f"model FLOPs per step       {r['flops_per_step']:>14,}",
-        f"achieved                   {P.human_flops(r['achieved_flops']) + '/s':>14}",
-        f"peak (measured)            {P.human_flops(r['peak_flops']) + '/s':>14}   ({r['peak_matmul']})",
-        *(f"  {kernel + ' peak':<24} {P.human_flops(f) + '/s':>14}"
+        _row("training tokens/s", f"{r['train_tokens_per_sec']:,.0f}"),
+        _row("ms per optimizer step", f"{r['ms_per_step']:.1f}"),
+        _row("model FLOPs per token", f"{r['flops_per_token']:,}", "6N + 12·L·H·Q·T, PaLM app. B"),
+        _row("model FLOPs per step", f"{r['flops_per_step']:,}"),
+        _row("achieved", flops["achieved_flops"]),
+        _row("peak (measured)", flops["peak_flops"], r["peak_matmul"]),
+        *(_row(f"  {kernel} peak", P.human_flops(f) + "/s")
           for kernel, f in r["peak_flops_by_kernel"].items() if len(r["peak_flops_by_kernel"]) > 1),
-        f"MFU                        {r['mfu']:>14.3f}   (against the fastest peak)",
-        *(f"  {'against ' + kernel + ' peak':<24} {m:>14.3f}" + ("   (above 1: the model's products run on a "
-                                                                 "faster kernel)" if m > 1 else "")
-          for kernel, m in r["mfu_by_kernel"].items() if len(r["mfu_by_kernel"]) > 1),
-        f"peak memory {'(CUDA allocator)' if r['device'].startswith('cuda') else '(process max RSS)':<16}"
-        f"{P.human_bytes(r['peak_memory_bytes']):>14}",
+        _row("MFU", f"{r['mfu']:.3f}", "against the fastest peak"),
+        *(_row(f"  against {kernel} peak", f"{m:.3f}", "above 1: the model's products run on a faster kernel"
+               if m > 1 else "") for kernel, m in r["mfu_by_kernel"].items() if len(r["mfu_by_kernel"]) > 1),
+        _row(f"peak memory {memory}", P.human_bytes(r["peak_memory_bytes"])),
     ]
     if "gen_tokens_per_sec_cached" in r:
         lines += [
             "",
             f"generation ({r['max_new_tokens']} new tokens, prompt {r['prompt_len']}, "
             f"window stride {r['window_stride']})",
-            f"  with KV cache tokens/s   {r['gen_tokens_per_sec_cached']:>14,.1f}",
-            f"  without cache tokens/s   {r['gen_tokens_per_sec_uncached']:>14,.1f}",
-            f"  speed-up                 {r['gen_speedup']:>14.2f}x",
+            _row("  with KV cache tokens/s", f"{r['gen_tokens_per_sec_cached']:,.1f}"),
+            _row("  without cache tokens/s", f"{r['gen_tokens_per_sec_uncached']:,.1f}"),
+            _row("  speed-up", f"{r['gen_speedup']:.2f}") + "x",
             f"  {r['gen_batch']} samples, batch tokens/s {r['gen_tokens_per_sec_batched']:>11,.1f}   "
             f"({r['gen_batched_speedup']:.2f}x one sample's)",
         ]
         if r["gen_tokens_per_sec_compiled"] is not None:
             same = "the same tokens" if r["gen_compiled_tokens_equal"] else "tokens DIFFER from the eager cache's"
-            lines.append(f"  compiled tokens/s        {r['gen_tokens_per_sec_compiled']:>14,.1f}   "
-                         f"({r['gen_compiled_speedup']:.2f}x eager; compiled in {r['gen_compile_seconds']:.1f} s; "
-                         f"{same})")
+            lines.append(_row("  compiled tokens/s", f"{r['gen_tokens_per_sec_compiled']:,.1f}",
+                              f"{r['gen_compiled_speedup']:.2f}x eager; compiled in {r['gen_compile_seconds']:.1f} s; "
+                              f"{same}"))
         else:
-            lines.append(f"  compiled tokens/s        {'n/a':>14}   ({r['gen_compiled_note']})")
+            lines.append(_row("  compiled tokens/s", "n/a", r["gen_compiled_note"]))
     if "stream_overhead" in r:
         sec, txt = r["stream_seconds"], r["stream_text_seconds"]
         lines += [
             "",
             f"streaming ({r['stream_tokens']} new tokens, {r['stream_tokenizer']} tokenizer, KV cache)",
-            f"  decoded at the end s     {sec['plain']:>14.3f}   (text {txt['plain']:.3f})",
-            f"  streamed s               {sec['stream']:>14.3f}   (text {txt['stream']:.3f}; "
-            f"overhead {r['stream_overhead']:+.1%})",
-            f"  streamed with --stop s   {sec['stop']:>14.3f}   (text {txt['stop']:.3f}; "
-            f"overhead {r['stop_overhead']:+.1%})",
+            _row("  decoded at the end s", f"{sec['plain']:.3f}", f"text {txt['plain']:.3f}"),
+            *(_row(label, f"{sec[mode]:.3f}", f"text {txt[mode]:.3f}; overhead {r[mode + '_overhead']:+.1%}")
+              for mode, label in (("stream", "  streamed s"), ("stop", "  streamed with --stop s"))),
         ]
     return "\n".join(lines)

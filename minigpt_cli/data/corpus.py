@@ -1,10 +1,7 @@
 """A corpus: the text files ``data.path`` names (or a named download), read as documents, in a stream.
 
-``data.path`` is a UTF-8 file, a folder (its ``*.txt`` and ``*.jsonl``, recursively, sorted) or a glob. A
-text file is one document; a JSON Lines file one per line (field ``data.text_field``). :func:`documents`
-reads blocks of :data:`BLOCK` bytes and :func:`cut_pieces` cuts only where GPT-2's pre-tokenizer cuts, so
-encoding the pieces one by one gives the ids of the whole document. Every failure is one line
-(:data:`MESSAGES`); a read's is made in one place, :func:`_reading`.
+:func:`cut_pieces` cuts only where GPT-2's pre-tokenizer cuts, so encoding the pieces one by one gives the ids
+of the whole document. Every failure is one line (:data:`MESSAGES`).
 """
 
 from __future__ import annotations
@@ -15,12 +12,12 @@ import hashlib
 import json
 import os
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from ..errors import MinigptError
+from ..fileio import errors_as
 
 #: Files a folder contributes; anything else in it is left out.
 TEXT_SUFFIXES = (".txt",)
@@ -31,8 +28,7 @@ BLOCK = 1 << 22
 PIECE_CHARS = 1 << 11
 #: A stretch this many times :data:`PIECE_CHARS` with no place where GPT-2's split cuts is cut anyway.
 HARD_CUT_FACTOR = 64
-#: With at least this many documents the validation split is whole documents (the last ones); with fewer,
-#: the tail fraction of the text.
+#: With at least this many documents the validation split is the last whole documents, else the text's tail.
 MANY_DOCUMENTS = 10
 
 #: Every message, by kind.
@@ -64,8 +60,8 @@ def _error(message: str, **fields: object) -> MinigptError:
 
 @dataclass(frozen=True)
 class CorpusFile:
-    """One input file: resolved path, size in bytes, sha256, whether JSON Lines, and name (the path
-    relative to the folder holding all the corpus's files: what identifies it, wherever that is)."""
+    """One input file: resolved path, size in bytes, sha256, whether JSON Lines, and name (relative to the
+    folder holding all the corpus's files)."""
 
     path: Path
     size: int
@@ -148,20 +144,15 @@ def _is_input(p: Path, root: Path) -> bool:
 
 def _once(paths: Iterable[Path]) -> list[Path]:
     """``paths`` without a second name for a file seen already (a symbolic link to it, ...), in order."""
-    seen: set[Path] = set()
-    out = []
+    first: dict[Path, Path] = {}
     for p in paths:
-        real = p.resolve()
-        if real not in seen:
-            seen.add(real)
-            out.append(p)
-    return out
+        first.setdefault(p.resolve(), p)
+    return list(first.values())
 
 
 def matching(source: str | Path) -> tuple[list[Path], str]:
-    """The files ``source`` names, in reading order, and (when none) the message kind that says so: a file;
-    a folder's ``*.txt``/``*.jsonl`` (recursive, sorted, hidden ones left out); or a glob's files (sorted).
-    A file reached twice (a symlink) is read once."""
+    """The files ``source`` names, in reading order (a file; a folder's ``*.txt``/``*.jsonl``, recursive,
+    sorted, hidden ones left out; a glob's files, sorted; each once), and the message kind when none."""
     text = str(source)
     p = Path(text).expanduser()
     if p.is_file():
@@ -173,47 +164,24 @@ def matching(source: str | Path) -> tuple[list[Path], str]:
     return [], "missing"
 
 
-def find_files(source: str | Path) -> list[Path]:
-    """:func:`matching`'s files.
+class _Reading(errors_as):
+    """The reads of ``path`` in a ``with`` block: an OSError, a byte that is not UTF-8 or a line that is not JSON
+    becomes the one line for that file; the block keeps ``offset`` (of the bytes being decoded) and ``line``
+    (JSON Lines) up to date for it."""
 
-    Raises:
-        MinigptError: nothing there, a folder without such files, a glob matching none.
-    """
-    found, kind = matching(source)
-    if not found:
-        raise _error(kind, source=str(source))
-    return found
-
-
-@dataclass
-class _Place:
-    """Where a read of a file is, for the message of a failure: the byte offset of the bytes being decoded
-    and (JSON Lines) the line number."""
-
-    offset: int = 0
-    line: int = 0
-
-
-@contextmanager
-def _reading(path: Path) -> Iterator[_Place]:
-    """The reads of ``path`` in the block: an OSError, a byte that is not UTF-8 or a line that is not JSON
-    becomes the one line for that file (the block keeps the :class:`_Place` it yields up to date)."""
-    at = _Place()
-    try:
-        yield at
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        if isinstance(exc, UnicodeDecodeError):
-            error = _error("not_utf8", path=str(path), reason=exc.reason, offset=at.offset + exc.start)
-        elif isinstance(exc, json.JSONDecodeError):
-            error = _error("bad_json", path=path, line=at.line, detail=f"{exc.msg} at column {exc.colno}")
-        else:
-            error = _error("unreadable", path=str(path), detail=exc.strerror or exc)
-        raise error from None
+    def __init__(self, path: Path):
+        self.offset = self.line = 0
+        super().__init__({
+            UnicodeDecodeError: lambda e: _error("not_utf8", path=str(path), reason=e.reason,
+                                                 offset=self.offset + e.start),
+            json.JSONDecodeError: lambda e: _error("bad_json", path=path, line=self.line,
+                                                   detail=f"{e.msg} at column {e.colno}"),
+            OSError: lambda e: _error("unreadable", path=str(path), detail=e.strerror or e)})
 
 
 def _sha256(path: Path, on_bytes: Callable[[int], None]) -> str:
     h = hashlib.sha256()
-    with _reading(path), open(path, "rb") as f:
+    with _Reading(path), open(path, "rb") as f:
         while block := f.read(BLOCK):
             h.update(block)
             on_bytes(len(block))
@@ -229,23 +197,21 @@ def _stem(source: str, files: Sequence[Path]) -> str:
 
 def open_corpus(source: str | Path, text_field: str = "text",
                 on_bytes: Callable[[int], None] = lambda n: None, name: Optional[str] = None) -> Corpus:
-    """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its
-    folder stem (default: from ``source``).
-
-    Raises:
-        MinigptError: as :func:`find_files`; an empty or unreadable file."""
-    found = find_files(source)
+    """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its stem. Raises
+    MinigptError: nothing there, a folder without such files, a glob matching none; a single empty file, an unreadable
+    one."""
+    found, kind = matching(source)
+    sizes = []
+    for p in found:
+        with _Reading(p):
+            sizes.append(p.stat().st_size)
+    if not found or sizes == [0]:
+        raise _error("empty" if found else kind, source=str(source), path=str(found[0]) if found else "")
     # Names are relative to the folder holding every file (a single file's: its own folder), as the user
     # named them (before symbolic links are followed).
     root = Path(os.path.commonpath([os.path.abspath(p.parent) for p in found]))
-    files = []
-    for p in found:
-        with _reading(p):
-            size = p.stat().st_size
-        if size == 0 and len(found) == 1:
-            raise _error("empty", path=str(p))
-        files.append(CorpusFile(p.resolve(), size, _sha256(p, on_bytes), p.suffix.lower() in JSONL_SUFFIXES,
-                                Path(os.path.abspath(p)).relative_to(root).as_posix()))
+    files = [CorpusFile(p.resolve(), size, _sha256(p, on_bytes), p.suffix.lower() in JSONL_SUFFIXES,
+                        Path(os.path.abspath(p)).relative_to(root).as_posix()) for p, size in zip(found, sizes)]
     return Corpus(str(source), name or _stem(str(source), found), tuple(files), text_field)
 
 
@@ -256,7 +222,7 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
     """The text of a UTF-8 file in blocks, each with the byte count it took; a leading BOM dropped."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, first = 0, True
-    with _reading(path) as at, open(path, "rb") as f:
+    with _Reading(path) as at, open(path, "rb") as f:
         while True:
             block = f.read(BLOCK)
             at.offset = offset - len(decoder.getstate()[0])  # the decoder still holds the last block's tail
@@ -273,7 +239,7 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
 
 def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
     """The documents of a JSON Lines file, each with the byte count of its line; blank lines empty."""
-    with _reading(path) as at, open(path, "rb") as f:
+    with _Reading(path) as at, open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             at.line = number
             line = raw.decode("utf-8")
@@ -348,11 +314,8 @@ def cut_pieces(chunks: Iterable[str], size: Optional[int] = None, special_tokens
 
 
 def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]]]:
-    """Each document of ``corpus`` as an iterator of its text, with a function giving the bytes read so far;
-    iterate a document's text before taking the next.
-
-    Raises:
-        MinigptError: a file unreadable, not UTF-8, or a bad JSON line, while reading."""
+    """Each document of ``corpus`` as an iterator of its text (to be read before the next), with the bytes read. Raises
+    MinigptError: a file unreadable, not UTF-8, or a bad JSON line, while reading."""
     done = [0]
 
     def read_so_far() -> int:
@@ -372,28 +335,17 @@ def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]
             yield counted(_text_blocks(f.path)), read_so_far
 
 
-@dataclass
-class Survey:
-    """What one reading pass found: the non-empty documents and their characters."""
-
-    n_documents: int
-    total_chars: int
-
-
-def survey(corpus: Corpus) -> Survey:
-    """Read ``corpus`` once, checking every file, and count its non-empty documents and their characters.
-
-    Raises:
-        MinigptError: as :func:`documents`, or no text at all."""
+def survey(corpus: Corpus) -> tuple[int, int]:
+    """Read ``corpus`` once, checking every file: its non-empty documents and their characters. Raises MinigptError: as
+    :func:`documents`, or no text at all."""
     lengths = [sum(map(len, blocks)) for blocks, _ in documents(corpus)]
     if not sum(lengths):
         raise _error("no_text", source=corpus.source)
-    return Survey(sum(n > 0 for n in lengths), sum(lengths))
+    return sum(n > 0 for n in lengths), sum(lengths)
 
 
 def corpus_text(corpus: Corpus, limit_chars: Optional[int] = None, separator: str = "\n\n") -> str:
-    """The documents joined by ``separator``, stopping after about ``limit_chars`` characters (at a piece's
-    end); for training a tokenizer."""
+    """The documents joined by ``separator``, stopping after about ``limit_chars`` characters (a piece's end)."""
     parts: list[str] = []
     n = 0
     for blocks, _ in documents(corpus):

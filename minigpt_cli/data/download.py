@@ -1,9 +1,6 @@
 """Download a named corpus (:data:`DATASETS`): streamed, checksummed, written atomically.
 
-The body streams into a partial file beside ``data/<dataset>/input.txt`` (:mod:`.download_files`) while
-its sha256 is computed; only a verified file is renamed over the target. urllib3's ``Retry`` retries. A
-network failure is classified in one place (:data:`_FAILURES`, :meth:`_Attempt.failing`), a file that
-cannot be written is :func:`~minigpt_cli.fileio.os_error_message`'s line; :data:`_MESSAGES` holds the text.
+A network failure is classified in one place (:data:`_FAILURES`); :data:`_MESSAGES` holds the text.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import os
 import re
 import sys
 import time
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from http import HTTPStatus
 from itertools import takewhile
@@ -29,7 +26,7 @@ from tqdm import tqdm
 
 from .. import paths
 from ..errors import MinigptError
-from ..fileio import os_error_message
+from ..fileio import errors_as, os_error_message
 from ..paths import corpus_path
 from .corpus import _sha256
 from .download_files import install, open_part, sweep_partial_files
@@ -46,16 +43,10 @@ class Dataset:
     url_env: str
 
 
-def url_variable(name: str) -> str:
-    """The environment variable naming a mirror of dataset ``name``: ``MINIGPT_<NAME>_URL``."""
-    return "MINIGPT_" + re.sub(r"[^A-Z0-9]+", "_", name.upper()) + "_URL"
-
-
 def datasets() -> dict[str, Dataset]:
-    """The corpora ``minigpt download`` knows, by name: the package's registry file
-    (:func:`~minigpt_cli.paths.dataset_registry`); a new one is a new entry there, no code."""
+    """The corpora ``minigpt download`` knows, by name (:func:`~minigpt_cli.paths.dataset_registry`)."""
     return {name: Dataset(name=name, url=e["url"], sha256=e["sha256"], size=int(e["size"]),
-                          url_env=url_variable(name))
+                          url_env="MINIGPT_" + re.sub(r"[^A-Z0-9]+", "_", name.upper()) + "_URL")
             for name, e in paths.dataset_registry().items()}
 
 
@@ -93,8 +84,7 @@ _MESSAGES = {
     "backup": "kept the earlier {path} (it failed the checksum) as {backup}",
 }
 
-#: The network failures of a download, before the answer (the request) and while its body is read, by
-#: exception (first match wins): their message kind. A file that cannot be written is not one of them.
+#: The network failures of a download's request and of its body's read, by exception (first match wins): their kind.
 _FAILURES: dict[str, tuple[tuple[tuple[type, ...], str], ...]] = {
     "request": (((requests.HTTPError,), "http_status"),  # raise_for_status: the answer is an HTTP error
                 ((requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
@@ -107,17 +97,9 @@ _FAILURES: dict[str, tuple[tuple[tuple[type, ...], str], ...]] = {
 }
 
 
-def _classify(exc: BaseException, phase: str) -> str | None:
-    """The message kind for ``exc`` ending ``phase``; None for anything else (a bug: let it through)."""
-    return next((kind for types, kind in _FAILURES[phase] if isinstance(exc, types)), None)
-
-
 def get_dataset(dataset: str | Dataset) -> Dataset:
-    """The :func:`datasets` entry named ``dataset`` (an entry is returned as is).
-
-    Raises:
-        MinigptError: an unknown name, listing the known ones.
-    """
+    """The :func:`datasets` entry named ``dataset`` (an entry as is). Raises MinigptError: an unknown name, listing the
+    known ones."""
     if isinstance(dataset, Dataset):
         return dataset
     known = datasets()
@@ -127,8 +109,7 @@ def get_dataset(dataset: str | Dataset) -> Dataset:
 
 
 def resolve_url(url: str | None = None, dataset: str | Dataset = DATASET) -> str:
-    """The address to download from: ``url`` (``--url``), else the dataset's variable
-    (``$MINIGPT_TINYSHAKESPEARE_URL``), else its default. Blank values count as not given."""
+    """``url`` (``--url``), else the dataset's variable, else its default; a blank value is not given."""
     ds = get_dataset(dataset)
     if url is not None and url.strip():
         return url.strip()
@@ -136,8 +117,7 @@ def resolve_url(url: str | None = None, dataset: str | Dataset = DATASET) -> str
 
 
 def file_ok(path: str | Path, dataset: str | Dataset = DATASET) -> bool:
-    """True when ``path`` is a regular file holding exactly the genuine corpus of ``dataset``
-    (the size is compared before hashing); an unreadable file counts as not OK."""
+    """Whether ``path`` is a readable regular file holding exactly the genuine corpus of ``dataset``."""
     ds, p = get_dataset(dataset), Path(path)
     with suppress(OSError, MinigptError):  # unreadable: not OK
         return p.is_file() and p.stat().st_size == ds.size and _sha256(p, lambda n: None) == ds.sha256
@@ -145,8 +125,7 @@ def file_ok(path: str | Path, dataset: str | Dataset = DATASET) -> bool:
 
 
 def url_corpus_on_disk(data_dir: str | Path, dataset: str, url: str | None) -> bool:
-    """Whether ``data.url`` is set while the named corpus is already on disk and genuine (the note that
-    the url is not fetched); not hashed when no url is set."""
+    """Whether ``data.url`` is set while the named corpus is already on disk and genuine (so not fetched)."""
     return bool(url and url.strip()) and file_ok(corpus_path(data_dir, dataset), dataset)
 
 
@@ -154,8 +133,8 @@ def url_corpus_on_disk(data_dir: str | Path, dataset: str, url: str | None) -> b
 
 
 def _session(retries: int, backoff_factor: float) -> requests.Session:
-    """A session that retries failed connections and 429/5xx answers to GET, then hands back the
-    last 5xx answer (no RetryError), so the message can say "HTTP 503 Service Unavailable"."""
+    """A session that retries failed connections and 429/5xx answers to GET, then hands back the last
+    answer (no RetryError), so the message can say "HTTP 503 Service Unavailable"."""
     retry = urllib3.util.Retry(total=retries, backoff_factor=backoff_factor, status_forcelist=_RETRY_STATUSES,
                                allowed_methods=["GET"], raise_on_status=False)
     session, adapter = requests.Session(), HTTPAdapter(max_retries=retry)
@@ -183,9 +162,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _reason(exc: BaseException, timeout: float, retries: int, elapsed: float) -> str:
-    """A short reason for a network failure, from the chain requests > urllib3 > socket: the operating
-    system's error ("Connection refused") first, a phrase for a body cut short or a timeout (retried: how
-    many attempts, in ``elapsed`` seconds), else the outermost message."""
+    """A short reason for a network failure: the operating system's error ("Connection refused") first, a
+    phrase for a body cut short or a timeout, else the outermost message."""
     chain = list(_chain(exc))
     if any(isinstance(e, http.client.IncompleteRead) for e in chain):
         return "the server closed the connection early"
@@ -243,17 +221,12 @@ class _Attempt:
             fields.update(status=_one_line(f"HTTP {code} {phrase}"))
         return MinigptError(_MESSAGES[kind].format(**fields, **extra))
 
-    @contextmanager
-    def failing(self, phase: str) -> Iterator[None]:
+    def failing(self, phase: str) -> errors_as:
         """A network failure that ends ``phase`` (:data:`_FAILURES`) as its one-line :class:`MinigptError`."""
-        try:
-            yield
-        except tuple(t for types, _ in _FAILURES[phase] for t in types) as exc:
-            raise self.error(_classify(exc, phase), exc) from None
+        return errors_as({types: lambda exc, kind=kind: self.error(kind, exc) for types, kind in _FAILURES[phase]})
 
     def check(self, resp: requests.Response) -> None:
-        """Refuse a Content-Length other than the dataset's size (not compared with a Content-Encoding:
-        gzip's counts compressed bytes)."""
+        """Refuse a Content-Length other than the dataset's size (gzip's counts compressed bytes: not compared)."""
         self.encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
         with suppress(KeyError, ValueError):
             if self.encoding in ("", "identity"):
@@ -266,36 +239,37 @@ class _Attempt:
             yield from (chunk for chunk in resp.iter_content(chunk_size=_CHUNK) if chunk)
 
     def save(self, resp: requests.Response, progress: bool | None) -> None:
-        """Stream the body into :attr:`part` with a tqdm bar on stderr, fsync it, and check its sha256.
-
-        A body shorter than announced is "cut off": urllib3 raises IncompleteRead first, and the checksum
-        is the backstop that names it."""
-        digest = hashlib.sha256()
+        """Stream the body into :attr:`part` with a tqdm bar on stderr, fsync it, and check its sha256 (the
+        backstop naming a body cut short)."""
+        digest, over = hashlib.sha256(), False
         with self.part as f, tqdm(total=self.total, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
                                   desc=str(self.dest), file=sys.stderr,
                                   disable=None if progress is None else not progress) as bar:  # None: a terminal
             for chunk in self._chunks(resp):
-                if self.received + len(chunk) > self.ds.size:  # a server streaming without end must not fill the disk
-                    raise self.error("too_long")
+                over = self.received + len(chunk) > self.ds.size  # a server streaming without end: not on disk
+                if over:
+                    break
                 f.write(chunk)
                 digest.update(chunk)
                 self.received += len(chunk)
                 bar.update(len(chunk))
             f.flush()
             os.fsync(f.fileno())
-        if digest.hexdigest() != self.ds.sha256:
+        if over or digest.hexdigest() != self.ds.sha256:
             short = self.total is not None and self.received < self.total
-            raise self.error("cut_short" if short else "checksum", got=digest.hexdigest())
+            raise self.error("too_long" if over else "cut_short" if short else "checksum", got=digest.hexdigest())
 
 
 def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout: float, retries: int,
            backoff_factor: float, mirror_hint: str) -> Path | None:
-    """Stream ``url`` into ``dest`` atomically (see :func:`download`); return where a differing
-    file that was at ``dest`` was kept, or None."""
+    """Stream ``url`` into ``dest`` atomically; return where a differing file at ``dest`` was kept, or None."""
     att = _Attempt(ds, _redact(url), dest, mirror_hint, timeout, retries)
     created = list(takewhile(lambda d: not d.exists() and d != d.parent, [dest.parent, *dest.parent.parents]))
+    # The network's failures are MinigptErrors by now: an OSError is a file that cannot be written.
+    written = errors_as({OSError: lambda exc: MinigptError(os_error_message(exc, None if exc.filename else dest,
+                                                                            "write"))})
     try:
-        with _session(retries, backoff_factor) as session:
+        with written, _session(retries, backoff_factor) as session:
             att.started = time.monotonic()
             with att.failing("request"):
                 resp = session.get(url, stream=True, timeout=timeout)
@@ -304,11 +278,9 @@ def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout:
                 att.check(resp)
                 att.part = open_part(dest)
                 att.save(resp, progress)
-        backup = install(att.part.name, dest, genuine=lambda p: file_ok(p, ds))
-        att.part = None
-        return backup
-    except OSError as exc:  # the network's are MinigptErrors by now: this is a file that cannot be written
-        raise MinigptError(os_error_message(exc, None if exc.filename else dest, "write")) from None
+            backup = install(att.part.name, dest, genuine=lambda p: file_ok(p, ds))
+            att.part = None
+            return backup
     finally:
         # Leave no trace of a failed download: the partial file and the (now empty) folders we made,
         # deepest first; after a success the part is installed and the folder holds it.
@@ -323,29 +295,19 @@ def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout:
 def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | None = None, force: bool = False,
              progress: bool | None = None, timeout: float = 30.0, retries: int = 3, backoff_factor: float = 0.5,
              mirror_hint: str | None = None) -> tuple[Path, bool]:
-    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus (the README's "Data" says how).
-
-    A genuine file there is kept and no request made (unless ``force``); one that fails the checksum is
-    downloaded again and kept as ``input.txt.bak`` (``.bak-N``). ``url`` None: :func:`resolve_url`;
-    ``progress`` None: a bar only on a terminal; ``timeout``: seconds to connect and between bytes;
-    ``retries``, ``backoff_factor``: urllib3 ``Retry``'s; ``mirror_hint``: how the user names another mirror
-    (default: the dataset's variable). A failure leaves no new file or folder behind.
-
-    Returns:
-        ``(path, downloaded)``: the corpus path and whether it was downloaded now.
-
-    Raises:
-        MinigptError: one line naming the URL, the problem and the fix (:data:`_MESSAGES`), or the file.
-    """
+    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus (the README's "Data" says how); return
+    ``(path, downloaded now)``. ``timeout``: seconds to connect and between bytes; ``mirror_hint``: how the user names
+    another mirror. A failure leaves no new file or folder behind. Raises MinigptError: one line naming the URL, the
+    problem and the fix (:data:`_MESSAGES`), or the file."""
     ds = get_dataset(dataset)
     url = resolve_url(url, ds)
     path = corpus_path(data_dir, ds.name)
-    if path.is_dir():
-        raise MinigptError(_MESSAGES["is_folder"].format(path=path))
+    unreadable = path.is_file() and not os.access(path, os.R_OK)
+    if path.is_dir() or unreadable:  # the user's to fix, never replaced as a failed checksum
+        raise MinigptError(os_error_message(OSError(errno.EACCES, os.strerror(errno.EACCES)), path, "read")
+                           if unreadable else _MESSAGES["is_folder"].format(path=path))
     if path.parent.is_dir() and (swept := sweep_partial_files(path.parent)):  # even when the corpus is there
         tqdm.write(_MESSAGES["swept"].format(n=len(swept), folder=path.parent), file=sys.stderr)
-    if path.is_file() and not os.access(path, os.R_OK):  # the user's to fix, never replaced as a failed checksum
-        raise MinigptError(os_error_message(OSError(errno.EACCES, os.strerror(errno.EACCES)), path, "read"))
     exists = path.exists()
     good = exists and file_ok(path, ds)
     if good and not force:
@@ -360,5 +322,5 @@ def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | N
 
 
 def download_tinyshakespeare(data_dir: str | Path = "data", **kwargs) -> tuple[Path, bool]:
-    """:func:`download` of Tiny Shakespeare into ``<data_dir>/tinyshakespeare/input.txt``; same arguments and errors."""
+    """:func:`download` of Tiny Shakespeare."""
     return download(DATASET, data_dir, **kwargs)

@@ -1,9 +1,4 @@
-"""Where a download writes: a locked partial file, the sweep of stale ones, the final rename.
-
-A download streams into ``.input.txt.<random>.part`` beside its target, holding an exclusive ``flock`` on
-it; a later download removes only partial files that are unlocked and stale. The verified file is renamed
-over the target, a user's own differing file there kept under a backup name first.
-"""
+"""Where a download writes: a partial file locked by ``flock``, the sweep of stale ones, the final rename."""
 
 from __future__ import annotations
 
@@ -29,16 +24,16 @@ PART_GLOB = f".{CORPUS_FILE}.*.part"
 _STALE_AFTER_S = 5.0 if fcntl is not None else 3600.0
 
 
-def sweep_partial_files(folder: Path) -> list[Path]:
-    """Delete the partial downloads (:data:`PART_GLOB`) a killed earlier download left in ``folder``: those
-    unlocked and unmodified for a few seconds (without ``fcntl``: an hour). Returns the files removed."""
+def sweep_partial_files(folder: Path, pattern: str = PART_GLOB, stale_after: float = _STALE_AFTER_S) -> list[Path]:
+    """Delete (and return) the partial files (a download's, or ``pattern``) a killed process left in ``folder``:
+    unlocked and untouched for ``stale_after`` seconds."""
     removed = []
     with suppress(OSError):
-        candidates = sorted(folder.glob(PART_GLOB))
+        candidates = sorted(folder.glob(pattern))
         now = time.time()
         for part in candidates:
             with suppress(OSError):
-                if not part.is_file() or part.is_symlink() or now - part.stat().st_mtime < _STALE_AFTER_S:
+                if not part.is_file() or part.is_symlink() or now - part.stat().st_mtime < stale_after:
                     continue
                 with open(part, "rb") as f:
                     if fcntl is not None:
@@ -49,8 +44,7 @@ def sweep_partial_files(folder: Path) -> list[Path]:
 
 
 def open_part(dest: Path) -> IO[bytes]:
-    """A new partial file beside ``dest`` (:data:`PART_GLOB`), locked to tell
-    :func:`sweep_partial_files` of a later download that this one is alive."""
+    """A new partial file beside ``dest``, locked to tell a later download's sweep that this one is alive."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = tempfile.NamedTemporaryFile(dir=dest.parent, delete=False, prefix=f".{CORPUS_FILE}.", suffix=".part")
     with suppress(OSError):
@@ -60,12 +54,8 @@ def open_part(dest: Path) -> IO[bytes]:
 
 
 def back_up(path: Path, genuine: Callable[[Path], bool]) -> Path | None:
-    """Keep the user's own file at ``path`` (one that fails the checksum) under a backup name; return it.
-
-    It is hard-linked to ``input.txt.bak`` (else the first free ``.bak-N``), so ``path`` stays in place until
-    the verified download replaces it; where links are not possible it is renamed. Nothing is kept (None)
-    for an absent, empty or genuine file, or a symlink (replacing a link leaves its target untouched).
-    """
+    """Keep the user's own file at ``path`` (failing the checksum) as ``input.txt.bak`` (``.bak-N``): hard-linked,
+    so it stays in place until replaced, else renamed. None for an absent, empty or genuine file, or a symlink."""
     if path.is_symlink() or not path.is_file() or path.stat().st_size == 0 or genuine(path):
         return None
     names = (path.with_name(f"{path.name}.bak{f'-{n}' if n else ''}") for n in count())
@@ -80,18 +70,16 @@ def back_up(path: Path, genuine: Callable[[Path], bool]) -> Path | None:
 
 
 def install(part: str, dest: Path, genuine: Callable[[Path], bool]) -> Path | None:
-    """Rename the verified ``part`` over ``dest``, keeping a differing file there (:func:`back_up`).
-
-    Returns the backup, or None. On failure the user's file stays where it was.
-    """
+    """Rename the verified ``part`` over ``dest``, keeping a differing file there; return the backup, or None."""
     os.chmod(part, new_file_mode())  # NamedTemporaryFile creates mode 0600; give the corpus the usual mode
     backup = back_up(dest, genuine)
+    replaced = False
     try:
         os.replace(part, dest)
-    except OSError:
-        if backup is not None and not os.path.lexists(dest):  # undo the backup
+        replaced = True
+    finally:
+        if not replaced and backup is not None and not os.path.lexists(dest):  # undo the backup
             os.rename(backup, dest)
-        elif backup is not None:
+        elif not replaced and backup is not None:
             os.remove(backup)
-        raise
     return backup

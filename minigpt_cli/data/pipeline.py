@@ -1,6 +1,4 @@
-"""The config's corpus, tokenizer and token files made ready (:func:`prepare_data`, ``train``'s data steps),
-and the batches drawn from token memmaps (:class:`BatchSampler`, :func:`eval_offsets`).
-"""
+"""The config's corpus, tokenizer and token files made ready (:func:`prepare_data`), and the batches drawn."""
 
 from __future__ import annotations
 
@@ -14,17 +12,16 @@ import torch
 
 from ..config.schema import Config
 from ..config.special_tokens import END_OF_TEXT
-from ..errors import MinigptError
+from ..errors import MinigptError, refuse
 from ..fileio import check_writable
 from ..paths import corpus_path, dataset_dir, default_tokenizer_path
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_tokenizer
-from ..tokenizer.training import MAX_VOCAB_SIZE, check_vocab_size, train_tokenizer
+from ..tokenizer.training import check_vocab_size, train_tokenizer
 from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, matching, open_corpus
 from .preparation import PreparedData, prepare
 
-#: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus
-#: (its first documents); the char tokenizer reads all of it (every character needs an id).
+#: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus, its first.
 TOKENIZER_TRAIN_CHARS = 64 << 20
 
 
@@ -38,10 +35,8 @@ _FINGERPRINT = ("the corpus is not the one data.fingerprint names ({want}…; no
 
 
 def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
-    """The named dataset's corpus file, downloaded (saying so) when missing or failing its checksum.
-
-    Raises:
-        MinigptError: the download failed; with ``data.url`` set, the fix says it must be a mirror."""
+    """The named dataset's corpus file, downloaded (saying so). Raises MinigptError: the download failed; with
+    ``data.url`` set, the fix says it must be a mirror."""
     from .download import download
 
     log(f"{corpus_path(cfg.data.data_dir, cfg.data.dataset)} not found or incomplete; downloading it first")
@@ -50,11 +45,8 @@ def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bo
 
 
 def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Corpus]:
-    """The config's corpus when it can be read without a download, its files hashed once: ``data.path``'s
-    (a bar in bytes when ``progress``), or the named dataset's genuine file; else None.
-
-    Raises:
-        MinigptError: a ``data.path`` that names nothing readable."""
+    """The config's corpus when it can be read without a download (``data.path``'s, or the named dataset's genuine
+    file), hashed once; else None. Raises MinigptError: a ``data.path`` that names nothing readable."""
     from tqdm import tqdm
 
     from .download import get_dataset
@@ -75,17 +67,15 @@ def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Co
 
 
 def corpus_root(cfg: Config, corpus: Optional[Corpus]) -> Path:
-    """The folder of a corpus's tokenizers and token files: ``<data_dir>/<dataset>/`` for the named
-    dataset, ``<data_dir>/<name>-<fingerprint[:12]>/`` for ``data.path`` (an edited corpus gets its own)."""
+    """The folder of a corpus's tokenizers and token files: ``<data_dir>/<dataset>/``, or for ``data.path``
+    ``<data_dir>/<name>-<fingerprint[:12]>/``."""
     dc = cfg.data
     return dataset_dir(dc.data_dir, dc.dataset) if dc.path is None else corpus.folder(dc.data_dir)
 
 
 def configured_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> tuple[Corpus, Path]:
-    """The corpus the config names (downloaded first when missing) and its folder (:func:`corpus_root`).
-
-    Raises:
-        MinigptError: a ``data.path`` that names nothing readable, or a failed download."""
+    """The corpus the config names (downloaded first when missing) and its folder (:func:`corpus_root`). Raises
+    MinigptError: a ``data.path`` that names nothing readable, or a failed download."""
     corpus = corpus_on_disk(cfg, progress)
     if corpus is None:
         corpus = open_corpus(ensure_corpus(cfg, log, progress), cfg.data.text_field, name=cfg.data.dataset)
@@ -98,11 +88,8 @@ _RUN_CORPUS_GONE = ("run {run} trained on a corpus that is gone: nothing at {pat
 
 
 def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
-    """A run's config with its corpus found from any folder (``data.data_dir`` and ``data.path`` as
-    ``train`` read them), for ``evaluate``, ``compare`` and ``inspect``.
-
-    Raises:
-        MinigptError: a ``data.path`` corpus found nowhere, naming where it was."""
+    """A run's config with its corpus found from any folder (``data.data_dir``, ``data.path`` as ``train`` read them).
+    Raises MinigptError: a ``data.path`` corpus found nowhere, naming where it was."""
     bases = runs.training_dirs(run_dir, cfg.train.out_dir)
     if not bases:
         return cfg
@@ -135,9 +122,8 @@ _RUN_CORPUS_CHANGED = ("corpus file {path} was {what} since run {run} trained on
 
 
 def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
-    """What differs between a checkpoint's record of its corpus's files (``meta.json``) and ``corpus``
-    now: (path now, or where a removed one was; ``changed``, ``removed``, ``added`` or ``reordered``; for a
-    changed file its sha256 and size then and now, else "")."""
+    """What differs between a checkpoint's record of its corpus's files (``meta.json``) and ``corpus`` now:
+    (path, ``changed``/``removed``/``added``/``reordered``, a changed file's sha256 and size then and now)."""
     now_records = corpus.records()
     found = changed_file(before, now_records)
     if found is None:
@@ -157,8 +143,7 @@ def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
 
 def run_corpus_change(want: Optional[str], corpus: Corpus, run_dir: Path,
                       checkpoints: Sequence[str] = (runs.BEST, runs.LAST)) -> Optional[tuple[str, str, str]]:
-    """None when ``corpus`` is the one the run's fingerprint ``want`` names (or it records none);
-    else :func:`corpus_change` from the first of ``checkpoints`` that records its files."""
+    """None when ``corpus`` is the one ``want`` names (or none is named); else :func:`corpus_change`."""
     if want is None or corpus.matches(want):
         return None
     before: list[dict] = []
@@ -170,30 +155,22 @@ def run_corpus_change(want: Optional[str], corpus: Corpus, run_dir: Path,
     return corpus_change(before, corpus)
 
 
-def check_run_corpus(cfg: Config, corpus: Corpus, run_dir: Path) -> None:
-    """Refuse to read a run's splits from another corpus than it trained on, naming the file that differs.
-
-    Raises:
-        MinigptError: the run's fingerprint names another corpus."""
-    change = run_corpus_change(cfg.data.fingerprint, corpus, run_dir)
-    if change is not None:
-        path, what, detail = change
-        raise MinigptError(_RUN_CORPUS_CHANGED.format(path=path, what=what, run=run_dir, detail=detail))
-
-
-def check_fingerprint(cfg: Config, corpus: Corpus) -> None:
-    """Refuse a corpus other than the one ``data.fingerprint`` names (when set).
-
-    Raises:
-        MinigptError: the fingerprints differ."""
+def check_corpus(cfg: Config, corpus: Corpus, run_dir: Optional[Path] = None) -> None:
+    """Refuse a corpus other than the one ``data.fingerprint`` names (when set); with ``run_dir``, the run's splits read
+    from it, naming the file that differs. Raises MinigptError: the fingerprint names another corpus."""
     want = cfg.data.fingerprint
-    if want is not None and not corpus.matches(want):
-        raise MinigptError(_FINGERPRINT.format(want=want[:12], got=corpus.fingerprint[:12]))
+    if want is None or corpus.matches(want):
+        return
+    if run_dir is None:
+        refusal = _FINGERPRINT.format(want=want[:12], got=corpus.fingerprint[:12])
+    else:
+        path, what, detail = run_corpus_change(want, corpus, run_dir)
+        refusal = _RUN_CORPUS_CHANGED.format(path=path, what=what, run=run_dir, detail=detail)
+    raise MinigptError(refusal)
 
 
 def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
-    """The configured tokenizer file: ``tokenizer.path``, else :func:`~minigpt_cli.paths.default_tokenizer_path`
-    in ``root``, the corpus's folder (default: the named dataset's)."""
+    """``tokenizer.path``, else :func:`~minigpt_cli.paths.default_tokenizer_path` in ``root`` (the corpus's folder)."""
     tc = cfg.tokenizer
     if tc.path:
         return Path(tc.path)
@@ -203,35 +180,35 @@ def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
 
 #: How a tokenizer file can disagree with the config (checked in this order), and the fix.
 _DISAGREES = {
-    "kind": "holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; fix tokenizer.path or tokenizer.kind",
-    "special": "lacks the special tokens {missing} that tokenizer.special_tokens names; delete the file to "
-               "train it again, or fix the config",
-    "size": "has {tok.vocab_size:,} entries but tokenizer.vocab_size is {tc.vocab_size:,}; delete the file to "
-            "train it again, or set tokenizer.vocab_size: {tok.vocab_size}",
+    "kind": "tokenizer file {path!r} holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; fix "
+            "tokenizer.path or tokenizer.kind",
+    "special": "tokenizer file {path!r} lacks the special tokens {missing} that tokenizer.special_tokens names; "
+               "delete the file to train it again, or fix the config",
+    "size": "tokenizer file {path!r} has {tok.vocab_size:,} entries but tokenizer.vocab_size is {tc.vocab_size:,}; "
+            "delete the file to train it again, or set tokenizer.vocab_size: {tok.vocab_size}",
 }
 
 
-def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
-    """Load the tokenizer file ``path`` and check that it agrees with the config (:data:`_DISAGREES`).
+#: The fix for a kind hf tokenizer file that cannot be read.
+_HF_FIX = "tokenizer.kind hf reads a Hugging Face tokenizer.json: fix tokenizer.path (or model.init_from)"
 
-    Raises:
-        MinigptError: an unreadable file, or one that disagrees with the config.
-    """
+
+def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
+    """Load the tokenizer file ``path`` and check that it agrees with the config (:data:`_DISAGREES`). Raises
+    MinigptError: an unreadable file, or one that disagrees with the config."""
     tc = cfg.tokenizer
-    tok = load_tokenizer(path, tc.kind)
+    tok = load_tokenizer(path, tc.kind, fix=_HF_FIX if tc.kind == "hf" else None)
     missing = [s for s in tc.special_tokens if s not in tok.special_tokens]
     sized = tc.kind != "char" and tc.vocab_size is not None  # a char tokenizer's alphabet decides its size
-    disagrees = next((k for k, differs in (("kind", tok.kind != tc.kind), ("special", bool(missing)),
-                                          ("size", sized and tok.vocab_size != tc.vocab_size)) if differs), None)
-    if disagrees is not None:
-        raise MinigptError(f"tokenizer file {str(path)!r} " + _DISAGREES[disagrees].format(
-            tok=tok, tc=tc, missing=", ".join(map(repr, missing))))
+    refuse([(tok.kind != tc.kind, "kind"), (bool(missing), "special"),
+            (sized and tok.vocab_size != tc.vocab_size, "size")], _DISAGREES,
+           path=str(path), tok=tok, tc=tc, missing=", ".join(map(repr, missing)))
     return tok
 
 
 def training_texts(corpus: Corpus, special_tokens: Sequence[str], limit_chars: Optional[int] = None) -> Iterator[str]:
-    """The corpus as a tokenizer learns it: every piece of every document (at most about ``limit_chars``
-    characters), after a blank line when documents will be joined by one, so that its characters get ids."""
+    """Every piece of every document (about ``limit_chars`` characters at most), after a blank line when
+    documents will be joined by one (its characters need ids)."""
     several = len(corpus.files) > 1 or any(f.jsonl for f in corpus.files)
     if several and not any(s in END_OF_TEXT for s in special_tokens):
         yield "\n\n"
@@ -244,38 +221,28 @@ def training_texts(corpus: Corpus, special_tokens: Sequence[str], limit_chars: O
 
 def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[str], None],
                      root: Optional[Path] = None, write: bool = True) -> tuple[Optional[Tokenizer], Path]:
-    """The configured tokenizer, checked (:func:`load_configured_tokenizer`), or trained on ``corpus``
-    (a char one on all of it, a trained kind on :data:`TOKENIZER_TRAIN_CHARS`) and saved when its file is
-    missing. ``write`` False (a dry run): nothing saved; a trained kind only has its size checked (None).
-
-    Raises:
-        MinigptError: a file that disagrees with the config, a path that cannot be written, or training that
-            fails; nothing is written then."""
+    """The configured tokenizer, checked, or trained on ``corpus`` and saved when its file is missing. ``write`` False
+    (a dry run): nothing saved; a trained kind only has its size checked (None). Raises MinigptError: a file that
+    disagrees with the config, a path that cannot be written, or training that fails; nothing is written then."""
     tc = cfg.tokenizer
     path = tokenizer_path(cfg, root)
-    if path.is_file():
+    if path.is_file() or tc.kind == "hf":  # hf: a given file, never trained here
         return load_configured_tokenizer(cfg, path), path
-    if tc.kind == "hf":  # a given file, never trained here
-        raise MinigptError(f"tokenizer file {str(path)!r} not found; tokenizer.kind hf reads a Hugging Face "
-                           "tokenizer.json: fix tokenizer.path (or model.init_from)")
     check_writable(path, folder=False)
     corpus = open_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
     if corpus is None or (not write and tc.kind != "char"):
-        # Without the text, only the sizes no text allows (none, past the largest, below bpe's 256 bytes).
-        if tc.kind != "char" and (corpus is not None or tc.kind == "bpe" or tc.vocab_size is None
-                                  or tc.vocab_size > MAX_VOCAB_SIZE):
-            text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS)) \
-                if corpus is not None and tc.kind != "bpe" else ""
-            check_vocab_size(tc.kind, text, tc.vocab_size, tc.special_tokens)
+        # Without the text, the base alphabet counts none of its characters: only a size no text allows is refused.
+        text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS)) \
+            if corpus is not None and tc.kind not in ("bpe", "char") else ""
+        check_vocab_size(tc.kind, text, tc.vocab_size, tc.special_tokens)
         return None, path
     if write:
         size = f" with {tc.vocab_size:,} entries" if tc.kind != "char" and tc.vocab_size else ""
         log(f"tokenizer {path} not found; training a {tc.kind} tokenizer{size} on {corpus.source} first")
-    if tc.kind == "char":
-        tok = train_tokenizer("char", training_texts(corpus, tc.special_tokens), None, tc.special_tokens)
-    else:
-        text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS))
-        tok = train_tokenizer(tc.kind, text, tc.vocab_size, tc.special_tokens)
+    char = tc.kind == "char"  # learns from all of the corpus, streamed: every character needs an id
+    texts = training_texts(corpus, tc.special_tokens, None if char else TOKENIZER_TRAIN_CHARS)
+    tok = train_tokenizer(tc.kind, texts if char else "".join(texts), None if char else tc.vocab_size,
+                          tc.special_tokens)
     if write:
         tok.save(path)
     return tok, path
@@ -283,8 +250,7 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[s
 
 @dataclass
 class DataStage:
-    """What ``train``'s data steps found or made; a dry run makes nothing: what is not there is None,
-    and ``waits`` says why."""
+    """What ``train``'s data steps found or made; what a dry run lacks is None, and ``waits`` says why."""
 
     root: Path
     tok_path: Path
@@ -298,13 +264,10 @@ class DataStage:
 def prepare_data(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None, write: bool = True,
                  check: Callable[[Corpus], None] = lambda corpus: None,
                  found: Callable[[Optional[Corpus]], None] = lambda corpus: None) -> DataStage:
-    """``train``'s data steps and ``minigpt prepare``: the corpus (downloaded if missing), the tokenizer
-    (trained if missing), the token files (:func:`~.preparation.prepare`). ``write`` False: ``--dry-run``'s,
-    refusing what they would and writing nothing. ``found`` hears of the corpus on disk (None: not there)
-    before any download; ``check`` may refuse it before it is used.
-
-    Raises:
-        MinigptError: as :func:`configured_corpus`, ``check``, :func:`ensure_tokenizer` and ``prepare``."""
+    """``train``'s data steps and ``minigpt prepare``: the corpus, the tokenizer, the token files, each made if missing
+    (``write`` False: ``--dry-run``, nothing written). ``found`` hears of the corpus on disk (None: not there) before
+    any download; ``check`` may refuse it. Raises MinigptError: as :func:`configured_corpus`, ``check``,
+    :func:`ensure_tokenizer` and ``prepare``."""
     dc = cfg.data
     corpus = corpus_on_disk(cfg, progress)
     found(corpus)
@@ -340,10 +303,8 @@ def prepare_configured(cfg: Config, log: Callable[[str], None] = print, progress
 
 
 def with_vocab(cfg: Config, vocab_size: int) -> Config:
-    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's.
-
-    Raises:
-        MinigptError: a ``model.vocab_size`` smaller than the tokenizer's."""
+    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's. Raises MinigptError: a ``model.vocab_size``
+    smaller than the tokenizer's."""
     mc = cfg.model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})
@@ -356,8 +317,7 @@ def with_vocab(cfg: Config, vocab_size: int) -> Config:
 
 
 class BatchSampler:
-    """Random (x, y) windows from a token memmap, by a ``torch.Generator`` of its own (part of the
-    trainer state)."""
+    """Random (x, y) windows from a token memmap, by a ``torch.Generator`` of its own."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  device: torch.device, rank: int = 0, world: int = 1):
@@ -382,10 +342,6 @@ class BatchSampler:
         ix = ix[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         return windows(self.tokens, ix, self.block_size, self.device)
 
-    def reseed(self, seed: int) -> None:
-        """Restart the offsets from ``seed`` (eval batches are a function of the step, :func:`eval_seed`)."""
-        self.generator.manual_seed(seed)
-
     def state(self) -> torch.Tensor:
         return self.generator.get_state()
 
@@ -408,14 +364,12 @@ EVAL_CHUNK = 4096
 
 
 def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> Iterator[torch.Tensor]:
-    """The start offsets of an eval's ``count`` windows, in chunks of at most :data:`EVAL_CHUNK`, by a
-    generator of their own: a function of (seed, count) alone."""
+    """The start offsets of an eval's ``count`` windows, in chunks of :data:`EVAL_CHUNK`; a function of the seed."""
     generator = torch.Generator().manual_seed(seed)
     for start in range(0, count, EVAL_CHUNK):
         yield torch.randint(n_tokens - block_size, (min(EVAL_CHUNK, count - start),), generator=generator)
 
 
 def eval_seed(seed: int, split: str, step: int) -> int:
-    """The seed of the eval batches of ``split`` at step ``step``: a resumed run evaluates as the
-    uninterrupted one."""
+    """The seed of the eval batches of ``split`` at ``step`` (a resumed run evaluates as the uninterrupted one)."""
     return ((seed * 1_000_003 + {"train": 2, "val": 3}[split]) * 1_000_000_007 + step) & (2**63 - 1)

@@ -1,12 +1,7 @@
 """Corpus -> token memmaps, streamed: :func:`prepare` and the one split it makes (:class:`SplitPlan`).
 
-``<corpus folder>/<kind>-<tokenizer fingerprint>/`` holds ``train.bin`` and ``val.bin`` (flat ids, uint16
-below 65,536 entries, else uint32) and ``meta.json`` naming what made them. With
-:data:`~minigpt_cli.data.corpus.MANY_DOCUMENTS` documents or more, validation is the last
-``round(n · val_fraction)`` whole documents; with fewer, the last ``val_fraction`` of the characters
-(nanoGPT's 90/10). Documents are joined by the tokenizer's end-of-text token, else a blank line. The corpus
-is read twice (a survey, then the encoding, a batch at a time in a worker thread), into temporary files
-renamed into place at the end, ``meta.json`` last, so an interrupted run leaves nothing that looks complete.
+The corpus is read twice (a survey, then the encoding in a worker thread) into temporary files renamed into
+place at the end, ``meta.json`` last, so an interrupted run leaves nothing that looks complete.
 """
 
 from __future__ import annotations
@@ -29,9 +24,10 @@ from tqdm import tqdm
 
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError
-from ..fileio import atomic_write_text, check_writable, chmod_quietly, new_file_mode, os_error_message
+from ..fileio import atomic_write_text, check_writable, chmod_quietly, errors_as, new_file_mode, os_error_message
 from ..tokenizer.kinds import Tokenizer
 from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, survey
+from .download_files import sweep_partial_files
 
 #: Characters of text encoded per batch (the library spreads a batch's pieces over the cores).
 BATCH_CHARS = 1 << 20
@@ -54,7 +50,6 @@ _MESSAGES = {
     "need": "at least {need} tokens each",
     "another_fraction": "choose a data.val_fraction such as {fits:g}, ",
     "lower_block": "{another}lower model.block_size (to at most {most:,} with this split), or use more text",
-    "fraction": "choose a data.val_fraction such as {fits:g}, or use more text",
     "fraction_and_block": ("choose a data.val_fraction such as {fits:g}, then a lower model.block_size (with this "
                            "split a side has under {least} tokens, which no block size fits), or use more text"),
     "too_small": ("the corpus is too small for any model.block_size ({total:,} tokens, and train and val need "
@@ -64,8 +59,8 @@ _MESSAGES = {
 
 
 def _fraction_that_fits(val_fraction: float, total: int, need: int) -> Optional[float]:
-    """A ``data.val_fraction`` leaving both sides at least ``need`` of ``total`` tokens (about): 0.1 when it
-    does, else the nearest such value to ``val_fraction``, rounded to two digits; None when none can."""
+    """A ``data.val_fraction`` leaving both sides about ``need`` of ``total`` tokens (0.1 if it does, else the
+    nearest to ``val_fraction``, two digits), or None."""
     if total < 2 * need:
         return None
     lo, hi = need / total, 1 - need / total
@@ -85,7 +80,7 @@ def _fix(val_fraction: float, n_train: int, n_val: int, need: int, block_size: O
         another = _MESSAGES["another_fraction"].format(fits=fits) if fits is not None else ""
         return _MESSAGES["lower_block"].format(another=another, most=smallest - 1)
     if fits is not None:
-        return _MESSAGES["fraction"].format(fits=fits)
+        return _MESSAGES["another_fraction"].format(fits=fits) + "or use more text"
     fits = _fraction_that_fits(val_fraction, total, MIN_SPLIT_TOKENS)  # another split and a smaller block
     if fits is not None:
         return _MESSAGES["fraction_and_block"].format(fits=fits, least=MIN_SPLIT_TOKENS)
@@ -94,11 +89,8 @@ def _fix(val_fraction: float, n_train: int, n_val: int, need: int, block_size: O
 
 
 def check_split_counts(val_fraction: float, n_train: int, n_val: int, block_size: Optional[int] = None) -> None:
-    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` (given ``block_size``: ``block_size + 1``)
-    tokens on a side, offering a fix then accepted: a lower block size, another ``data.val_fraction``, more text.
-
-    Raises:
-        MinigptError: one line naming ``data.val_fraction``, the token counts and the fix."""
+    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` (or ``block_size + 1``) tokens on a side. Raises
+    MinigptError: one line naming ``data.val_fraction``, the token counts and the fix."""
     need = max(block_size + 1, MIN_SPLIT_TOKENS) if block_size is not None else MIN_SPLIT_TOKENS
     if min(n_train, n_val) >= need:
         return
@@ -115,8 +107,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def separator_ids(tok: Tokenizer) -> tuple[list[int], str]:
-    """The ids put between two documents and what they are: the tokenizer's first end-of-text special
-    token (:data:`END_OF_TEXT`), else a blank line (nothing when the alphabet has no newline)."""
+    """The ids put between two documents, and what they are: an end-of-text token, a blank line or nothing."""
     for s in getattr(tok, "special_tokens", ()):
         if s in END_OF_TEXT:
             return tok.encode(s), s
@@ -181,18 +172,12 @@ def units(corpus: Corpus, plan: SplitPlan, special_tokens: Sequence[str]) -> Ite
     """The corpus as a stream of pieces and separators, each tagged with its split (see :class:`SplitPlan`)."""
     doc, chars = -1, 0
     for blocks, read_so_far in documents(corpus):
-        started = False
-        for piece in cut_pieces(blocks, special_tokens=special_tokens):
-            if not piece:
-                continue
-            if not started:
-                started, doc = True, doc + 1
-                if doc > 0:
-                    if plan.by_documents:
-                        if doc != plan.val_from_doc:
-                            yield int(doc > plan.val_from_doc), None, read_so_far()
-                    else:
-                        yield int(chars > plan.val_from_char), None, read_so_far()
+        for i, piece in enumerate(p for p in cut_pieces(blocks, special_tokens=special_tokens) if p):
+            if i == 0:
+                doc += 1
+                if 0 < doc != plan.val_from_doc:  # no separator where validation starts by documents
+                    after = doc > plan.val_from_doc if plan.by_documents else chars > plan.val_from_char
+                    yield int(after), None, read_so_far()
             if plan.by_documents:
                 yield int(doc >= plan.val_from_doc), piece, read_so_far()
             else:
@@ -230,23 +215,9 @@ def _encode(tok: Tokenizer, batch: list[Unit], sep: np.ndarray) -> list[tuple[in
     return [(split, sep if text is None else next(encoded)) for split, text, _ in batch]
 
 
-def sweep_stale_temps(directory: Path, now: Optional[float] = None) -> list[Path]:
-    """Remove temporary token files in ``directory`` untouched for :data:`STALE_TEMP_S` (left by a killed
-    process; a live writer touches its own every batch)."""
-    now = time.time() if now is None else now
-    gone = []
-    for p in directory.glob(f"{_TEMP_PREFIX}*"):
-        with suppress(OSError):  # gone meanwhile, or not ours to remove: left alone
-            if now - p.stat().st_mtime > STALE_TEMP_S:
-                p.unlink()
-                gone.append(p)
-    return gone
-
-
 def encoded(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, progress: Optional[bool] = None,
             ) -> Iterator[tuple[int, np.ndarray, int]]:
-    """``(split, ids, chars)`` for each unit of :func:`units`, a batch encoded in a worker thread while the
-    next is read; a tqdm bar on stderr when ``progress`` (None: on a terminal)."""
+    """``(split, ids, chars)`` for each unit of :func:`units`, a batch encoded while the next is read."""
     sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
     specials = list(getattr(tok, "special_tokens", ()))
     with ExitStack() as stack:
@@ -268,20 +239,20 @@ def encoded(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, progress: Optional[
 
 def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory: Optional[Path],
                       progress: Optional[bool] = None, block_size: Optional[int] = None) -> dict[str, int]:
-    """Encode ``corpus`` into ``directory/{train,val}.bin``; return the token and character counts.
-    ``directory`` None: count only.
-
-    Raises:
-        MinigptError: as :func:`encoded`, a split too small, a file that cannot be written; nothing that looks
-            complete is left."""
+    """Encode ``corpus`` into ``directory/{train,val}.bin`` (None: count only); return the token and character counts.
+    Raises MinigptError: as :func:`encoded`, a split too small, a file that cannot be written; nothing that looks
+    complete is left."""
     dtype = token_dtype(tok.vocab_size)
     created = [] if directory is None else list(
         takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents]))
     counts = {"train_tokens": 0, "val_tokens": 0, "train_chars": 0, "val_chars": 0}
     temps: list[tuple[Path, IO[bytes]]] = []
     target = directory
+    # The corpus's read errors are MinigptErrors: an OSError is a token file's write.
+    written = errors_as({OSError: lambda exc: MinigptError(os_error_message(exc, None if exc.filename else target,
+                                                                            "write"))})
     try:
-        with ExitStack() as stack:
+        with written, ExitStack() as stack:
             if directory is not None:
                 directory.mkdir(parents=True, exist_ok=True)
                 for split in SPLITS:
@@ -301,8 +272,6 @@ def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory
                 chmod_quietly(f.fileno(), new_file_mode())
             for (path, _), split in zip(temps, SPLITS):
                 os.replace(path, directory / f"{split}.bin")
-    except OSError as exc:  # the corpus's read errors are MinigptErrors: this is a token file's write
-        raise MinigptError(os_error_message(exc, None if exc.filename else target, "write")) from None
     finally:
         # Whatever is left of the temporary files, and the folders made here (deepest first, while
         # empty): a failure or a refusal leaves nothing behind.
@@ -375,28 +344,20 @@ def token_dir(root: Path, tok: Tokenizer) -> Path:
     return root / f"{tok.kind}-{tok.fingerprint()}"
 
 
-def _as_corpus(corpus: Corpus | str | Path) -> Corpus:
-    return corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
-
-
 def split_plan(corpus: Corpus, val_fraction: float) -> tuple[SplitPlan, int]:
-    """The one split ``prepare``, ``train`` and ``train-tokenizer`` make, and the non-empty documents;
-    reads the corpus once."""
-    found = survey(corpus)
-    return SplitPlan.make(found.n_documents, found.total_chars, val_fraction), found.n_documents
+    """The one split ``prepare``, ``train`` and ``train-tokenizer`` make, and the non-empty documents."""
+    n_documents, total_chars = survey(corpus)
+    return SplitPlan.make(n_documents, total_chars, val_fraction), n_documents
 
 
 def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float = 0.1,
             log: Callable[[str], None] = print, progress: Optional[bool] = None,
             block_size: Optional[int] = None, write: bool = True) -> PreparedData:
-    """Tokenize ``corpus`` (or what it names) into ``root/<kind>-<fingerprint>/{train,val}.bin``, or reuse
-    undamaged files whose ``meta.json`` names the same tokenizer, corpus and split. ``block_size``: a split
-    shorter than it is refused. ``write`` False (a dry run): new files only counted, ``train``/``val`` None.
-
-    Raises:
-        MinigptError: a corpus file unreadable or not UTF-8, a bad JSON line, text the tokenizer cannot encode,
-            a folder that cannot be written, or a split too small."""
-    corpus = _as_corpus(corpus)
+    """Tokenize ``corpus`` into ``root/<kind>-<fingerprint>/{train,val}.bin``, or reuse files whose ``meta.json`` names
+    the same tokenizer, corpus and split. ``write`` False (a dry run): only counted. Raises MinigptError: a corpus file
+    unreadable or not UTF-8, a bad JSON line, text the tokenizer cannot encode, a folder that cannot be written, or a
+    split too small."""
+    corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
     directory = token_dir(root, tok)
     want = _wanted(corpus, tok, val_fraction)
     dtype = np.dtype(want["dtype"])
@@ -431,7 +392,7 @@ def _prepare_afresh(corpus: Corpus, tok: Tokenizer, directory: Path, want: dict,
     log(f"preparing token files in {directory} ({mb:,.1f} MB, {n_documents:,} document(s); validation: "
         f"{plan.describe()}) ...")
     if directory.is_dir():
-        sweep_stale_temps(directory)
+        sweep_partial_files(directory, f"{_TEMP_PREFIX}*", STALE_TEMP_S)  # a live writer touches its own
         (directory / "meta.json").unlink(missing_ok=True)
     t0 = time.perf_counter()
     counts = write_token_files(corpus, tok, plan, directory, progress, block_size)

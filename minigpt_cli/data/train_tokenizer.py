@@ -12,6 +12,7 @@ from typing import Callable, Optional, Sequence
 from ..config.schema import Config
 from ..config.special_tokens import check_special_tokens
 from ..errors import MinigptError
+from ..fileio import errors_as
 from ..paths import default_tokenizer_path
 from ..tokenizer.kinds import KINDS, Tokenizer
 from ..tokenizer.training import check_vocab_size, train_tokenizer
@@ -40,22 +41,16 @@ class TokenizerReport:
 
 def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], None],
                 limit_chars: Optional[int] = None) -> tuple[Corpus, str, Path]:
-    """The corpus, its training text, and its folder (where its tokenizers go by default).
-
-    Raises:
-        MinigptError: nothing there, an empty or unreadable file, text that is not UTF-8, a bad JSON line.
-    """
-    try:
+    """The corpus, its training text, and its folder (where its tokenizers go by default). Raises MinigptError: nothing
+    there, an empty or unreadable file, text that is not UTF-8, a bad JSON line."""
+    # The corpus's errors name the key that gave it; with input_path that is --input.
+    with errors_as({MinigptError: lambda exc: exc.spelled({"data.path": "--input"}) if input_path else None}):
         if input_path is not None:
             corpus = open_corpus(input_path, cfg.data.text_field)
             root = corpus.folder(cfg.data.data_dir)
         else:
             corpus, root = configured_corpus(cfg, echo)
         text = "".join(training_texts(corpus, cfg.tokenizer.special_tokens, limit_chars))
-    except MinigptError as exc:
-        if input_path is not None:  # the corpus's errors name the key that gave it; here that is --input
-            exc.spelled({"data.path": "--input"})
-        raise
     if not text.strip("\n"):
         raise MinigptError(f"input {corpus.source!r} is empty; give it some text")
     return corpus, text, root
@@ -85,10 +80,8 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
                         input_path: Optional[Path] = None, output_path: Optional[Path] = None,
                         special_tokens: Optional[Sequence[str]] = None,
                         echo: Callable[[str], None] = print) -> str:
-    """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary.
-
-    Raises:
-        MinigptError: unknown kind, empty or missing input, an impossible vocabulary size; nothing written."""
+    """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary. Raises MinigptError:
+    unknown kind, empty or missing input, an impossible vocabulary size; nothing written."""
     if kind is None and cfg.model.init_from is not None:  # a fine-tuning config: the folder's tokenizer.json
         kind = "hf"
     kind = kind or cfg.tokenizer.kind
@@ -133,10 +126,8 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
 
 def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optional[Path] = None,
                 special_tokens: Optional[Sequence[str]] = None, echo: Callable[[str], None] = print) -> str:
-    """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations.
-
-    Raises:
-        MinigptError: as :func:`run_train_tokenizer`; every kind's size is checked before any is trained."""
+    """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations. Raises MinigptError:
+    as :func:`run_train_tokenizer`; every kind's size is checked before any is trained."""
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
     if vocab_size is None:
         raise MinigptError("--compare needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")

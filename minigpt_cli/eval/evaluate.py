@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..data.pipeline import check_run_corpus, configured_corpus, eval_offsets, eval_seed, run_corpus_config, windows
+from ..data.pipeline import check_corpus, configured_corpus, eval_offsets, eval_seed, run_corpus_config, windows
 from ..data.preparation import prepare
 from ..errors import MinigptError
 from ..fileio import read_text_file
@@ -57,7 +57,7 @@ def split_tokens(cfg, tok, split: str, run_dir: Path, echo: Callable[[str], None
     """The token ids of ``split`` of the run's corpus under its tokenizer (prepared again if gone). Raises
     MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it."""
     corpus, root = configured_corpus(cfg, echo, progress)
-    check_run_corpus(cfg, corpus, run_dir)
+    check_corpus(cfg, corpus, run_dir)
     return getattr(prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=progress), split)
 
 

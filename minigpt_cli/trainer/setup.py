@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from ..config.notes import notes
 from ..config.schema import Config
 from ..data.download import url_corpus_on_disk
-from ..data.pipeline import BatchSampler, DataStage, check_fingerprint, prepare_data, with_vocab
+from ..data.pipeline import BatchSampler, DataStage, check_corpus, prepare_data, with_vocab
 from ..errors import MinigptError
 from ..fileio import atomic_write_text, check_writable
 from ..hf.finetune import load_pretrained, resolve_init_from
@@ -248,7 +248,7 @@ def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Call
     def checked(corpus) -> None:
         if resumed is not None:
             resumed.check_corpus(corpus)
-        check_fingerprint(cfg, corpus)
+        check_corpus(cfg, corpus)
 
     def noted(corpus) -> None:  # before the download: the data.url note looks at the corpus on disk
         found[:] = config_notes(cfg, dist, corpus is not None and cfg.data.path is None)
