@@ -49,7 +49,8 @@ def generate(
              "'----- sample N -----' line (20 dashes each side). Sample N uses seed S+N-1, so it is the text "
              "--num-samples 1 --seed S+N-1 gives (to float rounding).",
     ),
-    seed: int = typer.Option(1337, "--seed", min=0, max=2**63 - 1, metavar="S", help="Random seed for sampling, 0 .. 2**63-1."),
+    seed: int = typer.Option(1337, "--seed", min=0, max=2**63 - 1, metavar="S",
+                             help="Random seed for sampling, 0 .. 2**63-1."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are produced."),
     kv_cache: bool = typer.Option(True, "--kv-cache/--no-kv-cache", help="Reuse past keys and values."),
     compile_: Optional[bool] = typer.Option(

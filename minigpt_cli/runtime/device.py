@@ -129,10 +129,9 @@ class CpuThreads:
         self.interval = interval
         self._read_busy, self._read_own = read_busy, read_own
         self.max_threads = torch.get_num_threads()
-        try:
-            self.cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            self.cpus = os.cpu_count() or self.max_threads
+        # The cores this process may run on (sched_getaffinity is Linux's); elsewhere the machine's.
+        affinity = getattr(os, "sched_getaffinity", None)
+        self.cpus = len(affinity(0)) if affinity is not None else os.cpu_count() or self.max_threads
         user_chose = any(os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
         self.enabled = device.type == "cpu" and not user_chose and self.max_threads > 1
         self._last = self._sample() if self.enabled else None
