@@ -748,4 +748,10 @@ def test_dtype_bfloat16_decodes_in_bfloat16(gen, run_dir, monkeypatch):
     dtypes.clear()
     sampled(gen, n=5)
     assert set(dtypes) == {torch.float32}
-    assert_user_error(gen("--dtype", "float16"), "--dtype 'float16'", "float32 or bfloat16")
+    assert_user_error(gen("--dtype", "float16"), "--dtype float16", "'float32', 'bfloat16'")
+
+
+@pytest.mark.parametrize("seed,bound", [("-1", "greater than or equal to 0"),
+                                        (str(2**63), "less than or equal to 9223372036854775807")])
+def test_a_seed_outside_0_to_2_63_is_refused_by_the_option(gen, seed, bound):
+    assert_user_error(gen("--seed", seed, "--max-new-tokens", "5"), f"--seed {seed}", bound)

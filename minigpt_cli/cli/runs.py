@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional, TextIO
+from typing import List, Literal, Optional, TextIO
 
 import typer
 
@@ -54,7 +54,8 @@ def generate(
              "'----- sample N -----' line (20 dashes each side). Sample N uses seed S+N-1, so it is the text "
              "--num-samples 1 --seed S+N-1 gives (to float rounding).",
     ),
-    seed: int = typer.Option(1337, "--seed", metavar="S", help="Random seed for sampling, 0 .. 2**63-1."),
+    seed: int = typer.Option(1337, "--seed", min=0, max=2**63 - 1, metavar="S",
+                             help="Random seed for sampling, 0 .. 2**63-1."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are produced."),
     kv_cache: bool = typer.Option(True, "--kv-cache/--no-kv-cache", help="Reuse past keys and values."),
     compile_: Optional[bool] = typer.Option(
@@ -62,7 +63,7 @@ def generate(
         help="Decode through a static KV cache with the one-token step compiled (torch.compile; CUDA graphs on "
              "a GPU); the same tokens. Default: on for CUDA, off on a CPU, where it does not pay.",
     ),
-    dtype: str = typer.Option(
+    dtype: Literal["float32", "bfloat16"] = typer.Option(
         "float32", "--dtype", metavar="float32|bfloat16",
         help="Weights and arithmetic: bfloat16 reads half the bytes per token (faster where memory is the "
              "limit, as on CPUs); its text drifts from float32's after some tokens.",
@@ -90,9 +91,12 @@ def generate(
     given = {"prompt": _read_prompt(prompt, prompt_file, sys.stdin), "max_new_tokens": max_new_tokens,
              "temperature": temperature, "top_k": top_k, "top_p": top_p, "num_samples": num_samples,
              "window_stride": window_stride}
+    stops = [unescape(s) for s in stop]
+    if "" in stops:  # it would end every sample before its first character
+        raise MinigptError("--stop '': the stop text must not be empty")
     run_generate(run, sample_flags({k: v for k, v in given.items() if v is not None}), checkpoint=checkpoint,
                  device=device, seed=seed, stream=stream, use_cache=kv_cache, compile=compile_, dtype=dtype,
-                 stop=[unescape(s) for s in stop], out=sys.stdout, echo=echo)
+                 stop=stops, out=sys.stdout, echo=echo)
 
 
 def _read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]) -> Optional[str]:

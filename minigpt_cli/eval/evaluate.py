@@ -25,7 +25,8 @@ from ..data.preparation import prepare
 from ..errors import MinigptError
 from ..fileio import read_text_file
 from ..run import folder as runs
-from ..runtime.device import Dist, resolve_device
+from ..runtime.device import resolve_device
+from ..runtime.distributed import Dist
 from ..sample.load import load_run
 from ..sample.sampling import encode_prompt
 from ..trainer.step import estimate_loss

@@ -1,26 +1,9 @@
-"""The decoder-only Transformer (GPT) and its variants. Architecture only.
+"""The decoder-only Transformer (GPT) and its variants: architecture only, no I/O.
 
-Follows nanoGPT's layout and GPT-2's names (``wte``, ``wpe``, ``h``, ``ln_f``,
-``lm_head``, ``c_attn``, ``c_proj``, ``c_fc``). Every architecture switch is a
-field of :class:`~minigpt_cli.config.schema.ModelConfig`:
-
-- positions: learned table (GPT-2), sinusoidal (Vaswani et al. 2017 §3.5),
-  rotary (Su et al. 2021, RoFormer; the rotate-half pairing of GPT-NeoX and
-  Hugging Face's Llama), or none;
-- norms: LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019), before
-  each sub-layer (Pre-LN, GPT-2) or after the residual add (Post-LN, the
-  original Transformer, no final norm);
-- feed-forward: ReLU, GELU (exact or tanh; Hendrycks & Gimpel 2016) or SwiGLU
-  (Shazeer 2020);
-- grouped-query attention (Ainslie et al. 2023) through ``n_kv_head``;
-- weight tying (Press & Wolf 2017), 1/sqrt(2L) residual init (GPT-2 §2.3),
-  sqrt(d) embedding scale (Vaswani et al. 2017 §3.4).
-
-No I/O, no printing. Attention goes through
-``torch.nn.functional.scaled_dot_product_attention``, the linear layers are
-plain ``nn.Linear`` and dropout ``nn.Dropout``; a command may swap them for
-faster kernels with the same parameters (:mod:`minigpt_cli.runtime.kernels`).
-"""
+nanoGPT's layout and GPT-2's names (``wte``, ``wpe``, ``h``, ``ln_f``, ``lm_head``, ``c_attn``, ``c_proj``,
+``c_fc``); each switch is a field of :class:`~minigpt_cli.config.schema.ModelConfig`, with its source there.
+Linear layers, dropout and attention are plain torch modules and SDPA; a command may swap in faster kernels
+with the same parameters (:mod:`minigpt_cli.runtime.kernels`)."""
 
 from __future__ import annotations
 
@@ -104,12 +87,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class KVCache:
     """Keys and values of past positions for every layer, preallocated.
 
-    Per layer ``k``/``v`` are (B, n_kv_head, capacity, head_dim); ``length``
-    positions are filled, positions 0..length-1 of the sequence (keys after
-    RoPE). There is deliberately no way to drop the oldest entry: past the
-    first layer, keys and values depend on everything their token saw, so a
-    window that slides must be recomputed (:func:`~minigpt_cli.sample.sampling.generate_tokens`).
-    """
+    Per layer ``k``/``v`` are (B, n_kv_head, capacity, head_dim), positions 0..length-1 filled (keys after RoPE).
+    Nothing drops the oldest entry: past the first layer each key saw every earlier token, so a sliding window is
+    recomputed (:func:`~minigpt_cli.sample.sampling.generate_tokens`)."""
 
     def __init__(self, n_layer: int, batch: int, n_kv_head: int, capacity: int, head_dim: int,
                  device: torch.device, dtype: torch.dtype):
@@ -151,16 +131,10 @@ class KVCache:
 class StaticKVCache:
     """Keys and values for every layer in buffers of fixed shape, written at positions given as a tensor.
 
-    gpt-fast's static cache (pytorch-labs/gpt-fast, ``model.py``): per layer
-    ``k``/``v`` are (B, n_kv_head, capacity, head_dim) and never change shape
-    or address, and the positions of the tokens a forward pass feeds come as
-    an int64 tensor (``GPT.forward(..., pos=...)``), so a one-token decoding
-    step has the same shapes at every position and can be compiled once and
-    captured as a CUDA graph. Attention reads the whole buffer under a mask
-    (key slot j visible to a query at position p iff j <= p), so slots past
-    the newest position, stale or zero, count for nothing. Refilling from
-    position 0 (a sliding window) overwrites the slots it needs.
-    """
+    gpt-fast's static cache (pytorch-labs/gpt-fast, ``model.py``): ``k``/``v`` (B, n_kv_head, capacity, head_dim)
+    never change shape or address and ``GPT.forward(..., pos=...)`` takes positions as an int64 tensor, so a
+    one-token step compiles once and captures as a CUDA graph. Attention masks key slot j for a query at p unless
+    j <= p, so stale slots count for nothing."""
 
     def __init__(self, n_layer: int, batch: int, n_kv_head: int, capacity: int, head_dim: int,
                  device: torch.device, dtype: torch.dtype):
@@ -299,14 +273,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """A decoder-only Transformer language model.
-
-    Args:
-        cfg: the model section of the config; ``vocab_size`` must be set.
+    """A decoder-only Transformer language model over ``cfg``, the model section of the config.
 
     Raises:
-        ValueError: ``cfg.vocab_size`` is None.
-    """
+        ValueError: ``cfg.vocab_size`` is None."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -378,25 +348,14 @@ class GPT(nn.Module):
         last_only: bool = False,
         pos: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Logits for every position, and the mean cross-entropy if targets are given.
+        """Logits (B, T, V) float for ``idx`` (B, T) int64, and the mean cross-entropy (scalar) if ``targets``.
 
-        Args:
-            idx: token ids, (B, T) int64, T ≤ block_size (with a cache:
-                cached length + T ≤ block_size for learned/sinusoidal positions).
-            targets: next-token ids, (B, T) int64, -1 to ignore a position.
-            cache: a :class:`KVCache`, to which new keys/values are appended,
-                or a :class:`StaticKVCache` with ``pos``.
-            last_only: return logits for the last position only, (B, 1, V).
-            pos: with a :class:`StaticKVCache`, the positions of ``idx``'s
-                tokens, (T,) int64, each below block_size (not checked: a
-                check would wait for the device).
-
-        Returns:
-            (logits (B, T, V) float, loss scalar or None).
+        ``targets``: next-token ids (B, T), -1 ignored. ``cache``: a :class:`KVCache` (cached length + T <= block_size
+        for a position table), or a :class:`StaticKVCache` with ``pos``, the tokens' positions (T,) int64 below
+        block_size (unchecked: a check would wait for the device). ``last_only``: logits (B, 1, V) of the last position.
 
         Raises:
-            ValueError: the sequence is longer than a position table holds.
-        """
+            ValueError: the sequence is longer than a position table holds."""
         B, T = idx.size()
         past = cache.length if cache is not None and pos is None else 0
         cfg = self.config

@@ -1,11 +1,5 @@
-"""Where a process runs: device and dtype, torchrun, RNG state, thread count and memory.
-
-Everything here is about the process, not the model: which device and dtype
-the config's ``device``/``dtype`` resolve to, the torchrun process group
-(:class:`Dist`), every RNG's state for a bit-exact resume, the CPU thread
-count (:class:`CpuThreads`) and whether a model fits in the free memory
-(:func:`check_memory`).
-"""
+"""Where a process runs: device and dtype, RNG state for a bit-exact resume, the CPU thread count
+(:class:`CpuThreads`) and whether a model fits in the free memory (:func:`check_memory`)."""
 
 from __future__ import annotations
 
@@ -13,7 +7,6 @@ import os
 import random
 import re
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -28,13 +21,9 @@ from .kernels import check_settings
 def resolve_device(name: str) -> torch.device:
     """``auto`` picks CUDA, then MPS, then CPU; an explicit device must exist.
 
-    Also checks the environment's kernel settings (``MINIGPT_ONEDNN``, ``MINIGPT_FAST_DROPOUT``:
-    :func:`~minigpt_cli.runtime.kernels.check_settings`).
-
     Raises:
-        MinigptError: the named device is not available on this machine, or
-            ``MINIGPT_ONEDNN`` or ``MINIGPT_FAST_DROPOUT`` has a value that is neither on nor off.
-    """
+        MinigptError: the device is not available here, or ``MINIGPT_ONEDNN``/``MINIGPT_FAST_DROPOUT`` is
+            neither on nor off (:func:`~minigpt_cli.runtime.kernels.check_settings`)."""
     check_settings()  # raises on a value that is neither on nor off
     if not re.fullmatch(DEVICE_PATTERN, name):
         raise MinigptError(f"device {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
@@ -79,24 +68,12 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 def tune_runtime(device: torch.device) -> Callable[[], None]:
-    """Per-process settings that make training and sampling faster on ``device``.
+    """Per-process settings that make training and sampling faster on ``device``; returns a function that
+    puts the TF32 flags back.
 
-    CUDA: TF32 matrix products and convolutions (nanoGPT's settings; float32
-    matmuls keep float32 storage and a 10-bit mantissa inside the tensor cores).
-
-    CPU on glibc: keep freed memory in the process. By default glibc serves
-    large blocks (activations of a few MiB) with ``mmap`` and returns them to
-    the OS when freed, so each training step faults the same pages back in
-    (zero-filled by the kernel: a few hundred page faults a step for the
-    4-layer CPU recipe). Raising the mmap threshold to its maximum (32 MiB on
-    64-bit) and the trim threshold to 1 GiB keeps those blocks for reuse, as
-    the jemalloc/tcmalloc preload of Intel's PyTorch CPU tuning guide does.
-    Elsewhere (macOS, musl) nothing is changed.
-
-    Returns:
-        A function that puts the TF32 flags back (the allocator's thresholds
-        only keep memory in the process, and stay).
-    """
+    CUDA: TF32 matmuls and convolutions (nanoGPT's settings). CPU on glibc: raise malloc's mmap threshold to its
+    maximum (32 MiB) and the trim threshold to 1 GiB, so freed activations stay in the process instead of being
+    faulted back in, zero-filled, each step (as Intel's PyTorch CPU tuning guide's jemalloc preload does)."""
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
 
     def restore() -> None:
@@ -137,30 +114,13 @@ def _proc_stat_busy() -> Optional[float]:
 class CpuThreads:
     """PyTorch's intra-op threads on a CPU, matched to the cores other processes leave free.
 
-    PyTorch starts one OpenMP thread per core, and its threads wait for each
-    other by spinning. When another process keeps a core busy, a thread loses
-    its core for whole scheduler slices while the others spin: on the 2-core
-    machine two trainings side by side each ran 70 times slower (424
-    tokens/s) than alone, and 38 times slower than with one thread each
-    (16,000 tokens/s). So every ``interval`` seconds :meth:`poll` measures how
-    many cores the rest of the machine used (all busy CPU time from
-    ``/proc/stat`` less this process's own, over wall time) and sets
-    ``torch.set_num_threads`` to the cores left, rounded down with a little
-    slack, at least 1 and at most the count PyTorch started with. The first
-    decision is taken at once; later changes need two polls in a row that
-    agree, so a short burst elsewhere does not make the count flap.
-
-    Nothing changes where the user chose: ``OMP_NUM_THREADS`` or
-    ``MKL_NUM_THREADS`` set, a device other than the CPU, or no
-    ``/proc/stat`` (macOS, Windows).
-
-    Args:
-        device: the run's device.
-        echo: called with a one-line note whenever the count changes.
-        interval: seconds between measurements.
-        read_busy: the machine-wide busy-seconds counter (a test hook).
-        read_own: this process's CPU seconds (a test hook).
-    """
+    PyTorch's OpenMP threads wait for each other by spinning, so one that loses its core to another process stalls
+    them all: two trainings side by side on the 2-core machine each ran 70 times slower than alone. Every
+    ``interval`` seconds :meth:`poll` measures the cores the rest of the machine used (``/proc/stat``'s busy time
+    less this process's, over wall time) and sets ``torch.set_num_threads`` to the cores left (at least 1, at most
+    PyTorch's own count); after the first decision a change needs two polls that agree. Nothing changes with
+    ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` set, off the CPU, or without ``/proc/stat``. ``echo`` gets a note when
+    the count changes; ``read_busy`` and ``read_own`` are test hooks."""
 
     def __init__(self, device: torch.device, echo: Callable[[str], None] = lambda m: None, interval: float = 2.0,
                  read_busy: Callable[[], Optional[float]] = _proc_stat_busy,
@@ -169,10 +129,9 @@ class CpuThreads:
         self.interval = interval
         self._read_busy, self._read_own = read_busy, read_own
         self.max_threads = torch.get_num_threads()
-        try:
-            self.cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            self.cpus = os.cpu_count() or self.max_threads
+        # The cores this process may run on (sched_getaffinity is Linux's); elsewhere the machine's.
+        affinity = getattr(os, "sched_getaffinity", None)
+        self.cpus = len(affinity(0)) if affinity is not None else os.cpu_count() or self.max_threads
         user_chose = any(os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
         self.enabled = device.type == "cpu" and not user_chose and self.max_threads > 1
         self._last = self._sample() if self.enabled else None
@@ -245,102 +204,6 @@ class CpuThreads:
         return torch.get_num_threads()
 
 
-# ----------------------------------------------------------------------------- torchrun
-
-
-@dataclass
-class Dist:
-    """Where this process stands in a torchrun job (world 1 without torchrun)."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world: int = 1
-
-    @property
-    def main(self) -> bool:
-        """Whether this is rank 0, the one process of the job that writes the run's files."""
-        return self.rank == 0
-
-    @property
-    def local_main(self) -> bool:
-        """Whether this is the first process on its machine (local rank 0), one per node."""
-        return self.local_rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world > 1
-
-    @classmethod
-    def from_env(cls) -> "Dist":
-        """This process's place as torchrun's variables give it (RANK, LOCAL_RANK, WORLD_SIZE), without
-        joining the group; one process alone without them."""
-        env = os.environ
-        if "RANK" not in env or "WORLD_SIZE" not in env:
-            return cls()
-        return cls(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]))
-
-
-def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
-    """Join the torchrun process group (NCCL on CUDA, gloo on CPU) if launched by torchrun."""
-    info = Dist.from_env()
-    if info.world == 1:
-        return info, device
-    if device.type == "cuda":
-        device = torch.device("cuda", info.local_rank)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        backend = "gloo"
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
-    return info, device
-
-
-def all_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
-    """The sum of ``value`` over every rank (itself without torchrun)."""
-    if d.enabled:
-        import torch.distributed as dist
-
-        value = value.detach().clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    return value
-
-
-def all_mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
-    """The mean of ``value`` over every rank (itself without torchrun)."""
-    return all_sum(value, d) / d.world if d.enabled else value
-
-
-def broadcast(obj: Any, d: Dist) -> Any:
-    """Rank 0's ``obj`` on every rank (a picklable value)."""
-    if not d.enabled:
-        return obj
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def barrier(d: Dist) -> None:
-    """Wait until every rank gets here."""
-    if d.enabled:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
-def close_distributed(d: Dist) -> None:
-    """Wait for every rank, then leave the process group (a no-op without torchrun)."""
-    if d.enabled:
-        import torch.distributed as dist
-
-        dist.barrier()
-        dist.destroy_process_group()
-
-
 # ----------------------------------------------------------------------------- RNG state
 
 
@@ -407,25 +270,14 @@ def bytes_to_train(model_cfg: ModelConfig, dtype: str, batch_size: int) -> tuple
 def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: int = 1) -> None:
     """Refuse, before any tensor exists, a model that cannot fit in the device's free memory.
 
-    The need is :func:`minigpt_cli.accounting.params.memory`'s estimate (the accounting
-    ``count-params`` prints): weights, gradients and AdamW moments, 16 bytes a
-    parameter (ZeRO §3.1), plus activations with fused attention and the
-    logits for one micro-batch: ``train.grad_accum_steps`` adds nothing
-    (each micro-batch's backward pass frees its activations before the next
-    one runs, the gradients add up in place, and an eval reads its windows
-    :data:`~minigpt_cli.data.pipeline.EVAL_CHUNK` at a time, one micro-batch of
-    ``train.batch_size`` on the device), so a large accumulation costs time,
-    not memory. Under FSDP (``shards`` processes, see
-    :mod:`minigpt_cli.runtime.distributed`) each process holds 1/shards of the model
-    states (ZeRO stage 3, §5.3), so only that share is counted with the
-    activations; the gathered weights of one block are left out, as the
-    allocator slack is. Only a model that needs more than all the
-    free memory is refused: the estimate leaves out allocator slack, so a
-    run that passes can still run out.
+    The need is :func:`minigpt_cli.accounting.params.memory`'s estimate (what ``count-params`` prints): 16 bytes a
+    parameter for weights, gradients and AdamW moments (ZeRO §3.1), plus one micro-batch's activations
+    (``grad_accum_steps`` adds time, not memory). Under FSDP each of ``shards`` processes holds 1/shards of the
+    model states (ZeRO stage 3, §5.3). The estimate leaves out allocator slack, so a run that passes can still
+    run out.
 
     Raises:
-        MinigptError: the estimate exceeds the free memory; the message gives both.
-    """
+        MinigptError: the estimate exceeds the free memory; the message gives both."""
     free = available_memory(device)
     if free is None:
         return

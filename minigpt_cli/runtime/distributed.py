@@ -1,41 +1,118 @@
-"""How a run spreads over torchrun's processes: ``train.parallelism`` ``ddp`` or ``fsdp``.
+"""torchrun: the process group (:class:`Dist`, collectives) and how a run spreads over it, ``train.parallelism``.
 
-- ``ddp``: DistributedDataParallel (Li et al. 2020, "PyTorch Distributed").
-  Every process holds the whole model and its AdamW moments; gradients are
-  all-reduced (averaged) during the backward pass.
-- ``fsdp``: FSDP2, ``torch.distributed.fsdp.fully_shard``, the sharding of
-  ZeRO stage 3 (Rajbhandari et al. 2020, §5). Each Transformer block, then
-  the root module (embeddings, final norm, head), is sharded along dim 0
-  over the processes: a process keeps 1/world of the weights, gradients and
-  AdamW moments (16 bytes a float32 parameter with AdamW, ZeRO §3.1, become
-  16/world), gathers a block's full weights just before its forward and its
-  backward, frees them after, and reduce-scatters (averages) the gradients.
+- ``ddp``: DistributedDataParallel (Li et al. 2020): every process holds the whole model and its AdamW moments;
+  gradients are all-reduced during the backward pass.
+- ``fsdp``: FSDP2 ``fully_shard``, ZeRO stage 3's sharding (Rajbhandari et al. 2020, §5): each block, then the
+  root, is sharded along dim 0, so a process keeps 1/world of the weights, gradients and moments, gathers a
+  block's weights around its forward and backward, and reduce-scatters the gradients.
 
-Both make the update one process would make on the global batch (to float32
-rounding). With one process (no torchrun) neither changes anything.
-
-Checkpoints have one layout whatever the mode. Under FSDP every process joins
-:func:`gather_state` (a collective): full tensors, moved to the CPU of rank 0,
-which writes the same safetensors weights and the same ``torch.optim``
-optimizer state (parameters numbered in the optimizer's order) as a
-one-process run. :func:`load_model_state` and :func:`load_optimizer_state`
-take that layout in either mode, so a DDP run resumes under FSDP and back,
-and ``generate`` reads either.
-
-oneDNN linear layers (:func:`~minigpt_cli.runtime.kernels.onednn.swap_linears`)
-stay on under FSDP: FSDP2 puts the gathered weights on each module as
-ordinary tensors for its forward and backward, and the oneDNN autograd
-function's weight gradient is reduce-scattered like ``F.linear``'s.
-"""
+Both make the update one process would make on the global batch (to float32 rounding). Checkpoints have one
+layout in every mode: :func:`gather_state` (a collective) gives rank 0 the one-process safetensors weights and
+``torch.optim`` state, and :func:`load_model_state`/:func:`load_optimizer_state` read it in either mode, so a DDP
+run resumes under FSDP and back. oneDNN linear layers stay on under FSDP (its weight gradient is
+reduce-scattered like ``F.linear``'s)."""
 
 from __future__ import annotations
 
+import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from .device import Dist
+
+@dataclass
+class Dist:
+    """Where this process stands in a torchrun job (world 1 without torchrun)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        """Whether this is rank 0, the one process of the job that writes the run's files."""
+        return self.rank == 0
+
+    @property
+    def local_main(self) -> bool:
+        """Whether this is the first process on its machine (local rank 0), one per node."""
+        return self.local_rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @classmethod
+    def from_env(cls) -> "Dist":
+        """This process's place as torchrun's variables give it (RANK, LOCAL_RANK, WORLD_SIZE), without
+        joining the group; one process alone without them."""
+        env = os.environ
+        if "RANK" not in env or "WORLD_SIZE" not in env:
+            return cls()
+        return cls(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]))
+
+
+def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
+    """Join the torchrun process group (NCCL on CUDA, gloo on CPU) if launched by torchrun."""
+    info = Dist.from_env()
+    if info.world == 1:
+        return info, device
+    if device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return info, device
+
+
+def all_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The sum of ``value`` over every rank (itself without torchrun)."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        value = value.detach().clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def all_mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The mean of ``value`` over every rank (itself without torchrun)."""
+    return all_sum(value, d) / d.world if d.enabled else value
+
+
+def broadcast(obj: Any, d: Dist) -> Any:
+    """Rank 0's ``obj`` on every rank (a picklable value)."""
+    if not d.enabled:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(d: Dist) -> None:
+    """Wait until every rank gets here."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def close_distributed(d: Dist) -> None:
+    """Wait for every rank, then leave the process group (a no-op without torchrun)."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def shards(parallelism: str, dist: Dist) -> int:
@@ -52,11 +129,8 @@ def single_process_note(parallelism: str, dist: Dist) -> Optional[str]:
 
 
 def place(model: torch.nn.Module, device: torch.device, dist: Dist, parallelism: str) -> torch.nn.Module:
-    """Put a freshly built GPT on ``device``; under FSDP with more than one process, :func:`shard` it there.
-
-    Returns:
-        ``model``, moved or sharded in place.
-    """
+    """Put a freshly built GPT on ``device``, or :func:`shard` it there under FSDP with more than one
+    process; returns ``model``."""
     if shards(parallelism, dist) == 1:
         return model.to(device)
     return shard(model, device, dist.world)
@@ -65,14 +139,8 @@ def place(model: torch.nn.Module, device: torch.device, dist: Dist, parallelism:
 def shard(model: torch.nn.Module, device: torch.device, world: int) -> torch.nn.Module:
     """FSDP2 over the default process group's ``world`` processes: each block of ``model.h``, then the model.
 
-    Each ``fully_shard`` call moves only its own module's shard to
-    ``device``, so the whole model is never on the device at once. The model
-    keeps its class and parameter names (they become DTensors, split along
-    dim 0); build the optimizer after this call.
-
-    Returns:
-        ``model``, sharded in place.
-    """
+    Each ``fully_shard`` moves only its module's shard to ``device``; parameter names stay (as DTensors split
+    along dim 0). Build the optimizer after this call. Returns ``model``, sharded in place."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -95,13 +163,9 @@ def is_sharded(model: torch.nn.Module) -> bool:
 def reshard(model: torch.nn.Module) -> None:
     """Under FSDP, put every module back on its shards (``FSDPModule.reshard``); else nothing.
 
-    A forward without gradients (an eval, a sample) leaves the root module's
-    gathered weights on it: FSDP2 keeps the root unsharded after a forward,
-    since a backward usually follows. Until they are resharded,
-    ``model.parameters()`` names those gathered tensors, not the shards the
-    optimizer holds (gradient clipping over them would miss the root's
-    gradients), and they take the memory sharding saves.
-    """
+    FSDP2 leaves the root's gathered weights on it after a forward without gradients (an eval, a sample); until
+    resharded, ``model.parameters()`` names them, not the optimizer's shards (clipping would miss the root's
+    gradients), and they hold the memory sharding saves."""
     if not is_sharded(model):
         return
     from torch.distributed.fsdp import FSDPModule
@@ -137,14 +201,11 @@ def _options(**kw):
 
 def gather_state(model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module | dict[str, torch.Tensor], dict[str, Any]]:
-    """What a checkpoint saves: the weights and the optimizer state, in a one-process run's layout.
+    """What a checkpoint saves, in a one-process run's layout: the weights and the optimizer state.
 
-    Unsharded: ``model`` itself and ``optimizer.state_dict()``. Sharded: a
-    collective, every process must call it; rank 0 gets the full weights
-    (name -> CPU tensor, as ``state_dict()`` of the unsharded model, a tied
-    head left out) and the full optimizer state keyed by parameter index as
-    ``torch.optim`` numbers them; the other ranks get two empty dicts.
-    """
+    Unsharded: ``model`` and ``optimizer.state_dict()``. Sharded, a collective: rank 0 gets the full weights
+    (name -> CPU tensor, a tied head left out) and the optimizer state keyed by ``torch.optim``'s parameter index;
+    the other ranks get two empty dicts."""
     if not is_sharded(model):
         return model, optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict

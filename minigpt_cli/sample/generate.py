@@ -16,7 +16,6 @@ import torch
 
 from ..config.notes import notes
 from ..config.schema import Config, SampleConfig, validate
-from ..errors import MinigptError
 from ..run import folder as runs
 from ..runtime.device import CpuThreads, resolve_device
 from ..tokenizer.kinds import Tokenizer, lossy_report
@@ -37,9 +36,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 #: What :func:`generate` says: errors, then notes.
 _MESSAGES = {
-    "seed": "--seed {seed}: use a number from 0 to 2**63-1",
-    "dtype": "--dtype {dtype!r}: use float32 or bfloat16",
-    "stop_empty": "--stop '': the stop text must not be empty",
     "stop_never": ("note: --stop {stop!r} can never match: the tokenizer's vocabulary lacks {chars}, so the model "
                    "never writes it"),
     "top_k_clamped": "note: --top-k {top_k} is larger than the vocabulary ({vocab}); using {vocab}",
@@ -178,22 +174,15 @@ def generate(
     ``sample`` is a whole :class:`SampleConfig` or a mapping of some of its keys over the run's own ``sample``
     section (None: that section). Sample i draws from a generator seeded ``seed + i``; ``num_samples`` are
     decoded as one batch (at most :data:`MAX_BATCH` at once). Each is written to ``out`` as the prompt, the new
-    text (cut before the first of ``stop``) and a newline, token by token when ``stream``. ``compile`` None:
-    on for CUDA. ``dtype``: float32 or bfloat16. Notes go to ``echo``. The README (Commands, Faster sampling) is
-    the manual.
+    text (cut before the first of ``stop``, none empty) and a newline, token by token when ``stream``.
+    ``compile`` None: on for CUDA. ``dtype``: a key of :data:`DTYPES`; ``seed``: 0 .. 2**63-1 (the CLI's options
+    check both). Notes go to ``echo``. The README (Commands, Faster sampling) is the manual.
 
     Raises:
         MinigptError: no run, a damaged checkpoint, a prompt the tokenizer cannot encode, sampling settings the
-            schema refuses (ConfigError), a bad seed, dtype or empty stop string, a sampled id outside the
-            vocabulary (a device's faulty sampler).
+            schema refuses (ConfigError), a sampled id outside the vocabulary (a device's faulty sampler).
     """
-    if not 0 <= seed < 2**63:
-        raise MinigptError(_MESSAGES["seed"].format(seed=seed))
-    if dtype not in DTYPES:
-        raise MinigptError(_MESSAGES["dtype"].format(dtype=dtype))
     stops = list(stop)
-    if "" in stops:
-        raise MinigptError(_MESSAGES["stop_empty"])
     dev = resolve_device(device)
     # Measures what else runs from here on: the sampling loop's polls decide the thread count once 0.25 s
     # have passed (no wait before the first token: an idle machine pays nothing).

@@ -25,8 +25,6 @@ from ..runtime.kernels import swap as swap_kernels
 from ..tokenizer.kinds import Tokenizer, load_run_tokenizer
 
 _MESSAGES = {
-    "meta": ("{meta!r} is missing or damaged ({reason}), so the tokenizer cannot be checked against the "
-             "checkpoint; use --checkpoint {other}, or copy meta.json from the other checkpoint of this run"),
     "not_finite": ("checkpoint {ckpt!r} has NaN or infinite weights ({name}): the run diverged before it was saved; "
                    "try --checkpoint {other}, or retrain with a lower train.learning_rate"),
     "tokenizer": "{tok} is not the tokenizer this checkpoint was trained with ({why}); restore the run's own "
@@ -50,29 +48,6 @@ class LoadedRun:
         return f"checkpoint {self.checkpoint.name}" + (f", step {self.step}" if self.step is not None else "")
 
 
-def _other(ckpt: Path) -> str:
-    """The checkpoint to suggest when ``ckpt`` is damaged."""
-    return runs.LAST if ckpt.name == runs.BEST else runs.BEST
-
-
-def _read_meta(ckpt: Path) -> dict:
-    """The checkpoint's meta.json, which every checkpoint has: it names the tokenizer it was trained with.
-
-    Raises:
-        MinigptError: missing or damaged, so the tokenizer cannot be checked.
-    """
-    try:
-        meta = runs.read_meta(ckpt)
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:80]
-    else:
-        if isinstance(meta.get("tokenizer_fingerprint", ""), str):  # absent: a checkpoint from before it was kept
-            return meta
-        reason = "tokenizer_fingerprint is not a string"
-    where = str(runs.resolve(ckpt) / runs.META)  # the file read: the .old copy where the checkpoint is one
-    raise MinigptError(_MESSAGES["meta"].format(meta=where, reason=reason, other=_other(ckpt))) from None
-
-
 def _check_finite(model: torch.nn.Module, ckpt: Path) -> None:
     """Refuse weights holding NaN or infinity (a run that diverged): sampling from them cannot work."""
     for name, tensor in model.state_dict().items():
@@ -82,7 +57,8 @@ def _check_finite(model: torch.nn.Module, ckpt: Path) -> None:
         # 10.7M model); a NaN anywhere makes both NaN, an infinity makes one of them infinite.
         extremes = torch.stack(torch.aminmax(tensor.view(-1)))
         if not bool(torch.isfinite(extremes).all()):
-            raise MinigptError(_MESSAGES["not_finite"].format(ckpt=str(ckpt), name=name, other=_other(ckpt)))
+            other = runs.LAST if ckpt.name == runs.BEST else runs.BEST
+            raise MinigptError(_MESSAGES["not_finite"].format(ckpt=str(ckpt), name=name, other=other))
 
 
 def _mismatch(tok: Tokenizer, cfg: Config, meta: dict) -> Optional[str]:
@@ -112,7 +88,7 @@ def load_run(run: Optional[str | Path] = None, checkpoint: str = runs.BEST,
     swap_kernels(model)
     tok = load_run_tokenizer(run_dir, cfg)
     _check_finite(model, ckpt)
-    meta = _read_meta(ckpt)
+    meta = runs.read_meta(ckpt)  # refuses a missing or damaged one: it names the tokenizer trained with
     why = _mismatch(tok, cfg, meta)
     if why is not None:
         raise MinigptError(_MESSAGES["tokenizer"].format(tok=run_dir / runs.TOKENIZER, why=why))

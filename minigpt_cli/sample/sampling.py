@@ -62,21 +62,16 @@ def encode_prompt(tok: Optional[Tokenizer], prompt: str, source: str = "the prom
             characters a char tokenizer lacks, or no tokens at all.
     """
     fixes = _PROMPT_FIXES.get(source, _PROMPT_FIXES["the prompt"])
-    if prompt == "":
-        raise MinigptError(_MESSAGES["empty"].format(source=source, **fixes))
     # Bytes that were not UTF-8 arrive as lone surrogates (surrogateescape): the only text UTF-8 cannot encode.
     bad = _SURROGATE.search(prompt)
     if bad is not None:
         raise MinigptError(_MESSAGES["not_utf8"].format(source=source, byte=ord(bad.group()) & 0xFF, at=bad.start()))
-    if tok is None:
-        return []
-    if tok.unk_token is None:  # char refuses what its alphabet lacks (bpe lacks nothing)
-        missing = tok.unknown_chars(prompt)
-        if missing:
-            raise MinigptError(_MESSAGES["unknown"].format(source=source, chars=", ".join(map(repr, missing))))
-    ids = tok.encode(prompt)
-    if not ids:
-        raise MinigptError(_MESSAGES["no_tokens"].format(source=source, **fixes))
+    missing = tok.unknown_chars(prompt) if tok is not None and tok.unk_token is None else []  # char's alphabet
+    if missing:
+        raise MinigptError(_MESSAGES["unknown"].format(source=source, chars=", ".join(map(repr, missing))))
+    ids = tok.encode(prompt) if tok is not None and prompt else []
+    if prompt == "" or (tok is not None and not ids):  # without a tokenizer (a dry run) only the text is checked
+        raise MinigptError(_MESSAGES["empty" if prompt == "" else "no_tokens"].format(source=source, **fixes))
     return ids
 
 

@@ -46,7 +46,7 @@ _MODEL_KINDS = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}
 _MESSAGES = {
     "unknown": "text has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
     "cannot_encode": "the tokenizer cannot encode the text ({error}); remove or replace the text it fails on",
-    "empty": "cannot train a {kind} tokenizer on an empty corpus",
+    "empty": "cannot train a tokenizer on an empty corpus",
     "only_specials": "the corpus holds nothing but special tokens; give it some text",
     "kind": "unknown tokenizer kind {kind!r}; use one of char, bpe, wordpiece, unigram",
     "not_found": "tokenizer file {path!r} not found",
@@ -111,7 +111,7 @@ class CharTokenizer:
             for part in split_special(piece, specials)[0::2]:
                 chars.update(part)
         if not chars:
-            raise MinigptError(_MESSAGES["empty" if empty else "only_specials"].format(kind="char"))
+            raise MinigptError(_MESSAGES["empty" if empty else "only_specials"])
         return cls(sorted(chars), specials)
 
     @property
@@ -255,10 +255,8 @@ class HFTokenizer:
         import numpy as np
 
         encoded, error = _attempt(lambda: self._tok.encode_batch(list(texts), add_special_tokens=False))
-        if error is not None:
-            for text in texts:
-                self.encode(text)  # raises for the first text that fails, naming its characters
-            raise self._refusal("".join(texts), error)
+        if error is not None:  # one at a time: encode refuses the first text that fails, naming its characters
+            return [np.asarray(self.encode(text), dtype=np.int64) for text in texts]
         return [np.asarray(e.ids, dtype=np.int64) for e in encoded]
 
     def _refusal(self, text: str, exc: Exception) -> MinigptError:

@@ -251,13 +251,11 @@ def train_tokenizer(kind: str, text: str | Iterable[str], vocab_size: Optional[i
     if kind not in KINDS:  # the Python API's edge; the config's kind is a Literal
         raise MinigptError(_KIND_MESSAGES["kind"].format(kind=kind))
     specials = check_special_tokens(special_tokens)
-    if kind == "char":
-        return CharTokenizer.train(text, specials)
-    if not isinstance(text, str):
+    if kind != "char" and not isinstance(text, str):
         text = "".join(text)
-    chunks = [c for c in split_special(text, specials)[0::2] if c]
-    if not chunks:
-        raise MinigptError(_KIND_MESSAGES["empty" if not text else "only_specials"].format(kind=kind))
+    chunks = [] if kind == "char" else [c for c in split_special(text, specials)[0::2] if c]
+    if kind == "char" or not chunks:  # char's alphabet; for the others, its refusal of a corpus without text
+        return CharTokenizer.train(text, specials)
     check_vocab_size(kind, text, vocab_size, specials)
     trainer = {"bpe": _train_bpe, "unigram": _train_unigram, "wordpiece": _train_wordpiece}[kind]
     on_start()

@@ -14,7 +14,8 @@ from tqdm.auto import tqdm
 from ..config.schema import Config
 from ..data.pipeline import eval_offsets, eval_seed, windows
 from ..data.preparation import PreparedData
-from ..runtime.device import CpuThreads, Dist
+from ..runtime.device import CpuThreads
+from ..runtime.distributed import Dist
 from .schedule import should_eval
 from .step import estimate_loss
 

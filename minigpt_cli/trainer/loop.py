@@ -21,7 +21,8 @@ from ..errors import Interrupted, MinigptError
 from ..run import folder as runs
 from ..run.checkpoint import Checkpointer
 from ..runtime import distributed as parallel
-from ..runtime.device import all_mean, broadcast, capture_rng, close_distributed
+from ..runtime.device import capture_rng
+from ..runtime.distributed import all_mean, broadcast, close_distributed
 from ..sample.sampling import sample_prompt_text
 from .estimate import TimeEstimate
 from .evaluate import Evaluator

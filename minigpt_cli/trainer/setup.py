@@ -33,19 +33,9 @@ from ..run import folder as runs
 from ..run.checkpoint import load_weights_into
 from ..run.metrics import RunLogger
 from ..runtime import distributed as parallel
-from ..runtime.device import (
-    CpuThreads,
-    Dist,
-    barrier,
-    broadcast,
-    check_memory,
-    init_distributed,
-    resolve_device,
-    resolve_dtype,
-    restore_rng,
-    seed_everything,
-    tune_runtime,
-)
+from ..runtime.device import CpuThreads, check_memory, resolve_device, resolve_dtype, restore_rng, seed_everything
+from ..runtime.device import tune_runtime
+from ..runtime.distributed import Dist, barrier, broadcast, init_distributed
 from ..runtime.kernels import dropout, onednn
 from ..runtime.kernels import swap as swap_kernels
 from ..sample.sampling import encode_prompt

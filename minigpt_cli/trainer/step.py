@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 import torch
 
 from ..config.schema import TrainConfig
-from ..runtime.device import Dist, all_sum
+from ..runtime.distributed import Dist, all_sum
 
 
 def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW:

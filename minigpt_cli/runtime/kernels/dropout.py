@@ -1,31 +1,14 @@
 """Dropout and causal attention with dropout, faster on CPUs.
 
-PyTorch's CPU dropout draws one Bernoulli sample per element
-(``aten::bernoulli_``), about 9 ns an element on the CPU of BENCHMARKS.md, and
-``F.scaled_dot_product_attention`` with ``dropout_p > 0`` leaves its flash
-kernel for the composite math path (``where``, ``isneginf``, a second softmax
-pass). With nanoGPT's dropout 0.2 that was a quarter of a
-``configs/shakespeare.yaml`` training step.
-
-Here a keep-mask costs two random bytes per element: 64-bit words from the
-same default generator (``random_`` over the whole int64 range), read as int16
-and compared with a threshold, so the drop probability is ``p`` rounded to a
-multiple of 2⁻¹⁶ (0.2 becomes 13107/65536 = 0.19999695), and the kept values
-are scaled by 1/(1 − that probability), which keeps E[y] = x exactly
-(inverted dropout, Srivastava et al. 2014 §10; PyTorch's ``nn.Dropout``).
-Masks come from the default generator, so seeding and checkpointed RNG state
-make runs reproducible as before; the masks themselves differ from
-``bernoulli_``'s.
-
-:func:`attention` computes causal attention with dropout on the attention
-weights (nanoGPT's ``attn_dropout``, Vaswani et al. 2017 §5.4) in one autograd
-function that keeps the softmax output and the mask for its backward, by
-blocks of queries, each against only the keys it may see.
-
-:func:`swap_dropout` puts both into a built model: the trainer, ``bench`` and
-``generate`` call it. ``MINIGPT_FAST_DROPOUT=0`` leaves models with PyTorch's.
-CUDA, ``torch.compile``, bfloat16 and the evaluation mode keep PyTorch's kernels.
-"""
+PyTorch's CPU dropout draws one Bernoulli sample per element (about 9 ns each), and SDPA with ``dropout_p > 0``
+leaves its flash kernel for the math path: a quarter of a ``configs/shakespeare.yaml`` step at dropout 0.2.
+Here a keep-mask costs two random bytes per element from the default generator (so seeding and the saved RNG
+state still reproduce a run; the masks differ from ``bernoulli_``'s): int16 compared with a threshold, so the
+drop probability is ``p`` rounded to a multiple of 2⁻¹⁶, and kept values are scaled by 1/(1 − that), keeping
+E[y] = x (inverted dropout, Srivastava et al. 2014 §10). :func:`attention` is causal attention with dropout on
+the weights (Vaswani et al. 2017 §5.4) in one autograd function, by blocks of queries against only the keys
+each may see. :func:`swap_dropout` puts both into a built model; ``MINIGPT_FAST_DROPOUT=0``, CUDA,
+``torch.compile``, bfloat16 and eval mode keep PyTorch's kernels."""
 
 from __future__ import annotations
 
@@ -53,16 +36,9 @@ def drop_threshold(p: float) -> int:
 
 def keep_mask(shape: tuple[int, ...], p: float, device: torch.device | str = "cpu",
               generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """A random dropout mask of ``shape``: 0 where dropped, 1 / (1 − the drop probability) where kept.
-
-    Each element is dropped with probability ``drop_threshold(p) / 65536``
-    (``p`` to within 2⁻¹⁷), independently, from two bytes of 64-bit words drawn
-    with ``generator`` (default: the global one).
-
-    Returns:
-        ``shape``, float32. Float, not bool: a bool operand of a float
-        product costs a hidden conversion copy on every use.
-    """
+    """A random dropout mask of ``shape``, float32 (a bool operand would cost a conversion copy per use): 0 where
+    dropped, 1 / (1 − the drop probability) where kept; each element dropped with probability
+    ``drop_threshold(p) / 65536``, independently, from two bytes of 64-bit words drawn with ``generator``."""
     n = math.prod(shape)
     words = torch.empty((2 * n + 7) // 8, dtype=torch.int64, device=device)
     words.random_(-2 ** 63, None, generator=generator)  # the whole int64 range: every bit uniform
@@ -200,27 +176,15 @@ def attention_masks(B: int, H: int, T: int, p: float, device: torch.device | str
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
-    """Causal attention whose weights are multiplied by ``masks`` (dropout with given :func:`attention_masks`).
-
-    Args:
-        q, k, v: (B, n_head, T, head_dim), float32.
-        masks: one per block of :func:`query_blocks`, (B·n_head, rows, keys), float32.
-
-    Returns:
-        (B, n_head, T, head_dim).
-    """
+    """Causal attention of q, k, v (B, n_head, T, head_dim) float32, its weights multiplied by ``masks``
+    (:func:`attention_masks`: one per block of :func:`query_blocks`); returns (B, n_head, T, head_dim)."""
     return _CausalAttention.apply(q, k, v, *masks)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
               dropout_p: float = 0.0, is_causal: bool = False) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` (same arguments and result), faster for causal training with dropout.
-
-    Float32 causal attention with 0 < ``dropout_p`` < 1 on a CPU, outside
-    ``torch.compile``, runs :func:`causal_attention` with :func:`attention_masks`;
-    everything else (no dropout: the flash kernel; a mask; CUDA) is
-    ``F.scaled_dot_product_attention``.
-    """
+    """``F.scaled_dot_product_attention`` (same arguments and result); float32 causal attention with
+    0 < ``dropout_p`` < 1 on a CPU, outside ``torch.compile``, runs :func:`causal_attention` instead."""
     if (is_causal and attn_mask is None and q.shape == k.shape == v.shape and usable(q, dropout_p)
             and not torch.is_autocast_enabled("cpu")):  # usable: float32 on a CPU, eager, 0 < p < 1
         B, H, T, _ = q.shape
@@ -229,11 +193,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
 
 
 def requested() -> bool:
-    """Whether ``MINIGPT_FAST_DROPOUT`` (default on) lets models take the fast dropout.
-
-    Raises:
-        MinigptError: the variable is neither on nor off.
-    """
+    """Whether ``MINIGPT_FAST_DROPOUT`` (default on) lets models take the fast dropout; MinigptError when
+    it is neither on nor off."""
     return env_flag(ENV, "the fast CPU dropout, the default", "PyTorch's own dropout")
 
 
@@ -255,18 +216,12 @@ def dropout_kernel(model: nn.Module, device: torch.device, dtype: torch.dtype, c
 
 
 def swap_dropout(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
-    """Give ``model`` the fast dropout: every ``nn.Dropout`` becomes a :class:`FastDropout` (same ``p``), and
-    every module with an ``attend`` attribute (the model's attention) attends through :func:`attention`.
-
-    In place; no parameter or state-dict key changes. ``enabled`` None means
-    ``MINIGPT_FAST_DROPOUT`` (default on).
-
-    Returns:
-        ``model``.
+    """Give ``model`` the fast dropout, in place (no state-dict key changes): every ``nn.Dropout`` becomes a
+    :class:`FastDropout` (same ``p``), and every module with an ``attend`` attribute attends through
+    :func:`attention`. ``enabled`` None: ``MINIGPT_FAST_DROPOUT`` (default on). Returns ``model``.
 
     Raises:
-        MinigptError: ``MINIGPT_FAST_DROPOUT`` is neither on nor off.
-    """
+        MinigptError: ``MINIGPT_FAST_DROPOUT`` is neither on nor off."""
     if enabled is None:
         enabled = requested()
     if not enabled:

@@ -1,18 +1,10 @@
 """float32 linear layers on oneDNN for x86 CPUs.
 
-PyTorch's CPU wheels run float32 ``F.linear``/``torch.mm`` on MKL, which takes
-its AVX2 code path on AMD processors even where they have AVX-512; oneDNN
-(bundled with the same wheel, PyTorch's convolution library) picks its kernels
-by instruction set. On the 2-core AMD EPYC (Zen 5) of BENCHMARKS.md a
-768x128 @ 128x512 product runs at 230 GFLOP/s through MKL and 480 through
-oneDNN, which makes a training step 1.48 times faster.
-
-:func:`swap_linears` replaces a model's ``nn.Linear`` modules by
-:class:`OneDNNLinear` (same parameters, same state dict). Those compute
-through :func:`linear`, which takes oneDNN only where it pays and gives the
-same results to float32 rounding, and ``F.linear`` everywhere else.
-``MINIGPT_ONEDNN=0`` (or ``off``) leaves models alone.
-"""
+PyTorch's CPU wheels run float32 matmuls on MKL, which takes its AVX2 path on AMD processors even with AVX-512;
+oneDNN (in the same wheel) picks kernels by instruction set: on the Zen 5 CPU of BENCHMARKS.md a 768x128 @
+128x512 product runs at 230 GFLOP/s on MKL and 480 on oneDNN, a training step 1.48 times faster.
+:func:`swap_linears` turns a model's ``nn.Linear`` into :class:`OneDNNLinear` (same parameters), computed by
+:func:`linear`: oneDNN where it pays, ``F.linear`` elsewhere. ``MINIGPT_ONEDNN=0`` leaves models alone."""
 
 from __future__ import annotations
 
@@ -151,12 +143,8 @@ def applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor])
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear`` on oneDNN where it pays: x (..., in) @ weight (out, in)ᵀ + bias (out,) → (..., out).
 
-    Float32 on an x86 CPU, for products big enough to gain (:func:`pays`),
-    outside autocast, ``torch.compile``, forward-mode AD and functorch
-    transforms (which keep PyTorch's kernels and formulas), the product and
-    its gradients run on oneDNN; results agree with ``F.linear`` to float32
-    rounding (summation order differs). Everywhere else this is ``F.linear``.
-    """
+    oneDNN only where :func:`applies` (float32 on an x86 CPU, big enough, outside autocast, ``torch.compile`` and
+    functorch); the results agree with ``F.linear`` to float32 rounding (summation order differs)."""
     if not applies(x, weight, bias):
         return F.linear(x, weight, bias)
     if bias is not None:
@@ -175,19 +163,12 @@ class OneDNNLinear(nn.Linear):
 
 
 def swap_linears(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
-    """Replace every ``nn.Linear`` of ``model`` by a :class:`OneDNNLinear` holding the same parameters.
-
-    In place; the parameters stay the same tensors, so the state dict, weight
-    tying and an optimizer built before or after are unaffected. ``enabled``
-    None means ``MINIGPT_ONEDNN`` (:func:`requested`) on a machine where
-    oneDNN is :func:`available`; when off, the model is left as it is.
-
-    Returns:
-        ``model``.
+    """Replace every ``nn.Linear`` of ``model`` by a :class:`OneDNNLinear`, in place, holding the same
+    parameter tensors (state dict, weight tying and optimizers unaffected). ``enabled`` None: ``MINIGPT_ONEDNN``
+    (:func:`requested`) where oneDNN is :func:`available`. Returns ``model``.
 
     Raises:
-        MinigptError: ``MINIGPT_ONEDNN`` is neither on nor off.
-    """
+        MinigptError: ``MINIGPT_ONEDNN`` is neither on nor off."""
     if enabled is None:
         enabled = requested() and available()
     if not enabled:
@@ -203,13 +184,8 @@ def swap_linears(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
 
 def linear_kernel(model: nn.Module, tokens: int, device: torch.device, dtype: torch.dtype,
                   compiled: bool = False) -> str:
-    """The kernel that runs ``model``'s linear layers on a batch of ``tokens`` tokens.
-
-    ``dtype`` is the training dtype (bfloat16/float16 mean autocast). Returns
-    ``"oneDNN"``, ``"torch.mm"`` (PyTorch's own: MKL on x86 CPUs) or
-    ``"oneDNN+torch.mm"`` when only some products are big enough (:func:`pays`)
-    or only some layers were swapped.
-    """
+    """The kernel of ``model``'s linear layers on a batch of ``tokens`` at training ``dtype``: ``"oneDNN"``,
+    ``"torch.mm"`` (PyTorch's own) or ``"oneDNN+torch.mm"`` when only some products pay or some layers were swapped."""
     if compiled or device.type != "cpu" or dtype != torch.float32 or not available():
         return "torch.mm"
     kinds = {"oneDNN" if isinstance(m, OneDNNLinear) and tokens > 0 and pays(tokens, m.in_features, m.out_features)
