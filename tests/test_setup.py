@@ -129,3 +129,30 @@ def test_train_hashes_each_corpus_file_once(data_dir, tmp_path, shakespeare, mon
     train(tiny(data_dir, "train.max_iters=2", f"data.path={tmp_path / 'books'}"), echo=lambda m: None,
           progress=False)
     assert hashed == Counter({os.path.realpath(p): 1 for p in paths})
+
+
+@pytest.mark.parametrize("damage", ["weights", "metrics"])
+def test_dry_run_resume_refuses_damaged_files_as_train_does(cli, own_data, tmp_path, damage):
+    """A bit flipped in the last checkpoint's weights, or a line that is not an event in metrics.jsonl: train
+    --resume refused them and --dry-run --resume passed (QA); now both refuse, with the same line."""
+    sets = [f"data.data_dir={own_data}", "train.eval_interval=2", "train.eval_iters=1"]
+    with working_dir(tmp_path):
+        train(tiny(own_data, "train.max_iters=2", "train.eval_interval=2", "train.eval_iters=1"), run_name="r",
+              echo=lambda m: None, progress=False)
+        run = tmp_path / "runs" / "r"
+        if damage == "weights":
+            weights = run / "checkpoints" / "last" / "model.safetensors"
+            data = bytearray(weights.read_bytes())
+            data[-100] ^= 0x40
+            weights.write_bytes(bytes(data))
+            fragment = "are corrupt or truncated"
+        else:
+            with open(run / "metrics.jsonl", "a") as f:
+                f.write("[1, 2, 3]\n{}\n")
+            fragment = "is not a metrics event"
+        args = ["train", TINY, "--resume", str(run), "--no-progress", "--set", "train.max_iters=4",
+                *[w for s in sets for w in ("--set", s)]]
+        dry, real = cli(*args, "--dry-run"), cli(*args)
+    assert_user_error(dry, fragment)
+    assert_user_error(real, fragment, notes_ok=True)
+    assert _error(dry) == _error(real)

@@ -284,11 +284,22 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
     return model, config
 
 
+_RESUME_FIX = "start a new run or restore the file"
+
+
+def verify_weights(directory: Path) -> Path:
+    """The checkpoint's weights file once its sha256 matches meta.json's (what resuming loads; ``--dry-run``
+    checks it without loading). Raises MinigptError: an unreadable, corrupt or altered file."""
+    weights = resolve(directory) / WEIGHTS
+    return verify(weights.parent, weights.name, f"checkpoint weights {str(weights)!r} are corrupt or truncated",
+                  _RESUME_FIX)
+
+
 def load_weights_into(model: GPT, directory: Path) -> None:
     """Load a checkpoint's verified weights into an existing model (resuming), FSDP-sharded or not.
     Raises MinigptError: a corrupt, truncated or altered file, or weights of another shape."""
     weights = resolve(directory) / WEIGHTS
-    sd = _read_weights(weights, "start a new run or restore the file")
+    sd = _read_weights(weights, _RESUME_FIX)
     _check_keys(sd, model, weights, "the model of the run's config")
     load_model_state(model, sd)
 

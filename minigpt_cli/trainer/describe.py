@@ -52,8 +52,8 @@ def unchecked(p: Plan) -> list[str]:
         if stage.corpus is None and given.data.fingerprint is not None:
             out.append(("the corpus against data.fingerprint", why))
     if p.resumed is not None:
-        out.append(("that no other train holds the run's lock, and its checkpoint's weights",
-                    "a dry run takes no lock and loads no weights"))
+        out.append(("that no other train holds the run's lock, and that its weights load into the model",
+                    "a dry run takes no lock and builds no model (their checksum is checked)"))
     elif given.model.init_from is not None:
         out.append((f"the weights in {given.model.init_from}", "a dry run loads no weights"))
     return [f"  not checked: {what} ({reason})" for what, reason in out]

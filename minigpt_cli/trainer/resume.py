@@ -15,6 +15,7 @@ from ..data.pipeline import run_corpus_change
 from ..errors import MinigptError
 from ..run import checkpoint
 from ..run import folder as runs
+from ..run.metrics import METRICS, read_events
 from ..tokenizer.kinds import Tokenizer, check_run_tokenizer, load_tokenizer
 from .schedule import schedule_note
 
@@ -143,13 +144,17 @@ class Resumed:
         folders a killed save left, then check the run's tokenizer against ``tok`` and read the trainer state.
 
         Raises:
-            MinigptError: a run in use, another tokenizer, a damaged trainer state.
+            MinigptError: a run in use, another tokenizer, a damaged trainer state (a dry run: also damaged
+                weights or metrics.jsonl).
         """
         last = self.last_of(self.run_dir)
         if claim is not None:
             claim.folder = runs.RunFolder(self.run_dir,
                                           runs.RunLock(self.run_dir).acquire("wait for it to finish before resuming"))
             self.swept = checkpoint.sweep_stale_temps(last.parent)  # safe under the lock: no other process saves
+        else:  # a real run reads these in build(); a dry run loads nothing, so it checks them here, alike
+            checkpoint.verify_weights(last)
+            read_events(self.run_dir / METRICS)
         check_run_tokenizer(self.run_dir, self.saved, tok)
         self.state = load_resume_state(last)
         self.max_iters = cfg.train.max_iters
