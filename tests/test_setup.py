@@ -156,3 +156,11 @@ def test_dry_run_resume_refuses_damaged_files_as_train_does(cli, own_data, tmp_p
     assert_user_error(dry, fragment)
     assert_user_error(real, fragment, notes_ok=True)
     assert _error(dry) == _error(real)
+
+
+def test_a_tokenizer_path_of_the_users_is_never_advised_deleted(cli, own_data, tmp_path):
+    with working_dir(tmp_path):
+        (tmp_path / "mytok.json").write_text('{"x": 1}')
+        res = cli("train", TINY, "--dry-run", "--set", f"data.data_dir={own_data}", "--set", "tokenizer.path=mytok.json")
+    assert_user_error(res, "'mytok.json' is not a minigpt tokenizer", "pass a tokenizer file")
+    assert "delete" not in res.stderr and (tmp_path / "mytok.json").read_text() == '{"x": 1}'

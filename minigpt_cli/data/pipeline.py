@@ -197,7 +197,8 @@ def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
     """Load the tokenizer file ``path`` and check that it agrees with the config (:data:`_DISAGREES`). Raises
     MinigptError: an unreadable file, or one that disagrees with the config."""
     tc = cfg.tokenizer
-    tok = load_tokenizer(path, tc.kind, fix=_HF_FIX if tc.kind == "hf" else None)
+    # A tokenizer.path file is the user's: never advised to be deleted (own=False); the default file is ours.
+    tok = load_tokenizer(path, tc.kind, own=tc.path is None, fix=_HF_FIX if tc.kind == "hf" else None)
     missing = [s for s in tc.special_tokens if s not in tok.special_tokens]
     sized = tc.kind != "char" and tc.vocab_size is not None  # a char tokenizer's alphabet decides its size
     refuse([(tok.kind != tc.kind, "kind"), (bool(missing), "special"),
