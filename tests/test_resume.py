@@ -391,3 +391,48 @@ def test_sigint_during_the_eval_sample_stops_it_at_once(data_dir, tmp_path, monk
     assert count["n"] == 15  # no forward after the one that saw the signal
     samples = (tmp_path / "runs" / "sm" / "samples.txt").read_text()
     assert "step 0" in samples
+
+
+def test_resume_auto_continues_a_run_of_the_same_corpus_only(data_dir, tmp_path, monkeypatch):
+    """Own text with --resume auto, beside a Shakespeare run of the same config name: a new run, not a refusal of
+    the Shakespeare run (the README says "else a new run")."""
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=4", "name=same"), run_name="plays", echo=lambda m: None, progress=False)
+    book = tmp_path / "book.txt"
+    book.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:100_000])
+    notes = []
+    own = train(tiny(data_dir, "train.max_iters=4", "name=same", f"data.path={book}"), echo=notes.append,
+                progress=False, resume="auto")
+    assert own.run_dir.name != "plays" and own.step == 4 and any("starting a new one" in n for n in notes)
+    again = train(tiny(data_dir, "train.max_iters=6", "name=same", f"data.path={book}"), echo=lambda m: None,
+                  progress=False, resume="auto")
+    assert again.run_dir == own.run_dir and again.step == 6  # its own corpus's run: continued
+
+
+def test_a_resume_says_each_key_it_changes_and_the_run_keeps_them(cli, data_dir, tmp_path, monkeypatch):
+    """train.batch_size, grad_accum_steps, eval_iters and seed changed on a resume: one note per key, old -> new,
+    in --dry-run, on stderr and in train.log, and env.json keeps them per session."""
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"), run_name="r", echo=lambda m: None,
+          progress=False)
+    run = tmp_path / "runs" / "r"
+    old = tiny(data_dir, "train.max_iters=2")
+    changed = ["train.batch_size=4", "train.grad_accum_steps=2", "train.eval_iters=3", "seed=7"]
+    args = ["train", TINY, "--resume", str(run), "--no-progress", "--set", f"data.data_dir={data_dir}",
+            "--set", "train.max_iters=4", "--set", "train.eval_interval=2", *[w for c in changed for w in ("--set", c)]]
+    dry = cli(*args, "--dry-run")
+    real = cli(*args)
+    assert dry.exit_code == 0 and real.exit_code == 0, (dry, real)
+    expected = [f"note: --resume changes train.batch_size: {old.train.batch_size!r} -> 4",
+                f"note: --resume changes train.grad_accum_steps: {old.train.grad_accum_steps!r} -> 2",
+                f"note: --resume changes train.eval_iters: {old.train.eval_iters!r} -> 3",
+                f"note: --resume changes seed: {old.seed!r} -> 7"]
+    for line in expected:
+        assert line in dry.stdout, dry
+        assert line in real.stderr, real
+        assert line.removeprefix("note: ") in (run / "train.log").read_text()
+    env = json.loads((run / "env.json").read_text())
+    keys = ("seed", "train.batch_size", "train.grad_accum_steps", "train.eval_iters")  # tiny() differs in more
+    assert {k: env["config_changes"][k] for k in keys} == {"seed": [old.seed, 7], "train.batch_size": [old.train.batch_size, 4],
+                                     "train.grad_accum_steps": [old.train.grad_accum_steps, 2],
+                                     "train.eval_iters": [old.train.eval_iters, 3]}

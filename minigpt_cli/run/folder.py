@@ -21,7 +21,7 @@ import time
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -195,11 +195,13 @@ def made_here(run_dir: Path) -> bool:
     return (Path(run_dir) / LOCK).is_file() or has_checkpoint(run_dir)
 
 
-def newest_run(root: str | Path, name: Optional[str] = None) -> Optional[Path]:
-    """The run under ``root`` whose ``last`` checkpoint was written most recently (of config ``name``); or None."""
+def newest_run(root: str | Path, name: Optional[str] = None,
+               keep: Callable[[Path], bool] = lambda run: True) -> Optional[Path]:
+    """The run under ``root`` whose ``last`` checkpoint was written most recently (of config ``name``, and that
+    ``keep`` keeps); or None."""
     found = []
     for run in Path(root).iterdir() if Path(root).is_dir() else ():
-        if not has_weights(checkpoint_dir(run, LAST)):
+        if not has_weights(checkpoint_dir(run, LAST)) or not keep(run):
             continue
         ckpt = resolve(checkpoint_dir(run, LAST))
         with suppress(MinigptError):  # a damaged meta.json: not a run of that name
@@ -213,11 +215,13 @@ def latest_run(runs_dir: str | Path = "runs") -> Path:
     return open_checkpoint(None, LAST, runs_dir)[0]
 
 
-def find_resume_dir(out_dir: str | Path, name: str, resume: str) -> Optional[Path]:
-    """The run folder ``--resume`` names: ``auto`` (the newest run of config ``name``, or None) or a path.
-    Raises MinigptError when a given path has no resumable checkpoint (offering ``best`` when only it is left)."""
+def find_resume_dir(out_dir: str | Path, name: str, resume: str,
+                    keep: Callable[[Path], bool] = lambda run: True) -> Optional[Path]:
+    """The run folder ``--resume`` names: ``auto`` (the newest run of config ``name`` that ``keep`` keeps, or
+    None) or a path. Raises MinigptError when a given path has no resumable checkpoint (offering ``best`` when
+    only it is left)."""
     if resume == "auto":
-        return newest_run(out_dir, name)
+        return newest_run(out_dir, name, keep)
     run_dir = Path(resume)
     last, best = checkpoint_dir(run_dir, LAST), checkpoint_dir(run_dir, BEST)
     only_best = run_dir.is_dir() and not has_weights(last) and has_weights(best)

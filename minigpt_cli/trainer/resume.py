@@ -45,6 +45,27 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
             )
 
 
+#: Keys a resume changes as a matter of course, said elsewhere or not at all: the new end of training.
+_EXPECTED_CHANGES = {"train.max_iters"}
+
+
+def config_changes(cfg: Config, saved: Config) -> dict[str, list]:
+    """The keys outside ``model``, ``tokenizer`` and ``data`` (which may not change) whose value ``cfg`` changes
+    from the run's checkpoint ``saved``: key -> [old, new], in the schema's order."""
+    def flat(data: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in data.items():
+            if isinstance(value, dict):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[prefix + key] = value
+        return out
+
+    old, new = flat(saved.to_dict()), flat(cfg.to_dict())
+    return {k: [old.get(k), v] for k, v in new.items() if k.split(".")[0] not in ("model", "tokenizer", "data")
+            and k not in _EXPECTED_CHANGES and old.get(k) != v}
+
+
 def _named_tokenizer(cfg: Config) -> Optional[Tokenizer]:
     """The tokenizer in the file ``tokenizer.path`` names, when it is set and there; else None.
 
@@ -110,15 +131,25 @@ class Resumed:
     max_iters: int = 0
     note: Optional[str] = None
     swept: list[Path] = field(default_factory=list)
+    changes: dict[str, list] = field(default_factory=dict)  # key -> [old, new] (:func:`config_changes`)
 
     @classmethod
     def find(cls, cfg: Config, resume: str) -> Optional["Resumed"]:
-        """The run ``resume`` names (``auto``: the newest of ``cfg.name``; None when there is none yet).
+        """The run ``resume`` names (``auto``: the newest of ``cfg.name`` on the same corpus; None when there is
+        none yet).
 
         Raises:
             MinigptError: a path without a resumable checkpoint, a damaged checkpoint config.
         """
-        run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume)
+        def same_data(run: Path) -> bool:  # auto continues a run of this corpus, not any run of this name
+            try:
+                data = checkpoint.saved_config(cls.last_of(run)).data
+            except MinigptError:
+                return True  # a damaged run is found, and its damage said below, as before
+            where = (cfg.data.dataset, cfg.data.path and Path(cfg.data.path))
+            return (data.dataset, data.path and Path(data.path)) == where
+
+        run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume, same_data)
         return None if run_dir is None else cls(run_dir, checkpoint.saved_config(cls.last_of(run_dir)))
 
     @staticmethod
@@ -158,6 +189,7 @@ class Resumed:
         check_run_tokenizer(self.run_dir, self.saved, tok)
         self.state = load_resume_state(last)
         self.max_iters = cfg.train.max_iters
+        self.changes = config_changes(cfg, self.saved)
         if not self.done:
             self.note = schedule_note(cfg, self.saved, self.state["step"])
 
@@ -173,7 +205,11 @@ class Resumed:
         if self.done:
             return [f"--resume: {self.run_dir} is at step {step}, train.max_iters is {n}: nothing would be trained"]
         return [f"--resume: would continue {self.run_dir} from step {step} to train.max_iters {n}"] + \
-            ([self.note] if self.note else [])
+            self.change_notes() + ([self.note] if self.note else [])
+
+    def change_notes(self) -> list[str]:
+        """One note per key this resume changes, old -> new (train.log and env.json keep them too)."""
+        return [f"note: --resume changes {key}: {old!r} -> {new!r}" for key, (old, new) in self.changes.items()]
 
     def result(self) -> dict[str, Any]:
         """The fields of a finished run's :class:`~.loop.TrainResult`: its step and last eval's losses."""

@@ -311,6 +311,7 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     env = runs.env_info(device, dtype, dist.world, **(compiled_kernels if cfg.compile else eager_kernels))
     if resumed is not None and dist.main:  # a resumed run: the sessions before this one are kept, oldest first
         env["earlier_sessions"] = runs.earlier_sessions(run_dir)
+        env["config_changes"] = resumed.changes  # this session's, beside the earlier sessions' own
         before = env["earlier_sessions"][-1].get("dropout_kernel") if env["earlier_sessions"] else None
         if before not in (None, env["dropout_kernel"]):
             echo(DROPOUT_CHANGED.format(before=before, now=env["dropout_kernel"]))
@@ -359,9 +360,9 @@ def _restore(s: Setup, resumed: Resumed) -> None:
     s.logger.truncate_to(s.prog.step, s.prog.evaluated)
     s.logger.log(f"resumed from step {s.prog.step} ({weights_dir})")
     s.echo(f"resuming {s.run_dir} from step {s.prog.step}")
-    if resumed.note:
-        s.logger.log(resumed.note.removeprefix("note: "))
-        s.echo(resumed.note)
+    for note in resumed.change_notes() + ([resumed.note] if resumed.note else []):
+        s.logger.log(note.removeprefix("note: "))
+        s.echo(note)
 
 
 def _compile(s: Setup) -> None:
