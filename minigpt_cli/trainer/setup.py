@@ -309,9 +309,9 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     compiled_kernels = {"linear_kernel": "torch.mm",  # torch.compile keeps PyTorch's kernels
                         "dropout_kernel": dropout.dropout_kernel(model, device, dtype, compiled=True)}
     env = runs.env_info(device, dtype, dist.world, **(compiled_kernels if cfg.compile else eager_kernels))
+    env["config_changes"] = resumed.changes if resumed is not None else {}  # this session's keys, old -> new
     if resumed is not None and dist.main:  # a resumed run: the sessions before this one are kept, oldest first
         env["earlier_sessions"] = runs.earlier_sessions(run_dir)
-        env["config_changes"] = resumed.changes  # this session's, beside the earlier sessions' own
         before = env["earlier_sessions"][-1].get("dropout_kernel") if env["earlier_sessions"] else None
         if before not in (None, env["dropout_kernel"]):
             echo(DROPOUT_CHANGED.format(before=before, now=env["dropout_kernel"]))
