@@ -324,3 +324,19 @@ def test_dry_run_refuses_a_run_name_train_would_refuse(cli, data_dir, tmp_path, 
     assert_user_error(cli("train", TINY, "--run-name", "a b", *common), "--run-name 'a b'", "letters, digits")
     assert cli("train", TINY, "--run-name", "empty", *common).exit_code == 0
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["empty", "taken"]  # dry-run made nothing
+
+
+def test_a_kept_checkpoint_is_named_step_n_by_every_command(cli, data_dir, tmp_path, monkeypatch):
+    """train.keep_every writes checkpoints/step-0000002/: generate, evaluate and export take it as step-2 (or
+    step-0000002); a step that was not kept is one line naming the folder."""
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=4", "train.eval_interval=2", "train.keep_every=2"), run_name="k",
+          echo=lambda m: None, progress=False)
+    run = tmp_path / "runs" / "k"
+    assert (run / "checkpoints" / "step-0000002").is_dir()
+    gen = cli("generate", "--run", run, "--checkpoint", "step-2", "--max-new-tokens", "3", "--seed", "1")
+    assert gen.exit_code == 0, gen
+    ev = cli("evaluate", "--run", run, "--checkpoint", "step-0000002", "--json")
+    assert ev.exit_code == 0 and json.loads(ev.stdout)["step"] == 2, ev
+    assert cli("export", run, "--checkpoint", "step-2", "--output", tmp_path / "x").exit_code == 0
+    assert_user_error(cli("evaluate", "--run", run, "--checkpoint", "step-3"), "step-0000003 holds no")

@@ -39,8 +39,9 @@ DeviceOption = Annotated[str, typer.Option("--device", metavar="DEVICE", help="a
 RunOption = Annotated[Optional[Path], typer.Option(
     "--run", metavar="DIR", help="Run folder (default: the most recent under runs/).")]
 CheckpointOption = Annotated[str, typer.Option(
-    "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
-    help="best: the weights with the lowest val loss; last: the most recent save.")]
+    "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}|step-N",
+    help="best: the weights with the lowest val loss; last: the most recent save; step-N: the copy "
+         "train.keep_every kept at step N.")]
 
 
 class _StdoutError(Exception):

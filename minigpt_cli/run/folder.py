@@ -60,7 +60,7 @@ _MESSAGES = {
     "no_run": ("run folder {path!r} not found", "pass a run folder (runs/NAME) of a trained run"),
     "no_runs": ("no trained run found under {path!r}",
                 "train one first (minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME"),
-    "which": ("--checkpoint {which!r}: use {BEST} or {LAST}", None),
+    "which": ("--checkpoint {which!r}: use {BEST}, {LAST} or a kept step-N (train.keep_every)", None),
     "resume": ("--resume {path}: no such run folder", None),
     "not_folder": ("{path!r} exists and is not a folder", "pick another --run-name"),
     "resumable": ("run folder {path!r} already exists", "pick another --run-name, or continue it with --resume {path}"),
@@ -169,13 +169,15 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
 
 def open_checkpoint(run: Optional[str | Path], which: str, runs_dir: str | Path = "runs") -> tuple[Path, Path]:
     """The run folder (``run``, or the newest under ``runs_dir``) and its checkpoint folder ``which``
-    (``best`` falls back to ``last`` before the first eval). Raises MinigptError: ``which`` is not best or
-    last, no run there, no such folder, or no checkpoint in it."""
+    (``best`` falls back to ``last`` before the first eval; ``step-N`` is the copy ``train.keep_every`` kept).
+    Raises MinigptError: ``which`` is none of those, no run there, no such folder, or no checkpoint in it."""
     newest = newest_run(runs_dir) if run is None else None
     run_dir = Path(run) if run is not None else newest or Path(runs_dir)
-    ckpt = checkpoint_dir(run_dir, which if has_weights(checkpoint_dir(run_dir, which)) else LAST)
-    tried = f"neither {BEST} nor {LAST} holds" if which == BEST else f"{LAST} holds no"
-    problem = _first((which not in (BEST, LAST), "which", {"which": which}),
+    kept = re.fullmatch(r"step-(\d{1,12})", which)  # a train.keep_every copy: step-15 or step-0000015
+    name = kept_name(int(kept[1])) if kept else which
+    ckpt = checkpoint_dir(run_dir, name if has_weights(checkpoint_dir(run_dir, name)) or kept else LAST)
+    tried = {BEST: f"neither {BEST} nor {LAST} holds", LAST: f"{LAST} holds no"}.get(which, f"{name} holds no")
+    problem = _first((which not in (BEST, LAST) and not kept, "which", {"which": which}),
                      (run is None and newest is None, "no_runs", {"path": str(runs_dir)}),
                      (not run_dir.is_dir(), "no_run", {"path": str(run_dir)}),
                      (not has_weights(ckpt), "no_checkpoint", {"path": str(run_dir / CHECKPOINTS),
