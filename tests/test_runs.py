@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -340,3 +341,18 @@ def test_a_kept_checkpoint_is_named_step_n_by_every_command(cli, data_dir, tmp_p
     assert ev.exit_code == 0 and json.loads(ev.stdout)["step"] == 2, ev
     assert cli("export", run, "--checkpoint", "step-2", "--output", tmp_path / "x").exit_code == 0
     assert_user_error(cli("evaluate", "--run", run, "--checkpoint", "step-3"), "step-0000003 holds no")
+
+
+def test_evaluates_bits_per_byte_label_says_what_was_scored(cli, data_dir, tmp_path, monkeypatch):
+    """The training eval's windows score a few thousand tokens: their bits per byte is converted at the split's
+    tokens per byte, and the label says so instead of naming the split's byte count as if it had been scored."""
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"), run_name="e", echo=lambda m: None,
+          progress=False)
+    res = cli("evaluate", "--run", tmp_path / "runs" / "e")
+    assert res.exit_code == 0, res
+    scored = int(re.search(r"over ([\d,]+) tokens", res.stdout)[1].replace(",", ""))
+    line = next(x for x in res.stdout.splitlines() if x.strip().startswith("bits per byte"))
+    assert f"(the {scored:,} scored tokens, at the split's" in line and "tokens per byte)" in line, line
+    full = cli("evaluate", "--run", tmp_path / "runs" / "e", "--full")
+    assert re.search(r"bits per byte +[\d.]+ \([\d,]+ bytes\)", full.stdout), full  # full: the bytes it scored

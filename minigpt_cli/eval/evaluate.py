@@ -168,9 +168,20 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
         "mode": "full" if full else "eval", "loss": loss,
         "perplexity": math.exp(loss) if loss < 709.0 else math.inf,  # exp overflows a float past 709.78
         "bits_per_byte": nats_per[0] / math.log(2), "bits_per_char": nats_per[1] / math.log(2),
-        "tokens": n_scored, "bytes": n_bytes, "chars": n_chars, "block_size": T,
+        "tokens": n_scored, "bytes": n_bytes, "chars": n_chars, "split_tokens": len(tokens), "block_size": T,
         "stride": stride if full else None, "logged_loss": logged,
     }
+
+
+def _per_unit(r: dict) -> list[str]:
+    """The bits per byte and per character lines, saying what they were measured on: the scored text itself
+    (``full``), or the training eval's tokens converted at the split's own tokens per byte."""
+    if r["mode"] == "full":
+        return [f"  bits per byte   {r['bits_per_byte']:.4f} ({r['bytes']:,} bytes)",
+                f"  bits per char   {r['bits_per_char']:.4f} ({r['chars']:,} characters)"]
+    at = f"the {r['tokens']:,} scored tokens, at the split's {{:.3f}} tokens per {{}}"
+    return [f"  bits per byte   {r['bits_per_byte']:.4f} ({at.format(r['split_tokens'] / r['bytes'], 'byte')})",
+            f"  bits per char   {r['bits_per_char']:.4f} ({at.format(r['split_tokens'] / r['chars'], 'character')})"]
 
 
 def format_evaluation(r: dict) -> str:
@@ -180,8 +191,7 @@ def format_evaluation(r: dict) -> str:
     lines = [f"{r['run']} ({r['checkpoint']}, step {r['step']}) on {r['source']}: {how}",
              f"  loss            {r['loss']:.6f} nats/token over {r['tokens']:,} tokens",
              f"  perplexity      {r['perplexity']:.4f}",
-             f"  bits per byte   {r['bits_per_byte']:.4f} ({r['bytes']:,} bytes)",
-             f"  bits per char   {r['bits_per_char']:.4f} ({r['chars']:,} characters)"]
+             *_per_unit(r)]
     if r["logged_loss"] is not None:
         lines.append(f"  logged          {r['logged_loss']:.6f} (the run's {r['source']}_loss at step {r['step']})")
     return "\n".join(lines)
