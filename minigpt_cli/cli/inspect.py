@@ -17,7 +17,7 @@ import typer
 from typer._click.exceptions import UsageError
 
 from ..run import folder as runs
-from .base import TYPER_SETTINGS, Command, Group, echo
+from .base import TYPER_SETTINGS, CheckpointOption, Command, Group, RunOption, echo
 
 _MESSAGES = {
     "unknown_topic": "unknown topic {name!r};{hint} the topics are: {topics}",
@@ -190,10 +190,8 @@ def residual(
 def attention(
     prompt: str = typer.Option(..., "--prompt", metavar="TEXT", help="Text to attend over: at most the run's "
                                                                      "block_size tokens (longer is refused)."),
-    run: Optional[Path] = typer.Option(None, "--run", metavar="DIR", help="Run folder (default: the most recent "
-                                                                          "under runs/)."),
-    checkpoint: str = typer.Option(runs.BEST, "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
-                                   help="best: lowest val loss; last: the most recent save."),
+    run: RunOption = None,
+    checkpoint: CheckpointOption = runs.BEST,
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(Path("inspect"), "--output", metavar="DIR", help=OUTPUT_HELP),
 ) -> None:
