@@ -431,14 +431,16 @@ def unescape(text: str, what: str = "--stop") -> str:
 
 
 #: The ``minigpt`` command; each module of this package adds its commands to it.
-app = typer.Typer(
-    name="minigpt",
-    cls=Group,
-    help="Train, sample and measure small GPT models (decoder-only Transformers).",
+#: The Typer settings of ``minigpt`` and its sub-apps. Plain click help: no boxes or type labels, and as wide
+#: as the terminal (up to 120 columns).
+TYPER_SETTINGS = dict(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    # Plain click help: no boxes or type labels, and as wide as the terminal (up to 120 columns).
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+)
+app = typer.Typer(
+    name="minigpt", cls=Group, help="Train, sample and measure small GPT models (decoder-only Transformers).",
+    **TYPER_SETTINGS,
 )

@@ -14,14 +14,10 @@ from pathlib import Path
 from typing import List, Literal, Optional
 
 import typer
+from typer._click.exceptions import UsageError
 
 from ..run import folder as runs
-from .base import Command, Group, echo
-
-try:  # Typer >= 0.20 carries its own copy of click
-    from typer._click.exceptions import UsageError
-except ImportError:  # pragma: no cover - older Typer uses click itself
-    from click.exceptions import UsageError
+from .base import TYPER_SETTINGS, CheckpointOption, Command, Group, RunOption, echo
 
 _MESSAGES = {
     "unknown_topic": "unknown topic {name!r};{hint} the topics are: {topics}",
@@ -53,11 +49,7 @@ app = typer.Typer(
     help="Compute, check and draw the ideas behind the model: positions, block, residual, attention, "
          "activations, ffn, tokenize. Each prints its numbers (--json: as JSON) and writes a PNG to --output "
          "(default inspect/ in the current folder).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+    **TYPER_SETTINGS,
 )
 
 OUTPUT_HELP = "Folder for the PNG (created if missing; default: inspect/ in the current folder)."
@@ -95,10 +87,10 @@ def _numbers(text: str, key: str, kind=float, count: Optional[int] = None, least
 
 @app.command(cls=Command)
 def positions(
-    dim: int = typer.Option(128, "--dim", min=2, max=8192, metavar="D", help="Width d, even (128: p0·pk first rises at k = 12; "
-                                                             "64: the longest wavelength is ≈ 47,117)."),
-    max_len: int = typer.Option(4096, "--max-len", min=2, max=65536, metavar="N", help="Positions 0..N-1 for the curve, its minimum "
-                                                                     "and the rotation check."),
+    dim: int = typer.Option(128, "--dim", min=2, max=8192, metavar="D",
+                            help="Width d, even (128: p0·pk first rises at k = 12; 64: the longest wavelength is ≈ 47,117)."),
+    max_len: int = typer.Option(4096, "--max-len", min=2, max=65536, metavar="N",
+                                help="Positions 0..N-1 for the curve, its minimum and the rotation check."),
     base: float = typer.Option(10000.0, "--base", metavar="B", help="Frequency base (Vaswani et al.: 10000)."),
     seed: int = typer.Option(0, "--seed", metavar="S", help="Seed of the random W_Q, W_K and content vectors."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
@@ -198,10 +190,8 @@ def residual(
 def attention(
     prompt: str = typer.Option(..., "--prompt", metavar="TEXT", help="Text to attend over: at most the run's "
                                                                      "block_size tokens (longer is refused)."),
-    run: Optional[Path] = typer.Option(None, "--run", metavar="DIR", help="Run folder (default: the most recent "
-                                                                          "under runs/)."),
-    checkpoint: str = typer.Option(runs.BEST, "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
-                                   help="best: lowest val loss; last: the most recent save."),
+    run: RunOption = None,
+    checkpoint: CheckpointOption = runs.BEST,
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(Path("inspect"), "--output", metavar="DIR", help=OUTPUT_HELP),
 ) -> None:

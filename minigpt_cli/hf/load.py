@@ -27,8 +27,6 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: count-params read
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 _GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
-_GPT2_WEIGHT = re.compile(r"wte\.weight|ln_f\.(weight|bias)"
-                          r"|h\.\d+\.(ln_[12]|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(weight|bias)")
 
 #: What an import refuses; the first four render pydantic's error types (:func:`_parse`).
 _MESSAGES = {
@@ -208,25 +206,18 @@ def _check(out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[st
 def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """A ``GPT2LMHeadModel`` state dict under our names and layouts (module docstring), checked by :func:`_check`;
     the position table cropped to ``block_size``, a tied head dropped."""
-    out: dict[str, torch.Tensor] = {}
-    unused = []
-    for key, t in sd.items():
-        name = key.removeprefix("transformer.")
-        if name.endswith((".attn.bias", ".attn.masked_bias")) and name.count(".") == 3:
-            continue  # causal-mask buffers of old checkpoints, not weights
-        if name == "lm_head.weight":
-            if not model_cfg.tie_weights:
-                out[name] = t
-            continue
-        if _GPT2_CONV1D.fullmatch(name):
-            t = t.t()
-        elif name == "wpe.weight":
-            t = t[: model_cfg.block_size]  # a table shorter than block_size: a shape _check names
-        elif not _GPT2_WEIGHT.fullmatch(name):
-            unused.append(key)
-            continue
+    theirs = {k.removeprefix("transformer."): t for k, t in sd.items()}  # otherwise our names
+    for name in [n for n in theirs if n.endswith((".attn.bias", ".attn.masked_bias")) and n.count(".") == 3]:
+        del theirs[name]  # causal-mask buffers of old checkpoints, not weights
+    if model_cfg.tie_weights:
+        theirs.pop("lm_head.weight", None)  # the head is the embedding
+    out = {}
+    for name in [n for n in _expected_shapes(model_cfg) if n in theirs]:  # what lacks, _check names
+        t = theirs.pop(name)
+        # Conv1D weights are (in, out); a position table shorter than block_size is a shape _check names.
+        t = t.t() if _GPT2_CONV1D.fullmatch(name) else t[: model_cfg.block_size] if name == "wpe.weight" else t
         out[name] = t.contiguous()
-    return _check(out, model_cfg, unused, "GPT-2")
+    return _check(out, model_cfg, list(theirs), "GPT-2")
 
 
 _LLAMA_LAYER = {

@@ -101,10 +101,6 @@ def _shape_problem(w: dict, xs: Sequence[Sequence[float]]) -> Optional[str]:
                                        want=d_model) if wrong else None
 
 
-def _activate(z: torch.Tensor, act: str) -> torch.Tensor:
-    return {**FUNCTIONS, "swiglu": F.silu}[act](z)  # SwiGLU's gate is SiLU
-
-
 def _model_mlp(w: dict, d_model: int, d_ff: int, act: str, b1, b2) -> MLP:
     """The model's MLP holding these weights (nn.Linear stores W transposed: (out, in))."""
     cfg = ModelConfig(n_layer=1, n_head=1, n_embd=d_model, d_ff=d_ff, ffn=act, bias=True, dropout=0.0)
@@ -151,7 +147,7 @@ def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_
     for x in xs:
         xt = torch.tensor(list(x), dtype=torch.float64)
         z = xt @ W1 + b1
-        h = _activate(z, act)
+        h = {**FUNCTIONS, "swiglu": F.silu}[act](z)  # SwiGLU's gate is SiLU
         step = {"x": list(map(float, x)), "z": z.tolist()}
         if act == "swiglu":
             u = xt @ f64("V")

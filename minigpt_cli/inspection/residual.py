@@ -90,18 +90,15 @@ def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 
 
 def _val_windows(run: Path, cfg, tok, count: int, seed: int, echo: Callable[[str], None]) -> torch.Tensor:
     """``count`` windows of block_size tokens from the run's validation split (its prepared token files)."""
-    from ..data.pipeline import corpus_on_disk, eval_offsets, run_corpus_config, windows
+    from ..data.pipeline import corpus_on_disk, corpus_root, eval_offsets, run_corpus_config, windows
     from ..data.preparation import prepare
-    from ..paths import dataset_dir
 
     cfg = run_corpus_config(cfg, run)  # found from any folder, as train read it
     corpus = corpus_on_disk(cfg)
     if corpus is None:
         raise MinigptError(_MESSAGES["no_corpus"].format(where=cfg.data.path or cfg.data.dataset,
                                                          config=Path(run) / runs.CONFIG))
-    dc = cfg.data
-    root = dataset_dir(dc.data_dir, dc.dataset) if dc.path is None else corpus.folder(dc.data_dir)
-    data = prepare(corpus, tok, root, dc.val_fraction, log=echo, progress=False)
+    data = prepare(corpus, tok, corpus_root(cfg, corpus), cfg.data.val_fraction, log=echo, progress=False)
     block = cfg.model.block_size
     if len(data.val) <= block:
         raise MinigptError(_MESSAGES["short_val"].format(n=len(data.val), block=block))
