@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..errors import MinigptError
-from ..model.gpt import apply_rope, rope_cos_sin
+from ..model.gpt import apply_rope, rope_cos_sin, sinusoidal_table
 from .figures import decorate, drawn, new_figure, num, report, save_png
 
 _MESSAGES = {
@@ -35,14 +35,8 @@ HEATMAP_ROWS = 256
 
 
 def sinusoidal_table64(n_pos: int, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """The sinusoidal position table (n_pos, dim) in float64: :func:`~minigpt_cli.model.gpt.sinusoidal_table`'s
-    formula (Vaswani et al. 2017 §3.5) before its float32 rounding."""
-    t = torch.arange(n_pos, dtype=torch.float64)[:, None]
-    omega = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    table = torch.empty(n_pos, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(t * omega)
-    table[:, 1::2] = torch.cos(t * omega)
-    return table
+    """The model's sinusoidal table (Vaswani et al. 2017 §3.5) before its float32 rounding: (n_pos, dim), float64."""
+    return sinusoidal_table(n_pos, dim, base, torch.float64)
 
 
 def rotation(k: int, dim: int, base: float = 10000.0) -> torch.Tensor:

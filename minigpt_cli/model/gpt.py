@@ -45,8 +45,8 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def sinusoidal_table(n_pos: int, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """Sinusoidal position table, shape (n_pos, dim), float32.
+def sinusoidal_table(n_pos: int, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Sinusoidal position table, shape (n_pos, dim), in ``dtype`` (computed in float64).
 
     p[t, 2i] = sin(t·ω_i), p[t, 2i+1] = cos(t·ω_i), ω_i = base^(-2i/dim)
     (Vaswani et al. 2017 §3.5). ``dim`` must be even.
@@ -57,7 +57,7 @@ def sinusoidal_table(n_pos: int, dim: int, base: float = 10000.0) -> torch.Tenso
     table = torch.empty(n_pos, dim, dtype=torch.float64)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles)
-    return table.float()
+    return table.to(dtype)
 
 
 def rope_cos_sin(

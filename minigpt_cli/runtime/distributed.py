@@ -36,11 +36,6 @@ class Dist:
         return self.rank == 0
 
     @property
-    def local_main(self) -> bool:
-        """Whether this is the first process on its machine (local rank 0), one per node."""
-        return self.local_rank == 0
-
-    @property
     def enabled(self) -> bool:
         return self.world > 1
 
