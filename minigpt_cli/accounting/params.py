@@ -1,12 +1,10 @@
-"""Analytic parameter and FLOP accounting from a :class:`~minigpt_cli.config.schema.ModelConfig` alone.
+"""Analytic parameter and FLOP accounting from a :class:`~minigpt_cli.config.schema.ModelConfig` alone, no torch.
 
-Arithmetic only, torch never imported, so ``minigpt count-params`` answers for Llama-2-7B in a fraction of a
-second; the tests check every count against :class:`minigpt_cli.model.gpt.GPT` and the Hugging Face GPT-2 and
-Llama models built on the meta device. The architecture counted is the one GPT builds: ``wte`` V·d, a learned
-``wpe`` block_size·d (other position encodings hold no parameters); per layer W_Q and W_O d·d, W_K and W_V
-d·(n_kv_head·head_dim) (grouped-query attention, Ainslie et al. 2023), W_1 d·d_ff and W_2 d_ff·d plus SwiGLU's gate
-W_3 d·d_ff (Shazeer 2020), biases iff ``bias``, two norms of d (plus a bias of d for LayerNorm with ``bias``); a
-final norm for Pre-LN only; ``lm_head`` V·d, 0 when tied.
+The architecture counted is the one GPT builds: ``wte`` V·d, a learned ``wpe`` block_size·d (other position
+encodings hold no parameters); per layer W_Q and W_O d·d, W_K and W_V d·(n_kv_head·head_dim) (grouped-query
+attention, Ainslie et al. 2023), W_1 d·d_ff and W_2 d_ff·d plus SwiGLU's gate W_3 d·d_ff (Shazeer 2020), biases iff
+``bias``, two norms of d (plus a bias of d for LayerNorm with ``bias``); a final norm for Pre-LN only; ``lm_head``
+V·d, 0 when tied.
 
 Conventions (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1 and Table 1): ``embedding``
 is every vocabulary or position matrix (``wte``, ``wpe``, an untied ``lm_head``); ``non_embedding`` = total −

@@ -321,11 +321,7 @@ class BatchSampler:
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  device: torch.device, rank: int = 0, world: int = 1):
-        if len(tokens) < block_size + 1:
-            raise MinigptError(
-                f"the split has {len(tokens)} tokens, fewer than block_size+1 = {block_size + 1}; "
-                "lower model.block_size or use more text"
-            )
+        assert len(tokens) > block_size, "prepare's check_split_counts refuses a shorter split"
         self.tokens = tokens
         self.block_size = block_size
         self.batch_size = batch_size
@@ -351,7 +347,7 @@ class BatchSampler:
 
 def windows(tokens: np.ndarray, offsets: torch.Tensor, block_size: int,
             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The windows of ``tokens`` starting at ``offsets`` (n,): x, y (n, block_size) int64 on ``device``, y shifted by one."""
+    """Windows of ``tokens`` at ``offsets`` (n,): x, y (n, block_size) int64 on ``device``, y shifted by one."""
     window = torch.from_numpy(tokens[offsets.numpy()[:, None] + np.arange(block_size + 1)].astype(np.int64))
     x, y = window[:, :-1], window[:, 1:]
     if device.type == "cuda":
