@@ -1,4 +1,4 @@
-"""Download a named corpus (:data:`DATASETS`): streamed, checksummed, written atomically.
+"""Download a named corpus (:func:`datasets`): streamed, checksummed, written atomically.
 
 A network failure is classified in one place (:data:`_FAILURES`); :data:`_MESSAGES` holds the text.
 """
@@ -50,11 +50,8 @@ def datasets() -> dict[str, Dataset]:
             for name, e in paths.dataset_registry().items()}
 
 
-#: The registry as it was when this module was imported.
-DATASETS: dict[str, Dataset] = datasets()
-#: Tiny Shakespeare's folder name, and its entry's fields under their own names.
+#: Tiny Shakespeare's folder name, the default dataset.
 DATASET = "tinyshakespeare"
-DEFAULT_URL, URL_ENV, SHA256, SIZE = (getattr(DATASETS[DATASET], k) for k in ("url", "url_env", "sha256", "size"))
 
 _CHUNK = 64 * 1024
 _RETRY_STATUSES = (429, 500, 502, 503, 504)
@@ -319,8 +316,3 @@ def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | N
     if backup is not None:
         tqdm.write(_MESSAGES["backup"].format(path=path, backup=backup), file=sys.stderr)
     return path, True
-
-
-def download_tinyshakespeare(data_dir: str | Path = "data", **kwargs) -> tuple[Path, bool]:
-    """:func:`download` of Tiny Shakespeare."""
-    return download(DATASET, data_dir, **kwargs)
