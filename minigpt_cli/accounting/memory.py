@@ -14,11 +14,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def check_memory_args(dtype: str, batch_size: int, seq_len: int) -> str:
-    """The dtype to count with ("auto" counts as float32: the device is not known here).
-
-    Raises:
-        MinigptError: an unknown dtype, or ``batch_size`` or ``seq_len`` < 1.
-    """
+    """The dtype to count with ("auto": float32, the device is not known here). Raises MinigptError: an unknown
+    dtype, or ``batch_size`` or ``seq_len`` < 1."""
     if dtype == "auto":
         dtype = "float32"
     if dtype not in DTYPE_BYTES:
@@ -42,10 +39,8 @@ def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dt
 
     Returns byte counts (weights, gradients, master_weights, adam_moments, model_states, activations_estimate,
     activations_estimate_fused, logits, total_estimate: what ``train`` checks against free memory) plus dtype,
-    mixed_precision, batch_size, seq_len and the activation formula.
-
-    Raises:
-        MinigptError: unknown dtype, batch_size or seq_len < 1 (:func:`check_memory_args`).
+    mixed_precision, batch_size, seq_len and the activation formula. Raises MinigptError: as
+    :func:`check_memory_args`.
     """
     dtype = check_memory_args(dtype, batch_size, seq_len)
     N = n_params

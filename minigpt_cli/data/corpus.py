@@ -1,7 +1,7 @@
 """A corpus: the text files ``data.path`` names (or a named download), read as documents, in a stream.
 
 :func:`cut_pieces` cuts only where GPT-2's pre-tokenizer cuts, so encoding the pieces one by one gives the ids
-of the whole document. Every failure is one line (:data:`MESSAGES`).
+of the whole document.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Corpus -> token memmaps, streamed: :func:`prepare` and the one split it makes (:class:`SplitPlan`).
 
-The corpus is read twice (a survey, then the encoding in a worker thread) into temporary files renamed into
-place at the end, ``meta.json`` last, so an interrupted run leaves nothing that looks complete.
+Read twice (a survey, then the encoding) into temporary files renamed at the end, ``meta.json`` last.
 """
 
 from __future__ import annotations
