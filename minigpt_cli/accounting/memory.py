@@ -39,8 +39,7 @@ def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dt
 
     Returns byte counts (weights, gradients, master_weights, adam_moments, model_states, activations_estimate,
     activations_estimate_fused, logits, total_estimate: what ``train`` checks against free memory) plus dtype,
-    mixed_precision, batch_size, seq_len and the activation formula. Raises MinigptError: as
-    :func:`check_memory_args`.
+    mixed_precision, batch_size, seq_len and the activation formula. Raises MinigptError: as :func:`check_memory_args`.
     """
     dtype = check_memory_args(dtype, batch_size, seq_len)
     N = n_params

@@ -198,8 +198,7 @@ def _stem(source: str, files: Sequence[Path]) -> str:
 def open_corpus(source: str | Path, text_field: str = "text",
                 on_bytes: Callable[[int], None] = lambda n: None, name: Optional[str] = None) -> Corpus:
     """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its stem. Raises
-    MinigptError: nothing there, a folder without such files, a glob matching none; a single empty file, an unreadable
-    one."""
+    MinigptError: nothing there (or no file, for a folder or a glob); a single empty file, an unreadable one."""
     found, kind = matching(source)
     sizes = []
     for p in found:

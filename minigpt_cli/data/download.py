@@ -292,10 +292,9 @@ def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout:
 def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | None = None, force: bool = False,
              progress: bool | None = None, timeout: float = 30.0, retries: int = 3, backoff_factor: float = 0.5,
              mirror_hint: str | None = None) -> tuple[Path, bool]:
-    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus (the README's "Data" says how); return
-    ``(path, downloaded now)``. ``timeout``: seconds to connect and between bytes; ``mirror_hint``: how the user names
-    another mirror. A failure leaves no new file or folder behind. Raises MinigptError: one line naming the URL, the
-    problem and the fix (:data:`_MESSAGES`), or the file."""
+    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus; return ``(path, downloaded now)``.
+    ``timeout``: seconds to connect and between bytes; ``mirror_hint``: how the user names another mirror. A failure
+    leaves no new file or folder behind. Raises MinigptError: the URL, the problem and the fix, or the file."""
     ds = get_dataset(dataset)
     url = resolve_url(url, ds)
     path = corpus_path(data_dir, ds.name)

@@ -35,8 +35,7 @@ _FINGERPRINT = ("the corpus is not the one data.fingerprint names ({want}…; no
 
 
 def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
-    """The named dataset's corpus file, downloaded (saying so). Raises MinigptError: the download failed; with
-    ``data.url`` set, the fix says it must be a mirror."""
+    """The named dataset's corpus file, downloaded (saying so). Raises MinigptError: the download failed."""
     from .download import download
 
     log(f"{corpus_path(cfg.data.data_dir, cfg.data.dataset)} not found or incomplete; downloading it first")
@@ -67,8 +66,7 @@ def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Co
 
 
 def corpus_root(cfg: Config, corpus: Optional[Corpus]) -> Path:
-    """The folder of a corpus's tokenizers and token files: ``<data_dir>/<dataset>/``, or for ``data.path``
-    ``<data_dir>/<name>-<fingerprint[:12]>/``."""
+    """The folder of a corpus's tokenizers and token files: ``<data_dir>/<dataset>/``, or :meth:`Corpus.folder`."""
     dc = cfg.data
     return dataset_dir(dc.data_dir, dc.dataset) if dc.path is None else corpus.folder(dc.data_dir)
 
@@ -264,10 +262,9 @@ class DataStage:
 def prepare_data(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None, write: bool = True,
                  check: Callable[[Corpus], None] = lambda corpus: None,
                  found: Callable[[Optional[Corpus]], None] = lambda corpus: None) -> DataStage:
-    """``train``'s data steps and ``minigpt prepare``: the corpus, the tokenizer, the token files, each made if missing
+    """``train``'s data steps and ``minigpt prepare``: the corpus, tokenizer and token files, each made if missing
     (``write`` False: ``--dry-run``, nothing written). ``found`` hears of the corpus on disk (None: not there) before
-    any download; ``check`` may refuse it. Raises MinigptError: as :func:`configured_corpus`, ``check``,
-    :func:`ensure_tokenizer` and ``prepare``."""
+    any download; ``check`` may refuse it. Raises MinigptError: as the steps and ``check`` do."""
     dc = cfg.data
     corpus = corpus_on_disk(cfg, progress)
     found(corpus)
@@ -303,8 +300,7 @@ def prepare_configured(cfg: Config, log: Callable[[str], None] = print, progress
 
 
 def with_vocab(cfg: Config, vocab_size: int) -> Config:
-    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's. Raises MinigptError: a ``model.vocab_size``
-    smaller than the tokenizer's."""
+    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's. Raises MinigptError: a smaller one."""
     mc = cfg.model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})
