@@ -81,11 +81,11 @@ def locate_corpus(environ: Mapping[str, str] = os.environ, repo: Path = REPO) ->
 
 def fetch_corpus(environ: Mapping[str, str] = os.environ, url: str = CORPUS_URL) -> Path:
     """Download the corpus once into :func:`corpus_cache_dir` with minigpt's own downloader (sha256-checked)."""
-    from minigpt_cli.data.download import download_tinyshakespeare, file_ok
+    from minigpt_cli.data.download import download, file_ok
 
     cache = corpus_cache_dir(environ)
     try:
-        path, _ = download_tinyshakespeare(cache, url=url)
+        path, _ = download("tinyshakespeare", cache, url=url)
     except Exception as exc:  # MinigptError, OSError: one line either way
         tried = ", ".join(str(p) for p in corpus_candidates(environ))
         raise CorpusNotFound(

@@ -185,11 +185,6 @@ def test_batches_are_shifted_windows():
     assert torch.equal(s.next()[0], a)
 
 
-def test_too_short_split_is_a_clear_error():
-    with pytest.raises(MinigptError, match="block_size"):
-        BatchSampler(np.arange(5, dtype=np.uint16), 8, 2, 0, torch.device("cpu"))
-
-
 def test_the_refused_fraction_is_written_as_given():
     """0.9999999 is not rounded to 1 (a value the schema refuses) in the message."""
     with pytest.raises(MinigptError, match=r"data.val_fraction=0.9999999 splits the corpus into 0 train"):

@@ -1,4 +1,4 @@
-"""download_tinyshakespeare against the local corpus server (no internet)."""
+"""download of Tiny Shakespeare against the local corpus server (no internet)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ import pytest
 
 from minigpt_cli.data import download
 from minigpt_cli.data.download_files import PART_GLOB
-from minigpt_cli.data.download import DEFAULT_URL, SHA256, SIZE, URL_ENV, download_tinyshakespeare, file_ok, resolve_url
+from minigpt_cli.data.download import file_ok, resolve_url
 from minigpt_cli.errors import MinigptError
 
+TS = download.get_dataset("tinyshakespeare")
+DEFAULT_URL, URL_ENV, SHA256, SIZE = TS.url, TS.url_env, TS.sha256, TS.size
 FAST = dict(progress=False, timeout=5.0, retries=2, backoff_factor=0.01)
 
 
 def fetch(data_dir, url=None, **kw):
-    return download_tinyshakespeare(data_dir, url=url, **{**FAST, **kw})
+    return download.download("tinyshakespeare", data_dir, url=url, **{**FAST, **kw})
 
 
 def leftovers(data_dir):
@@ -65,10 +67,9 @@ def test_file_ok(tmp_path, corpus_file):
 
 
 def test_registry_entry_is_the_char_rnn_corpus():
-    ts = download.DATASETS["tinyshakespeare"]
+    ts = download.datasets()["tinyshakespeare"]
     assert (ts.name, ts.size, ts.url_env) == ("tinyshakespeare", 1_115_394, "MINIGPT_TINYSHAKESPEARE_URL")
-    assert ts.url == DEFAULT_URL and ts.url.endswith("karpathy/char-rnn/master/data/tinyshakespeare/input.txt")
-    assert (DEFAULT_URL, URL_ENV, SHA256, SIZE) == (ts.url, ts.url_env, ts.sha256, ts.size)
+    assert ts.url.endswith("karpathy/char-rnn/master/data/tinyshakespeare/input.txt")
 
 
 def test_a_second_dataset_needs_only_a_registry_entry(tmp_path, corpus_server, monkeypatch, capsys):
@@ -93,7 +94,7 @@ def test_a_second_dataset_needs_only_a_registry_entry(tmp_path, corpus_server, m
 def test_every_failure_kind_has_a_message():
     kinds = {kind for phase in download._FAILURES.values() for _, kind in phase}
     assert kinds and kinds <= set(download._MESSAGES)
-    attempt = download._Attempt(download.DATASETS["tinyshakespeare"], "http://x", Path("input.txt"), "", 1.0, 0)
+    attempt = download._Attempt(TS, "http://x", Path("input.txt"), "", 1.0, 0)
     with pytest.raises(ValueError, match="a bug"), attempt.failing("read"):  # not a network failure: let through
         raise ValueError("a bug")
 

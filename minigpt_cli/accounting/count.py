@@ -52,11 +52,8 @@ def count_params(cfg: Config | ModelConfig, *, seq_len: Optional[int] = None, to
     The vocabulary is ``vocab_size``, else the model's, else the tokenizer's; a char tokenizer with neither
     counts Tiny Shakespeare's 65 characters and its special tokens, with a note through ``echo``. ``seq_len``
     (default ``block_size``) sets the FLOPs and activations, ``tokens`` the total training FLOPs, ``dtype`` and
-    ``batch_size`` the memory (default: :func:`memory_settings`).
-
-    Raises:
-        MinigptError: an unknown dtype; ``tokens`` not a whole number >= 1.
-    """
+    ``batch_size`` the memory (default: :func:`memory_settings`). Raises MinigptError: an unknown dtype; ``tokens``
+    not a whole number >= 1."""
     dtype, batch_size = memory_settings(cfg, dtype, batch_size)
     if dtype not in params.DTYPE_BYTES:
         raise MinigptError(f"--dtype {dtype!r}: use float32, bfloat16 or float16")

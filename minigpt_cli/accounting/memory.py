@@ -1,9 +1,4 @@
-"""Training-memory estimate with AdamW, from a parameter count and a model config.
-
-Arithmetic only, like :mod:`minigpt_cli.accounting.params` (which calls it with its exact
-count as :func:`minigpt_cli.accounting.params.memory`): no tensor is built and torch is
-never imported.
-"""
+"""Training-memory estimate with AdamW, from a parameter count and a model config: arithmetic only, no torch."""
 
 from __future__ import annotations
 
@@ -19,11 +14,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def check_memory_args(dtype: str, batch_size: int, seq_len: int) -> str:
-    """The dtype to count with ("auto" counts as float32: the device is not known here).
-
-    Raises:
-        MinigptError: an unknown dtype, or ``batch_size`` or ``seq_len`` < 1.
-    """
+    """The dtype to count with ("auto": float32, the device is not known here). Raises MinigptError: an unknown
+    dtype, or ``batch_size`` or ``seq_len`` < 1."""
     if dtype == "auto":
         dtype = "float32"
     if dtype not in DTYPE_BYTES:
@@ -37,41 +29,17 @@ def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dt
                     seq_len: int) -> dict[str, Any]:
     """Estimated bytes to train a model of ``n_params`` parameters with AdamW, by kind.
 
-    Model states (Rajbhandari et al. 2020, ZeRO §3.1): float32 training keeps
-    weights, gradients and Adam's two moments in float32, 4+4+8 = 16 bytes per
-    parameter. Mixed precision (bfloat16/float16) keeps 16-bit weights and
-    gradients plus a float32 master copy and float32 moments, 2+2+4+8 = 16
-    bytes too (``torch.autocast`` over float32 parameters has the same total,
-    split 4+4+8).
+    Model states (Rajbhandari et al. 2020, ZeRO §3.1): float32 keeps weights, gradients and Adam's two moments,
+    4+4+8 = 16 bytes per parameter; mixed precision keeps 16-bit weights and gradients plus float32 master weights
+    and moments, 2+2+4+8 = 16 too (autocast over float32 parameters: 4+4+8). Activations: Korthikanti et al. 2022
+    §4.1 eq. 1, s·b·h·(34 + 5·a·s/h) bytes per 16-bit layer (s tokens, b batch, h width, a heads); fused attention
+    never stores the 5·a·s/h score term, so the total leaves it out; the 34 assumes a 4h GELU MLP (SwiGLU and GQA
+    approximated); float32 doubles it.
+    Logits: 4·s·b·V bytes (§4.3). Workspace, allocator slack and the CUDA context are not counted.
 
-    Activations are an estimate: Korthikanti et al. 2022 ("Reducing Activation
-    Recomputation in Large Transformer Models", §4.1, eq. 1) give
-    s·b·h·(34 + 5·a·s/h) bytes per layer for 16-bit activations with dropout
-    (s sequence, b batch, h width, a heads); the 5·a·s/h term holds the a·s²
-    score matrices, which fused attention kernels (FlashAttention, SDPA, what
-    the model trains with) never store, so the total leaves it out. The 34
-    assumes a 4h GELU MLP, so SwiGLU and grouped-query models are
-    approximated. float32 doubles it. The logits add 4·s·b·V bytes (float32
-    for the loss, §4.3). Workspace, allocator slack and the CUDA context are
-    not counted.
-
-    Args:
-        model_cfg: the model section (n_layer, n_embd, n_head are used).
-        n_params: parameters in all, tied weights once.
-        vocab_size: V, for the logits.
-        dtype: float32, bfloat16, float16, or "auto" (counted as float32).
-        batch_size, seq_len: sequences per step and tokens per sequence.
-
-    Returns:
-        A dict of byte counts: weights, gradients, master_weights,
-        adam_moments, model_states, activations_estimate (standard attention),
-        activations_estimate_fused (no s² term), logits, total_estimate
-        (model states + activations_estimate_fused + logits: the figure
-        ``train`` checks against the free memory); plus dtype,
-        mixed_precision, batch_size, seq_len and the activation formula.
-
-    Raises:
-        MinigptError: unknown dtype, batch_size or seq_len < 1 (:func:`check_memory_args`).
+    Returns byte counts (weights, gradients, master_weights, adam_moments, model_states, activations_estimate,
+    activations_estimate_fused, logits, total_estimate: what ``train`` checks against free memory) plus dtype,
+    mixed_precision, batch_size, seq_len and the activation formula. Raises MinigptError: as :func:`check_memory_args`.
     """
     dtype = check_memory_args(dtype, batch_size, seq_len)
     N = n_params

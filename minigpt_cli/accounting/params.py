@@ -1,12 +1,10 @@
-"""Analytic parameter and FLOP accounting from a :class:`~minigpt_cli.config.schema.ModelConfig` alone.
+"""Analytic parameter and FLOP accounting from a :class:`~minigpt_cli.config.schema.ModelConfig` alone, no torch.
 
-Arithmetic only, torch never imported, so ``minigpt count-params`` answers for Llama-2-7B in a fraction of a
-second; the tests check every count against :class:`minigpt_cli.model.gpt.GPT` and the Hugging Face GPT-2 and
-Llama models built on the meta device. The architecture counted is the one GPT builds: ``wte`` V·d, a learned
-``wpe`` block_size·d (other position encodings hold no parameters); per layer W_Q and W_O d·d, W_K and W_V
-d·(n_kv_head·head_dim) (grouped-query attention, Ainslie et al. 2023), W_1 d·d_ff and W_2 d_ff·d plus SwiGLU's gate
-W_3 d·d_ff (Shazeer 2020), biases iff ``bias``, two norms of d (plus a bias of d for LayerNorm with ``bias``); a
-final norm for Pre-LN only; ``lm_head`` V·d, 0 when tied.
+The architecture counted is the one GPT builds: ``wte`` V·d, a learned ``wpe`` block_size·d (other position
+encodings hold no parameters); per layer W_Q and W_O d·d, W_K and W_V d·(n_kv_head·head_dim) (grouped-query
+attention, Ainslie et al. 2023), W_1 d·d_ff and W_2 d_ff·d plus SwiGLU's gate W_3 d·d_ff (Shazeer 2020), biases iff
+``bias``, two norms of d (plus a bias of d for LayerNorm with ``bias``); a final norm for Pre-LN only; ``lm_head``
+V·d, 0 when tied.
 
 Conventions (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1 and Table 1): ``embedding``
 is every vocabulary or position matrix (``wte``, ``wpe``, an untied ``lm_head``); ``non_embedding`` = total −
@@ -147,11 +145,7 @@ def _vocab(model_cfg: "ModelConfig", vocab_size: Optional[int]) -> int:
 def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCount:
     """The parameters of the model ``model_cfg`` describes, by component; ``vocab_size`` overrides its
     ``vocab_size`` (null in a training config, where the tokenizer decides). GPT-2 small: 124,439,808
-    = V·d + P·d + L·(12d² + 13d) + 2d (the 124M of Radford et al. 2019).
-
-    Raises:
-        MinigptError: neither ``vocab_size`` nor ``model_cfg.vocab_size`` is set.
-    """
+    = V·d + P·d + L·(12d² + 13d) + 2d (the 124M of Radford et al. 2019). Raises MinigptError: no vocabulary size."""
     V = _vocab(model_cfg, vocab_size)
     d = model_cfg.n_embd
     kv = model_cfg.kv_heads * model_cfg.head_dim  # K and V width: n_kv_head < n_head shrinks them (GQA)
@@ -195,10 +189,7 @@ def flops(model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = No
     Kaplan et al. 2020 Table 1: C_forward = 2N + 2·n_layer·n_ctx·d_attn, N non-embedding, d_attn = n_head·head_dim
     (grouped-query attention shrinks K/V, not the score or value matmuls); training is 3× forward. ``mfu_train`` is
     6·(N + V·d) + 12·L·d·T, the form of PaLM (Chowdhery et al. 2022, appendix B) and nanoGPT's ``estimate_mfu``.
-
-    Raises:
-        MinigptError: no vocabulary size (see :func:`count`).
-    """
+    Raises MinigptError: no vocabulary size (see :func:`count`)."""
     pc = count(model_cfg, vocab_size)
     L, d, T = model_cfg.n_layer, model_cfg.n_embd, int(seq_len)
     d_attn = model_cfg.n_head * model_cfg.head_dim
@@ -264,11 +255,7 @@ def report(
     """Everything ``count-params`` shows, as a JSON-ready dict: the counts of :class:`ParamCount`, ``per_layer``,
     ``shares``, ``flops`` (:func:`flops`, at ``seq_len``, default ``block_size``), ``memory`` (:func:`memory`),
     ``model``, ``chinchilla_tokens`` (20 per parameter) and, with ``tokens`` D (>= 1, a whole number: count_params
-    checks it), ``training_flops`` (per-token train FLOPs × D).
-
-    Raises:
-        MinigptError: no vocabulary size.
-    """
+    checks it), ``training_flops`` (per-token train FLOPs × D). Raises MinigptError: no vocabulary size."""
     pc = count(model_cfg, vocab_size)
     T = model_cfg.block_size if seq_len is None else int(seq_len)
     fl = flops(model_cfg, T, pc.vocab_size)

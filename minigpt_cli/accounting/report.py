@@ -1,7 +1,4 @@
-"""The ``count-params`` table, and the abbreviations other reports share (:func:`human`, :func:`human_bytes`, ...).
-
-Pure formatting: nothing here computes a count, so this module imports nothing of minigpt's.
-"""
+"""The ``count-params`` table, and the abbreviations other reports share (:func:`human`, :func:`human_bytes`, ...)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""One-line notes on a config: what it sets that cannot take effect, and where a variant departs from its source.
-
-:func:`notes` walks one table, :data:`RULES`; ``train`` and ``--dry-run`` print them, ``generate`` the ``sample``
-rules, with its flags' names. A setting without effect is noted only when the user gave it (:func:`given`).
-"""
+"""One-line notes on a config (:data:`RULES`): what it sets that cannot take effect, and where a variant departs
+from its source. A setting without effect is noted only when the user gave it (:func:`given`)."""
 
 from __future__ import annotations
 
@@ -147,11 +144,8 @@ RULES: tuple[Rule, ...] = (
 def notes(cfg: Config, *, route: str = "config", given_keys: Optional[Collection[str]] = None,
           names: Optional[Mapping[str, str]] = None, prompt_tokens: Optional[int] = None,
           corpus_on_disk: bool = False) -> list[str]:
-    """The notes :data:`RULES` give ``cfg``, one line each, starting ``note: ``; a note never stops a run.
-
-    ``given_keys``: the keys the user gave (None: :func:`given`); ``names``: how they were spelled
-    (``{"sample.top_k": "--top-k"}``); ``prompt_tokens``: the prompt's length when known.
-    """
+    """The notes :data:`RULES` give ``cfg``, one line each, starting ``note: ``. ``given_keys``: the keys the user
+    gave (None: :func:`given`); ``names``: how they were spelled (``{"sample.top_k": "--top-k"}``)."""
     if prompt_tokens is None:
         prompt_tokens = max(len(cfg.sample.prompt.encode("utf-8", "surrogatepass")), 1)
     facts = Facts(route, prompt_tokens, corpus_on_disk)

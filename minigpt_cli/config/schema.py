@@ -20,10 +20,8 @@ from .messages import RULES, format_errors
 from .yaml_io import dump_yaml, parse_yaml
 
 
-#: Upper bounds of the sizes and counts (config-keys shows each key's range): far past any model trained today
-#: (Llama 3 405B: 126 layers, width 16,384, d_ff 53,248), and small enough that the arithmetic on them (FLOPs,
-#: memory, the schedule) stays in floats: an integer past about 1.8e308 cannot become one. Within them, the
-#: memory check refuses what does not fit (n_layer 10,000,000: "this model needs about ...").
+#: Upper bounds of the sizes and counts: far past any model trained today (Llama 3 405B: 126 layers, width 16,384),
+#: and small enough that the arithmetic on them stays in floats; within them, the memory check refuses what won't fit.
 MAX_LAYERS = MAX_BATCH = 1 << 30
 MAX_WIDTH = MAX_HEADS = MAX_TOKENS = MAX_VOCAB = 1 << 20
 MAX_STEPS = MAX_SECONDS = 10**12
@@ -329,10 +327,7 @@ def _is_section(field: Any) -> bool:
 
 def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) -> Config:
     """Validate a parsed mapping into a :class:`Config`; ``overridden``: the keys ``--set`` gave (named for ``source``).
-
-    Raises:
-        ConfigError: naming every bad key (unknown, wrong type, out of range) and broken cross-field rule.
-    """
+    Raises ConfigError: naming every bad key (unknown, wrong type, out of range) and broken cross-field rule."""
     try:
         return Config.model_validate({} if data is None else data)
     except ValidationError as exc:
@@ -341,11 +336,8 @@ def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` overrides to a parsed config mapping, each value read as YAML (``[a, b]`` is a
-    list); a text key keeps the text as typed (``sample.prompt=ROMEO:``).
-
-    Raises:
-        ConfigError: for an override without ``key=`` or a path through a non-mapping.
-    """
+    list); a text key keeps the text as typed (``sample.prompt=ROMEO:``). Raises ConfigError: an override without
+    ``key=``, or a path through a non-mapping."""
     data = dict(data)
     for item in overrides:
         key, _, raw = item.partition("=")

@@ -1,7 +1,7 @@
 """A corpus: the text files ``data.path`` names (or a named download), read as documents, in a stream.
 
 :func:`cut_pieces` cuts only where GPT-2's pre-tokenizer cuts, so encoding the pieces one by one gives the ids
-of the whole document. Every failure is one line (:data:`MESSAGES`).
+of the whole document.
 """
 
 from __future__ import annotations
@@ -198,8 +198,7 @@ def _stem(source: str, files: Sequence[Path]) -> str:
 def open_corpus(source: str | Path, text_field: str = "text",
                 on_bytes: Callable[[int], None] = lambda n: None, name: Optional[str] = None) -> Corpus:
     """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its stem. Raises
-    MinigptError: nothing there, a folder without such files, a glob matching none; a single empty file, an unreadable
-    one."""
+    MinigptError: nothing there (or no file, for a folder or a glob); a single empty file, an unreadable one."""
     found, kind = matching(source)
     sizes = []
     for p in found:

@@ -1,4 +1,4 @@
-"""Download a named corpus (:data:`DATASETS`): streamed, checksummed, written atomically.
+"""Download a named corpus (:func:`datasets`): streamed, checksummed, written atomically.
 
 A network failure is classified in one place (:data:`_FAILURES`); :data:`_MESSAGES` holds the text.
 """
@@ -50,11 +50,8 @@ def datasets() -> dict[str, Dataset]:
             for name, e in paths.dataset_registry().items()}
 
 
-#: The registry as it was when this module was imported.
-DATASETS: dict[str, Dataset] = datasets()
-#: Tiny Shakespeare's folder name, and its entry's fields under their own names.
+#: Tiny Shakespeare's folder name, the default dataset.
 DATASET = "tinyshakespeare"
-DEFAULT_URL, URL_ENV, SHA256, SIZE = (getattr(DATASETS[DATASET], k) for k in ("url", "url_env", "sha256", "size"))
 
 _CHUNK = 64 * 1024
 _RETRY_STATUSES = (429, 500, 502, 503, 504)
@@ -295,10 +292,9 @@ def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout:
 def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | None = None, force: bool = False,
              progress: bool | None = None, timeout: float = 30.0, retries: int = 3, backoff_factor: float = 0.5,
              mirror_hint: str | None = None) -> tuple[Path, bool]:
-    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus (the README's "Data" says how); return
-    ``(path, downloaded now)``. ``timeout``: seconds to connect and between bytes; ``mirror_hint``: how the user names
-    another mirror. A failure leaves no new file or folder behind. Raises MinigptError: one line naming the URL, the
-    problem and the fix (:data:`_MESSAGES`), or the file."""
+    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus; return ``(path, downloaded now)``.
+    ``timeout``: seconds to connect and between bytes; ``mirror_hint``: how the user names another mirror. A failure
+    leaves no new file or folder behind. Raises MinigptError: the URL, the problem and the fix, or the file."""
     ds = get_dataset(dataset)
     url = resolve_url(url, ds)
     path = corpus_path(data_dir, ds.name)
@@ -319,8 +315,3 @@ def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | N
     if backup is not None:
         tqdm.write(_MESSAGES["backup"].format(path=path, backup=backup), file=sys.stderr)
     return path, True
-
-
-def download_tinyshakespeare(data_dir: str | Path = "data", **kwargs) -> tuple[Path, bool]:
-    """:func:`download` of Tiny Shakespeare."""
-    return download(DATASET, data_dir, **kwargs)

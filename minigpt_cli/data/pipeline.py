@@ -35,8 +35,7 @@ _FINGERPRINT = ("the corpus is not the one data.fingerprint names ({want}…; no
 
 
 def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
-    """The named dataset's corpus file, downloaded (saying so). Raises MinigptError: the download failed; with
-    ``data.url`` set, the fix says it must be a mirror."""
+    """The named dataset's corpus file, downloaded (saying so). Raises MinigptError: the download failed."""
     from .download import download
 
     log(f"{corpus_path(cfg.data.data_dir, cfg.data.dataset)} not found or incomplete; downloading it first")
@@ -67,8 +66,7 @@ def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Co
 
 
 def corpus_root(cfg: Config, corpus: Optional[Corpus]) -> Path:
-    """The folder of a corpus's tokenizers and token files: ``<data_dir>/<dataset>/``, or for ``data.path``
-    ``<data_dir>/<name>-<fingerprint[:12]>/``."""
+    """The folder of a corpus's tokenizers and token files: ``<data_dir>/<dataset>/``, or :meth:`Corpus.folder`."""
     dc = cfg.data
     return dataset_dir(dc.data_dir, dc.dataset) if dc.path is None else corpus.folder(dc.data_dir)
 
@@ -265,10 +263,9 @@ class DataStage:
 def prepare_data(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None, write: bool = True,
                  check: Callable[[Corpus], None] = lambda corpus: None,
                  found: Callable[[Optional[Corpus]], None] = lambda corpus: None) -> DataStage:
-    """``train``'s data steps and ``minigpt prepare``: the corpus, the tokenizer, the token files, each made if missing
+    """``train``'s data steps and ``minigpt prepare``: the corpus, tokenizer and token files, each made if missing
     (``write`` False: ``--dry-run``, nothing written). ``found`` hears of the corpus on disk (None: not there) before
-    any download; ``check`` may refuse it. Raises MinigptError: as :func:`configured_corpus`, ``check``,
-    :func:`ensure_tokenizer` and ``prepare``."""
+    any download; ``check`` may refuse it. Raises MinigptError: as the steps and ``check`` do."""
     dc = cfg.data
     corpus = corpus_on_disk(cfg, progress)
     found(corpus)
@@ -304,8 +301,7 @@ def prepare_configured(cfg: Config, log: Callable[[str], None] = print, progress
 
 
 def with_vocab(cfg: Config, vocab_size: int) -> Config:
-    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's. Raises MinigptError: a ``model.vocab_size``
-    smaller than the tokenizer's."""
+    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's. Raises MinigptError: a smaller one."""
     mc = cfg.model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})
@@ -322,11 +318,7 @@ class BatchSampler:
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  device: torch.device, rank: int = 0, world: int = 1):
-        if len(tokens) < block_size + 1:
-            raise MinigptError(
-                f"the split has {len(tokens)} tokens, fewer than block_size+1 = {block_size + 1}; "
-                "lower model.block_size or use more text"
-            )
+        assert len(tokens) > block_size, "prepare's check_split_counts refuses a shorter split"
         self.tokens = tokens
         self.block_size = block_size
         self.batch_size = batch_size
@@ -352,7 +344,7 @@ class BatchSampler:
 
 def windows(tokens: np.ndarray, offsets: torch.Tensor, block_size: int,
             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The windows of ``tokens`` starting at ``offsets`` (n,): x, y (n, block_size) int64 on ``device``, y shifted by one."""
+    """Windows of ``tokens`` at ``offsets`` (n,): x, y (n, block_size) int64 on ``device``, y shifted by one."""
     window = torch.from_numpy(tokens[offsets.numpy()[:, None] + np.arange(block_size + 1)].astype(np.int64))
     x, y = window[:, :-1], window[:, 1:]
     if device.type == "cuda":

@@ -1,7 +1,6 @@
 """Corpus -> token memmaps, streamed: :func:`prepare` and the one split it makes (:class:`SplitPlan`).
 
-The corpus is read twice (a survey, then the encoding in a worker thread) into temporary files renamed into
-place at the end, ``meta.json`` last, so an interrupted run leaves nothing that looks complete.
+Read twice (a survey, then the encoding) into temporary files renamed at the end, ``meta.json`` last.
 """
 
 from __future__ import annotations
@@ -312,7 +311,8 @@ def _wanted(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> dict:
 
 
 def reusable_meta(directory: Path, want: dict) -> Optional[dict]:
-    """``directory``'s ``meta.json`` when it names ``want`` and both token files have its sizes; else None."""
+    """``directory``'s ``meta.json`` when it names ``want`` and both token files have its sizes (a split too small
+    is :func:`prepare`'s to refuse); else None."""
     try:
         meta = json.loads((directory / "meta.json").read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
@@ -321,7 +321,6 @@ def reusable_meta(directory: Path, want: dict) -> Optional[dict]:
     ok = isinstance(meta, dict) and all(meta.get(k) == v for k, v in want.items()) and all(
         (directory / f"{s}.bin").is_file()
         and (directory / f"{s}.bin").stat().st_size == meta.get(f"{s}_tokens", -1) * itemsize
-        and meta.get(f"{s}_tokens", -1) >= MIN_SPLIT_TOKENS
         for s in ("train", "val")
     )
     return meta if ok else None
