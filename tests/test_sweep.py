@@ -86,6 +86,10 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
     ({"grid": {"train.out_dir": ["a", "b"]}}, "grid: train.out_dir cannot be set"),
     ({"variants": {"v": {"train.out_dir": "a"}}}, "variants.v: train.out_dir cannot be set"),
     ({"base": "nothere.yaml"}, "s.yaml: base: config file 'nothere.yaml' not found"),
+    # Counted before anything is expanded (issue 27): neither a huge seed count nor a 10^12 grid is built.
+    ({"seeds": 100_000_000}, "seeds"),
+    ({"grid": {f"model.k{i}": list(range(10)) for i in range(12)}},
+     "(1,000,000,000,000 variants x seeds) is more than one sweep may ask for (10,000)"),
 ])
 def test_a_bad_sweep_file_is_one_line_before_any_run(cli, tmp_path, data_dir, over, fragment):
     path = write_sweep(tmp_path, data_dir, **over)

@@ -64,7 +64,7 @@ def _why(exc: OSError | ValidationError) -> str:
     if isinstance(exc, OSError):
         return exc.strerror or type(exc).__name__
     err = exc.errors()[0]
-    loc, msg = ".".join(map(str, err["loc"])), err["msg"]
+    loc, msg = ".".join(map(str, err["loc"])), err["msg"].removeprefix("Value error, ")
     msg = "the top level must be a mapping" if err["type"] == "model_type" and not loc else msg[0].lower() + msg[1:]
     return f"{loc}: {msg}" if loc else msg
 

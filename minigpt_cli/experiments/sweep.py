@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config.schema import Config, apply_overrides, validate
 from ..config.yaml_io import parse_yaml
@@ -84,6 +84,10 @@ Seed = Annotated[int, Field(ge=0, lt=2**32)]
 Key = Annotated[str, Field(pattern=r"^\s*[^=\s]")]  # a config key, as --set spells it
 
 
+#: The most runs one sweep file may ask for (variants x seeds), counted before anything is expanded.
+MAX_RUNS = 10_000
+
+
 class SweepFile(BaseModel):
     """The sweep file's schema (module docstring)."""
 
@@ -93,10 +97,21 @@ class SweepFile(BaseModel):
     set: list[Annotated[str, Field(pattern=r"^\s*[^=\s][^=]*=")]] = Field(default_factory=list)  # key=value
     grid: dict[Key, Annotated[list[Scalar], Field(min_length=1)]] = Field(default_factory=dict)
     variants: dict[str, dict[Key, Scalar]] = Field(default_factory=dict)
-    seeds: Union[Annotated[int, Field(ge=1)], Annotated[list[Seed], Field(min_length=1)]] = 1  # a count, or the seeds
+    seeds: Union[Annotated[int, Field(ge=1, le=MAX_RUNS)],  # a count, or the seeds
+                 Annotated[list[Seed], Field(min_length=1, max_length=MAX_RUNS)]] = 1
     budget: Budget
     target_loss: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     out_dir: str = "runs"
+
+    @model_validator(mode="after")
+    def _countable(self) -> "SweepFile":
+        """Refuse more than :data:`MAX_RUNS` runs from their count alone: a 10^12 grid is never built."""
+        variants = math.prod(len(v) for v in self.grid.values()) * bool(self.grid) + len(self.variants)
+        runs_ = variants * (self.seeds if isinstance(self.seeds, int) else len(self.seeds))
+        if runs_ > MAX_RUNS:
+            raise ValueError(f"{runs_:,} runs ({variants:,} variants x seeds) is more than one sweep may ask for "
+                             f"({MAX_RUNS:,}); split it into several sweep files")
+        return self
 
 
 class _State(BaseModel):
