@@ -1,20 +1,9 @@
-"""One Tokenizer interface over the five kinds the config names.
-
-- ``char``: ours. One id per distinct character of the corpus, sorted by code point (nanoGPT's
-  ``shakespeare_char``: 65 on Tiny Shakespeare), then the special tokens in the order given; our own JSON.
-- ``bpe``: byte-level BPE (GPT-2): the 256 bytes as base, so decode(encode(s)) == s byte for byte.
-- ``unigram``: Unigram (Kudo 2018) with an unknown token.
-- ``wordpiece``: merges by score count(ab) / (count(a)·count(b)) (:mod:`.wordpiece`); greedy longest match.
-- ``hf``: any Hugging Face ``tokenizer.json``, used as the library reads it; never trained here. One without
-  an unknown token refuses characters it lacks as char does, naming them.
+"""One Tokenizer interface over the five kinds the config names (char, bpe, unigram, wordpiece, hf; see the README).
 
 The trained kinds are saved in the ``tokenizers`` library's own ``tokenizer.json`` (which refuses extra keys,
-so :func:`load_tokenizer` tells the kind from ``model.type``). Unigram and WordPiece split words as byte-level
-BPE does and spell a space ``▁``, so decode(encode(s)) == s for seen characters, except a literal ``▁`` (it
-decodes as a space) and a WordPiece word over ``WORDPIECE_MAX_WORD`` characters (one ``<unk>``). Special tokens
-are single ids in every kind, matched in the raw text first; trained kinds put them first (ids 0..k-1), char
-appends them. Every ``decode`` refuses an id outside [0, vocab_size) (:func:`check_ids`).
-"""
+so :func:`load_tokenizer` tells the kind from ``model.type``); char in our own JSON (:data:`FORMAT`). Special
+tokens are single ids in every kind, matched in the raw text first; trained kinds put them first (ids 0..k-1),
+char appends them. Every ``decode`` refuses an id outside [0, vocab_size) (:func:`check_ids`)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""Dropout and causal attention with dropout, faster on CPUs.
+"""Dropout and causal attention with dropout, faster on CPUs (measured in BENCHMARKS.md).
 
-PyTorch's CPU dropout draws one Bernoulli sample per element (about 9 ns each), and SDPA with ``dropout_p > 0``
-leaves its flash kernel for the math path: a quarter of a ``configs/shakespeare.yaml`` step at dropout 0.2.
-Here a keep-mask costs two random bytes per element from the default generator (so seeding and the saved RNG
-state still reproduce a run; the masks differ from ``bernoulli_``'s): int16 compared with a threshold, so the
-drop probability is ``p`` rounded to a multiple of 2⁻¹⁶, and kept values are scaled by 1/(1 − that), keeping
-E[y] = x (inverted dropout, Srivastava et al. 2014 §10). :func:`attention` is causal attention with dropout on
-the weights (Vaswani et al. 2017 §5.4) in one autograd function, by blocks of queries against only the keys
-each may see. :func:`swap_dropout` puts both into a built model; ``MINIGPT_FAST_DROPOUT=0``, CUDA,
-``torch.compile``, bfloat16 and eval mode keep PyTorch's kernels."""
+A keep-mask costs two random bytes per element from the default generator, so seeding and the saved RNG state
+still reproduce a run: int16 compared with a threshold (``p`` rounded to a multiple of 2⁻¹⁶), kept values
+scaled by 1/(1 − that), keeping E[y] = x (inverted dropout, Srivastava et al. 2014 §10). :func:`attention`
+drops attention weights (Vaswani et al. 2017 §5.4) by blocks of queries against only the keys each may see.
+``MINIGPT_FAST_DROPOUT=0``, CUDA, ``torch.compile``, bfloat16 and eval mode keep PyTorch's kernels."""
 
 from __future__ import annotations
 
@@ -74,15 +70,7 @@ class _Dropout(torch.autograd.Function):
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """``F.dropout(x, p, training)``, with the mask of :func:`keep_mask` on CPUs.
-
-    Args:
-        x: any shape, floating point.
-        p: drop probability, 0 <= p <= 1.
-
-    Returns:
-        x's shape and dtype.
-    """
+    """``F.dropout(x, p, training)`` (x: any shape, floating point; 0 <= p <= 1), with :func:`keep_mask` on CPUs."""
     if training and usable(x, p):
         return _Dropout.apply(x, p)
     return F.dropout(x, p, training)
@@ -200,12 +188,8 @@ def requested() -> bool:
 
 def dropout_kernel(model: nn.Module, device: torch.device, dtype: torch.dtype, compiled: bool = False) -> str:
     """What runs ``model``'s dropout in training: ``"minigpt"`` (this module), ``"torch"``, ``"minigpt+torch"``
-    or ``"none"`` (p = 0).
-
-    ``dtype`` is the training dtype: bfloat16/float16 mean autocast, where the
-    half-precision activations keep PyTorch's dropout but the embeddings' (float32) take this module's, hence
-    ``"minigpt+torch"``.
-    """
+    or ``"none"`` (p = 0). A half-precision ``dtype`` means autocast: its activations keep PyTorch's dropout but
+    the embeddings' (float32) take this module's, hence ``"minigpt+torch"``."""
     rates = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
     if not any(rates):
         return "none"
@@ -218,10 +202,7 @@ def dropout_kernel(model: nn.Module, device: torch.device, dtype: torch.dtype, c
 def swap_dropout(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
     """Give ``model`` the fast dropout, in place (no state-dict key changes): every ``nn.Dropout`` becomes a
     :class:`FastDropout` (same ``p``), and every module with an ``attend`` attribute attends through
-    :func:`attention`. ``enabled`` None: ``MINIGPT_FAST_DROPOUT`` (default on). Returns ``model``.
-
-    Raises:
-        MinigptError: ``MINIGPT_FAST_DROPOUT`` is neither on nor off."""
+    :func:`attention`. ``enabled`` None: ``MINIGPT_FAST_DROPOUT`` (default on; MinigptError if neither on nor off)."""
     if enabled is None:
         enabled = requested()
     if not enabled:

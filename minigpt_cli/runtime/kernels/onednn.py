@@ -1,10 +1,7 @@
-"""float32 linear layers on oneDNN for x86 CPUs.
+"""float32 linear layers on oneDNN for x86 CPUs, where MKL takes its AVX2 path on AMD (1.48x a step, BENCHMARKS.md).
 
-PyTorch's CPU wheels run float32 matmuls on MKL, which takes its AVX2 path on AMD processors even with AVX-512;
-oneDNN (in the same wheel) picks kernels by instruction set: on the Zen 5 CPU of BENCHMARKS.md a 768x128 @
-128x512 product runs at 230 GFLOP/s on MKL and 480 on oneDNN, a training step 1.48 times faster.
-:func:`swap_linears` turns a model's ``nn.Linear`` into :class:`OneDNNLinear` (same parameters), computed by
-:func:`linear`: oneDNN where it pays, ``F.linear`` elsewhere. ``MINIGPT_ONEDNN=0`` leaves models alone."""
+:func:`swap_linears` turns a model's ``nn.Linear`` into :class:`OneDNNLinear` (same parameters): oneDNN where
+it pays, ``F.linear`` elsewhere. ``MINIGPT_ONEDNN=0`` leaves models alone."""
 
 from __future__ import annotations
 
@@ -22,14 +19,11 @@ from .flags import env_flag
 #: The environment variable that turns the swap off (``0``, ``false``, ``no``, ``off``).
 ENV = "MINIGPT_ONEDNN"
 
-#: Products smaller than this (2·M·K·N FLOPs) stay on ``F.linear``: a oneDNN call costs ~12 µs more
-#: (and its backward transposes two operands), and measured on the CPU of BENCHMARKS.md a forward and
-#: backward through oneDNN wins from about 4 MFLOP up; the smallest models lose below it (one product
-#: of 0.01 MFLOP takes 9x as long) ...
+#: Products smaller than this (2·M·K·N FLOPs) stay on ``F.linear``: a oneDNN call costs ~12 µs more, and
+#: forward and backward through oneDNN win from about 4 MFLOP up (BENCHMARKS.md) ...
 ONEDNN_MIN_FLOPS = 4_000_000
 #: ... unless the weight has at least this many elements: one-token generation streams the weights,
-#: and there oneDNN wins from about 128Ki elements (512 KiB) up (shakespeare.yaml's cached generation:
-#: 413 tokens/s, against 285 with its one-token products on MKL).
+#: and there oneDNN wins from about 128Ki elements (512 KiB) up.
 ONEDNN_MIN_WEIGHT = 2 ** 17
 
 #: Said when compile: true takes the training step's linear layers off oneDNN (torch.compile keeps its own kernels).
