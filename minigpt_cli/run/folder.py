@@ -413,9 +413,7 @@ def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, line
         "world_size": world_size,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        # The kernel behind the training step's linear layers (model.linear); results differ by float32 rounding.
         "linear_kernel": linear_kernel,
-        # minigpt's CPU dropout masks (kernels.dropout), PyTorch's, or none (dropout 0); their masks differ.
         "dropout_kernel": dropout_kernel,
         "cuda": torch.version.cuda,
         "git_commit": git_commit(),

@@ -48,11 +48,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA where supported, else float16 on CUDA, float32 elsewhere.
-
-    Raises:
-        MinigptError: float16 on a CPU (autocast has no float16 there).
-    """
+    """``auto``: bfloat16 on CUDA where supported, else float16 on CUDA, float32 elsewhere. Raises MinigptError:
+    float16 on a CPU (autocast has no float16 there)."""
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -274,10 +271,7 @@ def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: 
     parameter for weights, gradients and AdamW moments (ZeRO §3.1), plus one micro-batch's activations
     (``grad_accum_steps`` adds time, not memory). Under FSDP each of ``shards`` processes holds 1/shards of the
     model states (ZeRO stage 3, §5.3). The estimate leaves out allocator slack, so a run that passes can still
-    run out.
-
-    Raises:
-        MinigptError: the estimate exceeds the free memory; the message gives both."""
+    run out. Raises MinigptError: the estimate exceeds the free memory; the message gives both."""
     free = available_memory(device)
     if free is None:
         return
