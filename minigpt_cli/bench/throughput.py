@@ -1,8 +1,7 @@
 """``minigpt bench``: training throughput, MFU against a peak measured in the same run, generation speed.
 
 Model FLOPs per token: 6·N + 12·L·n_head·head_dim·T, N without position embeddings and a tied embedding once
-(PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``). Peak: the median FLOP/s of a 2048² matrix
-product (2·n³ FLOPs) through every kernel the linear layers can use; the fastest is the peak.
+(PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``). Peak: the fastest kernel's 2048² product.
 """
 
 from __future__ import annotations
