@@ -1,5 +1,4 @@
-"""Generation speed for ``minigpt bench``: new tokens/s at temperature 1 from one random prompt, after warm-up:
-uncached, with the KV cache, compiled (static cache), and :data:`BATCH` samples together."""
+"""``minigpt bench``'s generation speed: new tokens/s uncached, cached, compiled, and :data:`BATCH` at once."""
 
 from __future__ import annotations
 

@@ -28,8 +28,7 @@ def bare_encode(paths: list[Path], tok) -> int:
 
 
 def bench_prepare(cfg: Config, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Time the bare loop, then :func:`prepare`, on the config's corpus and tokenizer: rates, ratio, counts, RSS. Raises
-    MinigptError: as :func:`~minigpt_cli.data.pipeline.configured_corpus` and :func:`prepare`."""
+    """Time the bare loop, then :func:`prepare`, on the config's corpus; raises as it and configured_corpus."""
     corpus, root = configured_corpus(cfg, echo)
     tok, tok_path = ensure_tokenizer(cfg, corpus, echo, root)
     mb = corpus.size / 1e6

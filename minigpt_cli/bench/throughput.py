@@ -1,8 +1,7 @@
 """``minigpt bench``: training throughput, MFU against a peak measured in the same run, generation speed.
 
 Model FLOPs per token: 6·N + 12·L·n_head·head_dim·T, N without position embeddings and a tied embedding once
-(PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``). Peak: the median FLOP/s of a 2048² matrix
-product (2·n³ FLOPs) through every kernel the linear layers can use; the fastest is the peak.
+(PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``). Peak: the fastest kernel's 2048² product.
 """
 
 from __future__ import annotations
@@ -60,16 +59,14 @@ def measure_peak(device: torch.device, dtype: torch.dtype, n: int = MATMUL_N, re
     return 2 * n ** 3 / statistics.median(times)
 
 
-#: The stop string of the streaming measurement: 12 characters no corpus here holds (U+2403, SYMBOL FOR END OF
-#: TEXT), so the search runs at every token and never ends a sample.
+#: A stop string no corpus holds (U+2403): the search runs at every token and never ends a sample.
 STREAM_STOP = "\u2403 never \u2403"
 
 
 def measure_streaming(model: GPT, tok: Tokenizer, cfg: Config, n_tokens: int, device: torch.device,
                       echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """What streaming costs ``generate``: ``n_tokens`` written three times through its text path from one seed
-    (decoded at the end, streamed, streamed with :data:`STREAM_STOP`). An overhead is a pass's extra text-path
-    seconds over the first pass's, divided by generation's time without them."""
+    """What streaming costs ``generate``: ``n_tokens`` decoded at the end, streamed, and streamed with
+    :data:`STREAM_STOP`; an overhead is a pass's extra seconds over the first's, per second of generation."""
     from ..sample.generate import Nowhere, write_sample  # the command's own path
 
     sc = cfg.sample
@@ -133,9 +130,8 @@ def _peak_memory(device: torch.device) -> int:
 def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
           vocab_size: int = 65, generation: bool = True, stream_tokens: int = 0,
           echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure training and generation speed of ``cfg``'s model on its device: a JSON-ready dict. ``vocab_size`` stands
-    for a null ``model.vocab_size`` (with ``stream_tokens``: the tokenizer's). Raises MinigptError: impossible sizes
-    (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's, no corpus."""
+    """Training and generation speed of ``cfg``'s model on its device, as a JSON-ready dict. Raises MinigptError:
+    impossible sizes (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's, no corpus."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     mc, tok = cfg.model, None
@@ -246,8 +242,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         "linear_kernel": "torch.mm" if compiled else eager_kernel,  # torch.compile keeps PyTorch's kernels
         "dropout_kernel": dropout.dropout_kernel(model, device, dtype, compiled),
         "mfu": achieved / peak,
-        # The same figure against each kernel's peak: against torch.mm's alone (PyTorch's default float32
-        # product, MKL on x86) it overstates MFU wherever the linear layers run on a faster kernel.
+        # Against each kernel's peak: torch.mm's alone overstates MFU where the linear layers run on a faster one.
         "mfu_by_kernel": {k: achieved / f for k, f in peaks.items()},
         "peak_memory_bytes": _peak_memory(device),
         "torch_threads": torch.get_num_threads(),

@@ -1,11 +1,7 @@
 """``minigpt compare``: runs side by side, variants averaged over seeds, with the seed noise said.
 
-:func:`summarize` groups runs whose configs differ only in ``seed`` into a variant and writes summary.md,
-.csv, .json and .png (the README lists the columns). FLOPs per token are
-:func:`~minigpt_cli.accounting.params.flops`' ``train_with_lm_head``; bits per byte divide the final val loss
-in bits by the val split's UTF-8 bytes per token, the one measure fair across tokenizers and corpora. Seed
-noise: a difference of means is said to exceed it past twice its standard error sqrt(s1²/n1 + s2²/n2)
-(Welch; about a 95% two-sided test for normal errors, a rough guide with 3 seeds).
+Bits per byte: the final val loss in bits over the val split's UTF-8 bytes per token. Seed noise: a difference
+of means exceeds it past twice its standard error sqrt(s1²/n1 + s2²/n2) (Welch; about a 95% two-sided test).
 """
 
 from __future__ import annotations
@@ -70,8 +66,7 @@ def _why(exc: OSError | ValidationError) -> str:
 
 
 def read_model(schema: type[Model], source: Path | Any, what: str, **fields: Any) -> Model:
-    """``source`` (a JSON file, or data already parsed) read through ``schema``; any problem is a
-    :class:`MinigptError`, ``what`` formatted with ``fields`` and ``why`` (:func:`_why`)."""
+    """``source`` (a JSON file, or parsed data) read through ``schema``; a :class:`MinigptError` from ``what``."""
     try:
         return schema.model_validate_json(source.read_bytes()) if isinstance(source, Path) else \
             schema.model_validate(source)
@@ -95,8 +90,7 @@ class RunRecord:
 
 
 def read_run(path: Path) -> RunRecord:
-    """A run folder as a :class:`RunRecord`, read by run/'s readers (trusted: their errors are one line each);
-    a :class:`MinigptError` when it has no eval yet."""
+    """A run folder as a :class:`RunRecord`; a :class:`MinigptError` when it has no eval yet."""
     events = read_events(path / METRICS)  # none when the file is absent
     evals = [e for e in events if e["event"] == "eval"]
     if not evals:
@@ -115,8 +109,7 @@ def read_run(path: Path) -> RunRecord:
 
 
 def expand(paths: list[Path]) -> list[Path]:
-    """Run folders: each path itself when it is one, else the run folders inside it (sorted); a
-    :class:`MinigptError` for a path that is neither."""
+    """Run folders: each path itself when it is one, else those inside it; a :class:`MinigptError` if neither."""
     out = []
     for p in paths:
         if (p / runs.CONFIG).is_file():
@@ -140,8 +133,7 @@ def _mean_sd(values: list[float]) -> tuple[float, Optional[float]]:
 
 
 def _bytes_per_token(cfg: Config, run_dir: Path, cache: dict, notes: list[str]) -> Optional[float]:
-    """UTF-8 bytes per token of the run's val split (its corpus and tokenizer); None, with a note saying why,
-    when it cannot be read."""
+    """UTF-8 bytes per token of the run's val split; None, with a note saying why, when it cannot be read."""
     from ..data.pipeline import run_corpus_config
     from ..eval.evaluate import split_tokens, text_size
     from ..tokenizer.kinds import load_run_tokenizer
@@ -182,13 +174,8 @@ def _fmt(mean: Optional[float], sd: Optional[float], digits: int = 4) -> str:
 def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optional[float] = None,
               variants: Optional[dict[str, str]] = None, metric: Optional[str] = None,
               echo: Callable[[str], None] = lambda m: None) -> dict:
-    """Compare runs (module docstring), writing the summary files into ``out`` when given.
-
-    ``target``: for "time to target" (default: the worst run's final value); ``variants``: run folder name ->
-    variant (default: the name less ``-s<seed>``); ``metric``: ``val_loss`` or ``bits_per_byte`` (default:
-    val_loss when the runs share corpus and tokenizer). Returns ``columns`` (the differing keys), ``rows``,
-    ``sentences``, ``notes``, ``target``, ``equal_time_s`` and ``metric``. Refusals: :data:`_MESSAGES`.
-    """
+    """Compare runs (the README's columns), writing the summary files into ``out`` when given; ``variants``
+    (folder name -> variant) defaults to the name less ``-s<seed>``. Refusals: :data:`_MESSAGES`."""
     records = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
     groups: dict[str, Variant] = {}
     for r in records:
@@ -277,36 +264,31 @@ def _sentences(variants: list[Variant], stat: str) -> list[str]:
     return out
 
 
-def _table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
-    """The table's header and rows as text, numbers formatted for reading (``1,234``, ``4.1027 ± 0.0100``)."""
-    head = ["variant", *result["columns"], "seeds", "params", "non-emb", "FLOPs/token", "tokens/s", "steps"]
-    loss = "final_val" in (result["rows"][0] if result["rows"] else {})
-    if loss:
-        head += ["final val", "best val", f"val @ {result['equal_time_s']:.0f}s"]
+def _spec(result: dict) -> list[tuple[str, list[str], Callable[[dict], str]]]:
+    """The summary's columns: the table's header, the CSV keys behind it, and its cell as text."""
+    spec = [("variant", ["variant"], lambda r: r["variant"]),
+            *((c, [c], lambda r, c=c: value_text(r[c])) for c in result["columns"]),
+            ("seeds", ["seeds"], lambda r: str(r["seeds"])),
+            ("params", ["params"], lambda r: f"{r['params']:,}"),
+            ("non-emb", ["params_non_embedding"], lambda r: f"{r['params_non_embedding']:,}"),
+            ("FLOPs/token", ["flops_per_token"], lambda r: f"{r['flops_per_token']:,}"),
+            ("tokens/s", ["tokens_per_sec"], lambda r: f"{r['tokens_per_sec']:,.0f}" if r["tokens_per_sec"] else "n/a"),
+            ("steps", ["steps"], lambda r: f"{r['steps']:.0f}")]
+    stats = [("val bits/byte", "bits_per_byte")]
+    if "final_val" in (result["rows"][0] if result["rows"] else {}):
+        stats[:0] = [("final val", "final_val"), ("best val", "best_val"),
+                     (f"val @ {result['equal_time_s']:.0f}s", "val_at_equal_time")]
+    spec += [(head, [k, f"{k}_sd"], lambda r, k=k: _fmt(r[k], r[f"{k}_sd"])) for head, k in stats]
     unit = "nats" if result["metric"] == "val_loss" else "bits/byte"
-    head += ["val bits/byte", f"s to {result['target']:.3f} {unit}"]
-    body = []
-    for r in result["rows"]:
-        cells = [r["variant"], *(value_text(r[c]) for c in result["columns"]),
-                 str(r["seeds"]), f"{r['params']:,}", f"{r['params_non_embedding']:,}", f"{r['flops_per_token']:,}",
-                 f"{r['tokens_per_sec']:,.0f}" if r["tokens_per_sec"] else "n/a", f"{r['steps']:.0f}"]
-        if loss:
-            cells += [_fmt(r["final_val"], r["final_val_sd"]), _fmt(r["best_val"], r["best_val_sd"]),
-                      _fmt(r["val_at_equal_time"], r["val_at_equal_time_sd"])]
-        cells += [_fmt(r["bits_per_byte"], r["bits_per_byte_sd"]),
-                  f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None
-                  else f"not reached ({r['seeds_reached_target']}/{r['seeds']})"]
-        body.append(cells)
-    return head, body
+    spec.append((f"s to {result['target']:.3f} {unit}", ["time_to_target_s", "seeds_reached_target"],
+                 lambda r: f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None
+                 else f"not reached ({r['seeds_reached_target']}/{r['seeds']})"))
+    return spec
 
 
 def _csv_rows(result: dict) -> list[list[Any]]:
     """summary.csv's rows: the JSON rows' names and plain values, standard deviations in columns of their own."""
-    keys = ["variant", *result["columns"], "seeds", "params", "params_non_embedding", "flops_per_token",
-            "tokens_per_sec", "steps"]
-    if "final_val" in (result["rows"][0] if result["rows"] else {}):
-        keys += [f"{stat}{sd}" for stat in ("final_val", "best_val", "val_at_equal_time") for sd in ("", "_sd")]
-    keys += ["bits_per_byte", "bits_per_byte_sd", "time_to_target_s", "seeds_reached_target"]
+    keys = [k for _, ks, _ in _spec(result) for k in ks]
     return [keys, *([_plain(r.get(k)) for k in keys] for r in result["rows"])]
 
 
@@ -318,8 +300,7 @@ def _plain(value: Any) -> Any:
 
 
 def value_text(value: Any) -> str:
-    """A config value as text: text as it is, anything else as JSON (``true``, ``null``, ``[1, 2]``), which
-    ``--set`` reads back (JSON is YAML's flow style)."""
+    """A config value as text: text as it is, anything else as JSON, which ``--set`` reads back."""
     return value if isinstance(value, str) else json.dumps(value)
 
 
@@ -328,23 +309,22 @@ _CELL_ESCAPES = {"\\": "\\\\", "|": "\\|", "\n": "\\n", "\r": "\\r", "\t": "\\t"
 
 
 def _cell(text: str) -> str:
-    """``text`` safe in a Markdown table cell: ``|``, backslashes, line breaks and tabs escaped, any other
-    unprintable character written as Python writes it (``\\x07``, ``\\u2028``)."""
+    """``text`` safe in a Markdown table cell: :data:`_CELL_ESCAPES`, other unprintables as Python writes them."""
     return "".join(_CELL_ESCAPES.get(c) or (c if c.isprintable() else repr(c)[1:-1]) for c in text)
 
 
 def format_summary(result: dict) -> str:
     """The Markdown table (every cell escaped by :func:`_cell`), then the notes and the pairwise sentences."""
-    head, body = _table_rows(result)
-    lines = ["| " + " | ".join(map(_cell, row)) + " |" for row in [head, *body]]
-    lines.insert(1, "|" + "---|" * len(head))
+    spec = _spec(result)
+    rows = [[h for h, _, _ in spec], *([f(r) for *_, f in spec] for r in result["rows"])]
+    lines = ["| " + " | ".join(map(_cell, row)) + " |" for row in rows]
+    lines.insert(1, "|" + "---|" * len(spec))
     lines += [""] + result["notes"] + [f"- {s}" for s in result["sentences"]]
     return "\n".join(lines).rstrip() + "\n"
 
 
 def _write(result: dict, variants: list[Variant], out: Path) -> None:
-    """summary.md, .csv, .json and .png, built first and renamed into place as a set
-    (:func:`~minigpt_cli.fileio.atomic_write_set`): an interrupt leaves the previous set or none."""
+    """summary.md, .csv, .json and .png, renamed into place as a set: an interrupt leaves the previous set or none."""
     _check_ours(out)
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
@@ -365,8 +345,7 @@ class _Summary(BaseModel):
 
 
 def _check_ours(out: Path) -> None:
-    """Refuse a run folder as ``out`` (its files are the run's record), and summary files in ``out`` unless they
-    are an earlier summary (its summary.json one)."""
+    """Refuse a run folder as ``out``, and summary files in ``out`` that are not an earlier summary."""
     refuse([((out / runs.CONFIG).is_file() or runs.made_here(out), "run_output")], _MESSAGES, path=out)
     if any(os.path.lexists(out / name) for name in SUMMARY_FILES):
         read_model(_Summary, out / "summary.json", _MESSAGES["users"], path=out)

@@ -1,12 +1,5 @@
-"""``minigpt sweep``: many runs of one base config, compared fairly, resumable after a kill.
-
-A sweep file (the README documents it) names a ``base`` config, ``set`` overrides, a ``grid`` and/or named
-``variants``, ``seeds`` and a per-run ``budget`` (``iters``, ``tokens`` or ``seconds``: the same steps, tokens
-or wall-clock time for every run). Each run is an ordinary run folder, ``<out_dir>/<name>/<variant>-s<seed>/``.
-``<out_dir>/<name>/sweep.json`` keeps the sweep as read and the runs done: a restart skips those, resumes an
-interrupted one, and refuses a changed sweep file or base config once a run has saved a checkpoint. With
-``--jobs N`` runs go N at a time in processes of their own, ended with the sweep (:func:`die_with_parent`).
-"""
+"""``minigpt sweep``: many runs of one base config, compared fairly, resumable after a kill (the README's
+sweep file); runs go in ``<out_dir>/<name>/<variant>-s<seed>/``, the state in ``sweep.json`` beside them."""
 
 from __future__ import annotations
 
@@ -159,8 +152,7 @@ def _variants(spec: SweepFile) -> list[tuple[str, dict[str, Any]]]:
 
 
 def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -> Sweep:
-    """Read and check a sweep file: every run's config is validated before anything runs. Refusals: the
-    schema's, :data:`_MESSAGES`', a name that is not a plain folder name, a config its schema refuses."""
+    """Read and check a sweep file, every run's config validated before anything runs (refusals: :data:`_MESSAGES`)."""
     p = Path(path)
     data = parse_yaml(read_text_file(p, "sweep file"), str(p))
     spec = read_model(SweepFile, data, _MESSAGES["schema"], path=p)
@@ -212,15 +204,13 @@ def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
 
 
 def _read_state(sweep: Sweep, jobs: int) -> dict:
-    """The sweep's state, created on the first start; refuses a sweep whose file or base config changed once a
-    run of it saved a checkpoint (before that the old record is replaced), and ``jobs`` past the cores."""
+    """The sweep's state, created on the first start; refuses a changed sweep once a run saved a checkpoint."""
     path = sweep.folder / STATE
     record = {"sweep": sweep.spec.model_dump(mode="json"), "base": sweep.base_data}  # to notice a change
     state = read_model(_State, path, _MESSAGES["state"], path=path).model_dump() if path.is_file() else None
     changed = [(source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base))
                if state and (what := _difference(state[part], record[part]))]
-    # No run has trained to a checkpoint yet (the sweep failed before, e.g. on a download): nothing to keep
-    # apart, so the edited sweep replaces the record (a run folder without a checkpoint starts afresh).
+    # No run has a checkpoint yet (e.g. a failed download): the edited sweep replaces the record.
     trained = changed and (state["done"] or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir()))
     cores = os.cpu_count() or 1
     refuse([(not 1 <= jobs <= cores, "jobs"),
@@ -241,8 +231,7 @@ def _mark_done(sweep: Sweep, state: dict, run: Run) -> None:
 
 
 def _resumable(sweep: Sweep, run: Run) -> bool:
-    """Whether ``run`` resumes a checkpoint a killed sweep left; a run folder killed before its first
-    checkpoint holds nothing to keep and is emptied (:func:`~.run.folder.clear_unsaved`), so the run starts afresh."""
+    """Whether ``run`` resumes a checkpoint a killed sweep left; a folder without one is emptied to start afresh."""
     folder = sweep.folder / run.name
     if folder.is_dir() and runs.has_checkpoint(folder):
         return True
@@ -275,9 +264,8 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> Optional[Callable[[], None]]:
-    """A ``preexec_fn`` that has a child get SIGTERM (a trainer saves ``last`` on it) when this process dies,
-    SIGKILL included; None off Linux (``prctl(PR_SET_PDEATHSIG)``). The kernel sends it when the *thread* that
-    started the child ends: each ``--jobs`` child is started by a worker thread that waits for it."""
+    """A ``preexec_fn`` giving a child SIGTERM (a trainer saves ``last``) when this process dies; None off Linux.
+    The kernel sends it when the *thread* that started the child ends: a worker thread that waits for it."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -295,12 +283,8 @@ def die_with_parent() -> Optional[Callable[[], None]]:
 
 def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None,
               echo: Callable[[str], None] = lambda m: None) -> dict:
-    """Run (or finish) a sweep, then write its summary (:func:`.compare.summarize`'s result).
-
-    Raises:
-        MinigptError: a bad kernel setting, sweep file or state (:func:`load_sweep`, :func:`_read_state`), a failed run.
-        Interrupted: Ctrl-C during a run (its checkpoint saved; the same command goes on from there).
-    """
+    """Run (or finish) a sweep, then write its summary. Raises MinigptError (a bad kernel setting, sweep file or
+    state, a failed run) and Interrupted (Ctrl-C: checkpoints saved, the same command goes on)."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from tqdm.auto import tqdm
@@ -322,8 +306,7 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
                 bar.update(1)
         else:
             env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // jobs)))
-            # Each run in a session of its own (a Ctrl-C reaches the sweep, which passes it on), and ended
-            # with the sweep if the sweep is killed, instead of training on unseen.
+            # Each run in a session of its own (the sweep passes a Ctrl-C on), ended if the sweep is killed.
             preexec_fn = die_with_parent()
 
             running: dict[str, subprocess.Popen] = {}
