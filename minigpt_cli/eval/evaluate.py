@@ -158,11 +158,10 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
         world = meta.get("world_size", 1)
         loss, n_windows = _training_eval(model, cfg, tokens, split, meta.get("step", 0), world, dev)
         n_scored = n_windows * T
-        per_token = len(tokens) / n_bytes, len(tokens) / n_chars  # the conversion: the split's average
         if meta.get("eval_step") == meta.get("step"):
             logged = meta.get(f"{split}_loss")
-    nats_per = (loss * n_scored / n_bytes, loss * n_scored / n_chars) if full else (loss * per_token[0],
-                                                                                    loss * per_token[1])
+    counted = n_scored if full else len(tokens)  # the eval's windows: converted at the split's tokens per byte
+    nats_per = loss * counted / n_bytes, loss * counted / n_chars
     return {
         "run": str(run_dir), "checkpoint": ckpt.name, "step": meta.get("step"), "source": source,
         "mode": "full" if full else "eval", "loss": loss,

@@ -36,21 +36,17 @@ def _split_line(p: Plan) -> str:
 
 
 def unchecked(p: Plan) -> list[str]:
-    """The checks ``train`` makes that this dry run does not, each with the reason (none passes silently):
-    what needs the tokenizer or the corpus while they are not there, and what only training reads."""
+    """The checks ``train`` makes that this dry run does not (what needs the missing tokenizer or corpus, what
+    only training reads), each with the reason: none passes silently."""
     given, stage, why = p.given, p.stage, p.stage.waits
-    out = []
-    if why is not None:
-        if stage.tok is None and given.model.vocab_size is not None:
-            out.append((f"model.vocab_size {given.model.vocab_size} against the tokenizer's size", why))
-        if stage.tok is None and given.sample.prompt:
-            out.append(("sample.prompt against the tokenizer's vocabulary", why))
-        if stage.corpus is None and given.tokenizer.kind in ("unigram", "wordpiece"):
-            out.append(("tokenizer.vocab_size against the corpus's characters", why))
-        if stage.corpus is None and p.resumed is not None:
-            out.append(("the corpus against the resumed run's", why))
-        if stage.corpus is None and given.data.fingerprint is not None:
-            out.append(("the corpus against data.fingerprint", why))
+    waiting = [(f"model.vocab_size {given.model.vocab_size} against the tokenizer's size",
+                stage.tok is None and given.model.vocab_size is not None),
+               ("sample.prompt against the tokenizer's vocabulary", stage.tok is None and given.sample.prompt),
+               ("tokenizer.vocab_size against the corpus's characters",
+                stage.corpus is None and given.tokenizer.kind in ("unigram", "wordpiece")),
+               ("the corpus against the resumed run's", stage.corpus is None and p.resumed is not None),
+               ("the corpus against data.fingerprint", stage.corpus is None and given.data.fingerprint is not None)]
+    out = [(what, why) for what, unknown in waiting if unknown and why is not None]
     if p.resumed is not None:
         out.append(("that no other train holds the run's lock, and that its weights load into the model",
                     "a dry run takes no lock and builds no model (their checksum is checked)"))

@@ -21,13 +21,9 @@ from .step import estimate_loss
 
 
 class Evaluator:
-    """Decides when the run evaluates (:func:`~.schedule.should_eval`) and computes the losses.
-
-    Each split's eval reads eval_iters × batch_size × grad_accum_steps × processes windows, which depend on
-    the seed, the split, the step and that global batch alone (:func:`~minigpt_cli.data.pipeline.eval_offsets`,
-    :func:`~minigpt_cli.data.pipeline.eval_seed`): any split into micro-batches and processes, and a resumed
-    run, evaluate the same windows.
-    """
+    """Decides when the run evaluates and computes the losses. Each split's windows depend on the seed, the
+    split, the step and the global batch alone (:func:`~minigpt_cli.data.pipeline.eval_seed`): any split into
+    micro-batches and processes, and a resumed run, evaluate the same windows."""
 
     def __init__(self, cfg: Config, data: PreparedData, device: torch.device, dist: Dist,
                  autocast: AbstractContextManager, cpu_threads: CpuThreads, show_bar: bool,
@@ -42,8 +38,7 @@ class Evaluator:
         self.batches_per_split = tc.eval_iters * tc.grad_accum_steps
 
     def due(self, step: int, evaluated: bool) -> bool:
-        """Whether the run evaluates now: at step 0 (unless ``train.eval_at_start`` is false), every
-        ``eval_interval`` steps and at the end, once."""
+        """Whether the run evaluates now (:func:`~.schedule.should_eval`), once per step."""
         return should_eval(step, self.cfg.train) and not evaluated
 
     def batches(self, split: str, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -258,7 +258,7 @@ class Trainer:
                                                  last=self.checkpointer.last), s.stop.signum)
 
     def abort_error(self) -> Interrupted:
-        """The error that replaces the KeyboardInterrupt of a second Ctrl-C: nothing saved, where the last checkpoint is."""
+        """The error that replaces a second Ctrl-C's KeyboardInterrupt: nothing saved, where the last checkpoint is."""
         s = self.s
         s.bar.close()
         step = self.checkpointer.last_step()
@@ -270,13 +270,9 @@ class Trainer:
                            f"{self.checkpointer.last} (step {step})", resume_dir=s.run_dir)
 
     def sample(self) -> None:
-        """Append ``train.sample_tokens`` tokens to samples.txt, sampled as ``minigpt generate`` samples with
-        the run's ``sample`` section (its prompt, temperature, top_k, top_p and window_stride;
-        :func:`~minigpt_cli.sample.sampling.sample_prompt_text`). Rank 0 only; 0 tokens: nothing. Rank 0 asks its
-        own stop flag (the broadcast answer would wait for the other ranks); a stop cuts the sample short.
-        Under FSDP each forward gathers the weights from every rank, so every rank samples the same tokens
-        (same seed, same logits) and asks rank 0's stop flag (broadcast); rank 0 writes.
-        """
+        """Append ``train.sample_tokens`` tokens to samples.txt, sampled as ``minigpt generate`` samples with the
+        run's ``sample`` section; a stop cuts it short. Rank 0 only, asking its own stop flag; under FSDP (each
+        forward gathers the weights from every rank) every rank samples the same tokens and asks rank 0's flag."""
         s, step, tc = self.s, self.prog.step, self.s.cfg.train
         sharded = parallel.is_sharded(s.model)
         if not (s.dist.main or sharded) or tc.sample_tokens <= 0:

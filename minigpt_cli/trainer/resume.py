@@ -26,16 +26,13 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
     Raises:
         MinigptError: a ``model``, ``tokenizer`` or ``data`` key differs; names the key.
     """
-    for section in ("model", "tokenizer", "data"):
+    # Keys not compared: derived, or (data.fingerprint) compared by the corpus's files (Resumed.check_corpus).
+    for section, free in (("model", ["vocab_size"]), ("tokenizer", ["path"]), ("data", ["fingerprint"])):
         a, b = getattr(cfg, section).model_dump(), getattr(saved, section).model_dump()
-        if section == "model":
-            a["vocab_size"] = b["vocab_size"] = None
-            if a["init_from"] is not None and b["init_from"] is not None:  # fine-tuned: where from may move
-                a["init_from"] = b["init_from"] = None
-        if section == "tokenizer":
-            a["path"] = b["path"] = None
-        if section == "data":  # the corpus itself is compared by its files (Resumed.check_corpus)
-            a["fingerprint"] = b["fingerprint"] = None
+        if section == "model" and a["init_from"] is not None and b["init_from"] is not None:
+            free.append("init_from")  # fine-tuned: where from may move
+        for key in free:
+            a[key] = b[key] = None
         diff = [k for k in a if a[k] != b.get(k)]
         if diff:
             raise MinigptError(
@@ -52,14 +49,10 @@ _EXPECTED_CHANGES = {"train.max_iters"}
 def config_changes(cfg: Config, saved: Config) -> dict[str, list]:
     """The keys outside ``model``, ``tokenizer`` and ``data`` (which may not change) whose value ``cfg`` changes
     from the run's checkpoint ``saved``: key -> [old, new], in the schema's order."""
-    def flat(data: dict, prefix: str = "") -> dict:
-        out = {}
-        for key, value in data.items():
-            if isinstance(value, dict):
-                out.update(flat(value, f"{prefix}{key}."))
-            else:
-                out[prefix + key] = value
-        return out
+    def flat(data, prefix: str = "") -> dict:
+        if isinstance(data, dict):
+            return {k: v for key, value in data.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: data}
 
     old, new = flat(saved.to_dict()), flat(cfg.to_dict())
     return {k: [old.get(k), v] for k, v in new.items() if k.split(".")[0] not in ("model", "tokenizer", "data")
@@ -67,11 +60,8 @@ def config_changes(cfg: Config, saved: Config) -> dict[str, list]:
 
 
 def _named_tokenizer(cfg: Config) -> Optional[Tokenizer]:
-    """The tokenizer in the file ``tokenizer.path`` names, when it is set and there; else None.
-
-    Raises:
-        MinigptError: a damaged file.
-    """
+    """The tokenizer in the file ``tokenizer.path`` names, when it is set and there; else None (raises
+    MinigptError: a damaged file)."""
     path = cfg.tokenizer.path
     return load_tokenizer(path, cfg.tokenizer.kind) if path and Path(path).is_file() else None
 
@@ -95,12 +85,10 @@ _STATE_WRONG = ("trainer state {path!r} is not a minigpt trainer state ({problem
 
 
 def load_resume_state(last: Path) -> dict[str, Any]:
-    """The trainer state of checkpoint ``last`` (:func:`~minigpt_cli.run.checkpoint.load_trainer_state`), checked
-    to hold every entry a resume reads, of its type (:data:`STATE_ENTRIES`).
+    """The trainer state of checkpoint ``last``, checked to hold every entry of :data:`STATE_ENTRIES`, of its type.
 
     Raises:
-        MinigptError: a missing, truncated or unsafe file, or one whose entries are not the trainer's,
-            naming the first entry missing or of another type.
+        MinigptError: a missing, truncated or unsafe file, or the first entry missing or of another type.
     """
     state = checkpoint.load_trainer_state(last)
     problem = None if isinstance(state, dict) else f"it holds a value of type {type(state).__name__}, not a dict"
@@ -135,8 +123,7 @@ class Resumed:
 
     @classmethod
     def find(cls, cfg: Config, resume: str) -> Optional["Resumed"]:
-        """The run ``resume`` names (``auto``: the newest of ``cfg.name`` on the same corpus; None when there is
-        none yet).
+        """The run ``resume`` names (``auto``: the newest of ``cfg.name`` on the same corpus; None: none yet).
 
         Raises:
             MinigptError: a path without a resumable checkpoint, a damaged checkpoint config.
@@ -171,12 +158,11 @@ class Resumed:
             raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
 
     def open(self, cfg: Config, tok: Optional[Tokenizer], claim=None) -> None:
-        """Lock the run (with ``claim``: rank 0 of a real run; a dry run passes none) and sweep the temporary
-        folders a killed save left, then check the run's tokenizer against ``tok`` and read the trainer state.
+        """Lock the run and sweep a killed save's temporary folders (with ``claim``: rank 0 of a real run), then
+        check the run's tokenizer against ``tok`` and read the trainer state.
 
         Raises:
-            MinigptError: a run in use, another tokenizer, a damaged trainer state (a dry run: also damaged
-                weights or metrics.jsonl).
+            MinigptError: a run in use, another tokenizer, a damaged trainer state (dry run: weights, metrics.jsonl).
         """
         last = self.last_of(self.run_dir)
         if claim is not None:

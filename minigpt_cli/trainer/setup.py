@@ -1,11 +1,6 @@
-"""Everything a run needs before its first step, resolved and built once.
-
-:func:`plan` resolves what ``train`` will do, in its order: the device, the resumed run and
-``model.init_from`` (each found once), the run folder's paths, the corpus (hashed once), the tokenizer and
-token files, the vocabulary, the memory, the resumed state. ``--dry-run`` is :func:`plan` without a
-:class:`Claim`: the same refusals, nothing written. :func:`build` then makes the run folder, the model and
-the :class:`Setup`. Under torchrun the first process of a node prepares the data; the others wait, then read.
-"""
+"""Everything a run needs before its first step: :func:`plan` resolves and checks it once (``--dry-run`` is
+:func:`plan` without a :class:`Claim`: the same refusals, nothing written); :func:`build` makes the run folder,
+the model and the :class:`Setup`."""
 
 from __future__ import annotations
 
@@ -109,8 +104,7 @@ class Setup:
 
     @property
     def params(self) -> list[torch.Tensor]:
-        """The trainable parameters (for gradient clipping): the optimizer's, so under FSDP always the
-        shards, even while a no-grad forward left the root's gathered weights on the model."""
+        """The trainable parameters (for gradient clipping): the optimizer's, so under FSDP always the shards."""
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     @property
@@ -162,9 +156,8 @@ def tensorboard_writer_class():
 
 
 def config_notes(cfg: Config, dist: Optional[Dist] = None, corpus_on_disk: Optional[bool] = None) -> list[str]:
-    """The notes on a config before a run (:func:`~minigpt_cli.config.notes.notes`), and the note on a
-    parallelism that one process ignores. ``corpus_on_disk``: whether the named corpus is there and genuine
-    (for the ``data.url`` note); None: looked at here."""
+    """The notes on a config before a run, and on a parallelism one process ignores. ``corpus_on_disk``: whether
+    the named corpus is there and genuine (for the ``data.url`` note); None: looked at here."""
     if corpus_on_disk is None:
         corpus_on_disk = url_corpus_on_disk(cfg.data.data_dir, cfg.data.dataset, cfg.data.url)
     single = parallel.single_process_note(cfg.train.parallelism, dist or Dist.from_env())
@@ -205,8 +198,8 @@ class Plan:
 
 def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Callable[[str], None],
          progress: Optional[bool], claim: Optional["Claim"] = None) -> Plan:
-    """Resolve and check everything ``train`` needs before it makes a run folder (see the module docstring).
-    ``claim`` None: a dry run, which writes nothing; else the resumed run's lock is registered in it.
+    """Resolve and check everything ``train`` needs before it makes a run folder; ``claim`` None: a dry run,
+    which writes nothing; else the resumed run's lock is registered in it.
 
     Raises:
         MinigptError: as :func:`~.loop.train` documents, up to its first write into a run folder.
@@ -245,13 +238,11 @@ def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Call
         for note in found if write else []:
             echo(note)
 
-    stage = None
-    if dist.local_rank == 0 or not write:
-        stage = prepare_data(cfg, echo, progress if dist.main else False, write, check=checked, found=noted)
-    if write:
+    if write and dist.local_rank != 0:
+        barrier(dist)  # under torchrun the first process of a node prepares the data; the others wait, then read
+    stage = prepare_data(cfg, echo, progress if dist.main else False, write, check=checked, found=noted)
+    if write and dist.local_rank == 0:
         barrier(dist)
-    if stage is None:
-        stage = prepare_data(cfg, echo, False, write, check=checked, found=noted)
     # samples.txt samples from sample.prompt, and generate will: refused now, as generate refuses it.
     encode_prompt(stage.tok, cfg.sample.prompt, "sample.prompt")
     given, vocab = cfg, stage.tok.vocab_size if stage.tok is not None else cfg.tokenizer.vocab_size
@@ -270,8 +261,7 @@ def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Call
 
 
 def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional[bool]) -> Setup:
-    """Make the run folder (new, or the resumed one's files), the model, the optimizer and the :class:`Setup`
-    the trainer runs; registers what must be undone in ``claim``."""
+    """Make the run folder, the model, the optimizer and the :class:`Setup`; what must be undone goes in ``claim``."""
     cfg, dist, device, dtype, resumed = p.cfg, p.dist, p.device, p.dtype, p.resumed
     tc, mc, tok = cfg.train, cfg.model, p.stage.tok
     if not dist.main:
@@ -366,8 +356,7 @@ def _restore(s: Setup, resumed: Resumed) -> None:
 
 
 def _compile(s: Setup) -> None:
-    """Wrap the model for training: ``torch.compile`` when asked (with its note on oneDNN), DDP under torchrun
-    (unless :func:`~minigpt_cli.runtime.distributed.place` sharded it with FSDP)."""
+    """Wrap the model for training: ``torch.compile`` when asked, DDP under torchrun (unless sharded by FSDP)."""
     if s.cfg.compile and "oneDNN" in s.eager_kernels["linear_kernel"]:
         s.echo(onednn.COMPILE_NOTE)
         s.logger.log(onednn.COMPILE_NOTE)
