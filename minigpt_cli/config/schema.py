@@ -305,6 +305,15 @@ class Config(_Strict):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def flat(self) -> dict[str, Any]:
+        """The config as dotted keys (``train.batch_size``) -> values, in the schema's order."""
+        def walk(data: Any, prefix: str) -> dict[str, Any]:
+            if isinstance(data, dict):
+                return {k: v for key, value in data.items() for k, v in walk(value, f"{prefix}{key}.").items()}
+            return {prefix[:-1]: data}
+
+        return walk(self.to_dict(), "")
+
     def to_yaml(self) -> str:
         """The config as YAML; strings with line breaks are written double-quoted ("\\n"), on one line."""
         return dump_yaml(self.to_dict())

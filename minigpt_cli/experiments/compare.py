@@ -122,12 +122,6 @@ def expand(paths: list[Path]) -> list[Path]:
     return out
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        return {k: v for key, value in data.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: data}
-
-
 def _mean_sd(values: list[float]) -> tuple[float, Optional[float]]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
@@ -179,12 +173,12 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     records = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
     groups: dict[str, Variant] = {}
     for r in records:
-        key = json.dumps({k: v for k, v in _flat(r.cfg.to_dict()).items() if k not in _IGNORED}, sort_keys=True)
+        key = json.dumps({k: v for k, v in r.cfg.flat().items() if k not in _IGNORED}, sort_keys=True)
         name = (variants or {}).get(r.path.name) or re.sub(r"-s\d+$", "", r.path.name)
         if key not in groups and name in {v.name for v in groups.values()}:  # the same name, another config
             name = f"{r.path.parent.name}/{name}"
         groups.setdefault(key, Variant(name)).runs.append(r)
-    flats = {k: _flat(v.runs[0].cfg.to_dict()) for k, v in groups.items()}
+    flats = {k: v.runs[0].cfg.flat() for k, v in groups.items()}
     columns = sorted(k for k in set().union(*flats.values()) - _IGNORED
                      if len({json.dumps(f.get(k)) for f in flats.values()}) > 1)
     same_corpus = len({r.cfg.data.fingerprint for r in records}) == 1

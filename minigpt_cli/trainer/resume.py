@@ -49,12 +49,7 @@ _EXPECTED_CHANGES = {"train.max_iters"}
 def config_changes(cfg: Config, saved: Config) -> dict[str, list]:
     """The keys outside ``model``, ``tokenizer`` and ``data`` (which may not change) whose value ``cfg`` changes
     from the run's checkpoint ``saved``: key -> [old, new], in the schema's order."""
-    def flat(data, prefix: str = "") -> dict:
-        if isinstance(data, dict):
-            return {k: v for key, value in data.items() for k, v in flat(value, f"{prefix}{key}.").items()}
-        return {prefix[:-1]: data}
-
-    old, new = flat(saved.to_dict()), flat(cfg.to_dict())
+    old, new = saved.flat(), cfg.flat()
     return {k: [old.get(k), v] for k, v in new.items() if k.split(".")[0] not in ("model", "tokenizer", "data")
             and k not in _EXPECTED_CHANGES and old.get(k) != v}
 
