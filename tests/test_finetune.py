@@ -254,9 +254,15 @@ def test_bad_pretrained_folders_and_conflicts_are_one_line(cli, folders, data_di
               f"train.out_dir={tmp_path}/runs", "--set", "train.max_iters=1", "--set", "device=cpu", "--set",
               "model.block_size=32", "--set", "train.batch_size=2", "--set", "train.eval_iters=1")
     assert_user_error(res, "mlp.c_fc", "shape", notes_ok=True)
-    refused(folders["gpt2"], "model.n_layer (4)", "n_layer: 2", "drop model.n_layer", extra=("--set", "model.n_layer=4"))
+    # An ordinary config's architecture and tokenizer give way to the folder's, with one note naming them.
+    replaced = cli("train", FINETUNE, "--init-from", folders["gpt2"], "--set", f"data.data_dir={data_dir}", "--set",
+                   f"train.out_dir={tmp_path}/runs", "--set", "model.block_size=32", "--set", "model.n_layer=4",
+                   "--set", "tokenizer.kind=bpe", "--dry-run")
+    assert replaced.exit_code == 0, replaced
+    notes = [line for line in replaced.stderr.splitlines() if "in place of the config's" in line]
+    assert len(notes) == 1 and "model.n_layer 4 (the folder's: 2)" in notes[0] and "tokenizer.kind 'bpe'" in notes[0]
+    assert "n_layer: 2" in replaced.stdout and "kind: hf" in replaced.stdout
     refused(folders["gpt2"], "model.block_size (64)", "n_positions=48", extra=("--set", "model.block_size=64"))
-    refused(folders["gpt2"], "tokenizer.kind bpe", extra=("--set", "tokenizer.kind=bpe"))
     # model.vocab_size: null, spelled out as in the shipped configs, means the tokenizer's size: no conflict.
     spelled = cli("train", FINETUNE, "--init-from", folders["gpt2"], "--set", f"data.data_dir={data_dir}", "--set",
                   f"train.out_dir={tmp_path}/runs", "--set", "model.block_size=32", "--set", "model.vocab_size=null",

@@ -60,7 +60,7 @@ def count_params(
     source = paths.preset_path(preset) if preset else paths.resolve_config(config, echo)
     folder = Path(source).parent  # a run's config.yaml: the run's record, wherever its init_from folder is now
     run = folder if Path(source).name == runs.CONFIG and runs.has_checkpoint(folder) else None
-    cfg = resolve_init_from(load_config(source, set_), run)
+    cfg = resolve_init_from(load_config(source, set_), run, echo)
     rep = count(cfg, seq_len=seq_len, tokens=tokens, vocab_size=vocab_size, dtype=dtype, batch_size=batch_size,
                 echo=echo)
     if as_json:

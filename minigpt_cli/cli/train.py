@@ -109,7 +109,7 @@ def prepare(
     from ..data.pipeline import prepare_configured
     from ..hf.finetune import resolve_init_from
 
-    cfg = resolve_init_from(load_config(config, set_, note=echo))
+    cfg = resolve_init_from(load_config(config, set_, note=echo), note=echo)
     corpus, tok, tok_path, data = prepare_configured(cfg, echo, progress)  # Ctrl-C: base's STOPPED line, status 130
     meta = data.meta
     print(f"corpus      {corpus.source}: {corpus.size:,} bytes in {len(corpus.files):,} file(s), "

@@ -9,7 +9,7 @@ it does not depend on the folder.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..config.schema import Config
 from ..errors import refuse
@@ -20,10 +20,8 @@ from .load import read_hf_config, weight_files
 FREE_KEYS = frozenset({"init_from", "dropout", "block_size", "init_std", "scale_residual_init", "multiple_of"})
 
 _MESSAGES = {
-    "conflict": "model.{key} ({ours!r}) disagrees with the pretrained model in {folder} ({key}: {theirs!r}); "
-                "model.init_from takes the architecture from its config.json: drop model.{key}",
-    "tokenizer_kind": "tokenizer.kind {kind} does not fit model.init_from: a pretrained model keeps its own "
-                      "tokenizer (kind hf, {folder}/tokenizer.json); drop tokenizer.kind",
+    "replaced": "note: model.init_from takes the architecture and tokenizer of {folder}, in place of the config's "
+                "{changes}",
     "no_path": "tokenizer.path {path} not found; fix it, or drop it to use {folder}/tokenizer.json",
     "no_tokenizer": "{folder} has no tokenizer.json; save the model's tokenizer beside it "
                     "(AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or set tokenizer.path",
@@ -33,14 +31,16 @@ _MESSAGES = {
 }
 
 
-def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
+def resolve_init_from(cfg: Config, run: Optional[Path] = None, note: Callable[[str], None] = lambda m: None) -> Config:
     """``cfg`` with the architecture and tokenizer of ``model.init_from`` (``cfg`` itself when it is unset);
     applying it twice gives the same config.
 
     The model is the folder's (:func:`~minigpt_cli.hf.load.read_hf_config`) with the config's values for
     :data:`FREE_KEYS`; the tokenizer is kind ``hf``, ``tokenizer.path`` or the folder's ``tokenizer.json``.
     ``run``: the run folder the config continues or is the config of; its ``tokenizer.json`` is the tokenizer,
-    and once the folder is gone its last checkpoint's model stands for config.json. Refusals: :data:`_MESSAGES`.
+    and once the folder is gone its last checkpoint's model stands for config.json. Architecture keys (and a
+    ``tokenizer.kind``) of the config that differ from the folder's are replaced, and ``note`` hears which: an
+    ordinary config fine-tunes with ``--init-from``. Refusals: :data:`_MESSAGES`.
     """
     mc = cfg.model
     if mc.init_from is None:
@@ -48,7 +48,7 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
     folder = Path(mc.init_from).absolute()  # the run records where it is, wherever it is later read from
     # model.vocab_size: null is "the tokenizer's size", which the folder's model has: not a value to compare.
     given = mc.model_fields_set - ({"vocab_size"} if mc.vocab_size is None else set())
-    theirs = conflict = None
+    changes = []
     if run is not None and not folder.is_dir():  # moved away since the run started: the run's record of it
         from ..run.checkpoint import saved_config  # torch: only for a run folder, not count-params' configs
 
@@ -57,14 +57,18 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None) -> Config:
     else:
         _, theirs = read_hf_config(folder, mc.block_size if "block_size" in given else None)
         weight_files(folder)  # refused now, not after the data is prepared
-        conflict = next((key for key in sorted(given - FREE_KEYS) if getattr(mc, key) != getattr(theirs, key)), None)
+        changes = [f"model.{key} {getattr(mc, key)!r} (the folder's: {getattr(theirs, key)!r})"
+                   for key in sorted(given - FREE_KEYS) if getattr(mc, key) != getattr(theirs, key)]
         model = theirs.model_copy(update={key: getattr(mc, key) for key in given & FREE_KEYS})
     tc = cfg.tokenizer
+    if "kind" in tc.model_fields_set and tc.kind != "hf":  # an ordinary config's tokenizer, and its file
+        changes.append(f"tokenizer.kind {tc.kind!r} (the folder's: 'hf', its tokenizer.json)")
+        tc = tc.model_copy(update={"path": None})
+    if changes:
+        note(_MESSAGES["replaced"].format(folder=folder, changes=", ".join(changes)))
     path = (Path(run) / runs.TOKENIZER if run is not None else Path(tc.path or folder / "tokenizer.json")).absolute()
-    refuse([(conflict, "conflict"), ("kind" in tc.model_fields_set and tc.kind != "hf", "tokenizer_kind"),
-            (run is None and not path.is_file(), "no_tokenizer" if tc.path is None else "no_path")], _MESSAGES,
-           key=conflict, ours=conflict and getattr(mc, conflict), theirs=conflict and getattr(theirs, conflict),
-           kind=tc.kind, folder=folder, path=path)
+    refuse([(run is None and not path.is_file(), "no_tokenizer" if tc.path is None else "no_path")], _MESSAGES,
+           folder=folder, path=path)
     if run is not None:  # the tokenizer the run was trained with, wherever the folder's is now
         _check_run_tokenizer(run, tc.path)
     else:

@@ -213,7 +213,7 @@ def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Call
     tc = cfg.train
     writer_class = tensorboard_writer_class() if tc.tensorboard else None
     resumed = Resumed.find(cfg, resume) if resume is not None else None
-    cfg = resolve_init_from(cfg, resumed.run_dir if resumed is not None else None)
+    cfg = resolve_init_from(cfg, resumed.run_dir if resumed is not None else None, echo)
     if resumed is not None:
         resumed.check(cfg)
         appended = run_files(resumed.run_dir)[1]
