@@ -4,6 +4,7 @@ special tokens, save/load through the `tokenizers` library, and the CLI around t
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -427,7 +428,13 @@ def test_cli_train_tokenizer_bpe_summary(cli, tmp_path, slice_file, data_dir):
     assert "val split tokens" in res.stdout and "characters / token" in res.stdout
     assert "round trip on corpus exact" in res.stdout
     assert f"{EOT} (id 0)" in res.stdout
-    assert "wherefore" in res.stdout and "▁" in res.stdout
+    # The examples are the corpus's own: its most frequent word of 4+ letters, and of 8+, with their counts.
+    words = Counter(w for w in re.findall(r"[A-Za-z]+", slice_file.read_text()) if len(w) >= 4)
+    top = min(words.items(), key=lambda wc: (-wc[1], wc[0]))
+    top_long = min(((w, c) for w, c in words.items() if len(w) >= 8), key=lambda wc: (wc[0].isupper(), -wc[1], wc[0]))
+    shown = [line.split() for line in res.stdout.splitlines() if line.startswith("  ")]
+    assert [top[0], top_long[0]] == [shown[0][0], shown[3][0]] and shown[0][-1] == f"({top[1]:,}\u00d7)"
+    assert "▁" in res.stdout
     lib = tokenizers.Tokenizer.from_file(str(out))
     assert lib.get_vocab_size() == 400 and load_tokenizer(out).kind == "bpe"
 
@@ -457,8 +464,10 @@ def test_cli_compare_prints_one_table_and_writes_nothing(cli, tmp_path, slice_fi
     assert [r.split()[0] for r in rows] == list(KINDS)
     assert all("exact" in r for r in rows)
     assert [r.split()[1] for r in rows[1:]] == ["300"] * 3
-    for word in ("ROMEO", "wherefore"):
-        block = lines[lines.index(f"  {word}") + 1:lines.index(f"  {word}") + 5]
+    words = [line for line in lines if line.startswith("  ") and not line.startswith("    ")]
+    assert len(words) == 6
+    for word in words:
+        block = lines[lines.index(word) + 1:lines.index(word) + 5]
         assert [b.split()[0] for b in block] == list(KINDS)
     assert sorted(tmp_path.rglob("*")) == before
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import time
+from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +22,18 @@ from .corpus import Corpus, open_corpus
 from .pipeline import TOKENIZER_TRAIN_CHARS, configured_corpus, training_texts
 from .preparation import split_plan, write_token_files
 
-#: Words whose segmentation the summary shows, each cut as in running text (after a space).
-SAMPLE_WORDS = ("ROMEO", "thou", "hath", "wherefore", "Gloucester", "unbelievable")
+
+
+def sample_words(text: str, n: int = 3) -> list[tuple[str, int]]:
+    """(word, count): the summary's examples, from the corpus itself: its ``n`` most frequent words of 4+ letters
+    (often one token each), then its ``n`` most frequent of 8+ letters, all-capital ones (speaker names) last (where the kinds cut
+    differently)."""
+    counts = Counter(re.findall(r"[^\W\d_]{4,}", text))
+    ranked = sorted(counts.items(), key=lambda wc: (-wc[1], wc[0]))
+    frequent = ranked[:n]
+    # Running text before a script's speaker names (GLOUCESTER), where the corpus has both.
+    long = sorted((wc for wc in ranked if len(wc[0]) >= 8), key=lambda wc: wc[0].isupper())[:n]
+    return frequent + long
 
 
 @dataclass
@@ -118,8 +130,8 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     ]
     if tok.special_tokens:
         lines.append("special tokens      " + ", ".join(f"{s} (id {tok.encode(s)[0]})" for s in tok.special_tokens))
-    lines.append("segmentation (after a space, shown as \u2581):")
-    lines += [f"  {w:<12} {segmentation(tok, w)}" for w in SAMPLE_WORDS]
+    lines.append("segmentation of the corpus's frequent words (after a space, shown as \u2581):")
+    lines += [f"  {w:<14} {segmentation(tok, w):<40} ({c:,}\u00d7)" for w, c in sample_words(text)]
     return "\n".join(lines)
 
 
@@ -153,8 +165,8 @@ def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optio
     lines += [
         "(bpe merges the most frequent pair; wordpiece the pair with the highest count(ab)/(count(a)·count(b)),",
         " which favours pairs of rare symbols; unigram prunes a large candidate set by likelihood)",
-        "", "segmentation (after a space, shown as \u2581):"]
-    for w in SAMPLE_WORDS:
-        lines.append(f"  {w}")
+        "", "segmentation of the corpus's frequent words (after a space, shown as \u2581):"]
+    for w, c in sample_words(text):
+        lines.append(f"  {w} ({c:,}\u00d7)")
         lines += [f"    {kind:<10} {segmentation(r.tokenizer, w)}" for kind, r in reports.items()]
     return "\n".join(lines)
