@@ -26,8 +26,8 @@ from .preparation import split_plan, write_token_files
 
 def sample_words(text: str, n: int = 3) -> list[tuple[str, int]]:
     """(word, count): the summary's examples, from the corpus itself: its ``n`` most frequent words of 4+ letters
-    (often one token each), then its ``n`` most frequent of 8+ letters, all-capital ones (speaker names) last (where the kinds cut
-    differently)."""
+    (often one token each), then its ``n`` most frequent of 8+ letters, all-capital ones (speaker names) last
+    (where the kinds cut differently)."""
     counts = Counter(re.findall(r"[^\W\d_]{4,}", text))
     ranked = sorted(counts.items(), key=lambda wc: (-wc[1], wc[0]))
     frequent = ranked[:n]
