@@ -112,4 +112,12 @@ def record_checksums(ckpt: Path) -> None:
 
     meta = json.loads((Path(ckpt) / "meta.json").read_text())
     meta["sha256"] = {name: hashlib.sha256((Path(ckpt) / name).read_bytes()).hexdigest() for name in meta["sha256"]}
-    (Path(ckpt) / "meta.json").write_text(json.dumps(meta))
+    write_meta(ckpt, meta)
+
+
+def write_meta(ckpt: Path, meta: dict) -> None:
+    """Write a checkpoint's ``meta.json`` with the digest of its fields a save records: for tests of what a
+    field's value must be, beyond matching the digest."""
+    from minigpt_cli.run.folder import meta_digest
+
+    (Path(ckpt) / "meta.json").write_text(json.dumps({**meta, "meta_sha256": meta_digest(meta)}))

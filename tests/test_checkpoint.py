@@ -84,6 +84,8 @@ def test_a_saved_checkpoint_rebuilds_the_model_alone(tmp_path):
         assert torch.equal(a, b), name
     assert checkpoint.load_trainer_state(runs.checkpoint_dir(tmp_path, runs.LAST)) == {"step": 3}
     meta = json.loads((runs.checkpoint_dir(tmp_path, runs.LAST) / runs.META).read_text())
+    digest = meta.pop("meta_sha256")  # of the other fields, as canonical JSON (sorted keys)
+    assert digest == hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
     sums = meta.pop("sha256")
     assert meta == {"step": 3}
     assert sums == {name: hashlib.sha256((runs.checkpoint_dir(tmp_path, runs.LAST) / name).read_bytes()).hexdigest()

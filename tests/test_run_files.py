@@ -67,7 +67,9 @@ def test_compare_refuses_a_damaged_metrics_file_in_one_line(cli, data_dir, tmp_p
 
 
 @pytest.mark.parametrize("field,value,fragment", [("step", "abc", "step"), ("world_size", "two", "world_size"),
-                                                  ("world_size", 0, "world_size"), ("step", -1, "step")])
+                                                  ("world_size", 0, "world_size"), ("step", -1, "step"),
+                                                  # well-typed edits: only the digest of the fields shows them
+                                                  ("step", 7, "digest"), ("val_loss", 0.5, "digest")])
 def test_a_damaged_meta_json_is_one_line(cli, data_dir, tmp_path, monkeypatch, field, value, fragment):
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=2"), run_name="m", echo=lambda m: None, progress=False)
@@ -75,6 +77,17 @@ def test_a_damaged_meta_json_is_one_line(cli, data_dir, tmp_path, monkeypatch, f
         path = tmp_path / "runs" / "m" / "checkpoints" / which / "meta.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
     assert_user_error(cli("evaluate", "--run", "runs/m"), "meta.json is missing or damaged", fragment)
+
+
+def test_a_meta_json_from_before_its_digest_still_loads(data_dir, tmp_path, monkeypatch):
+    from minigpt_cli.eval.evaluate import evaluate
+
+    monkeypatch.chdir(tmp_path)
+    train(tiny(data_dir, "train.max_iters=2"), run_name="old", echo=lambda m: None, progress=False)
+    path = tmp_path / "runs" / "old" / "checkpoints" / "last" / "meta.json"
+    meta = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in meta.items() if k != "meta_sha256"}))
+    assert evaluate("runs/old", checkpoint="last")["step"] == meta["step"] == 2
 
 
 def test_evaluate_with_a_huge_loss_reports_an_infinite_perplexity(data_dir, tmp_path, monkeypatch):

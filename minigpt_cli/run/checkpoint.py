@@ -28,7 +28,8 @@ from ..errors import MinigptError
 from ..fileio import chmod_quietly, dir_mode, errors_as, new_file_mode, os_error, os_errors
 from ..model.gpt import GPT, sinusoidal_table
 from ..runtime.distributed import load_model_state
-from .folder import BEST, CONFIG, LAST, META, STATE, WEIGHTS, checkpoint_dir, kept_name, old_copy, read_meta, resolve
+from .folder import (BEST, CONFIG, LAST, META, STATE, WEIGHTS, checkpoint_dir, kept_name, meta_digest, old_copy, read_meta,
+                     resolve)
 
 #: Prefixes of a wrapped model's state dict: torch.compile's and DistributedDataParallel's.
 _PREFIXES = ("_orig_mod.", "module.")
@@ -143,7 +144,8 @@ def _write_folder(tmp: Path, directory: Path, model, config: Config, trainer_sta
         torch.save(trainer_state, tmp / STATE)
     (tmp / CONFIG).write_text(config.to_yaml(), encoding="utf-8")
     sums = {f.name: sha256(f) for f in sorted(tmp.iterdir())}
-    (tmp / META).write_text(json.dumps({**(meta or {}), "sha256": sums}, indent=1), encoding="utf-8")
+    fields = {**(meta or {}), "sha256": sums}
+    (tmp / META).write_text(json.dumps({**fields, "meta_sha256": meta_digest(fields)}, indent=1), encoding="utf-8")
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())

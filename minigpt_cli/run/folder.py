@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import itertools
 import json
 import os
@@ -154,17 +155,28 @@ class Meta(BaseModel):
     tokenizer_fingerprint: str = ""  # absent in checkpoints from before it was recorded; never null
     corpus: Optional[dict[str, Any]] = None
     sha256: Optional[dict[str, str]] = None  # file name -> hex digest; absent in checkpoints of earlier versions
+    meta_sha256: Optional[str] = None  # :func:`meta_digest` of the other fields; absent in earlier versions
+
+
+def meta_digest(fields: dict[str, Any]) -> str:
+    """The sha256 of ``meta.json``'s fields but its own digest, as canonical JSON: an edited step or loss shows."""
+    fields = {k: v for k, v in fields.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def read_meta(ckpt: str | Path) -> dict[str, Any]:
-    """A checkpoint folder's ``meta.json`` (resolved as :func:`resolve` does), checked by :class:`Meta`.
-    Raises MinigptError: no checkpoint there; meta.json unreadable, or damaged (naming the field)."""
+    """A checkpoint folder's ``meta.json`` (resolved as :func:`resolve` does), checked by :class:`Meta` and by the
+    digest of its fields it was written with. Raises MinigptError: no checkpoint there; meta.json unreadable,
+    damaged (naming the field) or edited since it was written."""
     path = resolve(ckpt) / META
     other = {BEST: LAST, LAST: BEST}.get(Path(ckpt).name, "another checkpoint")
     with errors_as({PermissionError: os_error(path, "read", in_run=True),  # unreadable, not damaged
                     OSError: lambda exc: fail("meta", path=path, why=exc.strerror, other=other),
                     ValidationError: lambda exc: fail("meta", path=path, why=schema_problem(exc), other=other)}):
-        return Meta.model_validate_json(path.read_bytes()).model_dump(exclude_unset=True)
+        meta = Meta.model_validate_json(path.read_bytes()).model_dump(exclude_unset=True)
+    if meta.get("meta_sha256", meta_digest(meta)) != meta_digest(meta):
+        raise fail("meta", path=path, why="its fields differ from the digest they were written with", other=other)
+    return meta
 
 
 def open_checkpoint(run: Optional[str | Path], which: str, runs_dir: str | Path = "runs") -> tuple[Path, Path]:
