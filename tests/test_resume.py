@@ -145,13 +145,35 @@ def test_a_second_ctrl_c_aborts_without_saving_and_says_where_the_last_checkpoin
 
     def two_signals(n):
         if n == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)  # cuts the eval short at once
+            finally:
+                os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(GPT, "forward", _counting_eval_forward(two_signals)[0])
     with pytest.raises(Interrupted, match="without saving; no checkpoint had been written yet"):
         train(tiny(data_dir, "train.max_iters=60"), run_name="b", echo=lambda m: None, progress=False)
     assert not (tmp_path / "runs" / "b").exists()
+
+
+def test_sigterm_inside_one_long_eval_batch_stops_it_without_waiting_for_the_batch(data_dir, tmp_path, monkeypatch):
+    """One eval forward that would take minutes (block_size 100000): a SIGTERM inside it stops the run there."""
+    monkeypatch.chdir(tmp_path)
+    real, finished = GPT.forward, []
+
+    def slow_eval_forward(self, *a, **k):
+        if not self.training:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100):  # the forward's remaining operations
+                time.sleep(0.02)
+            finished.append(True)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(GPT, "forward", slow_eval_forward)
+    with pytest.raises(Interrupted, match="stopped by SIGTERM at step 0") as info:
+        train(tiny(data_dir, "train.max_iters=5"), run_name="long", echo=lambda m: None, progress=False)
+    assert info.value.exit_code == 143 and not finished
+    assert json.loads((tmp_path / "runs" / "long" / "checkpoints" / "last" / "meta.json").read_text())["step"] == 0
 
 
 def test_sigterm_exits_143_and_the_hint_is_a_working_command(cli, data_dir, tmp_path, monkeypatch):

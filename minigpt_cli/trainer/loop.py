@@ -194,7 +194,9 @@ class Trainer:
         """Evaluate at the current step, then log, checkpoint, sample and plot; True when early stopping says stop."""
         s, p = self.s, self.prog
         t_eval = time.perf_counter()
-        losses = self.evaluator.losses(s.model, p.step)
+        losses = None  # a stop request cut the eval short
+        with s.stop.cutting(not s.dist.enabled):
+            losses = self.evaluator.losses(s.model, p.step)
         if losses is None:
             return False
         # eval_step: a checkpoint saved later (on a stop) carries the losses of this eval, with their step.
