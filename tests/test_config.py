@@ -129,6 +129,27 @@ def test_scientific_notation_is_a_float():
     assert parse_yaml("x: 1_000")["x"] == 1000
 
 
+def test_booleans_are_true_and_false_only_and_yes_is_refused_with_the_fix(tmp_path):
+    assert parse_yaml("a: true\nb: False\nc: yes\nd: [on, NO]") == {"a": True, "b": False, "c": "yes", "d": ["on", "NO"]}
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  bias: yes\n")
+    with pytest.raises(ConfigError, match=r"model.bias: input should be a valid boolean \(got 'yes'\); write true"):
+        load_config(p)
+    with pytest.raises(ConfigError, match=r"--set: model.bias: .*got 'no'"):
+        load_config(p, ["model.bias=no"])
+
+
+def test_an_empty_config_gets_a_note_and_an_empty_folder_key_is_refused(tmp_path):
+    p = tmp_path / "empty.yaml"
+    p.write_text("# nothing yet\n")
+    notes = []
+    assert load_config(p, note=notes.append) == Config()
+    assert notes == [f"note: {p} is empty: every key takes its default (minigpt config-keys lists them)"]
+    for key in ("train.out_dir", "data.data_dir"):
+        with pytest.raises(ConfigError, match=rf"--set: {key}: string should have at least 1 character"):
+            load_config(p, [f"{key}="])
+
+
 def test_set_overrides_are_typed(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("train:\n  max_iters: 10\n")

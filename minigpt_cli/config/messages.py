@@ -117,6 +117,8 @@ def _problems(err: dict[str, Any], source: str, overridden: Sequence[str], keys:
     elif kind == "string_pattern_mismatch" and loc in _PATTERNS:
         yield source, f"{loc}: {got!r} {_PATTERNS[loc]}"
     else:
-        hint = f"; {_LIST_EXAMPLE.format(loc=loc)}" if kind == "list_type" else ""
+        hint = {"list_type": _LIST_EXAMPLE.format(loc=loc), "bool_type": "write true or false",
+                "string_too_short": "give a folder (. is the current one)"}.get(kind)
+        hint = f"; {hint}" if hint else ""
         got_s = "" if isinstance(got, dict) else f" (got {_short_repr.repr(got)})"
         yield source, f"{loc}: {msg[0].lower() + msg[1:]}{got_s}{hint}"

@@ -46,6 +46,8 @@ class _Strict(BaseModel):
 #: A path from the config: ``~`` means the home folder, as in a shell (a literal ``~`` folder would
 #: surprise, and the hints minigpt prints would point elsewhere once pasted into a shell).
 UserPath = Annotated[str, AfterValidator(os.path.expanduser)]
+#: A folder the tool writes into: never empty (``--set train.out_dir=`` would write into the current folder).
+FolderPath = Annotated[str, Field(min_length=1), AfterValidator(os.path.expanduser)]
 
 
 class ModelConfig(_Strict):
@@ -168,7 +170,7 @@ class DataConfig(_Strict):
                           "glob; null: data.dataset")
     text_field: str = Field("text", min_length=1, description="the field holding each document's text in .jsonl "
                                                               "files (one JSON object per line)")
-    data_dir: UserPath = Field("data", description="folder of corpora, tokenizers and token files (<data_dir>/"
+    data_dir: FolderPath = Field("data", description="folder of corpora, tokenizers and token files (<data_dir>/"
                                                    "<dataset>/, or <data_dir>/<name>-<fingerprint>/ for data.path)")
     url: Optional[str] = Field(
         None, description="mirror of the named corpus; null: $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn "
@@ -230,7 +232,7 @@ class TrainConfig(_Strict):
     keep_every: Optional[int] = Field(
         None, ge=1, le=MAX_STEPS, description="also keep a checkpoint every this many steps "
                                               "(checkpoints/step-NNNNNNN); null: none")
-    out_dir: UserPath = Field("runs", description="folder that holds the run folders")
+    out_dir: FolderPath = Field("runs", description="folder that holds the run folders")
     tensorboard: bool = Field(False, description="also write TensorBoard event files (needs the tensorboard package)")
     parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="under torchrun: ddp, a whole model per process; "
                                                 "fsdp, weights, gradients and AdamW moments sharded over the processes")
@@ -380,6 +382,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None, note=lambd
         data = parse_yaml(p.read_text(encoding="utf-8"), str(p))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(_unreadable(p, exc)) from None
+    if data is None:
+        note(f"note: {p} is empty: every key takes its default (minigpt config-keys lists them)")
     if overrides and isinstance(data, (dict, type(None))):
         data = apply_overrides(data or {}, overrides)
     return validate(data, str(p), [item.split("=", 1)[0].strip() for item in overrides or []])

@@ -1,4 +1,5 @@
-"""YAML for configs: a strict loader (no duplicate keys, no aliases, ``3e-4`` is a float) and a dumper."""
+"""YAML for configs: a strict loader (no duplicate keys, no aliases, ``3e-4`` is a float, booleans only ``true`` and
+``false``) and a dumper."""
 
 from __future__ import annotations
 
@@ -94,6 +95,13 @@ _Loader.add_implicit_resolver(
     ),
     list("-+0123456789."),
 )
+
+# Booleans as YAML 1.2 spells them: true and false only. YAML 1.1's yes/no/on/off stay text, which a switch
+# refuses (``bias: no`` read as false, or a country code ``NO`` as a boolean, surprises more than it helps).
+_BOOL = "tag:yaml.org,2002:bool"
+_Loader.yaml_implicit_resolvers = {first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+                                   for first, resolvers in _Loader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def parse_yaml(text: str, source: str = "<string>") -> Any:
