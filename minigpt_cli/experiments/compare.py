@@ -211,8 +211,8 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     """Compare runs (the README's columns), writing the summary files into ``out`` when given; ``variants``
     (folder name -> variant) defaults to the name less ``-s<seed>``. Refusals: :data:`_MESSAGES`."""
     read = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
-    later = [r.note for r in read if r.note]  # a repeat's edited config.yaml is noted too
-    records = _distinct(read, later)
+    run_notes = [r.note for r in read if r.note]  # a repeat's edited config.yaml is noted too
+    records = _distinct(read, run_notes)
     groups: dict[str, Variant] = {}
     for r in records:
         key = _key(r)
@@ -231,7 +231,7 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     if len({(r.cfg.tokenizer.kind, r.cfg.tokenizer.vocab_size) for r in records}) > 1 and same_corpus:
         notes.append(_MESSAGES["tokenizers"])
     metric = metric or ("val_loss" if not notes else "bits_per_byte")
-    notes += later  # after the metric is chosen: these do not change it
+    notes += run_notes  # after the metric is chosen: these do not change it
     equal_time = min(r.evals[-1]["elapsed_s"] for r in records)
     cache: dict = {}
     bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache, notes) for r in records}
