@@ -59,18 +59,23 @@ def compare(
                                            help="Val loss for the time-to-target column (default: the worst "
                                                 "run's final val loss)."),
     metric: Optional[str] = typer.Option(None, "--metric", metavar="val_loss|bits_per_byte",
-                                         help="What the pairwise sentences compare (default: val_loss when the runs "
-                                              "share corpus and tokenizer, else bits_per_byte)."),
+                                         help="What the pairwise sentences and the plot compare (default: "
+                                              "val_loss when the runs share corpus and tokenizer, else "
+                                              "bits_per_byte)."),
     as_json: JsonOption = False,
 ) -> None:
     """Put runs side by side: one row per variant, averaged over seeds.
 
-    Runs whose configs differ only in the seed are one variant. The table
-    shows the keys that differ, parameters, FLOPs per token, tokens/s, final
-    and best val loss (mean ± standard deviation over seeds), the val loss at
-    equal wall time, val bits per byte (the fair measure across tokenizers),
-    and the time to a target loss; a sentence per pair says whether the
-    difference exceeds the seed noise (twice its standard error).
+    Runs whose configs differ only in the seed are one variant; runs of one
+    config at one seed are repeats, noted and counted once. summary.md and
+    .csv show the keys that differ, parameters, FLOPs per token, tokens/s,
+    final and best val loss (mean ± standard deviation over seeds), the val
+    loss at equal wall time, val bits per byte (the fair measure across
+    tokenizers), and the time to a target loss; the terminal gets the keys
+    that differ and the results, in 100 columns. A sentence per pair says
+    whether the difference exceeds the seed noise (twice its standard
+    error), with Welch's t-test p-value and the seeds per variant that would
+    resolve it at p < 0.05. summary.png plots the table's metric.
 
     \b
     Examples:

@@ -1,7 +1,10 @@
-"""``minigpt compare``: runs side by side, variants averaged over seeds, with the seed noise said.
+"""``minigpt compare``: runs side by side, variants averaged over distinct seeds, with the seed noise said.
 
 Bits per byte: the final val loss in bits over the val split's UTF-8 bytes per token. Seed noise: a difference
-of means exceeds it past twice its standard error sqrt(s1²/n1 + s2²/n2) (Welch; about a 95% two-sided test).
+of means exceeds it past twice its standard error sqrt(s1²/n1 + s2²/n2) (the normal approximation of a 95%
+two-sided test); beside it, Welch's t-test p-value (``scipy.stats.ttest_ind(equal_var=False)``) and the seeds per
+variant that would resolve the difference (:func:`seeds_needed`). Runs of one config, corpus and seed are repeats,
+not seeds: one is kept (:func:`_distinct`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -25,6 +28,9 @@ from ..errors import MinigptError, refuse
 from ..fileio import atomic_write_set
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
+
+if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn
+    from matplotlib.figure import Figure
 
 _MESSAGES = {
     "edited": "note: {path} differs from its checkpoint's config.yaml; compared as the checkpoint records it (the "
@@ -44,12 +50,24 @@ _MESSAGES = {
                   "per byte",
     "no_bpb": "note: no bits per byte for {run}: {why}",
     "users": "{path} is not a summary minigpt wrote (its summary.json is not one: {why}); pass another --output",
+    "repeats": "note: {runs} are one config at seed {seed}: repeats, not seeds; counted once, as {kept} (the most "
+               "steps)",
+    "hidden": "note: {count} more {keys} ({names}); summary.md has every column",
 }
 #: The files a summary writes; summary.json is also what proves an earlier summary minigpt's.
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.json", "summary.png")
 
-#: Config keys that never make two runs different variants.
-_IGNORED = {"seed", "name", "train.out_dir", "data.fingerprint", "tokenizer.path"}
+#: Config keys that never make two runs different variants; with the seed and the corpus, different runs.
+_SAME_RUN = {"name", "train.out_dir", "tokenizer.path"}
+_IGNORED = _SAME_RUN | {"seed", "data.fingerprint"}
+#: The share of each curve's first evals the plot's y-range leaves out (step 0's loss would set it otherwise).
+EARLY = 0.2
+#: The terminal table's width in columns, and its widest cell (longer text ends in "…"; summary.md has it whole).
+WIDTH, CELL = 100, 24
+#: The terminal table's columns (:func:`_spec`'s first CSV key) besides the keys that differ, which go after the first.
+_BRIEF = ("variant", "seeds", "final_val", "bits_per_byte", "time_to_target_s")
+#: What :func:`seeds_needed` plans for: a two-sided test at this level, with this power.
+ALPHA, POWER = 0.05, 0.8
 
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -122,6 +140,28 @@ def expand(paths: list[Path]) -> list[Path]:
     return out
 
 
+def _key(r: RunRecord, ignored: set[str] = _IGNORED) -> str:
+    """The run's config as text, less the ``ignored`` keys: equal for the runs of one variant (or one run)."""
+    return json.dumps({k: v for k, v in r.cfg.flat().items() if k not in ignored}, sort_keys=True)
+
+
+def _distinct(records: list[RunRecord], notes: list[str]) -> list[RunRecord]:
+    """``records`` less repeats (one config, corpus and seed), keeping the one that trained most steps (the first
+    given of those); a note per repeated seed names them all and the one kept."""
+    same: dict[str, list[RunRecord]] = {}
+    for r in records:
+        same.setdefault(_key(r, _SAME_RUN), []).append(r)
+    kept = {id(max(group, key=lambda r: r.evals[-1]["step"])) for group in same.values()}
+    notes += [_MESSAGES["repeats"].format(runs=", ".join(str(r.path) for r in group), seed=group[0].cfg.seed,
+                                          kept=next(r.path for r in group if id(r) in kept))
+              for group in same.values() if len(group) > 1]
+    return [r for r in records if id(r) in kept]
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
 def _mean_sd(values: list[float]) -> tuple[float, Optional[float]]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
@@ -170,10 +210,12 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
               echo: Callable[[str], None] = lambda m: None) -> dict:
     """Compare runs (the README's columns), writing the summary files into ``out`` when given; ``variants``
     (folder name -> variant) defaults to the name less ``-s<seed>``. Refusals: :data:`_MESSAGES`."""
-    records = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
+    read = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
+    run_notes = [r.note for r in read if r.note]  # a repeat's edited config.yaml is noted too
+    records = _distinct(read, run_notes)
     groups: dict[str, Variant] = {}
     for r in records:
-        key = json.dumps({k: v for k, v in r.cfg.flat().items() if k not in _IGNORED}, sort_keys=True)
+        key = _key(r)
         name = (variants or {}).get(r.path.name) or re.sub(r"-s\d+$", "", r.path.name)
         if key not in groups and name in {v.name for v in groups.values()}:  # the same name, another config
             name = f"{r.path.parent.name}/{name}"
@@ -189,7 +231,7 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     if len({(r.cfg.tokenizer.kind, r.cfg.tokenizer.vocab_size) for r in records}) > 1 and same_corpus:
         notes.append(_MESSAGES["tokenizers"])
     metric = metric or ("val_loss" if not notes else "bits_per_byte")
-    notes += [r.note for r in records if r.note]  # after the metric is chosen: these do not change it
+    notes += run_notes  # after the metric is chosen: these do not change it
     equal_time = min(r.evals[-1]["elapsed_s"] for r in records)
     cache: dict = {}
     bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache, notes) for r in records}
@@ -225,16 +267,37 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
         v.row["time_to_target_s"] = statistics.fmean(done) if len(done) == len(reached) else None
         v.row["seeds_reached_target"] = len(done)  # of "seeds"; the table writes "1/3"
     ordered = list(groups.values())
+    sentences, pairs = _pairs(ordered, "final_val" if metric == "val_loss" else "bits_per_byte")
     result = {"columns": columns, "rows": [v.row for v in ordered], "notes": notes, "target": target,
-              "equal_time_s": equal_time, "metric": metric,
-              "sentences": _sentences(ordered, "final_val" if metric == "val_loss" else "bits_per_byte")}
+              "equal_time_s": equal_time, "metric": metric, "sentences": sentences, "pairs": pairs}
     if out is not None:
-        _write(result, ordered, Path(out))
+        _write(result, Path(out), lambda: _plot(ordered, metric, scale))
     return result
 
 
-def _sentences(variants: list[Variant], stat: str) -> list[str]:
-    """One sentence per pair of variants (each against the best when there are more than five)."""
+def seeds_needed(effect: float, alpha: float = ALPHA, power: float = POWER) -> int:
+    """Seeds per variant for a two-sided two-sample t-test at level ``alpha`` to detect, with ``power``, a difference
+    of ``effect`` pooled standard deviations (Cohen's d, > 0): the smallest n whose power, from the noncentral t
+    distribution with 2n - 2 degrees of freedom and noncentrality d·sqrt(n/2), reaches ``power`` (Cohen 1988,
+    *Statistical Power Analysis*, ch. 2; statsmodels' ``TTestIndPower`` and G*Power compute the same)."""
+    from scipy import stats
+
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    n = max(2, math.floor(2 * (z / effect) ** 2))  # the normal approximation, which the t-test's n never undercuts
+    while n < 100_000:  # past that the t and normal answers agree
+        df, t = 2 * n - 2, stats.t.ppf(1 - alpha / 2, 2 * n - 2)
+        ncp = effect * math.sqrt(n / 2)
+        if stats.nct.sf(t, df, ncp) + stats.nct.cdf(-t, df, ncp) >= power:
+            break
+        n += 1
+    return n
+
+
+def _pairs(variants: list[Variant], stat: str) -> tuple[list[str], list[dict]]:
+    """One sentence per pair of variants (each against the best when there are more than five), and the pair's
+    numbers: the difference of means, Welch's p-value and :func:`seeds_needed` (None with one seed a side)."""
+    from scipy import stats
+
     unit = "nats" if stat == "final_val" else "bits per byte"
     have = [v for v in variants if v.row.get(stat) is not None]
     if len(have) > 5:
@@ -242,20 +305,31 @@ def _sentences(variants: list[Variant], stat: str) -> list[str]:
         pairs = [(best, v) for v in have if v is not best]
     else:
         pairs = [(a, b) for i, a in enumerate(have) for b in have[i + 1:]]
-    out = []
+    sentences, numbers = [], []
     for a, b in pairs:
         xa, xb = a.row[f"{stat}_all"], b.row[f"{stat}_all"]
         diff = statistics.fmean(xa) - statistics.fmean(xb)
         lower, higher = (a, b) if diff < 0 else (b, a)
+        said = f"{lower.name} is {abs(diff):.4f} {unit} below {higher.name}"
+        numbers.append({"lower": lower.name, "higher": higher.name, "difference": abs(diff), "p_value": None,
+                        "seeds_needed": None})
         if len(xa) < 2 or len(xb) < 2:
-            out.append(f"{lower.name} is {abs(diff):.4f} {unit} below {higher.name}; with one seed there is no "
-                       f"noise estimate")
+            sentences.append(f"{said}; with one seed there is no noise estimate (a p-value needs at least 2 seeds "
+                             f"each)")
             continue
-        se = math.sqrt(statistics.variance(xa) / len(xa) + statistics.variance(xb) / len(xb))
+        va, vb = statistics.variance(xa), statistics.variance(xb)
+        if va == vb == 0:
+            sentences.append(f"{said}; its seeds agree exactly, so there is no seed noise to test against")
+            continue
+        se = math.sqrt(va / len(xa) + vb / len(xb))
+        p = float(stats.ttest_ind(xa, xb, equal_var=False).pvalue)
+        n = seeds_needed(abs(diff) / math.sqrt((va + vb) / 2)) if diff else None
+        numbers[-1].update(p_value=p, seeds_needed=n)
         verdict = "exceeds" if abs(diff) > 2 * se else "is within"
-        out.append(f"{lower.name} is {abs(diff):.4f} {unit} below {higher.name}; the difference {verdict} the "
-                   f"seed noise (2 × standard error = {2 * se:.4f})")
-    return out
+        plan = f"{_seeds(n)} per variant would resolve it" if n else "there is no difference to resolve"
+        sentences.append(f"{said}; the difference {verdict} the seed noise (2 × standard error = {2 * se:.4f}); "
+                         f"Welch's t-test p = {p:.3g}; {plan} at p < {ALPHA} with power {POWER}")
+    return sentences, numbers
 
 
 def _spec(result: dict) -> list[tuple[str, list[str], Callable[[dict], str]]]:
@@ -307,26 +381,55 @@ def _cell(text: str) -> str:
     return "".join(_CELL_ESCAPES.get(c) or (c if c.isprintable() else repr(c)[1:-1]) for c in text)
 
 
-def format_summary(result: dict) -> str:
-    """The Markdown table (every cell escaped by :func:`_cell`), then the notes and the pairwise sentences."""
-    spec = _spec(result)
-    rows = [[h for h, _, _ in spec], *([f(r) for *_, f in spec] for r in result["rows"])]
-    lines = ["| " + " | ".join(map(_cell, row)) + " |" for row in rows]
+def _lines(spec: list, rows: list[dict]) -> list[str]:
+    """The Markdown table of ``spec``'s columns, every cell escaped by :func:`_cell`."""
+    cells = [[h for h, _, _ in spec], *([f(r) for *_, f in spec] for r in rows)]
+    lines = ["| " + " | ".join(map(_cell, row)) + " |" for row in cells]
     lines.insert(1, "|" + "---|" * len(spec))
-    lines += [""] + result["notes"] + [f"- {s}" for s in result["sentences"]]
+    return lines
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= CELL else text[:CELL - 1] + "…"
+
+
+def _narrow(result: dict, width: int) -> tuple[list, list[str]]:
+    """The terminal's columns: :data:`_BRIEF`, and after the variant as many keys that differ as fit in ``width``
+    (headed by their last part where that is unambiguous), cells clipped to :data:`CELL`; and the keys left out."""
+    spec = [(_clip(h), ks, lambda r, f=f: _clip(f(r))) for h, ks, f in _spec(result)]
+    brief = [c for c in spec if c[1][0] in _BRIEF]
+    ends = [c.rpartition(".")[2] for c in result["columns"]]
+    keys = [(end if ends.count(end) == 1 else h, ks, f)
+            for end, (h, ks, f) in zip(ends, (c for c in spec if c[1][0] in result["columns"]))]
+    shown: list = []
+    for key in keys:
+        if max(map(len, _lines([brief[0], *shown, key, *brief[1:]], result["rows"]))) <= width:
+            shown.append(key)
+    return [brief[0], *shown, *brief[1:]], [c for c, k in zip(result["columns"], keys) if k not in shown]
+
+
+def format_summary(result: dict, width: Optional[int] = WIDTH) -> str:
+    """The table (Markdown), then the notes and the pairwise sentences. ``width`` (a terminal's columns): the
+    variant, the keys that differ that fit and the results (:func:`_narrow`); None: every column (summary.md)."""
+    spec, hidden = _narrow(result, width) if width else (_spec(result), [])
+    notes = result["notes"] + ([_MESSAGES["hidden"].format(
+        count=len(hidden), keys="key differs" if len(hidden) == 1 else "keys differ",
+        names=", ".join(hidden[:3]) + (", ..." if len(hidden) > 3 else ""))] if hidden else [])
+    lines = _lines(spec, result["rows"]) + [""] + notes + [f"- {s}" for s in result["sentences"]]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _write(result: dict, variants: list[Variant], out: Path) -> None:
-    """summary.md, .csv, .json and .png, renamed into place as a set: an interrupt leaves the previous set or none."""
+def _write(result: dict, out: Path, png: Callable[[], bytes]) -> None:
+    """summary.md, .csv, .json and .png (drawn by ``png``), renamed into place as a set: an interrupt leaves the
+    previous set or none."""
     _check_ours(out)
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     csv.writer(buf).writerows(_csv_rows(result))
-    texts = {"summary.md": format_summary(result), "summary.csv": buf.getvalue(),
+    texts = {"summary.md": format_summary(result, width=None), "summary.csv": buf.getvalue(),
              "summary.json": json.dumps(result, indent=1) + "\n"}
     files = {out / name: text.encode("utf-8") for name, text in texts.items()}
-    files[out / "summary.png"] = _plot(variants)
+    files[out / "summary.png"] = png()
     atomic_write_set(files)
 
 
@@ -345,8 +448,10 @@ def _check_ours(out: Path) -> None:
         read_model(_Summary, out / "summary.json", _MESSAGES["users"], path=out)
 
 
-def _plot(variants: list[Variant]) -> bytes:
-    """Val loss against steps, wall time and training FLOPs: each variant's mean over seeds, its seeds' range shaded."""
+def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "Figure":
+    """The table's ``metric`` (val loss in nats per token, or bits per byte: a run's loss times ``scale``) against
+    steps, wall time and training FLOPs: each variant's mean over seeds, its seeds' range shaded and edged. The
+    y-range spans the curves past each one's first :data:`EARLY` of evals, where the variants differ."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -354,25 +459,45 @@ def _plot(variants: list[Variant]) -> bytes:
     FigureCanvasAgg(fig)
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.13, top=0.9, wspace=0.2)
     axes = fig.subplots(1, 3, sharey=True)
+    later: list[float] = []  # the values that set the y-range
     for i, v in enumerate(variants):
-        cfg = v.runs[0].cfg
+        seeds = [r for r in v.runs if scale[r.path] < math.inf]  # bits per byte needs the run's bytes per token
+        if not seeds:
+            continue
+        cfg, color = seeds[0].cfg, f"C{i % 10}"
         per_step = cfg.train.batch_size * cfg.train.grad_accum_steps * cfg.model.block_size * v.row["flops_per_token"]
-        steps = sorted(set.intersection(*({e["step"] for e in r.evals} for r in v.runs)))
-        at = [{e["step"]: e for e in r.evals} for r in v.runs]
-        losses = [[a[s]["val_loss"] for a in at] for s in steps]
-        mean = [statistics.fmean(x) for x in losses]
+        steps = sorted(set.intersection(*({e["step"] for e in r.evals} for r in seeds)))
+        at = [{e["step"]: e for e in r.evals} for r in seeds]
+        ys = [[a[s]["val_loss"] * scale[r.path] for a, r in zip(at, seeds)] for s in steps]
+        low, high = [min(y) for y in ys], [max(y) for y in ys]
+        skip = min(math.ceil(EARLY * len(steps)), len(steps) - 1)
+        later += low[skip:] + high[skip:]
         xs = {"optimizer step": steps,
               "wall time (s, evals included)": [statistics.fmean(a[s]["elapsed_s"] for a in at) for s in steps],
               "training FLOPs": [s * per_step for s in steps]}
         for ax, (label, x) in zip(axes, xs.items()):
-            ax.plot(x, mean, "o-", markersize=2, label=f"{v.name} ({len(v.runs)} seeds)", color=f"C{i % 10}")
-            if len(v.runs) > 1:
-                ax.fill_between(x, [min(l) for l in losses], [max(l) for l in losses], alpha=0.2, color=f"C{i % 10}")
+            ax.plot(x, [statistics.fmean(y) for y in ys], "o-", markersize=2, color=color,
+                    label=f"{v.name} ({_seeds(len(seeds))})")
+            if len(seeds) > 1:
+                ax.fill_between(x, low, high, alpha=0.25, color=color, linewidth=0)
+                for edge in (low, high):
+                    ax.plot(x, edge, color=color, linewidth=0.7, alpha=0.8)
             ax.set_xlabel(label)
             ax.grid(alpha=0.3)
-    axes[0].set_ylabel("val loss (nats/token)")
+    if later:
+        lo, hi = min(later), max(later)
+        pad = 0.05 * (hi - lo) or 0.01 * abs(hi) or 0.01
+        axes[0].set_ylim(lo - pad, hi + pad)  # shared by all three
+    what = "val loss (nats/token)" if metric == "val_loss" else "val bits per byte"
+    axes[0].set_ylabel(what)
     axes[0].legend(fontsize=8)
-    fig.suptitle("validation loss: mean over seeds, shaded from the lowest to the highest seed")
+    fig.suptitle(f"{what}: mean over seeds, shaded from the lowest to the highest seed; the y-range leaves out each "
+                 f"curve's first {EARLY:.0%} of evals")
+    return fig
+
+
+def _plot(variants: list[Variant], metric: str, scale: dict[Path, float]) -> bytes:
+    """:func:`figure` as PNG bytes."""
     png = io.BytesIO()
-    fig.savefig(png, format="png")
+    figure(variants, metric, scale).savefig(png, format="png")
     return png.getvalue()

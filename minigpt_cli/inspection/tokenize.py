@@ -338,8 +338,10 @@ def _format_segmentations(entries: list[dict]) -> list[str]:
 def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Optional[Tokenizer], str]:
     """The tokenizer ``--tokenizer`` (a user's file, never to be deleted) or ``--run`` names (None: the toy
     corpus), and how to name it.
-    Raises MinigptError: both given; no such run folder; a missing or damaged file.
+    Raises MinigptError: both given; no such run folder, or a sweep's; a missing or damaged file.
     """
+    if run is not None:
+        runs.refuse_sweep(Path(run))
     problem = "both" if tokenizer is not None and run is not None else (
         "no_run" if run is not None and not (Path(run) / runs.CONFIG).is_file() else None)
     if problem:

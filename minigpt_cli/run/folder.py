@@ -49,6 +49,10 @@ META = "meta.json"
 ENV = "env.json"
 TOKENIZER = "tokenizer.json"
 LOCK = ".lock"
+#: The state file of a sweep's folder (:mod:`minigpt_cli.experiments.sweep`): it holds runs, and is none.
+SWEEP = "sweep.json"
+#: How many of a sweep's runs an error names before it counts the rest.
+NAMED = 3
 #: A name minigpt makes a file or folder of: one plain folder entry, never ``.``, ``..``, a path or a separator.
 NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]+")
 
@@ -59,6 +63,8 @@ _MESSAGES = {
                   "resume from best: cp -r {best} {last} && minigpt train ... --resume {run}"),
     "meta": ("{path} is missing or damaged ({why})", "use --checkpoint {other}, or copy meta.json from it"),
     "no_run": ("run folder {path!r} not found", "pass a run folder (runs/NAME) of a trained run"),
+    "sweep": ("{path!r} is a sweep's folder, not a run: it holds {held}",
+              "pass one of its runs, e.g. {first}, or compare them: minigpt compare {path}"),
     "no_runs": ("no trained run found under {path!r}",
                 "train one first (minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME"),
     "which": ("--checkpoint {which!r}: use {BEST}, {LAST} or a kept step-N (train.keep_every)", None),
@@ -179,16 +185,30 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
     return meta
 
 
+def refuse_sweep(folder: Path) -> None:
+    """Raise MinigptError naming its runs (how many, the first :data:`NAMED`) when ``folder``, given where a run
+    folder is wanted, is a sweep's (it holds :data:`SWEEP`)."""
+    if (folder / SWEEP).is_file():
+        held = sorted(p.name for p in folder.iterdir() if (p / CONFIG).is_file())
+        count = "no run yet" if not held else "1 run" if len(held) == 1 else f"{len(held)} runs"
+        more = f" and {len(held) - NAMED} more" if len(held) > NAMED else ""
+        raise fail("sweep", path=str(folder), held=f"{count} ({', '.join(held[:NAMED])}{more})" if held else count,
+                   first=folder / (held[0] if held else "VARIANT-sSEED"))
+
+
 def open_checkpoint(run: Optional[str | Path], which: str, runs_dir: str | Path = "runs") -> tuple[Path, Path]:
     """The run folder (``run``, or the newest under ``runs_dir``) and its checkpoint folder ``which``
     (``best`` falls back to ``last`` before the first eval; ``step-N`` is the copy ``train.keep_every`` kept).
-    Raises MinigptError: ``which`` is none of those, no run there, no such folder, or no checkpoint in it."""
+    Raises MinigptError: ``which`` is none of those, no run there, no such folder, a sweep's folder
+    (:func:`refuse_sweep`), or no checkpoint in it."""
     newest = newest_run(runs_dir) if run is None else None
     run_dir = Path(run) if run is not None else newest or Path(runs_dir)
     kept = re.fullmatch(r"step-(\d{1,12})", which)  # a train.keep_every copy: step-15 or step-0000015
     name = kept_name(int(kept[1])) if kept else which
     ckpt = checkpoint_dir(run_dir, name if has_weights(checkpoint_dir(run_dir, name)) or kept else LAST)
     tried = {BEST: f"neither {BEST} nor {LAST} holds", LAST: f"{LAST} holds no"}.get(which, f"{name} holds no")
+    if run_dir.is_dir() and not has_weights(ckpt):
+        refuse_sweep(run_dir)
     problem = _first((which not in (BEST, LAST) and not kept, "which", {"which": which}),
                      (run is None and newest is None, "no_runs", {"path": str(runs_dir)}),
                      (not run_dir.is_dir(), "no_run", {"path": str(run_dir)}),
