@@ -312,8 +312,9 @@ def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
 
 
 #: Ours -> GPT-NeoX's module names within a layer (``gpt_neox.layers.{i}.``), each with a weight and a bias.
-_NEOX_LAYER = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_attn": "attention.query_key_value",
-               "attn.c_proj": "attention.dense", "mlp.c_fc": "mlp.dense_h_to_4h", "mlp.c_proj": "mlp.dense_4h_to_h"}
+_NEOX_LAYER = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm",
+               "attn.c_attn": "attention.query_key_value", "attn.c_proj": "attention.dense",
+               "mlp.c_fc": "mlp.dense_h_to_4h", "mlp.c_proj": "mlp.dense_4h_to_h"}
 
 
 def neox_names(mc: ModelConfig) -> dict[str, str]:
@@ -336,7 +337,8 @@ def neox_qkv(t: torch.Tensor, n_head: int, to_neox: bool) -> torch.Tensor:
 
 def load_neox_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """A ``GPTNeoXForCausalLM`` state dict under our names and layouts (module docstring), checked by :func:`_check`;
-    with ``model.bias`` false (``attention_bias: false``) its MLP and LayerNorm biases must be zeros, and are dropped."""
+    with ``model.bias`` false (``attention_bias: false``) its MLP and LayerNorm biases must be zeros, and are
+    dropped."""
     theirs = {("embed_out.weight" if k == "lm_head.weight" else k): t for k, t in sd.items()
               if not k.endswith(("rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias"))}
     names = neox_names(model_cfg)
@@ -402,8 +404,8 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
 
 
 def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
-    """Our GPT (float32, CPU, eval mode) from a local GPT-2, Llama or GPT-NeoX ``save_pretrained`` folder; ``block_size``
-    as the ``*_config_from_hf`` take it. Refused as :func:`read_hf_config` and :func:`_check` refuse."""
+    """Our GPT (float32, CPU, eval mode) from a local GPT-2, Llama or GPT-NeoX ``save_pretrained`` folder;
+    ``block_size`` as the ``*_config_from_hf`` take it. Refused as :func:`read_hf_config` and :func:`_check` refuse."""
     import torch
 
     from ..model.gpt import GPT
