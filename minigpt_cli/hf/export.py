@@ -55,7 +55,6 @@ _MESSAGES = {
                "{new}",
 }
 
-
 #: What an export writes (and all that ``--force`` may replace).
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 #: The config.json key that marks a folder as an export of ours: all that ``--force`` replaces.
