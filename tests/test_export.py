@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ from helpers import assert_user_error, tiny  # noqa: E402
 
 from minigpt_cli.config.schema import ModelConfig  # noqa: E402
 from minigpt_cli.errors import MinigptError  # noqa: E402
-from minigpt_cli.hf.export import hf_family, hf_state_dict  # noqa: E402
+from minigpt_cli.hf.export import hf_state_dict, hf_target  # noqa: E402
 from minigpt_cli.hf.load import load_hf_folder  # noqa: E402
 from minigpt_cli.run import folder as runs  # noqa: E402
 from minigpt_cli.run.checkpoint import load_model  # noqa: E402
@@ -128,23 +130,71 @@ def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_p
     assert model(torch.tensor([ids])).logits.shape == (1, len(ids), 72)
 
 
-@pytest.mark.parametrize("change,key", [
-    ({"pos_encoding": "sinusoidal"}, "model.pos_encoding='sinusoidal'"),
-    ({"pos_encoding": "none"}, "model.pos_encoding='none'"),
-    ({"norm_position": "post"}, "model.norm_position='post'"),
-    ({"emb_scale": True}, "model.emb_scale=True"),
-    ({"norm": "rmsnorm"}, "model.norm='rmsnorm'"),
-    ({"ffn": "swiglu"}, "model.ffn='swiglu'"),
-    ({"n_kv_head": 2}, "model.n_kv_head=2"),
-    ({"pos_encoding": "rope", "norm": "layernorm", "ffn": "swiglu"}, "model.norm='layernorm'"),
-    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "gelu"}, "model.ffn='gelu'"),
+@pytest.mark.parametrize("change,key,fix", [
+    ({"pos_encoding": "sinusoidal"}, "model.pos_encoding='sinusoidal'", "model.pos_encoding=learned"),
+    ({"pos_encoding": "none"}, "model.pos_encoding='none'", "model.pos_encoding=learned"),
+    ({"norm_position": "post"}, "model.norm_position='post'", "model.norm_position=pre"),
+    ({"emb_scale": True}, "model.emb_scale=True", "model.emb_scale=false"),
+    ({"norm": "rmsnorm"}, "model.norm='rmsnorm'", "model.norm=layernorm exports as GPT-2"),
+    ({"ffn": "swiglu"}, "model.ffn='swiglu'", "model.ffn=gelu_tanh exports as GPT-2"),
+    ({"n_kv_head": 2}, "model.n_kv_head=2", "model.n_kv_head=null exports as GPT-2"),
+    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "gelu"}, "model.ffn='gelu'", "model.ffn=swiglu exports as "
+                                                                                     "Llama"),
+    ({"pos_encoding": "rope", "ffn": "swiglu", "n_kv_head": 2}, "model.norm='layernorm'", "model.norm=rmsnorm "
+                                                                                          "exports as Llama"),
+    ({"pos_encoding": "rope", "emb_scale": True, "norm_position": "post"}, "model.norm_position='post'",
+     "model.norm_position=pre, model.emb_scale=false exports as GPT-NeoX"),
 ])
-def test_a_model_transformers_cannot_express_is_refused_naming_the_key(change, key):
+def test_a_model_transformers_cannot_express_is_refused_naming_the_key_and_the_fix(change, key, fix):
+    """The nearest target (the fewest keys to change, ties in the table's order) names what would export."""
     with pytest.raises(MinigptError, match="cannot be exported") as e:
-        hf_family(ModelConfig(n_head=4, n_embd=32, **change))
-    assert key in str(e.value)
-    assert hf_family(ModelConfig()) == "gpt2"
-    assert hf_family(ModelConfig(pos_encoding="rope", norm="rmsnorm", ffn="swiglu", n_kv_head=2)) == "llama"
+        hf_target(ModelConfig(n_head=4, n_embd=32, **change))
+    assert key in str(e.value) and fix in str(e.value), str(e.value)
+
+
+NAMES = {"gpt2": "GPT-2", "llama": "Llama", "gpt_neox": "GPT-NeoX"}
+
+
+@pytest.mark.parametrize("change,target", [
+    ({}, "gpt2"), ({"ffn": "relu", "bias": False}, "gpt2"),
+    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "n_kv_head": 2}, "llama"),
+    ({"pos_encoding": "rope", "ffn": "relu", "tie_weights": False, "rope_base": 500.0}, "gpt_neox"),
+    ({"pos_encoding": "rope", "ffn": "gelu_tanh", "bias": False}, "gpt_neox"),
+])
+def test_each_model_a_target_expresses_is_picked_and_others_are_refused_by_arch(change, target):
+    mc = ModelConfig(n_head=4, n_embd=32, **change)
+    assert hf_target(mc) == hf_target(mc, target) == target
+    for other in {"gpt2", "llama", "gpt_neox"} - {target}:
+        with pytest.raises(MinigptError, match=f"--arch {other}: .* cannot express model[.]") as e:
+            hf_target(mc, other)
+        assert str(e.value).endswith(f"drop --arch: the run exports as {NAMES[target]}")
+
+
+def test_a_model_switch_the_table_does_not_list_is_refused_unless_at_its_default():
+    """A key added to the schema (here a stand-in for ``model.qk_norm``) exports only at its default, with no
+    edit to the export: every target refuses it, naming it, until its entry in TARGETS lists it."""
+    from pydantic import Field
+
+    class WithQKNorm(ModelConfig):
+        qk_norm: bool = Field(False)
+
+    assert hf_target(WithQKNorm(pos_encoding="rope", ffn="relu")) == "gpt_neox"
+    with pytest.raises(MinigptError, match="model.qk_norm=True has no equivalent") as e:
+        hf_target(WithQKNorm(pos_encoding="rope", ffn="relu", qk_norm=True))
+    assert "model.qk_norm=false exports as GPT-NeoX" in str(e.value)
+    with pytest.raises(MinigptError, match="--arch llama: Llama cannot express model.norm='layernorm'"):
+        hf_target(WithQKNorm(pos_encoding="rope", ffn="relu", qk_norm=True), "llama")
+
+
+@pytest.mark.parametrize("exported", ["gpt2-char"], indirect=True)
+def test_an_arch_that_cannot_express_the_run_is_one_line(cli, exported, tmp_path):
+    run, _ = exported
+    res = cli("export", run, "--output", tmp_path / "x", "--arch", "gpt_neox")
+    assert_user_error(res, "--arch gpt_neox: GPT-NeoX cannot express model.pos_encoding='learned' (it takes rope)",
+                      "drop --arch: the run exports as GPT-2")
+    assert not (tmp_path / "x").exists()
+    res = cli("export", run, "--output", tmp_path / "x", "--arch", "gpt2")
+    assert res.exit_code == 0 and "as a transformers GPT2LMHeadModel" in res.stderr, res
 
 
 def test_export_refuses_a_non_empty_folder_unless_forced(cli, exported, tmp_path):
@@ -226,3 +276,30 @@ def test_an_exported_char_tokenizer_reads_the_text_unk_as_characters(tmp_path):
     unk = tok.vocab_size
     assert hf_tok.unk_token_id == unk and len(hf_tok.unk_token) == 1 and hf_tok.unk_token not in tok.stoi
     assert hf_tok("a€b", add_special_tokens=False)["input_ids"] == [tok.stoi["a"], unk, tok.stoi["b"]]
+
+
+def test_a_fine_tuned_export_says_its_position_table_was_cut(cli, corpus_file, data_dir, tmp_path):
+    """Fine-tuning at block_size 16 keeps 16 of a 48-position GPT-2's rows (hf/finetune.py): the export's
+    n_positions is 16, and it says so in one line, also once the folder it started from is gone."""
+    from helpers import wordlevel_tokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from minigpt_cli.config.schema import load_config
+
+    chars = sorted(set(corpus_file.read_text()))
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=48, vocab_size=len(chars))
+                    ).save_pretrained(tmp_path / "gpt2")
+    wordlevel_tokenizer(chars).save(str(tmp_path / "gpt2" / "tokenizer.json"))
+    cfg = load_config("finetune-gpt2", [f"model.init_from={tmp_path / 'gpt2'}", "model.block_size=16", "device=cpu",
+                                        f"data.data_dir={data_dir}", f"train.out_dir={tmp_path}/runs",
+                                        "train.max_iters=0", "train.eval_iters=1", "train.batch_size=2"])
+    run = train(cfg, "ft", echo=lambda m: None, progress=False).run_dir
+    res = cli("export", run, "--output", tmp_path / "hf")
+    assert res.exit_code == 0, res
+    cut = [line for line in res.stderr.splitlines() if "position table" in line]
+    assert cut == [f"note: the position table has model.block_size=16 rows: fine-tuning cut {tmp_path / 'gpt2'}'s "
+                   "48 to that; fine-tune with a larger model.block_size to keep more"], res
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["n_positions"] == 16
+    (tmp_path / "gpt2").rename(tmp_path / "moved")
+    res = cli("export", run, "--output", tmp_path / "hf", "--force")
+    assert res.exit_code == 0 and "cut" in res.stderr and "length unknown now: the folder is gone" in res.stderr, res

@@ -1,4 +1,4 @@
-"""Our GPT against Hugging Face ``transformers``: GPT-2 and Llama, built locally with random weights.
+"""Our GPT against Hugging Face ``transformers``: GPT-2, Llama and GPT-NeoX, built locally with random weights.
 
 Nothing is downloaded: each reference model is made from a small config,
 given random weights (wider than the 0.02 init, with norm gains and biases
@@ -15,7 +15,14 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 from minigpt_cli.errors import MinigptError  # noqa: E402
 from minigpt_cli.hf.load import (
@@ -65,6 +72,70 @@ def llama_reference(tmp_path, **kw):
     ref = randomize(LlamaForCausalLM(LlamaConfig(**base)))
     ref.save_pretrained(tmp_path)
     return ref
+
+
+def neox_reference(tmp_path, **kw):
+    """A sequential-residual GPT-NeoX rotating whole heads: the block minigpt's rope + layernorm model is."""
+    base = dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=32, intermediate_size=56, vocab_size=V,
+                max_position_embeddings=64, rotary_pct=1.0, rotary_emb_base=10000.0, use_parallel_residual=False,
+                hidden_act="relu", bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    ref = randomize(GPTNeoXForCausalLM(GPTNeoXConfig(**{**base, **kw})))
+    ref.save_pretrained(tmp_path)
+    return ref
+
+
+@pytest.mark.parametrize("kw,ffn", [({}, "relu"), ({"tie_word_embeddings": True, "hidden_act": "gelu_new",
+                                                     "rotary_emb_base": 500.0}, "gelu_tanh")], ids=["untied", "tied"])
+def test_gpt_neox_logits_equal_transformers(tmp_path, kw, ffn):
+    """Biases everywhere (attention_bias, transformers' default), the fused query_key_value per head, rotate-half
+    RoPE over the whole head, LayerNorm before each sub-layer and a sequential residual."""
+    ref = neox_reference(tmp_path, **kw)
+    ours = load_hf_folder(tmp_path)
+    cfg = ours.config
+    assert (cfg.pos_encoding, cfg.norm, cfg.ffn, cfg.bias, cfg.rope_base, cfg.block_size) == (
+        "rope", "layernorm", ffn, True, kw.get("rotary_emb_base", 10000.0), 64)
+    assert (ours.lm_head.weight is ours.wte.weight) is cfg.tie_weights is bool(kw)
+    x = torch.randint(0, V, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = ref(x).logits
+        logits, _ = ours(x)
+    assert expected.abs().max() > 2
+    diff = (logits - expected).abs().max().item()
+    assert diff < 1e-5, diff
+
+
+def test_gpt_neox_without_attention_biases_needs_zero_mlp_and_norm_biases(tmp_path):
+    """``attention_bias: false`` is our ``bias: false``, whose MLP and LayerNorm have none: GPT-NeoX's are zeros
+    then (as an export writes them), or the file is refused, naming the tensor."""
+    ref = neox_reference(tmp_path, attention_bias=False)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    ref.save_pretrained(tmp_path)
+    ours = load_hf_folder(tmp_path)
+    assert not ours.config.bias
+    x = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (ours(x)[0] - ref(x).logits).abs().max().item() < 1e-5
+    with torch.no_grad():
+        ref.gpt_neox.layers[1].mlp.dense_h_to_4h.bias[3] = 0.5
+    ref.save_pretrained(tmp_path)
+    with pytest.raises(MinigptError, match="layers.1.mlp.dense_h_to_4h.bias is not zero"):
+        load_hf_folder(tmp_path)
+
+
+@pytest.mark.parametrize("kw,fragment", [
+    ({"rotary_pct": 0.25}, "rotates 0.25 of each head"),
+    ({"use_parallel_residual": True}, "use_parallel_residual True is not supported"),
+])
+def test_gpt_neox_options_we_do_not_compute_are_refused(tmp_path, kw, fragment):
+    """Partial rotary (Pythia's 0.25) and the parallel residual (both transformers' defaults) are other models."""
+    neox_reference(tmp_path, **kw)
+    with pytest.raises(MinigptError) as e:
+        load_hf_folder(tmp_path)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
@@ -179,7 +250,7 @@ def test_import_errors_are_one_line(tmp_path):
     (folder / "config.json").write_text("{not json")
     fails("not valid JSON")
     (folder / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    fails("model_type 't5'", "'gpt2' or 'llama'")
+    fails("model_type 't5'", "'gpt2', 'llama' or 'gpt_neox'")
     gpt2_reference(folder)
     hf_cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**hf_cfg, "activation_function": "swish"}))

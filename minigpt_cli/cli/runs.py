@@ -48,6 +48,11 @@ def generate(
              "backslash), \\uHHHH and \\UHHHHHHHH (a character: \\u00e9 is é), \\xHH and octal \\NNN (bytes, read "
              "as UTF-8: \\xc3\\xa9 is é); any other backslash stays as typed.",
     ),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos",
+        help="Go on past the tokenizer's end-of-text token (<|endoftext|>, </s>, ...), printing it; by default a "
+             "sample ends there, as transformers' generate ends, and the token is not printed.",
+    ),
     num_samples: Optional[int] = typer.Option(
         None, "--num-samples", min=1,
         help="Independent samples, decoded together as one batch and printed when all have ended, each after a "
@@ -96,7 +101,7 @@ def generate(
         raise MinigptError("--stop '': the stop text must not be empty")
     run_generate(run, sample_flags({k: v for k, v in given.items() if v is not None}), checkpoint=checkpoint,
                  device=device, seed=seed, stream=stream, use_cache=kv_cache, compile=compile_, dtype=dtype,
-                 stop=stops, out=sys.stdout, echo=echo)
+                 stop=stops, ignore_eos=ignore_eos, out=sys.stdout, echo=echo)
 
 
 def _read_prompt(prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]) -> Optional[str]:
@@ -162,6 +167,10 @@ def export(
     run: Path = typer.Argument(..., metavar="RUN", help="The run folder to export."),
     output: Path = typer.Option(..., "--output", "-o", metavar="DIR", help="Folder to write (created)."),
     fmt: str = typer.Option("hf", "--format", metavar="hf", help="hf: a transformers folder (the only format)."),
+    arch: Optional[Literal["gpt2", "llama", "gpt_neox"]] = typer.Option(
+        None, "--arch", metavar="gpt2|llama|gpt_neox",
+        help="The transformers architecture to write; refused when it cannot express the run (default: the one "
+             "that does)."),
     checkpoint: CheckpointOption = runs.BEST,
     force: bool = typer.Option(False, "--force", help="Replace DIR if it exists and is not empty."),
 ) -> None:
@@ -170,15 +179,18 @@ def export(
     DIR gets config.json, model.safetensors, tokenizer.json,
     tokenizer_config.json and generation_config.json:
     AutoModelForCausalLM.from_pretrained(DIR) and
-    AutoTokenizer.from_pretrained(DIR) load it offline. Learned positions
-    with LayerNorm and a GELU/ReLU MLP become GPT-2; RoPE with RMSNorm and
-    SwiGLU become Llama; other models (sinusoidal or no positions, Post-LN,
-    the embedding scale) have no transformers equivalent and are refused.
+    AutoTokenizer.from_pretrained(DIR) load it offline, and
+    pipeline("text-generation", model=DIR) generates within the context
+    (max_length: block_size). Learned positions with LayerNorm and a
+    GELU/ReLU MLP become GPT-2; RoPE with RMSNorm and SwiGLU, Llama; RoPE
+    with LayerNorm and a GELU/ReLU MLP, GPT-NeoX. Other models (sinusoidal
+    or no positions, Post-LN, the embedding scale) have no transformers
+    equivalent and are refused, naming the key and the settings that export.
 
     \b
     Example: minigpt export runs/shakespeare-char --output exported/
     """
     from ..hf.export import export_run
 
-    out = export_run(run, output, fmt=fmt, checkpoint=checkpoint, force=force, echo=echo)
+    out = export_run(run, output, fmt=fmt, arch=arch, checkpoint=checkpoint, force=force, echo=echo)
     print(out)

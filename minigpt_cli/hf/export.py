@@ -1,10 +1,11 @@
 """Export a run as a Hugging Face ``transformers`` folder (as ``save_pretrained`` writes it): :mod:`.load` inverted.
 
-A model with learned positions, LayerNorm and a ReLU/GELU MLP is a ``GPT2LMHeadModel`` (Conv1D weights
-transposed back; ``bias: false`` written as zero biases); one with RoPE, RMSNorm and SwiGLU a
-``LlamaForCausalLM``; anything else is refused, naming the key (:func:`hf_family`). Trained tokenizers are
-``tokenizers`` files already; the char tokenizer becomes a ``WordLevel`` model over its characters
-(:func:`char_tokenizer_json`), giving the same ids.
+Which transformers architecture computes exactly what a model does is one table, :data:`TARGETS`: GPT-2 (learned
+positions, LayerNorm, a two-layer MLP; Conv1D weights transposed back), Llama (RoPE, RMSNorm, SwiGLU) and GPT-NeoX
+(RoPE, LayerNorm, a two-layer MLP, a sequential residual; q, k, v interleaved per head). Biases a target always
+has and ``bias: false`` leaves out are written as zeros. Trained tokenizers are ``tokenizers`` files already; the
+char tokenizer becomes a ``WordLevel`` model over its characters (:func:`char_tokenizer_json`), giving the same
+ids. ``generation_config.json`` keeps prompt and output within the context (``max_length``: block_size).
 """
 
 from __future__ import annotations
@@ -16,18 +17,18 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from ..config.schema import Config, ModelConfig
-from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError, refuse
 from ..fileio import chmod_quietly, dir_mode, os_error_message
 from ..run import folder as runs
+from ..sample.generate import end_of_text
 from ..sample.load import load_run
 from ..tokenizer.kinds import CharTokenizer, Tokenizer
-from .load import _GPT2_CONV1D, llama_names  # the one name table, both ways
+from .load import _GPT2_CONV1D, llama_names, neox_names, neox_qkv, read_hf_config  # the one name table, both ways
 
 _MESSAGES = {
     "format": "--format {fmt!r}: only hf (a transformers folder) is supported",
@@ -38,11 +39,20 @@ _MESSAGES = {
                   "export: pass a new or empty --output",
     "not_ours": "{out} is not an export minigpt wrote (its config.json carries no minigpt mark); --force "
                 "replaces only an earlier export: pass a new or empty --output",
-    "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2 or Llama ({why}); this run "
-                   "cannot be exported",
+    "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2, Llama or GPT-NeoX, so this run "
+                   "cannot be exported; the nearest, {name}, takes model.{key} {takes}: a run trained with "
+                   "{changes} exports as {name}",
+    "arch": "--arch {arch}: {name} cannot express model.{key}={value!r} (it takes {takes}); {fix}",
+    "arch_other": "drop --arch: the run exports as {other}",
+    "arch_train": "a run trained with {changes} exports as {name}",
     "char_drops": "note: the exported char tokenizer removes characters outside its {n}-character alphabet "
                   "(minigpt refuses them): the model has no row for an unknown token; train with "
                   "model.vocab_size above {size} for an export that maps them to one",
+    "cut": "note: the position table has model.block_size={block} rows: fine-tuning cut {folder}'s {source} to "
+           "that; fine-tune with a larger model.block_size to keep more",
+    "summary": "exported {run} ({ckpt}) as a transformers {arch} to {out}; generation_config.json: max_length "
+               "{block} (prompt and new tokens within the model's context) in place of sample.max_new_tokens "
+               "{new}",
 }
 
 #: What an export writes (and all that ``--force`` may replace).
@@ -51,79 +61,144 @@ EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer
 EXPORT_MARK = "minigpt_export"
 #: The name an export's temporary folder (and the old copy it replaces) starts with, beside the output.
 _TEMP = ".{}.minigpt-export-"
-#: Our MLP activation -> GPT-2's ``activation_function``.
-_GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 #: The char tokenizer's unknown token in an export, where the model has a row for one (:func:`char_unk_token`).
 _REPLACEMENT = "\ufffd"
 
 
+class _Any:
+    """Every value of a key (``value in ANY`` always holds)."""
+
+    def __contains__(self, value: object) -> bool:
+        return True
+
+
+ANY = _Any()
+#: The keys every target takes at any value: sizes, and what only training reads.
+SIZES = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout", "norm_eps", "d_ff", "multiple_of",
+         "bias", "tie_weights", "init_std", "scale_residual_init", "init_from")
+#: Our MLP activation -> transformers' ``ACT2FN`` name (GPT-2's ``activation_function``, GPT-NeoX's ``hidden_act``).
+_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+#: Each export target and the values it takes of each :class:`ModelConfig` key beyond :data:`SIZES` (a tuple, or
+#: ANY); a key it does not list must be at its schema default, so a switch added to the schema is refused by every
+#: target until one lists it. In the order a tie between nearest targets is broken (:func:`hf_target`).
+TARGETS: dict[str, dict[str, Any]] = {
+    "gpt2": {"pos_encoding": ("learned",), "norm": ("layernorm",), "ffn": tuple(_ACT),
+             "rope_base": ANY},  # unused with learned positions
+    "llama": {"pos_encoding": ("rope",), "norm": ("rmsnorm",), "ffn": ("swiglu",), "rope_base": ANY, "n_kv_head": ANY},
+    "gpt_neox": {"pos_encoding": ("rope",), "norm": ("layernorm",), "ffn": tuple(_ACT), "rope_base": ANY},
+}
+#: Each target's model class, and its name in messages.
+ARCHITECTURES = {"gpt2": ("GPT2LMHeadModel", "GPT-2"), "llama": ("LlamaForCausalLM", "Llama"),
+                 "gpt_neox": ("GPTNeoXForCausalLM", "GPT-NeoX")}
+
+
+def _misses(mc: ModelConfig, target: str) -> list[tuple[str, Any]]:
+    """(key, the values ``target`` takes) for each key of ``mc`` it cannot express, in the schema's order."""
+    takes = {**dict.fromkeys(SIZES, ANY), **TARGETS[target]}
+    fields = type(mc).model_fields
+    allowed = {key: takes.get(key, (field.get_default(call_default_factory=True),)) for key, field in fields.items()}
+    return [(key, values) for key, values in allowed.items() if getattr(mc, key) not in values]
+
+
+def _setting(key: str, values: tuple) -> str:
+    """``model.KEY=VALUE`` for a value ``values`` takes, as --set reads it."""
+    value = values[0]
+    return f"model.{key}={json.dumps(value) if value is None or isinstance(value, bool) else value}"
+
+
+def hf_target(mc: ModelConfig, arch: Optional[str] = None) -> str:
+    """The key of :data:`TARGETS` that computes exactly what ``mc`` does: ``arch`` when given, else the first
+    that expresses it. A :class:`MinigptError` names the first key ``arch`` (or, with none, the nearest
+    target: the fewest keys to change) cannot express, and the settings that would export."""
+    misses = {target: _misses(mc, target) for target in TARGETS}
+    fits = [target for target, missed in misses.items() if not missed]
+    if fits and (arch is None or arch in fits):
+        return arch or fits[0]
+    nearest = arch or min(misses, key=lambda target: len(misses[target]))
+    (key, values), name = misses[nearest][0], ARCHITECTURES[nearest][1]
+    changes = ", ".join(_setting(k, v) for k, v in misses[nearest])
+    takes = " or ".join(map(str, values))
+    fix = (_MESSAGES["arch_other"].format(other=ARCHITECTURES[fits[0]][1]) if fits
+           else _MESSAGES["arch_train"].format(changes=changes, name=name))
+    raise MinigptError(_MESSAGES["arch" if arch else "unsupported"].format(
+        arch=arch, key=key, value=getattr(mc, key), name=name, takes=takes, changes=changes, fix=fix),
+        key=f"model.{key}")
+
+
 def hf_family(mc: ModelConfig) -> str:
-    """``gpt2`` or ``llama``: the transformers architecture that computes exactly what ``mc`` does; a
-    :class:`MinigptError` names the first key neither expresses."""
-    gpt2 = mc.pos_encoding == "learned"
-    refused = [  # (when, key, why), in the order a user would fix them
-        (mc.pos_encoding not in ("learned", "rope"), "pos_encoding", "GPT-2 learns its positions, Llama rotates them"),
-        (mc.norm_position != "pre", "norm_position", "both normalise before each sub-layer"),
-        (mc.emb_scale, "emb_scale", "neither scales the token embeddings by sqrt(n_embd)"),
-        (gpt2 and mc.norm != "layernorm", "norm", "GPT-2, with learned positions, uses LayerNorm"),
-        (gpt2 and mc.ffn not in _GPT2_ACT, "ffn",
-         "GPT-2, with learned positions, has a two-layer MLP with GELU or ReLU"),
-        (gpt2 and mc.kv_heads != mc.n_head, "n_kv_head",
-         "GPT-2, with learned positions, has no grouped-query attention"),
-        (not gpt2 and mc.norm != "rmsnorm", "norm", "Llama, with RoPE, uses RMSNorm"),
-        (not gpt2 and mc.ffn != "swiglu", "ffn", "Llama, with RoPE, uses SwiGLU"),
-    ]
-    for key, why in ((key, why) for failed, key, why in refused if failed):
-        raise MinigptError(_MESSAGES["unsupported"].format(key=key, value=getattr(mc, key), why=why))
-    return "gpt2" if gpt2 else "llama"
+    """The target :func:`hf_target` picks for ``mc`` (``gpt2``, ``llama`` or ``gpt_neox``)."""
+    return hf_target(mc)
 
 
-def end_of_text(tok: Tokenizer) -> Optional[str]:
-    """The tokenizer's end-of-text special token (:data:`~minigpt_cli.config.special_tokens.END_OF_TEXT`), or None."""
-    return next((s for s in tok.special_tokens if s in END_OF_TEXT), None)
+def _gpt2_config(mc: ModelConfig) -> dict:
+    return {"n_layer": mc.n_layer, "n_head": mc.n_head, "n_embd": mc.n_embd, "n_positions": mc.block_size,
+            "n_ctx": mc.block_size, "n_inner": mc.ffn_hidden, "activation_function": _ACT[mc.ffn],
+            "resid_pdrop": mc.dropout, "embd_pdrop": mc.dropout, "attn_pdrop": mc.dropout,
+            "layer_norm_epsilon": mc.norm_eps, "scale_attn_weights": True}
 
 
-def hf_config(cfg: Config, tok: Tokenizer) -> dict:
-    """The ``config.json`` of ``cfg``'s model (:func:`hf_family`), with the end-of-text id when the
+def _llama_config(mc: ModelConfig) -> dict:
+    return {"num_hidden_layers": mc.n_layer, "num_attention_heads": mc.n_head, "num_key_value_heads": mc.kv_heads,
+            "hidden_size": mc.n_embd, "head_dim": mc.head_dim, "intermediate_size": mc.ffn_hidden,
+            "hidden_act": "silu", "max_position_embeddings": mc.block_size, "rms_norm_eps": mc.norm_eps,
+            "rope_theta": mc.rope_base, "attention_bias": mc.bias, "mlp_bias": mc.bias,
+            "attention_dropout": mc.dropout}
+
+
+def _neox_config(mc: ModelConfig) -> dict:
+    # rotary_pct / rotary_emb_base: the keys of transformers 4.x and llama.cpp's converter; 5.x reads them too.
+    return {"num_hidden_layers": mc.n_layer, "num_attention_heads": mc.n_head, "hidden_size": mc.n_embd,
+            "intermediate_size": mc.ffn_hidden, "hidden_act": _ACT[mc.ffn], "max_position_embeddings": mc.block_size,
+            "layer_norm_eps": mc.norm_eps, "rotary_pct": 1.0, "rotary_emb_base": mc.rope_base,
+            "use_parallel_residual": False, "attention_bias": mc.bias, "attention_dropout": mc.dropout,
+            "hidden_dropout": mc.dropout}
+
+
+_CONFIGS = {"gpt2": _gpt2_config, "llama": _llama_config, "gpt_neox": _neox_config}
+
+
+def hf_config(cfg: Config, tok: Tokenizer, target: str) -> dict:
+    """The ``config.json`` of ``cfg``'s model as ``target`` (:func:`hf_target`), with the end-of-text id when the
     tokenizer has one."""
     mc = cfg.model
     eos = end_of_text(tok)
     eos = tok.encode(eos)[0] if eos is not None else None
-    common = {"vocab_size": mc.vocab_size, "initializer_range": mc.init_std, "tie_word_embeddings": mc.tie_weights,
-              "bos_token_id": eos, "eos_token_id": eos, "torch_dtype": "float32"}
-    if hf_family(mc) == "gpt2":
-        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": mc.n_layer,
-                "n_head": mc.n_head, "n_embd": mc.n_embd, "n_positions": mc.block_size, "n_ctx": mc.block_size,
-                "n_inner": mc.ffn_hidden, "activation_function": _GPT2_ACT[mc.ffn], "resid_pdrop": mc.dropout,
-                "embd_pdrop": mc.dropout, "attn_pdrop": mc.dropout, "layer_norm_epsilon": mc.norm_eps,
-                "scale_attn_weights": True, **common}
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": mc.n_layer,
-            "num_attention_heads": mc.n_head, "num_key_value_heads": mc.kv_heads, "hidden_size": mc.n_embd,
-            "head_dim": mc.head_dim, "intermediate_size": mc.ffn_hidden, "hidden_act": "silu",
-            "max_position_embeddings": mc.block_size, "rms_norm_eps": mc.norm_eps, "rope_theta": mc.rope_base,
-            "attention_bias": mc.bias, "mlp_bias": mc.bias, "attention_dropout": mc.dropout, **common}
+    return {"architectures": [ARCHITECTURES[target][0]], "model_type": target, **_CONFIGS[target](mc),
+            "vocab_size": mc.vocab_size, "initializer_range": mc.init_std, "tie_word_embeddings": mc.tie_weights,
+            "bos_token_id": eos, "eos_token_id": eos, "torch_dtype": "float32"}
 
 
-def hf_state_dict(model: torch.nn.Module, mc: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our weights under transformers' names and layouts (:mod:`.load`'s mapping inverted): ``c_attn`` rows split
-    into q (n_embd), k and v (n_kv_head · head_dim each), ``c_fc`` into gate and up; a tied head left out."""
+def _zero_biases(sd: dict[str, torch.Tensor], but: tuple[str, ...] = ()) -> None:
+    """Add a zero bias for each weight of the layers and the final norm (``bias: false`` has none), but in modules
+    whose name holds one of ``but``: the target always has them (LayerNorm shifts included)."""
+    sd.update({name.removesuffix("weight") + "bias": torch.zeros(t.shape[0]) for name, t in list(sd.items())
+               if name.startswith(("h.", "ln_f.")) and not any(part in name for part in but)})
+
+
+def hf_state_dict(model: torch.nn.Module, mc: ModelConfig, target: Optional[str] = None) -> dict[str, torch.Tensor]:
+    """Our weights under ``target``'s names and layouts (default :func:`hf_target`'s; :mod:`.load`'s mapping
+    inverted): GPT-2's Conv1D transposed, Llama's ``c_attn`` rows split into q (n_embd), k and v (n_kv_head ·
+    head_dim each) and ``c_fc`` into gate and up, GPT-NeoX's q, k, v interleaved per head; a tied head left out."""
+    target = target or hf_target(mc)
     sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
     if mc.tie_weights:
         sd.pop("lm_head.weight", None)
-    out: dict[str, torch.Tensor] = {}
-    if hf_family(mc) == "gpt2":
+    if target == "gpt2":
         if not mc.bias:  # GPT-2 always adds biases (and LayerNorm shifts): ours are zero, one per output
-            sd.update({name.removesuffix("weight") + "bias": torch.zeros(t.shape[0]) for name, t in sd.items()
-                       if name.startswith(("h.", "ln_f."))})
-        for name, t in sd.items():
-            if _GPT2_CONV1D.fullmatch(name):
-                t = t.t().contiguous()
-            out[name if name == "lm_head.weight" else f"transformer.{name}"] = t
-        return out
+            _zero_biases(sd)
+        return {name if name == "lm_head.weight" else f"transformer.{name}": t.t().contiguous()
+                if _GPT2_CONV1D.fullmatch(name) else t for name, t in sd.items()}
+    if target == "gpt_neox":
+        if not mc.bias:  # its MLP and LayerNorms always have biases; attention_bias: false drops the attention's
+            _zero_biases(sd, but=(".attn.",))
+        names = neox_names(mc)
+        return {names[name]: neox_qkv(t, mc.n_head, to_neox=True) if ".attn.c_attn." in name else t
+                for name, t in sd.items()}
     split = {1: lambda t: (t,), 2: lambda t: torch.chunk(t, 2),  # by the names stacked: [gate; up], [q; k; v]
              3: lambda t: torch.split(t, [mc.n_embd, mc.kv_heads * mc.head_dim, mc.kv_heads * mc.head_dim])}
     names = llama_names(mc)
-    assert set(sd) <= set(names), set(sd) - set(names)  # hf_family admitted only these layers
+    assert set(sd) <= set(names), set(sd) - set(names)  # hf_target admitted only these layers
+    out: dict[str, torch.Tensor] = {}
     for ours, t in sd.items():
         for name, piece in zip(names[ours], split[len(names[ours])](t)):
             out[name if name == "lm_head.weight" else f"model.{name}"] = piece.contiguous()
@@ -181,9 +256,12 @@ def tokenizer_files(tok: Tokenizer, run_dir: Path, cfg: Config) -> dict[str, str
 
 
 def generation_config(cfg: Config, eos: Optional[int]) -> dict:
-    """``generation_config.json`` from the run's ``sample`` section (Hugging Face's names already)."""
+    """``generation_config.json`` from the run's ``sample`` section (Hugging Face's names already), with
+    ``max_length`` block_size in place of ``max_new_tokens``: prompt and new tokens together stay within the
+    position table (GPT-2's raises IndexError past it) and the context the model was trained on (RoPE's has no
+    end to stop at). transformers' ``GenerationConfig``: ``max_new_tokens`` overrides ``max_length``."""
     sc = cfg.sample
-    out = {"do_sample": sc.temperature > 0, "max_new_tokens": sc.max_new_tokens}
+    out = {"do_sample": sc.temperature > 0, "max_length": cfg.model.block_size}
     if sc.temperature > 0:
         out.update(temperature=sc.temperature, top_k=sc.top_k or 0, top_p=sc.top_p if sc.top_p is not None else 1.0)
     if eos is not None:
@@ -233,17 +311,30 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # what a failed write left; after the rename there is nothing
 
 
-def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", checkpoint: str = runs.BEST,
-               force: bool = False, echo: Callable[[str], None] = lambda message: None) -> Path:
-    """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`); a
-    :class:`MinigptError` for each refusal of :data:`_MESSAGES`, :func:`hf_family`'s, and a failed write."""
+def _source_positions(mc: ModelConfig) -> Optional[int | str]:
+    """The rows of the position table a fine-tuned run (``model.init_from``) cut to ``block_size``: the folder's
+    ``n_positions`` when longer, a phrase when the folder is gone; None when nothing was cut."""
+    if mc.init_from is None or mc.pos_encoding != "learned":
+        return None
+    if not (Path(mc.init_from) / "config.json").is_file():
+        return "table (of a length unknown now: the folder is gone)"
+    n = read_hf_config(mc.init_from)[1].block_size
+    return n if n > mc.block_size else None
+
+
+def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", arch: Optional[str] = None,
+               checkpoint: str = runs.BEST, force: bool = False,
+               echo: Callable[[str], None] = lambda message: None) -> Path:
+    """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`), as
+    ``arch`` (a key of :data:`TARGETS`; None: the one that expresses the run); a :class:`MinigptError` for each
+    refusal of :data:`_MESSAGES`, :func:`hf_target`'s, and a failed write."""
     from safetensors.torch import save
 
     out = Path(output)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
-    target = out.resolve()
+    where = out.resolve()
     around = (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve()))
-    holds = next((what for what, inside in around if inside == target or target in inside.parents), None)
+    holds = next((what for what, inside in around if inside == where or where in inside.parents), None)
     foreign = _foreign(out) if out.is_dir() else []
     refuse([(fmt != "hf", "format"),
             (holds, "holds"),  # before "not empty": no --force replaces these, so none may be suggested
@@ -253,12 +344,12 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
             (force and out.is_dir() and any(out.iterdir()) and not _is_export(out), "not_ours")], _MESSAGES, fmt=fmt, out=out, what=holds, names=", ".join(foreign[:3]))
     loaded = load_run(run_dir, checkpoint)  # generate's checks: checksums, finite weights, the run's own tokenizer
     model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer
-    hf_family(cfg.model)  # refused before anything is written
-    config = hf_config(cfg, tok)
+    target = hf_target(cfg.model, arch)  # refused before anything is written
+    config = hf_config(cfg, tok, target)
     texts = {"config.json": json.dumps({**config, EXPORT_MARK: 1}, indent=2) + "\n",
              **tokenizer_files(tok, run_dir, cfg),
              "generation_config.json": json.dumps(generation_config(cfg, config["eos_token_id"]), indent=2) + "\n"}
-    files = {"model.safetensors": save(hf_state_dict(model, cfg.model), metadata={"format": "pt"}),
+    files = {"model.safetensors": save(hf_state_dict(model, cfg.model, target), metadata={"format": "pt"}),
              **{name: text.encode("utf-8") for name, text in texts.items()}}
     try:
         _write_folder(out, files)
@@ -266,5 +357,9 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
         raise MinigptError(os_error_message(exc, out, "write")) from None
     if isinstance(tok, CharTokenizer) and char_unk_token(tok, cfg.model.vocab_size) is None:
         echo(_MESSAGES["char_drops"].format(n=len(tok.chars), size=tok.vocab_size))
-    echo(f"exported {run_dir} ({ckpt.name}) as a transformers {config['architectures'][0]} to {out}")
+    source = _source_positions(cfg.model)
+    if source is not None:
+        echo(_MESSAGES["cut"].format(block=cfg.model.block_size, folder=cfg.model.init_from, source=source))
+    echo(_MESSAGES["summary"].format(run=run_dir, ckpt=ckpt.name, arch=ARCHITECTURES[target][0], out=out,
+                                     block=cfg.model.block_size, new=cfg.sample.max_new_tokens))
     return out

@@ -1,10 +1,13 @@
-"""Import a local Hugging Face GPT-2 or Llama folder (``save_pretrained``: config.json and safetensors) into our GPT.
+"""Import a local Hugging Face GPT-2, Llama or GPT-NeoX folder (``save_pretrained``: config.json and safetensors).
 
 Each family has ``*_config_from_hf(config.json) -> ModelConfig`` and ``load_*_state_dict(tensors, cfg)``.
 GPT-2's names are ours; its Conv1D weights are (in, out), so ``c_attn``, ``attn.c_proj``, ``c_fc`` and
 ``mlp.c_proj`` are transposed, and old checkpoints' causal-mask buffers dropped. Llama: q, k, v stack into
 ``attn.c_attn`` and gate, up into ``mlp.c_fc``; its rotate-half RoPE is :func:`~minigpt_cli.model.gpt.apply_rope`'s,
-so no rows are permuted (Meta's own ``consolidated.*.pth`` files, in the other pairing, are not read).
+so no rows are permuted (Meta's own ``consolidated.*.pth`` files, in the other pairing, are not read). GPT-NeoX
+(``use_parallel_residual: false``, rotary over the whole head, ``rotary_pct: 1``) rotates halves as we do too; its
+fused ``query_key_value`` holds q, k, v per head (:func:`neox_qkv`). The name tables (:func:`llama_names`,
+:func:`neox_names`) are the ones :mod:`.export` reads the other way.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: count-params read
 
     from ..model.gpt import GPT
 
-_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+#: transformers' ``ACT2FN`` names of our two-layer MLP activations (GPT-2's ``activation_function``, GPT-NeoX's
+#: ``hidden_act``).
+_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 _GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
 #: What an import refuses; the first four render pydantic's error types (:func:`_parse`).
@@ -42,6 +47,10 @@ _MESSAGES = {
     "head_dim": "config.json head_dim ({head_dim}) differs from hidden_size/num_attention_heads ({hidden_size}/"
                 "{heads}); our attention needs head_dim = n_embd/n_head",
     "bias": "config.json attention_bias={attention} but mlp_bias={mlp}; model.bias covers both, so they must agree",
+    "partial": "config.json rotates {pct} of each head (rotary_pct / partial_rotary_factor); our RoPE rotates all "
+               "of it (1.0)",
+    "neox_bias": "config.json attention_bias=false, but {name} is not zero; model.bias covers every bias, so the "
+                 "file's MLP and LayerNorm biases must then be zeros",
     "surplus": "{family} weights hold tensors this config has no place for: {surplus}; config.json and the weights "
                "disagree",
     "lacks": "{family} weights lack {lacks}; the file is incomplete or not of this architecture",
@@ -57,7 +66,7 @@ class _Json(BaseModel):
 
 
 class _Kind(_Json):
-    model_type: Literal["gpt2", "llama"]
+    model_type: Literal["gpt2", "llama", "gpt_neox"]
 
 
 class _Index(_Json):
@@ -75,7 +84,7 @@ class GPT2Json(_Json):
     vocab_size: int
     n_positions: Optional[int] = None  # null falls back to n_ctx (0 does not: the schema refuses it as a size)
     n_ctx: Optional[int] = None
-    activation_function: Literal[tuple(_GPT2_ACTIVATIONS)] = "gelu_new"
+    activation_function: Literal[tuple(_ACTIVATIONS)] = "gelu_new"
     scale_attn_weights: Literal[True] = True
     scale_attn_by_inverse_layer_idx: Literal[False] = False
     add_cross_attention: Literal[False] = False
@@ -91,6 +100,7 @@ class _Rope(_Json):
     rope_type: Literal["default"] = "default"
     type: Literal["default"] = "default"  # the 4.x spelling of rope_type
     rope_theta: float = Field(10000.0, gt=0, allow_inf_nan=False)
+    partial_rotary_factor: float = 1.0  # GPT-NeoX's (its 4.x rotary_pct)
 
 
 class LlamaJson(_Json):
@@ -116,6 +126,27 @@ class LlamaJson(_Json):
     rope_scaling: Optional[_Rope] = None
 
 
+class NeoXJson(_Json):
+    """The keys of a ``GPTNeoXConfig``'s config.json that we read: a sequential residual only (by type)."""
+
+    family: ClassVar[str] = "GPT-NeoX config"
+    num_hidden_layers: int
+    num_attention_heads: int
+    hidden_size: int
+    vocab_size: int
+    intermediate_size: int
+    max_position_embeddings: Optional[int] = None  # null: 2048, GPTNeoXConfig's default
+    hidden_act: Literal[tuple(_ACTIVATIONS)] = "gelu"
+    use_parallel_residual: Literal[False] = Field(True, validate_default=True)  # transformers' default: parallel
+    rotary_pct: float = 0.25  # 4.x; 5.x writes rope_parameters.partial_rotary_factor
+    rotary_emb_base: float = Field(10000.0, gt=0, allow_inf_nan=False)
+    rope_parameters: Optional[_Rope] = None
+    attention_bias: bool = True
+    hidden_dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+
+
 def _parse(schema: type[_Json], data: str | Mapping[str, Any], source: str = "config.json") -> Any:
     """``data`` (JSON text, or parsed) read through ``schema``; its first problem is one line naming the key."""
     try:
@@ -132,7 +163,9 @@ def _parse(schema: type[_Json], data: str | Mapping[str, Any], source: str = "co
 #: Our model keys that every imported model of a family has.
 _FIXED = {"gpt2": dict(bias=True, pos_encoding="learned", norm="layernorm", norm_position="pre", emb_scale=False,
                        n_kv_head=None),
-          "llama": dict(pos_encoding="rope", norm="rmsnorm", norm_position="pre", ffn="swiglu", emb_scale=False)}
+          "llama": dict(pos_encoding="rope", norm="rmsnorm", norm_position="pre", ffn="swiglu", emb_scale=False),
+          "gpt_neox": dict(pos_encoding="rope", norm="layernorm", norm_position="pre", emb_scale=False,
+                           n_kv_head=None)}
 
 
 def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
@@ -146,7 +179,7 @@ def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
     return validate({"model": dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size,
                                    block_size=block_size if block_size is not None else n_positions,
                                    dropout=c.resid_pdrop, norm_eps=c.layer_norm_epsilon, d_ff=c.n_inner,
-                                   ffn=_GPT2_ACTIVATIONS[c.activation_function], tie_weights=c.tie_word_embeddings,
+                                   ffn=_ACTIVATIONS[c.activation_function], tie_weights=c.tie_word_embeddings,
                                    **_FIXED["gpt2"])}, "config.json (gpt2)").model
 
 
@@ -167,6 +200,24 @@ def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = Non
                                    tie_weights=c.tie_word_embeddings,
                                    n_kv_head=c.num_key_value_heads or c.num_attention_heads,
                                    **_FIXED["llama"])}, "config.json (llama)").model
+
+
+def neox_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
+    """Our :class:`ModelConfig` for a ``GPTNeoXConfig`` dict; ``block_size`` defaults to ``max_position_embeddings``.
+    A :class:`MinigptError` names a key or option we lack (:class:`NeoXJson`; a rotary part under 1)."""
+    c = _parse(NeoXJson, cfg)
+    rope = c.rope_parameters
+    given = rope.model_fields_set if rope is not None else set()
+    pct = rope.partial_rotary_factor if "partial_rotary_factor" in given else c.rotary_pct
+    refuse([(pct != 1, "partial")], _MESSAGES, pct=pct)
+    positions = 2048 if c.max_position_embeddings is None else c.max_position_embeddings
+    return validate({"model": dict(n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,
+                                   block_size=block_size if block_size is not None else positions,
+                                   vocab_size=c.vocab_size, dropout=c.hidden_dropout, bias=c.attention_bias,
+                                   rope_base=rope.rope_theta if "rope_theta" in given else c.rotary_emb_base,
+                                   norm_eps=c.layer_norm_eps, d_ff=c.intermediate_size, ffn=_ACTIVATIONS[c.hidden_act],
+                                   tie_weights=c.tie_word_embeddings, **_FIXED["gpt_neox"])},
+                    "config.json (gpt_neox)").model
 
 
 def _expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -260,9 +311,56 @@ def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
     return _check(out, model_cfg, list(theirs), "Llama")
 
 
+#: Ours -> GPT-NeoX's module names within a layer (``gpt_neox.layers.{i}.``), each with a weight and a bias.
+_NEOX_LAYER = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm",
+               "attn.c_attn": "attention.query_key_value", "attn.c_proj": "attention.dense",
+               "mlp.c_fc": "mlp.dense_h_to_4h", "mlp.c_proj": "mlp.dense_4h_to_h"}
+
+
+def neox_names(mc: ModelConfig) -> dict[str, str]:
+    """The one GPT-NeoX name table, both ways: our tensor name -> transformers' in a saved folder (``embed_out``,
+    which transformers 5 renames ``lm_head`` on loading and back on saving), biases included."""
+    names = {"wte.weight": "gpt_neox.embed_in.weight", "lm_head.weight": "embed_out.weight",
+             **{f"ln_f.{kind}": f"gpt_neox.final_layer_norm.{kind}" for kind in ("weight", "bias")}}
+    for i in range(mc.n_layer):
+        names.update({f"h.{i}.{ours}.{kind}": f"gpt_neox.layers.{i}.{theirs}.{kind}"
+                      for ours, theirs in _NEOX_LAYER.items() for kind in ("weight", "bias")})
+    return names
+
+
+def neox_qkv(t: torch.Tensor, n_head: int, to_neox: bool) -> torch.Tensor:
+    """``c_attn``'s rows (3·n_embd, ...) as ``[q; k; v]``, heads in each, to GPT-NeoX's ``query_key_value``,
+    ``[q_h; k_h; v_h]`` for each head h (its ``view(..., n_head, 3 * head_size)``), or back (``to_neox`` False)."""
+    stacked = (3, n_head, -1) if to_neox else (n_head, 3, -1)
+    return t.reshape(*stacked, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
+
+
+def load_neox_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A ``GPTNeoXForCausalLM`` state dict under our names and layouts (module docstring), checked by :func:`_check`;
+    with ``model.bias`` false (``attention_bias: false``) its MLP and LayerNorm biases must be zeros, and are
+    dropped."""
+    theirs = {("embed_out.weight" if k == "lm_head.weight" else k): t for k, t in sd.items()
+              if not k.endswith(("rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias"))}
+    names = neox_names(model_cfg)
+    if model_cfg.tie_weights:
+        theirs.pop(names["lm_head.weight"], None)  # the head is the embedding
+    if not model_cfg.bias:  # GPT-NeoX's MLP and LayerNorms always have biases: zeros stand for our none
+        zeros = [n for ours, n in names.items() if ours.endswith(".bias") and ".attn." not in ours and n in theirs]
+        nonzero = next((name for name in zeros if theirs[name].any()), None)
+        refuse([(nonzero, "neox_bias")], _MESSAGES, name=nonzero)
+        for name in zeros:
+            del theirs[name]
+    out = {}
+    for ours in [n for n in _expected_shapes(model_cfg) if names[n] in theirs]:  # what lacks, _check names
+        t = theirs.pop(names[ours])
+        out[ours] = neox_qkv(t, model_cfg.n_head, to_neox=False) if ".attn.c_attn." in ours else t
+    return _check(out, model_cfg, list(theirs), "GPT-NeoX")
+
+
 _FAMILIES = {
     "gpt2": (gpt2_config_from_hf, load_gpt2_state_dict),
     "llama": (llama_config_from_hf, load_llama_state_dict),
+    "gpt_neox": (neox_config_from_hf, load_neox_state_dict),
 }
 
 
@@ -294,7 +392,7 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[str, ModelConfig]:
-    """The ``model_type`` (gpt2 or llama) of a ``save_pretrained`` folder and our :class:`ModelConfig` for it;
+    """The ``model_type`` (gpt2, llama or gpt_neox) of a ``save_pretrained`` folder and our :class:`ModelConfig` for it;
     a :class:`MinigptError` for no folder or config.json, a config.json its schema refuses."""
     folder = Path(path)
     cfg_path = folder / "config.json"
@@ -306,8 +404,8 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
 
 
 def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
-    """Our GPT (float32, CPU, eval mode) from a local GPT-2 or Llama ``save_pretrained`` folder; ``block_size``
-    as the ``*_config_from_hf`` take it. Refused as :func:`read_hf_config` and :func:`_check` refuse."""
+    """Our GPT (float32, CPU, eval mode) from a local GPT-2, Llama or GPT-NeoX ``save_pretrained`` folder;
+    ``block_size`` as the ``*_config_from_hf`` take it. Refused as :func:`read_hf_config` and :func:`_check` refuse."""
     import torch
 
     from ..model.gpt import GPT

@@ -1,9 +1,10 @@
 """The ``generate`` command as a function: open a run, encode the prompt, sample, stream the text.
 
 The sampling (temperature, top-k, top-p, the KV cache, the sliding window) is :mod:`.sampling`'s; this module
-adds the prompt, the printing and the stop strings. Streaming decodes incrementally (:class:`TextStream`) and
-searches for stop strings only near the newest text, so the text work per token stays constant however long
-the sample grows (``minigpt bench --stream-tokens N`` measures it).
+adds the prompt, the printing, the stop strings and the stop at the end-of-text token (transformers' ``generate``
+stops at ``eos_token_id`` the same way; each sample of a batch on its own). Streaming decodes incrementally
+(:class:`TextStream`) and searches for stop strings only near the newest text, so the text work per token stays
+constant however long the sample grows (``minigpt bench --stream-tokens N`` measures it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TextIO
 import torch
 
 from ..config.notes import notes
+from ..config.special_tokens import END_OF_TEXT
 from ..config.schema import Config, SampleConfig, validate
 from ..run import folder as runs
 from ..runtime.device import CpuThreads, resolve_device
@@ -44,6 +46,12 @@ _MESSAGES = {
                   "so the text is random; train the run further, or pass --run of a trained one"),
     "cropped": "note: the prompt has {n} tokens; the model sees only the last {block} (block_size)",
 }
+
+
+def end_of_text(tok: Tokenizer) -> Optional[str]:
+    """The tokenizer's end-of-text special token (one of :data:`~minigpt_cli.config.special_tokens.END_OF_TEXT`),
+    or None."""
+    return next((s for s in tok.special_tokens if s in END_OF_TEXT), None)
 
 
 def find_stop(text: str, stops: Sequence[str]) -> int:
@@ -166,6 +174,7 @@ def generate(
     compile: Optional[bool] = None,
     dtype: str = "float32",
     stop: Sequence[str] = (),
+    ignore_eos: bool = False,
     out: Optional[TextIO] = None,
     echo: Callable[[str], None] = lambda message: None,
 ) -> list[str]:
@@ -174,7 +183,8 @@ def generate(
     ``sample`` is a whole :class:`SampleConfig` or a mapping of some of its keys over the run's own ``sample``
     section (None: that section). Sample i draws from a generator seeded ``seed + i``; ``num_samples`` are
     decoded as one batch (at most :data:`MAX_BATCH` at once). Each is written to ``out`` as the prompt, the new
-    text (cut before the first of ``stop``, none empty) and a newline, token by token when ``stream``.
+    text (cut before the first of ``stop``, none empty) and a newline, token by token when ``stream``. A sample
+    ends at the tokenizer's end-of-text token (:func:`end_of_text`), not written, unless ``ignore_eos``.
     ``compile`` None: on for CUDA. ``dtype``: a key of :data:`DTYPES`; ``seed``: 0 .. 2**63-1 (the CLI's options
     check both). Notes go to ``echo``. The README (Commands, Faster sampling) is the manual.
 
@@ -223,6 +233,8 @@ def generate(
     if compile and not use_cache:
         echo(_MESSAGES["compile_no_cache"])
     out = out if out is not None else Nowhere()
+    eos = end_of_text(tok) if not ignore_eos else None
+    eos = tok.encode(eos)[0] if eos is not None else None
     texts = []
     for first in range(0, num_samples, MAX_BATCH):
         rows = min(MAX_BATCH, num_samples - first)
@@ -239,7 +251,7 @@ def generate(
                                  vocab_limit=tok.vocab_size, window_stride=window_stride, decoder=decoder):
             threads.poll()
             for i, token in enumerate(t.tolist()):
-                if i in live and writers[i].push(token):
+                if i in live and (token == eos or writers[i].push(token)):
                     live.discard(i)
             if not live:
                 break
