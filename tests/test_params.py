@@ -330,7 +330,7 @@ def test_every_shipped_yaml_counts(path):
 def meta_model_counts(cfg: ModelConfig) -> dict[str, int]:
     """Our GPT built on the meta device, counted by parameter name (tied weights once).
 
-    ``non_embedding``: all but wte, wpe and lm_head (Kaplan et al. 2020's N);
+    ``non_embedding``: all but wte, wpe, lm_head and the value embeddings (Kaplan et al. 2020's N);
     ``total_without_positions``: all but wpe (nanoGPT's ``get_num_params()``).
     """
     import torch
@@ -342,7 +342,8 @@ def meta_model_counts(cfg: ModelConfig) -> dict[str, int]:
     sizes = {name: p.numel() for name, p in model.named_parameters()}
     return {
         "total": sum(sizes.values()),
-        "non_embedding": sum(n for name, n in sizes.items() if name.split(".")[0] not in ("wte", "wpe", "lm_head")),
+        "non_embedding": sum(n for name, n in sizes.items()
+                             if name.split(".")[0] not in ("wte", "wpe", "lm_head", "value_embeds")),
         "total_without_positions": sum(n for name, n in sizes.items() if not name.startswith("wpe.")),
     }
 
@@ -374,6 +375,18 @@ def _variants() -> list[tuple[str, ModelConfig]]:
         "emb_scale": {"emb_scale": True},
         "llama-like": {"norm": "rmsnorm", "ffn": "swiglu", "pos_encoding": "rope", "bias": False,
                        "tie_weights": False, "n_kv_head": 2},
+        "qk_norm": {"qk_norm": True, "pos_encoding": "rope"},
+        "qk_norm-post-layernorm-bias": {"qk_norm": True, "norm_position": "post", "bias": True},
+        "relu2": {"ffn": "relu2"},
+        "logit_softcap": {"logit_softcap": 15.0},
+        "zero_init_proj": {"zero_init_proj": True},
+        "value_embeddings": {"value_embeddings": True},
+        "value_embeddings-3-layers-gqa-untied": {"value_embeddings": True, "n_layer": 3, "n_kv_head": 2,
+                                                 "tie_weights": False},
+        "value_embeddings-narrow": {"value_embeddings": True, "n_embd": 8, "n_head": 2},
+        "all-switches-llama-like": {"qk_norm": True, "ffn": "relu2", "logit_softcap": 30.0, "zero_init_proj": True,
+                                    "value_embeddings": True, "norm": "rmsnorm", "pos_encoding": "rope",
+                                    "bias": False, "n_kv_head": 1, "n_layer": 5},
     }
     return [(k, variant(base, **v)) for k, v in cases.items()]
 

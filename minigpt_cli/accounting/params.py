@@ -3,11 +3,14 @@
 The architecture counted is the one GPT builds: ``wte`` V·d, a learned ``wpe`` block_size·d (other position
 encodings hold no parameters); per layer W_Q and W_O d·d, W_K and W_V d·(n_kv_head·head_dim) (grouped-query
 attention, Ainslie et al. 2023), W_1 d·d_ff and W_2 d_ff·d plus SwiGLU's gate W_3 d·d_ff (Shazeer 2020), biases iff
-``bias``, two norms of d (plus a bias of d for LayerNorm with ``bias``); a final norm for Pre-LN only; ``lm_head``
-V·d, 0 when tied.
+``bias``, two norms of d (plus a bias of d for LayerNorm with ``bias``), with ``qk_norm`` two gains of head_dim
+(Qwen3's q_norm/k_norm); a final norm for Pre-LN only; ``lm_head`` V·d, 0 when tied; with ``value_embeddings`` a
+table V·(n_kv_head·head_dim) and a gate value_gate_channels·n_kv_head in each of ``value_embedding_layers``
+(nanochat).
 
 Conventions (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1 and Table 1): ``embedding``
-is every vocabulary or position matrix (``wte``, ``wpe``, an untied ``lm_head``); ``non_embedding`` = total −
+is every vocabulary or position matrix (``wte``, ``wpe``, an untied ``lm_head``, the value embeddings);
+``non_embedding`` = total −
 embedding is Kaplan's N, exact (GPT-2 small: 124,439,808 − 39,383,808 = 85,056,000), unchanged by tying the head
 (as Qwen2 reports it). nanoGPT's printed count (``get_num_params``) subtracts only ``wpe``. Forward FLOPs per
 token C_forward = 2N + 2·L·T·d_attn, the de-embedding matmul 2·V·d reported beside it; training is 3× forward.
@@ -42,7 +45,9 @@ def linear_flops(n_in: int, n_out: int) -> tuple[int, int]:
 @dataclass(frozen=True)
 class LayerCount:
     """Parameters of one Transformer block, by component, each projection with its bias (``attn_bias`` and
-    ``ffn_bias`` say how much is bias); ``ffn_w3`` is SwiGLU's third matrix (0 otherwise)."""
+    ``ffn_bias`` say how much is bias); ``ffn_w3`` is SwiGLU's third matrix (0 otherwise); ``qk_norm`` the
+    query and key gains (0 without ``qk_norm``), one of the ``norms``. A value-embedding gate, in every other
+    layer only, is counted in :class:`ParamCount`."""
 
     attn_q: int
     attn_k: int
@@ -55,6 +60,7 @@ class LayerCount:
     ffn_bias: int
     norm_1: int
     norm_2: int
+    qk_norm: int
 
     @property
     def attention(self) -> int:
@@ -66,7 +72,7 @@ class LayerCount:
 
     @property
     def norms(self) -> int:
-        return self.norm_1 + self.norm_2
+        return self.norm_1 + self.norm_2 + self.qk_norm
 
     @property
     def matrices(self) -> int:
@@ -80,13 +86,14 @@ class LayerCount:
     def to_dict(self) -> dict[str, int]:
         """The report's ``per_layer``, in its order (``attention_bias`` is ``attn_bias``)."""
         names = ("attn_q", "attn_k", "attn_v", "attn_o", "attention", "attention_bias", "ffn_w1", "ffn_w3", "ffn_w2",
-                 "ffn", "ffn_bias", "norms", "total")
+                 "ffn", "ffn_bias", "qk_norm", "norms", "total")
         return {name: getattr(self, "attn_bias" if name == "attention_bias" else name) for name in names}
 
 
 @dataclass(frozen=True)
 class ParamCount:
-    """Exact parameter count of a model config, by component (tied weights once)."""
+    """Exact parameter count of a model config, by component (tied weights once); ``value_embedding`` and
+    ``value_gate``: all value-embedding tables and all their gates (0 without ``value_embeddings``)."""
 
     vocab_size: int
     n_layer: int
@@ -97,20 +104,23 @@ class ParamCount:
     final_norm: int
     lm_head: int
     tied: bool
+    value_embedding: int
+    value_gate: int
 
     @property
     def layers(self) -> int:
-        """All n_layer blocks together."""
-        return self.n_layer * self.layer.total
+        """All n_layer blocks together, value-embedding gates included."""
+        return self.n_layer * self.layer.total + self.value_gate
 
     @property
     def total(self) -> int:
-        return self.token_embedding + self.position_embedding + self.layers + self.final_norm + self.lm_head
+        return (self.token_embedding + self.position_embedding + self.value_embedding + self.layers + self.final_norm
+                + self.lm_head)
 
     @property
     def embedding(self) -> int:
-        """Vocabulary and position matrices: wte + wpe + an untied lm_head."""
-        return self.token_embedding + self.position_embedding + self.lm_head
+        """Vocabulary and position matrices: wte + wpe + the value embeddings + an untied lm_head."""
+        return self.token_embedding + self.position_embedding + self.value_embedding + self.lm_head
 
     @property
     def non_embedding(self) -> int:
@@ -120,8 +130,8 @@ class ParamCount:
     @property
     def non_embedding_matrices(self) -> int:
         """The blocks' weight matrices only, exactly (no biases, no norms): 12·L·d² for GPT-2,
-        L·(4d² + 3·d·d_ff) for Llama-2-7B (full attention, SwiGLU)."""
-        return self.n_layer * self.layer.matrices
+        L·(4d² + 3·d·d_ff) for Llama-2-7B (full attention, SwiGLU); value-embedding gates included."""
+        return self.n_layer * self.layer.matrices + self.value_gate
 
     @property
     def kaplan_approximation(self) -> int:
@@ -166,7 +176,9 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
         ffn_bias=b * ((2 if swiglu else 1) * d_ff + d),  # SwiGLU's gate and up projections both carry one
         norm_1=norm,
         norm_2=norm,
+        qk_norm=2 * model_cfg.head_dim if model_cfg.qk_norm else 0,  # RMSNorm gains only, whatever model.norm
     )
+    n_ve = len(model_cfg.value_embedding_layers)
     return ParamCount(
         vocab_size=V,
         n_layer=model_cfg.n_layer,
@@ -177,6 +189,8 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
         final_norm=norm if model_cfg.norm_position == "pre" else 0,  # Post-LN ends on a block's own norm
         lm_head=0 if model_cfg.tie_weights else V * d,  # tied: wte's matrix, counted once
         tied=model_cfg.tie_weights,
+        value_embedding=n_ve * V * kv,
+        value_gate=n_ve * model_cfg.value_gate_channels * model_cfg.kv_heads,
     )
 
 
@@ -267,6 +281,8 @@ def report(
         "embedding": pc.embedding,
         "token_embedding": pc.token_embedding,
         "position_embedding": pc.position_embedding,
+        "value_embedding": pc.value_embedding,
+        "value_gate": pc.value_gate,
         "per_layer": layer.to_dict(),
         "n_layer": pc.n_layer,
         "layers": pc.layers,
@@ -305,6 +321,10 @@ def report(
             "ffn": model_cfg.ffn,
             "bias": model_cfg.bias,
             "tie_weights": model_cfg.tie_weights,
+            "qk_norm": model_cfg.qk_norm,
+            "logit_softcap": model_cfg.logit_softcap,
+            "zero_init_proj": model_cfg.zero_init_proj,
+            "value_embeddings": model_cfg.value_embeddings,
         },
     }
     if tokens is not None:

@@ -53,6 +53,8 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
 
     kv = f", {m['n_kv_head']} KV heads" if m["n_kv_head"] != m["n_head"] else ""
     pos_note = "" if m["pos_encoding"] == "learned" else f"({m['pos_encoding']}: no parameters)"
+    switches = [name for name in ("qk_norm", "zero_init_proj", "value_embeddings") if m[name]]
+    switches += [f"logit_softcap {m['logit_softcap']:g}"] if m["logit_softcap"] is not None else []
     if overrides:
         title = f"{title} (with overrides: {', '.join(overrides)})"
     lines = [
@@ -60,12 +62,15 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
         f"V={m['vocab_size']:,}  d={m['n_embd']:,}  L={L}  heads={m['n_head']}{kv}  "
         f"d_ff={m['d_ff']:,}  block={m['block_size']:,}",
         f"{m['norm']} ({m['norm_position']}-norm), {m['ffn']}, {m['pos_encoding']} positions, "
-        f"bias {'on' if m['bias'] else 'off'}, {'tied' if m['tie_weights'] else 'untied'} lm_head",
+        f"bias {'on' if m['bias'] else 'off'}, {'tied' if m['tie_weights'] else 'untied'} lm_head"
+        + "".join(f", {name}" for name in switches),
         "",
         f"{'parameters':<{w}}{'count':>28}  {'':>11}  share",
         row("token embedding (wte, V·d)", rep["token_embedding"]),
         row("position embedding (wpe, block·d)", rep["position_embedding"], pos_note),
-        row(f"{L} layers × {pl['total']:,}", rep["layers"]),
+        *([row("value embeddings (V·n_kv_head·head_dim per table)", rep["value_embedding"])]
+          if rep["value_embedding"] else []),
+        row(f"{L} layers × {pl['total']:,}" + (" + value gates" if rep["value_gate"] else ""), rep["layers"]),
         lrow("  attention (Q, K, V, O)", pl["attention"]),  # then one row per projection
         *(lrow(f"    {name}", pl[f"attn_{name.lower()}"]) for name in "QKVO"),
         lrow("    of which biases", pl["attention_bias"]),
@@ -78,12 +83,12 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
     lines += [
         lrow("    W2 (down)", pl["ffn_w2"]),
         lrow("    of which biases", pl["ffn_bias"]),
-        lrow("  2 norms", pl["norms"]),
+        lrow("  2 norms" + (" + q/k norms" if pl["qk_norm"] else ""), pl["norms"]),
         row("final norm", rep["final_norm"], "" if m["norm_position"] == "pre" else "(post-norm: none)"),
         row("lm_head (V·d)", rep["lm_head"], "(tied to wte)" if rep["tied"] else ""),
         row("total", total),
         row("total without position table (nanoGPT's count)", rep["total_without_positions"]),
-        row("embedding (wte + wpe + untied lm_head)", rep["embedding"]),
+        row("embedding (wte + wpe + value embeddings + untied lm_head)", rep["embedding"]),
         row("non-embedding N (Kaplan et al. 2020)", rep["non_embedding"]),
         row("  weight matrices only (exact)", rep["non_embedding_matrices"]),
         row("  Kaplan's approximation 12·L·d²", rep["kaplan_approximation"]),

@@ -76,8 +76,9 @@ class ModelConfig(_Strict):
     norm_position: Literal["pre", "post"] = Field(
         "pre", description="pre: norm before each sub-layer, plus a final norm (GPT-2); post: after each residual "
                            "add, no final norm (Vaswani et al. 2017)")
-    ffn: Literal["relu", "gelu", "gelu_tanh", "swiglu"] = Field(
-        "gelu", description="feed-forward activation: ReLU, exact GELU, GPT-2's tanh GELU, or SwiGLU (Shazeer 2020)")
+    ffn: Literal["relu", "gelu", "gelu_tanh", "swiglu", "relu2"] = Field(
+        "gelu", description="feed-forward activation: ReLU, exact GELU, GPT-2's tanh GELU, SwiGLU (Shazeer 2020) or "
+                            "relu2: relu(x)² (So et al. 2021, Primer)")
     d_ff: Optional[int] = Field(None, ge=1, le=MAX_WIDTH, description="feed-forward hidden width; null: 4·n_embd, for "
                                                                       "swiglu 8·n_embd/3 rounded up to multiple_of")
     multiple_of: int = Field(256, ge=1, le=MAX_WIDTH, description="round SwiGLU's derived d_ff up to a multiple of "
@@ -92,6 +93,16 @@ class ModelConfig(_Strict):
                                                                            "divide n_head; null: n_head")
     init_std: float = Field(0.02, gt=0.0, description="standard deviation of the normal init of linear and "
                                                       "embedding weights (GPT-2: 0.02)")
+    qk_norm: bool = Field(False, description="RMSNorm with a learned gain on each head's queries and keys, before "
+                                             "RoPE (Qwen3's q_norm/k_norm; modded-nanogpt)")
+    logit_softcap: Optional[float] = Field(
+        None, gt=0.0, description="C: output logits become C·tanh(logits/C), capped at ±C (Gemma 2 §2; nanochat: "
+                                  "15); null: off")
+    zero_init_proj: bool = Field(False, description="start each block's output projections (attention and MLP "
+                                                    "c_proj) at zero (modded-nanogpt; nanochat)")
+    value_embeddings: bool = Field(
+        False, description="per-layer token tables added to V through a per-head gate, in every other layer "
+                           "ending at the last (nanochat's value_embeds)")
     init_from: Optional[UserPath] = Field(
         None, description="fine-tune a local Hugging Face GPT-2 or Llama folder: its architecture, weights and "
                           "tokenizer.json; null: random init")
@@ -114,6 +125,18 @@ class ModelConfig(_Strict):
             hidden = int(2 * (4 * self.n_embd) / 3)
             return self.multiple_of * math.ceil(hidden / self.multiple_of)
         return 4 * self.n_embd
+
+    @property
+    def value_embedding_layers(self) -> tuple[int, ...]:
+        """The layers with a value embedding: every other one, ending at the last (nanochat's ``has_ve``:
+        ``layer % 2 == (n_layer - 1) % 2``); none when ``value_embeddings`` is off."""
+        return tuple(range((self.n_layer - 1) % 2, self.n_layer, 2)) if self.value_embeddings else ()
+
+    @property
+    def value_gate_channels(self) -> int:
+        """Channels of the attention input a value-embedding gate reads: nanochat's 12 (``ve_gate_channels``), or
+        all of a narrower width."""
+        return min(12, self.n_embd)
 
     @property
     def fitting_width(self) -> int:

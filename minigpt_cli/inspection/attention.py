@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import MinigptError
-from ..model.gpt import apply_rope
 from ..run import folder as runs
 from ..sample.sampling import encode_prompt
 from .figures import drawn, new_figure, report, save_png, widen_to_fit
@@ -28,17 +27,13 @@ _MESSAGES = {
 LABELLED = 24
 
 
-def attention_weights(attn, x: torch.Tensor, rope=None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_weights(attn, x: torch.Tensor, rope=None, ve=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention weights (B, n_head, T, T) float32 of one attention layer on its input x (B, T, C), and the
-    layer's output (B, T, C) recomputed from them (``scaled_dot_product_attention`` does not return weights)."""
+    layer's output (B, T, C) recomputed from them (``scaled_dot_product_attention`` does not return weights);
+    ``rope`` and ``ve`` (the layer's value embedding) as the block passes them."""
     B, T, C = x.size()
     with torch.no_grad():
-        q, k, v = attn.c_attn(x).split([C, attn.kv_dim, attn.kv_dim], dim=2)
-        q = q.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
-        if attn.rope:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = attn.qkv(x, rope, ve)  # (B, nh, T, hs), (B, nkv, T, hs): QK-norm, RoPE, value embedding applied
         rep = attn.n_head // attn.n_kv_head
         k = k.repeat_interleave(rep, dim=1)  # (B, nh, T, hs): query head h reads key head h // rep
         v = v.repeat_interleave(rep, dim=1)
@@ -70,8 +65,8 @@ def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output:
     maps: list[torch.Tensor] = []
     errors: list[float] = []
 
-    def compare_output(module, args, out):  # Block calls attn(x, rope, cache, layer, pos)
-        weights, recomputed = attention_weights(module, args[0], args[1])
+    def compare_output(module, args, out):  # Block calls attn(x, rope, cache, layer, pos, ve)
+        weights, recomputed = attention_weights(module, args[0], args[1], args[5])
         maps.append(weights[0])
         errors.append(float((recomputed - out).abs().max()))
 

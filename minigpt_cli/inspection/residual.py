@@ -26,16 +26,18 @@ _MESSAGES = {
 }
 
 
-def stream_rms(blocks: Sequence[torch.nn.Module], x: torch.Tensor, rope=None) -> list[float]:
-    """RMS of the residual stream ``x`` (B, T, C), per token then averaged, before and after each block (L + 1)."""
-    def rms(t: torch.Tensor) -> float:
-        return float(t.float().pow(2).mean(-1).sqrt().mean())
+def _rms(t: torch.Tensor) -> float:
+    """RMS of a stream (B, T, C), per token then averaged."""
+    return float(t.float().pow(2).mean(-1).sqrt().mean())
 
-    out = [rms(x)]
+
+def stream_rms(blocks: Sequence[torch.nn.Module], x: torch.Tensor) -> list[float]:
+    """RMS of the residual stream ``x`` (B, T, C), per token then averaged, before and after each block (L + 1)."""
+    out = [_rms(x)]
     with torch.no_grad():
         for blk in blocks:
-            x = blk(x, rope)
-            out.append(rms(x))
+            x = blk(x)
+            out.append(_rms(x))
     return out
 
 
@@ -107,20 +109,19 @@ def _val_windows(run: Path, cfg, tok, count: int, seed: int, echo: Callable[[str
     return x
 
 
-def _embedded(model: GPT, idx: torch.Tensor):
-    """The stream entering the first block, and the rope angles, as GPT.forward computes them."""
-    captured = {}
-
-    def grab(module, args):  # GPT.forward calls block(x, rope, cache, layer, pos)
-        captured["x"], captured["rope"] = args[0], args[1]
-
-    handle = model.h[0].register_forward_pre_hook(grab)
+def model_stream_rms(model: GPT, idx: torch.Tensor) -> list[float]:
+    """:func:`stream_rms` inside ``model``'s own forward on ``idx`` (B, T): the stream entering the first block, then
+    after each block, whatever GPT.forward passes a block (rotary angles, value embeddings)."""
+    out: list[float] = []
+    hooks = [model.h[0].register_forward_pre_hook(lambda module, args: out.append(_rms(args[0])))]
+    hooks += [blk.register_forward_hook(lambda module, args, y: out.append(_rms(y))) for blk in model.h]
     try:
         with torch.no_grad():
             model(idx)
     finally:
-        handle.remove()
-    return captured["x"], captured["rope"]
+        for h in hooks:
+            h.remove()
+    return out
 
 
 def residual_run(run: str | Path, checkpoint: str = runs.BEST, windows: int = 8, seed: int = 0,
@@ -131,12 +132,10 @@ def residual_run(run: str | Path, checkpoint: str = runs.BEST, windows: int = 8,
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     idx = _val_windows(Path(run), cfg, tok, windows, seed, echo)
-    x, rope = _embedded(model, idx)
-    trained = stream_rms(model.h, x, rope)
+    trained = model_stream_rms(model, idx)
     with seeded(cfg.seed):
         fresh = GPT(cfg.model).eval()
-    x0, rope0 = _embedded(fresh, idx)
-    init = stream_rms(fresh.h, x0, rope0)
+    init = model_stream_rms(fresh, idx)
     result = {"run": str(run), "checkpoint": ckpt, "layers": cfg.model.n_layer, "windows": windows,
               "block_size": cfg.model.block_size, "scale_residual_init": cfg.model.scale_residual_init,
               "trained": trained, "init": init, "png": None}

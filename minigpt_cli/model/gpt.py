@@ -168,11 +168,16 @@ class CausalSelfAttention(nn.Module):
     heads each); ``c_proj`` is W_O. ``attend`` is the attention function, with
     ``F.scaled_dot_product_attention``'s signature; a command may set a faster
     one (:func:`minigpt_cli.runtime.kernels.dropout.attention`).
+
+    ``qk_norm``: ``q_norm``/``k_norm``, RMSNorm over each head's head_dim before RoPE, as transformers'
+    ``Qwen3Attention`` (a Qwen3 export renames ``attn.q_norm.weight`` to ``self_attn.q_norm.weight``).
+    A layer of ``value_embedding_layers`` has ``ve_gate`` (n_kv_head × c, c = ``value_gate_channels``): per key/value
+    head, v += 3·sigmoid(ve_gate(x[..., :c]))·ve, nanochat's ``CausalSelfAttention`` (karpathy/nanochat ``gpt.py``).
     """
 
     attend = staticmethod(F.scaled_dot_product_attention)
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.n_head = cfg.n_head
         self.n_kv_head = cfg.kv_heads
@@ -183,6 +188,32 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.rope = cfg.pos_encoding == "rope"
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=cfg.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=cfg.norm_eps)
+        gated = layer in cfg.value_embedding_layers
+        self.ve_gate = nn.Linear(cfg.value_gate_channels, self.n_kv_head, bias=False) if gated else None
+
+    def qkv(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+            ve: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, nh, T, hs), keys and values (B, nkv, T, hs) of x (B, T, C): projected, QK-normed, rotated,
+        ``ve`` (B, T, nkv·hs), this layer's value embedding of the tokens, mixed into v."""
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, nh, hs): Qwen3 norms in this layout
+        k = k.view(B, T, self.n_kv_head, self.head_dim)
+        v = v.view(B, T, self.n_kv_head, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if ve is not None:
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate.in_features]))  # (B, T, nkv), in (0, 3)
+            v = v + (gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim)).to(v.dtype)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs), (B, nkv, T, hs)
+        if self.rope:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, k, v
 
     def forward(
         self,
@@ -191,15 +222,10 @@ class CausalSelfAttention(nn.Module):
         cache: Optional[KVCache | StaticKVCache] = None,
         layer: int = 0,
         pos: Optional[torch.Tensor] = None,
+        ve: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
-        if self.rope:
-            cos, sin = rope
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self.qkv(x, rope, ve)
         mask = None
         if cache is not None:
             k, v, mask = cache.update(layer, k, v, pos)  # (B, nkv, S, hs): S = cached + T, or the capacity
@@ -218,7 +244,8 @@ class MLP(nn.Module):
     """Position-wise feed-forward: c_proj(act(c_fc(x))), or SwiGLU.
 
     SwiGLU (Shazeer 2020 eq. 6): c_proj(silu(x W_gate) * (x W_up)); ``c_fc``
-    holds [W_gate; W_up] stacked, so its output is 2·d_ff wide.
+    holds [W_gate; W_up] stacked, so its output is 2·d_ff wide. relu2: act(h) = relu(h)²
+    (So et al. 2021, "Primer", arXiv 2109.08668 §3; nanochat's MLP).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -239,6 +266,8 @@ class MLP(nn.Module):
             h = F.gelu(h)
         elif self.kind == "gelu_tanh":
             h = F.gelu(h, approximate="tanh")
+        elif self.kind == "relu2":
+            h = F.relu(h).square()
         else:
             h = F.relu(h)
         return self.dropout(self.c_proj(h))
@@ -251,20 +280,20 @@ class Block(nn.Module):
     Post-LN: x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))   (Vaswani et al. 2017)
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.pre = cfg.norm_position == "pre"
         self.ln_1 = make_norm(cfg)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, layer)
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope=None, cache=None, layer=0, pos=None):
+    def forward(self, x, rope=None, cache=None, layer=0, pos=None, ve=None):
         if self.pre:
-            x = x + self.attn(self.ln_1(x), rope, cache, layer, pos)
+            x = x + self.attn(self.ln_1(x), rope, cache, layer, pos, ve)
             x = x + self.mlp(self.ln_2(x))
         else:
-            x = self.ln_1(x + self.attn(x, rope, cache, layer, pos))
+            x = self.ln_1(x + self.attn(x, rope, cache, layer, pos, ve))
             x = self.ln_2(x + self.mlp(x))
         return x
 
@@ -274,6 +303,10 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     """A decoder-only Transformer language model over ``cfg``, the model section of the config.
+
+    ``value_embeds``: one (V, n_kv_head·head_dim) table per layer of ``cfg.value_embedding_layers`` (nanochat's
+    ``value_embeds``), its gate initialised U(0, 0.02) as nanochat's. ``logit_softcap`` C: logits C·tanh(z/C) in
+    float32 (Gemma 2 §2; nanochat). ``zero_init_proj``: every ``c_proj.weight`` starts at zero (modded-nanogpt).
 
     Raises:
         ValueError: ``cfg.vocab_size`` is None."""
@@ -291,11 +324,13 @@ class GPT(nn.Module):
                 "pos_table", sinusoidal_table(cfg.block_size, cfg.n_embd), persistent=False
             )
         self.drop = nn.Dropout(cfg.dropout)
-        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.h = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_f = make_norm(cfg) if cfg.norm_position == "pre" else None
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
+        self.value_embeds = nn.ModuleDict(
+            {str(i): nn.Embedding(cfg.vocab_size, cfg.kv_heads * cfg.head_dim) for i in cfg.value_embedding_layers})
         self._rope_cache: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
         self.apply(self._init_weights)
         if cfg.scale_residual_init:
@@ -305,6 +340,12 @@ class GPT(nn.Module):
             for name, p in self.named_parameters():
                 if name.endswith("c_proj.weight"):
                     nn.init.normal_(p, mean=0.0, std=std)
+        for block in self.h:
+            if cfg.zero_init_proj:
+                nn.init.zeros_(block.attn.c_proj.weight)
+                nn.init.zeros_(block.mlp.c_proj.weight)
+            if block.attn.ve_gate is not None:  # slightly above neutral: each gate starts near 3·sigmoid(0) = 1.5
+                nn.init.uniform_(block.attn.ve_gate.weight, 0.0, 0.02)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -318,11 +359,11 @@ class GPT(nn.Module):
         """Parameters, tied weights once.
 
         ``non_embedding`` drops the vocabulary and position embeddings (wte,
-        wpe, an untied lm_head), Kaplan et al. 2020 §2.1.
+        wpe, an untied lm_head, the value embeddings), Kaplan et al. 2020 §2.1.
         """
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.wte.weight.numel()
+            n -= self.wte.weight.numel() + sum(p.numel() for p in self.value_embeds.parameters())
             if hasattr(self, "wpe"):
                 n -= self.wpe.weight.numel()
             if not self.config.tie_weights:
@@ -384,7 +425,8 @@ class GPT(nn.Module):
             rope = self._rope(past, T, idx.device)
         x = self.drop(x)
         for i, block in enumerate(self.h):
-            x = block(x, rope, cache, i, pos)
+            ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None  # (B, T, nkv·hs)
+            x = block(x, rope, cache, i, pos, ve)
         if cache is not None and pos is None:
             cache.advance(T)
         if self.ln_f is not None:
@@ -392,6 +434,8 @@ class GPT(nn.Module):
         if last_only:
             x = x[:, -1:, :]
         logits = self.lm_head(x)
+        if cfg.logit_softcap is not None:
+            logits = cfg.logit_softcap * torch.tanh(logits.float() / cfg.logit_softcap)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(
