@@ -136,3 +136,46 @@ def test_generate_ends_each_sample_at_end_of_text_unless_told_to_go_on(data_dir,
     assert generate(run, sample, ignore_eos=True) == [
         "xa<|endoftext|>aaa", "xaa<|endoftext|>aa", "xaaa<|endoftext|>a"]
     assert generate(run, {**sample, "num_samples": 1}) == ["xa"]
+
+
+#: Runs with the speedrun's switches (README, "Model switches from the speedrun"): the target each exports as,
+#: or the key an export refuses, naming it.
+SWITCHED = {"qwen3": ("shakespeare-llama", ["model.qk_norm=true", "model.bias=false"], "qwen3"),
+            "neox-relu2": ("shakespeare-cpu", ["model.ffn=relu2", "model.zero_init_proj=true"], "gpt_neox"),
+            "gpt2-relu2": ("tiny", ["model.ffn=relu2"], "gpt2"),
+            "softcap": ("shakespeare-llama", ["model.logit_softcap=15"], "model.logit_softcap"),
+            "value-embeddings": ("shakespeare-llama", ["model.value_embeddings=true"], "model.value_embeddings")}
+
+
+@pytest.mark.parametrize("name", list(SWITCHED))
+def test_switched_runs_export_as_the_architecture_that_computes_them_or_are_refused(name, data_dir, tmp_path):
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from minigpt_cli.errors import MinigptError
+
+    base, sets, want = SWITCHED[name]
+    cfg = load_config(base, [*SHRINK, *sets, f"data.data_dir={data_dir}", f"train.out_dir={tmp_path}/runs"])
+    run = train(cfg, name, echo=lambda m: None, progress=False).run_dir
+    if want.startswith("model."):
+        with pytest.raises(MinigptError, match=rf"{want}=.*no equivalent") as info:
+            export_run(run, tmp_path / "out", echo=lambda m: None)
+        assert info.value.key == want and not (tmp_path / "out").exists()
+        return
+    out = export_run(run, tmp_path / "out", echo=lambda m: None)
+    assert json.loads((out / "config.json").read_text())["model_type"] == want
+    loaded = load_run(run)
+    ids = loaded.tokenizer.encode("ROMEO: what, art thou mad? Be gone!")[:16]
+    ref = AutoModelForCausalLM.from_pretrained(out).eval()
+    x = torch.tensor([ids, ids[::-1]])
+    with torch.no_grad():
+        diff = (ref(x).logits - loaded.model(x)[0]).abs().max().item()
+        greedy = ref.generate(x[:1, :6], do_sample=False, max_new_tokens=NEW, eos_token_id=None)[0].tolist()
+    assert diff < 1e-5, diff
+    ours = generate(run, {"prompt": loaded.tokenizer.decode(ids[:6]), "max_new_tokens": NEW, "temperature": 0},
+                    ignore_eos=True)
+    assert loaded.tokenizer.decode(greedy) == ours[0]
+    back = load_hf_folder(out)
+    assert back.config.qk_norm == cfg.model.qk_norm and back.config.ffn == cfg.model.ffn
+    save_file(hf_state_dict(back, back.config, want), str(tmp_path / "again.safetensors"), metadata={"format": "pt"})
+    assert (tmp_path / "again.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()

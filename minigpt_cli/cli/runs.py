@@ -167,8 +167,8 @@ def export(
     run: Path = typer.Argument(..., metavar="RUN", help="The run folder to export."),
     output: Path = typer.Option(..., "--output", "-o", metavar="DIR", help="Folder to write (created)."),
     fmt: str = typer.Option("hf", "--format", metavar="hf", help="hf: a transformers folder (the only format)."),
-    arch: Optional[Literal["gpt2", "llama", "gpt_neox"]] = typer.Option(
-        None, "--arch", metavar="gpt2|llama|gpt_neox",
+    arch: Optional[Literal["gpt2", "llama", "gpt_neox", "qwen3"]] = typer.Option(
+        None, "--arch", metavar="gpt2|llama|gpt_neox|qwen3",
         help="The transformers architecture to write; refused when it cannot express the run (default: the one "
              "that does)."),
     checkpoint: CheckpointOption = runs.BEST,

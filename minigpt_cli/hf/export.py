@@ -39,7 +39,7 @@ _MESSAGES = {
                   "export: pass a new or empty --output",
     "not_ours": "{out} is not an export minigpt wrote (its config.json carries no minigpt mark); --force "
                 "replaces only an earlier export: pass a new or empty --output",
-    "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2, Llama or GPT-NeoX, so this run "
+    "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2, Llama, GPT-NeoX or Qwen3, so this run "
                    "cannot be exported; the nearest, {name}, takes model.{key} {takes}: a run trained with "
                    "{changes} exports as {name}",
     "arch": "--arch {arch}: {name} cannot express model.{key}={value!r} (it takes {takes}); {fix}",
@@ -75,9 +75,9 @@ class _Any:
 ANY = _Any()
 #: The keys every target takes at any value: sizes, and what only training reads.
 SIZES = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout", "norm_eps", "d_ff", "multiple_of",
-         "bias", "tie_weights", "init_std", "scale_residual_init", "init_from")
+         "bias", "tie_weights", "init_std", "scale_residual_init", "init_from", "zero_init_proj")
 #: Our MLP activation -> transformers' ``ACT2FN`` name (GPT-2's ``activation_function``, GPT-NeoX's ``hidden_act``).
-_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
 #: Each export target and the values it takes of each :class:`ModelConfig` key beyond :data:`SIZES` (a tuple, or
 #: ANY); a key it does not list must be at its schema default, so a switch added to the schema is refused by every
 #: target until one lists it. In the order a tie between nearest targets is broken (:func:`hf_target`).
@@ -86,10 +86,13 @@ TARGETS: dict[str, dict[str, Any]] = {
              "rope_base": ANY},  # unused with learned positions
     "llama": {"pos_encoding": ("rope",), "norm": ("rmsnorm",), "ffn": ("swiglu",), "rope_base": ANY, "n_kv_head": ANY},
     "gpt_neox": {"pos_encoding": ("rope",), "norm": ("layernorm",), "ffn": tuple(_ACT), "rope_base": ANY},
+    # Llama with RMSNorm on each head's queries and keys; its MLP has no biases.
+    "qwen3": {"pos_encoding": ("rope",), "norm": ("rmsnorm",), "ffn": ("swiglu",), "rope_base": ANY, "n_kv_head": ANY,
+              "qk_norm": (True,), "bias": (False,)},
 }
 #: Each target's model class, and its name in messages.
 ARCHITECTURES = {"gpt2": ("GPT2LMHeadModel", "GPT-2"), "llama": ("LlamaForCausalLM", "Llama"),
-                 "gpt_neox": ("GPTNeoXForCausalLM", "GPT-NeoX")}
+                 "gpt_neox": ("GPTNeoXForCausalLM", "GPT-NeoX"), "qwen3": ("Qwen3ForCausalLM", "Qwen3")}
 
 
 def _misses(mc: ModelConfig, target: str) -> list[tuple[str, Any]]:
@@ -154,7 +157,12 @@ def _neox_config(mc: ModelConfig) -> dict:
             "hidden_dropout": mc.dropout}
 
 
-_CONFIGS = {"gpt2": _gpt2_config, "llama": _llama_config, "gpt_neox": _neox_config}
+def _qwen3_config(mc: ModelConfig) -> dict:
+    llama = {k: v for k, v in _llama_config(mc).items() if k != "mlp_bias"}
+    return {**llama, "use_sliding_window": False, "sliding_window": None}
+
+
+_CONFIGS = {"gpt2": _gpt2_config, "llama": _llama_config, "gpt_neox": _neox_config, "qwen3": _qwen3_config}
 
 
 def hf_config(cfg: Config, tok: Tokenizer, target: str) -> dict:

@@ -1,4 +1,4 @@
-"""Import a local Hugging Face GPT-2, Llama or GPT-NeoX folder (``save_pretrained``: config.json and safetensors).
+"""Import a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder (``save_pretrained``: config.json and safetensors).
 
 Each family has ``*_config_from_hf(config.json) -> ModelConfig`` and ``load_*_state_dict(tensors, cfg)``.
 GPT-2's names are ours; its Conv1D weights are (in, out), so ``c_attn``, ``attn.c_proj``, ``c_fc`` and
@@ -12,6 +12,7 @@ fused ``query_key_value`` holds q, k, v per head (:func:`neox_qkv`). The name ta
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -30,7 +31,8 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: count-params read
 
 #: transformers' ``ACT2FN`` names of our two-layer MLP activations (GPT-2's ``activation_function``, GPT-NeoX's
 #: ``hidden_act``).
-_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
+                "relu2": "relu2"}
 _GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
 #: What an import refuses; the first four render pydantic's error types (:func:`_parse`).
@@ -47,6 +49,10 @@ _MESSAGES = {
     "head_dim": "config.json head_dim ({head_dim}) differs from hidden_size/num_attention_heads ({hidden_size}/"
                 "{heads}); our attention needs head_dim = n_embd/n_head",
     "bias": "config.json attention_bias={attention} but mlp_bias={mlp}; model.bias covers both, so they must agree",
+    "qwen3_bias": "config.json attention_bias=true: Qwen3's MLP has no biases and model.bias covers both, so only "
+                  "attention_bias: false imports",
+    "sliding": "config.json use_sliding_window=true: minigpt attends to the whole context; only "
+               "use_sliding_window: false imports",
     "partial": "config.json rotates {pct} of each head (rotary_pct / partial_rotary_factor); our RoPE rotates all "
                "of it (1.0)",
     "neox_bias": "config.json attention_bias=false, but {name} is not zero; model.bias covers every bias, so the "
@@ -66,7 +72,7 @@ class _Json(BaseModel):
 
 
 class _Kind(_Json):
-    model_type: Literal["gpt2", "llama", "gpt_neox"]
+    model_type: Literal["gpt2", "llama", "gpt_neox", "qwen3"]
 
 
 class _Index(_Json):
@@ -126,6 +132,13 @@ class LlamaJson(_Json):
     rope_scaling: Optional[_Rope] = None
 
 
+class Qwen3Json(LlamaJson):
+    """The keys of a ``Qwen3Config``'s config.json that we read: Llama's, with RMSNorm on the queries and keys."""
+
+    family: ClassVar[str] = "Qwen3 config"
+    use_sliding_window: bool = False
+
+
 class NeoXJson(_Json):
     """The keys of a ``GPTNeoXConfig``'s config.json that we read: a sequential residual only (by type)."""
 
@@ -164,6 +177,8 @@ def _parse(schema: type[_Json], data: str | Mapping[str, Any], source: str = "co
 _FIXED = {"gpt2": dict(bias=True, pos_encoding="learned", norm="layernorm", norm_position="pre", emb_scale=False,
                        n_kv_head=None),
           "llama": dict(pos_encoding="rope", norm="rmsnorm", norm_position="pre", ffn="swiglu", emb_scale=False),
+          "qwen3": dict(pos_encoding="rope", norm="rmsnorm", norm_position="pre", ffn="swiglu", emb_scale=False,
+                        qk_norm=True),
           "gpt_neox": dict(pos_encoding="rope", norm="layernorm", norm_position="pre", emb_scale=False,
                            n_kv_head=None)}
 
@@ -183,13 +198,17 @@ def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
                                    **_FIXED["gpt2"])}, "config.json (gpt2)").model
 
 
-def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
-    """Our :class:`ModelConfig` for a ``LlamaConfig`` dict; ``block_size`` defaults to ``max_position_embeddings``.
-    A :class:`MinigptError` names a key or option we lack (:class:`LlamaJson`, :data:`_MESSAGES`)."""
-    c = _parse(LlamaJson, cfg)
+def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None, family: str = "llama"
+                         ) -> ModelConfig:
+    """Our :class:`ModelConfig` for a ``LlamaConfig`` dict (or, ``family="qwen3"``, a ``Qwen3Config``'s: QK-norm);
+    ``block_size`` defaults to ``max_position_embeddings``. A :class:`MinigptError` names a key or option we lack
+    (:class:`LlamaJson`, :data:`_MESSAGES`)."""
+    qwen3 = family == "qwen3"
+    c = _parse(Qwen3Json if qwen3 else LlamaJson, cfg)
     refuse([(c.head_dim is not None and c.head_dim * c.num_attention_heads != c.hidden_size, "head_dim"),
-            (c.attention_bias != c.mlp_bias, "bias")], _MESSAGES, head_dim=c.head_dim, hidden_size=c.hidden_size,
-           heads=c.num_attention_heads, attention=c.attention_bias, mlp=c.mlp_bias)
+            (qwen3 and c.attention_bias, "qwen3_bias"), (qwen3 and c.use_sliding_window, "sliding"),
+            (not qwen3 and c.attention_bias != c.mlp_bias, "bias")], _MESSAGES, head_dim=c.head_dim,
+           hidden_size=c.hidden_size, heads=c.num_attention_heads, attention=c.attention_bias, mlp=c.mlp_bias)
     rope = c.rope_parameters
     theta = rope.rope_theta if rope is not None and "rope_theta" in rope.model_fields_set else c.rope_theta
     positions = 2048 if c.max_position_embeddings is None else c.max_position_embeddings
@@ -199,7 +218,7 @@ def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = Non
                                    rope_base=theta, norm_eps=c.rms_norm_eps, d_ff=c.intermediate_size,
                                    tie_weights=c.tie_word_embeddings,
                                    n_kv_head=c.num_key_value_heads or c.num_attention_heads,
-                                   **_FIXED["llama"])}, "config.json (llama)").model
+                                   **_FIXED[family])}, f"config.json ({family})").model
 
 
 def neox_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
@@ -278,6 +297,8 @@ _LLAMA_LAYER = {
     "self_attn.o_proj.bias": "attn.c_proj.bias",
     "mlp.down_proj.weight": "mlp.c_proj.weight",
     "mlp.down_proj.bias": "mlp.c_proj.bias",
+    "self_attn.q_norm.weight": "attn.q_norm.weight",  # Qwen3's QK-norm (model.qk_norm)
+    "self_attn.k_norm.weight": "attn.k_norm.weight",
 }
 # Stacked along the output dimension, in this order: c_attn = [q; k; v], c_fc = [gate; up].
 _LLAMA_FUSED = {
@@ -361,6 +382,7 @@ _FAMILIES = {
     "gpt2": (gpt2_config_from_hf, load_gpt2_state_dict),
     "llama": (llama_config_from_hf, load_llama_state_dict),
     "gpt_neox": (neox_config_from_hf, load_neox_state_dict),
+    "qwen3": (functools.partial(llama_config_from_hf, family="qwen3"), load_llama_state_dict),
 }
 
 
@@ -392,7 +414,8 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[str, ModelConfig]:
-    """The ``model_type`` (gpt2, llama or gpt_neox) of a ``save_pretrained`` folder and our :class:`ModelConfig` for it;
+    """The ``model_type`` (gpt2, llama, gpt_neox or qwen3) of a ``save_pretrained`` folder and our
+    :class:`ModelConfig` for it;
     a :class:`MinigptError` for no folder or config.json, a config.json its schema refuses."""
     folder = Path(path)
     cfg_path = folder / "config.json"
@@ -404,7 +427,7 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
 
 
 def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
-    """Our GPT (float32, CPU, eval mode) from a local GPT-2, Llama or GPT-NeoX ``save_pretrained`` folder;
+    """Our GPT (float32, CPU, eval mode) from a local GPT-2, Llama, GPT-NeoX or Qwen3 ``save_pretrained`` folder;
     ``block_size`` as the ``*_config_from_hf`` take it. Refused as :func:`read_hf_config` and :func:`_check` refuse."""
     import torch
 
