@@ -33,8 +33,9 @@ def train(
         None, "--resume", metavar="auto|DIR", help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME."
     ),
     init_from: Optional[Path] = typer.Option(
-        None, "--init-from", metavar="DIR", help="Fine-tune: start from a local Hugging Face GPT-2 or Llama folder "
-        "(config.json, model.safetensors, tokenizer.json); the same as --set model.init_from=DIR."
+        None, "--init-from", metavar="DIR", help="Fine-tune: start from a local Hugging Face GPT-2, Llama, GPT-NeoX or "
+        "Qwen3 folder (config.json, model.safetensors, tokenizer.json); its architecture and tokenizer replace the "
+        "config's; the same as --set model.init_from=DIR."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and learning rates (with --resume: the run and step it would continue from); train nothing."),
     progress: ProgressOption = None,

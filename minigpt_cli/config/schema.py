@@ -104,8 +104,8 @@ class ModelConfig(_Strict):
         False, description="per-layer token tables added to V through a per-head gate, in every other layer "
                            "ending at the last (nanochat's value_embeds)")
     init_from: Optional[UserPath] = Field(
-        None, description="fine-tune a local Hugging Face GPT-2 or Llama folder: its architecture, weights and "
-                          "tokenizer.json; null: random init")
+        None, description="fine-tune a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder: its architecture, "
+                          "weights and tokenizer.json; null: random init")
 
     @property
     def head_dim(self) -> int:
