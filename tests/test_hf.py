@@ -250,7 +250,7 @@ def test_import_errors_are_one_line(tmp_path):
     (folder / "config.json").write_text("{not json")
     fails("not valid JSON")
     (folder / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    fails("model_type 't5'", "'gpt2', 'llama' or 'gpt_neox'")
+    fails("model_type 't5'", "'gpt2', 'llama', 'gpt_neox' or 'qwen3'")
     gpt2_reference(folder)
     hf_cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**hf_cfg, "activation_function": "swish"}))
