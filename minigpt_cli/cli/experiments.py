@@ -19,7 +19,8 @@ def sweep(
                                    help="Override a config key in every run, after the file's set: (repeatable)."),
     seeds: Optional[int] = typer.Option(None, "--seeds", min=1, metavar="N", help="Seeds per variant or trial."),
     budget: Optional[str] = typer.Option(None, "--budget", metavar="KIND=N",
-                                         help="Each run's budget instead of the file's: iters=N, tokens=N or seconds=S."),
+                                         help="Each run's budget instead of the file's: iters=N, tokens=N or "
+                                              "seconds=S."),
     jobs: int = typer.Option(1, "--jobs", min=1, metavar="N",
                              help="Runs at a time, each in its own process with 1/N of the cores (default 1)."),
     storage: Optional[str] = typer.Option(None, "--storage", metavar="URL",

@@ -12,7 +12,7 @@ import io
 import os
 import socket
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, Union
 
@@ -119,10 +119,14 @@ def open_storage(url: Optional[str], folder: Path) -> "optuna.storages.BaseStora
 
 def open_study(storage: "optuna.storages.BaseStorage", name: str, spec: Optional[SearchSpec],
                seed: Optional[int]) -> "optuna.Study":
-    """The sweep's study in ``storage``, made by the first worker and joined by the others (minimised)."""
+    """The sweep's study in ``storage``, made by the first worker and joined by the others (minimised); the
+    sampler's ``seed`` moves on by the trials the study holds, so a resumed search asks no values again."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress bar and summary say what happened
+    if seed is not None:
+        with suppress(KeyError):  # no such study yet
+            seed += len(optuna.load_study(study_name=name, storage=storage).trials)
     method, prune = (spec.method, spec.prune) if spec else ("random", "none")
     sampler = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}[method](seed=seed)
     pruner = {"none": optuna.pruners.NopPruner, "median": optuna.pruners.MedianPruner,
@@ -294,7 +298,7 @@ def report(study: "optuna.Study", trials: int, folder: Path) -> dict:
                                                  TrialState.RUNNING)}}
     if complete:
         best = min(complete, key=lambda t: t.value)
-        out["best"] = {"trial": trial_name(best.number), "value": best.value, "params": best.params}
+        out["best_trial"] = {"trial": trial_name(best.number), "value": best.value, "params": best.params}
     evaluator = optuna.importance.PedAnovaImportanceEvaluator()
     out["importances"] = dict(optuna.importance.get_param_importances(study, evaluator=evaluator)) \
         if len(complete) >= 2 else None
@@ -327,8 +331,8 @@ def format_report(search: dict) -> str:
     """The lines printed under the sweep's table."""
     lines = [f"search: {search['complete']} of {search['trials']} trials complete, {search['pruned']} pruned, "
              f"{search['fail']} failed" + (f", {search['running']} running" if search["running"] else "")]
-    if "best" in search:
-        best = search["best"]
+    if "best_trial" in search:
+        best = search["best_trial"]
         values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["params"].items())
         lines.append(f"best: {best['trial']} ({best['value']:.4f}): {values}")
     if search["importances"]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -33,6 +33,9 @@ from ..runtime.kernels import check_settings
 from . import search as optuna_search
 from .compare import read_model, summarize, value_text
 from .search import Key, Scalar, SearchSpec, Seed
+
+if TYPE_CHECKING:
+    import optuna
 
 STATE = "sweep.json"
 #: The key a sweep sets itself: its runs go in ``<out_dir>/<name>/``.
@@ -472,7 +475,8 @@ def _parallel(procs: Optional[_Processes], tasks: list[Callable[[], Any]], done:
 
 
 def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None, overrides: Overrides = Overrides(),
-              storage: Optional[str] = None, worker: bool = False, echo: Callable[[str], None] = lambda m: None) -> dict:
+              storage: Optional[str] = None, worker: bool = False,
+              echo: Callable[[str], None] = lambda m: None) -> dict:
     """Run (or finish) a sweep (a search: its trials), then write its summary; with ``worker``, as one of the
     processes sharing the study in ``storage``. Raises MinigptError (a bad kernel setting, sweep file, state or
     storage, a failed run) and Interrupted (Ctrl-C: checkpoints saved, the same command goes on)."""
@@ -482,15 +486,18 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
     refuse([(worker and storage is None, "worker")], _MESSAGES)
     sweep = load_sweep(path, echo, overrides)
     refuse([(storage is not None and not (worker or sweep.spec.search), "storage_grid")], _MESSAGES)
+    # Shared storage is opened before the sweep's folder is made: one that cannot be is refused with nothing written.
+    store = optuna_search.open_storage(storage, sweep.folder) if storage else None
     state = _read_state(sweep, jobs, worker)
     procs = _Processes(sweep, jobs) if jobs > 1 else None
     train = procs.train if procs else lambda run, on_eval=None: _run_in_process(sweep, run, on_eval)
     bar = partial(tqdm, desc=f"sweep {sweep.name}", unit="run", dynamic_ncols=True, file=sys.stderr,
                   disable=None if progress is None else not progress)
     if sweep.spec.search:
-        return _search(sweep, storage, worker, train, procs, bar, echo)
+        store = store or optuna_search.open_storage(None, sweep.folder)  # the study.journal beside the runs
+        return _search(sweep, store, worker, train, procs, bar, echo)
     if worker:
-        return _grid_worker(sweep, storage, train, procs, bar, echo)
+        return _grid_worker(sweep, store, train, procs, bar, echo)
     todo = [r for r in sweep.runs if r.name not in state["done"]]
     echo(f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done), "
          f"{len({r.variant for r in sweep.runs})} variants; runs in {sweep.folder}")
@@ -508,13 +515,13 @@ def _summary(sweep: Sweep, runs_: list[Run], variants: dict[str, str], echo: Cal
                      variants=variants, echo=echo)
 
 
-def _grid_worker(sweep: Sweep, storage: str, train: Callable, procs: Optional[_Processes], bar: Callable,
-                 echo: Callable[[str], None]) -> dict:
+def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Callable,
+                 procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None]) -> dict:
     """One worker of a grid shared by many: it takes each (variant, seed) no worker has claimed (an atomic claim
     file in the shared sweep folder), and records each run it finishes in the study, as a trial."""
     import optuna
 
-    study = optuna_search.open_study(optuna_search.open_storage(storage, sweep.folder), sweep.name, None, None)
+    study = optuna_search.open_study(storage, sweep.name, None, None)
     space = {"variant": optuna.distributions.CategoricalDistribution(sorted({r.variant for r in sweep.runs})),
              "seed": optuna.distributions.CategoricalDistribution(sorted({r.seed for r in sweep.runs}))}
     echo(f"sweep {sweep.name}: worker {optuna_search.owner()} of {len(sweep.runs)} runs; runs in {sweep.folder}")
@@ -542,8 +549,8 @@ def _grid_worker(sweep: Sweep, storage: str, train: Callable, procs: Optional[_P
     return _summary(sweep, done, {r.name: r.variant for r in done}, echo)
 
 
-def _search(sweep: Sweep, storage: Optional[str], worker: bool, train: Callable, procs: Optional[_Processes],
-            bar: Callable, echo: Callable[[str], None]) -> dict:
+def _search(sweep: Sweep, storage: "optuna.storages.BaseStorage", worker: bool, train: Callable,
+            procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None]) -> dict:
     """The sweep's search: trials asked of Optuna's study (resumed where a killed worker left one) until it has
     ``trials``, each trained by ``train``; then the summary, a row per trial, and the search's report."""
     from optuna.trial import TrialState
@@ -552,7 +559,7 @@ def _search(sweep: Sweep, storage: Optional[str], worker: bool, train: Callable,
     # Workers seeded alike would ask the same first values: only a single process's search is reproducible.
     seed = None if worker else spec.seed if spec.seed is not None else \
         validate(apply_overrides(sweep.base_data, sweep.sets), str(sweep.path)).seed
-    study = optuna_search.open_study(optuna_search.open_storage(storage, sweep.folder), sweep.name, spec, seed)
+    study = optuna_search.open_study(storage, sweep.name, spec, seed)
     key = "final_val" if spec.objective == "val_loss" else "bits_per_byte"
 
     def objective(runs_: list[Run]) -> Optional[float]:
