@@ -178,3 +178,15 @@ def test_bad_command_lines_are_one_line(cli, tmp_path, data_dir):
         assert_user_error(cli("sweep", "nosuchexperiment"), "nor a shipped experiment", "ffn")
     assert not (tmp_path / "runs").exists()
     assert load_sweep(path, overrides=Overrides(seeds=2, budget="iters=7")).runs_of("x", {})[1].cfg.train.max_iters == 7
+
+
+def test_the_shipped_experiments_are_package_data_and_the_checkout_links_to_them():
+    import tomllib
+
+    repo = Path(__file__).resolve().parent.parent
+    patterns = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert patterns["minigpt_cli.experiments"] == ["shipped/*.yaml"]
+    shipped = sorted(p.name for p in Path(str(SHIPPED)).iterdir())
+    assert "ffn.yaml" in shipped and all(name.endswith(".yaml") for name in shipped)
+    assert sorted(p.name for p in (repo / "experiments").glob("*.yaml")) == shipped
+    assert all((repo / "experiments" / name).resolve() == Path(str(SHIPPED)) / name for name in shipped)

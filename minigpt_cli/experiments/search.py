@@ -7,6 +7,7 @@ Optuna: Akiba et al. 2019 (KDD); TPE: Bergstra et al. 2011 (NeurIPS), Optuna's `
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import io
 import os
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, U
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import MinigptError
-from ..fileio import atomic_write_bytes, atomic_write_text
+from ..fileio import atomic_write_bytes, atomic_write_text, errors_as
 
 if TYPE_CHECKING:
     import optuna
@@ -110,11 +111,14 @@ def open_storage(url: Optional[str], folder: Path) -> "optuna.storages.BaseStora
     from optuna.storages.journal import JournalFileBackend
 
     target = url or str(folder / STUDY_FILE)
-    try:
-        return RDBStorage(target) if "://" in target else JournalStorage(JournalFileBackend(target))
-    except (OSError, ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError) as exc:
+
+    def refused(exc: BaseException) -> MinigptError:
         why = " ".join((getattr(exc, "strerror", None) or str(exc).splitlines()[0] or type(exc).__name__).split())
-        raise MinigptError(_MESSAGES["storage"].format(url=target, why=why[:200])) from None
+        return MinigptError(_MESSAGES["storage"].format(url=target, why=why[:200]))
+
+    # A missing folder, a malformed URL, no such SQL dialect or driver, a database that does not answer.
+    with errors_as({(OSError, ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError): refused}):
+        return RDBStorage(target) if "://" in target else JournalStorage(JournalFileBackend(target))
 
 
 def open_study(storage: "optuna.storages.BaseStorage", name: str, spec: Optional[SearchSpec],
@@ -152,11 +156,9 @@ def stale(who: Optional[str]) -> bool:
     if host != socket.gethostname():
         return False
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process of that number: alive
-        pass
+        os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+    except OSError as exc:
+        return exc.errno == errno.ESRCH  # EPERM: another user's process of that number, alive
     return False
 
 
@@ -178,16 +180,14 @@ def claim_run(folder: Path, run: str) -> bool:
     path = folder / CLAIMS / run
     path.parent.mkdir(parents=True, exist_ok=True)
     with turn(folder):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            who = path.read_text()
-            if who == "done" or not stale(who):
-                return False
-            atomic_write_text(path, owner())
+        with suppress(FileExistsError):
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as f:
+                f.write(owner())
             return True
-        with os.fdopen(fd, "w") as f:
-            f.write(owner())
+        who = path.read_text()
+        if who == "done" or not stale(who):
+            return False
+        atomic_write_text(path, owner())
         return True
 
 

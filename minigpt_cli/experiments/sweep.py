@@ -61,8 +61,7 @@ _MESSAGES = {
                 "{folder}; choose that folder with out_dir: (and name:) in the sweep file"),
     "base_top": "{path}: base: {base} must hold a mapping of config sections",
     "no_base": ("{path}: base: config file {name!r} not found, neither beside the sweep file ({near}) nor among "
-                "the shipped experiments' and configs; give a config's path relative to the sweep file, or one of "
-                "{shipped}"),
+                "the shipped configs; give a config's path relative to the sweep file, or one of {shipped}"),
     "changed": "{source} changed since this sweep started in {folder} ({what}); restore it, or give the sweep "
                "another name: to start a new one",
     "taken": "{folder} exists and is not a sweep's folder (no sweep.json); give the sweep in {path} another "
@@ -153,18 +152,12 @@ class Overrides:
     def sections(self) -> dict[str, Any]:
         """The sweep file's ``seeds:`` and ``budget:`` as given here. Raises MinigptError: a --budget not KIND=N."""
         kind, _, text = (self.budget or "").partition("=")
-        number = re.fullmatch(r"\s*[0-9]+\s*", text) and int(text) or _number(text)
-        refuse([(self.budget is not None and (kind.strip() not in Budget.model_fields or number is None),
+        number = re.fullmatch(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?", text.strip())
+        refuse([(self.budget is not None and (kind.strip() not in Budget.model_fields or not number),
                  "budget_arg")], _MESSAGES, text=self.budget)
+        number = int(text) if number and text.strip().isdigit() else number and float(text)
         return {**({"seeds": self.seeds} if self.seeds is not None else {}),
                 **({"budget": {kind.strip(): number}} if self.budget is not None else {})}
-
-
-def _number(text: str) -> Optional[float]:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 #: The shipped experiments (package data): ``minigpt sweep ffn`` runs ``ffn.yaml`` there.
@@ -432,10 +425,7 @@ class _Processes:
         """Wait for ``proc``, reading its evals every :data:`POLL_S` for ``on_eval``; True when that stopped it."""
         heard = 0
         while on_eval is not None:
-            try:
-                proc.wait(timeout=POLL_S)
-            except subprocess.TimeoutExpired:
-                pass
+            ended = proc.poll() is not None  # asked before reading: an ended run's last evals are heard too
             evals = [e for e in read_events(folder / METRICS) if e["event"] == "eval"]
             for e in evals[heard:]:
                 if on_eval(e["step"], e["val_loss"]):
@@ -443,8 +433,9 @@ class _Processes:
                     proc.wait()
                     return True
             heard = len(evals)
-            if proc.returncode is not None:
+            if ended:
                 return False
+            time.sleep(POLL_S)
         proc.wait()
         return False
 
@@ -529,12 +520,12 @@ def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Ca
     def take(run: Run) -> Optional[Run]:
         if not optuna_search.claim_run(sweep.folder, run.name):
             return None
+        trained = False
         try:
             train(run)
-        except BaseException:  # Ctrl-C, a failed run: another worker (or this one, started again) resumes it
-            optuna_search.settle_run(sweep.folder, run.name, done=False)
-            raise
-        optuna_search.settle_run(sweep.folder, run.name, done=True)
+            trained = True
+        finally:  # after a Ctrl-C or a failed run: let go, for another worker (or this one, started again)
+            optuna_search.settle_run(sweep.folder, run.name, done=trained)
         final = [e for e in read_events(sweep.folder / run.name / METRICS) if e["event"] == "eval"][-1]
         study.add_trial(optuna.trial.create_trial(params={"variant": run.variant, "seed": run.seed},
                                                   distributions=space, value=final["val_loss"],
@@ -569,11 +560,12 @@ def _search(sweep: Sweep, storage: "optuna.storages.BaseStorage", worker: bool, 
     def trials(progress_bar) -> int:
         ran = 0
         while (trial := optuna_search.next_trial(study, spec.trials, sweep.folder)) is not None:
+            outcome = None
             try:
                 outcome = optuna_search.run_trial(study, trial, spec, sweep.runs_of, train, objective)
-            except BaseException:  # Ctrl-C, a bug: the trial stays running, let go for the next start to resume
-                optuna_search.release(trial)
-                raise
+            finally:
+                if outcome is None:  # Ctrl-C, a bug: the trial stays running, let go for the next start to resume
+                    optuna_search.release(trial)
             progress_bar.update(1)
             progress_bar.set_postfix_str(f"{optuna_search.trial_name(trial.number)} {outcome}")
             ran += 1
