@@ -181,8 +181,7 @@ def test_bad_command_lines_are_one_line(cli, tmp_path, data_dir):
 
 
 def test_the_shipped_experiments_are_package_data_and_the_checkout_links_to_them():
-    import tomllib
-
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
     repo = Path(__file__).resolve().parent.parent
     patterns = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert patterns["minigpt_cli.experiments"] == ["shipped/*.yaml"]
