@@ -56,7 +56,7 @@ def sweep(
 
     \b
     Examples: minigpt sweep ffn --budget iters=50 --seeds 1
-              minigpt sweep search.yaml --storage sqlite:///study.db --worker
+              minigpt sweep search.yaml --storage /shared/search.journal --worker
     """
     from ..experiments.compare import format_summary
     from ..experiments.search import format_report

@@ -256,6 +256,7 @@ def run_trial(study: "optuna.Study", trial: "optuna.Trial", spec: SearchSpec, ru
         def report(step: int, value: float, offset: int = offset) -> bool:
             if offset + step not in seen:
                 trial.report(value, offset + step)
+                seen.add(offset + step)
             if trial.should_prune():
                 pruned.append(offset + step)
             return bool(pruned)

@@ -352,6 +352,10 @@ def _run_in_process(sweep: Sweep, run: Run, on_eval: Optional[Callable[[int, flo
 
     cfg = run.cfg.model_copy(update={"train": run.cfg.train.model_copy(update={"out_dir": str(sweep.folder)})})
     if _resumable(sweep, run):
+        # A killed search may have logged an eval it never reported: ``on_eval`` hears the logged ones first.
+        logged = [e for e in read_events(sweep.folder / run.name / METRICS) if e["event"] == "eval"]
+        if on_eval is not None and any(on_eval(e["step"], e["val_loss"]) for e in logged):
+            return
         train(cfg, resume=str(sweep.folder / run.name), echo=lambda m: None, progress=False, on_eval=on_eval)
     else:
         train(cfg, run.name, echo=lambda m: None, progress=False, on_eval=on_eval)
