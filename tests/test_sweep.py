@@ -15,7 +15,7 @@ from helpers import TINY, assert_user_error, tiny, working_dir
 
 from minigpt_cli.errors import Interrupted, MinigptError
 from minigpt_cli.experiments.compare import summarize
-from minigpt_cli.experiments.sweep import load_sweep, run_sweep
+from minigpt_cli.experiments.sweep import SHIPPED, load_sweep, run_sweep
 from minigpt_cli.trainer import train
 
 
@@ -299,7 +299,7 @@ def test_an_interrupted_compare_leaves_the_previous_summary_set_or_none(tmp_path
     assert list(out.iterdir()) == []
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.yaml")),
+@pytest.mark.parametrize("path", sorted(Path(str(SHIPPED)).glob("*.yaml")),
                          ids=lambda p: p.stem)
 def test_every_shipped_experiment_checks_out_with_three_seeds(path):
     if path.name == "base.yaml":

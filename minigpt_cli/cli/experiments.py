@@ -14,9 +14,19 @@ from .base import Command, JsonOption, app, echo, fix_when_interrupted
 
 @app.command(cls=Command)
 def sweep(
-    file: Path = typer.Argument(..., metavar="SWEEP.yaml", help="The sweep file (see experiments/ for examples)."),
+    file: Path = typer.Argument(..., metavar="SWEEP", help="A sweep file, or a shipped experiment's name (ffn, ...)."),
+    sets: List[str] = typer.Option([], "--set", metavar="KEY=VALUE",
+                                   help="Override a config key in every run, after the file's set: (repeatable)."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", min=1, metavar="N", help="Seeds per variant or trial."),
+    budget: Optional[str] = typer.Option(None, "--budget", metavar="KIND=N",
+                                         help="Each run's budget instead of the file's: iters=N, tokens=N or "
+                                              "seconds=S."),
     jobs: int = typer.Option(1, "--jobs", min=1, metavar="N",
                              help="Runs at a time, each in its own process with 1/N of the cores (default 1)."),
+    storage: Optional[str] = typer.Option(None, "--storage", metavar="URL",
+                                          help="Where the study lives: an RDB URL (sqlite:///s.db, postgresql://...) "
+                                               "or a journal file (default: the sweep folder's study.journal)."),
+    worker: bool = typer.Option(False, "--worker", help="Join the study in --storage as one of many workers."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
     progress: Optional[bool] = typer.Option(
         None, "--progress/--no-progress", help="Show a progress bar over the sweep (default: only when stderr is a terminal)."
@@ -28,25 +38,41 @@ def sweep(
     overrides, seeds, and a budget per run: optimizer steps (iters), tokens,
     or wall-clock seconds, so that the comparison is fair. Runs land in
     runs/<sweep>/<variant>-s<seed>/ as ordinary runs; the summary (a table in
-    summary.md, .csv and .json, and summary.png) lands beside them.
+    summary.md, .csv and .json, and summary.png) lands beside them. --set,
+    --seeds and --budget override the file (recorded in sweep.json).
+
+    A search: section has Optuna suggest each trial's values (TPE or
+    random), prune bad trials at their evals (median or ASHA) and keep the
+    study in the sweep folder; with --storage and --worker, processes on
+    many machines share one study (or one grid) and no run is done twice.
 
     Started again after a kill, a sweep skips the finished runs and resumes
-    the interrupted one from its checkpoint; a sweep file or base config
-    changed in between is refused, naming the difference, once a run has
-    saved a checkpoint (before that, the edited file is a new start). The
-    runs' folder is the sweep's: train.out_dir may not be overridden. More --jobs than
-    cores is slower than fewer: the runs then fight for the same cores, and
-    each one's matmuls get less of them.
+    the interrupted one from its checkpoint; a sweep file, base config or
+    override changed in between is refused, naming the difference, once a
+    run has saved a checkpoint (before that, the edited file is a new start).
+    The runs' folder is the sweep's: train.out_dir may not be overridden. More
+    --jobs than cores is slower than fewer: the runs then fight for the same
+    cores, and each one's matmuls get less of them.
 
     \b
-    Example: minigpt sweep experiments/ffn.yaml
+    Examples: minigpt sweep ffn --budget iters=50 --seeds 1
+              minigpt sweep search.yaml --storage /shared/search.journal --worker
     """
     from ..experiments.compare import format_summary
-    from ..experiments.sweep import run_sweep
+    from ..experiments.search import format_report
+    from ..experiments.sweep import Overrides, run_sweep
 
-    with fix_when_interrupted(lambda exc: f"continue the sweep with: minigpt sweep {shlex.quote(str(file))}"):
-        result = run_sweep(file, jobs=jobs, progress=progress, echo=echo)
-    print(json.dumps(result, indent=1) if as_json else format_summary(result), end="" if not as_json else "\n")
+    again = shlex.join(["minigpt", "sweep", str(file), *(w for s in sets for w in ("--set", s)),
+                        *(["--seeds", str(seeds)] if seeds else []), *(["--budget", budget] if budget else []),
+                        *(["--storage", storage] if storage else []), *(["--worker"] if worker else []),
+                        *(["--jobs", str(jobs)] if jobs > 1 else [])])
+    with fix_when_interrupted(lambda exc: f"continue the sweep with: {again}"):
+        result = run_sweep(file, jobs=jobs, progress=progress, overrides=Overrides(tuple(sets), seeds, budget),
+                           storage=storage, worker=worker, echo=echo)
+    if as_json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(format_summary(result) + (format_report(result["search"]) if "search" in result else ""), end="")
 
 
 @app.command(cls=Command)

@@ -1,5 +1,6 @@
 """``minigpt sweep``: many runs of one base config, compared fairly, resumable after a kill (the README's
-sweep file); runs go in ``<out_dir>/<name>/<variant>-s<seed>/``, the state in ``sweep.json`` beside them."""
+sweep file); runs go in ``<out_dir>/<name>/<variant>-s<seed>/``, the state in ``sweep.json`` beside them. A grid or
+named variants, or a ``search:`` (:mod:`.search`: Optuna's trials); ``--worker``: one of many on a shared study."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
+from functools import partial
+from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,8 +28,14 @@ from ..errors import Interrupted, MinigptError, refuse
 from ..fileio import atomic_write_text, read_text_file
 from ..paths import list_configs, resolve_config
 from ..run import folder as runs
+from ..run.metrics import METRICS, read_events
 from ..runtime.kernels import check_settings
+from . import search as optuna_search
 from .compare import read_model, summarize, value_text
+from .search import Key, Scalar, SearchSpec, Seed
+
+if TYPE_CHECKING:
+    import optuna
 
 STATE = "sweep.json"
 #: The key a sweep sets itself: its runs go in ``<out_dir>/<name>/``.
@@ -33,6 +43,16 @@ OUT_DIR = "train.out_dir"
 
 _MESSAGES = {
     "schema": "{path}: {why}",
+    "no_sweep": "{path}: no such sweep file, nor a shipped experiment of that name ({shipped})",
+    "budget_arg": "--budget {text}: give iters=N, tokens=N or seconds=S (one of them)",
+    "worker": "--worker joins a study in shared storage: give it with --storage URL (an RDB URL or a journal file)",
+    "storage_grid": "--storage holds a search's study, or the runs --worker processes share: add --worker, or give "
+                    "the sweep file a search: section",
+    "both": "{path}: search.params and grid both set {key}; give it in one of them",
+    "search_variants": "{path}: search: and variants: cannot go together; give the variants' keys as lists of "
+                       "choices under search.params",
+    "overrides": "the command line's --set/--seeds/--budget changed since this sweep started in {folder} ({what}); "
+                 "give the ones it started with, or give the sweep another name: to start a new one",
     "budget": "{path}: budget: give exactly one of iters, tokens or seconds",
     "seeds": "{path}: seeds: the list must be without repeats",
     "no_variants": "{path}: give grid: or variants: (at least one variant to run)",
@@ -49,6 +69,8 @@ _MESSAGES = {
     "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
     "interrupted": "interrupted; the runs under way saved their checkpoints",
     "failed": "run {run} failed (exit status {code}); its log: {log}",
+    "no_trials": "{folder}: no trial of the search completed (each failed or is still running); see its runs' "
+                 "train.log",
     "state": "{path} is damaged or unreadable ({why}); restore it, or move the sweep's folder away to start anew",
 }
 
@@ -72,11 +94,6 @@ class Budget(BaseModel):
         return [f"train.max_seconds={self.seconds}"]
 
 
-Scalar = Union[bool, int, float, str, None, list]
-Seed = Annotated[int, Field(ge=0, lt=2**32)]
-Key = Annotated[str, Field(pattern=r"^\s*[^=\s]")]  # a config key, as --set spells it
-
-
 #: The most runs one sweep file may ask for (variants x seeds), counted before anything is expanded.
 MAX_RUNS = 10_000
 
@@ -95,11 +112,13 @@ class SweepFile(BaseModel):
     budget: Budget
     target_loss: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     out_dir: str = "runs"
+    search: Optional[SearchSpec] = None
 
     @model_validator(mode="after")
     def _countable(self) -> "SweepFile":
         """Refuse more than :data:`MAX_RUNS` runs from their count alone: a 10^12 grid is never built."""
         variants = math.prod(len(v) for v in self.grid.values()) * bool(self.grid) + len(self.variants)
+        variants = self.search.trials if self.search else variants
         runs_ = variants * (self.seeds if isinstance(self.seeds, int) else len(self.seeds))
         if runs_ > MAX_RUNS:
             raise ValueError(f"{runs_:,} runs ({variants:,} variants x seeds) is more than one sweep may ask for "
@@ -108,12 +127,65 @@ class SweepFile(BaseModel):
 
 
 class _State(BaseModel):
-    """``sweep.json``: the sweep file and base config as read, and the runs done."""
+    """``sweep.json``: the sweep file and base config as read, the command line's overrides, and the runs done."""
 
     model_config = ConfigDict(strict=True)
     sweep: dict[str, Any]
     base: dict[str, Any]
+    overrides: dict[str, Any] = Field(default_factory=dict)
     done: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line changes in a sweep file: ``--set`` (after its ``set:``, before the variants' values),
+    ``--seeds`` and ``--budget`` (``iters=50``: in place of the file's)."""
+
+    set: tuple[str, ...] = ()
+    seeds: Optional[int] = None
+    budget: Optional[str] = None
+
+    def record(self) -> dict[str, Any]:
+        """What ``sweep.json`` records: the overrides given (none: ``{}``, as a sweep.json from before them)."""
+        return {k: v for k, v in (("set", list(self.set)), ("seeds", self.seeds), ("budget", self.budget)) if v}
+
+    def sections(self) -> dict[str, Any]:
+        """The sweep file's ``seeds:`` and ``budget:`` as given here. Raises MinigptError: a --budget not KIND=N."""
+        kind, _, text = (self.budget or "").partition("=")
+        number = re.fullmatch(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?", text.strip())
+        refuse([(self.budget is not None and (kind.strip() not in Budget.model_fields or not number),
+                 "budget_arg")], _MESSAGES, text=self.budget)
+        number = int(text) if number and text.strip().isdigit() else number and float(text)
+        return {**({"seeds": self.seeds} if self.seeds is not None else {}),
+                **({"budget": {kind.strip(): number}} if self.budget is not None else {})}
+
+
+#: The shipped experiments (package data): ``minigpt sweep ffn`` runs ``ffn.yaml`` there.
+SHIPPED = resources.files(__package__) / "shipped"
+
+
+def list_experiments() -> list[str]:
+    """The names of the shipped sweep files, sorted (``base`` is their base config)."""
+    return sorted(p.name[: -len(".yaml")] for p in SHIPPED.iterdir() if p.name.endswith(".yaml"))
+
+
+def _shipped(path: str | Path) -> Optional[Path]:
+    """The shipped experiment file ``path`` names (``ffn``, ``ffn.yaml``, ``experiments/ffn.yaml``), else None."""
+    p = Path(path)
+    name = p.name[: -len(".yaml")] if p.name.endswith(".yaml") else p.name
+    found = SHIPPED / f"{name}.yaml"
+    return found if p.parent in (Path("."), Path("experiments")) and name in list_experiments() and \
+        isinstance(found, Path) else None
+
+
+def resolve_sweep(path: str | Path) -> Path:
+    """The sweep file ``path`` names: the file itself, else the shipped experiment of that name (:data:`SHIPPED`).
+    Raises MinigptError: neither."""
+    p = Path(path)
+    found = p if p.exists() else _shipped(p)
+    refuse([(found is None, "no_sweep")], _MESSAGES, path=p, shipped=", ".join(e for e in list_experiments()
+                                                                            if e != "base"))
+    return found
 
 
 def _slug(value: Any) -> str:
@@ -135,12 +207,31 @@ class Run:
 
 
 class Sweep:
-    """A sweep file read and checked: its runs, in order, each with its validated config."""
+    """A sweep file read and checked: its runs, in order, each with its validated config (none for a search: its
+    trials' runs come from :meth:`runs_of`), and what to record of it (the file as read, the overrides)."""
 
-    def __init__(self, path: Path, spec: SweepFile, base: Path, base_data: dict, runs_: list[Run]):
-        self.path, self.spec, self.base, self.base_data, self.runs = path, spec, base, base_data, runs_
+    def __init__(self, path: Path, spec: SweepFile, recorded: dict, overrides: Overrides, base: Path,
+                 base_data: dict):
+        self.path, self.spec, self.recorded, self.overrides = path, spec, recorded, overrides
+        self.base, self.base_data = base, base_data
         self.name = spec.name or path.stem
         self.folder = Path(spec.out_dir) / self.name
+        self.sets = [*spec.set, *overrides.set]
+        self.runs: list[Run] = []
+
+    def runs_of(self, variant: str, values: dict[str, Any]) -> list[Run]:
+        """The runs of one variant (the sweep's overrides, then ``values``, the budget, a seed): one per seed."""
+        sets = [*self.sets, *(f"{k}={value_text(v)}" for k, v in values.items())]
+        source = f"{self.path}: variant {variant}"
+        cfg = validate(apply_overrides(self.base_data, sets), source)
+        sets += self.spec.budget.overrides(cfg)
+        seeds = self.spec.seeds if isinstance(self.spec.seeds, list) else [cfg.seed + i for i in
+                                                                            range(self.spec.seeds)]
+        planned = []
+        for seed in seeds:
+            run_sets = [*sets, f"seed={seed}"]  # the schema bounds the seed: 0 .. 2**32-1
+            planned.append(Run(variant, seed, validate(apply_overrides(self.base_data, run_sets), source), run_sets))
+        return planned
 
 
 def _variants(spec: SweepFile) -> list[tuple[str, dict[str, Any]]]:
@@ -151,11 +242,16 @@ def _variants(spec: SweepFile) -> list[tuple[str, dict[str, Any]]]:
     return [*named, *spec.variants.items()]
 
 
-def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -> Sweep:
-    """Read and check a sweep file, every run's config validated before anything runs (refusals: :data:`_MESSAGES`)."""
-    p = Path(path)
+def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None,
+               overrides: Overrides = Overrides()) -> Sweep:
+    """Read and check a sweep file (a path, or a shipped experiment's name) with the command line's overrides,
+    every run's config (a search: every parameter's ends or choices) validated before anything runs (refusals:
+    :data:`_MESSAGES`)."""
+    p = resolve_sweep(path)
     data = parse_yaml(read_text_file(p, "sweep file"), str(p))
-    spec = read_model(SweepFile, data, _MESSAGES["schema"], path=p)
+    recorded = read_model(SweepFile, data, _MESSAGES["schema"], path=p).model_dump(mode="json")
+    spec = read_model(SweepFile, {**(data if isinstance(data, dict) else {}), **overrides.sections()},
+                      _MESSAGES["schema"], path=p)
     sweep_name = runs.check_name(spec.name or p.stem, f"{p}: name:")  # the sweep's folder: never a path out of out_dir
     variants = _variants(spec)
     for variant, _ in variants:
@@ -163,33 +259,40 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None) -
     names = [v for v, _ in variants]
     same = next((v for i, v in enumerate(names) if v in names[:i]), None)
     near = p.parent / spec.base
-    base = near if near.is_file() else resolve_config(Path(spec.base), echo)
-    overriding = [("set", [item.split("=", 1)[0].strip() for item in spec.set]), ("grid", list(spec.grid)),
+    # Beside the sweep file, then a shipped experiment's (a copied sweep file's base.yaml), then a shipped config.
+    base = near if near.is_file() else _shipped(spec.base) or resolve_config(Path(spec.base), echo)
+    overriding = [("set", [item.split("=", 1)[0].strip() for item in spec.set]),
+                  ("--set", [item.split("=", 1)[0].strip() for item in overrides.set]), ("grid", list(spec.grid)),
                   *((f"variants.{v}", list(o)) for v, o in spec.variants.items())]
     where = next((where for where, keys in overriding if OUT_DIR in keys), None)
     seeds = spec.seeds if isinstance(spec.seeds, list) else None
+    searched = set(spec.search.params) if spec.search else set()
     # A folder is refused by read_text_file; what is not there is looked for among the shipped configs.
     base_data = parse_yaml(read_text_file(base, f"{p}: base:"), str(base)) if base.exists() else {}
     refuse([(sum(v is not None for v in spec.budget.model_dump().values()) != 1, "budget"),
             (seeds and len(set(seeds)) != len(seeds), "seeds"),
-            (not variants, "no_variants"),
+            (not variants and not spec.search, "no_variants"),
+            (searched & set(spec.grid), "both"),
+            (spec.search and spec.variants, "search_variants"),
             (same, "collide"),
             (where, "out_dir"),
             (not base.exists(), "no_base"),
             (not isinstance(base_data, (dict, type(None))), "base_top")], _MESSAGES,
            path=p, a=same and dict(variants[::-1])[same], b=same and dict(variants)[same], name=same or spec.base,
-           where=where, folder=Path(spec.out_dir) / sweep_name, base=base, near=near, shipped=", ".join(list_configs()))
-    base_data = base_data or {}
-    planned = []
-    for variant, overrides in variants:
-        sets = [*spec.set, *(f"{k}={value_text(v)}" for k, v in overrides.items())]
-        source = f"{p}: variant {variant}"
-        cfg = validate(apply_overrides(base_data, sets), source)
-        sets += spec.budget.overrides(cfg)
-        for seed in seeds or [cfg.seed + i for i in range(spec.seeds)]:
-            run_sets = [*sets, f"seed={seed}"]  # the schema bounds the seed: 0 .. 2**32-1
-            planned.append(Run(variant, seed, validate(apply_overrides(base_data, run_sets), source), run_sets))
-    return Sweep(p, spec, Path(base), base_data, planned)
+           where=where, folder=Path(spec.out_dir) / sweep_name, base=base, near=near, key=min(searched & set(spec.grid),
+                                                                                           default=None),
+           shipped=", ".join(["base", *list_configs()]))
+    sweep = Sweep(p, spec, recorded, overrides, Path(base), base_data or {})
+    if spec.search:
+        # The grid's keys are searched as lists of choices; every value a trial may get is validated now.
+        spec.search = spec.search.model_copy(update={"params": {**spec.grid, **spec.search.params}})
+        for key in spec.search.params:
+            for value in spec.search.values(key):
+                sweep.runs_of(f"search.params.{key}={value_text(value)}", {key: value})
+        spec.grid = {}
+    else:
+        sweep.runs = [run for variant, values in variants for run in sweep.runs_of(variant, values)]
+    return sweep
 
 
 def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
@@ -203,20 +306,23 @@ def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
     return None if old == new else f"{where or 'the file'}: {json.dumps(old)} -> {json.dumps(new)}"
 
 
-def _read_state(sweep: Sweep, jobs: int) -> dict:
-    """The sweep's state, created on the first start; refuses a changed sweep once a run saved a checkpoint."""
+def _read_state(sweep: Sweep, jobs: int, worker: bool = False) -> dict:
+    """The sweep's state, created on the first start; refuses a changed sweep or other overrides once a run saved a
+    checkpoint. Workers share the folder: another one may be writing it as this one starts."""
     path = sweep.folder / STATE
-    record = {"sweep": sweep.spec.model_dump(mode="json"), "base": sweep.base_data}  # to notice a change
+    record = {"sweep": sweep.recorded, "base": sweep.base_data, "overrides": sweep.overrides.record()}
     state = read_model(_State, path, _MESSAGES["state"], path=path).model_dump() if path.is_file() else None
-    changed = [(source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base))
+    changed = [(part, source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base),
+                                                         ("overrides", None))
                if state and (what := _difference(state[part], record[part]))]
     # No run has a checkpoint yet (e.g. a failed download): the edited sweep replaces the record.
     trained = changed and (state["done"] or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir()))
     cores = os.cpu_count() or 1
     refuse([(not 1 <= jobs <= cores, "jobs"),
-            (state is None and sweep.folder.is_dir() and any(sweep.folder.iterdir()), "taken"),
+            (state is None and not worker and sweep.folder.is_dir() and any(sweep.folder.iterdir()), "taken"),
+            (trained and changed[0][0] == "overrides", "overrides"),
             (trained, "changed")], _MESSAGES, jobs=jobs, cores=cores, folder=sweep.folder, path=sweep.path,
-           source=changed and changed[0][0], what=changed and changed[0][1])
+           source=changed and changed[0][1], what=changed and changed[0][2])
     if state is not None and not changed:
         return state
     sweep.folder.mkdir(parents=True, exist_ok=True)
@@ -240,15 +346,19 @@ def _resumable(sweep: Sweep, run: Run) -> bool:
     return False
 
 
-def _run_in_process(sweep: Sweep, run: Run) -> None:
-    """Train ``run`` here: a new run folder, or a resume of the one a killed sweep left."""
+def _run_in_process(sweep: Sweep, run: Run, on_eval: Optional[Callable[[int, float], bool]] = None) -> None:
+    """Train ``run`` here: a new run folder, or a resume of the one a killed sweep left; ``on_eval``: the trainer's."""
     from ..trainer import train
 
     cfg = run.cfg.model_copy(update={"train": run.cfg.train.model_copy(update={"out_dir": str(sweep.folder)})})
     if _resumable(sweep, run):
-        train(cfg, resume=str(sweep.folder / run.name), echo=lambda m: None, progress=False)
+        # A killed search may have logged an eval it never reported: ``on_eval`` hears the logged ones first.
+        logged = [e for e in read_events(sweep.folder / run.name / METRICS) if e["event"] == "eval"]
+        if on_eval is not None and any(on_eval(e["step"], e["val_loss"]) for e in logged):
+            return
+        train(cfg, resume=str(sweep.folder / run.name), echo=lambda m: None, progress=False, on_eval=on_eval)
     else:
-        train(cfg, run.name, echo=lambda m: None, progress=False)
+        train(cfg, run.name, echo=lambda m: None, progress=False, on_eval=on_eval)
 
 
 def _command(sweep: Sweep, run: Run) -> list[str]:
@@ -281,66 +391,202 @@ def die_with_parent() -> Optional[Callable[[], None]]:
     return set_parent_death_signal
 
 
-def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None,
-              echo: Callable[[str], None] = lambda m: None) -> dict:
-    """Run (or finish) a sweep, then write its summary. Raises MinigptError (a bad kernel setting, sweep file or
-    state, a failed run) and Interrupted (Ctrl-C: checkpoints saved, the same command goes on)."""
+#: How often a ``--jobs`` search reads a run's metrics.jsonl for evals to report, in seconds.
+POLL_S = 0.5
+
+
+class _Processes:
+    """``--jobs N``: each run a ``minigpt train`` process with 1/N of the cores, in a session of its own (the sweep
+    passes a Ctrl-C on) and ended if the sweep is killed; :meth:`stop` stops them all, each saving its checkpoint."""
+
+    def __init__(self, sweep: Sweep, jobs: int):
+        self.sweep, self.jobs = sweep, jobs
+        self.env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // jobs)))
+        self.preexec_fn = die_with_parent()
+        self.running: dict[str, subprocess.Popen] = {}
+        self.stopping = threading.Event()
+
+    def train(self, run: Run, on_eval: Optional[Callable[[int, float], bool]] = None) -> None:
+        """Train ``run`` in a process, ``on_eval`` hearing each eval its metrics.jsonl logs (True: SIGTERM, so the
+        run saves and stops). Raises Interrupted (:meth:`stop` was called) and MinigptError (the run failed)."""
+        if self.stopping.is_set():
+            raise Interrupted(_MESSAGES["interrupted"])
+        log = self.sweep.folder / f"{run.name}.log"
+        with open(log, "w") as out:
+            proc = self.running[run.name] = subprocess.Popen(_command(self.sweep, run), env=self.env, stdout=out,
+                                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                                             preexec_fn=self.preexec_fn)
+            asked = self._wait(proc, self.sweep.folder / run.name, on_eval)
+        del self.running[run.name]
+        if self.stopping.is_set():
+            raise Interrupted(_MESSAGES["interrupted"])
+        if proc.returncode != 0 and not asked:
+            raise MinigptError(_MESSAGES["failed"].format(run=run.name, code=proc.returncode, log=log))
+        log.unlink()
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen, folder: Path, on_eval: Optional[Callable[[int, float], bool]]) -> bool:
+        """Wait for ``proc``, reading its evals every :data:`POLL_S` for ``on_eval``; True when that stopped it."""
+        heard = 0
+        while on_eval is not None:
+            ended = proc.poll() is not None  # asked before reading: an ended run's last evals are heard too
+            evals = [e for e in read_events(folder / METRICS) if e["event"] == "eval"]
+            for e in evals[heard:]:
+                if on_eval(e["step"], e["val_loss"]):
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait()
+                    return True
+            heard = len(evals)
+            if ended:
+                return False
+            time.sleep(POLL_S)
+        proc.wait()
+        return False
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for proc in list(self.running.values()):
+            proc.send_signal(signal.SIGINT)
+
+
+def _parallel(procs: Optional[_Processes], tasks: list[Callable[[], Any]], done: Callable[[Any], None]) -> None:
+    """Run ``tasks`` one after another (``procs`` None), or on ``procs.jobs`` threads, ``done`` hearing each result;
+    a Ctrl-C or a failed run stops the others, each saving its checkpoint."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
+    if procs is None:
+        for task in tasks:
+            done(task())
+        return
+    pool = ThreadPoolExecutor(max_workers=procs.jobs)
+    try:
+        for future in as_completed([pool.submit(task) for task in tasks]):
+            done(future.result())
+    except KeyboardInterrupt:
+        raise Interrupted(_MESSAGES["interrupted"]) from None
+    finally:
+        procs.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None, overrides: Overrides = Overrides(),
+              storage: Optional[str] = None, worker: bool = False,
+              echo: Callable[[str], None] = lambda m: None) -> dict:
+    """Run (or finish) a sweep (a search: its trials), then write its summary; with ``worker``, as one of the
+    processes sharing the study in ``storage``. Raises MinigptError (a bad kernel setting, sweep file, state or
+    storage, a failed run) and Interrupted (Ctrl-C: checkpoints saved, the same command goes on)."""
     from tqdm.auto import tqdm
 
     check_settings()  # the runs would each refuse a bad MINIGPT_ONEDNN / MINIGPT_FAST_DROPOUT: refuse it once, first
-    sweep = load_sweep(path, echo)
-    state = _read_state(sweep, jobs)
+    refuse([(worker and storage is None, "worker")], _MESSAGES)
+    sweep = load_sweep(path, echo, overrides)
+    refuse([(storage is not None and not (worker or sweep.spec.search), "storage_grid")], _MESSAGES)
+    # Shared storage is opened before the sweep's folder is made: one that cannot be is refused with nothing written.
+    store = optuna_search.open_storage(storage, sweep.folder) if storage else None
+    state = _read_state(sweep, jobs, worker)
+    procs = _Processes(sweep, jobs) if jobs > 1 else None
+    train = procs.train if procs else lambda run, on_eval=None: _run_in_process(sweep, run, on_eval)
+    bar = partial(tqdm, desc=f"sweep {sweep.name}", unit="run", dynamic_ncols=True, file=sys.stderr,
+                  disable=None if progress is None else not progress)
+    if sweep.spec.search:
+        store = store or optuna_search.open_storage(None, sweep.folder)  # the study.journal beside the runs
+        return _search(sweep, store, worker, train, procs, bar, echo)
+    if worker:
+        return _grid_worker(sweep, store, train, procs, bar, echo)
     todo = [r for r in sweep.runs if r.name not in state["done"]]
     echo(f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done), "
          f"{len({r.variant for r in sweep.runs})} variants; runs in {sweep.folder}")
-    bar = tqdm(total=len(sweep.runs), initial=len(sweep.runs) - len(todo), desc=f"sweep {sweep.name}", unit="run",
-               disable=None if progress is None else not progress, dynamic_ncols=True, file=sys.stderr)
-    with bar:
-        if jobs == 1:
-            for run in todo:
-                bar.set_postfix_str(run.name)
-                _run_in_process(sweep, run)
-                _mark_done(sweep, state, run)
-                bar.update(1)
-        else:
-            env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // jobs)))
-            # Each run in a session of its own (the sweep passes a Ctrl-C on), ended if the sweep is killed.
-            preexec_fn = die_with_parent()
+    with bar(total=len(sweep.runs), initial=len(sweep.runs) - len(todo)) as progress_bar:
+        def done(run: Run) -> None:
+            _mark_done(sweep, state, run)
+            progress_bar.update(1)
 
-            running: dict[str, subprocess.Popen] = {}
-            stopping = threading.Event()
+        _parallel(procs, [partial(lambda run: train(run) or run, run) for run in todo], done)
+    return _summary(sweep, sweep.runs, {r.name: r.variant for r in sweep.runs}, echo)
 
-            def one(run: Run) -> Optional[Run]:
-                if stopping.is_set():
-                    return None
-                log = sweep.folder / f"{run.name}.log"
-                with open(log, "w") as out:
-                    proc = running[run.name] = subprocess.Popen(_command(sweep, run), env=env, stdout=out,
-                                                                stderr=subprocess.STDOUT, start_new_session=True,
-                                                                preexec_fn=preexec_fn)
-                    code = proc.wait()
-                del running[run.name]
-                if stopping.is_set():
-                    return None
-                if code != 0:
-                    raise MinigptError(_MESSAGES["failed"].format(run=run.name, code=code, log=log))
-                log.unlink()
-                return run
 
-            pool = ThreadPoolExecutor(max_workers=jobs)
+def _summary(sweep: Sweep, runs_: list[Run], variants: dict[str, str], echo: Callable[[str], None]) -> dict:
+    return summarize([sweep.folder / r.name for r in runs_], out=sweep.folder, target=sweep.spec.target_loss,
+                     variants=variants, echo=echo)
+
+
+def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Callable,
+                 procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None]) -> dict:
+    """One worker of a grid shared by many: it takes each (variant, seed) no worker has claimed (an atomic claim
+    file in the shared sweep folder), and records each run it finishes in the study, as a trial."""
+    import optuna
+
+    study = optuna_search.open_study(storage, sweep.name, None, None)
+    space = {"variant": optuna.distributions.CategoricalDistribution(sorted({r.variant for r in sweep.runs})),
+             "seed": optuna.distributions.CategoricalDistribution(sorted({r.seed for r in sweep.runs}))}
+    echo(f"sweep {sweep.name}: worker {optuna_search.owner()} of {len(sweep.runs)} runs; runs in {sweep.folder}")
+
+    def take(run: Run) -> Optional[Run]:
+        if not optuna_search.claim_run(sweep.folder, run.name):
+            return None
+        trained = False
+        try:
+            train(run)
+            trained = True
+        finally:  # after a Ctrl-C or a failed run: let go, for another worker (or this one, started again)
+            optuna_search.settle_run(sweep.folder, run.name, done=trained)
+        final = [e for e in read_events(sweep.folder / run.name / METRICS) if e["event"] == "eval"][-1]
+        study.add_trial(optuna.trial.create_trial(params={"variant": run.variant, "seed": run.seed},
+                                                  distributions=space, value=final["val_loss"],
+                                                  user_attrs={"run": run.name}))
+        return run
+
+    finished = optuna_search.runs_done(sweep.folder)
+    with bar(total=len(sweep.runs), initial=len(finished)) as progress_bar:
+        _parallel(procs, [partial(take, r) for r in sweep.runs if r.name not in finished],
+                  lambda run: run and progress_bar.update(1))
+    done = [r for r in sweep.runs if r.name in optuna_search.runs_done(sweep.folder)]
+    return _summary(sweep, done, {r.name: r.variant for r in done}, echo)
+
+
+def _search(sweep: Sweep, storage: "optuna.storages.BaseStorage", worker: bool, train: Callable,
+            procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None]) -> dict:
+    """The sweep's search: trials asked of Optuna's study (resumed where a killed worker left one) until it has
+    ``trials``, each trained by ``train``; then the summary, a row per trial, and the search's report."""
+    from optuna.trial import TrialState
+
+    spec = sweep.spec.search
+    # Workers seeded alike would ask the same first values: only a single process's search is reproducible.
+    seed = None if worker else spec.seed if spec.seed is not None else \
+        validate(apply_overrides(sweep.base_data, sweep.sets), str(sweep.path)).seed
+    study = optuna_search.open_study(storage, sweep.name, spec, seed)
+    key = "final_val" if spec.objective == "val_loss" else "bits_per_byte"
+
+    def objective(runs_: list[Run]) -> Optional[float]:
+        return summarize([sweep.folder / r.name for r in runs_], variants={r.name: r.variant for r in runs_})[
+            "rows"][0].get(key)
+
+    def trials(progress_bar) -> int:
+        ran = 0
+        while (trial := optuna_search.next_trial(study, spec.trials, sweep.folder)) is not None:
+            outcome = None
             try:
-                for future in as_completed([pool.submit(one, run) for run in todo]):
-                    if (done := future.result()) is not None:
-                        _mark_done(sweep, state, done)
-                        bar.update(1)
-            except KeyboardInterrupt:
-                raise Interrupted(_MESSAGES["interrupted"]) from None
-            finally:  # after a Ctrl-C or a failed run, stop the others, each saving its checkpoint
-                stopping.set()
-                for proc in list(running.values()):
-                    proc.send_signal(signal.SIGINT)
-                pool.shutdown(wait=True, cancel_futures=True)
-    return summarize([sweep.folder / r.name for r in sweep.runs], out=sweep.folder, target=sweep.spec.target_loss,
-                     variants={r.name: r.variant for r in sweep.runs}, echo=echo)
+                outcome = optuna_search.run_trial(study, trial, spec, sweep.runs_of, train, objective)
+            finally:
+                if outcome is None:  # Ctrl-C, a bug: the trial stays running, let go for the next start to resume
+                    optuna_search.release(trial)
+            progress_bar.update(1)
+            progress_bar.set_postfix_str(f"{optuna_search.trial_name(trial.number)} {outcome}")
+            ran += 1
+        return ran
+
+    ended = [t for t in study.get_trials(deepcopy=False) if t.number < spec.trials and t.state.is_finished()]
+    echo(f"sweep {sweep.name}: a {spec.method} search of {spec.trials} trials ({len(ended)} done), pruning: "
+         f"{spec.prune}; runs in {sweep.folder}")
+    with bar(total=spec.trials, initial=len(ended)) as progress_bar:
+        _parallel(procs, [partial(trials, progress_bar)] * (procs.jobs if procs else 1), lambda ran: None)
+    ours = [t for t in study.get_trials(deepcopy=False) if t.number < spec.trials
+            and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    names = {run: optuna_search.trial_name(t.number) + (" (pruned)" if t.state == TrialState.PRUNED else "")
+             for t in ours for run in t.user_attrs["runs"]}
+    refuse([(not names, "no_trials")], _MESSAGES, folder=sweep.folder)
+    started = [r for t in ours for r in sweep.runs_of(optuna_search.trial_name(t.number), t.params)
+               if (sweep.folder / r.name / METRICS).is_file()]  # a pruned trial's later seeds never started
+    result = _summary(sweep, started, names, echo)
+    result["search"] = optuna_search.report(study, spec.trials, sweep.folder)
+    return result

@@ -34,6 +34,8 @@ from .step import train_step
 MAX_NONFINITE = 5
 #: Without a progress bar (stderr not a terminal), a status line at most this often, in seconds.
 STATUS_EVERY_S = 30.0
+#: Why :meth:`Trainer.evaluate` stops a run: early stopping, or the caller's ``on_eval`` (a search's pruner).
+EARLY, ASKED = "early stopping", "stopped as on_eval asked"
 #: A stop request that came once the run's last eval was done: the run ended anyway (:meth:`Trainer.fit`).
 STOPPED_AT_END = ("stopped by {signal} as the run ended at step {step}: it is complete{losses} and saved in {last}; "
                   "nothing is left to resume")
@@ -55,8 +57,9 @@ class TrainResult:
 class Trainer:
     """Runs the optimizer steps of one prepared run (:class:`~.setup.Setup`) until it ends."""
 
-    def __init__(self, s: Setup):
+    def __init__(self, s: Setup, on_eval: Optional[Callable[[int, float], bool]] = None):
         self.s = s
+        self.on_eval = on_eval  # (step, val loss) after each eval; True stops the run there, as early stopping
         self.prog = s.prog
         self.nonfinite = 0
         self.t0 = time.perf_counter() - s.logger.elapsed_offset()
@@ -88,11 +91,12 @@ class Trainer:
         with s.stop, self.second_ctrl_c():
             while True:
                 late = self.out_of_time()  # train.max_seconds passed: this step is the last, after its eval
-                if (self.evaluator.due(p.step, p.evaluated) or (late and not p.evaluated)) and self.evaluate():
+                due = self.evaluator.due(p.step, p.evaluated) or (late and not p.evaluated)
+                if due and (why := self.evaluate()):
                     stopped_early = True
-                    s.logger.log(f"early stopping at step {p.step}: no better val loss in "
-                                 f"{p.bad_evals} evals (best {p.best_val:.4f})")
-                    s.echo(f"early stopping at step {p.step} (best val loss {p.best_val:.4f})")
+                    s.logger.log(f"{why} at step {p.step}" + (f": no better val loss in {p.bad_evals} evals "
+                                                              f"(best {p.best_val:.4f})" if why == EARLY else ""))
+                    s.echo(f"{why} at step {p.step} (best val loss {p.best_val:.4f})")
                     break
                 # At max_iters the run ends once its final eval ran (a stop request can cut that eval short).
                 if p.step > tc.max_iters or ((p.step == tc.max_iters or late) and p.evaluated):
@@ -190,8 +194,9 @@ class Trainer:
             self.t_status = now
             s.echo(f"step {step:,}/{s.cfg.train.max_iters:,}: loss {train_loss:.4f}, lr {lr:.2e}, {tps:,.0f} tokens/s")
 
-    def evaluate(self) -> bool:
-        """Evaluate at the current step, then log, checkpoint, sample and plot; True when early stopping says stop."""
+    def evaluate(self) -> Optional[str]:
+        """Evaluate at the current step, then log, checkpoint, sample and plot; why to stop (:data:`EARLY`,
+        :data:`ASKED`) when early stopping or ``on_eval`` says so, else None."""
         s, p = self.s, self.prog
         t_eval = time.perf_counter()
         losses = None  # a stop request cut the eval short
@@ -219,8 +224,10 @@ class Trainer:
         s.logger.plot()
         self.t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
         s.bar.unpause()  # nor does the bar's rate (and its time left) count the eval
+        if self.on_eval is not None and self.on_eval(p.step, losses["val"]):
+            return ASKED
         patience = s.cfg.train.early_stop_patience
-        return patience is not None and p.bad_evals >= patience
+        return EARLY if patience is not None and p.bad_evals >= patience else None
 
     # ------------------------------------------------------------------ stopping
 
@@ -320,9 +327,11 @@ class Trainer:
 
 
 def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] = None,
-          echo: Callable[[str], None] = print, progress: Optional[bool] = None) -> TrainResult:
+          echo: Callable[[str], None] = print, progress: Optional[bool] = None,
+          on_eval: Optional[Callable[[int, float], bool]] = None) -> TrainResult:
     """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`); ``resume``:
-    ``auto`` or a run folder to continue. Nothing global is left changed afterwards (a sweep calls this often).
+    ``auto`` or a run folder to continue; ``on_eval(step, val_loss)`` after each eval, True ending the run there
+    (``stopped_early``; ``last`` is saved). Nothing global is left changed afterwards (a sweep calls this often).
 
     Raises:
         MinigptError: what :func:`~.setup.plan` refuses before anything is written (a path that cannot be
@@ -339,7 +348,7 @@ def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] 
             if p.done:  # a resumed run that already reached max_iters
                 close_distributed(p.dist)
                 return TrainResult(**p.resumed.result(), already_done=True)
-            return Trainer(build(p, claim, echo, progress)).fit()
+            return Trainer(build(p, claim, echo, progress), on_eval).fit()
     except (torch.OutOfMemoryError, RuntimeError) as exc:
         # check_memory's estimate passed but the allocator did not: one line, not a traceback.
         text = str(exc)

@@ -1,0 +1,343 @@
+"""A sweep file's ``search:``: Optuna suggests each trial's values, prunes bad trials at their evals and keeps the
+study (a journal file in the sweep's folder, or shared storage that many workers join); minigpt trains the runs.
+
+Optuna: Akiba et al. 2019 (KDD); TPE: Bergstra et al. 2011 (NeurIPS), Optuna's ``TPESampler``; ASHA: Li et al.
+2020 (MLSys), Optuna's ``SuccessiveHalvingPruner``; the median rule: Golovin et al. 2017 (Vizier), ``MedianPruner``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import io
+import os
+import socket
+import warnings
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import MinigptError
+from ..fileio import atomic_write_bytes, atomic_write_text, errors_as
+
+if TYPE_CHECKING:
+    import optuna
+
+#: The study's journal in the sweep's folder when no ``--storage`` is given.
+STUDY_FILE = "study.journal"
+#: Where workers on one machine take turns to claim a trial or a run (an flock on it), and their claims.
+LOCK_FILE, CLAIMS = "claims.lock", "claims"
+#: The summary's Optuna plots (optuna.visualization.matplotlib).
+PLOTS = ("search-history.png", "search-parallel.png", "search-importances.png")
+#: A claim's owner once it let go (Ctrl-C): any worker on any machine may take the trial or run over.
+RELEASED = ""
+
+Choice = Union[bool, int, float, str, None]
+Scalar = Union[bool, int, float, str, None, list]
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+Key = Annotated[str, Field(pattern=r"^\s*[^=\s]")]  # a config key, as --set spells it
+
+_MESSAGES = {
+    "empty": "params.{key}: empty range (low {low} > high {high}); give low <= high",
+    "log": "params.{key}: log: true needs low > 0 (got {low}); raise low, or drop log",
+    "log_step": "params.{key}: give log: true or step:, not both (Optuna samples one or the other)",
+    "storage": "--storage {url}: cannot open it ({why}); give an RDB URL (sqlite:///study.db, "
+               "postgresql://user@host/db) or a journal file's path on a filesystem every worker sees",
+    "no_value": "trial {trial}: no {objective} to report ({why})",
+}
+
+
+class Range(BaseModel):
+    """A parameter's range: integers when ``low`` and ``high`` are, else floats; ``log`` samples its logarithm."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    low: Union[int, float] = Field(allow_inf_nan=False)
+    high: Union[int, float] = Field(allow_inf_nan=False)
+    log: bool = False
+    step: Optional[Union[int, float]] = Field(None, gt=0, allow_inf_nan=False)
+
+    @property
+    def integers(self) -> bool:
+        return all(isinstance(v, int) for v in (self.low, self.high, self.step or 1))
+
+
+class SearchSpec(BaseModel):
+    """A sweep file's ``search:`` section (the README's sweep file)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    method: Literal["tpe", "random"] = "tpe"
+    trials: int = Field(ge=1, le=10_000)
+    prune: Literal["none", "median", "asha"] = "none"
+    objective: Literal["val_loss", "bits_per_byte"] = "val_loss"
+    seed: Optional[Seed] = None  # the sampler's; default: the base config's seed
+    params: dict[Key, Union[Range, Annotated[list[Choice], Field(min_length=1)]]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "SearchSpec":
+        for key, r in self.params.items():
+            if isinstance(r, Range):
+                for bad, name in ((r.low > r.high, "empty"), (r.log and r.low <= 0, "log"),
+                                  (r.log and r.step is not None, "log_step")):
+                    if bad:
+                        raise ValueError(_MESSAGES[name].format(key=key, low=r.low, high=r.high))
+        return self
+
+    def values(self, key: str) -> list[Any]:
+        """The values of parameter ``key`` a config must accept: its choices, or its range's ends."""
+        p = self.params[key]
+        return list(p) if isinstance(p, list) else [p.low, p.high]
+
+
+def suggest(trial: "optuna.Trial", params: dict[str, Union[Range, list]]) -> dict[str, Any]:
+    """The trial's value of each parameter (a trial that ran before gets back the values it had)."""
+    out = {}
+    for key, p in params.items():
+        if isinstance(p, list):
+            out[key] = trial.suggest_categorical(key, p)
+        elif p.integers:
+            out[key] = trial.suggest_int(key, p.low, p.high, step=p.step or 1, log=p.log)
+        else:
+            out[key] = trial.suggest_float(key, p.low, p.high, step=p.step, log=p.log)
+    return out
+
+
+def open_storage(url: Optional[str], folder: Path) -> "optuna.storages.BaseStorage":
+    """The study's storage: an RDB URL (``scheme://``), else a journal file (default: the sweep folder's
+    :data:`STUDY_FILE`), as Optuna documents for distributed optimisation. Raises MinigptError: it cannot be opened."""
+    import sqlalchemy.exc
+    from optuna.storages import JournalStorage, RDBStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    target = url or str(folder / STUDY_FILE)
+
+    def refused(exc: BaseException) -> MinigptError:
+        why = " ".join((getattr(exc, "strerror", None) or str(exc).splitlines()[0] or type(exc).__name__).split())
+        return MinigptError(_MESSAGES["storage"].format(url=target, why=why[:200]))
+
+    # A missing folder, a malformed URL, no such SQL dialect or driver, a database that does not answer.
+    with errors_as({(OSError, ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError): refused}):
+        return RDBStorage(target) if "://" in target else JournalStorage(JournalFileBackend(target))
+
+
+def open_study(storage: "optuna.storages.BaseStorage", name: str, spec: Optional[SearchSpec],
+               seed: Optional[int]) -> "optuna.Study":
+    """The sweep's study in ``storage``, made by the first worker and joined by the others (minimised); the
+    sampler's ``seed`` moves on by the trials the study holds, so a resumed search asks no values again."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress bar and summary say what happened
+    if seed is not None:
+        with suppress(KeyError):  # no such study yet
+            seed += len(optuna.load_study(study_name=name, storage=storage).trials)
+    method, prune = (spec.method, spec.prune) if spec else ("random", "none")
+    sampler = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}[method](seed=seed)
+    pruner = {"none": optuna.pruners.NopPruner, "median": optuna.pruners.MedianPruner,
+              "asha": optuna.pruners.SuccessiveHalvingPruner}[prune]()
+    return optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
+                               pruner=pruner, load_if_exists=True)
+
+
+# ---------------------------------------------------------------------- claims: no trial or run twice
+
+
+def owner() -> str:
+    """This process, as a claim names it: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def stale(who: Optional[str]) -> bool:
+    """Whether a claim's owner let go (:data:`RELEASED`) or is a process of this machine that is gone (killed);
+    a worker on another machine is never judged from here (None: a trial whose owner is being written)."""
+    if who is None or who == RELEASED:
+        return who == RELEASED
+    host, _, pid = who.rpartition(":")
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+    except OSError as exc:
+        return exc.errno == errno.ESRCH  # EPERM: another user's process of that number, alive
+    return False
+
+
+@contextmanager
+def turn(folder: Path):
+    """Hold the sweep folder's :data:`LOCK_FILE`: one worker (process or thread) of a machine at a time claims."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_FILE, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def claim_run(folder: Path, run: str) -> bool:
+    """Claim run ``run`` of a grid for this worker: a new claim file (an atomic exclusive create), or the claim of a
+    worker that is gone; False when another worker has it or it is done."""
+    path = folder / CLAIMS / run
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with turn(folder):
+        with suppress(FileExistsError):
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as f:
+                f.write(owner())
+            return True
+        who = path.read_text()
+        if who == "done" or not stale(who):
+            return False
+        atomic_write_text(path, owner())
+        return True
+
+
+def settle_run(folder: Path, run: str, done: bool) -> None:
+    """A claimed run ended: ``done``, or let go (interrupted) for any worker to resume."""
+    atomic_write_text(folder / CLAIMS / run, "done" if done else RELEASED)
+
+
+def runs_done(folder: Path) -> set[str]:
+    """The grid runs the workers finished (their claim files say ``done``)."""
+    claims = folder / CLAIMS
+    return {p.name for p in claims.iterdir() if p.read_text() == "done"} if claims.is_dir() else set()
+
+
+def next_trial(study: "optuna.Study", trials: int, folder: Path) -> Optional["optuna.Trial"]:
+    """The trial this worker runs next: one a killed worker of this machine left running (it resumes), else a new
+    one while the study has fewer than ``trials``; None when none is left. A trial numbered past ``trials`` (two
+    workers asked at once) is failed at once, unrun: trials 0 .. trials-1 are the search."""
+    import optuna
+    from optuna.trial import TrialState
+
+    with turn(folder):
+        mine = owner()
+        known = study.get_trials(deepcopy=False)
+        for t in known:
+            if t.state == TrialState.RUNNING and t.number < trials and stale(t.user_attrs.get("owner")):
+                # Optuna offers no public call to take over a running trial (its RetryFailedTrialCallback
+                # re-enqueues a copy under a new number); Trial(study, id) is how study.ask() builds one.
+                trial = optuna.Trial(study, t._trial_id)
+                trial.set_user_attr("owner", mine)
+                return trial
+        if len(known) >= trials:
+            return None
+        trial = study.ask()
+        if trial.number >= trials:
+            trial.set_user_attr("surplus", True)
+            study.tell(trial, state=TrialState.FAIL)
+            return None
+        trial.set_user_attr("owner", mine)
+        return trial
+
+
+def release(trial: "optuna.Trial") -> None:
+    """An interrupted trial stays running in the study, let go: the next start (here or elsewhere) resumes it."""
+    trial.set_user_attr("owner", RELEASED)
+
+
+def run_trial(study: "optuna.Study", trial: "optuna.Trial", spec: SearchSpec, runs_of: Callable[[str, dict], list],
+              train: Callable[[Any, Callable[[int, float], bool]], bool],
+              objective: Callable[[list], Optional[float]]) -> str:
+    """Train a trial's runs (one per seed) and tell the study how it ended: ``complete``, ``pruned`` or ``failed``.
+
+    ``train(run, on_eval)`` trains one run, stopping where ``on_eval`` says so. Each eval of seed ``i`` is reported at
+    step ``i * max_iters + step``, so that trials compare at equal steps and seeds; a resumed trial reports only
+    the evals its study lacks. Raises what ``train`` raises, but MinigptError (a diverged run: the trial failed).
+    """
+    from optuna.trial import TrialState
+
+    runs_ = runs_of(trial_name(trial.number), suggest(trial, spec.params))
+    trial.set_user_attr("runs", [r.name for r in runs_])
+    seen = set(study.get_trials(deepcopy=False)[trial.number].intermediate_values)
+    pruned: list[int] = []  # the step the pruner stopped the trial at
+    for i, run in enumerate(runs_):
+        offset = i * run.cfg.train.max_iters
+
+        def report(step: int, value: float, offset: int = offset) -> bool:
+            if offset + step not in seen:
+                trial.report(value, offset + step)
+                seen.add(offset + step)
+            if trial.should_prune():
+                pruned.append(offset + step)
+            return bool(pruned)
+
+        try:
+            train(run, report)
+        except MinigptError as exc:
+            trial.set_user_attr("error", str(exc))
+            study.tell(trial, state=TrialState.FAIL)
+            return "failed"
+        if pruned:
+            study.tell(trial, state=TrialState.PRUNED)
+            return "pruned"
+    value = objective(runs_)
+    if value is None:
+        raise MinigptError(_MESSAGES["no_value"].format(trial=trial.number, objective=spec.objective,
+                                                        why="bits per byte could not be measured"))
+    study.tell(trial, value)
+    return "complete"
+
+
+def trial_name(number: int) -> str:
+    """A trial's variant name: its runs are ``trial-0007-s1337``."""
+    return f"trial-{number:04d}"
+
+
+# ---------------------------------------------------------------------- the summary's part
+
+
+def report(study: "optuna.Study", trials: int, folder: Path) -> dict:
+    """The study's trials by state, the best trial, parameter importances (two completed trials or more) and
+    :data:`PLOTS` written into ``folder`` with Optuna's matplotlib plots."""
+    import optuna
+    from optuna.trial import TrialState
+
+    ours = [t for t in study.get_trials(deepcopy=False) if t.number < trials]
+    complete = [t for t in ours if t.state == TrialState.COMPLETE]
+    out: dict[str, Any] = {"trials": trials, **{s.name.lower(): sum(t.state == s for t in ours) for s in
+                                                (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL,
+                                                 TrialState.RUNNING)}}
+    if complete:
+        best = min(complete, key=lambda t: t.value)
+        out["best_trial"] = {"trial": trial_name(best.number), "value": best.value, "params": best.params}
+    evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+    out["importances"] = dict(optuna.importance.get_param_importances(study, evaluator=evaluator)) \
+        if len(complete) >= 2 else None
+    out["plots"] = _plots(study, folder, len(complete) >= 2, evaluator) if complete else []
+    return out
+
+
+def _plots(study: "optuna.Study", folder: Path, importances: bool, evaluator: Any) -> list[str]:
+    """Draw :data:`PLOTS` (the importances only from two completed trials), each written atomically."""
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as plots
+
+    drawn = {PLOTS[0]: plots.plot_optimization_history, PLOTS[1]: plots.plot_parallel_coordinate}
+    if importances:
+        drawn[PLOTS[2]] = lambda s: plots.plot_param_importances(s, evaluator=evaluator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # optuna.exceptions.ExperimentalWarning: the plots are marked experimental
+        for name, draw in drawn.items():
+            fig = draw(study).figure
+            fig.set_size_inches(10, 5)
+            fig.tight_layout()
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=100)
+            plt.close(fig)
+            atomic_write_bytes(folder / name, png.getvalue())
+    return list(drawn)
+
+
+def format_report(search: dict) -> str:
+    """The lines printed under the sweep's table."""
+    lines = [f"search: {search['complete']} of {search['trials']} trials complete, {search['pruned']} pruned, "
+             f"{search['fail']} failed" + (f", {search['running']} running" if search["running"] else "")]
+    if "best_trial" in search:
+        best = search["best_trial"]
+        values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["params"].items())
+        lines.append(f"best: {best['trial']} ({best['value']:.4f}): {values}")
+    if search["importances"]:
+        lines.append("importances: " + ", ".join(f"{k} {v:.2f}" for k, v in search["importances"].items()))
+    if search["plots"]:
+        lines.append("plots: " + ", ".join(search["plots"]))
+    return "\n".join(lines) + "\n"

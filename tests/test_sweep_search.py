@@ -1,0 +1,191 @@
+"""``minigpt sweep`` from the command line and from anywhere, an Optuna search with pruning that survives a SIGKILL,
+and workers sharing one study (issue 30)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from helpers import TINY, assert_user_error, working_dir
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from minigpt_cli.experiments.search import PLOTS, STUDY_FILE
+from minigpt_cli.experiments.sweep import SHIPPED, Overrides, load_sweep, run_sweep
+
+#: A model that trains 20 steps in well under a second: what every run here is shrunk to.
+SMALL = ["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16", "train.batch_size=4",
+         "train.eval_interval=10", "train.eval_iters=2", "train.sample_tokens=0", "train.log_interval=5",
+         "train.warmup_iters=0", "train.min_lr=1.0e-6"]
+
+
+def small(data_dir: Path) -> list[str]:
+    return [f"data.data_dir={data_dir}", *SMALL]
+
+
+def load(storage: Path, name: str = "s") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(str(storage))))
+
+
+def test_a_shipped_experiment_runs_by_name_with_overrides_from_an_empty_folder(cli, tmp_path, data_dir):
+    """``sweep ffn`` is found in the package; --set/--seeds/--budget are what runs, and are recorded; started
+    again with other overrides, the sweep is refused, naming the difference."""
+    sets = [w for s in small(data_dir) for w in ("--set", s)]
+    with working_dir(tmp_path):
+        res = cli("sweep", "ffn", "--budget", "iters=10", "--seeds", "2", *sets, "--json")
+        assert res.exit_code == 0, res
+        got = json.loads(res.stdout)
+        assert [(r["variant"], r["seeds"], r["steps"]) for r in got["rows"]] == [
+            ("relu", 2, 10), ("gelu", 2, 10), ("swiglu", 2, 10)]  # the file's 3 seeds and 400 iters overridden
+        state = json.loads((tmp_path / "runs" / "ffn" / "sweep.json").read_text())
+        assert state["overrides"] == {"set": small(data_dir), "seeds": 2, "budget": "iters=10"}
+        assert state["sweep"]["seeds"] == 3 and state["sweep"]["budget"] == {"iters": 400, "tokens": None,
+                                                                             "seconds": None}  # the file as read
+        assert_user_error(cli("sweep", "ffn", "--budget", "iters=10", "--seeds", "3", *sets),
+                          "--seeds/--budget changed since this sweep started", "seeds: 2 -> 3")
+        assert_user_error(cli("sweep", "ffn", "--budget", "iters=10", "--seeds", "2", *sets[:-2]),
+                          "changed since this sweep started", "set:")
+    assert sorted(p.name for p in (tmp_path / "runs" / "ffn").iterdir() if p.is_dir()) == [
+        "gelu-s1337", "gelu-s1338", "relu-s1337", "relu-s1338", "swiglu-s1337", "swiglu-s1338"]
+
+
+def test_a_copied_sweep_file_finds_the_shipped_base(tmp_path):
+    copy = tmp_path / "mine.yaml"
+    shutil.copy(SHIPPED / "ffn.yaml", copy)  # base: base.yaml, which is not beside the copy
+    sweep = load_sweep(copy)
+    assert sweep.base == SHIPPED / "base.yaml" and len(sweep.runs) == 9
+    (tmp_path / "base.yaml").write_text((SHIPPED / "base.yaml").read_text().replace("n_embd: 64", "n_embd: 32"))
+    assert {r.cfg.model.n_embd for r in load_sweep(copy).runs} == {32}  # one beside the file comes first
+    with working_dir(tmp_path):
+        assert load_sweep("experiments/ffn.yaml").path == SHIPPED / "ffn.yaml"  # the README's path, anywhere
+
+
+def search_file(folder: Path, data_dir: Path, trials: int = 6, **search) -> Path:
+    spec = {"name": "s", "base": str(TINY), "set": small(data_dir), "budget": {"iters": 20},
+            "search": {"method": "tpe", "trials": trials, "prune": "asha", "seed": 0,
+                       # 1e-5 barely moves from the initial loss in 20 steps; 3e-3 learns: ASHA has a clear loser
+                       "params": {"train.learning_rate": {"low": 1.0e-5, "high": 3.0e-2, "log": True},
+                                  "model.ffn": ["gelu", "relu"]}, **search}}
+    path = folder / "s.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _check_once(study: optuna.Study, folder: Path, trials: int) -> None:
+    """Trials 0 .. trials-1 all ended, and the run folders are exactly theirs, each trained once: its evals'
+    steps never repeat (a rerun from scratch, or a resume that went back, would log a step again)."""
+    ours = [t for t in study.get_trials() if not t.user_attrs.get("surplus")]
+    assert [t.number for t in ours] == list(range(trials))
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in ours), [t.state for t in ours]
+    runs = sorted(r for t in ours for r in t.user_attrs["runs"])
+    assert sorted(p.name for p in folder.iterdir() if (p / "metrics.jsonl").is_file()) == runs
+    for run in runs:
+        steps = [json.loads(line)["step"] for line in (folder / run / "metrics.jsonl").read_text().splitlines()
+                 if '"eval"' in line]
+        assert steps == sorted(set(steps)), (run, steps)
+
+
+def _sweep_process(path: Path, *args: str, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "minigpt_cli", "sweep", str(path), "--no-progress", *args],
+                            cwd=path.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def test_a_tpe_search_with_asha_killed_by_sigkill_resumes_prunes_and_draws_its_plots(tmp_path, data_dir):
+    """SIGKILLed (checkpoint.py's test hook) while trial 1 writes its step-10 checkpoint: started again, trial 0
+    stays as it was, trial 1 resumes from its step-0 checkpoint, and the search ends at 6 trials, some pruned at
+    the eval the pruner said so (their checkpoint saved), with the summary's rows and Optuna's plots."""
+    path = search_file(tmp_path, data_dir)
+    folder = tmp_path / "runs" / "s"
+    # Trial 0 saves checkpoints/last at its 3 evals and at its end (saves 0-3); trial 1 at step 0 (4), step 10 (5).
+    proc = _sweep_process(path, env=dict(os.environ, MINIGPT_TEST_KILL_DURING_SAVE="last:5:weights"))
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == -signal.SIGKILL, out
+    before = load(folder / STUDY_FILE).get_trials()
+    assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.RUNNING]
+    with working_dir(tmp_path):
+        result = run_sweep(path)
+    study = load(folder / STUDY_FILE)
+    _check_once(study, folder, 6)
+    trials = study.get_trials()
+    assert trials[0].user_attrs["owner"].endswith(f":{proc.pid}") and trials[0].value == before[0].value
+    assert trials[1].user_attrs["owner"].endswith(f":{os.getpid()}") and trials[1].params == before[1].params
+    assert "resumed from step 0" in (folder / "trial-0001-s1337" / "train.log").read_text()
+
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert pruned, [(t.params, t.intermediate_values) for t in trials]
+    for t in pruned:  # stopped at the eval the pruner said so, its checkpoint saved
+        run = folder / f"trial-{t.number:04d}-s1337"
+        evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert max(e["step"] for e in evals) == max(t.intermediate_values) < 20
+        assert (run / "checkpoints" / "last").is_dir()
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert {f"trial-{t.number:04d} (pruned)" for t in pruned} <= set(rows)
+    best = min((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value)
+    assert result["search"]["best_trial"]["params"] == best.params
+    assert rows[f"trial-{best.number:04d}"]["final_val"] == pytest.approx(best.value)
+    assert set(result["search"]["importances"]) == {"train.learning_rate", "model.ffn"}
+    for name in PLOTS:
+        assert (folder / name).read_bytes()[:4] == b"\x89PNG" and (folder / name).stat().st_size > 10_000
+
+
+def test_two_workers_share_one_study_and_run_each_trial_once(tmp_path, data_dir):
+    path = search_file(tmp_path, data_dir, trials=4, prune="median")
+    storage = tmp_path / "shared" / "study.journal"
+    storage.parent.mkdir()
+    workers = [_sweep_process(path, "--storage", str(storage), "--worker") for _ in range(2)]
+    outs = [w.communicate(timeout=240)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outs
+    study = load(storage)
+    _check_once(study, tmp_path / "runs" / "s", 4)
+    owners = {t.user_attrs["owner"] for t in study.get_trials() if not t.user_attrs.get("surplus")}
+    assert owners == {f"{os.uname().nodename}:{w.pid}" for w in workers}, owners  # both worked
+
+
+@pytest.mark.parametrize("search,fragment", [
+    ({"params": {"train.learning_rate": {"low": 1.0e-2, "high": 1.0e-4}}}, "empty range (low 0.01 > high 0.0001)"),
+    ({"params": {"train.learning_rate": {"low": 0.0, "high": 1.0e-2, "log": True}}}, "log: true needs low > 0"),
+    ({"method": "bayes"}, "search.method: input should be 'tpe' or 'random'"),
+    ({"prune": "hyperband"}, "search.prune: input should be 'none', 'median' or 'asha'"),
+    ({"params": {"model.ffnn": ["relu"]}}, "model.ffnn"),
+])
+def test_a_bad_search_is_one_line_before_any_run(cli, tmp_path, data_dir, search, fragment):
+    with working_dir(tmp_path):
+        assert_user_error(cli("sweep", search_file(tmp_path, data_dir, **search)), fragment)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_command_lines_are_one_line(cli, tmp_path, data_dir):
+    path = search_file(tmp_path, data_dir)
+    spec = json.loads(path.read_text())
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(json.dumps({**spec, "grid": {"model.ffn": ["relu", "gelu"]}}))
+    with working_dir(tmp_path):
+        assert_user_error(cli("sweep", grid), "search.params and grid both set model.ffn")
+        assert_user_error(cli("sweep", path, "--worker"), "--worker joins a study in shared storage", "--storage")
+        assert_user_error(cli("sweep", path, "--storage", tmp_path / "no" / "such" / "s.journal", "--worker"),
+                          f"--storage {tmp_path}/no/such/s.journal: cannot open it")
+        assert_user_error(cli("sweep", path, "--storage", "nosuchdialect://x", "--worker"),
+                          "--storage nosuchdialect://x: cannot open it")
+        assert_user_error(cli("sweep", path, "--budget", "steps=5"), "--budget steps=5: give iters=N")
+        assert_user_error(cli("sweep", "nosuchexperiment"), "nor a shipped experiment", "ffn")
+    assert not (tmp_path / "runs").exists()
+    assert load_sweep(path, overrides=Overrides(seeds=2, budget="iters=7")).runs_of("x", {})[1].cfg.train.max_iters == 7
+
+
+def test_the_shipped_experiments_are_package_data_and_the_checkout_links_to_them():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    repo = Path(__file__).resolve().parent.parent
+    patterns = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert patterns["minigpt_cli.experiments"] == ["shipped/*.yaml"]
+    shipped = sorted(p.name for p in Path(str(SHIPPED)).iterdir())
+    assert "ffn.yaml" in shipped and all(name.endswith(".yaml") for name in shipped)
+    assert sorted(p.name for p in (repo / "experiments").glob("*.yaml")) == shipped
+    assert all((repo / "experiments" / name).resolve() == Path(str(SHIPPED)) / name for name in shipped)
