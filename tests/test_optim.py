@@ -91,7 +91,7 @@ def test_muon_follows_the_schedule_from_its_own_rate_and_its_state_reloads():
 
 
 def test_wsd_schedule_follows_its_formula():
-    """Hägele et al. 2024, eq. 1: peak until the decay's start, then min + (peak - min)·(1 - f(progress))."""
+    """Hägele et al. 2024: peak until the decay's start, then min + (peak - min)·(1 - f(progress))."""
     base = dict(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100, lr_schedule="wsd",
                 decay_fraction=0.3)
     lin, sqrt = TrainConfig(**base, decay_shape="linear"), TrainConfig(**base, decay_shape="1-sqrt")

@@ -202,9 +202,8 @@ class MuonConfig(_Strict):
     nesterov: bool = Field(True, description="Nesterov momentum (Muon README: true)")
     ns_steps: int = Field(5, ge=1, le=99, description="Newton-Schulz iterations that orthogonalise each update")
     adjust_lr: Literal["original", "match_rms_adamw"] = Field(
-        "original", description="per-matrix learning-rate scale: original, sqrt(max(1, rows/cols)) (Jordan et al. "
-                                "2024); match_rms_adamw, 0.2·sqrt(max(rows, cols)), so that AdamW's rate and weight "
-                                "decay carry over (Liu et al. 2025, \"Muon is Scalable\", arXiv 2502.16982)")
+        "original", description="per-matrix rate: original, x sqrt(max(1, rows/cols)); match_rms_adamw, x "
+                                "0.2·sqrt(max(rows, cols)), AdamW's update size (arXiv 2502.16982)")
     weight_decay: float = Field(0.0, ge=0.0, description="Muon's decoupled weight decay, times its learning rate")
 
 
@@ -227,21 +226,19 @@ class TrainConfig(_Strict):
                                                                    "learning_rate")
     lr_schedule: Literal["cosine", "linear", "constant", "inverse_sqrt", "wsd"] = Field(
         "cosine", description="after the warmup: cosine or linear decay to min_lr, constant, inverse_sqrt "
-                              "(Vaswani et al. 2017 §5.3), or wsd: constant, then a decay to min_lr over the "
-                              "last decay_fraction of the run (Hägele et al. 2024)")
+                              "(Vaswani et al. 2017 §5.3), or wsd (Hägele et al. 2024)")
     lr_decay_iters: Optional[int] = Field(
         None, ge=1, le=MAX_STEPS, description="step at which the cosine or linear decay reaches min_lr; null: "
                                               "max_iters")
     decay_fraction: float = Field(0.2, gt=0.0, le=1.0, description="wsd: the share of max_iters its decay takes, at "
                                                                    "the end of the run (never before the warmup ends)")
     decay_shape: Literal["linear", "1-sqrt"] = Field(
-        "1-sqrt", description="wsd's decay: a straight line, or 1-sqrt (Hägele et al. 2024 §3: better at equal steps)")
+        "1-sqrt", description="wsd's decay: a straight line, or 1-sqrt (Hägele et al. 2024: the better of the two)")
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay on matrices and embeddings; biases and "
                                                          "norm gains get none")
     optimizer: Literal["adamw", "muon"] = Field(
-        "adamw", description="adamw: AdamW for every parameter; muon: Muon (Jordan et al. 2024) for the 2-D matrices "
-                             "inside the blocks, AdamW (learning_rate, weight_decay, betas) for the embeddings, the "
-                             "output head and every gain and bias")
+        "adamw", description="adamw, or muon: Muon (Jordan et al. 2024) for the blocks' 2-D matrices, AdamW for "
+                             "the embeddings, the head, gains and biases")
     muon: MuonConfig = Field(default_factory=MuonConfig, description="Muon's own settings (optimizer: muon)")
     beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW's first-moment (momentum) decay rate")
     beta2: float = Field(0.99, ge=0.0, lt=1.0, description="AdamW's second-moment decay rate")

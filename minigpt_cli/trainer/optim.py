@@ -31,7 +31,7 @@ def muon_params(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     update, which suits a hidden layer's map from one activation space to another; an embedding's rows are
     looked up one token at a time and the head's scale sets the logits, so both stay with AdamW, as do
     vectors, which have no matrix to orthogonalise (Jordan et al. 2024, the Muon README; Liu et al. 2025,
-    "Muon is Scalable", arXiv 2502.16982, §2).
+    "Muon is Scalable", arXiv 2502.16982).
     """
     embeddings = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
     hidden = {id(p) for p in model.h.parameters() if p.dim() == 2 and id(p) not in embeddings}

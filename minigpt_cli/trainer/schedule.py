@@ -23,7 +23,8 @@ def lr_at(step: int, tc: TrainConfig, n_embd: int = 512) -> float:
       the paper's values);
     - wsd (warmup-stable-decay): learning_rate up to :func:`wsd_decay_start`,
       then down to min_lr at max_iters, linearly or as 1 - sqrt of the decay's
-      progress (Hägele et al. 2024, arXiv 2405.18392, §3 and eq. 1).
+      progress (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training
+      Beyond Fixed Training Durations", arXiv 2405.18392).
     """
     if tc.lr_schedule == "inverse_sqrt":
         s = step + 1
