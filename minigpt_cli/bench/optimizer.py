@@ -30,7 +30,7 @@ OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
 
 def bench_optimizers(cfg: Config, vocab_size: int = 65, steps: int = 10, rounds: int = 5,
                      echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Median seconds of a whole training step (forward, backward, clipping, update) and of the optimizer's step
+    """Median seconds (on a CPU: CPU seconds of this process) of a whole training step (forward, backward, clipping, update) and of the optimizer's step
     alone, per optimizer of :data:`OPTIMIZERS`, at ``cfg``'s model and batch size on random tokens, and each as
     a ratio of AdamW's. Each of ``rounds`` rounds times ``steps`` steps of every optimizer in turn."""
     device = resolve_device(cfg.device)
@@ -57,12 +57,15 @@ def bench_optimizers(cfg: Config, vocab_size: int = 65, steps: int = 10, rounds:
     opt_s: dict[str, list[float]] = {name: [] for name in runs}
 
     def timed(fn, n: int) -> float:
+        """Seconds per call: wall-clock time, or on a CPU this process's CPU time (on a machine that others
+        load, the time the step computed rather than the time it waited for a core)."""
+        clock = time.process_time if device.type == "cpu" else time.perf_counter
         sync(device)
-        t = time.perf_counter()
+        t = clock()
         for _ in range(n):
             fn()
         sync(device)
-        return (time.perf_counter() - t) / n
+        return (clock() - t) / n
 
     echo(f"optimizer step: {rounds} rounds x {steps} steps each of {', '.join(runs)}; batch {tc.batch_size} x "
          f"{mc.block_size}, {sum(p.numel() for p in runs['adamw'][2]):,} parameters, on {device}")
@@ -79,7 +82,8 @@ def bench_optimizers(cfg: Config, vocab_size: int = 65, steps: int = 10, rounds:
                 opt_s[name].append(update)
     med = {name: statistics.median(v) for name, v in step_s.items()}
     med_opt = {name: statistics.median(v) for name, v in opt_s.items()}
-    return {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "steps": steps, "rounds": rounds,
+    return {"device": str(device), "clock": "process_time" if device.type == "cpu" else "perf_counter",
+            "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."), "steps": steps, "rounds": rounds,
             "step_s": med, "optimizer_s": med_opt, "step_ratio": {n: med[n] / med["adamw"] for n in med},
             "optimizer_ratio": {n: med_opt[n] / med_opt["adamw"] for n in med_opt}, "step_s_rounds": step_s}
 
