@@ -30,9 +30,10 @@ OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
 
 def bench_optimizers(cfg: Config, vocab_size: int = 65, steps: int = 10, rounds: int = 5,
                      echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Median seconds (on a CPU: CPU seconds of this process) of a whole training step (forward, backward, clipping, update) and of the optimizer's step
-    alone, per optimizer of :data:`OPTIMIZERS`, at ``cfg``'s model and batch size on random tokens, and each as
-    a ratio of AdamW's. Each of ``rounds`` rounds times ``steps`` steps of every optimizer in turn."""
+    """Median seconds (on a CPU: CPU seconds of this process) of a whole training step (forward, backward,
+    clipping, update) and of the optimizer's step alone, per optimizer of :data:`OPTIMIZERS`, at ``cfg``'s model
+    and batch size on random tokens, and each as a ratio of AdamW's. Each of ``rounds`` rounds times ``steps``
+    steps of every optimizer in turn."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     mc = cfg.model.model_copy(update={"vocab_size": cfg.model.vocab_size or vocab_size})
@@ -83,7 +84,8 @@ def bench_optimizers(cfg: Config, vocab_size: int = 65, steps: int = 10, rounds:
     med = {name: statistics.median(v) for name, v in step_s.items()}
     med_opt = {name: statistics.median(v) for name, v in opt_s.items()}
     return {"device": str(device), "clock": "process_time" if device.type == "cpu" else "perf_counter",
-            "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."), "steps": steps, "rounds": rounds,
+            "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."), "steps": steps,
+            "rounds": rounds,
             "step_s": med, "optimizer_s": med_opt, "step_ratio": {n: med[n] / med["adamw"] for n in med},
             "optimizer_ratio": {n: med_opt[n] / med_opt["adamw"] for n in med_opt}, "step_s_rounds": step_s}
 
