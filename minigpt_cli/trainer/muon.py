@@ -1,10 +1,10 @@
 """Muon with one batched Newton-Schulz call per matrix shape: ``torch.optim.Muon``'s arithmetic, fewer kernels.
 
 ``torch.optim.Muon`` orthogonalises its matrices one at a time: at ``configs/shakespeare-cpu.yaml``'s size that is
-24 small products five times over, where the kernels' start-up outweighs their work. :class:`BatchedMuon` stacks
-the matrices of one shape and runs the iteration on the stack (``torch.baddbmm``), as nanochat's ``MuonAdamW`` and
-modded-nanogpt do; each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so the updates
-agree (tests/test_optim.py holds them equal over several steps). BENCHMARKS.md has the step times.
+16 matrices of 4 shapes, three small products per iteration each. :class:`BatchedMuon` stacks the matrices of one
+shape and runs the iteration on the stack (``torch.baddbmm``), as nanochat's ``MuonAdamW`` and modded-nanogpt do;
+each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so the updates agree
+(tests/test_optim.py holds them equal over several steps). It takes 30% off the update there (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -53,7 +53,10 @@ class BatchedMuon(torch.optim.Muon):
                     buckets[(p.shape, p.dtype, p.device)].append(p)
             for params in buckets.values():
                 grads = [p.grad for p in params]
-                bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad)) for p in params]
+                for p in params:
+                    if "momentum_buffer" not in self.state[p]:
+                        self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
+                bufs = [self.state[p]["momentum_buffer"] for p in params]
                 torch._foreach_lerp_(bufs, grads, 1 - momentum)
                 updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
                 ortho = orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"])
