@@ -168,7 +168,7 @@ def test_fsdp_state_is_saved_and_loaded_in_the_one_process_layout(one_process_gr
     from minigpt_cli.model.gpt import GPT
     from minigpt_cli.runtime import distributed as parallel
     from minigpt_cli.runtime.kernels import onednn
-    from minigpt_cli.trainer.step import make_optimizer
+    from minigpt_cli.trainer import make_optimizer
 
     # n_embd 192: the MLP's weights (192 x 768) are big enough for oneDNN; the head is tied (stored once).
     mc = ModelConfig(n_layer=1, n_head=2, n_embd=192, block_size=8, vocab_size=11)
@@ -227,3 +227,21 @@ def test_fsdp_state_is_saved_and_loaded_in_the_one_process_layout(one_process_gr
     for k, v in plain.state_dict().items():
         if k != "lm_head.weight":
             assert torch.allclose(weights[k], v, atol=1e-6), k
+
+
+def test_ddp_with_muon_trains_as_one_process_does(data_dir, tmp_path):
+    """train.optimizer muon under DDP (2 processes, batch 4 each): every rank orthogonalises the same all-reduced
+    gradient, so the run follows one process on batch 8 (the gradients differ by float32 rounding, which
+    Muon's bfloat16 iteration may round apart: 1e-4 here)."""
+    muon = ("train.optimizer=muon", "train.max_iters=10")
+    with working_dir(tmp_path):
+        train(tiny(data_dir, *COMMON, *muon), run_name="one", echo=lambda m: None, progress=False)
+    out = finish(start(["--standalone", "--nproc_per_node", "2",
+                        *train_args(data_dir, ["--run-name", "ddp"], *muon)], tmp_path))
+    assert out.count("trained to step 10") == 1
+    run, one = tmp_path / "runs" / "ddp", tmp_path / "runs" / "one"
+    assert "world 2" in (run / "train.log").read_text()
+    assert curve(run).keys() == curve(one).keys()
+    assert_matches(run, one, tol=1e-4)
+    state = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)["optimizer"]
+    assert any("momentum_buffer" in s for s in state["state"].values())

@@ -23,7 +23,8 @@ from ..runtime.kernels import dropout, onednn
 from ..runtime.kernels import swap as swap_kernels
 from ..sample.sampling import generate_tokens, resolve_window_stride
 from ..tokenizer.kinds import Tokenizer
-from ..trainer.step import make_optimizer, train_step
+from ..trainer.optim import make_optimizer
+from ..trainer.step import train_step
 from .generation import measure_generation
 from .generation import sync as _sync
 

@@ -55,6 +55,16 @@ def train(
     DistributedDataParallel. minigpt config-keys lists every key a config or
     --set may give.
 
+    --set train.optimizer=muon trains the 2-D matrices inside the blocks with
+    Muon (their updates orthogonalised, so every direction of a hidden layer's
+    map learns at one rate) and the embeddings, the output head and every gain
+    and bias with AdamW (a table looked up by row, the logits' scale, vectors:
+    not hidden-layer maps; the Muon README, arXiv 2502.16982). Each group
+    follows the schedule from its own rate (train.muon.learning_rate).
+    --set train.lr_schedule=wsd holds the peak rate until the last
+    train.decay_fraction of the run; --resume RUN --set train.max_iters=N cools
+    a stable-phase checkpoint down exactly.
+
     \b
     Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
     """

@@ -69,13 +69,17 @@ def _suggest(loc: str, keys: list[str]) -> str:
     place = lambda key: key if "." in key or not section else f"top-level {key}"  # noqa: E731
     wanted = _ALIASES.get(name.lower(), name.lower())
     same = [key for key in keys if key.rpartition(".")[2] == wanted and key.lower() != loc.lower()]
+    # train.lr is train.learning_rate, not also train.muon.learning_rate: the same section first, else no nested one.
+    same = [k for k in same if k.rpartition(".")[0] == section] or [k for k in same if k.count(".") <= 1] or same
     same = same or [key for key in keys if key.lower() == loc.lower() and key != loc]
     if not same and len(name) >= 3:
         same = [key for key in keys if key.rpartition(".")[0] == section
                 and key.rpartition(".")[2].startswith(name.lower() + "_")]
     if not same:
         for pool in ([k for k in keys if k.rpartition(".")[0] == section], keys):
-            names = {k.rpartition(".")[2]: k for k in pool}
+            names: dict[str, str] = {}
+            for k in pool:  # the first key of a name: train.learning_rate, not train.muon.learning_rate
+                names.setdefault(k.rpartition(".")[2], k)
             close = difflib.get_close_matches(name, list(names), n=1, cutoff=_CLOSE)
             if close:
                 same = [names[close[0]]]

@@ -79,7 +79,7 @@ def _values(cfg: Config, f: Facts) -> dict[str, Any]:
 
 
 _NO_DECAY = ("note: {key} has no effect with train.lr_schedule {c.train.lr_schedule}: only the cosine and linear "
-             "schedules decay to train.min_lr at train.lr_decay_iters")
+             "schedules decay to train.min_lr at train.lr_decay_iters (wsd: to train.min_lr at train.max_iters)")
 _GREEDY = ("note: {key} has no effect with {n[sample.temperature]} 0: greedy decoding always takes the likeliest "
            "token")
 
@@ -101,7 +101,7 @@ RULES: tuple[Rule, ...] = (
     Rule("model.multiple_of", lambda c, f: c.model.ffn == "swiglu" and c.model.d_ff is not None,
          "note: model.multiple_of has no effect when model.d_ff is set ({c.model.d_ff}): it rounds only the "
          "derived width"),
-    Rule("train.min_lr", lambda c, f: c.train.lr_schedule not in DECAYING, _NO_DECAY),
+    Rule("train.min_lr", lambda c, f: c.train.lr_schedule not in (*DECAYING, "wsd"), _NO_DECAY),
     Rule("train.lr_decay_iters", lambda c, f: c.train.lr_schedule not in DECAYING, _NO_DECAY),
     Rule("train.keep_every", lambda c, f: c.train.keep_every > c.train.max_iters,
          "note: train.keep_every ({c.train.keep_every}) is beyond train.max_iters ({c.train.max_iters}): no "

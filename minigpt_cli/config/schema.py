@@ -213,6 +213,25 @@ class DataConfig(_Strict):
             yield RULES["path_and_url"]
 
 
+#: torch.optim.Muon orthogonalises whole matrices; FSDP2 hands each process a DTensor shard of rows.
+_MUON_FSDP = ("train.optimizer muon cannot run with train.parallelism fsdp: Muon orthogonalises each whole matrix, "
+              "and FSDP gives every process a shard of its rows; set train.parallelism=ddp, or train.optimizer=adamw")
+
+
+class MuonConfig(_Strict):
+    """Muon's settings: its learning rate follows the schedule's shape from its own base rate (torch.optim.Muon)."""
+
+    learning_rate: float = Field(0.02, gt=0.0, description="Muon's peak learning rate, scaled by the schedule as "
+                                                           "train.learning_rate is (Muon README: 0.02)")
+    momentum: float = Field(0.95, ge=0.0, lt=1.0, description="momentum of Muon's gradient average")
+    nesterov: bool = Field(True, description="Nesterov momentum (Muon README: true)")
+    ns_steps: int = Field(5, ge=1, le=99, description="Newton-Schulz iterations that orthogonalise each update")
+    adjust_lr: Literal["original", "match_rms_adamw"] = Field(
+        "original", description="per-matrix rate: original, x sqrt(max(1, rows/cols)); match_rms_adamw, x "
+                                "0.2·sqrt(max(rows, cols)), AdamW's update size (arXiv 2502.16982)")
+    weight_decay: float = Field(0.0, ge=0.0, description="Muon's decoupled weight decay, times its learning rate")
+
+
 class TrainConfig(_Strict):
     """Optimisation, schedule, evaluation and logging."""
 
@@ -224,17 +243,28 @@ class TrainConfig(_Strict):
     max_seconds: Optional[float] = Field(
         None, gt=0.0, le=MAX_SECONDS, description="also end the run (with its final eval) once this many seconds have "
                                                   "passed, evals included; null: no time limit")
-    learning_rate: float = Field(1e-3, gt=0.0, description="peak learning rate, reached at the end of the warmup")
-    min_lr: float = Field(1e-4, ge=0.0, description="learning rate at the end of the cosine or linear decay")
+    learning_rate: float = Field(1e-3, gt=0.0, description="peak learning rate (AdamW's), reached at the end of the "
+                                                                "warmup")
+    min_lr: float = Field(1e-4, ge=0.0, description="learning rate at the end of the cosine, linear or wsd decay "
+                                                   "(Muon's: scaled by muon.learning_rate / learning_rate)")
     warmup_iters: int = Field(100, ge=0, le=MAX_STEPS, description="optimizer steps of linear warmup up to "
                                                                    "learning_rate")
-    lr_schedule: Literal["cosine", "linear", "constant", "inverse_sqrt"] = Field(
-        "cosine", description="after the warmup: cosine or linear decay to min_lr, constant, or inverse_sqrt "
-                              "(Vaswani et al. 2017 §5.3)")
+    lr_schedule: Literal["cosine", "linear", "constant", "inverse_sqrt", "wsd"] = Field(
+        "cosine", description="after the warmup: cosine or linear decay to min_lr, constant, inverse_sqrt "
+                              "(Vaswani et al. 2017 §5.3), or wsd (Hägele et al. 2024)")
     lr_decay_iters: Optional[int] = Field(
-        None, ge=1, le=MAX_STEPS, description="step at which the decay reaches min_lr; null: max_iters")
+        None, ge=1, le=MAX_STEPS, description="step at which the cosine or linear decay reaches min_lr; null: "
+                                              "max_iters")
+    decay_fraction: float = Field(0.2, gt=0.0, le=1.0, description="wsd: the share of max_iters its decay takes, at "
+                                                                   "the end of the run (never before the warmup ends)")
+    decay_shape: Literal["linear", "1-sqrt"] = Field(
+        "1-sqrt", description="wsd's decay: a straight line, or 1-sqrt (Hägele et al. 2024: the better of the two)")
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay on matrices and embeddings; biases and "
                                                          "norm gains get none")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="adamw, or muon: Muon (Jordan et al. 2024) for the blocks' 2-D matrices, AdamW for "
+                             "the embeddings, the head, gains and biases")
+    muon: MuonConfig = Field(default_factory=MuonConfig, description="Muon's own settings (optimizer: muon)")
     beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW's first-moment (momentum) decay rate")
     beta2: float = Field(0.99, ge=0.0, lt=1.0, description="AdamW's second-moment decay rate")
     grad_clip: float = Field(1.0, ge=0.0, description="clip the global gradient norm to this; 0 disables clipping")
@@ -261,13 +291,15 @@ class TrainConfig(_Strict):
                                                 "fsdp, weights, gradients and AdamW moments sharded over the processes")
 
     def _broken(self) -> Iterator[str]:
-        if self.min_lr > self.learning_rate and self.lr_schedule in ("cosine", "linear"):  # the others ignore it
+        if self.min_lr > self.learning_rate and self.lr_schedule in ("cosine", "linear", "wsd"):  # the others ignore it
             yield RULES["min_lr"].format(t=self)
         # An explicit lr_decay_iters before the warmup's end would drop the rate to min_lr as the warmup ends.
         # null (max_iters) below warmup_iters cannot: the run ends inside the warmup, so short trial runs
         # (--set train.max_iters=3) and their saved configs load.
         if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
             yield RULES["lr_decay_iters"].format(t=self)
+        if self.optimizer == "muon" and self.parallelism == "fsdp":
+            yield _MUON_FSDP
 
 
 class SampleConfig(_Strict):

@@ -7,7 +7,7 @@ from typing import Optional
 
 from ..accounting import params as P
 from ..runtime.device import bytes_to_train
-from .schedule import lr_at
+from .schedule import lr_at, wsd_decay_start
 from .setup import Plan
 
 
@@ -82,11 +82,13 @@ def describe_schedule(p: Plan, points: int = 8) -> str:
     """The config, the derived values, the learning rate at a few steps, the notes and, with ``--resume``,
     what the resume would do."""
     tc = p.cfg.train
+    wsd = [wsd_decay_start(tc)] if tc.lr_schedule == "wsd" else []  # where the decay starts
     steps = sorted({0, max(tc.warmup_iters - 1, 0), tc.warmup_iters, tc.max_iters // 4, tc.max_iters // 2,
-                    3 * tc.max_iters // 4, max(tc.max_iters - 1, 0)})
-    steps = [s for s in steps if 0 <= s < max(tc.max_iters, 1)][:points]
+                    3 * tc.max_iters // 4, max(tc.max_iters - 1, 0), *wsd})
+    steps = [s for s in steps if 0 <= s < max(tc.max_iters, 1)][:points + len(wsd)]
+    muon = f"; Muon's: these x {tc.muon.learning_rate / tc.learning_rate:g}" if tc.optimizer == "muon" else ""
     lines = [p.given.to_yaml().rstrip(), "", *describe_derived(p), "",
-             f"learning rate ({tc.lr_schedule}, warmup {tc.warmup_iters}):"]
+             f"learning rate ({tc.lr_schedule}, warmup {tc.warmup_iters}{muon}):"]
     lines += [f"  step {s:>7,}: {lr_at(s, tc, p.cfg.model.n_embd):.3e}" for s in steps]
     lines += [""] + p.notes if p.notes else []
     if p.resumed is not None:

@@ -26,6 +26,7 @@ from ..runtime.distributed import all_mean, broadcast, close_distributed
 from ..sample.sampling import sample_prompt_text
 from .estimate import TimeEstimate
 from .evaluate import Evaluator
+from .optim import set_lr
 from .schedule import lr_at
 from .setup import Claim, Setup, build, plan
 from .step import train_step
@@ -140,8 +141,7 @@ class Trainer:
     def step(self, lr: float) -> Optional[tuple[torch.Tensor, bool]]:
         """One optimizer step at learning rate ``lr``: the mean loss and whether the update was applied."""
         s = self.s
-        for group in s.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(s.optimizer, lr)
         try:
             loss, applied = train_step(s.train_model, s.optimizer, self.batches, s.cfg.train.grad_accum_steps,
                                        s.autocast, s.scaler, s.cfg.train.grad_clip, s.params, dist=s.dist)

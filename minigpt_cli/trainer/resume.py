@@ -66,6 +66,11 @@ _CORPUS_CHANGED = ("--resume: corpus file {path} was {what} since the run traine
                    "corpus as the run had it, or start a new run")
 
 
+#: A resume under another train.optimizer: the checkpoint holds the moments of the run's own.
+_OPTIMIZER_SWITCHED = ("--resume: train.optimizer is {new} here but {old} in the checkpoint; a run keeps its optimizer "
+                       "(its state is {old}'s): resume with --set train.optimizer={old}, or start a new run")
+
+
 #: What a resume reads from ``trainer_state.pt`` (the trainer's snapshot, :meth:`~.loop.Trainer.snapshot`):
 #: entry (``a.b``: entry b of the dict at a) -> the types it may have.
 STATE_ENTRIES = {
@@ -140,8 +145,11 @@ class Resumed:
 
     def check(self, cfg: Config) -> None:
         """Before the corpus is read or downloaded: refuse another model, tokenizer or data config
-        (:func:`check_resume_config`), or a ``tokenizer.path`` naming another tokenizer than the run's."""
+        (:func:`check_resume_config`), another ``train.optimizer`` (its state would not fit), or a
+        ``tokenizer.path`` naming another tokenizer than the run's."""
         check_resume_config(cfg, self.saved)
+        if cfg.train.optimizer != self.saved.train.optimizer:
+            raise MinigptError(_OPTIMIZER_SWITCHED.format(new=cfg.train.optimizer, old=self.saved.train.optimizer))
         check_run_tokenizer(self.run_dir, self.saved, _named_tokenizer(cfg))
 
     def check_corpus(self, corpus: Corpus) -> None:

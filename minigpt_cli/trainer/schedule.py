@@ -20,7 +20,11 @@ def lr_at(step: int, tc: TrainConfig, n_embd: int = 512) -> float:
     - constant: learning_rate;
     - inverse_sqrt: d^-0.5 · min(s^-0.5, s · warmup^-1.5) with s = step+1,
       scaled by learning_rate (Vaswani et al. 2017 §5.3; learning_rate 1 gives
-      the paper's values).
+      the paper's values);
+    - wsd (warmup-stable-decay): learning_rate up to :func:`wsd_decay_start`,
+      then down to min_lr at max_iters, linearly or as 1 - sqrt of the decay's
+      progress (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training
+      Beyond Fixed Training Durations", arXiv 2405.18392).
     """
     if tc.lr_schedule == "inverse_sqrt":
         s = step + 1
@@ -30,6 +34,13 @@ def lr_at(step: int, tc: TrainConfig, n_embd: int = 512) -> float:
         return tc.learning_rate * (step + 1) / (tc.warmup_iters + 1)
     if tc.lr_schedule == "constant":
         return tc.learning_rate
+    if tc.lr_schedule == "wsd":
+        start = wsd_decay_start(tc)
+        if step <= start:
+            return tc.learning_rate
+        ratio = min((step - start) / max(tc.max_iters - start, 1), 1.0)
+        coeff = 1.0 - (ratio if tc.decay_shape == "linear" else math.sqrt(ratio))
+        return tc.min_lr + coeff * (tc.learning_rate - tc.min_lr)
     decay_iters = tc.lr_decay_iters or tc.max_iters
     if step >= decay_iters:
         return tc.min_lr
@@ -42,6 +53,16 @@ def lr_at(step: int, tc: TrainConfig, n_embd: int = 512) -> float:
     return tc.min_lr + coeff * (tc.learning_rate - tc.min_lr)
 
 
+def wsd_decay_start(tc: TrainConfig) -> int:
+    """The step at which the wsd schedule starts to decay: ``round(decay_fraction · max_iters)`` steps before
+    ``max_iters``, and not before the warmup ends.
+
+    Steps up to it run at learning_rate whatever ``max_iters`` is, so a run resumed from a checkpoint at
+    step k <= this step with another ``max_iters`` (a cool-down) makes the updates of a run trained straight to
+    the new ``max_iters``, as long as k is also at or before that run's decay start."""
+    return max(tc.warmup_iters, tc.max_iters - round(tc.decay_fraction * tc.max_iters))
+
+
 def should_eval(step: int, tc: TrainConfig) -> bool:
     """Evaluate before the first step (if ``eval_at_start``), every ``eval_interval`` steps, and after the last."""
     if step == 0 and not tc.eval_at_start and tc.max_iters > 0:
@@ -50,7 +71,8 @@ def should_eval(step: int, tc: TrainConfig) -> bool:
 
 
 #: The ``train`` keys that shape the learning-rate schedule (:func:`lr_at`).
-SCHEDULE_KEYS = ("max_iters", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule")
+SCHEDULE_KEYS = ("max_iters", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule",
+                 "decay_fraction", "decay_shape")
 
 
 def schedule_note(cfg: Config, saved: Config, step: int) -> Optional[str]:

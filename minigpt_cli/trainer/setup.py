@@ -37,12 +37,16 @@ from ..sample.sampling import encode_prompt
 from ..tokenizer.kinds import Tokenizer
 from .resume import Resumed
 from .signals import StopFlag
-from .step import make_optimizer
+from .optim import make_optimizer
 
 #: Said when a resumed run's dropout masks come from another kernel than its last session's (MINIGPT_FAST_DROPOUT).
 DROPOUT_CHANGED = ("note: the last session of this run drew its dropout masks with {before}'s kernel, this one with "
                    "{now}'s (MINIGPT_FAST_DROPOUT, the device, dtype or compile changed); the run goes on, but no "
                    "longer as one uninterrupted run would")
+
+
+#: train.muon settings in a run that does not use Muon: a note, as a sweep over the optimizer shares one config.
+MUON_UNUSED = "note: {keys} set Muon, which train.optimizer adamw does not use: no effect in this run"
 
 
 class Claim(ExitStack):
@@ -161,7 +165,16 @@ def config_notes(cfg: Config, dist: Optional[Dist] = None, corpus_on_disk: Optio
     if corpus_on_disk is None:
         corpus_on_disk = url_corpus_on_disk(cfg.data.data_dir, cfg.data.dataset, cfg.data.url)
     single = parallel.single_process_note(cfg.train.parallelism, dist or Dist.from_env())
-    return notes(cfg, corpus_on_disk=corpus_on_disk) + ([single] if single else [])
+    return notes(cfg, corpus_on_disk=corpus_on_disk) + ([single] if single else []) + _muon_note(cfg)
+
+
+def _muon_note(cfg: Config) -> list[str]:
+    """:data:`MUON_UNUSED` for the ``train.muon`` keys given a value of their own (set, and not the default: a
+    saved config.yaml lists every key) in a run whose ``train.optimizer`` is adamw."""
+    mu = cfg.train.muon
+    keys = [f"train.muon.{k}" for k, f in type(mu).model_fields.items()
+            if cfg.train.optimizer == "adamw" and k in mu.model_fields_set and getattr(mu, k) != f.default]
+    return [MUON_UNUSED.format(keys=", ".join(keys))] if keys else []
 
 
 def run_files(run_dir: Path) -> tuple[list[Path], set[Path]]:

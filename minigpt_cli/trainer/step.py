@@ -1,4 +1,4 @@
-"""One optimizer step, the optimizer and the loss estimate: the trainer's arithmetic."""
+"""One optimizer step and the loss estimate: the trainer's arithmetic (the optimizer: :mod:`.optim`)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 
-from ..config.schema import TrainConfig
 from ..runtime.distributed import Dist, all_sum
-
-
-def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
-    """AdamW (Loshchilov & Hutter 2019) with weight decay on matrices only (nanoGPT)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": tc.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    try:  # one fused kernel per step (CUDA; CPU since torch 2.4): measured 7% faster on 2 CPU cores
-        return torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), fused=True)
-    except (RuntimeError, TypeError):
-        return torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), foreach=True)
 
 
 @torch.no_grad()

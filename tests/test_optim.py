@@ -1,0 +1,177 @@
+"""train.optimizer muon (the batched Newton-Schulz held against torch.optim.Muon, which parameters go where, an
+exact resume) and train.lr_schedule wsd (its formula, the cool-down from a stable-phase checkpoint)."""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import pytest
+import torch
+from helpers import TINY, assert_user_error, curve, tiny
+from safetensors.torch import load_file
+from test_resume import signals_after_step
+
+from minigpt_cli.config.schema import ConfigError, TrainConfig, load_config
+from minigpt_cli.errors import Interrupted, MinigptError
+from minigpt_cli.model.gpt import GPT
+from minigpt_cli.trainer import lr_at, train
+from minigpt_cli.trainer.muon import BatchedMuon
+from minigpt_cli.trainer.optim import MuonAdamW, make_optimizer, muon_params, set_lr
+from minigpt_cli.trainer.schedule import wsd_decay_start
+from minigpt_cli.trainer.setup import MUON_UNUSED, config_notes
+
+
+def tiny_model(*extra: str) -> GPT:
+    torch.manual_seed(0)
+    return GPT(load_config(TINY, ["model.vocab_size=65", *extra]).model)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(tie):
+    model = tiny_model(f"model.tie_weights={str(tie).lower()}", "model.bias=true")
+    muon, rest = muon_params(model)
+    shapes = dict(model.named_parameters())
+    assert muon and all(n.startswith("h.") and shapes[n].dim() == 2 for n in muon)
+    assert "wte.weight" in rest and ("lm_head.weight" in rest) != tie  # a tied head is wte itself
+    assert all(shapes[n].dim() == 1 for n in rest if n not in ("wte.weight", "lm_head.weight", "wpe.weight"))
+    assert any(n.startswith("h.") and shapes[n].dim() == 1 for n in rest)  # the blocks' gains and biases
+    assert sorted(muon + rest) == sorted(shapes)  # every parameter, once
+    opt = MuonAdamW(model, TrainConfig(optimizer="muon"))
+    assert [p for g in opt.muon.param_groups for p in g["params"]] == [shapes[n] for n in muon]
+    assert {id(p) for g in opt.adamw.param_groups for p in g["params"]} == {id(shapes[n]) for n in rest}
+
+
+def _steps(model: GPT, opt, n: int) -> list[torch.Tensor]:
+    """``n`` steps on fixed random batches with the schedule's lr; the weights after each."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for step in range(n):
+        x = torch.randint(0, 65, (4, 32), generator=g)
+        _, loss = model(x, torch.roll(x, -1, 1))
+        loss.backward()
+        set_lr(opt, 3e-3 * (step + 1) / n)  # a changing rate, as a schedule gives
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    return out
+
+
+@pytest.mark.parametrize("muon", [
+    {},
+    {"nesterov": False, "adjust_lr": "match_rms_adamw", "weight_decay": 0.1, "ns_steps": 3, "momentum": 0.8},
+])
+def test_the_batched_newton_schulz_makes_torch_optim_muons_updates(muon):
+    """BatchedMuon against torch.optim.Muon itself, on a GPT's matrices (three shapes, tall and wide), 4 steps."""
+    tc = TrainConfig(optimizer="muon", learning_rate=3e-3, muon=muon)
+    ours, theirs = tiny_model("model.ffn=swiglu"), tiny_model("model.ffn=swiglu")
+    a = _steps(ours, MuonAdamW(ours, tc), 4)
+    b = _steps(theirs, MuonAdamW(theirs, tc, muon_class=torch.optim.Muon), 4)
+    start = torch.cat([p.detach().flatten() for p in tiny_model("model.ffn=swiglu").parameters()])
+    for x, y in zip(a, b):
+        assert (x - start).abs().max() > 1e-4  # the weights moved
+        assert torch.allclose(x, y, atol=1e-6, rtol=0), (x - y).abs().max()
+
+
+def test_muon_follows_the_schedule_from_its_own_rate_and_its_state_reloads():
+    model = tiny_model()
+    tc = TrainConfig(optimizer="muon", learning_rate=2e-3, muon={"learning_rate": 0.05})
+    opt = make_optimizer(model, tc)
+    set_lr(opt, 1e-3)  # half the peak
+    assert {g["lr"] for g in opt.adamw.param_groups} == {1e-3}
+    assert [g["lr"] for g in opt.muon.param_groups] == [pytest.approx(0.025)]
+    _steps(model, opt, 2)
+    state = opt.state_dict()
+    assert sorted(state["state"]) == list(range(len(list(model.parameters()))))  # one index per parameter
+    fresh = make_optimizer(model, tc)
+    fresh.load_state_dict(state)
+    for p in model.parameters():
+        for k, v in opt.state[p].items():
+            assert torch.equal(fresh.state[p][k], v), k
+
+
+def test_wsd_schedule_follows_its_formula():
+    """Hägele et al. 2024: peak until the decay's start, then min + (peak - min)·(1 - f(progress))."""
+    base = dict(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100, lr_schedule="wsd",
+                decay_fraction=0.3)
+    lin, sqrt = TrainConfig(**base, decay_shape="linear"), TrainConfig(**base, decay_shape="1-sqrt")
+    assert wsd_decay_start(lin) == 70
+    for tc in (lin, sqrt):
+        assert lr_at(0, tc) == pytest.approx(1e-3 / 11)  # the warmup as every schedule's
+        assert lr_at(10, tc) == lr_at(45, tc) == lr_at(70, tc) == 1e-3  # the stable phase: the peak, exactly
+        assert lr_at(100, tc) == pytest.approx(1e-4)
+    assert lr_at(85, lin) == pytest.approx(1e-4 + 9e-4 * (1 - 15 / 30))
+    assert lr_at(85, sqrt) == pytest.approx(1e-4 + 9e-4 * (1 - math.sqrt(15 / 30)))
+    assert lr_at(99, sqrt) == pytest.approx(1e-4 + 9e-4 * (1 - math.sqrt(29 / 30)))
+    # The decay never starts inside the warmup: decay_fraction 1 decays from the warmup's end.
+    whole = TrainConfig(**{**base, "decay_fraction": 1.0})
+    assert wsd_decay_start(whole) == 10 and lr_at(10, whole) == 1e-3 and lr_at(55, whole) < 1e-3
+
+
+def test_bad_optimizer_and_schedule_settings_are_refused_in_one_line(cli, tmp_path, monkeypatch):
+    for bad in (0, -0.1, 1.5):
+        with pytest.raises(ConfigError, match="train.decay_fraction"):
+            load_config(TINY, [f"train.decay_fraction={bad}"])
+    monkeypatch.chdir(tmp_path)
+    res = cli("train", TINY, "--dry-run", "--set", "train.optimizer=muon", "--set", "train.parallelism=fsdp")
+    assert_user_error(res, "train.optimizer muon cannot run with train.parallelism fsdp", "train.parallelism=ddp")
+    res = cli("train", TINY, "--dry-run", "--set", "train.lr_schedule=wsd", "--set", "train.decay_fraction=0")
+    assert_user_error(res, "train.decay_fraction")
+
+
+def test_muon_settings_under_adamw_get_a_note_not_a_refusal():
+    cfg = load_config(TINY, ["train.muon.learning_rate=0.05", "train.muon.nesterov=true"])  # nesterov: the default
+    assert MUON_UNUSED.format(keys="train.muon.learning_rate") in config_notes(cfg, corpus_on_disk=False)
+    muon = load_config(TINY, ["train.muon.learning_rate=0.05", "train.optimizer=muon"])
+    assert not any("train.muon" in n for n in config_notes(muon, corpus_on_disk=False))
+
+
+def assert_bit_equal(a, b) -> None:
+    """The same losses at every logged step and the same final weights, bit for bit."""
+    assert curve(a) == curve(b)
+    wa, wb = (load_file(r / "checkpoints" / "last" / "model.safetensors") for r in (a, b))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_muon_run_resumes_bit_exact_and_keeps_its_optimizer(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny(data_dir, "train.max_iters=30", "train.optimizer=muon", "model.dropout=0.1")
+    train(cfg, run_name="whole", echo=lambda m: None, progress=False)
+    import minigpt_cli.trainer.loop as T
+
+    real_step = signals_after_step(monkeypatch, 13, signal.SIGINT)
+    with pytest.raises(Interrupted, match="step 13"):
+        train(cfg, run_name="cut", echo=lambda m: None, progress=False)
+    monkeypatch.setattr(T, "train_step", real_step)
+    state = torch.load(tmp_path / "runs/cut/checkpoints/last/trainer_state.pt", weights_only=True)
+    assert any("momentum_buffer" in s for s in state["optimizer"]["state"].values())  # Muon's state is saved
+    with pytest.raises(MinigptError, match="train.optimizer is adamw here but muon in the checkpoint"):
+        train(tiny(data_dir, "train.max_iters=30", "model.dropout=0.1"), resume="runs/cut", echo=lambda m: None,
+              progress=False)
+    train(cfg, resume="runs/cut", echo=lambda m: None, progress=False)
+    assert_bit_equal(tmp_path / "runs/whole", tmp_path / "runs/cut")
+
+
+def test_a_wsd_cool_down_from_the_stable_phase_equals_the_run_trained_straight_to_it(data_dir, tmp_path,
+                                                                                     monkeypatch):
+    """A run planned for 60 steps (decay from step 30) is stopped at step 17 and cooled down to 40 steps: the
+    same run, bit for bit, as one trained to 40 from the start (decay from step 20), since every step before
+    17 ran at the same rates in both. A checkpoint past the new decay start (step 25) could not be: the
+    schedules part before it."""
+    monkeypatch.chdir(tmp_path)
+    wsd = ("train.lr_schedule=wsd", "train.decay_fraction=0.5", "model.dropout=0.1")
+    straight = tiny(data_dir, "train.max_iters=40", *wsd)
+    train(straight, run_name="straight", echo=lambda m: None, progress=False)
+    planned = tiny(data_dir, "train.max_iters=60", *wsd)
+    assert wsd_decay_start(planned.train) == 30 and wsd_decay_start(straight.train) == 20
+    import minigpt_cli.trainer.loop as T
+
+    real_step = signals_after_step(monkeypatch, 17, signal.SIGINT)
+    with pytest.raises(Interrupted, match="step 17"):
+        train(planned, run_name="cool", echo=lambda m: None, progress=False)
+    monkeypatch.setattr(T, "train_step", real_step)
+    said = []
+    train(straight, resume="runs/cool", echo=said.append, progress=False)
+    assert any("train.max_iters 60 -> 40" in n and "(unchanged)" in n for n in said), said
+    assert_bit_equal(tmp_path / "runs/straight", tmp_path / "runs/cool")
+    assert lr_at(25, planned.train) != lr_at(25, straight.train)
