@@ -16,7 +16,6 @@ from minigpt_cli.config.schema import ConfigError, TrainConfig, load_config
 from minigpt_cli.errors import Interrupted, MinigptError
 from minigpt_cli.model.gpt import GPT
 from minigpt_cli.trainer import lr_at, train
-from minigpt_cli.trainer.muon import BatchedMuon
 from minigpt_cli.trainer.optim import MuonAdamW, make_optimizer, muon_params, set_lr
 from minigpt_cli.trainer.schedule import wsd_decay_start
 from minigpt_cli.trainer.setup import MUON_UNUSED, config_notes
