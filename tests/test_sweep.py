@@ -119,6 +119,26 @@ def test_an_edited_sweep_that_never_trained_replaces_its_record(tmp_path, data_d
             assert state["sweep"]["budget"]["iters"] == iters and state["done"] == []
 
 
+def test_a_finished_run_deleted_from_the_sweep_is_trained_again(tmp_path, data_dir):
+    """sweep.json still lists it as done; its folder is gone: the restart trains it, not compare refusing it."""
+    import shutil
+
+    path = write_sweep(tmp_path, data_dir, seeds=1, budget={"iters": 4},
+                       set=[f"data.data_dir={data_dir}", "train.eval_interval=4", "train.eval_iters=1",
+                            "train.sample_tokens=0"])
+    with working_dir(tmp_path):
+        run_sweep(path, echo=lambda m: None, progress=False)
+        first = json.loads((tmp_path / "runs" / "s" / "summary.json").read_text())
+        shutil.rmtree(tmp_path / "runs" / "s" / "ffn-relu-s1337")  # seeds: 1 is the base config's seed
+        said: list[str] = []
+        run_sweep(path, echo=said.append, progress=False)
+    assert any("ffn-relu-s1337: finished, but no longer in the sweep's folder" in m for m in said), said
+    assert any("2 runs (1 done)" in m for m in said), said
+    again = json.loads((tmp_path / "runs" / "s" / "summary.json").read_text())
+    # trained again from the same seed: the same losses as the first time
+    assert [r["final_val_all"] for r in again["rows"]] == [r["final_val_all"] for r in first["rows"]]
+
+
 @pytest.mark.parametrize("var", ["MINIGPT_FAST_DROPOUT", "MINIGPT_ONEDNN"])
 def test_a_bad_kernel_setting_is_one_line_before_the_sweep_starts(cli, tmp_path, data_dir, monkeypatch, var):
     """Refused once, by the sweep, not by each run after the sweep's folder is made (or in --jobs' logs)."""

@@ -42,6 +42,7 @@ STATE = "sweep.json"
 OUT_DIR = "train.out_dir"
 
 _MESSAGES = {
+    "gone": "note: {names}: finished, but no longer in the sweep's folder (no checkpoint); training again",
     "schema": "{path}: {why}",
     "no_sweep": "{path}: no such sweep file, nor a shipped experiment of that name ({shipped})",
     "budget_arg": "--budget {text}: give iters=N, tokens=N or seconds=S (one of them)",
@@ -493,6 +494,10 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
         return _search(sweep, store, worker, train, procs, bar, echo)
     if worker:
         return _grid_worker(sweep, store, train, procs, bar, echo)
+    gone = [r.name for r in sweep.runs if r.name in state["done"] and not runs.has_checkpoint(sweep.folder / r.name)]
+    if gone:  # a finished run's folder deleted (or its checkpoints): trained again, not refused by compare
+        echo(_MESSAGES["gone"].format(names=", ".join(gone)))
+        state["done"] = [name for name in state["done"] if name not in gone]
     todo = [r for r in sweep.runs if r.name not in state["done"]]
     echo(f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done), "
          f"{len({r.variant for r in sweep.runs})} variants; runs in {sweep.folder}")
