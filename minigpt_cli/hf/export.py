@@ -30,7 +30,8 @@ from ..tokenizer.kinds import CharTokenizer, Tokenizer
 from .load import _GPT2_CONV1D, llama_names  # the one name table, both ways
 
 _MESSAGES = {
-    "format": "--format {fmt!r}: only hf (a transformers folder) is supported",
+    "format": "--format {fmt!r}: use hf (a transformers folder) or gguf (one file for llama.cpp)",
+    "dtype": "--dtype is for --format gguf; a transformers folder is float32",
     "not_empty": "{out} exists and is not empty; pass --force to replace it, or another --output",
     "not_folder": "{out} exists and is not a folder; pass another --output",
     "holds": "--output {out} is or holds {what}; an export replaces its folder: pass a new or empty one",
@@ -234,11 +235,17 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
 
 
 def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", checkpoint: str = runs.BEST,
-               force: bool = False, echo: Callable[[str], None] = lambda message: None) -> Path:
-    """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`); a
-    :class:`MinigptError` for each refusal of :data:`_MESSAGES`, :func:`hf_family`'s, and a failed write."""
+               force: bool = False, dtype: Optional[str] = None,
+               echo: Callable[[str], None] = lambda message: None) -> Path:
+    """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`), or with
+    ``fmt="gguf"`` as a GGUF file (:func:`~.gguf.export_gguf`); a :class:`MinigptError` for each refusal of
+    :data:`_MESSAGES`, :func:`hf_family`'s, and a failed write."""
     from safetensors.torch import save
 
+    if fmt == "gguf":
+        from .gguf import export_gguf
+
+        return export_gguf(run, output, dtype=dtype or "f32", checkpoint=checkpoint, force=force, echo=echo)
     out = Path(output)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     target = out.resolve()
@@ -246,6 +253,7 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
     holds = next((what for what, inside in around if inside == target or target in inside.parents), None)
     foreign = _foreign(out) if out.is_dir() else []
     refuse([(fmt != "hf", "format"),
+            (dtype is not None, "dtype"),
             (holds, "holds"),  # before "not empty": no --force replaces these, so none may be suggested
             (out.exists() and not out.is_dir(), "not_folder"),
             (out.is_dir() and any(out.iterdir()) and not force, "not_empty"),
