@@ -24,7 +24,7 @@ import numpy as np
 from ..config.schema import Config, ModelConfig
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError, refuse
-from ..fileio import chmod_quietly, new_file_mode, os_error_message
+from ..fileio import chmod_quietly, new_file_mode, os_errors
 from ..run import folder as runs
 from ..sample.load import load_run
 from ..tokenizer.kinds import Tokenizer
@@ -34,19 +34,15 @@ if TYPE_CHECKING:
     import torch
 
 _MESSAGES = {
-    "unsupported": "model.{key}={value!r}: {why}; GGUF (llama.cpp's {arch}) cannot hold this run",
-    "tokenizer": "tokenizer.kind={kind!r}: llama.cpp reads a byte-level BPE (its gpt2 tokenizer) and this is "
-                 "not one{detail}; train with tokenizer.kind: bpe",
-    "no_eos": "the tokenizer has no end-of-text token, and llama.cpp would take token 11 for one; train with "
-              "tokenizer.special_tokens: ['<|endoftext|>']",
-    "no_merges": "the tokenizer has no merges, which GGUF cannot store; train it with tokenizer.vocab_size above "
-                 "{size}",
-    "q8_0": "--dtype q8_0: tensor {name} has rows of {n} values, not whole blocks of {block} (Q8_0's); pass "
-            "--dtype f16, or train with widths that are multiples of {block}",
+    "positions": "model.pos_encoding={positions!r}: GGUF holds learned (gpt2) or rope (llama); train with one",
+    "unsupported": "model.{key}={value!r}: GGUF's {arch} computes {key} {want!r}; train with model.{key}: {want}",
+    "tokenizer": "tokenizer.kind={kind!r}: llama.cpp reads only a byte-level BPE; train with tokenizer.kind: bpe",
+    "no_eos": "the tokenizer lacks an end-of-text token; train with tokenizer.special_tokens: ['<|endoftext|>']",
+    "no_merges": "the tokenizer has no merges (GGUF stores none); train with tokenizer.vocab_size above {size}",
+    "q8_0": "--dtype q8_0: {name} has rows of {n}, not whole blocks of {block}; pass --dtype f16 or f32",
     "not_file": "{out} exists and is not a file; pass another --output",
     "exists": "{out} exists; pass --force to replace it, or another --output",
-    "not_ours": "{out} is not a GGUF file minigpt wrote (no {mark} key); --force replaces only an earlier export: "
-                "pass another --output",
+    "not_ours": "{out} is not a GGUF minigpt wrote (no {mark}); pass another --output",
 }
 
 #: The general.* key that marks a GGUF as an export of ours: all that ``--force`` replaces.
@@ -59,26 +55,24 @@ _PREFIX = {"gpt2": "transformer.", "llama": "model."}
 _DTYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
 
 
+def _fixed(mc: ModelConfig) -> dict[str, dict]:
+    """The model keys each GGUF architecture fixes: llama.cpp's graphs (``src/models/gpt2.cpp``, ``llama.cpp``;
+    gpt2's GELU is ggml's tanh one), and transformers' GGUF reader (gpt2's MLP 4·n_embd wide, no grouped-query
+    attention; no llama biases)."""
+    pre = {"norm_position": "pre", "emb_scale": False}
+    return {"gpt2": {**pre, "norm": "layernorm", "ffn": "gelu_tanh", "d_ff": 4 * mc.n_embd, "n_kv_head": mc.n_head},
+            "llama": {**pre, "norm": "rmsnorm", "ffn": "swiglu", "bias": False}}
+
+
 def gguf_arch(mc: ModelConfig) -> str:
-    """``gpt2`` or ``llama``: the GGUF architecture llama.cpp computes ``mc`` with (``src/models/gpt2.cpp``,
-    ``llama.cpp``); a :class:`MinigptError` names the first key it would load wrongly."""
-    gpt2 = mc.pos_encoding == "learned"
-    refused = [  # (when, key, why), in the order a user would fix them
-        (mc.pos_encoding not in ("learned", "rope"), "pos_encoding", "gpt2 learns its positions, llama rotates them"),
-        (mc.norm_position != "pre", "norm_position", "both normalise before each sub-layer"),
-        (mc.emb_scale, "emb_scale", "neither scales the token embeddings by sqrt(n_embd)"),
-        (gpt2 and mc.norm != "layernorm", "norm", "gpt2, with learned positions, uses LayerNorm"),
-        (gpt2 and mc.ffn != "gelu_tanh", "ffn", "gpt2's MLP computes the tanh GELU: train with model.ffn: gelu_tanh"),
-        (gpt2 and mc.ffn_hidden != 4 * mc.n_embd, "d_ff",
-         "transformers' GGUF reader takes gpt2's feed-forward width to be 4·n_embd"),
-        (gpt2 and mc.kv_heads != mc.n_head, "n_kv_head", "gpt2 has no grouped-query attention in transformers"),
-        (not gpt2 and mc.norm != "rmsnorm", "norm", "llama, with RoPE, uses RMSNorm"),
-        (not gpt2 and mc.ffn != "swiglu", "ffn", "llama, with RoPE, uses SwiGLU"),
-        (not gpt2 and mc.bias, "bias", "transformers' GGUF reader loads no llama biases"),
-    ]
-    arch = "gpt2" if gpt2 else "llama"
-    for key, why in ((key, why) for failed, key, why in refused if failed):
-        raise MinigptError(_MESSAGES["unsupported"].format(key=key, value=getattr(mc, key), why=why, arch=arch))
+    """``gpt2`` (learned positions) or ``llama`` (RoPE): the GGUF architecture that computes what ``mc`` does; a
+    :class:`MinigptError` names the first key it would compute otherwise (:func:`_fixed`)."""
+    arch = {"learned": "gpt2", "rope": "llama"}.get(mc.pos_encoding)
+    have = {**mc.model_dump(), "d_ff": mc.ffn_hidden, "n_kv_head": mc.kv_heads}
+    want = _fixed(mc).get(arch, {})
+    key = next((k for k, v in want.items() if have[k] != v), None)
+    refuse([(arch is None, "positions"), (key, "unsupported")], _MESSAGES, key=key, value=have.get(key),
+           want=want.get(key), arch=arch, positions=mc.pos_encoding)
     return arch
 
 
@@ -106,7 +100,7 @@ def gguf_tensors(model: torch.nn.Module, mc: ModelConfig, arch: str) -> dict[str
         theirs = sd
     else:
         kv = mc.kv_heads * mc.head_dim
-        sizes = {1: [], 2: [mc.ffn_hidden] * 2, 3: [mc.n_embd, kv, kv]}  # by the names stacked: [gate; up], [q; k; v]
+        sizes = {2: [mc.ffn_hidden] * 2, 3: [mc.n_embd, kv, kv]}  # by the names stacked: [gate; up], [q; k; v]
         for ours, t in sd.items():
             names = llama_names(mc)[ours]
             theirs.update(zip(names, torch.split(t, sizes[len(names)]) if len(names) > 1 else [t]))
@@ -135,12 +129,10 @@ def tokenizer_fields(tok: Tokenizer, kind: str, vocab_size: int) -> dict:
                 and not pre.get("add_prefix_space") and obj.get("normalizer") is None
                 and not any(model.get(k) for k in ("continuing_subword_prefix", "end_of_word_suffix", "dropout",
                                                    "byte_fallback", "ignore_merges")))
-    detail = " (its tokenizer.json differs from GPT-2's: pre-tokenizer, normalizer or BPE options)" \
-        if model.get("type") == "BPE" else ""
     eos = next((s for s in tok.special_tokens if s in END_OF_TEXT), None)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     refuse([(not gpt2_bpe, "tokenizer"), (eos is None, "no_eos"), (not merges, "no_merges")], _MESSAGES,
-           kind=kind, detail=detail, size=tok.vocab_size)
+           kind=kind, size=tok.vocab_size)
     by_id = {i: t for t, i in tok.backend.get_vocab(with_added_tokens=True).items()}
     tokens = [by_id.get(i, f"[PAD{i}]") for i in range(vocab_size)]
     kinds = {s: gguf.TokenType.CONTROL for s in tok.special_tokens}
@@ -247,10 +239,8 @@ def export_gguf(run: Optional[str | Path], output: str | Path, *, dtype: str = "
     vocab = tokenizer_fields(loaded.tokenizer, cfg.tokenizer.kind, cfg.model.vocab_size)
     tensors = gguf_tensors(loaded.model, cfg.model, arch)
     _q8_0_refusal(tensors, dtype)
-    try:
+    with os_errors(out):  # named as the user gave it, not as the temporary file beside it
         out.parent.mkdir(parents=True, exist_ok=True)
         _write(out, cfg, arch, tensors, vocab, dtype, run_dir.name)
-    except OSError as exc:  # named as the user gave it, not as the temporary file beside it
-        raise MinigptError(os_error_message(exc, out, "write")) from None
     echo(f"exported {run_dir} ({ckpt.name}) as a GGUF {arch} ({dtype}) to {out}")
     return out
