@@ -19,11 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-import numpy as np
-
-from ..config.schema import Config, ModelConfig
+from ..config.schema import ModelConfig
 from ..config.special_tokens import END_OF_TEXT
-from ..errors import MinigptError, refuse
+from ..errors import refuse
 from ..fileio import chmod_quietly, new_file_mode, os_errors
 from ..run import folder as runs
 from ..sample.load import load_run
@@ -125,7 +123,7 @@ def tokenizer_fields(tok: Tokenizer, kind: str, vocab_size: int) -> dict:
 
     obj = json.loads(tok.backend.to_str()) if hasattr(tok, "backend") else {}
     model, pre = obj.get("model") or {}, obj.get("pre_tokenizer") or {}
-    gpt2_bpe = (model.get("type") == "BPE" and pre.get("type") == "ByteLevel" and pre.get("use_regex")
+    gpt2_bpe = (model.get("type") == "BPE" and pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
                 and not pre.get("add_prefix_space") and obj.get("normalizer") is None
                 and not any(model.get(k) for k in ("continuing_subword_prefix", "end_of_word_suffix", "dropout",
                                                    "byte_fallback", "ignore_merges")))
@@ -170,13 +168,12 @@ def _is_ours(path: Path) -> bool:
     return False
 
 
-def _write(out: Path, cfg: Config, arch: str, tensors: dict[str, torch.Tensor], vocab: dict, dtype: str,
+def _write(out: Path, mc: ModelConfig, arch: str, tensors: dict[str, torch.Tensor], vocab: dict, dtype: str,
            name: str) -> None:
     """Write the GGUF to a temporary file beside ``out`` (those a killed export left swept first), then rename it
     into place; the keys are those ``convert_hf_to_gguf.py`` writes for the architecture."""
     import gguf
 
-    mc = cfg.model
     for left in out.parent.glob(f"{glob.escape(_TEMP.format(out.name))}*.tmp"):
         if left.is_file() and not left.is_symlink():
             left.unlink(missing_ok=True)
@@ -241,6 +238,6 @@ def export_gguf(run: Optional[str | Path], output: str | Path, *, dtype: str = "
     _q8_0_refusal(tensors, dtype)
     with os_errors(out):  # named as the user gave it, not as the temporary file beside it
         out.parent.mkdir(parents=True, exist_ok=True)
-        _write(out, cfg, arch, tensors, vocab, dtype, run_dir.name)
+        _write(out, cfg.model, arch, tensors, vocab, dtype, run_dir.name)
     echo(f"exported {run_dir} ({ckpt.name}) as a GGUF {arch} ({dtype}) to {out}")
     return out
