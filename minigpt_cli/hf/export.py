@@ -240,12 +240,12 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
     """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`), or with
     ``fmt="gguf"`` as a GGUF file (:func:`~.gguf.export_gguf`); a :class:`MinigptError` for each refusal of
     :data:`_MESSAGES`, :func:`hf_family`'s, and a failed write."""
-    from safetensors.torch import save
-
     if fmt == "gguf":
         from .gguf import export_gguf
 
         return export_gguf(run, output, dtype=dtype or "f32", checkpoint=checkpoint, force=force, echo=echo)
+    from safetensors.torch import save
+
     out = Path(output)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     target = out.resolve()
