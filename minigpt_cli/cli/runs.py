@@ -165,14 +165,20 @@ def evaluate(
 @app.command(cls=Command)
 def export(
     run: Path = typer.Argument(..., metavar="RUN", help="The run folder to export."),
-    output: Path = typer.Option(..., "--output", "-o", metavar="DIR", help="Folder to write (created)."),
-    fmt: str = typer.Option("hf", "--format", metavar="hf", help="hf: a transformers folder (the only format)."),
+    output: Path = typer.Option(..., "--output", "-o", metavar="DIR",
+                                help="Folder to write (created); with --format gguf, the file."),
+    fmt: str = typer.Option("hf", "--format", metavar="hf|gguf",
+                            help="hf: a transformers folder; gguf: one file for llama.cpp and Ollama."),
     arch: Optional[Literal["gpt2", "llama", "gpt_neox", "qwen3"]] = typer.Option(
         None, "--arch", metavar="gpt2|llama|gpt_neox|qwen3",
-        help="The transformers architecture to write; refused when it cannot express the run (default: the one "
-             "that does)."),
+        help="The transformers architecture to write (--format hf); refused when it cannot express the run "
+             "(default: the one that does)."),
+    dtype: Optional[Literal["f32", "f16", "q8_0"]] = typer.Option(
+        None, "--dtype", metavar="f32|f16|q8_0", help="gguf's tensor type (default f32); q8_0 needs widths that "
+                                                      "are multiples of 32."),
     checkpoint: CheckpointOption = runs.BEST,
-    force: bool = typer.Option(False, "--force", help="Replace DIR if it exists and is not empty."),
+    force: bool = typer.Option(False, "--force", help="Replace DIR if it exists and is not empty (gguf: FILE, if "
+                                                      "an earlier export)."),
 ) -> None:
     """Write a run as a Hugging Face transformers folder.
 
@@ -187,10 +193,14 @@ def export(
     or no positions, Post-LN, the embedding scale) have no transformers
     equivalent and are refused, naming the key and the settings that export.
 
+    --format gguf writes one GGUF file instead (GPT-2-style runs as gpt2,
+    Llama-style as llama, with a byte-level BPE tokenizer), for llama.cpp.
+
     \b
     Example: minigpt export runs/shakespeare-char --output exported/
+             minigpt export runs/llama-bpe --format gguf --output llama.gguf
     """
     from ..hf.export import export_run
 
-    out = export_run(run, output, fmt=fmt, arch=arch, checkpoint=checkpoint, force=force, echo=echo)
+    out = export_run(run, output, fmt=fmt, arch=arch, checkpoint=checkpoint, force=force, dtype=dtype, echo=echo)
     print(out)

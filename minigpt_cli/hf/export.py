@@ -31,7 +31,9 @@ from ..tokenizer.kinds import CharTokenizer, Tokenizer
 from .load import _GPT2_CONV1D, llama_names, neox_names, neox_qkv, read_hf_config  # the one name table, both ways
 
 _MESSAGES = {
-    "format": "--format {fmt!r}: only hf (a transformers folder) is supported",
+    "format": "--format {fmt!r}: use hf (a transformers folder) or gguf (one file for llama.cpp)",
+    "dtype": "--dtype is for --format gguf; a transformers folder is float32",
+    "arch_gguf": "--arch picks a transformers architecture (--format hf); a GGUF's follows the run: drop --arch",
     "not_empty": "{out} exists and is not empty; pass --force to replace it, or another --output",
     "not_folder": "{out} exists and is not a folder; pass another --output",
     "holds": "--output {out} is or holds {what}; an export replaces its folder: pass a new or empty one",
@@ -39,8 +41,8 @@ _MESSAGES = {
                   "export: pass a new or empty --output",
     "not_ours": "{out} is not an export minigpt wrote (its config.json carries no minigpt mark); --force "
                 "replaces only an earlier export: pass a new or empty --output",
-    "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2, Llama, GPT-NeoX or Qwen3, so this run "
-                   "cannot be exported; the nearest, {name}, takes model.{key} {takes}: a run trained with "
+    "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2, Llama, GPT-NeoX or Qwen3, so "
+                   "this run cannot be exported; the nearest, {name}, takes model.{key} {takes}: a run trained with "
                    "{changes} exports as {name}",
     "arch": "--arch {arch}: {name} cannot express model.{key}={value!r} (it takes {takes}); {fix}",
     "arch_other": "drop --arch: the run exports as {other}",
@@ -127,10 +129,6 @@ def hf_target(mc: ModelConfig, arch: Optional[str] = None) -> str:
         arch=arch, key=key, value=getattr(mc, key), name=name, takes=takes, changes=changes, fix=fix),
         key=f"model.{key}")
 
-
-def hf_family(mc: ModelConfig) -> str:
-    """The target :func:`hf_target` picks for ``mc`` (``gpt2``, ``llama`` or ``gpt_neox``)."""
-    return hf_target(mc)
 
 
 def _gpt2_config(mc: ModelConfig) -> dict:
@@ -331,11 +329,17 @@ def _source_positions(mc: ModelConfig) -> Optional[int | str]:
 
 
 def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", arch: Optional[str] = None,
-               checkpoint: str = runs.BEST, force: bool = False,
+               checkpoint: str = runs.BEST, force: bool = False, dtype: Optional[str] = None,
                echo: Callable[[str], None] = lambda message: None) -> Path:
     """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`), as
-    ``arch`` (a key of :data:`TARGETS`; None: the one that expresses the run); a :class:`MinigptError` for each
-    refusal of :data:`_MESSAGES`, :func:`hf_target`'s, and a failed write."""
+    ``arch`` (a key of :data:`TARGETS`; None: the one that expresses the run), or with ``fmt="gguf"`` as a GGUF
+    file (:func:`~.gguf.export_gguf`); a :class:`MinigptError` for each refusal of :data:`_MESSAGES`,
+    :func:`hf_target`'s, and a failed write."""
+    if fmt == "gguf":
+        from .gguf import export_gguf
+
+        refuse([(arch is not None, "arch_gguf")], _MESSAGES)
+        return export_gguf(run, output, dtype=dtype or "f32", checkpoint=checkpoint, force=force, echo=echo)
     from safetensors.torch import save
 
     out = Path(output)
@@ -345,11 +349,13 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
     holds = next((what for what, inside in around if inside == where or where in inside.parents), None)
     foreign = _foreign(out) if out.is_dir() else []
     refuse([(fmt != "hf", "format"),
+            (dtype is not None, "dtype"),
             (holds, "holds"),  # before "not empty": no --force replaces these, so none may be suggested
             (out.exists() and not out.is_dir(), "not_folder"),
             (out.is_dir() and any(out.iterdir()) and not force, "not_empty"),
             (force and foreign, "not_export"),
-            (force and out.is_dir() and any(out.iterdir()) and not _is_export(out), "not_ours")], _MESSAGES, fmt=fmt, out=out, what=holds, names=", ".join(foreign[:3]))
+            (force and out.is_dir() and any(out.iterdir()) and not _is_export(out), "not_ours")], _MESSAGES,
+           fmt=fmt, out=out, what=holds, names=", ".join(foreign[:3]))
     loaded = load_run(run_dir, checkpoint)  # generate's checks: checksums, finite weights, the run's own tokenizer
     model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer
     target = hf_target(cfg.model, arch)  # refused before anything is written

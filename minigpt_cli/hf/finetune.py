@@ -1,4 +1,5 @@
-"""Fine-tuning: a run that starts from a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder (``model.init_from``).
+"""Fine-tuning: a run that starts from a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder
+(``model.init_from``).
 
 nanoGPT's ``init_from='gpt2'`` (its ``finetune_shakespeare`` config), with the folder on disk instead of a hub
 download: :func:`resolve_init_from` takes the folder's architecture and ``tokenizer.json`` (kind ``hf``),

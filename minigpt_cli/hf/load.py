@@ -1,4 +1,5 @@
-"""Import a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder (``save_pretrained``: config.json and safetensors).
+"""Import a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder (``save_pretrained``: config.json and
+safetensors).
 
 Each family has ``*_config_from_hf(config.json) -> ModelConfig`` and ``load_*_state_dict(tensors, cfg)``.
 GPT-2's names are ours; its Conv1D weights are (in, out), so ``c_attn``, ``attn.c_proj``, ``c_fc`` and
