@@ -561,8 +561,10 @@ def _trial_cell(row: dict, key: str) -> str:
 def format_trials(result: dict, clip: bool = True) -> str:
     """The study's trials as a Markdown table, and a count by state; ``clip``: cells cut to :data:`CELL` (the
     terminal's; summary.md has them whole)."""
-    cut = _clip if clip else (lambda text: text)
-    spec = [(head, [key], lambda r, key=key: cut(_trial_cell(r, key))) for head, key in TRIAL_COLUMNS]
+    def cut(text: str, key: str) -> str:  # a folder keeps its end, which names the run
+        return text if not clip or len(text) <= CELL else "…" + text[1 - CELL:] if key == "folder" else _clip(text)
+
+    spec = [(head, [key], lambda r, key=key: cut(_trial_cell(r, key), key)) for head, key in TRIAL_COLUMNS]
     states = [r["state"] for r in result["trials"]]
     counts = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
     return "\n".join([f"study {result['study']}: {len(states)} trials" + (f" ({counts})" if states else ""), "",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, U
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..errors import MinigptError
+from ..errors import MinigptError, refuse
 from ..fileio import atomic_write_bytes, errors_as
 
 if TYPE_CHECKING:
@@ -122,8 +122,8 @@ def open_storage(url: Optional[str], folder: Optional[Path], existing: bool = Fa
     with errors_as({(OSError, ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError): refused}):
         rdb = "://" in target
         file = make_url(target).database if rdb and target.startswith("sqlite") else None if rdb else target
-        if existing and file is not None and not Path(file).is_file():
-            raise FileNotFoundError(errno.ENOENT, "no such file")
+        refuse([(existing and file is not None and not Path(file).is_file(), "storage")], _MESSAGES, url=target,
+               why="no such file")
         return RDBStorage(target) if rdb else JournalStorage(JournalFileBackend(target))
 
 

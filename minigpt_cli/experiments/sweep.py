@@ -535,12 +535,12 @@ def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Ca
             trial.suggest_categorical("seed", sorted({r.seed for r in sweep.runs}))
             try:
                 train(run)
-            except MinigptError as exc:  # the run failed: so does its trial; the next start tries it again
-                trial.set_user_attr("error", str(exc))
-                study.tell(trial, state=TrialState.FAIL)
-                raise
-            except BaseException:  # Ctrl-C: the trial stays running, let go for the next start to resume
-                optuna_search.release(trial)
+            except BaseException as exc:  # a failed run fails its trial (enqueued again by the next start); after
+                if isinstance(exc, MinigptError):  # a Ctrl-C the trial stays running, let go for it to resume
+                    trial.set_user_attr("error", str(exc))
+                    study.tell(trial, state=TrialState.FAIL)
+                else:
+                    optuna_search.release(trial)
                 raise
             study.tell(trial, [e for e in read_events(sweep.folder / run.name / METRICS)
                                if e["event"] == "eval"][-1]["val_loss"])
