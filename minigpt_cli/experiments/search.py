@@ -12,6 +12,7 @@ import fcntl
 import io
 import os
 import socket
+import time
 import warnings
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -31,6 +32,8 @@ STUDY_FILE = "study.journal"
 LOCK_FILE = "claims.lock"
 #: The summary's Optuna plots (optuna.visualization.matplotlib).
 PLOTS = ("search-history.png", "search-parallel.png", "search-importances.png")
+#: How often a worker tries to open a new RDB storage that other workers are setting up at the same moment.
+SETUP_TRIES = 5
 #: A claim's owner once it let go (Ctrl-C): any worker on any machine may take the trial or run over.
 RELEASED = ""
 
@@ -124,7 +127,18 @@ def open_storage(url: Optional[str], folder: Optional[Path], existing: bool = Fa
         file = make_url(target).database if rdb and target.startswith("sqlite") else None if rdb else target
         refuse([(existing and file is not None and not Path(file).is_file(), "storage")], _MESSAGES, url=target,
                why="no such file")
-        return RDBStorage(target) if rdb else JournalStorage(JournalFileBackend(target))
+        if not rdb:
+            return JournalStorage(JournalFileBackend(target))
+        for attempt in range(SETUP_TRIES):
+            try:
+                return RDBStorage(target)
+            except sqlalchemy.exc.SQLAlchemyError as exc:
+                # Workers starting together on a new database race to make its tables (Optuna's setup is not
+                # atomic): the losers see "already exists" or alembic_version's unique key, and try again.
+                if attempt + 1 == SETUP_TRIES or not (isinstance(exc, sqlalchemy.exc.IntegrityError)
+                                                      or "already exists" in str(exc)):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
 
 def open_study(storage: "optuna.storages.BaseStorage", name: str, spec: Optional[SearchSpec],

@@ -535,11 +535,11 @@ def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Ca
             trial.suggest_categorical("seed", sorted({r.seed for r in sweep.runs}))
             try:
                 train(run)
-            except BaseException as exc:  # a failed run fails its trial (enqueued again by the next start); after
-                if isinstance(exc, MinigptError):  # a Ctrl-C the trial stays running, let go for it to resume
+            except BaseException as exc:
+                if isinstance(exc, MinigptError):  # a failed run fails its trial: the next start enqueues it again
                     trial.set_user_attr("error", str(exc))
                     study.tell(trial, state=TrialState.FAIL)
-                else:
+                else:  # Ctrl-C: the trial stays running, let go for the next start to resume
                     optuna_search.release(trial)
                 raise
             study.tell(trial, [e for e in read_events(sweep.folder / run.name / METRICS)
@@ -548,7 +548,7 @@ def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Ca
 
     with bar(total=len(sweep.runs)) as progress_bar:
         _parallel(procs, [partial(runs_, progress_bar)] * (procs.jobs if procs else 1), lambda ran: None)
-    done = {t.user_attrs["run"] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    done = {t.user_attrs.get("run") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     here = [r for r in sweep.runs if r.name in done and (sweep.folder / r.name / METRICS).is_file()]
     result = _summary(sweep, here, {r.name: r.variant for r in here}, echo) if here else {}
     return {**result, "study": study_trials(study)}
