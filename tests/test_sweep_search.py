@@ -93,9 +93,10 @@ def _check_once(study: optuna.Study, folder: Path, trials: int) -> None:
         assert steps == sorted(set(steps)), (run, steps)
 
 
-def _sweep_process(path: Path, *args: str, env=None) -> subprocess.Popen:
+def _sweep_process(path: Path, *args: str, env=None, cwd=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "minigpt_cli", "sweep", str(path), "--no-progress", *args],
-                            cwd=path.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                            cwd=cwd or path.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
 
 
 def test_a_tpe_search_with_asha_killed_by_sigkill_resumes_prunes_and_draws_its_plots(tmp_path, data_dir):
@@ -147,6 +148,91 @@ def test_two_workers_share_one_study_and_run_each_trial_once(tmp_path, data_dir)
     _check_once(study, tmp_path / "runs" / "s", 4)
     owners = {t.user_attrs["owner"] for t in study.get_trials() if not t.user_attrs.get("surplus")}
     assert owners == {f"{os.uname().nodename}:{w.pid}" for w in workers}, owners  # both worked
+
+
+def test_grid_workers_sharing_only_the_storage_run_each_variant_and_seed_once(cli, tmp_path, data_dir):
+    """Two workers in folders of their own (two machines' checkouts) share nothing but an SQLite study: every
+    (variant, seed) is one trial, trained by one worker in its own folder, and ``compare --storage`` lists them
+    all, with the host and run folder that took each."""
+    path = tmp_path / "g.yaml"
+    path.write_text(json.dumps({"name": "g", "base": str(TINY), "set": small(data_dir), "budget": {"iters": 10},
+                                "grid": {"model.ffn": ["relu", "gelu"]}, "seeds": 2}))
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    homes = [tmp_path / "a", tmp_path / "b"]
+    workers = []
+    for home in homes:
+        home.mkdir()
+        workers.append(_sweep_process(path, "--storage", url, "--worker", cwd=home))
+    outs = [w.communicate(timeout=240)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outs
+    runs = {f"ffn-{f}-s{s}" for f in ("relu", "gelu") for s in (1337, 1338)}
+    trained = [{p.name for p in (home / "runs" / "g").iterdir() if (p / "metrics.jsonl").is_file()}
+               for home in homes]
+    assert trained[0] | trained[1] == runs and not trained[0] & trained[1], trained  # each run in one folder only
+    study = optuna.load_study(study_name="g", storage=url)
+    ours = [t for t in study.get_trials() if not (t.user_attrs.get("duplicate") or t.user_attrs.get("surplus"))]
+    assert sorted(t.user_attrs["run"] for t in ours) == sorted(runs)  # one trial per (variant, seed)
+    assert all(t.state == TrialState.COMPLETE for t in ours)
+    for t in ours:  # the value told is the final eval of the run in the folder the trial names
+        folder = Path(t.user_attrs["folder"]) / t.user_attrs["run"]
+        evals = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
+                 if '"eval"' in line]
+        assert t.value == evals[-1]["val_loss"] and t.params == {"variant": t.user_attrs["variant"],
+                                                                 "seed": t.user_attrs["seed"]}
+
+    res = cli("compare", "--storage", url, "--output", tmp_path / "all", "--json")
+    assert res.exit_code == 0, res
+    rows = json.loads(res.stdout)["trials"]
+    assert sorted((r["variant"], r["seed"], r["state"]) for r in rows) == sorted(
+        (t.user_attrs["variant"], t.user_attrs["seed"], "complete") for t in ours)
+    assert {r["folder"] for r in rows} == {str((h / "runs" / "g" / n).resolve()) for h, ns in zip(homes, trained)
+                                           for n in ns}
+    assert {r["host"] for r in rows} == {os.uname().nodename}
+    md = (tmp_path / "all" / "summary.md").read_text()
+    assert "study g: 4 trials (4 complete)" in md and all(r["folder"] in md for r in rows)
+    assert len((tmp_path / "all" / "summary.csv").read_text().splitlines()) == 5
+    table = cli("compare", "--storage", url, "--study", "g")
+    assert table.exit_code == 0 and "| variant or params |" in table.stdout and "ffn-relu" in table.stdout
+
+
+def test_a_run_enqueued_twice_is_taken_once_and_a_dead_workers_run_is_resumed_here(tmp_path):
+    """Two workers starting at once may both enqueue the grid: each run is still handed out once, the copies failed
+    unrun; a run a killed worker of this machine left running is taken over by the next worker here."""
+    from minigpt_cli.experiments.search import enqueue_runs, next_run
+
+    study = optuna.create_study(study_name="g", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    grid = [(f"v{i}-s1", f"v{i}", 1) for i in range(3)]
+    for t in grid:  # what the other worker enqueued before this one looked
+        study.enqueue_trial({"variant": t[1], "seed": 1}, user_attrs={"run": t[0]})
+    enqueue_runs(study, grid)  # sees them: enqueues nothing more
+    assert len(study.get_trials()) == 3
+    for t in grid:
+        study.enqueue_trial({"variant": t[1], "seed": 1}, user_attrs={"run": t[0]})  # both looked first
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    first = next_run(study, tmp_path)
+    first.set_user_attr("owner", f"{os.uname().nodename}:{dead.pid}")  # its worker was killed mid-run
+    taken = [first.user_attrs["run"]]
+    while (trial := next_run(study, tmp_path)) is not None:
+        taken.append(trial.user_attrs["run"])
+        if trial.number != first.number:
+            study.tell(trial, 1.0)
+    assert taken == ["v0-s1", "v0-s1", "v1-s1", "v2-s1"]  # v0 resumed from the dead worker, then each once
+    assert [t.user_attrs.get("duplicate", False) for t in study.get_trials()] == [False] * 3 + [True] * 3
+    assert study.get_trials()[0].user_attrs["owner"].endswith(f":{os.getpid()}")
+
+
+def test_compare_on_a_storage_names_what_is_wrong(cli, tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    for name in ("b", "a"):
+        optuna.create_study(study_name=name, storage=url)
+    assert_user_error(cli("compare", "--storage", url, "--study", "c"), "no study 'c' in it", "one of: a, b")
+    assert_user_error(cli("compare", "--storage", url), "holds 2 studies", "one of: a, b")
+    for missing in (tmp_path / "no.journal", f"sqlite:///{tmp_path / 'no.db'}"):
+        assert_user_error(cli("compare", "--storage", missing), f"--storage {missing}: cannot open it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.db"]  # nothing made of a storage not there
+    assert_user_error(cli("compare", tmp_path, "--storage", url), "not both")
+    assert_user_error(cli("compare"), "give run folders")
 
 
 @pytest.mark.parametrize("search,fragment", [

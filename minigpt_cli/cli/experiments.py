@@ -58,7 +58,7 @@ def sweep(
     Examples: minigpt sweep ffn --budget iters=50 --seeds 1
               minigpt sweep search.yaml --storage /shared/search.journal --worker
     """
-    from ..experiments.compare import format_summary
+    from ..experiments.compare import format_summary, format_trials
     from ..experiments.search import format_report
     from ..experiments.sweep import Overrides, run_sweep
 
@@ -72,12 +72,15 @@ def sweep(
     if as_json:
         print(json.dumps(result, indent=1))
     else:
-        print(format_summary(result) + (format_report(result["search"]) if "search" in result else ""), end="")
+        print((format_summary(result) if "rows" in result else "") +
+              (format_report(result["search"]) if "search" in result else "") +
+              ("\n" + format_trials(result["study"]) if "study" in result else ""), end="")
 
 
 @app.command(cls=Command)
 def compare(
-    paths: List[Path] = typer.Argument(..., metavar="RUN_OR_SWEEP...", help="Run folders, or folders of runs (a sweep's)."),
+    paths: Optional[List[Path]] = typer.Argument(None, metavar="RUN_OR_SWEEP...",
+                                                 help="Run folders, or folders of runs (a sweep's)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="DIR",
                                           help="Where summary.md/.csv/.json/.png go (default: the sweep folder when "
                                                "one is given, else ./comparison)."),
@@ -88,6 +91,11 @@ def compare(
                                          help="What the pairwise sentences and the plot compare (default: "
                                               "val_loss when the runs share corpus and tokenizer, else "
                                               "bits_per_byte)."),
+    storage: Optional[str] = typer.Option(None, "--storage", metavar="URL",
+                                          help="Instead of run folders: list the trials of a study in this "
+                                               "storage (an RDB URL or a journal file), every worker's."),
+    study: Optional[str] = typer.Option(None, "--study", metavar="NAME",
+                                        help="The study in --storage (default: its only one; a sweep's name)."),
     as_json: JsonOption = False,
 ) -> None:
     """Put runs side by side: one row per variant, averaged over seeds.
@@ -103,14 +111,26 @@ def compare(
     error), with Welch's t-test p-value and the seeds per variant that would
     resolve it at p < 0.05. summary.png plots the table's metric.
 
+    With --storage, the study's trials instead, as the workers of a sweep
+    recorded them: trial, state, variant or params, seed, value, and the
+    host and run folder of the worker that took it (summary.md, .csv and
+    .json too, with --output).
+
     \b
     Examples:
       minigpt compare runs/ffn
       minigpt compare runs/quick runs/quick-rope --target 1.9
+      minigpt compare --storage sqlite:///ffn.db --study ffn
     """
-    from ..experiments.compare import expand, format_summary, summarize
+    from ..experiments.compare import expand, format_summary, format_trials, load_trials, summarize, write_trials
 
-    runs_ = expand(paths)
+    if storage is not None:
+        trials = load_trials(storage, study, paths or [])
+        if output is not None:
+            write_trials(trials, output)
+        print(json.dumps(trials, indent=1) if as_json else format_trials(trials), end="" if not as_json else "\n")
+        return
+    runs_ = expand(paths or [])
     out = output or (paths[0] if len(paths) == 1 and runs_ != paths else Path("comparison"))
     result = summarize(runs_, out=out, target=target, metric=metric, echo=echo)
     print(json.dumps(result, indent=1) if as_json else format_summary(result), end="" if not as_json else "\n")

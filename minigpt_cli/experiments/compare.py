@@ -29,7 +29,8 @@ from ..fileio import atomic_write_set
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 
-if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn
+if TYPE_CHECKING:  # matplotlib and optuna are imported where they are used
+    import optuna
     from matplotlib.figure import Figure
 
 _MESSAGES = {
@@ -53,6 +54,11 @@ _MESSAGES = {
     "repeats": "note: {runs} are one config at seed {seed}: repeats, not seeds; counted once, as {kept} (the most "
                "steps)",
     "hidden": "note: {count} more {keys} ({names}); summary.md has every column",
+    "no_study": "--storage {url}: no study {name!r} in it; give --study one of: {names}",
+    "which_study": "--storage {url} holds {count} studies; give --study one of: {names}",
+    "no_studies": "--storage {url} holds no study yet; start a sweep's workers on it first",
+    "paths_or_storage": "give run folders (or a sweep's folder), or --storage URL, not both",
+    "nothing": "give run folders (or a sweep's folder) to compare, or --storage URL for a study's trials",
 }
 #: The files a summary writes; summary.json is also what proves an earlier summary minigpt's.
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.json", "summary.png")
@@ -127,7 +133,9 @@ def read_run(path: Path) -> RunRecord:
 
 
 def expand(paths: list[Path]) -> list[Path]:
-    """Run folders: each path itself when it is one, else those inside it; a :class:`MinigptError` if neither."""
+    """Run folders: each path itself when it is one, else those inside it; a :class:`MinigptError` if neither, or
+    no path is given."""
+    refuse([(not paths, "nothing")], _MESSAGES)
     out = []
     for p in paths:
         if (p / runs.CONFIG).is_file():
@@ -501,3 +509,76 @@ def _plot(variants: list[Variant], metric: str, scale: dict[Path, float]) -> byt
     png = io.BytesIO()
     figure(variants, metric, scale).savefig(png, format="png")
     return png.getvalue()
+
+
+# ---------------------------------------------------------------------- a study's trials (--storage)
+
+#: The trials table's columns: its header, and the key of :func:`study_trials`'s rows.
+TRIAL_COLUMNS = (("trial", "trial"), ("state", "state"), ("variant or params", "variant"), ("seed", "seed"),
+                 ("value", "value"), ("host", "host"), ("run folder", "folder"))
+
+
+def study_trials(study: "optuna.Study") -> dict:
+    """The study's trials as rows (:data:`TRIAL_COLUMNS`), each worker's as its user attrs record them (the host
+    and folder that took it); the copies that were failed unrun (``duplicate``, ``surplus``) are left out."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        attrs = t.user_attrs
+        if attrs.get("duplicate") or attrs.get("surplus"):
+            continue
+        seeds = [m.group(1) for r in attrs.get("runs", []) if (m := re.search(r"-s(\d+)$", r))]
+        variant = attrs.get("variant") or ", ".join(f"{k}={value_text(v)}" for k, v in t.params.items())
+        folder = attrs.get("folder")
+        rows.append({"trial": t.number, "state": t.state.name.lower(), "variant": variant,
+                     "seed": attrs.get("seed", ", ".join(seeds) or None), "value": t.value,
+                     "host": attrs.get("host"), "folder": str(Path(folder) / attrs["run"]) if "run" in attrs
+                     and folder else folder})
+    return {"study": study.study_name, "trials": rows}
+
+
+def load_trials(url: str, name: Optional[str], paths: list[Path]) -> dict:
+    """:func:`study_trials` of study ``name`` in the storage at ``url`` (None: its only study). Raises
+    MinigptError: run folder ``paths`` given too, a storage that cannot be opened, no such study (the names)."""
+    import optuna
+
+    from .search import open_storage
+
+    refuse([(paths, "paths_or_storage")], _MESSAGES)
+    storage = open_storage(url, None, existing=True)
+    names = optuna.get_all_study_names(storage)
+    refuse([(not names, "no_studies"), (name is None and len(names) > 1, "which_study"),
+            (name is not None and name not in names, "no_study")], _MESSAGES, url=url, name=name,
+           count=len(names), names=", ".join(sorted(names)))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return study_trials(optuna.load_study(study_name=name or names[0], storage=storage))
+
+
+def _trial_cell(row: dict, key: str) -> str:
+    value = row[key]
+    return "" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def format_trials(result: dict, clip: bool = True) -> str:
+    """The study's trials as a Markdown table, and a count by state; ``clip``: cells cut to :data:`CELL` (the
+    terminal's; summary.md has them whole)."""
+    def cut(text: str, key: str) -> str:  # a folder keeps its end, which names the run
+        return text if not clip or len(text) <= CELL else "…" + text[1 - CELL:] if key == "folder" else _clip(text)
+
+    spec = [(head, [key], lambda r, key=key: cut(_trial_cell(r, key), key)) for head, key in TRIAL_COLUMNS]
+    states = [r["state"] for r in result["trials"]]
+    counts = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
+    return "\n".join([f"study {result['study']}: {len(states)} trials" + (f" ({counts})" if states else ""), "",
+                      *_lines(spec, result["trials"])]) + "\n"
+
+
+def write_trials(result: dict, out: Path) -> None:
+    """summary.md, .csv and .json of a study's trials into ``out``, renamed into place as a set."""
+    _check_ours(out)
+    out.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    csv.writer(buf).writerows([[k for _, k in TRIAL_COLUMNS],
+                               *([_plain(r[k]) for _, k in TRIAL_COLUMNS] for r in result["trials"])])
+    summary = {"columns": [k for _, k in TRIAL_COLUMNS], "rows": result["trials"], "metric": "value", **result}
+    atomic_write_set({out / "summary.md": format_trials(result, clip=False).encode("utf-8"),
+                      out / "summary.csv": buf.getvalue().encode("utf-8"),
+                      out / "summary.json": (json.dumps(summary, indent=1) + "\n").encode("utf-8")})

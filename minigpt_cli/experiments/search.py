@@ -12,6 +12,7 @@ import fcntl
 import io
 import os
 import socket
+import time
 import warnings
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -19,18 +20,20 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, U
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..errors import MinigptError
-from ..fileio import atomic_write_bytes, atomic_write_text, errors_as
+from ..errors import MinigptError, refuse
+from ..fileio import atomic_write_bytes, errors_as
 
 if TYPE_CHECKING:
     import optuna
 
 #: The study's journal in the sweep's folder when no ``--storage`` is given.
 STUDY_FILE = "study.journal"
-#: Where workers on one machine take turns to claim a trial or a run (an flock on it), and their claims.
-LOCK_FILE, CLAIMS = "claims.lock", "claims"
+#: Where workers on one machine take turns to take a trial (an flock on it).
+LOCK_FILE = "claims.lock"
 #: The summary's Optuna plots (optuna.visualization.matplotlib).
 PLOTS = ("search-history.png", "search-parallel.png", "search-importances.png")
+#: How often a worker tries to open a new RDB storage that other workers are setting up at the same moment.
+SETUP_TRIES = 5
 #: A claim's owner once it let go (Ctrl-C): any worker on any machine may take the trial or run over.
 RELEASED = ""
 
@@ -103,12 +106,14 @@ def suggest(trial: "optuna.Trial", params: dict[str, Union[Range, list]]) -> dic
     return out
 
 
-def open_storage(url: Optional[str], folder: Path) -> "optuna.storages.BaseStorage":
+def open_storage(url: Optional[str], folder: Optional[Path], existing: bool = False) -> "optuna.storages.BaseStorage":
     """The study's storage: an RDB URL (``scheme://``), else a journal file (default: the sweep folder's
-    :data:`STUDY_FILE`), as Optuna documents for distributed optimisation. Raises MinigptError: it cannot be opened."""
+    :data:`STUDY_FILE`), as Optuna documents for distributed optimisation; ``existing``: only one already there (a
+    journal file or SQLite database is never made). Raises MinigptError: it cannot be opened."""
     import sqlalchemy.exc
     from optuna.storages import JournalStorage, RDBStorage
     from optuna.storages.journal import JournalFileBackend
+    from sqlalchemy.engine import make_url
 
     target = url or str(folder / STUDY_FILE)
 
@@ -118,7 +123,22 @@ def open_storage(url: Optional[str], folder: Path) -> "optuna.storages.BaseStora
 
     # A missing folder, a malformed URL, no such SQL dialect or driver, a database that does not answer.
     with errors_as({(OSError, ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError): refused}):
-        return RDBStorage(target) if "://" in target else JournalStorage(JournalFileBackend(target))
+        rdb = "://" in target
+        file = make_url(target).database if rdb and target.startswith("sqlite") else None if rdb else target
+        refuse([(existing and file is not None and not Path(file).is_file(), "storage")], _MESSAGES, url=target,
+               why="no such file")
+        if not rdb:
+            return JournalStorage(JournalFileBackend(target))
+        for attempt in range(SETUP_TRIES):
+            try:
+                return RDBStorage(target)
+            except sqlalchemy.exc.SQLAlchemyError as exc:
+                # Workers starting together on a new database race to make its tables (Optuna's setup is not
+                # atomic): the losers see "already exists" or alembic_version's unique key, and try again.
+                if attempt + 1 == SETUP_TRIES or not (isinstance(exc, sqlalchemy.exc.IntegrityError)
+                                                      or "already exists" in str(exc)):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
 
 def open_study(storage: "optuna.storages.BaseStorage", name: str, spec: Optional[SearchSpec],
@@ -174,60 +194,82 @@ def turn(folder: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def claim_run(folder: Path, run: str) -> bool:
-    """Claim run ``run`` of a grid for this worker: a new claim file (an atomic exclusive create), or the claim of a
-    worker that is gone; False when another worker has it or it is done."""
-    path = folder / CLAIMS / run
-    path.parent.mkdir(parents=True, exist_ok=True)
+def enqueue_runs(study: "optuna.Study", runs: list[tuple[str, str, int]]) -> None:
+    """Enqueue each grid run (name, variant, seed) the study lacks as a fixed trial (``study.enqueue_trial``): one
+    with no trial, or whose trials all failed (started again, a failed run is tried again). Two workers starting at
+    once may both enqueue a run: :func:`next_run` skips the later copy."""
+    from optuna.trial import TrialState
+
+    have = {t.user_attrs.get("run") for t in study.get_trials(deepcopy=False) if t.state != TrialState.FAIL}
+    for name, variant, seed in runs:
+        if name not in have:
+            study.enqueue_trial({"variant": variant, "seed": seed},
+                                user_attrs={"run": name, "variant": variant, "seed": seed})
+
+
+def take(trial: "optuna.Trial", folder: Path) -> "optuna.Trial":
+    """Mark ``trial`` this worker's: its owner (:func:`owner`), host and the folder its runs go in, which
+    ``minigpt compare --storage`` shows."""
+    for key, value in (("owner", owner()), ("host", socket.gethostname()), ("folder", str(folder.resolve()))):
+        trial.set_user_attr(key, value)
+    return trial
+
+
+def _resumed(study: "optuna.Study", folder: Path, ours: Callable[[Any], bool]) -> Optional["optuna.Trial"]:
+    """A trial (of those ``ours`` says) that a killed worker of this machine left running, taken over to resume."""
+    import optuna
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if ours(t) and stale(t.user_attrs.get("owner")):
+            # Optuna offers no public call to take over a running trial (its RetryFailedTrialCallback
+            # re-enqueues a copy under a new number); Trial(study, id) is how study.ask() builds one.
+            return take(optuna.Trial(study, t._trial_id), folder)
+    return None
+
+
+def next_run(study: "optuna.Study", folder: Path) -> Optional["optuna.Trial"]:
+    """The grid run this worker trains next (its name: the trial's user attr ``run``): one a killed worker of this
+    machine left running, else the next waiting trial, which ``study.ask()`` hands to one worker only (RDB and
+    journal storages pop it atomically); None when none is waiting. A copy of a run enqueued twice (a later trial
+    of a run whose earlier one did not fail) and a fresh trial (the last waiting one went to another worker as
+    this one asked) are failed unrun, marked ``duplicate`` and ``surplus``."""
+    from optuna.trial import TrialState
+
     with turn(folder):
-        with suppress(FileExistsError):
-            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as f:
-                f.write(owner())
-            return True
-        who = path.read_text()
-        if who == "done" or not stale(who):
-            return False
-        atomic_write_text(path, owner())
-        return True
-
-
-def settle_run(folder: Path, run: str, done: bool) -> None:
-    """A claimed run ended: ``done``, or let go (interrupted) for any worker to resume."""
-    atomic_write_text(folder / CLAIMS / run, "done" if done else RELEASED)
-
-
-def runs_done(folder: Path) -> set[str]:
-    """The grid runs the workers finished (their claim files say ``done``)."""
-    claims = folder / CLAIMS
-    return {p.name for p in claims.iterdir() if p.read_text() == "done"} if claims.is_dir() else set()
+        resumed = _resumed(study, folder, lambda t: "run" in t.user_attrs)
+        if resumed is not None:
+            return resumed
+        while study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            trial = study.ask()
+            run = trial.user_attrs.get("run")
+            earlier = [t for t in study.get_trials(deepcopy=False)[:trial.number]
+                       if t.user_attrs.get("run") == run and t.state != TrialState.FAIL]
+            if run is not None and not earlier:
+                return take(trial, folder)
+            trial.set_user_attr("duplicate" if run is not None else "surplus", True)
+            study.tell(trial, state=TrialState.FAIL)
+        return None
 
 
 def next_trial(study: "optuna.Study", trials: int, folder: Path) -> Optional["optuna.Trial"]:
     """The trial this worker runs next: one a killed worker of this machine left running (it resumes), else a new
     one while the study has fewer than ``trials``; None when none is left. A trial numbered past ``trials`` (two
     workers asked at once) is failed at once, unrun: trials 0 .. trials-1 are the search."""
-    import optuna
     from optuna.trial import TrialState
 
     with turn(folder):
-        mine = owner()
-        known = study.get_trials(deepcopy=False)
-        for t in known:
-            if t.state == TrialState.RUNNING and t.number < trials and stale(t.user_attrs.get("owner")):
-                # Optuna offers no public call to take over a running trial (its RetryFailedTrialCallback
-                # re-enqueues a copy under a new number); Trial(study, id) is how study.ask() builds one.
-                trial = optuna.Trial(study, t._trial_id)
-                trial.set_user_attr("owner", mine)
-                return trial
-        if len(known) >= trials:
+        resumed = _resumed(study, folder, lambda t: t.number < trials)
+        if resumed is not None:
+            return resumed
+        if len(study.get_trials(deepcopy=False)) >= trials:
             return None
         trial = study.ask()
         if trial.number >= trials:
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.FAIL)
             return None
-        trial.set_user_attr("owner", mine)
-        return trial
+        return take(trial, folder)
 
 
 def release(trial: "optuna.Trial") -> None:

@@ -31,7 +31,7 @@ from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 from ..runtime.kernels import check_settings
 from . import search as optuna_search
-from .compare import read_model, summarize, value_text
+from .compare import read_model, study_trials, summarize, value_text
 from .search import Key, Scalar, SearchSpec, Seed
 
 if TYPE_CHECKING:
@@ -517,36 +517,41 @@ def _summary(sweep: Sweep, runs_: list[Run], variants: dict[str, str], echo: Cal
 
 def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Callable,
                  procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None]) -> dict:
-    """One worker of a grid shared by many: it takes each (variant, seed) no worker has claimed (an atomic claim
-    file in the shared sweep folder), and records each run it finishes in the study, as a trial."""
-    import optuna
+    """One worker of a grid shared by many through the study alone: each (variant, seed) is a trial enqueued once
+    (:func:`.search.enqueue_runs`), and each worker trains the next waiting one (:func:`.search.next_run`) in its
+    own sweep folder, telling the study its final val loss; then the summary of this worker's runs and the study's
+    trials (:func:`.compare.study_trials`), every worker's."""
+    from optuna.trial import TrialState
 
     study = optuna_search.open_study(storage, sweep.name, None, None)
-    space = {"variant": optuna.distributions.CategoricalDistribution(sorted({r.variant for r in sweep.runs})),
-             "seed": optuna.distributions.CategoricalDistribution(sorted({r.seed for r in sweep.runs}))}
+    optuna_search.enqueue_runs(study, [(r.name, r.variant, r.seed) for r in sweep.runs])
+    by_name = {r.name: r for r in sweep.runs}
     echo(f"sweep {sweep.name}: worker {optuna_search.owner()} of {len(sweep.runs)} runs; runs in {sweep.folder}")
 
-    def take(run: Run) -> Optional[Run]:
-        if not optuna_search.claim_run(sweep.folder, run.name):
-            return None
-        trained = False
-        try:
-            train(run)
-            trained = True
-        finally:  # after a Ctrl-C or a failed run: let go, for another worker (or this one, started again)
-            optuna_search.settle_run(sweep.folder, run.name, done=trained)
-        final = [e for e in read_events(sweep.folder / run.name / METRICS) if e["event"] == "eval"][-1]
-        study.add_trial(optuna.trial.create_trial(params={"variant": run.variant, "seed": run.seed},
-                                                  distributions=space, value=final["val_loss"],
-                                                  user_attrs={"run": run.name}))
-        return run
+    def runs_(progress_bar) -> None:
+        while (trial := optuna_search.next_run(study, sweep.folder)) is not None:
+            run = by_name[trial.user_attrs["run"]]
+            trial.suggest_categorical("variant", sorted({r.variant for r in sweep.runs}))
+            trial.suggest_categorical("seed", sorted({r.seed for r in sweep.runs}))
+            try:
+                train(run)
+            except BaseException as exc:
+                if isinstance(exc, MinigptError):  # a failed run fails its trial: the next start enqueues it again
+                    trial.set_user_attr("error", str(exc))
+                    study.tell(trial, state=TrialState.FAIL)
+                else:  # Ctrl-C: the trial stays running, let go for the next start to resume
+                    optuna_search.release(trial)
+                raise
+            study.tell(trial, [e for e in read_events(sweep.folder / run.name / METRICS)
+                               if e["event"] == "eval"][-1]["val_loss"])
+            progress_bar.update(1)
 
-    finished = optuna_search.runs_done(sweep.folder)
-    with bar(total=len(sweep.runs), initial=len(finished)) as progress_bar:
-        _parallel(procs, [partial(take, r) for r in sweep.runs if r.name not in finished],
-                  lambda run: run and progress_bar.update(1))
-    done = [r for r in sweep.runs if r.name in optuna_search.runs_done(sweep.folder)]
-    return _summary(sweep, done, {r.name: r.variant for r in done}, echo)
+    with bar(total=len(sweep.runs)) as progress_bar:
+        _parallel(procs, [partial(runs_, progress_bar)] * (procs.jobs if procs else 1), lambda ran: None)
+    done = {t.user_attrs.get("run") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    here = [r for r in sweep.runs if r.name in done and (sweep.folder / r.name / METRICS).is_file()]
+    result = _summary(sweep, here, {r.name: r.variant for r in here}, echo) if here else {}
+    return {**result, "study": study_trials(study)}
 
 
 def _search(sweep: Sweep, storage: "optuna.storages.BaseStorage", worker: bool, train: Callable,
@@ -592,6 +597,6 @@ def _search(sweep: Sweep, storage: "optuna.storages.BaseStorage", worker: bool, 
     refuse([(not names, "no_trials")], _MESSAGES, folder=sweep.folder)
     started = [r for t in ours for r in sweep.runs_of(optuna_search.trial_name(t.number), t.params)
                if (sweep.folder / r.name / METRICS).is_file()]  # a pruned trial's later seeds never started
-    result = _summary(sweep, started, names, echo)
+    result = _summary(sweep, started, names, echo) if started else {}  # a worker whose trials all ran elsewhere
     result["search"] = optuna_search.report(study, spec.trials, sweep.folder)
-    return result
+    return {**result, "study": study_trials(study)} if worker else result
