@@ -89,6 +89,24 @@ def test_muon_follows_the_schedule_from_its_own_rate_and_its_state_reloads():
             assert torch.equal(fresh.state[p][k], v), k
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("extra", [(), ("model.bias=true", "model.tie_weights=false", "model.value_embeddings=true",
+                                        "model.qk_norm=true")])
+def test_the_memory_estimate_counts_the_optimizer_state_it_makes(optimizer, extra):
+    """count-params' and the dry run's optimizer-state bytes equal the float32 state tensors the optimizer holds
+    after a step: Adam's two moments per parameter, Muon's one momentum buffer per matrix of the blocks."""
+    from minigpt_cli.accounting.params import memory
+
+    model = tiny_model(*extra)
+    opt = make_optimizer(model, TrainConfig(optimizer=optimizer))
+    _steps(model, opt, 1)
+    held = sum(v.numel() * v.element_size() for p in model.parameters() for v in opt.state[p].values()
+               if torch.is_tensor(v) and v.dim() > 0)  # the moments, not AdamW's step counters
+    mem = memory(model.config, "float32", 4, 32, optimizer=optimizer)
+    assert mem["adam_moments"] + mem["muon_momentum"] == held
+    assert (mem["muon_momentum"] > 0) == (optimizer == "muon")
+
+
 def test_wsd_schedule_follows_its_formula():
     """Hägele et al. 2024: peak until the decay's start, then min + (peak - min)·(1 - f(progress))."""
     base = dict(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100, lr_schedule="wsd",

@@ -73,4 +73,5 @@ def count_params(cfg: Config | ModelConfig, *, seq_len: Optional[int] = None, to
         echo(f"note: --seq-len {seq_len:,} is beyond block_size {mc.block_size:,}, the longest context the "
              f"model takes; the FLOPs and memory at {seq_len:,} are arithmetic only")
     return params.report(mc, seq_len=seq_len, tokens=int(tokens) if tokens else None,
-                         vocab_size=vocab, dtype=dtype, batch_size=batch_size)
+                         vocab_size=vocab, dtype=dtype, batch_size=batch_size,
+                         optimizer=cfg.train.optimizer if isinstance(cfg, Config) else "adamw")

@@ -1,4 +1,5 @@
-"""Training-memory estimate with AdamW, from a parameter count and a model config: arithmetic only, no torch."""
+"""Training-memory estimate with AdamW (or Muon and AdamW), from a parameter count and a model config: arithmetic
+only, no torch."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ def check_memory_args(dtype: str, batch_size: int, seq_len: int) -> str:
 
 
 def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dtype: str, batch_size: int,
-                    seq_len: int) -> dict[str, Any]:
-    """Estimated bytes to train a model of ``n_params`` parameters with AdamW, by kind.
+                    seq_len: int, muon_params: int = 0) -> dict[str, Any]:
+    """Estimated bytes to train a model of ``n_params`` parameters with AdamW, by kind; ``muon_params`` of them
+    (``train.optimizer: muon``: the blocks' matrices) keep Muon's one float32 momentum buffer instead of Adam's two
+    moments (``torch.optim.Muon``'s state).
 
     Model states (Rajbhandari et al. 2020, ZeRO §3.1): float32 keeps weights, gradients and Adam's two moments,
     4+4+8 = 16 bytes per parameter; mixed precision keeps 16-bit weights and gradients plus float32 master weights
@@ -37,9 +40,9 @@ def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dt
     approximated); float32 doubles it.
     Logits: 4·s·b·V bytes (§4.3). Workspace, allocator slack and the CUDA context are not counted.
 
-    Returns byte counts (weights, gradients, master_weights, adam_moments, model_states, activations_estimate,
-    activations_estimate_fused, logits, total_estimate: what ``train`` checks against free memory) plus dtype,
-    mixed_precision, batch_size, seq_len and the activation formula. Raises MinigptError: as :func:`check_memory_args`.
+    Returns byte counts (weights, gradients, master_weights, adam_moments, muon_momentum, model_states,
+    activations_estimate, activations_estimate_fused, logits, total_estimate: what ``train`` checks against free
+    memory) plus optimizer, dtype, mixed_precision, batch_size, seq_len and the activation formula. Raises MinigptError: as :func:`check_memory_args`.
     """
     dtype = check_memory_args(dtype, batch_size, seq_len)
     N = n_params
@@ -48,8 +51,9 @@ def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dt
     weights = N * nbytes
     grads = N * nbytes
     master = 4 * N if mixed else 0
-    moments = 8 * N
-    states = weights + grads + master + moments
+    moments = 8 * (N - muon_params)
+    momentum = 4 * muon_params
+    states = weights + grads + master + moments + momentum
 
     s, b, h, a, L = int(seq_len), int(batch_size), model_cfg.n_embd, model_cfg.n_head, model_cfg.n_layer
     scale = nbytes / 2  # the formula is for 16-bit activations
@@ -65,7 +69,9 @@ def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dt
         "weights": weights,
         "gradients": grads,
         "master_weights": master,
+        "optimizer": "muon" if muon_params else "adamw",
         "adam_moments": moments,
+        "muon_momentum": momentum,
         "model_states": states,
         "activations_estimate": act,
         "activations_estimate_fused": act_fused,

@@ -231,11 +231,13 @@ def flops(model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = No
 
 
 def memory(model_cfg: "ModelConfig", dtype: str, batch_size: int, seq_len: int,
-           vocab_size: Optional[int] = None) -> dict[str, Any]:
+           vocab_size: Optional[int] = None, optimizer: str = "adamw") -> dict[str, Any]:
     """:func:`minigpt_cli.accounting.memory.training_memory` of the exact :func:`count` (its keys and errors, and
-    no vocabulary size: a :class:`MinigptError`)."""
+    no vocabulary size: a :class:`MinigptError`); with ``optimizer`` muon, the blocks' matrices
+    (:attr:`ParamCount.non_embedding_matrices`, the parameters Muon updates) keep one momentum buffer."""
     pc = count(model_cfg, vocab_size)
-    return training_memory(model_cfg, pc.total, pc.vocab_size, dtype, batch_size, seq_len)
+    muon = pc.non_embedding_matrices if optimizer == "muon" else 0
+    return training_memory(model_cfg, pc.total, pc.vocab_size, dtype, batch_size, seq_len, muon)
 
 
 # ----------------------------------------------------------------------------- report
@@ -265,9 +267,11 @@ def report(
     vocab_size: Optional[int] = None,
     dtype: str = "float32",
     batch_size: int = 1,
+    optimizer: str = "adamw",
 ) -> dict[str, Any]:
     """Everything ``count-params`` shows, as a JSON-ready dict: the counts of :class:`ParamCount`, ``per_layer``,
-    ``shares``, ``flops`` (:func:`flops`, at ``seq_len``, default ``block_size``), ``memory`` (:func:`memory`),
+    ``shares``, ``flops`` (:func:`flops`, at ``seq_len``, default ``block_size``), ``memory`` (:func:`memory`, with
+    ``optimizer``),
     ``model``, ``chinchilla_tokens`` (20 per parameter) and, with ``tokens`` D (>= 1, a whole number: count_params
     checks it), ``training_flops`` (per-token train FLOPs × D). Raises MinigptError: no vocabulary size."""
     pc = count(model_cfg, vocab_size)
@@ -306,7 +310,7 @@ def report(
         "attention_flops_share": fl["attention_share"],
         "flops": fl,
         "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * total,
-        "memory": memory(model_cfg, dtype, batch_size, T, pc.vocab_size),
+        "memory": memory(model_cfg, dtype, batch_size, T, pc.vocab_size, optimizer),
         "model": {
             "vocab_size": pc.vocab_size,
             "n_layer": model_cfg.n_layer,

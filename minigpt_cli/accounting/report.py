@@ -122,7 +122,8 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
     mem = rep["memory"]
     lines += [
         "",
-        f"training memory with AdamW, {mem['dtype']}{' mixed precision' if mem['mixed_precision'] else ''}, "
+        f"training memory with {'Muon and AdamW' if mem['optimizer'] == 'muon' else 'AdamW'}, "
+        f"{mem['dtype']}{' mixed precision' if mem['mixed_precision'] else ''}, "
         f"batch {mem['batch_size']} × T={mem['seq_len']:,}",
         line("  weights", mem["weights"], human_bytes(mem["weights"])),
         line("  gradients", mem["gradients"], human_bytes(mem["gradients"])),
@@ -131,6 +132,8 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
         lines.append(line("  float32 master weights", mem["master_weights"], human_bytes(mem["master_weights"])))
     lines += [
         line("  Adam moments (2 × float32)", mem["adam_moments"], human_bytes(mem["adam_moments"])),
+        *([line("  Muon momentum (1 × float32)", mem["muon_momentum"], human_bytes(mem["muon_momentum"]))]
+          if mem["muon_momentum"] else []),
         line("model states", mem["model_states"], human_bytes(mem["model_states"])),
         line("activations, estimate (Korthikanti et al. 2022)", mem["activations_estimate"],
              human_bytes(mem["activations_estimate"])),

@@ -257,10 +257,11 @@ def available_memory(device: torch.device) -> Optional[int]:
     return None
 
 
-def bytes_to_train(model_cfg: ModelConfig, dtype: str, batch_size: int) -> tuple[int, dict[str, Any]]:
-    """Bytes to train ``model_cfg`` at ``batch_size`` × block_size, and the estimate they come from: the
-    ``total_estimate`` of :func:`minigpt_cli.accounting.params.memory`, the figure ``count-params`` prints."""
-    mem = P.memory(model_cfg, dtype, batch_size, model_cfg.block_size)
+def bytes_to_train(model_cfg: ModelConfig, dtype: str, batch_size: int, optimizer: str = "adamw"
+                   ) -> tuple[int, dict[str, Any]]:
+    """Bytes to train ``model_cfg`` at ``batch_size`` × block_size with ``optimizer``, and the estimate they come
+    from: the ``total_estimate`` of :func:`minigpt_cli.accounting.params.memory`, the figure ``count-params`` prints."""
+    mem = P.memory(model_cfg, dtype, batch_size, model_cfg.block_size, optimizer=optimizer)
     return mem["total_estimate"], mem
 
 
@@ -275,7 +276,8 @@ def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: 
     free = available_memory(device)
     if free is None:
         return
-    need, mem = bytes_to_train(cfg.model, str(dtype).removeprefix("torch."), cfg.train.batch_size)
+    need, mem = bytes_to_train(cfg.model, str(dtype).removeprefix("torch."), cfg.train.batch_size,
+                               cfg.train.optimizer)
     need -= mem["model_states"] - mem["model_states"] // shards
     if need > free:
         raise MinigptError(

@@ -68,7 +68,7 @@ def describe_derived(p: Plan) -> list[str]:
              f"  head size             {mc.head_dim}",
              f"  sample.window_stride  {_set(cfg.sample.window_stride or max(1, mc.block_size // 4), cfg.sample.window_stride)}",
              f"  train.lr_decay_iters  {_set(tc.lr_decay_iters or tc.max_iters, tc.lr_decay_iters)}"]
-    need, _ = bytes_to_train(mc, dtype, tc.batch_size)
+    need, _ = bytes_to_train(mc, dtype, tc.batch_size, tc.optimizer)
     if p.vocab_size is not None or p.given.model.vocab_size is not None:
         lines.append(f"  parameters            {P.count(mc).total:,}")
         lines.append(f"  memory to train       about {P.human_bytes(need)} ({dtype}, batch {tc.batch_size})")
