@@ -96,6 +96,12 @@ def test_q8_0_names_the_tensor_whose_rows_are_not_whole_blocks(run, tmp_path):
     ({"ffn": "gelu_tanh", "d_ff": 64}, "model.d_ff=64"),
     ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "bias": True}, "model.bias=True"),
     ({"pos_encoding": "rope", "norm": "layernorm", "ffn": "relu"}, "model.norm='layernorm'"),
+    # issue 29's switches: neither graph computes them (a traceback, or a silently dropped cap, before)
+    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "qk_norm": True},
+     "model.qk_norm=True: GGUF's llama computes qk_norm false; train with model.qk_norm: false"),
+    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "logit_softcap": 15.0},
+     "model.logit_softcap=15.0: GGUF's llama computes logit_softcap null"),
+    ({"ffn": "gelu_tanh", "value_embeddings": True}, "model.value_embeddings=True"),
 ])
 def test_a_run_gguf_cannot_hold_is_refused_naming_the_key(changes, key):
     with pytest.raises(MinigptError, match=key.replace(".", r"\.").replace("(", r"\(")):

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 _MESSAGES = {
     "positions": "model.pos_encoding={positions!r}: GGUF holds learned (gpt2) or rope (llama); train with one",
-    "unsupported": "model.{key}={value!r}: GGUF's {arch} computes {key} {want!r}; train with model.{key}: {want}",
+    "unsupported": "model.{key}={value!r}: GGUF's {arch} computes {key} {want}; train with model.{key}: {want}",
     "tokenizer": "tokenizer.kind={kind!r}: llama.cpp reads only a byte-level BPE; train with tokenizer.kind: bpe",
     "no_eos": "the tokenizer lacks an end-of-text token; train with tokenizer.special_tokens: ['<|endoftext|>']",
     "no_merges": "the tokenizer has no merges (GGUF stores none); train with tokenizer.vocab_size above {size}",
@@ -57,7 +57,9 @@ def _fixed(mc: ModelConfig) -> dict[str, dict]:
     """The model keys each GGUF architecture fixes: llama.cpp's graphs (``src/models/gpt2.cpp``, ``llama.cpp``;
     gpt2's GELU is ggml's tanh one), and transformers' GGUF reader (gpt2's MLP 4·n_embd wide, no grouped-query
     attention; no llama biases)."""
-    pre = {"norm_position": "pre", "emb_scale": False}
+    # Neither graph has QK-norm, a logit cap or value embeddings (issue 29's switches): they must be off.
+    pre = {"norm_position": "pre", "emb_scale": False, "qk_norm": False, "logit_softcap": None,
+           "value_embeddings": False}
     return {"gpt2": {**pre, "norm": "layernorm", "ffn": "gelu_tanh", "d_ff": 4 * mc.n_embd, "n_kv_head": mc.n_head},
             "llama": {**pre, "norm": "rmsnorm", "ffn": "swiglu", "bias": False}}
 
@@ -69,8 +71,9 @@ def gguf_arch(mc: ModelConfig) -> str:
     have = {**mc.model_dump(), "d_ff": mc.ffn_hidden, "n_kv_head": mc.kv_heads}
     want = _fixed(mc).get(arch, {})
     key = next((k for k, v in want.items() if have[k] != v), None)
+    spelled = json.dumps(want.get(key)) if want.get(key) is None or isinstance(want.get(key), bool) else want.get(key)
     refuse([(arch is None, "positions"), (key, "unsupported")], _MESSAGES, key=key, value=have.get(key),
-           want=want.get(key), arch=arch, positions=mc.pos_encoding)
+           want=spelled, arch=arch, positions=mc.pos_encoding)
     return arch
 
 
