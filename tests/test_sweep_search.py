@@ -275,3 +275,30 @@ def test_the_shipped_experiments_are_package_data_and_the_checkout_links_to_them
     assert "ffn.yaml" in shipped and all(name.endswith(".yaml") for name in shipped)
     assert sorted(p.name for p in (repo / "experiments").glob("*.yaml")) == shipped
     assert all((repo / "experiments" / name).resolve() == Path(str(SHIPPED)) / name for name in shipped)
+
+
+def test_a_worker_with_other_settings_or_a_folder_of_another_study_is_refused(tmp_path, data_dir):
+    """The study records the sweep's settings: a worker with another --budget (its runs would count as seeds
+    of the same variants) is refused naming the difference; a folder whose runs belong to another study (here,
+    the folder's own search) is refused before its runs are scored under the new study's trials."""
+    from minigpt_cli.errors import MinigptError
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text(json.dumps({"name": "g", "base": str(TINY), "set": small(data_dir), "budget": {"iters": 4},
+                                "grid": {"model.ffn": ["relu"]}, "seeds": 1}))
+    journal = tmp_path / "shared.journal"
+    for home in ("a", "b"):
+        (tmp_path / home).mkdir()
+    with working_dir(tmp_path / "a"):
+        run_sweep(grid, storage=str(journal), worker=True)
+    with working_dir(tmp_path / "b"), pytest.raises(MinigptError, match=r"started with other settings "
+                                                                         r"\(overrides.budget: null -> \"iters=6\"\)"):
+        run_sweep(grid, storage=str(journal), worker=True, overrides=Overrides(budget="iters=6"))
+    assert not list((tmp_path / "b").rglob("metrics.jsonl"))  # refused before any run trained
+    path = search_file(tmp_path, data_dir, trials=2)
+    with working_dir(tmp_path):
+        run_sweep(path)  # the folder's own study.journal
+        before = sorted(p.name for p in (tmp_path / "runs" / "s").iterdir())
+        with pytest.raises(MinigptError, match=r"holds the runs of the study in the folder's own study.journal"):
+            run_sweep(path, storage=str(tmp_path / "other.journal"), worker=True)
+    assert sorted(p.name for p in (tmp_path / "runs" / "s").iterdir()) == before

@@ -63,6 +63,10 @@ _MESSAGES = {
     "base_top": "{path}: base: {base} must hold a mapping of config sections",
     "no_base": ("{path}: base: config file {name!r} not found, neither beside the sweep file ({near}) nor among "
                 "the shipped configs; give a config's path relative to the sweep file, or one of {shipped}"),
+    "other_study": "{folder} holds the runs of the study in {held}, not {given}: its trials would be scored under "
+                   "another study's settings; pass that storage, or give the sweep another name:",
+    "study_changed": "the study {name!r} in {storage} was started with other settings ({what}); join it with the "
+                     "same sweep file and --set/--seeds/--budget, or give the sweep another name:",
     "changed": "{source} changed since this sweep started in {folder} ({what}); restore it, or give the sweep "
                "another name: to start a new one",
     "taken": "{folder} exists and is not a sweep's folder (no sweep.json); give the sweep in {path} another "
@@ -134,6 +138,7 @@ class _State(BaseModel):
     sweep: dict[str, Any]
     base: dict[str, Any]
     overrides: dict[str, Any] = Field(default_factory=dict)
+    storage: Optional[str] = None  # the --storage whose study the runs belong to (None: the folder's own)
     done: list[str] = Field(default_factory=list)
 
 
@@ -307,11 +312,24 @@ def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
     return None if old == new else f"{where or 'the file'}: {json.dumps(old)} -> {json.dumps(new)}"
 
 
-def _read_state(sweep: Sweep, jobs: int, worker: bool = False) -> dict:
+def _check_study(study: "optuna.Study", sweep: Sweep, storage: str) -> None:
+    """Record the sweep's settings in the study its first worker opens; refuse a worker whose sweep file, base or
+    overrides differ (its runs would mix with the study's as seeds or trials of other settings)."""
+    record = json.loads(json.dumps({"sweep": sweep.recorded, "base": sweep.base_data,
+                                    "overrides": sweep.overrides.record()}))
+    held = study.user_attrs.get("minigpt_sweep")
+    if held is None:
+        study.set_user_attr("minigpt_sweep", record)
+    what = held is not None and _difference(held, record)
+    refuse([(what, "study_changed")], _MESSAGES, name=sweep.name, storage=storage, what=what)
+
+
+def _read_state(sweep: Sweep, jobs: int, worker: bool = False, storage: Optional[str] = None) -> dict:
     """The sweep's state, created on the first start; refuses a changed sweep or other overrides once a run saved a
     checkpoint. Workers share the folder: another one may be writing it as this one starts."""
     path = sweep.folder / STATE
-    record = {"sweep": sweep.recorded, "base": sweep.base_data, "overrides": sweep.overrides.record()}
+    record = {"sweep": sweep.recorded, "base": sweep.base_data, "overrides": sweep.overrides.record(),
+              "storage": storage}
     state = read_model(_State, path, _MESSAGES["state"], path=path).model_dump() if path.is_file() else None
     changed = [(part, source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base),
                                                          ("overrides", None))
@@ -319,11 +337,16 @@ def _read_state(sweep: Sweep, jobs: int, worker: bool = False) -> dict:
     # No run has a checkpoint yet (e.g. a failed download): the edited sweep replaces the record.
     trained = changed and (state["done"] or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir()))
     cores = os.cpu_count() or 1
+    other_study = state and state.get("storage") != storage and (
+        state["done"] or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir()))
     refuse([(not 1 <= jobs <= cores, "jobs"),
             (state is None and not worker and sweep.folder.is_dir() and any(sweep.folder.iterdir()), "taken"),
+            (other_study, "other_study"),
             (trained and changed[0][0] == "overrides", "overrides"),
             (trained, "changed")], _MESSAGES, jobs=jobs, cores=cores, folder=sweep.folder, path=sweep.path,
-           source=changed and changed[0][1], what=changed and changed[0][2])
+           source=changed and changed[0][1], what=changed and changed[0][2],
+           held=state and (state.get("storage") or "the folder's own study.journal"),
+           given=storage or "the folder's own study.journal")
     if state is not None and not changed:
         return state
     sweep.folder.mkdir(parents=True, exist_ok=True)
@@ -484,16 +507,16 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
     refuse([(storage is not None and not (worker or sweep.spec.search), "storage_grid")], _MESSAGES)
     # Shared storage is opened before the sweep's folder is made: one that cannot be is refused with nothing written.
     store = optuna_search.open_storage(storage, sweep.folder) if storage else None
-    state = _read_state(sweep, jobs, worker)
+    state = _read_state(sweep, jobs, worker, storage)
     procs = _Processes(sweep, jobs) if jobs > 1 else None
     train = procs.train if procs else lambda run, on_eval=None: _run_in_process(sweep, run, on_eval)
     bar = partial(tqdm, desc=f"sweep {sweep.name}", unit="run", dynamic_ncols=True, file=sys.stderr,
                   disable=None if progress is None else not progress)
     if sweep.spec.search:
         store = store or optuna_search.open_storage(None, sweep.folder)  # the study.journal beside the runs
-        return _search(sweep, store, worker, train, procs, bar, echo)
+        return _search(sweep, store, worker, train, procs, bar, echo, storage or "the sweep folder's study.journal")
     if worker:
-        return _grid_worker(sweep, store, train, procs, bar, echo)
+        return _grid_worker(sweep, store, train, procs, bar, echo, storage)
     gone = [r.name for r in sweep.runs if r.name in state["done"] and not runs.has_checkpoint(sweep.folder / r.name)]
     if gone:  # a finished run's folder deleted (or its checkpoints): trained again, not refused by compare
         echo(_MESSAGES["gone"].format(names=", ".join(gone)))
@@ -516,7 +539,7 @@ def _summary(sweep: Sweep, runs_: list[Run], variants: dict[str, str], echo: Cal
 
 
 def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Callable,
-                 procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None]) -> dict:
+                 procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None], where: str) -> dict:
     """One worker of a grid shared by many through the study alone: each (variant, seed) is a trial enqueued once
     (:func:`.search.enqueue_runs`), and each worker trains the next waiting one (:func:`.search.next_run`) in its
     own sweep folder, telling the study its final val loss; then the summary of this worker's runs and the study's
@@ -524,6 +547,7 @@ def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Ca
     from optuna.trial import TrialState
 
     study = optuna_search.open_study(storage, sweep.name, None, None)
+    _check_study(study, sweep, where)
     optuna_search.enqueue_runs(study, [(r.name, r.variant, r.seed) for r in sweep.runs])
     by_name = {r.name: r for r in sweep.runs}
     echo(f"sweep {sweep.name}: worker {optuna_search.owner()} of {len(sweep.runs)} runs; runs in {sweep.folder}")
@@ -555,7 +579,7 @@ def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Ca
 
 
 def _search(sweep: Sweep, storage: "optuna.storages.BaseStorage", worker: bool, train: Callable,
-            procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None]) -> dict:
+            procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None], where: str) -> dict:
     """The sweep's search: trials asked of Optuna's study (resumed where a killed worker left one) until it has
     ``trials``, each trained by ``train``; then the summary, a row per trial, and the search's report."""
     from optuna.trial import TrialState
@@ -565,6 +589,7 @@ def _search(sweep: Sweep, storage: "optuna.storages.BaseStorage", worker: bool, 
     seed = None if worker else spec.seed if spec.seed is not None else \
         validate(apply_overrides(sweep.base_data, sweep.sets), str(sweep.path)).seed
     study = optuna_search.open_study(storage, sweep.name, spec, seed)
+    _check_study(study, sweep, where)
     key = "final_val" if spec.objective == "val_loss" else "bits_per_byte"
 
     def objective(runs_: list[Run]) -> Optional[float]:
