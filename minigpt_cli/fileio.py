@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import tempfile
 from contextlib import suppress
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import MinigptError
 
@@ -91,11 +92,22 @@ class os_errors(errors_as):
         super().__init__({OSError: lambda exc: os_error(self.path, action, in_run)(exc)})
 
 
+#: The parts of a pydantic error's location that name its own validators, not a key: ``constrained-int``,
+#: ``function-after[...]``, a union member's class (``Range``) or type (``int``, ``list[str]``).
+_PYDANTIC_TAG = re.compile(r"(constrained|function|json|tagged|lax|is|nullable|default|chain|custom)-[a-z-]+(\[.*\])?"
+                           r"|[A-Z]\w*|(int|float|str|bool|list|dict)(\[.*\])?")
+
+
+def field_path(loc: Sequence[Any]) -> str:
+    """A pydantic error's location as the dotted key a user wrote (``seeds``, ``search.params.KEY.step``)."""
+    return ".".join(str(part) for part in loc if not (isinstance(part, str) and _PYDANTIC_TAG.fullmatch(part)))
+
+
 def schema_problem(exc, skip: int = 0) -> str:
     """A pydantic ValidationError's first problem as ``field.sub: message`` (``skip``: leading parts of the
     location left out, such as a tagged union's tag); the one wording of a damaged file's field."""
     err = exc.errors()[0]
-    where = ".".join(map(str, err["loc"][skip:] or err["loc"]))
+    where = field_path(err["loc"][skip:] or err["loc"])
     return f"{where}: {err['msg']}" if where else err["msg"]
 
 

@@ -302,3 +302,19 @@ def test_a_worker_with_other_settings_or_a_folder_of_another_study_is_refused(tm
         with pytest.raises(MinigptError, match=r"holds the runs of the study in the folder's own study.journal"):
             run_sweep(path, storage=str(tmp_path / "other.journal"), worker=True)
     assert sorted(p.name for p in (tmp_path / "runs" / "s").iterdir()) == before
+
+
+def test_refusals_name_the_key_as_written_and_the_option_that_gave_it(cli, tmp_path, data_dir):
+    """No pydantic validator names (``seeds.constrained-int``, ``...Range.step``) in a message, and a bad
+    --budget is the command line's, not the shipped file's."""
+    bad = tmp_path / "b.yaml"
+    bad.write_text(json.dumps({"name": "b", "base": str(TINY), "variants": {"a": {}, "b": {}}, "seeds": 0,
+                               "budget": {"iters": 2}}))
+    res = cli("sweep", bad)
+    assert_user_error(res, "b.yaml: seeds: input should be greater than or equal to 1")
+    assert "constrained" not in res.stderr
+    path = search_file(tmp_path, data_dir, params={"model.n_layer": {"low": 1, "high": 3, "step": 0}})
+    res = cli("sweep", path)
+    assert_user_error(res, "search.params.model.n_layer.step: input should be greater than 0")
+    assert "Range" not in res.stderr
+    assert_user_error(cli("sweep", "ffn", "--budget", "iters=0"), "--budget: budget.iters: input should be greater")

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from ..accounting import params
 from ..config.schema import Config, load_config
 from ..errors import MinigptError, refuse
-from ..fileio import atomic_write_set
+from ..fileio import atomic_write_set, field_path
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 
@@ -84,7 +84,7 @@ def _why(exc: OSError | ValidationError) -> str:
     if isinstance(exc, OSError):
         return exc.strerror or type(exc).__name__
     err = exc.errors()[0]
-    loc, msg = ".".join(map(str, err["loc"])), err["msg"].removeprefix("Value error, ")
+    loc, msg = field_path(err["loc"]), err["msg"].removeprefix("Value error, ")
     msg = "the top level must be a mapping" if err["type"] == "model_type" and not loc else msg[0].lower() + msg[1:]
     return f"{loc}: {msg}" if loc else msg
 

@@ -256,8 +256,9 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None,
     p = resolve_sweep(path)
     data = parse_yaml(read_text_file(p, "sweep file"), str(p))
     recorded = read_model(SweepFile, data, _MESSAGES["schema"], path=p).model_dump(mode="json")
-    spec = read_model(SweepFile, {**(data if isinstance(data, dict) else {}), **overrides.sections()},
-                      _MESSAGES["schema"], path=p)
+    given = overrides.sections()  # the file alone passed: a problem now is the command line's
+    spec = read_model(SweepFile, {**(data if isinstance(data, dict) else {}), **given},
+                      _MESSAGES["schema"], path=" and ".join(f"--{key}" for key in given) or p)
     sweep_name = runs.check_name(spec.name or p.stem, f"{p}: name:")  # the sweep's folder: never a path out of out_dir
     variants = _variants(spec)
     for variant, _ in variants:
