@@ -353,7 +353,7 @@ def _spec(result: dict) -> list[tuple[str, list[str], Callable[[dict], str]]]:
     stats = [("val bits/byte", "bits_per_byte")]
     if "final_val" in (result["rows"][0] if result["rows"] else {}):
         stats[:0] = [("final val", "final_val"), ("best val", "best_val"),
-                     (f"val @ {result['equal_time_s']:.0f}s", "val_at_equal_time")]
+                     (f"val @ {_seconds(result['equal_time_s'])}s", "val_at_equal_time")]
     spec += [(head, [k, f"{k}_sd"], lambda r, k=k: _fmt(r[k], r[f"{k}_sd"])) for head, k in stats]
     unit = "nats" if result["metric"] == "val_loss" else "bits/byte"
     spec.append((f"s to {result['target']:.3f} {unit}", ["time_to_target_s", "seeds_reached_target"],
@@ -373,6 +373,11 @@ def _plain(value: Any) -> Any:
     if value is None:
         return ""
     return value if isinstance(value, (int, float, str)) and not isinstance(value, bool) else json.dumps(value)
+
+
+def _seconds(t: float) -> str:
+    """Seconds for a column header: whole from 10 s, else two significant digits (0.27, not 0)."""
+    return f"{t:.0f}" if t >= 10 else f"{t:.2g}"
 
 
 def value_text(value: Any) -> str:
