@@ -313,11 +313,15 @@ def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
     return None if old == new else f"{where or 'the file'}: {json.dumps(old)} -> {json.dumps(new)}"
 
 
+def _settings(sweep: Sweep) -> dict[str, Any]:
+    """What a sweep's runs depend on: the sweep file and base config as read, and the command line's overrides."""
+    return {"sweep": sweep.recorded, "base": sweep.base_data, "overrides": sweep.overrides.record()}
+
+
 def _check_study(study: "optuna.Study", sweep: Sweep, storage: str) -> None:
     """Record the sweep's settings in the study its first worker opens; refuse a worker whose sweep file, base or
     overrides differ (its runs would mix with the study's as seeds or trials of other settings)."""
-    record = json.loads(json.dumps({"sweep": sweep.recorded, "base": sweep.base_data,
-                                    "overrides": sweep.overrides.record()}))
+    record = json.loads(json.dumps(_settings(sweep)))  # as the study's JSON attribute holds it
     held = study.user_attrs.get("minigpt_sweep")
     if held is None:
         study.set_user_attr("minigpt_sweep", record)
@@ -329,8 +333,7 @@ def _read_state(sweep: Sweep, jobs: int, worker: bool = False, storage: Optional
     """The sweep's state, created on the first start; refuses a changed sweep or other overrides once a run saved a
     checkpoint. Workers share the folder: another one may be writing it as this one starts."""
     path = sweep.folder / STATE
-    record = {"sweep": sweep.recorded, "base": sweep.base_data, "overrides": sweep.overrides.record(),
-              "storage": storage}
+    record = {**_settings(sweep), "storage": storage}
     state = read_model(_State, path, _MESSAGES["state"], path=path).model_dump() if path.is_file() else None
     changed = [(part, source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base),
                                                          ("overrides", None))

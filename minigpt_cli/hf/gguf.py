@@ -53,15 +53,20 @@ _PREFIX = {"gpt2": "transformer.", "llama": "model."}
 _DTYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
 
 
+#: The model keys both GGUF architectures take at any value: sizes, and what only training reads. Any other key
+#: must be at its schema default unless :func:`_fixed` says otherwise, so a switch added later is refused, not
+#: written into a file that computes something else.
+_FREE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout", "norm_eps", "multiple_of", "d_ff",
+         "n_kv_head", "bias", "pos_encoding", "rope_base", "tie_weights", "init_std", "scale_residual_init",
+         "zero_init_proj", "init_from")
+
+
 def _fixed(mc: ModelConfig) -> dict[str, dict]:
-    """The model keys each GGUF architecture fixes: llama.cpp's graphs (``src/models/gpt2.cpp``, ``llama.cpp``;
-    gpt2's GELU is ggml's tanh one), and transformers' GGUF reader (gpt2's MLP 4·n_embd wide, no grouped-query
-    attention; no llama biases)."""
-    # Neither graph has QK-norm, a logit cap or value embeddings (issue 29's switches): they must be off.
-    pre = {"norm_position": "pre", "emb_scale": False, "qk_norm": False, "logit_softcap": None,
-           "value_embeddings": False}
-    return {"gpt2": {**pre, "norm": "layernorm", "ffn": "gelu_tanh", "d_ff": 4 * mc.n_embd, "n_kv_head": mc.n_head},
-            "llama": {**pre, "norm": "rmsnorm", "ffn": "swiglu", "bias": False}}
+    """The model keys each GGUF architecture fixes beyond the defaults: llama.cpp's graphs
+    (``src/models/gpt2.cpp``, ``llama.cpp``; gpt2's GELU is ggml's tanh one), and transformers' GGUF reader
+    (gpt2's MLP 4·n_embd wide, no grouped-query attention; no llama biases)."""
+    return {"gpt2": {"norm": "layernorm", "ffn": "gelu_tanh", "d_ff": 4 * mc.n_embd, "n_kv_head": mc.n_head},
+            "llama": {"norm": "rmsnorm", "ffn": "swiglu", "bias": False}}
 
 
 def gguf_arch(mc: ModelConfig) -> str:
@@ -69,7 +74,8 @@ def gguf_arch(mc: ModelConfig) -> str:
     :class:`MinigptError` names the first key it would compute otherwise (:func:`_fixed`)."""
     arch = {"learned": "gpt2", "rope": "llama"}.get(mc.pos_encoding)
     have = {**mc.model_dump(), "d_ff": mc.ffn_hidden, "n_kv_head": mc.kv_heads}
-    want = _fixed(mc).get(arch, {})
+    defaults = {k: f.get_default(call_default_factory=True) for k, f in type(mc).model_fields.items() if k not in _FREE}
+    want = {**defaults, **_fixed(mc).get(arch, {})}
     key = next((k for k, v in want.items() if have[k] != v), None)
     spelled = json.dumps(want.get(key)) if want.get(key) is None or isinstance(want.get(key), bool) else want.get(key)
     refuse([(arch is None, "positions"), (key, "unsupported")], _MESSAGES, key=key, value=have.get(key),
