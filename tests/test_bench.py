@@ -176,3 +176,21 @@ def test_bench_generation_compares_the_compiled_path_with_the_eager_cache(monkey
     assert r["gen_tokens_per_sec_compiled"] is None and r["gen_compiled_tokens_equal"] is None
     assert r["gen_compiled_note"] == "torch.compile failed: RuntimeError: no C++ compiler here"
     assert "warning: torch.compile failed: RuntimeError: no C++ compiler here" in notes
+
+
+def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_settings(cli):
+    res = cli("bench", TINY, "--optimizers", "--iters", "10", "--set", "train.muon.ns_steps=3", "--json")
+    assert res.exit_code == 0, res
+    r = json.loads(res.stdout)
+    assert r["ns_steps"] == 3 and r["n_rounds"] == 2 and set(r["step_s"]) == {"adamw", "muon", "torch.optim.Muon"}
+    import statistics
+
+    for kind in ("step", "optimizer"):
+        rounds = r["rounds"][kind]
+        assert all(len(v) == 2 and min(v) > 0 for v in rounds.values())
+        for name, times in rounds.items():  # each ratio is the median of the rounds' ratios, not of the medians
+            paired = statistics.median(a / b for a, b in zip(times, rounds["adamw"]))
+            assert r[f"{kind}_ratio"][name] == paired
+            assert r[f"{kind}_s"][name] == statistics.median(times)
+    table = cli("bench", TINY, "--optimizers", "--iters", "5")
+    assert table.exit_code == 0 and "muon's step / AdamW's, by round:" in table.stdout, table

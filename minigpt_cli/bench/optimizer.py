@@ -1,6 +1,12 @@
-"""The training step's cost under each optimizer: AdamW, ``torch.optim.Muon`` and minigpt's :class:`BatchedMuon`,
-measured in one sitting, in turns, so that a machine whose speed drifts slows each alike (scripts/optimizer-bench.py;
-BENCHMARKS.md, "Muon's step")."""
+"""``minigpt bench --optimizers``: the training step's cost under AdamW, Muon (minigpt's :class:`BatchedMuon`) and
+``torch.optim.Muon``, at a config's model and batch, measured in alternating rounds.
+
+A round runs a few whole steps of each optimizer in turn (the trainer's :func:`train_step` on its model, kernels
+and optimizer), then the optimizer's own step alone on the gradients of one batch. The ratios are the median of
+each round's ratio to AdamW's round (a paired design): a machine whose speed drifts between rounds, as a shared
+or virtual one does by 10-20%, slows both sides of a ratio alike. The clock is the wall clock, which is what a
+run's tokens/s sees (a CPU-time clock counts OpenMP's waiting threads as work). BENCHMARKS.md, "Muon's step".
+"""
 
 from __future__ import annotations
 
@@ -20,27 +26,33 @@ from ..trainer.optim import MuonAdamW, adamw
 from ..trainer.step import train_step
 from .generation import sync
 
-#: What is compared: name -> the optimizer for a model, from the config's train section.
+#: What is compared: name -> the optimizer of a model, from the config's train section (train.muon.* for Muon).
 OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
     "adamw": lambda model, tc: adamw([p for p in model.parameters() if p.requires_grad], tc),
+    "muon": lambda model, tc: MuonAdamW(model, tc, muon_class=BatchedMuon),
     "torch.optim.Muon": lambda model, tc: MuonAdamW(model, tc, muon_class=torch.optim.Muon),
-    "BatchedMuon": lambda model, tc: MuonAdamW(model, tc, muon_class=BatchedMuon),
 }
 
+#: Whole steps of each optimizer per round.
+ROUND_STEPS = 5
 
-def bench_optimizers(cfg: Config, vocab_size: int = 65, steps: int = 10, rounds: int = 5,
+
+def bench_optimizers(cfg: Config, iters: int = 20, vocab_size: int = 65,
                      echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Median seconds (on a CPU: CPU seconds of this process) of a whole training step (forward, backward,
-    clipping, update) and of the optimizer's step alone, per optimizer of :data:`OPTIMIZERS`, at ``cfg``'s model
-    and batch size on random tokens, and each as a ratio of AdamW's. Each of ``rounds`` rounds times ``steps``
-    steps of every optimizer in turn."""
+    """Seconds per training step (forward, backward, clipping, update) and per optimizer step alone, for each of
+    :data:`OPTIMIZERS` at ``cfg``'s model and batch on random tokens, with the ratios to AdamW.
+
+    ``iters`` whole steps of each (at least one round of :data:`ROUND_STEPS`) after a warm-up round. Returns
+    ``step_s``/``optimizer_s``: the median seconds over rounds; ``step_ratio``/``optimizer_ratio``: the median
+    of the rounds' ratios to AdamW's; ``rounds``: each round's seconds per step, by optimizer.
+    """
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     mc = cfg.model.model_copy(update={"vocab_size": cfg.model.vocab_size or vocab_size})
-    tc = cfg.train.model_copy(update={"optimizer": "muon"})
+    tc = cfg.train
     tune_runtime(device)
     autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
-    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
     g = torch.Generator().manual_seed(cfg.seed)
 
     def batches():
@@ -54,46 +66,51 @@ def bench_optimizers(cfg: Config, vocab_size: int = 65, steps: int = 10, rounds:
         torch.manual_seed(cfg.seed)
         model = swap_kernels(GPT(mc).to(device)).train()
         runs[name] = (model, make(model, tc), [p for p in model.parameters() if p.requires_grad])
-    step_s: dict[str, list[float]] = {name: [] for name in runs}
-    opt_s: dict[str, list[float]] = {name: [] for name in runs}
 
     def timed(fn, n: int) -> float:
-        """Seconds per call: wall-clock time, or on a CPU this process's CPU time (on a machine that others
-        load, the time the step computed rather than the time it waited for a core)."""
-        clock = time.process_time if device.type == "cpu" else time.perf_counter
         sync(device)
-        t = clock()
+        t = time.perf_counter()
         for _ in range(n):
             fn()
         sync(device)
-        return (clock() - t) / n
+        return (time.perf_counter() - t) / n
 
-    echo(f"optimizer step: {rounds} rounds x {steps} steps each of {', '.join(runs)}; batch {tc.batch_size} x "
-         f"{mc.block_size}, {sum(p.numel() for p in runs['adamw'][2]):,} parameters, on {device}")
-    for r in range(rounds + 1):  # round 0 warms up
+    n_rounds = max(1, iters // ROUND_STEPS)
+    echo(f"optimizer step: {n_rounds} rounds of {ROUND_STEPS} steps of each of {', '.join(runs)} in turn; batch "
+         f"{tc.batch_size} x {mc.block_size}, {sum(p.numel() for p in runs['adamw'][2]):,} parameters, Muon "
+         f"{tc.muon.ns_steps} Newton-Schulz steps, {torch.get_num_threads()} threads, on {device}")
+    rounds: dict[str, dict[str, list[float]]] = {"step": {n: [] for n in runs}, "optimizer": {n: [] for n in runs}}
+    for r in range(n_rounds + 1):  # round 0 warms up
         for name, (model, opt, params) in runs.items():
             step = lambda: train_step(model, opt, it, tc.grad_accum_steps, autocast, scaler,  # noqa: E731
                                       tc.grad_clip, params)
-            seconds = timed(step, steps)
-            model(*next(it))[1].backward()  # gradients in place, for the optimizer's step alone
-            update = timed(opt.step, steps)
+            seconds = timed(step, ROUND_STEPS)
+            with autocast:
+                loss = model(*next(it))[1]
+            loss.backward()  # gradients in place, for the optimizer's step alone
+            update = timed(opt.step, ROUND_STEPS)
             opt.zero_grad(set_to_none=True)
             if r:
-                step_s[name].append(seconds)
-                opt_s[name].append(update)
-    med = {name: statistics.median(v) for name, v in step_s.items()}
-    med_opt = {name: statistics.median(v) for name, v in opt_s.items()}
-    return {"device": str(device), "clock": "process_time" if device.type == "cpu" else "perf_counter",
-            "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."), "steps": steps,
-            "rounds": rounds,
-            "step_s": med, "optimizer_s": med_opt, "step_ratio": {n: med[n] / med["adamw"] for n in med},
-            "optimizer_ratio": {n: med_opt[n] / med_opt["adamw"] for n in med_opt}, "step_s_rounds": step_s}
+                rounds["step"][name].append(seconds)
+                rounds["optimizer"][name].append(update)
+
+    def ratios(times: dict[str, list[float]]) -> dict[str, float]:
+        return {n: statistics.median(a / b for a, b in zip(v, times["adamw"])) for n, v in times.items()}
+
+    return {"device": str(device), "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."),
+            "ns_steps": tc.muon.ns_steps, "round_steps": ROUND_STEPS, "n_rounds": n_rounds,
+            "step_s": {n: statistics.median(v) for n, v in rounds["step"].items()},
+            "optimizer_s": {n: statistics.median(v) for n, v in rounds["optimizer"].items()},
+            "step_ratio": ratios(rounds["step"]), "optimizer_ratio": ratios(rounds["optimizer"]), "rounds": rounds}
 
 
 def format_bench_optimizers(result: dict[str, Any]) -> str:
-    """The table of :func:`bench_optimizers`: milliseconds and ratios to AdamW."""
+    """The table of :func:`bench_optimizers`: milliseconds, and the ratios to AdamW with their spread."""
     lines = [f"{'optimizer':<18} {'step ms':>8} {'x AdamW':>8} {'update ms':>10} {'x AdamW':>8}"]
     for name, s in result["step_s"].items():
-        lines.append(f"{name:<18} {s * 1e3:8.1f} {result['step_ratio'][name]:8.2f} "
+        lines.append(f"{name:<18} {s * 1e3:8.1f} {result['step_ratio'][name]:8.3f} "
                      f"{result['optimizer_s'][name] * 1e3:10.2f} {result['optimizer_ratio'][name]:8.2f}")
+    per_round = [m / a for m, a in zip(result["rounds"]["step"]["muon"], result["rounds"]["step"]["adamw"])]
+    lines.append(f"muon's step / AdamW's, by round: {', '.join(f'{x:.3f}' for x in per_round)} "
+                 f"(median {result['step_ratio']['muon']:.3f})")
     return "\n".join(lines)

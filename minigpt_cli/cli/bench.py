@@ -27,6 +27,11 @@ def bench(
         help="Instead, time data preparation of the config's corpus (data.path or the dataset) with its tokenizer "
              "against a bare tokenizers encode_batch loop over the same files, in MB/s.",
     ),
+    optimizers: bool = typer.Option(
+        False, "--optimizers",
+        help="Instead, time the training step under AdamW, Muon (train.muon.*) and torch.optim.Muon in "
+             "alternating rounds of 5 steps (--iters steps each), as ratios to AdamW's step.",
+    ),
     as_json: JsonOption = False,
 ) -> None:
     """Measure training tokens/s, MFU (against a matmul peak measured in the same run) and generation speed.
@@ -36,6 +41,7 @@ def bench(
       minigpt bench configs/shakespeare-cpu.yaml --iters 50 --json
       minigpt bench configs/shakespeare-bpe.yaml --stream-tokens 8000
       minigpt bench configs/shakespeare-bpe.yaml --set data.path=books/ --prepare
+      minigpt bench configs/shakespeare-cpu.yaml --optimizers --iters 100
     """
     from ..config.schema import load_config
 
@@ -45,6 +51,12 @@ def bench(
 
         result = bench_prepare(cfg, echo=echo)
         print(json.dumps(result, indent=1) if as_json else format_bench_prepare(result))
+        return
+    if optimizers:
+        from ..bench.optimizer import bench_optimizers, format_bench_optimizers
+
+        result = bench_optimizers(cfg, iters=iters, echo=echo)
+        print(json.dumps(result, indent=1) if as_json else format_bench_optimizers(result))
         return
     from ..bench.throughput import bench as run_bench
     from ..bench.throughput import format_bench

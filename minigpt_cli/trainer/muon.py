@@ -9,7 +9,7 @@ each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from typing import Optional
 
 import torch
 from torch.optim._muon import _adjust_lr  # torch.optim.Muon's own per-shape scale, so both scale alike
@@ -34,9 +34,35 @@ def orthogonalize(g: torch.Tensor, coefficients: tuple[float, float, float], ste
     return x.mT if tall else x
 
 
+class _Bucket:
+    """The matrices of one shape in one group, with their momentum buffers as views of one stacked tensor, so that
+    momentum is one operation on the stack rather than one per matrix. ``state[p]["momentum_buffer"]`` holds the
+    views (torch.optim.Muon's state, so checkpoints load in either)."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = params
+        self.stack: Optional[torch.Tensor] = None
+        self.views: list[torch.Tensor] = []
+
+    def buffers(self, state) -> torch.Tensor:
+        """The stacked momentum buffers (zeros before the first step); rebuilt from ``state`` when
+        ``load_state_dict`` has put tensors of its own there."""
+        if self.stack is None or any(state[p].get("momentum_buffer") is not v for p, v in zip(self.params, self.views)):
+            self.stack = torch.stack([state[p]["momentum_buffer"] if "momentum_buffer" in state[p]
+                                      else torch.zeros_like(p) for p in self.params])
+            self.views = list(self.stack.unbind(0))
+            for p, v in zip(self.params, self.views):
+                state[p]["momentum_buffer"] = v
+        return self.stack
+
+
 class BatchedMuon(torch.optim.Muon):
     """``torch.optim.Muon`` (same arguments, same ``momentum_buffer`` state, so checkpoints load in either) whose
     step orthogonalises all same-shaped matrices of a group in one :func:`orthogonalize` call."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._buckets: dict[tuple, _Bucket] = {}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -45,23 +71,23 @@ class BatchedMuon(torch.optim.Muon):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            lr, momentum = group["lr"], group["momentum"]
-            buckets: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+        for gi, group in enumerate(self.param_groups):
+            lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
+            shapes: dict[tuple, list[torch.Tensor]] = {}
             for p in group["params"]:
                 if p.grad is not None:
-                    buckets[(p.shape, p.dtype, p.device)].append(p)
-            for params in buckets.values():
-                grads = [p.grad for p in params]
-                for p in params:
-                    if "momentum_buffer" not in self.state[p]:
-                        self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
-                bufs = [self.state[p]["momentum_buffer"] for p in params]
-                torch._foreach_lerp_(bufs, grads, 1 - momentum)
-                updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
-                ortho = orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"])
-                torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+                    shapes.setdefault((p.shape, p.dtype, p.device), []).append(p)
+            for params in shapes.values():
+                key = (gi, *map(id, params))
+                bucket = self._buckets.get(key) or self._buckets.setdefault(key, _Bucket(params))
+                bufs = bucket.buffers(self.state)
+                grads = torch.stack([p.grad for p in params])
+                bufs.lerp_(grads, 1 - momentum)
+                update = grads.lerp_(bufs, momentum) if group["nesterov"] else bufs
+                ortho = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
                 adjusted = _adjust_lr(lr, group["adjust_lr_fn"], params[0].shape)
                 for p, u in zip(params, ortho.unbind(0)):  # a bfloat16 update into a float32 weight, as Muon adds it
+                    if decay:
+                        p.mul_(1 - lr * decay)
                     p.add_(u, alpha=-adjusted)
         return loss
