@@ -302,3 +302,18 @@ def test_a_sampled_id_outside_the_vocabulary_is_refused(monkeypatch, bad):
     ids = torch.cat(list(generate_tokens(model, torch.zeros(1, 1, dtype=torch.long), 200, temperature=1e30,
                                          vocab_limit=65, generator=torch.Generator().manual_seed(0))))
     assert int(ids.max()) < 65 and len(ids.unique()) > 40  # near-uniform over the 65 real ids only
+
+
+@pytest.mark.parametrize("top_k, top_p", [(None, None), (5, None), (None, 0.5)])
+def test_per_row_generators_draw_what_torch_multinomial_draws_row_by_row(top_k, top_p):
+    """sample_next with a generator per row does the batch's draw in one division and argmax; each row's ids must
+    be those of torch.multinomial on that row with that generator (the oracle), filtered tokens never drawn."""
+    logits = torch.randn(6, 65, generator=torch.Generator().manual_seed(3)) * 3
+    ours = [torch.Generator().manual_seed(100 + i) for i in range(6)]
+    theirs = [torch.Generator().manual_seed(100 + i) for i in range(6)]
+    probs = torch.softmax(filter_logits((logits - logits.amax(-1, keepdim=True)).double().float(), top_k, top_p), -1)
+    drawn = torch.stack([sample_next(logits, 1.0, top_k, top_p, ours) for _ in range(200)])  # (200, 6)
+    expected = torch.stack([torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)[0]
+                                       for i, g in enumerate(theirs)]) for _ in range(200)])
+    assert torch.equal(drawn, expected)
+    assert bool((probs.gather(1, drawn.T) > 0).all()) and len(drawn.unique()) > (3 if top_k or top_p else 30)

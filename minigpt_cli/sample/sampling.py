@@ -130,8 +130,13 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
         scaled = gap.masked_fill(gap < 0, float("-inf"))
     probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
     if isinstance(generator, (list, tuple)):
-        rows = [torch.multinomial(probs[i:i + 1], 1, generator=g) for i, g in enumerate(generator)]
-        return torch.cat(rows).squeeze(-1)
+        # torch.multinomial's own draw of one sample, argmax(p / q) with q ~ Exp(1) (ATen's Distributions.cpp,
+        # the Gumbel-max trick), with each row's q from its own generator and one division and argmax for the
+        # batch: the same ids as a multinomial call per row, without the per-call checks.
+        q = torch.empty_like(probs)
+        for row, g in zip(q, generator):
+            row.exponential_(1, generator=g)
+        return (probs / q).argmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
