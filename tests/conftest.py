@@ -222,8 +222,16 @@ CONFIGS = REPO / "configs"
 
 @pytest.fixture(autouse=True)
 def _never_the_internet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Point the corpus URL at a closed local port unless a test sets it: no test reaches the internet."""
+    """Point the corpus URL at a closed local port unless a test sets it: no test reaches the internet.
+
+    In-process downloads retry as minigpt's do (the same attempts), without urllib3's backoff sleeps between
+    them: 1 s and 2 s before the 3rd and 4th attempt at the closed port, 3 s of every test that fails to download.
+    """
+    from minigpt_cli.data import download
+
     monkeypatch.setenv("MINIGPT_TINYSHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")
+    session = download._session
+    monkeypatch.setattr(download, "_session", lambda retries, backoff_factor: session(retries, 0.0))
 
 
 @pytest.fixture(scope="session")
