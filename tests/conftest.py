@@ -222,8 +222,16 @@ CONFIGS = REPO / "configs"
 
 @pytest.fixture(autouse=True)
 def _never_the_internet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Point the corpus URL at a closed local port unless a test sets it: no test reaches the internet."""
+    """Point the corpus URL at a closed local port unless a test sets it: no test reaches the internet.
+
+    In-process downloads retry as minigpt's do (the same attempts), without urllib3's backoff sleeps between
+    them: 1 s and 2 s before the 3rd and 4th attempt at the closed port, 3 s of every test that fails to download.
+    """
+    from minigpt_cli.data import download
+
     monkeypatch.setenv("MINIGPT_TINYSHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")
+    session = download._session
+    monkeypatch.setattr(download, "_session", lambda retries, backoff_factor: session(retries, 0.0))
 
 
 @pytest.fixture(scope="session")
@@ -296,3 +304,31 @@ def _real_plot_when_marked(request: pytest.FixtureRequest, _quick_loss_plot) -> 
         mp = pytest.MonkeyPatch()
         mp.setattr(RunLogger, "plot", _quick_loss_plot)
         request.addfinalizer(mp.undo)
+
+
+# ----------------------------------------------------------------------------- pytest-xdist's order
+
+#: Modules of a few long tests (torchrun sessions, sweep workers, SIGKILLed runs: processes that each import
+#: torch), handed out first under ``--dist loadscope``. It keeps a module on one worker and hands out the modules
+#: with the most tests first, so these came last: test_distributed kept one worker busy for 23 s after the other
+#: had finished.
+FIRST = ("test_distributed.py", "test_sweep_search.py", "test_checkpoint.py", "test_runtime.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "dist", "no") == "loadscope":
+        config.option.loadscopereorder = False  # the order of the workers' collection (below) is the order
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker (whose tests the main process hands out in the order collected): the :data:`FIRST`
+    modules first, then the others by their number of tests, most first (what ``--dist loadscope`` does itself)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    counts = Counter(item.nodeid.rsplit("::", 1)[0] for item in items)  # pytest-xdist's scope: the module
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        first = FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST)
+        return first, -counts[item.nodeid.rsplit("::", 1)[0]]
+
+    items.sort(key=rank)  # stable: a module's tests keep their order

@@ -146,7 +146,7 @@ def test_dry_run_refuses_a_tokenizer_file_that_disagrees(cli, tmp_path, monkeypa
     assert_user_error(res, "holds a char tokenizer but tokenizer.kind is bpe")
 
 
-def test_dry_run_says_what_it_cannot_know_yet(cli, data_dir, tmp_path, monkeypatch):
+def test_dry_run_says_what_it_cannot_know_yet(cli, own_data, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # No corpus: the split waits for the download; a too-small val_fraction passes, said in one line.
     res = cli("train", TINY, "--dry-run", "--set", "data.val_fraction=0.99999")
@@ -154,10 +154,11 @@ def test_dry_run_says_what_it_cannot_know_yet(cli, data_dir, tmp_path, monkeypat
     assert ("  train/val tokens      not known yet: data/tinyshakespeare/input.txt is not downloaded (or fails its "
             "checksum); train downloads it first, then checks the split\n") in res.stdout
     assert "memory to train       at least about " in res.stdout and "the vocabulary is not known yet" in res.stdout
-    # A trained kind not trained yet: its size is tokenizer.vocab_size; the split waits for the training.
-    res = cli("train", TINY, "--dry-run", "--set", f"data.data_dir={data_dir}", "--set", "tokenizer.kind=bpe",
+    # A trained kind not trained yet: its size is tokenizer.vocab_size; the split waits for the training. (In a
+    # data folder of its own: other tests train this tokenizer into the shared one.)
+    res = cli("train", TINY, "--dry-run", "--set", f"data.data_dir={own_data}", "--set", "tokenizer.kind=bpe",
               "--set", "tokenizer.vocab_size=300")
-    path = data_dir / "tinyshakespeare" / "tokenizer-bpe-300.json"
+    path = own_data / "tinyshakespeare" / "tokenizer-bpe-300.json"
     assert res.exit_code == 0, res
     assert not path.exists()
     assert f"  model.vocab_size      300 (tokenizer.vocab_size; trained into {path} at the first run)\n" in res.stdout

@@ -5,10 +5,9 @@ from __future__ import annotations
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 import numpy as np
-import torch
 
 from ..config.schema import Config
 from ..config.special_tokens import END_OF_TEXT
@@ -20,6 +19,9 @@ from ..tokenizer.kinds import Tokenizer, load_tokenizer
 from ..tokenizer.training import check_vocab_size, train_tokenizer
 from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, matching, open_corpus
 from .preparation import PreparedData, prepare
+
+if TYPE_CHECKING:  # torch is imported where batches are drawn: train-tokenizer runs without it (1.3 s)
+    import torch
 
 #: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus, its first.
 TOKENIZER_TRAIN_CHARS = 64 << 20
@@ -318,6 +320,8 @@ class BatchSampler:
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  device: torch.device, rank: int = 0, world: int = 1):
+        import torch
+
         assert len(tokens) > block_size, "prepare's check_split_counts refuses a shorter split"
         self.tokens = tokens
         self.block_size = block_size
@@ -330,6 +334,8 @@ class BatchSampler:
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """x, y: (batch_size, block_size) int64, y shifted by one position."""
+        import torch
+
         ix = torch.randint(len(self.tokens) - self.block_size, (self.batch_size * self.world,),
                            generator=self.generator)
         ix = ix[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
@@ -345,6 +351,8 @@ class BatchSampler:
 def windows(tokens: np.ndarray, offsets: torch.Tensor, block_size: int,
             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Windows of ``tokens`` at ``offsets`` (n,): x, y (n, block_size) int64 on ``device``, y shifted by one."""
+    import torch
+
     window = torch.from_numpy(tokens[offsets.numpy()[:, None] + np.arange(block_size + 1)].astype(np.int64))
     x, y = window[:, :-1], window[:, 1:]
     if device.type == "cuda":
@@ -358,6 +366,8 @@ EVAL_CHUNK = 4096
 
 def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> Iterator[torch.Tensor]:
     """The start offsets of an eval's ``count`` windows, in chunks of :data:`EVAL_CHUNK`; a function of the seed."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     for start in range(0, count, EVAL_CHUNK):
         yield torch.randint(n_tokens - block_size, (min(EVAL_CHUNK, count - start),), generator=generator)
