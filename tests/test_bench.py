@@ -194,3 +194,6 @@ def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_setti
             assert r[f"{kind}_s"][name] == statistics.median(times)
     table = cli("bench", TINY, "--optimizers", "--iters", "5")
     assert table.exit_code == 0 and "muon's step / AdamW's, by round:" in table.stdout, table
+    from helpers import assert_user_error
+
+    assert_user_error(cli("bench", TINY, "--optimizers", "--prepare"), "--prepare and --optimizers", "give one")

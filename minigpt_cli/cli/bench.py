@@ -44,7 +44,10 @@ def bench(
       minigpt bench configs/shakespeare-cpu.yaml --optimizers --iters 100
     """
     from ..config.schema import load_config
+    from ..errors import MinigptError
 
+    if prepare and optimizers:
+        raise MinigptError("--prepare and --optimizers are two different measurements", "give one of them")
     cfg = load_config(config, set_, note=echo)
     if prepare:
         from ..bench.prepare import bench_prepare, format_bench_prepare
