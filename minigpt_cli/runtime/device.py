@@ -81,13 +81,12 @@ def tune_runtime(device: torch.device) -> Callable[[], None]:
         torch.backends.cudnn.allow_tf32 = True
     elif device.type == "cpu":
         import ctypes
-        import ctypes.util
         import platform
 
         if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
             return restore
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc = ctypes.CDLL(None)  # the process's own symbols, glibc's among them (find_library runs ldconfig)
             libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
             libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
         except (OSError, AttributeError):
