@@ -318,3 +318,22 @@ def test_refusals_name_the_key_as_written_and_the_option_that_gave_it(cli, tmp_p
     assert_user_error(res, "search.params.model.n_layer.step: input should be greater than 0")
     assert "Range" not in res.stderr
     assert_user_error(cli("sweep", "ffn", "--budget", "iters=0"), "--budget: budget.iters: input should be greater")
+
+
+def test_a_searched_trials_values_are_short_in_the_terminal_and_whole_in_summary_md():
+    """The terminal's table cuts cells to 24 characters: a searched trial's values are written there by their
+    keys' last part and 4 digits, so none is cut away; summary.md keeps what --set reads back exactly."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+    from optuna.trial import create_trial
+
+    from minigpt_cli.experiments.compare import format_trials, study_trials
+
+    study = optuna.create_study()
+    study.add_trial(create_trial(
+        params={"train.learning_rate": 0.0012345678901234567, "model.ffn": "relu2"},
+        distributions={"train.learning_rate": FloatDistribution(1e-4, 1e-2, log=True),
+                       "model.ffn": CategoricalDistribution(["relu", "relu2"])}, value=1.5))
+    result = study_trials(study)
+    terminal, whole = format_trials(result), format_trials(result, clip=False)
+    assert "| learning_rate=0.001235, ffn=relu2 |" in terminal
+    assert "train.learning_rate=0.0012345678901234567, model.ffn=relu2" in whole

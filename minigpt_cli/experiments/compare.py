@@ -535,6 +535,7 @@ def study_trials(study: "optuna.Study") -> dict:
         variant = attrs.get("variant") or ", ".join(f"{k}={value_text(v)}" for k, v in t.params.items())
         folder = attrs.get("folder")
         rows.append({"trial": t.number, "state": t.state.name.lower(), "variant": variant,
+                     "params": {} if attrs.get("variant") else t.params,
                      "seed": attrs.get("seed", ", ".join(seeds) or None), "value": t.value,
                      "host": attrs.get("host"), "folder": str(Path(folder) / attrs["run"]) if "run" in attrs
                      and folder else folder})
@@ -558,18 +559,27 @@ def load_trials(url: str, name: Optional[str], paths: list[Path]) -> dict:
     return study_trials(optuna.load_study(study_name=name or names[0], storage=storage))
 
 
-def _trial_cell(row: dict, key: str) -> str:
+def _trial_cell(row: dict, key: str, clip: bool = False) -> str:
     value = row[key]
+    if key == "variant" and clip and row.get("params"):
+        # The terminal's cell: each searched key by its last part, numbers to 4 digits (summary.md: whole).
+        return ", ".join(f"{k.rsplit('.', 1)[-1]}={v:.4g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"
+                         for k, v in row["params"].items())
     return "" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def format_trials(result: dict, clip: bool = True) -> str:
     """The study's trials as a Markdown table, and a count by state; ``clip``: cells cut to :data:`CELL` (the
     terminal's; summary.md has them whole)."""
-    def cut(text: str, key: str) -> str:  # a folder keeps its end, which names the run
-        return text if not clip or len(text) <= CELL else "…" + text[1 - CELL:] if key == "folder" else _clip(text)
+    def cut(text: str, key: str, room: int = CELL) -> str:  # a folder keeps its end, which names the run
+        if not clip or len(text) <= room:
+            return text
+        return "…" + text[1 - room:] if key == "folder" else text[:room - 1] + "…"
 
-    spec = [(head, [key], lambda r, key=key: cut(_trial_cell(r, key), key)) for head, key in TRIAL_COLUMNS]
+    def cell(row: dict, key: str) -> str:  # searched values, already short, get two cells' room
+        return cut(_trial_cell(row, key, clip), key, 2 * CELL if key == "variant" and row.get("params") else CELL)
+
+    spec = [(head, [key], lambda r, key=key: cell(r, key)) for head, key in TRIAL_COLUMNS]
     states = [r["state"] for r in result["trials"]]
     counts = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
     return "\n".join([f"study {result['study']}: {len(states)} trials" + (f" ({counts})" if states else ""), "",
