@@ -179,10 +179,12 @@ def test_bench_generation_compares_the_compiled_path_with_the_eager_cache(monkey
 
 
 def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_settings(cli):
-    res = cli("bench", TINY, "--optimizers", "--iters", "10", "--set", "train.muon.ns_steps=3", "--json")
+    res = cli("bench", TINY, "--optimizers", "--iters", "7", "--set", "train.muon.ns_steps=3", "--json")
     assert res.exit_code == 0, res
-    r = json.loads(res.stdout)
+    r = json.loads(res.stdout)  # 7 steps: rounded up to 2 rounds of 5
     assert r["ns_steps"] == 3 and r["n_rounds"] == 2 and set(r["step_s"]) == {"adamw", "muon", "torch.optim.Muon"}
+    for name, steps in r["rounds"]["step"].items():  # the update is timed inside the step that contains it
+        assert all(0 < u < s for u, s in zip(r["rounds"]["optimizer"][name], steps)), name
     import statistics
 
     for kind in ("step", "optimizer"):
@@ -196,4 +198,5 @@ def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_setti
     assert table.exit_code == 0 and "muon's step / AdamW's, by round:" in table.stdout, table
     from helpers import assert_user_error
 
-    assert_user_error(cli("bench", TINY, "--optimizers", "--prepare"), "--prepare and --optimizers", "give one")
+    assert_user_error(cli("bench", TINY, "--optimizers", "--prepare"), "--optimizers and --prepare", "give one")
+    assert_user_error(cli("bench", TINY, "--optimizers", "--stream-tokens", "10"), "--optimizers and --stream-tokens")

@@ -2,7 +2,7 @@
 ``torch.optim.Muon``, at a config's model and batch, measured in alternating rounds.
 
 A round runs a few whole steps of each optimizer in turn (the trainer's :func:`train_step` on its model, kernels
-and optimizer), then the optimizer's own step alone on the gradients of one batch. The ratios are the median of
+and optimizer), timing the optimizer's own step inside them (:class:`_Timed`). The ratios are the median of
 each round's ratio to AdamW's round (a paired design): a machine whose speed drifts between rounds, as a shared
 or virtual one does by 10-20%, slows both sides of a ratio alike. The clock is the wall clock, which is what a
 run's tokens/s sees (a CPU-time clock counts OpenMP's waiting threads as work). BENCHMARKS.md, "Muon's step".
@@ -19,7 +19,7 @@ import torch
 
 from ..config.schema import Config
 from ..model.gpt import GPT
-from ..runtime.device import resolve_device, resolve_dtype, tune_runtime
+from ..runtime.device import CpuThreads, resolve_device, resolve_dtype, tune_runtime
 from ..runtime.kernels import swap as swap_kernels
 from ..trainer.muon import BatchedMuon
 from ..trainer.optim import MuonAdamW, adamw
@@ -37,20 +37,43 @@ OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
 ROUND_STEPS = 5
 
 
+class _Timed:
+    """An optimizer whose ``step`` adds its seconds to ``seconds`` (after the device's queued work), so that a
+    training step's update is timed inside that step; everything else is the optimizer's."""
+
+    def __init__(self, optimizer, device: torch.device):
+        self.optimizer, self.device, self.seconds = optimizer, device, 0.0
+
+    def __getattr__(self, name: str):
+        return getattr(self.optimizer, name)
+
+    def step(self, closure=None):
+        sync(self.device)
+        t = time.perf_counter()
+        self.optimizer.step()
+        sync(self.device)
+        self.seconds += time.perf_counter() - t
+
+
 def bench_optimizers(cfg: Config, iters: int = 20, vocab_size: int = 65,
                      echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Seconds per training step (forward, backward, clipping, update) and per optimizer step alone, for each of
+    """Seconds per training step (forward, backward, clipping, update) and of its update alone, for each of
     :data:`OPTIMIZERS` at ``cfg``'s model and batch on random tokens, with the ratios to AdamW.
 
-    ``iters`` whole steps of each (at least one round of :data:`ROUND_STEPS`) after a warm-up round. Returns
+    ``iters`` whole steps of each, rounded up to rounds of :data:`ROUND_STEPS`, after a warm-up round (which,
+    on a CPU, decides the thread count from the cores other processes leave free, as ``bench`` does). Returns
     ``step_s``/``optimizer_s``: the median seconds over rounds; ``step_ratio``/``optimizer_ratio``: the median
-    of the rounds' ratios to AdamW's; ``rounds``: each round's seconds per step, by optimizer.
+    of the rounds' ratios to AdamW's; ``rounds``: each round's seconds per step, by optimizer;
+    ``other_cores_busy``: the cores other processes kept busy meanwhile (CPU; None where unknown).
     """
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     mc = cfg.model.model_copy(update={"vocab_size": cfg.model.vocab_size or vocab_size})
     tc = cfg.train
+    if tc.parallelism == "fsdp":
+        echo("note: train refuses Muon with train.parallelism fsdp; this times one process, unsharded")
     tune_runtime(device)
+    threads = CpuThreads(device, echo=echo)
     autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
     g = torch.Generator().manual_seed(cfg.seed)
@@ -65,40 +88,47 @@ def bench_optimizers(cfg: Config, iters: int = 20, vocab_size: int = 65,
     for name, make in OPTIMIZERS.items():
         torch.manual_seed(cfg.seed)
         model = swap_kernels(GPT(mc).to(device)).train()
-        runs[name] = (model, make(model, tc), [p for p in model.parameters() if p.requires_grad])
+        runs[name] = (model, _Timed(make(model, tc), device), [p for p in model.parameters() if p.requires_grad])
 
-    def timed(fn, n: int) -> float:
+    def round_of(name: str) -> tuple[float, float]:
+        """Seconds per whole step and per update over :data:`ROUND_STEPS` steps of optimizer ``name``."""
+        model, opt, params = runs[name]
+        opt.seconds = 0.0
         sync(device)
         t = time.perf_counter()
-        for _ in range(n):
-            fn()
+        for _ in range(ROUND_STEPS):
+            train_step(model, opt, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params)
         sync(device)
-        return (time.perf_counter() - t) / n
+        return (time.perf_counter() - t) / ROUND_STEPS, opt.seconds / ROUND_STEPS
 
-    n_rounds = max(1, iters // ROUND_STEPS)
-    echo(f"optimizer step: {n_rounds} rounds of {ROUND_STEPS} steps of each of {', '.join(runs)} in turn; batch "
-         f"{tc.batch_size} x {mc.block_size}, {sum(p.numel() for p in runs['adamw'][2]):,} parameters, Muon "
-         f"{tc.muon.ns_steps} Newton-Schulz steps, {torch.get_num_threads()} threads, on {device}")
+    n_rounds = -(-iters // ROUND_STEPS)
+    echo(f"optimizer step: {n_rounds} round{'s' * (n_rounds != 1)} of {ROUND_STEPS} steps of each of "
+         f"{', '.join(runs)} in turn; batch {tc.batch_size} x {mc.block_size} x accum {tc.grad_accum_steps}, "
+         f"{sum(p.numel() for p in runs['adamw'][2]):,} parameters, {str(dtype).removeprefix('torch.')}, Muon "
+         f"{tc.muon.ns_steps} Newton-Schulz steps, on {device}")
+    for name in runs:  # the warm-up round, over which the thread count is decided
+        round_of(name)
+    if threads.enabled and threads.poll(force=True) != threads.max_threads:
+        for name in runs:  # other processes took cores: warm up again with fewer threads
+            round_of(name)
+    mark = threads.mark() if device.type == "cpu" else None
     rounds: dict[str, dict[str, list[float]]] = {"step": {n: [] for n in runs}, "optimizer": {n: [] for n in runs}}
-    for r in range(n_rounds + 1):  # round 0 warms up
-        for name, (model, opt, params) in runs.items():
-            step = lambda: train_step(model, opt, it, tc.grad_accum_steps, autocast, scaler,  # noqa: E731
-                                      tc.grad_clip, params)
-            seconds = timed(step, ROUND_STEPS)
-            with autocast:
-                loss = model(*next(it))[1]
-            loss.backward()  # gradients in place, for the optimizer's step alone
-            update = timed(opt.step, ROUND_STEPS)
-            opt.zero_grad(set_to_none=True)
-            if r:
-                rounds["step"][name].append(seconds)
-                rounds["optimizer"][name].append(update)
+    for _ in range(n_rounds):
+        for name in runs:
+            seconds, update = round_of(name)
+            rounds["step"][name].append(seconds)
+            rounds["optimizer"][name].append(update)
+    others = threads.others_since(mark)
+    if others is not None and others + torch.get_num_threads() > threads.cpus + 0.25:
+        echo(f"warning: other processes kept {others:.1f} of {threads.cpus} CPU cores busy while the steps were "
+             f"timed; these ratios are not this machine's (rerun on a quiet machine)")
 
     def ratios(times: dict[str, list[float]]) -> dict[str, float]:
         return {n: statistics.median(a / b for a, b in zip(v, times["adamw"])) for n, v in times.items()}
 
     return {"device": str(device), "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."),
             "ns_steps": tc.muon.ns_steps, "round_steps": ROUND_STEPS, "n_rounds": n_rounds,
+            "other_cores_busy": others,
             "step_s": {n: statistics.median(v) for n, v in rounds["step"].items()},
             "optimizer_s": {n: statistics.median(v) for n, v in rounds["optimizer"].items()},
             "step_ratio": ratios(rounds["step"]), "optimizer_ratio": ratios(rounds["optimizer"]), "rounds": rounds}
@@ -112,5 +142,5 @@ def format_bench_optimizers(result: dict[str, Any]) -> str:
                      f"{result['optimizer_s'][name] * 1e3:10.2f} {result['optimizer_ratio'][name]:8.2f}")
     per_round = [m / a for m, a in zip(result["rounds"]["step"]["muon"], result["rounds"]["step"]["adamw"])]
     lines.append(f"muon's step / AdamW's, by round: {', '.join(f'{x:.3f}' for x in per_round)} "
-                 f"(median {result['step_ratio']['muon']:.3f})")
+                 f"(median {result['step_ratio']['muon']:.3f}; {result['threads']} threads)")
     return "\n".join(lines)

@@ -30,7 +30,7 @@ def bench(
     optimizers: bool = typer.Option(
         False, "--optimizers",
         help="Instead, time the training step under AdamW, Muon (train.muon.*) and torch.optim.Muon in "
-             "alternating rounds of 5 steps (--iters steps each), as ratios to AdamW's step.",
+             "alternating rounds of 5 steps (--iters steps each, rounded up to whole rounds), as ratios to AdamW's step.",
     ),
     as_json: JsonOption = False,
 ) -> None:
@@ -46,8 +46,9 @@ def bench(
     from ..config.schema import load_config
     from ..errors import MinigptError
 
-    if prepare and optimizers:
-        raise MinigptError("--prepare and --optimizers are two different measurements", "give one of them")
+    if optimizers and (prepare or stream_tokens):
+        raise MinigptError(f"--optimizers and {'--prepare' if prepare else '--stream-tokens'} are two different "
+                           "measurements", "give one of them")
     cfg = load_config(config, set_, note=echo)
     if prepare:
         from ..bench.prepare import bench_prepare, format_bench_prepare
