@@ -30,7 +30,8 @@ def bench(
     optimizers: bool = typer.Option(
         False, "--optimizers",
         help="Instead, time the training step under AdamW, Muon (train.muon.*) and torch.optim.Muon in "
-             "alternating rounds of 5 steps (--iters steps each, rounded up to whole rounds), as ratios to AdamW's step.",
+             "alternating rounds of 5 steps (--iters steps each, rounded up to whole rounds), as ratios to "
+             "AdamW's step.",
     ),
     as_json: JsonOption = False,
 ) -> None:
