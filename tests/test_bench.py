@@ -200,3 +200,14 @@ def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_setti
 
     assert_user_error(cli("bench", TINY, "--optimizers", "--prepare"), "--optimizers and --prepare", "give one")
     assert_user_error(cli("bench", TINY, "--optimizers", "--stream-tokens", "10"), "--optimizers and --stream-tokens")
+
+
+def test_bench_builds_a_trained_tokenizers_model_at_its_vocabulary():
+    """model.vocab_size null: a bpe config's model has tokenizer.vocab_size entries (as train gives it), a char
+    config's Tiny Shakespeare's 65; a model.vocab_size given wins."""
+    from minigpt_cli.bench.throughput import CHAR_VOCAB, bench_vocab
+
+    bpe = load_config(Path(__file__).resolve().parent.parent / "configs" / "shakespeare-bpe.yaml")
+    assert bpe.model.vocab_size is None and bench_vocab(bpe) == bpe.tokenizer.vocab_size != CHAR_VOCAB
+    assert bench_vocab(load_config(TINY)) == CHAR_VOCAB
+    assert bench_vocab(load_config(TINY, ["model.vocab_size=100"])) == 100

@@ -318,6 +318,16 @@ def test_refusals_name_the_key_as_written_and_the_option_that_gave_it(cli, tmp_p
     assert_user_error(res, "search.params.model.n_layer.step: input should be greater than 0")
     assert "Range" not in res.stderr
     assert_user_error(cli("sweep", "ffn", "--budget", "iters=0"), "--budget: budget.iters: input should be greater")
+    # Beside a good --seeds the bad --budget is named alone; a --set that no variant could pass is the --set's,
+    # one that fails with a variant's values only is that variant's.
+    assert_user_error(cli("sweep", "ffn", "--seeds", "1", "--budget", "iters=0"), "error: --budget: budget.iters")
+    assert_user_error(cli("sweep", "ffn", "--set", "train.muon.ns_steps=0"),
+                      "error: --set: train.muon.ns_steps: input should be greater than or equal to 1 (got 0)")
+    clash = tmp_path / "c.yaml"
+    clash.write_text(json.dumps({"name": "c", "base": str(TINY), "variants": {"ok": {}, "heads": {"model.n_head": 3}},
+                                 "seeds": 1, "budget": {"iters": 2}}))
+    res = cli("sweep", clash, "--set", "model.n_embd=32")
+    assert_user_error(res, "c.yaml: variant heads:")
 
 
 def test_a_searched_trials_values_are_short_in_the_terminal_and_whole_in_summary_md():

@@ -25,6 +25,7 @@ from ..trainer.muon import BatchedMuon
 from ..trainer.optim import MuonAdamW, adamw
 from ..trainer.step import train_step
 from .generation import sync
+from .throughput import bench_vocab
 
 #: What is compared: name -> the optimizer of a model, from the config's train section (train.muon.* for Muon).
 OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
@@ -55,10 +56,10 @@ class _Timed:
         self.seconds += time.perf_counter() - t
 
 
-def bench_optimizers(cfg: Config, iters: int = 20, vocab_size: int = 65,
-                     echo: Callable[[str], None] = print) -> dict[str, Any]:
+def bench_optimizers(cfg: Config, iters: int = 20, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Seconds per training step (forward, backward, clipping, update) and of its update alone, for each of
-    :data:`OPTIMIZERS` at ``cfg``'s model and batch on random tokens, with the ratios to AdamW.
+    :data:`OPTIMIZERS` at ``cfg``'s model and batch (its vocabulary: :func:`bench_vocab`) on random tokens, with the
+    ratios to AdamW.
 
     ``iters`` whole steps of each, rounded up to rounds of :data:`ROUND_STEPS`, after a warm-up round (which,
     on a CPU, decides the thread count from the cores other processes leave free, as ``bench`` does). Returns
@@ -68,7 +69,7 @@ def bench_optimizers(cfg: Config, iters: int = 20, vocab_size: int = 65,
     """
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    mc = cfg.model.model_copy(update={"vocab_size": cfg.model.vocab_size or vocab_size})
+    mc = cfg.model.model_copy(update={"vocab_size": bench_vocab(cfg)})
     tc = cfg.train
     if tc.parallelism == "fsdp":
         echo("note: train refuses Muon with train.parallelism fsdp; this times one process, unsharded")

@@ -128,8 +128,19 @@ def _peak_memory(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
+#: The vocabulary measured when neither the model nor a trained tokenizer kind gives one: Tiny Shakespeare's characters.
+CHAR_VOCAB = 65
+
+
+def bench_vocab(cfg: Config) -> int:
+    """The vocabulary a benchmark builds ``cfg``'s model with: ``model.vocab_size``, else a trained tokenizer's
+    ``tokenizer.vocab_size`` (what train would give the model), else :data:`CHAR_VOCAB`."""
+    trained = cfg.tokenizer.vocab_size if cfg.tokenizer.kind != "char" else None
+    return cfg.model.vocab_size or trained or CHAR_VOCAB
+
+
 def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
-          vocab_size: int = 65, generation: bool = True, stream_tokens: int = 0,
+          generation: bool = True, stream_tokens: int = 0,
           echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Training and generation speed of ``cfg``'s model on its device, as a JSON-ready dict. Raises MinigptError:
     impossible sizes (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's, no corpus."""
@@ -143,7 +154,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
         tok, _ = ensure_tokenizer(cfg, corpus, echo, root)
         mc = with_vocab(cfg, tok.vocab_size).model
     if mc.vocab_size is None:
-        mc = mc.model_copy(update={"vocab_size": vocab_size})
+        mc = mc.model_copy(update={"vocab_size": bench_vocab(cfg)})
     tc = cfg.train
     T, B = mc.block_size, tc.batch_size
     torch.manual_seed(cfg.seed)

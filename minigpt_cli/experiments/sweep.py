@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..config.schema import Config, apply_overrides, validate
+from ..config.schema import Config, ConfigError, apply_overrides, validate
 from ..config.yaml_io import parse_yaml
 from ..errors import Interrupted, MinigptError, refuse
 from ..fileio import atomic_write_text, read_text_file
@@ -229,7 +229,11 @@ class Sweep:
         """The runs of one variant (the sweep's overrides, then ``values``, the budget, a seed): one per seed."""
         sets = [*self.sets, *(f"{k}={value_text(v)}" for k, v in values.items())]
         source = f"{self.path}: variant {variant}"
-        cfg = validate(apply_overrides(self.base_data, sets), source)
+        try:
+            cfg = validate(apply_overrides(self.base_data, sets), source)
+        except ConfigError:
+            self._blame_overrides()
+            raise
         sets += self.spec.budget.overrides(cfg)
         seeds = self.spec.seeds if isinstance(self.spec.seeds, list) else [cfg.seed + i for i in
                                                                             range(self.spec.seeds)]
@@ -238,6 +242,13 @@ class Sweep:
             run_sets = [*sets, f"seed={seed}"]  # the schema bounds the seed: 0 .. 2**32-1
             planned.append(Run(variant, seed, validate(apply_overrides(self.base_data, run_sets), source), run_sets))
         return planned
+
+
+    def _blame_overrides(self) -> None:
+        """A variant's config failed: raise ConfigError naming the file's ``set:`` or the command line's ``--set``
+        instead where the base with those alone fails (then no variant could pass); return where it passes."""
+        validate(apply_overrides(self.base_data, list(self.spec.set)), f"{self.path}: set")
+        validate(apply_overrides(self.base_data, self.sets), "--set")
 
 
 def _variants(spec: SweepFile) -> list[tuple[str, dict[str, Any]]]:
@@ -257,6 +268,9 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None,
     data = parse_yaml(read_text_file(p, "sweep file"), str(p))
     recorded = read_model(SweepFile, data, _MESSAGES["schema"], path=p).model_dump(mode="json")
     given = overrides.sections()  # the file alone passed: a problem now is the command line's
+    for key in given:  # each option on its own first, so that a refusal names the one at fault
+        read_model(SweepFile, {**(data if isinstance(data, dict) else {}), key: given[key]}, _MESSAGES["schema"],
+                   path=f"--{key}")
     spec = read_model(SweepFile, {**(data if isinstance(data, dict) else {}), **given},
                       _MESSAGES["schema"], path=" and ".join(f"--{key}" for key in given) or p)
     sweep_name = runs.check_name(spec.name or p.stem, f"{p}: name:")  # the sweep's folder: never a path out of out_dir
