@@ -192,3 +192,20 @@ def test_a_wsd_cool_down_from_the_stable_phase_equals_the_run_trained_straight_t
     assert any("train.max_iters 60 -> 40" in n and "(unchanged)" in n for n in said), said
     assert_bit_equal(tmp_path / "runs/straight", tmp_path / "runs/cool")
     assert lr_at(25, planned.train) != lr_at(25, straight.train)
+
+
+def test_a_resume_note_gives_muons_learning_rate_too():
+    """A resumed Muon run with a new schedule (or Muon rate) names Muon's group's rate before and after, which
+    set_lr gives as the schedule's lr times train.muon.learning_rate / train.learning_rate."""
+    from minigpt_cli.trainer.schedule import schedule_note
+
+    saved = load_config(TINY, ["train.optimizer=muon", "train.max_iters=10", "train.muon.learning_rate=0.02"])
+    now = load_config(TINY, ["train.optimizer=muon", "train.max_iters=30", "train.muon.learning_rate=0.04"])
+    note = schedule_note(now, saved, 10)
+    old, new = lr_at(10, saved.train, 32), lr_at(10, now.train, 32)
+    assert "train.max_iters 10 -> 30" in note and "train.muon.learning_rate 0.02 -> 0.04" in note, note
+    ratio_old, ratio_new = 0.02 / saved.train.learning_rate, 0.04 / now.train.learning_rate
+    assert note.endswith(f"lr {new:.3e} at step 10 (was {old:.3e}), Muon's {new * ratio_new:.3e} "
+                         f"(was {old * ratio_old:.3e})"), note
+    adamw = load_config(TINY, ["train.max_iters=30"])
+    assert "Muon" not in schedule_note(adamw, load_config(TINY, ["train.max_iters=10"]), 10)

@@ -85,11 +85,25 @@ def schedule_note(cfg: Config, saved: Config, step: int) -> Optional[str]:
     step. The note names the changed keys and the lr before and after.
     """
     old, new = saved.train, cfg.train
-    changed = [k for k in SCHEDULE_KEYS if getattr(old, k) != getattr(new, k)]
+    muon = new.optimizer == "muon"  # Muon's group: its own base rate on the same shape (optim.set_lr)
+
+    def value(tc, key: str):
+        return tc.muon.learning_rate if key == "muon.learning_rate" else getattr(tc, key)
+
+    keys = [*SCHEDULE_KEYS, *(["muon.learning_rate"] if muon else [])]
+    changed = [k for k in keys if value(old, k) != value(new, k)]
     if not changed:
         return None
-    what = ", ".join(f"train.{k} {getattr(old, k)} -> {getattr(new, k)}" for k in changed)
-    lr_old, lr_new = lr_at(step, old, cfg.model.n_embd), lr_at(step, new, cfg.model.n_embd)
-    jump = "unchanged" if math.isclose(lr_old, lr_new, rel_tol=1e-9) else f"was {lr_old:.3e}"
+    what = ", ".join(f"train.{k} {value(old, k)} -> {value(new, k)}" for k in changed)
+
+    def rates(tc) -> list[float]:
+        lr = lr_at(step, tc, cfg.model.n_embd)
+        return [lr, lr * tc.muon.learning_rate / tc.learning_rate] if muon else [lr]
+
+    def jump(lr_old: float, lr_new: float) -> str:
+        return "unchanged" if math.isclose(lr_old, lr_new, rel_tol=1e-9) else f"was {lr_old:.3e}"
+
+    (lr_old, *muon_old), (lr_new, *muon_new) = rates(old), rates(new)
+    muon_part = "".join(f", Muon's {b:.3e} ({jump(a, b)})" for a, b in zip(muon_old, muon_new))
     return (f"note: resuming with {what}; the learning-rate schedule follows the new values "
-            f"from here: lr {lr_new:.3e} at step {step} ({jump})")
+            f"from here: lr {lr_new:.3e} at step {step} ({jump(lr_old, lr_new)}){muon_part}")
