@@ -25,7 +25,7 @@ from ..trainer.muon import BatchedMuon
 from ..trainer.optim import MuonAdamW, adamw
 from ..trainer.step import train_step
 from .generation import sync
-from .throughput import bench_vocab
+from .throughput import bench_vocab, busy_warning, random_batches
 
 #: What is compared: name -> the optimizer of a model, from the config's train section (train.muon.* for Muon).
 OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
@@ -33,6 +33,9 @@ OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
     "muon": lambda model, tc: MuonAdamW(model, tc, muon_class=BatchedMuon),
     "torch.optim.Muon": lambda model, tc: MuonAdamW(model, tc, muon_class=torch.optim.Muon),
 }
+
+#: What :func:`bench_optimizers` says.
+_MESSAGES = {"fsdp": "note: train refuses Muon with train.parallelism fsdp; this times one process, unsharded"}
 
 #: Whole steps of each optimizer per round.
 ROUND_STEPS = 5
@@ -72,19 +75,12 @@ def bench_optimizers(cfg: Config, iters: int = 20, echo: Callable[[str], None] =
     mc = cfg.model.model_copy(update={"vocab_size": bench_vocab(cfg)})
     tc = cfg.train
     if tc.parallelism == "fsdp":
-        echo("note: train refuses Muon with train.parallelism fsdp; this times one process, unsharded")
+        echo(_MESSAGES["fsdp"])
     tune_runtime(device)
     threads = CpuThreads(device, echo=echo)
     autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
-    g = torch.Generator().manual_seed(cfg.seed)
-
-    def batches():
-        while True:
-            x = torch.randint(0, mc.vocab_size, (tc.batch_size, mc.block_size + 1), generator=g)
-            yield x[:, :-1].to(device), x[:, 1:].to(device)
-
-    it = batches()
+    it = random_batches(mc.vocab_size, tc.batch_size, mc.block_size, device, cfg.seed)
     runs = {}
     for name, make in OPTIMIZERS.items():
         torch.manual_seed(cfg.seed)
@@ -119,10 +115,7 @@ def bench_optimizers(cfg: Config, iters: int = 20, echo: Callable[[str], None] =
             seconds, update = round_of(name)
             rounds["step"][name].append(seconds)
             rounds["optimizer"][name].append(update)
-    others = threads.others_since(mark)
-    if others is not None and others + torch.get_num_threads() > threads.cpus + 0.25:
-        echo(f"warning: other processes kept {others:.1f} of {threads.cpus} CPU cores busy while the steps were "
-             f"timed; these ratios are not this machine's (rerun on a quiet machine)")
+    others = busy_warning(threads, mark, "the steps", echo)
 
     def ratios(times: dict[str, list[float]]) -> dict[str, float]:
         return {n: statistics.median(a / b for a, b in zip(v, times["adamw"])) for n, v in times.items()}

@@ -10,7 +10,7 @@ import resource
 import statistics
 import time
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -139,6 +139,25 @@ def bench_vocab(cfg: Config) -> int:
     return cfg.model.vocab_size or trained or CHAR_VOCAB
 
 
+def random_batches(vocab_size: int, batch: int, block: int, device: torch.device,
+                   seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless (x, y) batches (batch, block) int64 of uniform random ids on ``device``, y shifted by one."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        x = torch.randint(0, vocab_size, (batch, block + 1), generator=g)
+        yield x[:, :-1].to(device), x[:, 1:].to(device)
+
+
+def busy_warning(threads: CpuThreads, mark, what: str, echo: Callable[[str], None]) -> Optional[float]:
+    """The cores other processes kept busy since ``mark`` (None where unknown), with a warning through ``echo``
+    when they took cores this process's threads wanted while ``what`` was timed."""
+    others = threads.others_since(mark)
+    if others is not None and others + torch.get_num_threads() > threads.cpus + 0.25:
+        echo(f"warning: other processes kept {others:.1f} of {threads.cpus} CPU cores busy while {what} were "
+             f"timed; these figures are not this machine's (rerun on a quiet machine)")
+    return others
+
+
 def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
           generation: bool = True, stream_tokens: int = 0,
           echo: Callable[[str], None] = print) -> dict[str, Any]:
@@ -176,14 +195,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
     autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     params_list = [p for p in model.parameters() if p.requires_grad]
-    g = torch.Generator().manual_seed(cfg.seed)
-
-    def batches():
-        while True:
-            x = torch.randint(0, mc.vocab_size, (B, T + 1), generator=g)
-            yield x[:, :-1].to(device), x[:, 1:].to(device)
-
-    it = batches()
+    it = random_batches(mc.vocab_size, B, T, device, cfg.seed)
 
     def step():  # train_model is read at each call: the eager model once compiling has failed
         return train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
@@ -223,10 +235,7 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     float(loss)  # waits for the device
     _sync(device)
     dt = (time.perf_counter() - t) / iters
-    others = threads.others_since(mark)
-    if others is not None and others + torch.get_num_threads() > threads.cpus + 0.25:
-        echo(f"warning: other processes kept {others:.1f} of {threads.cpus} CPU cores busy while the training "
-             f"steps were timed; these figures are not this machine's (rerun on a quiet machine)")
+    others = busy_warning(threads, mark, "the training steps", echo)
     tokens_per_step = B * T * tc.grad_accum_steps
     fl = P.flops(mc, T)
     flops_per_token = fl["mfu_train"]
@@ -263,7 +272,8 @@ def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, ma
     }
     if generation:
         model.eval()
-        prompt = torch.randint(0, mc.vocab_size, (1, prompt_len), generator=g).to(device)
+        seeded = torch.Generator().manual_seed(cfg.seed)
+        prompt = torch.randint(0, mc.vocab_size, (1, prompt_len), generator=seeded).to(device)
         stride = resolve_window_stride(mc.block_size, cfg.sample.window_stride)
         out.update({"prompt_len": prompt_len, "window_stride": stride, "max_new_tokens": max_new_tokens})
         # Compiled where generate compiles by default (CUDA), or where the config asks for compile.

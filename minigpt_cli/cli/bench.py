@@ -8,6 +8,9 @@ import typer
 
 from .base import Command, JsonOption, SetOption, app, echo
 
+#: What ``bench`` refuses.
+_MESSAGES = {"two_modes": "--optimizers and {other} are two different measurements; give one of them"}
+
 
 @app.command(cls=Command)
 def bench(
@@ -48,8 +51,7 @@ def bench(
     from ..errors import MinigptError
 
     if optimizers and (prepare or stream_tokens):
-        raise MinigptError(f"--optimizers and {'--prepare' if prepare else '--stream-tokens'} are two different "
-                           "measurements", "give one of them")
+        raise MinigptError(_MESSAGES["two_modes"].format(other="--prepare" if prepare else "--stream-tokens"))
     cfg = load_config(config, set_, note=echo)
     if prepare:
         from ..bench.prepare import bench_prepare, format_bench_prepare

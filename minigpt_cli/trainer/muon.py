@@ -79,7 +79,9 @@ class BatchedMuon(torch.optim.Muon):
                     shapes.setdefault((p.shape, p.dtype, p.device), []).append(p)
             for params in shapes.values():
                 key = (gi, *map(id, params))
-                bucket = self._buckets.get(key) or self._buckets.setdefault(key, _Bucket(params))
+                if key not in self._buckets:
+                    self._buckets[key] = _Bucket(params)
+                bucket = self._buckets[key]
                 bufs = bucket.buffers(self.state)
                 grads = torch.stack([p.grad for p in params])
                 bufs.lerp_(grads, 1 - momentum)
