@@ -1,40 +1,57 @@
-"""Muon with one batched Newton-Schulz call per matrix shape: ``torch.optim.Muon``'s arithmetic, fewer kernels.
+"""Muon with batched Newton-Schulz iterations: ``torch.optim.Muon``'s arithmetic, fewer and larger products.
 
 ``torch.optim.Muon`` orthogonalises its matrices one at a time: at ``configs/shakespeare-cpu.yaml``'s size that is
-16 matrices of 4 shapes, three small products per iteration each. :class:`BatchedMuon` stacks the matrices of one
-shape and runs the iteration on the stack (``torch.baddbmm``), as nanochat's ``MuonAdamW`` and modded-nanogpt do;
-each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so the updates agree
-(tests/test_optim.py holds them equal over several steps). It takes 30% off the update there (BENCHMARKS.md).
+16 matrices of 4 shapes, three small products per iteration each, 240 a step. :class:`BatchedMuon` stacks the
+matrices of one shape and runs the iteration on the stack (``torch.baddbmm``), as nanochat's ``MuonAdamW`` and
+modded-nanogpt do, and takes the middle product of every stack whose Gram matrices have one size in a single call:
+35 products a step there. Each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so the
+updates agree (tests/test_optim.py holds them equal over several steps). BENCHMARKS.md, "Muon's step", has the
+cost.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch.optim._muon import _adjust_lr  # torch.optim.Muon's own per-shape scale, so both scale alike
 
 
-def orthogonalize(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> torch.Tensor:
-    """The quintic Newton-Schulz iteration of ``torch.optim.Muon`` on a stack of matrices, in bfloat16.
+def orthogonalize(stacks: Sequence[torch.Tensor], coefficients: tuple[float, float, float], steps: int,
+                  eps: float) -> list[torch.Tensor]:
+    """The quintic Newton-Schulz iteration of ``torch.optim.Muon`` on stacks of matrices, in bfloat16.
 
-    ``g``: (B, m, n); returns (B, m, n) bfloat16, each matrix about U·S'·Vᵀ (S' near 1) where U·S·Vᵀ is its SVD
-    (Jordan et al. 2024, "Muon: an optimizer for hidden layers"; torch/optim/_muon.py's
-    ``_zeropower_via_newtonschulz``, batched: tall matrices are iterated transposed, as there).
+    ``stacks``: tensors of shape (B_i, m_i, n_i); returns one (B_i, m_i, n_i) bfloat16 tensor each, every matrix
+    about U·S'·Vᵀ (S' near 1) where U·S·Vᵀ is its SVD (Jordan et al. 2024, "Muon: an optimizer for hidden layers";
+    torch/optim/_muon.py's ``_zeropower_via_newtonschulz``). An iteration is X ← aX + (bA + cA²)X with A = XXᵀ.
+    ``torch.optim.Muon`` iterates a tall matrix Y transposed; here Y stays as it is and the iteration reads
+    Y ← aY + Y(bA + cA²) with A = YᵀY, the same products of the same numbers, since A and bA + cA² are symmetric,
+    so no copy is transposed on the way in or out. The bA + cA² of all stacks whose A has one size is one
+    ``torch.baddbmm`` call.
     """
     a, b, c = coefficients
-    x = g.bfloat16()
-    tall = g.size(-2) > g.size(-1)
-    if tall:
-        x = x.mT
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm at most 1
+    xs = []
+    for g in stacks:
+        x = g.bfloat16()
+        xs.append(x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps))  # spectral norm at most 1
+    tall = [x.size(-2) > x.size(-1) for x in xs]
+    by_side: dict[int, list[int]] = {}  # the side of A -> the stacks with an A of that size
+    for i, x in enumerate(xs):
+        by_side.setdefault(min(x.shape[-2:]), []).append(i)
     for _ in range(steps):
-        gram = x @ x.mT
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.mT if tall else x
+        for side, members in by_side.items():
+            sizes = [xs[i].size(0) for i in members]
+            grams = torch.empty(sum(sizes), side, side, dtype=torch.bfloat16, device=xs[members[0]].device)
+            for i, gram in zip(members, grams.split(sizes)):
+                torch.bmm(xs[i].mT, xs[i], out=gram) if tall[i] else torch.bmm(xs[i], xs[i].mT, out=gram)
+            polys = torch.baddbmm(grams, grams, grams, beta=b, alpha=c).split(sizes)
+            for i, poly in zip(members, polys):
+                xs[i] = torch.baddbmm(xs[i], xs[i], poly, beta=a) if tall[i] else \
+                    torch.baddbmm(xs[i], poly, xs[i], beta=a)
+    return xs
 
 
-class _Bucket:
+class _Stack:
     """The matrices of one shape in one group, with their momentum buffers as views of one stacked tensor, so that
     momentum is one operation on the stack rather than one per matrix. ``state[p]["momentum_buffer"]`` holds the
     views (torch.optim.Muon's state, so checkpoints load in either)."""
@@ -58,11 +75,22 @@ class _Bucket:
 
 class BatchedMuon(torch.optim.Muon):
     """``torch.optim.Muon`` (same arguments, same ``momentum_buffer`` state, so checkpoints load in either) whose
-    step orthogonalises all same-shaped matrices of a group in one :func:`orthogonalize` call."""
+    step orthogonalises all the matrices of a group in one :func:`orthogonalize` call."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._buckets: dict[tuple, _Bucket] = {}
+        self._stacks: dict[tuple, list[_Stack]] = {}
+
+    def _stacks_of(self, gi: int, group: dict) -> list[_Stack]:
+        """The group's matrices that have a gradient, stacked by shape (kept from step to step)."""
+        live = [p for p in group["params"] if p.grad is not None]
+        key = (gi, *map(id, live))
+        if key not in self._stacks:
+            shapes: dict[tuple, list[torch.Tensor]] = {}
+            for p in live:
+                shapes.setdefault((p.shape, p.dtype, p.device), []).append(p)
+            self._stacks[key] = [_Stack(params) for params in shapes.values()]
+        return self._stacks[key]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -73,23 +101,18 @@ class BatchedMuon(torch.optim.Muon):
                 loss = closure()
         for gi, group in enumerate(self.param_groups):
             lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
-            shapes: dict[tuple, list[torch.Tensor]] = {}
-            for p in group["params"]:
-                if p.grad is not None:
-                    shapes.setdefault((p.shape, p.dtype, p.device), []).append(p)
-            for params in shapes.values():
-                key = (gi, *map(id, params))
-                if key not in self._buckets:
-                    self._buckets[key] = _Bucket(params)
-                bucket = self._buckets[key]
-                bufs = bucket.buffers(self.state)
-                grads = torch.stack([p.grad for p in params])
+            stacks = self._stacks_of(gi, group)
+            updates = []
+            for s in stacks:
+                bufs = s.buffers(self.state)
+                grads = torch.stack([p.grad for p in s.params])
                 bufs.lerp_(grads, 1 - momentum)
-                update = grads.lerp_(bufs, momentum) if group["nesterov"] else bufs
-                ortho = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
-                adjusted = _adjust_lr(lr, group["adjust_lr_fn"], params[0].shape)
-                for p, u in zip(params, ortho.unbind(0)):  # a bfloat16 update into a float32 weight, as Muon adds it
-                    if decay:
-                        p.mul_(1 - lr * decay)
-                    p.add_(u, alpha=-adjusted)
+                updates.append(grads.lerp_(bufs, momentum) if group["nesterov"] else bufs)
+            orthos = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            for s, ortho in zip(stacks, orthos):
+                if decay:
+                    torch._foreach_mul_(s.params, 1 - lr * decay)
+                # a bfloat16 update into a float32 weight, as Muon adds it
+                torch._foreach_add_(s.params, ortho.unbind(0), alpha=-_adjust_lr(lr, group["adjust_lr_fn"],
+                                                                                 s.params[0].shape))
         return loss
