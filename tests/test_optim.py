@@ -72,6 +72,25 @@ def test_the_batched_newton_schulz_makes_torch_optim_muons_updates(muon):
         assert torch.allclose(x, y, atol=1e-6, rtol=0), (x - y).abs().max()
 
 
+def test_orthogonalize_equals_torch_optim_muons_newton_schulz_on_each_matrix():
+    """Stacks of several shapes in one call (tall, wide, square; Gram sides 24 and 40, so two middle products)
+    give each matrix what torch.optim.Muon's own iteration gives it alone."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    from minigpt_cli.trainer.muon import orthogonalize
+
+    g = torch.Generator().manual_seed(0)
+    stacks = [torch.randn(b, m, n, generator=g) for b, m, n in ((3, 96, 24), (2, 24, 64), (4, 24, 24), (2, 40, 72))]
+    coefficients, steps, eps = (3.4445, -4.7750, 2.0315), 5, 1e-7
+    for stack, ortho in zip(stacks, orthogonalize(stacks, coefficients, steps, eps)):
+        assert ortho.shape == stack.shape and ortho.dtype == torch.bfloat16
+        for x, y in zip(stack, ortho):
+            expected = _zeropower_via_newtonschulz(x, coefficients, steps, eps)
+            assert torch.allclose(y.float(), expected.float(), atol=1e-6, rtol=0), (y.float() - expected).abs().max()
+            s = torch.linalg.svdvals(y.float())
+            assert s.max() < 1.5 and 0.6 < s.median() < 1.3  # singular values pulled towards 1 (S' about 0.5..1.5)
+
+
 def test_muon_follows_the_schedule_from_its_own_rate_and_its_state_reloads():
     model = tiny_model()
     tc = TrainConfig(optimizer="muon", learning_rate=2e-3, muon={"learning_rate": 0.05})
