@@ -183,6 +183,7 @@ def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_setti
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)  # 7 steps: rounded up to 2 rounds of 5
     assert r["ns_steps"] == 3 and r["n_rounds"] == 2 and set(r["step_s"]) == {"adamw", "muon", "torch.optim.Muon"}
+    assert r["step_ratio_interval"] == {"adamw": None, "muon": None, "torch.optim.Muon": None}  # 2 rounds: too few
     for name, steps in r["rounds"]["step"].items():  # the update is timed inside the step that contains it
         assert all(0 < u < s for u, s in zip(r["rounds"]["optimizer"][name], steps)), name
     import statistics
@@ -200,6 +201,17 @@ def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_setti
 
     assert_user_error(cli("bench", TINY, "--optimizers", "--prepare"), "--optimizers and --prepare", "give one")
     assert_user_error(cli("bench", TINY, "--optimizers", "--stream-tokens", "10"), "--optimizers and --stream-tokens")
+
+
+def test_the_ratios_interval_is_the_sign_tests_interval_for_the_median():
+    """Conover's table (Practical Nonparametric Statistics, 3.2): at 95%, the 6th and 15th of 20 values, the
+    40th and 61st of 100, the extremes of 6; none from 5."""
+    from minigpt_cli.bench.optimizer import median_interval
+
+    assert median_interval([float(x) for x in range(20, 0, -1)]) == (6.0, 15.0)  # ranks, whatever the order
+    assert median_interval(list(range(1, 101))) == (40, 61)
+    assert median_interval([3, 1, 2, 6, 5, 4]) == (1, 6) and median_interval([1, 2, 3, 4, 5]) is None
+    assert median_interval(list(range(1, 21)), confidence=0.5) == (8, 13)
 
 
 def test_bench_builds_a_trained_tokenizers_model_at_its_vocabulary():

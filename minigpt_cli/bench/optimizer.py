@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -39,6 +39,24 @@ _MESSAGES = {"fsdp": "note: train refuses Muon with train.parallelism fsdp; this
 
 #: Whole steps of each optimizer per round.
 ROUND_STEPS = 5
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> Optional[tuple[float, float]]:
+    """A distribution-free confidence interval for the median of ``values``: the j-th smallest and j-th largest,
+    with j the largest rank at which P(Binomial(n, 1/2) < j) is at most (1 - confidence)/2 (the sign test's
+    interval; Conover, "Practical Nonparametric Statistics", 3rd ed., section 3.2). No assumption on the rounds'
+    spread, which on a machine whose speed drifts is neither normal nor steady. Returns None where ``values``
+    are too few for any interval at ``confidence`` (fewer than 6 at 95%)."""
+    from scipy.stats import binom
+
+    n, tail = len(values), (1 - confidence) / 2
+    j = int(binom.ppf(tail, n, 0.5))  # the smallest k with P(X <= k) >= tail, so P(X <= j - 1) < tail
+    if binom.cdf(j, n, 0.5) <= tail:
+        j += 1
+    if j < 1:
+        return None
+    ordered = sorted(values)
+    return ordered[j - 1], ordered[n - j]
 
 
 class _Timed:
@@ -68,6 +86,7 @@ def bench_optimizers(cfg: Config, iters: int = 20, echo: Callable[[str], None] =
     on a CPU, decides the thread count from the cores other processes leave free, as ``bench`` does). Returns
     ``step_s``/``optimizer_s``: the median seconds over rounds; ``step_ratio``/``optimizer_ratio``: the median
     of the rounds' ratios to AdamW's; ``rounds``: each round's seconds per step, by optimizer;
+    ``step_ratio_interval``: a 95% interval for each step ratio (:func:`median_interval`; None under 6 rounds);
     ``other_cores_busy``: the cores other processes kept busy meanwhile (CPU; None where unknown).
     """
     device = resolve_device(cfg.device)
@@ -117,24 +136,34 @@ def bench_optimizers(cfg: Config, iters: int = 20, echo: Callable[[str], None] =
             rounds["optimizer"][name].append(update)
     others = busy_warning(threads, mark, "the steps", echo)
 
+    def paired(times: dict[str, list[float]]) -> dict[str, list[float]]:
+        return {n: [a / b for a, b in zip(v, times["adamw"])] for n, v in times.items()}
+
     def ratios(times: dict[str, list[float]]) -> dict[str, float]:
-        return {n: statistics.median(a / b for a, b in zip(v, times["adamw"])) for n, v in times.items()}
+        return {n: statistics.median(v) for n, v in paired(times).items()}
 
     return {"device": str(device), "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."),
             "ns_steps": tc.muon.ns_steps, "round_steps": ROUND_STEPS, "n_rounds": n_rounds,
             "other_cores_busy": others,
             "step_s": {n: statistics.median(v) for n, v in rounds["step"].items()},
             "optimizer_s": {n: statistics.median(v) for n, v in rounds["optimizer"].items()},
-            "step_ratio": ratios(rounds["step"]), "optimizer_ratio": ratios(rounds["optimizer"]), "rounds": rounds}
+            "step_ratio": ratios(rounds["step"]), "optimizer_ratio": ratios(rounds["optimizer"]),
+            "step_ratio_interval": {n: median_interval(v) for n, v in paired(rounds["step"]).items()},
+            "rounds": rounds}
 
 
 def format_bench_optimizers(result: dict[str, Any]) -> str:
     """The table of :func:`bench_optimizers`: milliseconds, and the ratios to AdamW with their spread."""
-    lines = [f"{'optimizer':<18} {'step ms':>8} {'x AdamW':>8} {'update ms':>10} {'x AdamW':>8}"]
+    def interval(name: str) -> str:
+        lo_hi = result["step_ratio_interval"][name]
+        return f"{lo_hi[0]:.3f}-{lo_hi[1]:.3f}" if lo_hi else "too few rounds"
+
+    lines = [f"{'optimizer':<18} {'step ms':>8} {'x AdamW':>8} {'95% interval':>14} {'update ms':>10} {'x AdamW':>8}"]
     for name, s in result["step_s"].items():
-        lines.append(f"{name:<18} {s * 1e3:8.1f} {result['step_ratio'][name]:8.3f} "
+        lines.append(f"{name:<18} {s * 1e3:8.1f} {result['step_ratio'][name]:8.3f} {interval(name):>14} "
                      f"{result['optimizer_s'][name] * 1e3:10.2f} {result['optimizer_ratio'][name]:8.2f}")
     per_round = [m / a for m, a in zip(result["rounds"]["step"]["muon"], result["rounds"]["step"]["adamw"])]
     lines.append(f"muon's step / AdamW's, by round: {', '.join(f'{x:.3f}' for x in per_round)} "
-                 f"(median {result['step_ratio']['muon']:.3f}; {result['threads']} threads)")
+                 f"(median {result['step_ratio']['muon']:.3f}, 95% interval {interval('muon')} over "
+                 f"{result['n_rounds']} rounds; {result['threads']} threads)")
     return "\n".join(lines)
