@@ -4,7 +4,7 @@
 16 matrices of 4 shapes, three small products per iteration each, 240 a step. :class:`BatchedMuon` stacks the
 matrices of one shape and runs the iteration on the stack (``torch.baddbmm``), as nanochat's ``MuonAdamW`` and
 modded-nanogpt do, and takes the middle product of every stack whose Gram matrices have one size in a single call:
-35 products a step there. Each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so the
+45 a step there. Each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so the
 updates agree (tests/test_optim.py holds them equal over several steps). BENCHMARKS.md, "Muon's step", has the
 cost.
 """
