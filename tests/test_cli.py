@@ -435,7 +435,7 @@ def test_a_ctrl_c_in_prepare_or_sweep_is_the_common_stopped_line(cli, monkeypatc
 
     monkeypatch.setattr(pipeline, "prepare_configured", interrupted)
     res = cli("prepare", TINY)
-    assert (res.exit_code, res.stderr.splitlines()) == (130, ["stopped by Ctrl-C (partial files removed)"]), res
+    assert (res.exit_code, res.stderr.splitlines()) == (130, ["stopped by Ctrl-C (no file left half-written)"]), res
 
     def stopped(*args, **kwargs):
         raise Interrupted("stopped by SIGINT at step 3", resume_dir=tmp_path)

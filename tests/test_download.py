@@ -545,6 +545,6 @@ def test_termination_during_a_download_leaves_no_partial_file(tmp_path, sig):
         for c in conns:
             c.close()
     assert proc.returncode == 128 + getattr(signal, sig), err
-    assert err.strip().splitlines()[-1] == f"stopped by {sig} (partial files removed)", err
+    assert err.strip().splitlines()[-1] == f"stopped by {sig} (no file left half-written)", err
     assert "Traceback" not in err
     assert leftovers(tmp_path / "data") == []

@@ -316,4 +316,4 @@ def test_a_ctrl_c_inside_any_command_says_so(cli, monkeypatch):
     monkeypatch.setattr(count, "count_params", interrupted)
     res = cli("count-params", "--preset", "gpt2-small")
     assert res.exit_code == 130, res
-    assert res.stderr.splitlines() == ["stopped by Ctrl-C (partial files removed)"], res
+    assert res.stderr.splitlines() == ["stopped by Ctrl-C (no file left half-written)"], res

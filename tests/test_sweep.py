@@ -65,6 +65,13 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
                      "summary.json", "summary.md", "summary.png", "sweep.json"]
     assert (tmp_path / "b" / "runs" / "s" / "summary.png").stat().st_size > 10_000
     assert "| ffn-relu |" in (tmp_path / "b" / "runs" / "s" / "summary.md").read_text()
+    # compare on the folder keeps the sweep file's order (relu, then gelu), not the names' order
+    from minigpt_cli.experiments.compare import expand, summarize
+
+    assert json.loads((tmp_path / "b" / "runs" / "s" / "sweep.json").read_text())["done"] == [
+        "ffn-relu-s1337", "ffn-relu-s1338", "ffn-gelu-s1337", "ffn-gelu-s1338"]
+    assert [r["variant"] for r in summarize(expand([tmp_path / "b" / "runs" / "s"]))["rows"]] == [
+        "ffn-relu", "ffn-gelu"]
     # Started once more, nothing is left to run, and the sweep file may not change under it.
     with working_dir(tmp_path / "b"):
         write_sweep(tmp_path / "b", data_dir, budget={"iters": 30})

@@ -205,8 +205,8 @@ def _fail(message: str, code: int = EXIT_USAGE, prefix: str = "error: ") -> None
 
 
 #: Said when a signal stops a command that does not answer it itself (``train`` says more):
-#: what was being written is removed (files are written to a temporary name, then renamed).
-STOPPED = "stopped by {name} (partial files removed)"
+#: a file being written is removed, none is left half-written (each goes to a temporary name, then is renamed).
+STOPPED = "stopped by {name} (no file left half-written)"
 
 #: Longest error line printed; a message quoting a huge value is cut there.
 _MAX_ERROR = 2000

@@ -62,6 +62,8 @@ _MESSAGES = {
 }
 #: The files a summary writes; summary.json is also what proves an earlier summary minigpt's.
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.json", "summary.png")
+#: A sweep's state in its folder (written by ``sweep``): its runs done, in the sweep file's order.
+SWEEP_STATE = "sweep.json"
 
 #: Config keys that never make two runs different variants; with the seed and the corpus, different runs.
 _SAME_RUN = {"name", "train.out_dir", "tokenizer.path"}
@@ -132,9 +134,19 @@ def read_run(path: Path) -> RunRecord:
     return RunRecord(path, saved, evals, rates, note)
 
 
+def _sweep_order(folder: Path) -> dict[str, int]:
+    """A sweep folder's runs done, by name, in the order of the sweep's file (its :data:`SWEEP_STATE`'s ``done``);
+    empty for another folder, or a state file that does not read as one (``sweep`` names that)."""
+    try:
+        done = json.loads((folder / SWEEP_STATE).read_text(encoding="utf-8")).get("done")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {name: i for i, name in enumerate(done)} if isinstance(done, list) else {}
+
+
 def expand(paths: list[Path]) -> list[Path]:
-    """Run folders: each path itself when it is one, else those inside it; a :class:`MinigptError` if neither, or
-    no path is given."""
+    """Run folders: each path itself when it is one, else those inside it (a sweep's in its file's order, others
+    by name); a :class:`MinigptError` if neither, or no path is given."""
     refuse([(not paths, "nothing")], _MESSAGES)
     out = []
     for p in paths:
@@ -142,6 +154,8 @@ def expand(paths: list[Path]) -> list[Path]:
             out.append(p)
             continue
         inside = sorted(q for q in p.iterdir() if (q / runs.CONFIG).is_file()) if p.is_dir() else []
+        order = _sweep_order(p) if inside else {}
+        inside.sort(key=lambda q: order.get(q.name, len(order)))  # stable: runs the sweep has not done, by name
         if not inside:
             raise MinigptError(_MESSAGES["not_run"].format(path=str(p)))
         out += inside
