@@ -277,6 +277,22 @@ def test_the_shipped_experiments_are_package_data_and_the_checkout_links_to_them
     assert all((repo / "experiments" / name).resolve() == Path(str(SHIPPED)) / name for name in shipped)
 
 
+def test_every_shipped_experiments_variants_train_different_configs():
+    """A variant that resolves to another's config would train the same model twice (compare counts it as repeats,
+    not as the comparison its name promises): as ``optimizer``'s ``adamw`` once did, after the recipe it builds
+    on moved to Muon."""
+    for path in sorted(Path(str(SHIPPED)).glob("*.yaml")):
+        if path.name == "base.yaml":
+            continue
+        sweep = load_sweep(path)
+        configs: dict[str, str] = {}
+        for run in sweep.runs:
+            if run.seed == sweep.runs[0].seed:
+                flat = {k: v for k, v in run.cfg.flat().items() if k not in ("name", "train.out_dir", "seed")}
+                configs[run.variant] = json.dumps(flat, sort_keys=True, default=str)
+        assert len(configs) > 1 and len(set(configs.values())) == len(configs), path.name
+
+
 def test_a_worker_with_other_settings_or_a_folder_of_another_study_is_refused(tmp_path, data_dir):
     """The study records the sweep's settings: a worker with another --budget (its runs would count as seeds
     of the same variants) is refused naming the difference; a folder whose runs belong to another study (here,
