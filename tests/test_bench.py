@@ -197,6 +197,7 @@ def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_setti
             assert r[f"{kind}_s"][name] == statistics.median(times)
     table = cli("bench", TINY, "--optimizers", "--iters", "5")
     assert table.exit_code == 0 and "muon's step / AdamW's, by round:" in table.stdout, table
+    assert "n/a (<6 rounds)" in table.stdout and "over 1 round;" in table.stdout  # 1 round: no interval
     from helpers import assert_user_error
 
     assert_user_error(cli("bench", TINY, "--optimizers", "--prepare"), "--optimizers and --prepare", "give one")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
+
 import typer
 
 from .base import Command, JsonOption, SetOption, app, echo
@@ -16,7 +18,11 @@ _MESSAGES = {"two_modes": "--optimizers and {other} are two different measuremen
 def bench(
     config: Path = typer.Argument(..., help="YAML config whose model, batch, device and dtype to measure."),
     set_: SetOption = [],
-    iters: int = typer.Option(20, "--iters", min=1, help="Timed optimizer steps (after 3 warm-up steps)."),
+    iters: Optional[int] = typer.Option(
+        None, "--iters", min=1, show_default=False,
+        help="Timed optimizer steps: 20 by default, after 3 warm-up steps; with --optimizers, steps of each "
+             "optimizer: 100 by default (20 rounds), after a warm-up round; 30 or more give a 95% interval.",
+    ),
     prompt_len: int = typer.Option(1, "--prompt-len", min=1, help="Prompt tokens for the generation measurement."),
     max_new_tokens: int = typer.Option(500, "--max-new-tokens", min=1, help="Tokens generated with and without the cache."),
     generation: bool = typer.Option(True, "--generation/--no-generation", help="Also measure generation."),
@@ -34,7 +40,7 @@ def bench(
         False, "--optimizers",
         help="Instead, time the training step under AdamW, Muon (train.muon.*) and torch.optim.Muon in "
              "alternating rounds of 5 steps (--iters steps each, rounded up to whole rounds), as ratios to "
-             "AdamW's step.",
+             "AdamW's step with a 95% interval.",
     ),
     as_json: JsonOption = False,
 ) -> None:
@@ -60,14 +66,14 @@ def bench(
         print(json.dumps(result, indent=1) if as_json else format_bench_prepare(result))
         return
     if optimizers:
-        from ..bench.optimizer import bench_optimizers, format_bench_optimizers
+        from ..bench.optimizer import DEFAULT_ITERS, bench_optimizers, format_bench_optimizers
 
-        result = bench_optimizers(cfg, iters=iters, echo=echo)
+        result = bench_optimizers(cfg, iters=iters or DEFAULT_ITERS, echo=echo)
         print(json.dumps(result, indent=1) if as_json else format_bench_optimizers(result))
         return
     from ..bench.throughput import bench as run_bench
     from ..bench.throughput import format_bench
 
-    result = run_bench(cfg, iters=iters, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+    result = run_bench(cfg, iters=iters or 20, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
                        generation=generation, stream_tokens=stream_tokens, echo=echo)
     print(json.dumps(result, indent=1) if as_json else format_bench(result))
