@@ -134,7 +134,7 @@ def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_p
     ({"pos_encoding": "sinusoidal"}, "model.pos_encoding='sinusoidal'", "model.pos_encoding=learned"),
     ({"pos_encoding": "none"}, "model.pos_encoding='none'", "model.pos_encoding=learned"),
     ({"norm_position": "post"}, "model.norm_position='post'", "model.norm_position=pre"),
-    ({"emb_scale": True}, "model.emb_scale=True", "model.emb_scale=false"),
+    ({"emb_scale": True}, "model.emb_scale=true", "model.emb_scale=false"),
     ({"norm": "rmsnorm"}, "model.norm='rmsnorm'", "model.norm=layernorm exports as GPT-2"),
     ({"ffn": "swiglu"}, "model.ffn='swiglu'", "model.ffn=gelu_tanh exports as GPT-2"),
     ({"n_kv_head": 2}, "model.n_kv_head=2", "model.n_kv_head=null exports as GPT-2"),
@@ -179,7 +179,7 @@ def test_a_model_switch_the_table_does_not_list_is_refused_unless_at_its_default
         qk_norm: bool = Field(False)
 
     assert hf_target(WithQKNorm(pos_encoding="rope", ffn="relu")) == "gpt_neox"
-    with pytest.raises(MinigptError, match="model.qk_norm=True has no equivalent") as e:
+    with pytest.raises(MinigptError, match="model.qk_norm=true has no equivalent") as e:
         hf_target(WithQKNorm(pos_encoding="rope", ffn="relu", qk_norm=True))
     assert "model.qk_norm=false exports as GPT-NeoX" in str(e.value)
     with pytest.raises(MinigptError, match="--arch llama: Llama cannot express model.norm='layernorm'"):

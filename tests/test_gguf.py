@@ -94,18 +94,31 @@ def test_q8_0_names_the_tensor_whose_rows_are_not_whole_blocks(run, tmp_path):
     ({"pos_encoding": "sinusoidal"}, "model.pos_encoding='sinusoidal'"),
     ({"ffn": "gelu"}, "model.ffn='gelu'"),  # llama.cpp's GPT-2 computes the tanh GELU
     ({"ffn": "gelu_tanh", "d_ff": 64}, "model.d_ff=64"),
-    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "bias": True}, "model.bias=True"),
+    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "bias": True}, "model.bias=true"),
     ({"pos_encoding": "rope", "norm": "layernorm", "ffn": "relu"}, "model.norm='layernorm'"),
     # issue 29's switches: neither graph computes them (a traceback, or a silently dropped cap, before)
-    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "qk_norm": True},
-     "model.qk_norm=True: GGUF's llama computes qk_norm false; train with model.qk_norm: false"),
-    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "logit_softcap": 15.0},
+    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "bias": False, "qk_norm": True},
+     "model.qk_norm=true: GGUF's llama computes qk_norm false; train with model.qk_norm: false"),
+    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "bias": False, "logit_softcap": 15.0},
      "model.logit_softcap=15.0: GGUF's llama computes logit_softcap null"),
-    ({"ffn": "gelu_tanh", "value_embeddings": True}, "model.value_embeddings=True"),
+    ({"ffn": "gelu_tanh", "value_embeddings": True}, "model.value_embeddings=true"),
 ])
 def test_a_run_gguf_cannot_hold_is_refused_naming_the_key(changes, key):
     with pytest.raises(MinigptError, match=key.replace(".", r"\.").replace("(", r"\(")):
         gguf_arch(ModelConfig(n_embd=32, n_head=2, **changes))
+
+
+def test_every_key_gguf_cannot_hold_is_named_in_one_line_with_the_tokenizer():
+    """The Quickstart's run (rope, LayerNorm, ReLU, characters): one refusal names all four fixes, so one retraining
+    is enough (it named one key per try before)."""
+    mc = ModelConfig(n_embd=32, n_head=2, pos_encoding="rope", norm="layernorm", ffn="relu", bias=False)
+    with pytest.raises(MinigptError) as err:
+        gguf_arch(mc, "char")
+    assert str(err.value) == ("model.norm='layernorm', model.ffn='relu', tokenizer.kind='char': GGUF's llama computes "
+                              "norm rmsnorm, ffn swiglu and llama.cpp reads only a byte-level BPE; train with "
+                              "model.norm: rmsnorm, model.ffn: swiglu, tokenizer.kind: bpe")
+    fixed = mc.model_copy(update={"norm": "rmsnorm", "ffn": "swiglu"})
+    assert gguf_arch(fixed, "bpe") == "llama"  # what the line says to change is all there was
 
 
 def test_a_char_tokenizer_is_refused_naming_its_kind():

@@ -41,10 +41,10 @@ _MESSAGES = {
                   "export: pass a new or empty --output",
     "not_ours": "{out} is not an export minigpt wrote (its config.json carries no minigpt mark); --force "
                 "replaces only an earlier export: pass a new or empty --output",
-    "unsupported": "model.{key}={value!r} has no equivalent in transformers' GPT-2, Llama, GPT-NeoX or Qwen3, so "
+    "unsupported": "model.{key}={value} has no equivalent in transformers' GPT-2, Llama, GPT-NeoX or Qwen3, so "
                    "this run cannot be exported; the nearest, {name}, takes model.{key} {takes}: a run trained with "
                    "{changes} exports as {name}",
-    "arch": "--arch {arch}: {name} cannot express model.{key}={value!r} (it takes {takes}); {fix}",
+    "arch": "--arch {arch}: {name} cannot express model.{key}={value} (it takes {takes}); {fix}",
     "arch_other": "drop --arch: the run exports as {other}",
     "arch_train": "a run trained with {changes} exports as {name}",
     "char_drops": "note: the exported char tokenizer removes characters outside its {n}-character alphabet "
@@ -105,10 +105,19 @@ def _misses(mc: ModelConfig, target: str) -> list[tuple[str, Any]]:
     return [(key, values) for key, values in allowed.items() if getattr(mc, key) not in values]
 
 
+def _spelled(value: Any) -> str:
+    """``value`` as a config file or --set spells it: true, null, 15.0, relu."""
+    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
+
+
+def _shown(value: Any) -> str:
+    """A run's value in a refusal: a string quoted (``'layernorm'``), anything else as :func:`_spelled`."""
+    return repr(value) if isinstance(value, str) else _spelled(value)
+
+
 def _setting(key: str, values: tuple) -> str:
     """``model.KEY=VALUE`` for a value ``values`` takes, as --set reads it."""
-    value = values[0]
-    return f"model.{key}={json.dumps(value) if value is None or isinstance(value, bool) else value}"
+    return f"model.{key}={_spelled(values[0])}"
 
 
 def hf_target(mc: ModelConfig, arch: Optional[str] = None) -> str:
@@ -122,11 +131,11 @@ def hf_target(mc: ModelConfig, arch: Optional[str] = None) -> str:
     nearest = arch or min(misses, key=lambda target: len(misses[target]))
     (key, values), name = misses[nearest][0], ARCHITECTURES[nearest][1]
     changes = ", ".join(_setting(k, v) for k, v in misses[nearest])
-    takes = " or ".join(map(str, values))
+    takes = " or ".join(map(_spelled, values))
     fix = (_MESSAGES["arch_other"].format(other=ARCHITECTURES[fits[0]][1]) if fits
            else _MESSAGES["arch_train"].format(changes=changes, name=name))
     raise MinigptError(_MESSAGES["arch" if arch else "unsupported"].format(
-        arch=arch, key=key, value=getattr(mc, key), name=name, takes=takes, changes=changes, fix=fix),
+        arch=arch, key=key, value=_shown(getattr(mc, key)), name=name, takes=takes, changes=changes, fix=fix),
         key=f"model.{key}")
 
 

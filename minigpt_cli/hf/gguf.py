@@ -17,7 +17,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..config.schema import ModelConfig
 from ..config.special_tokens import END_OF_TEXT
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 _MESSAGES = {
     "positions": "model.pos_encoding={positions!r}: GGUF holds learned (gpt2) or rope (llama); train with one",
-    "unsupported": "model.{key}={value!r}: GGUF's {arch} computes {key} {want}; train with model.{key}: {want}",
+    "unsupported": "{have}: {why}; train with {fixes}",
     "tokenizer": "tokenizer.kind={kind!r}: llama.cpp reads only a byte-level BPE; train with tokenizer.kind: bpe",
     "no_eos": "the tokenizer lacks an end-of-text token; train with tokenizer.special_tokens: ['<|endoftext|>']",
     "no_merges": "the tokenizer has no merges (GGUF stores none); train with tokenizer.vocab_size above {size}",
@@ -53,6 +53,9 @@ _PREFIX = {"gpt2": "transformer.", "llama": "model."}
 _DTYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
 
 
+#: The tokenizer kinds that are no byte-level BPE, refused from the config alone (a bpe or hf one is read whole).
+_NOT_BPE = ("char", "wordpiece", "unigram")
+
 #: The model keys both GGUF architectures take at any value: sizes, and what only training reads. Any other key
 #: must be at its schema default unless :func:`_fixed` says otherwise, so a switch added later is refused, not
 #: written into a file that computes something else.
@@ -69,17 +72,27 @@ def _fixed(mc: ModelConfig) -> dict[str, dict]:
             "llama": {"norm": "rmsnorm", "ffn": "swiglu", "bias": False}}
 
 
-def gguf_arch(mc: ModelConfig) -> str:
+def gguf_arch(mc: ModelConfig, tokenizer_kind: Optional[str] = None) -> str:
     """``gpt2`` (learned positions) or ``llama`` (RoPE): the GGUF architecture that computes what ``mc`` does; a
-    :class:`MinigptError` names the first key it would compute otherwise (:func:`_fixed`)."""
+    :class:`MinigptError` names every key it would compute otherwise (:func:`_fixed`) in one line, with
+    ``tokenizer_kind`` when it is one llama.cpp cannot read (not a BPE), so that one retraining fixes them all."""
     arch = {"learned": "gpt2", "rope": "llama"}.get(mc.pos_encoding)
+    refuse([(arch is None, "positions")], _MESSAGES, positions=mc.pos_encoding)
     have = {**mc.model_dump(), "d_ff": mc.ffn_hidden, "n_kv_head": mc.kv_heads}
     defaults = {k: f.get_default(call_default_factory=True) for k, f in type(mc).model_fields.items() if k not in _FREE}
-    want = {**defaults, **_fixed(mc).get(arch, {})}
-    key = next((k for k, v in want.items() if have[k] != v), None)
-    spelled = json.dumps(want.get(key)) if want.get(key) is None or isinstance(want.get(key), bool) else want.get(key)
-    refuse([(arch is None, "positions"), (key, "unsupported")], _MESSAGES, key=key, value=have.get(key),
-           want=spelled, arch=arch, positions=mc.pos_encoding)
+    want = {**defaults, **_fixed(mc)[arch]}
+    wrong = [k for k, v in want.items() if have[k] != v]
+    def yaml(value: Any) -> str:  # as a config file spells it: true, null
+        return json.dumps(value) if value is None or isinstance(value, bool) else value
+
+    spelled = {k: yaml(want[k]) for k in wrong}
+    tokenizer = tokenizer_kind in _NOT_BPE
+    haves = ([f"model.{k}={yaml(have[k]) if not isinstance(have[k], str) else repr(have[k])}" for k in wrong]
+             + [f"tokenizer.kind={tokenizer_kind!r}"] * tokenizer)
+    why = ([f"GGUF's {arch} computes " + ", ".join(f"{k} {spelled[k]}" for k in wrong)] * bool(wrong)
+           + ["llama.cpp reads only a byte-level BPE"] * tokenizer)
+    fix = [f"model.{k}: {spelled[k]}" for k in wrong] + ["tokenizer.kind: bpe"] * tokenizer
+    refuse([(haves, "unsupported")], _MESSAGES, have=", ".join(haves), why=" and ".join(why), fixes=", ".join(fix))
     return arch
 
 
@@ -241,7 +254,7 @@ def export_gguf(run: Optional[str | Path], output: str | Path, *, dtype: str = "
             (force and out.exists() and not _is_ours(out), "not_ours")], _MESSAGES, out=out, mark=GGUF_MARK)
     loaded = load_run(run_dir, checkpoint)  # generate's checks: checksums, finite weights, the run's own tokenizer
     cfg = loaded.config
-    arch = gguf_arch(cfg.model)
+    arch = gguf_arch(cfg.model, cfg.tokenizer.kind)
     vocab = tokenizer_fields(loaded.tokenizer, cfg.tokenizer.kind, cfg.model.vocab_size)
     tensors = gguf_tensors(loaded.model, cfg.model, arch)
     _q8_0_refusal(tensors, dtype)
