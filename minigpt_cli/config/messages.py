@@ -50,6 +50,8 @@ RULES = {
                      "model.init_from to the model's folder"),
     "set_syntax": "--set {item!r}: expected section.key=value, e.g. --set train.learning_rate=3e-4",
     "config_folder": "config {path!r} is a folder; pass a YAML file, e.g. configs/shakespeare-cpu.yaml",
+    "config_utf8": "config {path!r} is not UTF-8 text (byte 0x{byte:02x} at byte {at}); convert it to UTF-8, e.g. "
+                   "with iconv",
 }
 
 #: What a value refused by a pattern is told, by key (pydantic would quote the regular expression).

@@ -452,4 +452,6 @@ def _unreadable(p: Path, exc: Exception) -> str:
         configs = list_configs()
         hint = f"; shipped configs (pass the name alone): {', '.join(configs)}" if configs else ""
         return f"config file {str(p)!r} not found{hint}"
+    if isinstance(exc, UnicodeDecodeError):
+        return RULES["config_utf8"].format(path=str(p), byte=exc.object[exc.start], at=exc.start)
     return f"cannot read config {str(p)!r}: {exc}"

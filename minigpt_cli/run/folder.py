@@ -62,6 +62,8 @@ _MESSAGES = {
     "only_best": ("{path!r} has no last checkpoint (its write failed) but best, step {step}, is intact",
                   "resume from best: cp -r {best} {last} && minigpt train ... --resume {run}"),
     "meta": ("{path} is missing or damaged ({why})", "use --checkpoint {other}, or copy meta.json from it"),
+    "meta_only": ("{path} is missing or damaged ({why}); the run has no other checkpoint",
+                  "restore meta.json from a copy, or train the run again"),
     "no_run": ("run folder {path!r} not found", "pass a run folder (runs/NAME) of a trained run"),
     "sweep": ("{path!r} is a sweep's folder, not a run: it holds {held}",
               "pass one of its runs, e.g. {first}, or compare them: minigpt compare {path}"),
@@ -69,6 +71,7 @@ _MESSAGES = {
                 "train one first (minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME"),
     "which": ("--checkpoint {which!r}: use {BEST}, {LAST} or a kept step-N (train.keep_every)", None),
     "resume": ("--resume {path}: no such run folder", None),
+    "resume_file": ("--resume {path} is a file, not a run folder", "pass the run's folder (runs/NAME), or auto"),
     "not_folder": ("{path!r} exists and is not a folder", "pick another --run-name"),
     "resumable": ("run folder {path!r} already exists", "pick another --run-name, or continue it with --resume {path}"),
     "unsaved": ("run folder {path!r} holds a run that stopped before its first save",
@@ -176,12 +179,14 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
     damaged (naming the field) or edited since it was written."""
     path = resolve(ckpt) / META
     other = {BEST: LAST, LAST: BEST}.get(Path(ckpt).name, "another checkpoint")
+    # the fix names the other checkpoint only where there is one (best falls back to last before any eval)
+    key = "meta" if other not in (BEST, LAST) or has_weights(Path(ckpt).parent / other) else "meta_only"
     with errors_as({PermissionError: os_error(path, "read", in_run=True),  # unreadable, not damaged
-                    OSError: lambda exc: fail("meta", path=path, why=exc.strerror, other=other),
-                    ValidationError: lambda exc: fail("meta", path=path, why=schema_problem(exc), other=other)}):
+                    OSError: lambda exc: fail(key, path=path, why=exc.strerror, other=other),
+                    ValidationError: lambda exc: fail(key, path=path, why=schema_problem(exc), other=other)}):
         meta = Meta.model_validate_json(path.read_bytes()).model_dump(exclude_unset=True)
     if meta.get("meta_sha256", meta_digest(meta)) != meta_digest(meta):
-        raise fail("meta", path=path, why="its fields differ from the digest they were written with", other=other)
+        raise fail(key, path=path, why="its fields differ from the digest they were written with", other=other)
     return meta
 
 
@@ -259,7 +264,8 @@ def find_resume_dir(out_dir: str | Path, name: str, resume: str,
     run_dir = Path(resume)
     last, best = checkpoint_dir(run_dir, LAST), checkpoint_dir(run_dir, BEST)
     only_best = run_dir.is_dir() and not has_weights(last) and has_weights(best)
-    problem = _first((not run_dir.is_dir(), "resume", {"path": resume}),
+    problem = _first((run_dir.is_file(), "resume_file", {"path": resume}),
+                     (not run_dir.is_dir(), "resume", {"path": resume}),
                      (only_best, "only_best", {"path": str(run_dir / CHECKPOINTS), "best": best, "last": last,
                                                "run": run_dir, "step": only_best and read_meta(best).get("step")}))
     if problem is not None:
