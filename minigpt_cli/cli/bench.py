@@ -11,15 +11,21 @@ import typer
 from .base import Command, JsonOption, SetOption, app, echo
 
 #: What ``bench`` refuses.
-_MESSAGES = {"two_modes": "--optimizers and {other} are two different measurements; give one of them"}
+_MESSAGES = {"two_modes": "--optimizers and {other} are two different measurements; give one of them",
+             "unread": "{mode} does not read {options} (the plain bench's measurement); drop {them}"}
+
+#: The options each other mode leaves unread: given with it, they are refused rather than silently dropped.
+_UNREAD = {"--optimizers": ("prompt_len", "max_new_tokens", "generation"),
+           "--prepare": ("iters", "prompt_len", "max_new_tokens", "generation")}
 
 
 @app.command(cls=Command)
 def bench(
+    ctx: typer.Context,
     config: Path = typer.Argument(..., help="YAML config whose model, batch, device and dtype to measure."),
     set_: SetOption = [],
     iters: Optional[int] = typer.Option(
-        None, "--iters", min=1, show_default=False,
+        None, "--iters", min=1, max=1_000_000, show_default=False,
         help="Timed optimizer steps: 20 by default, after 3 warm-up steps; with --optimizers, steps of each "
              "optimizer: 100 by default (20 rounds), after a warm-up round; 30 or more give a 95% interval.",
     ),
@@ -58,6 +64,13 @@ def bench(
 
     if optimizers and (prepare or stream_tokens):
         raise MinigptError(_MESSAGES["two_modes"].format(other="--prepare" if prepare else "--stream-tokens"))
+    mode = "--optimizers" if optimizers else "--prepare" if prepare else None
+    given = [p for p in ctx.command.params if p.name in _UNREAD.get(mode, ())
+             and ctx.get_parameter_source(p.name).name != "DEFAULT"]
+    if given:
+        names = ["/".join(p.opts + p.secondary_opts) for p in given]
+        raise MinigptError(_MESSAGES["unread"].format(mode=mode, options=", ".join(names),
+                                                      them="it" if len(names) == 1 else "them"))
     cfg = load_config(config, set_, note=echo)
     if prepare:
         from ..bench.prepare import bench_prepare, format_bench_prepare
