@@ -227,6 +227,10 @@ def test_train_tokenizer_char(cli, tmp_path, monkeypatch, data_dir):
     assert res.exit_code == 0, res
     assert "vocabulary size     65" in res.stdout and "111,540" in res.stdout and "exact" in res.stdout
     assert json.loads(out.read_text())["kind"] == "char"
+    # an output that cannot be written is refused before the training, not after it (QA)
+    res = cli("train-tokenizer", "--set", f"data.data_dir={data_dir}", "--kind", "char", "--output", out / "t.json")
+    assert_user_error(res, f"cannot write {out / 't.json'}", "a file is in the way")
+    assert "training a" not in res.stderr
 
 
 def test_help_is_fast_because_torch_is_lazy():

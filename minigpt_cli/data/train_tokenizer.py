@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 from ..config.schema import Config
 from ..config.special_tokens import check_special_tokens
 from ..errors import MinigptError
-from ..fileio import errors_as
+from ..fileio import check_writable, errors_as
 from ..paths import default_tokenizer_path
 from ..tokenizer.kinds import KINDS, Tokenizer
 from ..tokenizer.training import check_vocab_size, train_tokenizer
@@ -112,6 +112,7 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     if out.exists() and Path(corpus.source).exists() and os.path.samefile(out, corpus.source):
         raise MinigptError(f"--output {str(out)!r} is the text the tokenizer trains on; writing there would "
                            "replace it: pass another --output")
+    check_writable(out, folder=False)  # before the training, not after it
     status = f"training a {kind} tokenizer of {vocab_size or 0:,} entries on {corpus.source} ({len(text):,} characters)"
     t0 = time.perf_counter()
     tok = train_tokenizer(kind, text, vocab_size, specials, on_start=lambda: echo(status))
