@@ -228,7 +228,9 @@ def test_train_tokenizer_char(cli, tmp_path, monkeypatch, data_dir):
     assert "vocabulary size     65" in res.stdout and "111,540" in res.stdout and "exact" in res.stdout
     assert json.loads(out.read_text())["kind"] == "char"
     # an output that cannot be written is refused before the training, not after it (QA)
-    res = cli("train-tokenizer", "--set", f"data.data_dir={data_dir}", "--kind", "char", "--output", out / "t.json")
+    (tmp_path / "small.txt").write_text("to be or not to be, that is the question\n" * 50)
+    res = cli("train-tokenizer", "--kind", "bpe", "--vocab-size", "300", "--input", tmp_path / "small.txt",
+              "--output", out / "t.json")
     assert_user_error(res, f"cannot write {out / 't.json'}", "a file is in the way")
     assert "training a" not in res.stderr
 
