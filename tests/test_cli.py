@@ -451,3 +451,10 @@ def test_a_ctrl_c_in_prepare_or_sweep_is_the_common_stopped_line(cli, monkeypatc
     assert res.exit_code == 130, res
     assert res.stderr.splitlines() == [f"stopped by SIGINT at step 3; continue the sweep with: minigpt sweep "
                                        f"'{tmp_path / 'my sweep.yaml'}'"], res
+
+
+def test_version_is_the_installed_packages(cli):
+    from importlib.metadata import version
+
+    res = cli("--version")
+    assert res.exit_code == 0 and res.stdout == f"minigpt {version('minigpt-cli')}\n", res

@@ -57,7 +57,9 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
         state = json.loads(Path("runs/s/sweep.json").read_text())
         assert state["done"] == ["ffn-relu-s1337", "ffn-relu-s1338"]
         monkeypatch.setattr(loop.Trainer, "log_train", log_train)
-        again = run_sweep(write_sweep(tmp_path / "b", data_dir))
+        said: list[str] = []
+        again = run_sweep(write_sweep(tmp_path / "b", data_dir), echo=said.append)
+    assert "sweep s: 4 runs (2 done, 1 to resume: ffn-gelu-s1337), 2 variants" in said[0], said
     for a, b in zip(whole["rows"], again["rows"]):
         assert {k: a[k] for k in EXACT} == {k: b[k] for k in EXACT}
     files = sorted(p.name for p in (tmp_path / "b" / "runs" / "s").iterdir())

@@ -444,3 +444,17 @@ app = typer.Typer(
     name="minigpt", cls=Group, help="Train, sample and measure small GPT models (decoder-only Transformers).",
     **TYPER_SETTINGS,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"minigpt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print minigpt's version and exit.")) -> None:
+    """Train, sample and measure small GPT models (decoder-only Transformers)."""

@@ -180,7 +180,7 @@ def export(
     force: bool = typer.Option(False, "--force", help="Replace DIR if it exists and is not empty (gguf: FILE, if "
                                                       "an earlier export)."),
 ) -> None:
-    """Write a run as a Hugging Face transformers folder.
+    """Write a run as a Hugging Face transformers folder, or as a GGUF file (--format gguf).
 
     DIR gets config.json, model.safetensors, tokenizer.json,
     tokenizer_config.json and generation_config.json:

@@ -52,7 +52,7 @@ _MESSAGES = {
     "search_variants": "{path}: search: and variants: cannot go together; give the variants' keys as lists of "
                        "choices under search.params",
     "overrides": "the command line's --set/--seeds/--budget changed since this sweep started in {folder} ({what}); "
-                 "give the ones it started with, or give the sweep another name: to start a new one",
+                 "give the ones it started with, or move {folder} away to start it afresh",
     "budget": "{path}: budget: give exactly one of iters, tokens or seconds",
     "seeds": "{path}: seeds: the list must be without repeats",
     "no_variants": "{path}: give grid: or variants: (at least one variant to run)",
@@ -66,8 +66,8 @@ _MESSAGES = {
                    "another study's settings; pass that storage, or give the sweep another name:",
     "study_changed": "the study {name!r} in {storage} was started with other settings ({what}); join it with the "
                      "same sweep file and --set/--seeds/--budget, or give the sweep another name:",
-    "changed": "{source} changed since this sweep started in {folder} ({what}); restore it, or give the sweep "
-               "another name: to start a new one",
+    "changed": "{source} changed since this sweep started in {folder} ({what}); restore it, or move {folder} "
+               "away to start it afresh",
     "taken": "{folder} exists and is not a sweep's folder (no sweep.json); give the sweep in {path} another "
              "name:",
     "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
@@ -540,7 +540,9 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
         echo(_MESSAGES["gone"].format(names=", ".join(gone)))
         state["done"] = [name for name in state["done"] if name not in gone]
     todo = [r for r in sweep.runs if r.name not in state["done"]]
-    echo(f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done), "
+    cut = [r.name for r in todo if runs.has_checkpoint(sweep.folder / r.name)]  # what a stopped sweep left
+    echo(f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done"
+         f"{f', {len(cut)} to resume: ' + ', '.join(cut) if cut else ''}), "
          f"{len({r.variant for r in sweep.runs})} variants; runs in {sweep.folder}")
     with bar(total=len(sweep.runs), initial=len(sweep.runs) - len(todo)) as progress_bar:
         def done(run: Run) -> None:
