@@ -19,6 +19,8 @@ LONG_ON_CPU_S = 30 * 60.0
 #: forward (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1: C ≈ 6N per token, 2N forward).
 STEP_PER_FORWARD = 3.0
 
+#: The CPU recipes by config name: a run of one of them made long on purpose gets no pointer to them.
+CPU_RECIPES = ("shakespeare-cpu", "shakespeare-cpu-long")
 CPU_RECIPE = ("note: that is long for a CPU; configs/shakespeare-cpu.yaml is the recipe sized for one "
               "(under a minute on 2 cores; shakespeare-cpu-long.yaml: 3 minutes)")
 
@@ -51,6 +53,7 @@ class TimeEstimate:
 
     def __init__(self, tc: TrainConfig, step: int, evaluated: bool, batches_per_eval: int, on_cpu: bool,
                  say: Callable[[str], None], log: Callable[[str], None]):
+        """``on_cpu``: whether a long run gets the line naming the CPU recipe (a CPU run of another config)."""
         self.tc, self.step0, self.evaluated0 = tc, step, evaluated
         self.batches_per_eval, self.on_cpu, self.say, self.log = batches_per_eval, on_cpu, say, log
         self.batch_s: Optional[float] = None  # one eval micro-batch

@@ -24,7 +24,7 @@ from ..runtime import distributed as parallel
 from ..runtime.device import capture_rng
 from ..runtime.distributed import all_mean, broadcast, close_distributed
 from ..sample.sampling import sample_prompt_text
-from .estimate import TimeEstimate
+from .estimate import CPU_RECIPES, TimeEstimate
 from .evaluate import Evaluator
 from .optim import set_lr
 from .schedule import lr_at
@@ -69,7 +69,8 @@ class Trainer:
         self.batches = iter(s.train_sampler.next, None)
         tc = s.cfg.train
         self.estimate = TimeEstimate(tc, s.prog.step, s.prog.evaluated, 2 * tc.eval_iters * tc.grad_accum_steps,
-                                     s.device.type == "cpu", say=s.say, log=s.logger.log)
+                                     s.device.type == "cpu" and s.cfg.name not in CPU_RECIPES, say=s.say,
+                                     log=s.logger.log)
         self.evaluator = Evaluator(s.cfg, s.data, s.device, s.dist, s.autocast, s.cpu_threads,
                                    show_bar=not s.bar.disable, should_stop=self.stop_requested,
                                    on_batch=self.estimate.eval_batch)
