@@ -90,6 +90,8 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
     ({"seeds": 0}, "seeds"),
     ({"variants": {"ffn-relu": {"model.ffn": "gelu"}}}, "get the same name 'ffn-relu'"),
     ({"grid": {}}, "give grid: or variants:"),
+    ({"grdi": {"model.ffn": ["relu"]}}, "grdi: unknown key; did you mean grid?"),  # a config's hint, not pydantic's
+    ({"budget": {"iter": 5}}, "budget.iter: unknown key; did you mean budget.iters?"),
     # A sweep's runs go in its own folder: an override of train.out_dir is refused, wherever it is given.
     ({"set": ["train.out_dir=elsewhere"]}, "s.yaml: set: train.out_dir cannot be set in a sweep"),
     ({"grid": {"train.out_dir": ["a", "b"]}}, "grid: train.out_dir cannot be set"),

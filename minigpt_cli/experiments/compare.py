@@ -10,6 +10,7 @@ not seeds: one is kept (:func:`_distinct`).
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import math
@@ -18,7 +19,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -81,12 +82,21 @@ ALPHA, POWER = 0.05, 0.8
 Model = TypeVar("Model", bound=BaseModel)
 
 
-def _why(exc: OSError | ValidationError) -> str:
-    """What is wrong with a file: the OS's reason, or the first key its schema refuses, in words."""
+def _why(exc: OSError | ValidationError, schema: Optional[type[BaseModel]] = None) -> str:
+    """What is wrong with a file: the OS's reason, or the first key its schema refuses, in words (an unknown
+    top-level key with the close spelling of one of ``schema``'s, as a config's gets)."""
     if isinstance(exc, OSError):
         return exc.strerror or type(exc).__name__
     err = exc.errors()[0]
     loc, msg = field_path(err["loc"]), err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        *section, name = loc.split(".")
+        for part in section:  # down to the model that holds the key, through Optional[...]
+            field = schema.model_fields.get(part) if schema else None
+            schema = next((t for t in (field.annotation, *get_args(field.annotation)) if isinstance(t, type)
+                           and issubclass(t, BaseModel)), None) if field else None
+        close = difflib.get_close_matches(name, list(schema.model_fields) if schema else [], n=1)
+        msg = f"unknown key; did you mean {'.'.join([*section, close[0]])}?" if close else "unknown key; remove it"
     msg = "the top level must be a mapping" if err["type"] == "model_type" and not loc else msg[0].lower() + msg[1:]
     return f"{loc}: {msg}" if loc else msg
 
@@ -97,7 +107,7 @@ def read_model(schema: type[Model], source: Path | Any, what: str, **fields: Any
         return schema.model_validate_json(source.read_bytes()) if isinstance(source, Path) else \
             schema.model_validate(source)
     except (OSError, ValidationError) as exc:  # unreadable, or not what the schema says
-        raise MinigptError(what.format(why=_why(exc), **fields)) from None
+        raise MinigptError(what.format(why=_why(exc, schema), **fields)) from None
 
 
 @dataclass
