@@ -361,3 +361,14 @@ def test_evaluates_bits_per_byte_label_says_what_was_scored(cli, data_dir, tmp_p
     assert f"(the {scored:,} scored tokens, at the split's" in line and "tokens per byte)" in line, line
     full = cli("evaluate", "--run", tmp_path / "runs" / "e", "--full")
     assert re.search(r"bits per byte +[\d.]+ \([\d,]+ bytes\)", full.stdout), full  # full: the bytes it scored
+
+
+def test_a_minigpt_run_given_as_a_hugging_face_folder_is_named_as_one(tmp_path):
+    from minigpt_cli.hf.load import read_hf_config
+
+    run = fake_run(tmp_path, "mine")
+    with pytest.raises(MinigptError, match=rf"{run} is a minigpt run, not a Hugging Face folder; continue it with "
+                                           rf"--resume {run}, or export it first"):
+        read_hf_config(run)
+    with pytest.raises(MinigptError, match="config.json not found"):  # a plain folder: what it must hold
+        read_hf_config(tmp_path)

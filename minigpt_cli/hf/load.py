@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..config.schema import ModelConfig, validate
 from ..errors import MinigptError, refuse
 from ..fileio import read_text_file
+from ..run import folder as runs
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: count-params reads config.json without it
     import torch
@@ -44,6 +45,8 @@ _MESSAGES = {
     "unsupported": "{source} {key} {input!r} is not supported ({msg})",
     "not_folder": "{folder!r} is not a folder; pass a folder saved with save_pretrained",
     "no_config": "{folder}/config.json not found; the folder must hold config.json and model.safetensors",
+    "our_run": "{folder} is a minigpt run, not a Hugging Face folder; continue it with --resume {folder}, or "
+               "export it first (minigpt export {folder} --output DIR) and pass DIR",
     "no_positions": "config.json lacks 'n_positions', which a GPT-2 config must have",
     "block_size": "model.block_size ({block_size}) exceeds the learned position table of this GPT-2 (config.json "
                   "n_positions={n_positions}); use block_size <= {n_positions}",
@@ -420,8 +423,8 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
     a :class:`MinigptError` for no folder or config.json, a config.json its schema refuses."""
     folder = Path(path)
     cfg_path = folder / "config.json"
-    refuse([(not folder.is_dir(), "not_folder"), (not cfg_path.is_file(), "no_config")], _MESSAGES,
-           folder=str(folder))
+    refuse([(not folder.is_dir(), "not_folder"), (not cfg_path.is_file() and runs.has_checkpoint(folder), "our_run"),
+            (not cfg_path.is_file(), "no_config")], _MESSAGES, folder=str(folder))
     text = read_text_file(cfg_path, "the model's config")
     kind = _parse(_Kind, text, str(cfg_path)).model_type
     return kind, _FAMILIES[kind][0](json.loads(text), block_size=block_size)
