@@ -212,6 +212,8 @@ def test_export_refuses_a_non_empty_folder_unless_forced(cli, exported, tmp_path
         assert_user_error(res, "is or holds the run")
         assert "--force" not in res.stderr, res
     assert (run / "checkpoints").is_dir()
+    assert_user_error(cli("export", run, "--output", run / "hf"), "is inside the run folder", "outside it")
+    assert not (run / "hf").exists()
     (out / "notes.txt").unlink()
     assert cli("export", run, "--output", out).exit_code == 0
     res = cli("export", run, "--output", out, "--force")  # an earlier export is replaced

@@ -37,6 +37,7 @@ _MESSAGES = {
     "not_empty": "{out} exists and is not empty; pass --force to replace it, or another --output",
     "not_folder": "{out} exists and is not a folder; pass another --output",
     "holds": "--output {out} is or holds {what}; an export replaces its folder: pass a new or empty one",
+    "in_run": "--output {out} is inside the run folder, which holds what train writes; pass a folder outside it",
     "not_export": "{out} holds files an export does not write ({names}); --force replaces only an earlier "
                   "export: pass a new or empty --output",
     "not_ours": "{out} is not an export minigpt wrote (its config.json carries no minigpt mark); --force "
@@ -356,10 +357,12 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
     where = out.resolve()
     around = (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve()))
     holds = next((what for what, inside in around if inside == where or where in inside.parents), None)
+    inside_run = run_dir.resolve() in where.parents  # a run folder holds what train and the readers write
     foreign = _foreign(out) if out.is_dir() else []
     refuse([(fmt != "hf", "format"),
             (dtype is not None, "dtype"),
             (holds, "holds"),  # before "not empty": no --force replaces these, so none may be suggested
+            (inside_run, "in_run"),
             (out.exists() and not out.is_dir(), "not_folder"),
             (out.is_dir() and any(out.iterdir()) and not force, "not_empty"),
             (force and foreign, "not_export"),
