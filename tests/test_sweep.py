@@ -74,6 +74,13 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
         "ffn-relu-s1337", "ffn-relu-s1338", "ffn-gelu-s1337", "ffn-gelu-s1338"]
     assert [r["variant"] for r in summarize(expand([tmp_path / "b" / "runs" / "s"]))["rows"]] == [
         "ffn-relu", "ffn-gelu"]
+    # a run copied into the sweep's folder from elsewhere is noted, not taken silently for one of the sweep's
+    import shutil
+
+    shutil.copytree(tmp_path / "a" / "runs" / "s" / "ffn-gelu-s1337", tmp_path / "b" / "runs" / "s" / "ffn-x-s1")
+    notes = summarize(expand([tmp_path / "b" / "runs" / "s"]))["notes"]
+    assert any("ffn-x-s1 is not among the runs" in n and "sweep.json lists as done" in n for n in notes), notes
+    assert not any("ffn-relu-s1337 is not among" in n for n in notes)
     # Started once more, nothing is left to run, and the sweep file may not change under it.
     with working_dir(tmp_path / "b"):
         write_sweep(tmp_path / "b", data_dir, budget={"iters": 30})

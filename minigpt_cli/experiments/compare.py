@@ -52,6 +52,8 @@ _MESSAGES = {
                   "per byte",
     "no_bpb": "note: no bits per byte for {run}: {why}",
     "users": "{path} is not a summary minigpt wrote (its summary.json is not one: {why}); pass another --output",
+    "not_swept": "note: {path} is not among the runs {state} lists as done: a copy, or a run its sweep has not "
+                 "finished; compared by its folder's name",
     "repeats": "note: {runs} are one config at seed {seed}: repeats, not seeds; counted once, as {kept} (the most "
                "steps)",
     "hidden": "note: {count} more {keys} ({names}); summary.md has every column",
@@ -244,6 +246,9 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     (folder name -> variant) defaults to the name less ``-s<seed>``. Refusals: :data:`_MESSAGES`."""
     read = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
     run_notes = [r.note for r in read if r.note]  # a repeat's edited config.yaml is noted too
+    orders = {folder: _sweep_order(folder) for folder in {r.path.parent for r in read}}
+    run_notes += [_MESSAGES["not_swept"].format(path=r.path, state=r.path.parent / SWEEP_STATE) for r in read
+                  if orders[r.path.parent] and r.path.name not in orders[r.path.parent]]
     records = _distinct(read, run_notes)
     groups: dict[str, Variant] = {}
     for r in records:
