@@ -204,8 +204,11 @@ def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_setti
     assert_user_error(cli("bench", TINY, "--optimizers", "--stream-tokens", "10"), "--optimizers and --stream-tokens")
     # what a mode does not read is refused, not dropped without a word (QA)
     assert_user_error(cli("bench", TINY, "--optimizers", "--prompt-len", "5", "--no-generation"),
-                      "--optimizers does not read --prompt-len, --generation/--no-generation", "drop them")
-    assert_user_error(cli("bench", TINY, "--prepare", "--iters", "5"), "--prepare does not read --iters", "drop it")
+                      "--optimizers leaves --prompt-len, --generation/--no-generation unread", "drop them")
+    assert_user_error(cli("bench", TINY, "--prepare", "--iters", "5"), "--prepare leaves --iters unread", "drop it")
+    assert_user_error(cli("bench", TINY, "--prepare", "--stream-tokens", "3"), "--prepare leaves --stream-tokens")
+    assert_user_error(cli("bench", TINY, "--no-generation", "--max-new-tokens", "5"),
+                      "--no-generation leaves --max-new-tokens unread")
 
 
 def test_the_ratios_interval_is_the_sign_tests_interval_for_the_median():

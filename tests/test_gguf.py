@@ -109,16 +109,26 @@ def test_a_run_gguf_cannot_hold_is_refused_naming_the_key(changes, key):
 
 
 def test_every_key_gguf_cannot_hold_is_named_in_one_line_with_the_tokenizer():
-    """The Quickstart's run (rope, LayerNorm, ReLU, characters): one refusal names all four fixes, so one retraining
-    is enough (it named one key per try before)."""
+    """The Quickstart's run (rope, LayerNorm, ReLU, characters): one refusal names every fix, the end-of-text token
+    a BPE then needs too, so that one retraining is enough (it named one key per try before)."""
+    from minigpt_cli.config.schema import TokenizerConfig
+
     mc = ModelConfig(n_embd=32, n_head=2, pos_encoding="rope", norm="layernorm", ffn="relu", bias=False)
     with pytest.raises(MinigptError) as err:
-        gguf_arch(mc, "char")
-    assert str(err.value) == ("model.norm='layernorm', model.ffn='relu', tokenizer.kind='char': GGUF's llama computes "
-                              "norm rmsnorm, ffn swiglu and llama.cpp reads only a byte-level BPE; train with "
-                              "model.norm: rmsnorm, model.ffn: swiglu, tokenizer.kind: bpe")
+        gguf_arch(mc, TokenizerConfig(kind="char"))
+    assert str(err.value) == (
+        "model.norm='layernorm', model.ffn='relu', tokenizer.kind='char', no end-of-text token: GGUF's llama computes "
+        "norm rmsnorm, ffn swiglu and llama.cpp reads only a byte-level BPE and GGUF's tokenizer needs one; train "
+        "with model.norm: rmsnorm, model.ffn: swiglu, tokenizer.kind: bpe, "
+        "tokenizer.special_tokens: ['<|endoftext|>']")
     fixed = mc.model_copy(update={"norm": "rmsnorm", "ffn": "swiglu"})
-    assert gguf_arch(fixed, "bpe") == "llama"  # what the line says to change is all there was
+    assert gguf_arch(fixed, TokenizerConfig(kind="bpe", special_tokens=["<|endoftext|>"])) == "llama"  # all it said
+    # positions GGUF holds neither way hide nothing else: the rest is measured against llama
+    with pytest.raises(MinigptError, match=r"^model.pos_encoding='sinusoidal', model.logit_softcap=30.0: GGUF holds "
+                                           r"learned \(gpt2\) or rope \(llama\) positions and GGUF's llama computes "
+                                           r"logit_softcap null; train with model.pos_encoding: rope, "
+                                           r"model.logit_softcap: null$"):
+        gguf_arch(fixed.model_copy(update={"pos_encoding": "sinusoidal", "logit_softcap": 30.0}))
 
 
 def test_a_char_tokenizer_is_refused_naming_its_kind():

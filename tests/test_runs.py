@@ -87,6 +87,9 @@ def test_no_run_is_one_clear_error(tmp_path):
     (tmp_path / "input.txt").write_text("text")
     with pytest.raises(MinigptError, match=r"input.txt is a file, not a run folder; pass the run's folder"):
         runs.find_resume_dir(tmp_path, "tiny", str(tmp_path / "input.txt"))
+    done = fake_run(tmp_path, "done")
+    with pytest.raises(MinigptError, match=rf"is a checkpoint folder, not a run folder; pass the run: --resume {done}$"):
+        runs.find_resume_dir(tmp_path, "tiny", str(runs.checkpoint_dir(done, runs.LAST)))
     (tmp_path / "empty").mkdir()
     with pytest.raises(MinigptError, match="no checkpoint at"):
         runs.find_resume_dir(tmp_path, "tiny", str(tmp_path / "empty"))
@@ -370,5 +373,7 @@ def test_a_minigpt_run_given_as_a_hugging_face_folder_is_named_as_one(tmp_path):
     with pytest.raises(MinigptError, match=rf"{run} is a minigpt run, not a Hugging Face folder; continue it with "
                                            rf"--resume {run}, or export it first"):
         read_hf_config(run)
+    with pytest.raises(MinigptError, match=rf"^{run} is a minigpt run"):  # its checkpoint folder names the run
+        read_hf_config(runs.checkpoint_dir(run, runs.LAST))
     with pytest.raises(MinigptError, match="config.json not found"):  # a plain folder: what it must hold
         read_hf_config(tmp_path)

@@ -12,11 +12,12 @@ from .base import Command, JsonOption, SetOption, app, echo
 
 #: What ``bench`` refuses.
 _MESSAGES = {"two_modes": "--optimizers and {other} are two different measurements; give one of them",
-             "unread": "{mode} does not read {options} (the plain bench's measurement); drop {them}"}
+             "unread": "{mode} leaves {options} unread; drop {them}"}
 
 #: The options each other mode leaves unread: given with it, they are refused rather than silently dropped.
 _UNREAD = {"--optimizers": ("prompt_len", "max_new_tokens", "generation"),
-           "--prepare": ("iters", "prompt_len", "max_new_tokens", "generation")}
+           "--prepare": ("iters", "prompt_len", "max_new_tokens", "generation", "stream_tokens"),
+           "--no-generation": ("prompt_len", "max_new_tokens")}
 
 
 @app.command(cls=Command)
@@ -64,7 +65,7 @@ def bench(
 
     if optimizers and (prepare or stream_tokens):
         raise MinigptError(_MESSAGES["two_modes"].format(other="--prepare" if prepare else "--stream-tokens"))
-    mode = "--optimizers" if optimizers else "--prepare" if prepare else None
+    mode = "--optimizers" if optimizers else "--prepare" if prepare else None if generation else "--no-generation"
     given = [p for p in ctx.command.params if p.name in _UNREAD.get(mode, ())
              and ctx.get_parameter_source(p.name).name != "DEFAULT"]
     if given:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..config.schema import ModelConfig
+from ..config.schema import ModelConfig, TokenizerConfig
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import refuse
 from ..fileio import chmod_quietly, new_file_mode, os_errors
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     import torch
 
 _MESSAGES = {
-    "positions": "model.pos_encoding={positions!r}: GGUF holds learned (gpt2) or rope (llama); train with one",
     "unsupported": "{have}: {why}; train with {fixes}",
     "tokenizer": "tokenizer.kind={kind!r}: llama.cpp reads only a byte-level BPE; train with tokenizer.kind: bpe",
     "no_eos": "the tokenizer lacks an end-of-text token; train with tokenizer.special_tokens: ['<|endoftext|>']",
@@ -72,27 +71,42 @@ def _fixed(mc: ModelConfig) -> dict[str, dict]:
             "llama": {"norm": "rmsnorm", "ffn": "swiglu", "bias": False}}
 
 
-def gguf_arch(mc: ModelConfig, tokenizer_kind: Optional[str] = None) -> str:
-    """``gpt2`` (learned positions) or ``llama`` (RoPE): the GGUF architecture that computes what ``mc`` does; a
-    :class:`MinigptError` names every key it would compute otherwise (:func:`_fixed`) in one line, with
-    ``tokenizer_kind`` when it is one llama.cpp cannot read (not a BPE), so that one retraining fixes them all."""
+def _spelled(value: Any) -> str:
+    """A value as a config file spells it: true, null, 15.0, rmsnorm."""
+    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
+
+
+def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> str:
+    """``gpt2`` (learned positions) or ``llama`` (RoPE): the GGUF architecture that computes what ``mc`` does.
+
+    Raises:
+        MinigptError: one line naming every key it would compute otherwise (:func:`_fixed`; with positions GGUF
+            holds neither way, measured against ``llama``), and what of ``tokenizer`` llama.cpp cannot read (a
+            kind that is not BPE, a BPE without an end-of-text token), with the values to train with, so that
+            one retraining fixes them all.
+    """
     arch = {"learned": "gpt2", "rope": "llama"}.get(mc.pos_encoding)
-    refuse([(arch is None, "positions")], _MESSAGES, positions=mc.pos_encoding)
     have = {**mc.model_dump(), "d_ff": mc.ffn_hidden, "n_kv_head": mc.kv_heads}
     defaults = {k: f.get_default(call_default_factory=True) for k, f in type(mc).model_fields.items() if k not in _FREE}
-    want = {**defaults, **_fixed(mc)[arch]}
+    want = {**defaults, **_fixed(mc)[arch or "llama"]}
     wrong = [k for k, v in want.items() if have[k] != v]
-    def yaml(value: Any) -> str:  # as a config file spells it: true, null
-        return json.dumps(value) if value is None or isinstance(value, bool) else value
-
-    spelled = {k: yaml(want[k]) for k in wrong}
-    tokenizer = tokenizer_kind in _NOT_BPE
-    haves = ([f"model.{k}={yaml(have[k]) if not isinstance(have[k], str) else repr(have[k])}" for k in wrong]
-             + [f"tokenizer.kind={tokenizer_kind!r}"] * tokenizer)
-    why = ([f"GGUF's {arch} computes " + ", ".join(f"{k} {spelled[k]}" for k in wrong)] * bool(wrong)
-           + ["llama.cpp reads only a byte-level BPE"] * tokenizer)
-    fix = [f"model.{k}: {spelled[k]}" for k in wrong] + ["tokenizer.kind: bpe"] * tokenizer
-    refuse([(haves, "unsupported")], _MESSAGES, have=", ".join(haves), why=" and ".join(why), fixes=", ".join(fix))
+    problems = []  # (what the run has, why GGUF cannot hold it, what to train with)
+    if arch is None:
+        problems.append((f"model.pos_encoding={mc.pos_encoding!r}", "GGUF holds learned (gpt2) or rope (llama) "
+                         "positions", "model.pos_encoding: rope"))
+    if wrong:
+        problems.append((", ".join(f"model.{k}={have[k]!r}" if isinstance(have[k], str) else
+                                   f"model.{k}={_spelled(have[k])}" for k in wrong),
+                         f"GGUF's {arch or 'llama'} computes " + ", ".join(f"{k} {_spelled(want[k])}" for k in wrong),
+                         ", ".join(f"model.{k}: {_spelled(want[k])}" for k in wrong)))
+    kind = tokenizer.kind if tokenizer else None
+    if kind in _NOT_BPE:
+        problems.append((f"tokenizer.kind={kind!r}", "llama.cpp reads only a byte-level BPE", "tokenizer.kind: bpe"))
+    if kind in (*_NOT_BPE, "bpe") and not any(t in END_OF_TEXT for t in tokenizer.special_tokens):
+        problems.append(("no end-of-text token", "GGUF's tokenizer needs one",
+                         "tokenizer.special_tokens: ['<|endoftext|>']"))
+    refuse([(problems, "unsupported")], _MESSAGES, have=", ".join(p[0] for p in problems),
+           why=" and ".join(p[1] for p in problems), fixes=", ".join(p[2] for p in problems))
     return arch
 
 
@@ -254,7 +268,7 @@ def export_gguf(run: Optional[str | Path], output: str | Path, *, dtype: str = "
             (force and out.exists() and not _is_ours(out), "not_ours")], _MESSAGES, out=out, mark=GGUF_MARK)
     loaded = load_run(run_dir, checkpoint)  # generate's checks: checksums, finite weights, the run's own tokenizer
     cfg = loaded.config
-    arch = gguf_arch(cfg.model, cfg.tokenizer.kind)
+    arch = gguf_arch(cfg.model, cfg.tokenizer)
     vocab = tokenizer_fields(loaded.tokenizer, cfg.tokenizer.kind, cfg.model.vocab_size)
     tensors = gguf_tensors(loaded.model, cfg.model, arch)
     _q8_0_refusal(tensors, dtype)

@@ -423,8 +423,9 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
     a :class:`MinigptError` for no folder or config.json, a config.json its schema refuses."""
     folder = Path(path)
     cfg_path = folder / "config.json"
-    refuse([(not folder.is_dir(), "not_folder"), (not cfg_path.is_file() and runs.has_checkpoint(folder), "our_run"),
-            (not cfg_path.is_file(), "no_config")], _MESSAGES, folder=str(folder))
+    ours = folder.parent.parent if folder.parent.name == runs.CHECKPOINTS else folder  # a run's checkpoint too
+    refuse([(not folder.is_dir(), "not_folder"), (not cfg_path.is_file() and runs.has_checkpoint(ours), "our_run"),
+            (not cfg_path.is_file(), "no_config")], _MESSAGES, folder=str(ours))
     text = read_text_file(cfg_path, "the model's config")
     kind = _parse(_Kind, text, str(cfg_path)).model_type
     return kind, _FAMILIES[kind][0](json.loads(text), block_size=block_size)

@@ -61,7 +61,9 @@ _MESSAGES = {
     "no_checkpoint": ("no checkpoint at {path!r} ({why})", "train first or pick another run"),
     "only_best": ("{path!r} has no last checkpoint (its write failed) but best, step {step}, is intact",
                   "resume from best: cp -r {best} {last} && minigpt train ... --resume {run}"),
-    "meta": ("{path} is missing or damaged ({why})", "use --checkpoint {other}, or copy meta.json from it"),
+    "meta": ("{path} is missing or damaged ({why})",
+             "copy {other}'s meta.json there if its weights are intact, or read {other} instead (generate, evaluate "
+             "and export: --checkpoint {other})"),
     "meta_only": ("{path} is missing or damaged ({why}); the run has no other checkpoint",
                   "restore meta.json from a copy, or train the run again"),
     "no_run": ("run folder {path!r} not found", "pass a run folder (runs/NAME) of a trained run"),
@@ -71,6 +73,7 @@ _MESSAGES = {
                 "train one first (minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME"),
     "which": ("--checkpoint {which!r}: use {BEST}, {LAST} or a kept step-N (train.keep_every)", None),
     "resume": ("--resume {path}: no such run folder", None),
+    "resume_checkpoint": ("--resume {path} is a checkpoint folder, not a run folder", "pass the run: --resume {run}"),
     "resume_file": ("--resume {path} is a file, not a run folder", "pass the run's folder (runs/NAME), or auto"),
     "not_folder": ("{path!r} exists and is not a folder", "pick another --run-name"),
     "resumable": ("run folder {path!r} already exists", "pick another --run-name, or continue it with --resume {path}"),
@@ -265,6 +268,8 @@ def find_resume_dir(out_dir: str | Path, name: str, resume: str,
     last, best = checkpoint_dir(run_dir, LAST), checkpoint_dir(run_dir, BEST)
     only_best = run_dir.is_dir() and not has_weights(last) and has_weights(best)
     problem = _first((run_dir.is_file(), "resume_file", {"path": resume}),
+                     (run_dir.parent.name == CHECKPOINTS and has_weights(run_dir), "resume_checkpoint",
+                      {"path": resume, "run": run_dir.parent.parent}),
                      (not run_dir.is_dir(), "resume", {"path": resume}),
                      (only_best, "only_best", {"path": str(run_dir / CHECKPOINTS), "best": best, "last": last,
                                                "run": run_dir, "step": only_best and read_meta(best).get("step")}))
