@@ -31,6 +31,10 @@ from .generation import sync as _sync
 MATMUL_N = 2048
 
 
+#: Timed optimizer steps by default.
+DEFAULT_ITERS = 20
+
+
 def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
     """The kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for float32 on a CPU where PyTorch has it."""
     kernels = ["torch.mm"]
@@ -158,7 +162,7 @@ def busy_warning(threads: CpuThreads, mark, what: str, echo: Callable[[str], Non
     return others
 
 
-def bench(cfg: Config, iters: int = 20, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
+def bench(cfg: Config, iters: int = DEFAULT_ITERS, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
           generation: bool = True, stream_tokens: int = 0,
           echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Training and generation speed of ``cfg``'s model on its device, as a JSON-ready dict. Raises MinigptError:

@@ -85,9 +85,9 @@ def bench(
         result = bench_optimizers(cfg, iters=iters or DEFAULT_ITERS, echo=echo)
         print(json.dumps(result, indent=1) if as_json else format_bench_optimizers(result))
         return
+    from ..bench.throughput import DEFAULT_ITERS, format_bench
     from ..bench.throughput import bench as run_bench
-    from ..bench.throughput import format_bench
 
-    result = run_bench(cfg, iters=iters or 20, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+    result = run_bench(cfg, iters=iters or DEFAULT_ITERS, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
                        generation=generation, stream_tokens=stream_tokens, echo=echo)
     print(json.dumps(result, indent=1) if as_json else format_bench(result))

@@ -26,11 +26,18 @@ def _type_name(ann: Any) -> str:
     return getattr(ann, "__name__", str(ann))
 
 
-def _shown(value: Any) -> str:
-    """A default as YAML would spell it: null, true, 0.001, a bare word, or a quoted string."""
+def yaml_value(value: Any) -> str:
+    """A value as YAML (a config file, ``--set``) would spell it: null, true, 0.001, a bare word, or a quoted
+    string."""
     if isinstance(value, str) and re.fullmatch(r"[\w./<>-]+", value):
         return value
     return json.dumps(value)
+
+
+def run_value(value: Any) -> str:
+    """A run's value in a refusal: a string quoted as Python does (``'layernorm'``), anything else as
+    :func:`yaml_value` (``true``, ``null``, ``15.0``)."""
+    return repr(value) if isinstance(value, str) else yaml_value(value)
 
 
 def _range(field: Any) -> str:
@@ -47,7 +54,7 @@ def _range(field: Any) -> str:
 def key_rows() -> list[tuple[str, str, str, str]]:
     """(key, type or choices, default, meaning and range) for every key, ``section.key`` in a section, in
     schema order."""
-    return [(key, _type_name(field.rebuild_annotation()), _shown(field.get_default(call_default_factory=True)),
+    return [(key, _type_name(field.rebuild_annotation()), yaml_value(field.get_default(call_default_factory=True)),
              (field.description or "") + _range(field)) for key, field in _fields() if not _is_section(field)]
 
 

@@ -65,8 +65,6 @@ _MESSAGES = {
 }
 #: The files a summary writes; summary.json is also what proves an earlier summary minigpt's.
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.json", "summary.png")
-#: A sweep's state in its folder (written by ``sweep``): its runs done, in the sweep file's order.
-SWEEP_STATE = "sweep.json"
 
 #: Config keys that never make two runs different variants; with the seed and the corpus, different runs.
 _SAME_RUN = {"name", "train.out_dir", "tokenizer.path"}
@@ -147,10 +145,10 @@ def read_run(path: Path) -> RunRecord:
 
 
 def _sweep_order(folder: Path) -> dict[str, int]:
-    """A sweep folder's runs done, by name, in the order of the sweep's file (its :data:`SWEEP_STATE`'s ``done``);
+    """A sweep folder's runs done, by name, in the order of the sweep's file (its ``sweep.json``'s ``done``);
     empty for another folder, or a state file that does not read as one (``sweep`` names that)."""
     try:
-        done = json.loads((folder / SWEEP_STATE).read_text(encoding="utf-8")).get("done")
+        done = json.loads((folder / runs.SWEEP).read_text(encoding="utf-8")).get("done")
     except (OSError, ValueError, AttributeError):
         return {}
     return {name: i for i, name in enumerate(done)} if isinstance(done, list) else {}
@@ -247,7 +245,7 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     read = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
     run_notes = [r.note for r in read if r.note]  # a repeat's edited config.yaml is noted too
     orders = {folder: _sweep_order(folder) for folder in {r.path.parent for r in read}}
-    run_notes += [_MESSAGES["not_swept"].format(path=r.path, state=r.path.parent / SWEEP_STATE) for r in read
+    run_notes += [_MESSAGES["not_swept"].format(path=r.path, state=r.path.parent / runs.SWEEP) for r in read
                   if orders[r.path.parent] and r.path.name not in orders[r.path.parent]]
     records = _distinct(read, run_notes)
     groups: dict[str, Variant] = {}

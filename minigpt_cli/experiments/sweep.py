@@ -31,7 +31,7 @@ from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 from ..runtime.kernels import check_settings
 from . import search as optuna_search
-from .compare import SWEEP_STATE, read_model, study_trials, summarize, value_text
+from .compare import read_model, study_trials, summarize, value_text
 from .search import Key, Scalar, SearchSpec, Seed
 
 if TYPE_CHECKING:
@@ -345,7 +345,7 @@ def _check_study(study: "optuna.Study", sweep: Sweep, storage: str) -> None:
 def _read_state(sweep: Sweep, jobs: int, worker: bool = False, storage: Optional[str] = None) -> dict:
     """The sweep's state, created on the first start; refuses a changed sweep or other overrides once a run saved a
     checkpoint. Workers share the folder: another one may be writing it as this one starts."""
-    path = sweep.folder / SWEEP_STATE
+    path = sweep.folder / runs.SWEEP
     record = {**_settings(sweep), "storage": storage}
     state = read_model(_State, path, _MESSAGES["state"], path=path).model_dump() if path.is_file() else None
     changed = [(part, source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base),
@@ -375,7 +375,7 @@ def _read_state(sweep: Sweep, jobs: int, worker: bool = False, storage: Optional
 def _mark_done(sweep: Sweep, state: dict, run: Run) -> None:
     done = set(state["done"]) | {run.name}
     state["done"] = [r.name for r in sweep.runs if r.name in done]  # the file's order, which compare keeps
-    atomic_write_text(sweep.folder / SWEEP_STATE, json.dumps(state, indent=1) + "\n")
+    atomic_write_text(sweep.folder / runs.SWEEP, json.dumps(state, indent=1) + "\n")
 
 
 def _resumable(sweep: Sweep, run: Run) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..config.keys import run_value, yaml_value
 from ..config.schema import Config, ModelConfig
 from ..errors import MinigptError, refuse
 from ..fileio import chmod_quietly, dir_mode, os_error_message
@@ -106,19 +107,9 @@ def _misses(mc: ModelConfig, target: str) -> list[tuple[str, Any]]:
     return [(key, values) for key, values in allowed.items() if getattr(mc, key) not in values]
 
 
-def _spelled(value: Any) -> str:
-    """``value`` as a config file or --set spells it: true, null, 15.0, relu."""
-    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
-
-
-def _shown(value: Any) -> str:
-    """A run's value in a refusal: a string quoted (``'layernorm'``), anything else as :func:`_spelled`."""
-    return repr(value) if isinstance(value, str) else _spelled(value)
-
-
 def _setting(key: str, values: tuple) -> str:
     """``model.KEY=VALUE`` for a value ``values`` takes, as --set reads it."""
-    return f"model.{key}={_spelled(values[0])}"
+    return f"model.{key}={yaml_value(values[0])}"
 
 
 def hf_target(mc: ModelConfig, arch: Optional[str] = None) -> str:
@@ -132,11 +123,11 @@ def hf_target(mc: ModelConfig, arch: Optional[str] = None) -> str:
     nearest = arch or min(misses, key=lambda target: len(misses[target]))
     (key, values), name = misses[nearest][0], ARCHITECTURES[nearest][1]
     changes = ", ".join(_setting(k, v) for k, v in misses[nearest])
-    takes = " or ".join(map(_spelled, values))
+    takes = " or ".join(map(yaml_value, values))
     fix = (_MESSAGES["arch_other"].format(other=ARCHITECTURES[fits[0]][1]) if fits
            else _MESSAGES["arch_train"].format(changes=changes, name=name))
     raise MinigptError(_MESSAGES["arch" if arch else "unsupported"].format(
-        arch=arch, key=key, value=_shown(getattr(mc, key)), name=name, takes=takes, changes=changes, fix=fix),
+        arch=arch, key=key, value=run_value(getattr(mc, key)), name=name, takes=takes, changes=changes, fix=fix),
         key=f"model.{key}")
 
 

@@ -17,8 +17,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
+from ..config.keys import run_value, yaml_value
 from ..config.schema import ModelConfig, TokenizerConfig
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import refuse
@@ -71,11 +72,6 @@ def _fixed(mc: ModelConfig) -> dict[str, dict]:
             "llama": {"norm": "rmsnorm", "ffn": "swiglu", "bias": False}}
 
 
-def _spelled(value: Any) -> str:
-    """A value as a config file spells it: true, null, 15.0, rmsnorm."""
-    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
-
-
 def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> str:
     """``gpt2`` (learned positions) or ``llama`` (RoPE): the GGUF architecture that computes what ``mc`` does.
 
@@ -95,10 +91,9 @@ def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> s
         problems.append((f"model.pos_encoding={mc.pos_encoding!r}", "GGUF holds learned (gpt2) or rope (llama) "
                          "positions", "model.pos_encoding: rope"))
     if wrong:
-        problems.append((", ".join(f"model.{k}={have[k]!r}" if isinstance(have[k], str) else
-                                   f"model.{k}={_spelled(have[k])}" for k in wrong),
-                         f"GGUF's {arch or 'llama'} computes " + ", ".join(f"{k} {_spelled(want[k])}" for k in wrong),
-                         ", ".join(f"model.{k}: {_spelled(want[k])}" for k in wrong)))
+        problems.append((", ".join(f"model.{k}={run_value(have[k])}" for k in wrong),
+                         f"GGUF's {arch or 'llama'} computes " + ", ".join(f"{k} {yaml_value(want[k])}" for k in wrong),
+                         ", ".join(f"model.{k}: {yaml_value(want[k])}" for k in wrong)))
     kind = tokenizer.kind if tokenizer else None
     if kind in _NOT_BPE:
         problems.append((f"tokenizer.kind={kind!r}", "llama.cpp reads only a byte-level BPE", "tokenizer.kind: bpe"))

@@ -38,10 +38,11 @@ def orthogonalize(stacks: Sequence[torch.Tensor], coefficients: tuple[float, flo
     by_side: dict[int, list[int]] = {}  # the side of A -> the stacks with an A of that size
     for i, x in enumerate(xs):
         by_side.setdefault(min(x.shape[-2:]), []).append(i)
+    sides = [(members, [xs[i].size(0) for i in members],  # each side's Gram matrices, one buffer for all steps
+              torch.empty(sum(xs[i].size(0) for i in members), side, side, dtype=torch.bfloat16,
+                          device=xs[members[0]].device)) for side, members in by_side.items()]
     for _ in range(steps):
-        for side, members in by_side.items():
-            sizes = [xs[i].size(0) for i in members]
-            grams = torch.empty(sum(sizes), side, side, dtype=torch.bfloat16, device=xs[members[0]].device)
+        for members, sizes, grams in sides:
             for i, gram in zip(members, grams.split(sizes)):
                 torch.bmm(xs[i].mT, xs[i], out=gram) if tall[i] else torch.bmm(xs[i], xs[i].mT, out=gram)
             polys = torch.baddbmm(grams, grams, grams, beta=b, alpha=c).split(sizes)
