@@ -15,8 +15,17 @@ Nothing heavy is imported until one of them is used (``minigpt --help`` answers 
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "TrainResult", "count_params", "evaluate", "export_run", "generate", "load_config", "load_run",
-           "train"]
+__all__ = [
+    "Config",
+    "TrainResult",
+    "count_params",
+    "evaluate",
+    "export_run",
+    "generate",
+    "load_config",
+    "load_run",
+    "train",
+]
 
 #: Each name's module, imported on first use (PEP 562).
 _API = {

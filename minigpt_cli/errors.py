@@ -26,7 +26,9 @@ class MinigptError(Exception):
 
     exit_code = 2
 
-    def __init__(self, what: str, fix: Optional[str] = None, *, key: Optional[str] = None, path=None):
+    def __init__(
+        self, what: str, fix: Optional[str] = None, *, key: Optional[str] = None, path=None
+    ):
         super().__init__(what)
         self.what, self.fix, self.key, self.path = what, fix, key, path
         self._spelling: Mapping[str, str] = {}
@@ -47,8 +49,12 @@ class MinigptError(Exception):
         return self
 
 
-def refuse(checks: Iterable[tuple[Any, str]], messages: Mapping[str, str], fix: Optional[str] = None,
-           **fields: Any) -> None:
+def refuse(
+    checks: Iterable[tuple[Any, str]],
+    messages: Mapping[str, str],
+    fix: Optional[str] = None,
+    **fields: Any,
+) -> None:
     """Many refusals as one table: raise a :class:`MinigptError` for the first ``(failed, key)`` that failed,
     its text ``messages[key]`` formatted with ``fields``."""
     key = next((key for failed, key in checks if failed), None)

@@ -21,28 +21,46 @@ from .errors import MinigptError
 #: the user did not name, so cannot "choose another" of); the messages of :func:`os_error_message`.
 _FIXES = {
     errno.ENOSPC: ("free some disk space or choose another location", "free some disk space"),
-    errno.EDQUOT: ("free some space in your quota or choose another location", "free some space in your quota"),
-    errno.EFBIG: ("choose a location on a file system that takes larger files",
-                  "copy the run folder to a file system that takes larger files and resume the copy"),
-    errno.EROFS: ("choose a location on a writable file system",
-                  "the run folder is on a read-only file system; copy it to a writable one and resume the copy"),
-    errno.EACCES: ("check the permissions of the folder or choose another location",
-                   "check the permissions of the run folder and of its files"),
-    errno.EISDIR: ("give the path of a file, not of a folder",
-                   "a folder is in the way of that file; remove or rename the folder"),
-    errno.ENOTDIR: ("a part of the path is a file, not a folder; choose another path",
-                    "a file is in the way of a folder on that path; remove or rename the file"),
-    errno.EEXIST: ("a file is in the way of a folder there; move it or choose another path",
-                   "a file is in the way of that folder; remove or rename the file"),
+    errno.EDQUOT: (
+        "free some space in your quota or choose another location",
+        "free some space in your quota",
+    ),
+    errno.EFBIG: (
+        "choose a location on a file system that takes larger files",
+        "copy the run folder to a file system that takes larger files and resume the copy",
+    ),
+    errno.EROFS: (
+        "choose a location on a writable file system",
+        "the run folder is on a read-only file system; copy it to a writable one and resume the copy",
+    ),
+    errno.EACCES: (
+        "check the permissions of the folder or choose another location",
+        "check the permissions of the run folder and of its files",
+    ),
+    errno.EISDIR: (
+        "give the path of a file, not of a folder",
+        "a folder is in the way of that file; remove or rename the folder",
+    ),
+    errno.ENOTDIR: (
+        "a part of the path is a file, not a folder; choose another path",
+        "a file is in the way of a folder on that path; remove or rename the file",
+    ),
+    errno.EEXIST: (
+        "a file is in the way of a folder there; move it or choose another path",
+        "a file is in the way of that folder; remove or rename the file",
+    ),
     errno.ENOENT: ("check that the folder exists", "check that the run folder exists"),
     errno.ENAMETOOLONG: ("choose a shorter name", "choose a shorter name"),
     errno.EINVAL: ("give the path of a regular file", "remove it and try again"),
 }
-_FIXES[errno.EPERM] = _FIXES[errno.EACCES]  # an operation not permitted: the same permissions to check
+_FIXES[errno.EPERM] = _FIXES[
+    errno.EACCES
+]  # an operation not permitted: the same permissions to check
 
 
-def os_error_message(exc: OSError, path: str | Path | None = None, action: str | None = None,
-                     in_run: bool = False) -> str:
+def os_error_message(
+    exc: OSError, path: str | Path | None = None, action: str | None = None, in_run: bool = False
+) -> str:
     """One line for an OSError: ``cannot <action> PATH: <strerror>; <fix>``. ``path``: default the error's
     ``filename2`` (a rename's target), else its ``filename``; ``in_run``: a path minigpt keeps in a run folder,
     so the fix says what is in its way instead of asking for another path."""
@@ -63,7 +81,10 @@ class errors_as:
     (the first matching entry, in order; an entry that returns None lets the exception pass); anything else
     passes unchanged. The one place that turns the failures of reading and writing files into one line."""
 
-    def __init__(self, table: Mapping[type | tuple[type, ...], Callable[[BaseException], BaseException | None]]):
+    def __init__(
+        self,
+        table: Mapping[type | tuple[type, ...], Callable[[BaseException], BaseException | None]],
+    ):
         self.table = table
 
     def __enter__(self) -> "errors_as":
@@ -77,8 +98,9 @@ class errors_as:
         return False
 
 
-def os_error(path: str | Path | None = None, action: str = "write",
-             in_run: bool = False) -> Callable[[OSError], MinigptError]:
+def os_error(
+    path: str | Path | None = None, action: str = "write", in_run: bool = False
+) -> Callable[[OSError], MinigptError]:
     """For :class:`errors_as`: an OSError as ``cannot <action> PATH: <reason>; <fix>`` (:func:`os_error_message`)."""
     return lambda exc: MinigptError(os_error_message(exc, path, action, in_run), path=path)
 
@@ -94,13 +116,17 @@ class os_errors(errors_as):
 
 #: The parts of a pydantic error's location that name its own validators, not a key: ``constrained-int``,
 #: ``function-after[...]``, a union member's class (``Range``) or type (``int``, ``list[str]``).
-_PYDANTIC_TAG = re.compile(r"(constrained|function|json|tagged|lax|is|nullable|default|chain|custom)-[a-z-]+(\[.*\])?"
-                           r"|[A-Z]\w*|(int|float|str|bool|list|dict)(\[.*\])?")
+_PYDANTIC_TAG = re.compile(
+    r"(constrained|function|json|tagged|lax|is|nullable|default|chain|custom)-[a-z-]+(\[.*\])?"
+    r"|[A-Z]\w*|(int|float|str|bool|list|dict)(\[.*\])?"
+)
 
 
 def field_path(loc: Sequence[Any]) -> str:
     """A pydantic error's location as the dotted key a user wrote (``seeds``, ``search.params.KEY.step``)."""
-    return ".".join(str(part) for part in loc if not (isinstance(part, str) and _PYDANTIC_TAG.fullmatch(part)))
+    return ".".join(
+        str(part) for part in loc if not (isinstance(part, str) and _PYDANTIC_TAG.fullmatch(part))
+    )
 
 
 def schema_problem(exc, skip: int = 0) -> str:
@@ -124,18 +150,28 @@ def read_text_file(path: str | Path, option: str) -> str:
     """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``): universal
     newlines (as a text editor shows them), a leading byte-order mark (Windows editors write one) dropped.
     Raises MinigptError ``{option} 'PATH' ...``: not found, a folder, not UTF-8, or unreadable."""
-    def message(text: str) -> Callable[[BaseException], MinigptError]:
-        return lambda exc: MinigptError(text.format(option=option, path=str(path),
-                                                    reason=getattr(exc, "strerror", None) or exc), path=path)
 
-    with errors_as({kind: message(text) for kind, text in _READ.items()}), open(path, encoding="utf-8-sig") as f:
+    def message(text: str) -> Callable[[BaseException], MinigptError]:
+        return lambda exc: MinigptError(
+            text.format(
+                option=option, path=str(path), reason=getattr(exc, "strerror", None) or exc
+            ),
+            path=path,
+        )
+
+    with (
+        errors_as({kind: message(text) for kind, text in _READ.items()}),
+        open(path, encoding="utf-8-sig") as f,
+    ):
         return f.read()
 
 
 def _umask() -> int:
     # /proc avoids os.umask's set-and-restore, which races with other threads.
-    with suppress(OSError, ValueError, IndexError), open("/proc/self/status", encoding="ascii",
-                                                         errors="replace") as f:
+    with (
+        suppress(OSError, ValueError, IndexError),
+        open("/proc/self/status", encoding="ascii", errors="replace") as f,
+    ):
         for line in f:
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
@@ -188,7 +224,9 @@ def atomic_write_set(files: dict[str | Path, bytes]) -> None:
                 os.replace(tmp, at.path)
                 placed += 1
     finally:
-        if placed < len(temps):  # a failure: no temporary file stays, nor a mix of new and old files
+        if placed < len(
+            temps
+        ):  # a failure: no temporary file stays, nor a mix of new and old files
             for target, tmp in temps.items():
                 Path(tmp).unlink(missing_ok=True)
                 if placed:
@@ -206,8 +244,11 @@ def _write_temp(path: Path, data: bytes, temps: dict[Path, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not path.is_file():
         # A device, FIFO or socket: renaming over it would replace it (as root, /dev/null for everyone).
-        code, why = (errno.EISDIR, None) if path.is_dir() else (errno.EINVAL, "not a regular file (a device, FIFO "
-                                                                              "or socket)")
+        code, why = (
+            (errno.EISDIR, None)
+            if path.is_dir()
+            else (errno.EINVAL, "not a regular file (a device, FIFO or socket)")
+        )
         raise OSError(code, why or os.strerror(code), str(path))
     mode = file_mode(path)
     fd, temps[path] = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -285,10 +326,13 @@ def _folder_problem(path: Path) -> OSError | None:
     if not stat.S_ISDIR(st.st_mode):
         return _error(errno.EEXIST if not missing else errno.ENOTDIR, path)
     name_max = _limit(at, "PC_NAME_MAX", 255)
-    if any(len(os.fsencode(p.name)) > name_max for p in missing) or \
-            len(os.fsencode(str(path))) >= _limit(at, "PC_PATH_MAX", 4096):
+    if any(len(os.fsencode(p.name)) > name_max for p in missing) or len(
+        os.fsencode(str(path))
+    ) >= _limit(at, "PC_PATH_MAX", 4096):
         return _error(errno.ENAMETOOLONG, path)
-    if not _can_write(at):  # mkdir stops at the first folder it cannot make; an existing one takes no entry
+    if not _can_write(
+        at
+    ):  # mkdir stops at the first folder it cannot make; an existing one takes no entry
         return _denied(at, missing[-1] if missing else path)
     return None
 
@@ -308,7 +352,9 @@ def _error(code: int, path: Path) -> OSError:
     return OSError(code, os.strerror(code), str(path))
 
 
-def check_writable(path: str | Path, folder: bool, append: bool = False, in_run: bool = False) -> None:
+def check_writable(
+    path: str | Path, folder: bool, append: bool = False, in_run: bool = False
+) -> None:
     """Refuse a path that :func:`write_problem` says cannot be written, with the line writing it would give:
     MinigptError ``cannot write PATH: <reason>; <fix>`` (``in_run`` as :func:`os_error_message` takes it)."""
     problem = write_problem(path, folder, append)

@@ -43,8 +43,10 @@ def check_dataset_name(name: str) -> str:
     """
     known = dataset_registry()
     if name not in known:
-        raise ValueError(f"data.dataset: unknown dataset {name!r}; known datasets: {', '.join(known)} "
-                         "(for your own text, set data.path)")
+        raise ValueError(
+            f"data.dataset: unknown dataset {name!r}; known datasets: {', '.join(known)} "
+            "(for your own text, set data.path)"
+        )
     return name
 
 
@@ -58,8 +60,13 @@ def corpus_path(data_dir: str | Path, dataset: str) -> Path:
     return dataset_dir(data_dir, dataset) / CORPUS_FILE
 
 
-def default_tokenizer_path(data_dir: str | Path, dataset: str, kind: str,
-                           vocab_size: int | None = None, special_tokens: Sequence[str] = ()) -> Path:
+def default_tokenizer_path(
+    data_dir: str | Path,
+    dataset: str,
+    kind: str,
+    vocab_size: int | None = None,
+    special_tokens: Sequence[str] = (),
+) -> Path:
     """Where a trained tokenizer is kept: ``data/<dataset>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json``.
 
     Configs that differ in a trained kind's size or in their special tokens (``<hash>``: 8 hex digits of the
@@ -85,7 +92,11 @@ def _yaml_names(folder: Traversable) -> list[str]:
     """The names of the ``.yaml`` files in a shipped folder, sorted, without the suffix."""
     if not folder.is_dir():
         return []
-    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml") and p.is_file())
+    return sorted(
+        p.name[: -len(".yaml")]
+        for p in folder.iterdir()
+        if p.name.endswith(".yaml") and p.is_file()
+    )
 
 
 def list_presets() -> list[str]:

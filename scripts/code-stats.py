@@ -27,7 +27,6 @@ import json
 import tokenize
 from pathlib import Path
 
-
 #: Keyword arguments whose strings are documentation (Typer's --help texts, pydantic's key descriptions).
 _DOC_KEYWORDS = {"help", "description", "epilog", "short_help"}
 
@@ -35,9 +34,16 @@ _DOC_KEYWORDS = {"help", "description", "epilog", "short_help"}
 def _docstring_lines(tree: ast.AST) -> set[int]:
     out = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+        ):
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 out.update(range(first.lineno, first.end_lineno + 1))
     return out
 
@@ -51,7 +57,9 @@ def _prose(node: ast.AST) -> bool:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         text = node.value
     elif isinstance(node, ast.JoinedStr):
-        text = "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+        text = "".join(
+            v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)
+        )
     else:
         return False
     return len(text) >= 20 and len(text.split()) >= 3
@@ -68,19 +76,31 @@ def file_stats(path: Path) -> dict[str, int]:
             comment_lines.add(tok.start[0])
             if not lines[tok.start[0] - 1][: tok.start[1]].strip():
                 comment_only.add(tok.start[0])
-    code = {i for i, text in enumerate(lines, 1) if text.strip() and i not in docstrings and i not in comment_only}
+    code = {
+        i
+        for i, text in enumerate(lines, 1)
+        if text.strip() and i not in docstrings and i not in comment_only
+    }
     guard, message = set(), set()
     raises = excepts = 0
     inside_fstring = set()
-    documentation = {id(n) for node in ast.walk(tree) if isinstance(node, ast.keyword) and node.arg in _DOC_KEYWORDS
-                     for n in ast.walk(node.value)}
+    documentation = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.keyword) and node.arg in _DOC_KEYWORDS
+        for n in ast.walk(node.value)
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise):
             raises += 1
             guard.update(_span(node))
         elif isinstance(node, ast.ExceptHandler):
             excepts += 1
-            header_end = node.body[0].lineno - 1 if node.body and node.body[0].lineno > node.lineno else node.lineno
+            header_end = (
+                node.body[0].lineno - 1
+                if node.body and node.body[0].lineno > node.lineno
+                else node.lineno
+            )
             guard.update(range(node.lineno, header_end + 1))
         elif isinstance(node, ast.If) and node.body and isinstance(node.body[-1], ast.Raise):
             guard.update(_span(node.test))
@@ -91,22 +111,35 @@ def file_stats(path: Path) -> dict[str, int]:
             message.update(_span(node))
     guard &= code
     message = (message & code) - guard
-    return {"lines": len(lines), "code": len(code), "raise": raises, "except": excepts, "guard": len(guard),
-            "message": len(message), "comments": len(comment_lines & (code | comment_only)),
-            "commentable": len(code | comment_only)}
+    return {
+        "lines": len(lines),
+        "code": len(code),
+        "raise": raises,
+        "except": excepts,
+        "guard": len(guard),
+        "message": len(message),
+        "comments": len(comment_lines & (code | comment_only)),
+        "commentable": len(code | comment_only),
+    }
 
 
 def summary(totals: dict[str, int]) -> dict[str, float]:
     k = totals["lines"] / 1000
-    return {"lines": totals["lines"], "code_lines": totals["code"],
-            "raise_per_1000": round(totals["raise"] / k, 1), "except_per_1000": round(totals["except"] / k, 1),
-            "guard_message_share": round((totals["guard"] + totals["message"]) / totals["code"], 3),
-            "comment_share": round(totals["comments"] / totals["commentable"], 3)}
+    return {
+        "lines": totals["lines"],
+        "code_lines": totals["code"],
+        "raise_per_1000": round(totals["raise"] / k, 1),
+        "except_per_1000": round(totals["except"] / k, 1),
+        "guard_message_share": round((totals["guard"] + totals["message"]) / totals["code"], 3),
+        "comment_share": round(totals["comments"] / totals["commentable"], 3),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("package", nargs="?", default=str(Path(__file__).resolve().parent.parent / "minigpt_cli"))
+    parser.add_argument(
+        "package", nargs="?", default=str(Path(__file__).resolve().parent.parent / "minigpt_cli")
+    )
     parser.add_argument("--per-module", action="store_true", help="also one row per subpackage")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
@@ -120,14 +153,20 @@ def main() -> None:
             acc = groups.setdefault(name, dict.fromkeys(st, 0))
             for key, value in st.items():
                 acc[key] += value
-    rows = {name: summary(t) for name, t in sorted(groups.items()) if args.per_module or name == "(all)"}
+    rows = {
+        name: summary(t) for name, t in sorted(groups.items()) if args.per_module or name == "(all)"
+    }
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'':14} {'lines':>7} {'code':>7} {'raise/k':>8} {'except/k':>8} {'guard+msg':>9} {'comments':>8}")
+    print(
+        f"{'':14} {'lines':>7} {'code':>7} {'raise/k':>8} {'except/k':>8} {'guard+msg':>9} {'comments':>8}"
+    )
     for name, r in rows.items():
-        print(f"{name:14} {r['lines']:>7,} {r['code_lines']:>7,} {r['raise_per_1000']:>8.1f} {r['except_per_1000']:>8.1f}"
-              f" {r['guard_message_share']:>9.1%} {r['comment_share']:>8.1%}")
+        print(
+            f"{name:14} {r['lines']:>7,} {r['code_lines']:>7,} {r['raise_per_1000']:>8.1f} {r['except_per_1000']:>8.1f}"
+            f" {r['guard_message_share']:>9.1%} {r['comment_share']:>8.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,20 @@ def batch(run: str, reps: int) -> None:
     walls: dict[tuple[int, int], list[float]] = {(n, t): [] for n in (1, 8) for t in (1, 500)}
     for _ in range(reps):
         for n, t in walls:
-            walls[n, t].append(timed(["minigpt", "generate", "--run", run, "--max-new-tokens", str(t),
-                                      "--num-samples", str(n)]))
+            walls[n, t].append(
+                timed(
+                    [
+                        "minigpt",
+                        "generate",
+                        "--run",
+                        run,
+                        "--max-new-tokens",
+                        str(t),
+                        "--num-samples",
+                        str(n),
+                    ]
+                )
+            )
     # The start-up is the same work for 1 and 8 samples (loading; a 1-token prompt): the median of all the
     # 1-token commands, which is steadier than either half (a 0.2 s wobble in it is 10% of one sample's decoding).
     start = statistics.median(walls[1, 1] + walls[8, 1])
@@ -56,22 +68,30 @@ def batch(run: str, reps: int) -> None:
         speeds[n] = n * 499 / (whole - start)
         print(median_line(f"--num-samples {n}, 500 tokens", walls[n, 500], "s"))
         print(median_line(f"--num-samples {n}, 1 token", walls[n, 1], "s"))
-        print(f"--num-samples {n}: {speeds[n]:.1f} tokens/s after the start-up ({n * 500 / whole:.1f} with it)")
+        print(
+            f"--num-samples {n}: {speeds[n]:.1f} tokens/s after the start-up ({n * 500 / whole:.1f} with it)"
+        )
     print(f"start-up (median of the 1-token commands) {start:.2f} s")
-    print(f"batch ratio {speeds[8] / speeds[1]:.2f} after the start-up "
-          f"({8 * statistics.median(walls[1, 500]) / statistics.median(walls[8, 500]):.2f} with it)")
+    print(
+        f"batch ratio {speeds[8] / speeds[1]:.2f} after the start-up "
+        f"({8 * statistics.median(walls[1, 500]) / statistics.median(walls[8, 500]):.2f} with it)"
+    )
 
 
 def startup(run: str, reps: int) -> None:
-    cmds = {"import torch": [sys.executable, "-c", "import torch"],
-            "generate 200": ["minigpt", "generate", "--run", run, "--max-new-tokens", "200"]}
+    cmds = {
+        "import torch": [sys.executable, "-c", "import torch"],
+        "generate 200": ["minigpt", "generate", "--run", run, "--max-new-tokens", "200"],
+    }
     walls: dict[str, list[float]] = {k: [] for k in cmds}
     for _ in range(reps):
         for k, cmd in cmds.items():
             walls[k].append(timed(cmd))
     for k, v in walls.items():
         print(median_line(k, v, "s"))
-    print(f"start-to-exit ratio {statistics.median(walls['generate 200']) / statistics.median(walls['import torch']):.2f}")
+    print(
+        f"start-to-exit ratio {statistics.median(walls['generate 200']) / statistics.median(walls['import torch']):.2f}"
+    )
 
 
 def load(run: str):
@@ -103,18 +123,22 @@ def bf16(run: str, reps: int) -> None:
     for _ in range(reps):
         (a, ia), (b, ib) = greedy(m32), greedy(m16)
         part = (ia != ib).nonzero()
-        print(f"float32 {a:.0f} tokens/s, bfloat16 {b:.0f} ({b / a:.2f}x); greedy texts equal for "
-              f"{int(part[0, 1]) if len(part) else ia.size(1)} of {ia.size(1)} tokens")
+        print(
+            f"float32 {a:.0f} tokens/s, bfloat16 {b:.0f} ({b / a:.2f}x); greedy texts equal for "
+            f"{int(part[0, 1]) if len(part) else ia.size(1)} of {ia.size(1)} tokens"
+        )
     corpus = Path(cfg.data.data_dir) / "tinyshakespeare" / "input.txt"
     ids = torch.tensor([tok.encode(corpus.read_text(encoding="utf-8")[-20000:])[:2048]])
     T, agree, worst = cfg.model.block_size, 0, 0.0
     with torch.no_grad():
         for s in range(0, ids.size(1) - T + 1, T):
-            a, b = m32(ids[:, s:s + T])[0], m16(ids[:, s:s + T])[0].float()
+            a, b = m32(ids[:, s : s + T])[0], m16(ids[:, s : s + T])[0].float()
             agree += int((a.argmax(-1) == b.argmax(-1)).sum())
             worst = max(worst, float((a - b).abs().max()))
-    print(f"teacher-forced argmax agreement {agree}/{ids.size(1)} = {agree / ids.size(1):.3f}; "
-          f"largest logit difference {worst:.3f}")
+    print(
+        f"teacher-forced argmax agreement {agree}/{ids.size(1)} = {agree / ids.size(1):.3f}; "
+        f"largest logit difference {worst:.3f}"
+    )
 
 
 def compiled(run: str, reps: int) -> None:
@@ -126,8 +150,14 @@ def compiled(run: str, reps: int) -> None:
     model, cfg, _ = load(run)
     stride = resolve_window_stride(cfg.model.block_size, cfg.sample.window_stride)
     for _ in range(reps):
-        r = measure_generation(model, torch.zeros(1, 1, dtype=torch.long), 500, stride, compile=True,
-                               echo=lambda m: None)
+        r = measure_generation(
+            model,
+            torch.zeros(1, 1, dtype=torch.long),
+            500,
+            stride,
+            compile=True,
+            echo=lambda m: None,
+        )
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))
 
 

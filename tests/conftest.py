@@ -54,8 +54,8 @@ def corpus_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
 def corpus_candidates(environ: Mapping[str, str] = os.environ, repo: Path = REPO) -> list[Path]:
     """Where the corpus is looked for, in order, after ``$MINIGPT_TEST_CORPUS``."""
     return [
-        repo.parent / "shared" / _CORPUS_REL,                       # shared/ beside the checkout
-        repo / _CORPUS_REL,                                         # minigpt download in the checkout
+        repo.parent / "shared" / _CORPUS_REL,  # shared/ beside the checkout
+        repo / _CORPUS_REL,  # minigpt download in the checkout
         corpus_cache_dir(environ) / "tinyshakespeare" / "input.txt",  # an earlier fetch
     ]
 
@@ -73,8 +73,10 @@ def locate_corpus(environ: Mapping[str, str] = os.environ, repo: Path = REPO) ->
     if explicit:
         path = Path(explicit).expanduser()
         if not file_ok(path):
-            raise CorpusNotFound(f"${CORPUS_ENV}={explicit} is not the genuine Tiny Shakespeare corpus "
-                                 f"(missing, or its size or sha256 {CORPUS_SHA256[:8]}… differs); fix or unset it")
+            raise CorpusNotFound(
+                f"${CORPUS_ENV}={explicit} is not the genuine Tiny Shakespeare corpus "
+                f"(missing, or its size or sha256 {CORPUS_SHA256[:8]}… differs); fix or unset it"
+            )
         return path
     return next((p for p in corpus_candidates(environ, repo) if file_ok(p)), None)
 
@@ -145,7 +147,13 @@ def _make_handler(body: bytes, hits: Counter, lock: threading.Lock):
         def log_message(self, format, *args):  # noqa: A002 - silence request logging
             pass
 
-        def _send(self, status: int, payload: bytes, length: int | None = None, encoding: str | None = None) -> None:
+        def _send(
+            self,
+            status: int,
+            payload: bytes,
+            length: int | None = None,
+            encoding: str | None = None,
+        ) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "text/plain; charset=utf-8")
             if encoding is not None:
@@ -317,7 +325,9 @@ FIRST = ("test_distributed.py", "test_sweep_search.py", "test_checkpoint.py", "t
 
 def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "dist", "no") == "loadscope":
-        config.option.loadscopereorder = False  # the order of the workers' collection (below) is the order
+        config.option.loadscopereorder = (
+            False  # the order of the workers' collection (below) is the order
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -325,7 +335,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     modules first, then the others by their number of tests, most first (what ``--dist loadscope`` does itself)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    counts = Counter(item.nodeid.rsplit("::", 1)[0] for item in items)  # pytest-xdist's scope: the module
+    counts = Counter(
+        item.nodeid.rsplit("::", 1)[0] for item in items
+    )  # pytest-xdist's scope: the module
 
     def rank(item: pytest.Item) -> tuple[int, int]:
         first = FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST)

@@ -53,8 +53,16 @@ def tiny(data_dir, *extra):
     """tiny.yaml on the test corpus: a train line every step, an eval every 20, no samples; ``extra`` overrides."""
     from minigpt_cli.config.schema import load_config
 
-    return load_config(TINY, [f"data.data_dir={data_dir}", "train.log_interval=1", "train.sample_tokens=0",
-                              "train.eval_interval=20", *extra])
+    return load_config(
+        TINY,
+        [
+            f"data.data_dir={data_dir}",
+            "train.log_interval=1",
+            "train.sample_tokens=0",
+            "train.eval_interval=20",
+            *extra,
+        ],
+    )
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -74,8 +82,14 @@ def curve(run_dir: Path) -> dict[tuple[str, int], float]:
 def cli_process(args, env_extra=None, cwd=None, **kw) -> subprocess.CompletedProcess:
     """``python -m minigpt_cli ARGS`` in a process of its own (signals, kills, torchrun), its output captured."""
     env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "minigpt_cli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "minigpt_cli", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        **kw,
+    )
 
 
 def small_peak(monkeypatch, n: int = 256) -> None:
@@ -111,7 +125,10 @@ def record_checksums(ckpt: Path) -> None:
     import hashlib
 
     meta = json.loads((Path(ckpt) / "meta.json").read_text())
-    meta["sha256"] = {name: hashlib.sha256((Path(ckpt) / name).read_bytes()).hexdigest() for name in meta["sha256"]}
+    meta["sha256"] = {
+        name: hashlib.sha256((Path(ckpt) / name).read_bytes()).hexdigest()
+        for name in meta["sha256"]
+    }
     write_meta(ckpt, meta)
 
 

@@ -17,7 +17,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def _python_block(text: str, after: str) -> str:
     """The first ```python block after the heading ``after``."""
-    return re.search(r"```python\n(.*?)```", text[text.index(after):], re.S).group(1)
+    return re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S).group(1)
 
 
 @pytest.fixture
@@ -33,7 +33,10 @@ def test_the_readmes_python_block_runs(workdir, capsys):
     code = _python_block(README.read_text(encoding="utf-8"), "## Python API")
     assert "load_run(" in code and "train.max_iters=60" in code
     scope: dict = {}
-    exec(compile(code.replace("train.max_iters=60", "train.max_iters=16"), "README.md", "exec"), scope)
+    exec(
+        compile(code.replace("train.max_iters=60", "train.max_iters=16"), "README.md", "exec"),
+        scope,
+    )
     assert scope["result"].step == 16 and scope["texts"][0].startswith("ROMEO:")
     run = scope["run"]
     assert not run.model.training and run.config.name == "tiny"
@@ -49,10 +52,19 @@ def test_the_readmes_python_block_runs(workdir, capsys):
 
 def test_the_package_docstrings_example_runs(workdir):
     body = minigpt_cli.__doc__.split("::\n", 1)[1]
-    code = textwrap.dedent(body[:body.index("\n\n", body.index("print("))])  # the indented block after '::'
+    code = textwrap.dedent(
+        body[: body.index("\n\n", body.index("print("))]
+    )  # the indented block after '::'
     assert "load_run(" in code and "generate(" in code
     scope: dict = {}
-    exec(compile(code.replace("train.max_iters=50", "train.max_iters=8"), "minigpt_cli/__init__.py", "exec"), scope)
+    exec(
+        compile(
+            code.replace("train.max_iters=50", "train.max_iters=8"),
+            "minigpt_cli/__init__.py",
+            "exec",
+        ),
+        scope,
+    )
     assert scope["result"].step == 8 and scope["texts"][0].startswith("ROMEO:")
     assert scope["run"].tokenizer.vocab_size == scope["run"].config.model.vocab_size
     assert set(minigpt_cli.__all__) == set(minigpt_cli._API)

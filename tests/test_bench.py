@@ -15,18 +15,31 @@ TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 
 
 def test_bench_json(cli, monkeypatch):
-    small_peak(monkeypatch)  # the products are 256 x 256 here; bench still names the 2048 x 2048 it runs
+    small_peak(
+        monkeypatch
+    )  # the products are 256 x 256 here; bench still names the 2048 x 2048 it runs
     res = cli("bench", TINY, "--iters", "2", "--max-new-tokens", "5", "--json")
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)
     assert r["peak_matmul"] == f"2048x2048 @ 2048x2048, float32, median of 10, {r['peak_kernel']}"
-    for key in ("train_tokens_per_sec", "achieved_flops", "peak_flops", "mfu",
-                "gen_tokens_per_sec_cached", "gen_tokens_per_sec_uncached", "gen_tokens_per_sec_batched"):
+    for key in (
+        "train_tokens_per_sec",
+        "achieved_flops",
+        "peak_flops",
+        "mfu",
+        "gen_tokens_per_sec_cached",
+        "gen_tokens_per_sec_uncached",
+        "gen_tokens_per_sec_batched",
+    ):
         assert r[key] > 0, key
     # Generation: 8 samples in a batch; on a CPU without compile: true, no compiled figure, and why.
     from minigpt_cli.bench.generation import CPU_COMPILE_OFF
 
-    assert r["gen_batch"] == 8 and r["gen_batched_speedup"] == r["gen_tokens_per_sec_batched"] / r["gen_tokens_per_sec_cached"]
+    assert (
+        r["gen_batch"] == 8
+        and r["gen_batched_speedup"]
+        == r["gen_tokens_per_sec_batched"] / r["gen_tokens_per_sec_cached"]
+    )
     assert r["gen_tokens_per_sec_compiled"] is None and r["gen_compiled_note"] == CPU_COMPILE_OFF
     assert abs(r["mfu"] - r["achieved_flops"] / r["peak_flops"]) < 1e-12
     # The peak is the fastest kernel measured, and the kernel of the model's linear layers is among them.
@@ -43,7 +56,10 @@ def test_bench_json(cli, monkeypatch):
     assert 2 * 256 * 32 * 128 < ONEDNN_MIN_FLOPS
     assert r["linear_kernel"] == "torch.mm"
     assert set(by_kernel) == ({"torch.mm", "oneDNN"} if matmul_op() is not None else {"torch.mm"})
-    assert abs(r["achieved_flops"] - r["flops_per_token"] * r["train_tokens_per_sec"]) < 1e-3 * r["achieved_flops"]
+    assert (
+        abs(r["achieved_flops"] - r["flops_per_token"] * r["train_tokens_per_sec"])
+        < 1e-3 * r["achieved_flops"]
+    )
     # PaLM appendix B: 6·N + 12·L·H·Q·T, N without position embeddings, the tied embedding once.
     cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})
     model = GPT(cfg)
@@ -56,7 +72,9 @@ def test_bench_table(cli, monkeypatch):
     small_peak(monkeypatch)
     res = cli("bench", TINY, "--iters", "1", "--no-generation")
     assert res.exit_code == 0, res
-    assert "MFU" in res.stdout and "training tokens/s" in res.stdout and "KV cache" not in res.stdout
+    assert (
+        "MFU" in res.stdout and "training tokens/s" in res.stdout and "KV cache" not in res.stdout
+    )
     from minigpt_cli.runtime.kernels.onednn import matmul_op as onednn_matmul_op
 
     assert ("against torch.mm peak" in res.stdout) == (onednn_matmul_op() is not None)
@@ -65,9 +83,17 @@ def test_bench_table(cli, monkeypatch):
 def test_bench_refuses_impossible_sizes_before_allocating(cli):
     from helpers import assert_user_error
 
-    assert_user_error(cli("bench", TINY, "--prompt-len", "1000000000"), "--prompt-len 1000000000", "block_size = 32")
-    assert_user_error(cli("bench", TINY, "--set", "train.batch_size=100000000"), "this model needs about",
-                      "train.batch_size", notes_ok=True)
+    assert_user_error(
+        cli("bench", TINY, "--prompt-len", "1000000000"),
+        "--prompt-len 1000000000",
+        "block_size = 32",
+    )
+    assert_user_error(
+        cli("bench", TINY, "--set", "train.batch_size=100000000"),
+        "this model needs about",
+        "train.batch_size",
+        notes_ok=True,
+    )
 
 
 def test_peak_is_the_machines_even_with_onednn_turned_off(cli, monkeypatch):
@@ -76,7 +102,9 @@ def test_peak_is_the_machines_even_with_onednn_turned_off(cli, monkeypatch):
     # n_embd 128: the MLP's products are big enough for oneDNN, so only the switch keeps them off it.
     monkeypatch.setenv("MINIGPT_ONEDNN", "0")
     small_peak(monkeypatch)
-    res = cli("bench", TINY, "--iters", "1", "--no-generation", "--json", "--set", "model.n_embd=128")
+    res = cli(
+        "bench", TINY, "--iters", "1", "--no-generation", "--json", "--set", "model.n_embd=128"
+    )
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)
     assert r["linear_kernel"] == "torch.mm"
@@ -95,10 +123,17 @@ def test_an_mfu_above_one_against_a_slower_kernel_is_explained(monkeypatch):
     small_peak(monkeypatch)
 
     r = bench(load_config(TINY), iters=1, generation=False, echo=lambda m: None)
-    r["mfu_by_kernel"] = {"torch.mm": 1.06, "oneDNN": 0.49}  # linear layers on oneDNN, beyond MKL's peak
+    r["mfu_by_kernel"] = {
+        "torch.mm": 1.06,
+        "oneDNN": 0.49,
+    }  # linear layers on oneDNN, beyond MKL's peak
     lines = format_bench(r).splitlines()
     above = [l for l in lines if "against torch.mm peak" in l]
-    assert len(above) == 1 and "1.060" in above[0] and "above 1: the model's products run on a faster kernel" in above[0]
+    assert (
+        len(above) == 1
+        and "1.060" in above[0]
+        and "above 1: the model's products run on a faster kernel" in above[0]
+    )
     assert not any("above 1" in l for l in lines if "against oneDNN peak" in l)
 
 
@@ -117,14 +152,32 @@ def test_bench_streaming_goes_through_generates_text_path(cli, data_dir, monkeyp
 
     monkeypatch.setattr(gen_mod, "write_sample", spy)
     small_peak(monkeypatch)
-    res = cli("bench", TINY, "--iters", "1", "--no-generation", "--stream-tokens", "60", "--json",
-              "--set", f"data.data_dir={data_dir}")
+    res = cli(
+        "bench",
+        TINY,
+        "--iters",
+        "1",
+        "--no-generation",
+        "--stream-tokens",
+        "60",
+        "--json",
+        "--set",
+        f"data.data_dir={data_dir}",
+    )
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)
     # A warm-up, then decoded at the end, streamed, streamed with a stop string that never occurs.
-    assert calls == [("char", True, [STREAM_STOP]), ("char", False, []), ("char", True, []),
-                     ("char", True, [STREAM_STOP])]
-    assert r["stream_tokens"] == 60 and r["stream_tokenizer"] == "char" and r["stream_text_equal"] is True
+    assert calls == [
+        ("char", True, [STREAM_STOP]),
+        ("char", False, []),
+        ("char", True, []),
+        ("char", True, [STREAM_STOP]),
+    ]
+    assert (
+        r["stream_tokens"] == 60
+        and r["stream_tokenizer"] == "char"
+        and r["stream_text_equal"] is True
+    )
     wall, text = r["stream_seconds"], r["stream_text_seconds"]
     assert set(wall) == set(text) == {"plain", "stream", "stop"}
     assert all(0 < text[m] < wall[m] for m in wall)
@@ -142,10 +195,20 @@ def test_bench_streaming_goes_through_generates_text_path(cli, data_dir, monkeyp
 def test_bench_streaming_needs_a_model_vocabulary_that_holds_the_tokenizer(cli, data_dir):
     from helpers import assert_user_error
 
-    assert_user_error(cli("bench", TINY, "--stream-tokens", "5", "--set", f"data.data_dir={data_dir}",
-                          "--set", "model.vocab_size=10"),
-                      "model.vocab_size (10) is smaller than the tokenizer's 65 entries",
-                      notes_ok=True)  # the tokenizer may be trained first, with a line that says so
+    assert_user_error(
+        cli(
+            "bench",
+            TINY,
+            "--stream-tokens",
+            "5",
+            "--set",
+            f"data.data_dir={data_dir}",
+            "--set",
+            "model.vocab_size=10",
+        ),
+        "model.vocab_size (10) is smaller than the tokenizer's 65 entries",
+        notes_ok=True,
+    )  # the tokenizer may be trained first, with a line that says so
 
 
 def test_bench_generation_compares_the_compiled_path_with_the_eager_cache(monkeypatch):
@@ -162,12 +225,16 @@ def test_bench_generation_compares_the_compiled_path_with_the_eager_cache(monkey
     monkeypatch.setattr(decoding, "compiled_step", lambda mode, backend: decoding._step)
     r = measure_generation(model, prompt, 40, 8, compile=True, batch=3, echo=lambda m: None)
     assert r["gen_compiled_tokens_equal"] is True and r["gen_compiled_note"] is None
-    assert r["gen_compiled_speedup"] == r["gen_tokens_per_sec_compiled"] / r["gen_tokens_per_sec_cached"]
+    assert (
+        r["gen_compiled_speedup"]
+        == r["gen_tokens_per_sec_compiled"] / r["gen_tokens_per_sec_cached"]
+    )
     assert r["gen_compile_seconds"] > 0 and r["gen_batch"] == 3
 
     def broken(mode, backend):
         def step(*args):
             raise RuntimeError("no C++ compiler here")
+
         return step
 
     monkeypatch.setattr(decoding, "compiled_step", broken)
@@ -179,36 +246,69 @@ def test_bench_generation_compares_the_compiled_path_with_the_eager_cache(monkey
 
 
 def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_settings(cli):
-    res = cli("bench", TINY, "--optimizers", "--iters", "7", "--set", "train.muon.ns_steps=3", "--json")
+    res = cli(
+        "bench", TINY, "--optimizers", "--iters", "7", "--set", "train.muon.ns_steps=3", "--json"
+    )
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)  # 7 steps: rounded up to 2 rounds of 5
-    assert r["ns_steps"] == 3 and r["n_rounds"] == 2 and set(r["step_s"]) == {"adamw", "muon", "torch.optim.Muon"}
-    assert r["step_ratio_interval"] == {"adamw": None, "muon": None, "torch.optim.Muon": None}  # 2 rounds: too few
-    for name, steps in r["rounds"]["step"].items():  # the update is timed inside the step that contains it
+    assert (
+        r["ns_steps"] == 3
+        and r["n_rounds"] == 2
+        and set(r["step_s"]) == {"adamw", "muon", "torch.optim.Muon"}
+    )
+    assert r["step_ratio_interval"] == {
+        "adamw": None,
+        "muon": None,
+        "torch.optim.Muon": None,
+    }  # 2 rounds: too few
+    for name, steps in r["rounds"][
+        "step"
+    ].items():  # the update is timed inside the step that contains it
         assert all(0 < u < s for u, s in zip(r["rounds"]["optimizer"][name], steps)), name
     import statistics
 
     for kind in ("step", "optimizer"):
         rounds = r["rounds"][kind]
         assert all(len(v) == 2 and min(v) > 0 for v in rounds.values())
-        for name, times in rounds.items():  # each ratio is the median of the rounds' ratios, not of the medians
+        for (
+            name,
+            times,
+        ) in rounds.items():  # each ratio is the median of the rounds' ratios, not of the medians
             paired = statistics.median(a / b for a, b in zip(times, rounds["adamw"]))
             assert r[f"{kind}_ratio"][name] == paired
             assert r[f"{kind}_s"][name] == statistics.median(times)
     table = cli("bench", TINY, "--optimizers", "--iters", "5")
     assert table.exit_code == 0 and "muon's step / AdamW's, by round:" in table.stdout, table
-    assert "n/a (<6 rounds)" in table.stdout and "over 1 round;" in table.stdout  # 1 round: no interval
+    assert (
+        "n/a (<6 rounds)" in table.stdout and "over 1 round;" in table.stdout
+    )  # 1 round: no interval
     from helpers import assert_user_error
 
-    assert_user_error(cli("bench", TINY, "--optimizers", "--prepare"), "--optimizers and --prepare", "give one")
-    assert_user_error(cli("bench", TINY, "--optimizers", "--stream-tokens", "10"), "--optimizers and --stream-tokens")
+    assert_user_error(
+        cli("bench", TINY, "--optimizers", "--prepare"), "--optimizers and --prepare", "give one"
+    )
+    assert_user_error(
+        cli("bench", TINY, "--optimizers", "--stream-tokens", "10"),
+        "--optimizers and --stream-tokens",
+    )
     # what a mode does not read is refused, not dropped without a word (QA)
-    assert_user_error(cli("bench", TINY, "--optimizers", "--prompt-len", "5", "--no-generation"),
-                      "--optimizers leaves --prompt-len, --generation/--no-generation unread", "drop them")
-    assert_user_error(cli("bench", TINY, "--prepare", "--iters", "5"), "--prepare leaves --iters unread", "drop it")
-    assert_user_error(cli("bench", TINY, "--prepare", "--stream-tokens", "3"), "--prepare leaves --stream-tokens")
-    assert_user_error(cli("bench", TINY, "--no-generation", "--max-new-tokens", "5"),
-                      "--no-generation leaves --max-new-tokens unread")
+    assert_user_error(
+        cli("bench", TINY, "--optimizers", "--prompt-len", "5", "--no-generation"),
+        "--optimizers leaves --prompt-len, --generation/--no-generation unread",
+        "drop them",
+    )
+    assert_user_error(
+        cli("bench", TINY, "--prepare", "--iters", "5"),
+        "--prepare leaves --iters unread",
+        "drop it",
+    )
+    assert_user_error(
+        cli("bench", TINY, "--prepare", "--stream-tokens", "3"), "--prepare leaves --stream-tokens"
+    )
+    assert_user_error(
+        cli("bench", TINY, "--no-generation", "--max-new-tokens", "5"),
+        "--no-generation leaves --max-new-tokens unread",
+    )
 
 
 def test_the_ratios_interval_is_the_sign_tests_interval_for_the_median():
@@ -216,9 +316,14 @@ def test_the_ratios_interval_is_the_sign_tests_interval_for_the_median():
     40th and 61st of 100, the extremes of 6; none from 5."""
     from minigpt_cli.bench.optimizer import median_interval
 
-    assert median_interval([float(x) for x in range(20, 0, -1)]) == (6.0, 15.0)  # ranks, whatever the order
+    assert median_interval([float(x) for x in range(20, 0, -1)]) == (
+        6.0,
+        15.0,
+    )  # ranks, whatever the order
     assert median_interval(list(range(1, 101))) == (40, 61)
-    assert median_interval([3, 1, 2, 6, 5, 4]) == (1, 6) and median_interval([1, 2, 3, 4, 5]) is None
+    assert (
+        median_interval([3, 1, 2, 6, 5, 4]) == (1, 6) and median_interval([1, 2, 3, 4, 5]) is None
+    )
     assert median_interval(list(range(1, 21)), confidence=0.5) == (8, 13)
 
 
@@ -228,6 +333,8 @@ def test_bench_builds_a_trained_tokenizers_model_at_its_vocabulary():
     from minigpt_cli.bench.throughput import CHAR_VOCAB, bench_vocab
 
     bpe = load_config(Path(__file__).resolve().parent.parent / "configs" / "shakespeare-bpe.yaml")
-    assert bpe.model.vocab_size is None and bench_vocab(bpe) == bpe.tokenizer.vocab_size != CHAR_VOCAB
+    assert (
+        bpe.model.vocab_size is None and bench_vocab(bpe) == bpe.tokenizer.vocab_size != CHAR_VOCAB
+    )
     assert bench_vocab(load_config(TINY)) == CHAR_VOCAB
     assert bench_vocab(load_config(TINY, ["model.vocab_size=100"])) == 100

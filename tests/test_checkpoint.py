@@ -39,7 +39,9 @@ def policy(tmp_path):
 def saved(run_dir: Path) -> dict[str, int]:
     """Each checkpoint folder of the run and the step its meta.json names."""
     root = run_dir / runs.CHECKPOINTS
-    return {d.name: runs.read_meta(d)["step"] for d in sorted(root.iterdir())} if root.is_dir() else {}
+    return (
+        {d.name: runs.read_meta(d)["step"] for d in sorted(root.iterdir())} if root.is_dir() else {}
+    )
 
 
 def test_an_eval_saves_best_only_when_it_improves_and_last_always(policy, tmp_path):
@@ -88,15 +90,33 @@ def test_a_saved_checkpoint_rebuilds_the_model_alone(tmp_path):
     assert digest == hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
     sums = meta.pop("sha256")
     assert meta == {"step": 3}
-    assert sums == {name: hashlib.sha256((runs.checkpoint_dir(tmp_path, runs.LAST) / name).read_bytes()).hexdigest()
-                    for name in (runs.WEIGHTS, runs.STATE, runs.CONFIG)}
+    assert sums == {
+        name: hashlib.sha256(
+            (runs.checkpoint_dir(tmp_path, runs.LAST) / name).read_bytes()
+        ).hexdigest()
+        for name in (runs.WEIGHTS, runs.STATE, runs.CONFIG)
+    }
 
 
 @pytest.mark.parametrize("point", ["weights", "swap"])
-def test_kill_during_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path, monkeypatch, point):
+def test_kill_during_checkpoint_write_keeps_the_previous_one(
+    data_dir, tmp_path, monkeypatch, point
+):
     """SIGKILL inside the 2nd write of checkpoints/last: the 1st stays loadable and resumable."""
-    sets = [f"data.data_dir={data_dir}", "train.max_iters=20", "train.eval_interval=10", "train.sample_tokens=0"]
-    args = ["train", TINY, "--run-name", "k", "--no-progress", *[w for s in sets for w in ("--set", s)]]
+    sets = [
+        f"data.data_dir={data_dir}",
+        "train.max_iters=20",
+        "train.eval_interval=10",
+        "train.sample_tokens=0",
+    ]
+    args = [
+        "train",
+        TINY,
+        "--run-name",
+        "k",
+        "--no-progress",
+        *[w for s in sets for w in ("--set", s)],
+    ]
     killed = cli_process(args, {"MINIGPT_TEST_KILL_DURING_SAVE": f"last:2:{point}"}, cwd=tmp_path)
     assert killed.returncode == -signal.SIGKILL
     last = tmp_path / "runs" / "k" / "checkpoints" / "last"
@@ -107,7 +127,14 @@ def test_kill_during_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path,
     assert list(last.parent.glob(".last.tmp-*"))  # the killed save's temporary folder
     if point == "swap":
         # Killed again inside the next swap, while .last.old is the only complete copy: it must survive.
-        resume = ["train", TINY, "--resume", "runs/k", "--no-progress", *[w for s in sets for w in ("--set", s)]]
+        resume = [
+            "train",
+            TINY,
+            "--resume",
+            "runs/k",
+            "--no-progress",
+            *[w for s in sets for w in ("--set", s)],
+        ]
         again = cli_process(resume, {"MINIGPT_TEST_KILL_DURING_SAVE": "last:1:swap"}, cwd=tmp_path)
         assert again.returncode == -signal.SIGKILL
         assert runs.read_meta(last)["step"] == 0
@@ -124,25 +151,36 @@ def test_truncated_weights_are_refused(data_dir, tmp_path, monkeypatch, cli):
     w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
     with pytest.raises(MinigptError, match="model.safetensors.*corrupt or truncated"):
         checkpoint.load_model(w.parent)
-    res = cli("train", TINY, "--resume", "runs/t", "--set", f"data.data_dir={data_dir}", "--no-progress")
+    res = cli(
+        "train", TINY, "--resume", "runs/t", "--set", f"data.data_dir={data_dir}", "--no-progress"
+    )
     assert_user_error(res, "model.safetensors", "corrupt")
     # Every command that loads a checkpoint is told the option it takes, not another command's.
-    for command in (["evaluate", "--run", "runs/t"], ["export", "runs/t", "--output", "hf"],
-                    ["generate", "--run", "runs/t", "--max-new-tokens", "1"]):
+    for command in (
+        ["evaluate", "--run", "runs/t"],
+        ["export", "runs/t", "--output", "hf"],
+        ["generate", "--run", "runs/t", "--max-new-tokens", "1"],
+    ):
         res = cli(*command, "--checkpoint", "last")
-        assert_user_error(res, "corrupt or truncated", "use the other checkpoint (--checkpoint best)")
+        assert_user_error(
+            res, "corrupt or truncated", "use the other checkpoint (--checkpoint best)"
+        )
         assert "generate --checkpoint" not in res.stderr, res
 
 
-@pytest.mark.parametrize("change,problem", [
-    (lambda s: {"x": 1}, "no 'step' entry"),
-    (lambda s: [s], "it holds a value of type list, not a dict"),
-    (lambda s: {**s, "evaluated": "yes"}, "'evaluated' is of type str"),
-    (lambda s: {**s, "rng": {**s["rng"], "torch": 3}}, "'rng.torch' is of type int"),
-    (lambda s: {**s, "data_rng": {}}, "no 'data_rng.train' entry"),
-])
-def test_a_trainer_state_of_the_wrong_shape_is_refused_in_one_line(data_dir, tmp_path, monkeypatch, cli, change,
-                                                                  problem):
+@pytest.mark.parametrize(
+    "change,problem",
+    [
+        (lambda s: {"x": 1}, "no 'step' entry"),
+        (lambda s: [s], "it holds a value of type list, not a dict"),
+        (lambda s: {**s, "evaluated": "yes"}, "'evaluated' is of type str"),
+        (lambda s: {**s, "rng": {**s["rng"], "torch": 3}}, "'rng.torch' is of type int"),
+        (lambda s: {**s, "data_rng": {}}, "no 'data_rng.train' entry"),
+    ],
+)
+def test_a_trainer_state_of_the_wrong_shape_is_refused_in_one_line(
+    data_dir, tmp_path, monkeypatch, cli, change, problem
+):
     """A well-formed pickle that is not a trainer state: the entry a resume would miss is named, as a truncated
     file is, instead of a KeyError deep in the resume."""
     monkeypatch.chdir(tmp_path)
@@ -153,7 +191,9 @@ def test_a_trainer_state_of_the_wrong_shape_is_refused_in_one_line(data_dir, tmp
     sets = ["--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=8"]
     for extra in ([], ["--dry-run"]):
         res = cli("train", TINY, "--resume", "runs/s", *sets, *extra, "--no-progress")
-        assert_user_error(res, "trainer_state.pt", "is not a minigpt trainer state", problem, "start a new run")
+        assert_user_error(
+            res, "trainer_state.pt", "is not a minigpt trainer state", problem, "start a new run"
+        )
 
 
 def test_a_pickle_that_runs_code_is_refused_and_not_run(data_dir, tmp_path, monkeypatch):
@@ -163,12 +203,19 @@ def test_a_pickle_that_runs_code_is_refused_and_not_run(data_dir, tmp_path, monk
     _Evil.marker = marker
     state = tmp_path / "runs" / "p" / "checkpoints" / "last" / "trainer_state.pt"
     torch.save({"step": 1, "payload": _Evil()}, state)
-    record_checksums(state.parent)  # a pickle planted with its checksum: weights_only must still refuse it
+    record_checksums(
+        state.parent
+    )  # a pickle planted with its checksum: weights_only must still refuse it
     with pytest.raises(MinigptError, match="trainer_state.pt.*unsafe"):
         checkpoint.load_trainer_state(state.parent)
     assert not marker.exists()
     with pytest.raises(MinigptError, match="trainer_state.pt"):
-        train(tiny(data_dir, "train.max_iters=5"), echo=lambda m: None, progress=False, resume="runs/p")
+        train(
+            tiny(data_dir, "train.max_iters=5"),
+            echo=lambda m: None,
+            progress=False,
+            resume="runs/p",
+        )
     assert not marker.exists()
     assert pickle  # the module the attack would use
 

@@ -18,7 +18,15 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "tiny.yaml"
 SHA = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
-RUN_FILES = ["config.yaml", "tokenizer.json", "metrics.jsonl", "train.log", "loss.png", "samples.txt", "env.json"]
+RUN_FILES = [
+    "config.yaml",
+    "tokenizer.json",
+    "metrics.jsonl",
+    "train.log",
+    "loss.png",
+    "samples.txt",
+    "env.json",
+]
 CKPT_FILES = ["model.safetensors", "trainer_state.pt", "config.yaml"]
 
 
@@ -78,7 +86,17 @@ def test_generate_from_the_latest_run(trained_run, cli, monkeypatch):
     assert res.exit_code == 0, res
     assert res.stdout.startswith("ROMEO:")
     assert len(res.stdout) == len("ROMEO:") + 50 + 1  # 50 characters and a newline
-    again = cli("generate", "--run", "runs/e2e", "--prompt", "ROMEO:", "--max-new-tokens", "50", "--seed", "1")
+    again = cli(
+        "generate",
+        "--run",
+        "runs/e2e",
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "50",
+        "--seed",
+        "1",
+    )
     assert again.stdout == res.stdout  # same seed, same text
     other = cli("generate", "--prompt", "ROMEO:", "--max-new-tokens", "50", "--seed", "2")
     assert other.stdout != res.stdout
@@ -88,7 +106,16 @@ def test_generate_greedy_with_and_without_cache(trained_run, cli, monkeypatch):
     work, *_ = trained_run
     monkeypatch.chdir(work)
     a = cli("generate", "--prompt", "KING", "--temperature", "0", "--max-new-tokens", "80")
-    b = cli("generate", "--prompt", "KING", "--temperature", "0", "--max-new-tokens", "80", "--no-kv-cache")
+    b = cli(
+        "generate",
+        "--prompt",
+        "KING",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "80",
+        "--no-kv-cache",
+    )
     assert a.exit_code == b.exit_code == 0
     assert a.stdout == b.stdout
 
@@ -198,8 +225,12 @@ def test_existing_run_name_is_refused(trained_run, cli, monkeypatch, data_dir):
     assert (work / "runs" / "e2e" / "metrics.jsonl").read_bytes() == before
     # Names that would need quoting in the printed hints, or escape runs/, are refused up front.
     for bad in ("sp ace", "new\nline", "../up", "a/b", "..", ""):
-        assert_user_error(cli("train", TINY, "--run-name", bad, "--set", f"data.data_dir={data_dir}"),
-                          "--run-name", "letters, digits", notes_ok=True)
+        assert_user_error(
+            cli("train", TINY, "--run-name", bad, "--set", f"data.data_dir={data_dir}"),
+            "--run-name",
+            "letters, digits",
+            notes_ok=True,
+        )
     assert sorted(p.name for p in (work / "runs").iterdir()) == ["e2e"]
 
 
@@ -209,8 +240,14 @@ def test_count_params_gpt2_small(cli):
     assert "124,439,808" in res.stdout
     js = json.loads(cli("count-params", "--preset", "gpt2-small", "--json").stdout)
     assert js["total"] == 124_439_808
-    for key in ("non_embedding", "embedding", "per_layer", "flops_per_token_forward",
-                "flops_per_token_train", "seq_len"):
+    for key in (
+        "non_embedding",
+        "embedding",
+        "per_layer",
+        "flops_per_token_forward",
+        "flops_per_token_train",
+        "seq_len",
+    ):
         assert key in js
 
 
@@ -223,14 +260,27 @@ def test_count_params_bad_input(cli, tmp_path):
 def test_train_tokenizer_char(cli, tmp_path, monkeypatch, data_dir):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "tok.json"
-    res = cli("train-tokenizer", "--set", f"data.data_dir={data_dir}", "--kind", "char", "--output", out)
+    res = cli(
+        "train-tokenizer", "--set", f"data.data_dir={data_dir}", "--kind", "char", "--output", out
+    )
     assert res.exit_code == 0, res
-    assert "vocabulary size     65" in res.stdout and "111,540" in res.stdout and "exact" in res.stdout
+    assert (
+        "vocabulary size     65" in res.stdout and "111,540" in res.stdout and "exact" in res.stdout
+    )
     assert json.loads(out.read_text())["kind"] == "char"
     # an output that cannot be written is refused before the training, not after it (QA)
     (tmp_path / "small.txt").write_text("to be or not to be, that is the question\n" * 50)
-    res = cli("train-tokenizer", "--kind", "bpe", "--vocab-size", "300", "--input", tmp_path / "small.txt",
-              "--output", out / "t.json")
+    res = cli(
+        "train-tokenizer",
+        "--kind",
+        "bpe",
+        "--vocab-size",
+        "300",
+        "--input",
+        tmp_path / "small.txt",
+        "--output",
+        out / "t.json",
+    )
     assert_user_error(res, f"cannot write {out / 't.json'}", "a file is in the way")
     assert "training a" not in res.stderr
 
@@ -249,16 +299,29 @@ def test_help_is_fast_because_torch_is_lazy():
 
 def test_console_script_exit_code(tmp_path):
     """The installed entry point: a user error exits 2 with one line and no traceback."""
-    out = subprocess.run([sys.executable, "-m", "minigpt_cli", "train", str(tmp_path / "x.yaml")],
-                         capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "minigpt_cli", "train", str(tmp_path / "x.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().startswith("error:") and len(out.stderr.strip().splitlines()) == 1
 
 
-def test_progress_bars_only_on_a_terminal_unless_asked(cli, data_dir, corpus_server, tmp_path, monkeypatch):
+def test_progress_bars_only_on_a_terminal_unless_asked(
+    cli, data_dir, corpus_server, tmp_path, monkeypatch
+):
     """CliRunner's stderr is not a terminal: no bars by default; --progress forces them, --no-progress still works."""
     monkeypatch.chdir(tmp_path)
-    common = ["--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=3", "--set", "train.sample_tokens=0"]
+    common = [
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "train.max_iters=3",
+        "--set",
+        "train.sample_tokens=0",
+    ]
     quiet = cli("train", TINY, "--run-name", "quiet", *common)
     assert quiet.exit_code == 0, quiet
     assert "%|" not in quiet.stderr and "step 3: train loss" in quiet.stderr
@@ -277,19 +340,34 @@ def test_progress_bars_only_on_a_terminal_unless_asked(cli, data_dir, corpus_ser
 
 
 def test_bare_minigpt_prints_the_help_and_no_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "minigpt_cli"], capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "minigpt_cli"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("Usage: minigpt [OPTIONS] COMMAND") and "generate" in out.stdout
     assert out.stderr == ""
 
 
-@pytest.mark.parametrize("command", ["train", "generate", "train-tokenizer", "count-params", "download", "bench"])
+@pytest.mark.parametrize(
+    "command", ["train", "generate", "train-tokenizer", "count-params", "download", "bench"]
+)
 def test_help_shows_metavars_not_python_types(cli, monkeypatch, command):
     monkeypatch.setenv("COLUMNS", "80")
     res = cli(command, "--help")
     assert res.exit_code == 0, res
     text = res.stdout
-    for odd in ("<int", "<float", "<str", "<path", "<list", "<bool", "{config", "{CONFIG", "│", "╭"):
+    for odd in (
+        "<int",
+        "<float",
+        "<str",
+        "<path",
+        "<list",
+        "<bool",
+        "{config",
+        "{CONFIG",
+        "│",
+        "╭",
+    ):
         assert odd not in text, (odd, text)
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "  -h, --help" in text
@@ -300,34 +378,60 @@ def test_help_reads_well_and_uses_the_terminal_width(cli, monkeypatch):
     train = cli("train", "--help").stdout
     assert "Usage: minigpt train [OPTIONS] CONFIG\n" in train
     assert "--set KEY=VALUE" in train and "--run-name NAME" in train and "\n  CONFIG  " in train
-    assert "Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500\n" in train  # not wrapped
+    assert (
+        "Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500\n" in train
+    )  # not wrapped
     gen = cli("generate", "--help").stdout
-    for opt in ("--top-k K", "--top-p P", "--temperature T", "--seed S", "--max-new-tokens N", "--run DIR",
-                "--checkpoint best|last"):
+    for opt in (
+        "--top-k K",
+        "--top-p P",
+        "--temperature T",
+        "--seed S",
+        "--max-new-tokens N",
+        "--run DIR",
+        "--checkpoint best|last",
+    ):
         assert opt in gen, opt
-    assert "Usage: minigpt train-tokenizer [OPTIONS] [CONFIG]" in cli("train-tokenizer", "--help").stdout
+    assert (
+        "Usage: minigpt train-tokenizer [OPTIONS] [CONFIG]"
+        in cli("train-tokenizer", "--help").stdout
+    )
+
     # The width comes from the terminal (CliRunner pins it at 80, so through a real process).
     def help_at(columns: int) -> str:
         env = {**os.environ, "COLUMNS": str(columns)}
-        return subprocess.run([sys.executable, "-m", "minigpt_cli", "generate", "--help"], env=env,
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            [sys.executable, "-m", "minigpt_cli", "generate", "--help"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
 
     narrow = help_at(80)
     assert max(len(line) for line in narrow.splitlines()) <= 80
     wide = help_at(160)
-    assert 80 < max(len(line) for line in wide.splitlines()) <= 120  # wider terminal, wider help, up to 120
+    assert (
+        80 < max(len(line) for line in wide.splitlines()) <= 120
+    )  # wider terminal, wider help, up to 120
     assert len(wide.splitlines()) < len(narrow.splitlines())
 
 
 def test_generate_says_which_run_it_picked(trained_run, cli, monkeypatch):
     work, *_ = trained_run
     monkeypatch.chdir(work)
-    step = json.loads((work / "runs" / "e2e" / "checkpoints" / "best" / "meta.json").read_text())["step"]
+    step = json.loads((work / "runs" / "e2e" / "checkpoints" / "best" / "meta.json").read_text())[
+        "step"
+    ]
     res = cli("generate", "--prompt", "ROMEO:", "--max-new-tokens", "5")
     assert res.exit_code == 0, res
-    assert res.stderr.splitlines() == [f"using {Path('runs') / 'e2e'} (checkpoint best, step {step})"]
+    assert res.stderr.splitlines() == [
+        f"using {Path('runs') / 'e2e'} (checkpoint best, step {step})"
+    ]
     assert res.stdout.startswith("ROMEO:") and "using" not in res.stdout
-    last = json.loads((work / "runs" / "e2e" / "checkpoints" / "last" / "meta.json").read_text())["step"]
+    last = json.loads((work / "runs" / "e2e" / "checkpoints" / "last" / "meta.json").read_text())[
+        "step"
+    ]
     res = cli("generate", "--prompt", "ROMEO:", "--max-new-tokens", "5", "--checkpoint", "last")
     assert f"(checkpoint last, step {last})" in res.stderr
     named = cli("generate", "--run", "runs/e2e", "--prompt", "ROMEO:", "--max-new-tokens", "5")
@@ -339,7 +443,9 @@ def test_generate_says_which_run_it_picked(trained_run, cli, monkeypatch):
     shutil.rmtree(work / "nobest" / "checkpoints" / "best")
     res = cli("generate", "--run", "nobest", "--prompt", "ROMEO:", "--max-new-tokens", "5")
     assert res.exit_code == 0, res
-    assert res.stderr.splitlines() == [f"using checkpoint last, step {last}: the run has no best checkpoint yet"]
+    assert res.stderr.splitlines() == [
+        f"using checkpoint last, step {last}: the run has no best checkpoint yet"
+    ]
 
 
 def test_checkpoint_with_nan_weights_is_refused(trained_run, cli, tmp_path, monkeypatch):
@@ -363,8 +469,11 @@ def test_checkpoint_with_nan_weights_is_refused(trained_run, cli, tmp_path, monk
     assert res.stdout == ""
     res = cli("generate", "--run", "runs/diverged", "--max-new-tokens", "5", "--checkpoint", "last")
     assert_user_error(res, "checkpoints/last", "--checkpoint best")
-    assert torch.isfinite(load_file(work / "runs" / "e2e" / "checkpoints" / "best" / "model.safetensors")
-                          ["wte.weight"]).all()  # the original is untouched
+    assert torch.isfinite(
+        load_file(work / "runs" / "e2e" / "checkpoints" / "best" / "model.safetensors")[
+            "wte.weight"
+        ]
+    ).all()  # the original is untouched
 
 
 def test_generate_into_a_full_device(trained_run):
@@ -372,8 +481,22 @@ def test_generate_into_a_full_device(trained_run):
     if not Path("/dev/full").exists():
         pytest.skip("needs /dev/full")
     with open("/dev/full", "w") as full:
-        out = subprocess.run([sys.executable, "-m", "minigpt_cli", "generate", "--run", "runs/e2e",
-                              "--max-new-tokens", "20"], cwd=work, stdout=full, stderr=subprocess.PIPE, text=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "minigpt_cli",
+                "generate",
+                "--run",
+                "runs/e2e",
+                "--max-new-tokens",
+                "20",
+            ],
+            cwd=work,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     assert out.returncode == 2, out.stderr
     assert out.stderr == "error: cannot write to standard output: No space left on device\n"
 
@@ -384,8 +507,21 @@ def test_home_in_paths_and_a_pasteable_hint(cli, data_dir, tmp_path, monkeypatch
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    res = cli("train", TINY, "--run-name", "h", "--no-progress", "--set", f"data.data_dir={data_dir}",
-              "--set", "train.out_dir=~/my runs", "--set", "train.max_iters=2", "--set", "train.sample_tokens=0")
+    res = cli(
+        "train",
+        TINY,
+        "--run-name",
+        "h",
+        "--no-progress",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "train.out_dir=~/my runs",
+        "--set",
+        "train.max_iters=2",
+        "--set",
+        "train.sample_tokens=0",
+    )
     assert res.exit_code == 0, res
     run = tmp_path / "home" / "my runs" / "h"
     assert (run / "checkpoints" / "last").is_dir() and not (tmp_path / "~").exists()
@@ -397,14 +533,21 @@ def test_home_in_paths_and_a_pasteable_hint(cli, data_dir, tmp_path, monkeypatch
     assert gen.exit_code == 0 and gen.stdout.startswith("A"), gen
 
 
-@pytest.mark.parametrize("args,line", [
-    (["generate", "--top-k", "0"],
-     "error: --top-k 0: input should be greater than or equal to 1 (see 'minigpt generate --help')"),
-    (["generate", "--max-new-tokens", "many"],
-     "error: --max-new-tokens many: input should be a valid integer, unable to parse string as an integer "
-     "(see 'minigpt generate --help')"),
-    (["train", "--dry-run"], "error: Missing argument 'CONFIG'. (see 'minigpt train --help')"),
-])
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (
+            ["generate", "--top-k", "0"],
+            "error: --top-k 0: input should be greater than or equal to 1 (see 'minigpt generate --help')",
+        ),
+        (
+            ["generate", "--max-new-tokens", "many"],
+            "error: --max-new-tokens many: input should be a valid integer, unable to parse string as an integer "
+            "(see 'minigpt generate --help')",
+        ),
+        (["train", "--dry-run"], "error: Missing argument 'CONFIG'. (see 'minigpt train --help')"),
+    ],
+)
 def test_typers_own_errors_read_like_the_tools_one_liners(cli, tmp_path, monkeypatch, args, line):
     monkeypatch.chdir(tmp_path)
     res = cli(*args)
@@ -441,7 +584,10 @@ def test_a_ctrl_c_in_prepare_or_sweep_is_the_common_stopped_line(cli, monkeypatc
 
     monkeypatch.setattr(pipeline, "prepare_configured", interrupted)
     res = cli("prepare", TINY)
-    assert (res.exit_code, res.stderr.splitlines()) == (130, ["stopped by Ctrl-C (no file left half-written)"]), res
+    assert (res.exit_code, res.stderr.splitlines()) == (
+        130,
+        ["stopped by Ctrl-C (no file left half-written)"],
+    ), res
 
     def stopped(*args, **kwargs):
         raise Interrupted("stopped by SIGINT at step 3", resume_dir=tmp_path)
@@ -449,8 +595,10 @@ def test_a_ctrl_c_in_prepare_or_sweep_is_the_common_stopped_line(cli, monkeypatc
     monkeypatch.setattr(sweep, "run_sweep", stopped)
     res = cli("sweep", tmp_path / "my sweep.yaml")
     assert res.exit_code == 130, res
-    assert res.stderr.splitlines() == [f"stopped by SIGINT at step 3; continue the sweep with: minigpt sweep "
-                                       f"'{tmp_path / 'my sweep.yaml'}'"], res
+    assert res.stderr.splitlines() == [
+        f"stopped by SIGINT at step 3; continue the sweep with: minigpt sweep "
+        f"'{tmp_path / 'my sweep.yaml'}'"
+    ], res
 
 
 def test_version_is_the_installed_packages(cli):

@@ -18,8 +18,14 @@ from minigpt_cli.trainer import train
 
 
 def _train(data_dir: Path, out: Path, name: str, *extra: str) -> Path:
-    cfg = tiny(data_dir, "train.max_iters=20", "train.eval_interval=5", "train.eval_iters=2", f"train.out_dir={out}",
-               *extra)
+    cfg = tiny(
+        data_dir,
+        "train.max_iters=20",
+        "train.eval_interval=5",
+        "train.eval_iters=2",
+        f"train.out_dir={out}",
+        *extra,
+    )
     return train(cfg, name, echo=lambda m: None, progress=False).run_dir
 
 
@@ -27,10 +33,22 @@ def _train(data_dir: Path, out: Path, name: str, *extra: str) -> Path:
 def seeded(tmp_path_factory, data_dir) -> dict[str, Path]:
     """Variants relu and gelu at seeds 1 and 2; relu-s1 also with the BPE tokenizer."""
     out = tmp_path_factory.mktemp("compare")
-    made = {f"{ffn}-s{seed}": _train(data_dir, out, f"{ffn}-s{seed}", f"model.ffn={ffn}", f"seed={seed}")
-            for ffn in ("relu", "gelu") for seed in (1, 2)}
-    made["bpe"] = _train(data_dir, out, "bpe", "model.ffn=relu", "seed=1", "tokenizer.kind=bpe",
-                         "tokenizer.vocab_size=300")
+    made = {
+        f"{ffn}-s{seed}": _train(
+            data_dir, out, f"{ffn}-s{seed}", f"model.ffn={ffn}", f"seed={seed}"
+        )
+        for ffn in ("relu", "gelu")
+        for seed in (1, 2)
+    }
+    made["bpe"] = _train(
+        data_dir,
+        out,
+        "bpe",
+        "model.ffn=relu",
+        "seed=1",
+        "tokenizer.kind=bpe",
+        "tokenizer.vocab_size=300",
+    )
     return made
 
 
@@ -50,18 +68,25 @@ def test_the_plot_follows_the_tables_metric_and_range(seeded, tmp_path, monkeypa
     loss and spans the rest; bands are drawn for 2 seeds, and the legend counts seeds in the singular and plural."""
     drawn = _figures(monkeypatch)
     result = summarize([seeded["relu-s1"], seeded["bpe"]], out=tmp_path / "tok")
-    assert result["metric"] == "bits_per_byte" and any("different tokenizers" in n for n in result["notes"])
+    assert result["metric"] == "bits_per_byte" and any(
+        "different tokenizers" in n for n in result["notes"]
+    )
     ax = drawn[0].axes[0]
     assert ax.get_ylabel() == "val bits per byte"
     curves = {line.get_label().split(" (")[0]: line.get_ydata() for line in ax.get_lines()}
     factors = []
     for row, run in zip(result["rows"], (seeded["relu-s1"], seeded["bpe"])):
         plotted = curves[row["variant"]]
-        assert plotted[-1] == pytest.approx(row["bits_per_byte"], rel=1e-9)  # the table's number, not nats
+        assert plotted[-1] == pytest.approx(
+            row["bits_per_byte"], rel=1e-9
+        )  # the table's number, not nats
         # Every eval is the run's loss in the same unit: nats / ln 2 / bytes per token, one factor per run.
         factors.append(row["bits_per_byte"] / _vals(run)[-1])
         assert list(plotted) == pytest.approx([v * factors[-1] for v in _vals(run)], rel=1e-9)
-    assert factors[0] == pytest.approx(1 / math.log(2), rel=0.01) and abs(factors[1] - factors[0]) > 0.2  # char: 1 B
+    assert (
+        factors[0] == pytest.approx(1 / math.log(2), rel=0.01)
+        and abs(factors[1] - factors[0]) > 0.2
+    )  # char: 1 B
     low, high = ax.get_ylim()
     later = [y for ys in curves.values() for y in ys[1:]]  # 5 evals: the first fifth is step 0
     assert low <= min(later) and max(later) <= high
@@ -87,10 +112,15 @@ def test_repeated_seeds_are_flagged_and_not_counted(seeded, tmp_path):
     (repeat / "metrics.jsonl").write_text("\n".join(lines[:last_eval]) + "\n")
     got = summarize([repeat, seeded["relu-s1"], seeded["relu-s2"]])
     notes = [n for n in got["notes"] if "repeats, not seeds" in n]
-    assert len(notes) == 1 and str(repeat) in notes[0] and str(seeded["relu-s1"]) in notes[0], got["notes"]
+    assert len(notes) == 1 and str(repeat) in notes[0] and str(seeded["relu-s1"]) in notes[0], got[
+        "notes"
+    ]
     assert notes[0].endswith(f"counted once, as {seeded['relu-s1']} (the most steps)")
     (row,) = got["rows"]
-    assert row["seeds"] == 2 and row["final_val_all"] == [_vals(seeded["relu-s1"])[-1], _vals(seeded["relu-s2"])[-1]]
+    assert row["seeds"] == 2 and row["final_val_all"] == [
+        _vals(seeded["relu-s1"])[-1],
+        _vals(seeded["relu-s2"])[-1],
+    ]
     assert row["final_val_sd"] > 0
 
 
@@ -98,13 +128,25 @@ def test_pairs_get_welchs_p_value_and_the_seeds_they_need(seeded):
     got = summarize([seeded[n] for n in ("relu-s1", "relu-s2", "gelu-s1", "gelu-s2")])
     (pair,) = got["pairs"]
     relu, gelu = ([_vals(seeded[f"{ffn}-s{s}"])[-1] for s in (1, 2)] for ffn in ("relu", "gelu"))
-    assert pair["p_value"] == pytest.approx(stats.ttest_ind(relu, gelu, equal_var=False).pvalue, rel=1e-9)
-    d = abs(sum(relu) - sum(gelu)) / 2 / math.sqrt((stats.tstd(relu) ** 2 + stats.tstd(gelu) ** 2) / 2)
+    assert pair["p_value"] == pytest.approx(
+        stats.ttest_ind(relu, gelu, equal_var=False).pvalue, rel=1e-9
+    )
+    d = (
+        abs(sum(relu) - sum(gelu))
+        / 2
+        / math.sqrt((stats.tstd(relu) ** 2 + stats.tstd(gelu) ** 2) / 2)
+    )
     assert pair["seeds_needed"] == seeds_needed(d) >= 2
     assert f"p = {pair['p_value']:.3g}" in got["sentences"][0]
-    assert f"{pair['seeds_needed']} seeds per variant would resolve it at p < 0.05" in got["sentences"][0]
+    assert (
+        f"{pair['seeds_needed']} seeds per variant would resolve it at p < 0.05"
+        in got["sentences"][0]
+    )
     one = summarize([seeded["relu-s1"], seeded["gelu-s1"]])
-    assert one["pairs"][0]["p_value"] is None and "a p-value needs at least 2 seeds each" in one["sentences"][0]
+    assert (
+        one["pairs"][0]["p_value"] is None
+        and "a p-value needs at least 2 seeds each" in one["sentences"][0]
+    )
 
 
 @pytest.mark.parametrize("d,n", [(0.5, 64), (0.8, 26), (1.0, 17), (2.0, 6)])
@@ -116,15 +158,32 @@ def test_seeds_needed_matches_the_published_power_tables(d, n):
 def test_the_terminal_table_fits_100_columns(tmp_path, data_dir, cli):
     """Four variants that differ in nine keys: the terminal shows what fits, names the rest, and summary.md keeps
     every column."""
-    keys = {"model.ffn": ["relu", "gelu", "swiglu", "relu"], "model.norm": ["layernorm", "rmsnorm"] * 2,
-            "model.pos_encoding": ["learned", "rope", "learned", "sinusoidal"],
-            "train.learning_rate": [0.003, 0.001, 0.0003, 0.002], "train.weight_decay": [0.1, 0.0, 0.05, 0.2],
-            "train.warmup_iters": [0, 1, 2, 3], "model.dropout": [0.0, 0.1, 0.0, 0.2],
-            "sample.prompt": ["ROMEO:", "JULIET: a longer prompt than a cell holds", "A", "B"],
-            "train.min_lr": [0.0001, 0.0002, 0.0003, 0.00005]}
-    made = [train(tiny(data_dir, "train.max_iters=2", "train.eval_iters=1", f"train.out_dir={tmp_path}",
-                       *(f"{k}={v[i]}" for k, v in keys.items())), f"variant-{i}", echo=lambda m: None,
-                  progress=False).run_dir for i in range(4)]
+    keys = {
+        "model.ffn": ["relu", "gelu", "swiglu", "relu"],
+        "model.norm": ["layernorm", "rmsnorm"] * 2,
+        "model.pos_encoding": ["learned", "rope", "learned", "sinusoidal"],
+        "train.learning_rate": [0.003, 0.001, 0.0003, 0.002],
+        "train.weight_decay": [0.1, 0.0, 0.05, 0.2],
+        "train.warmup_iters": [0, 1, 2, 3],
+        "model.dropout": [0.0, 0.1, 0.0, 0.2],
+        "sample.prompt": ["ROMEO:", "JULIET: a longer prompt than a cell holds", "A", "B"],
+        "train.min_lr": [0.0001, 0.0002, 0.0003, 0.00005],
+    }
+    made = [
+        train(
+            tiny(
+                data_dir,
+                "train.max_iters=2",
+                "train.eval_iters=1",
+                f"train.out_dir={tmp_path}",
+                *(f"{k}={v[i]}" for k, v in keys.items()),
+            ),
+            f"variant-{i}",
+            echo=lambda m: None,
+            progress=False,
+        ).run_dir
+        for i in range(4)
+    ]
     res = cli("compare", *made, "--output", tmp_path / "out")
     assert res.exit_code == 0, res
     table = [line for line in res.stdout.splitlines() if line.startswith("|")]
@@ -144,18 +203,29 @@ def test_a_sweeps_folder_names_its_runs(cli, tmp_path, data_dir):
     """generate, evaluate, export and inspect given a sweep's folder say what it is and name its runs."""
     from minigpt_cli.experiments.sweep import run_sweep
 
-    spec = {"name": "s", "base": str(TINY), "grid": {"model.ffn": ["relu", "gelu"]}, "seeds": 2,
-            "budget": {"iters": 2}, "set": [f"data.data_dir={data_dir}", "train.eval_iters=1",
-                                            "train.sample_tokens=0"]}
+    spec = {
+        "name": "s",
+        "base": str(TINY),
+        "grid": {"model.ffn": ["relu", "gelu"]},
+        "seeds": 2,
+        "budget": {"iters": 2},
+        "set": [f"data.data_dir={data_dir}", "train.eval_iters=1", "train.sample_tokens=0"],
+    }
     (tmp_path / "s.yaml").write_text(json.dumps(spec))
     with working_dir(tmp_path):
         run_sweep(tmp_path / "s.yaml")
         folder = Path("runs") / "s"
         names = "ffn-gelu-s1337, ffn-gelu-s1338, ffn-relu-s1337 and 1 more"
-        for args in (["generate", "--run", folder], ["evaluate", "--run", folder],
-                     ["export", folder, "--output", "exported"],
-                     ["inspect", "attention", "--run", folder, "--prompt", "RO"],
-                     ["inspect", "tokenize", "--run", folder]):
-            assert_user_error(cli(*args), f"'{folder}' is a sweep's folder, not a run: it holds 4 runs ({names})",
-                              f"e.g. {folder / 'ffn-gelu-s1337'}")
+        for args in (
+            ["generate", "--run", folder],
+            ["evaluate", "--run", folder],
+            ["export", folder, "--output", "exported"],
+            ["inspect", "attention", "--run", folder, "--prompt", "RO"],
+            ["inspect", "tokenize", "--run", folder],
+        ):
+            assert_user_error(
+                cli(*args),
+                f"'{folder}' is a sweep's folder, not a run: it holds 4 runs ({names})",
+                f"e.g. {folder / 'ffn-gelu-s1337'}",
+            )
         assert not Path("exported").exists()

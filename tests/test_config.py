@@ -21,7 +21,9 @@ from minigpt_cli.config.schema import (
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 README = CONFIGS.parent / "README.md"
 #: The example configs and the presets (package data in minigpt_cli/config/presets/).
-SHIPPED = sorted(CONFIGS.rglob("*.yaml")) + sorted((CONFIGS.parent / "minigpt_cli" / "config" / "presets").glob("*.yaml"))
+SHIPPED = sorted(CONFIGS.rglob("*.yaml")) + sorted(
+    (CONFIGS.parent / "minigpt_cli" / "config" / "presets").glob("*.yaml")
+)
 
 
 def test_the_shipped_configs_exist():
@@ -35,17 +37,20 @@ def test_every_shipped_yaml_loads(path):
     assert cfg.model.n_embd % cfg.model.n_head == 0
 
 
-
 def test_load_config_takes_a_shipped_name_as_the_cli_does(tmp_path, monkeypatch):
     """One resolver (paths.resolve_config): the name alone, or configs/NAME.yaml from a folder without it."""
     monkeypatch.chdir(tmp_path)
     by_file = load_config(CONFIGS / "shakespeare-cpu.yaml", ["train.max_iters=7"])
     assert load_config("shakespeare-cpu", ["train.max_iters=7"]) == by_file
     notes = []
-    assert load_config("configs/shakespeare-cpu.yaml", ["train.max_iters=7"], note=notes.append) == by_file
+    assert (
+        load_config("configs/shakespeare-cpu.yaml", ["train.max_iters=7"], note=notes.append)
+        == by_file
+    )
     assert notes and "using the copy shipped" in notes[0]
     with pytest.raises(ConfigError, match="not found; shipped configs"):
         load_config("no-such-config")
+
 
 def test_gpu_recipe_is_nanogpts_baby_gpt():
     cfg = load_config(CONFIGS / "shakespeare.yaml")
@@ -79,7 +84,9 @@ def test_wrong_type_names_the_key(tmp_path):
 
 
 def test_n_embd_must_divide_by_n_head():
-    with pytest.raises(ConfigError, match=r"model\.n_embd \(100\) must be divisible by model\.n_head \(3\)"):
+    with pytest.raises(
+        ConfigError, match=r"model\.n_embd \(100\) must be divisible by model\.n_head \(3\)"
+    ):
         validate({"model": {"n_embd": 100, "n_head": 3}})
 
 
@@ -92,7 +99,9 @@ def test_a_suggested_width_passes_every_rule_on_the_width():
     """The n_embd a head-size refusal suggests is accepted: n_head=3 under RoPE gets 126, not 129 (odd heads)."""
     import re
 
-    with pytest.raises(ConfigError, match=r"must be divisible by model\.n_head \(3\); e\.g\. n_embd=126$"):
+    with pytest.raises(
+        ConfigError, match=r"must be divisible by model\.n_head \(3\); e\.g\. n_embd=126$"
+    ):
         validate({"model": {"n_embd": 128, "n_head": 3, "pos_encoding": "rope"}})
     refused = 0
     for pos in ("learned", "rope", "sinusoidal"):
@@ -110,7 +119,9 @@ def test_a_suggested_width_passes_every_rule_on_the_width():
 
 
 def test_gqa_needs_divisible_heads():
-    with pytest.raises(ConfigError, match=r"model\.n_head \(6\) must be a multiple of model\.n_kv_head \(4\)"):
+    with pytest.raises(
+        ConfigError, match=r"model\.n_head \(6\) must be a multiple of model\.n_kv_head \(4\)"
+    ):
         validate({"model": {"n_embd": 48, "n_head": 6, "n_kv_head": 4}})
 
 
@@ -130,10 +141,17 @@ def test_scientific_notation_is_a_float():
 
 
 def test_booleans_are_true_and_false_only_and_yes_is_refused_with_the_fix(tmp_path):
-    assert parse_yaml("a: true\nb: False\nc: yes\nd: [on, NO]") == {"a": True, "b": False, "c": "yes", "d": ["on", "NO"]}
+    assert parse_yaml("a: true\nb: False\nc: yes\nd: [on, NO]") == {
+        "a": True,
+        "b": False,
+        "c": "yes",
+        "d": ["on", "NO"],
+    }
     p = tmp_path / "c.yaml"
     p.write_text("model:\n  bias: yes\n")
-    with pytest.raises(ConfigError, match=r"model.bias: input should be a valid boolean \(got 'yes'\); write true"):
+    with pytest.raises(
+        ConfigError, match=r"model.bias: input should be a valid boolean \(got 'yes'\); write true"
+    ):
         load_config(p)
     with pytest.raises(ConfigError, match=r"--set: model.bias: .*got 'no'"):
         load_config(p, ["model.bias=no"])
@@ -144,18 +162,32 @@ def test_an_empty_config_gets_a_note_and_an_empty_folder_key_is_refused(tmp_path
     p.write_text("# nothing yet\n")
     notes = []
     assert load_config(p, note=notes.append) == Config()
-    assert notes == [f"note: {p} is empty: every key takes its default (minigpt config-keys lists them)"]
+    assert notes == [
+        f"note: {p} is empty: every key takes its default (minigpt config-keys lists them)"
+    ]
     for key in ("train.out_dir", "data.data_dir"):
-        with pytest.raises(ConfigError, match=rf"--set: {key}: string should have at least 1 character"):
+        with pytest.raises(
+            ConfigError, match=rf"--set: {key}: string should have at least 1 character"
+        ):
             load_config(p, [f"{key}="])
 
 
 def test_set_overrides_are_typed(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("train:\n  max_iters: 10\n")
-    cfg = load_config(p, ["train.learning_rate=3e-4", "model.bias=false", "model.vocab_size=null",
-                          "train.max_iters=7", "name=exp1"])
-    assert cfg.train.learning_rate == pytest.approx(3e-4) and isinstance(cfg.train.learning_rate, float)
+    cfg = load_config(
+        p,
+        [
+            "train.learning_rate=3e-4",
+            "model.bias=false",
+            "model.vocab_size=null",
+            "train.max_iters=7",
+            "name=exp1",
+        ],
+    )
+    assert cfg.train.learning_rate == pytest.approx(3e-4) and isinstance(
+        cfg.train.learning_rate, float
+    )
     assert cfg.model.bias is False
     assert cfg.model.vocab_size is None
     assert cfg.train.max_iters == 7
@@ -165,7 +197,9 @@ def test_set_overrides_are_typed(tmp_path):
 def test_set_unknown_key_and_bad_syntax(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("")
-    with pytest.raises(ConfigError, match=r"train\.learnig_rate: unknown key; did you mean train\.learning_rate"):
+    with pytest.raises(
+        ConfigError, match=r"train\.learnig_rate: unknown key; did you mean train\.learning_rate"
+    ):
         load_config(p, ["train.learnig_rate=1e-3"])
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config(p, ["train.learning_rate"])
@@ -179,12 +213,17 @@ def test_errors_name_where_the_bad_value_came_from(tmp_path):
     with pytest.raises(ConfigError, match=r"^.*c\.yaml: compile: input should be a valid boolean"):
         load_config(p)
     p.write_text("train:\n  batch_size: 4\n")
-    with pytest.raises(ConfigError, match=r"^--set: compile: input should be a valid boolean \(got 'maybe'\)"):
+    with pytest.raises(
+        ConfigError, match=r"^--set: compile: input should be a valid boolean \(got 'maybe'\)"
+    ):
         load_config(p, ["compile=maybe"])
     with pytest.raises(ConfigError, match=r"^--set: train\.batch_sise: unknown key"):
         load_config(p, ["train.batch_sise=3"])
     # A rule over a section names the file and the --set keys that took part.
-    with pytest.raises(ConfigError, match=r"c\.yaml with --set model\.n_head: model\.n_embd .* divisible by model\.n_head"):
+    with pytest.raises(
+        ConfigError,
+        match=r"c\.yaml with --set model\.n_head: model\.n_embd .* divisible by model\.n_head",
+    ):
         load_config(p, ["model.n_head=5"])
     p.write_text("train:\n  batch_size: -4\n")  # the file's value is bad, the override is fine
     with pytest.raises(ConfigError, match=r"c\.yaml: train\.batch_size"):
@@ -203,8 +242,12 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(p)
     with pytest.raises(ConfigError, match="is a folder; pass a YAML file"):
         load_config(tmp_path)
-    p.write_bytes("model:\n  name: caf\u00e9\n".encode("latin-1"))  # a Latin-1 file: é is the byte 0xe9
-    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 0xe9 at byte 18\); convert it to UTF-8"):
+    p.write_bytes(
+        "model:\n  name: caf\u00e9\n".encode("latin-1")
+    )  # a Latin-1 file: é is the byte 0xe9
+    with pytest.raises(
+        ConfigError, match=r"is not UTF-8 text \(byte 0xe9 at byte 18\); convert it to UTF-8"
+    ):
         load_config(p)
 
 
@@ -213,8 +256,13 @@ def test_a_section_given_a_value_says_so_without_class_names(tmp_path):
     p.write_text("model: 5\n")
     with pytest.raises(ConfigError) as e:
         load_config(p)
-    assert "model: is a section, not a value (got 5)" in str(e.value) and "ModelConfig" not in str(e.value)
-    with pytest.raises(ConfigError, match=r"--set: train: is a section, not a value \(got 3\).*--set train.KEY=VALUE"):
+    assert "model: is a section, not a value (got 5)" in str(e.value) and "ModelConfig" not in str(
+        e.value
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"--set: train: is a section, not a value \(got 3\).*--set train.KEY=VALUE",
+    ):
         load_config(CONFIGS / "tiny.yaml", ["train=3"])
 
 
@@ -234,7 +282,9 @@ def test_resolved_config_round_trips():
 
 def test_a_duplicate_key_is_an_error_naming_it_and_its_lines(tmp_path):
     p = tmp_path / "dup.yaml"
-    p.write_text("name: x\ntrain:\n  learning_rate: 1.0e-3\n  max_iters: 10\n  learning_rate: 3.0e-4\n")
+    p.write_text(
+        "name: x\ntrain:\n  learning_rate: 1.0e-3\n  max_iters: 10\n  learning_rate: 3.0e-4\n"
+    )
     with pytest.raises(ConfigError) as e:
         load_config(p)
     msg = str(e.value)
@@ -292,24 +342,33 @@ def test_deep_nesting_is_a_config_error(tmp_path):
         load_config(p)
 
 
-@pytest.mark.parametrize("override,fragment", [
-    ("model.n_layer=true", "model.n_layer: input should be a valid integer"),
-    ("model.bias=1", "model.bias: input should be a valid boolean"),
-    ("sample.window_stride=true", "sample.window_stride: input should be a valid integer"),
-    ("model.n_layer='8'", "model.n_layer: input should be a valid integer"),
-    ("train.max_iters=1.5", "train.max_iters: input should be a valid integer"),
-])
+@pytest.mark.parametrize(
+    "override,fragment",
+    [
+        ("model.n_layer=true", "model.n_layer: input should be a valid integer"),
+        ("model.bias=1", "model.bias: input should be a valid boolean"),
+        ("sample.window_stride=true", "sample.window_stride: input should be a valid integer"),
+        ("model.n_layer='8'", "model.n_layer: input should be a valid integer"),
+        ("train.max_iters=1.5", "train.max_iters: input should be a valid integer"),
+    ],
+)
 def test_wrong_types_are_not_coerced(override, fragment):
     """Strict types: YAML true is not 1, 1 is not true, a quoted '8' is not 8."""
     with pytest.raises(ConfigError, match=fragment):
         load_config(CONFIGS / "tiny.yaml", [override])
-    assert load_config(CONFIGS / "tiny.yaml", ["train.learning_rate=1"]).train.learning_rate == 1.0  # int -> float is fine
+    assert (
+        load_config(CONFIGS / "tiny.yaml", ["train.learning_rate=1"]).train.learning_rate == 1.0
+    )  # int -> float is fine
 
 
 def test_schedules_and_special_tokens_that_cannot_work_are_refused_at_load():
-    with pytest.raises(ConfigError, match=r"train.lr_decay_iters \(10\) ends the decay before the warmup ends"):
+    with pytest.raises(
+        ConfigError, match=r"train.lr_decay_iters \(10\) ends the decay before the warmup ends"
+    ):
         load_config(CONFIGS / "tiny.yaml", ["train.lr_decay_iters=10", "train.warmup_iters=50"])
-    load_config(CONFIGS / "tiny.yaml", ["train.lr_decay_iters=50", "train.warmup_iters=50"])  # equal is fine
+    load_config(
+        CONFIGS / "tiny.yaml", ["train.lr_decay_iters=50", "train.warmup_iters=50"]
+    )  # equal is fine
     for bad, fragment in (('[""]', "must be non-empty"), ('["<s>", "<s>"]', "listed twice")):
         with pytest.raises(ConfigError, match=fragment):
             load_config(CONFIGS / "tiny.yaml", [f"tokenizer.special_tokens={bad}"])
@@ -328,33 +387,43 @@ def _schema_keys(model=Config, prefix=""):
 
 def test_the_schema_walk_sees_every_section():
     keys = _schema_keys()
-    assert {"name", "device", "model.n_layer", "tokenizer.special_tokens", "data.url", "train.tensorboard",
-            "sample.window_stride"} <= set(keys)
+    assert {
+        "name",
+        "device",
+        "model.n_layer",
+        "tokenizer.special_tokens",
+        "data.url",
+        "train.tensorboard",
+        "sample.window_stride",
+    } <= set(keys)
     assert len(keys) == len(set(keys)) > 55
 
 
-@pytest.mark.parametrize("key,hint", [
-    # The key lives in another section, or at the top level: that place first, however close a sibling is.
-    ("model.batch_size", "did you mean train.batch_size?"),
-    ("train.block_size", "did you mean model.block_size?"),
-    ("train.n_layer", "did you mean model.n_layer?"),
-    ("train.n_embd", "did you mean model.n_embd?"),
-    ("train.compile", "did you mean top-level compile?"),
-    ("train.seed", "did you mean top-level seed?"),
-    ("sample.seed", "did you mean top-level seed?"),
-    ("model.learning_rate", "did you mean train.learning_rate?"),
-    ("data.kind", "did you mean tokenizer.kind?"),
-    ("n_layer", "did you mean model.n_layer?"),
-    ("train.vocab_size", "did you mean model.vocab_size or tokenizer.vocab_size?"),
-    ("train.momentum", "did you mean train.muon.momentum?"),
-    # Then a close spelling: in the same section, else anywhere.
-    ("model.n_layr", "did you mean model.n_layer?"),
-    ("train.batch_sise", "did you mean train.batch_size?"),
-    ("model.learnig_rate", "did you mean train.learning_rate?"),
-    ("sample.seeds", "did you mean top-level seed?"),
-    # Nothing alike: no guess.
-    ("model.colour", "remove it (the Configs section of README.md lists the keys)"),
-])
+@pytest.mark.parametrize(
+    "key,hint",
+    [
+        # The key lives in another section, or at the top level: that place first, however close a sibling is.
+        ("model.batch_size", "did you mean train.batch_size?"),
+        ("train.block_size", "did you mean model.block_size?"),
+        ("train.n_layer", "did you mean model.n_layer?"),
+        ("train.n_embd", "did you mean model.n_embd?"),
+        ("train.compile", "did you mean top-level compile?"),
+        ("train.seed", "did you mean top-level seed?"),
+        ("sample.seed", "did you mean top-level seed?"),
+        ("model.learning_rate", "did you mean train.learning_rate?"),
+        ("data.kind", "did you mean tokenizer.kind?"),
+        ("n_layer", "did you mean model.n_layer?"),
+        ("train.vocab_size", "did you mean model.vocab_size or tokenizer.vocab_size?"),
+        ("train.momentum", "did you mean train.muon.momentum?"),
+        # Then a close spelling: in the same section, else anywhere.
+        ("model.n_layr", "did you mean model.n_layer?"),
+        ("train.batch_sise", "did you mean train.batch_size?"),
+        ("model.learnig_rate", "did you mean train.learning_rate?"),
+        ("sample.seeds", "did you mean top-level seed?"),
+        # Nothing alike: no guess.
+        ("model.colour", "remove it (the Configs section of README.md lists the keys)"),
+    ],
+)
 def test_an_unknown_key_is_pointed_to_where_it_lives(tmp_path, key, hint):
     section, _, name = key.rpartition(".")
     p = tmp_path / "c.yaml"
@@ -387,7 +456,10 @@ def test_float16_on_the_cpu_is_refused_at_load(tmp_path):
         load_config(p)
     # A GPU (or a device that may be one) keeps float16; the CPU keeps the other dtypes.
     for device in ("auto", "cuda", "cuda:1", "mps"):
-        assert load_config(CONFIGS / "shakespeare.yaml", ["dtype=float16", f"device={device}"]).dtype == "float16"
+        assert (
+            load_config(CONFIGS / "shakespeare.yaml", ["dtype=float16", f"device={device}"]).dtype
+            == "float16"
+        )
     for dtype in ("auto", "float32", "bfloat16"):
         assert load_config(CONFIGS / "tiny.yaml", [f"dtype={dtype}"]).device == "cpu"
 
@@ -407,11 +479,21 @@ def test_a_bad_device_is_a_field_error_at_load(tmp_path, device):
 
 def test_values_a_null_stands_for_pass_the_checks_their_explicit_form_gets():
     # d_ff, n_kv_head and window_stride: null means a value that always passes (4*d, n_head, block_size // 4).
-    cfg = load_config(CONFIGS / "tiny.yaml", ["model.block_size=1", "model.n_head=2", "model.ffn=swiglu"])
-    assert cfg.sample.window_stride is None and cfg.model.kv_heads == 2 and cfg.model.ffn_hidden % 256 == 0
-    with pytest.raises(ConfigError, match=r"sample\.window_stride: 2 is larger than model\.block_size \(1\)"):
+    cfg = load_config(
+        CONFIGS / "tiny.yaml", ["model.block_size=1", "model.n_head=2", "model.ffn=swiglu"]
+    )
+    assert (
+        cfg.sample.window_stride is None
+        and cfg.model.kv_heads == 2
+        and cfg.model.ffn_hidden % 256 == 0
+    )
+    with pytest.raises(
+        ConfigError, match=r"sample\.window_stride: 2 is larger than model\.block_size \(1\)"
+    ):
         load_config(CONFIGS / "tiny.yaml", ["model.block_size=1", "sample.window_stride=2"])
-    with pytest.raises(ConfigError, match=r"model\.n_kv_head \(4\) must not exceed model\.n_head \(2\)"):
+    with pytest.raises(
+        ConfigError, match=r"model\.n_kv_head \(4\) must not exceed model\.n_head \(2\)"
+    ):
         load_config(CONFIGS / "tiny.yaml", ["model.n_kv_head=4"])
     # lr_decay_iters: null (max_iters) below warmup_iters ends the run inside the warmup, with no cliff to
     # min_lr after it: a short trial run loads. The explicit form is refused (test above).
@@ -420,10 +502,18 @@ def test_values_a_null_stands_for_pass_the_checks_their_explicit_form_gets():
 
 
 def test_every_key_has_a_one_line_meaning():
-    for section in [Config, *(f.annotation for f in Config.model_fields.values()
-                              if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))]:
+    for section in [
+        Config,
+        *(
+            f.annotation
+            for f in Config.model_fields.values()
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)
+        ),
+    ]:
         for name, field in section.model_fields.items():
-            assert field.description and field.description.strip(), f"{section.__name__}.{name} has no description"
+            assert field.description and field.description.strip(), (
+                f"{section.__name__}.{name} has no description"
+            )
             assert "\n" not in field.description and len(field.description) < 140, name
 
 
@@ -436,15 +526,25 @@ def test_describe_keys_lists_every_key_with_its_default_and_meaning():
     assert m.split()[1:3] == ["bool", "true"] and m.endswith("by 1/sqrt(2·n_layer) (GPT-2 §2.3)")
     assert lines["model.ffn"].split()[1:8] == ["relu", "|", "gelu", "|", "gelu_tanh", "|", "swiglu"]
     assert lines["train.lr_decay_iters"].split()[1:5] == ["int", "or", "null", "null"]
-    assert lines["device"].split()[1:10] == ["auto", "|", "cpu", "|", "cuda", "|", "cuda:N", "|", "mps"]
+    assert lines["device"].split()[1:10] == [
+        "auto",
+        "|",
+        "cpu",
+        "|",
+        "cuda",
+        "|",
+        "cuda:N",
+        "|",
+        "mps",
+    ]
     assert lines["sample.prompt"].split()[2] == '"\\n"'
     assert lines["tokenizer.special_tokens"].split()[1:5] == ["list", "of", "str", "[]"]
 
 
 def test_the_readme_gives_every_key_a_meaning():
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Configs"):]
-    section = section[:section.index("\n## ", 1)]
+    section = text[text.index("## Configs") :]
+    section = section[: section.index("\n## ", 1)]
     for key in _schema_keys():
         row = next((line for line in section.splitlines() if line.startswith(f"| `{key}` |")), None)
         assert row is not None, f"README's Configs table has no row for {key}"
@@ -454,14 +554,20 @@ def test_the_readme_gives_every_key_a_meaning():
 def test_the_full_recipe_writes_out_every_key_with_a_comment():
     path = CONFIGS / "shakespeare.yaml"
     data = parse_yaml(path.read_text(encoding="utf-8"))
+
     def leaves(d, prefix=""):
-        return [k for key, v in d.items() for k in (leaves(v, f"{prefix}{key}.") if isinstance(v, dict)
-                                                    else [prefix + key])]
+        return [
+            k
+            for key, v in d.items()
+            for k in (leaves(v, f"{prefix}{key}.") if isinstance(v, dict) else [prefix + key])
+        ]
 
     written = leaves(data)
     assert sorted(written) == sorted(_schema_keys())
     for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.startswith("#") and not line.endswith(":"):  # a key: value line
+        if (
+            line.strip() and not line.startswith("#") and not line.endswith(":")
+        ):  # a key: value line
             assert "  # " in line, f"no comment: {line!r}"
 
 
@@ -471,42 +577,91 @@ TINY = CONFIGS / "tiny.yaml"
 
 #: (a fragment of the note, --set values on tiny.yaml that give it, --set values that do not).
 NOTE_CASES = [
-    ("tokenizer.vocab_size (100) has no effect with tokenizer.kind char",
-     ["tokenizer.vocab_size=100"], ["tokenizer.vocab_size=100", "tokenizer.kind=bpe"]),
-    ("model.rope_base has no effect with model.pos_encoding learned",
-     ["model.rope_base=500000"], ["model.rope_base=500000", "model.pos_encoding=rope"]),
-    ("model.multiple_of has no effect with model.ffn gelu",
-     ["model.multiple_of=64"], ["model.multiple_of=64", "model.ffn=swiglu"]),
-    ("model.multiple_of has no effect when model.d_ff is set (96)",
-     ["model.ffn=swiglu", "model.multiple_of=64", "model.d_ff=96"], ["model.ffn=swiglu", "model.multiple_of=64"]),
-    ("train.min_lr has no effect with train.lr_schedule constant",
-     ["train.lr_schedule=constant"], ["train.lr_schedule=linear"]),
-    ("train.lr_decay_iters has no effect with train.lr_schedule inverse_sqrt",
-     ["train.lr_schedule=inverse_sqrt", "train.lr_decay_iters=20"], ["train.lr_decay_iters=20"]),
-    ("train.keep_every (100) is beyond train.max_iters (30)", ["train.keep_every=100"], ["train.keep_every=10"]),
-    ("sample.top_k has no effect with sample.temperature 0",
-     ["sample.temperature=0", "sample.top_k=5"], ["sample.top_k=5"]),
-    ("sample.top_p has no effect with sample.temperature 0",
-     ["sample.temperature=0", "sample.top_p=0.9"], ["sample.top_p=0.9"]),
-    ("train.max_iters (3) ends inside the warmup (train.warmup_iters 5): the learning rate never reaches "
-     "train.learning_rate", ["train.max_iters=3"], ["train.max_iters=5"]),
-    ("train.early_stop_patience (3) can never stop this run: it evaluates 3 time(s)",  # at 0, 15, 30
-     ["train.early_stop_patience=3"], ["train.early_stop_patience=2"]),
+    (
+        "tokenizer.vocab_size (100) has no effect with tokenizer.kind char",
+        ["tokenizer.vocab_size=100"],
+        ["tokenizer.vocab_size=100", "tokenizer.kind=bpe"],
+    ),
+    (
+        "model.rope_base has no effect with model.pos_encoding learned",
+        ["model.rope_base=500000"],
+        ["model.rope_base=500000", "model.pos_encoding=rope"],
+    ),
+    (
+        "model.multiple_of has no effect with model.ffn gelu",
+        ["model.multiple_of=64"],
+        ["model.multiple_of=64", "model.ffn=swiglu"],
+    ),
+    (
+        "model.multiple_of has no effect when model.d_ff is set (96)",
+        ["model.ffn=swiglu", "model.multiple_of=64", "model.d_ff=96"],
+        ["model.ffn=swiglu", "model.multiple_of=64"],
+    ),
+    (
+        "train.min_lr has no effect with train.lr_schedule constant",
+        ["train.lr_schedule=constant"],
+        ["train.lr_schedule=linear"],
+    ),
+    (
+        "train.lr_decay_iters has no effect with train.lr_schedule inverse_sqrt",
+        ["train.lr_schedule=inverse_sqrt", "train.lr_decay_iters=20"],
+        ["train.lr_decay_iters=20"],
+    ),
+    (
+        "train.keep_every (100) is beyond train.max_iters (30)",
+        ["train.keep_every=100"],
+        ["train.keep_every=10"],
+    ),
+    (
+        "sample.top_k has no effect with sample.temperature 0",
+        ["sample.temperature=0", "sample.top_k=5"],
+        ["sample.top_k=5"],
+    ),
+    (
+        "sample.top_p has no effect with sample.temperature 0",
+        ["sample.temperature=0", "sample.top_p=0.9"],
+        ["sample.top_p=0.9"],
+    ),
+    (
+        "train.max_iters (3) ends inside the warmup (train.warmup_iters 5): the learning rate never reaches "
+        "train.learning_rate",
+        ["train.max_iters=3"],
+        ["train.max_iters=5"],
+    ),
+    (
+        "train.early_stop_patience (3) can never stop this run: it evaluates 3 time(s)",  # at 0, 15, 30
+        ["train.early_stop_patience=3"],
+        ["train.early_stop_patience=2"],
+    ),
     # "\n" and 32 tokens reach block_size + 1 only after the last token; a 33rd token follows a slide
-    ("sample.window_stride has no effect: the context window never slides",
-     ["sample.window_stride=2", "sample.max_new_tokens=32", "train.sample_tokens=32"],
-     ["sample.window_stride=2", "sample.max_new_tokens=32", "train.sample_tokens=33"]),
-    ("model.pos_encoding sinusoidal without model.emb_scale departs from Vaswani et al. 2017 (§3.4",
-     ["model.pos_encoding=sinusoidal"], ["model.pos_encoding=sinusoidal", "model.emb_scale=true"]),
-    ("model.ffn swiglu with model.bias true departs from Shazeer 2020 (§2, eq. 6",
-     ["model.ffn=swiglu", "model.bias=true"], ["model.ffn=swiglu"]),
-    ("train.lr_schedule inverse_sqrt with train.learning_rate 0.003 departs from Vaswani et al. 2017 (§5.3",
-     ["train.lr_schedule=inverse_sqrt"], ["train.lr_schedule=inverse_sqrt", "train.learning_rate=1"]),
+    (
+        "sample.window_stride has no effect: the context window never slides",
+        ["sample.window_stride=2", "sample.max_new_tokens=32", "train.sample_tokens=32"],
+        ["sample.window_stride=2", "sample.max_new_tokens=32", "train.sample_tokens=33"],
+    ),
+    (
+        "model.pos_encoding sinusoidal without model.emb_scale departs from Vaswani et al. 2017 (§3.4",
+        ["model.pos_encoding=sinusoidal"],
+        ["model.pos_encoding=sinusoidal", "model.emb_scale=true"],
+    ),
+    (
+        "model.ffn swiglu with model.bias true departs from Shazeer 2020 (§2, eq. 6",
+        ["model.ffn=swiglu", "model.bias=true"],
+        ["model.ffn=swiglu"],
+    ),
+    (
+        "train.lr_schedule inverse_sqrt with train.learning_rate 0.003 departs from Vaswani et al. 2017 (§5.3",
+        ["train.lr_schedule=inverse_sqrt"],
+        ["train.lr_schedule=inverse_sqrt", "train.learning_rate=1"],
+    ),
 ]
 
 
-@pytest.mark.parametrize("fragment, on, off", NOTE_CASES, ids=[c[0].split(" ")[0] + " " + " ".join(c[1])
-                                                                for c in NOTE_CASES])
+@pytest.mark.parametrize(
+    "fragment, on, off",
+    NOTE_CASES,
+    ids=[c[0].split(" ")[0] + " " + " ".join(c[1]) for c in NOTE_CASES],
+)
 def test_each_note_is_given_where_it_applies_and_only_there(tmp_path, fragment, on, off):
     from minigpt_cli.config.notes import notes
 
@@ -531,9 +686,13 @@ def test_data_url_is_noted_when_the_corpus_is_on_disk(tmp_path, data_dir):
 
     url = "data.url=file:///home/me/my-own.txt"
     (note,) = notes(load_config(TINY, [f"data.data_dir={data_dir}", url]))
-    assert note.startswith(f"note: data.url is not fetched: {data_dir / 'tinyshakespeare' / 'input.txt'} is on disk")
+    assert note.startswith(
+        f"note: data.url is not fetched: {data_dir / 'tinyshakespeare' / 'input.txt'} is on disk"
+    )
     assert "mirror of that same file" in note and "for your own text, set data.path" in note
-    assert notes(load_config(TINY, [f"data.data_dir={tmp_path}", url])) == []  # not on disk: the url is fetched
+    assert (
+        notes(load_config(TINY, [f"data.data_dir={tmp_path}", url])) == []
+    )  # not on disk: the url is fetched
     assert notes(load_config(TINY, [f"data.data_dir={data_dir}"])) == []
 
 
@@ -541,7 +700,9 @@ def test_a_key_counts_as_given_only_when_set_to_a_value_of_its_own():
     from minigpt_cli.config.notes import given, notes
 
     cfg = load_config(TINY, ["model.rope_base=5e5", "compile=true", "train.keep_every=null"])
-    assert given(cfg, "model.rope_base") and given(cfg, "compile") and given(cfg, "train.min_lr")  # YAML, --set
+    assert (
+        given(cfg, "model.rope_base") and given(cfg, "compile") and given(cfg, "train.min_lr")
+    )  # YAML, --set
     assert not given(cfg, "train.keep_every")  # null
     assert not given(cfg, "model.multiple_of") and not given(cfg, "data.url")  # absent
     # A recipe that writes every key out at its default (rope_base, multiple_of) gets no note for them.
@@ -557,12 +718,20 @@ def test_the_shipped_configs_get_no_notes(path, tmp_path):
     assert notes(load_config(path, [f"data.data_dir={tmp_path}"])) == []
 
 
-@pytest.mark.parametrize("key,meant", [("train.warmup", "train.warmup_iters"), ("train.lr", "train.learning_rate"),
-                                       ("train.lr_decay", "train.lr_decay_iters"),
-                                       ("sample.temp", "sample.temperature"), ("model.rope_theta", "model.rope_base"),
-                                       ("train.gradient_accumulation_steps", "train.grad_accum_steps"),
-                                       ("model.ffn_dim", "model.d_ff"), ("model.N_LAYER", "model.n_layer"),
-                                       ("model.hidden_size", "model.n_embd")])
+@pytest.mark.parametrize(
+    "key,meant",
+    [
+        ("train.warmup", "train.warmup_iters"),
+        ("train.lr", "train.learning_rate"),
+        ("train.lr_decay", "train.lr_decay_iters"),
+        ("sample.temp", "sample.temperature"),
+        ("model.rope_theta", "model.rope_base"),
+        ("train.gradient_accumulation_steps", "train.grad_accum_steps"),
+        ("model.ffn_dim", "model.d_ff"),
+        ("model.N_LAYER", "model.n_layer"),
+        ("model.hidden_size", "model.n_embd"),
+    ],
+)
 def test_other_tools_names_and_other_letter_cases_find_the_key(key, meant):
     with pytest.raises(ConfigError, match=rf"{key}: unknown key; did you mean {meant}\?$"):
         load_config(CONFIGS / "tiny.yaml", [f"{key}=2"])
@@ -570,10 +739,14 @@ def test_other_tools_names_and_other_letter_cases_find_the_key(key, meant):
 
 def test_a_text_key_takes_the_text_as_typed():
     """YAML would read ROMEO: as a mapping and 2024 as a number; the schema wants text there."""
-    cfg = load_config(CONFIGS / "tiny.yaml", ["sample.prompt=ROMEO:", "name=2024", "data.url=http://m/x:1"])
+    cfg = load_config(
+        CONFIGS / "tiny.yaml", ["sample.prompt=ROMEO:", "name=2024", "data.url=http://m/x:1"]
+    )
     assert (cfg.sample.prompt, cfg.name, cfg.data.url) == ("ROMEO:", "2024", "http://m/x:1")
     assert load_config(CONFIGS / "tiny.yaml", ["data.url=null"]).data.url is None
-    with pytest.raises(ConfigError, match="train.max_iters"):  # numbers stay numbers, and are checked
+    with pytest.raises(
+        ConfigError, match="train.max_iters"
+    ):  # numbers stay numbers, and are checked
         load_config(CONFIGS / "tiny.yaml", ["train.max_iters=ROMEO:"])
 
 
@@ -583,16 +756,19 @@ def test_a_text_key_takes_the_text_as_typed():
 HUGE = "1" * 5000  # past Python's 4,300-digit limit for int(str)
 
 
-@pytest.mark.parametrize("args", [
-    ["--set", f"seed={HUGE}"],
-    ["--set", f"model.n_layer={10**400}"],
-    ["--set", f"model.n_embd={10**400}"],
-    ["--set", f"model.vocab_size={10**400}"],
-    ["--set", f"model.d_ff={10**400}"],
-    ["--set", f"train.batch_size={10**400}"],
-    ["--set", f"train.warmup_iters={10**400}"],
-    ["--set", f"train.learning_rate={10**400}"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--set", f"seed={HUGE}"],
+        ["--set", f"model.n_layer={10**400}"],
+        ["--set", f"model.n_embd={10**400}"],
+        ["--set", f"model.vocab_size={10**400}"],
+        ["--set", f"model.d_ff={10**400}"],
+        ["--set", f"train.batch_size={10**400}"],
+        ["--set", f"train.warmup_iters={10**400}"],
+        ["--set", f"train.learning_rate={10**400}"],
+    ],
+)
 def test_huge_integers_are_one_line_through_the_cli(cli, args):
     res = cli("train", TINY, *args, "--dry-run")
     assert res.exit_code == 2, res.stderr
@@ -605,18 +781,37 @@ def test_a_huge_integer_in_a_config_file_or_sweep_file_is_one_line(cli, tmp_path
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"train:\n  max_iters: {HUGE}\n")
     res = cli("train", cfg, "--dry-run")
-    assert res.exit_code == 2 and "line 2, column 14: an integer of 5,000 digits" in res.stderr, res.stderr
+    assert res.exit_code == 2 and "line 2, column 14: an integer of 5,000 digits" in res.stderr, (
+        res.stderr
+    )
     sweep = tmp_path / "s.yaml"
-    sweep.write_text(f"name: s\nbase: {TINY}\nvariants: {{v: {{}}}}\nseeds: [{HUGE}]\nbudget: {{iters: 2}}\n")
+    sweep.write_text(
+        f"name: s\nbase: {TINY}\nvariants: {{v: {{}}}}\nseeds: [{HUGE}]\nbudget: {{iters: 2}}\n"
+    )
     res = cli("sweep", sweep)
     assert res.exit_code == 2 and "an integer of 5,000 digits" in res.stderr, res.stderr
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("key", ["model.n_layer", "model.n_head", "model.n_embd", "model.block_size", "model.d_ff",
-                                 "model.vocab_size", "train.batch_size", "train.grad_accum_steps",
-                                 "train.max_iters", "train.warmup_iters", "sample.max_new_tokens",
-                                 "sample.num_samples", "tokenizer.vocab_size", "train.eval_iters"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "model.n_layer",
+        "model.n_head",
+        "model.n_embd",
+        "model.block_size",
+        "model.d_ff",
+        "model.vocab_size",
+        "train.batch_size",
+        "train.grad_accum_steps",
+        "train.max_iters",
+        "train.warmup_iters",
+        "sample.max_new_tokens",
+        "sample.num_samples",
+        "tokenizer.vocab_size",
+        "train.eval_iters",
+    ],
+)
 def test_every_size_and_count_has_an_upper_bound_that_config_keys_states(key):
     from minigpt_cli.config.keys import key_rows
 
@@ -639,12 +834,16 @@ def test_the_readme_states_each_keys_range_as_config_keys_does():
             assert row.endswith(f"({meaning.rsplit('(', 1)[-1]} |"), row
 
 
-@pytest.mark.parametrize("flag,value,limit", [("--max-new-tokens", 2**64, "1048576"),
-                                              ("--num-samples", 10**12, "1024")])
+@pytest.mark.parametrize(
+    "flag,value,limit", [("--max-new-tokens", 2**64, "1048576"), ("--num-samples", 10**12, "1024")]
+)
 def test_generate_refuses_counts_past_the_stated_limit(cli, tmp_path, flag, value, limit):
     res = cli("generate", "--run", tmp_path / "no-run", flag, value)
     assert res.exit_code == 2
-    assert res.stderr.strip() == f"error: {flag} {value}: input should be less than or equal to {limit}", res.stderr
+    assert (
+        res.stderr.strip()
+        == f"error: {flag} {value}: input should be less than or equal to {limit}"
+    ), res.stderr
 
 
 # ----------------------------------------------------------------------------- messages (issue 27 §5)
@@ -657,20 +856,32 @@ def test_every_problem_of_a_yaml_is_reported_in_one_pass(tmp_path):
         load_config(p)
     assert "\n" not in str(e.value)
     text = str(e.value)
-    for fragment in ("train.lr: unknown key; did you mean train.learning_rate?",
-                     "train.batch_sise: unknown key; did you mean train.batch_size?",
-                     "model.n_layr: unknown key; did you mean model.n_layer?",
-                     "model.n_embd: input should be greater than or equal to 1"):
+    for fragment in (
+        "train.lr: unknown key; did you mean train.learning_rate?",
+        "train.batch_sise: unknown key; did you mean train.batch_size?",
+        "model.n_layr: unknown key; did you mean model.n_layer?",
+        "model.n_embd: input should be greater than or equal to 1",
+    ):
         assert fragment in text, text
 
 
 def test_every_broken_rule_is_reported_together():
     with pytest.raises(ConfigError) as e:
-        load_config(TINY, ["model.n_embd=30", "model.n_head=4", "model.n_kv_head=3", "train.min_lr=1",
-                           "train.learning_rate=0.1"])
+        load_config(
+            TINY,
+            [
+                "model.n_embd=30",
+                "model.n_head=4",
+                "model.n_kv_head=3",
+                "train.min_lr=1",
+                "train.learning_rate=0.1",
+            ],
+        )
     text = str(e.value)
     assert "3 problems" in text and "divisible by model.n_head" in text, text
-    assert "multiple of model.n_kv_head" in text and "train.min_lr (1.0) must not exceed" in text, text
+    assert "multiple of model.n_kv_head" in text and "train.min_lr (1.0) must not exceed" in text, (
+        text
+    )
 
 
 def test_a_list_key_given_a_value_shows_the_list_syntax(cli):
@@ -678,5 +889,7 @@ def test_a_list_key_given_a_value_shows_the_list_syntax(cli):
     assert res.exit_code == 2
     assert "input should be a valid list" in res.stderr
     assert "--set 'tokenizer.special_tokens=[a, b]'" in res.stderr, res.stderr
-    cfg = load_config(TINY, ["tokenizer.special_tokens=[<|endoftext|>]"])  # the syntax the hint shows works
+    cfg = load_config(
+        TINY, ["tokenizer.special_tokens=[<|endoftext|>]"]
+    )  # the syntax the hint shows works
     assert cfg.tokenizer.special_tokens == ["<|endoftext|>"]

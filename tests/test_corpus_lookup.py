@@ -27,8 +27,14 @@ def layout(tmp_path, corpus_file):
 
 def test_cache_dir_follows_xdg_then_home(tmp_path):
     assert corpus_cache_dir({"HOME": str(tmp_path)}) == tmp_path / ".cache" / "minigpt"
-    assert corpus_cache_dir({"HOME": str(tmp_path), "XDG_CACHE_HOME": ""}) == tmp_path / ".cache" / "minigpt"
-    assert corpus_cache_dir({"HOME": "/nowhere", "XDG_CACHE_HOME": str(tmp_path / "c")}) == tmp_path / "c" / "minigpt"
+    assert (
+        corpus_cache_dir({"HOME": str(tmp_path), "XDG_CACHE_HOME": ""})
+        == tmp_path / ".cache" / "minigpt"
+    )
+    assert (
+        corpus_cache_dir({"HOME": "/nowhere", "XDG_CACHE_HOME": str(tmp_path / "c")})
+        == tmp_path / "c" / "minigpt"
+    )
 
 
 def test_lookup_order(layout):
@@ -53,8 +59,8 @@ def test_lookup_order(layout):
 def test_unverified_copies_are_passed_over(layout):
     """Only a file with the right size and sha256 counts: a wrong shared/ or data/ copy falls through."""
     repo, environ, body = layout
-    _put(repo.parent / "shared" / REL, body.upper())       # same size, other bytes
-    _put(repo / REL, body[: len(body) // 2])                # truncated
+    _put(repo.parent / "shared" / REL, body.upper())  # same size, other bytes
+    _put(repo / REL, body[: len(body) // 2])  # truncated
     assert locate_corpus(environ, repo) is None
     cache = _put(corpus_cache_dir(environ) / "tinyshakespeare" / "input.txt", body)
     assert locate_corpus(environ, repo) == cache
@@ -85,5 +91,9 @@ def test_a_failed_fetch_is_one_line(layout, corpus_server):
     with pytest.raises(CorpusNotFound) as e:
         fetch_corpus(environ, url=corpus_server.url("/missing.txt"))
     msg = str(e.value)
-    assert "\n" not in msg and "the tests need the Tiny Shakespeare corpus" in msg and CORPUS_ENV in msg
+    assert (
+        "\n" not in msg
+        and "the tests need the Tiny Shakespeare corpus" in msg
+        and CORPUS_ENV in msg
+    )
     assert not (corpus_cache_dir(environ) / "tinyshakespeare" / "input.txt").exists()

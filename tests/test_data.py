@@ -89,13 +89,17 @@ def test_prepare_refuses_an_empty_split_before_writing(tmp_path, corpus_file, fr
         prepare(corpus_file, tok, tmp_path / "out", fraction, log=lambda m: None)
     msg = str(e.value)
     assert "\n" not in msg
-    assert f"data.val_fraction={fraction:.12g} splits" in msg and f"too few for {small} " in msg, msg
+    assert f"data.val_fraction={fraction:.12g} splits" in msg and f"too few for {small} " in msg, (
+        msg
+    )
     n_train = 0 if small == "train" else 1_115_393
     assert f"{n_train:,} train and {1_115_394 - n_train:,} val tokens" in msg, msg
     assert not (tmp_path / "out").exists()
 
 
-def test_a_full_disk_while_writing_token_files_names_the_file_issue_27(tmp_path, corpus_file, monkeypatch):
+def test_a_full_disk_while_writing_token_files_names_the_file_issue_27(
+    tmp_path, corpus_file, monkeypatch
+):
     """ENOSPC on a token file's write (injected): one line naming the file, and no temporary file left."""
     import errno
     import io
@@ -112,8 +116,10 @@ def test_a_full_disk_while_writing_token_files_names_the_file_issue_27(tmp_path,
     with pytest.raises(MinigptError) as e:
         prepare(corpus_file, tok, tmp_path / "out", 0.1, log=lambda m: None)
     folder = tmp_path / "out" / f"char-{tok.fingerprint()}"
-    assert str(e.value) == (f"cannot write {folder / 'train.bin'}: No space left on device; "
-                            "free some disk space or choose another location")
+    assert str(e.value) == (
+        f"cannot write {folder / 'train.bin'}: No space left on device; "
+        "free some disk space or choose another location"
+    )
     assert not (tmp_path / "out").exists()  # no temporary token file, no folder made for them
 
 
@@ -134,13 +140,19 @@ def test_a_split_too_small_for_the_block_size_is_refused_naming_it(tmp_path, cor
     data = prepare(corpus_file, tok, tmp_path, 0.9999, log=lambda m: None)
     n_train, n_val = len(data.train), len(data.val)
     assert n_train == 111
-    prepare(corpus_file, tok, tmp_path, 0.9999, log=lambda m: None, block_size=110)  # one window of 110 + 1
+    prepare(
+        corpus_file, tok, tmp_path, 0.9999, log=lambda m: None, block_size=110
+    )  # one window of 110 + 1
     with pytest.raises(MinigptError) as e:
-        prepare(corpus_file, tok, tmp_path, 0.9999, log=lambda m: None, block_size=111)  # the files reused
+        prepare(
+            corpus_file, tok, tmp_path, 0.9999, log=lambda m: None, block_size=111
+        )  # the files reused
     msg = str(e.value)
     assert "data.val_fraction=0.9999" in msg and f"{n_train:,} train and {n_val:,} val" in msg, msg
     assert "too few for train " in msg and "model.block_size+1 = 112" in msg, msg
-    assert "choose a data.val_fraction such as 0.1" in msg and "to at most 110 with this split" in msg
+    assert (
+        "choose a data.val_fraction such as 0.1" in msg and "to at most 110 with this split" in msg
+    )
     # A block the whole corpus cannot hold twice: another split would not help, so it is not suggested.
     with pytest.raises(MinigptError) as e:
         prepare(corpus_file, tok, tmp_path, 0.1, log=lambda m: None, block_size=1_000_000)
@@ -155,14 +167,18 @@ def test_prepare_redoes_token_files_with_ids_beyond_the_vocabulary(tmp_path, cor
     good = np.array(data.train[:10])
     del data
     for split in ("train", "val"):
-        damaged = np.memmap(tmp_path / f"char-{tok.fingerprint()}" / f"{split}.bin", dtype=np.uint16, mode="r+")
+        damaged = np.memmap(
+            tmp_path / f"char-{tok.fingerprint()}" / f"{split}.bin", dtype=np.uint16, mode="r+"
+        )
         damaged[5] = 65_535
         damaged.flush()
         del damaged
         again = prepare(corpus_file, tok, tmp_path, 0.1, log=logs.append)
         assert int(np.max(again.train)) < tok.vocab_size and int(np.max(again.val)) < tok.vocab_size
         assert np.array_equal(np.array(again.train[:10]), good)
-        assert f"{split}.bin holds token id 65,535, beyond the tokenizer's 65 entries" in logs[-2], logs
+        assert (
+            f"{split}.bin holds token id 65,535, beyond the tokenizer's 65 entries" in logs[-2]
+        ), logs
         assert logs[-1].startswith("preparing token files in")
         del again
 
@@ -187,18 +203,26 @@ def test_batches_are_shifted_windows():
 
 def test_the_refused_fraction_is_written_as_given():
     """0.9999999 is not rounded to 1 (a value the schema refuses) in the message."""
-    with pytest.raises(MinigptError, match=r"data.val_fraction=0.9999999 splits the corpus into 0 train"):
+    with pytest.raises(
+        MinigptError, match=r"data.val_fraction=0.9999999 splits the corpus into 0 train"
+    ):
         check_split_counts(0.9999999, 0, 1_115_394, 32)
 
 
 def test_check_split_counts_names_what_is_needed_and_a_fraction_that_fits():
     check_split_counts(0.5, 33, 33, 32)  # one window each
-    with pytest.raises(MinigptError, match=r"too few for val \(they need at least model.block_size\+1 = 33"):
+    with pytest.raises(
+        MinigptError, match=r"too few for val \(they need at least model.block_size\+1 = 33"
+    ):
         check_split_counts(0.5, 33, 32, 32)
     # A (nearly) empty side: with a block size, the message says what the block needs, not just "2 tokens".
-    with pytest.raises(MinigptError, match=r"too few for train \(they need at least model.block_size\+1 = 33"):
+    with pytest.raises(
+        MinigptError, match=r"too few for train \(they need at least model.block_size\+1 = 33"
+    ):
         check_split_counts(0.5, 1, 40, 32)
-    with pytest.raises(MinigptError, match=r"too few for train \(they need at least 2 tokens each\)"):
+    with pytest.raises(
+        MinigptError, match=r"too few for train \(they need at least 2 tokens each\)"
+    ):
         check_split_counts(0.5, 1, 40)  # no block size: only the emptiness check
     check_split_counts(0.5, 2, 2)
     # The fraction suggested is never the one in use, and leaves both sides enough (90 + 10 tokens, need 33).
@@ -209,7 +233,7 @@ def test_check_split_counts_names_what_is_needed_and_a_fraction_that_fits():
 
 
 def test_a_split_refusal_gives_a_block_size_then_accepted_or_says_the_corpus_is_too_small():
-    """"to at most M" is a block size the same split accepts; when this split holds no window of any block size,
+    """ "to at most M" is a block size the same split accepts; when this split holds no window of any block size,
     no bound is given: another fraction when the corpus allows one, else the corpus is too small."""
     for n_train in range(0, 12):
         for n_val in range(0, 12):
@@ -224,7 +248,9 @@ def test_a_split_refusal_gives_a_block_size_then_accepted_or_says_the_corpus_is_
                     check_split_counts(0.1, n_train, n_val, int(most.group(1)))  # accepted
                 else:
                     assert min(n_train, n_val) < 2 and "lower model.block_size (to" not in msg, msg
-                    assert ("data.val_fraction such as" in msg) != ("the corpus is too small" in msg), msg
+                    assert ("data.val_fraction such as" in msg) != (
+                        "the corpus is too small" in msg
+                    ), msg
     # The QA case: 3 characters, 2 train and 1 val token; block_size 1 would still leave val 1 token short.
     for block in (64, 1):
         with pytest.raises(MinigptError) as e:
@@ -235,9 +261,20 @@ def test_a_split_refusal_gives_a_block_size_then_accepted_or_says_the_corpus_is_
 
 def test_a_three_character_corpus_is_too_small_through_the_cli(cli, tmp_path):
     (tmp_path / "three.txt").write_text("abc")
-    res = cli("train", TINY, "--set", f"data.path={tmp_path / 'three.txt'}", "--set", f"data.data_dir={tmp_path}",
-              "--set", "sample.prompt=a", "--dry-run")
-    assert_user_error(res, "2 train and 1 val tokens", "the corpus is too small for any model.block_size")
+    res = cli(
+        "train",
+        TINY,
+        "--set",
+        f"data.path={tmp_path / 'three.txt'}",
+        "--set",
+        f"data.data_dir={tmp_path}",
+        "--set",
+        "sample.prompt=a",
+        "--dry-run",
+    )
+    assert_user_error(
+        res, "2 train and 1 val tokens", "the corpus is too small for any model.block_size"
+    )
     assert "lower model.block_size" not in res.stderr
 
 
@@ -246,7 +283,11 @@ def test_a_dry_prepare_counts_what_prepare_writes(tmp_path, corpus_file):
     counts = prepare(corpus_file, tok, tmp_path, 0.3, write=False).counts
     assert not list(tmp_path.iterdir())  # nothing written
     data = prepare(corpus_file, tok, tmp_path, 0.3, log=lambda m: None)
-    assert counts == (len(data.train), len(data.val)) == prepare(corpus_file, tok, tmp_path, 0.3, write=False).counts
+    assert (
+        counts
+        == (len(data.train), len(data.val))
+        == prepare(corpus_file, tok, tmp_path, 0.3, write=False).counts
+    )
     with pytest.raises(MinigptError, match="too few for val"):
         prepare(corpus_file, tok, tmp_path, 1e-7, write=False)
 
@@ -257,15 +298,19 @@ def test_with_vocab_fills_a_null_size_and_refuses_a_smaller_one():
     assert with_vocab(load_config(tiny, ["model.vocab_size=128"]), 65).model.vocab_size == 128
     with pytest.raises(MinigptError) as e:
         with_vocab(load_config(tiny, ["model.vocab_size=64"]), 65)
-    assert str(e.value) == ("model.vocab_size (64) is smaller than the tokenizer's 65 entries; set "
-                            "model.vocab_size: null to take it from the tokenizer")
+    assert str(e.value) == (
+        "model.vocab_size (64) is smaller than the tokenizer's 65 entries; set "
+        "model.vocab_size: null to take it from the tokenizer"
+    )
 
 
 def test_a_failed_download_from_data_url_says_it_must_be_a_mirror(tmp_path, corpus_server):
     from minigpt_cli.data.pipeline import ensure_corpus
 
     tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
-    cfg = load_config(tiny, [f"data.data_dir={tmp_path}", f"data.url={corpus_server.url('/missing.txt')}"])
+    cfg = load_config(
+        tiny, [f"data.data_dir={tmp_path}", f"data.url={corpus_server.url('/missing.txt')}"]
+    )
     with pytest.raises(MinigptError) as e:
         ensure_corpus(cfg, log=lambda m: None, progress=False)
     assert "fix data.url in the config" in str(e.value)

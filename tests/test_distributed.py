@@ -24,8 +24,13 @@ from minigpt_cli.trainer import train
 
 TOL = 1e-5
 #: Shared by every run: one schedule, and a clipping threshold below the gradient norm, so that clipping acts.
-COMMON = ["train.lr_decay_iters=30", "train.grad_clip=0.1", "train.eval_interval=10", "train.log_interval=1",
-          "train.sample_tokens=0"]
+COMMON = [
+    "train.lr_decay_iters=30",
+    "train.grad_clip=0.1",
+    "train.eval_interval=10",
+    "train.log_interval=1",
+    "train.sample_tokens=0",
+]
 
 
 def sets(*pairs: str) -> list[str]:
@@ -41,8 +46,14 @@ def free_port() -> int:
 def start(args: list[str], cwd: Path) -> subprocess.Popen:
     """A torchrun (``python -m torch.distributed.run ARGS``) in the background, one thread per process."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -59,8 +70,15 @@ def finish(proc: subprocess.Popen) -> str:
 
 def train_args(data_dir: Path, run: list[str], *overrides: str) -> list[str]:
     """``minigpt train`` tiny.yaml at batch 4 a process, with ``run`` (``--run-name X`` or ``--resume X``)."""
-    return ["-m", "minigpt_cli", "train", str(TINY), "--no-progress", *run,
-            *sets(f"data.data_dir={data_dir}", "train.batch_size=4", *COMMON, *overrides)]
+    return [
+        "-m",
+        "minigpt_cli",
+        "train",
+        str(TINY),
+        "--no-progress",
+        *run,
+        *sets(f"data.data_dir={data_dir}", "train.batch_size=4", *COMMON, *overrides),
+    ]
 
 
 def assert_matches(run: Path, reference: Path, tol: float = TOL) -> None:
@@ -82,15 +100,20 @@ def reference(tmp_path_factory, data_dir):
     work = tmp_path_factory.mktemp("reference")
     said: list[str] = []
     with working_dir(work):
-        train(tiny(data_dir, *COMMON, "train.max_iters=30", "train.parallelism=fsdp"), run_name="one",
-              echo=said.append, progress=False)
+        train(
+            tiny(data_dir, *COMMON, "train.max_iters=30", "train.parallelism=fsdp"),
+            run_name="one",
+            echo=said.append,
+            progress=False,
+        )
     notes = [m for m in said if "parallelism: fsdp" in m]
     assert len(notes) == 1 and notes[0].startswith("note: ") and "one process" in notes[0], said
     return work / "runs" / "one"
 
 
-def test_two_nodes_then_fsdp_then_one_process_train_as_one_process_does(reference, data_dir, tmp_path,
-                                                                          monkeypatch, cli):
+def test_two_nodes_then_fsdp_then_one_process_train_as_one_process_does(
+    reference, data_dir, tmp_path, monkeypatch, cli
+):
     """One run in three sessions, each held against the uninterrupted one-process run (losses to 1e-5):
 
     steps 0-10 with DDP on two one-process torchrun "nodes" meeting at a c10d rendezvous on 127.0.0.1;
@@ -100,44 +123,106 @@ def test_two_nodes_then_fsdp_then_one_process_train_as_one_process_does(referenc
     """
     port = free_port()
     # The same command twice, as on two machines (c10d numbers the nodes itself: no --node_rank).
-    node = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
-            "--rdzv_id", "minigpt-test", "--local_addr", "127.0.0.1",
-            *train_args(data_dir, ["--run-name", "r"], "train.max_iters=10")]
+    node = [
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv_id",
+        "minigpt-test",
+        "--local_addr",
+        "127.0.0.1",
+        *train_args(data_dir, ["--run-name", "r"], "train.max_iters=10"),
+    ]
     nodes = [start(node, tmp_path) for _ in range(2)]
     outs = [finish(p) for p in nodes]
-    assert sum(o.count("trained to step 10") for o in outs) == 1  # rank 0 alone reports, on either node
+    assert (
+        sum(o.count("trained to step 10") for o in outs) == 1
+    )  # rank 0 alone reports, on either node
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["r"]  # one folder for both nodes
     run = tmp_path / "runs" / "r"
     assert "world 2" in (run / "train.log").read_text()
-    assert len(curve(run)) == 12 and max(k[1] for k in curve(run)) == 10  # 10 train losses, evals at 0 and 10
+    assert (
+        len(curve(run)) == 12 and max(k[1] for k in curve(run)) == 10
+    )  # 10 train losses, evals at 0 and 10
     assert_matches(run, reference)
     # At step 0 the weights are identical: the eval reads the same windows, split over the processes.
     assert abs(curve(run)["eval", 0] - curve(reference)["eval", 0]) < 1e-6
 
-    out = finish(start(["--standalone", "--nproc_per_node", "2",
-                        *train_args(data_dir, ["--resume", "runs/r"], "train.max_iters=25", "train.parallelism=fsdp",
-                                    "train.sample_tokens=4")], tmp_path))
+    out = finish(
+        start(
+            [
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                *train_args(
+                    data_dir,
+                    ["--resume", "runs/r"],
+                    "train.max_iters=25",
+                    "train.parallelism=fsdp",
+                    "train.sample_tokens=4",
+                ),
+            ],
+            tmp_path,
+        )
+    )
     assert out.count("trained to step 25") == 1
-    assert "FSDP: weights, gradients and AdamW moments sharded over 2 processes" in (run / "train.log").read_text()
-    assert len(curve(run)) == 29 and max(k[1] for k in curve(run)) == 25  # evals at 0, 10, 20 and 25
+    assert (
+        "FSDP: weights, gradients and AdamW moments sharded over 2 processes"
+        in (run / "train.log").read_text()
+    )
+    assert (
+        len(curve(run)) == 29 and max(k[1] for k in curve(run)) == 25
+    )  # evals at 0, 10, 20 and 25
     assert_matches(run, reference)
-    assert (run / "samples.txt").read_text().count("=====") == 4  # samples at steps 20 and 25 (headers)
+    assert (run / "samples.txt").read_text().count(
+        "====="
+    ) == 4  # samples at steps 20 and 25 (headers)
     # The FSDP checkpoint has the one-process layout: the same tensors, the optimizer state by index.
     ref_w, got_w = last_weights(reference), last_weights(run)
     assert {k: v.shape for k, v in got_w.items()} == {k: v.shape for k, v in ref_w.items()}
-    ref_o = torch.load(reference / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)["optimizer"]
-    got_o = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)["optimizer"]
-    assert [g["params"] for g in got_o["param_groups"]] == [g["params"] for g in ref_o["param_groups"]]
-    assert {i: {k: tuple(v.shape) for k, v in s.items()} for i, s in got_o["state"].items()} == \
-        {i: {k: tuple(v.shape) for k, v in s.items()} for i, s in ref_o["state"].items()}
+    ref_o = torch.load(reference / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)[
+        "optimizer"
+    ]
+    got_o = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)[
+        "optimizer"
+    ]
+    assert [g["params"] for g in got_o["param_groups"]] == [
+        g["params"] for g in ref_o["param_groups"]
+    ]
+    assert {i: {k: tuple(v.shape) for k, v in s.items()} for i, s in got_o["state"].items()} == {
+        i: {k: tuple(v.shape) for k, v in s.items()} for i, s in ref_o["state"].items()
+    }
 
     monkeypatch.chdir(tmp_path)
-    text = cli("generate", "--run", "runs/r", "--checkpoint", "last", "--max-new-tokens", "20", "--prompt", "ROMEO:")
+    text = cli(
+        "generate",
+        "--run",
+        "runs/r",
+        "--checkpoint",
+        "last",
+        "--max-new-tokens",
+        "20",
+        "--prompt",
+        "ROMEO:",
+    )
     assert text.exit_code == 0 and text.stdout.startswith("ROMEO:") and len(text.stdout) > 20, text
-    one = cli("train", TINY, "--no-progress", "--resume", "runs/r",
-              *sets(f"data.data_dir={data_dir}", "train.batch_size=8", *COMMON, "train.max_iters=30"))
+    one = cli(
+        "train",
+        TINY,
+        "--no-progress",
+        "--resume",
+        "runs/r",
+        *sets(f"data.data_dir={data_dir}", "train.batch_size=8", *COMMON, "train.max_iters=30"),
+    )
     assert one.exit_code == 0, one
-    assert curve(run).keys() == curve(reference).keys() | {("eval", 25)}  # the FSDP session's last eval kept
+    assert curve(run).keys() == curve(reference).keys() | {
+        ("eval", 25)
+    }  # the FSDP session's last eval kept
     assert_matches(run, reference)
     got_w = last_weights(run)
     for k in ref_w:
@@ -194,18 +279,26 @@ def test_fsdp_state_is_saved_and_loaded_in_the_one_process_layout(one_process_gr
     if onednn.available() and onednn.requested():
         assert "oneDNN" in onednn.linear_kernel(sharded, 16, cpu, torch.float32)
     weights, opt_state = parallel.gather_state(sharded, s_opt)
-    assert opt_state == {"state": {}, "param_groups": p_opt.state_dict()["param_groups"]} and not s_opt.state
+    assert (
+        opt_state == {"state": {}, "param_groups": p_opt.state_dict()["param_groups"]}
+        and not s_opt.state
+    )
     assert "lm_head.weight" not in weights
     with torch.no_grad():
         sharded(torch.zeros(1, 8, dtype=torch.long))
-    assert not all(isinstance(p, DTensor) for p in sharded.parameters())  # the root kept its gathered weights
+    assert not all(
+        isinstance(p, DTensor) for p in sharded.parameters()
+    )  # the root kept its gathered weights
     parallel.reshard(sharded)
     assert all(isinstance(p, DTensor) for p in sharded.parameters())
     for model, opt in ((plain, p_opt), (sharded, s_opt)):
         step(model, opt, 1)
     weights, opt_state = parallel.gather_state(sharded, s_opt)
     want = p_opt.state_dict()
-    assert opt_state["param_groups"] == want["param_groups"] and opt_state["state"].keys() == want["state"].keys()
+    assert (
+        opt_state["param_groups"] == want["param_groups"]
+        and opt_state["state"].keys() == want["state"].keys()
+    )
     for i, s in want["state"].items():
         for k, v in s.items():
             assert torch.allclose(opt_state["state"][i][k], v, rtol=1e-5, atol=1e-9), (i, k)
@@ -214,9 +307,16 @@ def test_fsdp_state_is_saved_and_loaded_in_the_one_process_layout(one_process_gr
             assert torch.allclose(weights[k], v, atol=1e-7), k
 
     (_, _), (fresh, f_opt) = pair()
-    saved = io.BytesIO()  # the twin's state as a checkpoint holds it (and no tensor shared with the twin)
-    torch.save({"weights": {k: v for k, v in plain.state_dict().items() if k != "lm_head.weight"},
-                "optimizer": p_opt.state_dict()}, saved)
+    saved = (
+        io.BytesIO()
+    )  # the twin's state as a checkpoint holds it (and no tensor shared with the twin)
+    torch.save(
+        {
+            "weights": {k: v for k, v in plain.state_dict().items() if k != "lm_head.weight"},
+            "optimizer": p_opt.state_dict(),
+        },
+        saved,
+    )
     saved.seek(0)
     saved = torch.load(saved, weights_only=True)
     parallel.load_model_state(fresh, saved["weights"])
@@ -236,12 +336,23 @@ def test_ddp_with_muon_trains_as_one_process_does(data_dir, tmp_path):
     muon = ("train.optimizer=muon", "train.max_iters=10")
     with working_dir(tmp_path):
         train(tiny(data_dir, *COMMON, *muon), run_name="one", echo=lambda m: None, progress=False)
-    out = finish(start(["--standalone", "--nproc_per_node", "2",
-                        *train_args(data_dir, ["--run-name", "ddp"], *muon)], tmp_path))
+    out = finish(
+        start(
+            [
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                *train_args(data_dir, ["--run-name", "ddp"], *muon),
+            ],
+            tmp_path,
+        )
+    )
     assert out.count("trained to step 10") == 1
     run, one = tmp_path / "runs" / "ddp", tmp_path / "runs" / "one"
     assert "world 2" in (run / "train.log").read_text()
     assert curve(run).keys() == curve(one).keys()
     assert_matches(run, one, tol=1e-4)
-    state = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)["optimizer"]
+    state = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)[
+        "optimizer"
+    ]
     assert any("momentum_buffer" in s for s in state["state"].values())

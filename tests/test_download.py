@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from minigpt_cli.data import download
-from minigpt_cli.data.download_files import PART_GLOB
 from minigpt_cli.data.download import file_ok, resolve_url
+from minigpt_cli.data.download_files import PART_GLOB
 from minigpt_cli.errors import MinigptError
 
 TS = download.get_dataset("tinyshakespeare")
@@ -68,7 +68,11 @@ def test_file_ok(tmp_path, corpus_file):
 
 def test_registry_entry_is_the_char_rnn_corpus():
     ts = download.datasets()["tinyshakespeare"]
-    assert (ts.name, ts.size, ts.url_env) == ("tinyshakespeare", 1_115_394, "MINIGPT_TINYSHAKESPEARE_URL")
+    assert (ts.name, ts.size, ts.url_env) == (
+        "tinyshakespeare",
+        1_115_394,
+        "MINIGPT_TINYSHAKESPEARE_URL",
+    )
     assert ts.url.endswith("karpathy/char-rnn/master/data/tinyshakespeare/input.txt")
 
 
@@ -76,8 +80,15 @@ def test_a_second_dataset_needs_only_a_registry_entry(tmp_path, corpus_server, m
     """An entry in the registry file's form (url, sha256, size) makes a dataset: no code."""
     from minigpt_cli import paths
 
-    registry = dict(paths.dataset_registry(), other={"url": corpus_server.url("/input.txt?t=registry"),
-                                                     "sha256": SHA256, "size": SIZE, "description": "a copy"})
+    registry = dict(
+        paths.dataset_registry(),
+        other={
+            "url": corpus_server.url("/input.txt?t=registry"),
+            "sha256": SHA256,
+            "size": SIZE,
+            "description": "a copy",
+        },
+    )
     monkeypatch.setattr(paths, "dataset_registry", lambda: registry)
     monkeypatch.delenv("MINIGPT_OTHER_URL", raising=False)
     path, downloaded = download.download("other", tmp_path, **FAST)
@@ -87,7 +98,9 @@ def test_a_second_dataset_needs_only_a_registry_entry(tmp_path, corpus_server, m
     with pytest.raises(MinigptError) as ei:
         download.download("other", tmp_path / "x", url=corpus_server.url("/missing.txt"), **FAST)
     assert one_line(str(ei.value)).endswith("check the URL or set MINIGPT_OTHER_URL to a mirror")
-    with pytest.raises(MinigptError, match="unknown dataset 'nope'; known datasets: tinyshakespeare, other"):
+    with pytest.raises(
+        MinigptError, match="unknown dataset 'nope'; known datasets: tinyshakespeare, other"
+    ):
         download.download("nope", tmp_path)
 
 
@@ -95,7 +108,10 @@ def test_every_failure_kind_has_a_message():
     kinds = {kind for phase in download._FAILURES.values() for _, kind in phase}
     assert kinds and kinds <= set(download._MESSAGES)
     attempt = download._Attempt(TS, "http://x", Path("input.txt"), "", 1.0, 0)
-    with pytest.raises(ValueError, match="a bug"), attempt.failing("read"):  # not a network failure: let through
+    with (
+        pytest.raises(ValueError, match="a bug"),
+        attempt.failing("read"),
+    ):  # not a network failure: let through
         raise ValueError("a bug")
 
 
@@ -197,8 +213,10 @@ def test_the_fix_names_where_the_url_came_from(tmp_path, corpus_server, cli, sha
     from minigpt_cli.config.schema import load_config
     from minigpt_cli.data.pipeline import ensure_corpus
 
-    cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml",
-                      [f"data.data_dir={tmp_path}", f"data.url={bad}"])
+    cfg = load_config(
+        Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml",
+        [f"data.data_dir={tmp_path}", f"data.url={bad}"],
+    )
     with pytest.raises(MinigptError, match="fix data.url in the config"):
         ensure_corpus(cfg, log=lambda m: None, progress=False)
 
@@ -207,13 +225,17 @@ def test_a_body_that_does_not_decode_is_named_so(tmp_path, corpus_server):
     with pytest.raises(MinigptError) as ei:
         fetch(tmp_path, corpus_server.url("/badgzip.txt"))
     msg = one_line(str(ei.value))
-    assert "sent a gzip body that does not decode" in msg and "cut off" not in msg and "(('" not in msg
+    assert (
+        "sent a gzip body that does not decode" in msg and "cut off" not in msg and "(('" not in msg
+    )
     assert leftovers(tmp_path) == []
 
 
 def test_a_folder_where_the_corpus_belongs_is_named(tmp_path, corpus_server):
     (tmp_path / "tinyshakespeare" / "input.txt").mkdir(parents=True)
-    with pytest.raises(MinigptError, match="is a folder where the corpus file belongs; move or delete it"):
+    with pytest.raises(
+        MinigptError, match="is a folder where the corpus file belongs; move or delete it"
+    ):
         fetch(tmp_path, corpus_server.url("/input.txt?t=folder"))
     assert corpus_server.hits["/input.txt?t=folder"] == 0  # refused before any download
 
@@ -232,7 +254,12 @@ def test_truncated_body(tmp_path, corpus_server):
     with pytest.raises(MinigptError) as ei:
         fetch(tmp_path, url)
     msg = one_line(str(ei.value))
-    assert url in msg and "cut off" in msg and f"{SIZE:,}" in msg and "closed the connection early" in msg
+    assert (
+        url in msg
+        and "cut off" in msg
+        and f"{SIZE:,}" in msg
+        and "closed the connection early" in msg
+    )
     assert leftovers(tmp_path) == []
 
 
@@ -277,8 +304,9 @@ def test_invalid_url(tmp_path, bad):
 # --- an existing file ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content", [b"", b"First Citizen:\nBefore we proceed"],
-                         ids=["empty", "truncated"])
+@pytest.mark.parametrize(
+    "content", [b"", b"First Citizen:\nBefore we proceed"], ids=["empty", "truncated"]
+)
 def test_bad_existing_file_replaced(tmp_path, corpus_server, capsys, content):
     dest = tmp_path / "tinyshakespeare" / "input.txt"
     dest.parent.mkdir()
@@ -313,8 +341,11 @@ def test_backup_takes_a_free_name(tmp_path, corpus_server, capsys):
     assert f"as {dest}.bak-1" in err
     # A genuine file replaced with --force needs no backup.
     fetch(tmp_path, corpus_server.url("/input.txt?t=bak3"), force=True)
-    assert leftovers(tmp_path) == ["tinyshakespeare/input.txt", "tinyshakespeare/input.txt.bak",
-                                   "tinyshakespeare/input.txt.bak-1"]
+    assert leftovers(tmp_path) == [
+        "tinyshakespeare/input.txt",
+        "tinyshakespeare/input.txt.bak",
+        "tinyshakespeare/input.txt.bak-1",
+    ]
 
 
 def test_bad_existing_file_kept_on_failure(tmp_path, corpus_server):
@@ -422,6 +453,7 @@ def test_endless_stream_stops_at_the_expected_size(tmp_path, endless_server):
         return [p.stat().st_size for p in (tmp_path / "tinyshakespeare").glob(PART_GLOB)]
 
     import threading
+
     stop = threading.Event()
 
     def watch():
@@ -448,6 +480,7 @@ def test_endless_stream_stops_at_the_expected_size(tmp_path, endless_server):
     assert largest <= SIZE
     # The client hung up long before the server's cap: the server's writes failed.
     import time
+
     deadline = time.monotonic() + 10
     while "/endless?t=1" not in sent and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -460,7 +493,9 @@ def test_content_length_other_than_the_corpus_refused(tmp_path, endless_server):
     with pytest.raises(MinigptError) as ei:
         fetch(tmp_path, url)
     msg = one_line(str(ei.value))
-    assert url in msg and f"announces {ENDLESS_CAP:,} bytes" in msg and f"expected {SIZE:,}" in msg, msg
+    assert (
+        url in msg and f"announces {ENDLESS_CAP:,} bytes" in msg and f"expected {SIZE:,}" in msg
+    ), msg
     assert leftovers(tmp_path) == []
     assert not (tmp_path / "tinyshakespeare").exists()
 
@@ -533,9 +568,21 @@ def test_termination_during_a_download_leaves_no_partial_file(tmp_path, sig):
 
         threading.Thread(target=trickle, daemon=True).start()
         url = f"http://127.0.0.1:{s.getsockname()[1]}/input.txt"
-        proc = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "download", "--url", url,
-                                 "--data-dir", str(tmp_path / "data")],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "minigpt_cli",
+                "download",
+                "--url",
+                url,
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.time() + 30
         while time.time() < deadline and not list((tmp_path / "data").rglob("*.part*")):
             time.sleep(0.05)

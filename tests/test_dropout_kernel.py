@@ -29,7 +29,7 @@ def test_keep_mask_drops_p_and_keeps_the_mean(p):
     n = 1_000_000
     mask = fast.keep_mask((1000, 1000), p)
     dropped = fast.drop_threshold(p) / fast.LEVELS
-    assert abs(dropped - p) <= 2 ** -17
+    assert abs(dropped - p) <= 2**-17
     scale = 1 / (1 - dropped)
     values = mask.unique().tolist()
     assert values[0] == 0.0 and values[1] == pytest.approx(scale, rel=1e-7) and len(values) == 2
@@ -48,7 +48,9 @@ def test_keep_mask_bits_are_uniform_and_independent_between_neighbours():
     corr = float(((a - a.mean()) * (b - b.mean())).mean() / (a.std() * b.std()))
     assert abs(corr) < 5 / math.sqrt(mask.numel())
     for offset in range(4):  # each of the four int16 lanes of a word drops half
-        assert abs(float(mask[offset::4].double().mean()) - 0.5) < 5 * 0.5 / math.sqrt(mask.numel() / 4)
+        assert abs(float(mask[offset::4].double().mean()) - 0.5) < 5 * 0.5 / math.sqrt(
+            mask.numel() / 4
+        )
 
 
 def test_keep_mask_follows_the_global_seed():
@@ -145,7 +147,9 @@ def test_attention_takes_sdpa_where_the_fast_path_does_not_apply():
     torch.manual_seed(1)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.5)
     torch.manual_seed(1)
-    assert torch.equal(fast.attention(q, k, v, attn_mask=mask, dropout_p=0.5), expected)  # a mask: PyTorch's
+    assert torch.equal(
+        fast.attention(q, k, v, attn_mask=mask, dropout_p=0.5), expected
+    )  # a mask: PyTorch's
 
 
 def test_swapped_model_is_the_same_model_with_faster_dropout(monkeypatch):
@@ -159,7 +163,9 @@ def test_swapped_model_is_the_same_model_with_faster_dropout(monkeypatch):
     assert all(block.attn.attend is fast.attention for block in swapped.h)
     x = torch.randint(0, 65, (3, 16))
     plain.eval(), swapped.eval()
-    torch.testing.assert_close(swapped(x, x)[1], plain(x, x)[1], rtol=1e-5, atol=1e-6)  # no dropout in eval
+    torch.testing.assert_close(
+        swapped(x, x)[1], plain(x, x)[1], rtol=1e-5, atol=1e-6
+    )  # no dropout in eval
     swapped.train()
     losses = []
     for _ in range(2):  # training mode: random, and reproducible from the seed

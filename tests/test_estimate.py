@@ -5,15 +5,32 @@ from __future__ import annotations
 import pytest
 
 from minigpt_cli.config.schema import TrainConfig
-from minigpt_cli.trainer.estimate import CPU_RECIPE, MEASURED_STEPS, TimeEstimate, evals_left, human_seconds
+from minigpt_cli.trainer.estimate import (
+    CPU_RECIPE,
+    MEASURED_STEPS,
+    TimeEstimate,
+    evals_left,
+    human_seconds,
+)
 from minigpt_cli.trainer.schedule import should_eval
 
 
-@pytest.mark.parametrize("max_iters,interval,at_start", [(5000, 250, True), (30, 15, True), (31, 15, True),
-                                                         (7, 10, True), (0, 5, True), (20, 10, False),
-                                                         (25, 10, False)])
+@pytest.mark.parametrize(
+    "max_iters,interval,at_start",
+    [
+        (5000, 250, True),
+        (30, 15, True),
+        (31, 15, True),
+        (7, 10, True),
+        (0, 5, True),
+        (20, 10, False),
+        (25, 10, False),
+    ],
+)
 def test_evals_left_counts_the_schedules_eval_points(max_iters, interval, at_start):
-    tc = TrainConfig(max_iters=max_iters, eval_interval=interval, eval_at_start=at_start, warmup_iters=0)
+    tc = TrainConfig(
+        max_iters=max_iters, eval_interval=interval, eval_at_start=at_start, warmup_iters=0
+    )
     for step in sorted({0, 1, interval, interval + 1, max_iters // 2, max_iters, max_iters + 1}):
         for evaluated in (False, True):
             expected = sum(should_eval(s, tc) for s in range(step, max_iters + 1))
@@ -28,8 +45,19 @@ def test_human_seconds():
 
 def estimate(tc, on_cpu=True):
     said, logged = [], []
-    return TimeEstimate(tc, 0, False, batches_per_eval=2 * tc.eval_iters, on_cpu=on_cpu, say=said.append,
-                        log=logged.append), said, logged
+    return (
+        TimeEstimate(
+            tc,
+            0,
+            False,
+            batches_per_eval=2 * tc.eval_iters,
+            on_cpu=on_cpu,
+            say=said.append,
+            log=logged.append,
+        ),
+        said,
+        logged,
+    )
 
 
 def test_the_cpu_user_of_the_gpu_recipe_is_told_within_seconds():
@@ -37,14 +65,20 @@ def test_the_cpu_user_of_the_gpu_recipe_is_told_within_seconds():
     tc = TrainConfig(max_iters=5000, eval_interval=250, eval_iters=200)
     est, said, logged = estimate(tc)
     for done in range(1, 5):
-        est.eval_batch(done, 1.15 * done + 3.0)  # the first batch pays 3 s of warm-up: left out of the rate
+        est.eval_batch(
+            done, 1.15 * done + 3.0
+        )  # the first batch pays 3 s of warm-up: left out of the rate
     # 21 evals x 400 batches x 1.15 s + 5,000 steps x 3 x 1.15 s = 9,660 + 17,250 s
-    assert said[0] == f"note: about {human_seconds(9660 + 17250)} to go (from the first eval batches)"
+    assert (
+        said[0] == f"note: about {human_seconds(9660 + 17250)} to go (from the first eval batches)"
+    )
     assert said[1] == CPU_RECIPE and len(logged) == 2
     for step in range(1, MEASURED_STEPS + 2):
         est.step_done(step, 9.0 if step == 1 else 4.0)  # the first step pays for warm-up: left out
     left = (5000 - MEASURED_STEPS - 1) * 4.0 + 20 * 400 * 1.15
-    assert said[2].startswith(f"note: about {human_seconds(left)} to go (4,994 steps at 4 s and 20 evals at")
+    assert said[2].startswith(
+        f"note: about {human_seconds(left)} to go (4,994 steps at 4 s and 20 evals at"
+    )
     assert said.count(CPU_RECIPE) == 1  # said once
 
 

@@ -26,9 +26,17 @@ transformers.logging.set_verbosity_error()
 #: Llama-style one with a BPE tokenizer (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied).
 STYLES = {
     "gpt2-char": [],
-    "llama-bpe": ["model.pos_encoding=rope", "model.norm=rmsnorm", "model.ffn=swiglu", "model.n_kv_head=1",
-                  "model.tie_weights=false", "model.d_ff=48", "tokenizer.kind=bpe", "tokenizer.vocab_size=300",
-                  "tokenizer.special_tokens=[<|endoftext|>]"],
+    "llama-bpe": [
+        "model.pos_encoding=rope",
+        "model.norm=rmsnorm",
+        "model.ffn=swiglu",
+        "model.n_kv_head=1",
+        "model.tie_weights=false",
+        "model.d_ff=48",
+        "tokenizer.kind=bpe",
+        "tokenizer.vocab_size=300",
+        "tokenizer.special_tokens=[<|endoftext|>]",
+    ],
 }
 
 
@@ -50,16 +58,22 @@ def test_an_export_has_the_modes_of_any_new_folder_and_file(exported):
 
     _, out = exported
     assert out.stat().st_mode & 0o777 == dir_mode()
-    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {name: new_file_mode() for name in
-                                                                          (p.name for p in out.iterdir())}
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        name: new_file_mode() for name in (p.name for p in out.iterdir())
+    }
 
 
 def test_transformers_gives_the_same_logits_and_token_ids(exported, corpus_file):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run, out = exported
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
-                                                     "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     ours, cfg = load_model(runs.checkpoint_dir(run, runs.BEST))
     tok = load_tokenizer(run / runs.TOKENIZER, cfg.tokenizer.kind)
     passage = corpus_file.read_text()[-2000:]  # from the validation text
@@ -80,20 +94,35 @@ def test_the_export_imports_back_to_the_same_weights_byte_for_byte(exported, tmp
     run, out = exported
     ours, _ = load_model(runs.checkpoint_dir(run, runs.BEST))
     back = load_hf_folder(out)
-    skip = {"init_std", "scale_residual_init", "multiple_of", "init_from", "d_ff", "bias"}  # d_ff: as ffn_hidden
+    skip = {
+        "init_std",
+        "scale_residual_init",
+        "multiple_of",
+        "init_from",
+        "d_ff",
+        "bias",
+    }  # d_ff: as ffn_hidden
     assert back.config.model_dump(exclude=skip) == ours.config.model_dump(exclude=skip)
     assert back.config.ffn_hidden == ours.config.ffn_hidden
     mine, theirs = ours.state_dict(), back.state_dict()
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
-    extra = set(theirs) - set(mine)  # GPT-2 always has biases: ours, when bias is false, come back as zeros
+    extra = set(theirs) - set(
+        mine
+    )  # GPT-2 always has biases: ours, when bias is false, come back as zeros
     assert all(k.endswith(".bias") and not theirs[k].any() for k in extra)
     assert bool(extra) == (back.config.pos_encoding == "learned" and not ours.config.bias)
-    save_file(hf_state_dict(back, back.config), str(tmp_path / "again.safetensors"), metadata={"format": "pt"})
+    save_file(
+        hf_state_dict(back, back.config),
+        str(tmp_path / "again.safetensors"),
+        metadata={"format": "pt"},
+    )
     assert (tmp_path / "again.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize("exported", ["gpt2-char"], indirect=True)
-def test_an_exported_char_tokenizer_removes_characters_outside_its_alphabet(exported, cli, tmp_path):
+def test_an_exported_char_tokenizer_removes_characters_outside_its_alphabet(
+    exported, cli, tmp_path
+):
     """A model with no row to spare has no id for an unknown character: transformers gets the text without
     them, instead of failing with "Missing [UNK] token"; the export says so."""
     from transformers import AutoTokenizer
@@ -105,7 +134,9 @@ def test_an_exported_char_tokenizer_removes_characters_outside_its_alphabet(expo
     assert hf_tok(text, add_special_tokens=False)["input_ids"] == tok.encode("hllo  $3.?-&")
     assert hf_tok.unk_token is None
     res = cli("export", run, "--output", tmp_path / "again")
-    assert res.exit_code == 0 and "removes characters outside its 65-character alphabet" in res.stderr, res
+    assert (
+        res.exit_code == 0 and "removes characters outside its 65-character alphabet" in res.stderr
+    ), res
 
 
 def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_path, data_dir):
@@ -115,8 +146,13 @@ def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_p
 
     from minigpt_cli.hf.export import export_run
 
-    cfg = tiny(data_dir, "train.max_iters=1", "model.vocab_size=72", "tokenizer.special_tokens=[<|endoftext|>]",
-               f"train.out_dir={tmp_path}/runs")
+    cfg = tiny(
+        data_dir,
+        "train.max_iters=1",
+        "model.vocab_size=72",
+        "tokenizer.special_tokens=[<|endoftext|>]",
+        f"train.out_dir={tmp_path}/runs",
+    )
     run = train(cfg, "r", echo=lambda m: None, progress=False).run_dir
     out = export_run(run, tmp_path / "hf")
     tok = load_tokenizer(run / runs.TOKENIZER, "char")
@@ -130,22 +166,40 @@ def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_p
     assert model(torch.tensor([ids])).logits.shape == (1, len(ids), 72)
 
 
-@pytest.mark.parametrize("change,key,fix", [
-    ({"pos_encoding": "sinusoidal"}, "model.pos_encoding='sinusoidal'", "model.pos_encoding=learned"),
-    ({"pos_encoding": "none"}, "model.pos_encoding='none'", "model.pos_encoding=learned"),
-    ({"norm_position": "post"}, "model.norm_position='post'", "model.norm_position=pre"),
-    ({"emb_scale": True}, "model.emb_scale=true", "model.emb_scale=false"),
-    ({"norm": "rmsnorm"}, "model.norm='rmsnorm'", "model.norm=layernorm exports as GPT-2"),
-    ({"ffn": "swiglu"}, "model.ffn='swiglu'", "model.ffn=gelu_tanh exports as GPT-2"),
-    ({"n_kv_head": 2}, "model.n_kv_head=2", "model.n_kv_head=null exports as GPT-2"),
-    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "gelu"}, "model.ffn='gelu'", "model.ffn=swiglu exports as "
-                                                                                     "Llama"),
-    ({"pos_encoding": "rope", "ffn": "swiglu", "n_kv_head": 2}, "model.norm='layernorm'", "model.norm=rmsnorm "
-                                                                                          "exports as Llama"),
-    ({"pos_encoding": "rope", "emb_scale": True, "norm_position": "post"}, "model.norm_position='post'",
-     "model.norm_position=pre, model.emb_scale=false exports as GPT-NeoX"),
-])
-def test_a_model_transformers_cannot_express_is_refused_naming_the_key_and_the_fix(change, key, fix):
+@pytest.mark.parametrize(
+    "change,key,fix",
+    [
+        (
+            {"pos_encoding": "sinusoidal"},
+            "model.pos_encoding='sinusoidal'",
+            "model.pos_encoding=learned",
+        ),
+        ({"pos_encoding": "none"}, "model.pos_encoding='none'", "model.pos_encoding=learned"),
+        ({"norm_position": "post"}, "model.norm_position='post'", "model.norm_position=pre"),
+        ({"emb_scale": True}, "model.emb_scale=true", "model.emb_scale=false"),
+        ({"norm": "rmsnorm"}, "model.norm='rmsnorm'", "model.norm=layernorm exports as GPT-2"),
+        ({"ffn": "swiglu"}, "model.ffn='swiglu'", "model.ffn=gelu_tanh exports as GPT-2"),
+        ({"n_kv_head": 2}, "model.n_kv_head=2", "model.n_kv_head=null exports as GPT-2"),
+        (
+            {"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "gelu"},
+            "model.ffn='gelu'",
+            "model.ffn=swiglu exports as Llama",
+        ),
+        (
+            {"pos_encoding": "rope", "ffn": "swiglu", "n_kv_head": 2},
+            "model.norm='layernorm'",
+            "model.norm=rmsnorm exports as Llama",
+        ),
+        (
+            {"pos_encoding": "rope", "emb_scale": True, "norm_position": "post"},
+            "model.norm_position='post'",
+            "model.norm_position=pre, model.emb_scale=false exports as GPT-NeoX",
+        ),
+    ],
+)
+def test_a_model_transformers_cannot_express_is_refused_naming_the_key_and_the_fix(
+    change, key, fix
+):
     """The nearest target (the fewest keys to change, ties in the table's order) names what would export."""
     with pytest.raises(MinigptError, match="cannot be exported") as e:
         hf_target(ModelConfig(n_head=4, n_embd=32, **change))
@@ -155,12 +209,19 @@ def test_a_model_transformers_cannot_express_is_refused_naming_the_key_and_the_f
 NAMES = {"gpt2": "GPT-2", "llama": "Llama", "gpt_neox": "GPT-NeoX"}
 
 
-@pytest.mark.parametrize("change,target", [
-    ({}, "gpt2"), ({"ffn": "relu", "bias": False}, "gpt2"),
-    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "n_kv_head": 2}, "llama"),
-    ({"pos_encoding": "rope", "ffn": "relu", "tie_weights": False, "rope_base": 500.0}, "gpt_neox"),
-    ({"pos_encoding": "rope", "ffn": "gelu_tanh", "bias": False}, "gpt_neox"),
-])
+@pytest.mark.parametrize(
+    "change,target",
+    [
+        ({}, "gpt2"),
+        ({"ffn": "relu", "bias": False}, "gpt2"),
+        ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "n_kv_head": 2}, "llama"),
+        (
+            {"pos_encoding": "rope", "ffn": "relu", "tie_weights": False, "rope_base": 500.0},
+            "gpt_neox",
+        ),
+        ({"pos_encoding": "rope", "ffn": "gelu_tanh", "bias": False}, "gpt_neox"),
+    ],
+)
 def test_each_model_a_target_expresses_is_picked_and_others_are_refused_by_arch(change, target):
     mc = ModelConfig(n_head=4, n_embd=32, **change)
     assert hf_target(mc) == hf_target(mc, target) == target
@@ -182,7 +243,9 @@ def test_a_model_switch_the_table_does_not_list_is_refused_unless_at_its_default
     with pytest.raises(MinigptError, match="model.qk_norm=true has no equivalent") as e:
         hf_target(WithQKNorm(pos_encoding="rope", ffn="relu", qk_norm=True))
     assert "model.qk_norm=false exports as GPT-NeoX" in str(e.value)
-    with pytest.raises(MinigptError, match="--arch llama: Llama cannot express model.norm='layernorm'"):
+    with pytest.raises(
+        MinigptError, match="--arch llama: Llama cannot express model.norm='layernorm'"
+    ):
         hf_target(WithQKNorm(pos_encoding="rope", ffn="relu", qk_norm=True), "llama")
 
 
@@ -190,8 +253,11 @@ def test_a_model_switch_the_table_does_not_list_is_refused_unless_at_its_default
 def test_an_arch_that_cannot_express_the_run_is_one_line(cli, exported, tmp_path):
     run, _ = exported
     res = cli("export", run, "--output", tmp_path / "x", "--arch", "gpt_neox")
-    assert_user_error(res, "--arch gpt_neox: GPT-NeoX cannot express model.pos_encoding='learned' (it takes rope)",
-                      "drop --arch: the run exports as GPT-2")
+    assert_user_error(
+        res,
+        "--arch gpt_neox: GPT-NeoX cannot express model.pos_encoding='learned' (it takes rope)",
+        "drop --arch: the run exports as GPT-2",
+    )
     assert not (tmp_path / "x").exists()
     res = cli("export", run, "--output", tmp_path / "x", "--arch", "gpt2")
     assert res.exit_code == 0 and "as a transformers GPT2LMHeadModel" in res.stderr, res
@@ -203,16 +269,26 @@ def test_export_refuses_a_non_empty_folder_unless_forced(cli, exported, tmp_path
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     assert_user_error(cli("export", run, "--output", out), "not empty", "--force")
-    assert_user_error(cli("export", run, "--output", out, "--force"), "notes.txt", "only an earlier export")
+    assert_user_error(
+        cli("export", run, "--output", out, "--force"), "notes.txt", "only an earlier export"
+    )
     assert (out / "notes.txt").read_text() == "mine"  # nothing lost
     assert_user_error(cli("export", run, "--output", out, "--format", "onnx"), "--format 'onnx'")
-    for where in (run, run.parent, run.parent.parent):  # the run, the folder of runs: never replaced
+    for where in (
+        run,
+        run.parent,
+        run.parent.parent,
+    ):  # the run, the folder of runs: never replaced
         assert_user_error(cli("export", run, "--output", where, "--force"), "is or holds the run")
-        res = cli("export", run, "--output", where)  # nor advised to pass --force, which would not do
+        res = cli(
+            "export", run, "--output", where
+        )  # nor advised to pass --force, which would not do
         assert_user_error(res, "is or holds the run")
         assert "--force" not in res.stderr, res
     assert (run / "checkpoints").is_dir()
-    assert_user_error(cli("export", run, "--output", run / "hf"), "is inside the run folder", "outside it")
+    assert_user_error(
+        cli("export", run, "--output", run / "hf"), "is inside the run folder", "outside it"
+    )
     assert not (run / "hf").exists()
     (out / "notes.txt").unlink()
     assert cli("export", run, "--output", out).exit_code == 0
@@ -222,8 +298,9 @@ def test_export_refuses_a_non_empty_folder_unless_forced(cli, exported, tmp_path
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left beside it
 
 
-def test_export_into_the_current_folder_or_above_is_refused_without_advising_force(cli, exported, tmp_path,
-                                                                                    monkeypatch):
+def test_export_into_the_current_folder_or_above_is_refused_without_advising_force(
+    cli, exported, tmp_path, monkeypatch
+):
     run, _ = exported
     here = tmp_path / "work" / "here"  # neither it nor the folder above holds the run
     here.mkdir(parents=True)
@@ -276,8 +353,16 @@ def test_an_exported_char_tokenizer_reads_the_text_unk_as_characters(tmp_path):
     ids = hf_tok("a<unk>b\ufffd<|endoftext|>", add_special_tokens=False)["input_ids"]
     assert ids == tok.encode("a<unk>b\ufffd<|endoftext|>")
     unk = tok.vocab_size
-    assert hf_tok.unk_token_id == unk and len(hf_tok.unk_token) == 1 and hf_tok.unk_token not in tok.stoi
-    assert hf_tok("a€b", add_special_tokens=False)["input_ids"] == [tok.stoi["a"], unk, tok.stoi["b"]]
+    assert (
+        hf_tok.unk_token_id == unk
+        and len(hf_tok.unk_token) == 1
+        and hf_tok.unk_token not in tok.stoi
+    )
+    assert hf_tok("a€b", add_special_tokens=False)["input_ids"] == [
+        tok.stoi["a"],
+        unk,
+        tok.stoi["b"],
+    ]
 
 
 def test_a_fine_tuned_export_says_its_position_table_was_cut(cli, corpus_file, data_dir, tmp_path):
@@ -289,19 +374,36 @@ def test_a_fine_tuned_export_says_its_position_table_was_cut(cli, corpus_file, d
     from minigpt_cli.config.schema import load_config
 
     chars = sorted(set(corpus_file.read_text()))
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=48, vocab_size=len(chars))
-                    ).save_pretrained(tmp_path / "gpt2")
+    GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=48, vocab_size=len(chars))
+    ).save_pretrained(tmp_path / "gpt2")
     wordlevel_tokenizer(chars).save(str(tmp_path / "gpt2" / "tokenizer.json"))
-    cfg = load_config("finetune-gpt2", [f"model.init_from={tmp_path / 'gpt2'}", "model.block_size=16", "device=cpu",
-                                        f"data.data_dir={data_dir}", f"train.out_dir={tmp_path}/runs",
-                                        "train.max_iters=0", "train.eval_iters=1", "train.batch_size=2"])
+    cfg = load_config(
+        "finetune-gpt2",
+        [
+            f"model.init_from={tmp_path / 'gpt2'}",
+            "model.block_size=16",
+            "device=cpu",
+            f"data.data_dir={data_dir}",
+            f"train.out_dir={tmp_path}/runs",
+            "train.max_iters=0",
+            "train.eval_iters=1",
+            "train.batch_size=2",
+        ],
+    )
     run = train(cfg, "ft", echo=lambda m: None, progress=False).run_dir
     res = cli("export", run, "--output", tmp_path / "hf")
     assert res.exit_code == 0, res
     cut = [line for line in res.stderr.splitlines() if "position table" in line]
-    assert cut == [f"note: the position table has model.block_size=16 rows: fine-tuning cut {tmp_path / 'gpt2'}'s "
-                   "48 to that; fine-tune with a larger model.block_size to keep more"], res
+    assert cut == [
+        f"note: the position table has model.block_size=16 rows: fine-tuning cut {tmp_path / 'gpt2'}'s "
+        "48 to that; fine-tune with a larger model.block_size to keep more"
+    ], res
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["n_positions"] == 16
     (tmp_path / "gpt2").rename(tmp_path / "moved")
     res = cli("export", run, "--output", tmp_path / "hf", "--force")
-    assert res.exit_code == 0 and "cut" in res.stderr and "length unknown now: the folder is gone" in res.stderr, res
+    assert (
+        res.exit_code == 0
+        and "cut" in res.stderr
+        and "length unknown now: the folder is gone" in res.stderr
+    ), res

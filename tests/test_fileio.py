@@ -96,12 +96,17 @@ def test_a_full_disk_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monkey
     with pytest.raises(MinigptError) as e:
         atomic_write_bytes(path, b"new bytes" * 1000)
     msg = str(e.value)
-    assert msg == f"cannot write {path}: No space left on device; free some disk space or choose another location"
+    assert (
+        msg
+        == f"cannot write {path}: No space left on device; free some disk space or choose another location"
+    )
     assert path.read_bytes() == b"old bytes"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.bin"]
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into a read-only folder anyway")
+@pytest.mark.skipif(
+    os.name != "posix" or os.geteuid() == 0, reason="root writes into a read-only folder anyway"
+)
 def test_a_read_only_folder_is_a_one_line_error(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -117,9 +122,13 @@ def test_a_read_only_folder_is_a_one_line_error(tmp_path):
 
 def test_os_error_message_names_the_target_of_a_rename():
     exc = OSError(errno.EISDIR, "Is a directory", "/x/.tmp123", None, "/x/out")
-    assert fileio.os_error_message(exc) == "cannot write /x/out: Is a directory; give the path of a file, not of a folder"
+    assert (
+        fileio.os_error_message(exc)
+        == "cannot write /x/out: Is a directory; give the path of a file, not of a folder"
+    )
     assert fileio.os_error_message(OSError(errno.ENOSPC, "No space left on device")).startswith(
-        "cannot write: No space left on device; free some disk space")
+        "cannot write: No space left on device; free some disk space"
+    )
 
 
 # ----------------------------------------------------------------------------- through the CLI
@@ -139,16 +148,32 @@ def test_cli_run_and_data_folders_below_a_file(cli, tmp_path, monkeypatch, data_
     """The library does not wrap every write (mkdir of runs/): the CLI's handler catches the rest."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("x")
-    res = cli("train", TINY, "--no-progress", "--set", f"data.data_dir={data_dir}", "--set", "train.out_dir=afile/runs")
+    res = cli(
+        "train",
+        TINY,
+        "--no-progress",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "train.out_dir=afile/runs",
+    )
     assert_user_error(res, "cannot write afile/runs", "Not a directory", notes_ok=True)
-    res = cli("download", "--data-dir", "afile/data", "--url", corpus_server.url("/input.txt?t=afile"))
+    res = cli(
+        "download", "--data-dir", "afile/data", "--url", corpus_server.url("/input.txt?t=afile")
+    )
     assert_user_error(res, "afile/data")
     assert (tmp_path / "afile").read_text() == "x"
 
 
 def _minigpt(*args: str, cwd: Path, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "minigpt_cli", *args], cwd=cwd, stdout=stdout,
-                          stderr=subprocess.PIPE, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "minigpt_cli", *args],
+        cwd=cwd,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
@@ -161,8 +186,12 @@ def test_stdout_on_a_full_device_is_one_line(tmp_path):
 
 def test_a_closed_pipe_exits_quietly(tmp_path):
     """`minigpt count-params ... | head -c 1`: the reader leaves; exit 0, nothing on stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "count-params", "--preset", "gpt2-small"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minigpt_cli", "count-params", "--preset", "gpt2-small"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()  # before the child writes: its first write meets a closed pipe
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
@@ -189,11 +218,15 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypa
 
     def full(*args, **kwargs):
         if failure == "safetensors":
-            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
-                                  'message: "No space left on device" })')
+            raise SafetensorError(
+                "Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                'message: "No space left on device" })'
+            )
         if failure == "torch.save":
-            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0: "
-                               "PytorchStreamWriter failed writing file data/0")
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0: "
+                "PytorchStreamWriter failed writing file data/0"
+            )
         if failure == "torch.save-iostream":  # what a full disk gave in QA
             raise RuntimeError("basic_ios::clear: iostream error")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -254,7 +287,11 @@ def test_a_lock_path_that_is_not_a_file_is_refused_untouched(tmp_path, kind):
     precious = tmp_path / "precious.txt"
     precious.write_text("keep me")
     lock = run / ".lock"
-    {"symlink": lambda: lock.symlink_to(precious), "fifo": lambda: os.mkfifo(lock), "folder": lock.mkdir}[kind]()
+    {
+        "symlink": lambda: lock.symlink_to(precious),
+        "fifo": lambda: os.mkfifo(lock),
+        "folder": lock.mkdir,
+    }[kind]()
     with pytest.raises(MinigptError, match=r"\.lock is not a regular file.*remove it"):
         RunLock(run).acquire("wait")
     assert precious.read_text() == "keep me"
@@ -273,19 +310,26 @@ def test_a_full_disk_under_a_run_file_names_the_file(tmp_path):
     with pytest.raises(OSError) as info:
         logger.sample(10, "some text")
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "samples.txt")
-    assert os_error_message(info.value).startswith(f"cannot write {tmp_path / 'samples.txt'}: No space left")
+    assert os_error_message(info.value).startswith(
+        f"cannot write {tmp_path / 'samples.txt'}: No space left"
+    )
 
 
 def test_errors_as_turns_the_first_matching_type_into_its_error_and_passes_the_rest(tmp_path):
-    table = {FileNotFoundError: lambda exc: MinigptError("gone"), OSError: lambda exc: MinigptError("other"),
-             ValueError: lambda exc: None}
+    table = {
+        FileNotFoundError: lambda exc: MinigptError("gone"),
+        OSError: lambda exc: MinigptError("other"),
+        ValueError: lambda exc: None,
+    }
     with pytest.raises(MinigptError, match="^gone$"):
         with fileio.errors_as(table):
             open(tmp_path / "missing")
     with pytest.raises(MinigptError, match="^other$"):
         with fileio.errors_as(table):
             raise OSError(errno.EIO, "I/O error")
-    with pytest.raises(ValueError, match="left alone"):  # an entry that builds nothing lets the error pass
+    with pytest.raises(
+        ValueError, match="left alone"
+    ):  # an entry that builds nothing lets the error pass
         with fileio.errors_as(table):
             raise ValueError("left alone")
     with fileio.os_errors(tmp_path / "a", "read", in_run=True) as at:
@@ -294,14 +338,21 @@ def test_errors_as_turns_the_first_matching_type_into_its_error_and_passes_the_r
         with at:
             at.path = tmp_path / "b"  # the block names the file it has moved on to
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-    assert str(info.value) == f"cannot read {tmp_path / 'b'}: Permission denied; check the permissions of the run " \
-                              "folder and of its files"
+    assert (
+        str(info.value)
+        == f"cannot read {tmp_path / 'b'}: Permission denied; check the permissions of the run "
+        "folder and of its files"
+    )
 
 
 def test_read_text_file_says_which_way_a_named_file_cannot_be_read(tmp_path):
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfa\r\nb")
     assert fileio.read_text_file(tmp_path / "bom.txt", "--text-file") == "a\nb"
-    for name, fragment in [("none.txt", "not found"), (".", "is a folder"), ("latin1.txt", "is not UTF-8 text")]:
+    for name, fragment in [
+        ("none.txt", "not found"),
+        (".", "is a folder"),
+        ("latin1.txt", "is not UTF-8 text"),
+    ]:
         with pytest.raises(MinigptError, match=f"^--text-file '.*' {fragment}"):
             fileio.read_text_file(tmp_path / name, "--text-file")

@@ -39,8 +39,17 @@ def train_run(tmp_path_factory, data_dir, name, *sets):
     from minigpt_cli.cli import app
 
     work = tmp_path_factory.mktemp(name)
-    args = ["train", str(TINY), "--run-name", name, "--no-progress", "--set", f"data.data_dir={data_dir}",
-            "--set", "train.sample_tokens=0"]
+    args = [
+        "train",
+        str(TINY),
+        "--run-name",
+        name,
+        "--no-progress",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "train.sample_tokens=0",
+    ]
     with working_dir(work):
         res = CliRunner().invoke(app, args + [a for item in sets for a in ("--set", item)])
     assert res.exit_code == 0, res.stderr
@@ -57,10 +66,18 @@ def run_dir(tmp_path_factory, data_dir):
 def gen(cli, run_dir):
     def run(*args, input=None):
         return cli("generate", "--run", run_dir, *args, input=input)
+
     return run
 
 
-SAMPLING = ("--temperature", "1", "--top-k", "30", "--seed", "7")  # seeded: the same text every time
+SAMPLING = (
+    "--temperature",
+    "1",
+    "--top-k",
+    "30",
+    "--seed",
+    "7",
+)  # seeded: the same text every time
 
 
 def sampled(gen, *args, n=80, prompt=PROMPT):
@@ -85,7 +102,9 @@ def test_a_missing_or_damaged_run_tokenizer_says_where_a_copy_is(cli, run_dir, t
     assert_user_error(res, "is not a minigpt tokenizer", "copy it back from", "tokenizer-char.json")
     assert "train it again" not in res.stderr  # a retrained tokenizer is not the run's
     (run / "tokenizer.json").unlink()
-    assert_user_error(cli("generate", "--run", run, "--prompt", "x"), "not found", "copy it back from")
+    assert_user_error(
+        cli("generate", "--run", run, "--prompt", "x"), "not found", "copy it back from"
+    )
 
 
 def test_max_new_tokens_zero_prints_the_prompt_back(gen):
@@ -123,13 +142,18 @@ def test_prompt_option_errors(gen, tmp_path):
     assert_user_error(gen("--prompt", "-", input=""), "prompt is empty")
 
 
-@pytest.mark.parametrize("command,option", [("generate", "--prompt-file"), ("evaluate", "--text-file")])
+@pytest.mark.parametrize(
+    "command,option", [("generate", "--prompt-file"), ("evaluate", "--text-file")]
+)
 def test_a_users_text_file_is_read_alike_by_every_command(cli, run_dir, tmp_path, command, option):
     """generate --prompt-file and evaluate --text-file: one reader, the same one-line errors naming the option."""
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("café".encode("latin-1"))
-    for path, problem in ((tmp_path / "nope.txt", "not found"), (tmp_path, "is a folder; give a text file"),
-                          (bad, "is not UTF-8 text; convert it")):
+    for path, problem in (
+        (tmp_path / "nope.txt", "not found"),
+        (tmp_path, "is a folder; give a text file"),
+        (bad, "is not UTF-8 text; convert it"),
+    ):
         res = cli(command, "--run", run_dir, option, path)
         assert_user_error(res, f"{option} {str(path)!r} {problem}")
 
@@ -145,10 +169,24 @@ def test_crlf_and_a_byte_order_mark_are_read_alike_by_generate_and_evaluate(cli,
     for f in (plain, windows):
         res = cli("evaluate", "--run", run_dir, "--text-file", f, "--json")
         assert res.exit_code == 0, res
-        got[f] = {k: v for k, v in json.loads(res.stdout).items() if k not in ("source", "text_file")}
+        got[f] = {
+            k: v for k, v in json.loads(res.stdout).items() if k not in ("source", "text_file")
+        }
     assert got[windows] == got[plain] and got[plain]["bytes"] == len(text.encode("utf-8"))
-    outs = [cli("generate", "--run", run_dir, "--prompt-file", f, "--temperature", "0", "--max-new-tokens", "5")
-            for f in (plain, windows)]
+    outs = [
+        cli(
+            "generate",
+            "--run",
+            run_dir,
+            "--prompt-file",
+            f,
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "5",
+        )
+        for f in (plain, windows)
+    ]
     assert all(r.exit_code == 0 for r in outs), outs
     assert outs[0].stdout == outs[1].stdout and outs[0].stdout.startswith(text)
 
@@ -156,7 +194,7 @@ def test_crlf_and_a_byte_order_mark_are_read_alike_by_generate_and_evaluate(cli,
 @pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
 def test_stop_ends_the_sample_and_is_not_printed(gen, stream):
     full = sampled(gen, n=120)
-    new = full[len(PROMPT):-1]
+    new = full[len(PROMPT) : -1]
     stop = new[40:43]  # three characters the model does produce
     cut = new.find(stop)
     assert cut >= 10, new  # a stop well inside the text
@@ -165,17 +203,31 @@ def test_stop_ends_the_sample_and_is_not_printed(gen, stream):
     assert res.stdout == PROMPT + new[:cut] + "\n"
     # Several stops: the earliest occurrence wins; one that never occurs changes nothing.
     other = new[70:72]
-    res = gen("--prompt", PROMPT, "--max-new-tokens", "120", *SAMPLING,
-              "--stop", other, "--stop", stop, "--stop", "\u00a7never", stream)
-    assert res.stdout == PROMPT + new[:min(cut, new.find(other))] + "\n"
-    res = gen("--prompt", PROMPT, "--max-new-tokens", "120", *SAMPLING, "--stop", "\u00a7never", stream)
+    res = gen(
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "120",
+        *SAMPLING,
+        "--stop",
+        other,
+        "--stop",
+        stop,
+        "--stop",
+        "\u00a7never",
+        stream,
+    )
+    assert res.stdout == PROMPT + new[: min(cut, new.find(other))] + "\n"
+    res = gen(
+        "--prompt", PROMPT, "--max-new-tokens", "120", *SAMPLING, "--stop", "\u00a7never", stream
+    )
     assert res.stdout == full
 
 
 def test_stop_only_looks_at_the_new_text(gen):
     """The prompt holds the stop text; generation still runs (and stops only if the model writes it)."""
     full = sampled(gen, n=60)
-    new = full[len(PROMPT):-1]
+    new = full[len(PROMPT) : -1]
     res = gen("--prompt", PROMPT, "--max-new-tokens", "60", *SAMPLING, "--stop", "ROMEO")
     cut = new.find("ROMEO")
     assert res.stdout == (full if cut < 0 else PROMPT + new[:cut] + "\n")
@@ -190,8 +242,15 @@ def test_streaming_holds_back_what_may_become_a_stop(run_dir):
     assert cut >= 10, text
 
     out = Recorder()
-    generate(run_dir, {"prompt": PROMPT, "max_new_tokens": 120, "temperature": 1.0, "top_k": 30}, seed=7,
-             stream=True, device="cpu", out=out, stop=[stop])
+    generate(
+        run_dir,
+        {"prompt": PROMPT, "max_new_tokens": 120, "temperature": 1.0, "top_k": 30},
+        seed=7,
+        stream=True,
+        device="cpu",
+        out=out,
+        stop=[stop],
+    )
     assert out.getvalue() == PROMPT + text[:cut] + "\n"
     # Writes only append, so a correct end result means no part of the stop text was ever
     # printed: without the hold-back, its first characters would be out before it completes.
@@ -200,9 +259,14 @@ def test_streaming_holds_back_what_may_become_a_stop(run_dir):
 
 def sampled_text(run_dir, n):
     out = io.StringIO()
-    generate(run_dir, {"prompt": PROMPT, "max_new_tokens": n, "temperature": 1.0, "top_k": 30}, seed=7,
-             device="cpu", out=out)
-    return out.getvalue()[len(PROMPT):-1]
+    generate(
+        run_dir,
+        {"prompt": PROMPT, "max_new_tokens": n, "temperature": 1.0, "top_k": 30},
+        seed=7,
+        device="cpu",
+        out=out,
+    )
+    return out.getvalue()[len(PROMPT) : -1]
 
 
 def test_stop_helpers():
@@ -222,7 +286,9 @@ def test_top_p(gen):
     assert_user_error(gen("--top-p", "0"), "--top-p", "(0, 1]")
     assert_user_error(gen("--top-p", "1.5"), "--top-p")
     # A tiny nucleus holds only the most likely token: sampling becomes greedy.
-    tiny = gen("--prompt", PROMPT, "--temperature", "1", "--top-p", "1e-9", "--max-new-tokens", "60")
+    tiny = gen(
+        "--prompt", PROMPT, "--temperature", "1", "--top-p", "1e-9", "--max-new-tokens", "60"
+    )
     assert tiny.exit_code == 0 and tiny.stdout == greedy(gen, n=60)
     full = gen("--prompt", PROMPT, "--top-p", "1", "--max-new-tokens", "60", "--seed", "3")
     assert full.exit_code == 0 and len(full.stdout) == len(PROMPT) + 61
@@ -230,7 +296,18 @@ def test_top_p(gen):
 
 def test_sampled_text_is_the_same_with_and_without_the_cache(gen):
     """Seeded sampling, 100 tokens: well past block_size 32, so the window slides."""
-    args = ("--prompt", PROMPT, "--max-new-tokens", "100", "--seed", "5", "--temperature", "1", "--top-k", "20")
+    args = (
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "100",
+        "--seed",
+        "5",
+        "--temperature",
+        "1",
+        "--top-k",
+        "20",
+    )
     a, b = gen(*args), gen(*args, "--no-kv-cache")
     assert a.exit_code == b.exit_code == 0
     assert a.stdout == b.stdout
@@ -269,7 +346,9 @@ def test_window_stride_in_the_config_is_checked_against_block_size(tmp_path):
 
     cfg = load_config(TINY, ["sample.window_stride=32"])
     assert cfg.sample.window_stride == 32
-    with pytest.raises(ConfigError, match="sample.window_stride: 33 is larger than model.block_size"):
+    with pytest.raises(
+        ConfigError, match="sample.window_stride: 33 is larger than model.block_size"
+    ):
         load_config(TINY, ["sample.window_stride=33"])
 
 
@@ -294,21 +373,31 @@ def test_the_schema_refuses_an_infinite_temperature_on_every_route(run_dir, tmp_
     from minigpt_cli.config.schema import ConfigError, SampleConfig, load_config
 
     for value in (float("inf"), float("nan")):
-        with pytest.raises(ConfigError, match="sample.temperature: input should be a finite number"):
+        with pytest.raises(
+            ConfigError, match="sample.temperature: input should be a finite number"
+        ):
             generate(run_dir, {"temperature": value, "max_new_tokens": 1}, device="cpu")
         with pytest.raises(ValueError, match="finite"):
             SampleConfig(temperature=value)
     with pytest.raises(ConfigError, match="sample.temperature"):
         load_config(TINY, ["sample.temperature=.inf"])
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(TINY.read_text().replace("max_new_tokens: 100", "max_new_tokens: 100\n  temperature: .nan"))
+    cfg.write_text(
+        TINY.read_text().replace("max_new_tokens: 100", "max_new_tokens: 100\n  temperature: .nan")
+    )
     with pytest.raises(ConfigError, match="sample.temperature: input should be a finite number"):
         load_config(cfg)
     # A config built without validation is validated by generate, before anything is printed.
     out = io.StringIO()
     with pytest.raises(ConfigError, match="sample.temperature: input should be a finite number"):
-        generate(run_dir, SampleConfig.model_construct(**{**SampleConfig().model_dump(), "temperature": float("inf")}),
-                 device="cpu", out=out)
+        generate(
+            run_dir,
+            SampleConfig.model_construct(
+                **{**SampleConfig().model_dump(), "temperature": float("inf")}
+            ),
+            device="cpu",
+            out=out,
+        )
     assert out.getvalue() == ""
 
 
@@ -318,7 +407,9 @@ def test_the_schema_refuses_an_infinite_temperature_on_every_route(run_dir, tmp_
 @pytest.fixture(scope="module")
 def early_run(tmp_path_factory, data_dir):
     """tiny.yaml stopped at step 0 (the random init), its model vocabulary padded to 128 past the 65 characters."""
-    return train_run(tmp_path_factory, data_dir, "early", "train.max_iters=0", "model.vocab_size=128")
+    return train_run(
+        tmp_path_factory, data_dir, "early", "train.max_iters=0", "model.vocab_size=128"
+    )
 
 
 UNTRAINED = "checkpoint is untrained (saved at step 0, its weights are the random init)"
@@ -340,14 +431,27 @@ def test_an_untrained_checkpoint_is_said_plainly(cli, early_run, run_dir, monkey
 def test_a_padded_model_vocabulary_never_yields_a_padding_id(cli, early_run, temperature):
     """Model vocabulary 128, tokenizer 65: a random model at T = 1e30 is uniform over what it may sample;
     ids 65..127 would make decode refuse the text. 300 tokens decode, and many different characters appear."""
-    res = cli("generate", "--run", early_run, "--prompt", PROMPT, "--max-new-tokens", "300",
-              "--temperature", temperature, "--top-k", "200")
+    res = cli(
+        "generate",
+        "--run",
+        early_run,
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "300",
+        "--temperature",
+        temperature,
+        "--top-k",
+        "200",
+    )
     assert res.exit_code == 0, res
-    new = res.stdout[len(PROMPT):-1]
+    new = res.stdout[len(PROMPT) : -1]
     assert len(new) == 300
     if temperature == "1e30":
         assert len(set(new)) > 40
-    assert_user_error(cli("generate", "--run", early_run, "--temperature", "inf"), "--temperature inf", "finite")
+    assert_user_error(
+        cli("generate", "--run", early_run, "--temperature", "inf"), "--temperature inf", "finite"
+    )
 
 
 # ----------------------------------------------------------------------------- prompts lost to <unk>
@@ -361,17 +465,29 @@ def unigram_run(tmp_path_factory, data_dir):
     folder = tmp_path_factory.mktemp("unigram-tokenizer")
     text = folder / "plays.txt"
     text.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:200_000])
-    return train_run(tmp_path_factory, data_dir, "uni", "train.max_iters=0", "tokenizer.kind=unigram",
-                     "tokenizer.vocab_size=300", f"tokenizer.path={folder / 'unigram-300.json'}", f"data.path={text}")
+    return train_run(
+        tmp_path_factory,
+        data_dir,
+        "uni",
+        "train.max_iters=0",
+        "tokenizer.kind=unigram",
+        "tokenizer.vocab_size=300",
+        f"tokenizer.path={folder / 'unigram-300.json'}",
+        f"data.path={text}",
+    )
 
 
 def test_a_prompt_partly_lost_to_unk_is_noted(cli, unigram_run):
     prompt = "ROMEO: ¿Qué tal? 😀"
     res = cli("generate", "--run", unigram_run, "--prompt", prompt, "--max-new-tokens", "5")
     assert res.exit_code == 0, res
-    assert "note: 3 characters of the prompt became <unk>: '¿', 'é', '😀'" in res.stderr.splitlines()
+    assert (
+        "note: 3 characters of the prompt became <unk>: '¿', 'é', '😀'" in res.stderr.splitlines()
+    )
     assert res.stdout.startswith(prompt)  # printed as given
-    plain = cli("generate", "--run", unigram_run, "--prompt", "ROMEO: what?", "--max-new-tokens", "5")
+    plain = cli(
+        "generate", "--run", unigram_run, "--prompt", "ROMEO: what?", "--max-new-tokens", "5"
+    )
     assert plain.exit_code == 0 and "<unk>" not in plain.stderr
 
 
@@ -390,8 +506,10 @@ def tokenizers_by_kind(corpus_file):
 
 #: Spaces (▁ in Unigram and WordPiece), WordPiece ## continuations, a special token, newlines; for bpe,
 #: characters of 2 to 4 bytes split across byte-level tokens.
-STREAM_TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.<|endoftext|>\n\n"
-               "All:\nSpeak, speak.  wherefore  art thou")
+STREAM_TEXT = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.<|endoftext|>\n\n"
+    "All:\nSpeak, speak.  wherefore  art thou"
+)
 BPE_EXTRA = " naïve café 😀👍🏽 ✨ ok"
 
 
@@ -410,12 +528,17 @@ def test_streamed_text_equals_the_text_decoded_at_once(tokenizers_by_kind, kind)
     text = STREAM_TEXT + (BPE_EXTRA if kind == "bpe" else "")
     ids = tok.encode(text)
     if kind == "bpe":
-        assert "\ufffd" in tok.decode(ids[:ids.index(tok.encode("😀")[0]) + 1])  # a character split across tokens
+        assert "\ufffd" in tok.decode(
+            ids[: ids.index(tok.encode("😀")[0]) + 1]
+        )  # a character split across tokens
     if kind == "wordpiece":
         assert any(p.startswith("##") for p in tok.pieces(text))
     whole = tok.decode(ids)
     rng = random.Random(0)
-    cases = [ids, [rng.randrange(tok.vocab_size) for _ in range(300)]]  # also ids no text would give
+    cases = [
+        ids,
+        [rng.randrange(tok.vocab_size) for _ in range(300)],
+    ]  # also ids no text would give
     for case in cases:
         whole = tok.decode(case)
         got, writes = _streamed(tok, case)
@@ -423,15 +546,15 @@ def test_streamed_text_equals_the_text_decoded_at_once(tokenizers_by_kind, kind)
         assert len(writes) > len(case) // 3  # it streamed
         stream = TextStream(tok)
         pieces = [stream.push(i) for i in case]
-        assert "".join(pieces) == whole[:len("".join(pieces))]  # pieces only append
+        assert "".join(pieces) == whole[: len("".join(pieces))]  # pieces only append
         if "\ufffd" not in whole:
             assert not any("\ufffd" in w for w in writes) and "".join(pieces) == whole
     # Stop strings: streamed, not streamed and the whole text cut at the earliest stop agree.
     whole = tok.decode(ids)
     for start, length in ((3, 1), (20, 4), (60, 2), (len(whole) - 3, 3)):
-        stop = whole[start:start + length]
-        other = whole[start // 2:start // 2 + 2]
-        expected = whole[:min(whole.find(stop), whole.find(other))]
+        stop = whole[start : start + length]
+        other = whole[start // 2 : start // 2 + 2]
+        expected = whole[: min(whole.find(stop), whole.find(other))]
         for stream in (True, False):
             got, writes = _streamed(tok, ids, [stop, other], stream)
             assert got == expected and "".join(writes) == expected + "\n", (stop, other, stream)
@@ -447,19 +570,31 @@ def test_streaming_work_grows_linearly(tokenizers_by_kind, monkeypatch):
     ids = (tok.encode(STREAM_TEXT + BPE_EXTRA) * 200)[:4000]
     decoded, searched = [], []
     real_decode, real_find = tok.decode, gen_mod.find_stop
-    monkeypatch.setattr(tok, "decode", lambda batch: decoded.append(len(batch)) or real_decode(batch))
-    monkeypatch.setattr(gen_mod, "find_stop", lambda text, stops: searched.append(len(text)) or real_find(text, stops))
+    monkeypatch.setattr(
+        tok, "decode", lambda batch: decoded.append(len(batch)) or real_decode(batch)
+    )
+    monkeypatch.setattr(
+        gen_mod,
+        "find_stop",
+        lambda text, stops: searched.append(len(text)) or real_find(text, stops),
+    )
     text, _ = _streamed(tok, ids, ["\u00a7 never \u00a7"])
     assert text == real_decode(ids)
-    assert sum(decoded) - len(ids) < 5 * len(ids)  # the final decode of all ids, and a few per token
+    assert sum(decoded) - len(ids) < 5 * len(
+        ids
+    )  # the final decode of all ids, and a few per token
     assert sum(searched) < 15 * len(ids)
 
 
 def test_stop_escapes(gen):
-    assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb\\n") == "a\tb\\n" and unescape(r"\x\\") == "\\x\\"
+    assert (
+        unescape(r"\n\n") == "\n\n"
+        and unescape(r"a\tb\\n") == "a\tb\\n"
+        and unescape(r"\x\\") == "\\x\\"
+    )
     assert unescape("ROMEO:") == "ROMEO:" and unescape("\\") == "\\"
     full = sampled(gen, n=120)
-    new = full[len(PROMPT):-1]
+    new = full[len(PROMPT) : -1]
     cut = new.find("\n")
     assert cut >= 0, new
     for stream in ("--stream", "--no-stream"):
@@ -486,15 +621,32 @@ def test_a_temperature_beyond_float32_samples_valid_ids():
 
 def _notes(res, fragment):
     assert res.exit_code == 0, res
-    return [line for line in res.stderr.splitlines() if line.startswith("note: ") and fragment in line]
+    return [
+        line for line in res.stderr.splitlines() if line.startswith("note: ") and fragment in line
+    ]
 
 
 def test_greedy_flags_get_the_note_the_config_route_gives(gen):
-    res = gen("--prompt", PROMPT, "--max-new-tokens", "5", "--temperature", "0", "--top-k", "5", "--top-p", "0.5")
+    res = gen(
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "5",
+        "--temperature",
+        "0",
+        "--top-k",
+        "5",
+        "--top-p",
+        "0.5",
+    )
     assert _notes(res, "greedy") == [
         "note: --top-k has no effect with --temperature 0: greedy decoding always takes the likeliest token",
-        "note: --top-p has no effect with --temperature 0: greedy decoding always takes the likeliest token"]
-    assert _notes(gen("--prompt", PROMPT, "--max-new-tokens", "5", "--temperature", "0"), "greedy") == []
+        "note: --top-p has no effect with --temperature 0: greedy decoding always takes the likeliest token",
+    ]
+    assert (
+        _notes(gen("--prompt", PROMPT, "--max-new-tokens", "5", "--temperature", "0"), "greedy")
+        == []
+    )
     assert _notes(gen("--prompt", PROMPT, "--max-new-tokens", "5", "--top-k", "5"), "greedy") == []
 
 
@@ -504,32 +656,46 @@ def test_a_window_stride_the_window_never_reaches_is_noted(gen):
     outputs = {}
     for n in (27, 28):
         for stride in ("1", "3"):
-            res = gen("--prompt", PROMPT, "--max-new-tokens", str(n), "--window-stride", stride, *SAMPLING)
+            res = gen(
+                "--prompt", PROMPT, "--max-new-tokens", str(n), "--window-stride", stride, *SAMPLING
+            )
             notes = _notes(res, "--window-stride")
             assert len(notes) == (n == 27), (n, notes)
             outputs[n, stride] = res.stdout
-    assert outputs[27, "1"] == outputs[27, "3"]  # what the note says: the stride changes nothing there
-    assert _notes(gen("--prompt", PROMPT, "--max-new-tokens", "27", *SAMPLING), "window") == []  # not asked for
-    assert "the prompt (6 token(s)) followed by --max-new-tokens 27" in _notes(
-        gen("--prompt", PROMPT, "--max-new-tokens", "27", "--window-stride", "3"), "window")[0]
+    assert (
+        outputs[27, "1"] == outputs[27, "3"]
+    )  # what the note says: the stride changes nothing there
+    assert (
+        _notes(gen("--prompt", PROMPT, "--max-new-tokens", "27", *SAMPLING), "window") == []
+    )  # not asked for
+    assert (
+        "the prompt (6 token(s)) followed by --max-new-tokens 27"
+        in _notes(
+            gen("--prompt", PROMPT, "--max-new-tokens", "27", "--window-stride", "3"), "window"
+        )[0]
+    )
 
 
 def test_stop_takes_the_escapes_the_help_names(gen):
-    new = sampled(gen, n=120)[len(PROMPT):-1]
+    new = sampled(gen, n=120)[len(PROMPT) : -1]
     c = next((ch for ch in new if ch != new[0]), new[0])
     cut = new.find(c)
     for spelled in (f"\\u{ord(c):04x}", f"\\U{ord(c):08x}", f"\\x{ord(c):02x}", f"\\{ord(c):o}"):
         res = gen("--prompt", PROMPT, "--max-new-tokens", "120", *SAMPLING, "--stop", spelled)
         assert res.exit_code == 0 and res.stdout == PROMPT + new[:cut] + "\n", (spelled, res)
     assert unescape(r"\u00e9\x41\xc3\xa9\101\q\\") == "éAéA\\q\\"
-    assert_user_error(gen("--prompt", PROMPT, "--stop", "\\xe9"), "--stop '\\xe9'", "not UTF-8 text", "\\u00e9")
+    assert_user_error(
+        gen("--prompt", PROMPT, "--stop", "\\xe9"), "--stop '\\xe9'", "not UTF-8 text", "\\u00e9"
+    )
 
 
 def test_a_stop_the_vocabulary_cannot_spell_is_noted(gen):
     for spelled in ("é", "\\u00e9", "ROMEO é"):
         res = gen("--prompt", PROMPT, "--max-new-tokens", "5", "--stop", spelled)
-        assert _notes(res, "--stop") == [f"note: --stop {unescape(spelled)!r} can never match: the tokenizer's "
-                                         "vocabulary lacks 'é', so the model never writes it"]
+        assert _notes(res, "--stop") == [
+            f"note: --stop {unescape(spelled)!r} can never match: the tokenizer's "
+            "vocabulary lacks 'é', so the model never writes it"
+        ]
     assert _notes(gen("--prompt", PROMPT, "--max-new-tokens", "5", "--stop", "\\n"), "--stop") == []
 
 
@@ -548,20 +714,33 @@ def test_the_configs_prompt_gets_the_line_train_gives(run_dir, cli, tmp_path):
         cfg["sample"]["prompt"] = "Café"
         path.write_text(yaml.safe_dump(cfg))
         record_checksums(path.parent)  # an edit, not damage: the checksum follows it
-    assert_user_error(cli("generate", "--run", run), "sample.prompt has characters the tokenizer's vocabulary "
-                                                      "lacks: 'é'; remove or replace them")
+    assert_user_error(
+        cli("generate", "--run", run),
+        "sample.prompt has characters the tokenizer's vocabulary "
+        "lacks: 'é'; remove or replace them",
+    )
     assert_user_error(cli("generate", "--run", run, "--prompt", "Ça"), "the prompt has characters")
 
 
 def test_a_prompt_that_will_not_come_back_as_typed_is_noted(cli, unigram_run, tokenizers_by_kind):
     from minigpt_cli.tokenizer.kinds import lossy_report
 
-    res = cli("generate", "--run", unigram_run, "--prompt", "ROMEO: a\u2581b <unk>", "--max-new-tokens", "3")
+    res = cli(
+        "generate",
+        "--run",
+        unigram_run,
+        "--prompt",
+        "ROMEO: a\u2581b <unk>",
+        "--max-new-tokens",
+        "3",
+    )
     assert _notes(res, "the prompt's") == [
         "note: the prompt's '\u2581' (U+2581) becomes a space (unigram writes a space as '\u2581'); the prompt's "
-        "'<unk>' is read as the unknown token (one id), not as its 5 characters"]
+        "'<unk>' is read as the unknown token (one id), not as its 5 characters"
+    ]
     assert lossy_report(tokenizers_by_kind["wordpiece"], "word" * 300) == (
-        "note: the prompt does not come back as typed: it decodes as '<unk>'")  # past WordPiece's longest word
+        "note: the prompt does not come back as typed: it decodes as '<unk>'"
+    )  # past WordPiece's longest word
     for kind in ("bpe", "char", "unigram", "wordpiece"):
         assert lossy_report(tokenizers_by_kind[kind], "ROMEO: what, ho!") is None
     for kind in ("bpe", "char"):  # a byte for byte round trip; char refuses what it lacks instead
@@ -594,13 +773,31 @@ def _decode(model, prompt, mode, temperature, top_p, stride, monkeypatch, n=30, 
 
     seen = []
     real = sampling.sample_next
-    monkeypatch.setattr(sampling, "sample_next", lambda logits, *a: seen.append(logits.clone()) or real(logits, *a))
+    monkeypatch.setattr(
+        sampling, "sample_next", lambda logits, *a: seen.append(logits.clone()) or real(logits, *a)
+    )
     rows = prompt.size(0)
-    g = [torch.Generator().manual_seed(7 + i) for i in range(rows)] if per_row else torch.Generator().manual_seed(7)
-    decoder = (StaticDecoder(model, rows, compile=mode == "compiled", backend="aot_eager")
-               if mode in ("static", "compiled") else None)
-    toks = generate_tokens(model, prompt, n, temperature=temperature, top_p=top_p, use_cache=mode != "uncached",
-                           generator=g, window_stride=stride, decoder=decoder)
+    g = (
+        [torch.Generator().manual_seed(7 + i) for i in range(rows)]
+        if per_row
+        else torch.Generator().manual_seed(7)
+    )
+    decoder = (
+        StaticDecoder(model, rows, compile=mode == "compiled", backend="aot_eager")
+        if mode in ("static", "compiled")
+        else None
+    )
+    toks = generate_tokens(
+        model,
+        prompt,
+        n,
+        temperature=temperature,
+        top_p=top_p,
+        use_cache=mode != "uncached",
+        generator=g,
+        window_stride=stride,
+        decoder=decoder,
+    )
     out = torch.stack(list(toks), dim=1)
     monkeypatch.setattr(sampling, "sample_next", real)
     return out, torch.stack(seen)
@@ -611,9 +808,15 @@ MODES = ((0.0, None, 1), (1.0, None, None), (1.0, 0.9, 5))
 
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "none"])
-@pytest.mark.parametrize("switch", [{}, dict(norm="rmsnorm", norm_position="post"),
-                                    dict(n_kv_head=1, ffn="swiglu", multiple_of=16, tie_weights=False)],
-                         ids=["layernorm-pre", "rmsnorm-post", "gqa-swiglu-untied"])
+@pytest.mark.parametrize(
+    "switch",
+    [
+        {},
+        dict(norm="rmsnorm", norm_position="post"),
+        dict(n_kv_head=1, ffn="swiglu", multiple_of=16, tie_weights=False),
+    ],
+    ids=["layernorm-pre", "rmsnorm-post", "gqa-swiglu-untied"],
+)
 def test_the_static_cache_decodes_like_the_other_paths(pos, switch, monkeypatch):
     """The static cache's step (eager here; compiled below) gives the tokens of the growing cache and of no
     cache, greedy and seeded, 5 + 30 tokens through a block of 12 (the window slides), and the logits each
@@ -623,7 +826,9 @@ def test_the_static_cache_decodes_like_the_other_paths(pos, switch, monkeypatch)
     for temperature, top_p, stride in MODES:
         # Uncached against cached for every switch is test_variants' test; here once, for the greedy mode.
         paths = ("cached", "static", "uncached") if temperature == 0 else ("cached", "static")
-        runs = {m: _decode(model, prompt, m, temperature, top_p, stride, monkeypatch) for m in paths}
+        runs = {
+            m: _decode(model, prompt, m, temperature, top_p, stride, monkeypatch) for m in paths
+        }
         tokens, logits = runs["cached"]
         assert tokens.shape == (2, 30)
         for mode in paths[1:]:
@@ -644,9 +849,13 @@ def test_the_compiled_step_decodes_like_eager(monkeypatch):
     model = _model(pos_encoding="rope", norm="rmsnorm", n_kv_head=2, n_layer=1)
     prompt = torch.randint(0, 65, (2, 5))
     for temperature, top_p, stride in MODES[:2]:
-        compiled, logits = _decode(model, prompt, "compiled", temperature, top_p, stride, monkeypatch)
+        compiled, logits = _decode(
+            model, prompt, "compiled", temperature, top_p, stride, monkeypatch
+        )
         for mode in ("cached", "uncached"):
-            tokens, eager_logits = _decode(model, prompt, mode, temperature, top_p, stride, monkeypatch)
+            tokens, eager_logits = _decode(
+                model, prompt, mode, temperature, top_p, stride, monkeypatch
+            )
             assert torch.equal(compiled, tokens), (mode, temperature)
             assert (logits - eager_logits).abs().max().item() < 1e-4, (mode, temperature)
 
@@ -662,9 +871,20 @@ def test_a_batch_row_is_the_single_sample_of_its_seed(monkeypatch):
         batch, _ = _decode(model, prompt, mode, 1.0, None, None, monkeypatch, per_row=True)
         for i in range(3):
             g = torch.Generator().manual_seed(7 + i)
-            single = torch.stack(list(generate_tokens(model, prompt[:1], 30, temperature=1.0, generator=g,
-                                                      use_cache=mode != "uncached")), dim=1)
-            assert torch.equal(batch[i:i + 1], single), (mode, i)
+            single = torch.stack(
+                list(
+                    generate_tokens(
+                        model,
+                        prompt[:1],
+                        30,
+                        temperature=1.0,
+                        generator=g,
+                        use_cache=mode != "uncached",
+                    )
+                ),
+                dim=1,
+            )
+            assert torch.equal(batch[i : i + 1], single), (mode, i)
         assert len({tuple(r) for r in batch.tolist()}) == 3  # three different samples
 
 
@@ -686,20 +906,30 @@ def test_num_samples_is_one_batch_whose_samples_are_the_seeds_single_samples(run
     singles = [generate(run_dir, settings, seed=7 + i, device="cpu") for i in range(3)]
     assert calls == [1, 1, 1] and len({s[0] for s in singles}) == 3
     out = Recorder()
-    texts = generate(run_dir, {**settings, "num_samples": 3}, seed=7, device="cpu", stream=True, out=out)
+    texts = generate(
+        run_dir, {**settings, "num_samples": 3}, seed=7, device="cpu", stream=True, out=out
+    )
     assert calls[3:] == [3]
     assert texts == [s[0] for s in singles]
-    assert out.getvalue() == "".join(f"{'-' * 20} sample {i + 1} {'-' * 20}\n{t}\n" for i, t in enumerate(texts))
-    assert len(out.writes) == 6  # a header with the prompt, then the rest, per sample: nothing streamed
+    assert out.getvalue() == "".join(
+        f"{'-' * 20} sample {i + 1} {'-' * 20}\n{t}\n" for i, t in enumerate(texts)
+    )
+    assert (
+        len(out.writes) == 6
+    )  # a header with the prompt, then the rest, per sample: nothing streamed
     # Stops: each sample ends at its own first occurrence, as it does alone.
-    stop = texts[0][len(PROMPT) + 20:len(PROMPT) + 22]
+    stop = texts[0][len(PROMPT) + 20 : len(PROMPT) + 22]
     cut = [generate(run_dir, settings, seed=7 + i, device="cpu", stop=[stop])[0] for i in range(3)]
-    assert generate(run_dir, {**settings, "num_samples": 3}, seed=7, device="cpu", stop=[stop]) == cut
+    assert (
+        generate(run_dir, {**settings, "num_samples": 3}, seed=7, device="cpu", stop=[stop]) == cut
+    )
     assert len(cut[0]) == len(PROMPT) + 20 and len({len(t) for t in cut}) > 1
     # More samples than a batch holds: batches of MAX_BATCH, one after another, the same samples.
     monkeypatch.setattr(gen_mod, "MAX_BATCH", 2)
     del calls[:]
-    assert generate(run_dir, {**settings, "num_samples": 3}, seed=7, device="cpu") == texts and calls == [2, 1]
+    assert generate(
+        run_dir, {**settings, "num_samples": 3}, seed=7, device="cpu"
+    ) == texts and calls == [2, 1]
 
 
 def test_compile_flag_routes_through_the_static_decoder(gen, monkeypatch):
@@ -721,20 +951,27 @@ def test_compile_flag_routes_through_the_static_decoder(gen, monkeypatch):
     assert res.exit_code == 0 and res.stdout == eager
     assert modes == [(None, "inductor")]  # Inductor in its default mode on a CPU (no CUDA graphs)
     assert "compiling the one-token decoding step" in res.stderr
-    res = gen("--prompt", PROMPT, "--max-new-tokens", "100", *SAMPLING, "--compile", "--num-samples", "2")
+    res = gen(
+        "--prompt", PROMPT, "--max-new-tokens", "100", *SAMPLING, "--compile", "--num-samples", "2"
+    )
     assert res.exit_code == 0 and res.stdout.split("\n", 1)[1].startswith(eager)
-    assert _notes(gen("--prompt", PROMPT, "--max-new-tokens", "5", "--compile", "--no-kv-cache"), "--compile") == [
-        "note: --compile has no effect with --no-kv-cache: it compiles the cached one-token step"]
+    assert _notes(
+        gen("--prompt", PROMPT, "--max-new-tokens", "5", "--compile", "--no-kv-cache"), "--compile"
+    ) == ["note: --compile has no effect with --no-kv-cache: it compiles the cached one-token step"]
 
     def broken(mode, backend):
         def step(*args):
             raise RuntimeError("no C++ compiler here")
+
         return step
 
     monkeypatch.setattr(decoding, "compiled_step", broken)
     res = gen("--prompt", PROMPT, "--max-new-tokens", "100", *SAMPLING, "--compile")
     assert res.exit_code == 0 and res.stdout == eager
-    assert "warning: torch.compile failed (RuntimeError: no C++ compiler here); decoding without it" in res.stderr
+    assert (
+        "warning: torch.compile failed (RuntimeError: no C++ compiler here); decoding without it"
+        in res.stderr
+    )
 
 
 def test_dtype_bfloat16_decodes_in_bfloat16(gen, run_dir, monkeypatch):
@@ -744,7 +981,9 @@ def test_dtype_bfloat16_decodes_in_bfloat16(gen, run_dir, monkeypatch):
 
     dtypes = []
     real = sampling.sample_next
-    monkeypatch.setattr(sampling, "sample_next", lambda logits, *a: dtypes.append(logits.dtype) or real(logits, *a))
+    monkeypatch.setattr(
+        sampling, "sample_next", lambda logits, *a: dtypes.append(logits.dtype) or real(logits, *a)
+    )
     a = sampled(gen, "--dtype", "bfloat16", n=60)
     assert set(dtypes) == {torch.bfloat16} and len(dtypes) == 60
     assert a == sampled(gen, "--dtype", "bfloat16", n=60) and len(a) == len(PROMPT) + 61
@@ -754,7 +993,12 @@ def test_dtype_bfloat16_decodes_in_bfloat16(gen, run_dir, monkeypatch):
     assert_user_error(gen("--dtype", "float16"), "--dtype float16", "'float32', 'bfloat16'")
 
 
-@pytest.mark.parametrize("seed,bound", [("-1", "greater than or equal to 0"),
-                                        (str(2**63), "less than or equal to 9223372036854775807")])
+@pytest.mark.parametrize(
+    "seed,bound",
+    [
+        ("-1", "greater than or equal to 0"),
+        (str(2**63), "less than or equal to 9223372036854775807"),
+    ],
+)
 def test_a_seed_outside_0_to_2_63_is_refused_by_the_option(gen, seed, bound):
     assert_user_error(gen("--seed", seed, "--max-new-tokens", "5"), f"--seed {seed}", bound)

@@ -26,8 +26,15 @@ BPE = ["tokenizer.kind=bpe", "tokenizer.vocab_size=300", "tokenizer.special_toke
 #: Llama-style one (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied); d_ff 48 is no whole Q8_0 block.
 STYLES = {
     "gpt2": ["model.ffn=gelu_tanh", *BPE],
-    "llama": ["model.pos_encoding=rope", "model.norm=rmsnorm", "model.ffn=swiglu", "model.n_kv_head=1",
-              "model.tie_weights=false", "model.d_ff=48", *BPE],
+    "llama": [
+        "model.pos_encoding=rope",
+        "model.norm=rmsnorm",
+        "model.ffn=swiglu",
+        "model.n_kv_head=1",
+        "model.tie_weights=false",
+        "model.d_ff=48",
+        *BPE,
+    ],
 }
 #: The largest logit difference from minigpt's each --dtype may give (f32: rounding only).
 BOUNDS = {"f32": 1e-4, "f16": 5e-3, "q8_0": 5e-2}
@@ -50,13 +57,21 @@ def test_transformers_reads_the_gguf_back_to_minigpts_logits(run, dtype, tmp_pat
     from transformers import AutoModelForCausalLM
 
     if dtype == "q8_0" and run.parent.parent.name.startswith("llama"):
-        pytest.skip("d_ff 48 is refused for q8_0 (test_q8_0_names_the_tensor_whose_rows_are_not_whole_blocks)")
+        pytest.skip(
+            "d_ff 48 is refused for q8_0 (test_q8_0_names_the_tensor_whose_rows_are_not_whole_blocks)"
+        )
     out = export_run(run, tmp_path / "m.gguf", fmt="gguf", dtype=dtype)
     loaded = load_run(run, runs.BEST)
     ids = loaded.tokenizer.encode(_passage(corpus_file))
     # transformers reads gpt2's context_length as n_ctx and leaves n_positions at 1024: its table is ours only so.
-    positions = {"n_positions": loaded.config.model.block_size} if run.parent.parent.name.startswith("gpt2") else {}
-    ref = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32, **positions).eval()
+    positions = (
+        {"n_positions": loaded.config.model.block_size}
+        if run.parent.parent.name.startswith("gpt2")
+        else {}
+    )
+    ref = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=out.name, dtype=torch.float32, **positions
+    ).eval()
     x = torch.tensor([ids[:32], ids[100:132]])
     with torch.no_grad():
         diff = (ref(x).logits - loaded.model.eval()(x)[0]).abs().max().item()
@@ -84,25 +99,50 @@ def test_the_embedded_tokenizer_gives_minigpts_ids(run, tmp_path, corpus_file):
 def test_q8_0_names_the_tensor_whose_rows_are_not_whole_blocks(run, tmp_path):
     if run.parent.parent.name.startswith("gpt2"):
         pytest.skip("every gpt2 width here is a multiple of 32")
-    with pytest.raises(MinigptError, match=r"blk\.0\.ffn_down\.weight has rows of 48, not whole blocks of 32; pass "
-                                           r"--dtype f16"):
+    with pytest.raises(
+        MinigptError,
+        match=r"blk\.0\.ffn_down\.weight has rows of 48, not whole blocks of 32; pass "
+        r"--dtype f16",
+    ):
         export_run(run, tmp_path / "m.gguf", fmt="gguf", dtype="q8_0")
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
 
 
-@pytest.mark.parametrize("changes, key", [
-    ({"pos_encoding": "sinusoidal"}, "model.pos_encoding='sinusoidal'"),
-    ({"ffn": "gelu"}, "model.ffn='gelu'"),  # llama.cpp's GPT-2 computes the tanh GELU
-    ({"ffn": "gelu_tanh", "d_ff": 64}, "model.d_ff=64"),
-    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "bias": True}, "model.bias=true"),
-    ({"pos_encoding": "rope", "norm": "layernorm", "ffn": "relu"}, "model.norm='layernorm'"),
-    # issue 29's switches: neither graph computes them (a traceback, or a silently dropped cap, before)
-    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "bias": False, "qk_norm": True},
-     "model.qk_norm=true: GGUF's llama computes qk_norm false; train with model.qk_norm: false"),
-    ({"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "bias": False, "logit_softcap": 15.0},
-     "model.logit_softcap=15.0: GGUF's llama computes logit_softcap null"),
-    ({"ffn": "gelu_tanh", "value_embeddings": True}, "model.value_embeddings=true"),
-])
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"pos_encoding": "sinusoidal"}, "model.pos_encoding='sinusoidal'"),
+        ({"ffn": "gelu"}, "model.ffn='gelu'"),  # llama.cpp's GPT-2 computes the tanh GELU
+        ({"ffn": "gelu_tanh", "d_ff": 64}, "model.d_ff=64"),
+        (
+            {"pos_encoding": "rope", "norm": "rmsnorm", "ffn": "swiglu", "bias": True},
+            "model.bias=true",
+        ),
+        ({"pos_encoding": "rope", "norm": "layernorm", "ffn": "relu"}, "model.norm='layernorm'"),
+        # issue 29's switches: neither graph computes them (a traceback, or a silently dropped cap, before)
+        (
+            {
+                "pos_encoding": "rope",
+                "norm": "rmsnorm",
+                "ffn": "swiglu",
+                "bias": False,
+                "qk_norm": True,
+            },
+            "model.qk_norm=true: GGUF's llama computes qk_norm false; train with model.qk_norm: false",
+        ),
+        (
+            {
+                "pos_encoding": "rope",
+                "norm": "rmsnorm",
+                "ffn": "swiglu",
+                "bias": False,
+                "logit_softcap": 15.0,
+            },
+            "model.logit_softcap=15.0: GGUF's llama computes logit_softcap null",
+        ),
+        ({"ffn": "gelu_tanh", "value_embeddings": True}, "model.value_embeddings=true"),
+    ],
+)
 def test_a_run_gguf_cannot_hold_is_refused_naming_the_key(changes, key):
     with pytest.raises(MinigptError, match=key.replace(".", r"\.").replace("(", r"\(")):
         gguf_arch(ModelConfig(n_embd=32, n_head=2, **changes))
@@ -113,51 +153,79 @@ def test_every_key_gguf_cannot_hold_is_named_in_one_line_with_the_tokenizer():
     a BPE then needs too, so that one retraining is enough (it named one key per try before)."""
     from minigpt_cli.config.schema import TokenizerConfig
 
-    mc = ModelConfig(n_embd=32, n_head=2, pos_encoding="rope", norm="layernorm", ffn="relu", bias=False)
+    mc = ModelConfig(
+        n_embd=32, n_head=2, pos_encoding="rope", norm="layernorm", ffn="relu", bias=False
+    )
     with pytest.raises(MinigptError) as err:
         gguf_arch(mc, TokenizerConfig(kind="char"))
     assert str(err.value) == (
         "model.norm='layernorm', model.ffn='relu', tokenizer.kind='char', no end-of-text token: GGUF's llama computes "
         "norm rmsnorm, ffn swiglu and llama.cpp reads only a byte-level BPE and GGUF's tokenizer needs one; train "
         "with model.norm: rmsnorm, model.ffn: swiglu, tokenizer.kind: bpe, "
-        "tokenizer.special_tokens: ['<|endoftext|>']")
+        "tokenizer.special_tokens: ['<|endoftext|>']"
+    )
     fixed = mc.model_copy(update={"norm": "rmsnorm", "ffn": "swiglu"})
-    assert gguf_arch(fixed, TokenizerConfig(kind="bpe", special_tokens=["<|endoftext|>"])) == "llama"  # all it said
+    assert (
+        gguf_arch(fixed, TokenizerConfig(kind="bpe", special_tokens=["<|endoftext|>"])) == "llama"
+    )  # all it said
     # positions GGUF holds neither way hide nothing else: the rest is measured against llama
-    with pytest.raises(MinigptError, match=r"^model.pos_encoding='sinusoidal', model.logit_softcap=30.0: GGUF holds "
-                                           r"learned \(gpt2\) or rope \(llama\) positions and GGUF's llama computes "
-                                           r"logit_softcap null; train with model.pos_encoding: rope, "
-                                           r"model.logit_softcap: null$"):
+    with pytest.raises(
+        MinigptError,
+        match=r"^model.pos_encoding='sinusoidal', model.logit_softcap=30.0: GGUF holds "
+        r"learned \(gpt2\) or rope \(llama\) positions and GGUF's llama computes "
+        r"logit_softcap null; train with model.pos_encoding: rope, "
+        r"model.logit_softcap: null$",
+    ):
         gguf_arch(fixed.model_copy(update={"pos_encoding": "sinusoidal", "logit_softcap": 30.0}))
 
 
 def test_a_char_tokenizer_is_refused_naming_its_kind():
-    with pytest.raises(MinigptError, match=r"tokenizer.kind='char'.*train with tokenizer.kind: bpe"):
+    with pytest.raises(
+        MinigptError, match=r"tokenizer.kind='char'.*train with tokenizer.kind: bpe"
+    ):
         tokenizer_fields(CharTokenizer("abc", ["<|endoftext|>"]), "char", 4)
 
 
 def test_the_cli_refuses_an_existing_file_and_replaces_only_its_own(run, tmp_path, cli):
     out = tmp_path / "m.gguf"
-    assert cli("export", str(run), "--format", "gguf", "--output", str(out), "--dtype", "f16").exit_code == 0
+    assert (
+        cli(
+            "export", str(run), "--format", "gguf", "--output", str(out), "--dtype", "f16"
+        ).exit_code
+        == 0
+    )
     first = out.read_bytes()
-    assert_user_error(cli("export", str(run), "--format", "gguf", "--output", str(out)), "exists", "--force")
+    assert_user_error(
+        cli("export", str(run), "--format", "gguf", "--output", str(out)), "exists", "--force"
+    )
     assert out.read_bytes() == first
     left = tmp_path / ".m.gguf.minigpt-gguf-killed.tmp"  # what a killed export leaves
     left.write_bytes(b"GGUF")
-    assert cli("export", str(run), "--format", "gguf", "--output", str(out), "--force").exit_code == 0
+    assert (
+        cli("export", str(run), "--format", "gguf", "--output", str(out), "--force").exit_code == 0
+    )
     assert out.read_bytes() != first and not left.exists()  # f32 replaced f16; the leftover swept
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
     other = tmp_path / "notes.gguf"
     other.write_text("mine")
-    assert_user_error(cli("export", str(run), "--format", "gguf", "--output", str(other), "--force"),
-                      "not a GGUF minigpt wrote")
+    assert_user_error(
+        cli("export", str(run), "--format", "gguf", "--output", str(other), "--force"),
+        "not a GGUF minigpt wrote",
+    )
     assert other.read_text() == "mine"
-    assert_user_error(cli("export", str(run), "--output", str(tmp_path / "hf"), "--dtype", "f16"), "--dtype")
+    assert_user_error(
+        cli("export", str(run), "--output", str(tmp_path / "hf"), "--dtype", "f16"), "--dtype"
+    )
 
 
 def test_the_cli_refuses_a_run_gguf_cannot_hold(tmp_path, data_dir, cli):
-    cfg = tiny(data_dir, "train.max_iters=1", f"train.out_dir={tmp_path}/runs")  # exact GELU, char tokenizer
+    cfg = tiny(
+        data_dir, "train.max_iters=1", f"train.out_dir={tmp_path}/runs"
+    )  # exact GELU, char tokenizer
     run_dir = train(cfg, "c", echo=lambda m: None, progress=False).run_dir
-    assert_user_error(cli("export", str(run_dir), "--format", "gguf", "--output", str(tmp_path / "c.gguf")),
-                      "model.ffn='gelu'", "gelu_tanh")
+    assert_user_error(
+        cli("export", str(run_dir), "--format", "gguf", "--output", str(tmp_path / "c.gguf")),
+        "model.ffn='gelu'",
+        "gelu_tanh",
+    )
     assert not (tmp_path / "c.gguf").exists()

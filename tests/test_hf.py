@@ -24,7 +24,7 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
 )
 
-from minigpt_cli.errors import MinigptError  # noqa: E402
+from minigpt_cli.errors import MinigptError
 from minigpt_cli.hf.load import (
     gpt2_config_from_hf,
     llama_config_from_hf,
@@ -54,8 +54,17 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 def gpt2_reference(tmp_path, tie: bool = True, **kw):
-    cfg = GPT2Config(n_layer=3, n_head=4, n_embd=32, n_positions=24, vocab_size=V, bos_token_id=0,
-                     eos_token_id=0, tie_word_embeddings=tie, **kw)
+    cfg = GPT2Config(
+        n_layer=3,
+        n_head=4,
+        n_embd=32,
+        n_positions=24,
+        vocab_size=V,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=tie,
+        **kw,
+    )
     torch.manual_seed(0)
     ref = randomize(GPT2LMHeadModel(cfg))
     ref.save_pretrained(tmp_path)
@@ -64,9 +73,20 @@ def gpt2_reference(tmp_path, tie: bool = True, **kw):
 
 
 def llama_reference(tmp_path, **kw):
-    base = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
-                intermediate_size=56, vocab_size=V, max_position_embeddings=64, rope_theta=10000.0,
-                rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
+    base = dict(
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=56,
+        vocab_size=V,
+        max_position_embeddings=64,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     base.update(kw)
     torch.manual_seed(0)
     ref = randomize(LlamaForCausalLM(LlamaConfig(**base)))
@@ -76,17 +96,37 @@ def llama_reference(tmp_path, **kw):
 
 def neox_reference(tmp_path, **kw):
     """A sequential-residual GPT-NeoX rotating whole heads: the block minigpt's rope + layernorm model is."""
-    base = dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=32, intermediate_size=56, vocab_size=V,
-                max_position_embeddings=64, rotary_pct=1.0, rotary_emb_base=10000.0, use_parallel_residual=False,
-                hidden_act="relu", bos_token_id=0, eos_token_id=0)
+    base = dict(
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        hidden_size=32,
+        intermediate_size=56,
+        vocab_size=V,
+        max_position_embeddings=64,
+        rotary_pct=1.0,
+        rotary_emb_base=10000.0,
+        use_parallel_residual=False,
+        hidden_act="relu",
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     ref = randomize(GPTNeoXForCausalLM(GPTNeoXConfig(**{**base, **kw})))
     ref.save_pretrained(tmp_path)
     return ref
 
 
-@pytest.mark.parametrize("kw,ffn", [({}, "relu"), ({"tie_word_embeddings": True, "hidden_act": "gelu_new",
-                                                     "rotary_emb_base": 500.0}, "gelu_tanh")], ids=["untied", "tied"])
+@pytest.mark.parametrize(
+    "kw,ffn",
+    [
+        ({}, "relu"),
+        (
+            {"tie_word_embeddings": True, "hidden_act": "gelu_new", "rotary_emb_base": 500.0},
+            "gelu_tanh",
+        ),
+    ],
+    ids=["untied", "tied"],
+)
 def test_gpt_neox_logits_equal_transformers(tmp_path, kw, ffn):
     """Biases everywhere (attention_bias, transformers' default), the fused query_key_value per head, rotate-half
     RoPE over the whole head, LayerNorm before each sub-layer and a sequential residual."""
@@ -94,7 +134,13 @@ def test_gpt_neox_logits_equal_transformers(tmp_path, kw, ffn):
     ours = load_hf_folder(tmp_path)
     cfg = ours.config
     assert (cfg.pos_encoding, cfg.norm, cfg.ffn, cfg.bias, cfg.rope_base, cfg.block_size) == (
-        "rope", "layernorm", ffn, True, kw.get("rotary_emb_base", 10000.0), 64)
+        "rope",
+        "layernorm",
+        ffn,
+        True,
+        kw.get("rotary_emb_base", 10000.0),
+        64,
+    )
     assert (ours.lm_head.weight is ours.wte.weight) is cfg.tie_weights is bool(kw)
     x = torch.randint(0, V, (2, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -126,10 +172,13 @@ def test_gpt_neox_without_attention_biases_needs_zero_mlp_and_norm_biases(tmp_pa
         load_hf_folder(tmp_path)
 
 
-@pytest.mark.parametrize("kw,fragment", [
-    ({"rotary_pct": 0.25}, "rotates 0.25 of each head"),
-    ({"use_parallel_residual": True}, "use_parallel_residual True is not supported"),
-])
+@pytest.mark.parametrize(
+    "kw,fragment",
+    [
+        ({"rotary_pct": 0.25}, "rotates 0.25 of each head"),
+        ({"use_parallel_residual": True}, "use_parallel_residual True is not supported"),
+    ],
+)
 def test_gpt_neox_options_we_do_not_compute_are_refused(tmp_path, kw, fragment):
     """Partial rotary (Pythia's 0.25) and the parallel residual (both transformers' defaults) are other models."""
     neox_reference(tmp_path, **kw)
@@ -144,7 +193,12 @@ def test_gpt2_logits_and_loss_equal_transformers(tmp_path, tie):
     ours = load_hf_folder(tmp_path)
     cfg = ours.config
     assert (cfg.pos_encoding, cfg.norm, cfg.norm_position, cfg.ffn, cfg.bias) == (
-        "learned", "layernorm", "pre", "gelu_tanh", True)  # gelu_new is the tanh GELU
+        "learned",
+        "layernorm",
+        "pre",
+        "gelu_tanh",
+        True,
+    )  # gelu_new is the tanh GELU
     assert cfg.tie_weights is tie and (ours.lm_head.weight is ours.wte.weight) is tie
     x = torch.randint(0, V, (3, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -162,8 +216,15 @@ def test_llama_logits_equal_transformers(tmp_path):
     ref = llama_reference(tmp_path)
     ours = load_hf_folder(tmp_path)
     cfg = ours.config
-    assert (cfg.pos_encoding, cfg.norm, cfg.ffn, cfg.bias, cfg.tie_weights, cfg.n_kv_head, cfg.d_ff) == (
-        "rope", "rmsnorm", "swiglu", False, False, 2, 56)
+    assert (
+        cfg.pos_encoding,
+        cfg.norm,
+        cfg.ffn,
+        cfg.bias,
+        cfg.tie_weights,
+        cfg.n_kv_head,
+        cfg.d_ff,
+    ) == ("rope", "rmsnorm", "swiglu", False, False, 2, 56)
     assert ours.lm_head.weight is not ours.wte.weight
     x = torch.randint(0, V, (2, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -177,7 +238,9 @@ def test_llama_logits_equal_transformers(tmp_path):
 
 
 def test_llama_with_other_rope_base_and_tied_head(tmp_path):
-    ref = llama_reference(tmp_path, rope_theta=500.0, tie_word_embeddings=True, num_key_value_heads=1)
+    ref = llama_reference(
+        tmp_path, rope_theta=500.0, tie_word_embeddings=True, num_key_value_heads=1
+    )
     ours = load_hf_folder(tmp_path)
     assert ours.config.rope_base == 500.0 and ours.lm_head.weight is ours.wte.weight
     x = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(2))
@@ -191,7 +254,9 @@ def test_rope_equals_transformers_apply_rotary_pos_emb():
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     hs, T = 16, 50
-    rot = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=64))
+    rot = LlamaRotaryEmbedding(
+        LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=64)
+    )
     q, k = torch.randn(2, 4, T, hs), torch.randn(2, 4, T, hs)
     pos = torch.arange(T)
     cos_ref, sin_ref = rot(q, pos[None])
@@ -224,13 +289,23 @@ def test_state_dict_mappers_take_hub_style_names(tmp_path):
     ours = load_gpt2_state_dict(sd, cfg)
     assert "h.0.attn.bias" not in ours and "lm_head.weight" not in ours
     assert torch.equal(ours["h.1.mlp.c_fc.weight"], ref.transformer.h[1].mlp.c_fc.weight.t())
-    llama = LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                         hidden_size=32, intermediate_size=40, vocab_size=V))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            hidden_size=32,
+            intermediate_size=40,
+            vocab_size=V,
+        )
+    )
     lcfg = llama_config_from_hf(llama.config.to_dict())
     mapped = load_llama_state_dict(llama.state_dict(), lcfg)
     attn = llama.model.layers[0].self_attn
-    assert torch.equal(mapped["h.0.attn.c_attn.weight"],
-                       torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    assert torch.equal(
+        mapped["h.0.attn.c_attn.weight"],
+        torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+    )
     assert mapped["h.0.mlp.c_fc.weight"].shape == (80, 32)
 
 
@@ -261,7 +336,9 @@ def test_import_errors_are_one_line(tmp_path):
     fails("no place for", "h.2.")
     (folder / "config.json").write_text(json.dumps({**hf_cfg, "n_embd": 33}))
     fails("model.n_embd (33)", "model.n_head (4)")
-    (folder / "config.json").write_text(json.dumps({**hf_cfg, "n_positions": "many", "n_ctx": None}))
+    (folder / "config.json").write_text(
+        json.dumps({**hf_cfg, "n_positions": "many", "n_ctx": None})
+    )
     fails("config.json n_positions 'many' is not supported")
     (folder / "config.json").write_text(json.dumps({**hf_cfg, "n_positions": 0}))
     fails("model.block_size")  # 0 is refused by the schema, not replaced by a default
@@ -269,8 +346,10 @@ def test_import_errors_are_one_line(tmp_path):
     from safetensors.torch import load_file, save_file
 
     good = load_file(str(folder / "model.safetensors"))
-    save_file({**good, "transformer.wte.weight": good["transformer.wte.weight"].to(torch.int32)},
-              str(folder / "model.safetensors"))
+    save_file(
+        {**good, "transformer.wte.weight": good["transformer.wte.weight"].to(torch.int32)},
+        str(folder / "model.safetensors"),
+    )
     fails("int32 tensors", "not this model's")
     (folder / "model.safetensors").write_bytes(b"\x00" * 10)
     fails("model.safetensors", "corrupt")
@@ -280,12 +359,18 @@ def test_import_errors_are_one_line(tmp_path):
 
 
 def test_llama_options_we_do_not_implement_are_refused():
-    base = LlamaConfig(num_hidden_layers=1, num_attention_heads=4, hidden_size=32, intermediate_size=40).to_dict()
+    base = LlamaConfig(
+        num_hidden_layers=1, num_attention_heads=4, hidden_size=32, intermediate_size=40
+    ).to_dict()
     with pytest.raises(MinigptError, match="rope_type 'linear'"):
-        llama_config_from_hf({**base, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}})
+        llama_config_from_hf(
+            {**base, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}
+        )
     for bad in ("x", None, [1], -1.0, float("inf")):
         with pytest.raises(MinigptError, match="rope_theta .* is not supported"):
-            llama_config_from_hf({**base, "rope_parameters": {"rope_type": "default", "rope_theta": bad}})
+            llama_config_from_hf(
+                {**base, "rope_parameters": {"rope_type": "default", "rope_theta": bad}}
+            )
     with pytest.raises(MinigptError, match="rope_parameters 'abc' is not supported"):
         llama_config_from_hf({**base, "rope_parameters": "abc"})
     with pytest.raises(MinigptError, match="head_dim"):

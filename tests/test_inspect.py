@@ -51,13 +51,37 @@ def test_positions_gives_the_notes_figures(tmp_path):
     assert r["sinusoidal_identity"]["spread"] < 1e-10
     assert r["sinusoidal_projected"]["spread"] > 1.0
     assert r["rope"]["spread"] < 1e-5
-    assert r["rope_float32"]["spread"] < 1e-3  # the model's own float32 angles, positions up to 1003
+    assert (
+        r["rope_float32"]["spread"] < 1e-3
+    )  # the model's own float32 angles, positions up to 1003
     assert_png(r["png"])
-    assert_keys(r, {"dim", "max_len", "base", "curve", "first_rise", "rising_steps", "rise_window", "minimum",
-                    "minimum_at", "longest_wavelength", "shortest_wavelength", "rotation", "pairs",
-                    "sinusoidal_identity", "sinusoidal_projected", "rope", "rope_float32", "png"})
+    assert_keys(
+        r,
+        {
+            "dim",
+            "max_len",
+            "base",
+            "curve",
+            "first_rise",
+            "rising_steps",
+            "rise_window",
+            "minimum",
+            "minimum_at",
+            "longest_wavelength",
+            "shortest_wavelength",
+            "rotation",
+            "pairs",
+            "sinusoidal_identity",
+            "sinusoidal_projected",
+            "rope",
+            "rope_float32",
+            "png",
+        },
+    )
     text = format_positions(r)
-    assert "first rise at k = 12" in text and "492 rising steps in 0..1024" in text and "-8.36" in text
+    assert (
+        "first rise at k = 12" in text and "492 rising steps in 0..1024" in text and "-8.36" in text
+    )
 
 
 def test_positions_at_d64_and_the_models_table():
@@ -81,8 +105,15 @@ def test_block_matches_torch_and_traces_shapes(tmp_path):
         assert r[key]["max_error"] < 1e-5, r[key]
         assert r[key]["max_error_without_mask"] > 0.1  # the check can fail: the mask matters
     t = r["trace"]
-    assert t["config"] == {"n_layer": 2, "batch": 2, "seq_len": 4, "n_embd": 64, "n_head": 4, "d_ff": 256,
-                           "vocab_size": 65}
+    assert t["config"] == {
+        "n_layer": 2,
+        "batch": 2,
+        "seq_len": 4,
+        "n_embd": 64,
+        "n_head": 4,
+        "d_ff": 256,
+        "vocab_size": 65,
+    }
     shapes = {s["name"]: s["shape"] for s in t["steps"]}
     assert shapes["h.1 x + mlp (block output)"] == [2, 4, 64]
     assert shapes["h.0 attn scores q·kᵀ/√hs (causal)"] == [2, 4, 4, 4]
@@ -128,8 +159,17 @@ def gqa_run(tmp_path_factory, data_dir):
     from minigpt_cli import train
 
     out = tmp_path_factory.mktemp("inspect-runs")
-    cfg = tiny(data_dir, "train.max_iters=8", "train.eval_interval=8", "train.eval_iters=2", "model.pos_encoding=rope",
-               "model.n_head=4", "model.n_kv_head=2", f"train.out_dir={out}", "train.eval_at_start=false")
+    cfg = tiny(
+        data_dir,
+        "train.max_iters=8",
+        "train.eval_interval=8",
+        "train.eval_iters=2",
+        "model.pos_encoding=rope",
+        "model.n_head=4",
+        "model.n_kv_head=2",
+        f"train.out_dir={out}",
+        "train.eval_at_start=false",
+    )
     return train(cfg).run_dir
 
 
@@ -147,14 +187,33 @@ def test_attention_maps_of_a_gqa_rope_run(gqa_run, tmp_path):
     assert r["max_check_error"] < 1e-5  # weights·v through c_proj = the layer's own output
     assert all(0 <= h["mean_entropy"] <= r["uniform_entropy"] + 1e-6 for h in r["heads"])
     assert_png(r["png"])
-    assert_keys(r, {"run", "checkpoint", "n_layer", "n_head", "n_kv_head", "pos_encoding", "tokens", "ids", "heads",
-                    "uniform_entropy", "weights", "max_check_error", "png"})
+    assert_keys(
+        r,
+        {
+            "run",
+            "checkpoint",
+            "n_layer",
+            "n_head",
+            "n_kv_head",
+            "pos_encoding",
+            "tokens",
+            "ids",
+            "heads",
+            "uniform_entropy",
+            "weights",
+            "max_check_error",
+            "png",
+        },
+    )
     assert "(kv1)" in format_attention(r)
 
 
-@pytest.mark.parametrize("prompt", ["ROMEO: thou", "ROMEO: thou art a villain, sir"],
-                         ids=["labelled", "unlabelled"])  # tick labels up to LABELLED (24) tokens
-def test_the_attention_figure_of_two_heads_holds_its_title_and_labels(tmp_path, data_dir, monkeypatch, prompt):
+@pytest.mark.parametrize(
+    "prompt", ["ROMEO: thou", "ROMEO: thou art a villain, sir"], ids=["labelled", "unlabelled"]
+)  # tick labels up to LABELLED (24) tokens
+def test_the_attention_figure_of_two_heads_holds_its_title_and_labels(
+    tmp_path, data_dir, monkeypatch, prompt
+):
     """A 2 x 2 grid is the narrowest figure: its title and every label stay inside it (the title was clipped)."""
     from minigpt_cli import train
     from minigpt_cli.inspection import attention as topic
@@ -167,19 +226,32 @@ def test_the_attention_figure_of_two_heads_holds_its_title_and_labels(tmp_path, 
         return save_png(fig, folder, name)
 
     monkeypatch.setattr(topic, "save_png", keep)
-    run = train(tiny(data_dir, "train.max_iters=2", "train.eval_at_start=false", f"train.out_dir={tmp_path}"),
-                echo=lambda m: None, progress=False).run_dir
+    run = train(
+        tiny(
+            data_dir, "train.max_iters=2", "train.eval_at_start=false", f"train.out_dir={tmp_path}"
+        ),
+        echo=lambda m: None,
+        progress=False,
+    ).run_dir
     r = topic.attention(run, prompt, output=tmp_path)
     assert (r["n_layer"], r["n_head"]) == (2, 2)
     assert_png(r["png"])
     fig = figures[0]
-    drawn = fig.get_tightbbox(fig.canvas.get_renderer())  # inches, every artist: title, ticks, colour bar
+    drawn = fig.get_tightbbox(
+        fig.canvas.get_renderer()
+    )  # inches, every artist: title, ticks, colour bar
     width, height = fig.get_size_inches()
-    assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height, (drawn, width, height)
+    assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height, (
+        drawn,
+        width,
+        height,
+    )
 
 
 def test_residual_of_a_trained_run(gqa_run, cli, tmp_path):
-    res = cli("inspect", "residual", "--run", gqa_run, "--windows", "2", "--json", "--output", tmp_path)
+    res = cli(
+        "inspect", "residual", "--run", gqa_run, "--windows", "2", "--json", "--output", tmp_path
+    )
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)
     assert len(r["trained"]) == len(r["init"]) == 3 and all(v > 0 for v in r["trained"] + r["init"])
@@ -221,21 +293,50 @@ def test_activations_give_the_gelu_tanh_error(tmp_path):
 def test_ffn_by_hand_and_the_swiglu_width(cli, tmp_path):
     from minigpt_cli.inspection.ffn import ffn, format_ffn, swiglu_width
 
-    res = cli("inspect", "ffn", "--json", "--output", tmp_path)  # the notes' x = [1, 2] and its variant [2, -1]
+    res = cli(
+        "inspect", "ffn", "--json", "--output", tmp_path
+    )  # the notes' x = [1, 2] and its variant [2, -1]
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)
     first, variant = r["steps"]
-    assert (first["z"], first["h"], first["y"], first["x_plus_y"]) == ([2, 1, -1.5], [2, 1, 0], [2, 1], [3, 3])
+    assert (first["z"], first["h"], first["y"], first["x_plus_y"]) == (
+        [2, 1, -1.5],
+        [2, 1, 0],
+        [2, 1],
+        [3, 3],
+    )
     assert (variant["h"], variant["off"], variant["y"]) == ([1.5, 0, 2], [1], [3.5, -2])
     assert first["model_max_error"] < 1e-6 and variant["model_max_error"] < 1e-6
-    assert r["swiglu"]["d_ff"] == 11008 and r["swiglu"]["two_thirds"] == pytest.approx(10922.67, abs=0.01)
-    assert swiglu_width(64, 1)["d_ff"] == 170  # 2/3·256 = 170.67, floored as Llama's int() does, no rounding up
+    assert r["swiglu"]["d_ff"] == 11008 and r["swiglu"]["two_thirds"] == pytest.approx(
+        10922.67, abs=0.01
+    )
+    assert (
+        swiglu_width(64, 1)["d_ff"] == 170
+    )  # 2/3·256 = 170.67, floored as Llama's int() does, no rounding up
     assert r["png"] == str(tmp_path / "ffn.png")
     assert_png(r["png"])
-    assert {"activation", "d_model", "d_ff", "W1", "b1", "W2", "b2", "steps", "swiglu", "png"} <= set(r)
+    assert {
+        "activation",
+        "d_model",
+        "d_ff",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+        "steps",
+        "swiglu",
+        "png",
+    } <= set(r)
     assert "z3 = 1·0.5 + 2·(-1) = -1.5" in format_ffn(ffn())
-    glu = ffn({"activation": "swiglu", "W1": [[1, 0], [0, 1]], "V": [[1, 1], [1, -1]], "W2": [[1, 0], [0, 1]]},
-              xs=[(1.0, 2.0)])
+    glu = ffn(
+        {
+            "activation": "swiglu",
+            "W1": [[1, 0], [0, 1]],
+            "V": [[1, 1], [1, -1]],
+            "W2": [[1, 0], [0, 1]],
+        },
+        xs=[(1.0, 2.0)],
+    )
     silu = lambda v: v / (1 + math.exp(-v))  # noqa: E731
     assert glu["steps"][0]["h"] == pytest.approx([silu(1) * 3, silu(2) * -1])
     assert glu["steps"][0]["model_max_error"] < 1e-6
@@ -244,13 +345,18 @@ def test_ffn_by_hand_and_the_swiglu_width(cli, tmp_path):
 def test_ffn_refuses_weights_of_the_wrong_shape(cli, tmp_path):
     bad = tmp_path / "w.json"
     bad.write_text(json.dumps({"W1": [[1, 0, 1], [0, 1, 1]], "W2": [[1, 0], [0, 1]]}))
-    assert_user_error(cli("inspect", "ffn", "--weights", bad, "--output", tmp_path), "W2 has shape 2 x 2", "3 x 2")
+    assert_user_error(
+        cli("inspect", "ffn", "--weights", bad, "--output", tmp_path), "W2 has shape 2 x 2", "3 x 2"
+    )
     assert_user_error(cli("inspect", "ffn", "--x", "1,2,3", "--output", tmp_path), "d_model = 2")
     # Weights that do not fit each other are blamed before --x, which W1 alone sets the width of.
     bad.write_text(json.dumps({"W1": [[1, 2]], "W2": [[1], [2], [3]]}))
     for x in ([], ["--x", "1"]):
-        assert_user_error(cli("inspect", "ffn", "--weights", bad, *x, "--output", tmp_path),
-                          "W2 has shape 3 x 1, but 2 x 1 is needed", "fix the weights file")
+        assert_user_error(
+            cli("inspect", "ffn", "--weights", bad, *x, "--output", tmp_path),
+            "W2 has shape 3 x 1, but 2 x 1 is needed",
+            "fix the weights file",
+        )
 
 
 # ----------------------------------------------------------------------------- tokenize
@@ -265,15 +371,38 @@ def test_tokenize_toy_corpus(tmp_path):
     assert r["wordpiece"][0]["score"] == pytest.approx(0.050)
     first = {(m["a"], m["b"]): m["score"] for m in r["wordpiece_first"]}
     assert first[("##u", "##g")] == pytest.approx(20 / (36 * 20))  # 0.028: u is everywhere
-    assert r["bpe_pieces"] == ["hugs", "b", "ug", "s"] and r["wordpiece_pieces"] == ["hugs", "bu", "##gs"]
+    assert r["bpe_pieces"] == ["hugs", "b", "ug", "s"] and r["wordpiece_pieces"] == [
+        "hugs",
+        "bu",
+        "##gs",
+    ]
     hugs = r["unigram"]["words"][0]
-    assert hugs["word"] == "hugs" and hugs["count"] == 8 and hugs["viterbi"] == ["hugs"] and hugs["viterbi_is_best"]
+    assert (
+        hugs["word"] == "hugs"
+        and hugs["count"] == 8
+        and hugs["viterbi"] == ["hugs"]
+        and hugs["viterbi_is_best"]
+    )
     logp = {" + ".join(s["pieces"]): s["log_prob"] for s in hugs["segmentations"]}
     assert logp["hugs"] == pytest.approx(math.log(5 / 236)) and logp["hug + s"] < logp["hugs"]
     assert r["unigram"]["words"][1]["viterbi_is_best"]
     assert_png(r["png"])
-    assert_keys(r, {"mode", "words", "text", "bpe", "bpe_first", "bpe_pieces", "wordpiece", "wordpiece_first",
-                    "wordpiece_pieces", "unigram", "png"})
+    assert_keys(
+        r,
+        {
+            "mode",
+            "words",
+            "text",
+            "bpe",
+            "bpe_first",
+            "bpe_pieces",
+            "wordpiece",
+            "wordpiece_first",
+            "wordpiece_pieces",
+            "unigram",
+            "png",
+        },
+    )
     assert "1. u + g -> ug   count 20" in format_tokenize(r)
 
 
@@ -293,26 +422,46 @@ def small_tokenizers(tmp_path_factory, corpus_file):
 def test_tokenize_trained_tokenizers(small_tokenizers, tmp_path):
     from minigpt_cli.inspection.tokenize import format_tokenize, tokenize
 
-    uni = tokenize(tokenizer=small_tokenizers / "unigram.json", text="First Citizen: hugs", all_segmentations=True,
-                   output=tmp_path)
+    uni = tokenize(
+        tokenizer=small_tokenizers / "unigram.json",
+        text="First Citizen: hugs",
+        all_segmentations=True,
+        output=tmp_path,
+    )
     assert uni["kind"] == "unigram" and "".join(uni["pieces"]) == "First Citizen: hugs"
     assert all(d["log_prob"] < 0 for d in uni["details"])
-    assert uni["unigram_words"] and all(w["viterbi_is_best"] for w in uni["unigram_words"] if w["segmentations"])
+    assert uni["unigram_words"] and all(
+        w["viterbi_is_best"] for w in uni["unigram_words"] if w["segmentations"]
+    )
     assert_png(uni["png"])
     assert "segmentations; Viterbi (*) = the best listed" in format_tokenize(uni)
     bpe = tokenize(tokenizer=small_tokenizers / "bpe.json", text="the king")
     assert any(d["merge_rank"] is not None for d in bpe["details"])
-    wp = tokenize(tokenizer=small_tokenizers / "wordpiece.json", text="First Citizen",
-                  corpus=small_tokenizers / "train.txt")
+    wp = tokenize(
+        tokenizer=small_tokenizers / "wordpiece.json",
+        text="First Citizen",
+        corpus=small_tokenizers / "train.txt",
+    )
     merged = [d for d in wp["details"] if d["merge_rank"] is not None]
-    assert merged and all(d["corpus_rank"] == d["merge_rank"] and 0 < d["score"] <= 1 for d in merged)
+    assert merged and all(
+        d["corpus_rank"] == d["merge_rank"] and 0 < d["score"] <= 1 for d in merged
+    )
 
 
 def test_tokenize_refusals(small_tokenizers, cli, tmp_path):
-    res = cli("inspect", "tokenize", "--tokenizer", small_tokenizers / "bpe.json", "--all-segmentations",
-              "--output", tmp_path)
+    res = cli(
+        "inspect",
+        "tokenize",
+        "--tokenizer",
+        small_tokenizers / "bpe.json",
+        "--all-segmentations",
+        "--output",
+        tmp_path,
+    )
     assert_user_error(res, "Unigram", "bpe")
-    assert_user_error(cli("inspect", "tokenize", "--words", "hug=ten", "--output", tmp_path), "--words")
+    assert_user_error(
+        cli("inspect", "tokenize", "--words", "hug=ten", "--output", tmp_path), "--words"
+    )
 
 
 def test_tokenize_reads_any_tokenizer_json_and_never_says_to_delete_a_users_file(cli, tmp_path):
@@ -321,8 +470,17 @@ def test_tokenize_reads_any_tokenizer_json_and_never_says_to_delete_a_users_file
     from helpers import wordlevel_tokenizer
 
     wordlevel_tokenizer("ROME: ").save(str(tmp_path / "tokenizer.json"))
-    res = cli("inspect", "tokenize", "--tokenizer", tmp_path / "tokenizer.json", "--text", "ROME", "--json",
-              "--output", tmp_path)
+    res = cli(
+        "inspect",
+        "tokenize",
+        "--tokenizer",
+        tmp_path / "tokenizer.json",
+        "--text",
+        "ROME",
+        "--json",
+        "--output",
+        tmp_path,
+    )
     assert res.exit_code == 0, res
     got = json.loads(res.stdout)
     assert (got["kind"], got["model"], got["ids"]) == ("hf", "WordLevel", [0, 1, 2, 3])
@@ -331,7 +489,11 @@ def test_tokenize_reads_any_tokenizer_json_and_never_says_to_delete_a_users_file
     (tmp_path / "chars.json").write_text('{"format": "minigpt-char-tokenizer", "chars": 5}')
     for name in ("some.yaml", "other.json", "chars.json"):
         res = cli("inspect", "tokenize", "--tokenizer", tmp_path / name, "--output", tmp_path)
-        assert_user_error(res, name, "pass a tokenizer file: minigpt's char tokenizer or a tokenizers tokenizer.json")
+        assert_user_error(
+            res,
+            name,
+            "pass a tokenizer file: minigpt's char tokenizer or a tokenizers tokenizer.json",
+        )
         assert "delete" not in res.stderr, res
         assert (tmp_path / name).is_file()
 
@@ -341,12 +503,17 @@ def test_tokenize_reads_any_tokenizer_json_and_never_says_to_delete_a_users_file
 
 def test_unknown_topic_lists_the_topics(cli):
     res = cli("inspect", "colours")
-    assert_user_error(res, "unknown topic 'colours'", "positions, block, residual, attention, activations, ffn, "
-                                                       "tokenize")
+    assert_user_error(
+        res,
+        "unknown topic 'colours'",
+        "positions, block, residual, attention, activations, ffn, tokenize",
+    )
 
 
 def test_odd_dim_is_refused(cli, tmp_path):
-    assert_user_error(cli("inspect", "positions", "--dim", "63", "--output", tmp_path), "--dim 63", "even")
+    assert_user_error(
+        cli("inspect", "positions", "--dim", "63", "--output", tmp_path), "--dim 63", "even"
+    )
 
 
 def test_help_says_where_pictures_go_and_that_long_prompts_are_refused(cli):

@@ -12,11 +12,18 @@ from minigpt_cli.config.schema import ModelConfig
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.model.gpt import GPT
 from minigpt_cli.runtime.kernels import onednn
-from minigpt_cli.runtime.kernels.onednn import ONEDNN_MIN_FLOPS, ONEDNN_MIN_WEIGHT, linear, linear_kernel
+from minigpt_cli.runtime.kernels.onednn import (
+    ONEDNN_MIN_FLOPS,
+    ONEDNN_MIN_WEIGHT,
+    linear,
+    linear_kernel,
+)
 
 # Every test here compares the oneDNN path with PyTorch's: without oneDNN (not x86-64, or a PyTorch without
 # the op) there is nothing to compare, and the comparison would be F.linear against itself.
-pytestmark = pytest.mark.skipif(not onednn.available(), reason="oneDNN's linear op is not available here")
+pytestmark = pytest.mark.skipif(
+    not onednn.available(), reason="oneDNN's linear op is not available here"
+)
 
 
 def small(**kw) -> ModelConfig:
@@ -27,9 +34,16 @@ def small(**kw) -> ModelConfig:
 
 # Every case is above ONEDNN_MIN_FLOPS (2·M·K·N ≥ 4 MFLOP), so on x86-64 it takes the oneDNN path;
 # out > in and out < in take the two weight-gradient orientations.
-@pytest.mark.parametrize("shape,out,bias,transposed", [((4, 64, 96), 160, True, False), ((600, 96), 48, False, False),
-                                                       ((64, 8, 96), 48, True, True), ((64, 8, 96), 160, True, True),
-                                                       ((600, 96), 65, False, False)])  # 65: PyTorch's transpose
+@pytest.mark.parametrize(
+    "shape,out,bias,transposed",
+    [
+        ((4, 64, 96), 160, True, False),
+        ((600, 96), 48, False, False),
+        ((64, 8, 96), 48, True, True),
+        ((64, 8, 96), 160, True, True),
+        ((600, 96), 65, False, False),
+    ],
+)  # 65: PyTorch's transpose
 def test_linear_equals_f_linear_with_its_gradients(shape, out, bias, transposed):
     torch.manual_seed(0)
     x = torch.randn(*shape)
@@ -60,7 +74,9 @@ def test_transposed_copies_the_transpose(shape):
     x = torch.randn(*shape)
     out = onednn.transposed(x)
     assert out.is_contiguous() and torch.equal(out, x.t())
-    assert torch.equal(onednn.transposed(x.t().contiguous().t()), x.t())  # a non-contiguous input too
+    assert torch.equal(
+        onednn.transposed(x.t().contiguous().t()), x.t()
+    )  # a non-contiguous input too
 
 
 def test_model_loss_and_gradients_do_not_depend_on_the_matmul_kernel():
@@ -100,13 +116,13 @@ def test_linear_keeps_f_linear_where_onednn_would_lose_or_differ():
     w = torch.randn(160, 96, requires_grad=True)
     big = torch.randn(256, 96, requires_grad=True)
     assert 2 * big.numel() * 160 >= ONEDNN_MIN_FLOPS
-    assert "OneDNN" in type(linear(big, w).grad_fn).__name__ 
+    assert "OneDNN" in type(linear(big, w).grad_fn).__name__
     # A one-token product (generation) is below the threshold: a oneDNN call costs more than it saves ...
     one = torch.randn(1, 96, requires_grad=True)
     assert "OneDNN" not in type(linear(one, w).grad_fn).__name__
     # ... unless the weight is big enough that streaming it dominates.
     big_w = torch.randn(ONEDNN_MIN_WEIGHT // 96 + 1, 96, requires_grad=True)
-    assert "OneDNN" in type(linear(one, big_w).grad_fn).__name__ 
+    assert "OneDNN" in type(linear(one, big_w).grad_fn).__name__
     # An empty batch has nothing to gain and oneDNN's backward refuses it.
     empty = torch.randn(0, 96, requires_grad=True)
     linear(empty, big_w).sum().backward()
@@ -114,7 +130,9 @@ def test_linear_keeps_f_linear_where_onednn_would_lose_or_differ():
     # A strided bias must be read with its strides (oneDNN would read it as dense).
     with torch.no_grad():
         b = torch.randn(320)[::2]
-        torch.testing.assert_close(linear(big, w, b), torch.nn.functional.linear(big, w, b), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            linear(big, w, b), torch.nn.functional.linear(big, w, b), rtol=1e-5, atol=1e-5
+        )
         # Mismatched shapes get PyTorch's own message, not oneDNN's.
         with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
             linear(torch.randn(256, 95), w)
@@ -135,7 +153,11 @@ def test_linear_kernel_reports_what_runs():
 
     for n_embd, B, T in ((32, 8, 32), (128, 8, 64), (256, 1, 4), (64, 8, 32)):
         model = onednn.swap_linears(GPT(small(n_embd=n_embd, block_size=T)))
-        handles = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        handles = [
+            m.register_forward_hook(record)
+            for m in model.modules()
+            if isinstance(m, torch.nn.Linear)
+        ]
         seen.clear()
         model(torch.randint(0, 65, (B, T)))
         for h in handles:

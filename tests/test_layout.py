@@ -40,7 +40,9 @@ def modules() -> dict[str, Path]:
 
 def imports(name: str, path: Path) -> set[str]:
     """The package modules ``name`` imports, at the top or inside functions (``from . import x`` counts x)."""
-    package = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".") if name else []
+    package = (
+        name.split(".")[:-1] if path.name != "__init__.py" else name.split(".") if name else []
+    )
     found = set()
     known = modules()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -51,7 +53,11 @@ def imports(name: str, path: Path) -> set[str]:
                 sub = f"{target}.{alias.name}" if target else alias.name
                 found.add(sub if sub in known else target)
         elif isinstance(node, ast.Import):
-            found |= {a.name.removeprefix("minigpt_cli.") for a in node.names if a.name.startswith("minigpt_cli.")}
+            found |= {
+                a.name.removeprefix("minigpt_cli.")
+                for a in node.names
+                if a.name.startswith("minigpt_cli.")
+            }
     return found - {name}
 
 
@@ -64,11 +70,15 @@ def test_every_subpackage_has_a_layer():
 
 
 def test_only_a_handful_of_modules_sit_at_the_root():
-    assert {m for m in modules() if "." not in m and (m == "" or not (PACKAGE / m).is_dir())} == ROOT_MODULES
+    assert {
+        m for m in modules() if "." not in m and (m == "" or not (PACKAGE / m).is_dir())
+    } == ROOT_MODULES
 
 
 def test_imports_point_one_way():
-    upward = [(a, b) for a, targets in graph().items() for b in targets if RANK[unit(b)] > RANK[unit(a)]]
+    upward = [
+        (a, b) for a, targets in graph().items() for b in targets if RANK[unit(b)] > RANK[unit(a)]
+    ]
     assert not upward, upward
 
 
@@ -87,7 +97,7 @@ def test_there_are_no_import_cycles(level):
         state[node] = "open"
         for nxt in sorted(g[node]):
             if state.get(nxt) == "open":
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = "done"
@@ -99,13 +109,29 @@ def test_there_are_no_import_cycles(level):
 
 
 def test_the_model_imports_only_the_config():
-    outside = {b for a, targets in graph().items() if unit(a) == "model" for b in targets if unit(b) not in {"model", "config"}}
+    outside = {
+        b
+        for a, targets in graph().items()
+        if unit(a) == "model"
+        for b in targets
+        if unit(b) not in {"model", "config"}
+    }
     assert not outside, outside
 
 
 #: The run folder's names (runs.py spells them); where else the same words are other files, the exception says so.
-RUN_NAMES = {"checkpoints", "last", "best", "meta.json", "env.json", "model.safetensors", "trainer_state.pt",
-             "tokenizer.json", "config.yaml", ".lock"}
+RUN_NAMES = {
+    "checkpoints",
+    "last",
+    "best",
+    "meta.json",
+    "env.json",
+    "model.safetensors",
+    "trainer_state.pt",
+    "tokenizer.json",
+    "config.yaml",
+    ".lock",
+}
 OTHER_FILES = {
     "data.preparation": {"meta.json"},  # the prepared token files' own meta.json
     "hf.load": {"model.safetensors", "tokenizer.json"},  # Hugging Face's folder layout
@@ -118,11 +144,19 @@ OTHER_FILES = {
 def string_constants(path: Path) -> set[str]:
     """Every string literal of the code (f-string pieces included), without docstrings."""
     tree = ast.parse(path.read_text())
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    return {n.value for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings}
+    docstrings = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return {
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    }
 
 
 def test_the_run_folder_names_are_spelled_in_runs_only():
@@ -139,7 +173,10 @@ def test_the_run_folder_names_are_spelled_in_runs_only():
 
 @pytest.mark.parametrize("folder", [PACKAGE, PACKAGE.parent / "tests"])
 def test_nothing_cites_a_document_outside_the_repository(folder):
-    needles = ("DESIGN" + " §", "DESIGN" + ".md")  # spelled apart, so that this file does not cite it
+    needles = (
+        "DESIGN" + " §",
+        "DESIGN" + ".md",
+    )  # spelled apart, so that this file does not cite it
     cited = [p.name for p in folder.rglob("*.py") if any(n in p.read_text() for n in needles)]
     assert not cited, cited
 

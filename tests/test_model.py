@@ -57,8 +57,16 @@ def test_pre_ln_gelu_block_equals_torch_transformer_encoder_layer():
     d, h, T = 32, 4, 10
     cfg = small(n_embd=d, n_head=h, bias=True, ffn="gelu")
     ours = Block(cfg).eval()
-    ref = nn.TransformerEncoderLayer(d, h, dim_feedforward=4 * d, dropout=0.0, activation="gelu",
-                                     batch_first=True, norm_first=True, layer_norm_eps=1e-5).eval()
+    ref = nn.TransformerEncoderLayer(
+        d,
+        h,
+        dim_feedforward=4 * d,
+        dropout=0.0,
+        activation="gelu",
+        batch_first=True,
+        norm_first=True,
+        layer_norm_eps=1e-5,
+    ).eval()
     with torch.no_grad():
         for p in ref.parameters():
             p.normal_(0, 0.2)
@@ -118,8 +126,18 @@ def test_kv_cache_gives_the_same_tokens(pos, temperature, stride):
     runs = []
     for use_cache in (True, False):
         g = torch.Generator().manual_seed(7)
-        toks = list(generate_tokens(model, prompt, 30, temperature=temperature, top_k=None,
-                                    use_cache=use_cache, generator=g, window_stride=stride))
+        toks = list(
+            generate_tokens(
+                model,
+                prompt,
+                30,
+                temperature=temperature,
+                top_k=None,
+                use_cache=use_cache,
+                generator=g,
+                window_stride=stride,
+            )
+        )
         runs.append(torch.stack(toks, dim=1))
     assert runs[0].shape == (2, 30)  # 5 + 30 tokens: well past block_size 12
     assert torch.equal(runs[0], runs[1])
@@ -136,8 +154,16 @@ def _window_lengths(model, prompt_len, n, stride, use_cache):
 
     model.forward = spy
     try:
-        list(generate_tokens(model, torch.zeros(1, prompt_len, dtype=torch.long), n, temperature=0.0,
-                             use_cache=use_cache, window_stride=stride))
+        list(
+            generate_tokens(
+                model,
+                torch.zeros(1, prompt_len, dtype=torch.long),
+                n,
+                temperature=0.0,
+                use_cache=use_cache,
+                window_stride=stride,
+            )
+        )
     finally:
         del model.forward
     return lengths
@@ -165,7 +191,9 @@ def test_stride_one_is_nanogpts_crop():
     with torch.no_grad():
         model.lm_head.weight.mul_(20)
     seq = torch.randint(0, 65, (1, 4))
-    ours = torch.stack(list(generate_tokens(model, seq, 25, temperature=0.0, window_stride=1)), dim=1)
+    ours = torch.stack(
+        list(generate_tokens(model, seq, 25, temperature=0.0, window_stride=1)), dim=1
+    )
     with torch.no_grad():
         for _ in range(25):
             logits, _ = model(seq[:, -10:])
@@ -181,7 +209,7 @@ def test_cached_logits_match_a_full_forward():
         full, _ = model(x)
         cache = model.new_cache(1)
         first, _ = model(x[:, :6], cache=cache)
-        rest = [model(x[:, i:i + 1], cache=cache)[0] for i in range(6, 10)]
+        rest = [model(x[:, i : i + 1], cache=cache)[0] for i in range(6, 10)]
     stepwise = torch.cat([first] + rest, dim=1)
     assert torch.allclose(full, stepwise, atol=1e-5)
 
@@ -249,10 +277,14 @@ def test_sampling_is_softmax_of_logits_over_temperature(name, temperature):
 
 def test_the_grid_holds_distributions_that_are_neither_greedy_nor_uniform():
     """The test above can fail: its rows and temperatures give distributions far from both ends."""
-    assert reference_probs(LOGIT_ROWS["large"], 1e30).max() < 0.5  # [e^1, e^-1, 1, e^0.5] normalised
+    assert (
+        reference_probs(LOGIT_ROWS["large"], 1e30).max() < 0.5
+    )  # [e^1, e^-1, 1, e^0.5] normalised
     # e^3 / (e^1 + e^2 + e^3 + e^0.5) = 20.0855 / 31.8421
     assert reference_probs(LOGIT_ROWS["positive"], 1.0)[2] == pytest.approx(0.6308, abs=1e-4)
-    assert reference_probs(LOGIT_ROWS["ties"], 1e-3).tolist() == pytest.approx([1 / 3, 1 / 3, 0, 1 / 3])
+    assert reference_probs(LOGIT_ROWS["ties"], 1e-3).tolist() == pytest.approx(
+        [1 / 3, 1 / 3, 0, 1 / 3]
+    )
     assert 1e-46 <= FLOAT32_ZERO < 1e-45  # both sides of the float32 underflow are in the grid
 
 
@@ -263,7 +295,9 @@ def test_filtering_after_the_temperature():
     for top_k, top_p, kept in ((None, 0.85, 2), (3, None, 3)):
         ids = sample_next(row, 2.0, top_k, top_p, torch.Generator().manual_seed(1))
         freq = torch.bincount(ids, minlength=4).double() / DRAWS
-        expected = torch.softmax(torch.tensor([2.0, 1.0, 0.0, -1.0], dtype=torch.float64)[:kept], dim=-1)
+        expected = torch.softmax(
+            torch.tensor([2.0, 1.0, 0.0, -1.0], dtype=torch.float64)[:kept], dim=-1
+        )
         assert freq[kept:].sum() == 0
         assert 0.5 * (freq[:kept] - expected).abs().sum() < 0.04, freq
 
@@ -279,8 +313,10 @@ def test_a_temperature_that_is_not_finite_and_nonnegative_is_refused(temperature
         SampleConfig(temperature=temperature)
 
 
-@pytest.mark.parametrize("row,what", [([0.0, INF, 1.0], "infinite"), ([-INF, -INF], "infinite"),
-                                      ([1.0, float("nan")], "NaN")])
+@pytest.mark.parametrize(
+    "row,what",
+    [([0.0, INF, 1.0], "infinite"), ([-INF, -INF], "infinite"), ([1.0, float("nan")], "NaN")],
+)
 def test_logits_with_nothing_to_sample_are_refused(row, what):
     """+inf, NaN or a row of -inf: the forward pass overflowed; no temperature makes a distribution of it."""
     for temperature in (0.0, 1e-45, 1.0):
@@ -288,19 +324,36 @@ def test_logits_with_nothing_to_sample_are_refused(row, what):
             sample_next(torch.tensor([row]), temperature, None, None, None)
 
 
-@pytest.mark.parametrize("bad", [-2**63, -1, 65, 127])
+@pytest.mark.parametrize("bad", [-(2**63), -1, 65, 127])
 def test_a_sampled_id_outside_the_vocabulary_is_refused(monkeypatch, bad):
     """Some devices' torch.multinomial returned int64-min. The vocabulary is the tokenizer's (vocab_limit 65)
     even when the model's is padded to 128."""
     model = GPT(small(vocab_size=128)).eval()
-    monkeypatch.setattr(torch, "multinomial", lambda probs, n, generator=None: torch.full((probs.size(0), n), bad))
+    monkeypatch.setattr(
+        torch, "multinomial", lambda probs, n, generator=None: torch.full((probs.size(0), n), bad)
+    )
     with pytest.raises(MinigptError) as info:
-        list(generate_tokens(model, torch.zeros(1, 1, dtype=torch.long), 3, temperature=1.0, vocab_limit=65))
-    assert str(info.value).startswith(f"the sampler on cpu returned token id {bad}, outside the vocabulary "
-                                      f"(0 to 64); ")
+        list(
+            generate_tokens(
+                model, torch.zeros(1, 1, dtype=torch.long), 3, temperature=1.0, vocab_limit=65
+            )
+        )
+    assert str(info.value).startswith(
+        f"the sampler on cpu returned token id {bad}, outside the vocabulary (0 to 64); "
+    )
     monkeypatch.undo()
-    ids = torch.cat(list(generate_tokens(model, torch.zeros(1, 1, dtype=torch.long), 200, temperature=1e30,
-                                         vocab_limit=65, generator=torch.Generator().manual_seed(0))))
+    ids = torch.cat(
+        list(
+            generate_tokens(
+                model,
+                torch.zeros(1, 1, dtype=torch.long),
+                200,
+                temperature=1e30,
+                vocab_limit=65,
+                generator=torch.Generator().manual_seed(0),
+            )
+        )
+    )
     assert int(ids.max()) < 65 and len(ids.unique()) > 40  # near-uniform over the 65 real ids only
 
 
@@ -311,9 +364,24 @@ def test_per_row_generators_draw_what_torch_multinomial_draws_row_by_row(top_k, 
     logits = torch.randn(6, 65, generator=torch.Generator().manual_seed(3)) * 3
     ours = [torch.Generator().manual_seed(100 + i) for i in range(6)]
     theirs = [torch.Generator().manual_seed(100 + i) for i in range(6)]
-    probs = torch.softmax(filter_logits((logits - logits.amax(-1, keepdim=True)).double().float(), top_k, top_p), -1)
-    drawn = torch.stack([sample_next(logits, 1.0, top_k, top_p, ours) for _ in range(200)])  # (200, 6)
-    expected = torch.stack([torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)[0]
-                                       for i, g in enumerate(theirs)]) for _ in range(200)])
+    probs = torch.softmax(
+        filter_logits((logits - logits.amax(-1, keepdim=True)).double().float(), top_k, top_p), -1
+    )
+    drawn = torch.stack(
+        [sample_next(logits, 1.0, top_k, top_p, ours) for _ in range(200)]
+    )  # (200, 6)
+    expected = torch.stack(
+        [
+            torch.cat(
+                [
+                    torch.multinomial(probs[i : i + 1], 1, generator=g)[0]
+                    for i, g in enumerate(theirs)
+                ]
+            )
+            for _ in range(200)
+        ]
+    )
     assert torch.equal(drawn, expected)
-    assert bool((probs.gather(1, drawn.T) > 0).all()) and len(drawn.unique()) > (3 if top_k or top_p else 30)
+    assert bool((probs.gather(1, drawn.T) > 0).all()) and len(drawn.unique()) > (
+        3 if top_k or top_p else 30
+    )

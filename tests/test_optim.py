@@ -33,12 +33,20 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(tie):
     shapes = dict(model.named_parameters())
     assert muon and all(n.startswith("h.") and shapes[n].dim() == 2 for n in muon)
     assert "wte.weight" in rest and ("lm_head.weight" in rest) != tie  # a tied head is wte itself
-    assert all(shapes[n].dim() == 1 for n in rest if n not in ("wte.weight", "lm_head.weight", "wpe.weight"))
-    assert any(n.startswith("h.") and shapes[n].dim() == 1 for n in rest)  # the blocks' gains and biases
+    assert all(
+        shapes[n].dim() == 1
+        for n in rest
+        if n not in ("wte.weight", "lm_head.weight", "wpe.weight")
+    )
+    assert any(
+        n.startswith("h.") and shapes[n].dim() == 1 for n in rest
+    )  # the blocks' gains and biases
     assert sorted(muon + rest) == sorted(shapes)  # every parameter, once
     opt = MuonAdamW(model, TrainConfig(optimizer="muon"))
     assert [p for g in opt.muon.param_groups for p in g["params"]] == [shapes[n] for n in muon]
-    assert {id(p) for g in opt.adamw.param_groups for p in g["params"]} == {id(shapes[n]) for n in rest}
+    assert {id(p) for g in opt.adamw.param_groups for p in g["params"]} == {
+        id(shapes[n]) for n in rest
+    }
 
 
 def _steps(model: GPT, opt, n: int) -> list[torch.Tensor]:
@@ -56,10 +64,19 @@ def _steps(model: GPT, opt, n: int) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("muon", [
-    {},
-    {"nesterov": False, "adjust_lr": "match_rms_adamw", "weight_decay": 0.1, "ns_steps": 3, "momentum": 0.8},
-])
+@pytest.mark.parametrize(
+    "muon",
+    [
+        {},
+        {
+            "nesterov": False,
+            "adjust_lr": "match_rms_adamw",
+            "weight_decay": 0.1,
+            "ns_steps": 3,
+            "momentum": 0.8,
+        },
+    ],
+)
 def test_the_batched_newton_schulz_makes_torch_optim_muons_updates(muon):
     """BatchedMuon against torch.optim.Muon itself, on a GPT's matrices (three shapes, tall and wide), 4 steps."""
     tc = TrainConfig(optimizer="muon", learning_rate=3e-3, muon=muon)
@@ -80,15 +97,22 @@ def test_orthogonalize_equals_torch_optim_muons_newton_schulz_on_each_matrix():
     from minigpt_cli.trainer.muon import orthogonalize
 
     g = torch.Generator().manual_seed(0)
-    stacks = [torch.randn(b, m, n, generator=g) for b, m, n in ((3, 96, 24), (2, 24, 64), (4, 24, 24), (2, 40, 72))]
+    stacks = [
+        torch.randn(b, m, n, generator=g)
+        for b, m, n in ((3, 96, 24), (2, 24, 64), (4, 24, 24), (2, 40, 72))
+    ]
     coefficients, steps, eps = (3.4445, -4.7750, 2.0315), 5, 1e-7
     for stack, ortho in zip(stacks, orthogonalize(stacks, coefficients, steps, eps)):
         assert ortho.shape == stack.shape and ortho.dtype == torch.bfloat16
         for x, y in zip(stack, ortho):
             expected = _zeropower_via_newtonschulz(x, coefficients, steps, eps)
-            assert torch.allclose(y.float(), expected.float(), atol=1e-6, rtol=0), (y.float() - expected).abs().max()
+            assert torch.allclose(y.float(), expected.float(), atol=1e-6, rtol=0), (
+                (y.float() - expected).abs().max()
+            )
             s = torch.linalg.svdvals(y.float())
-            assert s.max() < 1.5 and 0.6 < s.median() < 1.3  # singular values pulled towards 1 (S' about 0.5..1.5)
+            assert (
+                s.max() < 1.5 and 0.6 < s.median() < 1.3
+            )  # singular values pulled towards 1 (S' about 0.5..1.5)
 
 
 def test_muon_follows_the_schedule_from_its_own_rate_and_its_state_reloads():
@@ -100,7 +124,9 @@ def test_muon_follows_the_schedule_from_its_own_rate_and_its_state_reloads():
     assert [g["lr"] for g in opt.muon.param_groups] == [pytest.approx(0.025)]
     _steps(model, opt, 2)
     state = opt.state_dict()
-    assert sorted(state["state"]) == list(range(len(list(model.parameters()))))  # one index per parameter
+    assert sorted(state["state"]) == list(
+        range(len(list(model.parameters())))
+    )  # one index per parameter
     fresh = make_optimizer(model, tc)
     fresh.load_state_dict(state)
     for p in model.parameters():
@@ -109,8 +135,18 @@ def test_muon_follows_the_schedule_from_its_own_rate_and_its_state_reloads():
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-@pytest.mark.parametrize("extra", [(), ("model.bias=true", "model.tie_weights=false", "model.value_embeddings=true",
-                                        "model.qk_norm=true")])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (),
+        (
+            "model.bias=true",
+            "model.tie_weights=false",
+            "model.value_embeddings=true",
+            "model.qk_norm=true",
+        ),
+    ],
+)
 def test_the_memory_estimate_counts_the_optimizer_state_it_makes(optimizer, extra):
     """count-params' and the dry run's optimizer-state bytes equal the float32 state tensors the optimizer holds
     after a step: Adam's two moments per parameter, Muon's one momentum buffer per matrix of the blocks."""
@@ -119,8 +155,12 @@ def test_the_memory_estimate_counts_the_optimizer_state_it_makes(optimizer, extr
     model = tiny_model(*extra)
     opt = make_optimizer(model, TrainConfig(optimizer=optimizer))
     _steps(model, opt, 1)
-    held = sum(v.numel() * v.element_size() for p in model.parameters() for v in opt.state[p].values()
-               if torch.is_tensor(v) and v.dim() > 0)  # the moments, not AdamW's step counters
+    held = sum(
+        v.numel() * v.element_size()
+        for p in model.parameters()
+        for v in opt.state[p].values()
+        if torch.is_tensor(v) and v.dim() > 0
+    )  # the moments, not AdamW's step counters
     mem = memory(model.config, "float32", 4, 32, optimizer=optimizer)
     assert mem["adam_moments"] + mem["muon_momentum"] == held
     assert (mem["muon_momentum"] > 0) == (optimizer == "muon")
@@ -128,13 +168,21 @@ def test_the_memory_estimate_counts_the_optimizer_state_it_makes(optimizer, extr
 
 def test_wsd_schedule_follows_its_formula():
     """Hägele et al. 2024: peak until the decay's start, then min + (peak - min)·(1 - f(progress))."""
-    base = dict(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100, lr_schedule="wsd",
-                decay_fraction=0.3)
+    base = dict(
+        learning_rate=1e-3,
+        min_lr=1e-4,
+        warmup_iters=10,
+        max_iters=100,
+        lr_schedule="wsd",
+        decay_fraction=0.3,
+    )
     lin, sqrt = TrainConfig(**base, decay_shape="linear"), TrainConfig(**base, decay_shape="1-sqrt")
     assert wsd_decay_start(lin) == 70
     for tc in (lin, sqrt):
         assert lr_at(0, tc) == pytest.approx(1e-3 / 11)  # the warmup as every schedule's
-        assert lr_at(10, tc) == lr_at(45, tc) == lr_at(70, tc) == 1e-3  # the stable phase: the peak, exactly
+        assert (
+            lr_at(10, tc) == lr_at(45, tc) == lr_at(70, tc) == 1e-3
+        )  # the stable phase: the peak, exactly
         assert lr_at(100, tc) == pytest.approx(1e-4)
     assert lr_at(85, lin) == pytest.approx(1e-4 + 9e-4 * (1 - 15 / 30))
     assert lr_at(85, sqrt) == pytest.approx(1e-4 + 9e-4 * (1 - math.sqrt(15 / 30)))
@@ -149,15 +197,37 @@ def test_bad_optimizer_and_schedule_settings_are_refused_in_one_line(cli, tmp_pa
         with pytest.raises(ConfigError, match="train.decay_fraction"):
             load_config(TINY, [f"train.decay_fraction={bad}"])
     monkeypatch.chdir(tmp_path)
-    res = cli("train", TINY, "--dry-run", "--set", "train.optimizer=muon", "--set", "train.parallelism=fsdp")
-    assert_user_error(res, "train.optimizer muon cannot run with train.parallelism fsdp", "train.parallelism=ddp")
-    res = cli("train", TINY, "--dry-run", "--set", "train.lr_schedule=wsd", "--set", "train.decay_fraction=0")
+    res = cli(
+        "train",
+        TINY,
+        "--dry-run",
+        "--set",
+        "train.optimizer=muon",
+        "--set",
+        "train.parallelism=fsdp",
+    )
+    assert_user_error(
+        res, "train.optimizer muon cannot run with train.parallelism fsdp", "train.parallelism=ddp"
+    )
+    res = cli(
+        "train",
+        TINY,
+        "--dry-run",
+        "--set",
+        "train.lr_schedule=wsd",
+        "--set",
+        "train.decay_fraction=0",
+    )
     assert_user_error(res, "train.decay_fraction")
 
 
 def test_muon_settings_under_adamw_get_a_note_not_a_refusal():
-    cfg = load_config(TINY, ["train.muon.learning_rate=0.05", "train.muon.nesterov=true"])  # nesterov: the default
-    assert MUON_UNUSED.format(keys="train.muon.learning_rate") in config_notes(cfg, corpus_on_disk=False)
+    cfg = load_config(
+        TINY, ["train.muon.learning_rate=0.05", "train.muon.nesterov=true"]
+    )  # nesterov: the default
+    assert MUON_UNUSED.format(keys="train.muon.learning_rate") in config_notes(
+        cfg, corpus_on_disk=False
+    )
     muon = load_config(TINY, ["train.muon.learning_rate=0.05", "train.optimizer=muon"])
     assert not any("train.muon" in n for n in config_notes(muon, corpus_on_disk=False))
 
@@ -180,16 +250,25 @@ def test_a_muon_run_resumes_bit_exact_and_keeps_its_optimizer(data_dir, tmp_path
         train(cfg, run_name="cut", echo=lambda m: None, progress=False)
     monkeypatch.setattr(T, "train_step", real_step)
     state = torch.load(tmp_path / "runs/cut/checkpoints/last/trainer_state.pt", weights_only=True)
-    assert any("momentum_buffer" in s for s in state["optimizer"]["state"].values())  # Muon's state is saved
-    with pytest.raises(MinigptError, match="train.optimizer is adamw here but muon in the checkpoint"):
-        train(tiny(data_dir, "train.max_iters=30", "model.dropout=0.1"), resume="runs/cut", echo=lambda m: None,
-              progress=False)
+    assert any(
+        "momentum_buffer" in s for s in state["optimizer"]["state"].values()
+    )  # Muon's state is saved
+    with pytest.raises(
+        MinigptError, match="train.optimizer is adamw here but muon in the checkpoint"
+    ):
+        train(
+            tiny(data_dir, "train.max_iters=30", "model.dropout=0.1"),
+            resume="runs/cut",
+            echo=lambda m: None,
+            progress=False,
+        )
     train(cfg, resume="runs/cut", echo=lambda m: None, progress=False)
     assert_bit_equal(tmp_path / "runs/whole", tmp_path / "runs/cut")
 
 
-def test_a_wsd_cool_down_from_the_stable_phase_equals_the_run_trained_straight_to_it(data_dir, tmp_path,
-                                                                                     monkeypatch):
+def test_a_wsd_cool_down_from_the_stable_phase_equals_the_run_trained_straight_to_it(
+    data_dir, tmp_path, monkeypatch
+):
     """A run planned for 60 steps (decay from step 30) is stopped at step 17 and cooled down to 40 steps: the
     same run, bit for bit, as one trained to 40 from the start (decay from step 20), since every step before
     17 ran at the same rates in both. A checkpoint past the new decay start (step 25) could not be: the
@@ -218,13 +297,21 @@ def test_a_resume_note_gives_muons_learning_rate_too():
     set_lr gives as the schedule's lr times train.muon.learning_rate / train.learning_rate."""
     from minigpt_cli.trainer.schedule import schedule_note
 
-    saved = load_config(TINY, ["train.optimizer=muon", "train.max_iters=10", "train.muon.learning_rate=0.02"])
-    now = load_config(TINY, ["train.optimizer=muon", "train.max_iters=30", "train.muon.learning_rate=0.04"])
+    saved = load_config(
+        TINY, ["train.optimizer=muon", "train.max_iters=10", "train.muon.learning_rate=0.02"]
+    )
+    now = load_config(
+        TINY, ["train.optimizer=muon", "train.max_iters=30", "train.muon.learning_rate=0.04"]
+    )
     note = schedule_note(now, saved, 10)
     old, new = lr_at(10, saved.train, 32), lr_at(10, now.train, 32)
-    assert "train.max_iters 10 -> 30" in note and "train.muon.learning_rate 0.02 -> 0.04" in note, note
+    assert "train.max_iters 10 -> 30" in note and "train.muon.learning_rate 0.02 -> 0.04" in note, (
+        note
+    )
     ratio_old, ratio_new = 0.02 / saved.train.learning_rate, 0.04 / now.train.learning_rate
-    assert note.endswith(f"lr {new:.3e} at step 10 (was {old:.3e}), Muon's {new * ratio_new:.3e} "
-                         f"(was {old * ratio_old:.3e})"), note
+    assert note.endswith(
+        f"lr {new:.3e} at step 10 (was {old:.3e}), Muon's {new * ratio_new:.3e} "
+        f"(was {old * ratio_old:.3e})"
+    ), note
     adamw = load_config(TINY, ["train.max_iters=30"])
     assert "Muon" not in schedule_note(adamw, load_config(TINY, ["train.max_iters=10"]), 10)

@@ -18,8 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = Path(minigpt_cli.__file__).resolve().parent
 SHIPPED = PACKAGE / "config"  # the package data: presets, example configs, the dataset registry
 PRESETS = [
-    "gpt2-large", "gpt2-medium", "gpt2-small", "gpt2-xl",
-    "llama2-13b", "llama2-7b", "llama3-8b", "shakespeare-char",
+    "gpt2-large",
+    "gpt2-medium",
+    "gpt2-small",
+    "gpt2-xl",
+    "llama2-13b",
+    "llama2-7b",
+    "llama3-8b",
+    "shakespeare-char",
 ]
 
 
@@ -36,9 +42,13 @@ def test_pyproject_ships_every_preset():
     tomllib = pytest.importorskip("tomllib")
     data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     patterns = data["tool"]["setuptools"]["package-data"]["minigpt_cli.config"]
-    files = sorted(p.relative_to(SHIPPED).as_posix() for p in (SHIPPED / "presets").iterdir() if p.is_file())
+    files = sorted(
+        p.relative_to(SHIPPED).as_posix() for p in (SHIPPED / "presets").iterdir() if p.is_file()
+    )
     assert files == [f"presets/{n}.yaml" for n in PRESETS]
-    files += sorted(p.relative_to(SHIPPED).as_posix() for p in (SHIPPED / "configs").iterdir() if p.is_file())
+    files += sorted(
+        p.relative_to(SHIPPED).as_posix() for p in (SHIPPED / "configs").iterdir() if p.is_file()
+    )
     assert "configs/shakespeare-cpu.yaml" in files
     for f in files:
         assert any(fnmatch.fnmatch(f, pat) for pat in patterns), (f, patterns)
@@ -47,14 +57,22 @@ def test_pyproject_ships_every_preset():
 def test_shipped_configs_from_a_folder_without_them(cli, tmp_path, monkeypatch):
     """The README's examples from an empty folder: the name alone, or configs/NAME.yaml with a note."""
     monkeypatch.chdir(tmp_path)
-    assert (REPO / "configs").resolve() == SHIPPED / "configs"  # the repository's configs/ is the package's
+    assert (
+        REPO / "configs"
+    ).resolve() == SHIPPED / "configs"  # the repository's configs/ is the package's
     by_name = cli("train", "tiny", "--dry-run")
     assert by_name.exit_code == 0 and by_name.stdout.startswith("name: tiny"), by_name
     by_path = cli("train", "configs/shakespeare-cpu.yaml", "--dry-run")
     assert by_path.exit_code == 0 and by_path.stdout.startswith("name: shakespeare-cpu"), by_path
-    assert "note: configs/shakespeare-cpu.yaml is not in this folder; using the copy shipped" in by_path.stderr
+    assert (
+        "note: configs/shakespeare-cpu.yaml is not in this folder; using the copy shipped"
+        in by_path.stderr
+    )
     missing = cli("train", "my.yaml")
-    assert missing.exit_code == 2 and "shipped configs (pass the name alone): finetune-gpt2, shakespeare," in missing.stderr
+    assert (
+        missing.exit_code == 2
+        and "shipped configs (pass the name alone): finetune-gpt2, shakespeare," in missing.stderr
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -76,10 +94,22 @@ def test_presets_from_a_copy_of_the_package_alone(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}
-    where = subprocess.run([sys.executable, "-c", "import minigpt_cli; print(minigpt_cli.__file__)"],
-                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    where = subprocess.run(
+        [sys.executable, "-c", "import minigpt_cli; print(minigpt_cli.__file__)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert Path(where.stdout.strip()).parent == site / "minigpt_cli", where
-    out = subprocess.run([sys.executable, "-m", "minigpt_cli", "count-params", "--preset", "gpt2-small"],
-                         cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "minigpt_cli", "count-params", "--preset", "gpt2-small"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "unknown preset" not in out.stderr

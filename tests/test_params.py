@@ -22,11 +22,19 @@ from minigpt_cli.errors import MinigptError
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = [
-    "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl",
-    "llama2-7b", "llama2-13b", "llama3-8b", "shakespeare-char",
+    "gpt2-small",
+    "gpt2-medium",
+    "gpt2-large",
+    "gpt2-xl",
+    "llama2-7b",
+    "llama2-13b",
+    "llama3-8b",
+    "shakespeare-char",
 ]
 #: The example configs and the presets (package data in minigpt_cli/config/presets/).
-ALL_YAML = sorted((ROOT / "configs").rglob("*.yaml")) + sorted((ROOT / "minigpt_cli" / "config" / "presets").glob("*.yaml"))
+ALL_YAML = sorted((ROOT / "configs").rglob("*.yaml")) + sorted(
+    (ROOT / "minigpt_cli" / "config" / "presets").glob("*.yaml")
+)
 #: Vocabulary for training configs whose vocab_size comes from the tokenizer.
 CHAR_VOCAB = 65
 
@@ -67,7 +75,10 @@ def test_presets_shipped():
 def test_gpt2_small_closed_form():
     # wte + wpe + 12 blocks (4d² + 4d attention, 8d² + 5d MLP, 2·2d LayerNorms) + the final LayerNorm.
     V, P, d, L = 50257, 1024, 768, 12
-    assert params.count(preset("gpt2-small")).total == V * d + P * d + L * (12 * d * d + 13 * d) + 2 * d
+    assert (
+        params.count(preset("gpt2-small")).total
+        == V * d + P * d + L * (12 * d * d + 13 * d) + 2 * d
+    )
 
 
 def test_shakespeare_char_without_positions():
@@ -116,7 +127,11 @@ def test_llama_breakdown():
     assert pc.layer.attn_bias == pc.layer.ffn_bias == 0
     # The untied head is a vocabulary matrix: not in the non-embedding count.
     assert pc.embedding == 2 * 128256 * d
-    assert pc.non_embedding == 32 * (4 * d * d - 2 * d * (d - kv) + 3 * d * 14336 + 2 * d) + d == 6_979_588_096
+    assert (
+        pc.non_embedding
+        == 32 * (4 * d * d - 2 * d * (d - kv) + 3 * d * 14336 + 2 * d) + d
+        == 6_979_588_096
+    )
     assert preset("llama2-7b").ffn_hidden == 11008
     assert preset("llama3-8b").rope_base == 500000.0
 
@@ -127,8 +142,14 @@ def test_kaplan_approximation_and_exact_matrices_differ_for_swiglu():
     assert pc.kaplan_approximation == 12 * 32 * 4096**2 == 6_442_450_944
     assert pc.non_embedding_matrices == 32 * (4 * 4096**2 + 3 * 4096 * 11008) == 6_476_005_376
     text = params.format_report(params.report(preset("llama2-7b")), "llama2-7b")
-    assert any("Kaplan's approximation 12·L·d²" in line and "6,442,450,944" in line for line in text.splitlines())
-    assert any("weight matrices only (exact)" in line and "6,476,005,376" in line for line in text.splitlines())
+    assert any(
+        "Kaplan's approximation 12·L·d²" in line and "6,442,450,944" in line
+        for line in text.splitlines()
+    )
+    assert any(
+        "weight matrices only (exact)" in line and "6,476,005,376" in line
+        for line in text.splitlines()
+    )
 
 
 def test_non_embedding_independent_of_tying():
@@ -195,7 +216,12 @@ def test_memory_adamw():
     cfg = preset("gpt2-small")
     N = 124_439_808
     fp32 = params.memory(cfg, "float32", 1, 1024)
-    assert (fp32["weights"], fp32["gradients"], fp32["master_weights"], fp32["adam_moments"]) == (4 * N, 4 * N, 0, 8 * N)
+    assert (fp32["weights"], fp32["gradients"], fp32["master_weights"], fp32["adam_moments"]) == (
+        4 * N,
+        4 * N,
+        0,
+        8 * N,
+    )
     assert fp32["model_states"] == 16 * N
     bf16 = params.memory(cfg, "bfloat16", 1, 1024)
     assert (bf16["weights"], bf16["gradients"], bf16["master_weights"]) == (2 * N, 2 * N, 4 * N)
@@ -205,7 +231,10 @@ def test_memory_adamw():
     assert bf16["activations_estimate"] == 12 * (s * b * h * 34 + 5 * a * s * s * b)
     assert fp32["activations_estimate"] == 2 * bf16["activations_estimate"]
     assert bf16["activations_estimate_fused"] == 12 * s * b * h * 34
-    assert params.memory(cfg, "float32", 4, 1024)["activations_estimate"] == 4 * fp32["activations_estimate"]
+    assert (
+        params.memory(cfg, "float32", 4, 1024)["activations_estimate"]
+        == 4 * fp32["activations_estimate"]
+    )
     with pytest.raises(MinigptError, match="dtype"):
         params.memory(cfg, "int8", 1, 1024)
 
@@ -213,13 +242,22 @@ def test_memory_adamw():
 def test_report_keys_and_json():
     cfg = preset("gpt2-small")
     rep = params.report(cfg)
-    for key in ("total", "non_embedding", "embedding", "per_layer", "flops_per_token_forward",
-                "flops_per_token_train", "seq_len"):
+    for key in (
+        "total",
+        "non_embedding",
+        "embedding",
+        "per_layer",
+        "flops_per_token_forward",
+        "flops_per_token_train",
+        "seq_len",
+    ):
         assert key in rep
     assert rep["seq_len"] == 1024  # block_size by default
     assert rep["total"] == 124_439_808
     assert (rep["non_embedding"], rep["embedding"]) == (85_056_000, 39_383_808)
-    assert rep["total_without_positions"] == 123_653_376  # nanoGPT's "number of parameters: 123.65M"
+    assert (
+        rep["total_without_positions"] == 123_653_376
+    )  # nanoGPT's "number of parameters: 123.65M"
     assert (rep["kaplan_approximation"], rep["non_embedding_matrices"]) == (84_934_656, 84_934_656)
     assert rep["per_layer"]["attention"] == 2_362_368
     assert rep["flops_per_token_train"] == 3 * rep["flops_per_token_forward"]
@@ -281,21 +319,40 @@ def test_no_torch_on_the_analytic_path():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
-
 def test_count_params_never_imports_torch(tmp_path, corpus_file):
     """The command, for a preset, a config file and a fine-tuning config whose architecture is a folder's
     config.json: arithmetic only, so it answers in a fraction of a second (torch takes seconds to import)."""
     from minigpt_cli.tokenizer.training import train_tokenizer
 
-    folder = tmp_path / "gpt2"  # a save_pretrained folder as count-params reads it: no weights are opened
+    folder = (
+        tmp_path / "gpt2"
+    )  # a save_pretrained folder as count-params reads it: no weights are opened
     folder.mkdir()
-    hf = {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 48, "vocab_size": 300}
+    hf = {
+        "model_type": "gpt2",
+        "n_layer": 2,
+        "n_head": 2,
+        "n_embd": 32,
+        "n_positions": 48,
+        "vocab_size": 300,
+    }
     (folder / "config.json").write_text(json.dumps(hf))
     (folder / "model.safetensors").write_bytes(b"")
-    train_tokenizer("bpe", corpus_file.read_text()[:20_000], 300, []).save(folder / "tokenizer.json")
-    commands = [["--preset", "llama2-7b"], ["--config", "configs/shakespeare-cpu.yaml"],
-                ["--config", "configs/finetune-gpt2.yaml", "--set", f"model.init_from={folder}",
-                 "--set", "model.block_size=32"]]
+    train_tokenizer("bpe", corpus_file.read_text()[:20_000], 300, []).save(
+        folder / "tokenizer.json"
+    )
+    commands = [
+        ["--preset", "llama2-7b"],
+        ["--config", "configs/shakespeare-cpu.yaml"],
+        [
+            "--config",
+            "configs/finetune-gpt2.yaml",
+            "--set",
+            f"model.init_from={folder}",
+            "--set",
+            "model.block_size=32",
+        ],
+    ]
     code = (
         "import json, sys\n"
         "from typer.testing import CliRunner\n"
@@ -304,7 +361,9 @@ def test_count_params_never_imports_torch(tmp_path, corpus_file):
         "    res = CliRunner().invoke(app, ['count-params', *args, '--json'])\n"
         "    print(json.dumps([res.exit_code, json.loads(res.stdout)['total'], 'torch' in sys.modules]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
     results = [json.loads(line) for line in out.splitlines()]
     assert [torch for _, _, torch in results] == [False, False, False], results
     assert [code for code, _, _ in results] == [0, 0, 0]
@@ -320,7 +379,9 @@ def test_every_shipped_yaml_counts(path):
     cfg = load_config(path).model
     V = cfg.vocab_size or CHAR_VOCAB
     rep = params.report(cfg, vocab_size=V, tokens=1000)
-    assert rep["total"] > 0 and json.loads(json.dumps(rep)) == rep  # the meta-model tests check the numbers
+    assert (
+        rep["total"] > 0 and json.loads(json.dumps(rep)) == rep
+    )  # the meta-model tests check the numbers
     assert f"{rep['total']:,} parameters" in params.format_report(rep, path.name)
 
 
@@ -342,15 +403,24 @@ def meta_model_counts(cfg: ModelConfig) -> dict[str, int]:
     sizes = {name: p.numel() for name, p in model.named_parameters()}
     return {
         "total": sum(sizes.values()),
-        "non_embedding": sum(n for name, n in sizes.items()
-                             if name.split(".")[0] not in ("wte", "wpe", "lm_head", "value_embeds")),
-        "total_without_positions": sum(n for name, n in sizes.items() if not name.startswith("wpe.")),
+        "non_embedding": sum(
+            n
+            for name, n in sizes.items()
+            if name.split(".")[0] not in ("wte", "wpe", "lm_head", "value_embeds")
+        ),
+        "total_without_positions": sum(
+            n for name, n in sizes.items() if not name.startswith("wpe.")
+        ),
     }
 
 
 def analytic_counts(cfg: ModelConfig) -> dict[str, int]:
     pc = params.count(cfg)
-    return {"total": pc.total, "non_embedding": pc.non_embedding, "total_without_positions": pc.without_positions}
+    return {
+        "total": pc.total,
+        "non_embedding": pc.non_embedding,
+        "total_without_positions": pc.without_positions,
+    }
 
 
 def _variants() -> list[tuple[str, ModelConfig]]:
@@ -373,20 +443,39 @@ def _variants() -> list[tuple[str, ModelConfig]]:
         "gqa": {"n_kv_head": 2, "bias": True},
         "mqa": {"n_kv_head": 1},
         "emb_scale": {"emb_scale": True},
-        "llama-like": {"norm": "rmsnorm", "ffn": "swiglu", "pos_encoding": "rope", "bias": False,
-                       "tie_weights": False, "n_kv_head": 2},
+        "llama-like": {
+            "norm": "rmsnorm",
+            "ffn": "swiglu",
+            "pos_encoding": "rope",
+            "bias": False,
+            "tie_weights": False,
+            "n_kv_head": 2,
+        },
         "qk_norm": {"qk_norm": True, "pos_encoding": "rope"},
         "qk_norm-post-layernorm-bias": {"qk_norm": True, "norm_position": "post", "bias": True},
         "relu2": {"ffn": "relu2"},
         "logit_softcap": {"logit_softcap": 15.0},
         "zero_init_proj": {"zero_init_proj": True},
         "value_embeddings": {"value_embeddings": True},
-        "value_embeddings-3-layers-gqa-untied": {"value_embeddings": True, "n_layer": 3, "n_kv_head": 2,
-                                                 "tie_weights": False},
+        "value_embeddings-3-layers-gqa-untied": {
+            "value_embeddings": True,
+            "n_layer": 3,
+            "n_kv_head": 2,
+            "tie_weights": False,
+        },
         "value_embeddings-narrow": {"value_embeddings": True, "n_embd": 8, "n_head": 2},
-        "all-switches-llama-like": {"qk_norm": True, "ffn": "relu2", "logit_softcap": 30.0, "zero_init_proj": True,
-                                    "value_embeddings": True, "norm": "rmsnorm", "pos_encoding": "rope",
-                                    "bias": False, "n_kv_head": 1, "n_layer": 5},
+        "all-switches-llama-like": {
+            "qk_norm": True,
+            "ffn": "relu2",
+            "logit_softcap": 30.0,
+            "zero_init_proj": True,
+            "value_embeddings": True,
+            "norm": "rmsnorm",
+            "pos_encoding": "rope",
+            "bias": False,
+            "n_kv_head": 1,
+            "n_layer": 5,
+        },
     }
     return [(k, variant(base, **v)) for k, v in cases.items()]
 
@@ -399,7 +488,9 @@ def test_meta_model_matches_presets(name):
 
 def test_meta_model_gpt2_small_in_nanogpt_terms():
     counts = meta_model_counts(preset("gpt2-small"))
-    assert counts["total_without_positions"] == 123_653_376 and counts["non_embedding"] == 85_056_000
+    assert (
+        counts["total_without_positions"] == 123_653_376 and counts["non_embedding"] == 85_056_000
+    )
 
 
 @pytest.mark.parametrize("name, cfg", _variants(), ids=[k for k, _ in _variants()])
@@ -420,8 +511,12 @@ def hf_gpt2(cfg: ModelConfig):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     hf_cfg = GPT2Config(
-        vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd,
-        n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=cfg.d_ff,
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.block_size,
+        n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_inner=cfg.d_ff,
         tie_word_embeddings=cfg.tie_weights,
     )
     with torch.device("meta"):
@@ -433,10 +528,16 @@ def hf_llama(cfg: ModelConfig):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hf_cfg = LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.ffn_hidden,
-        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
-        num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.block_size,
-        tie_word_embeddings=cfg.tie_weights, attention_bias=False, mlp_bias=False,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.n_embd,
+        intermediate_size=cfg.ffn_hidden,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.block_size,
+        tie_word_embeddings=cfg.tie_weights,
+        attention_bias=False,
+        mlp_bias=False,
     )
     with torch.device("meta"):
         return LlamaForCausalLM(hf_cfg)
@@ -469,12 +570,19 @@ def test_cli_overrides_and_linear_flops(cli):
     """The issue's CLI checks: untied and padded GPT-2 small, and one 768×3072 matrix's FLOPs."""
     import json
 
-    untied = json.loads(cli("count-params", "--preset", "gpt2-small", "--set", "model.tie_weights=false",
-                            "--json").stdout)
+    untied = json.loads(
+        cli(
+            "count-params", "--preset", "gpt2-small", "--set", "model.tie_weights=false", "--json"
+        ).stdout
+    )
     assert untied["total"] == 163_037_184
-    padded = json.loads(cli("count-params", "--preset", "gpt2-small", "--vocab-size", "50304", "--json").stdout)
+    padded = json.loads(
+        cli("count-params", "--preset", "gpt2-small", "--vocab-size", "50304", "--json").stdout
+    )
     assert padded["total"] == 124_475_904
-    up = json.loads(cli("count-params", "--preset", "gpt2-small", "--json").stdout)["linear_flops_per_token"]["ffn_up"]
+    up = json.loads(cli("count-params", "--preset", "gpt2-small", "--json").stdout)[
+        "linear_flops_per_token"
+    ]["ffn_up"]
     assert (up["in"], up["out"], up["forward"], up["backward"]) == (768, 3072, 4_718_592, 9_437_184)
 
 
@@ -489,10 +597,22 @@ def test_a_seq_len_beyond_block_size_gets_a_note(cli):
 
 def test_an_assumed_vocabulary_is_said_and_counts_the_special_tokens(cli):
     tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
-    res = cli("count-params", "--config", tiny, "--set", "tokenizer.special_tokens=['<|endoftext|>']", "--json")
+    res = cli(
+        "count-params",
+        "--config",
+        tiny,
+        "--set",
+        "tokenizer.special_tokens=['<|endoftext|>']",
+        "--json",
+    )
     assert res.exit_code == 0, res
-    assert json.loads(res.stdout)["token_embedding"] == 66 * 32  # what train finds: 65 characters and the special token
-    assert "counting with 66 entries (Tiny Shakespeare's 65 characters and 1 special token)" in res.stderr
+    assert (
+        json.loads(res.stdout)["token_embedding"] == 66 * 32
+    )  # what train finds: 65 characters and the special token
+    assert (
+        "counting with 66 entries (Tiny Shakespeare's 65 characters and 1 special token)"
+        in res.stderr
+    )
     given = cli("count-params", "--config", tiny, "--vocab-size", "100", "--json")
     assert json.loads(given.stdout)["token_embedding"] == 100 * 32 and given.stderr == ""
 
@@ -500,11 +620,15 @@ def test_an_assumed_vocabulary_is_said_and_counts_the_special_tokens(cli):
 def test_the_header_names_the_overrides_that_took_effect(cli):
     """A flag beats the --set of its key, a later --set beats an earlier one, and --vocab-size is named."""
     head = lambda *args: cli("count-params", "--preset", "gpt2-small", *args).stdout.splitlines()[0]  # noqa: E731
-    assert head("--vocab-size", "50304").startswith("gpt2-small (with overrides: --vocab-size 50304): 124,475,904")
+    assert head("--vocab-size", "50304").startswith(
+        "gpt2-small (with overrides: --vocab-size 50304): 124,475,904"
+    )
     assert head("--set", "model.vocab_size=100", "--vocab-size", "50304").startswith(
-        "gpt2-small (with overrides: --vocab-size 50304): 124,475,904")
-    assert head("--set", "model.n_layer=3", "--set", "model.tie_weights=false", "--set", "model.n_layer=2").startswith(
-        "gpt2-small (with overrides: model.tie_weights=false, model.n_layer=2): ")
+        "gpt2-small (with overrides: --vocab-size 50304): 124,475,904"
+    )
+    assert head(
+        "--set", "model.n_layer=3", "--set", "model.tie_weights=false", "--set", "model.n_layer=2"
+    ).startswith("gpt2-small (with overrides: model.tie_weights=false, model.n_layer=2): ")
     assert head().startswith("gpt2-small: 124,439,808")
     assert head("--set", "train.batch_size=8", "--batch-size", "4").startswith("gpt2-small: ")
 
@@ -519,8 +643,17 @@ def test_the_memory_section_counts_with_the_configs_train_settings(cli):
     tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
     assert memory("--preset", "gpt2-small") == (1, "float32")  # a preset has no train section
     assert memory("--preset", "gpt2-small", "--set", "train.batch_size=8") == (8, "float32")
-    assert memory("--preset", "gpt2-small", "--set", "train.batch_size=8", "--batch-size", "2") == (2, "float32")
-    assert memory("--config", tiny, "--vocab-size", "65") == (8, "float32")  # tiny.yaml's train.batch_size
-    assert memory("--config", tiny, "--vocab-size", "65", "--set", "dtype=bfloat16") == (8, "bfloat16")
+    assert memory("--preset", "gpt2-small", "--set", "train.batch_size=8", "--batch-size", "2") == (
+        2,
+        "float32",
+    )
+    assert memory("--config", tiny, "--vocab-size", "65") == (
+        8,
+        "float32",
+    )  # tiny.yaml's train.batch_size
+    assert memory("--config", tiny, "--vocab-size", "65", "--set", "dtype=bfloat16") == (
+        8,
+        "bfloat16",
+    )
     text = cli("count-params", "--preset", "gpt2-small", "--set", "train.batch_size=8").stdout
     assert "batch 8 × T=1,024" in text

@@ -71,7 +71,9 @@ def signals_after_step(monkeypatch, n: int, *signals: int):
     return real_step
 
 
-def test_interrupted_and_resumed_equals_uninterrupted(reference_run, data_dir, tmp_path, monkeypatch):
+def test_interrupted_and_resumed_equals_uninterrupted(
+    reference_run, data_dir, tmp_path, monkeypatch
+):
     """SIGINT mid-run (in-process), then --resume: every later loss and the final weights match."""
     monkeypatch.chdir(tmp_path)
     cfg = tiny(data_dir, "train.max_iters=120", "model.dropout=0.1")
@@ -84,7 +86,9 @@ def test_interrupted_and_resumed_equals_uninterrupted(reference_run, data_dir, t
     monkeypatch.setattr(T, "train_step", real_step)
     run = tmp_path / "runs" / "r"
     meta = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())
-    assert meta["step"] == 57 and meta["eval_step"] == 40  # the losses it carries are step 40's (eval_interval 20)
+    assert (
+        meta["step"] == 57 and meta["eval_step"] == 40
+    )  # the losses it carries are step 40's (eval_interval 20)
     assert meta["val_loss"] == curve(run)[("eval", 40)]
     assert max(r["step"] for r in records(run)) == 57
     result = train(cfg, echo=lambda m: None, progress=False, resume=str(run))
@@ -107,13 +111,16 @@ def _counting_eval_forward(on_call):
     return forward, count
 
 
-def test_sigint_during_a_long_eval_stops_it_at_once_and_resumes_identically(reference_run, data_dir, tmp_path,
-                                                                           monkeypatch):
+def test_sigint_during_a_long_eval_stops_it_at_once_and_resumes_identically(
+    reference_run, data_dir, tmp_path, monkeypatch
+):
     """Ctrl-C inside the step-40 eval: no further eval batch runs, last is saved, the resume matches."""
     monkeypatch.chdir(tmp_path)
     cfg = tiny(data_dir, "train.max_iters=120", "model.dropout=0.1")
     # Evals at steps 0 and 20 make 2 x (5 train + 5 val) eval forwards; call 23 is the step-40 eval's third.
-    forward, count = _counting_eval_forward(lambda n: n == 23 and os.kill(os.getpid(), signal.SIGINT))
+    forward, count = _counting_eval_forward(
+        lambda n: n == 23 and os.kill(os.getpid(), signal.SIGINT)
+    )
     monkeypatch.setattr(GPT, "forward", forward)
     with pytest.raises(Interrupted, match="stopped by SIGINT at step 40") as info:
         train(cfg, run_name="ev", echo=lambda m: None, progress=False)
@@ -129,17 +136,30 @@ def test_sigint_during_a_long_eval_stops_it_at_once_and_resumes_identically(refe
     assert_same_run(reference_run, run)
 
 
-def test_a_second_ctrl_c_aborts_without_saving_and_says_where_the_last_checkpoint_is(data_dir, tmp_path,
-                                                                                    monkeypatch):
+def test_a_second_ctrl_c_aborts_without_saving_and_says_where_the_last_checkpoint_is(
+    data_dir, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     import minigpt_cli.trainer.loop as T
 
-    real_step = signals_after_step(monkeypatch, 25, signal.SIGINT, signal.SIGINT)  # the second one aborts
-    with pytest.raises(Interrupted, match=r"second Ctrl-C without saving; the last checkpoint is "
-                                          r"runs/a/checkpoints/last \(step 20\)") as info:
-        train(tiny(data_dir, "train.max_iters=60"), run_name="a", echo=lambda m: None, progress=False)
+    real_step = signals_after_step(
+        monkeypatch, 25, signal.SIGINT, signal.SIGINT
+    )  # the second one aborts
+    with pytest.raises(
+        Interrupted,
+        match=r"second Ctrl-C without saving; the last checkpoint is "
+        r"runs/a/checkpoints/last \(step 20\)",
+    ) as info:
+        train(
+            tiny(data_dir, "train.max_iters=60"), run_name="a", echo=lambda m: None, progress=False
+        )
     assert info.value.exit_code == 130 and str(info.value.resume_dir) == "runs/a"
-    assert json.loads((tmp_path / "runs" / "a" / "checkpoints" / "last" / "meta.json").read_text())["step"] == 20
+    assert (
+        json.loads((tmp_path / "runs" / "a" / "checkpoints" / "last" / "meta.json").read_text())[
+            "step"
+        ]
+        == 20
+    )
     # Before any checkpoint exists (inside the step-0 eval), the message says so and the new folder goes.
     monkeypatch.setattr(T, "train_step", real_step)
 
@@ -152,11 +172,15 @@ def test_a_second_ctrl_c_aborts_without_saving_and_says_where_the_last_checkpoin
 
     monkeypatch.setattr(GPT, "forward", _counting_eval_forward(two_signals)[0])
     with pytest.raises(Interrupted, match="without saving; no checkpoint had been written yet"):
-        train(tiny(data_dir, "train.max_iters=60"), run_name="b", echo=lambda m: None, progress=False)
+        train(
+            tiny(data_dir, "train.max_iters=60"), run_name="b", echo=lambda m: None, progress=False
+        )
     assert not (tmp_path / "runs" / "b").exists()
 
 
-def test_sigterm_inside_one_long_eval_batch_stops_it_without_waiting_for_the_batch(data_dir, tmp_path, monkeypatch):
+def test_sigterm_inside_one_long_eval_batch_stops_it_without_waiting_for_the_batch(
+    data_dir, tmp_path, monkeypatch
+):
     """One eval forward that would take minutes (block_size 100000): a SIGTERM inside it stops the run there."""
     monkeypatch.chdir(tmp_path)
     real, finished = GPT.forward, []
@@ -171,9 +195,19 @@ def test_sigterm_inside_one_long_eval_batch_stops_it_without_waiting_for_the_bat
 
     monkeypatch.setattr(GPT, "forward", slow_eval_forward)
     with pytest.raises(Interrupted, match="stopped by SIGTERM at step 0") as info:
-        train(tiny(data_dir, "train.max_iters=5"), run_name="long", echo=lambda m: None, progress=False)
+        train(
+            tiny(data_dir, "train.max_iters=5"),
+            run_name="long",
+            echo=lambda m: None,
+            progress=False,
+        )
     assert info.value.exit_code == 143 and not finished
-    assert json.loads((tmp_path / "runs" / "long" / "checkpoints" / "last" / "meta.json").read_text())["step"] == 0
+    assert (
+        json.loads((tmp_path / "runs" / "long" / "checkpoints" / "last" / "meta.json").read_text())[
+            "step"
+        ]
+        == 0
+    )
 
 
 def test_sigterm_exits_143_and_the_hint_is_a_working_command(cli, data_dir, tmp_path, monkeypatch):
@@ -182,12 +216,24 @@ def test_sigterm_exits_143_and_the_hint_is_a_working_command(cli, data_dir, tmp_
     import minigpt_cli.trainer.loop as T
 
     real_step = signals_after_step(monkeypatch, 3, signal.SIGTERM)
-    res = cli("train", TINY, "--run-name", "t", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=8",
-              "--set", "train.sample_tokens=0")
+    res = cli(
+        "train",
+        TINY,
+        "--run-name",
+        "t",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "train.max_iters=8",
+        "--set",
+        "train.sample_tokens=0",
+    )
     assert res.exit_code == 143, res
     # A stop the user asked for is not reported as an error: one line saying what was saved.
     assert "error:" not in res.stderr, res
-    lines = [l for l in res.stderr.splitlines() if l.startswith("stopped by SIGTERM at step 3; saved ")]
+    lines = [
+        l for l in res.stderr.splitlines() if l.startswith("stopped by SIGTERM at step 3; saved ")
+    ]
     assert len(lines) == 1, res
     hint = lines[0].split("continue with: ", 1)[1]
     assert hint.startswith(f"minigpt train {TINY} --set ") and "CONFIG" not in hint
@@ -199,7 +245,9 @@ def test_sigterm_exits_143_and_the_hint_is_a_working_command(cli, data_dir, tmp_
     assert "trained to step 8" in done.stdout
 
 
-def test_resume_from_an_older_checkpoint_rewinds_the_metrics(reference_run, data_dir, tmp_path, monkeypatch):
+def test_resume_from_an_older_checkpoint_rewinds_the_metrics(
+    reference_run, data_dir, tmp_path, monkeypatch
+):
     """Lose the tail of a run (as after a SIGKILL): resuming from the step-40 checkpoint repeats it exactly."""
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "runs" / "k"
@@ -225,8 +273,12 @@ def test_resume_auto_picks_the_newest_run_of_that_name(data_dir, tmp_path, monke
     res = train(longer, echo=lambda m: None, progress=False, resume="auto")
     assert res.run_dir.name == "second" and res.step == 20
     notes = []
-    fresh = train(tiny(data_dir, "train.max_iters=5", "name=nobody"), echo=notes.append, progress=False,
-                  resume="auto")
+    fresh = train(
+        tiny(data_dir, "train.max_iters=5", "name=nobody"),
+        echo=notes.append,
+        progress=False,
+        resume="auto",
+    )
     assert fresh.step == 5 and any("starting a new one" in n for n in notes)
 
 
@@ -234,17 +286,34 @@ def test_resume_without_the_runs_tokenizer_says_where_it_came_from(data_dir, tmp
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=4"), run_name="t", echo=lambda m: None, progress=False)
     (tmp_path / "runs" / "t" / "tokenizer.json").unlink()
-    with pytest.raises(MinigptError, match=r"not found; a run keeps the tokenizer it was trained with: copy it back "
-                                           r"from .*tokenizer-char.json"):
-        train(tiny(data_dir, "train.max_iters=8"), echo=lambda m: None, progress=False, resume="runs/t")
+    with pytest.raises(
+        MinigptError,
+        match=r"not found; a run keeps the tokenizer it was trained with: copy it back "
+        r"from .*tokenizer-char.json",
+    ):
+        train(
+            tiny(data_dir, "train.max_iters=8"),
+            echo=lambda m: None,
+            progress=False,
+            resume="runs/t",
+        )
     # A damaged copy of the config in the checkpoint says which file and how to mend it.
     shutil.copy(tmp_path / "runs" / "t" / "config.yaml", tmp_path / "good.yaml")
     (tmp_path / "runs" / "t" / "checkpoints" / "last" / "config.yaml").write_text("name: null\n")
-    with pytest.raises(MinigptError, match=r"the checkpoint's config is damaged .*restore .*last/config.yaml"):
-        train(tiny(data_dir, "train.max_iters=8"), echo=lambda m: None, progress=False, resume="runs/t")
+    with pytest.raises(
+        MinigptError, match=r"the checkpoint's config is damaged .*restore .*last/config.yaml"
+    ):
+        train(
+            tiny(data_dir, "train.max_iters=8"),
+            echo=lambda m: None,
+            progress=False,
+            resume="runs/t",
+        )
 
 
-def test_resume_takes_the_runs_tokenizer_by_its_path_and_refuses_another(data_dir, tmp_path, monkeypatch):
+def test_resume_takes_the_runs_tokenizer_by_its_path_and_refuses_another(
+    data_dir, tmp_path, monkeypatch
+):
     """What the tokenizer error says to do works: tokenizer.path at the run's tokenizer.json resumes; another
     tokenizer is refused before anything is prepared with it, by the dry run as by train."""
     from minigpt_cli.tokenizer.kinds import CharTokenizer
@@ -253,8 +322,12 @@ def test_resume_takes_the_runs_tokenizer_by_its_path_and_refuses_another(data_di
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=4"), run_name="t", echo=lambda m: None, progress=False)
     own = tmp_path / "runs" / "t" / "tokenizer.json"
-    res = train(tiny(data_dir, "train.max_iters=6", f"tokenizer.path={own}"), echo=lambda m: None, progress=False,
-                resume="runs/t")
+    res = train(
+        tiny(data_dir, "train.max_iters=6", f"tokenizer.path={own}"),
+        echo=lambda m: None,
+        progress=False,
+        resume="runs/t",
+    )
     assert res.step == 6
     abc = CharTokenizer("abc")
     abc.save(tmp_path / "other.json")
@@ -264,18 +337,28 @@ def test_resume_takes_the_runs_tokenizer_by_its_path_and_refuses_another(data_di
         plan(other, None, "runs/t", lambda m: None, False)  # the dry run's set-up
     with pytest.raises(MinigptError, match=refused):
         train(other, echo=lambda m: None, progress=False, resume="runs/t")
-    assert not (data_dir / "tinyshakespeare" / f"char-{abc.fingerprint()}").exists()  # nothing prepared with it
+    assert not (
+        data_dir / "tinyshakespeare" / f"char-{abc.fingerprint()}"
+    ).exists()  # nothing prepared with it
 
 
 def test_resume_refuses_a_different_model(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=5"), run_name="m", echo=lambda m: None, progress=False)
-    with pytest.raises(MinigptError, match=r"model\.n_layer is 3 here but 2 in the checkpoint \(checkpoints/last/"):
-        train(tiny(data_dir, "train.max_iters=5", "model.n_layer=3"), echo=lambda m: None, progress=False,
-              resume="runs/m")
+    with pytest.raises(
+        MinigptError, match=r"model\.n_layer is 3 here but 2 in the checkpoint \(checkpoints/last/"
+    ):
+        train(
+            tiny(data_dir, "train.max_iters=5", "model.n_layer=3"),
+            echo=lambda m: None,
+            progress=False,
+            resume="runs/m",
+        )
 
 
-def test_resume_with_a_longer_schedule_says_how_the_learning_rate_changes(data_dir, tmp_path, monkeypatch):
+def test_resume_with_a_longer_schedule_says_how_the_learning_rate_changes(
+    data_dir, tmp_path, monkeypatch
+):
     """Raising max_iters is allowed; a note names the change and the lr the run jumps to, which it uses."""
     from minigpt_cli.trainer import lr_at
 
@@ -291,7 +374,11 @@ def test_resume_with_a_longer_schedule_says_how_the_learning_rate_changes(data_d
     assert len(note) == 1 and "train.max_iters 10 -> 30" in note[0], notes
     assert "resuming runs/l from step 10" in notes
     assert f"lr {new_lr:.3e} at step 10 (was {old_lr:.3e})" in note[0], note
-    lr_11 = [r["lr"] for r in records(tmp_path / "runs" / "l") if r["event"] == "train" and r["step"] == 11]
+    lr_11 = [
+        r["lr"]
+        for r in records(tmp_path / "runs" / "l")
+        if r["event"] == "train" and r["step"] == 11
+    ]
     assert lr_11 == [pytest.approx(new_lr)]
     assert "train.max_iters 10 -> 30" in (tmp_path / "runs" / "l" / "train.log").read_text()
     assert "max_iters: 30" in (tmp_path / "runs" / "l" / "config.yaml").read_text()
@@ -304,26 +391,63 @@ def test_resume_under_another_dropout_kernel_says_so(data_dir, tmp_path, monkeyp
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MINIGPT_FAST_DROPOUT", "0")
-    train(tiny(data_dir, "train.max_iters=4", "model.dropout=0.1"), run_name="d", echo=lambda m: None, progress=False)
+    train(
+        tiny(data_dir, "train.max_iters=4", "model.dropout=0.1"),
+        run_name="d",
+        echo=lambda m: None,
+        progress=False,
+    )
     monkeypatch.setenv("MINIGPT_FAST_DROPOUT", "1")
     notes = []
-    train(tiny(data_dir, "train.max_iters=6", "model.dropout=0.1"), echo=notes.append, progress=False, resume="runs/d")
+    train(
+        tiny(data_dir, "train.max_iters=6", "model.dropout=0.1"),
+        echo=notes.append,
+        progress=False,
+        resume="runs/d",
+    )
     assert DROPOUT_CHANGED.format(before="torch", now="minigpt") in notes
     env = json.loads((tmp_path / "runs" / "d" / "env.json").read_text())
-    assert env["dropout_kernel"] == "minigpt" and env["earlier_sessions"][-1]["dropout_kernel"] == "torch"
+    assert (
+        env["dropout_kernel"] == "minigpt"
+        and env["earlier_sessions"][-1]["dropout_kernel"] == "torch"
+    )
     notes = []
-    train(tiny(data_dir, "train.max_iters=8", "model.dropout=0.1"), echo=notes.append, progress=False, resume="runs/d")
-    assert not any("dropout masks" in n for n in notes)  # the same kernel as the last session: nothing to say
+    train(
+        tiny(data_dir, "train.max_iters=8", "model.dropout=0.1"),
+        echo=notes.append,
+        progress=False,
+        resume="runs/d",
+    )
+    assert not any(
+        "dropout masks" in n for n in notes
+    )  # the same kernel as the last session: nothing to say
 
 
-def test_continuing_a_finished_run_evaluates_like_the_uninterrupted_one(data_dir, tmp_path, monkeypatch):
+def test_continuing_a_finished_run_evaluates_like_the_uninterrupted_one(
+    data_dir, tmp_path, monkeypatch
+):
     """The finished run's final eval (step 30, off the eval_interval grid) draws no batches the later evals
     would have drawn: with a schedule that does not depend on max_iters, every later loss matches."""
     monkeypatch.chdir(tmp_path)
     const = ("train.lr_schedule=constant", "train.warmup_iters=0")
-    train(tiny(data_dir, "train.max_iters=40", *const), run_name="whole", echo=lambda m: None, progress=False)
-    train(tiny(data_dir, "train.max_iters=30", *const), run_name="cont", echo=lambda m: None, progress=False)
-    train(tiny(data_dir, "train.max_iters=40", *const), echo=lambda m: None, progress=False, resume="runs/cont")
+    train(
+        tiny(data_dir, "train.max_iters=40", *const),
+        run_name="whole",
+        echo=lambda m: None,
+        progress=False,
+    )
+    train(
+        tiny(data_dir, "train.max_iters=30", *const),
+        run_name="cont",
+        echo=lambda m: None,
+        progress=False,
+    )
+    train(
+        tiny(data_dir, "train.max_iters=40", *const),
+        echo=lambda m: None,
+        progress=False,
+        resume="runs/cont",
+    )
     whole, cont = curve(tmp_path / "runs" / "whole"), curve(tmp_path / "runs" / "cont")
     assert ("eval", 30) in cont and ("eval", 30) not in whole
     del cont[("eval", 30)]
@@ -333,28 +457,50 @@ def test_continuing_a_finished_run_evaluates_like_the_uninterrupted_one(data_dir
     # env.json describes the latest session and keeps the one before.
     env = json.loads((tmp_path / "runs" / "cont" / "env.json").read_text())
     assert [set(e) for e in env["earlier_sessions"]] == [set(env) - {"earlier_sessions"}]
-    assert "earlier_sessions" not in json.loads((tmp_path / "runs" / "whole" / "env.json").read_text())
+    assert "earlier_sessions" not in json.loads(
+        (tmp_path / "runs" / "whole" / "env.json").read_text()
+    )
 
 
-def test_resuming_a_finished_run_trains_nothing_and_says_how_to_go_on(cli, data_dir, tmp_path, monkeypatch):
+def test_resuming_a_finished_run_trains_nothing_and_says_how_to_go_on(
+    cli, data_dir, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=10"), run_name="f", echo=lambda m: None, progress=False)
     before = (tmp_path / "runs" / "f" / "metrics.jsonl").read_bytes()
     # --dry-run with --resume says what the resume would do, and does nothing.
     dry = ["train", TINY, "--dry-run", "--set", f"data.data_dir={data_dir}"]
     res = cli(*dry, "--resume", "runs/f", "--set", "train.max_iters=10")
-    assert res.exit_code == 0 and "runs/f is at step 10, train.max_iters is 10: nothing would be trained" in res.stdout
+    assert (
+        res.exit_code == 0
+        and "runs/f is at step 10, train.max_iters is 10: nothing would be trained" in res.stdout
+    )
     res = cli(*dry, "--resume", "runs/f", "--set", "train.max_iters=30")
     assert res.exit_code == 0, res
     assert "would continue runs/f from step 10 to train.max_iters 30" in res.stdout
     assert "note: resuming with train.max_iters 10 -> 30" in res.stdout
     res = cli(*dry, "--resume", "auto", "--set", "name=nosuch")
-    assert res.exit_code == 0 and "no run named 'nosuch' under runs/ yet; a new run would start" in res.stdout
-    assert_user_error(cli(*dry, "--resume", "runs/f", "--set", "model.n_layer=3"), "model.n_layer is 3 here but 2 in the checkpoint")
+    assert (
+        res.exit_code == 0
+        and "no run named 'nosuch' under runs/ yet; a new run would start" in res.stdout
+    )
+    assert_user_error(
+        cli(*dry, "--resume", "runs/f", "--set", "model.n_layer=3"),
+        "model.n_layer is 3 here but 2 in the checkpoint",
+    )
     assert (tmp_path / "runs" / "f" / "metrics.jsonl").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["f"]
-    res = cli("train", TINY, "--resume", "runs/f", "--no-progress", "--set", f"data.data_dir={data_dir}",
-              "--set", "train.max_iters=10")
+    res = cli(
+        "train",
+        TINY,
+        "--resume",
+        "runs/f",
+        "--no-progress",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "train.max_iters=10",
+    )
     assert res.exit_code == 0, res
     assert "runs/f already reached train.max_iters=10; nothing was trained" in res.stdout, res
     assert "--set train.max_iters=20" in res.stdout and "n/a" not in res.stdout
@@ -370,20 +516,40 @@ def test_resume_sweeps_temporary_files_a_kill_left(data_dir, tmp_path, monkeypat
         j.mkdir()
         (j / "model.safetensors").write_bytes(b"half")
     (run / ".metrics.q1w2e3.jsonl").write_text("{}\n")
-    res = train(tiny(data_dir, "train.max_iters=5"), resume="runs/w", echo=lambda m: None, progress=False)
+    res = train(
+        tiny(data_dir, "train.max_iters=5"), resume="runs/w", echo=lambda m: None, progress=False
+    )
     assert res.step == 5
     assert not any(j.exists() for j in junk) and not (run / ".metrics.q1w2e3.jsonl").exists()
     assert "removed 3 temporary file(s)" in (run / "train.log").read_text()
 
 
 def test_sigint_through_the_cli_leaves_a_resumable_checkpoint(cli, data_dir, tmp_path, monkeypatch):
-    args = ["train", TINY, "--run-name", "s", "--no-progress", "--set", f"data.data_dir={data_dir}",
-            "--set", "train.max_iters=100000", "--set", "train.eval_interval=100000"]
-    proc = subprocess.Popen([sys.executable, "-m", "minigpt_cli", *map(str, args)], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        "train",
+        TINY,
+        "--run-name",
+        "s",
+        "--no-progress",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "train.max_iters=100000",
+        "--set",
+        "train.eval_interval=100000",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minigpt_cli", *map(str, args)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = tmp_path / "runs" / "s" / "metrics.jsonl"
     deadline = time.time() + 60
-    while time.time() < deadline and not (metrics.is_file() and len(metrics.read_text().splitlines()) > 3):
+    while time.time() < deadline and not (
+        metrics.is_file() and len(metrics.read_text().splitlines()) > 3
+    ):
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
@@ -395,8 +561,19 @@ def test_sigint_through_the_cli_leaves_a_resumable_checkpoint(cli, data_dir, tmp
     model, _ = checkpoint.load_model(last)
     assert model.num_params() > 0
     monkeypatch.chdir(tmp_path)
-    done = cli("train", TINY, "--resume", "runs/s", "--no-progress", "--set", f"data.data_dir={data_dir}",
-               "--set", f"train.max_iters={step + 10}", "--set", "train.eval_interval=100000")
+    done = cli(
+        "train",
+        TINY,
+        "--resume",
+        "runs/s",
+        "--no-progress",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        f"train.max_iters={step + 10}",
+        "--set",
+        "train.eval_interval=100000",
+    )
     assert done.exit_code == 0, done
     assert f"trained to step {step + 10}" in done.stdout
 
@@ -406,7 +583,9 @@ def test_sigint_during_the_eval_sample_stops_it_at_once(data_dir, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     cfg = tiny(data_dir, "train.max_iters=60", "train.sample_tokens=400")
     # The step-0 eval makes 5 train + 5 val forwards; the sample's forwards follow (one per token).
-    forward, count = _counting_eval_forward(lambda n: n == 15 and os.kill(os.getpid(), signal.SIGINT))
+    forward, count = _counting_eval_forward(
+        lambda n: n == 15 and os.kill(os.getpid(), signal.SIGINT)
+    )
     monkeypatch.setattr(GPT, "forward", forward)
     with pytest.raises(Interrupted, match="stopped by SIGINT at step 0"):
         train(cfg, run_name="sm", echo=lambda m: None, progress=False)
@@ -419,42 +598,87 @@ def test_resume_auto_continues_a_run_of_the_same_corpus_only(data_dir, tmp_path,
     """Own text with --resume auto, beside a Shakespeare run of the same config name: a new run, not a refusal of
     the Shakespeare run (the README says "else a new run")."""
     monkeypatch.chdir(tmp_path)
-    train(tiny(data_dir, "train.max_iters=4", "name=same"), run_name="plays", echo=lambda m: None, progress=False)
+    train(
+        tiny(data_dir, "train.max_iters=4", "name=same"),
+        run_name="plays",
+        echo=lambda m: None,
+        progress=False,
+    )
     book = tmp_path / "book.txt"
     book.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:100_000])
     notes = []
-    own = train(tiny(data_dir, "train.max_iters=4", "name=same", f"data.path={book}"), echo=notes.append,
-                progress=False, resume="auto")
-    assert own.run_dir.name != "plays" and own.step == 4 and any("starting a new one" in n for n in notes)
-    again = train(tiny(data_dir, "train.max_iters=6", "name=same", f"data.path={book}"), echo=lambda m: None,
-                  progress=False, resume="auto")
+    own = train(
+        tiny(data_dir, "train.max_iters=4", "name=same", f"data.path={book}"),
+        echo=notes.append,
+        progress=False,
+        resume="auto",
+    )
+    assert (
+        own.run_dir.name != "plays"
+        and own.step == 4
+        and any("starting a new one" in n for n in notes)
+    )
+    again = train(
+        tiny(data_dir, "train.max_iters=6", "name=same", f"data.path={book}"),
+        echo=lambda m: None,
+        progress=False,
+        resume="auto",
+    )
     assert again.run_dir == own.run_dir and again.step == 6  # its own corpus's run: continued
 
 
-def test_a_resume_says_each_key_it_changes_and_the_run_keeps_them(cli, data_dir, tmp_path, monkeypatch):
+def test_a_resume_says_each_key_it_changes_and_the_run_keeps_them(
+    cli, data_dir, tmp_path, monkeypatch
+):
     """train.batch_size, grad_accum_steps, eval_iters and seed changed on a resume: one note per key, old -> new,
     in --dry-run, on stderr and in train.log, and env.json keeps them per session."""
     monkeypatch.chdir(tmp_path)
-    train(tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"), run_name="r", echo=lambda m: None,
-          progress=False)
+    train(
+        tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"),
+        run_name="r",
+        echo=lambda m: None,
+        progress=False,
+    )
     run = tmp_path / "runs" / "r"
     old = tiny(data_dir, "train.max_iters=2")
     changed = ["train.batch_size=4", "train.grad_accum_steps=2", "train.eval_iters=3", "seed=7"]
-    args = ["train", TINY, "--resume", str(run), "--no-progress", "--set", f"data.data_dir={data_dir}",
-            "--set", "train.max_iters=4", "--set", "train.eval_interval=2", *[w for c in changed for w in ("--set", c)]]
+    args = [
+        "train",
+        TINY,
+        "--resume",
+        str(run),
+        "--no-progress",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "train.max_iters=4",
+        "--set",
+        "train.eval_interval=2",
+        *[w for c in changed for w in ("--set", c)],
+    ]
     dry = cli(*args, "--dry-run")
     real = cli(*args)
     assert dry.exit_code == 0 and real.exit_code == 0, (dry, real)
-    expected = [f"note: --resume changes train.batch_size: {old.train.batch_size!r} -> 4",
-                f"note: --resume changes train.grad_accum_steps: {old.train.grad_accum_steps!r} -> 2",
-                f"note: --resume changes train.eval_iters: {old.train.eval_iters!r} -> 3",
-                f"note: --resume changes seed: {old.seed!r} -> 7"]
+    expected = [
+        f"note: --resume changes train.batch_size: {old.train.batch_size!r} -> 4",
+        f"note: --resume changes train.grad_accum_steps: {old.train.grad_accum_steps!r} -> 2",
+        f"note: --resume changes train.eval_iters: {old.train.eval_iters!r} -> 3",
+        f"note: --resume changes seed: {old.seed!r} -> 7",
+    ]
     for line in expected:
         assert line in dry.stdout, dry
         assert line in real.stderr, real
         assert line.removeprefix("note: ") in (run / "train.log").read_text()
     env = json.loads((run / "env.json").read_text())
-    keys = ("seed", "train.batch_size", "train.grad_accum_steps", "train.eval_iters")  # tiny() differs in more
-    assert {k: env["config_changes"][k] for k in keys} == {"seed": [old.seed, 7], "train.batch_size": [old.train.batch_size, 4],
-                                     "train.grad_accum_steps": [old.train.grad_accum_steps, 2],
-                                     "train.eval_iters": [old.train.eval_iters, 3]}
+    keys = (
+        "seed",
+        "train.batch_size",
+        "train.grad_accum_steps",
+        "train.eval_iters",
+    )  # tiny() differs in more
+    assert {k: env["config_changes"][k] for k in keys} == {
+        "seed": [old.seed, 7],
+        "train.batch_size": [old.train.batch_size, 4],
+        "train.grad_accum_steps": [old.train.grad_accum_steps, 2],
+        "train.eval_iters": [old.train.eval_iters, 3],
+    }

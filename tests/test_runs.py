@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,15 +23,24 @@ from minigpt_cli.trainer import train
 OLD_LAYOUT = Path(__file__).resolve().parent / "fixtures" / "old-layout"
 
 
-def fake_run(root: Path, name: str, which: str = "last", *, old: bool = False, meta: dict | None = None,
-             mtime: float = 1_000_000.0) -> Path:
+def fake_run(
+    root: Path,
+    name: str,
+    which: str = "last",
+    *,
+    old: bool = False,
+    meta: dict | None = None,
+    mtime: float = 1_000_000.0,
+) -> Path:
     """A run folder holding one checkpoint's files (empty weights: the lookups read names and times only)."""
     run = root / name
     ckpt = runs.checkpoint_dir(run, which)
     folder = runs.old_copy(ckpt) if old else ckpt
     folder.mkdir(parents=True)
     (folder / runs.WEIGHTS).write_bytes(b"")
-    (folder / runs.META).write_text(json.dumps(meta if meta is not None else {"name": "tiny", "step": 1}))
+    (folder / runs.META).write_text(
+        json.dumps(meta if meta is not None else {"name": "tiny", "step": 1})
+    )
     os.utime(folder / runs.WEIGHTS, (mtime, mtime))
     return run
 
@@ -39,7 +48,9 @@ def fake_run(root: Path, name: str, which: str = "last", *, old: bool = False, m
 def test_the_layout_names_checkpoints_and_kept_steps(tmp_path):
     assert runs.checkpoint_dir(tmp_path, runs.LAST) == tmp_path / "checkpoints" / "last"
     assert runs.kept_name(500) == "step-0000500"
-    assert runs.old_copy(tmp_path / "checkpoints" / "best") == tmp_path / "checkpoints" / ".best.old"
+    assert (
+        runs.old_copy(tmp_path / "checkpoints" / "best") == tmp_path / "checkpoints" / ".best.old"
+    )
 
 
 def test_resolve_falls_back_to_the_copy_a_cut_swap_left(tmp_path):
@@ -85,10 +96,15 @@ def test_no_run_is_one_clear_error(tmp_path):
     with pytest.raises(MinigptError, match="no such run folder"):
         runs.find_resume_dir(tmp_path, "tiny", str(tmp_path / "missing"))
     (tmp_path / "input.txt").write_text("text")
-    with pytest.raises(MinigptError, match=r"input.txt is a file, not a run folder; pass the run's folder"):
+    with pytest.raises(
+        MinigptError, match=r"input.txt is a file, not a run folder; pass the run's folder"
+    ):
         runs.find_resume_dir(tmp_path, "tiny", str(tmp_path / "input.txt"))
     done = fake_run(tmp_path, "done")
-    with pytest.raises(MinigptError, match=rf"is a checkpoint folder, not a run folder; pass the run: --resume {done}$"):
+    with pytest.raises(
+        MinigptError,
+        match=rf"is a checkpoint folder, not a run folder; pass the run: --resume {done}$",
+    ):
         runs.find_resume_dir(tmp_path, "tiny", str(runs.checkpoint_dir(done, runs.LAST)))
     (tmp_path / "empty").mkdir()
     with pytest.raises(MinigptError, match="no checkpoint at"):
@@ -105,7 +121,9 @@ def test_env_json_keeps_the_earlier_sessions_oldest_first(tmp_path):
     assert runs.earlier_sessions(tmp_path) == []
 
 
-def test_evaluate_and_compare_find_a_runs_relative_corpus_from_any_folder(cli, data_dir, tmp_path, monkeypatch):
+def test_evaluate_and_compare_find_a_runs_relative_corpus_from_any_folder(
+    cli, data_dir, tmp_path, monkeypatch
+):
     """Relative data.data_dir and data.path are relative to where train ran (env.json's cwd; for an older
     run, the folder its relative train.out_dir hangs from), not to where evaluate or compare run; a corpus
     that is gone is one line naming where it was."""
@@ -113,12 +131,20 @@ def test_evaluate_and_compare_find_a_runs_relative_corpus_from_any_folder(cli, d
 
     project = tmp_path / "project"
     (project / "books").mkdir(parents=True)
-    (project / "data").symlink_to(data_dir)  # the shared corpus and its prepared files, under a relative name
-    (project / "books" / "a.txt").write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:100_000])
+    (project / "data").symlink_to(
+        data_dir
+    )  # the shared corpus and its prepared files, under a relative name
+    (project / "books" / "a.txt").write_text(
+        (data_dir / "tinyshakespeare" / "input.txt").read_text()[:100_000]
+    )
     monkeypatch.chdir(project)
     for name, extra in (("named", []), ("own", ["data.path=books"])):
-        train(tiny("data", "train.max_iters=2", "train.eval_at_start=false", *extra), name, echo=lambda m: None,
-              progress=False)
+        train(
+            tiny("data", "train.max_iters=2", "train.eval_at_start=false", *extra),
+            name,
+            echo=lambda m: None,
+            progress=False,
+        )
     named, own = project / "runs" / "named", project / "runs" / "own"
     assert json.loads((named / runs.ENV).read_text())["cwd"] == str(project)
     (tmp_path / "elsewhere").mkdir()
@@ -129,13 +155,19 @@ def test_evaluate_and_compare_find_a_runs_relative_corpus_from_any_folder(cli, d
         got = json.loads(res.stdout)
         assert abs(got["loss"] - got["logged_loss"]) < 1e-6, got
     result = summarize([named, own])
-    assert all(row["bits_per_byte"] for row in result["rows"]) and not any("no bits" in n for n in result["notes"])
+    assert all(row["bits_per_byte"] for row in result["rows"]) and not any(
+        "no bits" in n for n in result["notes"]
+    )
     env = json.loads((named / runs.ENV).read_text())
     del env["cwd"]  # a run trained before env.json said where
     (named / runs.ENV).write_text(json.dumps(env))
     assert cli("evaluate", "--run", named).exit_code == 0
     (project / "books").rename(project / "moved")
-    assert_user_error(cli("evaluate", "--run", own), f"nothing at {project / 'books'}", "put the corpus back there")
+    assert_user_error(
+        cli("evaluate", "--run", own),
+        f"nothing at {project / 'books'}",
+        "put the corpus back there",
+    )
     assert any(f"nothing at {project / 'books'}" in n for n in summarize([named, own])["notes"])
 
 
@@ -149,11 +181,17 @@ def test_a_project_moved_whole_still_evaluates_its_runs(cli, data_dir, tmp_path,
     (project / "books").mkdir(parents=True)
     (project / "books" / "a.txt").write_text(text[:100_000])
     (project / "data" / "tinyshakespeare").mkdir(parents=True)
-    (project / "data" / "tinyshakespeare" / "input.txt").write_text(text)  # a copy, not a link: it moves too
+    (project / "data" / "tinyshakespeare" / "input.txt").write_text(
+        text
+    )  # a copy, not a link: it moves too
     monkeypatch.chdir(project)
     for name, extra in (("named", []), ("own", ["data.path=books"])):
-        train(tiny("data", "train.max_iters=2", "train.eval_at_start=false", *extra), name, echo=lambda m: None,
-              progress=False)
+        train(
+            tiny("data", "train.max_iters=2", "train.eval_at_start=false", *extra),
+            name,
+            echo=lambda m: None,
+            progress=False,
+        )
     monkeypatch.chdir(tmp_path)
     moved = project.rename(tmp_path / "b")
     for where in (moved, tmp_path):  # inside the moved project, and outside it
@@ -172,9 +210,14 @@ def test_a_project_moved_whole_still_evaluates_its_runs(cli, data_dir, tmp_path,
     (books / "a2.txt").rename(books / "a.txt")
     with open(books / "a.txt", "a") as f:
         f.write("more")
-    assert_user_error(cli("evaluate", "--run", moved / "runs" / "own"), f"corpus file {books / 'a.txt'} was changed",
-                      "now ")
-    assert any(f"{books / 'a.txt'} was changed" in n for n in summarize_notes(moved / "runs" / "own"))
+    assert_user_error(
+        cli("evaluate", "--run", moved / "runs" / "own"),
+        f"corpus file {books / 'a.txt'} was changed",
+        "now ",
+    )
+    assert any(
+        f"{books / 'a.txt'} was changed" in n for n in summarize_notes(moved / "runs" / "own")
+    )
 
 
 def summarize_notes(run: Path) -> list[str]:
@@ -194,10 +237,15 @@ def test_a_fingerprint_from_before_names_relative_to_the_corpus_is_still_accepte
     (tmp_path / "c" / "x.txt").write_text("hello")
     corpus = open_corpus(tmp_path / "c")
     f = corpus.files[0]
-    old = hashlib.sha256(json.dumps({"files": [{"path": str(f.path), "size": f.size, "sha256": f.sha256}]},
-                                    sort_keys=True).encode("utf-8")).hexdigest()
+    old = hashlib.sha256(
+        json.dumps(
+            {"files": [{"path": str(f.path), "size": f.size, "sha256": f.sha256}]}, sort_keys=True
+        ).encode("utf-8")
+    ).hexdigest()
     assert corpus.legacy_fingerprint == old != corpus.fingerprint
-    assert corpus.matches(old) and corpus.matches(corpus.fingerprint) and not corpus.matches("0" * 64)
+    assert (
+        corpus.matches(old) and corpus.matches(corpus.fingerprint) and not corpus.matches("0" * 64)
+    )
     (tmp_path / "c").rename(tmp_path / "d")
     assert open_corpus(tmp_path / "d").fingerprint == corpus.fingerprint  # moved: the same corpus
 
@@ -207,7 +255,10 @@ def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(tmp_path,
     first = runs.new_run_dir(tmp_path, "tiny", None)
     second = runs.new_run_dir(tmp_path, "tiny", None)
     try:
-        assert first.path.name == "tiny-20250101-120000" and second.path.name == "tiny-20250101-120000-2"
+        assert (
+            first.path.name == "tiny-20250101-120000"
+            and second.path.name == "tiny-20250101-120000-2"
+        )
         assert first.created and second.created
     finally:
         first.lock.release()
@@ -229,8 +280,14 @@ def old_run(tmp_path: Path, data_dir: Path) -> Path:
 
 def test_the_fixture_is_small_and_in_the_old_layout():
     files = {str(p.relative_to(OLD_LAYOUT)) for p in OLD_LAYOUT.rglob("*") if p.is_file()}
-    assert {"checkpoints/last/model.safetensors", "checkpoints/last/trainer_state.pt", "checkpoints/last/meta.json",
-            "checkpoints/last/config.yaml", "config.yaml", "tokenizer.json"} <= files
+    assert {
+        "checkpoints/last/model.safetensors",
+        "checkpoints/last/trainer_state.pt",
+        "checkpoints/last/meta.json",
+        "checkpoints/last/config.yaml",
+        "config.yaml",
+        "tokenizer.json",
+    } <= files
     assert sum(p.stat().st_size for p in OLD_LAYOUT.rglob("*") if p.is_file()) < 100 * 1024
 
 
@@ -247,11 +304,18 @@ def test_a_checkpoint_of_the_old_layout_generates(tmp_path, data_dir, monkeypatc
 
 def test_a_checkpoint_of_the_old_layout_resumes(tmp_path, data_dir, monkeypatch):
 
-
     monkeypatch.chdir(tmp_path)
     run = old_run(tmp_path, data_dir)
-    overrides = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=16",
-                 "train.eval_interval=2", "train.eval_iters=2", "train.sample_tokens=10", "train.max_iters=6"]
+    overrides = [
+        "model.n_layer=1",
+        "model.n_embd=16",
+        "model.n_head=2",
+        "model.block_size=16",
+        "train.eval_interval=2",
+        "train.eval_iters=2",
+        "train.sample_tokens=10",
+        "train.max_iters=6",
+    ]
     notes: list[str] = []
     res = train(load_config(TINY, overrides), resume=str(run), echo=notes.append, progress=False)
     assert res.step == 6 and not res.already_done
@@ -268,17 +332,36 @@ def test_a_run_folder_in_use_is_refused(cli, data_dir, tmp_path, monkeypatch):
     train(tiny(data_dir, "train.max_iters=3"), run_name="m", echo=lambda m: None, progress=False)
     (tmp_path / "runs" / "e").mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from minigpt_cli.run.folder import RunLock; "
-         "[RunLock(Path(p)).acquire('-') for p in sys.argv[1:]]; print('locked', flush=True); time.sleep(120)",
-         "runs/m", "runs/e"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from minigpt_cli.run.folder import RunLock; "
+            "[RunLock(Path(p)).acquire('-') for p in sys.argv[1:]]; print('locked', flush=True); time.sleep(120)",
+            "runs/m",
+            "runs/e",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = (tmp_path / "runs" / "m" / "metrics.jsonl").read_bytes()
-        common = ["--no-progress", "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=6"]
+        common = [
+            "--no-progress",
+            "--set",
+            f"data.data_dir={data_dir}",
+            "--set",
+            "train.max_iters=6",
+        ]
         res = cli("train", TINY, "--resume", "runs/m", *common)
-        assert_user_error(res, f"runs/m is in use by another minigpt train (pid {holder.pid})", "wait for it")
+        assert_user_error(
+            res, f"runs/m is in use by another minigpt train (pid {holder.pid})", "wait for it"
+        )
         res = cli("train", TINY, "--run-name", "e", *common)
-        assert_user_error(res, f"runs/e is in use by another minigpt train (pid {holder.pid})", "--run-name")
+        assert_user_error(
+            res, f"runs/e is in use by another minigpt train (pid {holder.pid})", "--run-name"
+        )
         assert (tmp_path / "runs" / "m" / "metrics.jsonl").read_bytes() == before
         assert [p.name for p in (tmp_path / "runs" / "e").iterdir()] == [".lock"]
     finally:
@@ -288,7 +371,9 @@ def test_a_run_folder_in_use_is_refused(cli, data_dir, tmp_path, monkeypatch):
     assert res.exit_code == 0, res
 
 
-def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_no_folder(cli, data_dir, tmp_path, monkeypatch):
+def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_no_folder(
+    cli, data_dir, tmp_path, monkeypatch
+):
     """The error comes after the run folder exists; the same --run-name works right after."""
     monkeypatch.chdir(tmp_path)
     args = ["train", TINY, "--run-name", "x", "--no-progress", "--set", f"data.data_dir={data_dir}"]
@@ -298,7 +383,9 @@ def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_no_folder(cli, 
     assert ok.exit_code == 0, ok
 
 
-def test_a_crash_before_the_first_checkpoint_undoes_only_what_the_run_made(data_dir, tmp_path, monkeypatch):
+def test_a_crash_before_the_first_checkpoint_undoes_only_what_the_run_made(
+    data_dir, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
 
     def broken(self, *a, **k):
@@ -319,7 +406,12 @@ def test_a_crash_before_the_first_checkpoint_undoes_only_what_the_run_made(data_
     train(tiny(data_dir, "train.max_iters=3"), run_name="kept", echo=lambda m: None, progress=False)
     monkeypatch.setattr(GPT, "forward", broken)
     with pytest.raises(RuntimeError, match="out of memory"):
-        train(tiny(data_dir, "train.max_iters=6"), resume="runs/kept", echo=lambda m: None, progress=False)
+        train(
+            tiny(data_dir, "train.max_iters=6"),
+            resume="runs/kept",
+            echo=lambda m: None,
+            progress=False,
+        )
     assert (tmp_path / "runs" / "kept" / "checkpoints" / "last" / "model.safetensors").is_file()
 
 
@@ -329,51 +421,81 @@ def test_dry_run_refuses_a_run_name_train_would_refuse(cli, data_dir, tmp_path, 
     (tmp_path / "runs" / "taken" / "notes.txt").write_text("mine")
     (tmp_path / "runs" / "empty").mkdir()
     common = ["--set", f"data.data_dir={data_dir}", "--dry-run"]
-    assert_user_error(cli("train", TINY, "--run-name", "taken", *common), "holds files minigpt did not make")
-    assert_user_error(cli("train", TINY, "--run-name", "a b", *common), "--run-name 'a b'", "letters, digits")
+    assert_user_error(
+        cli("train", TINY, "--run-name", "taken", *common), "holds files minigpt did not make"
+    )
+    assert_user_error(
+        cli("train", TINY, "--run-name", "a b", *common), "--run-name 'a b'", "letters, digits"
+    )
     assert cli("train", TINY, "--run-name", "empty", *common).exit_code == 0
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["empty", "taken"]  # dry-run made nothing
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+        "empty",
+        "taken",
+    ]  # dry-run made nothing
 
 
 def test_a_kept_checkpoint_is_named_step_n_by_every_command(cli, data_dir, tmp_path, monkeypatch):
     """train.keep_every writes checkpoints/step-0000002/: generate, evaluate and export take it as step-2 (or
     step-0000002); a step that was not kept is one line naming the folder."""
     monkeypatch.chdir(tmp_path)
-    train(tiny(data_dir, "train.max_iters=4", "train.eval_interval=2", "train.keep_every=2"), run_name="k",
-          echo=lambda m: None, progress=False)
+    train(
+        tiny(data_dir, "train.max_iters=4", "train.eval_interval=2", "train.keep_every=2"),
+        run_name="k",
+        echo=lambda m: None,
+        progress=False,
+    )
     run = tmp_path / "runs" / "k"
     assert (run / "checkpoints" / "step-0000002").is_dir()
-    gen = cli("generate", "--run", run, "--checkpoint", "step-2", "--max-new-tokens", "3", "--seed", "1")
+    gen = cli(
+        "generate", "--run", run, "--checkpoint", "step-2", "--max-new-tokens", "3", "--seed", "1"
+    )
     assert gen.exit_code == 0, gen
     ev = cli("evaluate", "--run", run, "--checkpoint", "step-0000002", "--json")
     assert ev.exit_code == 0 and json.loads(ev.stdout)["step"] == 2, ev
     assert cli("export", run, "--checkpoint", "step-2", "--output", tmp_path / "x").exit_code == 0
-    assert_user_error(cli("evaluate", "--run", run, "--checkpoint", "step-3"), "step-0000003 holds no")
+    assert_user_error(
+        cli("evaluate", "--run", run, "--checkpoint", "step-3"), "step-0000003 holds no"
+    )
 
 
 def test_evaluates_bits_per_byte_label_says_what_was_scored(cli, data_dir, tmp_path, monkeypatch):
     """The training eval's windows score a few thousand tokens: their bits per byte is converted at the split's
     tokens per byte, and the label says so instead of naming the split's byte count as if it had been scored."""
     monkeypatch.chdir(tmp_path)
-    train(tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"), run_name="e", echo=lambda m: None,
-          progress=False)
+    train(
+        tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"),
+        run_name="e",
+        echo=lambda m: None,
+        progress=False,
+    )
     res = cli("evaluate", "--run", tmp_path / "runs" / "e")
     assert res.exit_code == 0, res
     scored = int(re.search(r"over ([\d,]+) tokens", res.stdout)[1].replace(",", ""))
     line = next(x for x in res.stdout.splitlines() if x.strip().startswith("bits per byte"))
-    assert f"(the {scored:,} scored tokens, at the split's" in line and "tokens per byte)" in line, line
+    assert (
+        f"(the {scored:,} scored tokens, at the split's" in line and "tokens per byte)" in line
+    ), line
     full = cli("evaluate", "--run", tmp_path / "runs" / "e", "--full")
-    assert re.search(r"bits per byte +[\d.]+ \([\d,]+ bytes\)", full.stdout), full  # full: the bytes it scored
+    assert re.search(r"bits per byte +[\d.]+ \([\d,]+ bytes\)", full.stdout), (
+        full
+    )  # full: the bytes it scored
 
 
 def test_a_minigpt_run_given_as_a_hugging_face_folder_is_named_as_one(tmp_path):
     from minigpt_cli.hf.load import read_hf_config
 
     run = fake_run(tmp_path, "mine")
-    with pytest.raises(MinigptError, match=rf"{run} is a minigpt run, not a Hugging Face folder; continue it with "
-                                           rf"--resume {run}, or export it first"):
+    with pytest.raises(
+        MinigptError,
+        match=rf"{run} is a minigpt run, not a Hugging Face folder; continue it with "
+        rf"--resume {run}, or export it first",
+    ):
         read_hf_config(run)
-    with pytest.raises(MinigptError, match=rf"^{run} is a minigpt run"):  # its checkpoint folder names the run
+    with pytest.raises(
+        MinigptError, match=rf"^{run} is a minigpt run"
+    ):  # its checkpoint folder names the run
         read_hf_config(runs.checkpoint_dir(run, runs.LAST))
-    with pytest.raises(MinigptError, match="config.json not found"):  # a plain folder: what it must hold
+    with pytest.raises(
+        MinigptError, match="config.json not found"
+    ):  # a plain folder: what it must hold
         read_hf_config(tmp_path)

@@ -47,17 +47,27 @@ os._exit(0)  # without the interpreter's teardown: 1.5 s with torch and its comp
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt"
+)
 def test_cpu_training_steps_stop_page_faulting():
     """nanoGPT's CPU-recipe model, batch 12 x 64: page faults per training step with and without the tuning.
 
     The two processes (one thread each) run side by side: each counts its own faults (RUSAGE_SELF).
     """
     seen = []
-    for _ in range(3):  # glibc's dynamic thresholds sometimes keep the default run's memory: measure again then
-        procs = {mode: subprocess.Popen([sys.executable, "-c", SCRIPT, mode], stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
-                 for mode in ("default", "tuned")}
+    for _ in range(
+        3
+    ):  # glibc's dynamic thresholds sometimes keep the default run's memory: measure again then
+        procs = {
+            mode: subprocess.Popen(
+                [sys.executable, "-c", SCRIPT, mode],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for mode in ("default", "tuned")
+        }
         faults = {}
         for mode, proc in procs.items():
             out, err = proc.communicate(timeout=300)
@@ -113,7 +123,9 @@ def test_cpu_threads_follow_the_free_cores(clock, two_threads):
     from minigpt_cli.runtime.device import CpuThreads
 
     m, notes = FakeMachine(), []
-    ct = CpuThreads(torch.device("cpu"), echo=notes.append, read_busy=lambda: m.busy, read_own=lambda: m.own)
+    ct = CpuThreads(
+        torch.device("cpu"), echo=notes.append, read_busy=lambda: m.busy, read_own=lambda: m.own
+    )
     ct.cpus = 2
     assert ct.enabled and ct.max_threads == 2
     # Quiet machine: the first decision (after 0.25 s) keeps 2 threads.
@@ -123,14 +135,20 @@ def test_cpu_threads_follow_the_free_cores(clock, two_threads):
     # Another process takes a core: after the first decision a change needs two polls in a row.
     clock[0] += 1.0
     m.run(1.0, others=0.6, own=1.4)
-    assert ct.poll() == 2 and ct.others == pytest.approx(0.05)  # within the 2 s interval: not measured
+    assert ct.poll() == 2 and ct.others == pytest.approx(
+        0.05
+    )  # within the 2 s interval: not measured
     clock[0] += 1.0
     m.run(1.0, others=0.6, own=1.4)
-    assert ct.poll() == 2 and ct.others == pytest.approx(0.6) and ct._pending == 1  # seen once: wait
+    assert (
+        ct.poll() == 2 and ct.others == pytest.approx(0.6) and ct._pending == 1
+    )  # seen once: wait
     clock[0] += 2.0
     m.run(2.0, others=0.9, own=1.1)
     assert ct.poll() == 1 and torch.get_num_threads() == 1
-    assert notes == ["note: other processes keep 0.9 of 2 CPU cores busy; using 1 thread (set OMP_NUM_THREADS to choose)"]
+    assert notes == [
+        "note: other processes keep 0.9 of 2 CPU cores busy; using 1 thread (set OMP_NUM_THREADS to choose)"
+    ]
     # A short lull of one poll does not bring the second thread back; two in a row do.
     clock[0] += 2.0
     m.run(2.0, others=0.0, own=1.0)
@@ -142,7 +160,10 @@ def test_cpu_threads_follow_the_free_cores(clock, two_threads):
         clock[0] += 2.0
         m.run(2.0, others=0.1, own=1.0)
         ct.poll()
-    assert torch.get_num_threads() == 2 and notes[-1] == "note: CPU cores are free again; using 2 threads"
+    assert (
+        torch.get_num_threads() == 2
+        and notes[-1] == "note: CPU cores are free again; using 2 threads"
+    )
 
 
 def test_cpu_threads_first_decision_is_immediate(clock, two_threads):
@@ -177,7 +198,9 @@ def test_cpu_threads_leave_a_users_choice_alone(clock, two_threads, monkeypatch)
 
 @pytest.mark.real_plot
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc/stat")
-def test_training_beside_a_busy_process_drops_to_one_thread(tmp_path, data_dir, cli, two_threads, monkeypatch):
+def test_training_beside_a_busy_process_drops_to_one_thread(
+    tmp_path, data_dir, cli, two_threads, monkeypatch
+):
     """A real busy loop on one core: a short training notes it and trains with 1 thread.
 
     The training runs in this process, started with PyTorch's count on this machine (2 threads) and no
@@ -189,13 +212,28 @@ def test_training_beside_a_busy_process_drops_to_one_thread(tmp_path, data_dir, 
     if len(os.sched_getaffinity(0)) != 2:
         pytest.skip("written for the 2-core machine")
     monkeypatch.chdir(tmp_path)
-    busy = subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
-                            stdout=subprocess.PIPE, text=True)
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert busy.stdout.readline() == "spinning\n"
-        out = cli("train", REPO / "configs" / "tiny.yaml", "--run-name", "b", "--no-progress",
-                  "--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=20",
-                  "--set", "train.eval_interval=20", "--set", "train.sample_tokens=0")
+        out = cli(
+            "train",
+            REPO / "configs" / "tiny.yaml",
+            "--run-name",
+            "b",
+            "--no-progress",
+            "--set",
+            f"data.data_dir={data_dir}",
+            "--set",
+            "train.max_iters=20",
+            "--set",
+            "train.eval_interval=20",
+            "--set",
+            "train.sample_tokens=0",
+        )
     finally:
         busy.kill()
         busy.wait()

@@ -28,14 +28,24 @@ def test_cosine_schedule_with_warmup():
 
 
 def test_other_schedules():
-    lin = TrainConfig(learning_rate=1.0, min_lr=0.0, warmup_iters=0, max_iters=100, lr_schedule="linear")
+    lin = TrainConfig(
+        learning_rate=1.0, min_lr=0.0, warmup_iters=0, max_iters=100, lr_schedule="linear"
+    )
     assert lr_at(50, lin) == pytest.approx(0.5)
-    const = TrainConfig(learning_rate=0.3, min_lr=0.0, warmup_iters=10, max_iters=100, lr_schedule="constant")
+    const = TrainConfig(
+        learning_rate=0.3, min_lr=0.0, warmup_iters=10, max_iters=100, lr_schedule="constant"
+    )
     assert lr_at(60, const) == pytest.approx(0.3)
     # The original Transformer (Vaswani et al. 2017 eq. 3): d^-0.5 · min(s^-0.5, s·w^-1.5), peak at s = w.
-    inv = TrainConfig(learning_rate=1.0, min_lr=0.0, warmup_iters=4000, max_iters=10**6, lr_schedule="inverse_sqrt")
-    assert lr_at(3999, inv, n_embd=512) == pytest.approx(512 ** -0.5 * 4000 ** -0.5)
-    assert lr_at(15999, inv, n_embd=512) == pytest.approx(512 ** -0.5 * 16000 ** -0.5)
+    inv = TrainConfig(
+        learning_rate=1.0,
+        min_lr=0.0,
+        warmup_iters=4000,
+        max_iters=10**6,
+        lr_schedule="inverse_sqrt",
+    )
+    assert lr_at(3999, inv, n_embd=512) == pytest.approx(512**-0.5 * 4000**-0.5)
+    assert lr_at(15999, inv, n_embd=512) == pytest.approx(512**-0.5 * 16000**-0.5)
 
 
 def test_eval_points():
@@ -50,8 +60,10 @@ def test_dry_run_prints_config_and_schedule(cli, tmp_path, monkeypatch):
     assert "lr_schedule: linear" in res.stdout and "step       0: 5.000e-04" in res.stdout
     assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
     # The null keys, resolved: no tokenizer yet, so the vocabulary waits for it.
-    assert "model.vocab_size      from the tokenizer, trained into data/tinyshakespeare/tokenizer-char.json" \
+    assert (
+        "model.vocab_size      from the tokenizer, trained into data/tinyshakespeare/tokenizer-char.json"
         in res.stdout
+    )
     assert "model.d_ff            128\n" in res.stdout and "model.n_kv_head       2\n" in res.stdout
     assert "sample.window_stride  8\n" in res.stdout and "parameters" not in res.stdout
     assert '  prompt: "\\n"\n' in res.stdout  # one line, as typed in a config
@@ -64,7 +76,10 @@ def test_dry_run_prints_config_and_schedule(cli, tmp_path, monkeypatch):
     assert f"model.vocab_size      5 (from {path.relative_to(tmp_path)})" in res.stdout, res.stdout
     assert "model.d_ff            100 (set)" in res.stdout
     n = GPT(load_config(TINY, ["model.vocab_size=5", "model.d_ff=100"]).model).num_params()
-    assert f"parameters            {n:,}\n" in res.stdout and "memory to train       about " in res.stdout
+    assert (
+        f"parameters            {n:,}\n" in res.stdout
+        and "memory to train       about " in res.stdout
+    )
 
 
 # ----------------------------------------------------------------------------- --dry-run refuses what train refuses
@@ -91,24 +106,37 @@ def _cuda() -> bool:
 
 #: --set values train refuses before step 0, and a fragment of the one line it refuses them with.
 REFUSED = [
-    (["data.val_fraction=0.99999"], "11 train and 1,115,383 val tokens, too few for train (they need at least "
-                                    "model.block_size+1 = 33 tokens each)"),
+    (
+        ["data.val_fraction=0.99999"],
+        "11 train and 1,115,383 val tokens, too few for train (they need at least "
+        "model.block_size+1 = 33 tokens each)",
+    ),
     (["data.val_fraction=0.00001"], "too few for val (they need at least model.block_size+1 = 33"),
     (["data.val_fraction=0.9999999"], "data.val_fraction=0.9999999 splits the corpus into 0 train"),
-    (["model.block_size=200000", "model.n_embd=8"], "lower model.block_size (to at most 111,539 with this split)"),
+    (
+        ["model.block_size=200000", "model.n_embd=8"],
+        "lower model.block_size (to at most 111,539 with this split)",
+    ),
     (["model.vocab_size=10"], "model.vocab_size (10) is smaller than the tokenizer's 65 entries"),
     (["train.batch_size=100000000"], "this model needs about"),
     (["device=cuda:99"], "device: cuda:99 was asked for"),
     (["tokenizer.kind=bpe"], "a bpe tokenizer needs a vocabulary size"),
-    (["tokenizer.kind=unigram", "tokenizer.vocab_size=5"],
-     "vocabulary size 5 is below the unigram base alphabet of 66"),
+    (
+        ["tokenizer.kind=unigram", "tokenizer.vocab_size=5"],
+        "vocabulary size 5 is below the unigram base alphabet of 66",
+    ),
 ]
 
 
 @pytest.mark.parametrize("overrides, fragment", REFUSED, ids=[" ".join(o) for o, _ in REFUSED])
-def test_dry_run_refuses_what_train_refuses_with_the_same_line(cli, own_data, tmp_path, overrides, fragment):
-    sets = [w for o in [f"data.data_dir={own_data}", f"train.out_dir={tmp_path / 'runs'}", *overrides]
-            for w in ("--set", o)]
+def test_dry_run_refuses_what_train_refuses_with_the_same_line(
+    cli, own_data, tmp_path, overrides, fragment
+):
+    sets = [
+        w
+        for o in [f"data.data_dir={own_data}", f"train.out_dir={tmp_path / 'runs'}", *overrides]
+        for w in ("--set", o)
+    ]
     dry = cli("train", TINY, "--dry-run", *sets)
     assert_user_error(dry, fragment)
     assert dry.stdout == ""
@@ -141,8 +169,17 @@ def test_dry_run_refuses_a_tokenizer_file_that_disagrees(cli, tmp_path, monkeypa
 
     monkeypatch.chdir(tmp_path)
     CharTokenizer.train("ab\ncd").save(tmp_path / "tok.json")
-    res = cli("train", TINY, "--dry-run", "--set", "tokenizer.path=tok.json", "--set", "tokenizer.kind=bpe",
-              "--set", "tokenizer.vocab_size=300")
+    res = cli(
+        "train",
+        TINY,
+        "--dry-run",
+        "--set",
+        "tokenizer.path=tok.json",
+        "--set",
+        "tokenizer.kind=bpe",
+        "--set",
+        "tokenizer.vocab_size=300",
+    )
     assert_user_error(res, "holds a char tokenizer but tokenizer.kind is bpe")
 
 
@@ -151,22 +188,44 @@ def test_dry_run_says_what_it_cannot_know_yet(cli, own_data, tmp_path, monkeypat
     # No corpus: the split waits for the download; a too-small val_fraction passes, said in one line.
     res = cli("train", TINY, "--dry-run", "--set", "data.val_fraction=0.99999")
     assert res.exit_code == 0, res
-    assert ("  train/val tokens      not known yet: data/tinyshakespeare/input.txt is not downloaded (or fails its "
-            "checksum); train downloads it first, then checks the split\n") in res.stdout
-    assert "memory to train       at least about " in res.stdout and "the vocabulary is not known yet" in res.stdout
+    assert (
+        "  train/val tokens      not known yet: data/tinyshakespeare/input.txt is not downloaded (or fails its "
+        "checksum); train downloads it first, then checks the split\n"
+    ) in res.stdout
+    assert (
+        "memory to train       at least about " in res.stdout
+        and "the vocabulary is not known yet" in res.stdout
+    )
     # A trained kind not trained yet: its size is tokenizer.vocab_size; the split waits for the training. (In a
     # data folder of its own: other tests train this tokenizer into the shared one.)
-    res = cli("train", TINY, "--dry-run", "--set", f"data.data_dir={own_data}", "--set", "tokenizer.kind=bpe",
-              "--set", "tokenizer.vocab_size=300")
+    res = cli(
+        "train",
+        TINY,
+        "--dry-run",
+        "--set",
+        f"data.data_dir={own_data}",
+        "--set",
+        "tokenizer.kind=bpe",
+        "--set",
+        "tokenizer.vocab_size=300",
+    )
     path = own_data / "tinyshakespeare" / "tokenizer-bpe-300.json"
     assert res.exit_code == 0, res
     assert not path.exists()
-    assert f"  model.vocab_size      300 (tokenizer.vocab_size; trained into {path} at the first run)\n" in res.stdout
-    assert f"not known yet: the bpe tokenizer is not trained yet; train trains it into {path} first" in res.stdout
+    assert (
+        f"  model.vocab_size      300 (tokenizer.vocab_size; trained into {path} at the first run)\n"
+        in res.stdout
+    )
+    assert (
+        f"not known yet: the bpe tokenizer is not trained yet; train trains it into {path} first"
+        in res.stdout
+    )
     assert "  parameters            " in res.stdout
 
 
-def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(cli, own_data, tmp_path, monkeypatch):
+def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(
+    cli, own_data, tmp_path, monkeypatch
+):
     from minigpt_cli.config.schema import load_config
     from minigpt_cli.data.pipeline import ensure_tokenizer
     from minigpt_cli.data.preparation import prepare
@@ -177,15 +236,19 @@ def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(cli, own
     line = "  train/val tokens      836,545 / 278,849 (data.val_fraction 0.25; each needs model.block_size+1 = 33)\n"
     assert line in res.stdout
     assert "  model.vocab_size      65 (the corpus's characters; trained into" in res.stdout
-    assert not list((own_data / "tinyshakespeare").glob("*-*")) and not (own_data / "tinyshakespeare" /
-                                                                         "tokenizer-char.json").exists()
+    assert (
+        not list((own_data / "tinyshakespeare").glob("*-*"))
+        and not (own_data / "tinyshakespeare" / "tokenizer-char.json").exists()
+    )
     # Once train has prepared the token files, their meta.json gives the counts: the corpus is not encoded again.
     cfg = load_config(TINY, [f"data.data_dir={own_data}", "data.val_fraction=0.25"])
     corpus = own_data / "tinyshakespeare" / "input.txt"
     tok, path = ensure_tokenizer(cfg, corpus, lambda m: None)
     data = prepare(corpus, tok, corpus.parent, 0.25, log=lambda m: None)
     assert (len(data.train), len(data.val)) == (836_545, 278_849)
-    monkeypatch.setattr(minigpt_cli.data.preparation, "_encode", lambda *a: pytest.fail("encoded the corpus again"))
+    monkeypatch.setattr(
+        minigpt_cli.data.preparation, "_encode", lambda *a: pytest.fail("encoded the corpus again")
+    )
     res = cli("train", TINY, "--dry-run", *sets)
     assert line in res.stdout and f"  model.vocab_size      65 (from {path})\n" in res.stdout
 
@@ -195,11 +258,26 @@ def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(cli, own
 
 def test_dry_run_prints_the_notes_last(cli, data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    res = cli("train", TINY, "--dry-run", "--set", "model.pos_encoding=sinusoidal", "--set", "train.max_iters=3",
-              "--set", f"data.data_dir={data_dir}", "--set", "data.url=file:///home/me/my.txt")
+    res = cli(
+        "train",
+        TINY,
+        "--dry-run",
+        "--set",
+        "model.pos_encoding=sinusoidal",
+        "--set",
+        "train.max_iters=3",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "data.url=file:///home/me/my.txt",
+    )
     assert res.exit_code == 0, res
     tail = res.stdout.rstrip("\n").split("\n\n")[-1].splitlines()
-    assert [line.split(":")[1].split()[0] for line in tail] == ["data.url", "train.max_iters", "model.pos_encoding"]
+    assert [line.split(":")[1].split()[0] for line in tail] == [
+        "data.url",
+        "train.max_iters",
+        "model.pos_encoding",
+    ]
     assert all(line.startswith("note: ") for line in tail)
     assert "data.url is not fetched" in tail[0] and "set data.path" in tail[0]
     res = cli("train", TINY, "--dry-run")

@@ -30,7 +30,9 @@ def test_a_check_the_dry_run_cannot_make_yet_is_named_with_its_reason(cli, tmp_p
     monkeypatch.chdir(tmp_path)
     res = cli("train", "shakespeare-cpu", "--set", "model.vocab_size=10", "--dry-run")
     assert res.exit_code == 0, res
-    line = next(line for line in res.stdout.splitlines() if "not checked: model.vocab_size 10" in line)
+    line = next(
+        line for line in res.stdout.splitlines() if "not checked: model.vocab_size 10" in line
+    )
     assert "input.txt is not downloaded" in line, line
     assert list(tmp_path.iterdir()) == []  # nothing written, nothing downloaded
 
@@ -46,22 +48,29 @@ def test_dry_run_and_count_params_print_one_memory_figure(cli, data_dir, tmp_pat
     assert total.split()[-2:] == figure.split(), (figure, total)
 
 
-def test_train_tokenizer_prepare_and_train_report_one_split_of_a_folder_of_documents(cli, tmp_path, shakespeare,
-                                                                                     monkeypatch):
+def test_train_tokenizer_prepare_and_train_report_one_split_of_a_folder_of_documents(
+    cli, tmp_path, shakespeare, monkeypatch
+):
     """15 documents of different lengths: validation is the last 2 whole documents for all three commands."""
     monkeypatch.chdir(tmp_path)
-    paths = write_docs(tmp_path / "books", [shakespeare[i * 3000:i * 3000 + 1000 + 300 * i] for i in range(15)])
+    paths = write_docs(
+        tmp_path / "books", [shakespeare[i * 3000 : i * 3000 + 1000 + 300 * i] for i in range(15)]
+    )
     tok = cli("train-tokenizer", TINY, "--input", "books", "--kind", "char")
     assert tok.exit_code == 0, tok
     val_tokens = int(re.search(r"val split tokens +([\d,]+)", tok.stdout).group(1).replace(",", ""))
     dry = cli("train", TINY, "--set", "data.path=books", "--dry-run")
     assert dry.exit_code == 0, dry
-    dry_val = int(re.search(r"train/val tokens +[\d,]+ / ([\d,]+)", dry.stdout).group(1).replace(",", ""))
+    dry_val = int(
+        re.search(r"train/val tokens +[\d,]+ / ([\d,]+)", dry.stdout).group(1).replace(",", "")
+    )
     prep = cli("prepare", TINY, "--set", "data.path=books")
     assert prep.exit_code == 0, prep
     prep_val = int(re.search(r"([\d,]+) val tokens", prep.stdout).group(1).replace(",", ""))
     last_two = sum(len(p.read_text()) for p in paths[-2:])
-    assert val_tokens == dry_val == prep_val == last_two + 2  # two documents and the blank line between them
+    assert (
+        val_tokens == dry_val == prep_val == last_two + 2
+    )  # two documents and the blank line between them
 
 
 LONG_NAME = "x" * 300
@@ -125,9 +134,14 @@ def test_train_hashes_each_corpus_file_once(data_dir, tmp_path, shakespeare, mon
     train(tiny(data_dir, "train.max_iters=2"), echo=lambda m: None, progress=False)
     assert hashed == Counter({os.path.realpath(data_dir / "tinyshakespeare" / "input.txt"): 1})
     hashed.clear()
-    paths = write_docs(tmp_path / "books", [shakespeare[i * 2000:(i + 1) * 2000] for i in range(3)])
-    train(tiny(data_dir, "train.max_iters=2", f"data.path={tmp_path / 'books'}"), echo=lambda m: None,
-          progress=False)
+    paths = write_docs(
+        tmp_path / "books", [shakespeare[i * 2000 : (i + 1) * 2000] for i in range(3)]
+    )
+    train(
+        tiny(data_dir, "train.max_iters=2", f"data.path={tmp_path / 'books'}"),
+        echo=lambda m: None,
+        progress=False,
+    )
     assert hashed == Counter({os.path.realpath(p): 1 for p in paths})
 
 
@@ -137,8 +151,12 @@ def test_dry_run_resume_refuses_damaged_files_as_train_does(cli, own_data, tmp_p
     --resume refused them and --dry-run --resume passed (QA); now both refuse, with the same line."""
     sets = [f"data.data_dir={own_data}", "train.eval_interval=2", "train.eval_iters=1"]
     with working_dir(tmp_path):
-        train(tiny(own_data, "train.max_iters=2", "train.eval_interval=2", "train.eval_iters=1"), run_name="r",
-              echo=lambda m: None, progress=False)
+        train(
+            tiny(own_data, "train.max_iters=2", "train.eval_interval=2", "train.eval_iters=1"),
+            run_name="r",
+            echo=lambda m: None,
+            progress=False,
+        )
         run = tmp_path / "runs" / "r"
         if damage == "weights":
             weights = run / "checkpoints" / "last" / "model.safetensors"
@@ -150,8 +168,16 @@ def test_dry_run_resume_refuses_damaged_files_as_train_does(cli, own_data, tmp_p
             with open(run / "metrics.jsonl", "a") as f:
                 f.write("[1, 2, 3]\n{}\n")
             fragment = "is not a metrics event"
-        args = ["train", TINY, "--resume", str(run), "--no-progress", "--set", "train.max_iters=4",
-                *[w for s in sets for w in ("--set", s)]]
+        args = [
+            "train",
+            TINY,
+            "--resume",
+            str(run),
+            "--no-progress",
+            "--set",
+            "train.max_iters=4",
+            *[w for s in sets for w in ("--set", s)],
+        ]
         dry, real = cli(*args, "--dry-run"), cli(*args)
     assert_user_error(dry, fragment)
     assert_user_error(real, fragment, notes_ok=True)
@@ -161,6 +187,14 @@ def test_dry_run_resume_refuses_damaged_files_as_train_does(cli, own_data, tmp_p
 def test_a_tokenizer_path_of_the_users_is_never_advised_deleted(cli, own_data, tmp_path):
     with working_dir(tmp_path):
         (tmp_path / "mytok.json").write_text('{"x": 1}')
-        res = cli("train", TINY, "--dry-run", "--set", f"data.data_dir={own_data}", "--set", "tokenizer.path=mytok.json")
+        res = cli(
+            "train",
+            TINY,
+            "--dry-run",
+            "--set",
+            f"data.data_dir={own_data}",
+            "--set",
+            "tokenizer.path=mytok.json",
+        )
     assert_user_error(res, "'mytok.json' is not a minigpt tokenizer", "pass a tokenizer file")
     assert "delete" not in res.stderr and (tmp_path / "mytok.json").read_text() == '{"x": 1}'

@@ -20,17 +20,36 @@ from minigpt_cli.trainer import train
 
 
 def write_sweep(folder: Path, data_dir: Path, **over) -> Path:
-    spec = {"name": "s", "base": str(TINY),
-            "set": [f"data.data_dir={data_dir}", "train.eval_interval=10", "train.eval_iters=2",
-                    "train.sample_tokens=0", "train.log_interval=5"],
-            "grid": {"model.ffn": ["relu", "gelu"]}, "seeds": 2, "budget": {"iters": 20}, **over}
+    spec = {
+        "name": "s",
+        "base": str(TINY),
+        "set": [
+            f"data.data_dir={data_dir}",
+            "train.eval_interval=10",
+            "train.eval_iters=2",
+            "train.sample_tokens=0",
+            "train.log_interval=5",
+        ],
+        "grid": {"model.ffn": ["relu", "gelu"]},
+        "seeds": 2,
+        "budget": {"iters": 20},
+        **over,
+    }
     path = folder / "s.yaml"
     path.write_text(json.dumps(spec))  # JSON is YAML
     return path
 
 
 #: The columns that do not depend on the clock: equal for a killed-and-restarted sweep and an uninterrupted one.
-EXACT = ("variant", "params", "flops_per_token", "steps", "final_val_all", "best_val_all", "bits_per_byte_all")
+EXACT = (
+    "variant",
+    "params",
+    "flops_per_token",
+    "steps",
+    "final_val_all",
+    "best_val_all",
+    "bits_per_byte_all",
+)
 
 
 def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_dir, monkeypatch):
@@ -44,7 +63,9 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
 
     log_train = loop.Trainer.log_train
 
-    def ctrl_c_at_step_15(self, loss, lr):  # what a Ctrl-C does: the stop flag, seen before the next step
+    def ctrl_c_at_step_15(
+        self, loss, lr
+    ):  # what a Ctrl-C does: the stop flag, seen before the next step
         log_train(self, loss, lr)
         if self.s.run_dir.name == "ffn-gelu-s1337" and self.prog.step == 15:
             self.s.stop.signal = "SIGINT"
@@ -63,23 +84,42 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
     for a, b in zip(whole["rows"], again["rows"]):
         assert {k: a[k] for k in EXACT} == {k: b[k] for k in EXACT}
     files = sorted(p.name for p in (tmp_path / "b" / "runs" / "s").iterdir())
-    assert files == ["ffn-gelu-s1337", "ffn-gelu-s1338", "ffn-relu-s1337", "ffn-relu-s1338", "summary.csv",
-                     "summary.json", "summary.md", "summary.png", "sweep.json"]
+    assert files == [
+        "ffn-gelu-s1337",
+        "ffn-gelu-s1338",
+        "ffn-relu-s1337",
+        "ffn-relu-s1338",
+        "summary.csv",
+        "summary.json",
+        "summary.md",
+        "summary.png",
+        "sweep.json",
+    ]
     assert (tmp_path / "b" / "runs" / "s" / "summary.png").stat().st_size > 10_000
     assert "| ffn-relu |" in (tmp_path / "b" / "runs" / "s" / "summary.md").read_text()
     # compare on the folder keeps the sweep file's order (relu, then gelu), not the names' order
     from minigpt_cli.experiments.compare import expand, summarize
 
     assert json.loads((tmp_path / "b" / "runs" / "s" / "sweep.json").read_text())["done"] == [
-        "ffn-relu-s1337", "ffn-relu-s1338", "ffn-gelu-s1337", "ffn-gelu-s1338"]
+        "ffn-relu-s1337",
+        "ffn-relu-s1338",
+        "ffn-gelu-s1337",
+        "ffn-gelu-s1338",
+    ]
     assert [r["variant"] for r in summarize(expand([tmp_path / "b" / "runs" / "s"]))["rows"]] == [
-        "ffn-relu", "ffn-gelu"]
+        "ffn-relu",
+        "ffn-gelu",
+    ]
     # a run copied into the sweep's folder from elsewhere is noted, not taken silently for one of the sweep's
     import shutil
 
-    shutil.copytree(tmp_path / "a" / "runs" / "s" / "ffn-gelu-s1337", tmp_path / "b" / "runs" / "s" / "ffn-x-s1")
+    shutil.copytree(
+        tmp_path / "a" / "runs" / "s" / "ffn-gelu-s1337", tmp_path / "b" / "runs" / "s" / "ffn-x-s1"
+    )
     notes = summarize(expand([tmp_path / "b" / "runs" / "s"]))["notes"]
-    assert any("ffn-x-s1 is not among the runs" in n and "sweep.json lists as done" in n for n in notes), notes
+    assert any(
+        "ffn-x-s1 is not among the runs" in n and "sweep.json lists as done" in n for n in notes
+    ), notes
     assert not any("ffn-relu-s1337 is not among" in n for n in notes)
     # Started once more, nothing is left to run, and the sweep file may not change under it.
     with working_dir(tmp_path / "b"):
@@ -88,27 +128,41 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
             run_sweep(tmp_path / "b" / "s.yaml")
 
 
-@pytest.mark.parametrize("over,fragment", [
-    ({"grid": {"model.ffnn": ["relu"]}}, "variant ffnn-relu", ),
-    ({"grid": {"model.n_layer": ["two"]}}, "model.n_layer"),
-    ({"grid": {"model.dropout": [0.5, "0.5"]}}, "get the same name 'dropout-0.5'"),
-    ({"budget": {"iters": 0}}, "budget.iters: input should be greater than 0"),
-    ({"budget": {"iters": 5, "seconds": 3}}, "exactly one of iters, tokens or seconds"),
-    ({"seeds": 0}, "seeds"),
-    ({"variants": {"ffn-relu": {"model.ffn": "gelu"}}}, "get the same name 'ffn-relu'"),
-    ({"grid": {}}, "give grid: or variants:"),
-    ({"grdi": {"model.ffn": ["relu"]}}, "grdi: unknown key; did you mean grid?"),  # a config's hint, not pydantic's
-    ({"budget": {"iter": 5}}, "budget.iter: unknown key; did you mean budget.iters?"),
-    # A sweep's runs go in its own folder: an override of train.out_dir is refused, wherever it is given.
-    ({"set": ["train.out_dir=elsewhere"]}, "s.yaml: set: train.out_dir cannot be set in a sweep"),
-    ({"grid": {"train.out_dir": ["a", "b"]}}, "grid: train.out_dir cannot be set"),
-    ({"variants": {"v": {"train.out_dir": "a"}}}, "variants.v: train.out_dir cannot be set"),
-    ({"base": "nothere.yaml"}, "s.yaml: base: config file 'nothere.yaml' not found"),
-    # Counted before anything is expanded (issue 27): neither a huge seed count nor a 10^12 grid is built.
-    ({"seeds": 100_000_000}, "seeds"),
-    ({"grid": {f"model.k{i}": list(range(10)) for i in range(12)}},
-     "(1,000,000,000,000 variants x seeds) is more than one sweep may ask for (10,000)"),
-])
+@pytest.mark.parametrize(
+    "over,fragment",
+    [
+        (
+            {"grid": {"model.ffnn": ["relu"]}},
+            "variant ffnn-relu",
+        ),
+        ({"grid": {"model.n_layer": ["two"]}}, "model.n_layer"),
+        ({"grid": {"model.dropout": [0.5, "0.5"]}}, "get the same name 'dropout-0.5'"),
+        ({"budget": {"iters": 0}}, "budget.iters: input should be greater than 0"),
+        ({"budget": {"iters": 5, "seconds": 3}}, "exactly one of iters, tokens or seconds"),
+        ({"seeds": 0}, "seeds"),
+        ({"variants": {"ffn-relu": {"model.ffn": "gelu"}}}, "get the same name 'ffn-relu'"),
+        ({"grid": {}}, "give grid: or variants:"),
+        (
+            {"grdi": {"model.ffn": ["relu"]}},
+            "grdi: unknown key; did you mean grid?",
+        ),  # a config's hint, not pydantic's
+        ({"budget": {"iter": 5}}, "budget.iter: unknown key; did you mean budget.iters?"),
+        # A sweep's runs go in its own folder: an override of train.out_dir is refused, wherever it is given.
+        (
+            {"set": ["train.out_dir=elsewhere"]},
+            "s.yaml: set: train.out_dir cannot be set in a sweep",
+        ),
+        ({"grid": {"train.out_dir": ["a", "b"]}}, "grid: train.out_dir cannot be set"),
+        ({"variants": {"v": {"train.out_dir": "a"}}}, "variants.v: train.out_dir cannot be set"),
+        ({"base": "nothere.yaml"}, "s.yaml: base: config file 'nothere.yaml' not found"),
+        # Counted before anything is expanded (issue 27): neither a huge seed count nor a 10^12 grid is built.
+        ({"seeds": 100_000_000}, "seeds"),
+        (
+            {"grid": {f"model.k{i}": list(range(10)) for i in range(12)}},
+            "(1,000,000,000,000 variants x seeds) is more than one sweep may ask for (10,000)",
+        ),
+    ],
+)
 def test_a_bad_sweep_file_is_one_line_before_any_run(cli, tmp_path, data_dir, over, fragment):
     path = write_sweep(tmp_path, data_dir, **over)
     with working_dir(tmp_path):
@@ -141,24 +195,41 @@ def test_a_finished_run_deleted_from_the_sweep_is_trained_again(tmp_path, data_d
     """sweep.json still lists it as done; its folder is gone: the restart trains it, not compare refusing it."""
     import shutil
 
-    path = write_sweep(tmp_path, data_dir, seeds=1, budget={"iters": 4},
-                       set=[f"data.data_dir={data_dir}", "train.eval_interval=4", "train.eval_iters=1",
-                            "train.sample_tokens=0"])
+    path = write_sweep(
+        tmp_path,
+        data_dir,
+        seeds=1,
+        budget={"iters": 4},
+        set=[
+            f"data.data_dir={data_dir}",
+            "train.eval_interval=4",
+            "train.eval_iters=1",
+            "train.sample_tokens=0",
+        ],
+    )
     with working_dir(tmp_path):
         run_sweep(path, echo=lambda m: None, progress=False)
         first = json.loads((tmp_path / "runs" / "s" / "summary.json").read_text())
-        shutil.rmtree(tmp_path / "runs" / "s" / "ffn-relu-s1337")  # seeds: 1 is the base config's seed
+        shutil.rmtree(
+            tmp_path / "runs" / "s" / "ffn-relu-s1337"
+        )  # seeds: 1 is the base config's seed
         said: list[str] = []
         run_sweep(path, echo=said.append, progress=False)
-    assert any("ffn-relu-s1337: finished, but no longer in the sweep's folder" in m for m in said), said
+    assert any(
+        "ffn-relu-s1337: finished, but no longer in the sweep's folder" in m for m in said
+    ), said
     assert any("2 runs (1 done)" in m for m in said), said
     again = json.loads((tmp_path / "runs" / "s" / "summary.json").read_text())
     # trained again from the same seed: the same losses as the first time
-    assert [r["final_val_all"] for r in again["rows"]] == [r["final_val_all"] for r in first["rows"]]
+    assert [r["final_val_all"] for r in again["rows"]] == [
+        r["final_val_all"] for r in first["rows"]
+    ]
 
 
 @pytest.mark.parametrize("var", ["MINIGPT_FAST_DROPOUT", "MINIGPT_ONEDNN"])
-def test_a_bad_kernel_setting_is_one_line_before_the_sweep_starts(cli, tmp_path, data_dir, monkeypatch, var):
+def test_a_bad_kernel_setting_is_one_line_before_the_sweep_starts(
+    cli, tmp_path, data_dir, monkeypatch, var
+):
     """Refused once, by the sweep, not by each run after the sweep's folder is made (or in --jobs' logs)."""
     path = write_sweep(tmp_path, data_dir)
     monkeypatch.setenv(var, "maybe")
@@ -173,7 +244,9 @@ def _children(pid: int) -> list[int]:
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+            fields = (
+                stat.read_text().rsplit(")", 1)[1].split()
+            )  # after "pid (comm)": state, ppid, ...
         except (OSError, IndexError):
             continue
         if int(fields[1]) == pid:
@@ -192,8 +265,11 @@ def _alive(pid: int) -> bool:
 def _training(run: Path) -> bool:
     """Whether the run has logged a training step."""
     metrics = run / "metrics.jsonl"
-    return metrics.is_file() and any(json.loads(line)["event"] == "train"
-                                     for line in metrics.read_text().splitlines() if line.endswith("}"))
+    return metrics.is_file() and any(
+        json.loads(line)["event"] == "train"
+        for line in metrics.read_text().splitlines()
+        if line.endswith("}")
+    )
 
 
 def _wait_for(condition, seconds: float) -> bool:
@@ -205,15 +281,21 @@ def _wait_for(condition, seconds: float) -> bool:
     return True
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2,
-                    reason="the parent-death signal is Linux's; --jobs 2 needs 2 cores")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2,
+    reason="the parent-death signal is Linux's; --jobs 2 needs 2 cores",
+)
 def test_the_runs_of_a_sweep_killed_by_sigkill_stop_and_save(tmp_path, data_dir):
     """SIGKILL gives the sweep no chance to stop its --jobs runs; the kernel sends each one SIGTERM instead,
     on which it saves checkpoints/last and ends, rather than training on unseen."""
     path = write_sweep(tmp_path, data_dir, seeds=1, budget={"iters": 1_000_000})
     folders = [tmp_path / "runs" / "s" / name for name in ("ffn-relu-s1337", "ffn-gelu-s1337")]
-    sweep = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "sweep", str(path), "--jobs", "2"],
-                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "minigpt_cli", "sweep", str(path), "--jobs", "2"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     children: list[int] = []
     try:
         assert _wait_for(lambda: sweep.poll() is not None or all(map(_training, folders)), 180)
@@ -222,7 +304,9 @@ def test_the_runs_of_a_sweep_killed_by_sigkill_stop_and_save(tmp_path, data_dir)
         assert len(children) == 2, children
         sweep.kill()
         sweep.wait(timeout=30)
-        assert _wait_for(lambda: not any(map(_alive, children)), 60), "the runs outlived the killed sweep"
+        assert _wait_for(lambda: not any(map(_alive, children)), 60), (
+            "the runs outlived the killed sweep"
+        )
         for folder in folders:
             assert "stopped by SIGTERM" in (folder / "train.log").read_text()
             assert (folder / "checkpoints" / "last").is_dir()
@@ -235,12 +319,26 @@ def test_the_runs_of_a_sweep_killed_by_sigkill_stop_and_save(tmp_path, data_dir)
 
 
 def test_budgets_give_equal_tokens_or_equal_time(tmp_path, data_dir):
-    path = write_sweep(tmp_path, data_dir, grid={"train.batch_size": [4, 8]}, budget={"tokens": 8 * 32 * 20},
-                       seeds=1)
+    path = write_sweep(
+        tmp_path,
+        data_dir,
+        grid={"train.batch_size": [4, 8]},
+        budget={"tokens": 8 * 32 * 20},
+        seeds=1,
+    )
     steps = {r.variant: r.cfg.train.max_iters for r in load_sweep(path).runs}
-    assert steps == {"batch_size-4": 40, "batch_size-8": 20}  # the same tokens: tiny's block_size is 32
-    result = train(tiny(data_dir, "train.max_iters=100000", "train.max_seconds=1", f"train.out_dir={tmp_path}"),
-                   "timed", echo=lambda m: None, progress=False)
+    assert steps == {
+        "batch_size-4": 40,
+        "batch_size-8": 20,
+    }  # the same tokens: tiny's block_size is 32
+    result = train(
+        tiny(
+            data_dir, "train.max_iters=100000", "train.max_seconds=1", f"train.out_dir={tmp_path}"
+        ),
+        "timed",
+        echo=lambda m: None,
+        progress=False,
+    )
     events = [json.loads(l) for l in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     last = events[-1]
     assert last["event"] == "eval" and last["step"] == result.step and 0 < result.step < 100000
@@ -248,26 +346,48 @@ def test_budgets_give_equal_tokens_or_equal_time(tmp_path, data_dir):
 
 
 def test_compare_by_hand_and_across_corpora(cli, tmp_path, data_dir):
-    a = train(tiny(data_dir, "train.max_iters=20", f"train.out_dir={tmp_path}"), "a", echo=lambda m: None,
-              progress=False).run_dir
-    b = train(tiny(data_dir, "train.max_iters=20", "model.pos_encoding=rope", f"train.out_dir={tmp_path}"), "b",
-              echo=lambda m: None, progress=False).run_dir
+    a = train(
+        tiny(data_dir, "train.max_iters=20", f"train.out_dir={tmp_path}"),
+        "a",
+        echo=lambda m: None,
+        progress=False,
+    ).run_dir
+    b = train(
+        tiny(
+            data_dir, "train.max_iters=20", "model.pos_encoding=rope", f"train.out_dir={tmp_path}"
+        ),
+        "b",
+        echo=lambda m: None,
+        progress=False,
+    ).run_dir
     with working_dir(tmp_path):
         res = cli("compare", a, b, "--json")
     assert res.exit_code == 0, res
     got = json.loads(res.stdout)
-    assert got["columns"] == ["model.pos_encoding"] and [r["variant"] for r in got["rows"]] == ["a", "b"]
-    assert got["rows"][0]["params"] - got["rows"][1]["params"] == 32 * 32  # b has no learned position table
+    assert got["columns"] == ["model.pos_encoding"] and [r["variant"] for r in got["rows"]] == [
+        "a",
+        "b",
+    ]
+    assert (
+        got["rows"][0]["params"] - got["rows"][1]["params"] == 32 * 32
+    )  # b has no learned position table
     assert "one seed" in got["sentences"][0]
     assert (tmp_path / "comparison" / "summary.png").is_file()
     other = tmp_path / "other.txt"
     other.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:200_000])
-    c = train(tiny(data_dir, "train.max_iters=20", f"data.path={other}", f"train.out_dir={tmp_path}"), "c",
-              echo=lambda m: None, progress=False).run_dir
+    c = train(
+        tiny(data_dir, "train.max_iters=20", f"data.path={other}", f"train.out_dir={tmp_path}"),
+        "c",
+        echo=lambda m: None,
+        progress=False,
+    ).run_dir
     got = summarize([a, c])
     assert "final_val" not in got["rows"][0] and got["rows"][0]["bits_per_byte"] > 0
     assert any("different corpora" in n for n in got["notes"])
-    assert_user_error(cli("compare", a, c, "--metric", "val_loss", "--output", tmp_path / "x"), "different corpora")
+    assert_user_error(
+        cli("compare", a, c, "--metric", "val_loss", "--output", tmp_path / "x"),
+        "different corpora",
+    )
 
 
 def test_compare_escapes_table_cells_and_writes_plain_numbers(cli, tmp_path, data_dir):
@@ -277,21 +397,41 @@ def test_compare_escapes_table_cells_and_writes_plain_numbers(cli, tmp_path, dat
 
     from minigpt_cli.experiments.compare import format_summary
 
-    made = [train(tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}", *prompt),
-                  name, echo=lambda m: None, progress=False).run_dir
-            for name, prompt in (("newline", []), ("romeo", ["sample.prompt=ROMEO:"]))]
+    made = [
+        train(
+            tiny(
+                data_dir,
+                "train.max_iters=2",
+                "train.eval_iters=2",
+                f"train.out_dir={tmp_path}",
+                *prompt,
+            ),
+            name,
+            echo=lambda m: None,
+            progress=False,
+        ).run_dir
+        for name, prompt in (("newline", []), ("romeo", ["sample.prompt=ROMEO:"]))
+    ]
     res = cli("compare", *made, "--output", tmp_path / "out")
     assert res.exit_code == 0, res
     md = (tmp_path / "out" / "summary.md").read_text()
     for table in (md, res.stdout):
         rows = [line for line in table.splitlines() if line.startswith("|")]
-        assert len(rows) == 4 and all(line.endswith("|") for line in rows), table  # header, rule, 2 variants
+        assert len(rows) == 4 and all(line.endswith("|") for line in rows), (
+            table
+        )  # header, rule, 2 variants
         assert "| newline | \\n |" in rows[2] and "| romeo | ROMEO: |" in rows[3], table
     with open(tmp_path / "out" / "summary.csv", newline="") as f:
         head, *body = list(csv.reader(f))
     got = dict(zip(head, body[0]))
     assert got["sample.prompt"] == "\n"  # the value itself: CSV quotes it
-    for key in ("params", "params_non_embedding", "flops_per_token", "seeds", "seeds_reached_target"):
+    for key in (
+        "params",
+        "params_non_embedding",
+        "flops_per_token",
+        "seeds",
+        "seeds_reached_target",
+    ):
         assert got[key].isdigit(), (key, got[key])  # "1/1" is the Markdown table's, not a number
     float(got["final_val"]), float(got["tokens_per_sec"]), float(got["bits_per_byte"])
     rows = json.loads((tmp_path / "out" / "summary.json").read_text())["rows"]
@@ -300,16 +440,27 @@ def test_compare_escapes_table_cells_and_writes_plain_numbers(cli, tmp_path, dat
     result = summarize(made)
     result["rows"][0]["sample.prompt"] = "a|b\tc\\"
     line = [x for x in format_summary(result).splitlines() if x.startswith("| newline")][0]
-    assert "| a\\|b\\tc\\\\ |" in line and line.count(" | ") == format_summary(result).splitlines()[0].count(" | ")
+    assert "| a\\|b\\tc\\\\ |" in line and line.count(" | ") == format_summary(result).splitlines()[
+        0
+    ].count(" | ")
 
 
-def test_an_interrupted_compare_leaves_the_previous_summary_set_or_none(tmp_path, data_dir, monkeypatch):
+def test_an_interrupted_compare_leaves_the_previous_summary_set_or_none(
+    tmp_path, data_dir, monkeypatch
+):
     """The four summary files are built first, then renamed into place together: a Ctrl-C while the PNG is
     drawn leaves the previous set as it was, one between the renames leaves none, and no temporary file."""
     from minigpt_cli.experiments import compare
 
-    made = [train(tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}"),
-                  name, echo=lambda m: None, progress=False).run_dir for name in ("a", "b")]
+    made = [
+        train(
+            tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}"),
+            name,
+            echo=lambda m: None,
+            progress=False,
+        ).run_dir
+        for name in ("a", "b")
+    ]
     out = tmp_path / "out"
     summarize(made[:1], out=out)
     names = ["summary.csv", "summary.json", "summary.md", "summary.png"]
@@ -337,8 +488,7 @@ def test_an_interrupted_compare_leaves_the_previous_summary_set_or_none(tmp_path
     assert list(out.iterdir()) == []
 
 
-@pytest.mark.parametrize("path", sorted(Path(str(SHIPPED)).glob("*.yaml")),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(Path(str(SHIPPED)).glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_experiment_checks_out_with_three_seeds(path):
     if path.name == "base.yaml":
         return
@@ -350,12 +500,21 @@ def test_every_shipped_experiment_checks_out_with_three_seeds(path):
 def test_compare_reads_the_config_the_weights_were_trained_with(tmp_path, data_dir):
     """An edited run config.yaml (n_embd 32 -> 64) must not change compare's parameters or columns: the checkpoint's
     verified config is the record, and the edit is noted."""
-    made = [train(tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}"), name,
-                  echo=lambda m: None, progress=False).run_dir for name in ("a", "b")]
+    made = [
+        train(
+            tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}"),
+            name,
+            echo=lambda m: None,
+            progress=False,
+        ).run_dir
+        for name in ("a", "b")
+    ]
     honest = summarize(made)
     config = made[1] / "config.yaml"
     config.write_text(config.read_text().replace("n_embd: 32", "n_embd: 64"))
     got = summarize(made)
     assert [r["params"] for r in got["rows"]] == [r["params"] for r in honest["rows"]]
     assert got["columns"] == honest["columns"] == []
-    assert any("differs from its checkpoint's config.yaml" in n and str(config) in n for n in got["notes"])
+    assert any(
+        "differs from its checkpoint's config.yaml" in n and str(config) in n for n in got["notes"]
+    )

@@ -15,7 +15,7 @@ import signal
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_user_error, curve, tiny, TINY
+from helpers import TINY, assert_user_error, curve, tiny
 
 from minigpt_cli.config.schema import ModelConfig
 from minigpt_cli.errors import Interrupted
@@ -65,7 +65,9 @@ def test_qk_norm_is_qwen3s_rmsnorm_on_each_head_before_rope():
         rq = norms["q_norm"](hq.view(B, T, cfg.n_head, hd)).transpose(1, 2)
         rk = norms["k_norm"](hk.view(B, T, cfg.kv_heads, hd)).transpose(1, 2)
         rq, rk = qwen3.apply_rotary_pos_emb(rq, rk, cos[None], sin[None])
-    assert not torch.allclose(attn.q_norm.weight, torch.ones(hd))  # the gains matter in this comparison
+    assert not torch.allclose(
+        attn.q_norm.weight, torch.ones(hd)
+    )  # the gains matter in this comparison
     assert (q - rq).abs().max() < 1e-6 and (k - rk).abs().max() < 1e-6
     assert torch.equal(v, hv.view(B, T, cfg.kv_heads, hd).transpose(1, 2))  # values are not normed
     # Each (unrotated, ungained) query head has unit mean square: the norm acts per head, not over n_embd.
@@ -84,7 +86,9 @@ def test_relu2_is_the_square_of_relu_through_the_mlp():
     x = torch.randn(3, 5, 32)
     with torch.no_grad():
         h = F.linear(x, mlp.c_fc.weight, mlp.c_fc.bias)
-        want = F.linear(torch.where(h > 0, h * h, torch.zeros_like(h)), mlp.c_proj.weight, mlp.c_proj.bias)
+        want = F.linear(
+            torch.where(h > 0, h * h, torch.zeros_like(h)), mlp.c_proj.weight, mlp.c_proj.bias
+        )
         got = mlp(x)
         relu = MLP(small(ffn="relu", bias=True))
         relu.load_state_dict(mlp.state_dict())
@@ -105,7 +109,9 @@ def test_logit_softcap_is_c_tanh_of_the_plain_logits():
     assert z.abs().max() > 3.0  # some plain logits lie past the cap
     assert y.dtype == torch.float32 and y.abs().max() <= 3.0
     assert (y - 3.0 * torch.tanh(z / 3.0)).abs().max() < 1e-5
-    assert math.isclose(float(loss), float(F.cross_entropy(y.view(-1, 65), idx.view(-1))), rel_tol=1e-6)
+    assert math.isclose(
+        float(loss), float(F.cross_entropy(y.view(-1, 65), idx.view(-1))), rel_tol=1e-6
+    )
 
 
 def test_zero_init_proj_makes_every_block_the_identity_at_init():
@@ -134,10 +140,14 @@ def test_value_embeddings_sit_in_nanochats_layers(n_layer):
     model = GPT(cfg)
     assert sorted(int(k) for k in model.value_embeds) == want
     assert [i for i, blk in enumerate(model.h) if blk.attn.ve_gate is not None] == want
-    for i in want:  # the table is n_kv_head·head_dim wide (GQA); the gate 12 channels -> one per kv head
+    for i in (
+        want
+    ):  # the table is n_kv_head·head_dim wide (GQA); the gate 12 channels -> one per kv head
         assert model.value_embeds[str(i)].weight.shape == (65, 2 * cfg.head_dim)
         gate = model.h[i].attn.ve_gate.weight
-        assert gate.shape == (2, 12) and 0 <= gate.min() and gate.max() <= 0.02  # nanochat's U(0, 0.02)
+        assert (
+            gate.shape == (2, 12) and 0 <= gate.min() and gate.max() <= 0.02
+        )  # nanochat's U(0, 0.02)
     assert not GPT(small(n_layer=n_layer)).value_embeds  # off: no tables
 
 
@@ -148,7 +158,9 @@ def test_value_embeddings_add_a_gated_table_to_v():
     model = randomized(cfg)
     idx = torch.randint(0, 65, (2, 9))
     seen = {}
-    hook = model.h[2].attn.register_forward_hook(lambda m, args, out: seen.update(x=args[0], ve=args[5]))
+    hook = model.h[2].attn.register_forward_hook(
+        lambda m, args, out: seen.update(x=args[0], ve=args[5])
+    )
     with torch.no_grad():
         logits, _ = model(idx)
     hook.remove()
@@ -156,7 +168,7 @@ def test_value_embeddings_add_a_gated_table_to_v():
     B, T, nkv, hd = 2, 9, 2, cfg.head_dim
     table = model.value_embeds["2"].weight[idx].view(B, T, nkv, hd)
     gate = 3 * torch.sigmoid(x[..., :12] @ attn.ve_gate.weight.T)  # (B, T, nkv)
-    v = attn.c_attn(x)[..., cfg.n_embd + nkv * hd:].view(B, T, nkv, hd)
+    v = attn.c_attn(x)[..., cfg.n_embd + nkv * hd :].view(B, T, nkv, hd)
     with torch.no_grad():
         _, _, got = attn.qkv(x, model._rope(0, T, x.device), seen["ve"])
     assert (got - (v + gate[..., None] * table).transpose(1, 2)).abs().max() < 1e-6
@@ -168,11 +180,18 @@ def test_value_embeddings_add_a_gated_table_to_v():
 # ----------------------------------------------------------------------------- KV caches
 
 
-@pytest.mark.parametrize("switch", [dict(qk_norm=True), dict(qk_norm=True, norm_position="post",
-                                                                pos_encoding="learned"),
-                                    dict(ffn="relu2"), dict(logit_softcap=3.0),
-                                    dict(value_embeddings=True, n_layer=3, n_kv_head=2), ALL],
-                         ids=["qk_norm", "qk_norm-post", "relu2", "softcap", "value_embeddings", "all"])
+@pytest.mark.parametrize(
+    "switch",
+    [
+        dict(qk_norm=True),
+        dict(qk_norm=True, norm_position="post", pos_encoding="learned"),
+        dict(ffn="relu2"),
+        dict(logit_softcap=3.0),
+        dict(value_embeddings=True, n_layer=3, n_kv_head=2),
+        ALL,
+    ],
+    ids=["qk_norm", "qk_norm-post", "relu2", "softcap", "value_embeddings", "all"],
+)
 def test_cached_decoding_equals_uncached(switch):
     """Greedy and seeded, 5 + 30 tokens through a block of 12 (the window slides): the growing cache gives the
     tokens of no cache, and for every switch at once the static cache (generate --compile's) does too."""
@@ -184,10 +203,24 @@ def test_cached_decoding_equals_uncached(switch):
         paths = {"uncached": {"use_cache": False}, "cached": {}}
         if switch is ALL:
             paths["static"] = {"decoder": StaticDecoder(model, 2)}
-        runs = {name: torch.stack(list(generate_tokens(model, prompt, 30, temperature=temperature, top_k=None,
-                                                       generator=torch.Generator().manual_seed(7),
-                                                       window_stride=stride, **kw)), dim=1)
-                for name, kw in paths.items()}
+        runs = {
+            name: torch.stack(
+                list(
+                    generate_tokens(
+                        model,
+                        prompt,
+                        30,
+                        temperature=temperature,
+                        top_k=None,
+                        generator=torch.Generator().manual_seed(7),
+                        window_stride=stride,
+                        **kw,
+                    )
+                ),
+                dim=1,
+            )
+            for name, kw in paths.items()
+        }
         assert runs["cached"].shape == (2, 30)
         for name in paths:
             assert torch.equal(runs[name], runs["uncached"]), (name, temperature)
@@ -199,14 +232,18 @@ def test_cached_logits_equal_the_full_forward_with_every_switch():
     with torch.no_grad():
         full, _ = model(x)
         cache = model.new_cache(2)
-        steps = [model(x[:, :6], cache=cache)[0]] + [model(x[:, i:i + 1], cache=cache)[0] for i in range(6, 12)]
+        steps = [model(x[:, :6], cache=cache)[0]] + [
+            model(x[:, i : i + 1], cache=cache)[0] for i in range(6, 12)
+        ]
     assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
 
 
 # ----------------------------------------------------------------------------- a real run, bad input
 
 
-def test_a_run_with_every_switch_trains_resumes_evaluates_and_inspects(data_dir, tmp_path, monkeypatch):
+def test_a_run_with_every_switch_trains_resumes_evaluates_and_inspects(
+    data_dir, tmp_path, monkeypatch
+):
     """tiny.yaml with every switch (RoPE, one kv head): 20 steps lower the loss; SIGINT after step 13 and a
     resume give the uninterrupted run's losses and weights; evaluate and inspect open the run."""
     from safetensors.torch import load_file
@@ -219,7 +256,11 @@ def test_a_run_with_every_switch_trains_resumes_evaluates_and_inspects(data_dir,
 
     monkeypatch.chdir(tmp_path)
     sets = [f"model.{k}={str(v).lower()}" for k, v in ALL.items()] + [
-        "model.pos_encoding=rope", "model.n_kv_head=1", "train.max_iters=20", "train.eval_interval=10"]
+        "model.pos_encoding=rope",
+        "model.n_kv_head=1",
+        "train.max_iters=20",
+        "train.eval_interval=10",
+    ]
     cfg = tiny(data_dir, *sets)
     done = train(cfg, run_name="whole", echo=lambda m: None, progress=False)
     evals = [v for (event, _), v in sorted(curve(done.run_dir).items()) if event == "eval"]
@@ -240,24 +281,33 @@ def test_a_run_with_every_switch_trains_resumes_evaluates_and_inspects(data_dir,
     monkeypatch.setattr(loop, "train_step", real_step)
     resumed = train(cfg, echo=lambda m: None, progress=False, resume=str(tmp_path / "runs" / "cut"))
     assert resumed.step == 20 and curve(resumed.run_dir) == curve(done.run_dir)
-    a, b = (load_file(r.run_dir / "checkpoints" / "last" / "model.safetensors") for r in (done, resumed))
+    a, b = (
+        load_file(r.run_dir / "checkpoints" / "last" / "model.safetensors") for r in (done, resumed)
+    )
     assert a.keys() == b.keys() and {"value_embeds.1.weight", "h.0.attn.q_norm.weight"} <= a.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
     scored = evaluate(resumed.run_dir, device="cpu", progress=False)
     assert math.isclose(scored["loss"], scored["logged_loss"], rel_tol=1e-4), scored
     maps = attention(resumed.run_dir, "ROMEO: thou")
-    assert maps["max_check_error"] < 1e-5  # the recomputed weights·v include QK-norm and the value embedding
+    assert (
+        maps["max_check_error"] < 1e-5
+    )  # the recomputed weights·v include QK-norm and the value embedding
     stream = residual_run(resumed.run_dir, windows=2)
     assert len(stream["trained"]) == len(stream["init"]) == 3
-    assert stream["init"][1] == pytest.approx(stream["init"][0])  # zero-init projections: block 0 is the identity
+    assert stream["init"][1] == pytest.approx(
+        stream["init"][0]
+    )  # zero-init projections: block 0 is the identity
 
 
 @pytest.mark.parametrize("value", ["0", "-1.5"])
 def test_a_logit_softcap_that_is_not_positive_is_refused(cli, tmp_path, monkeypatch, value):
     monkeypatch.chdir(tmp_path)
-    assert_user_error(cli("train", str(TINY), "--set", f"model.logit_softcap={value}"),
-                      "model.logit_softcap", "greater than 0")
+    assert_user_error(
+        cli("train", str(TINY), "--set", f"model.logit_softcap={value}"),
+        "model.logit_softcap",
+        "greater than 0",
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -272,12 +322,37 @@ def test_qk_norm_with_post_ln_is_defined():
 
 def test_count_params_shows_the_switches_and_their_parameters(cli):
     """The table names the switches on and gives the value embeddings a row of their own, outside N."""
-    res = cli("count-params", "--config", str(TINY), "--set", "model.value_embeddings=true",
-              "--set", "model.qk_norm=true", "--set", "model.logit_softcap=15", "--json")
+    res = cli(
+        "count-params",
+        "--config",
+        str(TINY),
+        "--set",
+        "model.value_embeddings=true",
+        "--set",
+        "model.qk_norm=true",
+        "--set",
+        "model.logit_softcap=15",
+        "--json",
+    )
     rep = json.loads(res.stdout)
     assert res.exit_code == 0 and rep["value_embedding"] == 65 * 32 and rep["value_gate"] == 12 * 2
-    assert rep["embedding"] == rep["token_embedding"] + rep["position_embedding"] + rep["value_embedding"]
-    text = cli("count-params", "--config", str(TINY), "--set", "model.value_embeddings=true",
-               "--set", "model.qk_norm=true", "--set", "model.logit_softcap=15").stdout
+    assert (
+        rep["embedding"]
+        == rep["token_embedding"] + rep["position_embedding"] + rep["value_embedding"]
+    )
+    text = cli(
+        "count-params",
+        "--config",
+        str(TINY),
+        "--set",
+        "model.value_embeddings=true",
+        "--set",
+        "model.qk_norm=true",
+        "--set",
+        "model.logit_softcap=15",
+    ).stdout
     assert "qk_norm, value_embeddings, logit_softcap 15" in text
-    assert "value embeddings (V·n_kv_head·head_dim per table)" in text and "2 norms + q/k norms" in text
+    assert (
+        "value embeddings (V·n_kv_head·head_dim per table)" in text
+        and "2 norms + q/k norms" in text
+    )

@@ -22,7 +22,13 @@ from minigpt_cli.tokenizer.wordpiece import wordpiece_merges, wordpiece_scores
 
 REPO = Path(__file__).resolve().parent.parent
 BPE_CONFIG = REPO / "configs" / "shakespeare-bpe.yaml"
-TOY = {"hug": 10, "pug": 5, "pun": 12, "bun": 4, "hugs": 5}  # Hugging Face LLM course, ch. 6.5-6.6 (BPE, WordPiece)
+TOY = {
+    "hug": 10,
+    "pug": 5,
+    "pun": 12,
+    "bun": 4,
+    "hugs": 5,
+}  # Hugging Face LLM course, ch. 6.5-6.6 (BPE, WordPiece)
 TOY_TEXT = "".join(f"{w}\n" * n for w, n in TOY.items())
 EOT = "<|endoftext|>"
 #: Whitespace and scripts a byte-level tokenizer must give back byte for byte.
@@ -40,7 +46,12 @@ AWKWARD = [
     "",
 ]
 #: Text made only of characters Tiny Shakespeare has, with awkward whitespace.
-KNOWN = ["  First  Citizen:\n\n\nBefore we proceed any further, hear me speak.  ", " ", "\n\n", "ROMEO:\n  O, she doth teach!"]
+KNOWN = [
+    "  First  Citizen:\n\n\nBefore we proceed any further, hear me speak.  ",
+    " ",
+    "\n\n",
+    "ROMEO:\n  O, she doth teach!",
+]
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +180,10 @@ def test_decode_refuses_ids_outside_the_vocabulary(trained, kind):
             with pytest.raises(MinigptError) as e:
                 tok.decode(ids)
             msg = str(e.value)
-            assert f"token id {bad:,} is not in the tokenizer's vocabulary of {n:,} ids (0 to {n - 1:,})" in msg
+            assert (
+                f"token id {bad:,} is not in the tokenizer's vocabulary of {n:,} ids (0 to {n - 1:,})"
+                in msg
+            )
             assert "\n" not in msg
 
 
@@ -195,18 +209,29 @@ def test_unknown_chars_are_exactly_the_characters_that_become_unk(trained, kind,
 
 
 def test_lossy_report_names_the_characters_lost(trained):
-    assert lossy_report(trained["unigram"], PROMPT) == "note: 3 characters of the prompt became <unk>: '¿', 'é', '😀'"
-    assert trained["unigram"].decode(trained["unigram"].encode(PROMPT)) == "ROMEO: <unk>Qu<unk> tal? <unk>"
+    assert (
+        lossy_report(trained["unigram"], PROMPT)
+        == "note: 3 characters of the prompt became <unk>: '¿', 'é', '😀'"
+    )
+    assert (
+        trained["unigram"].decode(trained["unigram"].encode(PROMPT))
+        == "ROMEO: <unk>Qu<unk> tal? <unk>"
+    )
     assert lossy_report(trained["wordpiece"], "hear me ☃", what="the text") == (
-        "note: the words of the text holding 1 character the vocabulary lacks became <unk>: '☃'")
+        "note: the words of the text holding 1 character the vocabulary lacks became <unk>: '☃'"
+    )
     many = "".join(chr(0x4E00 + i) for i in range(12))
     assert lossy_report(trained["unigram"], many).endswith(", '" + chr(0x4E09) + "', ...")
-    assert lossy_report(trained["unigram"], many).startswith("note: 12 characters of the prompt became <unk>: ")
+    assert lossy_report(trained["unigram"], many).startswith(
+        "note: 12 characters of the prompt became <unk>: "
+    )
 
 
 def test_bpe_and_char_report_no_loss(trained):
     """Byte-level BPE keeps every byte; char refuses unknown characters in encode instead."""
-    assert trained["bpe"].unknown_chars(PROMPT) == [] and lossy_report(trained["bpe"], PROMPT) is None
+    assert (
+        trained["bpe"].unknown_chars(PROMPT) == [] and lossy_report(trained["bpe"], PROMPT) is None
+    )
     assert trained["char"].unknown_chars(PROMPT) == ["¿", "é", "😀"]
     assert lossy_report(trained["char"], PROMPT) is None
     with pytest.raises(MinigptError, match="lacks: '¿', 'é', '😀'"):
@@ -227,9 +252,13 @@ def test_an_hf_tokenizer_without_an_unknown_token_refuses_what_it_lacks_as_char_
     assert tok.unknown_chars(PROMPT) == ["¿", "Q", "u", "é", "t", "a", "l", "?", "😀"]
     lacks = "text has characters the tokenizer's vocabulary lacks: '¿', 'Q', 'u', 'é', 't', 'a', 'l', '?', '😀'; "
     for encode in (tok.encode, lambda text: tok.encode_batch(["ROMEO", text]), tok.pieces):
-        with pytest.raises(MinigptError, match=lacks.replace("?", r"\?") + "remove or replace them$"):
+        with pytest.raises(
+            MinigptError, match=lacks.replace("?", r"\?") + "remove or replace them$"
+        ):
             encode(PROMPT)
-    with pytest.raises(MinigptError, match="^the prompt has characters the tokenizer's vocabulary lacks: 'é'; "):
+    with pytest.raises(
+        MinigptError, match="^the prompt has characters the tokenizer's vocabulary lacks: 'é'; "
+    ):
         encode_prompt(tok, "ROMEOé")
     assert lossy_report(tok, PROMPT) is None  # refused, not lost
     assert [a.tolist() for a in tok.encode_batch(["RO", "ME"])] == [[0, 1], [2, 3]]
@@ -240,10 +269,14 @@ def test_config_does_not_import_the_tokenizers():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom minigpt_cli.config.schema import TokenizerConfig\n"
-            "try:\n    TokenizerConfig(special_tokens=['<unk>'])\nexcept ValueError as e:\n    print(e)\n"
-            "print(sorted(m for m in sys.modules if m.startswith('minigpt_cli.tok')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = (
+        "import sys\nfrom minigpt_cli.config.schema import TokenizerConfig\n"
+        "try:\n    TokenizerConfig(special_tokens=['<unk>'])\nexcept ValueError as e:\n    print(e)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('minigpt_cli.tok')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert "tokenizer.special_tokens: special token '<unk>' is the unknown token" in out
     assert out.rstrip().endswith("[]")
 
@@ -300,7 +333,9 @@ def test_near_miss_is_ordinary_text(trained, kind):
         if kind == "bpe":
             assert back == near  # bytes: always exact
         elif near == "<|endof text|>":
-            assert back == f"{UNK}endof text{UNK}"  # '<|' and '|>' were never seen: <unk> around the words
+            assert (
+                back == f"{UNK}endof text{UNK}"
+            )  # '<|' and '|>' were never seen: <unk> around the words
 
 
 def test_char_special_tokens_follow_the_alphabet_and_match_first():
@@ -378,7 +413,9 @@ def test_bad_sizes_and_kinds(small_text):
         train_tokenizer("unigram", small_text, 20)
     with pytest.raises(MinigptError, match="at most"):
         train_tokenizer("wordpiece", "hug pug pun bun hugs", 200)
-    with pytest.raises(MinigptError, match="unigram trainer gave 11 vocabulary entries, fewer than the 200"):
+    with pytest.raises(
+        MinigptError, match="unigram trainer gave 11 vocabulary entries, fewer than the 200"
+    ):
         train_tokenizer("unigram", "hug pug pun bun hugs", 200)
     with pytest.raises(MinigptError, match="at most"):
         train_tokenizer("bpe", "hug pug pun bun hugs", 300)
@@ -425,10 +462,12 @@ def test_train_tokenizer_never_imports_torch(tmp_path, slice_file):
     import sys
 
     out = tmp_path / "bpe.json"
-    code = ("import sys\nfrom typer.testing import CliRunner\nfrom minigpt_cli.cli import app\n"
-            f"res = CliRunner().invoke(app, ['train-tokenizer', '--kind', 'bpe', '--vocab-size', '300', "
-            f"'--input', {str(slice_file)!r}, '--output', {str(out)!r}])\n"
-            "print(res.exit_code, 'torch' in sys.modules)")
+    code = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom minigpt_cli.cli import app\n"
+        f"res = CliRunner().invoke(app, ['train-tokenizer', '--kind', 'bpe', '--vocab-size', '300', "
+        f"'--input', {str(slice_file)!r}, '--output', {str(out)!r}])\n"
+        "print(res.exit_code, 'torch' in sys.modules)"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.split() == ["0", "False"], res
     assert load_tokenizer(out).vocab_size == 300
@@ -436,8 +475,21 @@ def test_train_tokenizer_never_imports_torch(tmp_path, slice_file):
 
 def test_cli_train_tokenizer_bpe_summary(cli, tmp_path, slice_file, data_dir):
     out = tmp_path / "bpe.json"
-    res = cli("train-tokenizer", "--set", f"data.data_dir={data_dir}", "--kind", "bpe", "--vocab-size", "400",
-              "--input", slice_file, "--output", out, "--special-tokens", EOT)
+    res = cli(
+        "train-tokenizer",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--kind",
+        "bpe",
+        "--vocab-size",
+        "400",
+        "--input",
+        slice_file,
+        "--output",
+        out,
+        "--special-tokens",
+        EOT,
+    )
     assert res.exit_code == 0, res
     assert "vocabulary size     400" in res.stdout
     assert "val split tokens" in res.stdout and "characters / token" in res.stdout
@@ -446,9 +498,14 @@ def test_cli_train_tokenizer_bpe_summary(cli, tmp_path, slice_file, data_dir):
     # The examples are the corpus's own: its most frequent word of 4+ letters, and of 8+, with their counts.
     words = Counter(w for w in re.findall(r"[A-Za-z]+", slice_file.read_text()) if len(w) >= 4)
     top = min(words.items(), key=lambda wc: (-wc[1], wc[0]))
-    top_long = min(((w, c) for w, c in words.items() if len(w) >= 8), key=lambda wc: (wc[0].isupper(), -wc[1], wc[0]))
+    top_long = min(
+        ((w, c) for w, c in words.items() if len(w) >= 8),
+        key=lambda wc: (wc[0].isupper(), -wc[1], wc[0]),
+    )
     shown = [line.split() for line in res.stdout.splitlines() if line.startswith("  ")]
-    assert [top[0], top_long[0]] == [shown[0][0], shown[3][0]] and shown[0][-1] == f"({top[1]:,}\u00d7)"
+    assert [top[0], top_long[0]] == [shown[0][0], shown[3][0]] and shown[0][
+        -1
+    ] == f"({top[1]:,}\u00d7)"
     assert "▁" in res.stdout
     lib = tokenizers.Tokenizer.from_file(str(out))
     assert lib.get_vocab_size() == 400 and load_tokenizer(out).kind == "bpe"
@@ -465,7 +522,9 @@ def test_cli_default_output_goes_where_train_looks_for_it(cli, tmp_path, slice_f
     cfg = Config(data={"path": str(slice_file)}, tokenizer={"kind": "unigram", "vocab_size": 300})
     _, root = configured_corpus(cfg, print)
     assert tokenizer_path(cfg, root).is_file()
-    assert not (tmp_path / "data" / "tinyshakespeare").exists()  # not where a Shakespeare run would take it
+    assert not (
+        tmp_path / "data" / "tinyshakespeare"
+    ).exists()  # not where a Shakespeare run would take it
 
 
 def test_cli_compare_prints_one_table_and_writes_nothing(cli, tmp_path, slice_file, monkeypatch):
@@ -475,42 +534,62 @@ def test_cli_compare_prints_one_table_and_writes_nothing(cli, tmp_path, slice_fi
     assert res.exit_code == 0, res
     lines = res.stdout.splitlines()
     header = next(i for i, l in enumerate(lines) if l.startswith("kind"))
-    rows = lines[header + 1:header + 5]
+    rows = lines[header + 1 : header + 5]
     assert [r.split()[0] for r in rows] == list(KINDS)
     assert all("exact" in r for r in rows)
     assert [r.split()[1] for r in rows[1:]] == ["300"] * 3
     words = [line for line in lines if line.startswith("  ") and not line.startswith("    ")]
     assert len(words) == 6
     for word in words:
-        block = lines[lines.index(word) + 1:lines.index(word) + 5]
+        block = lines[lines.index(word) + 1 : lines.index(word) + 5]
         assert [b.split()[0] for b in block] == list(KINDS)
     assert sorted(tmp_path.rglob("*")) == before
 
 
-@pytest.mark.parametrize("args,fragments", [
-    (["--kind", "bpe", "--vocab-size", "300", "--input", "{missing}"], ["does not exist"]),
-    (["--kind", "bpe", "--vocab-size", "300", "--input", "{empty}"], ["empty"]),
-    (["--kind", "bpe", "--vocab-size", "100", "--input", "{slice}"], ["below", "256"]),
-    (["--kind", "wordpiece", "--vocab-size", "50", "--input", "{slice}"], ["below"]),
-    (["--kind", "unigram", "--vocab-size", "900000", "--input", "{slice}"],
-     ["unigram trainer gave", "fewer than the 900,000", "use a smaller vocabulary size"]),
-    (["--kind", "char", "--input", "{slice}", "--output", "{slice}"], ["is the text the tokenizer trains on"]),
-    (["--kind", "char", "--input", "{latin1}"], ["is not UTF-8 text", "iconv"]),
-    (["--kind", "wordpiece", "--vocab-size", "900000", "--input", "{tiny}"], ["at most"]),
-    (["--kind", "bpe", "--vocab-size", "900000", "--input", "{tiny}"], ["at most"]),
-    (["--kind", "bpe", "--vocab-size", "1000000000", "--input", "{slice}"],
-     ["1,000,000,000", "at most 1,048,576"]),
-    (["--kind", "sentencepiece", "--vocab-size", "300", "--input", "{slice}"], ["unknown tokenizer kind"]),
-    (["--kind", "bpe", "--input", "{slice}"], ["--vocab-size"]),
-    (["--compare", "--vocab-size", "100", "--input", "{slice}"], ["below"]),
-])
-def test_cli_bad_input_exits_2_and_writes_nothing(cli, tmp_path, slice_file, monkeypatch, args, fragments):
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--kind", "bpe", "--vocab-size", "300", "--input", "{missing}"], ["does not exist"]),
+        (["--kind", "bpe", "--vocab-size", "300", "--input", "{empty}"], ["empty"]),
+        (["--kind", "bpe", "--vocab-size", "100", "--input", "{slice}"], ["below", "256"]),
+        (["--kind", "wordpiece", "--vocab-size", "50", "--input", "{slice}"], ["below"]),
+        (
+            ["--kind", "unigram", "--vocab-size", "900000", "--input", "{slice}"],
+            ["unigram trainer gave", "fewer than the 900,000", "use a smaller vocabulary size"],
+        ),
+        (
+            ["--kind", "char", "--input", "{slice}", "--output", "{slice}"],
+            ["is the text the tokenizer trains on"],
+        ),
+        (["--kind", "char", "--input", "{latin1}"], ["is not UTF-8 text", "iconv"]),
+        (["--kind", "wordpiece", "--vocab-size", "900000", "--input", "{tiny}"], ["at most"]),
+        (["--kind", "bpe", "--vocab-size", "900000", "--input", "{tiny}"], ["at most"]),
+        (
+            ["--kind", "bpe", "--vocab-size", "1000000000", "--input", "{slice}"],
+            ["1,000,000,000", "at most 1,048,576"],
+        ),
+        (
+            ["--kind", "sentencepiece", "--vocab-size", "300", "--input", "{slice}"],
+            ["unknown tokenizer kind"],
+        ),
+        (["--kind", "bpe", "--input", "{slice}"], ["--vocab-size"]),
+        (["--compare", "--vocab-size", "100", "--input", "{slice}"], ["below"]),
+    ],
+)
+def test_cli_bad_input_exits_2_and_writes_nothing(
+    cli, tmp_path, slice_file, monkeypatch, args, fragments
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "tiny.txt").write_text("hug pug pun bun hugs\n")
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
-    paths = {"missing": tmp_path / "nope.txt", "empty": tmp_path / "empty.txt", "slice": slice_file,
-             "tiny": tmp_path / "tiny.txt", "latin1": tmp_path / "latin1.txt"}
+    paths = {
+        "missing": tmp_path / "nope.txt",
+        "empty": tmp_path / "empty.txt",
+        "slice": slice_file,
+        "tiny": tmp_path / "tiny.txt",
+        "latin1": tmp_path / "latin1.txt",
+    }
     before = slice_file.read_bytes()
     out = tmp_path / "out.json"
     args = [a.format(**paths) for a in args]
@@ -536,11 +615,31 @@ def bpe_run(tmp_path_factory, data_dir):
 
     work = tmp_path_factory.mktemp("bpe-run")
     tok_path = work / "bpe-1024.json"
-    args = ["train", str(BPE_CONFIG), "--run-name", "bpe", "--no-progress",
-            "--set", f"data.data_dir={data_dir}", "--set", f"tokenizer.path={tok_path}",
-            "--set", f"train.out_dir={work / 'runs'}", "--set", "train.max_iters=4",
-            "--set", "train.eval_interval=2", "--set", "train.eval_iters=1", "--set", "train.log_interval=2",
-            "--set", "train.sample_tokens=20", "--set", "model.n_layer=2"]
+    args = [
+        "train",
+        str(BPE_CONFIG),
+        "--run-name",
+        "bpe",
+        "--no-progress",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        f"tokenizer.path={tok_path}",
+        "--set",
+        f"train.out_dir={work / 'runs'}",
+        "--set",
+        "train.max_iters=4",
+        "--set",
+        "train.eval_interval=2",
+        "--set",
+        "train.eval_iters=1",
+        "--set",
+        "train.log_interval=2",
+        "--set",
+        "train.sample_tokens=20",
+        "--set",
+        "model.n_layer=2",
+    ]
     res = CliRunner().invoke(app, args, catch_exceptions=False)
     return work, tok_path, work / "runs" / "bpe", res
 
@@ -561,7 +660,9 @@ def test_generate_from_a_bpe_run(bpe_run, cli):
     _, _, run, res = bpe_run
     assert res.exit_code == 0, res.stderr
     prompt = f"ROMEO: naïve 😀{EOT}\n"
-    gen = cli("generate", "--run", run, "--prompt", prompt, "--max-new-tokens", "20", "--device", "cpu")
+    gen = cli(
+        "generate", "--run", run, "--prompt", prompt, "--max-new-tokens", "20", "--device", "cpu"
+    )
     assert gen.exit_code == 0, gen
     assert gen.stdout.startswith(prompt)
     assert "Ġ" not in gen.stdout and "Ċ" not in gen.stdout
@@ -597,8 +698,15 @@ def test_streaming_holds_back_partial_utf8(bpe_run, monkeypatch):
             pass
 
     out = Recorder()
-    texts = gen_mod.generate(run, {"prompt": "A", "max_new_tokens": len(ids), "temperature": 0.0, "top_k": None},
-                             seed=0, stream=True, checkpoint="last", device="cpu", out=out)
+    texts = gen_mod.generate(
+        run,
+        {"prompt": "A", "max_new_tokens": len(ids), "temperature": 0.0, "top_k": None},
+        seed=0,
+        stream=True,
+        checkpoint="last",
+        device="cpu",
+        out=out,
+    )
     assert texts == ["A" + text]
     assert "".join(out.writes) == "A" + text + "\n"
     assert not any("\ufffd" in w for w in out.writes)
@@ -614,12 +722,15 @@ def test_tokenizer_file_must_match_the_checkpoint(bpe_run, cli, tmp_path, small_
     shutil.copytree(run, bad_run)
     train_tokenizer("bpe", small_text, 2048).save(bad_run / "tokenizer.json")
     before = (bad_run / "tokenizer.json").read_bytes()
-    assert_user_error(cli("generate", "--run", bad_run, "--prompt", "x", "--max-new-tokens", "2"),
-                      "2048", "1024")
+    assert_user_error(
+        cli("generate", "--run", bad_run, "--prompt", "x", "--max-new-tokens", "2"), "2048", "1024"
+    )
     assert (bad_run / "tokenizer.json").read_bytes() == before
 
 
-def test_a_swapped_tokenizer_of_the_same_kind_and_size_is_refused(bpe_run, cli, tmp_path, small_text):
+def test_a_swapped_tokenizer_of_the_same_kind_and_size_is_refused(
+    bpe_run, cli, tmp_path, small_text
+):
     _, _, run, res = bpe_run
     assert res.exit_code == 0, res.stderr
     import shutil
@@ -629,11 +740,16 @@ def test_a_swapped_tokenizer_of_the_same_kind_and_size_is_refused(bpe_run, cli, 
     bad_run = tmp_path / "run"
     shutil.copytree(run, bad_run)
     own = load_tokenizer(run / "tokenizer.json")
-    other = train_tokenizer("bpe", small_text.swapcase(), own.vocab_size)  # same kind and size, other merges
+    other = train_tokenizer(
+        "bpe", small_text.swapcase(), own.vocab_size
+    )  # same kind and size, other merges
     assert other.vocab_size == own.vocab_size and other.fingerprint() != own.fingerprint()
     other.save(bad_run / "tokenizer.json")
-    assert_user_error(cli("generate", "--run", bad_run, "--prompt", "x", "--max-new-tokens", "2"),
-                      "not the tokenizer this checkpoint was trained with", "restore the run's own tokenizer.json")
+    assert_user_error(
+        cli("generate", "--run", bad_run, "--prompt", "x", "--max-new-tokens", "2"),
+        "not the tokenizer this checkpoint was trained with",
+        "restore the run's own tokenizer.json",
+    )
     # Checkpoints written before the fingerprint was recorded still load (nothing to compare against).
     for which in ("best", "last"):
         meta_path = bad_run / "checkpoints" / which / META
@@ -643,23 +759,44 @@ def test_a_swapped_tokenizer_of_the_same_kind_and_size_is_refused(bpe_run, cli, 
             meta.pop("meta_sha256")  # nor the digest of meta.json's fields, recorded later still
             meta_path.write_text(json.dumps(meta))
     shutil.copy(run / "tokenizer.json", bad_run / "tokenizer.json")
-    assert cli("generate", "--run", bad_run, "--prompt", "x", "--max-new-tokens", "2").exit_code == 0
+    assert (
+        cli("generate", "--run", bad_run, "--prompt", "x", "--max-new-tokens", "2").exit_code == 0
+    )
     # A damaged meta.json does not turn the check off: it is named, with the way out.
     meta_path = bad_run / "checkpoints" / "last" / META
-    for damaged in ("[]", "", '{"tokenizer_fingerprint": 5}', '{"tokenizer_fingerprint": null}', None):
+    for damaged in (
+        "[]",
+        "",
+        '{"tokenizer_fingerprint": 5}',
+        '{"tokenizer_fingerprint": null}',
+        None,
+    ):
         if damaged is None:
             meta_path.unlink()
         else:
             meta_path.write_text(damaged)
-        assert_user_error(cli("generate", "--run", bad_run, "--checkpoint", "last", "--prompt", "x"),
-                          str(meta_path), "missing or damaged", "--checkpoint best")
+        assert_user_error(
+            cli("generate", "--run", bad_run, "--checkpoint", "last", "--prompt", "x"),
+            str(meta_path),
+            "missing or damaged",
+            "--checkpoint best",
+        )
 
 
 def test_config_and_tokenizer_file_must_agree(bpe_run, cli, tmp_path, data_dir):
     _, tok_path, _, res = bpe_run
     assert res.exit_code == 0, res.stderr
-    base = ["train", BPE_CONFIG, "--no-progress", "--set", f"data.data_dir={data_dir}",
-            "--set", f"tokenizer.path={tok_path}", "--set", f"train.out_dir={tmp_path / 'runs'}"]
+    base = [
+        "train",
+        BPE_CONFIG,
+        "--no-progress",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        f"tokenizer.path={tok_path}",
+        "--set",
+        f"train.out_dir={tmp_path / 'runs'}",
+    ]
     assert_user_error(cli(*base, "--set", "tokenizer.vocab_size=512"), "1,024", "512")
     assert_user_error(cli(*base, "--set", "tokenizer.kind=unigram"), "bpe", "unigram")
     assert_user_error(cli(*base, "--set", "tokenizer.special_tokens=['<|pad|>']"), "<|pad|>")
@@ -668,16 +805,29 @@ def test_config_and_tokenizer_file_must_agree(bpe_run, cli, tmp_path, data_dir):
 
 def test_config_with_an_impossible_tokenizer_writes_nothing(cli, tmp_path, data_dir):
     tok_path = tmp_path / "t.json"
-    res = cli("train", BPE_CONFIG, "--no-progress", "--set", f"data.data_dir={data_dir}",
-              "--set", f"tokenizer.path={tok_path}", "--set", "tokenizer.vocab_size=100",
-              "--set", f"train.out_dir={tmp_path / 'runs'}")
+    res = cli(
+        "train",
+        BPE_CONFIG,
+        "--no-progress",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        f"tokenizer.path={tok_path}",
+        "--set",
+        "tokenizer.vocab_size=100",
+        "--set",
+        f"train.out_dir={tmp_path / 'runs'}",
+    )
     assert_user_error(res, "below", "256", notes_ok=True)
     assert not tok_path.exists() and not (tmp_path / "runs").exists()
 
 
 def test_special_tokens_in_training_text_become_single_ids(tmp_path):
-    docs = ["First Citizen:\nBefore we proceed any further, hear me speak.\n",
-            "All:\nSpeak, speak.\n", "First Citizen:\nYou are all resolved rather to die than to famish?\n"]
+    docs = [
+        "First Citizen:\nBefore we proceed any further, hear me speak.\n",
+        "All:\nSpeak, speak.\n",
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n",
+    ]
     corpus = tmp_path / "docs.txt"
     corpus.write_text(EOT.join(docs * 20), encoding="utf-8")
     for kind in KINDS:
@@ -696,15 +846,31 @@ def test_ensure_tokenizer_trains_once_then_loads(tmp_path, small_text):
 
     corpus = tmp_path / "c.txt"
     corpus.write_text(small_text, encoding="utf-8")
-    cfg = validate(apply_overrides({}, [f"data.data_dir={tmp_path / 'data'}", "tokenizer.kind=unigram",
-                                        "tokenizer.vocab_size=300", f"tokenizer.special_tokens=['{EOT}']"]), "--set")
+    cfg = validate(
+        apply_overrides(
+            {},
+            [
+                f"data.data_dir={tmp_path / 'data'}",
+                "tokenizer.kind=unigram",
+                "tokenizer.vocab_size=300",
+                f"tokenizer.special_tokens=['{EOT}']",
+            ],
+        ),
+        "--set",
+    )
     logs: list[str] = []
     tok, path = ensure_tokenizer(cfg, corpus, logs.append)
     assert path.parent == tmp_path / "data" / "tinyshakespeare"
-    assert path.name.startswith("tokenizer-unigram-300-special-")  # special tokens are part of the name
+    assert path.name.startswith(
+        "tokenizer-unigram-300-special-"
+    )  # special tokens are part of the name
     assert len(logs) == 1 and "training a unigram tokenizer with 300 entries" in logs[0]
     again, _ = ensure_tokenizer(cfg, corpus, logs.append)
-    assert len(logs) == 1 and again.fingerprint() == tok.fingerprint() and again.special_tokens == [EOT]
+    assert (
+        len(logs) == 1
+        and again.fingerprint() == tok.fingerprint()
+        and again.special_tokens == [EOT]
+    )
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
@@ -717,30 +883,54 @@ def test_default_tokenizer_files_differ_by_special_tokens(tmp_path, small_text, 
 
     corpus = tmp_path / "c.txt"
     corpus.write_text(small_text, encoding="utf-8")
-    base = [f"data.data_dir={tmp_path / 'data'}", f"tokenizer.kind={kind}", "tokenizer.vocab_size=300"]
+    base = [
+        f"data.data_dir={tmp_path / 'data'}",
+        f"tokenizer.kind={kind}",
+        "tokenizer.vocab_size=300",
+    ]
     toks, paths = {}, {}
     for specials in ([], [EOT], ["<s>"], ["<s>", EOT], [EOT, "<s>"]):
-        cfg = validate(apply_overrides({}, base + [f"tokenizer.special_tokens={json.dumps(specials)}"]), "--set")
-        toks[tuple(specials)], paths[tuple(specials)] = ensure_tokenizer(cfg, corpus, lambda m: None)
+        cfg = validate(
+            apply_overrides({}, base + [f"tokenizer.special_tokens={json.dumps(specials)}"]),
+            "--set",
+        )
+        toks[tuple(specials)], paths[tuple(specials)] = ensure_tokenizer(
+            cfg, corpus, lambda m: None
+        )
     assert len(set(paths.values())) == len(paths)  # five lists, five files
     for specials, tok in toks.items():
         assert tok.special_tokens == list(specials)  # each config got its own, not another's
-        again, _ = ensure_tokenizer(validate(apply_overrides({}, base + [
-            f"tokenizer.special_tokens={json.dumps(list(specials))}"]), "--set"), corpus, lambda m: None)
+        again, _ = ensure_tokenizer(
+            validate(
+                apply_overrides(
+                    {}, base + [f"tokenizer.special_tokens={json.dumps(list(specials))}"]
+                ),
+                "--set",
+            ),
+            corpus,
+            lambda m: None,
+        )
         assert again.fingerprint() == tok.fingerprint()
     size = "" if kind == "char" else "-300"
-    assert paths[()].name == f"tokenizer-{kind}{size}.json"  # no special tokens: the name is unchanged
+    assert (
+        paths[()].name == f"tokenizer-{kind}{size}.json"
+    )  # no special tokens: the name is unchanged
     digest = hashlib.sha256(json.dumps([EOT]).encode()).hexdigest()[:8]
     assert paths[(EOT,)].name == f"tokenizer-{kind}{size}-special-{digest}.json"
 
 
 def test_the_val_split_never_cuts_a_special_token():
-    text = "a" * 85 + EOT + "b" * 20  # the split (106 of 118) falls after the token (85..98): unchanged
+    text = (
+        "a" * 85 + EOT + "b" * 20
+    )  # the split (106 of 118) falls after the token (85..98): unchanged
     assert split_text(text, 0.1, [EOT]) == split_text(text, 0.1)
     text = "a" * 80 + EOT + "b" * 7  # 90% of 100 = 90, inside the token at 80..93
     train, val = split_text(text, 0.1, [EOT])
     assert train == "a" * 80 and val == EOT + "b" * 7
-    assert split_text(text, 0.1) == (text[:90], text[90:])  # without special tokens: nanoGPT's split
+    assert split_text(text, 0.1) == (
+        text[:90],
+        text[90:],
+    )  # without special tokens: nanoGPT's split
 
 
 def test_cli_takes_kind_size_and_special_tokens_from_the_config(cli, tmp_path, slice_file):
@@ -761,7 +951,10 @@ def test_text_goes_to_the_trainers_in_pieces_cut_where_gpt2s_split_cuts(small_te
     pieces = list(_pieces([text], size=100))
     assert "".join(pieces) == text and len(pieces) > 3
     assert all(len(p) <= 100 + 400 for p in pieces)  # cut at the first place past the size
-    for pre in (_word_pre_tokenizer(), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)):
+    for pre in (
+        _word_pre_tokenizer(),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ):
         whole = [w for w, _ in pre.pre_tokenize_str(text)]
         cut = [w for p in pieces for w, _ in pre.pre_tokenize_str(p)]
         assert cut == whole
@@ -781,9 +974,26 @@ def test_ctrl_c_stops_the_libraries_tokenizer_training_at_once(tmp_path):
     cases = []
     for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
         out = tmp_path / f"{sig.name}.json"
-        p = subprocess.Popen([sys.executable, "-m", "minigpt_cli", "train-tokenizer", str(repo / "configs" / "tiny.yaml"),
-                              "--kind", "bpe", "--vocab-size", "278", "--input", str(slow), "--output", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "minigpt_cli",
+                "train-tokenizer",
+                str(repo / "configs" / "tiny.yaml"),
+                "--kind",
+                "bpe",
+                "--vocab-size",
+                "278",
+                "--input",
+                str(slow),
+                "--output",
+                str(out),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         cases.append((sig, code, out, p))
     for _, _, _, p in cases:
         # The status line comes just before training starts: then the command's handlers are in place.

@@ -42,28 +42,56 @@ def test_the_loop_asks_the_evaluator_and_the_checkpointer(data_dir, tmp_path, mo
 
     monkeypatch.setattr(Evaluator, "losses", losses)
     monkeypatch.setattr(Checkpointer, "save", save)
-    res = train(tiny(data_dir, "train.max_iters=9", "train.eval_interval=4", "train.keep_every=3"), "loop",
-                echo=lambda m: None, progress=False)
+    res = train(
+        tiny(data_dir, "train.max_iters=9", "train.eval_interval=4", "train.keep_every=3"),
+        "loop",
+        echo=lambda m: None,
+        progress=False,
+    )
     assert res.step == 9 and evals == [0, 4, 8, 9]
     assert saves.count("last") == 4 and saves.count("best") >= 1
-    assert [s for s in saves if s.startswith("step-")] == ["step-0000003", "step-0000006", "step-0000009"]
+    assert [s for s in saves if s.startswith("step-")] == [
+        "step-0000003",
+        "step-0000006",
+        "step-0000009",
+    ]
     assert saves[:2] == ["best", "last"]  # step 0's eval is the first best
     log = (res.run_dir / "train.log").read_text()
-    assert "to go (from the first eval batches)" in log and "to go (3 steps at" in log  # the time estimate
-    assert [r["step"] for r in map(json.loads, (res.run_dir / "metrics.jsonl").read_text().splitlines())
-            if r["event"] == "train"] == list(range(1, 10))
+    assert (
+        "to go (from the first eval batches)" in log and "to go (3 steps at" in log
+    )  # the time estimate
+    assert [
+        r["step"]
+        for r in map(json.loads, (res.run_dir / "metrics.jsonl").read_text().splitlines())
+        if r["event"] == "train"
+    ] == list(range(1, 10))
 
 
 def test_train_leaves_no_global_state_behind(data_dir, tmp_path, monkeypatch):
     """A sweep calls train in-process many times: handlers, threads and flags are as they were, and runs repeat."""
     monkeypatch.chdir(tmp_path)
     sigs = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
-    before = ({s: signal.getsignal(s) for s in sigs}, torch.get_num_threads(),
-              torch.backends.cuda.matmul.allow_tf32, {t for t in threading.enumerate() if not t.daemon})
-    results = [train(tiny(data_dir, "train.max_iters=6", "train.eval_interval=3"), f"r{i}", echo=lambda m: None,
-                     progress=False) for i in range(2)]
-    after = ({s: signal.getsignal(s) for s in sigs}, torch.get_num_threads(),
-             torch.backends.cuda.matmul.allow_tf32, {t for t in threading.enumerate() if not t.daemon})
+    before = (
+        {s: signal.getsignal(s) for s in sigs},
+        torch.get_num_threads(),
+        torch.backends.cuda.matmul.allow_tf32,
+        {t for t in threading.enumerate() if not t.daemon},
+    )
+    results = [
+        train(
+            tiny(data_dir, "train.max_iters=6", "train.eval_interval=3"),
+            f"r{i}",
+            echo=lambda m: None,
+            progress=False,
+        )
+        for i in range(2)
+    ]
+    after = (
+        {s: signal.getsignal(s) for s in sigs},
+        torch.get_num_threads(),
+        torch.backends.cuda.matmul.allow_tf32,
+        {t for t in threading.enumerate() if not t.daemon},
+    )
     assert after == before
     a, b = results
     assert a.run_dir != b.run_dir and a.val_loss == b.val_loss and a.train_loss == b.train_loss
@@ -78,14 +106,22 @@ def test_the_thread_count_is_put_back_after_a_run_that_changed_it(data_dir, tmp_
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     monkeypatch.chdir(tmp_path)
     suite_threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # the suite runs with 1 (conftest); a run that starts with 2 can drop one
+    torch.set_num_threads(
+        2
+    )  # the suite runs with 1 (conftest); a run that starts with 2 can drop one
     try:
+
         def busy_elsewhere(self, force=False):
             torch.set_num_threads(1)  # what poll does when other processes keep the cores busy
             return 1
 
         monkeypatch.setattr(runtime.CpuThreads, "poll", busy_elsewhere)
-        train(tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"), "t", echo=lambda m: None, progress=False)
+        train(
+            tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"),
+            "t",
+            echo=lambda m: None,
+            progress=False,
+        )
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(suite_threads)
@@ -102,15 +138,26 @@ def test_gradient_accumulation_equals_one_big_batch():
     x = torch.randint(0, 65, (32, 32))
     y = torch.randint(0, 65, (32, 32))
     results = []
-    for accum, chunks in ((1, [(x, y)]), (4, [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)])):
+    for accum, chunks in (
+        (1, [(x, y)]),
+        (4, [(x[i : i + 8], y[i : i + 8]) for i in range(0, 32, 8)]),
+    ):
         torch.manual_seed(1)
         model = GPT(cfg)
         before = [p.detach().clone() for p in model.parameters()]
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         params = list(model.parameters())
-        loss, applied = train_step(model, opt, iter(chunks), accum, torch.autocast("cpu", enabled=False),
-                                   scaler, 1.0, params)
+        loss, applied = train_step(
+            model,
+            opt,
+            iter(chunks),
+            accum,
+            torch.autocast("cpu", enabled=False),
+            scaler,
+            1.0,
+            params,
+        )
         assert applied
         results.append((loss.item(), [p.detach().clone() for p in model.parameters()]))
     assert results[0][0] == pytest.approx(results[1][0], abs=1e-6)
@@ -123,7 +170,9 @@ def test_gradient_accumulation_equals_one_big_batch():
 def test_one_nan_skips_the_step(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(GPT, "forward", _nan_forward({7}))
-    res = train(tiny(data_dir, "train.max_iters=20"), run_name="n", echo=lambda m: None, progress=False)
+    res = train(
+        tiny(data_dir, "train.max_iters=20"), run_name="n", echo=lambda m: None, progress=False
+    )
     assert res.step == 20 and math.isfinite(res.val_loss)
     log = (tmp_path / "runs" / "n" / "train.log").read_text()
     assert "non-finite" in log and "step skipped" in log
@@ -134,23 +183,37 @@ def test_one_nan_skips_the_step(data_dir, tmp_path, monkeypatch):
 def test_repeated_nans_stop_the_run_cleanly(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(GPT, "forward", _nan_forward(set(range(12, 1000))))
-    with pytest.raises(MinigptError, match=r"not finite for 5 steps in a row at step 12.*learning_rate"):
-        train(tiny(data_dir, "train.max_iters=40"), run_name="n", echo=lambda m: None, progress=False)
+    with pytest.raises(
+        MinigptError, match=r"not finite for 5 steps in a row at step 12.*learning_rate"
+    ):
+        train(
+            tiny(data_dir, "train.max_iters=40"), run_name="n", echo=lambda m: None, progress=False
+        )
     last = tmp_path / "runs" / "n" / "checkpoints" / "last"
     model, _ = checkpoint.load_model(last)
     assert all(p.isfinite().all() for p in model.parameters())
 
 
-def test_a_model_that_overflows_as_initialised_is_told_apart_from_a_high_learning_rate(data_dir, tmp_path,
-                                                                                         monkeypatch):
+def test_a_model_that_overflows_as_initialised_is_told_apart_from_a_high_learning_rate(
+    data_dir, tmp_path, monkeypatch
+):
     """NaN from the first step on: no update happened, so the fix is the init, not the learning rate; the
     eval sample says why there is none instead of sampling from NaN."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(MinigptError, match=r"first 5 steps, before any update.*model.init_std \(now 1e\+10\)") as e:
-        train(tiny(data_dir, "train.max_iters=40", "model.init_std=1e10", "train.sample_tokens=20"),
-              run_name="o", echo=lambda m: None, progress=False)
+    with pytest.raises(
+        MinigptError, match=r"first 5 steps, before any update.*model.init_std \(now 1e\+10\)"
+    ) as e:
+        train(
+            tiny(data_dir, "train.max_iters=40", "model.init_std=1e10", "train.sample_tokens=20"),
+            run_name="o",
+            echo=lambda m: None,
+            progress=False,
+        )
     assert "learning_rate" not in str(e.value)
-    assert "(no sample: the model's output is NaN" in (tmp_path / "runs" / "o" / "samples.txt").read_text()
+    assert (
+        "(no sample: the model's output is NaN"
+        in (tmp_path / "runs" / "o" / "samples.txt").read_text()
+    )
     from minigpt_cli.sample.sampling import sample_next
 
     with pytest.raises(MinigptError, match="output is NaN"):
@@ -160,8 +223,16 @@ def test_a_model_that_overflows_as_initialised_is_told_apart_from_a_high_learnin
 def test_early_stopping_and_kept_checkpoints(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # A learning rate of ~0 after warmup: val loss stops improving, patience 2 ends the run.
-    cfg = tiny(data_dir, "train.max_iters=200", "train.eval_interval=10", "train.early_stop_patience=2",
-               "train.learning_rate=1e-9", "train.min_lr=0", "train.warmup_iters=0", "train.keep_every=10")
+    cfg = tiny(
+        data_dir,
+        "train.max_iters=200",
+        "train.eval_interval=10",
+        "train.early_stop_patience=2",
+        "train.learning_rate=1e-9",
+        "train.min_lr=0",
+        "train.warmup_iters=0",
+        "train.keep_every=10",
+    )
     res = train(cfg, run_name="e", echo=lambda m: None, progress=False)
     assert res.stopped_early and res.step < 200
     ckpts = tmp_path / "runs" / "e" / "checkpoints"
@@ -181,8 +252,12 @@ def test_compile_failure_falls_back_with_a_warning(data_dir, tmp_path, monkeypat
     monkeypatch.setattr(torch, "compile", lambda model, **k: Broken())
     notes = []
     # n_embd 128: in eager mode the linear layers run on oneDNN (x86), which env.json must then say.
-    res = train(tiny(data_dir, "train.max_iters=10", "compile=true", "model.n_embd=128"), run_name="c",
-                echo=notes.append, progress=False)
+    res = train(
+        tiny(data_dir, "train.max_iters=10", "compile=true", "model.n_embd=128"),
+        run_name="c",
+        echo=notes.append,
+        progress=False,
+    )
     assert res.step == 10 and math.isfinite(res.val_loss)
     assert sum("torch.compile failed" in n for n in notes) == 1
     keys = load_file(tmp_path / "runs" / "c" / "checkpoints" / "last" / "model.safetensors").keys()
@@ -196,16 +271,24 @@ def test_compile_failure_falls_back_with_a_warning(data_dir, tmp_path, monkeypat
 
     bench_notes = []
     small_peak(monkeypatch)
-    r = bench(tiny(data_dir, "compile=true", "model.n_embd=128"), iters=1, generation=False,
-              echo=bench_notes.append)
+    r = bench(
+        tiny(data_dir, "compile=true", "model.n_embd=128"),
+        iters=1,
+        generation=False,
+        echo=bench_notes.append,
+    )
     assert r["compile"] is False and r["linear_kernel"] == env["linear_kernel"]
     assert sum("torch.compile failed" in n for n in bench_notes) == 1
 
 
 def test_bfloat16_autocast_runs_on_cpu(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    res = train(tiny(data_dir, "train.max_iters=20", "dtype=bfloat16"), run_name="b", echo=lambda m: None,
-                progress=False)
+    res = train(
+        tiny(data_dir, "train.max_iters=20", "dtype=bfloat16"),
+        run_name="b",
+        echo=lambda m: None,
+        progress=False,
+    )
     assert math.isfinite(res.val_loss) and res.val_loss < math.log(65)
     env = json.loads((tmp_path / "runs" / "b" / "env.json").read_text())
     assert env["dtype"] == "bfloat16"
@@ -216,14 +299,22 @@ def test_tensorboard_without_the_package_is_a_clear_error(cli, data_dir, tmp_pat
 
     monkeypatch.chdir(tmp_path)
     real = importlib.util.find_spec  # the package as missing, whether it is installed here or not
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
-    res = cli("train", TINY, "--set", "train.tensorboard=true", "--set", f"data.data_dir={data_dir}")
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tensorboard" else real(name, *a),
+    )
+    res = cli(
+        "train", TINY, "--set", "train.tensorboard=true", "--set", f"data.data_dir={data_dir}"
+    )
     assert_user_error(res, "tensorboard", "pip install tensorboard")
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="torch.compile's CPU backend needs a C++ compiler")
+@pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None,
+    reason="torch.compile's CPU backend needs a C++ compiler",
+)
 def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
     """The GPU recipe's compile path, run for real on the CPU: the same losses as eager, no fallback."""
     monkeypatch.chdir(tmp_path)
@@ -232,9 +323,19 @@ def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
     for flag in ("false", "true"):
         # n_embd 64: c_fc and the MLP's c_proj (256 tokens x 64 x 256) are big enough for oneDNN in eager mode.
         # n_layer 1: one block is enough here, and a smaller graph compiles faster (~40 s with a cold inductor cache).
-        res = train(tiny(data_dir, "train.max_iters=10", "train.eval_interval=10", f"compile={flag}",
-                         "model.n_embd=64", "model.n_layer=1"),
-                    run_name=f"c{flag}", echo=notes.append, progress=False)
+        res = train(
+            tiny(
+                data_dir,
+                "train.max_iters=10",
+                "train.eval_interval=10",
+                f"compile={flag}",
+                "model.n_embd=64",
+                "model.n_layer=1",
+            ),
+            run_name=f"c{flag}",
+            echo=notes.append,
+            progress=False,
+        )
         runs[flag] = curve(res.run_dir)
     from minigpt_cli.runtime.kernels.onednn import available as onednn_enabled
 
@@ -242,7 +343,9 @@ def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
     # On x86 the compiled run says that eager would put (some of) tiny's linear layers on the faster oneDNN,
     # and env.json names the kernel the compiled step really uses.
     assert sum("oneDNN" in n for n in notes) == int(onednn_enabled()), notes
-    envs = {flag: json.loads((tmp_path / "runs" / f"c{flag}" / "env.json").read_text()) for flag in runs}
+    envs = {
+        flag: json.loads((tmp_path / "runs" / f"c{flag}" / "env.json").read_text()) for flag in runs
+    }
     assert envs["true"]["linear_kernel"] == "torch.mm"
     assert envs["false"]["linear_kernel"] == ("oneDNN+torch.mm" if onednn_enabled() else "torch.mm")
     assert runs["true"].keys() == runs["false"].keys() and len(runs["true"]) >= 12
@@ -259,12 +362,16 @@ def test_missing_device_is_a_clear_error(cli, tmp_path, monkeypatch):
 
 
 def test_weight_decay_on_matrices_only():
-    cfg = load_config(CONFIGS / "tiny.yaml").model.model_copy(update={"vocab_size": 65, "bias": True})
+    cfg = load_config(CONFIGS / "tiny.yaml").model.model_copy(
+        update={"vocab_size": 65, "bias": True}
+    )
     model = GPT(cfg)
     opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert all(p.dim() == 2 for p in decay["params"]) and all(
+        p.dim() == 1 for p in no_decay["params"]
+    )
     n = sum(p.numel() for g in opt.param_groups for p in g["params"])
     assert n == model.num_params()
 
@@ -272,8 +379,15 @@ def test_weight_decay_on_matrices_only():
 @pytest.mark.real_plot
 def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(CONFIGS / "tiny.yaml", [f"data.data_dir={data_dir}", "train.max_iters=60",
-                                              "train.eval_interval=30", "train.eval_iters=20"])
+    cfg = load_config(
+        CONFIGS / "tiny.yaml",
+        [
+            f"data.data_dir={data_dir}",
+            "train.max_iters=60",
+            "train.eval_interval=30",
+            "train.eval_iters=20",
+        ],
+    )
     result = train(cfg, run_name="t", echo=lambda m: None, progress=False)
     lines = [json.loads(l) for l in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [l for l in lines if l["event"] == "eval"]
@@ -286,7 +400,9 @@ def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
     for l in lines:
         assert {"step", "event", "elapsed_s"} <= set(l)
     for l in trains:
-        assert {"loss", "lr", "tokens_per_sec"} <= set(l) and l["lr"] > 0 and l["tokens_per_sec"] > 0
+        assert (
+            {"loss", "lr", "tokens_per_sec"} <= set(l) and l["lr"] > 0 and l["tokens_per_sec"] > 0
+        )
     for e in evals:
         assert {"train_loss", "val_loss"} <= set(e)
     assert result.best_val_loss == min(e["val_loss"] for e in evals)
@@ -300,31 +416,60 @@ def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
 
     umask = os.umask(0)
     os.umask(umask)
-    modes = {p.relative_to(result.run_dir).as_posix(): p.stat().st_mode & 0o777
-             for p in result.run_dir.rglob("*") if p.name != ".lock"}
-    assert {"loss.png", "metrics.jsonl", "checkpoints/last", "checkpoints/last/model.safetensors"} <= set(modes)
-    wrong = {k: oct(m) for k, m in modes.items()
-             if m != (0o777 if (result.run_dir / k).is_dir() else 0o666) & ~umask}
+    modes = {
+        p.relative_to(result.run_dir).as_posix(): p.stat().st_mode & 0o777
+        for p in result.run_dir.rglob("*")
+        if p.name != ".lock"
+    }
+    assert {
+        "loss.png",
+        "metrics.jsonl",
+        "checkpoints/last",
+        "checkpoints/last/model.safetensors",
+    } <= set(modes)
+    wrong = {
+        k: oct(m)
+        for k, m in modes.items()
+        if m != (0o777 if (result.run_dir / k).is_dir() else 0o666) & ~umask
+    }
     assert not wrong, wrong
 
 
-def test_a_model_too_large_for_memory_is_refused_before_anything_is_made(cli, data_dir, tmp_path, monkeypatch):
+def test_a_model_too_large_for_memory_is_refused_before_anything_is_made(
+    cli, data_dir, tmp_path, monkeypatch
+):
     """10 million layers: the estimate (count-params' accounting) exceeds the free memory; no run folder."""
     from helpers import assert_user_error
 
     import minigpt_cli.runtime.device as T
 
     monkeypatch.chdir(tmp_path)
-    res = cli("train", CONFIGS / "tiny.yaml", "--set", f"data.data_dir={data_dir}", "--set", "model.n_layer=10000000")
-    assert_user_error(res, "this model needs about", "123,520,003,136 parameters", "free", "model.n_layer",
-                      notes_ok=True)
+    res = cli(
+        "train",
+        CONFIGS / "tiny.yaml",
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "model.n_layer=10000000",
+    )
+    assert_user_error(
+        res,
+        "this model needs about",
+        "123,520,003,136 parameters",
+        "free",
+        "model.n_layer",
+        notes_ok=True,
+    )
     assert not (tmp_path / "runs").exists()
     # The estimate against a pretend 1 MiB machine: even the tiny model is refused; with plenty, it trains.
     monkeypatch.setattr(T, "available_memory", lambda device: 2**20)
     cfg = load_config(CONFIGS / "tiny.yaml", [f"data.data_dir={data_dir}"])
     with pytest.raises(T.MinigptError, match="but cpu has 1.00 MiB free"):
-        T.check_memory(cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": 65})}),
-                       torch.device("cpu"), torch.float32)
+        T.check_memory(
+            cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": 65})}),
+            torch.device("cpu"),
+            torch.float32,
+        )
 
 
 def test_running_out_of_memory_is_one_line(cli, data_dir, tmp_path, monkeypatch):
@@ -336,12 +481,18 @@ def test_running_out_of_memory_is_one_line(cli, data_dir, tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
 
     def oom(*args, **kwargs):
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
-                           "memory: you tried to allocate 786432 bytes. Error code 12 (Cannot allocate memory)")
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 786432 bytes. Error code 12 (Cannot allocate memory)"
+        )
 
     monkeypatch.setattr(T, "train_step", oom)
-    res = cli("train", CONFIGS / "tiny.yaml", "--set", f"data.data_dir={data_dir}", "--run-name", "o")
-    assert_user_error(res, "out of memory", "can't allocate memory", "train.batch_size", notes_ok=True)
+    res = cli(
+        "train", CONFIGS / "tiny.yaml", "--set", f"data.data_dir={data_dir}", "--run-name", "o"
+    )
+    assert_user_error(
+        res, "out of memory", "can't allocate memory", "train.batch_size", notes_ok=True
+    )
 
 
 def _nan_forward(bad_calls):
@@ -365,33 +516,69 @@ def test_the_eval_does_not_depend_on_how_the_global_batch_is_split(data_dir, tmp
     monkeypatch.chdir(tmp_path)
     losses = {}
     for batch, accum in ((8, 1), (1, 8), (2, 4)):
-        res = train(tiny(data_dir, "train.max_iters=1", f"train.batch_size={batch}", f"train.grad_accum_steps={accum}",
-                         "train.eval_iters=3"), f"split-{batch}x{accum}", echo=lambda m: None, progress=False)
-        losses[batch, accum] = next((r["train_loss"], r["val_loss"]) for r in records(res.run_dir)
-                                    if r["event"] == "eval" and r["step"] == 0)
+        res = train(
+            tiny(
+                data_dir,
+                "train.max_iters=1",
+                f"train.batch_size={batch}",
+                f"train.grad_accum_steps={accum}",
+                "train.eval_iters=3",
+            ),
+            f"split-{batch}x{accum}",
+            echo=lambda m: None,
+            progress=False,
+        )
+        losses[batch, accum] = next(
+            (r["train_loss"], r["val_loss"])
+            for r in records(res.run_dir)
+            if r["event"] == "eval" and r["step"] == 0
+        )
     reference = losses[8, 1]
     for split, pair in losses.items():
         assert pair == pytest.approx(reference, abs=1e-6, rel=0), split
     # The eval is over 3 x 8 windows per split, not 3 micro-batches: a different count gives another mean.
-    other = train(tiny(data_dir, "train.max_iters=1", "train.eval_iters=1"), "fewer", echo=lambda m: None,
-                  progress=False)
+    other = train(
+        tiny(data_dir, "train.max_iters=1", "train.eval_iters=1"),
+        "fewer",
+        echo=lambda m: None,
+        progress=False,
+    )
     first = next(r["val_loss"] for r in records(other.run_dir) if r["event"] == "eval")
     assert abs(first - reference[1]) > 1e-6
 
 
 def test_the_eval_at_start_can_be_skipped(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    res = train(tiny(data_dir, "train.max_iters=4", "train.eval_interval=2", "train.eval_at_start=false"), "late",
-                echo=lambda m: None, progress=False)
+    res = train(
+        tiny(data_dir, "train.max_iters=4", "train.eval_interval=2", "train.eval_at_start=false"),
+        "late",
+        echo=lambda m: None,
+        progress=False,
+    )
     assert [r["step"] for r in records(res.run_dir) if r["event"] == "eval"] == [2, 4]
 
 
 def test_train_prints_the_notes_dry_run_shows(cli, data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    sets = ["--set", f"data.data_dir={data_dir}", "--set", "train.max_iters=2", "--set", "train.eval_interval=2",
-            "--set", "train.sample_tokens=0", "--set", "model.pos_encoding=sinusoidal",
-            "--set", "data.url=file:///home/me/my.txt"]
-    dry = [l for l in cli("train", TINY, "--dry-run", *sets).stdout.splitlines() if l.startswith("note: ")]
+    sets = [
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "train.max_iters=2",
+        "--set",
+        "train.eval_interval=2",
+        "--set",
+        "train.sample_tokens=0",
+        "--set",
+        "model.pos_encoding=sinusoidal",
+        "--set",
+        "data.url=file:///home/me/my.txt",
+    ]
+    dry = [
+        l
+        for l in cli("train", TINY, "--dry-run", *sets).stdout.splitlines()
+        if l.startswith("note: ")
+    ]
     assert len(dry) == 3
     res = cli("train", TINY, "--no-progress", *sets)
     assert res.exit_code == 0, res
@@ -405,7 +592,11 @@ def test_without_a_bar_a_status_line_tells_of_progress(data_dir, tmp_path, monke
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(loop, "STATUS_EVERY_S", 0.0)
     said: list[str] = []
-    train(tiny(data_dir, "train.max_iters=4", "train.log_interval=2", "train.eval_interval=4"), "quiet",
-          echo=said.append, progress=False)
+    train(
+        tiny(data_dir, "train.max_iters=4", "train.log_interval=2", "train.eval_interval=4"),
+        "quiet",
+        echo=said.append,
+        progress=False,
+    )
     status = [line for line in said if line.startswith("step ") and "tokens/s" in line]
     assert [line.split(":")[0] for line in status] == ["step 2/4", "step 4/4"], said

@@ -22,7 +22,15 @@ from helpers import assert_user_error
 
 from minigpt_cli.config.schema import ModelConfig, load_config
 from minigpt_cli.inspection.block import copy_into_reference
-from minigpt_cli.model.gpt import GPT, MLP, Block, RMSNorm, apply_rope, rope_cos_sin, sinusoidal_table
+from minigpt_cli.model.gpt import (
+    GPT,
+    MLP,
+    Block,
+    RMSNorm,
+    apply_rope,
+    rope_cos_sin,
+    sinusoidal_table,
+)
 from minigpt_cli.sample.generate import generate_tokens
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
@@ -48,7 +56,9 @@ def test_sinusoidal_table_is_the_definition():
     np.testing.assert_allclose(p[:, 1::2], np.cos(t * omega), atol=1e-6)
     # The model keeps it as a buffer that is not saved (nothing to learn, nothing to store).
     model = GPT(small(pos_encoding="sinusoidal"))
-    assert "pos_table" not in model.state_dict() and torch.equal(model.pos_table, sinusoidal_table(16, 32))
+    assert "pos_table" not in model.state_dict() and torch.equal(
+        model.pos_table, sinusoidal_table(16, 32)
+    )
 
 
 @pytest.mark.parametrize("k", [1, 7, 100])
@@ -111,7 +121,9 @@ def test_rope_score_depends_only_on_the_offset():
 
 
 def test_rope_has_no_parameters():
-    assert GPT(small(pos_encoding="rope")).num_params() == GPT(small(pos_encoding="none")).num_params()
+    assert (
+        GPT(small(pos_encoding="rope")).num_params() == GPT(small(pos_encoding="none")).num_params()
+    )
 
 
 # ----------------------------------------------------------------------------- activations and norms
@@ -121,14 +133,19 @@ def test_gelu_exact_vs_tanh_and_our_mlp_uses_them():
     """Hendrycks & Gimpel 2016: GELU(x) = x·Φ(x); the tanh form differs by at most 4.73e-4."""
     x = torch.linspace(-8, 8, 160001, dtype=torch.float64)
     exact = x * 0.5 * (1 + torch.erf(x / math.sqrt(2)))
-    tanh = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    tanh = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     assert round((exact - tanh).abs().max().item(), 6) == pytest.approx(4.73e-4, abs=1e-6)
     assert round(F.gelu(torch.tensor(-1.0)).item(), 4) == -0.1587
     torch.manual_seed(0)
     h = torch.randn(4, 32)
-    for kind, act in [("gelu", lambda z: z * 0.5 * (1 + torch.erf(z / math.sqrt(2)))),
-                      ("gelu_tanh", lambda z: 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))),
-                      ("relu", lambda z: z.clamp(min=0))]:
+    for kind, act in [
+        ("gelu", lambda z: z * 0.5 * (1 + torch.erf(z / math.sqrt(2)))),
+        (
+            "gelu_tanh",
+            lambda z: 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))),
+        ),
+        ("relu", lambda z: z.clamp(min=0)),
+    ]:
         mlp = MLP(small(ffn=kind, bias=True)).eval()
         with torch.no_grad():
             expected = mlp.c_proj(act(mlp.c_fc(h)))
@@ -168,9 +185,16 @@ def test_rmsnorm_equals_torch_rmsnorm():
 
 def torch_layer_from(block: Block, cfg: ModelConfig) -> nn.TransformerEncoderLayer:
     """An nn.TransformerEncoderLayer holding our block's weights (same norm placement and activation)."""
-    ref = nn.TransformerEncoderLayer(cfg.n_embd, cfg.n_head, dim_feedforward=cfg.ffn_hidden, dropout=0.0,
-                                     activation=cfg.ffn, batch_first=True, norm_first=cfg.norm_position == "pre",
-                                     layer_norm_eps=cfg.norm_eps).eval()
+    ref = nn.TransformerEncoderLayer(
+        cfg.n_embd,
+        cfg.n_head,
+        dim_feedforward=cfg.ffn_hidden,
+        dropout=0.0,
+        activation=cfg.ffn,
+        batch_first=True,
+        norm_first=cfg.norm_position == "pre",
+        layer_norm_eps=cfg.norm_eps,
+    ).eval()
     copy_into_reference(block, ref)  # the weight copy inspect block uses too
     return ref
 
@@ -181,7 +205,11 @@ def randomized(cfg: ModelConfig) -> GPT:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".ln_" in name or name.startswith("ln_f"):
-                p.copy_(1 + 0.3 * torch.randn_like(p) if name.endswith("weight") else 0.2 * torch.randn_like(p))
+                p.copy_(
+                    1 + 0.3 * torch.randn_like(p)
+                    if name.endswith("weight")
+                    else 0.2 * torch.randn_like(p)
+                )
             else:
                 p.normal_(0, 0.2)
     return model
@@ -199,12 +227,16 @@ def test_post_ln_block_equals_torch_transformer_encoder_layer():
     assert diff < 1e-5, diff
 
 
-@pytest.mark.parametrize("kw", [
-    dict(norm_position="pre", pos_encoding="learned", ffn="gelu"),
-    dict(norm_position="post", pos_encoding="learned", ffn="gelu"),
-    dict(norm_position="pre", pos_encoding="sinusoidal", emb_scale=True, ffn="relu"),
-    dict(norm_position="post", pos_encoding="none", tie_weights=False, ffn="relu"),
-], ids=["pre-learned", "post-learned", "pre-sinusoidal-emb_scale", "post-none-untied"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(norm_position="pre", pos_encoding="learned", ffn="gelu"),
+        dict(norm_position="post", pos_encoding="learned", ffn="gelu"),
+        dict(norm_position="pre", pos_encoding="sinusoidal", emb_scale=True, ffn="relu"),
+        dict(norm_position="post", pos_encoding="none", tie_weights=False, ffn="relu"),
+    ],
+    ids=["pre-learned", "post-learned", "pre-sinusoidal-emb_scale", "post-none-untied"],
+)
 def test_whole_model_equals_a_torch_nn_stack(kw):
     """Embeddings (+ positions, × sqrt(d)) -> nn.TransformerEncoderLayers -> final LN only for Pre-LN -> head."""
     cfg = small(bias=True, n_layer=3, **kw)
@@ -276,7 +308,9 @@ SWITCHES = [
 
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "none"])
-@pytest.mark.parametrize("switch", SWITCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize(
+    "switch", SWITCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items())
+)
 def test_kv_cache_agrees_for_every_switch(pos, switch, monkeypatch):
     """Greedy and seeded sampling, with and without the cache, 5 + 30 tokens through a block of 12.
 
@@ -304,8 +338,16 @@ def test_kv_cache_agrees_for_every_switch(pos, switch, monkeypatch):
         for use_cache in (True, False):
             seen.clear()
             g = torch.Generator().manual_seed(7)
-            toks = generate_tokens(model, prompt, 30, temperature=temperature, top_p=top_p,
-                                   use_cache=use_cache, generator=g, window_stride=stride)
+            toks = generate_tokens(
+                model,
+                prompt,
+                30,
+                temperature=temperature,
+                top_p=top_p,
+                use_cache=use_cache,
+                generator=g,
+                window_stride=stride,
+            )
             runs.append(torch.stack(list(toks), dim=1))
             logits.append(torch.stack(seen))
         assert runs[0].shape == (2, 30)
@@ -343,8 +385,16 @@ def test_every_variant_trains(key, value, data_dir, tmp_path, monkeypatch):
     from minigpt_cli.trainer import train
 
     setting = "null" if value is None else json.dumps(value)
-    cfg = load_config(TINY, [f"data.data_dir={data_dir}", f"model.{key}={setting}",
-                             "train.eval_iters=4", "train.eval_interval=30", "train.sample_tokens=0"])
+    cfg = load_config(
+        TINY,
+        [
+            f"data.data_dir={data_dir}",
+            f"model.{key}={setting}",
+            "train.eval_iters=4",
+            "train.eval_interval=30",
+            "train.sample_tokens=0",
+        ],
+    )
     assert getattr(cfg.model, key) == value
     result = train(cfg, run_name="v", echo=lambda m: None, progress=False)
     evals = [json.loads(l) for l in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -355,8 +405,14 @@ def test_every_variant_trains(key, value, data_dir, tmp_path, monkeypatch):
     texts = {}
     for use_cache in (True, False) if key == "dropout" else (True,):
         out = io.StringIO()
-        generate(result.run_dir, {"prompt": "\n", "max_new_tokens": 70, "temperature": 1.0, "top_k": 20},
-                 seed=3, use_cache=use_cache, device="cpu", out=out)
+        generate(
+            result.run_dir,
+            {"prompt": "\n", "max_new_tokens": 70, "temperature": 1.0, "top_k": 20},
+            seed=3,
+            use_cache=use_cache,
+            device="cpu",
+            out=out,
+        )
         texts[use_cache] = out.getvalue()
     assert len(texts[True]) == 72  # 1 + 70 tokens > block_size 32
     if key == "dropout":
@@ -366,16 +422,34 @@ def test_every_variant_trains(key, value, data_dir, tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- impossible combinations
 
 
-@pytest.mark.parametrize("sets,fragments", [
-    (["model.pos_encoding=rope", "model.n_embd=34"], ["model.pos_encoding=rope", "even head size", "34/2 = 17"]),
-    (["model.pos_encoding=sinusoidal", "model.n_head=1", "model.n_embd=33"],
-     ["model.pos_encoding=sinusoidal", "even model.n_embd"]),
-    (["model.n_kv_head=3"], ["model.n_kv_head (3)", "model.n_head (2)"]),
-    (["model.n_head=4", "model.n_kv_head=3"], ["model.n_head (4)", "model.n_kv_head (3)"]),
-    (["model.ffn=geglu"], ["model.ffn"]),
-    (["model.norm_position=middle"], ["model.norm_position"]),
-], ids=["rope-odd-head", "sinusoidal-odd-width", "kv-above-heads", "kv-not-divisor", "unknown-ffn", "bad-norm-position"])
-def test_impossible_combinations_exit_2_before_anything_exists(cli, tmp_path, monkeypatch, sets, fragments):
+@pytest.mark.parametrize(
+    "sets,fragments",
+    [
+        (
+            ["model.pos_encoding=rope", "model.n_embd=34"],
+            ["model.pos_encoding=rope", "even head size", "34/2 = 17"],
+        ),
+        (
+            ["model.pos_encoding=sinusoidal", "model.n_head=1", "model.n_embd=33"],
+            ["model.pos_encoding=sinusoidal", "even model.n_embd"],
+        ),
+        (["model.n_kv_head=3"], ["model.n_kv_head (3)", "model.n_head (2)"]),
+        (["model.n_head=4", "model.n_kv_head=3"], ["model.n_head (4)", "model.n_kv_head (3)"]),
+        (["model.ffn=geglu"], ["model.ffn"]),
+        (["model.norm_position=middle"], ["model.norm_position"]),
+    ],
+    ids=[
+        "rope-odd-head",
+        "sinusoidal-odd-width",
+        "kv-above-heads",
+        "kv-not-divisor",
+        "unknown-ffn",
+        "bad-norm-position",
+    ],
+)
+def test_impossible_combinations_exit_2_before_anything_exists(
+    cli, tmp_path, monkeypatch, sets, fragments
+):
     monkeypatch.chdir(tmp_path)
     args = ["train", TINY]
     for s in sets:

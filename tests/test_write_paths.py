@@ -31,9 +31,20 @@ def _intact(files: dict[Path, str]) -> None:
 
 
 def _sweep_file(folder: Path, data_dir: Path, **over) -> Path:
-    spec = {"name": "s", "base": str(TINY), "set": [f"data.data_dir={data_dir}", "train.eval_interval=2",
-                                                      "train.eval_iters=1", "train.sample_tokens=0"],
-            "variants": {"v": {}}, "seeds": [1], "budget": {"iters": 2}, **over}
+    spec = {
+        "name": "s",
+        "base": str(TINY),
+        "set": [
+            f"data.data_dir={data_dir}",
+            "train.eval_interval=2",
+            "train.eval_iters=1",
+            "train.sample_tokens=0",
+        ],
+        "variants": {"v": {}},
+        "seeds": [1],
+        "budget": {"iters": 2},
+        **over,
+    }
     path = folder / "s.yaml"
     path.write_text(json.dumps(spec))
     return path
@@ -47,25 +58,39 @@ def project(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", LEAVING)
 def test_train_and_sweep_refuse_names_that_leave_their_folder(cli, data_dir, project, name):
-    files = _precious(project / "summary.md", project / "v-s1" / "thesis.tex", project / "runs" / "notes.txt")
+    files = _precious(
+        project / "summary.md", project / "v-s1" / "thesis.tex", project / "runs" / "notes.txt"
+    )
     sets = ["--set", f"data.data_dir={data_dir}", "--dry-run"]
     assert_user_error(cli("train", TINY, "--run-name", name, *sets), "not a plain folder name")
-    assert_user_error(cli("sweep", _sweep_file(project, data_dir, name=name)), "name:", "not a plain folder name")
-    assert_user_error(cli("sweep", _sweep_file(project, data_dir, variants={name: {}})), "variants:",
-                      "not a plain folder name")
+    assert_user_error(
+        cli("sweep", _sweep_file(project, data_dir, name=name)), "name:", "not a plain folder name"
+    )
+    assert_user_error(
+        cli("sweep", _sweep_file(project, data_dir, variants={name: {}})),
+        "variants:",
+        "not a plain folder name",
+    )
     # out_dir may be anywhere: the sweep still writes only inside <out_dir>/<name>/
     away = project / "away" / "newsub"
-    assert_user_error(cli("sweep", _sweep_file(project, data_dir, out_dir=str(away), name=name)), "not a plain")
+    assert_user_error(
+        cli("sweep", _sweep_file(project, data_dir, out_dir=str(away), name=name)), "not a plain"
+    )
     _intact(files)
     assert not (project / "sweep.json").exists() and not (project / "away").exists()
 
 
 def test_sweep_and_train_leave_the_users_files_of_their_names_alone(cli, data_dir, project):
-    files = _precious(project / "runs" / "s" / "summary.md", project / "runs" / "mine" / "config.yaml")
+    files = _precious(
+        project / "runs" / "s" / "summary.md", project / "runs" / "mine" / "config.yaml"
+    )
     assert_user_error(cli("sweep", _sweep_file(project, data_dir)), "not a sweep's folder")
     sets = ["--set", f"data.data_dir={data_dir}", "--no-progress"]
-    assert_user_error(cli("train", TINY, "--run-name", "mine", *sets), "holds files minigpt did not make",
-                      notes_ok=True)
+    assert_user_error(
+        cli("train", TINY, "--run-name", "mine", *sets),
+        "holds files minigpt did not make",
+        notes_ok=True,
+    )
     # A sweep being resumed meets a run folder of the user's own where a run of it goes.
     (project / "runs" / "s" / "summary.md").unlink()
     files.pop(project / "runs" / "s" / "summary.md")
@@ -92,11 +117,15 @@ def test_a_sweep_restart_empties_a_checkpointless_run_folder_behind_a_link(cli, 
     (sweep / "v-s1").rename(real)
     import shutil
 
-    shutil.rmtree(real / "checkpoints")  # a run killed before its first save, in a folder behind a link
+    shutil.rmtree(
+        real / "checkpoints"
+    )  # a run killed before its first save, in a folder behind a link
     (sweep / "v-s1").symlink_to(real)
     res = cli("sweep", spec)
     assert res.exit_code == 0, res
-    assert (sweep / "v-s1").is_symlink() and (real / "checkpoints" / "last" / "model.safetensors").is_file()
+    assert (sweep / "v-s1").is_symlink() and (
+        real / "checkpoints" / "last" / "model.safetensors"
+    ).is_file()
 
 
 @pytest.fixture
@@ -106,19 +135,29 @@ def run(data_dir, project):
 
 
 def test_export_touches_only_its_own_folders(cli, run, project):
-    files = _precious(project / ".exp.old" / "f", project / ".exp.mine" / "config.json",
-                      project / "forced" / "config.json" / "inner.txt",
-                      project / "forced2" / "model.safetensors" / "inner.txt")
+    files = _precious(
+        project / ".exp.old" / "f",
+        project / ".exp.mine" / "config.json",
+        project / "forced" / "config.json" / "inner.txt",
+        project / "forced2" / "model.safetensors" / "inner.txt",
+    )
     assert cli("export", run, "--output", "exp").exit_code == 0
     for out in ("forced", "forced2"):
-        assert_user_error(cli("export", run, "--output", out, "--force"), "does not write", "only an earlier export")
+        assert_user_error(
+            cli("export", run, "--output", out, "--force"),
+            "does not write",
+            "only an earlier export",
+        )
     # A killed export's temporary folder (its own name, export files only) is swept by the next one.
     left = project / ".exp.minigpt-export-k1ll3d"
     left.mkdir()
     (left / "config.json").write_text("{}")
     assert cli("export", run, "--output", "exp", "--force").exit_code == 0
     assert not left.exists()
-    assert sorted(p.name for p in project.iterdir() if p.name.startswith(".exp")) == [".exp.mine", ".exp.old"]
+    assert sorted(p.name for p in project.iterdir() if p.name.startswith(".exp")) == [
+        ".exp.mine",
+        ".exp.old",
+    ]
     _intact(files)
 
 
@@ -141,7 +180,9 @@ def test_prepare_and_download_keep_the_users_files(cli, data_dir, project, monke
     part = data / ".input.txt.abcd1234.part"  # a killed download's, long untouched
     part.write_bytes(b"partial")
     os.utime(part, (1, 1))
-    assert cli("download").exit_code == 0  # the corpus is there: nothing fetched, the stale partial file swept
+    assert (
+        cli("download").exit_code == 0
+    )  # the corpus is there: nothing fetched, the stale partial file swept
     assert not part.exists()
     assert cli("train", TINY, "--set", "train.max_iters=1", "--dry-run").exit_code == 0
     _intact(files)
@@ -150,13 +191,19 @@ def test_prepare_and_download_keep_the_users_files(cli, data_dir, project, monke
 def test_export_force_replaces_only_a_folder_it_marked_as_its_export(cli, run, project):
     """A folder of export-named files that minigpt did not write (a user's config.json alone, a Hugging Face
     model folder) is not an earlier export: --force refuses it and keeps every file."""
-    files = _precious(project / "proj" / "config.json",
-                      *(project / "hf-model" / n for n in ("config.json", "model.safetensors", "tokenizer.json")))
+    files = _precious(
+        project / "proj" / "config.json",
+        *(project / "hf-model" / n for n in ("config.json", "model.safetensors", "tokenizer.json")),
+    )
     for out in ("proj", "hf-model"):
-        assert_user_error(cli("export", run, "--output", out, "--force"), "is not an export minigpt wrote")
+        assert_user_error(
+            cli("export", run, "--output", out, "--force"), "is not an export minigpt wrote"
+        )
     _intact(files)
     assert cli("export", run, "--output", "mine").exit_code == 0
-    assert cli("export", run, "--output", "mine", "--force").exit_code == 0  # its own earlier export: replaced
+    assert (
+        cli("export", run, "--output", "mine", "--force").exit_code == 0
+    )  # its own earlier export: replaced
 
 
 def test_export_refuses_a_tokenizer_that_is_not_the_runs(cli, run, project):
@@ -165,7 +212,10 @@ def test_export_refuses_a_tokenizer_that_is_not_the_runs(cli, run, project):
     data = json.loads(path.read_text())
     data["chars"][10], data["chars"][11] = data["chars"][11], data["chars"][10]
     path.write_text(json.dumps(data))
-    assert_user_error(cli("export", run, "--output", "out"), "is not the tokenizer this checkpoint was trained with")
+    assert_user_error(
+        cli("export", run, "--output", "out"),
+        "is not the tokenizer this checkpoint was trained with",
+    )
     assert not (project / "out").exists()
 
 

@@ -22,12 +22,21 @@ def check_memory_args(dtype: str, batch_size: int, seq_len: int) -> str:
     if dtype not in DTYPE_BYTES:
         raise MinigptError(f"dtype {dtype!r}: expected one of {', '.join(DTYPE_BYTES)}")
     if batch_size < 1 or seq_len < 1:
-        raise MinigptError(f"batch_size and seq_len must be at least 1, got {batch_size} and {seq_len}")
+        raise MinigptError(
+            f"batch_size and seq_len must be at least 1, got {batch_size} and {seq_len}"
+        )
     return dtype
 
 
-def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dtype: str, batch_size: int,
-                    seq_len: int, muon_params: int = 0) -> dict[str, Any]:
+def training_memory(
+    model_cfg: "ModelConfig",
+    n_params: int,
+    vocab_size: int,
+    dtype: str,
+    batch_size: int,
+    seq_len: int,
+    muon_params: int = 0,
+) -> dict[str, Any]:
     """Estimated bytes to train a model of ``n_params`` parameters with AdamW, by kind; ``muon_params`` of them
     (``train.optimizer: muon``: the blocks' matrices) keep Muon's one float32 momentum buffer instead of Adam's two
     moments (``torch.optim.Muon``'s state).
@@ -55,7 +64,13 @@ def training_memory(model_cfg: "ModelConfig", n_params: int, vocab_size: int, dt
     momentum = 4 * muon_params
     states = weights + grads + master + moments + momentum
 
-    s, b, h, a, L = int(seq_len), int(batch_size), model_cfg.n_embd, model_cfg.n_head, model_cfg.n_layer
+    s, b, h, a, L = (
+        int(seq_len),
+        int(batch_size),
+        model_cfg.n_embd,
+        model_cfg.n_head,
+        model_cfg.n_layer,
+    )
     scale = nbytes / 2  # the formula is for 16-bit activations
     per_layer = s * b * h * 34 + 5 * a * s * s * b
     act = int(L * per_layer * scale)

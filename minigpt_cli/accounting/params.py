@@ -85,9 +85,25 @@ class LayerCount:
 
     def to_dict(self) -> dict[str, int]:
         """The report's ``per_layer``, in its order (``attention_bias`` is ``attn_bias``)."""
-        names = ("attn_q", "attn_k", "attn_v", "attn_o", "attention", "attention_bias", "ffn_w1", "ffn_w3", "ffn_w2",
-                 "ffn", "ffn_bias", "qk_norm", "norms", "total")
-        return {name: getattr(self, "attn_bias" if name == "attention_bias" else name) for name in names}
+        names = (
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_o",
+            "attention",
+            "attention_bias",
+            "ffn_w1",
+            "ffn_w3",
+            "ffn_w2",
+            "ffn",
+            "ffn_bias",
+            "qk_norm",
+            "norms",
+            "total",
+        )
+        return {
+            name: getattr(self, "attn_bias" if name == "attention_bias" else name) for name in names
+        }
 
 
 @dataclass(frozen=True)
@@ -114,8 +130,14 @@ class ParamCount:
 
     @property
     def total(self) -> int:
-        return (self.token_embedding + self.position_embedding + self.value_embedding + self.layers + self.final_norm
-                + self.lm_head)
+        return (
+            self.token_embedding
+            + self.position_embedding
+            + self.value_embedding
+            + self.layers
+            + self.final_norm
+            + self.lm_head
+        )
 
     @property
     def embedding(self) -> int:
@@ -146,9 +168,13 @@ class ParamCount:
 
 
 def _vocab(model_cfg: "ModelConfig", vocab_size: Optional[int]) -> int:
-    v = vocab_size if vocab_size is not None else model_cfg.vocab_size  # >= 1: the schema's and --vocab-size's bound
+    v = (
+        vocab_size if vocab_size is not None else model_cfg.vocab_size
+    )  # >= 1: the schema's and --vocab-size's bound
     if v is None:
-        raise MinigptError("model.vocab_size is null (it is taken from the tokenizer); pass --vocab-size N to count")
+        raise MinigptError(
+            "model.vocab_size is null (it is taken from the tokenizer); pass --vocab-size N to count"
+        )
     return int(v)
 
 
@@ -158,11 +184,17 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
     = V·d + P·d + L·(12d² + 13d) + 2d (the 124M of Radford et al. 2019). Raises MinigptError: no vocabulary size."""
     V = _vocab(model_cfg, vocab_size)
     d = model_cfg.n_embd
-    kv = model_cfg.kv_heads * model_cfg.head_dim  # K and V width: n_kv_head < n_head shrinks them (GQA)
-    d_ff = model_cfg.ffn_hidden  # model.d_ff, else 4d, or for SwiGLU 2/3 of it rounded up (Llama's 11008)
+    kv = (
+        model_cfg.kv_heads * model_cfg.head_dim
+    )  # K and V width: n_kv_head < n_head shrinks them (GQA)
+    d_ff = (
+        model_cfg.ffn_hidden
+    )  # model.d_ff, else 4d, or for SwiGLU 2/3 of it rounded up (Llama's 11008)
     b = 1 if model_cfg.bias else 0
 
-    norm = d + (d * b if model_cfg.norm == "layernorm" else 0)  # a gain, plus a shift for LayerNorm with bias
+    norm = d + (
+        d * b if model_cfg.norm == "layernorm" else 0
+    )  # a gain, plus a shift for LayerNorm with bias
     swiglu = model_cfg.ffn == "swiglu"
     layer = LayerCount(
         attn_q=d * d + b * d,
@@ -173,10 +205,13 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
         ffn_w1=d * d_ff + b * d_ff,
         ffn_w3=(d * d_ff + b * d_ff) if swiglu else 0,
         ffn_w2=d_ff * d + b * d,
-        ffn_bias=b * ((2 if swiglu else 1) * d_ff + d),  # SwiGLU's gate and up projections both carry one
+        ffn_bias=b
+        * ((2 if swiglu else 1) * d_ff + d),  # SwiGLU's gate and up projections both carry one
         norm_1=norm,
         norm_2=norm,
-        qk_norm=2 * model_cfg.head_dim if model_cfg.qk_norm else 0,  # RMSNorm gains only, whatever model.norm
+        qk_norm=2 * model_cfg.head_dim
+        if model_cfg.qk_norm
+        else 0,  # RMSNorm gains only, whatever model.norm
     )
     n_ve = len(model_cfg.value_embedding_layers)
     return ParamCount(
@@ -186,7 +221,9 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
         token_embedding=V * d,
         position_embedding=model_cfg.block_size * d if model_cfg.pos_encoding == "learned" else 0,
         layer=layer,
-        final_norm=norm if model_cfg.norm_position == "pre" else 0,  # Post-LN ends on a block's own norm
+        final_norm=norm
+        if model_cfg.norm_position == "pre"
+        else 0,  # Post-LN ends on a block's own norm
         lm_head=0 if model_cfg.tie_weights else V * d,  # tied: wte's matrix, counted once
         tied=model_cfg.tie_weights,
         value_embedding=n_ve * V * kv,
@@ -197,7 +234,9 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
 # ----------------------------------------------------------------------------- FLOPs
 
 
-def flops(model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = None) -> dict[str, Any]:
+def flops(
+    model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = None
+) -> dict[str, Any]:
     """FLOPs per token of one forward and one training step at context ``seq_len`` (>= 1, as --seq-len).
 
     Kaplan et al. 2020 Table 1: C_forward = 2N + 2·n_layer·n_ctx·d_attn, N non-embedding, d_attn = n_head·head_dim
@@ -217,7 +256,8 @@ def flops(model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = No
         "dense_forward": dense,
         "attention_forward": attention,
         "forward": forward,
-        "train": 3 * forward,  # backward is twice the forward (the input's and the weight's gradients)
+        "train": 3
+        * forward,  # backward is twice the forward (the input's and the weight's gradients)
         "attention_share": attention / forward,
         "lm_head_forward": head,
         "forward_with_lm_head": forward + head,
@@ -230,8 +270,14 @@ def flops(model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = No
 # ----------------------------------------------------------------------------- memory
 
 
-def memory(model_cfg: "ModelConfig", dtype: str, batch_size: int, seq_len: int,
-           vocab_size: Optional[int] = None, optimizer: str = "adamw") -> dict[str, Any]:
+def memory(
+    model_cfg: "ModelConfig",
+    dtype: str,
+    batch_size: int,
+    seq_len: int,
+    vocab_size: Optional[int] = None,
+    optimizer: str = "adamw",
+) -> dict[str, Any]:
     """:func:`minigpt_cli.accounting.memory.training_memory` of the exact :func:`count` (its keys and errors, and
     no vocabulary size: a :class:`MinigptError`); with ``optimizer`` muon, the blocks' matrices
     (:attr:`ParamCount.non_embedding_matrices`, the parameters Muon updates) keep one momentum buffer."""

@@ -21,8 +21,19 @@ def human(n: float) -> str:
 
 def human_flops(n: float) -> str:
     """FLOP counts with SI prefixes: 1.89e8 -> '189.0 MFLOP'."""
-    return _scaled(n, ((1e21, " Z"), (1e18, " E"), (1e15, " P"), (1e12, " T"), (1e9, " G"), (1e6, " M"), (1e3, " k")),
-                   "FLOP")
+    return _scaled(
+        n,
+        (
+            (1e21, " Z"),
+            (1e18, " E"),
+            (1e15, " P"),
+            (1e12, " T"),
+            (1e9, " G"),
+            (1e6, " M"),
+            (1e3, " k"),
+        ),
+        "FLOP",
+    )
 
 
 def human_bytes(n: float) -> str:
@@ -68,9 +79,15 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
         f"{'parameters':<{w}}{'count':>28}  {'':>11}  share",
         row("token embedding (wte, V·d)", rep["token_embedding"]),
         row("position embedding (wpe, block·d)", rep["position_embedding"], pos_note),
-        *([row("value embeddings (V·n_kv_head·head_dim per table)", rep["value_embedding"])]
-          if rep["value_embedding"] else []),
-        row(f"{L} layers × {pl['total']:,}" + (" + value gates" if rep["value_gate"] else ""), rep["layers"]),
+        *(
+            [row("value embeddings (V·n_kv_head·head_dim per table)", rep["value_embedding"])]
+            if rep["value_embedding"]
+            else []
+        ),
+        row(
+            f"{L} layers × {pl['total']:,}" + (" + value gates" if rep["value_gate"] else ""),
+            rep["layers"],
+        ),
         lrow("  attention (Q, K, V, O)", pl["attention"]),  # then one row per projection
         *(lrow(f"    {name}", pl[f"attn_{name.lower()}"]) for name in "QKVO"),
         lrow("    of which biases", pl["attention_bias"]),
@@ -84,7 +101,11 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
         lrow("    W2 (down)", pl["ffn_w2"]),
         lrow("    of which biases", pl["ffn_bias"]),
         lrow("  2 norms" + (" + q/k norms" if pl["qk_norm"] else ""), pl["norms"]),
-        row("final norm", rep["final_norm"], "" if m["norm_position"] == "pre" else "(post-norm: none)"),
+        row(
+            "final norm",
+            rep["final_norm"],
+            "" if m["norm_position"] == "pre" else "(post-norm: none)",
+        ),
         row("lm_head (V·d)", rep["lm_head"], "(tied to wte)" if rep["tied"] else ""),
         row("total", total),
         row("total without position table (nanoGPT's count)", rep["total_without_positions"]),
@@ -99,25 +120,53 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
         "",
         f"FLOPs per token at T={rep['seq_len']:,} (Kaplan et al. 2020, Table 1: 2N + 2·L·T·d)",
         line("  dense, 2N", fl["dense_forward"], human_flops(fl["dense_forward"])),
-        line("  attention, 2·L·T·d", fl["attention_forward"], human_flops(fl["attention_forward"]),
-             f"{100 * fl['attention_share']:.1f}% of forward"),
+        line(
+            "  attention, 2·L·T·d",
+            fl["attention_forward"],
+            human_flops(fl["attention_forward"]),
+            f"{100 * fl['attention_share']:.1f}% of forward",
+        ),
         line("forward", fl["forward"], human_flops(fl["forward"])),
         line("training (3× forward, ≈ 6N)", fl["train"], human_flops(fl["train"])),
-        line("  lm_head 2·V·d (not in Kaplan's C)", fl["lm_head_forward"], human_flops(fl["lm_head_forward"])),
-        line("  training with lm_head", fl["train_with_lm_head"], human_flops(fl["train_with_lm_head"])),
-        line("  6(N+V·d) + 12·L·d·T (PaLM app. B, MFU)", fl["mfu_train"], human_flops(fl["mfu_train"])),
+        line(
+            "  lm_head 2·V·d (not in Kaplan's C)",
+            fl["lm_head_forward"],
+            human_flops(fl["lm_head_forward"]),
+        ),
+        line(
+            "  training with lm_head",
+            fl["train_with_lm_head"],
+            human_flops(fl["train_with_lm_head"]),
+        ),
+        line(
+            "  6(N+V·d) + 12·L·d·T (PaLM app. B, MFU)",
+            fl["mfu_train"],
+            human_flops(fl["mfu_train"]),
+        ),
     ]
     if "training_flops" in rep:
-        lines.append(line(f"training on D={human(rep['tokens'])} tokens (per token × D)",
-                          rep["training_flops"], human_flops(rep["training_flops"]),
-                          f"{rep['training_flops']:.3e}"))
-    lines.append(line("Chinchilla-optimal tokens (20 per parameter)", rep["chinchilla_tokens"],
-                      human(rep["chinchilla_tokens"])))
+        lines.append(
+            line(
+                f"training on D={human(rep['tokens'])} tokens (per token × D)",
+                rep["training_flops"],
+                human_flops(rep["training_flops"]),
+                f"{rep['training_flops']:.3e}",
+            )
+        )
+    lines.append(
+        line(
+            "Chinchilla-optimal tokens (20 per parameter)",
+            rep["chinchilla_tokens"],
+            human(rep["chinchilla_tokens"]),
+        )
+    )
 
     lines += ["", "FLOPs per token of each matrix (forward 2·in·out, backward 4·in·out)"]
     for name, m in rep["linear_flops_per_token"].items():
-        lines.append(f"  {name:<12} {m['in']:>7,} × {m['out']:<7,}  forward {m['forward']:>15,}  "
-                     f"backward {m['backward']:>15,}")
+        lines.append(
+            f"  {name:<12} {m['in']:>7,} × {m['out']:<7,}  forward {m['forward']:>15,}  "
+            f"backward {m['backward']:>15,}"
+        )
 
     mem = rep["memory"]
     lines += [
@@ -129,16 +178,37 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
         line("  gradients", mem["gradients"], human_bytes(mem["gradients"])),
     ]
     if mem["master_weights"]:
-        lines.append(line("  float32 master weights", mem["master_weights"], human_bytes(mem["master_weights"])))
+        lines.append(
+            line(
+                "  float32 master weights",
+                mem["master_weights"],
+                human_bytes(mem["master_weights"]),
+            )
+        )
     lines += [
         line("  Adam moments (2 × float32)", mem["adam_moments"], human_bytes(mem["adam_moments"])),
-        *([line("  Muon momentum (1 × float32)", mem["muon_momentum"], human_bytes(mem["muon_momentum"]))]
-          if mem["muon_momentum"] else []),
+        *(
+            [
+                line(
+                    "  Muon momentum (1 × float32)",
+                    mem["muon_momentum"],
+                    human_bytes(mem["muon_momentum"]),
+                )
+            ]
+            if mem["muon_momentum"]
+            else []
+        ),
         line("model states", mem["model_states"], human_bytes(mem["model_states"])),
-        line("activations, estimate (Korthikanti et al. 2022)", mem["activations_estimate"],
-             human_bytes(mem["activations_estimate"])),
-        line("  with fused attention (no s² scores)", mem["activations_estimate_fused"],
-             human_bytes(mem["activations_estimate_fused"])),
+        line(
+            "activations, estimate (Korthikanti et al. 2022)",
+            mem["activations_estimate"],
+            human_bytes(mem["activations_estimate"]),
+        ),
+        line(
+            "  with fused attention (no s² scores)",
+            mem["activations_estimate_fused"],
+            human_bytes(mem["activations_estimate_fused"]),
+        ),
         line("logits (float32)", mem["logits"], human_bytes(mem["logits"])),
         line("total, estimate", mem["total_estimate"], human_bytes(mem["total_estimate"])),
     ]

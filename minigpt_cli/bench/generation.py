@@ -14,8 +14,10 @@ from ..sample.sampling import generate_tokens
 BATCH = 8
 
 #: Why there is no compiled figure on a CPU unless asked.
-CPU_COMPILE_OFF = ("not measured: on a CPU generate does not compile by default (compiling the step takes tens "
-                   "of seconds and did not pay in BENCHMARKS.md); --set compile=true measures it")
+CPU_COMPILE_OFF = (
+    "not measured: on a CPU generate does not compile by default (compiling the step takes tens "
+    "of seconds and did not pay in BENCHMARKS.md); --set compile=true measures it"
+)
 
 
 def sync(device: torch.device) -> None:
@@ -26,19 +28,40 @@ def sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def measure_generation(model: GPT, prompt: torch.Tensor, max_new_tokens: int, window_stride: int,
-                       compile: bool, batch: int = BATCH,
-                       echo: Callable[[str], None] = print) -> dict[str, Any]:
+def measure_generation(
+    model: GPT,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    window_stride: int,
+    compile: bool,
+    batch: int = BATCH,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Tokens/s of ``model`` continuing ``prompt`` (1, T) by path, and their ratios; compiled only with ``compile``."""
     device = prompt.device
 
     def timed(use_cache: bool, rows: int = 1, decoder=None) -> tuple[float, torch.Tensor]:
         """(new tokens/s over all rows, the tokens (rows, n)) of one seeded pass, after a seeded warm-up."""
+
         def tokens(n: int) -> torch.Tensor:
             gens = [torch.Generator(device=device).manual_seed(i) for i in range(rows)]
-            return torch.stack(list(generate_tokens(
-                model, prompt.expand(rows, -1), n, 1.0, None, None, use_cache, gens if rows > 1 else gens[0],
-                window_stride=window_stride, decoder=decoder)), dim=1)
+            return torch.stack(
+                list(
+                    generate_tokens(
+                        model,
+                        prompt.expand(rows, -1),
+                        n,
+                        1.0,
+                        None,
+                        None,
+                        use_cache,
+                        gens if rows > 1 else gens[0],
+                        window_stride=window_stride,
+                        decoder=decoder,
+                    )
+                ),
+                dim=1,
+            )
 
         tokens(min(8, max_new_tokens))  # warm-up
         sync(device)
@@ -48,7 +71,9 @@ def measure_generation(model: GPT, prompt: torch.Tensor, max_new_tokens: int, wi
         return rows * max_new_tokens / (time.perf_counter() - t), out
 
     def say(what: str) -> None:
-        echo(f"generation: {max_new_tokens} new tokens after a {prompt.size(1)}-token prompt, {what}")
+        echo(
+            f"generation: {max_new_tokens} new tokens after a {prompt.size(1)}-token prompt, {what}"
+        )
 
     say("with the KV cache")
     cached, cached_tokens = timed(True)

@@ -35,7 +35,9 @@ OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
 }
 
 #: What :func:`bench_optimizers` says.
-_MESSAGES = {"fsdp": "note: train refuses Muon with train.parallelism fsdp; this times one process, unsharded"}
+_MESSAGES = {
+    "fsdp": "note: train refuses Muon with train.parallelism fsdp; this times one process, unsharded"
+}
 
 #: Whole steps of each optimizer per round.
 ROUND_STEPS = 5
@@ -54,7 +56,9 @@ def median_interval(values: list[float], confidence: float = 0.95) -> Optional[t
     from scipy.stats import binom
 
     n, tail = len(values), (1 - confidence) / 2
-    j = int(binom.ppf(tail, n, 0.5))  # the smallest k with P(X <= k) >= tail, so P(X <= j - 1) < tail
+    j = int(
+        binom.ppf(tail, n, 0.5)
+    )  # the smallest k with P(X <= k) >= tail, so P(X <= j - 1) < tail
     if binom.cdf(j, n, 0.5) <= tail:
         j += 1
     if j < 1:
@@ -81,7 +85,9 @@ class _Timed:
         self.seconds += time.perf_counter() - t
 
 
-def bench_optimizers(cfg: Config, iters: int = DEFAULT_ITERS, echo: Callable[[str], None] = print) -> dict[str, Any]:
+def bench_optimizers(
+    cfg: Config, iters: int = DEFAULT_ITERS, echo: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Seconds per training step (forward, backward, clipping, update) and of its update alone, for each of
     :data:`OPTIMIZERS` at ``cfg``'s model and batch (its vocabulary: :func:`bench_vocab`) on random tokens, with the
     ratios to AdamW.
@@ -102,14 +108,24 @@ def bench_optimizers(cfg: Config, iters: int = DEFAULT_ITERS, echo: Callable[[st
         echo(_MESSAGES["fsdp"])
     tune_runtime(device)
     threads = CpuThreads(device, echo=echo)
-    autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
-    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
+    autocast = (
+        torch.autocast(device_type=device.type, dtype=dtype)
+        if dtype != torch.float32
+        else nullcontext()
+    )
+    scaler = torch.amp.GradScaler(
+        device.type, enabled=device.type == "cuda" and dtype == torch.float16
+    )
     it = random_batches(mc.vocab_size, tc.batch_size, mc.block_size, device, cfg.seed)
     runs = {}
     for name, make in OPTIMIZERS.items():
         torch.manual_seed(cfg.seed)
         model = swap_kernels(GPT(mc).to(device)).train()
-        runs[name] = (model, _Timed(make(model, tc), device), [p for p in model.parameters() if p.requires_grad])
+        runs[name] = (
+            model,
+            _Timed(make(model, tc), device),
+            [p for p in model.parameters() if p.requires_grad],
+        )
 
     def round_of(name: str) -> tuple[float, float]:
         """Seconds per whole step and per update over :data:`ROUND_STEPS` steps of optimizer ``name``."""
@@ -123,17 +139,22 @@ def bench_optimizers(cfg: Config, iters: int = DEFAULT_ITERS, echo: Callable[[st
         return (time.perf_counter() - t) / ROUND_STEPS, opt.seconds / ROUND_STEPS
 
     n_rounds = -(-iters // ROUND_STEPS)
-    echo(f"optimizer step: {n_rounds} round{'s' * (n_rounds != 1)} of {ROUND_STEPS} steps of each of "
-         f"{', '.join(runs)} in turn; batch {tc.batch_size} x {mc.block_size} x accum {tc.grad_accum_steps}, "
-         f"{sum(p.numel() for p in runs['adamw'][2]):,} parameters, {str(dtype).removeprefix('torch.')}, Muon "
-         f"{tc.muon.ns_steps} Newton-Schulz steps, on {device}")
+    echo(
+        f"optimizer step: {n_rounds} round{'s' * (n_rounds != 1)} of {ROUND_STEPS} steps of each of "
+        f"{', '.join(runs)} in turn; batch {tc.batch_size} x {mc.block_size} x accum {tc.grad_accum_steps}, "
+        f"{sum(p.numel() for p in runs['adamw'][2]):,} parameters, {str(dtype).removeprefix('torch.')}, Muon "
+        f"{tc.muon.ns_steps} Newton-Schulz steps, on {device}"
+    )
     for name in runs:  # the warm-up round, over which the thread count is decided
         round_of(name)
     if threads.enabled and threads.poll(force=True) != threads.max_threads:
         for name in runs:  # other processes took cores: warm up again with fewer threads
             round_of(name)
     mark = threads.mark() if device.type == "cpu" else None
-    rounds: dict[str, dict[str, list[float]]] = {"step": {n: [] for n in runs}, "optimizer": {n: [] for n in runs}}
+    rounds: dict[str, dict[str, list[float]]] = {
+        "step": {n: [] for n in runs},
+        "optimizer": {n: [] for n in runs},
+    }
     for _ in range(n_rounds):
         for name in runs:
             seconds, update = round_of(name)
@@ -147,37 +168,64 @@ def bench_optimizers(cfg: Config, iters: int = DEFAULT_ITERS, echo: Callable[[st
     def ratios(times: dict[str, list[float]]) -> dict[str, float]:
         return {n: statistics.median(v) for n, v in paired(times).items()}
 
-    return {"device": str(device), "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."),
-            "ns_steps": tc.muon.ns_steps, "round_steps": ROUND_STEPS, "n_rounds": n_rounds,
-            "other_cores_busy": others,
-            "step_s": {n: statistics.median(v) for n, v in rounds["step"].items()},
-            "optimizer_s": {n: statistics.median(v) for n, v in rounds["optimizer"].items()},
-            "step_ratio": ratios(rounds["step"]), "optimizer_ratio": ratios(rounds["optimizer"]),
-            "step_ratio_interval": {n: median_interval(v) if n != "adamw" else None
-                                    for n, v in paired(rounds["step"]).items()},
-            "rounds": rounds}
+    return {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "dtype": str(dtype).removeprefix("torch."),
+        "ns_steps": tc.muon.ns_steps,
+        "round_steps": ROUND_STEPS,
+        "n_rounds": n_rounds,
+        "other_cores_busy": others,
+        "step_s": {n: statistics.median(v) for n, v in rounds["step"].items()},
+        "optimizer_s": {n: statistics.median(v) for n, v in rounds["optimizer"].items()},
+        "step_ratio": ratios(rounds["step"]),
+        "optimizer_ratio": ratios(rounds["optimizer"]),
+        "step_ratio_interval": {
+            n: median_interval(v) if n != "adamw" else None
+            for n, v in paired(rounds["step"]).items()
+        },
+        "rounds": rounds,
+    }
 
 
 def format_bench_optimizers(result: dict[str, Any]) -> str:
     """The table of :func:`bench_optimizers`: milliseconds, and the ratios to AdamW with their spread."""
+
     def interval(name: str) -> str:
         lo_hi = result["step_ratio_interval"][name]
-        return (f"{lo_hi[0]:.3f}-{lo_hi[1]:.3f}" if lo_hi else "-" if name == "adamw"
-                else f"n/a (<{MIN_ROUNDS} rounds)")
+        return (
+            f"{lo_hi[0]:.3f}-{lo_hi[1]:.3f}"
+            if lo_hi
+            else "-"
+            if name == "adamw"
+            else f"n/a (<{MIN_ROUNDS} rounds)"
+        )
 
     def plural(n: int, word: str) -> str:
         return f"{n} {word}{'s' * (n != 1)}"
 
-    lines = [f"{'optimizer':<18} {'step ms':>8} {'x AdamW':>8} {'95% interval':>17} {'update ms':>10} {'x AdamW':>8}"]
+    lines = [
+        f"{'optimizer':<18} {'step ms':>8} {'x AdamW':>8} {'95% interval':>17} {'update ms':>10} {'x AdamW':>8}"
+    ]
     for name, s in result["step_s"].items():
-        lines.append(f"{name:<18} {s * 1e3:8.1f} {result['step_ratio'][name]:8.3f} {interval(name):>17} "
-                     f"{result['optimizer_s'][name] * 1e3:10.2f} {result['optimizer_ratio'][name]:8.2f}")
-    per_round = [m / a for m, a in zip(result["rounds"]["step"]["muon"], result["rounds"]["step"]["adamw"])]
-    lines.append(f"muon's step / AdamW's, by round: {', '.join(f'{x:.3f}' for x in per_round)} "
-                 f"(median {result['step_ratio']['muon']:.3f}, 95% interval {interval('muon')} over "
-                 f"{plural(result['n_rounds'], 'round')}; {plural(result['threads'], 'thread')})")
-    lines.append("step ms: a whole step (forward, backward, clipping, update), the median over rounds; update ms: "
-                 "the optimizer's step alone")
-    lines.append("x AdamW: the median of each round's ratio to AdamW's round (not of the medians); the interval: "
-                 "the sign test's for that median")
+        lines.append(
+            f"{name:<18} {s * 1e3:8.1f} {result['step_ratio'][name]:8.3f} {interval(name):>17} "
+            f"{result['optimizer_s'][name] * 1e3:10.2f} {result['optimizer_ratio'][name]:8.2f}"
+        )
+    per_round = [
+        m / a for m, a in zip(result["rounds"]["step"]["muon"], result["rounds"]["step"]["adamw"])
+    ]
+    lines.append(
+        f"muon's step / AdamW's, by round: {', '.join(f'{x:.3f}' for x in per_round)} "
+        f"(median {result['step_ratio']['muon']:.3f}, 95% interval {interval('muon')} over "
+        f"{plural(result['n_rounds'], 'round')}; {plural(result['threads'], 'thread')})"
+    )
+    lines.append(
+        "step ms: a whole step (forward, backward, clipping, update), the median over rounds; update ms: "
+        "the optimizer's step alone"
+    )
+    lines.append(
+        "x AdamW: the median of each round's ratio to AdamW's round (not of the medians); the interval: "
+        "the sign test's for that median"
+    )
     return "\n".join(lines)

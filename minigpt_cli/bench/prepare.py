@@ -39,25 +39,36 @@ def bench_prepare(cfg: Config, echo: Callable[[str], None] = print) -> dict[str,
     echo("minigpt's preparation ...")
     with tempfile.TemporaryDirectory(prefix="minigpt-bench-prepare-") as tmp:
         t0 = time.perf_counter()
-        data = prepare(corpus, tok, Path(tmp), cfg.data.val_fraction, log=lambda m: None, progress=False)
+        data = prepare(
+            corpus, tok, Path(tmp), cfg.data.val_fraction, log=lambda m: None, progress=False
+        )
         ours_s = time.perf_counter() - t0
         tokens = len(data.train) + len(data.val)
     return {
-        "corpus": corpus.source, "corpus_mb": round(mb, 3), "files": len(corpus.files),
+        "corpus": corpus.source,
+        "corpus_mb": round(mb, 3),
+        "files": len(corpus.files),
         "tokenizer": f"{tok.kind} {tok.vocab_size:,} ({tok_path})",
-        "bare_mb_s": round(mb / bare_s, 3), "prepare_mb_s": round(mb / ours_s, 3),
-        "ratio": round(bare_s / ours_s, 3), "bare_tokens": bare_tokens, "prepared_tokens": tokens,
+        "bare_mb_s": round(mb / bare_s, 3),
+        "prepare_mb_s": round(mb / ours_s, 3),
+        "ratio": round(bare_s / ours_s, 3),
+        "bare_tokens": bare_tokens,
+        "prepared_tokens": tokens,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
     }
 
 
 def format_bench_prepare(r: dict[str, Any]) -> str:
     """The result of :func:`bench_prepare` as a few lines."""
-    return "\n".join([
-        f"corpus               {r['corpus']}: {r['corpus_mb']:,.1f} MB in {r['files']:,} file(s); {r['tokenizer']}",
-        f"bare encode_batch    {r['bare_mb_s']:.2f} MB/s ({r['bare_tokens']:,} tokens, lines in 4 MiB batches)",
-        f"minigpt prepare      {r['prepare_mb_s']:.2f} MB/s ({r['prepared_tokens']:,} tokens, train + val memmaps)",
-        f"ratio                {r['ratio']:.2f} (prepare / bare; 1.0: no overhead of its own)",
-        f"peak RSS             {r['peak_rss_mib']:,.0f} MiB (the process, both runs); {r['cores']} core(s)",
-    ])
+    return "\n".join(
+        [
+            f"corpus               {r['corpus']}: {r['corpus_mb']:,.1f} MB in {r['files']:,} file(s); {r['tokenizer']}",
+            f"bare encode_batch    {r['bare_mb_s']:.2f} MB/s ({r['bare_tokens']:,} tokens, lines in 4 MiB batches)",
+            f"minigpt prepare      {r['prepare_mb_s']:.2f} MB/s ({r['prepared_tokens']:,} tokens, train + val memmaps)",
+            f"ratio                {r['ratio']:.2f} (prepare / bare; 1.0: no overhead of its own)",
+            f"peak RSS             {r['peak_rss_mib']:,.0f} MiB (the process, both runs); {r['cores']} core(s)",
+        ]
+    )

@@ -43,15 +43,23 @@ def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
     return kernels
 
 
-def measure_peak(device: torch.device, dtype: torch.dtype, n: int = MATMUL_N, repeats: int = 10,
-                 kernel: str = "torch.mm") -> float:
+def measure_peak(
+    device: torch.device,
+    dtype: torch.dtype,
+    n: int = MATMUL_N,
+    repeats: int = 10,
+    kernel: str = "torch.mm",
+) -> float:
     """Median FLOP/s of an n×n by n×n matrix product (2·n³ FLOPs) in ``dtype`` on ``device``, through ``kernel``."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     op = onednn.matmul_op() if kernel == "oneDNN" else None
 
     def product():
-        return a @ b if op is None else op(a, b, None, "none", [], "")  # oneDNN's linear takes b as (out, in)
+        return (
+            a @ b if op is None else op(a, b, None, "none", [], "")
+        )  # oneDNN's linear takes b as (out, in)
+
     for _ in range(2):
         product()
     _sync(device)
@@ -61,30 +69,46 @@ def measure_peak(device: torch.device, dtype: torch.dtype, n: int = MATMUL_N, re
         product()
         _sync(device)
         times.append(time.perf_counter() - t)
-    return 2 * n ** 3 / statistics.median(times)
+    return 2 * n**3 / statistics.median(times)
 
 
 #: A stop string no corpus holds (U+2403): the search runs at every token and never ends a sample.
 STREAM_STOP = "\u2403 never \u2403"
 
 
-def measure_streaming(model: GPT, tok: Tokenizer, cfg: Config, n_tokens: int, device: torch.device,
-                      echo: Callable[[str], None] = print) -> dict[str, Any]:
+def measure_streaming(
+    model: GPT,
+    tok: Tokenizer,
+    cfg: Config,
+    n_tokens: int,
+    device: torch.device,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """What streaming costs ``generate``: ``n_tokens`` decoded at the end, streamed, and streamed with
     :data:`STREAM_STOP`; an overhead is a pass's extra seconds over the first's, per second of generation."""
     from ..sample.generate import Nowhere, write_sample  # the command's own path
 
     sc = cfg.sample
     prompt = tok.encode(sc.prompt) or [0]
-    idx = torch.tensor([prompt[-model.config.block_size:]], dtype=torch.long, device=device)
+    idx = torch.tensor([prompt[-model.config.block_size :]], dtype=torch.long, device=device)
     stride = resolve_window_stride(model.config.block_size, sc.window_stride)
     top_k = min(sc.top_k, tok.vocab_size) if sc.top_k is not None else None
 
     def run(n: int, stream: bool, stops: list[str]) -> tuple[float, float, str]:
         """(wall seconds, sampling seconds, text) of one pass."""
         g = torch.Generator(device=device).manual_seed(cfg.seed)
-        sampled = generate_tokens(model, idx, n, sc.temperature, top_k, sc.top_p, True, g,
-                                  vocab_limit=tok.vocab_size, window_stride=stride)
+        sampled = generate_tokens(
+            model,
+            idx,
+            n,
+            sc.temperature,
+            top_k,
+            sc.top_p,
+            True,
+            g,
+            vocab_limit=tok.vocab_size,
+            window_stride=stride,
+        )
         sampling = 0.0
 
         def tokens():
@@ -104,8 +128,11 @@ def measure_streaming(model: GPT, tok: Tokenizer, cfg: Config, n_tokens: int, de
 
     run(min(16, n_tokens), True, [STREAM_STOP])  # warm-up
     passes = {}
-    for mode, stream, stops, what in (("plain", False, [], "decoded at the end"), ("stream", True, [], "streamed"),
-                                      ("stop", True, [STREAM_STOP], "streamed with a stop string")):
+    for mode, stream, stops, what in (
+        ("plain", False, [], "decoded at the end"),
+        ("stream", True, [], "streamed"),
+        ("stop", True, [STREAM_STOP], "streamed with a stop string"),
+    ):
         echo(f"streaming: {n_tokens} new tokens, {tok.kind} tokenizer, {what}")
         passes[mode] = run(n_tokens, stream, stops)
     wall, sampling, text = passes["plain"]
@@ -143,8 +170,9 @@ def bench_vocab(cfg: Config) -> int:
     return cfg.model.vocab_size or trained or CHAR_VOCAB
 
 
-def random_batches(vocab_size: int, batch: int, block: int, device: torch.device,
-                   seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def random_batches(
+    vocab_size: int, batch: int, block: int, device: torch.device, seed: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless (x, y) batches (batch, block) int64 of uniform random ids on ``device``, y shifted by one."""
     g = torch.Generator().manual_seed(seed)
     while True:
@@ -152,19 +180,30 @@ def random_batches(vocab_size: int, batch: int, block: int, device: torch.device
         yield x[:, :-1].to(device), x[:, 1:].to(device)
 
 
-def busy_warning(threads: CpuThreads, mark, what: str, echo: Callable[[str], None]) -> Optional[float]:
+def busy_warning(
+    threads: CpuThreads, mark, what: str, echo: Callable[[str], None]
+) -> Optional[float]:
     """The cores other processes kept busy since ``mark`` (None where unknown), with a warning through ``echo``
     when they took cores this process's threads wanted while ``what`` was timed."""
     others = threads.others_since(mark)
     if others is not None and others + torch.get_num_threads() > threads.cpus + 0.25:
-        echo(f"warning: other processes kept {others:.1f} of {threads.cpus} CPU cores busy while {what} were "
-             f"timed; these figures are not this machine's (rerun on a quiet machine)")
+        echo(
+            f"warning: other processes kept {others:.1f} of {threads.cpus} CPU cores busy while {what} were "
+            f"timed; these figures are not this machine's (rerun on a quiet machine)"
+        )
     return others
 
 
-def bench(cfg: Config, iters: int = DEFAULT_ITERS, warmup: int = 3, prompt_len: int = 1, max_new_tokens: int = 500,
-          generation: bool = True, stream_tokens: int = 0,
-          echo: Callable[[str], None] = print) -> dict[str, Any]:
+def bench(
+    cfg: Config,
+    iters: int = DEFAULT_ITERS,
+    warmup: int = 3,
+    prompt_len: int = 1,
+    max_new_tokens: int = 500,
+    generation: bool = True,
+    stream_tokens: int = 0,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Training and generation speed of ``cfg``'s model on its device, as a JSON-ready dict. Raises MinigptError:
     impossible sizes (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's, no corpus."""
     device = resolve_device(cfg.device)
@@ -187,8 +226,10 @@ def bench(cfg: Config, iters: int = DEFAULT_ITERS, warmup: int = 3, prompt_len: 
         torch.cuda.reset_peak_memory_stats(device)
 
     if generation and prompt_len > T:
-        raise MinigptError(f"--prompt-len {prompt_len}: the model sees at most block_size = {T} tokens; "
-                           f"use 1 .. {T}")
+        raise MinigptError(
+            f"--prompt-len {prompt_len}: the model sees at most block_size = {T} tokens; "
+            f"use 1 .. {T}"
+        )
     check_memory(cfg.model_copy(update={"model": mc}), device, dtype)
     model = swap_kernels(GPT(mc).to(device))
     train_model = torch.compile(model) if cfg.compile else model
@@ -196,15 +237,32 @@ def bench(cfg: Config, iters: int = DEFAULT_ITERS, warmup: int = 3, prompt_len: 
     if cfg.compile and "oneDNN" in eager_kernel:
         echo(onednn.COMPILE_NOTE)
     optimizer = make_optimizer(model, tc)
-    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
-    autocast = torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    scaler = torch.amp.GradScaler(
+        device.type, enabled=device.type == "cuda" and dtype == torch.float16
+    )
+    autocast = (
+        torch.autocast(device_type=device.type, dtype=dtype)
+        if dtype != torch.float32
+        else nullcontext()
+    )
     params_list = [p for p in model.parameters() if p.requires_grad]
     it = random_batches(mc.vocab_size, B, T, device, cfg.seed)
 
     def step():  # train_model is read at each call: the eager model once compiling has failed
-        return train_step(train_model, optimizer, it, tc.grad_accum_steps, autocast, scaler, tc.grad_clip, params_list)
+        return train_step(
+            train_model,
+            optimizer,
+            it,
+            tc.grad_accum_steps,
+            autocast,
+            scaler,
+            tc.grad_clip,
+            params_list,
+        )
 
-    echo(f"training: {warmup} warm-up + {iters} timed steps, batch {B} x {T} x accum {tc.grad_accum_steps}")
+    echo(
+        f"training: {warmup} warm-up + {iters} timed steps, batch {B} x {T} x accum {tc.grad_accum_steps}"
+    )
     model.train()
     compiled = cfg.compile
     try:  # torch.compile fails lazily, at the first call: measure eager then, as train falls back to it
@@ -212,8 +270,10 @@ def bench(cfg: Config, iters: int = DEFAULT_ITERS, warmup: int = 3, prompt_len: 
     except Exception as exc:
         if not compiled:
             raise
-        echo(f"warning: torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-             "measuring without it")
+        echo(
+            f"warning: torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+            "measuring without it"
+        )
         optimizer.zero_grad(set_to_none=True)
         train_model, compiled = model, False
     for _ in range(warmup - 1):
@@ -224,12 +284,16 @@ def bench(cfg: Config, iters: int = DEFAULT_ITERS, warmup: int = 3, prompt_len: 
             step()
     _sync(device)
     kernels = peak_kernels(device, dtype)
-    echo(f"measuring the peak: {MATMUL_N}x{MATMUL_N} matmul in {str(dtype).removeprefix('torch.')} on {device} "
-         f"({', '.join(kernels)})")
+    echo(
+        f"measuring the peak: {MATMUL_N}x{MATMUL_N} matmul in {str(dtype).removeprefix('torch.')} on {device} "
+        f"({', '.join(kernels)})"
+    )
     peaks = {k: measure_peak(device, dtype, kernel=k) for k in kernels}
     peak_kernel = max(peaks, key=peaks.get)
     peak = peaks[peak_kernel]
-    for _ in range(warmup):  # back to the training steady state (caches, allocator) after the big matmul
+    for _ in range(
+        warmup
+    ):  # back to the training steady state (caches, allocator) after the big matmul
         step()
     _sync(device)
     mark = threads.mark() if device.type == "cpu" else None
@@ -261,10 +325,12 @@ def bench(cfg: Config, iters: int = DEFAULT_ITERS, warmup: int = 3, prompt_len: 
         "achieved_flops": achieved,
         "peak_flops": peak,
         "peak_matmul": f"{MATMUL_N}x{MATMUL_N} @ {MATMUL_N}x{MATMUL_N}, {str(dtype).removeprefix('torch.')}, "
-                       f"median of 10, {peak_kernel}",
+        f"median of 10, {peak_kernel}",
         "peak_kernel": peak_kernel,
         "peak_flops_by_kernel": peaks,
-        "linear_kernel": "torch.mm" if compiled else eager_kernel,  # torch.compile keeps PyTorch's kernels
+        "linear_kernel": "torch.mm"
+        if compiled
+        else eager_kernel,  # torch.compile keeps PyTorch's kernels
         "dropout_kernel": dropout.dropout_kernel(model, device, dtype, compiled),
         "mfu": achieved / peak,
         # Against each kernel's peak: torch.mm's alone overstates MFU where the linear layers run on a faster one.
@@ -279,10 +345,20 @@ def bench(cfg: Config, iters: int = DEFAULT_ITERS, warmup: int = 3, prompt_len: 
         seeded = torch.Generator().manual_seed(cfg.seed)
         prompt = torch.randint(0, mc.vocab_size, (1, prompt_len), generator=seeded).to(device)
         stride = resolve_window_stride(mc.block_size, cfg.sample.window_stride)
-        out.update({"prompt_len": prompt_len, "window_stride": stride, "max_new_tokens": max_new_tokens})
+        out.update(
+            {"prompt_len": prompt_len, "window_stride": stride, "max_new_tokens": max_new_tokens}
+        )
         # Compiled where generate compiles by default (CUDA), or where the config asks for compile.
-        out.update(measure_generation(model, prompt, max_new_tokens, stride,
-                                      compile=device.type == "cuda" or cfg.compile, echo=echo))
+        out.update(
+            measure_generation(
+                model,
+                prompt,
+                max_new_tokens,
+                stride,
+                compile=device.type == "cuda" or cfg.compile,
+                echo=echo,
+            )
+        )
     if tok is not None:
         model.eval()
         out.update(measure_streaming(model, tok, cfg, stream_tokens, device, echo))
@@ -310,11 +386,21 @@ def format_bench(r: dict[str, Any]) -> str:
         _row("model FLOPs per step", f"{r['flops_per_step']:,}"),
         _row("achieved", flops["achieved_flops"]),
         _row("peak (measured)", flops["peak_flops"], r["peak_matmul"]),
-        *(_row(f"  {kernel} peak", P.human_flops(f) + "/s")
-          for kernel, f in r["peak_flops_by_kernel"].items() if len(r["peak_flops_by_kernel"]) > 1),
+        *(
+            _row(f"  {kernel} peak", P.human_flops(f) + "/s")
+            for kernel, f in r["peak_flops_by_kernel"].items()
+            if len(r["peak_flops_by_kernel"]) > 1
+        ),
         _row("MFU", f"{r['mfu']:.3f}", "against the fastest peak"),
-        *(_row(f"  against {kernel} peak", f"{m:.3f}", "above 1: the model's products run on a faster kernel"
-               if m > 1 else "") for kernel, m in r["mfu_by_kernel"].items() if len(r["mfu_by_kernel"]) > 1),
+        *(
+            _row(
+                f"  against {kernel} peak",
+                f"{m:.3f}",
+                "above 1: the model's products run on a faster kernel" if m > 1 else "",
+            )
+            for kernel, m in r["mfu_by_kernel"].items()
+            if len(r["mfu_by_kernel"]) > 1
+        ),
         _row(f"peak memory {memory}", P.human_bytes(r["peak_memory_bytes"])),
     ]
     if "gen_tokens_per_sec_cached" in r:
@@ -329,10 +415,19 @@ def format_bench(r: dict[str, Any]) -> str:
             f"({r['gen_batched_speedup']:.2f}x one sample's)",
         ]
         if r["gen_tokens_per_sec_compiled"] is not None:
-            same = "the same tokens" if r["gen_compiled_tokens_equal"] else "tokens DIFFER from the eager cache's"
-            lines.append(_row("  compiled tokens/s", f"{r['gen_tokens_per_sec_compiled']:,.1f}",
-                              f"{r['gen_compiled_speedup']:.2f}x eager; compiled in {r['gen_compile_seconds']:.1f} s; "
-                              f"{same}"))
+            same = (
+                "the same tokens"
+                if r["gen_compiled_tokens_equal"]
+                else "tokens DIFFER from the eager cache's"
+            )
+            lines.append(
+                _row(
+                    "  compiled tokens/s",
+                    f"{r['gen_tokens_per_sec_compiled']:,.1f}",
+                    f"{r['gen_compiled_speedup']:.2f}x eager; compiled in {r['gen_compile_seconds']:.1f} s; "
+                    f"{same}",
+                )
+            )
         else:
             lines.append(_row("  compiled tokens/s", "n/a", r["gen_compiled_note"]))
     if "stream_overhead" in r:
@@ -341,7 +436,16 @@ def format_bench(r: dict[str, Any]) -> str:
             "",
             f"streaming ({r['stream_tokens']} new tokens, {r['stream_tokenizer']} tokenizer, KV cache)",
             _row("  decoded at the end s", f"{sec['plain']:.3f}", f"text {txt['plain']:.3f}"),
-            *(_row(label, f"{sec[mode]:.3f}", f"text {txt[mode]:.3f}; overhead {r[mode + '_overhead']:+.1%}")
-              for mode, label in (("stream", "  streamed s"), ("stop", "  streamed with --stop s"))),
+            *(
+                _row(
+                    label,
+                    f"{sec[mode]:.3f}",
+                    f"text {txt[mode]:.3f}; overhead {r[mode + '_overhead']:+.1%}",
+                )
+                for mode, label in (
+                    ("stream", "  streamed s"),
+                    ("stop", "  streamed with --stop s"),
+                )
+            ),
         ]
     return "\n".join(lines)

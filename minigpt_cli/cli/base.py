@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, List, NoReturn, Optional
 
 import typer
-from typer._click import exceptions as _click_exc  # Typer's own copy of click (typer.core builds on it)
+from typer._click import (
+    exceptions as _click_exc,
+)  # Typer's own copy of click (typer.core builds on it)
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from ..errors import Interrupted, MinigptError, refuse
@@ -29,19 +31,39 @@ from ..run import folder as runs
 EXIT_USAGE = 2
 
 # The options several commands share, defined once (Typer copies an Annotated option for each command).
-SetOption = Annotated[List[str], typer.Option(
-    "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set train.learning_rate=3e-4; a list in "
-    "brackets: --set 'tokenizer.special_tokens=[<|endoftext|>]' (repeatable).")]
-ProgressOption = Annotated[Optional[bool], typer.Option(
-    "--progress/--no-progress", help="Show progress bars (default: only when stderr is a terminal).")]
+SetOption = Annotated[
+    List[str],
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a config key, e.g. --set train.learning_rate=3e-4; a list in "
+        "brackets: --set 'tokenizer.special_tokens=[<|endoftext|>]' (repeatable).",
+    ),
+]
+ProgressOption = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--progress/--no-progress",
+        help="Show progress bars (default: only when stderr is a terminal).",
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-DeviceOption = Annotated[str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
-RunOption = Annotated[Optional[Path], typer.Option(
-    "--run", metavar="DIR", help="Run folder (default: the most recent under runs/).")]
-CheckpointOption = Annotated[str, typer.Option(
-    "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}|step-N",
-    help="best: the weights with the lowest val loss; last: the most recent save; step-N: the copy "
-         "train.keep_every kept at step N.")]
+DeviceOption = Annotated[
+    str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")
+]
+RunOption = Annotated[
+    Optional[Path],
+    typer.Option("--run", metavar="DIR", help="Run folder (default: the most recent under runs/)."),
+]
+CheckpointOption = Annotated[
+    str,
+    typer.Option(
+        "--checkpoint",
+        metavar=f"{runs.BEST}|{runs.LAST}|step-N",
+        help="best: the weights with the lowest val loss; last: the most recent save; step-N: the copy "
+        "train.keep_every kept at step N.",
+    ),
+]
 
 
 class _StdoutError(Exception):
@@ -69,7 +91,9 @@ class _GuardedStdout:
         try:
             return method(*args)
         except OSError as exc:
-            raise (_StdoutClosed() if isinstance(exc, BrokenPipeError) else _StdoutError(exc)) from None
+            raise (
+                _StdoutClosed() if isinstance(exc, BrokenPipeError) else _StdoutError(exc)
+            ) from None
 
     def write(self, text):
         return self._guard(self._stream.write, text)
@@ -105,10 +129,17 @@ class Group(TyperGroup):
         sys.stdout = _GuardedStdout(real_stdout)
         old_term = _install_termination_handlers()
         try:
-            rv = super().main(args=args, prog_name=prog_name or "minigpt", complete_var=complete_var,
-                              standalone_mode=False, **extra)
+            rv = super().main(
+                args=args,
+                prog_name=prog_name or "minigpt",
+                complete_var=complete_var,
+                standalone_mode=False,
+                **extra,
+            )
             sys.stdout.flush()  # buffered output fails here, not silently at exit
-        except BaseException as exc:  # the one place errors are rendered; _exit re-raises what is a bug
+        except (
+            BaseException
+        ) as exc:  # the one place errors are rendered; _exit re-raises what is a bug
             sys.stdout = real_stdout
             rv = _exit(exc)
         finally:
@@ -132,7 +163,9 @@ def _exit(exc: BaseException) -> int:
         if other_rank():  # under torchrun every rank stops; rank 0 says so
             sys.exit(exc.exit_code)
         _fail(str(exc), exc.exit_code, prefix="")
-    if isinstance(exc, (_StdoutClosed, BrokenPipeError)):  # e.g. `minigpt generate | head`: the reader left
+    if isinstance(
+        exc, (_StdoutClosed, BrokenPipeError)
+    ):  # e.g. `minigpt generate | head`: the reader left
         _drop_stdout()
         sys.exit(0)
     if isinstance(exc, _StdoutError):
@@ -142,18 +175,33 @@ def _exit(exc: BaseException) -> int:
     # An OSError the library did not wrap: a path (run folder, data folder) that is read-only, full, a file
     # where a folder should be, ...; one without a path or a disk's errno is a bug.
     disk = isinstance(exc, OSError) and (exc.filename is not None or exc.errno in _DISK_ERRNOS)
-    line = (str(exc) if isinstance(exc, MinigptError)
-            else _usage_line(exc) if isinstance(exc, _click_exc.UsageError)
-            else STOPPED.format(name=signal.Signals(exc.signum).name) if isinstance(exc, _Terminated)
-            else STOPPED.format(name="Ctrl-C") if isinstance(exc, (_CtrlC, typer.Abort, KeyboardInterrupt))
-            else f"cannot write to standard output: {exc}" if isinstance(exc, _StdoutError)
-            else os_error_message(exc) if disk
-            else exc.format_message() if isinstance(exc, _click_exc.ClickException)
-            else None)
+    line = (
+        str(exc)
+        if isinstance(exc, MinigptError)
+        else _usage_line(exc)
+        if isinstance(exc, _click_exc.UsageError)
+        else STOPPED.format(name=signal.Signals(exc.signum).name)
+        if isinstance(exc, _Terminated)
+        else STOPPED.format(name="Ctrl-C")
+        if isinstance(exc, (_CtrlC, typer.Abort, KeyboardInterrupt))
+        else f"cannot write to standard output: {exc}"
+        if isinstance(exc, _StdoutError)
+        else os_error_message(exc)
+        if disk
+        else exc.format_message()
+        if isinstance(exc, _click_exc.ClickException)
+        else None
+    )
     if line is None:
         raise exc
     signalled = isinstance(exc, (_Terminated, _CtrlC, typer.Abort, KeyboardInterrupt))
-    code = 128 + exc.signum if isinstance(exc, _Terminated) else 130 if signalled else getattr(exc, "exit_code", 2)
+    code = (
+        128 + exc.signum
+        if isinstance(exc, _Terminated)
+        else 130
+        if signalled
+        else getattr(exc, "exit_code", 2)
+    )
     code = code if isinstance(exc, MinigptError) or signalled else EXIT_USAGE
     _fail(line, code, prefix="" if signalled else "error: ")
 
@@ -186,7 +234,9 @@ def _raise_terminated(signum, frame):
 def _install_termination_handlers() -> dict:
     """Make SIGTERM and SIGHUP unwind like Ctrl-C, so ``finally`` blocks remove partial files (the training loop
     installs its own, which save first). Returns the handlers replaced."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+    if (
+        threading.current_thread() is not threading.main_thread()
+    ):  # only the main thread may set handlers
         return {}
     signals = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
     return {sig: signal.signal(sig, _raise_terminated) for sig in signals}
@@ -282,8 +332,10 @@ def echo(message: str) -> None:
 
 
 #: What a refused sampling option is told, by ``sample`` key (else the schema's own words).
-_SAMPLE_FLAG_HINTS = {"top_p": "must be in (0, 1]; e.g. --top-p 0.9",
-                      "temperature": "must be a finite number >= 0 (0: greedy); e.g. --temperature 0.8"}
+_SAMPLE_FLAG_HINTS = {
+    "top_p": "must be in (0, 1]; e.g. --top-p 0.9",
+    "temperature": "must be a finite number >= 0 (0: greedy); e.g. --temperature 0.8",
+}
 
 
 def sample_flags(given: dict) -> dict:
@@ -329,7 +381,9 @@ def run_and_exit(app: Callable[[], Any]) -> NoReturn:
     interpreter's teardown (2 s with torch, in which a Ctrl-C killed it silently); a signal now gets
     :data:`LATE_SIGNAL` and 128 + its number. While a non-daemon thread runs, the normal exit waits for it."""
     late: list[int] = []
-    signals = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    signals = [
+        s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None
+    ]
 
     def note(signum, frame):
         late.append(signum)
@@ -342,19 +396,27 @@ def run_and_exit(app: Callable[[], Any]) -> NoReturn:
             code = exc.code
         for sig in signals:
             signal.signal(sig, note)
-    except KeyboardInterrupt:  # past the command's own handling (which answers a Ctrl-C): its work was done
+    except (
+        KeyboardInterrupt
+    ):  # past the command's own handling (which answers a Ctrl-C): its work was done
         code = 0
         late.append(signal.SIGINT)
         for sig in signals:
             signal.signal(sig, note)
     status = _status(code)
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+    if any(
+        t.is_alive() and not t.daemon
+        for t in threading.enumerate()
+        if t is not threading.main_thread()
+    ):
         for sig in signals:
             signal.signal(sig, signal.SIG_IGN)
         sys.exit(status)
     atexit._run_exitfuncs()
     _flush()
-    if hasattr(signal, "pthread_sigmask"):  # a call: a signal noted so far is handled first; later ones wait
+    if hasattr(
+        signal, "pthread_sigmask"
+    ):  # a call: a signal noted so far is handled first; later ones wait
         signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     if late:
         print(LATE_SIGNAL.format(name=signal.Signals(late[0]).name, done=_DONE[0]), file=sys.stderr)
@@ -364,8 +426,12 @@ def run_and_exit(app: Callable[[], Any]) -> NoReturn:
 
 
 def _flush() -> None:
-    for stream in (s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None):
-        with contextlib.suppress(OSError, ValueError):  # a stream that cannot be flushed has nothing to lose
+    for stream in (
+        s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None
+    ):
+        with contextlib.suppress(
+            OSError, ValueError
+        ):  # a stream that cannot be flushed has nothing to lose
             stream.flush()
 
 
@@ -373,19 +439,36 @@ def _flush() -> None:
 
 #: :func:`unescape`'s refusals.
 _ESCAPE_ERRORS = {
-    "bytes": ("{what} '{text}': its escapes give the bytes {bytes}, which are not UTF-8 text; write a character "
-              "as \\uHHHH (é: \\u00e9) or as all of its UTF-8 bytes (\\xc3\\xa9)"),
+    "bytes": (
+        "{what} '{text}': its escapes give the bytes {bytes}, which are not UTF-8 text; write a character "
+        "as \\uHHHH (é: \\u00e9) or as all of its UTF-8 bytes (\\xc3\\xa9)"
+    ),
     "byte_range": "{what} '{text}': {escape} is beyond a byte (at most \\377); write a character as \\uHHHH",
-    "code_point": ("{what} '{text}': {escape} is not a character (U+D800..U+DFFF and values past U+10FFFF are "
-                   "not); e.g. \\u00e9 is é"),
+    "code_point": (
+        "{what} '{text}': {escape} is not a character (U+D800..U+DFFF and values past U+10FFFF are "
+        "not); e.g. \\u00e9 is é"
+    ),
 }
 #: printf's escapes of one character (bash's printf builtin; its ``\\c``, which ends printf's output, is not one).
-_ESCAPES = {"\\": "\\", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r",
-            "t": "\t", "v": "\v", '"': '"', "'": "'"}
+_ESCAPES = {
+    "\\": "\\",
+    "a": "\a",
+    "b": "\b",
+    "e": "\x1b",
+    "E": "\x1b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    '"': '"',
+    "'": "'",
+}
 #: One escape: octal (1 to 3 digits) and ``\\x`` (1 or 2 hex digits) give a byte, ``\\u`` (1 to 4) and ``\\U``
 #: (1 to 8) a code point, a backslash and any other character that character's escape, if it has one.
-_ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})|U([0-9A-Fa-f]{1,8})|(.))",
-                     re.DOTALL)
+_ESCAPE = re.compile(
+    r"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})|U([0-9A-Fa-f]{1,8})|(.))", re.DOTALL
+)
 
 
 def unescape(text: str, what: str = "--stop") -> str:
@@ -399,9 +482,16 @@ def unescape(text: str, what: str = "--stop") -> str:
 
     def flush() -> None:
         if pending:
-            decoded = pending.decode("utf-8", "replace")  # not UTF-8: a U+FFFD that does not encode back to them
-            refuse([(decoded.encode() != pending, "bytes")], _ESCAPE_ERRORS, what=what, text=text,
-                   bytes=pending.hex(" "))
+            decoded = pending.decode(
+                "utf-8", "replace"
+            )  # not UTF-8: a U+FFFD that does not encode back to them
+            refuse(
+                [(decoded.encode() != pending, "bytes")],
+                _ESCAPE_ERRORS,
+                what=what,
+                text=text,
+                bytes=pending.hex(" "),
+            )
             out.append(decoded)
             pending.clear()
 
@@ -410,11 +500,13 @@ def unescape(text: str, what: str = "--stop") -> str:
         octal, byte, short, long, other = m.groups()
         if m.start() > pos:
             flush()
-            out.append(text[pos:m.start()])
+            out.append(text[pos : m.start()])
         pos = m.end()
         if octal is not None or byte is not None:
             value = int(octal, 8) if octal is not None else int(byte, 16)
-            refuse([(value > 0xFF, "byte_range")], _ESCAPE_ERRORS, what=what, text=text, escape=m[0])
+            refuse(
+                [(value > 0xFF, "byte_range")], _ESCAPE_ERRORS, what=what, text=text, escape=m[0]
+            )
             pending.append(value)
             continue
         flush()
@@ -422,8 +514,13 @@ def unescape(text: str, what: str = "--stop") -> str:
             out.append(_ESCAPES.get(other, m[0]))
             continue
         code = int(short or long, 16)
-        refuse([(0xD800 <= code <= 0xDFFF or code > 0x10FFFF, "code_point")], _ESCAPE_ERRORS, what=what, text=text,
-               escape=m[0])
+        refuse(
+            [(0xD800 <= code <= 0xDFFF or code > 0x10FFFF, "code_point")],
+            _ESCAPE_ERRORS,
+            what=what,
+            text=text,
+            escape=m[0],
+        )
         out.append(chr(code))
     flush()
     out.append(text[pos:])
@@ -441,7 +538,9 @@ TYPER_SETTINGS = dict(
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
 )
 app = typer.Typer(
-    name="minigpt", cls=Group, help="Train, sample and measure small GPT models (decoder-only Transformers).",
+    name="minigpt",
+    cls=Group,
+    help="Train, sample and measure small GPT models (decoder-only Transformers).",
     **TYPER_SETTINGS,
 )
 
@@ -455,6 +554,13 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                       help="Print minigpt's version and exit.")) -> None:
+def _main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print minigpt's version and exit.",
+    ),
+) -> None:
     """Train, sample and measure small GPT models (decoder-only Transformers)."""

@@ -13,12 +13,21 @@ from .base import Command, ProgressOption, SetOption, app, echo
 
 @app.command(cls=Command)
 def download(
-    dataset: str = typer.Argument("tinyshakespeare", help="Corpus to fetch (only tinyshakespeare for now)."),
-    url: Optional[str] = typer.Option(
-        None, "--url", metavar="URL", help="Mirror to fetch from; default $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn repository."
+    dataset: str = typer.Argument(
+        "tinyshakespeare", help="Corpus to fetch (only tinyshakespeare for now)."
     ),
-    force: bool = typer.Option(False, "--force", help="Fetch again even if a good copy is on disk."),
-    data_dir: Path = typer.Option(Path("data"), "--data-dir", metavar="DIR", help="Where corpora live."),
+    url: Optional[str] = typer.Option(
+        None,
+        "--url",
+        metavar="URL",
+        help="Mirror to fetch from; default $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn repository.",
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Fetch again even if a good copy is on disk."
+    ),
+    data_dir: Path = typer.Option(
+        Path("data"), "--data-dir", metavar="DIR", help="Where corpora live."
+    ),
     progress: ProgressOption = None,
 ) -> None:
     """Download a corpus into data/<dataset>/input.txt (checksum-verified).
@@ -28,8 +37,14 @@ def download(
     """
     from ..data.download import download as fetch
 
-    path, fetched = fetch(dataset, data_dir, url=url, force=force, progress=progress,
-                          mirror_hint="pass another --url" if url else None)
+    path, fetched = fetch(
+        dataset,
+        data_dir,
+        url=url,
+        force=force,
+        progress=progress,
+        mirror_hint="pass another --url" if url else None,
+    )
     size = path.stat().st_size
     if fetched:
         print(f"downloaded {path} ({size:,} bytes, sha256 verified)")
@@ -39,21 +54,43 @@ def download(
 
 @app.command("train-tokenizer", cls=Command)
 def train_tokenizer_cmd(
-    config: Optional[Path] = typer.Argument(None, help="A config whose tokenizer and data sections to use."),
-    kind: Optional[str] = typer.Option(None, "--kind", metavar="KIND", help="char, bpe, wordpiece or unigram (default: the config's)."),
-    vocab_size: Optional[int] = typer.Option(
-        None, "--vocab-size", min=1, help="Entries in all, special tokens included (ignored for char)."
+    config: Optional[Path] = typer.Argument(
+        None, help="A config whose tokenizer and data sections to use."
     ),
-    input: Optional[Path] = typer.Option(None, "--input", metavar="PATH", help="Text to train on: a UTF-8 file, a folder of .txt/.jsonl files, a glob or a .jsonl file (default: the config's corpus)."),
+    kind: Optional[str] = typer.Option(
+        None,
+        "--kind",
+        metavar="KIND",
+        help="char, bpe, wordpiece or unigram (default: the config's).",
+    ),
+    vocab_size: Optional[int] = typer.Option(
+        None,
+        "--vocab-size",
+        min=1,
+        help="Entries in all, special tokens included (ignored for char).",
+    ),
+    input: Optional[Path] = typer.Option(
+        None,
+        "--input",
+        metavar="PATH",
+        help="Text to train on: a UTF-8 file, a folder of .txt/.jsonl files, a glob or a .jsonl file (default: the config's corpus).",
+    ),
     output: Optional[Path] = typer.Option(
-        None, "--output", metavar="FILE", help="Tokenizer file to write (default: data/<dataset>/tokenizer-<kind>[-<size>][-special-<hash>].json)."
+        None,
+        "--output",
+        metavar="FILE",
+        help="Tokenizer file to write (default: data/<dataset>/tokenizer-<kind>[-<size>][-special-<hash>].json).",
     ),
     special_tokens: Optional[List[str]] = typer.Option(
-        None, "--special-tokens", metavar="TEXT",
+        None,
+        "--special-tokens",
+        metavar="TEXT",
         help="A text that becomes one id, e.g. '<|endoftext|>' (repeatable; default: the config's).",
     ),
     compare: bool = typer.Option(
-        False, "--compare", help="Train all four kinds at --vocab-size on the same corpus and print one table; writes nothing."
+        False,
+        "--compare",
+        help="Train all four kinds at --vocab-size on the same corpus and print one table; writes nothing.",
     ),
     set_: SetOption = [],
 ) -> None:
@@ -72,11 +109,34 @@ def train_tokenizer_cmd(
     from ..config.schema import apply_overrides, load_config, validate
     from ..data.train_tokenizer import run_compare, run_train_tokenizer
 
-    cfg = load_config(config, set_, note=echo) if config else validate(apply_overrides({}, set_), "--set")
+    cfg = (
+        load_config(config, set_, note=echo)
+        if config
+        else validate(apply_overrides({}, set_), "--set")
+    )
     if compare:
         if kind is not None or output is not None:
-            raise MinigptError("--compare trains every kind and writes nothing; drop --kind and --output")
-        print(run_compare(cfg, vocab_size=vocab_size, input_path=input, special_tokens=special_tokens, echo=echo))
+            raise MinigptError(
+                "--compare trains every kind and writes nothing; drop --kind and --output"
+            )
+        print(
+            run_compare(
+                cfg,
+                vocab_size=vocab_size,
+                input_path=input,
+                special_tokens=special_tokens,
+                echo=echo,
+            )
+        )
         return
-    print(run_train_tokenizer(cfg, kind=kind, vocab_size=vocab_size, input_path=input, output_path=output,
-                              special_tokens=special_tokens, echo=echo))
+    print(
+        run_train_tokenizer(
+            cfg,
+            kind=kind,
+            vocab_size=vocab_size,
+            input_path=input,
+            output_path=output,
+            special_tokens=special_tokens,
+            echo=echo,
+        )
+    )

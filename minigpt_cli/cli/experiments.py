@@ -14,22 +14,48 @@ from .base import Command, JsonOption, app, echo, fix_when_interrupted
 
 @app.command(cls=Command)
 def sweep(
-    file: Path = typer.Argument(..., metavar="SWEEP", help="A sweep file, or a shipped experiment's name (ffn, ...)."),
-    sets: List[str] = typer.Option([], "--set", metavar="KEY=VALUE",
-                                   help="Override a config key in every run, after the file's set: (repeatable)."),
-    seeds: Optional[int] = typer.Option(None, "--seeds", min=1, metavar="N", help="Seeds per variant or trial."),
-    budget: Optional[str] = typer.Option(None, "--budget", metavar="KIND=N",
-                                         help="Each run's budget instead of the file's: iters=N, tokens=N or "
-                                              "seconds=S."),
-    jobs: int = typer.Option(1, "--jobs", min=1, metavar="N",
-                             help="Runs at a time, each in its own process with 1/N of the cores (default 1)."),
-    storage: Optional[str] = typer.Option(None, "--storage", metavar="URL",
-                                          help="Where the study lives: an RDB URL (sqlite:///s.db, postgresql://...) "
-                                               "or a journal file (default: the sweep folder's study.journal)."),
-    worker: bool = typer.Option(False, "--worker", help="Join the study in --storage as one of many workers."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
+    file: Path = typer.Argument(
+        ..., metavar="SWEEP", help="A sweep file, or a shipped experiment's name (ffn, ...)."
+    ),
+    sets: List[str] = typer.Option(
+        [],
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a config key in every run, after the file's set: (repeatable).",
+    ),
+    seeds: Optional[int] = typer.Option(
+        None, "--seeds", min=1, metavar="N", help="Seeds per variant or trial."
+    ),
+    budget: Optional[str] = typer.Option(
+        None,
+        "--budget",
+        metavar="KIND=N",
+        help="Each run's budget instead of the file's: iters=N, tokens=N or seconds=S.",
+    ),
+    jobs: int = typer.Option(
+        1,
+        "--jobs",
+        min=1,
+        metavar="N",
+        help="Runs at a time, each in its own process with 1/N of the cores (default 1).",
+    ),
+    storage: Optional[str] = typer.Option(
+        None,
+        "--storage",
+        metavar="URL",
+        help="Where the study lives: an RDB URL (sqlite:///s.db, postgresql://...) "
+        "or a journal file (default: the sweep folder's study.journal).",
+    ),
+    worker: bool = typer.Option(
+        False, "--worker", help="Join the study in --storage as one of many workers."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the summary as JSON instead of a table."
+    ),
     progress: Optional[bool] = typer.Option(
-        None, "--progress/--no-progress", help="Show a progress bar over the sweep (default: only when stderr is a terminal)."
+        None,
+        "--progress/--no-progress",
+        help="Show a progress bar over the sweep (default: only when stderr is a terminal).",
     ),
 ) -> None:
     """Train every variant of a sweep file at every seed, then compare them.
@@ -62,40 +88,80 @@ def sweep(
     from ..experiments.search import format_report
     from ..experiments.sweep import Overrides, run_sweep
 
-    again = shlex.join(["minigpt", "sweep", str(file), *(w for s in sets for w in ("--set", s)),
-                        *(["--seeds", str(seeds)] if seeds else []), *(["--budget", budget] if budget else []),
-                        *(["--storage", storage] if storage else []), *(["--worker"] if worker else []),
-                        *(["--jobs", str(jobs)] if jobs > 1 else [])])
+    again = shlex.join(
+        [
+            "minigpt",
+            "sweep",
+            str(file),
+            *(w for s in sets for w in ("--set", s)),
+            *(["--seeds", str(seeds)] if seeds else []),
+            *(["--budget", budget] if budget else []),
+            *(["--storage", storage] if storage else []),
+            *(["--worker"] if worker else []),
+            *(["--jobs", str(jobs)] if jobs > 1 else []),
+        ]
+    )
     with fix_when_interrupted(lambda exc: f"continue the sweep with: {again}"):
-        result = run_sweep(file, jobs=jobs, progress=progress, overrides=Overrides(tuple(sets), seeds, budget),
-                           storage=storage, worker=worker, echo=echo)
+        result = run_sweep(
+            file,
+            jobs=jobs,
+            progress=progress,
+            overrides=Overrides(tuple(sets), seeds, budget),
+            storage=storage,
+            worker=worker,
+            echo=echo,
+        )
     if as_json:
         print(json.dumps(result, indent=1))
     else:
-        print((format_summary(result) if "rows" in result else "") +
-              (format_report(result["search"]) if "search" in result else "") +
-              ("\n" + format_trials(result["study"]) if "study" in result else ""), end="")
+        print(
+            (format_summary(result) if "rows" in result else "")
+            + (format_report(result["search"]) if "search" in result else "")
+            + ("\n" + format_trials(result["study"]) if "study" in result else ""),
+            end="",
+        )
 
 
 @app.command(cls=Command)
 def compare(
-    paths: Optional[List[Path]] = typer.Argument(None, metavar="RUN_OR_SWEEP...",
-                                                 help="Run folders, or folders of runs (a sweep's)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="DIR",
-                                          help="Where summary.md/.csv/.json/.png go (default: the sweep folder when "
-                                               "one is given, else ./comparison)."),
-    target: Optional[float] = typer.Option(None, "--target", metavar="LOSS",
-                                           help="Val loss for the time-to-target column (default: the worst "
-                                                "run's final val loss)."),
-    metric: Optional[str] = typer.Option(None, "--metric", metavar="val_loss|bits_per_byte",
-                                         help="What the pairwise sentences and the plot compare (default: "
-                                              "val_loss when the runs share corpus and tokenizer, else "
-                                              "bits_per_byte)."),
-    storage: Optional[str] = typer.Option(None, "--storage", metavar="URL",
-                                          help="Instead of run folders: list the trials of a study in this "
-                                               "storage (an RDB URL or a journal file), every worker's."),
-    study: Optional[str] = typer.Option(None, "--study", metavar="NAME",
-                                        help="The study in --storage (default: its only one; a sweep's name)."),
+    paths: Optional[List[Path]] = typer.Argument(
+        None, metavar="RUN_OR_SWEEP...", help="Run folders, or folders of runs (a sweep's)."
+    ),
+    output: Optional[Path] = typer.Option(
+        None,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="Where summary.md/.csv/.json/.png go (default: the sweep folder when "
+        "one is given, else ./comparison).",
+    ),
+    target: Optional[float] = typer.Option(
+        None,
+        "--target",
+        metavar="LOSS",
+        help="Val loss for the time-to-target column (default: the worst run's final val loss).",
+    ),
+    metric: Optional[str] = typer.Option(
+        None,
+        "--metric",
+        metavar="val_loss|bits_per_byte",
+        help="What the pairwise sentences and the plot compare (default: "
+        "val_loss when the runs share corpus and tokenizer, else "
+        "bits_per_byte).",
+    ),
+    storage: Optional[str] = typer.Option(
+        None,
+        "--storage",
+        metavar="URL",
+        help="Instead of run folders: list the trials of a study in this "
+        "storage (an RDB URL or a journal file), every worker's.",
+    ),
+    study: Optional[str] = typer.Option(
+        None,
+        "--study",
+        metavar="NAME",
+        help="The study in --storage (default: its only one; a sweep's name).",
+    ),
     as_json: JsonOption = False,
 ) -> None:
     """Put runs side by side: one row per variant, averaged over seeds.
@@ -122,16 +188,29 @@ def compare(
       minigpt compare runs/quick runs/quick-rope --target 1.9
       minigpt compare --storage sqlite:///ffn.db --study ffn
     """
-    from ..experiments.compare import expand, format_summary, format_trials, load_trials, summarize, write_trials
+    from ..experiments.compare import (
+        expand,
+        format_summary,
+        format_trials,
+        load_trials,
+        summarize,
+        write_trials,
+    )
 
     if storage is not None:
         trials = load_trials(storage, study, paths or [])
         if output is not None:
             write_trials(trials, output)
-        print(json.dumps(trials, indent=1) if as_json else format_trials(trials), end="" if not as_json else "\n")
+        print(
+            json.dumps(trials, indent=1) if as_json else format_trials(trials),
+            end="" if not as_json else "\n",
+        )
         return
     runs_ = expand(paths or [])
     out = output or (paths[0] if len(paths) == 1 and runs_ != paths else Path("comparison"))
     result = summarize(runs_, out=out, target=target, metric=metric, echo=echo)
-    print(json.dumps(result, indent=1) if as_json else format_summary(result), end="" if not as_json else "\n")
+    print(
+        json.dumps(result, indent=1) if as_json else format_summary(result),
+        end="" if not as_json else "\n",
+    )
     echo(f"summary written to {out}/summary.md, .csv, .json and .png")

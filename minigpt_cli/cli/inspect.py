@@ -39,7 +39,10 @@ class _Topics(Group):
             names = list(self.list_commands(ctx))
             close = difflib.get_close_matches(name, names, n=1)
             hint = _MESSAGES["did_you_mean"].format(close=close[0]) if close else ""
-            raise UsageError(_MESSAGES["unknown_topic"].format(name=name, hint=hint, topics=", ".join(names)), ctx)
+            raise UsageError(
+                _MESSAGES["unknown_topic"].format(name=name, hint=hint, topics=", ".join(names)),
+                ctx,
+            )
         return super().resolve_command(ctx, args)
 
 
@@ -47,8 +50,8 @@ app = typer.Typer(
     name="inspect",
     cls=_Topics,
     help="Compute, check and draw the ideas behind the model: positions, block, residual, attention, "
-         "activations, ffn, tokenize. Each prints its numbers (--json: as JSON) and writes a PNG to --output "
-         "(default inspect/ in the current folder).",
+    "activations, ffn, tokenize. Each prints its numbers (--json: as JSON) and writes a PNG to --output "
+    "(default inspect/ in the current folder).",
     **TYPER_SETTINGS,
 )
 
@@ -71,7 +74,9 @@ def _one_thread() -> None:
         torch.set_num_threads(1)
 
 
-def _numbers(text: str, key: str, kind=float, count: Optional[int] = None, least: float = -math.inf) -> list:
+def _numbers(
+    text: str, key: str, kind=float, count: Optional[int] = None, least: float = -math.inf
+) -> list:
     """The comma-separated finite numbers of an option: ``count`` of them when given, each at least ``least``."""
     from ..errors import MinigptError
 
@@ -87,12 +92,28 @@ def _numbers(text: str, key: str, kind=float, count: Optional[int] = None, least
 
 @app.command(cls=Command)
 def positions(
-    dim: int = typer.Option(128, "--dim", min=2, max=8192, metavar="D",
-                            help="Width d, even (128: p0·pk first rises at k = 12; 64: the longest wavelength is ≈ 47,117)."),
-    max_len: int = typer.Option(4096, "--max-len", min=2, max=65536, metavar="N",
-                                help="Positions 0..N-1 for the curve, its minimum and the rotation check."),
-    base: float = typer.Option(10000.0, "--base", metavar="B", help="Frequency base (Vaswani et al.: 10000)."),
-    seed: int = typer.Option(0, "--seed", metavar="S", help="Seed of the random W_Q, W_K and content vectors."),
+    dim: int = typer.Option(
+        128,
+        "--dim",
+        min=2,
+        max=8192,
+        metavar="D",
+        help="Width d, even (128: p0·pk first rises at k = 12; 64: the longest wavelength is ≈ 47,117).",
+    ),
+    max_len: int = typer.Option(
+        4096,
+        "--max-len",
+        min=2,
+        max=65536,
+        metavar="N",
+        help="Positions 0..N-1 for the curve, its minimum and the rotation check.",
+    ),
+    base: float = typer.Option(
+        10000.0, "--base", metavar="B", help="Frequency base (Vaswani et al.: 10000)."
+    ),
+    seed: int = typer.Option(
+        0, "--seed", metavar="S", help="Seed of the random W_Q, W_K and content vectors."
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(Path("inspect"), "--output", metavar="DIR", help=OUTPUT_HELP),
 ) -> None:
@@ -114,19 +135,34 @@ def positions(
 
 @app.command(cls=Command)
 def block(
-    trace: bool = typer.Option(False, "--trace", help="Also trace the shapes and dtypes through a small GPT, and "
-                                                      "print each parameter's gradient norm after one backward."),
+    trace: bool = typer.Option(
+        False,
+        "--trace",
+        help="Also trace the shapes and dtypes through a small GPT, and "
+        "print each parameter's gradient norm after one backward.",
+    ),
     n_embd: int = typer.Option(64, "--n-embd", min=1, max=4096, metavar="D", help="Model width."),
-    n_head: int = typer.Option(4, "--n-head", min=1, metavar="H", help="Attention heads (must divide --n-embd)."),
+    n_head: int = typer.Option(
+        4, "--n-head", min=1, metavar="H", help="Attention heads (must divide --n-embd)."
+    ),
     d_ff: int = typer.Option(256, "--d-ff", min=1, metavar="N", help="Feed-forward width."),
-    seq_len: int = typer.Option(8, "--seq-len", min=1, metavar="T", help="Tokens per sequence in the comparison."),
-    activation: Literal["relu", "gelu"] = typer.Option("gelu", "--activation", metavar="relu|gelu",
-                                                       help="Feed-forward activation."),
+    seq_len: int = typer.Option(
+        8, "--seq-len", min=1, metavar="T", help="Tokens per sequence in the comparison."
+    ),
+    activation: Literal["relu", "gelu"] = typer.Option(
+        "gelu", "--activation", metavar="relu|gelu", help="Feed-forward activation."
+    ),
     n_layer: int = typer.Option(2, "--n-layer", min=1, metavar="L", help="Blocks in the trace."),
     batch: int = typer.Option(2, "--batch", min=1, metavar="B", help="Sequences per batch."),
-    trace_len: int = typer.Option(4, "--trace-len", min=1, metavar="T", help="Tokens per sequence in the trace."),
+    trace_len: int = typer.Option(
+        4, "--trace-len", min=1, metavar="T", help="Tokens per sequence in the trace."
+    ),
     dtype: Literal["float32", "float64", "bfloat16"] = typer.Option(
-        "float32", "--dtype", metavar="DTYPE", help="The trace's dtype: float32, float64 or bfloat16."),
+        "float32",
+        "--dtype",
+        metavar="DTYPE",
+        help="The trace's dtype: float32, float64 or bfloat16.",
+    ),
     seed: int = typer.Option(0, "--seed", metavar="S", help="Seed of the weights and inputs."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(Path("inspect"), "--output", metavar="DIR", help=OUTPUT_HELP),
@@ -144,24 +180,55 @@ def block(
     from ..inspection.block import block as run
     from ..inspection.block import format_block
 
-    result = run(n_embd, n_head, d_ff, seq_len, activation, seed, trace, n_layer, batch, trace_len, dtype, output)
+    result = run(
+        n_embd,
+        n_head,
+        d_ff,
+        seq_len,
+        activation,
+        seed,
+        trace,
+        n_layer,
+        batch,
+        trace_len,
+        dtype,
+        output,
+    )
     _report(result, as_json, format_block)
 
 
 @app.command(cls=Command)
 def residual(
-    run: Optional[Path] = typer.Option(None, "--run", metavar="DIR", help="Measure a trained run instead, on "
-                                                                          "validation windows, against its init."),
-    depths: str = typer.Option("4,16,64", "--depths", metavar="L,L,...", help="Block counts to build."),
+    run: Optional[Path] = typer.Option(
+        None,
+        "--run",
+        metavar="DIR",
+        help="Measure a trained run instead, on validation windows, against its init.",
+    ),
+    depths: str = typer.Option(
+        "4,16,64", "--depths", metavar="L,L,...", help="Block counts to build."
+    ),
     seeds: int = typer.Option(8, "--seeds", min=1, metavar="N", help="Initialisations per depth."),
     n_embd: int = typer.Option(64, "--n-embd", min=1, max=4096, metavar="D", help="Model width."),
     n_head: int = typer.Option(4, "--n-head", min=1, metavar="H", help="Attention heads."),
     seq_len: int = typer.Option(64, "--seq-len", min=1, metavar="T", help="Tokens per input."),
-    init_std: Optional[float] = typer.Option(None, "--init-std", min=1e-6, max=10.0, metavar="X",
-                                             help="Init std of the weights (default 1/sqrt(d): O(1) branches)."),
-    checkpoint: str = typer.Option(runs.BEST, "--checkpoint", metavar=f"{runs.BEST}|{runs.LAST}",
-                                   help="With --run: which checkpoint."),
-    windows: int = typer.Option(8, "--windows", metavar="N", help="With --run: validation windows of block_size."),
+    init_std: Optional[float] = typer.Option(
+        None,
+        "--init-std",
+        min=1e-6,
+        max=10.0,
+        metavar="X",
+        help="Init std of the weights (default 1/sqrt(d): O(1) branches).",
+    ),
+    checkpoint: str = typer.Option(
+        runs.BEST,
+        "--checkpoint",
+        metavar=f"{runs.BEST}|{runs.LAST}",
+        help="With --run: which checkpoint.",
+    ),
+    windows: int = typer.Option(
+        8, "--windows", metavar="N", help="With --run: validation windows of block_size."
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(Path("inspect"), "--output", metavar="DIR", help=OUTPUT_HELP),
 ) -> None:
@@ -182,14 +249,26 @@ def residual(
     if run is not None:
         result = residual_run(run, checkpoint, windows, output=output, echo=echo)
     else:
-        result = study(_numbers(depths, "depths", int, least=1), seeds, n_embd, n_head, seq_len, init_std, output)
+        result = study(
+            _numbers(depths, "depths", int, least=1),
+            seeds,
+            n_embd,
+            n_head,
+            seq_len,
+            init_std,
+            output,
+        )
     _report(result, as_json, format_residual)
 
 
 @app.command(cls=Command)
 def attention(
-    prompt: str = typer.Option(..., "--prompt", metavar="TEXT", help="Text to attend over: at most the run's "
-                                                                     "block_size tokens (longer is refused)."),
+    prompt: str = typer.Option(
+        ...,
+        "--prompt",
+        metavar="TEXT",
+        help="Text to attend over: at most the run's block_size tokens (longer is refused).",
+    ),
     run: RunOption = None,
     checkpoint: CheckpointOption = runs.BEST,
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
@@ -235,17 +314,35 @@ def activations(
 
 @app.command(cls=Command)
 def ffn(
-    weights: Optional[Path] = typer.Option(None, "--weights", metavar="FILE",
-                                           help='JSON weights: {"W1": [[..]] (d_model x d_ff), "W2": [[..]] (d_ff x '
-                                                'd_model), optional "b1", "b2", "activation" (relu, gelu, gelu_tanh, '
-                                                'swiglu; swiglu also takes "V", d_model x d_ff)}. Default: the '
-                                                "2 -> 3 -> 2 ReLU example."),
-    x: List[str] = typer.Option([], "--x", metavar="X1,X2,...", help="An input, d_model numbers (repeatable; "
-                                                                     "default 1,2 and 2,-1)."),
-    swiglu_d_model: int = typer.Option(4096, "--swiglu-d-model", min=1, metavar="D", help="Width for the SwiGLU 2/3 "
-                                                                                   "rule (Llama-7B: 4096)."),
-    multiple_of: int = typer.Option(256, "--multiple-of", min=1, metavar="M", help="Round the SwiGLU width up to a "
-                                                                            "multiple of this."),
+    weights: Optional[Path] = typer.Option(
+        None,
+        "--weights",
+        metavar="FILE",
+        help='JSON weights: {"W1": [[..]] (d_model x d_ff), "W2": [[..]] (d_ff x '
+        'd_model), optional "b1", "b2", "activation" (relu, gelu, gelu_tanh, '
+        'swiglu; swiglu also takes "V", d_model x d_ff)}. Default: the '
+        "2 -> 3 -> 2 ReLU example.",
+    ),
+    x: List[str] = typer.Option(
+        [],
+        "--x",
+        metavar="X1,X2,...",
+        help="An input, d_model numbers (repeatable; default 1,2 and 2,-1).",
+    ),
+    swiglu_d_model: int = typer.Option(
+        4096,
+        "--swiglu-d-model",
+        min=1,
+        metavar="D",
+        help="Width for the SwiGLU 2/3 rule (Llama-7B: 4096).",
+    ),
+    multiple_of: int = typer.Option(
+        256,
+        "--multiple-of",
+        min=1,
+        metavar="M",
+        help="Round the SwiGLU width up to a multiple of this.",
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(Path("inspect"), "--output", metavar="DIR", help=OUTPUT_HELP),
 ) -> None:
@@ -270,19 +367,41 @@ def ffn(
 
 @app.command(cls=Command)
 def tokenize(
-    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", metavar="FILE", help="A tokenizer file: one "
-                                             "train-tokenizer writes, or any tokenizers tokenizer.json (a run's, an "
-                                             "export's, a Hugging Face folder's); a folder: the tokenizer.json in "
-                                             "it."),
-    run: Optional[Path] = typer.Option(None, "--run", metavar="DIR", help="Use this run's tokenizer."),
-    text: Optional[str] = typer.Option(None, "--text", metavar="TEXT", help="Text to cut (default: 'hugs bugs' "
-                                                                            "on the toy corpus, else 'ROMEO: hugs')."),
-    words: Optional[str] = typer.Option(None, "--words", metavar="W=N,...", help="The toy corpus (default "
-                                                                                 "hug=10,pug=5,pun=12,bun=4,hugs=5)."),
-    all_segmentations: bool = typer.Option(False, "--all-segmentations", help="Unigram: list every segmentation of "
-                                                                              "each word with its log-probability."),
-    corpus: Optional[Path] = typer.Option(None, "--corpus", metavar="FILE", help="WordPiece: the training text, "
-                                                                                 "to recompute each merge's score."),
+    tokenizer: Optional[Path] = typer.Option(
+        None,
+        "--tokenizer",
+        metavar="FILE",
+        help="A tokenizer file: one "
+        "train-tokenizer writes, or any tokenizers tokenizer.json (a run's, an "
+        "export's, a Hugging Face folder's); a folder: the tokenizer.json in "
+        "it.",
+    ),
+    run: Optional[Path] = typer.Option(
+        None, "--run", metavar="DIR", help="Use this run's tokenizer."
+    ),
+    text: Optional[str] = typer.Option(
+        None,
+        "--text",
+        metavar="TEXT",
+        help="Text to cut (default: 'hugs bugs' on the toy corpus, else 'ROMEO: hugs').",
+    ),
+    words: Optional[str] = typer.Option(
+        None,
+        "--words",
+        metavar="W=N,...",
+        help="The toy corpus (default hug=10,pug=5,pun=12,bun=4,hugs=5).",
+    ),
+    all_segmentations: bool = typer.Option(
+        False,
+        "--all-segmentations",
+        help="Unigram: list every segmentation of each word with its log-probability.",
+    ),
+    corpus: Optional[Path] = typer.Option(
+        None,
+        "--corpus",
+        metavar="FILE",
+        help="WordPiece: the training text, to recompute each merge's score.",
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(Path("inspect"), "--output", metavar="DIR", help=OUTPUT_HELP),
 ) -> None:

@@ -27,17 +27,30 @@ def train(
     config: Path = typer.Argument(..., help="YAML config, e.g. configs/shakespeare-cpu.yaml."),
     set_: SetOption = [],
     run_name: Optional[str] = typer.Option(
-        None, "--run-name", metavar="NAME", help="Folder name under runs/ (default: <name>-<date>-<time>)."
+        None,
+        "--run-name",
+        metavar="NAME",
+        help="Folder name under runs/ (default: <name>-<date>-<time>).",
     ),
     resume: Optional[str] = typer.Option(
-        None, "--resume", metavar="auto|DIR", help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME."
+        None,
+        "--resume",
+        metavar="auto|DIR",
+        help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME.",
     ),
     init_from: Optional[Path] = typer.Option(
-        None, "--init-from", metavar="DIR", help="Fine-tune: start from a local Hugging Face GPT-2, Llama, GPT-NeoX or "
+        None,
+        "--init-from",
+        metavar="DIR",
+        help="Fine-tune: start from a local Hugging Face GPT-2, Llama, GPT-NeoX or "
         "Qwen3 folder (config.json, model.safetensors, tokenizer.json); its architecture and tokenizer replace the "
-        "config's; the same as --set model.init_from=DIR."
+        "config's; the same as --set model.init_from=DIR.",
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and learning rates (with --resume: the run and step it would continue from); train nothing."),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print the resolved config and learning rates (with --resume: the run and step it would continue from); train nothing.",
+    ),
     progress: ProgressOption = None,
 ) -> None:
     """Train a GPT as the config says; the run lands in runs/<name>/.
@@ -73,7 +86,9 @@ def train(
     set_ = [*set_, f"model.init_from={init_from}"] if init_from is not None else set_
     cfg = load_config(config, set_, note=echo)
     if resume is not None and run_name is not None:
-        raise MinigptError("pass either --resume or --run-name, not both (a resumed run keeps its folder)")
+        raise MinigptError(
+            "pass either --resume or --run-name, not both (a resumed run keeps its folder)"
+        )
     from ..trainer import train as run_training
 
     if dry_run:  # train's own set-up, stopped before its first write
@@ -83,27 +98,37 @@ def train(
         print(describe_schedule(plan(cfg, run_name, resume, echo, progress)))
         return
     words = ["minigpt", "train", str(config), *[w for item in set_ for w in ("--set", item)]]
-    with fix_when_interrupted(lambda exc: exc.resume_dir and  # how to go on: this command again, with --resume
-                              f"continue with: {shlex.join([*words, '--resume', str(exc.resume_dir)])}"):
+    with fix_when_interrupted(
+        lambda exc: (
+            exc.resume_dir  # how to go on: this command again, with --resume
+            and f"continue with: {shlex.join([*words, '--resume', str(exc.resume_dir)])}"
+        )
+    ):
         result = run_training(cfg, run_name, resume=resume, echo=echo, progress=progress)
     if result.already_done:
         n = cfg.train.max_iters
         where = "reached" if result.step == n else f"is at step {result.step}, past"
-        print(f"{result.run_dir} already {where} train.max_iters={n}; nothing was trained. To train longer, "
-              f"raise it, e.g. --set train.max_iters={max(2 * result.step, result.step + 1)}")
+        print(
+            f"{result.run_dir} already {where} train.max_iters={n}; nothing was trained. To train longer, "
+            f"raise it, e.g. --set train.max_iters={max(2 * result.step, result.step + 1)}"
+        )
         return
     if other_rank():  # under torchrun, rank 0 reports for all
         return
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
-    say_when_stopped_late(f"the run had finished at step {result.step} and is saved in "
-                          f"{runs.checkpoint_dir(result.run_dir, runs.LAST)}")
+    say_when_stopped_late(
+        f"the run had finished at step {result.step} and is saved in "
+        f"{runs.checkpoint_dir(result.run_dir, runs.LAST)}"
+    )
     print(f"trained to step {result.step}; final val loss {val}; run folder {result.run_dir}")
     print(f"sample from it with: minigpt generate --run {shlex.quote(str(result.run_dir))}")
 
 
 @app.command(cls=Command)
 def prepare(
-    config: Path = typer.Argument(..., help="YAML config whose data and tokenizer sections to use."),
+    config: Path = typer.Argument(
+        ..., help="YAML config whose data and tokenizer sections to use."
+    ),
     set_: SetOption = [],
     progress: ProgressOption = None,
 ) -> None:
@@ -121,11 +146,17 @@ def prepare(
     from ..hf.finetune import resolve_init_from
 
     cfg = resolve_init_from(load_config(config, set_, note=echo), note=echo)
-    corpus, tok, tok_path, data = prepare_configured(cfg, echo, progress)  # Ctrl-C: base's STOPPED line, status 130
+    corpus, tok, tok_path, data = prepare_configured(
+        cfg, echo, progress
+    )  # Ctrl-C: base's STOPPED line, status 130
     meta = data.meta
-    print(f"corpus      {corpus.source}: {corpus.size:,} bytes in {len(corpus.files):,} file(s), "
-          f"{meta.get('documents', 1):,} document(s); fingerprint {corpus.fingerprint[:12]}")
+    print(
+        f"corpus      {corpus.source}: {corpus.size:,} bytes in {len(corpus.files):,} file(s), "
+        f"{meta.get('documents', 1):,} document(s); fingerprint {corpus.fingerprint[:12]}"
+    )
     print(f"tokenizer   {tok.kind}, {tok.vocab_size:,} entries ({tok_path})")
     split = "whole documents" if meta.get("split") == "documents" else "the end of the text"
-    print(f"token files {data.directory}: {len(data.train):,} train / {len(data.val):,} val tokens "
-          f"({data.train.dtype}; validation: {split})")
+    print(
+        f"token files {data.directory}: {len(data.train):,} train / {len(data.val):,} val tokens "
+        f"({data.train.dtype}; validation: {split})"
+    )

@@ -43,7 +43,11 @@ def run_value(value: Any) -> str:
 def _range(field: Any) -> str:
     """`` (1 .. 1,024)``, `` (> 0)``: a field's bounds, as the meaning's last words; empty when it has none."""
     names = [type(m).__name__.lower() for m in field.metadata]
-    bounds = {name: getattr(m, name) for name, m in zip(names, field.metadata) if name in ("ge", "gt", "le", "lt")}
+    bounds = {
+        name: getattr(m, name)
+        for name, m in zip(names, field.metadata)
+        if name in ("ge", "gt", "le", "lt")
+    }
     if "ge" in bounds and "le" in bounds:
         return f" ({bounds['ge']:,} .. {bounds['le']:,})"
     ops = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
@@ -54,12 +58,22 @@ def _range(field: Any) -> str:
 def key_rows() -> list[tuple[str, str, str, str]]:
     """(key, type or choices, default, meaning and range) for every key, ``section.key`` in a section, in
     schema order."""
-    return [(key, _type_name(field.rebuild_annotation()), yaml_value(field.get_default(call_default_factory=True)),
-             (field.description or "") + _range(field)) for key, field in _fields() if not _is_section(field)]
+    return [
+        (
+            key,
+            _type_name(field.rebuild_annotation()),
+            yaml_value(field.get_default(call_default_factory=True)),
+            (field.description or "") + _range(field),
+        )
+        for key, field in _fields()
+        if not _is_section(field)
+    ]
 
 
 def describe_keys() -> str:
     """Every config key as a table: key, type or choices, default, one-line meaning with the key's range."""
     rows = [("key", "type", "default", "meaning"), *key_rows()]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows)
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows
+    )

@@ -19,48 +19,82 @@ _CLOSE = 0.75
 
 
 #: Other tools' names for our keys (Hugging Face, nanoGPT's short forms): an unknown key named so is pointed here.
-_ALIASES = dict(lr="learning_rate", warmup="warmup_iters", warmup_steps="warmup_iters", temp="temperature",
-                gradient_accumulation_steps="grad_accum_steps", rope_theta="rope_base", ffn_dim="d_ff",
-                intermediate_size="d_ff", n_layers="n_layer", num_hidden_layers="n_layer", n_heads="n_head",
-                num_attention_heads="n_head", hidden_size="n_embd", d_model="n_embd", max_steps="max_iters",
-                num_key_value_heads="n_kv_head", max_position_embeddings="block_size")
+_ALIASES = dict(
+    lr="learning_rate",
+    warmup="warmup_iters",
+    warmup_steps="warmup_iters",
+    temp="temperature",
+    gradient_accumulation_steps="grad_accum_steps",
+    rope_theta="rope_base",
+    ffn_dim="d_ff",
+    intermediate_size="d_ff",
+    n_layers="n_layer",
+    num_hidden_layers="n_layer",
+    n_heads="n_head",
+    num_attention_heads="n_head",
+    hidden_size="n_embd",
+    d_model="n_embd",
+    max_steps="max_iters",
+    num_key_value_heads="n_kv_head",
+    max_position_embeddings="block_size",
+)
 
 
 #: Every message of the schema: the cross-field rules (formatted with the section: ``m`` model, ``d`` data,
 #: ``t`` train), then the edge's own refusals.
 RULES = {
-    "divisible": ("model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head}); "
-                  "e.g. n_embd={m.fitting_width}"),
-    "rope": ("model.pos_encoding=rope needs an even head size, but model.n_embd/model.n_head = {m.n_embd}/{m.n_head} "
-             "= {m.head_dim}; e.g. n_embd={m.fitting_width}"),
-    "sinusoidal": ("model.pos_encoding=sinusoidal needs an even model.n_embd, got {m.n_embd}; "
-                   "e.g. n_embd={m.fitting_width}"),
-    "kv_above": ("model.n_kv_head ({m.n_kv_head}) must not exceed model.n_head ({m.n_head}); grouped-query attention "
-                 "shares each key/value head among n_head/n_kv_head query heads"),
+    "divisible": (
+        "model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head}); "
+        "e.g. n_embd={m.fitting_width}"
+    ),
+    "rope": (
+        "model.pos_encoding=rope needs an even head size, but model.n_embd/model.n_head = {m.n_embd}/{m.n_head} "
+        "= {m.head_dim}; e.g. n_embd={m.fitting_width}"
+    ),
+    "sinusoidal": (
+        "model.pos_encoding=sinusoidal needs an even model.n_embd, got {m.n_embd}; "
+        "e.g. n_embd={m.fitting_width}"
+    ),
+    "kv_above": (
+        "model.n_kv_head ({m.n_kv_head}) must not exceed model.n_head ({m.n_head}); grouped-query attention "
+        "shares each key/value head among n_head/n_kv_head query heads"
+    ),
     "kv_divisor": "model.n_head ({m.n_head}) must be a multiple of model.n_kv_head ({m.n_kv_head})",
-    "window_stride": ("sample.window_stride: {stride} is larger than model.block_size ({block_size}); "
-                      "use 1 .. {block_size}"),
+    "window_stride": (
+        "sample.window_stride: {stride} is larger than model.block_size ({block_size}); "
+        "use 1 .. {block_size}"
+    ),
     "path_and_dataset": "data.path and data.dataset ({d.dataset}) both name a corpus; keep one of them",
-    "path_and_url": ("data.url names a mirror of a named dataset, but data.path is set: there is nothing to "
-                     "download; drop data.url"),
+    "path_and_url": (
+        "data.url names a mirror of a named dataset, but data.path is set: there is nothing to "
+        "download; drop data.url"
+    ),
     "min_lr": "train.min_lr ({t.min_lr}) must not exceed train.learning_rate ({t.learning_rate})",
-    "lr_decay_iters": ("train.lr_decay_iters ({t.lr_decay_iters}) ends the decay before the warmup ends "
-                       "(train.warmup_iters {t.warmup_iters}); set it to at least {t.warmup_iters}, or null"),
-    "hf_tokenizer": ("tokenizer.kind hf reads a Hugging Face tokenizer.json: set tokenizer.path to it, or "
-                     "model.init_from to the model's folder"),
+    "lr_decay_iters": (
+        "train.lr_decay_iters ({t.lr_decay_iters}) ends the decay before the warmup ends "
+        "(train.warmup_iters {t.warmup_iters}); set it to at least {t.warmup_iters}, or null"
+    ),
+    "hf_tokenizer": (
+        "tokenizer.kind hf reads a Hugging Face tokenizer.json: set tokenizer.path to it, or "
+        "model.init_from to the model's folder"
+    ),
     "set_syntax": "--set {item!r}: expected section.key=value, e.g. --set train.learning_rate=3e-4",
     "config_folder": "config {path!r} is a folder; pass a YAML file, e.g. configs/shakespeare-cpu.yaml",
     "config_utf8": "config {path!r} is not UTF-8 text (byte 0x{byte:02x} at byte {at}); convert it to UTF-8, e.g. "
-                   "with iconv",
+    "with iconv",
 }
 
 #: What a value refused by a pattern is told, by key (pydantic would quote the regular expression).
-_PATTERNS = {"name": "may only hold letters, digits, '.', '_' and '-'",
-             "device": "is not one of auto, cpu, cuda, cuda:N, mps"}
+_PATTERNS = {
+    "name": "may only hold letters, digits, '.', '_' and '-'",
+    "device": "is not one of auto, cpu, cuda, cuda:N, mps",
+}
 
 #: How a list is written, for a key that wants one.
-_LIST_EXAMPLE = ("write a list in brackets: {loc}: [a, b] in the file, or --set '{loc}=[a, b]' "
-                 "(e.g. --set 'tokenizer.special_tokens=[<|endoftext|>]')")
+_LIST_EXAMPLE = (
+    "write a list in brackets: {loc}: [a, b] in the file, or --set '{loc}=[a, b]' "
+    "(e.g. --set 'tokenizer.special_tokens=[<|endoftext|>]')"
+)
 
 
 def _suggest(loc: str, keys: list[str]) -> str:
@@ -72,15 +106,25 @@ def _suggest(loc: str, keys: list[str]) -> str:
     wanted = _ALIASES.get(name.lower(), name.lower())
     same = [key for key in keys if key.rpartition(".")[2] == wanted and key.lower() != loc.lower()]
     # train.lr is train.learning_rate, not also train.muon.learning_rate: the same section first, else no nested one.
-    same = [k for k in same if k.rpartition(".")[0] == section] or [k for k in same if k.count(".") <= 1] or same
+    same = (
+        [k for k in same if k.rpartition(".")[0] == section]
+        or [k for k in same if k.count(".") <= 1]
+        or same
+    )
     same = same or [key for key in keys if key.lower() == loc.lower() and key != loc]
     if not same and len(name) >= 3:
-        same = [key for key in keys if key.rpartition(".")[0] == section
-                and key.rpartition(".")[2].startswith(name.lower() + "_")]
+        same = [
+            key
+            for key in keys
+            if key.rpartition(".")[0] == section
+            and key.rpartition(".")[2].startswith(name.lower() + "_")
+        ]
     if not same:
         for pool in ([k for k in keys if k.rpartition(".")[0] == section], keys):
             names: dict[str, str] = {}
-            for k in pool:  # the first key of a name: train.learning_rate, not train.muon.learning_rate
+            for (
+                k
+            ) in pool:  # the first key of a name: train.learning_rate, not train.muon.learning_rate
                 names.setdefault(k.rpartition(".")[2], k)
             close = difflib.get_close_matches(name, list(names), n=1, cutoff=_CLOSE)
             if close:
@@ -91,15 +135,21 @@ def _suggest(loc: str, keys: list[str]) -> str:
     return "remove it (the Configs section of README.md lists the keys)"
 
 
-def format_errors(errors: list[dict[str, Any]], source: str, overridden: Sequence[str], keys: list[str]) -> str:
+def format_errors(
+    errors: list[dict[str, Any]], source: str, overridden: Sequence[str], keys: list[str]
+) -> str:
     """One line for pydantic's ``errors`` (each with its ``loc``, ``type``, ``msg`` and ``input``) in a config
     from ``source``: the problem when there is one, else each numbered. ``overridden``: the keys ``--set``
     gave (a problem with one of them names ``--set``); ``keys``: every ``section.key``, for the hints."""
-    problems = [(where, text) for err in errors for where, text in _problems(err, source, overridden, keys)]
+    problems = [
+        (where, text) for err in errors for where, text in _problems(err, source, overridden, keys)
+    ]
     if len(problems) == 1:
         return f"{problems[0][0]}: {problems[0][1]}"
     return f"{source}: {len(problems)} problems: " + " ".join(
-        f"({i}) {text if where == source else f'{where}: {text}'}" for i, (where, text) in enumerate(problems, 1))
+        f"({i}) {text if where == source else f'{where}: {text}'}"
+        for i, (where, text) in enumerate(problems, 1)
+    )
 
 
 def _problems(err: dict[str, Any], source: str, overridden: Sequence[str], keys: list[str]):
@@ -115,16 +165,26 @@ def _problems(err: dict[str, Any], source: str, overridden: Sequence[str], keys:
         yield source, f"{loc}: unknown key; {_suggest(loc, keys)}"
     elif kind == "model_type" and not loc:
         yield source, f"the top level must be a mapping of sections, got {type(got).__name__}"
-    elif kind == "model_type":  # "valid dictionary or instance of TrainConfig": a section given a value
-        yield source, (f"{loc}: is a section, not a value (got {_short_repr.repr(got)}); give it keys: a mapping "
-                       f"under {loc}: in the file, or --set {loc}.KEY=VALUE")
+    elif (
+        kind == "model_type"
+    ):  # "valid dictionary or instance of TrainConfig": a section given a value
+        yield (
+            source,
+            (
+                f"{loc}: is a section, not a value (got {_short_repr.repr(got)}); give it keys: a mapping "
+                f"under {loc}: in the file, or --set {loc}.KEY=VALUE"
+            ),
+        )
     elif msg.startswith("Value error, "):  # the cross-field rules, one a line; they name their keys
-        yield from ((source, rule) for rule in msg[len("Value error, "):].splitlines())
+        yield from ((source, rule) for rule in msg[len("Value error, ") :].splitlines())
     elif kind == "string_pattern_mismatch" and loc in _PATTERNS:
         yield source, f"{loc}: {got!r} {_PATTERNS[loc]}"
     else:
-        hint = {"list_type": _LIST_EXAMPLE.format(loc=loc), "bool_type": "write true or false",
-                "string_too_short": "give a folder (. is the current one)"}.get(kind)
+        hint = {
+            "list_type": _LIST_EXAMPLE.format(loc=loc),
+            "bool_type": "write true or false",
+            "string_too_short": "give a folder (. is the current one)",
+        }.get(kind)
         hint = f"; {hint}" if hint else ""
         got_s = "" if isinstance(got, dict) else f" (got {_short_repr.repr(got)})"
         yield source, f"{loc}: {msg[0].lower() + msg[1:]}{got_s}{hint}"

@@ -20,7 +20,9 @@ class Facts:
 
     route: str = "config"
     prompt_tokens: int = 1
-    corpus_on_disk: bool = False  # the named corpus is on disk and passes its checksum (the caller looks)
+    corpus_on_disk: bool = (
+        False  # the named corpus is on disk and passes its checksum (the caller looks)
+    )
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,9 @@ def given(cfg: Config, key: str) -> bool:
     if name not in section.model_fields_set:
         return False
     value = getattr(section, name)
-    return value is not None and value != type(section).model_fields[name].get_default(call_default_factory=True)
+    return value is not None and value != type(section).model_fields[name].get_default(
+        call_default_factory=True
+    )
 
 
 def evals_in_run(tc: TrainConfig) -> int:
@@ -71,79 +75,137 @@ def _values(cfg: Config, f: Facts) -> dict[str, Any]:
     """The derived values the templates name."""
     tc, warmup = cfg.train, max(cfg.train.warmup_iters, 1)
     # inverse_sqrt peaks at step+1 = warmup: d^-0.5 · warmup^-0.5, times learning_rate (Vaswani et al. 2017 §5.3).
-    peak = cfg.model.n_embd ** -0.5 * warmup ** -0.5
+    peak = cfg.model.n_embd**-0.5 * warmup**-0.5
     evals = evals_in_run(tc)
-    return {"corpus": corpus_path(cfg.data.data_dir, cfg.data.dataset), "paper_peak": peak,
-            "run_peak": tc.learning_rate * peak, "evals": evals, "evals_after_first": max(evals - 1, 0),
-            "prompt_tokens": f.prompt_tokens}
+    return {
+        "corpus": corpus_path(cfg.data.data_dir, cfg.data.dataset),
+        "paper_peak": peak,
+        "run_peak": tc.learning_rate * peak,
+        "evals": evals,
+        "evals_after_first": max(evals - 1, 0),
+        "prompt_tokens": f.prompt_tokens,
+    }
 
 
-_NO_DECAY = ("note: {key} has no effect with train.lr_schedule {c.train.lr_schedule}: only the cosine and linear "
-             "schedules decay to train.min_lr at train.lr_decay_iters (wsd: to train.min_lr at train.max_iters)")
-_GREEDY = ("note: {key} has no effect with {n[sample.temperature]} 0: greedy decoding always takes the likeliest "
-           "token")
+_NO_DECAY = (
+    "note: {key} has no effect with train.lr_schedule {c.train.lr_schedule}: only the cosine and linear "
+    "schedules decay to train.min_lr at train.lr_decay_iters (wsd: to train.min_lr at train.max_iters)"
+)
+_GREEDY = (
+    "note: {key} has no effect with {n[sample.temperature]} 0: greedy decoding always takes the likeliest "
+    "token"
+)
 
 #: Every note, in the order printed.
 RULES: tuple[Rule, ...] = (
     # Settings that cannot take effect in this combination.
-    Rule("data.url", lambda c, f: bool(c.data.url.strip()) and f.corpus_on_disk,
-         "note: data.url is not fetched: {corpus} is on disk and passes its checksum, so it is used as it is; "
-         "data.url only names a mirror of that same file (for your own text, set data.path)"),
-    Rule("tokenizer.vocab_size", lambda c, f: c.tokenizer.kind == "char",
-         "note: tokenizer.vocab_size ({c.tokenizer.vocab_size}) has no effect with tokenizer.kind char: the "
-         "corpus's characters decide its size; drop it, or pick a trained kind (bpe, wordpiece, unigram)"),
-    Rule("model.rope_base", lambda c, f: c.model.pos_encoding != "rope",
-         "note: model.rope_base has no effect with model.pos_encoding {c.model.pos_encoding}: it sets the "
-         "rotary frequencies of model.pos_encoding rope"),
-    Rule("model.multiple_of", lambda c, f: c.model.ffn != "swiglu",
-         "note: model.multiple_of has no effect with model.ffn {c.model.ffn}: it rounds the derived width of "
-         "model.ffn swiglu"),
-    Rule("model.multiple_of", lambda c, f: c.model.ffn == "swiglu" and c.model.d_ff is not None,
-         "note: model.multiple_of has no effect when model.d_ff is set ({c.model.d_ff}): it rounds only the "
-         "derived width"),
+    Rule(
+        "data.url",
+        lambda c, f: bool(c.data.url.strip()) and f.corpus_on_disk,
+        "note: data.url is not fetched: {corpus} is on disk and passes its checksum, so it is used as it is; "
+        "data.url only names a mirror of that same file (for your own text, set data.path)",
+    ),
+    Rule(
+        "tokenizer.vocab_size",
+        lambda c, f: c.tokenizer.kind == "char",
+        "note: tokenizer.vocab_size ({c.tokenizer.vocab_size}) has no effect with tokenizer.kind char: the "
+        "corpus's characters decide its size; drop it, or pick a trained kind (bpe, wordpiece, unigram)",
+    ),
+    Rule(
+        "model.rope_base",
+        lambda c, f: c.model.pos_encoding != "rope",
+        "note: model.rope_base has no effect with model.pos_encoding {c.model.pos_encoding}: it sets the "
+        "rotary frequencies of model.pos_encoding rope",
+    ),
+    Rule(
+        "model.multiple_of",
+        lambda c, f: c.model.ffn != "swiglu",
+        "note: model.multiple_of has no effect with model.ffn {c.model.ffn}: it rounds the derived width of "
+        "model.ffn swiglu",
+    ),
+    Rule(
+        "model.multiple_of",
+        lambda c, f: c.model.ffn == "swiglu" and c.model.d_ff is not None,
+        "note: model.multiple_of has no effect when model.d_ff is set ({c.model.d_ff}): it rounds only the "
+        "derived width",
+    ),
     Rule("train.min_lr", lambda c, f: c.train.lr_schedule not in (*DECAYING, "wsd"), _NO_DECAY),
     Rule("train.lr_decay_iters", lambda c, f: c.train.lr_schedule not in DECAYING, _NO_DECAY),
-    Rule("train.keep_every", lambda c, f: c.train.keep_every > c.train.max_iters,
-         "note: train.keep_every ({c.train.keep_every}) is beyond train.max_iters ({c.train.max_iters}): no "
-         "checkpoints/step-NNNNNNN is kept"),
+    Rule(
+        "train.keep_every",
+        lambda c, f: c.train.keep_every > c.train.max_iters,
+        "note: train.keep_every ({c.train.keep_every}) is beyond train.max_iters ({c.train.max_iters}): no "
+        "checkpoints/step-NNNNNNN is kept",
+    ),
     Rule("sample.top_k", lambda c, f: c.sample.temperature == 0, _GREEDY),
     Rule("sample.top_p", lambda c, f: c.sample.temperature == 0, _GREEDY),
-    Rule("sample.window_stride", _never_slides,
-         "note: sample.window_stride has no effect: the context window never slides, as sample.prompt (at most "
-         "{prompt_tokens} token(s)) followed by sample.max_new_tokens ({c.sample.max_new_tokens}) or "
-         "train.sample_tokens ({c.train.sample_tokens}) tokens stays within model.block_size "
-         "({c.model.block_size}); it applies to longer samples (minigpt generate --max-new-tokens N)", "config"),
-    Rule("sample.window_stride", _never_slides,
-         "note: {key} has no effect: the context window never slides, as the prompt ({prompt_tokens} token(s)) "
-         "followed by {n[sample.max_new_tokens]} {c.sample.max_new_tokens} stays within the model's block_size "
-         "({c.model.block_size}); it applies only past block_size", "generate"),
+    Rule(
+        "sample.window_stride",
+        _never_slides,
+        "note: sample.window_stride has no effect: the context window never slides, as sample.prompt (at most "
+        "{prompt_tokens} token(s)) followed by sample.max_new_tokens ({c.sample.max_new_tokens}) or "
+        "train.sample_tokens ({c.train.sample_tokens}) tokens stays within model.block_size "
+        "({c.model.block_size}); it applies to longer samples (minigpt generate --max-new-tokens N)",
+        "config",
+    ),
+    Rule(
+        "sample.window_stride",
+        _never_slides,
+        "note: {key} has no effect: the context window never slides, as the prompt ({prompt_tokens} token(s)) "
+        "followed by {n[sample.max_new_tokens]} {c.sample.max_new_tokens} stays within the model's block_size "
+        "({c.model.block_size}); it applies only past block_size",
+        "generate",
+    ),
     # Values derived from others. With lr_decay_iters null (= max_iters) the load check cannot refuse this, and
     # short trial runs of a recipe (--set train.max_iters=50) are legitimate: a note, not an error.
-    Rule(None, lambda c, f: c.train.lr_schedule != "inverse_sqrt" and 0 < c.train.max_iters < c.train.warmup_iters,
-         "note: train.max_iters ({c.train.max_iters}) ends inside the warmup (train.warmup_iters "
-         "{c.train.warmup_iters}): the learning rate never reaches train.learning_rate"),
-    Rule("train.early_stop_patience", lambda c, f: c.train.early_stop_patience >= evals_in_run(c.train),
-         "note: train.early_stop_patience ({c.train.early_stop_patience}) can never stop this run: it evaluates "
-         "{evals} time(s) (train.max_iters {c.train.max_iters}, train.eval_interval {c.train.eval_interval}) and "
-         "the first eval sets the best val loss, so at most {evals_after_first} can follow without a new best; "
-         "lower it, or raise train.max_iters"),
+    Rule(
+        None,
+        lambda c, f: (
+            c.train.lr_schedule != "inverse_sqrt" and 0 < c.train.max_iters < c.train.warmup_iters
+        ),
+        "note: train.max_iters ({c.train.max_iters}) ends inside the warmup (train.warmup_iters "
+        "{c.train.warmup_iters}): the learning rate never reaches train.learning_rate",
+    ),
+    Rule(
+        "train.early_stop_patience",
+        lambda c, f: c.train.early_stop_patience >= evals_in_run(c.train),
+        "note: train.early_stop_patience ({c.train.early_stop_patience}) can never stop this run: it evaluates "
+        "{evals} time(s) (train.max_iters {c.train.max_iters}, train.eval_interval {c.train.eval_interval}) and "
+        "the first eval sets the best val loss, so at most {evals_after_first} can follow without a new best; "
+        "lower it, or raise train.max_iters",
+    ),
     # Variants that depart from their source.
-    Rule(None, lambda c, f: c.model.pos_encoding == "sinusoidal" and not c.model.emb_scale,
-         "note: model.pos_encoding sinusoidal without model.emb_scale departs from Vaswani et al. 2017 (§3.4 "
-         "scales embeddings by sqrt(n_embd)); set model.emb_scale=true to follow it"),
-    Rule(None, lambda c, f: c.model.ffn == "swiglu" and c.model.bias,
-         "note: model.ffn swiglu with model.bias true departs from Shazeer 2020 (§2, eq. 6: SwiGLU has no bias "
-         "terms, nor have PaLM and Llama); set model.bias=false to follow it"),
-    Rule(None, lambda c, f: c.train.lr_schedule == "inverse_sqrt" and c.train.learning_rate != 1.0,
-         "note: train.lr_schedule inverse_sqrt with train.learning_rate {c.train.learning_rate:g} departs from "
-         "Vaswani et al. 2017 (§5.3's formula has no such factor: its peak here would be {paper_peak:.2e}, this "
-         "run's is {run_peak:.2e}); set train.learning_rate=1 to follow it"),
+    Rule(
+        None,
+        lambda c, f: c.model.pos_encoding == "sinusoidal" and not c.model.emb_scale,
+        "note: model.pos_encoding sinusoidal without model.emb_scale departs from Vaswani et al. 2017 (§3.4 "
+        "scales embeddings by sqrt(n_embd)); set model.emb_scale=true to follow it",
+    ),
+    Rule(
+        None,
+        lambda c, f: c.model.ffn == "swiglu" and c.model.bias,
+        "note: model.ffn swiglu with model.bias true departs from Shazeer 2020 (§2, eq. 6: SwiGLU has no bias "
+        "terms, nor have PaLM and Llama); set model.bias=false to follow it",
+    ),
+    Rule(
+        None,
+        lambda c, f: c.train.lr_schedule == "inverse_sqrt" and c.train.learning_rate != 1.0,
+        "note: train.lr_schedule inverse_sqrt with train.learning_rate {c.train.learning_rate:g} departs from "
+        "Vaswani et al. 2017 (§5.3's formula has no such factor: its peak here would be {paper_peak:.2e}, this "
+        "run's is {run_peak:.2e}); set train.learning_rate=1 to follow it",
+    ),
 )
 
 
-def notes(cfg: Config, *, route: str = "config", given_keys: Optional[Collection[str]] = None,
-          names: Optional[Mapping[str, str]] = None, prompt_tokens: Optional[int] = None,
-          corpus_on_disk: bool = False) -> list[str]:
+def notes(
+    cfg: Config,
+    *,
+    route: str = "config",
+    given_keys: Optional[Collection[str]] = None,
+    names: Optional[Mapping[str, str]] = None,
+    prompt_tokens: Optional[int] = None,
+    corpus_on_disk: bool = False,
+) -> list[str]:
     """The notes :data:`RULES` give ``cfg``, one line each, starting ``note: ``. ``given_keys``: the keys the user
     gave (None: :func:`given`); ``names``: how they were spelled (``{"sample.top_k": "--top-k"}``)."""
     if prompt_tokens is None:
@@ -153,9 +215,13 @@ def notes(cfg: Config, *, route: str = "config", given_keys: Optional[Collection
     values: Optional[dict[str, Any]] = None
     out = []
     for rule in RULES:
-        if rule.route not in (None, route) or (route == "generate" and not (rule.key or "").startswith("sample.")):
+        if rule.route not in (None, route) or (
+            route == "generate" and not (rule.key or "").startswith("sample.")
+        ):
             continue
-        if rule.key is not None and not (given(cfg, rule.key) if given_keys is None else rule.key in given_keys):
+        if rule.key is not None and not (
+            given(cfg, rule.key) if given_keys is None else rule.key in given_keys
+        ):
             continue
         if rule.when(cfg, facts):
             values = values if values is not None else _values(cfg, facts)

@@ -19,7 +19,6 @@ from ..paths import check_dataset_name, list_configs, resolve_config
 from .messages import RULES, format_errors
 from .yaml_io import dump_yaml, parse_yaml
 
-
 #: Upper bounds of the sizes and counts: far past any model trained today (Llama 3 405B: 126 layers, width 16,384),
 #: and small enough that the arithmetic on them stays in floats; within them, the memory check refuses what won't fit.
 MAX_LAYERS = MAX_BATCH = 1 << 30
@@ -30,7 +29,9 @@ MAX_SAMPLES = 1024
 
 class _Strict(BaseModel):
     # allow_inf_nan=False: `.inf` or `.nan` (or "inf" through --set) is never a usable setting.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True
+    )
 
     def _broken(self) -> Iterator[str]:  # the section's broken cross-field rules, one message each
         return iter(())
@@ -38,7 +39,9 @@ class _Strict(BaseModel):
     @model_validator(mode="after")
     def _check_rules(self) -> "_Strict":
         broken = list(self._broken())
-        if broken:  # every broken rule at once, one per line (format_error makes each its own problem)
+        if (
+            broken
+        ):  # every broken rule at once, one per line (format_error makes each its own problem)
             raise ValueError("\n".join(broken))
         return self
 
@@ -54,58 +57,125 @@ class ModelConfig(_Strict):
     """Architecture of the decoder-only Transformer (GPT-2's names)."""
 
     n_layer: int = Field(6, ge=1, le=MAX_LAYERS, description="number of Transformer blocks")
-    n_head: int = Field(6, ge=1, le=MAX_HEADS, description="attention (query) heads per block; must divide n_embd")
-    n_embd: int = Field(384, ge=1, le=MAX_WIDTH, description="model width d: the embedding and residual-stream size")
+    n_head: int = Field(
+        6, ge=1, le=MAX_HEADS, description="attention (query) heads per block; must divide n_embd"
+    )
+    n_embd: int = Field(
+        384, ge=1, le=MAX_WIDTH, description="model width d: the embedding and residual-stream size"
+    )
     block_size: int = Field(256, ge=1, le=MAX_TOKENS, description="context length in tokens")
     vocab_size: Optional[int] = Field(
-        None, ge=1, le=MAX_VOCAB, description="rows of the token embedding; null: the tokenizer's size")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0,
-                           description="dropout probability on embeddings, attention weights and residual branches "
-                                       "(training only)")
-    bias: bool = Field(True, description="biases in the attention and MLP linear layers and in LayerNorm "
-                                         "(GPT-2: true, Llama: false)")
+        None,
+        ge=1,
+        le=MAX_VOCAB,
+        description="rows of the token embedding; null: the tokenizer's size",
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="dropout probability on embeddings, attention weights and residual branches "
+        "(training only)",
+    )
+    bias: bool = Field(
+        True,
+        description="biases in the attention and MLP linear layers and in LayerNorm "
+        "(GPT-2: true, Llama: false)",
+    )
     pos_encoding: Literal["learned", "sinusoidal", "rope", "none"] = Field(
-        "learned", description="positions: a learned table (GPT-2), sinusoidal (Vaswani et al. 2017 §3.5), "
-                               "rotary (RoPE, Su et al. 2021) or none")
-    rope_base: float = Field(10000.0, gt=0.0, description="RoPE frequency base θ (Su et al. 2021; Llama 2: 10000); "
-                                                          "used with pos_encoding: rope")
+        "learned",
+        description="positions: a learned table (GPT-2), sinusoidal (Vaswani et al. 2017 §3.5), "
+        "rotary (RoPE, Su et al. 2021) or none",
+    )
+    rope_base: float = Field(
+        10000.0,
+        gt=0.0,
+        description="RoPE frequency base θ (Su et al. 2021; Llama 2: 10000); "
+        "used with pos_encoding: rope",
+    )
     norm: Literal["layernorm", "rmsnorm"] = Field(
-        "layernorm", description="LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019)")
-    norm_eps: float = Field(1e-5, gt=0.0,
-                            description="epsilon added to the variance (RMSNorm: mean square) in each norm")
+        "layernorm", description="LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019)"
+    )
+    norm_eps: float = Field(
+        1e-5,
+        gt=0.0,
+        description="epsilon added to the variance (RMSNorm: mean square) in each norm",
+    )
     norm_position: Literal["pre", "post"] = Field(
-        "pre", description="pre: norm before each sub-layer, plus a final norm (GPT-2); post: after each residual "
-                           "add, no final norm (Vaswani et al. 2017)")
+        "pre",
+        description="pre: norm before each sub-layer, plus a final norm (GPT-2); post: after each residual "
+        "add, no final norm (Vaswani et al. 2017)",
+    )
     ffn: Literal["relu", "gelu", "gelu_tanh", "swiglu", "relu2"] = Field(
-        "gelu", description="feed-forward activation: ReLU, exact GELU, GPT-2's tanh GELU, SwiGLU (Shazeer 2020) or "
-                            "relu2: relu(x)² (So et al. 2021, Primer)")
-    d_ff: Optional[int] = Field(None, ge=1, le=MAX_WIDTH, description="feed-forward hidden width; null: 4·n_embd, for "
-                                                                      "swiglu 8·n_embd/3 rounded up to multiple_of")
-    multiple_of: int = Field(256, ge=1, le=MAX_WIDTH, description="round SwiGLU's derived d_ff up to a multiple of "
-                                                                  "this (Llama's FeedForward); unused when d_ff is "
-                                                                  "set")
-    tie_weights: bool = Field(True, description="share the token embedding with the output layer (Press & Wolf 2017)")
+        "gelu",
+        description="feed-forward activation: ReLU, exact GELU, GPT-2's tanh GELU, SwiGLU (Shazeer 2020) or "
+        "relu2: relu(x)² (So et al. 2021, Primer)",
+    )
+    d_ff: Optional[int] = Field(
+        None,
+        ge=1,
+        le=MAX_WIDTH,
+        description="feed-forward hidden width; null: 4·n_embd, for "
+        "swiglu 8·n_embd/3 rounded up to multiple_of",
+    )
+    multiple_of: int = Field(
+        256,
+        ge=1,
+        le=MAX_WIDTH,
+        description="round SwiGLU's derived d_ff up to a multiple of "
+        "this (Llama's FeedForward); unused when d_ff is "
+        "set",
+    )
+    tie_weights: bool = Field(
+        True, description="share the token embedding with the output layer (Press & Wolf 2017)"
+    )
     scale_residual_init: bool = Field(
-        True, description="scale the init of residual output projections by 1/sqrt(2·n_layer) (GPT-2 §2.3)")
-    emb_scale: bool = Field(False, description="multiply token embeddings by sqrt(n_embd) (Vaswani et al. 2017 §3.4)")
-    n_kv_head: Optional[int] = Field(None, ge=1, le=MAX_HEADS, description="key/value heads, for grouped-query "
-                                                                           "attention (Ainslie et al. 2023); must "
-                                                                           "divide n_head; null: n_head")
-    init_std: float = Field(0.02, gt=0.0, description="standard deviation of the normal init of linear and "
-                                                      "embedding weights (GPT-2: 0.02)")
-    qk_norm: bool = Field(False, description="RMSNorm with a learned gain on each head's queries and keys, before "
-                                             "RoPE (Qwen3's q_norm/k_norm; modded-nanogpt)")
+        True,
+        description="scale the init of residual output projections by 1/sqrt(2·n_layer) (GPT-2 §2.3)",
+    )
+    emb_scale: bool = Field(
+        False, description="multiply token embeddings by sqrt(n_embd) (Vaswani et al. 2017 §3.4)"
+    )
+    n_kv_head: Optional[int] = Field(
+        None,
+        ge=1,
+        le=MAX_HEADS,
+        description="key/value heads, for grouped-query "
+        "attention (Ainslie et al. 2023); must "
+        "divide n_head; null: n_head",
+    )
+    init_std: float = Field(
+        0.02,
+        gt=0.0,
+        description="standard deviation of the normal init of linear and "
+        "embedding weights (GPT-2: 0.02)",
+    )
+    qk_norm: bool = Field(
+        False,
+        description="RMSNorm with a learned gain on each head's queries and keys, before "
+        "RoPE (Qwen3's q_norm/k_norm; modded-nanogpt)",
+    )
     logit_softcap: Optional[float] = Field(
-        None, gt=0.0, description="C: output logits become C·tanh(logits/C), capped at ±C (Gemma 2 §2; nanochat: "
-                                  "15); null: off")
-    zero_init_proj: bool = Field(False, description="start each block's output projections (attention and MLP "
-                                                    "c_proj) at zero (modded-nanogpt; nanochat)")
+        None,
+        gt=0.0,
+        description="C: output logits become C·tanh(logits/C), capped at ±C (Gemma 2 §2; nanochat: "
+        "15); null: off",
+    )
+    zero_init_proj: bool = Field(
+        False,
+        description="start each block's output projections (attention and MLP "
+        "c_proj) at zero (modded-nanogpt; nanochat)",
+    )
     value_embeddings: bool = Field(
-        False, description="per-layer token tables added to V through a per-head gate, in every other layer "
-                           "ending at the last (nanochat's value_embeds)")
+        False,
+        description="per-layer token tables added to V through a per-head gate, in every other layer "
+        "ending at the last (nanochat's value_embeds)",
+    )
     init_from: Optional[UserPath] = Field(
-        None, description="fine-tune a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder: its architecture, "
-                          "weights and tokenizer.json; null: random init")
+        None,
+        description="fine-tune a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder: its architecture, "
+        "weights and tokenizer.json; null: random init",
+    )
 
     @property
     def head_dim(self) -> int:
@@ -130,7 +200,9 @@ class ModelConfig(_Strict):
     def value_embedding_layers(self) -> tuple[int, ...]:
         """The layers with a value embedding: every other one, ending at the last (nanochat's ``has_ve``:
         ``layer % 2 == (n_layer - 1) % 2``); none when ``value_embeddings`` is off."""
-        return tuple(range((self.n_layer - 1) % 2, self.n_layer, 2)) if self.value_embeddings else ()
+        return (
+            tuple(range((self.n_layer - 1) % 2, self.n_layer, 2)) if self.value_embeddings else ()
+        )
 
     @property
     def value_gate_channels(self) -> int:
@@ -142,7 +214,9 @@ class ModelConfig(_Strict):
     def fitting_width(self) -> int:
         """The ``n_embd`` nearest the given one that whole heads accept, with pairs of dimensions per head for
         RoPE (it rotates pairs) and an even width for sinusoidal positions (pairs of sin and cos)."""
-        step = math.lcm(self.n_head, *{"rope": [2 * self.n_head], "sinusoidal": [2]}.get(self.pos_encoding, []))
+        step = math.lcm(
+            self.n_head, *{"rope": [2 * self.n_head], "sinusoidal": [2]}.get(self.pos_encoding, [])
+        )
         return step * max(1, round(self.n_embd / step))
 
     def _broken(self) -> Iterator[str]:
@@ -163,19 +237,30 @@ class TokenizerConfig(_Strict):
     """Which tokenizer turns text into ids, and where its file lives."""
 
     kind: Literal["char", "bpe", "wordpiece", "unigram", "hf"] = Field(
-        "char", description="char: one id per character; a trained byte-level bpe, wordpiece or unigram; or hf: "
-                            "a given Hugging Face tokenizer.json")
+        "char",
+        description="char: one id per character; a trained byte-level bpe, wordpiece or unigram; or hf: "
+        "a given Hugging Face tokenizer.json",
+    )
     vocab_size: Optional[int] = Field(
-        None, ge=1, le=MAX_VOCAB, description="entries in all, special tokens included, for trained kinds; ignored "
-                                              "for char")
+        None,
+        ge=1,
+        le=MAX_VOCAB,
+        description="entries in all, special tokens included, for trained kinds; ignored for char",
+    )
     path: Optional[UserPath] = Field(
-        None, description="tokenizer file; null: <data_dir>/<dataset>/tokenizer-<kind>[-<vocab_size>]"
-                          "[-special-<hash>].json, <hash> naming the special tokens")
-    special_tokens: list[str] = Field(default_factory=list,
-                                      description="strings that always become one id each, e.g. <|endoftext|>")
+        None,
+        description="tokenizer file; null: <data_dir>/<dataset>/tokenizer-<kind>[-<vocab_size>]"
+        "[-special-<hash>].json, <hash> naming the special tokens",
+    )
+    special_tokens: list[str] = Field(
+        default_factory=list,
+        description="strings that always become one id each, e.g. <|endoftext|>",
+    )
 
     def _broken(self) -> Iterator[str]:
-        from .special_tokens import special_token_problem  # no torch there; refused before anything runs
+        from .special_tokens import (
+            special_token_problem,
+        )  # no torch there; refused before anything runs
 
         problem = special_token_problem(self.special_tokens)
         if problem:
@@ -186,25 +271,43 @@ class DataConfig(_Strict):
     """Corpus and prepared token files."""
 
     dataset: Annotated[str, AfterValidator(check_dataset_name)] = Field(
-        "tinyshakespeare", description="a named corpus, downloaded and checksummed: tinyshakespeare (char-rnn's, "
-                                       "about 1 MB of plays); unused when data.path is set")
-    path: Optional[UserPath] = Field(
-        None, description="your own corpus: a UTF-8 .txt file, a folder of .txt/.jsonl files (recursive) or a "
-                          "glob; null: data.dataset")
-    text_field: str = Field("text", min_length=1, description="the field holding each document's text in .jsonl "
-                                                              "files (one JSON object per line)")
-    data_dir: FolderPath = Field("data", description="folder of corpora, tokenizers and token files (<data_dir>/"
-                                                   "<dataset>/, or <data_dir>/<name>-<fingerprint>/ for data.path)")
-    url: Optional[str] = Field(
-        None, description="mirror of the named corpus; null: $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn "
-                          "repository"
+        "tinyshakespeare",
+        description="a named corpus, downloaded and checksummed: tinyshakespeare (char-rnn's, "
+        "about 1 MB of plays); unused when data.path is set",
     )
-    val_fraction: float = Field(0.1, gt=0.0, lt=1.0,
-                                description="share held out for validation: the last documents when there are "
-                                            "10 or more, else the end of the text")
+    path: Optional[UserPath] = Field(
+        None,
+        description="your own corpus: a UTF-8 .txt file, a folder of .txt/.jsonl files (recursive) or a "
+        "glob; null: data.dataset",
+    )
+    text_field: str = Field(
+        "text",
+        min_length=1,
+        description="the field holding each document's text in .jsonl "
+        "files (one JSON object per line)",
+    )
+    data_dir: FolderPath = Field(
+        "data",
+        description="folder of corpora, tokenizers and token files (<data_dir>/"
+        "<dataset>/, or <data_dir>/<name>-<fingerprint>/ for data.path)",
+    )
+    url: Optional[str] = Field(
+        None,
+        description="mirror of the named corpus; null: $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn "
+        "repository",
+    )
+    val_fraction: float = Field(
+        0.1,
+        gt=0.0,
+        lt=1.0,
+        description="share held out for validation: the last documents when there are "
+        "10 or more, else the end of the text",
+    )
     fingerprint: Optional[str] = Field(
-        None, description="sha256 of the corpus files (names, sizes, contents), written by train into a run's "
-                          "config.yaml; set: refuse any other corpus")
+        None,
+        description="sha256 of the corpus files (names, sizes, contents), written by train into a run's "
+        "config.yaml; set: refuse any other corpus",
+    )
 
     def _broken(self) -> Iterator[str]:
         if self.path is not None and self.dataset != "tinyshakespeare":
@@ -214,84 +317,173 @@ class DataConfig(_Strict):
 
 
 #: torch.optim.Muon orthogonalises whole matrices; FSDP2 hands each process a DTensor shard of rows.
-_MUON_FSDP = ("train.optimizer muon cannot run with train.parallelism fsdp: Muon orthogonalises each whole matrix, "
-              "and FSDP gives every process a shard of its rows; set train.parallelism=ddp, or train.optimizer=adamw")
+_MUON_FSDP = (
+    "train.optimizer muon cannot run with train.parallelism fsdp: Muon orthogonalises each whole matrix, "
+    "and FSDP gives every process a shard of its rows; set train.parallelism=ddp, or train.optimizer=adamw"
+)
 
 
 class MuonConfig(_Strict):
     """Muon's settings: its learning rate follows the schedule's shape from its own base rate (torch.optim.Muon)."""
 
-    learning_rate: float = Field(0.02, gt=0.0, description="Muon's peak learning rate, scaled by the schedule as "
-                                                           "train.learning_rate is (Muon README: 0.02)")
+    learning_rate: float = Field(
+        0.02,
+        gt=0.0,
+        description="Muon's peak learning rate, scaled by the schedule as "
+        "train.learning_rate is (Muon README: 0.02)",
+    )
     momentum: float = Field(0.95, ge=0.0, lt=1.0, description="momentum of Muon's gradient average")
     nesterov: bool = Field(True, description="Nesterov momentum (Muon README: true)")
-    ns_steps: int = Field(5, ge=1, le=99, description="Newton-Schulz iterations that orthogonalise each update")
+    ns_steps: int = Field(
+        5, ge=1, le=99, description="Newton-Schulz iterations that orthogonalise each update"
+    )
     adjust_lr: Literal["original", "match_rms_adamw"] = Field(
-        "original", description="per-matrix rate: original, x sqrt(max(1, rows/cols)); match_rms_adamw, x "
-                                "0.2·sqrt(max(rows, cols)), AdamW's update size (arXiv 2502.16982)")
-    weight_decay: float = Field(0.0, ge=0.0, description="Muon's decoupled weight decay, times its learning rate")
+        "original",
+        description="per-matrix rate: original, x sqrt(max(1, rows/cols)); match_rms_adamw, x "
+        "0.2·sqrt(max(rows, cols)), AdamW's update size (arXiv 2502.16982)",
+    )
+    weight_decay: float = Field(
+        0.0, ge=0.0, description="Muon's decoupled weight decay, times its learning rate"
+    )
 
 
 class TrainConfig(_Strict):
     """Optimisation, schedule, evaluation and logging."""
 
-    batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="sequences per micro-batch, per process")
-    grad_accum_steps: int = Field(1, ge=1, le=MAX_STEPS, description="micro-batches whose gradients make one "
-                                                                     "optimizer step")
-    max_iters: int = Field(5000, ge=0, le=MAX_STEPS, description="optimizer steps in all (a --resume trains on up to "
-                                                                 "it)")
+    batch_size: int = Field(
+        64, ge=1, le=MAX_BATCH, description="sequences per micro-batch, per process"
+    )
+    grad_accum_steps: int = Field(
+        1, ge=1, le=MAX_STEPS, description="micro-batches whose gradients make one optimizer step"
+    )
+    max_iters: int = Field(
+        5000,
+        ge=0,
+        le=MAX_STEPS,
+        description="optimizer steps in all (a --resume trains on up to it)",
+    )
     max_seconds: Optional[float] = Field(
-        None, gt=0.0, le=MAX_SECONDS, description="also end the run (with its final eval) once this many seconds have "
-                                                  "passed, evals included; null: no time limit")
-    learning_rate: float = Field(1e-3, gt=0.0, description="peak learning rate (AdamW's), reached at the end of the "
-                                                                "warmup")
-    min_lr: float = Field(1e-4, ge=0.0, description="learning rate at the end of the cosine, linear or wsd decay "
-                                                   "(Muon's: scaled by muon.learning_rate / learning_rate)")
-    warmup_iters: int = Field(100, ge=0, le=MAX_STEPS, description="optimizer steps of linear warmup up to "
-                                                                   "learning_rate")
+        None,
+        gt=0.0,
+        le=MAX_SECONDS,
+        description="also end the run (with its final eval) once this many seconds have "
+        "passed, evals included; null: no time limit",
+    )
+    learning_rate: float = Field(
+        1e-3, gt=0.0, description="peak learning rate (AdamW's), reached at the end of the warmup"
+    )
+    min_lr: float = Field(
+        1e-4,
+        ge=0.0,
+        description="learning rate at the end of the cosine, linear or wsd decay "
+        "(Muon's: scaled by muon.learning_rate / learning_rate)",
+    )
+    warmup_iters: int = Field(
+        100, ge=0, le=MAX_STEPS, description="optimizer steps of linear warmup up to learning_rate"
+    )
     lr_schedule: Literal["cosine", "linear", "constant", "inverse_sqrt", "wsd"] = Field(
-        "cosine", description="after the warmup: cosine or linear decay to min_lr, constant, inverse_sqrt "
-                              "(Vaswani et al. 2017 §5.3), or wsd (Hägele et al. 2024)")
+        "cosine",
+        description="after the warmup: cosine or linear decay to min_lr, constant, inverse_sqrt "
+        "(Vaswani et al. 2017 §5.3), or wsd (Hägele et al. 2024)",
+    )
     lr_decay_iters: Optional[int] = Field(
-        None, ge=1, le=MAX_STEPS, description="step at which the cosine or linear decay reaches min_lr; null: "
-                                              "max_iters")
-    decay_fraction: float = Field(0.2, gt=0.0, le=1.0, description="wsd: the share of max_iters its decay takes, at "
-                                                                   "the end of the run (never before the warmup ends)")
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="step at which the cosine or linear decay reaches min_lr; null: max_iters",
+    )
+    decay_fraction: float = Field(
+        0.2,
+        gt=0.0,
+        le=1.0,
+        description="wsd: the share of max_iters its decay takes, at "
+        "the end of the run (never before the warmup ends)",
+    )
     decay_shape: Literal["linear", "1-sqrt"] = Field(
-        "1-sqrt", description="wsd's decay: a straight line, or 1-sqrt (Hägele et al. 2024: the better of the two)")
-    weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay on matrices and embeddings; biases and "
-                                                         "norm gains get none")
+        "1-sqrt",
+        description="wsd's decay: a straight line, or 1-sqrt (Hägele et al. 2024: the better of the two)",
+    )
+    weight_decay: float = Field(
+        0.1,
+        ge=0.0,
+        description="AdamW weight decay on matrices and embeddings; biases and norm gains get none",
+    )
     optimizer: Literal["adamw", "muon"] = Field(
-        "adamw", description="adamw, or muon: Muon (Jordan et al. 2024) for the blocks' 2-D matrices, AdamW for "
-                             "the embeddings, the head, gains and biases")
-    muon: MuonConfig = Field(default_factory=MuonConfig, description="Muon's own settings (optimizer: muon)")
-    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW's first-moment (momentum) decay rate")
+        "adamw",
+        description="adamw, or muon: Muon (Jordan et al. 2024) for the blocks' 2-D matrices, AdamW for "
+        "the embeddings, the head, gains and biases",
+    )
+    muon: MuonConfig = Field(
+        default_factory=MuonConfig, description="Muon's own settings (optimizer: muon)"
+    )
+    beta1: float = Field(
+        0.9, ge=0.0, lt=1.0, description="AdamW's first-moment (momentum) decay rate"
+    )
     beta2: float = Field(0.99, ge=0.0, lt=1.0, description="AdamW's second-moment decay rate")
-    grad_clip: float = Field(1.0, ge=0.0, description="clip the global gradient norm to this; 0 disables clipping")
-    eval_interval: int = Field(250, ge=1, le=MAX_STEPS, description="steps between evals of train and val loss; each "
-                                                                    "eval saves checkpoints")
-    eval_iters: int = Field(200, ge=1, le=MAX_STEPS, description="global batches per split at each eval: eval_iters x "
-                                                                 "batch_size x grad_accum_steps x processes windows")
-    eval_at_start: bool = Field(True, description="also evaluate before the first step (the untrained loss, about "
-                                                  "ln(vocab_size)); false saves one eval")
-    log_interval: int = Field(10, ge=1, le=MAX_STEPS, description="steps between train-loss records in metrics.jsonl "
-                                                                  "(and the bar's loss)")
-    sample_tokens: int = Field(200, ge=0, le=MAX_TOKENS, description="tokens sampled into samples.txt at each eval, "
-                                                                     "from sample.prompt with the sample section's "
-                                                                     "settings; 0: none")
+    grad_clip: float = Field(
+        1.0, ge=0.0, description="clip the global gradient norm to this; 0 disables clipping"
+    )
+    eval_interval: int = Field(
+        250,
+        ge=1,
+        le=MAX_STEPS,
+        description="steps between evals of train and val loss; each eval saves checkpoints",
+    )
+    eval_iters: int = Field(
+        200,
+        ge=1,
+        le=MAX_STEPS,
+        description="global batches per split at each eval: eval_iters x "
+        "batch_size x grad_accum_steps x processes windows",
+    )
+    eval_at_start: bool = Field(
+        True,
+        description="also evaluate before the first step (the untrained loss, about "
+        "ln(vocab_size)); false saves one eval",
+    )
+    log_interval: int = Field(
+        10,
+        ge=1,
+        le=MAX_STEPS,
+        description="steps between train-loss records in metrics.jsonl (and the bar's loss)",
+    )
+    sample_tokens: int = Field(
+        200,
+        ge=0,
+        le=MAX_TOKENS,
+        description="tokens sampled into samples.txt at each eval, "
+        "from sample.prompt with the sample section's "
+        "settings; 0: none",
+    )
     early_stop_patience: Optional[int] = Field(
-        None, ge=1, le=MAX_STEPS, description="stop after this many evals in a row without a new best val loss; null: "
-                                              "never")
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="stop after this many evals in a row without a new best val loss; null: never",
+    )
     keep_every: Optional[int] = Field(
-        None, ge=1, le=MAX_STEPS, description="also keep a checkpoint every this many steps "
-                                              "(checkpoints/step-NNNNNNN); null: none")
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="also keep a checkpoint every this many steps "
+        "(checkpoints/step-NNNNNNN); null: none",
+    )
     out_dir: FolderPath = Field("runs", description="folder that holds the run folders")
-    tensorboard: bool = Field(False, description="also write TensorBoard event files (needs the tensorboard package)")
-    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="under torchrun: ddp, a whole model per process; "
-                                                "fsdp, weights, gradients and AdamW moments sharded over the processes")
+    tensorboard: bool = Field(
+        False, description="also write TensorBoard event files (needs the tensorboard package)"
+    )
+    parallelism: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="under torchrun: ddp, a whole model per process; "
+        "fsdp, weights, gradients and AdamW moments sharded over the processes",
+    )
 
     def _broken(self) -> Iterator[str]:
-        if self.min_lr > self.learning_rate and self.lr_schedule in ("cosine", "linear", "wsd"):  # the others ignore it
+        if self.min_lr > self.learning_rate and self.lr_schedule in (
+            "cosine",
+            "linear",
+            "wsd",
+        ):  # the others ignore it
             yield RULES["min_lr"].format(t=self)
         # An explicit lr_decay_iters before the warmup's end would drop the rate to min_lr as the warmup ends.
         # null (max_iters) below warmup_iters cannot: the run ends inside the warmup, so short trial runs
@@ -305,17 +497,34 @@ class TrainConfig(_Strict):
 class SampleConfig(_Strict):
     """Defaults for ``minigpt generate`` (Hugging Face's names)."""
 
-    prompt: str = Field("\n", description="text minigpt generate continues when --prompt is not given")
+    prompt: str = Field(
+        "\n", description="text minigpt generate continues when --prompt is not given"
+    )
     max_new_tokens: int = Field(500, ge=0, le=MAX_TOKENS, description="tokens generated per sample")
-    temperature: float = Field(0.8, ge=0.0, allow_inf_nan=False,
-                               description="divides the logits before sampling; 0: greedy")
-    top_k: Optional[int] = Field(200, ge=1, le=MAX_VOCAB, description="sample from the k most likely tokens only; "
-                                                                      "null: all")
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of likeliest "
-                                                                     "tokens holding this probability; null: off")
-    num_samples: int = Field(1, ge=1, le=MAX_SAMPLES, description="samples generated, decoded together as one batch")
+    temperature: float = Field(
+        0.8,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="divides the logits before sampling; 0: greedy",
+    )
+    top_k: Optional[int] = Field(
+        200, ge=1, le=MAX_VOCAB, description="sample from the k most likely tokens only; null: all"
+    )
+    top_p: Optional[float] = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="nucleus sampling: the smallest set of likeliest "
+        "tokens holding this probability; null: off",
+    )
+    num_samples: int = Field(
+        1, ge=1, le=MAX_SAMPLES, description="samples generated, decoded together as one batch"
+    )
     window_stride: Optional[int] = Field(
-        None, ge=1, le=MAX_TOKENS, description="tokens the context drops at once past block_size; null: block_size // 4"
+        None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="tokens the context drops at once past block_size; null: block_size // 4",
     )
 
 
@@ -334,26 +543,45 @@ class Config(_Strict):
     """A whole run: model, tokenizer, data, training, sampling, device."""
 
     name: str = Field(
-        "run", pattern=r"^[A-Za-z0-9._-]+$", max_length=200, description="names the run folder (<name>-<date>-<time>) "
-                                                                         "and --resume auto's match; letters, digits, "
-                                                                         "'.', '_', '-'")
-    seed: int = Field(1337, ge=0, lt=2**32, description="random seed of init, batches and samples "
-                                                        "(numpy's range)")
-    device: Device = Field("auto", description="auto: CUDA, else Apple MPS, else CPU; cuda:N: the N-th CUDA GPU")
+        "run",
+        pattern=r"^[A-Za-z0-9._-]+$",
+        max_length=200,
+        description="names the run folder (<name>-<date>-<time>) "
+        "and --resume auto's match; letters, digits, "
+        "'.', '_', '-'",
+    )
+    seed: int = Field(
+        1337, ge=0, lt=2**32, description="random seed of init, batches and samples (numpy's range)"
+    )
+    device: Device = Field(
+        "auto", description="auto: CUDA, else Apple MPS, else CPU; cuda:N: the N-th CUDA GPU"
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="training precision: auto is bfloat16 autocast on CUDA where supported (else float16), "
-                            "float32 elsewhere; float16 needs a GPU")
-    compile: bool = Field(False, description="torch.compile the model: a slower start, often faster steps")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="the Transformer's architecture")
+        "auto",
+        description="training precision: auto is bfloat16 autocast on CUDA where supported (else float16), "
+        "float32 elsewhere; float16 needs a GPU",
+    )
+    compile: bool = Field(
+        False, description="torch.compile the model: a slower start, often faster steps"
+    )
+    model: ModelConfig = Field(
+        default_factory=ModelConfig, description="the Transformer's architecture"
+    )
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="text to ids")
     data: DataConfig = Field(default_factory=DataConfig, description="corpus and token files")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="optimisation, schedule, evals, logging")
-    sample: SampleConfig = Field(default_factory=SampleConfig, description="defaults for minigpt generate")
+    train: TrainConfig = Field(
+        default_factory=TrainConfig, description="optimisation, schedule, evals, logging"
+    )
+    sample: SampleConfig = Field(
+        default_factory=SampleConfig, description="defaults for minigpt generate"
+    )
 
     def _broken(self) -> Iterator[str]:
         if self.tokenizer.kind == "hf" and not (self.tokenizer.path or self.model.init_from):
             yield RULES["hf_tokenizer"]
-        if self.device == "cpu" and self.dtype == "float16":  # train refuses it too, when device: auto finds a CPU
+        if (
+            self.device == "cpu" and self.dtype == "float16"
+        ):  # train refuses it too, when device: auto finds a CPU
             yield FLOAT16_ON_CPU
         stride = self.sample.window_stride  # null: block_size // 4, which always fits
         if stride is not None and stride > self.model.block_size:
@@ -364,9 +592,14 @@ class Config(_Strict):
 
     def flat(self) -> dict[str, Any]:
         """The config as dotted keys (``train.batch_size``) -> values, in the schema's order."""
+
         def walk(data: Any, prefix: str) -> dict[str, Any]:
             if isinstance(data, dict):
-                return {k: v for key, value in data.items() for k, v in walk(value, f"{prefix}{key}.").items()}
+                return {
+                    k: v
+                    for key, value in data.items()
+                    for k, v in walk(value, f"{prefix}{key}.").items()
+                }
             return {prefix[:-1]: data}
 
         return walk(self.to_dict(), "")
@@ -397,7 +630,9 @@ def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) 
     try:
         return Config.model_validate({} if data is None else data)
     except ValidationError as exc:
-        raise ConfigError(format_errors(exc.errors(), source, overridden, [key for key, _ in _fields()])) from None
+        raise ConfigError(
+            format_errors(exc.errors(), source, overridden, [key for key, _ in _fields()])
+        ) from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -412,7 +647,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError(RULES["set_syntax"].format(item=item))
         value = parse_yaml(raw, f"--set {key}") if raw.strip() else ""
         if value is not None and not isinstance(value, str) and _TEXT_KEYS.get(key, False):
-            value = raw  # a text key takes the text as given: --set sample.prompt=ROMEO: or name=2024
+            value = (
+                raw  # a text key takes the text as given: --set sample.prompt=ROMEO: or name=2024
+            )
         node = data
         *sections, name = key.split(".")
         for part in sections:
@@ -426,10 +663,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 #: Whether a key holds free text (its type is a string, maybe null): ``--set`` keeps such values as typed.
-_TEXT_KEYS = {key: field.annotation in (str, Optional[str]) for key, field in _fields() if not _is_section(field)}
+_TEXT_KEYS = {
+    key: field.annotation in (str, Optional[str])
+    for key, field in _fields()
+    if not _is_section(field)
+}
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None, note=lambda message: None) -> Config:
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, note=lambda message: None
+) -> Config:
     """Load a YAML config file or a shipped config by name (``shakespeare-cpu``; ``note`` hears which file:
     :func:`~minigpt_cli.paths.resolve_config`), apply ``--set`` overrides, validate; ConfigError names any problem."""
     p = resolve_config(path, note)  # the one resolver: the CLI's names are the API's

@@ -40,8 +40,10 @@ class _Refused(yaml.MarkedYAMLError):
 _REFUSALS = {
     "alias": "alias *{anchor}: a config may not use anchors and aliases; write the value out",
     "duplicate": "duplicate key {key!r}, first given on line {line}; keep one of them",
-    "digits": ("an integer of {digits:,} digits: no setting takes a number that large; give a smaller one "
-               "(config-keys lists each key's range)"),
+    "digits": (
+        "an integer of {digits:,} digits: no setting takes a number that large; give a smaller one "
+        "(config-keys lists each key's range)"
+    ),
 }
 
 
@@ -64,7 +66,9 @@ class _Loader(yaml.SafeLoader):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True) if key_node.tag != _MERGE else _MERGE
-            if key is _MERGE or not isinstance(key, Hashable):  # SafeConstructor refuses an unhashable key itself
+            if key is _MERGE or not isinstance(
+                key, Hashable
+            ):  # SafeConstructor refuses an unhashable key itself
                 continue
             first = seen.get(key)
             if first is not None:
@@ -99,9 +103,13 @@ _Loader.add_implicit_resolver(
 # Booleans as YAML 1.2 spells them: true and false only. YAML 1.1's yes/no/on/off stay text, which a switch
 # refuses (``bias: no`` read as false, or a country code ``NO`` as a boolean, surprises more than it helps).
 _BOOL = "tag:yaml.org,2002:bool"
-_Loader.yaml_implicit_resolvers = {first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
-                                   for first, resolvers in _Loader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    for first, resolvers in _Loader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def parse_yaml(text: str, source: str = "<string>") -> Any:

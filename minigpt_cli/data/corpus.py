@@ -34,28 +34,32 @@ MANY_DOCUMENTS = 10
 #: Every message, by kind.
 MESSAGES = {
     "missing": "{{key}} {source!r} does not exist; point {{key}} at a text file, a folder of .txt/.jsonl "
-               "files or a glob",
-    "no_match": ("{{key}} {source!r} matches no file; check the pattern (quote it in the shell so that minigpt "
-                 "expands it)"),
+    "files or a glob",
+    "no_match": (
+        "{{key}} {source!r} matches no file; check the pattern (quote it in the shell so that minigpt "
+        "expands it)"
+    ),
     "empty_folder": "folder {source!r} holds no .txt or .jsonl files (searched recursively); add some, or point "
-                    "{{key}} at a file",
+    "{{key}} at a file",
     "empty": "corpus file {path!r} is empty; give it some text, or remove it from {{key}}",
     "no_text": "{{key}} {source!r} holds no text: every document is empty; give it some text",
     "unreadable": "cannot read corpus file {path!r} ({detail}); check that it is a readable file",
     "not_utf8": "corpus file {path!r} is not UTF-8 text ({reason} at byte {offset:,}); convert it to UTF-8 "
-                "(e.g. with iconv) or remove it from {{key}}",
+    "(e.g. with iconv) or remove it from {{key}}",
     "bad_json": "{path}:{line}: does not parse as JSON ({detail}); fix the line, or remove the file from {{key}}",
     "not_object": "{path}:{line}: holds a JSON {kind}, not an object with a text field; fix the line, or remove "
-                  "the file from {{key}}",
+    "the file from {{key}}",
     "no_field": "{path}:{line}: the object has no text field {field!r} (it has {keys}); set data.text_field to "
-                "the field holding the text",
+    "the field holding the text",
     "not_text": "{path}:{line}: field {field!r} holds {kind}, not text; set data.text_field to the field holding "
-                "the text",
+    "the text",
 }
 
 
 def _error(message: str, **fields: object) -> MinigptError:
-    return MinigptError(MESSAGES[message].format(**fields), key="data.path")  # train-tokenizer spells it --input
+    return MinigptError(
+        MESSAGES[message].format(**fields), key="data.path"
+    )  # train-tokenizer spells it --input
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,12 @@ class CorpusFile:
 
     def record(self) -> dict:
         """The file as ``meta.json`` and the run's records keep it."""
-        return {"path": str(self.path), "name": self.name or self.path.name, "size": self.size,
-                "sha256": self.sha256}
+        return {
+            "path": str(self.path),
+            "name": self.name or self.path.name,
+            "size": self.size,
+            "sha256": self.sha256,
+        }
 
 
 @dataclass(frozen=True)
@@ -138,8 +146,11 @@ def changed_file(before: Sequence[dict], after: Sequence[dict]) -> Optional[tupl
 
 def _is_input(p: Path, root: Path) -> bool:
     """A text or JSON Lines file under ``root``, not hidden and not in a hidden folder (``.git``, ...)."""
-    return (p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES
-            and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    return (
+        p.is_file()
+        and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
 
 
 def _once(paths: Iterable[Path]) -> list[Path]:
@@ -160,7 +171,9 @@ def matching(source: str | Path) -> tuple[list[Path], str]:
     if p.is_dir():
         return _once(sorted(q for q in p.rglob("*") if _is_input(q, p))), "empty_folder"
     if glob.has_magic(text):
-        return _once(sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file())), "no_match"
+        return _once(
+            sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file())
+        ), "no_match"
     return [], "missing"
 
 
@@ -171,12 +184,17 @@ class _Reading(errors_as):
 
     def __init__(self, path: Path):
         self.offset = self.line = 0
-        super().__init__({
-            UnicodeDecodeError: lambda e: _error("not_utf8", path=str(path), reason=e.reason,
-                                                 offset=self.offset + e.start),
-            json.JSONDecodeError: lambda e: _error("bad_json", path=path, line=self.line,
-                                                   detail=f"{e.msg} at column {e.colno}"),
-            OSError: lambda e: _error("unreadable", path=str(path), detail=e.strerror or e)})
+        super().__init__(
+            {
+                UnicodeDecodeError: lambda e: _error(
+                    "not_utf8", path=str(path), reason=e.reason, offset=self.offset + e.start
+                ),
+                json.JSONDecodeError: lambda e: _error(
+                    "bad_json", path=path, line=self.line, detail=f"{e.msg} at column {e.colno}"
+                ),
+                OSError: lambda e: _error("unreadable", path=str(path), detail=e.strerror or e),
+            }
+        )
 
 
 def _sha256(path: Path, on_bytes: Callable[[int], None]) -> str:
@@ -195,8 +213,12 @@ def _stem(source: str, files: Sequence[Path]) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")[:40] or "corpus"
 
 
-def open_corpus(source: str | Path, text_field: str = "text",
-                on_bytes: Callable[[int], None] = lambda n: None, name: Optional[str] = None) -> Corpus:
+def open_corpus(
+    source: str | Path,
+    text_field: str = "text",
+    on_bytes: Callable[[int], None] = lambda n: None,
+    name: Optional[str] = None,
+) -> Corpus:
     """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its stem. Raises
     MinigptError: nothing there (or no file, for a folder or a glob); a single empty file, an unreadable one."""
     found, kind = matching(source)
@@ -205,12 +227,22 @@ def open_corpus(source: str | Path, text_field: str = "text",
         with _Reading(p):
             sizes.append(p.stat().st_size)
     if not found or sizes == [0]:
-        raise _error("empty" if found else kind, source=str(source), path=str(found[0]) if found else "")
+        raise _error(
+            "empty" if found else kind, source=str(source), path=str(found[0]) if found else ""
+        )
     # Names are relative to the folder holding every file (a single file's: its own folder), as the user
     # named them (before symbolic links are followed).
     root = Path(os.path.commonpath([os.path.abspath(p.parent) for p in found]))
-    files = [CorpusFile(p.resolve(), size, _sha256(p, on_bytes), p.suffix.lower() in JSONL_SUFFIXES,
-                        Path(os.path.abspath(p)).relative_to(root).as_posix()) for p, size in zip(found, sizes)]
+    files = [
+        CorpusFile(
+            p.resolve(),
+            size,
+            _sha256(p, on_bytes),
+            p.suffix.lower() in JSONL_SUFFIXES,
+            Path(os.path.abspath(p)).relative_to(root).as_posix(),
+        )
+        for p, size in zip(found, sizes)
+    ]
     return Corpus(str(source), name or _stem(str(source), found), tuple(files), text_field)
 
 
@@ -224,7 +256,9 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
     with _Reading(path) as at, open(path, "rb") as f:
         while True:
             block = f.read(BLOCK)
-            at.offset = offset - len(decoder.getstate()[0])  # the decoder still holds the last block's tail
+            at.offset = offset - len(
+                decoder.getstate()[0]
+            )  # the decoder still holds the last block's tail
             text = decoder.decode(block, final=not block)
             if first and text.startswith("\ufeff"):
                 text = text[1:]
@@ -259,7 +293,9 @@ def _not_text(obj: object, field: str, path: Path, line: int) -> MinigptError:
     """What is wrong with a JSON line ``obj`` that holds no text in ``field``."""
     where = dict(path=path, line=line, field=field)
     if not isinstance(obj, dict):
-        kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(obj), "number")
+        kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(
+            type(obj), "number"
+        )
         return _error("not_object", kind=kind, **where)
     if field not in obj:
         return _error("no_field", keys=", ".join(map(repr, list(obj)[:8])) or "no fields", **where)
@@ -283,10 +319,14 @@ def _inside_special(text: str, pos: int, special_tokens: Sequence[str]) -> bool:
     return False
 
 
-def cut_pieces(chunks: Iterable[str], size: Optional[int] = None, special_tokens: Sequence[str] = ()) -> Iterator[str]:
+def cut_pieces(
+    chunks: Iterable[str], size: Optional[int] = None, special_tokens: Sequence[str] = ()
+) -> Iterator[str]:
     """One document's text (``chunks``, in order) in pieces of about ``size`` (:data:`PIECE_CHARS`) characters."""
     size = size or PIECE_CHARS
-    risky = [s for s in special_tokens if any(ch.isspace() for ch in s)]  # others never span a safe cut
+    risky = [
+        s for s in special_tokens if any(ch.isspace() for ch in s)
+    ]  # others never span a safe cut
     longest = max(map(len, special_tokens), default=1)
     buf = ""
     for chunk in chunks:

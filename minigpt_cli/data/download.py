@@ -45,9 +45,16 @@ class Dataset:
 
 def datasets() -> dict[str, Dataset]:
     """The corpora ``minigpt download`` knows, by name (:func:`~minigpt_cli.paths.dataset_registry`)."""
-    return {name: Dataset(name=name, url=e["url"], sha256=e["sha256"], size=int(e["size"]),
-                          url_env="MINIGPT_" + re.sub(r"[^A-Z0-9]+", "_", name.upper()) + "_URL")
-            for name, e in paths.dataset_registry().items()}
+    return {
+        name: Dataset(
+            name=name,
+            url=e["url"],
+            sha256=e["sha256"],
+            size=int(e["size"]),
+            url_env="MINIGPT_" + re.sub(r"[^A-Z0-9]+", "_", name.upper()) + "_URL",
+        )
+        for name, e in paths.dataset_registry().items()
+    }
 
 
 #: Tiny Shakespeare's folder name, the default dataset.
@@ -59,20 +66,20 @@ _RETRY_STATUSES = (429, 500, 502, 503, 504)
 #: Every message a download gives, by kind; the fields are those of :meth:`_Attempt.error`.
 _MESSAGES = {
     "invalid_url": "cannot download {url!r}: not a valid http(s) URL ({detail}); pass a full https://... "
-                   "address with --url, data.url or in {env}",
+    "address with --url, data.url or in {env}",
     "unreachable": "cannot reach {url} ({reason}); check your network or {hint}",
     "request_failed": "download of {url} failed ({reason}); {fix}",
     "http_status": "download of {url} failed: {status}; {fix}",
     "wrong_length": "download of {url} announces {total:,} bytes (Content-Length), expected {size:,}; "
-                    "the mirror serves a different file; {fix}",
+    "the mirror serves a different file; {fix}",
     "too_long": "download of {url} sent more than the expected {size:,} bytes; stopped and deleted the "
-                "partial file; the mirror serves a different file; {fix}",
+    "partial file; the mirror serves a different file; {fix}",
     "bad_encoding": "download of {url} sent a {encoding} body that does not decode; the mirror serves a "
-                    "damaged file; {fix}",
+    "damaged file; {fix}",
     "cut_off": "download of {url} was cut off after {received:,}{of_total} bytes ({reason}); try again or {hint}",
     "cut_short": "download of {url} was cut off after {received:,} of {total:,} bytes; try again or {hint}",
     "checksum": "download of {url} has sha256 {got} ({received:,} bytes), expected {sha256} ({size:,} bytes); "
-                "the mirror serves a different file; {fix}",
+    "the mirror serves a different file; {fix}",
     "is_folder": "{path} is a folder where the corpus file belongs; move or delete it, then rerun",
     "unknown_dataset": "unknown dataset {name!r}; known datasets: {known}",
     # Notices on stderr, not errors.
@@ -83,14 +90,24 @@ _MESSAGES = {
 
 #: The network failures of a download's request and of its body's read, by exception (first match wins): their kind.
 _FAILURES: dict[str, tuple[tuple[tuple[type, ...], str], ...]] = {
-    "request": (((requests.HTTPError,), "http_status"),  # raise_for_status: the answer is an HTTP error
-                ((requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
-                  requests.exceptions.InvalidURL), "invalid_url"),
-                ((requests.ConnectionError, requests.Timeout), "unreachable"),
-                ((requests.RequestException,), "request_failed")),
+    "request": (
+        ((requests.HTTPError,), "http_status"),  # raise_for_status: the answer is an HTTP error
+        (
+            (
+                requests.exceptions.MissingSchema,
+                requests.exceptions.InvalidSchema,
+                requests.exceptions.InvalidURL,
+            ),
+            "invalid_url",
+        ),
+        ((requests.ConnectionError, requests.Timeout), "unreachable"),
+        ((requests.RequestException,), "request_failed"),
+    ),
     # ChunkedEncodingError (IncompleteRead / ProtocolError), ConnectionError (reset, read timeout).
-    "read": (((requests.exceptions.ContentDecodingError,), "bad_encoding"),
-             ((requests.RequestException, urllib3.exceptions.HTTPError, OSError), "cut_off")),
+    "read": (
+        ((requests.exceptions.ContentDecodingError,), "bad_encoding"),
+        ((requests.RequestException, urllib3.exceptions.HTTPError, OSError), "cut_off"),
+    ),
 }
 
 
@@ -101,7 +118,9 @@ def get_dataset(dataset: str | Dataset) -> Dataset:
         return dataset
     known = datasets()
     if dataset not in known:
-        raise MinigptError(_MESSAGES["unknown_dataset"].format(name=dataset, known=", ".join(known)))
+        raise MinigptError(
+            _MESSAGES["unknown_dataset"].format(name=dataset, known=", ".join(known))
+        )
     return known[dataset]
 
 
@@ -117,7 +136,9 @@ def file_ok(path: str | Path, dataset: str | Dataset = DATASET) -> bool:
     """Whether ``path`` is a readable regular file holding exactly the genuine corpus of ``dataset``."""
     ds, p = get_dataset(dataset), Path(path)
     with suppress(OSError, MinigptError):  # unreadable: not OK
-        return p.is_file() and p.stat().st_size == ds.size and _sha256(p, lambda n: None) == ds.sha256
+        return (
+            p.is_file() and p.stat().st_size == ds.size and _sha256(p, lambda n: None) == ds.sha256
+        )
     return False
 
 
@@ -132,8 +153,13 @@ def url_corpus_on_disk(data_dir: str | Path, dataset: str, url: str | None) -> b
 def _session(retries: int, backoff_factor: float) -> requests.Session:
     """A session that retries failed connections and 429/5xx answers to GET, then hands back the last
     answer (no RetryError), so the message can say "HTTP 503 Service Unavailable"."""
-    retry = urllib3.util.Retry(total=retries, backoff_factor=backoff_factor, status_forcelist=_RETRY_STATUSES,
-                               allowed_methods=["GET"], raise_on_status=False)
+    retry = urllib3.util.Retry(
+        total=retries,
+        backoff_factor=backoff_factor,
+        status_forcelist=_RETRY_STATUSES,
+        allowed_methods=["GET"],
+        raise_on_status=False,
+    )
     session, adapter = requests.Session(), HTTPAdapter(max_retries=retry)
     for scheme in ("http://", "https://"):
         session.mount(scheme, adapter)
@@ -154,8 +180,14 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         if isinstance(e, BaseException) and id(e) not in seen:
             seen.add(id(e))
             yield e
-            stack.extend([*(a for a in e.args if isinstance(a, BaseException)),
-                          getattr(e, "reason", None), e.__context__, e.__cause__])
+            stack.extend(
+                [
+                    *(a for a in e.args if isinstance(a, BaseException)),
+                    getattr(e, "reason", None),
+                    e.__context__,
+                    e.__cause__,
+                ]
+            )
 
 
 def _reason(exc: BaseException, timeout: float, retries: int, elapsed: float) -> str:
@@ -165,15 +197,23 @@ def _reason(exc: BaseException, timeout: float, retries: int, elapsed: float) ->
     if any(isinstance(e, http.client.IncompleteRead) for e in chain):
         return "the server closed the connection early"
     for e in chain:  # requests' exceptions subclass OSError too; we want the socket's own error.
-        if isinstance(e, OSError) and not isinstance(e, (requests.RequestException, TimeoutError)) \
-                and (e.strerror or str(e)):
+        if (
+            isinstance(e, OSError)
+            and not isinstance(e, (requests.RequestException, TimeoutError))
+            and (e.strerror or str(e))
+        ):
             return _one_line(e.strerror or str(e))
     # NewConnectionError subclasses ConnectTimeoutError, hence the OSError pass first.
-    if any(isinstance(e, (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)) for e in chain):
+    if any(
+        isinstance(e, (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError))
+        for e in chain
+    ):
         # Retry raises MaxRetryError only once its total is spent: after retries + 1 attempts.
         if retries and any(isinstance(e, urllib3.exceptions.MaxRetryError) for e in chain):
-            return (f"timed out: no answer within {timeout:g} s on each of {retries + 1} attempts, "
-                    f"{elapsed:.{1 if elapsed < 10 else 0}f} s in all")
+            return (
+                f"timed out: no answer within {timeout:g} s on each of {retries + 1} attempts, "
+                f"{elapsed:.{1 if elapsed < 10 else 0}f} s in all"
+            )
         return f"timed out after {timeout:g} s"
     return _one_line(str(exc) or type(exc).__name__)
 
@@ -205,13 +245,22 @@ class _Attempt:
     def error(self, kind: str, exc: BaseException | None = None, **extra: object) -> MinigptError:
         """The :class:`MinigptError` of :data:`_MESSAGES` ``[kind]``, filled from this download and ``exc``."""
         fields = dict(
-            url=self.url, env=self.ds.url_env, hint=self.hint, fix=f"check the URL or {self.hint}",
-            size=self.ds.size, sha256=self.ds.sha256, total=self.total, received=self.received,
-            encoding=self.encoding, of_total=f" of {self.total:,}" if self.total is not None else "",
+            url=self.url,
+            env=self.ds.url_env,
+            hint=self.hint,
+            fix=f"check the URL or {self.hint}",
+            size=self.ds.size,
+            sha256=self.ds.sha256,
+            total=self.total,
+            received=self.received,
+            encoding=self.encoding,
+            of_total=f" of {self.total:,}" if self.total is not None else "",
         )
         if exc is not None:
             elapsed = time.monotonic() - self.started
-            fields.update(detail=_one_line(exc), reason=_reason(exc, self.timeout, self.retries, elapsed))
+            fields.update(
+                detail=_one_line(exc), reason=_reason(exc, self.timeout, self.retries, elapsed)
+            )
         if isinstance(exc, requests.HTTPError):
             code, phrase = exc.response.status_code, exc.response.reason
             phrase = phrase or next((s.phrase for s in HTTPStatus if s == code), "")
@@ -220,7 +269,12 @@ class _Attempt:
 
     def failing(self, phase: str) -> errors_as:
         """A network failure that ends ``phase`` (:data:`_FAILURES`) as its one-line :class:`MinigptError`."""
-        return errors_as({types: lambda exc, kind=kind: self.error(kind, exc) for types, kind in _FAILURES[phase]})
+        return errors_as(
+            {
+                types: lambda exc, kind=kind: self.error(kind, exc)
+                for types, kind in _FAILURES[phase]
+            }
+        )
 
     def check(self, resp: requests.Response) -> None:
         """Refuse a Content-Length other than the dataset's size (gzip's counts compressed bytes: not compared)."""
@@ -239,11 +293,23 @@ class _Attempt:
         """Stream the body into :attr:`part` with a tqdm bar on stderr, fsync it, and check its sha256 (the
         backstop naming a body cut short)."""
         digest, over = hashlib.sha256(), False
-        with self.part as f, tqdm(total=self.total, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
-                                  desc=str(self.dest), file=sys.stderr,
-                                  disable=None if progress is None else not progress) as bar:  # None: a terminal
+        with (
+            self.part as f,
+            tqdm(
+                total=self.total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                leave=False,
+                desc=str(self.dest),
+                file=sys.stderr,
+                disable=None if progress is None else not progress,
+            ) as bar,
+        ):  # None: a terminal
             for chunk in self._chunks(resp):
-                over = self.received + len(chunk) > self.ds.size  # a server streaming without end: not on disk
+                over = (
+                    self.received + len(chunk) > self.ds.size
+                )  # a server streaming without end: not on disk
                 if over:
                     break
                 f.write(chunk)
@@ -254,17 +320,35 @@ class _Attempt:
             os.fsync(f.fileno())
         if over or digest.hexdigest() != self.ds.sha256:
             short = self.total is not None and self.received < self.total
-            raise self.error("too_long" if over else "cut_short" if short else "checksum", got=digest.hexdigest())
+            raise self.error(
+                "too_long" if over else "cut_short" if short else "checksum", got=digest.hexdigest()
+            )
 
 
-def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout: float, retries: int,
-           backoff_factor: float, mirror_hint: str) -> Path | None:
+def _fetch(
+    ds: Dataset,
+    url: str,
+    dest: Path,
+    *,
+    progress: bool | None,
+    timeout: float,
+    retries: int,
+    backoff_factor: float,
+    mirror_hint: str,
+) -> Path | None:
     """Stream ``url`` into ``dest`` atomically; return where a differing file at ``dest`` was kept, or None."""
     att = _Attempt(ds, _redact(url), dest, mirror_hint, timeout, retries)
-    created = list(takewhile(lambda d: not d.exists() and d != d.parent, [dest.parent, *dest.parent.parents]))
+    created = list(
+        takewhile(lambda d: not d.exists() and d != d.parent, [dest.parent, *dest.parent.parents])
+    )
     # The network's failures are MinigptErrors by now: an OSError is a file that cannot be written.
-    written = errors_as({OSError: lambda exc: MinigptError(os_error_message(exc, None if exc.filename else dest,
-                                                                            "write"))})
+    written = errors_as(
+        {
+            OSError: lambda exc: MinigptError(
+                os_error_message(exc, None if exc.filename else dest, "write")
+            )
+        }
+    )
     try:
         with written, _session(retries, backoff_factor) as session:
             att.started = time.monotonic()
@@ -289,9 +373,17 @@ def _fetch(ds: Dataset, url: str, dest: Path, *, progress: bool | None, timeout:
                 d.rmdir()
 
 
-def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | None = None, force: bool = False,
-             progress: bool | None = None, timeout: float = 30.0, retries: int = 3, backoff_factor: float = 0.5,
-             mirror_hint: str | None = None) -> tuple[Path, bool]:
+def download(
+    dataset: str | Dataset,
+    data_dir: str | Path = "data",
+    url: str | None = None,
+    force: bool = False,
+    progress: bool | None = None,
+    timeout: float = 30.0,
+    retries: int = 3,
+    backoff_factor: float = 0.5,
+    mirror_hint: str | None = None,
+) -> tuple[Path, bool]:
     """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus; return ``(path, downloaded now)``.
     ``timeout``: seconds to connect and between bytes; ``mirror_hint``: how the user names another mirror. A failure
     leaves no new file or folder behind. Raises MinigptError: the URL, the problem and the fix, or the file."""
@@ -300,9 +392,14 @@ def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | N
     path = corpus_path(data_dir, ds.name)
     unreadable = path.is_file() and not os.access(path, os.R_OK)
     if path.is_dir() or unreadable:  # the user's to fix, never replaced as a failed checksum
-        raise MinigptError(os_error_message(OSError(errno.EACCES, os.strerror(errno.EACCES)), path, "read")
-                           if unreadable else _MESSAGES["is_folder"].format(path=path))
-    if path.parent.is_dir() and (swept := sweep_partial_files(path.parent)):  # even when the corpus is there
+        raise MinigptError(
+            os_error_message(OSError(errno.EACCES, os.strerror(errno.EACCES)), path, "read")
+            if unreadable
+            else _MESSAGES["is_folder"].format(path=path)
+        )
+    if path.parent.is_dir() and (
+        swept := sweep_partial_files(path.parent)
+    ):  # even when the corpus is there
         tqdm.write(_MESSAGES["swept"].format(n=len(swept), folder=path.parent), file=sys.stderr)
     exists = path.exists()
     good = exists and file_ok(path, ds)
@@ -310,8 +407,16 @@ def download(dataset: str | Dataset, data_dir: str | Path = "data", url: str | N
         return path, False
     if exists and not good and not force:
         tqdm.write(_MESSAGES["refetch"].format(path=path), file=sys.stderr)
-    backup = _fetch(ds, url, path, progress=progress, timeout=timeout, retries=retries,
-                    backoff_factor=backoff_factor, mirror_hint=mirror_hint or f"set {ds.url_env} to a mirror")
+    backup = _fetch(
+        ds,
+        url,
+        path,
+        progress=progress,
+        timeout=timeout,
+        retries=retries,
+        backoff_factor=backoff_factor,
+        mirror_hint=mirror_hint or f"set {ds.url_env} to a mirror",
+    )
     if backup is not None:
         tqdm.write(_MESSAGES["backup"].format(path=path, backup=backup), file=sys.stderr)
     return path, True

@@ -12,11 +12,11 @@ from itertools import count
 from pathlib import Path
 from typing import IO, Callable
 
-# Not on Windows: stale partial files are then judged by age alone.
-fcntl = None if sys.platform == "win32" else importlib.import_module("fcntl")
-
 from ..fileio import new_file_mode
 from ..paths import CORPUS_FILE
+
+# Not on Windows: stale partial files are then judged by age alone.
+fcntl = None if sys.platform == "win32" else importlib.import_module("fcntl")
 
 #: Glob of the partial files a download streams into (``NamedTemporaryFile`` names).
 PART_GLOB = f".{CORPUS_FILE}.*.part"
@@ -24,7 +24,9 @@ PART_GLOB = f".{CORPUS_FILE}.*.part"
 _STALE_AFTER_S = 5.0 if fcntl is not None else 3600.0
 
 
-def sweep_partial_files(folder: Path, pattern: str = PART_GLOB, stale_after: float = _STALE_AFTER_S) -> list[Path]:
+def sweep_partial_files(
+    folder: Path, pattern: str = PART_GLOB, stale_after: float = _STALE_AFTER_S
+) -> list[Path]:
     """Delete (and return) the partial files (a download's, or ``pattern``) a killed process left in ``folder``:
     unlocked and untouched for ``stale_after`` seconds."""
     removed = []
@@ -33,11 +35,17 @@ def sweep_partial_files(folder: Path, pattern: str = PART_GLOB, stale_after: flo
         now = time.time()
         for part in candidates:
             with suppress(OSError):
-                if not part.is_file() or part.is_symlink() or now - part.stat().st_mtime < stale_after:
+                if (
+                    not part.is_file()
+                    or part.is_symlink()
+                    or now - part.stat().st_mtime < stale_after
+                ):
                     continue
                 with open(part, "rb") as f:
                     if fcntl is not None:
-                        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while a download holds it
+                        fcntl.flock(
+                            f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB
+                        )  # fails while a download holds it
                     part.unlink()
                 removed.append(part)
     return removed
@@ -46,7 +54,9 @@ def sweep_partial_files(folder: Path, pattern: str = PART_GLOB, stale_after: flo
 def open_part(dest: Path) -> IO[bytes]:
     """A new partial file beside ``dest``, locked to tell a later download's sweep that this one is alive."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    part = tempfile.NamedTemporaryFile(dir=dest.parent, delete=False, prefix=f".{CORPUS_FILE}.", suffix=".part")
+    part = tempfile.NamedTemporaryFile(
+        dir=dest.parent, delete=False, prefix=f".{CORPUS_FILE}.", suffix=".part"
+    )
     with suppress(OSError):
         if fcntl is not None:
             fcntl.flock(part.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -71,7 +81,9 @@ def back_up(path: Path, genuine: Callable[[Path], bool]) -> Path | None:
 
 def install(part: str, dest: Path, genuine: Callable[[Path], bool]) -> Path | None:
     """Rename the verified ``part`` over ``dest``, keeping a differing file there; return the backup, or None."""
-    os.chmod(part, new_file_mode())  # NamedTemporaryFile creates mode 0600; give the corpus the usual mode
+    os.chmod(
+        part, new_file_mode()
+    )  # NamedTemporaryFile creates mode 0600; give the corpus the usual mode
     backup = back_up(dest, genuine)
     replaced = False
     try:

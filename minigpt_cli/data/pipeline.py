@@ -20,7 +20,9 @@ from ..tokenizer.training import check_vocab_size, train_tokenizer
 from .corpus import Corpus, changed_file, corpus_text, cut_pieces, documents, matching, open_corpus
 from .preparation import PreparedData, prepare
 
-if TYPE_CHECKING:  # torch is imported where batches are drawn: train-tokenizer runs without it (1.3 s)
+if (
+    TYPE_CHECKING
+):  # torch is imported where batches are drawn: train-tokenizer runs without it (1.3 s)
     import torch
 
 #: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus, its first.
@@ -28,21 +30,29 @@ TOKENIZER_TRAIN_CHARS = 64 << 20
 
 
 #: The download errors' fix when the config names a mirror (the url must serve the checksummed corpus itself).
-_URL_HINT = ("fix data.url in the config (it overrides the environment): it must name a mirror of the "
-             "{dataset} corpus itself, not another text (for your own text, set data.path instead)")
+_URL_HINT = (
+    "fix data.url in the config (it overrides the environment): it must name a mirror of the "
+    "{dataset} corpus itself, not another text (for your own text, set data.path instead)"
+)
 
 #: The messages of a corpus that is not the one the config or the run names.
-_FINGERPRINT = ("the corpus is not the one data.fingerprint names ({want}…; now {got}…): a file was edited, added "
-                "or removed; set data.fingerprint: null to train on it as it is now")
+_FINGERPRINT = (
+    "the corpus is not the one data.fingerprint names ({want}…; now {got}…): a file was edited, added "
+    "or removed; set data.fingerprint: null to train on it as it is now"
+)
 
 
 def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
     """The named dataset's corpus file, downloaded (saying so). Raises MinigptError: the download failed."""
     from .download import download
 
-    log(f"{corpus_path(cfg.data.data_dir, cfg.data.dataset)} not found or incomplete; downloading it first")
+    log(
+        f"{corpus_path(cfg.data.data_dir, cfg.data.dataset)} not found or incomplete; downloading it first"
+    )
     hint = _URL_HINT.format(dataset=cfg.data.dataset) if cfg.data.url else None
-    return download(cfg.data.dataset, cfg.data.data_dir, url=cfg.data.url, progress=progress, mirror_hint=hint)[0]
+    return download(
+        cfg.data.dataset, cfg.data.data_dir, url=cfg.data.url, progress=progress, mirror_hint=hint
+    )[0]
 
 
 def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Corpus]:
@@ -54,15 +64,23 @@ def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Co
 
     dc = cfg.data
     if dc.path is not None:
-        with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="hash corpus", leave=False,
-                  disable=None if progress is None else not progress) as bar:
+        with tqdm(
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="hash corpus",
+            leave=False,
+            disable=None if progress is None else not progress,
+        ) as bar:
             return open_corpus(dc.path, dc.text_field, on_bytes=bar.update)
     path, ds = corpus_path(dc.data_dir, dc.dataset), get_dataset(dc.dataset)
     if not path.is_file() or path.stat().st_size != ds.size:
         return None
     try:
         corpus = open_corpus(path, dc.text_field, name=dc.dataset)
-    except MinigptError:  # unreadable: the download refuses it (the user's to fix) rather than replace it
+    except (
+        MinigptError
+    ):  # unreadable: the download refuses it (the user's to fix) rather than replace it
         return None
     return corpus if corpus.files[0].sha256 == ds.sha256 else None
 
@@ -73,18 +91,24 @@ def corpus_root(cfg: Config, corpus: Optional[Corpus]) -> Path:
     return dataset_dir(dc.data_dir, dc.dataset) if dc.path is None else corpus.folder(dc.data_dir)
 
 
-def configured_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> tuple[Corpus, Path]:
+def configured_corpus(
+    cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None
+) -> tuple[Corpus, Path]:
     """The corpus the config names (downloaded first when missing) and its folder (:func:`corpus_root`). Raises
     MinigptError: a ``data.path`` that names nothing readable, or a failed download."""
     corpus = corpus_on_disk(cfg, progress)
     if corpus is None:
-        corpus = open_corpus(ensure_corpus(cfg, log, progress), cfg.data.text_field, name=cfg.data.dataset)
+        corpus = open_corpus(
+            ensure_corpus(cfg, log, progress), cfg.data.text_field, name=cfg.data.dataset
+        )
     return corpus, corpus_root(cfg, corpus)
 
 
 #: A run's data.path corpus that is found neither where train read it nor from the current folder.
-_RUN_CORPUS_GONE = ("run {run} trained on a corpus that is gone: nothing at {path} (data.path {given!r}, from "
-                    "{base}, where it trained); put the corpus back there")
+_RUN_CORPUS_GONE = (
+    "run {run} trained on a corpus that is gone: nothing at {path} (data.path {given!r}, from "
+    "{base}, where it trained); put the corpus back there"
+)
 
 
 def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
@@ -94,15 +118,28 @@ def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
     if not bases:
         return cfg
     dc = cfg.data
-    joined = [cfg.model_copy(update={"data": dc.model_copy(update={
-        "data_dir": str(base / dc.data_dir), "path": None if dc.path is None else str(base / dc.path)})})
-        for base in bases]
+    joined = [
+        cfg.model_copy(
+            update={
+                "data": dc.model_copy(
+                    update={
+                        "data_dir": str(base / dc.data_dir),
+                        "path": None if dc.path is None else str(base / dc.path),
+                    }
+                )
+            }
+        )
+        for base in bases
+    ]
     for there in (*joined, cfg):
         if _corpus_found(there):
             return there
     if dc.path is not None:
-        raise MinigptError(_RUN_CORPUS_GONE.format(run=run_dir, path=joined[0].data.path, given=dc.path,
-                                                   base=bases[0]))
+        raise MinigptError(
+            _RUN_CORPUS_GONE.format(
+                run=run_dir, path=joined[0].data.path, given=dc.path, base=bases[0]
+            )
+        )
     for base, there in zip(bases, joined):
         if base.is_dir():  # downloaded again where train had it, if that folder is still there
             return there
@@ -112,13 +149,19 @@ def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
 def _corpus_found(cfg: Config) -> bool:
     """Whether the config's corpus has files where it says: the named dataset's file, or ``data.path``'s."""
     dc = cfg.data
-    return corpus_path(dc.data_dir, dc.dataset).is_file() if dc.path is None else bool(matching(dc.path)[0])
+    return (
+        corpus_path(dc.data_dir, dc.dataset).is_file()
+        if dc.path is None
+        else bool(matching(dc.path)[0])
+    )
 
 
 #: A run's corpus that changed since it trained, read by evaluate, compare or inspect.
-_RUN_CORPUS_CHANGED = ("corpus file {path} was {what} since run {run} trained on it{detail}; its splits are read "
-                       "from the corpus as the run had it: restore that, or score the text as it is now with "
-                       "minigpt evaluate --text-file")
+_RUN_CORPUS_CHANGED = (
+    "corpus file {path} was {what} since run {run} trained on it{detail}; its splits are read "
+    "from the corpus as the run had it: restore that, or score the text as it is now with "
+    "minigpt evaluate --text-file"
+)
 
 
 def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
@@ -131,25 +174,41 @@ def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
     path, what = found
     key = "name" if all("name" in r for r in [*before, *now_records]) else "path"
     now = next((r for r in now_records if r["path"] == path), None)
-    old = ({r[key]: r for r in before}.get(now[key]) if now is not None
-           else next((r for r in before if r["path"] == path), None))
-    if what == "removed" and key == "name" and old is not None and now_records:  # where it was, moved or not
+    old = (
+        {r[key]: r for r in before}.get(now[key])
+        if now is not None
+        else next((r for r in before if r["path"] == path), None)
+    )
+    if (
+        what == "removed" and key == "name" and old is not None and now_records
+    ):  # where it was, moved or not
         root = Path(now_records[0]["path"]).parents[len(Path(now_records[0]["name"]).parts) - 1]
         path = str(root / old["name"])
-    detail = (f" (sha256 {old['sha256'][:12]}…, {old['size']:,} bytes; now {now['sha256'][:12]}…, "
-              f"{now['size']:,} bytes)" if old and now and what == "changed" else "")
+    detail = (
+        f" (sha256 {old['sha256'][:12]}…, {old['size']:,} bytes; now {now['sha256'][:12]}…, "
+        f"{now['size']:,} bytes)"
+        if old and now and what == "changed"
+        else ""
+    )
     return path, what, detail
 
 
-def run_corpus_change(want: Optional[str], corpus: Corpus, run_dir: Path,
-                      checkpoints: Sequence[str] = (runs.BEST, runs.LAST)) -> Optional[tuple[str, str, str]]:
+def run_corpus_change(
+    want: Optional[str],
+    corpus: Corpus,
+    run_dir: Path,
+    checkpoints: Sequence[str] = (runs.BEST, runs.LAST),
+) -> Optional[tuple[str, str, str]]:
     """None when ``corpus`` is the one ``want`` names (or none is named); else :func:`corpus_change`."""
     if want is None or corpus.matches(want):
         return None
     before: list[dict] = []
     for name in checkpoints:
         with suppress(MinigptError):  # no checkpoint there, or a damaged meta.json: the next one
-            before = runs.read_meta(runs.checkpoint_dir(run_dir, name)).get("corpus", {}).get("files") or []
+            before = (
+                runs.read_meta(runs.checkpoint_dir(run_dir, name)).get("corpus", {}).get("files")
+                or []
+            )
         if before:
             break
     return corpus_change(before, corpus)
@@ -181,16 +240,18 @@ def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
 #: How a tokenizer file can disagree with the config (checked in this order), and the fix.
 _DISAGREES = {
     "kind": "tokenizer file {path!r} holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; fix "
-            "tokenizer.path or tokenizer.kind",
+    "tokenizer.path or tokenizer.kind",
     "special": "tokenizer file {path!r} lacks the special tokens {missing} that tokenizer.special_tokens names; "
-               "delete the file to train it again, or fix the config",
+    "delete the file to train it again, or fix the config",
     "size": "tokenizer file {path!r} has {tok.vocab_size:,} entries but tokenizer.vocab_size is {tc.vocab_size:,}; "
-            "delete the file to train it again, or set tokenizer.vocab_size: {tok.vocab_size}",
+    "delete the file to train it again, or set tokenizer.vocab_size: {tok.vocab_size}",
 }
 
 
 #: The fix for a kind hf tokenizer file that cannot be read.
-_HF_FIX = "tokenizer.kind hf reads a Hugging Face tokenizer.json: fix tokenizer.path (or model.init_from)"
+_HF_FIX = (
+    "tokenizer.kind hf reads a Hugging Face tokenizer.json: fix tokenizer.path (or model.init_from)"
+)
 
 
 def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
@@ -198,16 +259,31 @@ def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
     MinigptError: an unreadable file, or one that disagrees with the config."""
     tc = cfg.tokenizer
     # A tokenizer.path file is the user's: never advised to be deleted (own=False); the default file is ours.
-    tok = load_tokenizer(path, tc.kind, own=tc.path is None, fix=_HF_FIX if tc.kind == "hf" else None)
+    tok = load_tokenizer(
+        path, tc.kind, own=tc.path is None, fix=_HF_FIX if tc.kind == "hf" else None
+    )
     missing = [s for s in tc.special_tokens if s not in tok.special_tokens]
-    sized = tc.kind != "char" and tc.vocab_size is not None  # a char tokenizer's alphabet decides its size
-    refuse([(tok.kind != tc.kind, "kind"), (bool(missing), "special"),
-            (sized and tok.vocab_size != tc.vocab_size, "size")], _DISAGREES,
-           path=str(path), tok=tok, tc=tc, missing=", ".join(map(repr, missing)))
+    sized = (
+        tc.kind != "char" and tc.vocab_size is not None
+    )  # a char tokenizer's alphabet decides its size
+    refuse(
+        [
+            (tok.kind != tc.kind, "kind"),
+            (bool(missing), "special"),
+            (sized and tok.vocab_size != tc.vocab_size, "size"),
+        ],
+        _DISAGREES,
+        path=str(path),
+        tok=tok,
+        tc=tc,
+        missing=", ".join(map(repr, missing)),
+    )
     return tok
 
 
-def training_texts(corpus: Corpus, special_tokens: Sequence[str], limit_chars: Optional[int] = None) -> Iterator[str]:
+def training_texts(
+    corpus: Corpus, special_tokens: Sequence[str], limit_chars: Optional[int] = None
+) -> Iterator[str]:
     """Every piece of every document (about ``limit_chars`` characters at most), after a blank line when
     documents will be joined by one (its characters need ids)."""
     several = len(corpus.files) > 1 or any(f.jsonl for f in corpus.files)
@@ -220,8 +296,13 @@ def training_texts(corpus: Corpus, special_tokens: Sequence[str], limit_chars: O
         yield from cut_pieces(blocks, special_tokens=special_tokens)
 
 
-def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[str], None],
-                     root: Optional[Path] = None, write: bool = True) -> tuple[Optional[Tokenizer], Path]:
+def ensure_tokenizer(
+    cfg: Config,
+    corpus: Corpus | Path | None,
+    log: Callable[[str], None],
+    root: Optional[Path] = None,
+    write: bool = True,
+) -> tuple[Optional[Tokenizer], Path]:
     """The configured tokenizer, checked, or trained on ``corpus`` and saved when its file is missing. ``write`` False
     (a dry run): nothing saved; a trained kind only has its size checked (None). Raises MinigptError: a file that
     disagrees with the config, a path that cannot be written, or training that fails; nothing is written then."""
@@ -233,17 +314,26 @@ def ensure_tokenizer(cfg: Config, corpus: Corpus | Path | None, log: Callable[[s
     corpus = open_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
     if corpus is None or (not write and tc.kind != "char"):
         # Without the text, the base alphabet counts none of its characters: only a size no text allows is refused.
-        text = "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS)) \
-            if corpus is not None and tc.kind not in ("bpe", "char") else ""
+        text = (
+            "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS))
+            if corpus is not None and tc.kind not in ("bpe", "char")
+            else ""
+        )
         check_vocab_size(tc.kind, text, tc.vocab_size, tc.special_tokens)
         return None, path
     if write:
         size = f" with {tc.vocab_size:,} entries" if tc.kind != "char" and tc.vocab_size else ""
-        log(f"tokenizer {path} not found; training a {tc.kind} tokenizer{size} on {corpus.source} first")
+        log(
+            f"tokenizer {path} not found; training a {tc.kind} tokenizer{size} on {corpus.source} first"
+        )
     char = tc.kind == "char"  # learns from all of the corpus, streamed: every character needs an id
     texts = training_texts(corpus, tc.special_tokens, None if char else TOKENIZER_TRAIN_CHARS)
-    tok = train_tokenizer(tc.kind, texts if char else "".join(texts), None if char else tc.vocab_size,
-                          tc.special_tokens)
+    tok = train_tokenizer(
+        tc.kind,
+        texts if char else "".join(texts),
+        None if char else tc.vocab_size,
+        tc.special_tokens,
+    )
     if write:
         tok.save(path)
     return tok, path
@@ -262,9 +352,14 @@ class DataStage:
     waits: Optional[str] = None
 
 
-def prepare_data(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None, write: bool = True,
-                 check: Callable[[Corpus], None] = lambda corpus: None,
-                 found: Callable[[Optional[Corpus]], None] = lambda corpus: None) -> DataStage:
+def prepare_data(
+    cfg: Config,
+    log: Callable[[str], None],
+    progress: Optional[bool] = None,
+    write: bool = True,
+    check: Callable[[Corpus], None] = lambda corpus: None,
+    found: Callable[[Optional[Corpus]], None] = lambda corpus: None,
+) -> DataStage:
     """``train``'s data steps and ``minigpt prepare``: the corpus, tokenizer and token files, each made if missing
     (``write`` False: ``--dry-run``, nothing written). ``found`` hears of the corpus on disk (None: not there) before
     any download; ``check`` may refuse it. Raises MinigptError: as the steps and ``check`` do."""
@@ -283,20 +378,34 @@ def prepare_data(cfg: Config, log: Callable[[str], None], progress: Optional[boo
     tok, _ = ensure_tokenizer(cfg, corpus, log, root, write)
     stage = DataStage(root, tok_path, corpus, tok, trained=trained)
     if corpus is None:
-        stage.waits = f"{corpus_path(dc.data_dir, dc.dataset)} is not downloaded (or fails its checksum); " \
-                      "train downloads it first"
+        stage.waits = (
+            f"{corpus_path(dc.data_dir, dc.dataset)} is not downloaded (or fails its checksum); "
+            "train downloads it first"
+        )
     elif tok is None:
         stage.waits = f"the {cfg.tokenizer.kind} tokenizer is not trained yet; train trains it into {tok_path} first"
     else:
-        stage.data = prepare(corpus, tok, root, dc.val_fraction, log=log, progress=progress,
-                             block_size=cfg.model.block_size, write=write)
+        stage.data = prepare(
+            corpus,
+            tok,
+            root,
+            dc.val_fraction,
+            log=log,
+            progress=progress,
+            block_size=cfg.model.block_size,
+            write=write,
+        )
         if "train_tokens" not in stage.data.meta:
-            stage.waits = (f"the corpus ({corpus.size / 1e6:,.0f} MB) is not prepared yet and too large to encode "
-                           "for a preview; train prepares it first")
+            stage.waits = (
+                f"the corpus ({corpus.size / 1e6:,.0f} MB) is not prepared yet and too large to encode "
+                "for a preview; train prepares it first"
+            )
     return stage
 
 
-def prepare_configured(cfg: Config, log: Callable[[str], None] = print, progress: Optional[bool] = None):
+def prepare_configured(
+    cfg: Config, log: Callable[[str], None] = print, progress: Optional[bool] = None
+):
     """``minigpt prepare``: :func:`prepare_data`'s corpus, tokenizer, its file and token files."""
     stage = prepare_data(cfg, log, progress)
     return stage.corpus, stage.tok, stage.tok_path, stage.data
@@ -318,8 +427,16 @@ def with_vocab(cfg: Config, vocab_size: int) -> Config:
 class BatchSampler:
     """Random (x, y) windows from a token memmap, by a ``torch.Generator`` of its own."""
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
-                 device: torch.device, rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        device: torch.device,
+        rank: int = 0,
+        world: int = 1,
+    ):
         import torch
 
         assert len(tokens) > block_size, "prepare's check_split_counts refuses a shorter split"
@@ -336,9 +453,12 @@ class BatchSampler:
         """x, y: (batch_size, block_size) int64, y shifted by one position."""
         import torch
 
-        ix = torch.randint(len(self.tokens) - self.block_size, (self.batch_size * self.world,),
-                           generator=self.generator)
-        ix = ix[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        ix = torch.randint(
+            len(self.tokens) - self.block_size,
+            (self.batch_size * self.world,),
+            generator=self.generator,
+        )
+        ix = ix[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
         return windows(self.tokens, ix, self.block_size, self.device)
 
     def state(self) -> torch.Tensor:
@@ -348,15 +468,20 @@ class BatchSampler:
         self.generator.set_state(state)
 
 
-def windows(tokens: np.ndarray, offsets: torch.Tensor, block_size: int,
-            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def windows(
+    tokens: np.ndarray, offsets: torch.Tensor, block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Windows of ``tokens`` at ``offsets`` (n,): x, y (n, block_size) int64 on ``device``, y shifted by one."""
     import torch
 
-    window = torch.from_numpy(tokens[offsets.numpy()[:, None] + np.arange(block_size + 1)].astype(np.int64))
+    window = torch.from_numpy(
+        tokens[offsets.numpy()[:, None] + np.arange(block_size + 1)].astype(np.int64)
+    )
     x, y = window[:, :-1], window[:, 1:]
     if device.type == "cuda":
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(
+            device, non_blocking=True
+        )
     return x.to(device), y.to(device)
 
 
@@ -370,7 +495,9 @@ def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> Itera
 
     generator = torch.Generator().manual_seed(seed)
     for start in range(0, count, EVAL_CHUNK):
-        yield torch.randint(n_tokens - block_size, (min(EVAL_CHUNK, count - start),), generator=generator)
+        yield torch.randint(
+            n_tokens - block_size, (min(EVAL_CHUNK, count - start),), generator=generator
+        )
 
 
 def eval_seed(seed: int, split: str, step: int) -> int:

@@ -23,7 +23,14 @@ from tqdm import tqdm
 
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError
-from ..fileio import atomic_write_text, check_writable, chmod_quietly, errors_as, new_file_mode, os_error_message
+from ..fileio import (
+    atomic_write_text,
+    check_writable,
+    chmod_quietly,
+    errors_as,
+    new_file_mode,
+    os_error_message,
+)
 from ..tokenizer.kinds import Tokenizer
 from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, survey
 from .download_files import sweep_partial_files
@@ -43,17 +50,23 @@ PREVIEW_BYTES = 64 << 20
 MIN_SPLIT_TOKENS = 2
 
 _MESSAGES = {
-    "split": ("data.val_fraction={val_fraction:.12g} splits the corpus into {n_train:,} train and {n_val:,} val "
-              "tokens, too few for {small} (they need {need_s}); {fix}"),
+    "split": (
+        "data.val_fraction={val_fraction:.12g} splits the corpus into {n_train:,} train and {n_val:,} val "
+        "tokens, too few for {small} (they need {need_s}); {fix}"
+    ),
     "need_block": "at least model.block_size+1 = {need:,} tokens each",
     "need": "at least {need} tokens each",
     "another_fraction": "choose a data.val_fraction such as {fits:g}, ",
     "lower_block": "{another}lower model.block_size (to at most {most:,} with this split), or use more text",
-    "fraction_and_block": ("choose a data.val_fraction such as {fits:g}, then a lower model.block_size (with this "
-                           "split a side has under {least} tokens, which no block size fits), or use more text"),
-    "too_small": ("the corpus is too small for any model.block_size ({total:,} tokens, and train and val need "
-                  "{least} or more each); use more text: about {more:,} tokens give each side {need:,} with this "
-                  "data.val_fraction"),
+    "fraction_and_block": (
+        "choose a data.val_fraction such as {fits:g}, then a lower model.block_size (with this "
+        "split a side has under {least} tokens, which no block size fits), or use more text"
+    ),
+    "too_small": (
+        "the corpus is too small for any model.block_size ({total:,} tokens, and train and val need "
+        "{least} or more each); use more text: about {more:,} tokens give each side {need:,} with this "
+        "data.val_fraction"
+    ),
 }
 
 
@@ -67,27 +80,41 @@ def _fraction_that_fits(val_fraction: float, total: int, need: int) -> Optional[
         return None
     if lo <= 0.1 <= hi and val_fraction != 0.1:
         return 0.1
-    fits = math.ceil(lo * 100 + 1) / 100 if val_fraction < lo or val_fraction == 0.1 else math.floor(hi * 100 - 1) / 100
+    fits = (
+        math.ceil(lo * 100 + 1) / 100
+        if val_fraction < lo or val_fraction == 0.1
+        else math.floor(hi * 100 - 1) / 100
+    )
     return fits if lo <= fits <= hi else round((lo + hi) / 2, 3)
 
 
-def _fix(val_fraction: float, n_train: int, n_val: int, need: int, block_size: Optional[int]) -> str:
+def _fix(
+    val_fraction: float, n_train: int, n_val: int, need: int, block_size: Optional[int]
+) -> str:
     """What to change, for a split with a side under ``need`` tokens: a value then accepted, or more text."""
     total, smallest = n_train + n_val, min(n_train, n_val)
     fits = _fraction_that_fits(val_fraction, total, need)  # another split, this block size
-    if block_size is not None and smallest >= MIN_SPLIT_TOKENS:  # this split holds a window of smallest - 1
+    if (
+        block_size is not None and smallest >= MIN_SPLIT_TOKENS
+    ):  # this split holds a window of smallest - 1
         another = _MESSAGES["another_fraction"].format(fits=fits) if fits is not None else ""
         return _MESSAGES["lower_block"].format(another=another, most=smallest - 1)
     if fits is not None:
         return _MESSAGES["another_fraction"].format(fits=fits) + "or use more text"
-    fits = _fraction_that_fits(val_fraction, total, MIN_SPLIT_TOKENS)  # another split and a smaller block
+    fits = _fraction_that_fits(
+        val_fraction, total, MIN_SPLIT_TOKENS
+    )  # another split and a smaller block
     if fits is not None:
         return _MESSAGES["fraction_and_block"].format(fits=fits, least=MIN_SPLIT_TOKENS)
-    more = math.ceil(need / min(val_fraction, 1 - val_fraction)) if 0 < val_fraction < 1 else 2 * need
+    more = (
+        math.ceil(need / min(val_fraction, 1 - val_fraction)) if 0 < val_fraction < 1 else 2 * need
+    )
     return _MESSAGES["too_small"].format(total=total, least=MIN_SPLIT_TOKENS, more=more, need=need)
 
 
-def check_split_counts(val_fraction: float, n_train: int, n_val: int, block_size: Optional[int] = None) -> None:
+def check_split_counts(
+    val_fraction: float, n_train: int, n_val: int, block_size: Optional[int] = None
+) -> None:
     """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` (or ``block_size + 1``) tokens on a side. Raises
     MinigptError: one line naming ``data.val_fraction``, the token counts and the fix."""
     need = max(block_size + 1, MIN_SPLIT_TOKENS) if block_size is not None else MIN_SPLIT_TOKENS
@@ -95,9 +122,16 @@ def check_split_counts(val_fraction: float, n_train: int, n_val: int, block_size
         return
     small = " and ".join(name for name, n in (("train", n_train), ("val", n_val)) if n < need)
     need_s = _MESSAGES["need_block" if block_size is not None else "need"].format(need=need)
-    raise MinigptError(_MESSAGES["split"].format(
-        val_fraction=val_fraction, n_train=n_train, n_val=n_val, small=small, need_s=need_s,
-        fix=_fix(val_fraction, n_train, n_val, need, block_size)))
+    raise MinigptError(
+        _MESSAGES["split"].format(
+            val_fraction=val_fraction,
+            n_train=n_train,
+            n_val=n_val,
+            small=small,
+            need_s=need_s,
+            fix=_fix(val_fraction, n_train, n_val, need, block_size),
+        )
+    )
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -156,7 +190,9 @@ def _tail_cut(piece: str, k: int, special_tokens: Sequence[str]) -> int:
     return k
 
 
-def split_text(text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] = ()) -> tuple[str, str]:
+def split_text(
+    text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] = ()
+) -> tuple[str, str]:
     """(train, val): the first ``int(len·(1-val_fraction))`` characters and the rest (nanoGPT's split)."""
     n = _tail_cut(text, int(len(text) * (1 - val_fraction)), keep_whole)
     return text[:n], text[n:]
@@ -171,11 +207,17 @@ def units(corpus: Corpus, plan: SplitPlan, special_tokens: Sequence[str]) -> Ite
     """The corpus as a stream of pieces and separators, each tagged with its split (see :class:`SplitPlan`)."""
     doc, chars = -1, 0
     for blocks, read_so_far in documents(corpus):
-        for i, piece in enumerate(p for p in cut_pieces(blocks, special_tokens=special_tokens) if p):
+        for i, piece in enumerate(
+            p for p in cut_pieces(blocks, special_tokens=special_tokens) if p
+        ):
             if i == 0:
                 doc += 1
-                if 0 < doc != plan.val_from_doc:  # no separator where validation starts by documents
-                    after = doc > plan.val_from_doc if plan.by_documents else chars > plan.val_from_char
+                if (
+                    0 < doc != plan.val_from_doc
+                ):  # no separator where validation starts by documents
+                    after = (
+                        doc > plan.val_from_doc if plan.by_documents else chars > plan.val_from_char
+                    )
                     yield int(after), None, read_so_far()
             if plan.by_documents:
                 yield int(doc >= plan.val_from_doc), piece, read_so_far()
@@ -214,15 +256,28 @@ def _encode(tok: Tokenizer, batch: list[Unit], sep: np.ndarray) -> list[tuple[in
     return [(split, sep if text is None else next(encoded)) for split, text, _ in batch]
 
 
-def encoded(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, progress: Optional[bool] = None,
-            ) -> Iterator[tuple[int, np.ndarray, int]]:
+def encoded(
+    corpus: Corpus,
+    tok: Tokenizer,
+    plan: SplitPlan,
+    progress: Optional[bool] = None,
+) -> Iterator[tuple[int, np.ndarray, int]]:
     """``(split, ids, chars)`` for each unit of :func:`units`, a batch encoded while the next is read."""
     sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
     specials = list(getattr(tok, "special_tokens", ()))
     with ExitStack() as stack:
-        bar = stack.enter_context(tqdm(total=corpus.size, unit="B", unit_scale=True, unit_divisor=1024,
-                                       desc="prepare", leave=False, file=sys.stderr,
-                                       disable=None if progress is None else not progress))
+        bar = stack.enter_context(
+            tqdm(
+                total=corpus.size,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc="prepare",
+                leave=False,
+                file=sys.stderr,
+                disable=None if progress is None else not progress,
+            )
+        )
         pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="encode"))
         pending, done = None, 0  # the batch being encoded while the next one is read
         for batch in chain(_batches(units(corpus, plan, specials)), [None]):
@@ -236,26 +291,44 @@ def encoded(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, progress: Optional[
             pending = job
 
 
-def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory: Optional[Path],
-                      progress: Optional[bool] = None, block_size: Optional[int] = None) -> dict[str, int]:
+def write_token_files(
+    corpus: Corpus,
+    tok: Tokenizer,
+    plan: SplitPlan,
+    directory: Optional[Path],
+    progress: Optional[bool] = None,
+    block_size: Optional[int] = None,
+) -> dict[str, int]:
     """Encode ``corpus`` into ``directory/{train,val}.bin`` (None: count only); return the token and character counts.
     Raises MinigptError: as :func:`encoded`, a split too small, a file that cannot be written; nothing that looks
     complete is left."""
     dtype = token_dtype(tok.vocab_size)
-    created = [] if directory is None else list(
-        takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents]))
+    created = (
+        []
+        if directory is None
+        else list(
+            takewhile(lambda d: not d.exists() and d != d.parent, [directory, *directory.parents])
+        )
+    )
     counts = {"train_tokens": 0, "val_tokens": 0, "train_chars": 0, "val_chars": 0}
     temps: list[tuple[Path, IO[bytes]]] = []
     target = directory
     # The corpus's read errors are MinigptErrors: an OSError is a token file's write.
-    written = errors_as({OSError: lambda exc: MinigptError(os_error_message(exc, None if exc.filename else target,
-                                                                            "write"))})
+    written = errors_as(
+        {
+            OSError: lambda exc: MinigptError(
+                os_error_message(exc, None if exc.filename else target, "write")
+            )
+        }
+    )
     try:
         with written, ExitStack() as stack:
             if directory is not None:
                 directory.mkdir(parents=True, exist_ok=True)
                 for split in SPLITS:
-                    fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
+                    fd, name = tempfile.mkstemp(
+                        prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory
+                    )
                     temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
             for split, ids, chars in encoded(corpus, tok, plan, progress):
                 if temps:
@@ -263,7 +336,9 @@ def write_token_files(corpus: Corpus, tok: Tokenizer, plan: SplitPlan, directory
                     temps[split][1].write(ids.astype(dtype).tobytes())
                 counts[f"{SPLITS[split]}_tokens"] += ids.size
                 counts[f"{SPLITS[split]}_chars"] += chars
-            check_split_counts(plan.val_fraction, counts["train_tokens"], counts["val_tokens"], block_size)
+            check_split_counts(
+                plan.val_fraction, counts["train_tokens"], counts["val_tokens"], block_size
+            )
             for (path, f), split in zip(temps, SPLITS):
                 target = directory / f"{split}.bin"
                 f.flush()
@@ -318,10 +393,14 @@ def reusable_meta(directory: Path, want: dict) -> Optional[dict]:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
     itemsize = np.dtype(want["dtype"]).itemsize
-    ok = isinstance(meta, dict) and all(meta.get(k) == v for k, v in want.items()) and all(
-        (directory / f"{s}.bin").is_file()
-        and (directory / f"{s}.bin").stat().st_size == meta.get(f"{s}_tokens", -1) * itemsize
-        for s in ("train", "val")
+    ok = (
+        isinstance(meta, dict)
+        and all(meta.get(k) == v for k, v in want.items())
+        and all(
+            (directory / f"{s}.bin").is_file()
+            and (directory / f"{s}.bin").stat().st_size == meta.get(f"{s}_tokens", -1) * itemsize
+            for s in ("train", "val")
+        )
     )
     return meta if ok else None
 
@@ -349,9 +428,16 @@ def split_plan(corpus: Corpus, val_fraction: float) -> tuple[SplitPlan, int]:
     return SplitPlan.make(n_documents, total_chars, val_fraction), n_documents
 
 
-def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fraction: float = 0.1,
-            log: Callable[[str], None] = print, progress: Optional[bool] = None,
-            block_size: Optional[int] = None, write: bool = True) -> PreparedData:
+def prepare(
+    corpus: Corpus | str | Path,
+    tok: Tokenizer,
+    root: Path,
+    val_fraction: float = 0.1,
+    log: Callable[[str], None] = print,
+    progress: Optional[bool] = None,
+    block_size: Optional[int] = None,
+    write: bool = True,
+) -> PreparedData:
     """Tokenize ``corpus`` into ``root/<kind>-<fingerprint>/{train,val}.bin``, or reuse files whose ``meta.json`` names
     the same tokenizer, corpus and split. ``write`` False (a dry run): only counted. Raises MinigptError: a corpus file
     unreadable or not UTF-8, a bad JSON line, text the tokenizer cannot encode, a folder that cannot be written, or a
@@ -364,8 +450,10 @@ def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fractio
     if meta is not None:
         bad = _out_of_range(directory, dtype, tok.vocab_size)
         if bad is not None:
-            log(f"{bad[0]} holds token id {bad[1]:,}, beyond the tokenizer's {tok.vocab_size:,} "
-                f"entries (a damaged file); preparing it again")
+            log(
+                f"{bad[0]} holds token id {bad[1]:,}, beyond the tokenizer's {tok.vocab_size:,} "
+                f"entries (a damaged file); preparing it again"
+            )
             meta = None
         else:
             check_split_counts(val_fraction, meta["train_tokens"], meta["val_tokens"], block_size)
@@ -379,32 +467,57 @@ def prepare(corpus: Corpus | str | Path, tok: Tokenizer, root: Path, val_fractio
     return PreparedData(directory, train, val, meta)
 
 
-def _prepare_afresh(corpus: Corpus, tok: Tokenizer, directory: Path, want: dict, log: Callable[[str], None],
-                    progress: Optional[bool], block_size: Optional[int], write: bool) -> dict:
+def _prepare_afresh(
+    corpus: Corpus,
+    tok: Tokenizer,
+    directory: Path,
+    want: dict,
+    log: Callable[[str], None],
+    progress: Optional[bool],
+    block_size: Optional[int],
+    write: bool,
+) -> dict:
     if not write and corpus.size > PREVIEW_BYTES:
         return want  # a dry run does not encode a large corpus: its counts wait for train
     plan, n_documents = split_plan(corpus, want["val_fraction"])
     mb = corpus.size / 1e6
     if not write:  # counted, not written
         counts = write_token_files(corpus, tok, plan, None, False, block_size)
-        return dict(want, **counts, documents=n_documents, split="documents" if plan.by_documents else "tail")
-    log(f"preparing token files in {directory} ({mb:,.1f} MB, {n_documents:,} document(s); validation: "
-        f"{plan.describe()}) ...")
+        return dict(
+            want,
+            **counts,
+            documents=n_documents,
+            split="documents" if plan.by_documents else "tail",
+        )
+    log(
+        f"preparing token files in {directory} ({mb:,.1f} MB, {n_documents:,} document(s); validation: "
+        f"{plan.describe()}) ..."
+    )
     if directory.is_dir():
-        sweep_partial_files(directory, f"{_TEMP_PREFIX}*", STALE_TEMP_S)  # a live writer touches its own
+        sweep_partial_files(
+            directory, f"{_TEMP_PREFIX}*", STALE_TEMP_S
+        )  # a live writer touches its own
         (directory / "meta.json").unlink(missing_ok=True)
     t0 = time.perf_counter()
     counts = write_token_files(corpus, tok, plan, directory, progress, block_size)
     seconds = time.perf_counter() - t0
-    meta = dict(want, **counts, documents=n_documents, split="documents" if plan.by_documents else "tail",
-                corpus_files=corpus.records(), seconds=round(seconds, 3))
+    meta = dict(
+        want,
+        **counts,
+        documents=n_documents,
+        split="documents" if plan.by_documents else "tail",
+        corpus_files=corpus.records(),
+        seconds=round(seconds, 3),
+    )
     atomic_write_text(directory / "meta.json", json.dumps(meta, indent=1))
     share = counts["val_tokens"] / max(counts["train_tokens"] + counts["val_tokens"], 1)
     if plan.by_documents and not want["val_fraction"] / 3 <= share <= want["val_fraction"] * 3:
-        log(f"note: the validation documents hold {share:.1%} of the tokens, not about data.val_fraction "
+        log(
+            f"note: the validation documents hold {share:.1%} of the tokens, not about data.val_fraction "
             f"{want['val_fraction']:g}: the last {plan.n_documents - plan.val_from_doc:,} document(s) are "
             f"{'long' if share > want['val_fraction'] else 'short'} ones; reorder the files, or choose another "
-            "data.val_fraction")
+            "data.val_fraction"
+        )
     if seconds > 5:
         n = counts["train_tokens"] + counts["val_tokens"]
         log(f"prepared {n:,} tokens in {seconds:.0f} s ({mb / seconds:.1f} MB/s)")

@@ -23,7 +23,6 @@ from .pipeline import TOKENIZER_TRAIN_CHARS, configured_corpus, training_texts
 from .preparation import split_plan, write_token_files
 
 
-
 def sample_words(text: str, n: int = 3) -> list[tuple[str, int]]:
     """(word, count): the summary's examples, from the corpus itself: its ``n`` most frequent words of 4+ letters
     (often one token each), then its ``n`` most frequent of 8+ letters, all-capital ones (speaker names) last
@@ -51,12 +50,18 @@ class TokenizerReport:
         return self.val_chars / max(self.val_tokens, 1)
 
 
-def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], None],
-                limit_chars: Optional[int] = None) -> tuple[Corpus, str, Path]:
+def read_corpus(
+    cfg: Config,
+    input_path: Optional[Path],
+    echo: Callable[[str], None],
+    limit_chars: Optional[int] = None,
+) -> tuple[Corpus, str, Path]:
     """The corpus, its training text, and its folder (where its tokenizers go by default). Raises MinigptError: nothing
     there, an empty or unreadable file, text that is not UTF-8, a bad JSON line."""
     # The corpus's errors name the key that gave it; with input_path that is --input.
-    with errors_as({MinigptError: lambda exc: exc.spelled({"data.path": "--input"}) if input_path else None}):
+    with errors_as(
+        {MinigptError: lambda exc: exc.spelled({"data.path": "--input"}) if input_path else None}
+    ):
         if input_path is not None:
             corpus = open_corpus(input_path, cfg.data.text_field)
             root = corpus.folder(cfg.data.data_dir)
@@ -68,13 +73,21 @@ def read_corpus(cfg: Config, input_path: Optional[Path], echo: Callable[[str], N
     return corpus, text, root
 
 
-def evaluate(tok: Tokenizer, corpus: Corpus, text: str, val_fraction: float, train_seconds: float = 0.0
-             ) -> TokenizerReport:
+def evaluate(
+    tok: Tokenizer, corpus: Corpus, text: str, val_fraction: float, train_seconds: float = 0.0
+) -> TokenizerReport:
     """Tokens on the validation split ``prepare`` and ``train`` make (:func:`~.preparation.split_plan`), and
     whether decode(encode(text)) == text on the training text."""
-    counts = write_token_files(corpus, tok, split_plan(corpus, val_fraction)[0], None, progress=False)
-    return TokenizerReport(tok, counts["val_tokens"], counts["val_chars"], tok.decode(tok.encode(text)) == text,
-                           train_seconds)
+    counts = write_token_files(
+        corpus, tok, split_plan(corpus, val_fraction)[0], None, progress=False
+    )
+    return TokenizerReport(
+        tok,
+        counts["val_tokens"],
+        counts["val_chars"],
+        tok.decode(tok.encode(text)) == text,
+        train_seconds,
+    )
 
 
 def _show(piece: str) -> str:
@@ -88,30 +101,49 @@ def segmentation(tok: Tokenizer, word: str) -> str:
     return "(not encodable)"
 
 
-def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Optional[int] = None,
-                        input_path: Optional[Path] = None, output_path: Optional[Path] = None,
-                        special_tokens: Optional[Sequence[str]] = None,
-                        echo: Callable[[str], None] = print) -> str:
+def run_train_tokenizer(
+    cfg: Config,
+    kind: Optional[str] = None,
+    vocab_size: Optional[int] = None,
+    input_path: Optional[Path] = None,
+    output_path: Optional[Path] = None,
+    special_tokens: Optional[Sequence[str]] = None,
+    echo: Callable[[str], None] = print,
+) -> str:
     """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary. Raises MinigptError:
     unknown kind, empty or missing input, an impossible vocabulary size; nothing written."""
-    if kind is None and cfg.model.init_from is not None:  # a fine-tuning config: the folder's tokenizer.json
+    if (
+        kind is None and cfg.model.init_from is not None
+    ):  # a fine-tuning config: the folder's tokenizer.json
         kind = "hf"
     kind = kind or cfg.tokenizer.kind
-    if kind == "hf":  # the config's kind for a given file; train_tokenizer refuses any other unknown kind
-        raise MinigptError("tokenizer.kind hf is a Hugging Face tokenizer.json used as it is, never trained here",
-                           "pass --kind char, bpe, wordpiece or unigram to train one")
+    if (
+        kind == "hf"
+    ):  # the config's kind for a given file; train_tokenizer refuses any other unknown kind
+        raise MinigptError(
+            "tokenizer.kind hf is a Hugging Face tokenizer.json used as it is, never trained here",
+            "pass --kind char, bpe, wordpiece or unigram to train one",
+        )
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
-    specials = check_special_tokens(cfg.tokenizer.special_tokens if special_tokens is None else special_tokens)
-    corpus, text, root = read_corpus(cfg, input_path, echo, None if kind == "char" else TOKENIZER_TRAIN_CHARS)
+    specials = check_special_tokens(
+        cfg.tokenizer.special_tokens if special_tokens is None else special_tokens
+    )
+    corpus, text, root = read_corpus(
+        cfg, input_path, echo, None if kind == "char" else TOKENIZER_TRAIN_CHARS
+    )
     if output_path is not None:
         out = output_path
     elif cfg.tokenizer.path and kind == cfg.tokenizer.kind:
         out = Path(cfg.tokenizer.path)
     else:
-        out = default_tokenizer_path(root.parent, root.name, kind, None if kind == "char" else vocab_size, specials)
+        out = default_tokenizer_path(
+            root.parent, root.name, kind, None if kind == "char" else vocab_size, specials
+        )
     if out.exists() and Path(corpus.source).exists() and os.path.samefile(out, corpus.source):
-        raise MinigptError(f"--output {str(out)!r} is the text the tokenizer trains on; writing there would "
-                           "replace it: pass another --output")
+        raise MinigptError(
+            f"--output {str(out)!r} is the text the tokenizer trains on; writing there would "
+            "replace it: pass another --output"
+        )
     check_writable(out, folder=False)  # before the training, not after it
     status = f"training a {kind} tokenizer of {vocab_size or 0:,} entries on {corpus.source} ({len(text):,} characters)"
     t0 = time.perf_counter()
@@ -119,7 +151,11 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
     seconds = time.perf_counter() - t0
     rep = evaluate(tok, corpus, text, cfg.data.val_fraction, seconds)
     tok.save(out)
-    size_note = "  (--vocab-size is ignored for char: the alphabet decides)" if kind == "char" and vocab_size else ""
+    size_note = (
+        "  (--vocab-size is ignored for char: the alphabet decides)"
+        if kind == "char" and vocab_size
+        else ""
+    )
     lines = [
         f"wrote {out}",
         f"kind                {kind}",
@@ -130,20 +166,32 @@ def run_train_tokenizer(cfg: Config, kind: Optional[str] = None, vocab_size: Opt
         f"training time       {seconds:.2f} s",
     ]
     if tok.special_tokens:
-        lines.append("special tokens      " + ", ".join(f"{s} (id {tok.encode(s)[0]})" for s in tok.special_tokens))
+        lines.append(
+            "special tokens      "
+            + ", ".join(f"{s} (id {tok.encode(s)[0]})" for s in tok.special_tokens)
+        )
     lines.append("segmentation of the corpus's frequent words (after a space, shown as \u2581):")
     lines += [f"  {w:<14} {segmentation(tok, w):<40} ({c:,}\u00d7)" for w, c in sample_words(text)]
     return "\n".join(lines)
 
 
-def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optional[Path] = None,
-                special_tokens: Optional[Sequence[str]] = None, echo: Callable[[str], None] = print) -> str:
+def run_compare(
+    cfg: Config,
+    vocab_size: Optional[int] = None,
+    input_path: Optional[Path] = None,
+    special_tokens: Optional[Sequence[str]] = None,
+    echo: Callable[[str], None] = print,
+) -> str:
     """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations. Raises MinigptError:
     as :func:`run_train_tokenizer`; every kind's size is checked before any is trained."""
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
     if vocab_size is None:
-        raise MinigptError("--compare needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size")
-    specials = check_special_tokens(cfg.tokenizer.special_tokens if special_tokens is None else special_tokens)
+        raise MinigptError(
+            "--compare needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size"
+        )
+    specials = check_special_tokens(
+        cfg.tokenizer.special_tokens if special_tokens is None else special_tokens
+    )
     corpus, text, _ = read_corpus(cfg, input_path, echo, TOKENIZER_TRAIN_CHARS)
     for kind in KINDS:
         check_vocab_size(kind, text, vocab_size, specials)
@@ -156,17 +204,22 @@ def run_compare(cfg: Config, vocab_size: Optional[int] = None, input_path: Optio
     val_chars = next(iter(reports.values())).val_chars
     lines = [
         f"{corpus.source}: {len(text):,} characters; validation split {val_chars:,} characters; "
-        f"vocabulary size {vocab_size:,}" + (f"; special tokens {', '.join(specials)}" if specials else ""),
+        f"vocabulary size {vocab_size:,}"
+        + (f"; special tokens {', '.join(specials)}" if specials else ""),
         "",
         f"{'kind':<10} {'vocab':>7} {'val tokens':>11} {'chars/token':>12} {'round trip':>11} {'train s':>8}",
     ]
     for kind, r in reports.items():
-        lines.append(f"{kind:<10} {r.tokenizer.vocab_size:>7,} {r.val_tokens:>11,} {r.chars_per_token:>12.3f} "
-                     f"{'exact' if r.round_trip else 'NOT exact':>11} {r.train_seconds:>8.2f}")
+        lines.append(
+            f"{kind:<10} {r.tokenizer.vocab_size:>7,} {r.val_tokens:>11,} {r.chars_per_token:>12.3f} "
+            f"{'exact' if r.round_trip else 'NOT exact':>11} {r.train_seconds:>8.2f}"
+        )
     lines += [
         "(bpe merges the most frequent pair; wordpiece the pair with the highest count(ab)/(count(a)·count(b)),",
         " which favours pairs of rare symbols; unigram prunes a large candidate set by likelihood)",
-        "", "segmentation of the corpus's frequent words (after a space, shown as \u2581):"]
+        "",
+        "segmentation of the corpus's frequent words (after a space, shown as \u2581):",
+    ]
     for w, c in sample_words(text):
         lines.append(f"  {w} ({c:,}\u00d7)")
         lines += [f"    {kind:<10} {segmentation(r.tokenizer, w)}" for kind, r in reports.items()]

@@ -20,7 +20,14 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..data.pipeline import check_corpus, configured_corpus, eval_offsets, eval_seed, run_corpus_config, windows
+from ..data.pipeline import (
+    check_corpus,
+    configured_corpus,
+    eval_offsets,
+    eval_seed,
+    run_corpus_config,
+    windows,
+)
 from ..data.preparation import prepare
 from ..errors import MinigptError
 from ..fileio import read_text_file
@@ -35,7 +42,7 @@ _MESSAGES = {
     "both": "pass either --split or --text-file, not both",
     "split": "--split {split!r}: use train or val",
     "stride_alone": "--stride sets the windows of --full (and --text-file); the training eval's windows are "
-                    "fixed: add --full",
+    "fixed: add --full",
     "stride": "--stride {stride} must be between 1 and the run's block_size ({block_size})",
     "empty": "{what} holds {n} token(s); scoring needs at least 2 (a token and its next)",
 }
@@ -48,18 +55,26 @@ def text_size(tok, ids: np.ndarray) -> tuple[int, int]:
     """UTF-8 bytes and characters of the text ``ids`` decode to, decoded :data:`DECODE_CHUNK` tokens at a time."""
     n_bytes = n_chars = 0
     for start in range(0, len(ids), DECODE_CHUNK):
-        text = tok.decode(ids[start:start + DECODE_CHUNK].tolist())
+        text = tok.decode(ids[start : start + DECODE_CHUNK].tolist())
         n_bytes, n_chars = n_bytes + len(text.encode("utf-8")), n_chars + len(text)
     return n_bytes, n_chars
 
 
-def split_tokens(cfg, tok, split: str, run_dir: Path, echo: Callable[[str], None] = lambda m: None,
-                 progress: Optional[bool] = False) -> np.ndarray:
+def split_tokens(
+    cfg,
+    tok,
+    split: str,
+    run_dir: Path,
+    echo: Callable[[str], None] = lambda m: None,
+    progress: Optional[bool] = False,
+) -> np.ndarray:
     """The token ids of ``split`` of the run's corpus under its tokenizer (prepared again if gone). Raises
     MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it."""
     corpus, root = configured_corpus(cfg, echo, progress)
     check_corpus(cfg, corpus, run_dir)
-    return getattr(prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=progress), split)
+    return getattr(
+        prepare(corpus, tok, root, cfg.data.val_fraction, log=echo, progress=progress), split
+    )
 
 
 def full_windows(n_tokens: int, block_size: int, stride: int) -> Iterator[tuple[int, int, int]]:
@@ -74,45 +89,82 @@ def full_windows(n_tokens: int, block_size: int, stride: int) -> Iterator[tuple[
         begin += stride
 
 
-def _score_full(model, tokens: np.ndarray, block_size: int, stride: int, batch_size: int, device: torch.device,
-                progress: Optional[bool]) -> float:
+def _score_full(
+    model,
+    tokens: np.ndarray,
+    block_size: int,
+    stride: int,
+    batch_size: int,
+    device: torch.device,
+    progress: Optional[bool],
+) -> float:
     """The summed loss in nats of every token of ``tokens`` after the first (:func:`full_windows`)."""
     spans = list(full_windows(len(tokens), block_size, stride))
     total = torch.zeros((), dtype=torch.float64)
-    bar = tqdm(total=len(spans), desc="evaluate", unit="window", disable=None if progress is None else not progress,
-               dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(
+        total=len(spans),
+        desc="evaluate",
+        unit="window",
+        disable=None if progress is None else not progress,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
     with torch.no_grad(), bar:
         for i in range(0, len(spans), batch_size):
-            group = spans[i:i + batch_size]
+            group = spans[i : i + batch_size]
             width = max(end - begin for begin, end, _ in group) - 1
             x = torch.zeros((len(group), width), dtype=torch.long)
             y = torch.full((len(group), width), -1, dtype=torch.long)
             for row, (begin, end, scored) in enumerate(group):
                 window = torch.from_numpy(tokens[begin:end].astype(np.int64))
-                x[row, :end - begin - 1] = window[:-1]
-                y[row, end - begin - 1 - scored:end - begin - 1] = window[-scored:]
+                x[row, : end - begin - 1] = window[:-1]
+                y[row, end - begin - 1 - scored : end - begin - 1] = window[-scored:]
             logits, _ = model(x.to(device))
-            total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), ignore_index=-1,
-                                     reduction="sum").double().cpu()
+            total += (
+                F.cross_entropy(
+                    logits.float().flatten(0, 1),
+                    y.to(device).flatten(),
+                    ignore_index=-1,
+                    reduction="sum",
+                )
+                .double()
+                .cpu()
+            )
             bar.update(len(group))
     return float(total)
 
 
-def _training_eval(model, cfg, tokens: np.ndarray, split: str, step: int, world: int,
-                   device: torch.device) -> tuple[float, int]:
+def _training_eval(
+    model, cfg, tokens: np.ndarray, split: str, step: int, world: int, device: torch.device
+) -> tuple[float, int]:
     """The mean loss of the windows the run's eval read at ``step``, and the number of windows."""
     tc, T = cfg.train, cfg.model.block_size
     n_windows = tc.eval_iters * tc.batch_size * tc.grad_accum_steps * world
-    offsets = torch.cat(list(eval_offsets(len(tokens), T, n_windows, eval_seed(cfg.seed, split, step))))
-    batches = (windows(tokens, offsets[i:i + tc.batch_size], T, device)
-               for i in range(0, n_windows, tc.batch_size))
-    return estimate_loss(model, {split: batches}, n_windows, nullcontext(), Dist())[split], n_windows
+    offsets = torch.cat(
+        list(eval_offsets(len(tokens), T, n_windows, eval_seed(cfg.seed, split, step)))
+    )
+    batches = (
+        windows(tokens, offsets[i : i + tc.batch_size], T, device)
+        for i in range(0, n_windows, tc.batch_size)
+    )
+    return estimate_loss(model, {split: batches}, n_windows, nullcontext(), Dist())[
+        split
+    ], n_windows
 
 
-def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, split: Optional[str] = None,
-             text_file: Optional[str | Path] = None, full: bool = False, stride: Optional[int] = None,
-             batch_size: int = 8, device: str = "auto", progress: Optional[bool] = None,
-             echo: Callable[[str], None] = lambda message: None) -> dict:
+def evaluate(
+    run: Optional[str | Path] = None,
+    *,
+    checkpoint: str = runs.BEST,
+    split: Optional[str] = None,
+    text_file: Optional[str | Path] = None,
+    full: bool = False,
+    stride: Optional[int] = None,
+    batch_size: int = 8,
+    device: str = "auto",
+    progress: Optional[bool] = None,
+    echo: Callable[[str], None] = lambda message: None,
+) -> dict:
     """Score a run's checkpoint (``run``: default the newest) on ``split`` (val or train) or ``text_file``.
 
     ``stride``: tokens each full-scoring window advances (default ``block_size // 2``). Returns
@@ -124,22 +176,41 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
     """
     dev = resolve_device(device)
     loaded = load_run(run, checkpoint, dev)
-    model, cfg, tok, run_dir, ckpt = loaded.model, loaded.config, loaded.tokenizer, loaded.run_dir, loaded.checkpoint
+    model, cfg, tok, run_dir, ckpt = (
+        loaded.model,
+        loaded.config,
+        loaded.tokenizer,
+        loaded.run_dir,
+        loaded.checkpoint,
+    )
     meta = runs.read_meta(ckpt)
     T = cfg.model.block_size
     # The arguments, checked once the run's block_size is known and before any corpus is read.
-    problem = next((key for key, bad in (("both", split is not None and text_file is not None),
-                                         ("stride_alone", stride is not None and not full and text_file is None),
-                                         ("split", (split or "val") not in ("train", "val")),
-                                         ("stride", stride is not None and not 1 <= stride <= T)) if bad), None)
+    problem = next(
+        (
+            key
+            for key, bad in (
+                ("both", split is not None and text_file is not None),
+                ("stride_alone", stride is not None and not full and text_file is None),
+                ("split", (split or "val") not in ("train", "val")),
+                ("stride", stride is not None and not 1 <= stride <= T),
+            )
+            if bad
+        ),
+        None,
+    )
     if problem is not None:
         raise MinigptError(_MESSAGES[problem].format(split=split, stride=stride, block_size=T))
     split = split or "val"
     stride = (T // 2 or 1) if stride is None else stride
     if text_file is not None:
-        text = read_text_file(text_file, "--text-file")  # as generate reads --prompt-file; bytes: of the text as read
+        text = read_text_file(
+            text_file, "--text-file"
+        )  # as generate reads --prompt-file; bytes: of the text as read
         # An empty file holds no token: refused below, as a split too short is.
-        tokens = np.asarray(encode_prompt(tok, text, f"{text_file}") if text else [], dtype=np.int64)
+        tokens = np.asarray(
+            encode_prompt(tok, text, f"{text_file}") if text else [], dtype=np.int64
+        )
         n_bytes, n_chars, source, full = len(text.encode("utf-8")), len(text), str(text_file), True
     else:
         tokens = split_tokens(run_corpus_config(cfg, run_dir), tok, split, run_dir, echo, progress)
@@ -153,22 +224,38 @@ def evaluate(run: Optional[str | Path] = None, *, checkpoint: str = runs.BEST, s
         n_scored = len(tokens) - 1
         loss = _score_full(model, tokens, T, stride, batch_size, dev, progress) / n_scored
         if text_file is None:  # the scored text is the split's, less its first token
-            n_bytes, n_chars = (a - b for a, b in zip((n_bytes, n_chars), text_size(tok, tokens[:1])))
+            n_bytes, n_chars = (
+                a - b for a, b in zip((n_bytes, n_chars), text_size(tok, tokens[:1]))
+            )
     else:
         world = meta.get("world_size", 1)
         loss, n_windows = _training_eval(model, cfg, tokens, split, meta.get("step", 0), world, dev)
         n_scored = n_windows * T
         if meta.get("eval_step") == meta.get("step"):
             logged = meta.get(f"{split}_loss")
-    counted = n_scored if full else len(tokens)  # the eval's windows: converted at the split's tokens per byte
+    counted = (
+        n_scored if full else len(tokens)
+    )  # the eval's windows: converted at the split's tokens per byte
     nats_per = loss * counted / n_bytes, loss * counted / n_chars
     return {
-        "run": str(run_dir), "checkpoint": ckpt.name, "step": meta.get("step"), "source": source,
-        "mode": "full" if full else "eval", "loss": loss,
-        "perplexity": math.exp(loss) if loss < 709.0 else math.inf,  # exp overflows a float past 709.78
-        "bits_per_byte": nats_per[0] / math.log(2), "bits_per_char": nats_per[1] / math.log(2),
-        "tokens": n_scored, "bytes": n_bytes, "chars": n_chars, "split_tokens": len(tokens), "block_size": T,
-        "stride": stride if full else None, "logged_loss": logged,
+        "run": str(run_dir),
+        "checkpoint": ckpt.name,
+        "step": meta.get("step"),
+        "source": source,
+        "mode": "full" if full else "eval",
+        "loss": loss,
+        "perplexity": math.exp(loss)
+        if loss < 709.0
+        else math.inf,  # exp overflows a float past 709.78
+        "bits_per_byte": nats_per[0] / math.log(2),
+        "bits_per_char": nats_per[1] / math.log(2),
+        "tokens": n_scored,
+        "bytes": n_bytes,
+        "chars": n_chars,
+        "split_tokens": len(tokens),
+        "block_size": T,
+        "stride": stride if full else None,
+        "logged_loss": logged,
     }
 
 
@@ -176,21 +263,32 @@ def _per_unit(r: dict) -> list[str]:
     """The bits per byte and per character lines, saying what they were measured on: the scored text itself
     (``full``), or the training eval's tokens converted at the split's own tokens per byte."""
     if r["mode"] == "full":
-        return [f"  bits per byte   {r['bits_per_byte']:.4f} ({r['bytes']:,} bytes)",
-                f"  bits per char   {r['bits_per_char']:.4f} ({r['chars']:,} characters)"]
+        return [
+            f"  bits per byte   {r['bits_per_byte']:.4f} ({r['bytes']:,} bytes)",
+            f"  bits per char   {r['bits_per_char']:.4f} ({r['chars']:,} characters)",
+        ]
     at = f"the {r['tokens']:,} scored tokens, at the split's {{:.3f}} tokens per {{}}"
-    return [f"  bits per byte   {r['bits_per_byte']:.4f} ({at.format(r['split_tokens'] / r['bytes'], 'byte')})",
-            f"  bits per char   {r['bits_per_char']:.4f} ({at.format(r['split_tokens'] / r['chars'], 'character')})"]
+    return [
+        f"  bits per byte   {r['bits_per_byte']:.4f} ({at.format(r['split_tokens'] / r['bytes'], 'byte')})",
+        f"  bits per char   {r['bits_per_char']:.4f} ({at.format(r['split_tokens'] / r['chars'], 'character')})",
+    ]
 
 
 def format_evaluation(r: dict) -> str:
     """The text form of :func:`evaluate`'s result."""
-    how = (f"every token once, windows of {r['block_size']} advancing by {r['stride']}" if r["mode"] == "full"
-           else "the training eval's windows")
-    lines = [f"{r['run']} ({r['checkpoint']}, step {r['step']}) on {r['source']}: {how}",
-             f"  loss            {r['loss']:.6f} nats/token over {r['tokens']:,} tokens",
-             f"  perplexity      {r['perplexity']:.4f}",
-             *_per_unit(r)]
+    how = (
+        f"every token once, windows of {r['block_size']} advancing by {r['stride']}"
+        if r["mode"] == "full"
+        else "the training eval's windows"
+    )
+    lines = [
+        f"{r['run']} ({r['checkpoint']}, step {r['step']}) on {r['source']}: {how}",
+        f"  loss            {r['loss']:.6f} nats/token over {r['tokens']:,} tokens",
+        f"  perplexity      {r['perplexity']:.4f}",
+        *_per_unit(r),
+    ]
     if r["logged_loss"] is not None:
-        lines.append(f"  logged          {r['logged_loss']:.6f} (the run's {r['source']}_loss at step {r['step']})")
+        lines.append(
+            f"  logged          {r['logged_loss']:.6f} (the run's {r['source']}_loss at step {r['step']})"
+        )
     return "\n".join(lines)

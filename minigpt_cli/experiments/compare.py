@@ -36,26 +36,26 @@ if TYPE_CHECKING:  # matplotlib and optuna are imported where they are used
 
 _MESSAGES = {
     "edited": "note: {path} differs from its checkpoint's config.yaml; compared as the checkpoint records it (the "
-              "config the weights were trained with)",
+    "config the weights were trained with)",
     "run_output": "--output {path} is a run folder, which holds that run's record; pass another --output",
     "not_run": "{path!r} is neither a run folder (config.yaml and metrics.jsonl) nor a folder of runs",
     "no_evals": "{path} has no eval in metrics.jsonl yet; train it until its first eval",
     "metric": "--metric val_loss: the runs trained on different corpora, whose val losses do not compare; "
-              "use --metric bits_per_byte",
+    "use --metric bits_per_byte",
     "metric_name": "--metric {metric!r}: use val_loss or bits_per_byte",
     "target": "--target {target}: give a positive loss (or bits per byte), e.g. --target 1.9",
     "unfinished": "note: {variant}'s seeds ended at different steps ({steps}): a run is unfinished or stopped "
-                  "early, and its mean mixes them",
+    "early, and its mean mixes them",
     "corpora": "note: the runs trained on different corpora: val losses do not compare, so only bits per byte "
-               "is shown",
+    "is shown",
     "tokenizers": "note: the variants use different tokenizers: val loss is per token of each, so compare bits "
-                  "per byte",
+    "per byte",
     "no_bpb": "note: no bits per byte for {run}: {why}",
     "users": "{path} is not a summary minigpt wrote (its summary.json is not one: {why}); pass another --output",
     "not_swept": "note: {path} is not among the runs {state} lists as done: a copy, or a run its sweep has not "
-                 "finished; compared by its folder's name",
+    "finished; compared by its folder's name",
     "repeats": "note: {runs} are one config at seed {seed}: repeats, not seeds; counted once, as {kept} (the most "
-               "steps)",
+    "steps)",
     "hidden": "note: {count} more {keys} ({names}); summary.md has every column",
     "no_study": "--storage {url}: no study {name!r} in it; give --study one of: {names}",
     "which_study": "--storage {url} holds {count} studies; give --study one of: {names}",
@@ -93,19 +93,40 @@ def _why(exc: OSError | ValidationError, schema: Optional[type[BaseModel]] = Non
         *section, name = loc.split(".")
         for part in section:  # down to the model that holds the key, through Optional[...]
             field = schema.model_fields.get(part) if schema else None
-            schema = next((t for t in (field.annotation, *get_args(field.annotation)) if isinstance(t, type)
-                           and issubclass(t, BaseModel)), None) if field else None
+            schema = (
+                next(
+                    (
+                        t
+                        for t in (field.annotation, *get_args(field.annotation))
+                        if isinstance(t, type) and issubclass(t, BaseModel)
+                    ),
+                    None,
+                )
+                if field
+                else None
+            )
         close = difflib.get_close_matches(name, list(schema.model_fields) if schema else [], n=1)
-        msg = f"unknown key; did you mean {'.'.join([*section, close[0]])}?" if close else "unknown key; remove it"
-    msg = "the top level must be a mapping" if err["type"] == "model_type" and not loc else msg[0].lower() + msg[1:]
+        msg = (
+            f"unknown key; did you mean {'.'.join([*section, close[0]])}?"
+            if close
+            else "unknown key; remove it"
+        )
+    msg = (
+        "the top level must be a mapping"
+        if err["type"] == "model_type" and not loc
+        else msg[0].lower() + msg[1:]
+    )
     return f"{loc}: {msg}" if loc else msg
 
 
 def read_model(schema: type[Model], source: Path | Any, what: str, **fields: Any) -> Model:
     """``source`` (a JSON file, or parsed data) read through ``schema``; a :class:`MinigptError` from ``what``."""
     try:
-        return schema.model_validate_json(source.read_bytes()) if isinstance(source, Path) else \
-            schema.model_validate(source)
+        return (
+            schema.model_validate_json(source.read_bytes())
+            if isinstance(source, Path)
+            else schema.model_validate(source)
+        )
     except (OSError, ValidationError) as exc:  # unreadable, or not what the schema says
         raise MinigptError(what.format(why=_why(exc, schema), **fields)) from None
 
@@ -118,7 +139,9 @@ class RunRecord:
     cfg: Config
     evals: list[dict]  # metrics.jsonl eval events: step, elapsed_s, val_loss
     rates: list[float]  # tokens/s of its train events
-    note: Optional[str] = None  # the run's config.yaml differs from its checkpoint's (which is read)
+    note: Optional[str] = (
+        None  # the run's config.yaml differs from its checkpoint's (which is read)
+    )
 
     @property
     def final(self) -> float:
@@ -138,7 +161,9 @@ def read_run(path: Path) -> RunRecord:
     from ..run.checkpoint import saved_config  # torch: only for a run with weights
 
     which = runs.LAST if runs.has_weights(runs.checkpoint_dir(path, runs.LAST)) else runs.BEST
-    saved = saved_config(runs.checkpoint_dir(path, which))  # verified: the record of what the weights are
+    saved = saved_config(
+        runs.checkpoint_dir(path, which)
+    )  # verified: the record of what the weights are
     differs = saved.to_dict() != cfg.to_dict()
     note = _MESSAGES["edited"].format(path=path / runs.CONFIG) if differs else None
     return RunRecord(path, saved, evals, rates, note)
@@ -165,7 +190,9 @@ def expand(paths: list[Path]) -> list[Path]:
             continue
         inside = sorted(q for q in p.iterdir() if (q / runs.CONFIG).is_file()) if p.is_dir() else []
         order = _sweep_order(p) if inside else {}
-        inside.sort(key=lambda q: order.get(q.name, len(order)))  # stable: runs the sweep has not done, by name
+        inside.sort(
+            key=lambda q: order.get(q.name, len(order))
+        )  # stable: runs the sweep has not done, by name
         if not inside:
             raise MinigptError(_MESSAGES["not_run"].format(path=str(p)))
         out += inside
@@ -184,9 +211,15 @@ def _distinct(records: list[RunRecord], notes: list[str]) -> list[RunRecord]:
     for r in records:
         same.setdefault(_key(r, _SAME_RUN), []).append(r)
     kept = {id(max(group, key=lambda r: r.evals[-1]["step"])) for group in same.values()}
-    notes += [_MESSAGES["repeats"].format(runs=", ".join(str(r.path) for r in group), seed=group[0].cfg.seed,
-                                          kept=next(r.path for r in group if id(r) in kept))
-              for group in same.values() if len(group) > 1]
+    notes += [
+        _MESSAGES["repeats"].format(
+            runs=", ".join(str(r.path) for r in group),
+            seed=group[0].cfg.seed,
+            kept=next(r.path for r in group if id(r) in kept),
+        )
+        for group in same.values()
+        if len(group) > 1
+    ]
     return [r for r in records if id(r) in kept]
 
 
@@ -237,33 +270,59 @@ def _fmt(mean: Optional[float], sd: Optional[float], digits: int = 4) -> str:
     return f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
 
 
-def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optional[float] = None,
-              variants: Optional[dict[str, str]] = None, metric: Optional[str] = None,
-              echo: Callable[[str], None] = lambda m: None) -> dict:
+def summarize(
+    run_dirs: list[Path],
+    *,
+    out: Optional[Path] = None,
+    target: Optional[float] = None,
+    variants: Optional[dict[str, str]] = None,
+    metric: Optional[str] = None,
+    echo: Callable[[str], None] = lambda m: None,
+) -> dict:
     """Compare runs (the README's columns), writing the summary files into ``out`` when given; ``variants``
     (folder name -> variant) defaults to the name less ``-s<seed>``. Refusals: :data:`_MESSAGES`."""
-    read = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each run once
+    read = [
+        read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)
+    ]  # each run once
     run_notes = [r.note for r in read if r.note]  # a repeat's edited config.yaml is noted too
     orders = {folder: _sweep_order(folder) for folder in {r.path.parent for r in read}}
-    run_notes += [_MESSAGES["not_swept"].format(path=r.path, state=r.path.parent / runs.SWEEP) for r in read
-                  if orders[r.path.parent] and r.path.name not in orders[r.path.parent]]
+    run_notes += [
+        _MESSAGES["not_swept"].format(path=r.path, state=r.path.parent / runs.SWEEP)
+        for r in read
+        if orders[r.path.parent] and r.path.name not in orders[r.path.parent]
+    ]
     records = _distinct(read, run_notes)
     groups: dict[str, Variant] = {}
     for r in records:
         key = _key(r)
         name = (variants or {}).get(r.path.name) or re.sub(r"-s\d+$", "", r.path.name)
-        if key not in groups and name in {v.name for v in groups.values()}:  # the same name, another config
+        if key not in groups and name in {
+            v.name for v in groups.values()
+        }:  # the same name, another config
             name = f"{r.path.parent.name}/{name}"
         groups.setdefault(key, Variant(name)).runs.append(r)
     flats = {k: v.runs[0].cfg.flat() for k, v in groups.items()}
-    columns = sorted(k for k in set().union(*flats.values()) - _IGNORED
-                     if len({json.dumps(f.get(k)) for f in flats.values()}) > 1)
+    columns = sorted(
+        k
+        for k in set().union(*flats.values()) - _IGNORED
+        if len({json.dumps(f.get(k)) for f in flats.values()}) > 1
+    )
     same_corpus = len({r.cfg.data.fingerprint for r in records}) == 1
-    refuse([(metric not in (None, "val_loss", "bits_per_byte"), "metric_name"),
+    refuse(
+        [
+            (metric not in (None, "val_loss", "bits_per_byte"), "metric_name"),
             (target is not None and not (math.isfinite(target) and target > 0), "target"),
-            (metric == "val_loss" and not same_corpus, "metric")], _MESSAGES, metric=metric, target=target)
+            (metric == "val_loss" and not same_corpus, "metric"),
+        ],
+        _MESSAGES,
+        metric=metric,
+        target=target,
+    )
     notes = [] if same_corpus else [_MESSAGES["corpora"]]
-    if len({(r.cfg.tokenizer.kind, r.cfg.tokenizer.vocab_size) for r in records}) > 1 and same_corpus:
+    if (
+        len({(r.cfg.tokenizer.kind, r.cfg.tokenizer.vocab_size) for r in records}) > 1
+        and same_corpus
+    ):
         notes.append(_MESSAGES["tokenizers"])
     metric = metric or ("val_loss" if not notes else "bits_per_byte")
     notes += run_notes  # after the metric is chosen: these do not change it
@@ -271,25 +330,45 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
     cache: dict = {}
     bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache, notes) for r in records}
     # The target is in the metric's unit: nats per token, or bits per byte (a loss / ln 2 / bytes per token).
-    scale = {r.path: 1.0 if metric == "val_loss" else (1 / math.log(2) / bpt[r.path] if bpt[r.path] else math.inf)
-             for r in records}
+    scale = {
+        r.path: 1.0
+        if metric == "val_loss"
+        else (1 / math.log(2) / bpt[r.path] if bpt[r.path] else math.inf)
+        for r in records
+    }
     if target is None:  # the worst run's final value: every run reaches it
-        target = max((r.final * scale[r.path] for r in records if scale[r.path] < math.inf), default=math.inf)
+        target = max(
+            (r.final * scale[r.path] for r in records if scale[r.path] < math.inf), default=math.inf
+        )
     for key, v in groups.items():
         cfg = v.runs[0].cfg
         pc = params.count(cfg.model)
         per_token = params.flops(cfg.model, cfg.model.block_size)["train_with_lm_head"]
         bpb = [r.final / math.log(2) / bpt[r.path] for r in v.runs if bpt[r.path]]
-        reached = [next((e["elapsed_s"] for e in r.evals if e["val_loss"] * scale[r.path] <= target), None)
-                   for r in v.runs]
-        v.row = {"variant": v.name, **{c: flats[key].get(c) for c in columns}, "seeds": len(v.runs),
-                 "params": pc.total, "params_non_embedding": pc.non_embedding, "flops_per_token": per_token,
-                 "tokens_per_sec": statistics.fmean(statistics.median(r.rates) for r in v.runs if r.rates)
-                 if any(r.rates for r in v.runs) else None,
-                 "steps": statistics.fmean(r.evals[-1]["step"] for r in v.runs)}
-        stats = {"final_val": [r.final for r in v.runs],
-                 "best_val": [min(e["val_loss"] for e in r.evals) for r in v.runs],
-                 "val_at_equal_time": [_at_time(r, equal_time) for r in v.runs], "bits_per_byte": bpb}
+        reached = [
+            next((e["elapsed_s"] for e in r.evals if e["val_loss"] * scale[r.path] <= target), None)
+            for r in v.runs
+        ]
+        v.row = {
+            "variant": v.name,
+            **{c: flats[key].get(c) for c in columns},
+            "seeds": len(v.runs),
+            "params": pc.total,
+            "params_non_embedding": pc.non_embedding,
+            "flops_per_token": per_token,
+            "tokens_per_sec": statistics.fmean(
+                statistics.median(r.rates) for r in v.runs if r.rates
+            )
+            if any(r.rates for r in v.runs)
+            else None,
+            "steps": statistics.fmean(r.evals[-1]["step"] for r in v.runs),
+        }
+        stats = {
+            "final_val": [r.final for r in v.runs],
+            "best_val": [min(e["val_loss"] for e in r.evals) for r in v.runs],
+            "val_at_equal_time": [_at_time(r, equal_time) for r in v.runs],
+            "bits_per_byte": bpb,
+        }
         for name, values in stats.items():
             if name != "bits_per_byte" and not same_corpus:
                 continue
@@ -297,14 +376,24 @@ def summarize(run_dirs: list[Path], *, out: Optional[Path] = None, target: Optio
             v.row[name], v.row[f"{name}_sd"], v.row[f"{name}_all"] = mean, sd, values
         ends = sorted({r.evals[-1]["step"] for r in v.runs})
         if len(ends) > 1:
-            notes.append(_MESSAGES["unfinished"].format(variant=v.name, steps=", ".join(map(str, ends))))
+            notes.append(
+                _MESSAGES["unfinished"].format(variant=v.name, steps=", ".join(map(str, ends)))
+            )
         done = [t for t in reached if t is not None]
         v.row["time_to_target_s"] = statistics.fmean(done) if len(done) == len(reached) else None
         v.row["seeds_reached_target"] = len(done)  # of "seeds"; the table writes "1/3"
     ordered = list(groups.values())
     sentences, pairs = _pairs(ordered, "final_val" if metric == "val_loss" else "bits_per_byte")
-    result = {"columns": columns, "rows": [v.row for v in ordered], "notes": notes, "target": target,
-              "equal_time_s": equal_time, "metric": metric, "sentences": sentences, "pairs": pairs}
+    result = {
+        "columns": columns,
+        "rows": [v.row for v in ordered],
+        "notes": notes,
+        "target": target,
+        "equal_time_s": equal_time,
+        "metric": metric,
+        "sentences": sentences,
+        "pairs": pairs,
+    }
     if out is not None:
         _write(result, Path(out), lambda: _plot(ordered, metric, scale))
     return result
@@ -318,7 +407,9 @@ def seeds_needed(effect: float, alpha: float = ALPHA, power: float = POWER) -> i
     from scipy import stats
 
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-    n = max(2, math.floor(2 * (z / effect) ** 2))  # the normal approximation, which the t-test's n never undercuts
+    n = max(
+        2, math.floor(2 * (z / effect) ** 2)
+    )  # the normal approximation, which the t-test's n never undercuts
     while n < 100_000:  # past that the t and normal answers agree
         df, t = 2 * n - 2, stats.t.ppf(1 - alpha / 2, 2 * n - 2)
         ncp = effect * math.sqrt(n / 2)
@@ -339,53 +430,87 @@ def _pairs(variants: list[Variant], stat: str) -> tuple[list[str], list[dict]]:
         best = min(have, key=lambda v: v.row[stat])
         pairs = [(best, v) for v in have if v is not best]
     else:
-        pairs = [(a, b) for i, a in enumerate(have) for b in have[i + 1:]]
+        pairs = [(a, b) for i, a in enumerate(have) for b in have[i + 1 :]]
     sentences, numbers = [], []
     for a, b in pairs:
         xa, xb = a.row[f"{stat}_all"], b.row[f"{stat}_all"]
         diff = statistics.fmean(xa) - statistics.fmean(xb)
         lower, higher = (a, b) if diff < 0 else (b, a)
         said = f"{lower.name} is {abs(diff):.4f} {unit} below {higher.name}"
-        numbers.append({"lower": lower.name, "higher": higher.name, "difference": abs(diff), "p_value": None,
-                        "seeds_needed": None})
+        numbers.append(
+            {
+                "lower": lower.name,
+                "higher": higher.name,
+                "difference": abs(diff),
+                "p_value": None,
+                "seeds_needed": None,
+            }
+        )
         if len(xa) < 2 or len(xb) < 2:
-            sentences.append(f"{said}; with one seed there is no noise estimate (a p-value needs at least 2 seeds "
-                             f"each)")
+            sentences.append(
+                f"{said}; with one seed there is no noise estimate (a p-value needs at least 2 seeds "
+                f"each)"
+            )
             continue
         va, vb = statistics.variance(xa), statistics.variance(xb)
         if va == vb == 0:
-            sentences.append(f"{said}; its seeds agree exactly, so there is no seed noise to test against")
+            sentences.append(
+                f"{said}; its seeds agree exactly, so there is no seed noise to test against"
+            )
             continue
         se = math.sqrt(va / len(xa) + vb / len(xb))
         p = float(stats.ttest_ind(xa, xb, equal_var=False).pvalue)
         n = seeds_needed(abs(diff) / math.sqrt((va + vb) / 2)) if diff else None
         numbers[-1].update(p_value=p, seeds_needed=n)
         verdict = "exceeds" if abs(diff) > 2 * se else "is within"
-        plan = f"{_seeds(n)} per variant would resolve it" if n else "there is no difference to resolve"
-        sentences.append(f"{said}; the difference {verdict} the seed noise (2 × standard error = {2 * se:.4f}); "
-                         f"Welch's t-test p = {p:.3g}; {plan} at p < {ALPHA} with power {POWER}")
+        plan = (
+            f"{_seeds(n)} per variant would resolve it"
+            if n
+            else "there is no difference to resolve"
+        )
+        sentences.append(
+            f"{said}; the difference {verdict} the seed noise (2 × standard error = {2 * se:.4f}); "
+            f"Welch's t-test p = {p:.3g}; {plan} at p < {ALPHA} with power {POWER}"
+        )
     return sentences, numbers
 
 
 def _spec(result: dict) -> list[tuple[str, list[str], Callable[[dict], str]]]:
     """The summary's columns: the table's header, the CSV keys behind it, and its cell as text."""
-    spec = [("variant", ["variant"], lambda r: r["variant"]),
-            *((c, [c], lambda r, c=c: value_text(r[c])) for c in result["columns"]),
-            ("seeds", ["seeds"], lambda r: str(r["seeds"])),
-            ("params", ["params"], lambda r: f"{r['params']:,}"),
-            ("non-emb", ["params_non_embedding"], lambda r: f"{r['params_non_embedding']:,}"),
-            ("FLOPs/token", ["flops_per_token"], lambda r: f"{r['flops_per_token']:,}"),
-            ("tokens/s", ["tokens_per_sec"], lambda r: f"{r['tokens_per_sec']:,.0f}" if r["tokens_per_sec"] else "n/a"),
-            ("steps", ["steps"], lambda r: f"{r['steps']:.0f}")]
+    spec = [
+        ("variant", ["variant"], lambda r: r["variant"]),
+        *((c, [c], lambda r, c=c: value_text(r[c])) for c in result["columns"]),
+        ("seeds", ["seeds"], lambda r: str(r["seeds"])),
+        ("params", ["params"], lambda r: f"{r['params']:,}"),
+        ("non-emb", ["params_non_embedding"], lambda r: f"{r['params_non_embedding']:,}"),
+        ("FLOPs/token", ["flops_per_token"], lambda r: f"{r['flops_per_token']:,}"),
+        (
+            "tokens/s",
+            ["tokens_per_sec"],
+            lambda r: f"{r['tokens_per_sec']:,.0f}" if r["tokens_per_sec"] else "n/a",
+        ),
+        ("steps", ["steps"], lambda r: f"{r['steps']:.0f}"),
+    ]
     stats = [("val bits/byte", "bits_per_byte")]
     if "final_val" in (result["rows"][0] if result["rows"] else {}):
-        stats[:0] = [("final val", "final_val"), ("best val", "best_val"),
-                     (f"val @ {_seconds(result['equal_time_s'])}s", "val_at_equal_time")]
+        stats[:0] = [
+            ("final val", "final_val"),
+            ("best val", "best_val"),
+            (f"val @ {_seconds(result['equal_time_s'])}s", "val_at_equal_time"),
+        ]
     spec += [(head, [k, f"{k}_sd"], lambda r, k=k: _fmt(r[k], r[f"{k}_sd"])) for head, k in stats]
     unit = "nats" if result["metric"] == "val_loss" else "bits/byte"
-    spec.append((f"s to {result['target']:.3f} {unit}", ["time_to_target_s", "seeds_reached_target"],
-                 lambda r: f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None
-                 else f"not reached ({r['seeds_reached_target']}/{r['seeds']})"))
+    spec.append(
+        (
+            f"s to {result['target']:.3f} {unit}",
+            ["time_to_target_s", "seeds_reached_target"],
+            lambda r: (
+                f"{r['time_to_target_s']:.1f}"
+                if r["time_to_target_s"] is not None
+                else f"not reached ({r['seeds_reached_target']}/{r['seeds']})"
+            ),
+        )
+    )
     return spec
 
 
@@ -399,7 +524,11 @@ def _plain(value: Any) -> Any:
     """A CSV cell: a number or text as it is, nothing as an empty cell, anything else as JSON (``true``)."""
     if value is None:
         return ""
-    return value if isinstance(value, (int, float, str)) and not isinstance(value, bool) else json.dumps(value)
+    return (
+        value
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool)
+        else json.dumps(value)
+    )
 
 
 def _seconds(t: float) -> str:
@@ -430,7 +559,7 @@ def _lines(spec: list, rows: list[dict]) -> list[str]:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= CELL else text[:CELL - 1] + "…"
+    return text if len(text) <= CELL else text[: CELL - 1] + "…"
 
 
 def _narrow(result: dict, width: int) -> tuple[list, list[str]]:
@@ -439,22 +568,34 @@ def _narrow(result: dict, width: int) -> tuple[list, list[str]]:
     spec = [(_clip(h), ks, lambda r, f=f: _clip(f(r))) for h, ks, f in _spec(result)]
     brief = [c for c in spec if c[1][0] in _BRIEF]
     ends = [c.rpartition(".")[2] for c in result["columns"]]
-    keys = [(end if ends.count(end) == 1 else h, ks, f)
-            for end, (h, ks, f) in zip(ends, (c for c in spec if c[1][0] in result["columns"]))]
+    keys = [
+        (end if ends.count(end) == 1 else h, ks, f)
+        for end, (h, ks, f) in zip(ends, (c for c in spec if c[1][0] in result["columns"]))
+    ]
     shown: list = []
     for key in keys:
         if max(map(len, _lines([brief[0], *shown, key, *brief[1:]], result["rows"]))) <= width:
             shown.append(key)
-    return [brief[0], *shown, *brief[1:]], [c for c, k in zip(result["columns"], keys) if k not in shown]
+    return [brief[0], *shown, *brief[1:]], [
+        c for c, k in zip(result["columns"], keys) if k not in shown
+    ]
 
 
 def format_summary(result: dict, width: Optional[int] = WIDTH) -> str:
     """The table (Markdown), then the notes and the pairwise sentences. ``width`` (a terminal's columns): the
     variant, the keys that differ that fit and the results (:func:`_narrow`); None: every column (summary.md)."""
     spec, hidden = _narrow(result, width) if width else (_spec(result), [])
-    notes = result["notes"] + ([_MESSAGES["hidden"].format(
-        count=len(hidden), keys="key differs" if len(hidden) == 1 else "keys differ",
-        names=", ".join(hidden[:3]) + (", ..." if len(hidden) > 3 else ""))] if hidden else [])
+    notes = result["notes"] + (
+        [
+            _MESSAGES["hidden"].format(
+                count=len(hidden),
+                keys="key differs" if len(hidden) == 1 else "keys differ",
+                names=", ".join(hidden[:3]) + (", ..." if len(hidden) > 3 else ""),
+            )
+        ]
+        if hidden
+        else []
+    )
     lines = _lines(spec, result["rows"]) + [""] + notes + [f"- {s}" for s in result["sentences"]]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -466,8 +607,11 @@ def _write(result: dict, out: Path, png: Callable[[], bytes]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     csv.writer(buf).writerows(_csv_rows(result))
-    texts = {"summary.md": format_summary(result, width=None), "summary.csv": buf.getvalue(),
-             "summary.json": json.dumps(result, indent=1) + "\n"}
+    texts = {
+        "summary.md": format_summary(result, width=None),
+        "summary.csv": buf.getvalue(),
+        "summary.json": json.dumps(result, indent=1) + "\n",
+    }
     files = {out / name: text.encode("utf-8") for name, text in texts.items()}
     files[out / "summary.png"] = png()
     atomic_write_set(files)
@@ -483,7 +627,9 @@ class _Summary(BaseModel):
 
 def _check_ours(out: Path) -> None:
     """Refuse a run folder as ``out``, and summary files in ``out`` that are not an earlier summary."""
-    refuse([((out / runs.CONFIG).is_file() or runs.made_here(out), "run_output")], _MESSAGES, path=out)
+    refuse(
+        [((out / runs.CONFIG).is_file() or runs.made_here(out), "run_output")], _MESSAGES, path=out
+    )
     if any(os.path.lexists(out / name) for name in SUMMARY_FILES):
         read_model(_Summary, out / "summary.json", _MESSAGES["users"], path=out)
 
@@ -501,23 +647,40 @@ def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "F
     axes = fig.subplots(1, 3, sharey=True)
     later: list[float] = []  # the values that set the y-range
     for i, v in enumerate(variants):
-        seeds = [r for r in v.runs if scale[r.path] < math.inf]  # bits per byte needs the run's bytes per token
+        seeds = [
+            r for r in v.runs if scale[r.path] < math.inf
+        ]  # bits per byte needs the run's bytes per token
         if not seeds:
             continue
         cfg, color = seeds[0].cfg, f"C{i % 10}"
-        per_step = cfg.train.batch_size * cfg.train.grad_accum_steps * cfg.model.block_size * v.row["flops_per_token"]
+        per_step = (
+            cfg.train.batch_size
+            * cfg.train.grad_accum_steps
+            * cfg.model.block_size
+            * v.row["flops_per_token"]
+        )
         steps = sorted(set.intersection(*({e["step"] for e in r.evals} for r in seeds)))
         at = [{e["step"]: e for e in r.evals} for r in seeds]
         ys = [[a[s]["val_loss"] * scale[r.path] for a, r in zip(at, seeds)] for s in steps]
         low, high = [min(y) for y in ys], [max(y) for y in ys]
         skip = min(math.ceil(EARLY * len(steps)), len(steps) - 1)
         later += low[skip:] + high[skip:]
-        xs = {"optimizer step": steps,
-              "wall time (s, evals included)": [statistics.fmean(a[s]["elapsed_s"] for a in at) for s in steps],
-              "training FLOPs": [s * per_step for s in steps]}
+        xs = {
+            "optimizer step": steps,
+            "wall time (s, evals included)": [
+                statistics.fmean(a[s]["elapsed_s"] for a in at) for s in steps
+            ],
+            "training FLOPs": [s * per_step for s in steps],
+        }
         for ax, (label, x) in zip(axes, xs.items()):
-            ax.plot(x, [statistics.fmean(y) for y in ys], "o-", markersize=2, color=color,
-                    label=f"{v.name} ({_seeds(len(seeds))})")
+            ax.plot(
+                x,
+                [statistics.fmean(y) for y in ys],
+                "o-",
+                markersize=2,
+                color=color,
+                label=f"{v.name} ({_seeds(len(seeds))})",
+            )
             if len(seeds) > 1:
                 ax.fill_between(x, low, high, alpha=0.25, color=color, linewidth=0)
                 for edge in (low, high):
@@ -531,8 +694,10 @@ def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "F
     what = "val loss (nats/token)" if metric == "val_loss" else "val bits per byte"
     axes[0].set_ylabel(what)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{what}: mean over seeds, shaded from the lowest to the highest seed; the y-range leaves out each "
-                 f"curve's first {EARLY:.0%} of evals")
+    fig.suptitle(
+        f"{what}: mean over seeds, shaded from the lowest to the highest seed; the y-range leaves out each "
+        f"curve's first {EARLY:.0%} of evals"
+    )
     return fig
 
 
@@ -546,8 +711,15 @@ def _plot(variants: list[Variant], metric: str, scale: dict[Path, float]) -> byt
 # ---------------------------------------------------------------------- a study's trials (--storage)
 
 #: The trials table's columns: its header, and the key of :func:`study_trials`'s rows.
-TRIAL_COLUMNS = (("trial", "trial"), ("state", "state"), ("variant or params", "variant"), ("seed", "seed"),
-                 ("value", "value"), ("host", "host"), ("run folder", "folder"))
+TRIAL_COLUMNS = (
+    ("trial", "trial"),
+    ("state", "state"),
+    ("variant or params", "variant"),
+    ("seed", "seed"),
+    ("value", "value"),
+    ("host", "host"),
+    ("run folder", "folder"),
+)
 
 
 def study_trials(study: "optuna.Study") -> dict:
@@ -559,13 +731,22 @@ def study_trials(study: "optuna.Study") -> dict:
         if attrs.get("duplicate") or attrs.get("surplus"):
             continue
         seeds = [m.group(1) for r in attrs.get("runs", []) if (m := re.search(r"-s(\d+)$", r))]
-        variant = attrs.get("variant") or ", ".join(f"{k}={value_text(v)}" for k, v in t.params.items())
+        variant = attrs.get("variant") or ", ".join(
+            f"{k}={value_text(v)}" for k, v in t.params.items()
+        )
         folder = attrs.get("folder")
-        rows.append({"trial": t.number, "state": t.state.name.lower(), "variant": variant,
-                     "params": {} if attrs.get("variant") else t.params,
-                     "seed": attrs.get("seed", ", ".join(seeds) or None), "value": t.value,
-                     "host": attrs.get("host"), "folder": str(Path(folder) / attrs["run"]) if "run" in attrs
-                     and folder else folder})
+        rows.append(
+            {
+                "trial": t.number,
+                "state": t.state.name.lower(),
+                "variant": variant,
+                "params": {} if attrs.get("variant") else t.params,
+                "seed": attrs.get("seed", ", ".join(seeds) or None),
+                "value": t.value,
+                "host": attrs.get("host"),
+                "folder": str(Path(folder) / attrs["run"]) if "run" in attrs and folder else folder,
+            }
+        )
     return {"study": study.study_name, "trials": rows}
 
 
@@ -579,9 +760,18 @@ def load_trials(url: str, name: Optional[str], paths: list[Path]) -> dict:
     refuse([(paths, "paths_or_storage")], _MESSAGES)
     storage = open_storage(url, None, existing=True)
     names = optuna.get_all_study_names(storage)
-    refuse([(not names, "no_studies"), (name is None and len(names) > 1, "which_study"),
-            (name is not None and name not in names, "no_study")], _MESSAGES, url=url, name=name,
-           count=len(names), names=", ".join(sorted(names)))
+    refuse(
+        [
+            (not names, "no_studies"),
+            (name is None and len(names) > 1, "which_study"),
+            (name is not None and name not in names, "no_study"),
+        ],
+        _MESSAGES,
+        url=url,
+        name=name,
+        count=len(names),
+        names=", ".join(sorted(names)),
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return study_trials(optuna.load_study(study_name=name or names[0], storage=storage))
 
@@ -590,27 +780,47 @@ def _trial_cell(row: dict, key: str, clip: bool = False) -> str:
     value = row[key]
     if key == "variant" and clip and row.get("params"):
         # The terminal's cell: each searched key by its last part, numbers to 4 digits (summary.md: whole).
-        return ", ".join(f"{k.rsplit('.', 1)[-1]}={v:.4g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"
-                         for k, v in row["params"].items())
+        return ", ".join(
+            f"{k.rsplit('.', 1)[-1]}={v:.4g}"
+            if isinstance(v, float)
+            else f"{k.rsplit('.', 1)[-1]}={v}"
+            for k, v in row["params"].items()
+        )
     return "" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def format_trials(result: dict, clip: bool = True) -> str:
     """The study's trials as a Markdown table, and a count by state; ``clip``: cells cut to :data:`CELL` (the
     terminal's; summary.md has them whole)."""
-    def cut(text: str, key: str, room: int = CELL) -> str:  # a folder keeps its end, which names the run
+
+    def cut(
+        text: str, key: str, room: int = CELL
+    ) -> str:  # a folder keeps its end, which names the run
         if not clip or len(text) <= room:
             return text
-        return "…" + text[1 - room:] if key == "folder" else text[:room - 1] + "…"
+        return "…" + text[1 - room :] if key == "folder" else text[: room - 1] + "…"
 
     def cell(row: dict, key: str) -> str:  # searched values, already short, get two cells' room
-        return cut(_trial_cell(row, key, clip), key, 2 * CELL if key == "variant" and row.get("params") else CELL)
+        return cut(
+            _trial_cell(row, key, clip),
+            key,
+            2 * CELL if key == "variant" and row.get("params") else CELL,
+        )
 
     spec = [(head, [key], lambda r, key=key: cell(r, key)) for head, key in TRIAL_COLUMNS]
     states = [r["state"] for r in result["trials"]]
     counts = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
-    return "\n".join([f"study {result['study']}: {len(states)} trials" + (f" ({counts})" if states else ""), "",
-                      *_lines(spec, result["trials"])]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"study {result['study']}: {len(states)} trials"
+                + (f" ({counts})" if states else ""),
+                "",
+                *_lines(spec, result["trials"]),
+            ]
+        )
+        + "\n"
+    )
 
 
 def write_trials(result: dict, out: Path) -> None:
@@ -618,9 +828,22 @@ def write_trials(result: dict, out: Path) -> None:
     _check_ours(out)
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
-    csv.writer(buf).writerows([[k for _, k in TRIAL_COLUMNS],
-                               *([_plain(r[k]) for _, k in TRIAL_COLUMNS] for r in result["trials"])])
-    summary = {"columns": [k for _, k in TRIAL_COLUMNS], "rows": result["trials"], "metric": "value", **result}
-    atomic_write_set({out / "summary.md": format_trials(result, clip=False).encode("utf-8"),
-                      out / "summary.csv": buf.getvalue().encode("utf-8"),
-                      out / "summary.json": (json.dumps(summary, indent=1) + "\n").encode("utf-8")})
+    csv.writer(buf).writerows(
+        [
+            [k for _, k in TRIAL_COLUMNS],
+            *([_plain(r[k]) for _, k in TRIAL_COLUMNS] for r in result["trials"]),
+        ]
+    )
+    summary = {
+        "columns": [k for _, k in TRIAL_COLUMNS],
+        "rows": result["trials"],
+        "metric": "value",
+        **result,
+    }
+    atomic_write_set(
+        {
+            out / "summary.md": format_trials(result, clip=False).encode("utf-8"),
+            out / "summary.csv": buf.getvalue().encode("utf-8"),
+            out / "summary.json": (json.dumps(summary, indent=1) + "\n").encode("utf-8"),
+        }
+    )

@@ -47,7 +47,7 @@ _MESSAGES = {
     "log": "params.{key}: log: true needs low > 0 (got {low}); raise low, or drop log",
     "log_step": "params.{key}: give log: true or step:, not both (Optuna samples one or the other)",
     "storage": "--storage {url}: cannot open it ({why}); give an RDB URL (sqlite:///study.db, "
-               "postgresql://user@host/db) or a journal file's path on a filesystem every worker sees",
+    "postgresql://user@host/db) or a journal file's path on a filesystem every worker sees",
     "no_value": "trial {trial}: no {objective} to report ({why})",
 }
 
@@ -75,14 +75,19 @@ class SearchSpec(BaseModel):
     prune: Literal["none", "median", "asha"] = "none"
     objective: Literal["val_loss", "bits_per_byte"] = "val_loss"
     seed: Optional[Seed] = None  # the sampler's; default: the base config's seed
-    params: dict[Key, Union[Range, Annotated[list[Choice], Field(min_length=1)]]] = Field(min_length=1)
+    params: dict[Key, Union[Range, Annotated[list[Choice], Field(min_length=1)]]] = Field(
+        min_length=1
+    )
 
     @model_validator(mode="after")
     def _ranges(self) -> "SearchSpec":
         for key, r in self.params.items():
             if isinstance(r, Range):
-                for bad, name in ((r.low > r.high, "empty"), (r.log and r.low <= 0, "log"),
-                                  (r.log and r.step is not None, "log_step")):
+                for bad, name in (
+                    (r.low > r.high, "empty"),
+                    (r.log and r.low <= 0, "log"),
+                    (r.log and r.step is not None, "log_step"),
+                ):
                     if bad:
                         raise ValueError(_MESSAGES[name].format(key=key, low=r.low, high=r.high))
         return self
@@ -106,7 +111,9 @@ def suggest(trial: "optuna.Trial", params: dict[str, Union[Range, list]]) -> dic
     return out
 
 
-def open_storage(url: Optional[str], folder: Optional[Path], existing: bool = False) -> "optuna.storages.BaseStorage":
+def open_storage(
+    url: Optional[str], folder: Optional[Path], existing: bool = False
+) -> "optuna.storages.BaseStorage":
     """The study's storage: an RDB URL (``scheme://``), else a journal file (default: the sweep folder's
     :data:`STUDY_FILE`), as Optuna documents for distributed optimisation; ``existing``: only one already there (a
     journal file or SQLite database is never made). Raises MinigptError: it cannot be opened."""
@@ -118,15 +125,29 @@ def open_storage(url: Optional[str], folder: Optional[Path], existing: bool = Fa
     target = url or str(folder / STUDY_FILE)
 
     def refused(exc: BaseException) -> MinigptError:
-        why = " ".join((getattr(exc, "strerror", None) or str(exc).splitlines()[0] or type(exc).__name__).split())
+        why = " ".join(
+            (
+                getattr(exc, "strerror", None) or str(exc).splitlines()[0] or type(exc).__name__
+            ).split()
+        )
         return MinigptError(_MESSAGES["storage"].format(url=target, why=why[:200]))
 
     # A missing folder, a malformed URL, no such SQL dialect or driver, a database that does not answer.
     with errors_as({(OSError, ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError): refused}):
         rdb = "://" in target
-        file = make_url(target).database if rdb and target.startswith("sqlite") else None if rdb else target
-        refuse([(existing and file is not None and not Path(file).is_file(), "storage")], _MESSAGES, url=target,
-               why="no such file")
+        file = (
+            make_url(target).database
+            if rdb and target.startswith("sqlite")
+            else None
+            if rdb
+            else target
+        )
+        refuse(
+            [(existing and file is not None and not Path(file).is_file(), "storage")],
+            _MESSAGES,
+            url=target,
+            why="no such file",
+        )
         if not rdb:
             return JournalStorage(JournalFileBackend(target))
         for attempt in range(SETUP_TRIES):
@@ -135,28 +156,46 @@ def open_storage(url: Optional[str], folder: Optional[Path], existing: bool = Fa
             except sqlalchemy.exc.SQLAlchemyError as exc:
                 # Workers starting together on a new database race to make its tables (Optuna's setup is not
                 # atomic): the losers see "already exists" or alembic_version's unique key, and try again.
-                if attempt + 1 == SETUP_TRIES or not (isinstance(exc, sqlalchemy.exc.IntegrityError)
-                                                      or "already exists" in str(exc)):
+                if attempt + 1 == SETUP_TRIES or not (
+                    isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc)
+                ):
                     raise
                 time.sleep(0.2 * (attempt + 1))
 
 
-def open_study(storage: "optuna.storages.BaseStorage", name: str, spec: Optional[SearchSpec],
-               seed: Optional[int]) -> "optuna.Study":
+def open_study(
+    storage: "optuna.storages.BaseStorage",
+    name: str,
+    spec: Optional[SearchSpec],
+    seed: Optional[int],
+) -> "optuna.Study":
     """The sweep's study in ``storage``, made by the first worker and joined by the others (minimised); the
     sampler's ``seed`` moves on by the trials the study holds, so a resumed search asks no values again."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress bar and summary say what happened
+    optuna.logging.set_verbosity(
+        optuna.logging.WARNING
+    )  # our progress bar and summary say what happened
     if seed is not None:
         with suppress(KeyError):  # no such study yet
             seed += len(optuna.load_study(study_name=name, storage=storage).trials)
     method, prune = (spec.method, spec.prune) if spec else ("random", "none")
-    sampler = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}[method](seed=seed)
-    pruner = {"none": optuna.pruners.NopPruner, "median": optuna.pruners.MedianPruner,
-              "asha": optuna.pruners.SuccessiveHalvingPruner}[prune]()
-    return optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
-                               pruner=pruner, load_if_exists=True)
+    sampler = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}[method](
+        seed=seed
+    )
+    pruner = {
+        "none": optuna.pruners.NopPruner,
+        "median": optuna.pruners.MedianPruner,
+        "asha": optuna.pruners.SuccessiveHalvingPruner,
+    }[prune]()
+    return optuna.create_study(
+        storage=storage,
+        study_name=name,
+        direction="minimize",
+        sampler=sampler,
+        pruner=pruner,
+        load_if_exists=True,
+    )
 
 
 # ---------------------------------------------------------------------- claims: no trial or run twice
@@ -200,22 +239,34 @@ def enqueue_runs(study: "optuna.Study", runs: list[tuple[str, str, int]]) -> Non
     once may both enqueue a run: :func:`next_run` skips the later copy."""
     from optuna.trial import TrialState
 
-    have = {t.user_attrs.get("run") for t in study.get_trials(deepcopy=False) if t.state != TrialState.FAIL}
+    have = {
+        t.user_attrs.get("run")
+        for t in study.get_trials(deepcopy=False)
+        if t.state != TrialState.FAIL
+    }
     for name, variant, seed in runs:
         if name not in have:
-            study.enqueue_trial({"variant": variant, "seed": seed},
-                                user_attrs={"run": name, "variant": variant, "seed": seed})
+            study.enqueue_trial(
+                {"variant": variant, "seed": seed},
+                user_attrs={"run": name, "variant": variant, "seed": seed},
+            )
 
 
 def take(trial: "optuna.Trial", folder: Path) -> "optuna.Trial":
     """Mark ``trial`` this worker's: its owner (:func:`owner`), host and the folder its runs go in, which
     ``minigpt compare --storage`` shows."""
-    for key, value in (("owner", owner()), ("host", socket.gethostname()), ("folder", str(folder.resolve()))):
+    for key, value in (
+        ("owner", owner()),
+        ("host", socket.gethostname()),
+        ("folder", str(folder.resolve())),
+    ):
         trial.set_user_attr(key, value)
     return trial
 
 
-def _resumed(study: "optuna.Study", folder: Path, ours: Callable[[Any], bool]) -> Optional["optuna.Trial"]:
+def _resumed(
+    study: "optuna.Study", folder: Path, ours: Callable[[Any], bool]
+) -> Optional["optuna.Trial"]:
     """A trial (of those ``ours`` says) that a killed worker of this machine left running, taken over to resume."""
     import optuna
     from optuna.trial import TrialState
@@ -243,8 +294,11 @@ def next_run(study: "optuna.Study", folder: Path) -> Optional["optuna.Trial"]:
         while study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             trial = study.ask()
             run = trial.user_attrs.get("run")
-            earlier = [t for t in study.get_trials(deepcopy=False)[:trial.number]
-                       if t.user_attrs.get("run") == run and t.state != TrialState.FAIL]
+            earlier = [
+                t
+                for t in study.get_trials(deepcopy=False)[: trial.number]
+                if t.user_attrs.get("run") == run and t.state != TrialState.FAIL
+            ]
             if run is not None and not earlier:
                 return take(trial, folder)
             trial.set_user_attr("duplicate" if run is not None else "surplus", True)
@@ -277,9 +331,14 @@ def release(trial: "optuna.Trial") -> None:
     trial.set_user_attr("owner", RELEASED)
 
 
-def run_trial(study: "optuna.Study", trial: "optuna.Trial", spec: SearchSpec, runs_of: Callable[[str, dict], list],
-              train: Callable[[Any, Callable[[int, float], bool]], bool],
-              objective: Callable[[list], Optional[float]]) -> str:
+def run_trial(
+    study: "optuna.Study",
+    trial: "optuna.Trial",
+    spec: SearchSpec,
+    runs_of: Callable[[str, dict], list],
+    train: Callable[[Any, Callable[[int, float], bool]], bool],
+    objective: Callable[[list], Optional[float]],
+) -> str:
     """Train a trial's runs (one per seed) and tell the study how it ended: ``complete``, ``pruned`` or ``failed``.
 
     ``train(run, on_eval)`` trains one run, stopping where ``on_eval`` says so. Each eval of seed ``i`` is reported at
@@ -314,8 +373,13 @@ def run_trial(study: "optuna.Study", trial: "optuna.Trial", spec: SearchSpec, ru
             return "pruned"
     value = objective(runs_)
     if value is None:
-        raise MinigptError(_MESSAGES["no_value"].format(trial=trial.number, objective=spec.objective,
-                                                        why="bits per byte could not be measured"))
+        raise MinigptError(
+            _MESSAGES["no_value"].format(
+                trial=trial.number,
+                objective=spec.objective,
+                why="bits per byte could not be measured",
+            )
+        )
     study.tell(trial, value)
     return "complete"
 
@@ -336,15 +400,26 @@ def report(study: "optuna.Study", trials: int, folder: Path) -> dict:
 
     ours = [t for t in study.get_trials(deepcopy=False) if t.number < trials]
     complete = [t for t in ours if t.state == TrialState.COMPLETE]
-    out: dict[str, Any] = {"trials": trials, **{s.name.lower(): sum(t.state == s for t in ours) for s in
-                                                (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL,
-                                                 TrialState.RUNNING)}}
+    out: dict[str, Any] = {
+        "trials": trials,
+        **{
+            s.name.lower(): sum(t.state == s for t in ours)
+            for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+        },
+    }
     if complete:
         best = min(complete, key=lambda t: t.value)
-        out["best_trial"] = {"trial": trial_name(best.number), "value": best.value, "params": best.params}
+        out["best_trial"] = {
+            "trial": trial_name(best.number),
+            "value": best.value,
+            "params": best.params,
+        }
     evaluator = optuna.importance.PedAnovaImportanceEvaluator()
-    out["importances"] = dict(optuna.importance.get_param_importances(study, evaluator=evaluator)) \
-        if len(complete) >= 2 else None
+    out["importances"] = (
+        dict(optuna.importance.get_param_importances(study, evaluator=evaluator))
+        if len(complete) >= 2
+        else None
+    )
     out["plots"] = _plots(study, folder, len(complete) >= 2, evaluator) if complete else []
     return out
 
@@ -358,7 +433,9 @@ def _plots(study: "optuna.Study", folder: Path, importances: bool, evaluator: An
     if importances:
         drawn[PLOTS[2]] = lambda s: plots.plot_param_importances(s, evaluator=evaluator)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # optuna.exceptions.ExperimentalWarning: the plots are marked experimental
+        warnings.simplefilter(
+            "ignore"
+        )  # optuna.exceptions.ExperimentalWarning: the plots are marked experimental
         for name, draw in drawn.items():
             fig = draw(study).figure
             fig.set_size_inches(10, 5)
@@ -372,14 +449,21 @@ def _plots(study: "optuna.Study", folder: Path, importances: bool, evaluator: An
 
 def format_report(search: dict) -> str:
     """The lines printed under the sweep's table."""
-    lines = [f"search: {search['complete']} of {search['trials']} trials complete, {search['pruned']} pruned, "
-             f"{search['fail']} failed" + (f", {search['running']} running" if search["running"] else "")]
+    lines = [
+        f"search: {search['complete']} of {search['trials']} trials complete, {search['pruned']} pruned, "
+        f"{search['fail']} failed" + (f", {search['running']} running" if search["running"] else "")
+    ]
     if "best_trial" in search:
         best = search["best_trial"]
-        values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["params"].items())
+        values = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in best["params"].items()
+        )
         lines.append(f"best: {best['trial']} ({best['value']:.4f}): {values}")
     if search["importances"]:
-        lines.append("importances: " + ", ".join(f"{k} {v:.2f}" for k, v in search["importances"].items()))
+        lines.append(
+            "importances: " + ", ".join(f"{k} {v:.2f}" for k, v in search["importances"].items())
+        )
     if search["plots"]:
         lines.append("plots: " + ", ".join(search["plots"]))
     return "\n".join(lines) + "\n"

@@ -47,34 +47,38 @@ _MESSAGES = {
     "budget_arg": "--budget {text}: give iters=N, tokens=N or seconds=S (one of them)",
     "worker": "--worker joins a study in shared storage: give it with --storage URL (an RDB URL or a journal file)",
     "storage_grid": "--storage holds a search's study, or the runs --worker processes share: add --worker, or give "
-                    "the sweep file a search: section",
+    "the sweep file a search: section",
     "both": "{path}: search.params and grid both set {key}; give it in one of them",
     "search_variants": "{path}: search: and variants: cannot go together; give the variants' keys as lists of "
-                       "choices under search.params",
+    "choices under search.params",
     "overrides": "the command line's --set/--seeds/--budget changed since this sweep started in {folder} ({what}); "
-                 "give the ones it started with, or move {folder} away to start it afresh",
+    "give the ones it started with, or move {folder} away to start it afresh",
     "budget": "{path}: budget: give exactly one of iters, tokens or seconds",
     "seeds": "{path}: seeds: the list must be without repeats",
     "no_variants": "{path}: give grid: or variants: (at least one variant to run)",
     "collide": "{path}: variants {a!r} and {b!r} get the same name {name!r}; name them under variants: instead",
-    "out_dir": ("{path}: {where}: train.out_dir cannot be set in a sweep: its runs go in the sweep's folder, "
-                "{folder}; choose that folder with out_dir: (and name:) in the sweep file"),
+    "out_dir": (
+        "{path}: {where}: train.out_dir cannot be set in a sweep: its runs go in the sweep's folder, "
+        "{folder}; choose that folder with out_dir: (and name:) in the sweep file"
+    ),
     "base_top": "{path}: base: {base} must hold a mapping of config sections",
-    "no_base": ("{path}: base: config file {name!r} not found, neither beside the sweep file ({near}) nor among "
-                "the shipped configs; give a config's path relative to the sweep file, or one of {shipped}"),
+    "no_base": (
+        "{path}: base: config file {name!r} not found, neither beside the sweep file ({near}) nor among "
+        "the shipped configs; give a config's path relative to the sweep file, or one of {shipped}"
+    ),
     "other_study": "{folder} holds the runs of the study in {held}, not {given}: its trials would be scored under "
-                   "another study's settings; pass that storage, or give the sweep another name:",
+    "another study's settings; pass that storage, or give the sweep another name:",
     "study_changed": "the study {name!r} in {storage} was started with other settings ({what}); join it with the "
-                     "same sweep file and --set/--seeds/--budget, or give the sweep another name:",
+    "same sweep file and --set/--seeds/--budget, or give the sweep another name:",
     "changed": "{source} changed since this sweep started in {folder} ({what}); restore it, or move {folder} "
-               "away to start it afresh",
+    "away to start it afresh",
     "taken": "{folder} exists and is not a sweep's folder (no sweep.json); give the sweep in {path} another "
-             "name:",
+    "name:",
     "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
     "interrupted": "interrupted; the runs under way saved their checkpoints",
     "failed": "run {run} failed (exit status {code}); its log: {log}",
     "no_trials": "{folder}: no trial of the search completed (each failed or is still running); see its runs' "
-                 "train.log",
+    "train.log",
     "state": "{path} is damaged or unreadable ({why}); restore it, or move the sweep's folder away to start anew",
 }
 
@@ -85,7 +89,9 @@ class Budget(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     iters: Optional[int] = Field(None, gt=0, description="optimizer steps per run")
     tokens: Optional[float] = Field(None, gt=0, description="training tokens per run")
-    seconds: Optional[float] = Field(None, gt=0, description="wall-clock seconds per run, evals included")
+    seconds: Optional[float] = Field(
+        None, gt=0, description="wall-clock seconds per run, evals included"
+    )
 
     def overrides(self, cfg: Config) -> list[str]:
         """The ``--set`` values that give ``cfg`` this budget."""
@@ -108,11 +114,15 @@ class SweepFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     name: Optional[str] = None
     base: str
-    set: list[Annotated[str, Field(pattern=r"^\s*[^=\s][^=]*=")]] = Field(default_factory=list)  # key=value
+    set: list[Annotated[str, Field(pattern=r"^\s*[^=\s][^=]*=")]] = Field(
+        default_factory=list
+    )  # key=value
     grid: dict[Key, Annotated[list[Scalar], Field(min_length=1)]] = Field(default_factory=dict)
     variants: dict[str, dict[Key, Scalar]] = Field(default_factory=dict)
-    seeds: Union[Annotated[int, Field(ge=1, le=MAX_RUNS)],  # a count, or the seeds
-                 Annotated[list[Seed], Field(min_length=1, max_length=MAX_RUNS)]] = 1
+    seeds: Union[
+        Annotated[int, Field(ge=1, le=MAX_RUNS)],  # a count, or the seeds
+        Annotated[list[Seed], Field(min_length=1, max_length=MAX_RUNS)],
+    ] = 1
     budget: Budget
     target_loss: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     out_dir: str = "runs"
@@ -121,12 +131,16 @@ class SweepFile(BaseModel):
     @model_validator(mode="after")
     def _countable(self) -> "SweepFile":
         """Refuse more than :data:`MAX_RUNS` runs from their count alone: a 10^12 grid is never built."""
-        variants = math.prod(len(v) for v in self.grid.values()) * bool(self.grid) + len(self.variants)
+        variants = math.prod(len(v) for v in self.grid.values()) * bool(self.grid) + len(
+            self.variants
+        )
         variants = self.search.trials if self.search else variants
         runs_ = variants * (self.seeds if isinstance(self.seeds, int) else len(self.seeds))
         if runs_ > MAX_RUNS:
-            raise ValueError(f"{runs_:,} runs ({variants:,} variants x seeds) is more than one sweep may ask for "
-                             f"({MAX_RUNS:,}); split it into several sweep files")
+            raise ValueError(
+                f"{runs_:,} runs ({variants:,} variants x seeds) is more than one sweep may ask for "
+                f"({MAX_RUNS:,}); split it into several sweep files"
+            )
         return self
 
 
@@ -137,7 +151,9 @@ class _State(BaseModel):
     sweep: dict[str, Any]
     base: dict[str, Any]
     overrides: dict[str, Any] = Field(default_factory=dict)
-    storage: Optional[str] = None  # the --storage whose study the runs belong to (None: the folder's own)
+    storage: Optional[str] = (
+        None  # the --storage whose study the runs belong to (None: the folder's own)
+    )
     done: list[str] = Field(default_factory=list)
 
 
@@ -152,17 +168,32 @@ class Overrides:
 
     def record(self) -> dict[str, Any]:
         """What ``sweep.json`` records: the overrides given (none: ``{}``, as a sweep.json from before them)."""
-        return {k: v for k, v in (("set", list(self.set)), ("seeds", self.seeds), ("budget", self.budget)) if v}
+        return {
+            k: v
+            for k, v in (("set", list(self.set)), ("seeds", self.seeds), ("budget", self.budget))
+            if v
+        }
 
     def sections(self) -> dict[str, Any]:
         """The sweep file's ``seeds:`` and ``budget:`` as given here. Raises MinigptError: a --budget not KIND=N."""
         kind, _, text = (self.budget or "").partition("=")
         number = re.fullmatch(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?", text.strip())
-        refuse([(self.budget is not None and (kind.strip() not in Budget.model_fields or not number),
-                 "budget_arg")], _MESSAGES, text=self.budget)
+        refuse(
+            [
+                (
+                    self.budget is not None
+                    and (kind.strip() not in Budget.model_fields or not number),
+                    "budget_arg",
+                )
+            ],
+            _MESSAGES,
+            text=self.budget,
+        )
         number = int(text) if number and text.strip().isdigit() else number and float(text)
-        return {**({"seeds": self.seeds} if self.seeds is not None else {}),
-                **({"budget": {kind.strip(): number}} if self.budget is not None else {})}
+        return {
+            **({"seeds": self.seeds} if self.seeds is not None else {}),
+            **({"budget": {kind.strip(): number}} if self.budget is not None else {}),
+        }
 
 
 #: The shipped experiments (package data): ``minigpt sweep ffn`` runs ``ffn.yaml`` there.
@@ -179,8 +210,13 @@ def _shipped(path: str | Path) -> Optional[Path]:
     p = Path(path)
     name = p.name[: -len(".yaml")] if p.name.endswith(".yaml") else p.name
     found = SHIPPED / f"{name}.yaml"
-    return found if p.parent in (Path("."), Path("experiments")) and name in list_experiments() and \
-        isinstance(found, Path) else None
+    return (
+        found
+        if p.parent in (Path("."), Path("experiments"))
+        and name in list_experiments()
+        and isinstance(found, Path)
+        else None
+    )
 
 
 def resolve_sweep(path: str | Path) -> Path:
@@ -188,8 +224,12 @@ def resolve_sweep(path: str | Path) -> Path:
     Raises MinigptError: neither."""
     p = Path(path)
     found = p if p.exists() else _shipped(p)
-    refuse([(found is None, "no_sweep")], _MESSAGES, path=p, shipped=", ".join(e for e in list_experiments()
-                                                                            if e != "base"))
+    refuse(
+        [(found is None, "no_sweep")],
+        _MESSAGES,
+        path=p,
+        shipped=", ".join(e for e in list_experiments() if e != "base"),
+    )
     return found
 
 
@@ -215,8 +255,15 @@ class Sweep:
     """A sweep file read and checked: its runs, in order, each with its validated config (none for a search: its
     trials' runs come from :meth:`runs_of`), and what to record of it (the file as read, the overrides)."""
 
-    def __init__(self, path: Path, spec: SweepFile, recorded: dict, overrides: Overrides, base: Path,
-                 base_data: dict):
+    def __init__(
+        self,
+        path: Path,
+        spec: SweepFile,
+        recorded: dict,
+        overrides: Overrides,
+        base: Path,
+        base_data: dict,
+    ):
         self.path, self.spec, self.recorded, self.overrides = path, spec, recorded, overrides
         self.base, self.base_data = base, base_data
         self.name = spec.name or path.stem
@@ -234,14 +281,23 @@ class Sweep:
             self._blame_overrides()
             raise
         sets += self.spec.budget.overrides(cfg)
-        seeds = self.spec.seeds if isinstance(self.spec.seeds, list) else [cfg.seed + i for i in
-                                                                            range(self.spec.seeds)]
+        seeds = (
+            self.spec.seeds
+            if isinstance(self.spec.seeds, list)
+            else [cfg.seed + i for i in range(self.spec.seeds)]
+        )
         planned = []
         for seed in seeds:
             run_sets = [*sets, f"seed={seed}"]  # the schema bounds the seed: 0 .. 2**32-1
-            planned.append(Run(variant, seed, validate(apply_overrides(self.base_data, run_sets), source), run_sets))
+            planned.append(
+                Run(
+                    variant,
+                    seed,
+                    validate(apply_overrides(self.base_data, run_sets), source),
+                    run_sets,
+                )
+            )
         return planned
-
 
     def _blame_overrides(self) -> None:
         """A variant's config failed: raise ConfigError naming the file's ``set:`` or the command line's ``--set``
@@ -253,13 +309,20 @@ class Sweep:
 def _variants(spec: SweepFile) -> list[tuple[str, dict[str, Any]]]:
     """(variant name, its overrides): the grid's combinations (named key-value_key-value), then the named ones."""
     keys = list(spec.grid)
-    grid = [dict(zip(keys, combo)) for combo in itertools.product(*spec.grid.values())] if keys else []
-    named = [("_".join(f"{k.rpartition('.')[2]}-{_slug(v)}" for k, v in g.items()), g) for g in grid]
+    grid = (
+        [dict(zip(keys, combo)) for combo in itertools.product(*spec.grid.values())] if keys else []
+    )
+    named = [
+        ("_".join(f"{k.rpartition('.')[2]}-{_slug(v)}" for k, v in g.items()), g) for g in grid
+    ]
     return [*named, *spec.variants.items()]
 
 
-def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None,
-               overrides: Overrides = Overrides()) -> Sweep:
+def load_sweep(
+    path: str | Path,
+    echo: Callable[[str], None] = lambda m: None,
+    overrides: Overrides = Overrides(),
+) -> Sweep:
     """Read and check a sweep file (a path, or a shipped experiment's name) with the command line's overrides,
     every run's config (a search: every parameter's ends or choices) validated before anything runs (refusals:
     :data:`_MESSAGES`)."""
@@ -268,11 +331,21 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None,
     recorded = read_model(SweepFile, data, _MESSAGES["schema"], path=p).model_dump(mode="json")
     given = overrides.sections()  # the file alone passed: a problem now is the command line's
     for key in given:  # each option on its own first, so that a refusal names the one at fault
-        read_model(SweepFile, {**(data if isinstance(data, dict) else {}), key: given[key]}, _MESSAGES["schema"],
-                   path=f"--{key}")
-    spec = read_model(SweepFile, {**(data if isinstance(data, dict) else {}), **given},
-                      _MESSAGES["schema"], path=" and ".join(f"--{key}" for key in given) or p)
-    sweep_name = runs.check_name(spec.name or p.stem, f"{p}: name:")  # the sweep's folder: never a path out of out_dir
+        read_model(
+            SweepFile,
+            {**(data if isinstance(data, dict) else {}), key: given[key]},
+            _MESSAGES["schema"],
+            path=f"--{key}",
+        )
+    spec = read_model(
+        SweepFile,
+        {**(data if isinstance(data, dict) else {}), **given},
+        _MESSAGES["schema"],
+        path=" and ".join(f"--{key}" for key in given) or p,
+    )
+    sweep_name = runs.check_name(
+        spec.name or p.stem, f"{p}: name:"
+    )  # the sweep's folder: never a path out of out_dir
     variants = _variants(spec)
     for variant, _ in variants:
         runs.check_name(variant, f"{p}: variants:")
@@ -281,15 +354,20 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None,
     near = p.parent / spec.base
     # Beside the sweep file, then a shipped experiment's (a copied sweep file's base.yaml), then a shipped config.
     base = near if near.is_file() else _shipped(spec.base) or resolve_config(Path(spec.base), echo)
-    overriding = [("set", [item.split("=", 1)[0].strip() for item in spec.set]),
-                  ("--set", [item.split("=", 1)[0].strip() for item in overrides.set]), ("grid", list(spec.grid)),
-                  *((f"variants.{v}", list(o)) for v, o in spec.variants.items())]
+    overriding = [
+        ("set", [item.split("=", 1)[0].strip() for item in spec.set]),
+        ("--set", [item.split("=", 1)[0].strip() for item in overrides.set]),
+        ("grid", list(spec.grid)),
+        *((f"variants.{v}", list(o)) for v, o in spec.variants.items()),
+    ]
     where = next((where for where, keys in overriding if OUT_DIR in keys), None)
     seeds = spec.seeds if isinstance(spec.seeds, list) else None
     searched = set(spec.search.params) if spec.search else set()
     # A folder is refused by read_text_file; what is not there is looked for among the shipped configs.
     base_data = parse_yaml(read_text_file(base, f"{p}: base:"), str(base)) if base.exists() else {}
-    refuse([(sum(v is not None for v in spec.budget.model_dump().values()) != 1, "budget"),
+    refuse(
+        [
+            (sum(v is not None for v in spec.budget.model_dump().values()) != 1, "budget"),
             (seeds and len(set(seeds)) != len(seeds), "seeds"),
             (not variants and not spec.search, "no_variants"),
             (searched & set(spec.grid), "both"),
@@ -297,11 +375,20 @@ def load_sweep(path: str | Path, echo: Callable[[str], None] = lambda m: None,
             (same, "collide"),
             (where, "out_dir"),
             (not base.exists(), "no_base"),
-            (not isinstance(base_data, (dict, type(None))), "base_top")], _MESSAGES,
-           path=p, a=same and dict(variants[::-1])[same], b=same and dict(variants)[same], name=same or spec.base,
-           where=where, folder=Path(spec.out_dir) / sweep_name, base=base, near=near, key=min(searched & set(spec.grid),
-                                                                                           default=None),
-           shipped=", ".join(["base", *list_configs()]))
+            (not isinstance(base_data, (dict, type(None))), "base_top"),
+        ],
+        _MESSAGES,
+        path=p,
+        a=same and dict(variants[::-1])[same],
+        b=same and dict(variants)[same],
+        name=same or spec.base,
+        where=where,
+        folder=Path(spec.out_dir) / sweep_name,
+        base=base,
+        near=near,
+        key=min(searched & set(spec.grid), default=None),
+        shipped=", ".join(["base", *list_configs()]),
+    )
     sweep = Sweep(p, spec, recorded, overrides, Path(base), base_data or {})
     if spec.search:
         # The grid's keys are searched as lists of choices; every value a trial may get is validated now.
@@ -342,28 +429,60 @@ def _check_study(study: "optuna.Study", sweep: Sweep, storage: str) -> None:
     refuse([(what, "study_changed")], _MESSAGES, name=sweep.name, storage=storage, what=what)
 
 
-def _read_state(sweep: Sweep, jobs: int, worker: bool = False, storage: Optional[str] = None) -> dict:
+def _read_state(
+    sweep: Sweep, jobs: int, worker: bool = False, storage: Optional[str] = None
+) -> dict:
     """The sweep's state, created on the first start; refuses a changed sweep or other overrides once a run saved a
     checkpoint. Workers share the folder: another one may be writing it as this one starts."""
     path = sweep.folder / runs.SWEEP
     record = {**_settings(sweep), "storage": storage}
-    state = read_model(_State, path, _MESSAGES["state"], path=path).model_dump() if path.is_file() else None
-    changed = [(part, source, what) for part, source in (("sweep", sweep.path), ("base", sweep.base),
-                                                         ("overrides", None))
-               if state and (what := _difference(state[part], record[part]))]
+    state = (
+        read_model(_State, path, _MESSAGES["state"], path=path).model_dump()
+        if path.is_file()
+        else None
+    )
+    changed = [
+        (part, source, what)
+        for part, source in (("sweep", sweep.path), ("base", sweep.base), ("overrides", None))
+        if state and (what := _difference(state[part], record[part]))
+    ]
     # No run has a checkpoint yet (e.g. a failed download): the edited sweep replaces the record.
-    trained = changed and (state["done"] or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir()))
+    trained = changed and (
+        state["done"] or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir())
+    )
     cores = os.cpu_count() or 1
-    other_study = state and state.get("storage") != storage and (
-        state["done"] or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir()))
-    refuse([(not 1 <= jobs <= cores, "jobs"),
-            (state is None and not worker and sweep.folder.is_dir() and any(sweep.folder.iterdir()), "taken"),
+    other_study = (
+        state
+        and state.get("storage") != storage
+        and (
+            state["done"]
+            or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir())
+        )
+    )
+    refuse(
+        [
+            (not 1 <= jobs <= cores, "jobs"),
+            (
+                state is None
+                and not worker
+                and sweep.folder.is_dir()
+                and any(sweep.folder.iterdir()),
+                "taken",
+            ),
             (other_study, "other_study"),
             (trained and changed[0][0] == "overrides", "overrides"),
-            (trained, "changed")], _MESSAGES, jobs=jobs, cores=cores, folder=sweep.folder, path=sweep.path,
-           source=changed and changed[0][1], what=changed and changed[0][2],
-           held=state and (state.get("storage") or "the folder's own study.journal"),
-           given=storage or "the folder's own study.journal")
+            (trained, "changed"),
+        ],
+        _MESSAGES,
+        jobs=jobs,
+        cores=cores,
+        folder=sweep.folder,
+        path=sweep.path,
+        source=changed and changed[0][1],
+        what=changed and changed[0][2],
+        held=state and (state.get("storage") or "the folder's own study.journal"),
+        given=storage or "the folder's own study.journal",
+    )
     if state is not None and not changed:
         return state
     sweep.folder.mkdir(parents=True, exist_ok=True)
@@ -374,7 +493,9 @@ def _read_state(sweep: Sweep, jobs: int, worker: bool = False, storage: Optional
 
 def _mark_done(sweep: Sweep, state: dict, run: Run) -> None:
     done = set(state["done"]) | {run.name}
-    state["done"] = [r.name for r in sweep.runs if r.name in done]  # the file's order, which compare keeps
+    state["done"] = [
+        r.name for r in sweep.runs if r.name in done
+    ]  # the file's order, which compare keeps
     atomic_write_text(sweep.folder / runs.SWEEP, json.dumps(state, indent=1) + "\n")
 
 
@@ -388,17 +509,27 @@ def _resumable(sweep: Sweep, run: Run) -> bool:
     return False
 
 
-def _run_in_process(sweep: Sweep, run: Run, on_eval: Optional[Callable[[int, float], bool]] = None) -> None:
+def _run_in_process(
+    sweep: Sweep, run: Run, on_eval: Optional[Callable[[int, float], bool]] = None
+) -> None:
     """Train ``run`` here: a new run folder, or a resume of the one a killed sweep left; ``on_eval``: the trainer's."""
     from ..trainer import train
 
-    cfg = run.cfg.model_copy(update={"train": run.cfg.train.model_copy(update={"out_dir": str(sweep.folder)})})
+    cfg = run.cfg.model_copy(
+        update={"train": run.cfg.train.model_copy(update={"out_dir": str(sweep.folder)})}
+    )
     if _resumable(sweep, run):
         # A killed search may have logged an eval it never reported: ``on_eval`` hears the logged ones first.
         logged = [e for e in read_events(sweep.folder / run.name / METRICS) if e["event"] == "eval"]
         if on_eval is not None and any(on_eval(e["step"], e["val_loss"]) for e in logged):
             return
-        train(cfg, resume=str(sweep.folder / run.name), echo=lambda m: None, progress=False, on_eval=on_eval)
+        train(
+            cfg,
+            resume=str(sweep.folder / run.name),
+            echo=lambda m: None,
+            progress=False,
+            on_eval=on_eval,
+        )
     else:
         train(cfg, run.name, echo=lambda m: None, progress=False, on_eval=on_eval)
 
@@ -406,9 +537,20 @@ def _run_in_process(sweep: Sweep, run: Run, on_eval: Optional[Callable[[int, flo
 def _command(sweep: Sweep, run: Run) -> list[str]:
     """The ``minigpt train`` command of ``run`` (for ``--jobs``)."""
     folder = sweep.folder / run.name
-    words = [sys.executable, "-m", "minigpt_cli", "train", str(sweep.base), "--no-progress",
-             *[w for item in [*run.overrides, f"train.out_dir={sweep.folder}"] for w in ("--set", item)]]
-    return [*words, "--resume", str(folder)] if _resumable(sweep, run) else [*words, "--run-name", run.name]
+    words = [
+        sys.executable,
+        "-m",
+        "minigpt_cli",
+        "train",
+        str(sweep.base),
+        "--no-progress",
+        *[w for item in [*run.overrides, f"train.out_dir={sweep.folder}"] for w in ("--set", item)],
+    ]
+    return (
+        [*words, "--resume", str(folder)]
+        if _resumable(sweep, run)
+        else [*words, "--run-name", run.name]
+    )
 
 
 #: Linux's prctl option that has the kernel signal a process when its parent dies (<linux/prctl.h>).
@@ -422,7 +564,9 @@ def die_with_parent() -> Optional[Callable[[], None]]:
         return None
     import ctypes
 
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # every Linux C library has had it since Linux 2.1.57
+    prctl = ctypes.CDLL(
+        None, use_errno=True
+    ).prctl  # every Linux C library has had it since Linux 2.1.57
     parent = os.getpid()
 
     def set_parent_death_signal() -> None:
@@ -455,23 +599,34 @@ class _Processes:
             raise Interrupted(_MESSAGES["interrupted"])
         log = self.sweep.folder / f"{run.name}.log"
         with open(log, "w") as out:
-            proc = self.running[run.name] = subprocess.Popen(_command(self.sweep, run), env=self.env, stdout=out,
-                                                             stderr=subprocess.STDOUT, start_new_session=True,
-                                                             preexec_fn=self.preexec_fn)
+            proc = self.running[run.name] = subprocess.Popen(
+                _command(self.sweep, run),
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=self.preexec_fn,
+            )
             asked = self._wait(proc, self.sweep.folder / run.name, on_eval)
         del self.running[run.name]
         if self.stopping.is_set():
             raise Interrupted(_MESSAGES["interrupted"])
         if proc.returncode != 0 and not asked:
-            raise MinigptError(_MESSAGES["failed"].format(run=run.name, code=proc.returncode, log=log))
+            raise MinigptError(
+                _MESSAGES["failed"].format(run=run.name, code=proc.returncode, log=log)
+            )
         log.unlink()
 
     @staticmethod
-    def _wait(proc: subprocess.Popen, folder: Path, on_eval: Optional[Callable[[int, float], bool]]) -> bool:
+    def _wait(
+        proc: subprocess.Popen, folder: Path, on_eval: Optional[Callable[[int, float], bool]]
+    ) -> bool:
         """Wait for ``proc``, reading its evals every :data:`POLL_S` for ``on_eval``; True when that stopped it."""
         heard = 0
         while on_eval is not None:
-            ended = proc.poll() is not None  # asked before reading: an ended run's last evals are heard too
+            ended = (
+                proc.poll() is not None
+            )  # asked before reading: an ended run's last evals are heard too
             evals = [e for e in read_events(folder / METRICS) if e["event"] == "eval"]
             for e in evals[heard:]:
                 if on_eval(e["step"], e["val_loss"]):
@@ -491,7 +646,9 @@ class _Processes:
             proc.send_signal(signal.SIGINT)
 
 
-def _parallel(procs: Optional[_Processes], tasks: list[Callable[[], Any]], done: Callable[[Any], None]) -> None:
+def _parallel(
+    procs: Optional[_Processes], tasks: list[Callable[[], Any]], done: Callable[[Any], None]
+) -> None:
     """Run ``tasks`` one after another (``procs`` None), or on ``procs.jobs`` threads, ``done`` hearing each result;
     a Ctrl-C or a failed run stops the others, each saving its checkpoint."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -511,9 +668,16 @@ def _parallel(procs: Optional[_Processes], tasks: list[Callable[[], Any]], done:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = None, overrides: Overrides = Overrides(),
-              storage: Optional[str] = None, worker: bool = False,
-              echo: Callable[[str], None] = lambda m: None) -> dict:
+def run_sweep(
+    path: str | Path,
+    *,
+    jobs: int = 1,
+    progress: Optional[bool] = None,
+    overrides: Overrides = Overrides(),
+    storage: Optional[str] = None,
+    worker: bool = False,
+    echo: Callable[[str], None] = lambda m: None,
+) -> dict:
     """Run (or finish) a sweep (a search: its trials), then write its summary; with ``worker``, as one of the
     processes sharing the study in ``storage``. Raises MinigptError (a bad kernel setting, sweep file, state or
     storage, a failed run) and Interrupted (Ctrl-C: checkpoints saved, the same command goes on)."""
@@ -528,23 +692,49 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
     state = _read_state(sweep, jobs, worker, storage)
     procs = _Processes(sweep, jobs) if jobs > 1 else None
     train = procs.train if procs else lambda run, on_eval=None: _run_in_process(sweep, run, on_eval)
-    bar = partial(tqdm, desc=f"sweep {sweep.name}", unit="run", dynamic_ncols=True, file=sys.stderr,
-                  disable=None if progress is None else not progress)
+    bar = partial(
+        tqdm,
+        desc=f"sweep {sweep.name}",
+        unit="run",
+        dynamic_ncols=True,
+        file=sys.stderr,
+        disable=None if progress is None else not progress,
+    )
     if sweep.spec.search:
-        store = store or optuna_search.open_storage(None, sweep.folder)  # the study.journal beside the runs
-        return _search(sweep, store, worker, train, procs, bar, echo, storage or "the sweep folder's study.journal")
+        store = store or optuna_search.open_storage(
+            None, sweep.folder
+        )  # the study.journal beside the runs
+        return _search(
+            sweep,
+            store,
+            worker,
+            train,
+            procs,
+            bar,
+            echo,
+            storage or "the sweep folder's study.journal",
+        )
     if worker:
         return _grid_worker(sweep, store, train, procs, bar, echo, storage)
-    gone = [r.name for r in sweep.runs if r.name in state["done"] and not runs.has_checkpoint(sweep.folder / r.name)]
+    gone = [
+        r.name
+        for r in sweep.runs
+        if r.name in state["done"] and not runs.has_checkpoint(sweep.folder / r.name)
+    ]
     if gone:  # a finished run's folder deleted (or its checkpoints): trained again, not refused by compare
         echo(_MESSAGES["gone"].format(names=", ".join(gone)))
         state["done"] = [name for name in state["done"] if name not in gone]
     todo = [r for r in sweep.runs if r.name not in state["done"]]
-    cut = [r.name for r in todo if runs.has_checkpoint(sweep.folder / r.name)]  # what a stopped sweep left
-    echo(f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done"
-         f"{f', {len(cut)} to resume: ' + ', '.join(cut) if cut else ''}), "
-         f"{len({r.variant for r in sweep.runs})} variants; runs in {sweep.folder}")
+    cut = [
+        r.name for r in todo if runs.has_checkpoint(sweep.folder / r.name)
+    ]  # what a stopped sweep left
+    echo(
+        f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done"
+        f"{f', {len(cut)} to resume: ' + ', '.join(cut) if cut else ''}), "
+        f"{len({r.variant for r in sweep.runs})} variants; runs in {sweep.folder}"
+    )
     with bar(total=len(sweep.runs), initial=len(sweep.runs) - len(todo)) as progress_bar:
+
         def done(run: Run) -> None:
             _mark_done(sweep, state, run)
             progress_bar.update(1)
@@ -553,13 +743,27 @@ def run_sweep(path: str | Path, *, jobs: int = 1, progress: Optional[bool] = Non
     return _summary(sweep, sweep.runs, {r.name: r.variant for r in sweep.runs}, echo)
 
 
-def _summary(sweep: Sweep, runs_: list[Run], variants: dict[str, str], echo: Callable[[str], None]) -> dict:
-    return summarize([sweep.folder / r.name for r in runs_], out=sweep.folder, target=sweep.spec.target_loss,
-                     variants=variants, echo=echo)
+def _summary(
+    sweep: Sweep, runs_: list[Run], variants: dict[str, str], echo: Callable[[str], None]
+) -> dict:
+    return summarize(
+        [sweep.folder / r.name for r in runs_],
+        out=sweep.folder,
+        target=sweep.spec.target_loss,
+        variants=variants,
+        echo=echo,
+    )
 
 
-def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Callable,
-                 procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None], where: str) -> dict:
+def _grid_worker(
+    sweep: Sweep,
+    storage: "optuna.storages.BaseStorage",
+    train: Callable,
+    procs: Optional[_Processes],
+    bar: Callable,
+    echo: Callable[[str], None],
+    where: str,
+) -> dict:
     """One worker of a grid shared by many through the study alone: each (variant, seed) is a trial enqueued once
     (:func:`.search.enqueue_runs`), and each worker trains the next waiting one (:func:`.search.next_run`) in its
     own sweep folder, telling the study its final val loss; then the summary of this worker's runs and the study's
@@ -570,7 +774,9 @@ def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Ca
     _check_study(study, sweep, where)
     optuna_search.enqueue_runs(study, [(r.name, r.variant, r.seed) for r in sweep.runs])
     by_name = {r.name: r for r in sweep.runs}
-    echo(f"sweep {sweep.name}: worker {optuna_search.owner()} of {len(sweep.runs)} runs; runs in {sweep.folder}")
+    echo(
+        f"sweep {sweep.name}: worker {optuna_search.owner()} of {len(sweep.runs)} runs; runs in {sweep.folder}"
+    )
 
     def runs_(progress_bar) -> None:
         while (trial := optuna_search.next_run(study, sweep.folder)) is not None:
@@ -580,68 +786,118 @@ def _grid_worker(sweep: Sweep, storage: "optuna.storages.BaseStorage", train: Ca
             try:
                 train(run)
             except BaseException as exc:
-                if isinstance(exc, MinigptError):  # a failed run fails its trial: the next start enqueues it again
+                if isinstance(
+                    exc, MinigptError
+                ):  # a failed run fails its trial: the next start enqueues it again
                     trial.set_user_attr("error", str(exc))
                     study.tell(trial, state=TrialState.FAIL)
                 else:  # Ctrl-C: the trial stays running, let go for the next start to resume
                     optuna_search.release(trial)
                 raise
-            study.tell(trial, [e for e in read_events(sweep.folder / run.name / METRICS)
-                               if e["event"] == "eval"][-1]["val_loss"])
+            study.tell(
+                trial,
+                [e for e in read_events(sweep.folder / run.name / METRICS) if e["event"] == "eval"][
+                    -1
+                ]["val_loss"],
+            )
             progress_bar.update(1)
 
     with bar(total=len(sweep.runs)) as progress_bar:
-        _parallel(procs, [partial(runs_, progress_bar)] * (procs.jobs if procs else 1), lambda ran: None)
-    done = {t.user_attrs.get("run") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+        _parallel(
+            procs, [partial(runs_, progress_bar)] * (procs.jobs if procs else 1), lambda ran: None
+        )
+    done = {
+        t.user_attrs.get("run")
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    }
     here = [r for r in sweep.runs if r.name in done and (sweep.folder / r.name / METRICS).is_file()]
     result = _summary(sweep, here, {r.name: r.variant for r in here}, echo) if here else {}
     return {**result, "study": study_trials(study)}
 
 
-def _search(sweep: Sweep, storage: "optuna.storages.BaseStorage", worker: bool, train: Callable,
-            procs: Optional[_Processes], bar: Callable, echo: Callable[[str], None], where: str) -> dict:
+def _search(
+    sweep: Sweep,
+    storage: "optuna.storages.BaseStorage",
+    worker: bool,
+    train: Callable,
+    procs: Optional[_Processes],
+    bar: Callable,
+    echo: Callable[[str], None],
+    where: str,
+) -> dict:
     """The sweep's search: trials asked of Optuna's study (resumed where a killed worker left one) until it has
     ``trials``, each trained by ``train``; then the summary, a row per trial, and the search's report."""
     from optuna.trial import TrialState
 
     spec = sweep.spec.search
     # Workers seeded alike would ask the same first values: only a single process's search is reproducible.
-    seed = None if worker else spec.seed if spec.seed is not None else \
-        validate(apply_overrides(sweep.base_data, sweep.sets), str(sweep.path)).seed
+    seed = (
+        None
+        if worker
+        else spec.seed
+        if spec.seed is not None
+        else validate(apply_overrides(sweep.base_data, sweep.sets), str(sweep.path)).seed
+    )
     study = optuna_search.open_study(storage, sweep.name, spec, seed)
     _check_study(study, sweep, where)
     key = "final_val" if spec.objective == "val_loss" else "bits_per_byte"
 
     def objective(runs_: list[Run]) -> Optional[float]:
-        return summarize([sweep.folder / r.name for r in runs_], variants={r.name: r.variant for r in runs_})[
-            "rows"][0].get(key)
+        return summarize(
+            [sweep.folder / r.name for r in runs_], variants={r.name: r.variant for r in runs_}
+        )["rows"][0].get(key)
 
     def trials(progress_bar) -> int:
         ran = 0
         while (trial := optuna_search.next_trial(study, spec.trials, sweep.folder)) is not None:
             outcome = None
             try:
-                outcome = optuna_search.run_trial(study, trial, spec, sweep.runs_of, train, objective)
+                outcome = optuna_search.run_trial(
+                    study, trial, spec, sweep.runs_of, train, objective
+                )
             finally:
-                if outcome is None:  # Ctrl-C, a bug: the trial stays running, let go for the next start to resume
+                if (
+                    outcome is None
+                ):  # Ctrl-C, a bug: the trial stays running, let go for the next start to resume
                     optuna_search.release(trial)
             progress_bar.update(1)
             progress_bar.set_postfix_str(f"{optuna_search.trial_name(trial.number)} {outcome}")
             ran += 1
         return ran
 
-    ended = [t for t in study.get_trials(deepcopy=False) if t.number < spec.trials and t.state.is_finished()]
-    echo(f"sweep {sweep.name}: a {spec.method} search of {spec.trials} trials ({len(ended)} done), pruning: "
-         f"{spec.prune}; runs in {sweep.folder}")
+    ended = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.number < spec.trials and t.state.is_finished()
+    ]
+    echo(
+        f"sweep {sweep.name}: a {spec.method} search of {spec.trials} trials ({len(ended)} done), pruning: "
+        f"{spec.prune}; runs in {sweep.folder}"
+    )
     with bar(total=spec.trials, initial=len(ended)) as progress_bar:
-        _parallel(procs, [partial(trials, progress_bar)] * (procs.jobs if procs else 1), lambda ran: None)
-    ours = [t for t in study.get_trials(deepcopy=False) if t.number < spec.trials
-            and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    names = {run: optuna_search.trial_name(t.number) + (" (pruned)" if t.state == TrialState.PRUNED else "")
-             for t in ours for run in t.user_attrs["runs"]}
+        _parallel(
+            procs, [partial(trials, progress_bar)] * (procs.jobs if procs else 1), lambda ran: None
+        )
+    ours = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.number < spec.trials and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    ]
+    names = {
+        run: optuna_search.trial_name(t.number)
+        + (" (pruned)" if t.state == TrialState.PRUNED else "")
+        for t in ours
+        for run in t.user_attrs["runs"]
+    }
     refuse([(not names, "no_trials")], _MESSAGES, folder=sweep.folder)
-    started = [r for t in ours for r in sweep.runs_of(optuna_search.trial_name(t.number), t.params)
-               if (sweep.folder / r.name / METRICS).is_file()]  # a pruned trial's later seeds never started
-    result = _summary(sweep, started, names, echo) if started else {}  # a worker whose trials all ran elsewhere
+    started = [
+        r
+        for t in ours
+        for r in sweep.runs_of(optuna_search.trial_name(t.number), t.params)
+        if (sweep.folder / r.name / METRICS).is_file()
+    ]  # a pruned trial's later seeds never started
+    result = (
+        _summary(sweep, started, names, echo) if started else {}
+    )  # a worker whose trials all ran elsewhere
     result["search"] = optuna_search.report(study, spec.trials, sweep.folder)
     return {**result, "study": study_trials(study)} if worker else result

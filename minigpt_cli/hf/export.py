@@ -29,7 +29,13 @@ from ..run import folder as runs
 from ..sample.generate import end_of_text
 from ..sample.load import load_run
 from ..tokenizer.kinds import CharTokenizer, Tokenizer
-from .load import _GPT2_CONV1D, llama_names, neox_names, neox_qkv, read_hf_config  # the one name table, both ways
+from .load import (
+    _GPT2_CONV1D,
+    llama_names,
+    neox_names,
+    neox_qkv,
+    read_hf_config,
+)  # the one name table, both ways
 
 _MESSAGES = {
     "format": "--format {fmt!r}: use hf (a transformers folder) or gguf (one file for llama.cpp)",
@@ -40,27 +46,33 @@ _MESSAGES = {
     "holds": "--output {out} is or holds {what}; an export replaces its folder: pass a new or empty one",
     "in_run": "--output {out} is inside the run folder, which holds what train writes; pass a folder outside it",
     "not_export": "{out} holds files an export does not write ({names}); --force replaces only an earlier "
-                  "export: pass a new or empty --output",
+    "export: pass a new or empty --output",
     "not_ours": "{out} is not an export minigpt wrote (its config.json carries no minigpt mark); --force "
-                "replaces only an earlier export: pass a new or empty --output",
+    "replaces only an earlier export: pass a new or empty --output",
     "unsupported": "model.{key}={value} has no equivalent in transformers' GPT-2, Llama, GPT-NeoX or Qwen3, so "
-                   "this run cannot be exported; the nearest, {name}, takes model.{key} {takes}: a run trained with "
-                   "{changes} exports as {name}",
+    "this run cannot be exported; the nearest, {name}, takes model.{key} {takes}: a run trained with "
+    "{changes} exports as {name}",
     "arch": "--arch {arch}: {name} cannot express model.{key}={value} (it takes {takes}); {fix}",
     "arch_other": "drop --arch: the run exports as {other}",
     "arch_train": "a run trained with {changes} exports as {name}",
     "char_drops": "note: the exported char tokenizer removes characters outside its {n}-character alphabet "
-                  "(minigpt refuses them): the model has no row for an unknown token; train with "
-                  "model.vocab_size above {size} for an export that maps them to one",
+    "(minigpt refuses them): the model has no row for an unknown token; train with "
+    "model.vocab_size above {size} for an export that maps them to one",
     "cut": "note: the position table has model.block_size={block} rows: fine-tuning cut {folder}'s {source} to "
-           "that; fine-tune with a larger model.block_size to keep more",
+    "that; fine-tune with a larger model.block_size to keep more",
     "summary": "exported {run} ({ckpt}) as a transformers {arch} to {out}; generation_config.json: max_length "
-               "{block} (prompt and new tokens within the model's context) in place of sample.max_new_tokens "
-               "{new}",
+    "{block} (prompt and new tokens within the model's context) in place of sample.max_new_tokens "
+    "{new}",
 }
 
 #: What an export writes (and all that ``--force`` may replace).
-EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+EXPORT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+)
 #: The config.json key that marks a folder as an export of ours: all that ``--force`` replaces.
 EXPORT_MARK = "minigpt_export"
 #: The name an export's temporary folder (and the old copy it replaces) starts with, beside the output.
@@ -78,32 +90,76 @@ class _Any:
 
 ANY = _Any()
 #: The keys every target takes at any value: sizes, and what only training reads.
-SIZES = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout", "norm_eps", "d_ff", "multiple_of",
-         "bias", "tie_weights", "init_std", "scale_residual_init", "init_from", "zero_init_proj")
+SIZES = (
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "vocab_size",
+    "dropout",
+    "norm_eps",
+    "d_ff",
+    "multiple_of",
+    "bias",
+    "tie_weights",
+    "init_std",
+    "scale_residual_init",
+    "init_from",
+    "zero_init_proj",
+)
 #: Our MLP activation -> transformers' ``ACT2FN`` name (GPT-2's ``activation_function``, GPT-NeoX's ``hidden_act``).
 _ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
 #: Each export target and the values it takes of each :class:`ModelConfig` key beyond :data:`SIZES` (a tuple, or
 #: ANY); a key it does not list must be at its schema default, so a switch added to the schema is refused by every
 #: target until one lists it. In the order a tie between nearest targets is broken (:func:`hf_target`).
 TARGETS: dict[str, dict[str, Any]] = {
-    "gpt2": {"pos_encoding": ("learned",), "norm": ("layernorm",), "ffn": tuple(_ACT),
-             "rope_base": ANY},  # unused with learned positions
-    "llama": {"pos_encoding": ("rope",), "norm": ("rmsnorm",), "ffn": ("swiglu",), "rope_base": ANY, "n_kv_head": ANY},
-    "gpt_neox": {"pos_encoding": ("rope",), "norm": ("layernorm",), "ffn": tuple(_ACT), "rope_base": ANY},
+    "gpt2": {
+        "pos_encoding": ("learned",),
+        "norm": ("layernorm",),
+        "ffn": tuple(_ACT),
+        "rope_base": ANY,
+    },  # unused with learned positions
+    "llama": {
+        "pos_encoding": ("rope",),
+        "norm": ("rmsnorm",),
+        "ffn": ("swiglu",),
+        "rope_base": ANY,
+        "n_kv_head": ANY,
+    },
+    "gpt_neox": {
+        "pos_encoding": ("rope",),
+        "norm": ("layernorm",),
+        "ffn": tuple(_ACT),
+        "rope_base": ANY,
+    },
     # Llama with RMSNorm on each head's queries and keys; its MLP has no biases.
-    "qwen3": {"pos_encoding": ("rope",), "norm": ("rmsnorm",), "ffn": ("swiglu",), "rope_base": ANY, "n_kv_head": ANY,
-              "qk_norm": (True,), "bias": (False,)},
+    "qwen3": {
+        "pos_encoding": ("rope",),
+        "norm": ("rmsnorm",),
+        "ffn": ("swiglu",),
+        "rope_base": ANY,
+        "n_kv_head": ANY,
+        "qk_norm": (True,),
+        "bias": (False,),
+    },
 }
 #: Each target's model class, and its name in messages.
-ARCHITECTURES = {"gpt2": ("GPT2LMHeadModel", "GPT-2"), "llama": ("LlamaForCausalLM", "Llama"),
-                 "gpt_neox": ("GPTNeoXForCausalLM", "GPT-NeoX"), "qwen3": ("Qwen3ForCausalLM", "Qwen3")}
+ARCHITECTURES = {
+    "gpt2": ("GPT2LMHeadModel", "GPT-2"),
+    "llama": ("LlamaForCausalLM", "Llama"),
+    "gpt_neox": ("GPTNeoXForCausalLM", "GPT-NeoX"),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3"),
+}
 
 
 def _misses(mc: ModelConfig, target: str) -> list[tuple[str, Any]]:
     """(key, the values ``target`` takes) for each key of ``mc`` it cannot express, in the schema's order."""
     takes = {**dict.fromkeys(SIZES, ANY), **TARGETS[target]}
     fields = type(mc).model_fields
-    allowed = {key: takes.get(key, (field.get_default(call_default_factory=True),)) for key, field in fields.items()}
+    allowed = {
+        key: takes.get(key, (field.get_default(call_default_factory=True),))
+        for key, field in fields.items()
+    }
     return [(key, values) for key, values in allowed.items() if getattr(mc, key) not in values]
 
 
@@ -124,36 +180,77 @@ def hf_target(mc: ModelConfig, arch: Optional[str] = None) -> str:
     (key, values), name = misses[nearest][0], ARCHITECTURES[nearest][1]
     changes = ", ".join(_setting(k, v) for k, v in misses[nearest])
     takes = " or ".join(map(yaml_value, values))
-    fix = (_MESSAGES["arch_other"].format(other=ARCHITECTURES[fits[0]][1]) if fits
-           else _MESSAGES["arch_train"].format(changes=changes, name=name))
-    raise MinigptError(_MESSAGES["arch" if arch else "unsupported"].format(
-        arch=arch, key=key, value=run_value(getattr(mc, key)), name=name, takes=takes, changes=changes, fix=fix),
-        key=f"model.{key}")
-
+    fix = (
+        _MESSAGES["arch_other"].format(other=ARCHITECTURES[fits[0]][1])
+        if fits
+        else _MESSAGES["arch_train"].format(changes=changes, name=name)
+    )
+    raise MinigptError(
+        _MESSAGES["arch" if arch else "unsupported"].format(
+            arch=arch,
+            key=key,
+            value=run_value(getattr(mc, key)),
+            name=name,
+            takes=takes,
+            changes=changes,
+            fix=fix,
+        ),
+        key=f"model.{key}",
+    )
 
 
 def _gpt2_config(mc: ModelConfig) -> dict:
-    return {"n_layer": mc.n_layer, "n_head": mc.n_head, "n_embd": mc.n_embd, "n_positions": mc.block_size,
-            "n_ctx": mc.block_size, "n_inner": mc.ffn_hidden, "activation_function": _ACT[mc.ffn],
-            "resid_pdrop": mc.dropout, "embd_pdrop": mc.dropout, "attn_pdrop": mc.dropout,
-            "layer_norm_epsilon": mc.norm_eps, "scale_attn_weights": True}
+    return {
+        "n_layer": mc.n_layer,
+        "n_head": mc.n_head,
+        "n_embd": mc.n_embd,
+        "n_positions": mc.block_size,
+        "n_ctx": mc.block_size,
+        "n_inner": mc.ffn_hidden,
+        "activation_function": _ACT[mc.ffn],
+        "resid_pdrop": mc.dropout,
+        "embd_pdrop": mc.dropout,
+        "attn_pdrop": mc.dropout,
+        "layer_norm_epsilon": mc.norm_eps,
+        "scale_attn_weights": True,
+    }
 
 
 def _llama_config(mc: ModelConfig) -> dict:
-    return {"num_hidden_layers": mc.n_layer, "num_attention_heads": mc.n_head, "num_key_value_heads": mc.kv_heads,
-            "hidden_size": mc.n_embd, "head_dim": mc.head_dim, "intermediate_size": mc.ffn_hidden,
-            "hidden_act": "silu", "max_position_embeddings": mc.block_size, "rms_norm_eps": mc.norm_eps,
-            "rope_theta": mc.rope_base, "attention_bias": mc.bias, "mlp_bias": mc.bias,
-            "attention_dropout": mc.dropout}
+    return {
+        "num_hidden_layers": mc.n_layer,
+        "num_attention_heads": mc.n_head,
+        "num_key_value_heads": mc.kv_heads,
+        "hidden_size": mc.n_embd,
+        "head_dim": mc.head_dim,
+        "intermediate_size": mc.ffn_hidden,
+        "hidden_act": "silu",
+        "max_position_embeddings": mc.block_size,
+        "rms_norm_eps": mc.norm_eps,
+        "rope_theta": mc.rope_base,
+        "attention_bias": mc.bias,
+        "mlp_bias": mc.bias,
+        "attention_dropout": mc.dropout,
+    }
 
 
 def _neox_config(mc: ModelConfig) -> dict:
     # rotary_pct / rotary_emb_base: the keys of transformers 4.x and llama.cpp's converter; 5.x reads them too.
-    return {"num_hidden_layers": mc.n_layer, "num_attention_heads": mc.n_head, "hidden_size": mc.n_embd,
-            "intermediate_size": mc.ffn_hidden, "hidden_act": _ACT[mc.ffn], "max_position_embeddings": mc.block_size,
-            "layer_norm_eps": mc.norm_eps, "rotary_pct": 1.0, "rotary_emb_base": mc.rope_base,
-            "use_parallel_residual": False, "attention_bias": mc.bias, "attention_dropout": mc.dropout,
-            "hidden_dropout": mc.dropout}
+    return {
+        "num_hidden_layers": mc.n_layer,
+        "num_attention_heads": mc.n_head,
+        "hidden_size": mc.n_embd,
+        "intermediate_size": mc.ffn_hidden,
+        "hidden_act": _ACT[mc.ffn],
+        "max_position_embeddings": mc.block_size,
+        "layer_norm_eps": mc.norm_eps,
+        "rotary_pct": 1.0,
+        "rotary_emb_base": mc.rope_base,
+        "use_parallel_residual": False,
+        "attention_bias": mc.bias,
+        "attention_dropout": mc.dropout,
+        "hidden_dropout": mc.dropout,
+    }
 
 
 def _qwen3_config(mc: ModelConfig) -> dict:
@@ -161,7 +258,12 @@ def _qwen3_config(mc: ModelConfig) -> dict:
     return {**llama, "use_sliding_window": False, "sliding_window": None}
 
 
-_CONFIGS = {"gpt2": _gpt2_config, "llama": _llama_config, "gpt_neox": _neox_config, "qwen3": _qwen3_config}
+_CONFIGS = {
+    "gpt2": _gpt2_config,
+    "llama": _llama_config,
+    "gpt_neox": _neox_config,
+    "qwen3": _qwen3_config,
+}
 
 
 def hf_config(cfg: Config, tok: Tokenizer, target: str) -> dict:
@@ -170,19 +272,34 @@ def hf_config(cfg: Config, tok: Tokenizer, target: str) -> dict:
     mc = cfg.model
     eos = end_of_text(tok)
     eos = tok.encode(eos)[0] if eos is not None else None
-    return {"architectures": [ARCHITECTURES[target][0]], "model_type": target, **_CONFIGS[target](mc),
-            "vocab_size": mc.vocab_size, "initializer_range": mc.init_std, "tie_word_embeddings": mc.tie_weights,
-            "bos_token_id": eos, "eos_token_id": eos, "torch_dtype": "float32"}
+    return {
+        "architectures": [ARCHITECTURES[target][0]],
+        "model_type": target,
+        **_CONFIGS[target](mc),
+        "vocab_size": mc.vocab_size,
+        "initializer_range": mc.init_std,
+        "tie_word_embeddings": mc.tie_weights,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "torch_dtype": "float32",
+    }
 
 
 def _zero_biases(sd: dict[str, torch.Tensor], but: tuple[str, ...] = ()) -> None:
     """Add a zero bias for each weight of the layers and the final norm (``bias: false`` has none), but in modules
     whose name holds one of ``but``: the target always has them (LayerNorm shifts included)."""
-    sd.update({name.removesuffix("weight") + "bias": torch.zeros(t.shape[0]) for name, t in list(sd.items())
-               if name.startswith(("h.", "ln_f.")) and not any(part in name for part in but)})
+    sd.update(
+        {
+            name.removesuffix("weight") + "bias": torch.zeros(t.shape[0])
+            for name, t in list(sd.items())
+            if name.startswith(("h.", "ln_f.")) and not any(part in name for part in but)
+        }
+    )
 
 
-def hf_state_dict(model: torch.nn.Module, mc: ModelConfig, target: Optional[str] = None) -> dict[str, torch.Tensor]:
+def hf_state_dict(
+    model: torch.nn.Module, mc: ModelConfig, target: Optional[str] = None
+) -> dict[str, torch.Tensor]:
     """Our weights under ``target``'s names and layouts (default :func:`hf_target`'s; :mod:`.load`'s mapping
     inverted): GPT-2's Conv1D transposed, Llama's ``c_attn`` rows split into q (n_embd), k and v (n_kv_head ·
     head_dim each) and ``c_fc`` into gate and up, GPT-NeoX's q, k, v interleaved per head; a tied head left out."""
@@ -191,18 +308,33 @@ def hf_state_dict(model: torch.nn.Module, mc: ModelConfig, target: Optional[str]
     if mc.tie_weights:
         sd.pop("lm_head.weight", None)
     if target == "gpt2":
-        if not mc.bias:  # GPT-2 always adds biases (and LayerNorm shifts): ours are zero, one per output
+        if (
+            not mc.bias
+        ):  # GPT-2 always adds biases (and LayerNorm shifts): ours are zero, one per output
             _zero_biases(sd)
-        return {name if name == "lm_head.weight" else f"transformer.{name}": t.t().contiguous()
-                if _GPT2_CONV1D.fullmatch(name) else t for name, t in sd.items()}
+        return {
+            name if name == "lm_head.weight" else f"transformer.{name}": t.t().contiguous()
+            if _GPT2_CONV1D.fullmatch(name)
+            else t
+            for name, t in sd.items()
+        }
     if target == "gpt_neox":
-        if not mc.bias:  # its MLP and LayerNorms always have biases; attention_bias: false drops the attention's
+        if (
+            not mc.bias
+        ):  # its MLP and LayerNorms always have biases; attention_bias: false drops the attention's
             _zero_biases(sd, but=(".attn.",))
         names = neox_names(mc)
-        return {names[name]: neox_qkv(t, mc.n_head, to_neox=True) if ".attn.c_attn." in name else t
-                for name, t in sd.items()}
-    split = {1: lambda t: (t,), 2: lambda t: torch.chunk(t, 2),  # by the names stacked: [gate; up], [q; k; v]
-             3: lambda t: torch.split(t, [mc.n_embd, mc.kv_heads * mc.head_dim, mc.kv_heads * mc.head_dim])}
+        return {
+            names[name]: neox_qkv(t, mc.n_head, to_neox=True) if ".attn.c_attn." in name else t
+            for name, t in sd.items()
+        }
+    split = {
+        1: lambda t: (t,),
+        2: lambda t: torch.chunk(t, 2),  # by the names stacked: [gate; up], [q; k; v]
+        3: lambda t: torch.split(
+            t, [mc.n_embd, mc.kv_heads * mc.head_dim, mc.kv_heads * mc.head_dim]
+        ),
+    }
     names = llama_names(mc)
     assert set(sd) <= set(names), set(sd) - set(names)  # hf_target admitted only these layers
     out: dict[str, torch.Tensor] = {}
@@ -234,13 +366,17 @@ def char_tokenizer_json(tok: CharTokenizer, vocab_size: int) -> str:
     if unk is not None:
         vocab[unk] = tok.vocab_size
     backend = Backend(models.WordLevel(vocab, unk_token=unk))
-    if unk is None:  # [^alphabet], each character written \x{hex} so that none reads as a regex operator
+    if (
+        unk is None
+    ):  # [^alphabet], each character written \x{hex} so that none reads as a regex operator
         alphabet = "".join(f"\\x{{{ord(ch):x}}}" for ch in tok.chars)
         backend.normalizer = normalizers.Replace(Regex(f"[^{alphabet}]"), "")
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     # Special tokens are matched on the text as it is, before the normalizer (normalized=False).
-    backend.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in tok.special_tokens])
+    backend.add_special_tokens(
+        [AddedToken(s, special=True, normalized=False) for s in tok.special_tokens]
+    )
     return backend.to_str(pretty=True)
 
 
@@ -252,14 +388,22 @@ def tokenizer_files(tok: Tokenizer, run_dir: Path, cfg: Config) -> dict[str, str
         unk = char_unk_token(tok, cfg.model.vocab_size)
     else:
         tokenizer_json = (run_dir / runs.TOKENIZER).read_text(encoding="utf-8")
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.block_size,
-              "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": cfg.model.block_size,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": False,
+        "add_eos_token": False,
+    }
     eos = end_of_text(tok)
     if eos is not None:
         config["eos_token"] = eos
     if unk is not None:
         config["unk_token"] = unk
-    return {"tokenizer.json": tokenizer_json, "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
+    return {
+        "tokenizer.json": tokenizer_json,
+        "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
+    }
 
 
 def generation_config(cfg: Config, eos: Optional[int]) -> dict:
@@ -270,7 +414,11 @@ def generation_config(cfg: Config, eos: Optional[int]) -> dict:
     sc = cfg.sample
     out = {"do_sample": sc.temperature > 0, "max_length": cfg.model.block_size}
     if sc.temperature > 0:
-        out.update(temperature=sc.temperature, top_k=sc.top_k or 0, top_p=sc.top_p if sc.top_p is not None else 1.0)
+        out.update(
+            temperature=sc.temperature,
+            top_k=sc.top_k or 0,
+            top_p=sc.top_p if sc.top_p is not None else 1.0,
+        )
     if eos is not None:
         out.update(bos_token_id=eos, eos_token_id=eos)
     return out
@@ -278,14 +426,24 @@ def generation_config(cfg: Config, eos: Optional[int]) -> dict:
 
 def _foreign(folder: Path) -> list[str]:
     """The names in ``folder`` an export does not write: all but regular files of :data:`EXPORT_FILES`."""
-    return sorted(p.name for p in folder.iterdir() if p.name not in EXPORT_FILES or not p.is_file() or p.is_symlink())
+    return sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.name not in EXPORT_FILES or not p.is_file() or p.is_symlink()
+    )
 
 
 def _is_export(folder: Path) -> bool:
     """Whether ``folder``'s config.json carries :data:`EXPORT_MARK` (a Hugging Face model's does not)."""
     config = folder / "config.json"
-    with contextlib.suppress(OSError, ValueError, TypeError):  # unreadable, not JSON, not an object: not ours
-        return config.is_file() and not config.is_symlink() and EXPORT_MARK in json.loads(config.read_text("utf-8"))
+    with contextlib.suppress(
+        OSError, ValueError, TypeError
+    ):  # unreadable, not JSON, not an object: not ours
+        return (
+            config.is_file()
+            and not config.is_symlink()
+            and EXPORT_MARK in json.loads(config.read_text("utf-8"))
+        )
     return False
 
 
@@ -315,7 +473,9 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
         tmp.rename(out)
         shutil.rmtree(old, ignore_errors=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # what a failed write left; after the rename there is nothing
+        shutil.rmtree(
+            tmp, ignore_errors=True
+        )  # what a failed write left; after the rename there is nothing
 
 
 def _source_positions(mc: ModelConfig) -> Optional[int | str]:
@@ -329,9 +489,17 @@ def _source_positions(mc: ModelConfig) -> Optional[int | str]:
     return n if n > mc.block_size else None
 
 
-def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf", arch: Optional[str] = None,
-               checkpoint: str = runs.BEST, force: bool = False, dtype: Optional[str] = None,
-               echo: Callable[[str], None] = lambda message: None) -> Path:
+def export_run(
+    run: Optional[str | Path],
+    output: str | Path,
+    *,
+    fmt: str = "hf",
+    arch: Optional[str] = None,
+    checkpoint: str = runs.BEST,
+    force: bool = False,
+    dtype: Optional[str] = None,
+    echo: Callable[[str], None] = lambda message: None,
+) -> Path:
     """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`), as
     ``arch`` (a key of :data:`TARGETS`; None: the one that expresses the run), or with ``fmt="gguf"`` as a GGUF
     file (:func:`~.gguf.export_gguf`); a :class:`MinigptError` for each refusal of :data:`_MESSAGES`,
@@ -340,34 +508,62 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
         from .gguf import export_gguf
 
         refuse([(arch is not None, "arch_gguf")], _MESSAGES)
-        return export_gguf(run, output, dtype=dtype or "f32", checkpoint=checkpoint, force=force, echo=echo)
+        return export_gguf(
+            run, output, dtype=dtype or "f32", checkpoint=checkpoint, force=force, echo=echo
+        )
     from safetensors.torch import save
 
     out = Path(output)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     where = out.resolve()
     around = (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve()))
-    holds = next((what for what, inside in around if inside == where or where in inside.parents), None)
-    inside_run = run_dir.resolve() in where.parents  # a run folder holds what train and the readers write
+    holds = next(
+        (what for what, inside in around if inside == where or where in inside.parents), None
+    )
+    inside_run = (
+        run_dir.resolve() in where.parents
+    )  # a run folder holds what train and the readers write
     foreign = _foreign(out) if out.is_dir() else []
-    refuse([(fmt != "hf", "format"),
+    refuse(
+        [
+            (fmt != "hf", "format"),
             (dtype is not None, "dtype"),
-            (holds, "holds"),  # before "not empty": no --force replaces these, so none may be suggested
+            (
+                holds,
+                "holds",
+            ),  # before "not empty": no --force replaces these, so none may be suggested
             (inside_run, "in_run"),
             (out.exists() and not out.is_dir(), "not_folder"),
             (out.is_dir() and any(out.iterdir()) and not force, "not_empty"),
             (force and foreign, "not_export"),
-            (force and out.is_dir() and any(out.iterdir()) and not _is_export(out), "not_ours")], _MESSAGES,
-           fmt=fmt, out=out, what=holds, names=", ".join(foreign[:3]))
-    loaded = load_run(run_dir, checkpoint)  # generate's checks: checksums, finite weights, the run's own tokenizer
+            (force and out.is_dir() and any(out.iterdir()) and not _is_export(out), "not_ours"),
+        ],
+        _MESSAGES,
+        fmt=fmt,
+        out=out,
+        what=holds,
+        names=", ".join(foreign[:3]),
+    )
+    loaded = load_run(
+        run_dir, checkpoint
+    )  # generate's checks: checksums, finite weights, the run's own tokenizer
     model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer
     target = hf_target(cfg.model, arch)  # refused before anything is written
     config = hf_config(cfg, tok, target)
-    texts = {"config.json": json.dumps({**config, EXPORT_MARK: 1}, indent=2) + "\n",
-             **tokenizer_files(tok, run_dir, cfg),
-             "generation_config.json": json.dumps(generation_config(cfg, config["eos_token_id"]), indent=2) + "\n"}
-    files = {"model.safetensors": save(hf_state_dict(model, cfg.model, target), metadata={"format": "pt"}),
-             **{name: text.encode("utf-8") for name, text in texts.items()}}
+    texts = {
+        "config.json": json.dumps({**config, EXPORT_MARK: 1}, indent=2) + "\n",
+        **tokenizer_files(tok, run_dir, cfg),
+        "generation_config.json": json.dumps(
+            generation_config(cfg, config["eos_token_id"]), indent=2
+        )
+        + "\n",
+    }
+    files = {
+        "model.safetensors": save(
+            hf_state_dict(model, cfg.model, target), metadata={"format": "pt"}
+        ),
+        **{name: text.encode("utf-8") for name, text in texts.items()},
+    }
     try:
         _write_folder(out, files)
     except OSError as exc:  # named as the user gave it, not as the temporary folder beside it
@@ -376,7 +572,19 @@ def export_run(run: Optional[str | Path], output: str | Path, *, fmt: str = "hf"
         echo(_MESSAGES["char_drops"].format(n=len(tok.chars), size=tok.vocab_size))
     source = _source_positions(cfg.model)
     if source is not None:
-        echo(_MESSAGES["cut"].format(block=cfg.model.block_size, folder=cfg.model.init_from, source=source))
-    echo(_MESSAGES["summary"].format(run=run_dir, ckpt=ckpt.name, arch=ARCHITECTURES[target][0], out=out,
-                                     block=cfg.model.block_size, new=cfg.sample.max_new_tokens))
+        echo(
+            _MESSAGES["cut"].format(
+                block=cfg.model.block_size, folder=cfg.model.init_from, source=source
+            )
+        )
+    echo(
+        _MESSAGES["summary"].format(
+            run=run_dir,
+            ckpt=ckpt.name,
+            arch=ARCHITECTURES[target][0],
+            out=out,
+            block=cfg.model.block_size,
+            new=cfg.sample.max_new_tokens,
+        )
+    )
     return out

@@ -18,21 +18,25 @@ from ..run import folder as runs
 from .load import read_hf_config, weight_files
 
 #: Model keys a fine-tuning config may set to other values than the folder's.
-FREE_KEYS = frozenset({"init_from", "dropout", "block_size", "init_std", "scale_residual_init", "multiple_of"})
+FREE_KEYS = frozenset(
+    {"init_from", "dropout", "block_size", "init_std", "scale_residual_init", "multiple_of"}
+)
 
 _MESSAGES = {
     "replaced": "note: model.init_from takes the architecture and tokenizer of {folder}, in place of the config's "
-                "{changes}",
+    "{changes}",
     "no_path": "tokenizer.path {path} not found; fix it, or drop it to use {folder}/tokenizer.json",
     "no_tokenizer": "{folder} has no tokenizer.json; save the model's tokenizer beside it "
-                    "(AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or set tokenizer.path",
+    "(AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or set tokenizer.path",
     "folder_fix": "replace it with the model's own (AutoTokenizer.from_pretrained(MODEL).save_pretrained(folder), "
-                  "MODEL the model's name on the hub) or set tokenizer.path",
+    "MODEL the model's name on the hub) or set tokenizer.path",
     "path_fix": "fix tokenizer.path, or drop it to use {folder}/tokenizer.json",
 }
 
 
-def resolve_init_from(cfg: Config, run: Optional[Path] = None, note: Callable[[str], None] = lambda m: None) -> Config:
+def resolve_init_from(
+    cfg: Config, run: Optional[Path] = None, note: Callable[[str], None] = lambda m: None
+) -> Config:
     """``cfg`` with the architecture and tokenizer of ``model.init_from`` (``cfg`` itself when it is unset);
     applying it twice gives the same config.
 
@@ -46,30 +50,49 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None, note: Callable[[s
     mc = cfg.model
     if mc.init_from is None:
         return cfg
-    folder = Path(mc.init_from).absolute()  # the run records where it is, wherever it is later read from
+    folder = Path(
+        mc.init_from
+    ).absolute()  # the run records where it is, wherever it is later read from
     # model.vocab_size: null is "the tokenizer's size", which the folder's model has: not a value to compare.
     given = mc.model_fields_set - ({"vocab_size"} if mc.vocab_size is None else set())
     changes = []
-    if run is not None and not folder.is_dir():  # moved away since the run started: the run's record of it
-        from ..run.checkpoint import saved_config  # torch: only for a run folder, not count-params' configs
+    if (
+        run is not None and not folder.is_dir()
+    ):  # moved away since the run started: the run's record of it
+        from ..run.checkpoint import (
+            saved_config,
+        )  # torch: only for a run folder, not count-params' configs
 
         ran = saved_config(runs.checkpoint_dir(run, runs.LAST)).model
         model = ran.model_copy(update={key: getattr(mc, key) for key in given})
     else:
         _, theirs = read_hf_config(folder, mc.block_size if "block_size" in given else None)
         weight_files(folder)  # refused now, not after the data is prepared
-        changes = [f"model.{key} {getattr(mc, key)!r} (the folder's: {getattr(theirs, key)!r})"
-                   for key in sorted(given - FREE_KEYS) if getattr(mc, key) != getattr(theirs, key)]
+        changes = [
+            f"model.{key} {getattr(mc, key)!r} (the folder's: {getattr(theirs, key)!r})"
+            for key in sorted(given - FREE_KEYS)
+            if getattr(mc, key) != getattr(theirs, key)
+        ]
         model = theirs.model_copy(update={key: getattr(mc, key) for key in given & FREE_KEYS})
     tc = cfg.tokenizer
-    if "kind" in tc.model_fields_set and tc.kind != "hf":  # an ordinary config's tokenizer, and its file
+    if (
+        "kind" in tc.model_fields_set and tc.kind != "hf"
+    ):  # an ordinary config's tokenizer, and its file
         changes.append(f"tokenizer.kind {tc.kind!r} (the folder's: 'hf', its tokenizer.json)")
         tc = tc.model_copy(update={"path": None})
     if changes:
         note(_MESSAGES["replaced"].format(folder=folder, changes=", ".join(changes)))
-    path = (Path(run) / runs.TOKENIZER if run is not None else Path(tc.path or folder / "tokenizer.json")).absolute()
-    refuse([(run is None and not path.is_file(), "no_tokenizer" if tc.path is None else "no_path")], _MESSAGES,
-           folder=folder, path=path)
+    path = (
+        Path(run) / runs.TOKENIZER
+        if run is not None
+        else Path(tc.path or folder / "tokenizer.json")
+    ).absolute()
+    refuse(
+        [(run is None and not path.is_file(), "no_tokenizer" if tc.path is None else "no_path")],
+        _MESSAGES,
+        folder=folder,
+        path=path,
+    )
     if run is not None:  # the tokenizer the run was trained with, wherever the folder's is now
         _check_run_tokenizer(run, tc.path)
     else:
@@ -86,11 +109,15 @@ def resolve_init_from(cfg: Config, run: Optional[Path] = None, note: Callable[[s
 def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
     """Refuse run ``run``'s missing or damaged ``tokenizer.json``, and a ``tokenizer.path`` (``named``) of
     another tokenizer than the run's, unless it is the file the checkpoint records (the run keeps a copy)."""
-    from ..run.checkpoint import saved_config  # torch: only for a run folder, not count-params' configs
+    from ..run.checkpoint import (
+        saved_config,
+    )  # torch: only for a run folder, not count-params' configs
     from ..tokenizer.kinds import check_run_tokenizer, load_run_tokenizer, load_tokenizer
 
     saved = saved_config(runs.checkpoint_dir(run, runs.LAST))
-    saved = saved.model_copy(update={"tokenizer": saved.tokenizer.model_copy(update={"kind": "hf"})})
+    saved = saved.model_copy(
+        update={"tokenizer": saved.tokenizer.model_copy(update={"kind": "hf"})}
+    )
     load_run_tokenizer(run, saved)
     recorded = saved.tokenizer.path and Path(saved.tokenizer.path).absolute()
     if named is not None and Path(named).is_file() and Path(named).absolute() != recorded:

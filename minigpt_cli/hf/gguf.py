@@ -27,7 +27,9 @@ from ..fileio import chmod_quietly, new_file_mode, os_errors
 from ..run import folder as runs
 from ..sample.load import load_run
 from ..tokenizer.kinds import Tokenizer
-from .load import llama_names  # our stacked tensors -> transformers' names, the table the HF export uses
+from .load import (
+    llama_names,
+)  # our stacked tensors -> transformers' names, the table the HF export uses
 
 if TYPE_CHECKING:
     import torch
@@ -59,17 +61,41 @@ _NOT_BPE = ("char", "wordpiece", "unigram")
 #: The model keys both GGUF architectures take at any value: sizes, and what only training reads. Any other key
 #: must be at its schema default unless :func:`_fixed` says otherwise, so a switch added later is refused, not
 #: written into a file that computes something else.
-_FREE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "dropout", "norm_eps", "multiple_of", "d_ff",
-         "n_kv_head", "bias", "pos_encoding", "rope_base", "tie_weights", "init_std", "scale_residual_init",
-         "zero_init_proj", "init_from")
+_FREE = (
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "vocab_size",
+    "dropout",
+    "norm_eps",
+    "multiple_of",
+    "d_ff",
+    "n_kv_head",
+    "bias",
+    "pos_encoding",
+    "rope_base",
+    "tie_weights",
+    "init_std",
+    "scale_residual_init",
+    "zero_init_proj",
+    "init_from",
+)
 
 
 def _fixed(mc: ModelConfig) -> dict[str, dict]:
     """The model keys each GGUF architecture fixes beyond the defaults: llama.cpp's graphs
     (``src/models/gpt2.cpp``, ``llama.cpp``; gpt2's GELU is ggml's tanh one), and transformers' GGUF reader
     (gpt2's MLP 4·n_embd wide, no grouped-query attention; no llama biases)."""
-    return {"gpt2": {"norm": "layernorm", "ffn": "gelu_tanh", "d_ff": 4 * mc.n_embd, "n_kv_head": mc.n_head},
-            "llama": {"norm": "rmsnorm", "ffn": "swiglu", "bias": False}}
+    return {
+        "gpt2": {
+            "norm": "layernorm",
+            "ffn": "gelu_tanh",
+            "d_ff": 4 * mc.n_embd,
+            "n_kv_head": mc.n_head,
+        },
+        "llama": {"norm": "rmsnorm", "ffn": "swiglu", "bias": False},
+    }
 
 
 def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> str:
@@ -83,32 +109,64 @@ def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> s
     """
     arch = {"learned": "gpt2", "rope": "llama"}.get(mc.pos_encoding)
     have = {**mc.model_dump(), "d_ff": mc.ffn_hidden, "n_kv_head": mc.kv_heads}
-    defaults = {k: f.get_default(call_default_factory=True) for k, f in type(mc).model_fields.items() if k not in _FREE}
+    defaults = {
+        k: f.get_default(call_default_factory=True)
+        for k, f in type(mc).model_fields.items()
+        if k not in _FREE
+    }
     want = {**defaults, **_fixed(mc)[arch or "llama"]}
     wrong = [k for k, v in want.items() if have[k] != v]
     problems = []  # (what the run has, why GGUF cannot hold it, what to train with)
     if arch is None:
-        problems.append((f"model.pos_encoding={mc.pos_encoding!r}", "GGUF holds learned (gpt2) or rope (llama) "
-                         "positions", "model.pos_encoding: rope"))
+        problems.append(
+            (
+                f"model.pos_encoding={mc.pos_encoding!r}",
+                "GGUF holds learned (gpt2) or rope (llama) positions",
+                "model.pos_encoding: rope",
+            )
+        )
     if wrong:
-        problems.append((", ".join(f"model.{k}={run_value(have[k])}" for k in wrong),
-                         f"GGUF's {arch or 'llama'} computes " + ", ".join(f"{k} {yaml_value(want[k])}" for k in wrong),
-                         ", ".join(f"model.{k}: {yaml_value(want[k])}" for k in wrong)))
+        problems.append(
+            (
+                ", ".join(f"model.{k}={run_value(have[k])}" for k in wrong),
+                f"GGUF's {arch or 'llama'} computes "
+                + ", ".join(f"{k} {yaml_value(want[k])}" for k in wrong),
+                ", ".join(f"model.{k}: {yaml_value(want[k])}" for k in wrong),
+            )
+        )
     kind = tokenizer.kind if tokenizer else None
     if kind in _NOT_BPE:
-        problems.append((f"tokenizer.kind={kind!r}", "llama.cpp reads only a byte-level BPE", "tokenizer.kind: bpe"))
+        problems.append(
+            (
+                f"tokenizer.kind={kind!r}",
+                "llama.cpp reads only a byte-level BPE",
+                "tokenizer.kind: bpe",
+            )
+        )
     if kind in (*_NOT_BPE, "bpe") and not any(t in END_OF_TEXT for t in tokenizer.special_tokens):
-        problems.append(("no end-of-text token", "GGUF's tokenizer needs one",
-                         "tokenizer.special_tokens: ['<|endoftext|>']"))
-    refuse([(problems, "unsupported")], _MESSAGES, have=", ".join(p[0] for p in problems),
-           why=" and ".join(p[1] for p in problems), fixes=", ".join(p[2] for p in problems))
+        problems.append(
+            (
+                "no end-of-text token",
+                "GGUF's tokenizer needs one",
+                "tokenizer.special_tokens: ['<|endoftext|>']",
+            )
+        )
+    refuse(
+        [(problems, "unsupported")],
+        _MESSAGES,
+        have=", ".join(p[0] for p in problems),
+        why=" and ".join(p[1] for p in problems),
+        fixes=", ".join(p[2] for p in problems),
+    )
     return arch
 
 
 def _rope_pairs(w: torch.Tensor, heads: int) -> torch.Tensor:
     """q or k rows from rotate-half RoPE order (ours, transformers') into llama.cpp's consecutive pairs:
     ``convert_hf_to_gguf.py``'s ``LlamaModel.permute``, which transformers' GGUF reader undoes."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
 def gguf_tensors(model: torch.nn.Module, mc: ModelConfig, arch: str) -> dict[str, torch.Tensor]:
@@ -124,19 +182,31 @@ def gguf_tensors(model: torch.nn.Module, mc: ModelConfig, arch: str) -> dict[str
     theirs: dict[str, torch.Tensor] = {}
     if arch == "gpt2":
         if not mc.bias:
-            sd.update({n.removesuffix("weight") + "bias": torch.zeros(t.shape[0]) for n, t in sd.items()
-                       if n.startswith(("h.", "ln_f."))})
+            sd.update(
+                {
+                    n.removesuffix("weight") + "bias": torch.zeros(t.shape[0])
+                    for n, t in sd.items()
+                    if n.startswith(("h.", "ln_f."))
+                }
+            )
         theirs = sd
     else:
         kv = mc.kv_heads * mc.head_dim
-        sizes = {2: [mc.ffn_hidden] * 2, 3: [mc.n_embd, kv, kv]}  # by the names stacked: [gate; up], [q; k; v]
+        sizes = {
+            2: [mc.ffn_hidden] * 2,
+            3: [mc.n_embd, kv, kv],
+        }  # by the names stacked: [gate; up], [q; k; v]
         for ours, t in sd.items():
             names = llama_names(mc)[ours]
             theirs.update(zip(names, torch.split(t, sizes[len(names)]) if len(names) > 1 else [t]))
         heads = {"q_proj": mc.n_head, "k_proj": mc.kv_heads}
-        theirs = {n: _rope_pairs(t, heads[n.split(".")[-2]]) if n.split(".")[-2] in heads else t
-                  for n, t in theirs.items()}
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2 if arch == "gpt2" else gguf.MODEL_ARCH.LLAMA, mc.n_layer)
+        theirs = {
+            n: _rope_pairs(t, heads[n.split(".")[-2]]) if n.split(".")[-2] in heads else t
+            for n, t in theirs.items()
+        }
+    names = gguf.get_tensor_name_map(
+        gguf.MODEL_ARCH.GPT2 if arch == "gpt2" else gguf.MODEL_ARCH.LLAMA, mc.n_layer
+    )
     out = {}
     for name, t in theirs.items():
         full = name if name == "lm_head.weight" else _PREFIX[arch] + name
@@ -154,19 +224,44 @@ def tokenizer_fields(tok: Tokenizer, kind: str, vocab_size: int) -> dict:
 
     obj = json.loads(tok.backend.to_str()) if hasattr(tok, "backend") else {}
     model, pre = obj.get("model") or {}, obj.get("pre_tokenizer") or {}
-    gpt2_bpe = (model.get("type") == "BPE" and pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
-                and not pre.get("add_prefix_space") and obj.get("normalizer") is None
-                and not any(model.get(k) for k in ("continuing_subword_prefix", "end_of_word_suffix", "dropout",
-                                                   "byte_fallback", "ignore_merges")))
+    gpt2_bpe = (
+        model.get("type") == "BPE"
+        and pre.get("type") == "ByteLevel"
+        and pre.get("use_regex", True)
+        and not pre.get("add_prefix_space")
+        and obj.get("normalizer") is None
+        and not any(
+            model.get(k)
+            for k in (
+                "continuing_subword_prefix",
+                "end_of_word_suffix",
+                "dropout",
+                "byte_fallback",
+                "ignore_merges",
+            )
+        )
+    )
     eos = next((s for s in tok.special_tokens if s in END_OF_TEXT), None)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    refuse([(not gpt2_bpe, "tokenizer"), (eos is None, "no_eos"), (not merges, "no_merges")], _MESSAGES,
-           kind=kind, size=tok.vocab_size)
+    refuse(
+        [(not gpt2_bpe, "tokenizer"), (eos is None, "no_eos"), (not merges, "no_merges")],
+        _MESSAGES,
+        kind=kind,
+        size=tok.vocab_size,
+    )
     by_id = {i: t for t, i in tok.backend.get_vocab(with_added_tokens=True).items()}
     tokens = [by_id.get(i, f"[PAD{i}]") for i in range(vocab_size)]
     kinds = {s: gguf.TokenType.CONTROL for s in tok.special_tokens}
-    types = [kinds.get(t, gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED) for i, t in enumerate(tokens)]
-    return {"tokens": tokens, "token_type": types, "merges": merges, "eos": tok.backend.token_to_id(eos)}
+    types = [
+        kinds.get(t, gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED)
+        for i, t in enumerate(tokens)
+    ]
+    return {
+        "tokens": tokens,
+        "token_type": types,
+        "merges": merges,
+        "eos": tok.backend.token_to_id(eos),
+    }
 
 
 def _stored(name: str, t: torch.Tensor, dtype: str):
@@ -185,9 +280,21 @@ def _q8_0_refusal(tensors: dict[str, torch.Tensor], dtype: str) -> None:
     import gguf
 
     block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
-    bad = next((n for n, t in tensors.items() if t.dim() > 1 and not n.startswith("position_embd")
-                and t.shape[-1] % block), None)
-    refuse([(dtype == "q8_0" and bad, "q8_0")], _MESSAGES, name=bad, n=bad and tensors[bad].shape[-1], block=block)
+    bad = next(
+        (
+            n
+            for n, t in tensors.items()
+            if t.dim() > 1 and not n.startswith("position_embd") and t.shape[-1] % block
+        ),
+        None,
+    )
+    refuse(
+        [(dtype == "q8_0" and bad, "q8_0")],
+        _MESSAGES,
+        name=bad,
+        n=bad and tensors[bad].shape[-1],
+        block=block,
+    )
 
 
 def _is_ours(path: Path) -> bool:
@@ -195,12 +302,21 @@ def _is_ours(path: Path) -> bool:
     import gguf
 
     with contextlib.suppress(OSError, ValueError):  # unreadable, empty, not a GGUF: not ours
-        return path.is_file() and not path.is_symlink() and GGUF_MARK in gguf.GGUFReader(path).fields
+        return (
+            path.is_file() and not path.is_symlink() and GGUF_MARK in gguf.GGUFReader(path).fields
+        )
     return False
 
 
-def _write(out: Path, mc: ModelConfig, arch: str, tensors: dict[str, torch.Tensor], vocab: dict, dtype: str,
-           name: str) -> None:
+def _write(
+    out: Path,
+    mc: ModelConfig,
+    arch: str,
+    tensors: dict[str, torch.Tensor],
+    vocab: dict,
+    dtype: str,
+    name: str,
+) -> None:
     """Write the GGUF to a temporary file beside ``out`` (those a killed export left swept first), then rename it
     into place; the keys are those ``convert_hf_to_gguf.py`` writes for the architecture."""
     import gguf
@@ -227,7 +343,9 @@ def _write(out: Path, mc: ModelConfig, arch: str, tensors: dict[str, torch.Tenso
     else:
         w.add_layer_norm_eps(mc.norm_eps)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for GPT-2's split regex, which our byte-level BPE uses
+    w.add_tokenizer_pre(
+        "gpt-2"
+    )  # llama.cpp's name for GPT-2's split regex, which our byte-level BPE uses
     w.add_token_list(vocab["tokens"])
     w.add_token_types(vocab["token_type"])
     w.add_token_merges(vocab["merges"])
@@ -240,7 +358,9 @@ def _write(out: Path, mc: ModelConfig, arch: str, tensors: dict[str, torch.Tenso
         w.add_tensor(tname, data, raw_dtype=qtype)
     fd, tmp = tempfile.mkstemp(prefix=_TEMP.format(out.name), suffix=".tmp", dir=out.parent)
     try:
-        chmod_quietly(fd, new_file_mode())  # mkstemp makes 0600: an export is as readable as any new file
+        chmod_quietly(
+            fd, new_file_mode()
+        )  # mkstemp makes 0600: an export is as readable as any new file
         os.close(fd)
         w.write_header_to_file(Path(tmp))
         w.write_kv_data_to_file()
@@ -250,18 +370,37 @@ def _write(out: Path, mc: ModelConfig, arch: str, tensors: dict[str, torch.Tenso
             os.fsync(f.fileno())
         os.replace(tmp, out)
     finally:
-        Path(tmp).unlink(missing_ok=True)  # what a failed write left; after the rename there is nothing
+        Path(tmp).unlink(
+            missing_ok=True
+        )  # what a failed write left; after the rename there is nothing
 
 
-def export_gguf(run: Optional[str | Path], output: str | Path, *, dtype: str = "f32", checkpoint: str = runs.BEST,
-                force: bool = False, echo: Callable[[str], None] = lambda message: None) -> Path:
+def export_gguf(
+    run: Optional[str | Path],
+    output: str | Path,
+    *,
+    dtype: str = "f32",
+    checkpoint: str = runs.BEST,
+    force: bool = False,
+    echo: Callable[[str], None] = lambda message: None,
+) -> Path:
     """Write a run's checkpoint as the GGUF file ``output`` (``dtype`` f32, f16 or q8_0), atomically; a
     :class:`MinigptError` for each refusal of :data:`_MESSAGES` and :func:`gguf_arch`, and a failed write."""
     out = Path(output)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
-    refuse([(out.is_dir(), "not_file"), (out.exists() and not force, "exists"),
-            (force and out.exists() and not _is_ours(out), "not_ours")], _MESSAGES, out=out, mark=GGUF_MARK)
-    loaded = load_run(run_dir, checkpoint)  # generate's checks: checksums, finite weights, the run's own tokenizer
+    refuse(
+        [
+            (out.is_dir(), "not_file"),
+            (out.exists() and not force, "exists"),
+            (force and out.exists() and not _is_ours(out), "not_ours"),
+        ],
+        _MESSAGES,
+        out=out,
+        mark=GGUF_MARK,
+    )
+    loaded = load_run(
+        run_dir, checkpoint
+    )  # generate's checks: checksums, finite weights, the run's own tokenizer
     cfg = loaded.config
     arch = gguf_arch(cfg.model, cfg.tokenizer)
     vocab = tokenizer_fields(loaded.tokenizer, cfg.tokenizer.kind, cfg.model.vocab_size)

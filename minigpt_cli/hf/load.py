@@ -26,15 +26,22 @@ from ..errors import MinigptError, refuse
 from ..fileio import read_text_file
 from ..run import folder as runs
 
-if TYPE_CHECKING:  # torch is imported where tensors are made: count-params reads config.json without it
+if (
+    TYPE_CHECKING
+):  # torch is imported where tensors are made: count-params reads config.json without it
     import torch
 
     from ..model.gpt import GPT
 
 #: transformers' ``ACT2FN`` names of our two-layer MLP activations (GPT-2's ``activation_function``, GPT-NeoX's
 #: ``hidden_act``).
-_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
-                "relu2": "relu2"}
+_ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+    "relu2": "relu2",
+}
 _GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
 #: What an import refuses; the first four render pydantic's error types (:func:`_parse`).
@@ -46,27 +53,27 @@ _MESSAGES = {
     "not_folder": "{folder!r} is not a folder; pass a folder saved with save_pretrained",
     "no_config": "{folder}/config.json not found; the folder must hold config.json and model.safetensors",
     "our_run": "{folder} is a minigpt run, not a Hugging Face folder; continue it with --resume {folder}, or "
-               "export it first (minigpt export {folder} --output DIR) and pass DIR",
+    "export it first (minigpt export {folder} --output DIR) and pass DIR",
     "no_positions": "config.json lacks 'n_positions', which a GPT-2 config must have",
     "block_size": "model.block_size ({block_size}) exceeds the learned position table of this GPT-2 (config.json "
-                  "n_positions={n_positions}); use block_size <= {n_positions}",
+    "n_positions={n_positions}); use block_size <= {n_positions}",
     "head_dim": "config.json head_dim ({head_dim}) differs from hidden_size/num_attention_heads ({hidden_size}/"
-                "{heads}); our attention needs head_dim = n_embd/n_head",
+    "{heads}); our attention needs head_dim = n_embd/n_head",
     "bias": "config.json attention_bias={attention} but mlp_bias={mlp}; model.bias covers both, so they must agree",
     "qwen3_bias": "config.json attention_bias=true: Qwen3's MLP has no biases and model.bias covers both, so only "
-                  "attention_bias: false imports",
+    "attention_bias: false imports",
     "sliding": "config.json use_sliding_window=true: minigpt attends to the whole context; only "
-               "use_sliding_window: false imports",
+    "use_sliding_window: false imports",
     "partial": "config.json rotates {pct} of each head (rotary_pct / partial_rotary_factor); our RoPE rotates all "
-               "of it (1.0)",
+    "of it (1.0)",
     "neox_bias": "config.json attention_bias=false, but {name} is not zero; model.bias covers every bias, so the "
-                 "file's MLP and LayerNorm biases must then be zeros",
+    "file's MLP and LayerNorm biases must then be zeros",
     "surplus": "{family} weights hold tensors this config has no place for: {surplus}; config.json and the weights "
-               "disagree",
+    "disagree",
     "lacks": "{family} weights lack {lacks}; the file is incomplete or not of this architecture",
     "shape": "{family} tensor for {bad} has shape {shape}, but config.json implies {want}",
     "dtype": "the weights hold {dtype} tensors ({bad}); a model's weights are floating point: the file is not this "
-             "model's",
+    "model's",
 }
 
 
@@ -92,7 +99,9 @@ class GPT2Json(_Json):
     n_head: int
     n_embd: int
     vocab_size: int
-    n_positions: Optional[int] = None  # null falls back to n_ctx (0 does not: the schema refuses it as a size)
+    n_positions: Optional[int] = (
+        None  # null falls back to n_ctx (0 does not: the schema refuses it as a size)
+    )
     n_ctx: Optional[int] = None
     activation_function: Literal[tuple(_ACTIVATIONS)] = "gelu_new"
     scale_attn_weights: Literal[True] = True
@@ -122,7 +131,9 @@ class LlamaJson(_Json):
     hidden_size: int
     vocab_size: int
     intermediate_size: int
-    max_position_embeddings: Optional[int] = None  # null: 2048 (0 does not fall back: the schema refuses it)
+    max_position_embeddings: Optional[int] = (
+        None  # null: 2048 (0 does not fall back: the schema refuses it)
+    )
     num_key_value_heads: Optional[int] = None
     hidden_act: Literal["silu"] = "silu"  # Llama's SwiGLU
     head_dim: Optional[int] = None
@@ -154,7 +165,9 @@ class NeoXJson(_Json):
     intermediate_size: int
     max_position_embeddings: Optional[int] = None  # null: 2048, GPTNeoXConfig's default
     hidden_act: Literal[tuple(_ACTIVATIONS)] = "gelu"
-    use_parallel_residual: Literal[False] = Field(True, validate_default=True)  # transformers' default: parallel
+    use_parallel_residual: Literal[False] = Field(
+        True, validate_default=True
+    )  # transformers' default: parallel
     rotary_pct: float = 0.25  # 4.x; 5.x writes rope_parameters.partial_rotary_factor
     rotary_emb_base: float = Field(10000.0, gt=0, allow_inf_nan=False)
     rope_parameters: Optional[_Rope] = None
@@ -167,24 +180,56 @@ class NeoXJson(_Json):
 def _parse(schema: type[_Json], data: str | Mapping[str, Any], source: str = "config.json") -> Any:
     """``data`` (JSON text, or parsed) read through ``schema``; its first problem is one line naming the key."""
     try:
-        return schema.model_validate_json(data) if isinstance(data, str) else schema.model_validate(data)
+        return (
+            schema.model_validate_json(data)
+            if isinstance(data, str)
+            else schema.model_validate(data)
+        )
     except ValidationError as exc:
         err = exc.errors()[0]
         # The two types said in words of their own; any other is a value we do not support, or no object at all.
-        kind = err["type"] if err["type"] in ("missing", "json_invalid") else "unsupported" if err["loc"] else "object"
-        what = _MESSAGES[kind].format(source=source, key=".".join(map(str, err["loc"])), input=err.get("input"),
-                                      msg=err["msg"], family=schema.family)
+        kind = (
+            err["type"]
+            if err["type"] in ("missing", "json_invalid")
+            else "unsupported"
+            if err["loc"]
+            else "object"
+        )
+        what = _MESSAGES[kind].format(
+            source=source,
+            key=".".join(map(str, err["loc"])),
+            input=err.get("input"),
+            msg=err["msg"],
+            family=schema.family,
+        )
         raise MinigptError(what, "fix it or re-save the model") from None
 
 
 #: Our model keys that every imported model of a family has.
-_FIXED = {"gpt2": dict(bias=True, pos_encoding="learned", norm="layernorm", norm_position="pre", emb_scale=False,
-                       n_kv_head=None),
-          "llama": dict(pos_encoding="rope", norm="rmsnorm", norm_position="pre", ffn="swiglu", emb_scale=False),
-          "qwen3": dict(pos_encoding="rope", norm="rmsnorm", norm_position="pre", ffn="swiglu", emb_scale=False,
-                        qk_norm=True),
-          "gpt_neox": dict(pos_encoding="rope", norm="layernorm", norm_position="pre", emb_scale=False,
-                           n_kv_head=None)}
+_FIXED = {
+    "gpt2": dict(
+        bias=True,
+        pos_encoding="learned",
+        norm="layernorm",
+        norm_position="pre",
+        emb_scale=False,
+        n_kv_head=None,
+    ),
+    "llama": dict(
+        pos_encoding="rope", norm="rmsnorm", norm_position="pre", ffn="swiglu", emb_scale=False
+    ),
+    "qwen3": dict(
+        pos_encoding="rope",
+        norm="rmsnorm",
+        norm_position="pre",
+        ffn="swiglu",
+        emb_scale=False,
+        qk_norm=True,
+    ),
+    "gpt_neox": dict(
+        pos_encoding="rope", norm="layernorm", norm_position="pre", emb_scale=False, n_kv_head=None
+    ),
+}
 
 
 def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
@@ -192,37 +237,87 @@ def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
     the learned position table, never grow it (a :class:`MinigptError`, as a key or option we lack is)."""
     c = _parse(GPT2Json, cfg)
     n_positions = c.n_positions if c.n_positions is not None else c.n_ctx
-    refuse([(n_positions is None, "no_positions"),
-            (block_size is not None and block_size > (n_positions or block_size), "block_size")],
-           _MESSAGES, block_size=block_size, n_positions=n_positions)
-    return validate({"model": dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size,
-                                   block_size=block_size if block_size is not None else n_positions,
-                                   dropout=c.resid_pdrop, norm_eps=c.layer_norm_epsilon, d_ff=c.n_inner,
-                                   ffn=_ACTIVATIONS[c.activation_function], tie_weights=c.tie_word_embeddings,
-                                   **_FIXED["gpt2"])}, "config.json (gpt2)").model
+    refuse(
+        [
+            (n_positions is None, "no_positions"),
+            (block_size is not None and block_size > (n_positions or block_size), "block_size"),
+        ],
+        _MESSAGES,
+        block_size=block_size,
+        n_positions=n_positions,
+    )
+    return validate(
+        {
+            "model": dict(
+                n_layer=c.n_layer,
+                n_head=c.n_head,
+                n_embd=c.n_embd,
+                vocab_size=c.vocab_size,
+                block_size=block_size if block_size is not None else n_positions,
+                dropout=c.resid_pdrop,
+                norm_eps=c.layer_norm_epsilon,
+                d_ff=c.n_inner,
+                ffn=_ACTIVATIONS[c.activation_function],
+                tie_weights=c.tie_word_embeddings,
+                **_FIXED["gpt2"],
+            )
+        },
+        "config.json (gpt2)",
+    ).model
 
 
-def llama_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None, family: str = "llama"
-                         ) -> ModelConfig:
+def llama_config_from_hf(
+    cfg: Mapping[str, Any], block_size: Optional[int] = None, family: str = "llama"
+) -> ModelConfig:
     """Our :class:`ModelConfig` for a ``LlamaConfig`` dict (or, ``family="qwen3"``, a ``Qwen3Config``'s: QK-norm);
     ``block_size`` defaults to ``max_position_embeddings``. A :class:`MinigptError` names a key or option we lack
     (:class:`LlamaJson`, :data:`_MESSAGES`)."""
     qwen3 = family == "qwen3"
     c = _parse(Qwen3Json if qwen3 else LlamaJson, cfg)
-    refuse([(c.head_dim is not None and c.head_dim * c.num_attention_heads != c.hidden_size, "head_dim"),
-            (qwen3 and c.attention_bias, "qwen3_bias"), (qwen3 and c.use_sliding_window, "sliding"),
-            (not qwen3 and c.attention_bias != c.mlp_bias, "bias")], _MESSAGES, head_dim=c.head_dim,
-           hidden_size=c.hidden_size, heads=c.num_attention_heads, attention=c.attention_bias, mlp=c.mlp_bias)
+    refuse(
+        [
+            (
+                c.head_dim is not None and c.head_dim * c.num_attention_heads != c.hidden_size,
+                "head_dim",
+            ),
+            (qwen3 and c.attention_bias, "qwen3_bias"),
+            (qwen3 and c.use_sliding_window, "sliding"),
+            (not qwen3 and c.attention_bias != c.mlp_bias, "bias"),
+        ],
+        _MESSAGES,
+        head_dim=c.head_dim,
+        hidden_size=c.hidden_size,
+        heads=c.num_attention_heads,
+        attention=c.attention_bias,
+        mlp=c.mlp_bias,
+    )
     rope = c.rope_parameters
-    theta = rope.rope_theta if rope is not None and "rope_theta" in rope.model_fields_set else c.rope_theta
+    theta = (
+        rope.rope_theta
+        if rope is not None and "rope_theta" in rope.model_fields_set
+        else c.rope_theta
+    )
     positions = 2048 if c.max_position_embeddings is None else c.max_position_embeddings
-    return validate({"model": dict(n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,
-                                   block_size=block_size if block_size is not None else positions,
-                                   vocab_size=c.vocab_size, dropout=c.attention_dropout, bias=c.attention_bias,
-                                   rope_base=theta, norm_eps=c.rms_norm_eps, d_ff=c.intermediate_size,
-                                   tie_weights=c.tie_word_embeddings,
-                                   n_kv_head=c.num_key_value_heads or c.num_attention_heads,
-                                   **_FIXED[family])}, f"config.json ({family})").model
+    return validate(
+        {
+            "model": dict(
+                n_layer=c.num_hidden_layers,
+                n_head=c.num_attention_heads,
+                n_embd=c.hidden_size,
+                block_size=block_size if block_size is not None else positions,
+                vocab_size=c.vocab_size,
+                dropout=c.attention_dropout,
+                bias=c.attention_bias,
+                rope_base=theta,
+                norm_eps=c.rms_norm_eps,
+                d_ff=c.intermediate_size,
+                tie_weights=c.tie_word_embeddings,
+                n_kv_head=c.num_key_value_heads or c.num_attention_heads,
+                **_FIXED[family],
+            )
+        },
+        f"config.json ({family})",
+    ).model
 
 
 def neox_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
@@ -234,13 +329,26 @@ def neox_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
     pct = rope.partial_rotary_factor if "partial_rotary_factor" in given else c.rotary_pct
     refuse([(pct != 1, "partial")], _MESSAGES, pct=pct)
     positions = 2048 if c.max_position_embeddings is None else c.max_position_embeddings
-    return validate({"model": dict(n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,
-                                   block_size=block_size if block_size is not None else positions,
-                                   vocab_size=c.vocab_size, dropout=c.hidden_dropout, bias=c.attention_bias,
-                                   rope_base=rope.rope_theta if "rope_theta" in given else c.rotary_emb_base,
-                                   norm_eps=c.layer_norm_eps, d_ff=c.intermediate_size, ffn=_ACTIVATIONS[c.hidden_act],
-                                   tie_weights=c.tie_word_embeddings, **_FIXED["gpt_neox"])},
-                    "config.json (gpt_neox)").model
+    return validate(
+        {
+            "model": dict(
+                n_layer=c.num_hidden_layers,
+                n_head=c.num_attention_heads,
+                n_embd=c.hidden_size,
+                block_size=block_size if block_size is not None else positions,
+                vocab_size=c.vocab_size,
+                dropout=c.hidden_dropout,
+                bias=c.attention_bias,
+                rope_base=rope.rope_theta if "rope_theta" in given else c.rotary_emb_base,
+                norm_eps=c.layer_norm_eps,
+                d_ff=c.intermediate_size,
+                ffn=_ACTIVATIONS[c.hidden_act],
+                tie_weights=c.tie_word_embeddings,
+                **_FIXED["gpt_neox"],
+            )
+        },
+        "config.json (gpt_neox)",
+    ).model
 
 
 def _expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -261,27 +369,42 @@ def _names(names: list[str]) -> str:
     return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
 
 
-def _check(out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[str],
-           family: str) -> dict[str, torch.Tensor]:
+def _check(
+    out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[str], family: str
+) -> dict[str, torch.Tensor]:
     """``out`` if it holds exactly the floating-point tensors :class:`GPT` expects for ``model_cfg``, in their
     shapes."""
     expected = _expected_shapes(model_cfg)
     surplus = sorted([*unused, *(set(out) - set(expected))])
     lacks = sorted(set(expected) - set(out))
-    shape = next((k for k, want in expected.items() if k in out and tuple(out[k].shape) != want), None)
+    shape = next(
+        (k for k, want in expected.items() if k in out and tuple(out[k].shape) != want), None
+    )
     dtype = next((k for k in expected if k in out and not out[k].is_floating_point()), None)
     bad = out[shape or dtype] if shape or dtype else None
-    refuse([(surplus, "surplus"), (lacks, "lacks"), (shape, "shape"), (dtype, "dtype")], _MESSAGES, family=family,
-           surplus=_names(surplus), lacks=_names(lacks), bad=shape or dtype, want=expected.get(shape),
-           shape=bad is not None and tuple(bad.shape), dtype=bad is not None and bad.dtype)
+    refuse(
+        [(surplus, "surplus"), (lacks, "lacks"), (shape, "shape"), (dtype, "dtype")],
+        _MESSAGES,
+        family=family,
+        surplus=_names(surplus),
+        lacks=_names(lacks),
+        bad=shape or dtype,
+        want=expected.get(shape),
+        shape=bad is not None and tuple(bad.shape),
+        dtype=bad is not None and bad.dtype,
+    )
     return {k: out[k] for k in expected}
 
 
-def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def load_gpt2_state_dict(
+    sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
+) -> dict[str, torch.Tensor]:
     """A ``GPT2LMHeadModel`` state dict under our names and layouts (module docstring), checked by :func:`_check`;
     the position table cropped to ``block_size``, a tied head dropped."""
     theirs = {k.removeprefix("transformer."): t for k, t in sd.items()}  # otherwise our names
-    for name in [n for n in theirs if n.endswith((".attn.bias", ".attn.masked_bias")) and n.count(".") == 3]:
+    for name in [
+        n for n in theirs if n.endswith((".attn.bias", ".attn.masked_bias")) and n.count(".") == 3
+    ]:
         del theirs[name]  # causal-mask buffers of old checkpoints, not weights
     if model_cfg.tie_weights:
         theirs.pop("lm_head.weight", None)  # the head is the embedding
@@ -289,7 +412,13 @@ def load_gpt2_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig)
     for name in [n for n in _expected_shapes(model_cfg) if n in theirs]:  # what lacks, _check names
         t = theirs.pop(name)
         # Conv1D weights are (in, out); a position table shorter than block_size is a shape _check names.
-        t = t.t() if _GPT2_CONV1D.fullmatch(name) else t[: model_cfg.block_size] if name == "wpe.weight" else t
+        t = (
+            t.t()
+            if _GPT2_CONV1D.fullmatch(name)
+            else t[: model_cfg.block_size]
+            if name == "wpe.weight"
+            else t
+        )
         out[name] = t.contiguous()
     return _check(out, model_cfg, list(theirs), "GPT-2")
 
@@ -314,42 +443,72 @@ _LLAMA_FUSED = {
 def llama_names(mc: ModelConfig) -> dict[str, tuple[str, ...]]:
     """The one Llama name table, both ways: our tensor name -> transformers' (``model.`` left off), several
     names where ours stacks them."""
-    names = {"wte.weight": ("embed_tokens.weight",), "ln_f.weight": ("norm.weight",),
-             "lm_head.weight": ("lm_head.weight",)}
+    names = {
+        "wte.weight": ("embed_tokens.weight",),
+        "ln_f.weight": ("norm.weight",),
+        "lm_head.weight": ("lm_head.weight",),
+    }
     for i in range(mc.n_layer):
-        names.update({f"h.{i}.{ours}": (f"layers.{i}.{theirs}",) for theirs, ours in _LLAMA_LAYER.items()})
-        names.update({f"h.{i}.{ours}.{kind}": tuple(f"layers.{i}.{part}.{kind}" for part in parts)
-                      for ours, parts in _LLAMA_FUSED.items() for kind in ("weight", "bias")})
+        names.update(
+            {f"h.{i}.{ours}": (f"layers.{i}.{theirs}",) for theirs, ours in _LLAMA_LAYER.items()}
+        )
+        names.update(
+            {
+                f"h.{i}.{ours}.{kind}": tuple(f"layers.{i}.{part}.{kind}" for part in parts)
+                for ours, parts in _LLAMA_FUSED.items()
+                for kind in ("weight", "bias")
+            }
+        )
     return names
 
 
-def load_llama_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def load_llama_state_dict(
+    sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
+) -> dict[str, torch.Tensor]:
     """A ``LlamaForCausalLM`` state dict under our names and layouts (module docstring), checked by :func:`_check`."""
     import torch
 
-    theirs = {k.removeprefix("model."): t for k, t in sd.items() if not k.endswith("rotary_emb.inv_freq")}
+    theirs = {
+        k.removeprefix("model."): t for k, t in sd.items() if not k.endswith("rotary_emb.inv_freq")
+    }
     if model_cfg.tie_weights:
         theirs.pop("lm_head.weight", None)  # the head is the embedding
     wanted = _expected_shapes(model_cfg)
-    out = {ours: torch.cat([theirs.pop(n) for n in names]) for ours, names in llama_names(model_cfg).items()
-           if ours in wanted and all(n in theirs for n in names)}  # else _check names what lacks
+    out = {
+        ours: torch.cat([theirs.pop(n) for n in names])
+        for ours, names in llama_names(model_cfg).items()
+        if ours in wanted and all(n in theirs for n in names)
+    }  # else _check names what lacks
     return _check(out, model_cfg, list(theirs), "Llama")
 
 
 #: Ours -> GPT-NeoX's module names within a layer (``gpt_neox.layers.{i}.``), each with a weight and a bias.
-_NEOX_LAYER = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm",
-               "attn.c_attn": "attention.query_key_value", "attn.c_proj": "attention.dense",
-               "mlp.c_fc": "mlp.dense_h_to_4h", "mlp.c_proj": "mlp.dense_4h_to_h"}
+_NEOX_LAYER = {
+    "ln_1": "input_layernorm",
+    "ln_2": "post_attention_layernorm",
+    "attn.c_attn": "attention.query_key_value",
+    "attn.c_proj": "attention.dense",
+    "mlp.c_fc": "mlp.dense_h_to_4h",
+    "mlp.c_proj": "mlp.dense_4h_to_h",
+}
 
 
 def neox_names(mc: ModelConfig) -> dict[str, str]:
     """The one GPT-NeoX name table, both ways: our tensor name -> transformers' in a saved folder (``embed_out``,
     which transformers 5 renames ``lm_head`` on loading and back on saving), biases included."""
-    names = {"wte.weight": "gpt_neox.embed_in.weight", "lm_head.weight": "embed_out.weight",
-             **{f"ln_f.{kind}": f"gpt_neox.final_layer_norm.{kind}" for kind in ("weight", "bias")}}
+    names = {
+        "wte.weight": "gpt_neox.embed_in.weight",
+        "lm_head.weight": "embed_out.weight",
+        **{f"ln_f.{kind}": f"gpt_neox.final_layer_norm.{kind}" for kind in ("weight", "bias")},
+    }
     for i in range(mc.n_layer):
-        names.update({f"h.{i}.{ours}.{kind}": f"gpt_neox.layers.{i}.{theirs}.{kind}"
-                      for ours, theirs in _NEOX_LAYER.items() for kind in ("weight", "bias")})
+        names.update(
+            {
+                f"h.{i}.{ours}.{kind}": f"gpt_neox.layers.{i}.{theirs}.{kind}"
+                for ours, theirs in _NEOX_LAYER.items()
+                for kind in ("weight", "bias")
+            }
+        )
     return names
 
 
@@ -360,23 +519,36 @@ def neox_qkv(t: torch.Tensor, n_head: int, to_neox: bool) -> torch.Tensor:
     return t.reshape(*stacked, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
 
 
-def load_neox_state_dict(sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def load_neox_state_dict(
+    sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
+) -> dict[str, torch.Tensor]:
     """A ``GPTNeoXForCausalLM`` state dict under our names and layouts (module docstring), checked by :func:`_check`;
     with ``model.bias`` false (``attention_bias: false``) its MLP and LayerNorm biases must be zeros, and are
     dropped."""
-    theirs = {("embed_out.weight" if k == "lm_head.weight" else k): t for k, t in sd.items()
-              if not k.endswith(("rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias"))}
+    theirs = {
+        ("embed_out.weight" if k == "lm_head.weight" else k): t
+        for k, t in sd.items()
+        if not k.endswith(("rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias"))
+    }
     names = neox_names(model_cfg)
     if model_cfg.tie_weights:
         theirs.pop(names["lm_head.weight"], None)  # the head is the embedding
-    if not model_cfg.bias:  # GPT-NeoX's MLP and LayerNorms always have biases: zeros stand for our none
-        zeros = [n for ours, n in names.items() if ours.endswith(".bias") and ".attn." not in ours and n in theirs]
+    if (
+        not model_cfg.bias
+    ):  # GPT-NeoX's MLP and LayerNorms always have biases: zeros stand for our none
+        zeros = [
+            n
+            for ours, n in names.items()
+            if ours.endswith(".bias") and ".attn." not in ours and n in theirs
+        ]
         nonzero = next((name for name in zeros if theirs[name].any()), None)
         refuse([(nonzero, "neox_bias")], _MESSAGES, name=nonzero)
         for name in zeros:
             del theirs[name]
     out = {}
-    for ours in [n for n in _expected_shapes(model_cfg) if names[n] in theirs]:  # what lacks, _check names
+    for ours in [
+        n for n in _expected_shapes(model_cfg) if names[n] in theirs
+    ]:  # what lacks, _check names
         t = theirs.pop(names[ours])
         out[ours] = neox_qkv(t, model_cfg.n_head, to_neox=False) if ".attn.c_attn." in ours else t
     return _check(out, model_cfg, list(theirs), "GPT-NeoX")
@@ -397,11 +569,23 @@ def weight_files(folder: Path) -> list[Path]:
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     if index.is_file():
-        return [folder / n for n in sorted(set(_parse(_Index, read_text_file(index, "the index"), str(index))
-                                               .weight_map.values()))]
+        return [
+            folder / n
+            for n in sorted(
+                set(
+                    _parse(
+                        _Index, read_text_file(index, "the index"), str(index)
+                    ).weight_map.values()
+                )
+            )
+        ]
     other = [p.name for pattern in ("*.bin", "*.pth") for p in folder.glob(pattern)]
-    raise MinigptError(f"{folder} has no model.safetensors", f"found {other[0]}: re-save it with save_pretrained(..., "
-                       "safe_serialization=True)" if other else "save the model with save_pretrained")
+    raise MinigptError(
+        f"{folder} has no model.safetensors",
+        f"found {other[0]}: re-save it with save_pretrained(..., safe_serialization=True)"
+        if other
+        else "save the model with save_pretrained",
+    )
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -413,7 +597,9 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         try:
             sd.update(load_file(str(f), device="cpu"))
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            raise MinigptError(f"{f} is missing, corrupt or truncated ({str(exc).splitlines()[0]})") from None
+            raise MinigptError(
+                f"{f} is missing, corrupt or truncated ({str(exc).splitlines()[0]})"
+            ) from None
     return sd
 
 
@@ -423,9 +609,18 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
     a :class:`MinigptError` for no folder or config.json, a config.json its schema refuses."""
     folder = Path(path)
     cfg_path = folder / "config.json"
-    ours = folder.parent.parent if folder.parent.name == runs.CHECKPOINTS else folder  # a run's checkpoint too
-    refuse([(not folder.is_dir(), "not_folder"), (not cfg_path.is_file() and runs.has_checkpoint(ours), "our_run"),
-            (not cfg_path.is_file(), "no_config")], _MESSAGES, folder=str(ours))
+    ours = (
+        folder.parent.parent if folder.parent.name == runs.CHECKPOINTS else folder
+    )  # a run's checkpoint too
+    refuse(
+        [
+            (not folder.is_dir(), "not_folder"),
+            (not cfg_path.is_file() and runs.has_checkpoint(ours), "our_run"),
+            (not cfg_path.is_file(), "no_config"),
+        ],
+        _MESSAGES,
+        folder=str(ours),
+    )
     text = read_text_file(cfg_path, "the model's config")
     kind = _parse(_Kind, text, str(cfg_path)).model_type
     return kind, _FAMILIES[kind][0](json.loads(text), block_size=block_size)
@@ -446,5 +641,7 @@ def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
     model.load_state_dict(sd, strict=False, assign=True)
     if tied:  # assign replaced wte.weight; the head must follow it again
         model.lm_head.weight = model.wte.weight
-    assert not any(t.is_meta for t in (*model.parameters(), *model.buffers())), "a tensor was not imported"
+    assert not any(t.is_meta for t in (*model.parameters(), *model.buffers())), (
+        "a tensor was not imported"
+    )
     return model.eval()

@@ -45,9 +45,17 @@ def activations(lo: float = -4.0, hi: float = 4.0, output: Optional[Path] = None
     diff = (F.gelu(x) - F.gelu(x, approximate="tanh")).abs()
     at = int(diff.argmax())
     points = torch.tensor(TABLE_AT, dtype=torch.float64)
-    table = {"x": list(TABLE_AT), **{name: [float(v) for v in f(points)] for name, f in FUNCTIONS.items()}}
-    result = {"range": [lo, hi], "table": table, "gelu_tanh_max_error": float(diff[at]),
-              "gelu_tanh_max_error_at": float(x[at]), "png": None}
+    table = {
+        "x": list(TABLE_AT),
+        **{name: [float(v) for v in f(points)] for name, f in FUNCTIONS.items()},
+    }
+    result = {
+        "range": [lo, hi],
+        "table": table,
+        "gelu_tanh_max_error": float(diff[at]),
+        "gelu_tanh_max_error_at": float(x[at]),
+        "png": None,
+    }
     return drawn(result, output, _plot)
 
 
@@ -55,14 +63,18 @@ def format_activations(r: dict) -> str:
     """The text report of :func:`activations`."""
     t = r["table"]
     names = {"relu": "ReLU", "gelu": "GELU x·Φ(x)", "gelu_tanh": "GELU-tanh", "silu": "SiLU x·σ(x)"}
-    lines = ["activations (ReLU: Vaswani et al. 2017; GELU and its tanh form: Hendrycks & Gimpel 2016; "
-             "SiLU: Elfwing et al. 2018)",
-             f"  {'x':<13}" + "".join(f"{v:>9g}" for v in t["x"])]
+    lines = [
+        "activations (ReLU: Vaswani et al. 2017; GELU and its tanh form: Hendrycks & Gimpel 2016; "
+        "SiLU: Elfwing et al. 2018)",
+        f"  {'x':<13}" + "".join(f"{v:>9g}" for v in t["x"]),
+    ]
     for key, label in names.items():
         lines.append(f"  {label:<13}" + "".join(f"{v:9.4f}" for v in t[key]))
     err, at = r["gelu_tanh_max_error"], r["gelu_tanh_max_error_at"]
-    lines.append(f"  max |GELU − GELU-tanh| = {err:.3e} at x = ±{at:.3f} "
-                 f"(searched on [−{SEARCH:g}, {SEARCH:g}], step {STEP:g})")
+    lines.append(
+        f"  max |GELU − GELU-tanh| = {err:.3e} at x = ±{at:.3f} "
+        f"(searched on [−{SEARCH:g}, {SEARCH:g}], step {STEP:g})"
+    )
     return report(lines, r)
 
 
@@ -72,7 +84,12 @@ def _plot(r: dict, folder: Path) -> str:
     fig = new_figure(12, 4.8)
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.12, top=0.9, wspace=0.25)
     ax = fig.add_subplot(1, 2, 1)
-    styles = {"relu": ("ReLU", "-"), "gelu": ("GELU", "-"), "gelu_tanh": ("GELU-tanh", "--"), "silu": ("SiLU", "-")}
+    styles = {
+        "relu": ("ReLU", "-"),
+        "gelu": ("GELU", "-"),
+        "gelu_tanh": ("GELU-tanh", "--"),
+        "silu": ("SiLU", "-"),
+    }
     for key, (label, style) in styles.items():
         ax.plot(x, FUNCTIONS[key](x), style, label=label, linewidth=1.5)
     ax.axhline(0, color="grey", linewidth=0.5)
@@ -83,9 +100,20 @@ def _plot(r: dict, folder: Path) -> str:
     xs = torch.linspace(-span, span, 2001, dtype=torch.float64)
     ax.plot(xs, F.gelu(xs) - F.gelu(xs, approximate="tanh"), color="tab:purple")
     a, e = r["gelu_tanh_max_error_at"], r["gelu_tanh_max_error"]
-    sign = math.copysign(1.0, float(F.gelu(torch.tensor(a, dtype=torch.float64))
-                                    - F.gelu(torch.tensor(a, dtype=torch.float64), approximate="tanh")))
-    ax.plot([-a, a], [sign * e, sign * e], "o", color="tab:red", label=f"max |difference| {e:.3e} at x = ±{a:.3f}")
+    sign = math.copysign(
+        1.0,
+        float(
+            F.gelu(torch.tensor(a, dtype=torch.float64))
+            - F.gelu(torch.tensor(a, dtype=torch.float64), approximate="tanh")
+        ),
+    )
+    ax.plot(
+        [-a, a],
+        [sign * e, sign * e],
+        "o",
+        color="tab:red",
+        label=f"max |difference| {e:.3e} at x = ±{a:.3f}",
+    )
     ax.axhline(0, color="grey", linewidth=0.5)
     decorate(ax, "x", None, "GELU − GELU-tanh", loc="center")
     return save_png(fig, folder, "activations.png")

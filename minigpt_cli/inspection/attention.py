@@ -20,24 +20,32 @@ from .figures import drawn, new_figure, report, save_png, widen_to_fit
 from .run_model import open_run
 
 _MESSAGES = {
-    "too_long": ("the prompt is {n} tokens, longer than the run's block_size {block}: the model never saw "
-                 "positions past {last}, so their maps would mean nothing; give at most {block} tokens"),
+    "too_long": (
+        "the prompt is {n} tokens, longer than the run's block_size {block}: the model never saw "
+        "positions past {last}, so their maps would mean nothing; give at most {block} tokens"
+    ),
 }
 #: Tick labels are drawn for prompts up to this many tokens.
 LABELLED = 24
 
 
-def attention_weights(attn, x: torch.Tensor, rope=None, ve=None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_weights(
+    attn, x: torch.Tensor, rope=None, ve=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention weights (B, n_head, T, T) float32 of one attention layer on its input x (B, T, C), and the
     layer's output (B, T, C) recomputed from them (``scaled_dot_product_attention`` does not return weights);
     ``rope`` and ``ve`` (the layer's value embedding) as the block passes them."""
     B, T, C = x.size()
     with torch.no_grad():
-        q, k, v = attn.qkv(x, rope, ve)  # (B, nh, T, hs), (B, nkv, T, hs): QK-norm, RoPE, value embedding applied
+        q, k, v = attn.qkv(
+            x, rope, ve
+        )  # (B, nh, T, hs), (B, nkv, T, hs): QK-norm, RoPE, value embedding applied
         rep = attn.n_head // attn.n_kv_head
         k = k.repeat_interleave(rep, dim=1)  # (B, nh, T, hs): query head h reads key head h // rep
         v = v.repeat_interleave(rep, dim=1)
-        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(attn.head_dim)  # (B, nh, T, T)
+        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(
+            attn.head_dim
+        )  # (B, nh, T, T)
         causal = torch.ones(T, T, dtype=torch.bool).tril()
         weights = F.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
         y = (weights.to(v.dtype) @ v).transpose(1, 2).contiguous().view(B, T, C)
@@ -50,8 +58,13 @@ def entropy(weights: torch.Tensor) -> torch.Tensor:
     return -(weights * logs).sum(-1)
 
 
-def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output: Optional[Path] = None,
-              echo: Callable[[str], None] = lambda m: None) -> dict:
+def attention(
+    run: str | Path,
+    prompt: str,
+    checkpoint: str = runs.BEST,
+    output: Optional[Path] = None,
+    echo: Callable[[str], None] = lambda m: None,
+) -> dict:
     """Attention weights ([layer][head][query][key]) of a run on ``prompt``, each head's mean entropy over
     positions 1..T−1, and ``max_check_error`` (weights·v through c_proj against the layer's output).
     Raises MinigptError: as :func:`~.run_model.open_run`; a prompt the tokenizer cannot encode or longer than
@@ -80,31 +93,65 @@ def attention(run: str | Path, prompt: str, checkpoint: str = runs.BEST, output:
     T = len(ids)
     rows = slice(1, T) if T > 1 else slice(0, 1)
     rep = cfg.model.n_head // cfg.model.kv_heads
-    heads = [{"layer": l, "head": h, "kv_head": h // rep, "mean_entropy": float(entropy(m[h])[rows].mean())}
-             for l, m in enumerate(maps) for h in range(m.shape[0])]
+    heads = [
+        {
+            "layer": layer,
+            "head": h,
+            "kv_head": h // rep,
+            "mean_entropy": float(entropy(m[h])[rows].mean()),
+        }
+        for layer, m in enumerate(maps)
+        for h in range(m.shape[0])
+    ]
     uniform = float(torch.log(torch.arange(1, T + 1, dtype=torch.float64))[rows].mean())
-    result = {"run": str(run), "checkpoint": ckpt, "n_layer": cfg.model.n_layer, "n_head": cfg.model.n_head,
-              "n_kv_head": cfg.model.kv_heads, "pos_encoding": cfg.model.pos_encoding,
-              "tokens": tok.pieces(prompt), "ids": ids, "heads": heads, "uniform_entropy": uniform,
-              "weights": [m.tolist() for m in maps], "max_check_error": max(errors), "png": None}
+    result = {
+        "run": str(run),
+        "checkpoint": ckpt,
+        "n_layer": cfg.model.n_layer,
+        "n_head": cfg.model.n_head,
+        "n_kv_head": cfg.model.kv_heads,
+        "pos_encoding": cfg.model.pos_encoding,
+        "tokens": tok.pieces(prompt),
+        "ids": ids,
+        "heads": heads,
+        "uniform_entropy": uniform,
+        "weights": [m.tolist() for m in maps],
+        "max_check_error": max(errors),
+        "png": None,
+    }
     return drawn(result, output, _plot, maps)
 
 
 def format_attention(r: dict) -> str:
     """The text report of :func:`attention`."""
-    kv = f", {r['n_kv_head']} key/value heads (grouped-query)" if r["n_kv_head"] != r["n_head"] else ""
-    shown = " ".join(repr(t) for t in r["tokens"][:LABELLED]) + (" ..." if len(r["tokens"]) > LABELLED else "")
-    lines = [f"attention of {r['run']} ({r['checkpoint']}): {r['n_layer']} layers x {r['n_head']} heads{kv}, "
-             f"positions: {r['pos_encoding']}",
-             f"  prompt: {len(r['ids'])} tokens: {shown}",
-             f"  mean entropy per head over query positions 1..{len(r['ids']) - 1}, in nats (evenly spread: "
-             f"{r['uniform_entropy']:.3f}; one key: 0):"]
+    kv = (
+        f", {r['n_kv_head']} key/value heads (grouped-query)"
+        if r["n_kv_head"] != r["n_head"]
+        else ""
+    )
+    shown = " ".join(repr(t) for t in r["tokens"][:LABELLED]) + (
+        " ..." if len(r["tokens"]) > LABELLED else ""
+    )
+    lines = [
+        f"attention of {r['run']} ({r['checkpoint']}): {r['n_layer']} layers x {r['n_head']} heads{kv}, "
+        f"positions: {r['pos_encoding']}",
+        f"  prompt: {len(r['ids'])} tokens: {shown}",
+        f"  mean entropy per head over query positions 1..{len(r['ids']) - 1}, in nats (evenly spread: "
+        f"{r['uniform_entropy']:.3f}; one key: 0):",
+    ]
     grouped = r["n_kv_head"] != r["n_head"]
     for layer in range(r["n_layer"]):
-        cells = [f"h{h['head']}" + (f"(kv{h['kv_head']})" if grouped else "") + f" {h['mean_entropy']:.3f}"
-                 for h in r["heads"] if h["layer"] == layer]
+        cells = [
+            f"h{h['head']}"
+            + (f"(kv{h['kv_head']})" if grouped else "")
+            + f" {h['mean_entropy']:.3f}"
+            for h in r["heads"]
+            if h["layer"] == layer
+        ]
         lines.append(f"  layer {layer}: " + "  ".join(cells))
-    lines.append(f"  check: weights·v through c_proj reproduce each layer's output to {r['max_check_error']:.1e}")
+    lines.append(
+        f"  check: weights·v through c_proj reproduce each layer's output to {r['max_check_error']:.1e}"
+    )
     return report(lines, r)
 
 
@@ -115,18 +162,27 @@ def _plot(r: dict, maps: list[torch.Tensor], folder: Path) -> str:
     fig = new_figure(cell * H + 1.2, height)
     # fixed margins clipped the title of a narrow grid: the layout engine makes room for every label
     fig.set_layout_engine("constrained", w_pad=0.08, h_pad=0.08)
-    title = fig.suptitle(f"{Path(r['run']).name}: attention weights\n"
-                         "rows: query, columns: key; H: mean entropy in nats")
-    labels = ([t.replace("\n", "↵").replace(" ", "␣") for t in r["tokens"]] if len(r["tokens"]) == T
-              else [str(i) for i in r["ids"]])
+    title = fig.suptitle(
+        f"{Path(r['run']).name}: attention weights\n"
+        "rows: query, columns: key; H: mean entropy in nats"
+    )
+    labels = (
+        [t.replace("\n", "↵").replace(" ", "␣") for t in r["tokens"]]
+        if len(r["tokens"]) == T
+        else [str(i) for i in r["ids"]]
+    )
     image = None
-    for l, m in enumerate(maps):
+    for layer, m in enumerate(maps):
         for h in range(H):
-            ax = fig.add_subplot(L, H, l * H + h + 1)
-            image = ax.imshow(m[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
-            ent = next(x["mean_entropy"] for x in r["heads"] if x["layer"] == l and x["head"] == h)
+            ax = fig.add_subplot(L, H, layer * H + h + 1)
+            image = ax.imshow(
+                m[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest"
+            )
+            ent = next(
+                x["mean_entropy"] for x in r["heads"] if x["layer"] == layer and x["head"] == h
+            )
             kv = f" kv{h // (H // r['n_kv_head'])}" if r["n_kv_head"] != H else ""
-            ax.set_title(f"layer {l} head {h}{kv}  H={ent:.2f}", fontsize=8)
+            ax.set_title(f"layer {layer} head {h}{kv}  H={ent:.2f}", fontsize=8)
             if T <= LABELLED:
                 ax.set_xticks(range(T), labels, fontsize=6, rotation=90)
                 ax.set_yticks(range(T), labels, fontsize=6)

@@ -59,16 +59,29 @@ def read_weights(path: Path) -> dict:
     try:
         obj = json.loads(read_text_file(path, "--weights"))
     except json.JSONDecodeError as exc:
-        raise MinigptError(_MESSAGES["read"].format(path=path, reason=exc, example=example)) from None
+        raise MinigptError(
+            _MESSAGES["read"].format(path=path, reason=exc, example=example)
+        ) from None
     if not isinstance(obj, dict):
         raise MinigptError(_MESSAGES["not_object"].format(path=path))
     act = obj.get("activation", "relu")
     unknown = [key for key in obj if key not in KEYS]
     missing = [key for key in ("W1", "W2") + (("V",) if act == "swiglu" else ()) if key not in obj]
     bad = [key for key in sorted(KEYS - {"activation"}) if key in obj and not _numbers(obj[key])]
-    refuse([(unknown, "unknown_key"), (missing, "missing"), (bad, "not_numbers"),
-            (act not in ACTIVATIONS, "activation")], _MESSAGES, path=path, key=(unknown + missing + bad + [None])[0],
-           keys=", ".join(sorted(KEYS)), act=act, choices=", ".join(ACTIVATIONS))
+    refuse(
+        [
+            (unknown, "unknown_key"),
+            (missing, "missing"),
+            (bad, "not_numbers"),
+            (act not in ACTIVATIONS, "activation"),
+        ],
+        _MESSAGES,
+        path=path,
+        key=(unknown + missing + bad + [None])[0],
+        keys=", ".join(sorted(KEYS)),
+        act=act,
+        choices=", ".join(ACTIVATIONS),
+    )
     return obj
 
 
@@ -84,26 +97,40 @@ def _shape_problem(w: dict, xs: Sequence[Sequence[float]]) -> Optional[str]:
     if len(w1) != 2 or 0 in w1:
         return _MESSAGES["matrix"]
     d_model, d_ff = w1
-    want = {"W1": ((d_model, d_ff), "d_model x d_ff: one row per input number"),
-            "b1": ((d_ff,), "d_ff: one per hidden unit"),
-            "W2": ((d_ff, d_model), "d_ff x d_model: one row per hidden unit, back to d_model"),
-            "b2": ((d_model,), "d_model: one per output"), "V": ((d_model, d_ff), "d_model x d_ff, as W1")}
+    want = {
+        "W1": ((d_model, d_ff), "d_model x d_ff: one row per input number"),
+        "b1": ((d_ff,), "d_ff: one per hidden unit"),
+        "W2": ((d_ff, d_model), "d_ff x d_model: one row per hidden unit, back to d_model"),
+        "b2": ((d_model,), "d_model: one per output"),
+        "V": ((d_model, d_ff), "d_model x d_ff, as W1"),
+    }
     fmt = lambda s: " x ".join(map(str, s)) or "a number"  # noqa: E731
     for key, (need, why) in want.items():
         got = shape(w[key]) if key in w else need
-        rows = [len(row) if isinstance(row, list) else 0 for row in w[key]] if key in w and len(need) == 2 else []
+        rows = (
+            [len(row) if isinstance(row, list) else 0 for row in w[key]]
+            if key in w and len(need) == 2
+            else []
+        )
         if len(set(rows)) > 1:
             return _MESSAGES["ragged"].format(key=key, lengths=", ".join(map(str, rows)))
         if got != need:
             return _MESSAGES["shape"].format(key=key, got=fmt(got), want=fmt(need), why=why)
     wrong = [x for x in xs if len(x) != d_model]  # the weights first: --x is judged by W1's rows
-    return _MESSAGES["x_width"].format(text=",".join(num(v) for v in wrong[0]), got=len(wrong[0]),
-                                       want=d_model) if wrong else None
+    return (
+        _MESSAGES["x_width"].format(
+            text=",".join(num(v) for v in wrong[0]), got=len(wrong[0]), want=d_model
+        )
+        if wrong
+        else None
+    )
 
 
 def _model_mlp(w: dict, d_model: int, d_ff: int, act: str, b1, b2) -> MLP:
     """The model's MLP holding these weights (nn.Linear stores W transposed: (out, in))."""
-    cfg = ModelConfig(n_layer=1, n_head=1, n_embd=d_model, d_ff=d_ff, ffn=act, bias=True, dropout=0.0)
+    cfg = ModelConfig(
+        n_layer=1, n_head=1, n_embd=d_model, d_ff=d_ff, ffn=act, bias=True, dropout=0.0
+    )
     mlp = MLP(cfg)
     with torch.no_grad():
         w1 = torch.tensor(w["W1"], dtype=torch.float32).T
@@ -122,12 +149,24 @@ def swiglu_width(d_model: int = 4096, multiple_of: int = 256) -> dict:
     and the parameter counts biases aside: ``params_mlp`` 2·d·4d, ``params_swiglu`` 3·d·d_ff."""
     cfg = ModelConfig(n_layer=1, n_head=1, n_embd=d_model, ffn="swiglu", multiple_of=multiple_of)
     d_ff = cfg.ffn_hidden
-    return {"d_model": d_model, "four_d": 4 * d_model, "two_thirds": 2 * 4 * d_model / 3, "multiple_of": multiple_of,
-            "d_ff": d_ff, "params_mlp": 8 * d_model * d_model, "params_swiglu": 3 * d_model * d_ff}
+    return {
+        "d_model": d_model,
+        "four_d": 4 * d_model,
+        "two_thirds": 2 * 4 * d_model / 3,
+        "multiple_of": multiple_of,
+        "d_ff": d_ff,
+        "params_mlp": 8 * d_model * d_model,
+        "params_swiglu": 3 * d_model * d_ff,
+    }
 
 
-def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_XS, swiglu_d_model: int = 4096,
-        multiple_of: int = 256, output: Optional[Path] = None) -> dict:
+def ffn(
+    weights: Optional[dict] = None,
+    xs: Sequence[Sequence[float]] = EXAMPLE_XS,
+    swiglu_d_model: int = 4096,
+    multiple_of: int = 256,
+    output: Optional[Path] = None,
+) -> dict:
     """The FFN forward pass in float64 for each input, step by step (``z`` = x W1 + b1, ``u`` = x V, ``h``, ``off``
     (units exactly 0), ``y``, ``x_plus_y``), checked against the model's MLP (``model_y``, ``model_max_error``).
     Raises MinigptError: a weight or input of the wrong shape.
@@ -156,25 +195,45 @@ def ffn(weights: Optional[dict] = None, xs: Sequence[Sequence[float]] = EXAMPLE_
         y = h @ W2 + b2
         with torch.no_grad():
             model_y = mlp(xt.float()[None])[0].double()
-        step.update({"h": h.tolist(), "off": [j for j, v in enumerate(h.tolist()) if v == 0.0], "y": y.tolist(),
-                     "x_plus_y": (xt + y).tolist(), "model_y": model_y.tolist(),
-                     "model_max_error": float((model_y - y).abs().max())})
+        step.update(
+            {
+                "h": h.tolist(),
+                "off": [j for j, v in enumerate(h.tolist()) if v == 0.0],
+                "y": y.tolist(),
+                "x_plus_y": (xt + y).tolist(),
+                "model_y": model_y.tolist(),
+                "model_max_error": float((model_y - y).abs().max()),
+            }
+        )
         steps.append(step)
-    result = {"activation": act, "d_model": d_model, "d_ff": d_ff,
-              **{k: w[k] for k in ("W1", "W2", "V") if k in w}, "b1": b1.tolist(), "b2": b2.tolist(),
-              "steps": steps, "swiglu": swiglu_width(swiglu_d_model, multiple_of), "png": None}
+    result = {
+        "activation": act,
+        "d_model": d_model,
+        "d_ff": d_ff,
+        **{k: w[k] for k in ("W1", "W2", "V") if k in w},
+        "b1": b1.tolist(),
+        "b2": b2.tolist(),
+        "steps": steps,
+        "swiglu": swiglu_width(swiglu_d_model, multiple_of),
+        "png": None,
+    }
     return drawn(result, output, _plot)
 
 
-def _products(name: str, x: Sequence[float], matrix, bias: Optional[Sequence[float]], out: Sequence[float]):
+def _products(
+    name: str, x: Sequence[float], matrix, bias: Optional[Sequence[float]], out: Sequence[float]
+):
     """Each output ``out[j]`` of x·matrix + bias written out: ``z1 = 1·1 + 2·0.5 = 2``."""
+
     def factor(v: float) -> str:
         return num(v) if v >= 0 else f"({num(v)})"
 
     lines = []
     for j, (column, value) in enumerate(zip(zip(*matrix), out)):
         terms = " + ".join(f"{factor(a)}·{factor(b)}" for a, b in zip(x, column))
-        lines.append(f"  {name}{j + 1} = {terms}{f' + {num(bias[j])}' if bias and bias[j] else ''} = {num(value)}")
+        lines.append(
+            f"  {name}{j + 1} = {terms}{f' + {num(bias[j])}' if bias and bias[j] else ''} = {num(value)}"
+        )
     return lines
 
 
@@ -182,12 +241,18 @@ def format_ffn(r: dict) -> str:
     """The text report of :func:`ffn`: every product written out, so it can be checked by hand."""
     act = r["activation"]
     hidden = "Swish(x W1) ⊙ (x V)" if act == "swiglu" else f"{act}(x W1 + b1)"
-    lines = [f"FFN(x) = {hidden} W2 + b2: d_model = {r['d_model']}, d_ff = {r['d_ff']} "
-             f"({'Shazeer 2020' if act == 'swiglu' else 'Vaswani et al. 2017 §3.3'}; row vectors, x W)"]
+    lines = [
+        f"FFN(x) = {hidden} W2 + b2: d_model = {r['d_model']}, d_ff = {r['d_ff']} "
+        f"({'Shazeer 2020' if act == 'swiglu' else 'Vaswani et al. 2017 §3.3'}; row vectors, x W)"
+    ]
     for key in ("W1", "V", "W2"):
         if key in r:
-            lines.append(f"  {key} ({' x '.join(map(str, shape(r[key])))}) = "
-                         + "[" + ", ".join(vector(row) for row in r[key]) + "]")
+            lines.append(
+                f"  {key} ({' x '.join(map(str, shape(r[key])))}) = "
+                + "["
+                + ", ".join(vector(row) for row in r[key])
+                + "]"
+            )
     lines.append(f"  b1 = {vector(r['b1'])}   b2 = {vector(r['b2'])}")
     for s in r["steps"]:
         x = s["x"]
@@ -198,40 +263,70 @@ def format_ffn(r: dict) -> str:
             lines.append(f"  h = silu(z) ⊙ u = {vector(s['h'])}")
         else:
             off = ", ".join(str(j + 1) for j in s["off"])
-            lines.append(f"  h = {act}(z) = {vector(s['h'])}"
-                         + (f"   (unit {off} off)" if len(s["off"]) == 1 else f"   (units {off} off)" if off else ""))
+            lines.append(
+                f"  h = {act}(z) = {vector(s['h'])}"
+                + (
+                    f"   (unit {off} off)"
+                    if len(s["off"]) == 1
+                    else f"   (units {off} off)"
+                    if off
+                    else ""
+                )
+            )
         lines += _products("y", s["h"], r["W2"], r["b2"], s["y"])
         lines.append(f"  y = {vector(s['y'])};  x + y = {vector(s['x_plus_y'])} (the residual add)")
-        lines.append(f"  check: minigpt's MLP gives {vector(s['model_y'])} (max difference "
-                     f"{s['model_max_error']:.1e}, float32)")
+        lines.append(
+            f"  check: minigpt's MLP gives {vector(s['model_y'])} (max difference "
+            f"{s['model_max_error']:.1e}, float32)"
+        )
     g = r["swiglu"]
-    lines.append(f"SwiGLU width, d = {g['d_model']}: 2/3·4d = {g['two_thirds']:.2f}, rounded up to a multiple of "
-                 f"{g['multiple_of']}: d_ff = {g['d_ff']} (3·d·d_ff = {g['params_swiglu']:,} parameters against "
-                 f"8d² = {g['params_mlp']:,} for a 4d MLP; Shazeer 2020, Llama's rounding)")
+    lines.append(
+        f"SwiGLU width, d = {g['d_model']}: 2/3·4d = {g['two_thirds']:.2f}, rounded up to a multiple of "
+        f"{g['multiple_of']}: d_ff = {g['d_ff']} (3·d·d_ff = {g['params_swiglu']:,} parameters against "
+        f"8d² = {g['params_mlp']:,} for a 4d MLP; Shazeer 2020, Llama's rounding)"
+    )
     return report(lines, r)
 
 
 def _plot(r: dict, folder: Path) -> str:
     hidden = "h = silu(z) ⊙ x V" if r["activation"] == "swiglu" else f"h = {r['activation']}(z)"
-    stages = [("x", "x"), ("z", "z = x W1 + b1"), ("h", hidden), ("y", "y = h W2 + b2"), ("x_plus_y", "x + y")]
+    stages = [
+        ("x", "x"),
+        ("z", "z = x W1 + b1"),
+        ("h", hidden),
+        ("y", "y = h W2 + b2"),
+        ("x_plus_y", "x + y"),
+    ]
     n = len(r["steps"])
     fig = new_figure(3 * len(stages), 2.6 * n + 0.6)
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.08, top=0.88, wspace=0.35, hspace=0.6)
-    fig.suptitle(f"FFN forward pass, {r['activation']}, d_model = {r['d_model']}, d_ff = {r['d_ff']}: "
-                 "each row one input, left to right")
+    fig.suptitle(
+        f"FFN forward pass, {r['activation']}, d_model = {r['d_model']}, d_ff = {r['d_ff']}: "
+        "each row one input, left to right"
+    )
     for i, s in enumerate(r["steps"]):
         for j, (key, title) in enumerate(stages):
             ax = fig.add_subplot(n, len(stages), i * len(stages) + j + 1)
             values = s[key]
-            colors = ["lightgrey" if key == "h" and k in s["off"] else ("tab:blue" if v >= 0 else "tab:red")
-                      for k, v in enumerate(values)]
+            colors = [
+                "lightgrey"
+                if key == "h" and k in s["off"]
+                else ("tab:blue" if v >= 0 else "tab:red")
+                for k, v in enumerate(values)
+            ]
             ax.bar(range(1, len(values) + 1), values, color=colors)
             ax.axhline(0, color="grey", linewidth=0.5)
             if len(values) <= 8:
                 for k, v in enumerate(values):
                     off = key == "h" and k in s["off"]
-                    ax.annotate("0 (off)" if off else num(v, 3), (k + 1, v), ha="center",
-                                va="bottom" if v >= 0 else "top", fontsize=8, color="grey" if off else "black")
+                    ax.annotate(
+                        "0 (off)" if off else num(v, 3),
+                        (k + 1, v),
+                        ha="center",
+                        va="bottom" if v >= 0 else "top",
+                        fontsize=8,
+                        color="grey" if off else "black",
+                    )
             ax.set_xticks(range(1, len(values) + 1))
             low, high = min(values + [0.0]), max(values + [0.0])
             pad = 0.25 * (high - low or 1.0)

@@ -18,8 +18,10 @@ from ..errors import MinigptError
 def check_heads(n_embd: int, n_head: int) -> None:
     """Refuse (MinigptError) a width that whole heads do not divide, suggesting the nearest that they do."""
     if n_embd % n_head:
-        raise MinigptError(f"--n-embd {n_embd} is not divisible by --n-head {n_head}; "
-                           f"e.g. --n-embd {n_head * max(1, round(n_embd / n_head))}")
+        raise MinigptError(
+            f"--n-embd {n_embd} is not divisible by --n-head {n_head}; "
+            f"e.g. --n-embd {n_head * max(1, round(n_embd / n_head))}"
+        )
 
 
 def new_figure(width: float, height: float):

@@ -18,8 +18,10 @@ from ..model.gpt import apply_rope, rope_cos_sin, sinusoidal_table
 from .figures import decorate, drawn, new_figure, num, report, save_png
 
 _MESSAGES = {
-    "odd_dim": ("--dim {dim}: sinusoidal positions pair dimensions (sin, cos), so the width must be even; "
-                "e.g. --dim {even}"),
+    "odd_dim": (
+        "--dim {dim}: sinusoidal positions pair dimensions (sin, cos), so the width must be even; "
+        "e.g. --dim {even}"
+    ),
     "base": "--base {base}: the frequency base must be a finite number above 1; Vaswani et al. use 10000",
 }
 
@@ -44,11 +46,17 @@ def rotation(k: int, dim: int, base: float = 10000.0) -> torch.Tensor:
     so that p_{t+k} = R_k p_t for the table's column vectors (Vaswani et al. 2017 §3.5)."""
     omega = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     c, s = torch.cos(omega * k), torch.sin(omega * k)
-    return torch.block_diag(*[torch.tensor([[ci, si], [-si, ci]], dtype=torch.float64)
-                              for ci, si in zip(c.tolist(), s.tolist())])
+    return torch.block_diag(
+        *[
+            torch.tensor([[ci, si], [-si, ci]], dtype=torch.float64)
+            for ci, si in zip(c.tolist(), s.tolist())
+        ]
+    )
 
 
-def _rope_cos_sin64(positions: torch.Tensor, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_cos_sin64(
+    positions: torch.Tensor, dim: int, base: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`~minigpt_cli.model.gpt.rope_cos_sin`'s layout (θ_0..θ_{d/2−1} twice) in float64."""
     theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     angles = positions.double()[:, None] * theta[None, :]
@@ -56,8 +64,15 @@ def _rope_cos_sin64(positions: torch.Tensor, dim: int, base: float) -> tuple[tor
     return emb.cos(), emb.sin()
 
 
-def _rope_scores(q: torch.Tensor, k: torch.Tensor, starts: Sequence[int], offset: int, dim: int, base: float,
-                 exact: bool) -> list[float]:
+def _rope_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    starts: Sequence[int],
+    offset: int,
+    dim: int,
+    base: float,
+    exact: bool,
+) -> list[float]:
     """(R_t q)·(R_{t+offset} k) for each t in ``starts``, through the model's apply_rope."""
     t = torch.tensor(list(starts))
     cs_t = _rope_cos_sin64(t, dim, base) if exact else rope_cos_sin(t, dim, base)
@@ -73,8 +88,13 @@ def _scores(values: list[float]) -> dict:
     return {"scores": values, "spread": max(values) - min(values)}
 
 
-def positions(dim: int = 128, max_len: int = 4096, base: float = 10000.0, seed: int = 0,
-              output: Optional[Path] = None) -> dict:
+def positions(
+    dim: int = 128,
+    max_len: int = 4096,
+    base: float = 10000.0,
+    seed: int = 0,
+    output: Optional[Path] = None,
+) -> dict:
     """The sinusoidal table's p0·pk ``curve``, the ``rotation`` check (largest |p(t+k) − R_k p(t)|) and the q·k
     scores with and without RoPE, each {``scores``, ``spread``}; ``seed`` seeds W_Q, W_K ~ N(0, 1/d).
     Raises MinigptError: an odd ``dim``, ``base`` ≤ 1.
@@ -89,7 +109,9 @@ def positions(dim: int = 128, max_len: int = 4096, base: float = 10000.0, seed: 
     window = min(RISE_WINDOW, max_len - 1)
     lowest = int(curve.argmin())
     offsets = [k for k in ROTATION_OFFSETS if k < max_len] or [1]
-    error = max(float((table[k:] - table[:-k] @ rotation(k, dim, base).T).abs().max()) for k in offsets)
+    error = max(
+        float((table[k:] - table[:-k] @ rotation(k, dim, base).T).abs().max()) for k in offsets
+    )
 
     starts = [t for t in PAIR_STARTS if t + PAIR_OFFSET < max_len] or [0]
     offset = min(PAIR_OFFSET, max_len - 1)
@@ -103,12 +125,18 @@ def positions(dim: int = 128, max_len: int = 4096, base: float = 10000.0, seed: 
     projected = [float((pt[t] @ w_q) @ (pt[t + offset] @ w_k)) for t in starts]
     q, k = x_q @ w_q, x_k @ w_k
     result = {
-        "dim": dim, "max_len": max_len, "base": base, "seed": seed,
+        "dim": dim,
+        "max_len": max_len,
+        "base": base,
+        "seed": seed,
         "curve": [float(v) for v in curve],
         "first_rise": int(up[0]) if len(up) else None,
-        "rising_steps": int((up <= window).sum()), "rise_window": window,
-        "minimum": float(curve[lowest]), "minimum_at": lowest,
-        "longest_wavelength": 2 * math.pi * base ** ((dim - 2) / dim), "shortest_wavelength": 2 * math.pi,
+        "rising_steps": int((up <= window).sum()),
+        "rise_window": window,
+        "minimum": float(curve[lowest]),
+        "minimum_at": lowest,
+        "longest_wavelength": 2 * math.pi * base ** ((dim - 2) / dim),
+        "shortest_wavelength": 2 * math.pi,
         "rotation": {"offsets": offsets, "max_error": error},
         "pairs": {"offset": offset, "starts": starts},
         "sinusoidal_identity": _scores(identity),
@@ -136,25 +164,40 @@ def format_positions(r: dict) -> str:
         f"{', '.join(map(str, r['rotation']['offsets']))}, every t",
         f"q·k for the pairs (t, t+{pairs['offset']}), t = {', '.join(map(str, pairs['starts']))}:",
     ]
-    rows = [("sinusoidal p_t·p_s (no projection)", "sinusoidal_identity", "same for every t"),
-            ("sinusoidal after random W_Q, W_K", "sinusoidal_projected", "depends on t: not relative"),
-            ("RoPE after random W_Q, W_K", "rope", "relative: depends on the offset only"),
-            ("RoPE, the model's float32 angles", "rope_float32", "float32 rounding of the angles")]
+    rows = [
+        ("sinusoidal p_t·p_s (no projection)", "sinusoidal_identity", "same for every t"),
+        ("sinusoidal after random W_Q, W_K", "sinusoidal_projected", "depends on t: not relative"),
+        ("RoPE after random W_Q, W_K", "rope", "relative: depends on the offset only"),
+        ("RoPE, the model's float32 angles", "rope_float32", "float32 rounding of the angles"),
+    ]
     for label, key, note in rows:
         s = r[key]
         scores = "  ".join(f"{v:9.4f}" for v in s["scores"])
         lines.append(f"  {label:<36}{scores}   spread {s['spread']:.1e} ({note})")
-    lines.append("  (RoPE: Su et al. 2021 §3.4; W_Q, W_K entries N(0, 1/d), seed "
-                 f"{r['seed']}; RoPE's q, k from random content vectors)")
+    lines.append(
+        "  (RoPE: Su et al. 2021 §3.4; W_Q, W_K entries N(0, 1/d), seed "
+        f"{r['seed']}; RoPE's q, k from random content vectors)"
+    )
     return report(lines, r)
 
 
 def _plot(r: dict, heat: torch.Tensor, folder: Path) -> str:
     fig = new_figure(13, 6.5)
-    grid = fig.add_gridspec(2, 2, width_ratios=[1, 1.25], left=0.06, right=0.98, bottom=0.08, top=0.93,
-                            wspace=0.28, hspace=0.38)
+    grid = fig.add_gridspec(
+        2,
+        2,
+        width_ratios=[1, 1.25],
+        left=0.06,
+        right=0.98,
+        bottom=0.08,
+        top=0.93,
+        wspace=0.28,
+        hspace=0.38,
+    )
     ax = fig.add_subplot(grid[:, 0])
-    im = ax.imshow(heat.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+    im = ax.imshow(
+        heat.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest"
+    )
     ax.set_xlabel("dimension (2i: sin, 2i+1: cos)")
     ax.set_ylabel("position t")
     ax.set_title(f"sinusoidal table p[t, :], d = {r['dim']}, positions 0..{heat.shape[0] - 1}")
@@ -167,20 +210,42 @@ def _plot(r: dict, heat: torch.Tensor, folder: Path) -> str:
     if r["first_rise"] is not None:
         k = r["first_rise"]
         ax.plot([k], [curve[k]], "o", color="tab:orange", label=f"first rise, k = {k}")
-    ax.plot([r["minimum_at"]], [r["minimum"]], "v", color="tab:red",
-            label=f"minimum {r['minimum']:.2f} at k = {r['minimum_at']}")
+    ax.plot(
+        [r["minimum_at"]],
+        [r["minimum"]],
+        "v",
+        color="tab:red",
+        label=f"minimum {r['minimum']:.2f} at k = {r['minimum_at']}",
+    )
     ax.set_xscale("symlog", linthresh=16)
-    decorate(ax, "offset k (linear to 16, then log)", "p0 · pk",
-          f"p0·pk = Σ cos(ω_i k): {r['rising_steps']} rising steps in 0..{r['rise_window']}", loc="upper right",
-          fontsize=8)
+    decorate(
+        ax,
+        "offset k (linear to 16, then log)",
+        "p0 · pk",
+        f"p0·pk = Σ cos(ω_i k): {r['rising_steps']} rising steps in 0..{r['rise_window']}",
+        loc="upper right",
+        fontsize=8,
+    )
 
     ax = fig.add_subplot(grid[1, 1])
     starts = r["pairs"]["starts"]
-    for key, label, marker in (("sinusoidal_identity", "sinusoidal, no projection", "s"),
-                               ("sinusoidal_projected", "sinusoidal, random W_Q, W_K", "o"),
-                               ("rope", "RoPE, random W_Q, W_K", "^")):
-        ax.plot(range(len(starts)), r[key]["scores"], marker=marker, label=f"{label} (spread {r[key]['spread']:.1e})")
+    for key, label, marker in (
+        ("sinusoidal_identity", "sinusoidal, no projection", "s"),
+        ("sinusoidal_projected", "sinusoidal, random W_Q, W_K", "o"),
+        ("rope", "RoPE, random W_Q, W_K", "^"),
+    ):
+        ax.plot(
+            range(len(starts)),
+            r[key]["scores"],
+            marker=marker,
+            label=f"{label} (spread {r[key]['spread']:.1e})",
+        )
     ax.set_xticks(range(len(starts)), [f"({t}, {t + r['pairs']['offset']})" for t in starts])
-    decorate(ax, "pair of positions (t, s), s − t fixed", "score", "q·k at equal offsets: flat lines are relative",
-          fontsize=8)
+    decorate(
+        ax,
+        "pair of positions (t, s), s − t fixed",
+        "score",
+        "q·k at equal offsets: flat lines are relative",
+        fontsize=8,
+    )
     return save_png(fig, folder, "positions.png")

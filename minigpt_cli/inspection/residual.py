@@ -20,8 +20,10 @@ from .figures import check_heads, decorate, drawn, new_figure, report, save_png,
 from .run_model import open_run
 
 _MESSAGES = {
-    "no_corpus": ("the run's corpus ({where}) is not on disk, so there is no validation text to run; "
-                  "prepare it with: minigpt prepare {config}"),
+    "no_corpus": (
+        "the run's corpus ({where}) is not on disk, so there is no validation text to run; "
+        "prepare it with: minigpt prepare {config}"
+    ),
     "short_val": "the run's validation split has {n} tokens, too few for one window of block_size {block}",
 }
 
@@ -56,8 +58,15 @@ def _mean_std(rows: list[list[float]]) -> tuple[list[float], list[float]]:
     return t.mean(0).tolist(), std.tolist()
 
 
-def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 64, n_head: int = 4,
-             seq_len: int = 64, init_std: Optional[float] = None, output: Optional[Path] = None) -> dict:
+def residual(
+    depths: Sequence[int] = (4, 16, 64),
+    seeds: int = 8,
+    n_embd: int = 64,
+    n_head: int = 4,
+    seq_len: int = 64,
+    init_std: Optional[float] = None,
+    output: Optional[Path] = None,
+) -> dict:
     """RMS of the residual stream after each block at init, with and without 1/sqrt(2L), over ``seeds`` draws of
     unit-variance input; ``init_std`` None is 1/sqrt(n_embd), so that every branch writes O(1) and growth shows.
     Raises MinigptError: n_embd not divisible by n_head (the CLI checks the counts).
@@ -69,9 +78,20 @@ def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 
     for L in sorted(set(depths)):
         curves: dict[str, list[list[float]]] = {"unscaled": [], "scaled": []}
         for seed in range(seeds):
-            x = torch.randn(1, seq_len, n_embd, generator=torch.Generator().manual_seed(10_000 + seed))
-            cfg = ModelConfig(n_layer=L, n_head=n_head, n_embd=n_embd, block_size=seq_len, vocab_size=1,
-                              dropout=0.0, bias=False, init_std=std, scale_residual_init=False)
+            x = torch.randn(
+                1, seq_len, n_embd, generator=torch.Generator().manual_seed(10_000 + seed)
+            )
+            cfg = ModelConfig(
+                n_layer=L,
+                n_head=n_head,
+                n_embd=n_embd,
+                block_size=seq_len,
+                vocab_size=1,
+                dropout=0.0,
+                bias=False,
+                init_std=std,
+                scale_residual_init=False,
+            )
             with seeded(seed):
                 model = GPT(cfg).eval()
             curves["unscaled"].append(stream_rms(model.h, x))
@@ -82,25 +102,54 @@ def residual(depths: Sequence[int] = (4, 16, 64), seeds: int = 8, n_embd: int = 
             mean, spread = _mean_std(rows)
             entry[key] = {"mean": mean, "std": spread}
         result_depths.append(entry)
-    growth = [{"from": a["layers"], "to": b["layers"], "ratio": b["unscaled"]["mean"][-1] / a["unscaled"]["mean"][-1],
-               "sqrt_depth_ratio": math.sqrt(b["layers"] / a["layers"])}
-              for a, b in zip(result_depths, result_depths[1:])]
-    result = {"config": {"n_embd": n_embd, "n_head": n_head, "seq_len": seq_len, "seeds": seeds, "init_std": std},
-              "depths": result_depths, "growth": growth, "png": None}
+    growth = [
+        {
+            "from": a["layers"],
+            "to": b["layers"],
+            "ratio": b["unscaled"]["mean"][-1] / a["unscaled"]["mean"][-1],
+            "sqrt_depth_ratio": math.sqrt(b["layers"] / a["layers"]),
+        }
+        for a, b in zip(result_depths, result_depths[1:])
+    ]
+    result = {
+        "config": {
+            "n_embd": n_embd,
+            "n_head": n_head,
+            "seq_len": seq_len,
+            "seeds": seeds,
+            "init_std": std,
+        },
+        "depths": result_depths,
+        "growth": growth,
+        "png": None,
+    }
     return drawn(result, output, _plot)
 
 
-def _val_windows(run: Path, cfg, tok, count: int, seed: int, echo: Callable[[str], None]) -> torch.Tensor:
+def _val_windows(
+    run: Path, cfg, tok, count: int, seed: int, echo: Callable[[str], None]
+) -> torch.Tensor:
     """``count`` windows of block_size tokens from the run's validation split (its prepared token files)."""
-    from ..data.pipeline import corpus_on_disk, corpus_root, eval_offsets, run_corpus_config, windows
+    from ..data.pipeline import (
+        corpus_on_disk,
+        corpus_root,
+        eval_offsets,
+        run_corpus_config,
+        windows,
+    )
     from ..data.preparation import prepare
 
     cfg = run_corpus_config(cfg, run)  # found from any folder, as train read it
     corpus = corpus_on_disk(cfg)
     if corpus is None:
-        raise MinigptError(_MESSAGES["no_corpus"].format(where=cfg.data.path or cfg.data.dataset,
-                                                         config=Path(run) / runs.CONFIG))
-    data = prepare(corpus, tok, corpus_root(cfg, corpus), cfg.data.val_fraction, log=echo, progress=False)
+        raise MinigptError(
+            _MESSAGES["no_corpus"].format(
+                where=cfg.data.path or cfg.data.dataset, config=Path(run) / runs.CONFIG
+            )
+        )
+    data = prepare(
+        corpus, tok, corpus_root(cfg, corpus), cfg.data.val_fraction, log=echo, progress=False
+    )
     block = cfg.model.block_size
     if len(data.val) <= block:
         raise MinigptError(_MESSAGES["short_val"].format(n=len(data.val), block=block))
@@ -114,7 +163,9 @@ def model_stream_rms(model: GPT, idx: torch.Tensor) -> list[float]:
     after each block, whatever GPT.forward passes a block (rotary angles, value embeddings)."""
     out: list[float] = []
     hooks = [model.h[0].register_forward_pre_hook(lambda module, args: out.append(_rms(args[0])))]
-    hooks += [blk.register_forward_hook(lambda module, args, y: out.append(_rms(y))) for blk in model.h]
+    hooks += [
+        blk.register_forward_hook(lambda module, args, y: out.append(_rms(y))) for blk in model.h
+    ]
     try:
         with torch.no_grad():
             model(idx)
@@ -124,8 +175,14 @@ def model_stream_rms(model: GPT, idx: torch.Tensor) -> list[float]:
     return out
 
 
-def residual_run(run: str | Path, checkpoint: str = runs.BEST, windows: int = 8, seed: int = 0,
-                 output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
+def residual_run(
+    run: str | Path,
+    checkpoint: str = runs.BEST,
+    windows: int = 8,
+    seed: int = 0,
+    output: Optional[Path] = None,
+    echo: Callable[[str], None] = lambda m: None,
+) -> dict:
     """RMS of a trained run's residual stream (``trained``) and of its architecture at init (``init``) after the
     embedding and each block, on validation windows.
     Raises MinigptError: as :func:`~.run_model.open_run`; the corpus is not on disk; a split shorter than a window.
@@ -136,34 +193,52 @@ def residual_run(run: str | Path, checkpoint: str = runs.BEST, windows: int = 8,
     with seeded(cfg.seed):
         fresh = GPT(cfg.model).eval()
     init = model_stream_rms(fresh, idx)
-    result = {"run": str(run), "checkpoint": ckpt, "layers": cfg.model.n_layer, "windows": windows,
-              "block_size": cfg.model.block_size, "scale_residual_init": cfg.model.scale_residual_init,
-              "trained": trained, "init": init, "png": None}
+    result = {
+        "run": str(run),
+        "checkpoint": ckpt,
+        "layers": cfg.model.n_layer,
+        "windows": windows,
+        "block_size": cfg.model.block_size,
+        "scale_residual_init": cfg.model.scale_residual_init,
+        "trained": trained,
+        "init": init,
+        "png": None,
+    }
     return drawn(result, output, _plot_run)
 
 
 def format_residual(r: dict) -> str:
     """The text report of :func:`residual` or :func:`residual_run`."""
     if "trained" in r:
-        lines = [f"residual stream RMS of {r['run']} ({r['checkpoint']}), {r['windows']} validation windows of "
-                 f"{r['block_size']} tokens; 1/√(2L) init: {'on' if r['scale_residual_init'] else 'off'}",
-                 f"  {'after':<12}{'trained':>10}{'at init':>10}"]
+        lines = [
+            f"residual stream RMS of {r['run']} ({r['checkpoint']}), {r['windows']} validation windows of "
+            f"{r['block_size']} tokens; 1/√(2L) init: {'on' if r['scale_residual_init'] else 'off'}",
+            f"  {'after':<12}{'trained':>10}{'at init':>10}",
+        ]
         for i, (a, b) in enumerate(zip(r["trained"], r["init"])):
             lines.append(f"  {'embedding' if i == 0 else f'block {i - 1}':<12}{a:10.4f}{b:10.4f}")
     else:
         c = r["config"]
-        lines = [f"residual stream RMS at init after the last block (per token; mean ± std over {c['seeds']} seeds), "
-                 f"d = {c['n_embd']}, {c['n_head']} heads, T = {c['seq_len']}, init std {c['init_std']:.4g}, "
-                 "input RMS ≈ 1",
-                 f"  {'blocks L':>8}   {'without 1/√(2L)':>17}   {'with 1/√(2L)':>15}"]
+        lines = [
+            f"residual stream RMS at init after the last block (per token; mean ± std over {c['seeds']} seeds), "
+            f"d = {c['n_embd']}, {c['n_head']} heads, T = {c['seq_len']}, init std {c['init_std']:.4g}, "
+            "input RMS ≈ 1",
+            f"  {'blocks L':>8}   {'without 1/√(2L)':>17}   {'with 1/√(2L)':>15}",
+        ]
         for d in r["depths"]:
             u, s = d["unscaled"], d["scaled"]
-            lines.append(f"  {d['layers']:>8}   {u['mean'][-1]:>8.3f} ± {u['std'][-1]:<6.3f}   "
-                         f"{s['mean'][-1]:>6.3f} ± {s['std'][-1]:.3f}")
+            lines.append(
+                f"  {d['layers']:>8}   {u['mean'][-1]:>8.3f} ± {u['std'][-1]:<6.3f}   "
+                f"{s['mean'][-1]:>6.3f} ± {s['std'][-1]:.3f}"
+            )
         for g in r["growth"]:
-            lines.append(f"  L {g['from']} → {g['to']}: without scaling ×{g['ratio']:.2f} "
-                         f"(√({g['to']}/{g['from']}) = {g['sqrt_depth_ratio']:.2f})")
-        lines.append("  (GPT-2's init, Radford et al. 2019 §2.3: each branch's last layer scaled by 1/√(2L))")
+            lines.append(
+                f"  L {g['from']} → {g['to']}: without scaling ×{g['ratio']:.2f} "
+                f"(√({g['to']}/{g['from']}) = {g['sqrt_depth_ratio']:.2f})"
+            )
+        lines.append(
+            "  (GPT-2's init, Radford et al. 2019 §2.3: each branch's last layer scaled by 1/√(2L))"
+        )
     return report(lines, r)
 
 
@@ -178,22 +253,41 @@ def _plot(r: dict, folder: Path) -> str:
         for key, style, label in (("unscaled", "-", "without"), ("scaled", "--", "with")):
             mean, std = d[key]["mean"], d[key]["std"]
             ax.plot(frac, mean, style, color=color, label=f"L = {L}, {label} 1/√(2L)")
-            ax.fill_between(frac, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                            color=color, alpha=0.15)
-    decorate(ax, "depth l / L (0: the input)", "RMS of the residual stream",
-          f"at init, mean ± std over {r['config']['seeds']} seeds", fontsize=8)
+            ax.fill_between(
+                frac,
+                [m - s for m, s in zip(mean, std)],
+                [m + s for m, s in zip(mean, std)],
+                color=color,
+                alpha=0.15,
+            )
+    decorate(
+        ax,
+        "depth l / L (0: the input)",
+        "RMS of the residual stream",
+        f"at init, mean ± std over {r['config']['seeds']} seeds",
+        fontsize=8,
+    )
     ax = fig.add_subplot(1, 2, 2)
     Ls = [d["layers"] for d in r["depths"]]
-    for key, marker, label in (("unscaled", "o-", "without 1/√(2L)"), ("scaled", "s--", "with 1/√(2L)")):
-        ax.errorbar(Ls, [d[key]["mean"][-1] for d in r["depths"]], yerr=[d[key]["std"][-1] for d in r["depths"]],
-                    fmt=marker, capsize=3, label=label)
+    for key, marker, label in (
+        ("unscaled", "o-", "without 1/√(2L)"),
+        ("scaled", "s--", "with 1/√(2L)"),
+    ):
+        ax.errorbar(
+            Ls,
+            [d[key]["mean"][-1] for d in r["depths"]],
+            yerr=[d[key]["std"][-1] for d in r["depths"]],
+            fmt=marker,
+            capsize=3,
+            label=label,
+        )
     first = r["depths"][0]["unscaled"]["mean"][-1]
     ax.plot(Ls, [first * math.sqrt(L / Ls[0]) for L in Ls], ":", color="grey", label="∝ √L")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xticks(Ls, [str(L) for L in Ls])
     top = max(d["unscaled"]["mean"][-1] + d["unscaled"]["std"][-1] for d in r["depths"])
-    ticks = [2.0 ** k for k in range(-1, 12) if 2.0 ** k <= 2 * top]
+    ticks = [2.0**k for k in range(-1, 12) if 2.0**k <= 2 * top]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     decorate(ax, "blocks L", "RMS after the last block", "final RMS against depth")
     return save_png(fig, folder, "residual.png")
@@ -207,6 +301,10 @@ def _plot_run(r: dict, folder: Path) -> str:
     ax.plot(layers, r["trained"], "o-", label=f"trained ({r['checkpoint']})")
     ax.plot(layers, r["init"], "s--", label="same architecture at init")
     ax.set_xticks(list(layers), ["emb"] + [str(i) for i in range(len(r["trained"]) - 1)])
-    decorate(ax, "after block", "RMS of the residual stream",
-             f"{Path(r['run']).name}: {r['windows']} validation windows")
+    decorate(
+        ax,
+        "after block",
+        "RMS of the residual stream",
+        f"{Path(r['run']).name}: {r['windows']} validation windows",
+    )
     return save_png(fig, folder, "residual.png")

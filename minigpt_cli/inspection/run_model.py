@@ -8,11 +8,15 @@ from typing import Callable
 from ..run import folder as runs
 from ..sample.load import load_run
 
-UNTRAINED = ("note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random init); "
-             "train the run further for maps worth reading")
+UNTRAINED = (
+    "note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random init); "
+    "train the run further for maps worth reading"
+)
 
 
-def open_run(run: str | Path, checkpoint: str = runs.BEST, echo: Callable[[str], None] = lambda m: None):
+def open_run(
+    run: str | Path, checkpoint: str = runs.BEST, echo: Callable[[str], None] = lambda m: None
+):
     """The model (eval mode, CPU), config and tokenizer of a run folder as ``minigpt generate`` opens them, and
     the checkpoint used, described; MinigptError as :func:`~minigpt_cli.sample.load.load_run`."""
     loaded = load_run(run, checkpoint)

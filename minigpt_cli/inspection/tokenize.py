@@ -19,7 +19,12 @@ from ..errors import MinigptError
 from ..fileio import read_text_file
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_run_tokenizer, load_tokenizer, tokenizer_file
-from ..tokenizer.wordpiece import CONTINUATION, wordpiece_merges, wordpiece_scores, wordpiece_symbols
+from ..tokenizer.wordpiece import (
+    CONTINUATION,
+    wordpiece_merges,
+    wordpiece_scores,
+    wordpiece_symbols,
+)
 from .figures import drawn, report
 from .tokenize_figures import plot_pieces, plot_toy
 
@@ -39,7 +44,7 @@ _MESSAGES = {
     "no_run": "run folder {run!r} not found (no config.yaml there); pass --run runs/NAME of a trained run",
     "empty": "--text '': give some text to cut",
     "words": "--words {text!r}: give word=count pairs (a word of letters only, a count of at least 1) separated "
-             "by commas, e.g. --words hug=10,pug=5",
+    "by commas, e.g. --words hug=10,pug=5",
     "corpus_kind": "--corpus recomputes WordPiece merge scores; this tokenizer is {kind}",
     "segmentations": "--all-segmentations lists Unigram segmentations; this tokenizer is {kind}",
 }
@@ -47,7 +52,10 @@ _MESSAGES = {
 
 def parse_words(text: str) -> dict[str, int]:
     """``"hug=10,pug=5"`` -> {"hug": 10, "pug": 5}; MinigptError unless word=count pairs with counts >= 1."""
-    pairs = [(word.strip(), count.strip()) for word, _, count in (item.partition("=") for item in text.split(","))]
+    pairs = [
+        (word.strip(), count.strip())
+        for word, _, count in (item.partition("=") for item in text.split(","))
+    ]
     if not all(word.isalpha() and count.isdecimal() and int(count) >= 1 for word, count in pairs):
         raise MinigptError(_MESSAGES["words"].format(text=text))
     out: dict[str, int] = {}
@@ -98,12 +106,19 @@ def toy_bpe(words: dict[str, int]) -> list[dict]:
 
     tok = _Backend(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    bound = sum(len(w) - 1 for w in words)  # no word has more merges than letters - 1: room to merge everything
-    trainer = trainers.BpeTrainer(vocab_size=256 + bound + 1, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bound = sum(
+        len(w) - 1 for w in words
+    )  # no word has more merges than letters - 1: room to merge everything
+    trainer = trainers.BpeTrainer(
+        vocab_size=256 + bound + 1,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([_corpus(words)], trainer)
     raw = json.loads(tok.to_str())["model"]["merges"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in raw]  # "a b" (old files) or [a, b]
+    merges = [
+        tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in raw
+    ]  # "a b" (old files) or [a, b]
     return [{"a": a, "b": b, "count": c} for (a, b), c in zip(merges, replay(words, merges))]
 
 
@@ -115,7 +130,10 @@ def seed_unigram(words: dict[str, int]) -> dict[str, float]:
             for j in range(i + 1, len(w) + 1):
                 freq[w[i:j]] += n
     total = sum(freq.values())
-    return {piece: math.log(c / total) for piece, c in sorted(freq.items(), key=lambda kv: (-kv[1], kv[0]))}
+    return {
+        piece: math.log(c / total)
+        for piece, c in sorted(freq.items(), key=lambda kv: (-kv[1], kv[0]))
+    }
 
 
 def segmentations(word: str, logp: dict[str, float]) -> Optional[list[tuple[list[str], float]]]:
@@ -150,20 +168,34 @@ def _unigram_words(backend, words: Sequence[str], logp: dict[str, float]) -> lis
     for word in words:
         viterbi = [t.value for t in backend.model.tokenize(word)]
         found = segmentations(word, logp)
-        entry = {"word": word, "viterbi": viterbi, "count": None if found is None else len(found),
-                 "segmentations": None, "viterbi_is_best": None}
+        entry = {
+            "word": word,
+            "viterbi": viterbi,
+            "count": None if found is None else len(found),
+            "segmentations": None,
+            "viterbi_is_best": None,
+        }
         if found:
-            entry["segmentations"] = [{"pieces": p, "log_prob": lp, "viterbi": p == viterbi} for p, lp in found[:SHOWN]]
+            entry["segmentations"] = [
+                {"pieces": p, "log_prob": lp, "viterbi": p == viterbi} for p, lp in found[:SHOWN]
+            ]
             best = found[0][1]
-            entry["viterbi_is_best"] = any(p == viterbi and abs(lp - best) < 1e-9 for p, lp in found)
+            entry["viterbi_is_best"] = any(
+                p == viterbi and abs(lp - best) < 1e-9 for p, lp in found
+            )
             if not any(s["viterbi"] for s in entry["segmentations"]):
-                entry["segmentations"] += [{"pieces": p, "log_prob": lp, "viterbi": True} for p, lp in found
-                                           if p == viterbi]
+                entry["segmentations"] += [
+                    {"pieces": p, "log_prob": lp, "viterbi": True}
+                    for p, lp in found
+                    if p == viterbi
+                ]
         out.append(entry)
     return out
 
 
-def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Optional[Path] = None) -> dict:
+def toy(
+    words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Optional[Path] = None
+) -> dict:
     """BPE and WordPiece merges ({a, b, count} / {a, b, score, count}; ``*_first``: every pair before any merge)
     and Unigram segmentations (the library's Viterbi choice marked) on the toy corpus, and ``text`` cut by each.
     """
@@ -174,24 +206,47 @@ def toy(words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Op
 
     words = dict(TOY_WORDS if words is None else words)
     bpe = toy_bpe(words)
-    wp = [{"a": a, "b": b, "score": s, "count": c} for a, b, s, c in wordpiece_merges(words)]  # best score first
+    wp = [
+        {"a": a, "b": b, "score": s, "count": c} for a, b, s, c in wordpiece_merges(words)
+    ]  # best score first
     corpus = _corpus(words)
-    merged = {m["a"] + m["b"][len(CONTINUATION):] for m in wp} - {s for w in words for s in wordpiece_symbols(w)}
-    wp_tok = train_tokenizer("wordpiece", corpus, base_vocab_size("wordpiece", corpus) + len(merged))
+    merged = {m["a"] + m["b"][len(CONTINUATION) :] for m in wp} - {
+        s for w in words for s in wordpiece_symbols(w)
+    }
+    wp_tok = train_tokenizer(
+        "wordpiece", corpus, base_vocab_size("wordpiece", corpus) + len(merged)
+    )
     logp = seed_unigram(words)
     uni = _Backend(models.Unigram([(UNK, 0.0), *logp.items()], unk_id=0, byte_fallback=False))
     uni.pre_tokenizer = pre_tokenizers.Whitespace()
     text_words = [w for w, _ in uni.pre_tokenizer.pre_tokenize_str(text)]
     bpe_pieces = _bpe_cut(text_words, bpe)
     first_counts = _pair_counts({w: list(w) for w in words}, words)
-    result = {"mode": "toy", "words": words, "text": text, "bpe": bpe, "bpe_pieces": bpe_pieces,
-              "bpe_first": [{"a": a, "b": b, "count": c} for (a, b), c in
-                            sorted(first_counts.items(), key=lambda kv: (-kv[1], kv[0]))],
-              "wordpiece": wp, "wordpiece_pieces": [p for w in text_words for p in wp_tok.pieces(w)],
-              "wordpiece_first": [{"a": a, "b": b, "score": sc} for (a, b), sc in
-                                  sorted(wordpiece_scores(words).items(), key=lambda kv: (-kv[1], kv[0]))],
-              "unigram": {"vocab": logp, "total": sum(n * len(w) * (len(w) + 1) // 2 for w, n in words.items()),
-                          "words": _unigram_words(uni, text_words, logp)}, "png": None}
+    result = {
+        "mode": "toy",
+        "words": words,
+        "text": text,
+        "bpe": bpe,
+        "bpe_pieces": bpe_pieces,
+        "bpe_first": [
+            {"a": a, "b": b, "count": c}
+            for (a, b), c in sorted(first_counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        ],
+        "wordpiece": wp,
+        "wordpiece_pieces": [p for w in text_words for p in wp_tok.pieces(w)],
+        "wordpiece_first": [
+            {"a": a, "b": b, "score": sc}
+            for (a, b), sc in sorted(
+                wordpiece_scores(words).items(), key=lambda kv: (-kv[1], kv[0])
+            )
+        ],
+        "unigram": {
+            "vocab": logp,
+            "total": sum(n * len(w) * (len(w) + 1) // 2 for w, n in words.items()),
+            "words": _unigram_words(uni, text_words, logp),
+        },
+        "png": None,
+    }
     return drawn(result, output, plot_toy)
 
 
@@ -206,22 +261,47 @@ def _bpe_cut(text_words: Sequence[str], merges: Sequence[dict]) -> list[str]:
     return pieces
 
 
-def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations: bool = False,
-                      corpus: Optional[Path] = None, output: Optional[Path] = None) -> dict:
+def inspect_tokenizer(
+    tok: Tokenizer,
+    text: str,
+    source: str,
+    all_segmentations: bool = False,
+    corpus: Optional[Path] = None,
+    output: Optional[Path] = None,
+) -> dict:
     """A trained tokenizer's pieces and ids for ``text``, with ``details`` per piece: bpe {merge_rank, a, b};
     wordpiece {merge_rank, and with ``corpus`` score, count}; unigram {log_prob}.
     Raises MinigptError: ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
     """
-    problem = ("corpus_kind" if corpus is not None and tok.kind != "wordpiece"
-               else "segmentations" if all_segmentations and tok.kind != "unigram" else None)
+    problem = (
+        "corpus_kind"
+        if corpus is not None and tok.kind != "wordpiece"
+        else "segmentations"
+        if all_segmentations and tok.kind != "unigram"
+        else None
+    )
     if problem:
         raise MinigptError(_MESSAGES[problem].format(kind=tok.kind))
     ids = tok.encode(text)
     model = json.loads(tok.backend.to_str())["model"] if tok.kind != "char" else {}
-    result = {"mode": "tokenizer", "source": source, "kind": tok.kind, "model": model.get("type"),
-              "vocab_size": tok.vocab_size, "text": text, "pieces": tok.pieces(text), "ids": ids,
-              "details": [{} for _ in ids], "unigram_words": None, "png": None}
-    if tok.kind in ("bpe", "wordpiece", "unigram"):  # char and hf (a pretrained folder's file): pieces and ids
+    result = {
+        "mode": "tokenizer",
+        "source": source,
+        "kind": tok.kind,
+        "model": model.get("type"),
+        "vocab_size": tok.vocab_size,
+        "text": text,
+        "pieces": tok.pieces(text),
+        "ids": ids,
+        "details": [{} for _ in ids],
+        "unigram_words": None,
+        "png": None,
+    }
+    if tok.kind in (
+        "bpe",
+        "wordpiece",
+        "unigram",
+    ):  # char and hf (a pretrained folder's file): pieces and ids
         backend = tok.backend
         tokens = [backend.id_to_token(i) for i in ids]
         if tok.kind == "bpe":
@@ -229,7 +309,9 @@ def inspect_tokenizer(tok: Tokenizer, text: str, source: str, all_segmentations:
             for rank, m in enumerate(model["merges"]):
                 a, b = m.split(" ") if isinstance(m, str) else m  # "a b" (old files) or [a, b]
                 made.setdefault(a + b, (rank, a, b))
-            result["details"] = [dict(zip(("merge_rank", "a", "b"), made.get(t, (None, None, None)))) for t in tokens]
+            result["details"] = [
+                dict(zip(("merge_rank", "a", "b"), made.get(t, (None, None, None)))) for t in tokens
+            ]
         elif tok.kind == "wordpiece":
             result["details"] = _wordpiece_details(tok, model, tokens, corpus)
         else:
@@ -245,8 +327,11 @@ def _wordpiece_details(tok, model: dict, tokens: list[str], corpus: Optional[Pat
     """Each WordPiece piece's merge rank (its place among the merged entries, which our trainer appends in
     merge order), and with the training text the score and count of the merge that made it."""
     vocab = model["vocab"]
-    base = sum(1 for t in vocab if len(t.removeprefix(CONTINUATION)) <= 1 or t in tok.special_tokens
-               or t == tok.unk_token)
+    base = sum(
+        1
+        for t in vocab
+        if len(t.removeprefix(CONTINUATION)) <= 1 or t in tok.special_tokens or t == tok.unk_token
+    )
     rank = {t: i - base for t, i in vocab.items() if i >= base}
     details = [{"merge_rank": rank.get(t)} for t in tokens]
     if corpus is not None:
@@ -256,7 +341,7 @@ def _wordpiece_details(tok, model: dict, tokens: list[str], corpus: Optional[Pat
         need = max((d["merge_rank"] for d in details if d["merge_rank"] is not None), default=-1)
         made = {}
         for i, (a, b, score, count) in zip(range(need + 1), wordpiece_merges(counts)):
-            made.setdefault(a + b[len(CONTINUATION):], (i, a, b, score, count))
+            made.setdefault(a + b[len(CONTINUATION) :], (i, a, b, score, count))
         for d, t in zip(details, tokens):
             d["corpus_checked"] = d["merge_rank"] is not None
             if t in made:
@@ -271,26 +356,40 @@ def format_tokenize(r: dict) -> str:
     if r["mode"] == "toy":
         words = ", ".join(f"{w} x{n}" for w, n in r["words"].items())
         lines.append(f"toy corpus: {words}")
-        lines.append("BPE merges, most frequent pair first (Sennrich et al. 2016; GPT-2's byte-level BPE):")
+        lines.append(
+            "BPE merges, most frequent pair first (Sennrich et al. 2016; GPT-2's byte-level BPE):"
+        )
         for i, m in enumerate(r["bpe"]):
-            lines.append(f"  {i + 1:>2}. {m['a']} + {m['b']} -> {m['a'] + m['b']}   count {m['count']}")
+            lines.append(
+                f"  {i + 1:>2}. {m['a']} + {m['b']} -> {m['a'] + m['b']}   count {m['count']}"
+            )
         first = ", ".join(f"{m['a']}+{m['b']} {m['count']}" for m in r["bpe_first"])
         lines.append(f"  (pair counts before any merge: {first})")
-        lines.append("WordPiece merges, highest count(ab)/(count(a)·count(b)) first (scores at the time of "
-                     "each merge):")
+        lines.append(
+            "WordPiece merges, highest count(ab)/(count(a)·count(b)) first (scores at the time of "
+            "each merge):"
+        )
         for i, m in enumerate(r["wordpiece"]):
-            lines.append(f"  {i + 1:>2}. {m['a']} + {m['b']} -> {m['a'] + m['b'][len(CONTINUATION):]}   "
-                         f"score {m['score']:.4f}   count {m['count']}")
+            lines.append(
+                f"  {i + 1:>2}. {m['a']} + {m['b']} -> {m['a'] + m['b'][len(CONTINUATION) :]}   "
+                f"score {m['score']:.4f}   count {m['count']}"
+            )
         first = ", ".join(f"{m['a']}+{m['b']} {m['score']:.3f}" for m in r["wordpiece_first"])
         lines.append(f"  (pair scores before any merge: {first})")
-        lines.append(f"{r['text']!r}: BPE {' '.join(r['bpe_pieces'])}   WordPiece {' '.join(r['wordpiece_pieces'])}")
-        lines.append(f"Unigram, the seed model (Kudo 2018 §3.2): every substring, p = frequency / "
-                     f"{r['unigram']['total']}; the library's Viterbi choice marked *:")
+        lines.append(
+            f"{r['text']!r}: BPE {' '.join(r['bpe_pieces'])}   WordPiece {' '.join(r['wordpiece_pieces'])}"
+        )
+        lines.append(
+            f"Unigram, the seed model (Kudo 2018 §3.2): every substring, p = frequency / "
+            f"{r['unigram']['total']}; the library's Viterbi choice marked *:"
+        )
         lines += _format_segmentations(r["unigram"]["words"])
     else:
         model = f", a {r['model']} model" if r["kind"] == "hf" and r.get("model") else ""
-        lines.append(f"{r['kind']} tokenizer {r['source']} ({r['vocab_size']:,} entries{model}): "
-                     f"{len(r['ids'])} tokens")
+        lines.append(
+            f"{r['kind']} tokenizer {r['source']} ({r['vocab_size']:,} entries{model}): "
+            f"{len(r['ids'])} tokens"
+        )
         for piece, i, d in zip(r["pieces"], r["ids"], r["details"]):
             lines.append(f"  {piece!r:<16} id {i:<7}{_detail(r['kind'], d)}")
         if r["unigram_words"] is not None:
@@ -301,7 +400,11 @@ def format_tokenize(r: dict) -> str:
 
 def _detail(kind: str, d: dict) -> str:
     if kind == "bpe":
-        return "a base byte" if d.get("merge_rank") is None else f"merge #{d['merge_rank'] + 1}: {d['a']} + {d['b']}"
+        return (
+            "a base byte"
+            if d.get("merge_rank") is None
+            else f"merge #{d['merge_rank'] + 1}: {d['a']} + {d['b']}"
+        )
     if kind == "wordpiece":
         if d.get("merge_rank") is None:
             return "base symbol"
@@ -323,7 +426,11 @@ def _format_segmentations(entries: list[dict]) -> list[str]:
     for e in entries:
         word = repr(e["word"])
         if e["segmentations"] is None:
-            why = "none: a character outside the vocabulary" if e["count"] == 0 else "too many to list"
+            why = (
+                "none: a character outside the vocabulary"
+                if e["count"] == 0
+                else "too many to list"
+            )
             lines.append(f"  {word}: {why}; Viterbi: {' + '.join(e['viterbi'])}")
             continue
         agree = "the best listed" if e["viterbi_is_best"] else "NOT the best listed"
@@ -335,15 +442,20 @@ def _format_segmentations(entries: list[dict]) -> list[str]:
     return lines
 
 
-def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Optional[Tokenizer], str]:
+def load_for_inspect(
+    tokenizer: Optional[Path], run: Optional[Path]
+) -> tuple[Optional[Tokenizer], str]:
     """The tokenizer ``--tokenizer`` (a user's file, never to be deleted) or ``--run`` names (None: the toy
     corpus), and how to name it.
     Raises MinigptError: both given; no such run folder, or a sweep's; a missing or damaged file.
     """
     if run is not None:
         runs.refuse_sweep(Path(run))
-    problem = "both" if tokenizer is not None and run is not None else (
-        "no_run" if run is not None and not (Path(run) / runs.CONFIG).is_file() else None)
+    problem = (
+        "both"
+        if tokenizer is not None and run is not None
+        else ("no_run" if run is not None and not (Path(run) / runs.CONFIG).is_file() else None)
+    )
     if problem:
         raise MinigptError(_MESSAGES[problem].format(run=str(run)))
     if tokenizer is not None:
@@ -354,13 +466,22 @@ def load_for_inspect(tokenizer: Optional[Path], run: Optional[Path]) -> tuple[Op
     return None, "toy"
 
 
-def tokenize(tokenizer: Optional[Path] = None, run: Optional[Path] = None, text: Optional[str] = None,
-             words: Optional[dict[str, int]] = None, all_segmentations: bool = False, corpus: Optional[Path] = None,
-             output: Optional[Path] = None, echo: Callable[[str], None] = lambda m: None) -> dict:
+def tokenize(
+    tokenizer: Optional[Path] = None,
+    run: Optional[Path] = None,
+    text: Optional[str] = None,
+    words: Optional[dict[str, int]] = None,
+    all_segmentations: bool = False,
+    corpus: Optional[Path] = None,
+    output: Optional[Path] = None,
+    echo: Callable[[str], None] = lambda m: None,
+) -> dict:
     """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer`; MinigptError for an empty ``text``."""
     if text == "":
         raise MinigptError(_MESSAGES["empty"])
     tok, source = load_for_inspect(tokenizer, run)
     if tok is None:
         return toy(words, TOY_TEXT if text is None else text, output)
-    return inspect_tokenizer(tok, "ROMEO: hugs" if text is None else text, source, all_segmentations, corpus, output)
+    return inspect_tokenizer(
+        tok, "ROMEO: hugs" if text is None else text, source, all_segmentations, corpus, output
+    )

@@ -13,14 +13,22 @@ def plot_toy(r: dict, folder: Path) -> str:
     merges against the other pairs, and the Unigram segmentations of a word (the Viterbi choice in red)."""
     fig = new_figure(15, 4.8)
     fig.subplots_adjust(left=0.05, right=0.98, bottom=0.22, top=0.88, wspace=0.35)
-    for k, (key, value, title, color) in enumerate((
+    for k, (key, value, title, color) in enumerate(
+        (
             ("bpe_first", "count", "BPE merges the most frequent pair", "tab:blue"),
-            ("wordpiece_first", "score", "WordPiece: count(ab)/(count(a)·count(b))", "tab:green"))):
+            ("wordpiece_first", "score", "WordPiece: count(ab)/(count(a)·count(b))", "tab:green"),
+        )
+    ):
         ax = fig.add_subplot(1, 3, k + 1)
         pairs = r[key]
-        ax.bar(range(len(pairs)), [m[value] for m in pairs],
-               color=[color if i == 0 else "lightgrey" for i in range(len(pairs))])
-        ax.set_xticks(range(len(pairs)), [f"{m['a']}+{m['b']}" for m in pairs], rotation=45, ha="right")
+        ax.bar(
+            range(len(pairs)),
+            [m[value] for m in pairs],
+            color=[color if i == 0 else "lightgrey" for i in range(len(pairs))],
+        )
+        ax.set_xticks(
+            range(len(pairs)), [f"{m['a']}+{m['b']}" for m in pairs], rotation=45, ha="right"
+        )
         ax.set_title(f"{title}\nbefore any merge (coloured: the first merge)", fontsize=10)
         ax.set_ylabel(f"pair {value}")
     ax = fig.add_subplot(1, 3, 3)
@@ -48,7 +56,9 @@ def plot_pieces(r: dict, folder: Path) -> str:
         width = max(len(piece), 2) * 0.6 + 0.4
         ax.add_patch(_box(x, width, colors[k % len(colors)]))
         shown = piece.replace("\n", "\\n").replace(" ", "␣")
-        ax.text(x + width / 2, 0.62, shown, ha="center", va="center", fontsize=10, family="monospace")
+        ax.text(
+            x + width / 2, 0.62, shown, ha="center", va="center", fontsize=10, family="monospace"
+        )
         ax.text(x + width / 2, 0.2, str(i), ha="center", va="center", fontsize=7, color="dimgrey")
         x += width + 0.1
     ax.set_xlim(-0.1, max(x, 1))
@@ -65,8 +75,11 @@ def plot_pieces(r: dict, folder: Path) -> str:
 def _segmentations(ax, entry: dict) -> None:
     """Bars of a word's segmentations by log P, the first at the top and the Viterbi choice in red."""
     segs = entry["segmentations"][::-1]
-    ax.barh(range(len(segs)), [s["log_prob"] for s in segs],
-            color=["tab:red" if s["viterbi"] else "tab:grey" for s in segs])
+    ax.barh(
+        range(len(segs)),
+        [s["log_prob"] for s in segs],
+        color=["tab:red" if s["viterbi"] else "tab:grey" for s in segs],
+    )
     ax.set_yticks(range(len(segs)), [" + ".join(s["pieces"]) for s in segs], fontsize=8)
     ax.set_xlabel("log P (red: the Viterbi choice)")
 
@@ -74,4 +87,6 @@ def _segmentations(ax, entry: dict) -> None:
 def _box(x: float, width: float, color: str):
     from matplotlib.patches import FancyBboxPatch
 
-    return FancyBboxPatch((x, 0.05), width, 0.9, boxstyle="round,pad=0.02", facecolor=color, edgecolor="grey")
+    return FancyBboxPatch(
+        (x, 0.05), width, 0.9, boxstyle="round,pad=0.02", facecolor=color, edgecolor="grey"
+    )

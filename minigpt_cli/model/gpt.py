@@ -45,7 +45,9 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def sinusoidal_table(n_pos: int, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def sinusoidal_table(
+    n_pos: int, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Sinusoidal position table, shape (n_pos, dim), in ``dtype`` (computed in float64).
 
     p[t, 2i] = sin(t·ω_i), p[t, 2i+1] = cos(t·ω_i), ω_i = base^(-2i/dim)
@@ -91,16 +93,25 @@ class KVCache:
     Nothing drops the oldest entry: past the first layer each key saw every earlier token, so a sliding window is
     recomputed (:func:`~minigpt_cli.sample.sampling.generate_tokens`)."""
 
-    def __init__(self, n_layer: int, batch: int, n_kv_head: int, capacity: int, head_dim: int,
-                 device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self,
+        n_layer: int,
+        batch: int,
+        n_kv_head: int,
+        capacity: int,
+        head_dim: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
         shape = (batch, n_kv_head, capacity, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.capacity = capacity
         self.length = 0
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-               pos: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """Append k, v (B, n_kv, T, hs) for ``layer``.
 
         Returns:
@@ -136,8 +147,16 @@ class StaticKVCache:
     one-token step compiles once and captures as a CUDA graph. Attention masks key slot j for a query at p unless
     j <= p, so stale slots count for nothing."""
 
-    def __init__(self, n_layer: int, batch: int, n_kv_head: int, capacity: int, head_dim: int,
-                 device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self,
+        n_layer: int,
+        batch: int,
+        n_kv_head: int,
+        capacity: int,
+        head_dim: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
         shape = (batch, n_kv_head, capacity, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
@@ -148,8 +167,9 @@ class StaticKVCache:
         """Every tensor the cache holds (for ``torch._dynamo.mark_static_address``)."""
         return [*self.k, *self.v, self.slots]
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-               pos: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Write k, v (B, n_kv, T, hs) of ``layer`` at positions ``pos`` (T,) int64.
 
         Returns:
@@ -193,10 +213,16 @@ class CausalSelfAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, eps=cfg.norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=cfg.norm_eps)
         gated = layer in cfg.value_embedding_layers
-        self.ve_gate = nn.Linear(cfg.value_gate_channels, self.n_kv_head, bias=False) if gated else None
+        self.ve_gate = (
+            nn.Linear(cfg.value_gate_channels, self.n_kv_head, bias=False) if gated else None
+        )
 
-    def qkv(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-            ve: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(
+        self,
+        x: torch.Tensor,
+        rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+        ve: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries (B, nh, T, hs), keys and values (B, nkv, T, hs) of x (B, T, C): projected, QK-normed, rotated,
         ``ve`` (B, T, nkv·hs), this layer's value embedding of the tokens, mixed into v."""
         B, T, C = x.size()
@@ -207,9 +233,15 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if ve is not None:
-            gate = 3 * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate.in_features]))  # (B, T, nkv), in (0, 3)
+            gate = 3 * torch.sigmoid(
+                self.ve_gate(x[..., : self.ve_gate.in_features])
+            )  # (B, T, nkv), in (0, 3)
             v = v + (gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim)).to(v.dtype)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs), (B, nkv, T, hs)
+        q, k, v = (
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+        )  # (B, nh, T, hs), (B, nkv, T, hs)
         if self.rope:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -228,14 +260,18 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x, rope, ve)
         mask = None
         if cache is not None:
-            k, v, mask = cache.update(layer, k, v, pos)  # (B, nkv, S, hs): S = cached + T, or the capacity
+            k, v, mask = cache.update(
+                layer, k, v, pos
+            )  # (B, nkv, S, hs): S = cached + T, or the capacity
         if self.n_kv_head != self.n_head:
             rep = self.n_head // self.n_kv_head
             k = k.repeat_interleave(rep, dim=1)  # (B, nh, S, hs)
             v = v.repeat_interleave(rep, dim=1)
         dropout_p = self.attn_dropout if self.training else 0.0
         # Without a mask: causal for T > 1 (no cache, or an empty one), every key for a single query.
-        y = self.attend(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1)
+        y = self.attend(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1
+        )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -330,7 +366,11 @@ class GPT(nn.Module):
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
         self.value_embeds = nn.ModuleDict(
-            {str(i): nn.Embedding(cfg.vocab_size, cfg.kv_heads * cfg.head_dim) for i in cfg.value_embedding_layers})
+            {
+                str(i): nn.Embedding(cfg.vocab_size, cfg.kv_heads * cfg.head_dim)
+                for i in cfg.value_embedding_layers
+            }
+        )
         self._rope_cache: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
         self.apply(self._init_weights)
         if cfg.scale_residual_init:
@@ -344,7 +384,9 @@ class GPT(nn.Module):
             if cfg.zero_init_proj:
                 nn.init.zeros_(block.attn.c_proj.weight)
                 nn.init.zeros_(block.mlp.c_proj.weight)
-            if block.attn.ve_gate is not None:  # slightly above neutral: each gate starts near 3·sigmoid(0) = 1.5
+            if (
+                block.attn.ve_gate is not None
+            ):  # slightly above neutral: each gate starts near 3·sigmoid(0) = 1.5
                 nn.init.uniform_(block.attn.ve_gate.weight, 0.0, 0.02)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -373,7 +415,11 @@ class GPT(nn.Module):
     def _rope(self, start: int, T: int, device: torch.device):
         """cos/sin for positions start..start+T-1, from a table grown on demand."""
         end = start + T
-        if self._rope_cache is None or self._rope_cache[0].numel() < end or self._rope_cache[0].device != device:
+        if (
+            self._rope_cache is None
+            or self._rope_cache[0].numel() < end
+            or self._rope_cache[0].device != device
+        ):
             n = max(end, self.config.block_size)
             pos = torch.arange(n, device=device)
             cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_base)
@@ -425,7 +471,9 @@ class GPT(nn.Module):
             rope = self._rope(past, T, idx.device)
         x = self.drop(x)
         for i, block in enumerate(self.h):
-            ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None  # (B, T, nkv·hs)
+            ve = (
+                self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
+            )  # (B, T, nkv·hs)
             x = block(x, rope, cache, i, pos, ve)
         if cache is not None and pos is None:
             cache.advance(T)
@@ -447,12 +495,19 @@ class GPT(nn.Module):
         """An empty :class:`KVCache` for ``batch`` sequences of up to ``capacity`` (block_size) tokens."""
         p = self.wte.weight
         return KVCache(
-            self.config.n_layer, batch, self.config.kv_heads, capacity or self.config.block_size,
-            self.config.head_dim, p.device, p.dtype,
+            self.config.n_layer,
+            batch,
+            self.config.kv_heads,
+            capacity or self.config.block_size,
+            self.config.head_dim,
+            p.device,
+            p.dtype,
         )
 
     def new_static_cache(self, batch: int) -> StaticKVCache:
         """A :class:`StaticKVCache` for ``batch`` sequences of up to block_size tokens."""
         p = self.wte.weight
         cfg = self.config
-        return StaticKVCache(cfg.n_layer, batch, cfg.kv_heads, cfg.block_size, cfg.head_dim, p.device, p.dtype)
+        return StaticKVCache(
+            cfg.n_layer, batch, cfg.kv_heads, cfg.block_size, cfg.head_dim, p.device, p.dtype
+        )

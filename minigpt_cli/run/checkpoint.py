@@ -28,8 +28,20 @@ from ..errors import MinigptError
 from ..fileio import chmod_quietly, dir_mode, errors_as, new_file_mode, os_error, os_errors
 from ..model.gpt import GPT, sinusoidal_table
 from ..runtime.distributed import load_model_state
-from .folder import (BEST, CONFIG, LAST, META, STATE, WEIGHTS, checkpoint_dir, kept_name, meta_digest, old_copy, read_meta,
-                     resolve)
+from .folder import (
+    BEST,
+    CONFIG,
+    LAST,
+    META,
+    STATE,
+    WEIGHTS,
+    checkpoint_dir,
+    kept_name,
+    meta_digest,
+    old_copy,
+    read_meta,
+    resolve,
+)
 
 #: Prefixes of a wrapped model's state dict: torch.compile's and DistributedDataParallel's.
 _PREFIXES = ("_orig_mod.", "module.")
@@ -40,7 +52,7 @@ _MESSAGES = {
     "unchecked": "note: {path} was written before checkpoints recorded their sha256; its files are not verified",
     "weights": "checkpoint weights {path!r} are corrupt or truncated ({why}); {fix}",
     "mismatch": "checkpoint weights {path!r} do not match {what} (missing {missing}, unexpected {extra}); "
-                "the checkpoint is damaged",
+    "the checkpoint is damaged",
     "fit": "checkpoint weights {path!r} do not fit {what} ({why})",
     "state": "trainer state {path!r} is corrupt or unsafe to load ({why}); use another checkpoint or start a new run",
     "no_state": "{path!r} not found; this checkpoint cannot be resumed",
@@ -116,8 +128,13 @@ def verify(directory: Path, name: str, what: str, fix: str) -> Path:
     return path
 
 
-def save(directory: Path, model: torch.nn.Module, config: Config,
-         trainer_state: Optional[dict[str, Any]] = None, meta: Optional[dict[str, Any]] = None) -> Path:
+def save(
+    directory: Path,
+    model: torch.nn.Module,
+    config: Config,
+    trainer_state: Optional[dict[str, Any]] = None,
+    meta: Optional[dict[str, Any]] = None,
+) -> Path:
     """Write the checkpoint folder ``directory`` atomically, each file's sha256 in its meta.json. ``model``: the
     GPT (compiled or DDP-wrapped) or its full state dict (FSDP's, gathered). Raises MinigptError when it cannot
     be written (disk full, read-only); the previous checkpoint is kept and no temporary folder is left."""
@@ -127,8 +144,12 @@ def save(directory: Path, model: torch.nn.Module, config: Config,
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
     chmod_quietly(tmp, dir_mode())  # mkdtemp makes 0700; a checkpoint is as readable as any file
     try:
-        with errors_as({OSError: os_error(directory, "write"),
-                        (SafetensorError, RuntimeError): lambda exc: _failed_write(exc, directory)}):
+        with errors_as(
+            {
+                OSError: os_error(directory, "write"),
+                (SafetensorError, RuntimeError): lambda exc: _failed_write(exc, directory),
+            }
+        ):
             _write_folder(tmp, directory, model, config, trainer_state, meta)
     finally:  # a failure or an interrupt: no temporary folder stays (after the swap, the name is gone already)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -145,7 +166,9 @@ def _write_folder(tmp: Path, directory: Path, model, config: Config, trainer_sta
     (tmp / CONFIG).write_text(config.to_yaml(), encoding="utf-8")
     sums = {f.name: sha256(f) for f in sorted(tmp.iterdir())}
     fields = {**(meta or {}), "sha256": sums}
-    (tmp / META).write_text(json.dumps({**fields, "meta_sha256": meta_digest(fields)}, indent=1), encoding="utf-8")
+    (tmp / META).write_text(
+        json.dumps({**fields, "meta_sha256": meta_digest(fields)}, indent=1), encoding="utf-8"
+    )
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
@@ -168,9 +191,13 @@ def _failed_write(exc: BaseException, directory: Path) -> Optional[MinigptError]
     """A failed write (disk full) that safetensors or torch.save reports as its own error, in C++ words
     ("[enforce fail at inline_container.cc:672]"), said as the OS would say it; None for anything else (a bug)."""
     text = str(exc).lower()
-    if not isinstance(exc, SafetensorError) and not (any(w in text for w in _WRITE_FAILURES) or _disk_low(directory)):
+    if not isinstance(exc, SafetensorError) and not (
+        any(w in text for w in _WRITE_FAILURES) or _disk_low(directory)
+    ):
         return None
-    full = _disk_low(directory) or any(w in text for w in ("no space", "storagefull", "os error 28"))
+    full = _disk_low(directory) or any(
+        w in text for w in ("no space", "storagefull", "os error 28")
+    )
     reason = os.strerror(errno.ENOSPC) if full else "the write failed"
     return MinigptError(_MESSAGES["write"].format(path=directory, reason=reason))
 
@@ -200,9 +227,21 @@ def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:
 
 def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
     """The verified (:func:`verify`) tensors of a checkpoint's safetensors file, without wrapper prefixes."""
-    verify(weights.parent, weights.name, f"checkpoint weights {str(weights)!r} are corrupt or truncated", fix)
-    with errors_as({(SafetensorError, OSError, ValueError, RuntimeError): lambda exc: MinigptError(
-            _MESSAGES["weights"].format(path=str(weights), why=str(exc).splitlines()[0], fix=fix))}):
+    verify(
+        weights.parent,
+        weights.name,
+        f"checkpoint weights {str(weights)!r} are corrupt or truncated",
+        fix,
+    )
+    with errors_as(
+        {
+            (SafetensorError, OSError, ValueError, RuntimeError): lambda exc: MinigptError(
+                _MESSAGES["weights"].format(
+                    path=str(weights), why=str(exc).splitlines()[0], fix=fix
+                )
+            )
+        }
+    ):
         return _unprefixed(load_file(str(weights), device="cpu"))
 
 
@@ -213,7 +252,9 @@ def saved_config(directory: Path) -> Config:
     path = directory / CONFIG
     fix = f"restore {path} from the run's own config.yaml, which has the same content"
     verify(directory, CONFIG, "the checkpoint's config is damaged", fix)
-    with errors_as({ConfigError: lambda exc: MinigptError(f"the checkpoint's config is damaged ({exc})", fix)}):
+    with errors_as(
+        {ConfigError: lambda exc: MinigptError(f"the checkpoint's config is damaged ({exc})", fix)}
+    ):
         return load_config(path)
 
 
@@ -236,21 +277,32 @@ def _check_keys(sd: dict[str, torch.Tensor], model: GPT, weights: Path, what: st
     """Refuse weights whose names are not the model's, or that do not fit its shapes."""
     if model.config.tie_weights:
         sd.pop("lm_head.weight", None)
-    expected, got = set(model.state_dict()) - ({"lm_head.weight"} if model.config.tie_weights else set()), set(sd)
+    expected, got = (
+        set(model.state_dict()) - ({"lm_head.weight"} if model.config.tie_weights else set()),
+        set(sd),
+    )
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    wrong = next((k for k, v in sd.items() if tuple(v.shape) != shapes.get(k, tuple(v.shape))), None)
+    wrong = next(
+        (k for k, v in sd.items() if tuple(v.shape) != shapes.get(k, tuple(v.shape))), None
+    )
     if expected != got or wrong is not None:
         why = wrong and f"{wrong}: shape {tuple(sd[wrong].shape)}, the model's {shapes[wrong]}"
         missing, extra = sorted(expected - got)[:3], sorted(got - expected)[:3]
-        raise MinigptError(_MESSAGES["mismatch" if expected != got else "fit"].format(
-            path=str(weights), what=what, missing=missing, extra=extra, why=why))
+        raise MinigptError(
+            _MESSAGES["mismatch" if expected != got else "fit"].format(
+                path=str(weights), what=what, missing=missing, extra=extra, why=why
+            )
+        )
 
 
 def _other_hint(directory: Path) -> str:
     # Every command that loads a model (generate, evaluate, export, inspect) takes --checkpoint.
     other = {BEST: LAST, LAST: BEST}.get(directory.name.strip(".").removesuffix(".old"))
-    return f"use the other checkpoint (--checkpoint {other}) or retrain" if other else \
-        "use another checkpoint or retrain"
+    return (
+        f"use the other checkpoint (--checkpoint {other}) or retrain"
+        if other
+        else "use another checkpoint or retrain"
+    )
 
 
 def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
@@ -266,7 +318,7 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT
     # CPU with the initialisers off: initialising meta tensors imports torch._dynamo (2 s, longer than generating
     # 200 tokens takes) and real ones draw random numbers for nothing (0.15-0.7 s at 10.7M parameters).
     m = config.model  # about 12·L·d² + V·d parameters (Kaplan et al. 2020 §2.1)
-    big = 12 * m.n_layer * m.n_embd ** 2 + m.vocab_size * m.n_embd > 100_000_000
+    big = 12 * m.n_layer * m.n_embd**2 + m.vocab_size * m.n_embd > 100_000_000
     with torch.device("meta") if big else _no_init():
         model = GPT(config.model)
     _check_keys(sd, model, weights, "its config.yaml")
@@ -288,8 +340,12 @@ def verify_weights(directory: Path) -> Path:
     """The checkpoint's weights file once its sha256 matches meta.json's (what resuming loads; ``--dry-run``
     checks it without loading). Raises MinigptError: an unreadable, corrupt or altered file."""
     weights = resolve(directory) / WEIGHTS
-    return verify(weights.parent, weights.name, f"checkpoint weights {str(weights)!r} are corrupt or truncated",
-                  _RESUME_FIX)
+    return verify(
+        weights.parent,
+        weights.name,
+        f"checkpoint weights {str(weights)!r} are corrupt or truncated",
+        _RESUME_FIX,
+    )
 
 
 def load_weights_into(model: GPT, directory: Path) -> None:
@@ -306,11 +362,23 @@ def load_trainer_state(directory: Path) -> dict[str, Any]:
     Raises MinigptError, naming it: a missing, truncated, altered or unsafe file."""
     directory = resolve(directory)
     path = directory / STATE
-    verify(directory, STATE, f"trainer state {str(path)!r} is corrupt", "use another checkpoint or start a new run")
+    verify(
+        directory,
+        STATE,
+        f"trainer state {str(path)!r} is corrupt",
+        "use another checkpoint or start a new run",
+    )
     # Unpickling errors come in many types.
-    with errors_as({FileNotFoundError: lambda exc: MinigptError(_MESSAGES["no_state"].format(path=str(path))),
-                    Exception: lambda exc: MinigptError(_MESSAGES["state"].format(path=str(path),
-                                                                                  why=type(exc).__name__))}):
+    with errors_as(
+        {
+            FileNotFoundError: lambda exc: MinigptError(
+                _MESSAGES["no_state"].format(path=str(path))
+            ),
+            Exception: lambda exc: MinigptError(
+                _MESSAGES["state"].format(path=str(path), why=type(exc).__name__)
+            ),
+        }
+    ):
         return torch.load(path, map_location="cpu", weights_only=True)
 
 

@@ -1,8 +1,8 @@
 """The run folder: the one place that spells its names; finding, naming and locking runs; meta.json, env.json.
 
-    runs/<name>/  config.yaml tokenizer.json env.json .lock (the lock, and the mark of a folder minigpt made)
-      checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml meta.json
-      checkpoints/.<which>.old/  the previous copy while :mod:`.checkpoint` swaps one in (:func:`resolve`)
+runs/<name>/  config.yaml tokenizer.json env.json .lock (the lock, and the mark of a folder minigpt made)
+  checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml meta.json
+  checkpoints/.<which>.old/  the previous copy while :mod:`.checkpoint` swaps one in (:func:`resolve`)
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ except ImportError:  # pragma: no cover - Windows
 from ..errors import MinigptError
 from ..fileio import atomic_write_text, errors_as, os_error, os_errors, schema_problem
 
-if TYPE_CHECKING:  # torch is imported where env.json is written, so the CLI can read these names without it
+if (
+    TYPE_CHECKING
+):  # torch is imported where env.json is written, so the CLI can read these names without it
     import torch
 
 CHECKPOINTS = "checkpoints"
@@ -57,32 +59,64 @@ NAMED = 3
 NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]+")
 
 _MESSAGES = {
-    "name": ("{what} {name!r} is not a plain folder name", "use letters, digits, '.', '_' and '-' (not . or ..)"),
+    "name": (
+        "{what} {name!r} is not a plain folder name",
+        "use letters, digits, '.', '_' and '-' (not . or ..)",
+    ),
     "no_checkpoint": ("no checkpoint at {path!r} ({why})", "train first or pick another run"),
-    "only_best": ("{path!r} has no last checkpoint (its write failed) but best, step {step}, is intact",
-                  "resume from best: cp -r {best} {last} && minigpt train ... --resume {run}"),
-    "meta": ("{path} is missing or damaged ({why})",
-             "copy {other}'s meta.json there if its weights are intact, or read {other} instead (generate, evaluate "
-             "and export: --checkpoint {other})"),
-    "meta_only": ("{path} is missing or damaged ({why}); the run has no other checkpoint",
-                  "restore meta.json from a copy, or train the run again"),
+    "only_best": (
+        "{path!r} has no last checkpoint (its write failed) but best, step {step}, is intact",
+        "resume from best: cp -r {best} {last} && minigpt train ... --resume {run}",
+    ),
+    "meta": (
+        "{path} is missing or damaged ({why})",
+        "copy {other}'s meta.json there if its weights are intact, or read {other} instead (generate, evaluate "
+        "and export: --checkpoint {other})",
+    ),
+    "meta_only": (
+        "{path} is missing or damaged ({why}); the run has no other checkpoint",
+        "restore meta.json from a copy, or train the run again",
+    ),
     "no_run": ("run folder {path!r} not found", "pass a run folder (runs/NAME) of a trained run"),
-    "sweep": ("{path!r} is a sweep's folder, not a run: it holds {held}",
-              "pass one of its runs, e.g. {first}, or compare them: minigpt compare {path}"),
-    "no_runs": ("no trained run found under {path!r}",
-                "train one first (minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME"),
-    "which": ("--checkpoint {which!r}: use {BEST}, {LAST} or a kept step-N (train.keep_every)", None),
+    "sweep": (
+        "{path!r} is a sweep's folder, not a run: it holds {held}",
+        "pass one of its runs, e.g. {first}, or compare them: minigpt compare {path}",
+    ),
+    "no_runs": (
+        "no trained run found under {path!r}",
+        "train one first (minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME",
+    ),
+    "which": (
+        "--checkpoint {which!r}: use {BEST}, {LAST} or a kept step-N (train.keep_every)",
+        None,
+    ),
     "resume": ("--resume {path}: no such run folder", None),
-    "resume_checkpoint": ("--resume {path} is a checkpoint folder, not a run folder", "pass the run: --resume {run}"),
-    "resume_file": ("--resume {path} is a file, not a run folder", "pass the run's folder (runs/NAME), or auto"),
+    "resume_checkpoint": (
+        "--resume {path} is a checkpoint folder, not a run folder",
+        "pass the run: --resume {run}",
+    ),
+    "resume_file": (
+        "--resume {path} is a file, not a run folder",
+        "pass the run's folder (runs/NAME), or auto",
+    ),
     "not_folder": ("{path!r} exists and is not a folder", "pick another --run-name"),
-    "resumable": ("run folder {path!r} already exists", "pick another --run-name, or continue it with --resume {path}"),
-    "unsaved": ("run folder {path!r} holds a run that stopped before its first save",
-                "delete the folder or pick another --run-name"),
-    "users": ("{path!r} holds files minigpt did not make", "move them away, or pick another name for the run"),
+    "resumable": (
+        "run folder {path!r} already exists",
+        "pick another --run-name, or continue it with --resume {path}",
+    ),
+    "unsaved": (
+        "run folder {path!r} holds a run that stopped before its first save",
+        "delete the folder or pick another --run-name",
+    ),
+    "users": (
+        "{path!r} holds files minigpt did not make",
+        "move them away, or pick another name for the run",
+    ),
     "in_use": ("{path} is in use by another minigpt train (pid {pid})", "{fix}"),
-    "lock_kind": ("{path} is not a regular file (a link, folder or device where minigpt keeps its lock)",
-                  "remove it and try again"),
+    "lock_kind": (
+        "{path} is not a regular file (a link, folder or device where minigpt keeps its lock)",
+        "remove it and try again",
+    ),
 }
 
 
@@ -90,7 +124,9 @@ def fail(key: str, **fields: Any) -> MinigptError:
     """The error ``key`` of :data:`_MESSAGES`, its ``what`` and ``fix`` filled in from ``fields``."""
     what, fix = _MESSAGES[key]
     fields.update(BEST=BEST, LAST=LAST)
-    return MinigptError(what.format(**fields), fix and fix.format(**fields), path=fields.get("path"))
+    return MinigptError(
+        what.format(**fields), fix and fix.format(**fields), path=fields.get("path")
+    )
 
 
 def _first(*checks: tuple[bool, str, dict[str, Any]]) -> Optional[MinigptError]:
@@ -115,7 +151,9 @@ def keep_edited_config(run_dir: Path, new_text: str) -> Optional[Path]:
     checkpoint's config nor ``new_text``) copied to ``config.yaml.edited[-N]``, and that path; else None."""
     path = Path(run_dir) / CONFIG
     text = saved = None
-    with suppress(OSError, UnicodeDecodeError):  # either unreadable: nothing to compare, nothing kept
+    with suppress(
+        OSError, UnicodeDecodeError
+    ):  # either unreadable: nothing to compare, nothing kept
         text = path.read_text(encoding="utf-8")
         saved = (checkpoint_dir(run_dir, LAST) / CONFIG).read_text(encoding="utf-8")
     if saved is None or text in (saved, new_text):
@@ -166,8 +204,12 @@ class Meta(BaseModel):
     val_loss: Optional[float] = None
     tokenizer_fingerprint: str = ""  # absent in checkpoints from before it was recorded; never null
     corpus: Optional[dict[str, Any]] = None
-    sha256: Optional[dict[str, str]] = None  # file name -> hex digest; absent in checkpoints of earlier versions
-    meta_sha256: Optional[str] = None  # :func:`meta_digest` of the other fields; absent in earlier versions
+    sha256: Optional[dict[str, str]] = (
+        None  # file name -> hex digest; absent in checkpoints of earlier versions
+    )
+    meta_sha256: Optional[str] = (
+        None  # :func:`meta_digest` of the other fields; absent in earlier versions
+    )
 
 
 def meta_digest(fields: dict[str, Any]) -> str:
@@ -183,13 +225,26 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
     path = resolve(ckpt) / META
     other = {BEST: LAST, LAST: BEST}.get(Path(ckpt).name, "another checkpoint")
     # the fix names the other checkpoint only where there is one (best falls back to last before any eval)
-    key = "meta" if other not in (BEST, LAST) or has_weights(Path(ckpt).parent / other) else "meta_only"
-    with errors_as({PermissionError: os_error(path, "read", in_run=True),  # unreadable, not damaged
-                    OSError: lambda exc: fail(key, path=path, why=exc.strerror, other=other),
-                    ValidationError: lambda exc: fail(key, path=path, why=schema_problem(exc), other=other)}):
+    key = (
+        "meta"
+        if other not in (BEST, LAST) or has_weights(Path(ckpt).parent / other)
+        else "meta_only"
+    )
+    with errors_as(
+        {
+            PermissionError: os_error(path, "read", in_run=True),  # unreadable, not damaged
+            OSError: lambda exc: fail(key, path=path, why=exc.strerror, other=other),
+            ValidationError: lambda exc: fail(key, path=path, why=schema_problem(exc), other=other),
+        }
+    ):
         meta = Meta.model_validate_json(path.read_bytes()).model_dump(exclude_unset=True)
     if meta.get("meta_sha256", meta_digest(meta)) != meta_digest(meta):
-        raise fail(key, path=path, why="its fields differ from the digest they were written with", other=other)
+        raise fail(
+            key,
+            path=path,
+            why="its fields differ from the digest they were written with",
+            other=other,
+        )
     return meta
 
 
@@ -200,28 +255,45 @@ def refuse_sweep(folder: Path) -> None:
         held = sorted(p.name for p in folder.iterdir() if (p / CONFIG).is_file())
         count = "no run yet" if not held else "1 run" if len(held) == 1 else f"{len(held)} runs"
         more = f" and {len(held) - NAMED} more" if len(held) > NAMED else ""
-        raise fail("sweep", path=str(folder), held=f"{count} ({', '.join(held[:NAMED])}{more})" if held else count,
-                   first=folder / (held[0] if held else "VARIANT-sSEED"))
+        raise fail(
+            "sweep",
+            path=str(folder),
+            held=f"{count} ({', '.join(held[:NAMED])}{more})" if held else count,
+            first=folder / (held[0] if held else "VARIANT-sSEED"),
+        )
 
 
-def open_checkpoint(run: Optional[str | Path], which: str, runs_dir: str | Path = "runs") -> tuple[Path, Path]:
+def open_checkpoint(
+    run: Optional[str | Path], which: str, runs_dir: str | Path = "runs"
+) -> tuple[Path, Path]:
     """The run folder (``run``, or the newest under ``runs_dir``) and its checkpoint folder ``which``
     (``best`` falls back to ``last`` before the first eval; ``step-N`` is the copy ``train.keep_every`` kept).
     Raises MinigptError: ``which`` is none of those, no run there, no such folder, a sweep's folder
     (:func:`refuse_sweep`), or no checkpoint in it."""
     newest = newest_run(runs_dir) if run is None else None
     run_dir = Path(run) if run is not None else newest or Path(runs_dir)
-    kept = re.fullmatch(r"step-(\d{1,12})", which)  # a train.keep_every copy: step-15 or step-0000015
+    kept = re.fullmatch(
+        r"step-(\d{1,12})", which
+    )  # a train.keep_every copy: step-15 or step-0000015
     name = kept_name(int(kept[1])) if kept else which
-    ckpt = checkpoint_dir(run_dir, name if has_weights(checkpoint_dir(run_dir, name)) or kept else LAST)
-    tried = {BEST: f"neither {BEST} nor {LAST} holds", LAST: f"{LAST} holds no"}.get(which, f"{name} holds no")
+    ckpt = checkpoint_dir(
+        run_dir, name if has_weights(checkpoint_dir(run_dir, name)) or kept else LAST
+    )
+    tried = {BEST: f"neither {BEST} nor {LAST} holds", LAST: f"{LAST} holds no"}.get(
+        which, f"{name} holds no"
+    )
     if run_dir.is_dir() and not has_weights(ckpt):
         refuse_sweep(run_dir)
-    problem = _first((which not in (BEST, LAST) and not kept, "which", {"which": which}),
-                     (run is None and newest is None, "no_runs", {"path": str(runs_dir)}),
-                     (not run_dir.is_dir(), "no_run", {"path": str(run_dir)}),
-                     (not has_weights(ckpt), "no_checkpoint", {"path": str(run_dir / CHECKPOINTS),
-                                                               "why": f"{tried} {WEIGHTS}"}))
+    problem = _first(
+        (which not in (BEST, LAST) and not kept, "which", {"which": which}),
+        (run is None and newest is None, "no_runs", {"path": str(runs_dir)}),
+        (not run_dir.is_dir(), "no_run", {"path": str(run_dir)}),
+        (
+            not has_weights(ckpt),
+            "no_checkpoint",
+            {"path": str(run_dir / CHECKPOINTS), "why": f"{tried} {WEIGHTS}"},
+        ),
+    )
     if problem is not None:
         raise problem
     return run_dir, ckpt
@@ -237,8 +309,9 @@ def made_here(run_dir: Path) -> bool:
     return (Path(run_dir) / LOCK).is_file() or has_checkpoint(run_dir)
 
 
-def newest_run(root: str | Path, name: Optional[str] = None,
-               keep: Callable[[Path], bool] = lambda run: True) -> Optional[Path]:
+def newest_run(
+    root: str | Path, name: Optional[str] = None, keep: Callable[[Path], bool] = lambda run: True
+) -> Optional[Path]:
     """The run under ``root`` whose ``last`` checkpoint was written most recently (of config ``name``, and that
     ``keep`` keeps); or None."""
     found = []
@@ -257,8 +330,9 @@ def latest_run(runs_dir: str | Path = "runs") -> Path:
     return open_checkpoint(None, LAST, runs_dir)[0]
 
 
-def find_resume_dir(out_dir: str | Path, name: str, resume: str,
-                    keep: Callable[[Path], bool] = lambda run: True) -> Optional[Path]:
+def find_resume_dir(
+    out_dir: str | Path, name: str, resume: str, keep: Callable[[Path], bool] = lambda run: True
+) -> Optional[Path]:
     """The run folder ``--resume`` names: ``auto`` (the newest run of config ``name`` that ``keep`` keeps, or
     None) or a path. Raises MinigptError when a given path has no resumable checkpoint (offering ``best`` when
     only it is left)."""
@@ -267,12 +341,26 @@ def find_resume_dir(out_dir: str | Path, name: str, resume: str,
     run_dir = Path(resume)
     last, best = checkpoint_dir(run_dir, LAST), checkpoint_dir(run_dir, BEST)
     only_best = run_dir.is_dir() and not has_weights(last) and has_weights(best)
-    problem = _first((run_dir.is_file(), "resume_file", {"path": resume}),
-                     (run_dir.parent.name == CHECKPOINTS and has_weights(run_dir), "resume_checkpoint",
-                      {"path": resume, "run": run_dir.parent.parent}),
-                     (not run_dir.is_dir(), "resume", {"path": resume}),
-                     (only_best, "only_best", {"path": str(run_dir / CHECKPOINTS), "best": best, "last": last,
-                                               "run": run_dir, "step": only_best and read_meta(best).get("step")}))
+    problem = _first(
+        (run_dir.is_file(), "resume_file", {"path": resume}),
+        (
+            run_dir.parent.name == CHECKPOINTS and has_weights(run_dir),
+            "resume_checkpoint",
+            {"path": resume, "run": run_dir.parent.parent},
+        ),
+        (not run_dir.is_dir(), "resume", {"path": resume}),
+        (
+            only_best,
+            "only_best",
+            {
+                "path": str(run_dir / CHECKPOINTS),
+                "best": best,
+                "last": last,
+                "run": run_dir,
+                "step": only_best and read_meta(best).get("step"),
+            },
+        ),
+    )
     if problem is not None:
         raise problem
     resolve(last)  # a clear error when there is none
@@ -301,15 +389,28 @@ class RunLock:
         kind = fail("lock_kind", path=self.path)
         # O_NOFOLLOW: a link planted as .lock must not make us truncate its target (ELOOP); O_NONBLOCK: a FIFO
         # there must not hang the open. A folder is EISDIR, a device without a reader ENXIO.
-        with errors_as({OSError: lambda exc: kind if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) else
-                        os_error(self.path, "create", in_run=True)(exc)}):
+        with errors_as(
+            {
+                OSError: lambda exc: (
+                    kind
+                    if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO)
+                    else os_error(self.path, "create", in_run=True)(exc)
+                )
+            }
+        ):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         with ExitStack() as on_failure:
             on_failure.callback(os.close, fd)
             regular = stat.S_ISREG(os.fstat(fd).st_mode)
             if not (regular and _flock(fd)):
-                raise kind if not regular else fail("in_use", path=self.run_dir, pid=self._owner(), fix=fix)
-            with os_errors(self.path, "write", in_run=True):  # the pid is only for the message; say which file
+                raise (
+                    kind
+                    if not regular
+                    else fail("in_use", path=self.run_dir, pid=self._owner(), fix=fix)
+                )
+            with os_errors(
+                self.path, "write", in_run=True
+            ):  # the pid is only for the message; say which file
                 os.ftruncate(fd, 0)
                 os.write(fd, f"{os.getpid()}\n".encode())
             on_failure.pop_all()
@@ -391,8 +492,13 @@ def check_run_name(out_dir: str | Path, run_name: str) -> Path:
     """The folder ``--run-name`` names, refused as :func:`new_run_dir` would refuse it, without making it.
     Raises MinigptError: not a plain folder name, or a path that holds something already."""
     run_dir = Path(out_dir) / check_name(run_name, "--run-name")
-    key = "not_folder" if run_dir.exists() and not run_dir.is_dir() else \
-        _taken(run_dir) if run_dir.is_dir() and _occupied(run_dir) else None
+    key = (
+        "not_folder"
+        if run_dir.exists() and not run_dir.is_dir()
+        else _taken(run_dir)
+        if run_dir.is_dir() and _occupied(run_dir)
+        else None
+    )
     if key is not None:
         raise fail(key, path=str(run_dir))
     return run_dir
@@ -408,14 +514,18 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
     root.mkdir(parents=True, exist_ok=True)
     if run_name is None:
         base = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        for n in itertools.count(1):  # a free name comes soon: only runs started in the same second share a base
+        for n in itertools.count(
+            1
+        ):  # a free name comes soon: only runs started in the same second share a base
             run_dir = root / (base if n == 1 else f"{base}-{n}")
             if _make(run_dir):
                 return RunFolder(run_dir, RunLock(run_dir).acquire("pass --run-name"), created=True)
     run_dir = root / run_name
     created = _make(run_dir)
     lock = RunLock(run_dir).acquire("wait for it or pass another --run-name")
-    with ExitStack() as on_failure:  # an empty folder check_run_name let through may have filled since
+    with (
+        ExitStack() as on_failure
+    ):  # an empty folder check_run_name let through may have filled since
         on_failure.callback(lock.release)
         check_run_name(root, run_name)
         on_failure.pop_all()
@@ -428,14 +538,24 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
 def git_commit() -> Optional[str]:
     """The project's git commit, if the package runs from a checkout."""
     with suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         return (out.stdout.strip() or None) if out.returncode == 0 else None
     return None
 
 
-def env_info(device: torch.device, dtype: torch.dtype, world_size: int = 1, linear_kernel: str = "torch.mm",
-             dropout_kernel: str = "torch") -> dict:
+def env_info(
+    device: torch.device,
+    dtype: torch.dtype,
+    world_size: int = 1,
+    linear_kernel: str = "torch.mm",
+    dropout_kernel: str = "torch",
+) -> dict:
     """Versions, device, git commit and the training step's linear and dropout kernels, for env.json."""
     import importlib.metadata as md
 
@@ -485,7 +605,9 @@ class Env(BaseModel):
 def _read_env(run_dir: Path) -> dict[str, Any]:
     """A run's ``env.json``; a missing or damaged one (it only informs) reads as empty."""
     with suppress(OSError, ValidationError):
-        return Env.model_validate_json((Path(run_dir) / ENV).read_bytes()).model_dump(exclude_unset=True)
+        return Env.model_validate_json((Path(run_dir) / ENV).read_bytes()).model_dump(
+            exclude_unset=True
+        )
     return {}
 
 
@@ -500,7 +622,7 @@ def training_dirs(run_dir: Path, out_dir: str | Path) -> list[Path]:
         parent = Path(os.path.normpath(Path(run_dir).absolute())).parent  # <that folder>/<out_dir>
         n = len(out.parts)  # 0 for "."
         if not n or parent.parts[-n:] == out.parts:
-            hung = Path(*parent.parts[:len(parent.parts) - n])
+            hung = Path(*parent.parts[: len(parent.parts) - n])
             if hung not in out_found:
                 out_found.append(hung)
     return out_found

@@ -54,14 +54,24 @@ def read_events(path: Path) -> list[dict[str, Any]]:
         *lines, tail = path.read_bytes().split(b"\n")  # tail: after the last newline
     events, n = [], 0
     # A tagged union's errors are located under the tag first: the field is what follows it.
-    with errors_as({ValidationError: lambda exc: MinigptError(
-            f"{path} line {n} is not a metrics event ({schema_problem(exc, skip=1)})", "fix or remove that line",
-            path=path)}):
+    with errors_as(
+        {
+            ValidationError: lambda exc: MinigptError(
+                f"{path} line {n} is not a metrics event ({schema_problem(exc, skip=1)})",
+                "fix or remove that line",
+                path=path,
+            )
+        }
+    ):
         for n, line in enumerate(lines, 1):
             if line.strip():
                 _EVENT.validate_json(line)
-                events.append(json.loads(line))  # as written: a resume writes the kept lines back unchanged
-    with suppress(ValidationError):  # a last line without its newline: whole, or a write cut short (dropped)
+                events.append(
+                    json.loads(line)
+                )  # as written: a resume writes the kept lines back unchanged
+    with suppress(
+        ValidationError
+    ):  # a last line without its newline: whole, or a write cut short (dropped)
         _EVENT.validate_json(tail)
         events.append(json.loads(tail))
     return events
@@ -70,8 +80,12 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 def _append(path: Path, text: str) -> None:
     """Append ``text`` to ``path``; an OSError names the file even when it comes from the write or the close
     (a full disk), so the CLI's one-line error says which file failed."""
-    with errors_as({OSError: lambda exc: OSError(exc.errno, exc.strerror, exc.filename or str(path))}), \
-            open(path, "a", encoding="utf-8") as f:
+    with (
+        errors_as(
+            {OSError: lambda exc: OSError(exc.errno, exc.strerror, exc.filename or str(path))}
+        ),
+        open(path, "a", encoding="utf-8") as f,
+    ):
         f.write(text)
 
 
@@ -93,10 +107,15 @@ class RunLogger:
     def truncate_to(self, step: int, evaluated: bool) -> None:
         """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran), reload the curves;
         the later ones belong to the lost stretch of the run, logged again as training repeats it."""
-        keep = [r for r in read_events(self.metrics_path)
-                if r["step"] < step or (r["step"] == step and (r["event"] != "eval" or evaluated))]
+        keep = [
+            r
+            for r in read_events(self.metrics_path)
+            if r["step"] < step or (r["step"] == step and (r["event"] != "eval" or evaluated))
+        ]
         self.train_points = [(r["step"], r["loss"]) for r in keep if r["event"] == "train"]
-        self.eval_points = [(r["step"], r["train_loss"], r["val_loss"]) for r in keep if r["event"] == "eval"]
+        self.eval_points = [
+            (r["step"], r["train_loss"], r["val_loss"]) for r in keep if r["event"] == "eval"
+        ]
         self._last_elapsed = max((r["elapsed_s"] for r in keep), default=0.0)
         if not self.enabled:
             return
@@ -156,8 +175,8 @@ class RunLogger:
         fig.subplots_adjust(left=0.1, right=0.97, bottom=0.11, top=0.93)
         ax = fig.add_subplot()
         if self.train_points:
-            s, l = zip(*self.train_points)
-            ax.plot(s, l, label="train (batch)", color="tab:blue", alpha=0.4, linewidth=1)
+            s, loss = zip(*self.train_points)
+            ax.plot(s, loss, label="train (batch)", color="tab:blue", alpha=0.4, linewidth=1)
         if self.eval_points:
             s, tl, vl = zip(*self.eval_points)
             ax.plot(s, tl, "o-", label="train (eval)", color="tab:blue", markersize=3)

@@ -36,14 +36,20 @@ def resolve_device(name: str) -> torch.device:
     dev = torch.device(name)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise MinigptError(f"device: {name} was asked for, but this machine has no CUDA GPU; use device: auto or cpu")
+            raise MinigptError(
+                f"device: {name} was asked for, but this machine has no CUDA GPU; use device: auto or cpu"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise MinigptError(
                 f"device: {name} was asked for, but this machine has {torch.cuda.device_count()} CUDA GPU(s); "
                 f"use cuda:0..cuda:{torch.cuda.device_count() - 1}"
             )
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise MinigptError("device: mps was asked for, but MPS is not available here; use device: auto or cpu")
+    if dev.type == "mps" and not (
+        getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()
+    ):
+        raise MinigptError(
+            "device: mps was asked for, but MPS is not available here; use device: auto or cpu"
+        )
     return dev
 
 
@@ -86,7 +92,9 @@ def tune_runtime(device: torch.device) -> Callable[[], None]:
         if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
             return restore
         try:
-            libc = ctypes.CDLL(None)  # the process's own symbols, glibc's among them (find_library runs ldconfig)
+            libc = ctypes.CDLL(
+                None
+            )  # the process's own symbols, glibc's among them (find_library runs ldconfig)
             libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
             libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
         except (OSError, AttributeError):
@@ -118,9 +126,14 @@ class CpuThreads:
     ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` set, off the CPU, or without ``/proc/stat``. ``echo`` gets a note when
     the count changes; ``read_busy`` and ``read_own`` are test hooks."""
 
-    def __init__(self, device: torch.device, echo: Callable[[str], None] = lambda m: None, interval: float = 2.0,
-                 read_busy: Callable[[], Optional[float]] = _proc_stat_busy,
-                 read_own: Callable[[], float] = time.process_time):
+    def __init__(
+        self,
+        device: torch.device,
+        echo: Callable[[str], None] = lambda m: None,
+        interval: float = 2.0,
+        read_busy: Callable[[], Optional[float]] = _proc_stat_busy,
+        read_own: Callable[[], float] = time.process_time,
+    ):
         self.echo = echo
         self.interval = interval
         self._read_busy, self._read_own = read_busy, read_own
@@ -150,7 +163,9 @@ class CpuThreads:
         """
         return self._sample()
 
-    def others_since(self, mark: Optional[tuple[float, float, float]], min_seconds: float = 0.5) -> Optional[float]:
+    def others_since(
+        self, mark: Optional[tuple[float, float, float]], min_seconds: float = 0.5
+    ) -> Optional[float]:
         """The cores other processes kept busy, on average, since ``mark``.
 
         None if unknown, or if less than ``min_seconds`` passed: ``/proc/stat``
@@ -171,7 +186,9 @@ class CpuThreads:
         if not self.enabled:
             return torch.get_num_threads()
         now = time.monotonic()
-        if not force and now - self._last[0] < (self.interval if self._decided else min(self.interval, 0.25)):
+        if not force and now - self._last[0] < (
+            self.interval if self._decided else min(self.interval, 0.25)
+        ):
             return torch.get_num_threads()
         sample = self._sample()
         if sample is None:
@@ -190,8 +207,10 @@ class CpuThreads:
             torch.set_num_threads(target)
             self._pending = None
             if target < current:
-                self.echo(f"note: other processes keep {self.others:.1f} of {self.cpus} CPU cores busy; "
-                          f"using {target} thread{'s' if target > 1 else ''} (set OMP_NUM_THREADS to choose)")
+                self.echo(
+                    f"note: other processes keep {self.others:.1f} of {self.cpus} CPU cores busy; "
+                    f"using {target} thread{'s' if target > 1 else ''} (set OMP_NUM_THREADS to choose)"
+                )
             else:
                 self.echo(f"note: CPU cores are free again; using {target} threads")
         else:
@@ -216,7 +235,13 @@ def capture_rng() -> dict[str, Any]:
     npy = np.random.get_state()
     state = {
         "python": [py[0], list(py[1]), py[2]],
-        "numpy": [npy[0], torch.from_numpy(npy[1].astype(np.int64)), int(npy[2]), int(npy[3]), float(npy[4])],
+        "numpy": [
+            npy[0],
+            torch.from_numpy(npy[1].astype(np.int64)),
+            int(npy[2]),
+            int(npy[3]),
+            float(npy[4]),
+        ],
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -256,8 +281,9 @@ def available_memory(device: torch.device) -> Optional[int]:
     return None
 
 
-def bytes_to_train(model_cfg: ModelConfig, dtype: str, batch_size: int, optimizer: str = "adamw"
-                   ) -> tuple[int, dict[str, Any]]:
+def bytes_to_train(
+    model_cfg: ModelConfig, dtype: str, batch_size: int, optimizer: str = "adamw"
+) -> tuple[int, dict[str, Any]]:
     """Bytes to train ``model_cfg`` at ``batch_size`` × block_size with ``optimizer``, and the estimate they come
     from: the ``total_estimate`` of :func:`minigpt_cli.accounting.params.memory`, the figure ``count-params`` prints."""
     mem = P.memory(model_cfg, dtype, batch_size, model_cfg.block_size, optimizer=optimizer)
@@ -275,8 +301,9 @@ def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: 
     free = available_memory(device)
     if free is None:
         return
-    need, mem = bytes_to_train(cfg.model, str(dtype).removeprefix("torch."), cfg.train.batch_size,
-                               cfg.train.optimizer)
+    need, mem = bytes_to_train(
+        cfg.model, str(dtype).removeprefix("torch."), cfg.train.batch_size, cfg.train.optimizer
+    )
     need -= mem["model_states"] - mem["model_states"] // shards
     if need > free:
         raise MinigptError(

@@ -118,12 +118,16 @@ def shards(parallelism: str, dist: Dist) -> int:
 def single_process_note(parallelism: str, dist: Dist) -> Optional[str]:
     """The note for ``train.parallelism: fsdp`` without torchrun (nothing to shard over); else None."""
     if parallelism == "fsdp" and not dist.enabled:
-        return ("note: train.parallelism: fsdp shards the model over torchrun's processes; this run has one "
-                "process, so it trains the whole model as without it (start it with torchrun to shard)")
+        return (
+            "note: train.parallelism: fsdp shards the model over torchrun's processes; this run has one "
+            "process, so it trains the whole model as without it (start it with torchrun to shard)"
+        )
     return None
 
 
-def place(model: torch.nn.Module, device: torch.device, dist: Dist, parallelism: str) -> torch.nn.Module:
+def place(
+    model: torch.nn.Module, device: torch.device, dist: Dist, parallelism: str
+) -> torch.nn.Module:
     """Put a freshly built GPT on ``device``, or :func:`shard` it there under FSDP with more than one
     process; returns ``model``."""
     if shards(parallelism, dist) == 1:
@@ -148,7 +152,9 @@ def shard(model: torch.nn.Module, device: torch.device, world: int) -> torch.nn.
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether ``model`` (or the model ``torch.compile`` wraps) was sharded by :func:`shard`."""
-    if "torch.distributed.fsdp" not in sys.modules:  # nothing was sharded; importing FSDP costs a second or two
+    if (
+        "torch.distributed.fsdp" not in sys.modules
+    ):  # nothing was sharded; importing FSDP costs a second or two
         return False
     from torch.distributed.fsdp import FSDPModule
 
@@ -194,8 +200,9 @@ def _options(**kw):
     return StateDictOptions(full_state_dict=True, **kw)
 
 
-def gather_state(model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module | dict[str, torch.Tensor], dict[str, Any]]:
+def gather_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[torch.nn.Module | dict[str, torch.Tensor], dict[str, Any]]:
     """What a checkpoint saves, in a one-process run's layout: the weights and the optimizer state.
 
     Unsharded: ``model`` and ``optimizer.state_dict()``. Sharded, a collective: rank 0 gets the full weights
@@ -203,17 +210,26 @@ def gather_state(model: torch.nn.Module,
     the other ranks get two empty dicts."""
     if not is_sharded(model):
         return model, optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     reshard(model)  # the parameters' names must be the shards' (see reshard)
     weights = get_model_state_dict(model, options=_options(cpu_offload=True))
     # Before the first step the optimizer has no state, and get_optimizer_state_dict would make one by
     # stepping with zero gradients and lr 0, which counts a step in AdamW's bias correction: not called then.
-    full = get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True)) if optimizer.state else None
+    full = (
+        get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
+        if optimizer.state
+        else None
+    )
     if not weights:
         return {}, {}  # not rank 0
     if getattr(getattr(model, "config", None), "tie_weights", False):
-        weights.pop("lm_head.weight", None)  # stored once, as wte.weight (as checkpoint.model_state does)
+        weights.pop(
+            "lm_head.weight", None
+        )  # stored once, as wte.weight (as checkpoint.model_state does)
     state, index = {}, 0
     for names in _names(model, optimizer):
         found = [full["state"][n] for n in names if n in full["state"]] if full else []
@@ -222,8 +238,12 @@ def gather_state(model: torch.nn.Module,
         index += 1
     groups, index = [], 0
     for group in optimizer.param_groups:  # as torch.optim.Optimizer.state_dict packs them
-        groups.append({**{k: v for k, v in group.items() if k != "params"},
-                       "params": list(range(index, index + len(group["params"])))})
+        groups.append(
+            {
+                **{k: v for k, v in group.items() if k != "params"},
+                "params": list(range(index, index + len(group["params"]))),
+            }
+        )
         index += len(group["params"])
     return weights, {"state": state, "param_groups": groups}
 
@@ -243,11 +263,15 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
 
     state = dict(state)
     if getattr(getattr(model, "config", None), "tie_weights", False) and "wte.weight" in state:
-        state["lm_head.weight"] = state["wte.weight"]  # the same parameter; both names are asked for
+        state["lm_head.weight"] = state[
+            "wte.weight"
+        ]  # the same parameter; both names are asked for
     set_model_state_dict(model, state, options=_options(strict=False))
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     """Load a checkpoint's optimizer state (the layout :func:`gather_state` writes) into ``optimizer``.
 
     Unsharded: ``optimizer.load_state_dict``. Sharded: each process keeps its
@@ -265,10 +289,17 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
     reshard(model)
     names = [n[0] for n in _names(model, optimizer)]
-    if len(state["param_groups"]) != len(optimizer.param_groups) or \
-            sum(len(g["params"]) for g in state["param_groups"]) != len(names):
-        raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
-                         "optimizer's group")
-    by_name = {"state": {names[int(i)]: s for i, s in state["state"].items()},
-               "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
+    if len(state["param_groups"]) != len(optimizer.param_groups) or sum(
+        len(g["params"]) for g in state["param_groups"]
+    ) != len(names):
+        raise ValueError(
+            "loaded state dict contains a parameter group that doesn't match the size of "
+            "optimizer's group"
+        )
+    by_name = {
+        "state": {names[int(i)]: s for i, s in state["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]
+        ],
+    }
     set_optimizer_state_dict(model, optimizer, by_name, options=_options())

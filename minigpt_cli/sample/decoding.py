@@ -47,8 +47,14 @@ class StaticDecoder:
     compiled step has static shapes); ``compile`` False runs the same step eagerly. ``mode`` None:
     :func:`default_mode` of the model's device."""
 
-    def __init__(self, model: GPT, batch: int, compile: bool = False, mode: Optional[str] = None,
-                 backend: str = "inductor"):
+    def __init__(
+        self,
+        model: GPT,
+        batch: int,
+        compile: bool = False,
+        mode: Optional[str] = None,
+        backend: str = "inductor",
+    ):
         self.model = model
         self.batch = batch
         self.cache = model.new_static_cache(batch)
@@ -60,10 +66,15 @@ class StaticDecoder:
         self.cuda_graphs = False
         if compile:
             mode = mode if mode is not None else default_mode(self.device)
-            self.cuda_graphs = (mode in ("reduce-overhead", "max-autotune") and self.device.type == "cuda"
-                                and backend == "inductor")
+            self.cuda_graphs = (
+                mode in ("reduce-overhead", "max-autotune")
+                and self.device.type == "cuda"
+                and backend == "inductor"
+            )
             if self.cuda_graphs:
-                from torch._dynamo import mark_static_address  # about 2 s: only where something is compiled
+                from torch._dynamo import (
+                    mark_static_address,
+                )  # about 2 s: only where something is compiled
 
                 for t in self.cache.buffers():  # written in place inside the graph: fixed addresses
                     mark_static_address(t)
@@ -86,7 +97,9 @@ class StaticDecoder:
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are no longer needed
         logits = self._step(self.model, self.cache, self.token, self.pos)
-        return logits.clone() if self.cuda_graphs else logits  # a graph's outputs are overwritten next replay
+        return (
+            logits.clone() if self.cuda_graphs else logits
+        )  # a graph's outputs are overwritten next replay
 
     def warm_up(self, steps: int = 3) -> None:
         """Run the step a few times at position 0 (compiling it; on CUDA, recording its graph); what they write
@@ -96,7 +109,9 @@ class StaticDecoder:
             self.step(token, 0)
 
 
-def compiled_decoder(model: GPT, batch: int, echo: Callable[[str], None]) -> Optional[StaticDecoder]:
+def compiled_decoder(
+    model: GPT, batch: int, echo: Callable[[str], None]
+) -> Optional[StaticDecoder]:
     """A :class:`StaticDecoder` of ``batch`` rows with its step compiled and warmed up, saying so through
     ``echo``; None, with a warning, where compiling fails (``torch.compile`` fails at the first call: no C++
     compiler, an unsupported platform), so that the caller decodes eagerly."""
@@ -105,7 +120,10 @@ def compiled_decoder(model: GPT, batch: int, echo: Callable[[str], None]) -> Opt
         decoder = StaticDecoder(model, batch, compile=True)
         decoder.warm_up()
     except Exception as exc:
-        echo(_MESSAGES["failed"].format(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+        echo(
+            _MESSAGES["failed"].format(
+                error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            )
+        )
         return None
     return decoder
-

@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TextIO
 import torch
 
 from ..config.notes import notes
-from ..config.special_tokens import END_OF_TEXT
 from ..config.schema import Config, SampleConfig, validate
+from ..config.special_tokens import END_OF_TEXT
 from ..run import folder as runs
 from ..runtime.device import CpuThreads, resolve_device
 from ..tokenizer.kinds import Tokenizer, lossy_report
@@ -26,8 +26,15 @@ from .load import load_run
 from .sampling import encode_prompt, generate_tokens, resolve_window_stride
 
 #: The flag of each ``sample`` key, as the notes name what the user gave (:func:`generate`).
-FLAGS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
-         "top_k": "--top-k", "top_p": "--top-p", "num_samples": "--num-samples", "window_stride": "--window-stride"}
+FLAGS = {
+    "prompt": "--prompt",
+    "max_new_tokens": "--max-new-tokens",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "num_samples": "--num-samples",
+    "window_stride": "--window-stride",
+}
 
 #: Samples decoded together at most; more are decoded in batches of this many, one after another (the KV
 #: cache grows with the batch: 300 MB for 64 samples of configs/shakespeare.yaml's model).
@@ -38,12 +45,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 #: What :func:`generate` says: errors, then notes.
 _MESSAGES = {
-    "stop_never": ("note: --stop {stop!r} can never match: the tokenizer's vocabulary lacks {chars}, so the model "
-                   "never writes it"),
+    "stop_never": (
+        "note: --stop {stop!r} can never match: the tokenizer's vocabulary lacks {chars}, so the model "
+        "never writes it"
+    ),
     "top_k_clamped": "note: --top-k {top_k} is larger than the vocabulary ({vocab}); using {vocab}",
     "compile_no_cache": "note: --compile has no effect with --no-kv-cache: it compiles the cached one-token step",
-    "untrained": ("note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random init), "
-                  "so the text is random; train the run further, or pass --run of a trained one"),
+    "untrained": (
+        "note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random init), "
+        "so the text is random; train the run further, or pass --run of a trained one"
+    ),
     "cropped": "note: the prompt has {n} tokens; the model sees only the last {block} (block_size)",
 }
 
@@ -90,12 +101,12 @@ class TextStream:
     def push(self, token: int) -> str:
         """Add one id; returns the text it completes ("" while a character is incomplete)."""
         self.ids.append(token)
-        text = self.tok.decode(self.ids[self._prefix:])
+        text = self.tok.decode(self.ids[self._prefix :])
         if len(text) <= len(self._prefix_text) or text.endswith("\ufffd"):
             return ""
         self._prefix, self._read = self._read, len(self.ids)
-        piece = text[len(self._prefix_text):]
-        self._prefix_text = self.tok.decode(self.ids[self._prefix:self._read])
+        piece = text[len(self._prefix_text) :]
+        self._prefix_text = self.tok.decode(self.ids[self._prefix : self._read])
         return piece
 
 
@@ -126,7 +137,7 @@ class SampleWriter:
         if at >= 0:
             self.cut = self.done - len(self.recent) + at
             return True
-        self.recent = window[max(0, len(window) - self.keep):] if self.keep else ""
+        self.recent = window[max(0, len(window) - self.keep) :] if self.keep else ""
         self.done += len(piece)
         if self.stream:
             self.pending += piece
@@ -143,16 +154,18 @@ class SampleWriter:
         text = self.tok.decode(self.dec.ids)
         cut = self.cut
         if cut < 0 and not self.plain:  # the end of the last token, if it never became a piece
-            at = find_stop(self.recent + text[self.done:], self.stops)
+            at = find_stop(self.recent + text[self.done :], self.stops)
             cut = self.done - len(self.recent) + at if at >= 0 else -1
         if cut >= 0:
             text = text[:cut]
-        self.out.write(text[self.written:] + "\n")
+        self.out.write(text[self.written :] + "\n")
         self.out.flush()
         return text
 
 
-def write_sample(tok: Tokenizer, tokens: Iterable[int], stops: Sequence[str], out: TextIO, stream: bool) -> str:
+def write_sample(
+    tok: Tokenizer, tokens: Iterable[int], stops: Sequence[str], out: TextIO, stream: bool
+) -> str:
     """Decode ``tokens`` as they are sampled, cut at the first stop string (no more are drawn), write the text
     and a newline (:class:`SampleWriter`); returns the new text."""
     writer = SampleWriter(tok, stops, out, stream)
@@ -196,12 +209,21 @@ def generate(
     dev = resolve_device(device)
     # Measures what else runs from here on: the sampling loop's polls decide the thread count once 0.25 s
     # have passed (no wait before the first token: an idle machine pays nothing).
-    threads = CpuThreads(dev)  # silent: the thread count changes the speed, not the text (issue 27 §5)
+    threads = CpuThreads(
+        dev
+    )  # silent: the thread count changes the speed, not the text (issue 27 §5)
     loaded = load_run(run, checkpoint, dev)
     model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer
-    model.to(DTYPES[dtype])  # after load_run's finite check: float32 to bfloat16 keeps the exponent range
+    model.to(
+        DTYPES[dtype]
+    )  # after load_run's finite check: float32 to bfloat16 keeps the exponent range
     sc = resolve_sample(cfg, sample)  # validated once here: the sampler trusts it
-    prompt, max_new_tokens, num_samples, top_k = sc.prompt, sc.max_new_tokens, sc.num_samples, sc.top_k
+    prompt, max_new_tokens, num_samples, top_k = (
+        sc.prompt,
+        sc.max_new_tokens,
+        sc.num_samples,
+        sc.top_k,
+    )
     window_stride = resolve_window_stride(cfg.model.block_size, sc.window_stride)
     flags = given_keys(sample)
     if top_k is not None and top_k > tok.vocab_size:
@@ -219,9 +241,13 @@ def generate(
     lossy = lossy_report(tok, prompt)
     if lossy is not None:
         echo(lossy)
-    for line in notes(cfg.model_copy(update={"sample": sc}), route="generate",
-                      given_keys={f"sample.{k}" for k in flags}, names={f"sample.{k}": FLAGS[k] for k in flags},
-                      prompt_tokens=len(ids)):
+    for line in notes(
+        cfg.model_copy(update={"sample": sc}),
+        route="generate",
+        given_keys={f"sample.{k}" for k in flags},
+        names={f"sample.{k}": FLAGS[k] for k in flags},
+        prompt_tokens=len(ids),
+    ):
         echo(line)
     for s in stops:  # text the model cannot write: the vocabulary lacks a character of it
         missing = tok.unknown_chars(s)
@@ -241,14 +267,27 @@ def generate(
         decoder = compiled_decoder(model, rows, echo) if compiled and use_cache else None
         idx = torch.tensor([ids] * rows, dtype=torch.long, device=dev)
         # Sample i (from 0) draws from its own generator, seeded seed + i: the single sample of that seed.
-        gens = [torch.Generator(device=dev).manual_seed(seed + i) for i in range(first, first + rows)]
+        gens = [
+            torch.Generator(device=dev).manual_seed(seed + i) for i in range(first, first + rows)
+        ]
         writers = [SampleWriter(tok, stops, out, stream and num_samples == 1) for _ in range(rows)]
         live = set(range(rows))
         if num_samples == 1:  # a batch is written at its end, each sample under its own header
             out.write(prompt)
             out.flush()
-        for t in generate_tokens(model, idx, max_new_tokens, sc.temperature, top_k, sc.top_p, use_cache, gens,
-                                 vocab_limit=tok.vocab_size, window_stride=window_stride, decoder=decoder):
+        for t in generate_tokens(
+            model,
+            idx,
+            max_new_tokens,
+            sc.temperature,
+            top_k,
+            sc.top_p,
+            use_cache,
+            gens,
+            vocab_limit=tok.vocab_size,
+            window_stride=window_stride,
+            decoder=decoder,
+        ):
             threads.poll()
             for i, token in enumerate(t.tolist()):
                 if i in live and (token == eos or writers[i].push(token)):

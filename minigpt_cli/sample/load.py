@@ -25,10 +25,12 @@ from ..runtime.kernels import swap as swap_kernels
 from ..tokenizer.kinds import Tokenizer, load_run_tokenizer
 
 _MESSAGES = {
-    "not_finite": ("checkpoint {ckpt!r} has NaN or infinite weights ({name}): the run diverged before it was saved; "
-                   "try --checkpoint {other}, or retrain with a lower train.learning_rate"),
+    "not_finite": (
+        "checkpoint {ckpt!r} has NaN or infinite weights ({name}): the run diverged before it was saved; "
+        "try --checkpoint {other}, or retrain with a lower train.learning_rate"
+    ),
     "tokenizer": "{tok} is not the tokenizer this checkpoint was trained with ({why}); restore the run's own "
-                 "tokenizer.json",
+    "tokenizer.json",
 }
 
 
@@ -40,12 +42,18 @@ class LoadedRun:
     tokenizer: Tokenizer
     config: Config
     run_dir: Path
-    checkpoint: Path  # the checkpoint folder read: ``best`` falls back to ``last`` before the first eval
-    step: Optional[int]  # the optimizer step it was saved at; None for checkpoints whose meta.json lacks it
+    checkpoint: (
+        Path  # the checkpoint folder read: ``best`` falls back to ``last`` before the first eval
+    )
+    step: Optional[
+        int
+    ]  # the optimizer step it was saved at; None for checkpoints whose meta.json lacks it
 
     def describe(self) -> str:
         """``checkpoint best, step 30`` (the step left out when unknown)."""
-        return f"checkpoint {self.checkpoint.name}" + (f", step {self.step}" if self.step is not None else "")
+        return f"checkpoint {self.checkpoint.name}" + (
+            f", step {self.step}" if self.step is not None else ""
+        )
 
 
 def _check_finite(model: torch.nn.Module, ckpt: Path) -> None:
@@ -58,7 +66,9 @@ def _check_finite(model: torch.nn.Module, ckpt: Path) -> None:
         extremes = torch.stack(torch.aminmax(tensor.view(-1)))
         if not bool(torch.isfinite(extremes).all()):
             other = runs.LAST if ckpt.name == runs.BEST else runs.BEST
-            raise MinigptError(_MESSAGES["not_finite"].format(ckpt=str(ckpt), name=name, other=other))
+            raise MinigptError(
+                _MESSAGES["not_finite"].format(ckpt=str(ckpt), name=name, other=other)
+            )
 
 
 def _mismatch(tok: Tokenizer, cfg: Config, meta: dict) -> Optional[str]:
@@ -68,13 +78,19 @@ def _mismatch(tok: Tokenizer, cfg: Config, meta: dict) -> Optional[str]:
         return f"{tok.vocab_size} entries for a model of {cfg.model.vocab_size}"
     if tok.kind != cfg.tokenizer.kind:
         return f"a {tok.kind} tokenizer; the run trained with tokenizer.kind {cfg.tokenizer.kind}"
-    if meta.get("tokenizer_fingerprint") not in (None, tok.fingerprint()):  # None: from before it was recorded
+    if meta.get("tokenizer_fingerprint") not in (
+        None,
+        tok.fingerprint(),
+    ):  # None: from before it was recorded
         return "its fingerprint differs"
     return None
 
 
-def load_run(run: Optional[str | Path] = None, checkpoint: str = runs.BEST,
-             device: str | torch.device = "cpu") -> LoadedRun:
+def load_run(
+    run: Optional[str | Path] = None,
+    checkpoint: str = runs.BEST,
+    device: str | torch.device = "cpu",
+) -> LoadedRun:
     """The model of a run's checkpoint (eval mode, on ``device``, linear layers on the fastest kernel),
     its config and the run's tokenizer; ``run`` None: the newest run under ``runs/``.
 
@@ -88,7 +104,9 @@ def load_run(run: Optional[str | Path] = None, checkpoint: str = runs.BEST,
     swap_kernels(model)
     tok = load_run_tokenizer(run_dir, cfg)
     _check_finite(model, ckpt)
-    meta = runs.read_meta(ckpt)  # refuses a missing or damaged one: it names the tokenizer trained with
+    meta = runs.read_meta(
+        ckpt
+    )  # refuses a missing or damaged one: it names the tokenizer trained with
     why = _mismatch(tok, cfg, meta)
     if why is not None:
         raise MinigptError(_MESSAGES["tokenizer"].format(tok=run_dir / runs.TOKENIZER, why=why))

@@ -35,16 +35,26 @@ _MESSAGES = {
     "not_utf8": "{source} is not UTF-8 text (byte 0x{byte:02x} at character {at}); convert it to UTF-8 with iconv",
     "unknown": "{source} has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
     "no_tokens": "{source} encodes to no tokens; {longer}",
-    "overflow": ("the model's output is {what} (its weights are finite, but the forward pass overflows), so there is "
-                 "nothing to sample; retrain it with a smaller model.init_std or train.learning_rate"),
-    "sampler": ("the sampler on {device} returned token id {value}, outside the vocabulary (0 to {last}); a fault of "
-                "torch.multinomial on that device: run with --device cpu"),
+    "overflow": (
+        "the model's output is {what} (its weights are finite, but the forward pass overflows), so there is "
+        "nothing to sample; retrain it with a smaller model.init_std or train.learning_rate"
+    ),
+    "sampler": (
+        "the sampler on {device} returned token id {value}, outside the vocabulary (0 to {last}); a fault of "
+        "torch.multinomial on that device: run with --device cpu"
+    ),
 }
 _PROMPT_FIXES = {
-    "the prompt": {"give": "pass --prompt TEXT", "newline": "--prompt $'\\n'", "longer": "pass a longer --prompt"},
-    "sample.prompt": {"give": "set sample.prompt (or pass minigpt generate --prompt TEXT)",
-                      "newline": 'sample.prompt: "\\n"',
-                      "longer": "set a longer sample.prompt (or pass minigpt generate --prompt TEXT)"},
+    "the prompt": {
+        "give": "pass --prompt TEXT",
+        "newline": "--prompt $'\\n'",
+        "longer": "pass a longer --prompt",
+    },
+    "sample.prompt": {
+        "give": "set sample.prompt (or pass minigpt generate --prompt TEXT)",
+        "newline": 'sample.prompt: "\\n"',
+        "longer": "set a longer sample.prompt (or pass minigpt generate --prompt TEXT)",
+    },
 }
 
 
@@ -65,17 +75,31 @@ def encode_prompt(tok: Optional[Tokenizer], prompt: str, source: str = "the prom
     # Bytes that were not UTF-8 arrive as lone surrogates (surrogateescape): the only text UTF-8 cannot encode.
     bad = _SURROGATE.search(prompt)
     if bad is not None:
-        raise MinigptError(_MESSAGES["not_utf8"].format(source=source, byte=ord(bad.group()) & 0xFF, at=bad.start()))
-    missing = tok.unknown_chars(prompt) if tok is not None and tok.unk_token is None else []  # char's alphabet
+        raise MinigptError(
+            _MESSAGES["not_utf8"].format(
+                source=source, byte=ord(bad.group()) & 0xFF, at=bad.start()
+            )
+        )
+    missing = (
+        tok.unknown_chars(prompt) if tok is not None and tok.unk_token is None else []
+    )  # char's alphabet
     if missing:
-        raise MinigptError(_MESSAGES["unknown"].format(source=source, chars=", ".join(map(repr, missing))))
+        raise MinigptError(
+            _MESSAGES["unknown"].format(source=source, chars=", ".join(map(repr, missing)))
+        )
     ids = tok.encode(prompt) if tok is not None and prompt else []
-    if prompt == "" or (tok is not None and not ids):  # without a tokenizer (a dry run) only the text is checked
-        raise MinigptError(_MESSAGES["empty" if prompt == "" else "no_tokens"].format(source=source, **fixes))
+    if prompt == "" or (
+        tok is not None and not ids
+    ):  # without a tokenizer (a dry run) only the text is checked
+        raise MinigptError(
+            _MESSAGES["empty" if prompt == "" else "no_tokens"].format(source=source, **fixes)
+        )
     return ids
 
 
-def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None, top_p: Optional[float] = None) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor, top_k: Optional[int] = None, top_p: Optional[float] = None
+) -> torch.Tensor:
     """Mask logits (B, V) outside the top-k and the nucleus with -inf.
 
     top_k keeps the k largest (ties at the k-th value kept, as nanoGPT).
@@ -99,11 +123,16 @@ def filter_logits(logits: torch.Tensor, top_k: Optional[int] = None, top_p: Opti
 
 #: The largest temperature float32 rounds to 0 (half its smallest subnormal, 2**-149): below it
 #: logits / T would be 0 / 0 at the maximum, so sampling takes the limit T -> 0 instead.
-FLOAT32_ZERO = 2.0 ** -150
+FLOAT32_ZERO = 2.0**-150
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
-                generator: Optional[torch.Generator | Sequence[torch.Generator]]) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: Optional[int],
+    top_p: Optional[float],
+    generator: Optional[torch.Generator | Sequence[torch.Generator]],
+) -> torch.Tensor:
     """Next ids (B,) int64, sampled from softmax(logits / T) of last-position logits (B, V), T finite and >= 0.
 
     softmax(l / T) is the Boltzmann distribution at temperature T (Ackley, Hinton & Sejnowski 1985). T = 0 is
@@ -145,7 +174,9 @@ def check_sampled(ids: torch.Tensor, limit: int) -> None:
     ``torch.multinomial`` have returned int64-min)."""
     bad = (ids < 0) | (ids >= limit)
     if bool(bad.any()):
-        raise MinigptError(_MESSAGES["sampler"].format(device=ids.device, value=int(ids[bad][0]), last=limit - 1))
+        raise MinigptError(
+            _MESSAGES["sampler"].format(device=ids.device, value=int(ids[bad][0]), last=limit - 1)
+        )
 
 
 def resolve_window_stride(block_size: int, window_stride: Optional[int]) -> int:
@@ -185,12 +216,20 @@ def generate_tokens(
     start = max(0, seq.size(1) - block)  # the window is seq[:, start:]
     cache = None
     refill = True
-    assert decoder is None or decoder.batch == idx.size(0), decoder.batch  # a static cache has a fixed batch
+    assert decoder is None or decoder.batch == idx.size(0), (
+        decoder.batch
+    )  # a static cache has a fixed batch
     for _ in range(max_new_tokens):
         if not use_cache:
             last = model(seq[:, start:], last_only=True)[0][:, -1, :]
-        elif decoder is not None:  # the static cache: the window at positions 0.., refilled after each slide
-            last = decoder.prefill(seq[:, start:]) if refill else decoder.step(seq[:, -1], seq.size(1) - 1 - start)
+        elif (
+            decoder is not None
+        ):  # the static cache: the window at positions 0.., refilled after each slide
+            last = (
+                decoder.prefill(seq[:, start:])
+                if refill
+                else decoder.step(seq[:, -1], seq.size(1) - 1 - start)
+            )
             refill = False
         elif refill:
             # Fill the cache with the whole window: at the start and after each slide.
@@ -215,8 +254,14 @@ def generate_tokens(
         yield nxt
 
 
-def sample_prompt_text(model: GPT, tok: "Tokenizer", sc: "SampleConfig", n_tokens: int, seed: int,
-                       should_stop: Optional[Callable[[], bool]] = None) -> str:
+def sample_prompt_text(
+    model: GPT,
+    tok: "Tokenizer",
+    sc: "SampleConfig",
+    n_tokens: int,
+    seed: int,
+    should_stop: Optional[Callable[[], bool]] = None,
+) -> str:
     """samples.txt's sample: ``n_tokens`` after ``sc.prompt``, drawn as ``minigpt generate`` draws them with
     ``sc``'s settings from a generator seeded ``seed``; the sample ends when ``should_stop()`` says so (a Ctrl-C
     must not wait for it). The model is put in eval mode and back in train mode.
@@ -232,8 +277,17 @@ def sample_prompt_text(model: GPT, tok: "Tokenizer", sc: "SampleConfig", n_token
         prompt = encode_prompt(tok, sc.prompt, "sample.prompt")
         idx = torch.tensor([prompt], dtype=torch.long, device=device)
         g = torch.Generator(device=device).manual_seed(seed)
-        for t in generate_tokens(model, idx, n_tokens, sc.temperature, sc.top_k, sc.top_p, generator=g,
-                                 vocab_limit=tok.vocab_size, window_stride=sc.window_stride):
+        for t in generate_tokens(
+            model,
+            idx,
+            n_tokens,
+            sc.temperature,
+            sc.top_k,
+            sc.top_p,
+            generator=g,
+            vocab_limit=tok.vocab_size,
+            window_stride=sc.window_stride,
+        ):
             ids.append(int(t[0]))
             if should_stop is not None and should_stop():
                 break

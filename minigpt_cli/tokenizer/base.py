@@ -17,17 +17,27 @@ if TYPE_CHECKING:
 
     from ..config.schema import Config
 
-__all__ = ["SPACE_MARK", "MAX_SHOWN", "Tokenizer", "check_ids", "lossy_report", "missing_chars", "run_tokenizer_fix"]
+__all__ = [
+    "SPACE_MARK",
+    "MAX_SHOWN",
+    "Tokenizer",
+    "check_ids",
+    "lossy_report",
+    "missing_chars",
+    "run_tokenizer_fix",
+]
 
 #: What this module says: ids that are not token ids, and the fix for a run whose own tokenizer.json is lost.
 _MESSAGES = {
     "not_int": "token id {bad!r} is not an integer; decode integer ids (the ids encode gives)",
-    "outside": ("token id {bad:,} is not in the tokenizer's vocabulary of {n:,} ids (0 to {last:,}); decode ids with "
-                "the tokenizer that made them"),
+    "outside": (
+        "token id {bad:,} is not in the tokenizer's vocabulary of {n:,} ids (0 to {last:,}); decode ids with "
+        "the tokenizer that made them"
+    ),
     "copy": "a run keeps the tokenizer it was trained with: copy it back from {source!r} to {dest!r}, if that "
-            "file was not retrained since",
+    "file was not retrained since",
     "no_copy": "a run keeps the tokenizer it was trained with, and no copy of it is known{where}: the run cannot be "
-               "used without it; restore {dest!r} from a backup, or train a new run",
+    "used without it; restore {dest!r} from a backup, or train a new run",
 }
 
 #: SentencePiece's visible space, used by the Unigram and WordPiece kinds.
@@ -89,10 +99,17 @@ def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
     ids = list(ids)
     floats = [i for i in ids if isinstance(i, (bool, float))]  # int(1.7) would silently decode id 1
     out = [] if floats else list(map(int, ids))
-    outside = [i for i in out if not 0 <= i < vocab_size] if out and (min(out) < 0 or max(out) >= vocab_size) else []
+    outside = (
+        [i for i in out if not 0 <= i < vocab_size]
+        if out and (min(out) < 0 or max(out) >= vocab_size)
+        else []
+    )
     if floats or outside:
-        raise MinigptError(_MESSAGES["not_int"].format(bad=floats[0]) if floats else
-                           _MESSAGES["outside"].format(bad=outside[0], n=vocab_size, last=vocab_size - 1))
+        raise MinigptError(
+            _MESSAGES["not_int"].format(bad=floats[0])
+            if floats
+            else _MESSAGES["outside"].format(bad=outside[0], n=vocab_size, last=vocab_size - 1)
+        )
     return out
 
 
@@ -123,12 +140,19 @@ def lossy_report(tok: Tokenizer, text: str, what: str = "the prompt") -> Optiona
     parts = []
     chars = tok.unknown_chars(text)
     if chars:
-        shown = ", ".join(repr(c) for c in chars[:MAX_SHOWN]) + (", ..." if len(chars) > MAX_SHOWN else "")
+        shown = ", ".join(repr(c) for c in chars[:MAX_SHOWN]) + (
+            ", ..." if len(chars) > MAX_SHOWN else ""
+        )
         n = f"{len(chars)} character{'s' if len(chars) > 1 else ''}"
         # WordPiece: the whole word holding such a character becomes <unk>
-        parts.append(_LOSSY["unknown_words" if tok.kind == "wordpiece" else "unknown"].format(
-            n=n, what=what, unk=unk, shown=shown))
-    plain = "".join(split_special(text, tok.special_tokens)[0::2])  # special tokens are one id by design
+        parts.append(
+            _LOSSY["unknown_words" if tok.kind == "wordpiece" else "unknown"].format(
+                n=n, what=what, unk=unk, shown=shown
+            )
+        )
+    plain = "".join(
+        split_special(text, tok.special_tokens)[0::2]
+    )  # special tokens are one id by design
     if SPACE_MARK in plain:
         parts.append(_LOSSY["space_mark"].format(what=what, mark=SPACE_MARK, kind=tok.kind))
     if unk in plain:
@@ -161,12 +185,20 @@ def run_tokenizer_fix(run_dir: Path, cfg: Config) -> str:
 
     tc, mc, dc = cfg.tokenizer, cfg.model, cfg.data
     dest = Path(os.path.abspath(Path(run_dir) / runs.TOKENIZER))
-    folder = Path(mc.init_from) / runs.TOKENIZER if mc.init_from else None  # a model folder's, named as a run's
-    default = default_tokenizer_path(dc.data_dir, dc.dataset, tc.kind, tc.vocab_size, tc.special_tokens)
-    if dc.path is not None and dc.fingerprint:  # a data.path corpus keeps it in <data_dir>/<name>-<fingerprint>/
+    folder = (
+        Path(mc.init_from) / runs.TOKENIZER if mc.init_from else None
+    )  # a model folder's, named as a run's
+    default = default_tokenizer_path(
+        dc.data_dir, dc.dataset, tc.kind, tc.vocab_size, tc.special_tokens
+    )
+    if (
+        dc.path is not None and dc.fingerprint
+    ):  # a data.path corpus keeps it in <data_dir>/<name>-<fingerprint>/
         default = Path(dc.data_dir) / f"*-{dc.fingerprint[:12]}" / default.name
     named = Path(tc.path) if tc.path else folder or default
-    bases = runs.training_dirs(run_dir, cfg.train.out_dir)  # where train ran, or where the project is now
+    bases = runs.training_dirs(
+        run_dir, cfg.train.out_dir
+    )  # where train ran, or where the project is now
     looked = []
     for given in dict.fromkeys(p for p in (named, folder) if p is not None):
         if given.is_absolute():
@@ -174,13 +206,23 @@ def run_tokenizer_fix(run_dir: Path, cfg: Config) -> str:
         else:
             options = [base / given for base in bases]  # none: relative to a folder no record names
         for option in options:
-            matches = [Path(m) for m in sorted(glob.glob(str(option)))] if glob.has_magic(str(option)) else [option]
+            matches = (
+                [Path(m) for m in sorted(glob.glob(str(option)))]
+                if glob.has_magic(str(option))
+                else [option]
+            )
             for source in (Path(os.path.abspath(m)) for m in matches):
-                if source == dest or (source.exists() and dest.exists() and os.path.samefile(source, dest)):
+                if source == dest or (
+                    source.exists() and dest.exists() and os.path.samefile(source, dest)
+                ):
                     continue
                 if source.is_file():
                     return _MESSAGES["copy"].format(source=str(source), dest=str(dest))
             looked.append(str(Path(os.path.abspath(option))))
         looked = list(dict.fromkeys(looked))
-    where = f" ({' and '.join(map(repr, looked))} {'are' if len(looked) > 1 else 'is'} not there)" if looked else ""
+    where = (
+        f" ({' and '.join(map(repr, looked))} {'are' if len(looked) > 1 else 'is'} not there)"
+        if looked
+        else ""
+    )
     return _MESSAGES["no_copy"].format(where=where, dest=str(dest))

@@ -15,16 +15,37 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 from ..config.special_tokens import UNK, special_token_problem, split_special
 from ..errors import MinigptError
 from ..fileio import atomic_write_text
-from .base import MAX_SHOWN, SPACE_MARK, Tokenizer, check_ids, lossy_report, missing_chars, run_tokenizer_fix
+from .base import (
+    MAX_SHOWN,
+    SPACE_MARK,
+    Tokenizer,
+    check_ids,
+    lossy_report,
+    missing_chars,
+    run_tokenizer_fix,
+)
 
 if TYPE_CHECKING:
     import numpy as np
 
     from ..config.schema import Config
 
-__all__ = ["FORMAT", "KINDS", "UNK", "SPACE_MARK", "MAX_SHOWN", "Tokenizer", "CharTokenizer", "HFTokenizer",
-           "check_ids", "lossy_report", "load_tokenizer", "load_run_tokenizer", "tokenizer_file",
-           "check_run_tokenizer"]
+__all__ = [
+    "FORMAT",
+    "KINDS",
+    "UNK",
+    "SPACE_MARK",
+    "MAX_SHOWN",
+    "Tokenizer",
+    "CharTokenizer",
+    "HFTokenizer",
+    "check_ids",
+    "lossy_report",
+    "load_tokenizer",
+    "load_run_tokenizer",
+    "tokenizer_file",
+    "check_run_tokenizer",
+]
 
 FORMAT = "minigpt-char-tokenizer"
 KINDS = ("char", "bpe", "wordpiece", "unigram")
@@ -47,14 +68,16 @@ _MESSAGES = {
     "damaged": "tokenizer file {path!r} is damaged ({error})",
     "other": "tokenizer file {path!r} is not a minigpt tokenizer",
     "changed": "--resume: the tokenizer file the config names differs from {path}; point tokenizer.path at the "
-               "run's tokenizer.json",
+    "run's tokenizer.json",
 }
 #: The fix for a file :func:`load_tokenizer` cannot read, by whether minigpt made it (``own``): one it made
 #: (prepared data's, a run's) is trained again; one the user named is never deleted, but replaced by one it reads.
-_FIXES = {True: "delete it and train it again",
-          False: "pass a tokenizer file: minigpt's char tokenizer or a tokenizers tokenizer.json (train-tokenizer "
-                 "writes both; a run folder and a Hugging Face model folder hold one)",
-          "not_found": "train one with minigpt train-tokenizer"}
+_FIXES = {
+    True: "delete it and train it again",
+    False: "pass a tokenizer file: minigpt's char tokenizer or a tokenizers tokenizer.json (train-tokenizer "
+    "writes both; a run folder and a Hugging Face model folder hold one)",
+    "not_found": "train one with minigpt train-tokenizer",
+}
 
 
 def _attempt(call: Callable[[], object]) -> tuple[object, Optional[Exception]]:
@@ -79,14 +102,24 @@ class CharTokenizer:
 
     def __init__(self, chars: Iterable[str], special_tokens: Iterable[str] = ()):
         self.chars = list(chars)
-        self.special_tokens = list(special_tokens)  # checked where they came in: the config, a file, a flag
-        assert self.chars and all(len(c) == 1 for c in self.chars) and len(set(self.chars)) == len(self.chars)
+        self.special_tokens = list(
+            special_tokens
+        )  # checked where they came in: the config, a file, a flag
+        assert (
+            self.chars
+            and all(len(c) == 1 for c in self.chars)
+            and len(set(self.chars)) == len(self.chars)
+        )
         self.itos = self.chars + self.special_tokens
         self.stoi = {c: i for i, c in enumerate(self.itos)}
-        self._sorted = None  # (code points sorted, their ids): encode_batch's table, made on first use
+        self._sorted = (
+            None  # (code points sorted, their ids): encode_batch's table, made on first use
+        )
 
     @classmethod
-    def train(cls, text: str | Iterable[str], special_tokens: Iterable[str] = ()) -> "CharTokenizer":
+    def train(
+        cls, text: str | Iterable[str], special_tokens: Iterable[str] = ()
+    ) -> "CharTokenizer":
         """The sorted alphabet of ``text`` (a string, or pieces none cutting a special token), special tokens aside.
 
         Raises:
@@ -154,8 +187,14 @@ class CharTokenizer:
                 out.append(plain(text))
                 continue
             parts = split_special(text, self.special_tokens)
-            out.append(np.concatenate([plain(p) if i % 2 == 0 else np.array([self.stoi[p]], dtype=np.int64)
-                                       for i, p in enumerate(parts)]))
+            out.append(
+                np.concatenate(
+                    [
+                        plain(p) if i % 2 == 0 else np.array([self.stoi[p]], dtype=np.int64)
+                        for i, p in enumerate(parts)
+                    ]
+                )
+            )
         return out
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -204,7 +243,9 @@ class HFTokenizer:
         obj = json.loads(self._json)
         model = obj.get("model") or {}
         mtype = model.get("type")
-        assert mtype in _MODEL_KINDS or kind == "hf", mtype  # the trainers' models, or load_tokenizer's kind hf
+        assert mtype in _MODEL_KINDS or kind == "hf", (
+            mtype
+        )  # the trainers' models, or load_tokenizer's kind hf
         self.kind = kind or _MODEL_KINDS[mtype]
         unk = model.get("unk_token")
         if mtype == "Unigram" and model.get("unk_id") is not None:
@@ -212,8 +253,11 @@ class HFTokenizer:
         if unk is not None and self._tok.token_to_id(unk) is None:
             unk = None  # WordLevel names "<unk>" even when its vocabulary lacks it: then nothing becomes it
         self.unk_token: Optional[str] = unk
-        self.special_tokens = [a["content"] for a in obj.get("added_tokens") or []
-                               if a.get("special") and a["content"] != unk]
+        self.special_tokens = [
+            a["content"]
+            for a in obj.get("added_tokens") or []
+            if a.get("special") and a["content"] != unk
+        ]
         self._known: Optional[frozenset[str]] = None  # single-character pieces, on first use
 
     @property
@@ -243,8 +287,12 @@ class HFTokenizer:
         """
         import numpy as np
 
-        encoded, error = _attempt(lambda: self._tok.encode_batch(list(texts), add_special_tokens=False))
-        if error is not None:  # one at a time: encode refuses the first text that fails, naming its characters
+        encoded, error = _attempt(
+            lambda: self._tok.encode_batch(list(texts), add_special_tokens=False)
+        )
+        if (
+            error is not None
+        ):  # one at a time: encode refuses the first text that fails, naming its characters
             return [np.asarray(self.encode(text), dtype=np.int64) for text in texts]
         return [np.asarray(e.ids, dtype=np.int64) for e in encoded]
 
@@ -262,8 +310,11 @@ class HFTokenizer:
         one call per distinct character, so only once a whole text failed.
         """
         plain = "".join(split_special(text, self.special_tokens)[0::2])
-        return [ch for ch in dict.fromkeys(plain)
-                if _attempt(lambda: self._tok.encode(ch, add_special_tokens=False))[1] is not None]
+        return [
+            ch
+            for ch in dict.fromkeys(plain)
+            if _attempt(lambda: self._tok.encode(ch, add_special_tokens=False))[1] is not None
+        ]
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids``, special and unknown tokens kept as their text; MinigptError for an id out of range."""
@@ -307,11 +358,18 @@ def tokenizer_file(path: str | Path, own: bool = True) -> Path:
     """The file :func:`load_tokenizer` reads for ``path``: ``path`` itself, or for a folder the user names
     (``own`` False, a Hugging Face model folder) the ``tokenizer.json`` in it."""
     p = Path(path)
-    return p / "tokenizer.json" if not own and p.is_dir() and (p / "tokenizer.json").is_file() else p
+    return (
+        p / "tokenizer.json" if not own and p.is_dir() and (p / "tokenizer.json").is_file() else p
+    )
 
 
-def load_tokenizer(path: str | Path, kind: Optional[str] = None, *, own: bool = True,
-                   fix: Optional[str | Callable[[], str]] = None) -> Tokenizer:
+def load_tokenizer(
+    path: str | Path,
+    kind: Optional[str] = None,
+    *,
+    own: bool = True,
+    fix: Optional[str | Callable[[], str]] = None,
+) -> Tokenizer:
     """Load a tokenizer file: ours (char) or a ``tokenizers`` tokenizer.json (kind from ``model.type``, or
     ``kind="hf"``: any such file, as it is).
 
@@ -327,8 +385,11 @@ def load_tokenizer(path: str | Path, kind: Optional[str] = None, *, own: bool = 
     if isinstance(found, tuple):
         problem, fields = found
         fix = fix() if callable(fix) else fix
-        raise MinigptError(_MESSAGES[problem].format(path=str(p), **fields),
-                           fix or _FIXES["not_found" if problem == "not_found" else own], path=p)
+        raise MinigptError(
+            _MESSAGES[problem].format(path=str(p), **fields),
+            fix or _FIXES["not_found" if problem == "not_found" else own],
+            path=p,
+        )
     return found
 
 
@@ -343,19 +404,29 @@ def _read(p: Path, kind: Optional[str], own: bool) -> Tokenizer | tuple[str, dic
         return "not_json", {"error": exc}
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
         chars, specials = obj.get("chars"), obj.get("special_tokens", [])
-        if not (isinstance(chars, list) and chars and all(isinstance(c, str) and len(c) == 1 for c in chars)
-                and len(set(chars)) == len(chars)):
+        if not (
+            isinstance(chars, list)
+            and chars
+            and all(isinstance(c, str) and len(c) == 1 for c in chars)
+            and len(set(chars)) == len(chars)
+        ):
             return "no_chars", {}
         problem = special_token_problem(specials) if isinstance(specials, list) else "not a list"
         return ("specials", {"error": problem}) if problem else CharTokenizer(chars, specials)
     model = obj.get("model") if isinstance(obj, dict) else None
-    if not (isinstance(model, dict) and (model.get("type") in _MODEL_KINDS or kind == "hf" or not own)):
+    if not (
+        isinstance(model, dict) and (model.get("type") in _MODEL_KINDS or kind == "hf" or not own)
+    ):
         return "other", {}
     from tokenizers import Tokenizer as _Backend
 
     as_hf = kind == "hf" or model.get("type") not in _MODEL_KINDS
     tok, error = _attempt(lambda: HFTokenizer(_Backend.from_str(raw), "hf" if as_hf else None))
-    return ("damaged", {"error": str(error).splitlines()[0] if str(error) else "Exception"}) if error else tok
+    return (
+        ("damaged", {"error": str(error).splitlines()[0] if str(error) else "Exception"})
+        if error
+        else tok
+    )
 
 
 # ----------------------------------------------------------------------------- run folders
@@ -365,8 +436,11 @@ def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
     """A run folder's own ``tokenizer.json``; a missing or damaged one's error says where a copy of the file the run
     was trained with is (:func:`~.base.run_tokenizer_fix`).
     """
-    return load_tokenizer(Path(run_dir) / "tokenizer.json", cfg.tokenizer.kind,
-                          fix=lambda: run_tokenizer_fix(run_dir, cfg))
+    return load_tokenizer(
+        Path(run_dir) / "tokenizer.json",
+        cfg.tokenizer.kind,
+        fix=lambda: run_tokenizer_fix(run_dir, cfg),
+    )
 
 
 def check_run_tokenizer(run_dir: Path, cfg: Config, tok: Optional[Tokenizer]) -> None:

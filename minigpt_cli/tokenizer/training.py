@@ -32,10 +32,12 @@ def _word_pre_tokenizer():
     """GPT-2's split (every character kept), then spaces shown as ``▁``: Unigram and WordPiece."""
     from tokenizers import Regex, pre_tokenizers
 
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.Metaspace(replacement=SPACE_MARK, prepend_scheme="never", split=False),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.Metaspace(replacement=SPACE_MARK, prepend_scheme="never", split=False),
+        ]
+    )
 
 
 def _space_decoder():
@@ -67,11 +69,15 @@ def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) ->
         return len(chars) + len(specials)
     if kind == "unigram":
         return len(chars) + 1 + len(specials)
-    assert kind == "wordpiece", kind  # the config (a Literal) and train-tokenizer's --kind are checked
+    assert kind == "wordpiece", (
+        kind
+    )  # the config (a Literal) and train-tokenizer's --kind are checked
     return 2 * len(chars) + 1 + len(specials)
 
 
-def check_vocab_size(kind: str, text: str, vocab_size: Optional[int], special_tokens: Sequence[str] = ()) -> None:
+def check_vocab_size(
+    kind: str, text: str, vocab_size: Optional[int], special_tokens: Sequence[str] = ()
+) -> None:
     """Refuse a missing vocabulary size, one below ``kind``'s base alphabet or one above the largest, before training.
 
     Raises:
@@ -80,35 +86,62 @@ def check_vocab_size(kind: str, text: str, vocab_size: Optional[int], special_to
     if kind == "char":
         return
     too_big = vocab_size is not None and vocab_size > MAX_VOCAB_SIZE
-    least = base_vocab_size(kind, text, special_tokens) if vocab_size is not None and not too_big else 0
-    problem = "no_size" if vocab_size is None else "above" if too_big else "below" if vocab_size < least else None
+    least = (
+        base_vocab_size(kind, text, special_tokens) if vocab_size is not None and not too_big else 0
+    )
+    problem = (
+        "no_size"
+        if vocab_size is None
+        else "above"
+        if too_big
+        else "below"
+        if vocab_size < least
+        else None
+    )
     if problem:
-        what = {"bpe": "256 bytes", "unigram": "the corpus's characters and <unk>",
-                "wordpiece": "the corpus's characters, initial and ##, and <unk>"}[kind]
+        what = {
+            "bpe": "256 bytes",
+            "unigram": "the corpus's characters and <unk>",
+            "wordpiece": "the corpus's characters, initial and ##, and <unk>",
+        }[kind]
         extra = f" and {len(special_tokens)} special tokens" if special_tokens else ""
-        raise MinigptError(_MESSAGES[problem].format(kind=kind, size=vocab_size, least=least, most=MAX_VOCAB_SIZE,
-                                                     what=what + extra))
+        raise MinigptError(
+            _MESSAGES[problem].format(
+                kind=kind, size=vocab_size, least=least, most=MAX_VOCAB_SIZE, what=what + extra
+            )
+        )
 
 
 _MESSAGES = {
     "no_size": "a {kind} tokenizer needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size",
-    "above": ("vocabulary size {size:,} is above the largest supported, {most:,}; use a vocabulary size of at "
-              "most {most:,} (a few thousand suits Tiny Shakespeare)"),
-    "below": ("vocabulary size {size} is below the {kind} base alphabet of {least} ({what}); use a vocabulary "
-              "size of at least {least}"),
-    "unigram_short": ("the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked for "
-                      "(near what the corpus can give it stops short); use a smaller vocabulary size, e.g. "
-                      "{got:,}, or more text"),
-    "short": ("the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} asked for; "
-              "use a vocabulary size of at most {got:,} or more text"),
+    "above": (
+        "vocabulary size {size:,} is above the largest supported, {most:,}; use a vocabulary size of at "
+        "most {most:,} (a few thousand suits Tiny Shakespeare)"
+    ),
+    "below": (
+        "vocabulary size {size} is below the {kind} base alphabet of {least} ({what}); use a vocabulary "
+        "size of at least {least}"
+    ),
+    "unigram_short": (
+        "the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked for "
+        "(near what the corpus can give it stops short); use a smaller vocabulary size, e.g. "
+        "{got:,}, or more text"
+    ),
+    "short": (
+        "the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} asked for; "
+        "use a vocabulary size of at most {got:,} or more text"
+    ),
     "failed": "training the {kind} tokenizer failed: {error}",
 }
 
 
 def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
     # the unigram trainer stops short of what the corpus can give by amounts that vary with the size asked
-    return MinigptError(_MESSAGES["unigram_short" if kind == "unigram" else "short"].format(
-        kind=kind, got=got, wanted=wanted))
+    return MinigptError(
+        _MESSAGES["unigram_short" if kind == "unigram" else "short"].format(
+            kind=kind, got=got, wanted=wanted
+        )
+    )
 
 
 def _train_interruptibly(tok, pieces: Iterator[str], trainer) -> None:
@@ -149,7 +182,7 @@ def _pieces(chunks: Iterable[str], size: int = PIECE_CHARS) -> Iterator[str]:
             cut = _CUT.search(chunk, start + size)
             if cut is None:
                 break
-            yield chunk[start:cut.start()]
+            yield chunk[start : cut.start()]
             start = cut.start()
         yield chunk[start:]
 
@@ -161,8 +194,12 @@ def _train_bpe(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTok
     tok = _Backend(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     _train_interruptibly(tok, _pieces(chunks), trainer)
     return HFTokenizer(tok)
 
@@ -174,8 +211,9 @@ def _train_unigram(chunks: list[str], vocab_size: int, specials: list[str]) -> H
     tok = _Backend(models.Unigram())
     tok.pre_tokenizer = _word_pre_tokenizer()
     tok.decoder = _space_decoder()
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token=UNK, special_tokens=[UNK, *specials],
-                                      show_progress=False)
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, unk_token=UNK, special_tokens=[UNK, *specials], show_progress=False
+    )
     _train_interruptibly(tok, _pieces(chunks), trainer)
     return HFTokenizer(_trim_unigram(tok, vocab_size))
 
@@ -192,8 +230,9 @@ def _trim_unigram(tok, vocab_size: int):
     obj = json.loads(tok.to_str())
     vocab = obj["model"]["vocab"]
     keep_ids = {a["id"] for a in obj.get("added_tokens") or []}
-    droppable = sorted((score, i) for i, (piece, score) in enumerate(vocab)
-                       if i not in keep_ids and len(piece) > 1)
+    droppable = sorted(
+        (score, i) for i, (piece, score) in enumerate(vocab) if i not in keep_ids and len(piece) > 1
+    )
     drop = {i for _, i in droppable[:extra]}
     if any(i < max(keep_ids, default=-1) for i in drop):
         return tok  # would renumber a special token; keep the larger vocabulary
@@ -219,26 +258,47 @@ def _train_wordpiece(chunks: list[str], vocab_size: int, specials: list[str]) ->
         # after minutes of merges.
         ceiling = len(vocab) + len(
             {w[:j] for w in counts for j in range(2, len(w) + 1)}
-            | {CONTINUATION + w[i:j] for w in counts for i in range(1, len(w)) for j in range(i + 2, len(w) + 1)})
+            | {
+                CONTINUATION + w[i:j]
+                for w in counts
+                for i in range(1, len(w))
+                for j in range(i + 2, len(w) + 1)
+            }
+        )
         if vocab_size > ceiling:
             raise _too_big("wordpiece", ceiling, vocab_size)
     if len(vocab) < vocab_size:
         for a, b, _, _ in wordpiece_merges(counts):
-            vocab.setdefault(a + b[len(CONTINUATION):], len(vocab))
+            vocab.setdefault(a + b[len(CONTINUATION) :], len(vocab))
             if len(vocab) >= vocab_size:
                 break
-    tok = _Backend(models.WordPiece(vocab=vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION,
-                                    max_input_chars_per_word=WORDPIECE_MAX_WORD))
+    tok = _Backend(
+        models.WordPiece(
+            vocab=vocab,
+            unk_token=UNK,
+            continuing_subword_prefix=CONTINUATION,
+            max_input_chars_per_word=WORDPIECE_MAX_WORD,
+        )
+    )
     tok.pre_tokenizer = pre
     # Drop the ## of continuations and turn ▁ back into spaces; nothing else is
     # added between tokens (the library's WordPiece decoder would add spaces).
-    tok.decoder = decoders.Sequence([decoders.Replace(Regex(f"^{re.escape(CONTINUATION)}"), ""), _space_decoder()])
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in [UNK, *specials]])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace(Regex(f"^{re.escape(CONTINUATION)}"), ""), _space_decoder()]
+    )
+    tok.add_special_tokens(
+        [AddedToken(s, special=True, normalized=False) for s in [UNK, *specials]]
+    )
     return HFTokenizer(tok)
 
 
-def train_tokenizer(kind: str, text: str | Iterable[str], vocab_size: Optional[int] = None,
-                    special_tokens: Iterable[str] = (), on_start: Callable[[], None] = lambda: None) -> Tokenizer:
+def train_tokenizer(
+    kind: str,
+    text: str | Iterable[str],
+    vocab_size: Optional[int] = None,
+    special_tokens: Iterable[str] = (),
+    on_start: Callable[[], None] = lambda: None,
+) -> Tokenizer:
     """Train a tokenizer of ``kind`` on ``text`` (or its pieces, none cutting a special token).
 
     ``vocab_size``: entries in all (ignored for char); ``special_tokens`` become single ids; ``on_start`` is
@@ -254,12 +314,16 @@ def train_tokenizer(kind: str, text: str | Iterable[str], vocab_size: Optional[i
     if kind != "char" and not isinstance(text, str):
         text = "".join(text)
     chunks = [] if kind == "char" else [c for c in split_special(text, specials)[0::2] if c]
-    if kind == "char" or not chunks:  # char's alphabet; for the others, its refusal of a corpus without text
+    if (
+        kind == "char" or not chunks
+    ):  # char's alphabet; for the others, its refusal of a corpus without text
         return CharTokenizer.train(text, specials)
     check_vocab_size(kind, text, vocab_size, specials)
     trainer = {"bpe": _train_bpe, "unigram": _train_unigram, "wordpiece": _train_wordpiece}[kind]
     on_start()
-    tok, error = _attempt(lambda: trainer(chunks, vocab_size, specials))  # the library's refusals: one line
+    tok, error = _attempt(
+        lambda: trainer(chunks, vocab_size, specials)
+    )  # the library's refusals: one line
     if error is not None:
         raise MinigptError(_MESSAGES["failed"].format(kind=kind, error=str(error).splitlines()[0]))
     if tok.vocab_size < vocab_size:

@@ -76,7 +76,7 @@ def wordpiece_merges(word_counts: Mapping[str, int]) -> Iterator[tuple[str, str,
             continue  # stale: a fresher entry for this pair is in the heap (or it is gone)
         a, b = p
         score, count = -top[0], -top[1]
-        new = a + b[len(CONTINUATION):]
+        new = a + b[len(CONTINUATION) :]
         pair_delta: Counter = Counter()
         sym_before = {s: sym_count[s] for s in (a, b, new)}
         for wi in where.pop(p):

@@ -30,8 +30,10 @@ def _vocab_line(p: Plan) -> Optional[str]:
 def _split_line(p: Plan) -> str:
     if p.stage.waits is None:
         n_train, n_val = p.stage.data.counts
-        return (f"  train/val tokens      {n_train:,} / {n_val:,} (data.val_fraction {p.cfg.data.val_fraction:g}; "
-                f"each needs model.block_size+1 = {p.cfg.model.block_size + 1:,})")
+        return (
+            f"  train/val tokens      {n_train:,} / {n_val:,} (data.val_fraction {p.cfg.data.val_fraction:g}; "
+            f"each needs model.block_size+1 = {p.cfg.model.block_size + 1:,})"
+        )
     return f"  train/val tokens      not known yet: {p.stage.waits}, then checks the split"
 
 
@@ -39,17 +41,33 @@ def unchecked(p: Plan) -> list[str]:
     """The checks ``train`` makes that this dry run does not (what needs the missing tokenizer or corpus, what
     only training reads), each with the reason: none passes silently."""
     given, stage, why = p.given, p.stage, p.stage.waits
-    waiting = [(f"model.vocab_size {given.model.vocab_size} against the tokenizer's size",
-                stage.tok is None and given.model.vocab_size is not None),
-               ("sample.prompt against the tokenizer's vocabulary", stage.tok is None and given.sample.prompt),
-               ("tokenizer.vocab_size against the corpus's characters",
-                stage.corpus is None and given.tokenizer.kind in ("unigram", "wordpiece")),
-               ("the corpus against the resumed run's", stage.corpus is None and p.resumed is not None),
-               ("the corpus against data.fingerprint", stage.corpus is None and given.data.fingerprint is not None)]
+    waiting = [
+        (
+            f"model.vocab_size {given.model.vocab_size} against the tokenizer's size",
+            stage.tok is None and given.model.vocab_size is not None,
+        ),
+        (
+            "sample.prompt against the tokenizer's vocabulary",
+            stage.tok is None and given.sample.prompt,
+        ),
+        (
+            "tokenizer.vocab_size against the corpus's characters",
+            stage.corpus is None and given.tokenizer.kind in ("unigram", "wordpiece"),
+        ),
+        ("the corpus against the resumed run's", stage.corpus is None and p.resumed is not None),
+        (
+            "the corpus against data.fingerprint",
+            stage.corpus is None and given.data.fingerprint is not None,
+        ),
+    ]
     out = [(what, why) for what, unknown in waiting if unknown and why is not None]
     if p.resumed is not None:
-        out.append(("that no other train holds the run's lock, and that its weights load into the model",
-                    "a dry run takes no lock and builds no model (their checksum is checked)"))
+        out.append(
+            (
+                "that no other train holds the run's lock, and that its weights load into the model",
+                "a dry run takes no lock and builds no model (their checksum is checked)",
+            )
+        )
     elif given.model.init_from is not None:
         out.append((f"the weights in {given.model.init_from}", "a dry run loads no weights"))
     return [f"  not checked: {what} ({reason})" for what, reason in out]
@@ -59,22 +77,29 @@ def describe_derived(p: Plan) -> list[str]:
     """The values the config leaves to be derived (null keys), as :func:`~.setup.plan` resolved them."""
     cfg, mc, tc = p.cfg, p.cfg.model, p.cfg.train
     dtype = str(p.dtype).removeprefix("torch.")
-    lines = ["derived values (\"(set)\": given in the config):",
-             f"  device, dtype         {p.device}, {dtype}"
-             + (" (set)" if (cfg.device, cfg.dtype) != ("auto", "auto") else ""),
-             *filter(None, [_vocab_line(p)]), _split_line(p),
-             f"  model.d_ff            {_set(mc.ffn_hidden, mc.d_ff)}",
-             f"  model.n_kv_head       {_set(mc.kv_heads, mc.n_kv_head)}",
-             f"  head size             {mc.head_dim}",
-             f"  sample.window_stride  {_set(cfg.sample.window_stride or max(1, mc.block_size // 4), cfg.sample.window_stride)}",
-             f"  train.lr_decay_iters  {_set(tc.lr_decay_iters or tc.max_iters, tc.lr_decay_iters)}"]
+    lines = [
+        'derived values ("(set)": given in the config):',
+        f"  device, dtype         {p.device}, {dtype}"
+        + (" (set)" if (cfg.device, cfg.dtype) != ("auto", "auto") else ""),
+        *filter(None, [_vocab_line(p)]),
+        _split_line(p),
+        f"  model.d_ff            {_set(mc.ffn_hidden, mc.d_ff)}",
+        f"  model.n_kv_head       {_set(mc.kv_heads, mc.n_kv_head)}",
+        f"  head size             {mc.head_dim}",
+        f"  sample.window_stride  {_set(cfg.sample.window_stride or max(1, mc.block_size // 4), cfg.sample.window_stride)}",
+        f"  train.lr_decay_iters  {_set(tc.lr_decay_iters or tc.max_iters, tc.lr_decay_iters)}",
+    ]
     need, _ = bytes_to_train(mc, dtype, tc.batch_size, tc.optimizer)
     if p.vocab_size is not None or p.given.model.vocab_size is not None:
         lines.append(f"  parameters            {P.count(mc).total:,}")
-        lines.append(f"  memory to train       about {P.human_bytes(need)} ({dtype}, batch {tc.batch_size})")
+        lines.append(
+            f"  memory to train       about {P.human_bytes(need)} ({dtype}, batch {tc.batch_size})"
+        )
     else:
-        lines.append(f"  memory to train       at least about {P.human_bytes(need)} ({dtype}, batch "
-                     f"{tc.batch_size}; the vocabulary is not known yet)")
+        lines.append(
+            f"  memory to train       at least about {P.human_bytes(need)} ({dtype}, batch "
+            f"{tc.batch_size}; the vocabulary is not known yet)"
+        )
     return lines + unchecked(p)
 
 
@@ -83,16 +108,38 @@ def describe_schedule(p: Plan, points: int = 8) -> str:
     what the resume would do."""
     tc = p.cfg.train
     wsd = [wsd_decay_start(tc)] if tc.lr_schedule == "wsd" else []  # where the decay starts
-    steps = sorted({0, max(tc.warmup_iters - 1, 0), tc.warmup_iters, tc.max_iters // 4, tc.max_iters // 2,
-                    3 * tc.max_iters // 4, max(tc.max_iters - 1, 0), *wsd})
-    steps = [s for s in steps if 0 <= s < max(tc.max_iters, 1)][:points + len(wsd)]
-    muon = f"; Muon's: these x {tc.muon.learning_rate / tc.learning_rate:g}" if tc.optimizer == "muon" else ""
-    lines = [p.given.to_yaml().rstrip(), "", *describe_derived(p), "",
-             f"learning rate ({tc.lr_schedule}, warmup {tc.warmup_iters}{muon}):"]
+    steps = sorted(
+        {
+            0,
+            max(tc.warmup_iters - 1, 0),
+            tc.warmup_iters,
+            tc.max_iters // 4,
+            tc.max_iters // 2,
+            3 * tc.max_iters // 4,
+            max(tc.max_iters - 1, 0),
+            *wsd,
+        }
+    )
+    steps = [s for s in steps if 0 <= s < max(tc.max_iters, 1)][: points + len(wsd)]
+    muon = (
+        f"; Muon's: these x {tc.muon.learning_rate / tc.learning_rate:g}"
+        if tc.optimizer == "muon"
+        else ""
+    )
+    lines = [
+        p.given.to_yaml().rstrip(),
+        "",
+        *describe_derived(p),
+        "",
+        f"learning rate ({tc.lr_schedule}, warmup {tc.warmup_iters}{muon}):",
+    ]
     lines += [f"  step {s:>7,}: {lr_at(s, tc, p.cfg.model.n_embd):.3e}" for s in steps]
     lines += [""] + p.notes if p.notes else []
     if p.resumed is not None:
         lines += ["", *p.resumed.describe()]
     elif p.resume is not None:
-        lines += ["", f"--resume auto: no run named {p.cfg.name!r} under {tc.out_dir}/ yet; a new run would start"]
+        lines += [
+            "",
+            f"--resume auto: no run named {p.cfg.name!r} under {tc.out_dir}/ yet; a new run would start",
+        ]
     return "\n".join(lines)

@@ -21,8 +21,10 @@ STEP_PER_FORWARD = 3.0
 
 #: The CPU recipes by config name: a run of one of them made long on purpose gets no pointer to them.
 CPU_RECIPES = ("shakespeare-cpu", "shakespeare-cpu-long")
-CPU_RECIPE = ("note: that is long for a CPU; configs/shakespeare-cpu.yaml is the recipe sized for one "
-              "(under a minute on 2 cores; shakespeare-cpu-long.yaml: 3 minutes)")
+CPU_RECIPE = (
+    "note: that is long for a CPU; configs/shakespeare-cpu.yaml is the recipe sized for one "
+    "(under a minute on 2 cores; shakespeare-cpu-long.yaml: 3 minutes)"
+)
 
 
 def human_seconds(seconds: float) -> str:
@@ -51,8 +53,16 @@ def evals_left(tc: TrainConfig, step: int, evaluated: bool) -> int:
 class TimeEstimate:
     """The run's remaining wall time, from its own first eval batches and optimizer steps."""
 
-    def __init__(self, tc: TrainConfig, step: int, evaluated: bool, batches_per_eval: int, on_cpu: bool,
-                 say: Callable[[str], None], log: Callable[[str], None]):
+    def __init__(
+        self,
+        tc: TrainConfig,
+        step: int,
+        evaluated: bool,
+        batches_per_eval: int,
+        on_cpu: bool,
+        say: Callable[[str], None],
+        log: Callable[[str], None],
+    ):
         """``on_cpu``: whether a long run gets the line naming the CPU recipe (a CPU run of another config)."""
         self.tc, self.step0, self.evaluated0 = tc, step, evaluated
         self.batches_per_eval, self.on_cpu, self.say, self.log = batches_per_eval, on_cpu, say, log
@@ -71,7 +81,10 @@ class TimeEstimate:
         if done == FIRST_BATCHES + 1 and not (self.said_rough or self.step_times):
             self.said_rough = True
             step_s = STEP_PER_FORWARD * self.tc.grad_accum_steps * self.batch_s
-            self._tell(self._seconds_left(self.step0, step_s, self.evaluated0), "from the first eval batches")
+            self._tell(
+                self._seconds_left(self.step0, step_s, self.evaluated0),
+                "from the first eval batches",
+            )
 
     def step_done(self, step: int, seconds: float) -> None:
         """Optimizer step ``step`` took ``seconds`` (evals excluded)."""
@@ -81,16 +94,26 @@ class TimeEstimate:
         if len(self.step_times) == MEASURED_STEPS + 1:
             self.said_measured = True
             step_s = sum(self.step_times[1:]) / MEASURED_STEPS
-            self._tell(self._seconds_left(step, step_s, False),
-                       f"{self.tc.max_iters - step:,} steps at {step_s:.3g} s" + self._evals_part(step))
+            self._tell(
+                self._seconds_left(step, step_s, False),
+                f"{self.tc.max_iters - step:,} steps at {step_s:.3g} s" + self._evals_part(step),
+            )
 
     def _eval_s(self, step_s: float) -> float:
-        batch_s = self.batch_s if self.batch_s is not None else step_s / (STEP_PER_FORWARD * self.tc.grad_accum_steps)
+        batch_s = (
+            self.batch_s
+            if self.batch_s is not None
+            else step_s / (STEP_PER_FORWARD * self.tc.grad_accum_steps)
+        )
         return self.batches_per_eval * batch_s
 
     def _evals_part(self, step: int) -> str:
         n = evals_left(self.tc, step, False)
-        return f" and {n} eval{'s' * (n != 1)} at {human_seconds(self._eval_s(0.0))}" if n and self.batch_s else ""
+        return (
+            f" and {n} eval{'s' * (n != 1)} at {human_seconds(self._eval_s(0.0))}"
+            if n and self.batch_s
+            else ""
+        )
 
     def _seconds_left(self, step: int, step_s: float, evaluated: bool) -> float:
         steps = max(self.tc.max_iters - step, 0)

@@ -25,11 +25,25 @@ class Evaluator:
     split, the step and the global batch alone (:func:`~minigpt_cli.data.pipeline.eval_seed`): any split into
     micro-batches and processes, and a resumed run, evaluate the same windows."""
 
-    def __init__(self, cfg: Config, data: PreparedData, device: torch.device, dist: Dist,
-                 autocast: AbstractContextManager, cpu_threads: CpuThreads, show_bar: bool,
-                 should_stop: Callable[[], bool], on_batch: Callable[[int, float], None]):
+    def __init__(
+        self,
+        cfg: Config,
+        data: PreparedData,
+        device: torch.device,
+        dist: Dist,
+        autocast: AbstractContextManager,
+        cpu_threads: CpuThreads,
+        show_bar: bool,
+        should_stop: Callable[[], bool],
+        on_batch: Callable[[int, float], None],
+    ):
         self.cfg, self.device, self.dist, self.autocast = cfg, device, dist, autocast
-        self.cpu_threads, self.show_bar, self.should_stop, self.on_batch = cpu_threads, show_bar, should_stop, on_batch
+        self.cpu_threads, self.show_bar, self.should_stop, self.on_batch = (
+            cpu_threads,
+            show_bar,
+            should_stop,
+            on_batch,
+        )
         self.splits = {"train": data.train, "val": data.val}
         tc = cfg.train
         #: Windows per split at each eval, over every process.
@@ -47,7 +61,9 @@ class Evaluator:
         share = self.n_windows // self.dist.world
         lo, hi = self.dist.rank * share, (self.dist.rank + 1) * share  # this process's windows
         pending, seen = torch.empty(0, dtype=torch.long), 0
-        for chunk in eval_offsets(len(tokens), T, self.n_windows, eval_seed(self.cfg.seed, split, step)):
+        for chunk in eval_offsets(
+            len(tokens), T, self.n_windows, eval_seed(self.cfg.seed, split, step)
+        ):
             a, b = max(lo - seen, 0), min(hi - seen, len(chunk))
             seen += len(chunk)
             if a < b:
@@ -61,8 +77,15 @@ class Evaluator:
     def losses(self, model: torch.nn.Module, step: int) -> Optional[dict[str, float]]:
         """Mean train and val loss per window (:func:`~.step.estimate_loss`); None when a stop request cut it short."""
         # A second bar under the training one while the eval runs (a big eval_iters can take minutes).
-        bar = tqdm(total=len(self.splits) * self.batches_per_split, desc=f"eval at step {step}", unit="batch",
-                   leave=False, disable=not self.show_bar, dynamic_ncols=True, file=sys.stderr)
+        bar = tqdm(
+            total=len(self.splits) * self.batches_per_split,
+            desc=f"eval at step {step}",
+            unit="batch",
+            leave=False,
+            disable=not self.show_bar,
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
         done, started = 0, time.perf_counter()
 
         def counted(split: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -78,7 +101,13 @@ class Evaluator:
             return self.should_stop()
 
         try:
-            return estimate_loss(model, {split: counted(split) for split in self.splits}, self.n_windows,
-                                 self.autocast, self.dist, should_stop=poll_and_ask)
+            return estimate_loss(
+                model,
+                {split: counted(split) for split in self.splits},
+                self.n_windows,
+                self.autocast,
+                self.dist,
+                should_stop=poll_and_ask,
+            )
         finally:
             bar.close()

@@ -38,8 +38,10 @@ STATUS_EVERY_S = 30.0
 #: Why :meth:`Trainer.evaluate` stops a run: early stopping, or the caller's ``on_eval`` (a search's pruner).
 EARLY, ASKED = "early stopping", "stopped as on_eval asked"
 #: A stop request that came once the run's last eval was done: the run ended anyway (:meth:`Trainer.fit`).
-STOPPED_AT_END = ("stopped by {signal} as the run ended at step {step}: it is complete{losses} and saved in {last}; "
-                  "nothing is left to resume")
+STOPPED_AT_END = (
+    "stopped by {signal} as the run ended at step {step}: it is complete{losses} and saved in {last}; "
+    "nothing is left to resume"
+)
 
 
 @dataclass
@@ -60,7 +62,9 @@ class Trainer:
 
     def __init__(self, s: Setup, on_eval: Optional[Callable[[int, float], bool]] = None):
         self.s = s
-        self.on_eval = on_eval  # (step, val loss) after each eval; True stops the run there, as early stopping
+        self.on_eval = (
+            on_eval  # (step, val loss) after each eval; True stops the run there, as early stopping
+        )
         self.prog = s.prog
         self.nonfinite = 0
         self.t0 = time.perf_counter() - s.logger.elapsed_offset()
@@ -68,14 +72,33 @@ class Trainer:
         self.t_status = time.perf_counter()
         self.batches = iter(s.train_sampler.next, None)
         tc = s.cfg.train
-        self.estimate = TimeEstimate(tc, s.prog.step, s.prog.evaluated, 2 * tc.eval_iters * tc.grad_accum_steps,
-                                     s.device.type == "cpu" and s.cfg.name not in CPU_RECIPES, say=s.say,
-                                     log=s.logger.log)
-        self.evaluator = Evaluator(s.cfg, s.data, s.device, s.dist, s.autocast, s.cpu_threads,
-                                   show_bar=not s.bar.disable, should_stop=self.stop_requested,
-                                   on_batch=self.estimate.eval_batch)
-        self.checkpointer = Checkpointer(s.run_dir, s.cfg, snapshot=self.snapshot, enabled=s.dist.main,
-                                         collective=parallel.is_sharded(s.model))
+        self.estimate = TimeEstimate(
+            tc,
+            s.prog.step,
+            s.prog.evaluated,
+            2 * tc.eval_iters * tc.grad_accum_steps,
+            s.device.type == "cpu" and s.cfg.name not in CPU_RECIPES,
+            say=s.say,
+            log=s.logger.log,
+        )
+        self.evaluator = Evaluator(
+            s.cfg,
+            s.data,
+            s.device,
+            s.dist,
+            s.autocast,
+            s.cpu_threads,
+            show_bar=not s.bar.disable,
+            should_stop=self.stop_requested,
+            on_batch=self.estimate.eval_batch,
+        )
+        self.checkpointer = Checkpointer(
+            s.run_dir,
+            s.cfg,
+            snapshot=self.snapshot,
+            enabled=s.dist.main,
+            collective=parallel.is_sharded(s.model),
+        )
 
     # ------------------------------------------------------------------ the loop
 
@@ -92,12 +115,20 @@ class Trainer:
         s.model.train()
         with s.stop, self.second_ctrl_c():
             while True:
-                late = self.out_of_time()  # train.max_seconds passed: this step is the last, after its eval
+                late = (
+                    self.out_of_time()
+                )  # train.max_seconds passed: this step is the last, after its eval
                 due = self.evaluator.due(p.step, p.evaluated) or (late and not p.evaluated)
                 if due and (why := self.evaluate()):
                     stopped_early = True
-                    s.logger.log(f"{why} at step {p.step}" + (f": no better val loss in {p.bad_evals} evals "
-                                                              f"(best {p.best_val:.4f})" if why == EARLY else ""))
+                    s.logger.log(
+                        f"{why} at step {p.step}"
+                        + (
+                            f": no better val loss in {p.bad_evals} evals (best {p.best_val:.4f})"
+                            if why == EARLY
+                            else ""
+                        )
+                    )
                     s.echo(f"{why} at step {p.step} (best val loss {p.best_val:.4f})")
                     break
                 # At max_iters the run ends once its final eval ran (a stop request can cut that eval short).
@@ -144,8 +175,17 @@ class Trainer:
         s = self.s
         set_lr(s.optimizer, lr)
         try:
-            loss, applied = train_step(s.train_model, s.optimizer, self.batches, s.cfg.train.grad_accum_steps,
-                                       s.autocast, s.scaler, s.cfg.train.grad_clip, s.params, dist=s.dist)
+            loss, applied = train_step(
+                s.train_model,
+                s.optimizer,
+                self.batches,
+                s.cfg.train.grad_accum_steps,
+                s.autocast,
+                s.scaler,
+                s.cfg.train.grad_clip,
+                s.params,
+                dist=s.dist,
+            )
         except Exception as exc:
             # torch.compile fails lazily, at the first call; fall back to eager once.
             if not s.cfg.compile or s.train_model is s.model or s.compile_failed:
@@ -185,15 +225,29 @@ class Trainer:
         now = time.perf_counter()
         tps = self.tokens_since_log / max(now - self.t_log, 1e-9)
         self.t_log, self.tokens_since_log = now, 0
-        s.logger.event({"step": step, "event": "train", "elapsed_s": round(now - self.t0, 3),
-                        "loss": train_loss, "lr": lr, "tokens_per_sec": round(tps, 1)})
+        s.logger.event(
+            {
+                "step": step,
+                "event": "train",
+                "elapsed_s": round(now - self.t0, 3),
+                "loss": train_loss,
+                "lr": lr,
+                "tokens_per_sec": round(tps, 1),
+            }
+        )
         if s.writer is not None:
             s.writer.add_scalar("train/loss", train_loss, step)
             s.writer.add_scalar("train/lr", lr, step)
-        s.bar.set_postfix(loss=f"{train_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
-        if s.bar.disable and now - self.t_status >= STATUS_EVERY_S:  # a log file or pipe still hears of progress
+        s.bar.set_postfix(
+            loss=f"{train_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False
+        )
+        if (
+            s.bar.disable and now - self.t_status >= STATUS_EVERY_S
+        ):  # a log file or pipe still hears of progress
             self.t_status = now
-            s.echo(f"step {step:,}/{s.cfg.train.max_iters:,}: loss {train_loss:.4f}, lr {lr:.2e}, {tps:,.0f} tokens/s")
+            s.echo(
+                f"step {step:,}/{s.cfg.train.max_iters:,}: loss {train_loss:.4f}, lr {lr:.2e}, {tps:,.0f} tokens/s"
+            )
 
     def evaluate(self) -> Optional[str]:
         """Evaluate at the current step, then log, checkpoint, sample and plot; why to stop (:data:`EARLY`,
@@ -208,8 +262,15 @@ class Trainer:
         # eval_step: a checkpoint saved later (on a stop) carries the losses of this eval, with their step.
         p.last = {"train_loss": losses["train"], "val_loss": losses["val"], "eval_step": p.step}
         p.evaluated = True
-        s.logger.event({"step": p.step, "event": "eval", "elapsed_s": round(time.perf_counter() - self.t0, 3),
-                        "train_loss": losses["train"], "val_loss": losses["val"]})
+        s.logger.event(
+            {
+                "step": p.step,
+                "event": "eval",
+                "elapsed_s": round(time.perf_counter() - self.t0, 3),
+                "train_loss": losses["train"],
+                "val_loss": losses["val"],
+            }
+        )
         line = f"step {p.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
         s.logger.log(line)
         s.say(line)
@@ -255,17 +316,28 @@ class Trainer:
         s, step = self.s, self.prog.step
         self.checkpointer.on_stop()
         s.bar.close()
-        s.logger.log(f"stopped by {s.stop.signal} at step {step}; saved {runs.CHECKPOINTS}/{runs.LAST}")
-        raise Interrupted(f"stopped by {s.stop.signal} at step {step}; saved {self.checkpointer.last}",
-                          s.stop.signum, resume_dir=s.run_dir)
+        s.logger.log(
+            f"stopped by {s.stop.signal} at step {step}; saved {runs.CHECKPOINTS}/{runs.LAST}"
+        )
+        raise Interrupted(
+            f"stopped by {s.stop.signal} at step {step}; saved {self.checkpointer.last}",
+            s.stop.signum,
+            resume_dir=s.run_dir,
+        )
 
     def stopped_at_end(self, result: TrainResult) -> Interrupted:
         """The answer to a stop request that came once the last eval was done: the run is complete and saved."""
         s = self.s
         losses = f" (val loss {result.val_loss:.4f})" if result.val_loss is not None else ""
-        s.logger.log(f"{s.stop.signal} came as the run ended at step {result.step}; nothing was cut short")
-        return Interrupted(STOPPED_AT_END.format(signal=s.stop.signal, step=result.step, losses=losses,
-                                                 last=self.checkpointer.last), s.stop.signum)
+        s.logger.log(
+            f"{s.stop.signal} came as the run ended at step {result.step}; nothing was cut short"
+        )
+        return Interrupted(
+            STOPPED_AT_END.format(
+                signal=s.stop.signal, step=result.step, losses=losses, last=self.checkpointer.last
+            ),
+            s.stop.signum,
+        )
 
     def abort_error(self) -> Interrupted:
         """The error that replaces a second Ctrl-C's KeyboardInterrupt: nothing saved, where the last checkpoint is."""
@@ -273,11 +345,16 @@ class Trainer:
         s.bar.close()
         step = self.checkpointer.last_step()
         if step is None:
-            return Interrupted("aborted by a second Ctrl-C without saving; no checkpoint had been written yet, "
-                               "so there is nothing to resume")
+            return Interrupted(
+                "aborted by a second Ctrl-C without saving; no checkpoint had been written yet, "
+                "so there is nothing to resume"
+            )
         s.logger.log(f"aborted by a second Ctrl-C at step {self.prog.step} without saving")
-        return Interrupted(f"aborted by a second Ctrl-C without saving; the last checkpoint is "
-                           f"{self.checkpointer.last} (step {step})", resume_dir=s.run_dir)
+        return Interrupted(
+            f"aborted by a second Ctrl-C without saving; the last checkpoint is "
+            f"{self.checkpointer.last} (step {step})",
+            resume_dir=s.run_dir,
+        )
 
     def sample(self) -> None:
         """Append ``train.sample_tokens`` tokens to samples.txt, sampled as ``minigpt generate`` samples with the
@@ -287,9 +364,17 @@ class Trainer:
         sharded = parallel.is_sharded(s.model)
         if not (s.dist.main or sharded) or tc.sample_tokens <= 0:
             return
-        text = sample_prompt_text(s.model, s.tok, s.cfg.sample, tc.sample_tokens, s.cfg.seed,
-                                  should_stop=self.stop_requested if sharded else lambda: s.stop.signal is not None)
-        parallel.reshard(s.model)  # FSDP: the root's weights, gathered for the sample, back to shards
+        text = sample_prompt_text(
+            s.model,
+            s.tok,
+            s.cfg.sample,
+            tc.sample_tokens,
+            s.cfg.seed,
+            should_stop=self.stop_requested if sharded else lambda: s.stop.signal is not None,
+        )
+        parallel.reshard(
+            s.model
+        )  # FSDP: the root's weights, gathered for the sample, back to shards
         if not s.dist.main:
             return
         s.logger.sample(step, text)
@@ -303,16 +388,27 @@ class Trainer:
         s, p = self.s, self.prog
         weights, optimizer_state = parallel.gather_state(s.model, s.optimizer)  # FSDP: a collective
         state = {
-            "step": p.step, "evaluated": p.evaluated, "best_val_loss": p.best_val,
-            "bad_evals": p.bad_evals, "optimizer": optimizer_state,
+            "step": p.step,
+            "evaluated": p.evaluated,
+            "best_val_loss": p.best_val,
+            "bad_evals": p.bad_evals,
+            "optimizer": optimizer_state,
             "scaler": s.scaler.state_dict() if s.scaler.is_enabled() else {},
             "rng": capture_rng(),
-            "data_rng": {"train": s.train_sampler.state()},  # eval batches follow the step (eval_seed)
+            "data_rng": {
+                "train": s.train_sampler.state()
+            },  # eval batches follow the step (eval_seed)
         }
         # The tokenizer's fingerprint lets generate tell a swapped tokenizer.json from the run's own.
         # The corpus's files let a resume name the one that changed since.
-        meta = {"name": s.cfg.name, "step": p.step, "tokenizer_fingerprint": s.tok.fingerprint(),
-                "corpus": s.corpus, "world_size": s.dist.world, **p.last}  # world: evaluate's eval windows
+        meta = {
+            "name": s.cfg.name,
+            "step": p.step,
+            "tokenizer_fingerprint": s.tok.fingerprint(),
+            "corpus": s.corpus,
+            "world_size": s.dist.world,
+            **p.last,
+        }  # world: evaluate's eval windows
         return weights, state, meta
 
     def finish(self, stopped_early: bool) -> TrainResult:
@@ -321,15 +417,29 @@ class Trainer:
         s.bar.close()
         if s.writer is not None:
             s.writer.close()
-        s.logger.log(f"done at step {p.step} in {time.perf_counter() - self.t0:.1f}s; best val loss {p.best_val:.4f}")
+        s.logger.log(
+            f"done at step {p.step} in {time.perf_counter() - self.t0:.1f}s; best val loss {p.best_val:.4f}"
+        )
         close_distributed(s.dist)
-        return TrainResult(s.run_dir, p.step, p.last.get("train_loss"), p.last.get("val_loss"),
-                           p.best_val if math.isfinite(p.best_val) else None, stopped_early)
+        return TrainResult(
+            s.run_dir,
+            p.step,
+            p.last.get("train_loss"),
+            p.last.get("val_loss"),
+            p.best_val if math.isfinite(p.best_val) else None,
+            stopped_early,
+        )
 
 
-def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] = None,
-          echo: Callable[[str], None] = print, progress: Optional[bool] = None,
-          on_eval: Optional[Callable[[int, float], bool]] = None) -> TrainResult:
+def train(
+    cfg: Config,
+    run_name: Optional[str] = None,
+    *,
+    resume: Optional[str] = None,
+    echo: Callable[[str], None] = print,
+    progress: Optional[bool] = None,
+    on_eval: Optional[Callable[[int, float], bool]] = None,
+) -> TrainResult:
     """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`); ``resume``:
     ``auto`` or a run folder to continue; ``on_eval(step, val_loss)`` after each eval, True ending the run there
     (``stopped_early``; ``last`` is saved). Nothing global is left changed afterwards (a sweep calls this often).
@@ -360,4 +470,3 @@ def train(cfg: Config, run_name: Optional[str] = None, *, resume: Optional[str] 
             f"out of memory ({first}); make model.n_layer, n_embd, model.block_size or train.batch_size "
             f"smaller (minigpt count-params --config CONFIG estimates the memory)"
         ) from None
-

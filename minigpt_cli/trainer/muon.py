@@ -14,11 +14,14 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
-from torch.optim._muon import _adjust_lr  # torch.optim.Muon's own per-shape scale, so both scale alike
+from torch.optim._muon import (
+    _adjust_lr,
+)  # torch.optim.Muon's own per-shape scale, so both scale alike
 
 
-def orthogonalize(stacks: Sequence[torch.Tensor], coefficients: tuple[float, float, float], steps: int,
-                  eps: float) -> list[torch.Tensor]:
+def orthogonalize(
+    stacks: Sequence[torch.Tensor], coefficients: tuple[float, float, float], steps: int, eps: float
+) -> list[torch.Tensor]:
     """The quintic Newton-Schulz iteration of ``torch.optim.Muon`` on stacks of matrices, in bfloat16.
 
     ``stacks``: tensors of shape (B_i, m_i, n_i); returns one (B_i, m_i, n_i) bfloat16 tensor each, every matrix
@@ -38,17 +41,33 @@ def orthogonalize(stacks: Sequence[torch.Tensor], coefficients: tuple[float, flo
     by_side: dict[int, list[int]] = {}  # the side of A -> the stacks with an A of that size
     for i, x in enumerate(xs):
         by_side.setdefault(min(x.shape[-2:]), []).append(i)
-    sides = [(members, [xs[i].size(0) for i in members],  # each side's Gram matrices, one buffer for all steps
-              torch.empty(sum(xs[i].size(0) for i in members), side, side, dtype=torch.bfloat16,
-                          device=xs[members[0]].device)) for side, members in by_side.items()]
+    sides = [
+        (
+            members,
+            [xs[i].size(0) for i in members],  # each side's Gram matrices, one buffer for all steps
+            torch.empty(
+                sum(xs[i].size(0) for i in members),
+                side,
+                side,
+                dtype=torch.bfloat16,
+                device=xs[members[0]].device,
+            ),
+        )
+        for side, members in by_side.items()
+    ]
     for _ in range(steps):
         for members, sizes, grams in sides:
             for i, gram in zip(members, grams.split(sizes)):
-                torch.bmm(xs[i].mT, xs[i], out=gram) if tall[i] else torch.bmm(xs[i], xs[i].mT, out=gram)
+                torch.bmm(xs[i].mT, xs[i], out=gram) if tall[i] else torch.bmm(
+                    xs[i], xs[i].mT, out=gram
+                )
             polys = torch.baddbmm(grams, grams, grams, beta=b, alpha=c).split(sizes)
             for i, poly in zip(members, polys):
-                xs[i] = torch.baddbmm(xs[i], xs[i], poly, beta=a) if tall[i] else \
-                    torch.baddbmm(xs[i], poly, xs[i], beta=a)
+                xs[i] = (
+                    torch.baddbmm(xs[i], xs[i], poly, beta=a)
+                    if tall[i]
+                    else torch.baddbmm(xs[i], poly, xs[i], beta=a)
+                )
     return xs
 
 
@@ -65,9 +84,17 @@ class _Stack:
     def buffers(self, state) -> torch.Tensor:
         """The stacked momentum buffers (zeros before the first step); rebuilt from ``state`` when
         ``load_state_dict`` has put tensors of its own there."""
-        if self.stack is None or any(state[p].get("momentum_buffer") is not v for p, v in zip(self.params, self.views)):
-            self.stack = torch.stack([state[p]["momentum_buffer"] if "momentum_buffer" in state[p]
-                                      else torch.zeros_like(p) for p in self.params])
+        if self.stack is None or any(
+            state[p].get("momentum_buffer") is not v for p, v in zip(self.params, self.views)
+        ):
+            self.stack = torch.stack(
+                [
+                    state[p]["momentum_buffer"]
+                    if "momentum_buffer" in state[p]
+                    else torch.zeros_like(p)
+                    for p in self.params
+                ]
+            )
             self.views = list(self.stack.unbind(0))
             for p, v in zip(self.params, self.views):
                 state[p]["momentum_buffer"] = v
@@ -109,11 +136,16 @@ class BatchedMuon(torch.optim.Muon):
                 grads = torch.stack([p.grad for p in s.params])
                 bufs.lerp_(grads, 1 - momentum)
                 updates.append(grads.lerp_(bufs, momentum) if group["nesterov"] else bufs)
-            orthos = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            orthos = orthogonalize(
+                updates, group["ns_coefficients"], group["ns_steps"], group["eps"]
+            )
             for s, ortho in zip(stacks, orthos):
                 if decay:
                     torch._foreach_mul_(s.params, 1 - lr * decay)
                 # a bfloat16 update into a float32 weight, as Muon adds it
-                torch._foreach_add_(s.params, ortho.unbind(0), alpha=-_adjust_lr(lr, group["adjust_lr_fn"],
-                                                                                 s.params[0].shape))
+                torch._foreach_add_(
+                    s.params,
+                    ortho.unbind(0),
+                    alpha=-_adjust_lr(lr, group["adjust_lr_fn"], s.params[0].shape),
+                )
         return loss

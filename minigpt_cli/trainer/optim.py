@@ -18,9 +18,13 @@ def adamw(params: list[torch.Tensor], tc: TrainConfig) -> torch.optim.AdamW:
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     try:  # one fused kernel per step (CUDA; CPU since torch 2.4): measured 7% faster on 2 CPU cores
-        return torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), fused=True)
+        return torch.optim.AdamW(
+            groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), fused=True
+        )
     except (RuntimeError, TypeError):
-        return torch.optim.AdamW(groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), foreach=True)
+        return torch.optim.AdamW(
+            groups, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), foreach=True
+        )
 
 
 def muon_params(model: torch.nn.Module) -> tuple[list[str], list[str]]:
@@ -33,7 +37,9 @@ def muon_params(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     vectors, which have no matrix to orthogonalise (Jordan et al. 2024, the Muon README; Liu et al. 2025,
     "Muon is Scalable", arXiv 2502.16982).
     """
-    embeddings = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    embeddings = {
+        id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()
+    }
     hidden = {id(p) for p in model.h.parameters() if p.dim() == 2 and id(p) not in embeddings}
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     return [n for n, p in named if id(p) in hidden], [n for n, p in named if id(p) not in hidden]
@@ -52,9 +58,15 @@ class MuonAdamW:
         muon_names, adamw_names = muon_params(model)
         mc = tc.muon
         self.adamw = adamw([by_name[n] for n in adamw_names], tc)
-        self.muon = muon_class([by_name[n] for n in muon_names], lr=mc.learning_rate, weight_decay=mc.weight_decay,
-                               momentum=mc.momentum, nesterov=mc.nesterov, ns_steps=mc.ns_steps,
-                               adjust_lr_fn=mc.adjust_lr)
+        self.muon = muon_class(
+            [by_name[n] for n in muon_names],
+            lr=mc.learning_rate,
+            weight_decay=mc.weight_decay,
+            momentum=mc.momentum,
+            nesterov=mc.nesterov,
+            ns_steps=mc.ns_steps,
+            adjust_lr_fn=mc.adjust_lr,
+        )
         self.muon_scale = mc.learning_rate / tc.learning_rate
 
     @property
@@ -79,9 +91,11 @@ class MuonAdamW:
 
     def state_dict(self) -> dict[str, Any]:
         a, m, n = self.adamw.state_dict(), self.muon.state_dict(), self._split()
-        return {"state": {**a["state"], **{i + n: s for i, s in m["state"].items()}},
-                "param_groups": a["param_groups"] + [{**g, "params": [i + n for i in g["params"]]}
-                                                     for g in m["param_groups"]]}
+        return {
+            "state": {**a["state"], **{i + n: s for i, s in m["state"].items()}},
+            "param_groups": a["param_groups"]
+            + [{**g, "params": [i + n for i in g["params"]]} for g in m["param_groups"]],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load a joint state dict (:meth:`state_dict`'s layout).
@@ -91,10 +105,18 @@ class MuonAdamW:
         """
         k, n = len(self.adamw.param_groups), self._split()
         groups = state["param_groups"]
-        self.adamw.load_state_dict({"state": {i: s for i, s in state["state"].items() if i < n},
-                                    "param_groups": groups[:k]})
-        self.muon.load_state_dict({"state": {i - n: s for i, s in state["state"].items() if i >= n},
-                                   "param_groups": [{**g, "params": [i - n for i in g["params"]]} for g in groups[k:]]})
+        self.adamw.load_state_dict(
+            {
+                "state": {i: s for i, s in state["state"].items() if i < n},
+                "param_groups": groups[:k],
+            }
+        )
+        self.muon.load_state_dict(
+            {
+                "state": {i - n: s for i, s in state["state"].items() if i >= n},
+                "param_groups": [{**g, "params": [i - n for i in g["params"]]} for g in groups[k:]],
+            }
+        )
 
 
 def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.Optimizer | MuonAdamW:

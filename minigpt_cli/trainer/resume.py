@@ -27,7 +27,11 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
         MinigptError: a ``model``, ``tokenizer`` or ``data`` key differs; names the key.
     """
     # Keys not compared: derived, or (data.fingerprint) compared by the corpus's files (Resumed.check_corpus).
-    for section, free in (("model", ["vocab_size"]), ("tokenizer", ["path"]), ("data", ["fingerprint"])):
+    for section, free in (
+        ("model", ["vocab_size"]),
+        ("tokenizer", ["path"]),
+        ("data", ["fingerprint"]),
+    ):
         a, b = getattr(cfg, section).model_dump(), getattr(saved, section).model_dump()
         if section == "model" and a["init_from"] is not None and b["init_from"] is not None:
             free.append("init_from")  # fine-tuned: where from may move
@@ -50,8 +54,13 @@ def config_changes(cfg: Config, saved: Config) -> dict[str, list]:
     """The keys outside ``model``, ``tokenizer`` and ``data`` (which may not change) whose value ``cfg`` changes
     from the run's checkpoint ``saved``: key -> [old, new], in the schema's order."""
     old, new = saved.flat(), cfg.flat()
-    return {k: [old.get(k), v] for k, v in new.items() if k.split(".")[0] not in ("model", "tokenizer", "data")
-            and k not in _EXPECTED_CHANGES and old.get(k) != v}
+    return {
+        k: [old.get(k), v]
+        for k, v in new.items()
+        if k.split(".")[0] not in ("model", "tokenizer", "data")
+        and k not in _EXPECTED_CHANGES
+        and old.get(k) != v
+    }
 
 
 def _named_tokenizer(cfg: Config) -> Optional[Tokenizer]:
@@ -62,26 +71,42 @@ def _named_tokenizer(cfg: Config) -> Optional[Tokenizer]:
 
 
 #: A resume whose corpus is not the one the run trained on.
-_CORPUS_CHANGED = ("--resume: corpus file {path} was {what} since the run trained on it{detail}; resume with the "
-                   "corpus as the run had it, or start a new run")
+_CORPUS_CHANGED = (
+    "--resume: corpus file {path} was {what} since the run trained on it{detail}; resume with the "
+    "corpus as the run had it, or start a new run"
+)
 
 
 #: A resume under another train.optimizer: the checkpoint holds the moments of the run's own.
-_OPTIMIZER_SWITCHED = ("--resume: train.optimizer is {new} here but {old} in the checkpoint; a run keeps its optimizer "
-                       "(its state is {old}'s): resume with --set train.optimizer={old}, or start a new run")
+_OPTIMIZER_SWITCHED = (
+    "--resume: train.optimizer is {new} here but {old} in the checkpoint; a run keeps its optimizer "
+    "(its state is {old}'s): resume with --set train.optimizer={old}, or start a new run"
+)
 
 
 #: What a resume reads from ``trainer_state.pt`` (the trainer's snapshot, :meth:`~.loop.Trainer.snapshot`):
 #: entry (``a.b``: entry b of the dict at a) -> the types it may have.
 STATE_ENTRIES = {
-    "step": int, "evaluated": bool, "best_val_loss": (float, int), "bad_evals": int,
-    "optimizer": dict, "optimizer.state": dict, "optimizer.param_groups": list, "scaler": dict,
-    "rng": dict, "rng.python": list, "rng.numpy": list, "rng.torch": torch.Tensor,
-    "data_rng": dict, "data_rng.train": torch.Tensor,
+    "step": int,
+    "evaluated": bool,
+    "best_val_loss": (float, int),
+    "bad_evals": int,
+    "optimizer": dict,
+    "optimizer.state": dict,
+    "optimizer.param_groups": list,
+    "scaler": dict,
+    "rng": dict,
+    "rng.python": list,
+    "rng.numpy": list,
+    "rng.torch": torch.Tensor,
+    "data_rng": dict,
+    "data_rng.train": torch.Tensor,
 }
 #: A trainer state that loads but is not one: what is wrong with it.
-_STATE_WRONG = ("trainer state {path!r} is not a minigpt trainer state ({problem}); use another checkpoint or "
-                "start a new run")
+_STATE_WRONG = (
+    "trainer state {path!r} is not a minigpt trainer state ({problem}); use another checkpoint or "
+    "start a new run"
+)
 
 
 def load_resume_state(last: Path) -> dict[str, Any]:
@@ -91,7 +116,11 @@ def load_resume_state(last: Path) -> dict[str, Any]:
         MinigptError: a missing, truncated or unsafe file, or the first entry missing or of another type.
     """
     state = checkpoint.load_trainer_state(last)
-    problem = None if isinstance(state, dict) else f"it holds a value of type {type(state).__name__}, not a dict"
+    problem = (
+        None
+        if isinstance(state, dict)
+        else f"it holds a value of type {type(state).__name__}, not a dict"
+    )
     for entry, types in STATE_ENTRIES.items():
         if problem is not None:
             break
@@ -104,7 +133,9 @@ def load_resume_state(last: Path) -> dict[str, Any]:
         elif not isinstance(holder[key], types):
             problem = f"{entry!r} is of type {type(holder[key]).__name__}"
     if problem is not None:
-        raise MinigptError(_STATE_WRONG.format(path=str(runs.resolve(last) / runs.STATE), problem=problem))
+        raise MinigptError(
+            _STATE_WRONG.format(path=str(runs.resolve(last) / runs.STATE), problem=problem)
+        )
     return state
 
 
@@ -119,7 +150,9 @@ class Resumed:
     max_iters: int = 0
     note: Optional[str] = None
     swept: list[Path] = field(default_factory=list)
-    changes: dict[str, list] = field(default_factory=dict)  # key -> [old, new] (:func:`config_changes`)
+    changes: dict[str, list] = field(
+        default_factory=dict
+    )  # key -> [old, new] (:func:`config_changes`)
 
     @classmethod
     def find(cls, cfg: Config, resume: str) -> Optional["Resumed"]:
@@ -128,7 +161,10 @@ class Resumed:
         Raises:
             MinigptError: a path without a resumable checkpoint, a damaged checkpoint config.
         """
-        def same_data(run: Path) -> bool:  # auto continues a run of this corpus, not any run of this name
+
+        def same_data(
+            run: Path,
+        ) -> bool:  # auto continues a run of this corpus, not any run of this name
             try:
                 data = checkpoint.saved_config(cls.last_of(run)).data
             except MinigptError:
@@ -137,7 +173,9 @@ class Resumed:
             return (data.dataset, data.path and Path(data.path)) == where
 
         run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume, same_data)
-        return None if run_dir is None else cls(run_dir, checkpoint.saved_config(cls.last_of(run_dir)))
+        return (
+            None if run_dir is None else cls(run_dir, checkpoint.saved_config(cls.last_of(run_dir)))
+        )
 
     @staticmethod
     def last_of(run_dir: Path) -> Path:
@@ -149,7 +187,9 @@ class Resumed:
         ``tokenizer.path`` naming another tokenizer than the run's."""
         check_resume_config(cfg, self.saved)
         if cfg.train.optimizer != self.saved.train.optimizer:
-            raise MinigptError(_OPTIMIZER_SWITCHED.format(new=cfg.train.optimizer, old=self.saved.train.optimizer))
+            raise MinigptError(
+                _OPTIMIZER_SWITCHED.format(new=cfg.train.optimizer, old=self.saved.train.optimizer)
+            )
         check_run_tokenizer(self.run_dir, self.saved, _named_tokenizer(cfg))
 
     def check_corpus(self, corpus: Corpus) -> None:
@@ -169,9 +209,13 @@ class Resumed:
         """
         last = self.last_of(self.run_dir)
         if claim is not None:
-            claim.folder = runs.RunFolder(self.run_dir,
-                                          runs.RunLock(self.run_dir).acquire("wait for it to finish before resuming"))
-            self.swept = checkpoint.sweep_stale_temps(last.parent)  # safe under the lock: no other process saves
+            claim.folder = runs.RunFolder(
+                self.run_dir,
+                runs.RunLock(self.run_dir).acquire("wait for it to finish before resuming"),
+            )
+            self.swept = checkpoint.sweep_stale_temps(
+                last.parent
+            )  # safe under the lock: no other process saves
         else:  # a real run reads these in build(); a dry run loads nothing, so it checks them here, alike
             checkpoint.verify_weights(last)
             read_events(self.run_dir / METRICS)
@@ -192,13 +236,21 @@ class Resumed:
         """What the resume would do, for ``--dry-run``: the run, its step, and the schedule note if any."""
         step, n = self.state["step"], self.max_iters
         if self.done:
-            return [f"--resume: {self.run_dir} is at step {step}, train.max_iters is {n}: nothing would be trained"]
-        return [f"--resume: would continue {self.run_dir} from step {step} to train.max_iters {n}"] + \
-            self.change_notes() + ([self.note] if self.note else [])
+            return [
+                f"--resume: {self.run_dir} is at step {step}, train.max_iters is {n}: nothing would be trained"
+            ]
+        return (
+            [f"--resume: would continue {self.run_dir} from step {step} to train.max_iters {n}"]
+            + self.change_notes()
+            + ([self.note] if self.note else [])
+        )
 
     def change_notes(self) -> list[str]:
         """One note per key this resume changes, old -> new (train.log and env.json keep them too)."""
-        return [f"note: --resume changes {key}: {old!r} -> {new!r}" for key, (old, new) in self.changes.items()]
+        return [
+            f"note: --resume changes {key}: {old!r} -> {new!r}"
+            for key, (old, new) in self.changes.items()
+        ]
 
     def result(self) -> dict[str, Any]:
         """The fields of a finished run's :class:`~.loop.TrainResult`: its step and last eval's losses."""
@@ -207,5 +259,10 @@ class Resumed:
         except (OSError, ValueError):
             meta = {}
         best = self.state["best_val_loss"]
-        return {"run_dir": self.run_dir, "step": self.state["step"], "train_loss": meta.get("train_loss"),
-                "val_loss": meta.get("val_loss"), "best_val_loss": best if math.isfinite(best) else None}
+        return {
+            "run_dir": self.run_dir,
+            "step": self.state["step"],
+            "train_loss": meta.get("train_loss"),
+            "val_loss": meta.get("val_loss"),
+            "best_val_loss": best if math.isfinite(best) else None,
+        }

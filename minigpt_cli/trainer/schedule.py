@@ -29,7 +29,7 @@ def lr_at(step: int, tc: TrainConfig, n_embd: int = 512) -> float:
     if tc.lr_schedule == "inverse_sqrt":
         s = step + 1
         w = max(tc.warmup_iters, 1)
-        return tc.learning_rate * n_embd ** -0.5 * min(s ** -0.5, s * w ** -1.5)
+        return tc.learning_rate * n_embd**-0.5 * min(s**-0.5, s * w**-1.5)
     if step < tc.warmup_iters:
         return tc.learning_rate * (step + 1) / (tc.warmup_iters + 1)
     if tc.lr_schedule == "constant":
@@ -71,8 +71,16 @@ def should_eval(step: int, tc: TrainConfig) -> bool:
 
 
 #: The ``train`` keys that shape the learning-rate schedule (:func:`lr_at`).
-SCHEDULE_KEYS = ("max_iters", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule",
-                 "decay_fraction", "decay_shape")
+SCHEDULE_KEYS = (
+    "max_iters",
+    "learning_rate",
+    "min_lr",
+    "warmup_iters",
+    "lr_decay_iters",
+    "lr_schedule",
+    "decay_fraction",
+    "decay_shape",
+)
 
 
 def schedule_note(cfg: Config, saved: Config, step: int) -> Optional[str]:
@@ -85,7 +93,9 @@ def schedule_note(cfg: Config, saved: Config, step: int) -> Optional[str]:
     step. The note names the changed keys and the lr before and after.
     """
     old, new = saved.train, cfg.train
-    muon = new.optimizer == "muon"  # Muon's group: its own base rate on the same shape (optim.set_lr)
+    muon = (
+        new.optimizer == "muon"
+    )  # Muon's group: its own base rate on the same shape (optim.set_lr)
 
     def value(tc, key: str):
         return tc.muon.learning_rate if key == "muon.learning_rate" else getattr(tc, key)
@@ -105,5 +115,7 @@ def schedule_note(cfg: Config, saved: Config, step: int) -> Optional[str]:
 
     (lr_old, *muon_old), (lr_new, *muon_new) = rates(old), rates(new)
     muon_part = "".join(f", Muon's {b:.3e} ({jump(a, b)})" for a, b in zip(muon_old, muon_new))
-    return (f"note: resuming with {what}; the learning-rate schedule follows the new values "
-            f"from here: lr {lr_new:.3e} at step {step} ({jump(lr_old, lr_new)}){muon_part}")
+    return (
+        f"note: resuming with {what}; the learning-rate schedule follows the new values "
+        f"from here: lr {lr_new:.3e} at step {step} ({jump(lr_old, lr_new)}){muon_part}"
+    )

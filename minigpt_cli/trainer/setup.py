@@ -28,25 +28,36 @@ from ..run import folder as runs
 from ..run.checkpoint import load_weights_into
 from ..run.metrics import RunLogger
 from ..runtime import distributed as parallel
-from ..runtime.device import CpuThreads, check_memory, resolve_device, resolve_dtype, restore_rng, seed_everything
-from ..runtime.device import tune_runtime
+from ..runtime.device import (
+    CpuThreads,
+    check_memory,
+    resolve_device,
+    resolve_dtype,
+    restore_rng,
+    seed_everything,
+    tune_runtime,
+)
 from ..runtime.distributed import Dist, barrier, broadcast, init_distributed
 from ..runtime.kernels import dropout, onednn
 from ..runtime.kernels import swap as swap_kernels
 from ..sample.sampling import encode_prompt
 from ..tokenizer.kinds import Tokenizer
+from .optim import make_optimizer
 from .resume import Resumed
 from .signals import StopFlag
-from .optim import make_optimizer
 
 #: Said when a resumed run's dropout masks come from another kernel than its last session's (MINIGPT_FAST_DROPOUT).
-DROPOUT_CHANGED = ("note: the last session of this run drew its dropout masks with {before}'s kernel, this one with "
-                   "{now}'s (MINIGPT_FAST_DROPOUT, the device, dtype or compile changed); the run goes on, but no "
-                   "longer as one uninterrupted run would")
+DROPOUT_CHANGED = (
+    "note: the last session of this run drew its dropout masks with {before}'s kernel, this one with "
+    "{now}'s (MINIGPT_FAST_DROPOUT, the device, dtype or compile changed); the run goes on, but no "
+    "longer as one uninterrupted run would"
+)
 
 
 #: train.muon settings in a run that does not use Muon: a note, as a sweep over the optimizer shares one config.
-MUON_UNUSED = "note: {keys} set Muon, which train.optimizer adamw does not use: no effect in this run"
+MUON_UNUSED = (
+    "note: {keys} set Muon, which train.optimizer adamw does not use: no effect in this run"
+)
 
 
 class Claim(ExitStack):
@@ -98,7 +109,9 @@ class Setup:
     env: dict[str, Any]
     eager_kernels: dict[str, str]
     data: Any  # the PreparedData the evaluator reads
-    corpus: dict[str, Any] = field(default_factory=dict)  # fingerprint and files, for the checkpoints' meta.json
+    corpus: dict[str, Any] = field(
+        default_factory=dict
+    )  # fingerprint and files, for the checkpoints' meta.json
     writer: Any = None
     bar: Any = None
     compile_failed: bool = False
@@ -135,14 +148,17 @@ class Setup:
         self.logger.log(message.removeprefix("note: "))
         # env.json's torch_threads is the count at the start; changes are listed after it.
         self.env.setdefault("torch_threads_changes", []).append(
-            {"step": self.prog.step, "threads": torch.get_num_threads()})
+            {"step": self.prog.step, "threads": torch.get_num_threads()}
+        )
         self.write_env()
 
     def fall_back_to_eager(self, exc: Exception) -> None:
         """torch.compile failed at its first call: train the eager model (DDP-wrapped again, or sharded) from here."""
         self.compile_failed = True
-        self.echo(f"warning: torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-                  "training without it")
+        self.echo(
+            f"warning: torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+            "training without it"
+        )
         self.logger.log(f"torch.compile failed ({type(exc).__name__}); training without it")
         self.optimizer.zero_grad(set_to_none=True)
         self.train_model = parallel.wrap(self.model, self.device, self.dist)
@@ -152,28 +168,39 @@ class Setup:
 
 def tensorboard_writer_class():
     if importlib.util.find_spec("tensorboard") is None:
-        raise MinigptError("train.tensorboard: true needs the tensorboard package; pip install tensorboard, "
-                           "or set train.tensorboard: false")
+        raise MinigptError(
+            "train.tensorboard: true needs the tensorboard package; pip install tensorboard, "
+            "or set train.tensorboard: false"
+        )
     from torch.utils.tensorboard import SummaryWriter
 
     return SummaryWriter
 
 
-def config_notes(cfg: Config, dist: Optional[Dist] = None, corpus_on_disk: Optional[bool] = None) -> list[str]:
+def config_notes(
+    cfg: Config, dist: Optional[Dist] = None, corpus_on_disk: Optional[bool] = None
+) -> list[str]:
     """The notes on a config before a run, and on a parallelism one process ignores. ``corpus_on_disk``: whether
     the named corpus is there and genuine (for the ``data.url`` note); None: looked at here."""
     if corpus_on_disk is None:
         corpus_on_disk = url_corpus_on_disk(cfg.data.data_dir, cfg.data.dataset, cfg.data.url)
     single = parallel.single_process_note(cfg.train.parallelism, dist or Dist.from_env())
-    return notes(cfg, corpus_on_disk=corpus_on_disk) + ([single] if single else []) + _muon_note(cfg)
+    return (
+        notes(cfg, corpus_on_disk=corpus_on_disk) + ([single] if single else []) + _muon_note(cfg)
+    )
 
 
 def _muon_note(cfg: Config) -> list[str]:
     """:data:`MUON_UNUSED` for the ``train.muon`` keys given a value of their own (set, and not the default: a
     saved config.yaml lists every key) in a run whose ``train.optimizer`` is adamw."""
     mu = cfg.train.muon
-    keys = [f"train.muon.{k}" for k, f in type(mu).model_fields.items()
-            if cfg.train.optimizer == "adamw" and k in mu.model_fields_set and getattr(mu, k) != f.default]
+    keys = [
+        f"train.muon.{k}"
+        for k, f in type(mu).model_fields.items()
+        if cfg.train.optimizer == "adamw"
+        and k in mu.model_fields_set
+        and getattr(mu, k) != f.default
+    ]
     return [MUON_UNUSED.format(keys=", ".join(keys))] if keys else []
 
 
@@ -209,8 +236,14 @@ class Plan:
         return self.resumed is not None and self.resumed.done
 
 
-def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Callable[[str], None],
-         progress: Optional[bool], claim: Optional["Claim"] = None) -> Plan:
+def plan(
+    cfg: Config,
+    run_name: Optional[str],
+    resume: Optional[str],
+    echo: Callable[[str], None],
+    progress: Optional[bool],
+    claim: Optional["Claim"] = None,
+) -> Plan:
     """Resolve and check everything ``train`` needs before it makes a run folder; ``claim`` None: a dry run,
     which writes nothing; else the resumed run's lock is registered in it.
 
@@ -231,7 +264,9 @@ def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Call
         resumed.check(cfg)
         appended = run_files(resumed.run_dir)[1]
         run = resumed.run_dir
-        for path, folder in [(run, True), (run / runs.CHECKPOINTS, True)] + [(p, False) for p in run_files(run)[0]]:
+        for path, folder in [(run, True), (run / runs.CHECKPOINTS, True)] + [
+            (p, False) for p in run_files(run)[0]
+        ]:
             check_writable(path, folder, append=path in appended, in_run=True)
     else:
         check_writable(tc.out_dir, folder=True)
@@ -252,8 +287,12 @@ def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Call
             echo(note)
 
     if write and dist.local_rank != 0:
-        barrier(dist)  # under torchrun the first process of a node prepares the data; the others wait, then read
-    stage = prepare_data(cfg, echo, progress if dist.main else False, write, check=checked, found=noted)
+        barrier(
+            dist
+        )  # under torchrun the first process of a node prepares the data; the others wait, then read
+    stage = prepare_data(
+        cfg, echo, progress if dist.main else False, write, check=checked, found=noted
+    )
     if write and dist.local_rank == 0:
         barrier(dist)
     # samples.txt samples from sample.prompt, and generate will: refused now, as generate refuses it.
@@ -262,15 +301,37 @@ def plan(cfg: Config, run_name: Optional[str], resume: Optional[str], echo: Call
     if cfg.tokenizer.kind == "char" and stage.tok is None:
         vocab = None  # the corpus's characters, not known before it is downloaded
     # With no vocabulary yet, the memory check counts the smallest a char tokenizer can have.
-    cfg = with_vocab(cfg, vocab if vocab is not None else cfg.model.vocab_size or 1 + len(cfg.tokenizer.special_tokens))
+    cfg = with_vocab(
+        cfg,
+        vocab
+        if vocab is not None
+        else cfg.model.vocab_size or 1 + len(cfg.tokenizer.special_tokens),
+    )
     if stage.corpus is not None:
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"fingerprint": stage.corpus.fingerprint})})
+        cfg = cfg.model_copy(
+            update={"data": cfg.data.model_copy(update={"fingerprint": stage.corpus.fingerprint})}
+        )
     check_memory(cfg, device, dtype, shards=parallel.shards(tc.parallelism, dist))
     if resumed is not None:
         resumed.open(cfg, stage.tok, claim if write and dist.main else None)
     elif resume is not None and write:
-        echo(f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one")
-    return Plan(given, cfg, device, dtype, dist, run_name, resume, resumed, stage, found, vocab, writer_class)
+        echo(
+            f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one"
+        )
+    return Plan(
+        given,
+        cfg,
+        device,
+        dtype,
+        dist,
+        run_name,
+        resume,
+        resumed,
+        stage,
+        found,
+        vocab,
+        writer_class,
+    )
 
 
 def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional[bool]) -> Setup:
@@ -291,11 +352,15 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
 
     seed_everything(cfg.seed)
     model = GPT(mc)
-    if mc.init_from is not None and resumed is None:  # fine-tuning; a resumed run loads its own checkpoint
+    if (
+        mc.init_from is not None and resumed is None
+    ):  # fine-tuning; a resumed run loads its own checkpoint
         load_pretrained(model, cfg)
     model = parallel.place(swap_kernels(model), device, dist, tc.parallelism)  # FSDP: sharded here
-    eager_kernels = {"linear_kernel": onednn.linear_kernel(model, tc.batch_size * mc.block_size, device, dtype),
-                     "dropout_kernel": dropout.dropout_kernel(model, device, dtype)}
+    eager_kernels = {
+        "linear_kernel": onednn.linear_kernel(model, tc.batch_size * mc.block_size, device, dtype),
+        "dropout_kernel": dropout.dropout_kernel(model, device, dtype),
+    }
     logger = RunLogger(run_dir, echo=None, enabled=dist.main)
     swept = list(resumed.swept) if resumed is not None else []
     if dist.main:
@@ -303,31 +368,66 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
         # it by hand is kept beside it, and said, not lost).
         edited = runs.keep_edited_config(run_dir, cfg.to_yaml()) if resumed is not None else None
         if edited is not None:
-            echo(f"note: {run_dir / runs.CONFIG} was edited since the last checkpoint; a resume runs with the "
-                 f"config given here (now in config.yaml), and the edited file is kept as {edited.name}")
+            echo(
+                f"note: {run_dir / runs.CONFIG} was edited since the last checkpoint; a resume runs with the "
+                f"config given here (now in config.yaml), and the edited file is kept as {edited.name}"
+            )
         atomic_write_text(run_dir / runs.CONFIG, cfg.to_yaml())
         if resumed is None:
             tok.save(run_dir / runs.TOKENIZER)
         swept += logger.sweep_temps()
-    compiled_kernels = {"linear_kernel": "torch.mm",  # torch.compile keeps PyTorch's kernels
-                        "dropout_kernel": dropout.dropout_kernel(model, device, dtype, compiled=True)}
-    env = runs.env_info(device, dtype, dist.world, **(compiled_kernels if cfg.compile else eager_kernels))
-    env["config_changes"] = resumed.changes if resumed is not None else {}  # this session's keys, old -> new
-    if resumed is not None and dist.main:  # a resumed run: the sessions before this one are kept, oldest first
+    compiled_kernels = {
+        "linear_kernel": "torch.mm",  # torch.compile keeps PyTorch's kernels
+        "dropout_kernel": dropout.dropout_kernel(model, device, dtype, compiled=True),
+    }
+    env = runs.env_info(
+        device, dtype, dist.world, **(compiled_kernels if cfg.compile else eager_kernels)
+    )
+    env["config_changes"] = (
+        resumed.changes if resumed is not None else {}
+    )  # this session's keys, old -> new
+    if (
+        resumed is not None and dist.main
+    ):  # a resumed run: the sessions before this one are kept, oldest first
         env["earlier_sessions"] = runs.earlier_sessions(run_dir)
-        before = env["earlier_sessions"][-1].get("dropout_kernel") if env["earlier_sessions"] else None
+        before = (
+            env["earlier_sessions"][-1].get("dropout_kernel") if env["earlier_sessions"] else None
+        )
         if before not in (None, env["dropout_kernel"]):
             echo(DROPOUT_CHANGED.format(before=before, now=env["dropout_kernel"]))
 
     data, corpus = p.stage.data, p.stage.corpus
     s = Setup(
-        cfg=cfg, device=device, dist=dist, echo=echo, tok=tok, run_dir=run_dir, model=model, train_model=model,
+        cfg=cfg,
+        device=device,
+        dist=dist,
+        echo=echo,
+        tok=tok,
+        run_dir=run_dir,
+        model=model,
+        train_model=model,
         optimizer=make_optimizer(model, tc),
-        scaler=torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16),
-        autocast=torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext(),
-        train_sampler=BatchSampler(data.train, mc.block_size, tc.batch_size, cfg.seed + 1, device,
-                                   rank=dist.rank, world=dist.world),
-        prog=Progress(), logger=logger, stop=StopFlag(), env=env, eager_kernels=eager_kernels, data=data,
+        scaler=torch.amp.GradScaler(
+            device.type, enabled=device.type == "cuda" and dtype == torch.float16
+        ),
+        autocast=torch.autocast(device_type=device.type, dtype=dtype)
+        if dtype != torch.float32
+        else nullcontext(),
+        train_sampler=BatchSampler(
+            data.train,
+            mc.block_size,
+            tc.batch_size,
+            cfg.seed + 1,
+            device,
+            rank=dist.rank,
+            world=dist.world,
+        ),
+        prog=Progress(),
+        logger=logger,
+        stop=StopFlag(),
+        env=env,
+        eager_kernels=eager_kernels,
+        data=data,
         corpus={"fingerprint": corpus.fingerprint, "files": corpus.records()},
     )
     s.write_env()
@@ -336,15 +436,24 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     if resumed is not None:
         _restore(s, resumed)
     if swept:
-        logger.log(f"removed {len(swept)} temporary file(s) left by a killed process: "
-                   f"{', '.join(p.name for p in swept)}")
+        logger.log(
+            f"removed {len(swept)} temporary file(s) left by a killed process: "
+            f"{', '.join(p.name for p in swept)}"
+        )
     _compile(s)
     _announce(s, data, dtype)
     if p.writer_class is not None and dist.main:
         s.writer = p.writer_class(log_dir=str(run_dir / "tensorboard"))
     # disable=None: tqdm shows the bar only when stderr is a terminal (no bar flooding a log file).
-    s.bar = tqdm(total=tc.max_iters, initial=s.prog.step, desc="train", unit="step",
-                 disable=None if progress is None else not progress, dynamic_ncols=True, file=sys.stderr)
+    s.bar = tqdm(
+        total=tc.max_iters,
+        initial=s.prog.step,
+        desc="train",
+        unit="step",
+        disable=None if progress is None else not progress,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
     return s
 
 
@@ -358,8 +467,12 @@ def _restore(s: Setup, resumed: Resumed) -> None:
         s.scaler.load_state_dict(state["scaler"])
     restore_rng(state["rng"])
     s.train_sampler.set_state(state["data_rng"]["train"])
-    s.prog = Progress(step=state["step"], evaluated=state["evaluated"], best_val=state["best_val_loss"],
-                      bad_evals=state["bad_evals"])
+    s.prog = Progress(
+        step=state["step"],
+        evaluated=state["evaluated"],
+        best_val=state["best_val_loss"],
+        bad_evals=state["bad_evals"],
+    )
     s.logger.truncate_to(s.prog.step, s.prog.evaluated)
     s.logger.log(f"resumed from step {s.prog.step} ({weights_dir})")
     s.echo(f"resuming {s.run_dir} from step {s.prog.step}")
@@ -378,10 +491,14 @@ def _compile(s: Setup) -> None:
         try:
             train_model = torch.compile(s.model)
         except Exception as exc:  # platform support varies
-            s.echo(f"warning: torch.compile unavailable ({type(exc).__name__}: {exc}); training without it")
+            s.echo(
+                f"warning: torch.compile unavailable ({type(exc).__name__}: {exc}); training without it"
+            )
     s.train_model = parallel.wrap(train_model, s.device, s.dist)
     if parallel.is_sharded(s.model):
-        s.logger.log(f"FSDP: weights, gradients and AdamW moments sharded over {s.dist.world} processes")
+        s.logger.log(
+            f"FSDP: weights, gradients and AdamW moments sharded over {s.dist.world} processes"
+        )
 
 
 def _announce(s: Setup, data, dtype: torch.dtype) -> None:
@@ -390,10 +507,16 @@ def _announce(s: Setup, data, dtype: torch.dtype) -> None:
     n_params = s.model.num_params()
     dtype_name = str(dtype).removeprefix("torch.")
     s.logger.log(f"run folder {s.run_dir}")
-    s.logger.log(f"device {s.device} x {d.world} process(es), dtype {dtype_name}, {n_params:,} parameters, "
-                 f"vocab {mc.vocab_size} ({s.tok.kind})")
-    s.logger.log(f"global batch {tc.batch_size * tc.grad_accum_steps * d.world} sequences = batch {tc.batch_size} "
-                 f"x accum {tc.grad_accum_steps} x world {d.world}; {s.tokens_per_step:,} tokens per step")
+    s.logger.log(
+        f"device {s.device} x {d.world} process(es), dtype {dtype_name}, {n_params:,} parameters, "
+        f"vocab {mc.vocab_size} ({s.tok.kind})"
+    )
+    s.logger.log(
+        f"global batch {tc.batch_size * tc.grad_accum_steps * d.world} sequences = batch {tc.batch_size} "
+        f"x accum {tc.grad_accum_steps} x world {d.world}; {s.tokens_per_step:,} tokens per step"
+    )
     s.logger.log(f"data {data.directory}: {len(data.train):,} train / {len(data.val):,} val tokens")
-    s.echo(f"training {n_params / 1e6:.2f}M parameters on {s.device}"
-           f"{f' x {d.world} processes' if d.enabled else ''} ({dtype_name}); run folder {s.run_dir}")
+    s.echo(
+        f"training {n_params / 1e6:.2f}M parameters on {s.device}"
+        f"{f' x {d.world} processes' if d.enabled else ''} ({dtype_name}); run folder {s.run_dir}"
+    )

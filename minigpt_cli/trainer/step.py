@@ -11,9 +11,14 @@ from ..runtime.distributed import Dist, all_sum
 
 
 @torch.no_grad()
-def estimate_loss(model: torch.nn.Module, splits: Mapping[str, Iterable[tuple[torch.Tensor, torch.Tensor]]],
-                  n_windows: int, autocast, d: Dist = Dist(),
-                  should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict[str, float]]:
+def estimate_loss(
+    model: torch.nn.Module,
+    splits: Mapping[str, Iterable[tuple[torch.Tensor, torch.Tensor]]],
+    n_windows: int,
+    autocast,
+    d: Dist = Dist(),
+    should_stop: Optional[Callable[[], bool]] = None,
+) -> Optional[dict[str, float]]:
     """Mean loss per window of each split, in eval mode, without gradients; None when ``should_stop`` (asked
     before every batch, the same answer on every rank) cut it short. Sums are float64, taken over the ranks
     before dividing, so the result does not depend on how the ``n_windows`` were split into micro-batches
@@ -36,9 +41,17 @@ def estimate_loss(model: torch.nn.Module, splits: Mapping[str, Iterable[tuple[to
     return out
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator,
-               accum: int, autocast, scaler: torch.amp.GradScaler, grad_clip: float,
-               params: list[torch.Tensor], dist: Dist = Dist()) -> tuple[torch.Tensor, bool]:
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator,
+    accum: int,
+    autocast,
+    scaler: torch.amp.GradScaler,
+    grad_clip: float,
+    params: list[torch.Tensor],
+    dist: Dist = Dist(),
+) -> tuple[torch.Tensor, bool]:
     """One optimizer step over ``accum`` micro-batches; returns (this process's mean loss, whether it was applied).
 
     DDP syncs gradients on the last micro-step only; FSDP reduce-scatters at every one (whole gradients would
@@ -58,7 +71,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
             scaler.scale(loss).backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
     scaler.unscale_(optimizer)  # gradients unscaled before clipping (a no-op without a scaler)
-    finite = bool(torch.isfinite(all_sum(loss_sum, dist)))  # one host sync per optimizer step, none per micro-step
+    finite = bool(
+        torch.isfinite(all_sum(loss_sum, dist))
+    )  # one host sync per optimizer step, none per micro-step
     if finite and grad_clip > 0:
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
         finite = bool(torch.isfinite(norm))

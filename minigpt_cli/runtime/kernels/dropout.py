@@ -22,7 +22,7 @@ from .flags import env_flag
 ENV = "MINIGPT_FAST_DROPOUT"
 
 #: Resolution of the drop probability: masks compare int16 random values with a threshold.
-LEVELS = 2 ** 16
+LEVELS = 2**16
 
 
 def drop_threshold(p: float) -> int:
@@ -30,14 +30,18 @@ def drop_threshold(p: float) -> int:
     return round(p * LEVELS)
 
 
-def keep_mask(shape: tuple[int, ...], p: float, device: torch.device | str = "cpu",
-              generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def keep_mask(
+    shape: tuple[int, ...],
+    p: float,
+    device: torch.device | str = "cpu",
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
     """A random dropout mask of ``shape``, float32 (a bool operand would cost a conversion copy per use): 0 where
     dropped, 1 / (1 − the drop probability) where kept; each element dropped with probability
     ``drop_threshold(p) / 65536``, independently, from two bytes of 64-bit words drawn with ``generator``."""
     n = math.prod(shape)
     words = torch.empty((2 * n + 7) // 8, dtype=torch.int64, device=device)
-    words.random_(-2 ** 63, None, generator=generator)  # the whole int64 range: every bit uniform
+    words.random_(-(2**63), None, generator=generator)  # the whole int64 range: every bit uniform
     values = words.view(torch.int16)[:n].view(shape)
     dropped = drop_threshold(p)
     scale = LEVELS / (LEVELS - dropped)
@@ -49,8 +53,13 @@ def keep_mask(shape: tuple[int, ...], p: float, device: torch.device | str = "cp
 
 def usable(x: torch.Tensor, p: float) -> bool:
     """Whether :func:`dropout` takes the fast path (float32 on a CPU, eager, 0 < p < 1), else ``F.dropout``."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and 0.0 < p < 1.0 and drop_threshold(p) < LEVELS
-            and not torch.compiler.is_compiling())
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and 0.0 < p < 1.0
+        and drop_threshold(p) < LEVELS
+        and not torch.compiler.is_compiling()
+    )
 
 
 class _Dropout(torch.autograd.Function):
@@ -119,7 +128,9 @@ class _CausalAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *masks: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *masks: torch.Tensor
+    ) -> torch.Tensor:
         B, H, T, D = q.shape
         scale = 1.0 / math.sqrt(D)
         # The 1/√d goes on q (T·D products, not T·T), which dk's product reuses; the bias is added in place
@@ -130,8 +141,12 @@ class _CausalAttention(torch.autograd.Function):
         y = q3.new_empty(B * H, T, D)
         probs = []
         for (r0, r1), mask in zip(query_blocks(T), masks):
-            p = torch.softmax(torch.bmm(q3[:, r0:r1], k3[:, :r1].transpose(1, 2)).add_(bias[r0:r1, :r1]), -1)
-            y[:, r0:r1] = torch.bmm(p * mask, v3[:, :r1])  # (bmm's out= into a slice loops over the batch)
+            p = torch.softmax(
+                torch.bmm(q3[:, r0:r1], k3[:, :r1].transpose(1, 2)).add_(bias[r0:r1, :r1]), -1
+            )
+            y[:, r0:r1] = torch.bmm(
+                p * mask, v3[:, :r1]
+            )  # (bmm's out= into a slice loops over the batch)
             probs.append(p)
         ctx.save_for_backward(q3, k3, v3, *probs, *masks)
         ctx.scale = scale
@@ -142,7 +157,7 @@ class _CausalAttention(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         q3, k3, v3, *saved = ctx.saved_tensors
         blocks = query_blocks(q3.size(1))
-        probs, masks = saved[:len(blocks)], saved[len(blocks):]
+        probs, masks = saved[: len(blocks)], saved[len(blocks) :]
         shape = grad.shape
         g3 = grad.reshape(q3.shape)
         dq, dk, dv = torch.empty_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
@@ -157,27 +172,48 @@ class _CausalAttention(torch.autograd.Function):
         return (dq.view(shape), dk.view(shape), dv.view(shape), *(None for _ in masks))
 
 
-def attention_masks(B: int, H: int, T: int, p: float, device: torch.device | str = "cpu",
-                    generator: Optional[torch.Generator] = None) -> list[torch.Tensor]:
+def attention_masks(
+    B: int,
+    H: int,
+    T: int,
+    p: float,
+    device: torch.device | str = "cpu",
+    generator: Optional[torch.Generator] = None,
+) -> list[torch.Tensor]:
     """:func:`keep_mask` for each block of :func:`causal_attention`: (B·H, r1 − r0, r1) each."""
     return [keep_mask((B * H, r1 - r0, r1), p, device, generator) for r0, r1 in query_blocks(T)]
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: list[torch.Tensor]
+) -> torch.Tensor:
     """Causal attention of q, k, v (B, n_head, T, head_dim) float32, its weights multiplied by ``masks``
     (:func:`attention_masks`: one per block of :func:`query_blocks`); returns (B, n_head, T, head_dim)."""
     return _CausalAttention.apply(q, k, v, *masks)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-              dropout_p: float = 0.0, is_causal: bool = False) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` (same arguments and result); float32 causal attention with
     0 < ``dropout_p`` < 1 on a CPU, outside ``torch.compile``, runs :func:`causal_attention` instead."""
-    if (is_causal and attn_mask is None and q.shape == k.shape == v.shape and usable(q, dropout_p)
-            and not torch.is_autocast_enabled("cpu")):  # usable: float32 on a CPU, eager, 0 < p < 1
+    if (
+        is_causal
+        and attn_mask is None
+        and q.shape == k.shape == v.shape
+        and usable(q, dropout_p)
+        and not torch.is_autocast_enabled("cpu")
+    ):  # usable: float32 on a CPU, eager, 0 < p < 1
         B, H, T, _ = q.shape
         return causal_attention(q, k, v, attention_masks(B, H, T, dropout_p, q.device))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+    )
 
 
 def requested() -> bool:
@@ -186,7 +222,9 @@ def requested() -> bool:
     return env_flag(ENV, "the fast CPU dropout, the default", "PyTorch's own dropout")
 
 
-def dropout_kernel(model: nn.Module, device: torch.device, dtype: torch.dtype, compiled: bool = False) -> str:
+def dropout_kernel(
+    model: nn.Module, device: torch.device, dtype: torch.dtype, compiled: bool = False
+) -> str:
     """What runs ``model``'s dropout in training: ``"minigpt"`` (this module), ``"torch"``, ``"minigpt+torch"``
     or ``"none"`` (p = 0). A half-precision ``dtype`` means autocast: its activations keep PyTorch's dropout but
     the embeddings' (float32) take this module's, hence ``"minigpt+torch"``."""

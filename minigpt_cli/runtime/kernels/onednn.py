@@ -24,11 +24,13 @@ ENV = "MINIGPT_ONEDNN"
 ONEDNN_MIN_FLOPS = 4_000_000
 #: ... unless the weight has at least this many elements: one-token generation streams the weights,
 #: and there oneDNN wins from about 128Ki elements (512 KiB) up.
-ONEDNN_MIN_WEIGHT = 2 ** 17
+ONEDNN_MIN_WEIGHT = 2**17
 
 #: Said when compile: true takes the training step's linear layers off oneDNN (torch.compile keeps its own kernels).
-COMPILE_NOTE = ("note: compile: true keeps PyTorch's MKL matrix products; without it the linear layers run on "
-                "oneDNN, 1.5x faster on the CPU of BENCHMARKS.md (compare with minigpt bench and compile=false)")
+COMPILE_NOTE = (
+    "note: compile: true keeps PyTorch's MKL matrix products; without it the linear layers run on "
+    "oneDNN, 1.5x faster on the CPU of BENCHMARKS.md (compare with minigpt bench and compile=false)"
+)
 
 
 def requested() -> bool:
@@ -37,7 +39,9 @@ def requested() -> bool:
     Raises:
         MinigptError: the variable is neither on nor off.
     """
-    return env_flag(ENV, "oneDNN for float32 CPU matrix products, the default", "PyTorch's own kernels")
+    return env_flag(
+        ENV, "oneDNN for float32 CPU matrix products, the default", "PyTorch's own kernels"
+    )
 
 
 @functools.cache
@@ -54,8 +58,9 @@ def available() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64") and matmul_op() is not None
 
 
-def _forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-             lead: torch.Size) -> torch.Tensor:
+def _forward(
+    x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], lead: torch.Size
+) -> torch.Tensor:
     """x2 (rows, in) @ weightᵀ + bias on oneDNN, shaped (*lead, out); no autograd."""
     return matmul_op()(x2, weight, bias, "none", [], "").view(*lead, weight.size(0))
 
@@ -77,7 +82,9 @@ class _OneDNNLinear(torch.autograd.Function):
     """y = x Wᵀ + b on oneDNN, and its gradients (dx = dy W, dW = dyᵀ x, db = Σ dy)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(
+        ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
+    ) -> torch.Tensor:
         x2 = x.reshape(-1, x.size(-1))
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
@@ -93,7 +100,9 @@ class _OneDNNLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gx = op(g2, weight.t(), None, "none", [], "").view(*grad.shape[:-1], weight.size(1))
         if ctx.needs_input_grad[1]:
-            if weight.size(0) > weight.size(1):  # measured: oneDNN runs ~20% faster with the narrow side as rows
+            if weight.size(0) > weight.size(
+                1
+            ):  # measured: oneDNN runs ~20% faster with the narrow side as rows
                 gw = transposed(op(transposed(x2), g2.t(), None, "none", [], ""))
             else:
                 gw = op(transposed(g2), x2.t(), None, "none", [], "")
@@ -104,8 +113,10 @@ class _OneDNNLinear(torch.autograd.Function):
 
 def pays(rows: int, in_features: int, out_features: int) -> bool:
     """Whether a (rows × in) @ (in × out) product is big enough for oneDNN (the two thresholds above)."""
-    return (2 * rows * in_features * out_features >= ONEDNN_MIN_FLOPS
-            or in_features * out_features >= ONEDNN_MIN_WEIGHT)
+    return (
+        2 * rows * in_features * out_features >= ONEDNN_MIN_FLOPS
+        or in_features * out_features >= ONEDNN_MIN_WEIGHT
+    )
 
 
 def _functorch_active() -> bool:
@@ -134,7 +145,9 @@ def applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor])
     )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """``F.linear`` on oneDNN where it pays: x (..., in) @ weight (out, in)ᵀ + bias (out,) → (..., out).
 
     oneDNN only where :func:`applies` (float32 on an x86 CPU, big enough, outside autocast, ``torch.compile`` and
@@ -143,8 +156,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         return F.linear(x, weight, bias)
     if bias is not None:
         bias = bias.contiguous()  # oneDNN reads the bias as dense
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
         return _OneDNNLinear.apply(x, weight, bias)
     return _forward(x.reshape(-1, x.size(-1)), weight, bias, x.shape[:-1])
 
@@ -176,12 +190,20 @@ def swap_linears(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
     return model
 
 
-def linear_kernel(model: nn.Module, tokens: int, device: torch.device, dtype: torch.dtype,
-                  compiled: bool = False) -> str:
+def linear_kernel(
+    model: nn.Module, tokens: int, device: torch.device, dtype: torch.dtype, compiled: bool = False
+) -> str:
     """The kernel of ``model``'s linear layers on a batch of ``tokens`` at training ``dtype``: ``"oneDNN"``,
     ``"torch.mm"`` (PyTorch's own) or ``"oneDNN+torch.mm"`` when only some products pay or some layers were swapped."""
     if compiled or device.type != "cpu" or dtype != torch.float32 or not available():
         return "torch.mm"
-    kinds = {"oneDNN" if isinstance(m, OneDNNLinear) and tokens > 0 and pays(tokens, m.in_features, m.out_features)
-             else "torch.mm" for m in model.modules() if isinstance(m, nn.Linear)}
+    kinds = {
+        "oneDNN"
+        if isinstance(m, OneDNNLinear)
+        and tokens > 0
+        and pays(tokens, m.in_features, m.out_features)
+        else "torch.mm"
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+    }
     return "+".join(sorted(kinds)) or "torch.mm"
