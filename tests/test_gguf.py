@@ -160,7 +160,8 @@ def test_every_key_gguf_cannot_hold_is_named_in_one_line_with_the_tokenizer():
         gguf_arch(mc, TokenizerConfig(kind="char"))
     assert str(err.value) == (
         "model.norm='layernorm', model.ffn='relu', tokenizer.kind='char', no end-of-text token: GGUF's llama computes "
-        "norm rmsnorm, ffn swiglu and llama.cpp reads only a byte-level BPE and GGUF's tokenizer needs one; train "
+        "norm rmsnorm, ffn swiglu and llama.cpp reads only a byte-level BPE and llama.cpp ends a text at an "
+        "end-of-text token such as <|endoftext|>, which this tokenizer lacks; train "
         "with model.norm: rmsnorm, model.ffn: swiglu, tokenizer.kind: bpe, "
         "tokenizer.special_tokens: ['<|endoftext|>']"
     )

@@ -35,9 +35,6 @@ OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
 }
 
 #: What :func:`bench_optimizers` says.
-_MESSAGES = {
-    "fsdp": "note: train refuses Muon with train.parallelism fsdp; this times one process, unsharded"
-}
 
 #: Whole steps of each optimizer per round.
 ROUND_STEPS = 5
@@ -105,7 +102,10 @@ def bench_optimizers(
     mc = cfg.model.model_copy(update={"vocab_size": bench_vocab(cfg)})
     tc = cfg.train
     if tc.parallelism == "fsdp":
-        echo(_MESSAGES["fsdp"])
+        echo(
+            "note: train refuses Muon with train.parallelism fsdp; "
+            "this times one process, unsharded"
+        )
     tune_runtime(device)
     threads = CpuThreads(device, echo=echo)
     autocast = (

@@ -11,10 +11,6 @@ import typer
 from .base import Command, JsonOption, SetOption, app, echo
 
 #: What ``bench`` refuses.
-_MESSAGES = {
-    "two_modes": "--optimizers and {other} are two different measurements; give one of them",
-    "unread": "{mode} leaves {options} unread; drop {them}",
-}
 
 #: The options each other mode leaves unread: given with it, they are refused rather than silently dropped.
 _UNREAD = {
@@ -86,7 +82,8 @@ def bench(
 
     if optimizers and (prepare or stream_tokens):
         raise MinigptError(
-            _MESSAGES["two_modes"].format(other="--prepare" if prepare else "--stream-tokens")
+            f"--optimizers and {'--prepare' if prepare else '--stream-tokens'} are two different "
+            "measurements; give one of them"
         )
     mode = (
         "--optimizers"
@@ -105,9 +102,7 @@ def bench(
     if given:
         names = ["/".join(p.opts + p.secondary_opts) for p in given]
         raise MinigptError(
-            _MESSAGES["unread"].format(
-                mode=mode, options=", ".join(names), them="it" if len(names) == 1 else "them"
-            )
+            f"{mode} leaves {', '.join(names)} unread; drop {'it' if len(names) == 1 else 'them'}"
         )
     cfg = load_config(config, set_, note=echo)
     if prepare:

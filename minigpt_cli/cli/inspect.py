@@ -19,14 +19,6 @@ from typer._click.exceptions import UsageError
 from ..run import folder as runs
 from .base import TYPER_SETTINGS, CheckpointOption, Command, Group, RunOption, echo
 
-_MESSAGES = {
-    "unknown_topic": "unknown topic {name!r};{hint} the topics are: {topics}",
-    "did_you_mean": " did you mean {close}?",
-    "range": "--range {text!r}: give two finite numbers separated by a comma, e.g. --range -4,4",
-    "x": "--x {text!r}: give the input as finite numbers separated by commas, e.g. --x 1,2",
-    "depths": "--depths {text!r}: give block counts of at least 1 separated by commas, e.g. --depths 4,16,64",
-}
-
 
 class _Topics(Group):
     """The ``inspect`` group: an unknown topic is a usage error (exit 2) that lists the topics."""
@@ -38,10 +30,9 @@ class _Topics(Group):
 
             names = list(self.list_commands(ctx))
             close = difflib.get_close_matches(name, names, n=1)
-            hint = _MESSAGES["did_you_mean"].format(close=close[0]) if close else ""
+            hint = f" did you mean {close[0]}?" if close else ""
             raise UsageError(
-                _MESSAGES["unknown_topic"].format(name=name, hint=hint, topics=", ".join(names)),
-                ctx,
+                f"unknown topic {name!r};{hint} the topics are: {', '.join(names)}", ctx
             )
         return super().resolve_command(ctx, args)
 
@@ -75,9 +66,15 @@ def _one_thread() -> None:
 
 
 def _numbers(
-    text: str, key: str, kind=float, count: Optional[int] = None, least: float = -math.inf
+    text: str,
+    option: str,
+    expected: str,
+    kind=float,
+    count: Optional[int] = None,
+    least: float = -math.inf,
 ) -> list:
-    """The comma-separated finite numbers of an option: ``count`` of them when given, each at least ``least``."""
+    """The comma-separated finite numbers of an option: ``count`` of them when given, each at least
+    ``least``. Raises MinigptError ``{option} {text!r}: give {expected}`` otherwise."""
     from ..errors import MinigptError
 
     try:
@@ -86,7 +83,7 @@ def _numbers(
         values = []
     wrong = len(values) != (count or len(values)) or not all(map(math.isfinite, values))
     if not values or wrong or min(values) < least:
-        raise MinigptError(_MESSAGES[key].format(text=text))
+        raise MinigptError(f"{option} {text!r}: give {expected}")
     return values
 
 
@@ -250,7 +247,13 @@ def residual(
         result = residual_run(run, checkpoint, windows, output=output, echo=echo)
     else:
         result = study(
-            _numbers(depths, "depths", int, least=1),
+            _numbers(
+                depths,
+                "--depths",
+                "block counts of at least 1 separated by commas, e.g. --depths 4,16,64",
+                int,
+                least=1,
+            ),
             seeds,
             n_embd,
             n_head,
@@ -308,7 +311,9 @@ def activations(
     from ..inspection.activations import activations as run
     from ..inspection.activations import format_activations
 
-    bounds = _numbers(range_, "range", count=2)
+    bounds = _numbers(
+        range_, "--range", "two finite numbers separated by a comma, e.g. --range -4,4", count=2
+    )
     _report(run(bounds[0], bounds[1], output), as_json, format_activations)
 
 
@@ -361,7 +366,14 @@ def ffn(
     from ..inspection.ffn import ffn as run
 
     w = read_weights(weights) if weights is not None else None
-    xs = [_numbers(v, "x") for v in x] if x else list(EXAMPLE_XS)
+    xs = (
+        [
+            _numbers(v, "--x", "the input as finite numbers separated by commas, e.g. --x 1,2")
+            for v in x
+        ]
+        if x
+        else list(EXAMPLE_XS)
+    )
     _report(run(w, xs, swiglu_d_model, multiple_of, output), as_json, format_ffn)
 
 

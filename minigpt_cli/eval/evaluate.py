@@ -38,15 +38,6 @@ from ..sample.load import load_run
 from ..sample.sampling import encode_prompt
 from ..trainer.step import estimate_loss
 
-_MESSAGES = {
-    "both": "pass either --split or --text-file, not both",
-    "split": "--split {split!r}: use train or val",
-    "stride_alone": "--stride sets the windows of --full (and --text-file); the training eval's windows are "
-    "fixed: add --full",
-    "stride": "--stride {stride} must be between 1 and the run's block_size ({block_size})",
-    "empty": "{what} holds {n} token(s); scoring needs at least 2 (a token and its next)",
-}
-
 #: Tokens decoded at a time when counting a split's bytes and characters.
 DECODE_CHUNK = 1 << 20
 
@@ -186,21 +177,17 @@ def evaluate(
     meta = runs.read_meta(ckpt)
     T = cfg.model.block_size
     # The arguments, checked once the run's block_size is known and before any corpus is read.
-    problem = next(
-        (
-            key
-            for key, bad in (
-                ("both", split is not None and text_file is not None),
-                ("stride_alone", stride is not None and not full and text_file is None),
-                ("split", (split or "val") not in ("train", "val")),
-                ("stride", stride is not None and not 1 <= stride <= T),
-            )
-            if bad
-        ),
-        None,
-    )
-    if problem is not None:
-        raise MinigptError(_MESSAGES[problem].format(split=split, stride=stride, block_size=T))
+    if split is not None and text_file is not None:
+        raise MinigptError("pass either --split or --text-file, not both")
+    if stride is not None and not full and text_file is None:
+        raise MinigptError(
+            "--stride sets the windows of --full (and --text-file); "
+            "the training eval's windows are fixed: add --full"
+        )
+    if (split or "val") not in ("train", "val"):
+        raise MinigptError(f"--split {split!r}: use train or val")
+    if stride is not None and not 1 <= stride <= T:
+        raise MinigptError(f"--stride {stride} must be between 1 and the run's block_size ({T})")
     split = split or "val"
     stride = (T // 2 or 1) if stride is None else stride
     if text_file is not None:
@@ -217,7 +204,9 @@ def evaluate(
         n_bytes, n_chars = text_size(tok, tokens)
         source = split
     if len(tokens) < 2:
-        raise MinigptError(_MESSAGES["empty"].format(what=source, n=len(tokens)))
+        raise MinigptError(
+            f"{source} holds {len(tokens)} token(s); scoring needs at least 2 (a token and its next)"
+        )
     model.eval()
     logged = None
     if full:

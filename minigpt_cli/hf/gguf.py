@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from ..config.keys import run_value, yaml_value
 from ..config.schema import ModelConfig, TokenizerConfig
 from ..config.special_tokens import END_OF_TEXT
-from ..errors import refuse
+from ..errors import MinigptError
 from ..fileio import chmod_quietly, new_file_mode, os_errors
 from ..run import folder as runs
 from ..sample.load import load_run
@@ -33,17 +33,6 @@ from .load import (
 
 if TYPE_CHECKING:
     import torch
-
-_MESSAGES = {
-    "unsupported": "{have}: {why}; train with {fixes}",
-    "tokenizer": "tokenizer.kind={kind!r}: llama.cpp reads only a byte-level BPE; train with tokenizer.kind: bpe",
-    "no_eos": "the tokenizer lacks an end-of-text token; train with tokenizer.special_tokens: ['<|endoftext|>']",
-    "no_merges": "the tokenizer has no merges (GGUF stores none); train with tokenizer.vocab_size above {size}",
-    "q8_0": "--dtype q8_0: {name} has rows of {n}, not whole blocks of {block}; pass --dtype f16 or f32",
-    "not_file": "{out} exists and is not a file; pass another --output",
-    "exists": "{out} exists; pass --force to replace it, or another --output",
-    "not_ours": "{out} is not a GGUF minigpt wrote (no {mark}); pass another --output",
-}
 
 #: The general.* key that marks a GGUF as an export of ours: all that ``--force`` replaces.
 GGUF_MARK = "general.minigpt_export"
@@ -147,17 +136,16 @@ def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> s
         problems.append(
             (
                 "no end-of-text token",
-                "GGUF's tokenizer needs one",
+                "llama.cpp ends a text at an end-of-text token such as <|endoftext|>, which this "
+                "tokenizer lacks",
                 "tokenizer.special_tokens: ['<|endoftext|>']",
             )
         )
-    refuse(
-        [(problems, "unsupported")],
-        _MESSAGES,
-        have=", ".join(p[0] for p in problems),
-        why=" and ".join(p[1] for p in problems),
-        fixes=", ".join(p[2] for p in problems),
-    )
+    if problems:  # every problem in one line: one retraining fixes them all
+        raise MinigptError(
+            f"{', '.join(p[0] for p in problems)}: {' and '.join(p[1] for p in problems)}; "
+            f"train with {', '.join(p[2] for p in problems)}"
+        )
     return arch
 
 
@@ -243,12 +231,21 @@ def tokenizer_fields(tok: Tokenizer, kind: str, vocab_size: int) -> dict:
     )
     eos = next((s for s in tok.special_tokens if s in END_OF_TEXT), None)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    refuse(
-        [(not gpt2_bpe, "tokenizer"), (eos is None, "no_eos"), (not merges, "no_merges")],
-        _MESSAGES,
-        kind=kind,
-        size=tok.vocab_size,
-    )
+    if not gpt2_bpe:
+        raise MinigptError(
+            f"tokenizer.kind={kind!r}: llama.cpp reads only a byte-level BPE; "
+            "train with tokenizer.kind: bpe"
+        )
+    if eos is None:
+        raise MinigptError(
+            "the tokenizer lacks an end-of-text token; "
+            "train with tokenizer.special_tokens: ['<|endoftext|>']"
+        )
+    if not merges:
+        raise MinigptError(
+            "the tokenizer has no merges (GGUF stores none); "
+            f"train with tokenizer.vocab_size above {tok.vocab_size}"
+        )
     by_id = {i: t for t, i in tok.backend.get_vocab(with_added_tokens=True).items()}
     tokens = [by_id.get(i, f"[PAD{i}]") for i in range(vocab_size)]
     kinds = {s: gguf.TokenType.CONTROL for s in tok.special_tokens}
@@ -288,13 +285,11 @@ def _q8_0_refusal(tensors: dict[str, torch.Tensor], dtype: str) -> None:
         ),
         None,
     )
-    refuse(
-        [(dtype == "q8_0" and bad, "q8_0")],
-        _MESSAGES,
-        name=bad,
-        n=bad and tensors[bad].shape[-1],
-        block=block,
-    )
+    if dtype == "q8_0" and bad:
+        raise MinigptError(
+            f"--dtype q8_0: {bad} has rows of {tensors[bad].shape[-1]}, not whole blocks of "
+            f"{block}; pass --dtype f16 or f32"
+        )
 
 
 def _is_ours(path: Path) -> bool:
@@ -385,19 +380,18 @@ def export_gguf(
     echo: Callable[[str], None] = lambda message: None,
 ) -> Path:
     """Write a run's checkpoint as the GGUF file ``output`` (``dtype`` f32, f16 or q8_0), atomically; a
-    :class:`MinigptError` for each refusal of :data:`_MESSAGES` and :func:`gguf_arch`, and a failed write."""
+    :class:`MinigptError` for an output that is a folder, exists (without ``force``) or is no GGUF
+    of ours, for each refusal of :func:`gguf_arch`, and for a failed write."""
     out = Path(output)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
-    refuse(
-        [
-            (out.is_dir(), "not_file"),
-            (out.exists() and not force, "exists"),
-            (force and out.exists() and not _is_ours(out), "not_ours"),
-        ],
-        _MESSAGES,
-        out=out,
-        mark=GGUF_MARK,
-    )
+    if out.is_dir():
+        raise MinigptError(f"{out} exists and is not a file; pass another --output")
+    if out.exists() and not force:
+        raise MinigptError(f"{out} exists; pass --force to replace it, or another --output")
+    if force and out.exists() and not _is_ours(out):
+        raise MinigptError(
+            f"{out} is not a GGUF minigpt wrote (no {GGUF_MARK}); pass another --output"
+        )
     loaded = load_run(
         run_dir, checkpoint
     )  # generate's checks: checksums, finite weights, the run's own tokenizer

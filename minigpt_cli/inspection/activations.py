@@ -16,10 +16,6 @@ import torch.nn.functional as F
 from ..errors import MinigptError
 from .figures import decorate, drawn, new_figure, report, save_png
 
-_MESSAGES = {
-    "range": "--range {lo},{hi}: give two finite numbers, the first below the second; e.g. --range -4,4",
-}
-
 #: The difference GELU − GELU-tanh is searched on [-SEARCH, SEARCH] with step STEP (it vanishes far out).
 SEARCH = 10.0
 STEP = 1e-4
@@ -39,7 +35,10 @@ def activations(lo: float = -4.0, hi: float = 4.0, output: Optional[Path] = None
     Raises MinigptError: a range that is not two finite numbers, lo < hi.
     """
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise MinigptError(_MESSAGES["range"].format(lo=lo, hi=hi))
+        raise MinigptError(
+            f"--range {lo},{hi}: give two finite numbers, the first below the second; "
+            "e.g. --range -4,4"
+        )
     # GELU(−x) = GELU(x) − x for both forms, so their difference is even: x >= 0 is searched alone
     x = torch.arange(0.0, SEARCH + STEP / 2, STEP, dtype=torch.float64)
     diff = (F.gelu(x) - F.gelu(x, approximate="tanh")).abs()

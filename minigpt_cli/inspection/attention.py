@@ -19,12 +19,6 @@ from ..sample.sampling import encode_prompt
 from .figures import drawn, new_figure, report, save_png, widen_to_fit
 from .run_model import open_run
 
-_MESSAGES = {
-    "too_long": (
-        "the prompt is {n} tokens, longer than the run's block_size {block}: the model never saw "
-        "positions past {last}, so their maps would mean nothing; give at most {block} tokens"
-    ),
-}
 #: Tick labels are drawn for prompts up to this many tokens.
 LABELLED = 24
 
@@ -74,7 +68,11 @@ def attention(
     ids = encode_prompt(tok, prompt)
     block = cfg.model.block_size
     if len(ids) > block:
-        raise MinigptError(_MESSAGES["too_long"].format(n=len(ids), block=block, last=block - 1))
+        raise MinigptError(
+            f"the prompt is {len(ids)} tokens, longer than the run's block_size {block}: the model "
+            f"never saw positions past {block - 1}, so their maps would mean nothing; "
+            f"give at most {block} tokens"
+        )
     maps: list[torch.Tensor] = []
     errors: list[float] = []
 

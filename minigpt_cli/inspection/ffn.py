@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config.schema import ModelConfig
-from ..errors import MinigptError, refuse
+from ..errors import MinigptError
 from ..fileio import read_text_file
 from ..model.gpt import MLP
 from .activations import FUNCTIONS
@@ -36,19 +36,6 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 #: Keys a weights file may hold.
 KEYS = {"activation", "W1", "b1", "W2", "b2", "V"}
 
-_MESSAGES = {
-    "read": "--weights {path}: {reason}; give a JSON file such as {example}",
-    "not_object": "--weights {path}: the file must hold one JSON object with W1, W2 (b1, b2 optional; V for swiglu)",
-    "unknown_key": "--weights {path}: unknown key {key!r}; use {keys}",
-    "missing": "--weights {path}: {key} is missing",
-    "activation": "--weights {path}: activation {act!r}: use one of {choices}",
-    "not_numbers": "--weights {path}: {key} must be a list of numbers (a matrix: a list of rows)",
-    "shape": "{key} has shape {got}, but {want} is needed ({why}); fix the weights file",
-    "matrix": "W1 must be a matrix, a list of d_model rows of d_ff numbers each, e.g. [[1, -1, 0.5], [0.5, 1, -1]]",
-    "ragged": "{key}'s rows differ in length ({lengths}); a matrix needs rows of one length",
-    "x_width": "--x {text!r} has {got} numbers, but the weights take d_model = {want}",
-}
-
 
 def read_weights(path: Path) -> dict:
     """A weights file: a JSON object of :data:`KEYS` (``W1``, ``W2``; ``V`` for swiglu; ``activation``: relu).
@@ -59,29 +46,30 @@ def read_weights(path: Path) -> dict:
     try:
         obj = json.loads(read_text_file(path, "--weights"))
     except json.JSONDecodeError as exc:
-        raise MinigptError(
-            _MESSAGES["read"].format(path=path, reason=exc, example=example)
-        ) from None
+        raise MinigptError(f"--weights {path}: {exc}; give a JSON file such as {example}") from None
     if not isinstance(obj, dict):
-        raise MinigptError(_MESSAGES["not_object"].format(path=path))
+        raise MinigptError(
+            f"--weights {path}: the file must hold one JSON object with W1, W2 "
+            "(b1, b2 optional; V for swiglu)"
+        )
     act = obj.get("activation", "relu")
     unknown = [key for key in obj if key not in KEYS]
+    if unknown:
+        raise MinigptError(
+            f"--weights {path}: unknown key {unknown[0]!r}; use {', '.join(sorted(KEYS))}"
+        )
     missing = [key for key in ("W1", "W2") + (("V",) if act == "swiglu" else ()) if key not in obj]
+    if missing:
+        raise MinigptError(f"--weights {path}: {missing[0]} is missing")
     bad = [key for key in sorted(KEYS - {"activation"}) if key in obj and not _numbers(obj[key])]
-    refuse(
-        [
-            (unknown, "unknown_key"),
-            (missing, "missing"),
-            (bad, "not_numbers"),
-            (act not in ACTIVATIONS, "activation"),
-        ],
-        _MESSAGES,
-        path=path,
-        key=(unknown + missing + bad + [None])[0],
-        keys=", ".join(sorted(KEYS)),
-        act=act,
-        choices=", ".join(ACTIVATIONS),
-    )
+    if bad:
+        raise MinigptError(
+            f"--weights {path}: {bad[0]} must be a list of numbers (a matrix: a list of rows)"
+        )
+    if act not in ACTIVATIONS:
+        raise MinigptError(
+            f"--weights {path}: activation {act!r}: use one of {', '.join(ACTIVATIONS)}"
+        )
     return obj
 
 
@@ -95,7 +83,10 @@ def _shape_problem(w: dict, xs: Sequence[Sequence[float]]) -> Optional[str]:
     """What does not fit: each weight against W1's (d_model, d_ff), then the inputs; or None."""
     w1 = shape(w["W1"])
     if len(w1) != 2 or 0 in w1:
-        return _MESSAGES["matrix"]
+        return (
+            "W1 must be a matrix, a list of d_model rows of d_ff numbers each, "
+            "e.g. [[1, -1, 0.5], [0.5, 1, -1]]"
+        )
     d_model, d_ff = w1
     want = {
         "W1": ((d_model, d_ff), "d_model x d_ff: one row per input number"),
@@ -113,14 +104,17 @@ def _shape_problem(w: dict, xs: Sequence[Sequence[float]]) -> Optional[str]:
             else []
         )
         if len(set(rows)) > 1:
-            return _MESSAGES["ragged"].format(key=key, lengths=", ".join(map(str, rows)))
+            lengths = ", ".join(map(str, rows))
+            return f"{key}'s rows differ in length ({lengths}); a matrix needs rows of one length"
         if got != need:
-            return _MESSAGES["shape"].format(key=key, got=fmt(got), want=fmt(need), why=why)
+            return (
+                f"{key} has shape {fmt(got)}, but {fmt(need)} is needed ({why}); "
+                "fix the weights file"
+            )
     wrong = [x for x in xs if len(x) != d_model]  # the weights first: --x is judged by W1's rows
     return (
-        _MESSAGES["x_width"].format(
-            text=",".join(num(v) for v in wrong[0]), got=len(wrong[0]), want=d_model
-        )
+        f"--x {','.join(num(v) for v in wrong[0])!r} has {len(wrong[0])} numbers, "
+        f"but the weights take d_model = {d_model}"
         if wrong
         else None
     )

@@ -17,14 +17,6 @@ from ..errors import MinigptError
 from ..model.gpt import apply_rope, rope_cos_sin, sinusoidal_table
 from .figures import decorate, drawn, new_figure, num, report, save_png
 
-_MESSAGES = {
-    "odd_dim": (
-        "--dim {dim}: sinusoidal positions pair dimensions (sin, cos), so the width must be even; "
-        "e.g. --dim {even}"
-    ),
-    "base": "--base {base}: the frequency base must be a finite number above 1; Vaswani et al. use 10000",
-}
-
 #: Offsets k at which p(t+k) = R_k p(t) is checked for every t.
 ROTATION_OFFSETS = (1, 7, 100)
 #: The offset of the q·k pairs, and their first positions.
@@ -100,9 +92,16 @@ def positions(
     Raises MinigptError: an odd ``dim``, ``base`` ≤ 1.
     """
     assert dim >= 2 and max_len >= 2, (dim, max_len)
-    problem = "odd_dim" if dim % 2 else "base" if not (math.isfinite(base) and base > 1) else None
-    if problem:
-        raise MinigptError(_MESSAGES[problem].format(dim=dim, even=dim + 1, base=base))
+    if dim % 2:
+        raise MinigptError(
+            f"--dim {dim}: sinusoidal positions pair dimensions (sin, cos), so the width must be "
+            f"even; e.g. --dim {dim + 1}"
+        )
+    if not (math.isfinite(base) and base > 1):
+        raise MinigptError(
+            f"--base {base}: the frequency base must be a finite number above 1; "
+            "Vaswani et al. use 10000"
+        )
     table = sinusoidal_table64(max_len, dim, base)  # (max_len, dim)
     curve = table @ table[0]  # p0·pk, k = 0..max_len-1
     up = (curve[1:] > curve[:-1]).nonzero().flatten() + 1  # the k with a rise from k-1 to k

@@ -19,14 +19,6 @@ from ..run import folder as runs
 from .figures import check_heads, decorate, drawn, new_figure, report, save_png, seeded
 from .run_model import open_run
 
-_MESSAGES = {
-    "no_corpus": (
-        "the run's corpus ({where}) is not on disk, so there is no validation text to run; "
-        "prepare it with: minigpt prepare {config}"
-    ),
-    "short_val": "the run's validation split has {n} tokens, too few for one window of block_size {block}",
-}
-
 
 def _rms(t: torch.Tensor) -> float:
     """RMS of a stream (B, T, C), per token then averaged."""
@@ -143,16 +135,19 @@ def _val_windows(
     corpus = corpus_on_disk(cfg)
     if corpus is None:
         raise MinigptError(
-            _MESSAGES["no_corpus"].format(
-                where=cfg.data.path or cfg.data.dataset, config=Path(run) / runs.CONFIG
-            )
+            f"the run's corpus ({cfg.data.path or cfg.data.dataset}) is not on disk, so there is "
+            "no validation text to run; prepare it with: "
+            f"minigpt prepare {Path(run) / runs.CONFIG}"
         )
     data = prepare(
         corpus, tok, corpus_root(cfg, corpus), cfg.data.val_fraction, log=echo, progress=False
     )
     block = cfg.model.block_size
     if len(data.val) <= block:
-        raise MinigptError(_MESSAGES["short_val"].format(n=len(data.val), block=block))
+        raise MinigptError(
+            f"the run's validation split has {len(data.val)} tokens, too few for one window of "
+            f"block_size {block}"
+        )
     offsets = next(eval_offsets(len(data.val), block, count, seed))
     x, _ = windows(data.val, offsets, block, torch.device("cpu"))
     return x

@@ -39,16 +39,6 @@ MAX_WORD = 24
 #: Segmentations shown per word (the most likely first; the Viterbi choice always among them).
 SHOWN = 12
 
-_MESSAGES = {
-    "both": "pass --tokenizer FILE or --run DIR, not both",
-    "no_run": "run folder {run!r} not found (no config.yaml there); pass --run runs/NAME of a trained run",
-    "empty": "--text '': give some text to cut",
-    "words": "--words {text!r}: give word=count pairs (a word of letters only, a count of at least 1) separated "
-    "by commas, e.g. --words hug=10,pug=5",
-    "corpus_kind": "--corpus recomputes WordPiece merge scores; this tokenizer is {kind}",
-    "segmentations": "--all-segmentations lists Unigram segmentations; this tokenizer is {kind}",
-}
-
 
 def parse_words(text: str) -> dict[str, int]:
     """``"hug=10,pug=5"`` -> {"hug": 10, "pug": 5}; MinigptError unless word=count pairs with counts >= 1."""
@@ -57,7 +47,10 @@ def parse_words(text: str) -> dict[str, int]:
         for word, _, count in (item.partition("=") for item in text.split(","))
     ]
     if not all(word.isalpha() and count.isdecimal() and int(count) >= 1 for word, count in pairs):
-        raise MinigptError(_MESSAGES["words"].format(text=text))
+        raise MinigptError(
+            f"--words {text!r}: give word=count pairs (a word of letters only, a count of at "
+            "least 1) separated by commas, e.g. --words hug=10,pug=5"
+        )
     out: dict[str, int] = {}
     for word, count in pairs:
         out[word] = out.get(word, 0) + int(count)
@@ -273,15 +266,14 @@ def inspect_tokenizer(
     wordpiece {merge_rank, and with ``corpus`` score, count}; unigram {log_prob}.
     Raises MinigptError: ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
     """
-    problem = (
-        "corpus_kind"
-        if corpus is not None and tok.kind != "wordpiece"
-        else "segmentations"
-        if all_segmentations and tok.kind != "unigram"
-        else None
-    )
-    if problem:
-        raise MinigptError(_MESSAGES[problem].format(kind=tok.kind))
+    if corpus is not None and tok.kind != "wordpiece":
+        raise MinigptError(
+            f"--corpus recomputes WordPiece merge scores; this tokenizer is {tok.kind}"
+        )
+    if all_segmentations and tok.kind != "unigram":
+        raise MinigptError(
+            f"--all-segmentations lists Unigram segmentations; this tokenizer is {tok.kind}"
+        )
     ids = tok.encode(text)
     model = json.loads(tok.backend.to_str())["model"] if tok.kind != "char" else {}
     result = {
@@ -451,13 +443,13 @@ def load_for_inspect(
     """
     if run is not None:
         runs.refuse_sweep(Path(run))
-    problem = (
-        "both"
-        if tokenizer is not None and run is not None
-        else ("no_run" if run is not None and not (Path(run) / runs.CONFIG).is_file() else None)
-    )
-    if problem:
-        raise MinigptError(_MESSAGES[problem].format(run=str(run)))
+    if tokenizer is not None and run is not None:
+        raise MinigptError("pass --tokenizer FILE or --run DIR, not both")
+    if run is not None and not (Path(run) / runs.CONFIG).is_file():
+        raise MinigptError(
+            f"run folder {str(run)!r} not found (no config.yaml there); "
+            "pass --run runs/NAME of a trained run"
+        )
     if tokenizer is not None:
         return load_tokenizer(tokenizer, own=False), str(tokenizer_file(tokenizer, own=False))
     if run is not None:
@@ -478,7 +470,7 @@ def tokenize(
 ) -> dict:
     """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer`; MinigptError for an empty ``text``."""
     if text == "":
-        raise MinigptError(_MESSAGES["empty"])
+        raise MinigptError("--text '': give some text to cut")
     tok, source = load_for_inspect(tokenizer, run)
     if tok is None:
         return toy(words, TOY_TEXT if text is None else text, output)
