@@ -28,17 +28,6 @@ __all__ = [
 ]
 
 #: What this module says: ids that are not token ids, and the fix for a run whose own tokenizer.json is lost.
-_MESSAGES = {
-    "not_int": "token id {bad!r} is not an integer; decode integer ids (the ids encode gives)",
-    "outside": (
-        "token id {bad:,} is not in the tokenizer's vocabulary of {n:,} ids (0 to {last:,}); decode ids with "
-        "the tokenizer that made them"
-    ),
-    "copy": "a run keeps the tokenizer it was trained with: copy it back from {source!r} to {dest!r}, if that "
-    "file was not retrained since",
-    "no_copy": "a run keeps the tokenizer it was trained with, and no copy of it is known{where}: the run cannot be "
-    "used without it; restore {dest!r} from a backup, or train a new run",
-}
 
 #: SentencePiece's visible space, used by the Unigram and WordPiece kinds.
 SPACE_MARK = "\u2581"
@@ -106,9 +95,10 @@ def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
     )
     if floats or outside:
         raise MinigptError(
-            _MESSAGES["not_int"].format(bad=floats[0])
+            f"token id {floats[0]!r} is not an integer; decode integer ids (the ids encode gives)"
             if floats
-            else _MESSAGES["outside"].format(bad=outside[0], n=vocab_size, last=vocab_size - 1)
+            else f"token id {outside[0]:,} is not in the tokenizer's vocabulary of {vocab_size:,} "
+            f"ids (0 to {vocab_size - 1:,}); decode ids with the tokenizer that made them"
         )
     return out
 
@@ -217,7 +207,10 @@ def run_tokenizer_fix(run_dir: Path, cfg: Config) -> str:
                 ):
                     continue
                 if source.is_file():
-                    return _MESSAGES["copy"].format(source=str(source), dest=str(dest))
+                    return (
+                        "a run keeps the tokenizer it was trained with: copy it back from "
+                        f"{str(source)!r} to {str(dest)!r}, if that file was not retrained since"
+                    )
             looked.append(str(Path(os.path.abspath(option))))
         looked = list(dict.fromkeys(looked))
     where = (
@@ -225,4 +218,7 @@ def run_tokenizer_fix(run_dir: Path, cfg: Config) -> str:
         if looked
         else ""
     )
-    return _MESSAGES["no_copy"].format(where=where, dest=str(dest))
+    return (
+        f"a run keeps the tokenizer it was trained with, and no copy of it is known{where}: "
+        f"the run cannot be used without it; restore {str(dest)!r} from a backup, or train a new run"
+    )
