@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config.schema import ModelConfig, validate
-from ..errors import MinigptError, refuse
+from ..errors import MinigptError
 from ..fileio import read_text_file
 from ..run import folder as runs
 
@@ -43,38 +43,6 @@ _ACTIVATIONS = {
     "relu2": "relu2",
 }
 _GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
-
-#: What an import refuses; the first four render pydantic's error types (:func:`_parse`).
-_MESSAGES = {
-    "missing": "{source} lacks {key!r}, which a {family} must have",
-    "json_invalid": "{source} is not valid JSON ({msg})",
-    "object": "{source} must hold a JSON object",
-    "unsupported": "{source} {key} {input!r} is not supported ({msg})",
-    "not_folder": "{folder!r} is not a folder; pass a folder saved with save_pretrained",
-    "no_config": "{folder}/config.json not found; the folder must hold config.json and model.safetensors",
-    "our_run": "{folder} is a minigpt run, not a Hugging Face folder; continue it with --resume {folder}, or "
-    "export it first (minigpt export {folder} --output DIR) and pass DIR",
-    "no_positions": "config.json lacks 'n_positions', which a GPT-2 config must have",
-    "block_size": "model.block_size ({block_size}) exceeds the learned position table of this GPT-2 (config.json "
-    "n_positions={n_positions}); use block_size <= {n_positions}",
-    "head_dim": "config.json head_dim ({head_dim}) differs from hidden_size/num_attention_heads ({hidden_size}/"
-    "{heads}); our attention needs head_dim = n_embd/n_head",
-    "bias": "config.json attention_bias={attention} but mlp_bias={mlp}; model.bias covers both, so they must agree",
-    "qwen3_bias": "config.json attention_bias=true: Qwen3's MLP has no biases and model.bias covers both, so only "
-    "attention_bias: false imports",
-    "sliding": "config.json use_sliding_window=true: minigpt attends to the whole context; only "
-    "use_sliding_window: false imports",
-    "partial": "config.json rotates {pct} of each head (rotary_pct / partial_rotary_factor); our RoPE rotates all "
-    "of it (1.0)",
-    "neox_bias": "config.json attention_bias=false, but {name} is not zero; model.bias covers every bias, so the "
-    "file's MLP and LayerNorm biases must then be zeros",
-    "surplus": "{family} weights hold tensors this config has no place for: {surplus}; config.json and the weights "
-    "disagree",
-    "lacks": "{family} weights lack {lacks}; the file is incomplete or not of this architecture",
-    "shape": "{family} tensor for {bad} has shape {shape}, but config.json implies {want}",
-    "dtype": "the weights hold {dtype} tensors ({bad}); a model's weights are floating point: the file is not this "
-    "model's",
-}
 
 
 class _Json(BaseModel):
@@ -187,21 +155,17 @@ def _parse(schema: type[_Json], data: str | Mapping[str, Any], source: str = "co
         )
     except ValidationError as exc:
         err = exc.errors()[0]
-        # The two types said in words of their own; any other is a value we do not support, or no object at all.
-        kind = (
-            err["type"]
-            if err["type"] in ("missing", "json_invalid")
-            else "unsupported"
-            if err["loc"]
-            else "object"
-        )
-        what = _MESSAGES[kind].format(
-            source=source,
-            key=".".join(map(str, err["loc"])),
-            input=err.get("input"),
-            msg=err["msg"],
-            family=schema.family,
-        )
+        key = ".".join(map(str, err["loc"]))
+        # The two types said in words of their own; any other is a value we do not support, or no
+        # object at all.
+        if err["type"] == "missing":
+            what = f"{source} lacks {key!r}, which a {schema.family} must have"
+        elif err["type"] == "json_invalid":
+            what = f"{source} is not valid JSON ({err['msg']})"
+        elif err["loc"]:
+            what = f"{source} {key} {err.get('input')!r} is not supported ({err['msg']})"
+        else:
+            what = f"{source} must hold a JSON object"
         raise MinigptError(what, "fix it or re-save the model") from None
 
 
@@ -237,15 +201,13 @@ def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
     the learned position table, never grow it (a :class:`MinigptError`, as a key or option we lack is)."""
     c = _parse(GPT2Json, cfg)
     n_positions = c.n_positions if c.n_positions is not None else c.n_ctx
-    refuse(
-        [
-            (n_positions is None, "no_positions"),
-            (block_size is not None and block_size > (n_positions or block_size), "block_size"),
-        ],
-        _MESSAGES,
-        block_size=block_size,
-        n_positions=n_positions,
-    )
+    if n_positions is None:
+        raise MinigptError("config.json lacks 'n_positions', which a GPT-2 config must have")
+    if block_size is not None and block_size > n_positions:
+        raise MinigptError(
+            f"model.block_size ({block_size}) exceeds the learned position table of this GPT-2 "
+            f"(config.json n_positions={n_positions}); use block_size <= {n_positions}"
+        )
     return validate(
         {
             "model": dict(
@@ -271,26 +233,30 @@ def llama_config_from_hf(
 ) -> ModelConfig:
     """Our :class:`ModelConfig` for a ``LlamaConfig`` dict (or, ``family="qwen3"``, a ``Qwen3Config``'s: QK-norm);
     ``block_size`` defaults to ``max_position_embeddings``. A :class:`MinigptError` names a key or option we lack
-    (:class:`LlamaJson`, :data:`_MESSAGES`)."""
+    (:class:`LlamaJson`; a head_dim other than hidden_size/num_attention_heads, biases that
+    model.bias cannot hold, Qwen3's sliding window)."""
     qwen3 = family == "qwen3"
     c = _parse(Qwen3Json if qwen3 else LlamaJson, cfg)
-    refuse(
-        [
-            (
-                c.head_dim is not None and c.head_dim * c.num_attention_heads != c.hidden_size,
-                "head_dim",
-            ),
-            (qwen3 and c.attention_bias, "qwen3_bias"),
-            (qwen3 and c.use_sliding_window, "sliding"),
-            (not qwen3 and c.attention_bias != c.mlp_bias, "bias"),
-        ],
-        _MESSAGES,
-        head_dim=c.head_dim,
-        hidden_size=c.hidden_size,
-        heads=c.num_attention_heads,
-        attention=c.attention_bias,
-        mlp=c.mlp_bias,
-    )
+    if c.head_dim is not None and c.head_dim * c.num_attention_heads != c.hidden_size:
+        raise MinigptError(
+            f"config.json head_dim ({c.head_dim}) differs from hidden_size/num_attention_heads "
+            f"({c.hidden_size}/{c.num_attention_heads}); our attention needs head_dim = n_embd/n_head"
+        )
+    if qwen3 and c.attention_bias:
+        raise MinigptError(
+            "config.json attention_bias=true: Qwen3's MLP has no biases and model.bias covers "
+            "both, so only attention_bias: false imports"
+        )
+    if qwen3 and c.use_sliding_window:
+        raise MinigptError(
+            "config.json use_sliding_window=true: minigpt attends to the whole context; "
+            "only use_sliding_window: false imports"
+        )
+    if not qwen3 and c.attention_bias != c.mlp_bias:
+        raise MinigptError(
+            f"config.json attention_bias={c.attention_bias} but mlp_bias={c.mlp_bias}; "
+            "model.bias covers both, so they must agree"
+        )
     rope = c.rope_parameters
     theta = (
         rope.rope_theta
@@ -327,7 +293,11 @@ def neox_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
     rope = c.rope_parameters
     given = rope.model_fields_set if rope is not None else set()
     pct = rope.partial_rotary_factor if "partial_rotary_factor" in given else c.rotary_pct
-    refuse([(pct != 1, "partial")], _MESSAGES, pct=pct)
+    if pct != 1:
+        raise MinigptError(
+            f"config.json rotates {pct} of each head (rotary_pct / partial_rotary_factor); "
+            "our RoPE rotates all of it (1.0)"
+        )
     positions = 2048 if c.max_position_embeddings is None else c.max_position_embeddings
     return validate(
         {
@@ -382,17 +352,26 @@ def _check(
     )
     dtype = next((k for k in expected if k in out and not out[k].is_floating_point()), None)
     bad = out[shape or dtype] if shape or dtype else None
-    refuse(
-        [(surplus, "surplus"), (lacks, "lacks"), (shape, "shape"), (dtype, "dtype")],
-        _MESSAGES,
-        family=family,
-        surplus=_names(surplus),
-        lacks=_names(lacks),
-        bad=shape or dtype,
-        want=expected.get(shape),
-        shape=bad is not None and tuple(bad.shape),
-        dtype=bad is not None and bad.dtype,
-    )
+    if surplus:
+        raise MinigptError(
+            f"{family} weights hold tensors this config has no place for: {_names(surplus)}; "
+            "config.json and the weights disagree"
+        )
+    if lacks:
+        raise MinigptError(
+            f"{family} weights lack {_names(lacks)}; the file is incomplete or not of this "
+            "architecture"
+        )
+    if shape:
+        raise MinigptError(
+            f"{family} tensor for {shape} has shape {tuple(bad.shape)}, but config.json implies "
+            f"{expected[shape]}"
+        )
+    if dtype:
+        raise MinigptError(
+            f"the weights hold {bad.dtype} tensors ({dtype}); a model's weights are floating "
+            "point: the file is not this model's"
+        )
     return {k: out[k] for k in expected}
 
 
@@ -542,7 +521,11 @@ def load_neox_state_dict(
             if ours.endswith(".bias") and ".attn." not in ours and n in theirs
         ]
         nonzero = next((name for name in zeros if theirs[name].any()), None)
-        refuse([(nonzero, "neox_bias")], _MESSAGES, name=nonzero)
+        if nonzero:
+            raise MinigptError(
+                f"config.json attention_bias=false, but {nonzero} is not zero; model.bias covers "
+                "every bias, so the file's MLP and LayerNorm biases must then be zeros"
+            )
         for name in zeros:
             del theirs[name]
     out = {}
@@ -612,15 +595,19 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
     ours = (
         folder.parent.parent if folder.parent.name == runs.CHECKPOINTS else folder
     )  # a run's checkpoint too
-    refuse(
-        [
-            (not folder.is_dir(), "not_folder"),
-            (not cfg_path.is_file() and runs.has_checkpoint(ours), "our_run"),
-            (not cfg_path.is_file(), "no_config"),
-        ],
-        _MESSAGES,
-        folder=str(ours),
-    )
+    if not folder.is_dir():
+        raise MinigptError(
+            f"{str(ours)!r} is not a folder; pass a folder saved with save_pretrained"
+        )
+    if not cfg_path.is_file() and runs.has_checkpoint(ours):
+        raise MinigptError(
+            f"{ours} is a minigpt run, not a Hugging Face folder; continue it with --resume "
+            f"{ours}, or export it first (minigpt export {ours} --output DIR) and pass DIR"
+        )
+    if not cfg_path.is_file():
+        raise MinigptError(
+            f"{ours}/config.json not found; the folder must hold config.json and model.safetensors"
+        )
     text = read_text_file(cfg_path, "the model's config")
     kind = _parse(_Kind, text, str(cfg_path)).model_type
     return kind, _FAMILIES[kind][0](json.loads(text), block_size=block_size)
