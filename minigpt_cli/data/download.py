@@ -1,6 +1,6 @@
 """Download a named corpus (:func:`datasets`): streamed, checksummed, written atomically.
 
-A network failure is classified in one place (:data:`_FAILURES`); :data:`_MESSAGES` holds the text.
+A network failure is classified in one place (:meth:`_Attempt.failing`), which words it too.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import time
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from http import HTTPStatus
 from itertools import takewhile
@@ -63,53 +63,6 @@ DATASET = "tinyshakespeare"
 _CHUNK = 64 * 1024
 _RETRY_STATUSES = (429, 500, 502, 503, 504)
 
-#: Every message a download gives, by kind; the fields are those of :meth:`_Attempt.error`.
-_MESSAGES = {
-    "invalid_url": "cannot download {url!r}: not a valid http(s) URL ({detail}); pass a full https://... "
-    "address with --url, data.url or in {env}",
-    "unreachable": "cannot reach {url} ({reason}); check your network or {hint}",
-    "request_failed": "download of {url} failed ({reason}); {fix}",
-    "http_status": "download of {url} failed: {status}; {fix}",
-    "wrong_length": "download of {url} announces {total:,} bytes (Content-Length), expected {size:,}; "
-    "the mirror serves a different file; {fix}",
-    "too_long": "download of {url} sent more than the expected {size:,} bytes; stopped and deleted the "
-    "partial file; the mirror serves a different file; {fix}",
-    "bad_encoding": "download of {url} sent a {encoding} body that does not decode; the mirror serves a "
-    "damaged file; {fix}",
-    "cut_off": "download of {url} was cut off after {received:,}{of_total} bytes ({reason}); try again or {hint}",
-    "cut_short": "download of {url} was cut off after {received:,} of {total:,} bytes; try again or {hint}",
-    "checksum": "download of {url} has sha256 {got} ({received:,} bytes), expected {sha256} ({size:,} bytes); "
-    "the mirror serves a different file; {fix}",
-    "is_folder": "{path} is a folder where the corpus file belongs; move or delete it, then rerun",
-    "unknown_dataset": "unknown dataset {name!r}; known datasets: {known}",
-    # Notices on stderr, not errors.
-    "swept": "removed {n} partial file(s) of an earlier, interrupted download in {folder}",
-    "refetch": "{path} fails its checksum; downloading it again",
-    "backup": "kept the earlier {path} (it failed the checksum) as {backup}",
-}
-
-#: The network failures of a download's request and of its body's read, by exception (first match wins): their kind.
-_FAILURES: dict[str, tuple[tuple[tuple[type, ...], str], ...]] = {
-    "request": (
-        ((requests.HTTPError,), "http_status"),  # raise_for_status: the answer is an HTTP error
-        (
-            (
-                requests.exceptions.MissingSchema,
-                requests.exceptions.InvalidSchema,
-                requests.exceptions.InvalidURL,
-            ),
-            "invalid_url",
-        ),
-        ((requests.ConnectionError, requests.Timeout), "unreachable"),
-        ((requests.RequestException,), "request_failed"),
-    ),
-    # ChunkedEncodingError (IncompleteRead / ProtocolError), ConnectionError (reset, read timeout).
-    "read": (
-        ((requests.exceptions.ContentDecodingError,), "bad_encoding"),
-        ((requests.RequestException, urllib3.exceptions.HTTPError, OSError), "cut_off"),
-    ),
-}
-
 
 def get_dataset(dataset: str | Dataset) -> Dataset:
     """The :func:`datasets` entry named ``dataset`` (an entry as is). Raises MinigptError: an unknown name, listing the
@@ -118,9 +71,7 @@ def get_dataset(dataset: str | Dataset) -> Dataset:
         return dataset
     known = datasets()
     if dataset not in known:
-        raise MinigptError(
-            _MESSAGES["unknown_dataset"].format(name=dataset, known=", ".join(known))
-        )
+        raise MinigptError(f"unknown dataset {dataset!r}; known datasets: {', '.join(known)}")
     return known[dataset]
 
 
@@ -242,39 +193,61 @@ class _Attempt:
     encoding: str = "identity"
     part: IO[bytes] | None = None
 
-    def error(self, kind: str, exc: BaseException | None = None, **extra: object) -> MinigptError:
-        """The :class:`MinigptError` of :data:`_MESSAGES` ``[kind]``, filled from this download and ``exc``."""
-        fields = dict(
-            url=self.url,
-            env=self.ds.url_env,
-            hint=self.hint,
-            fix=f"check the URL or {self.hint}",
-            size=self.ds.size,
-            sha256=self.ds.sha256,
-            total=self.total,
-            received=self.received,
-            encoding=self.encoding,
-            of_total=f" of {self.total:,}" if self.total is not None else "",
-        )
-        if exc is not None:
-            elapsed = time.monotonic() - self.started
-            fields.update(
-                detail=_one_line(exc), reason=_reason(exc, self.timeout, self.retries, elapsed)
-            )
-        if isinstance(exc, requests.HTTPError):
+    @property
+    def fix(self) -> str:
+        return f"check the URL or {self.hint}"
+
+    @contextmanager
+    def failing(self, phase: str) -> Iterator[None]:
+        """Turn a network failure that ends ``phase`` ("request" or "read") into its one-line
+        :class:`MinigptError` (first match wins)."""
+        try:
+            yield
+        except MinigptError:
+            raise
+        except Exception as exc:
+            reason = _reason(exc, self.timeout, self.retries, time.monotonic() - self.started)
+            failure = self._failure(phase, exc, reason)
+            if failure is exc:  # not a network failure: a bug keeps its traceback
+                raise
+            raise failure from None
+
+    def _failure(self, phase: str, exc: Exception, reason: str) -> Exception:
+        url = self.url
+        if phase == "read":
+            # ChunkedEncodingError (IncompleteRead / ProtocolError), ConnectionError (reset, timeout).
+            if isinstance(exc, requests.exceptions.ContentDecodingError):
+                return MinigptError(
+                    f"download of {url} sent a {self.encoding} body that does not decode; "
+                    f"the mirror serves a damaged file; {self.fix}"
+                )
+            if isinstance(exc, (requests.RequestException, urllib3.exceptions.HTTPError, OSError)):
+                of_total = f" of {self.total:,}" if self.total is not None else ""
+                return MinigptError(
+                    f"download of {url} was cut off after {self.received:,}{of_total} bytes "
+                    f"({reason}); try again or {self.hint}"
+                )
+            return exc
+        if isinstance(exc, requests.HTTPError):  # raise_for_status: the answer is an HTTP error
             code, phrase = exc.response.status_code, exc.response.reason
             phrase = phrase or next((s.phrase for s in HTTPStatus if s == code), "")
-            fields.update(status=_one_line(f"HTTP {code} {phrase}"))
-        return MinigptError(_MESSAGES[kind].format(**fields, **extra))
-
-    def failing(self, phase: str) -> errors_as:
-        """A network failure that ends ``phase`` (:data:`_FAILURES`) as its one-line :class:`MinigptError`."""
-        return errors_as(
-            {
-                types: lambda exc, kind=kind: self.error(kind, exc)
-                for types, kind in _FAILURES[phase]
-            }
+            status = _one_line(f"HTTP {code} {phrase}")
+            return MinigptError(f"download of {url} failed: {status}; {self.fix}")
+        invalid = (
+            requests.exceptions.MissingSchema,
+            requests.exceptions.InvalidSchema,
+            requests.exceptions.InvalidURL,
         )
+        if isinstance(exc, invalid):
+            return MinigptError(
+                f"cannot download {url!r}: not a valid http(s) URL ({_one_line(exc)}); pass a full "
+                f"https://... address with --url, data.url or in {self.ds.url_env}"
+            )
+        if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
+            return MinigptError(f"cannot reach {url} ({reason}); check your network or {self.hint}")
+        if isinstance(exc, requests.RequestException):
+            return MinigptError(f"download of {url} failed ({reason}); {self.fix}")
+        return exc
 
     def check(self, resp: requests.Response) -> None:
         """Refuse a Content-Length other than the dataset's size (gzip's counts compressed bytes: not compared)."""
@@ -283,7 +256,10 @@ class _Attempt:
             if self.encoding in ("", "identity"):
                 self.total = int(resp.headers["Content-Length"])
         if self.total is not None and self.total != self.ds.size:
-            raise self.error("wrong_length")
+            raise MinigptError(
+                f"download of {self.url} announces {self.total:,} bytes (Content-Length), expected "
+                f"{self.ds.size:,}; the mirror serves a different file; {self.fix}"
+            )
 
     def _chunks(self, resp: requests.Response) -> Iterator[bytes]:
         with self.failing("read"):
@@ -320,8 +296,21 @@ class _Attempt:
             os.fsync(f.fileno())
         if over or digest.hexdigest() != self.ds.sha256:
             short = self.total is not None and self.received < self.total
-            raise self.error(
-                "too_long" if over else "cut_short" if short else "checksum", got=digest.hexdigest()
+            if over:
+                raise MinigptError(
+                    f"download of {self.url} sent more than the expected {self.ds.size:,} bytes; "
+                    "stopped and deleted the partial file; the mirror serves a different file; "
+                    f"{self.fix}"
+                )
+            if short:
+                raise MinigptError(
+                    f"download of {self.url} was cut off after {self.received:,} of "
+                    f"{self.total:,} bytes; try again or {self.hint}"
+                )
+            raise MinigptError(
+                f"download of {self.url} has sha256 {digest.hexdigest()} ({self.received:,} "
+                f"bytes), expected {self.ds.sha256} ({self.ds.size:,} bytes); the mirror serves a "
+                f"different file; {self.fix}"
             )
 
 
@@ -395,18 +384,22 @@ def download(
         raise MinigptError(
             os_error_message(OSError(errno.EACCES, os.strerror(errno.EACCES)), path, "read")
             if unreadable
-            else _MESSAGES["is_folder"].format(path=path)
+            else f"{path} is a folder where the corpus file belongs; move or delete it, then rerun"
         )
     if path.parent.is_dir() and (
         swept := sweep_partial_files(path.parent)
     ):  # even when the corpus is there
-        tqdm.write(_MESSAGES["swept"].format(n=len(swept), folder=path.parent), file=sys.stderr)
+        tqdm.write(
+            f"removed {len(swept)} partial file(s) of an earlier, interrupted download in "
+            f"{path.parent}",
+            file=sys.stderr,
+        )
     exists = path.exists()
     good = exists and file_ok(path, ds)
     if good and not force:
         return path, False
     if exists and not good and not force:
-        tqdm.write(_MESSAGES["refetch"].format(path=path), file=sys.stderr)
+        tqdm.write(f"{path} fails its checksum; downloading it again", file=sys.stderr)
     backup = _fetch(
         ds,
         url,
@@ -418,5 +411,5 @@ def download(
         mirror_hint=mirror_hint or f"set {ds.url_env} to a mirror",
     )
     if backup is not None:
-        tqdm.write(_MESSAGES["backup"].format(path=path, backup=backup), file=sys.stderr)
+        tqdm.write(f"kept the earlier {path} (it failed the checksum) as {backup}", file=sys.stderr)
     return path, True
