@@ -173,9 +173,9 @@ def compare(
     loss at equal wall time, val bits per byte (the fair measure across
     tokenizers), and the time to a target loss; the terminal gets the keys
     that differ and the results, in 100 columns. A sentence per pair says
-    whether the difference exceeds the seed noise (twice its standard
-    error), with Welch's t-test p-value and the seeds per variant that would
-    resolve it at p < 0.05. summary.png plots the table's metric.
+    whether the difference exceeds the seed noise, by Welch's t-test at
+    p < 0.05, and while it does not, how many seeds per variant would resolve
+    it (power 0.8). summary.png plots the table's metric.
 
     With --storage, the study's trials instead, as the workers of a sweep
     recorded them: trial, state, variant or params, seed, value, and the

@@ -1,10 +1,9 @@
 """``minigpt compare``: runs side by side, variants averaged over distinct seeds, with the seed noise said.
 
-Bits per byte: the final val loss in bits over the val split's UTF-8 bytes per token. Seed noise: a difference
-of means exceeds it past twice its standard error sqrt(s1²/n1 + s2²/n2) (the normal approximation of a 95%
-two-sided test); beside it, Welch's t-test p-value (``scipy.stats.ttest_ind(equal_var=False)``) and the seeds per
-variant that would resolve the difference (:func:`seeds_needed`). Runs of one config, corpus and seed are repeats,
-not seeds: one is kept (:func:`_distinct`).
+Bits per byte: the final val loss in bits over the val split's UTF-8 bytes per token. Seed noise: one test
+decides whether a difference of means exceeds it, Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``) at
+p < :data:`ALPHA`; while it does not, the seeds per variant that would bring it there (:func:`seeds_needed`). Runs of
+one config, corpus and seed are repeats, not seeds: one is kept (:func:`_distinct`).
 """
 
 from __future__ import annotations
@@ -399,29 +398,37 @@ def summarize(
     return result
 
 
-def seeds_needed(effect: float, alpha: float = ALPHA, power: float = POWER) -> int:
-    """Seeds per variant for a two-sided two-sample t-test at level ``alpha`` to detect, with ``power``, a difference
-    of ``effect`` pooled standard deviations (Cohen's d, > 0): the smallest n whose power, from the noncentral t
-    distribution with 2n - 2 degrees of freedom and noncentrality d·sqrt(n/2), reaches ``power`` (Cohen 1988,
-    *Statistical Power Analysis*, ch. 2; statsmodels' ``TTestIndPower`` and G*Power compute the same)."""
+def seeds_needed(
+    effect: float, variance_ratio: float = 1.0, alpha: float = ALPHA, power: float = POWER
+) -> int:
+    """Seeds per variant for Welch's two-sided t-test at level ``alpha`` to detect, with ``power``, a difference of
+    ``effect`` root-mean-square standard deviations (d = |m1 - m2| / sqrt((s1² + s2²) / 2), > 0) between variants
+    whose variances stand in ``variance_ratio`` (s1² / s2²): the smallest n >= 2 whose power, from the noncentral t
+    distribution with noncentrality d·sqrt(n/2) and Welch-Satterthwaite's (n - 1)(1 + r)² / (1 + r²) degrees of
+    freedom, reaches ``power``. With equal variances this is Student's test, as Cohen (1988, *Statistical Power
+    Analysis*, table 2.4.1), statsmodels' ``TTestIndPower`` and G*Power compute it."""
     from scipy import stats
 
+    # Welch-Satterthwaite's degrees of freedom with n seeds a side, by variance share a = s1² / (s1² + s2²).
+    a = 1.0 if math.isinf(variance_ratio) else variance_ratio / (1 + variance_ratio)
+
+    def reached(n: int) -> bool:
+        df = (n - 1) / (a**2 + (1 - a) ** 2)
+        t, ncp = stats.t.ppf(1 - alpha / 2, df), effect * math.sqrt(n / 2)
+        return stats.nct.sf(t, df, ncp) + stats.nct.cdf(-t, df, ncp) >= power
+
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-    n = max(
-        2, math.floor(2 * (z / effect) ** 2)
-    )  # the normal approximation, which the t-test's n never undercuts
-    while n < 100_000:  # past that the t and normal answers agree
-        df, t = 2 * n - 2, stats.t.ppf(1 - alpha / 2, 2 * n - 2)
-        ncp = effect * math.sqrt(n / 2)
-        if stats.nct.sf(t, df, ncp) + stats.nct.cdf(-t, df, ncp) >= power:
-            break
+    # The normal approximation, which the t-test's n never undercuts; past 100,000 the two agree.
+    n = max(2, math.floor(2 * (z / effect) ** 2))
+    while n < 100_000 and not reached(n):
         n += 1
     return n
 
 
 def _pairs(variants: list[Variant], stat: str) -> tuple[list[str], list[dict]]:
     """One sentence per pair of variants (each against the best when there are more than five), and the pair's
-    numbers: the difference of means, Welch's p-value and :func:`seeds_needed` (None with one seed a side)."""
+    numbers: the difference of means, Welch's p-value and, while p is not below :data:`ALPHA`, the seeds per variant
+    that would bring it there (:func:`seeds_needed`; None with one seed a side). The verdict is the t-test's alone."""
     from scipy import stats
 
     unit = "nats" if stat == "final_val" else "bits per byte"
@@ -443,6 +450,7 @@ def _pairs(variants: list[Variant], stat: str) -> tuple[list[str], list[dict]]:
                 "higher": higher.name,
                 "difference": abs(diff),
                 "p_value": None,
+                "significant": None,
                 "seeds_needed": None,
             }
         )
@@ -458,19 +466,29 @@ def _pairs(variants: list[Variant], stat: str) -> tuple[list[str], list[dict]]:
                 f"{said}; its seeds agree exactly, so there is no seed noise to test against"
             )
             continue
-        se = math.sqrt(va / len(xa) + vb / len(xb))
         p = float(stats.ttest_ind(xa, xb, equal_var=False).pvalue)
-        n = seeds_needed(abs(diff) / math.sqrt((va + vb) / 2)) if diff else None
-        numbers[-1].update(p_value=p, seeds_needed=n)
-        verdict = "exceeds" if abs(diff) > 2 * se else "is within"
+        significant = p < ALPHA
+        numbers[-1].update(p_value=p, significant=significant)
+        test = f"Welch's t-test p = {p:.3g}"
+        if significant:
+            sentences.append(f"{said}; the difference exceeds the seed noise ({test} < {ALPHA})")
+            continue
+        ran = max(len(xa), len(xb))
+        n = None
+        if diff:
+            # Welch's test on the seeds run is not yet below ALPHA: more than those are needed, whatever the
+            # power calculation says for seed counts that differ between the variants.
+            rms = math.sqrt((va + vb) / 2)
+            n = max(ran + 1, seeds_needed(abs(diff) / rms, va / vb if vb else math.inf))
+        numbers[-1].update(seeds_needed=n)
         plan = (
-            f"{_seeds(n)} per variant would resolve it"
+            f"about {_seeds(n)} per variant would resolve it at p < {ALPHA} with power {POWER}, "
+            f"if the means and spreads hold"
             if n
             else "there is no difference to resolve"
         )
         sentences.append(
-            f"{said}; the difference {verdict} the seed noise (2 × standard error = {2 * se:.4f}); "
-            f"Welch's t-test p = {p:.3g}; {plan} at p < {ALPHA} with power {POWER}"
+            f"{said}; the difference is within the seed noise ({test}, not below {ALPHA}); {plan}"
         )
     return sentences, numbers
 
