@@ -18,6 +18,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from minigpt_cli.experiments.compare import format_summary
 from minigpt_cli.experiments.search import PLOTS, STUDY_FILE
 from minigpt_cli.experiments.sweep import SHIPPED, Overrides, load_sweep, run_sweep
 
@@ -204,6 +205,13 @@ def test_a_tpe_search_with_asha_killed_by_sigkill_resumes_prunes_and_draws_its_p
     assert result["search"]["best_trial"]["params"] == best.params
     assert rows[f"trial-{best.number:04d}"]["final_val"] == pytest.approx(best.value)
     assert set(result["search"]["importances"]) == {"train.learning_rate", "model.ffn"}
+    # Pruned trials never set the time-to-target threshold: it is the worst completed trial's final val.
+    complete = [rows[f"trial-{t.number:04d}"] for t in trials if t.state == TrialState.COMPLETE]
+    assert result["target"] == pytest.approx(max(r["final_val"] for r in complete), rel=1e-12)
+    table = format_summary(result)
+    for r in result["rows"]:  # searched values to 4 significant digits in the table, whole in the JSON
+        lr = r["train.learning_rate"]
+        assert f"| {lr:.4g} |" in table and (len(repr(lr)) <= 6 or repr(lr) not in table)
     for name in PLOTS:
         assert (folder / name).read_bytes()[:4] == b"\x89PNG" and (
             folder / name
@@ -544,9 +552,10 @@ def test_refusals_name_the_key_as_written_and_the_option_that_gave_it(cli, tmp_p
     assert_user_error(res, "c.yaml: variant heads:")
 
 
-def test_a_searched_trials_values_are_short_in_the_terminal_and_whole_in_summary_md():
+def test_a_searched_trials_values_are_short_in_the_tables_and_whole_in_the_json():
     """The terminal's table cuts cells to 24 characters: a searched trial's values are written there by their
-    keys' last part and 4 digits, so none is cut away; summary.md keeps what --set reads back exactly."""
+    keys' last part and 4 significant digits, so none is cut away; summary.md names the whole keys, to 4 digits
+    too; summary.json and .csv keep what --set reads back exactly."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution
     from optuna.trial import create_trial
 
@@ -566,4 +575,55 @@ def test_a_searched_trials_values_are_short_in_the_terminal_and_whole_in_summary
     result = study_trials(study)
     terminal, whole = format_trials(result), format_trials(result, clip=False)
     assert "| learning_rate=0.001235, ffn=relu2 |" in terminal
-    assert "train.learning_rate=0.0012345678901234567, model.ffn=relu2" in whole
+    assert "| train.learning_rate=0.001235, model.ffn=relu2 |" in whole
+    assert "0.0012345678901234567" not in terminal + whole
+    assert result["trials"][0]["params"]["train.learning_rate"] == 0.0012345678901234567
+
+
+def test_a_killed_workers_orphan_run_is_noted_and_the_trial_scored_from_the_run_the_study_names(
+    cli, tmp_path, data_dir
+):
+    """Issue 40 §7: worker A was killed during trial 0, and worker B (a folder of its own) took the trial over and
+    finished the search. Started again, A's summary scores each trial by the run the study names (B's), notes
+    A's own trial-0000 folder as unfinished with where the trial finished, and never scores it."""
+    from minigpt_cli.config.schema import load_config
+    from minigpt_cli.trainer import train
+
+    path = search_file(tmp_path, data_dir, trials=2, prune="none")
+    storage = tmp_path / "study.journal"
+    a, b = tmp_path / "a", tmp_path / "b"
+    for home in (a, b):
+        home.mkdir()
+    with working_dir(b):
+        run_sweep(path, storage=str(storage), worker=True)
+    # What the kill left in A's folder: trial 0's run, untrained, at step 0 (its first eval and checkpoint).
+    orphan = a / "runs" / "s" / "trial-0000-s1337"
+    cfg = load_config(
+        TINY, [*small(data_dir), "train.max_iters=0", f"train.out_dir={orphan.parent}"]
+    )
+    train(cfg, orphan.name, echo=lambda m: None, progress=False)
+    with working_dir(a):
+        res = cli("sweep", path, "--storage", storage, "--worker", "--json")
+    assert res.exit_code == 0, res
+    result = json.loads(res.stdout)
+    study = load(storage)
+    values = {f"trial-{t.number:04d}": t.value for t in study.get_trials()}
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == set(values)
+    for (
+        name,
+        value,
+    ) in values.items():  # B's runs, whose final val the study holds; not the orphan's
+        assert (
+            rows[name]["final_val"] == pytest.approx(value, rel=1e-12) and rows[name]["steps"] == 20
+        )
+    where = b.resolve() / "runs" / "s" / "trial-0000-s1337"
+    note = f"is unfinished and not scored: trial-0000 finished in {where} on {os.uname().nodename}"
+    assert any(str(orphan.relative_to(a)) in n and note in n for n in result["notes"]), result[
+        "notes"
+    ]
+    assert res.stderr.count(note) == 0  # said once, under the table (here: in the JSON)
+    table = cli(
+        "compare", a / "runs" / "s" / "summary.json"
+    )  # not a run: refused, but the file is there
+    assert (a / "runs" / "s" / "summary.md").read_text().count(note) == 1, table

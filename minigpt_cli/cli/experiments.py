@@ -32,6 +32,19 @@ def sweep(
         metavar="KIND=N",
         help="Each run's budget instead of the file's: iters=N, tokens=N or seconds=S.",
     ),
+    scale_schedule: bool = typer.Option(
+        False,
+        "--scale-schedule",
+        help="With --budget: scale the warmup, the decay's end (lr_decay_iters) and the eval and "
+        "log intervals by the budget's steps over the sweep file's, so a shrunk sweep keeps the "
+        "shape of its schedule (recorded in sweep.json).",
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Check the sweep file and overrides, print the runs with their schedules and any "
+        "note on the budget, and train nothing.",
+    ),
     jobs: int = typer.Option(
         1,
         "--jobs",
@@ -65,7 +78,11 @@ def sweep(
     or wall-clock seconds, so that the comparison is fair. Runs land in
     runs/<sweep>/<variant>-s<seed>/ as ordinary runs; the summary (a table in
     summary.md, .csv and .json, and summary.png) lands beside them. --set,
-    --seeds and --budget override the file (recorded in sweep.json).
+    --seeds and --budget override the file (recorded in sweep.json). A budget
+    that leaves a run inside its warmup, with fewer than 3 evals or before its
+    decay starts gets a note naming the keys to scale; --scale-schedule scales
+    them with the budget. Each finished run gets a line: name, seed, val loss,
+    time.
 
     A search: section has Optuna suggest each trial's values (TPE or
     random), prune bad trials at their evals (median or ASHA) and keep the
@@ -82,11 +99,12 @@ def sweep(
 
     \b
     Examples: minigpt sweep ffn --budget iters=50 --seeds 1
+              minigpt sweep optimizer --budget iters=80 --scale-schedule --dry-run
               minigpt sweep search.yaml --storage /shared/search.journal --worker
     """
     from ..experiments.compare import format_summary, format_trials
     from ..experiments.search import format_report
-    from ..experiments.sweep import Overrides, run_sweep
+    from ..experiments.sweep import Overrides, format_plan, run_sweep
 
     again = shlex.join(
         [
@@ -96,6 +114,7 @@ def sweep(
             *(w for s in sets for w in ("--set", s)),
             *(["--seeds", str(seeds)] if seeds else []),
             *(["--budget", budget] if budget else []),
+            *(["--scale-schedule"] if scale_schedule else []),
             *(["--storage", storage] if storage else []),
             *(["--worker"] if worker else []),
             *(["--jobs", str(jobs)] if jobs > 1 else []),
@@ -106,16 +125,18 @@ def sweep(
             file,
             jobs=jobs,
             progress=progress,
-            overrides=Overrides(tuple(sets), seeds, budget),
+            overrides=Overrides(tuple(sets), seeds, budget, scale_schedule),
             storage=storage,
             worker=worker,
+            dry_run=dry_run,
             echo=echo,
         )
     if as_json:
         print(json.dumps(result, indent=1))
     else:
         print(
-            (format_summary(result) if "rows" in result else "")
+            (format_plan(result) if dry_run else "")
+            + (format_summary(result) if "rows" in result else "")
             + (format_report(result["search"]) if "search" in result else "")
             + ("\n" + format_trials(result["study"]) if "study" in result else ""),
             end="",

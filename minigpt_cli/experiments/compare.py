@@ -18,7 +18,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Callable, Collection, Optional, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -276,14 +276,18 @@ def summarize(
     target: Optional[float] = None,
     variants: Optional[dict[str, str]] = None,
     metric: Optional[str] = None,
+    stopped: Collection[Path] = (),
+    notes: Collection[str] = (),
     echo: Callable[[str], None] = lambda m: None,
 ) -> dict:
     """Compare runs (the README's columns), writing the summary files into ``out`` when given; ``variants``
-    (folder name -> variant) defaults to the name less ``-s<seed>``. Refusals: :data:`_MESSAGES`."""
+    (folder name -> variant) defaults to the name less ``-s<seed>``; ``stopped``: runs cut short on purpose (a
+    pruned trial's), whose final value never sets the default target; ``notes``: the caller's, said with the
+    summary's own. Refusals: :data:`_MESSAGES`."""
     read = [
         read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)
     ]  # each run once
-    run_notes = [r.note for r in read if r.note]  # a repeat's edited config.yaml is noted too
+    run_notes = [*notes, *(r.note for r in read if r.note)]  # a repeat's edited config.yaml too
     orders = {folder: _sweep_order(folder) for folder in {r.path.parent for r in read}}
     run_notes += [
         _MESSAGES["not_swept"].format(path=r.path, state=r.path.parent / runs.SWEEP)
@@ -335,9 +339,17 @@ def summarize(
         else (1 / math.log(2) / bpt[r.path] if bpt[r.path] else math.inf)
         for r in records
     }
-    if target is None:  # the worst run's final value: every run reaches it
+    if (
+        target is None
+    ):  # the worst final value of the runs that ran their course: each of those reaches it
+        stop = {Path(p).resolve() for p in stopped}
         target = max(
-            (r.final * scale[r.path] for r in records if scale[r.path] < math.inf), default=math.inf
+            (
+                r.final * scale[r.path]
+                for r in records
+                if scale[r.path] < math.inf and r.path not in stop
+            ),
+            default=math.inf,
         )
     for key, v in groups.items():
         cfg = v.runs[0].cfg
@@ -497,7 +509,7 @@ def _spec(result: dict) -> list[tuple[str, list[str], Callable[[dict], str]]]:
     """The summary's columns: the table's header, the CSV keys behind it, and its cell as text."""
     spec = [
         ("variant", ["variant"], lambda r: r["variant"]),
-        *((c, [c], lambda r, c=c: value_text(r[c])) for c in result["columns"]),
+        *((c, [c], lambda r, c=c: short_text(r[c])) for c in result["columns"]),
         ("seeds", ["seeds"], lambda r: str(r["seeds"])),
         ("params", ["params"], lambda r: f"{r['params']:,}"),
         ("non-emb", ["params_non_embedding"], lambda r: f"{r['params_non_embedding']:,}"),
@@ -518,9 +530,10 @@ def _spec(result: dict) -> list[tuple[str, list[str], Callable[[dict], str]]]:
         ]
     spec += [(head, [k, f"{k}_sd"], lambda r, k=k: _fmt(r[k], r[f"{k}_sd"])) for head, k in stats]
     unit = "nats" if result["metric"] == "val_loss" else "bits/byte"
+    target = result["target"]
     spec.append(
         (
-            f"s to {result['target']:.3f} {unit}",
+            f"s to {target:.3f} {unit}" if math.isfinite(target) else "s to target",
             ["time_to_target_s", "seeds_reached_target"],
             lambda r: (
                 f"{r['time_to_target_s']:.1f}"
@@ -557,6 +570,12 @@ def _seconds(t: float) -> str:
 def value_text(value: Any) -> str:
     """A config value as text: text as it is, anything else as JSON, which ``--set`` reads back."""
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def short_text(value: Any) -> str:
+    """A config value for a table's cell: a float to 4 significant digits (a searched learning rate's 18 digits
+    stay in summary.csv and .json), anything else as :func:`value_text` writes it."""
+    return f"{value:.4g}" if isinstance(value, float) else value_text(value)
 
 
 #: How a table cell writes what would break a Markdown row: a ``|`` ends the cell, a line break the row.
@@ -796,12 +815,11 @@ def load_trials(url: str, name: Optional[str], paths: list[Path]) -> dict:
 
 def _trial_cell(row: dict, key: str, clip: bool = False) -> str:
     value = row[key]
-    if key == "variant" and clip and row.get("params"):
-        # The terminal's cell: each searched key by its last part, numbers to 4 digits (summary.md: whole).
+    if key == "variant" and row.get("params"):
+        # Searched values to 4 significant digits (summary.csv and .json keep them whole); the terminal's cell
+        # names each key by its last part.
         return ", ".join(
-            f"{k.rsplit('.', 1)[-1]}={v:.4g}"
-            if isinstance(v, float)
-            else f"{k.rsplit('.', 1)[-1]}={v}"
+            f"{k.rsplit('.', 1)[-1] if clip else k}={short_text(v)}"
             for k, v in row["params"].items()
         )
     return "" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)

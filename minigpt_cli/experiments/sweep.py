@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..config.schema import Config, ConfigError, apply_overrides, validate
+from ..config.schema import Config, ConfigError, TrainConfig, apply_overrides, validate
 from ..config.yaml_io import parse_yaml
 from ..errors import Interrupted, MinigptError, refuse
 from ..fileio import atomic_write_text, read_text_file
@@ -103,6 +103,53 @@ class Budget(BaseModel):
             return [f"train.max_iters={max(1, math.ceil(self.tokens / per_step))}"]
         return [f"train.max_seconds={self.seconds}"]
 
+    def steps(self, cfg: Config) -> Optional[int]:
+        """The optimizer steps this budget gives ``cfg``; None for a budget in seconds (the clock decides)."""
+        if self.seconds is not None:
+            return None
+        return int(self.overrides(cfg)[0].partition("=")[2])
+
+    def text(self) -> str:
+        """The budget as ``--budget`` spells it: ``iters=80``."""
+        kind, value = next((k, v) for k, v in self.model_dump().items() if v is not None)
+        return f"{kind}={value:g}" if isinstance(value, float) else f"{kind}={value}"
+
+
+def scaled_schedule(tc: "TrainConfig", factor: float) -> list[str]:
+    """The ``--set`` values that scale ``tc``'s schedule in steps by ``factor`` (``--scale-schedule``: the budget's
+    steps over the sweep file's): the warmup, the decay's end (``lr_decay_iters``, when set), the eval and log
+    intervals. wsd's decay is a share of the run already, and scales itself."""
+    warmup = round(tc.warmup_iters * factor)
+    sets = [
+        f"train.warmup_iters={warmup}",
+        f"train.eval_interval={max(1, round(tc.eval_interval * factor))}",
+        f"train.log_interval={max(1, round(tc.log_interval * factor))}",
+    ]
+    if tc.lr_decay_iters is not None:  # never before the warmup's end, which the schema refuses
+        sets.append(f"train.lr_decay_iters={max(1, warmup, round(tc.lr_decay_iters * factor))}")
+    return sets
+
+
+def schedule_problems(tc: "TrainConfig") -> dict[str, str]:
+    """What a run of ``tc`` (``max_iters`` steps) would not get of its schedule, as {the key to scale: what}: a
+    warmup that never ends, fewer than 3 evals (a curve needs them), a decay that never starts."""
+    from ..trainer.schedule import wsd_decay_start
+
+    steps = tc.max_iters
+    # should_eval's steps: step 0 (eval_at_start), every eval_interval, and the last step.
+    evals = int(tc.eval_at_start) + steps // tc.eval_interval + bool(steps % tc.eval_interval)
+    start = {"constant": None, "wsd": wsd_decay_start(tc)}.get(tc.lr_schedule, tc.warmup_iters)
+    problems = {}
+    if tc.warmup_iters >= steps:
+        problems["train.warmup_iters"] = (
+            f"ends inside its warmup ({tc.warmup_iters} steps, before any decay)"
+        )
+    elif start is not None and start >= steps:  # wsd's share of the run rounds to no step
+        problems["train.decay_fraction"] = "never starts its decay"
+    if evals < 3:
+        problems["train.eval_interval"] = f"gets {evals} evals (one every {tc.eval_interval} steps)"
+    return problems
+
 
 #: The most runs one sweep file may ask for (variants x seeds), counted before anything is expanded.
 MAX_RUNS = 10_000
@@ -165,12 +212,20 @@ class Overrides:
     set: tuple[str, ...] = ()
     seeds: Optional[int] = None
     budget: Optional[str] = None
+    scale_schedule: bool = (
+        False  # scale the schedule's steps with the budget (:func:`scaled_schedule`)
+    )
 
     def record(self) -> dict[str, Any]:
         """What ``sweep.json`` records: the overrides given (none: ``{}``, as a sweep.json from before them)."""
         return {
             k: v
-            for k, v in (("set", list(self.set)), ("seeds", self.seeds), ("budget", self.budget))
+            for k, v in (
+                ("set", list(self.set)),
+                ("seeds", self.seeds),
+                ("budget", self.budget),
+                ("scale_schedule", self.scale_schedule),
+            )
             if v
         }
 
@@ -281,6 +336,12 @@ class Sweep:
             self._blame_overrides()
             raise
         sets += self.spec.budget.overrides(cfg)
+        if self.overrides.scale_schedule:
+            given = Budget.model_validate(
+                self.recorded["budget"]
+            )  # the file's, which its schedule fits
+            factor = self.spec.budget.steps(cfg) / given.steps(cfg)
+            sets += scaled_schedule(cfg.train, factor)
         seeds = (
             self.spec.seeds
             if isinstance(self.spec.seeds, list)
@@ -330,6 +391,14 @@ def load_sweep(
     data = parse_yaml(read_text_file(p, "sweep file"), str(p))
     recorded = read_model(SweepFile, data, _MESSAGES["schema"], path=p).model_dump(mode="json")
     given = overrides.sections()  # the file alone passed: a problem now is the command line's
+    if overrides.scale_schedule and (
+        "budget" not in given or "seconds" in given["budget"] or recorded["budget"].get("seconds")
+    ):
+        raise MinigptError(
+            "--scale-schedule scales the schedule by the steps of --budget over the sweep file's "
+            f"budget ({Budget.model_validate(recorded['budget']).text()})",
+            "give --budget iters=N or tokens=N with it, against a file's budget in iters or tokens",
+        )
     for key in given:  # each option on its own first, so that a refusal names the one at fault
         read_model(
             SweepFile,
@@ -400,6 +469,64 @@ def load_sweep(
     else:
         sweep.runs = [run for variant, values in variants for run in sweep.runs_of(variant, values)]
     return sweep
+
+
+def schedule_note(sweep: Sweep) -> Optional[str]:
+    """One line, when the budget leaves the sweep's runs without part of their schedule
+    (:func:`schedule_problems`), naming the keys to scale; None when it fits (or the budget is in seconds)."""
+    if sweep.spec.budget.seconds is not None:
+        return None
+    problems: dict[str, str] = {}
+    for run in sweep.runs or sweep.runs_of(
+        "search", {}
+    ):  # a search's: the base's, before its values
+        problems = {**schedule_problems(run.cfg.train), **problems}
+    if not problems:
+        return None
+    scaled = "" if sweep.overrides.scale_schedule else ", or add --scale-schedule"
+    keys, *said = sorted(problems), *problems.values()
+    what = " and ".join([", ".join(said[:-1]), said[-1]] if len(said) > 1 else said)
+    return (
+        f"note: with budget {sweep.spec.budget.text()} a run {what}: "
+        f"scale {' and '.join(keys)} with the budget{scaled}"
+    )
+
+
+def plan(sweep: Sweep) -> dict:
+    """What the sweep would run (a search: its base, before the trials' values), with each run's schedule in
+    steps, and the :func:`schedule_note`: ``minigpt sweep --dry-run``."""
+    runs_ = sweep.runs or sweep.runs_of("trial", {})
+    return {
+        "sweep": sweep.name,
+        "folder": str(sweep.folder),
+        "trials": sweep.spec.search.trials if sweep.spec.search else None,
+        "note": schedule_note(sweep),
+        "runs": [
+            {
+                "run": r.name,
+                "variant": r.variant,
+                "seed": r.seed,
+                **{
+                    k: getattr(r.cfg.train, k)
+                    for k in ("max_iters", "max_seconds", "warmup_iters", "eval_interval")
+                },
+            }
+            for r in runs_
+        ],
+    }
+
+
+def format_plan(planned: dict) -> str:
+    """:func:`plan` as the lines ``--dry-run`` prints."""
+    what = f"a search of {planned['trials']} trials like" if planned["trials"] else "runs"
+    lines = [f"sweep {planned['sweep']}: {what} (in {planned['folder']}):"]
+    for r in planned["runs"]:
+        budget = f"{r['max_seconds']:g} s" if r["max_seconds"] else f"{r['max_iters']:,} steps"
+        lines.append(
+            f"  {r['run']}: {budget}, warmup {r['warmup_iters']:,}, "
+            f"an eval every {r['eval_interval']:,} steps"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
@@ -676,10 +803,12 @@ def run_sweep(
     overrides: Overrides = Overrides(),
     storage: Optional[str] = None,
     worker: bool = False,
+    dry_run: bool = False,
     echo: Callable[[str], None] = lambda m: None,
 ) -> dict:
     """Run (or finish) a sweep (a search: its trials), then write its summary; with ``worker``, as one of the
-    processes sharing the study in ``storage``. Raises MinigptError (a bad kernel setting, sweep file, state or
+    processes sharing the study in ``storage``; ``dry_run``: check everything, say what would run
+    (:func:`plan`) and write nothing. Raises MinigptError (a bad kernel setting, sweep file, state or
     storage, a failed run) and Interrupted (Ctrl-C: checkpoints saved, the same command goes on)."""
     from tqdm.auto import tqdm
 
@@ -687,6 +816,11 @@ def run_sweep(
     refuse([(worker and storage is None, "worker")], _MESSAGES)
     sweep = load_sweep(path, echo, overrides)
     refuse([(storage is not None and not (worker or sweep.spec.search), "storage_grid")], _MESSAGES)
+    note = schedule_note(sweep)
+    if note:  # before any run: a shrunk budget's curves and columns would mean little
+        echo(note)
+    if dry_run:
+        return plan(sweep)
     # Shared storage is opened before the sweep's folder is made: one that cannot be is refused with nothing written.
     store = optuna_search.open_storage(storage, sweep.folder) if storage else None
     state = _read_state(sweep, jobs, worker, storage)
@@ -738,19 +872,57 @@ def run_sweep(
         def done(run: Run) -> None:
             _mark_done(sweep, state, run)
             progress_bar.update(1)
+            _say_over(progress_bar, echo, _ran(run.name, run.seed, sweep.folder / run.name))
 
         _parallel(procs, [partial(lambda run: train(run) or run, run) for run in todo], done)
-    return _summary(sweep, sweep.runs, {r.name: r.variant for r in sweep.runs}, echo)
+    return _summary(
+        sweep,
+        [sweep.folder / r.name for r in sweep.runs],
+        {r.name: r.variant for r in sweep.runs},
+        echo,
+    )
+
+
+def _ran(name: str, seed: int, folder: Path) -> str:
+    """The line a finished run gets: its name, seed, last val loss and training time (evals included)."""
+    evals = [e for e in read_events(folder / METRICS) if e["event"] == "eval"]
+    last = evals[-1] if evals else {"val_loss": math.nan, "elapsed_s": 0.0, "step": 0}
+    return (
+        f"{name}: seed {seed}, val {last['val_loss']:.4f} at step {last['step']:,}, "
+        f"{last['elapsed_s']:.1f} s"
+    )
+
+
+def _say_over(progress_bar: Any, echo: Callable[[str], None], line: str) -> None:
+    """``echo`` a line with the progress bar (if shown) cleared around it, so that a log file or a pipe, which
+    gets no bar, hears of every finished run as it ends."""
+    with progress_bar.external_write_mode(file=sys.stderr):
+        echo(line)
 
 
 def _summary(
-    sweep: Sweep, runs_: list[Run], variants: dict[str, str], echo: Callable[[str], None]
+    sweep: Sweep,
+    paths: Iterable[Path],
+    variants: dict[str, str],
+    echo: Callable[[str], None],
+    stopped: Iterable[Path] = (),
+    notes: Iterable[str] = (),
 ) -> dict:
+    """The sweep's summary of the run folders ``paths`` (``variants``: folder name -> variant), written beside
+    its runs; ``stopped``: runs cut short on purpose (pruned), which never set the target; ``notes`` go with it
+    (said at once when there is no run to read)."""
+    paths, notes = list(paths), list(notes)
+    if not paths:
+        for note in notes:
+            echo(note)
+        return {}
     return summarize(
-        [sweep.folder / r.name for r in runs_],
+        paths,
         out=sweep.folder,
         target=sweep.spec.target_loss,
         variants=variants,
+        stopped=list(stopped),
+        notes=notes,
         echo=echo,
     )
 
@@ -794,25 +966,24 @@ def _grid_worker(
                 else:  # Ctrl-C: the trial stays running, let go for the next start to resume
                     optuna_search.release(trial)
                 raise
-            study.tell(
-                trial,
-                [e for e in read_events(sweep.folder / run.name / METRICS) if e["event"] == "eval"][
-                    -1
-                ]["val_loss"],
-            )
+            study.tell(trial, _final_val(sweep.folder / run.name))
             progress_bar.update(1)
+            _say_over(progress_bar, echo, _ran(run.name, run.seed, sweep.folder / run.name))
 
     with bar(total=len(sweep.runs)) as progress_bar:
         _parallel(
             procs, [partial(runs_, progress_bar)] * (procs.jobs if procs else 1), lambda ran: None
         )
-    done = {
-        t.user_attrs.get("run")
+    finished = [
+        t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    }
-    here = [r for r in sweep.runs if r.name in done and (sweep.folder / r.name / METRICS).is_file()]
-    result = _summary(sweep, here, {r.name: r.variant for r in here}, echo) if here else {}
-    return {**result, "study": study_trials(study)}
+        if t.user_attrs.get("run") in by_name
+    ]
+    found, notes = _study_runs(
+        sweep, study, finished, lambda t: [t.user_attrs["run"]], lambda t: True
+    )
+    variants = {p.name: by_name[p.name].variant for p in found}
+    return {**_summary(sweep, found, variants, echo, (), notes), "study": study_trials(study)}
 
 
 def _search(
@@ -862,6 +1033,14 @@ def _search(
                     optuna_search.release(trial)
             progress_bar.update(1)
             progress_bar.set_postfix_str(f"{optuna_search.trial_name(trial.number)} {outcome}")
+            for name in trial.user_attrs.get("runs", []):
+                if (
+                    sweep.folder / name / METRICS
+                ).is_file():  # a pruned trial's later seeds never ran
+                    seed = int(name.rpartition("-s")[2])
+                    _say_over(
+                        progress_bar, echo, f"{_ran(name, seed, sweep.folder / name)}, {outcome}"
+                    )
             ran += 1
         return ran
 
@@ -883,21 +1062,72 @@ def _search(
         for t in study.get_trials(deepcopy=False)
         if t.number < spec.trials and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
     ]
-    names = {
-        run: optuna_search.trial_name(t.number)
+    refuse([(not ours, "no_trials")], _MESSAGES, folder=sweep.folder)
+    label = {
+        t.number: optuna_search.trial_name(t.number)
         + (" (pruned)" if t.state == TrialState.PRUNED else "")
         for t in ours
-        for run in t.user_attrs["runs"]
     }
-    refuse([(not names, "no_trials")], _MESSAGES, folder=sweep.folder)
-    started = [
-        r
-        for t in ours
-        for r in sweep.runs_of(optuna_search.trial_name(t.number), t.params)
-        if (sweep.folder / r.name / METRICS).is_file()
-    ]  # a pruned trial's later seeds never started
-    result = (
-        _summary(sweep, started, names, echo) if started else {}
-    )  # a worker whose trials all ran elsewhere
+    found, notes = _study_runs(
+        sweep,
+        study,
+        ours,
+        lambda t: t.user_attrs.get("runs", []),
+        lambda t: spec.objective == "val_loss" and t.state == TrialState.COMPLETE,
+    )
+    pruned = [path for path, t in found.items() if t.state == TrialState.PRUNED]
+    # No run to read: a worker whose trials all ran where it cannot see them.
+    result = _summary(
+        sweep, found, {p.name: label[t.number] for p, t in found.items()}, echo, pruned, notes
+    )
     result["search"] = optuna_search.report(study, spec.trials, sweep.folder)
     return {**result, "study": study_trials(study)} if worker else result
+
+
+def _study_runs(
+    sweep: Sweep,
+    study: "optuna.Study",
+    finished: list,
+    names: Callable[[Any], list[str]],
+    told_final: Callable[[Any], bool],
+) -> tuple[dict[Path, Any], list[str]]:
+    """The run folders of the study's ``finished`` trials, as the study records them (each trial's ``folder``
+    and its runs' ``names``), with the trial of each; and a note for every run folder of this sweep's that no
+    finished trial owns (a worker killed mid-trial, whose trial another worker finished): it is unfinished and
+    never scored. A trial for which ``told_final`` holds told the study its runs' mean final val loss: a folder
+    whose evals end elsewhere (the same path on another machine) is not that trial's."""
+    found: dict[Path, Any] = {}
+    owner: dict[str, str] = {}  # run name -> where the trial that owns it finished
+    for t in finished:
+        folder = Path(t.user_attrs.get("folder") or sweep.folder)
+        paths = [folder / name for name in names(t) if (folder / name / METRICS).is_file()]
+        finals = [_final_val(p) for p in paths]
+        if told_final(t) and paths and not math.isclose(sum(finals) / len(finals), t.value):
+            paths = []
+        for name in names(t):
+            owner[name] = f"{optuna_search.trial_name(t.number)} finished in {folder / name}" + (
+                f" on {t.user_attrs['host']}" if "host" in t.user_attrs else ""
+            )
+        found.update((p, t) for p in paths)
+    ours = {p.resolve() for p in found}
+    running = {
+        name: f"{optuna_search.trial_name(t.number)} is still running"
+        + (f" ({t.user_attrs['owner']})" if t.user_attrs.get("owner") else "")
+        for t in study.get_trials(deepcopy=False)
+        if not t.state.is_finished()
+        for name in [*t.user_attrs.get("runs", []), t.user_attrs.get("run")]
+        if name
+    }
+    notes = [
+        f"note: {d} is unfinished and not scored: "
+        + (owner.get(d.name) or running.get(d.name) or "no finished trial of the study owns it")
+        for d in sorted(sweep.folder.iterdir() if sweep.folder.is_dir() else [])
+        if (d / runs.CONFIG).is_file() and d.resolve() not in ours
+    ]
+    return found, notes
+
+
+def _final_val(run: Path) -> float:
+    """The val loss of a run's last eval (metrics.jsonl); NaN when it has none."""
+    evals = [e for e in read_events(run / METRICS) if e["event"] == "eval"]
+    return evals[-1]["val_loss"] if evals else math.nan
