@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TINY, assert_user_error, tiny, working_dir
+from helpers import TINY, assert_user_error, records, tiny, working_dir
 
+from minigpt_cli.config.schema import load_config
 from minigpt_cli.errors import Interrupted, MinigptError
 from minigpt_cli.experiments.compare import summarize
 from minigpt_cli.experiments.sweep import SHIPPED, load_sweep, run_sweep
@@ -518,3 +520,61 @@ def test_compare_reads_the_config_the_weights_were_trained_with(tmp_path, data_d
     assert any(
         "differs from its checkpoint's config.yaml" in n and str(config) in n for n in got["notes"]
     )
+
+
+def test_a_shrunk_budget_is_noted_before_any_run_and_scale_schedule_keeps_the_schedules_shape(
+    cli, tmp_path, data_dir
+):
+    """Issue 37: ``sweep optimizer --budget iters=80`` would run inside its 100-step warmup with 2 evals; the note
+    says so before anything runs (here with --dry-run, which writes nothing), naming the keys to scale.
+    --scale-schedule scales them by 80/500, and a real sweep records it in sweep.json, trains the scaled runs,
+    prints a line per finished run, and is refused when started again without it."""
+    with working_dir(tmp_path):
+        res = cli("sweep", "optimizer", "--budget", "iters=80", "--seeds", "2", "--dry-run")
+        assert res.exit_code == 0, res
+        assert (
+            "note: with budget iters=80 a run ends inside its warmup (100 steps, before any decay) "
+            "and gets 2 evals (one every 250 steps): scale train.eval_interval and "
+            "train.warmup_iters with the budget, or add --scale-schedule"
+        ) in res.stderr
+        assert "adamw-s1338: 80 steps, warmup 100, an eval every 250 steps" in res.stdout
+        scaled = cli("sweep", "optimizer", "--budget", "iters=80", "--dry-run", "--scale-schedule")
+        assert scaled.exit_code == 0 and "note:" not in scaled.stderr, scaled
+        assert (
+            "muon-s1337: 80 steps, warmup 16, an eval every 40 steps" in scaled.stdout
+        )  # x 80/500
+        assert not Path("runs").exists()  # a dry run writes nothing
+        assert_user_error(
+            cli("sweep", "optimizer", "--scale-schedule"),
+            "--scale-schedule scales the schedule by the steps of --budget over the sweep file's "
+            "budget (iters=500)",
+        )
+
+    path = write_sweep(
+        tmp_path, data_dir, seeds=1
+    )  # iters=20, warmup 5 (tiny's), eval and log every 10, 5
+    with working_dir(tmp_path):
+        res = cli("sweep", path, "--budget", "iters=4")
+        assert res.exit_code == 0, res
+        assert "note: with budget iters=4 a run ends inside its warmup (5 steps" in res.stderr
+        assert "gets 2 evals (one every 10 steps)" in res.stderr
+        shutil.rmtree("runs")
+        res = cli("sweep", path, "--budget", "iters=8", "--scale-schedule")
+        assert res.exit_code == 0 and "note:" not in res.stderr, res
+        state = json.loads(Path("runs/s/sweep.json").read_text())
+        assert state["overrides"] == {"budget": "iters=8", "scale_schedule": True}
+        for ffn in ("relu", "gelu"):
+            run = Path(f"runs/s/ffn-{ffn}-s1337")
+            cfg = load_config(run / "config.yaml")
+            assert (cfg.train.warmup_iters, cfg.train.eval_interval, cfg.train.log_interval) == (
+                2,
+                4,
+                2,
+            )
+            evals = [e for e in records(run) if e["event"] == "eval"]
+            assert [e["step"] for e in evals] == [0, 4, 8]
+            # One line per finished run (stderr here is not a terminal: no progress bar).
+            line = f"ffn-{ffn}-s1337: seed 1337, val {evals[-1]['val_loss']:.4f} at step 8, "
+            assert res.stderr.count(line) == 1, res.stderr
+        again = cli("sweep", path, "--budget", "iters=8")
+        assert_user_error(again, "--scale-schedule changed since", "(scale_schedule: true -> null)")

@@ -209,7 +209,9 @@ def test_a_tpe_search_with_asha_killed_by_sigkill_resumes_prunes_and_draws_its_p
     complete = [rows[f"trial-{t.number:04d}"] for t in trials if t.state == TrialState.COMPLETE]
     assert result["target"] == pytest.approx(max(r["final_val"] for r in complete), rel=1e-12)
     table = format_summary(result)
-    for r in result["rows"]:  # searched values to 4 significant digits in the table, whole in the JSON
+    for r in result[
+        "rows"
+    ]:  # searched values to 4 significant digits in the table, whole in the JSON
         lr = r["train.learning_rate"]
         assert f"| {lr:.4g} |" in table and (len(repr(lr)) <= 6 or repr(lr) not in table)
     for name in PLOTS:

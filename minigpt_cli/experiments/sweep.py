@@ -51,7 +51,8 @@ _MESSAGES = {
     "both": "{path}: search.params and grid both set {key}; give it in one of them",
     "search_variants": "{path}: search: and variants: cannot go together; give the variants' keys as lists of "
     "choices under search.params",
-    "overrides": "the command line's --set/--seeds/--budget changed since this sweep started in {folder} ({what}); "
+    "overrides": "the command line's --set/--seeds/--budget/--scale-schedule changed since this sweep "
+    "started in {folder} ({what}); "
     "give the ones it started with, or move {folder} away to start it afresh",
     "budget": "{path}: budget: give exactly one of iters, tokens or seconds",
     "seeds": "{path}: seeds: the list must be without repeats",
@@ -817,13 +818,14 @@ def run_sweep(
     sweep = load_sweep(path, echo, overrides)
     refuse([(storage is not None and not (worker or sweep.spec.search), "storage_grid")], _MESSAGES)
     note = schedule_note(sweep)
-    if note:  # before any run: a shrunk budget's curves and columns would mean little
-        echo(note)
     if dry_run:
+        echo(note) if note else None
         return plan(sweep)
     # Shared storage is opened before the sweep's folder is made: one that cannot be is refused with nothing written.
     store = optuna_search.open_storage(storage, sweep.folder) if storage else None
     state = _read_state(sweep, jobs, worker, storage)
+    if note:  # before any run: a shrunk budget's curves and columns would mean little
+        echo(note)
     procs = _Processes(sweep, jobs) if jobs > 1 else None
     train = procs.train if procs else lambda run, on_eval=None: _run_in_process(sweep, run, on_eval)
     bar = partial(
