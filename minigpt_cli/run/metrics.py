@@ -163,8 +163,8 @@ class RunLogger:
         _append(self.samples_path, f"===== step {step} =====\n{text}\n\n")
 
     def plot(self) -> None:
-        """Redraw loss.png with train and val curves: a bare Agg ``Figure`` (no pyplot, so a notebook's backend
-        is left alone) with fixed margins (a layout pass cost most of a redraw)."""
+        """Redraw loss.png (:func:`draw_losses`): a bare Agg ``Figure`` (no pyplot, so a notebook's backend is left
+        alone) with fixed margins (a layout pass cost most of a redraw)."""
         if not self.enabled:
             return
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -174,13 +174,7 @@ class RunLogger:
         FigureCanvasAgg(fig)
         fig.subplots_adjust(left=0.1, right=0.97, bottom=0.11, top=0.93)
         ax = fig.add_subplot()
-        if self.train_points:
-            s, loss = zip(*self.train_points)
-            ax.plot(s, loss, label="train (batch)", color="tab:blue", alpha=0.4, linewidth=1)
-        if self.eval_points:
-            s, tl, vl = zip(*self.eval_points)
-            ax.plot(s, tl, "o-", label="train (eval)", color="tab:blue", markersize=3)
-            ax.plot(s, vl, "o-", label="val (eval)", color="tab:orange", markersize=3)
+        draw_losses(ax, self.train_points, self.eval_points)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("cross-entropy loss (nats/token)")
         ax.set_title(self.run_dir.name)
@@ -189,3 +183,38 @@ class RunLogger:
         png = io.BytesIO()
         fig.savefig(png, format="png")
         atomic_write_bytes(self.plot_path, png.getvalue())
+
+
+def ema(values: list[float]) -> list[float]:
+    """An exponential moving average of ``values``, debiased as Adam's moments are (Kingma & Ba 2015, §3) so that
+    its start is not pulled toward 0, with a span of a tenth of the points: weight 1 - 2 / (span + 1), the
+    pandas ``ewm(span=...)`` convention (30 log steps: span 3; 1,000: span 100)."""
+    span = max(1.0, len(values) / 10)
+    weight, avg, out = 1 - 2 / (span + 1), 0.0, []
+    for i, v in enumerate(values, 1):
+        avg = weight * avg + (1 - weight) * v
+        out.append(avg / (1 - weight**i) if weight else v)
+    return out
+
+
+def draw_losses(
+    ax: Any,
+    train: list[tuple[float, float]],
+    evals: list[tuple[float, float, float]],
+    color: str = "tab:blue",
+    val_color: str = "tab:orange",
+    label: str = "",
+) -> None:
+    """Draw one run's curves on ``ax``: the training loss at every log step (x, loss), faint, its :func:`ema` over
+    it, and the evals (x, train loss, val loss) as points on top; ``label`` goes before each curve's name."""
+    if train:
+        xs, losses = zip(*train)
+        ax.plot(xs, losses, color=color, alpha=0.25, linewidth=0.8)
+        ax.plot(xs, ema(list(losses)), color=color, linewidth=1.8, label=f"{label}train (smoothed)")
+    if evals:
+        xs, train_eval, val = zip(*evals)
+        if not label:  # one run: the eval's train loss too; several: val only, one color each
+            ax.plot(xs, train_eval, "s", color=color, markersize=4, label="train (eval)")
+        ax.plot(
+            xs, val, "o--", color=val_color, markersize=4, linewidth=1, label=f"{label}val (eval)"
+        )
