@@ -16,6 +16,7 @@ from helpers import TINY, assert_user_error, records, tiny, working_dir
 
 from minigpt_cli.config.schema import load_config
 from minigpt_cli.errors import Interrupted, MinigptError
+from minigpt_cli.experiments import compare
 from minigpt_cli.experiments.compare import summarize
 from minigpt_cli.experiments.sweep import SHIPPED, load_sweep, run_sweep
 from minigpt_cli.trainer import train
@@ -523,7 +524,7 @@ def test_compare_reads_the_config_the_weights_were_trained_with(tmp_path, data_d
 
 
 def test_a_shrunk_budget_is_noted_before_any_run_and_scale_schedule_keeps_the_schedules_shape(
-    cli, tmp_path, data_dir
+    cli, tmp_path, data_dir, monkeypatch
 ):
     """Issue 37: ``sweep optimizer --budget iters=80`` would run inside its 100-step warmup with 2 evals; the note
     says so before anything runs (here with --dry-run, which writes nothing), naming the keys to scale.
@@ -558,6 +559,14 @@ def test_a_shrunk_budget_is_noted_before_any_run_and_scale_schedule_keeps_the_sc
         assert res.exit_code == 0, res
         assert "note: with budget iters=4 a run ends inside its warmup (5 steps" in res.stderr
         assert "gets 2 evals (one every 10 steps)" in res.stderr
+        assert "note: 2 of the runs have fewer than 3 evals" in res.stdout
+        # summary.png's curves of 2 evals lie within its y-range (step 0's loss once fell outside it)
+        drawn, real = [], compare.figure
+        monkeypatch.setattr(compare, "figure", lambda *a: drawn.append(real(*a)) or drawn[-1])
+        compare.summarize(compare.expand([Path("runs/s")]), out=Path("runs/s"))
+        low, high = drawn[0].axes[0].get_ylim()
+        ys = [y for line in drawn[0].axes[0].get_lines() for y in line.get_ydata()]
+        assert len(ys) == 4 and low <= min(ys) and max(ys) <= high
         shutil.rmtree("runs")
         res = cli("sweep", path, "--budget", "iters=8", "--scale-schedule")
         assert res.exit_code == 0 and "note:" not in res.stderr, res

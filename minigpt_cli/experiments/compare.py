@@ -329,6 +329,13 @@ def summarize(
         notes.append(_MESSAGES["tokenizers"])
     metric = metric or ("val_loss" if not notes else "bits_per_byte")
     notes += run_notes  # after the metric is chosen: these do not change it
+    few = [r for r in records if len(r.evals) < 3]
+    if few:
+        notes.append(
+            f"note: {len(few)} of the runs have fewer than 3 evals ({few[0].path.name}: "
+            f"{len(few[0].evals)}): their curves, val @ equal time and time to target rest on too few "
+            "points; evaluate more often (train.eval_interval)"
+        )
     equal_time = min(r.evals[-1]["elapsed_s"] for r in records)
     cache: dict = {}
     bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache, notes) for r in records}
@@ -700,7 +707,8 @@ def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "F
         at = [{e["step"]: e for e in r.evals} for r in seeds]
         ys = [[a[s]["val_loss"] * scale[r.path] for a, r in zip(at, seeds)] for s in steps]
         low, high = [min(y) for y in ys], [max(y) for y in ys]
-        skip = min(math.ceil(EARLY * len(steps)), len(steps) - 1)
+        # Fewer than 3 evals: every one sets the range (without step 0's, a 2-eval curve is a point off the plot).
+        skip = min(math.ceil(EARLY * len(steps)), len(steps) - 1) if len(steps) >= 3 else 0
         later += low[skip:] + high[skip:]
         xs = {
             "optimizer step": steps,
