@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..accounting import params
 from ..config.schema import Config, load_config
-from ..errors import MinigptError, refuse
+from ..errors import MinigptError
 from ..fileio import atomic_write_set, field_path
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
@@ -33,35 +33,6 @@ if TYPE_CHECKING:  # matplotlib and optuna are imported where they are used
     import optuna
     from matplotlib.figure import Figure
 
-_MESSAGES = {
-    "edited": "note: {path} differs from its checkpoint's config.yaml; compared as the checkpoint records it (the "
-    "config the weights were trained with)",
-    "run_output": "--output {path} is a run folder, which holds that run's record; pass another --output",
-    "not_run": "{path!r} is neither a run folder (config.yaml and metrics.jsonl) nor a folder of runs",
-    "no_evals": "{path} has no eval in metrics.jsonl yet; train it until its first eval",
-    "metric": "--metric val_loss: the runs trained on different corpora, whose val losses do not compare; "
-    "use --metric bits_per_byte",
-    "metric_name": "--metric {metric!r}: use val_loss or bits_per_byte",
-    "target": "--target {target}: give a positive loss (or bits per byte), e.g. --target 1.9",
-    "unfinished": "note: {variant}'s seeds ended at different steps ({steps}): a run is unfinished or stopped "
-    "early, and its mean mixes them",
-    "corpora": "note: the runs trained on different corpora: val losses do not compare, so only bits per byte "
-    "is shown",
-    "tokenizers": "note: the variants use different tokenizers: val loss is per token of each, so compare bits "
-    "per byte",
-    "no_bpb": "note: no bits per byte for {run}: {why}",
-    "users": "{path} is not a summary minigpt wrote (its summary.json is not one: {why}); pass another --output",
-    "not_swept": "note: {path} is not among the runs {state} lists as done: a copy, or a run its sweep has not "
-    "finished; compared by its folder's name",
-    "repeats": "note: {runs} are one config at seed {seed}: repeats, not seeds; counted once, as {kept} (the most "
-    "steps)",
-    "hidden": "note: {count} more {keys} ({names}); summary.md has every column",
-    "no_study": "--storage {url}: no study {name!r} in it; give --study one of: {names}",
-    "which_study": "--storage {url} holds {count} studies; give --study one of: {names}",
-    "no_studies": "--storage {url} holds no study yet; start a sweep's workers on it first",
-    "paths_or_storage": "give run folders (or a sweep's folder), or --storage URL, not both",
-    "nothing": "give run folders (or a sweep's folder) to compare, or --storage URL for a study's trials",
-}
 #: The files a summary writes; summary.json is also what proves an earlier summary minigpt's.
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.json", "summary.png")
 
@@ -152,7 +123,9 @@ def read_run(path: Path) -> RunRecord:
     events = read_events(path / METRICS)  # none when the file is absent
     evals = [e for e in events if e["event"] == "eval"]
     if not evals:
-        raise MinigptError(_MESSAGES["no_evals"].format(path=path))
+        raise MinigptError(
+            f"{path} has no eval in metrics.jsonl yet", "train it until its first eval"
+        )
     rates = [e["tokens_per_sec"] for e in events if e.get("tokens_per_sec")]
     cfg = load_config(path / runs.CONFIG)
     if not runs.has_checkpoint(path):
@@ -164,7 +137,12 @@ def read_run(path: Path) -> RunRecord:
         runs.checkpoint_dir(path, which)
     )  # verified: the record of what the weights are
     differs = saved.to_dict() != cfg.to_dict()
-    note = _MESSAGES["edited"].format(path=path / runs.CONFIG) if differs else None
+    note = (
+        f"note: {path / runs.CONFIG} differs from its checkpoint's config.yaml; compared as the "
+        "checkpoint records it (the config the weights were trained with)"
+        if differs
+        else None
+    )
     return RunRecord(path, saved, evals, rates, note)
 
 
@@ -181,7 +159,10 @@ def _sweep_order(folder: Path) -> dict[str, int]:
 def expand(paths: list[Path]) -> list[Path]:
     """Run folders: each path itself when it is one, else those inside it (a sweep's in its file's order, others
     by name); a :class:`MinigptError` if neither, or no path is given."""
-    refuse([(not paths, "nothing")], _MESSAGES)
+    if not paths:
+        raise MinigptError(
+            "give run folders (or a sweep's folder) to compare, or --storage URL for a study's trials"
+        )
     out = []
     for p in paths:
         if (p / runs.CONFIG).is_file():
@@ -193,7 +174,10 @@ def expand(paths: list[Path]) -> list[Path]:
             key=lambda q: order.get(q.name, len(order))
         )  # stable: runs the sweep has not done, by name
         if not inside:
-            raise MinigptError(_MESSAGES["not_run"].format(path=str(p)))
+            raise MinigptError(
+                f"{str(p)!r} is neither a run folder (config.yaml and metrics.jsonl) nor a folder "
+                "of runs"
+            )
         out += inside
     return out
 
@@ -211,11 +195,9 @@ def _distinct(records: list[RunRecord], notes: list[str]) -> list[RunRecord]:
         same.setdefault(_key(r, _SAME_RUN), []).append(r)
     kept = {id(max(group, key=lambda r: r.evals[-1]["step"])) for group in same.values()}
     notes += [
-        _MESSAGES["repeats"].format(
-            runs=", ".join(str(r.path) for r in group),
-            seed=group[0].cfg.seed,
-            kept=next(r.path for r in group if id(r) in kept),
-        )
+        f"note: {', '.join(str(r.path) for r in group)} are one config at seed {group[0].cfg.seed}: "
+        f"repeats, not seeds; counted once, as {next(r.path for r in group if id(r) in kept)} "
+        "(the most steps)"
         for group in same.values()
         if len(group) > 1
     ]
@@ -244,7 +226,7 @@ def _bytes_per_token(cfg: Config, run_dir: Path, cache: dict, notes: list[str]) 
             cache[key] = text_size(tok, val)[0] / len(val)
         return cache[key]
     except MinigptError as exc:
-        notes.append(_MESSAGES["no_bpb"].format(run=run_dir, why=exc))
+        notes.append(f"note: no bits per byte for {run_dir}: {exc}")
         return None
 
 
@@ -283,14 +265,16 @@ def summarize(
     """Compare runs (the README's columns), writing the summary files into ``out`` when given; ``variants``
     (folder name -> variant) defaults to the name less ``-s<seed>``; ``stopped``: runs cut short on purpose (a
     pruned trial's), whose final value never sets the default target; ``notes``: the caller's, said with the
-    summary's own. Refusals: :data:`_MESSAGES`."""
+    summary's own. Raises MinigptError: a run without an eval, a bad ``metric`` or ``target``, an ``out``
+    that holds a run or files of the user's."""
     read = [
         read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)
     ]  # each run once
     run_notes = [*notes, *(r.note for r in read if r.note)]  # a repeat's edited config.yaml too
     orders = {folder: _sweep_order(folder) for folder in {r.path.parent for r in read}}
     run_notes += [
-        _MESSAGES["not_swept"].format(path=r.path, state=r.path.parent / runs.SWEEP)
+        f"note: {r.path} is not among the runs {r.path.parent / runs.SWEEP} lists as done: a copy, "
+        "or a run its sweep has not finished; compared by its folder's name"
         for r in read
         if orders[r.path.parent] and r.path.name not in orders[r.path.parent]
     ]
@@ -311,22 +295,34 @@ def summarize(
         if len({json.dumps(f.get(k)) for f in flats.values()}) > 1
     )
     same_corpus = len({r.cfg.data.fingerprint for r in records}) == 1
-    refuse(
-        [
-            (metric not in (None, "val_loss", "bits_per_byte"), "metric_name"),
-            (target is not None and not (math.isfinite(target) and target > 0), "target"),
-            (metric == "val_loss" and not same_corpus, "metric"),
-        ],
-        _MESSAGES,
-        metric=metric,
-        target=target,
+    if metric not in (None, "val_loss", "bits_per_byte"):
+        raise MinigptError(f"--metric {metric!r}: use val_loss or bits_per_byte")
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise MinigptError(
+            f"--target {target}: give a positive loss (or bits per byte), e.g. --target 1.9"
+        )
+    if metric == "val_loss" and not same_corpus:
+        raise MinigptError(
+            "--metric val_loss: the runs trained on different corpora, whose val losses do not "
+            "compare",
+            "use --metric bits_per_byte",
+        )
+    notes = (
+        []
+        if same_corpus
+        else [
+            "note: the runs trained on different corpora: val losses do not compare, so only bits "
+            "per byte is shown"
+        ]
     )
-    notes = [] if same_corpus else [_MESSAGES["corpora"]]
     if (
         len({(r.cfg.tokenizer.kind, r.cfg.tokenizer.vocab_size) for r in records}) > 1
         and same_corpus
     ):
-        notes.append(_MESSAGES["tokenizers"])
+        notes.append(
+            "note: the variants use different tokenizers: val loss is per token of each, so "
+            "compare bits per byte"
+        )
     metric = metric or ("val_loss" if not notes else "bits_per_byte")
     notes += run_notes  # after the metric is chosen: these do not change it
     few = [r for r in records if len(r.evals) < 3]
@@ -395,7 +391,8 @@ def summarize(
         ends = sorted({r.evals[-1]["step"] for r in v.runs})
         if len(ends) > 1:
             notes.append(
-                _MESSAGES["unfinished"].format(variant=v.name, steps=", ".join(map(str, ends)))
+                f"note: {v.name}'s seeds ended at different steps ({', '.join(map(str, ends))}): a "
+                "run is unfinished or stopped early, and its mean mixes them"
             )
         done = [t for t in reached if t is not None]
         v.row["time_to_target_s"] = statistics.fmean(done) if len(done) == len(reached) else None
@@ -631,11 +628,9 @@ def format_summary(result: dict, width: Optional[int] = WIDTH) -> str:
     spec, hidden = _narrow(result, width) if width else (_spec(result), [])
     notes = result["notes"] + (
         [
-            _MESSAGES["hidden"].format(
-                count=len(hidden),
-                keys="key differs" if len(hidden) == 1 else "keys differ",
-                names=", ".join(hidden[:3]) + (", ..." if len(hidden) > 3 else ""),
-            )
+            f"note: {len(hidden)} more {'key differs' if len(hidden) == 1 else 'keys differ'} "
+            f"({', '.join(hidden[:3]) + (', ...' if len(hidden) > 3 else '')}); summary.md has "
+            "every column"
         ]
         if hidden
         else []
@@ -671,11 +666,19 @@ class _Summary(BaseModel):
 
 def _check_ours(out: Path) -> None:
     """Refuse a run folder as ``out``, and summary files in ``out`` that are not an earlier summary."""
-    refuse(
-        [((out / runs.CONFIG).is_file() or runs.made_here(out), "run_output")], _MESSAGES, path=out
-    )
+    if (out / runs.CONFIG).is_file() or runs.made_here(out):
+        raise MinigptError(
+            f"--output {out} is a run folder, which holds that run's record",
+            "pass another --output",
+        )
     if any(os.path.lexists(out / name) for name in SUMMARY_FILES):
-        read_model(_Summary, out / "summary.json", _MESSAGES["users"], path=out)
+        read_model(
+            _Summary,
+            out / "summary.json",
+            "{path} is not a summary minigpt wrote (its summary.json is not one: {why}); pass "
+            "another --output",
+            path=out,
+        )
 
 
 def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "Figure":
@@ -802,21 +805,23 @@ def load_trials(url: str, name: Optional[str], paths: list[Path]) -> dict:
 
     from .search import open_storage
 
-    refuse([(paths, "paths_or_storage")], _MESSAGES)
+    if paths:
+        raise MinigptError("give run folders (or a sweep's folder), or --storage URL, not both")
     storage = open_storage(url, None, existing=True)
     names = optuna.get_all_study_names(storage)
-    refuse(
-        [
-            (not names, "no_studies"),
-            (name is None and len(names) > 1, "which_study"),
-            (name is not None and name not in names, "no_study"),
-        ],
-        _MESSAGES,
-        url=url,
-        name=name,
-        count=len(names),
-        names=", ".join(sorted(names)),
-    )
+    listed = ", ".join(sorted(names))
+    if not names:
+        raise MinigptError(
+            f"--storage {url} holds no study yet", "start a sweep's workers on it first"
+        )
+    if name is None and len(names) > 1:
+        raise MinigptError(
+            f"--storage {url} holds {len(names)} studies", f"give --study one of: {listed}"
+        )
+    if name is not None and name not in names:
+        raise MinigptError(
+            f"--storage {url}: no study {name!r} in it", f"give --study one of: {listed}"
+        )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return study_trials(optuna.load_study(study_name=name or names[0], storage=storage))
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, U
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..errors import MinigptError, refuse
+from ..errors import MinigptError
 from ..fileio import atomic_write_bytes, errors_as
 
 if TYPE_CHECKING:
@@ -41,15 +41,6 @@ Choice = Union[bool, int, float, str, None]
 Scalar = Union[bool, int, float, str, None, list]
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 Key = Annotated[str, Field(pattern=r"^\s*[^=\s]")]  # a config key, as --set spells it
-
-_MESSAGES = {
-    "empty": "params.{key}: empty range (low {low} > high {high}); give low <= high",
-    "log": "params.{key}: log: true needs low > 0 (got {low}); raise low, or drop log",
-    "log_step": "params.{key}: give log: true or step:, not both (Optuna samples one or the other)",
-    "storage": "--storage {url}: cannot open it ({why}); give an RDB URL (sqlite:///study.db, "
-    "postgresql://user@host/db) or a journal file's path on a filesystem every worker sees",
-    "no_value": "trial {trial}: no {objective} to report ({why})",
-}
 
 
 class Range(BaseModel):
@@ -82,14 +73,18 @@ class SearchSpec(BaseModel):
     @model_validator(mode="after")
     def _ranges(self) -> "SearchSpec":
         for key, r in self.params.items():
-            if isinstance(r, Range):
-                for bad, name in (
-                    (r.low > r.high, "empty"),
-                    (r.log and r.low <= 0, "log"),
-                    (r.log and r.step is not None, "log_step"),
-                ):
-                    if bad:
-                        raise ValueError(_MESSAGES[name].format(key=key, low=r.low, high=r.high))
+            if not isinstance(r, Range):
+                continue
+            if r.low > r.high:
+                raise ValueError(
+                    f"params.{key}: empty range (low {r.low} > high {r.high}); give low <= high"
+                )
+            if r.log and r.low <= 0:
+                raise ValueError(
+                    f"params.{key}: log: true needs low > 0 (got {r.low}); raise low, or drop log"
+                )
+            if r.log and r.step is not None:  # Optuna samples one or the other
+                raise ValueError(f"params.{key}: give log: true or step:, not both")
         return self
 
     def values(self, key: str) -> list[Any]:
@@ -130,7 +125,7 @@ def open_storage(
                 getattr(exc, "strerror", None) or str(exc).splitlines()[0] or type(exc).__name__
             ).split()
         )
-        return MinigptError(_MESSAGES["storage"].format(url=target, why=why[:200]))
+        return MinigptError(_storage_problem(target, why[:200]))
 
     # A missing folder, a malformed URL, no such SQL dialect or driver, a database that does not answer.
     with errors_as({(OSError, ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError): refused}):
@@ -142,12 +137,8 @@ def open_storage(
             if rdb
             else target
         )
-        refuse(
-            [(existing and file is not None and not Path(file).is_file(), "storage")],
-            _MESSAGES,
-            url=target,
-            why="no such file",
-        )
+        if existing and file is not None and not Path(file).is_file():
+            raise MinigptError(_storage_problem(target, "no such file"))
         if not rdb:
             return JournalStorage(JournalFileBackend(target))
         for attempt in range(SETUP_TRIES):
@@ -161,6 +152,14 @@ def open_storage(
                 ):
                     raise
                 time.sleep(0.2 * (attempt + 1))
+
+
+def _storage_problem(url: str, why: str) -> str:
+    """What an unopenable ``--storage`` is told: its reason, and the storages that work for many workers."""
+    return (
+        f"--storage {url}: cannot open it ({why}); give an RDB URL (sqlite:///study.db, "
+        "postgresql://user@host/db) or a journal file's path on a filesystem every worker sees"
+    )
 
 
 def open_study(
@@ -374,11 +373,7 @@ def run_trial(
     value = objective(runs_)
     if value is None:
         raise MinigptError(
-            _MESSAGES["no_value"].format(
-                trial=trial.number,
-                objective=spec.objective,
-                why="bits per byte could not be measured",
-            )
+            f"trial {trial.number}: no {spec.objective} to report (bits per byte could not be measured)"
         )
     study.tell(trial, value)
     return "complete"

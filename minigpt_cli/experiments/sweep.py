@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config.schema import Config, ConfigError, TrainConfig, apply_overrides, validate
 from ..config.yaml_io import parse_yaml
-from ..errors import Interrupted, MinigptError, refuse
+from ..errors import Interrupted, MinigptError
 from ..fileio import atomic_write_text, read_text_file
 from ..paths import list_configs, resolve_config
 from ..run import folder as runs
@@ -40,48 +40,8 @@ if TYPE_CHECKING:
 #: The key a sweep sets itself: its runs go in ``<out_dir>/<name>/``.
 OUT_DIR = "train.out_dir"
 
-_MESSAGES = {
-    "gone": "note: {names}: finished, but no longer in the sweep's folder (no checkpoint); training again",
-    "schema": "{path}: {why}",
-    "no_sweep": "{path}: no such sweep file, nor a shipped experiment of that name ({shipped})",
-    "budget_arg": "--budget {text}: give iters=N, tokens=N or seconds=S (one of them)",
-    "worker": "--worker joins a study in shared storage: give it with --storage URL (an RDB URL or a journal file)",
-    "storage_grid": "--storage holds a search's study, or the runs --worker processes share: add --worker, or give "
-    "the sweep file a search: section",
-    "both": "{path}: search.params and grid both set {key}; give it in one of them",
-    "search_variants": "{path}: search: and variants: cannot go together; give the variants' keys as lists of "
-    "choices under search.params",
-    "overrides": "the command line's --set/--seeds/--budget/--scale-schedule changed since this sweep "
-    "started in {folder} ({what}); "
-    "give the ones it started with, or move {folder} away to start it afresh",
-    "budget": "{path}: budget: give exactly one of iters, tokens or seconds",
-    "seeds": "{path}: seeds: the list must be without repeats",
-    "no_variants": "{path}: give grid: or variants: (at least one variant to run)",
-    "collide": "{path}: variants {a!r} and {b!r} get the same name {name!r}; name them under variants: instead",
-    "out_dir": (
-        "{path}: {where}: train.out_dir cannot be set in a sweep: its runs go in the sweep's folder, "
-        "{folder}; choose that folder with out_dir: (and name:) in the sweep file"
-    ),
-    "base_top": "{path}: base: {base} must hold a mapping of config sections",
-    "no_base": (
-        "{path}: base: config file {name!r} not found, neither beside the sweep file ({near}) nor among "
-        "the shipped configs; give a config's path relative to the sweep file, or one of {shipped}"
-    ),
-    "other_study": "{folder} holds the runs of the study in {held}, not {given}: its trials would be scored under "
-    "another study's settings; pass that storage, or give the sweep another name:",
-    "study_changed": "the study {name!r} in {storage} was started with other settings ({what}); join it with the "
-    "same sweep file and --set/--seeds/--budget, or give the sweep another name:",
-    "changed": "{source} changed since this sweep started in {folder} ({what}); restore it, or move {folder} "
-    "away to start it afresh",
-    "taken": "{folder} exists and is not a sweep's folder (no sweep.json); give the sweep in {path} another "
-    "name:",
-    "jobs": "--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only share them",
-    "interrupted": "interrupted; the runs under way saved their checkpoints",
-    "failed": "run {run} failed (exit status {code}); its log: {log}",
-    "no_trials": "{folder}: no trial of the search completed (each failed or is still running); see its runs' "
-    "train.log",
-    "state": "{path} is damaged or unreadable ({why}); restore it, or move the sweep's folder away to start anew",
-}
+#: What a stopped sweep says (Ctrl-C, or a run's stop): the same command goes on from the checkpoints.
+INTERRUPTED = "interrupted; the runs under way saved their checkpoints"
 
 
 class Budget(BaseModel):
@@ -234,17 +194,10 @@ class Overrides:
         """The sweep file's ``seeds:`` and ``budget:`` as given here. Raises MinigptError: a --budget not KIND=N."""
         kind, _, text = (self.budget or "").partition("=")
         number = re.fullmatch(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?", text.strip())
-        refuse(
-            [
-                (
-                    self.budget is not None
-                    and (kind.strip() not in Budget.model_fields or not number),
-                    "budget_arg",
-                )
-            ],
-            _MESSAGES,
-            text=self.budget,
-        )
+        if self.budget is not None and (kind.strip() not in Budget.model_fields or not number):
+            raise MinigptError(
+                f"--budget {self.budget}: give iters=N, tokens=N or seconds=S (one of them)"
+            )
         number = int(text) if number and text.strip().isdigit() else number and float(text)
         return {
             **({"seeds": self.seeds} if self.seeds is not None else {}),
@@ -280,12 +233,11 @@ def resolve_sweep(path: str | Path) -> Path:
     Raises MinigptError: neither."""
     p = Path(path)
     found = p if p.exists() else _shipped(p)
-    refuse(
-        [(found is None, "no_sweep")],
-        _MESSAGES,
-        path=p,
-        shipped=", ".join(e for e in list_experiments() if e != "base"),
-    )
+    if found is None:
+        shipped = ", ".join(e for e in list_experiments() if e != "base")
+        raise MinigptError(
+            f"{p}: no such sweep file, nor a shipped experiment of that name ({shipped})"
+        )
     return found
 
 
@@ -386,11 +338,11 @@ def load_sweep(
     overrides: Overrides = Overrides(),
 ) -> Sweep:
     """Read and check a sweep file (a path, or a shipped experiment's name) with the command line's overrides,
-    every run's config (a search: every parameter's ends or choices) validated before anything runs (refusals:
-    :data:`_MESSAGES`)."""
+    every run's config (a search: every parameter's ends or choices) validated before anything runs. Raises
+    MinigptError: the file, an override, the base config or a variant's config is wrong."""
     p = resolve_sweep(path)
     data = parse_yaml(read_text_file(p, "sweep file"), str(p))
-    recorded = read_model(SweepFile, data, _MESSAGES["schema"], path=p).model_dump(mode="json")
+    recorded = read_model(SweepFile, data, "{path}: {why}", path=p).model_dump(mode="json")
     given = overrides.sections()  # the file alone passed: a problem now is the command line's
     if overrides.scale_schedule and (
         "budget" not in given or "seconds" in given["budget"] or recorded["budget"].get("seconds")
@@ -404,13 +356,13 @@ def load_sweep(
         read_model(
             SweepFile,
             {**(data if isinstance(data, dict) else {}), key: given[key]},
-            _MESSAGES["schema"],
+            "{path}: {why}",
             path=f"--{key}",
         )
     spec = read_model(
         SweepFile,
         {**(data if isinstance(data, dict) else {}), **given},
-        _MESSAGES["schema"],
+        "{path}: {why}",
         path=" and ".join(f"--{key}" for key in given) or p,
     )
     sweep_name = runs.check_name(
@@ -435,30 +387,41 @@ def load_sweep(
     searched = set(spec.search.params) if spec.search else set()
     # A folder is refused by read_text_file; what is not there is looked for among the shipped configs.
     base_data = parse_yaml(read_text_file(base, f"{p}: base:"), str(base)) if base.exists() else {}
-    refuse(
-        [
-            (sum(v is not None for v in spec.budget.model_dump().values()) != 1, "budget"),
-            (seeds and len(set(seeds)) != len(seeds), "seeds"),
-            (not variants and not spec.search, "no_variants"),
-            (searched & set(spec.grid), "both"),
-            (spec.search and spec.variants, "search_variants"),
-            (same, "collide"),
-            (where, "out_dir"),
-            (not base.exists(), "no_base"),
-            (not isinstance(base_data, (dict, type(None))), "base_top"),
-        ],
-        _MESSAGES,
-        path=p,
-        a=same and dict(variants[::-1])[same],
-        b=same and dict(variants)[same],
-        name=same or spec.base,
-        where=where,
-        folder=Path(spec.out_dir) / sweep_name,
-        base=base,
-        near=near,
-        key=min(searched & set(spec.grid), default=None),
-        shipped=", ".join(["base", *list_configs()]),
-    )
+    if sum(v is not None for v in spec.budget.model_dump().values()) != 1:
+        raise MinigptError(f"{p}: budget: give exactly one of iters, tokens or seconds")
+    if seeds and len(set(seeds)) != len(seeds):
+        raise MinigptError(f"{p}: seeds: the list must be without repeats")
+    if not variants and not spec.search:
+        raise MinigptError(f"{p}: give grid: or variants: (at least one variant to run)")
+    if searched & set(spec.grid):
+        key = min(searched & set(spec.grid))
+        raise MinigptError(f"{p}: search.params and grid both set {key}; give it in one of them")
+    if spec.search and spec.variants:
+        raise MinigptError(
+            f"{p}: search: and variants: cannot go together; give the variants' keys as lists of "
+            "choices under search.params"
+        )
+    if same:
+        a, b = dict(variants[::-1])[same], dict(variants)[same]
+        raise MinigptError(
+            f"{p}: variants {a!r} and {b!r} get the same name {same!r}; name them under variants: "
+            "instead"
+        )
+    if where:
+        raise MinigptError(
+            f"{p}: {where}: train.out_dir cannot be set in a sweep: its runs go in the sweep's "
+            f"folder, {Path(spec.out_dir) / sweep_name}; choose that folder with out_dir: (and "
+            "name:) in the sweep file"
+        )
+    if not base.exists():
+        shipped = ", ".join(["base", *list_configs()])
+        raise MinigptError(
+            f"{p}: base: config file {spec.base!r} not found, neither beside the sweep file "
+            f"({near}) nor among the shipped configs; give a config's path relative to the sweep "
+            f"file, or one of {shipped}"
+        )
+    if not isinstance(base_data, (dict, type(None))):
+        raise MinigptError(f"{p}: base: {base} must hold a mapping of config sections")
     sweep = Sweep(p, spec, recorded, overrides, Path(base), base_data or {})
     if spec.search:
         # The grid's keys are searched as lists of choices; every value a trial may get is validated now.
@@ -554,7 +517,12 @@ def _check_study(study: "optuna.Study", sweep: Sweep, storage: str) -> None:
     if held is None:
         study.set_user_attr("minigpt_sweep", record)
     what = held is not None and _difference(held, record)
-    refuse([(what, "study_changed")], _MESSAGES, name=sweep.name, storage=storage, what=what)
+    if what:
+        raise MinigptError(
+            f"the study {sweep.name!r} in {storage} was started with other settings ({what}); join "
+            "it with the same sweep file and --set/--seeds/--budget/--scale-schedule, or give the "
+            "sweep another name:"
+        )
 
 
 def _read_state(
@@ -565,7 +533,13 @@ def _read_state(
     path = sweep.folder / runs.SWEEP
     record = {**_settings(sweep), "storage": storage}
     state = (
-        read_model(_State, path, _MESSAGES["state"], path=path).model_dump()
+        read_model(
+            _State,
+            path,
+            "{path} is damaged or unreadable ({why}); restore it, or move the sweep's folder away "
+            "to start anew",
+            path=path,
+        ).model_dump()
         if path.is_file()
         else None
     )
@@ -587,30 +561,34 @@ def _read_state(
             or any(runs.has_checkpoint(d) for d in sweep.folder.iterdir() if d.is_dir())
         )
     )
-    refuse(
-        [
-            (not 1 <= jobs <= cores, "jobs"),
-            (
-                state is None
-                and not worker
-                and sweep.folder.is_dir()
-                and any(sweep.folder.iterdir()),
-                "taken",
-            ),
-            (other_study, "other_study"),
-            (trained and changed[0][0] == "overrides", "overrides"),
-            (trained, "changed"),
-        ],
-        _MESSAGES,
-        jobs=jobs,
-        cores=cores,
-        folder=sweep.folder,
-        path=sweep.path,
-        source=changed and changed[0][1],
-        what=changed and changed[0][2],
-        held=state and (state.get("storage") or "the folder's own study.journal"),
-        given=storage or "the folder's own study.journal",
-    )
+    folder = sweep.folder
+    if not 1 <= jobs <= cores:
+        raise MinigptError(
+            f"--jobs {jobs}: use 1 to {cores} (this machine's cores); more jobs than cores only "
+            "share them"
+        )
+    if state is None and not worker and folder.is_dir() and any(folder.iterdir()):
+        raise MinigptError(
+            f"{folder} exists and is not a sweep's folder (no sweep.json); give the sweep in "
+            f"{sweep.path} another name:"
+        )
+    if other_study:
+        held = state.get("storage") or "the folder's own study.journal"
+        given = storage or "the folder's own study.journal"
+        raise MinigptError(
+            f"{folder} holds the runs of the study in {held}, not {given}: its trials would be "
+            "scored under another study's settings; pass that storage, or give the sweep another "
+            "name:"
+        )
+    if trained:
+        part, source, what = changed[0]
+        what = (
+            f"the command line's --set/--seeds/--budget/--scale-schedule changed since this sweep "
+            f"started in {folder} ({what}); give the ones it started with"
+            if part == "overrides"
+            else f"{source} changed since this sweep started in {folder} ({what}); restore it"
+        )
+        raise MinigptError(f"{what}, or move {folder} away to start it afresh")
     if state is not None and not changed:
         return state
     sweep.folder.mkdir(parents=True, exist_ok=True)
@@ -724,7 +702,7 @@ class _Processes:
         """Train ``run`` in a process, ``on_eval`` hearing each eval its metrics.jsonl logs (True: SIGTERM, so the
         run saves and stops). Raises Interrupted (:meth:`stop` was called) and MinigptError (the run failed)."""
         if self.stopping.is_set():
-            raise Interrupted(_MESSAGES["interrupted"])
+            raise Interrupted(INTERRUPTED)
         log = self.sweep.folder / f"{run.name}.log"
         with open(log, "w") as out:
             proc = self.running[run.name] = subprocess.Popen(
@@ -738,10 +716,10 @@ class _Processes:
             asked = self._wait(proc, self.sweep.folder / run.name, on_eval)
         del self.running[run.name]
         if self.stopping.is_set():
-            raise Interrupted(_MESSAGES["interrupted"])
+            raise Interrupted(INTERRUPTED)
         if proc.returncode != 0 and not asked:
             raise MinigptError(
-                _MESSAGES["failed"].format(run=run.name, code=proc.returncode, log=log)
+                f"run {run.name} failed (exit status {proc.returncode}); its log: {log}"
             )
         log.unlink()
 
@@ -790,7 +768,7 @@ def _parallel(
         for future in as_completed([pool.submit(task) for task in tasks]):
             done(future.result())
     except KeyboardInterrupt:
-        raise Interrupted(_MESSAGES["interrupted"]) from None
+        raise Interrupted(INTERRUPTED) from None
     finally:
         procs.stop()
         pool.shutdown(wait=True, cancel_futures=True)
@@ -814,9 +792,17 @@ def run_sweep(
     from tqdm.auto import tqdm
 
     check_settings()  # the runs would each refuse a bad MINIGPT_ONEDNN / MINIGPT_FAST_DROPOUT: refuse it once, first
-    refuse([(worker and storage is None, "worker")], _MESSAGES)
+    if worker and storage is None:
+        raise MinigptError(
+            "--worker joins a study in shared storage: give it with --storage URL (an RDB URL or a "
+            "journal file)"
+        )
     sweep = load_sweep(path, echo, overrides)
-    refuse([(storage is not None and not (worker or sweep.spec.search), "storage_grid")], _MESSAGES)
+    if storage is not None and not (worker or sweep.spec.search):
+        raise MinigptError(
+            "--storage holds a search's study, or the runs --worker processes share: add --worker, "
+            "or give the sweep file a search: section"
+        )
     note = schedule_note(sweep)
     if dry_run:
         echo(note) if note else None
@@ -858,7 +844,10 @@ def run_sweep(
         if r.name in state["done"] and not runs.has_checkpoint(sweep.folder / r.name)
     ]
     if gone:  # a finished run's folder deleted (or its checkpoints): trained again, not refused by compare
-        echo(_MESSAGES["gone"].format(names=", ".join(gone)))
+        echo(
+            f"note: {', '.join(gone)}: finished, but no longer in the sweep's folder (no "
+            "checkpoint); training again"
+        )
         state["done"] = [name for name in state["done"] if name not in gone]
     todo = [r for r in sweep.runs if r.name not in state["done"]]
     cut = [
@@ -1064,7 +1053,11 @@ def _search(
         for t in study.get_trials(deepcopy=False)
         if t.number < spec.trials and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
     ]
-    refuse([(not ours, "no_trials")], _MESSAGES, folder=sweep.folder)
+    if not ours:
+        raise MinigptError(
+            f"{sweep.folder}: no trial of the search completed (each failed or is still running); "
+            "see its runs' train.log"
+        )
     label = {
         t.number: optuna_search.trial_name(t.number)
         + (" (pruned)" if t.state == TrialState.PRUNED else "")
