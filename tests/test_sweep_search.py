@@ -72,7 +72,7 @@ def test_a_shipped_experiment_runs_by_name_with_overrides_from_an_empty_folder(
         }  # the file as read
         assert_user_error(
             cli("sweep", "ffn", "--budget", "iters=10", "--seeds", "3", *sets),
-            "--seeds/--budget changed since this sweep started",
+            "--seeds/--budget/--scale-schedule changed since this sweep started",
             "seeds: 2 -> 3",
         )
         assert_user_error(
