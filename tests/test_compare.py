@@ -157,8 +157,9 @@ def _verdict(xa: list[float], xb: list[float]) -> tuple[str, dict]:
 
 
 def test_one_verdict_from_welchs_test():
-    """The issue's case: the difference is past twice its standard error, but Welch's p is 0.061 with 2 seeds a
-    side. The verdict is the t-test's (within the noise), and the seeds needed are more than the 2 run."""
+    """The issue's case: the difference is past twice its standard error, but Welch's p is 0.061
+    with 2 seeds a side. The verdict is the t-test's (within the noise), and the seeds needed are
+    more than the 2 run."""
     xa, xb = [1.000, 1.010], [1.030, 1.042]
     p = stats.ttest_ind(xa, xb, equal_var=False).pvalue
     se = math.sqrt(stats.tvar(xa) / 2 + stats.tvar(xb) / 2)
@@ -178,8 +179,8 @@ def test_one_verdict_from_welchs_test():
 
 
 def test_seeds_needed_is_never_fewer_than_were_run_while_p_is_above_the_threshold():
-    """Unequal seed counts: a power calculation could ask for fewer seeds than one variant already has; while
-    Welch's p is not below 0.05 the figure is more than the seeds run."""
+    """Unequal seed counts: a power calculation could ask for fewer seeds than one variant already
+    has; while Welch's p is not below 0.05 the figure is more than the seeds run."""
     xa, xb = [1.0, 1.02, 1.01, 0.99, 1.03, 1.0], [1.01, 1.035]
     p = stats.ttest_ind(xa, xb, equal_var=False).pvalue
     sentence, numbers = _verdict(xa, xb)
@@ -188,8 +189,9 @@ def test_seeds_needed_is_never_fewer_than_were_run_while_p_is_above_the_threshol
 
 @pytest.mark.parametrize("d,ratio", [(3.97, 0.69), (1.0, 4.0), (1.5, 0.25), (0.8, 1.0)])
 def test_seeds_needed_gives_welchs_test_its_power(d, ratio):
-    """scipy's Welch test as the oracle: on normal seeds with that difference and those variances, the figure's
-    seeds reach power 0.8 at p < 0.05, one seed fewer does not (40,000 simulated sweeps, a fixed seed)."""
+    """scipy's Welch test as the oracle: on normal seeds with that difference and those variances,
+    the figure's seeds reach power 0.8 at p < 0.05, one seed fewer does not (40,000 simulated
+    sweeps, a fixed seed)."""
     import numpy as np
 
     n = seeds_needed(d, ratio)

@@ -1,4 +1,4 @@
-"""``minigpt plot`` and loss.png: the training loss at every log step with its moving average, the evals over it,
+"""``minigpt plot`` and loss.png: the training loss at every log step, smoothed, the evals over it,
 and any runs overlaid by step, time or FLOPs."""
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def two_runs(tmp_path_factory, data_dir) -> list[Path]:
 
 
 def test_ema_is_the_debiased_weighted_average():
-    """The smoothed curve: y_t = sum_i w^i x_(t-i) / sum_i w^i (pandas' ewm(adjust=True)), w = 1 - 2/(span+1)
-    with span a tenth of the points; its first value is the first point, not pulled toward 0."""
+    """The smoothed curve: y_t = sum_i w^i x_(t-i) / sum_i w^i (pandas' ewm(adjust=True)), w = 1 -
+    2/(span+1) with span a tenth of the points; its first value is the first point, not pulled
+    toward 0."""
     xs = list(np.random.default_rng(0).normal(3.0, 0.3, 50))
     w = 1 - 2 / (5 + 1)  # 50 points: span 5
     want = [

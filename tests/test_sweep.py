@@ -526,10 +526,11 @@ def test_compare_reads_the_config_the_weights_were_trained_with(tmp_path, data_d
 def test_a_shrunk_budget_is_noted_before_any_run_and_scale_schedule_keeps_the_schedules_shape(
     cli, tmp_path, data_dir, monkeypatch
 ):
-    """Issue 37: ``sweep optimizer --budget iters=80`` would run inside its 100-step warmup with 2 evals; the note
-    says so before anything runs (here with --dry-run, which writes nothing), naming the keys to scale.
-    --scale-schedule scales them by 80/500, and a real sweep records it in sweep.json, trains the scaled runs,
-    prints a line per finished run, and is refused when started again without it."""
+    """Issue 37: ``sweep optimizer --budget iters=80`` would run inside its 100-step warmup with 2
+    evals; the note says so before anything runs (here with --dry-run, which writes nothing), naming
+    the keys to scale. --scale-schedule scales them by 80/500, and a real sweep records it in
+    sweep.json, trains the scaled runs, prints a line per finished run, and is refused when started
+    again without it."""
     with working_dir(tmp_path):
         res = cli("sweep", "optimizer", "--budget", "iters=80", "--seeds", "2", "--dry-run")
         assert res.exit_code == 0, res
@@ -560,7 +561,8 @@ def test_a_shrunk_budget_is_noted_before_any_run_and_scale_schedule_keeps_the_sc
         assert "note: with budget iters=4 a run ends inside its warmup (5 steps" in res.stderr
         assert "gets 2 evals (one every 10 steps)" in res.stderr
         assert "note: 2 of the runs have fewer than 3 evals" in res.stdout
-        # summary.png's curves of 2 evals lie within its y-range (step 0's loss once fell outside it)
+        # summary.png's curves of 2 evals lie within its y-range (step 0's loss once fell outside
+        # it)
         drawn, real = [], compare.figure
         monkeypatch.setattr(compare, "figure", lambda *a: drawn.append(real(*a)) or drawn[-1])
         compare.summarize(compare.expand([Path("runs/s")]), out=Path("runs/s"))

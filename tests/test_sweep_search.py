@@ -205,7 +205,8 @@ def test_a_tpe_search_with_asha_killed_by_sigkill_resumes_prunes_and_draws_its_p
     assert result["search"]["best_trial"]["params"] == best.params
     assert rows[f"trial-{best.number:04d}"]["final_val"] == pytest.approx(best.value)
     assert set(result["search"]["importances"]) == {"train.learning_rate", "model.ffn"}
-    # Pruned trials never set the time-to-target threshold: it is the worst completed trial's final val.
+    # Pruned trials never set the time-to-target threshold: it is the worst completed trial's final
+    # val.
     complete = [rows[f"trial-{t.number:04d}"] for t in trials if t.state == TrialState.COMPLETE]
     assert result["target"] == pytest.approx(max(r["final_val"] for r in complete), rel=1e-12)
     table = format_summary(result)
@@ -555,9 +556,9 @@ def test_refusals_name_the_key_as_written_and_the_option_that_gave_it(cli, tmp_p
 
 
 def test_a_searched_trials_values_are_short_in_the_tables_and_whole_in_the_json():
-    """The terminal's table cuts cells to 24 characters: a searched trial's values are written there by their
-    keys' last part and 4 significant digits, so none is cut away; summary.md names the whole keys, to 4 digits
-    too; summary.json and .csv keep what --set reads back exactly."""
+    """The terminal's table cuts cells to 24 characters: a searched trial's values are written there
+    by their keys' last part and 4 significant digits, so none is cut away; summary.md names the
+    whole keys, to 4 digits too; summary.json and .csv keep what --set reads back exactly."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution
     from optuna.trial import create_trial
 
@@ -585,9 +586,10 @@ def test_a_searched_trials_values_are_short_in_the_tables_and_whole_in_the_json(
 def test_a_killed_workers_orphan_run_is_noted_and_the_trial_scored_from_the_run_the_study_names(
     cli, tmp_path, data_dir
 ):
-    """Issue 40 §7: worker A was killed during trial 0, and worker B (a folder of its own) took the trial over and
-    finished the search. Started again, A's summary scores each trial by the run the study names (B's), notes
-    A's own trial-0000 folder as unfinished with where the trial finished, and never scores it."""
+    """Issue 40 §7: worker A was killed during trial 0, and worker B (a folder of its own) took the
+    trial over and finished the search. Started again, A's summary scores each trial by the run the
+    study names (B's), notes A's own trial-0000 folder as unfinished with where the trial finished,
+    and never scores it."""
     from minigpt_cli.config.schema import load_config
     from minigpt_cli.trainer import train
 
@@ -598,7 +600,8 @@ def test_a_killed_workers_orphan_run_is_noted_and_the_trial_scored_from_the_run_
         home.mkdir()
     with working_dir(b):
         run_sweep(path, storage=str(storage), worker=True)
-    # What the kill left in A's folder: trial 0's run, untrained, at step 0 (its first eval and checkpoint).
+    # What the kill left in A's folder: trial 0's run, untrained, at step 0 (its first eval and
+    # checkpoint).
     orphan = a / "runs" / "s" / "trial-0000-s1337"
     cfg = load_config(
         TINY, [*small(data_dir), "train.max_iters=0", f"train.out_dir={orphan.parent}"]

@@ -1,4 +1,4 @@
-"""``minigpt plot``: any runs' loss curves overlaid, by step, wall time or training FLOPs (no sweep needed)."""
+"""``minigpt plot``: any runs' loss curves overlaid, by step, wall time or training FLOPs."""
 
 from __future__ import annotations
 

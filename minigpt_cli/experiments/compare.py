@@ -1,10 +1,10 @@
-"""``minigpt compare``: runs side by side, variants averaged over distinct seeds, with the seed noise said.
+"""``minigpt compare``: runs side by side, variants averaged over seeds, the seed noise said.
 
-Bits per byte: the final val loss in bits over the val split's UTF-8 bytes per token. Seed noise: one test
-decides whether a difference of means exceeds it, Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``) at
-p < :data:`ALPHA`; while it does not, the seeds per variant that would bring it there (:func:`seeds_needed`). Runs of
-one config, corpus and seed are repeats, not seeds: one is kept (:func:`_distinct`).
-"""
+Bits per byte: the final val loss in bits over the val split's UTF-8 bytes per token. Seed noise:
+one test decides whether a difference of means exceeds it, Welch's t-test
+(``scipy.stats.ttest_ind(equal_var=False)``) at p < :data:`ALPHA`; while it does not, the seeds per
+variant that would bring it there (:func:`seeds_needed`). Runs of one config, corpus and seed are
+repeats, not seeds: one is kept (:func:`_distinct`)."""
 
 from __future__ import annotations
 
@@ -161,7 +161,8 @@ def expand(paths: list[Path]) -> list[Path]:
     by name); a :class:`MinigptError` if neither, or no path is given."""
     if not paths:
         raise MinigptError(
-            "give run folders (or a sweep's folder) to compare, or --storage URL for a study's trials"
+            "give run folders (or a sweep's folder) to compare, or --storage URL for a study's "
+            "trials"
         )
     out = []
     for p in paths:
@@ -195,7 +196,8 @@ def _distinct(records: list[RunRecord], notes: list[str]) -> list[RunRecord]:
         same.setdefault(_key(r, _SAME_RUN), []).append(r)
     kept = {id(max(group, key=lambda r: r.evals[-1]["step"])) for group in same.values()}
     notes += [
-        f"note: {', '.join(str(r.path) for r in group)} are one config at seed {group[0].cfg.seed}: "
+        f"note: {', '.join(str(r.path) for r in group)} are one config at seed "
+        f"{group[0].cfg.seed}: "
         f"repeats, not seeds; counted once, as {next(r.path for r in group if id(r) in kept)} "
         "(the most steps)"
         for group in same.values()
@@ -262,11 +264,11 @@ def summarize(
     notes: Collection[str] = (),
     echo: Callable[[str], None] = lambda m: None,
 ) -> dict:
-    """Compare runs (the README's columns), writing the summary files into ``out`` when given; ``variants``
-    (folder name -> variant) defaults to the name less ``-s<seed>``; ``stopped``: runs cut short on purpose (a
-    pruned trial's), whose final value never sets the default target; ``notes``: the caller's, said with the
-    summary's own. Raises MinigptError: a run without an eval, a bad ``metric`` or ``target``, an ``out``
-    that holds a run or files of the user's."""
+    """Compare runs (the README's columns), writing the summary files into ``out`` when given;
+    ``variants`` (folder name -> variant) defaults to the name less ``-s<seed>``; ``stopped``: runs
+    cut short on purpose (a pruned trial's), whose final value never sets the default target;
+    ``notes``: the caller's, said with the summary's own. Raises MinigptError: a run without an
+    eval, a bad ``metric`` or ``target``, an ``out`` that holds a run or files of the user's."""
     read = [
         read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)
     ]  # each run once
@@ -329,8 +331,8 @@ def summarize(
     if few:
         notes.append(
             f"note: {len(few)} of the runs have fewer than 3 evals ({few[0].path.name}: "
-            f"{len(few[0].evals)}): their curves, val @ equal time and time to target rest on too few "
-            "points; evaluate more often (train.eval_interval)"
+            f"{len(few[0].evals)}): their curves, val @ equal time and time to target rest on too "
+            "few points; evaluate more often (train.eval_interval)"
         )
     equal_time = min(r.evals[-1]["elapsed_s"] for r in records)
     cache: dict = {}
@@ -417,15 +419,17 @@ def summarize(
 def seeds_needed(
     effect: float, variance_ratio: float = 1.0, alpha: float = ALPHA, power: float = POWER
 ) -> int:
-    """Seeds per variant for Welch's two-sided t-test at level ``alpha`` to detect, with ``power``, a difference of
-    ``effect`` root-mean-square standard deviations (d = |m1 - m2| / sqrt((s1² + s2²) / 2), > 0) between variants
-    whose variances stand in ``variance_ratio`` (s1² / s2²): the smallest n >= 2 whose power, from the noncentral t
-    distribution with noncentrality d·sqrt(n/2) and Welch-Satterthwaite's (n - 1)(1 + r)² / (1 + r²) degrees of
-    freedom, reaches ``power``. With equal variances this is Student's test, as Cohen (1988, *Statistical Power
-    Analysis*, table 2.4.1), statsmodels' ``TTestIndPower`` and G*Power compute it."""
+    """Seeds per variant for Welch's two-sided t-test at level ``alpha`` to detect, with ``power``,
+    a difference of ``effect`` root-mean-square standard deviations (d = |m1 - m2| / sqrt((s1² +
+    s2²) / 2), > 0) between variants whose variances stand in ``variance_ratio`` (s1² / s2²): the
+    smallest n >= 2 whose power, from the noncentral t distribution with noncentrality d·sqrt(n/2)
+    and Welch-Satterthwaite's (n - 1)(1 + r)² / (1 + r²) degrees of freedom, reaches ``power``. With
+    equal variances this is Student's test, as Cohen (1988, *Statistical Power Analysis*, table
+    2.4.1), statsmodels' ``TTestIndPower`` and G*Power compute it."""
     from scipy import stats
 
-    # Welch-Satterthwaite's degrees of freedom with n seeds a side, by variance share a = s1² / (s1² + s2²).
+    # Welch-Satterthwaite's degrees of freedom with n seeds a side, by variance share a = s1² / (s1²
+    # + s2²).
     a = 1.0 if math.isinf(variance_ratio) else variance_ratio / (1 + variance_ratio)
 
     def reached(n: int) -> bool:
@@ -442,9 +446,10 @@ def seeds_needed(
 
 
 def _pairs(variants: list[Variant], stat: str) -> tuple[list[str], list[dict]]:
-    """One sentence per pair of variants (each against the best when there are more than five), and the pair's
-    numbers: the difference of means, Welch's p-value and, while p is not below :data:`ALPHA`, the seeds per variant
-    that would bring it there (:func:`seeds_needed`; None with one seed a side). The verdict is the t-test's alone."""
+    """One sentence per pair of variants (each against the best when there are more than five), and
+    the pair's numbers: the difference of means, Welch's p-value and, while p is not below
+    :data:`ALPHA`, the seeds per variant that would bring it there (:func:`seeds_needed`; None with
+    one seed a side). The verdict is the t-test's alone."""
     from scipy import stats
 
     unit = "nats" if stat == "final_val" else "bits per byte"
@@ -492,8 +497,8 @@ def _pairs(variants: list[Variant], stat: str) -> tuple[list[str], list[dict]]:
         ran = max(len(xa), len(xb))
         n = None
         if diff:
-            # Welch's test on the seeds run is not yet below ALPHA: more than those are needed, whatever the
-            # power calculation says for seed counts that differ between the variants.
+            # Welch's test on the seeds run is not yet below ALPHA: more than those are needed,
+            # whatever the power calculation says for seed counts that differ between the variants.
             rms = math.sqrt((va + vb) / 2)
             n = max(ran + 1, seeds_needed(abs(diff) / rms, va / vb if vb else math.inf))
         numbers[-1].update(seeds_needed=n)
@@ -577,8 +582,9 @@ def value_text(value: Any) -> str:
 
 
 def short_text(value: Any) -> str:
-    """A config value for a table's cell: a float to 4 significant digits (a searched learning rate's 18 digits
-    stay in summary.csv and .json), anything else as :func:`value_text` writes it."""
+    """A config value for a table's cell: a float to 4 significant digits (a searched learning
+    rate's 18 digits stay in summary.csv and .json), anything else as :func:`value_text` writes it.
+    """
     return f"{value:.4g}" if isinstance(value, float) else value_text(value)
 
 
@@ -710,7 +716,8 @@ def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "F
         at = [{e["step"]: e for e in r.evals} for r in seeds]
         ys = [[a[s]["val_loss"] * scale[r.path] for a, r in zip(at, seeds)] for s in steps]
         low, high = [min(y) for y in ys], [max(y) for y in ys]
-        # Fewer than 3 evals: every one sets the range (without step 0's, a 2-eval curve is a point off the plot).
+        # Fewer than 3 evals: every one sets the range (without step 0's, a 2-eval curve is a point
+        # off the plot).
         skip = min(math.ceil(EARLY * len(steps)), len(steps) - 1) if len(steps) >= 3 else 0
         later += low[skip:] + high[skip:]
         xs = {
@@ -829,8 +836,8 @@ def load_trials(url: str, name: Optional[str], paths: list[Path]) -> dict:
 def _trial_cell(row: dict, key: str, clip: bool = False) -> str:
     value = row[key]
     if key == "variant" and row.get("params"):
-        # Searched values to 4 significant digits (summary.csv and .json keep them whole); the terminal's cell
-        # names each key by its last part.
+        # Searched values to 4 significant digits (summary.csv and .json keep them whole); the
+        # terminal's cell names each key by its last part.
         return ", ".join(
             f"{k.rsplit('.', 1)[-1] if clip else k}={short_text(v)}"
             for k, v in row["params"].items()

@@ -1,10 +1,9 @@
-"""``minigpt plot``: any runs' loss curves on one figure, by optimizer step, wall time or training FLOPs.
+"""``minigpt plot``: any runs' loss curves on one figure, by step, wall time or training FLOPs.
 
-Each run's training loss at every log step (faint) with its moving average, and its val loss at each eval, from
-its metrics.jsonl; FLOPs are the run's steps times its tokens per step (batch x accumulation x context x
-processes) times the training FLOPs per token that :func:`minigpt_cli.accounting.params.flops` counts for its
-recorded config (as ``compare`` does).
-"""
+Each run's training loss at every log step (faint) with its moving average, and its val loss at each
+eval, from its metrics.jsonl; FLOPs are the run's steps times its tokens per step (batch x
+accumulation x context x processes) times the training FLOPs per token that
+:func:`minigpt_cli.accounting.params.flops` counts for its recorded config (as ``compare`` does)."""
 
 from __future__ import annotations
 
@@ -32,7 +31,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @dataclass
 class Curves:
-    """One run's curves: (x, training loss) at each log step, (x, train loss, val loss) at each eval."""
+    """One run's curves: (x, training loss) at each log step, (x, train loss, val loss) at each
+    eval."""
 
     name: str
     train: list[tuple[float, float]]
@@ -40,8 +40,8 @@ class Curves:
 
 
 def _run_folders(paths: list[Path]) -> list[Path]:
-    """The run folders ``paths`` name: each a run, or a folder of runs (a sweep's). Raises MinigptError: a path
-    that is missing, a file, or neither a run nor a folder of runs."""
+    """The run folders ``paths`` name: each a run, or a folder of runs (a sweep's). Raises
+    MinigptError: a path that is missing, a file, or neither a run nor a folder of runs."""
     if not paths:
         raise MinigptError("give at least one run folder to plot", "e.g. minigpt plot runs/quick")
     out = []
@@ -54,7 +54,8 @@ def _run_folders(paths: list[Path]) -> list[Path]:
         inside = sorted(q for q in p.iterdir() if (q / METRICS).is_file()) if p.is_dir() else []
         if not inside:
             raise MinigptError(
-                f"{str(p)!r} is not a run folder (no {METRICS} nor {runs.CONFIG}), nor a folder of runs",
+                f"{str(p)!r} is not a run folder (no {METRICS} nor {runs.CONFIG}), nor a folder "
+                "of runs",
                 "pass a run folder (runs/NAME), or a sweep's folder",
             )
         out += inside
@@ -62,7 +63,8 @@ def _run_folders(paths: list[Path]) -> list[Path]:
 
 
 def _flops_per_step(run: Path) -> float:
-    """Training FLOPs of one optimizer step of ``run``, from its config.yaml and env.json's process count."""
+    """Training FLOPs of one optimizer step of ``run``, from its config.yaml and env.json's process
+    count."""
     if not (run / runs.CONFIG).is_file():
         raise MinigptError(
             f"{run} has no {runs.CONFIG}, which --x flops counts from",
@@ -75,8 +77,8 @@ def _flops_per_step(run: Path) -> float:
 
 
 def read_curves(run: Path, x: str) -> Curves:
-    """``run``'s curves against ``x`` (:data:`AXES`). Raises MinigptError: an unknown ``x``, a run with no
-    event logged yet, a damaged metrics.jsonl or config.yaml."""
+    """``run``'s curves against ``x`` (:data:`AXES`). Raises MinigptError: an unknown ``x``, a run
+    with no event logged yet, a damaged metrics.jsonl or config.yaml."""
     if x not in AXES:
         raise MinigptError(f"--x {x!r}: use one of {', '.join(AXES)}")
     events = read_events(run / METRICS)
@@ -98,9 +100,9 @@ def read_curves(run: Path, x: str) -> Curves:
 
 
 def plot_runs(paths: list[Path], x: str = "step", output: Path = DEFAULT_OUTPUT) -> list[Curves]:
-    """Draw the runs ``paths`` name (runs, or folders of runs) on one figure against ``x`` and write it to
-    ``output`` as a PNG, atomically. Raises MinigptError: a path that is not a run, an unknown ``x``, an
-    ``output`` that is a folder or a file other than a PNG (never overwritten)."""
+    """Draw the runs ``paths`` name (runs, or folders of runs) on one figure against ``x`` and write
+    it to ``output`` as a PNG, atomically. Raises MinigptError: a path that is not a run, an unknown
+    ``x``, an ``output`` that is a folder or a file other than a PNG (never overwritten)."""
     if x not in AXES:
         raise MinigptError(f"--x {x!r}: use one of {', '.join(AXES)}")
     if output.is_dir():

@@ -155,7 +155,8 @@ def open_storage(
 
 
 def _storage_problem(url: str, why: str) -> str:
-    """What an unopenable ``--storage`` is told: its reason, and the storages that work for many workers."""
+    """What an unopenable ``--storage`` is told: its reason, and the storages that work for many
+    workers."""
     return (
         f"--storage {url}: cannot open it ({why}); give an RDB URL (sqlite:///study.db, "
         "postgresql://user@host/db) or a journal file's path on a filesystem every worker sees"
@@ -373,7 +374,8 @@ def run_trial(
     value = objective(runs_)
     if value is None:
         raise MinigptError(
-            f"trial {trial.number}: no {spec.objective} to report (bits per byte could not be measured)"
+            f"trial {trial.number}: no {spec.objective} to report (bits per byte could not be "
+            "measured)"
         )
     study.tell(trial, value)
     return "complete"

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 #: The key a sweep sets itself: its runs go in ``<out_dir>/<name>/``.
 OUT_DIR = "train.out_dir"
 
-#: What a stopped sweep says (Ctrl-C, or a run's stop): the same command goes on from the checkpoints.
+#: What a stopped sweep says (Ctrl-C, or a run's stop): the same command goes on from the
+#: checkpoints.
 INTERRUPTED = "interrupted; the runs under way saved their checkpoints"
 
 
@@ -65,7 +66,8 @@ class Budget(BaseModel):
         return [f"train.max_seconds={self.seconds}"]
 
     def steps(self, cfg: Config) -> Optional[int]:
-        """The optimizer steps this budget gives ``cfg``; None for a budget in seconds (the clock decides)."""
+        """The optimizer steps this budget gives ``cfg``; None for a budget in seconds (the clock
+        decides)."""
         if self.seconds is not None:
             return None
         return int(self.overrides(cfg)[0].partition("=")[2])
@@ -77,9 +79,10 @@ class Budget(BaseModel):
 
 
 def scaled_schedule(tc: "TrainConfig", factor: float) -> list[str]:
-    """The ``--set`` values that scale ``tc``'s schedule in steps by ``factor`` (``--scale-schedule``: the budget's
-    steps over the sweep file's): the warmup, the decay's end (``lr_decay_iters``, when set), the eval and log
-    intervals. wsd's decay is a share of the run already, and scales itself."""
+    """The ``--set`` values that scale ``tc``'s schedule in steps by ``factor``
+    (``--scale-schedule``: the budget's steps over the sweep file's): the warmup, the decay's end
+    (``lr_decay_iters``, when set), the eval and log intervals. wsd's decay is a share of the run
+    already, and scales itself."""
     warmup = round(tc.warmup_iters * factor)
     sets = [
         f"train.warmup_iters={warmup}",
@@ -92,8 +95,9 @@ def scaled_schedule(tc: "TrainConfig", factor: float) -> list[str]:
 
 
 def schedule_problems(tc: "TrainConfig") -> dict[str, str]:
-    """What a run of ``tc`` (``max_iters`` steps) would not get of its schedule, as {the key to scale: what}: a
-    warmup that never ends, fewer than 3 evals (a curve needs them), a decay that never starts."""
+    """What a run of ``tc`` (``max_iters`` steps) would not get of its schedule, as {the key to
+    scale: what}: a warmup that never ends, fewer than 3 evals (a curve needs them), a decay that
+    never starts."""
     from ..trainer.schedule import wsd_decay_start
 
     steps = tc.max_iters
@@ -337,9 +341,10 @@ def load_sweep(
     echo: Callable[[str], None] = lambda m: None,
     overrides: Overrides = Overrides(),
 ) -> Sweep:
-    """Read and check a sweep file (a path, or a shipped experiment's name) with the command line's overrides,
-    every run's config (a search: every parameter's ends or choices) validated before anything runs. Raises
-    MinigptError: the file, an override, the base config or a variant's config is wrong."""
+    """Read and check a sweep file (a path, or a shipped experiment's name) with the command line's
+    overrides, every run's config (a search: every parameter's ends or choices) validated before
+    anything runs. Raises MinigptError: the file, an override, the base config or a variant's config
+    is wrong."""
     p = resolve_sweep(path)
     data = parse_yaml(read_text_file(p, "sweep file"), str(p))
     recorded = read_model(SweepFile, data, "{path}: {why}", path=p).model_dump(mode="json")
@@ -437,7 +442,8 @@ def load_sweep(
 
 def schedule_note(sweep: Sweep) -> Optional[str]:
     """One line, when the budget leaves the sweep's runs without part of their schedule
-    (:func:`schedule_problems`), naming the keys to scale; None when it fits (or the budget is in seconds)."""
+    (:func:`schedule_problems`), naming the keys to scale; None when it fits (or the budget is in
+    seconds)."""
     if sweep.spec.budget.seconds is not None:
         return None
     problems: dict[str, str] = {}
@@ -457,8 +463,8 @@ def schedule_note(sweep: Sweep) -> Optional[str]:
 
 
 def plan(sweep: Sweep) -> dict:
-    """What the sweep would run (a search: its base, before the trials' values), with each run's schedule in
-    steps, and the :func:`schedule_note`: ``minigpt sweep --dry-run``."""
+    """What the sweep would run (a search: its base, before the trials' values), with each run's
+    schedule in steps, and the :func:`schedule_note`: ``minigpt sweep --dry-run``."""
     runs_ = sweep.runs or sweep.runs_of("trial", {})
     return {
         "sweep": sweep.name,
@@ -785,10 +791,11 @@ def run_sweep(
     dry_run: bool = False,
     echo: Callable[[str], None] = lambda m: None,
 ) -> dict:
-    """Run (or finish) a sweep (a search: its trials), then write its summary; with ``worker``, as one of the
-    processes sharing the study in ``storage``; ``dry_run``: check everything, say what would run
-    (:func:`plan`) and write nothing. Raises MinigptError (a bad kernel setting, sweep file, state or
-    storage, a failed run) and Interrupted (Ctrl-C: checkpoints saved, the same command goes on)."""
+    """Run (or finish) a sweep (a search: its trials), then write its summary; with ``worker``, as
+    one of the processes sharing the study in ``storage``; ``dry_run``: check everything, say what
+    would run (:func:`plan`) and write nothing. Raises MinigptError (a bad kernel setting, sweep
+    file, state or storage, a failed run) and Interrupted (Ctrl-C: checkpoints saved, the same
+    command goes on)."""
     from tqdm.auto import tqdm
 
     check_settings()  # the runs would each refuse a bad MINIGPT_ONEDNN / MINIGPT_FAST_DROPOUT: refuse it once, first
@@ -875,7 +882,8 @@ def run_sweep(
 
 
 def _ran(name: str, seed: int, folder: Path) -> str:
-    """The line a finished run gets: its name, seed, last val loss and training time (evals included)."""
+    """The line a finished run gets: its name, seed, last val loss and training time (evals
+    included)."""
     evals = [e for e in read_events(folder / METRICS) if e["event"] == "eval"]
     last = evals[-1] if evals else {"val_loss": math.nan, "elapsed_s": 0.0, "step": 0}
     return (
@@ -885,8 +893,8 @@ def _ran(name: str, seed: int, folder: Path) -> str:
 
 
 def _say_over(progress_bar: Any, echo: Callable[[str], None], line: str) -> None:
-    """``echo`` a line with the progress bar (if shown) cleared around it, so that a log file or a pipe, which
-    gets no bar, hears of every finished run as it ends."""
+    """``echo`` a line with the progress bar (if shown) cleared around it, so that a log file or a
+    pipe, which gets no bar, hears of every finished run as it ends."""
     with progress_bar.external_write_mode(file=sys.stderr):
         echo(line)
 
@@ -899,9 +907,9 @@ def _summary(
     stopped: Iterable[Path] = (),
     notes: Iterable[str] = (),
 ) -> dict:
-    """The sweep's summary of the run folders ``paths`` (``variants``: folder name -> variant), written beside
-    its runs; ``stopped``: runs cut short on purpose (pruned), which never set the target; ``notes`` go with it
-    (said at once when there is no run to read)."""
+    """The sweep's summary of the run folders ``paths`` (``variants``: folder name -> variant),
+    written beside its runs; ``stopped``: runs cut short on purpose (pruned), which never set the
+    target; ``notes`` go with it (said at once when there is no run to read)."""
     paths, notes = list(paths), list(notes)
     if not paths:
         for note in notes:
@@ -1086,11 +1094,12 @@ def _study_runs(
     names: Callable[[Any], list[str]],
     told_final: Callable[[Any], bool],
 ) -> tuple[dict[Path, Any], list[str]]:
-    """The run folders of the study's ``finished`` trials, as the study records them (each trial's ``folder``
-    and its runs' ``names``), with the trial of each; and a note for every run folder of this sweep's that no
-    finished trial owns (a worker killed mid-trial, whose trial another worker finished): it is unfinished and
-    never scored. A trial for which ``told_final`` holds told the study its runs' mean final val loss: a folder
-    whose evals end elsewhere (the same path on another machine) is not that trial's."""
+    """The run folders of the study's ``finished`` trials, as the study records them (each trial's
+    ``folder`` and its runs' ``names``), with the trial of each; and a note for every run folder of
+    this sweep's that no finished trial owns (a worker killed mid-trial, whose trial another worker
+    finished): it is unfinished and never scored. A trial for which ``told_final`` holds told the
+    study its runs' mean final val loss: a folder whose evals end elsewhere (the same path on
+    another machine) is not that trial's."""
     found: dict[Path, Any] = {}
     owner: dict[str, str] = {}  # run name -> where the trial that owns it finished
     for t in finished:

@@ -163,8 +163,8 @@ class RunLogger:
         _append(self.samples_path, f"===== step {step} =====\n{text}\n\n")
 
     def plot(self) -> None:
-        """Redraw loss.png (:func:`draw_losses`): a bare Agg ``Figure`` (no pyplot, so a notebook's backend is left
-        alone) with fixed margins (a layout pass cost most of a redraw)."""
+        """Redraw loss.png (:func:`draw_losses`): a bare Agg ``Figure`` (no pyplot, so a notebook's
+        backend is left alone) with fixed margins (a layout pass cost most of a redraw)."""
         if not self.enabled:
             return
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -186,9 +186,10 @@ class RunLogger:
 
 
 def ema(values: list[float]) -> list[float]:
-    """An exponential moving average of ``values``, debiased as Adam's moments are (Kingma & Ba 2015, §3) so that
-    its start is not pulled toward 0, with a span of a tenth of the points: weight 1 - 2 / (span + 1), the
-    pandas ``ewm(span=...)`` convention (30 log steps: span 3; 1,000: span 100)."""
+    """An exponential moving average of ``values``, debiased as Adam's moments are (Kingma & Ba
+    2015, §3) so that its start is not pulled toward 0, with a span of a tenth of the points: weight
+    1 - 2 / (span + 1), the pandas ``ewm(span=...)`` convention (30 log steps: span 3; 1,000: span
+    100)."""
     span = max(1.0, len(values) / 10)
     weight, avg, out = 1 - 2 / (span + 1), 0.0, []
     for i, v in enumerate(values, 1):
@@ -205,8 +206,9 @@ def draw_losses(
     val_color: str = "tab:orange",
     label: str = "",
 ) -> None:
-    """Draw one run's curves on ``ax``: the training loss at every log step (x, loss), faint, its :func:`ema` over
-    it, and the evals (x, train loss, val loss) as points on top; ``label`` goes before each curve's name."""
+    """Draw one run's curves on ``ax``: the training loss at every log step (x, loss), faint, its
+    :func:`ema` over it, and the evals (x, train loss, val loss) as points on top; ``label`` goes
+    before each curve's name."""
     if train:
         xs, losses = zip(*train)
         ax.plot(xs, losses, color=color, alpha=0.25, linewidth=0.8)
