@@ -488,8 +488,12 @@ def plan(sweep: Sweep) -> dict:
 
 def format_plan(planned: dict) -> str:
     """:func:`plan` as the lines ``--dry-run`` prints."""
-    what = f"a search of {planned['trials']} trials like" if planned["trials"] else "runs"
-    lines = [f"sweep {planned['sweep']}: {what} (in {planned['folder']}):"]
+    what = (
+        f"a search of {planned['trials']} trials, each run as this one (before its values)"
+        if planned["trials"]
+        else f"{len(planned['runs'])} runs"
+    )
+    lines = [f"sweep {planned['sweep']}: {what}, in {planned['folder']}; nothing trained:"]
     for r in planned["runs"]:
         budget = f"{r['max_seconds']:g} s" if r["max_seconds"] else f"{r['max_iters']:,} steps"
         lines.append(
