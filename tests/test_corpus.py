@@ -148,6 +148,10 @@ def test_preparation_streams_in_bounded_memory(tmp_path, shakespeare, monkeypatc
     src = tmp_path / "big.txt"
     src.write_text(shakespeare * 4, encoding="utf-8")
     tok = CharTokenizer.train(shakespeare)
+    # Once on a small file first: the modules preparation imports lazily are not the corpus's memory
+    # (run alone, the test counted them and failed).
+    (tmp_path / "small.txt").write_text(shakespeare[:10_000], encoding="utf-8")
+    P.prepare(tmp_path / "small.txt", tok, tmp_path / "warm", 0.1, log=lambda m: None)
     tracemalloc.start()
     try:
         data = P.prepare(src, tok, tmp_path / "out", 0.1, log=lambda m: None)
