@@ -17,6 +17,7 @@ from minigpt_cli.config.schema import (
     parse_yaml,
     validate,
 )
+from minigpt_cli.config.yaml_io import dump_yaml
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 README = CONFIGS.parent / "README.md"
@@ -134,27 +135,149 @@ def test_bad_device_and_values():
         validate({"model": {"dropout": 1.5}})
 
 
-def test_scientific_notation_is_a_float():
-    assert parse_yaml("x: 3e-4")["x"] == pytest.approx(3e-4)
-    assert isinstance(parse_yaml("x: 3e-4")["x"], float)
-    assert parse_yaml("x: 1_000")["x"] == 1000
+#: Plain values as a user writes them: what the config gets, or the words of the refusal (YAML 1.1 and
+#: YAML 1.2 read them differently: config/yaml_io.py's rule). Each goes through a config file, --set and a
+#: sweep file.
+FORMS = [
+    ("train.max_iters", "90", 90),
+    ("train.max_iters", "+12", 12),
+    ("train.max_iters", "0x1F", 31),  # hexadecimal: one reading in both
+    ("train.learning_rate", "3e-4", 3e-4),  # YAML 1.1 leaves it text; as everyone means it, a float
+    ("train.learning_rate", "1e-3", 1e-3),
+    ("train.learning_rate", "3.0e-4", 3e-4),
+    ("train.learning_rate", "1E-3", 1e-3),
+    ("train.learning_rate", ".5e-3", 5e-4),
+    ("model.bias", "true", True),
+    ("model.bias", "False", False),
+    ("model.vocab_size", "~", None),
+    ("model.vocab_size", "null", None),
+    (
+        "train.max_iters",
+        "1:30",
+        "reads as 90 in YAML 1.1 and as the text '1:30' in YAML 1.2; write 90, or quote it",
+    ),
+    (
+        "train.learning_rate",
+        "1:30.5",
+        "reads as 90.5 in YAML 1.1 and as the text '1:30.5' in YAML 1.2; write 90.5",
+    ),
+    ("train.max_iters", "017", "reads as 15 in YAML 1.1 and as 17 in YAML 1.2; write 15 or 17"),
+    (
+        "train.max_iters",
+        "-017",
+        "reads as -15 in YAML 1.1 and as -17 in YAML 1.2; write -15 or -17",
+    ),
+    (
+        "train.max_iters",
+        "0o17",
+        "reads as the text '0o17' in YAML 1.1 and as 15 in YAML 1.2; write 15, or quote",
+    ),
+    (
+        "train.max_iters",
+        "08",
+        "reads as the text '08' in YAML 1.1 and as 8 in YAML 1.2; write 8, or quote it",
+    ),
+    (
+        "train.max_iters",
+        "0b101",
+        "reads as 5 in YAML 1.1 and as the text '0b101' in YAML 1.2; write 5",
+    ),
+    (
+        "train.max_iters",
+        "1_000",
+        "reads as 1000 in YAML 1.1 and as the text '1_000' in YAML 1.2; write 1000",
+    ),
+    (
+        "train.max_iters",
+        "-0x1F",
+        "reads as -31 in YAML 1.1 and as the text '-0x1F' in YAML 1.2; write -31",
+    ),
+    (
+        "train.learning_rate",
+        "1_0.5",
+        "reads as 10.5 in YAML 1.1 and as the text '1_0.5' in YAML 1.2",
+    ),
+    (
+        "model.bias",
+        "yes",
+        "reads as true in YAML 1.1 and as the text 'yes' in YAML 1.2; write true, or quote",
+    ),
+    ("model.bias", "on", "reads as true in YAML 1.1 and as the text 'on' in YAML 1.2"),
+    (
+        "model.bias",
+        "NO",
+        "reads as false in YAML 1.1 and as the text 'NO' in YAML 1.2; write false",
+    ),
+    (
+        "train.max_iters",
+        "2024-01-01",
+        "reads as the date 2024-01-01 in YAML 1.1 and as the text '2024-01-01'",
+    ),
+    (
+        "train.max_iters",
+        "2024-13-45",
+        "reads as an invalid number or date in YAML 1.1 and as the text",
+    ),
+    (
+        "train.max_iters",
+        "<<",
+        "reads as a merge key (<<) in YAML 1.1 and as the text '<<' in YAML 1.2; quote",
+    ),
+    ("train.max_iters", "=", "reads as a default-value key (=) in YAML 1.1 and as the text '='"),
+]
 
 
-def test_booleans_are_true_and_false_only_and_yes_is_refused_with_the_fix(tmp_path):
-    assert parse_yaml("a: true\nb: False\nc: yes\nd: [on, NO]") == {
-        "a": True,
-        "b": False,
-        "c": "yes",
-        "d": ["on", "NO"],
-    }
+@pytest.mark.parametrize("route", ["file", "--set", "sweep"])
+@pytest.mark.parametrize(("key", "written", "expected"), FORMS, ids=[f[1] for f in FORMS])
+def test_a_value_yaml_1_1_reads_otherwise_is_refused_naming_both(
+    tmp_path, route, key, written, expected
+):
+    from minigpt_cli.experiments.sweep import load_sweep
+
+    section, name = key.split(".")
+    base = tmp_path / "c.yaml"
+    base.write_text(f"name: c\n{section}:\n  {name}: {written if route == 'file' else 'null'}\n")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"base: {base}\nbudget: {{seconds: 5}}\ngrid:\n  {key}: [{written}]\n")
+    source = {
+        "file": f"{base}: line 3, column {len(name) + 5}",
+        "--set": "--set",
+        "sweep": f"{sweep}: line 4, column {len(key) + 6}",
+    }[route]
+    where = {"file": key, "--set": key, "sweep": f"grid.{key}[0]"}[route]
+
+    def load():
+        if route == "sweep":
+            return load_sweep(sweep).runs[0].cfg
+        return load_config(base, [f"{key}={written}"] if route == "--set" else [])
+
+    if isinstance(expected, str):
+        with pytest.raises(ConfigError) as e:
+            load()
+        assert str(e.value).startswith(f"{source}: {where}: {written} {expected}"), str(e.value)
+    else:
+        got = load().flat()[key]
+        assert got == expected and type(got) is type(expected)
+
+
+def test_a_text_key_keeps_what_set_gives_and_a_file_quotes_it(tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text("model:\n  bias: yes\n")
-    with pytest.raises(
-        ConfigError, match=r"model.bias: input should be a valid boolean \(got 'yes'\); write true"
-    ):
+    p.write_text("name: c\n")
+    cfg = load_config(p, ["sample.prompt=yes", "name=2024-01-01", "train.out_dir=1:30"])
+    assert (cfg.sample.prompt, cfg.name, cfg.train.out_dir) == ("yes", "2024-01-01", "1:30")
+    p.write_text("name: '2024-01-01'\nsample:\n  prompt: 'yes'\n")
+    assert (load_config(p).name, load_config(p).sample.prompt) == ("2024-01-01", "yes")
+    p.write_text("name: c\nsample:\n  prompt: yes\n")
+    with pytest.raises(ConfigError, match="sample.prompt: yes reads as true in YAML 1.1"):
         load_config(p)
-    with pytest.raises(ConfigError, match=r"--set: model.bias: .*got 'no'"):
-        load_config(p, ["model.bias=no"])
+
+
+@pytest.mark.parametrize(
+    "text", ["08", "3e-4", "yes", "1:30", "0o17", "2024-01-01", "<<", "=", "1_000"]
+)
+def test_what_the_dumper_writes_reads_back_as_written(text):
+    """A run's config.yaml, written by dump_yaml, reads back: a text that looks like a number is quoted."""
+    assert parse_yaml(dump_yaml({"name": text, "list": [text]})) == {"name": text, "list": [text]}
 
 
 def test_an_empty_config_gets_a_note_and_an_empty_folder_key_is_refused(tmp_path):

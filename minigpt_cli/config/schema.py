@@ -645,11 +645,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key = key.strip()
         if not key or "=" not in item:
             raise ConfigError(RULES["set_syntax"].format(item=item))
-        value = parse_yaml(raw, f"--set {key}") if raw.strip() else ""
-        if value is not None and not isinstance(value, str) and _TEXT_KEYS.get(key, False):
-            value = (
-                raw  # a text key takes the text as given: --set sample.prompt=ROMEO: or name=2024
-            )
+        if _TEXT_KEYS.get(key, False):
+            # A text key takes the text as given (--set sample.prompt=ROMEO: or name=2024-01-01, which
+            # YAML 1.1 would read as a date), quotes taken off and null read as null.
+            value = parse_yaml(raw, "--set", key, text_key=True) if raw.strip() else ""
+            value = raw if value is not None and not isinstance(value, str) else value
+        else:
+            value = parse_yaml(raw, "--set", key) if raw.strip() else ""
         node = data
         *sections, name = key.split(".")
         for part in sections:

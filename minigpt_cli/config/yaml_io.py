@@ -1,24 +1,44 @@
-"""YAML for configs: a strict loader (no duplicate keys, no aliases, ``3e-4`` is a float, booleans only ``true`` and
-``false``) and a dumper."""
+"""YAML for configs, sweep files and run files: YAML 1.2's core schema, strict (no duplicate keys, no aliases),
+refusing every plain value that YAML 1.1 would read as something else; and a dumper whose output reads back.
+
+The rule, once for every scalar read (a config, ``--set``, a sweep file, a run's ``config.yaml``): a plain
+(unquoted) value that YAML 1.1 and YAML 1.2 read differently is refused, naming the key and both readings
+(``train.max_iters: 1:30 reads as 90 in YAML 1.1 and as the text '1:30' in YAML 1.2; write 90, or quote it``).
+PyYAML resolves YAML 1.1, where ``1:30`` is 90 (base 60), ``017`` is 15 (octal), ``1_000`` is 1000, ``yes`` is
+true and ``2024-01-01`` a date; YAML 1.2 (and most other tools) reads the first and the last two as text and
+``017`` as 17. One exception: a float that YAML 1.1 leaves as text (``3e-4``, ``1e3``: it wants a dot and a
+signed exponent, ``3.0e-4``) is the float YAML 1.2 reads, as everyone means it.
+"""
 
 from __future__ import annotations
 
+import datetime
+import math
 import re
 from collections.abc import Hashable
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 
 from ..errors import ConfigError
 
 
+def _plain_is_text(text: str) -> bool:
+    """Whether ``text`` written plain (unquoted) reads back as that text in YAML 1.1 and YAML 1.2 both."""
+    node = yaml.ScalarNode(_STR, text)
+    return (
+        _LOADER.resolve(yaml.ScalarNode, text, (True, False)) == _STR and type(_yaml11(node)) is str
+    )
+
+
 class _Dumper(yaml.SafeDumper):
-    """SafeDumper that writes a string holding a line break as one double-quoted line."""
+    """SafeDumper that writes a string holding a line break as one double-quoted line, and quotes a string
+    that :func:`parse_yaml` would not read back as that string (``'08'``, ``'3e-4'``, ``'yes'``)."""
 
 
 def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
-    style = '"' if any(c in text for c in "\n\r") else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+    style = '"' if any(c in text for c in "\n\r") else None if _plain_is_text(text) else "'"
+    return dumper.represent_scalar(_STR, text, style=style)
 
 
 _Dumper.add_representer(str, _represent_str)
@@ -30,103 +50,232 @@ def dump_yaml(data: Any) -> str:
 
 
 class _Refused(yaml.MarkedYAMLError):
-    """Valid YAML that a config may not use (a duplicate key, an alias); ``problem`` holds the whole message."""
+    """Valid YAML that a config may not use (a duplicate key, an alias, a value YAML 1.1 reads otherwise);
+    ``problem`` holds the whole message."""
 
     def __init__(self, problem: str, mark):
         super().__init__(problem=problem, problem_mark=mark)
 
 
-#: What :class:`_Loader` refuses, by kind.
-_REFUSALS = {
-    "alias": "alias *{anchor}: a config may not use anchors and aliases; write the value out",
-    "duplicate": "duplicate key {key!r}, first given on line {line}; keep one of them",
-    "digits": (
-        "an integer of {digits:,} digits: no setting takes a number that large; give a smaller one "
-        "(config-keys lists each key's range)"
-    ),
-}
+class _Ambiguous(_Refused):
+    """A plain value that YAML 1.1 reads otherwise than YAML 1.2; its message names its key."""
 
 
-def _refuse(kind: str, mark, **fields) -> NoReturn:
-    raise _Refused(_REFUSALS[kind].format(**fields), mark)
+_STR = "tag:yaml.org,2002:str"
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_BOOL = "tag:yaml.org,2002:bool"
+_NULL = "tag:yaml.org,2002:null"
+#: Longest integer literal read (underscores and a sign included), far below Python's limit of 4,300 digits.
+_MAX_DIGITS = 400
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``3e-4`` as a float (YAML 1.1 wants ``3.0e-4``) and refuses what a config never needs:
-    a key given twice (PyYAML keeps the last), aliases (nested ones, "billion laughs", make a few lines too large
-    to validate or print) and an integer too long for Python to read (4,300 digits)."""
+    """SafeLoader reading YAML 1.2's core schema (null, true/false, decimal, ``0o`` and ``0x`` integers,
+    floats with or without a dot) that refuses what a config never needs: a key given twice (PyYAML keeps the
+    last), aliases (nested ones, "billion laughs", make a few lines too large to validate or print), an
+    integer too long for Python to read (4,300 digits), and a plain value YAML 1.1 reads otherwise."""
+
+    #: The config key the whole text is the value of (``--set``); paths inside it extend it.
+    key = ""
+    #: Whether plain values that YAML 1.1 reads otherwise are refused.
+    check = True
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            _refuse("alias", event.start_mark, anchor=event.anchor)
+            raise _Refused(
+                f"alias *{event.anchor}: a config may not use anchors and aliases; write the value out",
+                event.start_mark,
+            )
         return super().compose_node(parent, index)
+
+    def construct_document(self, node):
+        if self.check:
+            _check_scalars(self, node, self.key)
+        return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True) if key_node.tag != _MERGE else _MERGE
-            if key is _MERGE or not isinstance(
-                key, Hashable
-            ):  # SafeConstructor refuses an unhashable key itself
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):  # SafeConstructor refuses an unhashable key itself
                 continue
             first = seen.get(key)
             if first is not None:
-                _refuse("duplicate", key_node.start_mark, key=key, line=first.line + 1)
+                raise _Refused(
+                    f"duplicate key {key!r}, first given on line {first.line + 1}; keep one of them",
+                    key_node.start_mark,
+                )
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node):
-        # int() refuses a string of more than sys.get_int_max_str_digits() digits with a bare ValueError.
-        if len(node.value) > _MAX_DIGITS:
-            _refuse("digits", node.start_mark, digits=len(node.value))
-        return super().construct_yaml_int(node)
+        """An integer as YAML 1.2 writes it: decimal with a sign, ``0o`` octal or ``0x`` hexadecimal."""
+        text = node.value
+        if len(text) > _MAX_DIGITS:  # int() refuses more than 4,300 digits with a bare ValueError
+            raise _Refused(
+                f"an integer of {len(text):,} digits: no setting takes a number that large; give a "
+                "smaller one (config-keys lists each key's range)",
+                node.start_mark,
+            )
+        base = {"0o": 8, "0x": 16}.get(text[:2], 10)
+        return int(text[2:] if base != 10 else text, base)
+
+    def construct_yaml_float(self, node):
+        """A float as YAML 1.2 writes it (``3e-4`` and ``.5`` included); ``.inf`` and ``.nan`` as YAML
+        spells them."""
+        text = node.value.lower()
+        if text.lstrip("+-") == ".inf":
+            return -math.inf if text[0] == "-" else math.inf
+        return math.nan if text == ".nan" else float(text)
 
 
-_MERGE = "tag:yaml.org,2002:merge"
-#: Longest integer literal read (underscores and a sign included), far below Python's limit of 4,300 digits.
-_MAX_DIGITS = 400
-_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+][0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
+_Loader.add_constructor(_INT, _Loader.construct_yaml_int)
+_Loader.add_constructor(_FLOAT, _Loader.construct_yaml_float)
+# YAML 1.2's core schema (yaml.org/spec/1.2.2, 10.3.2), in place of PyYAML's YAML 1.1 resolvers: no
+# sexagesimal, leading-zero octal, binary, underscores, yes/no/on/off, timestamps, merge keys or ``=``.
+_Loader.yaml_implicit_resolvers = {}
+for _tag, _pattern, _first in (
+    (_NULL, r"~|null|Null|NULL|", ["~", "n", "N", ""]),
+    (_BOOL, r"true|True|TRUE|false|False|FALSE", list("tTfF")),
+    (_INT, r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", list("-+0123456789")),
+    (
+        _FLOAT,
+        r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+        list("-+0123456789."),
     ),
-    list("-+0123456789."),
-)
+):
+    _Loader.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"), _first)
+_LOADER = _Loader(
+    ""
+)  # resolves and constructs single scalars for the checks (no state between them)
 
-# Booleans as YAML 1.2 spells them: true and false only. YAML 1.1's yes/no/on/off stay text, which a switch
-# refuses (``bias: no`` read as false, or a country code ``NO`` as a boolean, surprises more than it helps).
-_BOOL = "tag:yaml.org,2002:bool"
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
-    for first, resolvers in _Loader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
+#: PyYAML's YAML 1.1 reading (its SafeLoader), to find where it differs from YAML 1.2's.
+_YAML11 = yaml.SafeLoader("")
 
 
-def parse_yaml(text: str, source: str = "<string>") -> Any:
-    """Parse YAML text; a syntax error (or what :class:`_Loader` refuses) becomes a one-line :class:`ConfigError`."""
+def _yaml11(node: yaml.ScalarNode) -> Any:
+    """What YAML 1.1 reads a plain scalar as: a value, or the name of a kind of key it builds nothing for."""
+    tag = _YAML11.resolve(yaml.ScalarNode, node.value, (True, False))
+    if tag == _INT and len(node.value) > _MAX_DIGITS:
+        return None  # the YAML 1.2 reading refuses it first
+    construct = _YAML11.yaml_constructors.get(tag)
+    if construct is None:  # ``<<`` (a merge key) and ``=`` (a default value): syntax, no value
+        return _Syntax(tag.rsplit(":", 1)[1])
     try:
-        return yaml.load(text, Loader=_Loader)
+        return construct(_YAML11, yaml.ScalarNode(tag, node.value))
+    except ValueError:  # 2024-13-45 (no such date), 0x_ (no digits): YAML 1.1 cannot read it at all
+        return _Syntax("unreadable")
+
+
+class _Syntax(str):
+    """A YAML 1.1 key type (``merge``, ``value``) that a plain scalar stands for."""
+
+
+def _check_scalars(loader: _Loader, root: yaml.Node, key: str) -> None:
+    """Refuse the first plain scalar under ``root`` that YAML 1.1 reads otherwise than YAML 1.2, naming its
+    path from ``key`` (``train.max_iters``, ``tokenizer.special_tokens[1]``) and both readings.
+
+    Raises _Refused: which becomes a one-line ConfigError."""
+    todo = [(root, key)]  # a list, not recursion: depth is the composer's to bound
+    while todo:
+        node, path = todo.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in reversed(node.value):
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                child = f"{path}.{name}" if path else str(name)
+                todo += [(value_node, child), (key_node, child)]
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(item, f"{path}[{i}]") for i, item in reversed(list(enumerate(node.value)))]
+        elif node.style is None and node.tag == loader.resolve(
+            yaml.ScalarNode, node.value, (True, False)
+        ):  # plain and not explicitly tagged
+            _check_scalar(loader, node, path)
+
+
+def _check_scalar(loader: _Loader, node: yaml.ScalarNode, path: str) -> None:
+    new = loader.yaml_constructors[node.tag](loader, node)
+    old = _yaml11(node)
+    if _same(old, new):
+        return
+    if type(old) is str and isinstance(new, float):
+        return  # 3e-4, 1e3, +.5: YAML 1.1 wants a dot and a signed exponent; no one means the text
+    spellings = list(dict.fromkeys(s for s in (_spelling(old), _spelling(new)) if s))
+    fixes = [f"write {' or '.join(spellings)}"] if spellings else []
+    fixes += ["quote it"] if str in (type(old), type(new)) or isinstance(old, _Syntax) else []
+    text = node.value if len(node.value) <= 40 else node.value[:40] + "..."
+    raise _Ambiguous(
+        f"{path + ': ' if path else ''}{text} reads as {_reading(old)} in YAML 1.1 and as "
+        f"{_reading(new)} in YAML 1.2; {', or '.join(fixes)}",
+        node.start_mark,
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two readings are one value of one type (``1`` is not ``true``; NaN is NaN)."""
+    if type(a) is not type(b):
+        return False
+    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+
+
+def _reading(value: Any) -> str:
+    """A reading in words: ``90``, ``90.5``, ``true``, ``the text '1:30'``, ``the date 2024-01-01``."""
+    if isinstance(value, _Syntax):
+        return {
+            "merge": "a merge key (<<)",
+            "value": "a default-value key (=)",
+            "unreadable": "an invalid number or date",
+        }.get(value, value)
+    if isinstance(value, str):
+        return f"the text {value!r}"
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return (
+            f"the {'time' if isinstance(value, datetime.datetime) else 'date'} {value.isoformat()}"
+        )
+    return _spelling(value) or repr(value)
+
+
+def _spelling(value: Any) -> str | None:
+    """How to write a number or boolean so that both YAML versions read it alike; None for text or a date."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    return None
+
+
+def parse_yaml(
+    text: str, source: str = "<string>", key: str = "", *, text_key: bool = False
+) -> Any:
+    """Parse YAML text as the module's rule says; ``key``: the config key the whole text is the value of
+    (``--set``), which a refusal names; ``text_key``: that key takes text, which the caller keeps as typed
+    (no value is refused for what YAML 1.1 would read). Raises ConfigError: a syntax error or what
+    :class:`_Loader` refuses, in one line."""
+    loader = _Loader(text)
+    loader.key, loader.check = key, not text_key
+    try:
+        return loader.get_single_data()
     except (RecursionError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{source}{_yaml_problem(exc)}") from None
+        raise ConfigError(f"{source}{_yaml_problem(exc, key)}") from None
+    finally:
+        loader.dispose()
 
 
-def _yaml_problem(exc: Exception) -> str:
-    """``: line L, column C: problem`` for a YAML error (PyYAML's own marked ``invalid YAML``)."""
+def _yaml_problem(exc: Exception, key: str) -> str:
+    """``: line L, column C: problem`` for a YAML error (PyYAML's own marked ``invalid YAML``); a ``--set``
+    value (``key``) is one line, named by its key instead."""
     if isinstance(exc, RecursionError):
-        return ": invalid YAML (nested too deeply); a config is a few flat sections"
+        return f"{': ' + key if key else ''}: invalid YAML (nested too deeply); a config is a few flat sections"
     mark = getattr(exc, "problem_mark", None)
-    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    where = f": line {mark.line + 1}, column {mark.column + 1}" if mark and not key else ""
+    named = (
+        "" if isinstance(exc, _Ambiguous) or not key else f": {key}"
+    )  # _Ambiguous names its path
     if isinstance(exc, _Refused):
-        return f":{where}: {exc.problem}"
+        return f"{where}{named}: {exc.problem}"
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f":{where}: invalid YAML ({problem}); fix the syntax"
+    return f"{where}{named}: invalid YAML ({problem}); fix the syntax"
