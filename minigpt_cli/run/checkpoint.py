@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ..config.schema import Config, ConfigError, load_config
+from ..config.schema import Config, ConfigError, ModelConfig, load_config
 from ..errors import MinigptError
 from ..fileio import chmod_quietly, dir_mode, errors_as, new_file_mode, os_error, os_errors
 from ..model.gpt import GPT, sinusoidal_table
@@ -346,6 +346,30 @@ def verify_weights(directory: Path) -> Path:
         f"checkpoint weights {str(weights)!r} are corrupt or truncated",
         _RESUME_FIX,
     )
+
+
+def check_resume_weights(directory: Path, config: Optional[ModelConfig]) -> Path:
+    """The checkpoint's weights file once it is intact (:func:`verify_weights`) and its header names the
+    tensors of a model of ``config``, in their shapes (nothing is loaded): what resuming refuses before it
+    writes into the run folder. Raises MinigptError: an unreadable, corrupt or altered file, or other tensors."""
+    weights = verify_weights(directory)
+    if config is None:
+        return weights
+    with errors_as(
+        {
+            (SafetensorError, OSError, ValueError, RuntimeError): lambda exc: MinigptError(
+                _MESSAGES["weights"].format(
+                    path=str(weights), why=str(exc).splitlines()[0], fix=_RESUME_FIX
+                )
+            )
+        }
+    ):
+        with safe_open(str(weights), framework="pt") as f:
+            header = {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
+    with torch.device("meta"), _no_init():
+        model = GPT(config)
+    _check_keys(_unprefixed(header), model, weights, "the model of the run's config")
+    return weights
 
 
 def load_weights_into(model: GPT, directory: Path) -> None:

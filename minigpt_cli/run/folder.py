@@ -381,9 +381,10 @@ class RunLock:
         self.path = self.run_dir / self.FILE
         self._fd: Optional[int] = None
 
-    def acquire(self, fix: str) -> "RunLock":
-        """Take the lock without waiting; ``fix``: what to do when another process holds it. Raises
-        MinigptError: another process holds it (naming its pid), or the lock file cannot be made or written."""
+    def acquire(self, fix: str, mark: bool = True) -> "RunLock":
+        """Take the lock without waiting; ``fix``: what to do when another process holds it; ``mark``: write
+        this process's pid now (else :meth:`mark` does, at the caller's first write). Raises MinigptError:
+        another process holds it (naming its pid), or the lock file cannot be made or written."""
         if fcntl is None:
             return self
         kind = fail("lock_kind", path=self.path)
@@ -408,14 +409,20 @@ class RunLock:
                     if not regular
                     else fail("in_use", path=self.run_dir, pid=self._owner(), fix=fix)
                 )
-            with os_errors(
-                self.path, "write", in_run=True
-            ):  # the pid is only for the message; say which file
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{os.getpid()}\n".encode())
+            self._fd = fd
+            on_failure.callback(setattr, self, "_fd", None)
+            if mark:
+                self.mark()
             on_failure.pop_all()
-        self._fd = fd
         return self
+
+    def mark(self) -> None:
+        """Write this process's pid into the held lock file (only for the message another process shows).
+        Raises MinigptError: it cannot be written."""
+        if self._fd is not None:
+            with os_errors(self.path, "write", in_run=True):  # say which file
+                os.ftruncate(self._fd, 0)
+                os.write(self._fd, f"{os.getpid()}\n".encode())
 
     def _owner(self) -> str:
         """The pid the lock file names, for the message."""

@@ -142,14 +142,13 @@ def load_resume_state(last: Path) -> dict[str, Any]:
 @dataclass
 class Resumed:
     """The run ``--resume`` continues, found once: its folder, its checkpoint's config, and once opened
-    (:meth:`open`) its trainer state, the schedule note and the temporary files swept."""
+    (:meth:`open`) its trainer state and the schedule note."""
 
     run_dir: Path
     saved: Config
     state: dict[str, Any] = field(default_factory=dict)
     max_iters: int = 0
     note: Optional[str] = None
-    swept: list[Path] = field(default_factory=list)
     changes: dict[str, list] = field(
         default_factory=dict
     )  # key -> [old, new] (:func:`config_changes`)
@@ -181,16 +180,35 @@ class Resumed:
     def last_of(run_dir: Path) -> Path:
         return runs.checkpoint_dir(run_dir, runs.LAST)
 
-    def check(self, cfg: Config) -> None:
-        """Before the corpus is read or downloaded: refuse another model, tokenizer or data config
-        (:func:`check_resume_config`), another ``train.optimizer`` (its state would not fit), or a
-        ``tokenizer.path`` naming another tokenizer than the run's."""
+    def check(self, cfg: Config, claim=None) -> None:
+        """Before the corpus is read or downloaded, and before any write (into the run folder or the data
+        folder): lock the run (with ``claim``: rank 0 of a real run), then refuse another model, tokenizer or
+        data config (:func:`check_resume_config`), another ``train.optimizer`` (its state would not fit), a
+        ``tokenizer.path`` naming another tokenizer than the run's, and damaged weights (or tensors other than
+        the run's model's), metrics or trainer state. A dry run checks alike.
+
+        Raises:
+            MinigptError: a run in use, or any of those.
+        """
+        if claim is not None:
+            # The lock file keeps the last owner's pid until build() writes this one's.
+            claim.folder = runs.RunFolder(
+                self.run_dir,
+                runs.RunLock(self.run_dir).acquire(
+                    "wait for it to finish before resuming", mark=False
+                ),
+            )
         check_resume_config(cfg, self.saved)
         if cfg.train.optimizer != self.saved.train.optimizer:
             raise MinigptError(
                 _OPTIMIZER_SWITCHED.format(new=cfg.train.optimizer, old=self.saved.train.optimizer)
             )
         check_run_tokenizer(self.run_dir, self.saved, _named_tokenizer(cfg))
+        last = self.last_of(self.run_dir)
+        # The checkpoint's own model config: equal to cfg's but for the vocabulary, resolved there.
+        checkpoint.check_resume_weights(last, self.saved.model)
+        read_events(self.run_dir / METRICS)
+        self.state = load_resume_state(last)
 
     def check_corpus(self, corpus: Corpus) -> None:
         """Refuse a corpus other than the run's, naming the file that differs (runs saved before fingerprints
@@ -200,27 +218,10 @@ class Resumed:
             path, what, detail = change
             raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
 
-    def open(self, cfg: Config, tok: Optional[Tokenizer], claim=None) -> None:
-        """Lock the run and sweep a killed save's temporary folders (with ``claim``: rank 0 of a real run), then
-        check the run's tokenizer against ``tok`` and read the trainer state.
-
-        Raises:
-            MinigptError: a run in use, another tokenizer, a damaged trainer state (dry run: weights, metrics.jsonl).
-        """
-        last = self.last_of(self.run_dir)
-        if claim is not None:
-            claim.folder = runs.RunFolder(
-                self.run_dir,
-                runs.RunLock(self.run_dir).acquire("wait for it to finish before resuming"),
-            )
-            self.swept = checkpoint.sweep_stale_temps(
-                last.parent
-            )  # safe under the lock: no other process saves
-        else:  # a real run reads these in build(); a dry run loads nothing, so it checks them here, alike
-            checkpoint.verify_weights(last)
-            read_events(self.run_dir / METRICS)
+    def open(self, cfg: Config, tok: Optional[Tokenizer]) -> None:
+        """Once the data is prepared: check the run's tokenizer against ``tok``, and work out the keys this
+        resume changes and the schedule note. Raises MinigptError: another tokenizer."""
         check_run_tokenizer(self.run_dir, self.saved, tok)
-        self.state = load_resume_state(last)
         self.max_iters = cfg.train.max_iters
         self.changes = config_changes(cfg, self.saved)
         if not self.done:

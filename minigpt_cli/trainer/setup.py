@@ -25,7 +25,7 @@ from ..fileio import atomic_write_text, check_writable
 from ..hf.finetune import load_pretrained, resolve_init_from
 from ..model.gpt import GPT
 from ..run import folder as runs
-from ..run.checkpoint import load_weights_into
+from ..run.checkpoint import load_weights_into, sweep_stale_temps
 from ..run.metrics import RunLogger
 from ..runtime import distributed as parallel
 from ..runtime.device import (
@@ -261,7 +261,7 @@ def plan(
     resumed = Resumed.find(cfg, resume) if resume is not None else None
     cfg = resolve_init_from(cfg, resumed.run_dir if resumed is not None else None, echo)
     if resumed is not None:
-        resumed.check(cfg)
+        resumed.check(cfg, claim if write and dist.main else None)
         appended = run_files(resumed.run_dir)[1]
         run = resumed.run_dir
         for path, folder in [(run, True), (run / runs.CHECKPOINTS, True)] + [
@@ -313,7 +313,7 @@ def plan(
         )
     check_memory(cfg, device, dtype, shards=parallel.shards(tc.parallelism, dist))
     if resumed is not None:
-        resumed.open(cfg, stage.tok, claim if write and dist.main else None)
+        resumed.open(cfg, stage.tok)
     elif resume is not None and write:
         echo(
             f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one"
@@ -362,8 +362,13 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
         "dropout_kernel": dropout.dropout_kernel(model, device, dtype),
     }
     logger = RunLogger(run_dir, echo=None, enabled=dist.main)
-    swept = list(resumed.swept) if resumed is not None else []
+    swept: list[Path] = []
     if dist.main:
+        # The first writes into a resumed run's folder: plan() refused whatever it could before them.
+        if resumed is not None and claim.folder is not None:
+            claim.folder.lock.mark()
+            # Safe under the lock: no other process saves.
+            swept = sweep_stale_temps(runs.checkpoint_dir(run_dir, runs.LAST).parent)
         # On resume too: the run's config.yaml follows the train values it now runs with (an edit made to
         # it by hand is kept beside it, and said, not lost).
         edited = runs.keep_edited_config(run_dir, cfg.to_yaml()) if resumed is not None else None
