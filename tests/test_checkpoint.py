@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import pickle
 import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -237,3 +242,62 @@ def test_loading_tolerates_a_compile_or_ddp_prefix(data_dir, tmp_path, monkeypat
 class _Evil:
     def __reduce__(self):
         return (os.system, (f"touch {_Evil.marker}",))
+
+
+def test_reads_of_a_run_that_saves_at_every_step_never_fail(tmp_path, data_dir):
+    """A reader never meets a half-swapped checkpoint (issue 40): 200 loads, as generate and evaluate make
+    them, of a run whose trainer (a process of its own) saves ``last`` at every step."""
+    from minigpt_cli.sample.load import load_run
+
+    sets = [
+        f"data.data_dir={data_dir}",
+        "train.max_iters=1000000",
+        "train.eval_interval=1",  # an eval, so a save of last (and of best when better), every step
+        "train.eval_iters=1",
+        "train.log_interval=1000",
+        "train.sample_tokens=0",
+    ]
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "minigpt_cli", "train", str(TINY), "--run-name", "busy"]
+        + [w for s in sets for w in ("--set", s)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run = tmp_path / "runs" / "busy"
+    try:
+        # The events: the trainer's line "training ..." comes before its first step; then its first save.
+        said = iter(writer.stderr.readline, "")
+        assert any(line.startswith("training") for line in said), writer.wait()
+        threading.Thread(target=lambda: all(said), daemon=True).start()  # keep the pipe drained
+        failures, steps = [], set()
+        while not (run / "checkpoints" / "last" / "meta.json").exists():
+            assert writer.poll() is None
+            time.sleep(0.05)
+        for i in range(200):
+            try:
+                loaded = load_run(run, "last" if i % 2 else "best")
+                steps.add(runs.read_meta(loaded.checkpoint)["step"])
+            except MinigptError as exc:
+                failures.append(str(exc))
+        assert writer.poll() is None  # it saved all along
+    finally:
+        writer.send_signal(signal.SIGTERM)
+        writer.communicate()
+    assert failures == []
+    assert len(steps) > 10, steps  # the reads met many saves
+
+
+def test_a_run_in_training_without_a_checkpoint_yet_is_not_told_to_train_first(tmp_path):
+    run = tmp_path / "runs" / "busy"
+    run.mkdir(parents=True)
+    with pytest.raises(MinigptError, match="train first"):
+        runs.open_checkpoint(run, "last")
+    (run / ".lock").write_text("4242\n")
+    with open(run / ".lock") as held:  # another open file description: as the trainer's own lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(MinigptError) as e:
+            runs.open_checkpoint(run, "last")
+    assert "the run is training (pid 4242) and has not saved one" in str(e.value)
+    assert "train first" not in str(e.value) and "wait for its first save" in str(e.value)

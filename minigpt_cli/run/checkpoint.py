@@ -41,6 +41,7 @@ from .folder import (
     old_copy,
     read_meta,
     resolve,
+    steady,
 )
 
 #: Prefixes of a wrapped model's state dict: torch.compile's and DistributedDataParallel's.
@@ -246,8 +247,13 @@ def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
 
 
 def saved_config(directory: Path) -> Config:
-    """The verified config.yaml of a checkpoint folder (resolved as :func:`resolve` does). Raises MinigptError:
-    missing, damaged or not matching its sha256 (the message says the checkpoint's copy is the problem)."""
+    """The verified config.yaml of a checkpoint folder (resolved as :func:`resolve` does, read as
+    :func:`~.folder.steady` reads). Raises MinigptError: missing, damaged or not matching its sha256 (the
+    message says the checkpoint's copy is the problem)."""
+    return steady(directory, lambda: _saved_config(directory))
+
+
+def _saved_config(directory: Path) -> Config:
     directory = resolve(directory)
     path = directory / CONFIG
     fix = f"restore {path} from the run's own config.yaml, which has the same content"
@@ -306,8 +312,13 @@ def _other_hint(directory: Path) -> str:
 
 
 def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
-    """Rebuild the model (eval mode) from a checkpoint folder alone, each file verified. Raises MinigptError,
-    naming the file: missing, truncated, corrupt or altered files, or weights that do not fit the config."""
+    """Rebuild the model (eval mode) from a checkpoint folder alone, each file verified, all from one
+    checkpoint while a run saves (:func:`~.folder.steady`). Raises MinigptError, naming the file: missing,
+    truncated, corrupt or altered files, or weights that do not fit the config."""
+    return steady(directory, lambda: _load_model(directory, device))
+
+
+def _load_model(directory: Path, device: str | torch.device) -> tuple[GPT, Config]:
     directory = resolve(directory)
     config = saved_config(directory)
     weights = directory / WEIGHTS

@@ -176,20 +176,135 @@ def old_copy(directory: Path) -> Path:
     return directory.parent / f".{directory.name}.old"
 
 
+def _saving(directory: Path) -> bool:
+    """Whether a save of checkpoint ``directory`` is under way: its temporary folder or its ``.old`` copy
+    is there (:func:`~minigpt_cli.run.checkpoint.save`)."""
+    with suppress(OSError):
+        return old_copy(directory).exists() or any(
+            directory.parent.glob(f".{glob_escape(directory.name)}.tmp-*")
+        )
+    return False
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob's special characters taken literally."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _find(directory: Path) -> Optional[Path]:
+    """``directory`` or its ``.old`` copy, whichever holds a weights file; None when neither does.
+
+    A save swaps the new folder in with two renames (``last`` to ``.last.old``, the temporary to ``last``):
+    a reader that looks at ``last`` before the first and at ``.last.old`` after the second finds neither.
+    So while a save is under way (:func:`_saving`) it looks again, and once none is, a last time: a swap
+    that ended between the looks left ``directory`` in place. Waits at most :data:`_SWAP_WAIT` seconds.
+    """
+    deadline = time.monotonic() + _SWAP_WAIT
+    while True:
+        for candidate in (directory, old_copy(directory)):
+            if (candidate / WEIGHTS).is_file():
+                return candidate
+        if not _saving(directory):
+            return directory if (directory / WEIGHTS).is_file() else None
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.002)
+
+
+#: How long a reader waits for a save it meets mid-swap (a swap is two renames: microseconds, but a loaded
+#: machine may pause the writer between them).
+_SWAP_WAIT = 30.0
+
+
 def has_weights(directory: str | Path) -> bool:
-    """Whether the checkpoint folder ``directory``, or its ``.old`` copy, holds a weights file."""
-    directory = Path(directory)
-    return (directory / WEIGHTS).is_file() or (old_copy(directory) / WEIGHTS).is_file()
+    """Whether the checkpoint folder ``directory``, or its ``.old`` copy, holds a weights file (a save under
+    way is waited for: :func:`_find`)."""
+    return _find(Path(directory)) is not None
 
 
 def resolve(directory: str | Path) -> Path:
-    """The checkpoint folder to load: ``directory``, or its ``.old`` copy if a swap was cut short.
-    Raises MinigptError when neither holds a weights file."""
-    directory = Path(directory)
+    """The checkpoint folder to load: ``directory``, or its ``.old`` copy if a swap was cut short or is under
+    way (:func:`_find`). Raises MinigptError when neither holds a weights file."""
+    found = _find(Path(directory))
+    if found is None:
+        raise no_checkpoint(Path(directory), f"missing {WEIGHTS}")
+    return found
+
+
+def _identity(directory: Path) -> tuple[Optional[int], Optional[int]]:
+    """The inodes of ``directory`` and its ``.old`` copy (None: absent): every save makes a new folder."""
+    ids = []
     for candidate in (directory, old_copy(directory)):
-        if (candidate / WEIGHTS).is_file():
-            return candidate
-    raise fail("no_checkpoint", path=str(directory), why=f"missing {WEIGHTS}")
+        try:
+            ids.append(os.stat(candidate).st_ino)
+        except OSError:
+            ids.append(None)
+    return ids[0], ids[1]
+
+
+def steady(directory: str | Path, read: Callable[[], Any]) -> Any:
+    """``read()`` of checkpoint ``directory``'s files, read again when a save swapped the folder meanwhile
+    (its files then come from two checkpoints, or vanish half-way): what a reader of a run in training gets
+    is one checkpoint's. Raises what ``read`` raises when the folder stayed as it was."""
+    directory = Path(directory)
+    for _ in range(_STEADY_TRIES):
+        before = _identity(directory)
+        try:
+            result = read()
+        except MinigptError:
+            if _identity(directory) == before:
+                raise
+            continue
+        if _identity(directory) == before:
+            return result
+    return read()
+
+
+#: Reads of one checkpoint a reader tries while saves keep replacing it.
+_STEADY_TRIES = 50
+
+
+def training_pid(run_dir: Path) -> Optional[str]:
+    """The pid of the ``train`` that holds ``run_dir``'s lock now ("unknown" when the file names none);
+    None when no process holds it (or there is no lock)."""
+    if fcntl is None:
+        return None
+    lock = Path(run_dir) / LOCK
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:  # shared and released at once: a holder's exclusive lock refuses it
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return RunLock(run_dir)._owner()
+        return None
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+
+
+def no_checkpoint(directory: Path, why: str) -> MinigptError:
+    """The error for a checkpoint folder ``directory`` without weights (``why``): train first, or, while a
+    ``train`` holds the run (it has not saved yet), wait for its first save."""
+    run_dir = (
+        directory.parent
+        if directory.name == CHECKPOINTS
+        else directory.parent.parent
+        if directory.parent.name == CHECKPOINTS
+        else directory
+    )
+    pid = training_pid(run_dir)
+    if pid is not None:
+        return MinigptError(
+            f"no checkpoint at {str(directory)!r} yet ({why}): the run is training (pid {pid}) and has "
+            "not saved one",
+            "wait for its first save (train.eval_interval steps), then try again",
+            path=str(directory),
+        )
+    return fail("no_checkpoint", path=str(directory), why=why)
 
 
 class Meta(BaseModel):
@@ -219,9 +334,13 @@ def meta_digest(fields: dict[str, Any]) -> str:
 
 
 def read_meta(ckpt: str | Path) -> dict[str, Any]:
-    """A checkpoint folder's ``meta.json`` (resolved as :func:`resolve` does), checked by :class:`Meta` and by the
-    digest of its fields it was written with. Raises MinigptError: no checkpoint there; meta.json unreadable,
-    damaged (naming the field) or edited since it was written."""
+    """A checkpoint folder's ``meta.json`` (resolved as :func:`resolve` does, read as :func:`steady` reads),
+    checked by :class:`Meta` and by the digest of its fields it was written with. Raises MinigptError: no
+    checkpoint there; meta.json unreadable, damaged (naming the field) or edited since it was written."""
+    return steady(ckpt, lambda: _read_meta(ckpt))
+
+
+def _read_meta(ckpt: str | Path) -> dict[str, Any]:
     path = resolve(ckpt) / META
     other = {BEST: LAST, LAST: BEST}.get(Path(ckpt).name, "another checkpoint")
     # the fix names the other checkpoint only where there is one (best falls back to last before any eval)
@@ -288,14 +407,11 @@ def open_checkpoint(
         (which not in (BEST, LAST) and not kept, "which", {"which": which}),
         (run is None and newest is None, "no_runs", {"path": str(runs_dir)}),
         (not run_dir.is_dir(), "no_run", {"path": str(run_dir)}),
-        (
-            not has_weights(ckpt),
-            "no_checkpoint",
-            {"path": str(run_dir / CHECKPOINTS), "why": f"{tried} {WEIGHTS}"},
-        ),
     )
     if problem is not None:
         raise problem
+    if not has_weights(ckpt):
+        raise no_checkpoint(run_dir / CHECKPOINTS, f"{tried} {WEIGHTS}")
     return run_dir, ckpt
 
 
