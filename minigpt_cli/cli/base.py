@@ -233,13 +233,17 @@ def _raise_terminated(signum, frame):
 
 def _install_termination_handlers() -> dict:
     """Make SIGTERM and SIGHUP unwind like Ctrl-C, so ``finally`` blocks remove partial files (the training loop
-    installs its own, which save first). Returns the handlers replaced."""
+    installs its own, which save first), and Ctrl-C raise KeyboardInterrupt even where the process was started
+    with SIGINT ignored (``minigpt ... &`` in a script: Python then leaves it ignored, and every command but
+    ``train``, which sets its own, would run to its end). Returns the handlers replaced."""
     if (
         threading.current_thread() is not threading.main_thread()
     ):  # only the main thread may set handlers
         return {}
     signals = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
-    return {sig: signal.signal(sig, _raise_terminated) for sig in signals}
+    replaced = {sig: signal.signal(sig, _raise_terminated) for sig in signals}
+    replaced[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    return replaced
 
 
 #: OSErrors that mean "the disk said no" even without a file name (a write to an open file).

@@ -3,7 +3,7 @@
 bpe: the ``tokenizers`` library's byte-level BPE (GPT-2; Radford et al. 2019 §2.2); unigram: its Unigram
 trainer (Kudo 2018) with ``<unk>``, trimmed to the size asked (:func:`_trim_unigram`); wordpiece: our merges
 (:mod:`.wordpiece`) in a library WordPiece model. Unigram and WordPiece split words as GPT-2 does and spell a
-space ``▁``. The library trains in a worker thread so that Ctrl-C stops it at once.
+space ``▁``. The library trains in a process of its own so that Ctrl-C stops it at once.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from ..config.schema import MAX_VOCAB as MAX_VOCAB_SIZE  # far larger: the tokenizers library aborts
@@ -144,26 +145,49 @@ def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
     )
 
 
-def _train_interruptibly(tok, pieces: Iterator[str], trainer) -> None:
-    """``tok.train_from_iterator(pieces, trainer)`` in a worker thread: Python delivers a signal only between
-    bytecodes, so a main thread inside the Rust call would hold a Ctrl-C until training ended.
+def _train_interruptibly(tok, pieces: Iterator[str], trainer):
+    """``tok`` trained by ``tok.train_from_iterator(pieces, trainer)`` in a process of its own
+    (:mod:`.library_worker`), which a Ctrl-C or SIGTERM here kills: the library's loop holds the GIL, so
+    in this process a signal would wait until training ended. The worker has a session of its own (a
+    terminal's Ctrl-C reaches this process alone, which stops within a second, exit 130, nothing written).
+
+    Raises:
+        Exception: the library's refusal (a plain Exception, as the library raises it in-process).
     """
-    import threading
+    import os
+    import pickle
+    import subprocess
+    import sys
 
-    failure: list[BaseException] = []
+    from tokenizers import Tokenizer as _Backend
 
-    def work() -> None:
+    worker = Path(__file__).with_name("library_worker.py")
+    # -c and not the script alone: the current folder and the script's own stay off sys.path.
+    start = (
+        "import runpy, sys; sys.path.pop(0); sys.argv = sys.argv[1:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", start, str(worker), str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
         try:
-            tok.train_from_iterator(pieces, trainer)
-        except BaseException as exc:  # re-raised in the caller's thread
-            failure.append(exc)
-
-    worker = threading.Thread(target=work, name="tokenizer-training", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.1)
-    if failure:
-        raise failure[0]
+            pickle.dump((tok, trainer, list(pieces)), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        except BrokenPipeError:  # the worker failed at its start: its stderr says why
+            pass
+        out, err = proc.communicate()  # closes stdin: the worker's input ends
+    finally:  # a signal (KeyboardInterrupt, SIGTERM's exception) or an error here: the worker goes too
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        said = err.decode("utf-8", "replace").strip().splitlines()
+        raise Exception(said[-1] if said else f"the worker exited with status {proc.returncode}")
+    return _Backend.from_str(out.decode("utf-8"))
 
 
 #: Text goes to the library's trainers in pieces of about this many characters: one 100 MB string
@@ -200,8 +224,7 @@ def _train_bpe(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTok
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    _train_interruptibly(tok, _pieces(chunks), trainer)
-    return HFTokenizer(tok)
+    return HFTokenizer(_train_interruptibly(tok, _pieces(chunks), trainer))
 
 
 def _train_unigram(chunks: list[str], vocab_size: int, specials: list[str]) -> HFTokenizer:
@@ -214,7 +237,7 @@ def _train_unigram(chunks: list[str], vocab_size: int, specials: list[str]) -> H
     trainer = trainers.UnigramTrainer(
         vocab_size=vocab_size, unk_token=UNK, special_tokens=[UNK, *specials], show_progress=False
     )
-    _train_interruptibly(tok, _pieces(chunks), trainer)
+    tok = _train_interruptibly(tok, _pieces(chunks), trainer)
     return HFTokenizer(_trim_unigram(tok, vocab_size))
 
 
