@@ -91,3 +91,38 @@ def test_ctrl_c_stops_tokenizer_training_at_once(tmp_path, corpus, args, ignored
     assert list((tmp_path / "out").iterdir()) == []  # no tokenizer, no token file, no temporary
     worker = int(fed.read_text())
     assert _gone(worker)  # the library's process went with the command
+
+
+@pytest.fixture(scope="module")
+def long_corpus(tmp_path_factory, corpus_file) -> Path:
+    """About 20 MB of text: its token files take seconds to write."""
+    path = tmp_path_factory.mktemp("long") / "long.txt"
+    text = corpus_file.read_text(encoding="utf-8")
+    path.write_text("".join(f"{text}\n{copy}\n" for copy in range(18)), encoding="utf-8")
+    return path
+
+
+def test_ctrl_c_stops_the_writing_of_token_files_and_leaves_none(tmp_path, long_corpus):
+    (tmp_path / "out").mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minigpt_cli", "prepare", str(TINY)]
+        + ["--set", f"data.path={long_corpus}", "--set", "data.data_dir=out"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # The event: tokens reach a temporary token file (written, then renamed, when complete).
+        while not any(p.stat().st_size for p in (tmp_path / "out").rglob(".prep-*")):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=600)  # a bound only against a hang, never met
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "stopped by Ctrl-C (no file left half-written)", err
+    left = [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert not [name for name in left if name.endswith(".bin") or name.startswith(".prep-")], left
