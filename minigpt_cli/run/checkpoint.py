@@ -47,17 +47,6 @@ from .folder import (
 #: Prefixes of a wrapped model's state dict: torch.compile's and DistributedDataParallel's.
 _PREFIXES = ("_orig_mod.", "module.")
 
-_MESSAGES = {
-    "write": "cannot write {path}: {reason}; free some disk space or choose another train.out_dir",
-    "checksum": "{what} (not the sha256 its meta.json recorded); {fix}",
-    "unchecked": "note: {path} was written before checkpoints recorded their sha256; its files are not verified",
-    "weights": "checkpoint weights {path!r} are corrupt or truncated ({why}); {fix}",
-    "mismatch": "checkpoint weights {path!r} do not match {what} (missing {missing}, unexpected {extra}); "
-    "the checkpoint is damaged",
-    "fit": "checkpoint weights {path!r} do not fit {what} ({why})",
-    "state": "trainer state {path!r} is corrupt or unsafe to load ({why}); use another checkpoint or start a new run",
-    "no_state": "{path!r} not found; this checkpoint cannot be resumed",
-}
 
 #: Test hook: "NAME:N:POINT" SIGKILLs the process in the N-th save of folder NAME, at POINT ("weights": half-way
 #: through the temporary folder; "swap": between moving the old folder aside and renaming the new one in).
@@ -122,10 +111,14 @@ def verify(directory: Path, name: str, what: str, fix: str) -> Path:
     with os_errors(path, "read", in_run=True):
         intact = recorded is None or sha256(path) == recorded
     if not intact:
-        raise MinigptError(_MESSAGES["checksum"].format(what=what, fix=fix), path=path)
+        raise MinigptError(f"{what} (not the sha256 its meta.json recorded)", fix, path=path)
     if recorded is None and directory not in _unchecked_said:
         _unchecked_said.add(directory)
-        print(_MESSAGES["unchecked"].format(path=directory), file=sys.stderr)
+        print(
+            f"note: {directory} was written before checkpoints recorded their sha256; its files are "
+            "not verified",
+            file=sys.stderr,
+        )
     return path
 
 
@@ -200,7 +193,10 @@ def _failed_write(exc: BaseException, directory: Path) -> Optional[MinigptError]
         w in text for w in ("no space", "storagefull", "os error 28")
     )
     reason = os.strerror(errno.ENOSPC) if full else "the write failed"
-    return MinigptError(_MESSAGES["write"].format(path=directory, reason=reason))
+    return MinigptError(
+        f"cannot write {directory}: {reason}",
+        "free some disk space or choose another train.out_dir",
+    )
 
 
 #: Words of torch.save's and safetensors' messages for a write that failed (a full disk shows as
@@ -237,9 +233,9 @@ def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
     with errors_as(
         {
             (SafetensorError, OSError, ValueError, RuntimeError): lambda exc: MinigptError(
-                _MESSAGES["weights"].format(
-                    path=str(weights), why=str(exc).splitlines()[0], fix=fix
-                )
+                f"checkpoint weights {str(weights)!r} are corrupt or truncated "
+                f"({str(exc).splitlines()[0]})",
+                fix,
             )
         }
     ):
@@ -295,9 +291,10 @@ def _check_keys(sd: dict[str, torch.Tensor], model: GPT, weights: Path, what: st
         why = wrong and f"{wrong}: shape {tuple(sd[wrong].shape)}, the model's {shapes[wrong]}"
         missing, extra = sorted(expected - got)[:3], sorted(got - expected)[:3]
         raise MinigptError(
-            _MESSAGES["mismatch" if expected != got else "fit"].format(
-                path=str(weights), what=what, missing=missing, extra=extra, why=why
-            )
+            f"checkpoint weights {str(weights)!r} do not match {what} (missing {missing}, "
+            f"unexpected {extra}); the checkpoint is damaged"
+            if expected != got
+            else f"checkpoint weights {str(weights)!r} do not fit {what} ({why})"
         )
 
 
@@ -369,9 +366,9 @@ def check_resume_weights(directory: Path, config: Optional[ModelConfig]) -> Path
     with errors_as(
         {
             (SafetensorError, OSError, ValueError, RuntimeError): lambda exc: MinigptError(
-                _MESSAGES["weights"].format(
-                    path=str(weights), why=str(exc).splitlines()[0], fix=_RESUME_FIX
-                )
+                f"checkpoint weights {str(weights)!r} are corrupt or truncated "
+                f"({str(exc).splitlines()[0]})",
+                _RESUME_FIX,
             )
         }
     ):
@@ -407,10 +404,11 @@ def load_trainer_state(directory: Path) -> dict[str, Any]:
     with errors_as(
         {
             FileNotFoundError: lambda exc: MinigptError(
-                _MESSAGES["no_state"].format(path=str(path))
+                f"{str(path)!r} not found; this checkpoint cannot be resumed"
             ),
             Exception: lambda exc: MinigptError(
-                _MESSAGES["state"].format(path=str(path), why=type(exc).__name__)
+                f"trainer state {str(path)!r} is corrupt or unsafe to load ({type(exc).__name__})",
+                "use another checkpoint or start a new run",
             ),
         }
     ):

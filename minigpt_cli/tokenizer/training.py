@@ -90,16 +90,18 @@ def check_vocab_size(
     least = (
         base_vocab_size(kind, text, special_tokens) if vocab_size is not None and not too_big else 0
     )
-    problem = (
-        "no_size"
-        if vocab_size is None
-        else "above"
-        if too_big
-        else "below"
-        if vocab_size < least
-        else None
-    )
-    if problem:
+    if vocab_size is None:
+        raise MinigptError(
+            f"a {kind} tokenizer needs a vocabulary size",
+            "pass --vocab-size N or set tokenizer.vocab_size",
+        )
+    if too_big:
+        raise MinigptError(
+            f"vocabulary size {vocab_size:,} is above the largest supported, {MAX_VOCAB_SIZE:,}",
+            f"use a vocabulary size of at most {MAX_VOCAB_SIZE:,} (a few thousand suits Tiny "
+            "Shakespeare)",
+        )
+    if vocab_size < least:
         what = {
             "bpe": "256 bytes",
             "unigram": "the corpus's characters and <unk>",
@@ -107,49 +109,34 @@ def check_vocab_size(
         }[kind]
         extra = f" and {len(special_tokens)} special tokens" if special_tokens else ""
         raise MinigptError(
-            _MESSAGES[problem].format(
-                kind=kind, size=vocab_size, least=least, most=MAX_VOCAB_SIZE, what=what + extra
-            )
+            f"vocabulary size {vocab_size} is below the {kind} base alphabet of {least} "
+            f"({what}{extra})",
+            f"use a vocabulary size of at least {least}",
         )
-
-
-_MESSAGES = {
-    "no_size": "a {kind} tokenizer needs a vocabulary size; pass --vocab-size N or set tokenizer.vocab_size",
-    "above": (
-        "vocabulary size {size:,} is above the largest supported, {most:,}; use a vocabulary size of at "
-        "most {most:,} (a few thousand suits Tiny Shakespeare)"
-    ),
-    "below": (
-        "vocabulary size {size} is below the {kind} base alphabet of {least} ({what}); use a vocabulary "
-        "size of at least {least}"
-    ),
-    "unigram_short": (
-        "the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked for "
-        "(near what the corpus can give it stops short); use a smaller vocabulary size, e.g. "
-        "{got:,}, or more text"
-    ),
-    "short": (
-        "the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} asked for; "
-        "use a vocabulary size of at most {got:,} or more text"
-    ),
-    "failed": "training the {kind} tokenizer failed: {error}",
-}
 
 
 def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
     # the unigram trainer stops short of what the corpus can give by amounts that vary with the size asked
-    return MinigptError(
-        _MESSAGES["unigram_short" if kind == "unigram" else "short"].format(
-            kind=kind, got=got, wanted=wanted
+    if kind == "unigram":
+        return MinigptError(
+            f"the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked "
+            "for (near what the corpus can give it stops short)",
+            f"use a smaller vocabulary size, e.g. {got:,}, or more text",
         )
+    return MinigptError(
+        f"the corpus gives at most {got:,} {kind} vocabulary entries, fewer than the {wanted:,} "
+        "asked for",
+        f"use a vocabulary size of at most {got:,} or more text",
     )
 
 
 def _train_interruptibly(tok, pieces: Iterator[str], trainer):
     """``tok`` trained by ``tok.train_from_iterator(pieces, trainer)`` in a process of its own
-    (:mod:`.library_worker`), which a Ctrl-C or SIGTERM here kills: the library's loop holds the GIL, so
-    in this process a signal would wait until training ended. The worker has a session of its own (a
-    terminal's Ctrl-C reaches this process alone, which stops within a second, exit 130, nothing written).
+    (:mod:`.library_worker`), which a Ctrl-C or SIGTERM here kills: a call into the library cannot be
+    stopped, only abandoned (a thread would run on, with its CPU and memory, until the library returned),
+    and a loop that holds the GIL would hold back this process's signals too. The worker has a session of
+    its own (a terminal's Ctrl-C reaches this process alone, which stops within a second, exit 130,
+    nothing written).
 
     Raises:
         Exception: the library's refusal (a plain Exception, as the library raises it in-process).
@@ -348,7 +335,7 @@ def train_tokenizer(
         lambda: trainer(chunks, vocab_size, specials)
     )  # the library's refusals: one line
     if error is not None:
-        raise MinigptError(_MESSAGES["failed"].format(kind=kind, error=str(error).splitlines()[0]))
+        raise MinigptError(f"training the {kind} tokenizer failed: {str(error).splitlines()[0]}")
     if tok.vocab_size < vocab_size:
         raise _too_big(kind, tok.vocab_size, vocab_size)
     return tok
