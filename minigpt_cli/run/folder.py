@@ -178,11 +178,13 @@ def old_copy(directory: Path) -> Path:
 
 def _saving(directory: Path) -> bool:
     """Whether a save of checkpoint ``directory`` is under way: its temporary folder or its ``.old`` copy
-    is there (:func:`~minigpt_cli.run.checkpoint.save`)."""
+    is there (:func:`~minigpt_cli.run.checkpoint.save`), and a ``train`` holds the run (those a killed
+    save left behind are no save)."""
     with suppress(OSError):
-        return old_copy(directory).exists() or any(
+        left = old_copy(directory).exists() or any(
             directory.parent.glob(f".{glob_escape(directory.name)}.tmp-*")
         )
+        return left and training_pid(directory.parent.parent) is not None
     return False
 
 

@@ -261,13 +261,13 @@ def plan(
     resumed = Resumed.find(cfg, resume) if resume is not None else None
     cfg = resolve_init_from(cfg, resumed.run_dir if resumed is not None else None, echo)
     if resumed is not None:
-        resumed.check(cfg, claim if write and dist.main else None)
         appended = run_files(resumed.run_dir)[1]
         run = resumed.run_dir
         for path, folder in [(run, True), (run / runs.CHECKPOINTS, True)] + [
             (p, False) for p in run_files(run)[0]
         ]:
             check_writable(path, folder, append=path in appended, in_run=True)
+        resumed.check(cfg, claim if write and dist.main else None)
     else:
         check_writable(tc.out_dir, folder=True)
         if run_name is not None:
