@@ -137,6 +137,53 @@ def test_an_mfu_above_one_against_a_slower_kernel_is_explained(monkeypatch):
     assert not any("above 1" in l for l in lines if "against oneDNN peak" in l)
 
 
+def test_known_gpus_have_their_datasheet_peaks():
+    """Dense bf16 and fp16 peaks (NVIDIA's datasheets print them doubled, with 2:4 sparsity), found by the
+    names torch.cuda.get_device_name gives; none for float32, an unknown board or a CPU."""
+    import torch
+
+    from minigpt_cli.runtime.device import spec_peak
+
+    datasheets = {  # name -> (board, dense TFLOP/s): the datasheets' sparsity figures halved
+        "NVIDIA H100 80GB HBM3": ("H100 SXM", 989),  # 1,979 with sparsity
+        "NVIDIA H100 PCIe": ("H100 PCIe", 756),  # 1,513
+        "NVIDIA H100 NVL": ("H100 NVL", 835),  # 1,671
+        "NVIDIA H200": ("H200 SXM", 989),  # 1,979
+        "NVIDIA H200 NVL": ("H200 NVL", 835),  # 1,671
+        "NVIDIA A100-SXM4-80GB": ("A100", 312),  # 624
+        "NVIDIA L4": ("L4", 121),  # 242
+        "NVIDIA L40S": ("L40S", 362),  # 733
+    }
+    for name, (board, tflops) in datasheets.items():
+        for dtype in (torch.bfloat16, torch.float16):
+            assert spec_peak(name, dtype) == (board, tflops * 1e12), name
+        assert spec_peak(name, torch.float32) is None
+    for unknown in ("NVIDIA A10G", "NVIDIA GeForce RTX 4090", "cpu"):
+        assert spec_peak(unknown, torch.bfloat16) is None
+
+
+def test_on_a_known_gpu_mfu_is_against_the_datasheet_and_the_measured_peak_stays_beside_it(
+    monkeypatch,
+):
+    """What the table shows for a result with a datasheet peak (bench sets one on a known GPU only)."""
+    from minigpt_cli.bench.throughput import bench, format_bench
+
+    small_peak(monkeypatch)
+    r = bench(load_config(TINY), iters=1, generation=False, echo=lambda m: None)
+    assert r["spec_peak_flops"] is None and r["mfu_spec"] is None and r["gpu"] is None
+    assert r["mfu"] == r["mfu_measured"] == r["achieved_flops"] / r["peak_flops"]
+    assert "datasheet" not in format_bench(r)
+    r.update(gpu="NVIDIA H100 80GB HBM3", spec_peak_flops=989e12, spec_peak_board="H100 SXM")
+    r["mfu"] = r["mfu_spec"] = r["achieved_flops"] / 989e12
+    lines = format_bench(r).splitlines()
+    assert lines[0].startswith("device cpu (NVIDIA H100 80GB HBM3), ")
+    assert any(l.startswith("peak (datasheet)") and "(H100 SXM)" in l for l in lines), lines
+    (mfu,) = [l for l in lines if l.startswith("MFU")]
+    assert "against the datasheet's peak" in mfu and f"{r['mfu']:.3f}" in mfu
+    (measured,) = [l for l in lines if "against the measured peak" in l]
+    assert f"{r['mfu_measured']:.3f}" in measured
+
+
 def test_bench_streaming_goes_through_generates_text_path(cli, data_dir, monkeypatch):
     """--stream-tokens: the same seeded tokens through generation.write_sample three ways; the overheads are
     the extra text-path seconds over the decode-at-the-end pass, against that pass's generation time."""
