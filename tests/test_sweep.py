@@ -321,6 +321,35 @@ def test_the_runs_of_a_sweep_killed_by_sigkill_stop_and_save(tmp_path, data_dir)
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="--jobs 2 needs 2 cores")
+def test_on_a_machine_with_two_gpus_each_job_gets_its_own(tmp_path, data_dir, monkeypatch):
+    """Two CUDA devices (simulated: torch.cuda.device_count says 2): without --jobs a sweep whose runs go to
+    CUDA (device auto) runs 2 at a time, saying so, and each run's process sees one GPU of its own in
+    CUDA_VISIBLE_DEVICES (its env.json records it); the same sweep on device cpu stays at 1 job."""
+    import torch
+
+    from minigpt_cli.experiments.sweep import Overrides, default_jobs, visible_gpus
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpus() == ["0", "1"]
+    path = write_sweep(tmp_path, data_dir, seeds=1, budget={"iters": 2})
+    assert default_jobs(load_sweep(path), print) == 1  # tiny.yaml trains on the CPU
+    notes: list[str] = []
+    with working_dir(tmp_path):
+        run_sweep(path, overrides=Overrides(("device=auto",)), echo=notes.append)
+    assert (
+        "note: 2 GPUs here: 2 runs at a time, each on its own GPU (--jobs 1: one run at a time)"
+        in (notes)
+    )
+    folders = [tmp_path / "runs" / "s" / f"ffn-{f}-s1337" for f in ("relu", "gelu")]
+    seen = [json.loads((f / "env.json").read_text())["cuda_visible_devices"] for f in folders]
+    assert sorted(seen) == ["0", "1"], seen
+    # Devices already narrowed by the caller: the jobs share out those.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert visible_gpus() == ["3", "5"]
+
+
 def test_budgets_give_equal_tokens_or_equal_time(tmp_path, data_dir):
     path = write_sweep(
         tmp_path,

@@ -45,12 +45,15 @@ def sweep(
         help="Check the sweep file and overrides, print the runs with their schedules and any "
         "note on the budget, and train nothing.",
     ),
-    jobs: int = typer.Option(
-        1,
+    jobs: Optional[int] = typer.Option(
+        None,
         "--jobs",
         min=1,
         metavar="N",
-        help="Runs at a time, each in its own process with 1/N of the cores (default 1).",
+        show_default=False,
+        help="Runs at a time, each in its own process with 1/N of the cores and, on a machine with GPUs, "
+        "a GPU of its own (CUDA_VISIBLE_DEVICES). Default: the GPU count where the runs train on CUDA, "
+        "else 1.",
     ),
     storage: Optional[str] = typer.Option(
         None,
@@ -117,7 +120,7 @@ def sweep(
             *(["--scale-schedule"] if scale_schedule else []),
             *(["--storage", storage] if storage else []),
             *(["--worker"] if worker else []),
-            *(["--jobs", str(jobs)] if jobs > 1 else []),
+            *(["--jobs", str(jobs)] if jobs else []),
         ]
     )
     with fix_when_interrupted(lambda exc: f"continue the sweep with: {again}"):

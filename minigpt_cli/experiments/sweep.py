@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -697,13 +698,49 @@ def die_with_parent() -> Optional[Callable[[], None]]:
 POLL_S = 0.5
 
 
+def visible_gpus() -> list[str]:
+    """The CUDA devices ``--jobs`` shares out, as ``CUDA_VISIBLE_DEVICES`` names them: the entries already set
+    there (a job gets one of them), else ``0`` .. ``count - 1``; none without CUDA."""
+    import torch
+
+    count = torch.cuda.device_count()  # 0 without CUDA; counts without creating a CUDA context
+    given = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return given[:count] if given else [str(i) for i in range(count)]
+
+
+def default_jobs(sweep: Sweep, echo: Callable[[str], None]) -> int:
+    """``--jobs`` when not given: one run per GPU where the runs train on CUDA and there are several GPUs,
+    saying so; else 1 (the runs one after another, in this process)."""
+    gpus = visible_gpus()
+    # A search has no runs before its trials: the base config with the sweep's --set says the device.
+    device = (
+        sweep.runs[0].cfg.device
+        if sweep.runs
+        else apply_overrides(sweep.base_data, sweep.sets).get("device", "auto")
+    )
+    if len(gpus) < 2 or device in ("cpu", "mps"):
+        return 1
+    echo(
+        f"note: {len(gpus)} GPUs here: {len(gpus)} runs at a time, each on its own GPU "
+        "(--jobs 1: one run at a time)"
+    )
+    return len(gpus)
+
+
 class _Processes:
     """``--jobs N``: each run a ``minigpt train`` process with 1/N of the cores, in a session of its own (the sweep
-    passes a Ctrl-C on) and ended if the sweep is killed; :meth:`stop` stops them all, each saving its checkpoint."""
+    passes a Ctrl-C on) and ended if the sweep is killed; :meth:`stop` stops them all, each saving its checkpoint.
+    On a machine with GPUs each running process sees one of them (``CUDA_VISIBLE_DEVICES``), a GPU of its own
+    while N is at most the GPU count (more jobs share them evenly)."""
 
     def __init__(self, sweep: Sweep, jobs: int):
         self.sweep, self.jobs = sweep, jobs
         self.env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // jobs)))
+        # One entry per job: a run takes a GPU when it starts and gives it back when it ends.
+        gpus = visible_gpus()
+        self.gpus: Optional[queue.Queue] = queue.Queue() if gpus else None
+        for slot in range(jobs if gpus else 0):
+            self.gpus.put(gpus[slot % len(gpus)])
         self.preexec_fn = die_with_parent()
         self.running: dict[str, subprocess.Popen] = {}
         self.stopping = threading.Event()
@@ -714,16 +751,22 @@ class _Processes:
         if self.stopping.is_set():
             raise Interrupted(INTERRUPTED)
         log = self.sweep.folder / f"{run.name}.log"
-        with open(log, "w") as out:
-            proc = self.running[run.name] = subprocess.Popen(
-                _command(self.sweep, run),
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=self.preexec_fn,
-            )
-            asked = self._wait(proc, self.sweep.folder / run.name, on_eval)
+        gpu = self.gpus.get() if self.gpus else None
+        env = self.env if gpu is None else {**self.env, "CUDA_VISIBLE_DEVICES": gpu}
+        try:
+            with open(log, "w") as out:
+                proc = self.running[run.name] = subprocess.Popen(
+                    _command(self.sweep, run),
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=self.preexec_fn,
+                )
+                asked = self._wait(proc, self.sweep.folder / run.name, on_eval)
+        finally:
+            if gpu is not None:
+                self.gpus.put(gpu)
         del self.running[run.name]
         if self.stopping.is_set():
             raise Interrupted(INTERRUPTED)
@@ -787,7 +830,7 @@ def _parallel(
 def run_sweep(
     path: str | Path,
     *,
-    jobs: int = 1,
+    jobs: Optional[int] = None,
     progress: Optional[bool] = None,
     overrides: Overrides = Overrides(),
     storage: Optional[str] = None,
@@ -820,6 +863,7 @@ def run_sweep(
         return plan(sweep)
     # Shared storage is opened before the sweep's folder is made: one that cannot be is refused with nothing written.
     store = optuna_search.open_storage(storage, sweep.folder) if storage else None
+    jobs = jobs if jobs is not None else default_jobs(sweep, echo)
     state = _read_state(sweep, jobs, worker, storage)
     if note:  # before any run: a shrunk budget's curves and columns would mean little
         echo(note)
