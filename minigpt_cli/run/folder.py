@@ -708,8 +708,6 @@ def env_info(
         "argv": sys.argv,
         # The folder train ran in: argv's and the config's relative paths (data.data_dir, ...) are relative to it.
         "cwd": os.getcwd(),
-        # The GPUs this process was given (a sweep's --jobs gives each run its own); None when unset.
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import sys
 import time
 from contextlib import ExitStack, nullcontext
@@ -388,6 +389,8 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     env = runs.env_info(
         device, dtype, dist.world, **(compiled_kernels if cfg.compile else eager_kernels)
     )
+    # The GPUs this process was given (a sweep's --jobs gives each run its own); None when unset.
+    env["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     env["config_changes"] = (
         resumed.changes if resumed is not None else {}
     )  # this session's keys, old -> new
