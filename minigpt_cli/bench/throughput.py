@@ -1,10 +1,10 @@
 """``minigpt bench``: training throughput, MFU against a peak measured in the same run, generation speed.
 
-Model FLOPs per token: 6·N + 12·L·n_head·head_dim·T, N without position embeddings and a tied embedding once
-(PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``). Peak: on a GPU the datasheet's dense peak
-of a known board (:func:`~minigpt_cli.runtime.device.spec_peak`, as nanochat and torchtitan take it), with a
-measured one beside it (:data:`CUDA_MATMUL_N`³ products back to back, timed with CUDA events); elsewhere the
-fastest kernel's 2048² product.
+Model FLOPs per token: 6·N + 12·L·n_head·head_dim·T, N without position embeddings and a tied
+embedding once (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``). Peak: on a GPU
+the datasheet's dense peak of a known board (:func:`~minigpt_cli.runtime.device.spec_peak`, as
+nanochat and torchtitan take it), with a measured one beside it (:data:`CUDA_MATMUL_N`³ products back
+to back, timed with CUDA events); elsewhere the fastest kernel's 2048² product.
 """
 
 from __future__ import annotations
