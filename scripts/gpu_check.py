@@ -1,19 +1,20 @@
 """The GPU check's measurements (run by scripts/gpu-check.sh): one JSON file and a short summary.
 
-It goes through the CLI (``python -m minigpt_cli``: bench, count-params, train, evaluate, generate, torchrun)
-and, where a number needs Python, through ``minigpt_cli``'s public API (``generate``, ``load_run``), so that
-a refactor of the internals cannot break it unseen (tests/test_gpu_check.py holds every command, option,
-``--set`` key and import named here against the real CLI and package). Each step is recorded as ok, failed
-(with the end of its log) or skipped (with why); a failed step does not stop the others.
+It goes through the CLI (``python -m minigpt_cli``: bench, count-params, train, evaluate, generate,
+torchrun) and, where a number needs Python, through ``minigpt_cli``'s public API (``generate``,
+``load_run``), so that a refactor of the internals cannot break it unseen (tests/test_gpu_check.py
+holds every command, option, ``--set`` key and import named here against the real CLI and package).
+Each step is recorded as ok, failed (with the end of its log) or skipped (with why); a failed step
+does not stop the others.
 
 ``--mode cuda`` measures on the GPU: torch, CUDA and driver versions; ``minigpt bench`` of
-configs/shakespeare.yaml (compiled, bf16: MFU against the datasheet's peak and a measured one); 75 s of
-training it with evals; compiled against eager greedy decoding at batch 1 and 8 (tokens/s; the share of equal
-tokens and the largest logit difference, not bit equality: Inductor's kernels round differently); a 2-process
-torchrun (NCCL) against one process (needs 2 GPUs); the CUDA allocator's peak against count-params' estimate.
-``--mode cpu`` takes the same steps at tiny sizes on the CPU (CI runs it): torch.compile is a no-op there
-(TORCH_COMPILE_DISABLE=1: Inductor's C++ build alone takes longer than the whole check), and torchrun uses gloo.
-"""
+configs/shakespeare.yaml (compiled, bf16: MFU against the datasheet's peak and a measured one); 75 s
+of training it with evals; compiled against eager greedy decoding at batch 1 and 8 (tokens/s; the
+share of equal tokens and the largest logit difference, not bit equality: Inductor's kernels round
+differently); a 2-process torchrun (NCCL) against one process (needs 2 GPUs); the CUDA allocator's
+peak against count-params' estimate. ``--mode cpu`` takes the same steps at tiny sizes on the CPU
+(CI runs it): torch.compile is a no-op there (TORCH_COMPILE_DISABLE=1: Inductor's C++ build alone
+takes longer than the whole check), and torchrun uses gloo."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Any, Callable, Optional
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path("data") / "tinyshakespeare" / "input.txt"
 
-#: Each mode's sizes: the CUDA check's (issue 36's targets), and the CPU mode's, small enough for CI.
+#: Each mode's sizes: the CUDA check's (issue 36's targets) and the CPU mode's (small, for CI).
 MODES = {
     "cuda": {
         "config": REPO / "configs" / "shakespeare.yaml",
@@ -41,7 +42,7 @@ MODES = {
         "train_seconds": 75,
         "train_sets": ["train.eval_interval=250", "train.eval_iters=100"],
         "decode_tokens": (100, 1000),  # two lengths: their difference cancels loading and compiling
-        # Eager (compiling in every process would take most of the step's time), in bf16 like the rest.
+        # Eager (compiling in each process would take most of the step's time), bf16 like the rest.
         "dist_sets": [
             "dtype=bfloat16",
             "train.max_iters=10",
@@ -49,7 +50,8 @@ MODES = {
             "train.eval_iters=10",
         ],
         "dist_batch": 64,
-        "dist_tolerance": 2e-2,  # bf16 autocast and TF32: the reduction order moves the loss in the 3rd digit
+        # bf16 autocast and TF32: the order of the sums moves the loss in its 3rd digit.
+        "dist_tolerance": 2e-2,
         "budget_s": 560,
     },
     "cpu": {
@@ -74,7 +76,7 @@ class StepFailed(Exception):
 
 
 class Check:
-    """The steps' shared state: where to run, the mode's sizes, the time left, the record being written."""
+    """The steps' shared state: where to run, the mode's sizes, the time left, the record."""
 
     def __init__(self, mode: str, out: Path, work: Path):
         self.mode, self.out, self.work = mode, out, work
@@ -87,7 +89,7 @@ class Check:
         return self.deadline - time.monotonic()
 
     def run(self, name: str, words: list[str], limit: float) -> str:
-        """Run ``words`` in the work folder, stderr to OUT/NAME.log; its stdout. Raises StepFailed."""
+        """Run ``words`` in the work folder, stderr to OUT/NAME.log; its stdout (or StepFailed)."""
         log = self.out / f"{name}.log"
         limit = max(1.0, min(limit, self.left()))
         with open(log, "w") as err:
@@ -166,7 +168,8 @@ def versions(check: Check) -> dict:
 
 
 def bench(check: Check) -> dict:
-    """``minigpt bench --json``: training tokens/s, MFU against the datasheet's and the measured peak, peak memory."""
+    """``minigpt bench --json``: training tokens/s, MFU against the datasheet's and the measured
+    peak, peak memory."""
     s = check.size
     out = minigpt(
         check,
@@ -184,8 +187,8 @@ def bench(check: Check) -> dict:
 
 
 def memory(check: Check) -> dict:
-    """bench's peak allocated memory (CUDA's allocator; the process's RSS on a CPU) against ``count-params``'
-    estimate for the same model, batch and dtype."""
+    """bench's peak allocated memory (CUDA's allocator; the process's RSS on a CPU) against
+    ``count-params``' estimate for the same model, batch and dtype."""
     b = check.record["steps"]["bench"]["result"]
     out = minigpt(
         check,
@@ -213,7 +216,8 @@ def memory(check: Check) -> dict:
 
 
 def train(check: Check) -> dict:
-    """``minigpt train`` for ``train_seconds`` of wall time (train.max_seconds: evals included), with evals."""
+    """``minigpt train`` for ``train_seconds`` of wall time (train.max_seconds: evals included),
+    with evals."""
     s = check.size
     minigpt(
         check,
@@ -248,13 +252,15 @@ def train(check: Check) -> dict:
 
 
 def evaluate(check: Check) -> dict:
-    """``minigpt evaluate --json`` of the trained run's best checkpoint: its logged val loss back."""
+    """``minigpt evaluate --json`` of the trained run's best checkpoint: its logged val loss
+    back."""
     run = check.record["steps"]["train"]["result"]["run"]
     return json.loads(minigpt(check, "evaluate", "evaluate", "--run", run, "--json", limit=120))
 
 
 def generate_cli(check: Check) -> dict:
-    """``minigpt generate`` (greedy, the default compile: on for CUDA) from the trained run: a sample."""
+    """``minigpt generate`` (greedy, the default compile: on for CUDA) from the trained run: a
+    sample."""
     run = check.record["steps"]["train"]["result"]["run"]
     n = check.size["decode_tokens"][0]
     text = minigpt(
@@ -283,9 +289,9 @@ def decoding(check: Check) -> dict:
 
 
 def compare_decoding(run: Path, device: str, batch: int, check: Check) -> dict:
-    """Tokens/s of each path from two lengths, after an untimed call that compiles (the difference of the two
-    timed calls cancels loading the run and building the decoder), and how far the compiled tokens agree
-    with the eager ones."""
+    """Tokens/s of each path from two lengths, after an untimed call that compiles (the difference
+    of the two timed calls cancels loading the run and building the decoder), and how far the
+    compiled tokens agree with the eager ones."""
     from minigpt_cli import generate, load_run
 
     short, long = check.size["decode_tokens"]
@@ -322,8 +328,8 @@ def compare_decoding(run: Path, device: str, batch: int, check: Check) -> dict:
 
 
 def logit_difference(loaded, ids: list[int]) -> float:
-    """The largest |logit| difference between the compiled and the eager forward over the eager greedy text's
-    first block_size tokens (teacher-forced: both see the same tokens)."""
+    """The largest |logit| difference between the compiled and the eager forward over the eager
+    greedy text's first block_size tokens (teacher-forced: both see the same tokens)."""
     import torch
 
     model = loaded.model
@@ -336,8 +342,8 @@ def logit_difference(loaded, ids: list[int]) -> float:
 
 
 def distributed(check: Check) -> Optional[dict]:
-    """A 2-process torchrun (NCCL on CUDA, gloo on the CPU) of a few steps against one process on the same
-    global batch: the largest train-loss difference."""
+    """A 2-process torchrun (NCCL on CUDA, gloo on the CPU) of a few steps against one process on
+    the same global batch: the largest train-loss difference."""
     import torch
 
     if check.mode == "cuda" and torch.cuda.device_count() < 2:
@@ -437,12 +443,14 @@ def summary(record: dict) -> str:
             else "no datasheet peak for this device, "
         )
         lines.append(
-            f"  bench: {b['train_tokens_per_sec']:,.0f} tokens/s, {b['ms_per_step']:.1f} ms/step; {spec}"
+            f"  bench: {b['train_tokens_per_sec']:,.0f} tokens/s, {b['ms_per_step']:.1f} ms/step; "
+            f"{spec}"
             f"{b['mfu_measured']:.3f} against the measured {human_flops(b['peak_flops'])}"
         )
     if m := ok("memory"):
         lines.append(
-            f"  memory: {m['measured_by']} {m['measured_bytes'] / 2**20:,.0f} MiB against count-params' "
+            f"  memory: {m['measured_by']} {m['measured_bytes'] / 2**20:,.0f} MiB against "
+            "count-params' "
             f"{m['estimate_bytes'] / 2**20:,.0f} MiB ({m['measured_over_estimate']:.2f}x)"
         )
     if t := ok("train"):
@@ -452,7 +460,8 @@ def summary(record: dict) -> str:
             else f"val never <= {t['target_val']}"
         )
         lines.append(
-            f"  train: {t['steps']} steps in {t['seconds']:.1f} s, best val {t['best_val']:.4f}; {reached}"
+            f"  train: {t['steps']} steps in {t['seconds']:.1f} s, best val {t['best_val']:.4f}; "
+            f"{reached}"
         )
     if e := ok("evaluate"):
         lines.append(f"  evaluate: val loss {e['loss']:.4f} (logged {e.get('logged_loss')})")
@@ -463,13 +472,16 @@ def summary(record: dict) -> str:
             first = r["first_difference"]
             lines.append(
                 f"  decoding {key.replace('_', ' ')}: eager {rate['eager']} tokens/s, compiled "
-                f"{rate['compiled']} ({'n/a' if ratio is None else f'{ratio:.2f}x'}); equal greedy tokens "
-                f"{r['equal_token_share']:.1%} (first difference: {'none' if first is None else first}); "
+                f"{rate['compiled']} ({'n/a' if ratio is None else f'{ratio:.2f}x'}); "
+                "equal greedy tokens "
+                f"{r['equal_token_share']:.1%} "
+                f"(first difference: {'none' if first is None else first}); "
                 f"max |logit difference| {r['max_logit_difference']:.2e}"
             )
     if x := ok("distributed"):
         lines.append(
-            f"  torchrun, 2 processes ({x['backend']}): max |loss difference| {x['max_loss_difference']:.2e} "
+            f"  torchrun, 2 processes ({x['backend']}): "
+            f"max |loss difference| {x['max_loss_difference']:.2e} "
             f"over {len(x['steps'])} steps: {'equal' if x['equal'] else 'DIFFERENT'} "
             f"(tolerance {x['tolerance']:g})"
         )
@@ -490,7 +502,8 @@ def write(path: Path, text: str) -> None:
 
 
 def find_corpus() -> Optional[Path]:
-    """Tiny Shakespeare: $MINIGPT_CORPUS, the checkout's data/, shared/ beside it, the tests' cache."""
+    """Tiny Shakespeare: $MINIGPT_CORPUS, the checkout's data/, shared/ beside it, the tests'
+    cache."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minigpt"
     places = [
         Path(os.environ["MINIGPT_CORPUS"]) if os.environ.get("MINIGPT_CORPUS") else None,
@@ -522,7 +535,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     corpus = find_corpus()
     if corpus is None:  # train would download it: a GPU machine has no network
         print(
-            f"error: no Tiny Shakespeare corpus found; put it at {REPO / CORPUS} or set MINIGPT_CORPUS",
+            f"error: no Tiny Shakespeare corpus found; put it at {REPO / CORPUS} "
+            "or set MINIGPT_CORPUS",
             file=sys.stderr,
         )
         return 2
@@ -544,7 +558,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     sys.stdout.write(summary(check.record))
-    # On the CPU every step must run (CI); on a GPU a step may be skipped, saying why (one GPU: no NCCL).
+    # On the CPU every step must run (CI); on a GPU a step may be skipped, saying why (one GPU: no
+    # NCCL).
     bad = ("failed",) if args.mode == "cuda" else ("failed", "skipped")
     return 1 if any(e["status"] in bad for e in check.record["steps"].values()) else 0
 

@@ -138,8 +138,8 @@ def test_an_mfu_above_one_against_a_slower_kernel_is_explained(monkeypatch):
 
 
 def test_known_gpus_have_their_datasheet_peaks():
-    """Dense bf16 and fp16 peaks (NVIDIA's datasheets print them doubled, with 2:4 sparsity), found by the
-    names torch.cuda.get_device_name gives; none for float32, an unknown board or a CPU."""
+    """Dense bf16 and fp16 peaks (NVIDIA's datasheets print them doubled, with 2:4 sparsity), found
+    by the names torch.cuda.get_device_name gives; none for float32, an unknown board or a CPU."""
     import torch
 
     from minigpt_cli.runtime.device import spec_peak
@@ -165,7 +165,8 @@ def test_known_gpus_have_their_datasheet_peaks():
 def test_on_a_known_gpu_mfu_is_against_the_datasheet_and_the_measured_peak_stays_beside_it(
     monkeypatch,
 ):
-    """What the table shows for a result with a datasheet peak (bench sets one on a known GPU only)."""
+    """What the table shows for a result with a datasheet peak (bench sets one on a known GPU
+    only)."""
     from minigpt_cli.bench.throughput import bench, format_bench
 
     small_peak(monkeypatch)

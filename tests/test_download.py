@@ -583,8 +583,8 @@ def test_termination_during_a_download_leaves_no_partial_file(tmp_path, sig):
             stderr=subprocess.PIPE,
             text=True,
         )
-        # Until the partial file appears or the process ends (an error); the deadline only ends a hang, and
-        # holds at 10x a quiet machine's start-up (about 2 s).
+        # Until the partial file appears or the process ends (an error); the deadline only ends a
+        # hang, and holds at 10x a quiet machine's start-up (about 2 s).
         deadline = time.monotonic() + 300
         while (
             time.monotonic() < deadline

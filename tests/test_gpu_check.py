@@ -1,9 +1,8 @@
-"""scripts/gpu-check.sh names only what exists: every minigpt command, option and ``--set`` key its Python
-(scripts/gpu_check.py) passes, every ``minigpt_cli`` import and the keywords it calls them with, and every
-module the shell script names. The check runs on a GPU a few times a year; CI runs its CPU mode
-(``bash scripts/gpu-check.sh --cpu OUT``, .ci/run), and these tests fail at once where a rename would
-break it.
-"""
+"""scripts/gpu-check.sh names only what exists: every minigpt command, option and ``--set`` key its
+Python (scripts/gpu_check.py) passes, every ``minigpt_cli`` import and the keywords it calls them
+with, and every module the shell script names. The check runs on a GPU a few times a year; CI runs
+its CPU mode (``bash scripts/gpu-check.sh --cpu OUT``, .ci/run), and these tests fail at once where
+a rename would break it."""
 
 from __future__ import annotations
 
@@ -62,8 +61,8 @@ def _words(call: ast.Call, skip: int) -> list[str]:
 
 
 def test_every_command_and_option_the_check_passes_exists(tree):
-    """``minigpt(check, step, COMMAND, ...)`` and ``torchrun(check, step, nproc, COMMAND, ...)``: the command
-    is minigpt's and each ``--option`` is one of its options."""
+    """``minigpt(check, step, COMMAND, ...)`` and ``torchrun(check, step, nproc, COMMAND, ...)``:
+    the command is minigpt's and each ``--option`` is one of its options."""
     commands = _commands()
     calls = [(c, 2) for c in _calls(tree, "minigpt")] + [(c, 3) for c in _calls(tree, "torchrun")]
     used = set()
@@ -82,7 +81,8 @@ def test_every_command_and_option_the_check_passes_exists(tree):
 
 
 def test_every_set_key_exists_and_each_mode_loads(tree, check_module):
-    """Each ``--set`` the check gives names a config key, and each mode's settings load on its config."""
+    """Each ``--set`` the check gives names a config key, and each mode's settings load on its
+    config."""
     from minigpt_cli.config.keys import key_rows
     from minigpt_cli.config.schema import load_config
 
@@ -106,8 +106,8 @@ def test_every_set_key_exists_and_each_mode_loads(tree, check_module):
 
 
 def test_every_minigpt_cli_import_and_keyword_exists(tree):
-    """``from minigpt_cli... import NAME`` resolves, and each call of such a name passes keywords its
-    signature takes."""
+    """``from minigpt_cli... import NAME`` resolves, and each call of such a name passes keywords
+    its signature takes."""
     imported = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minigpt_cli"):
@@ -154,7 +154,8 @@ def test_the_shell_script_names_only_what_exists():
 
 
 def test_the_shell_script_refuses_an_unknown_option_in_one_line(tmp_path):
-    """Before it installs or measures anything: exit 2, one line naming the fix; --help prints the header."""
+    """Before it installs or measures anything: exit 2, one line naming the fix; --help prints the
+    header."""
     res = subprocess.run(
         ["bash", str(SHELL), "--gpu", str(tmp_path / "out")],
         capture_output=True,

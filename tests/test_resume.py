@@ -546,7 +546,8 @@ def test_sigint_through_the_cli_leaves_a_resumable_checkpoint(cli, data_dir, tmp
         text=True,
     )
     metrics = tmp_path / "runs" / "s" / "metrics.jsonl"
-    # Until a few steps are logged or the process ends; the deadline only ends a hang (10x slowness holds).
+    # Until a few steps are logged or the process ends; the deadline only ends a hang (10x slowness
+    # holds).
     deadline = time.monotonic() + 600
     while (
         time.monotonic() < deadline

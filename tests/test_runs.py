@@ -336,7 +336,8 @@ def test_a_run_folder_in_use_is_refused(cli, data_dir, tmp_path, monkeypatch):
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; from minigpt_cli.run.folder import RunLock; "
-            "[RunLock(Path(p)).acquire('-') for p in sys.argv[1:]]; print('locked', flush=True); time.sleep(3600)",
+            "[RunLock(Path(p)).acquire('-') for p in sys.argv[1:]]; print('locked', flush=True); "
+            "time.sleep(3600)",
             "runs/m",
             "runs/e",
         ],

@@ -324,9 +324,10 @@ def test_the_runs_of_a_sweep_killed_by_sigkill_stop_and_save(tmp_path, data_dir)
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="--jobs 2 needs 2 cores")
 def test_on_a_machine_with_two_gpus_each_job_gets_its_own(tmp_path, data_dir, monkeypatch):
-    """Two CUDA devices (simulated: torch.cuda.device_count says 2): without --jobs a sweep whose runs go to
-    CUDA (device auto) runs 2 at a time, saying so, and each run's process sees one GPU of its own in
-    CUDA_VISIBLE_DEVICES (its env.json records it); the same sweep on device cpu stays at 1 job."""
+    """Two CUDA devices (simulated: torch.cuda.device_count says 2): without --jobs a sweep whose
+    runs go to CUDA (device auto) runs 2 at a time, saying so, and each run's process sees one GPU
+    of its own in CUDA_VISIBLE_DEVICES (its env.json records it); the same sweep on device cpu stays
+    at 1 job."""
     import torch
 
     from minigpt_cli.experiments.sweep import Overrides, default_jobs, visible_gpus

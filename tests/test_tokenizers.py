@@ -1003,9 +1003,10 @@ def test_ctrl_c_stops_the_libraries_tokenizer_training_at_once(tmp_path):
     time.sleep(0.5)  # into the training (a signal sooner must stop it as well)
     for sig, _, _, p in cases:
         p.send_signal(sig)
-    # "At once" is read off the CPU time each process used, start-up included, not off a clock: a loaded
-    # machine stretches the wall time, not the work. A stopped run used about 1.5 s; the training to its end
-    # takes over 60 s of CPU. A process that never stops is killed after 600 s (and fails the bound).
+    # "At once" is read off the CPU time each process used, start-up included, not off a clock: a
+    # loaded machine stretches the wall time, not the work. A stopped run used about 1.5 s; the
+    # training to its end takes over 60 s of CPU. A process that never stops is killed after 600 s
+    # (and fails the bound).
     reaper = threading.Timer(600, lambda: [p.kill() for *_, p in cases])
     reaper.start()
     try:

@@ -1,5 +1,5 @@
-"""The torch pyproject.toml declares is one the code runs on: every module of the package imports, and the
-pin's lower bound is at least the first release of every newer torch API the code names."""
+"""The torch pyproject.toml declares is one the code runs on: every module of the package imports,
+and the pin's lower bound is at least the first release of every newer torch API the code names."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import minigpt_cli
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = Path(minigpt_cli.__file__).resolve().parent
 
-#: The torch APIs the package names that torch 2.1 lacked: (how the source spells it, the object it names,
-#: the first torch release that shipped it, from PyTorch's release notes).
+#: The torch APIs the package names that torch 2.1 lacked: (how the source spells it, the object it
+#: names, the first torch release that shipped it, from PyTorch's release notes).
 NEWER_TORCH = [
     (
         "torch.optim._muon",
@@ -65,8 +65,9 @@ def _resolve(dotted: str):
 
 
 def test_every_module_of_the_package_imports():
-    """pkgutil.walk_packages over minigpt_cli: a module that fails to import (a torch API this torch lacks,
-    a moved module) fails here, naming it. ``__main__`` runs the CLI when imported: left out."""
+    """pkgutil.walk_packages over minigpt_cli: a module that fails to import (a torch API this torch
+    lacks, a moved module) fails here, naming it. ``__main__`` runs the CLI when imported: left
+    out."""
     names = []
     for info in pkgutil.walk_packages([str(PACKAGE)], prefix="minigpt_cli.", onerror=pytest.fail):
         if info.name.endswith(".__main__"):
@@ -77,8 +78,8 @@ def test_every_module_of_the_package_imports():
 
 
 def test_the_torch_pin_covers_every_newer_api_the_code_names():
-    """Each newer API of :data:`NEWER_TORCH` the source names needs its release within the pin; each row is
-    still named in the source (a stale row fails) and exists in the installed torch."""
+    """Each newer API of :data:`NEWER_TORCH` the source names needs its release within the pin; each
+    row is still named in the source (a stale row fails) and exists in the installed torch."""
     req = _torch_requirement()
     lowest = _lower_bound(req)
     source = _source()

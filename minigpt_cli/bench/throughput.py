@@ -3,9 +3,8 @@
 Model FLOPs per token: 6·N + 12·L·n_head·head_dim·T, N without position embeddings and a tied
 embedding once (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``). Peak: on a GPU
 the datasheet's dense peak of a known board (:func:`~minigpt_cli.runtime.device.spec_peak`, as
-nanochat and torchtitan take it), with a measured one beside it (:data:`CUDA_MATMUL_N`³ products back
-to back, timed with CUDA events); elsewhere the fastest kernel's 2048² product.
-"""
+nanochat and torchtitan take it), with a measured one beside it (:data:`CUDA_MATMUL_N`³ products
+back to back, timed with CUDA events); elsewhere the fastest kernel's 2048² product."""
 
 from __future__ import annotations
 
@@ -39,8 +38,9 @@ from .generation import measure_generation
 from .generation import sync as _sync
 
 MATMUL_N = 2048
-#: A GPU's measured peak: products this large, :data:`CUDA_BACK_TO_BACK` at a time between two CUDA events, so
-#: that launches and the host's wait do not count (one 2048³ product with a sync reads an H100 low).
+#: A GPU's measured peak: products this large, :data:`CUDA_BACK_TO_BACK` at a time between two CUDA
+#: events, so that launches and the host's wait do not count (one 2048³ product with a sync reads an
+#: H100 low).
 CUDA_MATMUL_N = 8192
 CUDA_BACK_TO_BACK = 10
 
@@ -64,8 +64,8 @@ def measure_peak(
     repeats: int = 10,
     kernel: str = "torch.mm",
 ) -> float:
-    """Median FLOP/s of an n×n by n×n matrix product (2·n³ FLOPs) in ``dtype`` on ``device``, through ``kernel``;
-    on CUDA, of :func:`measure_cuda_peak`'s rounds instead."""
+    """Median FLOP/s of an n×n by n×n matrix product (2·n³ FLOPs) in ``dtype`` on ``device``,
+    through ``kernel``; on CUDA, of :func:`measure_cuda_peak`'s rounds instead."""
     if device.type == "cuda":
         return measure_cuda_peak(device, dtype, repeats=repeats)
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -96,8 +96,9 @@ def measure_cuda_peak(
     back_to_back: int = CUDA_BACK_TO_BACK,
     repeats: int = 10,
 ) -> float:
-    """Median FLOP/s over ``repeats`` rounds of ``back_to_back`` n×n products (2·n³ FLOPs each) queued at once
-    and timed with CUDA events, after a warm-up round (cuBLAS picks its kernel, the clocks rise)."""
+    """Median FLOP/s over ``repeats`` rounds of ``back_to_back`` n×n products (2·n³ FLOPs each)
+    queued at once and timed with CUDA events, after a warm-up round (cuBLAS picks its kernel, the
+    clocks rise)."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     c = torch.empty(n, n, device=device, dtype=dtype)

@@ -51,9 +51,9 @@ def sweep(
         min=1,
         metavar="N",
         show_default=False,
-        help="Runs at a time, each in its own process with 1/N of the cores and, on a machine with GPUs, "
-        "a GPU of its own (CUDA_VISIBLE_DEVICES). Default: the GPU count where the runs train on CUDA, "
-        "else 1.",
+        help="Runs at a time, each in its own process with 1/N of the cores and, on a machine "
+        "with GPUs, a GPU of its own (CUDA_VISIBLE_DEVICES). Default: the GPU count where the "
+        "runs train on CUDA, else 1.",
     ),
     storage: Optional[str] = typer.Option(
         None,

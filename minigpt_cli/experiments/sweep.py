@@ -699,8 +699,8 @@ POLL_S = 0.5
 
 
 def visible_gpus() -> list[str]:
-    """The CUDA devices ``--jobs`` shares out, as ``CUDA_VISIBLE_DEVICES`` names them: the entries already set
-    there (a job gets one of them), else ``0`` .. ``count - 1``; none without CUDA."""
+    """The CUDA devices ``--jobs`` shares out, as ``CUDA_VISIBLE_DEVICES`` names them: the entries
+    already set there (a job gets one of them), else ``0`` .. ``count - 1``; none without CUDA."""
     import torch
 
     count = torch.cuda.device_count()  # 0 without CUDA; counts without creating a CUDA context
@@ -709,10 +709,11 @@ def visible_gpus() -> list[str]:
 
 
 def default_jobs(sweep: Sweep, echo: Callable[[str], None]) -> int:
-    """``--jobs`` when not given: one run per GPU where the runs train on CUDA and there are several GPUs,
-    saying so; else 1 (the runs one after another, in this process)."""
+    """``--jobs`` when not given: one run per GPU where the runs train on CUDA and there are several
+    GPUs, saying so; else 1 (the runs one after another, in this process)."""
     gpus = visible_gpus()
-    # A search has no runs before its trials: the base config with the sweep's --set says the device.
+    # A search has no runs before its trials: the base config with the sweep's --set says the
+    # device.
     device = (
         sweep.runs[0].cfg.device
         if sweep.runs
@@ -728,10 +729,11 @@ def default_jobs(sweep: Sweep, echo: Callable[[str], None]) -> int:
 
 
 class _Processes:
-    """``--jobs N``: each run a ``minigpt train`` process with 1/N of the cores, in a session of its own (the sweep
-    passes a Ctrl-C on) and ended if the sweep is killed; :meth:`stop` stops them all, each saving its checkpoint.
-    On a machine with GPUs each running process sees one of them (``CUDA_VISIBLE_DEVICES``), a GPU of its own
-    while N is at most the GPU count (more jobs share them evenly)."""
+    """``--jobs N``: each run a ``minigpt train`` process with 1/N of the cores, in a session of its
+    own (the sweep passes a Ctrl-C on) and ended if the sweep is killed; :meth:`stop` stops them
+    all, each saving its checkpoint. On a machine with GPUs each running process sees one of them
+    (``CUDA_VISIBLE_DEVICES``), a GPU of its own while N is at most the GPU count (more jobs share
+    them evenly)."""
 
     def __init__(self, sweep: Sweep, jobs: int):
         self.sweep, self.jobs = sweep, jobs

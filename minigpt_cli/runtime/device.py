@@ -221,11 +221,11 @@ class CpuThreads:
 
 # ----------------------------------------------------------------------------- spec peaks
 
-#: Dense bf16 tensor-core peaks of known CUDA GPUs, in FLOP/s (fp16's are the same), by a pattern of the name
-#: torch.cuda.get_device_name gives: NVIDIA's datasheets print these figures doubled "with sparsity" (2:4
-#: structured sparsity, which a dense model never uses), so each is the datasheet's figure halved. The first
-#: pattern that matches wins: the more specific names come first ("NVIDIA H100 PCIe" before "NVIDIA H100 80GB
-#: HBM3", the SXM board).
+#: Dense bf16 tensor-core peaks of known CUDA GPUs, in FLOP/s (fp16's are the same), by a pattern of
+#: the name torch.cuda.get_device_name gives: NVIDIA's datasheets print these figures doubled "with
+#: sparsity" (2:4 structured sparsity, which a dense model never uses), so each is the datasheet's
+#: figure halved. The first pattern that matches wins: the more specific names come first ("NVIDIA
+#: H100 PCIe" before "NVIDIA H100 80GB HBM3", the SXM board).
 GPU_BF16_PEAKS = (
     (r"\bH100\b.*\bPCIe\b", "H100 PCIe", 756e12),
     (r"\bH100\b.*\bNVL\b", "H100 NVL", 835e12),
@@ -241,7 +241,8 @@ GPU_BF16_PEAKS = (
 
 def spec_peak(device_name: str, dtype: torch.dtype) -> Optional[tuple[str, float]]:
     """The datasheet's dense peak of a known GPU for ``dtype`` products: (the board, FLOP/s), from
-    :data:`GPU_BF16_PEAKS`; None for another GPU, a CPU's name, or float32 (TF32's peak is another figure)."""
+    :data:`GPU_BF16_PEAKS`; None for another GPU, a CPU's name, or float32 (TF32's peak is another
+    figure)."""
     if dtype not in (torch.bfloat16, torch.float16):
         return None
     for pattern, board, flops in GPU_BF16_PEAKS:
