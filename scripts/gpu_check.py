@@ -58,8 +58,8 @@ MODES = {
         "config": REPO / "configs" / "tiny.yaml",
         "sets": [],
         "bench_iters": 2,
-        "train_seconds": 3,
-        "train_sets": ["train.eval_interval=10", "train.eval_iters=2"],
+        "train_seconds": 10,  # a limit that stops it only on a loaded machine: 20 steps take ~1 s
+        "train_sets": ["train.max_iters=20", "train.eval_interval=10", "train.eval_iters=2"],
         "decode_tokens": (20, 200),
         "dist_sets": ["train.max_iters=4", "train.log_interval=1", "train.eval_iters=2"],
         "dist_batch": 8,
