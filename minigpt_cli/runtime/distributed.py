@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
+
+from ..errors import MinigptError
 
 
 @dataclass
@@ -49,21 +52,57 @@ class Dist:
         return cls(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]))
 
 
+#: Seconds a collective may wait before the job fails, unless MINIGPT_DIST_TIMEOUT gives another number. It
+#: covers the longest wait of a run: the other processes of a node wait in a barrier while its first process
+#: prepares the data (a tokenizer trained on a large corpus can take many minutes; ``minigpt prepare`` first
+#: makes it seconds). NCCL's own default is 10 minutes.
+DIST_TIMEOUT_S = 1800
+
+
+def dist_timeout() -> timedelta:
+    """How long a collective may wait: MINIGPT_DIST_TIMEOUT seconds, else :data:`DIST_TIMEOUT_S`.
+
+    Raises:
+        MinigptError: MINIGPT_DIST_TIMEOUT is not a positive number of seconds.
+    """
+    text = os.environ.get("MINIGPT_DIST_TIMEOUT", "").strip()
+    if not text:
+        return timedelta(seconds=DIST_TIMEOUT_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise MinigptError(
+            f"MINIGPT_DIST_TIMEOUT={text!r}: give the seconds a collective may wait, a number above 0 "
+            f"(unset: {DIST_TIMEOUT_S})"
+        )
+    return timedelta(seconds=seconds)
+
+
 def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
-    """Join the torchrun process group (NCCL on CUDA, gloo on CPU) if launched by torchrun."""
+    """Join the torchrun process group (NCCL on CUDA, gloo on CPU) if launched by torchrun.
+
+    On CUDA each process takes the GPU of its LOCAL_RANK and names it as the group's ``device_id`` (NCCL
+    connects eagerly, and a barrier knows its device). Every collective may wait :func:`dist_timeout`.
+
+    Raises:
+        MinigptError: MINIGPT_DIST_TIMEOUT is not a number of seconds.
+    """
     info = Dist.from_env()
     if info.world == 1:
         return info, device
+    timeout = dist_timeout()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return info, torch.device("cuda", info.local_rank) if device.type == "cuda" else device
     if device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
-        backend = "nccl"
+        dist.init_process_group(backend="nccl", device_id=device, timeout=timeout)
     else:
-        backend = "gloo"
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend="gloo", timeout=timeout)
     return info, device
 
 
@@ -77,13 +116,31 @@ def all_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value
 
 
+def all_max(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The elementwise maximum of ``value`` over every rank (itself without torchrun)."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        value = value.detach().clone()
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value
+
+
+def all_agree(ok: bool, d: Dist, device: torch.device) -> bool:
+    """Whether ``ok`` holds on every rank: one all-reduce of one number (``ok`` itself without torchrun)."""
+    if not d.enabled:
+        return ok
+    return not all_max(torch.tensor([float(not ok)], device=device), d).item()
+
+
 def all_mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
     """The mean of ``value`` over every rank (itself without torchrun)."""
     return all_sum(value, d) / d.world if d.enabled else value
 
 
 def broadcast(obj: Any, d: Dist) -> Any:
-    """Rank 0's ``obj`` on every rank (a picklable value)."""
+    """Rank 0's ``obj`` on every rank (a picklable value): for set-up only, as it pickles on the host and
+    syncs it; in the loop, agree through tensor collectives (:func:`all_max`)."""
     if not d.enabled:
         return obj
     import torch.distributed as dist

@@ -22,17 +22,16 @@ from ..run import folder as runs
 from ..run.checkpoint import Checkpointer
 from ..runtime import distributed as parallel
 from ..runtime.device import capture_rng
-from ..runtime.distributed import all_mean, broadcast, close_distributed
+from ..runtime.distributed import all_mean, close_distributed
 from ..sample.sampling import sample_prompt_text
 from .estimate import CPU_RECIPES, TimeEstimate
 from .evaluate import Evaluator
+from .guards import MAX_NONFINITE, Skips, Stops
 from .optim import set_lr
 from .schedule import lr_at
 from .setup import Claim, Setup, build, plan
 from .step import train_step
 
-#: Consecutive non-finite losses after which a run stops.
-MAX_NONFINITE = 5
 #: Without a progress bar (stderr not a terminal), a status line at most this often, in seconds.
 STATUS_EVERY_S = 30.0
 #: Why :meth:`Trainer.evaluate` stops a run: early stopping, or the caller's ``on_eval`` (a search's pruner).
@@ -66,12 +65,12 @@ class Trainer:
             on_eval  # (step, val loss) after each eval; True stops the run there, as early stopping
         )
         self.prog = s.prog
-        self.nonfinite = 0
         self.t0 = time.perf_counter() - s.logger.elapsed_offset()
         self.t_log, self.tokens_since_log = time.perf_counter(), 0
         self.t_status = time.perf_counter()
-        self.batches = iter(s.train_sampler.next, None)
         tc = s.cfg.train
+        self.skips = Skips(s.logger.log, self.diverged)
+        self.stops = Stops(s.stop, s.dist, s.device, tc.max_seconds, self.t0)
         self.estimate = TimeEstimate(
             tc,
             s.prog.step,
@@ -89,7 +88,7 @@ class Trainer:
             s.autocast,
             s.cpu_threads,
             show_bar=not s.bar.disable,
-            should_stop=self.stop_requested,
+            should_stop=self.stops.stop_requested,
             on_batch=self.estimate.eval_batch,
         )
         self.checkpointer = Checkpointer(
@@ -115,9 +114,8 @@ class Trainer:
         s.model.train()
         with s.stop, self.second_ctrl_c():
             while True:
-                late = (
-                    self.out_of_time()
-                )  # train.max_seconds passed: this step is the last, after its eval
+                # train.max_seconds passed: this step is the last, after its eval
+                late = self.stops.out_of_time()
                 due = self.evaluator.due(p.step, p.evaluated) or (late and not p.evaluated)
                 if due and (why := self.evaluate()):
                     stopped_early = True
@@ -134,27 +132,23 @@ class Trainer:
                 # At max_iters the run ends once its final eval ran (a stop request can cut that eval short).
                 if p.step > tc.max_iters or ((p.step == tc.max_iters or late) and p.evaluated):
                     break
-                if self.stop_requested():
+                if self.stops.stop_requested():
                     self.interrupt()
                 lr = lr_at(p.step, tc, s.cfg.model.n_embd)
                 t_step = time.perf_counter()
-                done = self.step(lr)
-                if done is None:  # torch.compile failed; the step runs again eagerly
-                    continue
-                loss, applied = done
-                if not applied:
-                    self.skip(loss)
-                    continue
-                self.nonfinite = 0
+                loss, skipped = self.step(lr)
                 s.cpu_threads.poll()
                 p.step += 1
                 p.evaluated = False
+                self.skips.record(p.step, loss, skipped)
                 self.estimate.step_done(p.step, time.perf_counter() - t_step)
                 self.tokens_since_log += s.tokens_per_step
                 s.bar.update(1)
                 if p.step % tc.log_interval == 0 or p.step == tc.max_iters:
-                    self.log_train(loss, lr)
+                    self.log_train(loss, lr)  # the host's one look at the step's numbers
+                    self.stops.agree()
                 self.checkpointer.after_step(p.step)
+            self.skips.read()  # the steps since the last log
             result = self.finish(stopped_early)
             if s.stop.signal is not None:
                 raise self.stopped_at_end(result)
@@ -170,57 +164,51 @@ class Trainer:
                 raise
             raise self.abort_error() from None
 
-    def step(self, lr: float) -> Optional[tuple[torch.Tensor, bool]]:
-        """One optimizer step at learning rate ``lr``: the mean loss and whether the update was applied."""
+    def step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step at learning rate ``lr``: the mean loss and whether the update was skipped
+        (1.0) as not finite, both on the device (:func:`~.step.train_step`)."""
         s = self.s
         set_lr(s.optimizer, lr)
-        try:
-            loss, applied = train_step(
-                s.train_model,
-                s.optimizer,
-                self.batches,
-                s.cfg.train.grad_accum_steps,
-                s.autocast,
-                s.scaler,
-                s.cfg.train.grad_clip,
-                s.params,
-                dist=s.dist,
-            )
-        except Exception as exc:
-            # torch.compile fails lazily, at the first call; fall back to eager once.
-            if not s.cfg.compile or s.train_model is s.model or s.compile_failed:
-                raise
-            s.fall_back_to_eager(exc)
-            return None
-        return loss, applied
+        return train_step(
+            s.train_model,
+            s.optimizer,
+            s.train_sampler,
+            s.cfg.train.grad_accum_steps,
+            s.autocast,
+            s.scaler,
+            s.cfg.train.grad_clip,
+            s.params,
+            dist=s.dist,
+        )
 
-    def skip(self, loss: torch.Tensor) -> None:
-        """A step whose loss or gradient was not finite: skipped; after :data:`MAX_NONFINITE` in a row, stop.
-
-        Raises:
-            MinigptError: the limit was reached; the message says what to change.
-        """
-        s, step = self.s, self.prog.step
-        self.nonfinite += 1
-        s.logger.log(f"step {step + 1}: non-finite loss or gradient ({float(loss)}); step skipped")
-        if self.nonfinite < MAX_NONFINITE:
-            return
+    def diverged(self, first: int, last: int) -> MinigptError:
+        """The error for :data:`~.guards.MAX_NONFINITE` skipped steps in a row, ``first`` to ``last``: what to
+        change."""
+        s = self.s
         s.bar.close()
         mc, tc = s.cfg.model, s.cfg.train
-        if step == 0:  # no update was ever applied: the fresh model itself overflows
-            raise MinigptError(
-                f"the loss was not finite for the first {self.nonfinite} steps, before any update: the "
-                f"model overflows as initialised; lower model.init_std (now {mc.init_std:g}) or the model's size"
+        if first == 1:  # no update was ever applied: the fresh model itself overflows
+            return MinigptError(
+                f"the loss was not finite for the first {MAX_NONFINITE} steps, before any update: the "
+                f"model overflows as initialised; lower model.init_std (now {mc.init_std:g}) or the "
+                "model's size"
             )
-        raise MinigptError(
-            f"the loss was not finite for {self.nonfinite} steps in a row at step {step + 1}; "
+        return MinigptError(
+            f"the loss was not finite for {MAX_NONFINITE} steps in a row, steps {first} to {last}; "
             f"lower train.learning_rate (now {tc.learning_rate:g}) or raise train.warmup_iters; "
             f"{self.checkpointer.last} holds the last finite state"
         )
 
     def log_train(self, loss: torch.Tensor, lr: float) -> None:
-        """A ``train`` event: the loss (averaged over ranks), the learning rate and tokens/s since the last one."""
+        """A ``train`` event: the loss (averaged over ranks), the learning rate and tokens/s since the last
+        one; none for a step that was skipped. The skipped steps since the last event are logged first.
+
+        Raises:
+            MinigptError: :data:`~.guards.MAX_NONFINITE` steps in a row were skipped (:meth:`diverged`).
+        """
         s, step = self.s, self.prog.step
+        if self.skips.read():
+            return
         train_loss = all_mean(loss, s.dist).item()
         now = time.perf_counter()
         tps = self.tokens_since_log / max(now - self.t_log, 1e-9)
@@ -256,7 +244,7 @@ class Trainer:
         t_eval = time.perf_counter()
         losses = None  # a stop request cut the eval short
         with s.stop.cutting(not s.dist.enabled):
-            losses = self.evaluator.losses(s.model, p.step)
+            losses = self.evaluator.losses(s.eval_model, p.step)
         if losses is None:
             return False
         # eval_step: a checkpoint saved later (on a stop) carries the losses of this eval, with their step.
@@ -293,20 +281,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ stopping
 
-    def out_of_time(self) -> bool:
-        """Whether ``train.max_seconds`` has passed on the run's clock (metrics.jsonl's ``elapsed_s``, evals
-        included); under torchrun rank 0's clock decides for every rank."""
-        limit = self.s.cfg.train.max_seconds
-        if limit is None:
-            return False
-        late = time.perf_counter() - self.t0 >= limit
-        return bool(broadcast(late, self.s.dist)) if self.s.dist.enabled else late
-
-    def stop_requested(self) -> bool:
-        """Whether a signal asked to stop (under torchrun: rank 0's answer, the same on every rank)."""
-        s = self.s
-        return bool(broadcast(s.stop.signal, s.dist) if s.dist.enabled else s.stop.signal)
-
     def interrupt(self) -> None:
         """Save ``last`` and stop, as a signal asked.
 
@@ -314,6 +288,7 @@ class Trainer:
             Interrupted: always; the exit status follows the signal.
         """
         s, step = self.s, self.prog.step
+        self.skips.read()  # skipped steps are logged, and a divergence is said, before the save
         self.checkpointer.on_stop()
         s.bar.close()
         s.logger.log(
@@ -370,7 +345,7 @@ class Trainer:
             s.cfg.sample,
             tc.sample_tokens,
             s.cfg.seed,
-            should_stop=self.stop_requested if sharded else lambda: s.stop.signal is not None,
+            should_stop=self.stops.stop_requested if sharded else lambda: s.stop.signal is not None,
         )
         parallel.reshard(
             s.model

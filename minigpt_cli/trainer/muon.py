@@ -122,11 +122,18 @@ class BatchedMuon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One Muon step: Nesterov (or plain) momentum, the orthogonalised update, decoupled weight decay."""
+        """One Muon step: Nesterov (or plain) momentum, the orthogonalised update, decoupled weight decay.
+
+        With a ``found_inf`` attribute (a 0-dim float32 tensor, torch.amp's protocol, set by
+        :func:`~.optim.step_unless`) of 1.0 every momentum buffer and weight keeps its value, chosen on the
+        device by ``torch.where``; each new value is computed out of place by the same operations as in place,
+        so a step that is taken is the same to the bit."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf = getattr(self, "found_inf", None)
+        keep = None if found_inf is None else found_inf.bool()
         for gi, group in enumerate(self.param_groups):
             lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
             stacks = self._stacks_of(gi, group)
@@ -134,18 +141,25 @@ class BatchedMuon(torch.optim.Muon):
             for s in stacks:
                 bufs = s.buffers(self.state)
                 grads = torch.stack([p.grad for p in s.params])
-                bufs.lerp_(grads, 1 - momentum)
-                updates.append(grads.lerp_(bufs, momentum) if group["nesterov"] else bufs)
+                moved = bufs.lerp(grads, 1 - momentum)
+                updates.append(grads.lerp_(moved, momentum) if group["nesterov"] else moved)
+                _assign(bufs, moved, keep)
             orthos = orthogonalize(
                 updates, group["ns_coefficients"], group["ns_steps"], group["eps"]
             )
             for s, ortho in zip(stacks, orthos):
-                if decay:
-                    torch._foreach_mul_(s.params, 1 - lr * decay)
+                new = torch._foreach_mul(s.params, 1 - lr * decay) if decay else list(s.params)
                 # a bfloat16 update into a float32 weight, as Muon adds it
-                torch._foreach_add_(
-                    s.params,
+                new = torch._foreach_add(
+                    new,
                     ortho.unbind(0),
                     alpha=-_adjust_lr(lr, group["adjust_lr_fn"], s.params[0].shape),
                 )
+                for p, value in zip(s.params, new):
+                    _assign(p, value, keep)
         return loss
+
+
+def _assign(old: torch.Tensor, new: torch.Tensor, keep: Optional[torch.Tensor]) -> None:
+    """``old`` ← ``new`` in place, unless ``keep`` (a 0-dim bool tensor) is true: then ``old`` stays."""
+    old.copy_(new if keep is None else torch.where(keep, old, new))

@@ -81,6 +81,11 @@ class MuonAdamW:
         self.adamw.step()
         self.muon.step()
 
+    @property
+    def parts(self) -> list[torch.optim.Optimizer]:
+        """The two ``torch.optim`` optimizers it steps (for :func:`step_unless`)."""
+        return [self.adamw, self.muon]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.adamw.zero_grad(set_to_none)
         self.muon.zero_grad(set_to_none)
@@ -132,3 +137,26 @@ def set_lr(optimizer: torch.optim.Optimizer | MuonAdamW, lr: float) -> None:
         group["lr"] = lr
     for group in optimizer.muon.param_groups if isinstance(optimizer, MuonAdamW) else []:
         group["lr"] = lr * optimizer.muon_scale
+
+
+def step_unless(optimizer: torch.optim.Optimizer | MuonAdamW, skip: torch.Tensor) -> None:
+    """``optimizer.step()``, leaving every weight, moment and step count as it was where ``skip`` (a 0-dim
+    float32 tensor on the device: 1.0 skips, 0.0 steps) is 1, decided on the device without a host sync.
+
+    It uses torch.amp's ``found_inf`` protocol (``GradScaler.step`` sets the attribute the same way): the fused
+    AdamW kernel returns early where it is 1 and takes the step count back; :class:`~.muon.BatchedMuon` keeps the
+    old values by ``torch.where``. Where the step is taken the arithmetic is that of a plain ``step()``. An
+    AdamW that is not fused (a device without the fused kernel) cannot take the flag: the host reads it there.
+    """
+    parts = optimizer.parts if isinstance(optimizer, MuonAdamW) else [optimizer]
+    if not all(getattr(p, "defaults", {}).get("fused", True) for p in parts):
+        if not bool(skip):  # the one host read left, on devices without a fused AdamW
+            optimizer.step()
+        return
+    for part in parts:
+        part.found_inf = skip
+    try:
+        optimizer.step()
+    finally:
+        for part in parts:
+            del part.found_inf

@@ -31,6 +31,7 @@ from ..run.metrics import RunLogger
 from ..runtime import distributed as parallel
 from ..runtime.device import (
     CpuThreads,
+    capture_rng,
     check_memory,
     resolve_device,
     resolve_dtype,
@@ -46,6 +47,7 @@ from ..tokenizer.kinds import Tokenizer
 from .optim import make_optimizer
 from .resume import Resumed
 from .signals import StopFlag
+from .step import Prefetcher
 
 #: Said when a resumed run's dropout masks come from another kernel than its last session's (MINIGPT_FAST_DROPOUT).
 DROPOUT_CHANGED = (
@@ -103,7 +105,7 @@ class Setup:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     autocast: Any
-    train_sampler: BatchSampler
+    train_sampler: Prefetcher  # the BatchSampler, one batch ahead
     prog: Progress
     logger: RunLogger
     stop: StopFlag
@@ -115,7 +117,9 @@ class Setup:
     )  # fingerprint and files, for the checkpoints' meta.json
     writer: Any = None
     bar: Any = None
-    compile_failed: bool = False
+    eval_model: Optional[torch.nn.Module] = (
+        None  # what evals run: the compiled model when compile is on
+    )
 
     def __post_init__(self):
         self.cpu_threads = CpuThreads(self.device, echo=self.thread_note)
@@ -151,19 +155,6 @@ class Setup:
         self.env.setdefault("torch_threads_changes", []).append(
             {"step": self.prog.step, "threads": torch.get_num_threads()}
         )
-        self.write_env()
-
-    def fall_back_to_eager(self, exc: Exception) -> None:
-        """torch.compile failed at its first call: train the eager model (DDP-wrapped again, or sharded) from here."""
-        self.compile_failed = True
-        self.echo(
-            f"warning: torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-            "training without it"
-        )
-        self.logger.log(f"torch.compile failed ({type(exc).__name__}); training without it")
-        self.optimizer.zero_grad(set_to_none=True)
-        self.train_model = parallel.wrap(self.model, self.device, self.dist)
-        self.env.update(self.eager_kernels)  # the eager step's kernels, not the compiled one's
         self.write_env()
 
 
@@ -421,14 +412,16 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
         autocast=torch.autocast(device_type=device.type, dtype=dtype)
         if dtype != torch.float32
         else nullcontext(),
-        train_sampler=BatchSampler(
-            data.train,
-            mc.block_size,
-            tc.batch_size,
-            cfg.seed + 1,
-            device,
-            rank=dist.rank,
-            world=dist.world,
+        train_sampler=Prefetcher(
+            BatchSampler(
+                data.train,
+                mc.block_size,
+                tc.batch_size,
+                cfg.seed + 1,
+                device,
+                rank=dist.rank,
+                world=dist.world,
+            )
         ),
         prog=Progress(),
         logger=logger,
@@ -490,23 +483,65 @@ def _restore(s: Setup, resumed: Resumed) -> None:
 
 
 def _compile(s: Setup) -> None:
-    """Wrap the model for training: ``torch.compile`` when asked, DDP under torchrun (unless sharded by FSDP)."""
+    """Wrap the model for training: ``torch.compile`` when asked, DDP under torchrun (unless sharded by FSDP).
+
+    Compile is decided here, once: the compiled model is warmed up (:func:`_warm_up`), and if that fails on
+    any rank, every rank trains eagerly (the ranks agree by one all-reduce). No later step falls back: an
+    error there, an out-of-memory one included, ends the run as an error."""
     if s.cfg.compile and "oneDNN" in s.eager_kernels["linear_kernel"]:
         s.echo(onednn.COMPILE_NOTE)
         s.logger.log(onednn.COMPILE_NOTE)
-    train_model: torch.nn.Module = s.model
+    compiled = None
     if s.cfg.compile:
+        failure: Optional[Exception] = None
         try:
-            train_model = torch.compile(s.model)
-        except Exception as exc:  # platform support varies
-            s.echo(
-                f"warning: torch.compile unavailable ({type(exc).__name__}: {exc}); training without it"
-            )
-    s.train_model = parallel.wrap(train_model, s.device, s.dist)
+            compiled = torch.compile(s.model)
+            s.train_model = parallel.wrap(compiled, s.device, s.dist)
+            _warm_up(s, compiled)
+        except torch.OutOfMemoryError:
+            raise  # not a compile failure: eager would run out as well
+        except Exception as exc:  # platform support varies (no C++ compiler, no Triton, ...)
+            failure = exc
+        if not parallel.all_agree(failure is None, s.dist, s.device):
+            why = "it failed on another process"
+            if failure is not None:
+                why = f"{type(failure).__name__}: {str(failure).splitlines()[0][:200]}"
+            s.echo(f"warning: torch.compile failed ({why}); training without it")
+            s.logger.log(f"torch.compile failed ({why}); training without it")
+            compiled, s.train_model = None, s.model  # DDP's wrapper of it (and its hooks) let go
+            s.optimizer.zero_grad(set_to_none=True)
+            s.env.update(s.eager_kernels)  # the eager step's kernels, not the compiled one's
+            s.write_env()
+    if compiled is None:
+        s.train_model = parallel.wrap(s.model, s.device, s.dist)
+    s.eval_model = compiled if compiled is not None else s.model
     if parallel.is_sharded(s.model):
         s.logger.log(
             f"FSDP: weights, gradients and AdamW moments sharded over {s.dist.world} processes"
         )
+
+
+def _warm_up(s: Setup, compiled: torch.nn.Module) -> None:
+    """Compile now rather than at the first step: a forward and backward in training mode (through DDP's
+    wrapper without its gradient all-reduce, so that a rank whose compile fails leaves no collective
+    half-done) and a forward in eval mode (the evals' graph), on a batch of token 0. The gradients are
+    dropped and every RNG put back, so the run's numbers are those of a run without the warm-up."""
+    tc, mc = s.cfg.train, s.cfg.model
+    x = torch.zeros(tc.batch_size, mc.block_size, dtype=torch.long, device=s.device)
+    rng = capture_rng()
+    sync = s.train_model.no_sync() if hasattr(s.train_model, "no_sync") else nullcontext()
+    try:
+        with sync:
+            with s.autocast:
+                _, loss = s.train_model(x, x)
+            loss.backward()
+        s.optimizer.zero_grad(set_to_none=True)
+        compiled.eval()
+        with torch.no_grad(), s.autocast:
+            compiled(x, x)
+    finally:
+        compiled.train()
+        restore_rng(rng)
 
 
 def _announce(s: Setup, data, dtype: torch.dtype) -> None:

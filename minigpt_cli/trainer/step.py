@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 import torch
 
 from ..runtime.distributed import Dist, all_sum
+from .optim import step_unless
 
 
 @torch.no_grad()
@@ -22,7 +23,7 @@ def estimate_loss(
     """Mean loss per window of each split, in eval mode, without gradients; None when ``should_stop`` (asked
     before every batch, the same answer on every rank) cut it short. Sums are float64, taken over the ranks
     before dividing, so the result does not depend on how the ``n_windows`` were split into micro-batches
-    or processes."""
+    or processes. The host reads each split's sum once, at its end."""
     model.eval()
     out = {}
     try:
@@ -51,12 +52,16 @@ def train_step(
     grad_clip: float,
     params: list[torch.Tensor],
     dist: Dist = Dist(),
-) -> tuple[torch.Tensor, bool]:
-    """One optimizer step over ``accum`` micro-batches; returns (this process's mean loss, whether it was applied).
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over ``accum`` micro-batches; returns (this process's mean loss, skipped), both
+    0-dim tensors on the device that nothing here reads: the host never waits on the step.
 
-    DDP syncs gradients on the last micro-step only; FSDP reduce-scatters at every one (whole gradients would
-    cost the memory sharding saves). A non-finite loss or gradient skips the update; under torchrun the
-    processes decide together, on the sum of their losses, so that none steps alone.
+    ``skipped`` is float32 1.0 where the loss or the gradient norm was not finite (the norm only with
+    ``grad_clip`` > 0), else 0.0. Such a step's update is skipped on the device (:func:`~.optim.step_unless`):
+    weights, moments and step counts stay as they were. Under torchrun the processes decide together, on the
+    sum of their losses (and on the norm of the all-reduced gradients), so that none steps alone. DDP syncs
+    gradients on the last micro-step only; FSDP reduce-scatters at every one (whole gradients would cost the
+    memory sharding saves).
     """
     loss_sum = None
     for micro in range(accum):
@@ -71,14 +76,48 @@ def train_step(
             scaler.scale(loss).backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
     scaler.unscale_(optimizer)  # gradients unscaled before clipping (a no-op without a scaler)
-    finite = bool(
-        torch.isfinite(all_sum(loss_sum, dist))
-    )  # one host sync per optimizer step, none per micro-step
-    if finite and grad_clip > 0:
+    finite = torch.isfinite(all_sum(loss_sum, dist))
+    if grad_clip > 0:
+        # Clipping by a non-finite norm makes the gradients NaN; harmless, as that step's update is skipped.
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
-        finite = bool(torch.isfinite(norm))
-    if finite:
-        scaler.step(optimizer)
-    scaler.update()
+        finite = finite & torch.isfinite(norm)
+    skipped = (~finite).float()
+    overflow = skipped
+    if scaler.is_enabled() and grad_clip <= 0:
+        # float16's scaler skips overflowing gradients too, without counting them (as scaler.step did).
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        overflow = torch.maximum(skipped, (~torch.isfinite(norm)).float())
+    step_unless(optimizer, overflow)
+    scaler.update()  # a smaller scale after an overflow; unscale_ recorded it on the device
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum, finite
+    return loss_sum, skipped
+
+
+class Prefetcher:
+    """A :class:`~minigpt_cli.data.pipeline.BatchSampler` one batch ahead: each ``next`` hands out the batch
+    drawn before and draws the following one, whose pinned, ``non_blocking`` copy to the GPU is queued while
+    the device still runs the work already sent (the step never waits on the host, so the host is ahead).
+
+    :meth:`state` is the sampler's state before the batch held, so a checkpoint resumes at the batch the next
+    step takes, as without the prefetch; the batches are the sampler's, in its order."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self.ahead: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self.before: Optional[torch.Tensor] = None  # the sampler's state before drawing `ahead`
+
+    def __iter__(self) -> "Prefetcher":
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.ahead if self.ahead is not None else self.sampler.next()
+        self.before = self.sampler.state()
+        self.ahead = self.sampler.next()
+        return batch
+
+    def state(self) -> torch.Tensor:
+        return self.before if self.ahead is not None else self.sampler.state()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.sampler.set_state(state)
+        self.ahead = self.before = None
