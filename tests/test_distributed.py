@@ -9,6 +9,7 @@ makes the same updates as the uninterrupted one, and clip their gradients (the n
 from __future__ import annotations
 
 import io
+import json
 import os
 import socket
 import subprocess
@@ -356,3 +357,56 @@ def test_ddp_with_muon_trains_as_one_process_does(data_dir, tmp_path):
         "optimizer"
     ]
     assert any("momentum_buffer" in s for s in state["state"].values())
+
+
+#: A torchrun worker that runs ``minigpt`` and counts the collectives that pickle objects on the host.
+COUNTING_WORKER = """
+import atexit, json, os, runpy
+import torch.distributed as dist
+
+calls = {"broadcast_object_list": 0, "all_gather_object": 0, "all_reduce": 0}
+for name in calls:
+    real = getattr(dist, name)
+    def counted(*a, _name=name, _real=real, **k):
+        calls[_name] += 1
+        return _real(*a, **k)
+    setattr(dist, name, counted)
+atexit.register(lambda: open(f"calls-{os.environ['RANK']}.json", "w").write(json.dumps(calls)))
+runpy.run_module("minigpt_cli", run_name="__main__")
+"""
+
+
+def test_the_loop_broadcasts_no_object_under_torchrun(reference, data_dir, tmp_path):
+    """2 processes on gloo, 30 steps with 4 evals of 5 batches a split and a time budget: the ranks agree on a
+    stop and the time budget by a tensor all-reduce once per log interval (10 steps), never by an object
+    broadcast per step or per eval batch; the run folder's name is the only object broadcast. The losses
+    follow one process (the module's reference) to float32 rounding."""
+    (tmp_path / "worker.py").write_text(COUNTING_WORKER)
+    args = train_args(
+        data_dir, ["--run-name", "ddp"], "train.max_iters=30", "train.max_seconds=3600"
+    )
+    out = finish(
+        start(
+            [
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "worker.py",
+                *args[2:],
+                "--set",
+                "train.log_interval=10",
+            ],
+            tmp_path,
+        )
+    )
+    assert out.count("trained to step 30") == 1
+    for rank in (0, 1):
+        calls = json.loads((tmp_path / f"calls-{rank}.json").read_text())
+        assert calls["broadcast_object_list"] == 1 and calls["all_gather_object"] == 0, calls
+        # One a step (the loss sum that decides a skip; DDP's gradient buckets are reduced in C++, not
+        # counted here), two an eval (each split's sum), two a log interval (the loss, stop and time).
+        assert calls["all_reduce"] == 30 + 2 * 4 + 2 * 3, calls
+    run = tmp_path / "runs" / "ddp"
+    train_steps = {k[1] for k in curve(run) if k[0] == "train"}
+    assert train_steps == {10, 20, 30}
+    assert_matches(run, reference)

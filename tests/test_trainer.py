@@ -600,3 +600,199 @@ def test_without_a_bar_a_status_line_tells_of_progress(data_dir, tmp_path, monke
     )
     status = [line for line in said if line.startswith("step ") and "tokens/s" in line]
     assert [line.split(":")[0] for line in status] == ["step 2/4", "step 4/4"], said
+
+
+# ---------------------------------------------------------------- compile, decided once at build
+
+
+REAL_COMPILE = torch.compile
+
+
+def _compile_with(monkeypatch, backend) -> None:
+    """torch.compile for real (Dynamo captures the model) with ``backend`` compiling the graphs: "eager" runs
+    them as captured, in seconds on a CPU; a function that raises is a compiler that fails."""
+    monkeypatch.setattr(torch, "compile", lambda model, **k: REAL_COMPILE(model, backend=backend))
+
+
+def _failing_at_call(n: int, error: Exception, monkeypatch) -> list[int]:
+    """The trainer's train_step, raising ``error`` at its ``n``-th call; the calls made, counted."""
+    from minigpt_cli.trainer import loop
+
+    real, calls = loop.train_step, []
+
+    def step(*a, **k):
+        calls.append(len(calls) + 1)
+        if len(calls) == n:
+            raise error
+        return real(*a, **k)
+
+    monkeypatch.setattr(loop, "train_step", step)
+    return calls
+
+
+def test_an_out_of_memory_error_in_a_compiled_step_ends_the_run(
+    cli, data_dir, tmp_path, monkeypatch
+):
+    """A compiled run (warmed up at build) that runs out of memory at step 3: the user gets the error, in one
+    line, and no step runs eagerly after it (once, every exception of a step counted as a compile failure).
+    The evals ran the compiled model."""
+    monkeypatch.chdir(tmp_path)
+    _compile_with(monkeypatch, "eager")
+    calls = _failing_at_call(
+        3, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), monkeypatch
+    )
+    evaluated = []
+    real_losses = Evaluator.losses
+    monkeypatch.setattr(
+        Evaluator,
+        "losses",
+        lambda self, model, step: (
+            evaluated.append(type(model).__name__) or real_losses(self, model, step)
+        ),
+    )
+    res = cli(
+        "train",
+        TINY,
+        "--run-name",
+        "oom",
+        *("--set", f"data.data_dir={data_dir}", "--set", "compile=true"),
+        *("--set", "train.log_interval=1", "--set", "train.max_iters=10"),
+    )
+    assert_user_error(
+        res, "out of memory (CUDA out of memory. Tried to allocate 2.00 GiB)", notes_ok=True
+    )
+    assert "torch.compile failed" not in res.stdout + res.stderr
+    assert calls == [1, 2, 3]  # no step after the error, eager or not
+    assert evaluated == ["OptimizedModule"]  # step 0's eval, on the compiled model
+    run = tmp_path / "runs" / "oom"
+    assert [r["step"] for r in records(run) if r["event"] == "train"] == [1, 2]
+    assert "training without it" not in (run / "train.log").read_text()
+
+
+def test_compile_falls_back_at_build_only(data_dir, tmp_path, monkeypatch):
+    """A compiler that fails does so in the warm-up, before step 1: a warning, then every step eager. The
+    same kind of error from a step after the warm-up (a RuntimeError, as Inductor raises) is the run's
+    error, not a fallback."""
+    monkeypatch.chdir(tmp_path)
+
+    def no_compiler(graph, example_inputs):
+        raise RuntimeError("no C++ compiler here")
+
+    _compile_with(monkeypatch, no_compiler)
+    notes: list[str] = []
+    res = train(
+        tiny(data_dir, "train.max_iters=6", "compile=true"),
+        run_name="fails",
+        echo=notes.append,
+        progress=False,
+    )
+    failed = [n for n in notes if "torch.compile failed" in n]
+    assert res.step == 6 and len(failed) == 1 and "no C++ compiler here" in failed[0], notes
+    log = (tmp_path / "runs" / "fails" / "train.log").read_text()
+    assert log.index("training without it") < log.index("run folder")  # at build, before any step
+
+    _compile_with(monkeypatch, "eager")
+    calls = _failing_at_call(3, RuntimeError("a kernel failed at step 3"), monkeypatch)
+    notes.clear()
+    with pytest.raises(RuntimeError, match="a kernel failed at step 3"):
+        train(
+            tiny(data_dir, "train.max_iters=6", "compile=true"),
+            run_name="later",
+            echo=notes.append,
+            progress=False,
+        )
+    assert calls == [1, 2, 3] and not [n for n in notes if "torch.compile failed" in n], notes
+
+
+# ---------------------------------------------------------------- the step stays on the device
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_skipped_update_changes_nothing_and_a_taken_one_is_a_plain_step(optimizer):
+    """step_unless with 1.0 leaves every weight, moment and step count as it was, to the bit; with 0.0 it makes
+    the update of a plain ``step()`` on a copy of the same model, to the bit."""
+    from minigpt_cli.trainer.optim import step_unless
+
+    cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})
+    tc = TrainConfig(optimizer=optimizer)
+    torch.manual_seed(0)
+    x = torch.randint(0, 65, (4, 32))
+    models = [GPT(cfg) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [make_optimizer(m, tc) for m in models]
+
+    def state(model, opt):
+        moments = [v.clone() for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+        return [p.detach().clone() for p in model.parameters()] + moments
+
+    for i in range(3):  # a few steps, so that the moments are there and the skip must keep them
+        for model in models:
+            model.zero_grad()
+            model(x, x)[1].backward()
+        if i == 2:
+            before = state(models[0], opts[0])
+            for p in models[0].parameters():
+                p.grad[0] = float("nan")
+            step_unless(opts[0], torch.tensor(1.0))
+            after = state(models[0], opts[0])
+            assert all(torch.equal(a, b) for a, b in zip(before, after))
+            break
+        step_unless(opts[0], torch.tensor(0.0))
+        opts[1].step()
+        for a, b in zip(state(models[0], opts[0]), state(models[1], opts[1])):
+            assert torch.equal(a, b)
+
+
+def test_the_step_reads_nothing_on_the_host_between_log_intervals(data_dir, tmp_path, monkeypatch):
+    """Every .item(), bool(), float(), int() and .tolist() of a tensor during a run, by where it is made: none
+    in a step or in the loop between steps, two at each log interval (the interval's skip flags and losses
+    in one read, the logged loss), and the evals' own. A NaN loss at step 7 is skipped on the device, logged
+    at the read of step 10, and its update is not counted by AdamW's step count."""
+    from minigpt_cli.trainer.loop import Trainer
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(GPT, "forward", _nan_forward({7}))
+    where = ["setup"]
+    reads: dict[str, int] = {}
+
+    def phase(name, method):
+        real = getattr(Trainer, name)
+
+        def wrapped(self, *a, **k):
+            where.append(method)
+            try:
+                return real(self, *a, **k)
+            finally:
+                where.pop()
+
+        monkeypatch.setattr(Trainer, name, wrapped)
+
+    for name, method in [("fit", "loop"), ("step", "step"), ("log_train", "log")]:
+        phase(name, method)
+    phase("evaluate", "eval")
+    phase("finish", "end")
+    for attr in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        real = getattr(torch.Tensor, attr)
+
+        def counted(self, *a, _real=real, **k):
+            reads[where[-1]] = reads.get(where[-1], 0) + 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, attr, counted)
+    res = train(
+        tiny(data_dir, "train.max_iters=20", "train.log_interval=5", "train.eval_interval=100"),
+        run_name="sync",
+        echo=lambda m: None,
+        progress=False,
+    )
+    monkeypatch.undo()  # the reads below are the test's own (and the working folder is the test's again)
+    run = tmp_path / "runs" / "sync"
+    assert res.step == 20
+    assert reads.get("step", 0) == 0 and reads.get("loop", 0) == 0, reads
+    assert reads["log"] == 2 * 4, reads  # steps 5, 10, 15, 20
+    log = (run / "train.log").read_text()
+    assert log.count("step skipped") == 1 and "step 7: non-finite loss or gradient (nan)" in log
+    assert [r["step"] for r in records(run) if r["event"] == "train"] == [5, 10, 15, 20]
+    state = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)
+    state = state["optimizer"]["state"]
+    assert {float(s["step"]) for s in state.values()} == {19.0}  # 20 steps, one skipped

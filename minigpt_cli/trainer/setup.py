@@ -504,8 +504,9 @@ def _compile(s: Setup) -> None:
             failure = exc
         if not parallel.all_agree(failure is None, s.dist, s.device):
             why = "it failed on another process"
-            if failure is not None:
-                why = f"{type(failure).__name__}: {str(failure).splitlines()[0][:200]}"
+            if failure is not None:  # Dynamo's first line can be "backend='inductor' raised:"
+                lines = [line.strip() for line in str(failure).splitlines() if line.strip()]
+                why = f"{type(failure).__name__}: {' '.join(lines[:2])[:200]}"
             s.echo(f"warning: torch.compile failed ({why}); training without it")
             s.logger.log(f"torch.compile failed ({why}); training without it")
             compiled, s.train_model = None, s.model  # DDP's wrapper of it (and its hooks) let go
