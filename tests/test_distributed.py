@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY, curve, tiny, working_dir
+from helpers import TINY, assert_user_error, curve, tiny, working_dir
 from safetensors.torch import load_file
 
 from minigpt_cli.trainer import train
@@ -410,3 +410,23 @@ def test_the_loop_broadcasts_no_object_under_torchrun(reference, data_dir, tmp_p
     train_steps = {k[1] for k in curve(run) if k[0] == "train"}
     assert train_steps == {10, 20, 30}
     assert_matches(run, reference)
+
+
+def test_the_collective_timeout_covers_a_preparation_and_is_checked(cli, tmp_path, monkeypatch):
+    """Every collective may wait MINIGPT_DIST_TIMEOUT seconds (30 minutes unset, beyond NCCL's 10, as the other
+    processes of a node wait in a barrier while the first prepares the data); a value that is not a positive
+    number of seconds is refused in one line, under torchrun's variables, before anything is written."""
+    from datetime import timedelta
+
+    from minigpt_cli.runtime.distributed import dist_timeout
+
+    monkeypatch.delenv("MINIGPT_DIST_TIMEOUT", raising=False)
+    assert dist_timeout() == timedelta(minutes=30)
+    monkeypatch.setenv("MINIGPT_DIST_TIMEOUT", "7200")
+    assert dist_timeout() == timedelta(hours=2)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINIGPT_DIST_TIMEOUT", "ten minutes")
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    assert_user_error(cli("train", TINY), "MINIGPT_DIST_TIMEOUT='ten minutes'", "above 0")
+    assert not (tmp_path / "runs").exists()
