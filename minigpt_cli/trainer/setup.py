@@ -117,9 +117,8 @@ class Setup:
     )  # fingerprint and files, for the checkpoints' meta.json
     writer: Any = None
     bar: Any = None
-    eval_model: Optional[torch.nn.Module] = (
-        None  # what evals run: the compiled model when compile is on
-    )
+    # What evals run: the compiled model when compile is on (set by _compile).
+    eval_model: Optional[torch.nn.Module] = None
 
     def __post_init__(self):
         self.cpu_threads = CpuThreads(self.device, echo=self.thread_note)
@@ -543,6 +542,8 @@ def _warm_up(s: Setup, compiled: torch.nn.Module) -> None:
     finally:
         compiled.train()
         restore_rng(rng)
+        # FSDP: the root's weights, gathered by the eval forward, back to shards
+        parallel.reshard(s.model)
 
 
 def _announce(s: Setup, data, dtype: torch.dtype) -> None:
