@@ -430,3 +430,35 @@ def test_the_collective_timeout_covers_a_preparation_and_is_checked(cli, tmp_pat
         monkeypatch.setenv(name, value)
     assert_user_error(cli("train", TINY), "MINIGPT_DIST_TIMEOUT='ten minutes'", "above 0")
     assert not (tmp_path / "runs").exists()
+
+
+#: A torchrun worker whose torch.compile works on rank 0 (Dynamo with the "eager" backend) and fails on rank 1.
+SPLIT_COMPILE_WORKER = """
+import os, runpy
+import torch
+
+real = torch.compile
+
+def no_compiler(graph, example_inputs):
+    raise RuntimeError("no C++ compiler on rank 1")
+
+backend = no_compiler if os.environ["RANK"] == "1" else "eager"
+torch.compile = lambda model, **k: real(model, backend=backend)
+runpy.run_module("minigpt_cli", run_name="__main__")
+"""
+
+
+def test_the_ranks_take_one_compile_decision(reference, data_dir, tmp_path):
+    """Compiling fails on rank 1 only, in the warm-up at build: the ranks agree by an all-reduce and both
+    train eagerly (before, the failing rank alone rebuilt DDP at its first step, whose constructor's
+    broadcast the other rank never joined); rank 0's log says why, and the run follows one process."""
+    (tmp_path / "worker.py").write_text(SPLIT_COMPILE_WORKER)
+    args = train_args(data_dir, ["--run-name", "ddp"], "train.max_iters=30", "compile=true")
+    out = finish(start(["--standalone", "--nproc_per_node", "2", "worker.py", *args[2:]], tmp_path))
+    assert out.count("trained to step 30") == 1
+    run = tmp_path / "runs" / "ddp"
+    log = (run / "train.log").read_text()
+    assert (
+        log.count("torch.compile failed (it failed on another process); training without it") == 1
+    )
+    assert_matches(run, reference)
