@@ -796,3 +796,33 @@ def test_the_step_reads_nothing_on_the_host_between_log_intervals(data_dir, tmp_
     state = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)
     state = state["optimizer"]["state"]
     assert {float(s["step"]) for s in state.values()} == {19.0}  # 20 steps, one skipped
+
+
+def test_a_scaler_overflow_skips_the_update_on_the_device_without_counting_it():
+    """float16's GradScaler (here on the CPU): gradients that overflow the scale skip the update and halve the
+    scale, as scaler.step did, and with train.grad_clip 0 the step is not counted as non-finite."""
+    cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    x = torch.randint(0, 65, (4, 32))
+    opt = make_optimizer(model, TrainConfig())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, enabled=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    class Huge(torch.nn.Module):  # a finite loss whose scaled gradients overflow float32
+        def forward(self, idx, targets):
+            logits, loss = model(idx, targets)
+            return logits, loss * 1e36
+
+    before = [p.detach().clone() for p in params]
+    loss, skipped = train_step(
+        Huge(), opt, iter([(x, x)]), 1, torch.autocast("cpu", enabled=False), scaler, 0.0, params
+    )
+    assert torch.isfinite(loss) and skipped.item() == 0.0
+    assert all(torch.equal(a, p) for a, p in zip(before, params))
+    assert {float(s["step"]) for s in opt.state.values()} == {0.0}  # AdamW took no step
+    assert scaler.get_scale() == 2.0**15
+    loss, skipped = train_step(
+        model, opt, iter([(x, x)]), 1, torch.autocast("cpu", enabled=False), scaler, 0.0, params
+    )
+    assert skipped.item() == 0.0 and not all(torch.equal(a, p) for a, p in zip(before, params))

@@ -80,17 +80,22 @@ def train_step(
     if grad_clip > 0:
         # Clipping by a non-finite norm makes the gradients NaN; harmless, as that step's update is skipped.
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
-        finite = finite & torch.isfinite(norm)
+        finite = finite & torch.isfinite(_whole(norm))
     skipped = (~finite).float()
     overflow = skipped
     if scaler.is_enabled() and grad_clip <= 0:
         # float16's scaler skips overflowing gradients too, without counting them (as scaler.step did).
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        overflow = torch.maximum(skipped, (~torch.isfinite(norm)).float())
+        overflow = torch.maximum(skipped, (~torch.isfinite(_whole(norm))).float())
     step_unless(optimizer, overflow)
     scaler.update()  # a smaller scale after an overflow; unscale_ recorded it on the device
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, skipped
+
+
+def _whole(norm: torch.Tensor) -> torch.Tensor:
+    """A gradient norm as a plain tensor: under FSDP it is a DTensor, whose whole value each rank takes."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 class Prefetcher:
