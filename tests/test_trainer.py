@@ -826,3 +826,32 @@ def test_a_scaler_overflow_skips_the_update_on_the_device_without_counting_it():
         model, opt, iter([(x, x)]), 1, torch.autocast("cpu", enabled=False), scaler, 0.0, params
     )
     assert skipped.item() == 0.0 and not all(torch.equal(a, p) for a, p in zip(before, params))
+
+
+def test_run_after_run_in_one_process_each_compiles(data_dir, tmp_path, monkeypatch):
+    """A sweep trains in-process: a run past Dynamo's recompile limit (8 compiles of GPT.forward; 2 here, to
+    be quick) still compiles, rather than running eagerly without a word."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    compiled = []
+
+    def counting(graph, example_inputs):
+        compiled.append(1)
+        return graph.forward
+
+    _compile_with(monkeypatch, counting)
+    for i in range(3):
+        before = len(compiled)
+        train(
+            tiny(
+                data_dir,
+                "train.max_iters=1",
+                "train.eval_iters=1",
+                "model.n_layer=1",
+                "compile=true",
+            ),
+            run_name=f"r{i}",
+            echo=lambda m: None,
+            progress=False,
+        )
+        assert len(compiled) > before, i

@@ -493,6 +493,10 @@ def _compile(s: Setup) -> None:
     compiled = None
     if s.cfg.compile:
         failure: Optional[Exception] = None
+        # A process that trains run after run (a sweep, a search) would reach Dynamo's limit of 8 compiles
+        # of GPT.forward (one per model) and silently run the later ones eagerly: the earlier runs' graphs
+        # are dropped first.
+        torch.compiler.reset()
         try:
             compiled = torch.compile(s.model)
             s.train_model = parallel.wrap(compiled, s.device, s.dist)
