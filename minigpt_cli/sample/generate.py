@@ -43,21 +43,6 @@ MAX_BATCH = 64
 #: The weight and arithmetic types :func:`generate` offers.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-#: What :func:`generate` says: errors, then notes.
-_MESSAGES = {
-    "stop_never": (
-        "note: --stop {stop!r} can never match: the tokenizer's vocabulary lacks {chars}, so the model "
-        "never writes it"
-    ),
-    "top_k_clamped": "note: --top-k {top_k} is larger than the vocabulary ({vocab}); using {vocab}",
-    "compile_no_cache": "note: --compile has no effect with --no-kv-cache: it compiles the cached one-token step",
-    "untrained": (
-        "note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random init), "
-        "so the text is random; train the run further, or pass --run of a trained one"
-    ),
-    "cropped": "note: the prompt has {n} tokens; the model sees only the last {block} (block_size)",
-}
-
 
 def end_of_text(tok: Tokenizer) -> Optional[str]:
     """The tokenizer's end-of-text special token (one of :data:`~minigpt_cli.config.special_tokens.END_OF_TEXT`),
@@ -228,7 +213,10 @@ def generate(
     flags = given_keys(sample)
     if top_k is not None and top_k > tok.vocab_size:
         if "top_k" in flags:  # asked for: say so; the run's own default is clamped silently
-            echo(_MESSAGES["top_k_clamped"].format(top_k=top_k, vocab=tok.vocab_size))
+            echo(
+                f"note: --top-k {top_k} is larger than the vocabulary ({tok.vocab_size}); "
+                f"using {tok.vocab_size}"
+            )
         top_k = tok.vocab_size
     # The run's own sample.prompt was checked by train before step 0, with the same message (encode_prompt).
     ids = encode_prompt(tok, prompt, "the prompt" if "prompt" in flags else "sample.prompt")
@@ -237,7 +225,11 @@ def generate(
     elif loaded.checkpoint.name != checkpoint:
         echo(f"using {loaded.describe()}: the run has no {checkpoint} checkpoint yet")
     if loaded.step == 0:
-        echo(_MESSAGES["untrained"].format(run=loaded.run_dir, which=loaded.checkpoint.name))
+        echo(
+            f"note: {loaded.run_dir}'s {loaded.checkpoint.name} checkpoint is untrained (saved at "
+            "step 0, its weights are the random init), so the text is random; train the run "
+            "further, or pass --run of a trained one"
+        )
     lossy = lossy_report(tok, prompt)
     if lossy is not None:
         echo(lossy)
@@ -252,12 +244,20 @@ def generate(
     for s in stops:  # text the model cannot write: the vocabulary lacks a character of it
         missing = tok.unknown_chars(s)
         if missing:
-            echo(_MESSAGES["stop_never"].format(stop=s, chars=", ".join(map(repr, missing))))
+            echo(
+                f"note: --stop {s!r} can never match: the tokenizer's vocabulary lacks "
+                f"{', '.join(map(repr, missing))}, so the model never writes it"
+            )
     if len(ids) > cfg.model.block_size and max_new_tokens > 0:
-        echo(_MESSAGES["cropped"].format(n=len(ids), block=cfg.model.block_size))
+        echo(
+            f"note: the prompt has {len(ids)} tokens; the model sees only the last "
+            f"{cfg.model.block_size} (block_size)"
+        )
     compiled = (compile if compile is not None else dev.type == "cuda") and max_new_tokens > 0
     if compile and not use_cache:
-        echo(_MESSAGES["compile_no_cache"])
+        echo(
+            "note: --compile has no effect with --no-kv-cache: it compiles the cached one-token step"
+        )
     out = out if out is not None else Nowhere()
     eos = end_of_text(tok) if not ignore_eos else None
     eos = tok.encode(eos)[0] if eos is not None else None

@@ -24,15 +24,6 @@ from ..runtime.device import resolve_device
 from ..runtime.kernels import swap as swap_kernels
 from ..tokenizer.kinds import Tokenizer, load_run_tokenizer
 
-_MESSAGES = {
-    "not_finite": (
-        "checkpoint {ckpt!r} has NaN or infinite weights ({name}): the run diverged before it was saved; "
-        "try --checkpoint {other}, or retrain with a lower train.learning_rate"
-    ),
-    "tokenizer": "{tok} is not the tokenizer this checkpoint was trained with ({why}); restore the run's own "
-    "tokenizer.json",
-}
-
 
 @dataclass(frozen=True)
 class LoadedRun:
@@ -67,7 +58,9 @@ def _check_finite(model: torch.nn.Module, ckpt: Path) -> None:
         if not bool(torch.isfinite(extremes).all()):
             other = runs.LAST if ckpt.name == runs.BEST else runs.BEST
             raise MinigptError(
-                _MESSAGES["not_finite"].format(ckpt=str(ckpt), name=name, other=other)
+                f"checkpoint {str(ckpt)!r} has NaN or infinite weights ({name}): the run diverged "
+                f"before it was saved; try --checkpoint {other}, or retrain with a lower "
+                "train.learning_rate"
             )
 
 
@@ -109,7 +102,10 @@ def load_run(
     )  # refuses a missing or damaged one: it names the tokenizer trained with
     why = _mismatch(tok, cfg, meta)
     if why is not None:
-        raise MinigptError(_MESSAGES["tokenizer"].format(tok=run_dir / runs.TOKENIZER, why=why))
+        raise MinigptError(
+            f"{run_dir / runs.TOKENIZER} is not the tokenizer this checkpoint was trained with "
+            f"({why}); restore the run's own tokenizer.json"
+        )
     step = meta.get("step")
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
     return LoadedRun(model, tok, cfg, run_dir, ckpt, step)
