@@ -215,6 +215,30 @@ def test_cached_logits_match_a_full_forward():
     assert torch.allclose(full, stepwise, atol=1e-5)
 
 
+@pytest.mark.parametrize("pos", POSITIONS)
+def test_positions_are_one_tensor_per_token_or_per_row(pos):
+    """GPT.forward's one positions path: (T,) positions 0..T-1, and the same for each row (B, T),
+    give the default positions' logits exactly. Shifted by 3, RoPE's logits stay (its scores depend
+    on the offset m - n of query and key only: Su et al. 2021 §3.2) and none's too, while a learned
+    or sinusoidal table's change."""
+    torch.manual_seed(0)
+    model = GPT(small(pos_encoding=pos, block_size=12)).eval()
+    x = torch.randint(0, 65, (2, 8))
+    at = torch.arange(8)
+    with torch.no_grad():
+        full, _ = model(x)
+        assert torch.equal(model(x, positions=at)[0], full)
+        assert torch.equal(model(x, positions=at.expand(2, 8))[0], full)
+        rows = torch.stack([at, at + 3])  # the second row 3 positions further on
+        shifted = model(x, positions=rows)[0]
+    assert torch.equal(shifted[0], full[0])
+    moved = (shifted[1] - full[1]).abs().max().item()
+    if pos in ("rope", "none"):
+        assert moved < 1e-5, moved
+    else:
+        assert moved > 1e-3, moved
+
+
 def test_top_k_and_top_p_filtering():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = lambda f: torch.isfinite(f)[0].tolist()  # noqa: E731

@@ -1,4 +1,8 @@
-"""``minigpt bench``'s generation speed: new tokens/s uncached, cached, compiled, and :data:`BATCH` at once."""
+"""``minigpt bench``'s generation speed: new tokens/s uncached, cached, compiled, and :data:`BATCH` at once.
+
+Each figure is ``generate``'s own loop (:func:`~minigpt_cli.sample.sampling.generate_tokens`) through
+one of the decoders of :mod:`minigpt_cli.sample.decoding`, its tokens read as ``generate`` reads them:
+per token for one sample, in chunks for the batch."""
 
 from __future__ import annotations
 
@@ -55,7 +59,7 @@ def measure_generation(
                         None,
                         None,
                         use_cache,
-                        gens if rows > 1 else gens[0],
+                        gens,  # one per row: no wait for the device between reads
                         window_stride=window_stride,
                         decoder=decoder,
                     )
