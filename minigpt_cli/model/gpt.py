@@ -1,9 +1,9 @@
 """The decoder-only Transformer (GPT) and its variants: architecture only, no I/O.
 
-nanoGPT's layout and GPT-2's names (``wte``, ``wpe``, ``h``, ``ln_f``, ``lm_head``, ``c_attn``, ``c_proj``,
-``c_fc``); each switch is a field of :class:`~minigpt_cli.config.schema.ModelConfig`, with its source there.
-Linear layers, dropout and attention are plain torch modules and SDPA; a command may swap in faster kernels
-with the same parameters (:mod:`minigpt_cli.runtime.kernels`)."""
+nanoGPT's layout and GPT-2's names (``wte``, ``wpe``, ``h``, ``ln_f``, ``lm_head``, ``c_attn``,
+``c_proj``, ``c_fc``); each switch is a field of :class:`~minigpt_cli.config.schema.ModelConfig`,
+with its source there. Linear layers, dropout and attention are plain torch modules and SDPA; a
+command may swap in faster kernels with the same parameters (:mod:`minigpt_cli.runtime.kernels`)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        # One fused call (the same values as x * rsqrt(mean(x²) + eps), bit for bit): four element-wise passes
-        # each way made RMSNorm slower than LayerNorm's single kernel (EXPERIMENTS.md, "LayerNorm against RMSNorm").
+        # One fused call (the same values as x * rsqrt(mean(x²) + eps), bit for bit): four
+        # element-wise passes each way made RMSNorm slower than LayerNorm's single kernel
+        # (EXPERIMENTS.md, "LayerNorm against RMSNorm").
         x = F.rms_norm(x.float(), (x.size(-1),), eps=self.eps)
         return self.weight * x.to(dtype)
 
@@ -91,10 +92,10 @@ class KVCacheLike(Protocol):
     """What the model asks of a KV cache (the decoders' caches, :mod:`minigpt_cli.sample.decoding`).
 
     ``length``: the positions it holds, where :meth:`GPT.forward`'s default positions start.
-    ``update(layer, k, v, positions)``: store keys and values (B, n_kv_head, T, head_dim) of ``layer``
-    (keys after RoPE) at ``positions`` (T,), and return the keys and values (B, n_kv_head, S, head_dim)
-    the T queries attend to, with the mask (T, S) bool (True: may attend), or None for plain causal
-    attention (T > 1) or every key (T = 1)."""
+    ``update(layer, k, v, positions)``: store keys and values (B, n_kv_head, T, head_dim) of
+    ``layer`` (keys after RoPE) at ``positions`` (T,), and return the keys and values (B, n_kv_head,
+    S, head_dim) the T queries attend to, with the mask (T, S) bool (True: may attend), or None for
+    plain causal attention (T > 1) or every key (T = 1)."""
 
     length: int
 
@@ -111,10 +112,11 @@ class CausalSelfAttention(nn.Module):
     ``F.scaled_dot_product_attention``'s signature; a command may set a faster
     one (:func:`minigpt_cli.runtime.kernels.dropout.attention`).
 
-    ``qk_norm``: ``q_norm``/``k_norm``, RMSNorm over each head's head_dim before RoPE, as transformers'
-    ``Qwen3Attention`` (a Qwen3 export renames ``attn.q_norm.weight`` to ``self_attn.q_norm.weight``).
-    A layer of ``value_embedding_layers`` has ``ve_gate`` (n_kv_head × c, c = ``value_gate_channels``): per key/value
-    head, v += 3·sigmoid(ve_gate(x[..., :c]))·ve, nanochat's ``CausalSelfAttention`` (karpathy/nanochat ``gpt.py``).
+    ``qk_norm``: ``q_norm``/``k_norm``, RMSNorm over each head's head_dim before RoPE, as
+    transformers' ``Qwen3Attention`` (a Qwen3 export renames ``attn.q_norm.weight`` to
+    ``self_attn.q_norm.weight``). A layer of ``value_embedding_layers`` has ``ve_gate`` (n_kv_head ×
+    c, c = ``value_gate_channels``): per key/value head, v += 3·sigmoid(ve_gate(x[..., :c]))·ve,
+    nanochat's ``CausalSelfAttention`` (karpathy/nanochat ``gpt.py``).
     """
 
     attend = staticmethod(F.scaled_dot_product_attention)
@@ -145,8 +147,9 @@ class CausalSelfAttention(nn.Module):
         rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
         ve: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries (B, nh, T, hs), keys and values (B, nkv, T, hs) of x (B, T, C): projected, QK-normed, rotated,
-        ``ve`` (B, T, nkv·hs), this layer's value embedding of the tokens, mixed into v."""
+        """Queries (B, nh, T, hs), keys and values (B, nkv, T, hs) of x (B, T, C): projected,
+        QK-normed, rotated, ``ve`` (B, T, nkv·hs), this layer's value embedding of the tokens, mixed
+        into v."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
         q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, nh, hs): Qwen3 norms in this layout
@@ -189,7 +192,7 @@ class CausalSelfAttention(nn.Module):
             k = k.repeat_interleave(rep, dim=1)  # (B, nh, S, hs)
             v = v.repeat_interleave(rep, dim=1)
         dropout_p = self.attn_dropout if self.training else 0.0
-        # Without a mask: causal for T > 1 (no cache, or an empty one), every key for a single query.
+        # Without a mask: causal for T > 1 (no cache, or an empty one), every key for one query.
         y = self.attend(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1
         )
@@ -261,9 +264,10 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A decoder-only Transformer language model over ``cfg``, the model section of the config.
 
-    ``value_embeds``: one (V, n_kv_head·head_dim) table per layer of ``cfg.value_embedding_layers`` (nanochat's
-    ``value_embeds``), its gate initialised U(0, 0.02) as nanochat's. ``logit_softcap`` C: logits C·tanh(z/C) in
-    float32 (Gemma 2 §2; nanochat). ``zero_init_proj``: every ``c_proj.weight`` starts at zero (modded-nanogpt).
+    ``value_embeds``: one (V, n_kv_head·head_dim) table per layer of ``cfg.value_embedding_layers``
+    (nanochat's ``value_embeds``), its gate initialised U(0, 0.02) as nanochat's. ``logit_softcap``
+    C: logits C·tanh(z/C) in float32 (Gemma 2 §2; nanochat). ``zero_init_proj``: every
+    ``c_proj.weight`` starts at zero (modded-nanogpt).
 
     Raises:
         ValueError: ``cfg.vocab_size`` is None."""
@@ -356,16 +360,17 @@ class GPT(nn.Module):
         cache: Optional[KVCacheLike] = None,
         last_only: bool = False,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Logits (B, T, V) float for ``idx`` (B, T) int64, and the mean cross-entropy (scalar) if ``targets``.
+        """Logits (B, T, V) float for ``idx`` (B, T) int64, and the mean cross-entropy (scalar) if
+        ``targets``.
 
-        ``targets``: next-token ids (B, T), -1 ignored. ``positions``: each token's position, (B, T) or
-        (T,) int64, below block_size (unchecked: a check would wait for the device); None: 0..T-1 after
-        the ``cache.length`` positions a cache holds. ``cache``: keys and values of earlier positions,
-        written and read through ``cache.update`` (:class:`KVCacheLike`; the caches are
+        ``targets``: next-token ids (B, T), -1 ignored. ``positions``: each token's position, (B, T)
+        or (T,) int64, below block_size (unchecked: a check would wait for the device); None: 0..T-1
+        after the ``cache.length`` positions a cache holds. ``cache``: keys and values of earlier
+        positions, written and read through ``cache.update`` (:class:`KVCacheLike`; the caches are
         :mod:`minigpt_cli.sample.decoding`'s). ``last_only``: logits (B, 1, V) of the last position.
 
         Raises:
-            ValueError: default positions past block_size where a position table has no more rows."""
+            ValueError: default positions past block_size, where a position table ends."""
         B, T = idx.size()
         cfg = self.config
         rows = cfg.block_size  # the positions the tables hold; RoPE's grows for default positions

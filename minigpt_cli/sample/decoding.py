@@ -36,11 +36,13 @@ def _buffers(model: GPT, batch: int, capacity: int) -> list[torch.Tensor]:
 
 
 class KVCache:
-    """Keys and values of past positions for every layer of ``model``, preallocated, filled in order.
+    """Keys and values of past positions for every layer of ``model``, preallocated, filled in
+    order.
 
     Per layer ``k``/``v`` are (batch, n_kv_head, capacity, head_dim), positions 0..length-1 filled
-    (keys after RoPE). Nothing drops the oldest entry: past the first layer each key saw every earlier
-    token, so a sliding window is refilled (:func:`~minigpt_cli.sample.sampling.generate_tokens`)."""
+    (keys after RoPE). Nothing drops the oldest entry: past the first layer each key saw every
+    earlier token, so a sliding window is refilled
+    (:func:`~minigpt_cli.sample.sampling.generate_tokens`)."""
 
     def __init__(self, model: GPT, batch: int, capacity: Optional[int] = None):
         self.capacity = capacity or model.config.block_size
@@ -56,8 +58,8 @@ class KVCache:
 
         Returns:
             All keys and values (B, n_kv, length+T, hs), and the mask (T, length+T) bool (True: may
-            attend) of the new queries, or None where plain causal attention (an empty cache) or none
-            (one new query) is right.
+            attend) of the new queries, or None where plain causal attention (an empty cache) or
+            none (one new query) is right.
 
         Raises:
             RuntimeError: more positions than the capacity."""
@@ -80,13 +82,14 @@ class KVCache:
 
 
 class StaticKVCache:
-    """Keys and values for every layer in buffers of fixed shape, written at positions given as a tensor.
+    """Keys and values for every layer in buffers of fixed shape, written at positions given as a
+    tensor.
 
     gpt-fast's static cache (pytorch-labs/gpt-fast, ``model.py``): ``k``/``v`` (batch, n_kv_head,
     block_size, head_dim) never change shape or address, and the positions are an int64 tensor, so a
-    one-token step compiles once and captures as a CUDA graph. Attention masks key slot j for a query
-    at p unless j <= p, so stale slots count for nothing. ``length`` is always 0: the positions are
-    given, never taken from the cache."""
+    one-token step compiles once and captures as a CUDA graph. Attention masks key slot j for a
+    query at p unless j <= p, so stale slots count for nothing. ``length`` is always 0: the
+    positions are given, never taken from the cache."""
 
     length = 0
 
@@ -117,7 +120,8 @@ class StaticKVCache:
 
 
 class Decoder:
-    """Next-token logits of ``model`` (eval mode) for ``batch`` rows: :meth:`prefill`, then :meth:`step`.
+    """Next-token logits of ``model`` (eval mode) for ``batch`` rows: :meth:`prefill`, then
+    :meth:`step`.
 
     A window holds at most block_size tokens, at positions 0.. (the sampling loop slides it)."""
 
@@ -125,12 +129,13 @@ class Decoder:
     batch: Optional[int]  # rows it decodes: fixed for a cache, any for no cache (None)
 
     def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        """Start over with the window idx (B, T), T <= block_size; logits (B, V) after its last token."""
+        """Start over with the window idx (B, T), T <= block_size; logits (B, V) after its last
+        token."""
         raise NotImplementedError
 
     def step(self, token: torch.Tensor, position: int) -> torch.Tensor:
-        """Feed token (B,) int64 at ``position`` (< block_size) of the window, right after the tokens
-        fed so far; logits (B, V) of the token after it."""
+        """Feed token (B,) int64 at ``position`` (< block_size) of the window, right after the
+        tokens fed so far; logits (B, V) of the token after it."""
         raise NotImplementedError
 
 

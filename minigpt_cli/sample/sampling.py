@@ -1,16 +1,24 @@
 """Sampling from a trained GPT, with a KV cache and a sliding context window.
 
-Past ``block_size`` the window slides by ``window_stride`` tokens at a time: when one more token would not fit,
-the oldest ``window_stride`` leave together, so the model sees ``block_size - window_stride + 1`` to
-``block_size`` tokens (1 is nanoGPT's rule; the default, ``block_size // 4``, keeps three quarters). Inside the
-window the cached path feeds only the newest token; after a slide the cache is refilled from the tokens that stay,
-since every key and value above the first layer saw the tokens that left (llama.cpp's "context shift" keeps those
-stale keys). The uncached, cached and static-cache paths (:mod:`.decoding`) follow the same rule and give the same
-tokens; a batch gives each row, with its own generator, what it would draw alone. A prompt longer than
-``block_size`` is cropped to its last ``block_size`` tokens, so a learned position table is never outgrown.
+Past ``block_size`` the window slides by ``window_stride`` tokens at a time: when one more token
+would not fit, the oldest ``window_stride`` leave together, so the model sees ``block_size -
+window_stride + 1`` to ``block_size`` tokens (1 is nanoGPT's rule; the default, ``block_size // 4``,
+keeps three quarters). Inside the window the cached path feeds only the newest token; after a slide
+the cache is refilled from the tokens that stay, since every key and value above the first layer saw
+the tokens that left (llama.cpp's "context shift" keeps those stale keys). The uncached, cached and
+static-cache paths (:mod:`.decoding`) follow the same rule and give the same tokens; a batch gives
+each row, with its own generator, what it would draw alone. A prompt longer than ``block_size`` is
+cropped to its last ``block_size`` tokens, so a learned position table is never outgrown.
 
-The sample settings are validated once, by the schema (:class:`~minigpt_cli.config.schema.SampleConfig`, within
-the run's config): the functions here trust them.
+One loop (:func:`decode`) drives every decoder, and it never waits for the device: the sampled ids
+stay there and feed the next step, and the checks (the logits finite, the ids inside the
+vocabulary) travel with the ids, so that the host reads each step once (:func:`read_tokens`): per
+token for one sample, which may be streamed, in chunks for a batch (issue 36: three waits per token
+before).
+
+The sample settings are validated once, by the schema
+(:class:`~minigpt_cli.config.schema.SampleConfig`, within the run's config): the functions here
+trust them.
 """
 
 from __future__ import annotations
@@ -49,17 +57,18 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def encode_prompt(tok: Optional[Tokenizer], prompt: str, source: str = "the prompt") -> list[int]:
-    """The ids of a prompt, at least one: ``generate``'s, or the ``sample.prompt`` that ``train`` checks before
-    step 0 (so that ``generate`` cannot fail on it later). ``tok`` None (a dry run before the tokenizer is
-    trained): the text alone is checked, and [] returned. ``source`` names it in the messages: ``"the prompt"``
-    or ``"sample.prompt"``.
+    """The ids of a prompt, at least one: ``generate``'s, or the ``sample.prompt`` that ``train``
+    checks before step 0 (so that ``generate`` cannot fail on it later). ``tok`` None (a dry run
+    before the tokenizer is trained): the text alone is checked, and [] returned. ``source`` names
+    it in the messages: ``"the prompt"`` or ``"sample.prompt"``.
 
     Raises:
-        MinigptError: an empty prompt, one that is not UTF-8 (bytes passed through as surrogate escapes),
-            characters a char tokenizer lacks, or no tokens at all.
+        MinigptError: an empty prompt, one that is not UTF-8 (bytes passed through as surrogate
+            escapes), characters a char tokenizer lacks, or no tokens at all.
     """
     fixes = _PROMPT_FIXES.get(source, _PROMPT_FIXES["the prompt"])
-    # Bytes that were not UTF-8 arrive as lone surrogates (surrogateescape): the only text UTF-8 cannot encode.
+    # Bytes that were not UTF-8 arrive as lone surrogates (surrogateescape), which UTF-8 cannot
+    # encode.
     bad = _SURROGATE.search(prompt)
     if bad is not None:
         raise MinigptError(
@@ -118,8 +127,8 @@ FINITE, NAN, INFINITE = 0, 1, 2
 
 def overflow_verdict(peak: torch.Tensor) -> torch.Tensor:
     """() int64 on the logits' device, from each row's largest logit ``peak`` (B, 1): :data:`NAN` if
-    one is NaN (NaN anywhere in a row makes its max NaN), :data:`INFINITE` if one is +inf or a row is
-    all -inf, else :data:`FINITE`."""
+    one is NaN (NaN anywhere in a row makes its max NaN), :data:`INFINITE` if one is +inf or a row
+    is all -inf, else :data:`FINITE`."""
     finite = torch.where(torch.isfinite(peak).all(), FINITE, INFINITE)
     return torch.where(torch.isnan(peak).any(), NAN, finite)
 
@@ -146,20 +155,21 @@ def sample_next(
     generator: Optional[torch.Generator | Sequence[torch.Generator]],
     overflow: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Next ids (B,) int64, sampled from softmax(logits / T) of last-position logits (B, V), T finite and >= 0.
+    """Next ids (B,) int64, sampled from softmax(logits / T) of last-position logits (B, V), T
+    finite and >= 0.
 
-    softmax(l / T) is the Boltzmann distribution at temperature T (Ackley, Hinton & Sejnowski 1985). T = 0 is
-    greedy (the first of tied maxima); a T that float32 rounds to 0 (<= :data:`FLOAT32_ZERO`) takes the limit
-    T -> 0, uniform over the tied maxima. Top-k and top-p filter the scaled logits (:func:`filter_logits`).
-    ``generator``: one for the batch, or one per row, so that row i draws what a batch of one would.
-    ``overflow``: a () int64 tensor on the logits' device that receives :func:`overflow_verdict`, for
-    the caller to read with the ids, where nothing else here waits for the device (greedy, or a
-    generator per row); without it, or with ``torch.multinomial`` (which reads its input on the host
-    anyway), the verdict is read here.
+    softmax(l / T) is the Boltzmann distribution at temperature T (Ackley, Hinton & Sejnowski 1985).
+    T = 0 is greedy (the first of tied maxima); a T that float32 rounds to 0 (<=
+    :data:`FLOAT32_ZERO`) takes the limit T -> 0, uniform over the tied maxima. Top-k and top-p
+    filter the scaled logits (:func:`filter_logits`). ``generator``: one for the batch, or one per
+    row, so that row i draws what a batch of one would. ``overflow``: a () int64 tensor on the
+    logits' device that receives :func:`overflow_verdict`, for the caller to read with the ids,
+    where nothing else here waits for the device (greedy, or a generator per row); without it, or
+    with ``torch.multinomial`` (which reads its input on the host anyway), the verdict is read here.
 
     Raises:
-        MinigptError: logits holding NaN or +inf, or a row of only -inf (the forward pass overflowed),
-            where the verdict is read here.
+        MinigptError: logits holding NaN or +inf, or a row of only -inf (the forward pass
+            overflowed), where the verdict is read here.
     """
     logits = logits.float()
     peak = logits.amax(dim=-1, keepdim=True)
@@ -171,7 +181,8 @@ def sample_next(
         refuse_overflow(int(verdict))  # waits for the device
     if temperature == 0:
         return logits.argmax(dim=-1)
-    # The log-sum-exp shift: softmax ignores it, and (l - max l) / T <= 0 never overflows to +inf for any finite T.
+    # The log-sum-exp shift: softmax ignores it, and (l - max l) / T <= 0 never overflows to +inf
+    # for any finite T.
     gap = logits - peak  # (B, V): 0 at the maxima, <= 0 or -inf elsewhere
     if temperature > FLOAT32_ZERO:
         # In float64: a T beyond float32's range (1e39) would be inf there, and -inf / inf is NaN.
@@ -180,9 +191,10 @@ def sample_next(
         scaled = gap.masked_fill(gap < 0, float("-inf"))
     probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
     if per_row:
-        # torch.multinomial's own draw of one sample, argmax(p / q) with q ~ Exp(1) (ATen's Distributions.cpp,
-        # the Gumbel-max trick), with each row's q from its own generator and one division and argmax for the
-        # batch: the same ids as a multinomial call per row, without its checks, which wait for the device.
+        # torch.multinomial's own draw of one sample, argmax(p / q) with q ~ Exp(1) (ATen's
+        # Distributions.cpp, the Gumbel-max trick), with each row's q from its own generator and one
+        # division and argmax for the batch: the same ids as a multinomial call per row, without its
+        # checks, which wait for the device.
         q = torch.empty_like(probs)
         for row, g in zip(q, generator):
             row.exponential_(1, generator=g)
@@ -191,8 +203,8 @@ def sample_next(
 
 
 def resolve_window_stride(block_size: int, window_stride: Optional[int]) -> int:
-    """The stride the window slides by: ``window_stride`` (the schema keeps it within 1 .. ``block_size``), or
-    ``block_size // 4`` (at least 1) when None."""
+    """The stride the window slides by: ``window_stride`` (the schema keeps it within 1 ..
+    ``block_size``), or ``block_size // 4`` (at least 1) when None."""
     return max(1, block_size // 4) if window_stride is None else window_stride
 
 
@@ -230,8 +242,8 @@ def decode(
     (B, T), on the device, never waiting for it: the loop of every decoder.
 
     The window is the last block_size tokens at most; when one more token would not fit, the oldest
-    ``window_stride`` (:func:`resolve_window_stride`) leave at once and the decoder is prefilled with
-    the rest (the module docstring)."""
+    ``window_stride`` (:func:`resolve_window_stride`) leave at once and the decoder is prefilled
+    with the rest (the module docstring)."""
     model = decoder.model
     block = model.config.block_size
     stride = resolve_window_stride(block, window_stride)
@@ -286,8 +298,9 @@ def read_tokens(records: Iterable[torch.Tensor], limit: int, every: int) -> Iter
         yield from read_tokens(chunk, limit, len(chunk))
 
 
-#: Steps of a batch decoded between two reads of its tokens (a single sample is read per token: it may
-#: be streamed). Its samples end at a read at the earliest, so up to this many steps may go unused.
+#: Steps of a batch decoded between two reads of its tokens (a single sample is read per token: it
+#: may be streamed). Its samples end at a read at the earliest, so up to this many steps may go
+#: unused.
 READ_EVERY = 16
 
 
@@ -309,8 +322,8 @@ def generate_tokens(
     :func:`decode` through ``decoder``, read by :func:`read_tokens` per token for one row and every
     :data:`READ_EVERY` tokens for a batch.
 
-    ``model`` is in eval mode; the sampling settings are :class:`Sampler`'s, trusted (validated by the
-    schema). ``generator``: one, or one per row. ``decoder``: one of ``idx``'s batch
+    ``model`` is in eval mode; the sampling settings are :class:`Sampler`'s, trusted (validated by
+    the schema). ``generator``: one, or one per row. ``decoder``: one of ``idx``'s batch
     (:mod:`.decoding`); None: the eager one, with or without the KV cache as ``use_cache`` says. All
     give the same tokens.
 
@@ -338,13 +351,14 @@ def sample_prompt_text(
     seed: int,
     should_stop: Optional[Callable[[], bool]] = None,
 ) -> str:
-    """samples.txt's sample: ``n_tokens`` after ``sc.prompt``, drawn as ``minigpt generate`` draws them with
-    ``sc``'s settings from a generator seeded ``seed``; the sample ends when ``should_stop()`` says so (a Ctrl-C
-    must not wait for it). The model is put in eval mode and back in train mode.
+    """samples.txt's sample: ``n_tokens`` after ``sc.prompt``, drawn as ``minigpt generate`` draws
+    them with ``sc``'s settings from a generator seeded ``seed``; the sample ends when
+    ``should_stop()`` says so (a Ctrl-C must not wait for it). The model is put in eval mode and
+    back in train mode.
 
     Returns:
-        The prompt and the new text; ``(no sample: REASON)`` when there is none (a prompt the tokenizer cannot
-        encode, a model whose output is NaN: the run's loss says so too).
+        The prompt and the new text; ``(no sample: REASON)`` when there is none (a prompt the
+        tokenizer cannot encode, a model whose output is NaN: the run's loss says so too).
     """
     device = next(model.parameters()).device
     model.eval()
