@@ -219,6 +219,10 @@ class Sampler:
     generator: Optional[torch.Generator | Sequence[torch.Generator]] = None
     vocab_limit: Optional[int] = None
 
+    def limit(self, vocab_size: int) -> int:
+        """The ids drawn from a model of ``vocab_size`` lie below this."""
+        return min(self.vocab_limit or vocab_size, vocab_size)
+
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """The record (B + 1,) int64 of one step, on the logits' device, without waiting for it: the
         ids drawn from logits (B, V), then :func:`overflow_verdict`'s verdict on them."""
@@ -248,7 +252,7 @@ def decode(
     block = model.config.block_size
     stride = resolve_window_stride(block, window_stride)
     assert 1 <= stride <= block, stride  # the schema keeps sample.window_stride within block_size
-    limit = min(sampler.vocab_limit or model.config.vocab_size, model.config.vocab_size)
+    limit = sampler.limit(model.config.vocab_size)
     rows, end = idx.shape
     seq = idx.new_empty(rows, end + max_new_tokens)  # the prompt and every token drawn
     seq[:, :end] = idx
@@ -280,22 +284,28 @@ def read_tokens(records: Iterable[torch.Tensor], limit: int, every: int) -> Iter
     chunk: list[torch.Tensor] = []
     for record in records:
         chunk.append(record)
-        if len(chunk) < every:
-            continue
-        host = torch.stack(chunk).cpu()  # (steps, B + 1): the wait
-        device, chunk = chunk[0].device, []
-        for step, values in zip(host, host.tolist()):
-            refuse_overflow(values[-1])
-            bad = [v for v in values[:-1] if not 0 <= v < limit]
-            if bad:
-                raise MinigptError(
-                    f"the sampler on {device} returned token id {bad[0]}, outside the vocabulary "
-                    f"(0 to {limit - 1}); a fault of torch.multinomial on that device: run with "
-                    "--device cpu"
-                )
-            yield step[:-1]
-    if chunk:
-        yield from read_tokens(chunk, limit, len(chunk))
+        if len(chunk) == every:
+            yield from _checked(chunk, limit)
+            chunk = []
+    yield from _checked(chunk, limit)  # the last steps, fewer than `every`
+
+
+def _checked(chunk: list[torch.Tensor], limit: int) -> Iterator[torch.Tensor]:
+    """The tokens of the records in ``chunk``, read in one go, each step checked
+    (:func:`read_tokens`)."""
+    if not chunk:
+        return
+    host = torch.stack(chunk).cpu()  # (steps, B + 1): the one wait for the device
+    for step, values in zip(host, host.tolist()):
+        refuse_overflow(values[-1])
+        bad = [v for v in values[:-1] if not 0 <= v < limit]
+        if bad:
+            raise MinigptError(
+                f"the sampler on {chunk[0].device} returned token id {bad[0]}, outside the "
+                f"vocabulary (0 to {limit - 1}); a fault of torch.multinomial on that device: run "
+                "with --device cpu"
+            )
+        yield step[:-1]
 
 
 #: Steps of a batch decoded between two reads of its tokens (a single sample is read per token: it
@@ -339,7 +349,7 @@ def generate_tokens(
         generator = [generator]
     sampler = Sampler(temperature, top_k, top_p, generator, vocab_limit)
     records = decode(decoder, idx, max_new_tokens, sampler, window_stride)
-    limit = min(vocab_limit or model.config.vocab_size, model.config.vocab_size)
+    limit = sampler.limit(model.config.vocab_size)
     yield from read_tokens(records, limit, 1 if rows == 1 else READ_EVERY)
 
 
