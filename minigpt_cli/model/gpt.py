@@ -373,14 +373,14 @@ class GPT(nn.Module):
             ValueError: default positions past block_size, where a position table ends."""
         B, T = idx.size()
         cfg = self.config
-        rows = cfg.block_size  # the positions the tables hold; RoPE's grows for default positions
+        n_pos = cfg.block_size  # RoPE's table: block_size rows, more for default positions past it
         if positions is None:
             start = cache.length if cache is not None else 0
             if cfg.pos_encoding in ("learned", "sinusoidal") and start + T > cfg.block_size:
                 raise ValueError(
                     f"sequence of {start + T} tokens exceeds block_size {cfg.block_size}"
                 )
-            rows = max(rows, start + T)
+            n_pos = max(n_pos, start + T)
             positions = torch.arange(start, start + T, device=idx.device)
         x = self.wte(idx)  # (B, T, C)
         if cfg.emb_scale:
@@ -391,7 +391,7 @@ class GPT(nn.Module):
         elif cfg.pos_encoding == "sinusoidal":
             x = x + self.pos_table[positions].to(x.dtype)
         elif cfg.pos_encoding == "rope":
-            cos, sin = self._rope(0, rows, idx.device)
+            cos, sin = self._rope(0, n_pos, idx.device)
             # (1, T, hs) or (B, 1, T, hs): broadcast over the heads of q, k (B, nh, T, hs)
             rope = (cos[positions].unsqueeze(-3), sin[positions].unsqueeze(-3))
         x = self.drop(x)
