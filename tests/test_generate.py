@@ -888,6 +888,86 @@ def test_a_batch_row_is_the_single_sample_of_its_seed(monkeypatch):
         assert len({tuple(r) for r in batch.tolist()}) == 3  # three different samples
 
 
+#: Tensor methods that hand a value to the host: on a GPU each waits for the device.
+HOST_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"}
+
+
+def _host_reads(tokens) -> tuple[int, list[torch.Tensor]]:
+    """The host reads of tensor values (:data:`HOST_READS`) made while the iterator ``tokens`` is
+    drained, and what it yields."""
+    from torch.overrides import TorchFunctionMode
+
+    reads = []
+
+    class Count(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in HOST_READS:
+                reads.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    out = []
+    with Count():
+        for t in tokens:  # what the caller does with a token is its own read, not counted
+            out.append(t)
+    return len(reads), out
+
+
+@pytest.mark.parametrize("mode", ["cached", "static", "uncached"])
+def test_decoding_reads_the_device_once_per_read_of_its_tokens(mode):
+    """Issue 36: the loop stays on the device between the reads of the tokens. One sample (which may be
+    streamed) is read once per token, not three times (the logits' finite check, the sampled ids'
+    range check and the ids themselves travel in one read); a batch of 3 every READ_EVERY tokens."""
+    from minigpt_cli.sample.decoding import StaticDecoder
+    from minigpt_cli.sample.sampling import READ_EVERY, generate_tokens
+
+    model = _model(pos_encoding="rope")
+    prompt = torch.randint(0, 65, (3, 5))
+    for rows, n, temperature in ((1, 20, 1.0), (3, 40, 1.0), (3, 40, 0.0)):
+        decoder = StaticDecoder(model, rows) if mode == "static" else None
+        gens = [torch.Generator().manual_seed(i) for i in range(rows)]
+        reads, toks = _host_reads(
+            generate_tokens(
+                model,
+                prompt[:rows],
+                n,
+                temperature,
+                top_k=20,
+                use_cache=mode != "uncached",
+                generator=gens,
+                vocab_limit=60,
+                decoder=decoder,
+            )
+        )
+        assert len(toks) == n and all(t.shape == (rows,) for t in toks)
+        assert reads == (n if rows == 1 else -(-n // READ_EVERY)), (rows, n, reads)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_an_overflow_is_refused_at_its_step_after_the_tokens_before_it(rows, monkeypatch):
+    """The finite check is read with the tokens, yet it refuses at the step that overflowed: the tokens
+    before it are handed out (a streamed sample printed them), none after, for one row as for a batch
+    read in chunks."""
+    from minigpt_cli.errors import MinigptError
+    from minigpt_cli.sample.decoding import CachedDecoder
+    from minigpt_cli.sample.sampling import generate_tokens
+
+    model = _model(pos_encoding="rope")
+    prompt = torch.randint(0, 65, (rows, 5))
+    clean = list(generate_tokens(model, prompt, 8, 0.0))
+    real = CachedDecoder.step
+
+    def overflowing(self, token, position):  # the 6th token's logits (window position 9) are NaN
+        logits = real(self, token, position)
+        return logits.fill_(float("nan")) if position == 9 else logits
+
+    monkeypatch.setattr(CachedDecoder, "step", overflowing)
+    got = []
+    with pytest.raises(MinigptError, match="the model's output is NaN"):
+        for t in generate_tokens(model, prompt, 8, 0.0):
+            got.append(t)
+    assert len(got) == 5 and all(torch.equal(a, b) for a, b in zip(got, clean))
+
+
 def test_num_samples_is_one_batch_whose_samples_are_the_seeds_single_samples(run_dir, monkeypatch):
     """--num-samples 3 --seed 7: sample i is the single sample of seed 7 + i - 1 (what --help says), past
     block_size 32, each cut at its own stop; the batch is decoded once (one generate_tokens of 3 rows) and

@@ -11,6 +11,7 @@ import torch.nn as nn
 from minigpt_cli.config.schema import ModelConfig
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.model.gpt import GPT, Block
+from minigpt_cli.sample.decoding import KVCache
 from minigpt_cli.sample.sampling import FLOAT32_ZERO, filter_logits, generate_tokens, sample_next
 
 
@@ -207,11 +208,35 @@ def test_cached_logits_match_a_full_forward():
     x = torch.randint(0, 65, (1, 10))
     with torch.no_grad():
         full, _ = model(x)
-        cache = model.new_cache(1)
+        cache = KVCache(model, 1)
         first, _ = model(x[:, :6], cache=cache)
         rest = [model(x[:, i : i + 1], cache=cache)[0] for i in range(6, 10)]
     stepwise = torch.cat([first] + rest, dim=1)
     assert torch.allclose(full, stepwise, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+def test_positions_are_one_tensor_per_token_or_per_row(pos):
+    """GPT.forward's one positions path: (T,) positions 0..T-1, and the same for each row (B, T),
+    give the default positions' logits exactly. Shifted by 3, RoPE's logits stay (its scores depend
+    on the offset m - n of query and key only: Su et al. 2021 §3.2) and none's too, while a learned
+    or sinusoidal table's change."""
+    torch.manual_seed(0)
+    model = GPT(small(pos_encoding=pos, block_size=12)).eval()
+    x = torch.randint(0, 65, (2, 8))
+    at = torch.arange(8)
+    with torch.no_grad():
+        full, _ = model(x)
+        assert torch.equal(model(x, positions=at)[0], full)
+        assert torch.equal(model(x, positions=at.expand(2, 8))[0], full)
+        rows = torch.stack([at, at + 3])  # the second row 3 positions further on
+        shifted = model(x, positions=rows)[0]
+    assert torch.equal(shifted[0], full[0])
+    moved = (shifted[1] - full[1]).abs().max().item()
+    if pos in ("rope", "none"):
+        assert moved < 1e-5, moved
+    else:
+        assert moved > 1e-3, moved
 
 
 def test_top_k_and_top_p_filtering():

@@ -1,4 +1,9 @@
-"""``minigpt bench``'s generation speed: new tokens/s uncached, cached, compiled, and :data:`BATCH` at once."""
+"""``minigpt bench``'s generation speed: new tokens/s uncached, cached, compiled, and :data:`BATCH`
+at once.
+
+Each figure is ``generate``'s own loop (:func:`~minigpt_cli.sample.sampling.generate_tokens`)
+through one of the decoders of :mod:`minigpt_cli.sample.decoding`, its tokens read as ``generate``
+reads them: per token for one sample, in chunks for the batch."""
 
 from __future__ import annotations
 
@@ -37,11 +42,13 @@ def measure_generation(
     batch: int = BATCH,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Tokens/s of ``model`` continuing ``prompt`` (1, T) by path, and their ratios; compiled only with ``compile``."""
+    """Tokens/s of ``model`` continuing ``prompt`` (1, T) by path, and their ratios; compiled only
+    with ``compile``."""
     device = prompt.device
 
     def timed(use_cache: bool, rows: int = 1, decoder=None) -> tuple[float, torch.Tensor]:
-        """(new tokens/s over all rows, the tokens (rows, n)) of one seeded pass, after a seeded warm-up."""
+        """(new tokens/s over all rows, the tokens (rows, n)) of one seeded pass, after a seeded
+        warm-up."""
 
         def tokens(n: int) -> torch.Tensor:
             gens = [torch.Generator(device=device).manual_seed(i) for i in range(rows)]
@@ -55,7 +62,7 @@ def measure_generation(
                         None,
                         None,
                         use_cache,
-                        gens if rows > 1 else gens[0],
+                        gens,  # one per row: no wait for the device between reads
                         window_stride=window_stride,
                         decoder=decoder,
                     )

@@ -76,7 +76,7 @@ def attention(
     maps: list[torch.Tensor] = []
     errors: list[float] = []
 
-    def compare_output(module, args, out):  # Block calls attn(x, rope, cache, layer, pos, ve)
+    def compare_output(module, args, out):  # Block calls attn(x, rope, cache, layer, positions, ve)
         weights, recomputed = attention_weights(module, args[0], args[1], args[5])
         maps.append(weights[0])
         errors.append(float((recomputed - out).abs().max()))

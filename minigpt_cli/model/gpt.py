@@ -1,14 +1,14 @@
 """The decoder-only Transformer (GPT) and its variants: architecture only, no I/O.
 
-nanoGPT's layout and GPT-2's names (``wte``, ``wpe``, ``h``, ``ln_f``, ``lm_head``, ``c_attn``, ``c_proj``,
-``c_fc``); each switch is a field of :class:`~minigpt_cli.config.schema.ModelConfig`, with its source there.
-Linear layers, dropout and attention are plain torch modules and SDPA; a command may swap in faster kernels
-with the same parameters (:mod:`minigpt_cli.runtime.kernels`)."""
+nanoGPT's layout and GPT-2's names (``wte``, ``wpe``, ``h``, ``ln_f``, ``lm_head``, ``c_attn``,
+``c_proj``, ``c_fc``); each switch is a field of :class:`~minigpt_cli.config.schema.ModelConfig`,
+with its source there. Linear layers, dropout and attention are plain torch modules and SDPA; a
+command may swap in faster kernels with the same parameters (:mod:`minigpt_cli.runtime.kernels`)."""
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 import torch.nn as nn
@@ -32,8 +32,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        # One fused call (the same values as x * rsqrt(mean(x²) + eps), bit for bit): four element-wise passes
-        # each way made RMSNorm slower than LayerNorm's single kernel (EXPERIMENTS.md, "LayerNorm against RMSNorm").
+        # One fused call (the same values as x * rsqrt(mean(x²) + eps), bit for bit): four
+        # element-wise passes each way made RMSNorm slower than LayerNorm's single kernel
+        # (EXPERIMENTS.md, "LayerNorm against RMSNorm").
         x = F.rms_norm(x.float(), (x.size(-1),), eps=self.eps)
         return self.weight * x.to(dtype)
 
@@ -80,105 +81,27 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x_i, x_{i+h/2}) of x (B, nh, T, hs) by the angles in cos/sin (T, hs)."""
+    """Rotate pairs (x_i, x_{i+h/2}) of x (B, nh, T, hs) by the angles in cos/sin (T, hs), or
+    (B, 1, T, hs) for positions that differ between rows."""
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)
     return (x * cos + rotated * sin).to(x.dtype)
 
 
-class KVCache:
-    """Keys and values of past positions for every layer, preallocated.
+class KVCacheLike(Protocol):
+    """What the model asks of a KV cache (the decoders' caches, :mod:`minigpt_cli.sample.decoding`).
 
-    Per layer ``k``/``v`` are (B, n_kv_head, capacity, head_dim), positions 0..length-1 filled (keys after RoPE).
-    Nothing drops the oldest entry: past the first layer each key saw every earlier token, so a sliding window is
-    recomputed (:func:`~minigpt_cli.sample.sampling.generate_tokens`)."""
+    ``length``: the positions it holds, where :meth:`GPT.forward`'s default positions start.
+    ``update(layer, k, v, positions)``: store keys and values (B, n_kv_head, T, head_dim) of
+    ``layer`` (keys after RoPE) at ``positions`` (T,), and return the keys and values (B, n_kv_head,
+    S, head_dim) the T queries attend to, with the mask (T, S) bool (True: may attend), or None for
+    plain causal attention (T > 1) or every key (T = 1)."""
 
-    def __init__(
-        self,
-        n_layer: int,
-        batch: int,
-        n_kv_head: int,
-        capacity: int,
-        head_dim: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ):
-        shape = (batch, n_kv_head, capacity, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.capacity = capacity
-        self.length = 0
+    length: int
 
     def update(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: Optional[torch.Tensor] = None
-    ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """Append k, v (B, n_kv, T, hs) for ``layer``.
-
-        Returns:
-            All cached keys and values (B, n_kv, length+T, hs), and the attention mask (T, length+T) bool
-            (True: may attend) of the new queries, or None where plain causal attention (empty cache) or
-            none (one new query) is right. ``pos`` is ignored: the positions follow ``length``.
-        """
-        T = k.size(2)
-        past, end = self.length, self.length + T
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache overflow: {end} > capacity {self.capacity}")
-        self.k[layer][:, :, past:end] = k
-        self.v[layer][:, :, past:end] = v
-        mask = None
-        if past and T > 1:  # T new queries after `past` cached keys: query i sees keys 0..past+i
-            mask = torch.ones(T, end, dtype=torch.bool, device=k.device).tril(diagonal=past)
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], mask
-
-    def advance(self, n: int) -> None:
-        """Mark n more positions as filled (after all layers have updated)."""
-        self.length += n
-
-    def reset(self) -> None:
-        """Forget every position (the buffers are reused)."""
-        self.length = 0
-
-
-class StaticKVCache:
-    """Keys and values for every layer in buffers of fixed shape, written at positions given as a tensor.
-
-    gpt-fast's static cache (pytorch-labs/gpt-fast, ``model.py``): ``k``/``v`` (B, n_kv_head, capacity, head_dim)
-    never change shape or address and ``GPT.forward(..., pos=...)`` takes positions as an int64 tensor, so a
-    one-token step compiles once and captures as a CUDA graph. Attention masks key slot j for a query at p unless
-    j <= p, so stale slots count for nothing."""
-
-    def __init__(
-        self,
-        n_layer: int,
-        batch: int,
-        n_kv_head: int,
-        capacity: int,
-        head_dim: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ):
-        shape = (batch, n_kv_head, capacity, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.slots = torch.arange(capacity, device=device)
-        self.capacity = capacity
-
-    def buffers(self) -> list[torch.Tensor]:
-        """Every tensor the cache holds (for ``torch._dynamo.mark_static_address``)."""
-        return [*self.k, *self.v, self.slots]
-
-    def update(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: Optional[torch.Tensor] = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Write k, v (B, n_kv, T, hs) of ``layer`` at positions ``pos`` (T,) int64.
-
-        Returns:
-            The whole buffers (B, n_kv, capacity, hs) and the mask (T, capacity) bool, True where a
-            query may attend (slot <= its position).
-        """
-        self.k[layer].index_copy_(2, pos, k)
-        self.v[layer].index_copy_(2, pos, v)
-        return self.k[layer], self.v[layer], self.slots[None, :] <= pos[:, None]
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]: ...
 
 
 class CausalSelfAttention(nn.Module):
@@ -189,10 +112,11 @@ class CausalSelfAttention(nn.Module):
     ``F.scaled_dot_product_attention``'s signature; a command may set a faster
     one (:func:`minigpt_cli.runtime.kernels.dropout.attention`).
 
-    ``qk_norm``: ``q_norm``/``k_norm``, RMSNorm over each head's head_dim before RoPE, as transformers'
-    ``Qwen3Attention`` (a Qwen3 export renames ``attn.q_norm.weight`` to ``self_attn.q_norm.weight``).
-    A layer of ``value_embedding_layers`` has ``ve_gate`` (n_kv_head × c, c = ``value_gate_channels``): per key/value
-    head, v += 3·sigmoid(ve_gate(x[..., :c]))·ve, nanochat's ``CausalSelfAttention`` (karpathy/nanochat ``gpt.py``).
+    ``qk_norm``: ``q_norm``/``k_norm``, RMSNorm over each head's head_dim before RoPE, as
+    transformers' ``Qwen3Attention`` (a Qwen3 export renames ``attn.q_norm.weight`` to
+    ``self_attn.q_norm.weight``). A layer of ``value_embedding_layers`` has ``ve_gate`` (n_kv_head ×
+    c, c = ``value_gate_channels``): per key/value head, v += 3·sigmoid(ve_gate(x[..., :c]))·ve,
+    nanochat's ``CausalSelfAttention`` (karpathy/nanochat ``gpt.py``).
     """
 
     attend = staticmethod(F.scaled_dot_product_attention)
@@ -223,8 +147,9 @@ class CausalSelfAttention(nn.Module):
         rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
         ve: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries (B, nh, T, hs), keys and values (B, nkv, T, hs) of x (B, T, C): projected, QK-normed, rotated,
-        ``ve`` (B, T, nkv·hs), this layer's value embedding of the tokens, mixed into v."""
+        """Queries (B, nh, T, hs), keys and values (B, nkv, T, hs) of x (B, T, C): projected,
+        QK-normed, rotated, ``ve`` (B, T, nkv·hs), this layer's value embedding of the tokens, mixed
+        into v."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
         q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, nh, hs): Qwen3 norms in this layout
@@ -251,24 +176,23 @@ class CausalSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-        cache: Optional[KVCache | StaticKVCache] = None,
+        cache: Optional[KVCacheLike] = None,
         layer: int = 0,
-        pos: Optional[torch.Tensor] = None,
+        positions: Optional[torch.Tensor] = None,
         ve: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = self.qkv(x, rope, ve)
         mask = None
         if cache is not None:
-            k, v, mask = cache.update(
-                layer, k, v, pos
-            )  # (B, nkv, S, hs): S = cached + T, or the capacity
+            # (B, nkv, S, hs): S = cached + T, or the cache's capacity
+            k, v, mask = cache.update(layer, k, v, positions)
         if self.n_kv_head != self.n_head:
             rep = self.n_head // self.n_kv_head
             k = k.repeat_interleave(rep, dim=1)  # (B, nh, S, hs)
             v = v.repeat_interleave(rep, dim=1)
         dropout_p = self.attn_dropout if self.training else 0.0
-        # Without a mask: causal for T > 1 (no cache, or an empty one), every key for a single query.
+        # Without a mask: causal for T > 1 (no cache, or an empty one), every key for one query.
         y = self.attend(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1
         )
@@ -324,12 +248,12 @@ class Block(nn.Module):
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope=None, cache=None, layer=0, pos=None, ve=None):
+    def forward(self, x, rope=None, cache=None, layer=0, positions=None, ve=None):
         if self.pre:
-            x = x + self.attn(self.ln_1(x), rope, cache, layer, pos, ve)
+            x = x + self.attn(self.ln_1(x), rope, cache, layer, positions, ve)
             x = x + self.mlp(self.ln_2(x))
         else:
-            x = self.ln_1(x + self.attn(x, rope, cache, layer, pos, ve))
+            x = self.ln_1(x + self.attn(x, rope, cache, layer, positions, ve))
             x = self.ln_2(x + self.mlp(x))
         return x
 
@@ -340,9 +264,10 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A decoder-only Transformer language model over ``cfg``, the model section of the config.
 
-    ``value_embeds``: one (V, n_kv_head·head_dim) table per layer of ``cfg.value_embedding_layers`` (nanochat's
-    ``value_embeds``), its gate initialised U(0, 0.02) as nanochat's. ``logit_softcap`` C: logits C·tanh(z/C) in
-    float32 (Gemma 2 §2; nanochat). ``zero_init_proj``: every ``c_proj.weight`` starts at zero (modded-nanogpt).
+    ``value_embeds``: one (V, n_kv_head·head_dim) table per layer of ``cfg.value_embedding_layers``
+    (nanochat's ``value_embeds``), its gate initialised U(0, 0.02) as nanochat's. ``logit_softcap``
+    C: logits C·tanh(z/C) in float32 (Gemma 2 §2; nanochat). ``zero_init_proj``: every
+    ``c_proj.weight`` starts at zero (modded-nanogpt).
 
     Raises:
         ValueError: ``cfg.vocab_size`` is None."""
@@ -371,7 +296,7 @@ class GPT(nn.Module):
                 for i in cfg.value_embedding_layers
             }
         )
-        self._rope_cache: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+        self._rope_cache: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # cos, sin
         self.apply(self._init_weights)
         if cfg.scale_residual_init:
             # GPT-2 §2.3: scale the last layer of each residual branch by 1/sqrt(N),
@@ -413,70 +338,68 @@ class GPT(nn.Module):
         return n
 
     def _rope(self, start: int, T: int, device: torch.device):
-        """cos/sin for positions start..start+T-1, from a table grown on demand."""
+        """cos/sin (T, head_dim) for positions start..start+T-1, from a table grown on demand."""
         end = start + T
         if (
             self._rope_cache is None
-            or self._rope_cache[0].numel() < end
+            or self._rope_cache[0].size(0) < end
             or self._rope_cache[0].device != device
         ):
             n = max(end, self.config.block_size)
-            pos = torch.arange(n, device=device)
-            cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_base)
-            self._rope_cache = (pos, cos, sin)
-        _, cos, sin = self._rope_cache
+            positions = torch.arange(n, device=device)
+            self._rope_cache = rope_cos_sin(positions, self.config.head_dim, self.config.rope_base)
+        cos, sin = self._rope_cache
         return cos[start:end], sin[start:end]
 
     def forward(
         self,
         idx: torch.Tensor,
         targets: Optional[torch.Tensor] = None,
-        cache: Optional[KVCache | StaticKVCache] = None,
+        *,
+        positions: Optional[torch.Tensor] = None,
+        cache: Optional[KVCacheLike] = None,
         last_only: bool = False,
-        pos: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Logits (B, T, V) float for ``idx`` (B, T) int64, and the mean cross-entropy (scalar) if ``targets``.
+        """Logits (B, T, V) float for ``idx`` (B, T) int64, and the mean cross-entropy (scalar) if
+        ``targets``.
 
-        ``targets``: next-token ids (B, T), -1 ignored. ``cache``: a :class:`KVCache` (cached length + T <= block_size
-        for a position table), or a :class:`StaticKVCache` with ``pos``, the tokens' positions (T,) int64 below
-        block_size (unchecked: a check would wait for the device). ``last_only``: logits (B, 1, V) of the last position.
+        ``targets``: next-token ids (B, T), -1 ignored. ``positions``: each token's position, (B, T)
+        or (T,) int64, below block_size (unchecked: a check would wait for the device); None: 0..T-1
+        after the ``cache.length`` positions a cache holds. ``cache``: keys and values of earlier
+        positions, written and read through ``cache.update`` (:class:`KVCacheLike`; the caches are
+        :mod:`minigpt_cli.sample.decoding`'s). ``last_only``: logits (B, 1, V) of the last position.
 
         Raises:
-            ValueError: the sequence is longer than a position table holds."""
+            ValueError: default positions past block_size, where a position table ends."""
         B, T = idx.size()
-        past = cache.length if cache is not None and pos is None else 0
         cfg = self.config
+        n_pos = cfg.block_size  # RoPE's table: block_size rows, more for default positions past it
+        if positions is None:
+            start = cache.length if cache is not None else 0
+            if cfg.pos_encoding in ("learned", "sinusoidal") and start + T > cfg.block_size:
+                raise ValueError(
+                    f"sequence of {start + T} tokens exceeds block_size {cfg.block_size}"
+                )
+            n_pos = max(n_pos, start + T)
+            positions = torch.arange(start, start + T, device=idx.device)
         x = self.wte(idx)  # (B, T, C)
         if cfg.emb_scale:
             x = x * math.sqrt(cfg.n_embd)
         rope = None
-        if pos is not None:  # positions as a tensor: the same shapes at every position
-            if cfg.pos_encoding == "learned":
-                x = x + self.wpe(pos)
-            elif cfg.pos_encoding == "sinusoidal":
-                x = x + self.pos_table[pos].to(x.dtype)
-            elif cfg.pos_encoding == "rope":
-                cos, sin = self._rope(0, cfg.block_size, idx.device)
-                rope = (cos[pos], sin[pos])
-        elif cfg.pos_encoding in ("learned", "sinusoidal"):
-            if past + T > cfg.block_size:
-                raise ValueError(
-                    f"sequence of {past + T} tokens exceeds block_size {cfg.block_size}"
-                )
-            if cfg.pos_encoding == "learned":
-                x = x + self.wpe(torch.arange(past, past + T, device=idx.device))
-            else:
-                x = x + self.pos_table[past : past + T].to(x.dtype)
+        if cfg.pos_encoding == "learned":
+            x = x + self.wpe(positions)  # (T, C) or (B, T, C)
+        elif cfg.pos_encoding == "sinusoidal":
+            x = x + self.pos_table[positions].to(x.dtype)
         elif cfg.pos_encoding == "rope":
-            rope = self._rope(past, T, idx.device)
+            cos, sin = self._rope(0, n_pos, idx.device)
+            # (1, T, hs) or (B, 1, T, hs): broadcast over the heads of q, k (B, nh, T, hs)
+            rope = (cos[positions].unsqueeze(-3), sin[positions].unsqueeze(-3))
         x = self.drop(x)
         for i, block in enumerate(self.h):
             ve = (
                 self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
             )  # (B, T, nkv·hs)
-            x = block(x, rope, cache, i, pos, ve)
-        if cache is not None and pos is None:
-            cache.advance(T)
+            x = block(x, rope, cache, i, positions, ve)
         if self.ln_f is not None:
             x = self.ln_f(x)
         if last_only:
@@ -490,24 +413,3 @@ class GPT(nn.Module):
                 logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
             )
         return logits, loss
-
-    def new_cache(self, batch: int, capacity: Optional[int] = None) -> KVCache:
-        """An empty :class:`KVCache` for ``batch`` sequences of up to ``capacity`` (block_size) tokens."""
-        p = self.wte.weight
-        return KVCache(
-            self.config.n_layer,
-            batch,
-            self.config.kv_heads,
-            capacity or self.config.block_size,
-            self.config.head_dim,
-            p.device,
-            p.dtype,
-        )
-
-    def new_static_cache(self, batch: int) -> StaticKVCache:
-        """A :class:`StaticKVCache` for ``batch`` sequences of up to block_size tokens."""
-        p = self.wte.weight
-        cfg = self.config
-        return StaticKVCache(
-            cfg.n_layer, batch, cfg.kv_heads, cfg.block_size, cfg.head_dim, p.device, p.dtype
-        )

@@ -1,10 +1,11 @@
 """The ``generate`` command as a function: open a run, encode the prompt, sample, stream the text.
 
-The sampling (temperature, top-k, top-p, the KV cache, the sliding window) is :mod:`.sampling`'s; this module
-adds the prompt, the printing, the stop strings and the stop at the end-of-text token (transformers' ``generate``
-stops at ``eos_token_id`` the same way; each sample of a batch on its own). Streaming decodes incrementally
-(:class:`TextStream`) and searches for stop strings only near the newest text, so the text work per token stays
-constant however long the sample grows (``minigpt bench --stream-tokens N`` measures it).
+The sampling (temperature, top-k, top-p, the KV cache, the sliding window) is :mod:`.sampling`'s;
+this module adds the prompt, the printing, the stop strings and the stop at the end-of-text token
+(transformers' ``generate`` stops at ``eos_token_id`` the same way; each sample of a batch on its
+own). Streaming decodes incrementally (:class:`TextStream`) and searches for stop strings only near
+the newest text, so the text work per token stays constant however long the sample grows (``minigpt
+bench --stream-tokens N`` measures it).
 """
 
 from __future__ import annotations
@@ -36,32 +37,17 @@ FLAGS = {
     "window_stride": "--window-stride",
 }
 
-#: Samples decoded together at most; more are decoded in batches of this many, one after another (the KV
-#: cache grows with the batch: 300 MB for 64 samples of configs/shakespeare.yaml's model).
+#: Samples decoded together at most; more are decoded in batches of this many, one after another
+#: (the KV cache grows with the batch: 300 MB for 64 samples of configs/shakespeare.yaml's model).
 MAX_BATCH = 64
 
 #: The weight and arithmetic types :func:`generate` offers.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-#: What :func:`generate` says: errors, then notes.
-_MESSAGES = {
-    "stop_never": (
-        "note: --stop {stop!r} can never match: the tokenizer's vocabulary lacks {chars}, so the model "
-        "never writes it"
-    ),
-    "top_k_clamped": "note: --top-k {top_k} is larger than the vocabulary ({vocab}); using {vocab}",
-    "compile_no_cache": "note: --compile has no effect with --no-kv-cache: it compiles the cached one-token step",
-    "untrained": (
-        "note: {run}'s {which} checkpoint is untrained (saved at step 0, its weights are the random init), "
-        "so the text is random; train the run further, or pass --run of a trained one"
-    ),
-    "cropped": "note: the prompt has {n} tokens; the model sees only the last {block} (block_size)",
-}
-
 
 def end_of_text(tok: Tokenizer) -> Optional[str]:
-    """The tokenizer's end-of-text special token (one of :data:`~minigpt_cli.config.special_tokens.END_OF_TEXT`),
-    or None."""
+    """The tokenizer's end-of-text special token (one of
+    :data:`~minigpt_cli.config.special_tokens.END_OF_TEXT`), or None."""
     return next((s for s in tok.special_tokens if s in END_OF_TEXT), None)
 
 
@@ -72,8 +58,9 @@ def find_stop(text: str, stops: Sequence[str]) -> int:
 
 
 def stop_holdback(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest end of ``text`` that begins some stop string without completing it: held back
-    while streaming, since the next tokens may complete the stop string, which must not be printed."""
+    """Length of the longest end of ``text`` that begins some stop string without completing it:
+    held back while streaming, since the next tokens may complete the stop string, which must not be
+    printed."""
     held = 0
     for s in stops:
         for k in range(min(len(s) - 1, len(text)), held, -1):
@@ -84,12 +71,14 @@ def stop_holdback(text: str, stops: Sequence[str]) -> int:
 
 
 class TextStream:
-    """The text of a growing list of token ids, a piece at a time, each token decoded a bounded number of times.
+    """The text of a growing list of token ids, a piece at a time, each token decoded a bounded
+    number of times.
 
-    Incremental detokenization as Hugging Face's ``TextStreamer`` and vLLM's ``detokenize_incrementally`` do it:
-    each new id decodes only ``ids[prefix:]``, and what lies past ``decode(ids[prefix:read])`` is handed out once
-    it does not end in U+FFFD (a byte-level BPE token that ends inside a character). n tokens cost O(n), not the
-    O(n²) of decoding all of them at every step; the pieces join into ``decode(ids)`` for every kind here.
+    Incremental detokenization as Hugging Face's ``TextStreamer`` and vLLM's
+    ``detokenize_incrementally`` do it: each new id decodes only ``ids[prefix:]``, and what lies
+    past ``decode(ids[prefix:read])`` is handed out once it does not end in U+FFFD (a byte-level BPE
+    token that ends inside a character). n tokens cost O(n), not the O(n²) of decoding all of them
+    at every step; the pieces join into ``decode(ids)`` for every kind here.
     """
 
     def __init__(self, tok: Tokenizer):
@@ -111,8 +100,9 @@ class TextStream:
 
 
 class SampleWriter:
-    """One sample's text as its ids arrive: decoded, cut at the first stop string, written to ``out`` (with
-    ``stream``, as it comes, holding back what may start a stop string; else at :meth:`finish`)."""
+    """One sample's text as its ids arrive: decoded, cut at the first stop string, written to
+    ``out`` (with ``stream``, as it comes, holding back what may start a stop string; else at
+    :meth:`finish`)."""
 
     def __init__(self, tok: Tokenizer, stops: Sequence[str], out: TextIO, stream: bool):
         self.tok, self.stops, self.out, self.stream = tok, list(stops), out, stream
@@ -150,7 +140,8 @@ class SampleWriter:
         return False
 
     def finish(self) -> str:
-        """Write the rest of the text and a newline; returns the sample's new text (without the newline)."""
+        """Write the rest of the text and a newline; returns the sample's new text (without the
+        newline)."""
         text = self.tok.decode(self.dec.ids)
         cut = self.cut
         if cut < 0 and not self.plain:  # the end of the last token, if it never became a piece
@@ -166,8 +157,8 @@ class SampleWriter:
 def write_sample(
     tok: Tokenizer, tokens: Iterable[int], stops: Sequence[str], out: TextIO, stream: bool
 ) -> str:
-    """Decode ``tokens`` as they are sampled, cut at the first stop string (no more are drawn), write the text
-    and a newline (:class:`SampleWriter`); returns the new text."""
+    """Decode ``tokens`` as they are sampled, cut at the first stop string (no more are drawn),
+    write the text and a newline (:class:`SampleWriter`); returns the new text."""
     writer = SampleWriter(tok, stops, out, stream)
     for token in tokens:
         if writer.push(token):
@@ -191,24 +182,27 @@ def generate(
     out: Optional[TextIO] = None,
     echo: Callable[[str], None] = lambda message: None,
 ) -> list[str]:
-    """Sample from a trained run (``None``: the newest under ``runs/``); returns each sample's prompt and text.
+    """Sample from a trained run (``None``: the newest under ``runs/``); returns each sample's
+    prompt and text.
 
-    ``sample`` is a whole :class:`SampleConfig` or a mapping of some of its keys over the run's own ``sample``
-    section (None: that section). Sample i draws from a generator seeded ``seed + i``; ``num_samples`` are
-    decoded as one batch (at most :data:`MAX_BATCH` at once). Each is written to ``out`` as the prompt, the new
-    text (cut before the first of ``stop``, none empty) and a newline, token by token when ``stream``. A sample
-    ends at the tokenizer's end-of-text token (:func:`end_of_text`), not written, unless ``ignore_eos``.
-    ``compile`` None: on for CUDA. ``dtype``: a key of :data:`DTYPES`; ``seed``: 0 .. 2**63-1 (the CLI's options
-    check both). Notes go to ``echo``. The README (Commands, Faster sampling) is the manual.
+    ``sample`` is a whole :class:`SampleConfig` or a mapping of some of its keys over the run's own
+    ``sample`` section (None: that section). Sample i draws from a generator seeded ``seed + i``;
+    ``num_samples`` are decoded as one batch (at most :data:`MAX_BATCH` at once). Each is written to
+    ``out`` as the prompt, the new text (cut before the first of ``stop``, none empty) and a
+    newline, token by token when ``stream``. A sample ends at the tokenizer's end-of-text token
+    (:func:`end_of_text`), not written, unless ``ignore_eos``. ``compile`` None: on for CUDA.
+    ``dtype``: a key of :data:`DTYPES`; ``seed``: 0 .. 2**63-1 (the CLI's options check both). Notes
+    go to ``echo``. The README (Commands, Faster sampling) is the manual.
 
     Raises:
-        MinigptError: no run, a damaged checkpoint, a prompt the tokenizer cannot encode, sampling settings the
-            schema refuses (ConfigError), a sampled id outside the vocabulary (a device's faulty sampler).
+        MinigptError: no run, a damaged checkpoint, a prompt the tokenizer cannot encode,
+            sampling settings the schema refuses (ConfigError), a sampled id outside the
+            vocabulary (a device's faulty sampler).
     """
     stops = list(stop)
     dev = resolve_device(device)
-    # Measures what else runs from here on: the sampling loop's polls decide the thread count once 0.25 s
-    # have passed (no wait before the first token: an idle machine pays nothing).
+    # Measures what else runs from here on: the sampling loop's polls decide the thread count once
+    # 0.25 s have passed (no wait before the first token: an idle machine pays nothing).
     threads = CpuThreads(
         dev
     )  # silent: the thread count changes the speed, not the text (issue 27 §5)
@@ -228,16 +222,23 @@ def generate(
     flags = given_keys(sample)
     if top_k is not None and top_k > tok.vocab_size:
         if "top_k" in flags:  # asked for: say so; the run's own default is clamped silently
-            echo(_MESSAGES["top_k_clamped"].format(top_k=top_k, vocab=tok.vocab_size))
+            echo(
+                f"note: --top-k {top_k} is larger than the vocabulary ({tok.vocab_size}); "
+                f"using {tok.vocab_size}"
+            )
         top_k = tok.vocab_size
-    # The run's own sample.prompt was checked by train before step 0, with the same message (encode_prompt).
+    # The run's own sample.prompt was checked by train before step 0 (encode_prompt).
     ids = encode_prompt(tok, prompt, "the prompt" if "prompt" in flags else "sample.prompt")
     if run is None:  # said once all checks passed, so that an error stays one line
         echo(f"using {loaded.run_dir} ({loaded.describe()})")
     elif loaded.checkpoint.name != checkpoint:
         echo(f"using {loaded.describe()}: the run has no {checkpoint} checkpoint yet")
     if loaded.step == 0:
-        echo(_MESSAGES["untrained"].format(run=loaded.run_dir, which=loaded.checkpoint.name))
+        echo(
+            f"note: {loaded.run_dir}'s {loaded.checkpoint.name} checkpoint is untrained (saved at "
+            "step 0, its weights are the random init), so the text is random; train the run "
+            "further, or pass --run of a trained one"
+        )
     lossy = lossy_report(tok, prompt)
     if lossy is not None:
         echo(lossy)
@@ -252,12 +253,21 @@ def generate(
     for s in stops:  # text the model cannot write: the vocabulary lacks a character of it
         missing = tok.unknown_chars(s)
         if missing:
-            echo(_MESSAGES["stop_never"].format(stop=s, chars=", ".join(map(repr, missing))))
+            echo(
+                f"note: --stop {s!r} can never match: the tokenizer's vocabulary lacks "
+                f"{', '.join(map(repr, missing))}, so the model never writes it"
+            )
     if len(ids) > cfg.model.block_size and max_new_tokens > 0:
-        echo(_MESSAGES["cropped"].format(n=len(ids), block=cfg.model.block_size))
+        echo(
+            f"note: the prompt has {len(ids)} tokens; the model sees only the last "
+            f"{cfg.model.block_size} (block_size)"
+        )
     compiled = (compile if compile is not None else dev.type == "cuda") and max_new_tokens > 0
     if compile and not use_cache:
-        echo(_MESSAGES["compile_no_cache"])
+        echo(
+            "note: --compile has no effect with --no-kv-cache: it compiles the cached one-token "
+            "step"
+        )
     out = out if out is not None else Nowhere()
     eos = end_of_text(tok) if not ignore_eos else None
     eos = tok.encode(eos)[0] if eos is not None else None
@@ -266,7 +276,7 @@ def generate(
         rows = min(MAX_BATCH, num_samples - first)
         decoder = compiled_decoder(model, rows, echo) if compiled and use_cache else None
         idx = torch.tensor([ids] * rows, dtype=torch.long, device=dev)
-        # Sample i (from 0) draws from its own generator, seeded seed + i: the single sample of that seed.
+        # Sample i (from 0) draws from its own generator, seeded seed + i: its seed's sample.
         gens = [
             torch.Generator(device=dev).manual_seed(seed + i) for i in range(first, first + rows)
         ]
@@ -289,6 +299,8 @@ def generate(
             decoder=decoder,
         ):
             threads.poll()
+            # t is on the CPU: read from the device per token for one sample, in chunks for a
+            # batch (generate_tokens), so the end-of-text check here waits for nothing.
             for i, token in enumerate(t.tolist()):
                 if i in live and (token == eos or writers[i].push(token)):
                     live.discard(i)
@@ -309,8 +321,8 @@ class Nowhere(io.TextIOBase):
 
 
 def given_keys(sample: Optional[SampleConfig | Mapping[str, Any]]) -> set[str]:
-    """The ``sample`` keys the caller of :func:`generate` gave (its flags): a mapping's keys, the fields a
-    :class:`SampleConfig` was built with; none for None."""
+    """The ``sample`` keys the caller of :func:`generate` gave (its flags): a mapping's keys, the
+    fields a :class:`SampleConfig` was built with; none for None."""
     if sample is None:
         return set()
     if isinstance(sample, SampleConfig):
@@ -319,8 +331,9 @@ def given_keys(sample: Optional[SampleConfig | Mapping[str, Any]]) -> set[str]:
 
 
 def resolve_sample(cfg: Config, sample: Optional[SampleConfig | Mapping[str, Any]]) -> SampleConfig:
-    """The run's ``sample`` section, replaced by a whole :class:`SampleConfig` or updated with a mapping's keys,
-    validated within the run's config (``window_stride`` against its block_size); raises ConfigError naming the key."""
+    """The run's ``sample`` section, replaced by a whole :class:`SampleConfig` or updated with a
+    mapping's keys, validated within the run's config (``window_stride`` against its block_size);
+    raises ConfigError naming the key."""
     if sample is None:
         return cfg.sample  # validated when the run's config was loaded
     whole = cfg.to_dict()

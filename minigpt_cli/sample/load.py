@@ -24,19 +24,11 @@ from ..runtime.device import resolve_device
 from ..runtime.kernels import swap as swap_kernels
 from ..tokenizer.kinds import Tokenizer, load_run_tokenizer
 
-_MESSAGES = {
-    "not_finite": (
-        "checkpoint {ckpt!r} has NaN or infinite weights ({name}): the run diverged before it was saved; "
-        "try --checkpoint {other}, or retrain with a lower train.learning_rate"
-    ),
-    "tokenizer": "{tok} is not the tokenizer this checkpoint was trained with ({why}); restore the run's own "
-    "tokenizer.json",
-}
-
 
 @dataclass(frozen=True)
 class LoadedRun:
-    """A trained run, opened: ``run.model(ids)`` gives (logits (B, T, V), None); ``run.tokenizer.encode(text)`` ids."""
+    """A trained run, opened: ``run.model(ids)`` gives (logits (B, T, V), None);
+    ``run.tokenizer.encode(text)`` ids."""
 
     model: GPT
     tokenizer: Tokenizer
@@ -57,23 +49,26 @@ class LoadedRun:
 
 
 def _check_finite(model: torch.nn.Module, ckpt: Path) -> None:
-    """Refuse weights holding NaN or infinity (a run that diverged): sampling from them cannot work."""
+    """Refuse weights holding NaN or infinity (a run that diverged): sampling from them cannot
+    work."""
     for name, tensor in model.state_dict().items():
         if not tensor.is_floating_point() or not tensor.numel():
             continue
-        # aminmax reads the weights once, allocating nothing (10x faster than isfinite().all() on the
-        # 10.7M model); a NaN anywhere makes both NaN, an infinity makes one of them infinite.
+        # aminmax reads the weights once, allocating nothing (10x faster than isfinite().all() on
+        # the 10.7M model); a NaN anywhere makes both NaN, an infinity makes one of them infinite.
         extremes = torch.stack(torch.aminmax(tensor.view(-1)))
         if not bool(torch.isfinite(extremes).all()):
             other = runs.LAST if ckpt.name == runs.BEST else runs.BEST
             raise MinigptError(
-                _MESSAGES["not_finite"].format(ckpt=str(ckpt), name=name, other=other)
+                f"checkpoint {str(ckpt)!r} has NaN or infinite weights ({name}): the run diverged "
+                f"before it was saved; try --checkpoint {other}, or retrain with a lower "
+                "train.learning_rate"
             )
 
 
 def _mismatch(tok: Tokenizer, cfg: Config, meta: dict) -> Optional[str]:
-    """How the run's tokenizer differs from the one its checkpoint was trained with, cheapest check first
-    (the fingerprint hashes the whole vocabulary); None when it does not."""
+    """How the run's tokenizer differs from the one its checkpoint was trained with, cheapest check
+    first (the fingerprint hashes the whole vocabulary); None when it does not."""
     if cfg.model.vocab_size < tok.vocab_size:
         return f"{tok.vocab_size} entries for a model of {cfg.model.vocab_size}"
     if tok.kind != cfg.tokenizer.kind:
@@ -91,12 +86,12 @@ def load_run(
     checkpoint: str = runs.BEST,
     device: str | torch.device = "cpu",
 ) -> LoadedRun:
-    """The model of a run's checkpoint (eval mode, on ``device``, linear layers on the fastest kernel),
-    its config and the run's tokenizer; ``run`` None: the newest run under ``runs/``.
+    """The model of a run's checkpoint (eval mode, on ``device``, linear layers on the fastest
+    kernel), its config and the run's tokenizer; ``run`` None: the newest run under ``runs/``.
 
     Raises:
-        MinigptError: no such run or checkpoint, damaged files, non-finite weights, or a tokenizer.json
-            that is not the one the checkpoint was trained with.
+        MinigptError: no such run or checkpoint, damaged files, non-finite weights, or a
+            tokenizer.json that is not the one the checkpoint was trained with.
     """
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     dev = resolve_device(device) if isinstance(device, str) else device
@@ -109,7 +104,10 @@ def load_run(
     )  # refuses a missing or damaged one: it names the tokenizer trained with
     why = _mismatch(tok, cfg, meta)
     if why is not None:
-        raise MinigptError(_MESSAGES["tokenizer"].format(tok=run_dir / runs.TOKENIZER, why=why))
+        raise MinigptError(
+            f"{run_dir / runs.TOKENIZER} is not the tokenizer this checkpoint was trained with "
+            f"({why}); restore the run's own tokenizer.json"
+        )
     step = meta.get("step")
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
     return LoadedRun(model, tok, cfg, run_dir, ckpt, step)
