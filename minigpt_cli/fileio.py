@@ -208,7 +208,7 @@ def read_problem(
             path=path,
         )
     if isinstance(exc, TooLarge):
-        return MinigptError(f"{named} {exc}", "give a smaller file", path=path)
+        return MinigptError(f"{named} {exc}", fix or "give a smaller file", path=path)
     if isinstance(exc, OSError):
         if exc.errno == errno.ELOOP:
             return MinigptError(
@@ -291,19 +291,19 @@ def parse_json(
     text: str | bytes, path: str | Path, what: str, bounds: Bounds, fix: str | None = None
 ) -> Any:
     """JSON ``text`` (of file ``path``) as Python objects, nested at most ``bounds.max_depth`` levels.
-    Raises MinigptError (:func:`read_problem`): damaged (not JSON), nested too deeply."""
+    Raises MinigptError (:func:`read_problem`, with ``fix``): damaged (not JSON), nested too deeply."""
     too_deep = TooLarge(f"is nested more than {bounds.max_depth} levels deep, the limit")
     # json's C parser stops at the interpreter's recursion limit with a RecursionError, having built
     # no more than that many nested containers; a shallower excess is counted in what it built.
     with errors_as(
         {
-            RecursionError: lambda exc: read_problem(too_deep, path, what),
+            RecursionError: lambda exc: read_problem(too_deep, path, what, fix),
             ValueError: lambda exc: read_problem(exc, path, what, fix),
         }
     ):
         obj = json.loads(text)
     if depth(obj) > bounds.max_depth:
-        raise read_problem(too_deep, path, what)
+        raise read_problem(too_deep, path, what, fix)
     return obj
 
 

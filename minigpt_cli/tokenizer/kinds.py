@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from ..config.special_tokens import UNK, special_token_problem, split_special
 from ..errors import MinigptError
-from ..fileio import atomic_write_text
+from ..fileio import (
+    TOKENIZER_BOUNDS,
+    atomic_write_text,
+    errors_as,
+    parse_json,
+    read_problem,
+    read_text,
+)
 from .base import (
     MAX_SHOWN,
     SPACE_MARK,
@@ -62,7 +69,7 @@ _MESSAGES = {
     "not_found": "tokenizer file {path!r} not found",
     "folder": "tokenizer path {path!r} is a folder, not a tokenizer file, and holds no tokenizer.json",
     "not_file": "tokenizer path {path!r} is not a regular file",
-    "not_json": "tokenizer file {path!r} is not valid JSON ({error})",
+    "unparsed": "{what}",
     "no_chars": "tokenizer file {path!r} is damaged (no list of distinct single characters in 'chars')",
     "specials": "tokenizer file {path!r} is damaged ('special_tokens': {error})",
     "damaged": "tokenizer file {path!r} is damaged ({error})",
@@ -394,14 +401,21 @@ def load_tokenizer(
 
 
 def _read(p: Path, kind: Optional[str], own: bool) -> Tokenizer | tuple[str, dict]:
-    """The tokenizer in file ``p``, or what is wrong with the file: its key in :data:`_MESSAGES` and fields."""
-    if not p.is_file():
-        return "folder" if p.is_dir() else "not_file" if p.exists() else "not_found", {}
+    """The tokenizer in file ``p``, or what is wrong with the file: its key in :data:`_MESSAGES` and fields.
+    Raises MinigptError (:func:`~minigpt_cli.fileio.read_problem`) for a file that cannot be read: unreadable
+    (its permissions: never "delete it"), a dangling link, past :data:`~minigpt_cli.fileio.TOKENIZER_BOUNDS`."""
+    what = "tokenizer file"
+    with errors_as({OSError: lambda exc: read_problem(exc, p, what)}):
+        if not p.is_file():
+            if p.is_dir() or (p.exists() and not p.is_file()):
+                return "folder" if p.is_dir() else "not_file", {}
+            if not p.is_symlink():
+                return "not_found", {}
+    raw = read_text(p, what, TOKENIZER_BOUNDS)  # a dangling link: read_problem names it
     try:
-        raw = p.read_text(encoding="utf-8")
-        obj = json.loads(raw)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return "not_json", {"error": exc}
+        obj = parse_json(raw, p, what, TOKENIZER_BOUNDS)
+    except MinigptError as exc:  # damaged, or nested past the bounds: the caller's fix follows
+        return "unparsed", {"what": exc.what}
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
         chars, specials = obj.get("chars"), obj.get("special_tokens", [])
         if not (
