@@ -170,7 +170,7 @@ class TooLarge(ValueError):
 
 
 def _size(n: int) -> str:
-    return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n:,} bytes"
+    return f"{n:,} bytes" + (f" ({n / (1 << 20):,.0f} MiB)" if n >= 1 << 20 else "")
 
 
 def read_problem(

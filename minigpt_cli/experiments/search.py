@@ -149,7 +149,16 @@ def open_storage(
             # Read before Optuna opens it, so that its cause is named: an OSError is the file's.
             check_readable(file, what, STUDY_BOUNDS)
         if not rdb:
-            return JournalStorage(JournalFileBackend(target))
+            # Optuna replays the journal's records as it opens it: a record of the wrong shape (a file
+            # damaged, or not a journal) fails there with the error of the field it lacks.
+            with errors_as(
+                {
+                    (KeyError, TypeError, AttributeError, IndexError): lambda exc: refused(
+                        ValueError(f"a record it cannot replay: {type(exc).__name__} {exc}")
+                    )
+                }
+            ):
+                return JournalStorage(JournalFileBackend(target))
         for attempt in range(SETUP_TRIES):
             try:
                 return RDBStorage(target)

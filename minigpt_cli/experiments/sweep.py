@@ -237,7 +237,9 @@ def resolve_sweep(path: str | Path) -> Path:
     """The sweep file ``path`` names: the file itself, else the shipped experiment of that name (:data:`SHIPPED`).
     Raises MinigptError: neither."""
     p = Path(path)
-    found = p if p.exists() else _shipped(p)
+    found = (
+        p if p.exists() or p.is_symlink() else _shipped(p)
+    )  # a dangling link: read_yaml names it
     if found is None:
         shipped = ", ".join(e for e in list_experiments() if e != "base")
         raise MinigptError(

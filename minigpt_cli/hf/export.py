@@ -538,7 +538,8 @@ def export_run(
         )
     from safetensors.torch import save
 
-    out = _through_link(Path(output))
+    given = Path(output)
+    out = _through_link(given)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     where = out.resolve()
     around = (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve()))
@@ -589,6 +590,8 @@ def export_run(
         ),
         **{name: text.encode("utf-8") for name, text in texts.items()},
     }
+    if out != given:  # what an earlier version left beside the link (the link itself, moved aside)
+        _sweep_temps(given)
     try:
         _write_folder(out, files)
     except OSError as exc:  # named as the user gave it, not as the temporary folder beside it

@@ -124,7 +124,7 @@ def verify(directory: Path, name: str, what: str, fix: str) -> Path:
     path = directory / name
     recorded = (read_meta(directory).get("sha256") or {}).get(name)
     with errors_as(
-        {OSError: lambda exc: read_problem(exc, path, _KINDS.get(name, "checkpoint file"))}
+        {OSError: lambda exc: read_problem(exc, path, _KINDS.get(name, "checkpoint file"), fix)}
     ):
         intact = recorded is None or sha256(path) == recorded
     if not intact:
