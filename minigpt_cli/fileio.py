@@ -75,8 +75,23 @@ def os_error_message(
     fix = _FIXES[exc.errno][in_run] if exc.errno in _FIXES else "check the path"
     if isinstance(path, (str, bytes, os.PathLike)):
         path = os.fsdecode(path)
+        # What mkdir or rename through a link to nothing reports ("exists", "not a folder", "missing").
+        dangles = exc.errno in (errno.ENOENT, errno.EEXIST, errno.ENOTDIR)
+        link = dangling_link(path) if dangles else None
+        if link is not None:
+            reason = f"{link} is a link to {os.readlink(link)!r}, which does not exist"
+            fix = "point the link at an existing folder, or remove it"
     where = f" {path}" if path is not None else ""
     return " ".join(f"cannot {action}{where}: {reason}; {fix}".split())
+
+
+def dangling_link(path: str | Path) -> Path | None:
+    """``path`` or the first of its folders that is a symbolic link to nothing; None when none is."""
+    for p in (Path(path), *Path(path).parents):
+        with suppress(OSError):
+            if p.is_symlink() and not p.exists():
+                return p
+    return None
 
 
 class errors_as:
@@ -191,7 +206,7 @@ def read_problem(
             path=path,
         )
     if isinstance(exc, FileNotFoundError):
-        link = next((p for p in (path, *path.parents) if p.is_symlink() and not p.exists()), None)
+        link = dangling_link(path)
         if link is not None:
             return MinigptError(
                 f"{named}: {str(link)!r} is a link to {os.readlink(link)!r}, which does not exist",
@@ -472,6 +487,8 @@ def _folder_problem(path: Path) -> OSError | None:
     missing: list[Path] = []  # the folders mkdir would make, deepest first
     at = path
     while (st := _stat(at)) is None and at != at.parent:
+        if at.is_symlink():  # a link to nothing: mkdir cannot make it (os_error_message names it)
+            return _error(errno.ENOENT, path)
         missing.append(at)
         at = at.parent
     if st is None:

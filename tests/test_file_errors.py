@@ -377,3 +377,17 @@ def test_prepare_removes_the_temporaries_of_dead_writers_and_keeps_a_live_ones(c
         live.kill()
         live.wait()
         live_file.unlink(missing_ok=True)
+
+
+def test_an_output_through_a_dangling_link_is_named_as_one(cli, files, tmp_path):
+    root, kinds = files
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone" / "runs")
+    said = (
+        f"cannot write {link}: {link} is a link to '{tmp_path / 'gone' / 'runs'}', which does not"
+    )
+    res = cli("train", kinds["config"][0], "--set", f"train.out_dir={link}", "--dry-run")
+    assert_user_error(res, said, "point the link at an existing folder", notes_ok=True)
+    res = cli("compare", root / "runs" / "r", "--output", link)
+    assert_user_error(res, said, notes_ok=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -681,13 +681,14 @@ def _check_ours(out: Path) -> None:
             "pass another --output",
         )
     if any(os.path.lexists(out / name) for name in SUMMARY_FILES):
-        read_model(
-            _Summary,
-            out / "summary.json",
+        summary = out / "summary.json"
+        users = (
             "{path} is not a summary minigpt wrote (its summary.json is not one: {why}); pass "
-            "another --output",
-            path=out,
+            "another --output"
         )
+        if not os.path.lexists(summary):  # the other files, without the one that proves them ours
+            raise MinigptError(users.format(path=out, why="there is none"))
+        read_model(_Summary, summary, users, path=out)
 
 
 def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "Figure":
