@@ -1,5 +1,6 @@
-"""Atomic file writes (a temporary file beside the target, fsync, rename) and the one line for an OSError;
-bounded reads (:class:`Bounds`) whose failures, by cause, become one line (:func:`read_problem`).
+"""Atomic file writes (a temporary file beside the target, fsync, rename) and the one line for an
+OSError; bounded reads (:class:`Bounds`) whose failures, by cause, become one line
+(:func:`read_problem`).
 
 A reader (or a process killed half-way) sees the old file or the new one, never a half-written one; the file
 gets the mode a plain ``open()`` would give it, not :func:`tempfile.mkstemp`'s ``0o600``.
@@ -75,7 +76,7 @@ def os_error_message(
     fix = _FIXES[exc.errno][in_run] if exc.errno in _FIXES else "check the path"
     if isinstance(path, (str, bytes, os.PathLike)):
         path = os.fsdecode(path)
-        # What mkdir or rename through a link to nothing reports ("exists", "not a folder", "missing").
+        # What mkdir or rename through a link to nothing report: exists, not a folder, missing.
         dangles = exc.errno in (errno.ENOENT, errno.EEXIST, errno.ENOTDIR)
         link = dangling_link(path) if dangles else None
         if link is not None:
@@ -86,7 +87,7 @@ def os_error_message(
 
 
 def dangling_link(path: str | Path) -> Path | None:
-    """``path`` or the first of its folders that is a symbolic link to nothing; None when none is."""
+    """``path`` or the first of its folders that is a symbolic link to nothing, else None."""
     for p in (Path(path), *Path(path).parents):
         with suppress(OSError):
             if p.is_symlink() and not p.exists():
@@ -160,8 +161,8 @@ def schema_problem(exc, skip: int = 0) -> str:
 
 @dataclass(frozen=True)
 class Bounds:
-    """The most a file of one kind may hold, checked before it is parsed: ``max_bytes`` (its size on disk)
-    and ``max_depth`` (levels of nested lists and mappings, in JSON or YAML)."""
+    """The most a file of one kind may hold, checked before it is parsed: ``max_bytes`` (its size on
+    disk) and ``max_depth`` (levels of nested lists and mappings, in JSON or YAML)."""
 
     max_bytes: int
     max_depth: int = 32
@@ -169,8 +170,8 @@ class Bounds:
 
 #: A config or a sweep file: a few flat sections; a long ``sample.prompt`` belongs in --prompt-file.
 YAML_BOUNDS = Bounds(1 << 20, 16)
-#: A tokenizer.json: Gemma 3's is 33 MB and a vocabulary of 2^20 entries takes about 60 MB; the deepest
-#: shipped by Hugging Face nest normalizers and pre-tokenizers about 8 levels.
+#: A tokenizer.json: Gemma 3's is 33 MB and a vocabulary of 2^20 entries takes about 60 MB; the
+#: deepest shipped by Hugging Face nest normalizers and pre-tokenizers about 8 levels.
 TOKENIZER_BOUNDS = Bounds(256 << 20, 64)
 #: The JSON files minigpt writes itself (meta.json, env.json, sweep.json): small, a few levels.
 STATE_BOUNDS = Bounds(64 << 20, 32)
@@ -191,18 +192,20 @@ def _size(n: int) -> str:
 def read_problem(
     exc: BaseException, path: str | Path, what: str, fix: str | None = None
 ) -> MinigptError:
-    """The one line for a file that cannot be read, by its cause: ``cannot read WHAT 'PATH'`` (permissions,
-    a disk's error), ``WHAT 'PATH' not found``, ``... is a link to 'T', which does not exist`` (a dangling
-    link), ``... is a folder``, ``... is too large`` / ``nested too deeply`` (:class:`Bounds`), or
-    ``WHAT 'PATH' is damaged (why)`` for a parse error (any ValueError, a YAML error). ``what``: the kind
-    of file (``tokenizer file``); ``fix``: the caller's fix for a missing or damaged file, never for one
-    that is only unreadable (whose fix is its permissions, not its deletion)."""
+    """The one line for a file that cannot be read, by its cause: ``cannot read WHAT 'PATH'``
+    (permissions, a disk's error), ``WHAT 'PATH' not found``, ``... is a link to 'T', which does not
+    exist`` (a dangling link), ``... is a folder``, ``... is too large`` / ``nested too deeply``
+    (:class:`Bounds`), or ``WHAT 'PATH' is damaged (why)`` for a parse error (any ValueError, a YAML
+    error). ``what``: the kind of file (``tokenizer file``); ``fix``: the caller's fix for a missing
+    or damaged file, never for one that is only unreadable (whose fix is its permissions, not its
+    deletion)."""
     path = Path(path)
     named = f"{what} {str(path)!r}"
     if isinstance(exc, PermissionError):
         return MinigptError(
             f"cannot read {named}: permission denied",
-            f"give your user read access to it and to its folders (ls -l {path}), or run as its owner",
+            f"give your user read access to it and to its folders (ls -l {path}), "
+            "or run as its owner",
             path=path,
         )
     if isinstance(exc, FileNotFoundError):
@@ -248,8 +251,8 @@ def read_problem(
 def check_readable(
     path: str | Path, what: str, bounds: Bounds | None = None, fix: str | None = None
 ) -> int:
-    """The size in bytes of a file a library reads itself (a study, weights), once it is found to open for
-    reading within ``bounds``. Raises MinigptError as :func:`read_bytes` does."""
+    """The size in bytes of a file a library reads itself (a study, weights), once it is found to
+    open for reading within ``bounds``. Raises MinigptError as :func:`read_bytes` does."""
     with errors_as({OSError: lambda exc: read_problem(exc, path, what, fix)}):
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -261,9 +264,9 @@ def check_readable(
 def read_bytes(
     path: str | Path, what: str, bounds: Bounds | None = None, fix: str | None = None
 ) -> bytes:
-    """The bytes of a file, refused past ``bounds.max_bytes`` before any is read (a FIFO or a file that
-    grows: after ``max_bytes + 1``). Raises MinigptError (:func:`read_problem`): unreadable, missing, a
-    dangling link, a folder, too large."""
+    """The bytes of a file, refused past ``bounds.max_bytes`` before any is read (a FIFO or a file
+    that grows: after ``max_bytes + 1``). Raises MinigptError (:func:`read_problem`): unreadable,
+    missing, a dangling link, a folder, too large."""
     limit = bounds.max_bytes if bounds is not None else None
     with errors_as({OSError: lambda exc: read_problem(exc, path, what, fix)}):
         with open(path, "rb") as f:
@@ -283,8 +286,8 @@ def _too_large(path: str | Path, what: str, size: int, limit: int) -> MinigptErr
 def read_text(
     path: str | Path, what: str, bounds: Bounds | None = None, fix: str | None = None
 ) -> str:
-    """:func:`read_bytes` as UTF-8 text, a leading byte-order mark dropped (Windows editors write one).
-    Raises MinigptError as :func:`read_bytes` does, and ``damaged`` for bytes that are not UTF-8."""
+    """:func:`read_bytes` as UTF-8 text, a leading byte-order mark dropped (Windows editors write
+    one). Raises MinigptError as :func:`read_bytes` does, and for bytes that are not UTF-8."""
     data = read_bytes(path, what, bounds, fix)
     with errors_as({UnicodeDecodeError: lambda exc: read_problem(exc, path, what, fix)}):
         return data.decode("utf-8-sig")
@@ -305,8 +308,9 @@ def depth(obj: Any) -> int:
 def parse_json(
     text: str | bytes, path: str | Path, what: str, bounds: Bounds, fix: str | None = None
 ) -> Any:
-    """JSON ``text`` (of file ``path``) as Python objects, nested at most ``bounds.max_depth`` levels.
-    Raises MinigptError (:func:`read_problem`, with ``fix``): damaged (not JSON), nested too deeply."""
+    """JSON ``text`` (of file ``path``) as Python objects, nested at most ``bounds.max_depth``
+    levels. Raises MinigptError (:func:`read_problem`, with ``fix``): damaged (not JSON), nested
+    too deeply."""
     too_deep = TooLarge(f"is nested more than {bounds.max_depth} levels deep, the limit")
     # json's C parser stops at the interpreter's recursion limit with a RecursionError, having built
     # no more than that many nested containers; a shallower excess is counted in what it built.
@@ -328,10 +332,10 @@ def read_json(path: str | Path, what: str, bounds: Bounds, fix: str | None = Non
 
 
 def read_text_file(path: str | Path, option: str, bounds: Bounds | None = None) -> str:
-    """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``): universal
-    newlines (as a text editor shows them), a leading byte-order mark (Windows editors write one) dropped.
-    Raises MinigptError ``{option} 'PATH' ...`` (:func:`read_problem`): missing, a folder, not UTF-8,
-    unreadable, past ``bounds``."""
+    """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``):
+    universal newlines (as a text editor shows them), a leading byte-order mark (Windows editors
+    write one) dropped. Raises MinigptError ``{option} 'PATH' ...`` (:func:`read_problem`): missing,
+    a folder, not UTF-8, unreadable, past ``bounds``."""
     text = read_text(path, option, bounds)
     return text.replace("\r\n", "\n").replace("\r", "\n")
 

@@ -1,11 +1,11 @@
-"""Each way a file cannot be read, on each kind of file minigpt reads, named by its cause in one line.
+"""Each way a file cannot be read, on each kind of file minigpt reads, named by its cause in one
+line.
 
-The causes: unreadable (its permissions), missing, a dangling link, damaged, too large, nested too deeply.
-The kinds: config, corpus, tokenizer, weights, meta, trainer state, sweep file, study. The refusals come
-from the real CLI on real files; an unreadable file is tried as a user whose permissions count (root reads
-a mode-000 file anyway): root without the capabilities that override permissions (``setpriv``), or the
-user the suite runs as when it is not root.
-"""
+The causes: unreadable (its permissions), missing, a dangling link, damaged, too large, nested too
+deeply. The kinds: config, corpus, tokenizer, weights, meta, trainer state, sweep file, study. The
+refusals come from the real CLI on real files; an unreadable file is tried as a user whose
+permissions count (root reads a mode-000 file anyway): root without the capabilities that override
+permissions (``setpriv``), or the user the suite runs as when it is not root."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, corpus_file):
-    """A tiny trained run, its config, corpus and tokenizer, a sweep file and a study's journal: the files
-    of every kind, by kind, with the command that reads each (``args``) and what it calls the file."""
+    """A tiny trained run, its config, corpus and tokenizer, a sweep file and a study's journal: the
+    files of every kind, by kind, with the command that reads each (``args``) and what it calls the
+    file."""
     root = tmp_path_factory.mktemp("file-errors")
     corpus = root / "corpus.txt"
     corpus.write_bytes(corpus_file.read_bytes()[:60_000])
@@ -85,7 +86,8 @@ def files(tmp_path_factory, corpus_file):
 
 @pytest.fixture
 def kept(files):
-    """Each file of ``files`` as it was, put back after the test (bytes and mode; a link made replaced)."""
+    """Each file of ``files`` as it was, put back after the test (bytes and mode; a link made
+    replaced)."""
     root, kinds = files
     saved = {path: path.read_bytes() for path, _, _ in kinds.values()}
     run_config = root / "runs" / "r" / "config.yaml"
@@ -149,8 +151,8 @@ def test_a_damaged_missing_or_dangling_file_is_named_by_its_cause(cli, files, ke
         assert str(path) in line and "damaged" not in line.replace("missing or damaged", ""), line
 
 
-# Run as a user whose permissions count: each case chmods its file to 000, runs the CLI in-process, puts
-# the mode back, and prints the exit code and the stderr of each, as JSON.
+# Run as a user whose permissions count: each case chmods its file to 000, runs the CLI in-process,
+# puts the mode back, and prints the exit code and the stderr of each, as JSON.
 _DRIVER = """
 import json, os, sys
 from typer.testing import CliRunner
@@ -169,8 +171,8 @@ print(json.dumps(out))
 
 
 def _as_unprivileged(tmp_path: Path) -> list[str]:
-    """The command prefix that runs Python without the power to read a mode-000 file; skips the test when
-    there is none (root without ``setpriv``, or a kernel that keeps the capabilities)."""
+    """The command prefix that runs Python without the power to read a mode-000 file; skips the test
+    when there is none (root without ``setpriv``, or a kernel that keeps the capabilities)."""
     if os.geteuid() != 0:
         return []
     setpriv = shutil.which("setpriv")
@@ -193,8 +195,9 @@ def _as_unprivileged(tmp_path: Path) -> list[str]:
 def test_an_unreadable_file_is_called_unreadable_never_damaged(files, kept, tmp_path):
     root, kinds = files
     prefix = _as_unprivileged(tmp_path)
-    # The tokenizer minigpt prepared for the corpus (the one the issue found called "not valid JSON ...;
-    # delete it"), and the checkpoint folder itself (found called "cannot write ...model.safetensors").
+    # The tokenizer minigpt prepared for the corpus (the one the issue found called "not valid JSON
+    # ...; delete it"), and the checkpoint folder itself (found called "cannot write
+    # ...model.safetensors").
     own = next((root / "data").glob("*/tokenizer-char*.json"))
     sweep = kinds["sweep file"][0]
     last = root / "runs" / "r" / "checkpoints" / "last"
@@ -244,7 +247,8 @@ def test_an_unreadable_file_is_called_unreadable_never_damaged(files, kept, tmp_
 def test_a_file_past_its_size_limit_is_refused_before_it_is_read(cli, files, kept, kind, limit):
     root, kinds = files
     path, args, what = kinds[kind]
-    # One byte over the limit, as a sparse file: its size is all that is checked, and it takes no disk.
+    # One byte over the limit, as a sparse file: its size is all that is checked, and it takes no
+    # disk.
     with open(path, "r+b") as f:
         f.truncate(limit + 1)
     with working_dir(root):
@@ -347,7 +351,8 @@ sys.stdin.read()  # holds the file (and its lock) until killed
 
 
 def _writer(folder: Path) -> tuple[subprocess.Popen, Path]:
-    """A process with prepare's own temporary token file open in ``folder``; the file, once it exists."""
+    """A process with prepare's own temporary token file open in ``folder``; the file, once it
+    exists."""
     proc = subprocess.Popen(
         [sys.executable, "-c", _WRITER, str(folder)],
         stdin=subprocess.PIPE,

@@ -282,10 +282,11 @@ def parse_yaml(
 
 
 def read_yaml(path: str | Path, what: str, fix: str | None = None) -> Any:
-    """The YAML file ``path`` (a config, a sweep file) parsed, within :data:`~minigpt_cli.fileio.YAML_BOUNDS`:
-    its size checked before it is read, its depth while it is parsed. Raises ConfigError: unreadable,
-    missing, too large, not UTF-8 (:func:`~minigpt_cli.fileio.read_problem`), not valid YAML,
-    nested too deeply, or what :class:`_Loader` refuses."""
+    """The YAML file ``path`` (a config, a sweep file) parsed, within
+    :data:`~minigpt_cli.fileio.YAML_BOUNDS`: its size checked before it is read, its depth while it
+    is parsed. Raises ConfigError: unreadable, missing, too large, not UTF-8
+    (:func:`~minigpt_cli.fileio.read_problem`), not valid YAML, nested too deeply, or what
+    :class:`_Loader` refuses."""
     try:
         text = read_text(path, what, YAML_BOUNDS, fix)
     except MinigptError as exc:  # a config's problem, whatever its cause

@@ -358,8 +358,9 @@ def write_token_files(
 
 
 def _locked_temp(directory: Path, split: str, stack: ExitStack) -> tuple[Path, IO[bytes]]:
-    """A new temporary token file in ``directory``, open for writing and flock-ed for as long as it is open
-    (the kernel drops the lock when the process dies: the proof :func:`sweep_dead_temps` takes)."""
+    """A new temporary token file in ``directory``, open for writing and flock-ed for as long as it
+    is open (the kernel drops the lock when the process dies: the proof :func:`sweep_dead_temps`
+    takes)."""
     while True:
         fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
         f = stack.enter_context(os.fdopen(fd, "wb"))
@@ -371,8 +372,8 @@ def _locked_temp(directory: Path, split: str, stack: ExitStack) -> tuple[Path, I
 
 
 def sweep_dead_temps(directory: Path) -> list[Path]:
-    """Remove (and return) the temporary token files in ``directory`` whose writers died (a SIGKILL, a power
-    cut): those no process holds the flock of. A live writer's stay, however old."""
+    """Remove (and return) the temporary token files in ``directory`` whose writers died (a SIGKILL,
+    a power cut): those no process holds the flock of. A live writer's stay, however old."""
     return sweep_partial_files(directory, f"{_TEMP_PREFIX}*", stale_after=0)
 
 

@@ -90,9 +90,10 @@ def _why(exc: OSError | ValidationError, schema: Optional[type[BaseModel]] = Non
 
 
 def read_model(schema: type[Model], source: Path | Any, what: str, **fields: Any) -> Model:
-    """``source`` (a JSON file minigpt wrote, or parsed data) read through ``schema``; a :class:`MinigptError`
-    from ``what`` when it is not what the schema says, :func:`~minigpt_cli.fileio.read_problem`'s when the
-    file cannot be read (unreadable, missing, past :data:`~minigpt_cli.fileio.STATE_BOUNDS`)."""
+    """``source`` (a JSON file minigpt wrote, or parsed data) read through ``schema``; a
+    :class:`MinigptError` from ``what`` when it is not what the schema says,
+    :func:`~minigpt_cli.fileio.read_problem`'s when the file cannot be read (unreadable, missing,
+    past :data:`~minigpt_cli.fileio.STATE_BOUNDS`)."""
     data = read_bytes(source, source.name, STATE_BOUNDS) if isinstance(source, Path) else None
     try:
         return (

@@ -149,8 +149,8 @@ def open_storage(
             # Read before Optuna opens it, so that its cause is named: an OSError is the file's.
             check_readable(file, what, STUDY_BOUNDS)
         if not rdb:
-            # Optuna replays the journal's records as it opens it: a record of the wrong shape (a file
-            # damaged, or not a journal) fails there with the error of the field it lacks.
+            # Optuna replays the journal's records as it opens it: a record of the wrong shape (a
+            # file damaged, or not a journal) fails there with the error of the field it lacks.
             with errors_as(
                 {
                     (KeyError, TypeError, AttributeError, IndexError): lambda exc: refused(

@@ -448,15 +448,16 @@ def _is_export(folder: Path) -> bool:
 
 
 def _sweep_temps(out: Path) -> None:
-    """Remove the temporary folders (holding only export files) a killed export to ``out`` left beside it,
-    and the links an earlier version moved aside there (a link's removal leaves its target as it is)."""
+    """Remove the temporary folders (holding only export files) a killed export to ``out`` left
+    beside it, and the links an earlier version moved aside there (a link's removal leaves its
+    target as it is)."""
     for left in out.parent.glob(f"{glob.escape(_TEMP.format(out.name))}*"):
         if left.is_symlink() or (left.is_dir() and not _foreign(left)):
             _remove(left)
 
 
 def _remove(path: Path) -> None:
-    """Remove what an export moved aside or left: a link or file is unlinked, a folder removed whole."""
+    """Remove what an export moved aside or left: a link or a file unlinked, a folder whole."""
     with contextlib.suppress(OSError):
         if path.is_symlink() or not path.is_dir():
             path.unlink()
@@ -465,8 +466,9 @@ def _remove(path: Path) -> None:
 
 
 def _through_link(out: Path) -> Path:
-    """Where an export to ``out`` goes: ``out``, or for a link the folder it points to (whose checks are then
-    an export's own: empty, or an earlier export's with --force). Raises MinigptError: a dangling link."""
+    """Where an export to ``out`` goes: ``out``, or for a link the folder it points to (whose checks
+    are then an export's own: empty, or an earlier export's with --force). Raises MinigptError: a
+    dangling link."""
     if not out.is_symlink():
         return out
     target = Path(os.path.realpath(out))
