@@ -746,10 +746,9 @@ class Env(BaseModel):
 
 def _read_env(run_dir: Path) -> dict[str, Any]:
     """A run's ``env.json``; a missing or damaged one (it only informs) reads as empty."""
-    with suppress(OSError, ValidationError):
-        return Env.model_validate_json((Path(run_dir) / ENV).read_bytes()).model_dump(
-            exclude_unset=True
-        )
+    with suppress(MinigptError, ValidationError):  # read within STATE_BOUNDS, as meta.json is
+        data = read_bytes(Path(run_dir) / ENV, ENV, STATE_BOUNDS)
+        return Env.model_validate_json(data).model_dump(exclude_unset=True)
     return {}
 
 
