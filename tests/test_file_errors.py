@@ -257,6 +257,19 @@ def test_a_file_past_its_size_limit_is_refused_before_it_is_read(cli, files, kep
     assert f"over the limit of {limit:,} bytes" in line, line
 
 
+def test_a_trainer_state_past_its_bound_is_refused_before_it_is_read(cli, files, kept):
+    from minigpt_cli.run.checkpoint import state_bounds
+
+    root, kinds = files
+    path, args, what = kinds["trainer state"]
+    limit = state_bounds(kinds["weights"][0].stat().st_size).max_bytes
+    with open(path, "r+b") as f:
+        f.truncate(limit + 1)
+    with working_dir(root):
+        line = _one_line(cli(*args))
+    assert f"{what} '{path}' is {limit + 1:,} bytes" in line, line
+
+
 def _nested(levels: int) -> str:
     return "[" * levels + "]" * levels
 

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from ..config.schema import Config, ConfigError, ModelConfig, load_config
 from ..errors import MinigptError
 from ..fileio import (
+    Bounds,
     check_readable,
     chmod_quietly,
     dir_mode,
@@ -410,11 +411,20 @@ def load_weights_into(model: GPT, directory: Path) -> None:
     load_model_state(model, sd)
 
 
+def state_bounds(weights_bytes: int) -> Bounds:
+    """The most a ``trainer_state.pt`` beside a weights file of ``weights_bytes`` may hold: the
+    optimizer's moments (AdamW keeps two float32 values per weight: 4x a bfloat16 weights file at
+    most) and 64 MiB for the rest (RNG states, the schedule's and the data order's counters)."""
+    return Bounds(4 * weights_bytes + (64 << 20))
+
+
 def load_trainer_state(directory: Path) -> dict[str, Any]:
     """The verified ``trainer_state.pt``, read with ``weights_only=True`` (no code runs on load).
     Raises MinigptError, naming it: a missing, truncated, altered or unsafe file."""
     directory = resolve(directory)
     path = directory / STATE
+    if path.is_file() and (directory / WEIGHTS).is_file():  # else verify names what is missing
+        check_readable(path, _KINDS[STATE], state_bounds((directory / WEIGHTS).stat().st_size))
     verify(
         directory,
         STATE,
