@@ -96,8 +96,8 @@ class _Loader(yaml.SafeLoader):
         # runs out).
         if self._depth >= YAML_BOUNDS.max_depth:
             raise _Refused(
-                f"nested too deeply (more than {YAML_BOUNDS.max_depth} levels, the limit); a config "
-                "or a sweep file is a few flat sections",
+                f"nested too deeply (more than {YAML_BOUNDS.max_depth} levels, the limit); "
+                "a config or a sweep file is a few flat sections",
                 self.peek_event().start_mark,
             )
         self._depth += 1

@@ -234,9 +234,9 @@ _SWAP_WAIT = 30.0
 
 
 def has_weights(directory: str | Path) -> bool:
-    """Whether the checkpoint folder ``directory``, or its ``.old`` copy, holds a weights file (a save
-    under way is waited for: :func:`_find`). Raises MinigptError: a folder that cannot be looked into,
-    weights that are a link to nothing."""
+    """Whether the checkpoint folder ``directory``, or its ``.old`` copy, holds a weights file (a
+    save under way is waited for: :func:`_find`). Raises MinigptError: a folder that cannot be
+    looked into, weights that are a link to nothing."""
     return _find(Path(directory)) is not None
 
 
