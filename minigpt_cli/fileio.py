@@ -1,4 +1,6 @@
-"""Atomic file writes (a temporary file beside the target, fsync, rename) and the one line for an OSError.
+"""Atomic file writes (a temporary file beside the target, fsync, rename) and the one line for an
+OSError; bounded reads (:class:`Bounds`) whose failures, by cause, become one line
+(:func:`read_problem`).
 
 A reader (or a process killed half-way) sees the old file or the new one, never a half-written one; the file
 gets the mode a plain ``open()`` would give it, not :func:`tempfile.mkstemp`'s ``0o600``.
@@ -7,11 +9,13 @@ gets the mode a plain ``open()`` would give it, not :func:`tempfile.mkstemp`'s `
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
 import tempfile
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -72,8 +76,23 @@ def os_error_message(
     fix = _FIXES[exc.errno][in_run] if exc.errno in _FIXES else "check the path"
     if isinstance(path, (str, bytes, os.PathLike)):
         path = os.fsdecode(path)
+        # What mkdir or rename through a link to nothing report: exists, not a folder, missing.
+        dangles = exc.errno in (errno.ENOENT, errno.EEXIST, errno.ENOTDIR)
+        link = dangling_link(path) if dangles else None
+        if link is not None:
+            reason = f"{link} is a link to {os.readlink(link)!r}, which does not exist"
+            fix = "point the link at an existing folder, or remove it"
     where = f" {path}" if path is not None else ""
     return " ".join(f"cannot {action}{where}: {reason}; {fix}".split())
+
+
+def dangling_link(path: str | Path) -> Path | None:
+    """``path`` or the first of its folders that is a symbolic link to nothing, else None."""
+    for p in (Path(path), *Path(path).parents):
+        with suppress(OSError):
+            if p.is_symlink() and not p.exists():
+                return p
+    return None
 
 
 class errors_as:
@@ -137,33 +156,188 @@ def schema_problem(exc, skip: int = 0) -> str:
     return f"{where}: {err['msg']}" if where else err["msg"]
 
 
-#: What :func:`read_text_file` says about a text file the user named that cannot be read, by exception type.
-_READ = {
-    FileNotFoundError: "{option} {path!r} not found",
-    IsADirectoryError: "{option} {path!r} is a folder; give a text file",
-    UnicodeDecodeError: "{option} {path!r} is not UTF-8 text; convert it (e.g. with iconv)",
-    OSError: "{option} {path!r} cannot be read ({reason})",
-}
+# ----------------------------------------------------------------------------- reading
 
 
-def read_text_file(path: str | Path, option: str) -> str:
-    """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``): universal
-    newlines (as a text editor shows them), a leading byte-order mark (Windows editors write one) dropped.
-    Raises MinigptError ``{option} 'PATH' ...``: not found, a folder, not UTF-8, or unreadable."""
+@dataclass(frozen=True)
+class Bounds:
+    """The most a file of one kind may hold, checked before it is parsed: ``max_bytes`` (its size on
+    disk) and ``max_depth`` (levels of nested lists and mappings, in JSON or YAML)."""
 
-    def message(text: str) -> Callable[[BaseException], MinigptError]:
-        return lambda exc: MinigptError(
-            text.format(
-                option=option, path=str(path), reason=getattr(exc, "strerror", None) or exc
-            ),
+    max_bytes: int
+    max_depth: int = 32
+
+
+#: A config or a sweep file: a few flat sections; a long ``sample.prompt`` belongs in --prompt-file.
+YAML_BOUNDS = Bounds(1 << 20, 16)
+#: A tokenizer.json: Gemma 3's is 33 MB and a vocabulary of 2^20 entries takes about 60 MB; the
+#: deepest shipped by Hugging Face nest normalizers and pre-tokenizers about 8 levels.
+TOKENIZER_BOUNDS = Bounds(256 << 20, 64)
+#: The JSON files minigpt writes itself (meta.json, env.json, sweep.json): small, a few levels.
+STATE_BOUNDS = Bounds(64 << 20, 32)
+#: An Optuna study's journal file or SQLite database (a trial's record is a few KB).
+STUDY_BOUNDS = Bounds(4 << 30)
+#: Any other JSON a user names (a Hugging Face config.json, a weights index, a JSON Lines document).
+JSON_BOUNDS = Bounds(256 << 20, 64)
+
+
+class TooLarge(ValueError):
+    """A file past its :class:`Bounds`; the message names the limit."""
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes" + (f" ({n / (1 << 20):,.0f} MiB)" if n >= 1 << 20 else "")
+
+
+def read_problem(
+    exc: BaseException, path: str | Path, what: str, fix: str | None = None
+) -> MinigptError:
+    """The one line for a file that cannot be read, by its cause: ``cannot read WHAT 'PATH'``
+    (permissions, a disk's error), ``WHAT 'PATH' not found``, ``... is a link to 'T', which does not
+    exist`` (a dangling link), ``... is a folder``, ``... is too large`` / ``nested too deeply``
+    (:class:`Bounds`), or ``WHAT 'PATH' is damaged (why)`` for a parse error (any ValueError, a YAML
+    error). ``what``: the kind of file (``tokenizer file``); ``fix``: the caller's fix for a missing
+    or damaged file, never for one that is only unreadable (whose fix is its permissions, not its
+    deletion)."""
+    path = Path(path)
+    named = f"{what} {str(path)!r}"
+    if isinstance(exc, PermissionError):
+        return MinigptError(
+            f"cannot read {named}: permission denied",
+            f"give your user read access to it and to its folders (ls -l {path}), "
+            "or run as its owner",
             path=path,
         )
+    if isinstance(exc, FileNotFoundError):
+        link = dangling_link(path)
+        if link is not None:
+            return MinigptError(
+                f"{named}: {str(link)!r} is a link to {os.readlink(link)!r}, which does not exist",
+                "point the link at an existing file, or give the path of the file itself",
+                path=path,
+            )
+        return MinigptError(f"{named} not found", fix or "check the path", path=path)
+    if isinstance(exc, IsADirectoryError):
+        return MinigptError(f"{named} is a folder", "give the path of a file", path=path)
+    if isinstance(exc, NotADirectoryError):
+        return MinigptError(
+            f"{named} not found: a part of its path is a file, not a folder",
+            "check the path",
+            path=path,
+        )
+    if isinstance(exc, TooLarge):
+        return MinigptError(f"{named} {exc}", fix or "give a smaller file", path=path)
+    if isinstance(exc, OSError):
+        if exc.errno == errno.ELOOP:
+            return MinigptError(
+                f"{named} is a link that leads back to itself", "fix the link", path=path
+            )
+        return MinigptError(
+            f"cannot read {named}: {exc.strerror or exc}", "check the disk and the path", path=path
+        )
+    if isinstance(exc, UnicodeDecodeError):
+        at = f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start:,}"
+        return MinigptError(
+            f"{named} is not UTF-8 text ({at})", "convert it to UTF-8 (e.g. with iconv)", path=path
+        )
+    if isinstance(exc, RecursionError):
+        return MinigptError(
+            f"{named} is nested too deeply to read", fix or "give a smaller file", path=path
+        )
+    why = (getattr(exc, "problem", None) or str(exc).splitlines()[0] or type(exc).__name__).strip()
+    return MinigptError(f"{named} is damaged ({why})", fix, path=path)
 
-    with (
-        errors_as({kind: message(text) for kind, text in _READ.items()}),
-        open(path, encoding="utf-8-sig") as f,
+
+def check_readable(
+    path: str | Path, what: str, bounds: Bounds | None = None, fix: str | None = None
+) -> int:
+    """The size in bytes of a file a library reads itself (a study, weights), once it is found to
+    open for reading within ``bounds``. Raises MinigptError as :func:`read_bytes` does."""
+    with errors_as({OSError: lambda exc: read_problem(exc, path, what, fix)}):
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+    if bounds is not None and size > bounds.max_bytes:
+        raise _too_large(path, what, size, bounds.max_bytes)
+    return size
+
+
+def read_bytes(
+    path: str | Path, what: str, bounds: Bounds | None = None, fix: str | None = None
+) -> bytes:
+    """The bytes of a file, refused past ``bounds.max_bytes`` before any is read (a FIFO or a file
+    that grows: after ``max_bytes + 1``). Raises MinigptError (:func:`read_problem`): unreadable,
+    missing, a dangling link, a folder, too large."""
+    limit = bounds.max_bytes if bounds is not None else None
+    with errors_as({OSError: lambda exc: read_problem(exc, path, what, fix)}):
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if limit is not None and size > limit:
+                raise _too_large(path, what, size, limit)
+            data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise _too_large(path, what, len(data), limit)
+    return data
+
+
+def _too_large(path: str | Path, what: str, size: int, limit: int) -> MinigptError:
+    return read_problem(TooLarge(f"is {_size(size)}, over the limit of {_size(limit)}"), path, what)
+
+
+def read_text(
+    path: str | Path, what: str, bounds: Bounds | None = None, fix: str | None = None
+) -> str:
+    """:func:`read_bytes` as UTF-8 text, a leading byte-order mark dropped (Windows editors write
+    one). Raises MinigptError as :func:`read_bytes` does, and for bytes that are not UTF-8."""
+    data = read_bytes(path, what, bounds, fix)
+    with errors_as({UnicodeDecodeError: lambda exc: read_problem(exc, path, what, fix)}):
+        return data.decode("utf-8-sig")
+
+
+def depth(obj: Any) -> int:
+    """Levels of nested lists and dicts in ``obj`` (a scalar: 0), counted without recursion."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            values = item.values() if isinstance(item, dict) else item
+            stack.extend((v, level + 1) for v in values if isinstance(v, (list, dict)))
+    return deepest
+
+
+def parse_json(
+    text: str | bytes, path: str | Path, what: str, bounds: Bounds, fix: str | None = None
+) -> Any:
+    """JSON ``text`` (of file ``path``) as Python objects, nested at most ``bounds.max_depth``
+    levels. Raises MinigptError (:func:`read_problem`, with ``fix``): damaged (not JSON), nested
+    too deeply."""
+    too_deep = TooLarge(f"is nested more than {bounds.max_depth} levels deep, the limit")
+    # json's C parser stops at the interpreter's recursion limit with a RecursionError, having built
+    # no more than that many nested containers; a shallower excess is counted in what it built.
+    with errors_as(
+        {
+            RecursionError: lambda exc: read_problem(too_deep, path, what, fix),
+            ValueError: lambda exc: read_problem(exc, path, what, fix),
+        }
     ):
-        return f.read()
+        obj = json.loads(text)
+    if depth(obj) > bounds.max_depth:
+        raise read_problem(too_deep, path, what, fix)
+    return obj
+
+
+def read_json(path: str | Path, what: str, bounds: Bounds, fix: str | None = None) -> Any:
+    """The JSON file ``path`` within ``bounds`` (:func:`read_text`, :func:`parse_json`)."""
+    return parse_json(read_text(path, what, bounds, fix), path, what, bounds, fix)
+
+
+def read_text_file(path: str | Path, option: str, bounds: Bounds | None = None) -> str:
+    """The text of a UTF-8 file the user named with ``option`` (``--prompt-file``, ``--text-file``):
+    universal newlines (as a text editor shows them), a leading byte-order mark (Windows editors
+    write one) dropped. Raises MinigptError ``{option} 'PATH' ...`` (:func:`read_problem`): missing,
+    a folder, not UTF-8, unreadable, past ``bounds``."""
+    text = read_text(path, option, bounds)
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _umask() -> int:
@@ -317,6 +491,8 @@ def _folder_problem(path: Path) -> OSError | None:
     missing: list[Path] = []  # the folders mkdir would make, deepest first
     at = path
     while (st := _stat(at)) is None and at != at.parent:
+        if at.is_symlink():  # a link to nothing: mkdir cannot make it (os_error_message names it)
+            return _error(errno.ENOENT, path)
         missing.append(at)
         at = at.parent
     if st is None:

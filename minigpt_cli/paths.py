@@ -116,7 +116,8 @@ def resolve_config(path: str | Path, note=lambda message: None) -> Path:
     where no such file exists (a wheel install), with a note through ``note``. Anything else is returned as given.
     """
     p = Path(path)
-    if p.exists() or p.parent not in (Path("."), Path(CONFIGS_PACKAGE_DIR)):
+    # A link is the user's file, even one that leads nowhere (which its reading names).
+    if p.exists() or p.is_symlink() or p.parent not in (Path("."), Path(CONFIGS_PACKAGE_DIR)):
         return p
     name = p.name[: -len(".yaml")] if p.name.endswith(".yaml") else p.name
     res = _shipped() / CONFIGS_PACKAGE_DIR / f"{name}.yaml"

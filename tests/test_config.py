@@ -363,13 +363,13 @@ def test_missing_file_and_bad_yaml(tmp_path):
     p.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(p)
-    with pytest.raises(ConfigError, match="is a folder; pass a YAML file"):
+    with pytest.raises(ConfigError, match="is a folder; give the path of a file"):
         load_config(tmp_path)
     p.write_bytes(
         "model:\n  name: caf\u00e9\n".encode("latin-1")
     )  # a Latin-1 file: é is the byte 0xe9
     with pytest.raises(
-        ConfigError, match=r"is not UTF-8 text \(byte 0xe9 at byte 18\); convert it to UTF-8"
+        ConfigError, match=r"is not UTF-8 text \(byte 0xe9 at offset 18\); convert it to UTF-8"
     ):
         load_config(p)
 

@@ -46,7 +46,7 @@ def test_unknown_characters_are_listed_once():
 def test_damaged_tokenizer_file_is_refused(tmp_path):
     p = tmp_path / "tok.json"
     p.write_text("{not json")
-    with pytest.raises(MinigptError, match="not valid JSON"):
+    with pytest.raises(MinigptError, match=r"is damaged \(.*\); delete it and train it again"):
         load_tokenizer(p)
     with pytest.raises(MinigptError, match="not found"):
         load_tokenizer(tmp_path / "missing.json")

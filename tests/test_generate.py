@@ -151,8 +151,8 @@ def test_a_users_text_file_is_read_alike_by_every_command(cli, run_dir, tmp_path
     bad.write_bytes("café".encode("latin-1"))
     for path, problem in (
         (tmp_path / "nope.txt", "not found"),
-        (tmp_path, "is a folder; give a text file"),
-        (bad, "is not UTF-8 text; convert it"),
+        (tmp_path, "is a folder; give the path of a file"),
+        (bad, "is not UTF-8 text (byte 0xe9 at offset 3); convert it"),
     ):
         res = cli(command, "--run", run_dir, option, path)
         assert_user_error(res, f"{option} {str(path)!r} {problem}")

@@ -358,9 +358,10 @@ def test_compare_on_a_storage_names_what_is_wrong(cli, tmp_path):
         cli("compare", "--storage", url, "--study", "c"), "no study 'c' in it", "one of: a, b"
     )
     assert_user_error(cli("compare", "--storage", url), "holds 2 studies", "one of: a, b")
-    for missing in (tmp_path / "no.journal", f"sqlite:///{tmp_path / 'no.db'}"):
+    for missing, file in ((tmp_path / "no.journal",) * 2, (f"sqlite:///{tmp_path}/no.db", "no.db")):
         assert_user_error(
-            cli("compare", "--storage", missing), f"--storage {missing}: cannot open it"
+            cli("compare", "--storage", missing),
+            f"--storage study {str(tmp_path / file)!r} not found",
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "study.db"

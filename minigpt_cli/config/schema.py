@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from ..errors import ConfigError
 from ..paths import check_dataset_name, list_configs, resolve_config
 from .messages import RULES, format_errors
-from .yaml_io import dump_yaml, parse_yaml
+from .yaml_io import dump_yaml, parse_yaml, read_yaml
 
 #: Upper bounds of the sizes and counts: far past any model trained today (Llama 3 405B: 126 layers, width 16,384),
 #: and small enough that the arithmetic on them stays in floats; within them, the memory check refuses what won't fit.
@@ -678,10 +678,7 @@ def load_config(
     """Load a YAML config file or a shipped config by name (``shakespeare-cpu``; ``note`` hears which file:
     :func:`~minigpt_cli.paths.resolve_config`), apply ``--set`` overrides, validate; ConfigError names any problem."""
     p = resolve_config(path, note)  # the one resolver: the CLI's names are the API's
-    try:
-        data = parse_yaml(p.read_text(encoding="utf-8"), str(p))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(_unreadable(p, exc)) from None
+    data = read_yaml(p, "config", _missing_fix())
     if data is None:
         note(f"note: {p} is empty: every key takes its default (minigpt config-keys lists them)")
     if overrides and isinstance(data, (dict, type(None))):
@@ -689,14 +686,11 @@ def load_config(
     return validate(data, str(p), [item.split("=", 1)[0].strip() for item in overrides or []])
 
 
-def _unreadable(p: Path, exc: Exception) -> str:
-    """Why config file ``p`` cannot be read: a folder, missing (with the shipped configs' names), or ``exc``."""
-    if p.is_dir():
-        return RULES["config_folder"].format(path=str(p))
-    if not p.exists():
-        configs = list_configs()
-        hint = f"; shipped configs (pass the name alone): {', '.join(configs)}" if configs else ""
-        return f"config file {str(p)!r} not found{hint}"
-    if isinstance(exc, UnicodeDecodeError):
-        return RULES["config_utf8"].format(path=str(p), byte=exc.object[exc.start], at=exc.start)
-    return f"cannot read config {str(p)!r}: {exc}"
+def _missing_fix() -> str:
+    """The fix for a config file that is not there: the shipped configs' names."""
+    configs = list_configs()
+    return (
+        f"shipped configs (pass the name alone): {', '.join(configs)}"
+        if configs
+        else "check the path"
+    )

@@ -16,11 +16,13 @@ import datetime
 import math
 import re
 from collections.abc import Hashable
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MinigptError
+from ..fileio import YAML_BOUNDS, read_text
 
 
 def _plain_is_text(text: str) -> bool:
@@ -81,6 +83,8 @@ class _Loader(yaml.SafeLoader):
     #: Whether plain values that YAML 1.1 reads otherwise are refused.
     check = True
 
+    _depth = 0
+
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
@@ -88,7 +92,19 @@ class _Loader(yaml.SafeLoader):
                 f"alias *{event.anchor}: a config may not use anchors and aliases; write the value out",
                 event.start_mark,
             )
-        return super().compose_node(parent, index)
+        # Refused on the way down, before the nodes of a deep nesting are built (or Python's stack
+        # runs out).
+        if self._depth >= YAML_BOUNDS.max_depth:
+            raise _Refused(
+                f"nested too deeply (more than {YAML_BOUNDS.max_depth} levels, the limit); "
+                "a config or a sweep file is a few flat sections",
+                self.peek_event().start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_document(self, node):
         if self.check:
@@ -263,6 +279,19 @@ def parse_yaml(
         raise ConfigError(f"{source}{_yaml_problem(exc, key)}") from None
     finally:
         loader.dispose()
+
+
+def read_yaml(path: str | Path, what: str, fix: str | None = None) -> Any:
+    """The YAML file ``path`` (a config, a sweep file) parsed, within
+    :data:`~minigpt_cli.fileio.YAML_BOUNDS`: its size checked before it is read, its depth while it
+    is parsed. Raises ConfigError: unreadable, missing, too large, not UTF-8
+    (:func:`~minigpt_cli.fileio.read_problem`), not valid YAML, nested too deeply, or what
+    :class:`_Loader` refuses."""
+    try:
+        text = read_text(path, what, YAML_BOUNDS, fix)
+    except MinigptError as exc:  # a config's problem, whatever its cause
+        raise ConfigError(exc.what, exc.fix, path=exc.path) from None
+    return parse_yaml(text, str(path))
 
 
 def _yaml_problem(exc: Exception, key: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from ..errors import MinigptError
-from ..fileio import errors_as
+from ..fileio import JSON_BOUNDS, depth, errors_as, read_problem
 
 #: Files a folder contributes; anything else in it is left out.
 TEXT_SUFFIXES = (".txt",)
@@ -43,7 +43,6 @@ MESSAGES = {
     "{{key}} at a file",
     "empty": "corpus file {path!r} is empty; give it some text, or remove it from {{key}}",
     "no_text": "{{key}} {source!r} holds no text: every document is empty; give it some text",
-    "unreadable": "cannot read corpus file {path!r} ({detail}); check that it is a readable file",
     "not_utf8": "corpus file {path!r} is not UTF-8 text ({reason} at byte {offset:,}); convert it to UTF-8 "
     "(e.g. with iconv) or remove it from {{key}}",
     "bad_json": "{path}:{line}: does not parse as JSON ({detail}); fix the line, or remove the file from {{key}}",
@@ -177,6 +176,10 @@ def matching(source: str | Path) -> tuple[list[Path], str]:
     return [], "missing"
 
 
+#: What a JSON line nested past :data:`~minigpt_cli.fileio.JSON_BOUNDS` is.
+_DEEP = f"nested more than {JSON_BOUNDS.max_depth} levels deep, the limit"
+
+
 class _Reading(errors_as):
     """The reads of ``path`` in a ``with`` block: an OSError, a byte that is not UTF-8 or a line that is not JSON
     becomes the one line for that file; the block keeps ``offset`` (of the bytes being decoded) and ``line``
@@ -192,7 +195,10 @@ class _Reading(errors_as):
                 json.JSONDecodeError: lambda e: _error(
                     "bad_json", path=path, line=self.line, detail=f"{e.msg} at column {e.colno}"
                 ),
-                OSError: lambda e: _error("unreadable", path=str(path), detail=e.strerror or e),
+                RecursionError: lambda e: _error(
+                    "bad_json", path=path, line=self.line, detail=_DEEP
+                ),
+                OSError: lambda e: read_problem(e, path, "corpus file"),
             }
         )
 
@@ -222,6 +228,10 @@ def open_corpus(
     """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its stem. Raises
     MinigptError: nothing there (or no file, for a folder or a glob); a single empty file, an unreadable one."""
     found, kind = matching(source)
+    if (
+        kind == "missing" and Path(source).expanduser().is_symlink()
+    ):  # a dangling link: named as one
+        raise read_problem(FileNotFoundError(), Path(source).expanduser(), "corpus")
     sizes = []
     for p in found:
         with _Reading(p):
@@ -283,6 +293,8 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
             if number == 1:
                 line = line.removeprefix("\ufeff")  # a byte-order mark, as Windows tools write one
             obj = json.loads(line)
+            if depth(obj) > JSON_BOUNDS.max_depth:
+                raise RecursionError  # a document is a flat object; far deeper is no text's
             text = obj.get(field) if isinstance(obj, dict) else None
             if not isinstance(text, str):
                 raise _not_text(obj, field, path, number)

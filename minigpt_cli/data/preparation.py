@@ -5,6 +5,7 @@ Read twice (a survey, then the encoding) into temporary files renamed at the end
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -24,12 +25,14 @@ from tqdm import tqdm
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError
 from ..fileio import (
+    STATE_BOUNDS,
     atomic_write_text,
     check_writable,
     chmod_quietly,
     errors_as,
     new_file_mode,
     os_error_message,
+    read_json,
 )
 from ..tokenizer.kinds import Tokenizer
 from .corpus import MANY_DOCUMENTS, Corpus, cut_pieces, documents, open_corpus, survey
@@ -37,8 +40,8 @@ from .download_files import sweep_partial_files
 
 #: Characters of text encoded per batch (the library spreads a batch's pieces over the cores).
 BATCH_CHARS = 1 << 20
-#: A temporary token file older than this (seconds untouched) was left by a killed process.
-STALE_TEMP_S = 600.0
+#: The temporary token files' prefix: each is flock-ed by the process writing it, so one that is not
+#: locked was left by a process that died (:func:`sweep_dead_temps`).
 _TEMP_PREFIX = ".prep-"
 #: The splits, by their index in a :data:`Unit`.
 SPLITS = ("train", "val")
@@ -326,10 +329,7 @@ def write_token_files(
             if directory is not None:
                 directory.mkdir(parents=True, exist_ok=True)
                 for split in SPLITS:
-                    fd, name = tempfile.mkstemp(
-                        prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory
-                    )
-                    temps.append((Path(name), stack.enter_context(os.fdopen(fd, "wb"))))
+                    temps.append(_locked_temp(directory, split, stack))
             for split, ids, chars in encoded(corpus, tok, plan, progress):
                 if temps:
                     target = directory / f"{SPLITS[split]}.bin"  # what a write that fails names
@@ -355,6 +355,26 @@ def write_token_files(
             for d in created:
                 d.rmdir()
     return counts
+
+
+def _locked_temp(directory: Path, split: str, stack: ExitStack) -> tuple[Path, IO[bytes]]:
+    """A new temporary token file in ``directory``, open for writing and flock-ed for as long as it
+    is open (the kernel drops the lock when the process dies: the proof :func:`sweep_dead_temps`
+    takes)."""
+    while True:
+        fd, name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{split}.", suffix=".bin", dir=directory)
+        f = stack.enter_context(os.fdopen(fd, "wb"))
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # Between mkstemp and flock another process's sweep may have taken it for a dead one's.
+        with suppress(FileNotFoundError):
+            if os.stat(name).st_ino == os.fstat(fd).st_ino:
+                return Path(name), f
+
+
+def sweep_dead_temps(directory: Path) -> list[Path]:
+    """Remove (and return) the temporary token files in ``directory`` whose writers died (a SIGKILL,
+    a power cut): those no process holds the flock of. A live writer's stay, however old."""
+    return sweep_partial_files(directory, f"{_TEMP_PREFIX}*", stale_after=0)
 
 
 @dataclass
@@ -388,9 +408,9 @@ def _wanted(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> dict:
 def reusable_meta(directory: Path, want: dict) -> Optional[dict]:
     """``directory``'s ``meta.json`` when it names ``want`` and both token files have its sizes (a split too small
     is :func:`prepare`'s to refuse); else None."""
-    try:
-        meta = json.loads((directory / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    try:  # missing, damaged or unreadable: prepared again (an unwritable folder is refused then)
+        meta = read_json(directory / "meta.json", "data meta.json", STATE_BOUNDS)
+    except MinigptError:
         return None
     itemsize = np.dtype(want["dtype"]).itemsize
     ok = (
@@ -444,6 +464,9 @@ def prepare(
     split too small."""
     corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
     directory = token_dir(root, tok)
+    sweep_dead_temps(
+        directory
+    )  # whatever this run goes on to do: a dead writer's files are garbage
     want = _wanted(corpus, tok, val_fraction)
     dtype = np.dtype(want["dtype"])
     meta = reusable_meta(directory, want)
@@ -494,9 +517,6 @@ def _prepare_afresh(
         f"{plan.describe()}) ..."
     )
     if directory.is_dir():
-        sweep_partial_files(
-            directory, f"{_TEMP_PREFIX}*", STALE_TEMP_S
-        )  # a live writer touches its own
         (directory / "meta.json").unlink(missing_ok=True)
     t0 = time.perf_counter()
     counts = write_token_files(corpus, tok, plan, directory, progress, block_size)

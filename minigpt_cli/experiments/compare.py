@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from ..accounting import params
 from ..config.schema import Config, load_config
 from ..errors import MinigptError
-from ..fileio import atomic_write_set, field_path
+from ..fileio import STATE_BOUNDS, atomic_write_set, field_path, read_bytes, read_json
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 
@@ -90,14 +90,18 @@ def _why(exc: OSError | ValidationError, schema: Optional[type[BaseModel]] = Non
 
 
 def read_model(schema: type[Model], source: Path | Any, what: str, **fields: Any) -> Model:
-    """``source`` (a JSON file, or parsed data) read through ``schema``; a :class:`MinigptError` from ``what``."""
+    """``source`` (a JSON file minigpt wrote, or parsed data) read through ``schema``; a
+    :class:`MinigptError` from ``what`` when it is not what the schema says,
+    :func:`~minigpt_cli.fileio.read_problem`'s when the file cannot be read (unreadable, missing,
+    past :data:`~minigpt_cli.fileio.STATE_BOUNDS`)."""
+    data = read_bytes(source, source.name, STATE_BOUNDS) if isinstance(source, Path) else None
     try:
         return (
-            schema.model_validate_json(source.read_bytes())
+            schema.model_validate_json(data)
             if isinstance(source, Path)
             else schema.model_validate(source)
         )
-    except (OSError, ValidationError) as exc:  # unreadable, or not what the schema says
+    except ValidationError as exc:  # not what the schema says
         raise MinigptError(what.format(why=_why(exc, schema), **fields)) from None
 
 
@@ -150,8 +154,8 @@ def _sweep_order(folder: Path) -> dict[str, int]:
     """A sweep folder's runs done, by name, in the order of the sweep's file (its ``sweep.json``'s ``done``);
     empty for another folder, or a state file that does not read as one (``sweep`` names that)."""
     try:
-        done = json.loads((folder / runs.SWEEP).read_text(encoding="utf-8")).get("done")
-    except (OSError, ValueError, AttributeError):
+        done = read_json(folder / runs.SWEEP, runs.SWEEP, STATE_BOUNDS).get("done")
+    except (MinigptError, AttributeError):
         return {}
     return {name: i for i, name in enumerate(done)} if isinstance(done, list) else {}
 
@@ -678,13 +682,14 @@ def _check_ours(out: Path) -> None:
             "pass another --output",
         )
     if any(os.path.lexists(out / name) for name in SUMMARY_FILES):
-        read_model(
-            _Summary,
-            out / "summary.json",
+        summary = out / "summary.json"
+        users = (
             "{path} is not a summary minigpt wrote (its summary.json is not one: {why}); pass "
-            "another --output",
-            path=out,
+            "another --output"
         )
+        if not os.path.lexists(summary):  # the other files, without the one that proves them ours
+            raise MinigptError(users.format(path=out, why="there is none"))
+        read_model(_Summary, summary, users, path=out)
 
 
 def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "Figure":

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, U
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import MinigptError
-from ..fileio import atomic_write_bytes, errors_as
+from ..fileio import STUDY_BOUNDS, atomic_write_bytes, check_readable, errors_as, read_problem
 
 if TYPE_CHECKING:
     import optuna
@@ -119,7 +119,15 @@ def open_storage(
 
     target = url or str(folder / STUDY_FILE)
 
+    file: Optional[str] = None
+    what = "--storage study" if url else "study"
+
     def refused(exc: BaseException) -> MinigptError:
+        there = file is not None and (existing or os.path.lexists(file))
+        if there and isinstance(exc, (OSError, ValueError, sqlalchemy.exc.DatabaseError)):
+            # The study's own file: unreadable, missing or a dangling link, or damaged.
+            fix = "restore it from a copy, or move it away to start a new study"
+            return read_problem(getattr(exc, "orig", None) or exc, file, what, fix)
         why = " ".join(
             (
                 getattr(exc, "strerror", None) or str(exc).splitlines()[0] or type(exc).__name__
@@ -137,10 +145,20 @@ def open_storage(
             if rdb
             else target
         )
-        if existing and file is not None and not Path(file).is_file():
-            raise MinigptError(_storage_problem(target, "no such file"))
+        if file is not None and (existing or os.path.lexists(file)):
+            # Read before Optuna opens it, so that its cause is named: an OSError is the file's.
+            check_readable(file, what, STUDY_BOUNDS)
         if not rdb:
-            return JournalStorage(JournalFileBackend(target))
+            # Optuna replays the journal's records as it opens it: a record of the wrong shape (a
+            # file damaged, or not a journal) fails there with the error of the field it lacks.
+            with errors_as(
+                {
+                    (KeyError, TypeError, AttributeError, IndexError): lambda exc: refused(
+                        ValueError(f"a record it cannot replay: {type(exc).__name__} {exc}")
+                    )
+                }
+            ):
+                return JournalStorage(JournalFileBackend(target))
         for attempt in range(SETUP_TRIES):
             try:
                 return RDBStorage(target)

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Optional, 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config.schema import Config, ConfigError, TrainConfig, apply_overrides, validate
-from ..config.yaml_io import parse_yaml
+from ..config.yaml_io import read_yaml
 from ..errors import Interrupted, MinigptError
-from ..fileio import atomic_write_text, read_text_file
+from ..fileio import atomic_write_text
 from ..paths import list_configs, resolve_config
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
@@ -237,7 +237,9 @@ def resolve_sweep(path: str | Path) -> Path:
     """The sweep file ``path`` names: the file itself, else the shipped experiment of that name (:data:`SHIPPED`).
     Raises MinigptError: neither."""
     p = Path(path)
-    found = p if p.exists() else _shipped(p)
+    found = (
+        p if p.exists() or p.is_symlink() else _shipped(p)
+    )  # a dangling link: read_yaml names it
     if found is None:
         shipped = ", ".join(e for e in list_experiments() if e != "base")
         raise MinigptError(
@@ -347,7 +349,7 @@ def load_sweep(
     anything runs. Raises MinigptError: the file, an override, the base config or a variant's config
     is wrong."""
     p = resolve_sweep(path)
-    data = parse_yaml(read_text_file(p, "sweep file"), str(p))
+    data = read_yaml(p, "sweep file")
     recorded = read_model(SweepFile, data, "{path}: {why}", path=p).model_dump(mode="json")
     given = overrides.sections()  # the file alone passed: a problem now is the command line's
     if overrides.scale_schedule and (
@@ -391,8 +393,8 @@ def load_sweep(
     where = next((where for where, keys in overriding if OUT_DIR in keys), None)
     seeds = spec.seeds if isinstance(spec.seeds, list) else None
     searched = set(spec.search.params) if spec.search else set()
-    # A folder is refused by read_text_file; what is not there is looked for among the shipped configs.
-    base_data = parse_yaml(read_text_file(base, f"{p}: base:"), str(base)) if base.exists() else {}
+    # A folder is refused by read_yaml; what is not there is looked for among the shipped configs.
+    base_data = read_yaml(base, f"{p}: base: config") if base.exists() else {}
     if sum(v is not None for v in spec.budget.model_dump().values()) != 1:
         raise MinigptError(f"{p}: budget: give exactly one of iters, tokens or seconds")
     if seeds and len(set(seeds)) != len(seeds):
@@ -547,8 +549,7 @@ def _read_state(
         read_model(
             _State,
             path,
-            "{path} is damaged or unreadable ({why}); restore it, or move the sweep's folder away "
-            "to start anew",
+            "{path} is damaged ({why}); restore it, or move the sweep's folder away to start anew",
             path=path,
         ).model_dump()
         if path.is_file()

@@ -448,10 +448,37 @@ def _is_export(folder: Path) -> bool:
 
 
 def _sweep_temps(out: Path) -> None:
-    """Remove the temporary folders (holding only export files) a killed export to ``out`` left beside it."""
+    """Remove the temporary folders (holding only export files) a killed export to ``out`` left
+    beside it, and the links an earlier version moved aside there (a link's removal leaves its
+    target as it is)."""
     for left in out.parent.glob(f"{glob.escape(_TEMP.format(out.name))}*"):
-        if left.is_dir() and not left.is_symlink() and not _foreign(left):
-            shutil.rmtree(left, ignore_errors=True)
+        if left.is_symlink() or (left.is_dir() and not _foreign(left)):
+            _remove(left)
+
+
+def _remove(path: Path) -> None:
+    """Remove what an export moved aside or left: a link or a file unlinked, a folder whole."""
+    with contextlib.suppress(OSError):
+        if path.is_symlink() or not path.is_dir():
+            path.unlink()
+        else:
+            shutil.rmtree(path)
+
+
+def _through_link(out: Path) -> Path:
+    """Where an export to ``out`` goes: ``out``, or for a link the folder it points to (whose checks
+    are then an export's own: empty, or an earlier export's with --force). Raises MinigptError: a
+    dangling link."""
+    if not out.is_symlink():
+        return out
+    target = Path(os.path.realpath(out))
+    if not target.exists():
+        raise MinigptError(
+            f"--output {out} is a link to {os.readlink(out)!r}, which does not exist",
+            "make the folder it points to, remove the link, or pass another --output",
+            path=out,
+        )
+    return target
 
 
 def _write_folder(out: Path, files: dict[str, bytes]) -> None:
@@ -471,7 +498,7 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
         if out.exists():
             out.rename(old)
         tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
     finally:
         shutil.rmtree(
             tmp, ignore_errors=True
@@ -513,7 +540,8 @@ def export_run(
         )
     from safetensors.torch import save
 
-    out = Path(output)
+    given = Path(output)
+    out = _through_link(given)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     where = out.resolve()
     around = (("the run", run_dir.resolve()), ("the current folder", Path.cwd().resolve()))
@@ -564,6 +592,8 @@ def export_run(
         ),
         **{name: text.encode("utf-8") for name, text in texts.items()},
     }
+    if out != given:  # what an earlier version left beside the link (the link itself, moved aside)
+        _sweep_temps(given)
     try:
         _write_folder(out, files)
     except OSError as exc:  # named as the user gave it, not as the temporary folder beside it

@@ -14,7 +14,6 @@ fused ``query_key_value`` holds q, k, v per head (:func:`neox_qkv`). The name ta
 from __future__ import annotations
 
 import functools
-import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Optional
@@ -23,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config.schema import ModelConfig, validate
 from ..errors import MinigptError
-from ..fileio import read_text_file
+from ..fileio import JSON_BOUNDS, parse_json, read_text_file
 from ..run import folder as runs
 
 if (
@@ -557,7 +556,7 @@ def weight_files(folder: Path) -> list[Path]:
             for n in sorted(
                 set(
                     _parse(
-                        _Index, read_text_file(index, "the index"), str(index)
+                        _Index, read_text_file(index, "the index", JSON_BOUNDS), str(index)
                     ).weight_map.values()
                 )
             )
@@ -608,9 +607,10 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
         raise MinigptError(
             f"{ours}/config.json not found; the folder must hold config.json and model.safetensors"
         )
-    text = read_text_file(cfg_path, "the model's config")
+    text = read_text_file(cfg_path, "the model's config", JSON_BOUNDS)
     kind = _parse(_Kind, text, str(cfg_path)).model_type
-    return kind, _FAMILIES[kind][0](json.loads(text), block_size=block_size)
+    fields = parse_json(text, cfg_path, "the model's config", JSON_BOUNDS)
+    return kind, _FAMILIES[kind][0](fields, block_size=block_size)
 
 
 def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..config.schema import ModelConfig
 from ..errors import MinigptError
-from ..fileio import read_text_file
+from ..fileio import JSON_BOUNDS, read_text_file
 from ..model.gpt import MLP
 from .activations import FUNCTIONS
 from .figures import drawn, new_figure, num, report, save_png, shape, vector
@@ -44,8 +44,8 @@ def read_weights(path: Path) -> dict:
     """
     example = json.dumps(EXAMPLE, separators=(",", ":"))
     try:
-        obj = json.loads(read_text_file(path, "--weights"))
-    except json.JSONDecodeError as exc:
+        obj = json.loads(read_text_file(path, "--weights", JSON_BOUNDS))
+    except (json.JSONDecodeError, RecursionError) as exc:  # not JSON, or nested past Python's stack
         raise MinigptError(f"--weights {path}: {exc}; give a JSON file such as {example}") from None
     if not isinstance(obj, dict):
         raise MinigptError(

@@ -25,7 +25,16 @@ from safetensors.torch import load_file, save_file
 
 from ..config.schema import Config, ConfigError, ModelConfig, load_config
 from ..errors import MinigptError
-from ..fileio import chmod_quietly, dir_mode, errors_as, new_file_mode, os_error, os_errors
+from ..fileio import (
+    Bounds,
+    check_readable,
+    chmod_quietly,
+    dir_mode,
+    errors_as,
+    new_file_mode,
+    os_error,
+    read_problem,
+)
 from ..model.gpt import GPT, sinusoidal_table
 from ..runtime.distributed import load_model_state
 from .folder import (
@@ -101,6 +110,13 @@ def sha256(path: Path) -> str:
 
 
 _unchecked_said: set[Path] = set()
+#: What :func:`~minigpt_cli.fileio.read_problem` calls each file of a checkpoint folder.
+_KINDS = {
+    WEIGHTS: "checkpoint weights",
+    STATE: "trainer state",
+    CONFIG: "checkpoint config",
+    META: "checkpoint metadata",
+}
 
 
 def verify(directory: Path, name: str, what: str, fix: str) -> Path:
@@ -108,7 +124,9 @@ def verify(directory: Path, name: str, what: str, fix: str) -> Path:
     one from before the checksums loads unverified, with a note on stderr. Raises MinigptError: unreadable, damaged."""
     path = directory / name
     recorded = (read_meta(directory).get("sha256") or {}).get(name)
-    with os_errors(path, "read", in_run=True):
+    with errors_as(
+        {OSError: lambda exc: read_problem(exc, path, _KINDS.get(name, "checkpoint file"), fix)}
+    ):
         intact = recorded is None or sha256(path) == recorded
     if not intact:
         raise MinigptError(f"{what} (not the sha256 its meta.json recorded)", fix, path=path)
@@ -230,6 +248,9 @@ def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
         f"checkpoint weights {str(weights)!r} are corrupt or truncated",
         fix,
     )
+    check_readable(
+        weights, _KINDS[WEIGHTS]
+    )  # unreadable is not corrupt (checkpoints without sha256)
     with errors_as(
         {
             (SafetensorError, OSError, ValueError, RuntimeError): lambda exc: MinigptError(
@@ -254,6 +275,7 @@ def _saved_config(directory: Path) -> Config:
     path = directory / CONFIG
     fix = f"restore {path} from the run's own config.yaml, which has the same content"
     verify(directory, CONFIG, "the checkpoint's config is damaged", fix)
+    check_readable(path, _KINDS[CONFIG])  # unreadable is not damaged (checkpoints without sha256)
     with errors_as(
         {ConfigError: lambda exc: MinigptError(f"the checkpoint's config is damaged ({exc})", fix)}
     ):
@@ -389,23 +411,35 @@ def load_weights_into(model: GPT, directory: Path) -> None:
     load_model_state(model, sd)
 
 
+def state_bounds(weights_bytes: int) -> Bounds:
+    """The most a ``trainer_state.pt`` beside a weights file of ``weights_bytes`` may hold: the
+    optimizer's moments (AdamW keeps two float32 values per weight: 4x a bfloat16 weights file at
+    most) and 64 MiB for the rest (RNG states, the schedule's and the data order's counters)."""
+    return Bounds(4 * weights_bytes + (64 << 20))
+
+
 def load_trainer_state(directory: Path) -> dict[str, Any]:
     """The verified ``trainer_state.pt``, read with ``weights_only=True`` (no code runs on load).
     Raises MinigptError, naming it: a missing, truncated, altered or unsafe file."""
     directory = resolve(directory)
     path = directory / STATE
+    if path.is_file() and (directory / WEIGHTS).is_file():  # else verify names what is missing
+        check_readable(path, _KINDS[STATE], state_bounds((directory / WEIGHTS).stat().st_size))
     verify(
         directory,
         STATE,
         f"trainer state {str(path)!r} is corrupt",
         "use another checkpoint or start a new run",
     )
-    # Unpickling errors come in many types.
+    # An OSError is the file's (unreadable, a dangling link); unpickling errors come in many types.
     with errors_as(
         {
-            FileNotFoundError: lambda exc: MinigptError(
-                f"{str(path)!r} not found; this checkpoint cannot be resumed"
+            FileNotFoundError: lambda exc: (
+                read_problem(exc, path, _KINDS[STATE])
+                if path.is_symlink()
+                else MinigptError(f"{str(path)!r} not found; this checkpoint cannot be resumed")
             ),
+            OSError: lambda exc: read_problem(exc, path, _KINDS[STATE]),
             Exception: lambda exc: MinigptError(
                 f"trainer state {str(path)!r} is corrupt or unsafe to load ({type(exc).__name__})",
                 "use another checkpoint or start a new run",

@@ -32,7 +32,16 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 from ..errors import MinigptError
-from ..fileio import atomic_write_text, errors_as, os_error, os_errors, schema_problem
+from ..fileio import (
+    STATE_BOUNDS,
+    atomic_write_text,
+    errors_as,
+    os_error,
+    os_errors,
+    read_bytes,
+    read_problem,
+    schema_problem,
+)
 
 if (
     TYPE_CHECKING
@@ -202,15 +211,21 @@ def _find(directory: Path) -> Optional[Path]:
     that ended between the looks left ``directory`` in place. Waits at most :data:`_SWAP_WAIT` seconds.
     """
     deadline = time.monotonic() + _SWAP_WAIT
-    while True:
-        for candidate in (directory, old_copy(directory)):
-            if (candidate / WEIGHTS).is_file():
-                return candidate
-        if not _saving(directory):
-            return directory if (directory / WEIGHTS).is_file() else None
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.002)
+    # A folder that cannot be looked into, or weights that are a link to nothing, are named as such
+    # (:func:`~minigpt_cli.fileio.read_problem`), not taken for a missing checkpoint.
+    with errors_as({OSError: lambda exc: read_problem(exc, directory, "checkpoint folder")}):
+        weights = directory / WEIGHTS
+        if weights.is_symlink() and not weights.exists():
+            raise read_problem(FileNotFoundError(), weights, "checkpoint weights")
+        while True:
+            for candidate in (directory, old_copy(directory)):
+                if (candidate / WEIGHTS).is_file():
+                    return candidate
+            if not _saving(directory):
+                return directory if weights.is_file() else None
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.002)
 
 
 #: How long a reader waits for a save it meets mid-swap (a swap is two renames: microseconds, but a loaded
@@ -219,8 +234,9 @@ _SWAP_WAIT = 30.0
 
 
 def has_weights(directory: str | Path) -> bool:
-    """Whether the checkpoint folder ``directory``, or its ``.old`` copy, holds a weights file (a save under
-    way is waited for: :func:`_find`)."""
+    """Whether the checkpoint folder ``directory``, or its ``.old`` copy, holds a weights file (a
+    save under way is waited for: :func:`_find`). Raises MinigptError: a folder that cannot be
+    looked into, weights that are a link to nothing."""
     return _find(Path(directory)) is not None
 
 
@@ -351,14 +367,15 @@ def _read_meta(ckpt: str | Path) -> dict[str, Any]:
         if other not in (BEST, LAST) or has_weights(Path(ckpt).parent / other)
         else "meta_only"
     )
+    with errors_as({OSError: lambda exc: read_problem(exc, path, "checkpoint metadata")}):
+        missing = not path.exists() and not path.is_symlink()  # a dangling link is read_problem's
+    if missing:
+        raise fail(key, path=path, why=os.strerror(errno.ENOENT), other=other)
+    data = read_bytes(path, "checkpoint metadata", STATE_BOUNDS)  # unreadable: not damaged
     with errors_as(
-        {
-            PermissionError: os_error(path, "read", in_run=True),  # unreadable, not damaged
-            OSError: lambda exc: fail(key, path=path, why=exc.strerror, other=other),
-            ValidationError: lambda exc: fail(key, path=path, why=schema_problem(exc), other=other),
-        }
+        {ValidationError: lambda exc: fail(key, path=path, why=schema_problem(exc), other=other)}
     ):
-        meta = Meta.model_validate_json(path.read_bytes()).model_dump(exclude_unset=True)
+        meta = Meta.model_validate_json(data).model_dump(exclude_unset=True)
     if meta.get("meta_sha256", meta_digest(meta)) != meta_digest(meta):
         raise fail(
             key,
@@ -729,10 +746,9 @@ class Env(BaseModel):
 
 def _read_env(run_dir: Path) -> dict[str, Any]:
     """A run's ``env.json``; a missing or damaged one (it only informs) reads as empty."""
-    with suppress(OSError, ValidationError):
-        return Env.model_validate_json((Path(run_dir) / ENV).read_bytes()).model_dump(
-            exclude_unset=True
-        )
+    with suppress(MinigptError, ValidationError):  # read within STATE_BOUNDS, as meta.json is
+        data = read_bytes(Path(run_dir) / ENV, ENV, STATE_BOUNDS)
+        return Env.model_validate_json(data).model_dump(exclude_unset=True)
     return {}
 
 

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from ..config.special_tokens import UNK, special_token_problem, split_special
 from ..errors import MinigptError
-from ..fileio import atomic_write_text
+from ..fileio import (
+    TOKENIZER_BOUNDS,
+    atomic_write_text,
+    errors_as,
+    parse_json,
+    read_problem,
+    read_text,
+)
 from .base import (
     MAX_SHOWN,
     SPACE_MARK,
@@ -51,33 +58,6 @@ FORMAT = "minigpt-char-tokenizer"
 KINDS = ("char", "bpe", "wordpiece", "unigram")
 
 _MODEL_KINDS = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}
-
-#: What the tokenizers say: text they cannot encode, then tokenizer files they cannot read (the fix follows).
-_MESSAGES = {
-    "unknown": "text has characters the tokenizer's vocabulary lacks: {chars}; remove or replace them",
-    "cannot_encode": "the tokenizer cannot encode the text ({error}); remove or replace the text it fails on",
-    "empty": "cannot train a tokenizer on an empty corpus",
-    "only_specials": "the corpus holds nothing but special tokens; give it some text",
-    "kind": "unknown tokenizer kind {kind!r}; use one of char, bpe, wordpiece, unigram",
-    "not_found": "tokenizer file {path!r} not found",
-    "folder": "tokenizer path {path!r} is a folder, not a tokenizer file, and holds no tokenizer.json",
-    "not_file": "tokenizer path {path!r} is not a regular file",
-    "not_json": "tokenizer file {path!r} is not valid JSON ({error})",
-    "no_chars": "tokenizer file {path!r} is damaged (no list of distinct single characters in 'chars')",
-    "specials": "tokenizer file {path!r} is damaged ('special_tokens': {error})",
-    "damaged": "tokenizer file {path!r} is damaged ({error})",
-    "other": "tokenizer file {path!r} is not a minigpt tokenizer",
-    "changed": "--resume: the tokenizer file the config names differs from {path}; point tokenizer.path at the "
-    "run's tokenizer.json",
-}
-#: The fix for a file :func:`load_tokenizer` cannot read, by whether minigpt made it (``own``): one it made
-#: (prepared data's, a run's) is trained again; one the user named is never deleted, but replaced by one it reads.
-_FIXES = {
-    True: "delete it and train it again",
-    False: "pass a tokenizer file: minigpt's char tokenizer or a tokenizers tokenizer.json (train-tokenizer "
-    "writes both; a run folder and a Hugging Face model folder hold one)",
-    "not_found": "train one with minigpt train-tokenizer",
-}
 
 
 def _attempt(call: Callable[[], object]) -> tuple[object, Optional[Exception]]:
@@ -133,7 +113,11 @@ class CharTokenizer:
             for part in split_special(piece, specials)[0::2]:
                 chars.update(part)
         if not chars:
-            raise MinigptError(_MESSAGES["empty" if empty else "only_specials"])
+            raise MinigptError(
+                "cannot train a tokenizer on an empty corpus"
+                if empty
+                else "the corpus holds nothing but special tokens; give it some text"
+            )
         return cls(sorted(chars), specials)
 
     @property
@@ -162,7 +146,10 @@ class CharTokenizer:
             return ids
         except KeyError:
             bad = ", ".join(repr(c) for c in self.unknown_chars(text))
-            raise MinigptError(_MESSAGES["unknown"].format(chars=bad)) from None
+            raise MinigptError(
+                f"text has characters the tokenizer's vocabulary lacks: {bad}",
+                "remove or replace them",
+            ) from None
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
         """The ids of each text, as :meth:`encode` gives them, in int64 arrays (vectorised over code points)."""
@@ -301,9 +288,16 @@ class HFTokenizer:
         encode alone (:meth:`unknown_chars`), else the library's own words."""
         chars = self._unencodable(text)
         if chars:
-            return MinigptError(_MESSAGES["unknown"].format(chars=", ".join(map(repr, chars))))
+            return MinigptError(
+                "text has characters the tokenizer's vocabulary lacks: "
+                + ", ".join(map(repr, chars)),
+                "remove or replace them",
+            )
         error = (str(exc).splitlines() or [type(exc).__name__])[0]
-        return MinigptError(_MESSAGES["cannot_encode"].format(error=error))
+        return MinigptError(
+            f"the tokenizer cannot encode the text ({error})",
+            "remove or replace the text it fails on",
+        )
 
     def _unencodable(self, text: str) -> list[str]:
         """Characters of ``text`` (outside its special tokens) the library fails to encode on their own, once each;
@@ -383,25 +377,44 @@ def load_tokenizer(
     p = tokenizer_file(path, own)
     found = _read(p, kind, own)
     if isinstance(found, tuple):
-        problem, fields = found
+        problem, missing = found
         fix = fix() if callable(fix) else fix
-        raise MinigptError(
-            _MESSAGES[problem].format(path=str(p), **fields),
-            fix or _FIXES["not_found" if problem == "not_found" else own],
-            path=p,
+        # One minigpt made (prepared data's, a run's) is trained again; one the user named is never
+        # deleted, but replaced by one it reads.
+        fix = fix or (
+            "train one with minigpt train-tokenizer"
+            if missing
+            else "delete it and train it again"
+            if own
+            else "pass a tokenizer file: minigpt's char tokenizer or a tokenizers tokenizer.json "
+            "(train-tokenizer writes both; a run folder and a Hugging Face model folder hold one)"
         )
+        raise MinigptError(problem, fix, path=p)
     return found
 
 
-def _read(p: Path, kind: Optional[str], own: bool) -> Tokenizer | tuple[str, dict]:
-    """The tokenizer in file ``p``, or what is wrong with the file: its key in :data:`_MESSAGES` and fields."""
-    if not p.is_file():
-        return "folder" if p.is_dir() else "not_file" if p.exists() else "not_found", {}
+def _read(p: Path, kind: Optional[str], own: bool) -> Tokenizer | tuple[str, bool]:
+    """The tokenizer in file ``p``, or what is wrong with the file (one line, the fix to follow) and
+    whether it is missing. Raises MinigptError (:func:`~minigpt_cli.fileio.read_problem`) for a file
+    that cannot be read: unreadable (its permissions: never "delete it"), a dangling link, past
+    :data:`~minigpt_cli.fileio.TOKENIZER_BOUNDS`."""
+    what, named = "tokenizer file", f"tokenizer file {str(p)!r}"
+    with errors_as({OSError: lambda exc: read_problem(exc, p, what)}):
+        if p.is_dir():
+            return (
+                f"tokenizer path {str(p)!r} is a folder, not a tokenizer file, and holds no "
+                "tokenizer.json",
+                False,
+            )
+        if p.exists() and not p.is_file():
+            return f"tokenizer path {str(p)!r} is not a regular file", False
+        if not p.exists() and not p.is_symlink():
+            return f"{named} not found", True
+    raw = read_text(p, what, TOKENIZER_BOUNDS)  # a dangling link: read_problem names it
     try:
-        raw = p.read_text(encoding="utf-8")
-        obj = json.loads(raw)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return "not_json", {"error": exc}
+        obj = parse_json(raw, p, what, TOKENIZER_BOUNDS)
+    except MinigptError as exc:  # damaged, or nested past the bounds: the caller's fix follows
+        return exc.what, False
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
         chars, specials = obj.get("chars"), obj.get("special_tokens", [])
         if not (
@@ -410,23 +423,26 @@ def _read(p: Path, kind: Optional[str], own: bool) -> Tokenizer | tuple[str, dic
             and all(isinstance(c, str) and len(c) == 1 for c in chars)
             and len(set(chars)) == len(chars)
         ):
-            return "no_chars", {}
+            return f"{named} is damaged (no list of distinct single characters in 'chars')", False
         problem = special_token_problem(specials) if isinstance(specials, list) else "not a list"
-        return ("specials", {"error": problem}) if problem else CharTokenizer(chars, specials)
+        if problem:
+            return f"{named} is damaged ('special_tokens': {problem})", False
+        return CharTokenizer(chars, specials)
     model = obj.get("model") if isinstance(obj, dict) else None
     if not (
         isinstance(model, dict) and (model.get("type") in _MODEL_KINDS or kind == "hf" or not own)
     ):
-        return "other", {}
+        return f"{named} is not a minigpt tokenizer", False
     from tokenizers import Tokenizer as _Backend
 
     as_hf = kind == "hf" or model.get("type") not in _MODEL_KINDS
     tok, error = _attempt(lambda: HFTokenizer(_Backend.from_str(raw), "hf" if as_hf else None))
-    return (
-        ("damaged", {"error": str(error).splitlines()[0] if str(error) else "Exception"})
-        if error
-        else tok
-    )
+    if error:
+        return (
+            f"{named} is damaged ({str(error).splitlines()[0] if str(error) else 'Exception'})",
+            False,
+        )
+    return tok
 
 
 # ----------------------------------------------------------------------------- run folders
@@ -450,4 +466,8 @@ def check_run_tokenizer(run_dir: Path, cfg: Config, tok: Optional[Tokenizer]) ->
         MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json``.
     """
     if tok is not None and load_run_tokenizer(run_dir, cfg).fingerprint() != tok.fingerprint():
-        raise MinigptError(_MESSAGES["changed"].format(path=Path(run_dir) / "tokenizer.json"))
+        raise MinigptError(
+            "--resume: the tokenizer file the config names differs from "
+            f"{Path(run_dir) / 'tokenizer.json'}",
+            "point tokenizer.path at the run's tokenizer.json",
+        )

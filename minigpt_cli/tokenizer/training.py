@@ -17,7 +17,6 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 from ..config.schema import MAX_VOCAB as MAX_VOCAB_SIZE  # far larger: the tokenizers library aborts
 from ..config.special_tokens import UNK, check_special_tokens, split_special
 from ..errors import MinigptError
-from .kinds import _MESSAGES as _KIND_MESSAGES
 from .kinds import KINDS, SPACE_MARK, CharTokenizer, HFTokenizer, Tokenizer, _attempt
 from .wordpiece import CONTINUATION, wordpiece_merges
 
@@ -319,7 +318,9 @@ def train_tokenizer(
             above what the corpus can give.
     """
     if kind not in KINDS:  # the Python API's edge; the config's kind is a Literal
-        raise MinigptError(_KIND_MESSAGES["kind"].format(kind=kind))
+        raise MinigptError(
+            f"unknown tokenizer kind {kind!r}", "use one of char, bpe, wordpiece, unigram"
+        )
     specials = check_special_tokens(special_tokens)
     if kind != "char" and not isinstance(text, str):
         text = "".join(text)
