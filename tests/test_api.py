@@ -1,4 +1,4 @@
-"""The Python API: the README's "Python API" block and the package docstring's example, run as written."""
+"""The Python API: docs/api.md's block and the package docstring's example, run as written."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import minigpt_cli
 from minigpt_cli.errors import MinigptError
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+API_PAGE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 
 
 def _python_block(text: str, after: str) -> str:
@@ -30,11 +30,11 @@ def workdir(tmp_path, corpus_file, monkeypatch):
 
 
 def test_the_readmes_python_block_runs(workdir, capsys):
-    code = _python_block(README.read_text(encoding="utf-8"), "## Python API")
+    code = _python_block(API_PAGE.read_text(encoding="utf-8"), "# Python API")
     assert "load_run(" in code and "train.max_iters=60" in code
     scope: dict = {}
     exec(
-        compile(code.replace("train.max_iters=60", "train.max_iters=16"), "README.md", "exec"),
+        compile(code.replace("train.max_iters=60", "train.max_iters=16"), "docs/api.md", "exec"),
         scope,
     )
     assert scope["result"].step == 16 and scope["texts"][0].startswith("ROMEO:")
@@ -43,7 +43,7 @@ def test_the_readmes_python_block_runs(workdir, capsys):
     assert run.checkpoint.parent.parent == scope["result"].run_dir and run.step == 16
     assert scope["logits"].shape == (1, len("ROMEO:"), run.config.model.vocab_size)
     assert run.tokenizer.decode(run.tokenizer.encode("ROMEO:")) == "ROMEO:"
-    assert (workdir / "quick-hf" / "config.json").is_file()
+    assert (workdir / "api-hf" / "config.json").is_file()
     last = minigpt_cli.load_run(scope["result"].run_dir, checkpoint="last")
     assert last.checkpoint.name == "last" and last.describe() == "checkpoint last, step 16"
     with pytest.raises(MinigptError, match="not found"):

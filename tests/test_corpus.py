@@ -325,10 +325,10 @@ def test_train_on_a_folder_then_edit_a_file(cli, tmp_path, shakespeare, monkeypa
     assert_user_error(res, "'\u00e9'", notes_ok=True)
 
 
-def test_the_readme_documents_the_split_and_the_sources():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Your own text") :]
-    section = section[: section.index("\n## ", 3)]
+def test_the_docs_document_the_split_and_the_sources():
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    section = (docs / "own-text.md").read_text()
+    training = (docs / "training.md").read_text()
     for fact in (
         "data.path",
         "data.text_field",
@@ -340,7 +340,7 @@ def test_the_readme_documents_the_split_and_the_sources():
         "--resume",
     ):
         assert fact in section, fact
-    assert re.search(r"--nnodes", readme) and "--node_rank" in readme and "c10d" in readme
+    assert re.search(r"--nnodes", training) and "--node_rank" in training and "c10d" in training
 
 
 def test_bench_prepare_compares_with_a_bare_encode_batch_loop(

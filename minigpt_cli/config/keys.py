@@ -77,3 +77,23 @@ def describe_keys() -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows
     )
+
+
+def markdown_reference() -> str:
+    """Every config key as a Markdown table, the one docs/config.md holds (tests/test_docs.py checks it).
+
+    Choices and defaults are set as code; the meaning's ``<``, ``>``, ``|`` and ``*`` are escaped so
+    that Markdown shows them as written.
+    """
+
+    def text(s: str) -> str:
+        for raw, escaped in (("<", "&lt;"), (">", "&gt;"), ("|", "\\|"), ("*", "\\*")):
+            s = s.replace(raw, escaped)
+        return s
+
+    lines = ["| key | type or choices | default | meaning |", "| --- | --- | --- | --- |"]
+    for key, kind, default, meaning in key_rows():
+        if " | " in kind:  # choices: each one as code
+            kind = ", ".join(f"`{choice}`" for choice in kind.split(" | "))
+        lines.append(f"| `{key}` | {kind} | `{default}` | {text(meaning)} |")
+    return "\n".join(lines)
