@@ -174,8 +174,10 @@ def plain(segment: str) -> bool:
     lexer = shlex.shlex(segment, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     lexer.commenters = "#"
-    return "$(" not in segment and "`" not in segment and not any(
-        tok and set(tok) <= set("|&;<>()") for tok in lexer
+    return (
+        "$(" not in segment
+        and "`" not in segment
+        and not any(tok and set(tok) <= set("|&;<>()") for tok in lexer)
     )
 
 
@@ -351,10 +353,14 @@ def test_the_readme_is_the_front_door():
 
 def test_the_harness_shrinks_what_it_says():
     argv = "minigpt train c.yaml --set train.max_iters=1000 --set train.keep_every=250".split()
-    assert tiny(argv)[3:6] == ["train.max_iters=20", "--set", "train.keep_every=5"]
+    assert tiny(argv)[4:7] == ["train.max_iters=20", "--set", "train.keep_every=5"]
     resume = tiny("minigpt train c.yaml --resume runs/x/checkpoints/step-0000250".split())
     assert "runs/x/checkpoints/step-0000005" in resume and "--set=train.max_iters=6" in resume
-    assert tiny("minigpt sweep ffn --budget iters=80".split())[2:5] == ["ffn", "--budget", "iters=2"]
+    assert tiny("minigpt sweep ffn --budget iters=80".split())[2:5] == [
+        "ffn",
+        "--budget",
+        "iters=2",
+    ]
     assert split_and("a 'x && y' && b") == ["a 'x && y'", "b"]
     assert is_setup(["pip", "install", "-e", "."]) and not is_setup(["minigpt", "train", "x"])
     assert plain("minigpt train x") and not plain("minigpt config-keys | grep train.")
