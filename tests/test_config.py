@@ -544,7 +544,7 @@ def test_the_schema_walk_sees_every_section():
         ("model.learnig_rate", "did you mean train.learning_rate?"),
         ("sample.seeds", "did you mean top-level seed?"),
         # Nothing alike: no guess.
-        ("model.colour", "remove it (the Configs section of README.md lists the keys)"),
+        ("model.colour", "remove it (minigpt config-keys lists the keys)"),
     ],
 )
 def test_an_unknown_key_is_pointed_to_where_it_lives(tmp_path, key, hint):

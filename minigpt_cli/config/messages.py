@@ -132,7 +132,7 @@ def _suggest(loc: str, keys: list[str]) -> str:
                 break
     if same:
         return f"did you mean {' or '.join(place(key) for key in same)}?"
-    return "remove it (the Configs section of README.md lists the keys)"
+    return "remove it (minigpt config-keys lists the keys)"
 
 
 def format_errors(
