@@ -159,7 +159,7 @@ def split_and(command: str) -> list[str]:
 
 
 def is_setup(argv: list[str]) -> bool:
-    """The environment's set-up, or the suite itself: not run here (the module docstring says why)."""
+    """The environment's set-up, or the suite itself: not run here (see the module docstring)."""
     head = argv[0] if argv else ""
     return (
         argv[:3] in (["python3", "-m", "venv"], ["python", "-m", "venv"])

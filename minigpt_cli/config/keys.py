@@ -1,4 +1,4 @@
-"""The config key reference (``minigpt config-keys``, docs/config.md's table): every key's type, default, meaning."""
+"""The config key reference (``minigpt config-keys``, docs/config.md): type, default, meaning."""
 
 from __future__ import annotations
 
