@@ -97,11 +97,14 @@ def test_rope_needs_even_head_size():
 
 
 def test_a_suggested_width_passes_every_rule_on_the_width():
-    """The n_embd a head-size refusal suggests is accepted: n_head=3 under RoPE gets 126, not 129 (odd heads)."""
+    """The head counts and the n_embd a head-size refusal suggests are accepted: n_head=3 under RoPE at
+    width 128 gets the nearest dividing head counts 2 or 4 first, then the width 126, not 129 (odd heads)."""
     import re
 
     with pytest.raises(
-        ConfigError, match=r"must be divisible by model\.n_head \(3\); e\.g\. n_embd=126$"
+        ConfigError,
+        match=r"must be divisible by model\.n_head \(3\); e\.g\. n_head=2 or 4 \(dividing 128\), "
+        r"or n_embd=126$",
     ):
         validate({"model": {"n_embd": 128, "n_head": 3, "pos_encoding": "rope"}})
     refused = 0
@@ -113,10 +116,29 @@ def test_a_suggested_width_passes_every_rule_on_the_width():
                     validate({"model": model})
                 except ConfigError as exc:
                     refused += 1
-                    fit = int(re.search(r"e\.g\. n_embd=(\d+)$", str(exc)).group(1))
+                    fit = int(re.search(r"n_embd=(\d+)$", str(exc)).group(1))
                     assert abs(fit - n_embd) <= 2 * n_head, (model, str(exc))  # a near width
                     validate({"model": {**model, "n_embd": fit}})
+                    heads = re.search(r"e\.g\. n_head=(\d+)(?: or (\d+))?", str(exc))
+                    for h in filter(None, heads.groups() if heads else ()):
+                        validate({"model": {**model, "n_head": int(h)}})  # the width kept
     assert refused > 1000
+
+
+def test_a_whole_float_is_an_integer_key_and_a_fraction_is_refused(cli, tmp_path):
+    """max_iters: 1e4 (YAML reads a float) and --set train.max_iters=1e4 mean 10000; 1.5 is refused."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  max_iters: 1e4\n  warmup_iters: 10.0\n")
+    assert load_config(cfg).train.max_iters == 10000
+    assert type(load_config(cfg).train.warmup_iters) is int
+    assert load_config(cfg, ["train.max_iters=2e3"]).train.max_iters == 2000
+    with pytest.raises(
+        ConfigError, match=r"train\.max_iters: input should be a valid integer \(got 1\.5\)"
+    ):
+        load_config(cfg, ["train.max_iters=1.5"])
+    tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+    res = cli("train", tiny, "--set", "train.max_iters=1e4", "--dry-run")
+    assert "max_iters: 10000" in res.stdout, res
 
 
 def test_gqa_needs_divisible_heads():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from minigpt_cli.config.schema import TrainConfig
@@ -98,3 +100,57 @@ def test_a_long_gpu_run_gets_no_cpu_recipe():
     for done in range(1, 5):
         est.eval_batch(done, 0.1 * done)
     assert len(said) == 1 and CPU_RECIPE not in said
+
+
+GPU_RECIPE = Path(__file__).resolve().parent.parent / "configs" / "shakespeare.yaml"
+
+
+def test_the_gpu_recipes_dry_run_on_a_cpu_estimates_its_time_and_points_to_the_cpu_recipe(
+    cli, data_dir
+):
+    """configs/shakespeare.yaml at its real size on the CPU: the dry run times a few steps of one sequence
+    and says the run's time (5,000 steps at a measured rate, 21 evals), and that the CPU recipe is the one
+    for this device (no 5,000 steps of a 10.7M-parameter model at batch 64 x 256 fit 30 minutes of a CPU)."""
+    res = cli(
+        "train",
+        GPU_RECIPE,
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "device=cpu",
+        "--dry-run",
+    )
+    assert res.exit_code == 0, res
+    (line,) = [l for l in res.stdout.splitlines() if l.startswith("  time to train ")]
+    assert " about " in line and " on cpu (5,000 steps at " in line and "21 evals at " in line, line
+    assert "timed from a few steps of 1 sequence, times 64" in line, line
+    assert res.stdout.splitlines()[-1] == CPU_RECIPE, res.stdout  # with the notes, last
+
+
+def test_train_says_the_estimate_in_its_first_lines(cli, data_dir, tmp_path, monkeypatch):
+    """A real run: the estimate follows the line naming the run folder, before any step, and train.log
+    keeps it; a CPU recipe is not pointed to itself."""
+    monkeypatch.chdir(tmp_path)
+    tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+    res = cli(
+        "train",
+        tiny,
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        "train.max_iters=3",
+        "--set",
+        "train.eval_interval=3",
+        "--set",
+        "train.eval_iters=1",
+        "--run-name",
+        "t",
+        "--no-progress",
+    )
+    assert res.exit_code == 0, res
+    lines = res.stderr.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("training "))
+    said = lines[start + 1]
+    assert said.startswith("time to train: about ") and " on cpu (3 steps at " in said, lines
+    assert "that is long for a CPU" not in res.stderr
+    assert said in (tmp_path / "runs" / "t" / "train.log").read_text()

@@ -555,3 +555,32 @@ def test_inspect_tokenize_reads_a_runs_hf_tokenizer(cli, wordlevel_run, tmp_path
         res.exit_code == 0 and "hf tokenizer" in res.stdout and "a WordLevel model" in res.stdout
     ), res
     assert (run / "tokenizer.json").is_file()
+
+
+def test_a_shorter_block_size_than_the_folders_context_is_said_at_train_time_with_the_sizes(
+    cli, folders, data_dir, tmp_path
+):
+    """Fine-tuning GPT-2 (48 positions) at block_size 32 trains a 32-token model: train says so, with both
+    sizes, before anything is trained; at the folder's own 48 it says nothing of the kind."""
+
+    def dry_run(block_size):
+        res = cli(
+            "train",
+            FINETUNE,
+            "--init-from",
+            folders["gpt2"],
+            "--set",
+            f"data.data_dir={data_dir}",
+            "--set",
+            f"train.out_dir={tmp_path}/runs",
+            "--set",
+            f"model.block_size={block_size}",
+            "--dry-run",
+        )
+        assert res.exit_code == 0, res
+        return [line for line in res.stderr.splitlines() if "shorter than" in line]
+
+    (note,) = dry_run(32)
+    assert "model.block_size 32" in note and "context of 48 tokens" in note, note
+    assert "position table cut from 48 rows to 32" in note and "model.block_size: 48" in note, note
+    assert dry_run(48) == []

@@ -9,6 +9,7 @@ weights downloaded).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -657,3 +658,66 @@ def test_the_memory_section_counts_with_the_configs_train_settings(cli):
     )
     text = cli("count-params", "--preset", "gpt2-small", "--set", "train.batch_size=8").stdout
     assert "batch 8 × T=1,024" in text
+
+
+def _memory_figure(text: str, marker: str) -> str:
+    (line,) = [line for line in text.splitlines() if marker in line]
+    return re.search(r"(\d+\.\d\d [KMGT]?i?B)", line).group(1)
+
+
+def test_dry_run_and_count_params_give_one_memory_figure_for_every_shipped_config(
+    cli, corpus_file, tmp_path, monkeypatch
+):
+    """train --dry-run's "memory to train" is count-params' "total, estimate" for each shipped config, in a
+    folder without the corpus (the vocabulary counted alike before the tokenizer exists). The fine-tuning
+    config gets a tiny GPT-2 folder of its own."""
+    from minigpt_cli.paths import list_configs
+
+    monkeypatch.chdir(tmp_path)
+    names = list_configs()
+    assert "shakespeare-cpu" in names and "finetune-gpt2" in names
+    for name in names:
+        extra = []
+        if name == "finetune-gpt2":
+            extra = ["--set", f"model.init_from={_tiny_gpt2(tmp_path, corpus_file)}"]
+        dry = cli("train", name, *extra, "--dry-run")
+        assert dry.exit_code == 0, (name, dry)
+        counted = cli("count-params", "--config", name, *extra)
+        assert counted.exit_code == 0, (name, counted)
+        assert _memory_figure(dry.stdout, "memory to train") == _memory_figure(
+            counted.stdout, "total, estimate"
+        ), name
+
+
+def _tiny_gpt2(tmp_path, corpus_file):
+    transformers = pytest.importorskip("transformers")
+    from minigpt_cli.tokenizer.training import train_tokenizer
+
+    folder = tmp_path / "gpt2"
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=512, vocab_size=300)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
+    tok = train_tokenizer("bpe", corpus_file.read_text()[:50_000], 300, ["<|endoftext|>"])
+    tok.save(folder / "tokenizer.json")
+    return folder
+
+
+def test_count_params_rows_line_up_under_the_count_column(cli):
+    """Every row of the parameter table (value embeddings and every label on) ends its count where the
+    header's "count" ends, the longest label included."""
+    res = cli(
+        "count-params",
+        "--preset",
+        "gpt2-small",
+        "--set",
+        "model.value_embeddings=true",
+        "--set",
+        "model.tie_weights=false",
+    )
+    assert res.exit_code == 0, res
+    lines = res.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("parameters "))
+    end = lines[head].index("count") + len("count")
+    rows = lines[head + 1 : lines.index("", head)]
+    assert any(line.startswith("embedding (") for line in rows)
+    for line in rows:
+        assert line[end - 1].isdigit() and line[end : end + 2] == "  ", line

@@ -263,6 +263,49 @@ def test_resume_from_an_older_checkpoint_rewinds_the_metrics(
     assert_same_run(reference_run, run)
 
 
+def _digests(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_resume_from_a_kept_checkpoint_folder_continues_in_a_new_run_folder(
+    cli, reference_run, data_dir, tmp_path, monkeypatch
+):
+    """A cool-down from a kept checkpoint: --resume RUN/checkpoints/step-0000040 trains a new run folder from
+    step 40 on, with the losses and weights of the uninterrupted run, says where it went, and leaves RUN as
+    it was; the dry run says the same, and --run-name names the new folder."""
+    monkeypatch.chdir(tmp_path)
+    ckpt = reference_run / "checkpoints" / "step-0000040"
+    before = _digests(reference_run)
+    common = ["--set", f"data.data_dir={data_dir}", "--set", f"train.out_dir={tmp_path}/runs"]
+    for item in ("train.log_interval=1", "train.sample_tokens=0", "train.eval_interval=20"):
+        common += ["--set", item]
+    for item in ("train.max_iters=120", "model.dropout=0.1", "train.keep_every=40"):
+        common += ["--set", item]
+    dry = cli("train", TINY, *common, "--resume", ckpt, "--dry-run")
+    assert dry.exit_code == 0, dry
+    assert f"would continue {ckpt} from step 40 to train.max_iters 120 in a new run folder" in (
+        dry.stdout
+    ), dry
+    res = cli("train", TINY, *common, "--resume", ckpt, "--run-name", "cool", "--no-progress")
+    assert res.exit_code == 0, res
+    new = tmp_path / "runs" / "cool"
+    assert f"continuing {ckpt} (step 40) in a new run folder {new}" in res.stderr, res
+    assert f"run folder {new}" in res.stdout, res
+    assert_same_run(
+        reference_run, new
+    )  # the metrics before step 40 are the run's, the rest trained
+    assert _digests(reference_run) == before
+    # Without a checkpoint folder, --run-name still cannot name a resumed run's folder.
+    both = cli("train", TINY, *common, "--resume", reference_run, "--run-name", "x")
+    assert_user_error(both, "pass either --resume or --run-name")
+
+
 def test_resume_auto_picks_the_newest_run_of_that_name(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = tiny(data_dir, "train.max_iters=10", "name=autoname")

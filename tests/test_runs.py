@@ -12,6 +12,7 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import TINY, assert_user_error, tiny
 
 from minigpt_cli.config.schema import load_config
@@ -100,12 +101,6 @@ def test_no_run_is_one_clear_error(tmp_path):
         MinigptError, match=r"input.txt is a file, not a run folder; pass the run's folder"
     ):
         runs.find_resume_dir(tmp_path, "tiny", str(tmp_path / "input.txt"))
-    done = fake_run(tmp_path, "done")
-    with pytest.raises(
-        MinigptError,
-        match=rf"is a checkpoint folder, not a run folder; pass the run: --resume {done}$",
-    ):
-        runs.find_resume_dir(tmp_path, "tiny", str(runs.checkpoint_dir(done, runs.LAST)))
     (tmp_path / "empty").mkdir()
     with pytest.raises(MinigptError, match="no checkpoint at"):
         runs.find_resume_dir(tmp_path, "tiny", str(tmp_path / "empty"))
@@ -389,7 +384,13 @@ def test_a_crash_before_the_first_checkpoint_undoes_only_what_the_run_made(
 ):
     monkeypatch.chdir(tmp_path)
 
-    def broken(self, *a, **k):
+    real = GPT.forward
+
+    def broken(
+        self, *a, **k
+    ):  # at the first eval (no grad), past the estimate's timed steps (grad)
+        if torch.is_grad_enabled():
+            return real(self, *a, **k)
         raise RuntimeError("CUDA out of memory (simulated)")
 
     monkeypatch.setattr(GPT, "forward", broken)

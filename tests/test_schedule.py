@@ -193,8 +193,9 @@ def test_dry_run_says_what_it_cannot_know_yet(cli, own_data, tmp_path, monkeypat
         "checksum); train downloads it first, then checks the split\n"
     ) in res.stdout
     assert (
-        "memory to train       at least about " in res.stdout
-        and "the vocabulary is not known yet" in res.stdout
+        "memory to train       about " in res.stdout
+        and "counted with 65 entries, as count-params counts, until the tokenizer is trained"
+        in res.stdout
     )
     # A trained kind not trained yet: its size is tokenizer.vocab_size; the split waits for the training. (In a
     # data folder of its own: other tests train this tokenizer into the shared one.)

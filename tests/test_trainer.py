@@ -496,14 +496,18 @@ def test_running_out_of_memory_is_one_line(cli, data_dir, tmp_path, monkeypatch)
 
 
 def _nan_forward(bad_calls):
+    """GPT.forward with a NaN loss at the training calls ``bad_calls`` of each model (counted per model: the
+    throwaway model train times its estimate with makes a few calls of its own first)."""
+    import weakref
+
     real = GPT.forward
-    count = {"n": 0}
+    count = weakref.WeakKeyDictionary()
 
     def forward(self, idx, targets=None, *a, **k):
         logits, loss = real(self, idx, targets, *a, **k)
         if targets is not None and self.training:
-            count["n"] += 1
-            if count["n"] in bad_calls:
+            count[self] = count.get(self, 0) + 1
+            if count[self] in bad_calls:
                 loss = loss * float("nan")
         return logits, loss
 

@@ -223,3 +223,12 @@ def test_compare_never_writes_into_a_run_folder(cli, run, project):
     before = sorted(p.name for p in run.iterdir())
     assert_user_error(cli("compare", run, "--output", run), "is a run folder")
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_a_non_ascii_run_name_is_refused_asking_for_ascii_letters(cli, data_dir, project):
+    """é is a letter: the refusal of --run-name 'résumé' (and of a config name) says ASCII letters."""
+    sets = ["--set", f"data.data_dir={data_dir}", "--dry-run"]
+    res = cli("train", TINY, "--run-name", "résumé", *sets)
+    assert_user_error(res, "'résumé' is not a plain folder name", "use ASCII letters, digits")
+    res = cli("train", TINY, "--set", "name=résumé", *sets)
+    assert_user_error(res, "'résumé' may only hold ASCII letters, digits")

@@ -52,6 +52,25 @@ def memory_settings(
     return dtype, batch_size
 
 
+def counted_vocab(cfg: Config, echo: Callable[[str], None] = lambda message: None) -> Optional[int]:
+    """The vocabulary ``cfg``'s model is counted with before its tokenizer exists (``count-params``, and
+    ``train``'s memory check and ``--dry-run`` before the corpus is downloaded): ``model.vocab_size``, else
+    ``tokenizer.vocab_size``, else for a char tokenizer Tiny Shakespeare's 65 characters and the special
+    tokens (said through ``echo``); None when none is known."""
+    vocab = cfg.model.vocab_size or cfg.tokenizer.vocab_size
+    if vocab is None and cfg.tokenizer.kind == "char":
+        specials = len(cfg.tokenizer.special_tokens)
+        vocab = (
+            TINY_SHAKESPEARE_CHARS + specials
+        )  # Tiny Shakespeare's alphabet, as train would find it
+        echo(
+            f"note: model.vocab_size is null; counting with {vocab} entries (Tiny Shakespeare's 65 "
+            f"characters{f' and {specials} special token' + 's' * (specials > 1) if specials else ''}); "
+            "pass --vocab-size N for another corpus"
+        )
+    return vocab
+
+
 def count_params(
     cfg: Config | ModelConfig,
     *,
@@ -77,19 +96,7 @@ def count_params(
             f"--tokens {tokens:g}: give a whole number of training tokens, e.g. --tokens 3e11"
         )
     mc = cfg if isinstance(cfg, ModelConfig) else cfg.model
-    vocab = vocab_size or mc.vocab_size
-    if vocab is None and isinstance(cfg, Config):
-        vocab = cfg.tokenizer.vocab_size
-        if vocab is None and cfg.tokenizer.kind == "char":
-            specials = len(cfg.tokenizer.special_tokens)
-            vocab = (
-                TINY_SHAKESPEARE_CHARS + specials
-            )  # Tiny Shakespeare's alphabet, as train would find it
-            echo(
-                f"note: model.vocab_size is null; counting with {vocab} entries (Tiny Shakespeare's 65 characters"
-                f"{f' and {specials} special token' + 's' * (specials > 1) if specials else ''}); "
-                "pass --vocab-size N for another corpus"
-            )
+    vocab = vocab_size or (counted_vocab(cfg, echo) if isinstance(cfg, Config) else mc.vocab_size)
     if seq_len is not None and seq_len > mc.block_size:
         echo(
             f"note: --seq-len {seq_len:,} is beyond block_size {mc.block_size:,}, the longest context the "

@@ -51,7 +51,7 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
     pl = rep["per_layer"]
     total = rep["total"]
     L = rep["n_layer"]
-    w = 50  # label column
+    w = 52  # label column: the longest label and a space
 
     def line(label: str, n: float, abbrev: str, tail: str = "") -> str:
         return f"{label:<{w}}{int(n):>28,}  {abbrev:>11}{('  ' + tail) if tail else ''}"
@@ -109,7 +109,7 @@ def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()
         row("lm_head (V·d)", rep["lm_head"], "(tied to wte)" if rep["tied"] else ""),
         row("total", total),
         row("total without position table (nanoGPT's count)", rep["total_without_positions"]),
-        row("embedding (wte + wpe + value embeddings + untied lm_head)", rep["embedding"]),
+        row("embedding (wte, wpe, value emb., untied lm_head)", rep["embedding"]),
         row("non-embedding N (Kaplan et al. 2020)", rep["non_embedding"]),
         row("  weight matrices only (exact)", rep["non_embedding_matrices"]),
         row("  Kaplan's approximation 12·L·d²", rep["kaplan_approximation"]),

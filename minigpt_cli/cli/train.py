@@ -8,7 +8,6 @@ from typing import Optional
 
 import typer
 
-from ..errors import MinigptError
 from ..run import folder as runs
 from .base import (
     Command,
@@ -36,7 +35,9 @@ def train(
         None,
         "--resume",
         metavar="auto|DIR",
-        help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME.",
+        help="Continue a run: 'auto' (the newest run of this config's name) or runs/NAME, in its "
+        "own folder from checkpoints/last; or start a new run folder (--run-name names it) from a "
+        "checkpoint folder, runs/NAME/checkpoints/step-N or best, leaving runs/NAME as it is.",
     ),
     init_from: Optional[Path] = typer.Option(
         None,
@@ -76,7 +77,9 @@ def train(
     follows the schedule from its own rate (train.muon.learning_rate).
     --set train.lr_schedule=wsd holds the peak rate until the last
     train.decay_fraction of the run; --resume RUN --set train.max_iters=N cools
-    a stable-phase checkpoint down exactly.
+    a stable-phase checkpoint down exactly. --resume RUN/checkpoints/step-N
+    (kept by train.keep_every) cools down from that step in a new run folder
+    (its metrics start with RUN's up to step N), and RUN stays as it is.
 
     \b
     Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
@@ -85,10 +88,6 @@ def train(
 
     set_ = [*set_, f"model.init_from={init_from}"] if init_from is not None else set_
     cfg = load_config(config, set_, note=echo)
-    if resume is not None and run_name is not None:
-        raise MinigptError(
-            "pass either --resume or --run-name, not both (a resumed run keeps its folder)"
-        )
     from ..trainer import train as run_training
 
     if dry_run:  # train's own set-up, stopped before its first write
@@ -143,9 +142,11 @@ def prepare(
     """
     from ..config.schema import load_config
     from ..data.pipeline import prepare_configured
+    from ..data.train_tokenizer import chosen_tokenizer
     from ..hf.finetune import resolve_init_from
 
     cfg = resolve_init_from(load_config(config, set_, note=echo), note=echo)
+    cfg = chosen_tokenizer(cfg, echo)  # own text: the tokenizer train-tokenizer made for it
     corpus, tok, tok_path, data = prepare_configured(
         cfg, echo, progress
     )  # Ctrl-C: base's STOPPED line, status 130

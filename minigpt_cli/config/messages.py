@@ -40,53 +40,9 @@ _ALIASES = dict(
 )
 
 
-#: Every message of the schema: the cross-field rules (formatted with the section: ``m`` model, ``d`` data,
-#: ``t`` train), then the edge's own refusals.
-RULES = {
-    "divisible": (
-        "model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head}); "
-        "e.g. n_embd={m.fitting_width}"
-    ),
-    "rope": (
-        "model.pos_encoding=rope needs an even head size, but model.n_embd/model.n_head = {m.n_embd}/{m.n_head} "
-        "= {m.head_dim}; e.g. n_embd={m.fitting_width}"
-    ),
-    "sinusoidal": (
-        "model.pos_encoding=sinusoidal needs an even model.n_embd, got {m.n_embd}; "
-        "e.g. n_embd={m.fitting_width}"
-    ),
-    "kv_above": (
-        "model.n_kv_head ({m.n_kv_head}) must not exceed model.n_head ({m.n_head}); grouped-query attention "
-        "shares each key/value head among n_head/n_kv_head query heads"
-    ),
-    "kv_divisor": "model.n_head ({m.n_head}) must be a multiple of model.n_kv_head ({m.n_kv_head})",
-    "window_stride": (
-        "sample.window_stride: {stride} is larger than model.block_size ({block_size}); "
-        "use 1 .. {block_size}"
-    ),
-    "path_and_dataset": "data.path and data.dataset ({d.dataset}) both name a corpus; keep one of them",
-    "path_and_url": (
-        "data.url names a mirror of a named dataset, but data.path is set: there is nothing to "
-        "download; drop data.url"
-    ),
-    "min_lr": "train.min_lr ({t.min_lr}) must not exceed train.learning_rate ({t.learning_rate})",
-    "lr_decay_iters": (
-        "train.lr_decay_iters ({t.lr_decay_iters}) ends the decay before the warmup ends "
-        "(train.warmup_iters {t.warmup_iters}); set it to at least {t.warmup_iters}, or null"
-    ),
-    "hf_tokenizer": (
-        "tokenizer.kind hf reads a Hugging Face tokenizer.json: set tokenizer.path to it, or "
-        "model.init_from to the model's folder"
-    ),
-    "set_syntax": "--set {item!r}: expected section.key=value, e.g. --set train.learning_rate=3e-4",
-    "config_folder": "config {path!r} is a folder; pass a YAML file, e.g. configs/shakespeare-cpu.yaml",
-    "config_utf8": "config {path!r} is not UTF-8 text (byte 0x{byte:02x} at byte {at}); convert it to UTF-8, e.g. "
-    "with iconv",
-}
-
 #: What a value refused by a pattern is told, by key (pydantic would quote the regular expression).
 _PATTERNS = {
-    "name": "may only hold letters, digits, '.', '_' and '-'",
+    "name": "may only hold ASCII letters, digits, '.', '_' and '-'",
     "device": "is not one of auto, cpu, cuda, cuda:N, mps",
 }
 

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from ..errors import ConfigError
 from ..paths import check_dataset_name, list_configs, resolve_config
-from .messages import RULES, format_errors
+from .messages import format_errors
 from .yaml_io import dump_yaml, parse_yaml, read_yaml
 
 #: Upper bounds of the sizes and counts: far past any model trained today (Llama 3 405B: 126 layers, width 16,384),
@@ -35,6 +35,23 @@ class _Strict(BaseModel):
 
     def _broken(self) -> Iterator[str]:  # the section's broken cross-field rules, one message each
         return iter(())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_floats(cls, data: Any) -> Any:
+        """A float with a whole value (``1e4``, ``5000.0``) given to an integer key is that integer: YAML
+        and ``--set`` read ``1e4`` as a float. ``1.5`` stays a float, and is refused."""
+        if not isinstance(data, dict):
+            return data
+        return {
+            key: int(value)
+            if isinstance(value, float)
+            and value.is_integer()
+            and key in cls.model_fields
+            and cls.model_fields[key].annotation in (int, Optional[int])
+            else value
+            for key, value in data.items()
+        }
 
     @model_validator(mode="after")
     def _check_rules(self) -> "_Strict":
@@ -219,18 +236,58 @@ class ModelConfig(_Strict):
         )
         return step * max(1, round(self.n_embd / step))
 
+    @property
+    def fitting_heads(self) -> tuple[int, ...]:
+        """The head counts nearest ``n_head`` (one below, one above, where there is one) that divide
+        ``n_embd``, with an even head size for RoPE (none for an odd sinusoidal width): the fix that keeps
+        the width."""
+        if self.pos_encoding == "sinusoidal" and self.n_embd % 2:
+            return ()  # an odd width: no head count helps
+        fits = [
+            h
+            for h in range(1, min(self.n_embd, MAX_HEADS) + 1)
+            if self.n_embd % h == 0 and (self.pos_encoding != "rope" or self.n_embd // h % 2 == 0)
+        ]
+        below = [h for h in fits if h < self.n_head][-1:]
+        above = [h for h in fits if h > self.n_head][:1]
+        return tuple(below + above)
+
+    def _head_fix(self) -> str:
+        """The fix for a head count that does not fit the width: the nearest head counts first (the
+        width is the model's size), then the nearest width."""
+        heads = " or ".join(map(str, self.fitting_heads))
+        return (
+            f"e.g. n_head={heads} (dividing {self.n_embd}), or n_embd={self.fitting_width}"
+            if heads
+            else f"e.g. n_embd={self.fitting_width}"
+        )
+
     def _broken(self) -> Iterator[str]:
         # d_ff and n_kv_head given as null stand for values (4·d or SwiGLU's rounding, n_head) that always pass.
         if self.n_embd % self.n_head:
-            yield RULES["divisible"].format(m=self)
+            yield (
+                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
+                f"{self._head_fix()}"
+            )
         elif self.pos_encoding == "rope" and self.head_dim % 2:
-            yield RULES["rope"].format(m=self)
+            yield (
+                "model.pos_encoding=rope needs an even head size, but model.n_embd/model.n_head = "
+                f"{self.n_embd}/{self.n_head} = {self.head_dim}; {self._head_fix()}"
+            )
         elif self.pos_encoding == "sinusoidal" and self.n_embd % 2:
-            yield RULES["sinusoidal"].format(m=self)
+            yield (
+                "model.pos_encoding=sinusoidal needs an even model.n_embd, got "
+                f"{self.n_embd}; e.g. n_embd={self.fitting_width}"
+            )
         if self.n_kv_head is not None and self.n_kv_head > self.n_head:
-            yield RULES["kv_above"].format(m=self)
+            yield (
+                f"model.n_kv_head ({self.n_kv_head}) must not exceed model.n_head ({self.n_head}); "
+                "grouped-query attention shares each key/value head among n_head/n_kv_head query heads"
+            )
         elif self.n_kv_head is not None and self.n_head % self.n_kv_head:
-            yield RULES["kv_divisor"].format(m=self)
+            yield (
+                f"model.n_head ({self.n_head}) must be a multiple of model.n_kv_head ({self.n_kv_head})"
+            )
 
 
 class TokenizerConfig(_Strict):
@@ -311,9 +368,14 @@ class DataConfig(_Strict):
 
     def _broken(self) -> Iterator[str]:
         if self.path is not None and self.dataset != "tinyshakespeare":
-            yield RULES["path_and_dataset"].format(d=self)
+            yield (
+                f"data.path and data.dataset ({self.dataset}) both name a corpus; keep one of them"
+            )
         if self.path is not None and self.url:
-            yield RULES["path_and_url"]
+            yield (
+                "data.url names a mirror of a named dataset, but data.path is set: there is nothing "
+                "to download; drop data.url"
+            )
 
 
 #: torch.optim.Muon orthogonalises whole matrices; FSDP2 hands each process a DTensor shard of rows.
@@ -484,12 +546,19 @@ class TrainConfig(_Strict):
             "linear",
             "wsd",
         ):  # the others ignore it
-            yield RULES["min_lr"].format(t=self)
+            yield (
+                f"train.min_lr ({self.min_lr}) must not exceed train.learning_rate "
+                f"({self.learning_rate})"
+            )
         # An explicit lr_decay_iters before the warmup's end would drop the rate to min_lr as the warmup ends.
         # null (max_iters) below warmup_iters cannot: the run ends inside the warmup, so short trial runs
         # (--set train.max_iters=3) and their saved configs load.
         if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
-            yield RULES["lr_decay_iters"].format(t=self)
+            yield (
+                f"train.lr_decay_iters ({self.lr_decay_iters}) ends the decay before the warmup ends "
+                f"(train.warmup_iters {self.warmup_iters}); set it to at least {self.warmup_iters}, "
+                "or null"
+            )
         if self.optimizer == "muon" and self.parallelism == "fsdp":
             yield _MUON_FSDP
 
@@ -547,7 +616,7 @@ class Config(_Strict):
         pattern=r"^[A-Za-z0-9._-]+$",
         max_length=200,
         description="names the run folder (<name>-<date>-<time>) "
-        "and --resume auto's match; letters, digits, "
+        "and --resume auto's match; ASCII letters, digits, "
         "'.', '_', '-'",
     )
     seed: int = Field(
@@ -578,14 +647,20 @@ class Config(_Strict):
 
     def _broken(self) -> Iterator[str]:
         if self.tokenizer.kind == "hf" and not (self.tokenizer.path or self.model.init_from):
-            yield RULES["hf_tokenizer"]
+            yield (
+                "tokenizer.kind hf reads a Hugging Face tokenizer.json: set tokenizer.path to it, or "
+                "model.init_from to the model's folder"
+            )
         if (
             self.device == "cpu" and self.dtype == "float16"
         ):  # train refuses it too, when device: auto finds a CPU
             yield FLOAT16_ON_CPU
         stride = self.sample.window_stride  # null: block_size // 4, which always fits
         if stride is not None and stride > self.model.block_size:
-            yield RULES["window_stride"].format(stride=stride, block_size=self.model.block_size)
+            yield (
+                f"sample.window_stride: {stride} is larger than model.block_size "
+                f"({self.model.block_size}); use 1 .. {self.model.block_size}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -644,7 +719,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, _, raw = item.partition("=")
         key = key.strip()
         if not key or "=" not in item:
-            raise ConfigError(RULES["set_syntax"].format(item=item))
+            raise ConfigError(
+                f"--set {item!r}: expected section.key=value, e.g. --set train.learning_rate=3e-4"
+            )
         if _TEXT_KEYS.get(key, False):
             # A text key takes the text as given (--set sample.prompt=ROMEO: or name=2024-01-01, which
             # YAML 1.1 would read as a date), quotes taken off and null read as null.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -11,16 +12,52 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ..config.schema import Config
+from ..config.schema import Config, TokenizerConfig
 from ..config.special_tokens import check_special_tokens
 from ..errors import MinigptError
-from ..fileio import check_writable, errors_as
+from ..fileio import atomic_write_text, check_writable, errors_as
 from ..paths import default_tokenizer_path
 from ..tokenizer.kinds import KINDS, Tokenizer
 from ..tokenizer.training import check_vocab_size, train_tokenizer
 from .corpus import Corpus, open_corpus
-from .pipeline import TOKENIZER_TRAIN_CHARS, configured_corpus, training_texts
+from .pipeline import TOKENIZER_TRAIN_CHARS, configured_corpus, tokenizer_path, training_texts
 from .preparation import split_plan, write_token_files
+
+#: In the folder of an own-text corpus (``data/<name>-<fingerprint>/``): the tokenizer ``train-tokenizer``
+#: last trained there, which ``train`` then uses for that corpus (:func:`chosen_tokenizer`).
+CHOSEN = "chosen-tokenizer.json"
+
+
+def chosen_tokenizer(cfg: Config, note: Callable[[str], None]) -> Config:
+    """``cfg`` with the tokenizer ``train-tokenizer`` trained for its ``data.path`` corpus, in place of the
+    config's, saying so through ``note``; ``cfg`` itself when there is none, when ``tokenizer.path`` names
+    a file (the user's choice) or ``model.init_from`` a model (its own tokenizer), or when they agree.
+
+    Raises:
+        MinigptError: a ``data.path`` that names nothing readable.
+    """
+    tc, dc = cfg.tokenizer, cfg.data
+    if dc.path is None or tc.path or cfg.model.init_from:
+        return cfg
+    # Hash the corpus (to find its folder) only where train-tokenizer left a record for some corpus.
+    if not any(Path(dc.data_dir).glob(f"*/{CHOSEN}")):
+        return cfg
+    root = open_corpus(dc.path, dc.text_field).folder(dc.data_dir)
+    try:
+        chosen = TokenizerConfig.model_validate(json.loads((root / CHOSEN).read_text("utf-8")))
+    except (OSError, ValueError):  # none for this corpus, or unreadable: the config's, as before
+        return cfg
+    ours = cfg.model_copy(update={"tokenizer": chosen})
+    path = tokenizer_path(ours, root)
+    if chosen == tc or not path.is_file():  # the same; or its file is gone, so nothing to use
+        return cfg
+    size = f"{chosen.vocab_size:,}-entry " if chosen.kind != "char" and chosen.vocab_size else ""
+    note(
+        f"note: training with the {size}{chosen.kind} tokenizer that train-tokenizer made for "
+        f"{dc.path} ({path}) in place of the config's {tc.kind}; to keep the config's, add "
+        f"--set tokenizer.path={tokenizer_path(cfg, root)}"
+    )
+    return ours
 
 
 def sample_words(text: str, n: int = 3) -> list[tuple[str, int]]:
@@ -131,6 +168,12 @@ def run_train_tokenizer(
     corpus, text, root = read_corpus(
         cfg, input_path, echo, None if kind == "char" else TOKENIZER_TRAIN_CHARS
     )
+    # An own text's tokenizer in its default place is the one train then uses for it (CHOSEN).
+    chosen = (
+        output_path is None
+        and not (cfg.tokenizer.path and kind == cfg.tokenizer.kind)
+        and (input_path is not None or cfg.data.path is not None)
+    )
     if output_path is not None:
         out = output_path
     elif cfg.tokenizer.path and kind == cfg.tokenizer.kind:
@@ -151,13 +194,16 @@ def run_train_tokenizer(
     seconds = time.perf_counter() - t0
     rep = evaluate(tok, corpus, text, cfg.data.val_fraction, seconds)
     tok.save(out)
+    if chosen:
+        record = {"kind": kind, "vocab_size": None if kind == "char" else vocab_size}
+        atomic_write_text(root / CHOSEN, json.dumps({**record, "special_tokens": list(specials)}))
     size_note = (
         "  (--vocab-size is ignored for char: the alphabet decides)"
         if kind == "char" and vocab_size
         else ""
     )
     lines = [
-        f"wrote {out}",
+        f"wrote {out}" + (f" (train uses it for data.path {corpus.source})" if chosen else ""),
         f"kind                {kind}",
         f"vocabulary size     {tok.vocab_size:,}{size_note}",
         f"val split tokens    {rep.val_tokens:,} ({rep.val_chars:,} characters)",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..config.schema import Config
-from ..errors import refuse
+from ..errors import MinigptError
 from ..run import folder as runs
 from .load import read_hf_config, weight_files
 
@@ -21,17 +21,6 @@ from .load import read_hf_config, weight_files
 FREE_KEYS = frozenset(
     {"init_from", "dropout", "block_size", "init_std", "scale_residual_init", "multiple_of"}
 )
-
-_MESSAGES = {
-    "replaced": "note: model.init_from takes the architecture and tokenizer of {folder}, in place of the config's "
-    "{changes}",
-    "no_path": "tokenizer.path {path} not found; fix it, or drop it to use {folder}/tokenizer.json",
-    "no_tokenizer": "{folder} has no tokenizer.json; save the model's tokenizer beside it "
-    "(AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or set tokenizer.path",
-    "folder_fix": "replace it with the model's own (AutoTokenizer.from_pretrained(MODEL).save_pretrained(folder), "
-    "MODEL the model's name on the hub) or set tokenizer.path",
-    "path_fix": "fix tokenizer.path, or drop it to use {folder}/tokenizer.json",
-}
 
 
 def resolve_init_from(
@@ -45,7 +34,11 @@ def resolve_init_from(
     ``run``: the run folder the config continues or is the config of; its ``tokenizer.json`` is the tokenizer,
     and once the folder is gone its last checkpoint's model stands for config.json. Architecture keys (and a
     ``tokenizer.kind``) of the config that differ from the folder's are replaced, and ``note`` hears which: an
-    ordinary config fine-tunes with ``--init-from``. Refusals: :data:`_MESSAGES`.
+    ordinary config fine-tunes with ``--init-from``; ``note`` also hears of a ``model.block_size`` shorter
+    than the folder's context (a shorter-context model is trained).
+
+    Raises:
+        MinigptError: no tokenizer.json in the folder, a ``tokenizer.path`` not found, a damaged one.
     """
     mc = cfg.model
     if mc.init_from is None:
@@ -55,7 +48,7 @@ def resolve_init_from(
     ).absolute()  # the run records where it is, wherever it is later read from
     # model.vocab_size: null is "the tokenizer's size", which the folder's model has: not a value to compare.
     given = mc.model_fields_set - ({"vocab_size"} if mc.vocab_size is None else set())
-    changes = []
+    changes, shorter = [], None
     if (
         run is not None and not folder.is_dir()
     ):  # moved away since the run started: the run's record of it
@@ -68,6 +61,8 @@ def resolve_init_from(
     else:
         _, theirs = read_hf_config(folder, mc.block_size if "block_size" in given else None)
         weight_files(folder)  # refused now, not after the data is prepared
+        if "block_size" in given:
+            shorter = _shorter_context(folder, theirs)
         changes = [
             f"model.{key} {getattr(mc, key)!r} (the folder's: {getattr(theirs, key)!r})"
             for key in sorted(given - FREE_KEYS)
@@ -81,29 +76,61 @@ def resolve_init_from(
         changes.append(f"tokenizer.kind {tc.kind!r} (the folder's: 'hf', its tokenizer.json)")
         tc = tc.model_copy(update={"path": None})
     if changes:
-        note(_MESSAGES["replaced"].format(folder=folder, changes=", ".join(changes)))
+        note(
+            f"note: model.init_from takes the architecture and tokenizer of {folder}, in place of the "
+            f"config's {', '.join(changes)}"
+        )
     path = (
         Path(run) / runs.TOKENIZER
         if run is not None
         else Path(tc.path or folder / "tokenizer.json")
     ).absolute()
-    refuse(
-        [(run is None and not path.is_file(), "no_tokenizer" if tc.path is None else "no_path")],
-        _MESSAGES,
-        folder=folder,
-        path=path,
-    )
+    if run is None and not path.is_file() and tc.path is None:
+        raise MinigptError(
+            f"{folder} has no tokenizer.json; save the model's tokenizer beside it "
+            "(AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or set tokenizer.path"
+        )
+    if run is None and not path.is_file():
+        raise MinigptError(
+            f"tokenizer.path {path} not found; fix it, or drop it to use {folder}/tokenizer.json"
+        )
     if run is not None:  # the tokenizer the run was trained with, wherever the folder's is now
         _check_run_tokenizer(run, tc.path)
     else:
         from ..tokenizer.kinds import load_tokenizer
 
         # The user's file, not minigpt's: a damaged one is replaced, never deleted to be trained again.
-        fix = _MESSAGES["folder_fix" if tc.path is None else "path_fix"].format(folder=folder)
+        fix = (
+            "replace it with the model's own (AutoTokenizer.from_pretrained(MODEL)"
+            ".save_pretrained(folder), MODEL the model's name on the hub) or set tokenizer.path"
+            if tc.path is None
+            else f"fix tokenizer.path, or drop it to use {folder}/tokenizer.json"
+        )
         load_tokenizer(path, "hf", own=False, fix=fix)
+    if shorter is not None:  # said once nothing is refused
+        note(shorter)
     tokenizer = tc.model_copy(update={"kind": "hf", "path": str(path), "vocab_size": None})
     model = model.model_copy(update={"init_from": str(folder)})
     return cfg.model_copy(update={"model": model, "tokenizer": tokenizer})
+
+
+def _shorter_context(folder: Path, ours) -> Optional[str]:
+    """The note for a config's ``model.block_size`` (in ``ours``) shorter than the folder's context: the
+    fine-tuned model then takes no longer a context than that, and a learned position table loses its
+    later rows (export says so again); None when it is not shorter."""
+    full = read_hf_config(folder)[1].block_size
+    if ours.block_size >= full:
+        return None
+    table = (
+        f"its position table cut from {full:,} rows to {ours.block_size:,}"
+        if ours.pos_encoding == "learned"
+        else f"the folder's context is {full:,}"
+    )
+    return (
+        f"note: model.block_size {ours.block_size:,} is shorter than {folder}'s context of "
+        f"{full:,} tokens: fine-tuning trains a {ours.block_size:,}-token model ({table}); set "
+        f"model.block_size: {full} (or drop it) to keep the whole context"
+    )
 
 
 def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:

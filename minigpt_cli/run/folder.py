@@ -70,7 +70,7 @@ NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]+")
 _MESSAGES = {
     "name": (
         "{what} {name!r} is not a plain folder name",
-        "use letters, digits, '.', '_' and '-' (not . or ..)",
+        "use ASCII letters, digits, '.', '_' and '-' (not . or ..)",
     ),
     "no_checkpoint": ("no checkpoint at {path!r} ({why})", "train first or pick another run"),
     "only_best": (
@@ -100,10 +100,6 @@ _MESSAGES = {
         None,
     ),
     "resume": ("--resume {path}: no such run folder", None),
-    "resume_checkpoint": (
-        "--resume {path} is a checkpoint folder, not a run folder",
-        "pass the run: --resume {run}",
-    ),
     "resume_file": (
         "--resume {path} is a file, not a run folder",
         "pass the run's folder (runs/NAME), or auto",
@@ -478,11 +474,6 @@ def find_resume_dir(
     only_best = run_dir.is_dir() and not has_weights(last) and has_weights(best)
     problem = _first(
         (run_dir.is_file(), "resume_file", {"path": resume}),
-        (
-            run_dir.parent.name == CHECKPOINTS and has_weights(run_dir),
-            "resume_checkpoint",
-            {"path": resume, "run": run_dir.parent.parent},
-        ),
         (not run_dir.is_dir(), "resume", {"path": resume}),
         (
             only_best,

@@ -97,9 +97,12 @@ def describe_derived(p: Plan) -> list[str]:
         )
     else:
         lines.append(
-            f"  memory to train       at least about {P.human_bytes(need)} ({dtype}, batch "
-            f"{tc.batch_size}; the vocabulary is not known yet)"
+            f"  memory to train       about {P.human_bytes(need)} ({dtype}, batch {tc.batch_size}; "
+            f"counted with {mc.vocab_size} entries, as count-params counts, until the tokenizer is "
+            "trained)"
         )
+    if p.estimate:
+        lines.append(f"  time to train         {p.estimate[0]}")
     return lines + unchecked(p)
 
 
@@ -134,7 +137,8 @@ def describe_schedule(p: Plan, points: int = 8) -> str:
         f"learning rate ({tc.lr_schedule}, warmup {tc.warmup_iters}{muon}):",
     ]
     lines += [f"  step {s:>7,}: {lr_at(s, tc, p.cfg.model.n_embd):.3e}" for s in steps]
-    lines += [""] + p.notes if p.notes else []
+    notes = p.notes + p.estimate[1:]  # the CPU recipe's note with the config's
+    lines += [""] + notes if notes else []
     if p.resumed is not None:
         lines += ["", *p.resumed.describe()]
     elif p.resume is not None:

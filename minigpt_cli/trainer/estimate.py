@@ -1,11 +1,14 @@
-"""How long the run will take: measured on its first eval batches and first optimizer steps, said once known."""
+"""How long the run will take: before it, from a few timed steps of a throwaway model (:func:`run_estimate`);
+during it, measured on its first eval batches and first optimizer steps (:class:`TimeEstimate`)."""
 
 from __future__ import annotations
 
 import math
+import time
+from contextlib import nullcontext
 from typing import Callable, Optional
 
-from ..config.schema import TrainConfig
+from ..config.schema import Config, TrainConfig
 
 #: Eval batches timed before the first, rough figure (said during the first eval, long before it ends).
 FIRST_BATCHES = 3
@@ -128,3 +131,105 @@ class TimeEstimate:
             self.said_cpu = True
             self.say(CPU_RECIPE)
             self.log(CPU_RECIPE.removeprefix("note: "))
+
+
+#: A timed micro-batch of the whole train.batch_size is run only when one sequence's step predicts it under
+#: this many seconds; else one sequence's time is scaled by the batch (a CPU at the GPU recipe's size).
+WHOLE_BATCH_UNDER_S = 1.0
+
+
+def _timed(fn: Callable[[], None], device, repeats: int = 2) -> float:
+    """The fastest of ``repeats`` calls of ``fn``, in seconds, the device's queue drained around each."""
+    import torch
+
+    def sync() -> None:  # the device's queued kernels done: the time is theirs, not their launch's
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elif device.type == "mps":
+            torch.mps.synchronize()
+
+    best = math.inf
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, str]:
+    """Seconds of one optimizer step of ``cfg``'s model on ``device`` and of one eval micro-batch, and how they
+    were timed, from a few steps of a throwaway model on random tokens (eager: no compile, one process), on
+    as many CPU threads as the other processes leave cores (as train's :class:`CpuThreads` picks).
+
+    The step is ``grad_accum_steps`` forward-backward passes of ``train.batch_size`` sequences of
+    ``block_size`` tokens and one optimizer step; a pass of one sequence is timed and scaled by the batch when
+    the whole batch would take long (:data:`WHOLE_BATCH_UNDER_S`); an eval batch is a forward pass, a third
+    of a forward-backward (:data:`STEP_PER_FORWARD`)."""
+    import torch
+
+    from ..model.gpt import GPT
+    from ..runtime.device import CpuThreads
+    from ..runtime.kernels import swap as swap_kernels
+    from .optim import make_optimizer
+
+    mc, tc = cfg.model, cfg.train
+    model = swap_kernels(GPT(mc)).to(device).train()
+    optimizer = make_optimizer(model, tc)
+    autocast = torch.autocast(device.type, dtype) if dtype != torch.float32 else nullcontext()
+
+    def pass_of(batch: int) -> Callable[[], None]:
+        x = torch.randint(0, mc.vocab_size, (batch, mc.block_size), device=device)
+
+        def run() -> None:
+            with autocast:
+                _, loss = model(x, x)
+            loss.backward()
+
+        return run
+
+    def update() -> None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)  # the gradients stay for the next timed update
+
+    threads = CpuThreads(device)
+    try:
+        # One thread meanwhile: the warm-up measures the other processes' load without fighting it.
+        if threads.enabled:
+            torch.set_num_threads(1)
+        pass_of(1)()  # warm-up: the first call allocates and picks kernels
+        update()
+        threads.poll(force=True)  # the thread count train's own CpuThreads would pick now
+        one = _timed(pass_of(1), device)
+        if one * tc.batch_size < WHOLE_BATCH_UNDER_S:
+            micro, how = _timed(pass_of(tc.batch_size), device), f"batch {tc.batch_size}"
+        else:
+            micro, how = one * tc.batch_size, f"1 sequence, times {tc.batch_size}"
+        opt_s = _timed(update, device)
+    finally:
+        threads.restore()
+    return micro * tc.grad_accum_steps + opt_s, micro / STEP_PER_FORWARD, how
+
+
+def run_estimate(cfg: Config, device, dtype, step: int = 0, evaluated: bool = False) -> list[str]:
+    """What ``train`` and ``--dry-run`` say before training: the run's time on ``device`` from ``step`` on
+    (:func:`step_seconds`; ``about 7.2 h on cpu (...)``), then on a CPU, past :data:`LONG_ON_CPU_S`, the
+    note naming the CPU recipe."""
+    tc = cfg.train
+    step_s, batch_s, how = step_seconds(cfg, device, dtype)
+    if device.type == "cuda":  # the throwaway model's memory back to the device, for the run's
+        import torch
+
+        torch.cuda.empty_cache()
+    steps, evals = max(tc.max_iters - step, 0), evals_left(tc, step, evaluated)
+    eval_s = 2 * tc.eval_iters * tc.grad_accum_steps * batch_s  # the train and val splits
+    total = steps * step_s + evals * eval_s
+    lines = [
+        f"about {human_seconds(total)} on {device.type} ({steps:,} steps at {step_s:.3g} s, "
+        f"{evals} eval{'s' * (evals != 1)} at {human_seconds(eval_s)}; timed from a few "
+        f"{'eager ' if cfg.compile else ''}steps of {how})"
+    ]
+    if device.type == "cpu" and total > LONG_ON_CPU_S and cfg.name not in CPU_RECIPES:
+        lines.append(CPU_RECIPE)
+    return lines

@@ -141,11 +141,17 @@ def load_resume_state(last: Path) -> dict[str, Any]:
 
 @dataclass
 class Resumed:
-    """The run ``--resume`` continues, found once: its folder, its checkpoint's config, and once opened
-    (:meth:`open`) its trainer state and the schedule note."""
+    """The run ``--resume`` continues, found once: its folder, the checkpoint it loads and that checkpoint's
+    config, and once checked and opened its trainer state and the schedule note.
 
-    run_dir: Path
+    ``--resume RUN`` (or ``auto``) continues RUN in place from ``checkpoints/last``; ``--resume
+    RUN/checkpoints/NAME`` (``branch``) starts a new run folder from that checkpoint, a WSD cool-down from
+    a kept ``step-NNNNNNN`` say, and leaves RUN as it is (unlocked: a kept checkpoint never changes)."""
+
+    run_dir: Path  # the run the checkpoint belongs to
     saved: Config
+    checkpoint: Optional[Path] = None  # None: the run's last
+    branch: bool = False  # a new run folder starts from ``checkpoint``
     state: dict[str, Any] = field(default_factory=dict)
     max_iters: int = 0
     note: Optional[str] = None
@@ -171,10 +177,19 @@ class Resumed:
             where = (cfg.data.dataset, cfg.data.path and Path(cfg.data.path))
             return (data.dataset, data.path and Path(data.path)) == where
 
+        given = Path(resume)
+        if resume != "auto" and given.parent.name == runs.CHECKPOINTS and given.is_dir():
+            # A checkpoint folder: its own config, its run's tokenizer and corpus record.
+            return cls(
+                given.parent.parent, checkpoint.saved_config(given), checkpoint=given, branch=True
+            )
         run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume, same_data)
         return (
             None if run_dir is None else cls(run_dir, checkpoint.saved_config(cls.last_of(run_dir)))
         )
+
+    def __post_init__(self):
+        self.checkpoint = self.checkpoint or self.last_of(self.run_dir)
 
     @staticmethod
     def last_of(run_dir: Path) -> Path:
@@ -190,7 +205,7 @@ class Resumed:
         Raises:
             MinigptError: a run in use, or any of those.
         """
-        if claim is not None:
+        if claim is not None and not self.branch:  # a branch reads its checkpoint, writes elsewhere
             # The lock file keeps the last owner's pid until build() writes this one's.
             claim.folder = runs.RunFolder(
                 self.run_dir,
@@ -204,7 +219,7 @@ class Resumed:
                 _OPTIMIZER_SWITCHED.format(new=cfg.train.optimizer, old=self.saved.train.optimizer)
             )
         check_run_tokenizer(self.run_dir, self.saved, _named_tokenizer(cfg))
-        last = self.last_of(self.run_dir)
+        last = self.checkpoint
         # The checkpoint's own model config: equal to cfg's but for the vocabulary, resolved there.
         checkpoint.check_resume_weights(last, self.saved.model)
         read_events(self.run_dir / METRICS)
@@ -213,7 +228,9 @@ class Resumed:
     def check_corpus(self, corpus: Corpus) -> None:
         """Refuse a corpus other than the run's, naming the file that differs (runs saved before fingerprints
         existed pass)."""
-        change = run_corpus_change(self.saved.data.fingerprint, corpus, self.run_dir, (runs.LAST,))
+        change = run_corpus_change(
+            self.saved.data.fingerprint, corpus, self.run_dir, (self.checkpoint.name,)
+        )
         if change is not None:
             path, what, detail = change
             raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
@@ -238,13 +255,27 @@ class Resumed:
         step, n = self.state["step"], self.max_iters
         if self.done:
             return [
-                f"--resume: {self.run_dir} is at step {step}, train.max_iters is {n}: nothing would be trained"
+                f"--resume: {self.source} is at step {step}, train.max_iters is {n}: nothing would be "
+                "trained"
             ]
+        where = f" in a new run folder ({self.run_dir} is left as it is)" if self.branch else ""
         return (
-            [f"--resume: would continue {self.run_dir} from step {step} to train.max_iters {n}"]
+            [
+                f"--resume: would continue {self.source} from step {step} to train.max_iters {n}{where}"
+            ]
             + self.change_notes()
             + ([self.note] if self.note else [])
         )
+
+    @property
+    def position(self) -> tuple[int, bool]:
+        """The step the run goes on from, and whether its eval at that step already ran."""
+        return self.state["step"], self.state["evaluated"]
+
+    @property
+    def source(self) -> Path:
+        """What the resume continues, as the user named it: the run, or a branch's checkpoint folder."""
+        return self.checkpoint if self.branch else self.run_dir
 
     def change_notes(self) -> list[str]:
         """One note per key this resume changes, old -> new (train.log and env.json keep them too)."""
@@ -256,12 +287,12 @@ class Resumed:
     def result(self) -> dict[str, Any]:
         """The fields of a finished run's :class:`~.loop.TrainResult`: its step and last eval's losses."""
         try:
-            meta = runs.read_meta(self.last_of(self.run_dir))
+            meta = runs.read_meta(self.checkpoint)
         except (OSError, ValueError):
             meta = {}
         best = self.state["best_val_loss"]
         return {
-            "run_dir": self.run_dir,
+            "run_dir": self.source,
             "step": self.state["step"],
             "train_loss": meta.get("train_loss"),
             "val_loss": meta.get("val_loss"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import shutil
 import sys
 import time
 from contextlib import ExitStack, nullcontext
@@ -17,17 +18,19 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
+from ..accounting.count import counted_vocab
 from ..config.notes import notes
 from ..config.schema import Config
 from ..data.download import url_corpus_on_disk
 from ..data.pipeline import BatchSampler, DataStage, check_corpus, prepare_data, with_vocab
+from ..data.train_tokenizer import chosen_tokenizer
 from ..errors import MinigptError
 from ..fileio import atomic_write_text, check_writable
 from ..hf.finetune import load_pretrained, resolve_init_from
 from ..model.gpt import GPT
 from ..run import folder as runs
 from ..run.checkpoint import load_weights_into, sweep_stale_temps
-from ..run.metrics import RunLogger
+from ..run.metrics import METRICS, RunLogger
 from ..runtime import distributed as parallel
 from ..runtime.device import (
     CpuThreads,
@@ -44,6 +47,7 @@ from ..runtime.kernels import dropout, onednn
 from ..runtime.kernels import swap as swap_kernels
 from ..sample.sampling import encode_prompt
 from ..tokenizer.kinds import Tokenizer
+from .estimate import run_estimate
 from .optim import make_optimizer
 from .resume import Resumed
 from .signals import StopFlag
@@ -220,6 +224,7 @@ class Plan:
     notes: list[str]
     vocab_size: Optional[int]  # None: not known until the corpus is downloaded (a dry run)
     writer_class: Any = None
+    estimate: list[str] = field(default_factory=list)  # the run's time here, the CPU recipe note
 
     @property
     def done(self) -> bool:
@@ -250,21 +255,28 @@ def plan(
     tc = cfg.train
     writer_class = tensorboard_writer_class() if tc.tensorboard else None
     resumed = Resumed.find(cfg, resume) if resume is not None else None
+    if run_name is not None and resume is not None and not (resumed and resumed.branch):
+        raise MinigptError(
+            "pass either --resume or --run-name, not both (a resumed run keeps its folder; "
+            "--resume RUN/checkpoints/NAME starts a new one, which --run-name may name)"
+        )
     cfg = resolve_init_from(cfg, resumed.run_dir if resumed is not None else None, echo)
-    if resumed is not None:
+    cfg = chosen_tokenizer(cfg, echo)  # own text: the tokenizer train-tokenizer made for it
+    if resumed is not None and not resumed.branch:
         appended = run_files(resumed.run_dir)[1]
         run = resumed.run_dir
         for path, folder in [(run, True), (run / runs.CHECKPOINTS, True)] + [
             (p, False) for p in run_files(run)[0]
         ]:
             check_writable(path, folder, append=path in appended, in_run=True)
-        resumed.check(cfg, claim if write and dist.main else None)
-    else:
+    else:  # a new run folder (a branch from a checkpoint too)
         check_writable(tc.out_dir, folder=True)
         if run_name is not None:
             runs.check_run_name(tc.out_dir, run_name)
         name = run_name or f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_writable(Path(tc.out_dir) / name, folder=True)
+    if resumed is not None:  # locks the run it continues in place (rank 0 of a real run)
+        resumed.check(cfg, claim if write and dist.main else None)
     found: list[str] = []
 
     def checked(corpus) -> None:
@@ -291,13 +303,9 @@ def plan(
     given, vocab = cfg, stage.tok.vocab_size if stage.tok is not None else cfg.tokenizer.vocab_size
     if cfg.tokenizer.kind == "char" and stage.tok is None:
         vocab = None  # the corpus's characters, not known before it is downloaded
-    # With no vocabulary yet, the memory check counts the smallest a char tokenizer can have.
-    cfg = with_vocab(
-        cfg,
-        vocab
-        if vocab is not None
-        else cfg.model.vocab_size or 1 + len(cfg.tokenizer.special_tokens),
-    )
+    # With no vocabulary yet, the memory check counts what count-params counts (one estimate).
+    counted = counted_vocab(cfg) or 1 + len(cfg.tokenizer.special_tokens)
+    cfg = with_vocab(cfg, vocab if vocab is not None else counted)
     if stage.corpus is not None:
         cfg = cfg.model_copy(
             update={"data": cfg.data.model_copy(update={"fingerprint": stage.corpus.fingerprint})}
@@ -309,6 +317,14 @@ def plan(
         echo(
             f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one"
         )
+    # The run's time on this device, from a few timed steps (not under torchrun: one process would say it
+    # for all, timed alone).
+    left = resumed is None or not resumed.done
+    estimate = (
+        run_estimate(cfg, device, dtype, *(resumed.position if resumed else (0, False)))
+        if left and not dist.enabled
+        else []
+    )
     return Plan(
         given,
         cfg,
@@ -322,6 +338,7 @@ def plan(
         found,
         vocab,
         writer_class,
+        estimate,
     )
 
 
@@ -332,7 +349,8 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     if not dist.main:
         echo = lambda message: None  # noqa: E731 - only rank 0 talks
         progress = False
-    if resumed is not None:
+    in_place = resumed is not None and not resumed.branch
+    if in_place:
         run_dir = resumed.run_dir
     elif dist.main:
         claim.folder = runs.new_run_dir(tc.out_dir, cfg.name, p.run_name)
@@ -356,21 +374,24 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     swept: list[Path] = []
     if dist.main:
         # The first writes into a resumed run's folder: plan() refused whatever it could before them.
-        if resumed is not None and claim.folder is not None:
+        if in_place and claim.folder is not None:
             claim.folder.lock.mark()
             # Safe under the lock: no other process saves.
             swept = sweep_stale_temps(runs.checkpoint_dir(run_dir, runs.LAST).parent)
         # On resume too: the run's config.yaml follows the train values it now runs with (an edit made to
         # it by hand is kept beside it, and said, not lost).
-        edited = runs.keep_edited_config(run_dir, cfg.to_yaml()) if resumed is not None else None
+        edited = runs.keep_edited_config(run_dir, cfg.to_yaml()) if in_place else None
         if edited is not None:
             echo(
                 f"note: {run_dir / runs.CONFIG} was edited since the last checkpoint; a resume runs with the "
                 f"config given here (now in config.yaml), and the edited file is kept as {edited.name}"
             )
         atomic_write_text(run_dir / runs.CONFIG, cfg.to_yaml())
-        if resumed is None:
+        if not in_place:
             tok.save(run_dir / runs.TOKENIZER)
+        if resumed is not None and resumed.branch and (resumed.run_dir / METRICS).is_file():
+            # The branch's curve starts with its run's, up to the checkpoint (_restore cuts the rest).
+            shutil.copyfile(resumed.run_dir / METRICS, run_dir / METRICS)
         swept += logger.sweep_temps()
     compiled_kernels = {
         "linear_kernel": "torch.mm",  # torch.compile keeps PyTorch's kernels
@@ -384,9 +405,9 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     env["config_changes"] = (
         resumed.changes if resumed is not None else {}
     )  # this session's keys, old -> new
-    if (
-        resumed is not None and dist.main
-    ):  # a resumed run: the sessions before this one are kept, oldest first
+    if resumed is not None and resumed.branch:
+        env["started_from"] = str(resumed.checkpoint)
+    if in_place and dist.main:  # a resumed run: the sessions before this one are kept, oldest first
         env["earlier_sessions"] = runs.earlier_sessions(run_dir)
         before = (
             env["earlier_sessions"][-1].get("dropout_kernel") if env["earlier_sessions"] else None
@@ -442,6 +463,9 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
         )
     _compile(s)
     _announce(s, data, dtype)
+    for line in [f"time to train: {p.estimate[0]}", *p.estimate[1:]] if p.estimate else []:
+        s.echo(line)
+        s.logger.log(line.removeprefix("note: "))
     if p.writer_class is not None and dist.main:
         s.writer = p.writer_class(log_dir=str(run_dir / "tensorboard"))
     # disable=None: tqdm shows the bar only when stderr is a terminal (no bar flooding a log file).
@@ -460,7 +484,7 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
 def _restore(s: Setup, resumed: Resumed) -> None:
     """Load a resumed run's weights, optimizer, scaler, RNGs, data position and progress into ``s``."""
     state = resumed.state
-    weights_dir = runs.resolve(runs.checkpoint_dir(s.run_dir, runs.LAST))
+    weights_dir = runs.resolve(resumed.checkpoint)
     load_weights_into(s.model, weights_dir)
     parallel.load_optimizer_state(s.model, s.optimizer, state["optimizer"])
     if state.get("scaler"):
@@ -475,7 +499,13 @@ def _restore(s: Setup, resumed: Resumed) -> None:
     )
     s.logger.truncate_to(s.prog.step, s.prog.evaluated)
     s.logger.log(f"resumed from step {s.prog.step} ({weights_dir})")
-    s.echo(f"resuming {s.run_dir} from step {s.prog.step}")
+    if resumed.branch:
+        s.echo(
+            f"continuing {resumed.checkpoint} (step {s.prog.step}) in a new run folder {s.run_dir}; "
+            f"{resumed.run_dir} is left as it is"
+        )
+    else:
+        s.echo(f"resuming {s.run_dir} from step {s.prog.step}")
     for note in resumed.change_notes() + ([resumed.note] if resumed.note else []):
         s.logger.log(note.removeprefix("note: "))
         s.echo(note)
