@@ -67,82 +67,14 @@ NAMED = 3
 #: A name minigpt makes a file or folder of: one plain folder entry, never ``.``, ``..``, a path or a separator.
 NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]+")
 
-_MESSAGES = {
-    "name": (
-        "{what} {name!r} is not a plain folder name",
-        "use ASCII letters, digits, '.', '_' and '-' (not . or ..)",
-    ),
-    "no_checkpoint": ("no checkpoint at {path!r} ({why})", "train first or pick another run"),
-    "only_best": (
-        "{path!r} has no last checkpoint (its write failed) but best, step {step}, is intact",
-        "resume from best: cp -r {best} {last} && minigpt train ... --resume {run}",
-    ),
-    "meta": (
-        "{path} is missing or damaged ({why})",
-        "copy {other}'s meta.json there if its weights are intact, or read {other} instead (generate, evaluate "
-        "and export: --checkpoint {other})",
-    ),
-    "meta_only": (
-        "{path} is missing or damaged ({why}); the run has no other checkpoint",
-        "restore meta.json from a copy, or train the run again",
-    ),
-    "no_run": ("run folder {path!r} not found", "pass a run folder (runs/NAME) of a trained run"),
-    "sweep": (
-        "{path!r} is a sweep's folder, not a run: it holds {held}",
-        "pass one of its runs, e.g. {first}, or compare them: minigpt compare {path}",
-    ),
-    "no_runs": (
-        "no trained run found under {path!r}",
-        "train one first (minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME",
-    ),
-    "which": (
-        "--checkpoint {which!r}: use {BEST}, {LAST} or a kept step-N (train.keep_every)",
-        None,
-    ),
-    "resume": ("--resume {path}: no such run folder", None),
-    "resume_file": (
-        "--resume {path} is a file, not a run folder",
-        "pass the run's folder (runs/NAME), or auto",
-    ),
-    "not_folder": ("{path!r} exists and is not a folder", "pick another --run-name"),
-    "resumable": (
-        "run folder {path!r} already exists",
-        "pick another --run-name, or continue it with --resume {path}",
-    ),
-    "unsaved": (
-        "run folder {path!r} holds a run that stopped before its first save",
-        "delete the folder or pick another --run-name",
-    ),
-    "users": (
-        "{path!r} holds files minigpt did not make",
-        "move them away, or pick another name for the run",
-    ),
-    "in_use": ("{path} is in use by another minigpt train (pid {pid})", "{fix}"),
-    "lock_kind": (
-        "{path} is not a regular file (a link, folder or device where minigpt keeps its lock)",
-        "remove it and try again",
-    ),
-}
-
-
-def fail(key: str, **fields: Any) -> MinigptError:
-    """The error ``key`` of :data:`_MESSAGES`, its ``what`` and ``fix`` filled in from ``fields``."""
-    what, fix = _MESSAGES[key]
-    fields.update(BEST=BEST, LAST=LAST)
-    return MinigptError(
-        what.format(**fields), fix and fix.format(**fields), path=fields.get("path")
-    )
-
-
-def _first(*checks: tuple[bool, str, dict[str, Any]]) -> Optional[MinigptError]:
-    """The error of the first ``(condition, key, fields)`` whose condition holds (:func:`fail`); None if none."""
-    return next((fail(key, **fields) for bad, key, fields in checks if bad), None)
-
 
 def check_name(name: str, what: str) -> str:
     """``name`` when it is one plain folder entry (:data:`NAME`); ``what`` says where it was given."""
     if not NAME.fullmatch(name):
-        raise fail("name", what=what, name=name)
+        raise MinigptError(
+            f"{what} {name!r} is not a plain folder name",
+            "use ASCII letters, digits, '.', '_' and '-' (not . or ..)",
+        )
     return name
 
 
@@ -318,7 +250,11 @@ def no_checkpoint(directory: Path, why: str) -> MinigptError:
             "wait for its first save (train.eval_interval steps), then try again",
             path=str(directory),
         )
-    return fail("no_checkpoint", path=str(directory), why=why)
+    return MinigptError(
+        f"no checkpoint at {str(directory)!r} ({why})",
+        "train first or pick another run",
+        path=str(directory),
+    )
 
 
 class Meta(BaseModel):
@@ -357,28 +293,33 @@ def read_meta(ckpt: str | Path) -> dict[str, Any]:
 def _read_meta(ckpt: str | Path) -> dict[str, Any]:
     path = resolve(ckpt) / META
     other = {BEST: LAST, LAST: BEST}.get(Path(ckpt).name, "another checkpoint")
-    # the fix names the other checkpoint only where there is one (best falls back to last before any eval)
-    key = (
-        "meta"
-        if other not in (BEST, LAST) or has_weights(Path(ckpt).parent / other)
-        else "meta_only"
-    )
+    # The fix names the other checkpoint only where there is one (best falls back to last before
+    # any eval).
+    has_other = other not in (BEST, LAST) or has_weights(Path(ckpt).parent / other)
+
+    def damaged(why: str) -> MinigptError:
+        if has_other:
+            return MinigptError(
+                f"{path} is missing or damaged ({why})",
+                f"copy {other}'s meta.json there if its weights are intact, or read {other} "
+                f"instead (generate, evaluate and export: --checkpoint {other})",
+                path=path,
+            )
+        return MinigptError(
+            f"{path} is missing or damaged ({why}); the run has no other checkpoint",
+            "restore meta.json from a copy, or train the run again",
+            path=path,
+        )
+
     with errors_as({OSError: lambda exc: read_problem(exc, path, "checkpoint metadata")}):
         missing = not path.exists() and not path.is_symlink()  # a dangling link is read_problem's
     if missing:
-        raise fail(key, path=path, why=os.strerror(errno.ENOENT), other=other)
+        raise damaged(os.strerror(errno.ENOENT))
     data = read_bytes(path, "checkpoint metadata", STATE_BOUNDS)  # unreadable: not damaged
-    with errors_as(
-        {ValidationError: lambda exc: fail(key, path=path, why=schema_problem(exc), other=other)}
-    ):
+    with errors_as({ValidationError: lambda exc: damaged(schema_problem(exc))}):
         meta = Meta.model_validate_json(data).model_dump(exclude_unset=True)
     if meta.get("meta_sha256", meta_digest(meta)) != meta_digest(meta):
-        raise fail(
-            key,
-            path=path,
-            why="its fields differ from the digest they were written with",
-            other=other,
-        )
+        raise damaged("its fields differ from the digest they were written with")
     return meta
 
 
@@ -389,11 +330,12 @@ def refuse_sweep(folder: Path) -> None:
         held = sorted(p.name for p in folder.iterdir() if (p / CONFIG).is_file())
         count = "no run yet" if not held else "1 run" if len(held) == 1 else f"{len(held)} runs"
         more = f" and {len(held) - NAMED} more" if len(held) > NAMED else ""
-        raise fail(
-            "sweep",
+        held_text = f"{count} ({', '.join(held[:NAMED])}{more})" if held else count
+        first = folder / (held[0] if held else "VARIANT-sSEED")
+        raise MinigptError(
+            f"{str(folder)!r} is a sweep's folder, not a run: it holds {held_text}",
+            f"pass one of its runs, e.g. {first}, or compare them: minigpt compare {folder}",
             path=str(folder),
-            held=f"{count} ({', '.join(held[:NAMED])}{more})" if held else count,
-            first=folder / (held[0] if held else "VARIANT-sSEED"),
         )
 
 
@@ -418,13 +360,22 @@ def open_checkpoint(
     )
     if run_dir.is_dir() and not has_weights(ckpt):
         refuse_sweep(run_dir)
-    problem = _first(
-        (which not in (BEST, LAST) and not kept, "which", {"which": which}),
-        (run is None and newest is None, "no_runs", {"path": str(runs_dir)}),
-        (not run_dir.is_dir(), "no_run", {"path": str(run_dir)}),
-    )
-    if problem is not None:
-        raise problem
+    if which not in (BEST, LAST) and not kept:
+        raise MinigptError(
+            f"--checkpoint {which!r}: use {BEST}, {LAST} or a kept step-N (train.keep_every)"
+        )
+    if run is None and newest is None:
+        raise MinigptError(
+            f"no trained run found under {str(runs_dir)!r}",
+            "train one first (minigpt train configs/shakespeare-cpu.yaml) or pass --run runs/NAME",
+            path=str(runs_dir),
+        )
+    if not run_dir.is_dir():
+        raise MinigptError(
+            f"run folder {str(run_dir)!r} not found",
+            "pass a run folder (runs/NAME) of a trained run",
+            path=str(run_dir),
+        )
     if not has_weights(ckpt):
         raise no_checkpoint(run_dir / CHECKPOINTS, f"{tried} {WEIGHTS}")
     return run_dir, ckpt
@@ -472,23 +423,21 @@ def find_resume_dir(
     run_dir = Path(resume)
     last, best = checkpoint_dir(run_dir, LAST), checkpoint_dir(run_dir, BEST)
     only_best = run_dir.is_dir() and not has_weights(last) and has_weights(best)
-    problem = _first(
-        (run_dir.is_file(), "resume_file", {"path": resume}),
-        (not run_dir.is_dir(), "resume", {"path": resume}),
-        (
-            only_best,
-            "only_best",
-            {
-                "path": str(run_dir / CHECKPOINTS),
-                "best": best,
-                "last": last,
-                "run": run_dir,
-                "step": only_best and read_meta(best).get("step"),
-            },
-        ),
-    )
-    if problem is not None:
-        raise problem
+    if run_dir.is_file():
+        raise MinigptError(
+            f"--resume {resume} is a file, not a run folder",
+            "pass the run's folder (runs/NAME), or auto",
+            path=resume,
+        )
+    if not run_dir.is_dir():
+        raise MinigptError(f"--resume {resume}: no such run folder", path=resume)
+    if only_best:
+        raise MinigptError(
+            f"{str(run_dir / CHECKPOINTS)!r} has no last checkpoint (its write failed) but best, "
+            f"step {read_meta(best).get('step')}, is intact",
+            f"resume from best: cp -r {best} {last} && minigpt train ... --resume {run_dir}",
+            path=str(run_dir / CHECKPOINTS),
+        )
     resolve(last)  # a clear error when there is none
     return run_dir
 
@@ -513,7 +462,12 @@ class RunLock:
         another process holds it (naming its pid), or the lock file cannot be made or written."""
         if fcntl is None:
             return self
-        kind = fail("lock_kind", path=self.path)
+        kind = MinigptError(
+            f"{self.path} is not a regular file (a link, folder or device where minigpt keeps its "
+            "lock)",
+            "remove it and try again",
+            path=self.path,
+        )
         # O_NOFOLLOW: a link planted as .lock must not make us truncate its target (ELOOP); O_NONBLOCK: a FIFO
         # there must not hang the open. A folder is EISDIR, a device without a reader ENXIO.
         with errors_as(
@@ -533,7 +487,11 @@ class RunLock:
                 raise (
                     kind
                     if not regular
-                    else fail("in_use", path=self.run_dir, pid=self._owner(), fix=fix)
+                    else MinigptError(
+                        f"{self.run_dir} is in use by another minigpt train (pid {self._owner()})",
+                        fix,
+                        path=self.run_dir,
+                    )
                 )
             self._fd = fd
             on_failure.callback(setattr, self, "_fd", None)
@@ -576,7 +534,7 @@ def clear_unsaved(run_dir: Path) -> None:
     never followed). Raises MinigptError when the folder holds files that are not minigpt's."""
     assert not has_checkpoint(run_dir), run_dir  # both callers keep a run that has one
     if _occupied(run_dir) and not made_here(run_dir):
-        raise fail("users", path=str(run_dir))
+        raise _not_ours(run_dir)
     for entry in Path(run_dir).iterdir():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -608,9 +566,29 @@ def _occupied(run_dir: Path) -> bool:
     return any(p.name != LOCK for p in run_dir.iterdir())
 
 
-def _taken(run_dir: Path) -> str:
-    """Why ``run_dir``, which holds something, cannot be a new run's folder: the key of its message."""
-    return "resumable" if has_checkpoint(run_dir) else "unsaved" if made_here(run_dir) else "users"
+def _not_ours(run_dir: Path) -> MinigptError:
+    return MinigptError(
+        f"{str(run_dir)!r} holds files minigpt did not make",
+        "move them away, or pick another name for the run",
+        path=str(run_dir),
+    )
+
+
+def _taken(run_dir: Path) -> MinigptError:
+    """Why ``run_dir``, which holds something, cannot be a new run's folder."""
+    if has_checkpoint(run_dir):
+        return MinigptError(
+            f"run folder {str(run_dir)!r} already exists",
+            f"pick another --run-name, or continue it with --resume {run_dir}",
+            path=str(run_dir),
+        )
+    if made_here(run_dir):
+        return MinigptError(
+            f"run folder {str(run_dir)!r} holds a run that stopped before its first save",
+            "delete the folder or pick another --run-name",
+            path=str(run_dir),
+        )
+    return _not_ours(run_dir)
 
 
 def _make(run_dir: Path) -> bool:
@@ -625,15 +603,14 @@ def check_run_name(out_dir: str | Path, run_name: str) -> Path:
     """The folder ``--run-name`` names, refused as :func:`new_run_dir` would refuse it, without making it.
     Raises MinigptError: not a plain folder name, or a path that holds something already."""
     run_dir = Path(out_dir) / check_name(run_name, "--run-name")
-    key = (
-        "not_folder"
-        if run_dir.exists() and not run_dir.is_dir()
-        else _taken(run_dir)
-        if run_dir.is_dir() and _occupied(run_dir)
-        else None
-    )
-    if key is not None:
-        raise fail(key, path=str(run_dir))
+    if run_dir.exists() and not run_dir.is_dir():
+        raise MinigptError(
+            f"{str(run_dir)!r} exists and is not a folder",
+            "pick another --run-name",
+            path=str(run_dir),
+        )
+    if run_dir.is_dir() and _occupied(run_dir):
+        raise _taken(run_dir)
     return run_dir
 
 
