@@ -154,3 +154,28 @@ def test_train_says_the_estimate_in_its_first_lines(cli, data_dir, tmp_path, mon
     assert said.startswith("time to train: about ") and " on cpu (3 steps at " in said, lines
     assert "that is long for a CPU" not in res.stderr
     assert said in (tmp_path / "runs" / "t" / "train.log").read_text()
+
+
+def test_a_long_cpu_run_names_the_cpu_recipe_once(cli, data_dir, tmp_path, monkeypatch):
+    """The note naming the CPU recipe comes with the estimate before the run, and the loop's own
+    estimate after its first steps does not say it again (it did: twice in one run)."""
+    from minigpt_cli.trainer import estimate
+
+    monkeypatch.setattr(estimate, "LONG_ON_CPU_S", 0.0)  # every run counts as long
+    monkeypatch.chdir(tmp_path)
+    tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+    res = cli(
+        "train",
+        tiny,
+        "--set",
+        f"data.data_dir={data_dir}",
+        "--set",
+        f"train.max_iters={estimate.MEASURED_STEPS + 4}",
+        "--set",
+        "train.eval_iters=1",
+        "--run-name",
+        "t",
+        "--no-progress",
+    )
+    assert res.exit_code == 0, res
+    assert (res.stdout + res.stderr).count("that is long for a CPU") == 1, res.stderr

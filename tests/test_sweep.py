@@ -620,3 +620,8 @@ def test_a_shrunk_budget_is_noted_before_any_run_and_scale_schedule_keeps_the_sc
             assert res.stderr.count(line) == 1, res.stderr
         again = cli("sweep", path, "--budget", "iters=8")
         assert_user_error(again, "--scale-schedule changed since", "(scale_schedule: true -> null)")
+        # A dry run makes the same refusal (it printed a plan the real start then refused).
+        before = Path("runs/s/sweep.json").read_bytes()
+        dry = cli("sweep", path, "--budget", "iters=8", "--dry-run")
+        assert_user_error(dry, "--scale-schedule changed since", "(scale_schedule: true -> null)")
+        assert Path("runs/s/sweep.json").read_bytes() == before

@@ -244,7 +244,10 @@ class _Attempt:
                 f"https://... address with --url, data.url or in {self.ds.url_env}"
             )
         if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
-            return MinigptError(f"cannot reach {url} ({reason}); check your network or {self.hint}")
+            return MinigptError(
+                f"cannot reach {url} ({reason}); check your network, {self.hint}, or copy the "
+                f"file to {self.dest}"
+            )
         if isinstance(exc, requests.RequestException):
             return MinigptError(f"download of {url} failed ({reason}); {self.fix}")
         return exc

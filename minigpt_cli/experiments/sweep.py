@@ -539,7 +539,11 @@ def _check_study(study: "optuna.Study", sweep: Sweep, storage: str) -> None:
 
 
 def _read_state(
-    sweep: Sweep, jobs: int, worker: bool = False, storage: Optional[str] = None
+    sweep: Sweep,
+    jobs: int,
+    worker: bool = False,
+    storage: Optional[str] = None,
+    write: bool = True,
 ) -> dict:
     """The sweep's state, created on the first start; refuses a changed sweep or other overrides once a run saved a
     checkpoint. Workers share the folder: another one may be writing it as this one starts."""
@@ -603,8 +607,10 @@ def _read_state(
         raise MinigptError(f"{what}, or move {folder} away to start it afresh")
     if state is not None and not changed:
         return state
-    sweep.folder.mkdir(parents=True, exist_ok=True)
     state = {**record, "done": []}
+    if not write:  # a dry run: every refusal above, nothing written
+        return state
+    sweep.folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(state, indent=1) + "\n")
     return state
 
@@ -861,7 +867,10 @@ def run_sweep(
             "or give the sweep file a search: section"
         )
     note = schedule_note(sweep)
-    if dry_run:
+    if (
+        dry_run
+    ):  # the refusals a start would make (a changed sweep, a foreign folder), then the plan
+        _read_state(sweep, jobs if jobs is not None else 1, worker, storage, write=False)
         echo(note) if note else None
         return plan(sweep)
     # Shared storage is opened before the sweep's folder is made: one that cannot be is refused with nothing written.

@@ -24,7 +24,7 @@ from ..runtime import distributed as parallel
 from ..runtime.device import capture_rng
 from ..runtime.distributed import all_mean, close_distributed
 from ..sample.sampling import sample_prompt_text
-from .estimate import CPU_RECIPES, TimeEstimate
+from .estimate import CPU_RECIPE, CPU_RECIPES, TimeEstimate
 from .evaluate import Evaluator
 from .guards import MAX_NONFINITE, Skips, Stops
 from .optim import set_lr
@@ -76,7 +76,10 @@ class Trainer:
             s.prog.step,
             s.prog.evaluated,
             2 * tc.eval_iters * tc.grad_accum_steps,
-            s.device.type == "cpu" and s.cfg.name not in CPU_RECIPES,
+            # the CPU recipe's note once: not again when the estimate before the run gave it
+            s.device.type == "cpu"
+            and s.cfg.name not in CPU_RECIPES
+            and CPU_RECIPE not in s.estimate,
             say=s.say,
             log=s.logger.log,
         )

@@ -123,6 +123,8 @@ class Setup:
     bar: Any = None
     # What evals run: the compiled model when compile is on (set by _compile).
     eval_model: Optional[torch.nn.Module] = None
+    # What the estimate before the run said (the CPU recipe's note is said once).
+    estimate: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         self.cpu_threads = CpuThreads(self.device, echo=self.thread_note)
@@ -463,6 +465,7 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
         )
     _compile(s)
     _announce(s, data, dtype)
+    s.estimate = list(p.estimate)
     for line in [f"time to train: {p.estimate[0]}", *p.estimate[1:]] if p.estimate else []:
         s.echo(line)
         s.logger.log(line.removeprefix("note: "))
