@@ -239,7 +239,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[str, list[str]]]:
     return {
         "missing": (str(tmp / "nope"), ["does not exist", "data.path"]),
         "empty file": (str(tmp / "empty.txt"), ["empty.txt", "is empty"]),
-        "no text files": (str(tmp / "nodocs"), ["holds no .txt or .jsonl files"]),
+        "no text files": (str(tmp / "nodocs"), ["holds no .txt, .jsonl, .parquet or .arrow files"]),
         "not utf-8": (str(tmp / "latin1.txt"), ["latin1.txt", "not UTF-8", "at byte 2", "iconv"]),
         "bad json": (
             str(tmp / "broken.jsonl"),

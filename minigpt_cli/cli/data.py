@@ -73,7 +73,8 @@ def train_tokenizer_cmd(
         None,
         "--input",
         metavar="PATH",
-        help="Text to train on: a UTF-8 file, a folder of .txt/.jsonl files, a glob or a .jsonl file (default: the config's corpus).",
+        help="Text to train on: a UTF-8 file, a .jsonl or .parquet file, a folder of "
+        ".txt/.jsonl/.parquet/.arrow files or a glob (default: the config's corpus).",
     ),
     output: Optional[Path] = typer.Option(
         None,

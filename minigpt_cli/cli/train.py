@@ -134,7 +134,8 @@ def prepare(
     """Prepare a config's data as train would, and stop: corpus, tokenizer, token files.
 
     Downloads the named dataset, or reads data.path (a file, a folder of
-    .txt/.jsonl files, a glob), trains the tokenizer if its file is missing,
+    .txt/.jsonl/.parquet/.arrow files, a glob; data.text_field names the
+    JSON field or Parquet column), trains the tokenizer if its file is missing,
     and writes the train and val token files; a later train reuses them.
 
     \b

@@ -334,14 +334,14 @@ class DataConfig(_Strict):
     )
     path: Optional[UserPath] = Field(
         None,
-        description="your own corpus: a UTF-8 .txt file, a folder of .txt/.jsonl files (recursive) or a "
-        "glob; null: data.dataset",
+        description="your own corpus: a UTF-8 .txt, .jsonl or .parquet file, a folder of them "
+        "(recursive; .arrow too) or a glob; null: data.dataset",
     )
     text_field: str = Field(
         "text",
         min_length=1,
-        description="the field holding each document's text in .jsonl "
-        "files (one JSON object per line)",
+        description="the field (.jsonl) or column (.parquet, .arrow; other tools' text_column) "
+        "holding each document's text",
     )
     data_dir: FolderPath = Field(
         "data",

@@ -19,9 +19,10 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 from ..errors import MinigptError
 from ..fileio import JSON_BOUNDS, depth, errors_as, read_problem
 
-#: Files a folder contributes; anything else in it is left out.
-TEXT_SUFFIXES = (".txt",)
-JSONL_SUFFIXES = (".jsonl",)
+#: Files a folder contributes, by kind; anything else in it is left out. Parquet and Arrow files
+#: (Hugging Face datasets' shards, ``datasets.save_to_disk``'s ``data-*.arrow``) hold one document a
+#: row, as JSON Lines a line.
+SUFFIXES = {".txt": "text", ".jsonl": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
 #: Bytes read from a file at a time.
 BLOCK = 1 << 22
 #: Documents are handed on in pieces of about this many characters.
@@ -30,47 +31,30 @@ PIECE_CHARS = 1 << 11
 HARD_CUT_FACTOR = 64
 #: With at least this many documents the validation split is the last whole documents, else the text's tail.
 MANY_DOCUMENTS = 10
-
-#: Every message, by kind.
-MESSAGES = {
-    "missing": "{{key}} {source!r} does not exist; point {{key}} at a text file, a folder of .txt/.jsonl "
-    "files or a glob",
-    "no_match": (
-        "{{key}} {source!r} matches no file; check the pattern (quote it in the shell so that minigpt "
-        "expands it)"
-    ),
-    "empty_folder": "folder {source!r} holds no .txt or .jsonl files (searched recursively); add some, or point "
-    "{{key}} at a file",
-    "empty": "corpus file {path!r} is empty; give it some text, or remove it from {{key}}",
-    "no_text": "{{key}} {source!r} holds no text: every document is empty; give it some text",
-    "not_utf8": "corpus file {path!r} is not UTF-8 text ({reason} at byte {offset:,}); convert it to UTF-8 "
-    "(e.g. with iconv) or remove it from {{key}}",
-    "bad_json": "{path}:{line}: does not parse as JSON ({detail}); fix the line, or remove the file from {{key}}",
-    "not_object": "{path}:{line}: holds a JSON {kind}, not an object with a text field; fix the line, or remove "
-    "the file from {{key}}",
-    "no_field": "{path}:{line}: the object has no text field {field!r} (it has {keys}); set data.text_field to "
-    "the field holding the text",
-    "not_text": "{path}:{line}: field {field!r} holds {kind}, not text; set data.text_field to the field holding "
-    "the text",
-}
+#: Rows of a Parquet row group decoded at a time (a row group can be large; a batch of rows is not).
+PARQUET_BATCH_ROWS = 1024
 
 
-def _error(message: str, **fields: object) -> MinigptError:
-    return MinigptError(
-        MESSAGES[message].format(**fields), key="data.path"
-    )  # train-tokenizer spells it --input
+def _error(what: str) -> MinigptError:
+    # ``{key}`` in ``what`` is data.path, or --input as train-tokenizer and prepare spell it.
+    return MinigptError(what, key="data.path")
 
 
 @dataclass(frozen=True)
 class CorpusFile:
-    """One input file: resolved path, size in bytes, sha256, whether JSON Lines, and name (relative to the
-    folder holding all the corpus's files)."""
+    """One input file: resolved path, size in bytes, sha256, kind (a :data:`SUFFIXES` value), name
+    (relative to the folder holding all the corpus's files)."""
 
     path: Path
     size: int
     sha256: str
-    jsonl: bool
+    kind: str = "text"
     name: str = ""
+
+    @property
+    def by_documents(self) -> bool:
+        """Whether the file holds documents one by one (a line, a row), not one running text."""
+        return self.kind != "text"
 
     def record(self) -> dict:
         """The file as ``meta.json`` and the run's records keep it."""
@@ -84,7 +68,9 @@ class CorpusFile:
 
 @dataclass(frozen=True)
 class Corpus:
-    """The files of one corpus, in reading order, and how to read them."""
+    """The files of one corpus, in reading order, and how to read them.
+
+    ``text_field``: the JSON field or the Parquet/Arrow column holding each document's text."""
 
     source: str
     name: str
@@ -98,7 +84,7 @@ class Corpus:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of every file's (name, size, sha256), in order, and of the JSON field read: 64 hex digits."""
+        """sha256 of every file's (name, size, sha256), in order, and of the column read: 64 hex."""
         return self._digest([{k: r[k] for k in ("name", "size", "sha256")} for r in self.records()])
 
     @property
@@ -108,7 +94,7 @@ class Corpus:
 
     def _digest(self, files: list[dict]) -> str:
         obj: dict = {"files": files}
-        if any(f.jsonl for f in self.files):
+        if any(f.by_documents for f in self.files):
             obj["text_field"] = self.text_field
         return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
 
@@ -144,10 +130,10 @@ def changed_file(before: Sequence[dict], after: Sequence[dict]) -> Optional[tupl
 
 
 def _is_input(p: Path, root: Path) -> bool:
-    """A text or JSON Lines file under ``root``, not hidden and not in a hidden folder (``.git``, ...)."""
+    """A corpus file (:data:`SUFFIXES`) under ``root``, neither hidden nor in a hidden folder."""
     return (
         p.is_file()
-        and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES
+        and p.suffix.lower() in SUFFIXES
         and not any(part.startswith(".") for part in p.relative_to(root).parts)
     )
 
@@ -161,19 +147,30 @@ def _once(paths: Iterable[Path]) -> list[Path]:
 
 
 def matching(source: str | Path) -> tuple[list[Path], str]:
-    """The files ``source`` names, in reading order (a file; a folder's ``*.txt``/``*.jsonl``, recursive,
-    sorted, hidden ones left out; a glob's files, sorted; each once), and the message kind when none."""
+    """The files ``source`` names, in reading order, and why there are none, when so.
+
+    A file; a folder's :data:`SUFFIXES` files, recursive, sorted, hidden ones left out; a glob's
+    files, sorted; each once."""
     text = str(source)
     p = Path(text).expanduser()
     if p.is_file():
         return [p], ""
     if p.is_dir():
-        return _once(sorted(q for q in p.rglob("*") if _is_input(q, p))), "empty_folder"
+        return _once(sorted(q for q in p.rglob("*") if _is_input(q, p))), (
+            f"folder {text!r} holds no .txt, .jsonl, .parquet or .arrow files (searched "
+            "recursively); add some, or point {key} at a file"
+        )
     if glob.has_magic(text):
         return _once(
             sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file())
-        ), "no_match"
-    return [], "missing"
+        ), (
+            f"{{key}} {text!r} matches no file; check the pattern (quote it in the shell so that "
+            "minigpt expands it)"
+        )
+    return [], (
+        f"{{key}} {text!r} does not exist; point {{key}} at a text file, a folder of "
+        ".txt/.jsonl/.parquet files or a glob"
+    )
 
 
 #: What a JSON line nested past :data:`~minigpt_cli.fileio.JSON_BOUNDS` is.
@@ -190,13 +187,17 @@ class _Reading(errors_as):
         super().__init__(
             {
                 UnicodeDecodeError: lambda e: _error(
-                    "not_utf8", path=str(path), reason=e.reason, offset=self.offset + e.start
+                    f"corpus file {str(path)!r} is not UTF-8 text ({e.reason} at byte "
+                    f"{self.offset + e.start:,}); "
+                    "convert it to UTF-8 (e.g. with iconv) or remove it from {key}",
                 ),
                 json.JSONDecodeError: lambda e: _error(
-                    "bad_json", path=path, line=self.line, detail=f"{e.msg} at column {e.colno}"
+                    f"{path}:{self.line}: does not parse as JSON ({e.msg} at column {e.colno}); "
+                    "fix the line, or remove the file from {key}",
                 ),
                 RecursionError: lambda e: _error(
-                    "bad_json", path=path, line=self.line, detail=_DEEP
+                    f"{path}:{self.line}: does not parse as JSON ({_DEEP}); "
+                    "fix the line, or remove the file from {key}",
                 ),
                 OSError: lambda e: read_problem(e, path, "corpus file"),
             }
@@ -225,21 +226,30 @@ def open_corpus(
     on_bytes: Callable[[int], None] = lambda n: None,
     name: Optional[str] = None,
 ) -> Corpus:
-    """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size); ``name``: its stem. Raises
-    MinigptError: nothing there (or no file, for a folder or a glob); a single empty file, an unreadable one."""
-    found, kind = matching(source)
-    if (
-        kind == "missing" and Path(source).expanduser().is_symlink()
-    ):  # a dangling link: named as one
+    """The corpus ``source`` names, its files hashed (``on_bytes`` hears each block's size).
+
+    ``name``: its stem. Raises MinigptError: nothing there (or no file, for a folder or a glob); a
+    single empty file, an unreadable one; a Parquet/Arrow file without a text column
+    ``text_field``, or pyarrow missing for one."""
+    found, why = matching(source)
+    if not found and Path(source).expanduser().is_symlink():  # a dangling link: named as one
         raise read_problem(FileNotFoundError(), Path(source).expanduser(), "corpus")
     sizes = []
     for p in found:
         with _Reading(p):
             sizes.append(p.stat().st_size)
-    if not found or sizes == [0]:
+    if not found:
+        raise _error(why)
+    if sizes == [0]:
         raise _error(
-            "empty" if found else kind, source=str(source), path=str(found[0]) if found else ""
+            f"corpus file {str(found[0])!r} is empty; give it some text, or remove it from {{key}}"
         )
+    kinds = [SUFFIXES.get(p.suffix.lower(), "text") for p in found]
+    for p, kind in zip(found, kinds):
+        if kind in ("parquet", "arrow"):
+            _check_column(
+                p, kind, text_field
+            )  # before hashing: a wrong column is found in a moment
     # Names are relative to the folder holding every file (a single file's: its own folder), as the user
     # named them (before symbolic links are followed).
     root = Path(os.path.commonpath([os.path.abspath(p.parent) for p in found]))
@@ -248,12 +258,119 @@ def open_corpus(
             p.resolve(),
             size,
             _sha256(p, on_bytes),
-            p.suffix.lower() in JSONL_SUFFIXES,
+            kind,
             Path(os.path.abspath(p)).relative_to(root).as_posix(),
         )
-        for p, size in zip(found, sizes)
+        for p, size, kind in zip(found, sizes, kinds)
     ]
     return Corpus(str(source), name or _stem(str(source), found), tuple(files), text_field)
+
+
+# ----------------------------------------------------------------------------- Parquet and Arrow
+
+
+def _pyarrow():
+    """The pyarrow module, imported here: only Parquet and Arrow corpora need it.
+
+    Raises MinigptError: it is not installed."""
+    try:
+        import pyarrow
+        import pyarrow.ipc
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise _error(
+            "{key} names Parquet or Arrow files, which need pyarrow; "
+            "pip install 'minigpt-cli[parquet]'"
+        ) from None
+    return pyarrow
+
+
+class _Table(errors_as):
+    """The reads of a Parquet or Arrow file in a ``with`` block, their failures one line each.
+
+    pyarrow's errors and OSErrors become the one line for that file, naming the row group (Parquet)
+    or record batch (Arrow) ``part`` when one is being read."""
+
+    def __init__(self, path: Path, kind: str):
+        pa = _pyarrow()
+        self.part: Optional[int] = None
+        unit = "row group" if kind == "parquet" else "record batch"
+        super().__init__(
+            {
+                (pa.ArrowException, OSError): lambda e: _error(
+                    f"cannot read {kind.capitalize()} file {str(path)!r}"
+                    + (f" at {unit} {self.part}" if self.part is not None else "")
+                    + f" ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                    "check the file (download it again), or remove it from {key}"
+                ),
+            }
+        )
+
+
+def _schema(path: Path, kind: str):
+    """The Arrow schema of a Parquet file (its footer) or an Arrow stream (its first message)."""
+    pa = _pyarrow()
+    if kind == "parquet":
+        return pa.parquet.read_schema(path)
+    with pa.ipc.open_stream(path) as reader:
+        return reader.schema
+
+
+def _check_column(path: Path, kind: str, column: str) -> None:
+    """Refuse a Parquet or Arrow file whose ``column`` is missing or not text (MinigptError)."""
+    pa = _pyarrow()
+    with _Table(path, kind):
+        schema = _schema(path, kind)
+    if column not in schema.names:
+        names = ", ".join(map(repr, schema.names[:8])) + (", ..." if len(schema.names) > 8 else "")
+        raise _error(
+            f"{path}: no column {column!r} (it has {names or 'no columns'}); "
+            "set data.text_field to the column holding the text"
+        )
+    kind_of = schema.field(column).type
+    is_view = getattr(pa.types, "is_string_view", lambda t: False)  # pyarrow 16 and later
+    if not (pa.types.is_string(kind_of) or pa.types.is_large_string(kind_of) or is_view(kind_of)):
+        raise _error(
+            f"{path}: column {column!r} holds {kind_of}, not text; "
+            "set data.text_field to the column holding the text"
+        )
+
+
+def _table_documents(path: Path, kind: str, column: str, size: int) -> Iterator[tuple[str, int]]:
+    """The documents of a Parquet file or an Arrow stream, each with its share of the file's bytes.
+
+    A Parquet file is read a row group at a time, in batches of :data:`PARQUET_BATCH_ROWS` rows; an
+    Arrow stream a record batch at a time: never the whole file. A null is an empty document, as a
+    blank line of JSON Lines is."""
+    pa = _pyarrow()
+    with _Table(path, kind) as at:
+        if kind == "parquet":
+            pf = pa.parquet.ParquetFile(path)
+            n_rows = pf.metadata.num_rows
+
+            def batches():
+                for at.part in range(pf.num_row_groups):
+                    yield from pf.iter_batches(
+                        batch_size=PARQUET_BATCH_ROWS, row_groups=[at.part], columns=[column]
+                    )
+
+        else:
+            stream = pa.ipc.open_stream(path)
+            n_rows = None  # a stream does not say; the bytes read are counted at its end
+
+            def batches():
+                for at.part, batch in enumerate(stream):
+                    yield batch.select([column])
+
+        row = given = 0
+        for batch in batches():
+            for text in batch.column(0).to_pylist():
+                row += 1
+                share = size * row // n_rows if n_rows else 0
+                yield text or "", share - given
+                given = share
+        if given < size:
+            yield "", size - given  # the bytes not yet counted (an empty document is left out)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -303,15 +420,24 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
 
 def _not_text(obj: object, field: str, path: Path, line: int) -> MinigptError:
     """What is wrong with a JSON line ``obj`` that holds no text in ``field``."""
-    where = dict(path=path, line=line, field=field)
     if not isinstance(obj, dict):
         kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(
             type(obj), "number"
         )
-        return _error("not_object", kind=kind, **where)
+        return _error(
+            f"{path}:{line}: holds a JSON {kind}, not an object with a text field; fix the line, "
+            "or remove the file from {key}"
+        )
     if field not in obj:
-        return _error("no_field", keys=", ".join(map(repr, list(obj)[:8])) or "no fields", **where)
-    return _error("not_text", kind=type(obj[field]).__name__, **where)
+        keys = ", ".join(map(repr, list(obj)[:8])) or "no fields"
+        return _error(
+            f"{path}:{line}: the object has no text field {field!r} (it has {keys}); set "
+            "data.text_field to the field holding the text"
+        )
+    return _error(
+        f"{path}:{line}: field {field!r} holds {type(obj[field]).__name__}, not text; set "
+        "data.text_field to the field holding the text"
+    )
 
 
 #: Where GPT-2's split (``tokenizer_training.SPLIT_PATTERN``) cuts anyway: after a single newline between two
@@ -366,7 +492,7 @@ def cut_pieces(
 
 def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]]]:
     """Each document of ``corpus`` as an iterator of its text (to be read before the next), with the bytes read. Raises
-    MinigptError: a file unreadable, not UTF-8, or a bad JSON line, while reading."""
+    MinigptError: a file unreadable, not UTF-8, a bad JSON line, a Parquet row group unreadable."""
     done = [0]
 
     def read_so_far() -> int:
@@ -378,8 +504,13 @@ def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]
             yield text
 
     for f in corpus.files:
-        if f.jsonl:
-            for text, n in _jsonl_documents(f.path, corpus.text_field):
+        if f.by_documents:
+            rows = (
+                _jsonl_documents(f.path, corpus.text_field)
+                if f.kind == "jsonl"
+                else _table_documents(f.path, f.kind, corpus.text_field, f.size)
+            )
+            for text, n in rows:
                 done[0] += n
                 yield iter((text,)), read_so_far
         else:
@@ -391,7 +522,9 @@ def survey(corpus: Corpus) -> tuple[int, int]:
     :func:`documents`, or no text at all."""
     lengths = [sum(map(len, blocks)) for blocks, _ in documents(corpus)]
     if not sum(lengths):
-        raise _error("no_text", source=corpus.source)
+        raise _error(
+            f"{{key}} {corpus.source!r} holds no text: every document is empty; give it some text"
+        )
     return sum(n > 0 for n in lengths), sum(lengths)
 
 

@@ -286,7 +286,7 @@ def training_texts(
 ) -> Iterator[str]:
     """Every piece of every document (about ``limit_chars`` characters at most), after a blank line when
     documents will be joined by one (its characters need ids)."""
-    several = len(corpus.files) > 1 or any(f.jsonl for f in corpus.files)
+    several = len(corpus.files) > 1 or any(f.by_documents for f in corpus.files)
     if several and not any(s in END_OF_TEXT for s in special_tokens):
         yield "\n\n"
     if limit_chars is not None:
