@@ -302,7 +302,7 @@ def test_full_scoring_is_the_transformers_documentation_loop(folders, data_dir, 
     block_size, so ours with block_size = max_length - 1 scores the same (context, token) pairs."""
     from transformers import AutoModelForCausalLM
 
-    from minigpt_cli.eval.evaluate import _score_full
+    from minigpt_cli.eval.evaluate import _score_full, full_windows
     from minigpt_cli.hf.finetune import load_pretrained
     from minigpt_cli.model.gpt import GPT
 
@@ -337,7 +337,8 @@ def test_full_scoring_is_the_transformers_documentation_loop(folders, data_dir, 
             if end == enc.size(1):
                 break
     assert n_tokens == len(ids) - 1
-    got = _score_full(ours, ids, 47, stride, 3, torch.device("cpu"), progress=False)
+    spans = list(full_windows(len(ids), 47, stride))
+    got = _score_full(ours, ids, spans, 3, torch.device("cpu"), progress=False)
     assert got == pytest.approx(nll_sum, rel=1e-5)
 
 

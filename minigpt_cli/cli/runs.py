@@ -193,7 +193,15 @@ def evaluate(
         False,
         "--full",
         help="Score every token of the split exactly once (sliding windows) "
-        "instead of the training eval's windows.",
+        "instead of the training eval's windows (as --windows full).",
+    ),
+    windows: Optional[str] = typer.Option(
+        None,
+        "--windows",
+        metavar="eval|full|lm-eval",
+        help="How the text is cut into windows: the training eval's (default for a split), "
+        "full (as --full; default for --text-file) or lm-eval (lm-evaluation-harness's "
+        "loglikelihood_rolling: its bits per byte, to quote beside lm-eval's).",
     ),
     stride: Optional[int] = typer.Option(
         None,
@@ -217,6 +225,9 @@ def evaluate(
     it). --full scores every token of the split once: windows of block_size
     tokens advancing by --stride, each scoring only the tokens the previous
     window did not (transformers' "perplexity of fixed-length models").
+    --windows lm-eval scores as lm-evaluation-harness does on an export
+    (a begin token, then disjoint windows that each see only the token
+    before them): more tokens see little context, so its figure is higher.
 
     Loss is in nats per token, so it depends on the tokenizer: a char model
     and a BPE model cannot be compared by it. Bits per byte (and per
@@ -228,6 +239,7 @@ def evaluate(
       minigpt evaluate --run runs/shakespeare-char --json
       minigpt evaluate --full --stride 128
       minigpt evaluate --text-file sonnets.txt
+      minigpt evaluate --text-file sonnets.txt --windows lm-eval
     """
     from ..eval.evaluate import evaluate as run_evaluate
     from ..eval.evaluate import format_evaluation
@@ -238,6 +250,7 @@ def evaluate(
         split=split,
         text_file=text_file,
         full=full,
+        windows=windows,
         stride=stride,
         batch_size=batch_size,
         device=device,

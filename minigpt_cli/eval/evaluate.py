@@ -1,11 +1,14 @@
 """The ``evaluate`` command as a function: a checkpoint's loss, perplexity and bits per byte.
 
-By default the windows the run's own eval read at the checkpoint's step (:func:`~.data.pipeline.eval_offsets`),
-so the result is the logged ``val_loss`` again; ``full`` scores every token of the split once, by windows
-of ``block_size`` advancing by ``stride`` (transformers' "Perplexity of fixed-length models", sliding
-window); a text file is scored the same way. Loss is in nats per token; bits per byte,
-``loss · tokens / (ln 2 · UTF-8 bytes)``, compares models across tokenizers.
-"""
+By default the windows the run's own eval read at the checkpoint's step
+(:func:`~.data.pipeline.eval_offsets`), so the result is the logged ``val_loss`` again; ``full``
+scores every token of the split once, by windows of ``block_size`` advancing by ``stride``
+(transformers' "Perplexity of fixed-length models", sliding window); a text file is scored the same
+way. ``lm-eval`` windows are lm-evaluation-harness's ``loglikelihood_rolling``
+(:func:`lm_eval_windows`): the export's begin token before the text, every token scored, in disjoint
+windows of ``block_size`` that each see only the token before them, so its bits per byte are
+lm-eval's, and higher than ``full``'s. Loss is in nats per token; bits per byte, ``loss · tokens /
+(ln 2 · UTF-8 bytes)``, compares models across tokenizers."""
 
 from __future__ import annotations
 
@@ -80,17 +83,33 @@ def full_windows(n_tokens: int, block_size: int, stride: int) -> Iterator[tuple[
         begin += stride
 
 
+def lm_eval_windows(n_tokens: int, block_size: int) -> Iterator[tuple[int, int, int]]:
+    """(begin, end, scored) of lm-eval's rolling windows over a begin token and ``n_tokens`` tokens
+    after it (indices count the begin token as 0), as :func:`full_windows` gives them: every token
+    after the begin token is scored once. lm-evaluation-harness's ``get_rolling_token_windows`` with
+    ``context_len=1``, then ``make_disjoint_window`` (``lm_eval/utils.py``): the first window reads
+    the begin token and the first ``block_size - 1`` tokens; each next scores the next
+    ``block_size`` tokens (the last: those left), reading the ``block_size`` before its last one, so
+    a full window's first token sees only the token before it."""
+    first = min(block_size, n_tokens)
+    yield 0, first + 1, first
+    done = first
+    while done < n_tokens:
+        scored = min(n_tokens - done, block_size)
+        end = done + scored + 1  # in the sequence that starts with the begin token
+        yield end - block_size - 1, end, scored
+        done += scored
+
+
 def _score_full(
     model,
     tokens: np.ndarray,
-    block_size: int,
-    stride: int,
+    spans: list[tuple[int, int, int]],
     batch_size: int,
     device: torch.device,
     progress: Optional[bool],
 ) -> float:
-    """The summed loss in nats of every token of ``tokens`` after the first (:func:`full_windows`)."""
-    spans = list(full_windows(len(tokens), block_size, stride))
+    """The summed loss in nats of the tokens ``spans`` score (:func:`full_windows`, ...)."""
     total = torch.zeros((), dtype=torch.float64)
     bar = tqdm(
         total=len(spans),
@@ -150,21 +169,24 @@ def evaluate(
     split: Optional[str] = None,
     text_file: Optional[str | Path] = None,
     full: bool = False,
+    windows: Optional[str] = None,
     stride: Optional[int] = None,
     batch_size: int = 8,
     device: str = "auto",
     progress: Optional[bool] = None,
     echo: Callable[[str], None] = lambda message: None,
 ) -> dict:
-    """Score a run's checkpoint (``run``: default the newest) on ``split`` (val or train) or ``text_file``.
+    """Score a run's checkpoint (``run``: default the newest) on a ``split`` or ``text_file``.
 
-    ``stride``: tokens each full-scoring window advances (default ``block_size // 2``). Returns
-    ``loss`` (nats per token), ``perplexity`` (inf past a float's range), ``bits_per_byte``,
-    ``bits_per_char``, ``tokens``, ``bytes``, ``chars``, ``step``, ``checkpoint``, ``mode``, ``source``, ``stride``,
-    ``logged_loss`` (the run's own loss of the same measurement, else None), ``block_size``, ``run``.
-    Raises MinigptError: no run or checkpoint, arguments that conflict or are out of range, an unreadable or
-    unencodable file, a corpus gone or changed since training, too few tokens.
-    """
+    ``windows``: ``eval`` (the training eval's; the default for a split), ``full`` (as
+    ``full=True``; the default for ``text_file``) or ``lm-eval`` (:func:`lm_eval_windows`, with the
+    export's begin token, :func:`~minigpt_cli.hf.export.begin_token`). ``stride``: tokens each
+    full-scoring window advances (default ``block_size // 2``). Returns ``loss`` (nats per token),
+    ``perplexity`` (inf past a float's range), ``bits_per_byte``, ``bits_per_char``, ``tokens``,
+    ``bytes``, ``chars``, ``step``, ``checkpoint``, ``mode``, ``source``, ``stride``,
+    ``logged_loss`` (the run's own loss of the same measurement, else None), ``block_size``,
+    ``run``. Raises MinigptError: no run or checkpoint, arguments that conflict or are out of range,
+    an unreadable or unencodable file, a corpus gone or changed since training, too few tokens."""
     dev = resolve_device(device)
     loaded = load_run(run, checkpoint, dev)
     model, cfg, tok, run_dir, ckpt = (
@@ -179,6 +201,19 @@ def evaluate(
     # The arguments, checked once the run's block_size is known and before any corpus is read.
     if split is not None and text_file is not None:
         raise MinigptError("pass either --split or --text-file, not both")
+    if windows not in (None, "eval", "full", "lm-eval"):
+        raise MinigptError(f"--windows {windows!r}: use eval, full or lm-eval")
+    if windows == "eval" and text_file is not None:
+        raise MinigptError(
+            "--windows eval reads the run's own eval windows of a split, not a --text-file; "
+            "use --windows full or lm-eval"
+        )
+    if windows == "lm-eval" and (full or stride is not None):
+        raise MinigptError(
+            "--windows lm-eval fixes its windows (lm-eval's, of block_size); "
+            "drop --full and --stride"
+        )
+    full = full or windows == "full"
     if stride is not None and not full and text_file is None:
         raise MinigptError(
             "--stride sets the windows of --full (and --text-file); "
@@ -203,15 +238,24 @@ def evaluate(
         tokens = split_tokens(run_corpus_config(cfg, run_dir), tok, split, run_dir, echo, progress)
         n_bytes, n_chars = text_size(tok, tokens)
         source = split
-    if len(tokens) < 2:
+    if len(tokens) < (1 if windows == "lm-eval" else 2):
         raise MinigptError(
             f"{source} holds {len(tokens)} token(s); scoring needs at least 2 (a token and its next)"
         )
     model.eval()
     logged = None
-    if full:
+    if windows == "lm-eval":
+        from ..hf.export import begin_token
+
+        # lm-eval scores every token, the first after the begin token the export names.
+        tokens = np.concatenate([[begin_token(tok)[1]], tokens]).astype(np.int64)
+        spans = list(lm_eval_windows(len(tokens) - 1, T))
         n_scored = len(tokens) - 1
-        loss = _score_full(model, tokens, T, stride, batch_size, dev, progress) / n_scored
+        loss = _score_full(model, tokens, spans, batch_size, dev, progress) / n_scored
+    elif full:
+        n_scored = len(tokens) - 1
+        spans = list(full_windows(len(tokens), T, stride))
+        loss = _score_full(model, tokens, spans, batch_size, dev, progress) / n_scored
         if text_file is None:  # the scored text is the split's, less its first token
             n_bytes, n_chars = (
                 a - b for a, b in zip((n_bytes, n_chars), text_size(tok, tokens[:1]))
@@ -223,7 +267,7 @@ def evaluate(
         if meta.get("eval_step") == meta.get("step"):
             logged = meta.get(f"{split}_loss")
     counted = (
-        n_scored if full else len(tokens)
+        n_scored if full or windows == "lm-eval" else len(tokens)
     )  # the eval's windows: converted at the split's tokens per byte
     nats_per = loss * counted / n_bytes, loss * counted / n_chars
     return {
@@ -231,7 +275,7 @@ def evaluate(
         "checkpoint": ckpt.name,
         "step": meta.get("step"),
         "source": source,
-        "mode": "full" if full else "eval",
+        "mode": windows if windows == "lm-eval" else "full" if full else "eval",
         "loss": loss,
         "perplexity": math.exp(loss)
         if loss < 709.0
@@ -243,7 +287,7 @@ def evaluate(
         "chars": n_chars,
         "split_tokens": len(tokens),
         "block_size": T,
-        "stride": stride if full else None,
+        "stride": stride if full and windows != "lm-eval" else None,
         "logged_loss": logged,
     }
 
@@ -251,7 +295,7 @@ def evaluate(
 def _per_unit(r: dict) -> list[str]:
     """The bits per byte and per character lines, saying what they were measured on: the scored text itself
     (``full``), or the training eval's tokens converted at the split's own tokens per byte."""
-    if r["mode"] == "full":
+    if r["mode"] in ("full", "lm-eval"):
         return [
             f"  bits per byte   {r['bits_per_byte']:.4f} ({r['bytes']:,} bytes)",
             f"  bits per char   {r['bits_per_char']:.4f} ({r['chars']:,} characters)",
@@ -265,11 +309,11 @@ def _per_unit(r: dict) -> list[str]:
 
 def format_evaluation(r: dict) -> str:
     """The text form of :func:`evaluate`'s result."""
-    how = (
-        f"every token once, windows of {r['block_size']} advancing by {r['stride']}"
-        if r["mode"] == "full"
-        else "the training eval's windows"
-    )
+    how = {
+        "full": f"every token once, windows of {r['block_size']} advancing by {r['stride']}",
+        "lm-eval": f"lm-eval's rolling windows of {r['block_size']} after the begin token",
+        "eval": "the training eval's windows",
+    }[r["mode"]]
     lines = [
         f"{r['run']} ({r['checkpoint']}, step {r['step']}) on {r['source']}: {how}",
         f"  loss            {r['loss']:.6f} nats/token over {r['tokens']:,} tokens",

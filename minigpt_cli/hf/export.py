@@ -268,7 +268,7 @@ _CONFIGS = {
 
 def hf_config(cfg: Config, tok: Tokenizer, target: str) -> dict:
     """The ``config.json`` of ``cfg``'s model as ``target`` (:func:`hf_target`), with the end-of-text id when the
-    tokenizer has one."""
+    tokenizer has one, and the begin token's id (:func:`begin_token`)."""
     mc = cfg.model
     eos = end_of_text(tok)
     eos = tok.encode(eos)[0] if eos is not None else None
@@ -279,7 +279,7 @@ def hf_config(cfg: Config, tok: Tokenizer, target: str) -> dict:
         "vocab_size": mc.vocab_size,
         "initializer_range": mc.init_std,
         "tie_word_embeddings": mc.tie_weights,
-        "bos_token_id": eos,
+        "bos_token_id": begin_token(tok)[1],
         "eos_token_id": eos,
         "torch_dtype": "float32",
     }
@@ -380,6 +380,25 @@ def char_tokenizer_json(tok: CharTokenizer, vocab_size: int) -> str:
     return backend.to_str(pretty=True)
 
 
+def begin_token(tok: Tokenizer) -> tuple[str, int]:
+    """The export's begin-of-text token (``bos_token``), as the vocabulary spells it, and its id.
+
+    lm-evaluation-harness puts it before every text it scores (``prefix_token_id``) and fails
+    without one. The run's end-of-text token when it has one; else the last token of the blank line
+    the run put between documents (``\n`` for a char run, ``Ċ`` for byte-level BPE, ``##\n`` for
+    WordPiece): what the model saw before each document; else (a tokenizer that cannot encode a
+    blank line) its unknown token, else id 0."""
+    from ..data.preparation import separator_ids
+
+    eot = end_of_text(tok)
+    ids = tok.encode(eot) if eot is not None else separator_ids(tok)[0]
+    if not ids and tok.unk_token is not None:
+        ids = [tok.token_to_id(tok.unk_token)]
+    i = ids[-1] if ids else 0
+    text = tok.itos[i] if isinstance(tok, CharTokenizer) else tok.backend.id_to_token(i)
+    return text, i
+
+
 def tokenizer_files(tok: Tokenizer, run_dir: Path, cfg: Config) -> dict[str, str]:
     """``tokenizer.json`` and ``tokenizer_config.json`` of the run's tokenizer, as text."""
     unk = tok.unk_token
@@ -398,6 +417,10 @@ def tokenizer_files(tok: Tokenizer, run_dir: Path, cfg: Config) -> dict[str, str
     eos = end_of_text(tok)
     if eos is not None:
         config["eos_token"] = eos
+    # A begin token for lm-evaluation-harness, which fails without one. transformers counts it as
+    # special (decode(skip_special_tokens=True) leaves it out; docs/hf.md); it is not an end:
+    # generation goes on.
+    config["bos_token"] = begin_token(tok)[0]
     if unk is not None:
         config["unk_token"] = unk
     return {
