@@ -136,6 +136,7 @@ metric_list:
 """
 
 
+@pytest.mark.client
 @pytest.mark.skipif(
     importlib.util.find_spec("lm_eval") is None,
     reason="lm-evaluation-harness is not installed (pip install 'minigpt-cli[lm-eval]'; .ci/run does)",
