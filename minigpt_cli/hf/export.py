@@ -23,7 +23,7 @@ import torch
 
 from ..config.keys import run_value, yaml_value
 from ..config.schema import Config, ModelConfig
-from ..errors import MinigptError, refuse
+from ..errors import MinigptError
 from ..fileio import chmod_quietly, dir_mode, os_error_message
 from ..run import folder as runs
 from ..sample.generate import end_of_text
@@ -36,34 +36,6 @@ from .load import (
     neox_qkv,
     read_hf_config,
 )  # the one name table, both ways
-
-_MESSAGES = {
-    "format": "--format {fmt!r}: use hf (a transformers folder) or gguf (one file for llama.cpp)",
-    "dtype": "--dtype is for --format gguf; a transformers folder is float32",
-    "arch_gguf": "--arch picks a transformers architecture (--format hf); a GGUF's follows the run: drop --arch",
-    "not_empty": "{out} exists and is not empty; pass --force to replace it, or another --output",
-    "not_folder": "{out} exists and is not a folder; pass another --output",
-    "holds": "--output {out} is or holds {what}; an export replaces its folder: pass a new or empty one",
-    "in_run": "--output {out} is inside the run folder, which holds what train writes; pass a folder outside it",
-    "not_export": "{out} holds files an export does not write ({names}); --force replaces only an earlier "
-    "export: pass a new or empty --output",
-    "not_ours": "{out} is not an export minigpt wrote (its config.json carries no minigpt mark); --force "
-    "replaces only an earlier export: pass a new or empty --output",
-    "unsupported": "model.{key}={value} has no equivalent in transformers' GPT-2, Llama, GPT-NeoX or Qwen3, so "
-    "this run cannot be exported; the nearest, {name}, takes model.{key} {takes}: a run trained with "
-    "{changes} exports as {name}",
-    "arch": "--arch {arch}: {name} cannot express model.{key}={value} (it takes {takes}); {fix}",
-    "arch_other": "drop --arch: the run exports as {other}",
-    "arch_train": "a run trained with {changes} exports as {name}",
-    "char_drops": "note: the exported char tokenizer removes characters outside its {n}-character alphabet "
-    "(minigpt refuses them): the model has no row for an unknown token; train with "
-    "model.vocab_size above {size} for an export that maps them to one",
-    "cut": "note: the position table has model.block_size={block} rows: fine-tuning cut {folder}'s {source} to "
-    "that; fine-tune with a larger model.block_size to keep more",
-    "summary": "exported {run} ({ckpt}) as a transformers {arch} to {out}; generation_config.json: max_length "
-    "{block} (prompt and new tokens within the model's context) in place of sample.max_new_tokens "
-    "{new}",
-}
 
 #: What an export writes (and all that ``--force`` may replace).
 EXPORT_FILES = (
@@ -180,21 +152,21 @@ def hf_target(mc: ModelConfig, arch: Optional[str] = None) -> str:
     (key, values), name = misses[nearest][0], ARCHITECTURES[nearest][1]
     changes = ", ".join(_setting(k, v) for k, v in misses[nearest])
     takes = " or ".join(map(yaml_value, values))
-    fix = (
-        _MESSAGES["arch_other"].format(other=ARCHITECTURES[fits[0]][1])
-        if fits
-        else _MESSAGES["arch_train"].format(changes=changes, name=name)
-    )
+    value = run_value(getattr(mc, key))
+    if arch:
+        fix = (
+            f"drop --arch: the run exports as {ARCHITECTURES[fits[0]][1]}"
+            if fits
+            else f"a run trained with {changes} exports as {name}"
+        )
+        raise MinigptError(
+            f"--arch {arch}: {name} cannot express model.{key}={value} (it takes {takes}); {fix}",
+            key=f"model.{key}",
+        )
     raise MinigptError(
-        _MESSAGES["arch" if arch else "unsupported"].format(
-            arch=arch,
-            key=key,
-            value=run_value(getattr(mc, key)),
-            name=name,
-            takes=takes,
-            changes=changes,
-            fix=fix,
-        ),
+        f"model.{key}={value} has no equivalent in transformers' GPT-2, Llama, GPT-NeoX or Qwen3, "
+        f"so this run cannot be exported; the nearest, {name}, takes model.{key} {takes}: a run "
+        f"trained with {changes} exports as {name}",
         key=f"model.{key}",
     )
 
@@ -552,12 +524,16 @@ def export_run(
 ) -> Path:
     """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`), as
     ``arch`` (a key of :data:`TARGETS`; None: the one that expresses the run), or with ``fmt="gguf"`` as a GGUF
-    file (:func:`~.gguf.export_gguf`); a :class:`MinigptError` for each refusal of :data:`_MESSAGES`,
+    file (:func:`~.gguf.export_gguf`); a :class:`MinigptError` for a bad option or output,
     :func:`hf_target`'s, and a failed write."""
     if fmt == "gguf":
         from .gguf import export_gguf
 
-        refuse([(arch is not None, "arch_gguf")], _MESSAGES)
+        if arch is not None:
+            raise MinigptError(
+                "--arch picks a transformers architecture (--format hf); a GGUF's follows the "
+                "run: drop --arch"
+            )
         return export_gguf(
             run, output, dtype=dtype or "f32", checkpoint=checkpoint, force=force, echo=echo
         )
@@ -575,26 +551,38 @@ def export_run(
         run_dir.resolve() in where.parents
     )  # a run folder holds what train and the readers write
     foreign = _foreign(out) if out.is_dir() else []
-    refuse(
-        [
-            (fmt != "hf", "format"),
-            (dtype is not None, "dtype"),
-            (
-                holds,
-                "holds",
-            ),  # before "not empty": no --force replaces these, so none may be suggested
-            (inside_run, "in_run"),
-            (out.exists() and not out.is_dir(), "not_folder"),
-            (out.is_dir() and any(out.iterdir()) and not force, "not_empty"),
-            (force and foreign, "not_export"),
-            (force and out.is_dir() and any(out.iterdir()) and not _is_export(out), "not_ours"),
-        ],
-        _MESSAGES,
-        fmt=fmt,
-        out=out,
-        what=holds,
-        names=", ".join(foreign[:3]),
-    )
+    if fmt != "hf":
+        raise MinigptError(
+            f"--format {fmt!r}: use hf (a transformers folder) or gguf (one file for llama.cpp)"
+        )
+    if dtype is not None:
+        raise MinigptError("--dtype is for --format gguf; a transformers folder is float32")
+    if holds:  # before "not empty": no --force replaces these, so none may be suggested
+        raise MinigptError(
+            f"--output {out} is or holds {holds}; an export replaces its folder: pass a new or "
+            "empty one"
+        )
+    if inside_run:
+        raise MinigptError(
+            f"--output {out} is inside the run folder, which holds what train writes; pass a "
+            "folder outside it"
+        )
+    if out.exists() and not out.is_dir():
+        raise MinigptError(f"{out} exists and is not a folder; pass another --output")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise MinigptError(
+            f"{out} exists and is not empty; pass --force to replace it, or another --output"
+        )
+    if force and foreign:
+        raise MinigptError(
+            f"{out} holds files an export does not write ({', '.join(foreign[:3])}); --force "
+            "replaces only an earlier export: pass a new or empty --output"
+        )
+    if force and out.is_dir() and any(out.iterdir()) and not _is_export(out):
+        raise MinigptError(
+            f"{out} is not an export minigpt wrote (its config.json carries no minigpt mark); "
+            "--force replaces only an earlier export: pass a new or empty --output"
+        )
     loaded = load_run(
         run_dir, checkpoint
     )  # generate's checks: checksums, finite weights, the run's own tokenizer
@@ -622,22 +610,22 @@ def export_run(
     except OSError as exc:  # named as the user gave it, not as the temporary folder beside it
         raise MinigptError(os_error_message(exc, out, "write")) from None
     if isinstance(tok, CharTokenizer) and char_unk_token(tok, cfg.model.vocab_size) is None:
-        echo(_MESSAGES["char_drops"].format(n=len(tok.chars), size=tok.vocab_size))
+        echo(
+            f"note: the exported char tokenizer removes characters outside its {len(tok.chars)}-"
+            "character alphabet (minigpt refuses them): the model has no row for an unknown "
+            f"token; train with model.vocab_size above {tok.vocab_size} for an export that maps "
+            "them to one"
+        )
     source = _source_positions(cfg.model)
     if source is not None:
         echo(
-            _MESSAGES["cut"].format(
-                block=cfg.model.block_size, folder=cfg.model.init_from, source=source
-            )
+            f"note: the position table has model.block_size={cfg.model.block_size} rows: "
+            f"fine-tuning cut {cfg.model.init_from}'s {source} to that; fine-tune with a larger "
+            "model.block_size to keep more"
         )
     echo(
-        _MESSAGES["summary"].format(
-            run=run_dir,
-            ckpt=ckpt.name,
-            arch=ARCHITECTURES[target][0],
-            out=out,
-            block=cfg.model.block_size,
-            new=cfg.sample.max_new_tokens,
-        )
+        f"exported {run_dir} ({ckpt.name}) as a transformers {ARCHITECTURES[target][0]} to {out}; "
+        f"generation_config.json: max_length {cfg.model.block_size} (prompt and new tokens within "
+        f"the model's context) in place of sample.max_new_tokens {cfg.sample.max_new_tokens}"
     )
     return out
