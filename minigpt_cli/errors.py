@@ -9,7 +9,7 @@ that knows more (the command line that continues a run, the flag that set a key)
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional
+from typing import Mapping, Optional
 
 
 class MinigptError(Exception):
@@ -47,19 +47,6 @@ class MinigptError(Exception):
         """This error with its key written as the command spells it (``{"data.path": "--input"}``)."""
         self._spelling = dict(spelling)
         return self
-
-
-def refuse(
-    checks: Iterable[tuple[Any, str]],
-    messages: Mapping[str, str],
-    fix: Optional[str] = None,
-    **fields: Any,
-) -> None:
-    """Many refusals as one table: raise a :class:`MinigptError` for the first ``(failed, key)`` that failed,
-    its text ``messages[key]`` formatted with ``fields``."""
-    key = next((key for failed, key in checks if failed), None)
-    if key is not None:
-        raise MinigptError(messages[key].format(**fields), fix)
 
 
 class ConfigError(MinigptError):

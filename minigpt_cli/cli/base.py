@@ -25,7 +25,7 @@ from typer._click import (
 )  # Typer's own copy of click (typer.core builds on it)
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from ..errors import Interrupted, MinigptError, refuse
+from ..errors import Interrupted, MinigptError
 from ..run import folder as runs
 
 EXIT_USAGE = 2
@@ -442,17 +442,6 @@ def _flush() -> None:
 # ----------------------------------------------------------------------------- --stop's escapes
 
 #: :func:`unescape`'s refusals.
-_ESCAPE_ERRORS = {
-    "bytes": (
-        "{what} '{text}': its escapes give the bytes {bytes}, which are not UTF-8 text; write a character "
-        "as \\uHHHH (é: \\u00e9) or as all of its UTF-8 bytes (\\xc3\\xa9)"
-    ),
-    "byte_range": "{what} '{text}': {escape} is beyond a byte (at most \\377); write a character as \\uHHHH",
-    "code_point": (
-        "{what} '{text}': {escape} is not a character (U+D800..U+DFFF and values past U+10FFFF are "
-        "not); e.g. \\u00e9 is é"
-    ),
-}
 #: printf's escapes of one character (bash's printf builtin; its ``\\c``, which ends printf's output, is not one).
 _ESCAPES = {
     "\\": "\\",
@@ -489,13 +478,12 @@ def unescape(text: str, what: str = "--stop") -> str:
             decoded = pending.decode(
                 "utf-8", "replace"
             )  # not UTF-8: a U+FFFD that does not encode back to them
-            refuse(
-                [(decoded.encode() != pending, "bytes")],
-                _ESCAPE_ERRORS,
-                what=what,
-                text=text,
-                bytes=pending.hex(" "),
-            )
+            if decoded.encode() != pending:
+                raise MinigptError(
+                    f"{what} '{text}': its escapes give the bytes {pending.hex(' ')}, which are not "
+                    "UTF-8 text; write a character as \\uHHHH (é: \\u00e9) or as all of its UTF-8 "
+                    "bytes (\\xc3\\xa9)"
+                )
             out.append(decoded)
             pending.clear()
 
@@ -508,9 +496,11 @@ def unescape(text: str, what: str = "--stop") -> str:
         pos = m.end()
         if octal is not None or byte is not None:
             value = int(octal, 8) if octal is not None else int(byte, 16)
-            refuse(
-                [(value > 0xFF, "byte_range")], _ESCAPE_ERRORS, what=what, text=text, escape=m[0]
-            )
+            if value > 0xFF:
+                raise MinigptError(
+                    f"{what} '{text}': {m[0]} is beyond a byte (at most \\377); write a character "
+                    "as \\uHHHH"
+                )
             pending.append(value)
             continue
         flush()
@@ -518,13 +508,11 @@ def unescape(text: str, what: str = "--stop") -> str:
             out.append(_ESCAPES.get(other, m[0]))
             continue
         code = int(short or long, 16)
-        refuse(
-            [(0xD800 <= code <= 0xDFFF or code > 0x10FFFF, "code_point")],
-            _ESCAPE_ERRORS,
-            what=what,
-            text=text,
-            escape=m[0],
-        )
+        if 0xD800 <= code <= 0xDFFF or code > 0x10FFFF:
+            raise MinigptError(
+                f"{what} '{text}': {m[0]} is not a character (U+D800..U+DFFF and values past "
+                "U+10FFFF are not); e.g. \\u00e9 is é"
+            )
         out.append(chr(code))
     flush()
     out.append(text[pos:])

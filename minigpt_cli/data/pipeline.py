@@ -11,7 +11,7 @@ import numpy as np
 
 from ..config.schema import Config
 from ..config.special_tokens import END_OF_TEXT
-from ..errors import MinigptError, refuse
+from ..errors import MinigptError
 from ..fileio import check_writable
 from ..paths import corpus_path, dataset_dir, default_tokenizer_path
 from ..run import folder as runs
@@ -238,14 +238,6 @@ def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
 
 
 #: How a tokenizer file can disagree with the config (checked in this order), and the fix.
-_DISAGREES = {
-    "kind": "tokenizer file {path!r} holds a {tok.kind} tokenizer but tokenizer.kind is {tc.kind}; fix "
-    "tokenizer.path or tokenizer.kind",
-    "special": "tokenizer file {path!r} lacks the special tokens {missing} that tokenizer.special_tokens names; "
-    "delete the file to train it again, or fix the config",
-    "size": "tokenizer file {path!r} has {tok.vocab_size:,} entries but tokenizer.vocab_size is {tc.vocab_size:,}; "
-    "delete the file to train it again, or set tokenizer.vocab_size: {tok.vocab_size}",
-}
 
 
 #: The fix for a kind hf tokenizer file that cannot be read.
@@ -255,7 +247,7 @@ _HF_FIX = (
 
 
 def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
-    """Load the tokenizer file ``path`` and check that it agrees with the config (:data:`_DISAGREES`). Raises
+    """Load the tokenizer file ``path`` and check that it agrees with the config (kind, special tokens, size). Raises
     MinigptError: an unreadable file, or one that disagrees with the config."""
     tc = cfg.tokenizer
     # A tokenizer.path file is the user's: never advised to be deleted (own=False); the default file is ours.
@@ -266,18 +258,23 @@ def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
     sized = (
         tc.kind != "char" and tc.vocab_size is not None
     )  # a char tokenizer's alphabet decides its size
-    refuse(
-        [
-            (tok.kind != tc.kind, "kind"),
-            (bool(missing), "special"),
-            (sized and tok.vocab_size != tc.vocab_size, "size"),
-        ],
-        _DISAGREES,
-        path=str(path),
-        tok=tok,
-        tc=tc,
-        missing=", ".join(map(repr, missing)),
-    )
+    if tok.kind != tc.kind:
+        raise MinigptError(
+            f"tokenizer file {str(path)!r} holds a {tok.kind} tokenizer but tokenizer.kind is "
+            f"{tc.kind}; fix tokenizer.path or tokenizer.kind"
+        )
+    if missing:
+        raise MinigptError(
+            f"tokenizer file {str(path)!r} lacks the special tokens {', '.join(map(repr, missing))} "
+            "that tokenizer.special_tokens names; delete the file to train it again, or fix the "
+            "config"
+        )
+    if sized and tok.vocab_size != tc.vocab_size:
+        raise MinigptError(
+            f"tokenizer file {str(path)!r} has {tok.vocab_size:,} entries but "
+            f"tokenizer.vocab_size is {tc.vocab_size:,}; delete the file to train it again, or set "
+            f"tokenizer.vocab_size: {tok.vocab_size}"
+        )
     return tok
 
 
