@@ -534,6 +534,11 @@ class TrainConfig(_Strict):
     tensorboard: bool = Field(
         False, description="also write TensorBoard event files (needs the tensorboard package)"
     )
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="experiment trackers that also get every metrics.jsonl record: tensorboard, "
+        "wandb, mlflow (each an extra: pip install 'minigpt-cli[wandb]')",
+    )
     parallelism: Literal["ddp", "fsdp"] = Field(
         "ddp",
         description="under torchrun: ddp, a whole model per process; "

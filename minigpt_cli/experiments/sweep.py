@@ -30,6 +30,7 @@ from ..fileio import atomic_write_text
 from ..paths import list_configs, resolve_config
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
+from ..run.trackers import GROUP_ENV
 from ..runtime.kernels import check_settings
 from . import search as optuna_search
 from .compare import read_model, study_trials, summarize, value_text
@@ -260,6 +261,7 @@ class Run:
     seed: int
     cfg: Config
     overrides: list[str]
+    group: Optional[dict] = None  # for the run's trackers: the sweep, the trial and its settings
 
     @property
     def name(self) -> str:
@@ -316,6 +318,7 @@ class Sweep:
                     seed,
                     validate(apply_overrides(self.base_data, run_sets), source),
                     run_sets,
+                    {"sweep": self.name, "trial": variant, "settings": values},
                 )
             )
         return planned
@@ -653,9 +656,10 @@ def _run_in_process(
             echo=lambda m: None,
             progress=False,
             on_eval=on_eval,
+            group=run.group,
         )
     else:
-        train(cfg, run.name, echo=lambda m: None, progress=False, on_eval=on_eval)
+        train(cfg, run.name, echo=lambda m: None, progress=False, on_eval=on_eval, group=run.group)
 
 
 def _command(sweep: Sweep, run: Run) -> list[str]:
@@ -762,6 +766,7 @@ class _Processes:
         log = self.sweep.folder / f"{run.name}.log"
         gpu = self.gpus.get() if self.gpus else None
         env = self.env if gpu is None else {**self.env, "CUDA_VISIBLE_DEVICES": gpu}
+        env = {**env, GROUP_ENV: json.dumps(run.group)}  # the run's trackers' group
         try:
             with open(log, "w") as out:
                 proc = self.running[run.name] = subprocess.Popen(

@@ -19,6 +19,7 @@ import torch
 from ..config.schema import Config
 from ..errors import Interrupted, MinigptError
 from ..run import folder as runs
+from ..run import trackers
 from ..run.checkpoint import Checkpointer
 from ..runtime import distributed as parallel
 from ..runtime.device import capture_rng
@@ -216,7 +217,7 @@ class Trainer:
         now = time.perf_counter()
         tps = self.tokens_since_log / max(now - self.t_log, 1e-9)
         self.t_log, self.tokens_since_log = now, 0
-        s.logger.event(
+        self.record(
             {
                 "step": step,
                 "event": "train",
@@ -226,9 +227,6 @@ class Trainer:
                 "tokens_per_sec": round(tps, 1),
             }
         )
-        if s.writer is not None:
-            s.writer.add_scalar("train/loss", train_loss, step)
-            s.writer.add_scalar("train/lr", lr, step)
         s.bar.set_postfix(
             loss=f"{train_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False
         )
@@ -239,6 +237,12 @@ class Trainer:
             s.echo(
                 f"step {step:,}/{s.cfg.train.max_iters:,}: loss {train_loss:.4f}, lr {lr:.2e}, {tps:,.0f} tokens/s"
             )
+
+    def record(self, event: dict) -> None:
+        """One metrics.jsonl event, and the same to the run's trackers (``train.trackers``)."""
+        self.s.logger.event(event)
+        if self.s.trackers is not None:
+            self.s.trackers.log(event)
 
     def evaluate(self) -> Optional[str]:
         """Evaluate at the current step, then log, checkpoint, sample and plot; why to stop (:data:`EARLY`,
@@ -253,7 +257,7 @@ class Trainer:
         # eval_step: a checkpoint saved later (on a stop) carries the losses of this eval, with their step.
         p.last = {"train_loss": losses["train"], "val_loss": losses["val"], "eval_step": p.step}
         p.evaluated = True
-        s.logger.event(
+        self.record(
             {
                 "step": p.step,
                 "event": "eval",
@@ -265,8 +269,6 @@ class Trainer:
         line = f"step {p.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
         s.logger.log(line)
         s.say(line)
-        if s.writer is not None:
-            s.writer.add_scalars("loss", {"train": losses["train"], "val": losses["val"]}, p.step)
         improved = losses["val"] < p.best_val
         if improved:
             p.best_val, p.bad_evals = losses["val"], 0
@@ -390,11 +392,11 @@ class Trainer:
         return weights, state, meta
 
     def finish(self, stopped_early: bool) -> TrainResult:
-        """Close the bar and the TensorBoard writer, log the end, leave the process group."""
+        """Close the bar, finish the trackers' runs, log the end, leave the process group."""
         s, p = self.s, self.prog
         s.bar.close()
-        if s.writer is not None:
-            s.writer.close()
+        if s.trackers is not None:
+            s.trackers.finish()
         s.logger.log(
             f"done at step {p.step} in {time.perf_counter() - self.t0:.1f}s; best val loss {p.best_val:.4f}"
         )
@@ -417,10 +419,12 @@ def train(
     echo: Callable[[str], None] = print,
     progress: Optional[bool] = None,
     on_eval: Optional[Callable[[int, float], bool]] = None,
+    group: Optional[dict] = None,
 ) -> TrainResult:
     """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`); ``resume``:
     ``auto`` or a run folder to continue; ``on_eval(step, val_loss)`` after each eval, True ending the run there
-    (``stopped_early``; ``last`` is saved). Nothing global is left changed afterwards (a sweep calls this often).
+    (``stopped_early``; ``last`` is saved); ``group``: a sweep's run's tracker group (the sweep's name, the
+    trial's name and settings; else :data:`~minigpt_cli.run.trackers.GROUP_ENV` gives it). Nothing global is left changed afterwards (a sweep calls this often).
 
     Raises:
         MinigptError: what :func:`~.setup.plan` refuses before anything is written (a path that cannot be
@@ -434,6 +438,7 @@ def train(
     try:
         with claim:
             p = plan(cfg, run_name, resume, echo, progress, claim)
+            p.group = group if group is not None else trackers.group_from_env()
             if p.done:  # a resumed run that already reached max_iters
                 close_distributed(p.dist)
                 return TrainResult(**p.resumed.result(), already_done=True)

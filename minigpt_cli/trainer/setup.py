@@ -4,7 +4,6 @@ the model and the :class:`Setup`."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import shutil
@@ -29,6 +28,7 @@ from ..fileio import atomic_write_text, check_writable
 from ..hf.finetune import load_pretrained, resolve_init_from
 from ..model.gpt import GPT
 from ..run import folder as runs
+from ..run import trackers
 from ..run.checkpoint import load_weights_into, sweep_stale_temps
 from ..run.metrics import METRICS, RunLogger
 from ..runtime import distributed as parallel
@@ -119,7 +119,7 @@ class Setup:
     corpus: dict[str, Any] = field(
         default_factory=dict
     )  # fingerprint and files, for the checkpoints' meta.json
-    writer: Any = None
+    trackers: Optional[trackers.Trackers] = None  # rank 0's (train.trackers); None elsewhere
     bar: Any = None
     # What evals run: the compiled model when compile is on (set by _compile).
     eval_model: Optional[torch.nn.Module] = None
@@ -161,17 +161,6 @@ class Setup:
             {"step": self.prog.step, "threads": torch.get_num_threads()}
         )
         self.write_env()
-
-
-def tensorboard_writer_class():
-    if importlib.util.find_spec("tensorboard") is None:
-        raise MinigptError(
-            "train.tensorboard: true needs the tensorboard package; pip install tensorboard, "
-            "or set train.tensorboard: false"
-        )
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter
 
 
 def config_notes(
@@ -225,8 +214,9 @@ class Plan:
     stage: DataStage
     notes: list[str]
     vocab_size: Optional[int]  # None: not known until the corpus is downloaded (a dry run)
-    writer_class: Any = None
     estimate: list[str] = field(default_factory=list)  # the run's time here, the CPU recipe note
+    trackers: list[str] = field(default_factory=list)  # train.trackers, their packages imported
+    group: Optional[dict] = None  # a sweep's run: its tracker group (the sweep, the trial)
 
     @property
     def done(self) -> bool:
@@ -255,7 +245,7 @@ def plan(
     if not dist.main:
         echo = lambda message: None  # noqa: E731 - only rank 0 talks
     tc = cfg.train
-    writer_class = tensorboard_writer_class() if tc.tensorboard else None
+    tracker_names = trackers.check(tc) if dist.main else []
     resumed = Resumed.find(cfg, resume) if resume is not None else None
     if run_name is not None and resume is not None and not (resumed and resumed.branch):
         raise MinigptError(
@@ -339,8 +329,8 @@ def plan(
         stage,
         found,
         vocab,
-        writer_class,
-        estimate,
+        estimate=estimate,
+        trackers=tracker_names,
     )
 
 
@@ -360,6 +350,14 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     else:
         run_dir = None
     run_dir = Path(broadcast(str(run_dir), dist))
+    # Before the run's own files: a tracker that cannot start leaves a new run folder unmade.
+    started = (
+        trackers.start(p.trackers, run_dir, cfg.flat(), p.group, echo, echo)
+        if p.trackers and dist.main
+        else None
+    )
+    if started is not None:
+        claim.callback(started.finish)  # on any exit; a finished set finishes nothing twice
 
     seed_everything(cfg.seed)
     model = GPT(mc)
@@ -469,8 +467,7 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     for line in [f"time to train: {p.estimate[0]}", *p.estimate[1:]] if p.estimate else []:
         s.echo(line)
         s.logger.log(line.removeprefix("note: "))
-    if p.writer_class is not None and dist.main:
-        s.writer = p.writer_class(log_dir=str(run_dir / "tensorboard"))
+    s.trackers = started
     # disable=None: tqdm shows the bar only when stderr is a terminal (no bar flooding a log file).
     s.bar = tqdm(
         total=tc.max_iters,
