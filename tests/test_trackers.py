@@ -10,8 +10,9 @@ import json
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
-from helpers import TINY, CliResult, assert_user_error, cli_process, records, tiny
+from helpers import TINY, CliResult, assert_user_error, cli_process, records, tiny, working_dir
 
 pytestmark = pytest.mark.trackers
 
@@ -248,3 +249,80 @@ def test_a_tracker_failing_mid_run_is_one_warning_and_the_run_goes_on(
     warnings = [line for line in said if line.startswith("warning: the mlflow tracker failed")]
     assert len(warnings) == 1, said
     assert {r["step"] for r in records(run)} == set(range(21))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorboard") is None,
+    reason="tensorboard is not installed (pip install 'minigpt-cli[tensorboard]')",
+)
+def test_tensorboard_as_a_tracker_writes_its_tags_with_metrics_jsonl_values(
+    tmp_path, data_dir, monkeypatch
+):
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    from minigpt_cli.trainer import train
+
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny(
+        data_dir, "train.max_iters=10", "train.eval_interval=5", "train.trackers=[tensorboard]"
+    )
+    run = train(cfg, "r", echo=lambda line: None, progress=False).run_dir
+    events = EventMultiplexer().AddRunsFromDirectory(str(run / "tensorboard"))
+    events.Reload()
+    scalars = {
+        (folder, tag): {e.step: e.value for e in events.Scalars(folder, tag)}
+        for folder, tags in events.Runs().items()
+        for tag in tags["scalars"]
+    }
+    train_records = [r for r in records(run) if r["event"] == "train"]
+    evals = [r for r in records(run) if r["event"] == "eval"]
+    # TensorBoard stores float32: the values as metrics.jsonl's, to float32's precision.
+    as_f32 = lambda rows, key: {r["step"]: float(np.float32(r[key])) for r in rows}  # noqa: E731
+    assert scalars == {
+        (".", "train/loss"): as_f32(train_records, "loss"),
+        (".", "train/lr"): as_f32(train_records, "lr"),
+        ("loss_train", "loss"): as_f32(evals, "train_loss"),
+        ("loss_val", "loss"): as_f32(evals, "val_loss"),
+    }
+
+
+@needs_mlflow
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_sweeps_runs_carry_its_name_and_each_trials_settings(tmp_path, data_dir, jobs):
+    """A grid of two variants: each run is one MLflow run in the sweep's experiment, in the store
+    beside runs/, with the trial's name and settings (in process, and with --jobs: processes)."""
+    from mlflow.tracking import MlflowClient
+
+    from minigpt_cli.experiments.sweep import run_sweep
+
+    spec = {
+        "name": "s",
+        "base": str(TINY),
+        "set": [
+            f"data.data_dir={data_dir}",
+            "train.eval_interval=4",
+            "train.eval_iters=2",
+            "train.sample_tokens=0",
+            "train.trackers=[mlflow]",
+        ],
+        "grid": {"model.ffn": ["relu", "gelu"]},
+        "seeds": 1,
+        "budget": {"iters": 4},
+    }
+    (tmp_path / "s.yaml").write_text(json.dumps(spec))
+    with working_dir(tmp_path):
+        run_sweep(tmp_path / "s.yaml", jobs=jobs)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("s")
+    found = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert sorted(found) == ["ffn-gelu-s1337", "ffn-relu-s1337"]
+    for name, r in found.items():
+        ffn = name.split("-")[1]
+        assert json.loads(r.data.tags["minigpt.trial"]) == f"ffn-{ffn}"
+        assert json.loads(r.data.params["sweep.settings"]) == {"model.ffn": ffn}
+        assert r.data.params["model.ffn"] == ffn and r.data.params["sweep.sweep"] == '"s"'
+        history = client.get_metric_history(r.info.run_id, "eval/val_loss")
+        expected = [e for e in records(tmp_path / "runs" / "s" / name) if e["event"] == "eval"]
+        assert [(m.step, m.value) for m in history] == [
+            (e["step"], e["val_loss"]) for e in expected
+        ]

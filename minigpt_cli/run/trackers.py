@@ -15,6 +15,7 @@ fails later is dropped with one warning and the run goes on: its own files are w
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import importlib.util
 import json
@@ -22,6 +23,7 @@ import logging
 import netrc
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
@@ -269,6 +271,21 @@ def mlflow_uri(run_dir: Path, group: Optional[dict]) -> str:
     return f"sqlite:///{root / 'mlflow.db'}"
 
 
+@contextmanager
+def _sqlite_lock(uri: str):
+    """Hold ``<store>.lock`` while a SQLite store is opened: MLflow makes a new store's tables, and
+    an experiment, without one, so a sweep's ``--jobs`` processes starting together fail
+    ("table tags already exists")."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.parent / f"{db.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        yield
+
+
 class MlflowTracker:
     """An MLflow run in experiment ``MLFLOW_EXPERIMENT_NAME`` (else the sweep's name, else
     :data:`PROJECT`), through ``MlflowClient`` (no process-wide active run: a sweep trains many)."""
@@ -280,12 +297,16 @@ class MlflowTracker:
         self.run_dir, self.say, self.client, self.run_id = run_dir, say, None, None
 
     def start(self, config, name, group, resume_id) -> str:
-        from mlflow.entities import Param
-        from mlflow.tracking import MlflowClient
-
         # MLflow's INFO lines (a new store's migrations) would come between the trainer's.
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         uri = mlflow_uri(self.run_dir, group)
+        with _sqlite_lock(uri):
+            return self._start(uri, config, name, group, resume_id)
+
+    def _start(self, uri, config, name, group, resume_id) -> str:
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
         self.client = MlflowClient(tracking_uri=uri)
         if resume_id is not None:
             self.run_id = self.client.get_run(resume_id).info.run_id
