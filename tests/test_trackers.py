@@ -61,7 +61,7 @@ FULL, LAST = 1, 4
 
 
 def wandb_records(path: Path) -> list:
-    """The protobuf ``Record`` objects of an offline run's .wandb file, read as wandb writes them."""
+    """The protobuf ``Record`` objects of an offline run's .wandb file, as wandb wrote them."""
     from wandb.proto import wandb_internal_pb2
 
     data = path.read_bytes()

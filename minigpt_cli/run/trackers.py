@@ -9,8 +9,9 @@ trial's name and settings). Its run id is kept in the run folder's ``trackers.js
 continues the same tracker run.
 
 :func:`check` (at plan time, ``--dry-run`` too) refuses a tracker whose package is missing;
-:func:`start` (before step 1) refuses one that cannot start; both as one line, exit 2. A tracker that
-fails later is dropped with one warning and the run goes on: its own files are written as always.
+:func:`start` (before step 1) refuses one that cannot start; both as one line, exit 2. A tracker
+that fails later is dropped with one warning and the run goes on: its own files are written as
+always.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ class Tracker(Protocol):
     def start(
         self, config: dict[str, Any], name: str, group: Optional[dict], resume_id: Optional[str]
     ) -> Optional[str]:
-        """Start (or with ``resume_id``, continue) a run; its id for :data:`STATE`. Raises on failure."""
+        """Start (or with ``resume_id``, continue) a run; its id for :data:`STATE`.
+
+        Raises:
+            Exception: whatever the library raises when the run cannot start.
+        """
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record ``metrics`` (``<event>/<field>`` -> value) at optimizer step ``step``."""
@@ -57,8 +62,8 @@ class Tracker(Protocol):
 
 
 def requested(train_cfg: Any) -> list[str]:
-    """The trackers a run's ``train`` section asks for: ``train.trackers``, and tensorboard where the
-    older ``train.tensorboard: true`` asks for it, each once, in order."""
+    """The trackers a run's ``train`` section asks for: ``train.trackers``, and tensorboard where
+    the older ``train.tensorboard: true`` asks for it, each once, in order."""
     names = list(train_cfg.trackers) + (["tensorboard"] if train_cfg.tensorboard else [])
     return list(dict.fromkeys(names))
 
@@ -67,7 +72,8 @@ def check(train_cfg: Any) -> list[str]:
     """Import each requested tracker's package now, before anything is written.
 
     Raises:
-        MinigptError: a package is missing or fails to import; the message names the extra to install.
+        MinigptError: a package is missing or fails to import; the message names the extra to
+            install.
     """
     names = requested(train_cfg)
     for name in names:
@@ -86,9 +92,10 @@ def check(train_cfg: Any) -> list[str]:
         try:
             importlib.import_module(PACKAGES[name])
         except Exception as exc:  # ImportError, or a broken install failing as it imports
+            why = (str(exc).splitlines() or [""])[0][:120]
             raise MinigptError(
                 f"train.trackers: {name} needs the {PACKAGES[name]} package, which cannot be "
-                f"imported ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})",
+                f"imported ({type(exc).__name__}: {why})",
                 f"pip install 'minigpt-cli[{name}]', or remove {name} from train.trackers",
             ) from None
     return names
@@ -205,8 +212,8 @@ class TensorBoardTracker:
 
 
 def wandb_logged_in() -> bool:
-    """Whether a W&B API key is at hand: ``WANDB_API_KEY``, or the netrc entry ``wandb login`` writes
-    for the W&B host (``WANDB_BASE_URL``, else api.wandb.ai)."""
+    """Whether a W&B API key is at hand: ``WANDB_API_KEY``, or the netrc entry ``wandb login``
+    writes for the W&B host (``WANDB_BASE_URL``, else api.wandb.ai)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
@@ -245,7 +252,8 @@ class WandbTracker:
         )
         where = Path(self.run.dir).parent
         self.say(
-            f"wandb: offline run {self.run.id} written to {where}; upload it with wandb sync {where}"
+            f"wandb: offline run {self.run.id} written to {where}; upload it with "
+            f"wandb sync {where}"
             if offline
             else f"wandb: run {self.run.id} at {self.run.url}"
         )
@@ -273,7 +281,7 @@ def mlflow_uri(run_dir: Path, group: Optional[dict]) -> str:
 
 @contextmanager
 def _sqlite_lock(uri: str):
-    """Hold ``<store>.lock`` while a SQLite store is opened: MLflow makes a new store's tables, and
+    """Hold ``<store>-lock`` while a SQLite store is opened: MLflow makes a new store's tables, and
     an experiment, without one, so a sweep's ``--jobs`` processes starting together fail
     ("table tags already exists")."""
     if not uri.startswith("sqlite:///"):
@@ -281,7 +289,7 @@ def _sqlite_lock(uri: str):
         return
     db = Path(uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.parent / f"{db.name}.lock", "a") as lock:
+    with open(db.parent / f"{db.name}-lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
         yield
 

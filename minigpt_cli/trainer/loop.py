@@ -423,8 +423,9 @@ def train(
 ) -> TrainResult:
     """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`); ``resume``:
     ``auto`` or a run folder to continue; ``on_eval(step, val_loss)`` after each eval, True ending the run there
-    (``stopped_early``; ``last`` is saved); ``group``: a sweep's run's tracker group (the sweep's name, the
-    trial's name and settings; else :data:`~minigpt_cli.run.trackers.GROUP_ENV` gives it). Nothing global is left changed afterwards (a sweep calls this often).
+    (``stopped_early``; ``last`` is saved). Nothing global is left changed afterwards (a sweep calls this often).
+    ``group``: a sweep's run's tracker group (the sweep's name, the trial's name and settings);
+    None: the one :data:`~minigpt_cli.run.trackers.GROUP_ENV` gives, if any.
 
     Raises:
         MinigptError: what :func:`~.setup.plan` refuses before anything is written (a path that cannot be
