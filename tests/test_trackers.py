@@ -248,6 +248,7 @@ def test_a_tracker_failing_mid_run_is_one_warning_and_the_run_goes_on(
     assert result.step == 20
     warnings = [line for line in said if line.startswith("warning: the mlflow tracker failed")]
     assert len(warnings) == 1, said
+    assert "the mlflow tracker failed" in (run / "train.log").read_text()
     assert {r["step"] for r in records(run)} == set(range(21))
 
 

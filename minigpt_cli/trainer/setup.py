@@ -468,6 +468,8 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
         s.echo(line)
         s.logger.log(line.removeprefix("note: "))
     s.trackers = started
+    if started is not None:  # a tracker failing mid-run: said above the bar, and in train.log
+        started.warn = lambda line: (s.say(line), s.logger.log(line.removeprefix("warning: ")))
     # disable=None: tqdm shows the bar only when stderr is a terminal (no bar flooding a log file).
     s.bar = tqdm(
         total=tc.max_iters,
