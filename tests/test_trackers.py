@@ -1,7 +1,8 @@
 """train.trackers: W&B (offline) and MLflow (a SQLite store) receive what metrics.jsonl receives,
 read back through each tracker's own records; a resume continues the same tracker run; a tracker
-that cannot start is one line, exit 2, before any step. Marked ``trackers``; the tests that need
-wandb or mlflow are skipped where the package is not installed."""
+that cannot start is one line, exit 2, before any step. Marked ``trackers``; the tests that run a
+tracker's library are marked ``client`` too (left out of the suite, run by .ci/run with -m client)
+and skipped where its package is not installed."""
 
 from __future__ import annotations
 
@@ -120,6 +121,7 @@ def mlflow_runs(db: Path) -> tuple[list, dict]:
     return found, history
 
 
+@pytest.mark.client
 @needs_wandb
 @needs_mlflow
 def test_wandb_and_mlflow_hold_metrics_jsonl_and_a_resume_continues_their_runs(tmp_path, data_dir):
@@ -208,6 +210,7 @@ def test_an_unknown_tracker_is_refused_with_the_choices(tmp_path, data_dir):
     assert "train.trackers" in res.stderr and "wandb" in res.stderr and "mlflow" in res.stderr
 
 
+@pytest.mark.client
 @needs_mlflow
 def test_an_unreachable_mlflow_server_is_one_line_before_any_step(tmp_path, data_dir):
     env = {
@@ -222,6 +225,7 @@ def test_an_unreachable_mlflow_server_is_one_line_before_any_step(tmp_path, data
     assert "step 0" not in res.stdout
 
 
+@pytest.mark.client
 @needs_mlflow
 def test_a_tracker_failing_mid_run_is_one_warning_and_the_run_goes_on(
     tmp_path, data_dir, monkeypatch
@@ -252,6 +256,7 @@ def test_a_tracker_failing_mid_run_is_one_warning_and_the_run_goes_on(
     assert {r["step"] for r in records(run)} == set(range(21))
 
 
+@pytest.mark.client
 @pytest.mark.skipif(
     importlib.util.find_spec("tensorboard") is None,
     reason="tensorboard is not installed (pip install 'minigpt-cli[tensorboard]')",
@@ -287,6 +292,7 @@ def test_tensorboard_as_a_tracker_writes_its_tags_with_metrics_jsonl_values(
     }
 
 
+@pytest.mark.client
 @needs_mlflow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_sweeps_runs_carry_its_name_and_each_trials_settings(tmp_path, data_dir, jobs):
