@@ -247,6 +247,20 @@ FORMS = [
     ),
     ("train.max_iters", "=", "reads as a default-value key (=) in YAML 1.1 and as the text '='"),
 ]
+#: Explicitly tagged values: each refused, naming its key (PyYAML builds them by YAML 1.1's rules).
+TAGGED = "the tag {} is not read; write the value plainly (quote it for text)"
+FORMS += [
+    ("train.max_iters", "!!int 1:30", TAGGED.format("!!int")),
+    ("train.max_iters", "!!int 0b101", TAGGED.format("!!int")),
+    ("train.max_iters", "!!int +0x_1F", TAGGED.format("!!int")),
+    ("train.max_iters", "!!int 1_000", TAGGED.format("!!int")),
+    ("train.max_iters", "!!int 90", TAGGED.format("!!int")),
+    ("train.max_iters", "!!float 1:30.5", TAGGED.format("!!float")),
+    ("train.learning_rate", "!!float 1_0.5", TAGGED.format("!!float")),
+    ("train.eval_at_start", "!!bool yes", TAGGED.format("!!bool")),
+    ("model.bias", "!!str true", TAGGED.format("!!str")),
+    ("train.max_iters", "!mine 3", TAGGED.format("!mine")),
+]
 
 
 @pytest.mark.parametrize("route", ["file", "--set", "sweep"])
@@ -276,7 +290,8 @@ def test_a_value_yaml_1_1_reads_otherwise_is_refused_naming_both(
     if isinstance(expected, str):
         with pytest.raises(ConfigError) as e:
             load()
-        assert str(e.value).startswith(f"{source}: {where}: {written} {expected}"), str(e.value)
+        said = expected if written.startswith("!") else f"{written} {expected}"
+        assert str(e.value).startswith(f"{source}: {where}: {said}"), str(e.value)
     else:
         got = load().flat()[key]
         assert got == expected and type(got) is type(expected)

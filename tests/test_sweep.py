@@ -625,3 +625,14 @@ def test_a_shrunk_budget_is_noted_before_any_run_and_scale_schedule_keeps_the_sc
         dry = cli("sweep", path, "--budget", "iters=8", "--dry-run")
         assert_user_error(dry, "--scale-schedule changed since", "(scale_schedule: true -> null)")
         assert Path("runs/s/sweep.json").read_bytes() == before
+
+
+def test_a_budget_number_follows_the_set_rule(cli, tmp_path):
+    """--budget's count is read as --set reads one: ``017`` is refused, not taken as 17."""
+    with working_dir(tmp_path):
+        assert_user_error(
+            cli("sweep", "ffn", "--budget", "iters=017", "--dry-run"),
+            "--budget: budget.iters: 017 reads as 15 in YAML 1.1 and as 17 in YAML 1.2",
+        )
+        ok = cli("sweep", "ffn", "--budget", "iters=17", "--dry-run")
+        assert ok.exit_code == 0 and ": 17 steps," in ok.stdout, ok

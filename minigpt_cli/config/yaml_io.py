@@ -4,6 +4,8 @@ refusing every plain value that YAML 1.1 would read as something else; and a dum
 The rule, once for every scalar read (a config, ``--set``, a sweep file, a run's ``config.yaml``): a plain
 (unquoted) value that YAML 1.1 and YAML 1.2 read differently is refused, naming the key and both readings
 (``train.max_iters: 1:30 reads as 90 in YAML 1.1 and as the text '1:30' in YAML 1.2; write 90, or quote it``).
+An explicitly tagged value (``!!int 1:30``, ``!!bool yes``, ``!!str x``, any ``!tag``) is refused the same
+way, naming its key: PyYAML would construct it by YAML 1.1's rules.
 PyYAML resolves YAML 1.1, where ``1:30`` is 90 (base 60), ``017`` is 15 (octal), ``1_000`` is 1000, ``yes`` is
 true and ``2024-01-01`` a date; YAML 1.2 (and most other tools) reads the first and the last two as text and
 ``017`` as 17. One exception: a float that YAML 1.1 leaves as text (``3e-4``, ``1e3``: it wants a dot and a
@@ -63,6 +65,7 @@ class _Ambiguous(_Refused):
     """A plain value that YAML 1.1 reads otherwise than YAML 1.2; its message names its key."""
 
 
+_TAG_PREFIX = "tag:yaml.org,2002:"
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
@@ -100,11 +103,16 @@ class _Loader(yaml.SafeLoader):
                 "a config or a sweep file is a few flat sections",
                 self.peek_event().start_mark,
             )
+        tag = getattr(self.peek_event(), "tag", None)
         self._depth += 1
         try:
-            return super().compose_node(parent, index)
+            node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        # An explicit tag (``!!int 1:30``, ``!foo``) is kept for the check, which refuses it with its
+        # key; ``!`` is YAML's mark of a quoted scalar, no tag.
+        node.explicit_tag = tag if tag not in (None, "!") else None
+        return node
 
     def construct_document(self, node):
         if self.check:
@@ -198,6 +206,16 @@ def _check_scalars(loader: _Loader, root: yaml.Node, key: str) -> None:
     todo = [(root, key)]  # a list, not recursion: depth is the composer's to bound
     while todo:
         node, path = todo.pop()
+        tag = getattr(node, "explicit_tag", None)
+        if tag:
+            # A tag makes PyYAML construct the value by YAML 1.1's rules (``!!int 1_000`` is 1000,
+            # ``!!bool yes`` true) or fail with a traceback (``!!int 1:30``): refused, whatever it is.
+            shown = "!!" + tag[len(_TAG_PREFIX) :] if tag.startswith(_TAG_PREFIX) else tag
+            raise _Ambiguous(
+                f"{path + ': ' if path else ''}the tag {shown} is not read; write the value plainly "
+                "(quote it for text)",
+                node.start_mark,
+            )
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in reversed(node.value):
                 name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
@@ -205,9 +223,7 @@ def _check_scalars(loader: _Loader, root: yaml.Node, key: str) -> None:
                 todo += [(value_node, child), (key_node, child)]
         elif isinstance(node, yaml.SequenceNode):
             todo += [(item, f"{path}[{i}]") for i, item in reversed(list(enumerate(node.value)))]
-        elif node.style is None and node.tag == loader.resolve(
-            yaml.ScalarNode, node.value, (True, False)
-        ):  # plain and not explicitly tagged
+        elif node.style is None:  # plain (a tagged one is refused above)
             _check_scalar(loader, node, path)
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Optional, 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config.schema import Config, ConfigError, TrainConfig, apply_overrides, validate
-from ..config.yaml_io import read_yaml
+from ..config.yaml_io import parse_yaml, read_yaml
 from ..errors import Interrupted, MinigptError
 from ..fileio import atomic_write_text
 from ..paths import list_configs, resolve_config
@@ -204,7 +204,8 @@ class Overrides:
             raise MinigptError(
                 f"--budget {self.budget}: give iters=N, tokens=N or seconds=S (one of them)"
             )
-        number = int(text) if number and text.strip().isdigit() else number and float(text)
+        if number:  # read as --set reads a number, so that 017 is refused here as there
+            number = parse_yaml(text.strip(), "--budget", f"budget.{kind.strip()}")
         return {
             **({"seeds": self.seeds} if self.seeds is not None else {}),
             **({"budget": {kind.strip(): number}} if self.budget is not None else {}),
