@@ -197,6 +197,17 @@ def _tokenizer_file(data: Path, text: str) -> Path:
     return path
 
 
+def _corpus(data: Path, name: str, make: str) -> None:
+    """A corpus beside the data folder: a 12-character file, or a folder of a FIFO and a self-link."""
+    path = data.parent / name
+    if make == "small":
+        path.write_text("hello world\n")
+        return
+    path.mkdir()
+    os.mkfifo(path / "pipe.txt")
+    (path / "self.txt").symlink_to("self.txt")
+
+
 #: (case, what to do to the data folder, --set values, words of the refusal)
 PREPARE_REFUSALS = [
     (
@@ -212,6 +223,25 @@ PREPARE_REFUSALS = [
         ["tokenizer.kind=bpe", "tokenizer.vocab_size=3"],
         "vocabulary size 3",
     ),
+    # A corpus the split refuses: the tokenizer is trained, but neither it nor its folder is saved.
+    (
+        "a corpus too small to split",
+        lambda data: _corpus(data, "small.txt", "small"),
+        ["data.path=small.txt"],
+        "too few for train and val",
+    ),
+    (
+        "a corpus too small to split (train)",
+        lambda data: _corpus(data, "small.txt", "small"),
+        ["data.path=small.txt", "train.out_dir=data/runs"],
+        "too few for train and val",
+    ),
+    (
+        "a corpus folder of no readable file",
+        lambda data: _corpus(data, "cdir", "folder"),
+        ["data.path=cdir"],
+        "cdir",
+    ),
 ]
 
 
@@ -220,7 +250,7 @@ PREPARE_REFUSALS = [
     [case[1:] for case in PREPARE_REFUSALS],
     ids=[case[0] for case in PREPARE_REFUSALS],
 )
-def test_a_refused_prepare_leaves_the_data_folder_as_it_was(
+def test_a_refused_prepare_or_train_leaves_the_data_folder_as_it_was(
     cli, tmp_path, trained, damage, sets, words
 ):
     shutil.copytree(trained / "data", tmp_path / "data")
@@ -228,8 +258,9 @@ def test_a_refused_prepare_leaves_the_data_folder_as_it_was(
     damage(data)
     before = snapshot(data)
     with working_dir(tmp_path):
+        command = "train" if any(s.startswith("train.") for s in sets) else "prepare"
         res = cli(
-            "prepare", TINY, "--set", "data.data_dir=data", *[w for s in sets for w in ("--set", s)]
+            command, TINY, "--set", "data.data_dir=data", *[w for s in sets for w in ("--set", s)]
         )
     assert_user_error(res, words, notes_ok=True)
     assert snapshot(data) == before

@@ -299,10 +299,12 @@ def ensure_tokenizer(
     log: Callable[[str], None],
     root: Optional[Path] = None,
     write: bool = True,
+    save: bool = True,
 ) -> tuple[Optional[Tokenizer], Path]:
     """The configured tokenizer, checked, or trained on ``corpus`` and saved when its file is missing. ``write`` False
-    (a dry run): nothing saved; a trained kind only has its size checked (None). Raises MinigptError: a file that
-    disagrees with the config, a path that cannot be written, or training that fails; nothing is written then."""
+    (a dry run): nothing saved; a trained kind only has its size checked (None). ``save`` False: trained but kept in
+    memory, for the caller to save once its own checks pass. Raises MinigptError: a file that disagrees with the
+    config, a path that cannot be written, or training that fails; nothing is written then."""
     tc = cfg.tokenizer
     path = tokenizer_path(cfg, root)
     if path.is_file() or tc.kind == "hf":  # hf: a given file, never trained here
@@ -331,7 +333,7 @@ def ensure_tokenizer(
         None if char else tc.vocab_size,
         tc.special_tokens,
     )
-    if write:
+    if write and save:
         tok.save(path)
     return tok, path
 
@@ -372,7 +374,9 @@ def prepare_data(
         check(corpus)
     tok_path = tokenizer_path(cfg, root)
     trained = not tok_path.is_file()
-    tok, _ = ensure_tokenizer(cfg, corpus, log, root, write)
+    # A tokenizer trained here is saved only after the token files are made: a corpus the split
+    # refuses (too small) leaves no tokenizer, nor its folder, behind.
+    tok, _ = ensure_tokenizer(cfg, corpus, log, root, write, save=False)
     stage = DataStage(root, tok_path, corpus, tok, trained=trained)
     if corpus is None:
         stage.waits = (
@@ -397,6 +401,8 @@ def prepare_data(
                 f"the corpus ({corpus.size / 1e6:,.0f} MB) is not prepared yet and too large to encode "
                 "for a preview; train prepares it first"
             )
+    if write and trained and tok is not None:
+        tok.save(tok_path)
     return stage
 
 
