@@ -52,26 +52,6 @@ PREVIEW_BYTES = 64 << 20
 #: Fewest tokens a split can have: one (x, y) window with block_size 1.
 MIN_SPLIT_TOKENS = 2
 
-_MESSAGES = {
-    "split": (
-        "data.val_fraction={val_fraction:.12g} splits the corpus into {n_train:,} train and {n_val:,} val "
-        "tokens, too few for {small} (they need {need_s}); {fix}"
-    ),
-    "need_block": "at least model.block_size+1 = {need:,} tokens each",
-    "need": "at least {need} tokens each",
-    "another_fraction": "choose a data.val_fraction such as {fits:g}, ",
-    "lower_block": "{another}lower model.block_size (to at most {most:,} with this split), or use more text",
-    "fraction_and_block": (
-        "choose a data.val_fraction such as {fits:g}, then a lower model.block_size (with this "
-        "split a side has under {least} tokens, which no block size fits), or use more text"
-    ),
-    "too_small": (
-        "the corpus is too small for any model.block_size ({total:,} tokens, and train and val need "
-        "{least} or more each); use more text: about {more:,} tokens give each side {need:,} with this "
-        "data.val_fraction"
-    ),
-}
-
 
 def _fraction_that_fits(val_fraction: float, total: int, need: int) -> Optional[float]:
     """A ``data.val_fraction`` leaving both sides about ``need`` of ``total`` tokens (0.1 if it does, else the
@@ -100,19 +80,30 @@ def _fix(
     if (
         block_size is not None and smallest >= MIN_SPLIT_TOKENS
     ):  # this split holds a window of smallest - 1
-        another = _MESSAGES["another_fraction"].format(fits=fits) if fits is not None else ""
-        return _MESSAGES["lower_block"].format(another=another, most=smallest - 1)
+        another = f"choose a data.val_fraction such as {fits:g}, " if fits is not None else ""
+        return (
+            f"{another}lower model.block_size (to at most {smallest - 1:,} with this split), "
+            "or use more text"
+        )
     if fits is not None:
-        return _MESSAGES["another_fraction"].format(fits=fits) + "or use more text"
+        return f"choose a data.val_fraction such as {fits:g}, or use more text"
     fits = _fraction_that_fits(
         val_fraction, total, MIN_SPLIT_TOKENS
     )  # another split and a smaller block
     if fits is not None:
-        return _MESSAGES["fraction_and_block"].format(fits=fits, least=MIN_SPLIT_TOKENS)
+        return (
+            f"choose a data.val_fraction such as {fits:g}, then a lower model.block_size (with "
+            f"this split a side has under {MIN_SPLIT_TOKENS} tokens, which no block size fits), or "
+            "use more text"
+        )
     more = (
         math.ceil(need / min(val_fraction, 1 - val_fraction)) if 0 < val_fraction < 1 else 2 * need
     )
-    return _MESSAGES["too_small"].format(total=total, least=MIN_SPLIT_TOKENS, more=more, need=need)
+    return (
+        f"the corpus is too small for any model.block_size ({total:,} tokens, and train and val "
+        f"need {MIN_SPLIT_TOKENS} or more each); use more text: about {more:,} tokens give each "
+        f"side {need:,} with this data.val_fraction"
+    )
 
 
 def check_split_counts(
@@ -124,16 +115,15 @@ def check_split_counts(
     if min(n_train, n_val) >= need:
         return
     small = " and ".join(name for name, n in (("train", n_train), ("val", n_val)) if n < need)
-    need_s = _MESSAGES["need_block" if block_size is not None else "need"].format(need=need)
+    need_s = (
+        f"at least model.block_size+1 = {need:,} tokens each"
+        if block_size is not None
+        else f"at least {need} tokens each"
+    )
     raise MinigptError(
-        _MESSAGES["split"].format(
-            val_fraction=val_fraction,
-            n_train=n_train,
-            n_val=n_val,
-            small=small,
-            need_s=need_s,
-            fix=_fix(val_fraction, n_train, n_val, need, block_size),
-        )
+        f"data.val_fraction={val_fraction:.12g} splits the corpus into {n_train:,} train and "
+        f"{n_val:,} val tokens, too few for {small} (they need {need_s}); "
+        f"{_fix(val_fraction, n_train, n_val, need, block_size)}"
     )
 
 
