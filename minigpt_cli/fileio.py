@@ -74,25 +74,103 @@ def os_error_message(
         action = "access" if exc.errno == errno.ENOENT else "write"
     reason = exc.strerror or str(exc) or type(exc).__name__
     fix = _FIXES[exc.errno][in_run] if exc.errno in _FIXES else "check the path"
+    if isinstance(exc, NotRegularFile):
+        fix = "replace it with a regular file" if in_run else "give a file"
     if isinstance(path, (str, bytes, os.PathLike)):
         path = os.fsdecode(path)
         # What mkdir or rename through a link to nothing report: exists, not a folder, missing.
-        dangles = exc.errno in (errno.ENOENT, errno.EEXIST, errno.ENOTDIR)
+        dangles = exc.errno in (errno.ENOENT, errno.EEXIST, errno.ENOTDIR, errno.ELOOP)
         link = dangling_link(path) if dangles else None
         if link is not None:
-            reason = f"{link} is a link to {os.readlink(link)!r}, which does not exist"
+            reason = f"{link} {link_problem(link)}"
             fix = "point the link at an existing folder, or remove it"
     where = f" {path}" if path is not None else ""
     return " ".join(f"cannot {action}{where}: {reason}; {fix}".split())
 
 
 def dangling_link(path: str | Path) -> Path | None:
-    """``path`` or the first of its folders that is a symbolic link to nothing, else None."""
+    """``path`` or the first of its folders that is a symbolic link to nothing (or to itself, a
+    loop), else None."""
     for p in (Path(path), *Path(path).parents):
-        with suppress(OSError):
-            if p.is_symlink() and not p.exists():
-                return p
+        if os.path.islink(p) and not _resolves(p):
+            return p
     return None
+
+
+def _resolves(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError:  # nothing there (ENOENT), a loop of links (ELOOP), a file on the way (ENOTDIR)
+        return False
+    return True
+
+
+def link_problem(link: str | Path) -> str:
+    """What is wrong with a link :func:`dangling_link` found, after its name: ``is a link to 'T',
+    which does not exist``, or ``is a link loop (it leads back to itself)``."""
+    try:
+        os.stat(link)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a link loop (it leads back to itself)"
+    target = "?"
+    with suppress(OSError):
+        target = os.readlink(link)
+    return f"is a link to {target!r}, which does not exist"
+
+
+#: The name of each kind of file that is not a regular one, by its ``stat`` test.
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+class NotRegularFile(OSError):
+    """A path that is a FIFO, a socket or a device, where a file is read or written: reading a FIFO
+    would wait forever for a writer; ``kind`` names it (``a FIFO``)."""
+
+    def __init__(self, path: str | Path, kind: str):
+        super().__init__(errno.EINVAL, f"not a regular file ({kind})", str(path))
+        self.kind = kind
+
+
+def file_kind(mode: int) -> str | None:
+    """The name of a ``st_mode`` that is neither a regular file nor a folder (``a FIFO``), else None."""
+    return next((name for test, name in _NOT_REGULAR if test(mode)), None)
+
+
+def check_regular(path: str | Path) -> None:
+    """Refuse ``path`` (followed through links) if it is a FIFO, a socket or a device: raises
+    :class:`NotRegularFile`. Nothing there, or a folder, passes (the open says so)."""
+    try:
+        kind = file_kind(os.stat(path).st_mode)
+    except OSError:
+        return
+    if kind is not None:
+        raise NotRegularFile(path, kind)
+
+
+def open_regular(path: str | Path):
+    """``open(path, "rb")``, refusing a FIFO, socket or device before any read could wait on it: it is
+    opened without blocking (a FIFO's open waits for a writer), then checked by its own ``fstat``
+    (no race with a swap after a stat). Raises :class:`NotRegularFile`, IsADirectoryError, or the
+    open's OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        kind = file_kind(mode)
+        if kind is not None:
+            raise NotRegularFile(path, kind)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class errors_as:
@@ -194,7 +272,8 @@ def read_problem(
 ) -> MinigptError:
     """The one line for a file that cannot be read, by its cause: ``cannot read WHAT 'PATH'``
     (permissions, a disk's error), ``WHAT 'PATH' not found``, ``... is a link to 'T', which does not
-    exist`` (a dangling link), ``... is a folder``, ``... is too large`` / ``nested too deeply``
+    exist`` (a dangling link) or ``... is a link loop``, ``... is a folder``, ``... is not a regular
+    file (a FIFO)`` (:class:`NotRegularFile`), ``... is too large`` / ``nested too deeply``
     (:class:`Bounds`), or ``WHAT 'PATH' is damaged (why)`` for a parse error (any ValueError, a YAML
     error). ``what``: the kind of file (``tokenizer file``); ``fix``: the caller's fix for a missing
     or damaged file, never for one that is only unreadable (whose fix is its permissions, not its
@@ -208,14 +287,17 @@ def read_problem(
             "or run as its owner",
             path=path,
         )
-    if isinstance(exc, FileNotFoundError):
+    if isinstance(exc, NotRegularFile):
+        return MinigptError(f"{named} is not a regular file ({exc.kind})", "give a file", path=path)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOENT, errno.ELOOP):
         link = dangling_link(path)
         if link is not None:
             return MinigptError(
-                f"{named}: {str(link)!r} is a link to {os.readlink(link)!r}, which does not exist",
+                f"{named}: {str(link)!r} {link_problem(link)}",
                 "point the link at an existing file, or give the path of the file itself",
                 path=path,
             )
+    if isinstance(exc, FileNotFoundError):
         return MinigptError(f"{named} not found", fix or "check the path", path=path)
     if isinstance(exc, IsADirectoryError):
         return MinigptError(f"{named} is a folder", "give the path of a file", path=path)
@@ -254,7 +336,7 @@ def check_readable(
     """The size in bytes of a file a library reads itself (a study, weights), once it is found to
     open for reading within ``bounds``. Raises MinigptError as :func:`read_bytes` does."""
     with errors_as({OSError: lambda exc: read_problem(exc, path, what, fix)}):
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
     if bounds is not None and size > bounds.max_bytes:
         raise _too_large(path, what, size, bounds.max_bytes)
@@ -264,12 +346,12 @@ def check_readable(
 def read_bytes(
     path: str | Path, what: str, bounds: Bounds | None = None, fix: str | None = None
 ) -> bytes:
-    """The bytes of a file, refused past ``bounds.max_bytes`` before any is read (a FIFO or a file
-    that grows: after ``max_bytes + 1``). Raises MinigptError (:func:`read_problem`): unreadable,
-    missing, a dangling link, a folder, too large."""
+    """The bytes of a regular file, refused past ``bounds.max_bytes`` before any is read (a file that
+    grows: after ``max_bytes + 1``). Raises MinigptError (:func:`read_problem`): unreadable,
+    missing, a dangling link or a link loop, a folder, a FIFO/socket/device, too large."""
     limit = bounds.max_bytes if bounds is not None else None
     with errors_as({OSError: lambda exc: read_problem(exc, path, what, fix)}):
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             if limit is not None and size > limit:
                 raise _too_large(path, what, size, limit)
@@ -408,7 +490,10 @@ def atomic_write_set(files: dict[str | Path, bytes]) -> None:
 
 
 def _target(path: Path) -> Path:
-    """Where :func:`atomic_write_set` writes ``path``: a symbolic link's target, as open() would."""
+    """Where :func:`atomic_write_set` writes ``path``: a symbolic link's target, as open() would. A
+    link to nothing (or a loop) is refused: writing would make its target's folders elsewhere."""
+    if dangling_link(path) is not None:
+        raise _error(errno.ENOENT, path)
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
@@ -472,9 +557,15 @@ def write_problem(path: str | Path, folder: bool, append: bool = False) -> OSErr
         if st.errno != errno.ENOTDIR:
             return _error(st.errno, path)
         st = None
+    if st is None and os.path.islink(path):
+        # A link to nothing: writing through it would make its target's folders somewhere else.
+        return _error(errno.ENOENT, path)
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
             return _error(errno.EISDIR, path)
+        kind = file_kind(st.st_mode)
+        if kind is not None:
+            return NotRegularFile(path, kind)
         if append:
             return None if os.access(path, os.W_OK) else _denied(path, path)
         return None if _can_write(path.parent) else _denied(path.parent, path)

@@ -46,7 +46,16 @@ while [ $# -gt 0 ]; do
   shift
 done
 out=${out:-gpu-check-out}
-mkdir -p "$out"
+# mkdir's own message is raw and its status 1: a bad OUT is the caller's input, refused in one line.
+if [ -e "$out" ] && [ ! -d "$out" ]; then
+  echo "error: OUT $out exists and is not a folder; give a folder path (new or existing)" >&2
+  exit 2
+fi
+if ! mkdir -p "$out" 2>/dev/null; then
+  echo "error: cannot make the OUT folder $out (a part of its path is a file, or no permission);" \
+    "give a folder you can write" >&2
+  exit 2
+fi
 out=$(cd "$out" && pwd)  # absolute: the check runs from the repository root
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from ..errors import MinigptError
-from ..fileio import JSON_BOUNDS, depth, errors_as, read_problem
+from ..fileio import JSON_BOUNDS, check_regular, depth, errors_as, open_regular, read_problem
 
 #: Files a folder contributes, by kind; anything else in it is left out. Parquet and Arrow files
 #: (Hugging Face datasets' shards, ``datasets.save_to_disk``'s ``data-*.arrow``) hold one document a
@@ -153,7 +153,7 @@ def matching(source: str | Path) -> tuple[list[Path], str]:
     files, sorted; each once."""
     text = str(source)
     p = Path(text).expanduser()
-    if p.is_file():
+    if p.exists() and not p.is_dir():  # a FIFO or a device too: its read names what it is
         return [p], ""
     if p.is_dir():
         return _once(sorted(q for q in p.rglob("*") if _is_input(q, p))), (
@@ -206,7 +206,7 @@ class _Reading(errors_as):
 
 def _sha256(path: Path, on_bytes: Callable[[int], None]) -> str:
     h = hashlib.sha256()
-    with _Reading(path), open(path, "rb") as f:
+    with _Reading(path), open_regular(path) as f:
         while block := f.read(BLOCK):
             h.update(block)
             on_bytes(len(block))
@@ -237,6 +237,7 @@ def open_corpus(
     sizes = []
     for p in found:
         with _Reading(p):
+            check_regular(p)  # a FIFO's size is 0: it is no empty file, and reading it would wait
             sizes.append(p.stat().st_size)
     if not found:
         raise _error(why)
@@ -380,7 +381,7 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
     """The text of a UTF-8 file in blocks, each with the byte count it took; a leading BOM dropped."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, first = 0, True
-    with _Reading(path) as at, open(path, "rb") as f:
+    with _Reading(path) as at, open_regular(path) as f:
         while True:
             block = f.read(BLOCK)
             at.offset = offset - len(
@@ -399,7 +400,7 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
 
 def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
     """The documents of a JSON Lines file, each with the byte count of its line; blank lines empty."""
-    with _Reading(path) as at, open(path, "rb") as f:
+    with _Reading(path) as at, open_regular(path) as f:
         for number, raw in enumerate(f, 1):
             at.line = number
             line = raw.decode("utf-8")

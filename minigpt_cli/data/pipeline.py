@@ -12,7 +12,7 @@ import numpy as np
 from ..config.schema import Config
 from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError
-from ..fileio import check_writable
+from ..fileio import NotRegularFile, check_regular, check_writable, errors_as, read_problem
 from ..paths import corpus_path, dataset_dir, default_tokenizer_path
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_tokenizer
@@ -307,6 +307,8 @@ def ensure_tokenizer(
     config, a path that cannot be written, or training that fails; nothing is written then."""
     tc = cfg.tokenizer
     path = tokenizer_path(cfg, root)
+    with errors_as({NotRegularFile: lambda exc: read_problem(exc, path, "tokenizer file")}):
+        check_regular(path)  # a FIFO is neither a tokenizer to load nor a place to save one
     if path.is_file() or tc.kind == "hf":  # hf: a given file, never trained here
         return load_configured_tokenizer(cfg, path), path
     check_writable(path, folder=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..accounting import params
 from ..config.schema import load_config
 from ..errors import MinigptError
-from ..fileio import atomic_write_bytes
+from ..fileio import atomic_write_bytes, check_writable
 from ..run import folder as runs
 from ..run.metrics import METRICS, draw_losses, read_events
 
@@ -109,6 +109,7 @@ def plot_runs(paths: list[Path], x: str = "step", output: Path = DEFAULT_OUTPUT)
         raise MinigptError(
             f"--output {output} is a folder", f"give a file name, e.g. {output / 'x.png'}"
         )
+    check_writable(output, folder=False)  # a dangling link, a FIFO: refused as every output is
     if output.is_file() and output.read_bytes()[:8] != PNG_SIGNATURE:
         raise MinigptError(
             f"--output {output} exists and is not a PNG; it is left as it is",

@@ -24,7 +24,7 @@ import torch
 from ..config.keys import run_value, yaml_value
 from ..config.schema import Config, ModelConfig
 from ..errors import MinigptError
-from ..fileio import chmod_quietly, dir_mode, os_error_message
+from ..fileio import chmod_quietly, dangling_link, dir_mode, link_problem, os_error_message
 from ..run import folder as runs
 from ..sample.generate import end_of_text
 from ..sample.load import load_run
@@ -467,10 +467,13 @@ def _through_link(out: Path) -> Path:
     if not out.is_symlink():
         return out
     target = Path(os.path.realpath(out))
-    if not target.exists():
+    if dangling_link(out) is not None:  # a link to nothing, or a loop (realpath stops in it)
         raise MinigptError(
-            f"--output {out} is a link to {os.readlink(out)!r}, which does not exist",
-            "make the folder it points to, remove the link, or pass another --output",
+            f"--output {out} {link_problem(out)}",
+            "make the folder it points to, remove the link, or pass another --output"
+            if os.path.exists(os.path.dirname(os.path.realpath(out)) or ".")
+            and "loop" not in link_problem(out)
+            else "remove the link, or pass another --output",
             path=out,
         )
     return target

@@ -32,6 +32,7 @@ from ..fileio import (
     dir_mode,
     errors_as,
     new_file_mode,
+    open_regular,
     os_error,
     read_problem,
 )
@@ -101,9 +102,10 @@ def model_state(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str
 
 
 def sha256(path: Path) -> str:
-    """The hex sha256 of a file, read 16 MiB at a time."""
+    """The hex sha256 of a regular file, read 16 MiB at a time. Raises OSError
+    (:class:`~minigpt_cli.fileio.NotRegularFile` for a FIFO, socket or device)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while chunk := f.read(16 << 20):
             digest.update(chunk)
     return digest.hexdigest()

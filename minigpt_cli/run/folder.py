@@ -35,7 +35,10 @@ from ..errors import MinigptError
 from ..fileio import (
     STATE_BOUNDS,
     atomic_write_text,
+    dangling_link,
     errors_as,
+    link_problem,
+    open_regular,
     os_error,
     os_errors,
     read_bytes,
@@ -91,8 +94,11 @@ def keep_edited_config(run_dir: Path, new_text: str) -> Optional[Path]:
     with suppress(
         OSError, UnicodeDecodeError
     ):  # either unreadable: nothing to compare, nothing kept
-        text = path.read_text(encoding="utf-8")
-        saved = (checkpoint_dir(run_dir, LAST) / CONFIG).read_text(encoding="utf-8")
+        # open_regular: a FIFO in their place would block a plain read forever.
+        with open_regular(path) as f:
+            text = f.read().decode("utf-8")
+        with open_regular(checkpoint_dir(run_dir, LAST) / CONFIG) as f:
+            saved = f.read().decode("utf-8")
     if saved is None or text in (saved, new_text):
         return None
     keep = path.with_name(CONFIG + ".edited")
@@ -376,6 +382,15 @@ def open_checkpoint(
             "pass a run folder (runs/NAME) of a trained run",
             path=str(run_dir),
         )
+    if kept and not ckpt.exists():  # a step never kept: name those there are, not "train first"
+        steps = sorted(p.name for p in (run_dir / CHECKPOINTS).glob("step-*") if has_weights(p))
+        there = f"the kept steps are {', '.join(steps)}" if steps else "it keeps no step-N"
+        raise MinigptError(
+            f"--checkpoint {which!r}: {str(run_dir)!r} kept no checkpoint at step {int(kept[1])}; "
+            f"{there}",
+            f"pass one of those, or {BEST} or {LAST}" if steps else f"pass {BEST} or {LAST}",
+            path=str(ckpt),
+        )
     if not has_weights(ckpt):
         raise no_checkpoint(run_dir / CHECKPOINTS, f"{tried} {WEIGHTS}")
     return run_dir, ckpt
@@ -431,6 +446,13 @@ def find_resume_dir(
         )
     if not run_dir.is_dir():
         raise MinigptError(f"--resume {resume}: no such run folder", path=resume)
+    link = dangling_link(last) if run_dir.is_dir() else None
+    if link is not None:  # not a failed write: a link that leads nowhere, which cp -r would follow
+        raise MinigptError(
+            f"--resume {resume}: {str(link)!r} {link_problem(link)}",
+            f"point the link at a checkpoint folder, or remove it (rm {link})",
+            path=str(link),
+        )
     if only_best:
         raise MinigptError(
             f"{str(run_dir / CHECKPOINTS)!r} has no last checkpoint (its write failed) but best, "

@@ -12,7 +12,14 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import MinigptError
-from ..fileio import atomic_write_bytes, atomic_write_text, errors_as, os_errors, schema_problem
+from ..fileio import (
+    atomic_write_bytes,
+    atomic_write_text,
+    errors_as,
+    open_regular,
+    os_errors,
+    schema_problem,
+)
 
 METRICS = "metrics.jsonl"
 
@@ -50,8 +57,8 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    with os_errors(path, "read", in_run=True):
-        *lines, tail = path.read_bytes().split(b"\n")  # tail: after the last newline
+    with os_errors(path, "read", in_run=True), open_regular(path) as f:
+        *lines, tail = f.read().split(b"\n")  # tail: after the last newline
     events, n = [], 0
     # A tagged union's errors are located under the tag first: the field is what follows it.
     with errors_as(
