@@ -289,7 +289,7 @@ def read_problem(
         )
     if isinstance(exc, NotRegularFile):
         return MinigptError(f"{named} is not a regular file ({exc.kind})", "give a file", path=path)
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOENT, errno.ELOOP):
+    if isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ELOOP:
         link = dangling_link(path)
         if link is not None:
             return MinigptError(

@@ -15,6 +15,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -409,3 +411,129 @@ def test_an_output_through_a_dangling_link_is_named_as_one(cli, files, tmp_path)
     res = cli("compare", root / "runs" / "r", "--output", link)
     assert_user_error(res, said, notes_ok=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@contextmanager
+def _fifo_at(path: Path):
+    """A FIFO in place of ``path`` (its bytes put back after). A writer waits on it and closes as
+    soon as anything opens it: a reader that would block on it sees its end (and fails the test)
+    instead of hanging it."""
+    saved = path.read_bytes() if path.is_file() else None
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    writer = threading.Thread(target=lambda: os.close(os.open(path, os.O_WRONLY)))
+    writer.start()
+    try:
+        yield
+    finally:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # frees the writer if nothing opened it
+        writer.join()
+        os.close(fd)
+        path.unlink()
+        if saved is not None:
+            path.write_bytes(saved)
+
+
+def _fifo_cases(root: Path, kinds: dict) -> dict:
+    """Each kind of file a command reads, as (path, command, what the message calls it): the kinds
+    of ``files`` and the others the QA round found hanging on a FIFO."""
+    run = root / "runs" / "r"
+    config = kinds["config"][0]
+    resume = kinds["trainer state"][1]
+    return {
+        **kinds,
+        "sweep base": (config, ["sweep", kinds["sweep file"][0], "--dry-run"], "config"),
+        "checkpoint config": (
+            run / "checkpoints" / "last" / "config.yaml",
+            resume,
+            "checkpoint config",
+        ),
+        "metrics": (run / "metrics.jsonl", ["plot", run, "-o", root / "p.png"], "metrics.jsonl"),
+        "text file": (
+            root / "text.txt",
+            ["evaluate", "--run", run, "--text-file", root / "text.txt"],
+            "--text-file",
+        ),
+        "tokenizer to train": (
+            root / "new-tok.json",
+            ["train", config, "--set", f"tokenizer.path={root / 'new-tok.json'}", "--dry-run"],
+            "tokenizer file",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        *DAMAGED,
+        "sweep base",
+        "checkpoint config",
+        "metrics",
+        "text file",
+        "tokenizer to train",
+    ],
+)
+def test_a_fifo_in_place_of_any_file_is_refused_as_not_a_regular_file(cli, files, kept, kind):
+    """Every reader stats (or opens without blocking) before it reads: a FIFO would wait forever
+    for a writer."""
+    root, kinds = files
+    path, args, what = _fifo_cases(root, kinds)[kind]
+    with working_dir(root), _fifo_at(path):
+        line = _one_line(cli(*args))
+    assert "is not a regular file (a FIFO)" in line and str(path) in line, line
+    assert what in line and "not found" not in line and "empty" not in line, line
+
+
+@pytest.mark.parametrize("kind", list(DAMAGED))
+def test_a_link_loop_in_place_of_any_file_is_named_as_one(cli, files, kept, kind):
+    root, kinds = files
+    path, args, _ = kinds[kind]
+    path.unlink()
+    path.symlink_to(path.name)  # a link to itself: every open ends in ELOOP
+    with working_dir(root):
+        line = _one_line(cli(*args))
+    assert "is a link loop" in line and str(path) in line, line
+    assert "does not exist" not in line and "damaged" not in line, line
+
+
+@pytest.mark.parametrize("target", ["nowhere", "self"])
+def test_resume_through_a_dangling_or_looping_last_link_names_the_link(cli, files, target):
+    root, kinds = files
+    run = root / "runs" / "r"
+    last = run / "checkpoints" / "last"
+    aside = last.with_name("last-aside")
+    last.rename(aside)
+    last.symlink_to(root / "nowhere" if target == "nowhere" else "last")
+    try:
+        with working_dir(root):
+            line = _one_line(cli(*kinds["trainer state"][1]))
+    finally:
+        last.unlink()
+        aside.rename(last)
+    said = "is a link to" if target == "nowhere" else "is a link loop"
+    assert str(last) in line and said in line and "cp -r" not in line, line
+
+
+@pytest.mark.parametrize("command", ["export", "plot"])
+@pytest.mark.parametrize("target", ["nowhere", "self"])
+def test_an_output_through_a_dangling_or_looping_link_is_refused_alike(
+    cli, files, tmp_path, command, target
+):
+    """Every output: a link to nothing (whose folders writing would make elsewhere) or to itself."""
+    root, _ = files
+    link = tmp_path / "out.png"
+    link.symlink_to(tmp_path / "no-dir" / "x.png" if target == "nowhere" else link.name)
+    if command == "export":
+        res = _export(cli, files, link, "--force")
+    else:
+        res = cli("plot", root / "runs" / "r", "-o", link)
+    said = "is a link to" if target == "nowhere" else "is a link loop"
+    assert said in _one_line(res)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.png"]
+
+
+def test_a_step_never_kept_names_the_kept_steps(cli, files, tmp_path):
+    root, _ = files
+    res = cli("export", root / "runs" / "r", "--checkpoint", "step-99", "-o", tmp_path / "m")
+    line = _one_line(res)
+    assert "kept no checkpoint at step 99" in line and "train first" not in line, line

@@ -171,3 +171,17 @@ def test_the_shell_script_refuses_an_unknown_option_in_one_line(tmp_path):
     )
     assert shown.returncode == 0 and "bash scripts/gpu-check.sh --cpu OUT" in shown.stdout
     assert "set -euo" not in shown.stdout
+
+
+@pytest.mark.parametrize("out", ["file", "file/below"])
+def test_the_shell_script_refuses_an_out_it_cannot_make_a_folder_in_one_line(tmp_path, out):
+    (tmp_path / "file").write_text("kept")
+    res = subprocess.run(
+        ["bash", str(SHELL), "--cpu", str(tmp_path / out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith("error: ") and str(tmp_path / out) in res.stderr
+    assert (tmp_path / "file").read_text() == "kept"

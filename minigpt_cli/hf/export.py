@@ -468,12 +468,12 @@ def _through_link(out: Path) -> Path:
         return out
     target = Path(os.path.realpath(out))
     if dangling_link(out) is not None:  # a link to nothing, or a loop (realpath stops in it)
+        problem = link_problem(out)
         raise MinigptError(
-            f"--output {out} {link_problem(out)}",
-            "make the folder it points to, remove the link, or pass another --output"
-            if os.path.exists(os.path.dirname(os.path.realpath(out)) or ".")
-            and "loop" not in link_problem(out)
-            else "remove the link, or pass another --output",
+            f"--output {out} {problem}",
+            "remove the link, or pass another --output"
+            if "loop" in problem
+            else "make the folder it points to, remove the link, or pass another --output",
             path=out,
         )
     return target

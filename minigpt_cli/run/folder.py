@@ -35,6 +35,7 @@ from ..errors import MinigptError
 from ..fileio import (
     STATE_BOUNDS,
     atomic_write_text,
+    check_regular,
     dangling_link,
     errors_as,
     link_problem,
@@ -391,6 +392,9 @@ def open_checkpoint(
             f"pass one of those, or {BEST} or {LAST}" if steps else f"pass {BEST} or {LAST}",
             path=str(ckpt),
         )
+    weights = ckpt / WEIGHTS
+    with errors_as({OSError: lambda exc: read_problem(exc, weights, "checkpoint weights")}):
+        check_regular(weights)  # a FIFO there is no missing file (has_weights says only that)
     if not has_weights(ckpt):
         raise no_checkpoint(run_dir / CHECKPOINTS, f"{tried} {WEIGHTS}")
     return run_dir, ckpt

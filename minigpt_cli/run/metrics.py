@@ -13,11 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import MinigptError
 from ..fileio import (
+    NotRegularFile,
     atomic_write_bytes,
     atomic_write_text,
     errors_as,
     open_regular,
     os_errors,
+    read_problem,
     schema_problem,
 )
 
@@ -57,7 +59,11 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    with os_errors(path, "read", in_run=True), open_regular(path) as f:
+    with (
+        os_errors(path, "read", in_run=True),
+        errors_as({NotRegularFile: lambda exc: read_problem(exc, path, "metrics file")}),
+        open_regular(path) as f,
+    ):
         *lines, tail = f.read().split(b"\n")  # tail: after the last newline
     events, n = [], 0
     # A tagged union's errors are located under the tag first: the field is what follows it.

@@ -17,6 +17,7 @@ from ..errors import MinigptError
 from ..fileio import (
     TOKENIZER_BOUNDS,
     atomic_write_text,
+    check_regular,
     errors_as,
     parse_json,
     read_problem,
@@ -406,8 +407,7 @@ def _read(p: Path, kind: Optional[str], own: bool) -> Tokenizer | tuple[str, boo
                 "tokenizer.json",
                 False,
             )
-        if p.exists() and not p.is_file():
-            return f"tokenizer path {str(p)!r} is not a regular file", False
+        check_regular(p)  # a FIFO, socket or device: read_problem names which
         if not p.exists() and not p.is_symlink():
             return f"{named} not found", True
     raw = read_text(p, what, TOKENIZER_BOUNDS)  # a dangling link: read_problem names it
