@@ -1,6 +1,7 @@
 """Atomic file writes (a temporary file beside the target, fsync, rename) and the one line for an
-OSError; bounded reads (:class:`Bounds`) whose failures, by cause, become one line
-(:func:`read_problem`).
+OSError; bounded reads (:class:`Bounds`) of regular files only (:func:`open_regular`: a FIFO
+would block forever) whose failures, by cause, become one line (:func:`read_problem`); the check
+of an output before it is written (:func:`check_writable`: a dangling link, a FIFO refused).
 
 A reader (or a process killed half-way) sees the old file or the new one, never a half-written one; the file
 gets the mode a plain ``open()`` would give it, not :func:`tempfile.mkstemp`'s ``0o600``.
@@ -155,9 +156,10 @@ def check_regular(path: str | Path) -> None:
 
 def open_regular(path: str | Path):
     """``open(path, "rb")``, refusing a FIFO, socket or device before any read could wait on it: it is
-    opened without blocking (a FIFO's open waits for a writer), then checked by its own ``fstat``
-    (no race with a swap after a stat). Raises :class:`NotRegularFile`, IsADirectoryError, or the
+    stat'ed, then opened without blocking (a FIFO's open waits for a writer) and checked again by
+    its own ``fstat`` (a swap after the stat). Raises :class:`NotRegularFile`, IsADirectoryError, or the
     open's OSError."""
+    check_regular(path)  # a socket's open fails (ENXIO): named by its stat first
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -356,3 +357,32 @@ def test_read_text_file_says_which_way_a_named_file_cannot_be_read(tmp_path):
     ]:
         with pytest.raises(MinigptError, match=f"^--text-file '.*' {fragment}"):
             fileio.read_text_file(tmp_path / name, "--text-file")
+
+
+def _special(kind: str, tmp_path: Path) -> Path:
+    """A file of ``kind`` that is not a regular one: a FIFO, a bound socket, a character device."""
+    if kind == "a character device":
+        return Path("/dev/null")
+    path = tmp_path / "special"
+    if kind == "a FIFO":
+        os.mkfifo(path)
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()  # the socket file stays
+    return path
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a socket", "a character device"])
+def test_every_reader_refuses_a_file_that_is_not_regular_before_reading(tmp_path, kind):
+    """A FIFO without a writer would block the read forever; each reader names the kind."""
+    path = _special(kind, tmp_path)
+    for read in (
+        lambda: fileio.read_bytes(path, "config"),
+        lambda: fileio.read_text_file(path, "--text-file"),
+        lambda: fileio.check_readable(path, "config"),
+    ):
+        with pytest.raises(MinigptError, match=f"is not a regular file \\({kind}\\)"):
+            read()
+    problem = fileio.write_problem(path, folder=False)
+    assert isinstance(problem, fileio.NotRegularFile) and problem.kind == kind
