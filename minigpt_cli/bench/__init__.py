@@ -1,2 +1,1 @@
-"""``minigpt bench``: training, generation (:mod:`.generation`) and preparation (:mod:`.prepare`)
-speed."""
+"""``minigpt bench``: training, generation (:mod:`.generation`) and preparation (:mod:`.prepare`) speed."""
