@@ -4,13 +4,14 @@ The Python API takes the same typed configs as the CLI::
 
     from minigpt_cli import count_params, generate, load_config, load_run, train
 
-    cfg = load_config("tiny", ["train.max_iters=50"])  # a shipped config's name or a YAML file, and --set's
+    cfg = load_config("tiny", ["train.max_iters=50"])  # a shipped config or YAML file, and --set's
     result = train(cfg)                                # a TrainResult: run_dir, step, losses
     texts = generate(result.run_dir, {"prompt": "ROMEO:", "max_new_tokens": 40})
     run = load_run(result.run_dir)                     # .model (eval mode), .tokenizer, .config
     print(run.tokenizer.encode("ROMEO:"), count_params(cfg)["total"])
 
-Nothing heavy is imported until one of them is used (``minigpt --help`` answers without importing torch).
+Nothing heavy is imported until one of them is used (``minigpt --help`` answers without importing
+torch).
 """
 
 __version__ = "0.1.0"

@@ -1,10 +1,12 @@
-"""The one exception type for mistakes a user can make, as a structured value rendered once at the edge.
+"""The one exception type for mistakes a user can make, as a structured value rendered once at the
+edge.
 
-A :class:`MinigptError` is built where the problem is found: ``what`` went wrong, the ``fix`` when there is
-one, and the config ``key`` (or the ``path``) it concerns. The CLI renders it once, as one line on stderr
-with exit status 2 (:mod:`minigpt_cli.cli.base`); anything else is a bug and keeps its traceback. A caller
-that knows more (the command line that continues a run, the flag that set a key) adds it with
-:meth:`MinigptError.with_fix` or :meth:`MinigptError.spelled`, never by editing the text.
+A :class:`MinigptError` is built where the problem is found: ``what`` went wrong, the ``fix`` when
+there is one, and the config ``key`` (or the ``path``) it concerns. The CLI renders it once, as one
+line on stderr with exit status 2 (:mod:`minigpt_cli.cli.base`); anything else is a bug and keeps
+its traceback. A caller that knows more (the command line that continues a run, the flag that set a
+key) adds it with :meth:`MinigptError.with_fix` or :meth:`MinigptError.spelled`, never by editing
+the text.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class MinigptError(Exception):
         return self
 
     def spelled(self, spelling: Mapping[str, str]) -> "MinigptError":
-        """This error with its key written as the command spells it (``{"data.path": "--input"}``)."""
+        """This error with its key written as the command spells it (``{"data.path":
+        "--input"}``)."""
         self._spelling = dict(spelling)
         return self
 

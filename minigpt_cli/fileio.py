@@ -3,8 +3,8 @@ OSError; bounded reads (:class:`Bounds`) of regular files only (:func:`open_regu
 would block forever) whose failures, by cause, become one line (:func:`read_problem`); the check
 of an output before it is written (:func:`check_writable`: a dangling link, a FIFO refused).
 
-A reader (or a process killed half-way) sees the old file or the new one, never a half-written one; the file
-gets the mode a plain ``open()`` would give it, not :func:`tempfile.mkstemp`'s ``0o600``.
+A reader (or a process killed half-way) sees the old file or the new one, never a half-written one;
+the file gets the mode a plain ``open()`` would give it, not :func:`tempfile.mkstemp`'s ``0o600``.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ _FIXES[errno.EPERM] = _FIXES[
 def os_error_message(
     exc: OSError, path: str | Path | None = None, action: str | None = None, in_run: bool = False
 ) -> str:
-    """One line for an OSError: ``cannot <action> PATH: <strerror>; <fix>``. ``path``: default the error's
-    ``filename2`` (a rename's target), else its ``filename``; ``in_run``: a path minigpt keeps in a run folder,
-    so the fix says what is in its way instead of asking for another path."""
+    """One line for an OSError: ``cannot <action> PATH: <strerror>; <fix>``. ``path``: default the
+    error's ``filename2`` (a rename's target), else its ``filename``; ``in_run``: a path minigpt
+    keeps in a run folder, so the fix says what is in its way instead of asking for another path."""
     if path is None:
         path = exc.filename2 if exc.filename2 is not None else exc.filename
     if action is None:
@@ -139,7 +139,8 @@ class NotRegularFile(OSError):
 
 
 def file_kind(mode: int) -> str | None:
-    """The name of a ``st_mode`` that is neither a regular file nor a folder (``a FIFO``), else None."""
+    """The name of a ``st_mode`` that is neither a regular file nor a folder (``a FIFO``), else
+    None."""
     return next((name for test, name in _NOT_REGULAR if test(mode)), None)
 
 
@@ -155,10 +156,10 @@ def check_regular(path: str | Path) -> None:
 
 
 def open_regular(path: str | Path):
-    """``open(path, "rb")``, refusing a FIFO, socket or device before any read could wait on it: it is
-    stat'ed, then opened without blocking (a FIFO's open waits for a writer) and checked again by
-    its own ``fstat`` (a swap after the stat). Raises :class:`NotRegularFile`, IsADirectoryError, or the
-    open's OSError."""
+    """``open(path, "rb")``, refusing a FIFO, socket or device before any read could wait on it: it
+    is stat'ed, then opened without blocking (a FIFO's open waits for a writer) and checked again by
+    its own ``fstat`` (a swap after the stat). Raises :class:`NotRegularFile`, IsADirectoryError, or
+    the open's OSError."""
     check_regular(path)  # a socket's open fails (ENXIO): named by its stat first
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -176,9 +177,10 @@ def open_regular(path: str | Path):
 
 
 class errors_as:
-    """A ``with`` block in which an exception of a type in ``table`` becomes the error its entry builds from it
-    (the first matching entry, in order; an entry that returns None lets the exception pass); anything else
-    passes unchanged. The one place that turns the failures of reading and writing files into one line."""
+    """A ``with`` block in which an exception of a type in ``table`` becomes the error its entry
+    builds from it (the first matching entry, in order; an entry that returns None lets the
+    exception pass); anything else passes unchanged. The one place that turns the failures of
+    reading and writing files into one line."""
 
     def __init__(
         self,
@@ -200,7 +202,8 @@ class errors_as:
 def os_error(
     path: str | Path | None = None, action: str = "write", in_run: bool = False
 ) -> Callable[[OSError], MinigptError]:
-    """For :class:`errors_as`: an OSError as ``cannot <action> PATH: <reason>; <fix>`` (:func:`os_error_message`)."""
+    """For :class:`errors_as`: an OSError as ``cannot <action> PATH: <reason>; <fix>``
+    (:func:`os_error_message`)."""
     return lambda exc: MinigptError(os_error_message(exc, path, action, in_run), path=path)
 
 
@@ -222,15 +225,17 @@ _PYDANTIC_TAG = re.compile(
 
 
 def field_path(loc: Sequence[Any]) -> str:
-    """A pydantic error's location as the dotted key a user wrote (``seeds``, ``search.params.KEY.step``)."""
+    """A pydantic error's location as the dotted key a user wrote (``seeds``,
+    ``search.params.KEY.step``)."""
     return ".".join(
         str(part) for part in loc if not (isinstance(part, str) and _PYDANTIC_TAG.fullmatch(part))
     )
 
 
 def schema_problem(exc, skip: int = 0) -> str:
-    """A pydantic ValidationError's first problem as ``field.sub: message`` (``skip``: leading parts of the
-    location left out, such as a tagged union's tag); the one wording of a damaged file's field."""
+    """A pydantic ValidationError's first problem as ``field.sub: message`` (``skip``: leading parts
+    of the location left out, such as a tagged union's tag); the one wording of a damaged file's
+    field."""
     err = exc.errors()[0]
     where = field_path(err["loc"][skip:] or err["loc"])
     return f"{where}: {err['msg']}" if where else err["msg"]
@@ -348,8 +353,8 @@ def check_readable(
 def read_bytes(
     path: str | Path, what: str, bounds: Bounds | None = None, fix: str | None = None
 ) -> bytes:
-    """The bytes of a regular file, refused past ``bounds.max_bytes`` before any is read (a file that
-    grows: after ``max_bytes + 1``). Raises MinigptError (:func:`read_problem`): unreadable,
+    """The bytes of a regular file, refused past ``bounds.max_bytes`` before any is read (a file
+    that grows: after ``max_bytes + 1``). Raises MinigptError (:func:`read_problem`): unreadable,
     missing, a dangling link or a link loop, a folder, a FIFO/socket/device, too large."""
     limit = bounds.max_bytes if bounds is not None else None
     with errors_as({OSError: lambda exc: read_problem(exc, path, what, fix)}):
@@ -439,14 +444,16 @@ def _umask() -> int:
 
 
 def file_mode(path: str | Path) -> int:
-    """The permission bits a plain ``open(path, "w")`` leaves: the existing file's, else a new file's."""
+    """The permission bits a plain ``open(path, "w")`` leaves: the existing file's, else a new
+    file's."""
     with suppress(OSError):
         return os.stat(path).st_mode & 0o777
     return new_file_mode()
 
 
 def new_file_mode() -> int:
-    """The permission bits a plain ``open(path, "w")`` gives a new file: ``0o666`` less the umask."""
+    """The permission bits a plain ``open(path, "w")`` gives a new file: ``0o666`` less the
+    umask."""
     return 0o666 & ~_umask()
 
 
@@ -456,21 +463,23 @@ def dir_mode() -> int:
 
 
 def chmod_quietly(path: str | Path | int, mode: int) -> None:
-    """``chmod`` a path (or ``fchmod`` a file descriptor), ignoring file systems without modes (FAT, some mounts)."""
+    """``chmod`` a path (or ``fchmod`` a file descriptor), ignoring file systems without modes (FAT,
+    some mounts)."""
     with suppress(OSError):
         os.fchmod(path, mode) if isinstance(path, int) else os.chmod(path, mode)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (its folder made if needed; a link written through; a folder,
-    device, FIFO or socket refused). Raises MinigptError ``cannot write PATH: <reason>; <fix>``."""
+    """Write ``data`` to ``path`` atomically (its folder made if needed; a link written through; a
+    folder, device, FIFO or socket refused). Raises MinigptError ``cannot write PATH: <reason>;
+    <fix>``."""
     atomic_write_set({path: data})
 
 
 def atomic_write_set(files: dict[str | Path, bytes]) -> None:
-    """Write several files as a set: each to a temporary file beside it, then all renamed into place; a
-    failure or interrupt leaves the old set, the new one, or none, never a mix, and no temporary file.
-    Raises MinigptError as :func:`atomic_write_bytes` does."""
+    """Write several files as a set: each to a temporary file beside it, then all renamed into
+    place; a failure or interrupt leaves the old set, the new one, or none, never a mix, and no
+    temporary file. Raises MinigptError as :func:`atomic_write_bytes` does."""
     temps: dict[Path, str] = {}
     placed = 0
     try:
@@ -500,11 +509,12 @@ def _target(path: Path) -> Path:
 
 
 def _write_temp(path: Path, data: bytes, temps: dict[Path, str]) -> None:
-    """``data`` flushed to a new temporary file beside ``path``, with the mode ``path`` has or a new file would
-    get; recorded in ``temps`` as soon as it exists, for removal."""
+    """``data`` flushed to a new temporary file beside ``path``, with the mode ``path`` has or a new
+    file would get; recorded in ``temps`` as soon as it exists, for removal."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not path.is_file():
-        # A device, FIFO or socket: renaming over it would replace it (as root, /dev/null for everyone).
+        # A device, FIFO or socket: renaming over it would replace it (as root, /dev/null for
+        # everyone).
         code, why = (
             (errno.EISDIR, None)
             if path.is_dir()
@@ -537,7 +547,8 @@ def _limit(path: Path, name: str, default: int) -> int:
 
 
 def _stat(path: Path) -> os.stat_result | OSError | None:
-    """``os.stat(path)``; None when nothing is there; the OSError when something on the way stops it."""
+    """``os.stat(path)``; None when nothing is there; the OSError when something on the way stops
+    it."""
     try:
         return os.stat(path)
     except FileNotFoundError:
@@ -547,10 +558,11 @@ def _stat(path: Path) -> os.stat_result | OSError | None:
 
 
 def write_problem(path: str | Path, folder: bool, append: bool = False) -> OSError | None:
-    """The OSError that writing at ``path`` would end with (the one the failing call would raise, naming its
-    path), found without writing anything; None when none is expected. ``folder``: a folder to make and write
-    into, else a file :func:`atomic_write_bytes` writes, or with ``append`` one written in place. Permissions
-    are judged by :func:`os.access`, so what root may write passes."""
+    """The OSError that writing at ``path`` would end with (the one the failing call would raise,
+    naming its path), found without writing anything; None when none is expected. ``folder``: a
+    folder to make and write into, else a file :func:`atomic_write_bytes` writes, or with ``append``
+    one written in place. Permissions are judged by :func:`os.access`, so what root may write
+    passes."""
     path = Path(path)
     if folder:
         return _folder_problem(path)
@@ -624,8 +636,9 @@ def _error(code: int, path: Path) -> OSError:
 def check_writable(
     path: str | Path, folder: bool, append: bool = False, in_run: bool = False
 ) -> None:
-    """Refuse a path that :func:`write_problem` says cannot be written, with the line writing it would give:
-    MinigptError ``cannot write PATH: <reason>; <fix>`` (``in_run`` as :func:`os_error_message` takes it)."""
+    """Refuse a path that :func:`write_problem` says cannot be written, with the line writing it
+    would give: MinigptError ``cannot write PATH: <reason>; <fix>`` (``in_run`` as
+    :func:`os_error_message` takes it)."""
     problem = write_problem(path, folder, append)
     if problem is not None:
         raise MinigptError(os_error_message(problem, action="write", in_run=in_run))

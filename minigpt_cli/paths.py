@@ -1,4 +1,5 @@
-"""Where corpora, tokenizers, prepared data, presets and runs live (a config's paths: from the current folder)."""
+"""Where corpora, tokenizers, prepared data, presets and runs live (a config's paths: from the
+current folder)."""
 
 from __future__ import annotations
 
@@ -23,15 +24,17 @@ DATASETS_FILE = "datasets.json"
 
 
 def _shipped() -> Traversable:
-    """``minigpt_cli/config/``: the package data (presets, example configs, the dataset registry)."""
+    """``minigpt_cli/config/``: the package data (presets, example configs, the dataset
+    registry)."""
     return resources.files(__package__) / "config"
 
 
 @functools.cache
 def dataset_registry() -> dict[str, dict]:
     """The named corpora ``data.dataset`` and ``minigpt download`` know, from the package's
-    :data:`DATASETS_FILE`: each name maps to its ``url``, ``sha256``, ``size`` (bytes) and ``description``.
-    A new corpus is a new entry there, no code; its mirror variable is ``MINIGPT_<NAME>_URL``."""
+    :data:`DATASETS_FILE`: each name maps to its ``url``, ``sha256``, ``size`` (bytes) and
+    ``description``. A new corpus is a new entry there, no code; its mirror variable is
+    ``MINIGPT_<NAME>_URL``."""
     return json.loads((_shipped() / DATASETS_FILE).read_text(encoding="utf-8"))
 
 
@@ -39,7 +42,8 @@ def check_dataset_name(name: str) -> str:
     """``name`` when the registry (:func:`dataset_registry`) has it.
 
     Raises:
-        ValueError: an unknown name; the message lists the known ones (the config reports it as a schema error).
+        ValueError: an unknown name; the message lists the known ones (the config reports it as a
+        schema error).
     """
     known = dataset_registry()
     if name not in known:
@@ -67,10 +71,12 @@ def default_tokenizer_path(
     vocab_size: int | None = None,
     special_tokens: Sequence[str] = (),
 ) -> Path:
-    """Where a trained tokenizer is kept: ``data/<dataset>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json``.
+    """Where a trained tokenizer is kept:
+    ``data/<dataset>/tokenizer-<kind>[-<vocab_size>][-special-<hash>].json``.
 
-    Configs that differ in a trained kind's size or in their special tokens (``<hash>``: 8 hex digits of the
-    sha256 of their list, in order) get files of their own; ``char`` has no size (its alphabet decides).
+    Configs that differ in a trained kind's size or in their special tokens (``<hash>``: 8 hex
+    digits of the sha256 of their list, in order) get files of their own; ``char`` has no size (its
+    alphabet decides).
     """
     suffix = f"-{vocab_size}" if vocab_size is not None and kind != "char" else ""
     if special_tokens:
@@ -84,7 +90,8 @@ CONFIGS_PACKAGE_DIR = "configs"
 
 
 def presets_dir() -> Traversable:
-    """``minigpt_cli/config/presets/``: one YAML per named model size (package data, there in a wheel too)."""
+    """``minigpt_cli/config/presets/``: one YAML per named model size (package data, there in a
+    wheel too)."""
     return _shipped() / "presets"
 
 
@@ -105,15 +112,17 @@ def list_presets() -> list[str]:
 
 
 def list_configs() -> list[str]:
-    """Names of the example run configs shipped in ``minigpt_cli/config/configs/`` (``tiny``, ...), sorted."""
+    """Names of the example run configs shipped in ``minigpt_cli/config/configs/`` (``tiny``, ...),
+    sorted."""
     return _yaml_names(_shipped() / CONFIGS_PACKAGE_DIR)
 
 
 def resolve_config(path: str | Path, note=lambda message: None) -> Path:
     """The config file ``path`` names: the file itself, else the shipped example of that name.
 
-    ``shakespeare-cpu`` names the shipped ``shakespeare-cpu.yaml``; so does ``configs/shakespeare-cpu.yaml``
-    where no such file exists (a wheel install), with a note through ``note``. Anything else is returned as given.
+    ``shakespeare-cpu`` names the shipped ``shakespeare-cpu.yaml``; so does
+    ``configs/shakespeare-cpu.yaml`` where no such file exists (a wheel install), with a note
+    through ``note``. Anything else is returned as given.
     """
     p = Path(path)
     # A link is the user's file, even one that leads nowhere (which its reading names).

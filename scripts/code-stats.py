@@ -1,18 +1,19 @@
-"""How much of a package is error handling: raise and except densities, guard and message lines, comments.
+"""How much of a package is error handling: raise and except densities, guard and message lines,
+comments.
 
     python scripts/code-stats.py [PACKAGE_DIR] [--per-module] [--json]
 
 Counted with the ast module, per file, over the package's ``*.py`` files:
 
-- lines: every physical line (``wc -l``); code lines: those that are not blank, not a comment alone and
-  not inside a docstring;
+- lines: every physical line (``wc -l``); code lines: those that are not blank, not a comment alone
+  and not inside a docstring;
 - raise, except: ``raise`` statements and ``except`` clauses, per 1,000 lines;
-- guard lines: the code lines of a ``raise`` statement, of an ``except ...:`` clause's header, and of the
-  test of an ``if`` whose body ends in a ``raise``;
-- message lines: the code lines spanned by a string of prose (a literal or f-string, outside docstrings,
-  of 20 characters or more with at least three words) that is not already a guard line. Documentation
-  is not counted as message prose: docstrings, and the strings given as ``help=``, ``description=`` or
-  ``epilog=`` (the ``--help`` texts and the schema's key reference);
+- guard lines: the code lines of a ``raise`` statement, of an ``except ...:`` clause's header, and
+  of the test of an ``if`` whose body ends in a ``raise``;
+- message lines: the code lines spanned by a string of prose (a literal or f-string, outside
+  docstrings, of 20 characters or more with at least three words) that is not already a guard line.
+  Documentation is not counted as message prose: docstrings, and the strings given as ``help=``,
+  ``description=`` or ``epilog=`` (the ``--help`` texts and the schema's key reference);
 - comment lines: lines that hold a ``#`` comment, as a share of code lines plus comment-only lines.
 
 The guard/message share is (guard lines + message lines) / code lines.
@@ -27,7 +28,8 @@ import json
 import tokenize
 from pathlib import Path
 
-#: Keyword arguments whose strings are documentation (Typer's --help texts, pydantic's key descriptions).
+#: Keyword arguments whose strings are documentation (Typer's --help texts, pydantic's key
+#: descriptions).
 _DOC_KEYWORDS = {"help", "description", "epilog", "short_help"}
 
 
@@ -53,7 +55,8 @@ def _span(node: ast.AST) -> range:
 
 
 def _prose(node: ast.AST) -> bool:
-    """A string literal or f-string whose literal text reads as a sentence (20+ characters, 3+ words)."""
+    """A string literal or f-string whose literal text reads as a sentence (20+ characters, 3+
+    words)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         text = node.value
     elif isinstance(node, ast.JoinedStr):

@@ -2,18 +2,21 @@
 
     python scripts/sampling-figures.py RUN [--reps 3] [--only batch,startup,bf16,compile]
 
-RUN is a run folder of configs/shakespeare.yaml's architecture (a few training steps are enough for timing;
-a few dozen make the bfloat16 agreement meaningful). Each part alternates what it compares, so that a machine
+RUN is a run folder of configs/shakespeare.yaml's architecture (a few training steps are enough for
+timing; a few dozen make the bfloat16 agreement meaningful). Each part alternates what it compares,
+so that a machine
 whose speed drifts affects both sides alike:
 
-- batch: `minigpt generate --run RUN --max-new-tokens 500` with --num-samples 1 and 8, whole process, and
-  the same with --max-new-tokens 1 as the start-up; tokens/s = samples x 499 / (wall - start-up), and the
-  ratio (target >= 4; the ratio with the start-up left in is printed beside it);
-- startup: `python -c "import torch"` against `minigpt generate --run RUN --max-new-tokens 200`, start to exit
-  (target: within 1.5x);
-- bf16: float32 against bfloat16 weights in one process: greedy tokens/s over 500 tokens, where the greedy
-  texts part, and the teacher-forced argmax agreement over 2,048 positions of the corpus's last 20,000 chars;
-- compile: bench's generation figures with the compiled step (bench_generation.measure_generation), twice.
+- batch: `minigpt generate --run RUN --max-new-tokens 500` with --num-samples 1 and 8, whole
+  process, and the same with --max-new-tokens 1 as the start-up; tokens/s = samples x 499 / (wall -
+  start-up), and the ratio (target >= 4; the ratio with the start-up left in is printed beside it);
+- startup: `python -c "import torch"` against `minigpt generate --run RUN --max-new-tokens 200`,
+  start to exit (target: within 1.5x);
+- bf16: float32 against bfloat16 weights in one process: greedy tokens/s over 500 tokens, where the
+  greedy texts part, and the teacher-forced argmax agreement over 2,048 positions of the corpus's
+  last 20,000 chars;
+- compile: bench's generation figures with the compiled step (bench_generation.measure_generation),
+  twice.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ def median_line(name: str, values: list[float], unit: str) -> str:
 
 
 def batch(run: str, reps: int) -> None:
-    """Whole commands, as a user times them; a 1-token command of the same --num-samples is the start-up
-    (loading, the prompt) and is subtracted, so the ratio is the decoding's own (issue 29's measure)."""
+    """Whole commands, as a user times them; a 1-token command of the same --num-samples is the
+    start-up (loading, the prompt) and is subtracted, so the ratio is the decoding's own (issue 29's
+    measure)."""
     walls: dict[tuple[int, int], list[float]] = {(n, t): [] for n in (1, 8) for t in (1, 500)}
     for _ in range(reps):
         for n, t in walls:
@@ -59,8 +63,9 @@ def batch(run: str, reps: int) -> None:
                     ]
                 )
             )
-    # The start-up is the same work for 1 and 8 samples (loading; a 1-token prompt): the median of all the
-    # 1-token commands, which is steadier than either half (a 0.2 s wobble in it is 10% of one sample's decoding).
+    # The start-up is the same work for 1 and 8 samples (loading; a 1-token prompt): the median of
+    # all the 1-token commands, which is steadier than either half (a 0.2 s wobble in it is 10% of
+    # one sample's decoding).
     start = statistics.median(walls[1, 1] + walls[8, 1])
     speeds = {}
     for n in (1, 8):

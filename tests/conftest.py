@@ -82,7 +82,8 @@ def locate_corpus(environ: Mapping[str, str] = os.environ, repo: Path = REPO) ->
 
 
 def fetch_corpus(environ: Mapping[str, str] = os.environ, url: str = CORPUS_URL) -> Path:
-    """Download the corpus once into :func:`corpus_cache_dir` with minigpt's own downloader (sha256-checked)."""
+    """Download the corpus once into :func:`corpus_cache_dir` with minigpt's own downloader
+    (sha256-checked)."""
     from minigpt_cli.data.download import download, file_ok
 
     cache = corpus_cache_dir(environ)
@@ -101,7 +102,8 @@ def fetch_corpus(environ: Mapping[str, str] = os.environ, url: str = CORPUS_URL)
 
 @pytest.fixture(scope="session")
 def corpus_file() -> Path:
-    """Path of the genuine Tiny Shakespeare corpus (:func:`locate_corpus`, else :func:`fetch_corpus`)."""
+    """Path of the genuine Tiny Shakespeare corpus (:func:`locate_corpus`, else
+    :func:`fetch_corpus`)."""
     try:
         return locate_corpus() or fetch_corpus()
     except CorpusNotFound as exc:
@@ -230,10 +232,12 @@ CONFIGS = REPO / "configs"
 
 @pytest.fixture(autouse=True)
 def _never_the_internet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Point the corpus URL at a closed local port unless a test sets it: no test reaches the internet.
+    """Point the corpus URL at a closed local port unless a test sets it: no test reaches the
+    internet.
 
-    In-process downloads retry as minigpt's do (the same attempts), without urllib3's backoff sleeps between
-    them: 1 s and 2 s before the 3rd and 4th attempt at the closed port, 3 s of every test that fails to download.
+    In-process downloads retry as minigpt's do (the same attempts), without urllib3's backoff sleeps
+    between them: 1 s and 2 s before the 3rd and 4th attempt at the closed port, 3 s of every test
+    that fails to download.
     """
     from minigpt_cli.data import download
 
@@ -305,7 +309,8 @@ def _quick_loss_plot():
 
 @pytest.fixture(autouse=True)
 def _real_plot_when_marked(request: pytest.FixtureRequest, _quick_loss_plot) -> None:
-    """``@pytest.mark.real_plot``: this test's runs draw loss.png with matplotlib, as minigpt does."""
+    """``@pytest.mark.real_plot``: this test's runs draw loss.png with matplotlib, as minigpt
+    does."""
     if request.node.get_closest_marker("real_plot") is not None:
         from minigpt_cli.run.metrics import RunLogger
 
@@ -331,8 +336,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a pytest-xdist worker (whose tests the main process hands out in the order collected): the :data:`FIRST`
-    modules first, then the others by their number of tests, most first (what ``--dist loadscope`` does itself)."""
+    """In a pytest-xdist worker (whose tests the main process hands out in the order collected): the
+    :data:`FIRST` modules first, then the others by their number of tests, most first (what ``--dist
+    loadscope`` does itself)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     counts = Counter(

@@ -40,7 +40,8 @@ def assert_user_error(res: CliResult, *fragments: str, notes_ok: bool = False) -
 
 @contextmanager
 def working_dir(path: Path):
-    """Run the body with ``path`` as the current directory (module-scoped fixtures cannot use monkeypatch.chdir)."""
+    """Run the body with ``path`` as the current directory (module-scoped fixtures cannot use
+    monkeypatch.chdir)."""
     old = os.getcwd()
     os.chdir(path)
     try:
@@ -50,7 +51,8 @@ def working_dir(path: Path):
 
 
 def tiny(data_dir, *extra):
-    """tiny.yaml on the test corpus: a train line every step, an eval every 20, no samples; ``extra`` overrides."""
+    """tiny.yaml on the test corpus: a train line every step, an eval every 20, no samples;
+    ``extra`` overrides."""
     from minigpt_cli.config.schema import load_config
 
     return load_config(
@@ -80,7 +82,8 @@ def curve(run_dir: Path) -> dict[tuple[str, int], float]:
 
 
 def cli_process(args, env_extra=None, cwd=None, **kw) -> subprocess.CompletedProcess:
-    """``python -m minigpt_cli ARGS`` in a process of its own (signals, kills, torchrun), its output captured."""
+    """``python -m minigpt_cli ARGS`` in a process of its own (signals, kills, torchrun), its output
+    captured."""
     env = dict(os.environ, **(env_extra or {}))
     return subprocess.run(
         [sys.executable, "-m", "minigpt_cli", *map(str, args)],
@@ -93,9 +96,11 @@ def cli_process(args, env_extra=None, cwd=None, **kw) -> subprocess.CompletedPro
 
 
 def small_peak(monkeypatch, n: int = 256) -> None:
-    """bench measures its matmul peak on n x n products instead of 2048 x 2048 (24 of those took ~5 s a call).
+    """bench measures its matmul peak on n x n products instead of 2048 x 2048 (24 of those took ~5
+    s a call).
 
-    For tests of what bench does with the peak (the JSON, the table, kernels, fallbacks), not of its size.
+    For tests of what bench does with the peak (the JSON, the table, kernels, fallbacks), not of its
+    size.
     """
     import minigpt_cli.bench.throughput as bench_mod
 
@@ -108,9 +113,9 @@ def small_peak(monkeypatch, n: int = 256) -> None:
 
 
 def wordlevel_tokenizer(chars):
-    """A ``tokenizers`` WordLevel tokenizer over ``chars`` (ids in that order), each character split off alone,
-    without an unknown token: what an export of a char tokenizer once was, and what some Hugging Face folders
-    hold. Its library fails on any other character ("Missing [UNK] token")."""
+    """A ``tokenizers`` WordLevel tokenizer over ``chars`` (ids in that order), each character split
+    off alone, without an unknown token: what an export of a char tokenizer once was, and what some
+    Hugging Face folders hold. Its library fails on any other character ("Missing [UNK] token")."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}))
@@ -120,8 +125,8 @@ def wordlevel_tokenizer(chars):
 
 
 def record_checksums(ckpt: Path) -> None:
-    """Record the sha256 of a checkpoint's files as they are now, as a save would have: for tests of what
-    a file's content must be, beyond matching its checksum."""
+    """Record the sha256 of a checkpoint's files as they are now, as a save would have: for tests of
+    what a file's content must be, beyond matching its checksum."""
     import hashlib
 
     meta = json.loads((Path(ckpt) / "meta.json").read_text())
@@ -133,8 +138,8 @@ def record_checksums(ckpt: Path) -> None:
 
 
 def write_meta(ckpt: Path, meta: dict) -> None:
-    """Write a checkpoint's ``meta.json`` with the digest of its fields a save records: for tests of what a
-    field's value must be, beyond matching the digest."""
+    """Write a checkpoint's ``meta.json`` with the digest of its fields a save records: for tests of
+    what a field's value must be, beyond matching the digest."""
     from minigpt_cli.run.folder import meta_digest
 
     (Path(ckpt) / "meta.json").write_text(json.dumps({**meta, "meta_sha256": meta_digest(meta)}))

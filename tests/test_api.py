@@ -22,7 +22,8 @@ def _python_block(text: str, after: str) -> str:
 
 @pytest.fixture
 def workdir(tmp_path, corpus_file, monkeypatch):
-    """An empty folder holding only data/tinyshakespeare/input.txt, as `minigpt download` leaves it."""
+    """An empty folder holding only data/tinyshakespeare/input.txt, as `minigpt download` leaves
+    it."""
     (tmp_path / "data" / "tinyshakespeare").mkdir(parents=True)
     shutil.copy(corpus_file, tmp_path / "data" / "tinyshakespeare" / "input.txt")
     monkeypatch.chdir(tmp_path)

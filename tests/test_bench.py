@@ -42,7 +42,8 @@ def test_bench_json(cli, monkeypatch):
     )
     assert r["gen_tokens_per_sec_compiled"] is None and r["gen_compiled_note"] == CPU_COMPILE_OFF
     assert abs(r["mfu"] - r["achieved_flops"] / r["peak_flops"]) < 1e-12
-    # The peak is the fastest kernel measured, and the kernel of the model's linear layers is among them.
+    # The peak is the fastest kernel measured, and the kernel of the model's linear layers is among
+    # them.
     from minigpt_cli.runtime.kernels.onednn import ONEDNN_MIN_FLOPS, matmul_op
 
     by_kernel = r["peak_flops_by_kernel"]
@@ -52,7 +53,8 @@ def test_bench_json(cli, monkeypatch):
     for kernel, mfu in r["mfu_by_kernel"].items():
         assert abs(mfu - r["achieved_flops"] / by_kernel[kernel]) < 1e-12
     assert r["mfu"] == min(r["mfu_by_kernel"].values())
-    # tiny.yaml, 8 x 32 tokens, n_embd 32: every product is below the oneDNN threshold (the call would cost more).
+    # tiny.yaml, 8 x 32 tokens, n_embd 32: every product is below the oneDNN threshold (the call
+    # would cost more).
     assert 2 * 256 * 32 * 128 < ONEDNN_MIN_FLOPS
     assert r["linear_kernel"] == "torch.mm"
     assert set(by_kernel) == ({"torch.mm", "oneDNN"} if matmul_op() is not None else {"torch.mm"})
@@ -99,7 +101,8 @@ def test_bench_refuses_impossible_sizes_before_allocating(cli):
 def test_peak_is_the_machines_even_with_onednn_turned_off(cli, monkeypatch):
     from minigpt_cli.runtime.kernels import onednn
 
-    # n_embd 128: the MLP's products are big enough for oneDNN, so only the switch keeps them off it.
+    # n_embd 128: the MLP's products are big enough for oneDNN, so only the switch keeps them off
+    # it.
     monkeypatch.setenv("MINIGPT_ONEDNN", "0")
     small_peak(monkeypatch)
     res = cli(
@@ -186,8 +189,9 @@ def test_on_a_known_gpu_mfu_is_against_the_datasheet_and_the_measured_peak_stays
 
 
 def test_bench_streaming_goes_through_generates_text_path(cli, data_dir, monkeypatch):
-    """--stream-tokens: the same seeded tokens through generation.write_sample three ways; the overheads are
-    the extra text-path seconds over the decode-at-the-end pass, against that pass's generation time."""
+    """--stream-tokens: the same seeded tokens through generation.write_sample three ways; the
+    overheads are the extra text-path seconds over the decode-at-the-end pass, against that pass's
+    generation time."""
     import minigpt_cli.sample.generate as gen_mod
     from minigpt_cli.bench.throughput import STREAM_STOP
 
@@ -260,8 +264,9 @@ def test_bench_streaming_needs_a_model_vocabulary_that_holds_the_tokenizer(cli, 
 
 
 def test_bench_generation_compares_the_compiled_path_with_the_eager_cache(monkeypatch):
-    """measure_generation with compile on: the compiled figure, its compile time and whether its tokens equal
-    the eager cache's (the same seeds); a compile failure becomes a null figure with the reason."""
+    """measure_generation with compile on: the compiled figure, its compile time and whether its
+    tokens equal the eager cache's (the same seeds); a compile failure becomes a null figure with
+    the reason."""
     import torch
 
     import minigpt_cli.sample.decoding as decoding
@@ -360,8 +365,8 @@ def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_setti
 
 
 def test_the_ratios_interval_is_the_sign_tests_interval_for_the_median():
-    """Conover's table (Practical Nonparametric Statistics, 3.2): at 95%, the 6th and 15th of 20 values, the
-    40th and 61st of 100, the extremes of 6; none from 5."""
+    """Conover's table (Practical Nonparametric Statistics, 3.2): at 95%, the 6th and 15th of 20
+    values, the 40th and 61st of 100, the extremes of 6; none from 5."""
     from minigpt_cli.bench.optimizer import median_interval
 
     assert median_interval([float(x) for x in range(20, 0, -1)]) == (
@@ -376,8 +381,8 @@ def test_the_ratios_interval_is_the_sign_tests_interval_for_the_median():
 
 
 def test_bench_builds_a_trained_tokenizers_model_at_its_vocabulary():
-    """model.vocab_size null: a bpe config's model has tokenizer.vocab_size entries (as train gives it), a char
-    config's Tiny Shakespeare's 65; a model.vocab_size given wins."""
+    """model.vocab_size null: a bpe config's model has tokenizer.vocab_size entries (as train gives
+    it), a char config's Tiny Shakespeare's 65; a model.vocab_size given wins."""
     from minigpt_cli.bench.throughput import CHAR_VOCAB, bench_vocab
 
     bpe = load_config(Path(__file__).resolve().parent.parent / "configs" / "shakespeare-bpe.yaml")

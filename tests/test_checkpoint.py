@@ -1,4 +1,5 @@
-"""Checkpoints: the save policy (Checkpointer), kills mid-write, damaged files, and what a checkpoint holds."""
+"""Checkpoints: the save policy (Checkpointer), kills mid-write, damaged files, and what a
+checkpoint holds."""
 
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def test_kill_during_checkpoint_write_keeps_the_previous_one(
     assert model.wte.weight.isfinite().all()
     assert list(last.parent.glob(".last.tmp-*"))  # the killed save's temporary folder
     if point == "swap":
-        # Killed again inside the next swap, while .last.old is the only complete copy: it must survive.
+        # Killed again inside the next swap, while .last.old is the only complete copy: it must
+        # survive.
         resume = [
             "train",
             TINY,
@@ -186,8 +188,8 @@ def test_truncated_weights_are_refused(data_dir, tmp_path, monkeypatch, cli):
 def test_a_trainer_state_of_the_wrong_shape_is_refused_in_one_line(
     data_dir, tmp_path, monkeypatch, cli, change, problem
 ):
-    """A well-formed pickle that is not a trainer state: the entry a resume would miss is named, as a truncated
-    file is, instead of a KeyError deep in the resume."""
+    """A well-formed pickle that is not a trainer state: the entry a resume would miss is named, as
+    a truncated file is, instead of a KeyError deep in the resume."""
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=2"), run_name="s", echo=lambda m: None, progress=False)
     state = tmp_path / "runs" / "s" / "checkpoints" / "last" / "trainer_state.pt"
@@ -245,8 +247,9 @@ class _Evil:
 
 
 def test_reads_of_a_run_that_saves_at_every_step_never_fail(tmp_path, data_dir):
-    """A reader never meets a half-swapped checkpoint (issue 40): 200 loads, as generate and evaluate make
-    them, of a run whose trainer (a process of its own) saves ``last`` at every step."""
+    """A reader never meets a half-swapped checkpoint (issue 40): 200 loads, as generate and
+    evaluate make them, of a run whose trainer (a process of its own) saves ``last`` at every
+    step."""
     from minigpt_cli.sample.load import load_run
 
     sets = [
@@ -267,7 +270,8 @@ def test_reads_of_a_run_that_saves_at_every_step_never_fail(tmp_path, data_dir):
     )
     run = tmp_path / "runs" / "busy"
     try:
-        # The events: the trainer's line "training ..." comes before its first step; then its first save.
+        # The events: the trainer's line "training ..." comes before its first step; then its first
+        # save.
         said = iter(writer.stderr.readline, "")
         assert any(line.startswith("training") for line in said), writer.wait()
         threading.Thread(target=lambda: all(said), daemon=True).start()  # keep the pipe drained

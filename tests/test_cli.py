@@ -1,4 +1,5 @@
-"""End to end through the real CLI: download -> train -> generate, and the bad inputs a user tries."""
+"""End to end through the real CLI: download -> train -> generate, and the bad inputs a user
+tries."""
 
 from __future__ import annotations
 
@@ -312,7 +313,8 @@ def test_console_script_exit_code(tmp_path):
 def test_progress_bars_only_on_a_terminal_unless_asked(
     cli, data_dir, corpus_server, tmp_path, monkeypatch
 ):
-    """CliRunner's stderr is not a terminal: no bars by default; --progress forces them, --no-progress still works."""
+    """CliRunner's stderr is not a terminal: no bars by default; --progress forces them,
+    --no-progress still works."""
     monkeypatch.chdir(tmp_path)
     common = [
         "--set",
@@ -502,7 +504,8 @@ def test_generate_into_a_full_device(trained_run):
 
 
 def test_home_in_paths_and_a_pasteable_hint(cli, data_dir, tmp_path, monkeypatch):
-    """``~`` in out_dir is the home folder, as in a shell; the printed generate command survives a space."""
+    """``~`` in out_dir is the home folder, as in a shell; the printed generate command survives a
+    space."""
     import shlex
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -556,7 +559,8 @@ def test_typers_own_errors_read_like_the_tools_one_liners(cli, tmp_path, monkeyp
 
 
 def test_generate_says_nothing_about_cpu_threads(trained_run, cli, monkeypatch):
-    """The thread count changes generate's speed, not its text: its CpuThreads gets no echo for its notes."""
+    """The thread count changes generate's speed, not its text: its CpuThreads gets no echo for its
+    notes."""
     from minigpt_cli.runtime.device import CpuThreads
     from minigpt_cli.sample import generate as gen
 
@@ -574,7 +578,8 @@ def test_generate_says_nothing_about_cpu_threads(trained_run, cli, monkeypatch):
 
 
 def test_a_ctrl_c_in_prepare_or_sweep_is_the_common_stopped_line(cli, monkeypatch, tmp_path):
-    """prepare answers a Ctrl-C as every other command (one line, 130); sweep adds how to continue it."""
+    """prepare answers a Ctrl-C as every other command (one line, 130); sweep adds how to continue
+    it."""
     import minigpt_cli.data.pipeline as pipeline
     import minigpt_cli.experiments.sweep as sweep
     from minigpt_cli.errors import Interrupted

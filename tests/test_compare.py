@@ -1,5 +1,5 @@
-"""``minigpt compare``: the plot's metric and y-range, distinct seeds, Welch's p-values, the terminal table's width,
-and a sweep's folder given where a run is wanted."""
+"""``minigpt compare``: the plot's metric and y-range, distinct seeds, Welch's p-values, the
+terminal table's width, and a sweep's folder given where a run is wanted."""
 
 from __future__ import annotations
 
@@ -64,8 +64,9 @@ def _vals(run: Path) -> list[float]:
 
 
 def test_the_plot_follows_the_tables_metric_and_range(seeded, tmp_path, monkeypatch):
-    """Char against BPE: the table compares bits per byte, so the plot does too; the y-range leaves out the step-0
-    loss and spans the rest; bands are drawn for 2 seeds, and the legend counts seeds in the singular and plural."""
+    """Char against BPE: the table compares bits per byte, so the plot does too; the y-range leaves
+    out the step-0 loss and spans the rest; bands are drawn for 2 seeds, and the legend counts seeds
+    in the singular and plural."""
     drawn = _figures(monkeypatch)
     result = summarize([seeded["relu-s1"], seeded["bpe"]], out=tmp_path / "tok")
     assert result["metric"] == "bits_per_byte" and any(
@@ -80,7 +81,8 @@ def test_the_plot_follows_the_tables_metric_and_range(seeded, tmp_path, monkeypa
         assert plotted[-1] == pytest.approx(
             row["bits_per_byte"], rel=1e-9
         )  # the table's number, not nats
-        # Every eval is the run's loss in the same unit: nats / ln 2 / bytes per token, one factor per run.
+        # Every eval is the run's loss in the same unit: nats / ln 2 / bytes per token, one factor
+        # per run.
         factors.append(row["bits_per_byte"] / _vals(run)[-1])
         assert list(plotted) == pytest.approx([v * factors[-1] for v in _vals(run)], rel=1e-9)
     assert (
@@ -103,8 +105,8 @@ def test_the_plot_follows_the_tables_metric_and_range(seeded, tmp_path, monkeypa
 
 
 def test_repeated_seeds_are_flagged_and_not_counted(seeded, tmp_path):
-    """A copy of relu-s1 (one config, one seed) that stopped an eval earlier is a repeat: noted by name, the
-    longer run kept, and the seed noise is that of seeds 1 and 2 alone."""
+    """A copy of relu-s1 (one config, one seed) that stopped an eval earlier is a repeat: noted by
+    name, the longer run kept, and the seed noise is that of seeds 1 and 2 alone."""
     repeat = tmp_path / "relu-again"
     shutil.copytree(seeded["relu-s1"], repeat)
     lines = (repeat / "metrics.jsonl").read_text().splitlines()
@@ -214,8 +216,8 @@ def test_seeds_needed_matches_the_published_power_tables(d, n):
 
 
 def test_the_terminal_table_fits_100_columns(tmp_path, data_dir, cli):
-    """Four variants that differ in nine keys: the terminal shows what fits, names the rest, and summary.md keeps
-    every column."""
+    """Four variants that differ in nine keys: the terminal shows what fits, names the rest, and
+    summary.md keeps every column."""
     keys = {
         "model.ffn": ["relu", "gelu", "swiglu", "relu"],
         "model.norm": ["layernorm", "rmsnorm"] * 2,
@@ -258,7 +260,8 @@ def test_the_terminal_table_fits_100_columns(tmp_path, data_dir, cli):
 
 
 def test_a_sweeps_folder_names_its_runs(cli, tmp_path, data_dir):
-    """generate, evaluate, export and inspect given a sweep's folder say what it is and name its runs."""
+    """generate, evaluate, export and inspect given a sweep's folder say what it is and name its
+    runs."""
     from minigpt_cli.experiments.sweep import run_sweep
 
     spec = {

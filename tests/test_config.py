@@ -39,7 +39,8 @@ def test_every_shipped_yaml_loads(path):
 
 
 def test_load_config_takes_a_shipped_name_as_the_cli_does(tmp_path, monkeypatch):
-    """One resolver (paths.resolve_config): the name alone, or configs/NAME.yaml from a folder without it."""
+    """One resolver (paths.resolve_config): the name alone, or configs/NAME.yaml from a folder
+    without it."""
     monkeypatch.chdir(tmp_path)
     by_file = load_config(CONFIGS / "shakespeare-cpu.yaml", ["train.max_iters=7"])
     assert load_config("shakespeare-cpu", ["train.max_iters=7"]) == by_file
@@ -97,8 +98,9 @@ def test_rope_needs_even_head_size():
 
 
 def test_a_suggested_width_passes_every_rule_on_the_width():
-    """The head counts and the n_embd a head-size refusal suggests are accepted: n_head=3 under RoPE at
-    width 128 gets the nearest dividing head counts 2 or 4 first, then the width 126, not 129 (odd heads)."""
+    """The head counts and the n_embd a head-size refusal suggests are accepted: n_head=3 under RoPE
+    at width 128 gets the nearest dividing head counts 2 or 4 first, then the width 126, not 129
+    (odd heads)."""
     import re
 
     with pytest.raises(
@@ -126,7 +128,8 @@ def test_a_suggested_width_passes_every_rule_on_the_width():
 
 
 def test_a_whole_float_is_an_integer_key_and_a_fraction_is_refused(cli, tmp_path):
-    """max_iters: 1e4 (YAML reads a float) and --set train.max_iters=1e4 mean 10000; 1.5 is refused."""
+    """max_iters: 1e4 (YAML reads a float) and --set train.max_iters=1e4 mean 10000; 1.5 is
+    refused."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text("train:\n  max_iters: 1e4\n  warmup_iters: 10.0\n")
     assert load_config(cfg).train.max_iters == 10000
@@ -313,7 +316,8 @@ def test_a_text_key_keeps_what_set_gives_and_a_file_quotes_it(tmp_path):
     "text", ["08", "3e-4", "yes", "1:30", "0o17", "2024-01-01", "<<", "=", "1_000"]
 )
 def test_what_the_dumper_writes_reads_back_as_written(text):
-    """A run's config.yaml, written by dump_yaml, reads back: a text that looks like a number is quoted."""
+    """A run's config.yaml, written by dump_yaml, reads back: a text that looks like a number is
+    quoted."""
     assert parse_yaml(dump_yaml({"name": text, "list": [text]})) == {"name": text, "list": [text]}
 
 
@@ -535,7 +539,8 @@ def test_schedules_and_special_tokens_that_cannot_work_are_refused_at_load():
 
 
 def _schema_keys(model=Config, prefix=""):
-    """Every leaf key of the schema, ``section.key`` in a section (walked here, not with config.py's helper)."""
+    """Every leaf key of the schema, ``section.key`` in a section (walked here, not with config.py's
+    helper)."""
     keys = []
     for name, field in model.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
@@ -562,7 +567,8 @@ def test_the_schema_walk_sees_every_section():
 @pytest.mark.parametrize(
     "key,hint",
     [
-        # The key lives in another section, or at the top level: that place first, however close a sibling is.
+        # The key lives in another section, or at the top level: that place first, however close a
+        # sibling is.
         ("model.batch_size", "did you mean train.batch_size?"),
         ("train.block_size", "did you mean model.block_size?"),
         ("train.n_layer", "did you mean model.n_layer?"),
@@ -597,7 +603,8 @@ def test_an_unknown_key_is_pointed_to_where_it_lives(tmp_path, key, hint):
 
 
 def test_a_weak_likeness_is_not_suggested():
-    # "sample.seed" is 70% like "sample"; "train.seed" 67% like "train.lr_schedule" (difflib's old 0.6 cutoff).
+    # "sample.seed" is 70% like "sample"; "train.seed" 67% like "train.lr_schedule" (difflib's old
+    # 0.6 cutoff).
     for key in ("sample.seed", "train.seed", "train.n_layer", "train.compile"):
         with pytest.raises(ConfigError) as e:
             load_config(CONFIGS / "tiny.yaml", [f"{key}=1"])
@@ -638,7 +645,8 @@ def test_a_bad_device_is_a_field_error_at_load(tmp_path, device):
 
 
 def test_values_a_null_stands_for_pass_the_checks_their_explicit_form_gets():
-    # d_ff, n_kv_head and window_stride: null means a value that always passes (4*d, n_head, block_size // 4).
+    # d_ff, n_kv_head and window_stride: null means a value that always passes (4*d, n_head,
+    # block_size // 4).
     cfg = load_config(
         CONFIGS / "tiny.yaml", ["model.block_size=1", "model.n_head=2", "model.ffn=swiglu"]
     )
@@ -655,8 +663,8 @@ def test_values_a_null_stands_for_pass_the_checks_their_explicit_form_gets():
         ConfigError, match=r"model\.n_kv_head \(4\) must not exceed model\.n_head \(2\)"
     ):
         load_config(CONFIGS / "tiny.yaml", ["model.n_kv_head=4"])
-    # lr_decay_iters: null (max_iters) below warmup_iters ends the run inside the warmup, with no cliff to
-    # min_lr after it: a short trial run loads. The explicit form is refused (test above).
+    # lr_decay_iters: null (max_iters) below warmup_iters ends the run inside the warmup, with no
+    # cliff to min_lr after it: a short trial run loads. The explicit form is refused (test above).
     cfg = load_config(CONFIGS / "tiny.yaml", ["train.max_iters=3"])
     assert (cfg.train.max_iters, cfg.train.warmup_iters, cfg.train.lr_decay_iters) == (3, 5, None)
 
@@ -791,7 +799,8 @@ NOTE_CASES = [
         ["train.early_stop_patience=3"],
         ["train.early_stop_patience=2"],
     ),
-    # "\n" and 32 tokens reach block_size + 1 only after the last token; a 33rd token follows a slide
+    # "\n" and 32 tokens reach block_size + 1 only after the last token; a 33rd token follows a
+    # slide
     (
         "sample.window_stride has no effect: the context window never slides",
         ["sample.window_stride=2", "sample.max_new_tokens=32", "train.sample_tokens=32"],
@@ -833,8 +842,8 @@ def test_each_note_is_given_where_it_applies_and_only_there(tmp_path, fragment, 
 def test_every_note_rule_has_a_case():
     from minigpt_cli.config.notes import RULES
 
-    # + the data.url rule (test_data_url_is_noted_when_the_corpus_is_on_disk) and generate's window rule
-    # (test_generate.py: test_a_window_stride_the_window_never_reaches_is_noted)
+    # + the data.url rule (test_data_url_is_noted_when_the_corpus_is_on_disk) and generate's window
+    # rule (test_generate.py: test_a_window_stride_the_window_never_reaches_is_noted)
     assert len(NOTE_CASES) + 2 == len(RULES)
     assert [r.route for r in RULES].count("generate") == 1
 
@@ -863,7 +872,8 @@ def test_a_key_counts_as_given_only_when_set_to_a_value_of_its_own():
     )  # YAML, --set
     assert not given(cfg, "train.keep_every")  # null
     assert not given(cfg, "model.multiple_of") and not given(cfg, "data.url")  # absent
-    # A recipe that writes every key out at its default (rope_base, multiple_of) gets no note for them.
+    # A recipe that writes every key out at its default (rope_base, multiple_of) gets no note for
+    # them.
     full = load_config(CONFIGS / "shakespeare.yaml")
     assert "rope_base" in full.model.model_fields_set and not given(full, "model.rope_base")
     assert notes(full) == []
@@ -1006,7 +1016,8 @@ def test_generate_refuses_counts_past_the_stated_limit(cli, tmp_path, flag, valu
     ), res.stderr
 
 
-# ----------------------------------------------------------------------------- messages (issue 27 §5)
+# ----------------------------------------------------------------------------- messages (issue 27
+# §5)
 
 
 def test_every_problem_of_a_yaml_is_reported_in_one_pass(tmp_path):

@@ -1,4 +1,5 @@
-"""Your own corpus (data.path): files, folders, globs and JSON Lines, read in a stream and prepared in batches."""
+"""Your own corpus (data.path): files, folders, globs and JSON Lines, read in a stream and prepared
+in batches."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def bpe(shakespeare):
 
 
 def write_docs(folder: Path, docs: list[str]) -> list[Path]:
-    """One .txt file per document, every third in a subfolder; returned in reading order (sorted by path)."""
+    """One .txt file per document, every third in a subfolder; returned in reading order (sorted by
+    path)."""
     paths = []
     for i, d in enumerate(docs):
         p = folder / ("sub" if i % 3 == 0 else "") / f"doc{i:02d}.txt"
@@ -75,7 +77,8 @@ def test_pieces_rejoin_exactly_and_cut_only_where_gpt2_splits(shakespeare):
 def test_streamed_ids_equal_the_whole_texts_and_the_tail_split_is_nanogpts(
     tmp_path, shakespeare, bpe, monkeypatch, capsys
 ):
-    """One file, many small pieces and batches: the ids are those of encoding each split's whole text."""
+    """One file, many small pieces and batches: the ids are those of encoding each split's whole
+    text."""
     monkeypatch.setattr(C, "PIECE_CHARS", 700)
     monkeypatch.setattr(C, "BLOCK", 4096)
     monkeypatch.setattr(P, "BATCH_CHARS", 20_000)
@@ -88,7 +91,8 @@ def test_streamed_ids_equal_the_whole_texts_and_the_tail_split_is_nanogpts(
     assert data.val.tolist() == bpe.encode(val_text)
     assert data.meta["split"] == "tail" and data.meta["documents"] == 1
     assert "prepare" in capsys.readouterr().err  # the bar, in bytes
-    # The same text as a char corpus: identical to the one-shot split nanoGPT makes (90/10 of the characters).
+    # The same text as a char corpus: identical to the one-shot split nanoGPT makes (90/10 of the
+    # characters).
     char = CharTokenizer.train(text)
     cdata = P.prepare(src, char, tmp_path / "out", 0.1, log=lambda m: None)
     assert len(cdata.train) == int(len(text) * 0.9) and len(cdata.val) == len(text) - int(
@@ -98,7 +102,8 @@ def test_streamed_ids_equal_the_whole_texts_and_the_tail_split_is_nanogpts(
 
 @pytest.mark.parametrize("special", [None, EOT])
 def test_many_documents_are_split_by_whole_documents_and_joined(tmp_path, shakespeare, special):
-    """12 documents: validation is the last round(12·0.1) = 1; train the other 11 joined by the separator."""
+    """12 documents: validation is the last round(12·0.1) = 1; train the other 11 joined by the
+    separator."""
     docs = [shakespeare[i * 3000 : (i + 1) * 3000] for i in range(12)]
     paths = write_docs(tmp_path / "books", docs)
     in_order = [p.read_text() for p in paths]
@@ -141,7 +146,8 @@ def test_jsonl_glob_and_text_field(tmp_path, shakespeare):
 
 
 def test_preparation_streams_in_bounded_memory(tmp_path, shakespeare, monkeypatch):
-    """A 4.5 MB file prepared in 64 KB blocks and 32 KB batches never holds more than a few batches."""
+    """A 4.5 MB file prepared in 64 KB blocks and 32 KB batches never holds more than a few
+    batches."""
     monkeypatch.setattr(C, "BLOCK", 1 << 16)
     monkeypatch.setattr(C, "PIECE_CHARS", 1 << 13)
     monkeypatch.setattr(P, "BATCH_CHARS", 1 << 15)
@@ -209,8 +215,8 @@ def test_editing_a_file_changes_the_fingerprint_and_prepares_again(tmp_path, sha
 
 
 def test_a_registry_entry_is_a_name_the_config_accepts(monkeypatch):
-    """The config takes its dataset names from the registry (tests/test_download.py downloads such an entry);
-    data.path and another dataset are one corpus too many."""
+    """The config takes its dataset names from the registry (tests/test_download.py downloads such
+    an entry); data.path and another dataset are one corpus too many."""
     from minigpt_cli import paths
 
     registry = dict(paths.dataset_registry())
@@ -269,8 +275,10 @@ def test_bad_corpora_get_one_line_and_leave_nothing_complete(cli, tmp_path, monk
 
 
 def test_train_on_a_folder_then_edit_a_file(cli, tmp_path, shakespeare, monkeypatch):
-    """The whole story through the CLI: a folder trains; its fingerprint is recorded; an edit refuses
-    --resume naming the file and prepares afresh for a new run; a prompt the corpus never had is refused."""
+    """The whole story through the CLI: a folder trains; its fingerprint is recorded; an edit
+    refuses
+    --resume naming the file and prepares afresh for a new run; a prompt the corpus never had is
+      refused."""
     monkeypatch.chdir(tmp_path)
     paths = write_docs(
         tmp_path / "books", [shakespeare[i * 4000 : (i + 1) * 4000] for i in range(12)]

@@ -1,4 +1,5 @@
-"""Where the tests find the corpus (conftest.locate_corpus): env var, ../shared, data/, the user cache; no network."""
+"""Where the tests find the corpus (conftest.locate_corpus): env var, ../shared, data/, the user
+cache; no network."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def _put(path: Path, body: bytes) -> Path:
 
 @pytest.fixture
 def layout(tmp_path, corpus_file):
-    """A fake checkout (``work/repo``) with no corpus anywhere yet; returns (repo, environ, body)."""
+    """A fake checkout (``work/repo``) with no corpus anywhere yet; returns (repo, environ,
+    body)."""
     repo = tmp_path / "work" / "repo"
     repo.mkdir(parents=True)
     environ = {"HOME": str(tmp_path / "home")}
@@ -57,7 +59,8 @@ def test_lookup_order(layout):
 
 
 def test_unverified_copies_are_passed_over(layout):
-    """Only a file with the right size and sha256 counts: a wrong shared/ or data/ copy falls through."""
+    """Only a file with the right size and sha256 counts: a wrong shared/ or data/ copy falls
+    through."""
     repo, environ, body = layout
     _put(repo.parent / "shared" / REL, body.upper())  # same size, other bytes
     _put(repo / REL, body[: len(body) // 2])  # truncated
@@ -77,7 +80,8 @@ def test_an_explicit_file_must_be_the_corpus(layout):
 
 
 def test_fetch_into_the_cache(layout, corpus_server):
-    """With no copy anywhere: one download (from the local server here) into the user cache, then found there."""
+    """With no copy anywhere: one download (from the local server here) into the user cache, then
+    found there."""
     repo, environ, _ = layout
     url = corpus_server.url("/input.txt?t=corpus-lookup")
     path = fetch_corpus(environ, url=url)

@@ -83,7 +83,8 @@ def test_prepare_writes_memmaps_with_a_sidecar(tmp_path, corpus_file):
 
 @pytest.mark.parametrize("fraction, small", [(0.99999999, "train"), (1e-7, "val")])
 def test_prepare_refuses_an_empty_split_before_writing(tmp_path, corpus_file, fraction, small):
-    """A val_fraction that leaves a split (nearly) empty: one line naming it, and nothing on disk."""
+    """A val_fraction that leaves a split (nearly) empty: one line naming it, and nothing on
+    disk."""
     tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))
     with pytest.raises(MinigptError) as e:
         prepare(corpus_file, tok, tmp_path / "out", fraction, log=lambda m: None)
@@ -100,7 +101,8 @@ def test_prepare_refuses_an_empty_split_before_writing(tmp_path, corpus_file, fr
 def test_a_full_disk_while_writing_token_files_names_the_file_issue_27(
     tmp_path, corpus_file, monkeypatch
 ):
-    """ENOSPC on a token file's write (injected): one line naming the file, and no temporary file left."""
+    """ENOSPC on a token file's write (injected): one line naming the file, and no temporary file
+    left."""
     import errno
     import io
     import os
@@ -153,7 +155,8 @@ def test_a_split_too_small_for_the_block_size_is_refused_naming_it(tmp_path, cor
     assert (
         "choose a data.val_fraction such as 0.1" in msg and "to at most 110 with this split" in msg
     )
-    # A block the whole corpus cannot hold twice: another split would not help, so it is not suggested.
+    # A block the whole corpus cannot hold twice: another split would not help, so it is not
+    # suggested.
     with pytest.raises(MinigptError) as e:
         prepare(corpus_file, tok, tmp_path, 0.1, log=lambda m: None, block_size=1_000_000)
     assert "val_fraction such as" not in str(e.value) and "lower model.block_size" in str(e.value)
@@ -215,7 +218,8 @@ def test_check_split_counts_names_what_is_needed_and_a_fraction_that_fits():
         MinigptError, match=r"too few for val \(they need at least model.block_size\+1 = 33"
     ):
         check_split_counts(0.5, 33, 32, 32)
-    # A (nearly) empty side: with a block size, the message says what the block needs, not just "2 tokens".
+    # A (nearly) empty side: with a block size, the message says what the block needs, not just "2
+    # tokens".
     with pytest.raises(
         MinigptError, match=r"too few for train \(they need at least model.block_size\+1 = 33"
     ):
@@ -225,7 +229,8 @@ def test_check_split_counts_names_what_is_needed_and_a_fraction_that_fits():
     ):
         check_split_counts(0.5, 1, 40)  # no block size: only the emptiness check
     check_split_counts(0.5, 2, 2)
-    # The fraction suggested is never the one in use, and leaves both sides enough (90 + 10 tokens, need 33).
+    # The fraction suggested is never the one in use, and leaves both sides enough (90 + 10 tokens,
+    # need 33).
     with pytest.raises(MinigptError) as e:
         check_split_counts(0.1, 90, 10, 32)
     suggested = float(re.search(r"such as ([0-9.]+),", str(e.value)).group(1))
@@ -233,8 +238,9 @@ def test_check_split_counts_names_what_is_needed_and_a_fraction_that_fits():
 
 
 def test_a_split_refusal_gives_a_block_size_then_accepted_or_says_the_corpus_is_too_small():
-    """ "to at most M" is a block size the same split accepts; when this split holds no window of any block size,
-    no bound is given: another fraction when the corpus allows one, else the corpus is too small."""
+    """ "to at most M" is a block size the same split accepts; when this split holds no window of any
+    block size, no bound is given: another fraction when the corpus allows one, else the corpus is
+    too small."""
     for n_train in range(0, 12):
         for n_val in range(0, 12):
             for block in (1, 2, 5, 64):
@@ -251,7 +257,8 @@ def test_a_split_refusal_gives_a_block_size_then_accepted_or_says_the_corpus_is_
                     assert ("data.val_fraction such as" in msg) != (
                         "the corpus is too small" in msg
                     ), msg
-    # The QA case: 3 characters, 2 train and 1 val token; block_size 1 would still leave val 1 token short.
+    # The QA case: 3 characters, 2 train and 1 val token; block_size 1 would still leave val 1 token
+    # short.
     for block in (64, 1):
         with pytest.raises(MinigptError) as e:
             check_split_counts(0.1, 2, 1, block)

@@ -1,9 +1,9 @@
-"""Training over several processes and machines, on the CPU with gloo: torchrun across two "nodes" (DDP),
-FSDP2 over two processes, and resuming a run in the other mode. Each run is held against one process on the
-same global batch (8 sequences), which it must match to float32 rounding.
+"""Training over several processes and machines, on the CPU with gloo: torchrun across two "nodes"
+(DDP), FSDP2 over two processes, and resuming a run in the other mode. Each run is held against one
+process on the same global batch (8 sequences), which it must match to float32 rounding.
 
-The runs share one schedule (``train.lr_decay_iters=30``), so a run stopped and resumed
-makes the same updates as the uninterrupted one, and clip their gradients (the norm is global under FSDP).
+The runs share one schedule (``train.lr_decay_iters=30``), so a run stopped and resumed makes the
+same updates as the uninterrupted one, and clip their gradients (the norm is global under FSDP).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 from minigpt_cli.trainer import train
 
 TOL = 1e-5
-#: Shared by every run: one schedule, and a clipping threshold below the gradient norm, so that clipping acts.
+#: Shared by every run: one schedule, and a clipping threshold below the gradient norm, so that
+#: clipping acts.
 COMMON = [
     "train.lr_decay_iters=30",
     "train.grad_clip=0.1",
@@ -45,7 +46,8 @@ def free_port() -> int:
 
 
 def start(args: list[str], cwd: Path) -> subprocess.Popen:
-    """A torchrun (``python -m torch.distributed.run ARGS``) in the background, one thread per process."""
+    """A torchrun (``python -m torch.distributed.run ARGS``) in the background, one thread per
+    process."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", *args],
@@ -58,7 +60,8 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen:
 
 
 def finish(proc: subprocess.Popen) -> str:
-    """Wait for a started torchrun; its stdout. Fails with the end of its stderr when it did not exit 0."""
+    """Wait for a started torchrun; its stdout. Fails with the end of its stderr when it did not
+    exit 0."""
     try:
         out, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -70,7 +73,8 @@ def finish(proc: subprocess.Popen) -> str:
 
 
 def train_args(data_dir: Path, run: list[str], *overrides: str) -> list[str]:
-    """``minigpt train`` tiny.yaml at batch 4 a process, with ``run`` (``--run-name X`` or ``--resume X``)."""
+    """``minigpt train`` tiny.yaml at batch 4 a process, with ``run`` (``--run-name X`` or
+    ``--resume X``)."""
     return [
         "-m",
         "minigpt_cli",
@@ -83,7 +87,8 @@ def train_args(data_dir: Path, run: list[str], *overrides: str) -> list[str]:
 
 
 def assert_matches(run: Path, reference: Path, tol: float = TOL) -> None:
-    """Every train loss of ``run`` (and val loss at the reference's evals) within ``tol`` of the reference's."""
+    """Every train loss of ``run`` (and val loss at the reference's evals) within ``tol`` of the
+    reference's."""
     a, b = curve(run), curve(reference)
     assert {k for k in a if k[0] == "train"} <= b.keys() and a, sorted(a.keys() - b.keys())
     worst = max(a.keys() & b.keys(), key=lambda k: abs(a[k] - b[k]))
@@ -96,8 +101,9 @@ def last_weights(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data_dir):
-    """One process, batch 8, 30 steps; with ``train.parallelism: fsdp`` and no torchrun, which must say it
-    changes nothing and train as a plain run (the DDP and FSDP runs below are held against it)."""
+    """One process, batch 8, 30 steps; with ``train.parallelism: fsdp`` and no torchrun, which must
+    say it changes nothing and train as a plain run (the DDP and FSDP runs below are held against
+    it)."""
     work = tmp_path_factory.mktemp("reference")
     said: list[str] = []
     with working_dir(work):
@@ -115,12 +121,14 @@ def reference(tmp_path_factory, data_dir):
 def test_two_nodes_then_fsdp_then_one_process_train_as_one_process_does(
     reference, data_dir, tmp_path, monkeypatch, cli
 ):
-    """One run in three sessions, each held against the uninterrupted one-process run (losses to 1e-5):
+    """One run in three sessions, each held against the uninterrupted one-process run (losses to
+    1e-5):
 
-    steps 0-10 with DDP on two one-process torchrun "nodes" meeting at a c10d rendezvous on 127.0.0.1;
-    resumed for steps 11-25 with FSDP over 2 processes (a DDP checkpoint loaded into shards, shards
-    gathered into the one-process layout, every rank in the eval sample); then generate reads it, and it is
-    resumed in one process (batch 8) for steps 26-30, ending with the reference's weights (to 1e-5).
+    steps 0-10 with DDP on two one-process torchrun "nodes" meeting at a c10d rendezvous on
+    127.0.0.1; resumed for steps 11-25 with FSDP over 2 processes (a DDP checkpoint loaded into
+    shards, shards gathered into the one-process layout, every rank in the eval sample); then
+    generate reads it, and it is resumed in one process (batch 8) for steps 26-30, ending with the
+    reference's weights (to 1e-5).
     """
     port = free_port()
     # The same command twice, as on two machines (c10d numbers the nodes itself: no --node_rank).
@@ -151,7 +159,8 @@ def test_two_nodes_then_fsdp_then_one_process_train_as_one_process_does(
         len(curve(run)) == 12 and max(k[1] for k in curve(run)) == 10
     )  # 10 train losses, evals at 0 and 10
     assert_matches(run, reference)
-    # At step 0 the weights are identical: the eval reads the same windows, split over the processes.
+    # At step 0 the weights are identical: the eval reads the same windows, split over the
+    # processes.
     assert abs(curve(run)["eval", 0] - curve(reference)["eval", 0]) < 1e-6
 
     out = finish(
@@ -183,7 +192,8 @@ def test_two_nodes_then_fsdp_then_one_process_train_as_one_process_does(
     assert (run / "samples.txt").read_text().count(
         "====="
     ) == 4  # samples at steps 20 and 25 (headers)
-    # The FSDP checkpoint has the one-process layout: the same tensors, the optimizer state by index.
+    # The FSDP checkpoint has the one-process layout: the same tensors, the optimizer state by
+    # index.
     ref_w, got_w = last_weights(reference), last_weights(run)
     assert {k: v.shape for k, v in got_w.items()} == {k: v.shape for k, v in ref_w.items()}
     ref_o = torch.load(reference / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)[
@@ -232,7 +242,8 @@ def test_two_nodes_then_fsdp_then_one_process_train_as_one_process_does(
 
 @pytest.fixture
 def one_process_group():
-    """A gloo process group of one process, in this process (FSDP2 needs one), destroyed afterwards."""
+    """A gloo process group of one process, in this process (FSDP2 needs one), destroyed
+    afterwards."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -243,11 +254,11 @@ def one_process_group():
 
 
 def test_fsdp_state_is_saved_and_loaded_in_the_one_process_layout(one_process_group):
-    """FSDP2 on a one-process mesh, with the oneDNN linear layers (where this CPU has them): before the first
-    step the gathered optimizer state is empty (gathering must not count a zero step in AdamW's bias
-    correction); a no-grad forward's gathered root goes back to shards; after a step the gathered weights and
-    optimizer state equal an unsharded twin's; and a sharded model loaded from the twin's saved state takes
-    the same next step."""
+    """FSDP2 on a one-process mesh, with the oneDNN linear layers (where this CPU has them): before
+    the first step the gathered optimizer state is empty (gathering must not count a zero step in
+    AdamW's bias correction); a no-grad forward's gathered root goes back to shards; after a step
+    the gathered weights and optimizer state equal an unsharded twin's; and a sharded model loaded
+    from the twin's saved state takes the same next step."""
     from torch.distributed.tensor import DTensor
 
     from minigpt_cli.config.schema import ModelConfig, TrainConfig
@@ -256,7 +267,8 @@ def test_fsdp_state_is_saved_and_loaded_in_the_one_process_layout(one_process_gr
     from minigpt_cli.runtime.kernels import onednn
     from minigpt_cli.trainer import make_optimizer
 
-    # n_embd 192: the MLP's weights (192 x 768) are big enough for oneDNN; the head is tied (stored once).
+    # n_embd 192: the MLP's weights (192 x 768) are big enough for oneDNN; the head is tied (stored
+    # once).
     mc = ModelConfig(n_layer=1, n_head=2, n_embd=192, block_size=8, vocab_size=11)
     tc = TrainConfig()
     cpu = torch.device("cpu")
@@ -331,9 +343,9 @@ def test_fsdp_state_is_saved_and_loaded_in_the_one_process_layout(one_process_gr
 
 
 def test_ddp_with_muon_trains_as_one_process_does(data_dir, tmp_path):
-    """train.optimizer muon under DDP (2 processes, batch 4 each): every rank orthogonalises the same all-reduced
-    gradient, so the run follows one process on batch 8 (the gradients differ by float32 rounding, which
-    Muon's bfloat16 iteration may round apart: 1e-4 here)."""
+    """train.optimizer muon under DDP (2 processes, batch 4 each): every rank orthogonalises the
+    same all-reduced gradient, so the run follows one process on batch 8 (the gradients differ by
+    float32 rounding, which Muon's bfloat16 iteration may round apart: 1e-4 here)."""
     muon = ("train.optimizer=muon", "train.max_iters=10")
     with working_dir(tmp_path):
         train(tiny(data_dir, *COMMON, *muon), run_name="one", echo=lambda m: None, progress=False)
@@ -359,7 +371,8 @@ def test_ddp_with_muon_trains_as_one_process_does(data_dir, tmp_path):
     assert any("momentum_buffer" in s for s in state["state"].values())
 
 
-#: A torchrun worker that runs ``minigpt`` and counts the collectives that pickle objects on the host.
+#: A torchrun worker that runs ``minigpt`` and counts the collectives that pickle objects on the
+#: host.
 COUNTING_WORKER = """
 import atexit, json, os, runpy
 import torch.distributed as dist
@@ -377,10 +390,10 @@ runpy.run_module("minigpt_cli", run_name="__main__")
 
 
 def test_the_loop_broadcasts_no_object_under_torchrun(reference, data_dir, tmp_path):
-    """2 processes on gloo, 30 steps with 4 evals of 5 batches a split and a time budget: the ranks agree on a
-    stop and the time budget by a tensor all-reduce once per log interval (10 steps), never by an object
-    broadcast per step or per eval batch; the run folder's name is the only object broadcast. The losses
-    follow one process (the module's reference) to float32 rounding."""
+    """2 processes on gloo, 30 steps with 4 evals of 5 batches a split and a time budget: the ranks
+    agree on a stop and the time budget by a tensor all-reduce once per log interval (10 steps),
+    never by an object broadcast per step or per eval batch; the run folder's name is the only
+    object broadcast. The losses follow one process (the module's reference) to float32 rounding."""
     (tmp_path / "worker.py").write_text(COUNTING_WORKER)
     args = train_args(
         data_dir, ["--run-name", "ddp"], "train.max_iters=30", "train.max_seconds=3600"
@@ -403,8 +416,9 @@ def test_the_loop_broadcasts_no_object_under_torchrun(reference, data_dir, tmp_p
     for rank in (0, 1):
         calls = json.loads((tmp_path / f"calls-{rank}.json").read_text())
         assert calls["broadcast_object_list"] == 1 and calls["all_gather_object"] == 0, calls
-        # One a step (the loss sum that decides a skip; DDP's gradient buckets are reduced in C++, not
-        # counted here), two an eval (each split's sum), two a log interval (the loss, stop and time).
+        # One a step (the loss sum that decides a skip; DDP's gradient buckets are reduced in C++,
+        # not counted here), two an eval (each split's sum), two a log interval (the loss, stop and
+        # time).
         assert calls["all_reduce"] == 30 + 2 * 4 + 2 * 3, calls
     run = tmp_path / "runs" / "ddp"
     train_steps = {k[1] for k in curve(run) if k[0] == "train"}
@@ -413,9 +427,10 @@ def test_the_loop_broadcasts_no_object_under_torchrun(reference, data_dir, tmp_p
 
 
 def test_the_collective_timeout_covers_a_preparation_and_is_checked(cli, tmp_path, monkeypatch):
-    """Every collective may wait MINIGPT_DIST_TIMEOUT seconds (30 minutes unset, beyond NCCL's 10, as the other
-    processes of a node wait in a barrier while the first prepares the data); a value that is not a positive
-    number of seconds is refused in one line, under torchrun's variables, before anything is written."""
+    """Every collective may wait MINIGPT_DIST_TIMEOUT seconds (30 minutes unset, beyond NCCL's 10,
+    as the other processes of a node wait in a barrier while the first prepares the data); a value
+    that is not a positive number of seconds is refused in one line, under torchrun's variables,
+    before anything is written."""
     from datetime import timedelta
 
     from minigpt_cli.runtime.distributed import dist_timeout
@@ -432,7 +447,8 @@ def test_the_collective_timeout_covers_a_preparation_and_is_checked(cli, tmp_pat
     assert not (tmp_path / "runs").exists()
 
 
-#: A torchrun worker whose torch.compile works on rank 0 (Dynamo with the "eager" backend) and fails on rank 1.
+#: A torchrun worker whose torch.compile works on rank 0 (Dynamo with the "eager" backend) and fails
+#: on rank 1.
 SPLIT_COMPILE_WORKER = """
 import os, runpy
 import torch
@@ -449,9 +465,10 @@ runpy.run_module("minigpt_cli", run_name="__main__")
 
 
 def test_the_ranks_take_one_compile_decision(reference, data_dir, tmp_path):
-    """Compiling fails on rank 1 only, in the warm-up at build: the ranks agree by an all-reduce and both
-    train eagerly (before, the failing rank alone rebuilt DDP at its first step, whose constructor's
-    broadcast the other rank never joined); rank 0's log says why, and the run follows one process."""
+    """Compiling fails on rank 1 only, in the warm-up at build: the ranks agree by an all-reduce and
+    both train eagerly (before, the failing rank alone rebuilt DDP at its first step, whose
+    constructor's broadcast the other rank never joined); rank 0's log says why, and the run follows
+    one process."""
     (tmp_path / "worker.py").write_text(SPLIT_COMPILE_WORKER)
     args = train_args(data_dir, ["--run-name", "ddp"], "train.max_iters=30", "compile=true")
     out = finish(start(["--standalone", "--nproc_per_node", "2", "worker.py", *args[2:]], tmp_path))

@@ -276,7 +276,8 @@ def test_connection_refused(tmp_path, no_env):
 
 @pytest.mark.parametrize("retries", [0, 2])
 def test_timeout(tmp_path, retries):
-    """A listening socket that never answers: the read times out; retried, the message counts every attempt."""
+    """A listening socket that never answers: the read times out; retried, the message counts every
+    attempt."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(8)
@@ -325,7 +326,8 @@ def test_bad_existing_file_replaced(tmp_path, corpus_server, capsys, content):
 
 
 def test_backup_takes_a_free_name(tmp_path, corpus_server, capsys):
-    """An edited corpus is never lost: a second replacement goes to .bak-1, leaving .bak as it was."""
+    """An edited corpus is never lost: a second replacement goes to .bak-1, leaving .bak as it
+    was."""
     dest = tmp_path / "tinyshakespeare" / "input.txt"
     dest.parent.mkdir()
     dest.write_text("my first edit\n")
@@ -501,7 +503,8 @@ def test_content_length_other_than_the_corpus_refused(tmp_path, endless_server):
 
 
 def test_stale_partial_files_swept(tmp_path, corpus_server, capsys):
-    """Partial files of a killed download go; one a live download holds (locked), or a fresh one, stays."""
+    """Partial files of a killed download go; one a live download holds (locked), or a fresh one,
+    stays."""
     import fcntl
     import time
 

@@ -1,5 +1,6 @@
-"""The fast CPU dropout: its masks drop the right share and keep E[y] = x, its attention equals PyTorch's
-with the same mask, its gradients are the masked ones, and a swapped model computes as before."""
+"""The fast CPU dropout: its masks drop the right share and keep E[y] = x, its attention equals
+PyTorch's with the same mask, its gradients are the masked ones, and a swapped model computes as
+before."""
 
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ def reference_attention(q, k, v, mask):
 
 
 def full_mask(masks, B, H, T):
-    """The blocks' masks placed in one (B, H, T, T) mask (above the diagonal: anything, the weights are 0)."""
+    """The blocks' masks placed in one (B, H, T, T) mask (above the diagonal: anything, the weights
+    are 0)."""
     full = torch.zeros(B * H, T, T, dtype=torch.float64)
     for (r0, r1), mask in zip(fast.query_blocks(T), masks):
         full[:, r0:r1, :r1] = mask
@@ -181,7 +183,8 @@ def test_swapped_model_is_the_same_model_with_faster_dropout(monkeypatch):
 
 
 def test_swapped_model_with_dropout_trains():
-    """A few AdamW steps on one batch with dropout 0.2 lower the loss (masks and gradients line up)."""
+    """A few AdamW steps on one batch with dropout 0.2 lower the loss (masks and gradients line
+    up)."""
     torch.manual_seed(0)
     model = swap(GPT(small(n_embd=64)))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -211,7 +214,8 @@ def test_dropout_kernel_names_what_runs(monkeypatch):
 
 
 def test_a_bad_setting_is_refused_before_any_work(monkeypatch):
-    """resolve_device, which train, bench, generate and --dry-run call first, checks both kernel variables."""
+    """resolve_device, which train, bench, generate and --dry-run call first, checks both kernel
+    variables."""
     from minigpt_cli.runtime.device import resolve_device
 
     monkeypatch.setenv(fast.ENV, "bogus")

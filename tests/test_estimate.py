@@ -1,4 +1,5 @@
-"""The run's time estimate: the evals left, the rough figure from eval batches, the measured one from steps."""
+"""The run's time estimate: the evals left, the rough figure from eval batches, the measured one
+from steps."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def estimate(tc, on_cpu=True):
 
 
 def test_the_cpu_user_of_the_gpu_recipe_is_told_within_seconds():
-    """shakespeare.yaml on a CPU: 400 eval batches at ~1.15 s, 5,000 steps; about 7 h, said during the first eval."""
+    """shakespeare.yaml on a CPU: 400 eval batches at ~1.15 s, 5,000 steps; about 7 h, said during
+    the first eval."""
     tc = TrainConfig(max_iters=5000, eval_interval=250, eval_iters=200)
     est, said, logged = estimate(tc)
     for done in range(1, 5):
@@ -108,9 +110,10 @@ GPU_RECIPE = Path(__file__).resolve().parent.parent / "configs" / "shakespeare.y
 def test_the_gpu_recipes_dry_run_on_a_cpu_estimates_its_time_and_points_to_the_cpu_recipe(
     cli, data_dir
 ):
-    """configs/shakespeare.yaml at its real size on the CPU: the dry run times a few steps of one sequence
-    and says the run's time (5,000 steps at a measured rate, 21 evals), and that the CPU recipe is the one
-    for this device (no 5,000 steps of a 10.7M-parameter model at batch 64 x 256 fit 30 minutes of a CPU)."""
+    """configs/shakespeare.yaml at its real size on the CPU: the dry run times a few steps of one
+    sequence and says the run's time (5,000 steps at a measured rate, 21 evals), and that the CPU
+    recipe is the one for this device (no 5,000 steps of a 10.7M-parameter model at batch 64 x 256
+    fit 30 minutes of a CPU)."""
     res = cli(
         "train",
         GPU_RECIPE,
@@ -128,8 +131,8 @@ def test_the_gpu_recipes_dry_run_on_a_cpu_estimates_its_time_and_points_to_the_c
 
 
 def test_train_says_the_estimate_in_its_first_lines(cli, data_dir, tmp_path, monkeypatch):
-    """A real run: the estimate follows the line naming the run folder, before any step, and train.log
-    keeps it; a CPU recipe is not pointed to itself."""
+    """A real run: the estimate follows the line naming the run folder, before any step, and
+    train.log keeps it; a CPU recipe is not pointed to itself."""
     monkeypatch.chdir(tmp_path)
     tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
     res = cli(

@@ -1,4 +1,5 @@
-"""``minigpt export --format hf``: transformers reads the folder and computes what minigpt computes."""
+"""``minigpt export --format hf``: transformers reads the folder and computes what minigpt
+computes."""
 
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ def exported(request, tmp_path_factory, data_dir):
 
 
 def test_an_export_has_the_modes_of_any_new_folder_and_file(exported):
-    """mkdtemp makes its folder 0700 and safetensors its file 0600: the renamed export kept them, so other
-    users (a shared model folder, a server's account) could not read it."""
+    """mkdtemp makes its folder 0700 and safetensors its file 0600: the renamed export kept them, so
+    other users (a shared model folder, a server's account) could not read it."""
     from minigpt_cli.fileio import dir_mode, new_file_mode
 
     _, out = exported
@@ -123,8 +124,8 @@ def test_the_export_imports_back_to_the_same_weights_byte_for_byte(exported, tmp
 def test_an_exported_char_tokenizer_removes_characters_outside_its_alphabet(
     exported, cli, tmp_path
 ):
-    """A model with no row to spare has no id for an unknown character: transformers gets the text without
-    them, instead of failing with "Missing [UNK] token"; the export says so."""
+    """A model with no row to spare has no id for an unknown character: transformers gets the text
+    without them, instead of failing with "Missing [UNK] token"; the export says so."""
     from transformers import AutoTokenizer
 
     run, out = exported
@@ -140,8 +141,8 @@ def test_an_exported_char_tokenizer_removes_characters_outside_its_alphabet(
 
 
 def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_path, data_dir):
-    """With model.vocab_size above the tokenizer's, the first spare id is the unknown token; the ids of the
-    characters and of the special token stay the run's."""
+    """With model.vocab_size above the tokenizer's, the first spare id is the unknown token; the ids
+    of the characters and of the special token stay the run's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from minigpt_cli.hf.export import export_run
@@ -200,7 +201,8 @@ def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_p
 def test_a_model_transformers_cannot_express_is_refused_naming_the_key_and_the_fix(
     change, key, fix
 ):
-    """The nearest target (the fewest keys to change, ties in the table's order) names what would export."""
+    """The nearest target (the fewest keys to change, ties in the table's order) names what would
+    export."""
     with pytest.raises(MinigptError, match="cannot be exported") as e:
         hf_target(ModelConfig(n_head=4, n_embd=32, **change))
     assert key in str(e.value) and fix in str(e.value), str(e.value)
@@ -232,8 +234,9 @@ def test_each_model_a_target_expresses_is_picked_and_others_are_refused_by_arch(
 
 
 def test_a_model_switch_the_table_does_not_list_is_refused_unless_at_its_default():
-    """A key added to the schema (here a stand-in for ``model.qk_norm``) exports only at its default, with no
-    edit to the export: every target refuses it, naming it, until its entry in TARGETS lists it."""
+    """A key added to the schema (here a stand-in for ``model.qk_norm``) exports only at its
+    default, with no edit to the export: every target refuses it, naming it, until its entry in
+    TARGETS lists it."""
     from pydantic import Field
 
     class WithQKNorm(ModelConfig):
@@ -314,8 +317,8 @@ def test_export_into_the_current_folder_or_above_is_refused_without_advising_for
 
 @pytest.mark.parametrize("exported", ["gpt2-char"], indirect=True)
 def test_an_output_that_cannot_be_written_is_named_as_given(cli, exported, tmp_path, monkeypatch):
-    """Not the temporary folder the export writes first: a read-only file system (stood in for, as root
-    writes anywhere a mode forbids), and a file where a folder must be."""
+    """Not the temporary folder the export writes first: a read-only file system (stood in for, as
+    root writes anywhere a mode forbids), and a file where a folder must be."""
     import errno
     import os
 
@@ -336,8 +339,9 @@ def test_an_output_that_cannot_be_written_is_named_as_given(cli, exported, tmp_p
 
 
 def test_an_exported_char_tokenizer_reads_the_text_unk_as_characters(tmp_path):
-    """With U+FFFD in the alphabet the unknown token is another single character: transformers reads the
-    literal text ``<unk>`` as five characters, as minigpt does, and still maps an unknown character to it."""
+    """With U+FFFD in the alphabet the unknown token is another single character: transformers reads
+    the literal text ``<unk>`` as five characters, as minigpt does, and still maps an unknown
+    character to it."""
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
@@ -366,8 +370,9 @@ def test_an_exported_char_tokenizer_reads_the_text_unk_as_characters(tmp_path):
 
 
 def test_a_fine_tuned_export_says_its_position_table_was_cut(cli, corpus_file, data_dir, tmp_path):
-    """Fine-tuning at block_size 16 keeps 16 of a 48-position GPT-2's rows (hf/finetune.py): the export's
-    n_positions is 16, and it says so in one line, also once the folder it started from is gone."""
+    """Fine-tuning at block_size 16 keeps 16 of a 48-position GPT-2's rows (hf/finetune.py): the
+    export's n_positions is 16, and it says so in one line, also once the folder it started from is
+    gone."""
     from helpers import wordlevel_tokenizer
     from transformers import GPT2Config, GPT2LMHeadModel
 

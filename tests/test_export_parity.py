@@ -1,9 +1,10 @@
-"""Every shipped config's run, exported, runs in transformers as it runs in minigpt: the same logits, the
-default pipeline within the context, the same greedy tokens; and ``generate`` ends at end-of-text as
-transformers does.
+"""Every shipped config's run, exported, runs in transformers as it runs in minigpt: the same
+logits, the default pipeline within the context, the same greedy tokens; and ``generate`` ends at
+end-of-text as transformers does.
 
-Each config trains 2 steps at a tiny size (``SHRINK``: 1 layer, 32 wide, block 16), its architecture switches
-kept. transformers is the oracle, in this process for the logits and in one fresh process for the pipelines.
+Each config trains 2 steps at a tiny size (``SHRINK``: 1 layer, 32 wide, block 16), its architecture
+switches kept. transformers is the oracle, in this process for the logits and in one fresh process
+for the pipelines.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ SHRINK = [
 ]
 PROMPT, NEW = "ROMEO:", 8  # 6 characters and 8 new tokens: within the 16-token context
 
-#: What the fresh process does with each folder: the pipeline and ``generate`` with their defaults, then greedy.
+#: What the fresh process does with each folder: the pipeline and ``generate`` with their defaults,
+#: then greedy.
 _HF_SCRIPT = """
 import json, os, sys
 import transformers
@@ -139,7 +141,8 @@ def test_the_default_pipeline_stays_in_the_context_and_greedy_tokens_are_minigpt
     run, out, _ = shipped[name]
     got = in_transformers[str(out)]
     assert got["default"].startswith(PROMPT)
-    # max_length: the whole context, prompt included, and no further; shorter only where end-of-text was drawn
+    # max_length: the whole context, prompt included, and no further; shorter only where end-of-text
+    # was drawn
     assert got["length"] == 16 or (got["length"] < 16 and got["ended"]), got
     ours = generate(run, {"prompt": PROMPT, "max_new_tokens": NEW, "temperature": 0})
     assert got["greedy"] == ours[0]
@@ -148,8 +151,8 @@ def test_the_default_pipeline_stays_in_the_context_and_greedy_tokens_are_minigpt
 def test_generate_ends_each_sample_at_end_of_text_unless_told_to_go_on(
     data_dir, tmp_path, monkeypatch
 ):
-    """Sample i draws the end-of-text id at step i + 1 (a scripted sampler): it ends there, without the token,
-    while the others go on; ``ignore_eos`` goes on past it, printing it, as before."""
+    """Sample i draws the end-of-text id at step i + 1 (a scripted sampler): it ends there, without
+    the token, while the others go on; ``ignore_eos`` goes on past it, printing it, as before."""
     import minigpt_cli.sample.generate as gen
 
     cfg = load_config(

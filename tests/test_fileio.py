@@ -1,4 +1,5 @@
-"""Atomic writes and write failures: file modes, paths that cannot be written, a full disk, a full stdout.
+"""Atomic writes and write failures: file modes, paths that cannot be written, a full disk, a full
+stdout.
 
 We run as root here, where a chmod-ed read-only folder is no obstacle; the
 failures are made with paths that no user can write (a folder below a regular
@@ -146,7 +147,8 @@ def test_cli_output_paths_that_cannot_be_written(cli, tmp_path, monkeypatch, dat
 
 
 def test_cli_run_and_data_folders_below_a_file(cli, tmp_path, monkeypatch, data_dir, corpus_server):
-    """The library does not wrap every write (mkdir of runs/): the CLI's handler catches the rest."""
+    """The library does not wrap every write (mkdir of runs/): the CLI's handler catches the
+    rest."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("x")
     res = cli(
@@ -201,7 +203,8 @@ def test_a_closed_pipe_exits_quietly(tmp_path):
 
 @pytest.mark.parametrize("failure", ["safetensors", "torch.save", "torch.save-iostream", "oserror"])
 def test_a_checkpoint_write_that_fails_keeps_the_previous_one(tmp_path, monkeypatch, failure):
-    """A full disk while saving: one line naming the folder; the old checkpoint loads; no temporary folder."""
+    """A full disk while saving: one line naming the folder; the old checkpoint loads; no temporary
+    folder."""
     import torch
     from safetensors import SafetensorError
 
@@ -280,7 +283,8 @@ def test_a_link_is_written_through_and_a_fifo_is_refused(tmp_path):
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "folder"])
 def test_a_lock_path_that_is_not_a_file_is_refused_untouched(tmp_path, kind):
-    """runs/NAME/.lock as a link (its target must not be truncated), a FIFO (no hang) or a folder."""
+    """runs/NAME/.lock as a link (its target must not be truncated), a FIFO (no hang) or a
+    folder."""
     from minigpt_cli.run.folder import RunLock
 
     run = tmp_path / "run"
@@ -300,7 +304,8 @@ def test_a_lock_path_that_is_not_a_file_is_refused_untouched(tmp_path, kind):
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_full_disk_under_a_run_file_names_the_file(tmp_path):
-    """A write to an open file fails without a file name; the run's files add theirs for the error line."""
+    """A write to an open file fails without a file name; the run's files add theirs for the error
+    line."""
     import errno
 
     from minigpt_cli.fileio import os_error_message

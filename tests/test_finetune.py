@@ -193,8 +193,9 @@ def test_twenty_steps_of_fine_tuning_then_generate_evaluate_resume_and_count(
 
 
 def test_a_fine_tuning_run_outlives_the_folder_it_started_from(cli, folders, data_dir, tmp_path):
-    """Moved away, the pretrained folder is not needed: resume (with the run's config or the one it began
-    with), generate, evaluate and count-params read the run's own tokenizer.json and checkpoint."""
+    """Moved away, the pretrained folder is not needed: resume (with the run's config or the one it
+    began with), generate, evaluate and count-params read the run's own tokenizer.json and
+    checkpoint."""
     import shutil
 
     folder = tmp_path / "gpt2"
@@ -274,7 +275,8 @@ def test_a_fine_tuning_run_outlives_the_folder_it_started_from(cli, folders, dat
 
 
 def _tokens_per_byte(run) -> float:
-    """The val split's tokens per UTF-8 byte of its text: what the training eval's bits per byte converts by."""
+    """The val split's tokens per UTF-8 byte of its text: what the training eval's bits per byte
+    converts by."""
     from minigpt_cli.data.pipeline import prepare_configured
 
     cfg = load_config(run / runs.CONFIG)
@@ -297,9 +299,10 @@ def test_full_windows_score_every_token_once_with_enough_context(n, block_size, 
 
 
 def test_full_scoring_is_the_transformers_documentation_loop(folders, data_dir, tmp_path):
-    """--full against the sliding-window loop of transformers' "Perplexity of fixed-length models", run on
-    transformers' own GPT-2: windows of max_length tokens predict max_length - 1, ours of block_size predict
-    block_size, so ours with block_size = max_length - 1 scores the same (context, token) pairs."""
+    """--full against the sliding-window loop of transformers' "Perplexity of fixed-length models",
+    run on transformers' own GPT-2: windows of max_length tokens predict max_length - 1, ours of
+    block_size predict block_size, so ours with block_size = max_length - 1 scores the same
+    (context, token) pairs."""
     from transformers import AutoModelForCausalLM
 
     from minigpt_cli.eval.evaluate import _score_full, full_windows
@@ -418,7 +421,8 @@ def test_bad_pretrained_folders_and_conflicts_are_one_line(cli, folders, data_di
         "train.eval_iters=1",
     )
     assert_user_error(res, "mlp.c_fc", "shape", notes_ok=True)
-    # An ordinary config's architecture and tokenizer give way to the folder's, with one note naming them.
+    # An ordinary config's architecture and tokenizer give way to the folder's, with one note naming
+    # them.
     replaced = cli(
         "train",
         FINETUNE,
@@ -450,7 +454,8 @@ def test_bad_pretrained_folders_and_conflicts_are_one_line(cli, folders, data_di
         "n_positions=48",
         extra=("--set", "model.block_size=64"),
     )
-    # model.vocab_size: null, spelled out as in the shipped configs, means the tokenizer's size: no conflict.
+    # model.vocab_size: null, spelled out as in the shipped configs, means the tokenizer's size: no
+    # conflict.
     spelled = cli(
         "train",
         FINETUNE,
@@ -473,8 +478,8 @@ def test_bad_pretrained_folders_and_conflicts_are_one_line(cli, folders, data_di
 
 @pytest.fixture(scope="module")
 def wordlevel_run(tmp_path_factory, corpus_file, data_dir):
-    """(pretrained folder, run folder): a tiny GPT-2 whose tokenizer.json is a WordLevel vocabulary of the
-    corpus's characters without an unknown token (kind hf), fine-tuned for 0 steps."""
+    """(pretrained folder, run folder): a tiny GPT-2 whose tokenizer.json is a WordLevel vocabulary
+    of the corpus's characters without an unknown token (kind hf), fine-tuned for 0 steps."""
     from helpers import wordlevel_tokenizer
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -492,8 +497,9 @@ def wordlevel_run(tmp_path_factory, corpus_file, data_dir):
 def test_a_wordlevel_run_refuses_characters_outside_its_vocabulary_in_one_line(
     cli, wordlevel_run, tmp_path
 ):
-    """The library's "Missing [UNK] token" becomes the char kind's message, naming the characters, for a
-    prompt, a text file, inspect's prompt and text, and a corpus; text it knows still works."""
+    """The library's "Missing [UNK] token" becomes the char kind's message, naming the characters,
+    for a prompt, a text file, inspect's prompt and text, and a corpus; text it knows still
+    works."""
     folder, run = wordlevel_run
     lacks = "has characters the tokenizer's vocabulary lacks"
     assert_user_error(
@@ -542,8 +548,8 @@ def test_a_wordlevel_run_refuses_characters_outside_its_vocabulary_in_one_line(
 
 
 def test_inspect_tokenize_reads_a_runs_hf_tokenizer(cli, wordlevel_run, tmp_path):
-    """The run's config says its tokenizer.json is kind hf (a pretrained folder's, as it is): inspect reads it
-    as generate does, instead of advising to delete a file the run needs."""
+    """The run's config says its tokenizer.json is kind hf (a pretrained folder's, as it is):
+    inspect reads it as generate does, instead of advising to delete a file the run needs."""
     _, run = wordlevel_run
     res = cli(
         "inspect", "tokenize", "--run", run, "--text", "ROMEO", "--json", "--output", tmp_path
@@ -561,8 +567,9 @@ def test_inspect_tokenize_reads_a_runs_hf_tokenizer(cli, wordlevel_run, tmp_path
 def test_a_shorter_block_size_than_the_folders_context_is_said_at_train_time_with_the_sizes(
     cli, folders, data_dir, tmp_path
 ):
-    """Fine-tuning GPT-2 (48 positions) at block_size 32 trains a 32-token model: train says so, with both
-    sizes, before anything is trained; at the folder's own 48 it says nothing of the kind."""
+    """Fine-tuning GPT-2 (48 positions) at block_size 32 trains a 32-token model: train says so,
+    with both sizes, before anything is trained; at the folder's own 48 it says nothing of the
+    kind."""
 
     def dry_run(block_size):
         res = cli(

@@ -1,7 +1,8 @@
 """``minigpt generate``'s sampling controls through the real CLI: --stop, --prompt-file, --prompt -,
---max-new-tokens 0, --top-p, the KV cache switch; streaming (incremental decoding for every tokenizer kind),
-the temperature's range, notes about untrained checkpoints and prompts lost to <unk>; the static KV cache and
-the compiled step against the eager paths, and --num-samples as one batch."""
+--max-new-tokens 0, --top-p, the KV cache switch; streaming (incremental decoding for every
+  tokenizer kind), the temperature's range, notes about untrained checkpoints and prompts lost to
+  <unk>; the static KV cache and the compiled step against the eager paths, and --num-samples as one
+  batch."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ class Recorder(io.StringIO):
 
 
 def train_run(tmp_path_factory, data_dir, name, *sets):
-    """configs/tiny.yaml trained through the CLI in a folder of its own, with ``--set`` overrides; its run folder."""
+    """configs/tiny.yaml trained through the CLI in a folder of its own, with ``--set`` overrides;
+    its run folder."""
     from typer.testing import CliRunner
 
     from minigpt_cli.cli import app
@@ -146,7 +148,8 @@ def test_prompt_option_errors(gen, tmp_path):
     "command,option", [("generate", "--prompt-file"), ("evaluate", "--text-file")]
 )
 def test_a_users_text_file_is_read_alike_by_every_command(cli, run_dir, tmp_path, command, option):
-    """generate --prompt-file and evaluate --text-file: one reader, the same one-line errors naming the option."""
+    """generate --prompt-file and evaluate --text-file: one reader, the same one-line errors naming
+    the option."""
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("café".encode("latin-1"))
     for path, problem in (
@@ -160,7 +163,8 @@ def test_a_users_text_file_is_read_alike_by_every_command(cli, run_dir, tmp_path
 
 def test_crlf_and_a_byte_order_mark_are_read_alike_by_generate_and_evaluate(cli, run_dir, tmp_path):
     """A Windows editor's file (a BOM, CRLF line endings) reads as the same text as a plain one, for
-    --prompt-file and --text-file alike: no '\\r' or '\\ufeff' refused, bits per byte of the text as read."""
+    --prompt-file and --text-file alike: no '\\r' or '\\ufeff' refused, bits per byte of the text as
+      read."""
     text = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east.\n"
     plain, windows = tmp_path / "plain.txt", tmp_path / "windows.txt"
     plain.write_bytes(text.encode("utf-8"))
@@ -225,7 +229,8 @@ def test_stop_ends_the_sample_and_is_not_printed(gen, stream):
 
 
 def test_stop_only_looks_at_the_new_text(gen):
-    """The prompt holds the stop text; generation still runs (and stops only if the model writes it)."""
+    """The prompt holds the stop text; generation still runs (and stops only if the model writes
+    it)."""
     full = sampled(gen, n=60)
     new = full[len(PROMPT) : -1]
     res = gen("--prompt", PROMPT, "--max-new-tokens", "60", *SAMPLING, "--stop", "ROMEO")
@@ -314,7 +319,8 @@ def test_sampled_text_is_the_same_with_and_without_the_cache(gen):
 
 
 def test_window_stride(gen, monkeypatch):
-    """--window-stride sets how the context slides past block_size 32; both cache paths follow it."""
+    """--window-stride sets how the context slides past block_size 32; both cache paths follow
+    it."""
     for stride in ("1", "32"):
         args = ("--prompt", PROMPT, "--max-new-tokens", "100", "--window-stride", stride, *SAMPLING)
         a, b = gen(*args), gen(*args, "--no-kv-cache")
@@ -358,7 +364,8 @@ def test_a_vanishing_temperature_is_greedy(gen):
         assert sampled(gen, "--temperature", "1e-45", *extra, n=40) == greedy(gen, n=40)
 
 
-# ----------------------------------------------------------------------------- the temperature's range
+# ----------------------------------------------------------------------------- the temperature's
+# range
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-1", "1e400"])
@@ -401,12 +408,14 @@ def test_the_schema_refuses_an_infinite_temperature_on_every_route(run_dir, tmp_
     assert out.getvalue() == ""
 
 
-# ----------------------------------------------------------------------------- a run saved at step 0
+# ----------------------------------------------------------------------------- a run saved at step
+# 0
 
 
 @pytest.fixture(scope="module")
 def early_run(tmp_path_factory, data_dir):
-    """tiny.yaml stopped at step 0 (the random init), its model vocabulary padded to 128 past the 65 characters."""
+    """tiny.yaml stopped at step 0 (the random init), its model vocabulary padded to 128 past the 65
+    characters."""
     return train_run(
         tmp_path_factory, data_dir, "early", "train.max_iters=0", "model.vocab_size=128"
     )
@@ -429,8 +438,9 @@ def test_an_untrained_checkpoint_is_said_plainly(cli, early_run, run_dir, monkey
 
 @pytest.mark.parametrize("temperature", ["1", "1e30", "1e-46"])
 def test_a_padded_model_vocabulary_never_yields_a_padding_id(cli, early_run, temperature):
-    """Model vocabulary 128, tokenizer 65: a random model at T = 1e30 is uniform over what it may sample;
-    ids 65..127 would make decode refuse the text. 300 tokens decode, and many different characters appear."""
+    """Model vocabulary 128, tokenizer 65: a random model at T = 1e30 is uniform over what it may
+    sample; ids 65..127 would make decode refuse the text. 300 tokens decode, and many different
+    characters appear."""
     res = cli(
         "generate",
         "--run",
@@ -454,14 +464,15 @@ def test_a_padded_model_vocabulary_never_yields_a_padding_id(cli, early_run, tem
     )
 
 
-# ----------------------------------------------------------------------------- prompts lost to <unk>
+# ----------------------------------------------------------------------------- prompts lost to
+# <unk>
 
 
 @pytest.fixture(scope="module")
 def unigram_run(tmp_path_factory, data_dir):
-    """tiny.yaml on a 300-entry Unigram tokenizer (a file of its own), stopped at step 0 (the note is about the
-    prompt), on the corpus's first 200,000 characters: the notes need a vocabulary without '¿', 'é' and '😀', not
-    the 3 s that Unigram trains on the whole corpus."""
+    """tiny.yaml on a 300-entry Unigram tokenizer (a file of its own), stopped at step 0 (the note
+    is about the prompt), on the corpus's first 200,000 characters: the notes need a vocabulary
+    without '¿', 'é' and '😀', not the 3 s that Unigram trains on the whole corpus."""
     folder = tmp_path_factory.mktemp("unigram-tokenizer")
     text = folder / "plays.txt"
     text.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:200_000])
@@ -496,7 +507,8 @@ def test_a_prompt_partly_lost_to_unk_is_noted(cli, unigram_run):
 
 @pytest.fixture(scope="module")
 def tokenizers_by_kind(corpus_file):
-    """One tokenizer of each kind, 400 entries, on the corpus's first 60,000 characters, with <|endoftext|>."""
+    """One tokenizer of each kind, 400 entries, on the corpus's first 60,000 characters, with
+    <|endoftext|>."""
     from minigpt_cli.tokenizer.kinds import KINDS
     from minigpt_cli.tokenizer.training import train_tokenizer
 
@@ -562,8 +574,8 @@ def test_streamed_text_equals_the_text_decoded_at_once(tokenizers_by_kind, kind)
 
 
 def test_streaming_work_grows_linearly(tokenizers_by_kind, monkeypatch):
-    """4,000 tokens streamed with a stop string: ids decoded and characters searched stay a few per token
-    (decoding everything again at every step would be about n²/2 = 8 million)."""
+    """4,000 tokens streamed with a stop string: ids decoded and characters searched stay a few per
+    token (decoding everything again at every step would be about n²/2 = 8 million)."""
     import minigpt_cli.sample.generate as gen_mod
 
     tok = tokenizers_by_kind["bpe"]
@@ -616,7 +628,8 @@ def test_a_temperature_beyond_float32_samples_valid_ids():
     assert ((ids == 0) | (ids == 1)).all()
 
 
-# ----------------------------------------------------------------------------- issue 18: notes, escapes, prompts
+# ----------------------------------------------------------------------------- issue 18: notes,
+# escapes, prompts
 
 
 def _notes(res, fragment):
@@ -651,8 +664,8 @@ def test_greedy_flags_get_the_note_the_config_route_gives(gen):
 
 
 def test_a_window_stride_the_window_never_reaches_is_noted(gen):
-    """block_size 32, a 6-token prompt: the window slides after the 27th new token, so the 28th is the first
-    one a stride changes."""
+    """block_size 32, a 6-token prompt: the window slides after the 27th new token, so the 28th is
+    the first one a stride changes."""
     outputs = {}
     for n in (27, 28):
         for stride in ("1", "3"):
@@ -700,8 +713,8 @@ def test_a_stop_the_vocabulary_cannot_spell_is_noted(gen):
 
 
 def test_the_configs_prompt_gets_the_line_train_gives(run_dir, cli, tmp_path):
-    """A run whose sample.prompt the tokenizer lacks (train now refuses it; a config edited later): generate
-    without --prompt refuses it with train's line (tests/test_hardening.py)."""
+    """A run whose sample.prompt the tokenizer lacks (train now refuses it; a config edited later):
+    generate without --prompt refuses it with train's line (tests/test_hardening.py)."""
     import shutil
 
     import yaml
@@ -747,7 +760,8 @@ def test_a_prompt_that_will_not_come_back_as_typed_is_noted(cli, unigram_run, to
         assert lossy_report(tokenizers_by_kind[kind], "a\u2581b <unk>") is None
 
 
-# ----------------------------------------------------------------------------- issue 19: static cache, compiled step, batches
+# ----------------------------------------------------------------------------- issue 19: static
+# cache, compiled step, batches
 
 
 def _model(sharpen=True, **kw):
@@ -764,9 +778,10 @@ def _model(sharpen=True, **kw):
 
 
 def _decode(model, prompt, mode, temperature, top_p, stride, monkeypatch, n=30, per_row=False):
-    """The tokens (B, n) and the logits each step sampled from (n, B, V) of one path: uncached, cached (the
-    growing KVCache), static (the StaticKVCache, eager step) or compiled (its step through torch.compile, with
-    the aot_eager backend: see test_the_compiled_step_decodes_like_eager)."""
+    """The tokens (B, n) and the logits each step sampled from (n, B, V) of one path: uncached,
+    cached (the growing KVCache), static (the StaticKVCache, eager step) or compiled (its step
+    through torch.compile, with the aot_eager backend: see
+    test_the_compiled_step_decodes_like_eager)."""
     import minigpt_cli.sample.sampling as sampling
     from minigpt_cli.sample.decoding import StaticDecoder
     from minigpt_cli.sample.sampling import generate_tokens
@@ -803,7 +818,8 @@ def _decode(model, prompt, mode, temperature, top_p, stride, monkeypatch, n=30, 
     return out, torch.stack(seen)
 
 
-#: Greedy and seeded sampling, each with another window stride (1: nanoGPT's slide; None: block_size // 4 = 3).
+#: Greedy and seeded sampling, each with another window stride (1: nanoGPT's slide; None: block_size
+#: // 4 = 3).
 MODES = ((0.0, None, 1), (1.0, None, None), (1.0, 0.9, 5))
 
 
@@ -818,13 +834,15 @@ MODES = ((0.0, None, 1), (1.0, None, None), (1.0, 0.9, 5))
     ids=["layernorm-pre", "rmsnorm-post", "gqa-swiglu-untied"],
 )
 def test_the_static_cache_decodes_like_the_other_paths(pos, switch, monkeypatch):
-    """The static cache's step (eager here; compiled below) gives the tokens of the growing cache and of no
-    cache, greedy and seeded, 5 + 30 tokens through a block of 12 (the window slides), and the logits each
-    step samples from agree to float32 rounding (equal tokens alone could hide a drift)."""
+    """The static cache's step (eager here; compiled below) gives the tokens of the growing cache
+    and of no cache, greedy and seeded, 5 + 30 tokens through a block of 12 (the window slides), and
+    the logits each step samples from agree to float32 rounding (equal tokens alone could hide a
+    drift)."""
     model = _model(pos_encoding=pos, **switch)
     prompt = torch.randint(0, 65, (2, 5))
     for temperature, top_p, stride in MODES:
-        # Uncached against cached for every switch is test_variants' test; here once, for the greedy mode.
+        # Uncached against cached for every switch is test_variants' test; here once, for the greedy
+        # mode.
         paths = ("cached", "static", "uncached") if temperature == 0 else ("cached", "static")
         runs = {
             m: _decode(model, prompt, m, temperature, top_p, stride, monkeypatch) for m in paths
@@ -837,15 +855,15 @@ def test_the_static_cache_decodes_like_the_other_paths(pos, switch, monkeypatch)
 
 
 def test_the_compiled_step_decodes_like_eager(monkeypatch):
-    """torch.compile of the one-token step (fullgraph, static shapes) on one tiny variant (RoPE, RMSNorm,
-    grouped-query attention, one layer): the tokens of the eager paths, greedy and seeded.
+    """torch.compile of the one-token step (fullgraph, static shapes) on one tiny variant (RoPE,
+    RMSNorm, grouped-query attention, one layer): the tokens of the eager paths, greedy and seeded.
 
-    The backend is aot_eager: Dynamo captures the step and AOTAutograd functionalizes its in-place cache
-    writes, as for Inductor, but the graph runs on eager kernels. Inductor's C++ compile of this model
-    takes 7 s here with a warm cache and about 20 s cold, over this file's budget; test_trainer's
-    test_compile_trains_like_eager_on_cpu runs Inductor on the CPU, and ``minigpt bench`` (compile on) and
-    scripts/gpu-check.sh compare Inductor's decoded tokens with the eager cache's
-    (``gen_compiled_tokens_equal``)."""
+    The backend is aot_eager: Dynamo captures the step and AOTAutograd functionalizes its in-place
+    cache writes, as for Inductor, but the graph runs on eager kernels. Inductor's C++ compile of
+    this model takes 7 s here with a warm cache and about 20 s cold, over this file's budget;
+    test_trainer's test_compile_trains_like_eager_on_cpu runs Inductor on the CPU, and ``minigpt
+    bench`` (compile on) and scripts/gpu-check.sh compare Inductor's decoded tokens with the eager
+    cache's (``gen_compiled_tokens_equal``)."""
     model = _model(pos_encoding="rope", norm="rmsnorm", n_kv_head=2, n_layer=1)
     prompt = torch.randint(0, 65, (2, 5))
     for temperature, top_p, stride in MODES[:2]:
@@ -861,8 +879,8 @@ def test_the_compiled_step_decodes_like_eager(monkeypatch):
 
 
 def test_a_batch_row_is_the_single_sample_of_its_seed(monkeypatch):
-    """Rows with a generator each: row i of a batch draws what a batch of one with that generator draws
-    (the window slides for all rows at once, as for one); the paths agree on the batch too."""
+    """Rows with a generator each: row i of a batch draws what a batch of one with that generator
+    draws (the window slides for all rows at once, as for one); the paths agree on the batch too."""
     from minigpt_cli.sample.sampling import generate_tokens
 
     model = _model(sharpen=False, pos_encoding="rope", n_kv_head=2)  # near uniform: the rows differ
@@ -914,8 +932,8 @@ def _host_reads(tokens) -> tuple[int, list[torch.Tensor]]:
 
 @pytest.mark.parametrize("mode", ["cached", "static", "uncached"])
 def test_decoding_reads_the_device_once_per_read_of_its_tokens(mode):
-    """Issue 36: the loop stays on the device between the reads of the tokens. One sample (which may be
-    streamed) is read once per token, not three times (the logits' finite check, the sampled ids'
+    """Issue 36: the loop stays on the device between the reads of the tokens. One sample (which may
+    be streamed) is read once per token, not three times (the logits' finite check, the sampled ids'
     range check and the ids themselves travel in one read); a batch of 3 every READ_EVERY tokens."""
     from minigpt_cli.sample.decoding import StaticDecoder
     from minigpt_cli.sample.sampling import READ_EVERY, generate_tokens
@@ -944,9 +962,9 @@ def test_decoding_reads_the_device_once_per_read_of_its_tokens(mode):
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_an_overflow_is_refused_at_its_step_after_the_tokens_before_it(rows, monkeypatch):
-    """The finite check is read with the tokens, yet it refuses at the step that overflowed: the tokens
-    before it are handed out (a streamed sample printed them), none after, for one row as for a batch
-    read in chunks."""
+    """The finite check is read with the tokens, yet it refuses at the step that overflowed: the
+    tokens before it are handed out (a streamed sample printed them), none after, for one row as for
+    a batch read in chunks."""
     from minigpt_cli.errors import MinigptError
     from minigpt_cli.sample.decoding import CachedDecoder
     from minigpt_cli.sample.sampling import generate_tokens
@@ -969,9 +987,9 @@ def test_an_overflow_is_refused_at_its_step_after_the_tokens_before_it(rows, mon
 
 
 def test_num_samples_is_one_batch_whose_samples_are_the_seeds_single_samples(run_dir, monkeypatch):
-    """--num-samples 3 --seed 7: sample i is the single sample of seed 7 + i - 1 (what --help says), past
-    block_size 32, each cut at its own stop; the batch is decoded once (one generate_tokens of 3 rows) and
-    written at the end, not streamed; beyond MAX_BATCH samples, in several batches."""
+    """--num-samples 3 --seed 7: sample i is the single sample of seed 7 + i - 1 (what --help says),
+    past block_size 32, each cut at its own stop; the batch is decoded once (one generate_tokens of
+    3 rows) and written at the end, not streamed; beyond MAX_BATCH samples, in several batches."""
     import minigpt_cli.sample.generate as gen_mod
 
     calls = []
@@ -1013,9 +1031,9 @@ def test_num_samples_is_one_batch_whose_samples_are_the_seeds_single_samples(run
 
 
 def test_compile_flag_routes_through_the_static_decoder(gen, monkeypatch):
-    """--compile decodes through the compiled step (here a stand-in for torch.compile, which the test above
-    runs for real) with the same text as the eager cache; it needs the cache; a compile failure warns and
-    decodes eagerly; the default on a CPU is off."""
+    """--compile decodes through the compiled step (here a stand-in for torch.compile, which the
+    test above runs for real) with the same text as the eager cache; it needs the cache; a compile
+    failure warns and decodes eagerly; the default on a CPU is off."""
     import minigpt_cli.sample.decoding as decoding
 
     modes = []
@@ -1055,8 +1073,8 @@ def test_compile_flag_routes_through_the_static_decoder(gen, monkeypatch):
 
 
 def test_dtype_bfloat16_decodes_in_bfloat16(gen, run_dir, monkeypatch):
-    """--dtype bfloat16: the logits the sampler sees come from bfloat16 weights; the text is reproducible and
-    as long as asked; an unknown dtype is refused in one line."""
+    """--dtype bfloat16: the logits the sampler sees come from bfloat16 weights; the text is
+    reproducible and as long as asked; an unknown dtype is refused in one line."""
     import minigpt_cli.sample.sampling as sampling
 
     dtypes = []

@@ -1,4 +1,5 @@
-"""``minigpt export --format gguf``: transformers' GGUF reader and the ``gguf`` package's own reader are the oracles."""
+"""``minigpt export --format gguf``: transformers' GGUF reader and the ``gguf`` package's own reader
+are the oracles."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def test_transformers_reads_the_gguf_back_to_minigpts_logits(run, dtype, tmp_pat
     out = export_run(run, tmp_path / "m.gguf", fmt="gguf", dtype=dtype)
     loaded = load_run(run, runs.BEST)
     ids = loaded.tokenizer.encode(_passage(corpus_file))
-    # transformers reads gpt2's context_length as n_ctx and leaves n_positions at 1024: its table is ours only so.
+    # transformers reads gpt2's context_length as n_ctx and leaves n_positions at 1024: its table is
+    # ours only so.
     positions = (
         {"n_positions": loaded.config.model.block_size}
         if run.parent.parent.name.startswith("gpt2")
@@ -119,7 +121,8 @@ def test_q8_0_names_the_tensor_whose_rows_are_not_whole_blocks(run, tmp_path):
             "model.bias=true",
         ),
         ({"pos_encoding": "rope", "norm": "layernorm", "ffn": "relu"}, "model.norm='layernorm'"),
-        # issue 29's switches: neither graph computes them (a traceback, or a silently dropped cap, before)
+        # issue 29's switches: neither graph computes them (a traceback, or a silently dropped cap,
+        # before)
         (
             {
                 "pos_encoding": "rope",
@@ -149,8 +152,9 @@ def test_a_run_gguf_cannot_hold_is_refused_naming_the_key(changes, key):
 
 
 def test_every_key_gguf_cannot_hold_is_named_in_one_line_with_the_tokenizer():
-    """The Quickstart's run (rope, LayerNorm, ReLU, characters): one refusal names every fix, the end-of-text token
-    a BPE then needs too, so that one retraining is enough (it named one key per try before)."""
+    """The Quickstart's run (rope, LayerNorm, ReLU, characters): one refusal names every fix, the
+    end-of-text token a BPE then needs too, so that one retraining is enough (it named one key per
+    try before)."""
     from minigpt_cli.config.schema import TokenizerConfig
 
     mc = ModelConfig(

@@ -1,7 +1,7 @@
-"""Issue 18's kinds, through the real CLI where they are about it: what ``train`` refuses before step 0,
-``--dry-run`` refuses with the same line (paths it cannot write, a sample.prompt the tokenizer lacks);
-samples.txt samples as ``generate`` does; notes for settings that cannot take effect; a Ctrl-C as a run
-or the process ends is answered in one line."""
+"""Issue 18's kinds, through the real CLI where they are about it: what ``train`` refuses before
+step 0, ``--dry-run`` refuses with the same line (paths it cannot write, a sample.prompt the
+tokenizer lacks); samples.txt samples as ``generate`` does; notes for settings that cannot take
+effect; a Ctrl-C as a run or the process ends is answered in one line."""
 
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ def test_write_problem_names_what_mkdir_and_atomic_writes_would(tmp_path, monkey
     assert write_problem(tmp_path / "f" / "a" / "b", folder=True).filename == str(
         tmp_path / "f" / "a" / "b"
     )
-    # A folder nobody may write into: mkdir fails on the first folder it must make, atomic writes name the file.
+    # A folder nobody may write into: mkdir fails on the first folder it must make, atomic writes
+    # name the file.
     real = os.access
     monkeypatch.setattr(
         os, "access", lambda p, mode: False if str(p) == str(tmp_path / "d") else real(p, mode)
@@ -134,8 +135,8 @@ def test_write_problem_names_what_mkdir_and_atomic_writes_would(tmp_path, monkey
 
 
 def test_a_prepared_data_folder_is_not_written_so_not_checked(cli, data_dir, tmp_path, monkeypatch):
-    """Train writes nothing in a data folder that holds the corpus, the tokenizer and token files: a read-only
-    shared copy must not be refused (os.access stands in for a read-only mount)."""
+    """Train writes nothing in a data folder that holds the corpus, the tokenizer and token files: a
+    read-only shared copy must not be refused (os.access stands in for a read-only mount)."""
     with working_dir(tmp_path):
         assert (
             _train(cli, data_dir, "train.max_iters=0").exit_code == 0
@@ -150,9 +151,9 @@ def test_a_prepared_data_folder_is_not_written_so_not_checked(cli, data_dir, tmp
 
 
 def test_dry_run_checks_the_folder_of_the_run_it_resumes(cli, data_dir, tmp_path, monkeypatch):
-    """A resumed run writes its lock, logs and checkpoints in its own folder: one that cannot be written is
-    refused by --dry-run as by train, before anything is written (os.access stands in for a read-only mount:
-    root writes through modes)."""
+    """A resumed run writes its lock, logs and checkpoints in its own folder: one that cannot be
+    written is refused by --dry-run as by train, before anything is written (os.access stands in for
+    a read-only mount: root writes through modes)."""
     from minigpt_cli.trainer.setup import run_files
 
     with working_dir(tmp_path):
@@ -161,7 +162,8 @@ def test_dry_run_checks_the_folder_of_the_run_it_resumes(cli, data_dir, tmp_path
         assert [p.relative_to(run) for p in run_files(run)[0]] == [Path(name) for name in RUN_FILES]
         before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
         real = os.access
-        # --resume auto continues the newest run of the config's name: the same folder, found under runs/.
+        # --resume auto continues the newest run of the config's name: the same folder, found under
+        # runs/.
         for given, folder in ((run, run), ("auto", run.relative_to(tmp_path))):
             resume = [
                 "train",
@@ -189,9 +191,9 @@ def test_dry_run_checks_the_folder_of_the_run_it_resumes(cli, data_dir, tmp_path
 def test_a_resumed_run_whose_files_cannot_be_written_is_refused_before_anything_is_written(
     cli, data_dir, tmp_path, monkeypatch
 ):
-    """A folder where a resumed run's file goes (or a read-only file it appends to, os.access standing in for
-    a read-only mount) is refused by --dry-run and train with one line that says what to remove, before
-    train rewrites config.yaml or anything else."""
+    """A folder where a resumed run's file goes (or a read-only file it appends to, os.access
+    standing in for a read-only mount) is refused by --dry-run and train with one line that says
+    what to remove, before train rewrites config.yaml or anything else."""
     with working_dir(tmp_path):
         assert _train(cli, data_dir, "train.max_iters=1", "train.eval_interval=1").exit_code == 0
         run = next((tmp_path / "runs").iterdir())
@@ -257,11 +259,13 @@ def test_a_prompt_the_tokenizer_lacks_is_refused_by_dry_run_and_train_alike(
     assert_user_error(empty, "sample.prompt is empty")
 
 
-# ----------------------------------------------------------------------------- samples.txt and notes
+# ----------------------------------------------------------------------------- samples.txt and
+# notes
 
 
 def test_samples_txt_samples_as_generate_does(cli, data_dir, tmp_path):
-    """The sample section's prompt and greedy decoding: samples.txt's last sample is generate's text."""
+    """The sample section's prompt and greedy decoding: samples.txt's last sample is generate's
+    text."""
     with working_dir(tmp_path):
         res = _train(
             cli,
@@ -349,8 +353,9 @@ def test_evals_in_run_counts_the_evals_the_schedule_makes():
 
 
 def test_memory_does_not_grow_with_gradient_accumulation(cli, data_dir, tmp_path):
-    """Accumulation frees each micro-batch's activations in its backward pass, and the eval reads its
-    windows a chunk at a time, so the estimate is per micro-batch and a huge accumulation changes nothing."""
+    """Accumulation frees each micro-batch's activations in its backward pass, and the eval reads
+    its windows a chunk at a time, so the estimate is per micro-batch and a huge accumulation
+    changes nothing."""
     from minigpt_cli.data.pipeline import EVAL_CHUNK, eval_offsets
 
     first = next(eval_offsets(1000, 32, 10**15, seed=1))
@@ -381,8 +386,9 @@ def test_memory_does_not_grow_with_gradient_accumulation(cli, data_dir, tmp_path
 def test_a_ctrl_c_after_the_last_eval_is_answered_with_what_was_saved(
     cli, data_dir, tmp_path, monkeypatch
 ):
-    """The signal comes while the final eval's loss plot is drawn: the run is complete, and says so in one line
-    (exit 130); before, the stop request was dropped and the command said nothing of it."""
+    """The signal comes while the final eval's loss plot is drawn: the run is complete, and says so
+    in one line (exit 130); before, the stop request was dropped and the command said nothing of
+    it."""
     from minigpt_cli.run.metrics import RunLogger
 
     calls, plot = [], RunLogger.plot
@@ -409,8 +415,9 @@ def test_a_ctrl_c_after_the_last_eval_is_answered_with_what_was_saved(
 
 
 def test_a_signal_as_the_process_exits_gets_a_line_not_a_silent_130():
-    """The interpreter's teardown took ~2 s with torch loaded, and a Ctrl-C there killed the process without a
-    word; now the process ends right after the atexit functions, and a signal in them is answered."""
+    """The interpreter's teardown took ~2 s with torch loaded, and a Ctrl-C there killed the process
+    without a word; now the process ends right after the atexit functions, and a signal in them is
+    answered."""
     code = (
         "import atexit, os, signal\n"
         "from minigpt_cli.cli.base import run_and_exit\n"
@@ -480,8 +487,8 @@ def test_a_resume_keeps_a_hand_edited_run_config_and_says_so(cli, data_dir, tmp_
 
 
 def test_a_ctrl_c_inside_any_command_says_so(cli, monkeypatch):
-    """Typer turned a Ctrl-C inside a command into exit status 130 without a word (generate, export, ...);
-    now every command that does not answer it itself says it stopped, in one line."""
+    """Typer turned a Ctrl-C inside a command into exit status 130 without a word (generate, export,
+    ...); now every command that does not answer it itself says it stopped, in one line."""
     import minigpt_cli.accounting.count as count
 
     def interrupted(*args, **kwargs):

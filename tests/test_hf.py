@@ -1,4 +1,5 @@
-"""Our GPT against Hugging Face ``transformers``: GPT-2, Llama and GPT-NeoX, built locally with random weights.
+"""Our GPT against Hugging Face ``transformers``: GPT-2, Llama and GPT-NeoX, built locally with
+random weights.
 
 Nothing is downloaded: each reference model is made from a small config,
 given random weights (wider than the 0.02 init, with norm gains and biases
@@ -95,7 +96,8 @@ def llama_reference(tmp_path, **kw):
 
 
 def neox_reference(tmp_path, **kw):
-    """A sequential-residual GPT-NeoX rotating whole heads: the block minigpt's rope + layernorm model is."""
+    """A sequential-residual GPT-NeoX rotating whole heads: the block minigpt's rope + layernorm
+    model is."""
     base = dict(
         num_hidden_layers=3,
         num_attention_heads=4,
@@ -128,8 +130,9 @@ def neox_reference(tmp_path, **kw):
     ids=["untied", "tied"],
 )
 def test_gpt_neox_logits_equal_transformers(tmp_path, kw, ffn):
-    """Biases everywhere (attention_bias, transformers' default), the fused query_key_value per head, rotate-half
-    RoPE over the whole head, LayerNorm before each sub-layer and a sequential residual."""
+    """Biases everywhere (attention_bias, transformers' default), the fused query_key_value per
+    head, rotate-half RoPE over the whole head, LayerNorm before each sub-layer and a sequential
+    residual."""
     ref = neox_reference(tmp_path, **kw)
     ours = load_hf_folder(tmp_path)
     cfg = ours.config
@@ -152,8 +155,9 @@ def test_gpt_neox_logits_equal_transformers(tmp_path, kw, ffn):
 
 
 def test_gpt_neox_without_attention_biases_needs_zero_mlp_and_norm_biases(tmp_path):
-    """``attention_bias: false`` is our ``bias: false``, whose MLP and LayerNorm have none: GPT-NeoX's are zeros
-    then (as an export writes them), or the file is refused, naming the tensor."""
+    """``attention_bias: false`` is our ``bias: false``, whose MLP and LayerNorm have none:
+    GPT-NeoX's are zeros then (as an export writes them), or the file is refused, naming the
+    tensor."""
     ref = neox_reference(tmp_path, attention_bias=False)
     with torch.no_grad():
         for name, p in ref.named_parameters():
@@ -180,7 +184,8 @@ def test_gpt_neox_without_attention_biases_needs_zero_mlp_and_norm_biases(tmp_pa
     ],
 )
 def test_gpt_neox_options_we_do_not_compute_are_refused(tmp_path, kw, fragment):
-    """Partial rotary (Pythia's 0.25) and the parallel residual (both transformers' defaults) are other models."""
+    """Partial rotary (Pythia's 0.25) and the parallel residual (both transformers' defaults) are
+    other models."""
     neox_reference(tmp_path, **kw)
     with pytest.raises(MinigptError) as e:
         load_hf_folder(tmp_path)
@@ -212,7 +217,8 @@ def test_gpt2_logits_and_loss_equal_transformers(tmp_path, tie):
 
 
 def test_llama_logits_equal_transformers(tmp_path):
-    """RMSNorm, SwiGLU, RoPE (rotate-half), no bias, untied, 4 query heads sharing 2 key/value heads."""
+    """RMSNorm, SwiGLU, RoPE (rotate-half), no bias, untied, 4 query heads sharing 2 key/value
+    heads."""
     ref = llama_reference(tmp_path)
     ours = load_hf_folder(tmp_path)
     cfg = ours.config
@@ -250,7 +256,8 @@ def test_llama_with_other_rope_base_and_tied_head(tmp_path):
 
 
 def test_rope_equals_transformers_apply_rotary_pos_emb():
-    """Our rotation of q and k is Hugging Face Llama's (rotate-half pairing), position by position."""
+    """Our rotation of q and k is Hugging Face Llama's (rotate-half pairing), position by
+    position."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     hs, T = 16, 50
@@ -279,7 +286,8 @@ def test_gpt2_block_size_is_cropped_never_grown(tmp_path):
 
 
 def test_state_dict_mappers_take_hub_style_names(tmp_path):
-    """Hub GPT-2 files have no ``transformer.`` prefix and carry causal-mask buffers; both are handled."""
+    """Hub GPT-2 files have no ``transformer.`` prefix and carry causal-mask buffers; both are
+    handled."""
     ref = gpt2_reference(tmp_path)
     hf_cfg = json.loads((tmp_path / "config.json").read_text())
     cfg = gpt2_config_from_hf(hf_cfg)

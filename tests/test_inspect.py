@@ -1,12 +1,13 @@
-"""``minigpt inspect``: every figure the course notes state, as assertions, and each topic's PNG, JSON and bad input.
+"""``minigpt inspect``: every figure the course notes state, as assertions, and each topic's PNG,
+JSON and bad input.
 
 The notes' figures: for d = 128, p0·pk first rises at k = 12, rises 492 times in 0..1024 and reaches
--8.36 within 4096; for d = 64 the longest wavelength is about 47,117 and p_t·p_(t+3) = 25.587; GELU's
-tanh form is off by at most 4.73e-4 and GELU(-1) = -0.159; Llama-7B's SwiGLU width is 11008; on the toy
-corpus BPE merges u+g first (count 20) and WordPiece g+s (score 0.050 against 0.028 for u+g), and Unigram's
-Viterbi keeps hugs whole. Oracles: torch.nn.TransformerEncoderLayer for the block, the attention layer's own
-output for the recomputed weights, the model's MLP for the hand computation, exhaustive enumeration for
-Viterbi.
+-8.36 within 4096; for d = 64 the longest wavelength is about 47,117 and p_t·p_(t+3) = 25.587;
+  GELU's tanh form is off by at most 4.73e-4 and GELU(-1) = -0.159; Llama-7B's SwiGLU width is
+  11008; on the toy corpus BPE merges u+g first (count 20) and WordPiece g+s (score 0.050 against
+  0.028 for u+g), and Unigram's Viterbi keeps hugs whole. Oracles: torch.nn.TransformerEncoderLayer
+  for the block, the attention layer's own output for the recomputed weights, the model's MLP for
+  the hand computation, exhaustive enumeration for Viterbi.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def test_positions_gives_the_notes_figures(tmp_path):
     assert round(r["minimum"], 2) == -8.36 and 0 < r["minimum_at"] < 4096
     assert r["curve"][0] == pytest.approx(64.0)
     assert r["rotation"]["max_error"] < 1e-11 and r["rotation"]["offsets"] == [1, 7, 100]
-    # q·k at equal offsets: constant for raw positions and for RoPE, not after projecting additive positions.
+    # q·k at equal offsets: constant for raw positions and for RoPE, not after projecting additive
+    # positions.
     assert r["sinusoidal_identity"]["spread"] < 1e-10
     assert r["sinusoidal_projected"]["spread"] > 1.0
     assert r["rope"]["spread"] < 1e-5
@@ -154,8 +156,8 @@ def test_residual_grows_like_sqrt_depth_unless_scaled(tmp_path):
 
 @pytest.fixture(scope="module")
 def gqa_run(tmp_path_factory, data_dir):
-    """tiny.yaml with RoPE and 4 query heads sharing 2 key/value heads, 8 steps (the maps need a checkpoint,
-    not a good model)."""
+    """tiny.yaml with RoPE and 4 query heads sharing 2 key/value heads, 8 steps (the maps need a
+    checkpoint, not a good model)."""
     from minigpt_cli import train
 
     out = tmp_path_factory.mktemp("inspect-runs")
@@ -214,7 +216,8 @@ def test_attention_maps_of_a_gqa_rope_run(gqa_run, tmp_path):
 def test_the_attention_figure_of_two_heads_holds_its_title_and_labels(
     tmp_path, data_dir, monkeypatch, prompt
 ):
-    """A 2 x 2 grid is the narrowest figure: its title and every label stay inside it (the title was clipped)."""
+    """A 2 x 2 grid is the narrowest figure: its title and every label stay inside it (the title was
+    clipped)."""
     from minigpt_cli import train
     from minigpt_cli.inspection import attention as topic
 
@@ -408,7 +411,8 @@ def test_tokenize_toy_corpus(tmp_path):
 
 @pytest.fixture(scope="module")
 def small_tokenizers(tmp_path_factory, corpus_file):
-    """A 300-entry tokenizer of each trained kind on the corpus's first 20,000 characters, and that text."""
+    """A 300-entry tokenizer of each trained kind on the corpus's first 20,000 characters, and that
+    text."""
     from minigpt_cli.tokenizer.training import train_tokenizer
 
     folder = tmp_path_factory.mktemp("inspect-tokenizers")
@@ -465,8 +469,9 @@ def test_tokenize_refusals(small_tokenizers, cli, tmp_path):
 
 
 def test_tokenize_reads_any_tokenizer_json_and_never_says_to_delete_a_users_file(cli, tmp_path):
-    """--tokenizer names the user's file: a tokenizers tokenizer.json of any model (here WordLevel, an
-    export's) is read as kind hf; a file that is no tokenizer is said to be none, with what is accepted."""
+    """--tokenizer names the user's file: a tokenizers tokenizer.json of any model (here WordLevel,
+    an export's) is read as kind hf; a file that is no tokenizer is said to be none, with what is
+    accepted."""
     from helpers import wordlevel_tokenizer
 
     wordlevel_tokenizer("ROME: ").save(str(tmp_path / "tokenizer.json"))

@@ -1,7 +1,7 @@
-"""Ctrl-C stops every long phase (issue 40): the first SIGINT ends the command within moments, exit 130,
-nothing half-written, even in a process started with SIGINT ignored (``minigpt ... &`` in a script) and
-inside the tokenizers library's own training loop. Each test waits on an event (a file the phase makes),
-never on the clock."""
+"""Ctrl-C stops every long phase (issue 40): the first SIGINT ends the command within moments, exit
+130, nothing half-written, even in a process started with SIGINT ignored (``minigpt ... &`` in a
+script) and inside the tokenizers library's own training loop. Each test waits on an event (a file
+the phase makes), never on the clock."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def test_ctrl_c_stops_tokenizer_training_at_once(tmp_path, corpus, args, ignored
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # As a script's `minigpt ... &` starts it: Python then leaves SIGINT ignored unless minigpt sets it.
+        # As a script's `minigpt ... &` starts it: Python then leaves SIGINT ignored unless minigpt
+        # sets it.
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None,
     )
     try:

@@ -1,5 +1,5 @@
-"""The oneDNN linear layers: equal to F.linear with their gradients, taken only where they pay, swapped in by
-the commands without touching the state dict."""
+"""The oneDNN linear layers: equal to F.linear with their gradients, taken only where they pay,
+swapped in by the commands without touching the state dict."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from minigpt_cli.runtime.kernels.onednn import (
     linear_kernel,
 )
 
-# Every test here compares the oneDNN path with PyTorch's: without oneDNN (not x86-64, or a PyTorch without
-# the op) there is nothing to compare, and the comparison would be F.linear against itself.
+# Every test here compares the oneDNN path with PyTorch's: without oneDNN (not x86-64, or a PyTorch
+# without the op) there is nothing to compare, and the comparison would be F.linear against itself.
 pytestmark = pytest.mark.skipif(
     not onednn.available(), reason="oneDNN's linear op is not available here"
 )
@@ -117,7 +117,8 @@ def test_linear_keeps_f_linear_where_onednn_would_lose_or_differ():
     big = torch.randn(256, 96, requires_grad=True)
     assert 2 * big.numel() * 160 >= ONEDNN_MIN_FLOPS
     assert "OneDNN" in type(linear(big, w).grad_fn).__name__
-    # A one-token product (generation) is below the threshold: a oneDNN call costs more than it saves ...
+    # A one-token product (generation) is below the threshold: a oneDNN call costs more than it
+    # saves ...
     one = torch.randn(1, 96, requires_grad=True)
     assert "OneDNN" not in type(linear(one, w).grad_fn).__name__
     # ... unless the weight is big enough that streaming it dominates.
@@ -136,7 +137,8 @@ def test_linear_keeps_f_linear_where_onednn_would_lose_or_differ():
         # Mismatched shapes get PyTorch's own message, not oneDNN's.
         with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
             linear(torch.randn(256, 95), w)
-    # Forward-mode AD (torch.func.jvp) needs F.linear's derivative formulas: the tangent must be right.
+    # Forward-mode AD (torch.func.jvp) needs F.linear's derivative formulas: the tangent must be
+    # right.
     v = torch.randn_like(big)
     wd = w.detach()
     _, tangent = torch.func.jvp(lambda a: linear(a, wd), (big.detach(),), (v,))
@@ -173,7 +175,8 @@ def test_linear_kernel_reports_what_runs():
 
 
 def test_onednn_setting_is_read_when_a_model_is_swapped(monkeypatch):
-    """MINIGPT_ONEDNN decides at swap time (no flag frozen at import); a bad value is a clear error."""
+    """MINIGPT_ONEDNN decides at swap time (no flag frozen at import); a bad value is a clear
+    error."""
     for value, swapped in (("0", False), ("off", False), ("1", True), ("", True)):
         monkeypatch.setenv("MINIGPT_ONEDNN", value)
         model = onednn.swap_linears(GPT(small()))

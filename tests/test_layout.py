@@ -1,6 +1,6 @@
-"""The package's shape: subpackages in layers (cli -> commands -> components -> base), imports pointing one
-way without cycles, the model architecture only, the run folder's names spelled in run/folder.py, and a
-training loop that fits on a screen."""
+"""The package's shape: subpackages in layers (cli -> commands -> components -> base), imports
+pointing one way without cycles, the model architecture only, the run folder's names spelled in
+run/folder.py, and a training loop that fits on a screen."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minigpt_cli"
 
-#: Each subpackage's layer (the first part of a module's name): a module imports its own layer or lower ones.
+#: Each subpackage's layer (the first part of a module's name): a module imports its own layer or
+#: lower ones.
 LAYERS = {
     "base": {"errors", "fileio", "paths", "config"},
     "components": {"data", "tokenizer", "model", "accounting", "runtime", "run", "sample", "hf"},
@@ -39,7 +40,8 @@ def modules() -> dict[str, Path]:
 
 
 def imports(name: str, path: Path) -> set[str]:
-    """The package modules ``name`` imports, at the top or inside functions (``from . import x`` counts x)."""
+    """The package modules ``name`` imports, at the top or inside functions (``from . import x``
+    counts x)."""
     package = (
         name.split(".")[:-1] if path.name != "__init__.py" else name.split(".") if name else []
     )
@@ -119,7 +121,8 @@ def test_the_model_imports_only_the_config():
     assert not outside, outside
 
 
-#: The run folder's names (runs.py spells them); where else the same words are other files, the exception says so.
+#: The run folder's names (runs.py spells them); where else the same words are other files, the
+#: exception says so.
 RUN_NAMES = {
     "checkpoints",
     "last",

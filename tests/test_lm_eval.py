@@ -143,7 +143,8 @@ metric_list:
 )
 def test_lm_eval_runs_every_export_with_its_defaults_and_agrees(exported, tmp_path, passage, cli):
     """``lm_eval --model hf --model_args pretrained=DIR``, no other model argument, offline, on a
-    local one-document task: its bits per byte are ``minigpt evaluate --windows lm-eval``'s to 1e-6."""
+    local one-document task: its bits per byte are ``minigpt evaluate --windows lm-eval``'s to
+    1e-6."""
     run, out = exported
     (tmp_path / "doc.jsonl").write_text(json.dumps({"text": passage}) + "\n", encoding="utf-8")
     (tmp_path / "tasks").mkdir()

@@ -53,7 +53,8 @@ def test_residual_projections_get_scaled_init():
 
 
 def test_pre_ln_gelu_block_equals_torch_transformer_encoder_layer():
-    """Our Pre-LN GELU block computes nn.TransformerEncoderLayer(norm_first=True) with a causal mask."""
+    """Our Pre-LN GELU block computes nn.TransformerEncoderLayer(norm_first=True) with a causal
+    mask."""
     torch.manual_seed(0)
     d, h, T = 32, 4, 10
     cfg = small(n_embd=d, n_head=h, bias=True, ffn="gelu")
@@ -117,7 +118,8 @@ POSITIONS = ["learned", "sinusoidal", "rope", "none"]
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("stride", [1, None, 5, 12])
 def test_kv_cache_gives_the_same_tokens(pos, temperature, stride):
-    """Cached and uncached generation agree token for token, also past block_size (the window slides)."""
+    """Cached and uncached generation agree token for token, also past block_size (the window
+    slides)."""
     torch.manual_seed(0)
     cfg = small(pos_encoding=pos, block_size=12, n_kv_head=2)
     model = GPT(cfg).eval()
@@ -171,12 +173,14 @@ def _window_lengths(model, prompt_len, n, stride, use_cache):
 
 
 def test_window_slides_by_the_stride():
-    """Block 8, stride 3: the window fills to 8, then drops 3 tokens at once (6 left), refills to 8, ..."""
+    """Block 8, stride 3: the window fills to 8, then drops 3 tokens at once (6 left), refills to 8,
+    ..."""
     model = GPT(small(block_size=8)).eval()
     uncached = _window_lengths(model, 2, 14, 3, use_cache=False)
     assert uncached == [2, 3, 4, 5, 6, 7, 8, 6, 7, 8, 6, 7, 8, 6]
     cached = _window_lengths(model, 2, 14, 3, use_cache=True)
-    # The cache is filled with the whole window at the start and after each slide, else fed one token.
+    # The cache is filled with the whole window at the start and after each slide, else fed one
+    # token.
     assert cached == [2, 1, 1, 1, 1, 1, 1, 6, 1, 1, 6, 1, 1, 6]
     # A prompt longer than the block is cropped to its last 8 tokens; stride 1 is nanoGPT's crop.
     assert _window_lengths(model, 20, 4, 1, use_cache=False) == [8, 8, 8, 8]
@@ -186,7 +190,8 @@ def test_window_slides_by_the_stride():
 
 
 def test_stride_one_is_nanogpts_crop():
-    """Greedy decoding with stride 1 equals a hand-written loop over ``seq[:, -block_size:]`` (nanoGPT)."""
+    """Greedy decoding with stride 1 equals a hand-written loop over ``seq[:, -block_size:]``
+    (nanoGPT)."""
     torch.manual_seed(0)
     model = GPT(small(block_size=10)).eval()
     with torch.no_grad():
@@ -254,7 +259,8 @@ def test_top_k_and_top_p_filtering():
 # ----------------------------------------------------------------------------- sampling numerics
 
 INF = float("inf")
-#: Rows of logits of every sign and scale: the sampler's distribution must be softmax(logits / T) for each.
+#: Rows of logits of every sign and scale: the sampler's distribution must be softmax(logits / T)
+#: for each.
 LOGIT_ROWS = {
     "positive": [1.0, 2.0, 3.0, 0.5],
     "negative": [-3.0, -1.0, -2.0, -5.0],  # / 1e-40 once gave a row of -inf: NaN probabilities
@@ -264,14 +270,15 @@ LOGIT_ROWS = {
     "ties": [2.0, 2.0, -1.0, 2.0],
     "masked negative ties": [-INF, -7.0, -7.0, -INF, -9.0],
 }
-#: From the underflow of float32 (1e-46 and below round to 0) to temperatures that flatten everything.
+#: From the underflow of float32 (1e-46 and below round to 0) to temperatures that flatten
+#: everything.
 TEMPERATURES = [5e-324, 1e-300, 1e-46, 1e-45, 1e-30, 1e-8, 1e-3, 1.0, 1e3, 1e30]
 DRAWS = 4000
 
 
 def reference_probs(row: list[float], temperature: float) -> torch.Tensor:
-    """softmax(row / T) in float64 (torch.softmax); where row / T overflows even float64, its limit T -> 0:
-    the maxima, equally likely."""
+    """softmax(row / T) in float64 (torch.softmax); where row / T overflows even float64, its limit
+    T -> 0: the maxima, equally likely."""
     logits = torch.tensor(row, dtype=torch.float64)
     z = logits / temperature
     if not torch.isinf(z.max()):
@@ -283,9 +290,9 @@ def reference_probs(row: list[float], temperature: float) -> torch.Tensor:
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 @pytest.mark.parametrize("name", LOGIT_ROWS)
 def test_sampling_is_softmax_of_logits_over_temperature(name, temperature):
-    """4,000 draws at once: every id valid (in range, never a -inf one), the maxima alone at tiny T, and the
-    empirical distribution within total variation 0.04 of softmax(logits / T) (the sampling noise of 4,000
-    draws over <= 5 ids is about 0.01)."""
+    """4,000 draws at once: every id valid (in range, never a -inf one), the maxima alone at tiny T,
+    and the empirical distribution within total variation 0.04 of softmax(logits / T) (the sampling
+    noise of 4,000 draws over <= 5 ids is about 0.01)."""
     row = LOGIT_ROWS[name]
     logits = torch.tensor([row]).expand(DRAWS, -1)
     ids = sample_next(logits, temperature, None, None, torch.Generator().manual_seed(0))
@@ -314,8 +321,9 @@ def test_the_grid_holds_distributions_that_are_neither_greedy_nor_uniform():
 
 
 def test_filtering_after_the_temperature():
-    """Top-k and top-p act on softmax(logits / T) (Hugging Face's order): at T = 2, [4, 2, 0, -2] becomes
-    softmax([2, 1, 0, -1]) = [.644, .237, .087, .032]; top-p 0.85 keeps the first two, top-k 3 three."""
+    """Top-k and top-p act on softmax(logits / T) (Hugging Face's order): at T = 2, [4, 2, 0, -2]
+    becomes softmax([2, 1, 0, -1]) = [.644, .237, .087, .032]; top-p 0.85 keeps the first two, top-k
+    3 three."""
     row = torch.tensor([[4.0, 2.0, 0.0, -2.0]]).expand(DRAWS, -1)
     for top_k, top_p, kept in ((None, 0.85, 2), (3, None, 3)):
         ids = sample_next(row, 2.0, top_k, top_p, torch.Generator().manual_seed(1))
@@ -329,7 +337,8 @@ def test_filtering_after_the_temperature():
 
 @pytest.mark.parametrize("temperature", [INF, -INF, float("nan"), -1.0, -1e-30])
 def test_a_temperature_that_is_not_finite_and_nonnegative_is_refused(temperature):
-    """Once, by the schema (every route reaches it: test_generate); the sampler trusts what it passed."""
+    """Once, by the schema (every route reaches it: test_generate); the sampler trusts what it
+    passed."""
     from pydantic import ValidationError
 
     from minigpt_cli.config.schema import SampleConfig
@@ -343,7 +352,8 @@ def test_a_temperature_that_is_not_finite_and_nonnegative_is_refused(temperature
     [([0.0, INF, 1.0], "infinite"), ([-INF, -INF], "infinite"), ([1.0, float("nan")], "NaN")],
 )
 def test_logits_with_nothing_to_sample_are_refused(row, what):
-    """+inf, NaN or a row of -inf: the forward pass overflowed; no temperature makes a distribution of it."""
+    """+inf, NaN or a row of -inf: the forward pass overflowed; no temperature makes a distribution
+    of it."""
     for temperature in (0.0, 1e-45, 1.0):
         with pytest.raises(MinigptError, match=f"the model's output is {what}"):
             sample_next(torch.tensor([row]), temperature, None, None, None)
@@ -351,8 +361,8 @@ def test_logits_with_nothing_to_sample_are_refused(row, what):
 
 @pytest.mark.parametrize("bad", [-(2**63), -1, 65, 127])
 def test_a_sampled_id_outside_the_vocabulary_is_refused(monkeypatch, bad):
-    """Some devices' torch.multinomial returned int64-min. The vocabulary is the tokenizer's (vocab_limit 65)
-    even when the model's is padded to 128."""
+    """Some devices' torch.multinomial returned int64-min. The vocabulary is the tokenizer's
+    (vocab_limit 65) even when the model's is padded to 128."""
     model = GPT(small(vocab_size=128)).eval()
     monkeypatch.setattr(
         torch, "multinomial", lambda probs, n, generator=None: torch.full((probs.size(0), n), bad)
@@ -384,8 +394,9 @@ def test_a_sampled_id_outside_the_vocabulary_is_refused(monkeypatch, bad):
 
 @pytest.mark.parametrize("top_k, top_p", [(None, None), (5, None), (None, 0.5)])
 def test_per_row_generators_draw_what_torch_multinomial_draws_row_by_row(top_k, top_p):
-    """sample_next with a generator per row does the batch's draw in one division and argmax; each row's ids must
-    be those of torch.multinomial on that row with that generator (the oracle), filtered tokens never drawn."""
+    """sample_next with a generator per row does the batch's draw in one division and argmax; each
+    row's ids must be those of torch.multinomial on that row with that generator (the oracle),
+    filtered tokens never drawn."""
     logits = torch.randn(6, 65, generator=torch.Generator().manual_seed(3)) * 3
     ours = [torch.Generator().manual_seed(100 + i) for i in range(6)]
     theirs = [torch.Generator().manual_seed(100 + i) for i in range(6)]

@@ -1,5 +1,6 @@
-"""train.optimizer muon (the batched Newton-Schulz held against torch.optim.Muon, which parameters go where, an
-exact resume) and train.lr_schedule wsd (its formula, the cool-down from a stable-phase checkpoint)."""
+"""train.optimizer muon (the batched Newton-Schulz held against torch.optim.Muon, which parameters
+go where, an exact resume) and train.lr_schedule wsd (its formula, the cool-down from a stable-phase
+checkpoint)."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def _steps(model: GPT, opt, n: int) -> list[torch.Tensor]:
     ],
 )
 def test_the_batched_newton_schulz_makes_torch_optim_muons_updates(muon):
-    """BatchedMuon against torch.optim.Muon itself, on a GPT's matrices (three shapes, tall and wide), 4 steps."""
+    """BatchedMuon against torch.optim.Muon itself, on a GPT's matrices (three shapes, tall and
+    wide), 4 steps."""
     tc = TrainConfig(optimizer="muon", learning_rate=3e-3, muon=muon)
     ours, theirs = tiny_model("model.ffn=swiglu"), tiny_model("model.ffn=swiglu")
     a = _steps(ours, MuonAdamW(ours, tc), 4)
@@ -90,8 +92,8 @@ def test_the_batched_newton_schulz_makes_torch_optim_muons_updates(muon):
 
 
 def test_orthogonalize_equals_torch_optim_muons_newton_schulz_on_each_matrix():
-    """Stacks of several shapes in one call (tall, wide, square; Gram sides 24 and 40, so two middle products)
-    give each matrix what torch.optim.Muon's own iteration gives it alone."""
+    """Stacks of several shapes in one call (tall, wide, square; Gram sides 24 and 40, so two middle
+    products) give each matrix what torch.optim.Muon's own iteration gives it alone."""
     from torch.optim._muon import _zeropower_via_newtonschulz
 
     from minigpt_cli.trainer.muon import orthogonalize
@@ -148,8 +150,9 @@ def test_muon_follows_the_schedule_from_its_own_rate_and_its_state_reloads():
     ],
 )
 def test_the_memory_estimate_counts_the_optimizer_state_it_makes(optimizer, extra):
-    """count-params' and the dry run's optimizer-state bytes equal the float32 state tensors the optimizer holds
-    after a step: Adam's two moments per parameter, Muon's one momentum buffer per matrix of the blocks."""
+    """count-params' and the dry run's optimizer-state bytes equal the float32 state tensors the
+    optimizer holds after a step: Adam's two moments per parameter, Muon's one momentum buffer per
+    matrix of the blocks."""
     from minigpt_cli.accounting.params import memory
 
     model = tiny_model(*extra)
@@ -167,7 +170,8 @@ def test_the_memory_estimate_counts_the_optimizer_state_it_makes(optimizer, extr
 
 
 def test_wsd_schedule_follows_its_formula():
-    """Hägele et al. 2024: peak until the decay's start, then min + (peak - min)·(1 - f(progress))."""
+    """Hägele et al. 2024: peak until the decay's start, then min + (peak - min)·(1 -
+    f(progress))."""
     base = dict(
         learning_rate=1e-3,
         min_lr=1e-4,
@@ -269,10 +273,10 @@ def test_a_muon_run_resumes_bit_exact_and_keeps_its_optimizer(data_dir, tmp_path
 def test_a_wsd_cool_down_from_the_stable_phase_equals_the_run_trained_straight_to_it(
     data_dir, tmp_path, monkeypatch
 ):
-    """A run planned for 60 steps (decay from step 30) is stopped at step 17 and cooled down to 40 steps: the
-    same run, bit for bit, as one trained to 40 from the start (decay from step 20), since every step before
-    17 ran at the same rates in both. A checkpoint past the new decay start (step 25) could not be: the
-    schedules part before it."""
+    """A run planned for 60 steps (decay from step 30) is stopped at step 17 and cooled down to 40
+    steps: the same run, bit for bit, as one trained to 40 from the start (decay from step 20),
+    since every step before 17 ran at the same rates in both. A checkpoint past the new decay start
+    (step 25) could not be: the schedules part before it."""
     monkeypatch.chdir(tmp_path)
     wsd = ("train.lr_schedule=wsd", "train.decay_fraction=0.5", "model.dropout=0.1")
     straight = tiny(data_dir, "train.max_iters=40", *wsd)
@@ -293,8 +297,9 @@ def test_a_wsd_cool_down_from_the_stable_phase_equals_the_run_trained_straight_t
 
 
 def test_a_resume_note_gives_muons_learning_rate_too():
-    """A resumed Muon run with a new schedule (or Muon rate) names Muon's group's rate before and after, which
-    set_lr gives as the schedule's lr times train.muon.learning_rate / train.learning_rate."""
+    """A resumed Muon run with a new schedule (or Muon rate) names Muon's group's rate before and
+    after, which set_lr gives as the schedule's lr times train.muon.learning_rate /
+    train.learning_rate."""
     from minigpt_cli.trainer.schedule import schedule_note
 
     saved = load_config(

@@ -1,5 +1,5 @@
-"""The README's "Your own text" example as written: a BPE tokenizer trained for a folder of text, then
-``train --set data.path=...``, trains a BPE model, and says that it does."""
+"""The README's "Your own text" example as written: a BPE tokenizer trained for a folder of text,
+then ``train --set data.path=...``, trains a BPE model, and says that it does."""
 
 from __future__ import annotations
 

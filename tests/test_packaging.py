@@ -1,4 +1,5 @@
-"""What the CLI reads at run time ships inside the package (a wheel install works, not only a checkout)."""
+"""What the CLI reads at run time ships inside the package (a wheel install works, not only a
+checkout)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_presets_are_package_data():
 
 
 def test_pyproject_ships_every_preset():
-    """Every file under minigpt_cli/config/presets/ matches a package-data pattern, so the wheel holds it."""
+    """Every file under minigpt_cli/config/presets/ matches a package-data pattern, so the wheel
+    holds it."""
     tomllib = pytest.importorskip("tomllib")
     data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     patterns = data["tool"]["setuptools"]["package-data"]["minigpt_cli.config"]
@@ -55,7 +57,8 @@ def test_pyproject_ships_every_preset():
 
 
 def test_shipped_configs_from_a_folder_without_them(cli, tmp_path, monkeypatch):
-    """The README's examples from an empty folder: the name alone, or configs/NAME.yaml with a note."""
+    """The README's examples from an empty folder: the name alone, or configs/NAME.yaml with a
+    note."""
     monkeypatch.chdir(tmp_path)
     assert (
         REPO / "configs"
@@ -88,7 +91,8 @@ def test_presets_from_a_folder_without_configs(cli, tmp_path, monkeypatch):
 
 
 def test_presets_from_a_copy_of_the_package_alone(tmp_path):
-    """The package copied away from the checkout (as a wheel installs it), run from an empty folder."""
+    """The package copied away from the checkout (as a wheel installs it), run from an empty
+    folder."""
     site = tmp_path / "site"
     shutil.copytree(PACKAGE, site / "minigpt_cli", ignore=shutil.ignore_patterns("__pycache__"))
     work = tmp_path / "work"

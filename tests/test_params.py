@@ -74,7 +74,8 @@ def test_presets_shipped():
 
 
 def test_gpt2_small_closed_form():
-    # wte + wpe + 12 blocks (4d² + 4d attention, 8d² + 5d MLP, 2·2d LayerNorms) + the final LayerNorm.
+    # wte + wpe + 12 blocks (4d² + 4d attention, 8d² + 5d MLP, 2·2d LayerNorms) + the final
+    # LayerNorm.
     V, P, d, L = 50257, 1024, 768, 12
     assert (
         params.count(preset("gpt2-small")).total
@@ -138,7 +139,8 @@ def test_llama_breakdown():
 
 
 def test_kaplan_approximation_and_exact_matrices_differ_for_swiglu():
-    """12·L·d² assumes d_ff = 4d; Llama-2-7B's SwiGLU has three d×11008 matrices, so the exact count is larger."""
+    """12·L·d² assumes d_ff = 4d; Llama-2-7B's SwiGLU has three d×11008 matrices, so the exact count
+    is larger."""
     pc = params.count(preset("llama2-7b"))
     assert pc.kaplan_approximation == 12 * 32 * 4096**2 == 6_442_450_944
     assert pc.non_embedding_matrices == 32 * (4 * 4096**2 + 3 * 4096 * 11008) == 6_476_005_376
@@ -321,8 +323,9 @@ def test_no_torch_on_the_analytic_path():
 
 
 def test_count_params_never_imports_torch(tmp_path, corpus_file):
-    """The command, for a preset, a config file and a fine-tuning config whose architecture is a folder's
-    config.json: arithmetic only, so it answers in a fraction of a second (torch takes seconds to import)."""
+    """The command, for a preset, a config file and a fine-tuning config whose architecture is a
+    folder's config.json: arithmetic only, so it answers in a fraction of a second (torch takes
+    seconds to import)."""
     from minigpt_cli.tokenizer.training import train_tokenizer
 
     folder = (
@@ -548,7 +551,8 @@ def hf_llama(cfg: ModelConfig):
 def test_transformers_gpt2(name):
     pytest.importorskip("transformers")
     cfg = preset(name)
-    # num_parameters() counts the tied head once, as we do; without the embeddings (wte, wpe) it is N.
+    # num_parameters() counts the tied head once, as we do; without the embeddings (wte, wpe) it is
+    # N.
     model = hf_gpt2(cfg)
     assert model.num_parameters() == params.count(cfg).total
     assert model.num_parameters(exclude_embeddings=True) == params.count(cfg).non_embedding
@@ -619,7 +623,8 @@ def test_an_assumed_vocabulary_is_said_and_counts_the_special_tokens(cli):
 
 
 def test_the_header_names_the_overrides_that_took_effect(cli):
-    """A flag beats the --set of its key, a later --set beats an earlier one, and --vocab-size is named."""
+    """A flag beats the --set of its key, a later --set beats an earlier one, and --vocab-size is
+    named."""
     head = lambda *args: cli("count-params", "--preset", "gpt2-small", *args).stdout.splitlines()[0]  # noqa: E731
     assert head("--vocab-size", "50304").startswith(
         "gpt2-small (with overrides: --vocab-size 50304): 124,475,904"
@@ -668,9 +673,9 @@ def _memory_figure(text: str, marker: str) -> str:
 def test_dry_run_and_count_params_give_one_memory_figure_for_every_shipped_config(
     cli, corpus_file, tmp_path, monkeypatch
 ):
-    """train --dry-run's "memory to train" is count-params' "total, estimate" for each shipped config, in a
-    folder without the corpus (the vocabulary counted alike before the tokenizer exists). The fine-tuning
-    config gets a tiny GPT-2 folder of its own."""
+    """train --dry-run's "memory to train" is count-params' "total, estimate" for each shipped
+    config, in a folder without the corpus (the vocabulary counted alike before the tokenizer
+    exists). The fine-tuning config gets a tiny GPT-2 folder of its own."""
     from minigpt_cli.paths import list_configs
 
     monkeypatch.chdir(tmp_path)
@@ -702,8 +707,8 @@ def _tiny_gpt2(tmp_path, corpus_file):
 
 
 def test_count_params_rows_line_up_under_the_count_column(cli):
-    """Every row of the parameter table (value embeddings and every label on) ends its count where the
-    header's "count" ends, the longest label included."""
+    """Every row of the parameter table (value embeddings and every label on) ends its count where
+    the header's "count" ends, the longest label included."""
     res = cli(
         "count-params",
         "--preset",

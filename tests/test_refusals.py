@@ -1,6 +1,6 @@
-"""A refused command changes nothing: every check that can refuse runs before the first write into a run
-folder, a data folder or an output (issue 40). Each case snapshots the folders the command could touch (the
-sha256 of every file, every link and folder) around the refusal."""
+"""A refused command changes nothing: every check that can refuse runs before the first write into a
+run folder, a data folder or an output (issue 40). Each case snapshots the folders the command could
+touch (the sha256 of every file, every link and folder) around the refusal."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from minigpt_cli.trainer import train
 
 
 def snapshot(*folders: Path) -> dict[str, str]:
-    """Every entry under ``folders``: a file's sha256, a link's target, a folder's name (links not followed)."""
+    """Every entry under ``folders``: a file's sha256, a link's target, a folder's name (links not
+    followed)."""
     out = {}
     for folder in folders:
         for root, dirs, files in os.walk(folder):
@@ -36,7 +37,8 @@ def snapshot(*folders: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data_dir):
-    """A finished tiny run (5 steps) and its data folder (``data``, relative), copied by each test."""
+    """A finished tiny run (5 steps) and its data folder (``data``, relative), copied by each
+    test."""
     work = tmp_path_factory.mktemp("trained")
     shutil.copytree(data_dir, work / "data")
     with working_dir(work):
@@ -169,7 +171,12 @@ EXPORT_REFUSALS = [
     ),
     ("an architecture that cannot express it", lambda run, out: None, ["--arch", "llama"], "llama"),
     ("gguf of a char tokenizer", lambda run, out: None, ["--format", "gguf"], "tokenizer"),
-    ("no such checkpoint", lambda run, out: None, ["--checkpoint", "step-7"], "step-0000007"),
+    (
+        "no such checkpoint",
+        lambda run, out: None,
+        ["--checkpoint", "step-7"],
+        "kept no checkpoint at step 7",
+    ),
 ]
 
 
@@ -198,7 +205,8 @@ def _tokenizer_file(data: Path, text: str) -> Path:
 
 
 def _corpus(data: Path, name: str, make: str) -> None:
-    """A corpus beside the data folder: a 12-character file, or a folder of a FIFO and a self-link."""
+    """A corpus beside the data folder: a 12-character file, or a folder of a FIFO and a
+    self-link."""
     path = data.parent / name
     if make == "small":
         path.write_text("hello world\n")

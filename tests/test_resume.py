@@ -1,5 +1,5 @@
-"""The training engine under stress: resume, interruption, kills mid-write, accumulation, NaNs (several
-processes and machines: test_distributed.py)."""
+"""The training engine under stress: resume, interruption, kills mid-write, accumulation, NaNs
+(several processes and machines: test_distributed.py)."""
 
 from __future__ import annotations
 
@@ -114,10 +114,12 @@ def _counting_eval_forward(on_call):
 def test_sigint_during_a_long_eval_stops_it_at_once_and_resumes_identically(
     reference_run, data_dir, tmp_path, monkeypatch
 ):
-    """Ctrl-C inside the step-40 eval: no further eval batch runs, last is saved, the resume matches."""
+    """Ctrl-C inside the step-40 eval: no further eval batch runs, last is saved, the resume
+    matches."""
     monkeypatch.chdir(tmp_path)
     cfg = tiny(data_dir, "train.max_iters=120", "model.dropout=0.1")
-    # Evals at steps 0 and 20 make 2 x (5 train + 5 val) eval forwards; call 23 is the step-40 eval's third.
+    # Evals at steps 0 and 20 make 2 x (5 train + 5 val) eval forwards; call 23 is the step-40
+    # eval's third.
     forward, count = _counting_eval_forward(
         lambda n: n == 23 and os.kill(os.getpid(), signal.SIGINT)
     )
@@ -160,7 +162,8 @@ def test_a_second_ctrl_c_aborts_without_saving_and_says_where_the_last_checkpoin
         ]
         == 20
     )
-    # Before any checkpoint exists (inside the step-0 eval), the message says so and the new folder goes.
+    # Before any checkpoint exists (inside the step-0 eval), the message says so and the new folder
+    # goes.
     monkeypatch.setattr(T, "train_step", real_step)
 
     def two_signals(n):
@@ -181,7 +184,8 @@ def test_a_second_ctrl_c_aborts_without_saving_and_says_where_the_last_checkpoin
 def test_sigterm_inside_one_long_eval_batch_stops_it_without_waiting_for_the_batch(
     data_dir, tmp_path, monkeypatch
 ):
-    """One eval forward that would take minutes (block_size 100000): a SIGTERM inside it stops the run there."""
+    """One eval forward that would take minutes (block_size 100000): a SIGTERM inside it stops the
+    run there."""
     monkeypatch.chdir(tmp_path)
     real, finished = GPT.forward, []
 
@@ -211,7 +215,8 @@ def test_sigterm_inside_one_long_eval_batch_stops_it_without_waiting_for_the_bat
 
 
 def test_sigterm_exits_143_and_the_hint_is_a_working_command(cli, data_dir, tmp_path, monkeypatch):
-    """SIGTERM: status 143 (128+15), and the printed resume command (real config path, --set values) runs."""
+    """SIGTERM: status 143 (128+15), and the printed resume command (real config path, --set values)
+    runs."""
     monkeypatch.chdir(tmp_path)
     import minigpt_cli.trainer.loop as T
 
@@ -248,7 +253,8 @@ def test_sigterm_exits_143_and_the_hint_is_a_working_command(cli, data_dir, tmp_
 def test_resume_from_an_older_checkpoint_rewinds_the_metrics(
     reference_run, data_dir, tmp_path, monkeypatch
 ):
-    """Lose the tail of a run (as after a SIGKILL): resuming from the step-40 checkpoint repeats it exactly."""
+    """Lose the tail of a run (as after a SIGKILL): resuming from the step-40 checkpoint repeats it
+    exactly."""
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "runs" / "k"
     shutil.copytree(reference_run, run)
@@ -276,9 +282,10 @@ def _digests(folder: Path) -> dict[str, str]:
 def test_resume_from_a_kept_checkpoint_folder_continues_in_a_new_run_folder(
     cli, reference_run, data_dir, tmp_path, monkeypatch
 ):
-    """A cool-down from a kept checkpoint: --resume RUN/checkpoints/step-0000040 trains a new run folder from
-    step 40 on, with the losses and weights of the uninterrupted run, says where it went, and leaves RUN as
-    it was; the dry run says the same, and --run-name names the new folder."""
+    """A cool-down from a kept checkpoint: --resume RUN/checkpoints/step-0000040 trains a new run
+    folder from step 40 on, with the losses and weights of the uninterrupted run, says where it
+    went, and leaves RUN as it was; the dry run says the same, and --run-name names the new
+    folder."""
     monkeypatch.chdir(tmp_path)
     ckpt = reference_run / "checkpoints" / "step-0000040"
     before = _digests(reference_run)
@@ -357,8 +364,9 @@ def test_resume_without_the_runs_tokenizer_says_where_it_came_from(data_dir, tmp
 def test_resume_takes_the_runs_tokenizer_by_its_path_and_refuses_another(
     data_dir, tmp_path, monkeypatch
 ):
-    """What the tokenizer error says to do works: tokenizer.path at the run's tokenizer.json resumes; another
-    tokenizer is refused before anything is prepared with it, by the dry run as by train."""
+    """What the tokenizer error says to do works: tokenizer.path at the run's tokenizer.json
+    resumes; another tokenizer is refused before anything is prepared with it, by the dry run as by
+    train."""
     from minigpt_cli.tokenizer.kinds import CharTokenizer
     from minigpt_cli.trainer.setup import plan
 
@@ -402,7 +410,8 @@ def test_resume_refuses_a_different_model(data_dir, tmp_path, monkeypatch):
 def test_resume_with_a_longer_schedule_says_how_the_learning_rate_changes(
     data_dir, tmp_path, monkeypatch
 ):
-    """Raising max_iters is allowed; a note names the change and the lr the run jumps to, which it uses."""
+    """Raising max_iters is allowed; a note names the change and the lr the run jumps to, which it
+    uses."""
     from minigpt_cli.trainer import lr_at
 
     monkeypatch.chdir(tmp_path)
@@ -428,8 +437,8 @@ def test_resume_with_a_longer_schedule_says_how_the_learning_rate_changes(
 
 
 def test_resume_under_another_dropout_kernel_says_so(data_dir, tmp_path, monkeypatch):
-    """MINIGPT_FAST_DROPOUT changed between sessions: the masks differ, so the run is no longer bit-exact; a note
-    says it."""
+    """MINIGPT_FAST_DROPOUT changed between sessions: the masks differ, so the run is no longer
+    bit-exact; a note says it."""
     from minigpt_cli.trainer.setup import DROPOUT_CHANGED
 
     monkeypatch.chdir(tmp_path)
@@ -469,8 +478,9 @@ def test_resume_under_another_dropout_kernel_says_so(data_dir, tmp_path, monkeyp
 def test_continuing_a_finished_run_evaluates_like_the_uninterrupted_one(
     data_dir, tmp_path, monkeypatch
 ):
-    """The finished run's final eval (step 30, off the eval_interval grid) draws no batches the later evals
-    would have drawn: with a schedule that does not depend on max_iters, every later loss matches."""
+    """The finished run's final eval (step 30, off the eval_interval grid) draws no batches the
+    later evals would have drawn: with a schedule that does not depend on max_iters, every later
+    loss matches."""
     monkeypatch.chdir(tmp_path)
     const = ("train.lr_schedule=constant", "train.warmup_iters=0")
     train(
@@ -626,7 +636,8 @@ def test_sigint_through_the_cli_leaves_a_resumable_checkpoint(cli, data_dir, tmp
 
 
 def test_sigint_during_the_eval_sample_stops_it_at_once(data_dir, tmp_path, monkeypatch):
-    """Ctrl-C while samples.txt's text is generated: the sample ends at the next token, not after 400."""
+    """Ctrl-C while samples.txt's text is generated: the sample ends at the next token, not after
+    400."""
     monkeypatch.chdir(tmp_path)
     cfg = tiny(data_dir, "train.max_iters=60", "train.sample_tokens=400")
     # The step-0 eval makes 5 train + 5 val forwards; the sample's forwards follow (one per token).
@@ -642,8 +653,8 @@ def test_sigint_during_the_eval_sample_stops_it_at_once(data_dir, tmp_path, monk
 
 
 def test_resume_auto_continues_a_run_of_the_same_corpus_only(data_dir, tmp_path, monkeypatch):
-    """Own text with --resume auto, beside a Shakespeare run of the same config name: a new run, not a refusal of
-    the Shakespeare run (the README says "else a new run")."""
+    """Own text with --resume auto, beside a Shakespeare run of the same config name: a new run, not
+    a refusal of the Shakespeare run (the README says "else a new run")."""
     monkeypatch.chdir(tmp_path)
     train(
         tiny(data_dir, "train.max_iters=4", "name=same"),
@@ -677,8 +688,9 @@ def test_resume_auto_continues_a_run_of_the_same_corpus_only(data_dir, tmp_path,
 def test_a_resume_says_each_key_it_changes_and_the_run_keeps_them(
     cli, data_dir, tmp_path, monkeypatch
 ):
-    """train.batch_size, grad_accum_steps, eval_iters and seed changed on a resume: one note per key, old -> new,
-    in --dry-run, on stderr and in train.log, and env.json keeps them per session."""
+    """train.batch_size, grad_accum_steps, eval_iters and seed changed on a resume: one note per
+    key, old -> new, in --dry-run, on stderr and in train.log, and env.json keeps them per
+    session."""
     monkeypatch.chdir(tmp_path)
     train(
         tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"),

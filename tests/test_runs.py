@@ -1,4 +1,5 @@
-"""The run folder: its names, the newest-run and resume lookups, meta.json, env.json, and old runs."""
+"""The run folder: its names, the newest-run and resume lookups, meta.json, env.json, and old
+runs."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def fake_run(
     meta: dict | None = None,
     mtime: float = 1_000_000.0,
 ) -> Path:
-    """A run folder holding one checkpoint's files (empty weights: the lookups read names and times only)."""
+    """A run folder holding one checkpoint's files (empty weights: the lookups read names and times
+    only)."""
     run = root / name
     ckpt = runs.checkpoint_dir(run, which)
     folder = runs.old_copy(ckpt) if old else ckpt
@@ -87,7 +89,8 @@ def test_a_run_whose_meta_is_damaged_is_not_taken_for_one_of_that_name(tmp_path)
     (runs.checkpoint_dir(run, runs.LAST) / runs.META).write_text("[1, 2]")
     with pytest.raises(MinigptError, match="meta.json is missing or damaged .*object") as err:
         runs.read_meta(runs.checkpoint_dir(run, runs.LAST))
-    # this run has no best: the fix may not send the user to it (QA: "--checkpoint best" in a circle)
+    # this run has no best: the fix may not send the user to it (QA: "--checkpoint best" in a
+    # circle)
     assert "--checkpoint best" not in str(err.value) and "no other checkpoint" in str(err.value)
 
 
@@ -119,9 +122,9 @@ def test_env_json_keeps_the_earlier_sessions_oldest_first(tmp_path):
 def test_evaluate_and_compare_find_a_runs_relative_corpus_from_any_folder(
     cli, data_dir, tmp_path, monkeypatch
 ):
-    """Relative data.data_dir and data.path are relative to where train ran (env.json's cwd; for an older
-    run, the folder its relative train.out_dir hangs from), not to where evaluate or compare run; a corpus
-    that is gone is one line naming where it was."""
+    """Relative data.data_dir and data.path are relative to where train ran (env.json's cwd; for an
+    older run, the folder its relative train.out_dir hangs from), not to where evaluate or compare
+    run; a corpus that is gone is one line naming where it was."""
     from minigpt_cli.experiments.compare import summarize
 
     project = tmp_path / "project"
@@ -167,10 +170,10 @@ def test_evaluate_and_compare_find_a_runs_relative_corpus_from_any_folder(
 
 
 def test_a_project_moved_whole_still_evaluates_its_runs(cli, data_dir, tmp_path, monkeypatch):
-    """The corpus fingerprint named each file by its absolute path, so moving a project (its runs and data
-    together) made evaluate refuse the corpus as edited, and from outside the project it looked for the
-    corpus where the project had been; now names are relative to the corpus's folder, and the run folder's
-    own place says where the project went."""
+    """The corpus fingerprint named each file by its absolute path, so moving a project (its runs
+    and data together) made evaluate refuse the corpus as edited, and from outside the project it
+    looked for the corpus where the project had been; now names are relative to the corpus's folder,
+    and the run folder's own place says where the project went."""
     text = (data_dir / "tinyshakespeare" / "input.txt").read_text()
     project = tmp_path / "a"
     (project / "books").mkdir(parents=True)
@@ -197,7 +200,8 @@ def test_a_project_moved_whole_still_evaluates_its_runs(cli, data_dir, tmp_path,
             got = json.loads(res.stdout)
             assert abs(got["loss"] - got["logged_loss"]) < 1e-6, got
     assert not (tmp_path / "data").exists()  # nothing downloaded beside the project
-    # A file renamed or edited since is named where it is (or was) in the moved project, for evaluate too.
+    # A file renamed or edited since is named where it is (or was) in the moved project, for
+    # evaluate too.
     books = moved / "books"
     (books / "a.txt").rename(books / "a2.txt")
     res = cli("evaluate", "--run", moved / "runs" / "own")
@@ -222,8 +226,8 @@ def summarize_notes(run: Path) -> list[str]:
 
 
 def test_a_fingerprint_from_before_names_relative_to_the_corpus_is_still_accepted(tmp_path):
-    """Runs and configs of before carry the fingerprint of each file's absolute path (the formula below is
-    the one minigpt used); it still names the corpus where it has not moved."""
+    """Runs and configs of before carry the fingerprint of each file's absolute path (the formula
+    below is the one minigpt used); it still names the corpus where it has not moved."""
     import hashlib
 
     from minigpt_cli.data.corpus import open_corpus
@@ -260,11 +264,13 @@ def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(tmp_path,
         second.lock.release()
 
 
-# ----------------------------------------------------------------------------- a run written before the split
+# ----------------------------------------------------------------------------- a run written before
+# the split
 
 
 def old_run(tmp_path: Path, data_dir: Path) -> Path:
-    """The fixture run (trained by the code before the trainer was split into components) in ``tmp_path``.
+    """The fixture run (trained by the code before the trainer was split into components) in
+    ``tmp_path``.
 
     Its config says ``data_dir: data``; the corpus is linked there.
     """
@@ -322,7 +328,8 @@ def test_a_checkpoint_of_the_old_layout_resumes(tmp_path, data_dir, monkeypatch)
 
 
 def test_a_run_folder_in_use_is_refused(cli, data_dir, tmp_path, monkeypatch):
-    """Another process holds runs/m's lock: --resume and --run-name m both fail with its pid; nothing changes."""
+    """Another process holds runs/m's lock: --resume and --run-name m both fail with its pid;
+    nothing changes."""
     monkeypatch.chdir(tmp_path)
     train(tiny(data_dir, "train.max_iters=3"), run_name="m", echo=lambda m: None, progress=False)
     (tmp_path / "runs" / "e").mkdir()
@@ -437,8 +444,8 @@ def test_dry_run_refuses_a_run_name_train_would_refuse(cli, data_dir, tmp_path, 
 
 
 def test_a_kept_checkpoint_is_named_step_n_by_every_command(cli, data_dir, tmp_path, monkeypatch):
-    """train.keep_every writes checkpoints/step-0000002/: generate, evaluate and export take it as step-2 (or
-    step-0000002); a step that was not kept is one line naming the folder."""
+    """train.keep_every writes checkpoints/step-0000002/: generate, evaluate and export take it as
+    step-2 (or step-0000002); a step that was not kept is one line naming the folder."""
     monkeypatch.chdir(tmp_path)
     train(
         tiny(data_dir, "train.max_iters=4", "train.eval_interval=2", "train.keep_every=2"),
@@ -456,13 +463,15 @@ def test_a_kept_checkpoint_is_named_step_n_by_every_command(cli, data_dir, tmp_p
     assert ev.exit_code == 0 and json.loads(ev.stdout)["step"] == 2, ev
     assert cli("export", run, "--checkpoint", "step-2", "--output", tmp_path / "x").exit_code == 0
     assert_user_error(
-        cli("evaluate", "--run", run, "--checkpoint", "step-3"), "step-0000003 holds no"
+        cli("evaluate", "--run", run, "--checkpoint", "step-3"),
+        "kept no checkpoint at step 3; the kept steps are step-0000002, step-0000004",
     )
 
 
 def test_evaluates_bits_per_byte_label_says_what_was_scored(cli, data_dir, tmp_path, monkeypatch):
-    """The training eval's windows score a few thousand tokens: their bits per byte is converted at the split's
-    tokens per byte, and the label says so instead of naming the split's byte count as if it had been scored."""
+    """The training eval's windows score a few thousand tokens: their bits per byte is converted at
+    the split's tokens per byte, and the label says so instead of naming the split's byte count as
+    if it had been scored."""
     monkeypatch.chdir(tmp_path)
     train(
         tiny(data_dir, "train.max_iters=2", "train.eval_interval=2"),

@@ -1,4 +1,5 @@
-"""``device.tune_runtime``: on glibc, CPU training stops faulting its activation memory back in every step."""
+"""``device.tune_runtime``: on glibc, CPU training stops faulting its activation memory back in
+every step."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ os._exit(0)  # without the interpreter's teardown: 1.5 s with torch and its comp
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt"
 )
 def test_cpu_training_steps_stop_page_faulting():
-    """nanoGPT's CPU-recipe model, batch 12 x 64: page faults per training step with and without the tuning.
+    """nanoGPT's CPU-recipe model, batch 12 x 64: page faults per training step with and without the
+    tuning.
 
     The two processes (one thread each) run side by side: each counts its own faults (RUSAGE_SELF).
     """
@@ -74,23 +76,25 @@ def test_cpu_training_steps_stop_page_faulting():
             assert proc.returncode == 0, err
             faults[mode] = json.loads(out.strip().splitlines()[-1])
         seen.append(faults)
-        # glibc handed the default run's activations back to the OS and faulted them in again, and the tuned
-        # run kept them (a few dozen faults a step remain when other processes press on memory: 67 against
-        # 938 was seen under a parallel test run, so the check is a ratio).
+        # glibc handed the default run's activations back to the OS and faulted them in again, and
+        # the tuned run kept them (a few dozen faults a step remain when other processes press on
+        # memory: 67 against 938 was seen under a parallel test run, so the check is a ratio).
         if faults["default"] > 50 and faults["tuned"] < faults["default"] / 10:
             break
     assert faults["default"] > 50 and faults["tuned"] < faults["default"] / 5, seen
 
 
 class FakeMachine:
-    """Counters for CpuThreads: machine-wide busy CPU seconds and this process's, advanced by hand."""
+    """Counters for CpuThreads: machine-wide busy CPU seconds and this process's, advanced by
+    hand."""
 
     def __init__(self):
         self.busy = 1000.0
         self.own = 5.0
 
     def run(self, seconds: float, others: float, own: float) -> None:
-        """``seconds`` of wall time pass with ``others`` cores busy elsewhere and ``own`` cores here."""
+        """``seconds`` of wall time pass with ``others`` cores busy elsewhere and ``own`` cores
+        here."""
         self.busy += seconds * (others + own)
         self.own += seconds * own
 
@@ -203,10 +207,11 @@ def test_training_beside_a_busy_process_drops_to_one_thread(
 ):
     """A real busy loop on one core: a short training notes it and trains with 1 thread.
 
-    The training runs in this process, started with PyTorch's count on this machine (2 threads) and no
-    OMP_NUM_THREADS, as ``minigpt train`` would be: the busy loop spins only while it trains, not through a
-    process's start-up. The first decision comes 0.25 s after the run starts measuring; the step-0 eval, its
-    checkpoints and its loss plot take longer than that, so it is taken by step 1 however fast the machine."""
+    The training runs in this process, started with PyTorch's count on this machine (2 threads) and
+    no OMP_NUM_THREADS, as ``minigpt train`` would be: the busy loop spins only while it trains, not
+    through a process's start-up. The first decision comes 0.25 s after the run starts measuring;
+    the step-0 eval, its checkpoints and its loss plot take longer than that, so it is taken by step
+    1 however fast the machine."""
     import os
 
     if len(os.sched_getaffinity(0)) != 2:

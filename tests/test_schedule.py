@@ -36,7 +36,8 @@ def test_other_schedules():
         learning_rate=0.3, min_lr=0.0, warmup_iters=10, max_iters=100, lr_schedule="constant"
     )
     assert lr_at(60, const) == pytest.approx(0.3)
-    # The original Transformer (Vaswani et al. 2017 eq. 3): d^-0.5 · min(s^-0.5, s·w^-1.5), peak at s = w.
+    # The original Transformer (Vaswani et al. 2017 eq. 3): d^-0.5 · min(s^-0.5, s·w^-1.5), peak at
+    # s = w.
     inv = TrainConfig(
         learning_rate=1.0,
         min_lr=0.0,
@@ -82,7 +83,8 @@ def test_dry_run_prints_config_and_schedule(cli, tmp_path, monkeypatch):
     )
 
 
-# ----------------------------------------------------------------------------- --dry-run refuses what train refuses
+# ----------------------------------------------------------------------------- --dry-run refuses
+# what train refuses
 
 
 @pytest.fixture
@@ -185,7 +187,8 @@ def test_dry_run_refuses_a_tokenizer_file_that_disagrees(cli, tmp_path, monkeypa
 
 def test_dry_run_says_what_it_cannot_know_yet(cli, own_data, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # No corpus: the split waits for the download; a too-small val_fraction passes, said in one line.
+    # No corpus: the split waits for the download; a too-small val_fraction passes, said in one
+    # line.
     res = cli("train", TINY, "--dry-run", "--set", "data.val_fraction=0.99999")
     assert res.exit_code == 0, res
     assert (
@@ -197,8 +200,8 @@ def test_dry_run_says_what_it_cannot_know_yet(cli, own_data, tmp_path, monkeypat
         and "counted with 65 entries, as count-params counts, until the tokenizer is trained"
         in res.stdout
     )
-    # A trained kind not trained yet: its size is tokenizer.vocab_size; the split waits for the training. (In a
-    # data folder of its own: other tests train this tokenizer into the shared one.)
+    # A trained kind not trained yet: its size is tokenizer.vocab_size; the split waits for the
+    # training. (In a data folder of its own: other tests train this tokenizer into the shared one.)
     res = cli(
         "train",
         TINY,
@@ -241,7 +244,8 @@ def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(
         not list((own_data / "tinyshakespeare").glob("*-*"))
         and not (own_data / "tinyshakespeare" / "tokenizer-char.json").exists()
     )
-    # Once train has prepared the token files, their meta.json gives the counts: the corpus is not encoded again.
+    # Once train has prepared the token files, their meta.json gives the counts: the corpus is not
+    # encoded again.
     cfg = load_config(TINY, [f"data.data_dir={own_data}", "data.val_fraction=0.25"])
     corpus = own_data / "tinyshakespeare" / "input.txt"
     tok, path = ensure_tokenizer(cfg, corpus, lambda m: None)

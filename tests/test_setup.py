@@ -1,6 +1,7 @@
-"""One set-up: ``train --dry-run`` runs train's own set-up (trainer.setup.plan), stopped before its first write,
-so it refuses what train refuses with the same line, names what it cannot check yet, and reports the figures
-train and the other commands use (memory, split); each corpus file is hashed once per process."""
+"""One set-up: ``train --dry-run`` runs train's own set-up (trainer.setup.plan), stopped before its
+first write, so it refuses what train refuses with the same line, names what it cannot check yet,
+and reports the figures train and the other commands use (memory, split); each corpus file is hashed
+once per process."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _error(res) -> str:
 
 
 def test_a_check_the_dry_run_cannot_make_yet_is_named_with_its_reason(cli, tmp_path, monkeypatch):
-    """No corpus on disk: the vocabulary is unknown, so model.vocab_size=10 cannot be checked; it is named."""
+    """No corpus on disk: the vocabulary is unknown, so model.vocab_size=10 cannot be checked; it is
+    named."""
     monkeypatch.chdir(tmp_path)
     res = cli("train", "shakespeare-cpu", "--set", "model.vocab_size=10", "--dry-run")
     assert res.exit_code == 0, res
@@ -51,7 +53,8 @@ def test_dry_run_and_count_params_print_one_memory_figure(cli, data_dir, tmp_pat
 def test_train_tokenizer_prepare_and_train_report_one_split_of_a_folder_of_documents(
     cli, tmp_path, shakespeare, monkeypatch
 ):
-    """15 documents of different lengths: validation is the last 2 whole documents for all three commands."""
+    """15 documents of different lengths: validation is the last 2 whole documents for all three
+    commands."""
     monkeypatch.chdir(tmp_path)
     paths = write_docs(
         tmp_path / "books", [shakespeare[i * 3000 : i * 3000 + 1000 + 300 * i] for i in range(15)]
@@ -116,7 +119,8 @@ def test_dry_run_refuses_what_train_refuses_issue_27(cli, own_data, tmp_path, ca
 
 
 def test_train_hashes_each_corpus_file_once(data_dir, tmp_path, shakespeare, monkeypatch):
-    """The corpus fingerprint is found once per process: one sha256 pass per file, named dataset or folder."""
+    """The corpus fingerprint is found once per process: one sha256 pass per file, named dataset or
+    folder."""
     monkeypatch.chdir(tmp_path)
     hashed: Counter = Counter()
     real_sha, real_ok = C._sha256, D.file_ok
@@ -147,8 +151,10 @@ def test_train_hashes_each_corpus_file_once(data_dir, tmp_path, shakespeare, mon
 
 @pytest.mark.parametrize("damage", ["weights", "metrics"])
 def test_dry_run_resume_refuses_damaged_files_as_train_does(cli, own_data, tmp_path, damage):
-    """A bit flipped in the last checkpoint's weights, or a line that is not an event in metrics.jsonl: train
-    --resume refused them and --dry-run --resume passed (QA); now both refuse, with the same line."""
+    """A bit flipped in the last checkpoint's weights, or a line that is not an event in
+    metrics.jsonl: train
+    --resume refused them and --dry-run --resume passed (QA); now both refuse, with the same
+      line."""
     sets = [f"data.data_dir={own_data}", "train.eval_interval=2", "train.eval_iters=1"]
     with working_dir(tmp_path):
         train(

@@ -1,4 +1,5 @@
-"""``minigpt sweep`` and ``minigpt compare``: fair budgets, seeds, a kill survived, bad sweep files refused."""
+"""``minigpt sweep`` and ``minigpt compare``: fair budgets, seeds, a kill survived, bad sweep files
+refused."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def write_sweep(folder: Path, data_dir: Path, **over) -> Path:
     return path
 
 
-#: The columns that do not depend on the clock: equal for a killed-and-restarted sweep and an uninterrupted one.
+#: The columns that do not depend on the clock: equal for a killed-and-restarted sweep and an
+#: uninterrupted one.
 EXACT = (
     "variant",
     "params",
@@ -113,7 +115,8 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
         "ffn-relu",
         "ffn-gelu",
     ]
-    # a run copied into the sweep's folder from elsewhere is noted, not taken silently for one of the sweep's
+    # a run copied into the sweep's folder from elsewhere is noted, not taken silently for one of
+    # the sweep's
     import shutil
 
     shutil.copytree(
@@ -150,7 +153,8 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
             "grdi: unknown key; did you mean grid?",
         ),  # a config's hint, not pydantic's
         ({"budget": {"iter": 5}}, "budget.iter: unknown key; did you mean budget.iters?"),
-        # A sweep's runs go in its own folder: an override of train.out_dir is refused, wherever it is given.
+        # A sweep's runs go in its own folder: an override of train.out_dir is refused, wherever it
+        # is given.
         (
             {"set": ["train.out_dir=elsewhere"]},
             "s.yaml: set: train.out_dir cannot be set in a sweep",
@@ -158,7 +162,8 @@ def test_a_killed_sweep_finishes_with_the_uninterrupted_numbers(tmp_path, data_d
         ({"grid": {"train.out_dir": ["a", "b"]}}, "grid: train.out_dir cannot be set"),
         ({"variants": {"v": {"train.out_dir": "a"}}}, "variants.v: train.out_dir cannot be set"),
         ({"base": "nothere.yaml"}, "s.yaml: base: config file 'nothere.yaml' not found"),
-        # Counted before anything is expanded (issue 27): neither a huge seed count nor a 10^12 grid is built.
+        # Counted before anything is expanded (issue 27): neither a huge seed count nor a 10^12 grid
+        # is built.
         ({"seeds": 100_000_000}, "seeds"),
         (
             {"grid": {f"model.k{i}": list(range(10)) for i in range(12)}},
@@ -182,8 +187,9 @@ def test_a_missing_base_names_base_not_a_folder(cli, tmp_path, data_dir):
 
 
 def test_an_edited_sweep_that_never_trained_replaces_its_record(tmp_path, data_dir):
-    """A sweep that fails before any run saves a checkpoint (here: its corpus cannot be downloaded) leaves
-    nothing to keep apart from an edited sweep file: started again, the edit is taken, not refused."""
+    """A sweep that fails before any run saves a checkpoint (here: its corpus cannot be downloaded)
+    leaves nothing to keep apart from an edited sweep file: started again, the edit is taken, not
+    refused."""
     sets = [f"data.data_dir={tmp_path / 'empty-data'}", "data.url=http://127.0.0.1:9/input.txt"]
     with working_dir(tmp_path):
         for iters in (5, 6):
@@ -195,7 +201,8 @@ def test_an_edited_sweep_that_never_trained_replaces_its_record(tmp_path, data_d
 
 
 def test_a_finished_run_deleted_from_the_sweep_is_trained_again(tmp_path, data_dir):
-    """sweep.json still lists it as done; its folder is gone: the restart trains it, not compare refusing it."""
+    """sweep.json still lists it as done; its folder is gone: the restart trains it, not compare
+    refusing it."""
     import shutil
 
     path = write_sweep(
@@ -233,7 +240,8 @@ def test_a_finished_run_deleted_from_the_sweep_is_trained_again(tmp_path, data_d
 def test_a_bad_kernel_setting_is_one_line_before_the_sweep_starts(
     cli, tmp_path, data_dir, monkeypatch, var
 ):
-    """Refused once, by the sweep, not by each run after the sweep's folder is made (or in --jobs' logs)."""
+    """Refused once, by the sweep, not by each run after the sweep's folder is made (or in --jobs'
+    logs)."""
     path = write_sweep(tmp_path, data_dir)
     monkeypatch.setenv(var, "maybe")
     with working_dir(tmp_path):
@@ -289,8 +297,8 @@ def _wait_for(condition, seconds: float) -> bool:
     reason="the parent-death signal is Linux's; --jobs 2 needs 2 cores",
 )
 def test_the_runs_of_a_sweep_killed_by_sigkill_stop_and_save(tmp_path, data_dir):
-    """SIGKILL gives the sweep no chance to stop its --jobs runs; the kernel sends each one SIGTERM instead,
-    on which it saves checkpoints/last and ends, rather than training on unseen."""
+    """SIGKILL gives the sweep no chance to stop its --jobs runs; the kernel sends each one SIGTERM
+    instead, on which it saves checkpoints/last and ends, rather than training on unseen."""
     path = write_sweep(tmp_path, data_dir, seeds=1, budget={"iters": 1_000_000})
     folders = [tmp_path / "runs" / "s" / name for name in ("ffn-relu-s1337", "ffn-gelu-s1337")]
     sweep = subprocess.Popen(
@@ -425,8 +433,8 @@ def test_compare_by_hand_and_across_corpora(cli, tmp_path, data_dir):
 
 
 def test_compare_escapes_table_cells_and_writes_plain_numbers(cli, tmp_path, data_dir):
-    """sample.prompt "\\n" (the default) must not split its Markdown row; summary.csv and .json hold numbers, not
-    "27,840": only the Markdown table formats them."""
+    """sample.prompt "\\n" (the default) must not split its Markdown row; summary.csv and .json hold
+    numbers, not "27,840": only the Markdown table formats them."""
     import csv
 
     from minigpt_cli.experiments.compare import format_summary
@@ -482,8 +490,9 @@ def test_compare_escapes_table_cells_and_writes_plain_numbers(cli, tmp_path, dat
 def test_an_interrupted_compare_leaves_the_previous_summary_set_or_none(
     tmp_path, data_dir, monkeypatch
 ):
-    """The four summary files are built first, then renamed into place together: a Ctrl-C while the PNG is
-    drawn leaves the previous set as it was, one between the renames leaves none, and no temporary file."""
+    """The four summary files are built first, then renamed into place together: a Ctrl-C while the
+    PNG is drawn leaves the previous set as it was, one between the renames leaves none, and no
+    temporary file."""
     from minigpt_cli.experiments import compare
 
     made = [
@@ -532,8 +541,8 @@ def test_every_shipped_experiment_checks_out_with_three_seeds(path):
 
 
 def test_compare_reads_the_config_the_weights_were_trained_with(tmp_path, data_dir):
-    """An edited run config.yaml (n_embd 32 -> 64) must not change compare's parameters or columns: the checkpoint's
-    verified config is the record, and the edit is noted."""
+    """An edited run config.yaml (n_embd 32 -> 64) must not change compare's parameters or columns:
+    the checkpoint's verified config is the record, and the edit is noted."""
     made = [
         train(
             tiny(data_dir, "train.max_iters=2", "train.eval_iters=2", f"train.out_dir={tmp_path}"),

@@ -1,5 +1,5 @@
-"""``minigpt sweep`` from the command line and from anywhere, an Optuna search with pruning that survives a SIGKILL,
-and workers sharing one study (issue 30)."""
+"""``minigpt sweep`` from the command line and from anywhere, an Optuna search with pruning that
+survives a SIGKILL, and workers sharing one study (issue 30)."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def load(storage: Path, name: str = "s") -> optuna.Study:
 def test_a_shipped_experiment_runs_by_name_with_overrides_from_an_empty_folder(
     cli, tmp_path, data_dir
 ):
-    """``sweep ffn`` is found in the package; --set/--seeds/--budget are what runs, and are recorded; started
-    again with other overrides, the sweep is refused, naming the difference."""
+    """``sweep ffn`` is found in the package; --set/--seeds/--budget are what runs, and are
+    recorded; started again with other overrides, the sweep is refused, naming the difference."""
     sets = [w for s in small(data_dir) for w in ("--set", s)]
     with working_dir(tmp_path):
         res = cli("sweep", "ffn", "--budget", "iters=10", "--seeds", "2", *sets, "--json")
@@ -118,7 +118,8 @@ def search_file(folder: Path, data_dir: Path, trials: int = 6, **search) -> Path
             "trials": trials,
             "prune": "asha",
             "seed": 0,
-            # 1e-5 barely moves from the initial loss in 20 steps; 3e-3 learns: ASHA has a clear loser
+            # 1e-5 barely moves from the initial loss in 20 steps; 3e-3 learns: ASHA has a clear
+            # loser
             "params": {
                 "train.learning_rate": {"low": 1.0e-5, "high": 3.0e-2, "log": True},
                 "model.ffn": ["gelu", "relu"],
@@ -132,8 +133,9 @@ def search_file(folder: Path, data_dir: Path, trials: int = 6, **search) -> Path
 
 
 def _check_once(study: optuna.Study, folder: Path, trials: int) -> None:
-    """Trials 0 .. trials-1 all ended, and the run folders are exactly theirs, each trained once: its evals'
-    steps never repeat (a rerun from scratch, or a resume that went back, would log a step again)."""
+    """Trials 0 .. trials-1 all ended, and the run folders are exactly theirs, each trained once:
+    its evals' steps never repeat (a rerun from scratch, or a resume that went back, would log a
+    step again)."""
     ours = [t for t in study.get_trials() if not t.user_attrs.get("surplus")]
     assert [t.number for t in ours] == list(range(trials))
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in ours), [
@@ -164,12 +166,14 @@ def _sweep_process(path: Path, *args: str, env=None, cwd=None) -> subprocess.Pop
 def test_a_tpe_search_with_asha_killed_by_sigkill_resumes_prunes_and_draws_its_plots(
     tmp_path, data_dir
 ):
-    """SIGKILLed (checkpoint.py's test hook) while trial 1 writes its step-10 checkpoint: started again, trial 0
-    stays as it was, trial 1 resumes from its step-0 checkpoint, and the search ends at 6 trials, some pruned at
-    the eval the pruner said so (their checkpoint saved), with the summary's rows and Optuna's plots."""
+    """SIGKILLed (checkpoint.py's test hook) while trial 1 writes its step-10 checkpoint: started
+    again, trial 0 stays as it was, trial 1 resumes from its step-0 checkpoint, and the search ends
+    at 6 trials, some pruned at the eval the pruner said so (their checkpoint saved), with the
+    summary's rows and Optuna's plots."""
     path = search_file(tmp_path, data_dir)
     folder = tmp_path / "runs" / "s"
-    # Trial 0 saves checkpoints/last at its 3 evals and at its end (saves 0-3); trial 1 at step 0 (4), step 10 (5).
+    # Trial 0 saves checkpoints/last at its 3 evals and at its end (saves 0-3); trial 1 at step 0
+    # (4), step 10 (5).
     proc = _sweep_process(
         path, env=dict(os.environ, MINIGPT_TEST_KILL_DURING_SAVE="last:5:weights")
     )
@@ -237,9 +241,9 @@ def test_two_workers_share_one_study_and_run_each_trial_once(tmp_path, data_dir)
 def test_grid_workers_sharing_only_the_storage_run_each_variant_and_seed_once(
     cli, tmp_path, data_dir
 ):
-    """Two workers in folders of their own (two machines' checkouts) share nothing but an SQLite study: every
-    (variant, seed) is one trial, trained by one worker in its own folder, and ``compare --storage`` lists them
-    all, with the host and run folder that took each."""
+    """Two workers in folders of their own (two machines' checkouts) share nothing but an SQLite
+    study: every (variant, seed) is one trial, trained by one worker in its own folder, and
+    ``compare --storage`` lists them all, with the host and run folder that took each."""
     path = tmp_path / "g.yaml"
     path.write_text(
         json.dumps(
@@ -313,8 +317,9 @@ def test_grid_workers_sharing_only_the_storage_run_each_variant_and_seed_once(
 
 
 def test_a_run_enqueued_twice_is_taken_once_and_a_dead_workers_run_is_resumed_here(tmp_path):
-    """Two workers starting at once may both enqueue the grid: each run is still handed out once, the copies failed
-    unrun; a run a killed worker of this machine left running is taken over by the next worker here."""
+    """Two workers starting at once may both enqueue the grid: each run is still handed out once,
+    the copies failed unrun; a run a killed worker of this machine left running is taken over by the
+    next worker here."""
     from minigpt_cli.experiments.search import enqueue_runs, next_run
 
     study = optuna.create_study(study_name="g", storage=f"sqlite:///{tmp_path / 'study.db'}")
@@ -439,9 +444,9 @@ def test_the_shipped_experiments_are_package_data_and_the_checkout_links_to_them
 
 
 def test_every_shipped_experiments_variants_train_different_configs():
-    """A variant that resolves to another's config would train the same model twice (compare counts it as repeats,
-    not as the comparison its name promises): as ``optimizer``'s ``adamw`` once did, after the recipe it builds
-    on moved to Muon."""
+    """A variant that resolves to another's config would train the same model twice (compare counts
+    it as repeats, not as the comparison its name promises): as ``optimizer``'s ``adamw`` once did,
+    after the recipe it builds on moved to Muon."""
     for path in sorted(Path(str(SHIPPED)).glob("*.yaml")):
         if path.name == "base.yaml":
             continue
@@ -459,9 +464,10 @@ def test_every_shipped_experiments_variants_train_different_configs():
 
 
 def test_a_worker_with_other_settings_or_a_folder_of_another_study_is_refused(tmp_path, data_dir):
-    """The study records the sweep's settings: a worker with another --budget (its runs would count as seeds
-    of the same variants) is refused naming the difference; a folder whose runs belong to another study (here,
-    the folder's own search) is refused before its runs are scored under the new study's trials."""
+    """The study records the sweep's settings: a worker with another --budget (its runs would count
+    as seeds of the same variants) is refused naming the difference; a folder whose runs belong to
+    another study (here, the folder's own search) is refused before its runs are scored under the
+    new study's trials."""
     from minigpt_cli.errors import MinigptError
 
     grid = tmp_path / "g.yaml"
@@ -504,7 +510,8 @@ def test_a_worker_with_other_settings_or_a_folder_of_another_study_is_refused(tm
 
 
 def test_refusals_name_the_key_as_written_and_the_option_that_gave_it(cli, tmp_path, data_dir):
-    """No pydantic validator names (``seeds.constrained-int``, ``...Range.step``) in a message, and a bad
+    """No pydantic validator names (``seeds.constrained-int``, ``...Range.step``) in a message, and
+    a bad
     --budget is the command line's, not the shipped file's."""
     bad = tmp_path / "b.yaml"
     bad.write_text(
@@ -531,8 +538,8 @@ def test_refusals_name_the_key_as_written_and_the_option_that_gave_it(cli, tmp_p
         cli("sweep", "ffn", "--budget", "iters=0"),
         "--budget: budget.iters: input should be greater",
     )
-    # Beside a good --seeds the bad --budget is named alone; a --set that no variant could pass is the --set's,
-    # one that fails with a variant's values only is that variant's.
+    # Beside a good --seeds the bad --budget is named alone; a --set that no variant could pass is
+    # the --set's, one that fails with a variant's values only is that variant's.
     assert_user_error(
         cli("sweep", "ffn", "--seeds", "1", "--budget", "iters=0"), "error: --budget: budget.iters"
     )

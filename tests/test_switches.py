@@ -1,8 +1,10 @@
-"""The model switches of issue 29 (QK-norm, ReLU², logit soft-capping, zero-init projections, value embeddings).
+"""The model switches of issue 29 (QK-norm, ReLU², logit soft-capping, zero-init projections, value
+embeddings).
 
-Each against a reference we did not write where one exists (transformers' Qwen3RMSNorm and rotary code,
-nanochat's value-embedding recipe written out by hand), the KV caches against the full forward, and one short
-real run with every switch on through training, an interrupted resume, evaluate and inspect.
+Each against a reference we did not write where one exists (transformers' Qwen3RMSNorm and rotary
+code, nanochat's value-embedding recipe written out by hand), the KV caches against the full
+forward, and one short real run with every switch on through training, an interrupted resume,
+evaluate and inspect.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ def small(**kw) -> ModelConfig:
 
 
 def randomized(cfg: ModelConfig, seed: int = 0) -> GPT:
-    """GPT(cfg) in eval mode with every parameter redrawn (gains included, zero-init projections too), so that no
-    switch is hidden by an init that makes it the identity, and a sharpened head (no near-ties when greedy)."""
+    """GPT(cfg) in eval mode with every parameter redrawn (gains included, zero-init projections
+    too), so that no switch is hidden by an init that makes it the identity, and a sharpened head
+    (no near-ties when greedy)."""
     torch.manual_seed(seed)
     model = GPT(cfg).eval()
     with torch.no_grad():
@@ -44,12 +47,14 @@ def randomized(cfg: ModelConfig, seed: int = 0) -> GPT:
     return model
 
 
-# ----------------------------------------------------------------------------- each switch as defined
+# ----------------------------------------------------------------------------- each switch as
+# defined
 
 
 def test_qk_norm_is_qwen3s_rmsnorm_on_each_head_before_rope():
-    """q and k equal transformers' Qwen3RMSNorm (per head_dim, the gains learned) on the projected heads, then
-    Qwen3's apply_rotary_pos_emb: the order of Qwen3Attention, so a Qwen3 export is a renaming."""
+    """q and k equal transformers' Qwen3RMSNorm (per head_dim, the gains learned) on the projected
+    heads, then Qwen3's apply_rotary_pos_emb: the order of Qwen3Attention, so a Qwen3 export is a
+    renaming."""
     qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
     cfg = small(qk_norm=True, pos_encoding="rope", n_kv_head=2, norm_eps=1e-6)
     attn = randomized(cfg).h[0].attn
@@ -71,7 +76,8 @@ def test_qk_norm_is_qwen3s_rmsnorm_on_each_head_before_rope():
     )  # the gains matter in this comparison
     assert (q - rq).abs().max() < 1e-6 and (k - rk).abs().max() < 1e-6
     assert torch.equal(v, hv.view(B, T, cfg.kv_heads, hd).transpose(1, 2))  # values are not normed
-    # Each (unrotated, ungained) query head has unit mean square: the norm acts per head, not over n_embd.
+    # Each (unrotated, ungained) query head has unit mean square: the norm acts per head, not over
+    # n_embd.
     plain = CausalSelfAttention(small(qk_norm=True, n_kv_head=2))  # no RoPE, to see the norm alone
     plain.load_state_dict(attn.state_dict())
     with torch.no_grad():
@@ -99,7 +105,8 @@ def test_relu2_is_the_square_of_relu_through_the_mlp():
 
 
 def test_logit_softcap_is_c_tanh_of_the_plain_logits():
-    """With the same weights: logits = C·tanh(plain / C) (Gemma 2 §2), inside ±C, and the loss is theirs."""
+    """With the same weights: logits = C·tanh(plain / C) (Gemma 2 §2), inside ±C, and the loss is
+    theirs."""
     plain = randomized(small())
     capped = GPT(small(logit_softcap=3.0)).eval()
     capped.load_state_dict(plain.state_dict())
@@ -116,8 +123,8 @@ def test_logit_softcap_is_c_tanh_of_the_plain_logits():
 
 
 def test_zero_init_proj_makes_every_block_the_identity_at_init():
-    """Both output projections start at zero (the rest as before), so each Pre-LN block returns its input, and
-    the first backward still reaches them."""
+    """Both output projections start at zero (the rest as before), so each Pre-LN block returns its
+    input, and the first backward still reaches them."""
     torch.manual_seed(0)
     cfg = small(zero_init_proj=True, pos_encoding="rope", bias=True)
     model = GPT(cfg)
@@ -153,8 +160,8 @@ def test_value_embeddings_sit_in_nanochats_layers(n_layer):
 
 
 def test_value_embeddings_add_a_gated_table_to_v():
-    """v = v + 3·sigmoid(W_gate · x[..., :12]) · ve per key/value head, ve the layer's table at the tokens
-    (nanochat ``gpt.py``), written out here; and the forward depends on the table."""
+    """v = v + 3·sigmoid(W_gate · x[..., :12]) · ve per key/value head, ve the layer's table at the
+    tokens (nanochat ``gpt.py``), written out here; and the forward depends on the table."""
     cfg = small(n_layer=3, value_embeddings=True, n_kv_head=2, pos_encoding="rope")
     model = randomized(cfg)
     idx = torch.randint(0, 65, (2, 9))
@@ -194,8 +201,9 @@ def test_value_embeddings_add_a_gated_table_to_v():
     ids=["qk_norm", "qk_norm-post", "relu2", "softcap", "value_embeddings", "all"],
 )
 def test_cached_decoding_equals_uncached(switch):
-    """Greedy and seeded, 5 + 30 tokens through a block of 12 (the window slides): the growing cache gives the
-    tokens of no cache, and for every switch at once the static cache (generate --compile's) does too."""
+    """Greedy and seeded, 5 + 30 tokens through a block of 12 (the window slides): the growing cache
+    gives the tokens of no cache, and for every switch at once the static cache (generate
+    --compile's) does too."""
     from minigpt_cli.sample.decoding import StaticDecoder
 
     model = randomized(small(**{"pos_encoding": "rope", "n_kv_head": 1, **switch}))
@@ -239,14 +247,16 @@ def test_cached_logits_equal_the_full_forward_with_every_switch():
     assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
 
 
-# ----------------------------------------------------------------------------- a real run, bad input
+# ----------------------------------------------------------------------------- a real run, bad
+# input
 
 
 def test_a_run_with_every_switch_trains_resumes_evaluates_and_inspects(
     data_dir, tmp_path, monkeypatch
 ):
-    """tiny.yaml with every switch (RoPE, one kv head): 20 steps lower the loss; SIGINT after step 13 and a
-    resume give the uninterrupted run's losses and weights; evaluate and inspect open the run."""
+    """tiny.yaml with every switch (RoPE, one kv head): 20 steps lower the loss; SIGINT after step
+    13 and a resume give the uninterrupted run's losses and weights; evaluate and inspect open the
+    run."""
     from safetensors.torch import load_file
 
     import minigpt_cli.trainer.loop as loop
@@ -313,8 +323,9 @@ def test_a_logit_softcap_that_is_not_positive_is_refused(cli, tmp_path, monkeypa
 
 
 def test_qk_norm_with_post_ln_is_defined():
-    """QK-norm acts inside attention, on q and k alone, wherever the block's own norms sit: Post-LN with it
-    validates and trains a step (its cache equality is test_cached_decoding_equals_uncached's)."""
+    """QK-norm acts inside attention, on q and k alone, wherever the block's own norms sit: Post-LN
+    with it validates and trains a step (its cache equality is
+    test_cached_decoding_equals_uncached's)."""
     model = GPT(small(qk_norm=True, norm_position="post"))
     _, loss = model(torch.randint(0, 65, (2, 12)), torch.randint(0, 65, (2, 12)))
     loss.backward()
@@ -322,7 +333,8 @@ def test_qk_norm_with_post_ln_is_defined():
 
 
 def test_count_params_shows_the_switches_and_their_parameters(cli):
-    """The table names the switches on and gives the value embeddings a row of their own, outside N."""
+    """The table names the switches on and gives the value embeddings a row of their own, outside
+    N."""
     res = cli(
         "count-params",
         "--config",

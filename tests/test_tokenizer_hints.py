@@ -1,5 +1,5 @@
-"""What a missing, damaged or misnamed tokenizer file is told to do: a run's own (where a copy is), a pretrained
-folder's (the user's file), one ``inspect tokenize`` is given, one a resume names."""
+"""What a missing, damaged or misnamed tokenizer file is told to do: a run's own (where a copy is),
+a pretrained folder's (the user's file), one ``inspect tokenize`` is given, one a resume names."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ FINETUNE = Path(__file__).resolve().parent.parent / "configs" / "finetune-gpt2.y
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory, corpus_file):
-    """A tiny GPT-2 folder whose tokenizer.json is a WordLevel vocabulary of the corpus's characters."""
+    """A tiny GPT-2 folder whose tokenizer.json is a WordLevel vocabulary of the corpus's
+    characters."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     chars = sorted(set(corpus_file.read_text()))
@@ -37,7 +38,8 @@ def hf_folder(tmp_path_factory, corpus_file):
 
 
 def _finetune(cli, folder, data_dir, tmp_path, *extra):
-    """``train`` fine-tuning ``folder``: each of ``extra`` a --set value, or from the first flag on, arguments."""
+    """``train`` fine-tuning ``folder``: each of ``extra`` a --set value, or from the first flag on,
+    arguments."""
     flag = next((i for i, e in enumerate(extra) if str(e).startswith("--")), len(extra))
     sets = [
         f"data.data_dir={data_dir}",
@@ -131,9 +133,9 @@ def test_a_relative_tokenizer_path_is_named_from_where_train_ran(
 def test_a_data_path_runs_tokenizer_is_found_in_its_corpus_folder_after_a_move(
     cli, data_dir, tmp_path, monkeypatch
 ):
-    """A data.path corpus keeps its tokenizer in <data_dir>/<name>-<fingerprint>/, not in the named dataset's
-    folder, where the hint looked ("no copy is known" while one was there); and a project moved whole is
-    looked for where it is now."""
+    """A data.path corpus keeps its tokenizer in <data_dir>/<name>-<fingerprint>/, not in the named
+    dataset's folder, where the hint looked ("no copy is known" while one was there); and a project
+    moved whole is looked for where it is now."""
     project = tmp_path / "p"
     (project / "books").mkdir(parents=True)
     (project / "books" / "a.txt").write_text(

@@ -71,7 +71,8 @@ def trained(small_text) -> dict:
     return {k: train_tokenizer(k, small_text, 400, [EOT]) for k in KINDS}
 
 
-# ----------------------------------------------------------------------------- the course's toy corpus
+# ----------------------------------------------------------------------------- the course's toy
+# corpus
 
 
 def test_bpe_first_merge_is_u_g_with_count_20(tmp_path):
@@ -166,7 +167,8 @@ def test_unseen_characters_become_unk_and_the_rest_survives(trained, kind, tmp_p
     assert tokenizers.Tokenizer.from_file(str(path)).encode(s).ids == ids
 
 
-# ----------------------------------------------------------------------------- ids outside the vocabulary
+# ----------------------------------------------------------------------------- ids outside the
+# vocabulary
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -201,7 +203,8 @@ def test_unknown_chars_are_exactly_the_characters_that_become_unk(trained, kind,
         assert (unk in tok.encode(ch)) == (ch in tok.unknown_chars(PROMPT)), ch
     tok.save(tmp_path / "t.json")
     assert load_tokenizer(tmp_path / "t.json").unknown_chars(PROMPT + " ☃") == ["¿", "é", "😀", "☃"]
-    # special tokens and a literal <unk> are single ids, not lost text; '<' and '|' alone were never seen
+    # special tokens and a literal <unk> are single ids, not lost text; '<' and '|' alone were never
+    # seen
     assert tok.unknown_chars(f"a{EOT}b{UNK}c") == []
     assert tok.unknown_chars("<|x|>") == ["<", "|", ">"]
     for s in KNOWN:
@@ -239,8 +242,9 @@ def test_bpe_and_char_report_no_loss(trained):
 
 
 def test_an_hf_tokenizer_without_an_unknown_token_refuses_what_it_lacks_as_char_does(tmp_path):
-    """A WordLevel tokenizer.json with no unknown token (an early char export): the library fails with "Missing
-    [UNK] token"; minigpt names the characters, as for char, wherever the text comes from."""
+    """A WordLevel tokenizer.json with no unknown token (an early char export): the library fails
+    with "Missing [UNK] token"; minigpt names the characters, as for char, wherever the text comes
+    from."""
     from helpers import wordlevel_tokenizer
 
     from minigpt_cli.sample.sampling import encode_prompt
@@ -457,7 +461,8 @@ def slice_file(tmp_path, small_text) -> Path:
 
 
 def test_train_tokenizer_never_imports_torch(tmp_path, slice_file):
-    """The command trains, summarises and saves without torch (whose import took 1.3 s of its 2.5 s start-up)."""
+    """The command trains, summarises and saves without torch (whose import took 1.3 s of its 2.5 s
+    start-up)."""
     import subprocess
     import sys
 
@@ -495,7 +500,8 @@ def test_cli_train_tokenizer_bpe_summary(cli, tmp_path, slice_file, data_dir):
     assert "val split tokens" in res.stdout and "characters / token" in res.stdout
     assert "round trip on corpus exact" in res.stdout
     assert f"{EOT} (id 0)" in res.stdout
-    # The examples are the corpus's own: its most frequent word of 4+ letters, and of 8+, with their counts.
+    # The examples are the corpus's own: its most frequent word of 4+ letters, and of 8+, with their
+    # counts.
     words = Counter(w for w in re.findall(r"[A-Za-z]+", slice_file.read_text()) if len(w) >= 4)
     top = min(words.items(), key=lambda wc: (-wc[1], wc[0]))
     top_long = min(
@@ -512,7 +518,8 @@ def test_cli_train_tokenizer_bpe_summary(cli, tmp_path, slice_file, data_dir):
 
 
 def test_cli_default_output_goes_where_train_looks_for_it(cli, tmp_path, slice_file, monkeypatch):
-    """--input's tokenizer goes to that corpus's folder, the one train on data.path=<input> reads."""
+    """--input's tokenizer goes to that corpus's folder, the one train on data.path=<input>
+    reads."""
     from minigpt_cli.config.schema import Config
     from minigpt_cli.data.pipeline import configured_corpus, tokenizer_path
 
@@ -603,12 +610,14 @@ def test_cli_bad_input_exits_2_and_writes_nothing(
     assert slice_file.read_bytes() == before  # the input is never overwritten
 
 
-# ----------------------------------------------------------------------------- train and generate with BPE
+# ----------------------------------------------------------------------------- train and generate
+# with BPE
 
 
 @pytest.fixture(scope="module")
 def bpe_run(tmp_path_factory, data_dir):
-    """configs/shakespeare-bpe.yaml, a few steps, through the real CLI; its tokenizer in a private file."""
+    """configs/shakespeare-bpe.yaml, a few steps, through the real CLI; its tokenizer in a private
+    file."""
     from typer.testing import CliRunner
 
     from minigpt_cli.cli import app
@@ -669,7 +678,8 @@ def test_generate_from_a_bpe_run(bpe_run, cli):
 
 
 def test_streaming_holds_back_partial_utf8(bpe_run, monkeypatch):
-    """Byte-level tokens of an emoji decode to '\\ufffd' until the last byte; nothing partial is printed."""
+    """Byte-level tokens of an emoji decode to '\\ufffd' until the last byte; nothing partial is
+    printed."""
     import torch
 
     from minigpt_cli.sample import generate as gen_mod
@@ -750,7 +760,8 @@ def test_a_swapped_tokenizer_of_the_same_kind_and_size_is_refused(
         "not the tokenizer this checkpoint was trained with",
         "restore the run's own tokenizer.json",
     )
-    # Checkpoints written before the fingerprint was recorded still load (nothing to compare against).
+    # Checkpoints written before the fingerprint was recorded still load (nothing to compare
+    # against).
     for which in ("best", "last"):
         meta_path = bad_run / "checkpoints" / which / META
         if meta_path.is_file():
@@ -942,7 +953,8 @@ def test_cli_takes_kind_size_and_special_tokens_from_the_config(cli, tmp_path, s
 
 
 def test_text_goes_to_the_trainers_in_pieces_cut_where_gpt2s_split_cuts(small_text):
-    """The pieces give the library the same pre-tokens (words) as the whole text, in bounded sizes."""
+    """The pieces give the library the same pre-tokens (words) as the whole text, in bounded
+    sizes."""
     from tokenizers import pre_tokenizers
 
     from minigpt_cli.tokenizer.training import _pieces, _word_pre_tokenizer
@@ -961,7 +973,8 @@ def test_text_goes_to_the_trainers_in_pieces_cut_where_gpt2s_split_cuts(small_te
 
 
 def test_ctrl_c_stops_the_libraries_tokenizer_training_at_once(tmp_path):
-    """The library trains without the GIL in a worker thread; the main thread stays free for signals."""
+    """The library trains without the GIL in a worker thread; the main thread stays free for
+    signals."""
     import os
     import signal
     import subprocess
@@ -998,7 +1011,8 @@ def test_ctrl_c_stops_the_libraries_tokenizer_training_at_once(tmp_path):
         )
         cases.append((sig, code, out, p))
     for _, _, _, p in cases:
-        # The status line comes just before training starts: then the command's handlers are in place.
+        # The status line comes just before training starts: then the command's handlers are in
+        # place.
         assert p.stderr.readline().startswith("training a bpe tokenizer of 278 entries on ")
     time.sleep(0.5)  # into the training (a signal sooner must stop it as well)
     for sig, _, _, p in cases:

@@ -1,4 +1,5 @@
-"""The Trainer in-process on a tiny model: what the loop asks its components, and what it leaves behind."""
+"""The Trainer in-process on a tiny model: what the loop asks its components, and what it leaves
+behind."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ CONFIGS = REPO / "configs"
 
 
 def test_the_loop_asks_the_evaluator_and_the_checkpointer(data_dir, tmp_path, monkeypatch):
-    """Evals at 0, every eval_interval and at the end; best on improvement, last after each eval, kept steps."""
+    """Evals at 0, every eval_interval and at the end; best on improvement, last after each eval,
+    kept steps."""
     monkeypatch.chdir(tmp_path)
     evals, saves = [], []
     real_losses, real_save = Evaluator.losses, Checkpointer.save
@@ -68,7 +70,8 @@ def test_the_loop_asks_the_evaluator_and_the_checkpointer(data_dir, tmp_path, mo
 
 
 def test_train_leaves_no_global_state_behind(data_dir, tmp_path, monkeypatch):
-    """A sweep calls train in-process many times: handlers, threads and flags are as they were, and runs repeat."""
+    """A sweep calls train in-process many times: handlers, threads and flags are as they were, and
+    runs repeat."""
     monkeypatch.chdir(tmp_path)
     sigs = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
     before = (
@@ -99,7 +102,8 @@ def test_train_leaves_no_global_state_behind(data_dir, tmp_path, monkeypatch):
 
 
 def test_the_thread_count_is_put_back_after_a_run_that_changed_it(data_dir, tmp_path, monkeypatch):
-    """Other processes took a core mid-run (the trainer dropped to 1 thread); afterwards the count is restored."""
+    """Other processes took a core mid-run (the trainer dropped to 1 thread); afterwards the count
+    is restored."""
     from minigpt_cli.runtime import device as runtime
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -197,8 +201,8 @@ def test_repeated_nans_stop_the_run_cleanly(data_dir, tmp_path, monkeypatch):
 def test_a_model_that_overflows_as_initialised_is_told_apart_from_a_high_learning_rate(
     data_dir, tmp_path, monkeypatch
 ):
-    """NaN from the first step on: no update happened, so the fix is the init, not the learning rate; the
-    eval sample says why there is none instead of sampling from NaN."""
+    """NaN from the first step on: no update happened, so the fix is the init, not the learning
+    rate; the eval sample says why there is none instead of sampling from NaN."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(
         MinigptError, match=r"first 5 steps, before any update.*model.init_std \(now 1e\+10\)"
@@ -316,13 +320,15 @@ def test_tensorboard_without_the_package_is_a_clear_error(cli, data_dir, tmp_pat
     reason="torch.compile's CPU backend needs a C++ compiler",
 )
 def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
-    """The GPU recipe's compile path, run for real on the CPU: the same losses as eager, no fallback."""
+    """The GPU recipe's compile path, run for real on the CPU: the same losses as eager, no
+    fallback."""
     monkeypatch.chdir(tmp_path)
     notes: list[str] = []
     runs = {}
     for flag in ("false", "true"):
-        # n_embd 64: c_fc and the MLP's c_proj (256 tokens x 64 x 256) are big enough for oneDNN in eager mode.
-        # n_layer 1: one block is enough here, and a smaller graph compiles faster (~40 s with a cold inductor cache).
+        # n_embd 64: c_fc and the MLP's c_proj (256 tokens x 64 x 256) are big enough for oneDNN in
+        # eager mode. n_layer 1: one block is enough here, and a smaller graph compiles faster (~40
+        # s with a cold inductor cache).
         res = train(
             tiny(
                 data_dir,
@@ -340,8 +346,8 @@ def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
     from minigpt_cli.runtime.kernels.onednn import available as onednn_enabled
 
     assert not [n for n in notes if "compile" in n and "oneDNN" not in n], notes  # no fallback
-    # On x86 the compiled run says that eager would put (some of) tiny's linear layers on the faster oneDNN,
-    # and env.json names the kernel the compiled step really uses.
+    # On x86 the compiled run says that eager would put (some of) tiny's linear layers on the faster
+    # oneDNN, and env.json names the kernel the compiled step really uses.
     assert sum("oneDNN" in n for n in notes) == int(onednn_enabled()), notes
     envs = {
         flag: json.loads((tmp_path / "runs" / f"c{flag}" / "env.json").read_text()) for flag in runs
@@ -406,7 +412,8 @@ def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
     for e in evals:
         assert {"train_loss", "val_loss"} <= set(e)
     assert result.best_val_loss == min(e["val_loss"] for e in evals)
-    # loss.png is the real plot (the suite's other in-process runs write a 1x1 stand-in): a 700 x 450 PNG.
+    # loss.png is the real plot (the suite's other in-process runs write a 1x1 stand-in): a 700 x
+    # 450 PNG.
     png = (result.run_dir / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
     assert (int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")) == (700, 450)
@@ -438,7 +445,8 @@ def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
 def test_a_model_too_large_for_memory_is_refused_before_anything_is_made(
     cli, data_dir, tmp_path, monkeypatch
 ):
-    """10 million layers: the estimate (count-params' accounting) exceeds the free memory; no run folder."""
+    """10 million layers: the estimate (count-params' accounting) exceeds the free memory; no run
+    folder."""
     from helpers import assert_user_error
 
     import minigpt_cli.runtime.device as T
@@ -461,7 +469,8 @@ def test_a_model_too_large_for_memory_is_refused_before_anything_is_made(
         notes_ok=True,
     )
     assert not (tmp_path / "runs").exists()
-    # The estimate against a pretend 1 MiB machine: even the tiny model is refused; with plenty, it trains.
+    # The estimate against a pretend 1 MiB machine: even the tiny model is refused; with plenty, it
+    # trains.
     monkeypatch.setattr(T, "available_memory", lambda device: 2**20)
     cfg = load_config(CONFIGS / "tiny.yaml", [f"data.data_dir={data_dir}"])
     with pytest.raises(T.MinigptError, match="but cpu has 1.00 MiB free"):
@@ -496,8 +505,8 @@ def test_running_out_of_memory_is_one_line(cli, data_dir, tmp_path, monkeypatch)
 
 
 def _nan_forward(bad_calls):
-    """GPT.forward with a NaN loss at the training calls ``bad_calls`` of each model (counted per model: the
-    throwaway model train times its estimate with makes a few calls of its own first)."""
+    """GPT.forward with a NaN loss at the training calls ``bad_calls`` of each model (counted per
+    model: the throwaway model train times its estimate with makes a few calls of its own first)."""
     import weakref
 
     real = GPT.forward
@@ -515,8 +524,9 @@ def _nan_forward(bad_calls):
 
 
 def test_the_eval_does_not_depend_on_how_the_global_batch_is_split(data_dir, tmp_path, monkeypatch):
-    """Identical weights at step 0: 8 x 1, 1 x 8 and 2 x 4 evaluate the same windows, to 1e-6 (2 processes x 4:
-    test_resume's DDP test). Before, each read eval_iters micro-batches: 4.1710, 4.1578 and 4.1636."""
+    """Identical weights at step 0: 8 x 1, 1 x 8 and 2 x 4 evaluate the same windows, to 1e-6 (2
+    processes x 4: test_resume's DDP test). Before, each read eval_iters micro-batches: 4.1710,
+    4.1578 and 4.1636."""
     monkeypatch.chdir(tmp_path)
     losses = {}
     for batch, accum in ((8, 1), (1, 8), (2, 4)):
@@ -540,7 +550,8 @@ def test_the_eval_does_not_depend_on_how_the_global_batch_is_split(data_dir, tmp
     reference = losses[8, 1]
     for split, pair in losses.items():
         assert pair == pytest.approx(reference, abs=1e-6, rel=0), split
-    # The eval is over 3 x 8 windows per split, not 3 micro-batches: a different count gives another mean.
+    # The eval is over 3 x 8 windows per split, not 3 micro-batches: a different count gives another
+    # mean.
     other = train(
         tiny(data_dir, "train.max_iters=1", "train.eval_iters=1"),
         "fewer",
@@ -590,7 +601,8 @@ def test_train_prints_the_notes_dry_run_shows(cli, data_dir, tmp_path, monkeypat
 
 
 def test_without_a_bar_a_status_line_tells_of_progress(data_dir, tmp_path, monkeypatch):
-    """stderr to a file or pipe: no bar, so a line at most every STATUS_EVERY_S (0 here: at each log_interval)."""
+    """stderr to a file or pipe: no bar, so a line at most every STATUS_EVERY_S (0 here: at each
+    log_interval)."""
     import minigpt_cli.trainer.loop as loop
 
     monkeypatch.chdir(tmp_path)
@@ -613,8 +625,9 @@ REAL_COMPILE = torch.compile
 
 
 def _compile_with(monkeypatch, backend) -> None:
-    """torch.compile for real (Dynamo captures the model) with ``backend`` compiling the graphs: "eager" runs
-    them as captured, in seconds on a CPU; a function that raises is a compiler that fails."""
+    """torch.compile for real (Dynamo captures the model) with ``backend`` compiling the graphs:
+    "eager" runs them as captured, in seconds on a CPU; a function that raises is a compiler that
+    fails."""
     monkeypatch.setattr(torch, "compile", lambda model, **k: REAL_COMPILE(model, backend=backend))
 
 
@@ -637,9 +650,9 @@ def _failing_at_call(n: int, error: Exception, monkeypatch) -> list[int]:
 def test_an_out_of_memory_error_in_a_compiled_step_ends_the_run(
     cli, data_dir, tmp_path, monkeypatch
 ):
-    """A compiled run (warmed up at build) that runs out of memory at step 3: the user gets the error, in one
-    line, and no step runs eagerly after it (once, every exception of a step counted as a compile failure).
-    The evals ran the compiled model."""
+    """A compiled run (warmed up at build) that runs out of memory at step 3: the user gets the
+    error, in one line, and no step runs eagerly after it (once, every exception of a step counted
+    as a compile failure). The evals ran the compiled model."""
     monkeypatch.chdir(tmp_path)
     _compile_with(monkeypatch, "eager")
     calls = _failing_at_call(
@@ -674,9 +687,9 @@ def test_an_out_of_memory_error_in_a_compiled_step_ends_the_run(
 
 
 def test_compile_falls_back_at_build_only(data_dir, tmp_path, monkeypatch):
-    """A compiler that fails does so in the warm-up, before step 1: a warning, then every step eager. The
-    same kind of error from a step after the warm-up (a RuntimeError, as Inductor raises) is the run's
-    error, not a fallback."""
+    """A compiler that fails does so in the warm-up, before step 1: a warning, then every step
+    eager. The same kind of error from a step after the warm-up (a RuntimeError, as Inductor raises)
+    is the run's error, not a fallback."""
     monkeypatch.chdir(tmp_path)
 
     def no_compiler(graph, example_inputs):
@@ -713,8 +726,8 @@ def test_compile_falls_back_at_build_only(data_dir, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_skipped_update_changes_nothing_and_a_taken_one_is_a_plain_step(optimizer):
-    """step_unless with 1.0 leaves every weight, moment and step count as it was, to the bit; with 0.0 it makes
-    the update of a plain ``step()`` on a copy of the same model, to the bit."""
+    """step_unless with 1.0 leaves every weight, moment and step count as it was, to the bit; with
+    0.0 it makes the update of a plain ``step()`` on a copy of the same model, to the bit."""
     from minigpt_cli.trainer.optim import step_unless
 
     cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})
@@ -748,10 +761,11 @@ def test_a_skipped_update_changes_nothing_and_a_taken_one_is_a_plain_step(optimi
 
 
 def test_the_step_reads_nothing_on_the_host_between_log_intervals(data_dir, tmp_path, monkeypatch):
-    """Every .item(), bool(), float(), int() and .tolist() of a tensor during a run, by where it is made: none
-    in a step or in the loop between steps, two at each log interval (the interval's skip flags and losses
-    in one read, the logged loss), and the evals' own. A NaN loss at step 7 is skipped on the device, logged
-    at the read of step 10, and its update is not counted by AdamW's step count."""
+    """Every .item(), bool(), float(), int() and .tolist() of a tensor during a run, by where it is
+    made: none in a step or in the loop between steps, two at each log interval (the interval's skip
+    flags and losses in one read, the logged loss), and the evals' own. A NaN loss at step 7 is
+    skipped on the device, logged at the read of step 10, and its update is not counted by AdamW's
+    step count."""
     from minigpt_cli.trainer.loop import Trainer
 
     monkeypatch.chdir(tmp_path)
@@ -803,8 +817,9 @@ def test_the_step_reads_nothing_on_the_host_between_log_intervals(data_dir, tmp_
 
 
 def test_a_scaler_overflow_skips_the_update_on_the_device_without_counting_it():
-    """float16's GradScaler (here on the CPU): gradients that overflow the scale skip the update and halve the
-    scale, as scaler.step did, and with train.grad_clip 0 the step is not counted as non-finite."""
+    """float16's GradScaler (here on the CPU): gradients that overflow the scale skip the update and
+    halve the scale, as scaler.step did, and with train.grad_clip 0 the step is not counted as
+    non-finite."""
     cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})
     torch.manual_seed(0)
     model = GPT(cfg)
@@ -833,8 +848,8 @@ def test_a_scaler_overflow_skips_the_update_on_the_device_without_counting_it():
 
 
 def test_run_after_run_in_one_process_each_compiles(data_dir, tmp_path, monkeypatch):
-    """A sweep trains in-process: a run past Dynamo's recompile limit (8 compiles of GPT.forward; 2 here, to
-    be quick) still compiles, rather than running eagerly without a word."""
+    """A sweep trains in-process: a run past Dynamo's recompile limit (8 compiles of GPT.forward; 2
+    here, to be quick) still compiles, rather than running eagerly without a word."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     compiled = []

@@ -46,7 +46,8 @@ def small(**kw) -> ModelConfig:
 
 
 def test_sinusoidal_table_is_the_definition():
-    """p[t,2i] = sin(t·ω_i), p[t,2i+1] = cos(t·ω_i), ω_i = 10000^(-2i/d) (Vaswani et al. 2017 §3.5)."""
+    """p[t,2i] = sin(t·ω_i), p[t,2i+1] = cos(t·ω_i), ω_i = 10000^(-2i/d) (Vaswani et al. 2017
+    §3.5)."""
     d, n = 64, 300
     t = np.arange(n)[:, None]
     omega = 10000.0 ** (-2 * np.arange(d // 2) / d)
@@ -63,7 +64,8 @@ def test_sinusoidal_table_is_the_definition():
 
 @pytest.mark.parametrize("k", [1, 7, 100])
 def test_sinusoidal_shift_is_one_rotation_for_every_t(k):
-    """p[t+k] = R_k p[t] for every t, R_k block-diagonal: a rotation by k·ω_i of each (sin, cos) pair.
+    """p[t+k] = R_k p[t] for every t, R_k block-diagonal: a rotation by k·ω_i of each (sin, cos)
+    pair.
 
     R_k is built from k and ω_i = 10000^(-2i/d) alone (the angle-sum identities),
     never from t, and then holds for all t in 0..1000.
@@ -79,7 +81,8 @@ def test_sinusoidal_shift_is_one_rotation_for_every_t(k):
 
 
 def test_sinusoidal_dot_products_match_the_notes():
-    """d=128: p_0·p_k first rises at k=12, rises on 492 steps in 0..1024, minimum −8.36 up to k=4096."""
+    """d=128: p_0·p_k first rises at k=12, rises on 492 steps in 0..1024, minimum −8.36 up to
+    k=4096."""
     p = sinusoidal_table(4097, 128).double()
     dots = (p @ p[0]).numpy()
     rises = np.diff(dots[:1025]) > 0
@@ -126,7 +129,8 @@ def test_rope_has_no_parameters():
     )
 
 
-# ----------------------------------------------------------------------------- activations and norms
+# ----------------------------------------------------------------------------- activations and
+# norms
 
 
 def test_gelu_exact_vs_tanh_and_our_mlp_uses_them():
@@ -153,7 +157,8 @@ def test_gelu_exact_vs_tanh_and_our_mlp_uses_them():
 
 
 def test_swiglu_is_shazeer_and_sized_like_llama():
-    """SwiGLU(x) = (Swish(x W) ⊙ x V) W_2 (Shazeer 2020 eq. 6); hidden 8d/3 rounded up to multiple_of."""
+    """SwiGLU(x) = (Swish(x W) ⊙ x V) W_2 (Shazeer 2020 eq. 6); hidden 8d/3 rounded up to
+    multiple_of."""
     torch.manual_seed(0)
     cfg = small(ffn="swiglu", n_embd=48, multiple_of=16, bias=False)
     assert cfg.ffn_hidden == 128  # 8·48/3 = 128
@@ -180,11 +185,13 @@ def test_rmsnorm_equals_torch_rmsnorm():
     assert all(isinstance(m, RMSNorm) for m in (model.h[0].ln_1, model.h[1].ln_2, model.ln_f))
 
 
-# ----------------------------------------------------------------------------- Pre-LN / Post-LN against torch.nn
+# ----------------------------------------------------------------------------- Pre-LN / Post-LN
+# against torch.nn
 
 
 def torch_layer_from(block: Block, cfg: ModelConfig) -> nn.TransformerEncoderLayer:
-    """An nn.TransformerEncoderLayer holding our block's weights (same norm placement and activation)."""
+    """An nn.TransformerEncoderLayer holding our block's weights (same norm placement and
+    activation)."""
     ref = nn.TransformerEncoderLayer(
         cfg.n_embd,
         cfg.n_head,
@@ -216,7 +223,8 @@ def randomized(cfg: ModelConfig) -> GPT:
 
 
 def test_post_ln_block_equals_torch_transformer_encoder_layer():
-    """x = LN(x + attn(x)); x = LN(x + ffn(x)) — nn.TransformerEncoderLayer(norm_first=False), causal."""
+    """x = LN(x + attn(x)); x = LN(x + ffn(x)) — nn.TransformerEncoderLayer(norm_first=False),
+    causal."""
     cfg = small(norm_position="post", bias=True, ffn="relu")
     block = randomized(cfg).h[0]
     ref = torch_layer_from(block, cfg)
@@ -238,7 +246,8 @@ def test_post_ln_block_equals_torch_transformer_encoder_layer():
     ids=["pre-learned", "post-learned", "pre-sinusoidal-emb_scale", "post-none-untied"],
 )
 def test_whole_model_equals_a_torch_nn_stack(kw):
-    """Embeddings (+ positions, × sqrt(d)) -> nn.TransformerEncoderLayers -> final LN only for Pre-LN -> head."""
+    """Embeddings (+ positions, × sqrt(d)) -> nn.TransformerEncoderLayers -> final LN only for
+    Pre-LN -> head."""
     cfg = small(bias=True, n_layer=3, **kw)
     model = randomized(cfg)
     idx = torch.randint(0, 65, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -291,7 +300,8 @@ def test_dropout_only_in_training_mode():
     assert torch.equal(model(x)[0], model(x)[0])
 
 
-# ----------------------------------------------------------------------------- KV cache for every switch
+# ----------------------------------------------------------------------------- KV cache for every
+# switch
 
 SWITCHES = [
     dict(norm_position="post"),
@@ -419,7 +429,8 @@ def test_every_variant_trains(key, value, data_dir, tmp_path, monkeypatch):
         assert texts[True] == texts[False]
 
 
-# ----------------------------------------------------------------------------- impossible combinations
+# ----------------------------------------------------------------------------- impossible
+# combinations
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""The tool's write paths (train, sweep, export, prepare, download, compare) never leave their folder, and
-never delete or overwrite a file the user made there, whatever its name (issue 27, section 1)."""
+"""The tool's write paths (train, sweep, export, prepare, download, compare) never leave their
+folder, and never delete or overwrite a file the user made there, whatever its name (issue 27,
+section 1)."""
 
 from __future__ import annotations
 
@@ -189,8 +190,8 @@ def test_prepare_and_download_keep_the_users_files(cli, data_dir, project, monke
 
 
 def test_export_force_replaces_only_a_folder_it_marked_as_its_export(cli, run, project):
-    """A folder of export-named files that minigpt did not write (a user's config.json alone, a Hugging Face
-    model folder) is not an earlier export: --force refuses it and keeps every file."""
+    """A folder of export-named files that minigpt did not write (a user's config.json alone, a
+    Hugging Face model folder) is not an earlier export: --force refuses it and keeps every file."""
     files = _precious(
         project / "proj" / "config.json",
         *(project / "hf-model" / n for n in ("config.json", "model.safetensors", "tokenizer.json")),
@@ -207,7 +208,8 @@ def test_export_force_replaces_only_a_folder_it_marked_as_its_export(cli, run, p
 
 
 def test_export_refuses_a_tokenizer_that_is_not_the_runs(cli, run, project):
-    """export checks the run's tokenizer.json as generate does: swapped ids would scramble the vocabulary."""
+    """export checks the run's tokenizer.json as generate does: swapped ids would scramble the
+    vocabulary."""
     path = run / "tokenizer.json"
     data = json.loads(path.read_text())
     data["chars"][10], data["chars"][11] = data["chars"][11], data["chars"][10]
@@ -226,7 +228,8 @@ def test_compare_never_writes_into_a_run_folder(cli, run, project):
 
 
 def test_a_non_ascii_run_name_is_refused_asking_for_ascii_letters(cli, data_dir, project):
-    """é is a letter: the refusal of --run-name 'résumé' (and of a config name) says ASCII letters."""
+    """é is a letter: the refusal of --run-name 'résumé' (and of a config name) says ASCII
+    letters."""
     sets = ["--set", f"data.data_dir={data_dir}", "--dry-run"]
     res = cli("train", TINY, "--run-name", "résumé", *sets)
     assert_user_error(res, "'résumé' is not a plain folder name", "use ASCII letters, digits")

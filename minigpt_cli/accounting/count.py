@@ -12,7 +12,8 @@ from . import params
 #: Characters in Tiny Shakespeare: the char vocabulary ``train`` would find there.
 TINY_SHAKESPEARE_CHARS = 65
 
-#: The ``count-params`` flags that override a config key, and that key: a ``--set`` of it then has no effect.
+#: The ``count-params`` flags that override a config key, and that key: a ``--set`` of it then has
+#: no effect.
 FLAG_KEYS = {
     "--vocab-size": "model.vocab_size",
     "--batch-size": "train.batch_size",
@@ -21,9 +22,10 @@ FLAG_KEYS = {
 
 
 def overrides_in_effect(set_items: Sequence[str], flags: dict[str, Any]) -> list[str]:
-    """The overrides the report's header names: the last ``--set`` of each key unless one of ``flags`` (given:
-    not None) overrides that key (:data:`FLAG_KEYS`), then ``--vocab-size N``, the one flag that changes the model
-    (``--batch-size`` and ``--dtype`` are named by the memory section)."""
+    """The overrides the report's header names: the last ``--set`` of each key unless one of
+    ``flags`` (given: not None) overrides that key (:data:`FLAG_KEYS`), then ``--vocab-size N``, the
+    one flag that changes the model (``--batch-size`` and ``--dtype`` are named by the memory
+    section)."""
     beaten = {
         FLAG_KEYS[flag] for flag, value in flags.items() if value is not None and flag in FLAG_KEYS
     }
@@ -41,9 +43,9 @@ def overrides_in_effect(set_items: Sequence[str], flags: dict[str, Any]) -> list
 def memory_settings(
     cfg: Config | ModelConfig, dtype: Optional[str], batch_size: Optional[int]
 ) -> tuple[str, int]:
-    """The dtype and batch the memory section counts with: those given, else what ``train`` would use: the
-    config's ``dtype`` unless ``auto`` (whose device is not known here: float32), and its ``train.batch_size``
-    when it has a train section (a preset has none: 1)."""
+    """The dtype and batch the memory section counts with: those given, else what ``train`` would
+    use: the config's ``dtype`` unless ``auto`` (whose device is not known here: float32), and its
+    ``train.batch_size`` when it has a train section (a preset has none: 1)."""
     whole = isinstance(cfg, Config)
     if dtype is None:
         dtype = cfg.dtype if whole and cfg.dtype != "auto" else "float32"
@@ -53,10 +55,11 @@ def memory_settings(
 
 
 def counted_vocab(cfg: Config, echo: Callable[[str], None] = lambda message: None) -> Optional[int]:
-    """The vocabulary ``cfg``'s model is counted with before its tokenizer exists (``count-params``, and
-    ``train``'s memory check and ``--dry-run`` before the corpus is downloaded): ``model.vocab_size``, else
-    ``tokenizer.vocab_size``, else for a char tokenizer Tiny Shakespeare's 65 characters and the special
-    tokens (said through ``echo``); None when none is known."""
+    """The vocabulary ``cfg``'s model is counted with before its tokenizer exists (``count-params``,
+    and ``train``'s memory check and ``--dry-run`` before the corpus is downloaded):
+    ``model.vocab_size``, else ``tokenizer.vocab_size``, else for a char tokenizer Tiny
+    Shakespeare's 65 characters and the special tokens (said through ``echo``); None when none is
+    known."""
     vocab = cfg.model.vocab_size or cfg.tokenizer.vocab_size
     if vocab is None and cfg.tokenizer.kind == "char":
         specials = len(cfg.tokenizer.special_tokens)
@@ -81,13 +84,15 @@ def count_params(
     batch_size: Optional[int] = None,
     echo: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
-    """Exact parameters, FLOPs per token and training memory of a model (:func:`minigpt_cli.accounting.params.report`).
+    """Exact parameters, FLOPs per token and training memory of a model
+    (:func:`minigpt_cli.accounting.params.report`).
 
-    The vocabulary is ``vocab_size``, else the model's, else the tokenizer's; a char tokenizer with neither
-    counts Tiny Shakespeare's 65 characters and its special tokens, with a note through ``echo``. ``seq_len``
-    (default ``block_size``) sets the FLOPs and activations, ``tokens`` the total training FLOPs, ``dtype`` and
-    ``batch_size`` the memory (default: :func:`memory_settings`). Raises MinigptError: an unknown dtype; ``tokens``
-    not a whole number >= 1."""
+    The vocabulary is ``vocab_size``, else the model's, else the tokenizer's; a char tokenizer with
+    neither counts Tiny Shakespeare's 65 characters and its special tokens, with a note through
+    ``echo``. ``seq_len`` (default ``block_size``) sets the FLOPs and activations, ``tokens`` the
+    total training FLOPs, ``dtype`` and ``batch_size`` the memory (default:
+    :func:`memory_settings`). Raises MinigptError: an unknown dtype; ``tokens`` not a whole number
+    >= 1."""
     dtype, batch_size = memory_settings(cfg, dtype, batch_size)
     if dtype not in params.DTYPE_BYTES:
         raise MinigptError(f"--dtype {dtype!r}: use float32, bfloat16 or float16")

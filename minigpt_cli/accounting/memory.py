@@ -1,5 +1,5 @@
-"""Training-memory estimate with AdamW (or Muon and AdamW), from a parameter count and a model config: arithmetic
-only, no torch."""
+"""Training-memory estimate with AdamW (or Muon and AdamW), from a parameter count and a model
+config: arithmetic only, no torch."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def check_memory_args(dtype: str, batch_size: int, seq_len: int) -> str:
-    """The dtype to count with ("auto": float32, the device is not known here). Raises MinigptError: an unknown
-    dtype, or ``batch_size`` or ``seq_len`` < 1."""
+    """The dtype to count with ("auto": float32, the device is not known here). Raises MinigptError:
+    an unknown dtype, or ``batch_size`` or ``seq_len`` < 1."""
     if dtype == "auto":
         dtype = "float32"
     if dtype not in DTYPE_BYTES:
@@ -37,21 +37,23 @@ def training_memory(
     seq_len: int,
     muon_params: int = 0,
 ) -> dict[str, Any]:
-    """Estimated bytes to train a model of ``n_params`` parameters with AdamW, by kind; ``muon_params`` of them
-    (``train.optimizer: muon``: the blocks' matrices) keep Muon's one float32 momentum buffer instead of Adam's two
-    moments (``torch.optim.Muon``'s state).
+    """Estimated bytes to train a model of ``n_params`` parameters with AdamW, by kind;
+    ``muon_params`` of them (``train.optimizer: muon``: the blocks' matrices) keep Muon's one
+    float32 momentum buffer instead of Adam's two moments (``torch.optim.Muon``'s state).
 
-    Model states (Rajbhandari et al. 2020, ZeRO §3.1): float32 keeps weights, gradients and Adam's two moments,
-    4+4+8 = 16 bytes per parameter; mixed precision keeps 16-bit weights and gradients plus float32 master weights
-    and moments, 2+2+4+8 = 16 too (autocast over float32 parameters: 4+4+8). Activations: Korthikanti et al. 2022
-    §4.1 eq. 1, s·b·h·(34 + 5·a·s/h) bytes per 16-bit layer (s tokens, b batch, h width, a heads); fused attention
-    never stores the 5·a·s/h score term, so the total leaves it out; the 34 assumes a 4h GELU MLP (SwiGLU and GQA
-    approximated); float32 doubles it.
-    Logits: 4·s·b·V bytes (§4.3). Workspace, allocator slack and the CUDA context are not counted.
+    Model states (Rajbhandari et al. 2020, ZeRO §3.1): float32 keeps weights, gradients and Adam's
+    two moments, 4+4+8 = 16 bytes per parameter; mixed precision keeps 16-bit weights and gradients
+    plus float32 master weights and moments, 2+2+4+8 = 16 too (autocast over float32 parameters:
+    4+4+8). Activations: Korthikanti et al. 2022 §4.1 eq. 1, s·b·h·(34 + 5·a·s/h) bytes per 16-bit
+    layer (s tokens, b batch, h width, a heads); fused attention never stores the 5·a·s/h score
+    term, so the total leaves it out; the 34 assumes a 4h GELU MLP (SwiGLU and GQA approximated);
+    float32 doubles it. Logits: 4·s·b·V bytes (§4.3). Workspace, allocator slack and the CUDA
+    context are not counted.
 
-    Returns byte counts (weights, gradients, master_weights, adam_moments, muon_momentum, model_states,
-    activations_estimate, activations_estimate_fused, logits, total_estimate: what ``train`` checks against free
-    memory) plus optimizer, dtype, mixed_precision, batch_size, seq_len and the activation formula. Raises MinigptError: as :func:`check_memory_args`.
+    Returns byte counts (weights, gradients, master_weights, adam_moments, muon_momentum,
+    model_states, activations_estimate, activations_estimate_fused, logits, total_estimate: what
+    ``train`` checks against free memory) plus optimizer, dtype, mixed_precision, batch_size,
+    seq_len and the activation formula. Raises MinigptError: as :func:`check_memory_args`.
     """
     dtype = check_memory_args(dtype, batch_size, seq_len)
     N = n_params

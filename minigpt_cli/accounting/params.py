@@ -1,19 +1,21 @@
-"""Analytic parameter and FLOP accounting from a :class:`~minigpt_cli.config.schema.ModelConfig` alone, no torch.
+"""Analytic parameter and FLOP accounting from a :class:`~minigpt_cli.config.schema.ModelConfig`
+alone, no torch.
 
-The architecture counted is the one GPT builds: ``wte`` V·d, a learned ``wpe`` block_size·d (other position
-encodings hold no parameters); per layer W_Q and W_O d·d, W_K and W_V d·(n_kv_head·head_dim) (grouped-query
-attention, Ainslie et al. 2023), W_1 d·d_ff and W_2 d_ff·d plus SwiGLU's gate W_3 d·d_ff (Shazeer 2020), biases iff
-``bias``, two norms of d (plus a bias of d for LayerNorm with ``bias``), with ``qk_norm`` two gains of head_dim
-(Qwen3's q_norm/k_norm); a final norm for Pre-LN only; ``lm_head`` V·d, 0 when tied; with ``value_embeddings`` a
-table V·(n_kv_head·head_dim) and a gate value_gate_channels·n_kv_head in each of ``value_embedding_layers``
-(nanochat).
+The architecture counted is the one GPT builds: ``wte`` V·d, a learned ``wpe`` block_size·d (other
+position encodings hold no parameters); per layer W_Q and W_O d·d, W_K and W_V
+d·(n_kv_head·head_dim) (grouped-query attention, Ainslie et al. 2023), W_1 d·d_ff and W_2 d_ff·d
+plus SwiGLU's gate W_3 d·d_ff (Shazeer 2020), biases iff ``bias``, two norms of d (plus a bias of d
+for LayerNorm with ``bias``), with ``qk_norm`` two gains of head_dim (Qwen3's q_norm/k_norm); a
+final norm for Pre-LN only; ``lm_head`` V·d, 0 when tied; with ``value_embeddings`` a table
+V·(n_kv_head·head_dim) and a gate value_gate_channels·n_kv_head in each of
+``value_embedding_layers`` (nanochat).
 
-Conventions (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1 and Table 1): ``embedding``
-is every vocabulary or position matrix (``wte``, ``wpe``, an untied ``lm_head``, the value embeddings);
-``non_embedding`` = total −
-embedding is Kaplan's N, exact (GPT-2 small: 124,439,808 − 39,383,808 = 85,056,000), unchanged by tying the head
-(as Qwen2 reports it). nanoGPT's printed count (``get_num_params``) subtracts only ``wpe``. Forward FLOPs per
-token C_forward = 2N + 2·L·T·d_attn, the de-embedding matmul 2·V·d reported beside it; training is 3× forward.
+Conventions (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1 and Table 1):
+``embedding`` is every vocabulary or position matrix (``wte``, ``wpe``, an untied ``lm_head``, the
+value embeddings); ``non_embedding`` = total − embedding is Kaplan's N, exact (GPT-2 small:
+124,439,808 − 39,383,808 = 85,056,000), unchanged by tying the head (as Qwen2 reports it). nanoGPT's
+printed count (``get_num_params``) subtracts only ``wpe``. Forward FLOPs per token C_forward = 2N +
+2·L·T·d_attn, the de-embedding matmul 2·V·d reported beside it; training is 3× forward.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ CHINCHILLA_TOKENS_PER_PARAM = 20
 
 
 def linear_flops(n_in: int, n_out: int) -> tuple[int, int]:
-    """FLOPs per token of one ``n_in -> n_out`` linear layer: (forward 2·in·out, a multiply and an add per weight;
-    backward 4·in·out, the gradients of the input and of the weight), Kaplan et al. 2020 §2.1."""
+    """FLOPs per token of one ``n_in -> n_out`` linear layer: (forward 2·in·out, a multiply and an
+    add per weight; backward 4·in·out, the gradients of the input and of the weight), Kaplan et al.
+    2020 §2.1."""
     return 2 * n_in * n_out, 4 * n_in * n_out
 
 
@@ -44,10 +47,10 @@ def linear_flops(n_in: int, n_out: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class LayerCount:
-    """Parameters of one Transformer block, by component, each projection with its bias (``attn_bias`` and
-    ``ffn_bias`` say how much is bias); ``ffn_w3`` is SwiGLU's third matrix (0 otherwise); ``qk_norm`` the
-    query and key gains (0 without ``qk_norm``), one of the ``norms``. A value-embedding gate, in every other
-    layer only, is counted in :class:`ParamCount`."""
+    """Parameters of one Transformer block, by component, each projection with its bias
+    (``attn_bias`` and ``ffn_bias`` say how much is bias); ``ffn_w3`` is SwiGLU's third matrix (0
+    otherwise); ``qk_norm`` the query and key gains (0 without ``qk_norm``), one of the ``norms``. A
+    value-embedding gate, in every other layer only, is counted in :class:`ParamCount`."""
 
     attn_q: int
     attn_k: int
@@ -108,8 +111,9 @@ class LayerCount:
 
 @dataclass(frozen=True)
 class ParamCount:
-    """Exact parameter count of a model config, by component (tied weights once); ``value_embedding`` and
-    ``value_gate``: all value-embedding tables and all their gates (0 without ``value_embeddings``)."""
+    """Exact parameter count of a model config, by component (tied weights once);
+    ``value_embedding`` and ``value_gate``: all value-embedding tables and all their gates (0
+    without ``value_embeddings``)."""
 
     vocab_size: int
     n_layer: int
@@ -141,7 +145,8 @@ class ParamCount:
 
     @property
     def embedding(self) -> int:
-        """Vocabulary and position matrices: wte + wpe + the value embeddings + an untied lm_head."""
+        """Vocabulary and position matrices: wte + wpe + the value embeddings + an untied
+        lm_head."""
         return self.token_embedding + self.position_embedding + self.value_embedding + self.lm_head
 
     @property
@@ -152,12 +157,14 @@ class ParamCount:
     @property
     def non_embedding_matrices(self) -> int:
         """The blocks' weight matrices only, exactly (no biases, no norms): 12·L·d² for GPT-2,
-        L·(4d² + 3·d·d_ff) for Llama-2-7B (full attention, SwiGLU); value-embedding gates included."""
+        L·(4d² + 3·d·d_ff) for Llama-2-7B (full attention, SwiGLU); value-embedding gates
+        included."""
         return self.n_layer * self.layer.matrices + self.value_gate
 
     @property
     def kaplan_approximation(self) -> int:
-        """Kaplan et al. 2020's N ≈ 12·L·d² (Table 1, assuming d_attn = d and d_ff = 4d), literally."""
+        """Kaplan et al. 2020's N ≈ 12·L·d² (Table 1, assuming d_attn = d and d_ff = 4d),
+        literally."""
         return 12 * self.n_layer * self.n_embd**2
 
     @property
@@ -179,9 +186,10 @@ def _vocab(model_cfg: "ModelConfig", vocab_size: Optional[int]) -> int:
 
 
 def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCount:
-    """The parameters of the model ``model_cfg`` describes, by component; ``vocab_size`` overrides its
-    ``vocab_size`` (null in a training config, where the tokenizer decides). GPT-2 small: 124,439,808
-    = V·d + P·d + L·(12d² + 13d) + 2d (the 124M of Radford et al. 2019). Raises MinigptError: no vocabulary size."""
+    """The parameters of the model ``model_cfg`` describes, by component; ``vocab_size`` overrides
+    its ``vocab_size`` (null in a training config, where the tokenizer decides). GPT-2 small:
+    124,439,808 = V·d + P·d + L·(12d² + 13d) + 2d (the 124M of Radford et al. 2019). Raises
+    MinigptError: no vocabulary size."""
     V = _vocab(model_cfg, vocab_size)
     d = model_cfg.n_embd
     kv = (
@@ -237,12 +245,14 @@ def count(model_cfg: "ModelConfig", vocab_size: Optional[int] = None) -> ParamCo
 def flops(
     model_cfg: "ModelConfig", seq_len: int, vocab_size: Optional[int] = None
 ) -> dict[str, Any]:
-    """FLOPs per token of one forward and one training step at context ``seq_len`` (>= 1, as --seq-len).
+    """FLOPs per token of one forward and one training step at context ``seq_len`` (>= 1, as
+    --seq-len).
 
-    Kaplan et al. 2020 Table 1: C_forward = 2N + 2·n_layer·n_ctx·d_attn, N non-embedding, d_attn = n_head·head_dim
-    (grouped-query attention shrinks K/V, not the score or value matmuls); training is 3× forward. ``mfu_train`` is
-    6·(N + V·d) + 12·L·d·T, the form of PaLM (Chowdhery et al. 2022, appendix B) and nanoGPT's ``estimate_mfu``.
-    Raises MinigptError: no vocabulary size (see :func:`count`)."""
+    Kaplan et al. 2020 Table 1: C_forward = 2N + 2·n_layer·n_ctx·d_attn, N non-embedding, d_attn =
+    n_head·head_dim (grouped-query attention shrinks K/V, not the score or value matmuls); training
+    is 3× forward. ``mfu_train`` is 6·(N + V·d) + 12·L·d·T, the form of PaLM (Chowdhery et al. 2022,
+    appendix B) and nanoGPT's ``estimate_mfu``. Raises MinigptError: no vocabulary size (see
+    :func:`count`)."""
     pc = count(model_cfg, vocab_size)
     L, d, T = model_cfg.n_layer, model_cfg.n_embd, int(seq_len)
     d_attn = model_cfg.n_head * model_cfg.head_dim
@@ -262,7 +272,8 @@ def flops(
         "lm_head_forward": head,
         "forward_with_lm_head": forward + head,
         "train_with_lm_head": 3 * (forward + head),
-        # PaLM's form counts the lm_head and both attention matmuls without a causal discount, as nanoGPT does.
+        # PaLM's form counts the lm_head and both attention matmuls without a causal discount, as
+        # nanoGPT does.
         "mfu_train": 6 * (N + pc.vocab_size * d) + 12 * L * d_attn * T,
     }
 
@@ -278,9 +289,10 @@ def memory(
     vocab_size: Optional[int] = None,
     optimizer: str = "adamw",
 ) -> dict[str, Any]:
-    """:func:`minigpt_cli.accounting.memory.training_memory` of the exact :func:`count` (its keys and errors, and
-    no vocabulary size: a :class:`MinigptError`); with ``optimizer`` muon, the blocks' matrices
-    (:attr:`ParamCount.non_embedding_matrices`, the parameters Muon updates) keep one momentum buffer."""
+    """:func:`minigpt_cli.accounting.memory.training_memory` of the exact :func:`count` (its keys
+    and errors, and no vocabulary size: a :class:`MinigptError`); with ``optimizer`` muon, the
+    blocks' matrices (:attr:`ParamCount.non_embedding_matrices`, the parameters Muon updates) keep
+    one momentum buffer."""
     pc = count(model_cfg, vocab_size)
     muon = pc.non_embedding_matrices if optimizer == "muon" else 0
     return training_memory(model_cfg, pc.total, pc.vocab_size, dtype, batch_size, seq_len, muon)
@@ -290,7 +302,8 @@ def memory(
 
 
 def linear_table(model_cfg: "ModelConfig", vocab_size: int) -> dict[str, dict[str, Any]]:
-    """Forward and backward FLOPs per token of each matrix of one layer and the lm_head (:func:`linear_flops`)."""
+    """Forward and backward FLOPs per token of each matrix of one layer and the lm_head
+    (:func:`linear_flops`)."""
     d, kv, dff = model_cfg.n_embd, model_cfg.kv_heads * model_cfg.head_dim, model_cfg.ffn_hidden
     shapes = {"attn_q": (d, d), "attn_k": (d, kv), "attn_v": (d, kv), "attn_o": (d, d)}
     if model_cfg.ffn == "swiglu":
@@ -315,11 +328,11 @@ def report(
     batch_size: int = 1,
     optimizer: str = "adamw",
 ) -> dict[str, Any]:
-    """Everything ``count-params`` shows, as a JSON-ready dict: the counts of :class:`ParamCount`, ``per_layer``,
-    ``shares``, ``flops`` (:func:`flops`, at ``seq_len``, default ``block_size``), ``memory`` (:func:`memory`, with
-    ``optimizer``),
-    ``model``, ``chinchilla_tokens`` (20 per parameter) and, with ``tokens`` D (>= 1, a whole number: count_params
-    checks it), ``training_flops`` (per-token train FLOPs × D). Raises MinigptError: no vocabulary size."""
+    """Everything ``count-params`` shows, as a JSON-ready dict: the counts of :class:`ParamCount`,
+    ``per_layer``, ``shares``, ``flops`` (:func:`flops`, at ``seq_len``, default ``block_size``),
+    ``memory`` (:func:`memory`, with ``optimizer``), ``model``, ``chinchilla_tokens`` (20 per
+    parameter) and, with ``tokens`` D (>= 1, a whole number: count_params checks it),
+    ``training_flops`` (per-token train FLOPs × D). Raises MinigptError: no vocabulary size."""
     pc = count(model_cfg, vocab_size)
     T = model_cfg.block_size if seq_len is None else int(seq_len)
     fl = flops(model_cfg, T, pc.vocab_size)

@@ -1,4 +1,5 @@
-"""The ``count-params`` table, and the abbreviations other reports share (:func:`human`, :func:`human_bytes`, ...)."""
+"""The ``count-params`` table, and the abbreviations other reports share (:func:`human`,
+:func:`human_bytes`, ...)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from typing import Any, Sequence
 
 
 def _scaled(n: float, units: tuple[tuple[float, str], ...], after: str) -> str:
-    """``n`` in the largest of ``units`` it reaches, three significant digits (one decimal from 10 on)."""
+    """``n`` in the largest of ``units`` it reaches, three significant digits (one decimal from 10
+    on)."""
     for div, unit in units:
         if abs(n) >= div:
             x = n / div
@@ -45,8 +47,9 @@ def human_bytes(n: float) -> str:
 
 
 def format_report(rep: dict[str, Any], title: str, overrides: Sequence[str] = ()) -> str:
-    """Render a :func:`minigpt_cli.accounting.params.report` dict as a plain-text table for the terminal, headed by
-    ``title`` (a preset name or a config path) and the ``--set`` ``overrides`` that changed it."""
+    """Render a :func:`minigpt_cli.accounting.params.report` dict as a plain-text table for the
+    terminal, headed by ``title`` (a preset name or a config path) and the ``--set`` ``overrides``
+    that changed it."""
     m = rep["model"]
     pl = rep["per_layer"]
     total = rep["total"]

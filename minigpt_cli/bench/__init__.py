@@ -1,1 +1,2 @@
-"""``minigpt bench``: training, generation (:mod:`.generation`) and preparation (:mod:`.prepare`) speed."""
+"""``minigpt bench``: training, generation (:mod:`.generation`) and preparation (:mod:`.prepare`)
+speed."""

@@ -1,11 +1,13 @@
-"""``minigpt bench --optimizers``: the training step's cost under AdamW, Muon (minigpt's :class:`BatchedMuon`) and
-``torch.optim.Muon``, at a config's model and batch, measured in alternating rounds.
+"""``minigpt bench --optimizers``: the training step's cost under AdamW, Muon (minigpt's
+:class:`BatchedMuon`) and ``torch.optim.Muon``, at a config's model and batch, measured in
+alternating rounds.
 
-A round runs a few whole steps of each optimizer in turn (the trainer's :func:`train_step` on its model, kernels
-and optimizer), timing the optimizer's own step inside them (:class:`_Timed`). The ratios are the median of
-each round's ratio to AdamW's round (a paired design): a machine whose speed drifts between rounds, as a shared
-or virtual one does by 10-20%, slows both sides of a ratio alike. The clock is the wall clock, which is what a
-run's tokens/s sees (a CPU-time clock counts OpenMP's waiting threads as work). BENCHMARKS.md, "Muon's step".
+A round runs a few whole steps of each optimizer in turn (the trainer's :func:`train_step` on its
+model, kernels and optimizer), timing the optimizer's own step inside them (:class:`_Timed`). The
+ratios are the median of each round's ratio to AdamW's round (a paired design): a machine whose
+speed drifts between rounds, as a shared or virtual one does by 10-20%, slows both sides of a ratio
+alike. The clock is the wall clock, which is what a run's tokens/s sees (a CPU-time clock counts
+OpenMP's waiting threads as work). BENCHMARKS.md, "Muon's step".
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from ..trainer.step import train_step
 from .generation import sync
 from .throughput import bench_vocab, busy_warning, random_batches
 
-#: What is compared: name -> the optimizer of a model, from the config's train section (train.muon.* for Muon).
+#: What is compared: name -> the optimizer of a model, from the config's train section (train.muon.*
+#: for Muon).
 OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
     "adamw": lambda model, tc: adamw([p for p in model.parameters() if p.requires_grad], tc),
     "muon": lambda model, tc: MuonAdamW(model, tc, muon_class=BatchedMuon),
@@ -38,18 +41,20 @@ OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
 
 #: Whole steps of each optimizer per round.
 ROUND_STEPS = 5
-#: Steps of each optimizer by default: 20 rounds, enough for a 95% interval about +-0.05 wide on this 2-core VM.
+#: Steps of each optimizer by default: 20 rounds, enough for a 95% interval about +-0.05 wide on
+#: this 2-core VM.
 DEFAULT_ITERS = 100
 #: Fewest rounds with a 95% interval for the median (:func:`median_interval`).
 MIN_ROUNDS = 6
 
 
 def median_interval(values: list[float], confidence: float = 0.95) -> Optional[tuple[float, float]]:
-    """A distribution-free confidence interval for the median of ``values``: the j-th smallest and j-th largest,
-    with j the largest rank at which P(Binomial(n, 1/2) < j) is at most (1 - confidence)/2 (the sign test's
-    interval; Conover, "Practical Nonparametric Statistics", 3rd ed., section 3.2). No assumption on the rounds'
-    spread, which on a machine whose speed drifts is neither normal nor steady. Returns None where ``values``
-    are too few for any interval at ``confidence`` (fewer than 6 at 95%)."""
+    """A distribution-free confidence interval for the median of ``values``: the j-th smallest and
+    j-th largest, with j the largest rank at which P(Binomial(n, 1/2) < j) is at most (1 -
+    confidence)/2 (the sign test's interval; Conover, "Practical Nonparametric Statistics", 3rd ed.,
+    section 3.2). No assumption on the rounds' spread, which on a machine whose speed drifts is
+    neither normal nor steady. Returns None where ``values`` are too few for any interval at
+    ``confidence`` (fewer than 6 at 95%)."""
     from scipy.stats import binom
 
     n, tail = len(values), (1 - confidence) / 2
@@ -65,8 +70,9 @@ def median_interval(values: list[float], confidence: float = 0.95) -> Optional[t
 
 
 class _Timed:
-    """An optimizer whose ``step`` adds its seconds to ``seconds`` (after the device's queued work), so that a
-    training step's update is timed inside that step; everything else is the optimizer's."""
+    """An optimizer whose ``step`` adds its seconds to ``seconds`` (after the device's queued work),
+    so that a training step's update is timed inside that step; everything else is the
+    optimizer's."""
 
     def __init__(self, optimizer, device: torch.device):
         self.optimizer, self.device, self.seconds = optimizer, device, 0.0
@@ -85,16 +91,16 @@ class _Timed:
 def bench_optimizers(
     cfg: Config, iters: int = DEFAULT_ITERS, echo: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """Seconds per training step (forward, backward, clipping, update) and of its update alone, for each of
-    :data:`OPTIMIZERS` at ``cfg``'s model and batch (its vocabulary: :func:`bench_vocab`) on random tokens, with the
-    ratios to AdamW.
+    """Seconds per training step (forward, backward, clipping, update) and of its update alone, for
+    each of :data:`OPTIMIZERS` at ``cfg``'s model and batch (its vocabulary: :func:`bench_vocab`) on
+    random tokens, with the ratios to AdamW.
 
-    ``iters`` whole steps of each, rounded up to rounds of :data:`ROUND_STEPS`, after a warm-up round (which,
-    on a CPU, decides the thread count from the cores other processes leave free, as ``bench`` does). Returns
-    ``step_s``/``optimizer_s``: the median seconds over rounds; ``step_ratio``/``optimizer_ratio``: the median
-    of the rounds' ratios to AdamW's; ``rounds``: each round's seconds per step, by optimizer;
-    ``step_ratio_interval``: a 95% interval for each step ratio but AdamW's own (:func:`median_interval`; None under
-    :data:`MIN_ROUNDS` rounds);
+    ``iters`` whole steps of each, rounded up to rounds of :data:`ROUND_STEPS`, after a warm-up
+    round (which, on a CPU, decides the thread count from the cores other processes leave free, as
+    ``bench`` does). Returns ``step_s``/``optimizer_s``: the median seconds over rounds;
+    ``step_ratio``/``optimizer_ratio``: the median of the rounds' ratios to AdamW's; ``rounds``:
+    each round's seconds per step, by optimizer; ``step_ratio_interval``: a 95% interval for each
+    step ratio but AdamW's own (:func:`median_interval`; None under :data:`MIN_ROUNDS` rounds);
     ``other_cores_busy``: the cores other processes kept busy meanwhile (CPU; None where unknown).
     """
     device = resolve_device(cfg.device)
@@ -128,7 +134,8 @@ def bench_optimizers(
         )
 
     def round_of(name: str) -> tuple[float, float]:
-        """Seconds per whole step and per update over :data:`ROUND_STEPS` steps of optimizer ``name``."""
+        """Seconds per whole step and per update over :data:`ROUND_STEPS` steps of optimizer
+        ``name``."""
         model, opt, params = runs[name]
         opt.seconds = 0.0
         sync(device)
@@ -189,7 +196,8 @@ def bench_optimizers(
 
 
 def format_bench_optimizers(result: dict[str, Any]) -> str:
-    """The table of :func:`bench_optimizers`: milliseconds, and the ratios to AdamW with their spread."""
+    """The table of :func:`bench_optimizers`: milliseconds, and the ratios to AdamW with their
+    spread."""
 
     def interval(name: str) -> str:
         lo_hi = result["step_ratio_interval"][name]

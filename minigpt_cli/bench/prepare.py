@@ -1,4 +1,5 @@
-"""``minigpt bench --prepare``: data preparation's throughput against a bare ``encode_batch`` loop, in MB/s."""
+"""``minigpt bench --prepare``: data preparation's throughput against a bare ``encode_batch`` loop,
+in MB/s."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ BARE_BATCH_BYTES = 1 << 22
 
 
 def bare_encode(paths: list[Path], tok) -> int:
-    """Tokens of ``paths`` encoded line by line in batches of :data:`BARE_BATCH_BYTES` with ``encode_batch``."""
+    """Tokens of ``paths`` encoded line by line in batches of :data:`BARE_BATCH_BYTES` with
+    ``encode_batch``."""
     n = 0
     for path in paths:
         with open(path, encoding="utf-8") as f:
@@ -28,7 +30,8 @@ def bare_encode(paths: list[Path], tok) -> int:
 
 
 def bench_prepare(cfg: Config, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Time the bare loop, then :func:`prepare`, on the config's corpus; raises as it and configured_corpus."""
+    """Time the bare loop, then :func:`prepare`, on the config's corpus; raises as it and
+    configured_corpus."""
     corpus, root = configured_corpus(cfg, echo)
     tok, tok_path = ensure_tokenizer(cfg, corpus, echo, root)
     mb = corpus.size / 1e6

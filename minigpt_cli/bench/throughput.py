@@ -1,4 +1,5 @@
-"""``minigpt bench``: training throughput, MFU against a peak measured in the same run, generation speed.
+"""``minigpt bench``: training throughput, MFU against a peak measured in the same run, generation
+speed.
 
 Model FLOPs per token: 6·N + 12·L·n_head·head_dim·T, N without position embeddings and a tied
 embedding once (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``). Peak: on a GPU
@@ -50,7 +51,8 @@ DEFAULT_ITERS = 20
 
 
 def peak_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
-    """The kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for float32 on a CPU where PyTorch has it."""
+    """The kernels measured for the peak: ``torch.mm``, and ``oneDNN`` for float32 on a CPU where
+    PyTorch has it."""
     kernels = ["torch.mm"]
     if device.type == "cpu" and dtype == torch.float32 and onednn.matmul_op() is not None:
         kernels.append("oneDNN")
@@ -141,8 +143,9 @@ def measure_streaming(
     device: torch.device,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """What streaming costs ``generate``: ``n_tokens`` decoded at the end, streamed, and streamed with
-    :data:`STREAM_STOP`; an overhead is a pass's extra seconds over the first's, per second of generation."""
+    """What streaming costs ``generate``: ``n_tokens`` decoded at the end, streamed, and streamed
+    with :data:`STREAM_STOP`; an overhead is a pass's extra seconds over the first's, per second of
+    generation."""
     from ..sample.generate import Nowhere, write_sample  # the command's own path
 
     sc = cfg.sample
@@ -216,13 +219,15 @@ def _peak_memory(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-#: The vocabulary measured when neither the model nor a trained tokenizer kind gives one: Tiny Shakespeare's characters.
+#: The vocabulary measured when neither the model nor a trained tokenizer kind gives one: Tiny
+#: Shakespeare's characters.
 CHAR_VOCAB = 65
 
 
 def bench_vocab(cfg: Config) -> int:
-    """The vocabulary a benchmark builds ``cfg``'s model with: ``model.vocab_size``, else a trained tokenizer's
-    ``tokenizer.vocab_size`` (what train would give the model), else :data:`CHAR_VOCAB`."""
+    """The vocabulary a benchmark builds ``cfg``'s model with: ``model.vocab_size``, else a trained
+    tokenizer's ``tokenizer.vocab_size`` (what train would give the model), else
+    :data:`CHAR_VOCAB`."""
     trained = cfg.tokenizer.vocab_size if cfg.tokenizer.kind != "char" else None
     return cfg.model.vocab_size or trained or CHAR_VOCAB
 
@@ -230,7 +235,8 @@ def bench_vocab(cfg: Config) -> int:
 def random_batches(
     vocab_size: int, batch: int, block: int, device: torch.device, seed: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless (x, y) batches (batch, block) int64 of uniform random ids on ``device``, y shifted by one."""
+    """Endless (x, y) batches (batch, block) int64 of uniform random ids on ``device``, y shifted by
+    one."""
     g = torch.Generator().manual_seed(seed)
     while True:
         x = torch.randint(0, vocab_size, (batch, block + 1), generator=g)
@@ -240,8 +246,8 @@ def random_batches(
 def busy_warning(
     threads: CpuThreads, mark, what: str, echo: Callable[[str], None]
 ) -> Optional[float]:
-    """The cores other processes kept busy since ``mark`` (None where unknown), with a warning through ``echo``
-    when they took cores this process's threads wanted while ``what`` was timed."""
+    """The cores other processes kept busy since ``mark`` (None where unknown), with a warning
+    through ``echo`` when they took cores this process's threads wanted while ``what`` was timed."""
     others = threads.others_since(mark)
     if others is not None and others + torch.get_num_threads() > threads.cpus + 0.25:
         echo(
@@ -261,8 +267,9 @@ def bench(
     stream_tokens: int = 0,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Training and generation speed of ``cfg``'s model on its device, as a JSON-ready dict. Raises MinigptError:
-    impossible sizes (memory, ``prompt_len``), a model vocabulary smaller than the tokenizer's, no corpus."""
+    """Training and generation speed of ``cfg``'s model on its device, as a JSON-ready dict. Raises
+    MinigptError: impossible sizes (memory, ``prompt_len``), a model vocabulary smaller than the
+    tokenizer's, no corpus."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     mc, tok = cfg.model, None
@@ -402,11 +409,13 @@ def bench(
         # Against the datasheet's peak where the GPU is known, else against the measured one.
         "mfu": achieved / spec[1] if spec else achieved / peak,
         "mfu_measured": achieved / peak,
-        # Against each kernel's peak: torch.mm's alone overstates MFU where the linear layers run on a faster one.
+        # Against each kernel's peak: torch.mm's alone overstates MFU where the linear layers run on
+        # a faster one.
         "mfu_by_kernel": {k: achieved / f for k, f in peaks.items()},
         "peak_memory_bytes": _peak_memory(device),
         "torch_threads": torch.get_num_threads(),
-        # Cores other processes kept busy while the training steps were timed (CPU; null if unknown).
+        # Cores other processes kept busy while the training steps were timed (CPU; null if
+        # unknown).
         "other_cores_busy": others,
     }
     if generation:
@@ -435,7 +444,8 @@ def bench(
 
 
 def _row(label: str, value: str, note: str = "") -> str:
-    """One line of :func:`format_bench`'s table: the label, the value right-aligned, a note in brackets."""
+    """One line of :func:`format_bench`'s table: the label, the value right-aligned, a note in
+    brackets."""
     return f"{label:<27}{value:>14}" + (f"   ({note})" if note else "")
 
 

@@ -1,6 +1,6 @@
-"""The ``minigpt`` command (Typer): one module per command family, each function thin (parse, call one library
-function, print). torch is imported inside the commands, so ``minigpt --help`` answers at once; :mod:`.base`
-holds the app and turns errors into one line and an exit status.
+"""The ``minigpt`` command (Typer): one module per command family, each function thin (parse, call
+one library function, print). torch is imported inside the commands, so ``minigpt --help`` answers
+at once; :mod:`.base` holds the app and turns errors into one line and an exit status.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ app.add_typer(inspect.app, name="inspect")
 
 
 def main() -> None:
-    """Console-script entry point: runs the CLI and ends the process (:func:`~.base.run_and_exit`)."""
+    """Console-script entry point: runs the CLI and ends the process
+    (:func:`~.base.run_and_exit`)."""
     run_and_exit(app)
 
 

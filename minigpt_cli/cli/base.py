@@ -1,8 +1,10 @@
-"""What every ``minigpt`` command shares: one-line errors with exit statuses, a guarded stdout, help layout.
+"""What every ``minigpt`` command shares: one-line errors with exit statuses, a guarded stdout, help
+layout.
 
-A :class:`~minigpt_cli.errors.MinigptError`, a usage error, or a file or standard output that cannot be
-written is one line on stderr and status 2; SIGTERM or SIGHUP 128 + the signal, Ctrl-C 130; a closed pipe
-(``minigpt generate | head``) ends quietly with 0. Anything else is a bug and keeps its traceback.
+A :class:`~minigpt_cli.errors.MinigptError`, a usage error, or a file or standard output that cannot
+be written is one line on stderr and status 2; SIGTERM or SIGHUP 128 + the signal, Ctrl-C 130; a
+closed pipe (``minigpt generate | head``) ends quietly with 0. Anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from ..run import folder as runs
 
 EXIT_USAGE = 2
 
-# The options several commands share, defined once (Typer copies an Annotated option for each command).
+# The options several commands share, defined once (Typer copies an Annotated option for each
+# command).
 SetOption = Annotated[
     List[str],
     typer.Option(
@@ -67,22 +70,26 @@ CheckpointOption = Annotated[
 
 
 class _StdoutError(Exception):
-    """Writing to standard output failed (``> /dev/full``, a full disk); not an OSError, so no file is blamed."""
+    """Writing to standard output failed (``> /dev/full``, a full disk); not an OSError, so no file
+    is blamed."""
 
     def __init__(self, exc: OSError):
         super().__init__(exc.strerror or str(exc))
 
 
 class _CtrlC(Exception):
-    """A Ctrl-C inside a command, carried past Typer (which turns it into exit status 130 without a word)."""
+    """A Ctrl-C inside a command, carried past Typer (which turns it into exit status 130 without a
+    word)."""
 
 
 class _StdoutClosed(Exception):
-    """The reader of standard output left (``minigpt generate | head``); not a BrokenPipeError (click: status 1)."""
+    """The reader of standard output left (``minigpt generate | head``); not a BrokenPipeError
+    (click: status 1)."""
 
 
 class _GuardedStdout:
-    """``sys.stdout`` while a command runs: a failed write raises :class:`_StdoutError` or :class:`_StdoutClosed`."""
+    """``sys.stdout`` while a command runs: a failed write raises :class:`_StdoutError` or
+    :class:`_StdoutClosed`."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -116,7 +123,8 @@ def _drop_stdout() -> None:
 
 
 class Group(TyperGroup):
-    """Runs a command and renders what a user can cause as one line on stderr and an exit status (:func:`_exit`)."""
+    """Runs a command and renders what a user can cause as one line on stderr and an exit status
+    (:func:`_exit`)."""
 
     def invoke(self, ctx):
         try:
@@ -154,8 +162,9 @@ class Group(TyperGroup):
 
 
 def _exit(exc: BaseException) -> int:
-    """What ``exc``, raised by a command, becomes: the help (a bare ``minigpt``: 0), or one line on stderr and
-    the process's exit (:func:`_fail`); an error that is not the user's (a bug) is raised again."""
+    """What ``exc``, raised by a command, becomes: the help (a bare ``minigpt``: 0), or one line on
+    stderr and the process's exit (:func:`_fail`); an error that is not the user's (a bug) is raised
+    again."""
     if isinstance(exc, _click_exc.NoArgsIsHelpError):  # bare `minigpt`: the help, not an error
         print(exc.format_message().rstrip("\n"))
         return 0
@@ -172,8 +181,8 @@ def _exit(exc: BaseException) -> int:
         _drop_stdout()
     from ..fileio import os_error_message
 
-    # An OSError the library did not wrap: a path (run folder, data folder) that is read-only, full, a file
-    # where a folder should be, ...; one without a path or a disk's errno is a bug.
+    # An OSError the library did not wrap: a path (run folder, data folder) that is read-only, full,
+    # a file where a folder should be, ...; one without a path or a disk's errno is a bug.
     disk = isinstance(exc, OSError) and (exc.filename is not None or exc.errno in _DISK_ERRNOS)
     line = (
         str(exc)
@@ -207,8 +216,9 @@ def _exit(exc: BaseException) -> int:
 
 
 def _usage_line(exc) -> str:
-    """A usage error as the tool's own one-liners read: ``--top-k 0: input should be greater than or equal to 1
-    (see 'minigpt generate --help')``; Typer checks an option's value through pydantic, whose error holds it."""
+    """A usage error as the tool's own one-liners read: ``--top-k 0: input should be greater than or
+    equal to 1 (see 'minigpt generate --help')``; Typer checks an option's value through pydantic,
+    whose error holds it."""
     path = exc.ctx.command_path if exc.ctx is not None else "minigpt"
     param = getattr(exc, "param", None)
     errors = exc.__cause__.errors() if hasattr(exc.__cause__, "errors") else []
@@ -232,10 +242,11 @@ def _raise_terminated(signum, frame):
 
 
 def _install_termination_handlers() -> dict:
-    """Make SIGTERM and SIGHUP unwind like Ctrl-C, so ``finally`` blocks remove partial files (the training loop
-    installs its own, which save first), and Ctrl-C raise KeyboardInterrupt even where the process was started
-    with SIGINT ignored (``minigpt ... &`` in a script: Python then leaves it ignored, and every command but
-    ``train``, which sets its own, would run to its end). Returns the handlers replaced."""
+    """Make SIGTERM and SIGHUP unwind like Ctrl-C, so ``finally`` blocks remove partial files (the
+    training loop installs its own, which save first), and Ctrl-C raise KeyboardInterrupt even where
+    the process was started with SIGINT ignored (``minigpt ... &`` in a script: Python then leaves
+    it ignored, and every command but ``train``, which sets its own, would run to its end). Returns
+    the handlers replaced."""
     if (
         threading.current_thread() is not threading.main_thread()
     ):  # only the main thread may set handlers
@@ -267,7 +278,8 @@ _MAX_ERROR = 2000
 
 
 class Command(TyperCommand):
-    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS] CONFIG``."""
+    """A subcommand whose ``--help`` reads like a Unix tool's: ``--top-k K``, ``train [OPTIONS]
+    CONFIG``."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -301,7 +313,8 @@ class Command(TyperCommand):
 
 
 def _default_metavar(param) -> str:
-    """``N`` for integers, ``X`` for other numbers, ``PATH``, ``TEXT``; an argument's own name in capitals."""
+    """``N`` for integers, ``X`` for other numbers, ``PATH``, ``TEXT``; an argument's own name in
+    capitals."""
     if isinstance(param, TyperArgument):
         return param.name.upper()
     annotation = param.type_descriptor.annotation
@@ -313,7 +326,8 @@ def _default_metavar(param) -> str:
 
 @contextlib.contextmanager
 def fix_when_interrupted(fix: Callable[[Interrupted], Optional[str]]):
-    """Adds ``fix(error)`` (how to go on; None or empty: nothing) to an :class:`Interrupted` raised inside."""
+    """Adds ``fix(error)`` (how to go on; None or empty: nothing) to an :class:`Interrupted` raised
+    inside."""
     try:
         yield
     except Interrupted as exc:
@@ -343,7 +357,8 @@ _SAMPLE_FLAG_HINTS = {
 
 
 def sample_flags(given: dict) -> dict:
-    """``generate``'s sampling options, checked by the ``sample`` schema; an error names the refused one's flag."""
+    """``generate``'s sampling options, checked by the ``sample`` schema; an error names the refused
+    one's flag."""
     from pydantic import ValidationError
 
     from ..config.schema import SampleConfig
@@ -358,20 +373,22 @@ def sample_flags(given: dict) -> dict:
     return given
 
 
-#: What a signal that comes once the command is done says: nothing was cut short; ``{done}``: what is done.
+#: What a signal that comes once the command is done says: nothing was cut short; ``{done}``: what
+#: is done.
 LATE_SIGNAL = "stopped by {name} as minigpt was exiting: {done}"
 #: :data:`LATE_SIGNAL`'s ``{done}``, unless the command says more (:func:`say_when_stopped_late`).
 _DONE = ["the command had finished and its output is complete"]
 
 
 def say_when_stopped_late(done: str) -> None:
-    """What :func:`run_and_exit` says is done when a signal comes as the process ends (``train``: the run
-    folder and its last checkpoint)."""
+    """What :func:`run_and_exit` says is done when a signal comes as the process ends (``train``:
+    the run folder and its last checkpoint)."""
     _DONE[0] = done
 
 
 def _status(code: Any) -> int:
-    """The exit status of ``SystemExit(code)``, as the interpreter gives it (a message: printed, status 1)."""
+    """The exit status of ``SystemExit(code)``, as the interpreter gives it (a message: printed,
+    status 1)."""
     if code is None:
         return 0
     if isinstance(code, int):
@@ -381,9 +398,10 @@ def _status(code: Any) -> int:
 
 
 def run_and_exit(app: Callable[[], Any]) -> NoReturn:
-    """Run the CLI, then end the process at once (:func:`os._exit`) with the command's exit status, skipping the
-    interpreter's teardown (2 s with torch, in which a Ctrl-C killed it silently); a signal now gets
-    :data:`LATE_SIGNAL` and 128 + its number. While a non-daemon thread runs, the normal exit waits for it."""
+    """Run the CLI, then end the process at once (:func:`os._exit`) with the command's exit status,
+    skipping the interpreter's teardown (2 s with torch, in which a Ctrl-C killed it silently); a
+    signal now gets :data:`LATE_SIGNAL` and 128 + its number. While a non-daemon thread runs, the
+    normal exit waits for it."""
     late: list[int] = []
     signals = [
         s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None
@@ -465,10 +483,12 @@ _ESCAPE = re.compile(
 
 
 def unescape(text: str, what: str = "--stop") -> str:
-    """``text`` with printf's escapes (:data:`_ESCAPE`) turned into what they name, as bash's ``printf`` does.
+    """``text`` with printf's escapes (:data:`_ESCAPE`) turned into what they name, as bash's
+    ``printf`` does.
 
     Raises:
-        MinigptError: bytes that are not UTF-8, an octal escape past ``\\377``, a code point that is not a character.
+        MinigptError: bytes that are not UTF-8, an octal escape past ``\\377``, a code point that is
+        not a character.
     """
     out: list[str] = []
     pending = bytearray()  # bytes of octal and \x escapes, read as UTF-8 together

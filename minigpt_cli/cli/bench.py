@@ -12,7 +12,8 @@ from .base import Command, JsonOption, SetOption, app, echo
 
 #: What ``bench`` refuses.
 
-#: The options each other mode leaves unread: given with it, they are refused rather than silently dropped.
+#: The options each other mode leaves unread: given with it, they are refused rather than silently
+#: dropped.
 _UNREAD = {
     "--optimizers": ("prompt_len", "max_new_tokens", "generation"),
     "--prepare": ("iters", "prompt_len", "max_new_tokens", "generation", "stream_tokens"),
@@ -68,7 +69,8 @@ def bench(
     ),
     as_json: JsonOption = False,
 ) -> None:
-    """Measure training tokens/s, MFU (against a matmul peak measured in the same run) and generation speed.
+    """Measure training tokens/s, MFU (against a matmul peak measured in the same run) and
+    generation speed.
 
     \b
     Examples:

@@ -1,4 +1,5 @@
-"""What a config means: ``config-keys`` (the schema's reference) and ``count-params`` (its accounting)."""
+"""What a config means: ``config-keys`` (the schema's reference) and ``count-params`` (its
+accounting)."""
 
 from __future__ import annotations
 

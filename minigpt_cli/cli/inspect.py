@@ -1,4 +1,5 @@
-"""``minigpt inspect TOPIC``: the ideas behind the model, computed, checked and drawn (Typer sub-app).
+"""``minigpt inspect TOPIC``: the ideas behind the model, computed, checked and drawn (Typer
+sub-app).
 
 One short function per topic: parse the options, call the topic's library
 function in :mod:`minigpt_cli.inspection`, print its text report or JSON.
@@ -57,8 +58,8 @@ def _report(result: dict, as_json: bool, formatter) -> None:
 
 
 def _one_thread() -> None:
-    """The topics compute on tiny tensors, where a second PyTorch thread only spins and waits; unless
-    OMP_NUM_THREADS says otherwise, use one."""
+    """The topics compute on tiny tensors, where a second PyTorch thread only spins and waits;
+    unless OMP_NUM_THREADS says otherwise, use one."""
     import torch
 
     if not os.environ.get("OMP_NUM_THREADS"):
@@ -114,7 +115,8 @@ def positions(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(Path("inspect"), "--output", metavar="DIR", help=OUTPUT_HELP),
 ) -> None:
-    """Sinusoidal positions: heatmap, p0·pk, the rotation p(t+k) = R_k p(t), and RoPE after projections.
+    """Sinusoidal positions: heatmap, p0·pk, the rotation p(t+k) = R_k p(t), and RoPE after
+    projections.
 
     Prints the first rise of p0·pk, its rising steps in 0..1024, its minimum and where, the longest
     wavelength, max |p(t+k) - R_k p(t)|, and q·k at equal offsets for sinusoidal positions (with and

@@ -1,4 +1,5 @@
-"""The commands that use a trained run: ``generate`` text, ``evaluate`` it, ``export`` it to Hugging Face."""
+"""The commands that use a trained run: ``generate`` text, ``evaluate`` it, ``export`` it to Hugging
+Face."""
 
 from __future__ import annotations
 
@@ -163,8 +164,9 @@ def generate(
 def _read_prompt(
     prompt: Optional[str], prompt_file: Optional[Path], stdin: Optional[TextIO]
 ) -> Optional[str]:
-    """The prompt from ``--prompt`` or ``--prompt-file`` (``-``: standard input), as read, newline included; None
-    when neither is given. Raises MinigptError: both given, no standard input, an unreadable or non-UTF-8 file."""
+    """The prompt from ``--prompt`` or ``--prompt-file`` (``-``: standard input), as read, newline
+    included; None when neither is given. Raises MinigptError: both given, no standard input, an
+    unreadable or non-UTF-8 file."""
     if prompt is not None and prompt_file is not None:
         raise MinigptError("pass either --prompt or --prompt-file, not both")
     if prompt == "-" or (prompt_file is not None and str(prompt_file) == "-"):

@@ -1,1 +1,2 @@
-"""The config: one strict pydantic schema, its messages, notes and key reference, and what ships with it."""
+"""The config: one strict pydantic schema, its messages, notes and key reference, and what ships
+with it."""

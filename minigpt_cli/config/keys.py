@@ -27,21 +27,22 @@ def _type_name(ann: Any) -> str:
 
 
 def yaml_value(value: Any) -> str:
-    """A value as YAML (a config file, ``--set``) would spell it: null, true, 0.001, a bare word, or a quoted
-    string."""
+    """A value as YAML (a config file, ``--set``) would spell it: null, true, 0.001, a bare word, or
+    a quoted string."""
     if isinstance(value, str) and re.fullmatch(r"[\w./<>-]+", value):
         return value
     return json.dumps(value)
 
 
 def run_value(value: Any) -> str:
-    """A run's value in a refusal: a string quoted as Python does (``'layernorm'``), anything else as
-    :func:`yaml_value` (``true``, ``null``, ``15.0``)."""
+    """A run's value in a refusal: a string quoted as Python does (``'layernorm'``), anything else
+    as :func:`yaml_value` (``true``, ``null``, ``15.0``)."""
     return repr(value) if isinstance(value, str) else yaml_value(value)
 
 
 def _range(field: Any) -> str:
-    """`` (1 .. 1,024)``, `` (> 0)``: a field's bounds, as the meaning's last words; empty when it has none."""
+    """`` (1 .. 1,024)``, `` (> 0)``: a field's bounds, as the meaning's last words; empty when it
+    has none."""
     names = [type(m).__name__.lower() for m in field.metadata]
     bounds = {
         name: getattr(m, name)
@@ -56,8 +57,8 @@ def _range(field: Any) -> str:
 
 
 def key_rows() -> list[tuple[str, str, str, str]]:
-    """(key, type or choices, default, meaning and range) for every key, ``section.key`` in a section, in
-    schema order."""
+    """(key, type or choices, default, meaning and range) for every key, ``section.key`` in a
+    section, in schema order."""
     return [
         (
             key,
@@ -71,7 +72,8 @@ def key_rows() -> list[tuple[str, str, str, str]]:
 
 
 def describe_keys() -> str:
-    """Every config key as a table: key, type or choices, default, one-line meaning with the key's range."""
+    """Every config key as a table: key, type or choices, default, one-line meaning with the key's
+    range."""
     rows = [("key", "type", "default", "meaning"), *key_rows()]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     return "\n".join(
@@ -80,7 +82,8 @@ def describe_keys() -> str:
 
 
 def markdown_reference() -> str:
-    """Every config key as a Markdown table, the one docs/config.md holds (tests/test_docs.py checks it).
+    """Every config key as a Markdown table, the one docs/config.md holds (tests/test_docs.py checks
+    it).
 
     Choices and defaults are set as code; the meaning's ``<``, ``>``, ``|`` and ``*`` are escaped so
     that Markdown shows them as written.

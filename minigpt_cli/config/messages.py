@@ -1,5 +1,6 @@
-"""The one-line messages for a config that fails validation: a misspelt key is pointed to the key meant (in
-another section, by another tool's name, a close spelling), a bad value is named with what was given."""
+"""The one-line messages for a config that fails validation: a misspelt key is pointed to the key
+meant (in another section, by another tool's name, a close spelling), a bad value is named with what
+was given."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ _short_repr.maxlevel = 3
 _CLOSE = 0.75
 
 
-#: Other tools' names for our keys (Hugging Face, nanoGPT's short forms): an unknown key named so is pointed here.
+#: Other tools' names for our keys (Hugging Face, nanoGPT's short forms): an unknown key named so is
+#: pointed here.
 _ALIASES = dict(
     lr="learning_rate",
     warmup="warmup_iters",
@@ -54,14 +56,15 @@ _LIST_EXAMPLE = (
 
 
 def _suggest(loc: str, keys: list[str]) -> str:
-    """The hint for an unknown key: where the same key lives (another section, or the top level; in any
-    letter case, or by another tool's name for it), else the key it begins (``lr_decay``), else a close
-    spelling in the same section, else anywhere; else the advice to remove it."""
+    """The hint for an unknown key: where the same key lives (another section, or the top level; in
+    any letter case, or by another tool's name for it), else the key it begins (``lr_decay``), else
+    a close spelling in the same section, else anywhere; else the advice to remove it."""
     section, _, name = loc.rpartition(".")
     place = lambda key: key if "." in key or not section else f"top-level {key}"  # noqa: E731
     wanted = _ALIASES.get(name.lower(), name.lower())
     same = [key for key in keys if key.rpartition(".")[2] == wanted and key.lower() != loc.lower()]
-    # train.lr is train.learning_rate, not also train.muon.learning_rate: the same section first, else no nested one.
+    # train.lr is train.learning_rate, not also train.muon.learning_rate: the same section first,
+    # else no nested one.
     same = (
         [k for k in same if k.rpartition(".")[0] == section]
         or [k for k in same if k.count(".") <= 1]
@@ -94,9 +97,10 @@ def _suggest(loc: str, keys: list[str]) -> str:
 def format_errors(
     errors: list[dict[str, Any]], source: str, overridden: Sequence[str], keys: list[str]
 ) -> str:
-    """One line for pydantic's ``errors`` (each with its ``loc``, ``type``, ``msg`` and ``input``) in a config
-    from ``source``: the problem when there is one, else each numbered. ``overridden``: the keys ``--set``
-    gave (a problem with one of them names ``--set``); ``keys``: every ``section.key``, for the hints."""
+    """One line for pydantic's ``errors`` (each with its ``loc``, ``type``, ``msg`` and ``input``)
+    in a config from ``source``: the problem when there is one, else each numbered. ``overridden``:
+    the keys ``--set`` gave (a problem with one of them names ``--set``); ``keys``: every
+    ``section.key``, for the hints."""
     problems = [
         (where, text) for err in errors for where, text in _problems(err, source, overridden, keys)
     ]
@@ -109,7 +113,8 @@ def format_errors(
 
 
 def _problems(err: dict[str, Any], source: str, overridden: Sequence[str], keys: list[str]):
-    """(where, text) for one pydantic error: ``where`` is ``source``, ``--set`` or ``source with --set KEY``."""
+    """(where, text) for one pydantic error: ``where`` is ``source``, ``--set`` or ``source with
+    --set KEY``."""
     loc = ".".join(str(p) for p in err["loc"])
     if any(loc == key or loc.startswith(key + ".") for key in overridden):
         source = "--set"  # the bad value is one the command line gave

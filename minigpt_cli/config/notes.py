@@ -1,5 +1,6 @@
-"""One-line notes on a config (:data:`RULES`): what it sets that cannot take effect, and where a variant departs
-from its source. A setting without effect is noted only when the user gave it (:func:`given`)."""
+"""One-line notes on a config (:data:`RULES`): what it sets that cannot take effect, and where a
+variant departs from its source. A setting without effect is noted only when the user gave it
+(:func:`given`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from typing import Any, Callable, Collection, Mapping, Optional
 from ..paths import corpus_path
 from .schema import Config, TrainConfig
 
-#: The schedules that decay to ``train.min_lr`` at ``train.lr_decay_iters`` (:func:`~minigpt_cli.trainer.lr_at`).
+#: The schedules that decay to ``train.min_lr`` at ``train.lr_decay_iters``
+#: (:func:`~minigpt_cli.trainer.lr_at`).
 DECAYING = ("cosine", "linear")
 
 
 @dataclass(frozen=True)
 class Facts:
-    """What a rule may need besides the config: the ``route`` (``"config"`` or ``"generate"``), the prompt's
-    length in tokens (on the config route an upper bound: its UTF-8 bytes), whether the named corpus is on disk."""
+    """What a rule may need besides the config: the ``route`` (``"config"`` or ``"generate"``), the
+    prompt's length in tokens (on the config route an upper bound: its UTF-8 bytes), whether the
+    named corpus is on disk."""
 
     route: str = "config"
     prompt_tokens: int = 1
@@ -27,8 +30,9 @@ class Facts:
 
 @dataclass(frozen=True)
 class Rule:
-    """A note: ``key`` (checked only when the user gave it; None: always), ``when(c, f)``, the ``text`` (formatted
-    with ``c``, ``key``, ``n[KEY]`` as spelled and :func:`_values`), and its ``route`` (None: both)."""
+    """A note: ``key`` (checked only when the user gave it; None: always), ``when(c, f)``, the
+    ``text`` (formatted with ``c``, ``key``, ``n[KEY]`` as spelled and :func:`_values`), and its
+    ``route`` (None: both)."""
 
     key: Optional[str]
     when: Callable[[Config, Facts], bool]
@@ -37,15 +41,16 @@ class Rule:
 
 
 class _Names(dict):
-    """How the user spelled each key on this route (``--top-k``); a key not in it is spelled as itself."""
+    """How the user spelled each key on this route (``--top-k``); a key not in it is spelled as
+    itself."""
 
     def __missing__(self, key: str) -> str:
         return key
 
 
 def given(cfg: Config, key: str) -> bool:
-    """Whether the user gave ``key`` (``section.key`` or top-level) a value of its own: set in the YAML or a
-    ``--set`` (pydantic's ``model_fields_set``), and neither null nor its default."""
+    """Whether the user gave ``key`` (``section.key`` or top-level) a value of its own: set in the
+    YAML or a ``--set`` (pydantic's ``model_fields_set``), and neither null nor its default."""
     section_name, _, name = key.rpartition(".")
     section = getattr(cfg, section_name) if section_name else cfg
     if name not in section.model_fields_set:
@@ -57,14 +62,16 @@ def given(cfg: Config, key: str) -> bool:
 
 
 def evals_in_run(tc: TrainConfig) -> int:
-    """The evals a run from step 0 to ``train.max_iters`` makes (:func:`~minigpt_cli.trainer.should_eval`)."""
+    """The evals a run from step 0 to ``train.max_iters`` makes
+    (:func:`~minigpt_cli.trainer.should_eval`)."""
     n = tc.max_iters // tc.eval_interval + 1 + (tc.max_iters % tc.eval_interval != 0)
     return n - (not tc.eval_at_start and tc.max_iters > 0)
 
 
 def _never_slides(c: Config, f: Facts) -> bool:
-    """Whether no sample (``sample.max_new_tokens``; on the config route also ``train.sample_tokens``) grows past
-    block_size + 1 tokens with one more to draw: then the window never slides."""
+    """Whether no sample (``sample.max_new_tokens``; on the config route also
+    ``train.sample_tokens``) grows past block_size + 1 tokens with one more to draw: then the window
+    never slides."""
     block = c.model.block_size
     seen = min(f.prompt_tokens, block)  # a longer prompt is cropped to its last block_size tokens
     lengths = [c.sample.max_new_tokens] + ([c.train.sample_tokens] if f.route == "config" else [])
@@ -74,7 +81,8 @@ def _never_slides(c: Config, f: Facts) -> bool:
 def _values(cfg: Config, f: Facts) -> dict[str, Any]:
     """The derived values the templates name."""
     tc, warmup = cfg.train, max(cfg.train.warmup_iters, 1)
-    # inverse_sqrt peaks at step+1 = warmup: d^-0.5 · warmup^-0.5, times learning_rate (Vaswani et al. 2017 §5.3).
+    # inverse_sqrt peaks at step+1 = warmup: d^-0.5 · warmup^-0.5, times learning_rate (Vaswani et
+    # al. 2017 §5.3).
     peak = cfg.model.n_embd**-0.5 * warmup**-0.5
     evals = evals_in_run(tc)
     return {
@@ -156,8 +164,9 @@ RULES: tuple[Rule, ...] = (
         "({c.model.block_size}); it applies only past block_size",
         "generate",
     ),
-    # Values derived from others. With lr_decay_iters null (= max_iters) the load check cannot refuse this, and
-    # short trial runs of a recipe (--set train.max_iters=50) are legitimate: a note, not an error.
+    # Values derived from others. With lr_decay_iters null (= max_iters) the load check cannot
+    # refuse this, and short trial runs of a recipe (--set train.max_iters=50) are legitimate: a
+    # note, not an error.
     Rule(
         None,
         lambda c, f: (
@@ -206,8 +215,9 @@ def notes(
     prompt_tokens: Optional[int] = None,
     corpus_on_disk: bool = False,
 ) -> list[str]:
-    """The notes :data:`RULES` give ``cfg``, one line each, starting ``note: ``. ``given_keys``: the keys the user
-    gave (None: :func:`given`); ``names``: how they were spelled (``{"sample.top_k": "--top-k"}``)."""
+    """The notes :data:`RULES` give ``cfg``, one line each, starting ``note: ``. ``given_keys``: the
+    keys the user gave (None: :func:`given`); ``names``: how they were spelled (``{"sample.top_k":
+    "--top-k"}``)."""
     if prompt_tokens is None:
         prompt_tokens = max(len(cfg.sample.prompt.encode("utf-8", "surrogatepass")), 1)
     facts = Facts(route, prompt_tokens, corpus_on_disk)

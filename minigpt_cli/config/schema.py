@@ -1,8 +1,9 @@
 """The one config schema: pydantic models, ``--set`` overrides, validation once at the edge.
 
-Unknown keys, wrong types, out-of-range values and broken cross-field rules (``n_embd % n_head == 0``, ...) are
-refused naming the key, all at once, before any tensor exists; every field's ``description`` is its line in
-``config-keys``. No torch here: the CLI loads configs for ``count-params`` without it.
+Unknown keys, wrong types, out-of-range values and broken cross-field rules (``n_embd % n_head ==
+0``, ...) are refused naming the key, all at once, before any tensor exists; every field's
+``description`` is its line in ``config-keys``. No torch here: the CLI loads configs for
+``count-params`` without it.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class _Strict(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _whole_floats(cls, data: Any) -> Any:
-        """A float with a whole value (``1e4``, ``5000.0``) given to an integer key is that integer: YAML
-        and ``--set`` read ``1e4`` as a float. ``1.5`` stays a float, and is refused."""
+        """A float with a whole value (``1e4``, ``5000.0``) given to an integer key is that integer:
+        YAML and ``--set`` read ``1e4`` as a float. ``1.5`` stays a float, and is refused."""
         if not isinstance(data, dict):
             return data
         return {
@@ -66,7 +67,8 @@ class _Strict(BaseModel):
 #: A path from the config: ``~`` means the home folder, as in a shell (a literal ``~`` folder would
 #: surprise, and the hints minigpt prints would point elsewhere once pasted into a shell).
 UserPath = Annotated[str, AfterValidator(os.path.expanduser)]
-#: A folder the tool writes into: never empty (``--set train.out_dir=`` would write into the current folder).
+#: A folder the tool writes into: never empty (``--set train.out_dir=`` would write into the current
+#: folder).
 FolderPath = Annotated[str, Field(min_length=1), AfterValidator(os.path.expanduser)]
 
 
@@ -204,8 +206,9 @@ class ModelConfig(_Strict):
 
     @property
     def ffn_hidden(self) -> int:
-        """Hidden width of the feed-forward block: 4·d (Vaswani et al. 2017, GPT-2); for SwiGLU 2/3 of that,
-        rounded up to ``multiple_of`` (Shazeer 2020 §2; Llama's ``FeedForward``: d=4096 -> 11008)."""
+        """Hidden width of the feed-forward block: 4·d (Vaswani et al. 2017, GPT-2); for SwiGLU 2/3
+        of that, rounded up to ``multiple_of`` (Shazeer 2020 §2; Llama's ``FeedForward``: d=4096 ->
+        11008)."""
         if self.d_ff is not None:
             return self.d_ff
         if self.ffn == "swiglu":
@@ -215,22 +218,23 @@ class ModelConfig(_Strict):
 
     @property
     def value_embedding_layers(self) -> tuple[int, ...]:
-        """The layers with a value embedding: every other one, ending at the last (nanochat's ``has_ve``:
-        ``layer % 2 == (n_layer - 1) % 2``); none when ``value_embeddings`` is off."""
+        """The layers with a value embedding: every other one, ending at the last (nanochat's
+        ``has_ve``: ``layer % 2 == (n_layer - 1) % 2``); none when ``value_embeddings`` is off."""
         return (
             tuple(range((self.n_layer - 1) % 2, self.n_layer, 2)) if self.value_embeddings else ()
         )
 
     @property
     def value_gate_channels(self) -> int:
-        """Channels of the attention input a value-embedding gate reads: nanochat's 12 (``ve_gate_channels``), or
-        all of a narrower width."""
+        """Channels of the attention input a value-embedding gate reads: nanochat's 12
+        (``ve_gate_channels``), or all of a narrower width."""
         return min(12, self.n_embd)
 
     @property
     def fitting_width(self) -> int:
-        """The ``n_embd`` nearest the given one that whole heads accept, with pairs of dimensions per head for
-        RoPE (it rotates pairs) and an even width for sinusoidal positions (pairs of sin and cos)."""
+        """The ``n_embd`` nearest the given one that whole heads accept, with pairs of dimensions
+        per head for RoPE (it rotates pairs) and an even width for sinusoidal positions (pairs of
+        sin and cos)."""
         step = math.lcm(
             self.n_head, *{"rope": [2 * self.n_head], "sinusoidal": [2]}.get(self.pos_encoding, [])
         )
@@ -239,8 +243,8 @@ class ModelConfig(_Strict):
     @property
     def fitting_heads(self) -> tuple[int, ...]:
         """The head counts nearest ``n_head`` (one below, one above, where there is one) that divide
-        ``n_embd``, with an even head size for RoPE (none for an odd sinusoidal width): the fix that keeps
-        the width."""
+        ``n_embd``, with an even head size for RoPE (none for an odd sinusoidal width): the fix that
+        keeps the width."""
         if self.pos_encoding == "sinusoidal" and self.n_embd % 2:
             return ()  # an odd width: no head count helps
         fits = [
@@ -263,7 +267,8 @@ class ModelConfig(_Strict):
         )
 
     def _broken(self) -> Iterator[str]:
-        # d_ff and n_kv_head given as null stand for values (4·d or SwiGLU's rounding, n_head) that always pass.
+        # d_ff and n_kv_head given as null stand for values (4·d or SwiGLU's rounding, n_head) that
+        # always pass.
         if self.n_embd % self.n_head:
             yield (
                 f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
@@ -386,7 +391,8 @@ _MUON_FSDP = (
 
 
 class MuonConfig(_Strict):
-    """Muon's settings: its learning rate follows the schedule's shape from its own base rate (torch.optim.Muon)."""
+    """Muon's settings: its learning rate follows the schedule's shape from its own base rate
+    (torch.optim.Muon)."""
 
     learning_rate: float = Field(
         0.02,
@@ -555,9 +561,9 @@ class TrainConfig(_Strict):
                 f"train.min_lr ({self.min_lr}) must not exceed train.learning_rate "
                 f"({self.learning_rate})"
             )
-        # An explicit lr_decay_iters before the warmup's end would drop the rate to min_lr as the warmup ends.
-        # null (max_iters) below warmup_iters cannot: the run ends inside the warmup, so short trial runs
-        # (--set train.max_iters=3) and their saved configs load.
+        # An explicit lr_decay_iters before the warmup's end would drop the rate to min_lr as the
+        # warmup ends. null (max_iters) below warmup_iters cannot: the run ends inside the warmup,
+        # so short trial runs (--set train.max_iters=3) and their saved configs load.
         if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
             yield (
                 f"train.lr_decay_iters ({self.lr_decay_iters}) ends the decay before the warmup ends "
@@ -685,12 +691,14 @@ class Config(_Strict):
         return walk(self.to_dict(), "")
 
     def to_yaml(self) -> str:
-        """The config as YAML; strings with line breaks are written double-quoted ("\\n"), on one line."""
+        """The config as YAML; strings with line breaks are written double-quoted ("\\n"), on one
+        line."""
         return dump_yaml(self.to_dict())
 
 
 def _fields(model: type[BaseModel] = Config, prefix: str = ""):
-    """(key, field) for every key, ``section.key`` in a section; a section comes just before its keys."""
+    """(key, field) for every key, ``section.key`` in a section; a section comes just before its
+    keys."""
     for name, field in model.model_fields.items():
         yield prefix + name, field
         if _is_section(field):
@@ -705,8 +713,9 @@ def _is_section(field: Any) -> bool:
 
 
 def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) -> Config:
-    """Validate a parsed mapping into a :class:`Config`; ``overridden``: the keys ``--set`` gave (named for ``source``).
-    Raises ConfigError: naming every bad key (unknown, wrong type, out of range) and broken cross-field rule."""
+    """Validate a parsed mapping into a :class:`Config`; ``overridden``: the keys ``--set`` gave
+    (named for ``source``). Raises ConfigError: naming every bad key (unknown, wrong type, out of
+    range) and broken cross-field rule."""
     try:
         return Config.model_validate({} if data is None else data)
     except ValidationError as exc:
@@ -716,9 +725,9 @@ def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) 
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` overrides to a parsed config mapping, each value read as YAML (``[a, b]`` is a
-    list); a text key keeps the text as typed (``sample.prompt=ROMEO:``). Raises ConfigError: an override without
-    ``key=``, or a path through a non-mapping."""
+    """Apply ``section.key=value`` overrides to a parsed config mapping, each value read as YAML
+    (``[a, b]`` is a list); a text key keeps the text as typed (``sample.prompt=ROMEO:``). Raises
+    ConfigError: an override without ``key=``, or a path through a non-mapping."""
     data = dict(data)
     for item in overrides:
         key, _, raw = item.partition("=")
@@ -728,8 +737,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 f"--set {item!r}: expected section.key=value, e.g. --set train.learning_rate=3e-4"
             )
         if _TEXT_KEYS.get(key, False):
-            # A text key takes the text as given (--set sample.prompt=ROMEO: or name=2024-01-01, which
-            # YAML 1.1 would read as a date), quotes taken off and null read as null.
+            # A text key takes the text as given (--set sample.prompt=ROMEO: or name=2024-01-01,
+            # which YAML 1.1 would read as a date), quotes taken off and null read as null.
             value = parse_yaml(raw, "--set", key, text_key=True) if raw.strip() else ""
             value = raw if value is not None and not isinstance(value, str) else value
         else:
@@ -746,7 +755,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-#: Whether a key holds free text (its type is a string, maybe null): ``--set`` keeps such values as typed.
+#: Whether a key holds free text (its type is a string, maybe null): ``--set`` keeps such values as
+#: typed.
 _TEXT_KEYS = {
     key: field.annotation in (str, Optional[str])
     for key, field in _fields()
@@ -757,8 +767,9 @@ _TEXT_KEYS = {
 def load_config(
     path: str | Path, overrides: list[str] | None = None, note=lambda message: None
 ) -> Config:
-    """Load a YAML config file or a shipped config by name (``shakespeare-cpu``; ``note`` hears which file:
-    :func:`~minigpt_cli.paths.resolve_config`), apply ``--set`` overrides, validate; ConfigError names any problem."""
+    """Load a YAML config file or a shipped config by name (``shakespeare-cpu``; ``note`` hears
+    which file: :func:`~minigpt_cli.paths.resolve_config`), apply ``--set`` overrides, validate;
+    ConfigError names any problem."""
     p = resolve_config(path, note)  # the one resolver: the CLI's names are the API's
     data = read_yaml(p, "config", _missing_fix())
     if data is None:

@@ -1,5 +1,5 @@
-"""Special tokens (``<|endoftext|>``, ...): checking a list, and cutting text around them (no torch; the config
-and the tokenizers both import it).
+"""Special tokens (``<|endoftext|>``, ...): checking a list, and cutting text around them (no torch;
+the config and the tokenizers both import it).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ END_OF_TEXT = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "
 
 
 def special_token_problem(special_tokens: Iterable[str]) -> Optional[str]:
-    """What is wrong with a list of special tokens (an empty, padded or repeated entry, the unknown token), or
-    None when each is non-empty text without whitespace at its ends, listed once."""
+    """What is wrong with a list of special tokens (an empty, padded or repeated entry, the unknown
+    token), or None when each is non-empty text without whitespace at its ends, listed once."""
     seen: set[str] = set()
     for s in special_tokens:
         if not isinstance(s, str) or not s or s != s.strip():
@@ -32,7 +32,8 @@ def special_token_problem(special_tokens: Iterable[str]) -> Optional[str]:
 
 
 def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
-    """The special tokens as a list, checked; MinigptError names the problem (:func:`special_token_problem`)."""
+    """The special tokens as a list, checked; MinigptError names the problem
+    (:func:`special_token_problem`)."""
     tokens = list(special_tokens)
     problem = special_token_problem(tokens)
     if problem:
@@ -41,7 +42,8 @@ def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
 
 
 def split_special(text: str, special_tokens: Sequence[str]) -> list[str]:
-    """``text`` cut around its special tokens (longest first): [text, special, text, ..., text], text maybe empty."""
+    """``text`` cut around its special tokens (longest first): [text, special, text, ..., text],
+    text maybe empty."""
     if not special_tokens:
         return [text]
     alternatives = "|".join(re.escape(s) for s in sorted(special_tokens, key=len, reverse=True))

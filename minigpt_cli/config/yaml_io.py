@@ -1,15 +1,17 @@
-"""YAML for configs, sweep files and run files: YAML 1.2's core schema, strict (no duplicate keys, no aliases),
-refusing every plain value that YAML 1.1 would read as something else; and a dumper whose output reads back.
+"""YAML for configs, sweep files and run files: YAML 1.2's core schema, strict (no duplicate keys,
+no aliases), refusing every plain value that YAML 1.1 would read as something else; and a dumper
+whose output reads back.
 
-The rule, once for every scalar read (a config, ``--set``, a sweep file, a run's ``config.yaml``): a plain
-(unquoted) value that YAML 1.1 and YAML 1.2 read differently is refused, naming the key and both readings
-(``train.max_iters: 1:30 reads as 90 in YAML 1.1 and as the text '1:30' in YAML 1.2; write 90, or quote it``).
-An explicitly tagged value (``!!int 1:30``, ``!!bool yes``, ``!!str x``, any ``!tag``) is refused the same
-way, naming its key: PyYAML would construct it by YAML 1.1's rules.
-PyYAML resolves YAML 1.1, where ``1:30`` is 90 (base 60), ``017`` is 15 (octal), ``1_000`` is 1000, ``yes`` is
-true and ``2024-01-01`` a date; YAML 1.2 (and most other tools) reads the first and the last two as text and
-``017`` as 17. One exception: a float that YAML 1.1 leaves as text (``3e-4``, ``1e3``: it wants a dot and a
-signed exponent, ``3.0e-4``) is the float YAML 1.2 reads, as everyone means it.
+The rule, once for every scalar read (a config, ``--set``, a sweep file, a run's ``config.yaml``): a
+plain (unquoted) value that YAML 1.1 and YAML 1.2 read differently is refused, naming the key and
+both readings (``train.max_iters: 1:30 reads as 90 in YAML 1.1 and as the text '1:30' in YAML 1.2;
+write 90, or quote it``). An explicitly tagged value (``!!int 1:30``, ``!!bool yes``, ``!!str x``,
+any ``!tag``) is refused the same way, naming its key: PyYAML would construct it by YAML 1.1's
+rules. PyYAML resolves YAML 1.1, where ``1:30`` is 90 (base 60), ``017`` is 15 (octal), ``1_000`` is
+1000, ``yes`` is true and ``2024-01-01`` a date; YAML 1.2 (and most other tools) reads the first and
+the last two as text and ``017`` as 17. One exception: a float that YAML 1.1 leaves as text
+(``3e-4``, ``1e3``: it wants a dot and a signed exponent, ``3.0e-4``) is the float YAML 1.2 reads,
+as everyone means it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from ..fileio import YAML_BOUNDS, read_text
 
 
 def _plain_is_text(text: str) -> bool:
-    """Whether ``text`` written plain (unquoted) reads back as that text in YAML 1.1 and YAML 1.2 both."""
+    """Whether ``text`` written plain (unquoted) reads back as that text in YAML 1.1 and YAML 1.2
+    both."""
     node = yaml.ScalarNode(_STR, text)
     return (
         _LOADER.resolve(yaml.ScalarNode, text, (True, False)) == _STR and type(_yaml11(node)) is str
@@ -36,8 +39,9 @@ def _plain_is_text(text: str) -> bool:
 
 
 class _Dumper(yaml.SafeDumper):
-    """SafeDumper that writes a string holding a line break as one double-quoted line, and quotes a string
-    that :func:`parse_yaml` would not read back as that string (``'08'``, ``'3e-4'``, ``'yes'``)."""
+    """SafeDumper that writes a string holding a line break as one double-quoted line, and quotes a
+    string that :func:`parse_yaml` would not read back as that string (``'08'``, ``'3e-4'``,
+    ``'yes'``)."""
 
 
 def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
@@ -49,13 +53,14 @@ _Dumper.add_representer(str, _represent_str)
 
 
 def dump_yaml(data: Any) -> str:
-    """``data`` as YAML in its own key order; strings with line breaks double-quoted ("\\n"), on one line."""
+    """``data`` as YAML in its own key order; strings with line breaks double-quoted ("\\n"), on one
+    line."""
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 class _Refused(yaml.MarkedYAMLError):
-    """Valid YAML that a config may not use (a duplicate key, an alias, a value YAML 1.1 reads otherwise);
-    ``problem`` holds the whole message."""
+    """Valid YAML that a config may not use (a duplicate key, an alias, a value YAML 1.1 reads
+    otherwise); ``problem`` holds the whole message."""
 
     def __init__(self, problem: str, mark):
         super().__init__(problem=problem, problem_mark=mark)
@@ -71,15 +76,17 @@ _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
 _BOOL = "tag:yaml.org,2002:bool"
 _NULL = "tag:yaml.org,2002:null"
-#: Longest integer literal read (underscores and a sign included), far below Python's limit of 4,300 digits.
+#: Longest integer literal read (underscores and a sign included), far below Python's limit of 4,300
+#: digits.
 _MAX_DIGITS = 400
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader reading YAML 1.2's core schema (null, true/false, decimal, ``0o`` and ``0x`` integers,
-    floats with or without a dot) that refuses what a config never needs: a key given twice (PyYAML keeps the
-    last), aliases (nested ones, "billion laughs", make a few lines too large to validate or print), an
-    integer too long for Python to read (4,300 digits), and a plain value YAML 1.1 reads otherwise."""
+    """SafeLoader reading YAML 1.2's core schema (null, true/false, decimal, ``0o`` and ``0x``
+    integers, floats with or without a dot) that refuses what a config never needs: a key given
+    twice (PyYAML keeps the last), aliases (nested ones, "billion laughs", make a few lines too
+    large to validate or print), an integer too long for Python to read (4,300 digits), and a plain
+    value YAML 1.1 reads otherwise."""
 
     #: The config key the whole text is the value of (``--set``); paths inside it extend it.
     key = ""
@@ -109,8 +116,8 @@ class _Loader(yaml.SafeLoader):
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
-        # An explicit tag (``!!int 1:30``, ``!foo``) is kept for the check, which refuses it with its
-        # key; ``!`` is YAML's mark of a quoted scalar, no tag.
+        # An explicit tag (``!!int 1:30``, ``!foo``) is kept for the check, which refuses it with
+        # its key; ``!`` is YAML's mark of a quoted scalar, no tag.
         node.explicit_tag = tag if tag not in (None, "!") else None
         return node
 
@@ -135,7 +142,8 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node):
-        """An integer as YAML 1.2 writes it: decimal with a sign, ``0o`` octal or ``0x`` hexadecimal."""
+        """An integer as YAML 1.2 writes it: decimal with a sign, ``0o`` octal or ``0x``
+        hexadecimal."""
         text = node.value
         if len(text) > _MAX_DIGITS:  # int() refuses more than 4,300 digits with a bare ValueError
             raise _Refused(
@@ -147,8 +155,8 @@ class _Loader(yaml.SafeLoader):
         return int(text[2:] if base != 10 else text, base)
 
     def construct_yaml_float(self, node):
-        """A float as YAML 1.2 writes it (``3e-4`` and ``.5`` included); ``.inf`` and ``.nan`` as YAML
-        spells them."""
+        """A float as YAML 1.2 writes it (``3e-4`` and ``.5`` included); ``.inf`` and ``.nan`` as
+        YAML spells them."""
         text = node.value.lower()
         if text.lstrip("+-") == ".inf":
             return -math.inf if text[0] == "-" else math.inf
@@ -158,7 +166,8 @@ class _Loader(yaml.SafeLoader):
 _Loader.add_constructor(_INT, _Loader.construct_yaml_int)
 _Loader.add_constructor(_FLOAT, _Loader.construct_yaml_float)
 # YAML 1.2's core schema (yaml.org/spec/1.2.2, 10.3.2), in place of PyYAML's YAML 1.1 resolvers: no
-# sexagesimal, leading-zero octal, binary, underscores, yes/no/on/off, timestamps, merge keys or ``=``.
+# sexagesimal, leading-zero octal, binary, underscores, yes/no/on/off, timestamps, merge keys or
+# ``=``.
 _Loader.yaml_implicit_resolvers = {}
 for _tag, _pattern, _first in (
     (_NULL, r"~|null|Null|NULL|", ["~", "n", "N", ""]),
@@ -181,7 +190,8 @@ _YAML11 = yaml.SafeLoader("")
 
 
 def _yaml11(node: yaml.ScalarNode) -> Any:
-    """What YAML 1.1 reads a plain scalar as: a value, or the name of a kind of key it builds nothing for."""
+    """What YAML 1.1 reads a plain scalar as: a value, or the name of a kind of key it builds
+    nothing for."""
     tag = _YAML11.resolve(yaml.ScalarNode, node.value, (True, False))
     if tag == _INT and len(node.value) > _MAX_DIGITS:
         return None  # the YAML 1.2 reading refuses it first
@@ -199,8 +209,9 @@ class _Syntax(str):
 
 
 def _check_scalars(loader: _Loader, root: yaml.Node, key: str) -> None:
-    """Refuse the first plain scalar under ``root`` that YAML 1.1 reads otherwise than YAML 1.2, naming its
-    path from ``key`` (``train.max_iters``, ``tokenizer.special_tokens[1]``) and both readings.
+    """Refuse the first plain scalar under ``root`` that YAML 1.1 reads otherwise than YAML 1.2,
+    naming its path from ``key`` (``train.max_iters``, ``tokenizer.special_tokens[1]``) and both
+    readings.
 
     Raises _Refused: which becomes a one-line ConfigError."""
     todo = [(root, key)]  # a list, not recursion: depth is the composer's to bound
@@ -209,7 +220,8 @@ def _check_scalars(loader: _Loader, root: yaml.Node, key: str) -> None:
         tag = getattr(node, "explicit_tag", None)
         if tag:
             # A tag makes PyYAML construct the value by YAML 1.1's rules (``!!int 1_000`` is 1000,
-            # ``!!bool yes`` true) or fail with a traceback (``!!int 1:30``): refused, whatever it is.
+            # ``!!bool yes`` true) or fail with a traceback (``!!int 1:30``): refused, whatever it
+            # is.
             shown = "!!" + tag[len(_TAG_PREFIX) :] if tag.startswith(_TAG_PREFIX) else tag
             raise _Ambiguous(
                 f"{path + ': ' if path else ''}the tag {shown} is not read; write the value plainly "
@@ -253,7 +265,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _reading(value: Any) -> str:
-    """A reading in words: ``90``, ``90.5``, ``true``, ``the text '1:30'``, ``the date 2024-01-01``."""
+    """A reading in words: ``90``, ``90.5``, ``true``, ``the text '1:30'``, ``the date
+    2024-01-01``."""
     if isinstance(value, _Syntax):
         return {
             "merge": "a merge key (<<)",
@@ -270,7 +283,8 @@ def _reading(value: Any) -> str:
 
 
 def _spelling(value: Any) -> str | None:
-    """How to write a number or boolean so that both YAML versions read it alike; None for text or a date."""
+    """How to write a number or boolean so that both YAML versions read it alike; None for text or a
+    date."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -283,10 +297,10 @@ def _spelling(value: Any) -> str | None:
 def parse_yaml(
     text: str, source: str = "<string>", key: str = "", *, text_key: bool = False
 ) -> Any:
-    """Parse YAML text as the module's rule says; ``key``: the config key the whole text is the value of
-    (``--set``), which a refusal names; ``text_key``: that key takes text, which the caller keeps as typed
-    (no value is refused for what YAML 1.1 would read). Raises ConfigError: a syntax error or what
-    :class:`_Loader` refuses, in one line."""
+    """Parse YAML text as the module's rule says; ``key``: the config key the whole text is the
+    value of (``--set``), which a refusal names; ``text_key``: that key takes text, which the caller
+    keeps as typed (no value is refused for what YAML 1.1 would read). Raises ConfigError: a syntax
+    error or what :class:`_Loader` refuses, in one line."""
     loader = _Loader(text)
     loader.key, loader.check = key, not text_key
     try:
@@ -311,8 +325,8 @@ def read_yaml(path: str | Path, what: str, fix: str | None = None) -> Any:
 
 
 def _yaml_problem(exc: Exception, key: str) -> str:
-    """``: line L, column C: problem`` for a YAML error (PyYAML's own marked ``invalid YAML``); a ``--set``
-    value (``key``) is one line, named by its key instead."""
+    """``: line L, column C: problem`` for a YAML error (PyYAML's own marked ``invalid YAML``); a
+    ``--set`` value (``key``) is one line, named by its key instead."""
     if isinstance(exc, RecursionError):
         return f"{': ' + key if key else ''}: invalid YAML (nested too deeply); a config is a few flat sections"
     mark = getattr(exc, "problem_mark", None)

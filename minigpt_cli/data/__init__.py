@@ -1,1 +1,2 @@
-"""Text in, token files out: the corpus, its download, the split, the prepared memmaps and the batches."""
+"""Text in, token files out: the corpus, its download, the split, the prepared memmaps and the
+batches."""

@@ -1,7 +1,8 @@
-"""A corpus: the text files ``data.path`` names (or a named download), read as documents, in a stream.
+"""A corpus: the text files ``data.path`` names (or a named download), read as documents, in a
+stream.
 
-:func:`cut_pieces` cuts only where GPT-2's pre-tokenizer cuts, so encoding the pieces one by one gives the ids
-of the whole document.
+:func:`cut_pieces` cuts only where GPT-2's pre-tokenizer cuts, so encoding the pieces one by one
+gives the ids of the whole document.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ SUFFIXES = {".txt": "text", ".jsonl": "jsonl", ".parquet": "parquet", ".arrow": 
 BLOCK = 1 << 22
 #: Documents are handed on in pieces of about this many characters.
 PIECE_CHARS = 1 << 11
-#: A stretch this many times :data:`PIECE_CHARS` with no place where GPT-2's split cuts is cut anyway.
+#: A stretch this many times :data:`PIECE_CHARS` with no place where GPT-2's split cuts is cut
+#: anyway.
 HARD_CUT_FACTOR = 64
-#: With at least this many documents the validation split is the last whole documents, else the text's tail.
+#: With at least this many documents the validation split is the last whole documents, else the
+#: text's tail.
 MANY_DOCUMENTS = 10
 #: Rows of a Parquet row group decoded at a time (a row group can be large; a batch of rows is not).
 PARQUET_BATCH_ROWS = 1024
@@ -89,7 +92,8 @@ class Corpus:
 
     @property
     def legacy_fingerprint(self) -> str:
-        """The fingerprint of before 2026-12 (of each file's absolute path), which older runs carry."""
+        """The fingerprint of before 2026-12 (of each file's absolute path), which older runs
+        carry."""
         return self._digest([{k: r[k] for k in ("path", "size", "sha256")} for r in self.records()])
 
     def _digest(self, files: list[dict]) -> str:
@@ -99,7 +103,8 @@ class Corpus:
         return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
 
     def matches(self, fingerprint: str) -> bool:
-        """Whether ``fingerprint`` (a config's ``data.fingerprint``) names this corpus, in either form."""
+        """Whether ``fingerprint`` (a config's ``data.fingerprint``) names this corpus, in either
+        form."""
         return fingerprint in (self.fingerprint, self.legacy_fingerprint)
 
     def records(self) -> list[dict]:
@@ -112,7 +117,8 @@ class Corpus:
 
 
 def changed_file(before: Sequence[dict], after: Sequence[dict]) -> Optional[tuple[str, str]]:
-    """The first file that differs between two :meth:`Corpus.records` lists, and how: ``(path, what)``."""
+    """The first file that differs between two :meth:`Corpus.records` lists, and how: ``(path,
+    what)``."""
     key = "name" if all("name" in r for r in [*before, *after]) else "path"
     old = {r[key]: r for r in before}
     new = {r[key]: r for r in after}
@@ -139,7 +145,8 @@ def _is_input(p: Path, root: Path) -> bool:
 
 
 def _once(paths: Iterable[Path]) -> list[Path]:
-    """``paths`` without a second name for a file seen already (a symbolic link to it, ...), in order."""
+    """``paths`` without a second name for a file seen already (a symbolic link to it, ...), in
+    order."""
     first: dict[Path, Path] = {}
     for p in paths:
         first.setdefault(p.resolve(), p)
@@ -178,9 +185,9 @@ _DEEP = f"nested more than {JSON_BOUNDS.max_depth} levels deep, the limit"
 
 
 class _Reading(errors_as):
-    """The reads of ``path`` in a ``with`` block: an OSError, a byte that is not UTF-8 or a line that is not JSON
-    becomes the one line for that file; the block keeps ``offset`` (of the bytes being decoded) and ``line``
-    (JSON Lines) up to date for it."""
+    """The reads of ``path`` in a ``with`` block: an OSError, a byte that is not UTF-8 or a line
+    that is not JSON becomes the one line for that file; the block keeps ``offset`` (of the bytes
+    being decoded) and ``line`` (JSON Lines) up to date for it."""
 
     def __init__(self, path: Path):
         self.offset = self.line = 0
@@ -251,8 +258,8 @@ def open_corpus(
             _check_column(
                 p, kind, text_field
             )  # before hashing: a wrong column is found in a moment
-    # Names are relative to the folder holding every file (a single file's: its own folder), as the user
-    # named them (before symbolic links are followed).
+    # Names are relative to the folder holding every file (a single file's: its own folder), as the
+    # user named them (before symbolic links are followed).
     root = Path(os.path.commonpath([os.path.abspath(p.parent) for p in found]))
     files = [
         CorpusFile(
@@ -378,7 +385,8 @@ def _table_documents(path: Path, kind: str, column: str, size: int) -> Iterator[
 
 
 def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
-    """The text of a UTF-8 file in blocks, each with the byte count it took; a leading BOM dropped."""
+    """The text of a UTF-8 file in blocks, each with the byte count it took; a leading BOM
+    dropped."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, first = 0, True
     with _Reading(path) as at, open_regular(path) as f:
@@ -399,7 +407,8 @@ def _text_blocks(path: Path) -> Iterator[tuple[str, int]]:
 
 
 def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
-    """The documents of a JSON Lines file, each with the byte count of its line; blank lines empty."""
+    """The documents of a JSON Lines file, each with the byte count of its line; blank lines
+    empty."""
     with _Reading(path) as at, open_regular(path) as f:
         for number, raw in enumerate(f, 1):
             at.line = number
@@ -447,7 +456,8 @@ SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)|(?<=\S)(?= \S)")
 
 
 def _inside_special(text: str, pos: int, special_tokens: Sequence[str]) -> bool:
-    """Whether an occurrence of a special token in ``text`` spans position ``pos`` (cutting there would break it)."""
+    """Whether an occurrence of a special token in ``text`` spans position ``pos`` (cutting there
+    would break it)."""
     for s in special_tokens:
         lo = max(0, pos - len(s) + 1)
         i = text.find(s, lo)
@@ -461,7 +471,8 @@ def _inside_special(text: str, pos: int, special_tokens: Sequence[str]) -> bool:
 def cut_pieces(
     chunks: Iterable[str], size: Optional[int] = None, special_tokens: Sequence[str] = ()
 ) -> Iterator[str]:
-    """One document's text (``chunks``, in order) in pieces of about ``size`` (:data:`PIECE_CHARS`) characters."""
+    """One document's text (``chunks``, in order) in pieces of about ``size`` (:data:`PIECE_CHARS`)
+    characters."""
     size = size or PIECE_CHARS
     risky = [
         s for s in special_tokens if any(ch.isspace() for ch in s)
@@ -492,8 +503,9 @@ def cut_pieces(
 
 
 def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]]]:
-    """Each document of ``corpus`` as an iterator of its text (to be read before the next), with the bytes read. Raises
-    MinigptError: a file unreadable, not UTF-8, a bad JSON line, a Parquet row group unreadable."""
+    """Each document of ``corpus`` as an iterator of its text (to be read before the next), with the
+    bytes read. Raises MinigptError: a file unreadable, not UTF-8, a bad JSON line, a Parquet row
+    group unreadable."""
     done = [0]
 
     def read_so_far() -> int:
@@ -519,8 +531,8 @@ def documents(corpus: Corpus) -> Iterator[tuple[Iterator[str], Callable[[], int]
 
 
 def survey(corpus: Corpus) -> tuple[int, int]:
-    """Read ``corpus`` once, checking every file: its non-empty documents and their characters. Raises MinigptError: as
-    :func:`documents`, or no text at all."""
+    """Read ``corpus`` once, checking every file: its non-empty documents and their characters.
+    Raises MinigptError: as :func:`documents`, or no text at all."""
     lengths = [sum(map(len, blocks)) for blocks, _ in documents(corpus)]
     if not sum(lengths):
         raise _error(
@@ -530,7 +542,8 @@ def survey(corpus: Corpus) -> tuple[int, int]:
 
 
 def corpus_text(corpus: Corpus, limit_chars: Optional[int] = None, separator: str = "\n\n") -> str:
-    """The documents joined by ``separator``, stopping after about ``limit_chars`` characters (a piece's end)."""
+    """The documents joined by ``separator``, stopping after about ``limit_chars`` characters (a
+    piece's end)."""
     parts: list[str] = []
     n = 0
     for blocks, _ in documents(corpus):

@@ -34,7 +34,8 @@ from .download_files import install, open_part, sweep_partial_files
 
 @dataclass(frozen=True)
 class Dataset:
-    """A corpus: its folder under ``data/``, default address, sha256, size in bytes and mirror variable."""
+    """A corpus: its folder under ``data/``, default address, sha256, size in bytes and mirror
+    variable."""
 
     name: str
     url: str
@@ -44,7 +45,8 @@ class Dataset:
 
 
 def datasets() -> dict[str, Dataset]:
-    """The corpora ``minigpt download`` knows, by name (:func:`~minigpt_cli.paths.dataset_registry`)."""
+    """The corpora ``minigpt download`` knows, by name
+    (:func:`~minigpt_cli.paths.dataset_registry`)."""
     return {
         name: Dataset(
             name=name,
@@ -65,8 +67,8 @@ _RETRY_STATUSES = (429, 500, 502, 503, 504)
 
 
 def get_dataset(dataset: str | Dataset) -> Dataset:
-    """The :func:`datasets` entry named ``dataset`` (an entry as is). Raises MinigptError: an unknown name, listing the
-    known ones."""
+    """The :func:`datasets` entry named ``dataset`` (an entry as is). Raises MinigptError: an
+    unknown name, listing the known ones."""
     if isinstance(dataset, Dataset):
         return dataset
     known = datasets()
@@ -76,7 +78,8 @@ def get_dataset(dataset: str | Dataset) -> Dataset:
 
 
 def resolve_url(url: str | None = None, dataset: str | Dataset = DATASET) -> str:
-    """``url`` (``--url``), else the dataset's variable, else its default; a blank value is not given."""
+    """``url`` (``--url``), else the dataset's variable, else its default; a blank value is not
+    given."""
     ds = get_dataset(dataset)
     if url is not None and url.strip():
         return url.strip()
@@ -84,7 +87,8 @@ def resolve_url(url: str | None = None, dataset: str | Dataset = DATASET) -> str
 
 
 def file_ok(path: str | Path, dataset: str | Dataset = DATASET) -> bool:
-    """Whether ``path`` is a readable regular file holding exactly the genuine corpus of ``dataset``."""
+    """Whether ``path`` is a readable regular file holding exactly the genuine corpus of
+    ``dataset``."""
     ds, p = get_dataset(dataset), Path(path)
     with suppress(OSError, MinigptError):  # unreadable: not OK
         return (
@@ -94,7 +98,8 @@ def file_ok(path: str | Path, dataset: str | Dataset = DATASET) -> bool:
 
 
 def url_corpus_on_disk(data_dir: str | Path, dataset: str, url: str | None) -> bool:
-    """Whether ``data.url`` is set while the named corpus is already on disk and genuine (so not fetched)."""
+    """Whether ``data.url`` is set while the named corpus is already on disk and genuine (so not
+    fetched)."""
     return bool(url and url.strip()) and file_ok(corpus_path(data_dir, dataset), dataset)
 
 
@@ -102,8 +107,8 @@ def url_corpus_on_disk(data_dir: str | Path, dataset: str, url: str | None) -> b
 
 
 def _session(retries: int, backoff_factor: float) -> requests.Session:
-    """A session that retries failed connections and 429/5xx answers to GET, then hands back the last
-    answer (no RetryError), so the message can say "HTTP 503 Service Unavailable"."""
+    """A session that retries failed connections and 429/5xx answers to GET, then hands back the
+    last answer (no RetryError), so the message can say "HTTP 503 Service Unavailable"."""
     retry = urllib3.util.Retry(
         total=retries,
         backoff_factor=backoff_factor,
@@ -142,8 +147,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _reason(exc: BaseException, timeout: float, retries: int, elapsed: float) -> str:
-    """A short reason for a network failure: the operating system's error ("Connection refused") first, a
-    phrase for a body cut short or a timeout, else the outermost message."""
+    """A short reason for a network failure: the operating system's error ("Connection refused")
+    first, a phrase for a body cut short or a timeout, else the outermost message."""
     chain = list(_chain(exc))
     if any(isinstance(e, http.client.IncompleteRead) for e in chain):
         return "the server closed the connection early"
@@ -215,7 +220,8 @@ class _Attempt:
     def _failure(self, phase: str, exc: Exception, reason: str) -> Exception:
         url = self.url
         if phase == "read":
-            # ChunkedEncodingError (IncompleteRead / ProtocolError), ConnectionError (reset, timeout).
+            # ChunkedEncodingError (IncompleteRead / ProtocolError), ConnectionError (reset,
+            # timeout).
             if isinstance(exc, requests.exceptions.ContentDecodingError):
                 return MinigptError(
                     f"download of {url} sent a {self.encoding} body that does not decode; "
@@ -253,7 +259,8 @@ class _Attempt:
         return exc
 
     def check(self, resp: requests.Response) -> None:
-        """Refuse a Content-Length other than the dataset's size (gzip's counts compressed bytes: not compared)."""
+        """Refuse a Content-Length other than the dataset's size (gzip's counts compressed bytes:
+        not compared)."""
         self.encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
         with suppress(KeyError, ValueError):
             if self.encoding in ("", "identity"):
@@ -269,8 +276,8 @@ class _Attempt:
             yield from (chunk for chunk in resp.iter_content(chunk_size=_CHUNK) if chunk)
 
     def save(self, resp: requests.Response, progress: bool | None) -> None:
-        """Stream the body into :attr:`part` with a tqdm bar on stderr, fsync it, and check its sha256 (the
-        backstop naming a body cut short)."""
+        """Stream the body into :attr:`part` with a tqdm bar on stderr, fsync it, and check its
+        sha256 (the backstop naming a body cut short)."""
         digest, over = hashlib.sha256(), False
         with (
             self.part as f,
@@ -328,7 +335,8 @@ def _fetch(
     backoff_factor: float,
     mirror_hint: str,
 ) -> Path | None:
-    """Stream ``url`` into ``dest`` atomically; return where a differing file at ``dest`` was kept, or None."""
+    """Stream ``url`` into ``dest`` atomically; return where a differing file at ``dest`` was kept,
+    or None."""
     att = _Attempt(ds, _redact(url), dest, mirror_hint, timeout, retries)
     created = list(
         takewhile(lambda d: not d.exists() and d != d.parent, [dest.parent, *dest.parent.parents])
@@ -376,9 +384,10 @@ def download(
     backoff_factor: float = 0.5,
     mirror_hint: str | None = None,
 ) -> tuple[Path, bool]:
-    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus; return ``(path, downloaded now)``.
-    ``timeout``: seconds to connect and between bytes; ``mirror_hint``: how the user names another mirror. A failure
-    leaves no new file or folder behind. Raises MinigptError: the URL, the problem and the fix, or the file."""
+    """Make sure ``<data_dir>/<dataset>/input.txt`` holds the genuine corpus; return ``(path,
+    downloaded now)``. ``timeout``: seconds to connect and between bytes; ``mirror_hint``: how the
+    user names another mirror. A failure leaves no new file or folder behind. Raises MinigptError:
+    the URL, the problem and the fix, or the file."""
     ds = get_dataset(dataset)
     url = resolve_url(url, ds)
     path = corpus_path(data_dir, ds.name)

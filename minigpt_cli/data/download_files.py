@@ -1,4 +1,5 @@
-"""Where a download writes: a partial file locked by ``flock``, the sweep of stale ones, the final rename."""
+"""Where a download writes: a partial file locked by ``flock``, the sweep of stale ones, the final
+rename."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ _STALE_AFTER_S = 5.0 if fcntl is not None else 3600.0
 def sweep_partial_files(
     folder: Path, pattern: str = PART_GLOB, stale_after: float = _STALE_AFTER_S
 ) -> list[Path]:
-    """Delete (and return) the partial files (a download's, or ``pattern``) a killed process left in ``folder``:
-    unlocked and untouched for ``stale_after`` seconds."""
+    """Delete (and return) the partial files (a download's, or ``pattern``) a killed process left in
+    ``folder``: unlocked and untouched for ``stale_after`` seconds."""
     removed = []
     with suppress(OSError):
         candidates = sorted(folder.glob(pattern))
@@ -52,7 +53,8 @@ def sweep_partial_files(
 
 
 def open_part(dest: Path) -> IO[bytes]:
-    """A new partial file beside ``dest``, locked to tell a later download's sweep that this one is alive."""
+    """A new partial file beside ``dest``, locked to tell a later download's sweep that this one is
+    alive."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = tempfile.NamedTemporaryFile(
         dir=dest.parent, delete=False, prefix=f".{CORPUS_FILE}.", suffix=".part"
@@ -64,8 +66,9 @@ def open_part(dest: Path) -> IO[bytes]:
 
 
 def back_up(path: Path, genuine: Callable[[Path], bool]) -> Path | None:
-    """Keep the user's own file at ``path`` (failing the checksum) as ``input.txt.bak`` (``.bak-N``): hard-linked,
-    so it stays in place until replaced, else renamed. None for an absent, empty or genuine file, or a symlink."""
+    """Keep the user's own file at ``path`` (failing the checksum) as ``input.txt.bak``
+    (``.bak-N``): hard-linked, so it stays in place until replaced, else renamed. None for an
+    absent, empty or genuine file, or a symlink."""
     if path.is_symlink() or not path.is_file() or path.stat().st_size == 0 or genuine(path):
         return None
     names = (path.with_name(f"{path.name}.bak{f'-{n}' if n else ''}") for n in count())
@@ -80,7 +83,8 @@ def back_up(path: Path, genuine: Callable[[Path], bool]) -> Path | None:
 
 
 def install(part: str, dest: Path, genuine: Callable[[Path], bool]) -> Path | None:
-    """Rename the verified ``part`` over ``dest``, keeping a differing file there; return the backup, or None."""
+    """Rename the verified ``part`` over ``dest``, keeping a differing file there; return the
+    backup, or None."""
     os.chmod(
         part, new_file_mode()
     )  # NamedTemporaryFile creates mode 0600; give the corpus the usual mode

@@ -1,4 +1,5 @@
-"""The config's corpus, tokenizer and token files made ready (:func:`prepare_data`), and the batches drawn."""
+"""The config's corpus, tokenizer and token files made ready (:func:`prepare_data`), and the batches
+drawn."""
 
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ if (
 ):  # torch is imported where batches are drawn: train-tokenizer runs without it (1.3 s)
     import torch
 
-#: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a corpus, its first.
+#: A trained tokenizer (bpe, unigram, wordpiece) learns from at most this many characters of a
+#: corpus, its first.
 TOKENIZER_TRAIN_CHARS = 64 << 20
 
 
-#: The download errors' fix when the config names a mirror (the url must serve the checksummed corpus itself).
+#: The download errors' fix when the config names a mirror (the url must serve the checksummed
+#: corpus itself).
 _URL_HINT = (
     "fix data.url in the config (it overrides the environment): it must name a mirror of the "
     "{dataset} corpus itself, not another text (for your own text, set data.path instead)"
@@ -43,7 +46,8 @@ _FINGERPRINT = (
 
 
 def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
-    """The named dataset's corpus file, downloaded (saying so). Raises MinigptError: the download failed."""
+    """The named dataset's corpus file, downloaded (saying so). Raises MinigptError: the download
+    failed."""
     from .download import download
 
     log(
@@ -56,8 +60,9 @@ def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bo
 
 
 def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Corpus]:
-    """The config's corpus when it can be read without a download (``data.path``'s, or the named dataset's genuine
-    file), hashed once; else None. Raises MinigptError: a ``data.path`` that names nothing readable."""
+    """The config's corpus when it can be read without a download (``data.path``'s, or the named
+    dataset's genuine file), hashed once; else None. Raises MinigptError: a ``data.path`` that names
+    nothing readable."""
     from tqdm import tqdm
 
     from .download import get_dataset
@@ -86,7 +91,8 @@ def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Co
 
 
 def corpus_root(cfg: Config, corpus: Optional[Corpus]) -> Path:
-    """The folder of a corpus's tokenizers and token files: ``<data_dir>/<dataset>/``, or :meth:`Corpus.folder`."""
+    """The folder of a corpus's tokenizers and token files: ``<data_dir>/<dataset>/``, or
+    :meth:`Corpus.folder`."""
     dc = cfg.data
     return dataset_dir(dc.data_dir, dc.dataset) if dc.path is None else corpus.folder(dc.data_dir)
 
@@ -94,8 +100,9 @@ def corpus_root(cfg: Config, corpus: Optional[Corpus]) -> Path:
 def configured_corpus(
     cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None
 ) -> tuple[Corpus, Path]:
-    """The corpus the config names (downloaded first when missing) and its folder (:func:`corpus_root`). Raises
-    MinigptError: a ``data.path`` that names nothing readable, or a failed download."""
+    """The corpus the config names (downloaded first when missing) and its folder
+    (:func:`corpus_root`). Raises MinigptError: a ``data.path`` that names nothing readable, or a
+    failed download."""
     corpus = corpus_on_disk(cfg, progress)
     if corpus is None:
         corpus = open_corpus(
@@ -112,8 +119,9 @@ _RUN_CORPUS_GONE = (
 
 
 def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
-    """A run's config with its corpus found from any folder (``data.data_dir``, ``data.path`` as ``train`` read them).
-    Raises MinigptError: a ``data.path`` corpus found nowhere, naming where it was."""
+    """A run's config with its corpus found from any folder (``data.data_dir``, ``data.path`` as
+    ``train`` read them). Raises MinigptError: a ``data.path`` corpus found nowhere, naming where it
+    was."""
     bases = runs.training_dirs(run_dir, cfg.train.out_dir)
     if not bases:
         return cfg
@@ -147,7 +155,8 @@ def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
 
 
 def _corpus_found(cfg: Config) -> bool:
-    """Whether the config's corpus has files where it says: the named dataset's file, or ``data.path``'s."""
+    """Whether the config's corpus has files where it says: the named dataset's file, or
+    ``data.path``'s."""
     dc = cfg.data
     return (
         corpus_path(dc.data_dir, dc.dataset).is_file()
@@ -165,8 +174,9 @@ _RUN_CORPUS_CHANGED = (
 
 
 def corpus_change(before: list[dict], corpus: Corpus) -> tuple[str, str, str]:
-    """What differs between a checkpoint's record of its corpus's files (``meta.json``) and ``corpus`` now:
-    (path, ``changed``/``removed``/``added``/``reordered``, a changed file's sha256 and size then and now)."""
+    """What differs between a checkpoint's record of its corpus's files (``meta.json``) and
+    ``corpus`` now: (path, ``changed``/``removed``/``added``/``reordered``, a changed file's sha256
+    and size then and now)."""
     now_records = corpus.records()
     found = changed_file(before, now_records)
     if found is None:
@@ -199,7 +209,8 @@ def run_corpus_change(
     run_dir: Path,
     checkpoints: Sequence[str] = (runs.BEST, runs.LAST),
 ) -> Optional[tuple[str, str, str]]:
-    """None when ``corpus`` is the one ``want`` names (or none is named); else :func:`corpus_change`."""
+    """None when ``corpus`` is the one ``want`` names (or none is named); else
+    :func:`corpus_change`."""
     if want is None or corpus.matches(want):
         return None
     before: list[dict] = []
@@ -215,8 +226,9 @@ def run_corpus_change(
 
 
 def check_corpus(cfg: Config, corpus: Corpus, run_dir: Optional[Path] = None) -> None:
-    """Refuse a corpus other than the one ``data.fingerprint`` names (when set); with ``run_dir``, the run's splits read
-    from it, naming the file that differs. Raises MinigptError: the fingerprint names another corpus."""
+    """Refuse a corpus other than the one ``data.fingerprint`` names (when set); with ``run_dir``,
+    the run's splits read from it, naming the file that differs. Raises MinigptError: the
+    fingerprint names another corpus."""
     want = cfg.data.fingerprint
     if want is None or corpus.matches(want):
         return
@@ -229,7 +241,8 @@ def check_corpus(cfg: Config, corpus: Corpus, run_dir: Optional[Path] = None) ->
 
 
 def tokenizer_path(cfg: Config, root: Optional[Path] = None) -> Path:
-    """``tokenizer.path``, else :func:`~minigpt_cli.paths.default_tokenizer_path` in ``root`` (the corpus's folder)."""
+    """``tokenizer.path``, else :func:`~minigpt_cli.paths.default_tokenizer_path` in ``root`` (the
+    corpus's folder)."""
     tc = cfg.tokenizer
     if tc.path:
         return Path(tc.path)
@@ -247,10 +260,12 @@ _HF_FIX = (
 
 
 def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
-    """Load the tokenizer file ``path`` and check that it agrees with the config (kind, special tokens, size). Raises
-    MinigptError: an unreadable file, or one that disagrees with the config."""
+    """Load the tokenizer file ``path`` and check that it agrees with the config (kind, special
+    tokens, size). Raises MinigptError: an unreadable file, or one that disagrees with the
+    config."""
     tc = cfg.tokenizer
-    # A tokenizer.path file is the user's: never advised to be deleted (own=False); the default file is ours.
+    # A tokenizer.path file is the user's: never advised to be deleted (own=False); the default file
+    # is ours.
     tok = load_tokenizer(
         path, tc.kind, own=tc.path is None, fix=_HF_FIX if tc.kind == "hf" else None
     )
@@ -281,8 +296,8 @@ def load_configured_tokenizer(cfg: Config, path: Path) -> Tokenizer:
 def training_texts(
     corpus: Corpus, special_tokens: Sequence[str], limit_chars: Optional[int] = None
 ) -> Iterator[str]:
-    """Every piece of every document (about ``limit_chars`` characters at most), after a blank line when
-    documents will be joined by one (its characters need ids)."""
+    """Every piece of every document (about ``limit_chars`` characters at most), after a blank line
+    when documents will be joined by one (its characters need ids)."""
     several = len(corpus.files) > 1 or any(f.by_documents for f in corpus.files)
     if several and not any(s in END_OF_TEXT for s in special_tokens):
         yield "\n\n"
@@ -301,10 +316,11 @@ def ensure_tokenizer(
     write: bool = True,
     save: bool = True,
 ) -> tuple[Optional[Tokenizer], Path]:
-    """The configured tokenizer, checked, or trained on ``corpus`` and saved when its file is missing. ``write`` False
-    (a dry run): nothing saved; a trained kind only has its size checked (None). ``save`` False: trained but kept in
-    memory, for the caller to save once its own checks pass. Raises MinigptError: a file that disagrees with the
-    config, a path that cannot be written, or training that fails; nothing is written then."""
+    """The configured tokenizer, checked, or trained on ``corpus`` and saved when its file is
+    missing. ``write`` False (a dry run): nothing saved; a trained kind only has its size checked
+    (None). ``save`` False: trained but kept in memory, for the caller to save once its own checks
+    pass. Raises MinigptError: a file that disagrees with the config, a path that cannot be written,
+    or training that fails; nothing is written then."""
     tc = cfg.tokenizer
     path = tokenizer_path(cfg, root)
     with errors_as({NotRegularFile: lambda exc: read_problem(exc, path, "tokenizer file")}):
@@ -314,7 +330,8 @@ def ensure_tokenizer(
     check_writable(path, folder=False)
     corpus = open_corpus(corpus) if isinstance(corpus, (str, Path)) else corpus
     if corpus is None or (not write and tc.kind != "char"):
-        # Without the text, the base alphabet counts none of its characters: only a size no text allows is refused.
+        # Without the text, the base alphabet counts none of its characters: only a size no text
+        # allows is refused.
         text = (
             "".join(training_texts(corpus, tc.special_tokens, TOKENIZER_TRAIN_CHARS))
             if corpus is not None and tc.kind not in ("bpe", "char")
@@ -342,7 +359,8 @@ def ensure_tokenizer(
 
 @dataclass
 class DataStage:
-    """What ``train``'s data steps found or made; what a dry run lacks is None, and ``waits`` says why."""
+    """What ``train``'s data steps found or made; what a dry run lacks is None, and ``waits`` says
+    why."""
 
     root: Path
     tok_path: Path
@@ -361,9 +379,10 @@ def prepare_data(
     check: Callable[[Corpus], None] = lambda corpus: None,
     found: Callable[[Optional[Corpus]], None] = lambda corpus: None,
 ) -> DataStage:
-    """``train``'s data steps and ``minigpt prepare``: the corpus, tokenizer and token files, each made if missing
-    (``write`` False: ``--dry-run``, nothing written). ``found`` hears of the corpus on disk (None: not there) before
-    any download; ``check`` may refuse it. Raises MinigptError: as the steps and ``check`` do."""
+    """``train``'s data steps and ``minigpt prepare``: the corpus, tokenizer and token files, each
+    made if missing (``write`` False: ``--dry-run``, nothing written). ``found`` hears of the corpus
+    on disk (None: not there) before any download; ``check`` may refuse it. Raises MinigptError: as
+    the steps and ``check`` do."""
     dc = cfg.data
     corpus = corpus_on_disk(cfg, progress)
     found(corpus)
@@ -417,7 +436,8 @@ def prepare_configured(
 
 
 def with_vocab(cfg: Config, vocab_size: int) -> Config:
-    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's. Raises MinigptError: a smaller one."""
+    """``cfg`` with a null ``model.vocab_size`` taken from the tokenizer's. Raises MinigptError: a
+    smaller one."""
     mc = cfg.model
     if mc.vocab_size is None:
         mc = mc.model_copy(update={"vocab_size": vocab_size})
@@ -476,7 +496,8 @@ class BatchSampler:
 def windows(
     tokens: np.ndarray, offsets: torch.Tensor, block_size: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Windows of ``tokens`` at ``offsets`` (n,): x, y (n, block_size) int64 on ``device``, y shifted by one."""
+    """Windows of ``tokens`` at ``offsets`` (n,): x, y (n, block_size) int64 on ``device``, y
+    shifted by one."""
     import torch
 
     window = torch.from_numpy(
@@ -490,12 +511,14 @@ def windows(
     return x.to(device), y.to(device)
 
 
-#: Eval offsets are drawn this many at a time: memory stays bounded whatever ``eval_iters`` asks for.
+#: Eval offsets are drawn this many at a time: memory stays bounded whatever ``eval_iters`` asks
+#: for.
 EVAL_CHUNK = 4096
 
 
 def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> Iterator[torch.Tensor]:
-    """The start offsets of an eval's ``count`` windows, in chunks of :data:`EVAL_CHUNK`; a function of the seed."""
+    """The start offsets of an eval's ``count`` windows, in chunks of :data:`EVAL_CHUNK`; a function
+    of the seed."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -506,5 +529,6 @@ def eval_offsets(n_tokens: int, block_size: int, count: int, seed: int) -> Itera
 
 
 def eval_seed(seed: int, split: str, step: int) -> int:
-    """The seed of the eval batches of ``split`` at ``step`` (a resumed run evaluates as the uninterrupted one)."""
+    """The seed of the eval batches of ``split`` at ``step`` (a resumed run evaluates as the
+    uninterrupted one)."""
     return ((seed * 1_000_003 + {"train": 2, "val": 3}[split]) * 1_000_000_007 + step) & (2**63 - 1)

@@ -1,6 +1,8 @@
-"""Corpus -> token memmaps, streamed: :func:`prepare` and the one split it makes (:class:`SplitPlan`).
+"""Corpus -> token memmaps, streamed: :func:`prepare` and the one split it makes
+(:class:`SplitPlan`).
 
-Read twice (a survey, then the encoding) into temporary files renamed at the end, ``meta.json`` last.
+Read twice (a survey, then the encoding) into temporary files renamed at the end, ``meta.json``
+last.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ BATCH_CHARS = 1 << 20
 _TEMP_PREFIX = ".prep-"
 #: The splits, by their index in a :data:`Unit`.
 SPLITS = ("train", "val")
-#: A corpus larger than this (bytes) is not encoded by a dry run when no prepared files give its split.
+#: A corpus larger than this (bytes) is not encoded by a dry run when no prepared files give its
+#: split.
 PREVIEW_BYTES = 64 << 20
 
 
@@ -54,8 +57,8 @@ MIN_SPLIT_TOKENS = 2
 
 
 def _fraction_that_fits(val_fraction: float, total: int, need: int) -> Optional[float]:
-    """A ``data.val_fraction`` leaving both sides about ``need`` of ``total`` tokens (0.1 if it does, else the
-    nearest to ``val_fraction``, two digits), or None."""
+    """A ``data.val_fraction`` leaving both sides about ``need`` of ``total`` tokens (0.1 if it
+    does, else the nearest to ``val_fraction``, two digits), or None."""
     if total < 2 * need:
         return None
     lo, hi = need / total, 1 - need / total
@@ -74,7 +77,8 @@ def _fraction_that_fits(val_fraction: float, total: int, need: int) -> Optional[
 def _fix(
     val_fraction: float, n_train: int, n_val: int, need: int, block_size: Optional[int]
 ) -> str:
-    """What to change, for a split with a side under ``need`` tokens: a value then accepted, or more text."""
+    """What to change, for a split with a side under ``need`` tokens: a value then accepted, or more
+    text."""
     total, smallest = n_train + n_val, min(n_train, n_val)
     fits = _fraction_that_fits(val_fraction, total, need)  # another split, this block size
     if (
@@ -109,8 +113,9 @@ def _fix(
 def check_split_counts(
     val_fraction: float, n_train: int, n_val: int, block_size: Optional[int] = None
 ) -> None:
-    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` (or ``block_size + 1``) tokens on a side. Raises
-    MinigptError: one line naming ``data.val_fraction``, the token counts and the fix."""
+    """Refuse a split with fewer than :data:`MIN_SPLIT_TOKENS` (or ``block_size + 1``) tokens on a
+    side. Raises MinigptError: one line naming ``data.val_fraction``, the token counts and the
+    fix."""
     need = max(block_size + 1, MIN_SPLIT_TOKENS) if block_size is not None else MIN_SPLIT_TOKENS
     if min(n_train, n_val) >= need:
         return
@@ -133,7 +138,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def separator_ids(tok: Tokenizer) -> tuple[list[int], str]:
-    """The ids put between two documents, and what they are: an end-of-text token, a blank line or nothing."""
+    """The ids put between two documents, and what they are: an end-of-text token, a blank line or
+    nothing."""
     for s in getattr(tok, "special_tokens", ()):
         if s in END_OF_TEXT:
             return tok.encode(s), s
@@ -145,8 +151,8 @@ def separator_ids(tok: Tokenizer) -> tuple[list[int], str]:
 
 @dataclass(frozen=True)
 class SplitPlan:
-    """Where validation starts: at document ``val_from_doc`` (by documents), or at character ``val_from_char``
-    of the documents' text (by the tail fraction)."""
+    """Where validation starts: at document ``val_from_doc`` (by documents), or at character
+    ``val_from_char`` of the documents' text (by the tail fraction)."""
 
     val_fraction: float
     n_documents: int
@@ -172,7 +178,8 @@ class SplitPlan:
 
 
 def _tail_cut(piece: str, k: int, special_tokens: Sequence[str]) -> int:
-    """``k``, moved back to the start of a special token it falls inside (the token stays one id)."""
+    """``k``, moved back to the start of a special token it falls inside (the token stays one
+    id)."""
     moved = True
     while moved:
         moved = False
@@ -186,7 +193,8 @@ def _tail_cut(piece: str, k: int, special_tokens: Sequence[str]) -> int:
 def split_text(
     text: str, val_fraction: float = 0.1, keep_whole: Sequence[str] = ()
 ) -> tuple[str, str]:
-    """(train, val): the first ``int(len·(1-val_fraction))`` characters and the rest (nanoGPT's split)."""
+    """(train, val): the first ``int(len·(1-val_fraction))`` characters and the rest (nanoGPT's
+    split)."""
     n = _tail_cut(text, int(len(text) * (1 - val_fraction)), keep_whole)
     return text[:n], text[n:]
 
@@ -197,7 +205,8 @@ Unit = tuple[int, Optional[str], int]
 
 
 def units(corpus: Corpus, plan: SplitPlan, special_tokens: Sequence[str]) -> Iterator[Unit]:
-    """The corpus as a stream of pieces and separators, each tagged with its split (see :class:`SplitPlan`)."""
+    """The corpus as a stream of pieces and separators, each tagged with its split (see
+    :class:`SplitPlan`)."""
     doc, chars = -1, 0
     for blocks, read_so_far in documents(corpus):
         for i, piece in enumerate(
@@ -255,7 +264,8 @@ def encoded(
     plan: SplitPlan,
     progress: Optional[bool] = None,
 ) -> Iterator[tuple[int, np.ndarray, int]]:
-    """``(split, ids, chars)`` for each unit of :func:`units`, a batch encoded while the next is read."""
+    """``(split, ids, chars)`` for each unit of :func:`units`, a batch encoded while the next is
+    read."""
     sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
     specials = list(getattr(tok, "special_tokens", ()))
     with ExitStack() as stack:
@@ -292,9 +302,9 @@ def write_token_files(
     progress: Optional[bool] = None,
     block_size: Optional[int] = None,
 ) -> dict[str, int]:
-    """Encode ``corpus`` into ``directory/{train,val}.bin`` (None: count only); return the token and character counts.
-    Raises MinigptError: as :func:`encoded`, a split too small, a file that cannot be written; nothing that looks
-    complete is left."""
+    """Encode ``corpus`` into ``directory/{train,val}.bin`` (None: count only); return the token and
+    character counts. Raises MinigptError: as :func:`encoded`, a split too small, a file that cannot
+    be written; nothing that looks complete is left."""
     dtype = token_dtype(tok.vocab_size)
     created = (
         []
@@ -396,8 +406,8 @@ def _wanted(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> dict:
 
 
 def reusable_meta(directory: Path, want: dict) -> Optional[dict]:
-    """``directory``'s ``meta.json`` when it names ``want`` and both token files have its sizes (a split too small
-    is :func:`prepare`'s to refuse); else None."""
+    """``directory``'s ``meta.json`` when it names ``want`` and both token files have its sizes (a
+    split too small is :func:`prepare`'s to refuse); else None."""
     try:  # missing, damaged or unreadable: prepared again (an unwritable folder is refused then)
         meta = read_json(directory / "meta.json", "data meta.json", STATE_BOUNDS)
     except MinigptError:
@@ -416,7 +426,8 @@ def reusable_meta(directory: Path, want: dict) -> Optional[dict]:
 
 
 def _out_of_range(directory: Path, dtype: np.dtype, vocab_size: int) -> tuple[Path, int] | None:
-    """The first token file in ``directory`` holding an id ≥ ``vocab_size``, and its largest id; or None."""
+    """The first token file in ``directory`` holding an id ≥ ``vocab_size``, and its largest id; or
+    None."""
     for split in ("train", "val"):
         path = directory / f"{split}.bin"
         if path.stat().st_size == 0:
@@ -428,12 +439,14 @@ def _out_of_range(directory: Path, dtype: np.dtype, vocab_size: int) -> tuple[Pa
 
 
 def token_dir(root: Path, tok: Tokenizer) -> Path:
-    """``<root>/<kind>-<fingerprint>/``: where ``tok``'s token files of the corpus in ``root`` go."""
+    """``<root>/<kind>-<fingerprint>/``: where ``tok``'s token files of the corpus in ``root``
+    go."""
     return root / f"{tok.kind}-{tok.fingerprint()}"
 
 
 def split_plan(corpus: Corpus, val_fraction: float) -> tuple[SplitPlan, int]:
-    """The one split ``prepare``, ``train`` and ``train-tokenizer`` make, and the non-empty documents."""
+    """The one split ``prepare``, ``train`` and ``train-tokenizer`` make, and the non-empty
+    documents."""
     n_documents, total_chars = survey(corpus)
     return SplitPlan.make(n_documents, total_chars, val_fraction), n_documents
 
@@ -448,10 +461,10 @@ def prepare(
     block_size: Optional[int] = None,
     write: bool = True,
 ) -> PreparedData:
-    """Tokenize ``corpus`` into ``root/<kind>-<fingerprint>/{train,val}.bin``, or reuse files whose ``meta.json`` names
-    the same tokenizer, corpus and split. ``write`` False (a dry run): only counted. Raises MinigptError: a corpus file
-    unreadable or not UTF-8, a bad JSON line, text the tokenizer cannot encode, a folder that cannot be written, or a
-    split too small."""
+    """Tokenize ``corpus`` into ``root/<kind>-<fingerprint>/{train,val}.bin``, or reuse files whose
+    ``meta.json`` names the same tokenizer, corpus and split. ``write`` False (a dry run): only
+    counted. Raises MinigptError: a corpus file unreadable or not UTF-8, a bad JSON line, text the
+    tokenizer cannot encode, a folder that cannot be written, or a split too small."""
     corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus)
     directory = token_dir(root, tok)
     sweep_dead_temps(

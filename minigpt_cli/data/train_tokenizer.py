@@ -1,4 +1,5 @@
-"""The ``train-tokenizer`` command: train, save, and summarise a tokenizer, or compare all four kinds."""
+"""The ``train-tokenizer`` command: train, save, and summarise a tokenizer, or compare all four
+kinds."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ CHOSEN = "chosen-tokenizer.json"
 
 
 def chosen_tokenizer(cfg: Config, note: Callable[[str], None]) -> Config:
-    """``cfg`` with the tokenizer ``train-tokenizer`` trained for its ``data.path`` corpus, in place of the
-    config's, saying so through ``note``; ``cfg`` itself when there is none, when ``tokenizer.path`` names
-    a file (the user's choice) or ``model.init_from`` a model (its own tokenizer), or when they agree.
+    """``cfg`` with the tokenizer ``train-tokenizer`` trained for its ``data.path`` corpus, in place
+    of the config's, saying so through ``note``; ``cfg`` itself when there is none, when
+    ``tokenizer.path`` names a file (the user's choice) or ``model.init_from`` a model (its own
+    tokenizer), or when they agree.
 
     Raises:
         MinigptError: a ``data.path`` that names nothing readable.
@@ -61,9 +63,9 @@ def chosen_tokenizer(cfg: Config, note: Callable[[str], None]) -> Config:
 
 
 def sample_words(text: str, n: int = 3) -> list[tuple[str, int]]:
-    """(word, count): the summary's examples, from the corpus itself: its ``n`` most frequent words of 4+ letters
-    (often one token each), then its ``n`` most frequent of 8+ letters, all-capital ones (speaker names) last
-    (where the kinds cut differently)."""
+    """(word, count): the summary's examples, from the corpus itself: its ``n`` most frequent words
+    of 4+ letters (often one token each), then its ``n`` most frequent of 8+ letters, all-capital
+    ones (speaker names) last (where the kinds cut differently)."""
     counts = Counter(re.findall(r"[^\W\d_]{4,}", text))
     ranked = sorted(counts.items(), key=lambda wc: (-wc[1], wc[0]))
     frequent = ranked[:n]
@@ -93,8 +95,9 @@ def read_corpus(
     echo: Callable[[str], None],
     limit_chars: Optional[int] = None,
 ) -> tuple[Corpus, str, Path]:
-    """The corpus, its training text, and its folder (where its tokenizers go by default). Raises MinigptError: nothing
-    there, an empty or unreadable file, text that is not UTF-8, a bad JSON line."""
+    """The corpus, its training text, and its folder (where its tokenizers go by default). Raises
+    MinigptError: nothing there, an empty or unreadable file, text that is not UTF-8, a bad JSON
+    line."""
     # The corpus's errors name the key that gave it; with input_path that is --input.
     with errors_as(
         {MinigptError: lambda exc: exc.spelled({"data.path": "--input"}) if input_path else None}
@@ -113,8 +116,9 @@ def read_corpus(
 def evaluate(
     tok: Tokenizer, corpus: Corpus, text: str, val_fraction: float, train_seconds: float = 0.0
 ) -> TokenizerReport:
-    """Tokens on the validation split ``prepare`` and ``train`` make (:func:`~.preparation.split_plan`), and
-    whether decode(encode(text)) == text on the training text."""
+    """Tokens on the validation split ``prepare`` and ``train`` make
+    (:func:`~.preparation.split_plan`), and whether decode(encode(text)) == text on the training
+    text."""
     counts = write_token_files(
         corpus, tok, split_plan(corpus, val_fraction)[0], None, progress=False
     )
@@ -132,7 +136,8 @@ def _show(piece: str) -> str:
 
 
 def segmentation(tok: Tokenizer, word: str) -> str:
-    """``word`` after a space, cut into its tokens' texts (``▁where | fore``), or ``(not encodable)``."""
+    """``word`` after a space, cut into its tokens' texts (``▁where | fore``), or ``(not
+    encodable)``."""
     with suppress(MinigptError):  # a char tokenizer without these characters
         return " | ".join(_show(p) for p in tok.pieces(" " + word))
     return "(not encodable)"
@@ -147,8 +152,9 @@ def run_train_tokenizer(
     special_tokens: Optional[Sequence[str]] = None,
     echo: Callable[[str], None] = print,
 ) -> str:
-    """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary. Raises MinigptError:
-    unknown kind, empty or missing input, an impossible vocabulary size; nothing written."""
+    """Train a tokenizer of ``kind`` (default: the config's), save it, and return a summary. Raises
+    MinigptError: unknown kind, empty or missing input, an impossible vocabulary size; nothing
+    written."""
     if (
         kind is None and cfg.model.init_from is not None
     ):  # a fine-tuning config: the folder's tokenizer.json
@@ -228,8 +234,9 @@ def run_compare(
     special_tokens: Optional[Sequence[str]] = None,
     echo: Callable[[str], None] = print,
 ) -> str:
-    """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations. Raises MinigptError:
-    as :func:`run_train_tokenizer`; every kind's size is checked before any is trained."""
+    """Train all four kinds at one vocabulary size on one corpus; return a table and segmentations.
+    Raises MinigptError: as :func:`run_train_tokenizer`; every kind's size is checked before any is
+    trained."""
     vocab_size = vocab_size or cfg.tokenizer.vocab_size
     if vocab_size is None:
         raise MinigptError(

@@ -46,7 +46,8 @@ DECODE_CHUNK = 1 << 20
 
 
 def text_size(tok, ids: np.ndarray) -> tuple[int, int]:
-    """UTF-8 bytes and characters of the text ``ids`` decode to, decoded :data:`DECODE_CHUNK` tokens at a time."""
+    """UTF-8 bytes and characters of the text ``ids`` decode to, decoded :data:`DECODE_CHUNK` tokens
+    at a time."""
     n_bytes = n_chars = 0
     for start in range(0, len(ids), DECODE_CHUNK):
         text = tok.decode(ids[start : start + DECODE_CHUNK].tolist())
@@ -62,8 +63,9 @@ def split_tokens(
     echo: Callable[[str], None] = lambda m: None,
     progress: Optional[bool] = False,
 ) -> np.ndarray:
-    """The token ids of ``split`` of the run's corpus under its tokenizer (prepared again if gone). Raises
-    MinigptError: the corpus cannot be found or fetched, or changed since the run trained on it."""
+    """The token ids of ``split`` of the run's corpus under its tokenizer (prepared again if gone).
+    Raises MinigptError: the corpus cannot be found or fetched, or changed since the run trained on
+    it."""
     corpus, root = configured_corpus(cfg, echo, progress)
     check_corpus(cfg, corpus, run_dir)
     return getattr(
@@ -72,8 +74,9 @@ def split_tokens(
 
 
 def full_windows(n_tokens: int, block_size: int, stride: int) -> Iterator[tuple[int, int, int]]:
-    """(begin, end, scored) of each window over ``n_tokens`` tokens: it reads ``begin .. end - 1`` and scores
-    the last ``scored`` of its predictions; together they score every token after the first exactly once."""
+    """(begin, end, scored) of each window over ``n_tokens`` tokens: it reads ``begin .. end - 1``
+    and scores the last ``scored`` of its predictions; together they score every token after the
+    first exactly once."""
     done = 1  # tokens scored so far, counting the first, which nothing predicts
     begin = 0
     while done < n_tokens:
@@ -293,8 +296,9 @@ def evaluate(
 
 
 def _per_unit(r: dict) -> list[str]:
-    """The bits per byte and per character lines, saying what they were measured on: the scored text itself
-    (``full``), or the training eval's tokens converted at the split's own tokens per byte."""
+    """The bits per byte and per character lines, saying what they were measured on: the scored text
+    itself (``full``), or the training eval's tokens converted at the split's own tokens per
+    byte."""
     if r["mode"] in ("full", "lm-eval"):
         return [
             f"  bits per byte   {r['bits_per_byte']:.4f} ({r['bytes']:,} bytes)",

@@ -36,14 +36,18 @@ if TYPE_CHECKING:  # matplotlib and optuna are imported where they are used
 #: The files a summary writes; summary.json is also what proves an earlier summary minigpt's.
 SUMMARY_FILES = ("summary.md", "summary.csv", "summary.json", "summary.png")
 
-#: Config keys that never make two runs different variants; with the seed and the corpus, different runs.
+#: Config keys that never make two runs different variants; with the seed and the corpus, different
+#: runs.
 _SAME_RUN = {"name", "train.out_dir", "tokenizer.path"}
 _IGNORED = _SAME_RUN | {"seed", "data.fingerprint"}
-#: The share of each curve's first evals the plot's y-range leaves out (step 0's loss would set it otherwise).
+#: The share of each curve's first evals the plot's y-range leaves out (step 0's loss would set it
+#: otherwise).
 EARLY = 0.2
-#: The terminal table's width in columns, and its widest cell (longer text ends in "…"; summary.md has it whole).
+#: The terminal table's width in columns, and its widest cell (longer text ends in "…"; summary.md
+#: has it whole).
 WIDTH, CELL = 100, 24
-#: The terminal table's columns (:func:`_spec`'s first CSV key) besides the keys that differ, which go after the first.
+#: The terminal table's columns (:func:`_spec`'s first CSV key) besides the keys that differ, which
+#: go after the first.
 _BRIEF = ("variant", "seeds", "final_val", "bits_per_byte", "time_to_target_s")
 #: What :func:`seeds_needed` plans for: a two-sided test at this level, with this power.
 ALPHA, POWER = 0.05, 0.8
@@ -53,8 +57,8 @@ Model = TypeVar("Model", bound=BaseModel)
 
 
 def _why(exc: OSError | ValidationError, schema: Optional[type[BaseModel]] = None) -> str:
-    """What is wrong with a file: the OS's reason, or the first key its schema refuses, in words (an unknown
-    top-level key with the close spelling of one of ``schema``'s, as a config's gets)."""
+    """What is wrong with a file: the OS's reason, or the first key its schema refuses, in words (an
+    unknown top-level key with the close spelling of one of ``schema``'s, as a config's gets)."""
     if isinstance(exc, OSError):
         return exc.strerror or type(exc).__name__
     err = exc.errors()[0]
@@ -151,8 +155,9 @@ def read_run(path: Path) -> RunRecord:
 
 
 def _sweep_order(folder: Path) -> dict[str, int]:
-    """A sweep folder's runs done, by name, in the order of the sweep's file (its ``sweep.json``'s ``done``);
-    empty for another folder, or a state file that does not read as one (``sweep`` names that)."""
+    """A sweep folder's runs done, by name, in the order of the sweep's file (its ``sweep.json``'s
+    ``done``); empty for another folder, or a state file that does not read as one (``sweep`` names
+    that)."""
     try:
         done = read_json(folder / runs.SWEEP, runs.SWEEP, STATE_BOUNDS).get("done")
     except (MinigptError, AttributeError):
@@ -161,8 +166,8 @@ def _sweep_order(folder: Path) -> dict[str, int]:
 
 
 def expand(paths: list[Path]) -> list[Path]:
-    """Run folders: each path itself when it is one, else those inside it (a sweep's in its file's order, others
-    by name); a :class:`MinigptError` if neither, or no path is given."""
+    """Run folders: each path itself when it is one, else those inside it (a sweep's in its file's
+    order, others by name); a :class:`MinigptError` if neither, or no path is given."""
     if not paths:
         raise MinigptError(
             "give run folders (or a sweep's folder) to compare, or --storage URL for a study's "
@@ -188,13 +193,14 @@ def expand(paths: list[Path]) -> list[Path]:
 
 
 def _key(r: RunRecord, ignored: set[str] = _IGNORED) -> str:
-    """The run's config as text, less the ``ignored`` keys: equal for the runs of one variant (or one run)."""
+    """The run's config as text, less the ``ignored`` keys: equal for the runs of one variant (or
+    one run)."""
     return json.dumps({k: v for k, v in r.cfg.flat().items() if k not in ignored}, sort_keys=True)
 
 
 def _distinct(records: list[RunRecord], notes: list[str]) -> list[RunRecord]:
-    """``records`` less repeats (one config, corpus and seed), keeping the one that trained most steps (the first
-    given of those); a note per repeated seed names them all and the one kept."""
+    """``records`` less repeats (one config, corpus and seed), keeping the one that trained most
+    steps (the first given of those); a note per repeated seed names them all and the one kept."""
     same: dict[str, list[RunRecord]] = {}
     for r in records:
         same.setdefault(_key(r, _SAME_RUN), []).append(r)
@@ -219,7 +225,8 @@ def _mean_sd(values: list[float]) -> tuple[float, Optional[float]]:
 
 
 def _bytes_per_token(cfg: Config, run_dir: Path, cache: dict, notes: list[str]) -> Optional[float]:
-    """UTF-8 bytes per token of the run's val split; None, with a note saying why, when it cannot be read."""
+    """UTF-8 bytes per token of the run's val split; None, with a note saying why, when it cannot be
+    read."""
     from ..data.pipeline import run_corpus_config
     from ..eval.evaluate import split_tokens, text_size
     from ..tokenizer.kinds import load_run_tokenizer
@@ -246,7 +253,8 @@ class Variant:
 
 
 def _at_time(r: RunRecord, t: float) -> float:
-    """The run's val loss at its last eval at or before ``t`` seconds (its first eval when none is)."""
+    """The run's val loss at its last eval at or before ``t`` seconds (its first eval when none
+    is)."""
     before = [e for e in r.evals if e["elapsed_s"] <= t + 1e-9]
     return (before or r.evals[:1])[-1]["val_loss"]
 
@@ -341,7 +349,8 @@ def summarize(
     equal_time = min(r.evals[-1]["elapsed_s"] for r in records)
     cache: dict = {}
     bpt = {r.path: _bytes_per_token(r.cfg, r.path, cache, notes) for r in records}
-    # The target is in the metric's unit: nats per token, or bits per byte (a loss / ln 2 / bytes per token).
+    # The target is in the metric's unit: nats per token, or bits per byte (a loss / ln 2 / bytes
+    # per token).
     scale = {
         r.path: 1.0
         if metric == "val_loss"
@@ -559,13 +568,15 @@ def _spec(result: dict) -> list[tuple[str, list[str], Callable[[dict], str]]]:
 
 
 def _csv_rows(result: dict) -> list[list[Any]]:
-    """summary.csv's rows: the JSON rows' names and plain values, standard deviations in columns of their own."""
+    """summary.csv's rows: the JSON rows' names and plain values, standard deviations in columns of
+    their own."""
     keys = [k for _, ks, _ in _spec(result) for k in ks]
     return [keys, *([_plain(r.get(k)) for k in keys] for r in result["rows"])]
 
 
 def _plain(value: Any) -> Any:
-    """A CSV cell: a number or text as it is, nothing as an empty cell, anything else as JSON (``true``)."""
+    """A CSV cell: a number or text as it is, nothing as an empty cell, anything else as JSON
+    (``true``)."""
     if value is None:
         return ""
     return (
@@ -592,12 +603,14 @@ def short_text(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else value_text(value)
 
 
-#: How a table cell writes what would break a Markdown row: a ``|`` ends the cell, a line break the row.
+#: How a table cell writes what would break a Markdown row: a ``|`` ends the cell, a line break the
+#: row.
 _CELL_ESCAPES = {"\\": "\\\\", "|": "\\|", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _cell(text: str) -> str:
-    """``text`` safe in a Markdown table cell: :data:`_CELL_ESCAPES`, other unprintables as Python writes them."""
+    """``text`` safe in a Markdown table cell: :data:`_CELL_ESCAPES`, other unprintables as Python
+    writes them."""
     return "".join(_CELL_ESCAPES.get(c) or (c if c.isprintable() else repr(c)[1:-1]) for c in text)
 
 
@@ -614,8 +627,9 @@ def _clip(text: str) -> str:
 
 
 def _narrow(result: dict, width: int) -> tuple[list, list[str]]:
-    """The terminal's columns: :data:`_BRIEF`, and after the variant as many keys that differ as fit in ``width``
-    (headed by their last part where that is unambiguous), cells clipped to :data:`CELL`; and the keys left out."""
+    """The terminal's columns: :data:`_BRIEF`, and after the variant as many keys that differ as fit
+    in ``width`` (headed by their last part where that is unambiguous), cells clipped to
+    :data:`CELL`; and the keys left out."""
     spec = [(_clip(h), ks, lambda r, f=f: _clip(f(r))) for h, ks, f in _spec(result)]
     brief = [c for c in spec if c[1][0] in _BRIEF]
     ends = [c.rpartition(".")[2] for c in result["columns"]]
@@ -633,8 +647,9 @@ def _narrow(result: dict, width: int) -> tuple[list, list[str]]:
 
 
 def format_summary(result: dict, width: Optional[int] = WIDTH) -> str:
-    """The table (Markdown), then the notes and the pairwise sentences. ``width`` (a terminal's columns): the
-    variant, the keys that differ that fit and the results (:func:`_narrow`); None: every column (summary.md)."""
+    """The table (Markdown), then the notes and the pairwise sentences. ``width`` (a terminal's
+    columns): the variant, the keys that differ that fit and the results (:func:`_narrow`); None:
+    every column (summary.md)."""
     spec, hidden = _narrow(result, width) if width else (_spec(result), [])
     notes = result["notes"] + (
         [
@@ -650,8 +665,8 @@ def format_summary(result: dict, width: Optional[int] = WIDTH) -> str:
 
 
 def _write(result: dict, out: Path, png: Callable[[], bytes]) -> None:
-    """summary.md, .csv, .json and .png (drawn by ``png``), renamed into place as a set: an interrupt leaves the
-    previous set or none."""
+    """summary.md, .csv, .json and .png (drawn by ``png``), renamed into place as a set: an
+    interrupt leaves the previous set or none."""
     _check_ours(out)
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
@@ -675,7 +690,8 @@ class _Summary(BaseModel):
 
 
 def _check_ours(out: Path) -> None:
-    """Refuse a run folder as ``out``, and summary files in ``out`` that are not an earlier summary."""
+    """Refuse a run folder as ``out``, and summary files in ``out`` that are not an earlier
+    summary."""
     if (out / runs.CONFIG).is_file() or runs.made_here(out):
         raise MinigptError(
             f"--output {out} is a run folder, which holds that run's record",
@@ -693,9 +709,10 @@ def _check_ours(out: Path) -> None:
 
 
 def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "Figure":
-    """The table's ``metric`` (val loss in nats per token, or bits per byte: a run's loss times ``scale``) against
-    steps, wall time and training FLOPs: each variant's mean over seeds, its seeds' range shaded and edged. The
-    y-range spans the curves past each one's first :data:`EARLY` of evals, where the variants differ."""
+    """The table's ``metric`` (val loss in nats per token, or bits per byte: a run's loss times
+    ``scale``) against steps, wall time and training FLOPs: each variant's mean over seeds, its
+    seeds' range shaded and edged. The y-range spans the curves past each one's first :data:`EARLY`
+    of evals, where the variants differ."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -768,7 +785,8 @@ def _plot(variants: list[Variant], metric: str, scale: dict[Path, float]) -> byt
     return png.getvalue()
 
 
-# ---------------------------------------------------------------------- a study's trials (--storage)
+# ---------------------------------------------------------------------- a study's trials
+# (--storage)
 
 #: The trials table's columns: its header, and the key of :func:`study_trials`'s rows.
 TRIAL_COLUMNS = (
@@ -783,8 +801,9 @@ TRIAL_COLUMNS = (
 
 
 def study_trials(study: "optuna.Study") -> dict:
-    """The study's trials as rows (:data:`TRIAL_COLUMNS`), each worker's as its user attrs record them (the host
-    and folder that took it); the copies that were failed unrun (``duplicate``, ``surplus``) are left out."""
+    """The study's trials as rows (:data:`TRIAL_COLUMNS`), each worker's as its user attrs record
+    them (the host and folder that took it); the copies that were failed unrun (``duplicate``,
+    ``surplus``) are left out."""
     rows = []
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
@@ -811,8 +830,9 @@ def study_trials(study: "optuna.Study") -> dict:
 
 
 def load_trials(url: str, name: Optional[str], paths: list[Path]) -> dict:
-    """:func:`study_trials` of study ``name`` in the storage at ``url`` (None: its only study). Raises
-    MinigptError: run folder ``paths`` given too, a storage that cannot be opened, no such study (the names)."""
+    """:func:`study_trials` of study ``name`` in the storage at ``url`` (None: its only study).
+    Raises MinigptError: run folder ``paths`` given too, a storage that cannot be opened, no such
+    study (the names)."""
     import optuna
 
     from .search import open_storage
@@ -851,8 +871,8 @@ def _trial_cell(row: dict, key: str, clip: bool = False) -> str:
 
 
 def format_trials(result: dict, clip: bool = True) -> str:
-    """The study's trials as a Markdown table, and a count by state; ``clip``: cells cut to :data:`CELL` (the
-    terminal's; summary.md has them whole)."""
+    """The study's trials as a Markdown table, and a count by state; ``clip``: cells cut to
+    :data:`CELL` (the terminal's; summary.md has them whole)."""
 
     def cut(
         text: str, key: str, room: int = CELL

@@ -1,8 +1,10 @@
-"""A sweep file's ``search:``: Optuna suggests each trial's values, prunes bad trials at their evals and keeps the
-study (a journal file in the sweep's folder, or shared storage that many workers join); minigpt trains the runs.
+"""A sweep file's ``search:``: Optuna suggests each trial's values, prunes bad trials at their evals
+and keeps the study (a journal file in the sweep's folder, or shared storage that many workers
+join); minigpt trains the runs.
 
-Optuna: Akiba et al. 2019 (KDD); TPE: Bergstra et al. 2011 (NeurIPS), Optuna's ``TPESampler``; ASHA: Li et al.
-2020 (MLSys), Optuna's ``SuccessiveHalvingPruner``; the median rule: Golovin et al. 2017 (Vizier), ``MedianPruner``.
+Optuna: Akiba et al. 2019 (KDD); TPE: Bergstra et al. 2011 (NeurIPS), Optuna's ``TPESampler``; ASHA:
+Li et al. 2020 (MLSys), Optuna's ``SuccessiveHalvingPruner``; the median rule: Golovin et al. 2017
+(Vizier), ``MedianPruner``.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ STUDY_FILE = "study.journal"
 LOCK_FILE = "claims.lock"
 #: The summary's Optuna plots (optuna.visualization.matplotlib).
 PLOTS = ("search-history.png", "search-parallel.png", "search-importances.png")
-#: How often a worker tries to open a new RDB storage that other workers are setting up at the same moment.
+#: How often a worker tries to open a new RDB storage that other workers are setting up at the same
+#: moment.
 SETUP_TRIES = 5
-#: A claim's owner once it let go (Ctrl-C): any worker on any machine may take the trial or run over.
+#: A claim's owner once it let go (Ctrl-C): any worker on any machine may take the trial or run
+#: over.
 RELEASED = ""
 
 Choice = Union[bool, int, float, str, None]
@@ -44,7 +48,8 @@ Key = Annotated[str, Field(pattern=r"^\s*[^=\s]")]  # a config key, as --set spe
 
 
 class Range(BaseModel):
-    """A parameter's range: integers when ``low`` and ``high`` are, else floats; ``log`` samples its logarithm."""
+    """A parameter's range: integers when ``low`` and ``high`` are, else floats; ``log`` samples its
+    logarithm."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     low: Union[int, float] = Field(allow_inf_nan=False)
@@ -88,7 +93,8 @@ class SearchSpec(BaseModel):
         return self
 
     def values(self, key: str) -> list[Any]:
-        """The values of parameter ``key`` a config must accept: its choices, or its range's ends."""
+        """The values of parameter ``key`` a config must accept: its choices, or its range's
+        ends."""
         p = self.params[key]
         return list(p) if isinstance(p, list) else [p.low, p.high]
 
@@ -109,9 +115,10 @@ def suggest(trial: "optuna.Trial", params: dict[str, Union[Range, list]]) -> dic
 def open_storage(
     url: Optional[str], folder: Optional[Path], existing: bool = False
 ) -> "optuna.storages.BaseStorage":
-    """The study's storage: an RDB URL (``scheme://``), else a journal file (default: the sweep folder's
-    :data:`STUDY_FILE`), as Optuna documents for distributed optimisation; ``existing``: only one already there (a
-    journal file or SQLite database is never made). Raises MinigptError: it cannot be opened."""
+    """The study's storage: an RDB URL (``scheme://``), else a journal file (default: the sweep
+    folder's :data:`STUDY_FILE`), as Optuna documents for distributed optimisation; ``existing``:
+    only one already there (a journal file or SQLite database is never made). Raises MinigptError:
+    it cannot be opened."""
     import sqlalchemy.exc
     from optuna.storages import JournalStorage, RDBStorage
     from optuna.storages.journal import JournalFileBackend
@@ -135,7 +142,8 @@ def open_storage(
         )
         return MinigptError(_storage_problem(target, why[:200]))
 
-    # A missing folder, a malformed URL, no such SQL dialect or driver, a database that does not answer.
+    # A missing folder, a malformed URL, no such SQL dialect or driver, a database that does not
+    # answer.
     with errors_as({(OSError, ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError): refused}):
         rdb = "://" in target
         file = (
@@ -163,8 +171,9 @@ def open_storage(
             try:
                 return RDBStorage(target)
             except sqlalchemy.exc.SQLAlchemyError as exc:
-                # Workers starting together on a new database race to make its tables (Optuna's setup is not
-                # atomic): the losers see "already exists" or alembic_version's unique key, and try again.
+                # Workers starting together on a new database race to make its tables (Optuna's
+                # setup is not atomic): the losers see "already exists" or alembic_version's unique
+                # key, and try again.
                 if attempt + 1 == SETUP_TRIES or not (
                     isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc)
                 ):
@@ -187,8 +196,9 @@ def open_study(
     spec: Optional[SearchSpec],
     seed: Optional[int],
 ) -> "optuna.Study":
-    """The sweep's study in ``storage``, made by the first worker and joined by the others (minimised); the
-    sampler's ``seed`` moves on by the trials the study holds, so a resumed search asks no values again."""
+    """The sweep's study in ``storage``, made by the first worker and joined by the others
+    (minimised); the sampler's ``seed`` moves on by the trials the study holds, so a resumed search
+    asks no values again."""
     import optuna
 
     optuna.logging.set_verbosity(
@@ -216,7 +226,8 @@ def open_study(
     )
 
 
-# ---------------------------------------------------------------------- claims: no trial or run twice
+# ---------------------------------------------------------------------- claims: no trial or run
+# twice
 
 
 def owner() -> str:
@@ -225,8 +236,9 @@ def owner() -> str:
 
 
 def stale(who: Optional[str]) -> bool:
-    """Whether a claim's owner let go (:data:`RELEASED`) or is a process of this machine that is gone (killed);
-    a worker on another machine is never judged from here (None: a trial whose owner is being written)."""
+    """Whether a claim's owner let go (:data:`RELEASED`) or is a process of this machine that is
+    gone (killed); a worker on another machine is never judged from here (None: a trial whose owner
+    is being written)."""
     if who is None or who == RELEASED:
         return who == RELEASED
     host, _, pid = who.rpartition(":")
@@ -241,7 +253,8 @@ def stale(who: Optional[str]) -> bool:
 
 @contextmanager
 def turn(folder: Path):
-    """Hold the sweep folder's :data:`LOCK_FILE`: one worker (process or thread) of a machine at a time claims."""
+    """Hold the sweep folder's :data:`LOCK_FILE`: one worker (process or thread) of a machine at a
+    time claims."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / LOCK_FILE, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -252,9 +265,10 @@ def turn(folder: Path):
 
 
 def enqueue_runs(study: "optuna.Study", runs: list[tuple[str, str, int]]) -> None:
-    """Enqueue each grid run (name, variant, seed) the study lacks as a fixed trial (``study.enqueue_trial``): one
-    with no trial, or whose trials all failed (started again, a failed run is tried again). Two workers starting at
-    once may both enqueue a run: :func:`next_run` skips the later copy."""
+    """Enqueue each grid run (name, variant, seed) the study lacks as a fixed trial
+    (``study.enqueue_trial``): one with no trial, or whose trials all failed (started again, a
+    failed run is tried again). Two workers starting at once may both enqueue a run:
+    :func:`next_run` skips the later copy."""
     from optuna.trial import TrialState
 
     have = {
@@ -271,8 +285,8 @@ def enqueue_runs(study: "optuna.Study", runs: list[tuple[str, str, int]]) -> Non
 
 
 def take(trial: "optuna.Trial", folder: Path) -> "optuna.Trial":
-    """Mark ``trial`` this worker's: its owner (:func:`owner`), host and the folder its runs go in, which
-    ``minigpt compare --storage`` shows."""
+    """Mark ``trial`` this worker's: its owner (:func:`owner`), host and the folder its runs go in,
+    which ``minigpt compare --storage`` shows."""
     for key, value in (
         ("owner", owner()),
         ("host", socket.gethostname()),
@@ -285,24 +299,27 @@ def take(trial: "optuna.Trial", folder: Path) -> "optuna.Trial":
 def _resumed(
     study: "optuna.Study", folder: Path, ours: Callable[[Any], bool]
 ) -> Optional["optuna.Trial"]:
-    """A trial (of those ``ours`` says) that a killed worker of this machine left running, taken over to resume."""
+    """A trial (of those ``ours`` says) that a killed worker of this machine left running, taken
+    over to resume."""
     import optuna
     from optuna.trial import TrialState
 
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if ours(t) and stale(t.user_attrs.get("owner")):
-            # Optuna offers no public call to take over a running trial (its RetryFailedTrialCallback
-            # re-enqueues a copy under a new number); Trial(study, id) is how study.ask() builds one.
+            # Optuna offers no public call to take over a running trial (its
+            # RetryFailedTrialCallback re-enqueues a copy under a new number); Trial(study, id) is
+            # how study.ask() builds one.
             return take(optuna.Trial(study, t._trial_id), folder)
     return None
 
 
 def next_run(study: "optuna.Study", folder: Path) -> Optional["optuna.Trial"]:
-    """The grid run this worker trains next (its name: the trial's user attr ``run``): one a killed worker of this
-    machine left running, else the next waiting trial, which ``study.ask()`` hands to one worker only (RDB and
-    journal storages pop it atomically); None when none is waiting. A copy of a run enqueued twice (a later trial
-    of a run whose earlier one did not fail) and a fresh trial (the last waiting one went to another worker as
-    this one asked) are failed unrun, marked ``duplicate`` and ``surplus``."""
+    """The grid run this worker trains next (its name: the trial's user attr ``run``): one a killed
+    worker of this machine left running, else the next waiting trial, which ``study.ask()`` hands to
+    one worker only (RDB and journal storages pop it atomically); None when none is waiting. A copy
+    of a run enqueued twice (a later trial of a run whose earlier one did not fail) and a fresh
+    trial (the last waiting one went to another worker as this one asked) are failed unrun, marked
+    ``duplicate`` and ``surplus``."""
     from optuna.trial import TrialState
 
     with turn(folder):
@@ -325,9 +342,10 @@ def next_run(study: "optuna.Study", folder: Path) -> Optional["optuna.Trial"]:
 
 
 def next_trial(study: "optuna.Study", trials: int, folder: Path) -> Optional["optuna.Trial"]:
-    """The trial this worker runs next: one a killed worker of this machine left running (it resumes), else a new
-    one while the study has fewer than ``trials``; None when none is left. A trial numbered past ``trials`` (two
-    workers asked at once) is failed at once, unrun: trials 0 .. trials-1 are the search."""
+    """The trial this worker runs next: one a killed worker of this machine left running (it
+    resumes), else a new one while the study has fewer than ``trials``; None when none is left. A
+    trial numbered past ``trials`` (two workers asked at once) is failed at once, unrun: trials 0 ..
+    trials-1 are the search."""
     from optuna.trial import TrialState
 
     with turn(folder):
@@ -345,7 +363,8 @@ def next_trial(study: "optuna.Study", trials: int, folder: Path) -> Optional["op
 
 
 def release(trial: "optuna.Trial") -> None:
-    """An interrupted trial stays running in the study, let go: the next start (here or elsewhere) resumes it."""
+    """An interrupted trial stays running in the study, let go: the next start (here or elsewhere)
+    resumes it."""
     trial.set_user_attr("owner", RELEASED)
 
 
@@ -357,11 +376,13 @@ def run_trial(
     train: Callable[[Any, Callable[[int, float], bool]], bool],
     objective: Callable[[list], Optional[float]],
 ) -> str:
-    """Train a trial's runs (one per seed) and tell the study how it ended: ``complete``, ``pruned`` or ``failed``.
+    """Train a trial's runs (one per seed) and tell the study how it ended: ``complete``, ``pruned``
+    or ``failed``.
 
-    ``train(run, on_eval)`` trains one run, stopping where ``on_eval`` says so. Each eval of seed ``i`` is reported at
-    step ``i * max_iters + step``, so that trials compare at equal steps and seeds; a resumed trial reports only
-    the evals its study lacks. Raises what ``train`` raises, but MinigptError (a diverged run: the trial failed).
+    ``train(run, on_eval)`` trains one run, stopping where ``on_eval`` says so. Each eval of seed
+    ``i`` is reported at step ``i * max_iters + step``, so that trials compare at equal steps and
+    seeds; a resumed trial reports only the evals its study lacks. Raises what ``train`` raises, but
+    MinigptError (a diverged run: the trial failed).
     """
     from optuna.trial import TrialState
 
@@ -408,8 +429,8 @@ def trial_name(number: int) -> str:
 
 
 def report(study: "optuna.Study", trials: int, folder: Path) -> dict:
-    """The study's trials by state, the best trial, parameter importances (two completed trials or more) and
-    :data:`PLOTS` written into ``folder`` with Optuna's matplotlib plots."""
+    """The study's trials by state, the best trial, parameter importances (two completed trials or
+    more) and :data:`PLOTS` written into ``folder`` with Optuna's matplotlib plots."""
     import optuna
     from optuna.trial import TrialState
 
@@ -440,7 +461,8 @@ def report(study: "optuna.Study", trials: int, folder: Path) -> dict:
 
 
 def _plots(study: "optuna.Study", folder: Path, importances: bool, evaluator: Any) -> list[str]:
-    """Draw :data:`PLOTS` (the importances only from two completed trials), each written atomically."""
+    """Draw :data:`PLOTS` (the importances only from two completed trials), each written
+    atomically."""
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as plots
 

@@ -1,6 +1,7 @@
-"""``minigpt sweep``: many runs of one base config, compared fairly, resumable after a kill (the README's
-sweep file); runs go in ``<out_dir>/<name>/<variant>-s<seed>/``, the state in ``sweep.json`` beside them. A grid or
-named variants, or a ``search:`` (:mod:`.search`: Optuna's trials); ``--worker``: one of many on a shared study."""
+"""``minigpt sweep``: many runs of one base config, compared fairly, resumable after a kill (the
+README's sweep file); runs go in ``<out_dir>/<name>/<variant>-s<seed>/``, the state in
+``sweep.json`` beside them. A grid or named variants, or a ``search:`` (:mod:`.search`: Optuna's
+trials); ``--worker``: one of many on a shared study."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ INTERRUPTED = "interrupted; the runs under way saved their checkpoints"
 
 
 class Budget(BaseModel):
-    """What each run gets: exactly one of optimizer steps, tokens or seconds (:func:`load_sweep` checks one)."""
+    """What each run gets: exactly one of optimizer steps, tokens or seconds (:func:`load_sweep`
+    checks one)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     iters: Optional[int] = Field(None, gt=0, description="optimizer steps per run")
@@ -144,7 +146,8 @@ class SweepFile(BaseModel):
 
     @model_validator(mode="after")
     def _countable(self) -> "SweepFile":
-        """Refuse more than :data:`MAX_RUNS` runs from their count alone: a 10^12 grid is never built."""
+        """Refuse more than :data:`MAX_RUNS` runs from their count alone: a 10^12 grid is never
+        built."""
         variants = math.prod(len(v) for v in self.grid.values()) * bool(self.grid) + len(
             self.variants
         )
@@ -159,7 +162,8 @@ class SweepFile(BaseModel):
 
 
 class _State(BaseModel):
-    """``sweep.json``: the sweep file and base config as read, the command line's overrides, and the runs done."""
+    """``sweep.json``: the sweep file and base config as read, the command line's overrides, and the
+    runs done."""
 
     model_config = ConfigDict(strict=True)
     sweep: dict[str, Any]
@@ -173,8 +177,8 @@ class _State(BaseModel):
 
 @dataclass(frozen=True)
 class Overrides:
-    """What the command line changes in a sweep file: ``--set`` (after its ``set:``, before the variants' values),
-    ``--seeds`` and ``--budget`` (``iters=50``: in place of the file's)."""
+    """What the command line changes in a sweep file: ``--set`` (after its ``set:``, before the
+    variants' values), ``--seeds`` and ``--budget`` (``iters=50``: in place of the file's)."""
 
     set: tuple[str, ...] = ()
     seeds: Optional[int] = None
@@ -184,7 +188,8 @@ class Overrides:
     )
 
     def record(self) -> dict[str, Any]:
-        """What ``sweep.json`` records: the overrides given (none: ``{}``, as a sweep.json from before them)."""
+        """What ``sweep.json`` records: the overrides given (none: ``{}``, as a sweep.json from
+        before them)."""
         return {
             k: v
             for k, v in (
@@ -197,7 +202,8 @@ class Overrides:
         }
 
     def sections(self) -> dict[str, Any]:
-        """The sweep file's ``seeds:`` and ``budget:`` as given here. Raises MinigptError: a --budget not KIND=N."""
+        """The sweep file's ``seeds:`` and ``budget:`` as given here. Raises MinigptError: a
+        --budget not KIND=N."""
         kind, _, text = (self.budget or "").partition("=")
         number = re.fullmatch(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?", text.strip())
         if self.budget is not None and (kind.strip() not in Budget.model_fields or not number):
@@ -222,7 +228,8 @@ def list_experiments() -> list[str]:
 
 
 def _shipped(path: str | Path) -> Optional[Path]:
-    """The shipped experiment file ``path`` names (``ffn``, ``ffn.yaml``, ``experiments/ffn.yaml``), else None."""
+    """The shipped experiment file ``path`` names (``ffn``, ``ffn.yaml``, ``experiments/ffn.yaml``),
+    else None."""
     p = Path(path)
     name = p.name[: -len(".yaml")] if p.name.endswith(".yaml") else p.name
     found = SHIPPED / f"{name}.yaml"
@@ -236,8 +243,8 @@ def _shipped(path: str | Path) -> Optional[Path]:
 
 
 def resolve_sweep(path: str | Path) -> Path:
-    """The sweep file ``path`` names: the file itself, else the shipped experiment of that name (:data:`SHIPPED`).
-    Raises MinigptError: neither."""
+    """The sweep file ``path`` names: the file itself, else the shipped experiment of that name
+    (:data:`SHIPPED`). Raises MinigptError: neither."""
     p = Path(path)
     found = (
         p if p.exists() or p.is_symlink() else _shipped(p)
@@ -256,7 +263,8 @@ def _slug(value: Any) -> str:
 
 @dataclass
 class Run:
-    """One run of the sweep: a variant at a seed, its validated config and the ``--set`` values that give it."""
+    """One run of the sweep: a variant at a seed, its validated config and the ``--set`` values that
+    give it."""
 
     variant: str
     seed: int
@@ -270,8 +278,9 @@ class Run:
 
 
 class Sweep:
-    """A sweep file read and checked: its runs, in order, each with its validated config (none for a search: its
-    trials' runs come from :meth:`runs_of`), and what to record of it (the file as read, the overrides)."""
+    """A sweep file read and checked: its runs, in order, each with its validated config (none for a
+    search: its trials' runs come from :meth:`runs_of`), and what to record of it (the file as read,
+    the overrides)."""
 
     def __init__(
         self,
@@ -290,7 +299,8 @@ class Sweep:
         self.runs: list[Run] = []
 
     def runs_of(self, variant: str, values: dict[str, Any]) -> list[Run]:
-        """The runs of one variant (the sweep's overrides, then ``values``, the budget, a seed): one per seed."""
+        """The runs of one variant (the sweep's overrides, then ``values``, the budget, a seed): one
+        per seed."""
         sets = [*self.sets, *(f"{k}={value_text(v)}" for k, v in values.items())]
         source = f"{self.path}: variant {variant}"
         try:
@@ -325,14 +335,16 @@ class Sweep:
         return planned
 
     def _blame_overrides(self) -> None:
-        """A variant's config failed: raise ConfigError naming the file's ``set:`` or the command line's ``--set``
-        instead where the base with those alone fails (then no variant could pass); return where it passes."""
+        """A variant's config failed: raise ConfigError naming the file's ``set:`` or the command
+        line's ``--set`` instead where the base with those alone fails (then no variant could pass);
+        return where it passes."""
         validate(apply_overrides(self.base_data, list(self.spec.set)), f"{self.path}: set")
         validate(apply_overrides(self.base_data, self.sets), "--set")
 
 
 def _variants(spec: SweepFile) -> list[tuple[str, dict[str, Any]]]:
-    """(variant name, its overrides): the grid's combinations (named key-value_key-value), then the named ones."""
+    """(variant name, its overrides): the grid's combinations (named key-value_key-value), then the
+    named ones."""
     keys = list(spec.grid)
     grid = (
         [dict(zip(keys, combo)) for combo in itertools.product(*spec.grid.values())] if keys else []
@@ -386,7 +398,8 @@ def load_sweep(
     names = [v for v, _ in variants]
     same = next((v for i, v in enumerate(names) if v in names[:i]), None)
     near = p.parent / spec.base
-    # Beside the sweep file, then a shipped experiment's (a copied sweep file's base.yaml), then a shipped config.
+    # Beside the sweep file, then a shipped experiment's (a copied sweep file's base.yaml), then a
+    # shipped config.
     base = near if near.is_file() else _shipped(spec.base) or resolve_config(Path(spec.base), echo)
     overriding = [
         ("set", [item.split("=", 1)[0].strip() for item in spec.set]),
@@ -436,7 +449,8 @@ def load_sweep(
         raise MinigptError(f"{p}: base: {base} must hold a mapping of config sections")
     sweep = Sweep(p, spec, recorded, overrides, Path(base), base_data or {})
     if spec.search:
-        # The grid's keys are searched as lists of choices; every value a trial may get is validated now.
+        # The grid's keys are searched as lists of choices; every value a trial may get is validated
+        # now.
         spec.search = spec.search.model_copy(update={"params": {**spec.grid, **spec.search.params}})
         for key in spec.search.params:
             for value in spec.search.values(key):
@@ -522,13 +536,15 @@ def _difference(old: Any, new: Any, where: str = "") -> Optional[str]:
 
 
 def _settings(sweep: Sweep) -> dict[str, Any]:
-    """What a sweep's runs depend on: the sweep file and base config as read, and the command line's overrides."""
+    """What a sweep's runs depend on: the sweep file and base config as read, and the command line's
+    overrides."""
     return {"sweep": sweep.recorded, "base": sweep.base_data, "overrides": sweep.overrides.record()}
 
 
 def _check_study(study: "optuna.Study", sweep: Sweep, storage: str) -> None:
-    """Record the sweep's settings in the study its first worker opens; refuse a worker whose sweep file, base or
-    overrides differ (its runs would mix with the study's as seeds or trials of other settings)."""
+    """Record the sweep's settings in the study its first worker opens; refuse a worker whose sweep
+    file, base or overrides differ (its runs would mix with the study's as seeds or trials of other
+    settings)."""
     record = json.loads(json.dumps(_settings(sweep)))  # as the study's JSON attribute holds it
     held = study.user_attrs.get("minigpt_sweep")
     if held is None:
@@ -549,8 +565,9 @@ def _read_state(
     storage: Optional[str] = None,
     write: bool = True,
 ) -> dict:
-    """The sweep's state, created on the first start; refuses a changed sweep or other overrides once a run saved a
-    checkpoint. Workers share the folder: another one may be writing it as this one starts."""
+    """The sweep's state, created on the first start; refuses a changed sweep or other overrides
+    once a run saved a checkpoint. Workers share the folder: another one may be writing it as this
+    one starts."""
     path = sweep.folder / runs.SWEEP
     record = {**_settings(sweep), "storage": storage}
     state = (
@@ -628,7 +645,8 @@ def _mark_done(sweep: Sweep, state: dict, run: Run) -> None:
 
 
 def _resumable(sweep: Sweep, run: Run) -> bool:
-    """Whether ``run`` resumes a checkpoint a killed sweep left; a folder without one is emptied to start afresh."""
+    """Whether ``run`` resumes a checkpoint a killed sweep left; a folder without one is emptied to
+    start afresh."""
     folder = sweep.folder / run.name
     if folder.is_dir() and runs.has_checkpoint(folder):
         return True
@@ -640,14 +658,16 @@ def _resumable(sweep: Sweep, run: Run) -> bool:
 def _run_in_process(
     sweep: Sweep, run: Run, on_eval: Optional[Callable[[int, float], bool]] = None
 ) -> None:
-    """Train ``run`` here: a new run folder, or a resume of the one a killed sweep left; ``on_eval``: the trainer's."""
+    """Train ``run`` here: a new run folder, or a resume of the one a killed sweep left;
+    ``on_eval``: the trainer's."""
     from ..trainer import train
 
     cfg = run.cfg.model_copy(
         update={"train": run.cfg.train.model_copy(update={"out_dir": str(sweep.folder)})}
     )
     if _resumable(sweep, run):
-        # A killed search may have logged an eval it never reported: ``on_eval`` hears the logged ones first.
+        # A killed search may have logged an eval it never reported: ``on_eval`` hears the logged
+        # ones first.
         logged = [e for e in read_events(sweep.folder / run.name / METRICS) if e["event"] == "eval"]
         if on_eval is not None and any(on_eval(e["step"], e["val_loss"]) for e in logged):
             return
@@ -687,8 +707,9 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> Optional[Callable[[], None]]:
-    """A ``preexec_fn`` giving a child SIGTERM (a trainer saves ``last``) when this process dies; None off Linux.
-    The kernel sends it when the *thread* that started the child ends: a worker thread that waits for it."""
+    """A ``preexec_fn`` giving a child SIGTERM (a trainer saves ``last``) when this process dies;
+    None off Linux. The kernel sends it when the *thread* that started the child ends: a worker
+    thread that waits for it."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -760,8 +781,9 @@ class _Processes:
         self.stopping = threading.Event()
 
     def train(self, run: Run, on_eval: Optional[Callable[[int, float], bool]] = None) -> None:
-        """Train ``run`` in a process, ``on_eval`` hearing each eval its metrics.jsonl logs (True: SIGTERM, so the
-        run saves and stops). Raises Interrupted (:meth:`stop` was called) and MinigptError (the run failed)."""
+        """Train ``run`` in a process, ``on_eval`` hearing each eval its metrics.jsonl logs (True:
+        SIGTERM, so the run saves and stops). Raises Interrupted (:meth:`stop` was called) and
+        MinigptError (the run failed)."""
         if self.stopping.is_set():
             raise Interrupted(INTERRUPTED)
         log = self.sweep.folder / f"{run.name}.log"
@@ -795,7 +817,8 @@ class _Processes:
     def _wait(
         proc: subprocess.Popen, folder: Path, on_eval: Optional[Callable[[int, float], bool]]
     ) -> bool:
-        """Wait for ``proc``, reading its evals every :data:`POLL_S` for ``on_eval``; True when that stopped it."""
+        """Wait for ``proc``, reading its evals every :data:`POLL_S` for ``on_eval``; True when that
+        stopped it."""
         heard = 0
         while on_eval is not None:
             ended = (
@@ -823,8 +846,8 @@ class _Processes:
 def _parallel(
     procs: Optional[_Processes], tasks: list[Callable[[], Any]], done: Callable[[Any], None]
 ) -> None:
-    """Run ``tasks`` one after another (``procs`` None), or on ``procs.jobs`` threads, ``done`` hearing each result;
-    a Ctrl-C or a failed run stops the others, each saving its checkpoint."""
+    """Run ``tasks`` one after another (``procs`` None), or on ``procs.jobs`` threads, ``done``
+    hearing each result; a Ctrl-C or a failed run stops the others, each saving its checkpoint."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     if procs is None:
@@ -879,7 +902,8 @@ def run_sweep(
         _read_state(sweep, jobs if jobs is not None else 1, worker, storage, write=False)
         echo(note) if note else None
         return plan(sweep)
-    # Shared storage is opened before the sweep's folder is made: one that cannot be is refused with nothing written.
+    # Shared storage is opened before the sweep's folder is made: one that cannot be is refused with
+    # nothing written.
     store = optuna_search.open_storage(storage, sweep.folder) if storage else None
     jobs = jobs if jobs is not None else default_jobs(sweep, echo)
     state = _read_state(sweep, jobs, worker, storage)
@@ -1001,10 +1025,11 @@ def _grid_worker(
     echo: Callable[[str], None],
     where: str,
 ) -> dict:
-    """One worker of a grid shared by many through the study alone: each (variant, seed) is a trial enqueued once
-    (:func:`.search.enqueue_runs`), and each worker trains the next waiting one (:func:`.search.next_run`) in its
-    own sweep folder, telling the study its final val loss; then the summary of this worker's runs and the study's
-    trials (:func:`.compare.study_trials`), every worker's."""
+    """One worker of a grid shared by many through the study alone: each (variant, seed) is a trial
+    enqueued once (:func:`.search.enqueue_runs`), and each worker trains the next waiting one
+    (:func:`.search.next_run`) in its own sweep folder, telling the study its final val loss; then
+    the summary of this worker's runs and the study's trials (:func:`.compare.study_trials`), every
+    worker's."""
     from optuna.trial import TrialState
 
     study = optuna_search.open_study(storage, sweep.name, None, None)
@@ -1061,12 +1086,14 @@ def _search(
     echo: Callable[[str], None],
     where: str,
 ) -> dict:
-    """The sweep's search: trials asked of Optuna's study (resumed where a killed worker left one) until it has
-    ``trials``, each trained by ``train``; then the summary, a row per trial, and the search's report."""
+    """The sweep's search: trials asked of Optuna's study (resumed where a killed worker left one)
+    until it has ``trials``, each trained by ``train``; then the summary, a row per trial, and the
+    search's report."""
     from optuna.trial import TrialState
 
     spec = sweep.spec.search
-    # Workers seeded alike would ask the same first values: only a single process's search is reproducible.
+    # Workers seeded alike would ask the same first values: only a single process's search is
+    # reproducible.
     seed = (
         None
         if worker

@@ -1,11 +1,13 @@
-"""Export a run as a Hugging Face ``transformers`` folder (as ``save_pretrained`` writes it): :mod:`.load` inverted.
+"""Export a run as a Hugging Face ``transformers`` folder (as ``save_pretrained`` writes it):
+:mod:`.load` inverted.
 
-Which transformers architecture computes exactly what a model does is one table, :data:`TARGETS`: GPT-2 (learned
-positions, LayerNorm, a two-layer MLP; Conv1D weights transposed back), Llama (RoPE, RMSNorm, SwiGLU) and GPT-NeoX
-(RoPE, LayerNorm, a two-layer MLP, a sequential residual; q, k, v interleaved per head). Biases a target always
-has and ``bias: false`` leaves out are written as zeros. Trained tokenizers are ``tokenizers`` files already; the
-char tokenizer becomes a ``WordLevel`` model over its characters (:func:`char_tokenizer_json`), giving the same
-ids. ``generation_config.json`` keeps prompt and output within the context (``max_length``: block_size).
+Which transformers architecture computes exactly what a model does is one table, :data:`TARGETS`:
+GPT-2 (learned positions, LayerNorm, a two-layer MLP; Conv1D weights transposed back), Llama (RoPE,
+RMSNorm, SwiGLU) and GPT-NeoX (RoPE, LayerNorm, a two-layer MLP, a sequential residual; q, k, v
+interleaved per head). Biases a target always has and ``bias: false`` leaves out are written as
+zeros. Trained tokenizers are ``tokenizers`` files already; the char tokenizer becomes a
+``WordLevel`` model over its characters (:func:`char_tokenizer_json`), giving the same ids.
+``generation_config.json`` keeps prompt and output within the context (``max_length``: block_size).
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ EXPORT_FILES = (
 )
 #: The config.json key that marks a folder as an export of ours: all that ``--force`` replaces.
 EXPORT_MARK = "minigpt_export"
-#: The name an export's temporary folder (and the old copy it replaces) starts with, beside the output.
+#: The name an export's temporary folder (and the old copy it replaces) starts with, beside the
+#: output.
 _TEMP = ".{}.minigpt-export-"
-#: The char tokenizer's unknown token in an export, where the model has a row for one (:func:`char_unk_token`).
+#: The char tokenizer's unknown token in an export, where the model has a row for one
+#: (:func:`char_unk_token`).
 _REPLACEMENT = "\ufffd"
 
 
@@ -79,7 +83,8 @@ SIZES = (
     "init_from",
     "zero_init_proj",
 )
-#: Our MLP activation -> transformers' ``ACT2FN`` name (GPT-2's ``activation_function``, GPT-NeoX's ``hidden_act``).
+#: Our MLP activation -> transformers' ``ACT2FN`` name (GPT-2's ``activation_function``, GPT-NeoX's
+#: ``hidden_act``).
 _ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
 #: Each export target and the values it takes of each :class:`ModelConfig` key beyond :data:`SIZES` (a tuple, or
 #: ANY); a key it does not list must be at its schema default, so a switch added to the schema is refused by every
@@ -125,7 +130,8 @@ ARCHITECTURES = {
 
 
 def _misses(mc: ModelConfig, target: str) -> list[tuple[str, Any]]:
-    """(key, the values ``target`` takes) for each key of ``mc`` it cannot express, in the schema's order."""
+    """(key, the values ``target`` takes) for each key of ``mc`` it cannot express, in the schema's
+    order."""
     takes = {**dict.fromkeys(SIZES, ANY), **TARGETS[target]}
     fields = type(mc).model_fields
     allowed = {
@@ -141,9 +147,10 @@ def _setting(key: str, values: tuple) -> str:
 
 
 def hf_target(mc: ModelConfig, arch: Optional[str] = None) -> str:
-    """The key of :data:`TARGETS` that computes exactly what ``mc`` does: ``arch`` when given, else the first
-    that expresses it. A :class:`MinigptError` names the first key ``arch`` (or, with none, the nearest
-    target: the fewest keys to change) cannot express, and the settings that would export."""
+    """The key of :data:`TARGETS` that computes exactly what ``mc`` does: ``arch`` when given, else
+    the first that expresses it. A :class:`MinigptError` names the first key ``arch`` (or, with
+    none, the nearest target: the fewest keys to change) cannot express, and the settings that would
+    export."""
     misses = {target: _misses(mc, target) for target in TARGETS}
     fits = [target for target, missed in misses.items() if not missed]
     if fits and (arch is None or arch in fits):
@@ -207,7 +214,8 @@ def _llama_config(mc: ModelConfig) -> dict:
 
 
 def _neox_config(mc: ModelConfig) -> dict:
-    # rotary_pct / rotary_emb_base: the keys of transformers 4.x and llama.cpp's converter; 5.x reads them too.
+    # rotary_pct / rotary_emb_base: the keys of transformers 4.x and llama.cpp's converter; 5.x
+    # reads them too.
     return {
         "num_hidden_layers": mc.n_layer,
         "num_attention_heads": mc.n_head,
@@ -239,8 +247,8 @@ _CONFIGS = {
 
 
 def hf_config(cfg: Config, tok: Tokenizer, target: str) -> dict:
-    """The ``config.json`` of ``cfg``'s model as ``target`` (:func:`hf_target`), with the end-of-text id when the
-    tokenizer has one, and the begin token's id (:func:`begin_token`)."""
+    """The ``config.json`` of ``cfg``'s model as ``target`` (:func:`hf_target`), with the
+    end-of-text id when the tokenizer has one, and the begin token's id (:func:`begin_token`)."""
     mc = cfg.model
     eos = end_of_text(tok)
     eos = tok.encode(eos)[0] if eos is not None else None
@@ -258,8 +266,9 @@ def hf_config(cfg: Config, tok: Tokenizer, target: str) -> dict:
 
 
 def _zero_biases(sd: dict[str, torch.Tensor], but: tuple[str, ...] = ()) -> None:
-    """Add a zero bias for each weight of the layers and the final norm (``bias: false`` has none), but in modules
-    whose name holds one of ``but``: the target always has them (LayerNorm shifts included)."""
+    """Add a zero bias for each weight of the layers and the final norm (``bias: false`` has none),
+    but in modules whose name holds one of ``but``: the target always has them (LayerNorm shifts
+    included)."""
     sd.update(
         {
             name.removesuffix("weight") + "bias": torch.zeros(t.shape[0])
@@ -272,9 +281,10 @@ def _zero_biases(sd: dict[str, torch.Tensor], but: tuple[str, ...] = ()) -> None
 def hf_state_dict(
     model: torch.nn.Module, mc: ModelConfig, target: Optional[str] = None
 ) -> dict[str, torch.Tensor]:
-    """Our weights under ``target``'s names and layouts (default :func:`hf_target`'s; :mod:`.load`'s mapping
-    inverted): GPT-2's Conv1D transposed, Llama's ``c_attn`` rows split into q (n_embd), k and v (n_kv_head ·
-    head_dim each) and ``c_fc`` into gate and up, GPT-NeoX's q, k, v interleaved per head; a tied head left out."""
+    """Our weights under ``target``'s names and layouts (default :func:`hf_target`'s; :mod:`.load`'s
+    mapping inverted): GPT-2's Conv1D transposed, Llama's ``c_attn`` rows split into q (n_embd), k
+    and v (n_kv_head · head_dim each) and ``c_fc`` into gate and up, GPT-NeoX's q, k, v interleaved
+    per head; a tied head left out."""
     target = target or hf_target(mc)
     sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
     if mc.tie_weights:
@@ -317,9 +327,10 @@ def hf_state_dict(
 
 
 def char_unk_token(tok: CharTokenizer, vocab_size: int) -> Optional[str]:
-    """The char export's unknown token at id ``tok.vocab_size``, when the model has a row there (else None):
-    U+FFFD, or the first private-use character the alphabet lacks. One character, never a word such as
-    ``<unk>``: transformers matches it in the text, where minigpt would read its five characters."""
+    """The char export's unknown token at id ``tok.vocab_size``, when the model has a row there
+    (else None): U+FFFD, or the first private-use character the alphabet lacks. One character, never
+    a word such as ``<unk>``: transformers matches it in the text, where minigpt would read its five
+    characters."""
     if vocab_size <= tok.vocab_size:
         return None
     taken = set(tok.chars).union(*tok.special_tokens)
@@ -327,9 +338,10 @@ def char_unk_token(tok: CharTokenizer, vocab_size: int) -> Optional[str]:
 
 
 def char_tokenizer_json(tok: CharTokenizer, vocab_size: int) -> str:
-    """A ``tokenizer.json`` giving the char tokenizer's ids: a ``WordLevel`` vocabulary of its characters and
-    special tokens, every character split off alone, a ``Fuse`` decoder. Characters outside the alphabet
-    (which WordLevel would fail on) map to :func:`char_unk_token`, or are removed when the model has no row."""
+    """A ``tokenizer.json`` giving the char tokenizer's ids: a ``WordLevel`` vocabulary of its
+    characters and special tokens, every character split off alone, a ``Fuse`` decoder. Characters
+    outside the alphabet (which WordLevel would fail on) map to :func:`char_unk_token`, or are
+    removed when the model has no row."""
     from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as Backend
 
@@ -402,10 +414,11 @@ def tokenizer_files(tok: Tokenizer, run_dir: Path, cfg: Config) -> dict[str, str
 
 
 def generation_config(cfg: Config, eos: Optional[int]) -> dict:
-    """``generation_config.json`` from the run's ``sample`` section (Hugging Face's names already), with
-    ``max_length`` block_size in place of ``max_new_tokens``: prompt and new tokens together stay within the
-    position table (GPT-2's raises IndexError past it) and the context the model was trained on (RoPE's has no
-    end to stop at). transformers' ``GenerationConfig``: ``max_new_tokens`` overrides ``max_length``."""
+    """``generation_config.json`` from the run's ``sample`` section (Hugging Face's names already),
+    with ``max_length`` block_size in place of ``max_new_tokens``: prompt and new tokens together
+    stay within the position table (GPT-2's raises IndexError past it) and the context the model was
+    trained on (RoPE's has no end to stop at). transformers' ``GenerationConfig``:
+    ``max_new_tokens`` overrides ``max_length``."""
     sc = cfg.sample
     out = {"do_sample": sc.temperature > 0, "max_length": cfg.model.block_size}
     if sc.temperature > 0:
@@ -420,7 +433,8 @@ def generation_config(cfg: Config, eos: Optional[int]) -> dict:
 
 
 def _foreign(folder: Path) -> list[str]:
-    """The names in ``folder`` an export does not write: all but regular files of :data:`EXPORT_FILES`."""
+    """The names in ``folder`` an export does not write: all but regular files of
+    :data:`EXPORT_FILES`."""
     return sorted(
         p.name
         for p in folder.iterdir()
@@ -429,7 +443,8 @@ def _foreign(folder: Path) -> list[str]:
 
 
 def _is_export(folder: Path) -> bool:
-    """Whether ``folder``'s config.json carries :data:`EXPORT_MARK` (a Hugging Face model's does not)."""
+    """Whether ``folder``'s config.json carries :data:`EXPORT_MARK` (a Hugging Face model's does
+    not)."""
     config = folder / "config.json"
     with contextlib.suppress(
         OSError, ValueError, TypeError
@@ -480,8 +495,9 @@ def _through_link(out: Path) -> Path:
 
 
 def _write_folder(out: Path, files: dict[str, bytes]) -> None:
-    """Write ``files`` (name -> contents) as the folder ``out``: a temporary folder beside it is renamed into
-    place when complete, an old ``out`` moved aside under a name of this export's own first."""
+    """Write ``files`` (name -> contents) as the folder ``out``: a temporary folder beside it is
+    renamed into place when complete, an old ``out`` moved aside under a name of this export's own
+    first."""
     out.parent.mkdir(parents=True, exist_ok=True)
     _sweep_temps(out)
     tmp = Path(tempfile.mkdtemp(prefix=_TEMP.format(out.name), dir=out.parent))
@@ -504,8 +520,9 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
 
 
 def _source_positions(mc: ModelConfig) -> Optional[int | str]:
-    """The rows of the position table a fine-tuned run (``model.init_from``) cut to ``block_size``: the folder's
-    ``n_positions`` when longer, a phrase when the folder is gone; None when nothing was cut."""
+    """The rows of the position table a fine-tuned run (``model.init_from``) cut to ``block_size``:
+    the folder's ``n_positions`` when longer, a phrase when the folder is gone; None when nothing
+    was cut."""
     if mc.init_from is None or mc.pos_encoding != "learned":
         return None
     if not (Path(mc.init_from) / "config.json").is_file():
@@ -525,10 +542,10 @@ def export_run(
     dtype: Optional[str] = None,
     echo: Callable[[str], None] = lambda message: None,
 ) -> Path:
-    """Write a run's checkpoint as a transformers folder at ``output``, atomically (:func:`_write_folder`), as
-    ``arch`` (a key of :data:`TARGETS`; None: the one that expresses the run), or with ``fmt="gguf"`` as a GGUF
-    file (:func:`~.gguf.export_gguf`); a :class:`MinigptError` for a bad option or output,
-    :func:`hf_target`'s, and a failed write."""
+    """Write a run's checkpoint as a transformers folder at ``output``, atomically
+    (:func:`_write_folder`), as ``arch`` (a key of :data:`TARGETS`; None: the one that expresses the
+    run), or with ``fmt="gguf"`` as a GGUF file (:func:`~.gguf.export_gguf`); a
+    :class:`MinigptError` for a bad option or output, :func:`hf_target`'s, and a failed write."""
     if fmt == "gguf":
         from .gguf import export_gguf
 

@@ -1,10 +1,10 @@
 """Fine-tuning: a run that starts from a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder
 (``model.init_from``).
 
-nanoGPT's ``init_from='gpt2'`` (its ``finetune_shakespeare`` config), with the folder on disk instead of a hub
-download: :func:`resolve_init_from` takes the folder's architecture and ``tokenizer.json`` (kind ``hf``),
-:func:`load_pretrained` its weights. A resumed run reads its own checkpoint and ``tokenizer.json`` instead, so
-it does not depend on the folder.
+nanoGPT's ``init_from='gpt2'`` (its ``finetune_shakespeare`` config), with the folder on disk
+instead of a hub download: :func:`resolve_init_from` takes the folder's architecture and
+``tokenizer.json`` (kind ``hf``), :func:`load_pretrained` its weights. A resumed run reads its own
+checkpoint and ``tokenizer.json`` instead, so it does not depend on the folder.
 """
 
 from __future__ import annotations
@@ -26,19 +26,21 @@ FREE_KEYS = frozenset(
 def resolve_init_from(
     cfg: Config, run: Optional[Path] = None, note: Callable[[str], None] = lambda m: None
 ) -> Config:
-    """``cfg`` with the architecture and tokenizer of ``model.init_from`` (``cfg`` itself when it is unset);
-    applying it twice gives the same config.
+    """``cfg`` with the architecture and tokenizer of ``model.init_from`` (``cfg`` itself when it is
+    unset); applying it twice gives the same config.
 
-    The model is the folder's (:func:`~minigpt_cli.hf.load.read_hf_config`) with the config's values for
-    :data:`FREE_KEYS`; the tokenizer is kind ``hf``, ``tokenizer.path`` or the folder's ``tokenizer.json``.
-    ``run``: the run folder the config continues or is the config of; its ``tokenizer.json`` is the tokenizer,
-    and once the folder is gone its last checkpoint's model stands for config.json. Architecture keys (and a
-    ``tokenizer.kind``) of the config that differ from the folder's are replaced, and ``note`` hears which: an
-    ordinary config fine-tunes with ``--init-from``; ``note`` also hears of a ``model.block_size`` shorter
-    than the folder's context (a shorter-context model is trained).
+    The model is the folder's (:func:`~minigpt_cli.hf.load.read_hf_config`) with the config's values
+    for :data:`FREE_KEYS`; the tokenizer is kind ``hf``, ``tokenizer.path`` or the folder's
+    ``tokenizer.json``. ``run``: the run folder the config continues or is the config of; its
+    ``tokenizer.json`` is the tokenizer, and once the folder is gone its last checkpoint's model
+    stands for config.json. Architecture keys (and a ``tokenizer.kind``) of the config that differ
+    from the folder's are replaced, and ``note`` hears which: an ordinary config fine-tunes with
+    ``--init-from``; ``note`` also hears of a ``model.block_size`` shorter than the folder's context
+    (a shorter-context model is trained).
 
     Raises:
-        MinigptError: no tokenizer.json in the folder, a ``tokenizer.path`` not found, a damaged one.
+        MinigptError: no tokenizer.json in the folder, a ``tokenizer.path`` not found, a damaged
+        one.
     """
     mc = cfg.model
     if mc.init_from is None:
@@ -46,7 +48,8 @@ def resolve_init_from(
     folder = Path(
         mc.init_from
     ).absolute()  # the run records where it is, wherever it is later read from
-    # model.vocab_size: null is "the tokenizer's size", which the folder's model has: not a value to compare.
+    # model.vocab_size: null is "the tokenizer's size", which the folder's model has: not a value to
+    # compare.
     given = mc.model_fields_set - ({"vocab_size"} if mc.vocab_size is None else set())
     changes, shorter = [], None
     if (
@@ -99,7 +102,8 @@ def resolve_init_from(
     else:
         from ..tokenizer.kinds import load_tokenizer
 
-        # The user's file, not minigpt's: a damaged one is replaced, never deleted to be trained again.
+        # The user's file, not minigpt's: a damaged one is replaced, never deleted to be trained
+        # again.
         fix = (
             "replace it with the model's own (AutoTokenizer.from_pretrained(MODEL)"
             ".save_pretrained(folder), MODEL the model's name on the hub) or set tokenizer.path"
@@ -115,9 +119,9 @@ def resolve_init_from(
 
 
 def _shorter_context(folder: Path, ours) -> Optional[str]:
-    """The note for a config's ``model.block_size`` (in ``ours``) shorter than the folder's context: the
-    fine-tuned model then takes no longer a context than that, and a learned position table loses its
-    later rows (export says so again); None when it is not shorter."""
+    """The note for a config's ``model.block_size`` (in ``ours``) shorter than the folder's context:
+    the fine-tuned model then takes no longer a context than that, and a learned position table
+    loses its later rows (export says so again); None when it is not shorter."""
     full = read_hf_config(folder)[1].block_size
     if ours.block_size >= full:
         return None
@@ -134,8 +138,9 @@ def _shorter_context(folder: Path, ours) -> Optional[str]:
 
 
 def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
-    """Refuse run ``run``'s missing or damaged ``tokenizer.json``, and a ``tokenizer.path`` (``named``) of
-    another tokenizer than the run's, unless it is the file the checkpoint records (the run keeps a copy)."""
+    """Refuse run ``run``'s missing or damaged ``tokenizer.json``, and a ``tokenizer.path``
+    (``named``) of another tokenizer than the run's, unless it is the file the checkpoint records
+    (the run keeps a copy)."""
     from ..run.checkpoint import (
         saved_config,
     )  # torch: only for a run folder, not count-params' configs
@@ -152,8 +157,8 @@ def _check_run_tokenizer(run: Path, named: Optional[str]) -> None:
 
 
 def load_pretrained(model, cfg: Config) -> None:
-    """Copy ``model.init_from``'s weights into ``model`` (built from :func:`resolve_init_from`'s config);
-    refused as :func:`~.load.load_hf_folder` refuses them."""
+    """Copy ``model.init_from``'s weights into ``model`` (built from :func:`resolve_init_from`'s
+    config); refused as :func:`~.load.load_hf_folder` refuses them."""
     from .load import load_hf_folder
 
     pretrained = load_hf_folder(cfg.model.init_from, block_size=cfg.model.block_size)

@@ -1,12 +1,14 @@
-"""Export a run as one GGUF file for llama.cpp (and Ollama, and transformers' GGUF reader), with the ``gguf`` package.
+"""Export a run as one GGUF file for llama.cpp (and Ollama, and transformers' GGUF reader), with the
+``gguf`` package.
 
-A Llama-style run (RoPE, RMSNorm, SwiGLU, pre-norm) becomes GGUF's ``llama`` architecture, a GPT-2-style one
-(learned positions, LayerNorm, tanh GELU, 4·n_embd MLP) ``gpt2``; anything llama.cpp would compute differently is
-refused, naming the key (:func:`gguf_arch`). Tensor names are ``gguf``'s own map from transformers' names (what
-llama.cpp's ``convert_hf_to_gguf.py`` uses); Llama's q and k rows are permuted into llama.cpp's pairwise RoPE
-layout (``LlamaModel.permute`` there). The tokenizer goes in as GGUF's ``gpt2`` tokenizer: a byte-level BPE's
-tokens, merges and end-of-text id (:func:`tokenizer_fields`). ``--dtype f16`` and ``q8_0`` store 1-D tensors and
-the position table in f32, as the converter does; q8_0 needs rows that are whole 32-value blocks.
+A Llama-style run (RoPE, RMSNorm, SwiGLU, pre-norm) becomes GGUF's ``llama`` architecture, a
+GPT-2-style one (learned positions, LayerNorm, tanh GELU, 4·n_embd MLP) ``gpt2``; anything llama.cpp
+would compute differently is refused, naming the key (:func:`gguf_arch`). Tensor names are
+``gguf``'s own map from transformers' names (what llama.cpp's ``convert_hf_to_gguf.py`` uses);
+Llama's q and k rows are permuted into llama.cpp's pairwise RoPE layout (``LlamaModel.permute``
+there). The tokenizer goes in as GGUF's ``gpt2`` tokenizer: a byte-level BPE's tokens, merges and
+end-of-text id (:func:`tokenizer_fields`). ``--dtype f16`` and ``q8_0`` store 1-D tensors and the
+position table in f32, as the converter does; q8_0 needs rows that are whole 32-value blocks.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ if TYPE_CHECKING:
 
 #: The general.* key that marks a GGUF as an export of ours: all that ``--force`` replaces.
 GGUF_MARK = "general.minigpt_export"
-#: The name of an export's temporary file beside the output (a killed export's is swept by the next).
+#: The name of an export's temporary file beside the output (a killed export's is swept by the
+#: next).
 _TEMP = ".{}.minigpt-gguf-"
 #: The GGUF architecture's transformers prefix for our names (the head has none).
 _PREFIX = {"gpt2": "transformer.", "llama": "model."}
@@ -44,7 +47,8 @@ _PREFIX = {"gpt2": "transformer.", "llama": "model."}
 _DTYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
 
 
-#: The tokenizer kinds that are no byte-level BPE, refused from the config alone (a bpe or hf one is read whole).
+#: The tokenizer kinds that are no byte-level BPE, refused from the config alone (a bpe or hf one is
+#: read whole).
 _NOT_BPE = ("char", "wordpiece", "unigram")
 
 #: The model keys both GGUF architectures take at any value: sizes, and what only training reads. Any other key
@@ -74,8 +78,8 @@ _FREE = (
 
 def _fixed(mc: ModelConfig) -> dict[str, dict]:
     """The model keys each GGUF architecture fixes beyond the defaults: llama.cpp's graphs
-    (``src/models/gpt2.cpp``, ``llama.cpp``; gpt2's GELU is ggml's tanh one), and transformers' GGUF reader
-    (gpt2's MLP 4·n_embd wide, no grouped-query attention; no llama biases)."""
+    (``src/models/gpt2.cpp``, ``llama.cpp``; gpt2's GELU is ggml's tanh one), and transformers' GGUF
+    reader (gpt2's MLP 4·n_embd wide, no grouped-query attention; no llama biases)."""
     return {
         "gpt2": {
             "norm": "layernorm",
@@ -88,13 +92,14 @@ def _fixed(mc: ModelConfig) -> dict[str, dict]:
 
 
 def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> str:
-    """``gpt2`` (learned positions) or ``llama`` (RoPE): the GGUF architecture that computes what ``mc`` does.
+    """``gpt2`` (learned positions) or ``llama`` (RoPE): the GGUF architecture that computes what
+    ``mc`` does.
 
     Raises:
-        MinigptError: one line naming every key it would compute otherwise (:func:`_fixed`; with positions GGUF
-            holds neither way, measured against ``llama``), and what of ``tokenizer`` llama.cpp cannot read (a
-            kind that is not BPE, a BPE without an end-of-text token), with the values to train with, so that
-            one retraining fixes them all.
+        MinigptError: one line naming every key it would compute otherwise (:func:`_fixed`; with
+            positions GGUF holds neither way, measured against ``llama``), and what of ``tokenizer``
+            llama.cpp cannot read (a kind that is not BPE, a BPE without an end-of-text token), with
+            the values to train with, so that one retraining fixes them all.
     """
     arch = {"learned": "gpt2", "rope": "llama"}.get(mc.pos_encoding)
     have = {**mc.model_dump(), "d_ff": mc.ffn_hidden, "n_kv_head": mc.kv_heads}
@@ -150,17 +155,19 @@ def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> s
 
 
 def _rope_pairs(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """q or k rows from rotate-half RoPE order (ours, transformers') into llama.cpp's consecutive pairs:
-    ``convert_hf_to_gguf.py``'s ``LlamaModel.permute``, which transformers' GGUF reader undoes."""
+    """q or k rows from rotate-half RoPE order (ours, transformers') into llama.cpp's consecutive
+    pairs: ``convert_hf_to_gguf.py``'s ``LlamaModel.permute``, which transformers' GGUF reader
+    undoes."""
     return (
         w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     )
 
 
 def gguf_tensors(model: torch.nn.Module, mc: ModelConfig, arch: str) -> dict[str, torch.Tensor]:
-    """Our weights under GGUF's names (``blk.N.attn_qkv.weight``, ...), float32 and in PyTorch's (out, in) layout,
-    which the file stores as it is: Llama's stacked q/k/v and gate/up cut apart, q and k permuted
-    (:func:`_rope_pairs`); GPT-2's missing biases as zeros (llama.cpp requires them); a tied head left out."""
+    """Our weights under GGUF's names (``blk.N.attn_qkv.weight``, ...), float32 and in PyTorch's
+    (out, in) layout, which the file stores as it is: Llama's stacked q/k/v and gate/up cut apart, q
+    and k permuted (:func:`_rope_pairs`); GPT-2's missing biases as zeros (llama.cpp requires them);
+    a tied head left out."""
     import gguf
     import torch
 
@@ -205,9 +212,10 @@ def gguf_tensors(model: torch.nn.Module, mc: ModelConfig, arch: str) -> dict[str
 
 
 def tokenizer_fields(tok: Tokenizer, kind: str, vocab_size: int) -> dict:
-    """GGUF's ``gpt2`` tokenizer of a byte-level BPE: ``tokens`` (by id, padded to ``vocab_size`` with ``[PADn]``
-    as the converter pads), ``token_type`` (special tokens CONTROL), ``merges`` (``"a b"``) and ``eos`` (the
-    end-of-text id). A :class:`MinigptError` for any other tokenizer, or one without end-of-text or merges."""
+    """GGUF's ``gpt2`` tokenizer of a byte-level BPE: ``tokens`` (by id, padded to ``vocab_size``
+    with ``[PADn]`` as the converter pads), ``token_type`` (special tokens CONTROL), ``merges``
+    (``"a b"``) and ``eos`` (the end-of-text id). A :class:`MinigptError` for any other tokenizer,
+    or one without end-of-text or merges."""
     import gguf
 
     obj = json.loads(tok.backend.to_str()) if hasattr(tok, "backend") else {}
@@ -262,8 +270,8 @@ def tokenizer_fields(tok: Tokenizer, kind: str, vocab_size: int) -> dict:
 
 
 def _stored(name: str, t: torch.Tensor, dtype: str):
-    """``(array, raw_dtype)`` of tensor ``name`` as the file stores it: 1-D tensors and the position table in f32
-    (``convert_hf_to_gguf.py`` keeps them so), the others as ``dtype``."""
+    """``(array, raw_dtype)`` of tensor ``name`` as the file stores it: 1-D tensors and the position
+    table in f32 (``convert_hf_to_gguf.py`` keeps them so), the others as ``dtype``."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[_DTYPES[dtype][0]]
@@ -273,7 +281,8 @@ def _stored(name: str, t: torch.Tensor, dtype: str):
 
 
 def _q8_0_refusal(tensors: dict[str, torch.Tensor], dtype: str) -> None:
-    """Refuse q8_0 for a tensor whose rows are not whole blocks (``gguf.quants`` would raise half-way)."""
+    """Refuse q8_0 for a tensor whose rows are not whole blocks (``gguf.quants`` would raise
+    half-way)."""
     import gguf
 
     block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
@@ -293,7 +302,8 @@ def _q8_0_refusal(tensors: dict[str, torch.Tensor], dtype: str) -> None:
 
 
 def _is_ours(path: Path) -> bool:
-    """Whether ``path`` is a regular file that ``gguf``'s reader reads and that carries :data:`GGUF_MARK`."""
+    """Whether ``path`` is a regular file that ``gguf``'s reader reads and that carries
+    :data:`GGUF_MARK`."""
     import gguf
 
     with contextlib.suppress(OSError, ValueError):  # unreadable, empty, not a GGUF: not ours
@@ -312,8 +322,9 @@ def _write(
     dtype: str,
     name: str,
 ) -> None:
-    """Write the GGUF to a temporary file beside ``out`` (those a killed export left swept first), then rename it
-    into place; the keys are those ``convert_hf_to_gguf.py`` writes for the architecture."""
+    """Write the GGUF to a temporary file beside ``out`` (those a killed export left swept first),
+    then rename it into place; the keys are those ``convert_hf_to_gguf.py`` writes for the
+    architecture."""
     import gguf
 
     for left in out.parent.glob(f"{glob.escape(_TEMP.format(out.name))}*.tmp"):
@@ -379,9 +390,9 @@ def export_gguf(
     force: bool = False,
     echo: Callable[[str], None] = lambda message: None,
 ) -> Path:
-    """Write a run's checkpoint as the GGUF file ``output`` (``dtype`` f32, f16 or q8_0), atomically; a
-    :class:`MinigptError` for an output that is a folder, exists (without ``force``) or is no GGUF
-    of ours, for each refusal of :func:`gguf_arch`, and for a failed write."""
+    """Write a run's checkpoint as the GGUF file ``output`` (``dtype`` f32, f16 or q8_0),
+    atomically; a :class:`MinigptError` for an output that is a folder, exists (without ``force``)
+    or is no GGUF of ours, for each refusal of :func:`gguf_arch`, and for a failed write."""
     out = Path(output)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     if out.is_dir():

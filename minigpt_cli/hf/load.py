@@ -1,14 +1,15 @@
-"""Import a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder (``save_pretrained``: config.json and
-safetensors).
+"""Import a local Hugging Face GPT-2, Llama, GPT-NeoX or Qwen3 folder (``save_pretrained``:
+config.json and safetensors).
 
-Each family has ``*_config_from_hf(config.json) -> ModelConfig`` and ``load_*_state_dict(tensors, cfg)``.
-GPT-2's names are ours; its Conv1D weights are (in, out), so ``c_attn``, ``attn.c_proj``, ``c_fc`` and
-``mlp.c_proj`` are transposed, and old checkpoints' causal-mask buffers dropped. Llama: q, k, v stack into
-``attn.c_attn`` and gate, up into ``mlp.c_fc``; its rotate-half RoPE is :func:`~minigpt_cli.model.gpt.apply_rope`'s,
-so no rows are permuted (Meta's own ``consolidated.*.pth`` files, in the other pairing, are not read). GPT-NeoX
-(``use_parallel_residual: false``, rotary over the whole head, ``rotary_pct: 1``) rotates halves as we do too; its
-fused ``query_key_value`` holds q, k, v per head (:func:`neox_qkv`). The name tables (:func:`llama_names`,
-:func:`neox_names`) are the ones :mod:`.export` reads the other way.
+Each family has ``*_config_from_hf(config.json) -> ModelConfig`` and ``load_*_state_dict(tensors,
+cfg)``. GPT-2's names are ours; its Conv1D weights are (in, out), so ``c_attn``, ``attn.c_proj``,
+``c_fc`` and ``mlp.c_proj`` are transposed, and old checkpoints' causal-mask buffers dropped. Llama:
+q, k, v stack into ``attn.c_attn`` and gate, up into ``mlp.c_fc``; its rotate-half RoPE is
+:func:`~minigpt_cli.model.gpt.apply_rope`'s, so no rows are permuted (Meta's own
+``consolidated.*.pth`` files, in the other pairing, are not read). GPT-NeoX
+(``use_parallel_residual: false``, rotary over the whole head, ``rotary_pct: 1``) rotates halves as
+we do too; its fused ``query_key_value`` holds q, k, v per head (:func:`neox_qkv`). The name tables
+(:func:`llama_names`, :func:`neox_names`) are the ones :mod:`.export` reads the other way.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class _Index(_Json):
 
 
 class GPT2Json(_Json):
-    """The keys of a ``GPT2Config``'s config.json that we read; options we do not implement are refused by type."""
+    """The keys of a ``GPT2Config``'s config.json that we read; options we do not implement are
+    refused by type."""
 
     family: ClassVar[str] = "GPT-2 config"
     n_layer: int
@@ -81,7 +83,8 @@ class GPT2Json(_Json):
 
 
 class _Rope(_Json):
-    """transformers 5.x ``rope_parameters`` (4.x: ``rope_scaling`` and a top-level ``rope_theta``): plain RoPE only."""
+    """transformers 5.x ``rope_parameters`` (4.x: ``rope_scaling`` and a top-level ``rope_theta``):
+    plain RoPE only."""
 
     rope_type: Literal["default"] = "default"
     type: Literal["default"] = "default"  # the 4.x spelling of rope_type
@@ -115,14 +118,16 @@ class LlamaJson(_Json):
 
 
 class Qwen3Json(LlamaJson):
-    """The keys of a ``Qwen3Config``'s config.json that we read: Llama's, with RMSNorm on the queries and keys."""
+    """The keys of a ``Qwen3Config``'s config.json that we read: Llama's, with RMSNorm on the
+    queries and keys."""
 
     family: ClassVar[str] = "Qwen3 config"
     use_sliding_window: bool = False
 
 
 class NeoXJson(_Json):
-    """The keys of a ``GPTNeoXConfig``'s config.json that we read: a sequential residual only (by type)."""
+    """The keys of a ``GPTNeoXConfig``'s config.json that we read: a sequential residual only (by
+    type)."""
 
     family: ClassVar[str] = "GPT-NeoX config"
     num_hidden_layers: int
@@ -145,7 +150,8 @@ class NeoXJson(_Json):
 
 
 def _parse(schema: type[_Json], data: str | Mapping[str, Any], source: str = "config.json") -> Any:
-    """``data`` (JSON text, or parsed) read through ``schema``; its first problem is one line naming the key."""
+    """``data`` (JSON text, or parsed) read through ``schema``; its first problem is one line naming
+    the key."""
     try:
         return (
             schema.model_validate_json(data)
@@ -196,8 +202,9 @@ _FIXED = {
 
 
 def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
-    """Our :class:`ModelConfig` for a ``GPT2Config`` dict; ``block_size`` (default ``n_positions``) may crop
-    the learned position table, never grow it (a :class:`MinigptError`, as a key or option we lack is)."""
+    """Our :class:`ModelConfig` for a ``GPT2Config`` dict; ``block_size`` (default ``n_positions``)
+    may crop the learned position table, never grow it (a :class:`MinigptError`, as a key or option
+    we lack is)."""
     c = _parse(GPT2Json, cfg)
     n_positions = c.n_positions if c.n_positions is not None else c.n_ctx
     if n_positions is None:
@@ -230,10 +237,10 @@ def gpt2_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None
 def llama_config_from_hf(
     cfg: Mapping[str, Any], block_size: Optional[int] = None, family: str = "llama"
 ) -> ModelConfig:
-    """Our :class:`ModelConfig` for a ``LlamaConfig`` dict (or, ``family="qwen3"``, a ``Qwen3Config``'s: QK-norm);
-    ``block_size`` defaults to ``max_position_embeddings``. A :class:`MinigptError` names a key or option we lack
-    (:class:`LlamaJson`; a head_dim other than hidden_size/num_attention_heads, biases that
-    model.bias cannot hold, Qwen3's sliding window)."""
+    """Our :class:`ModelConfig` for a ``LlamaConfig`` dict (or, ``family="qwen3"``, a
+    ``Qwen3Config``'s: QK-norm); ``block_size`` defaults to ``max_position_embeddings``. A
+    :class:`MinigptError` names a key or option we lack (:class:`LlamaJson`; a head_dim other than
+    hidden_size/num_attention_heads, biases that model.bias cannot hold, Qwen3's sliding window)."""
     qwen3 = family == "qwen3"
     c = _parse(Qwen3Json if qwen3 else LlamaJson, cfg)
     if c.head_dim is not None and c.head_dim * c.num_attention_heads != c.hidden_size:
@@ -286,8 +293,9 @@ def llama_config_from_hf(
 
 
 def neox_config_from_hf(cfg: Mapping[str, Any], block_size: Optional[int] = None) -> ModelConfig:
-    """Our :class:`ModelConfig` for a ``GPTNeoXConfig`` dict; ``block_size`` defaults to ``max_position_embeddings``.
-    A :class:`MinigptError` names a key or option we lack (:class:`NeoXJson`; a rotary part under 1)."""
+    """Our :class:`ModelConfig` for a ``GPTNeoXConfig`` dict; ``block_size`` defaults to
+    ``max_position_embeddings``. A :class:`MinigptError` names a key or option we lack
+    (:class:`NeoXJson`; a rotary part under 1)."""
     c = _parse(NeoXJson, cfg)
     rope = c.rope_parameters
     given = rope.model_fields_set if rope is not None else set()
@@ -341,8 +349,8 @@ def _names(names: list[str]) -> str:
 def _check(
     out: dict[str, torch.Tensor], model_cfg: ModelConfig, unused: list[str], family: str
 ) -> dict[str, torch.Tensor]:
-    """``out`` if it holds exactly the floating-point tensors :class:`GPT` expects for ``model_cfg``, in their
-    shapes."""
+    """``out`` if it holds exactly the floating-point tensors :class:`GPT` expects for
+    ``model_cfg``, in their shapes."""
     expected = _expected_shapes(model_cfg)
     surplus = sorted([*unused, *(set(out) - set(expected))])
     lacks = sorted(set(expected) - set(out))
@@ -377,8 +385,8 @@ def _check(
 def load_gpt2_state_dict(
     sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
 ) -> dict[str, torch.Tensor]:
-    """A ``GPT2LMHeadModel`` state dict under our names and layouts (module docstring), checked by :func:`_check`;
-    the position table cropped to ``block_size``, a tied head dropped."""
+    """A ``GPT2LMHeadModel`` state dict under our names and layouts (module docstring), checked by
+    :func:`_check`; the position table cropped to ``block_size``, a tied head dropped."""
     theirs = {k.removeprefix("transformer."): t for k, t in sd.items()}  # otherwise our names
     for name in [
         n for n in theirs if n.endswith((".attn.bias", ".attn.masked_bias")) and n.count(".") == 3
@@ -389,7 +397,8 @@ def load_gpt2_state_dict(
     out = {}
     for name in [n for n in _expected_shapes(model_cfg) if n in theirs]:  # what lacks, _check names
         t = theirs.pop(name)
-        # Conv1D weights are (in, out); a position table shorter than block_size is a shape _check names.
+        # Conv1D weights are (in, out); a position table shorter than block_size is a shape _check
+        # names.
         t = (
             t.t()
             if _GPT2_CONV1D.fullmatch(name)
@@ -419,8 +428,8 @@ _LLAMA_FUSED = {
 
 
 def llama_names(mc: ModelConfig) -> dict[str, tuple[str, ...]]:
-    """The one Llama name table, both ways: our tensor name -> transformers' (``model.`` left off), several
-    names where ours stacks them."""
+    """The one Llama name table, both ways: our tensor name -> transformers' (``model.`` left off),
+    several names where ours stacks them."""
     names = {
         "wte.weight": ("embed_tokens.weight",),
         "ln_f.weight": ("norm.weight",),
@@ -443,7 +452,8 @@ def llama_names(mc: ModelConfig) -> dict[str, tuple[str, ...]]:
 def load_llama_state_dict(
     sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
 ) -> dict[str, torch.Tensor]:
-    """A ``LlamaForCausalLM`` state dict under our names and layouts (module docstring), checked by :func:`_check`."""
+    """A ``LlamaForCausalLM`` state dict under our names and layouts (module docstring), checked by
+    :func:`_check`."""
     import torch
 
     theirs = {
@@ -460,7 +470,8 @@ def load_llama_state_dict(
     return _check(out, model_cfg, list(theirs), "Llama")
 
 
-#: Ours -> GPT-NeoX's module names within a layer (``gpt_neox.layers.{i}.``), each with a weight and a bias.
+#: Ours -> GPT-NeoX's module names within a layer (``gpt_neox.layers.{i}.``), each with a weight and
+#: a bias.
 _NEOX_LAYER = {
     "ln_1": "input_layernorm",
     "ln_2": "post_attention_layernorm",
@@ -472,8 +483,9 @@ _NEOX_LAYER = {
 
 
 def neox_names(mc: ModelConfig) -> dict[str, str]:
-    """The one GPT-NeoX name table, both ways: our tensor name -> transformers' in a saved folder (``embed_out``,
-    which transformers 5 renames ``lm_head`` on loading and back on saving), biases included."""
+    """The one GPT-NeoX name table, both ways: our tensor name -> transformers' in a saved folder
+    (``embed_out``, which transformers 5 renames ``lm_head`` on loading and back on saving), biases
+    included."""
     names = {
         "wte.weight": "gpt_neox.embed_in.weight",
         "lm_head.weight": "embed_out.weight",
@@ -491,8 +503,9 @@ def neox_names(mc: ModelConfig) -> dict[str, str]:
 
 
 def neox_qkv(t: torch.Tensor, n_head: int, to_neox: bool) -> torch.Tensor:
-    """``c_attn``'s rows (3·n_embd, ...) as ``[q; k; v]``, heads in each, to GPT-NeoX's ``query_key_value``,
-    ``[q_h; k_h; v_h]`` for each head h (its ``view(..., n_head, 3 * head_size)``), or back (``to_neox`` False)."""
+    """``c_attn``'s rows (3·n_embd, ...) as ``[q; k; v]``, heads in each, to GPT-NeoX's
+    ``query_key_value``, ``[q_h; k_h; v_h]`` for each head h (its ``view(..., n_head, 3 *
+    head_size)``), or back (``to_neox`` False)."""
     stacked = (3, n_head, -1) if to_neox else (n_head, 3, -1)
     return t.reshape(*stacked, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
 
@@ -500,9 +513,9 @@ def neox_qkv(t: torch.Tensor, n_head: int, to_neox: bool) -> torch.Tensor:
 def load_neox_state_dict(
     sd: Mapping[str, torch.Tensor], model_cfg: ModelConfig
 ) -> dict[str, torch.Tensor]:
-    """A ``GPTNeoXForCausalLM`` state dict under our names and layouts (module docstring), checked by :func:`_check`;
-    with ``model.bias`` false (``attention_bias: false``) its MLP and LayerNorm biases must be zeros, and are
-    dropped."""
+    """A ``GPTNeoXForCausalLM`` state dict under our names and layouts (module docstring), checked
+    by :func:`_check`; with ``model.bias`` false (``attention_bias: false``) its MLP and LayerNorm
+    biases must be zeros, and are dropped."""
     theirs = {
         ("embed_out.weight" if k == "lm_head.weight" else k): t
         for k, t in sd.items()
@@ -545,8 +558,9 @@ _FAMILIES = {
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a ``save_pretrained`` folder: ``model.safetensors``, or the shards its index names
-    (a :class:`MinigptError` when there are none, naming a ``.bin``/``.pth`` file found instead)."""
+    """The safetensors files of a ``save_pretrained`` folder: ``model.safetensors``, or the shards
+    its index names (a :class:`MinigptError` when there are none, naming a ``.bin``/``.pth`` file
+    found instead)."""
     index = folder / "model.safetensors.index.json"
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
@@ -614,8 +628,9 @@ def read_hf_config(path: str | Path, block_size: Optional[int] = None) -> tuple[
 
 
 def load_hf_folder(path: str | Path, block_size: Optional[int] = None) -> GPT:
-    """Our GPT (float32, CPU, eval mode) from a local GPT-2, Llama, GPT-NeoX or Qwen3 ``save_pretrained`` folder;
-    ``block_size`` as the ``*_config_from_hf`` take it. Refused as :func:`read_hf_config` and :func:`_check` refuse."""
+    """Our GPT (float32, CPU, eval mode) from a local GPT-2, Llama, GPT-NeoX or Qwen3
+    ``save_pretrained`` folder; ``block_size`` as the ``*_config_from_hf`` take it. Refused as
+    :func:`read_hf_config` and :func:`_check` refuse."""
     import torch
 
     from ..model.gpt import GPT

@@ -1,7 +1,10 @@
-"""``minigpt inspect activations``: ReLU, GELU, GELU-tanh and SiLU, and how far apart GELU's two forms are.
+"""``minigpt inspect activations``: ReLU, GELU, GELU-tanh and SiLU, and how far apart GELU's two
+forms are.
 
-ReLU max(0, x) (Vaswani et al. 2017 §3.3); GELU x·Φ(x) and its tanh form 0.5·x·(1 + tanh(sqrt(2/π)·(x +
-0.044715·x³))) (Hendrycks & Gimpel 2016 §2); SiLU x·σ(x) (Elfwing et al. 2018); float64, the MLP's own calls.
+ReLU max(0, x) (Vaswani et al. 2017 §3.3); GELU x·Φ(x) and its tanh form 0.5·x·(1 +
+tanh(sqrt(2/π)·(x +
+0.044715·x³))) (Hendrycks & Gimpel 2016 §2); SiLU x·σ(x) (Elfwing et al. 2018); float64, the MLP's
+own calls.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import torch.nn.functional as F
 from ..errors import MinigptError
 from .figures import decorate, drawn, new_figure, report, save_png
 
-#: The difference GELU − GELU-tanh is searched on [-SEARCH, SEARCH] with step STEP (it vanishes far out).
+#: The difference GELU − GELU-tanh is searched on [-SEARCH, SEARCH] with step STEP (it vanishes far
+#: out).
 SEARCH = 10.0
 STEP = 1e-4
 #: Where the table of values is taken.
@@ -31,8 +35,8 @@ FUNCTIONS = {
 
 
 def activations(lo: float = -4.0, hi: float = 4.0, output: Optional[Path] = None) -> dict:
-    """The four activations at :data:`TABLE_AT` and max |GELU − GELU-tanh| with its x > 0 (``output``: a folder).
-    Raises MinigptError: a range that is not two finite numbers, lo < hi.
+    """The four activations at :data:`TABLE_AT` and max |GELU − GELU-tanh| with its x > 0
+    (``output``: a folder). Raises MinigptError: a range that is not two finite numbers, lo < hi.
     """
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise MinigptError(

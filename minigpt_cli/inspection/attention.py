@@ -1,7 +1,9 @@
-"""``minigpt inspect attention``: a trained run's attention weights on a prompt, per layer and head, and their entropy.
+"""``minigpt inspect attention``: a trained run's attention weights on a prompt, per layer and head,
+and their entropy.
 
-Weights softmax(q kᵀ / sqrt(head_dim)) under the causal mask (Vaswani et al. 2017 §3.2.1), key heads shared by
-n_head / n_kv_head query heads (Ainslie et al. 2023); entropy −Σ_s p(s) ln p(s) over keys s ≤ t, in nats.
+Weights softmax(q kᵀ / sqrt(head_dim)) under the causal mask (Vaswani et al. 2017 §3.2.1), key heads
+shared by n_head / n_kv_head query heads (Ainslie et al. 2023); entropy −Σ_s p(s) ln p(s) over keys
+s ≤ t, in nats.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ LABELLED = 24
 def attention_weights(
     attn, x: torch.Tensor, rope=None, ve=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The attention weights (B, n_head, T, T) float32 of one attention layer on its input x (B, T, C), and the
-    layer's output (B, T, C) recomputed from them (``scaled_dot_product_attention`` does not return weights);
-    ``rope`` and ``ve`` (the layer's value embedding) as the block passes them."""
+    """The attention weights (B, n_head, T, T) float32 of one attention layer on its input x (B, T,
+    C), and the layer's output (B, T, C) recomputed from them (``scaled_dot_product_attention`` does
+    not return weights); ``rope`` and ``ve`` (the layer's value embedding) as the block passes
+    them."""
     B, T, C = x.size()
     with torch.no_grad():
         q, k, v = attn.qkv(
@@ -59,10 +62,11 @@ def attention(
     output: Optional[Path] = None,
     echo: Callable[[str], None] = lambda m: None,
 ) -> dict:
-    """Attention weights ([layer][head][query][key]) of a run on ``prompt``, each head's mean entropy over
-    positions 1..T−1, and ``max_check_error`` (weights·v through c_proj against the layer's output).
-    Raises MinigptError: as :func:`~.run_model.open_run`; a prompt the tokenizer cannot encode or longer than
-    block_size (refused, not cropped: the model never saw those positions together).
+    """Attention weights ([layer][head][query][key]) of a run on ``prompt``, each head's mean
+    entropy over positions 1..T−1, and ``max_check_error`` (weights·v through c_proj against the
+    layer's output). Raises MinigptError: as :func:`~.run_model.open_run`; a prompt the tokenizer
+    cannot encode or longer than block_size (refused, not cropped: the model never saw those
+    positions together).
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     ids = encode_prompt(tok, prompt)

@@ -1,7 +1,9 @@
-"""``minigpt inspect block``: our Transformer block against PyTorch's, and the shapes through a stack of them.
+"""``minigpt inspect block``: our Transformer block against PyTorch's, and the shapes through a
+stack of them.
 
-Pre-LN (GPT-2; Xiong et al. 2020) and Post-LN (Vaswani et al. 2017 §3.1) blocks, their weights copied into
-``torch.nn.TransformerEncoderLayer``, run with and without the causal mask (so that the check can fail).
+Pre-LN (GPT-2; Xiong et al. 2020) and Post-LN (Vaswani et al. 2017 §3.1) blocks, their weights
+copied into ``torch.nn.TransformerEncoderLayer``, run with and without the causal mask (so that the
+check can fail).
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ def compare(
     activation: str = "gelu",
     seed: int = 0,
 ) -> dict:
-    """One block of ours against ``nn.TransformerEncoderLayer`` with the same weights, causal mask, float32:
-    ``max_error``, ``max_error_without_mask`` (what a missing mask costs), and 256 outputs of each for the plot.
+    """One block of ours against ``nn.TransformerEncoderLayer`` with the same weights, causal mask,
+    float32: ``max_error``, ``max_error_without_mask`` (what a missing mask costs), and 256 outputs
+    of each for the plot.
     """
     cfg = ModelConfig(
         n_layer=1,
@@ -107,8 +110,9 @@ def trace(
     dtype: str = "float32",
     seed: int = 0,
 ) -> dict:
-    """Shapes and dtypes after every sub-layer of a small GPT forward (``steps``, ``bt_c``: the shape is (B, T, C);
-    with the per-head q/k/v and scores SDPA hides), ``dtype_kept``, the ``loss`` and each gradient's norm."""
+    """Shapes and dtypes after every sub-layer of a small GPT forward (``steps``, ``bt_c``: the
+    shape is (B, T, C); with the per-head q/k/v and scores SDPA hides), ``dtype_kept``, the ``loss``
+    and each gradient's norm."""
     cfg = ModelConfig(
         n_layer=n_layer,
         n_head=n_head,
@@ -227,9 +231,9 @@ def block(
     dtype: str = "float32",
     output: Optional[Path] = None,
 ) -> dict:
-    """Pre-LN and Post-LN blocks against ``nn.TransformerEncoderLayer`` (``pre``, ``post``: :func:`compare`'s
-    numbers), and with ``with_trace`` :func:`trace`'s.
-    Raises MinigptError: n_embd not divisible by n_head (the CLI checks the sizes, activation and dtype).
+    """Pre-LN and Post-LN blocks against ``nn.TransformerEncoderLayer`` (``pre``, ``post``:
+    :func:`compare`'s numbers), and with ``with_trace`` :func:`trace`'s. Raises MinigptError: n_embd
+    not divisible by n_head (the CLI checks the sizes, activation and dtype).
     """
     assert (
         activation in ("relu", "gelu")

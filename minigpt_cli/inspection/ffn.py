@@ -1,8 +1,10 @@
-"""``minigpt inspect ffn``: a tiny position-wise feed-forward pass, step by step, and SwiGLU's width rule.
+"""``minigpt inspect ffn``: a tiny position-wise feed-forward pass, step by step, and SwiGLU's width
+rule.
 
-FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017 §3.3), row vectors: x (1, d_model), W1 (d_model, d_ff),
-W2 (d_ff, d_model); SwiGLU: Swish(x W1) ⊙ (x V) (Shazeer 2020 eq. 6). SwiGLU's d_ff = 2/3·4d rounded up to
-``multiple_of`` keeps 3·d·d_ff near a 4d MLP's 8d² (Llama: d = 4096 gives 11008).
+FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017 §3.3), row vectors: x (1, d_model), W1
+(d_model, d_ff), W2 (d_ff, d_model); SwiGLU: Swish(x W1) ⊙ (x V) (Shazeer 2020 eq. 6). SwiGLU's d_ff
+= 2/3·4d rounded up to ``multiple_of`` keeps 3·d·d_ff near a 4d MLP's 8d² (Llama: d = 4096 gives
+11008).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ KEYS = {"activation", "W1", "b1", "W2", "b2", "V"}
 
 
 def read_weights(path: Path) -> dict:
-    """A weights file: a JSON object of :data:`KEYS` (``W1``, ``W2``; ``V`` for swiglu; ``activation``: relu).
-    Raises MinigptError: unreadable, not JSON, unknown keys, values that are not numbers, a missing matrix, an
-    unknown activation.
+    """A weights file: a JSON object of :data:`KEYS` (``W1``, ``W2``; ``V`` for swiglu;
+    ``activation``: relu). Raises MinigptError: unreadable, not JSON, unknown keys, values that are
+    not numbers, a missing matrix, an unknown activation.
     """
     example = json.dumps(EXAMPLE, separators=(",", ":"))
     try:
@@ -139,8 +141,9 @@ def _model_mlp(w: dict, d_model: int, d_ff: int, act: str, b1, b2) -> MLP:
 
 
 def swiglu_width(d_model: int = 4096, multiple_of: int = 256) -> dict:
-    """SwiGLU's hidden width by the 2/3 rule (Shazeer 2020 §2; Llama's rounding: the model's ``ffn_hidden``),
-    and the parameter counts biases aside: ``params_mlp`` 2·d·4d, ``params_swiglu`` 3·d·d_ff."""
+    """SwiGLU's hidden width by the 2/3 rule (Shazeer 2020 §2; Llama's rounding: the model's
+    ``ffn_hidden``), and the parameter counts biases aside: ``params_mlp`` 2·d·4d, ``params_swiglu``
+    3·d·d_ff."""
     cfg = ModelConfig(n_layer=1, n_head=1, n_embd=d_model, ffn="swiglu", multiple_of=multiple_of)
     d_ff = cfg.ffn_hidden
     return {
@@ -161,9 +164,9 @@ def ffn(
     multiple_of: int = 256,
     output: Optional[Path] = None,
 ) -> dict:
-    """The FFN forward pass in float64 for each input, step by step (``z`` = x W1 + b1, ``u`` = x V, ``h``, ``off``
-    (units exactly 0), ``y``, ``x_plus_y``), checked against the model's MLP (``model_y``, ``model_max_error``).
-    Raises MinigptError: a weight or input of the wrong shape.
+    """The FFN forward pass in float64 for each input, step by step (``z`` = x W1 + b1, ``u`` = x V,
+    ``h``, ``off`` (units exactly 0), ``y``, ``x_plus_y``), checked against the model's MLP
+    (``model_y``, ``model_max_error``). Raises MinigptError: a weight or input of the wrong shape.
     """
     w = EXAMPLE if weights is None else weights
     problem = _shape_problem(w, xs)

@@ -1,6 +1,8 @@
-"""What every inspect topic shares: a figure without pyplot and its atomic PNG write, JSON, numbers, a seeded RNG.
+"""What every inspect topic shares: a figure without pyplot and its atomic PNG write, JSON, numbers,
+a seeded RNG.
 
-Figures are drawn on a bare Figure with the Agg canvas (the process's matplotlib backend is left alone).
+Figures are drawn on a bare Figure with the Agg canvas (the process's matplotlib backend is left
+alone).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from ..errors import MinigptError
 
 
 def check_heads(n_embd: int, n_head: int) -> None:
-    """Refuse (MinigptError) a width that whole heads do not divide, suggesting the nearest that they do."""
+    """Refuse (MinigptError) a width that whole heads do not divide, suggesting the nearest that
+    they do."""
     if n_embd % n_head:
         raise MinigptError(
             f"--n-embd {n_embd} is not divisible by --n-head {n_head}; "
@@ -35,15 +38,16 @@ def new_figure(width: float, height: float):
 
 
 def widen_to_fit(fig, text, margin: float = 0.2) -> None:
-    """Widen ``fig`` so that ``text`` (a title: it does not wrap) fits with ``margin`` inches on each side."""
+    """Widen ``fig`` so that ``text`` (a title: it does not wrap) fits with ``margin`` inches on
+    each side."""
     width = text.get_window_extent(fig.canvas.get_renderer()).width / fig.dpi + 2 * margin
     if width > fig.get_figwidth():
         fig.set_figwidth(width)
 
 
 def decorate(ax, xlabel: str, ylabel: Optional[str], title: str, **legend) -> None:
-    """Name ``ax``'s axes (``ylabel`` None: left unnamed) and title it, then draw its legend (``legend``: the
-    keywords of ``ax.legend``) and a light grid."""
+    """Name ``ax``'s axes (``ylabel`` None: left unnamed) and title it, then draw its legend
+    (``legend``: the keywords of ``ax.legend``) and a light grid."""
     ax.set_xlabel(xlabel)
     if ylabel is not None:
         ax.set_ylabel(ylabel)
@@ -53,14 +57,16 @@ def decorate(ax, xlabel: str, ylabel: Optional[str], title: str, **legend) -> No
 
 
 def drawn(result: dict, output: Optional[Path], plot: Callable[..., str], *data) -> dict:
-    """``result`` with its ``png`` set to ``plot(result, *data, folder)`` when ``output`` names a folder."""
+    """``result`` with its ``png`` set to ``plot(result, *data, folder)`` when ``output`` names a
+    folder."""
     if output is not None:
         result["png"] = plot(result, *data, Path(output))
     return result
 
 
 def save_png(fig, folder: Path, name: str) -> str:
-    """Write ``fig`` to ``folder/name`` atomically (the folder is created); returns the path as a string."""
+    """Write ``fig`` to ``folder/name`` atomically (the folder is created); returns the path as a
+    string."""
     from ..fileio import atomic_write_bytes
 
     png = io.BytesIO()
@@ -116,8 +122,8 @@ def report(lines: list[str], result: dict) -> str:
 
 @contextmanager
 def seeded(seed: int):
-    """torch's global RNG seeded with ``seed`` inside the block and put back as it was after it: the model's
-    init draws from the global RNG, and a caller's own random stream must not move."""
+    """torch's global RNG seeded with ``seed`` inside the block and put back as it was after it: the
+    model's init draws from the global RNG, and a caller's own random stream must not move."""
     import torch
 
     with torch.random.fork_rng(devices=[]):

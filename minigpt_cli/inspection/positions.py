@@ -1,8 +1,9 @@
-"""``minigpt inspect positions``: the sinusoidal table, what its dot products and rotations say, and RoPE.
+"""``minigpt inspect positions``: the sinusoidal table, what its dot products and rotations say, and
+RoPE.
 
 Vaswani et al. 2017 §3.5: p[t, 2i] = sin(t·ω_i), p[t, 2i+1] = cos(t·ω_i), ω_i = base^(-2i/d), so
-p_t·p_s = Σ_i cos(ω_i (t − s)) and p_{t+k} = R_k p_t; RoPE (Su et al. 2021 §3.4) rotates q and k after the
-projection, so (R_t q)·(R_s k) depends on s − t alone, while (p_t W_Q)·(p_s W_K) does not.
+p_t·p_s = Σ_i cos(ω_i (t − s)) and p_{t+k} = R_k p_t; RoPE (Su et al. 2021 §3.4) rotates q and k
+after the projection, so (R_t q)·(R_s k) depends on s − t alone, while (p_t W_Q)·(p_s W_K) does not.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ HEATMAP_ROWS = 256
 
 
 def sinusoidal_table64(n_pos: int, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """The model's sinusoidal table (Vaswani et al. 2017 §3.5) before its float32 rounding: (n_pos, dim), float64."""
+    """The model's sinusoidal table (Vaswani et al. 2017 §3.5) before its float32 rounding: (n_pos,
+    dim), float64."""
     return sinusoidal_table(n_pos, dim, base, torch.float64)
 
 
 def rotation(k: int, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """R_k (dim, dim), float64: blockdiag over pairs of [[cos ω_i k, sin ω_i k], [−sin ω_i k, cos ω_i k]],
-    so that p_{t+k} = R_k p_t for the table's column vectors (Vaswani et al. 2017 §3.5)."""
+    """R_k (dim, dim), float64: blockdiag over pairs of [[cos ω_i k, sin ω_i k], [−sin ω_i k, cos
+    ω_i k]], so that p_{t+k} = R_k p_t for the table's column vectors (Vaswani et al. 2017 §3.5)."""
     omega = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     c, s = torch.cos(omega * k), torch.sin(omega * k)
     return torch.block_diag(
@@ -87,9 +89,9 @@ def positions(
     seed: int = 0,
     output: Optional[Path] = None,
 ) -> dict:
-    """The sinusoidal table's p0·pk ``curve``, the ``rotation`` check (largest |p(t+k) − R_k p(t)|) and the q·k
-    scores with and without RoPE, each {``scores``, ``spread``}; ``seed`` seeds W_Q, W_K ~ N(0, 1/d).
-    Raises MinigptError: an odd ``dim``, ``base`` ≤ 1.
+    """The sinusoidal table's p0·pk ``curve``, the ``rotation`` check (largest |p(t+k) − R_k p(t)|)
+    and the q·k scores with and without RoPE, each {``scores``, ``spread``}; ``seed`` seeds W_Q, W_K
+    ~ N(0, 1/d). Raises MinigptError: an odd ``dim``, ``base`` ≤ 1.
     """
     assert dim >= 2 and max_len >= 2, (dim, max_len)
     if dim % 2:

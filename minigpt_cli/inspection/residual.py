@@ -1,7 +1,9 @@
-"""``minigpt inspect residual``: how the residual stream grows with depth, and what 1/sqrt(2L) does to it.
+"""``minigpt inspect residual``: how the residual stream grows with depth, and what 1/sqrt(2L) does
+to it.
 
-Each Pre-LN block adds two branches, so after L blocks the RMS grows like sqrt(2L); GPT-2 (Radford et al. 2019
-§2.3) scales each branch's last layer at init by 1/sqrt(2L), which keeps it flat (Xiong et al. 2020).
+Each Pre-LN block adds two branches, so after L blocks the RMS grows like sqrt(2L); GPT-2 (Radford
+et al. 2019 §2.3) scales each branch's last layer at init by 1/sqrt(2L), which keeps it flat (Xiong
+et al. 2020).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def _rms(t: torch.Tensor) -> float:
 
 
 def stream_rms(blocks: Sequence[torch.nn.Module], x: torch.Tensor) -> list[float]:
-    """RMS of the residual stream ``x`` (B, T, C), per token then averaged, before and after each block (L + 1)."""
+    """RMS of the residual stream ``x`` (B, T, C), per token then averaged, before and after each
+    block (L + 1)."""
     out = [_rms(x)]
     with torch.no_grad():
         for blk in blocks:
@@ -36,8 +39,8 @@ def stream_rms(blocks: Sequence[torch.nn.Module], x: torch.Tensor) -> list[float
 
 
 def scale_branch_outputs(model: GPT, n_layer: int) -> None:
-    """Multiply every ``c_proj.weight`` (each branch's last layer) by 1/sqrt(2·n_layer) in place (GPT-2 §2.3),
-    on the same draw, so that the two streams differ by the rule alone."""
+    """Multiply every ``c_proj.weight`` (each branch's last layer) by 1/sqrt(2·n_layer) in place
+    (GPT-2 §2.3), on the same draw, so that the two streams differ by the rule alone."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("c_proj.weight"):
@@ -59,9 +62,10 @@ def residual(
     init_std: Optional[float] = None,
     output: Optional[Path] = None,
 ) -> dict:
-    """RMS of the residual stream after each block at init, with and without 1/sqrt(2L), over ``seeds`` draws of
-    unit-variance input; ``init_std`` None is 1/sqrt(n_embd), so that every branch writes O(1) and growth shows.
-    Raises MinigptError: n_embd not divisible by n_head (the CLI checks the counts).
+    """RMS of the residual stream after each block at init, with and without 1/sqrt(2L), over
+    ``seeds`` draws of unit-variance input; ``init_std`` None is 1/sqrt(n_embd), so that every
+    branch writes O(1) and growth shows. Raises MinigptError: n_embd not divisible by n_head (the
+    CLI checks the counts).
     """
     assert depths and min(depths) >= 1 and min(seeds, n_embd, n_head, seq_len) >= 1
     check_heads(n_embd, n_head)
@@ -121,7 +125,8 @@ def residual(
 def _val_windows(
     run: Path, cfg, tok, count: int, seed: int, echo: Callable[[str], None]
 ) -> torch.Tensor:
-    """``count`` windows of block_size tokens from the run's validation split (its prepared token files)."""
+    """``count`` windows of block_size tokens from the run's validation split (its prepared token
+    files)."""
     from ..data.pipeline import (
         corpus_on_disk,
         corpus_root,
@@ -154,8 +159,9 @@ def _val_windows(
 
 
 def model_stream_rms(model: GPT, idx: torch.Tensor) -> list[float]:
-    """:func:`stream_rms` inside ``model``'s own forward on ``idx`` (B, T): the stream entering the first block, then
-    after each block, whatever GPT.forward passes a block (rotary angles, value embeddings)."""
+    """:func:`stream_rms` inside ``model``'s own forward on ``idx`` (B, T): the stream entering the
+    first block, then after each block, whatever GPT.forward passes a block (rotary angles, value
+    embeddings)."""
     out: list[float] = []
     hooks = [model.h[0].register_forward_pre_hook(lambda module, args: out.append(_rms(args[0])))]
     hooks += [
@@ -178,9 +184,9 @@ def residual_run(
     output: Optional[Path] = None,
     echo: Callable[[str], None] = lambda m: None,
 ) -> dict:
-    """RMS of a trained run's residual stream (``trained``) and of its architecture at init (``init``) after the
-    embedding and each block, on validation windows.
-    Raises MinigptError: as :func:`~.run_model.open_run`; the corpus is not on disk; a split shorter than a window.
+    """RMS of a trained run's residual stream (``trained``) and of its architecture at init
+    (``init``) after the embedding and each block, on validation windows. Raises MinigptError: as
+    :func:`~.run_model.open_run`; the corpus is not on disk; a split shorter than a window.
     """
     model, cfg, tok, ckpt = open_run(run, checkpoint, echo)
     idx = _val_windows(Path(run), cfg, tok, windows, seed, echo)

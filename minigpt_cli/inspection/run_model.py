@@ -1,4 +1,5 @@
-"""A trained run's model, config and tokenizer for the inspect topics that read one (attention, residual --run)."""
+"""A trained run's model, config and tokenizer for the inspect topics that read one (attention,
+residual --run)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ UNTRAINED = (
 def open_run(
     run: str | Path, checkpoint: str = runs.BEST, echo: Callable[[str], None] = lambda m: None
 ):
-    """The model (eval mode, CPU), config and tokenizer of a run folder as ``minigpt generate`` opens them, and
-    the checkpoint used, described; MinigptError as :func:`~minigpt_cli.sample.load.load_run`."""
+    """The model (eval mode, CPU), config and tokenizer of a run folder as ``minigpt generate``
+    opens them, and the checkpoint used, described; MinigptError as
+    :func:`~minigpt_cli.sample.load.load_run`."""
     loaded = load_run(run, checkpoint)
     if loaded.step == 0:
         echo(UNTRAINED.format(run=loaded.run_dir, which=loaded.checkpoint.name))

@@ -1,8 +1,8 @@
 """``minigpt inspect tokenize``: how the three subword algorithms cut text, and why.
 
-The toy corpus is the Hugging Face LLM course's (ch. 6.5-6.7): BPE (Sennrich et al. 2016; byte-level as GPT-2)
-merges the most frequent pair, WordPiece the highest count(ab) / (count(a)·count(b)), and Unigram (Kudo 2018
-§3.2) starts from every substring, probability by frequency.
+The toy corpus is the Hugging Face LLM course's (ch. 6.5-6.7): BPE (Sennrich et al. 2016; byte-level
+as GPT-2) merges the most frequent pair, WordPiece the highest count(ab) / (count(a)·count(b)), and
+Unigram (Kudo 2018 §3.2) starts from every substring, probability by frequency.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ SHOWN = 12
 
 
 def parse_words(text: str) -> dict[str, int]:
-    """``"hug=10,pug=5"`` -> {"hug": 10, "pug": 5}; MinigptError unless word=count pairs with counts >= 1."""
+    """``"hug=10,pug=5"`` -> {"hug": 10, "pug": 5}; MinigptError unless word=count pairs with counts
+    >= 1."""
     pairs = [
         (word.strip(), count.strip())
         for word, _, count in (item.partition("=") for item in text.split(","))
@@ -58,12 +59,14 @@ def parse_words(text: str) -> dict[str, int]:
 
 
 def _corpus(words: dict[str, int]) -> str:
-    """One word a line, each as often as its count: the pre-tokenizer then sees exactly these words."""
+    """One word a line, each as often as its count: the pre-tokenizer then sees exactly these
+    words."""
     return "\n".join(w for w, n in words.items() for _ in range(n))
 
 
 def replay(words: dict[str, int], merges: Sequence[tuple[str, str]]) -> list[int]:
-    """The count each BPE merge had when it was made: the merges applied in order to the weighted words."""
+    """The count each BPE merge had when it was made: the merges applied in order to the weighted
+    words."""
     split = {w: list(w) for w in words}
     counts = []
     for a, b in merges:
@@ -73,7 +76,8 @@ def replay(words: dict[str, int], merges: Sequence[tuple[str, str]]) -> list[int
 
 
 def _pair_counts(split: dict[str, list[str]], words: dict[str, int]) -> Counter:
-    """How often each adjacent pair of symbols occurs in the weighted words, ``split`` into symbols."""
+    """How often each adjacent pair of symbols occurs in the weighted words, ``split`` into
+    symbols."""
     pairs: Counter = Counter()
     for w, symbols in split.items():
         for p in zip(symbols, symbols[1:]):
@@ -82,7 +86,8 @@ def _pair_counts(split: dict[str, list[str]], words: dict[str, int]) -> Counter:
 
 
 def _merge(symbols: list[str], a: str, b: str) -> list[str]:
-    """``symbols`` with each adjacent ``a``, ``b`` (left to right, not overlapping) made one symbol ``a + b``."""
+    """``symbols`` with each adjacent ``a``, ``b`` (left to right, not overlapping) made one symbol
+    ``a + b``."""
     out, i = [], 0
     while i < len(symbols):
         pair = i + 1 < len(symbols) and symbols[i] == a and symbols[i + 1] == b
@@ -92,8 +97,9 @@ def _merge(symbols: list[str], a: str, b: str) -> list[str]:
 
 
 def toy_bpe(words: dict[str, int]) -> list[dict]:
-    """Every BPE merge on the toy words, in order: {a, b, count} (the library's trainer, byte-level as minigpt's
-    ``bpe`` kind: GPT-2's split and the 256-byte alphabet; the toy words are ASCII, so bytes are letters)."""
+    """Every BPE merge on the toy words, in order: {a, b, count} (the library's trainer, byte-level
+    as minigpt's ``bpe`` kind: GPT-2's split and the 256-byte alphabet; the toy words are ASCII, so
+    bytes are letters)."""
     from tokenizers import Tokenizer as _Backend
     from tokenizers import models, pre_tokenizers, trainers
 
@@ -116,7 +122,8 @@ def toy_bpe(words: dict[str, int]) -> list[dict]:
 
 
 def seed_unigram(words: dict[str, int]) -> dict[str, float]:
-    """Kudo 2018 §3.2's seed model: every substring of the words, log-probability ln(freq / total)."""
+    """Kudo 2018 §3.2's seed model: every substring of the words, log-probability ln(freq /
+    total)."""
     freq: Counter = Counter()
     for w, n in words.items():
         for i in range(len(w)):
@@ -131,7 +138,8 @@ def seed_unigram(words: dict[str, int]) -> dict[str, float]:
 
 def segmentations(word: str, logp: dict[str, float]) -> Optional[list[tuple[list[str], float]]]:
     """Every cut of ``word`` into vocabulary pieces with its log-probability, most likely first;
-    None when there are more than :data:`MAX_SEGMENTATIONS` or the word is longer than :data:`MAX_WORD`."""
+    None when there are more than :data:`MAX_SEGMENTATIONS` or the word is longer than
+    :data:`MAX_WORD`."""
     if len(word) > MAX_WORD:
         return None
     out: list[tuple[list[str], float]] = []
@@ -156,7 +164,8 @@ def segmentations(word: str, logp: dict[str, float]) -> Optional[list[tuple[list
 
 
 def _unigram_words(backend, words: Sequence[str], logp: dict[str, float]) -> list[dict]:
-    """Each word's segmentations, the library's Viterbi pieces, and whether they are the best listed."""
+    """Each word's segmentations, the library's Viterbi pieces, and whether they are the best
+    listed."""
     out = []
     for word in words:
         viterbi = [t.value for t in backend.model.tokenize(word)]
@@ -189,8 +198,9 @@ def _unigram_words(backend, words: Sequence[str], logp: dict[str, float]) -> lis
 def toy(
     words: Optional[dict[str, int]] = None, text: str = TOY_TEXT, output: Optional[Path] = None
 ) -> dict:
-    """BPE and WordPiece merges ({a, b, count} / {a, b, score, count}; ``*_first``: every pair before any merge)
-    and Unigram segmentations (the library's Viterbi choice marked) on the toy corpus, and ``text`` cut by each.
+    """BPE and WordPiece merges ({a, b, count} / {a, b, score, count}; ``*_first``: every pair
+    before any merge) and Unigram segmentations (the library's Viterbi choice marked) on the toy
+    corpus, and ``text`` cut by each.
     """
     from tokenizers import Tokenizer as _Backend
     from tokenizers import models, pre_tokenizers
@@ -262,9 +272,10 @@ def inspect_tokenizer(
     corpus: Optional[Path] = None,
     output: Optional[Path] = None,
 ) -> dict:
-    """A trained tokenizer's pieces and ids for ``text``, with ``details`` per piece: bpe {merge_rank, a, b};
-    wordpiece {merge_rank, and with ``corpus`` score, count}; unigram {log_prob}.
-    Raises MinigptError: ``corpus`` but not wordpiece, or unreadable; ``all_segmentations`` but not unigram.
+    """A trained tokenizer's pieces and ids for ``text``, with ``details`` per piece: bpe
+    {merge_rank, a, b}; wordpiece {merge_rank, and with ``corpus`` score, count}; unigram
+    {log_prob}. Raises MinigptError: ``corpus`` but not wordpiece, or unreadable;
+    ``all_segmentations`` but not unigram.
     """
     if corpus is not None and tok.kind != "wordpiece":
         raise MinigptError(
@@ -316,8 +327,9 @@ def inspect_tokenizer(
 
 
 def _wordpiece_details(tok, model: dict, tokens: list[str], corpus: Optional[Path]) -> list[dict]:
-    """Each WordPiece piece's merge rank (its place among the merged entries, which our trainer appends in
-    merge order), and with the training text the score and count of the merge that made it."""
+    """Each WordPiece piece's merge rank (its place among the merged entries, which our trainer
+    appends in merge order), and with the training text the score and count of the merge that made
+    it."""
     vocab = model["vocab"]
     base = sum(
         1
@@ -437,9 +449,9 @@ def _format_segmentations(entries: list[dict]) -> list[str]:
 def load_for_inspect(
     tokenizer: Optional[Path], run: Optional[Path]
 ) -> tuple[Optional[Tokenizer], str]:
-    """The tokenizer ``--tokenizer`` (a user's file, never to be deleted) or ``--run`` names (None: the toy
-    corpus), and how to name it.
-    Raises MinigptError: both given; no such run folder, or a sweep's; a missing or damaged file.
+    """The tokenizer ``--tokenizer`` (a user's file, never to be deleted) or ``--run`` names (None:
+    the toy corpus), and how to name it. Raises MinigptError: both given; no such run folder, or a
+    sweep's; a missing or damaged file.
     """
     if run is not None:
         runs.refuse_sweep(Path(run))
@@ -468,7 +480,8 @@ def tokenize(
     output: Optional[Path] = None,
     echo: Callable[[str], None] = lambda m: None,
 ) -> dict:
-    """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer`; MinigptError for an empty ``text``."""
+    """:func:`toy` without a tokenizer, else :func:`inspect_tokenizer`; MinigptError for an empty
+    ``text``."""
     if text == "":
         raise MinigptError("--text '': give some text to cut")
     tok, source = load_for_inspect(tokenizer, run)

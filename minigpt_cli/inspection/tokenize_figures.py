@@ -9,8 +9,9 @@ from .figures import new_figure, save_png
 
 
 def plot_toy(r: dict, folder: Path) -> str:
-    """``tokenize.png`` of :func:`~.tokenize.toy`'s result ``r`` in ``folder``: the first BPE and WordPiece
-    merges against the other pairs, and the Unigram segmentations of a word (the Viterbi choice in red)."""
+    """``tokenize.png`` of :func:`~.tokenize.toy`'s result ``r`` in ``folder``: the first BPE and
+    WordPiece merges against the other pairs, and the Unigram segmentations of a word (the Viterbi
+    choice in red)."""
     fig = new_figure(15, 4.8)
     fig.subplots_adjust(left=0.05, right=0.98, bottom=0.22, top=0.88, wspace=0.35)
     for k, (key, value, title, color) in enumerate(
@@ -40,8 +41,8 @@ def plot_toy(r: dict, folder: Path) -> str:
 
 
 def plot_pieces(r: dict, folder: Path) -> str:
-    """``tokenize.png`` of :func:`~.tokenize.inspect_tokenizer`'s result ``r`` in ``folder``: the first 60
-    pieces with their ids, and a word's Unigram segmentations when ``r`` lists them."""
+    """``tokenize.png`` of :func:`~.tokenize.inspect_tokenizer`'s result ``r`` in ``folder``: the
+    first 60 pieces with their ids, and a word's Unigram segmentations when ``r`` lists them."""
     pieces = r["pieces"][:60]
     words = [e for e in r["unigram_words"] or [] if e["segmentations"]]
     word = max(words, key=lambda e: e["count"], default=None)
@@ -73,7 +74,8 @@ def plot_pieces(r: dict, folder: Path) -> str:
 
 
 def _segmentations(ax, entry: dict) -> None:
-    """Bars of a word's segmentations by log P, the first at the top and the Viterbi choice in red."""
+    """Bars of a word's segmentations by log P, the first at the top and the Viterbi choice in
+    red."""
     segs = entry["segmentations"][::-1]
     ax.barh(
         range(len(segs)),

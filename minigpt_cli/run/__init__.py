@@ -1,1 +1,2 @@
-"""The run folder (:mod:`.folder`), its checkpoints (:mod:`.checkpoint`) and its logs (:mod:`.metrics`)."""
+"""The run folder (:mod:`.folder`), its checkpoints (:mod:`.checkpoint`) and its logs
+(:mod:`.metrics`)."""

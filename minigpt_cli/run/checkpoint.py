@@ -1,7 +1,8 @@
-"""Save and load checkpoints atomically, each file's sha256 in meta.json, and when a run saves (:class:`Checkpointer`).
+"""Save and load checkpoints atomically, each file's sha256 in meta.json, and when a run saves
+(:class:`Checkpointer`).
 
-A checkpoint is written into a temporary sibling, fsynced and renamed into place, so a kill at any moment
-leaves the previous one loadable (:func:`~.folder.resolve`); the README describes its files.
+A checkpoint is written into a temporary sibling, fsynced and renamed into place, so a kill at any
+moment leaves the previous one loadable (:func:`~.folder.resolve`); the README describes its files.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def _unprefixed(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def model_state(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model's tensors for safetensors: no wrapper prefix, tied head stored once. ``model`` may also be
-    its full state dict already gathered (FSDP's :func:`~minigpt_cli.runtime.distributed.gather_state`)."""
+    """The model's tensors for safetensors: no wrapper prefix, tied head stored once. ``model`` may
+    also be its full state dict already gathered (FSDP's
+    :func:`~minigpt_cli.runtime.distributed.gather_state`)."""
     if isinstance(model, Mapping):
         return {k: v.detach().contiguous().cpu() for k, v in _unprefixed(model).items()}
     model = getattr(model, "_orig_mod", model)
@@ -122,8 +124,9 @@ _KINDS = {
 
 
 def verify(directory: Path, name: str, what: str, fix: str) -> Path:
-    """``directory/name`` once its sha256 matches the one ``meta.json`` recorded (else the error ``what``; ``fix``);
-    one from before the checksums loads unverified, with a note on stderr. Raises MinigptError: unreadable, damaged."""
+    """``directory/name`` once its sha256 matches the one ``meta.json`` recorded (else the error
+    ``what``; ``fix``); one from before the checksums loads unverified, with a note on stderr.
+    Raises MinigptError: unreadable, damaged."""
     path = directory / name
     recorded = (read_meta(directory).get("sha256") or {}).get(name)
     with errors_as(
@@ -149,9 +152,10 @@ def save(
     trainer_state: Optional[dict[str, Any]] = None,
     meta: Optional[dict[str, Any]] = None,
 ) -> Path:
-    """Write the checkpoint folder ``directory`` atomically, each file's sha256 in its meta.json. ``model``: the
-    GPT (compiled or DDP-wrapped) or its full state dict (FSDP's, gathered). Raises MinigptError when it cannot
-    be written (disk full, read-only); the previous checkpoint is kept and no temporary folder is left."""
+    """Write the checkpoint folder ``directory`` atomically, each file's sha256 in its meta.json.
+    ``model``: the GPT (compiled or DDP-wrapped) or its full state dict (FSDP's, gathered). Raises
+    MinigptError when it cannot be written (disk full, read-only); the previous checkpoint is kept
+    and no temporary folder is left."""
     directory = Path(directory)
     _save_counts[directory.name] = _save_counts.get(directory.name, 0) + 1
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -202,8 +206,9 @@ def _write_folder(tmp: Path, directory: Path, model, config: Config, trainer_sta
 
 
 def _failed_write(exc: BaseException, directory: Path) -> Optional[MinigptError]:
-    """A failed write (disk full) that safetensors or torch.save reports as its own error, in C++ words
-    ("[enforce fail at inline_container.cc:672]"), said as the OS would say it; None for anything else (a bug)."""
+    """A failed write (disk full) that safetensors or torch.save reports as its own error, in C++
+    words ("[enforce fail at inline_container.cc:672]"), said as the OS would say it; None for
+    anything else (a bug)."""
     text = str(exc).lower()
     if not isinstance(exc, SafetensorError) and not (
         any(w in text for w in _WRITE_FAILURES) or _disk_low(directory)
@@ -225,15 +230,17 @@ _WRITE_FAILURES = ("writ", "iostream", "unexpected pos", "no space", "disk")
 
 
 def _disk_low(directory: Path, least: int = 64 << 20) -> bool:
-    """Whether the file system of ``directory`` has less than ``least`` bytes free (unknown: False)."""
+    """Whether the file system of ``directory`` has less than ``least`` bytes free (unknown:
+    False)."""
     with suppress(OSError):
         return shutil.disk_usage(directory.parent).free < least
     return False
 
 
 def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:
-    """Remove (and return) the temporary folders ``.NAME.tmp-*`` a process killed inside :func:`save` left; only
-    under the run's lock. The ``.NAME.old`` copies stay: :func:`resolve` may need one."""
+    """Remove (and return) the temporary folders ``.NAME.tmp-*`` a process killed inside
+    :func:`save` left; only under the run's lock. The ``.NAME.old`` copies stay: :func:`resolve` may
+    need one."""
     removed = []
     for entry in sorted(Path(checkpoints_dir).glob(".*.tmp-*")):
         if entry.is_dir() and not entry.is_symlink():
@@ -243,7 +250,8 @@ def sweep_stale_temps(checkpoints_dir: Path) -> list[Path]:
 
 
 def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
-    """The verified (:func:`verify`) tensors of a checkpoint's safetensors file, without wrapper prefixes."""
+    """The verified (:func:`verify`) tensors of a checkpoint's safetensors file, without wrapper
+    prefixes."""
     verify(
         weights.parent,
         weights.name,
@@ -267,8 +275,8 @@ def _read_weights(weights: Path, fix: str) -> dict[str, torch.Tensor]:
 
 def saved_config(directory: Path) -> Config:
     """The verified config.yaml of a checkpoint folder (resolved as :func:`resolve` does, read as
-    :func:`~.folder.steady` reads). Raises MinigptError: missing, damaged or not matching its sha256 (the
-    message says the checkpoint's copy is the problem)."""
+    :func:`~.folder.steady` reads). Raises MinigptError: missing, damaged or not matching its sha256
+    (the message says the checkpoint's copy is the problem)."""
     return steady(directory, lambda: _saved_config(directory))
 
 
@@ -333,9 +341,9 @@ def _other_hint(directory: Path) -> str:
 
 
 def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
-    """Rebuild the model (eval mode) from a checkpoint folder alone, each file verified, all from one
-    checkpoint while a run saves (:func:`~.folder.steady`). Raises MinigptError, naming the file: missing,
-    truncated, corrupt or altered files, or weights that do not fit the config."""
+    """Rebuild the model (eval mode) from a checkpoint folder alone, each file verified, all from
+    one checkpoint while a run saves (:func:`~.folder.steady`). Raises MinigptError, naming the
+    file: missing, truncated, corrupt or altered files, or weights that do not fit the config."""
     return steady(directory, lambda: _load_model(directory, device))
 
 
@@ -346,9 +354,10 @@ def _load_model(directory: Path, device: str | torch.device) -> tuple[GPT, Confi
     sd = _read_weights(weights, _other_hint(directory))
     if config.model.vocab_size is None:
         config.model.vocab_size = int(sd["wte.weight"].shape[0]) if "wte.weight" in sd else 1
-    # Big models are built on the meta device (no memory for weights about to be replaced); small ones on the
-    # CPU with the initialisers off: initialising meta tensors imports torch._dynamo (2 s, longer than generating
-    # 200 tokens takes) and real ones draw random numbers for nothing (0.15-0.7 s at 10.7M parameters).
+    # Big models are built on the meta device (no memory for weights about to be replaced); small
+    # ones on the CPU with the initialisers off: initialising meta tensors imports torch._dynamo (2
+    # s, longer than generating 200 tokens takes) and real ones draw random numbers for nothing
+    # (0.15-0.7 s at 10.7M parameters).
     m = config.model  # about 12·L·d² + V·d parameters (Kaplan et al. 2020 §2.1)
     big = 12 * m.n_layer * m.n_embd**2 + m.vocab_size * m.n_embd > 100_000_000
     with torch.device("meta") if big else _no_init():
@@ -369,8 +378,9 @@ _RESUME_FIX = "start a new run or restore the file"
 
 
 def verify_weights(directory: Path) -> Path:
-    """The checkpoint's weights file once its sha256 matches meta.json's (what resuming loads; ``--dry-run``
-    checks it without loading). Raises MinigptError: an unreadable, corrupt or altered file."""
+    """The checkpoint's weights file once its sha256 matches meta.json's (what resuming loads;
+    ``--dry-run`` checks it without loading). Raises MinigptError: an unreadable, corrupt or altered
+    file."""
     weights = resolve(directory) / WEIGHTS
     return verify(
         weights.parent,
@@ -381,9 +391,10 @@ def verify_weights(directory: Path) -> Path:
 
 
 def check_resume_weights(directory: Path, config: Optional[ModelConfig]) -> Path:
-    """The checkpoint's weights file once it is intact (:func:`verify_weights`) and its header names the
-    tensors of a model of ``config``, in their shapes (nothing is loaded): what resuming refuses before it
-    writes into the run folder. Raises MinigptError: an unreadable, corrupt or altered file, or other tensors."""
+    """The checkpoint's weights file once it is intact (:func:`verify_weights`) and its header names
+    the tensors of a model of ``config``, in their shapes (nothing is loaded): what resuming refuses
+    before it writes into the run folder. Raises MinigptError: an unreadable, corrupt or altered
+    file, or other tensors."""
     weights = verify_weights(directory)
     if config is None:
         return weights
@@ -453,9 +464,10 @@ def load_trainer_state(directory: Path) -> dict[str, Any]:
 
 @dataclass
 class Checkpointer:
-    """When a run saves, and where (after each eval ``best`` if improved, then ``last``; ``step-NNNNNNN``
-    every ``train.keep_every`` steps; ``last`` on a stop). ``snapshot()`` gives ``(model, trainer_state,
-    meta)``; rank 0 (``enabled``) writes, and with ``collective`` (FSDP's gather) every rank snapshots."""
+    """When a run saves, and where (after each eval ``best`` if improved, then ``last``;
+    ``step-NNNNNNN`` every ``train.keep_every`` steps; ``last`` on a stop). ``snapshot()`` gives
+    ``(model, trainer_state, meta)``; rank 0 (``enabled``) writes, and with ``collective`` (FSDP's
+    gather) every rank snapshots."""
 
     run_dir: Path
     config: Config
@@ -492,7 +504,8 @@ class Checkpointer:
         self.save(LAST)
 
     def last_step(self) -> Optional[int]:
-        """The step of the ``last`` checkpoint on disk; None when there is none (or it is unreadable)."""
+        """The step of the ``last`` checkpoint on disk; None when there is none (or it is
+        unreadable)."""
         with suppress(MinigptError):
             return read_meta(self.last).get("step")
         return None

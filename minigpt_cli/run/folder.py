@@ -1,8 +1,10 @@
-"""The run folder: the one place that spells its names; finding, naming and locking runs; meta.json, env.json.
+"""The run folder: the one place that spells its names; finding, naming and locking runs; meta.json,
+env.json.
 
-runs/<name>/  config.yaml tokenizer.json env.json .lock (the lock, and the mark of a folder minigpt made)
-  checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml meta.json
-  checkpoints/.<which>.old/  the previous copy while :mod:`.checkpoint` swaps one in (:func:`resolve`)
+runs/<name>/  config.yaml tokenizer.json env.json .lock (the lock, and the mark of a folder minigpt
+  made) checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml
+  meta.json checkpoints/.<which>.old/  the previous copy while :mod:`.checkpoint` swaps one in
+  (:func:`resolve`)
 """
 
 from __future__ import annotations
@@ -64,16 +66,19 @@ META = "meta.json"
 ENV = "env.json"
 TOKENIZER = "tokenizer.json"
 LOCK = ".lock"
-#: The state file of a sweep's folder (:mod:`minigpt_cli.experiments.sweep`): it holds runs, and is none.
+#: The state file of a sweep's folder (:mod:`minigpt_cli.experiments.sweep`): it holds runs, and is
+#: none.
 SWEEP = "sweep.json"
 #: How many of a sweep's runs an error names before it counts the rest.
 NAMED = 3
-#: A name minigpt makes a file or folder of: one plain folder entry, never ``.``, ``..``, a path or a separator.
+#: A name minigpt makes a file or folder of: one plain folder entry, never ``.``, ``..``, a path or
+#: a separator.
 NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9._-]+")
 
 
 def check_name(name: str, what: str) -> str:
-    """``name`` when it is one plain folder entry (:data:`NAME`); ``what`` says where it was given."""
+    """``name`` when it is one plain folder entry (:data:`NAME`); ``what`` says where it was
+    given."""
     if not NAME.fullmatch(name):
         raise MinigptError(
             f"{what} {name!r} is not a plain folder name",
@@ -88,8 +93,9 @@ def checkpoint_dir(run_dir: str | Path, which: str) -> Path:
 
 
 def keep_edited_config(run_dir: Path, new_text: str) -> Optional[Path]:
-    """Before a resume rewrites ``<run_dir>/config.yaml`` with ``new_text``: an edit of it (neither the last
-    checkpoint's config nor ``new_text``) copied to ``config.yaml.edited[-N]``, and that path; else None."""
+    """Before a resume rewrites ``<run_dir>/config.yaml`` with ``new_text``: an edit of it (neither
+    the last checkpoint's config nor ``new_text``) copied to ``config.yaml.edited[-N]``, and that
+    path; else None."""
     path = Path(run_dir) / CONFIG
     text = saved = None
     with suppress(
@@ -116,14 +122,15 @@ def kept_name(step: int) -> str:
 
 
 def old_copy(directory: Path) -> Path:
-    """Where :func:`~minigpt_cli.run.checkpoint.save` keeps the previous copy while it swaps: ``.<which>.old``."""
+    """Where :func:`~minigpt_cli.run.checkpoint.save` keeps the previous copy while it swaps:
+    ``.<which>.old``."""
     return directory.parent / f".{directory.name}.old"
 
 
 def _saving(directory: Path) -> bool:
-    """Whether a save of checkpoint ``directory`` is under way: its temporary folder or its ``.old`` copy
-    is there (:func:`~minigpt_cli.run.checkpoint.save`), and a ``train`` holds the run (those a killed
-    save left behind are no save)."""
+    """Whether a save of checkpoint ``directory`` is under way: its temporary folder or its ``.old``
+    copy is there (:func:`~minigpt_cli.run.checkpoint.save`), and a ``train`` holds the run (those a
+    killed save left behind are no save)."""
     with suppress(OSError):
         left = old_copy(directory).exists() or any(
             directory.parent.glob(f".{glob_escape(directory.name)}.tmp-*")
@@ -140,10 +147,11 @@ def glob_escape(name: str) -> str:
 def _find(directory: Path) -> Optional[Path]:
     """``directory`` or its ``.old`` copy, whichever holds a weights file; None when neither does.
 
-    A save swaps the new folder in with two renames (``last`` to ``.last.old``, the temporary to ``last``):
-    a reader that looks at ``last`` before the first and at ``.last.old`` after the second finds neither.
-    So while a save is under way (:func:`_saving`) it looks again, and once none is, a last time: a swap
-    that ended between the looks left ``directory`` in place. Waits at most :data:`_SWAP_WAIT` seconds.
+    A save swaps the new folder in with two renames (``last`` to ``.last.old``, the temporary to
+    ``last``): a reader that looks at ``last`` before the first and at ``.last.old`` after the
+    second finds neither. So while a save is under way (:func:`_saving`) it looks again, and once
+    none is, a last time: a swap that ended between the looks left ``directory`` in place. Waits at
+    most :data:`_SWAP_WAIT` seconds.
     """
     deadline = time.monotonic() + _SWAP_WAIT
     # A folder that cannot be looked into, or weights that are a link to nothing, are named as such
@@ -176,8 +184,8 @@ def has_weights(directory: str | Path) -> bool:
 
 
 def resolve(directory: str | Path) -> Path:
-    """The checkpoint folder to load: ``directory``, or its ``.old`` copy if a swap was cut short or is under
-    way (:func:`_find`). Raises MinigptError when neither holds a weights file."""
+    """The checkpoint folder to load: ``directory``, or its ``.old`` copy if a swap was cut short or
+    is under way (:func:`_find`). Raises MinigptError when neither holds a weights file."""
     found = _find(Path(directory))
     if found is None:
         raise no_checkpoint(Path(directory), f"missing {WEIGHTS}")
@@ -185,7 +193,8 @@ def resolve(directory: str | Path) -> Path:
 
 
 def _identity(directory: Path) -> tuple[Optional[int], Optional[int]]:
-    """The inodes of ``directory`` and its ``.old`` copy (None: absent): every save makes a new folder."""
+    """The inodes of ``directory`` and its ``.old`` copy (None: absent): every save makes a new
+    folder."""
     ids = []
     for candidate in (directory, old_copy(directory)):
         try:
@@ -196,9 +205,10 @@ def _identity(directory: Path) -> tuple[Optional[int], Optional[int]]:
 
 
 def steady(directory: str | Path, read: Callable[[], Any]) -> Any:
-    """``read()`` of checkpoint ``directory``'s files, read again when a save swapped the folder meanwhile
-    (its files then come from two checkpoints, or vanish half-way): what a reader of a run in training gets
-    is one checkpoint's. Raises what ``read`` raises when the folder stayed as it was."""
+    """``read()`` of checkpoint ``directory``'s files, read again when a save swapped the folder
+    meanwhile (its files then come from two checkpoints, or vanish half-way): what a reader of a run
+    in training gets is one checkpoint's. Raises what ``read`` raises when the folder stayed as it
+    was."""
     directory = Path(directory)
     for _ in range(_STEADY_TRIES):
         before = _identity(directory)
@@ -218,8 +228,8 @@ _STEADY_TRIES = 50
 
 
 def training_pid(run_dir: Path) -> Optional[str]:
-    """The pid of the ``train`` that holds ``run_dir``'s lock now ("unknown" when the file names none);
-    None when no process holds it (or there is no lock)."""
+    """The pid of the ``train`` that holds ``run_dir``'s lock now ("unknown" when the file names
+    none); None when no process holds it (or there is no lock)."""
     if fcntl is None:
         return None
     lock = Path(run_dir) / LOCK
@@ -240,8 +250,8 @@ def training_pid(run_dir: Path) -> Optional[str]:
 
 
 def no_checkpoint(directory: Path, why: str) -> MinigptError:
-    """The error for a checkpoint folder ``directory`` without weights (``why``): train first, or, while a
-    ``train`` holds the run (it has not saved yet), wait for its first save."""
+    """The error for a checkpoint folder ``directory`` without weights (``why``): train first, or,
+    while a ``train`` holds the run (it has not saved yet), wait for its first save."""
     run_dir = (
         directory.parent
         if directory.name == CHECKPOINTS
@@ -265,7 +275,8 @@ def no_checkpoint(directory: Path, why: str) -> MinigptError:
 
 
 class Meta(BaseModel):
-    """``meta.json``'s schema: what readers rely on is typed; the trainer's other facts pass through."""
+    """``meta.json``'s schema: what readers rely on is typed; the trainer's other facts pass
+    through."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     name: Optional[str] = None
@@ -285,15 +296,17 @@ class Meta(BaseModel):
 
 
 def meta_digest(fields: dict[str, Any]) -> str:
-    """The sha256 of ``meta.json``'s fields but its own digest, as canonical JSON: an edited step or loss shows."""
+    """The sha256 of ``meta.json``'s fields but its own digest, as canonical JSON: an edited step or
+    loss shows."""
     fields = {k: v for k, v in fields.items() if k != "meta_sha256"}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def read_meta(ckpt: str | Path) -> dict[str, Any]:
-    """A checkpoint folder's ``meta.json`` (resolved as :func:`resolve` does, read as :func:`steady` reads),
-    checked by :class:`Meta` and by the digest of its fields it was written with. Raises MinigptError: no
-    checkpoint there; meta.json unreadable, damaged (naming the field) or edited since it was written."""
+    """A checkpoint folder's ``meta.json`` (resolved as :func:`resolve` does, read as :func:`steady`
+    reads), checked by :class:`Meta` and by the digest of its fields it was written with. Raises
+    MinigptError: no checkpoint there; meta.json unreadable, damaged (naming the field) or edited
+    since it was written."""
     return steady(ckpt, lambda: _read_meta(ckpt))
 
 
@@ -331,8 +344,8 @@ def _read_meta(ckpt: str | Path) -> dict[str, Any]:
 
 
 def refuse_sweep(folder: Path) -> None:
-    """Raise MinigptError naming its runs (how many, the first :data:`NAMED`) when ``folder``, given where a run
-    folder is wanted, is a sweep's (it holds :data:`SWEEP`)."""
+    """Raise MinigptError naming its runs (how many, the first :data:`NAMED`) when ``folder``, given
+    where a run folder is wanted, is a sweep's (it holds :data:`SWEEP`)."""
     if (folder / SWEEP).is_file():
         held = sorted(p.name for p in folder.iterdir() if (p / CONFIG).is_file())
         count = "no run yet" if not held else "1 run" if len(held) == 1 else f"{len(held)} runs"
@@ -349,10 +362,10 @@ def refuse_sweep(folder: Path) -> None:
 def open_checkpoint(
     run: Optional[str | Path], which: str, runs_dir: str | Path = "runs"
 ) -> tuple[Path, Path]:
-    """The run folder (``run``, or the newest under ``runs_dir``) and its checkpoint folder ``which``
-    (``best`` falls back to ``last`` before the first eval; ``step-N`` is the copy ``train.keep_every`` kept).
-    Raises MinigptError: ``which`` is none of those, no run there, no such folder, a sweep's folder
-    (:func:`refuse_sweep`), or no checkpoint in it."""
+    """The run folder (``run``, or the newest under ``runs_dir``) and its checkpoint folder
+    ``which`` (``best`` falls back to ``last`` before the first eval; ``step-N`` is the copy
+    ``train.keep_every`` kept). Raises MinigptError: ``which`` is none of those, no run there, no
+    such folder, a sweep's folder (:func:`refuse_sweep`), or no checkpoint in it."""
     newest = newest_run(runs_dir) if run is None else None
     run_dir = Path(run) if run is not None else newest or Path(runs_dir)
     kept = re.fullmatch(
@@ -406,15 +419,16 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 
 def made_here(run_dir: Path) -> bool:
-    """Whether minigpt made ``run_dir``: it holds the lock every run takes, or a checkpoint (older versions)."""
+    """Whether minigpt made ``run_dir``: it holds the lock every run takes, or a checkpoint (older
+    versions)."""
     return (Path(run_dir) / LOCK).is_file() or has_checkpoint(run_dir)
 
 
 def newest_run(
     root: str | Path, name: Optional[str] = None, keep: Callable[[Path], bool] = lambda run: True
 ) -> Optional[Path]:
-    """The run under ``root`` whose ``last`` checkpoint was written most recently (of config ``name``, and that
-    ``keep`` keeps); or None."""
+    """The run under ``root`` whose ``last`` checkpoint was written most recently (of config
+    ``name``, and that ``keep`` keeps); or None."""
     found = []
     for run in Path(root).iterdir() if Path(root).is_dir() else ():
         if not has_weights(checkpoint_dir(run, LAST)) or not keep(run):
@@ -427,16 +441,17 @@ def newest_run(
 
 
 def latest_run(runs_dir: str | Path = "runs") -> Path:
-    """The most recently written run under ``runs_dir`` (:func:`newest_run`); MinigptError when there is none."""
+    """The most recently written run under ``runs_dir`` (:func:`newest_run`); MinigptError when
+    there is none."""
     return open_checkpoint(None, LAST, runs_dir)[0]
 
 
 def find_resume_dir(
     out_dir: str | Path, name: str, resume: str, keep: Callable[[Path], bool] = lambda run: True
 ) -> Optional[Path]:
-    """The run folder ``--resume`` names: ``auto`` (the newest run of config ``name`` that ``keep`` keeps, or
-    None) or a path. Raises MinigptError when a given path has no resumable checkpoint (offering ``best`` when
-    only it is left)."""
+    """The run folder ``--resume`` names: ``auto`` (the newest run of config ``name`` that ``keep``
+    keeps, or None) or a path. Raises MinigptError when a given path has no resumable checkpoint
+    (offering ``best`` when only it is left)."""
     if resume == "auto":
         return newest_run(out_dir, name, keep)
     run_dir = Path(resume)
@@ -472,8 +487,9 @@ def find_resume_dir(
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``runs/<name>/.lock`` while one process trains there. The kernel drops it
-    when the process ends (SIGKILL included); the file holds the owner's pid and stays: it marks the folder."""
+    """An exclusive ``flock`` on ``runs/<name>/.lock`` while one process trains there. The kernel
+    drops it when the process ends (SIGKILL included); the file holds the owner's pid and stays: it
+    marks the folder."""
 
     FILE = LOCK
 
@@ -483,9 +499,10 @@ class RunLock:
         self._fd: Optional[int] = None
 
     def acquire(self, fix: str, mark: bool = True) -> "RunLock":
-        """Take the lock without waiting; ``fix``: what to do when another process holds it; ``mark``: write
-        this process's pid now (else :meth:`mark` does, at the caller's first write). Raises MinigptError:
-        another process holds it (naming its pid), or the lock file cannot be made or written."""
+        """Take the lock without waiting; ``fix``: what to do when another process holds it;
+        ``mark``: write this process's pid now (else :meth:`mark` does, at the caller's first
+        write). Raises MinigptError: another process holds it (naming its pid), or the lock file
+        cannot be made or written."""
         if fcntl is None:
             return self
         kind = MinigptError(
@@ -494,8 +511,9 @@ class RunLock:
             "remove it and try again",
             path=self.path,
         )
-        # O_NOFOLLOW: a link planted as .lock must not make us truncate its target (ELOOP); O_NONBLOCK: a FIFO
-        # there must not hang the open. A folder is EISDIR, a device without a reader ENXIO.
+        # O_NOFOLLOW: a link planted as .lock must not make us truncate its target (ELOOP);
+        # O_NONBLOCK: a FIFO there must not hang the open. A folder is EISDIR, a device without a
+        # reader ENXIO.
         with errors_as(
             {
                 OSError: lambda exc: (
@@ -527,8 +545,8 @@ class RunLock:
         return self
 
     def mark(self) -> None:
-        """Write this process's pid into the held lock file (only for the message another process shows).
-        Raises MinigptError: it cannot be written."""
+        """Write this process's pid into the held lock file (only for the message another process
+        shows). Raises MinigptError: it cannot be written."""
         if self._fd is not None:
             with os_errors(self.path, "write", in_run=True):  # say which file
                 os.ftruncate(self._fd, 0)
@@ -548,7 +566,8 @@ class RunLock:
 
 
 def _flock(fd: int) -> bool:
-    """Whether an exclusive lock on ``fd`` was taken without waiting (False: another process holds it)."""
+    """Whether an exclusive lock on ``fd`` was taken without waiting (False: another process holds
+    it)."""
     with suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
@@ -556,8 +575,9 @@ def _flock(fd: int) -> bool:
 
 
 def clear_unsaved(run_dir: Path) -> None:
-    """Empty a run folder minigpt made (:func:`made_here`) that never got a checkpoint (entries are removed,
-    never followed). Raises MinigptError when the folder holds files that are not minigpt's."""
+    """Empty a run folder minigpt made (:func:`made_here`) that never got a checkpoint (entries are
+    removed, never followed). Raises MinigptError when the folder holds files that are not
+    minigpt's."""
     assert not has_checkpoint(run_dir), run_dir  # both callers keep a run that has one
     if _occupied(run_dir) and not made_here(run_dir):
         raise _not_ours(run_dir)
@@ -578,8 +598,8 @@ class RunFolder:
     was_empty: bool = False  # existed and was empty (a --run-name folder the user made)
 
     def discard_if_unsaved(self) -> None:
-        """After a failure: remove a run folder this process made, or empty again one that was empty before,
-        when it never got a checkpoint. Anything else is left alone."""
+        """After a failure: remove a run folder this process made, or empty again one that was empty
+        before, when it never got a checkpoint. Anything else is left alone."""
         if not (self.created or self.was_empty) or has_checkpoint(self.path):
             return
         if self.created:
@@ -626,8 +646,9 @@ def _make(run_dir: Path) -> bool:
 
 
 def check_run_name(out_dir: str | Path, run_name: str) -> Path:
-    """The folder ``--run-name`` names, refused as :func:`new_run_dir` would refuse it, without making it.
-    Raises MinigptError: not a plain folder name, or a path that holds something already."""
+    """The folder ``--run-name`` names, refused as :func:`new_run_dir` would refuse it, without
+    making it. Raises MinigptError: not a plain folder name, or a path that holds something
+    already."""
     run_dir = Path(out_dir) / check_name(run_name, "--run-name")
     if run_dir.exists() and not run_dir.is_dir():
         raise MinigptError(
@@ -642,7 +663,8 @@ def check_run_name(out_dir: str | Path, run_name: str) -> Path:
 
 def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunFolder:
     """Create and lock ``<out_dir>/<run_name>`` (which may exist only if empty), or
-    ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>[-N]``; the caller releases the lock. Raises MinigptError: a bad
+    ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>[-N]``; the caller releases the lock. Raises MinigptError: a
+    bad
     --run-name, a folder that already holds something, or one in use."""
     root = Path(out_dir)
     if run_name is not None:  # refused before the lock file is made in a folder of the user's
@@ -692,7 +714,8 @@ def env_info(
     linear_kernel: str = "torch.mm",
     dropout_kernel: str = "torch",
 ) -> dict:
-    """Versions, device, git commit and the training step's linear and dropout kernels, for env.json."""
+    """Versions, device, git commit and the training step's linear and dropout kernels, for
+    env.json."""
     import importlib.metadata as md
 
     import numpy as np
@@ -717,7 +740,8 @@ def env_info(
         "cuda": torch.version.cuda,
         "git_commit": git_commit(),
         "argv": sys.argv,
-        # The folder train ran in: argv's and the config's relative paths (data.data_dir, ...) are relative to it.
+        # The folder train ran in: argv's and the config's relative paths (data.data_dir, ...) are
+        # relative to it.
         "cwd": os.getcwd(),
     }
     if device.type == "cuda":
@@ -747,9 +771,10 @@ def _read_env(run_dir: Path) -> dict[str, Any]:
 
 
 def training_dirs(run_dir: Path, out_dir: str | Path) -> list[Path]:
-    """Where the folder ``train`` ran in may be now, most likely first: ``env.json``'s ``cwd``, then the
-    folder a relative ``train.out_dir`` hangs from, where the run folder is now ``<that>/<out_dir>/<run>``
-    (the same folder unless the project was moved, with its runs, after training)."""
+    """Where the folder ``train`` ran in may be now, most likely first: ``env.json``'s ``cwd``, then
+    the folder a relative ``train.out_dir`` hangs from, where the run folder is now
+    ``<that>/<out_dir>/<run>`` (the same folder unless the project was moved, with its runs, after
+    training)."""
     cwd = _read_env(run_dir).get("cwd")
     out_found = [Path(cwd)] if cwd else []
     out = Path(os.path.normpath(out_dir))
@@ -764,7 +789,8 @@ def training_dirs(run_dir: Path, out_dir: str | Path) -> list[Path]:
 
 
 def earlier_sessions(run_dir: Path) -> list[dict[str, Any]]:
-    """The sessions recorded in a run's ``env.json`` so far, oldest first (none when it is missing or damaged)."""
+    """The sessions recorded in a run's ``env.json`` so far, oldest first (none when it is missing
+    or damaged)."""
     before = _read_env(run_dir)
     if not before:
         return []

@@ -1,4 +1,5 @@
-"""Where a run reports: metrics.jsonl (one event a line, as the README documents), train.log, loss.png, samples.txt."""
+"""Where a run reports: metrics.jsonl (one event a line, as the README documents), train.log,
+loss.png, samples.txt."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from ..fileio import (
 METRICS = "metrics.jsonl"
 
 
-#: A cross-entropy in nats per token: never negative, and never NaN (the trainer skips non-finite steps).
+#: A cross-entropy in nats per token: never negative, and never NaN (the trainer skips non-finite
+#: steps).
 Loss = Annotated[float, Field(ge=0)]
 
 
@@ -53,9 +55,9 @@ _EVENT = TypeAdapter(Annotated[Union[TrainEvent, EvalEvent], Field(discriminator
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The events of a ``metrics.jsonl``, each checked by its schema; none when the file is absent; a last line
-    cut short by a kill (no newline after it) is dropped. Raises MinigptError: the file is unreadable, or a line
-    is not an event (naming the file, the line and the field)."""
+    """The events of a ``metrics.jsonl``, each checked by its schema; none when the file is absent;
+    a last line cut short by a kill (no newline after it) is dropped. Raises MinigptError: the file
+    is unreadable, or a line is not an event (naming the file, the line and the field)."""
     path = Path(path)
     if not path.exists():
         return []
@@ -91,8 +93,8 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def _append(path: Path, text: str) -> None:
-    """Append ``text`` to ``path``; an OSError names the file even when it comes from the write or the close
-    (a full disk), so the CLI's one-line error says which file failed."""
+    """Append ``text`` to ``path``; an OSError names the file even when it comes from the write or
+    the close (a full disk), so the CLI's one-line error says which file failed."""
     with (
         errors_as(
             {OSError: lambda exc: OSError(exc.errno, exc.strerror, exc.filename or str(path))}
@@ -118,8 +120,9 @@ class RunLogger:
         self._last_elapsed = 0.0
 
     def truncate_to(self, step: int, evaluated: bool) -> None:
-        """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran), reload the curves;
-        the later ones belong to the lost stretch of the run, logged again as training repeats it."""
+        """On resume from ``step``: keep only events up to it (the eval at ``step`` if it ran),
+        reload the curves; the later ones belong to the lost stretch of the run, logged again as
+        training repeats it."""
         keep = [
             r
             for r in read_events(self.metrics_path)
@@ -134,11 +137,13 @@ class RunLogger:
             return
         atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
 
-    #: Temporary files of :mod:`minigpt_cli.fileio`'s atomic writes (and the names earlier versions used).
+    #: Temporary files of :mod:`minigpt_cli.fileio`'s atomic writes (and the names earlier versions
+    #: used).
     TEMP_PATTERNS = (".metrics.*.jsonl", ".loss.*.png", ".*.tmp")
 
     def sweep_temps(self) -> list[Path]:
-        """Remove (and return) the temporary files a killed process left in the run folder; only under its lock."""
+        """Remove (and return) the temporary files a killed process left in the run folder; only
+        under its lock."""
         removed = []
         for pattern in self.TEMP_PATTERNS:
             for path in sorted(self.run_dir.glob(pattern)):

@@ -22,8 +22,9 @@ def resolve_device(name: str) -> torch.device:
     """``auto`` picks CUDA, then MPS, then CPU; an explicit device must exist.
 
     Raises:
-        MinigptError: the device is not available here, or ``MINIGPT_ONEDNN``/``MINIGPT_FAST_DROPOUT`` is
-            neither on nor off (:func:`~minigpt_cli.runtime.kernels.check_settings`)."""
+        MinigptError: the device is not available here, or
+            ``MINIGPT_ONEDNN``/``MINIGPT_FAST_DROPOUT`` is neither on nor off
+            (:func:`~minigpt_cli.runtime.kernels.check_settings`)."""
     check_settings()  # raises on a value that is neither on nor off
     if not re.fullmatch(DEVICE_PATTERN, name):
         raise MinigptError(f"device {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
@@ -54,8 +55,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA where supported, else float16 on CUDA, float32 elsewhere. Raises MinigptError:
-    float16 on a CPU (autocast has no float16 there)."""
+    """``auto``: bfloat16 on CUDA where supported, else float16 on CUDA, float32 elsewhere. Raises
+    MinigptError: float16 on a CPU (autocast has no float16 there)."""
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -71,12 +72,13 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 def tune_runtime(device: torch.device) -> Callable[[], None]:
-    """Per-process settings that make training and sampling faster on ``device``; returns a function that
-    puts the TF32 flags back.
+    """Per-process settings that make training and sampling faster on ``device``; returns a function
+    that puts the TF32 flags back.
 
-    CUDA: TF32 matmuls and convolutions (nanoGPT's settings). CPU on glibc: raise malloc's mmap threshold to its
-    maximum (32 MiB) and the trim threshold to 1 GiB, so freed activations stay in the process instead of being
-    faulted back in, zero-filled, each step (as Intel's PyTorch CPU tuning guide's jemalloc preload does)."""
+    CUDA: TF32 matmuls and convolutions (nanoGPT's settings). CPU on glibc: raise malloc's mmap
+    threshold to its maximum (32 MiB) and the trim threshold to 1 GiB, so freed activations stay in
+    the process instead of being faulted back in, zero-filled, each step (as Intel's PyTorch CPU
+    tuning guide's jemalloc preload does)."""
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
 
     def restore() -> None:
@@ -103,7 +105,8 @@ def tune_runtime(device: torch.device) -> Callable[[], None]:
 
 
 def _proc_stat_busy() -> Optional[float]:
-    """Seconds of CPU time all processes have spent busy since boot (user, nice, system, irq, softirq), or None."""
+    """Seconds of CPU time all processes have spent busy since boot (user, nice, system, irq,
+    softirq), or None."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
             fields = f.readline().split()
@@ -118,13 +121,14 @@ def _proc_stat_busy() -> Optional[float]:
 class CpuThreads:
     """PyTorch's intra-op threads on a CPU, matched to the cores other processes leave free.
 
-    PyTorch's OpenMP threads wait for each other by spinning, so one that loses its core to another process stalls
-    them all: two trainings side by side on the 2-core machine each ran 70 times slower than alone. Every
-    ``interval`` seconds :meth:`poll` measures the cores the rest of the machine used (``/proc/stat``'s busy time
-    less this process's, over wall time) and sets ``torch.set_num_threads`` to the cores left (at least 1, at most
-    PyTorch's own count); after the first decision a change needs two polls that agree. Nothing changes with
-    ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` set, off the CPU, or without ``/proc/stat``. ``echo`` gets a note when
-    the count changes; ``read_busy`` and ``read_own`` are test hooks."""
+    PyTorch's OpenMP threads wait for each other by spinning, so one that loses its core to another
+    process stalls them all: two trainings side by side on the 2-core machine each ran 70 times
+    slower than alone. Every ``interval`` seconds :meth:`poll` measures the cores the rest of the
+    machine used (``/proc/stat``'s busy time less this process's, over wall time) and sets
+    ``torch.set_num_threads`` to the cores left (at least 1, at most PyTorch's own count); after the
+    first decision a change needs two polls that agree. Nothing changes with
+    ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` set, off the CPU, or without ``/proc/stat``. ``echo``
+    gets a note when the count changes; ``read_busy`` and ``read_own`` are test hooks."""
 
     def __init__(
         self,
@@ -157,7 +161,8 @@ class CpuThreads:
         return None if busy is None else (time.monotonic(), busy, self._read_own())
 
     def mark(self) -> Optional[tuple[float, float, float]]:
-        """A reading to measure a stretch of work from (:meth:`others_since`); None without ``/proc/stat``.
+        """A reading to measure a stretch of work from (:meth:`others_since`); None without
+        ``/proc/stat``.
 
         Works whether or not the thread count is adjusted (``OMP_NUM_THREADS`` set).
         """
@@ -182,7 +187,8 @@ class CpuThreads:
             torch.set_num_threads(self.max_threads)
 
     def poll(self, force: bool = False) -> int:
-        """Measure (when ``interval`` has passed, or ``force``) and adjust; returns the thread count in use."""
+        """Measure (when ``interval`` has passed, or ``force``) and adjust; returns the thread count
+        in use."""
         if not self.enabled:
             return torch.get_num_threads()
         now = time.monotonic()
@@ -296,7 +302,8 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def available_memory(device: torch.device) -> Optional[int]:
-    """Bytes free for a new run on ``device``: CUDA's free memory, the CPU's ``MemAvailable``; None if unknown."""
+    """Bytes free for a new run on ``device``: CUDA's free memory, the CPU's ``MemAvailable``; None
+    if unknown."""
     if device.type == "cuda":
         try:
             return int(torch.cuda.mem_get_info(device)[0])
@@ -316,8 +323,9 @@ def available_memory(device: torch.device) -> Optional[int]:
 def bytes_to_train(
     model_cfg: ModelConfig, dtype: str, batch_size: int, optimizer: str = "adamw"
 ) -> tuple[int, dict[str, Any]]:
-    """Bytes to train ``model_cfg`` at ``batch_size`` × block_size with ``optimizer``, and the estimate they come
-    from: the ``total_estimate`` of :func:`minigpt_cli.accounting.params.memory`, the figure ``count-params`` prints."""
+    """Bytes to train ``model_cfg`` at ``batch_size`` × block_size with ``optimizer``, and the
+    estimate they come from: the ``total_estimate`` of :func:`minigpt_cli.accounting.params.memory`,
+    the figure ``count-params`` prints."""
     mem = P.memory(model_cfg, dtype, batch_size, model_cfg.block_size, optimizer=optimizer)
     return mem["total_estimate"], mem
 
@@ -325,11 +333,12 @@ def bytes_to_train(
 def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: int = 1) -> None:
     """Refuse, before any tensor exists, a model that cannot fit in the device's free memory.
 
-    The need is :func:`minigpt_cli.accounting.params.memory`'s estimate (what ``count-params`` prints): 16 bytes a
-    parameter for weights, gradients and AdamW moments (ZeRO §3.1), plus one micro-batch's activations
-    (``grad_accum_steps`` adds time, not memory). Under FSDP each of ``shards`` processes holds 1/shards of the
-    model states (ZeRO stage 3, §5.3). The estimate leaves out allocator slack, so a run that passes can still
-    run out. Raises MinigptError: the estimate exceeds the free memory; the message gives both."""
+    The need is :func:`minigpt_cli.accounting.params.memory`'s estimate (what ``count-params``
+    prints): 16 bytes a parameter for weights, gradients and AdamW moments (ZeRO §3.1), plus one
+    micro-batch's activations (``grad_accum_steps`` adds time, not memory). Under FSDP each of
+    ``shards`` processes holds 1/shards of the model states (ZeRO stage 3, §5.3). The estimate
+    leaves out allocator slack, so a run that passes can still run out. Raises MinigptError: the
+    estimate exceeds the free memory; the message gives both."""
     free = available_memory(device)
     if free is None:
         return

@@ -1,15 +1,18 @@
-"""torchrun: the process group (:class:`Dist`, collectives) and how a run spreads over it, ``train.parallelism``.
+"""torchrun: the process group (:class:`Dist`, collectives) and how a run spreads over it,
+``train.parallelism``.
 
-- ``ddp``: DistributedDataParallel (Li et al. 2020): every process holds the whole model and its AdamW moments;
-  gradients are all-reduced during the backward pass.
-- ``fsdp``: FSDP2 ``fully_shard``, ZeRO stage 3's sharding (Rajbhandari et al. 2020, §5): each block, then the
-  root, is sharded along dim 0, so a process keeps 1/world of the weights, gradients and moments, gathers a
-  block's weights around its forward and backward, and reduce-scatters the gradients.
+- ``ddp``: DistributedDataParallel (Li et al. 2020): every process holds the whole model and its
+  AdamW moments; gradients are all-reduced during the backward pass.
+- ``fsdp``: FSDP2 ``fully_shard``, ZeRO stage 3's sharding (Rajbhandari et al. 2020, §5): each
+  block, then the root, is sharded along dim 0, so a process keeps 1/world of the weights, gradients
+  and moments, gathers a block's weights around its forward and backward, and reduce-scatters the
+  gradients.
 
-Both make the update one process would make on the global batch (to float32 rounding). Checkpoints have one
-layout in every mode: :func:`gather_state` (a collective) gives rank 0 the one-process safetensors weights and
-``torch.optim`` state, and :func:`load_model_state`/:func:`load_optimizer_state` read it in either mode, so a DDP
-run resumes under FSDP and back. oneDNN linear layers stay on under FSDP (its weight gradient is
+Both make the update one process would make on the global batch (to float32 rounding). Checkpoints
+have one layout in every mode: :func:`gather_state` (a collective) gives rank 0 the one-process
+safetensors weights and ``torch.optim`` state, and
+:func:`load_model_state`/:func:`load_optimizer_state` read it in either mode, so a DDP run resumes
+under FSDP and back. oneDNN linear layers stay on under FSDP (its weight gradient is
 reduce-scattered like ``F.linear``'s)."""
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ class Dist:
 
     @classmethod
     def from_env(cls) -> "Dist":
-        """This process's place as torchrun's variables give it (RANK, LOCAL_RANK, WORLD_SIZE), without
-        joining the group; one process alone without them."""
+        """This process's place as torchrun's variables give it (RANK, LOCAL_RANK, WORLD_SIZE),
+        without joining the group; one process alone without them."""
         env = os.environ
         if "RANK" not in env or "WORLD_SIZE" not in env:
             return cls()
@@ -83,8 +86,9 @@ def dist_timeout() -> timedelta:
 def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
     """Join the torchrun process group (NCCL on CUDA, gloo on CPU) if launched by torchrun.
 
-    On CUDA each process takes the GPU of its LOCAL_RANK and names it as the group's ``device_id`` (NCCL
-    connects eagerly, and a barrier knows its device). Every collective may wait :func:`dist_timeout`.
+    On CUDA each process takes the GPU of its LOCAL_RANK and names it as the group's ``device_id``
+    (NCCL connects eagerly, and a barrier knows its device). Every collective may wait
+    :func:`dist_timeout`.
 
     Raises:
         MinigptError: MINIGPT_DIST_TIMEOUT is not a number of seconds.
@@ -127,7 +131,8 @@ def all_max(value: torch.Tensor, d: Dist) -> torch.Tensor:
 
 
 def all_agree(ok: bool, d: Dist, device: torch.device) -> bool:
-    """Whether ``ok`` holds on every rank: one all-reduce of one number (``ok`` itself without torchrun)."""
+    """Whether ``ok`` holds on every rank: one all-reduce of one number (``ok`` itself without
+    torchrun)."""
     if not d.enabled:
         return ok
     return not all_max(torch.tensor([float(not ok)], device=device), d).item()
@@ -139,8 +144,8 @@ def all_mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
 
 
 def broadcast(obj: Any, d: Dist) -> Any:
-    """Rank 0's ``obj`` on every rank (a picklable value): for set-up only, as it pickles on the host and
-    syncs it; in the loop, agree through tensor collectives (:func:`all_max`)."""
+    """Rank 0's ``obj`` on every rank (a picklable value): for set-up only, as it pickles on the
+    host and syncs it; in the loop, agree through tensor collectives (:func:`all_max`)."""
     if not d.enabled:
         return obj
     import torch.distributed as dist
@@ -173,7 +178,8 @@ def shards(parallelism: str, dist: Dist) -> int:
 
 
 def single_process_note(parallelism: str, dist: Dist) -> Optional[str]:
-    """The note for ``train.parallelism: fsdp`` without torchrun (nothing to shard over); else None."""
+    """The note for ``train.parallelism: fsdp`` without torchrun (nothing to shard over); else
+    None."""
     if parallelism == "fsdp" and not dist.enabled:
         return (
             "note: train.parallelism: fsdp shards the model over torchrun's processes; this run has one "
@@ -185,18 +191,20 @@ def single_process_note(parallelism: str, dist: Dist) -> Optional[str]:
 def place(
     model: torch.nn.Module, device: torch.device, dist: Dist, parallelism: str
 ) -> torch.nn.Module:
-    """Put a freshly built GPT on ``device``, or :func:`shard` it there under FSDP with more than one
-    process; returns ``model``."""
+    """Put a freshly built GPT on ``device``, or :func:`shard` it there under FSDP with more than
+    one process; returns ``model``."""
     if shards(parallelism, dist) == 1:
         return model.to(device)
     return shard(model, device, dist.world)
 
 
 def shard(model: torch.nn.Module, device: torch.device, world: int) -> torch.nn.Module:
-    """FSDP2 over the default process group's ``world`` processes: each block of ``model.h``, then the model.
+    """FSDP2 over the default process group's ``world`` processes: each block of ``model.h``, then
+    the model.
 
-    Each ``fully_shard`` moves only its module's shard to ``device``; parameter names stay (as DTensors split
-    along dim 0). Build the optimizer after this call. Returns ``model``, sharded in place."""
+    Each ``fully_shard`` moves only its module's shard to ``device``; parameter names stay (as
+    DTensors split along dim 0). Build the optimizer after this call. Returns ``model``, sharded in
+    place."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -221,9 +229,9 @@ def is_sharded(model: torch.nn.Module) -> bool:
 def reshard(model: torch.nn.Module) -> None:
     """Under FSDP, put every module back on its shards (``FSDPModule.reshard``); else nothing.
 
-    FSDP2 leaves the root's gathered weights on it after a forward without gradients (an eval, a sample); until
-    resharded, ``model.parameters()`` names them, not the optimizer's shards (clipping would miss the root's
-    gradients), and they hold the memory sharding saves."""
+    FSDP2 leaves the root's gathered weights on it after a forward without gradients (an eval, a
+    sample); until resharded, ``model.parameters()`` names them, not the optimizer's shards
+    (clipping would miss the root's gradients), and they hold the memory sharding saves."""
     if not is_sharded(model):
         return
     from torch.distributed.fsdp import FSDPModule
@@ -234,7 +242,8 @@ def reshard(model: torch.nn.Module) -> None:
 
 
 def wrap(model: torch.nn.Module, device: torch.device, dist: Dist) -> torch.nn.Module:
-    """The module the training step calls: DDP around ``model`` under torchrun, unless FSDP already shards it."""
+    """The module the training step calls: DDP around ``model`` under torchrun, unless FSDP already
+    shards it."""
     if not dist.enabled or is_sharded(model):
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -244,7 +253,8 @@ def wrap(model: torch.nn.Module, device: torch.device, dist: Dist) -> torch.nn.M
 
 def _names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
     """The names of each parameter the optimizer holds, in the optimizer's order; first the one
-    ``named_parameters()`` gives (a tied weight has two: ``wte.weight``, then ``lm_head.weight``)."""
+    ``named_parameters()`` gives (a tied weight has two: ``wte.weight``, then
+    ``lm_head.weight``)."""
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
@@ -262,9 +272,9 @@ def gather_state(
 ) -> tuple[torch.nn.Module | dict[str, torch.Tensor], dict[str, Any]]:
     """What a checkpoint saves, in a one-process run's layout: the weights and the optimizer state.
 
-    Unsharded: ``model`` and ``optimizer.state_dict()``. Sharded, a collective: rank 0 gets the full weights
-    (name -> CPU tensor, a tied head left out) and the optimizer state keyed by ``torch.optim``'s parameter index;
-    the other ranks get two empty dicts."""
+    Unsharded: ``model`` and ``optimizer.state_dict()``. Sharded, a collective: rank 0 gets the full
+    weights (name -> CPU tensor, a tied head left out) and the optimizer state keyed by
+    ``torch.optim``'s parameter index; the other ranks get two empty dicts."""
     if not is_sharded(model):
         return model, optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import (
@@ -274,8 +284,9 @@ def gather_state(
 
     reshard(model)  # the parameters' names must be the shards' (see reshard)
     weights = get_model_state_dict(model, options=_options(cpu_offload=True))
-    # Before the first step the optimizer has no state, and get_optimizer_state_dict would make one by
-    # stepping with zero gradients and lr 0, which counts a step in AdamW's bias correction: not called then.
+    # Before the first step the optimizer has no state, and get_optimizer_state_dict would make one
+    # by stepping with zero gradients and lr 0, which counts a step in AdamW's bias correction: not
+    # called then.
     full = (
         get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
         if optimizer.state
@@ -329,17 +340,20 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
 def load_optimizer_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:
-    """Load a checkpoint's optimizer state (the layout :func:`gather_state` writes) into ``optimizer``.
+    """Load a checkpoint's optimizer state (the layout :func:`gather_state` writes) into
+    ``optimizer``.
 
     Unsharded: ``optimizer.load_state_dict``. Sharded: each process keeps its
     shard of every moment (a collective).
 
     Raises:
-        ValueError: the state holds another number of parameters or groups (``torch.optim``'s message).
+        ValueError: the state holds another number of parameters or groups (``torch.optim``'s
+        message).
     """
     if not is_sharded(model) or not state["state"]:
-        # No moments yet (saved before the first step): only the groups' values, the same on every process.
-        # (set_optimizer_state_dict would make moments by a zero step, counted by AdamW's bias correction.)
+        # No moments yet (saved before the first step): only the groups' values, the same on every
+        # process. (set_optimizer_state_dict would make moments by a zero step, counted by AdamW's
+        # bias correction.)
         optimizer.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict

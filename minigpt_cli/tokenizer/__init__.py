@@ -1,4 +1,5 @@
-"""Tokenizers behind one interface: char, byte-level BPE, WordPiece, Unigram, and Hugging Face files.
+"""Tokenizers behind one interface: char, byte-level BPE, WordPiece, Unigram, and Hugging Face
+files.
 
 - :mod:`.base`: the :class:`~.base.Tokenizer` protocol and what is computed over any tokenizer;
 - :mod:`.kinds`: the five kinds, loading and saving;

@@ -1,5 +1,6 @@
-"""The :class:`Tokenizer` interface, and what is computed over any tokenizer: the id check every ``decode``
-makes, the note on prompt text the model will not see as typed, the fix for a run's lost tokenizer.
+"""The :class:`Tokenizer` interface, and what is computed over any tokenizer: the id check every
+``decode`` makes, the note on prompt text the model will not see as typed, the fix for a run's lost
+tokenizer.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ __all__ = [
     "run_tokenizer_fix",
 ]
 
-#: What this module says: ids that are not token ids, and the fix for a run whose own tokenizer.json is lost.
+#: What this module says: ids that are not token ids, and the fix for a run whose own tokenizer.json
+#: is lost.
 
 #: SentencePiece's visible space, used by the Unigram and WordPiece kinds.
 SPACE_MARK = "\u2581"
@@ -38,11 +40,13 @@ MAX_SHOWN = 10
 class Tokenizer(Protocol):
     """What data preparation, training and generation need from a tokenizer."""
 
-    #: One of :data:`~minigpt_cli.tokenizer.kinds.KINDS`, or ``hf`` (a given tokenizer.json, as it is).
+    #: One of :data:`~minigpt_cli.tokenizer.kinds.KINDS`, or ``hf`` (a given tokenizer.json, as it
+    #: is).
     kind: str
     #: Configured special tokens (``<|endoftext|>``, ...), each a single id; not the unknown token.
     special_tokens: list[str]
-    #: The token unknown characters become (``<unk>``), or None: char (and hf without one) refuses them, bpe has none.
+    #: The token unknown characters become (``<unk>``), or None: char (and hf without one) refuses
+    #: them, bpe has none.
     unk_token: Optional[str]
 
     @property
@@ -55,7 +59,8 @@ class Tokenizer(Protocol):
         ...
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
-        """The ids of each of ``texts`` (as :meth:`encode`), as int64 arrays; faster than one call each."""
+        """The ids of each of ``texts`` (as :meth:`encode`), as int64 arrays; faster than one call
+        each."""
         ...
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -63,7 +68,8 @@ class Tokenizer(Protocol):
         ...
 
     def unknown_chars(self, text: str) -> list[str]:
-        """Characters of ``text`` its vocabulary lacks (lost to ``unk_token``), once each, in order."""
+        """Characters of ``text`` its vocabulary lacks (lost to ``unk_token``), once each, in
+        order."""
         ...
 
     def pieces(self, text: str) -> list[str]:
@@ -80,7 +86,8 @@ class Tokenizer(Protocol):
 
 
 def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
-    """``ids`` as a list of ints, each a token id: 0 <= id < ``vocab_size`` (one min and one max: cheap per token).
+    """``ids`` as a list of ints, each a token id: 0 <= id < ``vocab_size`` (one min and one max:
+    cheap per token).
 
     Raises:
         MinigptError: naming the first id outside the vocabulary, and its size.
@@ -103,7 +110,8 @@ def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
     return out
 
 
-#: The parts of :func:`lossy_report`'s note: text of a prompt the model will not see as it was typed.
+#: The parts of :func:`lossy_report`'s note: text of a prompt the model will not see as it was
+#: typed.
 _LOSSY = {
     "unknown": "{n} of {what} became {unk}: {shown}",
     "unknown_words": "the words of {what} holding {n} the vocabulary lacks became {unk}: {shown}",
@@ -118,11 +126,13 @@ def _clip(text: str, limit: int = 80) -> str:
 
 
 def lossy_report(tok: Tokenizer, text: str, what: str = "the prompt") -> Optional[str]:
-    """A one-line ``note:`` naming the text of ``text`` (``what``) the model will not see as typed, or None.
+    """A one-line ``note:`` naming the text of ``text`` (``what``) the model will not see as typed,
+    or None.
 
-    For the kinds with an unknown token (Unigram, WordPiece): the characters that become ``<unk>`` (at most
-    :data:`MAX_SHOWN` named), a literal ``▁`` (it decodes as a space), a literal ``<unk>`` (one id), and any
-    other text whose round trip differs. None for bpe (every byte kept) and char (``encode`` refuses).
+    For the kinds with an unknown token (Unigram, WordPiece): the characters that become ``<unk>``
+    (at most :data:`MAX_SHOWN` named), a literal ``▁`` (it decodes as a space), a literal ``<unk>``
+    (one id), and any other text whose round trip differs. None for bpe (every byte kept) and char
+    (``encode`` refuses).
     """
     unk = tok.unk_token
     if unk is None:
@@ -155,7 +165,8 @@ def lossy_report(tok: Tokenizer, text: str, what: str = "the prompt") -> Optiona
 
 
 def missing_chars(text: str, special_tokens: list[str], known: Container[str]) -> list[str]:
-    """Characters of ``text`` outside its special tokens that are not in ``known``, once each, in order."""
+    """Characters of ``text`` outside its special tokens that are not in ``known``, once each, in
+    order."""
     seen: dict[str, None] = {}
     for part in split_special(text, special_tokens)[0::2]:
         for ch in part:
@@ -165,10 +176,10 @@ def missing_chars(text: str, special_tokens: list[str], known: Container[str]) -
 
 
 def run_tokenizer_fix(run_dir: Path, cfg: Config) -> str:
-    """How to mend run ``run_dir``'s missing or damaged ``tokenizer.json``: copy back the file it was trained
-    with (``tokenizer.path``, else the ``model.init_from`` folder's, else the dataset folder's default file) when
-    it is there, else that no copy is known. A relative path is taken from where ``train`` ran, or from the
-    project's folder now; the run's own file is never named.
+    """How to mend run ``run_dir``'s missing or damaged ``tokenizer.json``: copy back the file it
+    was trained with (``tokenizer.path``, else the ``model.init_from`` folder's, else the dataset
+    folder's default file) when it is there, else that no copy is known. A relative path is taken
+    from where ``train`` ran, or from the project's folder now; the run's own file is never named.
     """
     from ..paths import default_tokenizer_path
     from ..run import folder as runs

@@ -1,9 +1,11 @@
-"""One Tokenizer interface over the five kinds the config names (char, bpe, unigram, wordpiece, hf; see the README).
+"""One Tokenizer interface over the five kinds the config names (char, bpe, unigram, wordpiece, hf;
+see the README).
 
-The trained kinds are saved in the ``tokenizers`` library's own ``tokenizer.json`` (which refuses extra keys,
-so :func:`load_tokenizer` tells the kind from ``model.type``); char in our own JSON (:data:`FORMAT`). Special
-tokens are single ids in every kind, matched in the raw text first; trained kinds put them first (ids 0..k-1),
-char appends them. Every ``decode`` refuses an id outside [0, vocab_size) (:func:`check_ids`)."""
+The trained kinds are saved in the ``tokenizers`` library's own ``tokenizer.json`` (which refuses
+extra keys, so :func:`load_tokenizer` tells the kind from ``model.type``); char in our own JSON
+(:data:`FORMAT`). Special tokens are single ids in every kind, matched in the raw text first;
+trained kinds put them first (ids 0..k-1), char appends them. Every ``decode`` refuses an id outside
+[0, vocab_size) (:func:`check_ids`)."""
 
 from __future__ import annotations
 
@@ -62,8 +64,8 @@ _MODEL_KINDS = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}
 
 
 def _attempt(call: Callable[[], object]) -> tuple[object, Optional[Exception]]:
-    """``(call(), None)``, or ``(None, error)`` when the ``tokenizers`` library refuses with its own error (a plain
-    ``Exception``); anything else is a bug and is raised."""
+    """``(call(), None)``, or ``(None, error)`` when the ``tokenizers`` library refuses with its own
+    error (a plain ``Exception``); anything else is a bug and is raised."""
     try:
         return call(), None
     except Exception as exc:
@@ -76,7 +78,8 @@ def _attempt(call: Callable[[], object]) -> tuple[object, Optional[Exception]]:
 
 
 class CharTokenizer:
-    """Character-level tokenizer: id i is the i-th character of a sorted alphabet, then the special tokens."""
+    """Character-level tokenizer: id i is the i-th character of a sorted alphabet, then the special
+    tokens."""
 
     kind = "char"
     unk_token: Optional[str] = None  # encode refuses unknown characters instead
@@ -101,7 +104,8 @@ class CharTokenizer:
     def train(
         cls, text: str | Iterable[str], special_tokens: Iterable[str] = ()
     ) -> "CharTokenizer":
-        """The sorted alphabet of ``text`` (a string, or pieces none cutting a special token), special tokens aside.
+        """The sorted alphabet of ``text`` (a string, or pieces none cutting a special token),
+        special tokens aside.
 
         Raises:
             MinigptError: the text is empty, or holds nothing but special tokens.
@@ -127,13 +131,15 @@ class CharTokenizer:
         return len(self.itos)
 
     def unknown_chars(self, text: str) -> list[str]:
-        """Characters of ``text`` outside the alphabet (``encode`` refuses them), once each, in order of appearance."""
+        """Characters of ``text`` outside the alphabet (``encode`` refuses them), once each, in
+        order of appearance."""
         return missing_chars(text, self.special_tokens, self.stoi)
 
     unknown = unknown_chars  # the earlier name
 
     def encode(self, text: str) -> list[int]:
-        """Ids of the characters of ``text``, each special token one id; MinigptError names unknown characters."""
+        """Ids of the characters of ``text``, each special token one id; MinigptError names unknown
+        characters."""
         stoi = self.stoi
         try:
             if not self.special_tokens:
@@ -153,7 +159,8 @@ class CharTokenizer:
             ) from None
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
-        """The ids of each text, as :meth:`encode` gives them, in int64 arrays (vectorised over code points)."""
+        """The ids of each text, as :meth:`encode` gives them, in int64 arrays (vectorised over code
+        points)."""
         import numpy as np
 
         if self._sorted is None:
@@ -186,7 +193,8 @@ class CharTokenizer:
         return out
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The characters and special tokens of ``ids``, joined; MinigptError for an id outside [0, vocab_size)."""
+        """The characters and special tokens of ``ids``, joined; MinigptError for an id outside [0,
+        vocab_size)."""
         itos = self.itos
         return "".join([itos[i] for i in check_ids(ids, len(itos))])
 
@@ -213,10 +221,12 @@ class CharTokenizer:
 
 
 class HFTokenizer:
-    """A ``tokenizers.Tokenizer`` of kind bpe, wordpiece or unigram; of kind hf (``kind="hf"``), any model.
+    """A ``tokenizers.Tokenizer`` of kind bpe, wordpiece or unigram; of kind hf (``kind="hf"``), any
+    model.
 
-    ``encode`` never fails for the trained kinds (bytes for BPE, ``<unk>`` for the others); an ``hf`` one without
-    an unknown token refuses characters its vocabulary lacks, as char does. ``decode`` keeps special tokens.
+    ``encode`` never fails for the trained kinds (bytes for BPE, ``<unk>`` for the others); an
+    ``hf`` one without an unknown token refuses characters its vocabulary lacks, as char does.
+    ``decode`` keeps special tokens.
     """
 
     def __init__(self, tok, kind: Optional[str] = None):
@@ -262,7 +272,8 @@ class HFTokenizer:
         """Ids of ``text`` (bpe: bytes; unigram, wordpiece: ``<unk>`` for unseen characters).
 
         Raises:
-            MinigptError: text an ``hf`` tokenizer without an unknown token cannot encode, naming the characters.
+            MinigptError: text an ``hf`` tokenizer without an unknown token cannot encode, naming
+            the characters.
         """
         encoded, error = _attempt(lambda: self._tok.encode(text, add_special_tokens=False))
         if error is not None:
@@ -270,8 +281,8 @@ class HFTokenizer:
         return encoded.ids
 
     def encode_batch(self, texts: Sequence[str]) -> list["np.ndarray"]:
-        """The ids of each text, as :meth:`encode` gives them, in int64 arrays; the library encodes them in parallel
-        (``TOKENIZERS_PARALLELISM=false`` turns that off).
+        """The ids of each text, as :meth:`encode` gives them, in int64 arrays; the library encodes
+        them in parallel (``TOKENIZERS_PARALLELISM=false`` turns that off).
         """
         import numpy as np
 
@@ -285,8 +296,8 @@ class HFTokenizer:
         return [np.asarray(e.ids, dtype=np.int64) for e in encoded]
 
     def _refusal(self, text: str, exc: Exception) -> MinigptError:
-        """The error for ``text``, which the library failed to encode with ``exc``: the characters it cannot
-        encode alone (:meth:`unknown_chars`), else the library's own words."""
+        """The error for ``text``, which the library failed to encode with ``exc``: the characters
+        it cannot encode alone (:meth:`unknown_chars`), else the library's own words."""
         chars = self._unencodable(text)
         if chars:
             return MinigptError(
@@ -301,8 +312,8 @@ class HFTokenizer:
         )
 
     def _unencodable(self, text: str) -> list[str]:
-        """Characters of ``text`` (outside its special tokens) the library fails to encode on their own, once each;
-        one call per distinct character, so only once a whole text failed.
+        """Characters of ``text`` (outside its special tokens) the library fails to encode on their
+        own, once each; one call per distinct character, so only once a whole text failed.
         """
         plain = "".join(split_special(text, self.special_tokens)[0::2])
         return [
@@ -312,12 +323,14 @@ class HFTokenizer:
         ]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The text of ``ids``, special and unknown tokens kept as their text; MinigptError for an id out of range."""
+        """The text of ``ids``, special and unknown tokens kept as their text; MinigptError for an
+        id out of range."""
         return self._tok.decode(check_ids(ids, self.vocab_size), skip_special_tokens=False)
 
     def unknown_chars(self, text: str) -> list[str]:
-        """Characters of ``text`` that become ``<unk>`` (no single-character piece spells them), once each, in order;
-        [] for bpe. An ``hf`` tokenizer without an unknown token: the characters :meth:`encode` refuses.
+        """Characters of ``text`` that become ``<unk>`` (no single-character piece spells them),
+        once each, in order; [] for bpe. An ``hf`` tokenizer without an unknown token: the
+        characters :meth:`encode` refuses.
         """
         if self.unk_token is None:
             if self.kind != "hf":  # byte-level BPE: every text encodes
@@ -350,8 +363,8 @@ class HFTokenizer:
 
 
 def tokenizer_file(path: str | Path, own: bool = True) -> Path:
-    """The file :func:`load_tokenizer` reads for ``path``: ``path`` itself, or for a folder the user names
-    (``own`` False, a Hugging Face model folder) the ``tokenizer.json`` in it."""
+    """The file :func:`load_tokenizer` reads for ``path``: ``path`` itself, or for a folder the user
+    names (``own`` False, a Hugging Face model folder) the ``tokenizer.json`` in it."""
     p = Path(path)
     return (
         p / "tokenizer.json" if not own and p.is_dir() and (p / "tokenizer.json").is_file() else p
@@ -365,15 +378,16 @@ def load_tokenizer(
     own: bool = True,
     fix: Optional[str | Callable[[], str]] = None,
 ) -> Tokenizer:
-    """Load a tokenizer file: ours (char) or a ``tokenizers`` tokenizer.json (kind from ``model.type``, or
-    ``kind="hf"``: any such file, as it is).
+    """Load a tokenizer file: ours (char) or a ``tokenizers`` tokenizer.json (kind from
+    ``model.type``, or ``kind="hf"``: any such file, as it is).
 
-    ``own``: minigpt made the file (prepared data's, a run's), so a damaged one is trained again; False for a
-    file the user names: any tokenizer.json is read, and a folder stands for its ``tokenizer.json``. ``fix``:
-    the fix an error gives (a function: worked out only then).
+    ``own``: minigpt made the file (prepared data's, a run's), so a damaged one is trained again;
+    False for a file the user names: any tokenizer.json is read, and a folder stands for its
+    ``tokenizer.json``. ``fix``: the fix an error gives (a function: worked out only then).
 
     Raises:
-        MinigptError: missing, unreadable or unrecognised file; a folder, or a path that is not a regular file.
+        MinigptError: missing, unreadable or unrecognised file; a folder, or a path that is not a
+        regular file.
     """
     p = tokenizer_file(path, own)
     found = _read(p, kind, own)
@@ -449,8 +463,8 @@ def _read(p: Path, kind: Optional[str], own: bool) -> Tokenizer | tuple[str, boo
 
 
 def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
-    """A run folder's own ``tokenizer.json``; a missing or damaged one's error says where a copy of the file the run
-    was trained with is (:func:`~.base.run_tokenizer_fix`).
+    """A run folder's own ``tokenizer.json``; a missing or damaged one's error says where a copy of
+    the file the run was trained with is (:func:`~.base.run_tokenizer_fix`).
     """
     return load_tokenizer(
         Path(run_dir) / "tokenizer.json",
@@ -460,7 +474,8 @@ def load_run_tokenizer(run_dir: Path, cfg: Config) -> Tokenizer:
 
 
 def check_run_tokenizer(run_dir: Path, cfg: Config, tok: Optional[Tokenizer]) -> None:
-    """Refuse to resume run ``run_dir`` with another tokenizer ``tok`` (None: none named) than its ``tokenizer.json``.
+    """Refuse to resume run ``run_dir`` with another tokenizer ``tok`` (None: none named) than its
+    ``tokenizer.json``.
 
     Raises:
         MinigptError: the fingerprints differ; a missing or damaged ``tokenizer.json``.

@@ -1,12 +1,13 @@
-"""Train a ``tokenizers`` library model in a process of its own; :mod:`.training` runs this file as a script
-(``python -c ... library_worker.py PARENT_PID``), never imports it, so it loads no more than the library.
+"""Train a ``tokenizers`` library model in a process of its own; :mod:`.training` runs this file as
+a script (``python -c ... library_worker.py PARENT_PID``), never imports it, so it loads no more
+than the library.
 
-Why a process: the library's training loop holds the GIL once it has read its input, so in the CLI's own
-process a Ctrl-C waits until training ends (minutes on a large corpus). The CLI waits on this process
-instead, and kills it at a Ctrl-C or a SIGTERM.
+Why a process: the library's training loop holds the GIL once it has read its input, so in the CLI's
+own process a Ctrl-C waits until training ends (minutes on a large corpus). The CLI waits on this
+process instead, and kills it at a Ctrl-C or a SIGTERM.
 
-stdin: a pickle of ``(tokenizer, trainer, pieces)`` from the parent (trusted: it made them); stdout: the
-trained tokenizer's JSON. A refusal by the library: its message on stderr, exit status 3.
+stdin: a pickle of ``(tokenizer, trainer, pieces)`` from the parent (trusted: it made them); stdout:
+the trained tokenizer's JSON. A refusal by the library: its message on stderr, exit status 3.
 """
 
 import os
@@ -20,7 +21,8 @@ FED_HOOK = "MINIGPT_TEST_TOKENIZER_FED"
 
 
 def _die_with_parent(parent: int) -> None:
-    """Be killed when the parent dies, even by SIGKILL (Linux; elsewhere the parent's clean-up alone)."""
+    """Be killed when the parent dies, even by SIGKILL (Linux; elsewhere the parent's clean-up
+    alone)."""
     try:
         import ctypes
 

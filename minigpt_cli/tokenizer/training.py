@@ -1,9 +1,10 @@
 """Training the three library-backed kinds (bpe, unigram, wordpiece), and the size checks before it.
 
-bpe: the ``tokenizers`` library's byte-level BPE (GPT-2; Radford et al. 2019 §2.2); unigram: its Unigram
-trainer (Kudo 2018) with ``<unk>``, trimmed to the size asked (:func:`_trim_unigram`); wordpiece: our merges
-(:mod:`.wordpiece`) in a library WordPiece model. Unigram and WordPiece split words as GPT-2 does and spell a
-space ``▁``. The library trains in a process of its own so that Ctrl-C stops it at once.
+bpe: the ``tokenizers`` library's byte-level BPE (GPT-2; Radford et al. 2019 §2.2); unigram: its
+Unigram trainer (Kudo 2018) with ``<unk>``, trimmed to the size asked (:func:`_trim_unigram`);
+wordpiece: our merges (:mod:`.wordpiece`) in a library WordPiece model. Unigram and WordPiece split
+words as GPT-2 does and spell a space ``▁``. The library trains in a process of its own so that
+Ctrl-C stops it at once.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def _plain_chars(chunks: Sequence[str]) -> set[str]:
 
 
 def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) -> int:
-    """The smallest vocabulary ``kind`` can have on ``text``: char its characters, bpe the 256 bytes, unigram the
-    characters and ``<unk>``, wordpiece each character initial and as ``##``, and ``<unk>``; plus special tokens.
+    """The smallest vocabulary ``kind`` can have on ``text``: char its characters, bpe the 256
+    bytes, unigram the characters and ``<unk>``, wordpiece each character initial and as ``##``, and
+    ``<unk>``; plus special tokens.
     """
     specials = list(special_tokens)
     if kind == "bpe":
@@ -78,7 +80,8 @@ def base_vocab_size(kind: str, text: str, special_tokens: Sequence[str] = ()) ->
 def check_vocab_size(
     kind: str, text: str, vocab_size: Optional[int], special_tokens: Sequence[str] = ()
 ) -> None:
-    """Refuse a missing vocabulary size, one below ``kind``'s base alphabet or one above the largest, before training.
+    """Refuse a missing vocabulary size, one below ``kind``'s base alphabet or one above the
+    largest, before training.
 
     Raises:
         MinigptError: naming the smallest (or largest) size that works.
@@ -115,7 +118,8 @@ def check_vocab_size(
 
 
 def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
-    # the unigram trainer stops short of what the corpus can give by amounts that vary with the size asked
+    # the unigram trainer stops short of what the corpus can give by amounts that vary with the size
+    # asked
     if kind == "unigram":
         return MinigptError(
             f"the unigram trainer gave {got:,} vocabulary entries, fewer than the {wanted:,} asked "
@@ -131,11 +135,11 @@ def _too_big(kind: str, got: int, wanted: int) -> MinigptError:
 
 def _train_interruptibly(tok, pieces: Iterator[str], trainer):
     """``tok`` trained by ``tok.train_from_iterator(pieces, trainer)`` in a process of its own
-    (:mod:`.library_worker`), which a Ctrl-C or SIGTERM here kills: a call into the library cannot be
-    stopped, only abandoned (a thread would run on, with its CPU and memory, until the library returned),
-    and a loop that holds the GIL would hold back this process's signals too. The worker has a session of
-    its own (a terminal's Ctrl-C reaches this process alone, which stops within a second, exit 130,
-    nothing written).
+    (:mod:`.library_worker`), which a Ctrl-C or SIGTERM here kills: a call into the library cannot
+    be stopped, only abandoned (a thread would run on, with its CPU and memory, until the library
+    returned), and a loop that holds the GIL would hold back this process's signals too. The worker
+    has a session of its own (a terminal's Ctrl-C reaches this process alone, which stops within a
+    second, exit 130, nothing written).
 
     Raises:
         Exception: the library's refusal (a plain Exception, as the library raises it in-process).
@@ -183,8 +187,9 @@ _CUT = re.compile(r"(?<=\S\n)(?=\S)|(?<=\S)(?= \S)")
 
 
 def _pieces(chunks: Iterable[str], size: int = PIECE_CHARS) -> Iterator[str]:
-    """``chunks`` cut into pieces of about ``size`` characters, only where GPT-2's split cuts anyway (after a single
-    newline, or before a single space, between non-spaces), so the trainers count the same words.
+    """``chunks`` cut into pieces of about ``size`` characters, only where GPT-2's split cuts anyway
+    (after a single newline, or before a single space, between non-spaces), so the trainers count
+    the same words.
     """
     for chunk in chunks:
         start = 0
@@ -228,8 +233,9 @@ def _train_unigram(chunks: list[str], vocab_size: int, specials: list[str]) -> H
 
 
 def _trim_unigram(tok, vocab_size: int):
-    """Drop the least likely multi-character pieces beyond ``vocab_size``: near its base alphabet the library's
-    trainer overshoots (66 asked, 73 given on Tiny Shakespeare). Characters and special tokens stay.
+    """Drop the least likely multi-character pieces beyond ``vocab_size``: near its base alphabet
+    the library's trainer overshoots (66 asked, 73 given on Tiny Shakespeare). Characters and
+    special tokens stay.
     """
     from tokenizers import Tokenizer as _Backend
 
@@ -310,12 +316,12 @@ def train_tokenizer(
 ) -> Tokenizer:
     """Train a tokenizer of ``kind`` on ``text`` (or its pieces, none cutting a special token).
 
-    ``vocab_size``: entries in all (ignored for char); ``special_tokens`` become single ids; ``on_start`` is
-    called once the inputs are checked, as the (long) training starts.
+    ``vocab_size``: entries in all (ignored for char); ``special_tokens`` become single ids;
+    ``on_start`` is called once the inputs are checked, as the (long) training starts.
 
     Raises:
-        MinigptError: unknown kind, empty corpus, a vocabulary size missing, below the kind's base alphabet, or
-            above what the corpus can give.
+        MinigptError: unknown kind, empty corpus, a vocabulary size missing, below the kind's base
+            alphabet, or above what the corpus can give.
     """
     if kind not in KINDS:  # the Python API's edge; the config's kind is a Literal
         raise MinigptError(

@@ -1,8 +1,8 @@
 """Our WordPiece trainer: the merges, best score first.
 
 From single characters (``h ##u ##g``), it merges the adjacent pair with the highest count(ab) /
-(count(a)·count(b)), not the most frequent (Hugging Face LLM course, ch. 6.6 "WordPiece tokenization";
-the library's own trainer merges by frequency). Pure Python.
+(count(a)·count(b)), not the most frequent (Hugging Face LLM course, ch. 6.6 "WordPiece
+tokenization"; the library's own trainer merges by frequency). Pure Python.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ def wordpiece_symbols(word: str) -> list[str]:
 
 
 def wordpiece_scores(word_counts: Mapping[str, int]) -> dict[tuple[str, str], float]:
-    """Score count(ab) / (count(a)·count(b)) of every adjacent pair before any merge, in (0, 1]; counts are
-    weighted by the words' frequencies in ``word_counts``.
+    """Score count(ab) / (count(a)·count(b)) of every adjacent pair before any merge, in (0, 1];
+    counts are weighted by the words' frequencies in ``word_counts``.
     """
     sym: Counter = Counter()
     pair: Counter = Counter()
@@ -36,11 +36,11 @@ def wordpiece_scores(word_counts: Mapping[str, int]) -> dict[tuple[str, str], fl
 
 
 def wordpiece_merges(word_counts: Mapping[str, int]) -> Iterator[tuple[str, str, float, int]]:
-    """Yield WordPiece merges in order: (a, b, score, count(ab)), best score first (ties: the more frequent pair,
-    then the smaller strings); the new symbol is ``a + b`` without ``b``'s ``##``.
+    """Yield WordPiece merges in order: (a, b, score, count(ab)), best score first (ties: the more
+    frequent pair, then the smaller strings); the new symbol is ``a + b`` without ``b``'s ``##``.
 
-    Counts are updated incrementally: a merge touches only the words holding its pair and re-scores only the
-    pairs it changed (a max-heap, stale entries skipped on pop).
+    Counts are updated incrementally: a merge touches only the words holding its pair and re-scores
+    only the pairs it changed (a max-heap, stale entries skipped on pop).
     """
     words: list[list[str]] = []
     freqs: list[int] = []

@@ -1,4 +1,5 @@
-"""Training: :func:`train` runs a config to a run folder (:mod:`.setup` prepares it, :mod:`.loop` trains)."""
+"""Training: :func:`train` runs a config to a run folder (:mod:`.setup` prepares it, :mod:`.loop`
+trains)."""
 
 from .loop import Trainer, TrainResult, train
 from .optim import make_optimizer

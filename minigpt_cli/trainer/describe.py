@@ -1,5 +1,6 @@
-"""What ``train --dry-run`` prints: the config, the values :func:`~.setup.plan` derived, the learning rates,
-the notes and the resumed run. Formatting only: every check was made by the plan ``train`` itself runs."""
+"""What ``train --dry-run`` prints: the config, the values :func:`~.setup.plan` derived, the
+learning rates, the notes and the resumed run. Formatting only: every check was made by the plan
+``train`` itself runs."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def _split_line(p: Plan) -> str:
 
 
 def unchecked(p: Plan) -> list[str]:
-    """The checks ``train`` makes that this dry run does not (what needs the missing tokenizer or corpus, what
-    only training reads), each with the reason: none passes silently."""
+    """The checks ``train`` makes that this dry run does not (what needs the missing tokenizer or
+    corpus, what only training reads), each with the reason: none passes silently."""
     given, stage, why = p.given, p.stage, p.stage.waits
     waiting = [
         (
@@ -74,7 +75,8 @@ def unchecked(p: Plan) -> list[str]:
 
 
 def describe_derived(p: Plan) -> list[str]:
-    """The values the config leaves to be derived (null keys), as :func:`~.setup.plan` resolved them."""
+    """The values the config leaves to be derived (null keys), as :func:`~.setup.plan` resolved
+    them."""
     cfg, mc, tc = p.cfg, p.cfg.model, p.cfg.train
     dtype = str(p.dtype).removeprefix("torch.")
     lines = [
@@ -107,8 +109,8 @@ def describe_derived(p: Plan) -> list[str]:
 
 
 def describe_schedule(p: Plan, points: int = 8) -> str:
-    """The config, the derived values, the learning rate at a few steps, the notes and, with ``--resume``,
-    what the resume would do."""
+    """The config, the derived values, the learning rate at a few steps, the notes and, with
+    ``--resume``, what the resume would do."""
     tc = p.cfg.train
     wsd = [wsd_decay_start(tc)] if tc.lr_schedule == "wsd" else []  # where the decay starts
     steps = sorted(

@@ -1,5 +1,6 @@
-"""How long the run will take: before it, from a few timed steps of a throwaway model (:func:`run_estimate`);
-during it, measured on its first eval batches and first optimizer steps (:class:`TimeEstimate`)."""
+"""How long the run will take: before it, from a few timed steps of a throwaway model
+(:func:`run_estimate`); during it, measured on its first eval batches and first optimizer steps
+(:class:`TimeEstimate`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Callable, Optional
 
 from ..config.schema import Config, TrainConfig
 
-#: Eval batches timed before the first, rough figure (said during the first eval, long before it ends).
+#: Eval batches timed before the first, rough figure (said during the first eval, long before it
+#: ends).
 FIRST_BATCHES = 3
-#: Optimizer steps timed for the measured figure, after the first (which pays for warm-up and compilation).
+#: Optimizer steps timed for the measured figure, after the first (which pays for warm-up and
+#: compilation).
 MEASURED_STEPS = 5
 #: Estimates shorter than this go to train.log only; longer ones are also said.
 SAY_FROM_S = 60.0
@@ -22,7 +25,8 @@ LONG_ON_CPU_S = 30 * 60.0
 #: forward (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1: C ≈ 6N per token, 2N forward).
 STEP_PER_FORWARD = 3.0
 
-#: The CPU recipes by config name: a run of one of them made long on purpose gets no pointer to them.
+#: The CPU recipes by config name: a run of one of them made long on purpose gets no pointer to
+#: them.
 CPU_RECIPES = ("shakespeare-cpu", "shakespeare-cpu-long")
 CPU_RECIPE = (
     "note: that is long for a CPU; configs/shakespeare-cpu.yaml is the recipe sized for one "
@@ -40,7 +44,8 @@ def human_seconds(seconds: float) -> str:
 
 
 def evals_left(tc: TrainConfig, step: int, evaluated: bool) -> int:
-    """The evals still to run from ``step`` to ``max_iters`` (:func:`~.schedule.should_eval`'s points)."""
+    """The evals still to run from ``step`` to ``max_iters`` (:func:`~.schedule.should_eval`'s
+    points)."""
     if step > tc.max_iters:
         return 0
     first = math.ceil(step / tc.eval_interval) * tc.eval_interval
@@ -66,7 +71,8 @@ class TimeEstimate:
         say: Callable[[str], None],
         log: Callable[[str], None],
     ):
-        """``on_cpu``: whether a long run gets the line naming the CPU recipe (a CPU run of another config)."""
+        """``on_cpu``: whether a long run gets the line naming the CPU recipe (a CPU run of another
+        config)."""
         self.tc, self.step0, self.evaluated0 = tc, step, evaluated
         self.batches_per_eval, self.on_cpu, self.say, self.log = batches_per_eval, on_cpu, say, log
         self.batch_s: Optional[float] = None  # one eval micro-batch
@@ -139,7 +145,8 @@ WHOLE_BATCH_UNDER_S = 1.0
 
 
 def _timed(fn: Callable[[], None], device, repeats: int = 2) -> float:
-    """The fastest of ``repeats`` calls of ``fn``, in seconds, the device's queue drained around each."""
+    """The fastest of ``repeats`` calls of ``fn``, in seconds, the device's queue drained around
+    each."""
     import torch
 
     def sync() -> None:  # the device's queued kernels done: the time is theirs, not their launch's
@@ -159,14 +166,15 @@ def _timed(fn: Callable[[], None], device, repeats: int = 2) -> float:
 
 
 def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, str]:
-    """Seconds of one optimizer step of ``cfg``'s model on ``device`` and of one eval micro-batch, and how they
-    were timed, from a few steps of a throwaway model on random tokens (eager: no compile, one process), on
-    as many CPU threads as the other processes leave cores (as train's :class:`CpuThreads` picks).
+    """Seconds of one optimizer step of ``cfg``'s model on ``device`` and of one eval micro-batch,
+    and how they were timed, from a few steps of a throwaway model on random tokens (eager: no
+    compile, one process), on as many CPU threads as the other processes leave cores (as train's
+    :class:`CpuThreads` picks).
 
     The step is ``grad_accum_steps`` forward-backward passes of ``train.batch_size`` sequences of
-    ``block_size`` tokens and one optimizer step; a pass of one sequence is timed and scaled by the batch when
-    the whole batch would take long (:data:`WHOLE_BATCH_UNDER_S`); an eval batch is a forward pass, a third
-    of a forward-backward (:data:`STEP_PER_FORWARD`)."""
+    ``block_size`` tokens and one optimizer step; a pass of one sequence is timed and scaled by the
+    batch when the whole batch would take long (:data:`WHOLE_BATCH_UNDER_S`); an eval batch is a
+    forward pass, a third of a forward-backward (:data:`STEP_PER_FORWARD`)."""
     import torch
 
     from ..model.gpt import GPT
@@ -213,9 +221,9 @@ def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, str]:
 
 
 def run_estimate(cfg: Config, device, dtype, step: int = 0, evaluated: bool = False) -> list[str]:
-    """What ``train`` and ``--dry-run`` say before training: the run's time on ``device`` from ``step`` on
-    (:func:`step_seconds`; ``about 7.2 h on cpu (...)``), then on a CPU, past :data:`LONG_ON_CPU_S`, the
-    note naming the CPU recipe."""
+    """What ``train`` and ``--dry-run`` say before training: the run's time on ``device`` from
+    ``step`` on (:func:`step_seconds`; ``about 7.2 h on cpu (...)``), then on a CPU, past
+    :data:`LONG_ON_CPU_S`, the note naming the CPU recipe."""
     tc = cfg.train
     step_s, batch_s, how = step_seconds(cfg, device, dtype)
     if device.type == "cuda":  # the throwaway model's memory back to the device, for the run's

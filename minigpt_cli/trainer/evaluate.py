@@ -21,9 +21,10 @@ from .step import estimate_loss
 
 
 class Evaluator:
-    """Decides when the run evaluates and computes the losses. Each split's windows depend on the seed, the
-    split, the step and the global batch alone (:func:`~minigpt_cli.data.pipeline.eval_seed`): any split into
-    micro-batches and processes, and a resumed run, evaluate the same windows."""
+    """Decides when the run evaluates and computes the losses. Each split's windows depend on the
+    seed, the split, the step and the global batch alone
+    (:func:`~minigpt_cli.data.pipeline.eval_seed`): any split into micro-batches and processes, and
+    a resumed run, evaluate the same windows."""
 
     def __init__(
         self,
@@ -75,8 +76,10 @@ class Evaluator:
                 return
 
     def losses(self, model: torch.nn.Module, step: int) -> Optional[dict[str, float]]:
-        """Mean train and val loss per window (:func:`~.step.estimate_loss`); None when a stop request cut it short."""
-        # A second bar under the training one while the eval runs (a big eval_iters can take minutes).
+        """Mean train and val loss per window (:func:`~.step.estimate_loss`); None when a stop
+        request cut it short."""
+        # A second bar under the training one while the eval runs (a big eval_iters can take
+        # minutes).
         bar = tqdm(
             total=len(self.splits) * self.batches_per_split,
             desc=f"eval at step {step}",

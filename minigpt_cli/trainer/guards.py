@@ -1,6 +1,7 @@
-"""What the loop reads from the host only at log intervals: the steps skipped as non-finite (:class:`Skips`),
-and a stop request or the time budget agreed over the ranks (:class:`Stops`). Between two reads the step
-stays on the device: no ``.item()``, ``bool()`` or object broadcast per step (STYLE.md, habit 18)."""
+"""What the loop reads from the host only at log intervals: the steps skipped as non-finite
+(:class:`Skips`), and a stop request or the time budget agreed over the ranks (:class:`Stops`).
+Between two reads the step stays on the device: no ``.item()``, ``bool()`` or object broadcast per
+step (STYLE.md, habit 18)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ MAX_NONFINITE = 5
 
 
 class Skips:
-    """The steps whose loss or gradient was not finite (their update skipped on the device), read at log
-    intervals: each is logged, and :data:`MAX_NONFINITE` in a row stop the run.
+    """The steps whose loss or gradient was not finite (their update skipped on the device), read at
+    log intervals: each is logged, and :data:`MAX_NONFINITE` in a row stop the run.
 
-    :meth:`record` keeps a step's two 0-dim device tensors; :meth:`read` takes the host's one look at all
-    those kept since the last read (one ``tolist``), so the count is exact whatever the interval."""
+    :meth:`record` keeps a step's two 0-dim device tensors; :meth:`read` takes the host's one look
+    at all those kept since the last read (one ``tolist``), so the count is exact whatever the
+    interval."""
 
     def __init__(self, log: Callable[[str], None], diverged: Callable[[int, int], Exception]):
         self.log = log
@@ -35,11 +37,12 @@ class Skips:
         self.pending.append((step, loss, skipped))
 
     def read(self) -> Optional[bool]:
-        """Log each skipped step since the last read; whether the latest step was skipped (None: none kept).
+        """Log each skipped step since the last read; whether the latest step was skipped (None:
+        none kept).
 
         Raises:
-            MinigptError: :data:`MAX_NONFINITE` steps in a row were skipped (``diverged``'s error, which names
-                them and says what to change).
+            MinigptError: :data:`MAX_NONFINITE` steps in a row were skipped (``diverged``'s error,
+                which names them and says what to change).
         """
         if not self.pending:
             return None
@@ -62,10 +65,11 @@ class Skips:
 class Stops:
     """A stop request (SIGINT/SIGTERM/SIGHUP) and ``train.max_seconds``, as every rank sees them.
 
-    One process asks its own flag and clock at every step (no collective). Under torchrun the ranks agree
-    in :meth:`agree`, which the loop calls at log intervals: one MAX all-reduce of two numbers (a stop on any
-    rank; rank 0's clock, as metrics.jsonl's ``elapsed_s`` is rank 0's); between two agreements the answers
-    are the last agreed ones, the same on every rank, so that all stop at the same step."""
+    One process asks its own flag and clock at every step (no collective). Under torchrun the ranks
+    agree in :meth:`agree`, which the loop calls at log intervals: one MAX all-reduce of two numbers
+    (a stop on any rank; rank 0's clock, as metrics.jsonl's ``elapsed_s`` is rank 0's); between two
+    agreements the answers are the last agreed ones, the same on every rank, so that all stop at the
+    same step."""
 
     def __init__(
         self,
@@ -83,7 +87,8 @@ class Stops:
         return self.max_seconds is not None and time.perf_counter() - self.t0 >= self.max_seconds
 
     def agree(self) -> None:
-        """Under torchrun, take the ranks' stop requests and rank 0's clock into the agreed answers."""
+        """Under torchrun, take the ranks' stop requests and rank 0's clock into the agreed
+        answers."""
         if not self.dist.enabled:
             return
         mine = [float(self.flag.signal is not None), float(self.dist.main and self._late())]
@@ -95,5 +100,6 @@ class Stops:
         return self.agreed_stop if self.dist.enabled else self.flag.signal is not None
 
     def out_of_time(self) -> bool:
-        """Whether ``train.max_seconds`` has passed on the run's clock (under torchrun: as last agreed)."""
+        """Whether ``train.max_seconds`` has passed on the run's clock (under torchrun: as last
+        agreed)."""
         return self.agreed_late if self.dist.enabled else self._late()

@@ -1,8 +1,9 @@
-"""The training loop: a :class:`Trainer` that asks its components when to act, and :func:`train`, the command.
+"""The training loop: a :class:`Trainer` that asks its components when to act, and :func:`train`,
+the command.
 
-A stop request (SIGINT/SIGTERM) saves ``checkpoints/last``, also mid-eval; the trainer state holds the
-optimizer, every RNG, the sampler's position, the best val loss and the early-stopping counter, so a
-resumed run has the same losses at every later step.
+A stop request (SIGINT/SIGTERM) saves ``checkpoints/last``, also mid-eval; the trainer state holds
+the optimizer, every RNG, the sampler's position, the best val loss and the early-stopping counter,
+so a resumed run has the same losses at every later step.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from .step import train_step
 
 #: Without a progress bar (stderr not a terminal), a status line at most this often, in seconds.
 STATUS_EVERY_S = 30.0
-#: Why :meth:`Trainer.evaluate` stops a run: early stopping, or the caller's ``on_eval`` (a search's pruner).
+#: Why :meth:`Trainer.evaluate` stops a run: early stopping, or the caller's ``on_eval`` (a search's
+#: pruner).
 EARLY, ASKED = "early stopping", "stopped as on_eval asked"
-#: A stop request that came once the run's last eval was done: the run ended anyway (:meth:`Trainer.fit`).
+#: A stop request that came once the run's last eval was done: the run ended anyway
+#: (:meth:`Trainer.fit`).
 STOPPED_AT_END = (
     "stopped by {signal} as the run ended at step {step}: it is complete{losses} and saved in {last}; "
     "nothing is left to resume"
@@ -46,7 +49,8 @@ STOPPED_AT_END = (
 
 @dataclass
 class TrainResult:
-    """What :func:`train` returns: the run folder, the final step and losses (None where no eval ran)."""
+    """What :func:`train` returns: the run folder, the final step and losses (None where no eval
+    ran)."""
 
     run_dir: Path
     step: int
@@ -106,11 +110,12 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> TrainResult:
-        """Train from the current step to ``train.max_iters`` (or early stopping, or a stop request).
+        """Train from the current step to ``train.max_iters`` (or early stopping, or a stop
+        request).
 
         Raises:
-            Interrupted: a stop request (after saving ``last``; at the end, naming the saved run, with no
-                ``resume_dir``) or a second Ctrl-C (without saving).
+            Interrupted: a stop request (after saving ``last``; at the end, naming the saved run,
+                with no ``resume_dir``) or a second Ctrl-C (without saving).
             MinigptError: the loss stayed non-finite for :data:`MAX_NONFINITE` steps.
         """
         s, p, tc = self.s, self.prog, self.s.cfg.train
@@ -133,7 +138,8 @@ class Trainer:
                     )
                     s.echo(f"{why} at step {p.step} (best val loss {p.best_val:.4f})")
                     break
-                # At max_iters the run ends once its final eval ran (a stop request can cut that eval short).
+                # At max_iters the run ends once its final eval ran (a stop request can cut that
+                # eval short).
                 if p.step > tc.max_iters or ((p.step == tc.max_iters or late) and p.evaluated):
                     break
                 if self.stops.stop_requested():
@@ -160,7 +166,8 @@ class Trainer:
 
     @contextmanager
     def second_ctrl_c(self):
-        """A second Ctrl-C (a KeyboardInterrupt once a stop was asked) becomes :meth:`abort_error`."""
+        """A second Ctrl-C (a KeyboardInterrupt once a stop was asked) becomes
+        :meth:`abort_error`."""
         try:
             yield
         except KeyboardInterrupt:
@@ -169,8 +176,8 @@ class Trainer:
             raise self.abort_error() from None
 
     def step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step at learning rate ``lr``: the mean loss and whether the update was skipped
-        (1.0) as not finite, both on the device (:func:`~.step.train_step`)."""
+        """One optimizer step at learning rate ``lr``: the mean loss and whether the update was
+        skipped (1.0) as not finite, both on the device (:func:`~.step.train_step`)."""
         s = self.s
         set_lr(s.optimizer, lr)
         return train_step(
@@ -186,8 +193,8 @@ class Trainer:
         )
 
     def diverged(self, first: int, last: int) -> MinigptError:
-        """The error for :data:`~.guards.MAX_NONFINITE` skipped steps in a row, ``first`` to ``last``: what to
-        change."""
+        """The error for :data:`~.guards.MAX_NONFINITE` skipped steps in a row, ``first`` to
+        ``last``: what to change."""
         s = self.s
         s.bar.close()
         mc, tc = s.cfg.model, s.cfg.train
@@ -204,11 +211,13 @@ class Trainer:
         )
 
     def log_train(self, loss: torch.Tensor, lr: float) -> None:
-        """A ``train`` event: the loss (averaged over ranks), the learning rate and tokens/s since the last
-        one; none for a step that was skipped. The skipped steps since the last event are logged first.
+        """A ``train`` event: the loss (averaged over ranks), the learning rate and tokens/s since
+        the last one; none for a step that was skipped. The skipped steps since the last event are
+        logged first.
 
         Raises:
-            MinigptError: :data:`~.guards.MAX_NONFINITE` steps in a row were skipped (:meth:`diverged`).
+            MinigptError: :data:`~.guards.MAX_NONFINITE` steps in a row were skipped
+            (:meth:`diverged`).
         """
         s, step = self.s, self.prog.step
         if self.skips.read():
@@ -245,8 +254,8 @@ class Trainer:
             self.s.trackers.log(event)
 
     def evaluate(self) -> Optional[str]:
-        """Evaluate at the current step, then log, checkpoint, sample and plot; why to stop (:data:`EARLY`,
-        :data:`ASKED`) when early stopping or ``on_eval`` says so, else None."""
+        """Evaluate at the current step, then log, checkpoint, sample and plot; why to stop
+        (:data:`EARLY`, :data:`ASKED`) when early stopping or ``on_eval`` says so, else None."""
         s, p = self.s, self.prog
         t_eval = time.perf_counter()
         losses = None  # a stop request cut the eval short
@@ -254,7 +263,8 @@ class Trainer:
             losses = self.evaluator.losses(s.eval_model, p.step)
         if losses is None:
             return False
-        # eval_step: a checkpoint saved later (on a stop) carries the losses of this eval, with their step.
+        # eval_step: a checkpoint saved later (on a stop) carries the losses of this eval, with
+        # their step.
         p.last = {"train_loss": losses["train"], "val_loss": losses["val"], "eval_step": p.step}
         p.evaluated = True
         self.record(
@@ -306,7 +316,8 @@ class Trainer:
         )
 
     def stopped_at_end(self, result: TrainResult) -> Interrupted:
-        """The answer to a stop request that came once the last eval was done: the run is complete and saved."""
+        """The answer to a stop request that came once the last eval was done: the run is complete
+        and saved."""
         s = self.s
         losses = f" (val loss {result.val_loss:.4f})" if result.val_loss is not None else ""
         s.logger.log(
@@ -320,7 +331,8 @@ class Trainer:
         )
 
     def abort_error(self) -> Interrupted:
-        """The error that replaces a second Ctrl-C's KeyboardInterrupt: nothing saved, where the last checkpoint is."""
+        """The error that replaces a second Ctrl-C's KeyboardInterrupt: nothing saved, where the
+        last checkpoint is."""
         s = self.s
         s.bar.close()
         step = self.checkpointer.last_step()
@@ -337,9 +349,10 @@ class Trainer:
         )
 
     def sample(self) -> None:
-        """Append ``train.sample_tokens`` tokens to samples.txt, sampled as ``minigpt generate`` samples with the
-        run's ``sample`` section; a stop cuts it short. Rank 0 only, asking its own stop flag; under FSDP (each
-        forward gathers the weights from every rank) every rank samples the same tokens and asks rank 0's flag."""
+        """Append ``train.sample_tokens`` tokens to samples.txt, sampled as ``minigpt generate``
+        samples with the run's ``sample`` section; a stop cuts it short. Rank 0 only, asking its own
+        stop flag; under FSDP (each forward gathers the weights from every rank) every rank samples
+        the same tokens and asks rank 0's flag."""
         s, step, tc = self.s, self.prog.step, self.s.cfg.train
         sharded = parallel.is_sharded(s.model)
         if not (s.dist.main or sharded) or tc.sample_tokens <= 0:
@@ -364,7 +377,8 @@ class Trainer:
     # ------------------------------------------------------------------ state
 
     def snapshot(self) -> tuple[torch.nn.Module, dict, dict]:
-        """What a checkpoint holds now: the model (FSDP: its gathered weights), the trainer state and the meta facts."""
+        """What a checkpoint holds now: the model (FSDP: its gathered weights), the trainer state
+        and the meta facts."""
         s, p = self.s, self.prog
         weights, optimizer_state = parallel.gather_state(s.model, s.optimizer)  # FSDP: a collective
         state = {
@@ -379,8 +393,8 @@ class Trainer:
                 "train": s.train_sampler.state()
             },  # eval batches follow the step (eval_seed)
         }
-        # The tokenizer's fingerprint lets generate tell a swapped tokenizer.json from the run's own.
-        # The corpus's files let a resume name the one that changed since.
+        # The tokenizer's fingerprint lets generate tell a swapped tokenizer.json from the run's
+        # own. The corpus's files let a resume name the one that changed since.
         meta = {
             "name": s.cfg.name,
             "step": p.step,
@@ -421,19 +435,21 @@ def train(
     on_eval: Optional[Callable[[int, float], bool]] = None,
     group: Optional[dict] = None,
 ) -> TrainResult:
-    """Train a GPT as ``cfg`` says and leave a run folder (its layout: :mod:`minigpt_cli.run.folder`); ``resume``:
-    ``auto`` or a run folder to continue; ``on_eval(step, val_loss)`` after each eval, True ending the run there
-    (``stopped_early``; ``last`` is saved). Nothing global is left changed afterwards (a sweep calls this often).
+    """Train a GPT as ``cfg`` says and leave a run folder (its layout:
+    :mod:`minigpt_cli.run.folder`); ``resume``: ``auto`` or a run folder to continue;
+    ``on_eval(step, val_loss)`` after each eval, True ending the run there (``stopped_early``;
+    ``last`` is saved). Nothing global is left changed afterwards (a sweep calls this often).
     ``group``: a sweep's run's tracker group (the sweep's name, the trial's name and settings);
     None: the one :data:`~minigpt_cli.run.trackers.GROUP_ENV` gives, if any.
 
     Raises:
-        MinigptError: what :func:`~.setup.plan` refuses before anything is written (a path that cannot be
-            written, no such device, data that cannot be fetched, a run that exists or is in use, a damaged
-            checkpoint, a prompt the tokenizer cannot encode, a model too large for the free memory), the
-            allocator running out, or training that diverged.
-        Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``), or aborted by a second
-            Ctrl-C (without saving); ``resume_dir`` names the run to continue (None: it is complete).
+        MinigptError: what :func:`~.setup.plan` refuses before anything is written (a path that
+            cannot be written, no such device, data that cannot be fetched, a run that exists or is
+            in use, a damaged checkpoint, a prompt the tokenizer cannot encode, a model too large
+            for the free memory), the allocator running out, or training that diverged.
+        Interrupted: stopped by SIGINT/SIGTERM (after saving ``checkpoints/last``), or aborted by a
+            second Ctrl-C (without saving); ``resume_dir`` names the run to continue (None: it is
+            complete).
     """
     claim = Claim()
     try:

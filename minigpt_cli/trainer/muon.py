@@ -1,12 +1,14 @@
-"""Muon with batched Newton-Schulz iterations: ``torch.optim.Muon``'s arithmetic, fewer and larger products.
+"""Muon with batched Newton-Schulz iterations: ``torch.optim.Muon``'s arithmetic, fewer and larger
+products.
 
-``torch.optim.Muon`` orthogonalises its matrices one at a time: at ``configs/shakespeare-cpu.yaml``'s size that is
-16 matrices of 4 shapes, three small products per iteration each, 240 a step. :class:`BatchedMuon` stacks the
-matrices of one shape and runs the iteration on the stack (``torch.baddbmm``), as nanochat's ``MuonAdamW`` and
-modded-nanogpt do, and takes the middle product of every stack whose Gram matrices have one size in a single call:
-45 a step there. Each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so the
-updates agree (tests/test_optim.py holds them equal over several steps). BENCHMARKS.md, "Muon's step", has the
-cost.
+``torch.optim.Muon`` orthogonalises its matrices one at a time: at
+``configs/shakespeare-cpu.yaml``'s size that is 16 matrices of 4 shapes, three small products per
+iteration each, 240 a step. :class:`BatchedMuon` stacks the matrices of one shape and runs the
+iteration on the stack (``torch.baddbmm``), as nanochat's ``MuonAdamW`` and modded-nanogpt do, and
+takes the middle product of every stack whose Gram matrices have one size in a single call: 45 a
+step there. Each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so the
+updates agree (tests/test_optim.py holds them equal over several steps). BENCHMARKS.md, "Muon's
+step", has the cost.
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ from torch.optim._muon import (
 def orthogonalize(
     stacks: Sequence[torch.Tensor], coefficients: tuple[float, float, float], steps: int, eps: float
 ) -> list[torch.Tensor]:
-    """The quintic Newton-Schulz iteration of ``torch.optim.Muon`` on stacks of matrices, in bfloat16.
+    """The quintic Newton-Schulz iteration of ``torch.optim.Muon`` on stacks of matrices, in
+    bfloat16.
 
-    ``stacks``: tensors of shape (B_i, m_i, n_i); returns one (B_i, m_i, n_i) bfloat16 tensor each, every matrix
-    about U·S'·Vᵀ (S' near 1) where U·S·Vᵀ is its SVD (Jordan et al. 2024, "Muon: an optimizer for hidden layers";
-    torch/optim/_muon.py's ``_zeropower_via_newtonschulz``). An iteration is X ← aX + (bA + cA²)X with A = XXᵀ.
-    ``torch.optim.Muon`` iterates a tall matrix Y transposed; here Y stays as it is and the iteration reads
-    Y ← aY + Y(bA + cA²) with A = YᵀY, the same products of the same numbers, since A and bA + cA² are symmetric,
-    so no copy is transposed on the way in or out. The bA + cA² of all stacks whose A has one size is one
-    ``torch.baddbmm`` call.
+    ``stacks``: tensors of shape (B_i, m_i, n_i); returns one (B_i, m_i, n_i) bfloat16 tensor each,
+    every matrix about U·S'·Vᵀ (S' near 1) where U·S·Vᵀ is its SVD (Jordan et al. 2024, "Muon: an
+    optimizer for hidden layers"; torch/optim/_muon.py's ``_zeropower_via_newtonschulz``). An
+    iteration is X ← aX + (bA + cA²)X with A = XXᵀ. ``torch.optim.Muon`` iterates a tall matrix Y
+    transposed; here Y stays as it is and the iteration reads Y ← aY + Y(bA + cA²) with A = YᵀY, the
+    same products of the same numbers, since A and bA + cA² are symmetric, so no copy is transposed
+    on the way in or out. The bA + cA² of all stacks whose A has one size is one ``torch.baddbmm``
+    call.
     """
     a, b, c = coefficients
     xs = []
@@ -72,9 +76,10 @@ def orthogonalize(
 
 
 class _Stack:
-    """The matrices of one shape in one group, with their momentum buffers as views of one stacked tensor, so that
-    momentum is one operation on the stack rather than one per matrix. ``state[p]["momentum_buffer"]`` holds the
-    views (torch.optim.Muon's state, so checkpoints load in either)."""
+    """The matrices of one shape in one group, with their momentum buffers as views of one stacked
+    tensor, so that momentum is one operation on the stack rather than one per matrix.
+    ``state[p]["momentum_buffer"]`` holds the views (torch.optim.Muon's state, so checkpoints load
+    in either)."""
 
     def __init__(self, params: list[torch.Tensor]):
         self.params = params
@@ -102,8 +107,9 @@ class _Stack:
 
 
 class BatchedMuon(torch.optim.Muon):
-    """``torch.optim.Muon`` (same arguments, same ``momentum_buffer`` state, so checkpoints load in either) whose
-    step orthogonalises all the matrices of a group in one :func:`orthogonalize` call."""
+    """``torch.optim.Muon`` (same arguments, same ``momentum_buffer`` state, so checkpoints load in
+    either) whose step orthogonalises all the matrices of a group in one :func:`orthogonalize`
+    call."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -122,12 +128,13 @@ class BatchedMuon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One Muon step: Nesterov (or plain) momentum, the orthogonalised update, decoupled weight decay.
+        """One Muon step: Nesterov (or plain) momentum, the orthogonalised update, decoupled weight
+        decay.
 
         With a ``found_inf`` attribute (a 0-dim float32 tensor, torch.amp's protocol, set by
-        :func:`~.optim.step_unless`) of 1.0 every momentum buffer and weight keeps its value, chosen on the
-        device by ``torch.where``; each new value is computed out of place by the same operations as in place,
-        so a step that is taken is the same to the bit."""
+        :func:`~.optim.step_unless`) of 1.0 every momentum buffer and weight keeps its value, chosen
+        on the device by ``torch.where``; each new value is computed out of place by the same
+        operations as in place, so a step that is taken is the same to the bit."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -161,5 +168,6 @@ class BatchedMuon(torch.optim.Muon):
 
 
 def _assign(old: torch.Tensor, new: torch.Tensor, keep: Optional[torch.Tensor]) -> None:
-    """``old`` ← ``new`` in place, unless ``keep`` (a 0-dim bool tensor) is true: then ``old`` stays."""
+    """``old`` ← ``new`` in place, unless ``keep`` (a 0-dim bool tensor) is true: then ``old``
+    stays."""
     old.copy_(new if keep is None else torch.where(keep, old, new))

@@ -1,5 +1,6 @@
-"""The optimizer ``train.optimizer`` names: AdamW for every parameter, or Muon for the blocks' matrices and AdamW
-for the rest (:class:`MuonAdamW`), and the learning rate each group takes from the schedule."""
+"""The optimizer ``train.optimizer`` names: AdamW for every parameter, or Muon for the blocks'
+matrices and AdamW for the rest (:class:`MuonAdamW`), and the learning rate each group takes from
+the schedule."""
 
 from __future__ import annotations
 
@@ -28,14 +29,15 @@ def adamw(params: list[torch.Tensor], tc: TrainConfig) -> torch.optim.AdamW:
 
 
 def muon_params(model: torch.nn.Module) -> tuple[list[str], list[str]]:
-    """The names of the trainable parameters Muon updates and those AdamW updates, in ``named_parameters`` order.
+    """The names of the trainable parameters Muon updates and those AdamW updates, in
+    ``named_parameters`` order.
 
-    Muon: every 2-D matrix inside the blocks (``model.h``) that is not an embedding table. AdamW: the
-    embeddings, the output head (tied or not) and every 1-D gain and bias. Muon orthogonalises a matrix's
-    update, which suits a hidden layer's map from one activation space to another; an embedding's rows are
-    looked up one token at a time and the head's scale sets the logits, so both stay with AdamW, as do
-    vectors, which have no matrix to orthogonalise (Jordan et al. 2024, the Muon README; Liu et al. 2025,
-    "Muon is Scalable", arXiv 2502.16982).
+    Muon: every 2-D matrix inside the blocks (``model.h``) that is not an embedding table. AdamW:
+    the embeddings, the output head (tied or not) and every 1-D gain and bias. Muon orthogonalises a
+    matrix's update, which suits a hidden layer's map from one activation space to another; an
+    embedding's rows are looked up one token at a time and the head's scale sets the logits, so both
+    stay with AdamW, as do vectors, which have no matrix to orthogonalise (Jordan et al. 2024, the
+    Muon README; Liu et al. 2025, "Muon is Scalable", arXiv 2502.16982).
     """
     embeddings = {
         id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()
@@ -46,11 +48,13 @@ def muon_params(model: torch.nn.Module) -> tuple[list[str], list[str]]:
 
 
 class MuonAdamW:
-    """Muon for the blocks' matrices and AdamW for the rest (:func:`muon_params`), stepped as one optimizer.
+    """Muon for the blocks' matrices and AdamW for the rest (:func:`muon_params`), stepped as one
+    optimizer.
 
-    Its state dict has ``torch.optim``'s layout, AdamW's parameters first, then Muon's (indices go on counting),
-    so a checkpoint's trainer state reads as a single optimizer's. Muon's learning rate is AdamW's times
-    ``muon_scale`` (:func:`set_lr`), so both follow the schedule's shape from their own base rates.
+    Its state dict has ``torch.optim``'s layout, AdamW's parameters first, then Muon's (indices go
+    on counting), so a checkpoint's trainer state reads as a single optimizer's. Muon's learning
+    rate is AdamW's times ``muon_scale`` (:func:`set_lr`), so both follow the schedule's shape from
+    their own base rates.
     """
 
     def __init__(self, model: torch.nn.Module, tc: TrainConfig, muon_class: type = BatchedMuon):
@@ -125,14 +129,16 @@ class MuonAdamW:
 
 
 def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.Optimizer | MuonAdamW:
-    """The optimizer of ``train.optimizer``: AdamW over every trainable parameter, or :class:`MuonAdamW`."""
+    """The optimizer of ``train.optimizer``: AdamW over every trainable parameter, or
+    :class:`MuonAdamW`."""
     if tc.optimizer == "muon":
         return MuonAdamW(model, tc)
     return adamw([p for p in model.parameters() if p.requires_grad], tc)
 
 
 def set_lr(optimizer: torch.optim.Optimizer | MuonAdamW, lr: float) -> None:
-    """Set the learning rate of every group to ``lr`` from the schedule (Muon's: ``lr`` times ``muon_scale``)."""
+    """Set the learning rate of every group to ``lr`` from the schedule (Muon's: ``lr`` times
+    ``muon_scale``)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     for group in optimizer.muon.param_groups if isinstance(optimizer, MuonAdamW) else []:
@@ -140,13 +146,15 @@ def set_lr(optimizer: torch.optim.Optimizer | MuonAdamW, lr: float) -> None:
 
 
 def step_unless(optimizer: torch.optim.Optimizer | MuonAdamW, skip: torch.Tensor) -> None:
-    """``optimizer.step()``, leaving every weight, moment and step count as it was where ``skip`` (a 0-dim
-    float32 tensor on the device: 1.0 skips, 0.0 steps) is 1, decided on the device without a host sync.
+    """``optimizer.step()``, leaving every weight, moment and step count as it was where ``skip`` (a
+    0-dim float32 tensor on the device: 1.0 skips, 0.0 steps) is 1, decided on the device without a
+    host sync.
 
-    It uses torch.amp's ``found_inf`` protocol (``GradScaler.step`` sets the attribute the same way): the fused
-    AdamW kernel returns early where it is 1 and takes the step count back; :class:`~.muon.BatchedMuon` keeps the
-    old values by ``torch.where``. Where the step is taken the arithmetic is that of a plain ``step()``. An
-    AdamW that is not fused (a device without the fused kernel) cannot take the flag: the host reads it there.
+    It uses torch.amp's ``found_inf`` protocol (``GradScaler.step`` sets the attribute the same
+    way): the fused AdamW kernel returns early where it is 1 and takes the step count back;
+    :class:`~.muon.BatchedMuon` keeps the old values by ``torch.where``. Where the step is taken the
+    arithmetic is that of a plain ``step()``. An AdamW that is not fused (a device without the fused
+    kernel) cannot take the flag: the host reads it there.
     """
     parts = optimizer.parts if isinstance(optimizer, MuonAdamW) else [optimizer]
     if not all(getattr(p, "defaults", {}).get("fused", True) for p in parts):

@@ -1,4 +1,5 @@
-"""Continuing a run: which folder (found once), whether its config and corpus allow it, its trainer state."""
+"""Continuing a run: which folder (found once), whether its config and corpus allow it, its trainer
+state."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
     Raises:
         MinigptError: a ``model``, ``tokenizer`` or ``data`` key differs; names the key.
     """
-    # Keys not compared: derived, or (data.fingerprint) compared by the corpus's files (Resumed.check_corpus).
+    # Keys not compared: derived, or (data.fingerprint) compared by the corpus's files
+    # (Resumed.check_corpus).
     for section, free in (
         ("model", ["vocab_size"]),
         ("tokenizer", ["path"]),
@@ -46,13 +48,15 @@ def check_resume_config(cfg: Config, saved: Config) -> None:
             )
 
 
-#: Keys a resume changes as a matter of course, said elsewhere or not at all: the new end of training.
+#: Keys a resume changes as a matter of course, said elsewhere or not at all: the new end of
+#: training.
 _EXPECTED_CHANGES = {"train.max_iters"}
 
 
 def config_changes(cfg: Config, saved: Config) -> dict[str, list]:
-    """The keys outside ``model``, ``tokenizer`` and ``data`` (which may not change) whose value ``cfg`` changes
-    from the run's checkpoint ``saved``: key -> [old, new], in the schema's order."""
+    """The keys outside ``model``, ``tokenizer`` and ``data`` (which may not change) whose value
+    ``cfg`` changes from the run's checkpoint ``saved``: key -> [old, new], in the schema's
+    order."""
     old, new = saved.flat(), cfg.flat()
     return {
         k: [old.get(k), v]
@@ -64,8 +68,8 @@ def config_changes(cfg: Config, saved: Config) -> dict[str, list]:
 
 
 def _named_tokenizer(cfg: Config) -> Optional[Tokenizer]:
-    """The tokenizer in the file ``tokenizer.path`` names, when it is set and there; else None (raises
-    MinigptError: a damaged file)."""
+    """The tokenizer in the file ``tokenizer.path`` names, when it is set and there; else None
+    (raises MinigptError: a damaged file)."""
     path = cfg.tokenizer.path
     return load_tokenizer(path, cfg.tokenizer.kind) if path and Path(path).is_file() else None
 
@@ -110,10 +114,12 @@ _STATE_WRONG = (
 
 
 def load_resume_state(last: Path) -> dict[str, Any]:
-    """The trainer state of checkpoint ``last``, checked to hold every entry of :data:`STATE_ENTRIES`, of its type.
+    """The trainer state of checkpoint ``last``, checked to hold every entry of
+    :data:`STATE_ENTRIES`, of its type.
 
     Raises:
-        MinigptError: a missing, truncated or unsafe file, or the first entry missing or of another type.
+        MinigptError: a missing, truncated or unsafe file, or the first entry missing or of another
+        type.
     """
     state = checkpoint.load_trainer_state(last)
     problem = (
@@ -141,12 +147,13 @@ def load_resume_state(last: Path) -> dict[str, Any]:
 
 @dataclass
 class Resumed:
-    """The run ``--resume`` continues, found once: its folder, the checkpoint it loads and that checkpoint's
-    config, and once checked and opened its trainer state and the schedule note.
+    """The run ``--resume`` continues, found once: its folder, the checkpoint it loads and that
+    checkpoint's config, and once checked and opened its trainer state and the schedule note.
 
     ``--resume RUN`` (or ``auto``) continues RUN in place from ``checkpoints/last``; ``--resume
-    RUN/checkpoints/NAME`` (``branch``) starts a new run folder from that checkpoint, a WSD cool-down from
-    a kept ``step-NNNNNNN`` say, and leaves RUN as it is (unlocked: a kept checkpoint never changes)."""
+    RUN/checkpoints/NAME`` (``branch``) starts a new run folder from that checkpoint, a WSD
+    cool-down from a kept ``step-NNNNNNN`` say, and leaves RUN as it is (unlocked: a kept checkpoint
+    never changes)."""
 
     run_dir: Path  # the run the checkpoint belongs to
     saved: Config
@@ -161,7 +168,8 @@ class Resumed:
 
     @classmethod
     def find(cls, cfg: Config, resume: str) -> Optional["Resumed"]:
-        """The run ``resume`` names (``auto``: the newest of ``cfg.name`` on the same corpus; None: none yet).
+        """The run ``resume`` names (``auto``: the newest of ``cfg.name`` on the same corpus; None:
+        none yet).
 
         Raises:
             MinigptError: a path without a resumable checkpoint, a damaged checkpoint config.
@@ -196,11 +204,12 @@ class Resumed:
         return runs.checkpoint_dir(run_dir, runs.LAST)
 
     def check(self, cfg: Config, claim=None) -> None:
-        """Before the corpus is read or downloaded, and before any write (into the run folder or the data
-        folder): lock the run (with ``claim``: rank 0 of a real run), then refuse another model, tokenizer or
-        data config (:func:`check_resume_config`), another ``train.optimizer`` (its state would not fit), a
-        ``tokenizer.path`` naming another tokenizer than the run's, and damaged weights (or tensors other than
-        the run's model's), metrics or trainer state. A dry run checks alike.
+        """Before the corpus is read or downloaded, and before any write (into the run folder or the
+        data folder): lock the run (with ``claim``: rank 0 of a real run), then refuse another
+        model, tokenizer or data config (:func:`check_resume_config`), another ``train.optimizer``
+        (its state would not fit), a ``tokenizer.path`` naming another tokenizer than the run's, and
+        damaged weights (or tensors other than the run's model's), metrics or trainer state. A dry
+        run checks alike.
 
         Raises:
             MinigptError: a run in use, or any of those.
@@ -226,8 +235,8 @@ class Resumed:
         self.state = load_resume_state(last)
 
     def check_corpus(self, corpus: Corpus) -> None:
-        """Refuse a corpus other than the run's, naming the file that differs (runs saved before fingerprints
-        existed pass)."""
+        """Refuse a corpus other than the run's, naming the file that differs (runs saved before
+        fingerprints existed pass)."""
         change = run_corpus_change(
             self.saved.data.fingerprint, corpus, self.run_dir, (self.checkpoint.name,)
         )
@@ -236,8 +245,8 @@ class Resumed:
             raise MinigptError(_CORPUS_CHANGED.format(path=path, what=what, detail=detail))
 
     def open(self, cfg: Config, tok: Optional[Tokenizer]) -> None:
-        """Once the data is prepared: check the run's tokenizer against ``tok``, and work out the keys this
-        resume changes and the schedule note. Raises MinigptError: another tokenizer."""
+        """Once the data is prepared: check the run's tokenizer against ``tok``, and work out the
+        keys this resume changes and the schedule note. Raises MinigptError: another tokenizer."""
         check_run_tokenizer(self.run_dir, self.saved, tok)
         self.max_iters = cfg.train.max_iters
         self.changes = config_changes(cfg, self.saved)
@@ -246,12 +255,14 @@ class Resumed:
 
     @property
     def done(self) -> bool:
-        """Whether the run already reached ``train.max_iters`` (and ran its final eval): nothing to train."""
+        """Whether the run already reached ``train.max_iters`` (and ran its final eval): nothing to
+        train."""
         step = self.state["step"]
         return step > self.max_iters or (step == self.max_iters and self.state["evaluated"])
 
     def describe(self) -> list[str]:
-        """What the resume would do, for ``--dry-run``: the run, its step, and the schedule note if any."""
+        """What the resume would do, for ``--dry-run``: the run, its step, and the schedule note if
+        any."""
         step, n = self.state["step"], self.max_iters
         if self.done:
             return [
@@ -274,18 +285,21 @@ class Resumed:
 
     @property
     def source(self) -> Path:
-        """What the resume continues, as the user named it: the run, or a branch's checkpoint folder."""
+        """What the resume continues, as the user named it: the run, or a branch's checkpoint
+        folder."""
         return self.checkpoint if self.branch else self.run_dir
 
     def change_notes(self) -> list[str]:
-        """One note per key this resume changes, old -> new (train.log and env.json keep them too)."""
+        """One note per key this resume changes, old -> new (train.log and env.json keep them
+        too)."""
         return [
             f"note: --resume changes {key}: {old!r} -> {new!r}"
             for key, (old, new) in self.changes.items()
         ]
 
     def result(self) -> dict[str, Any]:
-        """The fields of a finished run's :class:`~.loop.TrainResult`: its step and last eval's losses."""
+        """The fields of a finished run's :class:`~.loop.TrainResult`: its step and last eval's
+        losses."""
         try:
             meta = runs.read_meta(self.checkpoint)
         except (OSError, ValueError):

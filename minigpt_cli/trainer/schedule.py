@@ -54,17 +54,19 @@ def lr_at(step: int, tc: TrainConfig, n_embd: int = 512) -> float:
 
 
 def wsd_decay_start(tc: TrainConfig) -> int:
-    """The step at which the wsd schedule starts to decay: ``round(decay_fraction · max_iters)`` steps before
-    ``max_iters``, and not before the warmup ends.
+    """The step at which the wsd schedule starts to decay: ``round(decay_fraction · max_iters)``
+    steps before ``max_iters``, and not before the warmup ends.
 
-    Steps up to it run at learning_rate whatever ``max_iters`` is, so a run resumed from a checkpoint at
-    step k <= this step with another ``max_iters`` (a cool-down) makes the updates of a run trained straight to
-    the new ``max_iters``, as long as k is also at or before that run's decay start."""
+    Steps up to it run at learning_rate whatever ``max_iters`` is, so a run resumed from a
+    checkpoint at step k <= this step with another ``max_iters`` (a cool-down) makes the updates of
+    a run trained straight to the new ``max_iters``, as long as k is also at or before that run's
+    decay start."""
     return max(tc.warmup_iters, tc.max_iters - round(tc.decay_fraction * tc.max_iters))
 
 
 def should_eval(step: int, tc: TrainConfig) -> bool:
-    """Evaluate before the first step (if ``eval_at_start``), every ``eval_interval`` steps, and after the last."""
+    """Evaluate before the first step (if ``eval_at_start``), every ``eval_interval`` steps, and
+    after the last."""
     if step == 0 and not tc.eval_at_start and tc.max_iters > 0:
         return False
     return step % tc.eval_interval == 0 or step == tc.max_iters
@@ -84,7 +86,8 @@ SCHEDULE_KEYS = (
 
 
 def schedule_note(cfg: Config, saved: Config, step: int) -> Optional[str]:
-    """The note a resume prints when the schedule keys differ from the checkpoint's config, else None.
+    """The note a resume prints when the schedule keys differ from the checkpoint's config, else
+    None.
 
     Resuming with other schedule values is allowed (raising ``max_iters`` is
     how a finished run trains further), but the learning rate from ``step`` on

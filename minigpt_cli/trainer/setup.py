@@ -1,6 +1,6 @@
-"""Everything a run needs before its first step: :func:`plan` resolves and checks it once (``--dry-run`` is
-:func:`plan` without a :class:`Claim`: the same refusals, nothing written); :func:`build` makes the run folder,
-the model and the :class:`Setup`."""
+"""Everything a run needs before its first step: :func:`plan` resolves and checks it once
+(``--dry-run`` is :func:`plan` without a :class:`Claim`: the same refusals, nothing written);
+:func:`build` makes the run folder, the model and the :class:`Setup`."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ from .resume import Resumed
 from .signals import StopFlag
 from .step import Prefetcher
 
-#: Said when a resumed run's dropout masks come from another kernel than its last session's (MINIGPT_FAST_DROPOUT).
+#: Said when a resumed run's dropout masks come from another kernel than its last session's
+#: (MINIGPT_FAST_DROPOUT).
 DROPOUT_CHANGED = (
     "note: the last session of this run drew its dropout masks with {before}'s kernel, this one with "
     "{now}'s (MINIGPT_FAST_DROPOUT, the device, dtype or compile changed); the run goes on, but no "
@@ -61,15 +62,17 @@ DROPOUT_CHANGED = (
 )
 
 
-#: train.muon settings in a run that does not use Muon: a note, as a sweep over the optimizer shares one config.
+#: train.muon settings in a run that does not use Muon: a note, as a sweep over the optimizer shares
+#: one config.
 MUON_UNUSED = (
     "note: {keys} set Muon, which train.optimizer adamw does not use: no effect in this run"
 )
 
 
 class Claim(ExitStack):
-    """What :func:`~.loop.train` must undo when it ends: a new run folder that never got a checkpoint (after a
-    failure), the run lock, and the process-wide settings pushed as callbacks."""
+    """What :func:`~.loop.train` must undo when it ends: a new run folder that never got a
+    checkpoint (after a failure), the run lock, and the process-wide settings pushed as
+    callbacks."""
 
     folder: Optional[runs.RunFolder] = None
 
@@ -96,7 +99,8 @@ class Progress:
 
 @dataclass
 class Setup:
-    """A run ready to train: the config with its vocabulary resolved, the model and every component."""
+    """A run ready to train: the config with its vocabulary resolved, the model and every
+    component."""
 
     cfg: Config
     device: torch.device
@@ -131,7 +135,8 @@ class Setup:
 
     @property
     def params(self) -> list[torch.Tensor]:
-        """The trainable parameters (for gradient clipping): the optimizer's, so under FSDP always the shards."""
+        """The trainable parameters (for gradient clipping): the optimizer's, so under FSDP always
+        the shards."""
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     @property
@@ -166,8 +171,9 @@ class Setup:
 def config_notes(
     cfg: Config, dist: Optional[Dist] = None, corpus_on_disk: Optional[bool] = None
 ) -> list[str]:
-    """The notes on a config before a run, and on a parallelism one process ignores. ``corpus_on_disk``: whether
-    the named corpus is there and genuine (for the ``data.url`` note); None: looked at here."""
+    """The notes on a config before a run, and on a parallelism one process ignores.
+    ``corpus_on_disk``: whether the named corpus is there and genuine (for the ``data.url`` note);
+    None: looked at here."""
     if corpus_on_disk is None:
         corpus_on_disk = url_corpus_on_disk(cfg.data.data_dir, cfg.data.dataset, cfg.data.url)
     single = parallel.single_process_note(cfg.train.parallelism, dist or Dist.from_env())
@@ -177,8 +183,8 @@ def config_notes(
 
 
 def _muon_note(cfg: Config) -> list[str]:
-    """:data:`MUON_UNUSED` for the ``train.muon`` keys given a value of their own (set, and not the default: a
-    saved config.yaml lists every key) in a run whose ``train.optimizer`` is adamw."""
+    """:data:`MUON_UNUSED` for the ``train.muon`` keys given a value of their own (set, and not the
+    default: a saved config.yaml lists every key) in a run whose ``train.optimizer`` is adamw."""
     mu = cfg.train.muon
     keys = [
         f"train.muon.{k}"
@@ -192,7 +198,8 @@ def _muon_note(cfg: Config) -> list[str]:
 
 def run_files(run_dir: Path) -> tuple[list[Path], set[Path]]:
     """The files ``train`` writes in a run folder it resumes (its lock, the logs of
-    :class:`~minigpt_cli.run.metrics.RunLogger`, config.yaml, env.json, the plot), and those it appends to."""
+    :class:`~minigpt_cli.run.metrics.RunLogger`, config.yaml, env.json, the plot), and those it
+    appends to."""
     log = RunLogger(run_dir, enabled=False)
     appended = [run_dir / runs.LOCK, log.metrics_path, log.log_path, log.samples_path]
     return appended + [run_dir / runs.CONFIG, run_dir / runs.ENV, log.plot_path], set(appended)
@@ -200,8 +207,9 @@ def run_files(run_dir: Path) -> tuple[list[Path], set[Path]]:
 
 @dataclass
 class Plan:
-    """What ``train`` will do, resolved once (:func:`plan`): ``given`` is the config as the user gave it
-    (``model.init_from`` resolved), ``cfg`` with the vocabulary and corpus fingerprint filled in where known."""
+    """What ``train`` will do, resolved once (:func:`plan`): ``given`` is the config as the user
+    gave it (``model.init_from`` resolved), ``cfg`` with the vocabulary and corpus fingerprint
+    filled in where known."""
 
     given: Config
     cfg: Config
@@ -232,8 +240,8 @@ def plan(
     progress: Optional[bool],
     claim: Optional["Claim"] = None,
 ) -> Plan:
-    """Resolve and check everything ``train`` needs before it makes a run folder; ``claim`` None: a dry run,
-    which writes nothing; else the resumed run's lock is registered in it.
+    """Resolve and check everything ``train`` needs before it makes a run folder; ``claim`` None: a
+    dry run, which writes nothing; else the resumed run's lock is registered in it.
 
     Raises:
         MinigptError: as :func:`~.loop.train` documents, up to its first write into a run folder.
@@ -290,7 +298,8 @@ def plan(
     )
     if write and dist.local_rank == 0:
         barrier(dist)
-    # samples.txt samples from sample.prompt, and generate will: refused now, as generate refuses it.
+    # samples.txt samples from sample.prompt, and generate will: refused now, as generate refuses
+    # it.
     encode_prompt(stage.tok, cfg.sample.prompt, "sample.prompt")
     given, vocab = cfg, stage.tok.vocab_size if stage.tok is not None else cfg.tokenizer.vocab_size
     if cfg.tokenizer.kind == "char" and stage.tok is None:
@@ -309,8 +318,8 @@ def plan(
         echo(
             f"--resume auto: no run named {cfg.name!r} under {tc.out_dir}/ yet; starting a new one"
         )
-    # The run's time on this device, from a few timed steps (not under torchrun: one process would say it
-    # for all, timed alone).
+    # The run's time on this device, from a few timed steps (not under torchrun: one process would
+    # say it for all, timed alone).
     left = resumed is None or not resumed.done
     estimate = (
         run_estimate(cfg, device, dtype, *(resumed.position if resumed else (0, False)))
@@ -335,7 +344,8 @@ def plan(
 
 
 def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional[bool]) -> Setup:
-    """Make the run folder, the model, the optimizer and the :class:`Setup`; what must be undone goes in ``claim``."""
+    """Make the run folder, the model, the optimizer and the :class:`Setup`; what must be undone
+    goes in ``claim``."""
     cfg, dist, device, dtype, resumed = p.cfg, p.dist, p.device, p.dtype, p.resumed
     tc, mc, tok = cfg.train, cfg.model, p.stage.tok
     if not dist.main:
@@ -373,13 +383,14 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     logger = RunLogger(run_dir, echo=None, enabled=dist.main)
     swept: list[Path] = []
     if dist.main:
-        # The first writes into a resumed run's folder: plan() refused whatever it could before them.
+        # The first writes into a resumed run's folder: plan() refused whatever it could before
+        # them.
         if in_place and claim.folder is not None:
             claim.folder.lock.mark()
             # Safe under the lock: no other process saves.
             swept = sweep_stale_temps(runs.checkpoint_dir(run_dir, runs.LAST).parent)
-        # On resume too: the run's config.yaml follows the train values it now runs with (an edit made to
-        # it by hand is kept beside it, and said, not lost).
+        # On resume too: the run's config.yaml follows the train values it now runs with (an edit
+        # made to it by hand is kept beside it, and said, not lost).
         edited = runs.keep_edited_config(run_dir, cfg.to_yaml()) if in_place else None
         if edited is not None:
             echo(
@@ -390,7 +401,8 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
         if not in_place:
             tok.save(run_dir / runs.TOKENIZER)
         if resumed is not None and resumed.branch and (resumed.run_dir / METRICS).is_file():
-            # The branch's curve starts with its run's, up to the checkpoint (_restore cuts the rest).
+            # The branch's curve starts with its run's, up to the checkpoint (_restore cuts the
+            # rest).
             shutil.copyfile(resumed.run_dir / METRICS, run_dir / METRICS)
         swept += logger.sweep_temps()
     compiled_kernels = {
@@ -484,7 +496,8 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
 
 
 def _restore(s: Setup, resumed: Resumed) -> None:
-    """Load a resumed run's weights, optimizer, scaler, RNGs, data position and progress into ``s``."""
+    """Load a resumed run's weights, optimizer, scaler, RNGs, data position and progress into
+    ``s``."""
     state = resumed.state
     weights_dir = runs.resolve(resumed.checkpoint)
     load_weights_into(s.model, weights_dir)
@@ -514,20 +527,21 @@ def _restore(s: Setup, resumed: Resumed) -> None:
 
 
 def _compile(s: Setup) -> None:
-    """Wrap the model for training: ``torch.compile`` when asked, DDP under torchrun (unless sharded by FSDP).
+    """Wrap the model for training: ``torch.compile`` when asked, DDP under torchrun (unless sharded
+    by FSDP).
 
-    Compile is decided here, once: the compiled model is warmed up (:func:`_warm_up`), and if that fails on
-    any rank, every rank trains eagerly (the ranks agree by one all-reduce). No later step falls back: an
-    error there, an out-of-memory one included, ends the run as an error."""
+    Compile is decided here, once: the compiled model is warmed up (:func:`_warm_up`), and if that
+    fails on any rank, every rank trains eagerly (the ranks agree by one all-reduce). No later step
+    falls back: an error there, an out-of-memory one included, ends the run as an error."""
     if s.cfg.compile and "oneDNN" in s.eager_kernels["linear_kernel"]:
         s.echo(onednn.COMPILE_NOTE)
         s.logger.log(onednn.COMPILE_NOTE)
     compiled = None
     if s.cfg.compile:
         failure: Optional[Exception] = None
-        # A process that trains run after run (a sweep, a search) would reach Dynamo's limit of 8 compiles
-        # of GPT.forward (one per model) and silently run the later ones eagerly: the earlier runs' graphs
-        # are dropped first.
+        # A process that trains run after run (a sweep, a search) would reach Dynamo's limit of 8
+        # compiles of GPT.forward (one per model) and silently run the later ones eagerly: the
+        # earlier runs' graphs are dropped first.
         torch.compiler.reset()
         try:
             compiled = torch.compile(s.model)
@@ -558,10 +572,11 @@ def _compile(s: Setup) -> None:
 
 
 def _warm_up(s: Setup, compiled: torch.nn.Module) -> None:
-    """Compile now rather than at the first step: a forward and backward in training mode (through DDP's
-    wrapper without its gradient all-reduce, so that a rank whose compile fails leaves no collective
-    half-done) and a forward in eval mode (the evals' graph), on a batch of token 0. The gradients are
-    dropped and every RNG put back, so the run's numbers are those of a run without the warm-up."""
+    """Compile now rather than at the first step: a forward and backward in training mode (through
+    DDP's wrapper without its gradient all-reduce, so that a rank whose compile fails leaves no
+    collective half-done) and a forward in eval mode (the evals' graph), on a batch of token 0. The
+    gradients are dropped and every RNG put back, so the run's numbers are those of a run without
+    the warm-up."""
     tc, mc = s.cfg.train, s.cfg.model
     x = torch.zeros(tc.batch_size, mc.block_size, dtype=torch.long, device=s.device)
     rng = capture_rng()

@@ -13,8 +13,9 @@ class CutShort(Exception):
 
 
 class StopFlag:
-    """SIGINT/SIGTERM/SIGHUP set a flag the loop checks between steps and eval batches; a second Ctrl-C aborts at once.
-    Inside :meth:`cutting` (an eval) a stop also cuts the work short at once, not after its batch."""
+    """SIGINT/SIGTERM/SIGHUP set a flag the loop checks between steps and eval batches; a second
+    Ctrl-C aborts at once. Inside :meth:`cutting` (an eval) a stop also cuts the work short at once,
+    not after its batch."""
 
     def __init__(self):
         self.signal: Optional[str] = None
@@ -41,8 +42,9 @@ class StopFlag:
 
     @contextmanager
     def cutting(self, enabled: bool = True) -> Iterator[None]:
-        """While inside, a stop request raises :class:`CutShort` at once, which this swallows: for work that leaves
-        no state behind (an eval) and runs in one process (other ranks would wait in a collective)."""
+        """While inside, a stop request raises :class:`CutShort` at once, which this swallows: for
+        work that leaves no state behind (an eval) and runs in one process (other ranks would wait
+        in a collective)."""
         self._cut = enabled
         try:
             yield

@@ -1,4 +1,5 @@
-"""One optimizer step and the loss estimate: the trainer's arithmetic (the optimizer: :mod:`.optim`)."""
+"""One optimizer step and the loss estimate: the trainer's arithmetic (the optimizer:
+:mod:`.optim`)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ def estimate_loss(
     d: Dist = Dist(),
     should_stop: Optional[Callable[[], bool]] = None,
 ) -> Optional[dict[str, float]]:
-    """Mean loss per window of each split, in eval mode, without gradients; None when ``should_stop`` (asked
-    before every batch, the same answer on every rank) cut it short. Sums are float64, taken over the ranks
-    before dividing, so the result does not depend on how the ``n_windows`` were split into micro-batches
-    or processes. The host reads each split's sum once, at its end."""
+    """Mean loss per window of each split, in eval mode, without gradients; None when
+    ``should_stop`` (asked before every batch, the same answer on every rank) cut it short. Sums are
+    float64, taken over the ranks before dividing, so the result does not depend on how the
+    ``n_windows`` were split into micro-batches or processes. The host reads each split's sum once,
+    at its end."""
     model.eval()
     out = {}
     try:
@@ -53,15 +55,15 @@ def train_step(
     params: list[torch.Tensor],
     dist: Dist = Dist(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step over ``accum`` micro-batches; returns (this process's mean loss, skipped), both
-    0-dim tensors on the device that nothing here reads: the host never waits on the step.
+    """One optimizer step over ``accum`` micro-batches; returns (this process's mean loss, skipped),
+    both 0-dim tensors on the device that nothing here reads: the host never waits on the step.
 
-    ``skipped`` is float32 1.0 where the loss or the gradient norm was not finite (the norm only with
-    ``grad_clip`` > 0), else 0.0. Such a step's update is skipped on the device (:func:`~.optim.step_unless`):
-    weights, moments and step counts stay as they were. Under torchrun the processes decide together, on the
-    sum of their losses (and on the norm of the all-reduced gradients), so that none steps alone. DDP syncs
-    gradients on the last micro-step only; FSDP reduce-scatters at every one (whole gradients would cost the
-    memory sharding saves).
+    ``skipped`` is float32 1.0 where the loss or the gradient norm was not finite (the norm only
+    with ``grad_clip`` > 0), else 0.0. Such a step's update is skipped on the device
+    (:func:`~.optim.step_unless`): weights, moments and step counts stay as they were. Under
+    torchrun the processes decide together, on the sum of their losses (and on the norm of the
+    all-reduced gradients), so that none steps alone. DDP syncs gradients on the last micro-step
+    only; FSDP reduce-scatters at every one (whole gradients would cost the memory sharding saves).
     """
     loss_sum = None
     for micro in range(accum):
@@ -78,13 +80,15 @@ def train_step(
     scaler.unscale_(optimizer)  # gradients unscaled before clipping (a no-op without a scaler)
     finite = torch.isfinite(all_sum(loss_sum, dist))
     if grad_clip > 0:
-        # Clipping by a non-finite norm makes the gradients NaN; harmless, as that step's update is skipped.
+        # Clipping by a non-finite norm makes the gradients NaN; harmless, as that step's update is
+        # skipped.
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
         finite = finite & torch.isfinite(_whole(norm))
     skipped = (~finite).float()
     overflow = skipped
     if scaler.is_enabled() and grad_clip <= 0:
-        # float16's scaler skips overflowing gradients too, without counting them (as scaler.step did).
+        # float16's scaler skips overflowing gradients too, without counting them (as scaler.step
+        # did).
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         overflow = torch.maximum(skipped, (~torch.isfinite(_whole(norm))).float())
     step_unless(optimizer, overflow)
@@ -94,17 +98,19 @@ def train_step(
 
 
 def _whole(norm: torch.Tensor) -> torch.Tensor:
-    """A gradient norm as a plain tensor: under FSDP it is a DTensor, whose whole value each rank takes."""
+    """A gradient norm as a plain tensor: under FSDP it is a DTensor, whose whole value each rank
+    takes."""
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 class Prefetcher:
-    """A :class:`~minigpt_cli.data.pipeline.BatchSampler` one batch ahead: each ``next`` hands out the batch
-    drawn before and draws the following one, whose pinned, ``non_blocking`` copy to the GPU is queued while
-    the device still runs the work already sent (the step never waits on the host, so the host is ahead).
+    """A :class:`~minigpt_cli.data.pipeline.BatchSampler` one batch ahead: each ``next`` hands out
+    the batch drawn before and draws the following one, whose pinned, ``non_blocking`` copy to the
+    GPU is queued while the device still runs the work already sent (the step never waits on the
+    host, so the host is ahead).
 
-    :meth:`state` is the sampler's state before the batch held, so a checkpoint resumes at the batch the next
-    step takes, as without the prefetch; the batches are the sampler's, in its order."""
+    :meth:`state` is the sampler's state before the batch held, so a checkpoint resumes at the batch
+    the next step takes, as without the prefetch; the batches are the sampler's, in its order."""
 
     def __init__(self, sampler):
         self.sampler = sampler

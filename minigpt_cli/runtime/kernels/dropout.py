@@ -1,10 +1,11 @@
 """Dropout and causal attention with dropout, faster on CPUs (measured in BENCHMARKS.md).
 
-A keep-mask costs two random bytes per element from the default generator, so seeding and the saved RNG state
-still reproduce a run: int16 compared with a threshold (``p`` rounded to a multiple of 2⁻¹⁶), kept values
-scaled by 1/(1 − that), keeping E[y] = x (inverted dropout, Srivastava et al. 2014 §10). :func:`attention`
-drops attention weights (Vaswani et al. 2017 §5.4) by blocks of queries against only the keys each may see.
-``MINIGPT_FAST_DROPOUT=0``, CUDA, ``torch.compile``, bfloat16 and eval mode keep PyTorch's kernels."""
+A keep-mask costs two random bytes per element from the default generator, so seeding and the saved
+RNG state still reproduce a run: int16 compared with a threshold (``p`` rounded to a multiple of
+2⁻¹⁶), kept values scaled by 1/(1 − that), keeping E[y] = x (inverted dropout, Srivastava et al.
+2014 §10). :func:`attention` drops attention weights (Vaswani et al. 2017 §5.4) by blocks of queries
+against only the keys each may see. ``MINIGPT_FAST_DROPOUT=0``, CUDA, ``torch.compile``, bfloat16
+and eval mode keep PyTorch's kernels."""
 
 from __future__ import annotations
 
@@ -36,23 +37,26 @@ def keep_mask(
     device: torch.device | str = "cpu",
     generator: Optional[torch.Generator] = None,
 ) -> torch.Tensor:
-    """A random dropout mask of ``shape``, float32 (a bool operand would cost a conversion copy per use): 0 where
-    dropped, 1 / (1 − the drop probability) where kept; each element dropped with probability
-    ``drop_threshold(p) / 65536``, independently, from two bytes of 64-bit words drawn with ``generator``."""
+    """A random dropout mask of ``shape``, float32 (a bool operand would cost a conversion copy per
+    use): 0 where dropped, 1 / (1 − the drop probability) where kept; each element dropped with
+    probability ``drop_threshold(p) / 65536``, independently, from two bytes of 64-bit words drawn
+    with ``generator``."""
     n = math.prod(shape)
     words = torch.empty((2 * n + 7) // 8, dtype=torch.int64, device=device)
     words.random_(-(2**63), None, generator=generator)  # the whole int64 range: every bit uniform
     values = words.view(torch.int16)[:n].view(shape)
     dropped = drop_threshold(p)
     scale = LEVELS / (LEVELS - dropped)
-    # Kept iff value >= dropped - 32768, i.e. value - (dropped - 32769) >= 1: times the scale that is >= scale
-    # (kept, clamped to the scale) or <= 0 (dropped, clamped to 0). Exact: the integers fit float32. Four
-    # element-wise passes, 3x faster than a comparison and a bool-to-float conversion.
+    # Kept iff value >= dropped - 32768, i.e. value - (dropped - 32769) >= 1: times the scale that
+    # is >= scale (kept, clamped to the scale) or <= 0 (dropped, clamped to 0). Exact: the integers
+    # fit float32. Four element-wise passes, 3x faster than a comparison and a bool-to-float
+    # conversion.
     return values.float().sub_(dropped - LEVELS // 2 - 1).mul_(scale).clamp_(0.0, scale)
 
 
 def usable(x: torch.Tensor, p: float) -> bool:
-    """Whether :func:`dropout` takes the fast path (float32 on a CPU, eager, 0 < p < 1), else ``F.dropout``."""
+    """Whether :func:`dropout` takes the fast path (float32 on a CPU, eager, 0 < p < 1), else
+    ``F.dropout``."""
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
@@ -79,7 +83,8 @@ class _Dropout(torch.autograd.Function):
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """``F.dropout(x, p, training)`` (x: any shape, floating point; 0 <= p <= 1), with :func:`keep_mask` on CPUs."""
+    """``F.dropout(x, p, training)`` (x: any shape, floating point; 0 <= p <= 1), with
+    :func:`keep_mask` on CPUs."""
     if training and usable(x, p):
         return _Dropout.apply(x, p)
     return F.dropout(x, p, training)
@@ -111,7 +116,8 @@ QUERY_BLOCK = 64
 
 
 def query_blocks(T: int) -> list[tuple[int, int]]:
-    """The (start, end) row ranges of :func:`causal_attention`'s blocks: at most 4 of at least :data:`QUERY_BLOCK`."""
+    """The (start, end) row ranges of :func:`causal_attention`'s blocks: at most 4 of at least
+    :data:`QUERY_BLOCK`."""
     size = max(QUERY_BLOCK, -(-T // 4))
     return [(start, min(start + size, T)) for start in range(0, T, size)]
 
@@ -133,8 +139,8 @@ class _CausalAttention(torch.autograd.Function):
     ) -> torch.Tensor:
         B, H, T, D = q.shape
         scale = 1.0 / math.sqrt(D)
-        # The 1/√d goes on q (T·D products, not T·T), which dk's product reuses; the bias is added in place
-        # (baddbmm would first copy it into the result).
+        # The 1/√d goes on q (T·D products, not T·T), which dk's product reuses; the bias is added
+        # in place (baddbmm would first copy it into the result).
         q3 = q.reshape(B * H, T, D) * scale
         k3, v3 = k.reshape(B * H, T, D), v.reshape(B * H, T, D)
         bias = causal_bias(T, q.dtype)
@@ -187,8 +193,9 @@ def attention_masks(
 def causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: list[torch.Tensor]
 ) -> torch.Tensor:
-    """Causal attention of q, k, v (B, n_head, T, head_dim) float32, its weights multiplied by ``masks``
-    (:func:`attention_masks`: one per block of :func:`query_blocks`); returns (B, n_head, T, head_dim)."""
+    """Causal attention of q, k, v (B, n_head, T, head_dim) float32, its weights multiplied by
+    ``masks`` (:func:`attention_masks`: one per block of :func:`query_blocks`); returns (B, n_head,
+    T, head_dim)."""
     return _CausalAttention.apply(q, k, v, *masks)
 
 
@@ -201,7 +208,8 @@ def attention(
     is_causal: bool = False,
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` (same arguments and result); float32 causal attention with
-    0 < ``dropout_p`` < 1 on a CPU, outside ``torch.compile``, runs :func:`causal_attention` instead."""
+    0 < ``dropout_p`` < 1 on a CPU, outside ``torch.compile``, runs :func:`causal_attention`
+    instead."""
     if (
         is_causal
         and attn_mask is None
@@ -217,17 +225,18 @@ def attention(
 
 
 def requested() -> bool:
-    """Whether ``MINIGPT_FAST_DROPOUT`` (default on) lets models take the fast dropout; MinigptError when
-    it is neither on nor off."""
+    """Whether ``MINIGPT_FAST_DROPOUT`` (default on) lets models take the fast dropout; MinigptError
+    when it is neither on nor off."""
     return env_flag(ENV, "the fast CPU dropout, the default", "PyTorch's own dropout")
 
 
 def dropout_kernel(
     model: nn.Module, device: torch.device, dtype: torch.dtype, compiled: bool = False
 ) -> str:
-    """What runs ``model``'s dropout in training: ``"minigpt"`` (this module), ``"torch"``, ``"minigpt+torch"``
-    or ``"none"`` (p = 0). A half-precision ``dtype`` means autocast: its activations keep PyTorch's dropout but
-    the embeddings' (float32) take this module's, hence ``"minigpt+torch"``."""
+    """What runs ``model``'s dropout in training: ``"minigpt"`` (this module), ``"torch"``,
+    ``"minigpt+torch"`` or ``"none"`` (p = 0). A half-precision ``dtype`` means autocast: its
+    activations keep PyTorch's dropout but the embeddings' (float32) take this module's, hence
+    ``"minigpt+torch"``."""
     rates = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
     if not any(rates):
         return "none"
@@ -238,9 +247,10 @@ def dropout_kernel(
 
 
 def swap_dropout(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
-    """Give ``model`` the fast dropout, in place (no state-dict key changes): every ``nn.Dropout`` becomes a
-    :class:`FastDropout` (same ``p``), and every module with an ``attend`` attribute attends through
-    :func:`attention`. ``enabled`` None: ``MINIGPT_FAST_DROPOUT`` (default on; MinigptError if neither on nor off)."""
+    """Give ``model`` the fast dropout, in place (no state-dict key changes): every ``nn.Dropout``
+    becomes a :class:`FastDropout` (same ``p``), and every module with an ``attend`` attribute
+    attends through :func:`attention`. ``enabled`` None: ``MINIGPT_FAST_DROPOUT`` (default on;
+    MinigptError if neither on nor off)."""
     if enabled is None:
         enabled = requested()
     if not enabled:

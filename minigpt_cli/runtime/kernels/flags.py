@@ -11,7 +11,8 @@ _ON = ("", "1", "true", "yes", "on")
 
 
 def env_flag(name: str, on: str, off: str) -> bool:
-    """Whether the environment variable ``name`` (default on) is on; ``on``/``off`` say what each means.
+    """Whether the environment variable ``name`` (default on) is on; ``on``/``off`` say what each
+    means.
 
     Raises:
         MinigptError: the value is neither on (1, true, yes, on) nor off (0, false, no, off).

@@ -1,7 +1,8 @@
-"""float32 linear layers on oneDNN for x86 CPUs, where MKL takes its AVX2 path on AMD (1.48x a step, BENCHMARKS.md).
+"""float32 linear layers on oneDNN for x86 CPUs, where MKL takes its AVX2 path on AMD (1.48x a step,
+BENCHMARKS.md).
 
-:func:`swap_linears` turns a model's ``nn.Linear`` into :class:`OneDNNLinear` (same parameters): oneDNN where
-it pays, ``F.linear`` elsewhere. ``MINIGPT_ONEDNN=0`` leaves models alone."""
+:func:`swap_linears` turns a model's ``nn.Linear`` into :class:`OneDNNLinear` (same parameters):
+oneDNN where it pays, ``F.linear`` elsewhere. ``MINIGPT_ONEDNN=0`` leaves models alone."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ ONEDNN_MIN_FLOPS = 4_000_000
 #: and there oneDNN wins from about 128Ki elements (512 KiB) up.
 ONEDNN_MIN_WEIGHT = 2**17
 
-#: Said when compile: true takes the training step's linear layers off oneDNN (torch.compile keeps its own kernels).
+#: Said when compile: true takes the training step's linear layers off oneDNN (torch.compile keeps
+#: its own kernels).
 COMPILE_NOTE = (
     "note: compile: true keeps PyTorch's MKL matrix products; without it the linear layers run on "
     "oneDNN, 1.5x faster on the CPU of BENCHMARKS.md (compare with minigpt bench and compile=false)"
@@ -112,7 +114,8 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def pays(rows: int, in_features: int, out_features: int) -> bool:
-    """Whether a (rows × in) @ (in × out) product is big enough for oneDNN (the two thresholds above)."""
+    """Whether a (rows × in) @ (in × out) product is big enough for oneDNN (the two thresholds
+    above)."""
     return (
         2 * rows * in_features * out_features >= ONEDNN_MIN_FLOPS
         or in_features * out_features >= ONEDNN_MIN_WEIGHT
@@ -138,7 +141,8 @@ def applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor])
         and pays(x.numel() // x.size(-1), x.size(-1), weight.size(0))
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
-        # Forward-mode AD and functorch transforms (jvp, vmap, grad) need F.linear's derivative formulas.
+        # Forward-mode AD and functorch transforms (jvp, vmap, grad) need F.linear's derivative
+        # formulas.
         and getattr(torch.autograd.forward_ad, "_current_level", -1) < 0
         and not _functorch_active()
         and available()
@@ -148,10 +152,12 @@ def applies(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor])
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
-    """``F.linear`` on oneDNN where it pays: x (..., in) @ weight (out, in)ᵀ + bias (out,) → (..., out).
+    """``F.linear`` on oneDNN where it pays: x (..., in) @ weight (out, in)ᵀ + bias (out,) → (...,
+    out).
 
-    oneDNN only where :func:`applies` (float32 on an x86 CPU, big enough, outside autocast, ``torch.compile`` and
-    functorch); the results agree with ``F.linear`` to float32 rounding (summation order differs)."""
+    oneDNN only where :func:`applies` (float32 on an x86 CPU, big enough, outside autocast,
+    ``torch.compile`` and functorch); the results agree with ``F.linear`` to float32 rounding
+    (summation order differs)."""
     if not applies(x, weight, bias):
         return F.linear(x, weight, bias)
     if bias is not None:
@@ -171,9 +177,9 @@ class OneDNNLinear(nn.Linear):
 
 
 def swap_linears(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
-    """Replace every ``nn.Linear`` of ``model`` by a :class:`OneDNNLinear`, in place, holding the same
-    parameter tensors (state dict, weight tying and optimizers unaffected). ``enabled`` None: ``MINIGPT_ONEDNN``
-    (:func:`requested`) where oneDNN is :func:`available`. Returns ``model``.
+    """Replace every ``nn.Linear`` of ``model`` by a :class:`OneDNNLinear`, in place, holding the
+    same parameter tensors (state dict, weight tying and optimizers unaffected). ``enabled`` None:
+    ``MINIGPT_ONEDNN`` (:func:`requested`) where oneDNN is :func:`available`. Returns ``model``.
 
     Raises:
         MinigptError: ``MINIGPT_ONEDNN`` is neither on nor off."""
@@ -193,8 +199,9 @@ def swap_linears(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
 def linear_kernel(
     model: nn.Module, tokens: int, device: torch.device, dtype: torch.dtype, compiled: bool = False
 ) -> str:
-    """The kernel of ``model``'s linear layers on a batch of ``tokens`` at training ``dtype``: ``"oneDNN"``,
-    ``"torch.mm"`` (PyTorch's own) or ``"oneDNN+torch.mm"`` when only some products pay or some layers were swapped."""
+    """The kernel of ``model``'s linear layers on a batch of ``tokens`` at training ``dtype``:
+    ``"oneDNN"``, ``"torch.mm"`` (PyTorch's own) or ``"oneDNN+torch.mm"`` when only some products
+    pay or some layers were swapped."""
     if compiled or device.type != "cpu" or dtype != torch.float32 or not available():
         return "torch.mm"
     kinds = {
