@@ -11,6 +11,7 @@ import torch.nn as nn
 from minigpt_cli.config.schema import ModelConfig
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.model.gpt import GPT, Block
+from minigpt_cli.sample.decoding import KVCache
 from minigpt_cli.sample.sampling import FLOAT32_ZERO, filter_logits, generate_tokens, sample_next
 
 
@@ -212,7 +213,7 @@ def test_cached_logits_match_a_full_forward():
     x = torch.randint(0, 65, (1, 10))
     with torch.no_grad():
         full, _ = model(x)
-        cache = model.new_cache(1)
+        cache = KVCache(model, 1)
         first, _ = model(x[:, :6], cache=cache)
         rest = [model(x[:, i : i + 1], cache=cache)[0] for i in range(6, 10)]
     stepwise = torch.cat([first] + rest, dim=1)

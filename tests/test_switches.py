@@ -22,6 +22,7 @@ from helpers import TINY, assert_user_error, curve, tiny
 from minigpt_cli.config.schema import ModelConfig
 from minigpt_cli.errors import Interrupted
 from minigpt_cli.model.gpt import GPT, MLP, CausalSelfAttention, rope_cos_sin
+from minigpt_cli.sample.decoding import KVCache
 from minigpt_cli.sample.sampling import generate_tokens
 
 #: Every switch of issue 29 at once, with grouped-query attention and rotary positions.
@@ -239,7 +240,7 @@ def test_cached_logits_equal_the_full_forward_with_every_switch():
     x = torch.randint(0, 65, (2, 12))
     with torch.no_grad():
         full, _ = model(x)
-        cache = model.new_cache(2)
+        cache = KVCache(model, 2)
         steps = [model(x[:, :6], cache=cache)[0]] + [
             model(x[:, i : i + 1], cache=cache)[0] for i in range(6, 12)
         ]

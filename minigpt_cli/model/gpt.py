@@ -337,14 +337,6 @@ class GPT(nn.Module):
                 n -= self.lm_head.weight.numel()
         return n
 
-    def new_cache(self, batch: int, capacity: Optional[int] = None) -> KVCacheLike:
-        """An empty growing KV cache for ``batch`` sequences of up to ``capacity`` positions
-        (default block_size): :class:`minigpt_cli.sample.decoding.KVCache`, to pass as
-        ``forward(..., cache=)``."""
-        from ..sample.decoding import KVCache  # sample/ imports this module
-
-        return KVCache(self, batch, capacity)
-
     def _rope(self, start: int, T: int, device: torch.device):
         """cos/sin (T, head_dim) for positions start..start+T-1, from a table grown on demand."""
         end = start + T
