@@ -298,6 +298,10 @@ def plan(
     )
     if write and dist.local_rank == 0:
         barrier(dist)
+    if stage.fallback is not None:  # data.dataset's source was unreachable: the run names its own
+        cfg = cfg.model_copy(
+            update={"data": cfg.data.model_copy(update={"dataset": stage.fallback})}
+        )
     # samples.txt samples from sample.prompt, and generate will: refused now, as generate refuses
     # it.
     encode_prompt(stage.tok, cfg.sample.prompt, "sample.prompt")
