@@ -352,9 +352,9 @@ class _Attempt:
             short = self.total is not None and self.received < self.total
             if over:
                 raise MinigptError(
-                    f"download of {self.url} sent more than the expected {self.ds.served_size:,} bytes; "
-                    "stopped and deleted the partial file; the mirror serves a different file; "
-                    f"{self.fix}"
+                    f"download of {self.url} sent more than the expected "
+                    f"{self.ds.served_size:,} bytes; stopped and deleted the partial file; the "
+                    f"mirror serves a different file; {self.fix}"
                 )
             if short:
                 raise MinigptError(
@@ -363,8 +363,8 @@ class _Attempt:
                 )
             raise MinigptError(
                 f"download of {self.url} has sha256 {digest.hexdigest()} ({self.received:,} "
-                f"bytes), expected {self.ds.served_sha256} ({self.ds.served_size:,} bytes); the mirror serves a "
-                f"different file; {self.fix}"
+                f"bytes), expected {self.ds.served_sha256} ({self.ds.served_size:,} bytes); the "
+                f"mirror serves a different file; {self.fix}"
             )
 
 

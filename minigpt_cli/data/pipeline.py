@@ -31,13 +31,6 @@ if (
 TOKENIZER_TRAIN_CHARS = 64 << 20
 
 
-#: The download errors' fix when the config names a mirror (the url must serve the checksummed
-#: corpus itself).
-_URL_HINT = (
-    "fix data.url in the config (it overrides the environment): it must name a mirror of the "
-    "{dataset} corpus itself, not another text (for your own text, set data.path instead)"
-)
-
 #: The messages of a corpus that is not the one the config or the run names.
 _FINGERPRINT = (
     "the corpus is not the one data.fingerprint names ({want}…; now {got}…): a file was edited, added "
@@ -66,7 +59,14 @@ def ensure_corpus(
         log=log,
         action=action,
         progress=progress,
-        mirror_hint=_URL_HINT.format(dataset=dc.dataset) if dc.url else None,
+        # A mirror the config names must serve the checksummed corpus itself.
+        mirror_hint=(
+            "fix data.url in the config (it overrides the environment): it must name a mirror of "
+            f"the {dc.dataset} corpus itself, not another text (for your own text, set data.path "
+            "instead)"
+        )
+        if dc.url
+        else None,
     )
     if ds.name != dc.dataset:  # the run's config.yaml names the corpus it trained on
         cfg = cfg.model_copy(update={"data": dc.model_copy(update={"dataset": ds.name})})
