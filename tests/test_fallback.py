@@ -215,8 +215,13 @@ def test_train_on_the_fallback_says_so_and_records_it(tmp_path, registry, cli, m
     assert saved["data"]["dataset"] == "shakespeare-gutenberg" and saved["data"]["fingerprint"]
     assert not (tmp_path / "data" / "tinyshakespeare").exists()
     assert (tmp_path / "data" / "shakespeare-gutenberg" / "tokenizer-char.json").is_file()
-    # The run samples and evaluates from its own corpus, found by the name its config records.
+    # The run evaluates on its own corpus, found by the name its config records; the command a
+    # Ctrl-C prints (the config, --resume) continues it there.
     assert cli("evaluate", "--run", "runs/fb").exit_code == 0
+    res = cli("train", TINY, "--set", "train.max_iters=5", "--resume", "runs/fb", "--no-progress")
+    assert res.exit_code == 0 and "trained to step 5" in res.stdout + res.stderr, res
+    saved = yaml.safe_load((tmp_path / "runs" / "fb" / "config.yaml").read_text())
+    assert saved["data"]["dataset"] == "shakespeare-gutenberg"
 
 
 @pytest.mark.parametrize("route", ["/wrong.txt", "/missing.txt"])

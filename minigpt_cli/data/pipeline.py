@@ -73,6 +73,26 @@ def ensure_corpus(
     return cfg, path
 
 
+def fallback_of(cfg: Config) -> Optional[str]:
+    """The named corpus ``train`` falls back to for this config (data.dataset's registry
+    ``fallback``); None for ``data.path``, a ``data.url`` mirror, or a dataset without one."""
+    from .download import get_dataset
+
+    dc = cfg.data
+    return None if dc.path is not None or dc.url else get_dataset(dc.dataset).fallback
+
+
+def on_run_corpus(cfg: Config, saved: Config) -> Config:
+    """``cfg`` naming the corpus of the run it resumes (``saved``, its checkpoint's config) when
+    that run trained on cfg's fallback (data.dataset's address was unreachable then): a resumed run
+    continues on its own corpus, whichever address answers now."""
+    if saved.data.path is None and saved.data.dataset == fallback_of(cfg):
+        return cfg.model_copy(
+            update={"data": cfg.data.model_copy(update={"dataset": saved.data.dataset})}
+        )
+    return cfg
+
+
 def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Corpus]:
     """The config's corpus when it can be read without a download (``data.path``'s, or the named
     dataset's genuine file), hashed once; else None. Raises MinigptError: a ``data.path`` that names
