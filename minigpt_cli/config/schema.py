@@ -334,8 +334,8 @@ class DataConfig(_Strict):
 
     dataset: Annotated[str, AfterValidator(check_dataset_name)] = Field(
         "tinyshakespeare",
-        description="a named corpus, downloaded and checksummed: tinyshakespeare (char-rnn's, "
-        "about 1 MB of plays); unused when data.path is set",
+        description="a named, checksummed corpus: tinyshakespeare, or shakespeare-gutenberg (its "
+        "fallback where GitHub is unreachable); unused with data.path",
     )
     path: Optional[UserPath] = Field(
         None,
@@ -355,8 +355,8 @@ class DataConfig(_Strict):
     )
     url: Optional[str] = Field(
         None,
-        description="mirror of the named corpus; null: $MINIGPT_TINYSHAKESPEARE_URL, else the char-rnn "
-        "repository",
+        description="mirror of the named corpus (never falls back); null: $MINIGPT_<DATASET>_URL, "
+        "else the registry's address",
     )
     val_fraction: float = Field(
         0.1,

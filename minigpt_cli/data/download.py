@@ -1,4 +1,6 @@
-"""Download a named corpus (:func:`datasets`): streamed, checksummed, written atomically.
+"""Download a named corpus (:func:`datasets`): streamed, checksummed, written atomically; built
+from a downloaded archive where the registry says so; Tiny Shakespeare's fallback
+(:func:`download_or_fallback`) where its source cannot be reached.
 
 A network failure is classified in one place (:meth:`_Attempt.failing`), which words it too.
 """
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from itertools import takewhile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
 import requests
 import urllib3
@@ -27,21 +29,46 @@ from tqdm import tqdm
 from .. import paths
 from ..errors import MinigptError
 from ..fileio import errors_as, os_error_message
-from ..paths import corpus_path
+from ..paths import CORPUS_FILE, corpus_path
 from .corpus import _sha256
 from .download_files import install, open_part, sweep_partial_files
+from .gutenberg import build_corpus
+
+
+@dataclass(frozen=True)
+class Archive:
+    """The ``.tar.gz`` a corpus is built from (:func:`~.gutenberg.build_corpus`): its sha256, size
+    in bytes, and the text files taken from it, in order."""
+
+    sha256: str
+    size: int
+    members: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Dataset:
-    """A corpus: its folder under ``data/``, default address, sha256, size in bytes and mirror
-    variable."""
+    """A corpus: its folder under ``data/``, default address, sha256 and size in bytes of
+    ``input.txt``, mirror variable; the archive it is built from (None: the address serves
+    ``input.txt`` itself) and the corpus to use where the default address cannot be reached."""
 
     name: str
     url: str
     sha256: str
     size: int
     url_env: str
+    description: str = ""
+    archive: Archive | None = None
+    fallback: str | None = None
+
+    @property
+    def served_size(self) -> int:
+        """Bytes the address serves: the archive's, else the corpus's."""
+        return self.archive.size if self.archive else self.size
+
+    @property
+    def served_sha256(self) -> str:
+        """sha256 of what the address serves: the archive's, else the corpus's."""
+        return self.archive.sha256 if self.archive else self.sha256
 
 
 def datasets() -> dict[str, Dataset]:
@@ -54,9 +81,25 @@ def datasets() -> dict[str, Dataset]:
             sha256=e["sha256"],
             size=int(e["size"]),
             url_env="MINIGPT_" + re.sub(r"[^A-Z0-9]+", "_", name.upper()) + "_URL",
+            description=e.get("description", ""),
+            archive=(
+                Archive(a["sha256"], int(a["size"]), tuple(a["members"]))
+                if (a := e.get("archive"))
+                else None
+            ),
+            fallback=e.get("fallback"),
         )
         for name, e in paths.dataset_registry().items()
     }
+
+
+class Unreachable(MinigptError):
+    """The address could not be reached (no name resolution, connection refused or reset, a
+    timeout): the one failure a fallback corpus stands in for. ``reason``: the short cause."""
+
+    def __init__(self, what: str, *, reason: str):
+        super().__init__(what)
+        self.reason = reason
 
 
 #: Tiny Shakespeare's folder name, the default dataset.
@@ -250,9 +293,10 @@ class _Attempt:
                 f"https://... address with --url, data.url or in {self.ds.url_env}"
             )
         if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
-            return MinigptError(
+            return Unreachable(
                 f"cannot reach {url} ({reason}); check your network, {self.hint}, or copy the "
-                f"file to {self.dest}"
+                f"file to {self.dest}",
+                reason=reason,
             )
         if isinstance(exc, requests.RequestException):
             return MinigptError(f"download of {url} failed ({reason}); {self.fix}")
@@ -265,10 +309,10 @@ class _Attempt:
         with suppress(KeyError, ValueError):
             if self.encoding in ("", "identity"):
                 self.total = int(resp.headers["Content-Length"])
-        if self.total is not None and self.total != self.ds.size:
+        if self.total is not None and self.total != self.ds.served_size:
             raise MinigptError(
                 f"download of {self.url} announces {self.total:,} bytes (Content-Length), expected "
-                f"{self.ds.size:,}; the mirror serves a different file; {self.fix}"
+                f"{self.ds.served_size:,}; the mirror serves a different file; {self.fix}"
             )
 
     def _chunks(self, resp: requests.Response) -> Iterator[bytes]:
@@ -294,7 +338,7 @@ class _Attempt:
         ):  # None: a terminal
             for chunk in self._chunks(resp):
                 over = (
-                    self.received + len(chunk) > self.ds.size
+                    self.received + len(chunk) > self.ds.served_size
                 )  # a server streaming without end: not on disk
                 if over:
                     break
@@ -304,13 +348,13 @@ class _Attempt:
                 bar.update(len(chunk))
             f.flush()
             os.fsync(f.fileno())
-        if over or digest.hexdigest() != self.ds.sha256:
+        if over or digest.hexdigest() != self.ds.served_sha256:
             short = self.total is not None and self.received < self.total
             if over:
                 raise MinigptError(
-                    f"download of {self.url} sent more than the expected {self.ds.size:,} bytes; "
-                    "stopped and deleted the partial file; the mirror serves a different file; "
-                    f"{self.fix}"
+                    f"download of {self.url} sent more than the expected "
+                    f"{self.ds.served_size:,} bytes; stopped and deleted the partial file; the "
+                    f"mirror serves a different file; {self.fix}"
                 )
             if short:
                 raise MinigptError(
@@ -319,9 +363,31 @@ class _Attempt:
                 )
             raise MinigptError(
                 f"download of {self.url} has sha256 {digest.hexdigest()} ({self.received:,} "
-                f"bytes), expected {self.ds.sha256} ({self.ds.size:,} bytes); the mirror serves a "
-                f"different file; {self.fix}"
+                f"bytes), expected {self.ds.served_sha256} ({self.ds.served_size:,} bytes); the "
+                f"mirror serves a different file; {self.fix}"
             )
+
+
+def _build(ds: Dataset, archive: Path, dest: Path, url: str) -> IO[bytes]:
+    """The corpus built from ``archive`` (:func:`~.gutenberg.build_corpus`), checked against the
+    registry's size and sha256, in a new partial file beside ``dest`` (closed). Raises
+    MinigptError: a built file other than the registry's."""
+    assert ds.archive is not None
+    text = build_corpus(archive, ds.archive.members)
+    digest = hashlib.sha256(text).hexdigest()
+    if len(text) != ds.size or digest != ds.sha256:  # the archive matched: the build changed
+        raise MinigptError(
+            f"the {ds.name} corpus built from {url} has sha256 {digest} ({len(text):,} bytes), "
+            f"expected {ds.sha256} ({ds.size:,} bytes); this minigpt builds it differently from "
+            "the one that pinned it: report it, and copy a genuine file into "
+            f"{dest} meanwhile"
+        )
+    part = open_part(dest)
+    with part:
+        part.write(text)
+        part.flush()
+        os.fsync(part.fileno())
+    return part
 
 
 def _fetch(
@@ -359,6 +425,12 @@ def _fetch(
                 att.check(resp)
                 att.part = open_part(dest)
                 att.save(resp, progress)
+            if ds.archive is not None:  # the archive is checked: build the corpus, then drop it
+                archive, att.part = att.part, None
+                try:
+                    att.part = _build(ds, Path(archive.name), dest, att.url)
+                finally:
+                    os.remove(archive.name)
             backup = install(att.part.name, dest, genuine=lambda p: file_ok(p, ds))
             att.part = None
             return backup
@@ -425,3 +497,49 @@ def download(
     if backup is not None:
         tqdm.write(f"kept the earlier {path} (it failed the checksum) as {backup}", file=sys.stderr)
     return path, True
+
+
+def download_or_fallback(
+    dataset: str | Dataset,
+    data_dir: str | Path = "data",
+    url: str | None = None,
+    *,
+    log: Callable[[str], None],
+    action: str = "using",
+    force: bool = False,
+    progress: bool | None = None,
+    mirror_hint: str | None = None,
+) -> tuple[Dataset, Path, bool]:
+    """:func:`download` ``dataset``, or its registry ``fallback`` where the dataset's default
+    address cannot be reached (:class:`Unreachable`: no name resolution, refused, timed out), said
+    in one ``log`` line that begins "note: cannot reach ..., so {action} <fallback>". Returns ``(the
+    dataset used, path, downloaded now)``. A mirror the user named (``url``, the dataset's
+    variable) never falls back, nor does a wrong file: those failures are the user's to see.
+
+    Raises:
+        MinigptError: as :func:`download` does; both addresses unreachable: one line naming both.
+    """
+    ds = get_dataset(dataset)
+    fetch = dict(force=force, progress=progress)
+    try:
+        return ds, *download(ds, data_dir, url, mirror_hint=mirror_hint, **fetch)
+    except Unreachable as exc:
+        if ds.fallback is None or resolve_url(url, ds) != ds.url:
+            raise
+        primary = exc
+    alt = get_dataset(ds.fallback)
+    log(
+        f"note: cannot reach {_redact(ds.url)} ({primary.reason}), so {action} {alt.name} "
+        f"({alt.description}), not {ds.description}, whose figures the docs quote; for "
+        f"{ds.name}, copy its {CORPUS_FILE} to {corpus_path(data_dir, ds.name)} or set "
+        f"{ds.url_env} to a mirror (docs/offline.md)"
+    )
+    try:
+        return alt, *download(alt, data_dir, **fetch)
+    except Unreachable as exc:
+        raise MinigptError(
+            f"cannot reach {_redact(ds.url)} ({primary.reason}), nor its fallback "
+            f"{_redact(resolve_url(None, alt))} ({exc.reason})",
+            f"check your network, set {ds.url_env} to a mirror, or copy the file to "
+            f"{corpus_path(data_dir, ds.name)}",
+        ) from None

@@ -31,13 +31,6 @@ if (
 TOKENIZER_TRAIN_CHARS = 64 << 20
 
 
-#: The download errors' fix when the config names a mirror (the url must serve the checksummed
-#: corpus itself).
-_URL_HINT = (
-    "fix data.url in the config (it overrides the environment): it must name a mirror of the "
-    "{dataset} corpus itself, not another text (for your own text, set data.path instead)"
-)
-
 #: The messages of a corpus that is not the one the config or the run names.
 _FINGERPRINT = (
     "the corpus is not the one data.fingerprint names ({want}…; now {got}…): a file was edited, added "
@@ -45,18 +38,59 @@ _FINGERPRINT = (
 )
 
 
-def ensure_corpus(cfg: Config, log: Callable[[str], None], progress: Optional[bool] = None) -> Path:
-    """The named dataset's corpus file, downloaded (saying so). Raises MinigptError: the download
-    failed."""
-    from .download import download
+def ensure_corpus(
+    cfg: Config,
+    log: Callable[[str], None],
+    progress: Optional[bool] = None,
+    action: str = "minigpt uses",
+) -> tuple[Config, Path]:
+    """The named dataset's corpus file, downloaded (saying so), and ``cfg`` naming the dataset it
+    holds: its fallback's where the default address cannot be reached
+    (:func:`~.download.download_or_fallback`, whose note says "so {action} <fallback>"). Raises
+    MinigptError: the download failed."""
+    from .download import download_or_fallback
 
-    log(
-        f"{corpus_path(cfg.data.data_dir, cfg.data.dataset)} not found or incomplete; downloading it first"
+    dc = cfg.data
+    log(f"{corpus_path(dc.data_dir, dc.dataset)} not found or incomplete; downloading it first")
+    ds, path, _ = download_or_fallback(
+        dc.dataset,
+        dc.data_dir,
+        url=dc.url,
+        log=log,
+        action=action,
+        progress=progress,
+        # A mirror the config names must serve the checksummed corpus itself.
+        mirror_hint=(
+            "fix data.url in the config (it overrides the environment): it must name a mirror of "
+            f"the {dc.dataset} corpus itself, not another text (for your own text, set data.path "
+            "instead)"
+        )
+        if dc.url
+        else None,
     )
-    hint = _URL_HINT.format(dataset=cfg.data.dataset) if cfg.data.url else None
-    return download(
-        cfg.data.dataset, cfg.data.data_dir, url=cfg.data.url, progress=progress, mirror_hint=hint
-    )[0]
+    if ds.name != dc.dataset:  # the run's config.yaml names the corpus it trained on
+        cfg = cfg.model_copy(update={"data": dc.model_copy(update={"dataset": ds.name})})
+    return cfg, path
+
+
+def fallback_of(cfg: Config) -> Optional[str]:
+    """The named corpus ``train`` falls back to for this config (data.dataset's registry
+    ``fallback``); None for ``data.path``, a ``data.url`` mirror, or a dataset without one."""
+    from .download import get_dataset
+
+    dc = cfg.data
+    return None if dc.path is not None or dc.url else get_dataset(dc.dataset).fallback
+
+
+def on_run_corpus(cfg: Config, saved: Config) -> Config:
+    """``cfg`` naming the corpus of the run it resumes (``saved``, its checkpoint's config) when
+    that run trained on cfg's fallback (data.dataset's address was unreachable then): a resumed run
+    continues on its own corpus, whichever address answers now."""
+    if saved.data.path is None and saved.data.dataset == fallback_of(cfg):
+        return cfg.model_copy(
+            update={"data": cfg.data.model_copy(update={"dataset": saved.data.dataset})}
+        )
+    return cfg
 
 
 def corpus_on_disk(cfg: Config, progress: Optional[bool] = False) -> Optional[Corpus]:
@@ -105,9 +139,8 @@ def configured_corpus(
     failed download."""
     corpus = corpus_on_disk(cfg, progress)
     if corpus is None:
-        corpus = open_corpus(
-            ensure_corpus(cfg, log, progress), cfg.data.text_field, name=cfg.data.dataset
-        )
+        cfg, path = ensure_corpus(cfg, log, progress)
+        corpus = open_corpus(path, cfg.data.text_field, name=cfg.data.dataset)
     return corpus, corpus_root(cfg, corpus)
 
 
@@ -369,6 +402,7 @@ class DataStage:
     data: Optional[PreparedData] = None
     trained: bool = False
     waits: Optional[str] = None
+    fallback: Optional[str] = None  # the dataset used where data.dataset's could not be reached
 
 
 def prepare_data(
@@ -383,13 +417,14 @@ def prepare_data(
     made if missing (``write`` False: ``--dry-run``, nothing written). ``found`` hears of the corpus
     on disk (None: not there) before any download; ``check`` may refuse it. Raises MinigptError: as
     the steps and ``check`` do."""
-    dc = cfg.data
+    dc, named = cfg.data, cfg.data.dataset
     corpus = corpus_on_disk(cfg, progress)
     found(corpus)
     if corpus is None:
         check_writable(dataset_dir(dc.data_dir, dc.dataset), folder=True)  # where the download goes
         if write:
-            corpus = open_corpus(ensure_corpus(cfg, log, progress), dc.text_field, name=dc.dataset)
+            cfg, path = ensure_corpus(cfg, log, progress, "training uses")  # cfg names a fallback
+            corpus = open_corpus(path, dc.text_field, name=cfg.data.dataset)
     root = corpus_root(cfg, corpus)
     if corpus is not None:
         check(corpus)
@@ -399,6 +434,8 @@ def prepare_data(
     # refuses (too small) leaves no tokenizer, nor its folder, behind.
     tok, _ = ensure_tokenizer(cfg, corpus, log, root, write, save=False)
     stage = DataStage(root, tok_path, corpus, tok, trained=trained)
+    if cfg.data.dataset != named:
+        stage.fallback = cfg.data.dataset
     if corpus is None:
         stage.waits = (
             f"{corpus_path(dc.data_dir, dc.dataset)} is not downloaded (or fails its checksum); "

@@ -12,7 +12,7 @@ import torch
 
 from ..config.schema import Config
 from ..data.corpus import Corpus
-from ..data.pipeline import run_corpus_change
+from ..data.pipeline import fallback_of, run_corpus_change
 from ..errors import MinigptError
 from ..run import checkpoint
 from ..run import folder as runs
@@ -183,7 +183,9 @@ class Resumed:
             except MinigptError:
                 return True  # a damaged run is found, and its damage said below, as before
             where = (cfg.data.dataset, cfg.data.path and Path(cfg.data.path))
-            return (data.dataset, data.path and Path(data.path)) == where
+            # A run that trained on the fallback (data.dataset unreachable then) is this corpus's.
+            fell_back = data.path is None and data.dataset == fallback_of(cfg)
+            return fell_back or (data.dataset, data.path and Path(data.path)) == where
 
         given = Path(resume)
         if resume != "auto" and given.parent.name == runs.CHECKPOINTS and given.is_dir():

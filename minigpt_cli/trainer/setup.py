@@ -21,7 +21,14 @@ from ..accounting.count import counted_vocab
 from ..config.notes import notes
 from ..config.schema import Config
 from ..data.download import url_corpus_on_disk
-from ..data.pipeline import BatchSampler, DataStage, check_corpus, prepare_data, with_vocab
+from ..data.pipeline import (
+    BatchSampler,
+    DataStage,
+    check_corpus,
+    on_run_corpus,
+    prepare_data,
+    with_vocab,
+)
 from ..data.train_tokenizer import chosen_tokenizer
 from ..errors import MinigptError
 from ..fileio import atomic_write_text, check_writable
@@ -255,6 +262,8 @@ def plan(
     tc = cfg.train
     tracker_names = trackers.check(tc) if dist.main else []
     resumed = Resumed.find(cfg, resume) if resume is not None else None
+    if resumed is not None:  # a run that trained on the fallback corpus continues on it
+        cfg = on_run_corpus(cfg, resumed.saved)
     if run_name is not None and resume is not None and not (resumed and resumed.branch):
         raise MinigptError(
             "pass either --resume or --run-name, not both (a resumed run keeps its folder; "
@@ -298,6 +307,10 @@ def plan(
     )
     if write and dist.local_rank == 0:
         barrier(dist)
+    if stage.fallback is not None:  # data.dataset's source was unreachable: the run names its own
+        cfg = cfg.model_copy(
+            update={"data": cfg.data.model_copy(update={"dataset": stage.fallback})}
+        )
     # samples.txt samples from sample.prompt, and generate will: refused now, as generate refuses
     # it.
     encode_prompt(stage.tok, cfg.sample.prompt, "sample.prompt")
