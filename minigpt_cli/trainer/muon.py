@@ -148,20 +148,29 @@ class BatchedMuon(torch.optim.Muon):
             for s in stacks:
                 bufs = s.buffers(self.state)
                 grads = torch.stack([p.grad for p in s.params])
-                moved = bufs.lerp(grads, 1 - momentum)
+                # In place when every step is taken (no flag): the copies of the masked path cost
+                # ~10% of the optimizer step on a CPU, and the values are the same.
+                moved = (
+                    bufs.lerp_(grads, 1 - momentum)
+                    if keep is None
+                    else bufs.lerp(grads, 1 - momentum)
+                )
                 updates.append(grads.lerp_(moved, momentum) if group["nesterov"] else moved)
-                _assign(bufs, moved, keep)
+                if keep is not None:
+                    _assign(bufs, moved, keep)
             orthos = orthogonalize(
                 updates, group["ns_coefficients"], group["ns_steps"], group["eps"]
             )
             for s, ortho in zip(stacks, orthos):
+                alpha = -_adjust_lr(lr, group["adjust_lr_fn"], s.params[0].shape)
+                if keep is None:
+                    if decay:
+                        torch._foreach_mul_(s.params, 1 - lr * decay)
+                    # a bfloat16 update into a float32 weight, as Muon adds it
+                    torch._foreach_add_(s.params, ortho.unbind(0), alpha=alpha)
+                    continue
                 new = torch._foreach_mul(s.params, 1 - lr * decay) if decay else list(s.params)
-                # a bfloat16 update into a float32 weight, as Muon adds it
-                new = torch._foreach_add(
-                    new,
-                    ortho.unbind(0),
-                    alpha=-_adjust_lr(lr, group["adjust_lr_fn"], s.params[0].shape),
-                )
+                new = torch._foreach_add(new, ortho.unbind(0), alpha=alpha)
                 for p, value in zip(s.params, new):
                     _assign(p, value, keep)
         return loss

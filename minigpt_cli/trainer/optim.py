@@ -154,11 +154,13 @@ def step_unless(optimizer: torch.optim.Optimizer | MuonAdamW, skip: torch.Tensor
     way): the fused AdamW kernel returns early where it is 1 and takes the step count back;
     :class:`~.muon.BatchedMuon` keeps the old values by ``torch.where``. Where the step is taken the
     arithmetic is that of a plain ``step()``. An AdamW that is not fused (a device without the fused
-    kernel) cannot take the flag: the host reads it there.
+    kernel) cannot take the flag: the host reads it there, and on a CPU, where the read waits for
+    nothing and the plain step skips the masked update's copies (2-3% of the CPU recipe's step).
     """
     parts = optimizer.parts if isinstance(optimizer, MuonAdamW) else [optimizer]
-    if not all(getattr(p, "defaults", {}).get("fused", True) for p in parts):
-        if not bool(skip):  # the one host read left, on devices without a fused AdamW
+    fused = all(getattr(p, "defaults", {}).get("fused", True) for p in parts)
+    if skip.device.type == "cpu" or not fused:
+        if not bool(skip):  # a host read: free on a CPU (nothing queued), needed without fusion
             optimizer.step()
         return
     for part in parts:
