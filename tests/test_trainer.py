@@ -724,11 +724,28 @@ def test_compile_falls_back_at_build_only(data_dir, tmp_path, monkeypatch):
 # ---------------------------------------------------------------- the step stays on the device
 
 
+def _on_device(optimizer, skip: torch.Tensor) -> None:
+    """``step_unless``'s path on a GPU, taken here on the CPU: the flag handed over as torch.amp's
+    ``found_inf``, never read on the host."""
+    parts = optimizer.parts if hasattr(optimizer, "parts") else [optimizer]
+    for part in parts:
+        part.found_inf = skip
+    optimizer.step()
+    for part in parts:
+        del part.found_inf
+
+
+@pytest.mark.parametrize("path", ["step_unless", "found_inf"])
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_a_skipped_update_changes_nothing_and_a_taken_one_is_a_plain_step(optimizer):
+def test_a_skipped_update_changes_nothing_and_a_taken_one_is_a_plain_step(optimizer, path):
     """step_unless with 1.0 leaves every weight, moment and step count as it was, to the bit; with
-    0.0 it makes the update of a plain ``step()`` on a copy of the same model, to the bit."""
+    0.0 it makes the update of a plain ``step()`` on a copy of the same model, to the bit. On a CPU
+    step_unless reads the flag (nothing is queued there); the device's path, the flag as
+    ``found_inf``, is checked too."""
     from minigpt_cli.trainer.optim import step_unless
+
+    if path == "found_inf":
+        step_unless = _on_device  # noqa: F811
 
     cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})
     tc = TrainConfig(optimizer=optimizer)
@@ -762,8 +779,10 @@ def test_a_skipped_update_changes_nothing_and_a_taken_one_is_a_plain_step(optimi
 
 def test_the_step_reads_nothing_on_the_host_between_log_intervals(data_dir, tmp_path, monkeypatch):
     """Every .item(), bool(), float(), int() and .tolist() of a tensor during a run, by where it is
-    made: none in a step or in the loop between steps, two at each log interval (the interval's skip
-    flags and losses in one read, the logged loss), and the evals' own. A NaN loss at step 7 is
+    made: in a step only step_unless's flag (on a CPU, where nothing is queued; the device's path:
+    test_a_skipped_update_changes_nothing_and_a_taken_one_is_a_plain_step), none in the loop between
+    steps, two at each log interval (the interval's skip flags and losses in one read, the logged
+    loss), and the evals' own. A NaN loss at step 7 is
     skipped on the device, logged at the read of step 10, and its update is not counted by AdamW's
     step count."""
     from minigpt_cli.trainer.loop import Trainer
@@ -806,7 +825,7 @@ def test_the_step_reads_nothing_on_the_host_between_log_intervals(data_dir, tmp_
     monkeypatch.undo()  # the reads below are the test's own (and the working folder is the test's again)
     run = tmp_path / "runs" / "sync"
     assert res.step == 20
-    assert reads.get("step", 0) == 0 and reads.get("loop", 0) == 0, reads
+    assert reads.get("step", 0) == 20 and reads.get("loop", 0) == 0, reads  # one flag a step
     assert reads["log"] == 2 * 4, reads  # steps 5, 10, 15, 20
     log = (run / "train.log").read_text()
     assert log.count("step skipped") == 1 and "step 7: non-finite loss or gradient (nan)" in log
@@ -839,7 +858,8 @@ def test_a_scaler_overflow_skips_the_update_on_the_device_without_counting_it():
     )
     assert torch.isfinite(loss) and skipped.item() == 0.0
     assert all(torch.equal(a, p) for a, p in zip(before, params))
-    assert {float(s["step"]) for s in opt.state.values()} == {0.0}  # AdamW took no step
+    # AdamW took no step (on a CPU it never started: step_unless read the flag)
+    assert all(float(s["step"]) == 0.0 for s in opt.state.values())
     assert scaler.get_scale() == 2.0**15
     loss, skipped = train_step(
         model, opt, iter([(x, x)]), 1, torch.autocast("cpu", enabled=False), scaler, 0.0, params
