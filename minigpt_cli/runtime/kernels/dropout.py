@@ -209,7 +209,18 @@ def attention(
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` (same arguments and result); float32 causal attention with
     0 < ``dropout_p`` < 1 on a CPU, outside ``torch.compile``, runs :func:`causal_attention`
-    instead."""
+    instead. Under a CPU's bfloat16 autocast, attention runs in float32 and its output is cast
+    back: PyTorch's bfloat16 CPU attention took 5x float32's time, forward and backward, at
+    shakespeare-cpu's size (BENCHMARKS.md, "What the CPU step costs")."""
+    if (
+        q.device.type == "cpu"
+        and q.dtype == torch.bfloat16
+        and torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+    ):
+        with torch.autocast("cpu", enabled=False):  # autocast would cast the float32 back
+            y = attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal)
+        return y.to(q.dtype)
     if (
         is_causal
         and attn_mask is None
