@@ -5,7 +5,8 @@ RNG state still reproduce a run: int16 compared with a threshold (``p`` rounded 
 2⁻¹⁶), kept values scaled by 1/(1 − that), keeping E[y] = x (inverted dropout, Srivastava et al.
 2014 §10). :func:`attention` drops attention weights (Vaswani et al. 2017 §5.4) by blocks of queries
 against only the keys each may see. ``MINIGPT_FAST_DROPOUT=0``, CUDA, ``torch.compile``, bfloat16
-and eval mode keep PyTorch's kernels."""
+and eval mode keep PyTorch's kernels; under a CPU's bfloat16 autocast :func:`attention` runs
+PyTorch's float32 attention, 5x faster there than its bfloat16 one."""
 
 from __future__ import annotations
 
