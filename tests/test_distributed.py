@@ -11,16 +11,22 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
-from helpers import TINY, assert_user_error, curve, tiny, working_dir
+from helpers import TINY, assert_user_error, curve, records, tiny, working_dir
 from safetensors.torch import load_file
 
+from minigpt_cli.errors import MinigptError
+from minigpt_cli.run import folder as runs
 from minigpt_cli.trainer import train
 
 TOL = 1e-5
@@ -479,3 +485,117 @@ def test_the_ranks_take_one_compile_decision(reference, data_dir, tmp_path):
         log.count("torch.compile failed (it failed on another process); training without it") == 1
     )
     assert_matches(run, reference)
+
+
+def wait_for(path: Path, proc: subprocess.Popen) -> None:
+    """Wait until ``path`` exists, while ``proc`` runs (a deadline that holds at 10x slowness)."""
+    deadline = time.monotonic() + 300
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(
+                f"torchrun ended before {path} was written: {proc.communicate()[1][-3000:]}"
+            )
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{path} was not written in 300 s")
+        time.sleep(0.01)
+
+
+def test_a_worker_killed_mid_run_is_resumed_from_the_last_checkpoint_by_torchrun(
+    data_dir, tmp_path
+):
+    """torchrun --max-restarts 1, 2 processes on gloo, 60 steps with a checkpoint every 10: once
+    the second kept checkpoint is written, rank 1 is SIGKILLed. torchrun starts the group again,
+    which finds the run folder by the job's run id (not by its --run-name, which the first group
+    took), says which folder and step it resumes, and ends the run normally in that one folder.
+    The same checkpoint resumed by hand (--resume RUN/checkpoints/step-N, 2 processes) ends with the
+    same weights, bit for bit, and the same losses and learning rates at every step."""
+    every = ["train.max_iters=60", "train.keep_every=10"]  # COMMON evaluates (saves last) every 10
+    job = ["--standalone", "--nproc_per_node", "2", "--max-restarts", "1"]
+    proc = start([*job, *train_args(data_dir, ["--run-name", "r"], *every)], tmp_path)
+    run = tmp_path / "runs" / "r"
+    # The second kept checkpoint: checkpoints/last (saved by the eval after each) is at 10 or later.
+    wait_for(run / "checkpoints" / "step-0000020", proc)
+    workers = {int(p.environ()["RANK"]): p for p in psutil.Process(proc.pid).children()}
+    assert set(workers) == {0, 1}, "the run ended before a worker could be killed"
+    workers[1].send_signal(signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+
+    said = re.findall(
+        r"torchrun restart 1 of 1 \(run id [^)]+\): resuming (\S+) from step (\d+)", err
+    )
+    assert len(said) == 1 and Path(said[0][0]) == Path("runs/r"), err[-3000:]
+    step = int(said[0][1])
+    assert 10 <= step < 60 and step % 10 == 0, step
+    assert out.count("trained to step 60") == 1
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["r"]  # the same folder, no other
+    log = (run / "train.log").read_text()
+    assert "torchrun restart 1 of 1 (run id " in log and f"resumed from step {step} (" in log
+
+    finish(
+        start(
+            [
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                *train_args(
+                    data_dir,
+                    ["--resume", f"runs/r/checkpoints/step-{step:07d}", "--run-name", "hand"],
+                    *every,
+                ),
+            ],
+            tmp_path,
+        )
+    )
+    hand = tmp_path / "runs" / "hand"
+    got, want = last_weights(run), last_weights(hand)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+    def losses(r: Path) -> dict:
+        return {
+            (e["event"], e["step"]): (e.get("loss"), e.get("lr"), e.get("val_loss"))
+            for e in records(r)
+        }
+
+    assert losses(run) == losses(hand) and max(k[1] for k in losses(run)) == 60
+
+
+def test_a_restarted_group_trains_from_step_0_in_the_folder_that_saved_nothing(
+    data_dir, tmp_path, monkeypatch
+):
+    """A group torchrun restarts (TORCHELASTIC_RESTART_COUNT 1) whose first group made its run
+    folder and was lost before the first checkpoint: the folder marked with the job's run id is
+    found (not a folder of another job), emptied but for its lock and mark, and trained in from
+    step 0; no other folder is made, and the line before training says so. Without the restart,
+    the same folder name is refused as a run that stopped before its first save."""
+    monkeypatch.chdir(tmp_path)
+    runs_dir = tmp_path / "runs"
+    mine, other = runs_dir / "tiny-20260101-000000", runs_dir / "tiny-20260101-000001"
+    for folder, job in ((mine, "job-1"), (other, "job-0")):
+        folder.mkdir(parents=True)
+        (folder / runs.LOCK).write_text("12345\n")  # its owner is gone: the lock is free
+        runs.mark_elastic(folder, job)
+        # What the lost group wrote before its first save: an eval's event.
+        (folder / "metrics.jsonl").write_text('{"step": 0, "event": "eval", "val_loss": 9.0}\n')
+    cfg = tiny(data_dir, "train.max_iters=5", "train.eval_interval=5")
+    with pytest.raises(MinigptError, match="stopped before its first save"):
+        train(cfg, mine.name, echo=lambda line: None, progress=False)
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    said: list[str] = []
+    result = train(cfg, echo=said.append, progress=False)
+    assert result.run_dir == Path("runs") / mine.name and result.step == 5
+    assert sorted(p.name for p in runs_dir.iterdir()) == [mine.name, other.name]
+    assert (
+        f"torchrun restart 1 of 1 (run id job-1): runs/{mine.name} got no checkpoint before the "
+        "failure; training it from step 0 again" in said
+    ), said
+    assert [(e["event"], e["step"]) for e in records(mine) if e["event"] == "eval"] == [
+        ("eval", 0),
+        ("eval", 5),
+    ]
+    assert json.loads((mine / runs.ELASTIC).read_text()) == {"run_id": "job-1"}
+    assert (other / "metrics.jsonl").read_text().count("\n") == 1  # another job's: untouched

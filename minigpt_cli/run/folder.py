@@ -2,7 +2,8 @@
 env.json.
 
 runs/<name>/  config.yaml tokenizer.json env.json .lock (the lock, and the mark of a folder minigpt
-  made) checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml
+  made) .torchelastic (under torchrun: the job's run id, by which a restarted group finds the folder)
+  checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml
   meta.json checkpoints/.<which>.old/  the previous copy while :mod:`.checkpoint` swaps one in
   (:func:`resolve`)
 """
@@ -66,6 +67,8 @@ META = "meta.json"
 ENV = "env.json"
 TOKENIZER = "tokenizer.json"
 LOCK = ".lock"
+#: The torchrun job (its run id) that trains in the folder: a group torchrun restarts finds it by this.
+ELASTIC = ".torchelastic"
 #: The state file of a sweep's folder (:mod:`minigpt_cli.experiments.sweep`): it holds runs, and is
 #: none.
 SWEEP = "sweep.json"
@@ -574,14 +577,16 @@ def _flock(fd: int) -> bool:
     return False
 
 
-def clear_unsaved(run_dir: Path) -> None:
+def clear_unsaved(run_dir: Path, keep: tuple[str, ...] = ()) -> None:
     """Empty a run folder minigpt made (:func:`made_here`) that never got a checkpoint (entries are
-    removed, never followed). Raises MinigptError when the folder holds files that are not
-    minigpt's."""
-    assert not has_checkpoint(run_dir), run_dir  # both callers keep a run that has one
+    removed, never followed), but for the entries named in ``keep``. Raises MinigptError when the
+    folder holds files that are not minigpt's."""
+    assert not has_checkpoint(run_dir), run_dir  # the callers keep a run that has one
     if _occupied(run_dir) and not made_here(run_dir):
         raise _not_ours(run_dir)
     for entry in Path(run_dir).iterdir():
+        if entry.name in keep:
+            continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
@@ -594,13 +599,15 @@ class RunFolder:
 
     path: Path
     lock: RunLock
-    created: bool = False  # made by this process
+    created: bool = False  # made by this process (or by its torchrun job's first group)
     was_empty: bool = False  # existed and was empty (a --run-name folder the user made)
+    keep: bool = False  # kept after a failure even unsaved: torchrun restarts the job in it
 
     def discard_if_unsaved(self) -> None:
         """After a failure: remove a run folder this process made, or empty again one that was empty
-        before, when it never got a checkpoint. Anything else is left alone."""
-        if not (self.created or self.was_empty) or has_checkpoint(self.path):
+        before, when it never got a checkpoint. Anything else is left alone, and so is a folder
+        :attr:`keep` keeps."""
+        if self.keep or not (self.created or self.was_empty) or has_checkpoint(self.path):
             return
         if self.created:
             shutil.rmtree(self.path, ignore_errors=True)
@@ -688,6 +695,46 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
         check_run_name(root, run_name)
         on_failure.pop_all()
     return RunFolder(run_dir, lock, created=created, was_empty=not created)
+
+
+# ----------------------------------------------------------------------------- torchrun restarts
+
+
+def mark_elastic(run_dir: Path, run_id: str) -> None:
+    """Write :data:`ELASTIC` in ``run_dir``: the torchrun job ``run_id`` trains there (atomically)."""
+    atomic_write_text(Path(run_dir) / ELASTIC, json.dumps({"run_id": run_id}) + "\n")
+
+
+def _elastic_id(run_dir: Path) -> Optional[str]:
+    """The run id :func:`mark_elastic` wrote in ``run_dir``; None: none, or not readable."""
+    with suppress(OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError):
+        with open_regular(Path(run_dir) / ELASTIC) as f:
+            return json.loads(f.read().decode("utf-8")).get("run_id")
+    return None
+
+
+def find_elastic_run(out_dir: str | Path, run_id: str) -> Optional[Path]:
+    """The run folder under ``out_dir`` that torchrun job ``run_id`` trains in (:func:`mark_elastic`;
+    of several, the one marked last: an ``--rdzv-id`` used again by a later job); None: none."""
+    root = Path(out_dir)
+    found = []
+    for run in root.iterdir() if root.is_dir() else ():
+        if _elastic_id(run) == run_id:
+            with suppress(OSError):
+                found.append(((run / ELASTIC).stat().st_mtime_ns, run))
+    return max(found)[1] if found else None
+
+
+def reuse_run_dir(run_dir: Path) -> RunFolder:
+    """Lock again the run folder a torchrun job's earlier group made (:func:`find_elastic_run`) and
+    that got no checkpoint, and empty it but for its lock and :data:`ELASTIC`: the run starts over
+    in it. The caller releases the lock. Raises MinigptError: another process holds it."""
+    lock = RunLock(run_dir).acquire("wait for it to finish, or stop it")
+    with ExitStack() as on_failure:
+        on_failure.callback(lock.release)
+        clear_unsaved(run_dir, keep=(LOCK, ELASTIC))
+        on_failure.pop_all()
+    return RunFolder(run_dir, lock, created=True)
 
 
 # ----------------------------------------------------------------------------- env.json

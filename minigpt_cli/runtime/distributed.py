@@ -55,6 +55,78 @@ class Dist:
         return cls(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]))
 
 
+@dataclass(frozen=True)
+class Elastic:
+    """What torchrun's elastic agent tells its workers about restarts (``TORCHELASTIC_*``).
+
+    ``torchrun --max-restarts K`` starts the whole group again (at most K times) when a worker
+    fails; each group's processes see ``restart`` 0, 1, ... and the ``run_id`` of the job (the
+    ``--rdzv-id``; a fresh uuid per ``--standalone`` torchrun), which stays the same across
+    restarts: the key a restarted group finds its run folder by."""
+
+    run_id: str
+    restart: int  # TORCHELASTIC_RESTART_COUNT: 0 in the first group
+    max_restarts: int  # TORCHELASTIC_MAX_RESTARTS: --max-restarts
+
+    @classmethod
+    def from_env(cls) -> Optional["Elastic"]:
+        """This process's restart facts; None outside torchrun."""
+        env = os.environ
+        if "TORCHELASTIC_RUN_ID" not in env:
+            return None
+        return cls(
+            env["TORCHELASTIC_RUN_ID"],
+            int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")),
+        )
+
+    @property
+    def restarts_left(self) -> bool:
+        """Whether torchrun would start another group if this one failed."""
+        return self.restart < self.max_restarts
+
+    def describe(self) -> str:
+        return f"torchrun restart {self.restart} of {self.max_restarts} (run id {self.run_id})"
+
+
+def shared_store_note() -> Optional[str]:
+    """The note for ``--max-restarts`` over several machines while torchrun shares its agent's store
+    with the workers (PyTorch's default since 2.5); None otherwise.
+
+    The shared store keeps the keys of the last group, and the per-attempt prefix that
+    :func:`init_distributed` puts on them needs the same restart count on every machine, which a
+    machine restarted by another's failure does not have (pytorch/pytorch#135712)."""
+    env = os.environ
+    several = int(env.get("GROUP_WORLD_SIZE", "1")) > 1
+    restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+    if several and restarts and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return (
+            "note: torchrun --max-restarts over several machines: export "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on each before torchrun, or a restarted job can "
+            "hang at its start (the workers would read the last group's addresses)"
+        )
+    return None
+
+
+def _store(info: "Dist", timeout: timedelta):
+    """The store the process group starts from: under torchrun's shared agent store, a client of it
+    whose keys carry this group's restart count; else None (``init_process_group`` reads
+    MASTER_ADDR and MASTER_PORT itself).
+
+    torchrun (2.5 and later) keeps one store for every group it starts; the keys the last group's
+    processes left there (their addresses) would be read as the new ones', and a restarted group
+    fails to connect or hangs. PyTorch 2.4's ``env://`` prefixed them with the attempt, as here."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+
+    agent = dist.TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), info.world, is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"minigpt/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
+
+
 #: Seconds a collective may wait before the job fails, unless MINIGPT_DIST_TIMEOUT gives another number. It
 #: covers the longest wait of a run: the other processes of a node wait in a barrier while its first process
 #: prepares the data (a tokenizer trained on a large corpus can take many minutes; ``minigpt prepare`` first
@@ -88,7 +160,8 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
 
     On CUDA each process takes the GPU of its LOCAL_RANK and names it as the group's ``device_id``
     (NCCL connects eagerly, and a barrier knows its device). Every collective may wait
-    :func:`dist_timeout`.
+    :func:`dist_timeout`. A group torchrun restarted (``--max-restarts``) meets in a store of its
+    own (:func:`_store`).
 
     Raises:
         MinigptError: MINIGPT_DIST_TIMEOUT is not a number of seconds.
@@ -101,12 +174,14 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
 
     if dist.is_initialized():
         return info, torch.device("cuda", info.local_rank) if device.type == "cuda" else device
+    store = _store(info, timeout)
+    where = {} if store is None else {"store": store, "rank": info.rank, "world_size": info.world}
     if device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl", device_id=device, timeout=timeout)
+        dist.init_process_group(backend="nccl", device_id=device, timeout=timeout, **where)
     else:
-        dist.init_process_group(backend="gloo", timeout=timeout)
+        dist.init_process_group(backend="gloo", timeout=timeout, **where)
     return info, device
 
 

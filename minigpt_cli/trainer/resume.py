@@ -17,6 +17,7 @@ from ..errors import MinigptError
 from ..run import checkpoint
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
+from ..runtime.distributed import Elastic
 from ..tokenizer.kinds import Tokenizer, check_run_tokenizer, load_tokenizer
 from .schedule import schedule_note
 
@@ -165,6 +166,9 @@ class Resumed:
     changes: dict[str, list] = field(
         default_factory=dict
     )  # key -> [old, new] (:func:`config_changes`)
+    # The torchrun restart that continues the run (its folder found by the job's run id); None: a
+    # --resume.
+    restart: Optional[Elastic] = None
 
     @classmethod
     def find(cls, cfg: Config, resume: str) -> Optional["Resumed"]:

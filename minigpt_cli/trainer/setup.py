@@ -49,7 +49,7 @@ from ..runtime.device import (
     seed_everything,
     tune_runtime,
 )
-from ..runtime.distributed import Dist, barrier, broadcast, init_distributed
+from ..runtime.distributed import Dist, Elastic, barrier, broadcast, init_distributed
 from ..runtime.kernels import dropout, onednn
 from ..runtime.kernels import swap as swap_kernels
 from ..sample.sampling import encode_prompt
@@ -184,8 +184,11 @@ def config_notes(
     if corpus_on_disk is None:
         corpus_on_disk = url_corpus_on_disk(cfg.data.data_dir, cfg.data.dataset, cfg.data.url)
     single = parallel.single_process_note(cfg.train.parallelism, dist or Dist.from_env())
+    shared = parallel.shared_store_note()
     return (
-        notes(cfg, corpus_on_disk=corpus_on_disk) + ([single] if single else []) + _muon_note(cfg)
+        notes(cfg, corpus_on_disk=corpus_on_disk)
+        + [note for note in (single, shared) if note]
+        + _muon_note(cfg)
     )
 
 
@@ -232,6 +235,10 @@ class Plan:
     estimate: list[str] = field(default_factory=list)  # the run's time here, the CPU recipe note
     trackers: list[str] = field(default_factory=list)  # train.trackers, their packages imported
     group: Optional[dict] = None  # a sweep's run: its tracker group (the sweep, the trial)
+    elastic: Optional[Elastic] = None  # under torchrun: the job's run id and restart count
+    # A group torchrun restarted: the folder an earlier group made and saved nothing in, which this
+    # one trains in from step 0 (one that has a checkpoint is resumed: ``resumed``).
+    reuse: Optional[Path] = None
 
     @property
     def done(self) -> bool:
@@ -261,7 +268,16 @@ def plan(
         echo = lambda message: None  # noqa: E731 - only rank 0 talks
     tc = cfg.train
     tracker_names = trackers.check(tc) if dist.main else []
+    elastic = Elastic.from_env()
+    restarted = _restarted_run(tc.out_dir, elastic, dist, write)
+    reuse = None
+    if restarted is not None and runs.has_checkpoint(restarted):
+        run_name, resume = None, str(restarted)  # continued in place, from checkpoints/last
+    else:
+        reuse = restarted
     resumed = Resumed.find(cfg, resume) if resume is not None else None
+    if resumed is not None and restarted is not None and not resumed.branch:
+        resumed.restart = elastic  # said in the line that names the folder and step
     if resumed is not None:  # a run that trained on the fallback corpus continues on it
         cfg = on_run_corpus(cfg, resumed.saved)
     if run_name is not None and resume is not None and not (resumed and resumed.branch):
@@ -278,6 +294,8 @@ def plan(
             (p, False) for p in run_files(run)[0]
         ]:
             check_writable(path, folder, append=path in appended, in_run=True)
+    elif reuse is not None:  # the folder this torchrun job's earlier group made
+        check_writable(reuse, folder=True)
     else:  # a new run folder (a branch from a checkpoint too)
         check_writable(tc.out_dir, folder=True)
         if run_name is not None:
@@ -353,7 +371,24 @@ def plan(
         vocab,
         estimate=estimate,
         trackers=tracker_names,
+        elastic=elastic,
+        reuse=reuse,
     )
+
+
+def _restarted_run(
+    out_dir: str, elastic: Optional[Elastic], dist: Dist, write: bool
+) -> Optional[Path]:
+    """In a group torchrun restarted (``--max-restarts``), the run folder an earlier group of the
+    job trained in, found by the job's run id (:func:`~minigpt_cli.run.folder.find_elastic_run`);
+    None in a first group, outside torchrun, or when no earlier group made one. Rank 0 looks and
+    tells the others (in a real run), so that every process opens the same folder."""
+    if elastic is None or elastic.restart == 0:
+        return None
+    found = runs.find_elastic_run(out_dir, elastic.run_id) if dist.main or not write else None
+    if write:  # a dry run has no process group
+        found = broadcast(None if found is None else str(found), dist)
+    return None if found is None else Path(found)
 
 
 def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional[bool]) -> Setup:
@@ -368,10 +403,19 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     if in_place:
         run_dir = resumed.run_dir
     elif dist.main:
-        claim.folder = runs.new_run_dir(tc.out_dir, cfg.name, p.run_name)
+        claim.folder = (
+            runs.reuse_run_dir(p.reuse)
+            if p.reuse is not None
+            else runs.new_run_dir(tc.out_dir, cfg.name, p.run_name)
+        )
         run_dir = claim.folder.path
     else:
         run_dir = None
+    if dist.main and p.elastic is not None:
+        # Before anything can fail: a group torchrun starts again finds the folder by this mark,
+        # and a folder with no checkpoint yet stays for it while restarts are left.
+        runs.mark_elastic(run_dir, p.elastic.run_id)
+        claim.folder.keep = p.elastic.restarts_left
     run_dir = Path(broadcast(str(run_dir), dist))
     # Before the run's own files: a tracker that cannot start leaves a new run folder unmade.
     started = (
@@ -486,6 +530,13 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
             f"removed {len(swept)} temporary file(s) left by a killed process: "
             f"{', '.join(p.name for p in swept)}"
         )
+    if p.reuse is not None:
+        line = (
+            f"{p.elastic.describe()}: {run_dir} got no checkpoint before the failure; training it "
+            "from step 0 again"
+        )
+        echo(line)
+        logger.log(line)
     _compile(s)
     _announce(s, data, dtype)
     s.estimate = list(p.estimate)
@@ -526,8 +577,11 @@ def _restore(s: Setup, resumed: Resumed) -> None:
         bad_evals=state["bad_evals"],
     )
     s.logger.truncate_to(s.prog.step, s.prog.evaluated)
-    s.logger.log(f"resumed from step {s.prog.step} ({weights_dir})")
-    if resumed.branch:
+    restart = f"{resumed.restart.describe()}: " if resumed.restart is not None else ""
+    s.logger.log(f"{restart}resumed from step {s.prog.step} ({weights_dir})")
+    if resumed.restart is not None:
+        s.echo(f"{restart}resuming {s.run_dir} from step {s.prog.step} ({weights_dir})")
+    elif resumed.branch:
         s.echo(
             f"continuing {resumed.checkpoint} (step {s.prog.step}) in a new run folder {s.run_dir}; "
             f"{resumed.run_dir} is left as it is"
