@@ -599,3 +599,27 @@ def test_a_restarted_group_trains_from_step_0_in_the_folder_that_saved_nothing(
     ]
     assert json.loads((mine / runs.ELASTIC).read_text()) == {"run_id": "job-1"}
     assert (other / "metrics.jsonl").read_text().count("\n") == 1  # another job's: untouched
+
+
+def test_restarts_over_several_machines_on_the_shared_store_get_a_note(data_dir, monkeypatch):
+    """torchrun --max-restarts over 2 machines with its agent's store shared (PyTorch's default):
+    the notes before the run say to export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; with it exported
+    (the store not shared), on one machine, or without restarts, they do not."""
+    from minigpt_cli.trainer.setup import config_notes
+
+    cfg = tiny(data_dir)
+    said = "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+    env = {
+        "GROUP_WORLD_SIZE": "2",
+        "TORCHELASTIC_MAX_RESTARTS": "3",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert sum(said in note and note.startswith("note: ") for note in config_notes(cfg)) == 1
+    for key in env:
+        with monkeypatch.context() as m:
+            m.setenv(
+                key, {"GROUP_WORLD_SIZE": "1", "TORCHELASTIC_MAX_RESTARTS": "0"}.get(key, "False")
+            )
+            assert not any(said in note for note in config_notes(cfg)), key

@@ -668,11 +668,13 @@ def check_run_name(out_dir: str | Path, run_name: str) -> Path:
     return run_dir
 
 
-def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunFolder:
+def new_run_dir(
+    out_dir: str | Path, name: str, run_name: Optional[str], keep: bool = False
+) -> RunFolder:
     """Create and lock ``<out_dir>/<run_name>`` (which may exist only if empty), or
-    ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>[-N]``; the caller releases the lock. Raises MinigptError: a
-    bad
-    --run-name, a folder that already holds something, or one in use."""
+    ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>[-N]``; the caller releases the lock. ``keep``: see
+    :attr:`RunFolder.keep`. Raises MinigptError: a bad --run-name, a folder that already holds
+    something, or one in use."""
     root = Path(out_dir)
     if run_name is not None:  # refused before the lock file is made in a folder of the user's
         check_run_name(root, run_name)
@@ -684,7 +686,8 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
         ):  # a free name comes soon: only runs started in the same second share a base
             run_dir = root / (base if n == 1 else f"{base}-{n}")
             if _make(run_dir):
-                return RunFolder(run_dir, RunLock(run_dir).acquire("pass --run-name"), created=True)
+                lock = RunLock(run_dir).acquire("pass --run-name")
+                return RunFolder(run_dir, lock, created=True, keep=keep)
     run_dir = root / run_name
     created = _make(run_dir)
     lock = RunLock(run_dir).acquire("wait for it or pass another --run-name")
@@ -694,7 +697,7 @@ def new_run_dir(out_dir: str | Path, name: str, run_name: Optional[str]) -> RunF
         on_failure.callback(lock.release)
         check_run_name(root, run_name)
         on_failure.pop_all()
-    return RunFolder(run_dir, lock, created=created, was_empty=not created)
+    return RunFolder(run_dir, lock, created=created, was_empty=not created, keep=keep)
 
 
 # ----------------------------------------------------------------------------- torchrun restarts
@@ -725,16 +728,17 @@ def find_elastic_run(out_dir: str | Path, run_id: str) -> Optional[Path]:
     return max(found)[1] if found else None
 
 
-def reuse_run_dir(run_dir: Path) -> RunFolder:
+def reuse_run_dir(run_dir: Path, keep: bool = False) -> RunFolder:
     """Lock again the run folder a torchrun job's earlier group made (:func:`find_elastic_run`) and
     that got no checkpoint, and empty it but for its lock and :data:`ELASTIC`: the run starts over
-    in it. The caller releases the lock. Raises MinigptError: another process holds it."""
+    in it. The caller releases the lock; ``keep``: see :attr:`RunFolder.keep`. Raises MinigptError:
+    another process holds it."""
     lock = RunLock(run_dir).acquire("wait for it to finish, or stop it")
     with ExitStack() as on_failure:
         on_failure.callback(lock.release)
         clear_unsaved(run_dir, keep=(LOCK, ELASTIC))
         on_failure.pop_all()
-    return RunFolder(run_dir, lock, created=True)
+    return RunFolder(run_dir, lock, created=True, keep=keep)
 
 
 # ----------------------------------------------------------------------------- env.json

@@ -171,9 +171,11 @@ class Resumed:
     restart: Optional[Elastic] = None
 
     @classmethod
-    def find(cls, cfg: Config, resume: str) -> Optional["Resumed"]:
+    def find(
+        cls, cfg: Config, resume: str, restart: Optional[Elastic] = None
+    ) -> Optional["Resumed"]:
         """The run ``resume`` names (``auto``: the newest of ``cfg.name`` on the same corpus; None:
-        none yet).
+        none yet); ``restart``: the torchrun restart that continues the run folder ``resume``.
 
         Raises:
             MinigptError: a path without a resumable checkpoint, a damaged checkpoint config.
@@ -199,7 +201,9 @@ class Resumed:
             )
         run_dir = runs.find_resume_dir(cfg.train.out_dir, cfg.name, resume, same_data)
         return (
-            None if run_dir is None else cls(run_dir, checkpoint.saved_config(cls.last_of(run_dir)))
+            None
+            if run_dir is None
+            else cls(run_dir, checkpoint.saved_config(cls.last_of(run_dir)), restart=restart)
         )
 
     def __post_init__(self):

@@ -270,14 +270,13 @@ def plan(
     tracker_names = trackers.check(tc) if dist.main else []
     elastic = Elastic.from_env()
     restarted = _restarted_run(tc.out_dir, elastic, dist, write)
-    reuse = None
+    reuse, restart = None, None
     if restarted is not None and runs.has_checkpoint(restarted):
-        run_name, resume = None, str(restarted)  # continued in place, from checkpoints/last
+        # Continued in place from checkpoints/last, whatever --run-name or --resume named.
+        run_name, resume, restart = None, str(restarted), elastic
     else:
         reuse = restarted
-    resumed = Resumed.find(cfg, resume) if resume is not None else None
-    if resumed is not None and restarted is not None and not resumed.branch:
-        resumed.restart = elastic  # said in the line that names the folder and step
+    resumed = Resumed.find(cfg, resume, restart) if resume is not None else None
     if resumed is not None:  # a run that trained on the fallback corpus continues on it
         cfg = on_run_corpus(cfg, resumed.saved)
     if run_name is not None and resume is not None and not (resumed and resumed.branch):
@@ -403,19 +402,18 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     if in_place:
         run_dir = resumed.run_dir
     elif dist.main:
+        # Under torchrun --max-restarts, a folder with no checkpoint yet stays for the next group.
+        keep = p.elastic is not None and p.elastic.restarts_left
         claim.folder = (
-            runs.reuse_run_dir(p.reuse)
+            runs.reuse_run_dir(p.reuse, keep)
             if p.reuse is not None
-            else runs.new_run_dir(tc.out_dir, cfg.name, p.run_name)
+            else runs.new_run_dir(tc.out_dir, cfg.name, p.run_name, keep)
         )
         run_dir = claim.folder.path
     else:
         run_dir = None
-    if dist.main and p.elastic is not None:
-        # Before anything can fail: a group torchrun starts again finds the folder by this mark,
-        # and a folder with no checkpoint yet stays for it while restarts are left.
+    if dist.main and p.elastic is not None:  # before anything can fail: a restarted group's key
         runs.mark_elastic(run_dir, p.elastic.run_id)
-        claim.folder.keep = p.elastic.restarts_left
     run_dir = Path(broadcast(str(run_dir), dist))
     # Before the run's own files: a tracker that cannot start leaves a new run folder unmade.
     started = (
