@@ -2,8 +2,8 @@
 env.json.
 
 runs/<name>/  config.yaml tokenizer.json env.json .lock (the lock, and the mark of a folder minigpt
-  made) .torchelastic (under torchrun: the job's run id, by which a restarted group finds the folder)
-  checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml
+  made) .torchelastic (under torchrun: the job's run id, by which a restarted group finds the
+  folder) checkpoints/{last,best,step-0000500}/  model.safetensors trainer_state.pt config.yaml
   meta.json checkpoints/.<which>.old/  the previous copy while :mod:`.checkpoint` swaps one in
   (:func:`resolve`)
 """
@@ -67,7 +67,7 @@ META = "meta.json"
 ENV = "env.json"
 TOKENIZER = "tokenizer.json"
 LOCK = ".lock"
-#: The torchrun job (its run id) that trains in the folder: a group torchrun restarts finds it by this.
+#: The torchrun job (its run id) that trains in the folder: a restarted group finds it by this.
 ELASTIC = ".torchelastic"
 #: The state file of a sweep's folder (:mod:`minigpt_cli.experiments.sweep`): it holds runs, and is
 #: none.
@@ -704,7 +704,8 @@ def new_run_dir(
 
 
 def mark_elastic(run_dir: Path, run_id: str) -> None:
-    """Write :data:`ELASTIC` in ``run_dir``: the torchrun job ``run_id`` trains there (atomically)."""
+    """Write :data:`ELASTIC` in ``run_dir`` (atomically): the torchrun job ``run_id`` trains
+    there."""
     atomic_write_text(Path(run_dir) / ELASTIC, json.dumps({"run_id": run_id}) + "\n")
 
 
@@ -717,8 +718,9 @@ def _elastic_id(run_dir: Path) -> Optional[str]:
 
 
 def find_elastic_run(out_dir: str | Path, run_id: str) -> Optional[Path]:
-    """The run folder under ``out_dir`` that torchrun job ``run_id`` trains in (:func:`mark_elastic`;
-    of several, the one marked last: an ``--rdzv-id`` used again by a later job); None: none."""
+    """The run folder under ``out_dir`` that torchrun job ``run_id`` trains in
+    (:func:`mark_elastic`; of several, the one marked last: an ``--rdzv-id`` used again by a later
+    job); None: none."""
     root = Path(out_dir)
     found = []
     for run in root.iterdir() if root.is_dir() else ():
