@@ -1,0 +1,180 @@
+"""``speedrun``: a track's recipe at several seeds, the record rule, and the ledger."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .base import Command, JsonOption, app, echo
+
+
+@app.command(cls=Command)
+def speedrun(
+    track: str = typer.Option(
+        "nanogpt-cpu",
+        "--track",
+        metavar="NAME",
+        help="nanogpt-cpu (val <= 1.886) or nanogpt-gpu (val <= 1.47).",
+    ),
+    seeds: int = typer.Option(
+        5, "--seeds", min=1, metavar="N", help="Runs of the recipe, seeds seed, seed+1, ..."
+    ),
+    threads: Optional[int] = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        metavar="N",
+        show_default=False,
+        help="OpenMP/torch threads of every run (and of nanoGPT's); default: the machine's "
+        "physical cores.",
+    ),
+    recipe: Optional[str] = typer.Option(
+        None,
+        "--recipe",
+        metavar="CONFIG",
+        show_default=False,
+        help="The recipe to run instead of the track's record recipe: a YAML config, or a "
+        "shipped config's name.",
+    ),
+    record: bool = typer.Option(
+        False,
+        "--record",
+        help="If the rule is met, append the result to speedrun/records.md of the git checkout "
+        "you run in (which must be clean) and keep the recipe in speedrun/recipes/.",
+    ),
+    baseline_seconds: Optional[float] = typer.Option(
+        None,
+        "--baseline-seconds",
+        min=0.001,
+        metavar="S",
+        show_default=False,
+        help="nanoGPT's wall time measured by hand in this sitting, for the ratio.",
+    ),
+    baseline_nanogpt: Optional[Path] = typer.Option(
+        None,
+        "--baseline-nanogpt",
+        metavar="NANOGPT_GIT_DIR",
+        show_default=False,
+        help="First run nanoGPT's CPU recipe from this clone or git snapshot (about 2 minutes), "
+        "for the ratio and the ledger's baseline row.",
+    ),
+    baseline_script: Optional[Path] = typer.Option(
+        None,
+        "--baseline-script",
+        metavar="PATH",
+        show_default=False,
+        help="The script --baseline-nanogpt runs; default: ../shared/tools/nanogpt-reference.sh "
+        "from the checkout.",
+    ),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        metavar="DIR",
+        show_default=False,
+        help="A new folder for the runs and speedrun.json; default: "
+        "runs/speedrun-<track>-<date>-<time>.",
+    ),
+    as_json: JsonOption = False,
+) -> None:
+    """Run a speedrun track: train its record recipe at N seeds and test the record rule.
+
+    A track is a val loss to reach on Tiny Shakespeare's character-level val
+    split: nanogpt-cpu, 1.886 (nanoGPT's CPU recipe's final val), and
+    nanogpt-gpu, 1.47 (what nanoGPT's GPU recipe reaches), both on the CPU.
+    Each seed is a real `minigpt train` process, one after another, all with
+    the same --threads. The recipe runs its fixed number of steps.
+
+    Per seed: the time to target is the run's elapsed_s at its first eval
+    with val <= target. The clock starts before the first step, and every
+    eval (with its checkpoint save) before that point counts as training
+    time; process start-up and data preparation do not. The record recipes
+    evaluate every 50 steps on 10 batches per split, so evals cost about a
+    tenth of the time. The stop val is the last checkpoint's loss over the
+    whole val split (every character scored once, not a sample). A seed that
+    never reaches the target is a miss: it keeps its val in the statistics
+    and counts as never in the median time.
+
+    The rule (modded-nanogpt's): a one-sided t-test that the mean stop val is
+    below the target, p < 0.01. The report gives each seed, the median time,
+    the mean val, p, the CPU, the threads and the torch version, and lands in
+    speedrun.json beside the runs. --record then appends a row to the ledger
+    (date, commit, change from the previous record's recipe, CPU, seeds,
+    median time, mean val, p, ratio to a baseline of this sitting).
+
+    \b
+    Examples:
+      minigpt speedrun --track nanogpt-cpu --seeds 5
+      minigpt speedrun --recipe my-recipe.yaml --baseline-nanogpt ../nanoGPT --record
+    """
+    from ..config.schema import load_config
+    from ..errors import MinigptError
+    from ..paths import resolve_config
+    from ..run.folder import git_commit
+    from ..speedrun import baseline as baselines
+    from ..speedrun import ledger
+    from ..speedrun.runner import format_report, physical_cores, run_speedrun, write_report
+    from ..speedrun.tracks import check_recipe, get_track
+
+    t = get_track(track)
+    if record and seeds < 2:
+        raise MinigptError(
+            f"--record needs at least 2 seeds for its t-test (--seeds {seeds})",
+            "use --seeds 5, the rule's default",
+        )
+    if baseline_seconds is not None and baseline_nanogpt is not None:
+        raise MinigptError(
+            "--baseline-seconds and --baseline-nanogpt both give the baseline; keep one"
+        )
+    root = commit = None
+    if record:  # before any training: a refused record costs nothing
+        root = ledger.checkout(Path.cwd())
+        commit = ledger.clean_commit(root)
+    recipe_name = recipe or t.recipe
+    recipe_path = resolve_config(recipe_name, note=echo)
+    cfg = load_config(recipe_path)
+    check_recipe(cfg, recipe_name)
+    script = None
+    if baseline_nanogpt is not None:
+        here = [Path.cwd(), *([root] if root else []), Path(__file__).resolve().parents[2]]
+        script = baselines.find_script(baseline_script, here)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = out or Path(cfg.train.out_dir) / f"speedrun-{t.name}-{stamp}"
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise MinigptError(f"--out {out} already holds files", "give a new or empty folder")
+    threads = threads or physical_cores()
+    out.mkdir(parents=True, exist_ok=True)
+    base = (
+        baselines.run_nanogpt(script, baseline_nanogpt, threads, echo)
+        if script is not None
+        else baselines.by_hand(baseline_seconds)
+        if baseline_seconds is not None
+        else None
+    )
+    report = run_speedrun(
+        t, recipe_path, cfg, [cfg.seed + i for i in range(seeds)], threads, out, echo
+    )
+    median = report["median_time_s"]
+    report["baseline"] = base
+    report["ratio"] = median / base["seconds"] if base and median is not None else None
+    report["commit"] = commit or git_commit()
+    path = write_report(out, report)
+    print(json.dumps(report, indent=1) if as_json else format_report(report), end="")
+    echo(f"report written to {path}")
+    if not record:
+        return
+    if not report["record_rule_met"]:
+        p = report["p"]
+        raise MinigptError(
+            f"not a record: p = {p:.3g} is not below {report['p_record']} (mean val "
+            f"{report['mean_val']:.4f} against {t.target}); nothing written to the ledger"
+            if p is not None
+            else "not a record: p is undefined (every seed gave the same val); nothing written "
+            "to the ledger",
+            "more seeds or a lower val make the t-test surer",
+        )
+    written, number = ledger.record(root, report, recipe_path, commit)
+    echo(f"record {number} of track {t.name} written to {written}; commit it with the recipe kept")

@@ -1,0 +1,264 @@
+"""A speedrun: a recipe trained at several seeds, one ``minigpt train`` process after another on a
+fixed thread count, then the rule's statistics.
+
+Each seed's time to target is its run's ``elapsed_s`` at the first eval whose val loss is at or below
+the target: the trainer's clock starts before the first step, and every eval, checkpoint save and
+sample before that point counts as training time (process start-up and data preparation do not).
+Its stop val is the loss of the run's last checkpoint over the whole val split, every character
+scored once in windows of ``block_size`` (:func:`~minigpt_cli.eval.evaluate.evaluate`), not the
+eval's sample of windows. A seed that never reaches the target is a miss and keeps its stop val in
+the statistics; its time counts as infinite in the median. The record rule is modded-nanogpt's:
+the one-sided t-test (``scipy.stats.ttest_1samp``, ``alternative="less"``) that the mean stop val
+is below the target, at p < :data:`P_RECORD`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..errors import MinigptError
+from ..run import folder as runs
+from ..run.metrics import METRICS, read_events
+
+#: The record rule: the one-sided p-value that the mean stop val beats the target stays below this.
+P_RECORD = 0.01
+#: The speedrun's own file in its output folder.
+REPORT = "speedrun.json"
+
+
+@dataclass
+class SeedResult:
+    """One seed's run: time to target in seconds (None: a miss) and its whole-split val at the
+    stop step (nats per character)."""
+
+    seed: int
+    run: str
+    time_to_target_s: Optional[float]
+    hit_step: Optional[int]
+    stop_step: int
+    stop_val: float
+    torch_threads: Optional[int]  # what the run's env.json says it trained with
+
+    @property
+    def hit(self) -> bool:
+        return self.time_to_target_s is not None
+
+
+def cpu_model() -> str:
+    """The CPU's model name, with its family and model numbers (which tell generations apart where
+    the name is generic, as a cloud VM's "Intel(R) Xeon(R) Processor" is)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or platform.machine() or "unknown CPU"
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
+
+
+def physical_cores() -> int:
+    """The physical cores this process may run on (hyperthread siblings counted once; Linux's
+    sysfs topology), else the logical CPU count."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = sorted(affinity(0)) if affinity is not None else list(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        try:
+            siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+            cores.add(siblings.read_text().strip())
+        except OSError:
+            return len(cpus)
+    return max(1, len(cores))
+
+
+def time_to_target(run_dir: Path, target: float) -> tuple[Optional[float], Optional[int]]:
+    """``elapsed_s`` and step of the run's first eval with ``val_loss <= target``; (None, None)
+    when none reached it."""
+    for event in read_events(run_dir / METRICS):
+        if event["event"] == "eval" and event["val_loss"] <= target:
+            return event["elapsed_s"], event["step"]
+    return None, None
+
+
+def stop_val(run_dir: Path, block_size: int, device: str) -> tuple[float, int]:
+    """The loss of the run's last checkpoint on the whole val split, each character scored once
+    with up to ``block_size`` before it (disjoint windows, as the training eval's), and its step."""
+    from ..eval.evaluate import evaluate
+
+    result = evaluate(
+        run_dir, checkpoint=runs.LAST, full=True, stride=block_size, device=device, progress=False
+    )
+    return result["loss"], result["step"]
+
+
+def train_seed(
+    recipe: Path, seed: int, out: Path, threads: int, target: float, block_size: int, device: str
+) -> SeedResult:
+    """Train ``recipe`` at ``seed`` as a ``minigpt train`` process with ``threads`` OpenMP threads
+    into ``out/seed-<seed>``, and read its time to target and stop val.
+
+    Raises:
+        MinigptError: the training failed (its own error line).
+    """
+    name = f"seed-{seed}"
+    cmd = [sys.executable, "-m", "minigpt_cli", "train", str(recipe), "--run-name", name]
+    cmd += ["--set", f"seed={seed}", "--set", f"train.out_dir={out}", "--no-progress"]
+    # Both variables: PyTorch takes its intra-op threads from them, and minigpt's trainer then
+    # keeps that count instead of adapting it to the machine's load (runtime.device.CpuThreads).
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    run_dir = out / name
+    (out / f"{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        last = errors[-1] if errors else (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MinigptError(
+            f"seed {seed}'s training failed (exit status {done.returncode}): {last}",
+            f"its output is in {out / (name + '.log')}",
+        )
+    seconds, step = time_to_target(run_dir, target)
+    val, stop_step = stop_val(run_dir, block_size, device)
+    env_json = json.loads((run_dir / runs.ENV).read_text(encoding="utf-8"))
+    return SeedResult(
+        seed, str(run_dir), seconds, step, stop_step, val, env_json.get("torch_threads")
+    )
+
+
+def summarize(results: list[SeedResult], target: float) -> dict:
+    """The rule's statistics over every seed, misses included: the mean stop val, the one-sided
+    p-value that it is below ``target`` (None under 2 seeds, or when every val is the same), the
+    median time to target (misses as infinite: None when half or more missed), and whether the
+    record rule holds."""
+    from scipy import stats
+
+    vals = [r.stop_val for r in results]
+    p = None
+    if len(vals) >= 2:
+        p = float(stats.ttest_1samp(vals, target, alternative="less").pvalue)
+        p = None if math.isnan(p) else p
+    median = statistics.median(
+        [r.time_to_target_s if r.hit else math.inf for r in results]
+    )  # a miss has no time: counted as never
+    return {
+        "mean_val": statistics.fmean(vals),
+        "p": p,
+        "median_time_s": None if math.isinf(median) else median,
+        "hits": sum(r.hit for r in results),
+        "record_rule_met": p is not None and p < P_RECORD,
+    }
+
+
+def run_speedrun(
+    track,
+    recipe: Path,
+    cfg,
+    seeds: list[int],
+    threads: int,
+    out: Path,
+    echo: Callable[[str], None],
+) -> dict:
+    """Train ``recipe`` (whose config is ``cfg``) at each of ``seeds`` (:func:`train_seed`) and
+    summarize; the report, not yet written.
+
+    Raises:
+        MinigptError: a seed's training failed; every seed missed the target (the recipe's budget
+            never reaches it).
+    """
+    import torch
+
+    torch.set_num_threads(threads)  # the stop vals, scored in this process
+    results = []
+    for i, seed in enumerate(seeds, 1):
+        echo(f"seed {seed} ({i} of {len(seeds)}): training {recipe} ...")
+        r = train_seed(recipe, seed, out, threads, track.target, cfg.model.block_size, cfg.device)
+        reached = (
+            f"val <= {track.target} at step {r.hit_step}, {r.time_to_target_s:.1f} s"
+            if r.hit
+            else f"missed {track.target}"
+        )
+        echo(f"seed {seed}: {reached}; stop val {r.stop_val:.4f} at step {r.stop_step}")
+        results.append(r)
+    if not any(r.hit for r in results):
+        best = min(r.stop_val for r in results)
+        raise MinigptError(
+            f"recipe {recipe} never reached track {track.name}'s val {track.target} within its "
+            f"budget of {cfg.train.max_iters} steps: all {len(results)} seeds missed (best stop val "
+            f"{best:.4f}; runs in {out})",
+            "give the recipe more steps (train.max_iters) or a faster schedule",
+        )
+    return {
+        "track": track.name,
+        "target": track.target,
+        "recipe": str(recipe),
+        "budget_iters": cfg.train.max_iters,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_model(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "seeds": [asdict(r) | {"hit": r.hit} for r in results],
+        **summarize(results, track.target),
+        "p_record": P_RECORD,
+    }
+
+
+def format_report(report: dict) -> str:
+    """The report as the terminal shows it: a line per seed, then the statistics."""
+    lines = [
+        f"track {report['track']}: val <= {report['target']} on Tiny Shakespeare's val split; "
+        f"recipe {report['recipe']} ({report['budget_iters']} steps)",
+        f"{report['cpu']}, {report['threads']} threads, torch {report['torch']}",
+        "",
+        f"{'seed':>6}  {'time to target':>14}  {'stop step':>9}  {'stop val':>8}  result",
+    ]
+    for s in report["seeds"]:
+        t = f"{s['time_to_target_s']:.1f} s" if s["hit"] else "-"
+        lines.append(
+            f"{s['seed']:>6}  {t:>14}  {s['stop_step']:>9}  {s['stop_val']:>8.4f}  "
+            + ("hit" if s["hit"] else "miss")
+        )
+    median = report["median_time_s"]
+    p = report["p"]
+    lines += [
+        "",
+        "median time to target: "
+        + (f"{median:.1f} s" if median is not None else "not reached (half or more missed)"),
+        f"mean stop val: {report['mean_val']:.4f} over {len(report['seeds'])} seeds "
+        f"({report['hits']} hit)",
+        "p (one-sided t-test, mean val < target): "
+        + (f"{p:.3g}" if p is not None else "undefined (needs 2 seeds that differ)"),
+        f"record rule (p < {report['p_record']}): "
+        + ("met" if report["record_rule_met"] else "not met"),
+    ]
+    base = report.get("baseline")
+    if base is not None:
+        lines.append(f"baseline: {base['label']}, {base['seconds']:.1f} s")
+    if report.get("ratio") is not None:
+        lines.append(f"ratio to the baseline: {report['ratio']:.3f}x")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, report: dict) -> Path:
+    """Write ``speedrun.json`` into the speedrun's folder (atomically); its path."""
+    from ..fileio import atomic_write_text
+
+    path = out / REPORT
+    atomic_write_text(path, json.dumps(report, indent=1) + "\n")
+    return path

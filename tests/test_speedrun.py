@@ -1,0 +1,276 @@
+"""``minigpt speedrun``: real ``minigpt train`` processes at two seeds on a tiny test track, the
+statistics recomputed with scipy from the per-seed numbers, the ledger's rows, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import TINY, assert_user_error, working_dir
+from scipy import stats
+
+from minigpt_cli.config.schema import load_config
+from minigpt_cli.speedrun import ledger, tracks
+from minigpt_cli.speedrun.baseline import parse_reference
+from minigpt_cli.speedrun.runner import REPORT, SeedResult, physical_cores, summarize
+
+#: The test track: the tiny config passes this val within its first evals at any seed, and its
+#: stop val (about 2.6 after 30 steps) is far enough below it for p < 0.01 with 2 seeds.
+TARGET = 3.3
+
+
+def _recipe(data_dir: Path, **train) -> dict:
+    """tiny.yaml as a speedrun recipe: evals every 10 steps, none at step 0, no sample."""
+    cfg = yaml.safe_load(TINY.read_text())
+    cfg["name"] = "speedrun-tiny"
+    cfg["data"] = {"data_dir": str(data_dir)}
+    cfg["train"].update({"eval_interval": 10, "eval_at_start": False, "sample_tokens": 0, **train})
+    return cfg
+
+
+def _track(mp: pytest.MonkeyPatch, target: float = TARGET) -> None:
+    """Make ``tiny-test`` the only track (its recipe is given with --recipe)."""
+    track = tracks.Track("tiny-test", target, "tiny", 30, "a target the tiny config passes")
+    mp.setattr(tracks, "load_tracks", lambda: {track.name: track})
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _repo(root: Path, recipe: dict) -> Path:
+    """A git checkout holding the recipe, committed: a clean tree."""
+    repo = root / "checkout"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "test@example.com")
+    _git(repo, "config", "user.name", "test")
+    (repo / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    _git(repo, "add", "recipe.yaml")
+    _git(repo, "commit", "-q", "-m", "recipe")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, data_dir):
+    """One speedrun of the test track at 2 seeds with --record and a baseline given by hand, in a
+    clean checkout: (the CLI's result, the checkout, the output folder)."""
+    from helpers import CliResult
+    from typer.testing import CliRunner
+
+    from minigpt_cli.cli import app
+
+    root = tmp_path_factory.mktemp("speedrun")
+    repo = _repo(root, _recipe(data_dir))
+    out = root / "out"
+    with pytest.MonkeyPatch.context() as mp, working_dir(repo):
+        _track(mp)
+        args = ["speedrun", "--track", "tiny-test", "--recipe", "recipe.yaml", "--seeds", "2"]
+        args += ["--threads", "1", "--record", "--baseline-seconds", "100", "--out", str(out)]
+        res = CliRunner().invoke(app, args, catch_exceptions=False)
+    return CliResult(res.exit_code, res.stdout, res.stderr), repo, out
+
+
+def test_two_seeds_give_the_statistics_scipy_gives(recorded):
+    res, repo, out = recorded
+    assert res.exit_code == 0, res
+    report = json.loads((out / REPORT).read_text())
+    seeds = report["seeds"]
+    assert [s["seed"] for s in seeds] == [1337, 1338]
+    for s in seeds:
+        run = Path(s["run"])
+        assert run.parent == out and (run / "checkpoints").is_dir()
+        assert s["torch_threads"] == 1  # --threads reached the training process
+        assert s["stop_step"] == 30
+        # The hit is the first eval at or below the target, read back from the run's own log.
+        evals = [
+            json.loads(line)
+            for line in (run / "metrics.jsonl").read_text().splitlines()
+            if '"eval"' in line
+        ]
+        first = next(e for e in evals if e["val_loss"] <= TARGET)
+        assert s["hit"] and s["hit_step"] == first["step"]
+        assert s["time_to_target_s"] == first["elapsed_s"]
+        # The stop val is the whole split's, not the last eval's sample of windows.
+        assert s["stop_val"] != evals[-1]["val_loss"]
+        assert abs(s["stop_val"] - evals[-1]["val_loss"]) < 0.2
+    vals = [s["stop_val"] for s in seeds]
+    assert vals[0] != vals[1]
+    assert report["mean_val"] == pytest.approx(statistics.fmean(vals))
+    p = stats.ttest_1samp(vals, TARGET, alternative="less").pvalue
+    assert report["p"] == pytest.approx(p) and report["p"] < 0.01 and report["record_rule_met"]
+    median = statistics.median(s["time_to_target_s"] for s in seeds)
+    assert report["median_time_s"] == pytest.approx(median)
+    assert report["ratio"] == pytest.approx(median / 100)
+    assert report["threads"] == 1 and report["torch"] and report["cpu"]
+    assert report["commit"] == _git(repo, "rev-parse", "--short=12", "HEAD").strip()
+    # The terminal's report says the same.
+    assert f"{report['mean_val']:.4f}" in res.stdout and f"{median:.1f} s" in res.stdout
+
+
+def test_the_record_is_a_ledger_row_with_its_recipe_kept(recorded):
+    res, repo, out = recorded
+    report = json.loads((out / REPORT).read_text())
+    kept = repo / "speedrun" / "recipes" / "tiny-test-001.yaml"
+    assert kept.read_text() == (repo / "recipe.yaml").read_text()
+    text = (repo / "speedrun" / "records.md").read_text()
+    assert "## tiny-test: val <= 3.3" in text
+    row = [line for line in text.splitlines() if line.startswith("| 1 |")]
+    assert len(row) == 1
+    cells = [c.strip() for c in row[0].strip("|").split(" | ")]
+    header = [line for line in text.splitlines() if line.startswith("| # |")][0]
+    fields = dict(zip([c.strip() for c in header.strip("|").split(" | ")], cells))
+    assert fields["commit"] == report["commit"]
+    assert fields["recipe"] == "recipes/tiny-test-001.yaml"
+    assert fields["change from the previous record"] == "first record"
+    assert fields["CPU"] == report["cpu"] and fields["threads"] == "1"
+    assert fields["seeds"] == "2 (2 hit)"
+    assert fields["median time to target"] == f"{report['median_time_s']:.1f} s"
+    assert fields["mean val"] == f"{report['mean_val']:.4f}"
+    assert float(fields["p"]) == pytest.approx(report["p"], rel=0.05)
+    assert fields["ratio to baseline"].startswith(f"{report['ratio']:.3f}x of 100.0 s (by hand)")
+    assert "record 1 of track tiny-test written" in res.stderr
+
+
+def test_a_miss_stays_in_the_statistics(recorded):
+    _, _, out = recorded
+    report = json.loads((out / REPORT).read_text())
+    results = [SeedResult(**{k: v for k, v in s.items() if k != "hit"}) for s in report["seeds"]]
+    # A target between the two seeds' stop vals: the seed above it misses, and stays in.
+    lo, hi = sorted(r.stop_val for r in results)
+    target = (lo + hi) / 2
+    worse = max(results, key=lambda r: r.stop_val)
+    worse.time_to_target_s = worse.hit_step = None
+    summary = summarize(results, target)
+    vals = [r.stop_val for r in results]
+    assert summary["hits"] == 1
+    assert summary["mean_val"] == pytest.approx(statistics.fmean(vals))
+    assert summary["p"] == pytest.approx(stats.ttest_1samp(vals, target, alternative="less").pvalue)
+    assert summary["median_time_s"] is None  # half missed: the median time is never
+    assert not summary["record_rule_met"]
+    # With a third seed that hit, the median is the slower of the two hits.
+    third = SeedResult(9, "x", 1.0, 10, 30, lo, 1)
+    summary = summarize([*results, third], target)
+    hits = sorted(r.time_to_target_s for r in [*results, third] if r.hit)
+    assert summary["median_time_s"] == hits[-1] and not math.isinf(hits[-1])
+
+
+def test_a_recipe_that_never_reaches_its_target_is_refused(tmp_path, data_dir, cli, monkeypatch):
+    _track(monkeypatch, target=0.5)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(_recipe(data_dir, max_iters=10)))
+    out = tmp_path / "out"
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", recipe, "--seeds", "2",
+              "--threads", "1", "--out", out)  # fmt: skip
+    assert_user_error(res, "never reached", "0.5", "all 2 seeds missed", "train.max_iters")
+    assert not (out / REPORT).exists()
+
+
+def test_record_refuses_a_dirty_tree_before_training(tmp_path, data_dir, cli, monkeypatch):
+    _track(monkeypatch)
+    repo = _repo(tmp_path, _recipe(data_dir))
+    (repo / "notes.txt").write_text("not committed\n")
+    monkeypatch.chdir(repo)
+    out = tmp_path / "out"
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", "recipe.yaml", "--seeds", "2",
+              "--record", "--out", out)  # fmt: skip
+    assert_user_error(res, "clean git tree", "notes.txt", "commit")
+    assert not out.exists() and not (repo / "speedrun").exists()
+
+
+def test_record_needs_two_seeds_and_a_checkout(tmp_path, cli, monkeypatch):
+    res = cli("speedrun", "--seeds", "1", "--record")
+    assert_user_error(res, "--record needs at least 2 seeds", "--seeds 5")
+    monkeypatch.chdir(tmp_path)  # not a git checkout
+    res = cli("speedrun", "--seeds", "2", "--record", "--out", tmp_path / "out")
+    assert_user_error(res, "not in one", "minigpt checkout")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_track_is_refused_with_the_tracks(cli):
+    res = cli("speedrun", "--track", "nanogpt-tpu")
+    assert_user_error(res, "--track nanogpt-tpu", "nanogpt-cpu (val <= 1.886)", "nanogpt-gpu")
+
+
+def test_a_recipe_on_another_corpus_is_refused(tmp_path, data_dir, cli, monkeypatch):
+    _track(monkeypatch)
+    other = tmp_path / "other.txt"
+    other.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:-1])
+    recipe = _recipe(data_dir)
+    recipe["data"]["path"] = str(other)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", tmp_path / "recipe.yaml",
+              "--out", tmp_path / "out")  # fmt: skip
+    assert_user_error(res, "not Tiny Shakespeare", "data.path: null")
+    assert not (tmp_path / "out").exists()
+    recipe = _recipe(data_dir)
+    recipe["tokenizer"] = {"kind": "bpe", "vocab_size": 300}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", tmp_path / "recipe.yaml")
+    assert_user_error(res, "tokenizer.kind bpe", "tokenizer.kind: char")
+
+
+def test_the_shipped_tracks_name_recipes_that_run_their_budget():
+    shipped = tracks.load_tracks()
+    assert list(shipped) == ["nanogpt-cpu", "nanogpt-gpu"]
+    assert shipped["nanogpt-cpu"].target == 1.886 and shipped["nanogpt-gpu"].target == 1.47
+    for track in shipped.values():
+        cfg = load_config(track.recipe)
+        tracks.check_recipe(cfg, track.recipe)
+        assert cfg.train.max_iters == track.budget_iters, track.name
+        assert not cfg.train.eval_at_start and cfg.train.sample_tokens == 0
+
+
+def test_the_recipe_diff_names_the_keys_that_changed(tmp_path):
+    old = load_config("speedrun-nanogpt-cpu")
+    new = load_config(
+        "speedrun-nanogpt-cpu",
+        ["train.max_iters=250", "model.ffn=swiglu", "seed=7", "train.out_dir=elsewhere"],
+    )
+    assert ledger.recipe_diff(old, new) == [
+        "model.ffn: relu -> swiglu",
+        "train.max_iters: 300 -> 250",
+    ]
+    assert ledger.recipe_diff(old, old) == []
+
+
+def test_rows_go_to_the_end_of_their_tracks_table():
+    text = ledger.insert_rows("", "a", 1.5, ["| 1 | a1 |"])
+    text = ledger.insert_rows(text, "b", 2.5, ["| 1 | b1 |"])
+    text = ledger.insert_rows(text, "a", 1.5, ["| baseline | a0 |", "| 2 | a2 |"])
+    lines = text.splitlines()
+    assert lines[0] == "# Speedrun records"
+    a, b = lines.index("## a: val <= 1.5"), lines.index("## b: val <= 2.5")
+    assert [
+        line
+        for line in lines[a:b]
+        if line.startswith("| ") and "#" not in line and "---" not in line
+    ] == [
+        "| 1 | a1 |",
+        "| baseline | a0 |",
+        "| 2 | a2 |",
+    ]
+    assert lines[-1] == "| 1 | b1 |"
+
+
+def test_the_reference_scripts_output_is_parsed():
+    # nanoGPT's train.py eval line and the script's last line, as they print them.
+    text = (
+        "step 0: train loss 4.1744, val loss 4.1722\n"
+        "step 2000: train loss 1.7600, val loss 1.8857\n"
+        "wall_s 89.7  median_ms_per_iter 42.1  (tokens per iter 768)\n"
+    )
+    assert parse_reference(text) == (89.7, 1.8857, 2000)
+
+
+def test_physical_cores_counts_each_core_once():
+    import os
+
+    assert 1 <= physical_cores() <= len(os.sched_getaffinity(0))
