@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..errors import MinigptError
+from ..errors import Interrupted, MinigptError
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 
@@ -126,6 +126,12 @@ def train_seed(
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     run_dir = out / name
     (out / f"{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+    if done.returncode > 128:  # stopped by a signal (Ctrl-C reaches the whole process group)
+        raise Interrupted(
+            f"seed {seed}'s training was stopped by signal {done.returncode - 128}; the speedrun "
+            f"stops here (its runs are in {out})",
+            done.returncode - 128,
+        )
     if done.returncode != 0:
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         last = errors[-1] if errors else (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -197,10 +203,11 @@ def run_speedrun(
         results.append(r)
     if not any(r.hit for r in results):
         best = min(r.stop_val for r in results)
+        which = f"all {len(results)} seeds" if len(results) > 1 else "its one seed"
         raise MinigptError(
             f"recipe {recipe} never reached track {track.name}'s val {track.target} within its "
-            f"budget of {cfg.train.max_iters} steps: all {len(results)} seeds missed (best stop val "
-            f"{best:.4f}; runs in {out})",
+            f"budget of {cfg.train.max_iters} steps: {which} missed (best stop val {best:.4f}; "
+            f"runs in {out})",
             "give the recipe more steps (train.max_iters) or a faster schedule",
         )
     return {
