@@ -216,7 +216,7 @@ def test_an_unknown_track_is_refused_with_the_tracks(cli):
     assert_user_error(res, "--track nanogpt-tpu", "nanogpt-cpu (val <= 1.886)", "nanogpt-gpu")
 
 
-def test_a_recipe_on_another_corpus_is_refused(tmp_path, data_dir, cli, monkeypatch):
+def test_a_recipe_that_is_not_the_tracks_task_is_refused(tmp_path, data_dir, cli, monkeypatch):
     _track(monkeypatch)
     other = tmp_path / "other.txt"
     other.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:-1])
@@ -232,6 +232,11 @@ def test_a_recipe_on_another_corpus_is_refused(tmp_path, data_dir, cli, monkeypa
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     res = cli("speedrun", "--track", "tiny-test", "--recipe", tmp_path / "recipe.yaml")
     assert_user_error(res, "tokenizer.kind bpe", "tokenizer.kind: char")
+    # The rule runs a fixed number of steps: a time limit or early stopping would vary it.
+    recipe = _recipe(data_dir, max_seconds=60.0)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", tmp_path / "recipe.yaml")
+    assert_user_error(res, "train.max_seconds (60.0)", "fixed train.max_iters (60)")
 
 
 def test_the_shipped_tracks_name_recipes_that_run_their_budget():

@@ -231,7 +231,7 @@ def format_report(report: dict) -> str:
     lines = [
         f"track {report['track']}: val <= {report['target']} on Tiny Shakespeare's val split; "
         f"recipe {report['recipe']} ({report['budget_iters']} steps)",
-        f"{report['cpu']}, {report['threads']} threads, torch {report['torch']}",
+        f"CPU {report['cpu']}; threads {report['threads']}; torch {report['torch']}",
         "",
         f"{'seed':>6}  {'time to target':>14}  {'stop step':>9}  {'stop val':>8}  result",
     ]

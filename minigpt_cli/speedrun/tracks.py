@@ -97,6 +97,16 @@ def check_recipe(cfg: Config, recipe: str) -> None:
             f"recipe {recipe} uses tokenizer.kind {cfg.tokenizer.kind}: the speedrun's targets are "
             "nats per character; set tokenizer.kind: char"
         )
+    tc = cfg.train
+    for key, value in (
+        ("max_seconds", tc.max_seconds),
+        ("early_stop_patience", tc.early_stop_patience),
+    ):
+        if value is not None:  # the rule: every seed runs the same fixed number of steps
+            raise MinigptError(
+                f"recipe {recipe} sets train.{key} ({value}): a speedrun's seeds each run the "
+                f"recipe's fixed train.max_iters ({tc.max_iters}) steps; set train.{key}: null"
+            )
     if dc.val_fraction != VAL_FRACTION:
         raise MinigptError(
             f"recipe {recipe} holds out data.val_fraction {dc.val_fraction}: the tracks' val split "
