@@ -227,6 +227,13 @@ def test_a_recipe_that_is_not_the_tracks_task_is_refused(tmp_path, data_dir, cli
               "--out", tmp_path / "out")  # fmt: skip
     assert_user_error(res, "not Tiny Shakespeare", "data.path: null")
     assert not (tmp_path / "out").exists()
+    # The named dataset, edited on disk.
+    edited = tmp_path / "data" / "tinyshakespeare" / "input.txt"
+    edited.parent.mkdir(parents=True)
+    edited.write_text(other.read_text() + "!")
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(_recipe(tmp_path / "data")))
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", tmp_path / "recipe.yaml")
+    assert_user_error(res, f"{edited} is not Tiny Shakespeare", "remove it")
     recipe = _recipe(data_dir)
     recipe["tokenizer"] = {"kind": "bpe", "vocab_size": 300}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))

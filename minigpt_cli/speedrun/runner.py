@@ -1,9 +1,10 @@
 """A speedrun: a recipe trained at several seeds, one ``minigpt train`` process after another on a
 fixed thread count, then the rule's statistics.
 
-Each seed's time to target is its run's ``elapsed_s`` at the first eval whose val loss is at or below
-the target: the trainer's clock starts before the first step, and every eval, checkpoint save and
-sample before that point counts as training time (process start-up and data preparation do not).
+Each seed's time to target is its run's ``elapsed_s`` at the first eval whose val loss is at or
+below the target: the trainer's clock starts before the first step, and every eval, checkpoint save
+and sample before that point counts as training time (process start-up and data preparation do
+not).
 Its stop val is the loss of the run's last checkpoint over the whole val split, every character
 scored once in windows of ``block_size`` (:func:`~minigpt_cli.eval.evaluate.evaluate`), not the
 eval's sample of windows. A seed that never reaches the target is a miss and keeps its stop val in

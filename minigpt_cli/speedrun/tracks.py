@@ -89,8 +89,9 @@ def check_recipe(cfg: Config, recipe: str) -> None:
         # Missing: train downloads it and checks the sha256 itself.
         if on_disk.is_file() and (got := _sha256(on_disk)) != want:
             raise MinigptError(
-                f"{on_disk} is not Tiny Shakespeare (sha256 {got[:12]}…, want {want[:12]}…), so "
-                f"recipe {recipe} cannot run a speedrun track; remove it (train downloads it again)"
+                f"{on_disk} is not Tiny Shakespeare (sha256 {got[:12]}…, want {want[:12]}…), "
+                f"so recipe {recipe} cannot run a speedrun track",
+                "remove it (train downloads it again)",
             )
     if cfg.tokenizer.kind != "char":
         raise MinigptError(
