@@ -216,6 +216,15 @@ def test_an_unknown_track_is_refused_with_the_tracks(cli):
     assert_user_error(res, "--track nanogpt-tpu", "nanogpt-cpu (val <= 1.886)", "nanogpt-gpu")
 
 
+def test_baseline_options_that_conflict_are_refused(tmp_path, cli):
+    res = cli("speedrun", "--baseline-seconds", "90", "--baseline-nanogpt", tmp_path)
+    assert_user_error(res, "--baseline-seconds and --baseline-nanogpt", "keep one")
+    res = cli("speedrun", "--baseline-script", tmp_path / "x.sh")
+    assert_user_error(res, "--baseline-script", "--baseline-nanogpt NANOGPT_GIT_DIR")
+    res = cli("speedrun", "--baseline-nanogpt", tmp_path, "--baseline-script", tmp_path / "x.sh")
+    assert_user_error(res, f"--baseline-script {tmp_path / 'x.sh'}: no such file")
+
+
 def test_a_recipe_that_is_not_the_tracks_task_is_refused(tmp_path, data_dir, cli, monkeypatch):
     _track(monkeypatch)
     other = tmp_path / "other.txt"

@@ -129,6 +129,11 @@ def speedrun(
         raise MinigptError(
             "--baseline-seconds and --baseline-nanogpt both give the baseline; keep one"
         )
+    if baseline_script is not None and baseline_nanogpt is None:
+        raise MinigptError(
+            "--baseline-script names the script --baseline-nanogpt runs; give "
+            "--baseline-nanogpt NANOGPT_GIT_DIR too, or drop it"
+        )
     root = commit = None
     if record:  # before any training: a refused record costs nothing
         root = ledger.checkout(Path.cwd())
