@@ -92,8 +92,8 @@ def speedrun(
     with val <= target. The clock starts before the first step, and every
     eval (with its checkpoint save) before that point counts as training
     time; process start-up and data preparation do not. The record recipes
-    evaluate every 50 steps on 10 batches per split, so evals cost about a
-    tenth of the time. The stop val is the last checkpoint's loss over the
+    keep evals cheap: 10 batches per split every 50 steps (nanogpt-gpu: 250),
+    none at step 0, no text sample. The stop val is the last checkpoint's loss over the
     whole val split (every character scored once, not a sample). A seed that
     never reaches the target is a miss: it keeps its val in the statistics
     and counts as never in the median time.
