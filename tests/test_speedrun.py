@@ -190,6 +190,23 @@ def test_a_recipe_that_never_reaches_its_target_is_refused(tmp_path, data_dir, c
     assert not (out / REPORT).exists()
 
 
+def test_set_changes_the_recipe_that_every_seed_runs(tmp_path, data_dir, cli, monkeypatch):
+    """--set KEY=VALUE: the recipe with the change is written beside the runs and is what the
+    seeds train and the report names."""
+    _track(monkeypatch)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(_recipe(data_dir)))
+    out = tmp_path / "out"
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", recipe, "--seeds", "1",
+              "--threads", "1", "--set", "train.max_iters=20", "--out", out)  # fmt: skip
+    assert res.exit_code == 0, res
+    report = json.loads((out / REPORT).read_text())
+    assert report["recipe"] == str(out / "recipe.yaml")
+    assert load_config(out / "recipe.yaml").train.max_iters == 20
+    assert load_config(recipe).train.max_iters == 60  # the given file is left as it was
+    assert report["seeds"][0]["stop_step"] == 20
+
+
 def test_record_refuses_a_dirty_tree_before_training(tmp_path, data_dir, cli, monkeypatch):
     _track(monkeypatch)
     repo = _repo(tmp_path, _recipe(data_dir))

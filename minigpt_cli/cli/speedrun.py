@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .base import Command, JsonOption, app, echo
+from .base import Command, JsonOption, SetOption, app, echo
 
 
 @app.command(cls=Command)
@@ -40,6 +40,7 @@ def speedrun(
         help="The recipe to run instead of the track's record recipe: a YAML config, or a "
         "shipped config's name.",
     ),
+    set_: SetOption = [],
     record: bool = typer.Option(
         False,
         "--record",
@@ -108,6 +109,7 @@ def speedrun(
     \b
     Examples:
       minigpt speedrun --track nanogpt-cpu --seeds 5
+      minigpt speedrun --set dtype=bfloat16 --seeds 5     # a change to try
       minigpt speedrun --recipe my-recipe.yaml --baseline-nanogpt ../nanoGPT --record
     """
     from ..config.schema import load_config
@@ -140,7 +142,7 @@ def speedrun(
         commit = ledger.clean_commit(root)
     recipe_name = recipe or t.recipe
     recipe_path = resolve_config(recipe_name, note=echo)
-    cfg = load_config(recipe_path)
+    cfg = load_config(recipe_path, set_)
     check_recipe(cfg, recipe_name)
     script = None
     if baseline_nanogpt is not None:
@@ -152,6 +154,8 @@ def speedrun(
         raise MinigptError(f"--out {out} already holds files", "give a new or empty folder")
     threads = threads or physical_cores()
     out.mkdir(parents=True, exist_ok=True)
+    if set_:  # the recipe as run, so the seeds, the report and the ledger name one file
+        recipe_path = _write_recipe(recipe_path, set_, out / "recipe.yaml")
     base = (
         baselines.run_nanogpt(script, baseline_nanogpt, threads, echo)
         if script is not None
@@ -183,3 +187,17 @@ def speedrun(
         )
     written, number = ledger.record(root, report, recipe_path, commit)
     echo(f"record {number} of track {t.name} written to {written}; commit it with the recipe kept")
+
+
+def _write_recipe(recipe: Path, overrides: list[str], path: Path) -> Path:
+    """``recipe`` with ``--set`` ``overrides`` applied, written to ``path`` (through a temporary
+    file); returns ``path``."""
+    from ..config.schema import apply_overrides
+    from ..config.yaml_io import dump_yaml, read_yaml
+
+    data = apply_overrides(read_yaml(recipe, "config") or {}, overrides)
+    text = f"# {recipe} with --set {' --set '.join(overrides)}\n" + dump_yaml(data)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
