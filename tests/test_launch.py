@@ -35,6 +35,24 @@ def command(text: str, head: str) -> list[str]:
     return shlex.split(line)
 
 
+def torchrun_flags(line: str) -> list[str]:
+    """The options given to torchrun in a command line (before its ``-m minigpt_cli``)."""
+    words = shlex.split(line)
+    words = words[words.index("torchrun") + 1 : words.index("minigpt_cli")]
+    return [word.split("=")[0] for word in words if word.startswith("-")]
+
+
+def torchrun_options() -> set[str]:
+    """Every option ``torchrun --help`` lists (this environment's torch)."""
+    help_text = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return set(re.findall(r"(?<![\w-])(--?[\w-]+)", help_text))
+
+
 def test_gpu_script_runs_torchrun_on_every_node_with_slurms_rendezvous(cli, tmp_path):
     out = tmp_path / "train.sbatch"
     res = cli(
@@ -45,7 +63,7 @@ def test_gpu_script_runs_torchrun_on_every_node_with_slurms_rendezvous(cli, tmp_
     assert res.exit_code == 0, res
     assert res.stdout == "" and f"wrote {out}" in res.stderr
     text = out.read_text()
-    assert text.startswith("#!/bin/bash\n# Made by minigpt launch slurm: minigpt launch slurm ")
+    assert text.startswith(f"#!/bin/bash\n# Made by: minigpt launch slurm {GPU_CONFIG} --nodes 4 ")
     assert sbatch_options(text) == {
         "job-name": "shakespeare",
         "nodes": "4",
@@ -133,16 +151,7 @@ def test_script_parses_and_torchrun_knows_its_options(cli):
     text = cli("launch", "slurm", GPU_CONFIG, "--nodes", "2", "--gpus-per-node", "4").stdout
     parsed = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
     assert parsed.returncode == 0, parsed.stderr
-    help_text = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    known = set(re.findall(r"(?<![\w-])(--?[\w-]+)", help_text))
-    srun = command(text, "srun")
-    torchrun = srun[srun.index("torchrun") + 1 : srun.index("minigpt_cli")]
-    flags = [word.split("=")[0] for word in torchrun if word.startswith("-")]
+    flags = torchrun_flags(shlex.join(command(text, "srun")))
     assert flags == [
         "--nnodes",
         "--nproc-per-node",
@@ -151,7 +160,7 @@ def test_script_parses_and_torchrun_knows_its_options(cli):
         "--rdzv-id",
         "-m",
     ]
-    assert set(flags) <= known, set(flags) - known
+    assert set(flags) <= torchrun_options(), set(flags) - torchrun_options()
 
 
 def test_output_is_replaced_only_when_this_command_wrote_it(cli, tmp_path):
@@ -210,3 +219,26 @@ def test_config_must_exist_and_suit_the_devices_asked_for(cli, tmp_path):
         "launch", "slurm", GPU_CONFIG, "--nodes", "1", "--gpus-per-node", "0", "--set", "device=cuda"
     )  # fmt: skip
     assert_user_error(res, "trains on device cuda", "--gpus-per-node 0 asks for no GPU")
+
+
+def _fences(page: Path, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```$", page.read_text(), flags=re.M | re.S)
+
+
+def test_the_manual_shows_the_script_the_command_writes(cli, tmp_path, monkeypatch):
+    """docs/cluster.md's script is what its command prints (made in /home/you/minigpt), and its
+    SkyPilot task is YAML whose torchrun options torchrun knows."""
+    import yaml
+
+    page = REPO / "docs" / "cluster.md"
+    shown = next(block for block in _fences(page, "bash") if block.startswith("#!/bin/bash"))
+    argv = shlex.split(shown.splitlines()[1].removeprefix("# Made by: "))
+    monkeypatch.chdir(tmp_path)
+    res = cli(*argv[1:])  # minigpt's own arguments
+    assert res.exit_code == 0, res
+    assert res.stdout.replace(str(tmp_path), "/home/you/minigpt") == shown
+    (task,) = _fences(page, "yaml")[-1:]
+    run = re.sub(r"\\\n\s*", " ", yaml.safe_load(task)["run"])  # continuations joined
+    line = next(line for line in run.splitlines() if line.strip().startswith("torchrun"))
+    flags = torchrun_flags(line)
+    assert "--node-rank" in flags and set(flags) <= torchrun_options(), flags

@@ -121,7 +121,7 @@ def slurm(
         resume=resume,
         note=echo,
     )
-    words = ["minigpt", "launch", "slurm", config, "--nodes", str(nodes)]
+    words = [config, "--nodes", str(nodes)]
     words += ["--gpus-per-node", str(gpus_per_node)]
     given = {
         "--procs-per-node": procs_per_node,

@@ -21,8 +21,9 @@ from typing import Callable, Optional, Sequence
 
 from ..errors import MinigptError
 
-#: The script's second line, which marks a file this command wrote (and may write again).
-MARK = "# Made by minigpt launch slurm:"
+#: The start of the script's second line (the command's arguments follow), which marks a file
+#: this command wrote and may write again.
+MARK = "# Made by: minigpt launch slurm"
 
 #: Where the rendezvous ports start: the port is this plus the job id modulo :data:`PORT_SPAN`,
 #: below Linux's ephemeral range (32768 on), so that two jobs sharing a first node rarely meet.
@@ -203,8 +204,8 @@ def plan_job(
 
 
 def sbatch_script(job: SlurmJob, made_by: str) -> str:
-    """The sbatch script's text for ``job``; ``made_by`` (the command line that asked for it) is
-    written in its header."""
+    """The sbatch script's text for ``job``; ``made_by`` (the arguments of the ``minigpt launch
+    slurm`` that asked for it) is written in its header."""
     q = shlex.quote
     sets = "".join(f" --set {q(item)}" for item in job.overrides)
     cfg = q(job.config)
