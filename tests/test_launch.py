@@ -213,11 +213,10 @@ def test_config_must_exist_and_suit_the_devices_asked_for(cli, tmp_path):
     # tiny.yaml says device: cpu, so GPUs would sit idle; a CUDA config with no GPU cannot start.
     res = cli("launch", "slurm", TINY, "--nodes", "2", "--gpus-per-node", "8")
     assert_user_error(res, "trains on device cpu", "--gpus-per-node 0 --procs-per-node P")
-    res = cli("launch", "slurm", GPU_CONFIG, "--nodes", "1", "--gpus-per-node", "0")
+    no_gpu = ["launch", "slurm", GPU_CONFIG, "--nodes", "1", "--gpus-per-node", "0"]
+    res = cli(*no_gpu)
     assert res.exit_code == 0, res
-    res = cli(
-        "launch", "slurm", GPU_CONFIG, "--nodes", "1", "--gpus-per-node", "0", "--set", "device=cuda"
-    )  # fmt: skip
+    res = cli(*no_gpu, "--set", "device=cuda")
     assert_user_error(res, "trains on device cuda", "--gpus-per-node 0 asks for no GPU")
 
 
