@@ -241,3 +241,18 @@ def test_the_manual_shows_the_script_the_command_writes(cli, tmp_path, monkeypat
     line = next(line for line in run.splitlines() if line.strip().startswith("torchrun"))
     flags = torchrun_flags(line)
     assert "--node-rank" in flags and set(flags) <= torchrun_options(), flags
+
+
+def test_a_folder_with_spaces_is_quoted_and_one_with_a_quote_refused(cli, tmp_path, monkeypatch):
+    spaced = tmp_path / "my runs"
+    spaced.mkdir()
+    monkeypatch.chdir(spaced)
+    res = cli("launch", "slurm", TINY, "--nodes", "1", "--gpus-per-node", "0")
+    assert res.exit_code == 0, res
+    assert f'#SBATCH --chdir="{spaced}"\n' in res.stdout  # sbatch reads it whole
+    quoted = tmp_path / 'say "hi"'
+    quoted.mkdir()
+    monkeypatch.chdir(quoted)
+    res = cli("launch", "slurm", TINY, "--nodes", "1", "--gpus-per-node", "0", "-o", "x.sbatch")
+    assert_user_error(res, "holds a quote or a line break", "run minigpt launch from a folder")
+    assert list(quoted.iterdir()) == []

@@ -213,22 +213,29 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture
 def workdir(tmp_path, corpus_file):
-    """A folder holding the corpus where tiny.yaml looks for it (no download)."""
-    (tmp_path / "data" / "tinyshakespeare").mkdir(parents=True)
-    shutil.copy(corpus_file, tmp_path / "data" / "tinyshakespeare" / "input.txt")
-    return tmp_path
+    """A folder holding the corpus where tiny.yaml looks for it (no download); a space in its
+    name, which the script's #SBATCH --chdir line must carry."""
+    folder = tmp_path / "my runs"
+    (folder / "data" / "tinyshakespeare").mkdir(parents=True)
+    shutil.copy(corpus_file, folder / "data" / "tinyshakespeare" / "input.txt")
+    return folder
 
 
-def launch(cluster: Cluster, workdir: Path, *sets: str) -> Path:
-    """``minigpt launch slurm`` tiny.yaml for one node of 2 CPU processes, written in ``workdir``
-    (the job's folder), as a user types it."""
+def launch(cluster: Cluster, workdir: Path, *sets: str, resume: bool = False) -> Path:
+    """``minigpt launch slurm`` tiny.yaml for one node of 2 CPU processes (``resume``: with
+    ``--resume auto``), written in ``workdir`` (the job's folder), as a user types it."""
     argv = [sys.executable, "-m", "minigpt_cli", "launch", "slurm", str(TINY), "--nodes", "1"]
+    argv += ["--resume", "auto"] if resume else []
     argv += ["--gpus-per-node", "0", "--procs-per-node", "2", "--cpus-per-node", "2"]
     # A free port: the job id, from which the port is drawn, starts at 1 on every test cluster.
     argv += ["--port", str(_free_port()), "--output", "job.sbatch"]
     argv += [w for item in (*TINY_SETS, *sets) for w in ("--set", item)]
     subprocess.run(argv, cwd=workdir, env=cluster.env, check=True, capture_output=True)
     return workdir / "job.sbatch"
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def the_run(workdir: Path) -> Path:
@@ -252,9 +259,8 @@ def test_the_script_trains_on_two_processes_under_slurm(cluster, workdir):
     meta = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())
     assert meta["step"] == 6 and meta["world_size"] == 2
     assert (run / "checkpoints" / "last" / "model.safetensors").stat().st_size > 0
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]
-    assert [r["step"] for r in records if r["event"] == "eval"] == [0, 3, 6]
+    assert [r["step"] for r in records(run) if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in records(run) if r["event"] == "eval"] == [0, 3, 6]
     env = json.loads((run / "env.json").read_text())
     assert env["world_size"] == 2 and env["cwd"] == str(workdir)
     assert (
@@ -262,10 +268,12 @@ def test_the_script_trains_on_two_processes_under_slurm(cluster, workdir):
     )
 
 
-def test_a_signal_from_slurm_saves_the_run(cluster, workdir):
+def test_a_signal_from_slurm_saves_the_run_and_the_next_job_resumes_it(cluster, workdir):
     """SIGTERM to the job's step, as ``--signal=TERM@120`` sends it before a time limit: torchrun
-    passes it to the processes, which save checkpoints/last and stop."""
-    script = launch(cluster, workdir, "train.max_iters=100000", "train.eval_interval=1000")
+    passes it to the processes, which save checkpoints/last and stop. The script again, with
+    ``--resume auto``, continues that run in its own folder."""
+    long = ("train.max_iters=100000", "train.eval_interval=1000")
+    script = launch(cluster, workdir, *long, resume=True)
     job_id = cluster.run("sbatch", "--parsable", str(script)).stdout.strip().split(";")[0]
     metrics = workdir / "runs"
     end = time.monotonic() + DEADLINE_S
@@ -286,7 +294,16 @@ def test_a_signal_from_slurm_saves_the_run(cluster, workdir):
     log = (workdir / f"tiny-{job_id}.out").read_text()
     assert "stopped by SIGTERM at step" in log, log[-3000:]
     meta = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())
-    last = max(
-        json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
-    )
-    assert 0 < meta["step"] == last < 100000 and meta["world_size"] == 2
+    stopped = max(r["step"] for r in records(run))
+    assert 0 < meta["step"] == stopped < 100000 and meta["world_size"] == 2
+
+    script = launch(cluster, workdir, long[1], f"train.max_iters={stopped + 3}", resume=True)
+    sub = cluster.run("sbatch", "--wait", "--parsable", str(script), check=False)
+    job_id = sub.stdout.strip().split(";")[0]
+    log = (workdir / f"tiny-{job_id}.out").read_text()
+    assert sub.returncode == 0, log[-3000:]
+    assert the_run(workdir) == run  # the same folder, not a new run
+    steps = [r["step"] for r in records(run) if r["event"] == "train"]
+    assert steps == list(range(1, stopped + 4)), steps
+    meta = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())
+    assert meta["step"] == stopped + 3 and meta["world_size"] == 2

@@ -135,7 +135,7 @@ def plan_job(
         MinigptError: the config is missing or invalid; counts below 1 (0 GPUs allowed);
         ``procs_per_node`` other than the GPU count; a config whose device cannot use the GPUs
         asked for (or that asks for a GPU with none); fewer CPUs than processes; a bad time,
-        partition or port.
+        partition or port; a working folder whose name an #SBATCH line cannot hold.
     """
     from ..config.schema import load_config
 
@@ -174,7 +174,7 @@ def plan_job(
             "--procs-per-node P on CPUs"
         )
     if not gpus_per_node and cfg.device != "cpu":
-        if cfg.device not in ("auto",):
+        if cfg.device != "auto":
             raise MinigptError(
                 f"{config} trains on device {cfg.device}, but --gpus-per-node 0 asks for no GPU; "
                 "give --gpus-per-node G, or --set device=cpu"
@@ -186,9 +186,15 @@ def plan_job(
 
         find_resume_dir(cfg.train.out_dir, cfg.name, resume)  # a folder given must be a run's
     time_text, time_s = check_time(time) if time is not None else (None, None)
+    workdir = Path(workdir or Path.cwd()).absolute()
+    if re.search(r'["\n\r]', str(workdir)):
+        raise MinigptError(
+            f"the job would start in {str(workdir)!r}, whose name holds a quote or a line break, "
+            "which an #SBATCH line cannot carry; run minigpt launch from a folder without them"
+        )
     return SlurmJob(
         config=str(config),
-        workdir=Path(workdir or Path.cwd()).absolute(),
+        workdir=workdir,
         job_name=cfg.name,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -224,7 +230,9 @@ def sbatch_script(job: SlurmJob, made_by: str) -> str:
         header.append(f"#SBATCH --signal=TERM@{SIGNAL_LEAD_S}")
     if job.partition:
         header.append(f"#SBATCH --partition={job.partition}")
-    header += [f"#SBATCH --chdir={job.workdir}", "#SBATCH --output=%x-%j.out"]
+    # sbatch reads a value in double quotes whole (a folder with spaces).
+    chdir = f'"{job.workdir}"' if re.search(r"\s", str(job.workdir)) else str(job.workdir)
+    header += [f"#SBATCH --chdir={chdir}", "#SBATCH --output=%x-%j.out"]
     port = str(job.port) if job.port else f"$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"
     where = (
         f"{job.gpus_per_node} GPU(s)"
