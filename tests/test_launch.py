@@ -79,6 +79,7 @@ def test_gpu_script_runs_torchrun_on_every_node_with_slurms_rendezvous(cli, tmp_
     lines = script_lines(text)
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in lines
     assert "rdzv_port=$((20000 + SLURM_JOB_ID % 10000))" in lines
+    assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=100" in lines  # within --signal's 120 s
     sets = ["--set", "train.max_iters=2000", "--set", "model.n_layer=4"]
     assert command(text, "minigpt prepare") == ["minigpt", "prepare", str(GPU_CONFIG), *sets]
     srun = command(text, "srun")

@@ -264,6 +264,9 @@ def sbatch_script(job: SlurmJob, made_by: str) -> str:
             "# Each process's threads: the node's CPUs shared among its processes.",
             f"export OMP_NUM_THREADS=$(( SLURM_CPUS_PER_TASK / {job.procs_per_node} > 0 ?"
             f" SLURM_CPUS_PER_TASK / {job.procs_per_node} : 1 ))",
+            "# Seconds torchrun gives its processes to save and stop after a SIGTERM, before it",
+            f"# kills them (30 by default); --signal comes {SIGNAL_LEAD_S} s before a time limit.",
+            f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={SIGNAL_LEAD_S - 20}",
             "",
             "# The corpus, tokenizer and token files, made once here before the processes start",
             "# (else each node's first process makes them while the others wait at a barrier).",
