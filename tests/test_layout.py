@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minigpt_cli"
 LAYERS = {
     "base": {"errors", "fileio", "paths", "config"},
     "components": {"data", "tokenizer", "model", "accounting", "runtime", "run", "sample", "hf"},
-    "commands": {"eval", "trainer", "inspection", "bench", "experiments", "speedrun"},
+    "commands": {"eval", "trainer", "inspection", "bench", "experiments", "speedrun", "launch"},
     "cli": {"cli", "__main__", ""},  # "" is the package itself (the lazy Python API)
 }
 RANK = {name: rank for rank, layer in enumerate(LAYERS.values()) for name in layer}

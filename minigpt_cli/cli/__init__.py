@@ -6,10 +6,11 @@ at once; :mod:`.base` holds the app and turns errors into one line and an exit s
 from __future__ import annotations
 
 # Importing a family adds its commands to the app, in this order in --help.
-from . import data, train, config, runs, bench, experiments, speedrun, plot, inspect  # noqa: F401, I001  isort: skip
+from . import data, train, config, runs, bench, experiments, speedrun, plot, inspect, launch  # noqa: F401, I001  isort: skip
 from .base import app, run_and_exit
 
 app.add_typer(inspect.app, name="inspect")
+app.add_typer(launch.app, name="launch")
 
 
 def main() -> None:
