@@ -300,20 +300,23 @@ def test_bench_generation_compares_the_compiled_path_with_the_eager_cache(monkey
 
 def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_settings(cli):
     res = cli(
-        "bench", TINY, "--optimizers", "--iters", "7", "--set", "train.muon.ns_steps=3", "--json"
+        "bench",
+        TINY,
+        "--optimizers",
+        "--iters",
+        "7",
+        "--set",
+        "train.muon.ns_steps=3",
+        "--set",
+        "train.muon.normuon=true",  # off in every row but its own: torch.optim.Muon has none
+        "--json",
     )
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)  # 7 steps: rounded up to 2 rounds of 5
-    assert (
-        r["ns_steps"] == 3
-        and r["n_rounds"] == 2
-        and set(r["step_s"]) == {"adamw", "muon", "torch.optim.Muon"}
-    )
-    assert r["step_ratio_interval"] == {
-        "adamw": None,
-        "muon": None,
-        "torch.optim.Muon": None,
-    }  # 2 rounds: too few
+    names = {"adamw", "muon", "torch.optim.Muon"}
+    variants = {"muon+polar-express", "muon+normuon", "muon+cautious-wd"}  # each alone
+    assert r["ns_steps"] == 3 and r["n_rounds"] == 2 and set(r["step_s"]) == names | variants
+    assert r["step_ratio_interval"] == dict.fromkeys(names | variants)  # 2 rounds: too few
     for name, steps in r["rounds"][
         "step"
     ].items():  # the update is timed inside the step that contains it
@@ -362,6 +365,27 @@ def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_setti
         cli("bench", TINY, "--no-generation", "--max-new-tokens", "5"),
         "--no-generation leaves --max-new-tokens unread",
     )
+
+
+def test_each_muon_variant_row_is_the_configs_muon_with_that_variant_alone():
+    from minigpt_cli.bench.optimizer import OPTIMIZERS
+    from minigpt_cli.config.schema import TrainConfig, load_config
+    from minigpt_cli.model.gpt import GPT
+    from minigpt_cli.trainer.optim import MUON_PLAIN
+
+    model = GPT(load_config(TINY, ["model.vocab_size=65"]).model)
+    tc = TrainConfig(optimizer="muon", muon={"ns_steps": 3})
+    alone = {
+        "muon": {},
+        "muon+polar-express": {"coefficients": "polar-express"},
+        "muon+normuon": {"normuon": True},
+        "muon+cautious-wd": {"cautious_weight_decay": True},
+    }
+    for name, on in alone.items():
+        (group,) = OPTIMIZERS[name](model, tc).muon.param_groups
+        assert {k: group[k] for k in MUON_PLAIN} == {**MUON_PLAIN, **on}, name
+        assert group["ns_steps"] == 3  # the config's other Muon settings hold
+        assert group["weight_decay"] == (0.1 if "cautious_weight_decay" in on else 0.0), name
 
 
 def test_the_ratios_interval_is_the_sign_tests_interval_for_the_median():

@@ -104,7 +104,7 @@ def test_orthogonalize_equals_torch_optim_muons_newton_schulz_on_each_matrix():
         for b, m, n in ((3, 96, 24), (2, 24, 64), (4, 24, 24), (2, 40, 72))
     ]
     coefficients, steps, eps = (3.4445, -4.7750, 2.0315), 5, 1e-7
-    for stack, ortho in zip(stacks, orthogonalize(stacks, coefficients, steps, eps)):
+    for stack, ortho in zip(stacks, orthogonalize(stacks, [coefficients] * steps, eps)):
         assert ortho.shape == stack.shape and ortho.dtype == torch.bfloat16
         for x, y in zip(stack, ortho):
             expected = _zeropower_via_newtonschulz(x, coefficients, steps, eps)
@@ -236,6 +236,23 @@ def test_muon_settings_under_adamw_get_a_note_not_a_refusal():
     assert not any("train.muon" in n for n in config_notes(muon, corpus_on_disk=False))
 
 
+@pytest.mark.parametrize(
+    "settings, said",
+    [
+        (["train.muon.cautious_weight_decay=true"], "set train.muon.weight_decay too"),
+        (["train.muon.beta2=0.9"], "set train.muon.normuon=true to use it"),
+        (["train.muon.cautious_weight_decay=true", "train.muon.weight_decay=0.1"], None),
+        (["train.muon.beta2=0.9", "train.muon.normuon=true"], None),
+    ],
+)
+def test_a_muon_variant_setting_that_does_nothing_gets_a_note(settings, said):
+    notes = config_notes(
+        load_config(TINY, ["train.optimizer=muon", *settings]), corpus_on_disk=False
+    )
+    found = [n for n in notes if "train.muon" in n]
+    assert (found == []) if said is None else (len(found) == 1 and said in found[0]), found
+
+
 def assert_bit_equal(a, b) -> None:
     """The same losses at every logged step and the same final weights, bit for bit."""
     assert curve(a) == curve(b)
@@ -320,3 +337,203 @@ def test_a_resume_note_gives_muons_learning_rate_too():
     ), note
     adamw = load_config(TINY, ["train.max_iters=30"])
     assert "Muon" not in schedule_note(adamw, load_config(TINY, ["train.max_iters=10"]), 10)
+
+
+# ---------------------------------------------------------------- Muon's variants (issue 39)
+
+QUINTIC = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's default (a, b, c)
+
+
+def _matrices(*shapes: tuple[int, int]) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(*s, generator=g) * 0.1) for s in shapes]
+
+
+def _paper_iteration(g: torch.Tensor, iterations, safety: float) -> torch.Tensor:
+    """Amsel et al. 2025's iteration as the paper writes it, in float64 on one matrix: X₀ =
+    G/(‖G‖_F·(1 + safety)), then X ← aX + b(XXᵀ)X + c(XXᵀ)²X, on the wide orientation."""
+    x = g.double()
+    tall = x.size(0) > x.size(1)
+    x = (x.T if tall else x) / (x.norm() * (1 + safety))
+    for a, b, c in iterations:
+        gram = x @ x.T
+        x = a * x + b * gram @ x + c * gram @ gram @ x
+    return x.T if tall else x
+
+
+def test_polar_express_follows_the_papers_iteration_and_lands_nearer_the_polar_factor():
+    """The batched bfloat16 iteration with Polar Express's coefficients is the paper's iteration
+    (float64, one matrix at a time) up to bfloat16's rounding; its result is nearer U·Vᵀ (the
+    exact polar factor, from the SVD) than the quintic's after the same 5 iterations; and the
+    iterations past the 5 tuned ones converge to U·Vᵀ."""
+    from minigpt_cli.trainer.muon import (
+        POLAR_EXPRESS,
+        POLAR_EXPRESS_LIMIT,
+        POLAR_EXPRESS_SAFETY,
+        iteration_coefficients,
+        orthogonalize,
+    )
+
+    assert iteration_coefficients("quintic", 3, QUINTIC) == ([QUINTIC] * 3, 0.0)
+    assert iteration_coefficients("polar-express", 3, QUINTIC) == (
+        list(POLAR_EXPRESS[:3]),
+        POLAR_EXPRESS_SAFETY,
+    )
+    seven, safety = iteration_coefficients("polar-express", 7, QUINTIC)
+    assert seven == [*POLAR_EXPRESS, POLAR_EXPRESS_LIMIT, POLAR_EXPRESS_LIMIT]
+    g = torch.Generator().manual_seed(0)
+    stacks = [
+        torch.randn(b, m, n, generator=g) for b, m, n in ((2, 96, 24), (2, 24, 64), (1, 48, 48))
+    ]
+    pe, _ = iteration_coefficients("polar-express", 5, QUINTIC)
+    ours = orthogonalize(stacks, pe, 1e-7, safety)
+    quintic = orthogonalize(stacks, [QUINTIC] * 5, 1e-7)
+    for stack, x_pe, x_q in zip(stacks, ours, quintic):
+        for g1, y_pe, y_q in zip(stack, x_pe, x_q):
+            u, _, vh = torch.linalg.svd(g1.double(), full_matrices=False)
+            polar = u @ vh
+            exact = _paper_iteration(g1, pe, safety)
+            assert (y_pe.double() - exact).abs().max() < 0.02  # bfloat16 over 5 iterations
+            err_pe, err_q = ((y.double() - polar).norm() / polar.norm() for y in (y_pe, y_q))
+            assert err_pe < 0.5 * err_q, (err_pe, err_q)  # about 0.1 against 0.22 here
+            assert (_paper_iteration(g1, seven, safety) - polar).abs().max() < 1e-5
+
+
+def test_normuon_normalises_each_row_as_computed_by_hand():
+    """Two NorMuon steps on three matrices (two of one shape, stacked) against the paper's
+    arithmetic done here in float64 on torch.optim.Muon's own Newton-Schulz output (momentum 0:
+    the update is the gradient): v ← β₂v + (1 − β₂)·mean_j O_ij², Ô = O/(√v + ε) scaled back to
+    ‖O‖_F. After one step every row of a matrix moves by the same RMS, which O's rows do not."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    from minigpt_cli.trainer.muon import NORMUON_EPS, BatchedMuon
+
+    shapes = [(48, 16), (48, 16), (16, 40)]
+    params = _matrices(*shapes)
+    expected = [p.detach().double().clone() for p in params]
+    lr, beta2 = 0.02, 0.9
+    opt = BatchedMuon(
+        params, lr=lr, momentum=0.0, nesterov=False, weight_decay=0.0, normuon=True, beta2=beta2
+    )
+    g = torch.Generator().manual_seed(1)
+    v = [torch.zeros(m, 1, dtype=torch.float64) for m, _ in shapes]
+    for step in range(2):
+        grads = [torch.randn(*s, generator=g) for s in shapes]
+        before = [p.detach().clone() for p in params]
+        for p, grad in zip(params, grads):
+            p.grad = grad.clone()
+        opt.step()
+        for i, ((m, n), grad) in enumerate(zip(shapes, grads)):
+            o = _zeropower_via_newtonschulz(grad, QUINTIC, 5, 1e-7).double()
+            v[i] = beta2 * v[i] + (1 - beta2) * o.square().mean(dim=1, keepdim=True)
+            hat = o / (v[i].sqrt() + NORMUON_EPS)
+            hat = hat * (o.norm() / hat.norm())
+            expected[i] -= lr * max(1, m / n) ** 0.5 * hat
+            if step == 0:
+                moved = (params[i].detach() - before[i]).square().mean(dim=1).sqrt()
+                assert torch.allclose(moved, moved.mean().expand_as(moved), rtol=1e-3)
+                rows = o.square().mean(dim=1).sqrt()
+                assert i == 2 or rows.max() > 1.1 * rows.min()  # O's rows differ (tall matrices)
+    for p, e, vi in zip(params, expected, v):
+        assert torch.allclose(p.detach().double(), e, atol=1e-6, rtol=0), (p - e).abs().max()
+        kept = opt.state[p]["second_momentum_buffer"]
+        assert kept.shape == (p.size(0), 1) and kept.dtype == torch.float32
+        assert torch.allclose(kept.double(), vi, rtol=1e-5, atol=0)
+
+
+def test_cautious_weight_decay_decays_only_where_update_and_weight_agree_in_sign():
+    """A crafted case: the weight takes the sign of torch.optim.Muon's update on half the entries
+    (a checkerboard) and the opposite sign on the other half; one step decays the first half by
+    1 - lr·wd and leaves the second undecayed, then subtracts the update everywhere."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    from minigpt_cli.trainer.muon import BatchedMuon
+
+    g = torch.Generator().manual_seed(2)
+    grad = torch.randn(24, 16, generator=g)
+    update = _zeropower_via_newtonschulz(
+        grad, QUINTIC, 5, 1e-7
+    ).float()  # momentum 0: the gradient's
+    agree = (torch.arange(24)[:, None] + torch.arange(16)) % 2 == 0
+    start = (0.5 + torch.rand(24, 16, generator=g)) * update.sign() * torch.where(agree, 1.0, -1.0)
+    lr, wd = 0.05, 0.5
+    runs = {}
+    for cautious in (True, False):
+        p = torch.nn.Parameter(start.clone())
+        p.grad = grad.clone()
+        BatchedMuon(
+            [p],
+            lr=lr,
+            momentum=0.0,
+            nesterov=False,
+            weight_decay=wd,
+            cautious_weight_decay=cautious,
+        ).step()
+        runs[cautious] = p.detach()
+    alr = lr * (24 / 16) ** 0.5  # adjust_lr original: sqrt(max(1, rows/cols))
+    expected = torch.where(agree, start * (1 - lr * wd), start) - alr * update
+    assert torch.allclose(runs[True], expected, atol=1e-6, rtol=0)
+    assert torch.allclose(runs[False], start * (1 - lr * wd) - alr * update, atol=1e-6, rtol=0)
+    assert torch.equal(runs[True][agree], runs[False][agree])  # decayed alike where they agree
+    assert not torch.isclose(runs[True][~agree], runs[False][~agree]).any()
+
+
+def test_the_variants_are_off_by_default_and_a_resume_takes_them_from_the_config():
+    """Every Muon group carries the variant settings (the config's), also after loading a state
+    saved without them (a checkpoint from before the variants) or with other values (a resume
+    that changes a switch); turning NorMuon off drops its second moment."""
+    model = tiny_model()
+    plain = make_optimizer(model, TrainConfig(optimizer="muon"))
+    from minigpt_cli.trainer.optim import MUON_PLAIN
+
+    assert all({k: g[k] for k in MUON_PLAIN} == MUON_PLAIN for g in plain.muon.param_groups)
+    on = {"coefficients": "polar-express", "normuon": True, "beta2": 0.9}
+    variant = make_optimizer(model, TrainConfig(optimizer="muon", muon=on))
+    _steps(model, variant, 2)
+    saved = variant.state_dict()
+    assert any("second_momentum_buffer" in s for s in saved["state"].values())
+    old = {
+        **saved,
+        "param_groups": [
+            {k: v for k, v in g.items() if k not in MUON_PLAIN} for g in saved["param_groups"]
+        ],
+    }
+    for state, tc_muon in ((old, on), (saved, {})):
+        fresh = make_optimizer(model, TrainConfig(optimizer="muon", muon=tc_muon))
+        fresh.load_state_dict(state)
+        want = {**MUON_PLAIN, **tc_muon}
+        assert all({k: g[k] for k in MUON_PLAIN} == want for g in fresh.muon.param_groups)
+        held = any("second_momentum_buffer" in s for s in fresh.muon.state.values())
+        assert held == bool(tc_muon)
+        _steps(model, fresh, 1)  # and it steps
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ["train.muon.coefficients=polar-express"],
+        ["train.muon.normuon=true", "train.muon.beta2=0.9"],
+        ["train.muon.cautious_weight_decay=true", "train.muon.weight_decay=0.5"],
+    ],
+    ids=["polar-express", "normuon", "cautious-wd"],
+)
+def test_a_muon_variant_run_resumes_bit_exact(variant, data_dir, tmp_path, monkeypatch):
+    """20 steps straight against 10, a Ctrl-C and a resume to 20: the same losses and weights to
+    the bit; and not those of plain Muon, so the switch took effect."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny(data_dir, "train.max_iters=20", "train.optimizer=muon", *variant)
+    train(cfg, run_name="whole", echo=lambda m: None, progress=False)
+    import minigpt_cli.trainer.loop as T
+
+    real_step = signals_after_step(monkeypatch, 10, signal.SIGINT)
+    with pytest.raises(Interrupted, match="step 10"):
+        train(cfg, run_name="cut", echo=lambda m: None, progress=False)
+    monkeypatch.setattr(T, "train_step", real_step)
+    state = torch.load(tmp_path / "runs/cut/checkpoints/last/trainer_state.pt", weights_only=True)
+    held = any("second_momentum_buffer" in s for s in state["optimizer"]["state"].values())
+    assert held == ("train.muon.normuon=true" in variant)  # NorMuon's state is saved
+    train(cfg, resume="runs/cut", echo=lambda m: None, progress=False)
+    assert_bit_equal(tmp_path / "runs/whole", tmp_path / "runs/cut")
+    plain = tiny(data_dir, "train.max_iters=20", "train.optimizer=muon", *variant[1:])
+    train(plain, run_name="plain", echo=lambda m: None, progress=False)
+    assert curve(tmp_path / "runs/plain") != curve(tmp_path / "runs/whole")

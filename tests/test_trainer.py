@@ -735,8 +735,17 @@ def _on_device(optimizer, skip: torch.Tensor) -> None:
         del part.found_inf
 
 
+#: Every Muon variant on at once (issue 39): NorMuon's second moment must be kept too.
+MUON_VARIANTS = {
+    "coefficients": "polar-express",
+    "normuon": True,
+    "cautious_weight_decay": True,
+    "weight_decay": 0.1,
+}
+
+
 @pytest.mark.parametrize("path", ["step_unless", "found_inf"])
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("optimizer", ["adamw", "muon", "muon-variants"])
 def test_a_skipped_update_changes_nothing_and_a_taken_one_is_a_plain_step(optimizer, path):
     """step_unless with 1.0 leaves every weight, moment and step count as it was, to the bit; with
     0.0 it makes the update of a plain ``step()`` on a copy of the same model, to the bit. On a CPU
@@ -748,7 +757,10 @@ def test_a_skipped_update_changes_nothing_and_a_taken_one_is_a_plain_step(optimi
         step_unless = _on_device  # noqa: F811
 
     cfg = load_config(TINY).model.model_copy(update={"vocab_size": 65})
-    tc = TrainConfig(optimizer=optimizer)
+    if optimizer == "muon-variants":
+        tc = TrainConfig(optimizer="muon", muon=MUON_VARIANTS)
+    else:
+        tc = TrainConfig(optimizer=optimizer)
     torch.manual_seed(0)
     x = torch.randint(0, 65, (4, 32))
     models = [GPT(cfg) for _ in range(2)]

@@ -1,6 +1,6 @@
 """``minigpt bench --optimizers``: the training step's cost under AdamW, Muon (minigpt's
-:class:`BatchedMuon`) and ``torch.optim.Muon``, at a config's model and batch, measured in
-alternating rounds.
+:class:`BatchedMuon`), ``torch.optim.Muon`` and Muon with each of its variants (Polar Express,
+NorMuon, cautious weight decay), at a config's model and batch, measured in alternating rounds.
 
 A round runs a few whole steps of each optimizer in turn (the trainer's :func:`train_step` on its
 model, kernels and optimizer), timing the optimizer's own step inside them (:class:`_Timed`). The
@@ -19,22 +19,40 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..config.schema import Config
+from ..config.schema import Config, TrainConfig
 from ..model.gpt import GPT
 from ..runtime.device import CpuThreads, resolve_device, resolve_dtype, tune_runtime
 from ..runtime.kernels import swap as swap_kernels
 from ..trainer.muon import BatchedMuon
-from ..trainer.optim import MuonAdamW, adamw
+from ..trainer.optim import MUON_PLAIN, MuonAdamW, adamw
 from ..trainer.step import train_step
 from .generation import sync
 from .throughput import bench_vocab, busy_warning, random_batches
 
-#: What is compared: name -> the optimizer of a model, from the config's train section (train.muon.*
-#: for Muon).
-OPTIMIZERS: dict[str, Callable[[torch.nn.Module, Any], Any]] = {
+
+def _variant(**muon: Any) -> Callable[[torch.nn.Module, TrainConfig], MuonAdamW]:
+    """The Muon of ``train.muon`` with the settings ``muon`` changed, for a model."""
+    return lambda model, tc: MuonAdamW(
+        model, tc.model_copy(update={"muon": tc.muon.model_copy(update=muon)})
+    )
+
+
+def _cautious(model: torch.nn.Module, tc: TrainConfig) -> MuonAdamW:
+    """Muon with cautious weight decay, at train.muon.weight_decay or, where that is 0 (when it
+    would not decay at all), 0.1: the cost does not depend on the value."""
+    return _variant(cautious_weight_decay=True, weight_decay=tc.muon.weight_decay or 0.1)(model, tc)
+
+
+#: What is compared: name -> the optimizer of a model, from the config's train section with
+#: train.muon's variants off (:data:`MUON_PLAIN`): each ``muon+...`` row is that Muon with one
+#: variant on.
+OPTIMIZERS: dict[str, Callable[[torch.nn.Module, TrainConfig], Any]] = {
     "adamw": lambda model, tc: adamw([p for p in model.parameters() if p.requires_grad], tc),
     "muon": lambda model, tc: MuonAdamW(model, tc, muon_class=BatchedMuon),
     "torch.optim.Muon": lambda model, tc: MuonAdamW(model, tc, muon_class=torch.optim.Muon),
+    "muon+polar-express": _variant(coefficients="polar-express"),
+    "muon+normuon": _variant(normuon=True),
+    "muon+cautious-wd": _cautious,
 }
 
 #: What :func:`bench_optimizers` says.
@@ -93,7 +111,8 @@ def bench_optimizers(
 ) -> dict[str, Any]:
     """Seconds per training step (forward, backward, clipping, update) and of its update alone, for
     each of :data:`OPTIMIZERS` at ``cfg``'s model and batch (its vocabulary: :func:`bench_vocab`) on
-    random tokens, with the ratios to AdamW.
+    random tokens, with the ratios to AdamW. ``train.muon``'s own settings hold for every Muon but
+    its variants, which are off but in the row of each.
 
     ``iters`` whole steps of each, rounded up to rounds of :data:`ROUND_STEPS`, after a warm-up
     round (which, on a CPU, decides the thread count from the cores other processes leave free, as
@@ -106,7 +125,7 @@ def bench_optimizers(
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     mc = cfg.model.model_copy(update={"vocab_size": bench_vocab(cfg)})
-    tc = cfg.train
+    tc = cfg.train.model_copy(update={"muon": cfg.train.muon.model_copy(update=MUON_PLAIN)})
     if tc.parallelism == "fsdp":
         echo(
             "note: train refuses Muon with train.parallelism fsdp; "
@@ -147,10 +166,11 @@ def bench_optimizers(
 
     n_rounds = -(-iters // ROUND_STEPS)
     echo(
-        f"optimizer step: {n_rounds} round{'s' * (n_rounds != 1)} of {ROUND_STEPS} steps of each of "
-        f"{', '.join(runs)} in turn; batch {tc.batch_size} x {mc.block_size} x accum {tc.grad_accum_steps}, "
-        f"{sum(p.numel() for p in runs['adamw'][2]):,} parameters, {str(dtype).removeprefix('torch.')}, Muon "
-        f"{tc.muon.ns_steps} Newton-Schulz steps, on {device}"
+        f"optimizer step: {n_rounds} round{'s' * (n_rounds != 1)} of {ROUND_STEPS} steps of each "
+        f"of {', '.join(runs)} in turn; batch {tc.batch_size} x {mc.block_size} x accum "
+        f"{tc.grad_accum_steps}, {sum(p.numel() for p in runs['adamw'][2]):,} parameters, "
+        f"{str(dtype).removeprefix('torch.')}, Muon {tc.muon.ns_steps} Newton-Schulz steps, on "
+        f"{device}; each muon+X is Muon with variant X alone"
     )
     for name in runs:  # the warm-up round, over which the thread count is decided
         round_of(name)

@@ -63,9 +63,10 @@ def bench(
     optimizers: bool = typer.Option(
         False,
         "--optimizers",
-        help="Instead, time the training step under AdamW, Muon (train.muon.*) and torch.optim.Muon in "
-        "alternating rounds of 5 steps (--iters steps each, rounded up to whole rounds), as ratios to "
-        "AdamW's step with a 95% interval.",
+        help="Instead, time the training step under AdamW, Muon (train.muon.*, its variants off), "
+        "torch.optim.Muon and Muon with each variant alone (muon+polar-express, muon+normuon, "
+        "muon+cautious-wd) in alternating rounds of 5 steps (--iters steps each, rounded up to "
+        "whole rounds), as ratios to AdamW's step with a 95% interval.",
     ),
     as_json: JsonOption = False,
 ) -> None:

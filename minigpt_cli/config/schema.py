@@ -413,6 +413,29 @@ class MuonConfig(_Strict):
     weight_decay: float = Field(
         0.0, ge=0.0, description="Muon's decoupled weight decay, times its learning rate"
     )
+    coefficients: Literal["quintic", "polar-express"] = Field(
+        "quintic",
+        description="the Newton-Schulz polynomials: quintic, one (a, b, c) for every iteration "
+        "(Jordan et al. 2024); polar-express, one tuned per iteration (Amsel et al. 2025, "
+        "arXiv 2505.16932)",
+    )
+    normuon: bool = Field(
+        False,
+        description="NorMuon: divide each row of the orthogonalised update by its root mean "
+        "square, averaged over steps by beta2, keeping the update's norm (arXiv 2510.05491)",
+    )
+    beta2: float = Field(
+        0.95,
+        ge=0.0,
+        lt=1.0,
+        description="decay rate of NorMuon's per-row second moment (normuon: true; NorMuon: 0.95)",
+    )
+    cautious_weight_decay: bool = Field(
+        False,
+        description="decay Muon's matrices only where the update and the weight agree in sign "
+        "(Chen et al. 2025, arXiv 2510.12402); needs weight_decay > 0; AdamW's groups decay as "
+        "always",
+    )
 
 
 class TrainConfig(_Strict):

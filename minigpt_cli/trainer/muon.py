@@ -9,6 +9,10 @@ takes the middle product of every stack whose Gram matrices have one size in a s
 step there. Each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so the
 updates agree (tests/test_optim.py holds them equal over several steps). BENCHMARKS.md, "Muon's
 step", has the cost.
+
+Three of today's variants are switches of a group (``train.muon.*``), each off by default, where the
+step is the plain one to the bit: Polar Express's coefficients (:data:`POLAR_EXPRESS`), NorMuon's
+per-row normalisation (:func:`normalize_rows`) and cautious weight decay (:func:`cautious_decay`).
 """
 
 from __future__ import annotations
@@ -20,27 +24,68 @@ from torch.optim._muon import (
     _adjust_lr,
 )  # torch.optim.Muon's own per-shape scale, so both scale alike
 
+#: Polar Express's polynomials, one (a, b, c) per iteration (Amsel, Persson, Musco & Gower 2025,
+#: "The Polar Express: Optimal Matrix Sign Methods and Their Application to the Muon Algorithm",
+#: arXiv 2505.16932): each is the odd quintic closest to 1 in the worst case over the interval the
+#: singular values lie in after the ones before. These are the paper's method run for 5 iterations
+#: with a safety factor of 2e-2 and a cushion of 2, as modded-nanogpt's train_gpt.py and nanochat's
+#: optim.py list them.
+POLAR_EXPRESS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+#: The safety factor the coefficients were computed for: the input is scaled by 1/(‖X‖_F·(1 + it)),
+#: so that rounding cannot put a singular value above 1, where the first polynomials blow up.
+POLAR_EXPRESS_SAFETY = 2e-2
+#: Iterations past the five tuned ones: (15x - 10x³ + 3x⁵)/8, the quintic that keeps 1 fixed with
+#: zero slope, which the paper's sequence tends to once the singular values are near 1.
+POLAR_EXPRESS_LIMIT = (1.875, -1.25, 0.375)
+
+
+def iteration_coefficients(
+    kind: str, steps: int, quintic: tuple[float, float, float]
+) -> tuple[list[tuple[float, float, float]], float]:
+    """The (a, b, c) of each of ``steps`` iterations and the safety factor, for
+    ``train.muon.coefficients`` ``kind``: ``quintic`` repeats ``quintic`` (a group's
+    ``ns_coefficients``) with no safety factor; ``polar-express`` takes the first ``steps`` of
+    :data:`POLAR_EXPRESS`, then :data:`POLAR_EXPRESS_LIMIT`, with :data:`POLAR_EXPRESS_SAFETY`."""
+    if kind == "quintic":
+        return [tuple(quintic)] * steps, 0.0
+    assert kind == "polar-express", kind  # the schema allows no other
+    tuned = list(POLAR_EXPRESS[:steps])
+    return tuned + [POLAR_EXPRESS_LIMIT] * (steps - len(tuned)), POLAR_EXPRESS_SAFETY
+
 
 def orthogonalize(
-    stacks: Sequence[torch.Tensor], coefficients: tuple[float, float, float], steps: int, eps: float
+    stacks: Sequence[torch.Tensor],
+    iterations: Sequence[tuple[float, float, float]],
+    eps: float,
+    safety: float = 0.0,
 ) -> list[torch.Tensor]:
-    """The quintic Newton-Schulz iteration of ``torch.optim.Muon`` on stacks of matrices, in
-    bfloat16.
+    """Odd quintic Newton-Schulz iterations on stacks of matrices, in bfloat16: those of
+    ``torch.optim.Muon`` with one (a, b, c) for all iterations, Polar Express's with one each
+    (:func:`iteration_coefficients`).
 
-    ``stacks``: tensors of shape (B_i, m_i, n_i); returns one (B_i, m_i, n_i) bfloat16 tensor each,
-    every matrix about U·S'·Vᵀ (S' near 1) where U·S·Vᵀ is its SVD (Jordan et al. 2024, "Muon: an
-    optimizer for hidden layers"; torch/optim/_muon.py's ``_zeropower_via_newtonschulz``). An
-    iteration is X ← aX + (bA + cA²)X with A = XXᵀ. ``torch.optim.Muon`` iterates a tall matrix Y
-    transposed; here Y stays as it is and the iteration reads Y ← aY + Y(bA + cA²) with A = YᵀY, the
-    same products of the same numbers, since A and bA + cA² are symmetric, so no copy is transposed
-    on the way in or out. The bA + cA² of all stacks whose A has one size is one ``torch.baddbmm``
-    call.
+    ``stacks``: tensors of shape (B_i, m_i, n_i); ``iterations``: the (a, b, c) of each iteration;
+    ``safety``: the input is scaled by 1/(‖X‖_F·(1 + safety)). Returns one (B_i, m_i, n_i) bfloat16
+    tensor each, every matrix about U·S'·Vᵀ (S' near 1) where U·S·Vᵀ is its SVD (Jordan et al. 2024,
+    "Muon: an optimizer for hidden layers"; torch/optim/_muon.py's ``_zeropower_via_newtonschulz``;
+    Amsel et al. 2025, arXiv 2505.16932, Algorithm 1). An iteration is X ← aX + (bA + cA²)X with
+    A = XXᵀ. ``torch.optim.Muon`` iterates a tall matrix Y transposed; here Y stays as it is and the
+    iteration reads Y ← aY + Y(bA + cA²) with A = YᵀY, the same products of the same numbers, since
+    A and bA + cA² are symmetric, so no copy is transposed on the way in or out. The bA + cA² of all
+    stacks whose A has one size is one ``torch.baddbmm`` call.
     """
-    a, b, c = coefficients
     xs = []
     for g in stacks:
         x = g.bfloat16()
-        xs.append(x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps))  # spectral norm at most 1
+        norm = x.norm(dim=(-2, -1), keepdim=True)
+        if safety:  # (1 + safety) only where asked: the quintic's scaling stays torch.optim.Muon's
+            norm = norm * (1 + safety)
+        xs.append(x / norm.clamp(min=eps))  # spectral norm at most 1
     tall = [x.size(-2) > x.size(-1) for x in xs]
     by_side: dict[int, list[int]] = {}  # the side of A -> the stacks with an A of that size
     for i, x in enumerate(xs):
@@ -59,7 +104,7 @@ def orthogonalize(
         )
         for side, members in by_side.items()
     ]
-    for _ in range(steps):
+    for a, b, c in iterations:
         for members, sizes, grams in sides:
             for i, gram in zip(members, grams.split(sizes)):
                 torch.bmm(xs[i].mT, xs[i], out=gram) if tall[i] else torch.bmm(
@@ -75,45 +120,130 @@ def orthogonalize(
     return xs
 
 
+#: NorMuon's guard against a zero second moment or norm (the authors' reference code's).
+NORMUON_EPS = 1e-10
+
+
+def normalize_rows(
+    ortho: torch.Tensor, second: torch.Tensor, beta2: float, eps: float = NORMUON_EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NorMuon's per-neuron normalisation of orthogonalised updates (Li, Liu, Liang, Chen & Zhao
+    2025, "NorMuon: Making Muon more efficient and scalable", arXiv 2510.05491, Algorithm 1).
+
+    ``ortho``: (B, m, n), one orthogonalised update per matrix, whose m rows are its neurons (an
+    ``nn.Linear`` weight is (out, in)); ``second``: (B, m, 1) float32, each row's second moment so
+    far. Returns the new second moment v ← β₂·v + (1 − β₂)·mean_j O_ij², and the float32 update
+    Ô = O / (√v + eps) rescaled to O's Frobenius norm, so that the learning rate and ``adjust_lr``
+    mean what they mean for Muon (the authors' reference code, normuon.py; the paper's Algorithm 1
+    rescales to AdamW's RMS instead, which ``adjust_lr: match_rms_adamw`` gives here). There is no
+    bias correction: a scale common to all rows cancels in the rescaling.
+    """
+    o = ortho.float()
+    v = second.lerp(o.square().mean(dim=-1, keepdim=True), 1 - beta2)
+    scaled = o / (v.sqrt() + eps)
+    norm, scaled_norm = (t.norm(dim=(-2, -1), keepdim=True) for t in (o, scaled))
+    return v, scaled * (norm / (scaled_norm + eps))
+
+
+def cautious_decay(params: torch.Tensor, update: torch.Tensor, factor: float) -> torch.Tensor:
+    """Decoupled weight decay only where the update and the weight agree in sign: ``params`` ×
+    ``factor`` where update·params ≥ 0, ``params`` elsewhere (Chen et al. 2025, "Cautious Weight
+    Decay", arXiv 2510.12402: x ← x − η·(u + λ·𝟙(u ⊙ x ≥ 0) ⊙ x), u the update that is subtracted;
+    here ``factor`` = 1 − ηλ and the update is added after).
+
+    ``params``, ``update``: one shape (any dtypes); returns a new tensor of ``params``' dtype. Where
+    the two agree the decay pulls the weight the way the update does, towards zero; where they
+    disagree it would undo part of the update, and is left out.
+    """
+    return torch.where(update * params >= 0, params * factor, params)
+
+
 class _Stack:
-    """The matrices of one shape in one group, with their momentum buffers as views of one stacked
-    tensor, so that momentum is one operation on the stack rather than one per matrix.
-    ``state[p]["momentum_buffer"]`` holds the views (torch.optim.Muon's state, so checkpoints load
-    in either)."""
+    """The matrices of one shape in one group, with each of their state buffers
+    (``momentum_buffer``; NorMuon's ``second_momentum_buffer``) as views of one stacked tensor, so
+    that updating a buffer is one operation on the stack rather than one per matrix.
+    ``state[p][key]`` holds the views (for the momentum, torch.optim.Muon's state, so checkpoints
+    load in either)."""
 
     def __init__(self, params: list[torch.Tensor]):
         self.params = params
-        self.stack: Optional[torch.Tensor] = None
-        self.views: list[torch.Tensor] = []
+        self.held: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}  # key -> stack, views
 
-    def buffers(self, state) -> torch.Tensor:
-        """The stacked momentum buffers (zeros before the first step); rebuilt from ``state`` when
-        ``load_state_dict`` has put tensors of its own there."""
-        if self.stack is None or any(
-            state[p].get("momentum_buffer") is not v for p, v in zip(self.params, self.views)
-        ):
-            self.stack = torch.stack(
+    def buffers(
+        self, state, key: str = "momentum_buffer", shape: Optional[tuple[int, ...]] = None
+    ) -> torch.Tensor:
+        """The stacked buffers ``key`` (zeros of ``shape``, each matrix's own by default, before the
+        first step); rebuilt from ``state`` when ``load_state_dict`` has put tensors of its own
+        there."""
+        stack, views = self.held.get(key, (None, []))
+        if stack is None or any(state[p].get(key) is not v for p, v in zip(self.params, views)):
+            stack = torch.stack(
                 [
-                    state[p]["momentum_buffer"]
-                    if "momentum_buffer" in state[p]
+                    state[p][key]
+                    if key in state[p]
                     else torch.zeros_like(p)
+                    if shape is None
+                    else p.new_zeros(shape)
                     for p in self.params
                 ]
             )
-            self.views = list(self.stack.unbind(0))
-            for p, v in zip(self.params, self.views):
-                state[p]["momentum_buffer"] = v
-        return self.stack
+            views = list(stack.unbind(0))
+            for p, v in zip(self.params, views):
+                state[p][key] = v
+            self.held[key] = (stack, views)
+        return stack
 
 
 class BatchedMuon(torch.optim.Muon):
     """``torch.optim.Muon`` (same arguments, same ``momentum_buffer`` state, so checkpoints load in
     either) whose step orthogonalises all the matrices of a group in one :func:`orthogonalize`
-    call."""
+    call, with three variants as group settings, each off by default:
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    - ``coefficients``: ``quintic`` (the group's ``ns_coefficients`` at every iteration) or
+      ``polar-express`` (:func:`iteration_coefficients`);
+    - ``normuon`` with its ``beta2``: :func:`normalize_rows` on each orthogonalised update, its
+      (rows, 1) second moment kept as ``state[p]["second_momentum_buffer"]``;
+    - ``cautious_weight_decay``: :func:`cautious_decay` in place of the plain decay.
+    """
+
+    def __init__(
+        self,
+        params,
+        *args,
+        coefficients: str = "quintic",
+        normuon: bool = False,
+        beta2: float = 0.95,
+        cautious_weight_decay: bool = False,
+        **kwargs,
+    ):
+        super().__init__(params, *args, **kwargs)
+        self.variants = {
+            "coefficients": coefficients,
+            "normuon": normuon,
+            "beta2": beta2,
+            "cautious_weight_decay": cautious_weight_decay,
+        }
+        self.defaults.update(self.variants)
+        for group in self.param_groups:
+            for key, value in self.variants.items():
+                group.setdefault(key, value)
         self._stacks: dict[tuple, list[_Stack]] = {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """``torch.optim``'s load, then this optimizer's own variant settings in every group: a
+        checkpoint from before the variants has none, and a resume that changes one (its note says
+        so) trains with the new value. A NorMuon second moment is dropped when NorMuon is off here,
+        so that turning it on again later starts it afresh rather than from a stale one.
+
+        Raises:
+            ValueError: another number of parameters or groups (``torch.optim``'s message).
+        """
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            group.update(self.variants)
+        if not self.variants["normuon"]:
+            for s in self.state.values():
+                s.pop("second_momentum_buffer", None)
 
     def _stacks_of(self, gi: int, group: dict) -> list[_Stack]:
         """The group's matrices that have a gradient, stacked by shape (kept from step to step)."""
@@ -128,13 +258,13 @@ class BatchedMuon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One Muon step: Nesterov (or plain) momentum, the orthogonalised update, decoupled weight
-        decay.
+        """One Muon step: Nesterov (or plain) momentum, the orthogonalised update (NorMuon's
+        normalisation on it where set), decoupled weight decay (cautious where set).
 
         With a ``found_inf`` attribute (a 0-dim float32 tensor, torch.amp's protocol, set by
-        :func:`~.optim.step_unless`) of 1.0 every momentum buffer and weight keeps its value, chosen
-        on the device by ``torch.where``; each new value is computed out of place by the same
-        operations as in place, so a step that is taken is the same to the bit."""
+        :func:`~.optim.step_unless`) of 1.0 every momentum buffer, second moment and weight keeps
+        its value, chosen on the device by ``torch.where``; each new value is computed out of place
+        by the same operations as in place, so a step that is taken is the same to the bit."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -158,18 +288,27 @@ class BatchedMuon(torch.optim.Muon):
                 updates.append(grads.lerp_(moved, momentum) if group["nesterov"] else moved)
                 if keep is not None:
                     _assign(bufs, moved, keep)
-            orthos = orthogonalize(
-                updates, group["ns_coefficients"], group["ns_steps"], group["eps"]
+            iterations, safety = iteration_coefficients(
+                group["coefficients"], group["ns_steps"], group["ns_coefficients"]
             )
+            orthos = orthogonalize(updates, iterations, group["eps"], safety)
             for s, ortho in zip(stacks, orthos):
                 alpha = -_adjust_lr(lr, group["adjust_lr_fn"], s.params[0].shape)
-                if keep is None:
+                if group["normuon"]:
+                    second = s.buffers(self.state, "second_momentum_buffer", (len(s.params[0]), 1))
+                    moved, ortho = normalize_rows(ortho, second, group["beta2"])
+                    _assign(second, moved, keep)
+                if decay and group["cautious_weight_decay"]:
+                    stacked = torch.stack(s.params)
+                    new = list(cautious_decay(stacked, ortho, 1 - lr * decay).unbind(0))
+                elif keep is None:  # in place, as the momentum above
                     if decay:
                         torch._foreach_mul_(s.params, 1 - lr * decay)
-                    # a bfloat16 update into a float32 weight, as Muon adds it
+                    # a bfloat16 update into a float32 weight, as Muon adds it (NorMuon's: float32)
                     torch._foreach_add_(s.params, ortho.unbind(0), alpha=alpha)
                     continue
-                new = torch._foreach_mul(s.params, 1 - lr * decay) if decay else list(s.params)
+                else:
+                    new = torch._foreach_mul(s.params, 1 - lr * decay) if decay else list(s.params)
                 new = torch._foreach_add(new, ortho.unbind(0), alpha=alpha)
                 for p, value in zip(s.params, new):
                     _assign(p, value, keep)

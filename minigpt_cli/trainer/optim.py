@@ -47,6 +47,15 @@ def muon_params(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     return [n for n, p in named if id(p) in hidden], [n for n, p in named if id(p) not in hidden]
 
 
+#: The ``train.muon`` variant settings of plain Muon (``torch.optim.Muon`` has no others).
+MUON_PLAIN = {
+    "coefficients": "quintic",
+    "normuon": False,
+    "beta2": 0.95,
+    "cautious_weight_decay": False,
+}
+
+
 class MuonAdamW:
     """Muon for the blocks' matrices and AdamW for the rest (:func:`muon_params`), stepped as one
     optimizer.
@@ -61,6 +70,15 @@ class MuonAdamW:
         by_name = dict(model.named_parameters())
         muon_names, adamw_names = muon_params(model)
         mc = tc.muon
+        variants = {
+            "coefficients": mc.coefficients,
+            "normuon": mc.normuon,
+            "beta2": mc.beta2,
+            "cautious_weight_decay": mc.cautious_weight_decay,
+        }
+        if muon_class is torch.optim.Muon:  # the reference it is compared with: plain Muon only
+            assert variants == MUON_PLAIN, variants
+            variants = {}
         self.adamw = adamw([by_name[n] for n in adamw_names], tc)
         self.muon = muon_class(
             [by_name[n] for n in muon_names],
@@ -70,6 +88,7 @@ class MuonAdamW:
             nesterov=mc.nesterov,
             ns_steps=mc.ns_steps,
             adjust_lr_fn=mc.adjust_lr,
+            **variants,
         )
         self.muon_scale = mc.learning_rate / tc.learning_rate
 

@@ -194,7 +194,9 @@ def config_notes(
 
 def _muon_note(cfg: Config) -> list[str]:
     """:data:`MUON_UNUSED` for the ``train.muon`` keys given a value of their own (set, and not the
-    default: a saved config.yaml lists every key) in a run whose ``train.optimizer`` is adamw."""
+    default: a saved config.yaml lists every key) in a run whose ``train.optimizer`` is adamw; in a
+    Muon run, a note for a variant setting that does nothing (cautious weight decay without weight
+    decay, NorMuon's beta2 without NorMuon), a note and not an error, as sweeps share configs."""
     mu = cfg.train.muon
     keys = [
         f"train.muon.{k}"
@@ -203,7 +205,21 @@ def _muon_note(cfg: Config) -> list[str]:
         and k in mu.model_fields_set
         and getattr(mu, k) != f.default
     ]
-    return [MUON_UNUSED.format(keys=", ".join(keys))] if keys else []
+    if keys:
+        return [MUON_UNUSED.format(keys=", ".join(keys))]
+    out = []
+    if cfg.train.optimizer == "muon" and mu.cautious_weight_decay and mu.weight_decay == 0:
+        out.append(
+            "note: train.muon.cautious_weight_decay chooses where Muon's weight decay acts, and "
+            "train.muon.weight_decay is 0: no effect in this run; set train.muon.weight_decay too"
+        )
+    if cfg.train.optimizer == "muon" and not mu.normuon and "beta2" in mu.model_fields_set:
+        if mu.beta2 != type(mu).model_fields["beta2"].default:
+            out.append(
+                "note: train.muon.beta2 is NorMuon's, and train.muon.normuon is false: no effect "
+                "in this run; set train.muon.normuon=true to use it"
+            )
+    return out
 
 
 def run_files(run_dir: Path) -> tuple[list[Path], set[Path]]:
