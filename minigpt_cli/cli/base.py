@@ -68,6 +68,15 @@ CheckpointOption = Annotated[
     ),
 ]
 
+RawWeightsOption = Annotated[
+    bool,
+    typer.Option(
+        "--raw-weights",
+        help="For a run trained with train.ema_decay: use the trained weights themselves, not "
+        "their moving average (the EMA weights, the default, are what the run's evals scored).",
+    ),
+]
+
 
 class _StdoutError(Exception):
     """Writing to standard output failed (``> /dev/full``, a full disk); not an OSError, so no file

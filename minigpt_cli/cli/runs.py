@@ -16,6 +16,7 @@ from ..run import folder as runs
 from .base import (
     CheckpointOption,
     Command,
+    RawWeightsOption,
     DeviceOption,
     JsonOption,
     ProgressOption,
@@ -118,6 +119,7 @@ def generate(
         "default: the run's sample.window_stride, else block_size // 4).",
     ),
     checkpoint: CheckpointOption = runs.BEST,
+    raw_weights: RawWeightsOption = False,
     device: DeviceOption = "auto",
 ) -> None:
     """Sample text from a trained run.
@@ -158,6 +160,7 @@ def generate(
         ignore_eos=ignore_eos,
         out=sys.stdout,
         echo=echo,
+        ema=not raw_weights,
     )
 
 
@@ -182,6 +185,7 @@ def _read_prompt(
 def evaluate(
     run: RunOption = None,
     checkpoint: CheckpointOption = runs.BEST,
+    raw_weights: RawWeightsOption = False,
     split: Optional[str] = typer.Option(
         None, "--split", metavar="val|train", help="Which split of the run's corpus (default val)."
     ),
@@ -258,6 +262,7 @@ def evaluate(
         device=device,
         progress=progress,
         echo=echo,
+        ema=not raw_weights,
     )
     print(json.dumps(result, indent=1) if as_json else format_evaluation(result))
 
@@ -292,6 +297,7 @@ def export(
         help="gguf's tensor type (default f32); q8_0 needs widths that are multiples of 32.",
     ),
     checkpoint: CheckpointOption = runs.BEST,
+    raw_weights: RawWeightsOption = False,
     force: bool = typer.Option(
         False,
         "--force",
@@ -321,6 +327,14 @@ def export(
     from ..hf.export import export_run
 
     out = export_run(
-        run, output, fmt=fmt, arch=arch, checkpoint=checkpoint, force=force, dtype=dtype, echo=echo
+        run,
+        output,
+        fmt=fmt,
+        arch=arch,
+        checkpoint=checkpoint,
+        force=force,
+        dtype=dtype,
+        echo=echo,
+        ema=not raw_weights,
     )
     print(out)

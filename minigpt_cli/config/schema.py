@@ -514,6 +514,50 @@ class TrainConfig(_Strict):
     grad_clip: float = Field(
         1.0, ge=0.0, description="clip the global gradient norm to this; 0 disables clipping"
     )
+    batch_size_warmup_iters: int = Field(
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        description="batch-size ramp: steps over which the micro-batch grows linearly, rounded "
+        "down to whole sequences, from batch_size_warmup_start to batch_size (GPT-3, App. B); "
+        "evals use batch_size; 0: off",
+    )
+    batch_size_warmup_start: Optional[int] = Field(
+        None,
+        ge=1,
+        le=MAX_BATCH,
+        description="sequences per micro-batch at the ramp's step 0; null: batch_size // 4, "
+        "at least 1",
+    )
+    block_size_warmup_iters: int = Field(
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        description="sequence-length warmup: steps over which the training window grows from "
+        "block_size_warmup_multiple tokens to model.block_size in steps of that many (Li et "
+        "al. 2022, arXiv 2108.06084); evals use block_size; 0: off",
+    )
+    block_size_warmup_multiple: int = Field(
+        16,
+        ge=1,
+        le=MAX_TOKENS,
+        description="the sequence-length warmup's first window and step, in tokens; below "
+        "model.block_size",
+    )
+    ema_decay: Optional[float] = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="keep an exponential moving average of the weights, ema = decay·ema + "
+        "(1 - decay)·w after each step (Polyak & Juditsky 1992); evals, samples, generate, "
+        "evaluate and export use it; null: off",
+    )
+    ema_start: int = Field(
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        description="the EMA equals the weights up to this step and averages after it",
+    )
     eval_interval: int = Field(
         250,
         ge=1,
@@ -595,6 +639,20 @@ class TrainConfig(_Strict):
             )
         if self.optimizer == "muon" and self.parallelism == "fsdp":
             yield _MUON_FSDP
+        start = self.batch_size_warmup_start
+        if self.batch_size_warmup_iters and start is not None and start >= self.batch_size:
+            yield (
+                f"train.batch_size_warmup_start ({start}) must be below train.batch_size "
+                f"({self.batch_size}), which the ramp grows to; lower it, or set "
+                "train.batch_size_warmup_iters=0"
+            )
+        if self.ema_decay is not None and self.parallelism == "fsdp":
+            # Each process holds a shard of every weight; the EMA would have to be gathered too.
+            yield (
+                "train.ema_decay cannot run with train.parallelism fsdp (each process holds a "
+                "shard of the weights, the EMA keeps whole ones); set train.parallelism=ddp, or "
+                "train.ema_decay=null"
+            )
 
 
 class SampleConfig(_Strict):
@@ -689,6 +747,13 @@ class Config(_Strict):
             self.device == "cpu" and self.dtype == "float16"
         ):  # train refuses it too, when device: auto finds a CPU
             yield FLOAT16_ON_CPU
+        multiple, block = self.train.block_size_warmup_multiple, self.model.block_size
+        if self.train.block_size_warmup_iters and multiple >= block:
+            yield (
+                f"train.block_size_warmup_multiple ({multiple}) must be below model.block_size "
+                f"({block}): the window grows from it to block_size in steps of it; use at most "
+                f"{max(1, block // 2)}, or set train.block_size_warmup_iters=0"
+            )
         stride = self.sample.window_stride  # null: block_size // 4, which always fits
         if stride is not None and stride > self.model.block_size:
             yield (

@@ -487,7 +487,11 @@ def with_vocab(cfg: Config, vocab_size: int) -> Config:
 
 
 class BatchSampler:
-    """Random (x, y) windows from a token memmap, by a ``torch.Generator`` of its own."""
+    """Random (x, y) windows from a token memmap, by a ``torch.Generator`` of its own.
+
+    ``sizes`` (optimizer step -> (sequences, tokens per window)) gives each step's shape, for the
+    batch-size ramp and the sequence-length warmup; the step of a micro-batch is the count drawn
+    before it over ``accum``. None: ``batch_size`` windows of ``block_size`` at every step."""
 
     def __init__(
         self,
@@ -498,6 +502,8 @@ class BatchSampler:
         device: torch.device,
         rank: int = 0,
         world: int = 1,
+        sizes: Optional[Callable[[int], tuple[int, int]]] = None,
+        accum: int = 1,
     ):
         import torch
 
@@ -510,24 +516,33 @@ class BatchSampler:
         # Every rank draws the same global batch and keeps its own slice, so a
         # run on N processes sees exactly the data of one process with N times the batch.
         self.rank, self.world = rank, world
+        self.sizes, self.accum = sizes, accum
+        self.drawn = 0  # micro-batches drawn so far
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y: (batch_size, block_size) int64, y shifted by one position."""
+        """x, y: (batch, block) int64, y shifted by one position; (batch_size, block_size) unless
+        ``sizes`` says otherwise for this micro-batch's step."""
         import torch
 
+        batch, block = self.batch_size, self.block_size
+        if self.sizes is not None:
+            batch, block = self.sizes(self.drawn // self.accum)
+        self.drawn += 1
         ix = torch.randint(
-            len(self.tokens) - self.block_size,
-            (self.batch_size * self.world,),
+            len(self.tokens) - block,
+            (batch * self.world,),
             generator=self.generator,
         )
-        ix = ix[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-        return windows(self.tokens, ix, self.block_size, self.device)
+        ix = ix[self.rank * batch : (self.rank + 1) * batch]
+        return windows(self.tokens, ix, block, self.device)
 
     def state(self) -> torch.Tensor:
         return self.generator.get_state()
 
-    def set_state(self, state: torch.Tensor) -> None:
+    def set_state(self, state: torch.Tensor, step: int = 0) -> None:
+        """Go on from generator ``state``, taken when optimizer step ``step`` was next."""
         self.generator.set_state(state)
+        self.drawn = step * self.accum
 
 
 def windows(

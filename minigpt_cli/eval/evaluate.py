@@ -178,6 +178,7 @@ def evaluate(
     device: str = "auto",
     progress: Optional[bool] = None,
     echo: Callable[[str], None] = lambda message: None,
+    ema: bool = True,
 ) -> dict:
     """Score a run's checkpoint (``run``: default the newest) on a ``split`` or ``text_file``.
 
@@ -188,10 +189,11 @@ def evaluate(
     ``perplexity`` (inf past a float's range), ``bits_per_byte``, ``bits_per_char``, ``tokens``,
     ``bytes``, ``chars``, ``step``, ``checkpoint``, ``mode``, ``source``, ``stride``,
     ``logged_loss`` (the run's own loss of the same measurement, else None), ``block_size``,
-    ``run``. Raises MinigptError: no run or checkpoint, arguments that conflict or are out of range,
+    ``run``, ``weights`` (``ema``: a run trained with ``train.ema_decay`` scored with its moving
+    average, unless ``ema`` is False; else ``raw``). Raises MinigptError: no run or checkpoint, arguments that conflict or are out of range,
     an unreadable or unencodable file, a corpus gone or changed since training, too few tokens."""
     dev = resolve_device(device)
-    loaded = load_run(run, checkpoint, dev)
+    loaded = load_run(run, checkpoint, dev, ema=ema)
     model, cfg, tok, run_dir, ckpt = (
         loaded.model,
         loaded.config,
@@ -245,6 +247,9 @@ def evaluate(
         raise MinigptError(
             f"{source} holds {len(tokens)} token(s); scoring needs at least 2 (a token and its next)"
         )
+    note = loaded.weights_note()
+    if note is not None:  # once the arguments passed: an error stays one line
+        echo(note)
     model.eval()
     logged = None
     if windows == "lm-eval":
@@ -267,7 +272,8 @@ def evaluate(
         world = meta.get("world_size", 1)
         loss, n_windows = _training_eval(model, cfg, tokens, split, meta.get("step", 0), world, dev)
         n_scored = n_windows * T
-        if meta.get("eval_step") == meta.get("step"):
+        # The run's evals scored its EMA weights when it kept them: the raw ones differ.
+        if meta.get("eval_step") == meta.get("step") and loaded.ema == loaded.has_ema:
             logged = meta.get(f"{split}_loss")
     counted = (
         n_scored if full or windows == "lm-eval" else len(tokens)
@@ -292,6 +298,7 @@ def evaluate(
         "block_size": T,
         "stride": stride if full and windows != "lm-eval" else None,
         "logged_loss": logged,
+        "weights": "ema" if loaded.ema else "raw",
     }
 
 
@@ -319,7 +326,8 @@ def format_evaluation(r: dict) -> str:
         "eval": "the training eval's windows",
     }[r["mode"]]
     lines = [
-        f"{r['run']} ({r['checkpoint']}, step {r['step']}) on {r['source']}: {how}",
+        f"{r['run']} ({r['checkpoint']}, step {r['step']}"
+        f"{', EMA weights' if r.get('weights') == 'ema' else ''}) on {r['source']}: {how}",
         f"  loss            {r['loss']:.6f} nats/token over {r['tokens']:,} tokens",
         f"  perplexity      {r['perplexity']:.4f}",
         *_per_unit(r),

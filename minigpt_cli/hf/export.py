@@ -541,10 +541,12 @@ def export_run(
     force: bool = False,
     dtype: Optional[str] = None,
     echo: Callable[[str], None] = lambda message: None,
+    ema: bool = True,
 ) -> Path:
     """Write a run's checkpoint as a transformers folder at ``output``, atomically
     (:func:`_write_folder`), as ``arch`` (a key of :data:`TARGETS`; None: the one that expresses the
-    run), or with ``fmt="gguf"`` as a GGUF file (:func:`~.gguf.export_gguf`); a
+    run), or with ``fmt="gguf"`` as a GGUF file (:func:`~.gguf.export_gguf`); the EMA weights of a
+    run trained with ``train.ema_decay`` unless ``ema`` is False; a
     :class:`MinigptError` for a bad option or output, :func:`hf_target`'s, and a failed write."""
     if fmt == "gguf":
         from .gguf import export_gguf
@@ -555,7 +557,13 @@ def export_run(
                 "run: drop --arch"
             )
         return export_gguf(
-            run, output, dtype=dtype or "f32", checkpoint=checkpoint, force=force, echo=echo
+            run,
+            output,
+            dtype=dtype or "f32",
+            checkpoint=checkpoint,
+            force=force,
+            echo=echo,
+            ema=ema,
         )
     from safetensors.torch import save
 
@@ -603,9 +611,8 @@ def export_run(
             f"{out} is not an export minigpt wrote (its config.json carries no minigpt mark); "
             "--force replaces only an earlier export: pass a new or empty --output"
         )
-    loaded = load_run(
-        run_dir, checkpoint
-    )  # generate's checks: checksums, finite weights, the run's own tokenizer
+    # generate's checks: checksums, finite weights, the run's own tokenizer
+    loaded = load_run(run_dir, checkpoint, ema=ema)
     model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer
     target = hf_target(cfg.model, arch)  # refused before anything is written
     config = hf_config(cfg, tok, target)
@@ -643,6 +650,8 @@ def export_run(
             f"fine-tuning cut {cfg.model.init_from}'s {source} to that; fine-tune with a larger "
             "model.block_size to keep more"
         )
+    if loaded.weights_note() is not None:
+        echo(loaded.weights_note())
     echo(
         f"exported {run_dir} ({ckpt.name}) as a transformers {ARCHITECTURES[target][0]} to {out}; "
         f"generation_config.json: max_length {cfg.model.block_size} (prompt and new tokens within "

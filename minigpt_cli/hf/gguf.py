@@ -389,9 +389,10 @@ def export_gguf(
     checkpoint: str = runs.BEST,
     force: bool = False,
     echo: Callable[[str], None] = lambda message: None,
+    ema: bool = True,
 ) -> Path:
     """Write a run's checkpoint as the GGUF file ``output`` (``dtype`` f32, f16 or q8_0),
-    atomically; a :class:`MinigptError` for an output that is a folder, exists (without ``force``)
+    atomically, with its EMA weights where it kept them unless ``ema`` is False; a :class:`MinigptError` for an output that is a folder, exists (without ``force``)
     or is no GGUF of ours, for each refusal of :func:`gguf_arch`, and for a failed write."""
     out = Path(output)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
@@ -403,9 +404,8 @@ def export_gguf(
         raise MinigptError(
             f"{out} is not a GGUF minigpt wrote (no {GGUF_MARK}); pass another --output"
         )
-    loaded = load_run(
-        run_dir, checkpoint
-    )  # generate's checks: checksums, finite weights, the run's own tokenizer
+    # generate's checks: checksums, finite weights, the run's own tokenizer
+    loaded = load_run(run_dir, checkpoint, ema=ema)
     cfg = loaded.config
     arch = gguf_arch(cfg.model, cfg.tokenizer)
     vocab = tokenizer_fields(loaded.tokenizer, cfg.tokenizer.kind, cfg.model.vocab_size)
@@ -414,5 +414,7 @@ def export_gguf(
     with os_errors(out):  # named as the user gave it, not as the temporary file beside it
         out.parent.mkdir(parents=True, exist_ok=True)
         _write(out, cfg.model, arch, tensors, vocab, dtype, run_dir.name)
+    if loaded.weights_note() is not None:
+        echo(loaded.weights_note())
     echo(f"exported {run_dir} ({ckpt.name}) as a GGUF {arch} ({dtype}) to {out}")
     return out

@@ -42,6 +42,7 @@ from ..runtime.distributed import load_model_state
 from .folder import (
     BEST,
     CONFIG,
+    EMA,
     LAST,
     META,
     STATE,
@@ -117,6 +118,7 @@ _unchecked_said: set[Path] = set()
 #: What :func:`~minigpt_cli.fileio.read_problem` calls each file of a checkpoint folder.
 _KINDS = {
     WEIGHTS: "checkpoint weights",
+    EMA: "checkpoint EMA weights",
     STATE: "trainer state",
     CONFIG: "checkpoint config",
     META: "checkpoint metadata",
@@ -151,9 +153,11 @@ def save(
     config: Config,
     trainer_state: Optional[dict[str, Any]] = None,
     meta: Optional[dict[str, Any]] = None,
+    ema: Optional[Mapping[str, torch.Tensor]] = None,
 ) -> Path:
     """Write the checkpoint folder ``directory`` atomically, each file's sha256 in its meta.json.
-    ``model``: the GPT (compiled or DDP-wrapped) or its full state dict (FSDP's, gathered). Raises
+    ``model``: the GPT (compiled or DDP-wrapped) or its full state dict (FSDP's, gathered);
+    ``ema``: the moving average of its weights (``train.ema_decay``), saved beside them. Raises
     MinigptError when it cannot be written (disk full, read-only); the previous checkpoint is kept
     and no temporary folder is left."""
     directory = Path(directory)
@@ -168,16 +172,21 @@ def save(
                 (SafetensorError, RuntimeError): lambda exc: _failed_write(exc, directory),
             }
         ):
-            _write_folder(tmp, directory, model, config, trainer_state, meta)
+            _write_folder(tmp, directory, model, config, trainer_state, meta, ema)
     finally:  # a failure or an interrupt: no temporary folder stays (after the swap, the name is gone already)
         shutil.rmtree(tmp, ignore_errors=True)
     return directory
 
 
-def _write_folder(tmp: Path, directory: Path, model, config: Config, trainer_state, meta) -> None:
+def _write_folder(
+    tmp: Path, directory: Path, model, config: Config, trainer_state, meta, ema
+) -> None:
     """:func:`save`'s files into ``tmp``, fsynced, then ``tmp`` swapped in as ``directory``."""
     save_file(model_state(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
     chmod_quietly(tmp / WEIGHTS, new_file_mode())  # safetensors creates it 0600
+    if ema is not None:
+        save_file(model_state(ema), str(tmp / EMA), metadata={"format": "pt"})
+        chmod_quietly(tmp / EMA, new_file_mode())
     _maybe_die(directory.name, "weights")
     if trainer_state is not None:
         torch.save(trainer_state, tmp / STATE)
@@ -340,17 +349,26 @@ def _other_hint(directory: Path) -> str:
     )
 
 
-def load_model(directory: Path, device: str | torch.device = "cpu") -> tuple[GPT, Config]:
+def load_model(
+    directory: Path, device: str | torch.device = "cpu", ema: bool = False
+) -> tuple[GPT, Config]:
     """Rebuild the model (eval mode) from a checkpoint folder alone, each file verified, all from
-    one checkpoint while a run saves (:func:`~.folder.steady`). Raises MinigptError, naming the
+    one checkpoint while a run saves (:func:`~.folder.steady`); ``ema``: with the moving average of
+    the weights where the checkpoint holds one (:func:`has_ema`). Raises MinigptError, naming the
     file: missing, truncated, corrupt or altered files, or weights that do not fit the config."""
-    return steady(directory, lambda: _load_model(directory, device))
+    return steady(directory, lambda: _load_model(directory, device, ema))
 
 
-def _load_model(directory: Path, device: str | torch.device) -> tuple[GPT, Config]:
+def has_ema(directory: Path) -> bool:
+    """Whether a checkpoint holds the moving average of its weights (a run with
+    ``train.ema_decay``)."""
+    return (resolve(directory) / EMA).is_file()
+
+
+def _load_model(directory: Path, device: str | torch.device, ema: bool) -> tuple[GPT, Config]:
     directory = resolve(directory)
     config = saved_config(directory)
-    weights = directory / WEIGHTS
+    weights = directory / (EMA if ema and (directory / EMA).is_file() else WEIGHTS)
     sd = _read_weights(weights, _other_hint(directory))
     if config.model.vocab_size is None:
         config.model.vocab_size = int(sd["wte.weight"].shape[0]) if "wte.weight" in sd else 1
@@ -412,6 +430,9 @@ def check_resume_weights(directory: Path, config: Optional[ModelConfig]) -> Path
     with torch.device("meta"), _no_init():
         model = GPT(config)
     _check_keys(_unprefixed(header), model, weights, "the model of the run's config")
+    ema = weights.parent / EMA
+    if ema.is_file():  # its tensors are checked when the resume loads it (read_ema)
+        verify(ema.parent, EMA, f"checkpoint EMA weights {str(ema)!r} are corrupt", _RESUME_FIX)
     return weights
 
 
@@ -422,6 +443,18 @@ def load_weights_into(model: GPT, directory: Path) -> None:
     sd = _read_weights(weights, _RESUME_FIX)
     _check_keys(sd, model, weights, "the model of the run's config")
     load_model_state(model, sd)
+
+
+def read_ema(directory: Path, model: GPT) -> Optional[dict[str, torch.Tensor]]:
+    """A checkpoint's verified moving average of the weights, checked to fit ``model``; None when
+    it holds none (trained without ``train.ema_decay``). Raises MinigptError: a corrupt,
+    truncated or altered file, or tensors of another model."""
+    path = resolve(directory) / EMA
+    if not path.is_file():
+        return None
+    sd = _read_weights(path, _RESUME_FIX)
+    _check_keys(sd, model, path, "the model of the run's config")
+    return sd
 
 
 def state_bounds(weights_bytes: int) -> Bounds:
@@ -467,13 +500,15 @@ class Checkpointer:
     """When a run saves, and where (after each eval ``best`` if improved, then ``last``;
     ``step-NNNNNNN`` every ``train.keep_every`` steps; ``last`` on a stop). ``snapshot()`` gives
     ``(model, trainer_state, meta)``; rank 0 (``enabled``) writes, and with ``collective`` (FSDP's
-    gather) every rank snapshots."""
+    gather) every rank snapshots. ``ema`` gives the moving average of the weights to save beside
+    them (``train.ema_decay``)."""
 
     run_dir: Path
     config: Config
     snapshot: Callable[[], tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]]
     enabled: bool = True
     collective: bool = False
+    ema: Optional[Callable[[], Mapping[str, torch.Tensor]]] = None
 
     @property
     def last(self) -> Path:
@@ -485,7 +520,8 @@ class Checkpointer:
         if self.enabled or self.collective:
             model, state, meta = self.snapshot()
             if self.enabled:
-                save(checkpoint_dir(self.run_dir, which), model, self.config, state, meta)
+                ema = self.ema() if self.ema is not None else None
+                save(checkpoint_dir(self.run_dir, which), model, self.config, state, meta, ema)
 
     def after_eval(self, improved: bool) -> None:
         """An eval ended: ``best`` if its val loss is the lowest so far, then ``last``."""

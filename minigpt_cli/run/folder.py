@@ -60,6 +60,8 @@ LAST = "last"
 BEST = "best"
 #: A checkpoint folder's files.
 WEIGHTS = "model.safetensors"
+#: The moving average of the weights, beside them, in a run trained with ``train.ema_decay``.
+EMA = "ema.safetensors"
 STATE = "trainer_state.pt"
 CONFIG = "config.yaml"
 META = "meta.json"

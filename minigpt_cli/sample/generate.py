@@ -181,6 +181,7 @@ def generate(
     ignore_eos: bool = False,
     out: Optional[TextIO] = None,
     echo: Callable[[str], None] = lambda message: None,
+    ema: bool = True,
 ) -> list[str]:
     """Sample from a trained run (``None``: the newest under ``runs/``); returns each sample's
     prompt and text.
@@ -192,7 +193,8 @@ def generate(
     newline, token by token when ``stream``. A sample ends at the tokenizer's end-of-text token
     (:func:`end_of_text`), not written, unless ``ignore_eos``. ``compile`` None: on for CUDA.
     ``dtype``: a key of :data:`DTYPES`; ``seed``: 0 .. 2**63-1 (the CLI's options check both). Notes
-    go to ``echo``. The README (Commands, Faster sampling) is the manual.
+    go to ``echo``. A run trained with ``train.ema_decay`` samples from its EMA weights unless
+    ``ema`` is False. The README (Commands, Faster sampling) is the manual.
 
     Raises:
         MinigptError: no run, a damaged checkpoint, a prompt the tokenizer cannot encode,
@@ -206,7 +208,7 @@ def generate(
     threads = CpuThreads(
         dev
     )  # silent: the thread count changes the speed, not the text (issue 27 §5)
-    loaded = load_run(run, checkpoint, dev)
+    loaded = load_run(run, checkpoint, dev, ema=ema)
     model, cfg, tok = loaded.model, loaded.config, loaded.tokenizer
     model.to(
         DTYPES[dtype]
@@ -233,6 +235,8 @@ def generate(
         echo(f"using {loaded.run_dir} ({loaded.describe()})")
     elif loaded.checkpoint.name != checkpoint:
         echo(f"using {loaded.describe()}: the run has no {checkpoint} checkpoint yet")
+    if loaded.weights_note() is not None:
+        echo(loaded.weights_note())
     if loaded.step == 0:
         echo(
             f"note: {loaded.run_dir}'s {loaded.checkpoint.name} checkpoint is untrained (saved at "

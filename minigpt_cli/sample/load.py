@@ -19,7 +19,7 @@ from ..config.schema import Config
 from ..errors import MinigptError
 from ..model.gpt import GPT
 from ..run import folder as runs
-from ..run.checkpoint import load_model
+from ..run.checkpoint import has_ema, load_model
 from ..runtime.device import resolve_device
 from ..runtime.kernels import swap as swap_kernels
 from ..tokenizer.kinds import Tokenizer, load_run_tokenizer
@@ -40,12 +40,31 @@ class LoadedRun:
     step: Optional[
         int
     ]  # the optimizer step it was saved at; None for checkpoints whose meta.json lacks it
+    ema: bool = False  # the weights are the moving average the run kept (train.ema_decay)
+    has_ema: bool = False  # the checkpoint holds that average (raw weights were asked for if not ema)
 
     def describe(self) -> str:
-        """``checkpoint best, step 30`` (the step left out when unknown)."""
-        return f"checkpoint {self.checkpoint.name}" + (
-            f", step {self.step}" if self.step is not None else ""
+        """``checkpoint best, step 30`` (the step left out when unknown), ``, EMA weights`` when
+        they are the moving average."""
+        return (
+            f"checkpoint {self.checkpoint.name}"
+            + (f", step {self.step}" if self.step is not None else "")
+            + (", EMA weights" if self.ema else "")
         )
+
+    def weights_note(self) -> Optional[str]:
+        """The line a command says for a run trained with EMA: which weights it uses; None for a
+        run without."""
+        if self.ema:
+            decay = self.config.train.ema_decay
+            return (
+                "using the EMA weights (the moving average of the weights"
+                + (f", decay {decay:g}" if decay is not None else "")
+                + "); --raw-weights takes the trained weights"
+            )
+        if self.has_ema:
+            return "using the raw trained weights (--raw-weights), not the run's EMA weights"
+        return None
 
 
 def _check_finite(model: torch.nn.Module, ckpt: Path) -> None:
@@ -85,9 +104,11 @@ def load_run(
     run: Optional[str | Path] = None,
     checkpoint: str = runs.BEST,
     device: str | torch.device = "cpu",
+    ema: bool = True,
 ) -> LoadedRun:
     """The model of a run's checkpoint (eval mode, on ``device``, linear layers on the fastest
     kernel), its config and the run's tokenizer; ``run`` None: the newest run under ``runs/``.
+    A run trained with ``train.ema_decay`` gives its EMA weights, unless ``ema`` is False.
 
     Raises:
         MinigptError: no such run or checkpoint, damaged files, non-finite weights, or a
@@ -95,7 +116,8 @@ def load_run(
     """
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     dev = resolve_device(device) if isinstance(device, str) else device
-    model, cfg = load_model(ckpt, dev)
+    averaged = has_ema(ckpt)
+    model, cfg = load_model(ckpt, dev, ema=ema)
     swap_kernels(model)
     tok = load_run_tokenizer(run_dir, cfg)
     _check_finite(model, ckpt)
@@ -110,4 +132,4 @@ def load_run(
         )
     step = meta.get("step")
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
-    return LoadedRun(model, tok, cfg, run_dir, ckpt, step)
+    return LoadedRun(model, tok, cfg, run_dir, ckpt, step, ema=ema and averaged, has_ema=averaged)

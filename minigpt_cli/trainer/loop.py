@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -30,7 +30,7 @@ from .estimate import CPU_RECIPE, CPU_RECIPES, TimeEstimate
 from .evaluate import Evaluator
 from .guards import MAX_NONFINITE, Skips, Stops
 from .optim import set_lr
-from .schedule import lr_at
+from .schedule import lr_at, tokens_through
 from .setup import Claim, Setup, build, plan
 from .step import train_step
 
@@ -74,6 +74,8 @@ class Trainer:
         self.t_log, self.tokens_since_log = time.perf_counter(), 0
         self.t_status = time.perf_counter()
         tc = s.cfg.train
+        # Tokens trained on so far, exact under the batch-size ramp and sequence-length warmup.
+        self.tokens = tokens_through(s.prog.step, s.cfg, s.dist.world)
         self.skips = Skips(s.logger.log, self.diverged)
         self.stops = Stops(s.stop, s.dist, s.device, tc.max_seconds, self.t0)
         self.estimate = TimeEstimate(
@@ -105,6 +107,7 @@ class Trainer:
             snapshot=self.snapshot,
             enabled=s.dist.main,
             collective=parallel.is_sharded(s.model),
+            ema=s.ema.state_dict if s.ema is not None else None,
         )
 
     # ------------------------------------------------------------------ the loop
@@ -148,11 +151,13 @@ class Trainer:
                 t_step = time.perf_counter()
                 loss, skipped = self.step(lr)
                 s.cpu_threads.poll()
+                tokens = s.step_tokens(p.step)
+                self.tokens += tokens
+                self.tokens_since_log += tokens
                 p.step += 1
                 p.evaluated = False
                 self.skips.record(p.step, loss, skipped)
                 self.estimate.step_done(p.step, time.perf_counter() - t_step)
-                self.tokens_since_log += s.tokens_per_step
                 s.bar.update(1)
                 if p.step % tc.log_interval == 0 or p.step == tc.max_iters:
                     self.log_train(loss, lr)  # the host's one look at the step's numbers
@@ -180,7 +185,7 @@ class Trainer:
         skipped (1.0) as not finite, both on the device (:func:`~.step.train_step`)."""
         s = self.s
         set_lr(s.optimizer, lr)
-        return train_step(
+        loss, skipped = train_step(
             s.train_model,
             s.optimizer,
             s.train_sampler,
@@ -191,6 +196,14 @@ class Trainer:
             s.params,
             dist=s.dist,
         )
+        if s.ema is not None:  # on the device: a skipped step leaves the average as it was
+            s.ema.update(self.prog.step + 1, skipped)
+        return loss, skipped
+
+    def with_ema(self):
+        """The model holds the EMA weights inside (``train.ema_decay``), its own after; a no-op
+        without EMA."""
+        return self.s.ema.applied() if self.s.ema is not None else nullcontext()
 
     def diverged(self, first: int, last: int) -> MinigptError:
         """The error for :data:`~.guards.MAX_NONFINITE` skipped steps in a row, ``first`` to
@@ -234,6 +247,7 @@ class Trainer:
                 "loss": train_loss,
                 "lr": lr,
                 "tokens_per_sec": round(tps, 1),
+                "tokens": self.tokens,
             }
         )
         s.bar.set_postfix(
@@ -259,7 +273,7 @@ class Trainer:
         s, p = self.s, self.prog
         t_eval = time.perf_counter()
         losses = None  # a stop request cut the eval short
-        with s.stop.cutting(not s.dist.enabled):
+        with s.stop.cutting(not s.dist.enabled), self.with_ema():
             losses = self.evaluator.losses(s.eval_model, p.step)
         if losses is None:
             return False
@@ -267,6 +281,7 @@ class Trainer:
         # their step.
         p.last = {"train_loss": losses["train"], "val_loss": losses["val"], "eval_step": p.step}
         p.evaluated = True
+        ema = s.ema is not None
         self.record(
             {
                 "step": p.step,
@@ -274,9 +289,12 @@ class Trainer:
                 "elapsed_s": round(time.perf_counter() - self.t0, 3),
                 "train_loss": losses["train"],
                 "val_loss": losses["val"],
+                "tokens": self.tokens,
+                **({"weights": "ema"} if ema else {}),  # the losses are the EMA model's
             }
         )
         line = f"step {p.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        line += " (EMA weights)" if ema else ""
         s.logger.log(line)
         s.say(line)
         improved = losses["val"] < p.best_val
@@ -357,14 +375,17 @@ class Trainer:
         sharded = parallel.is_sharded(s.model)
         if not (s.dist.main or sharded) or tc.sample_tokens <= 0:
             return
-        text = sample_prompt_text(
-            s.model,
-            s.tok,
-            s.cfg.sample,
-            tc.sample_tokens,
-            s.cfg.seed,
-            should_stop=self.stops.stop_requested if sharded else lambda: s.stop.signal is not None,
-        )
+        with self.with_ema():
+            text = sample_prompt_text(
+                s.model,
+                s.tok,
+                s.cfg.sample,
+                tc.sample_tokens,
+                s.cfg.seed,
+                should_stop=self.stops.stop_requested
+                if sharded
+                else lambda: s.stop.signal is not None,
+            )
         parallel.reshard(
             s.model
         )  # FSDP: the root's weights, gathered for the sample, back to shards

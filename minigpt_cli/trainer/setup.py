@@ -36,7 +36,7 @@ from ..hf.finetune import load_pretrained, resolve_init_from
 from ..model.gpt import GPT
 from ..run import folder as runs
 from ..run import trackers
-from ..run.checkpoint import load_weights_into, sweep_stale_temps
+from ..run.checkpoint import load_weights_into, read_ema, sweep_stale_temps
 from ..run.metrics import METRICS, RunLogger
 from ..runtime import distributed as parallel
 from ..runtime.device import (
@@ -54,9 +54,11 @@ from ..runtime.kernels import dropout, onednn
 from ..runtime.kernels import swap as swap_kernels
 from ..sample.sampling import encode_prompt
 from ..tokenizer.kinds import Tokenizer
+from .ema import WeightEMA
 from .estimate import run_estimate
 from .optim import make_optimizer
 from .resume import Resumed
+from .schedule import batch_size_at, block_size_at, ramp_start, step_tokens
 from .signals import StopFlag
 from .step import Prefetcher
 
@@ -136,6 +138,7 @@ class Setup:
     eval_model: Optional[torch.nn.Module] = None
     # What the estimate before the run said (the CPU recipe's note is said once).
     estimate: list[str] = field(default_factory=list)
+    ema: Optional[WeightEMA] = None  # the moving average of the weights (train.ema_decay)
 
     def __post_init__(self):
         self.cpu_threads = CpuThreads(self.device, echo=self.thread_note)
@@ -148,9 +151,15 @@ class Setup:
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens one optimizer step consumes, over every process."""
+        """Tokens one optimizer step consumes past the batch-size ramp and the sequence-length
+        warmup, over every process."""
         tc = self.cfg.train
         return tc.batch_size * self.cfg.model.block_size * tc.grad_accum_steps * self.dist.world
+
+    def step_tokens(self, step: int) -> int:
+        """Tokens optimizer step ``step`` (0-based) consumes, over every process
+        (:func:`~.schedule.step_tokens`)."""
+        return step_tokens(step, self.cfg, self.dist.world)
 
     def say(self, line: str) -> None:
         """A line for the user: above the progress bar while one is shown."""
@@ -524,6 +533,8 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
                 device,
                 rank=dist.rank,
                 world=dist.world,
+                sizes=_step_sizes(cfg),
+                accum=tc.grad_accum_steps,
             )
         ),
         prog=Progress(),
@@ -539,6 +550,7 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     claim.callback(s.cpu_threads.restore)
     if resumed is not None:
         _restore(s, resumed)
+    s.ema = _weight_ema(s, resumed)
     if swept:
         logger.log(
             f"removed {len(swept)} temporary file(s) left by a killed process: "
@@ -583,7 +595,7 @@ def _restore(s: Setup, resumed: Resumed) -> None:
     if state.get("scaler"):
         s.scaler.load_state_dict(state["scaler"])
     restore_rng(state["rng"])
-    s.train_sampler.set_state(state["data_rng"]["train"])
+    s.train_sampler.set_state(state["data_rng"]["train"], state["step"])
     s.prog = Progress(
         step=state["step"],
         evaluated=state["evaluated"],
@@ -605,6 +617,35 @@ def _restore(s: Setup, resumed: Resumed) -> None:
     for note in resumed.change_notes() + ([resumed.note] if resumed.note else []):
         s.logger.log(note.removeprefix("note: "))
         s.echo(note)
+
+
+def _step_sizes(cfg: Config) -> Optional[Callable[[int], tuple[int, int]]]:
+    """Each step's (sequences, window) under the batch-size ramp and the sequence-length warmup;
+    None without them (the sampler's fixed shape)."""
+    tc = cfg.train
+    if not (tc.batch_size_warmup_iters or tc.block_size_warmup_iters):
+        return None
+    return lambda step: (batch_size_at(step, tc), block_size_at(step, cfg))
+
+
+def _weight_ema(s: Setup, resumed: Optional[Resumed]) -> Optional[WeightEMA]:
+    """The moving average of the weights (``train.ema_decay``; None without), from the resumed
+    checkpoint's ``ema.safetensors``, or the weights themselves where there is none."""
+    tc = s.cfg.train
+    if tc.ema_decay is None:
+        return None
+    ema = WeightEMA(s.model, tc.ema_decay, tc.ema_start)
+    saved = read_ema(resumed.checkpoint, s.model) if resumed is not None else None
+    if saved is not None:
+        ema.load_state_dict(saved)
+    elif resumed is not None:
+        note = (
+            f"note: {resumed.checkpoint} holds no EMA weights (trained without train.ema_decay); "
+            f"the EMA starts from its weights at step {s.prog.step}"
+        )
+        s.echo(note)
+        s.logger.log(note.removeprefix("note: "))
+    return ema
 
 
 def _compile(s: Setup) -> None:
@@ -692,6 +733,22 @@ def _announce(s: Setup, data, dtype: torch.dtype) -> None:
         f"global batch {tc.batch_size * tc.grad_accum_steps * d.world} sequences = batch {tc.batch_size} "
         f"x accum {tc.grad_accum_steps} x world {d.world}; {s.tokens_per_step:,} tokens per step"
     )
+    if tc.batch_size_warmup_iters:
+        s.logger.log(
+            f"batch-size ramp: {ramp_start(tc)} to {tc.batch_size} sequences per micro-batch, "
+            f"linearly over {tc.batch_size_warmup_iters:,} steps"
+        )
+    if tc.block_size_warmup_iters:
+        s.logger.log(
+            f"sequence-length warmup: windows of {tc.block_size_warmup_multiple} to "
+            f"{mc.block_size} tokens, in steps of {tc.block_size_warmup_multiple}, over "
+            f"{tc.block_size_warmup_iters:,} steps (evals use {mc.block_size})"
+        )
+    if tc.ema_decay is not None:
+        s.logger.log(
+            f"weight EMA: decay {tc.ema_decay:g} from step {tc.ema_start}; evals and samples use "
+            "the EMA weights"
+        )
     s.logger.log(f"data {data.directory}: {len(data.train):,} train / {len(data.val):,} val tokens")
     s.echo(
         f"training {n_params / 1e6:.2f}M parameters on {s.device}"

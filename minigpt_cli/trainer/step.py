@@ -129,6 +129,6 @@ class Prefetcher:
     def state(self) -> torch.Tensor:
         return self.before if self.ahead is not None else self.sampler.state()
 
-    def set_state(self, state: torch.Tensor) -> None:
-        self.sampler.set_state(state)
+    def set_state(self, state: torch.Tensor, step: int = 0) -> None:
+        self.sampler.set_state(state, step)
         self.ahead = self.before = None
