@@ -16,10 +16,10 @@ from ..run import folder as runs
 from .base import (
     CheckpointOption,
     Command,
-    RawWeightsOption,
     DeviceOption,
     JsonOption,
     ProgressOption,
+    RawWeightsOption,
     RunOption,
     app,
     echo,

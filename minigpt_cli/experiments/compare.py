@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Optional, TypeVar, 
 from pydantic import BaseModel, ValidationError
 
 from ..accounting import params
+from ..accounting.steps import train_flops_through
 from ..config.schema import Config, load_config
 from ..errors import MinigptError
 from ..fileio import STATE_BOUNDS, atomic_write_set, field_path, read_bytes, read_json
@@ -728,12 +729,6 @@ def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "F
         if not seeds:
             continue
         cfg, color = seeds[0].cfg, f"C{i % 10}"
-        per_step = (
-            cfg.train.batch_size
-            * cfg.train.grad_accum_steps
-            * cfg.model.block_size
-            * v.row["flops_per_token"]
-        )
         steps = sorted(set.intersection(*({e["step"] for e in r.evals} for r in seeds)))
         at = [{e["step"]: e for e in r.evals} for r in seeds]
         ys = [[a[s]["val_loss"] * scale[r.path] for a, r in zip(at, seeds)] for s in steps]
@@ -747,7 +742,8 @@ def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "F
             "wall time (s, evals included)": [
                 statistics.fmean(a[s]["elapsed_s"] for a in at) for s in steps
             ],
-            "training FLOPs": [s * per_step for s in steps],
+            # exact under a batch-size ramp or sequence-length warmup (their steps are smaller)
+            "training FLOPs": [train_flops_through(s, cfg) for s in steps],
         }
         for ax, (label, x) in zip(axes, xs.items()):
             ax.plot(

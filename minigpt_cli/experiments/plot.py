@@ -1,17 +1,20 @@
 """``minigpt plot``: any runs' loss curves on one figure, by step, wall time or training FLOPs.
 
 Each run's training loss at every log step (faint) with its moving average, and its val loss at each
-eval, from its metrics.jsonl; FLOPs are the run's steps times its tokens per step (batch x
-accumulation x context x processes) times the training FLOPs per token that
-:func:`minigpt_cli.accounting.params.flops` counts for its recorded config (as ``compare`` does)."""
+eval, from its metrics.jsonl; FLOPs are the sum over the run's steps of each step's tokens (batch x
+accumulation x context x processes, smaller inside a batch-size ramp or sequence-length warmup)
+times the training FLOPs per token that :func:`minigpt_cli.accounting.params.flops` counts at its
+context for the recorded config (:func:`~minigpt_cli.trainer.schedule.train_flops_through`, as
+``compare`` does)."""
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from ..accounting import params
+from ..accounting.steps import train_flops_through
 from ..config.schema import load_config
 from ..errors import MinigptError
 from ..fileio import atomic_write_bytes, check_writable
@@ -62,9 +65,9 @@ def _run_folders(paths: list[Path]) -> list[Path]:
     return list(dict.fromkeys(out))  # each run once
 
 
-def _flops_per_step(run: Path) -> float:
-    """Training FLOPs of one optimizer step of ``run``, from its config.yaml and env.json's process
-    count."""
+def _flops_through(run: Path) -> Callable[[int], float]:
+    """Training FLOPs of ``run``'s first n optimizer steps, from its config.yaml and env.json's
+    process count (exact under a batch-size ramp or sequence-length warmup)."""
     if not (run / runs.CONFIG).is_file():
         raise MinigptError(
             f"{run} has no {runs.CONFIG}, which --x flops counts from",
@@ -72,8 +75,7 @@ def _flops_per_step(run: Path) -> float:
         )
     cfg = load_config(run / runs.CONFIG)
     world = runs._read_env(run).get("world_size", 1)
-    tokens = cfg.train.batch_size * cfg.train.grad_accum_steps * cfg.model.block_size * world
-    return tokens * params.flops(cfg.model, cfg.model.block_size)["train_with_lm_head"]
+    return lambda steps: train_flops_through(steps, cfg, world)
 
 
 def read_curves(run: Path, x: str) -> Curves:
@@ -87,10 +89,12 @@ def read_curves(run: Path, x: str) -> Curves:
             f"{run} has no logged step yet (its {METRICS} is empty or missing)",
             "train it past its first log step",
         )
-    per_step = _flops_per_step(run) if x == "flops" else 1.0
+    flops = _flops_through(run) if x == "flops" else None
 
     def at(e: dict) -> float:
-        return e["elapsed_s"] if x == "time" else e["step"] * per_step
+        if x == "time":
+            return e["elapsed_s"]
+        return flops(e["step"]) if flops is not None else e["step"]
 
     return Curves(
         run.name,

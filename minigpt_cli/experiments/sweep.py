@@ -64,9 +64,7 @@ class Budget(BaseModel):
         if self.iters is not None:
             return [f"train.max_iters={self.iters}"]
         if self.tokens is not None:
-            tc = cfg.train
-            per_step = tc.batch_size * tc.grad_accum_steps * cfg.model.block_size
-            return [f"train.max_iters={max(1, math.ceil(self.tokens / per_step))}"]
+            return [f"train.max_iters={_steps_for_tokens(self.tokens, cfg)}"]
         return [f"train.max_seconds={self.seconds}"]
 
     def steps(self, cfg: Config) -> Optional[int]:
@@ -82,10 +80,24 @@ class Budget(BaseModel):
         return f"{kind}={value:g}" if isinstance(value, float) else f"{kind}={value}"
 
 
+def _steps_for_tokens(tokens: float, cfg: Config) -> int:
+    """The fewest optimizer steps (at least 1) whose tokens reach ``tokens``, counted exactly
+    under a batch-size ramp or sequence-length warmup (:func:`~..accounting.steps.tokens_through`;
+    one process, as the sweep's runs are)."""
+    from ..accounting.steps import step_tokens, tokens_through
+
+    lo, hi = 1, max(1, math.ceil(tokens / step_tokens(0, cfg)))  # hi: every step the smallest
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if tokens_through(mid, cfg) >= tokens else (mid + 1, hi)
+    return lo
+
+
 def scaled_schedule(tc: "TrainConfig", factor: float) -> list[str]:
     """The ``--set`` values that scale ``tc``'s schedule in steps by ``factor``
     (``--scale-schedule``: the budget's steps over the sweep file's): the warmup, the decay's end
-    (``lr_decay_iters``, when set), the eval and log intervals. wsd's decay is a share of the run
+    (``lr_decay_iters``, when set), the eval and log intervals, the batch-size ramp, the
+    sequence-length warmup and the EMA's start (when set). wsd's decay is a share of the run
     already, and scales itself."""
     warmup = round(tc.warmup_iters * factor)
     sets = [
@@ -93,6 +105,9 @@ def scaled_schedule(tc: "TrainConfig", factor: float) -> list[str]:
         f"train.eval_interval={max(1, round(tc.eval_interval * factor))}",
         f"train.log_interval={max(1, round(tc.log_interval * factor))}",
     ]
+    for key in ("batch_size_warmup_iters", "block_size_warmup_iters", "ema_start"):
+        if getattr(tc, key):  # the ramps and the EMA's start are steps of the schedule too
+            sets.append(f"train.{key}={round(getattr(tc, key) * factor)}")
     if tc.lr_decay_iters is not None:  # never before the warmup's end, which the schema refuses
         sets.append(f"train.lr_decay_iters={max(1, warmup, round(tc.lr_decay_iters * factor))}")
     return sets

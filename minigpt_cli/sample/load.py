@@ -41,7 +41,9 @@ class LoadedRun:
         int
     ]  # the optimizer step it was saved at; None for checkpoints whose meta.json lacks it
     ema: bool = False  # the weights are the moving average the run kept (train.ema_decay)
-    has_ema: bool = False  # the checkpoint holds that average (raw weights were asked for if not ema)
+    has_ema: bool = (
+        False  # the checkpoint holds that average (raw weights were asked for if not ema)
+    )
 
     def describe(self) -> str:
         """``checkpoint best, step 30`` (the step left out when unknown), ``, EMA weights`` when

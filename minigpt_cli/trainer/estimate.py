@@ -9,6 +9,7 @@ import time
 from contextlib import nullcontext
 from typing import Callable, Optional
 
+from ..accounting.steps import full_steps
 from ..config.schema import Config, TrainConfig
 
 #: Eval batches timed before the first, rough figure (said during the first eval, long before it
@@ -70,10 +71,13 @@ class TimeEstimate:
         on_cpu: bool,
         say: Callable[[str], None],
         log: Callable[[str], None],
+        full_steps: Optional[Callable[[int, int], float]] = None,
     ):
         """``on_cpu``: whether a long run gets the line naming the CPU recipe (a CPU run of another
-        config)."""
+        config). ``full_steps(a, b)``: steps a .. b - 1 counted as steps past the batch-size ramp
+        and sequence-length warmup (:func:`~.schedule.full_steps`); None: b - a."""
         self.tc, self.step0, self.evaluated0 = tc, step, evaluated
+        self.full_steps = full_steps or (lambda a, b: float(max(b - a, 0)))
         self.batches_per_eval, self.on_cpu, self.say, self.log = batches_per_eval, on_cpu, say, log
         self.batch_s: Optional[float] = None  # one eval micro-batch
         self._first_s = 0.0  # when the first batch of the current eval ended
@@ -102,7 +106,8 @@ class TimeEstimate:
         self.step_times.append(seconds)
         if len(self.step_times) == MEASURED_STEPS + 1:
             self.said_measured = True
-            step_s = sum(self.step_times[1:]) / MEASURED_STEPS
+            # Seconds of a full step: the timed steps may be smaller ones, inside a ramp.
+            step_s = sum(self.step_times[1:]) / self.full_steps(step - MEASURED_STEPS, step)
             self._tell(
                 self._seconds_left(step, step_s, False),
                 f"{self.tc.max_iters - step:,} steps at {step_s:.3g} s" + self._evals_part(step),
@@ -125,7 +130,7 @@ class TimeEstimate:
         )
 
     def _seconds_left(self, step: int, step_s: float, evaluated: bool) -> float:
-        steps = max(self.tc.max_iters - step, 0)
+        steps = self.full_steps(step, self.tc.max_iters)
         return steps * step_s + evals_left(self.tc, step, evaluated) * self._eval_s(step_s)
 
     def _tell(self, seconds: float, how: str) -> None:
@@ -232,7 +237,8 @@ def run_estimate(cfg: Config, device, dtype, step: int = 0, evaluated: bool = Fa
         torch.cuda.empty_cache()
     steps, evals = max(tc.max_iters - step, 0), evals_left(tc, step, evaluated)
     eval_s = 2 * tc.eval_iters * tc.grad_accum_steps * batch_s  # the train and val splits
-    total = steps * step_s + evals * eval_s
+    # A ramp's smaller steps cost their share of a full step's FLOPs.
+    total = full_steps(step, tc.max_iters, cfg) * step_s + evals * eval_s
     lines = [
         f"about {human_seconds(total)} on {device.type} ({steps:,} steps at {step_s:.3g} s, "
         f"{evals} eval{'s' * (evals != 1)} at {human_seconds(eval_s)}; timed from a few "

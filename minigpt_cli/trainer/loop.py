@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..accounting.steps import full_steps, tokens_through
 from ..config.schema import Config
 from ..errors import Interrupted, MinigptError
 from ..run import folder as runs
@@ -30,7 +31,7 @@ from .estimate import CPU_RECIPE, CPU_RECIPES, TimeEstimate
 from .evaluate import Evaluator
 from .guards import MAX_NONFINITE, Skips, Stops
 from .optim import set_lr
-from .schedule import lr_at, tokens_through
+from .schedule import lr_at
 from .setup import Claim, Setup, build, plan
 from .step import train_step
 
@@ -89,6 +90,7 @@ class Trainer:
             and CPU_RECIPE not in s.estimate,
             say=s.say,
             log=s.logger.log,
+            full_steps=lambda a, b: full_steps(a, b, s.cfg),
         )
         self.evaluator = Evaluator(
             s.cfg,

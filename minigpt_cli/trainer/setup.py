@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..accounting.count import counted_vocab
+from ..accounting.steps import batch_size_at, block_size_at, ramp_start, step_tokens
 from ..config.notes import notes
 from ..config.schema import Config
 from ..data.download import url_corpus_on_disk
@@ -58,7 +59,6 @@ from .ema import WeightEMA
 from .estimate import run_estimate
 from .optim import make_optimizer
 from .resume import Resumed
-from .schedule import batch_size_at, block_size_at, ramp_start, step_tokens
 from .signals import StopFlag
 from .step import Prefetcher
 
