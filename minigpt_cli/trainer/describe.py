@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..accounting import params as P
+from ..accounting.steps import ramp_start, tokens_through
 from ..runtime.device import bytes_to_train
 from .schedule import lr_at, wsd_decay_start
 from .setup import Plan
@@ -91,6 +92,24 @@ def describe_derived(p: Plan) -> list[str]:
         f"  sample.window_stride  {_set(cfg.sample.window_stride or max(1, mc.block_size // 4), cfg.sample.window_stride)}",
         f"  train.lr_decay_iters  {_set(tc.lr_decay_iters or tc.max_iters, tc.lr_decay_iters)}",
     ]
+    if tc.batch_size_warmup_iters:
+        start = _set(ramp_start(tc), tc.batch_size_warmup_start)
+        lines.append(
+            f"  batch-size ramp       {start} to {tc.batch_size} sequences, linearly over "
+            f"{tc.batch_size_warmup_iters:,} steps"
+        )
+    if tc.block_size_warmup_iters:
+        m = tc.block_size_warmup_multiple
+        lines.append(
+            f"  sequence warmup       windows of {m} to {mc.block_size} tokens in steps of {m}, "
+            f"over {tc.block_size_warmup_iters:,} steps"
+        )
+    if tc.batch_size_warmup_iters or tc.block_size_warmup_iters:
+        full = tc.max_iters * tc.batch_size * mc.block_size * tc.grad_accum_steps
+        lines.append(
+            f"  tokens to train       {tokens_through(tc.max_iters, cfg):,} per process "
+            f"({full:,} without the ramps)"
+        )
     need, _ = bytes_to_train(mc, dtype, tc.batch_size, tc.optimizer)
     if p.vocab_size is not None or p.given.model.vocab_size is not None:
         lines.append(f"  parameters            {P.count(mc).total:,}")

@@ -292,7 +292,8 @@ class Trainer:
                 "train_loss": losses["train"],
                 "val_loss": losses["val"],
                 "tokens": self.tokens,
-                **({"weights": "ema"} if ema else {}),  # the losses are the EMA model's
+                # The losses are the EMA weights' (a number for the trackers, as every field).
+                **({"ema": True} if ema else {}),
             }
         )
         line = f"step {p.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
