@@ -9,7 +9,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(positions norm-position ffn tying norm d-ff init-depth tokenizers optimizer ns-steps schedule switches polar-express normuon cautious-wd)
+[ ${#names[@]} -gt 0 ] || names=(positions norm-position ffn tying norm d-ff init-depth tokenizers optimizer ns-steps schedule switches polar-express normuon cautious-wd ema batch-ramp seq-warmup)
 mkdir -p "$here/results"
 for name in "${names[@]}"; do
   start=$(date +%s)

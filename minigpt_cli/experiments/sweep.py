@@ -115,8 +115,8 @@ def scaled_schedule(tc: "TrainConfig", factor: float) -> list[str]:
 
 def schedule_problems(tc: "TrainConfig") -> dict[str, str]:
     """What a run of ``tc`` (``max_iters`` steps) would not get of its schedule, as {the key to
-    scale: what}: a warmup that never ends, fewer than 3 evals (a curve needs them), a decay that
-    never starts."""
+    scale: what}: a warmup or ramp that never ends, fewer than 3 evals (a curve needs them), a
+    decay that never starts."""
     from ..trainer.schedule import wsd_decay_start
 
     steps = tc.max_iters
@@ -130,6 +130,12 @@ def schedule_problems(tc: "TrainConfig") -> dict[str, str]:
         )
     elif start is not None and start >= steps:  # wsd's share of the run rounds to no step
         problems["train.decay_fraction"] = "never starts its decay"
+    for key, what in (
+        ("batch_size_warmup_iters", "batch-size ramp"),
+        ("block_size_warmup_iters", "sequence-length warmup"),
+    ):
+        if getattr(tc, key) >= steps:  # the run never trains at its full size
+            problems[f"train.{key}"] = f"ends inside its {what} ({getattr(tc, key)} steps)"
     if evals < 3:
         problems["train.eval_interval"] = f"gets {evals} evals (one every {tc.eval_interval} steps)"
     return problems
