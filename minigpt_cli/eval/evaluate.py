@@ -190,8 +190,9 @@ def evaluate(
     ``bytes``, ``chars``, ``step``, ``checkpoint``, ``mode``, ``source``, ``stride``,
     ``logged_loss`` (the run's own loss of the same measurement, else None), ``block_size``,
     ``run``, ``weights`` (``ema``: a run trained with ``train.ema_decay`` scored with its moving
-    average, unless ``ema`` is False; else ``raw``). Raises MinigptError: no run or checkpoint, arguments that conflict or are out of range,
-    an unreadable or unencodable file, a corpus gone or changed since training, too few tokens."""
+    average, unless ``ema`` is False; else ``raw``). Raises MinigptError: no run or checkpoint,
+    arguments that conflict or are out of range, an unreadable or unencodable file, a corpus gone
+    or changed since training, too few tokens."""
     dev = resolve_device(device)
     loaded = load_run(run, checkpoint, dev, ema=ema)
     model, cfg, tok, run_dir, ckpt = (

@@ -392,8 +392,9 @@ def export_gguf(
     ema: bool = True,
 ) -> Path:
     """Write a run's checkpoint as the GGUF file ``output`` (``dtype`` f32, f16 or q8_0),
-    atomically, with its EMA weights where it kept them unless ``ema`` is False; a :class:`MinigptError` for an output that is a folder, exists (without ``force``)
-    or is no GGUF of ours, for each refusal of :func:`gguf_arch`, and for a failed write."""
+    atomically, with its EMA weights where it kept them unless ``ema`` is False; a
+    :class:`MinigptError` for an output that is a folder, exists (without ``force``) or is no GGUF
+    of ours, for each refusal of :func:`gguf_arch`, and for a failed write."""
     out = Path(output)
     run_dir, ckpt = runs.open_checkpoint(run, checkpoint)
     if out.is_dir():

@@ -1,6 +1,7 @@
 """Weight EMA: an exponential moving average of the weights, kept on the device beside them.
 
-After each optimizer step ``ema ← ema + (1 - decay)·(w - ema)``, i.e. ``decay·ema + (1 - decay)·w``
+After each optimizer step ``ema ← ema + (1 - decay)·(w - ema)``, i.e. ``decay·ema +
+(1 - decay)·w``
 (Polyak & Juditsky 1992, "Acceleration of stochastic approximation by averaging", in the
 exponential form of torch.optim.swa_utils' ``get_ema_multi_avg_fn``). Up to ``train.ema_start``
 the average equals the weights.
