@@ -518,39 +518,36 @@ class TrainConfig(_Strict):
         0,
         ge=0,
         le=MAX_STEPS,
-        description="batch-size ramp: steps over which the micro-batch grows linearly, rounded "
-        "down to whole sequences, from batch_size_warmup_start to batch_size (GPT-3, App. B); "
-        "evals use batch_size; 0: off",
+        description="steps over which the micro-batch grows linearly from "
+        "batch_size_warmup_start to batch_size (GPT-3, App. B); 0: off",
     )
     batch_size_warmup_start: Optional[int] = Field(
         None,
         ge=1,
         le=MAX_BATCH,
-        description="sequences per micro-batch at the ramp's step 0; null: batch_size // 4, "
+        description="sequences per micro-batch at the ramp's first step; null: batch_size // 4, "
         "at least 1",
     )
     block_size_warmup_iters: int = Field(
         0,
         ge=0,
         le=MAX_STEPS,
-        description="sequence-length warmup: steps over which the training window grows from "
-        "block_size_warmup_multiple tokens to model.block_size in steps of that many (Li et "
-        "al. 2022, arXiv 2108.06084); evals use block_size; 0: off",
+        description="steps over which the training window grows from block_size_warmup_multiple "
+        "to model.block_size tokens (Li et al. 2022); 0: off",
     )
     block_size_warmup_multiple: int = Field(
         16,
         ge=1,
         le=MAX_TOKENS,
-        description="the sequence-length warmup's first window and step, in tokens; below "
+        description="the sequence-length warmup's first window and its step, in tokens; below "
         "model.block_size",
     )
     ema_decay: Optional[float] = Field(
         None,
         gt=0.0,
         lt=1.0,
-        description="keep an exponential moving average of the weights, ema = decay·ema + "
-        "(1 - decay)·w after each step (Polyak & Juditsky 1992); evals, samples, generate, "
-        "evaluate and export use it; null: off",
+        description="keep ema = decay·ema + (1 - decay)·w after each step (Polyak averaging) for "
+        "evals, samples, generate, export; null: off",
     )
     ema_start: int = Field(
         0,
