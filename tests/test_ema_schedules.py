@@ -330,3 +330,44 @@ def test_combinations_that_cannot_work_are_refused_in_one_line(sets, words, cli,
         res = cli("train", str(TINY), "--dry-run", *[a for s in sets for a in ("--set", s)])
     assert_user_error(res, words)
     assert not (tmp_path / "runs").exists()
+
+
+# ----------------------------------------------------------------------------- the accounting
+
+
+def test_a_token_budget_gives_the_fewest_steps_that_reach_it_under_a_ramp():
+    from minigpt_cli.experiments.sweep import Budget
+
+    cfg = ramped()
+    for tokens in (1, 300, 2_000, 50_000):
+        steps = Budget(tokens=float(tokens)).steps(cfg)
+        assert tokens_through(steps, cfg) >= tokens > tokens_through(steps - 1, cfg), tokens
+
+
+def test_plot_counts_a_ramped_runs_flops_step_by_step(data_dir, tmp_path, monkeypatch):
+    from minigpt_cli.experiments.plot import read_curves
+
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny(
+        data_dir,
+        "train.max_iters=8",
+        "train.eval_interval=4",
+        "train.batch_size_warmup_iters=6",
+        "train.block_size_warmup_iters=6",
+        "train.block_size_warmup_multiple=8",
+    )
+    train(cfg, run_name="r", echo=lambda m: None, progress=False)
+    curves = read_curves(tmp_path / "runs" / "r", "flops")
+    saved = load_config(tmp_path / "runs" / "r" / "config.yaml")
+    assert [x for x, *_ in curves.evals] == [train_flops_through(s, saved) for s in (0, 4, 8)]
+    # Below a full step's FLOPs times the steps: the ramps' steps are smaller.
+    assert curves.evals[-1][0] < 8 * train_flops_through(
+        1,
+        saved.model_copy(
+            update={
+                "train": saved.train.model_copy(
+                    update={"batch_size_warmup_iters": 0, "block_size_warmup_iters": 0}
+                )
+            }
+        ),
+    )
