@@ -41,9 +41,8 @@ class LoadedRun:
         int
     ]  # the optimizer step it was saved at; None for checkpoints whose meta.json lacks it
     ema: bool = False  # the weights are the moving average the run kept (train.ema_decay)
-    has_ema: bool = (
-        False  # the checkpoint holds that average (raw weights were asked for if not ema)
-    )
+    # The checkpoint holds that average (with ema False: the raw weights were asked for).
+    has_ema: bool = False
 
     def describe(self) -> str:
         """``checkpoint best, step 30`` (the step left out when unknown), ``, EMA weights`` when

@@ -158,7 +158,7 @@ class Setup:
 
     def step_tokens(self, step: int) -> int:
         """Tokens optimizer step ``step`` (0-based) consumes, over every process
-        (:func:`~.schedule.step_tokens`)."""
+        (:func:`~minigpt_cli.accounting.steps.step_tokens`)."""
         return step_tokens(step, self.cfg, self.dist.world)
 
     def say(self, line: str) -> None:
