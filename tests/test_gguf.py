@@ -309,11 +309,11 @@ def test_every_key_gguf_cannot_hold_is_named_in_one_line_with_the_tokenizer():
     with pytest.raises(MinigptError) as err:
         gguf_arch(mc, TokenizerConfig(kind="char"))
     assert str(err.value) == (
-        "model.norm='layernorm', model.ffn='relu', tokenizer.kind='char', no end-of-text token: GGUF's llama computes "
-        "norm rmsnorm, ffn swiglu and llama.cpp reads only a byte-level BPE and llama.cpp ends a text at an "
-        "end-of-text token such as <|endoftext|>, which this tokenizer lacks; train "
-        "with model.norm: rmsnorm, model.ffn: swiglu, tokenizer.kind: bpe, "
-        "tokenizer.special_tokens: ['<|endoftext|>']"
+        "model.norm='layernorm', model.ffn='relu', tokenizer.kind='char', "
+        "tokenizer.special_tokens=[]: GGUF's llama computes norm rmsnorm, ffn swiglu and "
+        "llama.cpp reads only a byte-level BPE and the tokenizer has no end-of-text token, such "
+        "as <|endoftext|>, for llama.cpp to stop at; train with model.norm: rmsnorm, model.ffn: "
+        "swiglu, tokenizer.kind: bpe, tokenizer.special_tokens: ['<|endoftext|>']"
     )
     fixed = mc.model_copy(update={"norm": "rmsnorm", "ffn": "swiglu"})
     assert (
@@ -335,6 +335,29 @@ def test_a_char_tokenizer_is_refused_naming_its_kind():
         MinigptError, match=r"tokenizer.kind='char'.*train with tokenizer.kind: bpe"
     ):
         tokenizer_fields(CharTokenizer("abc", ["<|endoftext|>"]), "char", 4)
+
+
+def test_a_bpe_without_end_of_text_is_refused_naming_the_token(tmp_path, data_dir, cli):
+    """The refusal names the key, the token it lacks and the list to train with (its own special
+    tokens kept), and writes nothing."""
+    cfg = tiny(
+        data_dir,
+        "train.max_iters=1",
+        f"train.out_dir={tmp_path}/runs",
+        "model.ffn=gelu_tanh",
+        "tokenizer.kind=bpe",
+        "tokenizer.vocab_size=300",
+        "tokenizer.special_tokens=[<sep>]",
+    )
+    run_dir = train(cfg, "b", echo=lambda m: None, progress=False).run_dir
+    out = tmp_path / "b.gguf"
+    assert_user_error(
+        cli("export", str(run_dir), "--format", "gguf", "--output", str(out)),
+        "tokenizer.special_tokens=['<sep>']: the tokenizer has no end-of-text token, such as "
+        "<|endoftext|>, for llama.cpp to stop at; train with tokenizer.special_tokens: "
+        "['<sep>', '<|endoftext|>']",
+    )
+    assert not out.exists()
 
 
 def test_the_cli_refuses_an_existing_file_and_replaces_only_its_own(run, tmp_path, cli):

@@ -137,13 +137,14 @@ def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> s
                 "tokenizer.kind: bpe",
             )
         )
-    if kind in (*_NOT_BPE, "bpe") and not any(t in END_OF_TEXT for t in tokenizer.special_tokens):
+    specials = list(tokenizer.special_tokens) if tokenizer else []
+    if kind in (*_NOT_BPE, "bpe") and not any(t in END_OF_TEXT for t in specials):
         problems.append(
             (
-                "no end-of-text token",
-                "llama.cpp ends a text at an end-of-text token such as <|endoftext|>, which this "
-                "tokenizer lacks",
-                "tokenizer.special_tokens: ['<|endoftext|>']",
+                f"tokenizer.special_tokens={specials!r}",
+                "the tokenizer has no end-of-text token, such as <|endoftext|>, for llama.cpp to "
+                "stop at",
+                f"tokenizer.special_tokens: {[*specials, '<|endoftext|>']!r}",
             )
         )
     if problems:  # every problem in one line: one retraining fixes them all
@@ -246,8 +247,9 @@ def tokenizer_fields(tok: Tokenizer, kind: str, vocab_size: int) -> dict:
         )
     if eos is None:
         raise MinigptError(
-            "the tokenizer lacks an end-of-text token; "
-            "train with tokenizer.special_tokens: ['<|endoftext|>']"
+            f"tokenizer.special_tokens={list(tok.special_tokens)!r}: the tokenizer has no "
+            "end-of-text token, such as <|endoftext|>, for llama.cpp to stop at; train with "
+            f"tokenizer.special_tokens: {[*tok.special_tokens, '<|endoftext|>']!r}"
         )
     if not merges:
         raise MinigptError(
