@@ -1,5 +1,5 @@
-"""``minigpt export --format gguf``: transformers' GGUF reader, the ``gguf`` package's own reader and
-llama.cpp itself are the oracles.
+"""``minigpt export --format gguf``: transformers' GGUF reader, the ``gguf`` package's own reader
+and llama.cpp itself are the oracles.
 
 llama.cpp runs through node-llama-cpp's prebuilt binaries (``tests/fixtures/llama_cpp.mjs``); its
 tests are skipped where ``node`` or the package is missing. To run them: ``npm install --prefix DIR
@@ -201,7 +201,8 @@ def llama_cpp(run, tmp_path_factory, corpus_file):
     tok = load_run(run, runs.BEST).tokenizer
     # the validation text, with the end-of-text token, a space before an apostrophe (which the
     # clean-up of llama.cpp's detokenizer drops) and non-ASCII text
-    text = _passage(corpus_file)[:600] + "<|endoftext|>ROMEO: Not 'mong them. Ça, naïve — «Roméo»?"
+    tail = "<|endoftext|>ROMEO: Not 'mong them. Ça, naïve — «Roméo»?"
+    text = _passage(corpus_file)[:600] + tail
     ids = tok.encode(_passage(corpus_file))
     job = {"model": str(out), "n_ctx": 32, "text": text, "ids": ids[:24]}
     job.update(prompt=ids[:8], new_tokens=16)

@@ -51,9 +51,9 @@ _DTYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8
 #: read whole).
 _NOT_BPE = ("char", "wordpiece", "unigram")
 
-#: The model keys both GGUF architectures take at any value: sizes, and what only training reads. Any other key
-#: must be at its schema default unless :func:`_fixed` says otherwise, so a switch added later is refused, not
-#: written into a file that computes something else.
+#: The model keys both GGUF architectures take at any value: sizes, and what only training reads.
+#: Any other key must be at its schema default unless :func:`_fixed` says otherwise, so a switch
+#: added later is refused, not written into a file that computes something else.
 _FREE = (
     "n_layer",
     "n_head",
@@ -157,8 +157,9 @@ def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> s
 
 def _rope_pairs(w: torch.Tensor, heads: int) -> torch.Tensor:
     """q or k rows from rotate-half RoPE order (ours, transformers') into llama.cpp's consecutive
-    pairs: ``convert_hf_to_gguf.py``'s ``LlamaModel.permute``, which transformers' GGUF reader
-    undoes."""
+    pairs, ``heads`` at a time: ``convert_hf_to_gguf.py``'s ``LlamaModel.permute``, which takes k's
+    own (key/value) heads, as transformers' GGUF reader does to undo it from 4.43 on (4.41-4.42
+    took the query heads: docs/hf.md)."""
     return (
         w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     )
