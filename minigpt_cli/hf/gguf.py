@@ -51,9 +51,9 @@ _DTYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8
 #: read whole).
 _NOT_BPE = ("char", "wordpiece", "unigram")
 
-#: The model keys both GGUF architectures take at any value: sizes, and what only training reads. Any other key
-#: must be at its schema default unless :func:`_fixed` says otherwise, so a switch added later is refused, not
-#: written into a file that computes something else.
+#: The model keys both GGUF architectures take at any value: sizes, and what only training reads.
+#: Any other key must be at its schema default unless :func:`_fixed` says otherwise, so a switch
+#: added later is refused, not written into a file that computes something else.
 _FREE = (
     "n_layer",
     "n_head",
@@ -137,13 +137,14 @@ def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> s
                 "tokenizer.kind: bpe",
             )
         )
-    if kind in (*_NOT_BPE, "bpe") and not any(t in END_OF_TEXT for t in tokenizer.special_tokens):
+    specials = list(tokenizer.special_tokens) if tokenizer else []
+    if kind in (*_NOT_BPE, "bpe") and not any(t in END_OF_TEXT for t in specials):
         problems.append(
             (
-                "no end-of-text token",
-                "llama.cpp ends a text at an end-of-text token such as <|endoftext|>, which this "
-                "tokenizer lacks",
-                "tokenizer.special_tokens: ['<|endoftext|>']",
+                f"tokenizer.special_tokens={specials!r}",
+                "the tokenizer has no end-of-text token, such as <|endoftext|>, for llama.cpp to "
+                "stop at",
+                f"tokenizer.special_tokens: {[*specials, '<|endoftext|>']!r}",
             )
         )
     if problems:  # every problem in one line: one retraining fixes them all
@@ -156,8 +157,9 @@ def gguf_arch(mc: ModelConfig, tokenizer: Optional[TokenizerConfig] = None) -> s
 
 def _rope_pairs(w: torch.Tensor, heads: int) -> torch.Tensor:
     """q or k rows from rotate-half RoPE order (ours, transformers') into llama.cpp's consecutive
-    pairs: ``convert_hf_to_gguf.py``'s ``LlamaModel.permute``, which transformers' GGUF reader
-    undoes."""
+    pairs, ``heads`` at a time: ``convert_hf_to_gguf.py``'s ``LlamaModel.permute``, which takes k's
+    own (key/value) heads, as transformers' GGUF reader does to undo it from 4.43 on (4.41-4.42
+    took the query heads: docs/hf.md)."""
     return (
         w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     )
@@ -246,8 +248,9 @@ def tokenizer_fields(tok: Tokenizer, kind: str, vocab_size: int) -> dict:
         )
     if eos is None:
         raise MinigptError(
-            "the tokenizer lacks an end-of-text token; "
-            "train with tokenizer.special_tokens: ['<|endoftext|>']"
+            f"tokenizer.special_tokens={list(tok.special_tokens)!r}: the tokenizer has no "
+            "end-of-text token, such as <|endoftext|>, for llama.cpp to stop at; train with "
+            f"tokenizer.special_tokens: {[*tok.special_tokens, '<|endoftext|>']!r}"
         )
     if not merges:
         raise MinigptError(
