@@ -164,6 +164,23 @@ def test_script_parses_and_torchrun_knows_its_options(cli):
     assert set(flags) <= torchrun_options(), set(flags) - torchrun_options()
 
 
+def test_max_restarts_reach_torchrun_and_several_nodes_get_their_own_stores(cli):
+    """--max-restarts K: torchrun restarts the group after a lost worker (the run resumes its
+    folder: test_distributed's kill test); over several nodes each torchrun keeps its own
+    rendezvous store (pytorch#135712), on one node nothing needs setting."""
+    args = ["launch", "slurm", GPU_CONFIG, "--gpus-per-node", "4", "--max-restarts", "2"]
+    two = cli(*args, "--nodes", "2").stdout
+    srun = command(two, "srun")
+    assert "--max-restarts=2" in srun and srun.index("--max-restarts=2") < srun.index("-m")
+    assert "--max-restarts" in torchrun_options()
+    assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in script_lines(two)
+    one = cli(*args, "--nodes", "1").stdout
+    assert "--max-restarts=2" in command(one, "srun")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in one
+    plain = cli("launch", "slurm", GPU_CONFIG, "--gpus-per-node", "4", "--nodes", "2").stdout
+    assert "--max-restarts" not in plain and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plain
+
+
 def test_output_is_replaced_only_when_this_command_wrote_it(cli, tmp_path):
     out = tmp_path / "job.sbatch"
     args = ["launch", "slurm", TINY, "--nodes", "1", "--gpus-per-node", "0", "--output", out]
@@ -191,6 +208,7 @@ def test_output_is_replaced_only_when_this_command_wrote_it(cli, tmp_path):
         (["--time", "0:00"], ["no time at all"]),
         (["--partition", "gpu; rm -rf ~"], ["is not a partition name", "sinfo"]),
         (["--port", "80"], ["--port 80", "1024 to 65535"]),
+        (["--max-restarts", "-1"], ["--max-restarts -1", "0 (none) or more"]),
         (["--set", "train.max_itres=5"], ["train.max_itres", "unknown key"]),
         (["--set", "dtype=float16"], ["float16"]),  # the CPU form cannot train in it
         (["--resume", "runs/nothing-here"], ["--resume runs/nothing-here: no such run folder"]),

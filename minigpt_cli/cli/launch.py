@@ -78,6 +78,13 @@ def slurm(
         "checkpoints/last (a new run when there is none), so the same script can be submitted "
         "again after a time limit; DIR continues that run folder.",
     ),
+    max_restarts: int = typer.Option(
+        0,
+        "--max-restarts",
+        metavar="K",
+        help="torchrun restarts the group up to K times after a worker is lost; each restart "
+        "resumes the same run folder from its checkpoints/last (docs/gpu.md).",
+    ),
     output: Optional[Path] = typer.Option(
         None,
         "--output",
@@ -119,6 +126,7 @@ def slurm(
         port=port,
         overrides=set_,
         resume=resume,
+        max_restarts=max_restarts,
         note=echo,
     )
     words = [config, "--nodes", str(nodes)]
@@ -130,6 +138,7 @@ def slurm(
         "--partition": partition,
         "--port": port,
         "--resume": resume,
+        "--max-restarts": max_restarts or None,
     }
     words += [w for flag, value in given.items() if value is not None for w in (flag, str(value))]
     words += [w for item in set_ for w in ("--set", item)]

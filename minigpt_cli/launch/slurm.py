@@ -56,6 +56,7 @@ class SlurmJob:
     port: Optional[int]  # None: drawn from the job id
     overrides: tuple[str, ...]  # --set items for prepare and train, in order
     resume: Optional[str]  # train's --resume: auto, or a run folder
+    max_restarts: int = 0  # torchrun's --max-restarts: group restarts after a lost worker
 
 
 def check_time(text: str) -> tuple[str, Optional[int]]:
@@ -121,6 +122,7 @@ def plan_job(
     port: Optional[int] = None,
     overrides: Sequence[str] = (),
     resume: Optional[str] = None,
+    max_restarts: int = 0,
     workdir: Optional[Path] = None,
     note: Callable[[str], None] = lambda message: None,
 ) -> SlurmJob:
@@ -160,6 +162,8 @@ def plan_job(
             f"--cpus-per-node {cpus} is fewer than the {procs} processes of each node; give at "
             f"least --cpus-per-node {procs}"
         )
+    if max_restarts < 0:
+        raise MinigptError(f"--max-restarts {max_restarts}: give 0 (none) or more")
     if port is not None and not 1024 <= port <= 65535:
         raise MinigptError(
             f"--port {port}: give a port from 1024 to 65535, or leave it out (a port drawn from "
@@ -206,6 +210,7 @@ def plan_job(
         port=port,
         overrides=overrides,
         resume=resume,
+        max_restarts=max_restarts,
     )
 
 
@@ -267,6 +272,15 @@ def sbatch_script(job: SlurmJob, made_by: str) -> str:
             "# Seconds torchrun gives its processes to save and stop after a SIGTERM, before it",
             f"# kills them (30 by default); --signal comes {SIGNAL_LEAD_S} s before a time limit.",
             f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={SIGNAL_LEAD_S - 20}",
+            *(
+                [
+                    "# Every node's torchrun keeps its own rendezvous store, so that a restarted",
+                    "# group (--max-restarts) meets afresh on each node (docs/gpu.md).",
+                    "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+                ]
+                if job.max_restarts and job.nodes > 1
+                else []
+            ),
             "",
             "# The corpus, tokenizer and token files, made once here before the processes start",
             "# (else each node's first process makes them while the others wait at a barrier).",
@@ -275,7 +289,9 @@ def sbatch_script(job: SlurmJob, made_by: str) -> str:
             "# --cpus-per-task again: some Slurm versions (22.05 among them) do not pass it on.",
             'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 \\',
             '    --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
-            f'    torchrun --nnodes="$SLURM_NNODES" --nproc-per-node={job.procs_per_node} \\',
+            f'    torchrun --nnodes="$SLURM_NNODES" --nproc-per-node={job.procs_per_node}'
+            + (f" --max-restarts={job.max_restarts}" if job.max_restarts else "")
+            + " \\",
             '    --rdzv-backend=c10d --rdzv-endpoint="$head_node:$rdzv_port"'
             ' --rdzv-id="$SLURM_JOB_ID" \\',
             f"    -m minigpt_cli train {cfg}{sets}{resume}",
