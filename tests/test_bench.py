@@ -244,7 +244,9 @@ def test_bench_streaming_goes_through_generates_text_path(cli, data_dir, monkeyp
     assert f"overhead {r['stop_overhead']:+.1%}" in stop_line
 
 
-def test_bench_streaming_needs_a_model_vocabulary_that_holds_the_tokenizer(cli, data_dir):
+def test_bench_streaming_needs_a_model_vocabulary_that_holds_the_tokenizer(
+    cli, data_dir, corpus_in_use
+):
     from helpers import assert_user_error
 
     assert_user_error(
@@ -258,7 +260,8 @@ def test_bench_streaming_needs_a_model_vocabulary_that_holds_the_tokenizer(cli, 
             "--set",
             "model.vocab_size=10",
         ),
-        "model.vocab_size (10) is smaller than the tokenizer's 65 entries",
+        # the genuine corpus: 65 entries
+        f"model.vocab_size (10) is smaller than the tokenizer's {len(corpus_in_use.chars)} entries",
         notes_ok=True,
     )  # the tokenizer may be trained first, with a line that says so
 

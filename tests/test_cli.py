@@ -17,8 +17,6 @@ from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "tiny.yaml"
-SHA = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-
 RUN_FILES = [
     "config.yaml",
     "tokenizer.json",
@@ -47,16 +45,16 @@ def trained_run(tmp_path_factory, corpus_server):
     return work, dl, tr, corpus_server.hit_count("/input.txt?t=e2e")
 
 
-def test_download_fetches_and_verifies(trained_run):
+def test_download_fetches_and_verifies(trained_run, corpus_in_use):
     work, dl, _, hits = trained_run
     assert dl.exit_code == 0, dl.stderr
-    corpus = work / "data" / "tinyshakespeare" / "input.txt"
-    assert hashlib.sha256(corpus.read_bytes()).hexdigest() == SHA
-    assert "downloaded" in dl.stdout and "1,115,394" in dl.stdout
+    fetched = work / "data" / "tinyshakespeare" / "input.txt"
+    assert hashlib.sha256(fetched.read_bytes()).hexdigest() == corpus_in_use.sha256
+    assert "downloaded" in dl.stdout and f"{corpus_in_use.size:,}" in dl.stdout
     assert hits == 1  # train found the good copy and did not fetch again
 
 
-def test_train_leaves_the_run_folder_of_the_design(trained_run):
+def test_train_leaves_the_run_folder_of_the_design(trained_run, corpus_in_use):
     work, _, tr, _ = trained_run
     assert tr.exit_code == 0, tr.stderr
     run = work / "runs" / "e2e"
@@ -66,9 +64,10 @@ def test_train_leaves_the_run_folder_of_the_design(trained_run):
         for name in CKPT_FILES:
             assert (run / "checkpoints" / which / name).is_file(), (which, name)
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert cfg["model"]["vocab_size"] == 65  # resolved from the tokenizer before step 0
+    vocab = len(corpus_in_use.chars)  # the genuine corpus: 65
+    assert cfg["model"]["vocab_size"] == vocab  # resolved from the tokenizer before step 0
     weights = load_file(run / "checkpoints" / "last" / "model.safetensors")
-    assert weights["wte.weight"].shape == (65, 32)
+    assert weights["wte.weight"].shape == (vocab, 32)
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["event"] == "eval" and lines[-1]["step"] == 30
     env = json.loads((run / "env.json").read_text())
@@ -129,11 +128,11 @@ def test_long_prompt_is_cropped_with_a_note(trained_run, cli, monkeypatch):
     assert "block_size" in res.stderr and "only the last 32" in res.stderr
 
 
-def test_top_k_above_vocab_is_clamped_with_a_warning(trained_run, cli, monkeypatch):
+def test_top_k_above_vocab_is_clamped_with_a_warning(trained_run, cli, monkeypatch, corpus_in_use):
     work, *_ = trained_run
     monkeypatch.chdir(work)
     res = cli("generate", "--top-k", "1000", "--max-new-tokens", "5")
-    assert res.exit_code == 0 and "using 65" in res.stderr
+    assert res.exit_code == 0 and f"using {len(corpus_in_use.chars)}" in res.stderr
 
 
 def test_prompt_with_unknown_characters(trained_run, cli, monkeypatch):
@@ -258,16 +257,18 @@ def test_count_params_bad_input(cli, tmp_path):
     assert_user_error(cli("count-params"), "--preset")
 
 
-def test_train_tokenizer_char(cli, tmp_path, monkeypatch, data_dir):
+def test_train_tokenizer_char(cli, tmp_path, monkeypatch, data_dir, corpus_in_use):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "tok.json"
     res = cli(
         "train-tokenizer", "--set", f"data.data_dir={data_dir}", "--kind", "char", "--output", out
     )
     assert res.exit_code == 0, res
-    assert (
-        "vocabulary size     65" in res.stdout and "111,540" in res.stdout and "exact" in res.stdout
-    )
+    n_val = corpus_in_use.size - int(
+        corpus_in_use.size * 0.9
+    )  # nanoGPT's split (the genuine corpus: 111,540)
+    assert f"vocabulary size     {len(corpus_in_use.chars)}" in res.stdout, res.stdout
+    assert f"{n_val:,}" in res.stdout and "exact" in res.stdout
     assert json.loads(out.read_text())["kind"] == "char"
     # an output that cannot be written is refused before the training, not after it (QA)
     (tmp_path / "small.txt").write_text("to be or not to be, that is the question\n" * 50)

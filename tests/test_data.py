@@ -18,10 +18,25 @@ from minigpt_cli.errors import MinigptError
 from minigpt_cli.tokenizer.kinds import CharTokenizer, load_tokenizer
 
 
-def test_char_tokenizer_round_trip_and_json(tmp_path, corpus_file):
+def split_sizes(corpus) -> tuple[int, int]:
+    """nanoGPT's 90/10 split of the corpus in use, in characters: ``int(n * 0.9)`` and the rest
+    (the genuine corpus: 1,003,854 and 111,540)."""
+    n = len(corpus.data.decode("utf-8"))
+    return int(n * 0.9), n - int(n * 0.9)
+
+
+@pytest.mark.genuine_corpus
+def test_the_genuine_corpus_has_nanogpts_figures(corpus_in_use):
+    """The figures the docs quote for Tiny Shakespeare: its bytes, nanoGPT's shakespeare_char
+    alphabet of 65 characters, and its 90/10 split."""
+    assert corpus_in_use.size == 1_115_394 and len(corpus_in_use.chars) == 65
+    assert split_sizes(corpus_in_use) == (1_003_854, 111_540)
+
+
+def test_char_tokenizer_round_trip_and_json(tmp_path, corpus_file, corpus_in_use):
     text = corpus_file.read_text(encoding="utf-8")
     tok = CharTokenizer.train(text)
-    assert tok.vocab_size == 65  # nanoGPT's shakespeare_char alphabet
+    assert tok.vocab_size == len(corpus_in_use.chars)  # the genuine corpus: 65
     assert tok.chars == sorted(set(text))
     assert tok.decode(tok.encode(text)) == text
     path = tmp_path / "tok.json"
@@ -57,18 +72,19 @@ def test_split_is_nanogpts_90_10():
     assert (len(train), len(val)) == (1_003_854, 111_540)
 
 
-def test_prepare_writes_memmaps_with_a_sidecar(tmp_path, corpus_file):
+def test_prepare_writes_memmaps_with_a_sidecar(tmp_path, corpus_file, corpus_in_use):
+    n_train, n_val = split_sizes(corpus_in_use)
     text = corpus_file.read_text(encoding="utf-8")
     tok = CharTokenizer.train(text)
     logs = []
     data = prepare(corpus_file, tok, tmp_path, 0.1, log=logs.append)
-    assert len(data.train) == 1_003_854 and len(data.val) == 111_540
+    assert len(data.train) == n_train and len(data.val) == n_val
     assert data.train.dtype == np.uint16
     meta = json.loads((data.directory / "meta.json").read_text())
     assert meta["tokenizer_kind"] == "char" and meta["tokenizer_fingerprint"] == tok.fingerprint()
-    assert meta["train_tokens"] == 1_003_854 and meta["val_tokens"] == 111_540
+    assert meta["train_tokens"] == n_train and meta["val_tokens"] == n_val
     assert tok.decode(data.train[:20]) == text[:20]
-    assert tok.decode(data.val[:20]) == text[1_003_854:1_003_874]
+    assert tok.decode(data.val[:20]) == text[n_train : n_train + 20]
     # A second call reuses the files.
     mtime = (data.directory / "train.bin").stat().st_mtime_ns
     prepare(corpus_file, tok, tmp_path, 0.1, log=logs.append)
@@ -78,11 +94,13 @@ def test_prepare_writes_memmaps_with_a_sidecar(tmp_path, corpus_file):
     with open(data.directory / "train.bin", "r+b") as f:
         f.truncate(100)
     again = prepare(corpus_file, tok, tmp_path, 0.1, log=logs.append)
-    assert len(again.train) == 1_003_854 and len(logs) == 2
+    assert len(again.train) == n_train and len(logs) == 2
 
 
 @pytest.mark.parametrize("fraction, small", [(0.99999999, "train"), (1e-7, "val")])
-def test_prepare_refuses_an_empty_split_before_writing(tmp_path, corpus_file, fraction, small):
+def test_prepare_refuses_an_empty_split_before_writing(
+    tmp_path, corpus_file, corpus_in_use, fraction, small
+):
     """A val_fraction that leaves a split (nearly) empty: one line naming it, and nothing on
     disk."""
     tok = CharTokenizer.train(corpus_file.read_text(encoding="utf-8"))
@@ -93,8 +111,9 @@ def test_prepare_refuses_an_empty_split_before_writing(tmp_path, corpus_file, fr
     assert f"data.val_fraction={fraction:.12g} splits" in msg and f"too few for {small} " in msg, (
         msg
     )
-    n_train = 0 if small == "train" else 1_115_393
-    assert f"{n_train:,} train and {1_115_394 - n_train:,} val tokens" in msg, msg
+    n = corpus_in_use.size  # characters: the corpus is ASCII
+    n_train = 0 if small == "train" else n - 1
+    assert f"{n_train:,} train and {n - n_train:,} val tokens" in msg, msg
     assert not (tmp_path / "out").exists()
 
 
@@ -179,9 +198,8 @@ def test_prepare_redoes_token_files_with_ids_beyond_the_vocabulary(tmp_path, cor
         again = prepare(corpus_file, tok, tmp_path, 0.1, log=logs.append)
         assert int(np.max(again.train)) < tok.vocab_size and int(np.max(again.val)) < tok.vocab_size
         assert np.array_equal(np.array(again.train[:10]), good)
-        assert (
-            f"{split}.bin holds token id 65,535, beyond the tokenizer's 65 entries" in logs[-2]
-        ), logs
+        beyond = f"beyond the tokenizer's {tok.vocab_size} entries"  # the genuine corpus: 65
+        assert f"{split}.bin holds token id 65,535, {beyond}" in logs[-2], logs
         assert logs[-1].startswith("preparing token files in")
         del again
 

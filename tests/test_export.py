@@ -122,7 +122,7 @@ def test_the_export_imports_back_to_the_same_weights_byte_for_byte(exported, tmp
 
 @pytest.mark.parametrize("exported", ["gpt2-char"], indirect=True)
 def test_an_exported_char_tokenizer_removes_characters_outside_its_alphabet(
-    exported, cli, tmp_path
+    exported, cli, tmp_path, corpus_in_use
 ):
     """A model with no row to spare has no id for an unknown character: transformers gets the text
     without them, instead of failing with "Missing [UNK] token"; the export says so."""
@@ -132,25 +132,30 @@ def test_an_exported_char_tokenizer_removes_characters_outside_its_alphabet(
     tok = load_tokenizer(run / runs.TOKENIZER, "char")
     hf_tok = AutoTokenizer.from_pretrained(out)
     text = "«héllo» 😀 [$3.?-&]^\\"  # '$', '.', '?', '-' are in the alphabet, read as regex operators elsewhere
-    assert hf_tok(text, add_special_tokens=False)["input_ids"] == tok.encode("hllo  $3.?-&")
+    kept = "".join(
+        c for c in text if c in corpus_in_use.chars
+    )  # the genuine corpus: "hllo  $3.?-&"
+    assert hf_tok(text, add_special_tokens=False)["input_ids"] == tok.encode(kept)
     assert hf_tok.unk_token is None
     res = cli("export", run, "--output", tmp_path / "again")
-    assert (
-        res.exit_code == 0 and "removes characters outside its 65-character alphabet" in res.stderr
-    ), res
+    alphabet = f"its {len(corpus_in_use.chars)}-character alphabet"  # the genuine corpus: 65
+    assert res.exit_code == 0 and f"removes characters outside {alphabet}" in res.stderr, res
 
 
-def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_path, data_dir):
+def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(
+    tmp_path, data_dir, corpus_in_use
+):
     """With model.vocab_size above the tokenizer's, the first spare id is the unknown token; the ids
     of the characters and of the special token stay the run's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from minigpt_cli.hf.export import export_run
 
+    vocab = len(corpus_in_use.chars) + 7  # rows to spare (the genuine corpus: 72)
     cfg = tiny(
         data_dir,
         "train.max_iters=1",
-        "model.vocab_size=72",
+        f"model.vocab_size={vocab}",
         "tokenizer.special_tokens=[<|endoftext|>]",
         f"train.out_dir={tmp_path}/runs",
     )
@@ -158,13 +163,13 @@ def test_an_exported_char_tokenizer_maps_unknown_characters_to_a_spare_row(tmp_p
     out = export_run(run, tmp_path / "hf")
     tok = load_tokenizer(run / runs.TOKENIZER, "char")
     hf_tok = AutoTokenizer.from_pretrained(out)
-    unk = tok.vocab_size  # 65 characters and <|endoftext|>: id 66
+    unk = tok.vocab_size  # the first id after the characters' and <|endoftext|>'s
     ids = hf_tok("héllo<|endoftext|>€", add_special_tokens=False)["input_ids"]
     assert ids == [*tok.encode("h"), unk, *tok.encode("llo<|endoftext|>"), unk]
     assert hf_tok.unk_token == "\ufffd" and hf_tok.unk_token_id == unk
     assert hf_tok.decode(ids) == "h\ufffdllo<|endoftext|>\ufffd"
     model = AutoModelForCausalLM.from_pretrained(out)  # the model has a row for the unknown id
-    assert model(torch.tensor([ids])).logits.shape == (1, len(ids), 72)
+    assert model(torch.tensor([ids])).logits.shape == (1, len(ids), vocab)
 
 
 @pytest.mark.parametrize(

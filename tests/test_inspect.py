@@ -417,6 +417,9 @@ def small_tokenizers(tmp_path_factory, corpus_file):
 
     folder = tmp_path_factory.mktemp("inspect-tokenizers")
     text = corpus_file.read_text(encoding="utf-8")[:20_000]
+    # Its first speaker, a name the text repeats (the genuine corpus: "First Citizen").
+    speaker = next(line[:-1] for line in text.splitlines() if line.endswith(":"))
+    (folder / "speaker.txt").write_text(speaker, encoding="utf-8")
     (folder / "train.txt").write_text(text, encoding="utf-8")
     for kind in ("bpe", "wordpiece", "unigram"):
         train_tokenizer(kind, text, 300).save(folder / f"{kind}.json")
@@ -426,13 +429,14 @@ def small_tokenizers(tmp_path_factory, corpus_file):
 def test_tokenize_trained_tokenizers(small_tokenizers, tmp_path):
     from minigpt_cli.inspection.tokenize import format_tokenize, tokenize
 
+    speaker = (small_tokenizers / "speaker.txt").read_text(encoding="utf-8")
     uni = tokenize(
         tokenizer=small_tokenizers / "unigram.json",
-        text="First Citizen: hugs",
+        text=f"{speaker}: hugs",
         all_segmentations=True,
         output=tmp_path,
     )
-    assert uni["kind"] == "unigram" and "".join(uni["pieces"]) == "First Citizen: hugs"
+    assert uni["kind"] == "unigram" and "".join(uni["pieces"]) == f"{speaker}: hugs"
     assert all(d["log_prob"] < 0 for d in uni["details"])
     assert uni["unigram_words"] and all(
         w["viterbi_is_best"] for w in uni["unigram_words"] if w["segmentations"]
@@ -443,7 +447,7 @@ def test_tokenize_trained_tokenizers(small_tokenizers, tmp_path):
     assert any(d["merge_rank"] is not None for d in bpe["details"])
     wp = tokenize(
         tokenizer=small_tokenizers / "wordpiece.json",
-        text="First Citizen",
+        text=speaker,
         corpus=small_tokenizers / "train.txt",
     )
     merged = [d for d in wp["details"] if d["merge_rank"] is not None]

@@ -106,34 +106,51 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-#: --set values train refuses before step 0, and a fragment of the one line it refuses them with.
+#: --set values train refuses before step 0, and a fragment of the one line it refuses them with;
+#: the fields in braces are figures of the corpus in use (:func:`figures`).
 REFUSED = [
     (
         ["data.val_fraction=0.99999"],
-        "11 train and 1,115,383 val tokens, too few for train (they need at least "
+        "11 train and {val_after_11:,} val tokens, too few for train (they need at least "
         "model.block_size+1 = 33 tokens each)",
     ),
     (["data.val_fraction=0.00001"], "too few for val (they need at least model.block_size+1 = 33"),
     (["data.val_fraction=0.9999999"], "data.val_fraction=0.9999999 splits the corpus into 0 train"),
     (
         ["model.block_size=200000", "model.n_embd=8"],
-        "lower model.block_size (to at most 111,539 with this split)",
+        "lower model.block_size (to at most {longest_block:,} with this split)",
     ),
-    (["model.vocab_size=10"], "model.vocab_size (10) is smaller than the tokenizer's 65 entries"),
+    (
+        ["model.vocab_size=10"],
+        "model.vocab_size (10) is smaller than the tokenizer's {vocab} entries",
+    ),
     (["train.batch_size=100000000"], "this model needs about"),
     (["device=cuda:99"], "device: cuda:99 was asked for"),
     (["tokenizer.kind=bpe"], "a bpe tokenizer needs a vocabulary size"),
     (
         ["tokenizer.kind=unigram", "tokenizer.vocab_size=5"],
-        "vocabulary size 5 is below the unigram base alphabet of 66",
+        "vocabulary size 5 is below the unigram base alphabet of {vocab_unk}",
     ),
 ]
 
 
+def figures(corpus) -> dict[str, int]:
+    """The corpus's figures the refusals quote (the genuine corpus's in comments): its characters
+    are its tokens (it is ASCII), split as nanoGPT does."""
+    n = corpus.size
+    return {
+        "val_after_11": n - int(n * (1 - 0.99999)),  # 1,115,383 (11 train tokens)
+        "longest_block": n - int(n * 0.9) - 1,  # 111,539: the val split at 0.1, less one
+        "vocab": len(corpus.chars),  # 65
+        "vocab_unk": len(corpus.chars) + 1,  # 66: and <unk>
+    }
+
+
 @pytest.mark.parametrize("overrides, fragment", REFUSED, ids=[" ".join(o) for o, _ in REFUSED])
 def test_dry_run_refuses_what_train_refuses_with_the_same_line(
-    cli, own_data, tmp_path, overrides, fragment
+    cli, own_data, tmp_path, overrides, fragment, corpus_in_use
 ):
+    fragment = fragment.format(**figures(corpus_in_use))
     sets = [
         w
         for o in [f"data.data_dir={own_data}", f"train.out_dir={tmp_path / 'runs'}", *overrides]
@@ -228,7 +245,7 @@ def test_dry_run_says_what_it_cannot_know_yet(cli, own_data, tmp_path, monkeypat
 
 
 def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(
-    cli, own_data, tmp_path, monkeypatch
+    cli, own_data, tmp_path, monkeypatch, corpus_in_use
 ):
     from minigpt_cli.config.schema import load_config
     from minigpt_cli.data.pipeline import ensure_tokenizer
@@ -237,9 +254,14 @@ def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(
     sets = ["--set", f"data.data_dir={own_data}", "--set", "data.val_fraction=0.25"]
     res = cli("train", TINY, "--dry-run", *sets)
     assert res.exit_code == 0, res
-    line = "  train/val tokens      836,545 / 278,849 (data.val_fraction 0.25; each needs model.block_size+1 = 33)\n"
+    n = corpus_in_use.size  # characters (the genuine corpus: 836,545 / 278,849 tokens)
+    n_train, vocab = int(n * 0.75), len(corpus_in_use.chars)  # vocab: 65
+    line = (
+        f"  train/val tokens      {n_train:,} / {n - n_train:,} (data.val_fraction 0.25; each needs "
+        "model.block_size+1 = 33)\n"
+    )
     assert line in res.stdout
-    assert "  model.vocab_size      65 (the corpus's characters; trained into" in res.stdout
+    assert f"  model.vocab_size      {vocab} (the corpus's characters; trained into" in res.stdout
     assert (
         not list((own_data / "tinyshakespeare").glob("*-*"))
         and not (own_data / "tinyshakespeare" / "tokenizer-char.json").exists()
@@ -250,12 +272,12 @@ def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(
     corpus = own_data / "tinyshakespeare" / "input.txt"
     tok, path = ensure_tokenizer(cfg, corpus, lambda m: None)
     data = prepare(corpus, tok, corpus.parent, 0.25, log=lambda m: None)
-    assert (len(data.train), len(data.val)) == (836_545, 278_849)
+    assert (len(data.train), len(data.val)) == (n_train, n - n_train)
     monkeypatch.setattr(
         minigpt_cli.data.preparation, "_encode", lambda *a: pytest.fail("encoded the corpus again")
     )
     res = cli("train", TINY, "--dry-run", *sets)
-    assert line in res.stdout and f"  model.vocab_size      65 (from {path})\n" in res.stdout
+    assert line in res.stdout and f"  model.vocab_size      {vocab} (from {path})\n" in res.stdout
 
 
 # ----------------------------------------------------------------------------- notes in --dry-run

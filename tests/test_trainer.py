@@ -383,7 +383,7 @@ def test_weight_decay_on_matrices_only():
 
 
 @pytest.mark.real_plot
-def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
+def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch, corpus_in_use):
     monkeypatch.chdir(tmp_path)
     cfg = load_config(
         CONFIGS / "tiny.yaml",
@@ -399,8 +399,8 @@ def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
     evals = [l for l in lines if l["event"] == "eval"]
     trains = [l for l in lines if l["event"] == "train"]
     assert [e["step"] for e in evals] == [0, 30, 60]
-    # Loss at initialisation ≈ ln(65); it then falls.
-    assert abs(evals[0]["val_loss"] - math.log(65)) < 0.1
+    # Loss at initialisation ≈ ln(vocabulary) (the genuine corpus: ln 65); it then falls.
+    assert abs(evals[0]["val_loss"] - math.log(len(corpus_in_use.chars))) < 0.1
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
     assert evals[-1]["train_loss"] < evals[0]["train_loss"] - 0.5
     for l in lines:
@@ -443,7 +443,7 @@ def test_tiny_run_learns_and_logs(tmp_path, data_dir, monkeypatch):
 
 
 def test_a_model_too_large_for_memory_is_refused_before_anything_is_made(
-    cli, data_dir, tmp_path, monkeypatch
+    cli, data_dir, tmp_path, monkeypatch, corpus_in_use
 ):
     """10 million layers: the estimate (count-params' accounting) exceeds the free memory; no run
     folder."""
@@ -463,7 +463,9 @@ def test_a_model_too_large_for_memory_is_refused_before_anything_is_made(
     assert_user_error(
         res,
         "this model needs about",
-        "123,520,003,136 parameters",
+        # the layers and positions, and the tied embedding: vocabulary x n_embd 32 (the genuine
+        # corpus: 123,520,003,136)
+        f"{123_520_001_056 + 32 * len(corpus_in_use.chars):,} parameters",
         "free",
         "model.n_layer",
         notes_ok=True,
