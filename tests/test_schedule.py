@@ -257,8 +257,8 @@ def test_dry_run_counts_the_split_from_the_corpus_or_the_prepared_files(
     n = corpus_in_use.size  # characters (the genuine corpus: 836,545 / 278,849 tokens)
     n_train, vocab = int(n * 0.75), len(corpus_in_use.chars)  # vocab: 65
     line = (
-        f"  train/val tokens      {n_train:,} / {n - n_train:,} (data.val_fraction 0.25; each needs "
-        "model.block_size+1 = 33)\n"
+        f"  train/val tokens      {n_train:,} / {n - n_train:,} (data.val_fraction 0.25; each "
+        "needs model.block_size+1 = 33)\n"
     )
     assert line in res.stdout
     assert f"  model.vocab_size      {vocab} (the corpus's characters; trained into" in res.stdout

@@ -39,7 +39,8 @@ def test_a_check_the_dry_run_cannot_make_yet_is_named_with_its_reason(cli, tmp_p
     assert list(tmp_path.iterdir()) == []  # nothing written, nothing downloaded
 
 
-@pytest.mark.genuine_corpus  # count-params counts Tiny Shakespeare's 65 characters where vocab is null
+# count-params counts Tiny Shakespeare's 65 characters where model.vocab_size is null
+@pytest.mark.genuine_corpus
 def test_dry_run_and_count_params_print_one_memory_figure(cli, data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = REPO_CONFIGS / "shakespeare-cpu.yaml"
