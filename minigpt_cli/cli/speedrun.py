@@ -196,7 +196,7 @@ def _write_recipe(recipe: Path, overrides: list[str], path: Path) -> Path:
     from ..config.yaml_io import dump_yaml, read_yaml
 
     data = apply_overrides(read_yaml(recipe, "config") or {}, overrides)
-    text = f"# {recipe} with --set {' --set '.join(overrides)}\n" + dump_yaml(data)
+    text = f"# {recipe.name} with --set {' --set '.join(overrides)}\n" + dump_yaml(data)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
