@@ -741,3 +741,43 @@ def test_a_resume_says_each_key_it_changes_and_the_run_keeps_them(
         "train.grad_accum_steps": [old.train.grad_accum_steps, 2],
         "train.eval_iters": [old.train.eval_iters, 3],
     }
+
+
+def test_a_resume_that_changes_an_optimizer_setting_trains_with_the_new_value(data_dir, tmp_path):
+    """torch.optim's load_state_dict takes each group's hyperparameters from the checkpoint; a
+    resume that changes Muon's momentum and Newton-Schulz steps, AdamW's beta2 and the weight decay
+    (its note says so) trains with the new values, and saves them."""
+    muon = ["train.optimizer=muon", "train.eval_interval=2"]
+    with working_dir(tmp_path):
+        train(
+            tiny(data_dir, "train.max_iters=2", *muon),
+            run_name="r",
+            echo=lambda m: None,
+            progress=False,
+        )
+        changed = [
+            "train.muon.momentum=0.8",
+            "train.muon.ns_steps=3",
+            "train.muon.weight_decay=0.05",
+            "train.beta2=0.9",
+            "train.weight_decay=0.02",
+        ]
+        notes: list[str] = []
+        train(
+            tiny(data_dir, "train.max_iters=4", *muon, *changed),
+            echo=notes.append,
+            progress=False,
+            resume=str(tmp_path / "runs" / "r"),
+        )
+    assert any("--resume changes train.muon.momentum: 0.95 -> 0.8" in n for n in notes), notes
+    groups = checkpoint.load_trainer_state(tmp_path / "runs" / "r" / "checkpoints" / "last")[
+        "optimizer"
+    ]["param_groups"]
+    muon_groups = [g for g in groups if "ns_steps" in g]
+    adamw_groups = [g for g in groups if "betas" in g]
+    assert muon_groups and adamw_groups
+    assert {(g["momentum"], g["ns_steps"], g["weight_decay"]) for g in muon_groups} == {
+        (0.8, 3, 0.05)
+    }
+    assert {tuple(g["betas"]) for g in adamw_groups} == {(0.9, 0.9)}
+    assert {g["weight_decay"] for g in adamw_groups} == {0.02, 0.0}  # matrices, then vectors

@@ -591,7 +591,14 @@ def _restore(s: Setup, resumed: Resumed) -> None:
     state = resumed.state
     weights_dir = runs.resolve(resumed.checkpoint)
     load_weights_into(s.model, weights_dir)
+    # torch.optim's load takes every group's hyperparameters from the checkpoint too; the config's
+    # (betas, weight decay, Muon's momentum and Newton-Schulz steps, ...) are put back, since a
+    # resume that changes one says so and must train with it. The moments stay the checkpoint's;
+    # the learning rate is the schedule's at every step.
+    built = [{k: v for k, v in g.items() if k != "params"} for g in s.optimizer.param_groups]
     parallel.load_optimizer_state(s.model, s.optimizer, state["optimizer"])
+    for group, values in zip(s.optimizer.param_groups, built):
+        group.update(values)
     if state.get("scaler"):
         s.scaler.load_state_dict(state["scaler"])
     restore_rng(state["rng"])
