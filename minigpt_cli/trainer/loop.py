@@ -24,7 +24,7 @@ from ..run import folder as runs
 from ..run import trackers
 from ..run.checkpoint import Checkpointer
 from ..runtime import distributed as parallel
-from ..runtime.device import capture_rng
+from ..runtime.device import capture_rng, flush_denormals
 from ..runtime.distributed import all_mean, close_distributed
 from ..sample.sampling import sample_prompt_text
 from .estimate import CPU_RECIPE, CPU_RECIPES, TimeEstimate
@@ -126,7 +126,7 @@ class Trainer:
         s, p, tc = self.s, self.prog, self.s.cfg.train
         stopped_early = False
         s.model.train()
-        with s.stop, self.second_ctrl_c():
+        with s.stop, self.second_ctrl_c(), flush_denormals(s.device):
             while True:
                 # train.max_seconds passed: this step is the last, after its eval
                 late = self.stops.out_of_time()
