@@ -1,2 +1,3 @@
-"""Many runs: :mod:`.sweep` trains the variants of a sweep file, :mod:`.compare` sets runs side by
-side."""
+"""Many runs: :mod:`.sweepfile` reads a sweep file, :mod:`.sweep` trains its variants (:mod:`.jobs`
+its runs, :mod:`.search` a search's trials), :mod:`.compare` sets runs side by side and
+:mod:`.plot` draws their curves."""
