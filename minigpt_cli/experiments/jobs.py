@@ -1,5 +1,5 @@
 """``--jobs``: how a sweep trains its runs, one at a time in this process or N at a time as
-``minigpt train`` processes (a GPU each, where there are GPUs), resuming what a killed sweep left."""
+``minigpt train`` processes (a GPU each where there are GPUs), resuming what a killed sweep left."""
 
 from __future__ import annotations
 
@@ -96,9 +96,8 @@ def die_with_parent() -> Optional[Callable[[], None]]:
         return None
     import ctypes
 
-    prctl = ctypes.CDLL(
-        None, use_errno=True
-    ).prctl  # every Linux C library has had it since Linux 2.1.57
+    # Every Linux C library has had prctl since Linux 2.1.57.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
     parent = os.getpid()
 
     def set_parent_death_signal() -> None:
@@ -203,9 +202,8 @@ class Processes:
         stopped it."""
         heard = 0
         while on_eval is not None:
-            ended = (
-                proc.poll() is not None
-            )  # asked before reading: an ended run's last evals are heard too
+            # Asked before reading: an ended run's last evals are heard too.
+            ended = proc.poll() is not None
             evals = [e for e in read_events(folder / METRICS) if e["event"] == "eval"]
             for e in evals[heard:]:
                 if on_eval(e["step"], e["val_loss"]):

@@ -67,9 +67,8 @@ class _State(BaseModel):
     sweep: dict[str, Any]
     base: dict[str, Any]
     overrides: dict[str, Any] = Field(default_factory=dict)
-    storage: Optional[str] = (
-        None  # the --storage whose study the runs belong to (None: the folder's own)
-    )
+    # The --storage whose study the runs belong to (None: the folder's own).
+    storage: Optional[str] = None
     done: list[str] = Field(default_factory=list)
 
 
@@ -187,9 +186,8 @@ def _read_state(
 
 def _mark_done(sweep: Sweep, state: dict, run: Run) -> None:
     done = set(state["done"]) | {run.name}
-    state["done"] = [
-        r.name for r in sweep.runs if r.name in done
-    ]  # the file's order, which compare keeps
+    # The file's order, which compare keeps.
+    state["done"] = [r.name for r in sweep.runs if r.name in done]
     atomic_write_text(sweep.folder / runs.SWEEP, json.dumps(state, indent=1) + "\n")
 
 
@@ -211,7 +209,8 @@ def run_sweep(
     command goes on)."""
     from tqdm.auto import tqdm
 
-    check_settings()  # the runs would each refuse a bad MINIGPT_ONEDNN / MINIGPT_FAST_DROPOUT: refuse it once, first
+    # The runs would each refuse a bad MINIGPT_ONEDNN / MINIGPT_FAST_DROPOUT: refuse it once, first.
+    check_settings()
     if worker and storage is None:
         raise MinigptError(
             "--worker joins a study in shared storage: give it with --storage URL (an RDB URL or a "
@@ -224,9 +223,8 @@ def run_sweep(
             "or give the sweep file a search: section"
         )
     note = schedule_note(sweep)
-    if (
-        dry_run
-    ):  # the refusals a start would make (a changed sweep, a foreign folder), then the plan
+    # A dry run: the refusals a start would make (a changed sweep, a foreign folder), then the plan.
+    if dry_run:
         _read_state(sweep, jobs if jobs is not None else 1, worker, storage, write=False)
         echo(note) if note else None
         return plan(sweep)
@@ -248,9 +246,8 @@ def run_sweep(
         disable=None if progress is None else not progress,
     )
     if sweep.spec.search:
-        store = store or optuna_search.open_storage(
-            None, sweep.folder
-        )  # the study.journal beside the runs
+        # The study.journal beside the runs.
+        store = store or optuna_search.open_storage(None, sweep.folder)
         return _search(
             sweep,
             store,
@@ -268,16 +265,16 @@ def run_sweep(
         for r in sweep.runs
         if r.name in state["done"] and not runs.has_checkpoint(sweep.folder / r.name)
     ]
-    if gone:  # a finished run's folder deleted (or its checkpoints): trained again, not refused by compare
+    # A finished run's folder deleted (or its checkpoints): trained again, not refused by compare.
+    if gone:
         echo(
             f"note: {', '.join(gone)}: finished, but no longer in the sweep's folder (no "
             "checkpoint); training again"
         )
         state["done"] = [name for name in state["done"] if name not in gone]
     todo = [r for r in sweep.runs if r.name not in state["done"]]
-    cut = [
-        r.name for r in todo if runs.has_checkpoint(sweep.folder / r.name)
-    ]  # what a stopped sweep left
+    # What a stopped sweep left.
+    cut = [r.name for r in todo if runs.has_checkpoint(sweep.folder / r.name)]
     echo(
         f"sweep {sweep.name}: {len(sweep.runs)} runs ({len(sweep.runs) - len(todo)} done"
         f"{f', {len(cut)} to resume: ' + ', '.join(cut) if cut else ''}), "
@@ -365,7 +362,8 @@ def _grid_worker(
     optuna_search.enqueue_runs(study, [(r.name, r.variant, r.seed) for r in sweep.runs])
     by_name = {r.name: r for r in sweep.runs}
     echo(
-        f"sweep {sweep.name}: worker {optuna_search.owner()} of {len(sweep.runs)} runs; runs in {sweep.folder}"
+        f"sweep {sweep.name}: worker {optuna_search.owner()} of {len(sweep.runs)} runs; "
+        f"runs in {sweep.folder}"
     )
 
     def runs_(progress_bar) -> None:
@@ -376,9 +374,8 @@ def _grid_worker(
             try:
                 train(run)
             except BaseException as exc:
-                if isinstance(
-                    exc, MinigptError
-                ):  # a failed run fails its trial: the next start enqueues it again
+                # A failed run fails its trial: the next start enqueues it again.
+                if isinstance(exc, MinigptError):
                     trial.set_user_attr("error", str(exc))
                     study.tell(trial, state=TrialState.FAIL)
                 else:  # Ctrl-C: the trial stays running, let go for the next start to resume
@@ -447,16 +444,14 @@ def _search(
                     study, trial, spec, sweep.runs_of, train, objective
                 )
             finally:
-                if (
-                    outcome is None
-                ):  # Ctrl-C, a bug: the trial stays running, let go for the next start to resume
+                # Ctrl-C, a bug: the trial stays running, let go for the next start to resume.
+                if outcome is None:
                     optuna_search.release(trial)
             progress_bar.update(1)
             progress_bar.set_postfix_str(f"{optuna_search.trial_name(trial.number)} {outcome}")
             for name in trial.user_attrs.get("runs", []):
-                if (
-                    sweep.folder / name / METRICS
-                ).is_file():  # a pruned trial's later seeds never ran
+                # A pruned trial's later seeds never ran.
+                if (sweep.folder / name / METRICS).is_file():
                     seed = int(name.rpartition("-s")[2])
                     _say_over(
                         progress_bar, echo, f"{_ran(name, seed, sweep.folder / name)}, {outcome}"
@@ -470,8 +465,8 @@ def _search(
         if t.number < spec.trials and t.state.is_finished()
     ]
     echo(
-        f"sweep {sweep.name}: a {spec.method} search of {spec.trials} trials ({len(ended)} done), pruning: "
-        f"{spec.prune}; runs in {sweep.folder}"
+        f"sweep {sweep.name}: a {spec.method} search of {spec.trials} trials ({len(ended)} done), "
+        f"pruning: {spec.prune}; runs in {sweep.folder}"
     )
     with bar(total=spec.trials, initial=len(ended)) as progress_bar:
         parallel(

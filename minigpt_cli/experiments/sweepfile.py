@@ -133,9 +133,8 @@ class SweepFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     name: Optional[str] = None
     base: str
-    set: list[Annotated[str, Field(pattern=r"^\s*[^=\s][^=]*=")]] = Field(
-        default_factory=list
-    )  # key=value
+    # key=value
+    set: list[Annotated[str, Field(pattern=r"^\s*[^=\s][^=]*=")]] = Field(default_factory=list)
     grid: dict[Key, Annotated[list[Scalar], Field(min_length=1)]] = Field(default_factory=dict)
     variants: dict[str, dict[Key, Scalar]] = Field(default_factory=dict)
     seeds: Union[
@@ -158,8 +157,8 @@ class SweepFile(BaseModel):
         runs_ = variants * (self.seeds if isinstance(self.seeds, int) else len(self.seeds))
         if runs_ > MAX_RUNS:
             raise ValueError(
-                f"{runs_:,} runs ({variants:,} variants x seeds) is more than one sweep may ask for "
-                f"({MAX_RUNS:,}); split it into several sweep files"
+                f"{runs_:,} runs ({variants:,} variants x seeds) is more than one sweep may ask "
+                f"for ({MAX_RUNS:,}); split it into several sweep files"
             )
         return self
 
@@ -172,9 +171,8 @@ class Overrides:
     set: tuple[str, ...] = ()
     seeds: Optional[int] = None
     budget: Optional[str] = None
-    scale_schedule: bool = (
-        False  # scale the schedule's steps with the budget (:func:`scaled_schedule`)
-    )
+    # Scale the schedule's steps with the budget (:func:`scaled_schedule`).
+    scale_schedule: bool = False
 
     def record(self) -> dict[str, Any]:
         """What ``sweep.json`` records: the overrides given (none: ``{}``, as a sweep.json from
@@ -235,9 +233,8 @@ def resolve_sweep(path: str | Path) -> Path:
     """The sweep file ``path`` names: the file itself, else the shipped experiment of that name
     (:data:`SHIPPED`). Raises MinigptError: neither."""
     p = Path(path)
-    found = (
-        p if p.exists() or p.is_symlink() else _shipped(p)
-    )  # a dangling link: read_yaml names it
+    # A dangling link is the file: read_yaml names it.
+    found = p if p.exists() or p.is_symlink() else _shipped(p)
     if found is None:
         shipped = ", ".join(e for e in list_experiments() if e != "base")
         raise MinigptError(
@@ -299,9 +296,8 @@ class Sweep:
             raise
         sets += self.spec.budget.overrides(cfg)
         if self.overrides.scale_schedule:
-            given = Budget.model_validate(
-                self.recorded["budget"]
-            )  # the file's, which its schedule fits
+            # The file's budget, which its schedule fits.
+            given = Budget.model_validate(self.recorded["budget"])
             factor = self.spec.budget.steps(cfg) / given.steps(cfg)
             sets += scaled_schedule(cfg.train, factor)
         seeds = (
@@ -378,9 +374,8 @@ def load_sweep(
         "{path}: {why}",
         path=" and ".join(f"--{key}" for key in given) or p,
     )
-    sweep_name = runs.check_name(
-        spec.name or p.stem, f"{p}: name:"
-    )  # the sweep's folder: never a path out of out_dir
+    # The sweep's folder: never a path out of out_dir.
+    sweep_name = runs.check_name(spec.name or p.stem, f"{p}: name:")
     variants = _variants(spec)
     for variant, _ in variants:
         runs.check_name(variant, f"{p}: variants:")
@@ -457,9 +452,8 @@ def schedule_note(sweep: Sweep) -> Optional[str]:
     if sweep.spec.budget.seconds is not None:
         return None
     problems: dict[str, str] = {}
-    for run in sweep.runs or sweep.runs_of(
-        "search", {}
-    ):  # a search's: the base's, before its values
+    # A search's run: the base's, before its trials' values.
+    for run in sweep.runs or sweep.runs_of("search", {}):
         problems = {**schedule_problems(run.cfg.train), **problems}
     if not problems:
         return None
