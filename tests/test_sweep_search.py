@@ -570,7 +570,7 @@ def test_a_searched_trials_values_are_short_in_the_tables_and_whole_in_the_json(
     from optuna.distributions import CategoricalDistribution, FloatDistribution
     from optuna.trial import create_trial
 
-    from minigpt_cli.experiments.compare import format_trials, study_trials
+    from minigpt_cli.experiments.trials import format_trials, study_trials
 
     study = optuna.create_study()
     study.add_trial(

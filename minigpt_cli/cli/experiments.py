@@ -105,9 +105,10 @@ def sweep(
               minigpt sweep optimizer --budget iters=80 --scale-schedule --dry-run
               minigpt sweep search.yaml --storage /shared/search.journal --worker
     """
-    from ..experiments.compare import format_summary, format_trials
+    from ..experiments.compare import format_summary
     from ..experiments.search import format_report
     from ..experiments.sweep import Overrides, format_plan, run_sweep
+    from ..experiments.trials import format_trials
 
     again = shlex.join(
         [
@@ -212,14 +213,8 @@ def compare(
       minigpt compare runs/quick runs/quick-rope --target 1.9
       minigpt compare --storage sqlite:///ffn.db --study ffn
     """
-    from ..experiments.compare import (
-        expand,
-        format_summary,
-        format_trials,
-        load_trials,
-        summarize,
-        write_trials,
-    )
+    from ..experiments.compare import expand, format_summary, summarize
+    from ..experiments.trials import format_trials, load_trials, write_trials
 
     if storage is not None:
         trials = load_trials(storage, study, paths or [])

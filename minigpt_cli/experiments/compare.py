@@ -4,7 +4,8 @@ Bits per byte: the final val loss in bits over the val split's UTF-8 bytes per t
 one test decides whether a difference of means exceeds it, Welch's t-test
 (``scipy.stats.ttest_ind(equal_var=False)``) at p < :data:`ALPHA`; while it does not, the seeds per
 variant that would bring it there (:func:`seeds_needed`). Runs of one config, corpus and seed are
-repeats, not seeds: one is kept (:func:`_distinct`)."""
+repeats, not seeds: one is kept (:func:`_distinct`). A study's trials (``--storage``) are
+:mod:`.trials`'s table."""
 
 from __future__ import annotations
 
@@ -30,8 +31,7 @@ from ..fileio import STATE_BOUNDS, atomic_write_set, field_path, read_bytes, rea
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 
-if TYPE_CHECKING:  # matplotlib and optuna are imported where they are used
-    import optuna
+if TYPE_CHECKING:  # matplotlib is imported where it is used
     from matplotlib.figure import Figure
 
 #: The files a summary writes; summary.json is also what proves an earlier summary minigpt's.
@@ -572,10 +572,10 @@ def _csv_rows(result: dict) -> list[list[Any]]:
     """summary.csv's rows: the JSON rows' names and plain values, standard deviations in columns of
     their own."""
     keys = [k for _, ks, _ in _spec(result) for k in ks]
-    return [keys, *([_plain(r.get(k)) for k in keys] for r in result["rows"])]
+    return [keys, *([csv_cell(r.get(k)) for k in keys] for r in result["rows"])]
 
 
-def _plain(value: Any) -> Any:
+def csv_cell(value: Any) -> Any:
     """A CSV cell: a number or text as it is, nothing as an empty cell, anything else as JSON
     (``true``)."""
     if value is None:
@@ -615,7 +615,7 @@ def _cell(text: str) -> str:
     return "".join(_CELL_ESCAPES.get(c) or (c if c.isprintable() else repr(c)[1:-1]) for c in text)
 
 
-def _lines(spec: list, rows: list[dict]) -> list[str]:
+def table_lines(spec: list, rows: list[dict]) -> list[str]:
     """The Markdown table of ``spec``'s columns, every cell escaped by :func:`_cell`."""
     cells = [[h for h, _, _ in spec], *([f(r) for *_, f in spec] for r in rows)]
     lines = ["| " + " | ".join(map(_cell, row)) + " |" for row in cells]
@@ -640,7 +640,7 @@ def _narrow(result: dict, width: int) -> tuple[list, list[str]]:
     ]
     shown: list = []
     for key in keys:
-        if max(map(len, _lines([brief[0], *shown, key, *brief[1:]], result["rows"]))) <= width:
+        if max(map(len, table_lines([brief[0], *shown, key, *brief[1:]], result["rows"]))) <= width:
             shown.append(key)
     return [brief[0], *shown, *brief[1:]], [
         c for c, k in zip(result["columns"], keys) if k not in shown
@@ -661,14 +661,16 @@ def format_summary(result: dict, width: Optional[int] = WIDTH) -> str:
         if hidden
         else []
     )
-    lines = _lines(spec, result["rows"]) + [""] + notes + [f"- {s}" for s in result["sentences"]]
+    lines = (
+        table_lines(spec, result["rows"]) + [""] + notes + [f"- {s}" for s in result["sentences"]]
+    )
     return "\n".join(lines).rstrip() + "\n"
 
 
 def _write(result: dict, out: Path, png: Callable[[], bytes]) -> None:
     """summary.md, .csv, .json and .png (drawn by ``png``), renamed into place as a set: an
     interrupt leaves the previous set or none."""
-    _check_ours(out)
+    check_output(out)
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     csv.writer(buf).writerows(_csv_rows(result))
@@ -690,7 +692,7 @@ class _Summary(BaseModel):
     metric: str
 
 
-def _check_ours(out: Path) -> None:
+def check_output(out: Path) -> None:
     """Refuse a run folder as ``out``, and summary files in ``out`` that are not an earlier
     summary."""
     if (out / runs.CONFIG).is_file() or runs.made_here(out):
@@ -779,148 +781,3 @@ def _plot(variants: list[Variant], metric: str, scale: dict[Path, float]) -> byt
     png = io.BytesIO()
     figure(variants, metric, scale).savefig(png, format="png")
     return png.getvalue()
-
-
-# ---------------------------------------------------------------------- a study's trials
-# (--storage)
-
-#: The trials table's columns: its header, and the key of :func:`study_trials`'s rows.
-TRIAL_COLUMNS = (
-    ("trial", "trial"),
-    ("state", "state"),
-    ("variant or params", "variant"),
-    ("seed", "seed"),
-    ("value", "value"),
-    ("host", "host"),
-    ("run folder", "folder"),
-)
-
-
-def study_trials(study: "optuna.Study") -> dict:
-    """The study's trials as rows (:data:`TRIAL_COLUMNS`), each worker's as its user attrs record
-    them (the host and folder that took it); the copies that were failed unrun (``duplicate``,
-    ``surplus``) are left out."""
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        attrs = t.user_attrs
-        if attrs.get("duplicate") or attrs.get("surplus"):
-            continue
-        seeds = [m.group(1) for r in attrs.get("runs", []) if (m := re.search(r"-s(\d+)$", r))]
-        variant = attrs.get("variant") or ", ".join(
-            f"{k}={value_text(v)}" for k, v in t.params.items()
-        )
-        folder = attrs.get("folder")
-        rows.append(
-            {
-                "trial": t.number,
-                "state": t.state.name.lower(),
-                "variant": variant,
-                "params": {} if attrs.get("variant") else t.params,
-                "seed": attrs.get("seed", ", ".join(seeds) or None),
-                "value": t.value,
-                "host": attrs.get("host"),
-                "folder": str(Path(folder) / attrs["run"]) if "run" in attrs and folder else folder,
-            }
-        )
-    return {"study": study.study_name, "trials": rows}
-
-
-def load_trials(url: str, name: Optional[str], paths: list[Path]) -> dict:
-    """:func:`study_trials` of study ``name`` in the storage at ``url`` (None: its only study).
-    Raises MinigptError: run folder ``paths`` given too, a storage that cannot be opened, no such
-    study (the names)."""
-    import optuna
-
-    from .search import open_storage
-
-    if paths:
-        raise MinigptError("give run folders (or a sweep's folder), or --storage URL, not both")
-    storage = open_storage(url, None, existing=True)
-    names = optuna.get_all_study_names(storage)
-    listed = ", ".join(sorted(names))
-    if not names:
-        raise MinigptError(
-            f"--storage {url} holds no study yet", "start a sweep's workers on it first"
-        )
-    if name is None and len(names) > 1:
-        raise MinigptError(
-            f"--storage {url} holds {len(names)} studies", f"give --study one of: {listed}"
-        )
-    if name is not None and name not in names:
-        raise MinigptError(
-            f"--storage {url}: no study {name!r} in it", f"give --study one of: {listed}"
-        )
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return study_trials(optuna.load_study(study_name=name or names[0], storage=storage))
-
-
-def _trial_cell(row: dict, key: str, clip: bool = False) -> str:
-    value = row[key]
-    if key == "variant" and row.get("params"):
-        # Searched values to 4 significant digits (summary.csv and .json keep them whole); the
-        # terminal's cell names each key by its last part.
-        return ", ".join(
-            f"{k.rsplit('.', 1)[-1] if clip else k}={short_text(v)}"
-            for k, v in row["params"].items()
-        )
-    return "" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
-def format_trials(result: dict, clip: bool = True) -> str:
-    """The study's trials as a Markdown table, and a count by state; ``clip``: cells cut to
-    :data:`CELL` (the terminal's; summary.md has them whole)."""
-
-    def cut(
-        text: str, key: str, room: int = CELL
-    ) -> str:  # a folder keeps its end, which names the run
-        if not clip or len(text) <= room:
-            return text
-        return "…" + text[1 - room :] if key == "folder" else text[: room - 1] + "…"
-
-    def cell(row: dict, key: str) -> str:  # searched values, already short, get two cells' room
-        return cut(
-            _trial_cell(row, key, clip),
-            key,
-            2 * CELL if key == "variant" and row.get("params") else CELL,
-        )
-
-    spec = [(head, [key], lambda r, key=key: cell(r, key)) for head, key in TRIAL_COLUMNS]
-    states = [r["state"] for r in result["trials"]]
-    counts = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
-    return (
-        "\n".join(
-            [
-                f"study {result['study']}: {len(states)} trials"
-                + (f" ({counts})" if states else ""),
-                "",
-                *_lines(spec, result["trials"]),
-            ]
-        )
-        + "\n"
-    )
-
-
-def write_trials(result: dict, out: Path) -> None:
-    """summary.md, .csv and .json of a study's trials into ``out``, renamed into place as a set."""
-    _check_ours(out)
-    out.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    csv.writer(buf).writerows(
-        [
-            [k for _, k in TRIAL_COLUMNS],
-            *([_plain(r[k]) for _, k in TRIAL_COLUMNS] for r in result["trials"]),
-        ]
-    )
-    summary = {
-        "columns": [k for _, k in TRIAL_COLUMNS],
-        "rows": result["trials"],
-        "metric": "value",
-        **result,
-    }
-    atomic_write_set(
-        {
-            out / "summary.md": format_trials(result, clip=False).encode("utf-8"),
-            out / "summary.csv": buf.getvalue().encode("utf-8"),
-            out / "summary.json": (json.dumps(summary, indent=1) + "\n").encode("utf-8"),
-        }
-    )

@@ -25,7 +25,7 @@ from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 from ..runtime.kernels import check_settings
 from . import search as optuna_search
-from .compare import read_model, study_trials, summarize
+from .compare import read_model, summarize
 from .jobs import Processes, default_jobs, parallel, run_in_process, visible_gpus
 from .sweepfile import (
     SHIPPED,
@@ -39,6 +39,7 @@ from .sweepfile import (
     plan,
     schedule_note,
 )
+from .trials import study_trials
 
 if TYPE_CHECKING:
     import optuna
@@ -353,7 +354,7 @@ def _grid_worker(
     """One worker of a grid shared by many through the study alone: each (variant, seed) is a trial
     enqueued once (:func:`.search.enqueue_runs`), and each worker trains the next waiting one
     (:func:`.search.next_run`) in its own sweep folder, telling the study its final val loss; then
-    the summary of this worker's runs and the study's trials (:func:`.compare.study_trials`), every
+    the summary of this worker's runs and the study's trials (:func:`.trials.study_trials`), every
     worker's."""
     from optuna.trial import TrialState
 
