@@ -13,7 +13,8 @@ from helpers import TINY, assert_user_error, records, tiny, working_dir
 from scipy import stats
 
 from minigpt_cli.experiments import compare
-from minigpt_cli.experiments.compare import format_summary, seeds_needed, summarize
+from minigpt_cli.experiments.compare import format_summary, summarize
+from minigpt_cli.experiments.noise import seeds_needed, verdicts
 from minigpt_cli.trainer import train
 
 
@@ -150,11 +151,11 @@ def test_pairs_get_welchs_p_value_and_the_seeds_they_need(seeded):
 
 def _verdict(xa: list[float], xb: list[float]) -> tuple[str, dict]:
     """compare's sentence and numbers for two variants whose seeds ended at ``xa`` and ``xb``."""
-    variants = [
-        compare.Variant(name, row={"final_val": sum(x) / len(x), "final_val_all": x})
+    rows = [
+        {"variant": name, "final_val": sum(x) / len(x), "final_val_all": x}
         for name, x in (("a", xa), ("b", xb))
     ]
-    (sentence,), (numbers,) = compare._pairs(variants, "final_val")
+    (sentence,), (numbers,) = verdicts(rows, "final_val")
     return sentence, numbers
 
 

@@ -2,8 +2,8 @@
 
 Bits per byte: the final val loss in bits over the val split's UTF-8 bytes per token. Seed noise:
 one test decides whether a difference of means exceeds it, Welch's t-test
-(``scipy.stats.ttest_ind(equal_var=False)``) at p < :data:`ALPHA`; while it does not, the seeds per
-variant that would bring it there (:func:`seeds_needed`). Runs of one config, corpus and seed are
+(``scipy.stats.ttest_ind(equal_var=False)``) at p < :data:`.noise.ALPHA`; while it does not, the
+seeds per variant that would bring it there (:func:`.noise.seeds_needed`). Runs of one config, corpus and seed are
 repeats, not seeds: one is kept (:func:`_distinct`). A study's trials (``--storage``) are
 :mod:`.trials`'s table."""
 
@@ -30,6 +30,7 @@ from ..errors import MinigptError
 from ..fileio import STATE_BOUNDS, atomic_write_set, field_path, read_bytes, read_json
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
+from .noise import verdicts
 
 if TYPE_CHECKING:  # matplotlib is imported where it is used
     from matplotlib.figure import Figure
@@ -50,8 +51,6 @@ WIDTH, CELL = 100, 24
 #: The terminal table's columns (:func:`_spec`'s first CSV key) besides the keys that differ, which
 #: go after the first.
 _BRIEF = ("variant", "seeds", "final_val", "bits_per_byte", "time_to_target_s")
-#: What :func:`seeds_needed` plans for: a two-sided test at this level, with this power.
-ALPHA, POWER = 0.05, 0.8
 
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -414,7 +413,9 @@ def summarize(
         v.row["time_to_target_s"] = statistics.fmean(done) if len(done) == len(reached) else None
         v.row["seeds_reached_target"] = len(done)  # of "seeds"; the table writes "1/3"
     ordered = list(groups.values())
-    sentences, pairs = _pairs(ordered, "final_val" if metric == "val_loss" else "bits_per_byte")
+    sentences, pairs = verdicts(
+        [v.row for v in ordered], "final_val" if metric == "val_loss" else "bits_per_byte"
+    )
     result = {
         "columns": columns,
         "rows": [v.row for v in ordered],
@@ -428,104 +429,6 @@ def summarize(
     if out is not None:
         _write(result, Path(out), lambda: _plot(ordered, metric, scale))
     return result
-
-
-def seeds_needed(
-    effect: float, variance_ratio: float = 1.0, alpha: float = ALPHA, power: float = POWER
-) -> int:
-    """Seeds per variant for Welch's two-sided t-test at level ``alpha`` to detect, with ``power``,
-    a difference of ``effect`` root-mean-square standard deviations (d = |m1 - m2| / sqrt((s1² +
-    s2²) / 2), > 0) between variants whose variances stand in ``variance_ratio`` (s1² / s2²): the
-    smallest n >= 2 whose power, from the noncentral t distribution with noncentrality d·sqrt(n/2)
-    and Welch-Satterthwaite's (n - 1)(1 + r)² / (1 + r²) degrees of freedom, reaches ``power``. With
-    equal variances this is Student's test, as Cohen (1988, *Statistical Power Analysis*, table
-    2.4.1), statsmodels' ``TTestIndPower`` and G*Power compute it."""
-    from scipy import stats
-
-    # Welch-Satterthwaite's degrees of freedom with n seeds a side, by variance share a = s1² / (s1²
-    # + s2²).
-    a = 1.0 if math.isinf(variance_ratio) else variance_ratio / (1 + variance_ratio)
-
-    def reached(n: int) -> bool:
-        df = (n - 1) / (a**2 + (1 - a) ** 2)
-        t, ncp = stats.t.ppf(1 - alpha / 2, df), effect * math.sqrt(n / 2)
-        return stats.nct.sf(t, df, ncp) + stats.nct.cdf(-t, df, ncp) >= power
-
-    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-    # The normal approximation, which the t-test's n never undercuts; past 100,000 the two agree.
-    n = max(2, math.floor(2 * (z / effect) ** 2))
-    while n < 100_000 and not reached(n):
-        n += 1
-    return n
-
-
-def _pairs(variants: list[Variant], stat: str) -> tuple[list[str], list[dict]]:
-    """One sentence per pair of variants (each against the best when there are more than five), and
-    the pair's numbers: the difference of means, Welch's p-value and, while p is not below
-    :data:`ALPHA`, the seeds per variant that would bring it there (:func:`seeds_needed`; None with
-    one seed a side). The verdict is the t-test's alone."""
-    from scipy import stats
-
-    unit = "nats" if stat == "final_val" else "bits per byte"
-    have = [v for v in variants if v.row.get(stat) is not None]
-    if len(have) > 5:
-        best = min(have, key=lambda v: v.row[stat])
-        pairs = [(best, v) for v in have if v is not best]
-    else:
-        pairs = [(a, b) for i, a in enumerate(have) for b in have[i + 1 :]]
-    sentences, numbers = [], []
-    for a, b in pairs:
-        xa, xb = a.row[f"{stat}_all"], b.row[f"{stat}_all"]
-        diff = statistics.fmean(xa) - statistics.fmean(xb)
-        lower, higher = (a, b) if diff < 0 else (b, a)
-        said = f"{lower.name} is {abs(diff):.4f} {unit} below {higher.name}"
-        numbers.append(
-            {
-                "lower": lower.name,
-                "higher": higher.name,
-                "difference": abs(diff),
-                "p_value": None,
-                "significant": None,
-                "seeds_needed": None,
-            }
-        )
-        if len(xa) < 2 or len(xb) < 2:
-            sentences.append(
-                f"{said}; with one seed there is no noise estimate (a p-value needs at least 2 seeds "
-                f"each)"
-            )
-            continue
-        va, vb = statistics.variance(xa), statistics.variance(xb)
-        if va == vb == 0:
-            sentences.append(
-                f"{said}; its seeds agree exactly, so there is no seed noise to test against"
-            )
-            continue
-        p = float(stats.ttest_ind(xa, xb, equal_var=False).pvalue)
-        significant = p < ALPHA
-        numbers[-1].update(p_value=p, significant=significant)
-        test = f"Welch's t-test p = {p:.3g}"
-        if significant:
-            sentences.append(f"{said}; the difference exceeds the seed noise ({test} < {ALPHA})")
-            continue
-        ran = max(len(xa), len(xb))
-        n = None
-        if diff:
-            # Welch's test on the seeds run is not yet below ALPHA: more than those are needed,
-            # whatever the power calculation says for seed counts that differ between the variants.
-            rms = math.sqrt((va + vb) / 2)
-            n = max(ran + 1, seeds_needed(abs(diff) / rms, va / vb if vb else math.inf))
-        numbers[-1].update(seeds_needed=n)
-        plan = (
-            f"about {_seeds(n)} per variant would resolve it at p < {ALPHA} with power {POWER}, "
-            f"if the means and spreads hold"
-            if n
-            else "there is no difference to resolve"
-        )
-        sentences.append(
-            f"{said}; the difference is within the seed noise ({test}, not below {ALPHA}); {plan}"
-        )
-    return sentences, numbers
 
 
 def _spec(result: dict) -> list[tuple[str, list[str], Callable[[dict], str]]]:
