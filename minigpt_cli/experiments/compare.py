@@ -3,9 +3,9 @@
 Bits per byte: the final val loss in bits over the val split's UTF-8 bytes per token. Seed noise:
 one test decides whether a difference of means exceeds it, Welch's t-test
 (``scipy.stats.ttest_ind(equal_var=False)``) at p < :data:`.noise.ALPHA`; while it does not, the
-seeds per variant that would bring it there (:func:`.noise.seeds_needed`). Runs of one config, corpus and seed are
-repeats, not seeds: one is kept (:func:`_distinct`). A study's trials (``--storage``) are
-:mod:`.trials`'s table."""
+seeds per variant that would bring it there (:func:`.noise.seeds_needed`). Runs of one config,
+corpus and seed are repeats, not seeds: one is kept (:func:`_distinct`). A study's trials
+(``--storage``) are :mod:`.trials`'s table."""
 
 from __future__ import annotations
 
@@ -117,9 +117,8 @@ class RunRecord:
     cfg: Config
     evals: list[dict]  # metrics.jsonl eval events: step, elapsed_s, val_loss
     rates: list[float]  # tokens/s of its train events
-    note: Optional[str] = (
-        None  # the run's config.yaml differs from its checkpoint's (which is read)
-    )
+    # The run's config.yaml differs from its checkpoint's (which is read).
+    note: Optional[str] = None
 
     @property
     def final(self) -> float:
@@ -141,9 +140,8 @@ def read_run(path: Path) -> RunRecord:
     from ..run.checkpoint import saved_config  # torch: only for a run with weights
 
     which = runs.LAST if runs.has_weights(runs.checkpoint_dir(path, runs.LAST)) else runs.BEST
-    saved = saved_config(
-        runs.checkpoint_dir(path, which)
-    )  # verified: the record of what the weights are
+    # Verified: the record of what the weights are.
+    saved = saved_config(runs.checkpoint_dir(path, which))
     differs = saved.to_dict() != cfg.to_dict()
     note = (
         f"note: {path / runs.CONFIG} differs from its checkpoint's config.yaml; compared as the "
@@ -180,9 +178,8 @@ def expand(paths: list[Path]) -> list[Path]:
             continue
         inside = sorted(q for q in p.iterdir() if (q / runs.CONFIG).is_file()) if p.is_dir() else []
         order = _sweep_order(p) if inside else {}
-        inside.sort(
-            key=lambda q: order.get(q.name, len(order))
-        )  # stable: runs the sweep has not done, by name
+        # Stable: the runs the sweep has not done stay by name.
+        inside.sort(key=lambda q: order.get(q.name, len(order)))
         if not inside:
             raise MinigptError(
                 f"{str(p)!r} is neither a run folder (config.yaml and metrics.jsonl) nor a folder "
@@ -281,9 +278,7 @@ def summarize(
     cut short on purpose (a pruned trial's), whose final value never sets the default target;
     ``notes``: the caller's, said with the summary's own. Raises MinigptError: a run without an
     eval, a bad ``metric`` or ``target``, an ``out`` that holds a run or files of the user's."""
-    read = [
-        read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)
-    ]  # each run once
+    read = [read_run(p) for p in dict.fromkeys(Path(d).resolve() for d in run_dirs)]  # each once
     run_notes = [*notes, *(r.note for r in read if r.note)]  # a repeat's edited config.yaml too
     orders = {folder: _sweep_order(folder) for folder in {r.path.parent for r in read}}
     run_notes += [
@@ -357,9 +352,8 @@ def summarize(
         else (1 / math.log(2) / bpt[r.path] if bpt[r.path] else math.inf)
         for r in records
     }
-    if (
-        target is None
-    ):  # the worst final value of the runs that ran their course: each of those reaches it
+    # The worst final value of the runs that ran their course: each of those reaches it.
+    if target is None:
         stop = {Path(p).resolve() for p in stopped}
         target = max(
             (
@@ -628,9 +622,8 @@ def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "F
     axes = fig.subplots(1, 3, sharey=True)
     later: list[float] = []  # the values that set the y-range
     for i, v in enumerate(variants):
-        seeds = [
-            r for r in v.runs if scale[r.path] < math.inf
-        ]  # bits per byte needs the run's bytes per token
+        # Bits per byte needs the run's bytes per token.
+        seeds = [r for r in v.runs if scale[r.path] < math.inf]
         if not seeds:
             continue
         cfg, color = seeds[0].cfg, f"C{i % 10}"
@@ -673,8 +666,8 @@ def figure(variants: list[Variant], metric: str, scale: dict[Path, float]) -> "F
     axes[0].set_ylabel(what)
     axes[0].legend(fontsize=8)
     fig.suptitle(
-        f"{what}: mean over seeds, shaded from the lowest to the highest seed; the y-range leaves out each "
-        f"curve's first {EARLY:.0%} of evals"
+        f"{what}: mean over seeds, shaded from the lowest to the highest seed; the y-range leaves "
+        f"out each curve's first {EARLY:.0%} of evals"
     )
     return fig
 

@@ -72,8 +72,8 @@ def verdicts(rows: list[dict], stat: str) -> tuple[list[str], list[dict]]:
         )
         if len(xa) < 2 or len(xb) < 2:
             sentences.append(
-                f"{said}; with one seed there is no noise estimate (a p-value needs at least 2 seeds "
-                f"each)"
+                f"{said}; with one seed there is no noise estimate (a p-value needs at least 2 "
+                "seeds each)"
             )
             continue
         va, vb = statistics.variance(xa), statistics.variance(xb)

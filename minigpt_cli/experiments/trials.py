@@ -103,9 +103,8 @@ def format_trials(result: dict, clip: bool = True) -> str:
     """The study's trials as a Markdown table, and a count by state; ``clip``: cells cut to
     :data:`CELL` (the terminal's; summary.md has them whole)."""
 
-    def cut(
-        text: str, key: str, room: int = CELL
-    ) -> str:  # a folder keeps its end, which names the run
+    # A folder keeps its end, which names the run.
+    def cut(text: str, key: str, room: int = CELL) -> str:
         if not clip or len(text) <= room:
             return text
         return "…" + text[1 - room :] if key == "folder" else text[: room - 1] + "…"
