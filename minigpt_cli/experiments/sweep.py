@@ -44,8 +44,8 @@ from .trials import study_trials
 if TYPE_CHECKING:
     import optuna
 
-#: ``minigpt sweep``'s Python API: the sweep file's (:mod:`.sweepfile`) and ``--jobs``'s
-#: (:mod:`.jobs`) public names with the running's own.
+#: ``minigpt sweep``'s Python API: :func:`run_sweep`, and the sweep file's names (:mod:`.sweepfile`)
+#: and ``--jobs``'s (:mod:`.jobs`) importable from here too.
 __all__ = [
     "SHIPPED",
     "Budget",
