@@ -273,3 +273,28 @@ def test_cpu_threads_measure_other_processes_over_a_stretch(clock, two_threads, 
     m.run(0.01, others=1.0, own=1.0)
     assert ct.others_since(mark) is None
     assert CpuThreads(torch.device("cpu"), read_busy=lambda: None).mark() is None  # no /proc/stat
+
+
+FLUSHED = """
+import sys, torch
+from minigpt_cli.runtime.device import flush_denormals
+torch.set_num_threads(2)
+def kept():  # subnormal products (1e-40) of one multiply that the pool's two threads share
+    return int(((torch.full((1 << 22,), 1e-20) * 1e-20) != 0).sum())
+if sys.argv[1] == "late":
+    kept()  # the pool's threads start here, with the flag off
+with flush_denormals():
+    print(kept())
+"""
+
+
+@pytest.mark.parametrize("when", ["first", "late"])
+def test_flushing_subnormals_reaches_every_thread_only_when_set_before_they_start(when):
+    """The FTZ/DAZ mode is per thread and a new thread copies its creator's: `minigpt train` sets
+    it before any computation, so every thread of the pool flushes; set after the pool started, the
+    calling thread's share alone does (half of a multiply split over two threads)."""
+    out = subprocess.run(
+        [sys.executable, "-c", FLUSHED, when], capture_output=True, text=True, check=True
+    )
+    kept = int(out.stdout)
+    assert kept == (0 if when == "first" else (1 << 22) // 2), out

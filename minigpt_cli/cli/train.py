@@ -88,6 +88,7 @@ def train(
 
     set_ = [*set_, f"model.init_from={init_from}"] if init_from is not None else set_
     cfg = load_config(config, set_, note=echo)
+    from ..runtime.device import flush_denormals
     from ..trainer import train as run_training
 
     if dry_run:  # train's own set-up, stopped before its first write
@@ -103,7 +104,9 @@ def train(
             and f"continue with: {shlex.join([*words, '--resume', str(exc.resume_dir)])}"
         )
     ):
-        result = run_training(cfg, run_name, resume=resume, echo=echo, progress=progress)
+        # Before PyTorch starts its threads, which copy this one's floating-point modes.
+        with flush_denormals():
+            result = run_training(cfg, run_name, resume=resume, echo=echo, progress=progress)
     if result.already_done:
         n = cfg.train.max_iters
         where = "reached" if result.step == n else f"is at step {result.step}, past"

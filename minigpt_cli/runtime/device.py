@@ -361,17 +361,22 @@ def check_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: 
 
 
 @contextmanager
-def flush_denormals(device: torch.device) -> Iterator[None]:
+def flush_denormals(device: Optional[torch.device] = None) -> Iterator[None]:
     """Flush subnormal floats to zero (the CPU's FTZ/DAZ modes, ``torch.set_flush_denormal``) while
-    training on a CPU, and turn it off again after (PyTorch's default, which it has no getter for).
+    training on a CPU (``device`` None: the host, whatever the run's device), and turn it off in the
+    calling thread after (PyTorch's default; it has no getter).
 
-    Why: as a model trains, attention's softmax and its gradients produce values below float32's
-    smallest normal (1.2e-38), which x86 CPUs compute through a microcode assist dozens of times
-    slower than a normal product. A 4 x 256 model trained 750 steps on Tiny Shakespeare took 1.8x
-    as long a step with them as without (with dropout; 1.1-1.4x without: BENCHMARKS.md); a fresh
-    model has none, so short runs see no change. Values that small change no loss a float32 sum can show.
-    Elsewhere (CUDA, MPS) it does nothing."""
-    on = device.type == "cpu" and torch.set_flush_denormal(True)
+    Why: as a model trains, values below float32's smallest normal (1.2e-38) appear, and x86 CPUs
+    compute with them through a microcode assist many times slower than a normal product: a 4 x
+    256 model 750 steps into training took 1.7x as long a step with them as without (BENCHMARKS.md);
+    a fresh model has none, so short runs see no change. Values that small change no loss a float32
+    sum can show. Elsewhere (CUDA, MPS) the device's own arithmetic is not affected.
+
+    The mode is per thread, and PyTorch's OpenMP threads take their creator's when they start: set
+    once they run, it reaches the calling thread alone. ``minigpt train`` therefore enters this
+    before any computation, so that its whole pool flushes (threads started inside keep the mode
+    after); a caller of the library's ``train`` does the same to get it everywhere."""
+    on = (device is None or device.type == "cpu") and torch.set_flush_denormal(True)
     try:
         yield
     finally:
