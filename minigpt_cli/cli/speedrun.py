@@ -92,9 +92,10 @@ def speedrun(
     Per seed: the time to target is the run's elapsed_s at its first eval
     with val <= target. The clock starts before the first step, and every
     eval (with its checkpoint save) before that point counts as training
-    time; process start-up and data preparation do not. The record recipes
-    keep evals cheap: 10 batches per split every 50 steps (nanogpt-gpu: 250),
-    none at step 0, no text sample. The stop val is the last checkpoint's loss over the
+    time; process start-up and data preparation do not. The nanogpt-cpu
+    record recipe evaluates once, at its last step (an eval there costs some
+    10 steps); nanogpt-gpu's every 250 steps, on 10 batches per split; no
+    eval at step 0, no text sample. The stop val is the last checkpoint's loss over the
     whole val split (every character scored once, not a sample). A seed that
     never reaches the target is a miss: it keeps its val in the statistics
     and counts as never in the median time.
