@@ -215,13 +215,13 @@ def attention(
     shakespeare-cpu's size (BENCHMARKS.md, "What the CPU step costs")."""
     if (
         q.device.type == "cpu"
-        and q.dtype == torch.bfloat16
+        and v.dtype == torch.bfloat16  # q and k may come float32 from RoPE (GPT's qkv)
         and torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
     ):
         with torch.autocast("cpu", enabled=False):  # autocast would cast the float32 back
             y = attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal)
-        return y.to(q.dtype)
+        return y.to(v.dtype)
     if (
         is_causal
         and attn_mask is None
