@@ -169,7 +169,10 @@ def open_storage(
                 return JournalStorage(JournalFileBackend(target))
         for attempt in range(SETUP_TRIES):
             try:
-                return RDBStorage(target)
+                storage = RDBStorage(target)
+                if file is not None:
+                    _immediate_transactions(storage.engine)
+                return storage
             except sqlalchemy.exc.SQLAlchemyError as exc:
                 # Workers starting together on a new database race to make its tables (Optuna's
                 # setup is not atomic): the losers see "already exists" or alembic_version's unique
@@ -179,6 +182,25 @@ def open_storage(
                 ):
                     raise
                 time.sleep(0.2 * (attempt + 1))
+
+
+def _immediate_transactions(engine: Any) -> None:
+    """SQLite: every transaction takes the database's write lock as it begins (``BEGIN
+    IMMEDIATE``, SQLAlchemy's pysqlite recipe). Optuna pops a waiting trial by reading its state
+    and writing RUNNING in one transaction with ``SELECT ... FOR UPDATE``, which SQLite ignores:
+    two workers could both read WAITING and both take one trial (seen as "Cannot tell a COMPLETE
+    trial" in a two-worker grid). Connections opened before are closed, to reopen with it."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.isolation_level = None  # pysqlite's own deferred BEGIN off
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()
 
 
 def _storage_problem(url: str, why: str) -> str:
