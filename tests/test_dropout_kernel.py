@@ -78,11 +78,23 @@ def test_dropout_keeps_pytorchs_where_it_does_not_apply():
     x = torch.randn(4, 8)
     assert torch.equal(fast.dropout(x, 0.2, training=False), x)  # evaluation mode
     assert torch.equal(fast.dropout(x, 0.0, training=True), x)
-    torch.manual_seed(3)
-    expected = F.dropout(x.bfloat16(), 0.3, True)
-    torch.manual_seed(3)
-    assert torch.equal(fast.dropout(x.bfloat16(), 0.3, True), expected)  # bfloat16: PyTorch's own
     assert torch.equal(fast.dropout(x, 1.0, True), torch.zeros_like(x))
+
+
+def test_bfloat16_dropout_keeps_the_float32_masks_drops():
+    """A bfloat16 tensor takes the fast path with the float32 mask's drops, from the same random
+    draws (so the seed reproduces it), its kept values scaled by the mask's scale rounded to bfloat16
+    (65536/52429 becomes 1.25 for p = 0.2); the gradient is the output's mask."""
+    x = torch.randn(64, 96).bfloat16().requires_grad_()
+    torch.manual_seed(5)
+    reference = fast.keep_mask(x.shape, 0.2)
+    torch.manual_seed(5)
+    y = fast.dropout(x, 0.2, True)
+    assert y.dtype == torch.bfloat16 and type(y.grad_fn).__name__ == "_DropoutBackward"
+    assert torch.equal(y == 0, (reference == 0) | (x == 0))
+    assert torch.equal(y, x.detach() * reference.bfloat16())
+    y.backward(torch.ones_like(y))
+    assert x.grad.dtype == torch.bfloat16 and torch.equal(x.grad, reference.bfloat16())
 
 
 def reference_attention(q, k, v, mask):
@@ -207,8 +219,8 @@ def test_dropout_kernel_names_what_runs(monkeypatch):
     assert fast.dropout_kernel(swap(GPT(small(dropout=0.0))), cpu, f32) == "none"
     assert fast.dropout_kernel(GPT(small()), cpu, f32) == "torch"  # not swapped
     assert fast.dropout_kernel(swap(GPT(small())), cpu, f32, compiled=True) == "torch"
-    # Autocast: the bfloat16 activations keep PyTorch's, the float32 embeddings take ours.
-    assert fast.dropout_kernel(swap(GPT(small())), cpu, torch.bfloat16) == "minigpt+torch"
+    # Autocast: the bfloat16 activations and the float32 embeddings alike take ours.
+    assert fast.dropout_kernel(swap(GPT(small())), cpu, torch.bfloat16) == "minigpt"
     monkeypatch.setenv(fast.ENV, "off")
     assert fast.dropout_kernel(swap(GPT(small())), cpu, f32) == "torch"
 

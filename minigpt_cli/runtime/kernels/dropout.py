@@ -4,9 +4,10 @@ A keep-mask costs two random bytes per element from the default generator, so se
 RNG state still reproduce a run: int16 compared with a threshold (``p`` rounded to a multiple of
 2⁻¹⁶), kept values scaled by 1/(1 − that), keeping E[y] = x (inverted dropout, Srivastava et al.
 2014 §10). :func:`attention` drops attention weights (Vaswani et al. 2017 §5.4) by blocks of queries
-against only the keys each may see. ``MINIGPT_FAST_DROPOUT=0``, CUDA, ``torch.compile``, bfloat16
-and eval mode keep PyTorch's kernels; under a CPU's bfloat16 autocast :func:`attention` runs
-PyTorch's float32 attention, 5x faster there than its bfloat16 one."""
+against only the keys each may see. ``MINIGPT_FAST_DROPOUT=0``, CUDA, ``torch.compile`` and
+eval mode keep PyTorch's kernels; under a CPU's bfloat16 autocast :func:`attention` runs in float32
+(PyTorch's bfloat16 attention is 5x slower there), and the bfloat16 activations take a bfloat16
+mask: PyTorch's ``bernoulli_`` took 21% of a 6-layer, 384-wide model's step (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -37,11 +38,14 @@ def keep_mask(
     p: float,
     device: torch.device | str = "cpu",
     generator: Optional[torch.Generator] = None,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """A random dropout mask of ``shape``, float32 (a bool operand would cost a conversion copy per
-    use): 0 where dropped, 1 / (1 − the drop probability) where kept; each element dropped with
-    probability ``drop_threshold(p) / 65536``, independently, from two bytes of 64-bit words drawn
-    with ``generator``."""
+    """A random dropout mask of ``shape`` and ``dtype`` (a bool operand would cost a conversion copy
+    per use): 0 where dropped, 1 / (1 − the drop probability) where kept, rounded to ``dtype`` as
+    PyTorch's own dropout rounds it; each element dropped with probability
+    ``drop_threshold(p) / 65536``, independently, from two bytes of 64-bit words drawn with
+    ``generator``. The comparison is made in float32 whatever ``dtype``: int16 values do not all fit
+    bfloat16's 8 bits."""
     n = math.prod(shape)
     words = torch.empty((2 * n + 7) // 8, dtype=torch.int64, device=device)
     words.random_(-(2**63), None, generator=generator)  # the whole int64 range: every bit uniform
@@ -52,15 +56,16 @@ def keep_mask(
     # is >= scale (kept, clamped to the scale) or <= 0 (dropped, clamped to 0). Exact: the integers
     # fit float32. Four element-wise passes, 3x faster than a comparison and a bool-to-float
     # conversion.
-    return values.float().sub_(dropped - LEVELS // 2 - 1).mul_(scale).clamp_(0.0, scale)
+    mask = values.float().sub_(dropped - LEVELS // 2 - 1).mul_(scale).clamp_(0.0, scale)
+    return mask if dtype == torch.float32 else mask.to(dtype)
 
 
 def usable(x: torch.Tensor, p: float) -> bool:
-    """Whether :func:`dropout` takes the fast path (float32 on a CPU, eager, 0 < p < 1), else
-    ``F.dropout``."""
+    """Whether :func:`dropout` takes the fast path (a floating-point tensor on a CPU, eager,
+    0 < p < 1), else ``F.dropout``."""
     return (
         x.device.type == "cpu"
-        and x.dtype == torch.float32
+        and x.is_floating_point()
         and 0.0 < p < 1.0
         and drop_threshold(p) < LEVELS
         and not torch.compiler.is_compiling()
@@ -72,7 +77,7 @@ class _Dropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
-        mask = keep_mask(x.shape, p, x.device)
+        mask = keep_mask(x.shape, p, x.device, dtype=x.dtype)
         ctx.save_for_backward(mask)
         return x * mask
 
@@ -226,9 +231,10 @@ def attention(
         is_causal
         and attn_mask is None
         and q.shape == k.shape == v.shape
-        and usable(q, dropout_p)
+        and q.dtype == torch.float32
+        and usable(q, dropout_p)  # on a CPU, eager, 0 < p < 1
         and not torch.is_autocast_enabled("cpu")
-    ):  # usable: float32 on a CPU, eager, 0 < p < 1
+    ):
         B, H, T, _ = q.shape
         return causal_attention(q, k, v, attention_masks(B, H, T, dropout_p, q.device))
     return F.scaled_dot_product_attention(
@@ -245,17 +251,16 @@ def requested() -> bool:
 def dropout_kernel(
     model: nn.Module, device: torch.device, dtype: torch.dtype, compiled: bool = False
 ) -> str:
-    """What runs ``model``'s dropout in training: ``"minigpt"`` (this module), ``"torch"``,
-    ``"minigpt+torch"`` or ``"none"`` (p = 0). A half-precision ``dtype`` means autocast: its
-    activations keep PyTorch's dropout but the embeddings' (float32) take this module's, hence
-    ``"minigpt+torch"``."""
+    """What runs ``model``'s dropout in training: ``"minigpt"`` (this module, whatever ``dtype``:
+    under autocast the float32 embeddings and the bfloat16 activations alike), ``"torch"`` or
+    ``"none"`` (p = 0)."""
     rates = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
     if not any(rates):
         return "none"
     fast = any(isinstance(m, FastDropout) for m in model.modules())
     if not fast or device.type != "cpu" or compiled:
         return "torch"
-    return "minigpt" if dtype == torch.float32 else "minigpt+torch"
+    return "minigpt"
 
 
 def swap_dropout(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
