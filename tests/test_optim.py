@@ -101,8 +101,8 @@ def test_orthogonalize_equals_torch_optim_muons_newton_schulz_on_each_matrix():
     g = torch.Generator().manual_seed(0)
     stacks = [
         torch.randn(b, m, n, generator=g)
-        for b, m, n in ((3, 96, 24), (2, 24, 64), (4, 24, 24), (2, 40, 72))
-    ]
+        for b, m, n in ((3, 96, 24), (2, 24, 64), (4, 24, 24), (2, 40, 72), (2, 24, 96))
+    ]  # the last is iterated transposed, in one stack with the first
     coefficients, steps, eps = (3.4445, -4.7750, 2.0315), 5, 1e-7
     for stack, ortho in zip(stacks, orthogonalize(stacks, [coefficients] * steps, eps)):
         assert ortho.shape == stack.shape and ortho.dtype == torch.bfloat16

@@ -71,23 +71,40 @@ def orthogonalize(
 
     ``stacks``: tensors of shape (B_i, m_i, n_i); ``iterations``: the (a, b, c) of each iteration;
     ``safety``: the input is scaled by 1/(‖X‖_F·(1 + safety)). Returns one (B_i, m_i, n_i) bfloat16
-    tensor each, every matrix about U·S'·Vᵀ (S' near 1) where U·S·Vᵀ is its SVD (Jordan et al. 2024,
+    tensor each (a view, transposed for a wide stack), every matrix about U·S'·Vᵀ (S' near 1) where U·S·Vᵀ is its SVD (Jordan et al. 2024,
     "Muon: an optimizer for hidden layers"; torch/optim/_muon.py's ``_zeropower_via_newtonschulz``;
     Amsel et al. 2025, arXiv 2505.16932, Algorithm 1). An iteration is X ← aX + (bA + cA²)X with
     A = XXᵀ. ``torch.optim.Muon`` iterates a tall matrix Y transposed; here Y stays as it is and the
     iteration reads Y ← aY + Y(bA + cA²) with A = YᵀY, the same products of the same numbers, since
-    A and bA + cA² are symmetric, so no copy is transposed on the way in or out. The bA + cA² of all
-    stacks whose A has one size is one ``torch.baddbmm`` call.
+    A and bA + cA² are symmetric. A wide stack is iterated transposed, tall, in one stack with the
+    tall ones of its shape (an MLP's two matrices); the bA + cA² of all stacks whose A has one size
+    is one ``torch.baddbmm`` call.
     """
-    xs = []
-    for g in stacks:
-        x = g.bfloat16()
-        norm = x.norm(dim=(-2, -1), keepdim=True)
-        if safety:  # (1 + safety) only where asked: the quintic's scaling stays torch.optim.Muon's
-            norm = norm * (1 + safety)
-        xs.append(x / norm.clamp(min=eps))  # spectral norm at most 1
+    # A wide stack (m < n) iterates transposed: its Y = Xᵀ is tall, YᵀY = XXᵀ and Y(bA + cA²) =
+    # ((bA + cA²)X)ᵀ are the same products of the same numbers. Stacks of one shape so oriented (an
+    # MLP's c_fc, 4C × C, and its c_proj, C × 4C) are then iterated as one: fewer, larger calls.
+    wide = [g.size(-2) < g.size(-1) for g in stacks]
+    groups: dict[tuple, list[int]] = {}  # (m, n) once oriented, device -> the stacks
+    for i, g in enumerate(stacks):
+        m, n = g.shape[-2:]
+        groups.setdefault(((n, m) if wide[i] else (m, n), g.device), []).append(i)
+    xs, where = [], [None] * len(stacks)  # the groups' iterates; each stack's group and rows
+    for (shape, device), members in groups.items():
+        x = torch.empty(
+            sum(stacks[i].size(0) for i in members), *shape, dtype=torch.bfloat16, device=device
+        )
+        row = 0
+        for i in members:
+            g = stacks[i].bfloat16()
+            norm = g.norm(dim=(-2, -1), keepdim=True)
+            if safety:  # (1 + safety) only where asked: the quintic's scaling stays torch's
+                norm = norm * (1 + safety)
+            rows = slice(row, row + g.size(0))
+            torch.div(g.mT if wide[i] else g, norm.clamp(min=eps), out=x[rows])  # spectral norm ≤ 1
+            where[i], row = (len(xs), rows), row + g.size(0)
+        xs.append(x)
     tall = [x.size(-2) > x.size(-1) for x in xs]
-    by_side: dict[int, list[int]] = {}  # the side of A -> the stacks with an A of that size
+    by_side: dict[int, list[int]] = {}  # the side of A -> the groups with an A of that size
     for i, x in enumerate(xs):
         by_side.setdefault(min(x.shape[-2:]), []).append(i)
     sides = [
@@ -117,7 +134,8 @@ def orthogonalize(
                     if tall[i]
                     else torch.baddbmm(xs[i], poly, xs[i], beta=a)
                 )
-    return xs
+    out = [xs[group][rows] for group, rows in where]
+    return [x.mT if w else x for x, w in zip(out, wide)]
 
 
 #: NorMuon's guard against a zero second moment or norm (the authors' reference code's).
