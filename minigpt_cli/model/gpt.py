@@ -155,27 +155,29 @@ class CausalSelfAttention(nn.Module):
         QK-normed, rotated, ``ve`` (B, T, nkv·hs), this layer's value embedding of the tokens, mixed
         into v."""
         B, T, C = x.size()
-        h = self.c_attn(x)  # (B, T, C + 2·kv_dim): [q | k | v]
-        heads = self.n_head + self.n_kv_head
-        qk = h[..., : C + self.kv_dim].view(B, T, heads, self.head_dim)  # (B, T, nh + nkv, hs)
-        v = h[..., C + self.kv_dim :].view(B, T, self.n_kv_head, self.head_dim)
-        if self.qk_norm:  # Qwen3 norms in the (B, T, heads, hs) layout
-            q, k = qk.split([self.n_head, self.n_kv_head], dim=2)
-            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=2)
+        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, nh, hs): Qwen3 norms in this layout
+        k = k.view(B, T, self.n_kv_head, self.head_dim)
+        v = v.view(B, T, self.n_kv_head, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         if ve is not None:
             gate = 3 * torch.sigmoid(
                 self.ve_gate(x[..., : self.ve_gate.in_features])
             )  # (B, T, nkv), in (0, 3)
             v = v + (gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim)).to(v.dtype)
-        qk, v = qk.transpose(1, 2), v.transpose(1, 2)  # (B, nh + nkv, T, hs), (B, nkv, T, hs)
+        q, k, v = (
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+        )  # (B, nh, T, hs), (B, nkv, T, hs)
         if self.rope:
-            # One rotation of q and k side by side (half the calls of two). Under a CPU's autocast
-            # the attention runs in float32 (runtime/kernels/dropout.py) or autocast casts its
-            # inputs itself: the rotated q and k stay float32 rather than being rounded to bfloat16
-            # and cast back (4 fewer copies a layer forward, 4 backward).
+            cos, sin = rope
+            # Under a CPU's autocast the attention runs in float32 (runtime/kernels/dropout.py) or
+            # autocast casts its inputs itself: the rotated q and k stay float32 rather than being
+            # rounded to bfloat16 and cast back (4 fewer copies a layer forward, 4 backward).
             wide = x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-            qk = apply_rope(qk, *rope, wide)
-        q, k = qk.split([self.n_head, self.n_kv_head], dim=1)
+            q, k = apply_rope(q, cos, sin, wide), apply_rope(k, cos, sin, wide)
         return q, k, v
 
     def forward(
