@@ -26,6 +26,7 @@ from helpers import TINY, assert_user_error, curve, records, tiny, working_dir
 from safetensors.torch import load_file
 
 from minigpt_cli.errors import MinigptError
+from minigpt_cli.run import claim as claims
 from minigpt_cli.run import folder as runs
 from minigpt_cli.trainer import train
 
@@ -577,7 +578,7 @@ def test_a_restarted_group_trains_from_step_0_in_the_folder_that_saved_nothing(
     for folder, job in ((mine, "job-1"), (other, "job-0")):
         folder.mkdir(parents=True)
         (folder / runs.LOCK).write_text("12345\n")  # its owner is gone: the lock is free
-        runs.mark_elastic(folder, job)
+        claims.mark_elastic(folder, job)
         # What the lost group wrote before its first save: an eval's event.
         (folder / "metrics.jsonl").write_text('{"step": 0, "event": "eval", "val_loss": 9.0}\n')
     cfg = tiny(data_dir, "train.max_iters=5", "train.eval_interval=5")

@@ -285,7 +285,7 @@ def test_a_link_is_written_through_and_a_fifo_is_refused(tmp_path):
 def test_a_lock_path_that_is_not_a_file_is_refused_untouched(tmp_path, kind):
     """runs/NAME/.lock as a link (its target must not be truncated), a FIFO (no hang) or a
     folder."""
-    from minigpt_cli.run.folder import RunLock
+    from minigpt_cli.run.claim import RunLock
 
     run = tmp_path / "run"
     run.mkdir()

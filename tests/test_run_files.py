@@ -13,6 +13,7 @@ import pytest
 from helpers import TINY, assert_user_error, tiny
 
 from minigpt_cli.errors import MinigptError
+from minigpt_cli.run import claim as claims
 from minigpt_cli.run import folder as runs
 from minigpt_cli.run.metrics import RunLogger, read_events
 from minigpt_cli.trainer import train
@@ -213,14 +214,14 @@ def test_a_lock_that_cannot_be_written_names_its_path(tmp_path, monkeypatch):
     with pytest.raises(
         MinigptError, match=rf"cannot write {tmp_path / '.lock'}: No space left on device"
     ):
-        runs.RunLock(tmp_path).acquire("wait")
+        claims.RunLock(tmp_path).acquire("wait")
     monkeypatch.setattr(os, "write", real)
 
 
 def test_a_run_name_folder_of_the_users_files_is_not_called_a_stopped_run(tmp_path):
     (tmp_path / "runs" / "mine").mkdir(parents=True)
     (tmp_path / "runs" / "mine" / "thesis.tex").write_text("precious")
-    for call in (runs.check_run_name, lambda out, name: runs.new_run_dir(out, "tiny", name)):
+    for call in (claims.check_run_name, lambda out, name: claims.new_run_dir(out, "tiny", name)):
         with pytest.raises(MinigptError, match="holds files minigpt did not make") as info:
             call(tmp_path / "runs", "mine")
         assert "stopped before" not in str(info.value) and "delete" not in str(info.value)
@@ -229,7 +230,7 @@ def test_a_run_name_folder_of_the_users_files_is_not_called_a_stopped_run(tmp_pa
     (tmp_path / "runs" / "stopped" / ".lock").write_text("1\n")
     (tmp_path / "runs" / "stopped" / "config.yaml").write_text("name: tiny\n")
     with pytest.raises(MinigptError, match="stopped before its first save"):
-        runs.check_run_name(tmp_path / "runs", "stopped")
+        claims.check_run_name(tmp_path / "runs", "stopped")
 
 
 @pytest.mark.parametrize("text", ['{"sweep": {}', "[]", '{"sweep": {}, "base": {}, "done": "all"}'])

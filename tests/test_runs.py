@@ -19,6 +19,7 @@ from helpers import TINY, assert_user_error, tiny
 from minigpt_cli.config.schema import load_config
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.model.gpt import GPT
+from minigpt_cli.run import claim as claims
 from minigpt_cli.run import folder as runs
 from minigpt_cli.trainer import train
 
@@ -251,8 +252,8 @@ def test_a_fingerprint_from_before_names_relative_to_the_corpus_is_still_accepte
 
 def test_unnamed_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
     monkeypatch.setattr(runs.time, "strftime", lambda fmt, *a: "20250101-120000")
-    first = runs.new_run_dir(tmp_path, "tiny", None)
-    second = runs.new_run_dir(tmp_path, "tiny", None)
+    first = claims.new_run_dir(tmp_path, "tiny", None)
+    second = claims.new_run_dir(tmp_path, "tiny", None)
     try:
         assert (
             first.path.name == "tiny-20250101-120000"
@@ -338,7 +339,7 @@ def test_a_run_folder_in_use_is_refused(cli, data_dir, tmp_path, monkeypatch):
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from minigpt_cli.run.folder import RunLock; "
+            "import sys, time; from pathlib import Path; from minigpt_cli.run.claim import RunLock; "
             "[RunLock(Path(p)).acquire('-') for p in sys.argv[1:]]; print('locked', flush=True); "
             "time.sleep(3600)",
             "runs/m",

@@ -116,7 +116,7 @@ def speedrun(
     from ..config.schema import load_config
     from ..errors import MinigptError
     from ..paths import resolve_config
-    from ..run.folder import git_commit
+    from ..run.env import git_commit
     from ..speedrun import baseline as baselines
     from ..speedrun import ledger
     from ..speedrun.runner import format_report, physical_cores, run_speedrun, write_report

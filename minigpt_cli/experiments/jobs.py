@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from ..config.schema import apply_overrides
 from ..errors import Interrupted, MinigptError
+from ..run import claim as claims
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 from ..run.trackers import GROUP_ENV
@@ -33,7 +34,7 @@ def _resumable(sweep: Sweep, run: Run) -> bool:
     if folder.is_dir() and runs.has_checkpoint(folder):
         return True
     if folder.is_dir():
-        runs.clear_unsaved(folder)
+        claims.clear_unsaved(folder)
     return False
 
 

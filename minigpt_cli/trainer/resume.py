@@ -15,6 +15,7 @@ from ..data.corpus import Corpus
 from ..data.pipeline import fallback_of, run_corpus_change
 from ..errors import MinigptError
 from ..run import checkpoint
+from ..run import claim as claims
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
 from ..runtime.distributed import Elastic
@@ -226,9 +227,9 @@ class Resumed:
         """
         if claim is not None and not self.branch:  # a branch reads its checkpoint, writes elsewhere
             # The lock file keeps the last owner's pid until build() writes this one's.
-            claim.folder = runs.RunFolder(
+            claim.folder = claims.RunFolder(
                 self.run_dir,
-                runs.RunLock(self.run_dir).acquire(
+                claims.RunLock(self.run_dir).acquire(
                     "wait for it to finish before resuming", mark=False
                 ),
             )

@@ -35,6 +35,8 @@ from ..errors import MinigptError
 from ..fileio import atomic_write_text, check_writable
 from ..hf.finetune import load_pretrained, resolve_init_from
 from ..model.gpt import GPT
+from ..run import claim as claims
+from ..run import env as run_env
 from ..run import folder as runs
 from ..run import trackers
 from ..run.checkpoint import load_weights_into, read_ema, sweep_stale_temps
@@ -42,7 +44,6 @@ from ..run.metrics import METRICS, RunLogger
 from ..runtime import distributed as parallel
 from ..runtime.device import (
     CpuThreads,
-    capture_rng,
     check_memory,
     resolve_device,
     resolve_dtype,
@@ -55,6 +56,7 @@ from ..runtime.kernels import dropout, onednn
 from ..runtime.kernels import swap as swap_kernels
 from ..sample.sampling import encode_prompt
 from ..tokenizer.kinds import Tokenizer
+from .compiled import compile_model
 from .ema import WeightEMA
 from .estimate import run_estimate
 from .optim import make_optimizer
@@ -83,7 +85,7 @@ class Claim(ExitStack):
     checkpoint (after a failure), the run lock, and the process-wide settings pushed as
     callbacks."""
 
-    folder: Optional[runs.RunFolder] = None
+    folder: Optional[claims.RunFolder] = None
 
     def __exit__(self, exc_type, exc, tb):
         try:
@@ -134,7 +136,7 @@ class Setup:
     )  # fingerprint and files, for the checkpoints' meta.json
     trackers: Optional[trackers.Trackers] = None  # rank 0's (train.trackers); None elsewhere
     bar: Any = None
-    # What evals run: the compiled model when compile is on (set by _compile).
+    # What evals run: the compiled model when compile is on (set by compiled.compile_model).
     eval_model: Optional[torch.nn.Module] = None
     # What the estimate before the run said (the CPU recipe's note is said once).
     estimate: list[str] = field(default_factory=list)
@@ -323,7 +325,7 @@ def plan(
     else:  # a new run folder (a branch from a checkpoint too)
         check_writable(tc.out_dir, folder=True)
         if run_name is not None:
-            runs.check_run_name(tc.out_dir, run_name)
+            claims.check_run_name(tc.out_dir, run_name)
         name = run_name or f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_writable(Path(tc.out_dir) / name, folder=True)
     if resumed is not None:  # locks the run it continues in place (rank 0 of a real run)
@@ -404,12 +406,12 @@ def _restarted_run(
     out_dir: str, elastic: Optional[Elastic], dist: Dist, write: bool
 ) -> Optional[Path]:
     """In a group torchrun restarted (``--max-restarts``), the run folder an earlier group of the
-    job trained in, found by the job's run id (:func:`~minigpt_cli.run.folder.find_elastic_run`);
+    job trained in, found by the job's run id (:func:`~minigpt_cli.run.claim.find_elastic_run`);
     None in a first group, outside torchrun, or when no earlier group made one. Rank 0 looks and
     tells the others (in a real run), so that every process opens the same folder."""
     if elastic is None or elastic.restart == 0:
         return None
-    found = runs.find_elastic_run(out_dir, elastic.run_id) if dist.main or not write else None
+    found = claims.find_elastic_run(out_dir, elastic.run_id) if dist.main or not write else None
     if write:  # a dry run has no process group
         found = broadcast(None if found is None else str(found), dist)
     return None if found is None else Path(found)
@@ -430,15 +432,15 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
         # Under torchrun --max-restarts, a folder with no checkpoint yet stays for the next group.
         keep = p.elastic is not None and p.elastic.restarts_left
         claim.folder = (
-            runs.reuse_run_dir(p.reuse, keep)
+            claims.reuse_run_dir(p.reuse, keep)
             if p.reuse is not None
-            else runs.new_run_dir(tc.out_dir, cfg.name, p.run_name, keep)
+            else claims.new_run_dir(tc.out_dir, cfg.name, p.run_name, keep)
         )
         run_dir = claim.folder.path
     else:
         run_dir = None
     if dist.main and p.elastic is not None:  # before anything can fail: a restarted group's key
-        runs.mark_elastic(run_dir, p.elastic.run_id)
+        claims.mark_elastic(run_dir, p.elastic.run_id)
     run_dir = Path(broadcast(str(run_dir), dist))
     # Before the run's own files: a tracker that cannot start leaves a new run folder unmade.
     started = (
@@ -489,7 +491,7 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
         "linear_kernel": "torch.mm",  # torch.compile keeps PyTorch's kernels
         "dropout_kernel": dropout.dropout_kernel(model, device, dtype, compiled=True),
     }
-    env = runs.env_info(
+    env = run_env.env_info(
         device, dtype, dist.world, **(compiled_kernels if cfg.compile else eager_kernels)
     )
     # The GPUs this process was given (a sweep's --jobs gives each run its own); None when unset.
@@ -563,7 +565,7 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
         )
         echo(line)
         logger.log(line)
-    _compile(s)
+    compile_model(s)
     _announce(s, data, dtype)
     s.estimate = list(p.estimate)
     for line in [f"time to train: {p.estimate[0]}", *p.estimate[1:]] if p.estimate else []:
@@ -653,77 +655,6 @@ def _weight_ema(s: Setup, resumed: Optional[Resumed]) -> Optional[WeightEMA]:
         s.echo(note)
         s.logger.log(note.removeprefix("note: "))
     return ema
-
-
-def _compile(s: Setup) -> None:
-    """Wrap the model for training: ``torch.compile`` when asked, DDP under torchrun (unless sharded
-    by FSDP).
-
-    Compile is decided here, once: the compiled model is warmed up (:func:`_warm_up`), and if that
-    fails on any rank, every rank trains eagerly (the ranks agree by one all-reduce). No later step
-    falls back: an error there, an out-of-memory one included, ends the run as an error."""
-    if s.cfg.compile and "oneDNN" in s.eager_kernels["linear_kernel"]:
-        s.echo(onednn.COMPILE_NOTE)
-        s.logger.log(onednn.COMPILE_NOTE)
-    compiled = None
-    if s.cfg.compile:
-        failure: Optional[Exception] = None
-        # A process that trains run after run (a sweep, a search) would reach Dynamo's limit of 8
-        # compiles of GPT.forward (one per model) and silently run the later ones eagerly: the
-        # earlier runs' graphs are dropped first.
-        torch.compiler.reset()
-        try:
-            compiled = torch.compile(s.model)
-            s.train_model = parallel.wrap(compiled, s.device, s.dist)
-            _warm_up(s, compiled)
-        except torch.OutOfMemoryError:
-            raise  # not a compile failure: eager would run out as well
-        except Exception as exc:  # platform support varies (no C++ compiler, no Triton, ...)
-            failure = exc
-        if not parallel.all_agree(failure is None, s.dist, s.device):
-            why = "it failed on another process"
-            if failure is not None:  # Dynamo's first line can be "backend='inductor' raised:"
-                lines = [line.strip() for line in str(failure).splitlines() if line.strip()]
-                why = f"{type(failure).__name__}: {' '.join(lines[:2])[:200]}"
-            s.echo(f"warning: torch.compile failed ({why}); training without it")
-            s.logger.log(f"torch.compile failed ({why}); training without it")
-            compiled, s.train_model = None, s.model  # DDP's wrapper of it (and its hooks) let go
-            s.optimizer.zero_grad(set_to_none=True)
-            s.env.update(s.eager_kernels)  # the eager step's kernels, not the compiled one's
-            s.write_env()
-    if compiled is None:
-        s.train_model = parallel.wrap(s.model, s.device, s.dist)
-    s.eval_model = compiled if compiled is not None else s.model
-    if parallel.is_sharded(s.model):
-        s.logger.log(
-            f"FSDP: weights, gradients and AdamW moments sharded over {s.dist.world} processes"
-        )
-
-
-def _warm_up(s: Setup, compiled: torch.nn.Module) -> None:
-    """Compile now rather than at the first step: a forward and backward in training mode (through
-    DDP's wrapper without its gradient all-reduce, so that a rank whose compile fails leaves no
-    collective half-done) and a forward in eval mode (the evals' graph), on a batch of token 0. The
-    gradients are dropped and every RNG put back, so the run's numbers are those of a run without
-    the warm-up."""
-    tc, mc = s.cfg.train, s.cfg.model
-    x = torch.zeros(tc.batch_size, mc.block_size, dtype=torch.long, device=s.device)
-    rng = capture_rng()
-    sync = s.train_model.no_sync() if hasattr(s.train_model, "no_sync") else nullcontext()
-    try:
-        with sync:
-            with s.autocast:
-                _, loss = s.train_model(x, x)
-            loss.backward()
-        s.optimizer.zero_grad(set_to_none=True)
-        compiled.eval()
-        with torch.no_grad(), s.autocast:
-            compiled(x, x)
-    finally:
-        compiled.train()
-        restore_rng(rng)
-        # FSDP: the root's weights, gathered by the eval forward, back to shards
-        parallel.reshard(s.model)
 
 
 def _announce(s: Setup, data, dtype: torch.dtype) -> None:
