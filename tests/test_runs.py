@@ -20,6 +20,7 @@ from minigpt_cli.config.schema import load_config
 from minigpt_cli.errors import MinigptError
 from minigpt_cli.model.gpt import GPT
 from minigpt_cli.run import claim as claims
+from minigpt_cli.run import env as run_env
 from minigpt_cli.run import folder as runs
 from minigpt_cli.trainer import train
 
@@ -111,13 +112,13 @@ def test_no_run_is_one_clear_error(tmp_path):
 
 
 def test_env_json_keeps_the_earlier_sessions_oldest_first(tmp_path):
-    runs.write_env(tmp_path, {"session": 1})
-    first = runs.earlier_sessions(tmp_path)
+    run_env.write_env(tmp_path, {"session": 1})
+    first = run_env.earlier_sessions(tmp_path)
     assert first == [{"session": 1}]
-    runs.write_env(tmp_path, {"session": 2, "earlier_sessions": first})
-    assert runs.earlier_sessions(tmp_path) == [{"session": 1}, {"session": 2}]
+    run_env.write_env(tmp_path, {"session": 2, "earlier_sessions": first})
+    assert run_env.earlier_sessions(tmp_path) == [{"session": 1}, {"session": 2}]
     (tmp_path / runs.ENV).write_text("not json")
-    assert runs.earlier_sessions(tmp_path) == []
+    assert run_env.earlier_sessions(tmp_path) == []
 
 
 def test_evaluate_and_compare_find_a_runs_relative_corpus_from_any_folder(

@@ -15,6 +15,7 @@ from ..config.special_tokens import END_OF_TEXT
 from ..errors import MinigptError
 from ..fileio import NotRegularFile, check_regular, check_writable, errors_as, read_problem
 from ..paths import corpus_path, dataset_dir, default_tokenizer_path
+from ..run import env as run_env
 from ..run import folder as runs
 from ..tokenizer.kinds import Tokenizer, load_tokenizer
 from ..tokenizer.training import check_vocab_size, train_tokenizer
@@ -155,7 +156,7 @@ def run_corpus_config(cfg: Config, run_dir: Path) -> Config:
     """A run's config with its corpus found from any folder (``data.data_dir``, ``data.path`` as
     ``train`` read them). Raises MinigptError: a ``data.path`` corpus found nowhere, naming where it
     was."""
-    bases = runs.training_dirs(run_dir, cfg.train.out_dir)
+    bases = run_env.training_dirs(run_dir, cfg.train.out_dir)
     if not bases:
         return cfg
     dc = cfg.data

@@ -18,6 +18,7 @@ from ..accounting.steps import train_flops_through
 from ..config.schema import load_config
 from ..errors import MinigptError
 from ..fileio import atomic_write_bytes, check_writable
+from ..run import env as run_env
 from ..run import folder as runs
 from ..run.metrics import METRICS, draw_losses, read_events
 
@@ -74,7 +75,7 @@ def _flops_through(run: Path) -> Callable[[int], float]:
             "plot it by --x step or --x time",
         )
     cfg = load_config(run / runs.CONFIG)
-    world = runs._read_env(run).get("world_size", 1)
+    world = run_env._read_env(run).get("world_size", 1)
     return lambda steps: train_flops_through(steps, cfg, world)
 
 

@@ -182,6 +182,7 @@ def run_tokenizer_fix(run_dir: Path, cfg: Config) -> str:
     from where ``train`` ran, or from the project's folder now; the run's own file is never named.
     """
     from ..paths import default_tokenizer_path
+    from ..run import env as run_env
     from ..run import folder as runs
 
     tc, mc, dc = cfg.tokenizer, cfg.model, cfg.data
@@ -197,7 +198,7 @@ def run_tokenizer_fix(run_dir: Path, cfg: Config) -> str:
     ):  # a data.path corpus keeps it in <data_dir>/<name>-<fingerprint>/
         default = Path(dc.data_dir) / f"*-{dc.fingerprint[:12]}" / default.name
     named = Path(tc.path) if tc.path else folder or default
-    bases = runs.training_dirs(
+    bases = run_env.training_dirs(
         run_dir, cfg.train.out_dir
     )  # where train ran, or where the project is now
     looked = []

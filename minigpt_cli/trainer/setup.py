@@ -173,7 +173,7 @@ class Setup:
     def write_env(self) -> None:
         """Write env.json (rank 0)."""
         if self.dist.main:
-            runs.write_env(self.run_dir, self.env)
+            run_env.write_env(self.run_dir, self.env)
 
     def thread_note(self, message: str) -> None:
         """The thread count changed: say so, log it, and list it in env.json."""
@@ -502,7 +502,7 @@ def build(p: Plan, claim: Claim, echo: Callable[[str], None], progress: Optional
     if resumed is not None and resumed.branch:
         env["started_from"] = str(resumed.checkpoint)
     if in_place and dist.main:  # a resumed run: the sessions before this one are kept, oldest first
-        env["earlier_sessions"] = runs.earlier_sessions(run_dir)
+        env["earlier_sessions"] = run_env.earlier_sessions(run_dir)
         before = (
             env["earlier_sessions"][-1].get("dropout_kernel") if env["earlier_sessions"] else None
         )
