@@ -656,6 +656,26 @@ def _compile_with(monkeypatch, backend) -> None:
     monkeypatch.setattr(torch, "compile", lambda model, **k: REAL_COMPILE(model, backend=backend))
 
 
+def test_a_compiled_run_that_is_not_finite_from_the_start_is_pointed_at_compile_false(
+    data_dir, tmp_path, monkeypatch
+):
+    """With compile on, non-finite first steps may be the compiled graph's fault (NaN gradients from
+    Inductor where the eager model trains): the error says to try compile: false before the init,
+    and names the gradients too when train.grad_clip checks their norm."""
+    monkeypatch.chdir(tmp_path)
+    _compile_with(monkeypatch, "eager")
+    with pytest.raises(MinigptError) as e:
+        train(
+            tiny(data_dir, "train.max_iters=20", "model.init_std=1e10", "compile=true"),
+            run_name="c",
+            echo=lambda m: None,
+            progress=False,
+        )
+    message = str(e.value)
+    assert "before any update, with compile on" in message and "compile: false" in message
+    assert "the loss or its gradients were not finite" in message  # tiny() clips gradients
+
+
 def _failing_at_call(n: int, error: Exception, monkeypatch) -> list[int]:
     """The trainer's train_step, raising ``error`` at its ``n``-th call; the calls made, counted."""
     from minigpt_cli.trainer import loop

@@ -213,14 +213,26 @@ class Trainer:
         s = self.s
         s.bar.close()
         mc, tc = s.cfg.model, s.cfg.train
+        # The step's flag joins the loss and the gradient norm (train_step): say both.
+        what = "the loss or its gradients were" if tc.grad_clip > 0 else "the loss was"
+        compiled = s.eval_model is not s.model
+        if first == 1 and compiled:  # the eager model may be fine: Inductor's graph is suspect
+            # (a 6-layer, 384-wide model with attention dropout under a CPU's bfloat16 autocast
+            # gets NaN gradients from its compiled backward, and finite ones eagerly: PyTorch 2.13)
+            return MinigptError(
+                f"{what} not finite for the first {MAX_NONFINITE} steps, before any update, with "
+                "compile on; try the same run with compile: false (--set compile=false): if it "
+                f"trains, torch.compile's graph is at fault, else lower model.init_std (now "
+                f"{mc.init_std:g})"
+            )
         if first == 1:  # no update was ever applied: the fresh model itself overflows
             return MinigptError(
-                f"the loss was not finite for the first {MAX_NONFINITE} steps, before any update: the "
+                f"{what} not finite for the first {MAX_NONFINITE} steps, before any update: the "
                 f"model overflows as initialised; lower model.init_std (now {mc.init_std:g}) or the "
                 "model's size"
             )
         return MinigptError(
-            f"the loss was not finite for {MAX_NONFINITE} steps in a row, steps {first} to {last}; "
+            f"{what} not finite for {MAX_NONFINITE} steps in a row, steps {first} to {last}; "
             f"lower train.learning_rate (now {tc.learning_rate:g}) or raise train.warmup_iters; "
             f"{self.checkpointer.last} holds the last finite state"
         )
