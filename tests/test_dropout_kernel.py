@@ -218,7 +218,8 @@ def test_dropout_kernel_names_what_runs(monkeypatch):
     assert fast.dropout_kernel(swap(GPT(small())), cpu, f32) == "minigpt"
     assert fast.dropout_kernel(swap(GPT(small(dropout=0.0))), cpu, f32) == "none"
     assert fast.dropout_kernel(GPT(small()), cpu, f32) == "torch"  # not swapped
-    assert fast.dropout_kernel(swap(GPT(small())), cpu, f32, compiled=True) == "torch"
+    # Compiled: PyTorch's in the graph, the attention's ours (it leaves the graph on a CPU).
+    assert fast.dropout_kernel(swap(GPT(small())), cpu, f32, compiled=True) == "minigpt+torch"
     # Autocast: the bfloat16 activations and the float32 embeddings alike take ours.
     assert fast.dropout_kernel(swap(GPT(small())), cpu, torch.bfloat16) == "minigpt"
     monkeypatch.setenv(fast.ENV, "off")
@@ -249,3 +250,32 @@ def test_attention_under_cpu_bfloat16_autocast_runs_in_float32():
     assert y.dtype == torch.bfloat16 and torch.equal(y, expected.bfloat16())
     y.float().sum().backward()
     assert all(t.grad is not None and t.grad.dtype == torch.bfloat16 for t in (q, k, v))
+
+
+def test_compiled_attention_with_dropout_runs_eagerly_on_a_cpu():
+    """Inside torch.compile on a CPU, attention with dropout leaves the graph (Inductor's backward of
+    it under bfloat16 autocast gave NaN gradients): the compiled call draws the same masks from the
+    same generator as the eager one, so both give the same output and gradients; without dropout it
+    stays in the graph."""
+    q, k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(3))
+
+    def attend(q, k, v, p):
+        return fast.attention(q, k, v, dropout_p=p, is_causal=True)
+
+    torch.manual_seed(11)
+    expected = attend(q, k, v, 0.3)
+    expected.sum().backward()
+    eager_grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, backend="eager")
+    torch.manual_seed(11)
+    y = compiled(q, k, v, 0.3)
+    y.sum().backward()
+    assert torch.equal(y, expected)  # SDPA's dropout in the graph would draw other masks
+    assert all(torch.equal(t.grad, g) for t, g in zip((q, k, v), eager_grads))
+    torch._dynamo.reset()
+    within = torch._dynamo.explain(attend)(q, k, v, 0.0)
+    assert (within.graph_count, within.graph_break_count) == (1, 0)
+    torch._dynamo.reset()

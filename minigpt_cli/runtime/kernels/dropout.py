@@ -217,7 +217,12 @@ def attention(
     0 < ``dropout_p`` < 1 on a CPU, outside ``torch.compile``, runs :func:`causal_attention`
     instead. Under a CPU's bfloat16 autocast, attention runs in float32 and its output is cast
     back: PyTorch's bfloat16 CPU attention took 5x float32's time, forward and backward, at
-    shakespeare-cpu's size (BENCHMARKS.md, "What the CPU step costs")."""
+    shakespeare-cpu's size (BENCHMARKS.md, "What the CPU step costs"). Inside ``torch.compile`` on
+    a CPU, attention with dropout leaves the graph and runs here eagerly: Inductor's backward of it
+    under bfloat16 autocast gave NaN gradients to a 6-layer, 384-wide model whose eager step was
+    finite (PyTorch 2.13; tests/test_dropout_kernel.py)."""
+    if dropout_p > 0 and q.device.type == "cpu" and torch.compiler.is_compiling():
+        return _eager_attention(q, k, v, attn_mask, dropout_p, is_causal)
     if (
         q.device.type == "cpu"
         and v.dtype == torch.bfloat16  # q and k may come float32 from RoPE (GPT's qkv)
@@ -242,6 +247,10 @@ def attention(
     )
 
 
+#: :func:`attention` outside any compiled graph (a graph break where it is called).
+_eager_attention = torch.compiler.disable(attention)
+
+
 def requested() -> bool:
     """Whether ``MINIGPT_FAST_DROPOUT`` (default on) lets models take the fast dropout; MinigptError
     when it is neither on nor off."""
@@ -252,15 +261,16 @@ def dropout_kernel(
     model: nn.Module, device: torch.device, dtype: torch.dtype, compiled: bool = False
 ) -> str:
     """What runs ``model``'s dropout in training: ``"minigpt"`` (this module, whatever ``dtype``:
-    under autocast the float32 embeddings and the bfloat16 activations alike), ``"torch"`` or
-    ``"none"`` (p = 0)."""
+    under autocast the float32 embeddings and the bfloat16 activations alike), ``"torch"``,
+    ``"minigpt+torch"`` (compiled on a CPU: the attention's here, eagerly, the rest PyTorch's in the
+    graph) or ``"none"`` (p = 0)."""
     rates = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
     if not any(rates):
         return "none"
     fast = any(isinstance(m, FastDropout) for m in model.modules())
-    if not fast or device.type != "cpu" or compiled:
+    if not fast or device.type != "cpu":
         return "torch"
-    return "minigpt"
+    return "minigpt+torch" if compiled else "minigpt"
 
 
 def swap_dropout(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
