@@ -14,7 +14,7 @@ import time
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 try:  # POSIX; elsewhere run folders are not locked
     import fcntl
@@ -30,10 +30,6 @@ from ..fileio import (
     os_errors,
 )
 from .folder import ELASTIC, LOCK, check_name, has_checkpoint, made_here, named_pid
-
-if TYPE_CHECKING:  # torch is imported where env.json is written
-    pass
-
 
 # ----------------------------------------------------------------------------- lock and folder
 

@@ -14,11 +14,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-try:  # POSIX; elsewhere run folders are not locked
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
-
 from ..errors import MinigptError
 from ..fileio import (
     STATE_BOUNDS,

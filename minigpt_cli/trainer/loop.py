@@ -215,21 +215,22 @@ class Trainer:
         mc, tc = s.cfg.model, s.cfg.train
         # The step's flag joins the loss and the gradient norm (train_step): say both.
         what = "the loss or its gradients were" if tc.grad_clip > 0 else "the loss was"
-        compiled = s.eval_model is not s.model
-        if first == 1 and compiled:  # the eager model may be fine: Inductor's graph is suspect
-            # (a 6-layer, 384-wide model with attention dropout under a CPU's bfloat16 autocast
-            # gets NaN gradients from its compiled backward, and finite ones eagerly: PyTorch 2.13)
+        if first == 1:  # no update was ever applied: the fresh model, or its compiled graph
+            if s.eval_model is not s.model:  # compiled: the eager model may be fine (a 6-layer,
+                # 384-wide model with attention dropout under a CPU's bfloat16 autocast got NaN
+                # gradients from Inductor's backward and finite ones eagerly: PyTorch 2.13)
+                fix = (
+                    ", with compile on; try the same run with compile: false (--set compile=false): "
+                    "if it trains, torch.compile's graph is at fault, else lower model.init_std "
+                    f"(now {mc.init_std:g})"
+                )
+            else:
+                fix = (
+                    f": the model overflows as initialised; lower model.init_std (now "
+                    f"{mc.init_std:g}) or the model's size"
+                )
             return MinigptError(
-                f"{what} not finite for the first {MAX_NONFINITE} steps, before any update, with "
-                "compile on; try the same run with compile: false (--set compile=false): if it "
-                f"trains, torch.compile's graph is at fault, else lower model.init_std (now "
-                f"{mc.init_std:g})"
-            )
-        if first == 1:  # no update was ever applied: the fresh model itself overflows
-            return MinigptError(
-                f"{what} not finite for the first {MAX_NONFINITE} steps, before any update: the "
-                f"model overflows as initialised; lower model.init_std (now {mc.init_std:g}) or the "
-                "model's size"
+                f"{what} not finite for the first {MAX_NONFINITE} steps, before any update{fix}"
             )
         return MinigptError(
             f"{what} not finite for {MAX_NONFINITE} steps in a row, steps {first} to {last}; "

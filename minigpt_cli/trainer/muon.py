@@ -71,7 +71,8 @@ def orthogonalize(
 
     ``stacks``: tensors of shape (B_i, m_i, n_i); ``iterations``: the (a, b, c) of each iteration;
     ``safety``: the input is scaled by 1/(‖X‖_F·(1 + safety)). Returns one (B_i, m_i, n_i) bfloat16
-    tensor each (a view, transposed for a wide stack), every matrix about U·S'·Vᵀ (S' near 1) where U·S·Vᵀ is its SVD (Jordan et al. 2024,
+    tensor each (a view, transposed for a wide stack), every matrix about U·S'·Vᵀ (S' near 1) where
+    U·S·Vᵀ is its SVD (Jordan et al. 2024,
     "Muon: an optimizer for hidden layers"; torch/optim/_muon.py's ``_zeropower_via_newtonschulz``;
     Amsel et al. 2025, arXiv 2505.16932, Algorithm 1). An iteration is X ← aX + (bA + cA²)X with
     A = XXᵀ. ``torch.optim.Muon`` iterates a tall matrix Y transposed; here Y stays as it is and the

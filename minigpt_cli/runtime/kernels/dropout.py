@@ -4,8 +4,9 @@ A keep-mask costs two random bytes per element from the default generator, so se
 RNG state still reproduce a run: int16 compared with a threshold (``p`` rounded to a multiple of
 2⁻¹⁶), kept values scaled by 1/(1 − that), keeping E[y] = x (inverted dropout, Srivastava et al.
 2014 §10). :func:`attention` drops attention weights (Vaswani et al. 2017 §5.4) by blocks of queries
-against only the keys each may see. ``MINIGPT_FAST_DROPOUT=0``, CUDA, ``torch.compile`` and
-eval mode keep PyTorch's kernels; under a CPU's bfloat16 autocast :func:`attention` runs in float32
+against only the keys each may see. ``MINIGPT_FAST_DROPOUT=0``, CUDA, ``torch.compile`` (but
+for the attention's dropout on a CPU, which leaves the graph) and eval mode keep PyTorch's kernels;
+under a CPU's bfloat16 autocast :func:`attention` runs in float32
 (PyTorch's bfloat16 attention is 5x slower there), and the bfloat16 activations take a bfloat16
 mask: PyTorch's ``bernoulli_`` took 21% of a 6-layer, 384-wide model's step (BENCHMARKS.md)."""
 
