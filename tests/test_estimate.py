@@ -130,6 +130,19 @@ def test_the_gpu_recipes_dry_run_on_a_cpu_estimates_its_time_and_points_to_the_c
     assert res.stdout.splitlines()[-1] == CPU_RECIPE, res.stdout  # with the notes, last
 
 
+def test_the_speedrun_recipes_are_cpu_recipes(cli, data_dir, monkeypatch):
+    """The nanogpt-gpu track's recipe is long on a CPU on purpose: its dry run there says its time
+    and no pointer to the CPU recipe, however long it counts as."""
+    from minigpt_cli.trainer import estimate
+
+    monkeypatch.setattr(estimate, "LONG_ON_CPU_S", 0.0)  # every run counts as long
+    recipe = Path(__file__).resolve().parent.parent / "configs" / "speedrun-nanogpt-gpu.yaml"
+    res = cli("train", recipe, "--set", f"data.data_dir={data_dir}", "--dry-run")
+    assert res.exit_code == 0, res
+    assert " on cpu (5,000 steps at " in res.stdout, res.stdout
+    assert CPU_RECIPE not in res.stdout + res.stderr
+
+
 def test_train_says_the_estimate_in_its_first_lines(cli, data_dir, tmp_path, monkeypatch):
     """A real run: the estimate follows the line naming the run folder, before any step, and
     train.log keeps it; a CPU recipe is not pointed to itself."""

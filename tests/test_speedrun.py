@@ -128,6 +128,27 @@ def test_two_seeds_give_the_statistics_scipy_gives(recorded):
     assert f"{report['mean_val']:.4f}" in res.stdout and f"{median:.1f} s" in res.stdout
 
 
+def test_each_seeds_estimate_and_evals_are_shown_as_they_come(recorded):
+    """Between a seed's start and result lines, its training's time estimate and every eval's
+    losses (as its metrics.jsonl has them): a seed can train for most of an hour."""
+    res, _, out = recorded
+    lines = res.stderr.splitlines()
+    for seed in (1337, 1338):
+        start = lines.index(next(l for l in lines if l.startswith(f"seed {seed} (")))
+        end = lines.index(next(l for l in lines if l.startswith(f"seed {seed}: ")))
+        shown = lines[start + 1 : end]
+        assert shown[0].startswith("  time to train: about "), shown
+        evals = [
+            json.loads(line)
+            for line in (out / f"seed-{seed}" / "metrics.jsonl").read_text().splitlines()
+            if '"eval"' in line
+        ]
+        assert [l for l in shown if l.startswith("  step ")] == [
+            f"  step {e['step']}: train loss {e['train_loss']:.4f}, val loss {e['val_loss']:.4f}"
+            for e in evals
+        ]
+
+
 def test_the_record_is_a_ledger_row_with_its_recipe_kept(recorded):
     res, repo, out = recorded
     report = json.loads((out / REPORT).read_text())

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -109,11 +110,24 @@ def stop_val(run_dir: Path, block_size: int, device: str) -> tuple[float, int]:
     return result["loss"], result["step"]
 
 
+#: The lines of a seed's training that the speedrun passes on as they come: its time estimate and
+#: each eval's losses (``minigpt train --no-progress`` writes both on stderr).
+PROGRESS = re.compile(r"time to train: |step [\d,]+: train loss [\d.]+, val loss ")
+
+
 def train_seed(
-    recipe: Path, seed: int, out: Path, threads: int, target: float, block_size: int, device: str
+    recipe: Path,
+    seed: int,
+    out: Path,
+    threads: int,
+    target: float,
+    block_size: int,
+    device: str,
+    progress: Callable[[str], None] = lambda line: None,
 ) -> SeedResult:
     """Train ``recipe`` at ``seed`` as a ``minigpt train`` process with ``threads`` OpenMP threads
-    into ``out/seed-<seed>``, and read its time to target and stop val.
+    into ``out/seed-<seed>``, passing its :data:`PROGRESS` lines to ``progress`` as they come, and
+    read its time to target and stop val.
 
     Raises:
         MinigptError: the training failed (its own error line).
@@ -124,20 +138,30 @@ def train_seed(
     # Both variables: PyTorch takes its intra-op threads from them, and minigpt's trainer then
     # keeps that count instead of adapting it to the machine's load (runtime.device.CpuThreads).
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = []
+    # One pipe for both streams, read as the run writes them (its stderr is line-buffered): a seed
+    # of the nanogpt-gpu track trains for the best part of an hour.
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            if PROGRESS.match(line):
+                progress(line.rstrip("\n"))
+    returncode = proc.returncode
     run_dir = out / name
-    (out / f"{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
-    if done.returncode > 128:  # stopped by a signal (Ctrl-C reaches the whole process group)
+    (out / f"{name}.log").write_text("".join(lines), encoding="utf-8")
+    if returncode > 128:  # stopped by a signal (Ctrl-C reaches the whole process group)
         raise Interrupted(
-            f"seed {seed}'s training was stopped by signal {done.returncode - 128}; the speedrun "
+            f"seed {seed}'s training was stopped by signal {returncode - 128}; the speedrun "
             f"stops here (its runs are in {out})",
-            done.returncode - 128,
+            returncode - 128,
         )
-    if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-        last = errors[-1] if errors else (done.stderr.strip().splitlines() or ["no output"])[-1]
+    if returncode != 0:
+        errors = [line.rstrip("\n") for line in lines if line.startswith("error:")]
+        last = errors[-1] if errors else ("".join(lines).strip().splitlines() or ["no output"])[-1]
         raise MinigptError(
-            f"seed {seed}'s training failed (exit status {done.returncode}): {last}",
+            f"seed {seed}'s training failed (exit status {returncode}): {last}",
             f"its output is in {out / (name + '.log')}",
         )
     seconds, step = time_to_target(run_dir, target)
@@ -194,7 +218,16 @@ def run_speedrun(
     results = []
     for i, seed in enumerate(seeds, 1):
         echo(f"seed {seed} ({i} of {len(seeds)}): training {recipe} ...")
-        r = train_seed(recipe, seed, out, threads, track.target, cfg.model.block_size, cfg.device)
+        r = train_seed(
+            recipe,
+            seed,
+            out,
+            threads,
+            track.target,
+            cfg.model.block_size,
+            cfg.device,
+            progress=lambda line: echo(f"  {line}"),
+        )
         reached = (
             f"val <= {track.target} at step {r.hit_step}, {r.time_to_target_s:.1f} s"
             if r.hit

@@ -26,9 +26,14 @@ LONG_ON_CPU_S = 30 * 60.0
 #: forward (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1: C ≈ 6N per token, 2N forward).
 STEP_PER_FORWARD = 3.0
 
-#: The CPU recipes by config name: a run of one of them made long on purpose gets no pointer to
-#: them.
-CPU_RECIPES = ("shakespeare-cpu", "shakespeare-cpu-long")
+#: The recipes sized for a CPU, by config name (the speedrun's included: its nanogpt-gpu recipe is
+#: an hour long there on purpose): a long run of one of them gets no pointer to the CPU recipe.
+CPU_RECIPES = (
+    "shakespeare-cpu",
+    "shakespeare-cpu-long",
+    "speedrun-nanogpt-cpu",
+    "speedrun-nanogpt-gpu",
+)
 CPU_RECIPE = (
     "note: that is long for a CPU; configs/shakespeare-cpu.yaml is the recipe sized for one "
     "(under a minute on 2 cores; shakespeare-cpu-long.yaml: 3 minutes)"
