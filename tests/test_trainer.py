@@ -924,11 +924,13 @@ def test_a_scaler_overflow_skips_the_update_on_the_device_without_counting_it():
     assert skipped.item() == 0.0 and not all(torch.equal(a, p) for a, p in zip(before, params))
 
 
+# torch's own patch, not monkeypatch's: undoing a setattr on torch's config module deletes the key
+# (PyTorch 2.13), and every later compile in the process then fails on the missing limit.
+@torch._dynamo.config.patch(recompile_limit=2)
 def test_run_after_run_in_one_process_each_compiles(data_dir, tmp_path, monkeypatch):
     """A sweep trains in-process: a run past Dynamo's recompile limit (8 compiles of GPT.forward; 2
     here, to be quick) still compiles, rather than running eagerly without a word."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     compiled = []
 
     def counting(graph, example_inputs):
