@@ -144,10 +144,14 @@ def train_seed(
     with subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     ) as proc:
-        for line in proc.stdout:
-            lines.append(line)
-            if PROGRESS.match(line):
-                progress(line.rstrip("\n"))
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if PROGRESS.match(line):
+                    progress(line.rstrip("\n"))
+        except KeyboardInterrupt:  # the run got the same Ctrl-C: it saves, then the speedrun stops
+            proc.wait()  # (a second Ctrl-C stops the waiting too)
+            raise
     returncode = proc.returncode
     run_dir = out / name
     (out / f"{name}.log").write_text("".join(lines), encoding="utf-8")
