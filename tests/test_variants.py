@@ -29,6 +29,7 @@ from minigpt_cli.model.gpt import (
     RMSNorm,
     apply_rope,
     rope_cos_sin,
+    rotate_heads,
     sinusoidal_table,
 )
 from minigpt_cli.sample.generate import generate_tokens
@@ -121,6 +122,38 @@ def test_rope_score_depends_only_on_the_offset():
     assert len(scores) == 8  # it does depend on the offset
     # A rotation: norms are kept.
     assert rotate(q, 123, hs).norm().item() == pytest.approx(q.norm().item(), rel=1e-5)
+
+
+def test_the_models_rotation_is_apply_rope_with_its_gradient():
+    """rotate_heads (the model's path: heads as the projection lays them out, one fused pass each
+    way) gives apply_rope's values (the reference form, checked against transformers in
+    test_hf.py) and the exact gradient (torch.autograd.gradcheck in float64), for one table of
+    positions and for positions per row."""
+    torch.manual_seed(0)
+    B, T, H, hs = 2, 5, 3, 8
+    x = torch.randn(B, T, H, hs, dtype=torch.float64, requires_grad=True)
+    for positions in (torch.arange(T), torch.tensor([[4, 5, 6, 7, 8], [0, 2, 4, 6, 8]])):
+        cos, sin = (t.double() for t in rope_cos_sin(torch.arange(10), hs))
+        cos, sin = cos[positions], sin[positions]  # (T, hs) or (B, T, hs)
+        heads_first = (cos, sin) if positions.dim() == 1 else (cos[:, None], sin[:, None])
+        expected = apply_rope(x.transpose(1, 2), *heads_first).transpose(1, 2)
+        assert torch.allclose(rotate_heads(x, cos, sin), expected, atol=1e-12)
+        assert torch.autograd.gradcheck(lambda x: rotate_heads(x, cos, sin), (x,))
+
+
+def test_the_rotation_of_bfloat16_heads_is_float32_when_asked():
+    """Under a CPU's autocast the projection is bfloat16 and the attention float32: the rotation
+    returns float32 rounded once (not bfloat16 cast back), and the gradient reaches the projection
+    in bfloat16."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 4, 16).bfloat16().requires_grad_()
+    cos, sin = rope_cos_sin(torch.arange(6), 16)
+    out = rotate_heads(x, cos, sin, torch.float32)
+    assert out.dtype == torch.float32
+    expected = apply_rope(x.float().transpose(1, 2), cos, sin).transpose(1, 2)
+    assert torch.allclose(out, expected, atol=1e-6)
+    out.sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and x.grad.abs().sum() > 0
 
 
 def test_rope_has_no_parameters():

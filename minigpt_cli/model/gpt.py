@@ -92,6 +92,57 @@ def apply_rope(
     return out if keep_float32 else out.to(x.dtype)
 
 
+class _RotateHeads(torch.autograd.Function):
+    """:func:`rotate_heads`' arithmetic, forward and backward, each in four element-wise passes
+    over x's halves (autograd's record of :func:`apply_rope` takes about 20 per layer, with a cast
+    and a concatenation each way: a fifth of ``speedrun-nanogpt-cpu``'s step on 2 CPU cores,
+    BENCHMARKS.md).
+
+    With x = (x₁, x₂) and out = (x₁c − x₂s, x₂c + x₁s), the gradient is
+    dx₁ = g₁c + g₂s, dx₂ = g₂c − g₁s (the rotation's transpose)."""
+
+    @staticmethod
+    def forward(ctx, x, c, s, dtype):
+        h = x.size(-1) // 2
+        x1, x2 = x[..., :h], x[..., h:]
+        out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, c.dtype), device=x.device)
+        o1, o2 = out[..., :h], out[..., h:]
+        torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-1)
+        torch.mul(x2, c, out=o2).addcmul_(x1, s)
+        ctx.save_for_backward(c, s)
+        ctx.x_dtype = x.dtype
+        return out.to(dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        c, s = ctx.saved_tensors
+        h = g.size(-1) // 2
+        g1, g2 = g[..., :h], g[..., h:]
+        dx = torch.empty(g.shape, dtype=torch.promote_types(g.dtype, c.dtype), device=g.device)
+        d1, d2 = dx[..., :h], dx[..., h:]
+        torch.mul(g1, c, out=d1).addcmul_(g2, s)
+        torch.mul(g2, c, out=d2).addcmul_(g1, s, value=-1)
+        return dx.to(ctx.x_dtype), None, None, None
+
+
+def rotate_heads(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
+    """:func:`apply_rope` for heads laid out as the projection gives them: x (B, T, H, hs) (any
+    strides with the last dimension contiguous: a slice of the fused q, k, v projection), cos/sin
+    (T, hs) or (B, T, hs) as :func:`rope_cos_sin` lays them out. Returns (B, T, H, hs) in ``dtype``
+    (None: x's), computed in float32 (the angles' dtype) and rounded once; its gradient reaches x
+    in x's dtype. The same values as :func:`apply_rope` on the heads transposed, up to the
+    rounding of a fused multiply-add."""
+    h = x.size(-1) // 2
+    c, s = cos[..., :h].unsqueeze(-2), sin[..., :h].unsqueeze(-2)  # (T or B·T, 1, hs/2): per head
+    dtype = x.dtype if dtype is None else dtype
+    if torch.compiler.is_compiling():  # Inductor fuses the plain form (and refuses strided out=)
+        x1, x2 = x[..., :h], x[..., h:]
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(dtype)
+    return _RotateHeads.apply(x, c, s, dtype)
+
+
 class KVCacheLike(Protocol):
     """What the model asks of a KV cache (the decoders' caches, :mod:`minigpt_cli.sample.decoding`).
 
@@ -155,29 +206,35 @@ class CausalSelfAttention(nn.Module):
         QK-normed, rotated, ``ve`` (B, T, nkv·hs), this layer's value embedding of the tokens, mixed
         into v."""
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
-        q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, nh, hs): Qwen3 norms in this layout
-        k = k.view(B, T, self.n_kv_head, self.head_dim)
-        v = v.view(B, T, self.n_kv_head, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        qkv = self.c_attn(x)
+        heads = self.n_head + self.n_kv_head
+        qk = qkv[..., : C + self.kv_dim].view(B, T, heads, self.head_dim)  # q's heads, then k's
+        v = qkv[..., C + self.kv_dim :].view(B, T, self.n_kv_head, self.head_dim)
         if ve is not None:
             gate = 3 * torch.sigmoid(
                 self.ve_gate(x[..., : self.ve_gate.in_features])
             )  # (B, T, nkv), in (0, 3)
             v = v + (gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim)).to(v.dtype)
+        # Under a CPU's autocast the attention runs in float32 (runtime/kernels/dropout.py) or
+        # autocast casts its inputs itself: the rotated q and k stay float32 rather than being
+        # rounded to bfloat16 and cast back.
+        wide = (
+            torch.float32 if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") else None
+        )
+        if self.qk_norm:  # (B, T, heads, hs): Qwen3 norms in this layout, each its own gain
+            q, k = qk.split([self.n_head, self.n_kv_head], dim=2)
+            q, k = self.q_norm(q), self.k_norm(k)
+            if self.rope:
+                q, k = rotate_heads(q, *rope, wide), rotate_heads(k, *rope, wide)
+        else:
+            if self.rope:  # q and k in one rotation: they lie side by side in the projection
+                qk = rotate_heads(qk, *rope, wide)
+            q, k = qk.split([self.n_head, self.n_kv_head], dim=2)
         q, k, v = (
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
         )  # (B, nh, T, hs), (B, nkv, T, hs)
-        if self.rope:
-            cos, sin = rope
-            # Under a CPU's autocast the attention runs in float32 (runtime/kernels/dropout.py) or
-            # autocast casts its inputs itself: the rotated q and k stay float32 rather than being
-            # rounded to bfloat16 and cast back (4 fewer copies a layer forward, 4 backward).
-            wide = x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-            q, k = apply_rope(q, cos, sin, wide), apply_rope(k, cos, sin, wide)
         return q, k, v
 
     def forward(
@@ -400,8 +457,7 @@ class GPT(nn.Module):
             x = x + self.pos_table[positions].to(x.dtype)
         elif cfg.pos_encoding == "rope":
             cos, sin = self._rope(0, n_pos, idx.device)
-            # (1, T, hs) or (B, 1, T, hs): broadcast over the heads of q, k (B, nh, T, hs)
-            rope = (cos[positions].unsqueeze(-3), sin[positions].unsqueeze(-3))
+            rope = (cos[positions], sin[positions])  # (T, hs) or (B, T, hs): rotate_heads'
         x = self.drop(x)
         for i, block in enumerate(self.h):
             ve = (
