@@ -94,9 +94,9 @@ def apply_rope(
 
 class _RotateHeads(torch.autograd.Function):
     """:func:`rotate_heads`' arithmetic, forward and backward, each in four element-wise passes
-    over x's halves (autograd's record of :func:`apply_rope` takes about 20 per layer, with a cast
-    and a concatenation each way: a fifth of ``speedrun-nanogpt-cpu``'s step on 2 CPU cores,
-    BENCHMARKS.md).
+    over x's halves, where autograd's record of :func:`apply_rope` on q and k takes about 20 a
+    layer, with a cast and a concatenation each way (``speedrun-nanogpt-cpu``'s step on 2 CPU cores
+    is about 3% faster: BENCHMARKS.md, session 19).
 
     With x = (x₁, x₂) and out = (x₁c − x₂s, x₂c + x₁s), the gradient is
     dx₁ = g₁c + g₂s, dx₂ = g₂c − g₁s (the rotation's transpose)."""
