@@ -92,37 +92,35 @@ def apply_rope(
     return out if keep_float32 else out.to(x.dtype)
 
 
-class _RotateHeads(torch.autograd.Function):
-    """:func:`rotate_heads`' arithmetic, forward and backward, each in four element-wise passes
-    over x's halves, where autograd's record of :func:`apply_rope` on q and k takes about 20 a
-    layer, with a cast and a concatenation each way (``speedrun-nanogpt-cpu``'s step on 2 CPU cores
-    is about 3% faster: BENCHMARKS.md, session 19).
+def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """(x₁c − x₂s, x₂c + x₁s) for x = (x₁, x₂) split in halves along its last dimension, in four
+    element-wise passes, in the wider of x's and the angles' dtypes."""
+    h = x.size(-1) // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, c.dtype), device=x.device)
+    o1, o2 = out[..., :h], out[..., h:]
+    torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-1)
+    torch.mul(x2, c, out=o2).addcmul_(x1, s)
+    return out
 
-    With x = (x₁, x₂) and out = (x₁c − x₂s, x₂c + x₁s), the gradient is
-    dx₁ = g₁c + g₂s, dx₂ = g₂c − g₁s (the rotation's transpose)."""
+
+class _RotateHeads(torch.autograd.Function):
+    """:func:`rotate_heads`' arithmetic: :func:`_rotate` forward, and backward the rotation by the
+    opposite angle (its transpose: dx₁ = g₁c + g₂s, dx₂ = g₂c − g₁s), four element-wise passes each
+    way where autograd's record of :func:`apply_rope` on q and k takes about 20 a layer, with a cast
+    and a concatenation each way (``speedrun-nanogpt-cpu``'s step on 2 CPU cores is about 3%
+    faster: BENCHMARKS.md, session 19)."""
 
     @staticmethod
     def forward(ctx, x, c, s, dtype):
-        h = x.size(-1) // 2
-        x1, x2 = x[..., :h], x[..., h:]
-        out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, c.dtype), device=x.device)
-        o1, o2 = out[..., :h], out[..., h:]
-        torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-1)
-        torch.mul(x2, c, out=o2).addcmul_(x1, s)
         ctx.save_for_backward(c, s)
         ctx.x_dtype = x.dtype
-        return out.to(dtype)
+        return _rotate(x, c, s).to(dtype)
 
     @staticmethod
     def backward(ctx, g):
         c, s = ctx.saved_tensors
-        h = g.size(-1) // 2
-        g1, g2 = g[..., :h], g[..., h:]
-        dx = torch.empty(g.shape, dtype=torch.promote_types(g.dtype, c.dtype), device=g.device)
-        d1, d2 = dx[..., :h], dx[..., h:]
-        torch.mul(g1, c, out=d1).addcmul_(g2, s)
-        torch.mul(g2, c, out=d2).addcmul_(g1, s, value=-1)
-        return dx.to(ctx.x_dtype), None, None, None
+        return _rotate(g, c, -s).to(ctx.x_dtype), None, None, None
 
 
 def rotate_heads(
