@@ -953,3 +953,108 @@ def test_run_after_run_in_one_process_each_compiles(data_dir, tmp_path, monkeypa
             progress=False,
         )
         assert len(compiled) > before, i
+
+
+# ---------------------------------------------------------------- the whole val split at each eval
+
+
+@pytest.mark.parametrize(
+    "n,block_size,batch_size,world",
+    [(100, 16, 3, 1), (100, 16, 3, 2), (97, 8, 4, 3), (17, 16, 8, 2), (2, 4, 2, 2), (33, 32, 1, 4)],
+)
+def test_full_eval_batches_score_every_token_once_over_the_processes(
+    n, block_size, batch_size, world
+):
+    """Every token after the first is a target exactly once over all the processes' batches, each
+    read after the tokens before it in its window; every process reads the same number of
+    batches (FSDP's forward is a collective)."""
+    from minigpt_cli.data.pipeline import full_eval_batches, full_eval_steps
+
+    tokens = torch.randperm(1000)[:n].numpy()
+    scored = []
+    for rank in range(world):
+        batches = list(
+            full_eval_batches(tokens, block_size, batch_size, rank, world, torch.device("cpu"))
+        )
+        assert len(batches) == full_eval_steps(n, block_size, batch_size, world)
+        for x, y in batches:
+            assert x.shape == y.shape and x.size(0) <= batch_size and x.size(1) <= block_size
+            for row_x, row_y in zip(x.tolist(), y.tolist()):
+                begin = tokens.tolist().index(row_x[0])
+                for j, target in enumerate(row_y):
+                    if target >= 0:
+                        assert row_x[: j + 1] == tokens[begin : begin + j + 1].tolist()
+                        assert target == tokens[begin + j + 1]
+                        scored.append(begin + j + 1)
+    assert sorted(scored) == list(range(1, n))
+
+
+def test_estimate_loss_weighs_each_batch_by_its_scored_tokens():
+    """The mean over tokens, whatever the batching: three ways of cutting one split into batches
+    (one holding no scored target) give the summed cross-entropy of every token over their
+    count."""
+    from contextlib import nullcontext
+
+    from minigpt_cli.data.pipeline import full_eval_batches
+    from minigpt_cli.trainer.step import estimate_loss
+
+    torch.manual_seed(0)
+    cfg = tiny("data").model.model_copy(update={"vocab_size": 65})
+    model = GPT(cfg)
+    tokens = torch.randint(0, 65, (301,)).numpy()
+    x = torch.from_numpy(tokens[:-1].astype("int64"))[None]
+    y = torch.from_numpy(tokens[1:].astype("int64"))[None]
+    with torch.no_grad():
+        # windows of block_size (32): the same (context, token) pairs as the batches below
+        logits = torch.cat([model(x[:, i : i + 32])[0] for i in range(0, 300, 32)], dim=1)
+        expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).item()
+    got = []
+    for batch_size, world in ((1, 1), (4, 1), (3, 3)):
+        batches = [
+            b
+            for rank in range(world)
+            for b in full_eval_batches(tokens, 32, batch_size, rank, world, torch.device("cpu"))
+        ]
+        assert world == 1 or any((b[1] < 0).all() for b in batches)  # a batch that scores nothing
+        got.append(estimate_loss(model, {"val": batches}, nullcontext())["val"])
+    assert got == pytest.approx([expected] * 3, abs=1e-6), got
+
+
+def test_eval_full_val_logs_the_whole_val_split_and_evaluate_gives_it_back(
+    data_dir, tmp_path, cli, monkeypatch
+):
+    """A run with train.eval_full_val logs the loss --full --stride BLOCK_SIZE computes on its
+    last checkpoint, and evaluate's default (the run's eval windows) gives that back too."""
+    monkeypatch.chdir(tmp_path)
+    result = train(
+        tiny(
+            data_dir, "train.max_iters=3", "train.eval_at_start=false", "train.eval_full_val=true"
+        ),
+        "full",
+        echo=lambda m: None,
+        progress=False,
+    )
+    full = cli(
+        "evaluate",
+        "--run",
+        result.run_dir,
+        "--checkpoint",
+        "last",
+        "--full",
+        "--stride",
+        "32",
+        "--batch-size",
+        "64",
+        "--json",
+        "--no-progress",
+    )
+    assert full.exit_code == 0, full
+    full = json.loads(full.stdout)
+    assert full["loss"] == pytest.approx(result.val_loss, abs=1e-5), (full, result.val_loss)
+    again = cli(
+        "evaluate", "--run", result.run_dir, "--checkpoint", "last", "--json", "--no-progress"
+    )
+    again = json.loads(again.stdout)
+    assert again["mode"] == "eval" and again["tokens"] == full["tokens"] == full["split_tokens"] - 1
+    assert again["loss"] == pytest.approx(result.val_loss, abs=1e-6)
+    assert again["logged_loss"] == pytest.approx(result.val_loss, abs=1e-12)

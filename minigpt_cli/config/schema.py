@@ -308,6 +308,12 @@ class TrainConfig(_Strict):
         description="global batches per split at each eval: eval_iters x "
         "batch_size x grad_accum_steps x processes windows",
     )
+    eval_full_val: bool = Field(
+        False,
+        description="score the whole val split at each eval, every token once in windows of "
+        "block_size (as evaluate --full --stride BLOCK_SIZE), in place of eval_iters batches of "
+        "random windows: exact, at the cost of (val tokens / block_size) windows",
+    )
     eval_at_start: bool = Field(
         True,
         description="also evaluate before the first step (the untrained loss, about "

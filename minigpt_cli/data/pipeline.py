@@ -564,6 +564,65 @@ def windows(
     return x.to(device), y.to(device)
 
 
+def full_windows(n_tokens: int, block_size: int, stride: int) -> Iterator[tuple[int, int, int]]:
+    """(begin, end, scored) of each window over ``n_tokens`` tokens: it reads ``begin .. end - 1``
+    and scores the last ``scored`` of its predictions; together they score every token after the
+    first exactly once."""
+    done = 1  # tokens scored so far, counting the first, which nothing predicts
+    begin = 0
+    while done < n_tokens:
+        end = min(begin + block_size + 1, n_tokens)  # block_size inputs and their next tokens
+        yield begin, end, end - done
+        done = end
+        begin += stride
+
+
+def span_batch(
+    tokens: np.ndarray, spans: Sequence[tuple[int, int, int]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, y (len(spans), the longest span's inputs) int64 on ``device`` for spans (begin, end,
+    scored) of :func:`full_windows`: each row reads ``tokens[begin:end - 1]``, left-aligned; y holds
+    the next tokens of its last ``scored`` inputs and -1 elsewhere (the loss's ``ignore_index``)."""
+    import torch
+
+    width = max(end - begin for begin, end, _ in spans) - 1
+    x = torch.zeros((len(spans), width), dtype=torch.long)
+    y = torch.full((len(spans), width), -1, dtype=torch.long)
+    for row, (begin, end, scored) in enumerate(spans):
+        window = torch.from_numpy(tokens[begin:end].astype(np.int64))
+        x[row, : end - begin - 1] = window[:-1]
+        if scored:
+            y[row, end - begin - 1 - scored : end - begin - 1] = window[-scored:]
+    return x.to(device), y.to(device)
+
+
+def full_eval_batches(
+    tokens: np.ndarray, block_size: int, batch_size: int, rank: int, world: int, device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One process's share of a split scored whole (``train.eval_full_val``): the windows of
+    :func:`full_windows` with stride ``block_size`` (every token after the first scored once, with
+    0 to ``block_size - 1`` tokens before it in its window), ``batch_size`` at a time; process
+    ``rank`` takes every ``world``-th batch. Every process yields :func:`full_eval_steps` batches
+    (FSDP's forward is a collective): one left without windows reads the first window with no
+    target scored (y all -1)."""
+    spans = list(full_windows(len(tokens), block_size, block_size))
+    groups = [spans[i : i + batch_size] for i in range(0, len(spans), batch_size)]
+    for i in range(full_eval_steps(len(tokens), block_size, batch_size, world)):
+        index = i * world + rank
+        if index < len(groups):
+            yield span_batch(tokens, groups[index], device)
+        else:
+            begin, end, _ = spans[0]
+            yield span_batch(tokens, [(begin, end, 0)], device)
+
+
+def full_eval_steps(n_tokens: int, block_size: int, batch_size: int, world: int) -> int:
+    """The batches each process reads in :func:`full_eval_batches`: ⌈windows / batch_size /
+    world⌉, with ⌈(n_tokens − 1) / block_size⌉ windows."""
+    n_windows = -(-(n_tokens - 1) // block_size)
+    return -(-(-(-n_windows // batch_size)) // world)
+
+
 #: Eval offsets are drawn this many at a time: memory stays bounded whatever ``eval_iters`` asks
 #: for.
 EVAL_CHUNK = 4096

@@ -28,7 +28,10 @@ from ..data.pipeline import (
     configured_corpus,
     eval_offsets,
     eval_seed,
+    full_eval_batches,
+    full_windows,
     run_corpus_config,
+    span_batch,
     windows,
 )
 from ..data.preparation import prepare
@@ -73,19 +76,6 @@ def split_tokens(
     )
 
 
-def full_windows(n_tokens: int, block_size: int, stride: int) -> Iterator[tuple[int, int, int]]:
-    """(begin, end, scored) of each window over ``n_tokens`` tokens: it reads ``begin .. end - 1``
-    and scores the last ``scored`` of its predictions; together they score every token after the
-    first exactly once."""
-    done = 1  # tokens scored so far, counting the first, which nothing predicts
-    begin = 0
-    while done < n_tokens:
-        end = min(begin + block_size + 1, n_tokens)  # block_size inputs and their next tokens
-        yield begin, end, end - done
-        done = end
-        begin += stride
-
-
 def lm_eval_windows(n_tokens: int, block_size: int) -> Iterator[tuple[int, int, int]]:
     """(begin, end, scored) of lm-eval's rolling windows over a begin token and ``n_tokens`` tokens
     after it (indices count the begin token as 0), as :func:`full_windows` gives them: every token
@@ -125,18 +115,12 @@ def _score_full(
     with torch.no_grad(), bar:
         for i in range(0, len(spans), batch_size):
             group = spans[i : i + batch_size]
-            width = max(end - begin for begin, end, _ in group) - 1
-            x = torch.zeros((len(group), width), dtype=torch.long)
-            y = torch.full((len(group), width), -1, dtype=torch.long)
-            for row, (begin, end, scored) in enumerate(group):
-                window = torch.from_numpy(tokens[begin:end].astype(np.int64))
-                x[row, : end - begin - 1] = window[:-1]
-                y[row, end - begin - 1 - scored : end - begin - 1] = window[-scored:]
-            logits, _ = model(x.to(device))
+            x, y = span_batch(tokens, group, device)
+            logits, _ = model(x)
             total += (
                 F.cross_entropy(
                     logits.float().flatten(0, 1),
-                    y.to(device).flatten(),
+                    y.flatten(),
                     ignore_index=-1,
                     reduction="sum",
                 )
@@ -150,8 +134,12 @@ def _score_full(
 def _training_eval(
     model, cfg, tokens: np.ndarray, split: str, step: int, world: int, device: torch.device
 ) -> tuple[float, int]:
-    """The mean loss of the windows the run's eval read at ``step``, and the number of windows."""
+    """The mean loss of the windows the run's eval read at ``step`` (the whole val split with
+    ``train.eval_full_val``), and the number of tokens scored."""
     tc, T = cfg.train, cfg.model.block_size
+    if split == "val" and tc.eval_full_val:
+        batches = full_eval_batches(tokens, T, tc.batch_size, 0, 1, device)
+        return estimate_loss(model, {split: batches}, nullcontext(), Dist())[split], len(tokens) - 1
     n_windows = tc.eval_iters * tc.batch_size * tc.grad_accum_steps * world
     offsets = torch.cat(
         list(eval_offsets(len(tokens), T, n_windows, eval_seed(cfg.seed, split, step)))
@@ -160,9 +148,7 @@ def _training_eval(
         windows(tokens, offsets[i : i + tc.batch_size], T, device)
         for i in range(0, n_windows, tc.batch_size)
     )
-    return estimate_loss(model, {split: batches}, n_windows, nullcontext(), Dist())[
-        split
-    ], n_windows
+    return estimate_loss(model, {split: batches}, nullcontext(), Dist())[split], n_windows * T
 
 
 def evaluate(
@@ -271,8 +257,7 @@ def evaluate(
             )
     else:
         world = meta.get("world_size", 1)
-        loss, n_windows = _training_eval(model, cfg, tokens, split, meta.get("step", 0), world, dev)
-        n_scored = n_windows * T
+        loss, n_scored = _training_eval(model, cfg, tokens, split, meta.get("step", 0), world, dev)
         # The run's evals scored its EMA weights when it kept them: the raw ones differ.
         if meta.get("eval_step") == meta.get("step") and loaded.ema == loaded.has_ema:
             logged = meta.get(f"{split}_loss")

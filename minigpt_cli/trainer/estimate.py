@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 from ..accounting.steps import full_steps
 from ..config.schema import Config, TrainConfig
+from ..data.pipeline import full_eval_steps
 
 #: Eval batches timed before the first, rough figure (said during the first eval, long before it
 #: ends).
@@ -62,6 +63,18 @@ def evals_left(tc: TrainConfig, step: int, evaluated: bool) -> int:
     elif evaluated and (step % tc.eval_interval == 0 or step == tc.max_iters):
         count -= 1  # the eval at this step already ran
     return max(count, 0)
+
+
+def eval_batches(cfg: Config, val_tokens: Optional[int], world: int = 1) -> int:
+    """Micro-batches one process reads at each eval: ``eval_iters × grad_accum_steps`` a split, or
+    for the val split with ``train.eval_full_val`` its whole windows
+    (:func:`~minigpt_cli.data.pipeline.full_eval_steps`; ``val_tokens`` None, not known yet: counted
+    as a sampled split)."""
+    tc = cfg.train
+    sampled = tc.eval_iters * tc.grad_accum_steps
+    if not tc.eval_full_val or val_tokens is None:
+        return 2 * sampled
+    return sampled + full_eval_steps(val_tokens, cfg.model.block_size, tc.batch_size, world)
 
 
 class TimeEstimate:
@@ -230,10 +243,18 @@ def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, str]:
     return micro * tc.grad_accum_steps + opt_s, micro / STEP_PER_FORWARD, how
 
 
-def run_estimate(cfg: Config, device, dtype, step: int = 0, evaluated: bool = False) -> list[str]:
+def run_estimate(
+    cfg: Config,
+    device,
+    dtype,
+    step: int = 0,
+    evaluated: bool = False,
+    val_tokens: Optional[int] = None,
+) -> list[str]:
     """What ``train`` and ``--dry-run`` say before training: the run's time on ``device`` from
     ``step`` on (:func:`step_seconds`; ``about 7.2 h on cpu (...)``), then on a CPU, past
-    :data:`LONG_ON_CPU_S`, the note naming the CPU recipe."""
+    :data:`LONG_ON_CPU_S`, the note naming the CPU recipe. ``val_tokens``: the val split's size,
+    which ``train.eval_full_val`` scores whole at each eval (None: not known)."""
     tc = cfg.train
     step_s, batch_s, how = step_seconds(cfg, device, dtype)
     if device.type == "cuda":  # the throwaway model's memory back to the device, for the run's
@@ -241,7 +262,7 @@ def run_estimate(cfg: Config, device, dtype, step: int = 0, evaluated: bool = Fa
 
         torch.cuda.empty_cache()
     steps, evals = max(tc.max_iters - step, 0), evals_left(tc, step, evaluated)
-    eval_s = 2 * tc.eval_iters * tc.grad_accum_steps * batch_s  # the train and val splits
+    eval_s = eval_batches(cfg, val_tokens) * batch_s  # the train and val splits
     # A ramp's smaller steps cost their share of a full step's FLOPs.
     total = full_steps(step, tc.max_iters, cfg) * step_s + evals * eval_s
     lines = [

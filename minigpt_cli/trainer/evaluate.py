@@ -12,10 +12,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config.schema import Config
-from ..data.pipeline import eval_offsets, eval_seed, windows
+from ..data.pipeline import eval_offsets, eval_seed, full_eval_batches, windows
 from ..data.preparation import PreparedData
 from ..runtime.device import CpuThreads
 from ..runtime.distributed import Dist
+from .estimate import eval_batches
 from .schedule import should_eval
 from .step import estimate_loss
 
@@ -47,18 +48,22 @@ class Evaluator:
         )
         self.splits = {"train": data.train, "val": data.val}
         tc = cfg.train
-        #: Windows per split at each eval, over every process.
+        #: Sampled windows per split at each eval, over every process.
         self.n_windows = tc.eval_iters * tc.batch_size * tc.grad_accum_steps * dist.world
-        #: Micro-batches per split that this process reads at each eval.
-        self.batches_per_split = tc.eval_iters * tc.grad_accum_steps
+        #: Micro-batches that this process reads at each eval, both splits.
+        self.batches_per_eval = eval_batches(cfg, len(data.val), dist.world)
 
     def due(self, step: int, evaluated: bool) -> bool:
         """Whether the run evaluates now (:func:`~.schedule.should_eval`), once per step."""
         return should_eval(step, self.cfg.train) and not evaluated
 
     def batches(self, split: str, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This process's micro-batches of ``split``'s eval windows at ``step``."""
+        """This process's micro-batches of ``split``'s eval windows at ``step``: sampled, or the
+        whole val split with ``train.eval_full_val``."""
         tokens, T, B = self.splits[split], self.cfg.model.block_size, self.cfg.train.batch_size
+        if split == "val" and self.cfg.train.eval_full_val:
+            yield from full_eval_batches(tokens, T, B, self.dist.rank, self.dist.world, self.device)
+            return
         share = self.n_windows // self.dist.world
         lo, hi = self.dist.rank * share, (self.dist.rank + 1) * share  # this process's windows
         pending, seen = torch.empty(0, dtype=torch.long), 0
@@ -76,12 +81,12 @@ class Evaluator:
                 return
 
     def losses(self, model: torch.nn.Module, step: int) -> Optional[dict[str, float]]:
-        """Mean train and val loss per window (:func:`~.step.estimate_loss`); None when a stop
+        """Mean train and val loss per token (:func:`~.step.estimate_loss`); None when a stop
         request cut it short."""
         # A second bar under the training one while the eval runs (a big eval_iters can take
         # minutes).
         bar = tqdm(
-            total=len(self.splits) * self.batches_per_split,
+            total=self.batches_per_eval,
             desc=f"eval at step {step}",
             unit="batch",
             leave=False,
@@ -107,7 +112,6 @@ class Evaluator:
             return estimate_loss(
                 model,
                 {split: counted(split) for split in self.splits},
-                self.n_windows,
                 self.autocast,
                 self.dist,
                 should_stop=poll_and_ask,

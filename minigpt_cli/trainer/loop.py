@@ -27,7 +27,7 @@ from ..runtime import distributed as parallel
 from ..runtime.device import capture_rng, flush_denormals
 from ..runtime.distributed import all_mean, close_distributed
 from ..sample.sampling import sample_prompt_text
-from .estimate import CPU_RECIPE, CPU_RECIPES, TimeEstimate
+from .estimate import CPU_RECIPE, CPU_RECIPES, TimeEstimate, eval_batches
 from .evaluate import Evaluator
 from .guards import MAX_NONFINITE, Skips, Stops
 from .optim import set_lr
@@ -83,7 +83,7 @@ class Trainer:
             tc,
             s.prog.step,
             s.prog.evaluated,
-            2 * tc.eval_iters * tc.grad_accum_steps,
+            eval_batches(s.cfg, len(s.data.val), s.dist.world),
             # the CPU recipe's note once: not again when the estimate before the run gave it
             s.device.type == "cpu"
             and s.cfg.name not in CPU_RECIPES

@@ -379,7 +379,13 @@ def plan(
     # say it for all, timed alone).
     left = resumed is None or not resumed.done
     estimate = (
-        run_estimate(cfg, device, dtype, *(resumed.position if resumed else (0, False)))
+        run_estimate(
+            cfg,
+            device,
+            dtype,
+            *(resumed.position if resumed else (0, False)),
+            val_tokens=stage.data.counts[1] if stage.data is not None else None,
+        )
         if left and not dist.enabled
         else []
     )

@@ -16,16 +16,16 @@ from .optim import step_unless
 def estimate_loss(
     model: torch.nn.Module,
     splits: Mapping[str, Iterable[tuple[torch.Tensor, torch.Tensor]]],
-    n_windows: int,
     autocast,
     d: Dist = Dist(),
     should_stop: Optional[Callable[[], bool]] = None,
 ) -> Optional[dict[str, float]]:
-    """Mean loss per window of each split, in eval mode, without gradients; None when
-    ``should_stop`` (asked before every batch, the same answer on every rank) cut it short. Sums are
-    float64, taken over the ranks before dividing, so the result does not depend on how the
-    ``n_windows`` were split into micro-batches or processes. The host reads each split's sum once,
-    at its end."""
+    """Mean loss per scored token of each split's batches (x, y), in eval mode, without gradients;
+    targets of -1 are not scored (the loss's ``ignore_index``; a batch may score none). None when
+    ``should_stop`` (asked before every batch, the same answer on every rank) cut it short. Each
+    batch's mean loss is weighted by its scored targets; the sums are float64, taken over the ranks
+    before dividing, so the result does not depend on how the windows were split into micro-batches
+    or processes. The host reads each split's sums once, at its end."""
     model.eval()
     out = {}
     try:
@@ -36,9 +36,12 @@ def estimate_loss(
                     return None
                 with autocast:
                     _, loss = model(x, y)
-                part = loss.detach().double() * x.size(0)
+                scored = (y >= 0).sum().double()
+                # where no target is scored the mean is 0/0: that batch adds nothing
+                part = torch.stack([torch.where(scored > 0, loss.double() * scored, 0.0), scored])
                 total = part if total is None else total + part
-            out[split] = (all_sum(total, d) / n_windows).item()
+            loss_sum, count = all_sum(total, d).tolist()
+            out[split] = loss_sum / count
     finally:
         model.train()
     return out
