@@ -94,7 +94,8 @@ def speedrun(
     eval (with its checkpoint save) before that point counts as training
     time; process start-up and data preparation do not. The nanogpt-cpu
     record recipe evaluates once, at its last step (an eval there costs some
-    10 steps); nanogpt-gpu's every 250 steps, on 10 batches per split; no
+    10 steps); nanogpt-gpu's every 260 steps, scoring the whole val split
+    (train.eval_full_val: a sample's lucky readings would win time); no
     eval at step 0, no text sample. The stop val is the last checkpoint's loss over the
     whole val split (every character scored once, not a sample). A seed that
     never reaches the target is a miss: it keeps its val in the statistics

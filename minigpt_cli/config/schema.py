@@ -310,9 +310,8 @@ class TrainConfig(_Strict):
     )
     eval_full_val: bool = Field(
         False,
-        description="score the whole val split at each eval, every token once in windows of "
-        "block_size (as evaluate --full --stride BLOCK_SIZE), in place of eval_iters batches of "
-        "random windows: exact, at the cost of (val tokens / block_size) windows",
+        description="score the whole val split at each eval (as evaluate --full --stride "
+        "BLOCK_SIZE), not eval_iters batches of random windows",
     )
     eval_at_start: bool = Field(
         True,
