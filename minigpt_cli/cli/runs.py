@@ -229,9 +229,10 @@ def evaluate(
     By default it reads the windows the run's own eval read at the
     checkpoint's step, so it gives back the logged val_loss (shown beside
     it); a run trained with train.eval_full_val read the whole val split in
-    windows of block_size, as --full --stride BLOCK_SIZE. --full scores every token of the split once: windows of block_size
-    tokens advancing by --stride, each scoring only the tokens the previous
-    window did not (transformers' "perplexity of fixed-length models").
+    windows of block_size, as --full --stride BLOCK_SIZE. --full scores every
+    token of the split once: windows of block_size tokens advancing by
+    --stride, each scoring only the tokens the previous window did not
+    (transformers' "perplexity of fixed-length models").
     --windows lm-eval scores as lm-evaluation-harness does on an export
     (a begin token, then disjoint windows that each see only the token
     before them): more tokens see little context, so its figure is higher.
