@@ -3,6 +3,7 @@ drawn."""
 
 from __future__ import annotations
 
+import math
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -619,8 +620,8 @@ def full_eval_batches(
 def full_eval_steps(n_tokens: int, block_size: int, batch_size: int, world: int) -> int:
     """The batches each process reads in :func:`full_eval_batches`: ⌈windows / batch_size /
     world⌉, with ⌈(n_tokens − 1) / block_size⌉ windows."""
-    n_windows = -(-(n_tokens - 1) // block_size)
-    return -(-(-(-n_windows // batch_size)) // world)
+    n_windows = math.ceil((n_tokens - 1) / block_size)
+    return math.ceil(math.ceil(n_windows / batch_size) / world)
 
 
 #: Eval offsets are drawn this many at a time: memory stays bounded whatever ``eval_iters`` asks
