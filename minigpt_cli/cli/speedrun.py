@@ -121,7 +121,7 @@ def speedrun(
     from ..speedrun import baseline as baselines
     from ..speedrun import ledger
     from ..speedrun.runner import format_report, physical_cores, run_speedrun, write_report
-    from ..speedrun.tracks import check_recipe, get_track
+    from ..speedrun.tracks import check_recipe, fetch_corpus, get_track
 
     t = get_track(track)
     if record and seeds < 2:
@@ -146,6 +146,7 @@ def speedrun(
     recipe_path = resolve_config(recipe_name, note=echo)
     cfg = load_config(recipe_path, set_)
     check_recipe(cfg, recipe_name)
+    fetch_corpus(cfg)  # before the baseline's minutes: a speedrun never trains on the fallback
     script = None
     if baseline_nanogpt is not None:
         here = [Path.cwd(), *([root] if root else []), Path(__file__).resolve().parents[2]]

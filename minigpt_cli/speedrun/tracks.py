@@ -86,7 +86,7 @@ def check_recipe(cfg: Config, recipe: str) -> None:
         )
     else:
         on_disk = corpus_path(dc.data_dir, dc.dataset)
-        # Missing: train downloads it and checks the sha256 itself.
+        # Missing: fetch_corpus downloads it, checking the sha256.
         if on_disk.is_file() and (got := _sha256(on_disk)) != want:
             raise MinigptError(
                 f"{on_disk} is not Tiny Shakespeare (sha256 {got[:12]}…, want {want[:12]}…), "
@@ -113,3 +113,25 @@ def check_recipe(cfg: Config, recipe: str) -> None:
             f"recipe {recipe} holds out data.val_fraction {dc.val_fraction}: the tracks' val split "
             f"is the last {VAL_FRACTION:g} of the text; set data.val_fraction: {VAL_FRACTION:g}"
         )
+
+
+def fetch_corpus(cfg: Config) -> None:
+    """Download Tiny Shakespeare where the recipe names it (``data.dataset``) and it is not on disk,
+    before any training: a track is scored on this corpus alone, so the speedrun never takes the
+    fallback corpus that ``train`` uses where GitHub cannot be reached.
+
+    Raises:
+        MinigptError: the download failed; unreachable, it names the mirror variable and the file
+            to copy.
+    """
+    from ..data.download import Unreachable, download
+
+    dc = cfg.data
+    if dc.path is not None:
+        return
+    try:
+        download(DATASET, dc.data_dir, dc.url)
+    except Unreachable as exc:
+        raise MinigptError(
+            f"a speedrun trains on Tiny Shakespeare itself, never on its fallback corpus: {exc}"
+        ) from None
