@@ -293,9 +293,7 @@ def test_a_recipe_that_is_not_the_tracks_task_is_refused(tmp_path, data_dir, cli
     assert_user_error(res, "train.max_seconds (60.0)", "fixed train.max_iters (60)")
 
 
-def test_an_unreachable_corpus_is_refused_not_replaced_by_the_fallback(
-    tmp_path, cli, monkeypatch
-):
+def test_an_unreachable_corpus_is_refused_not_replaced_by_the_fallback(tmp_path, cli, monkeypatch):
     """``train`` falls back to shakespeare-gutenberg where GitHub cannot be reached; a speedrun,
     scored on Tiny Shakespeare, refuses instead, before any baseline or training."""
     from minigpt_cli import paths
