@@ -17,9 +17,21 @@ from minigpt_cli.config.schema import ConfigError, TrainConfig, load_config
 from minigpt_cli.errors import Interrupted, MinigptError
 from minigpt_cli.model.gpt import GPT
 from minigpt_cli.trainer import lr_at, train
+from minigpt_cli.trainer import muon as muon_module
 from minigpt_cli.trainer.optim import MuonAdamW, make_optimizer, muon_params, set_lr
 from minigpt_cli.trainer.schedule import wsd_decay_start
 from minigpt_cli.trainer.setup import MUON_UNUSED, config_notes
+
+#: The CPU's own choice of Newton-Schulz dtype, before the fixture below replaces it.
+NEWTON_SCHULZ_DTYPE = muon_module.newton_schulz_dtype
+
+
+@pytest.fixture(autouse=True)
+def _bfloat16_newton_schulz(monkeypatch):
+    """torch.optim.Muon's Newton-Schulz runs in bfloat16 on any CPU, ours in float32 where the CPU
+    emulates bfloat16 products (an AVX2 CPU): the tests held against its arithmetic run ours in
+    bfloat16 too, whatever the CPU."""
+    monkeypatch.setattr(muon_module, "newton_schulz_dtype", lambda device: torch.bfloat16)
 
 
 def tiny_model(*extra: str) -> GPT:
@@ -115,6 +127,39 @@ def test_orthogonalize_equals_torch_optim_muons_newton_schulz_on_each_matrix():
             assert (
                 s.max() < 1.5 and 0.6 < s.median() < 1.3
             )  # singular values pulled towards 1 (S' about 0.5..1.5)
+
+
+def test_a_cpu_that_emulates_bfloat16_products_iterates_in_float32(monkeypatch):
+    """newton_schulz_dtype: bfloat16 where the CPU multiplies it natively (oneDNN's check), else
+    float32, whose iterates follow a float64 iteration far closer than bfloat16's."""
+    from minigpt_cli.trainer.muon import orthogonalize
+
+    cpu = torch.device("cpu")
+    for native in (True, False):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+        muon_module._cpu_multiplies_bfloat16.cache_clear()
+        expected = torch.bfloat16 if native else torch.float32
+        assert NEWTON_SCHULZ_DTYPE(cpu) == expected
+    muon_module._cpu_multiplies_bfloat16.cache_clear()
+    g = torch.Generator().manual_seed(0)
+    stacks = [torch.randn(2, 96, 24, generator=g), torch.randn(2, 24, 64, generator=g)]
+    coefficients, steps, eps = (3.4445, -4.7750, 2.0315), 5, 1e-7
+    wide = orthogonalize(stacks, [coefficients] * steps, eps, dtype=torch.float32)
+    narrow = orthogonalize(stacks, [coefficients] * steps, eps, dtype=torch.bfloat16)
+    for stack, ours, rounded in zip(stacks, wide, narrow):
+        assert ours.dtype == torch.float32 and ours.shape == stack.shape
+        for x, y, z in zip(stack, ours, rounded):
+            # The same iteration in float64 (torch's casts to bfloat16), wide side first.
+            x64 = x.double() / x.double().norm().clamp(min=eps)
+            tall = x64.size(0) > x64.size(1)
+            x64 = x64.T if tall else x64
+            a, b, c = coefficients
+            for _ in range(steps):
+                gram = x64 @ x64.T
+                x64 = a * x64 + (b * gram + c * gram @ gram) @ x64
+            exact = x64.T if tall else x64
+            assert (y.double() - exact).abs().max() < 1e-4
+            assert (z.double() - exact).abs().max() > 10 * (y.double() - exact).abs().max()
 
 
 def test_muon_follows_the_schedule_from_its_own_rate_and_its_state_reloads():

@@ -289,7 +289,7 @@ def test_compile_failure_falls_back_with_a_warning(data_dir, tmp_path, monkeypat
     assert sum("torch.compile failed" in n for n in notes) == 1
     keys = load_file(tmp_path / "runs" / "c" / "checkpoints" / "last" / "model.safetensors").keys()
     assert not any(k.startswith("_orig_mod.") for k in keys)
-    from minigpt_cli.runtime.kernels.onednn import available as onednn_enabled
+    from minigpt_cli.runtime.kernels.onednn import wins as onednn_enabled
 
     env = json.loads((tmp_path / "runs" / "c" / "env.json").read_text())
     assert env["linear_kernel"] == ("oneDNN" if onednn_enabled() else "torch.mm")
@@ -366,7 +366,7 @@ def test_compile_trains_like_eager_on_cpu(data_dir, tmp_path, monkeypatch):
             progress=False,
         )
         runs[flag] = curve(res.run_dir)
-    from minigpt_cli.runtime.kernels.onednn import available as onednn_enabled
+    from minigpt_cli.runtime.kernels.onednn import wins as onednn_enabled
 
     assert not [n for n in notes if "compile" in n and "oneDNN" not in n], notes  # no fallback
     # On x86 the compiled run says that eager would put (some of) tiny's linear layers on the faster

@@ -7,8 +7,9 @@ iteration each, 240 a step. :class:`BatchedMuon` stacks the matrices of one shap
 iteration on the stack (``torch.baddbmm``), as nanochat's ``MuonAdamW`` and modded-nanogpt do, and
 takes the middle product of every stack whose Gram matrices have one size in a single call: 45 a
 step there. Each matrix sees the same bfloat16 operations as under ``torch.optim.Muon``, so the
-updates agree (tests/test_optim.py holds them equal over several steps). BENCHMARKS.md, "Muon's
-step", has the cost.
+updates agree (tests/test_optim.py holds them equal over several steps); a CPU that emulates
+bfloat16 products runs them in float32 instead (:func:`newton_schulz_dtype`). BENCHMARKS.md,
+"Muon's step", has the cost.
 
 Three of today's variants are switches of a group (``train.muon.*``), each off by default, where the
 step is the plain one to the bit: Polar Express's coefficients (:data:`POLAR_EXPRESS`), NorMuon's
@@ -17,6 +18,7 @@ per-row normalisation (:func:`normalize_rows`) and cautious weight decay (:func:
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
@@ -59,19 +61,36 @@ def iteration_coefficients(
     return tuned + [POLAR_EXPRESS_LIMIT] * (steps - len(tuned)), POLAR_EXPRESS_SAFETY
 
 
+def newton_schulz_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of the Newton-Schulz products on ``device``: bfloat16, ``torch.optim.Muon``'s, where
+    the device multiplies it natively (CUDA; a CPU with AVX512-BF16 or AMX, as oneDNN reports it),
+    else float32. An AVX2 CPU emulates bfloat16 products: on an AMD EPYC of family 25, model 1
+    (Zen 3) Muon's update took 431 ms a step at configs/speedrun-nanogpt-cpu.yaml's size, AdamW's
+    1.2 ms (BENCHMARKS.md, "Muon's step")."""
+    if device.type == "cpu" and not _cpu_multiplies_bfloat16():
+        return torch.float32
+    return torch.bfloat16
+
+
+@functools.cache
+def _cpu_multiplies_bfloat16() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def orthogonalize(
     stacks: Sequence[torch.Tensor],
     iterations: Sequence[tuple[float, float, float]],
     eps: float,
     safety: float = 0.0,
+    dtype: Optional[torch.dtype] = None,
 ) -> list[torch.Tensor]:
-    """Odd quintic Newton-Schulz iterations on stacks of matrices, in bfloat16: those of
-    ``torch.optim.Muon`` with one (a, b, c) for all iterations, Polar Express's with one each
-    (:func:`iteration_coefficients`).
+    """Odd quintic Newton-Schulz iterations on stacks of matrices, in bfloat16 (``dtype``; None:
+    :func:`newton_schulz_dtype` of their device): those of ``torch.optim.Muon`` with one (a, b, c)
+    for all iterations, Polar Express's with one each (:func:`iteration_coefficients`).
 
     ``stacks``: tensors of shape (B_i, m_i, n_i); ``iterations``: the (a, b, c) of each iteration;
-    ``safety``: the input is scaled by 1/(‖X‖_F·(1 + safety)). Returns one (B_i, m_i, n_i) bfloat16
-    tensor each (a view, transposed for a wide stack), every matrix about U·S'·Vᵀ (S' near 1) where
+    ``safety``: the input is scaled by 1/(‖X‖_F·(1 + safety)). Returns one (B_i, m_i, n_i)
+    ``dtype`` tensor each (a view, transposed for a wide stack), every matrix about U·S'·Vᵀ (S' near 1) where
     U·S·Vᵀ is its SVD (Jordan et al. 2024,
     "Muon: an optimizer for hidden layers"; torch/optim/_muon.py's ``_zeropower_via_newtonschulz``;
     Amsel et al. 2025, arXiv 2505.16932, Algorithm 1). An iteration is X ← aX + (bA + cA²)X with
@@ -91,12 +110,11 @@ def orthogonalize(
         groups.setdefault(((n, m) if wide[i] else (m, n), g.device), []).append(i)
     xs, where = [], [None] * len(stacks)  # the groups' iterates; each stack's group and rows
     for (shape, device), members in groups.items():
-        x = torch.empty(
-            sum(stacks[i].size(0) for i in members), *shape, dtype=torch.bfloat16, device=device
-        )
+        dt = dtype or newton_schulz_dtype(device)
+        x = torch.empty(sum(stacks[i].size(0) for i in members), *shape, dtype=dt, device=device)
         row = 0
         for i in members:
-            g = stacks[i].bfloat16()
+            g = stacks[i].to(dt)
             norm = g.norm(dim=(-2, -1), keepdim=True)
             if safety:  # (1 + safety) only where asked: the quintic's scaling stays torch's
                 norm = norm * (1 + safety)
@@ -116,7 +134,7 @@ def orthogonalize(
                 sum(xs[i].size(0) for i in members),
                 side,
                 side,
-                dtype=torch.bfloat16,
+                dtype=xs[members[0]].dtype,
                 device=xs[members[0]].device,
             ),
         )
@@ -323,7 +341,8 @@ class BatchedMuon(torch.optim.Muon):
                 elif keep is None:  # in place, as the momentum above
                     if decay:
                         torch._foreach_mul_(s.params, 1 - lr * decay)
-                    # a bfloat16 update into a float32 weight, as Muon adds it (NorMuon's: float32)
+                    # a bfloat16 update into a float32 weight, as Muon adds it (NorMuon's, and on a
+                    # CPU without bfloat16 products, float32)
                     torch._foreach_add_(s.params, ortho.unbind(0), alpha=alpha)
                     continue
                 else:

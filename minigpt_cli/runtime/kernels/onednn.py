@@ -1,5 +1,5 @@
-"""float32 linear layers on oneDNN for x86 CPUs, where MKL takes its AVX2 path on AMD (1.48x a step,
-BENCHMARKS.md).
+"""float32 linear layers on oneDNN for x86 CPUs with AVX-512, where MKL takes its AVX2 path on AMD
+(1.48x a step, BENCHMARKS.md).
 
 :func:`swap_linears` turns a model's ``nn.Linear`` into :class:`OneDNNLinear` (same parameters):
 oneDNN where it pays, ``F.linear`` elsewhere. ``MINIGPT_ONEDNN=0`` leaves models alone."""
@@ -58,6 +58,15 @@ def matmul_op():
 def available() -> bool:
     """Whether this machine and PyTorch can run :func:`linear` on oneDNN (x86-64 with the op)."""
     return platform.machine().lower() in ("x86_64", "amd64") and matmul_op() is not None
+
+
+@functools.cache
+def wins() -> bool:
+    """Whether oneDNN's products beat PyTorch's MKL ones on this CPU: an x86 CPU with AVX-512. On an
+    AVX2-only CPU both run AVX2 code and oneDNN's backward adds transposed copies: a step of
+    configs/speedrun-nanogpt-cpu.yaml in float32 took 137 ms on oneDNN, 98 ms on MKL, on an AMD
+    EPYC of family 25, model 1 (Zen 3; BENCHMARKS.md)."""
+    return available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _forward(
@@ -179,12 +188,12 @@ class OneDNNLinear(nn.Linear):
 def swap_linears(model: nn.Module, enabled: Optional[bool] = None) -> nn.Module:
     """Replace every ``nn.Linear`` of ``model`` by a :class:`OneDNNLinear`, in place, holding the
     same parameter tensors (state dict, weight tying and optimizers unaffected). ``enabled`` None:
-    ``MINIGPT_ONEDNN`` (:func:`requested`) where oneDNN is :func:`available`. Returns ``model``.
+    ``MINIGPT_ONEDNN`` (:func:`requested`) where oneDNN :func:`wins`. Returns ``model``.
 
     Raises:
         MinigptError: ``MINIGPT_ONEDNN`` is neither on nor off."""
     if enabled is None:
-        enabled = requested() and available()
+        enabled = requested() and wins()
     if not enabled:
         return model
     for parent in list(model.modules()):
