@@ -16,6 +16,7 @@ from test_resume import signals_after_step
 from minigpt_cli.config.schema import ConfigError, TrainConfig, load_config
 from minigpt_cli.errors import Interrupted, MinigptError
 from minigpt_cli.model.gpt import GPT
+from minigpt_cli.runtime import device as device_module
 from minigpt_cli.trainer import lr_at, train
 from minigpt_cli.trainer import muon as muon_module
 from minigpt_cli.trainer.optim import MuonAdamW, make_optimizer, muon_params, set_lr
@@ -137,10 +138,10 @@ def test_a_cpu_that_emulates_bfloat16_products_iterates_in_float32(monkeypatch):
     cpu = torch.device("cpu")
     for native in (True, False):
         monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
-        muon_module._cpu_multiplies_bfloat16.cache_clear()
+        device_module.cpu_multiplies_bfloat16.cache_clear()
         expected = torch.bfloat16 if native else torch.float32
         assert NEWTON_SCHULZ_DTYPE(cpu) == expected
-    muon_module._cpu_multiplies_bfloat16.cache_clear()
+    device_module.cpu_multiplies_bfloat16.cache_clear()
     g = torch.Generator().manual_seed(0)
     stacks = [torch.randn(2, 96, 24, generator=g), torch.randn(2, 24, 64, generator=g)]
     coefficients, steps, eps = (3.4445, -4.7750, 2.0315), 5, 1e-7

@@ -298,3 +298,27 @@ def test_flushing_subnormals_reaches_every_thread_only_when_set_before_they_star
     )
     kept = int(out.stdout)
     assert kept == (0 if when == "first" else (1 << 22) // 2), out
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bfloat16_on_a_cpu_that_emulates_it_is_noted_with_the_fix(
+    native, cli, data_dir, tmp_path, monkeypatch
+):
+    """train says once, before its first step, that bfloat16 is emulated on this CPU and to set
+    dtype: float32; nothing where the CPU has bfloat16 units, or in float32."""
+    from helpers import TINY
+
+    from minigpt_cli.runtime import device
+
+    monkeypatch.setattr(device, "cpu_multiplies_bfloat16", lambda: native)
+    for dtype in ("bfloat16", "float32"):
+        res = cli("train", TINY, "--set", f"data.data_dir={data_dir}", "--set", f"dtype={dtype}",
+                  "--set", "train.max_iters=1", "--set", f"train.out_dir={tmp_path}",
+                  "--run-name", dtype, "--no-progress")  # fmt: skip
+        assert res.exit_code == 0, res
+        noted = [line for line in res.stderr.splitlines() if "without bfloat16 units" in line]
+        if dtype == "bfloat16" and not native:
+            assert len(noted) == 1 and noted[0].endswith("set dtype: float32"), noted
+            assert res.stderr.index(noted[0]) < res.stderr.index("step 0")
+        else:
+            assert not noted, noted

@@ -21,7 +21,13 @@ import torch
 
 from ..config.schema import Config, TrainConfig
 from ..model.gpt import GPT
-from ..runtime.device import CpuThreads, resolve_device, resolve_dtype, tune_runtime
+from ..runtime.device import (
+    CpuThreads,
+    emulated_bfloat16_note,
+    resolve_device,
+    resolve_dtype,
+    tune_runtime,
+)
 from ..runtime.kernels import swap as swap_kernels
 from ..trainer.muon import BatchedMuon
 from ..trainer.optim import MUON_PLAIN, MuonAdamW, adamw
@@ -124,6 +130,8 @@ def bench_optimizers(
     """
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
+    if note := emulated_bfloat16_note(device, dtype):
+        echo(note)
     mc = cfg.model.model_copy(update={"vocab_size": bench_vocab(cfg)})
     tc = cfg.train.model_copy(update={"muon": cfg.train.muon.model_copy(update=MUON_PLAIN)})
     if tc.parallelism == "fsdp":

@@ -24,6 +24,7 @@ from ..model.gpt import GPT
 from ..runtime.device import (
     CpuThreads,
     check_memory,
+    emulated_bfloat16_note,
     resolve_device,
     resolve_dtype,
     spec_peak,
@@ -272,6 +273,8 @@ def bench(
     tokenizer's, no corpus."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
+    if note := emulated_bfloat16_note(device, dtype):
+        echo(note)
     mc, tok = cfg.model, None
     if stream_tokens > 0:
         from ..data.pipeline import configured_corpus, ensure_tokenizer, with_vocab

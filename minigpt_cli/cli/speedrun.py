@@ -118,6 +118,7 @@ def speedrun(
     from ..errors import MinigptError
     from ..paths import resolve_config
     from ..run.env import git_commit
+    from ..runtime.device import emulated_bfloat16_note, resolve_device, resolve_dtype
     from ..speedrun import baseline as baselines
     from ..speedrun import ledger
     from ..speedrun.runner import format_report, physical_cores, run_speedrun, write_report
@@ -147,6 +148,9 @@ def speedrun(
     cfg = load_config(recipe_path, set_)
     check_recipe(cfg, recipe_name)
     fetch_corpus(cfg)  # before the baseline's minutes: a speedrun never trains on the fallback
+    device = resolve_device(cfg.device)
+    if note := emulated_bfloat16_note(device, resolve_dtype(cfg.dtype, device)):
+        echo(f"{note} (--set dtype=float32)")
     script = None
     if baseline_nanogpt is not None:
         here = [Path.cwd(), *([root] if root else []), Path(__file__).resolve().parents[2]]

@@ -18,13 +18,14 @@ per-row normalisation (:func:`normalize_rows`) and cautious weight decay (:func:
 
 from __future__ import annotations
 
-import functools
 from typing import Optional, Sequence
 
 import torch
 from torch.optim._muon import (
     _adjust_lr,
 )  # torch.optim.Muon's own per-shape scale, so both scale alike
+
+from ..runtime.device import cpu_multiplies_bfloat16
 
 #: Polar Express's polynomials, one (a, b, c) per iteration (Amsel, Persson, Musco & Gower 2025,
 #: "The Polar Express: Optimal Matrix Sign Methods and Their Application to the Muon Algorithm",
@@ -67,14 +68,9 @@ def newton_schulz_dtype(device: torch.device) -> torch.dtype:
     else float32. An AVX2 CPU emulates bfloat16 products: on an AMD EPYC of family 25, model 1
     (Zen 3) Muon's update took 431 ms a step at configs/speedrun-nanogpt-cpu.yaml's size, AdamW's
     1.2 ms (BENCHMARKS.md, "Muon's step")."""
-    if device.type == "cpu" and not _cpu_multiplies_bfloat16():
+    if device.type == "cpu" and not cpu_multiplies_bfloat16():
         return torch.float32
     return torch.bfloat16
-
-
-@functools.cache
-def _cpu_multiplies_bfloat16() -> bool:
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def orthogonalize(

@@ -45,6 +45,7 @@ from ..runtime import distributed as parallel
 from ..runtime.device import (
     CpuThreads,
     check_memory,
+    emulated_bfloat16_note,
     resolve_device,
     resolve_dtype,
     restore_rng,
@@ -293,6 +294,8 @@ def plan(
     dist, device = init_distributed(device) if write else (Dist.from_env(), device)
     if not dist.main:
         echo = lambda message: None  # noqa: E731 - only rank 0 talks
+    if write and (note := emulated_bfloat16_note(device, dtype)):
+        echo(note)
     tc = cfg.train
     tracker_names = trackers.check(tc) if dist.main else []
     elastic = Elastic.from_env()
