@@ -228,6 +228,27 @@ def test_set_changes_the_recipe_that_every_seed_runs(tmp_path, data_dir, cli, mo
     assert report["seeds"][0]["stop_step"] == 20
 
 
+def test_a_cpu_that_emulates_bfloat16_runs_the_recipe_in_float32(
+    tmp_path, data_dir, cli, monkeypatch
+):
+    """A bfloat16 recipe on a CPU without bfloat16 units runs in float32, said and written in the
+    recipe as run (the given file is left alone)."""
+    from minigpt_cli.runtime import device
+
+    monkeypatch.setattr(device, "cpu_multiplies_bfloat16", lambda: False)
+    _track(monkeypatch)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(_recipe(data_dir, max_iters=20) | {"dtype": "bfloat16"}))
+    out = tmp_path / "out"
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", recipe, "--seeds", "1",
+              "--threads", "1", "--out", out)  # fmt: skip
+    assert res.exit_code == 0, res
+    assert "the seeds run with --set dtype=float32" in res.stderr
+    assert load_config(out / "recipe.yaml").dtype == "float32"
+    assert json.loads((out / REPORT).read_text())["recipe"] == str(out / "recipe.yaml")
+    assert load_config(recipe).dtype == "bfloat16"
+
+
 def test_record_refuses_a_dirty_tree_before_training(tmp_path, data_dir, cli, monkeypatch):
     _track(monkeypatch)
     repo = _repo(tmp_path, _recipe(data_dir))
