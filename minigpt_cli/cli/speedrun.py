@@ -148,6 +148,14 @@ def speedrun(
     cfg = load_config(recipe_path, set_)
     check_recipe(cfg, recipe_name)
     fetch_corpus(cfg)  # before the baseline's minutes: a speedrun never trains on the fallback
+    script = None
+    if baseline_nanogpt is not None:
+        here = [Path.cwd(), *([root] if root else []), Path(__file__).resolve().parents[2]]
+        script = baselines.find_script(baseline_script, here)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = out or Path(cfg.train.out_dir) / f"speedrun-{t.name}-{stamp}"
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise MinigptError(f"--out {out} already holds files", "give a new or empty folder")
     device = resolve_device(cfg.device)
     if note := emulated_bfloat16_note(device, resolve_dtype(cfg.dtype, device)):
         if any(s.partition("=")[0].strip() == "dtype" for s in set_):
@@ -160,14 +168,6 @@ def speedrun(
                 "bfloat16 products (25x float32's step on an AMD Zen 3): the seeds run with --set "
                 "dtype=float32, which the report and a ledger row name; --set dtype=bfloat16 keeps it"
             )
-    script = None
-    if baseline_nanogpt is not None:
-        here = [Path.cwd(), *([root] if root else []), Path(__file__).resolve().parents[2]]
-        script = baselines.find_script(baseline_script, here)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = out or Path(cfg.train.out_dir) / f"speedrun-{t.name}-{stamp}"
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise MinigptError(f"--out {out} already holds files", "give a new or empty folder")
     threads = threads or physical_cores()
     out.mkdir(parents=True, exist_ok=True)
     if set_:  # the recipe as run, so the seeds, the report and the ledger name one file
