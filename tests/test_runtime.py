@@ -322,3 +322,8 @@ def test_bfloat16_on_a_cpu_that_emulates_it_is_noted_with_the_fix(
             assert res.stderr.index(noted[0]) < res.stderr.index("step 0")
         else:
             assert not noted, noted
+    # A dry run lists it with the config's notes.
+    res = cli("train", TINY, "--set", f"data.data_dir={data_dir}", "--set", "dtype=bfloat16",
+              "--dry-run")  # fmt: skip
+    assert res.exit_code == 0, res
+    assert ("without bfloat16 units" in res.stdout) != native, res.stdout

@@ -294,8 +294,6 @@ def plan(
     dist, device = init_distributed(device) if write else (Dist.from_env(), device)
     if not dist.main:
         echo = lambda message: None  # noqa: E731 - only rank 0 talks
-    if write and (note := emulated_bfloat16_note(device, dtype)):
-        echo(note)
     tc = cfg.train
     tracker_names = trackers.check(tc) if dist.main else []
     elastic = Elastic.from_env()
@@ -342,6 +340,7 @@ def plan(
 
     def noted(corpus) -> None:  # before the download: the data.url note looks at the corpus on disk
         found[:] = config_notes(cfg, dist, corpus is not None and cfg.data.path is None)
+        found.extend(note for note in [emulated_bfloat16_note(device, dtype)] if note)
         for note in found if write else []:
             echo(note)
 
