@@ -66,8 +66,8 @@ def newton_schulz_dtype(device: torch.device) -> torch.dtype:
     """The dtype of the Newton-Schulz products on ``device``: bfloat16, ``torch.optim.Muon``'s, where
     the device multiplies it natively (CUDA; a CPU with AVX512-BF16 or AMX, as oneDNN reports it),
     else float32. An AVX2 CPU emulates bfloat16 products: on an AMD EPYC of family 25, model 1
-    (Zen 3) Muon's update took 431 ms a step at configs/speedrun-nanogpt-cpu.yaml's size, AdamW's
-    1.2 ms (BENCHMARKS.md, "Muon's step")."""
+    (Zen 3) Muon's update took 431 ms a step at configs/speedrun-nanogpt-cpu.yaml's size in
+    bfloat16, 21 ms in float32, AdamW's 1.2 ms (BENCHMARKS.md, "Session 21")."""
     if device.type == "cpu" and not cpu_multiplies_bfloat16():
         return torch.float32
     return torch.bfloat16
@@ -86,10 +86,10 @@ def orthogonalize(
 
     ``stacks``: tensors of shape (B_i, m_i, n_i); ``iterations``: the (a, b, c) of each iteration;
     ``safety``: the input is scaled by 1/(‖X‖_F·(1 + safety)). Returns one (B_i, m_i, n_i)
-    ``dtype`` tensor each (a view, transposed for a wide stack), every matrix about U·S'·Vᵀ (S' near 1) where
-    U·S·Vᵀ is its SVD (Jordan et al. 2024,
-    "Muon: an optimizer for hidden layers"; torch/optim/_muon.py's ``_zeropower_via_newtonschulz``;
-    Amsel et al. 2025, arXiv 2505.16932, Algorithm 1). An iteration is X ← aX + (bA + cA²)X with
+    ``dtype`` tensor each (a view, transposed for a wide stack), every matrix about U·S'·Vᵀ (S' near
+    1) where U·S·Vᵀ is its SVD (Jordan et al. 2024, "Muon: an optimizer for hidden layers";
+    torch/optim/_muon.py's ``_zeropower_via_newtonschulz``; Amsel et al. 2025, arXiv 2505.16932,
+    Algorithm 1). An iteration is X ← aX + (bA + cA²)X with
     A = XXᵀ. ``torch.optim.Muon`` iterates a tall matrix Y transposed; here Y stays as it is and the
     iteration reads Y ← aY + Y(bA + cA²) with A = YᵀY, the same products of the same numbers, since
     A and bA + cA² are symmetric. A wide stack is iterated transposed, tall, in one stack with the
