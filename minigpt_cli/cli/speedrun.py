@@ -147,7 +147,6 @@ def speedrun(
     recipe_path = resolve_config(recipe_name, note=echo)
     cfg = load_config(recipe_path, set_)
     check_recipe(cfg, recipe_name)
-    fetch_corpus(cfg)  # before the baseline's minutes: a speedrun never trains on the fallback
     script = None
     if baseline_nanogpt is not None:
         here = [Path.cwd(), *([root] if root else []), Path(__file__).resolve().parents[2]]
@@ -156,6 +155,7 @@ def speedrun(
     out = out or Path(cfg.train.out_dir) / f"speedrun-{t.name}-{stamp}"
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise MinigptError(f"--out {out} already holds files", "give a new or empty folder")
+    fetch_corpus(cfg)  # after the refusals, before the baseline's minutes: never the fallback
     device = resolve_device(cfg.device)
     if note := emulated_bfloat16_note(device, resolve_dtype(cfg.dtype, device)):
         if any(s.partition("=")[0].strip() == "dtype" for s in set_):
