@@ -87,7 +87,10 @@ def speedrun(
     split: nanogpt-cpu, 1.886 (nanoGPT's CPU recipe's final val), and
     nanogpt-gpu, 1.47 (what nanoGPT's GPU recipe reaches), both on the CPU.
     Each seed is a real `minigpt train` process, one after another, all with
-    the same --threads. The recipe runs its fixed number of steps.
+    the same --threads. The recipe runs its fixed number of steps. Tiny
+    Shakespeare is downloaded first if it is missing (never the fallback
+    corpus). On a CPU without bfloat16 units (AVX2 only) a bfloat16 recipe
+    runs in float32, and the command says so; --set dtype=bfloat16 keeps it.
 
     Per seed: the time to target is the run's elapsed_s at its first eval
     with val <= target. The clock starts before the first step, and every
