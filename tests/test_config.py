@@ -849,7 +849,7 @@ def test_every_note_rule_has_a_case():
 
 
 def test_data_url_is_noted_when_the_corpus_is_on_disk(tmp_path, data_dir):
-    from minigpt_cli.trainer.setup import config_notes as notes
+    from minigpt_cli.trainer.run_notes import config_notes as notes
 
     url = "data.url=file:///home/me/my-own.txt"
     (note,) = notes(load_config(TINY, [f"data.data_dir={data_dir}", url]))

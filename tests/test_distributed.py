@@ -608,7 +608,7 @@ def test_restarts_over_several_machines_on_the_shared_store_get_a_note(data_dir,
     """torchrun --max-restarts over 2 machines with its agent's store shared (PyTorch's default):
     the notes before the run say to export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; with it exported
     (the store not shared), on one machine, or without restarts, they do not."""
-    from minigpt_cli.trainer.setup import config_notes
+    from minigpt_cli.trainer.run_notes import config_notes
 
     cfg = tiny(data_dir)
     said = "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"

@@ -20,8 +20,8 @@ from minigpt_cli.runtime import device as device_module
 from minigpt_cli.trainer import lr_at, train
 from minigpt_cli.trainer import muon as muon_module
 from minigpt_cli.trainer.optim import MuonAdamW, make_optimizer, muon_params, set_lr
+from minigpt_cli.trainer.run_notes import MUON_UNUSED, config_notes
 from minigpt_cli.trainer.schedule import wsd_decay_start
-from minigpt_cli.trainer.setup import MUON_UNUSED, config_notes
 
 #: The CPU's own choice of Newton-Schulz dtype, before the fixture below replaces it.
 NEWTON_SCHULZ_DTYPE = muon_module.newton_schulz_dtype
