@@ -371,3 +371,33 @@ def test_count_params_shows_the_switches_and_their_parameters(cli):
         "value embeddings (V·n_kv_head·head_dim per table)" in text
         and "2 norms + q/k norms" in text
     )
+
+
+def test_q_and_k_normed_in_one_pass_equal_their_two_norms():
+    """qk_rms_norm: the values of q_norm and k_norm called apart, bit for bit, on a strided slice
+    of the projection as the attention gives it, and the same gradients (the gains' to float32
+    rounding: the fused product sums them over the heads in another order)."""
+    from minigpt_cli.model.gpt import RMSNorm, qk_rms_norm
+
+    torch.manual_seed(0)
+    B, T, nh, nkv, hd = 2, 5, 4, 2, 8
+    q_norm, k_norm = RMSNorm(hd), RMSNorm(hd)
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5), k_norm.weight.uniform_(0.5, 1.5)
+    qkv = torch.randn(B, T, (nh + 2 * nkv) * hd, requires_grad=True)
+    g = torch.randn(B, T, nh + nkv, hd)
+
+    def run(fused: bool):
+        qk = qkv[..., : (nh + nkv) * hd].view(B, T, nh + nkv, hd)
+        if fused:
+            out = qk_rms_norm(qk, q_norm, k_norm, nh)
+        else:
+            out = torch.cat((q_norm(qk[:, :, :nh]), k_norm(qk[:, :, nh:])), dim=2)
+        grads = torch.autograd.grad((out * g).sum(), (qkv, q_norm.weight, k_norm.weight))
+        return out, grads
+
+    (fused, fused_grads), (apart, apart_grads) = run(True), run(False)
+    assert torch.equal(fused, apart)
+    assert torch.equal(fused_grads[0], apart_grads[0])
+    for a, b in zip(fused_grads[1:], apart_grads[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
