@@ -21,8 +21,9 @@ What the harness changes, so that every example runs in seconds (and nothing els
   tokens). The model's width and depth are the example's.
 - ``minigpt sweep``: ``--budget iters=N`` becomes N / SHRINK (rounded up), or ``iters=4`` when not
   given, and :data:`TINY_TRAIN` is passed with ``--set``.
-- ``minigpt generate``: ``--max-new-tokens 8`` is appended; ``minigpt bench``: ``--iters 2``;
-  ``minigpt evaluate --full``: ``--stride 32`` (whole windows, a quarter of the default's work).
+- ``minigpt generate``: ``--max-new-tokens 8`` is appended; ``minigpt bench``: ``--iters 2`` and
+  :data:`TINY_BENCH` (its steps at 4 sequences of 32 tokens); ``minigpt evaluate --full``:
+  ``--stride 32`` (whole windows, a quarter of the default's work).
 - Set-up segments of a command (``python3 -m venv``, ``. .venv/bin/activate``, ``pip install``,
   ``git clone``, ``cd minigpt``) are not run: the test runs in the suite's own environment; nor is
   ``python -m pytest`` (the suite inside itself).
@@ -62,6 +63,8 @@ TINY_TRAIN = [
     "train.eval_iters=2",
     "train.sample_tokens=8",
 ]
+#: Appended to every ``minigpt bench``: the batch and context of its timed steps.
+TINY_BENCH = ["train.batch_size=4", "model.block_size=32"]
 #: Step-count keys that are shrunk where an example gives them.
 STEP_KEYS = (
     "train.max_iters",
@@ -210,7 +213,7 @@ def tiny(argv: list[str]) -> list[str]:
     elif cmd == "generate":
         out += ["--max-new-tokens", "8"]
     elif cmd == "bench":
-        out += ["--iters", "2"]
+        out += ["--iters", "2", *(f"--set={s}" for s in TINY_BENCH)]
     elif cmd == "evaluate" and "--full" in out:
         out += ["--stride", "32"]
     return out
