@@ -42,7 +42,8 @@ class RMSNorm(nn.Module):
 def qk_rms_norm(qk: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm, n_head: int) -> torch.Tensor:
     """``q_norm`` on the first ``n_head`` heads of qk (B, T, heads, hs) and ``k_norm`` on the rest,
     in one normalisation and one product with the two gains side by side: the values of the two
-    :class:`RMSNorm` calls, bit for bit, in a third of the element-wise passes."""
+    :class:`RMSNorm` calls, bit for bit, in half their element-wise passes, and one tensor that
+    :func:`rotate_heads` rotates at once. Returns (B, T, heads, hs), in float32 where a gain is."""
     dtype, heads = qk.dtype, qk.size(-2)
     gain = torch.cat(
         (q_norm.weight.expand(n_head, -1), k_norm.weight.expand(heads - n_head, -1))
