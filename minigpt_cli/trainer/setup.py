@@ -285,7 +285,8 @@ def plan(
 
     def noted(corpus) -> None:  # before the download: the data.url note looks at the corpus on disk
         found[:] = config_notes(cfg, dist, corpus is not None and cfg.data.path is None)
-        found.extend(note for note in [emulated_bfloat16_note(device, dtype)] if note)
+        if emulated := emulated_bfloat16_note(device, dtype):
+            found.append(emulated)
         for note in found if write else []:
             echo(note)
 
