@@ -248,8 +248,12 @@ def attention(
     )
 
 
-#: :func:`attention` outside any compiled graph (a graph break where it is called).
-_eager_attention = torch.compiler.disable(attention)
+#: :func:`attention` outside any compiled graph (a graph break where it is called). PyTorch's own
+#: lazy form of ``torch.compiler.disable`` (torch.optim's methods use it): that one imports
+#: torch._dynamo at once, 1.9 s of every minigpt process's start on a 2-core Zen 3 (``minigpt
+#: generate`` took 3.5-4.6 s, now 2.4-2.7 s); this one at its first call, only ever inside
+#: torch.compile, where torch._dynamo is loaded already.
+_eager_attention = torch._disable_dynamo(attention)
 
 
 def requested() -> bool:
