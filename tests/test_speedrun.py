@@ -211,42 +211,30 @@ def test_a_recipe_that_never_reaches_its_target_is_refused(tmp_path, data_dir, c
     assert not (out / REPORT).exists()
 
 
-def test_set_changes_the_recipe_that_every_seed_runs(tmp_path, data_dir, cli, monkeypatch):
-    """--set KEY=VALUE: the recipe with the change is written beside the runs and is what the
-    seeds train and the report names."""
-    _track(monkeypatch)
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(_recipe(data_dir)))
-    out = tmp_path / "out"
-    res = cli("speedrun", "--track", "tiny-test", "--recipe", recipe, "--seeds", "1",
-              "--threads", "1", "--set", "train.max_iters=20", "--out", out)  # fmt: skip
-    assert res.exit_code == 0, res
-    report = json.loads((out / REPORT).read_text())
-    assert report["recipe"] == str(out / "recipe.yaml")
-    assert load_config(out / "recipe.yaml").train.max_iters == 20
-    assert load_config(recipe).train.max_iters == 60  # the given file is left as it was
-    assert report["seeds"][0]["stop_step"] == 20
-
-
-def test_a_cpu_that_emulates_bfloat16_runs_the_recipe_in_float32(
+def test_the_recipe_as_run_is_written_beside_the_runs_with_set_and_the_cpus_dtype(
     tmp_path, data_dir, cli, monkeypatch
 ):
-    """A bfloat16 recipe on a CPU without bfloat16 units runs in float32, said and written in the
-    recipe as run (the given file is left alone)."""
+    """--set KEY=VALUE, and a bfloat16 recipe on a CPU without bfloat16 units (run in float32, and
+    said): the recipe with both changes is written beside the runs, and is what the seeds train and
+    the report names; the given file is left as it was."""
     from minigpt_cli.runtime import device
 
     monkeypatch.setattr(device, "cpu_multiplies_bfloat16", lambda: False)
     _track(monkeypatch)
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(_recipe(data_dir, max_iters=20) | {"dtype": "bfloat16"}))
+    recipe.write_text(yaml.safe_dump(_recipe(data_dir) | {"dtype": "bfloat16"}))
     out = tmp_path / "out"
     res = cli("speedrun", "--track", "tiny-test", "--recipe", recipe, "--seeds", "1",
-              "--threads", "1", "--out", out)  # fmt: skip
+              "--threads", "1", "--set", "train.max_iters=20", "--out", out)  # fmt: skip
     assert res.exit_code == 0, res
     assert "the seeds run with --set dtype=float32" in res.stderr
-    assert load_config(out / "recipe.yaml").dtype == "float32"
-    assert json.loads((out / REPORT).read_text())["recipe"] == str(out / "recipe.yaml")
-    assert load_config(recipe).dtype == "bfloat16"
+    report = json.loads((out / REPORT).read_text())
+    assert report["recipe"] == str(out / "recipe.yaml")
+    ran = load_config(out / "recipe.yaml")
+    assert (ran.train.max_iters, ran.dtype) == (20, "float32")
+    given = load_config(recipe)
+    assert (given.train.max_iters, given.dtype) == (60, "bfloat16")
+    assert report["seeds"][0]["stop_step"] == 20
 
 
 def test_record_refuses_a_dirty_tree_before_training(tmp_path, data_dir, cli, monkeypatch):
