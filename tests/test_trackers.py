@@ -178,23 +178,26 @@ def test_wandb_and_mlflow_hold_metrics_jsonl_and_a_resume_continues_their_runs(t
 # ----------------------------------------------------------------------------- refusals
 
 
-def _without(tmp_path: Path, package: str) -> dict:
-    """An environment in which ``import package`` fails (a sitecustomize that blocks it)."""
+def _without(tmp_path: Path, *packages: str) -> dict:
+    """An environment in which ``import package`` fails for each of ``packages`` (a
+    sitecustomize that blocks them)."""
     shim = tmp_path / "shim"
     shim.mkdir(exist_ok=True)
-    (shim / "sitecustomize.py").write_text(f"import sys\nsys.modules[{package!r}] = None\n")
+    blocked = "".join(f"sys.modules[{p!r}] = None\n" for p in packages)
+    (shim / "sitecustomize.py").write_text(f"import sys\n{blocked}")
     return {"PYTHONPATH": str(shim)}
 
 
 @pytest.mark.parametrize("package", ["wandb", "mlflow"])
 @pytest.mark.parametrize("dry", [False, True])
 def test_a_missing_tracker_package_is_one_line_before_any_step(tmp_path, data_dir, package, dry):
+    """Said before PyTorch loads (2.5 s): torch is blocked too, and never imported."""
     res = _train(
         tmp_path,
         data_dir,
         *("--set", f"train.trackers=[{package}]"),
         *(["--dry-run"] if dry else []),
-        env=_without(tmp_path, package),
+        env=_without(tmp_path, package, "torch"),
     )
     result = CliResult(res.returncode, res.stdout, res.stderr)
     assert_user_error(

@@ -88,6 +88,10 @@ def train(
 
     set_ = [*set_, f"model.init_from={init_from}"] if init_from is not None else set_
     cfg = load_config(config, set_, note=echo)
+    if not other_rank():  # a tracker's missing package is said before PyTorch loads (2.5 s)
+        from ..run import trackers
+
+        trackers.check(cfg.train)
     from ..runtime.device import flush_denormals
     from ..trainer import train as run_training
 

@@ -8,7 +8,8 @@ config as the run's parameters, the run's name, and in a sweep a group (the swee
 trial's name and settings). Its run id is kept in the run folder's ``trackers.json``, so a resume
 continues the same tracker run.
 
-:func:`check` (at plan time, ``--dry-run`` too) refuses a tracker whose package is missing;
+:func:`check` (at plan time, ``--dry-run`` too; ``minigpt train`` calls it before PyTorch loads)
+refuses a tracker whose package is missing;
 :func:`start` (before step 1) refuses one that cannot start; both as one line, exit 2. A tracker
 that fails later is dropped with one warning and the run goes on: its own files are written as
 always.
