@@ -22,9 +22,9 @@ What the harness changes, so that every example runs in seconds (and nothing els
 - ``minigpt sweep``: ``--budget iters=N`` becomes N / SHRINK (rounded up), or ``iters=4`` when not
   given, and :data:`TINY_TRAIN` is passed with ``--set``.
 - ``minigpt generate``: ``--max-new-tokens 8`` is appended; ``minigpt bench``: ``--iters 2`` and
-  :data:`TINY_BENCH` (its steps at 4 sequences of 32 tokens, on one layer: the optimizers' rows run
-  torch.optim.Muon's bfloat16 products, emulated on a CPU without bfloat16 units); ``minigpt evaluate --full``:
-  ``--stride 32`` (whole windows, a quarter of the default's work).
+  :data:`TINY_BENCH` (its steps at 4 sequences of 32 tokens, on one layer: the optimizers' rows
+  run torch.optim.Muon's bfloat16 products, emulated on a CPU without bfloat16 units);
+  ``minigpt evaluate --full``: ``--stride 32`` (whole windows, a quarter of the default's work).
 - Set-up segments of a command (``python3 -m venv``, ``. .venv/bin/activate``, ``pip install``,
   ``git clone``, ``cd minigpt``) are not run: the test runs in the suite's own environment; nor is
   ``python -m pytest`` (the suite inside itself).
@@ -64,7 +64,7 @@ TINY_TRAIN = [
     "train.eval_iters=2",
     "train.sample_tokens=8",
 ]
-#: Appended to every ``minigpt bench``: the batch and context of its timed steps.
+#: Appended to every ``minigpt bench``: the batch and context of its timed steps, and one layer.
 TINY_BENCH = ["train.batch_size=4", "model.block_size=32", "model.n_layer=1"]
 #: Step-count keys that are shrunk where an example gives them.
 STEP_KEYS = (
