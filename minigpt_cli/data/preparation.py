@@ -263,9 +263,10 @@ def encoded(
     tok: Tokenizer,
     plan: SplitPlan,
     progress: Optional[bool] = None,
+    only: Optional[int] = None,
 ) -> Iterator[tuple[int, np.ndarray, int]]:
-    """``(split, ids, chars)`` for each unit of :func:`units`, a batch encoded while the next is
-    read."""
+    """``(split, ids, chars)`` for each unit of :func:`units` (of split ``only``: 0 train, 1 val;
+    None: both), a batch encoded while the next is read."""
     sep = np.asarray(separator_ids(tok)[0], dtype=np.int64)
     specials = list(getattr(tok, "special_tokens", ()))
     with ExitStack() as stack:
@@ -283,7 +284,8 @@ def encoded(
         )
         pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="encode"))
         pending, done = None, 0  # the batch being encoded while the next one is read
-        for batch in chain(_batches(units(corpus, plan, specials)), [None]):
+        stream = (u for u in units(corpus, plan, specials) if only in (None, u[0]))
+        for batch in chain(_batches(stream), [None]):
             job = None if batch is None else (batch, pool.submit(_encode, tok, batch, sep))
             if pending is not None:
                 ready, future = pending

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from ..config.schema import Config, TokenizerConfig
 from ..config.special_tokens import check_special_tokens
 from ..errors import MinigptError
@@ -20,9 +22,9 @@ from ..fileio import atomic_write_text, check_writable, errors_as
 from ..paths import default_tokenizer_path
 from ..tokenizer.kinds import KINDS, Tokenizer
 from ..tokenizer.training import check_vocab_size, train_tokenizer
-from .corpus import Corpus, open_corpus
+from .corpus import Corpus, cut_pieces, open_corpus
 from .pipeline import TOKENIZER_TRAIN_CHARS, configured_corpus, tokenizer_path, training_texts
-from .preparation import split_plan, write_token_files
+from .preparation import encoded, split_plan
 
 #: In the folder of an own-text corpus (``data/<name>-<fingerprint>/``): the tokenizer ``train-tokenizer``
 #: last trained there, which ``train`` then uses for that corpus (:func:`chosen_tokenizer`).
@@ -117,17 +119,18 @@ def evaluate(
     tok: Tokenizer, corpus: Corpus, text: str, val_fraction: float, train_seconds: float = 0.0
 ) -> TokenizerReport:
     """Tokens on the validation split ``prepare`` and ``train`` make
-    (:func:`~.preparation.split_plan`), and whether decode(encode(text)) == text on the training
-    text."""
-    counts = write_token_files(
-        corpus, tok, split_plan(corpus, val_fraction)[0], None, progress=False
-    )
+    (:func:`~.preparation.split_plan`; only that split is encoded), and whether
+    decode(encode(text)) == text on the training text. The text is encoded as ``prepare`` encodes a
+    document: in pieces cut where GPT-2's regex splits (:func:`~.corpus.cut_pieces`), which give
+    encode(text)'s ids, in parallel (``encode_batch``)."""
+    val_tokens = val_chars = 0
+    plan = split_plan(corpus, val_fraction)[0]
+    for _, ids, chars in encoded(corpus, tok, plan, progress=False, only=1):
+        val_tokens, val_chars = val_tokens + ids.size, val_chars + chars
+    pieces = list(cut_pieces([text], special_tokens=tok.special_tokens))
+    ids = np.concatenate([*tok.encode_batch(pieces), np.zeros(0, dtype=np.int64)])
     return TokenizerReport(
-        tok,
-        counts["val_tokens"],
-        counts["val_chars"],
-        tok.decode(tok.encode(text)) == text,
-        train_seconds,
+        tok, val_tokens, val_chars, tok.decode(ids.tolist()) == text, train_seconds
     )
 
 

@@ -93,8 +93,11 @@ def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
         MinigptError: naming the first id outside the vocabulary, and its size.
     """
     ids = list(ids)
-    floats = [i for i in ids if isinstance(i, (bool, float))]  # int(1.7) would silently decode id 1
-    out = [] if floats else list(map(int, ids))
+    # One pass in C over the types: a list of plain ints (what encode gives) needs no more. Others
+    # (numpy integers) are converted, but int(1.7) would silently decode id 1, so floats are refused.
+    plain = set(map(type, ids)) <= {int}
+    floats = [] if plain else [i for i in ids if isinstance(i, (bool, float))]
+    out = ids if plain else [] if floats else list(map(int, ids))
     outside = (
         [i for i in out if not 0 <= i < vocab_size]
         if out and (min(out) < 0 or max(out) >= vocab_size)
