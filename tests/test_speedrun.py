@@ -15,6 +15,7 @@ from helpers import TINY, assert_user_error, working_dir
 from scipy import stats
 
 from minigpt_cli.config.schema import load_config
+from minigpt_cli.errors import MinigptError
 from minigpt_cli.speedrun import ledger, tracks
 from minigpt_cli.speedrun.baseline import parse_reference
 from minigpt_cli.speedrun.runner import REPORT, SeedResult, physical_cores, summarize
@@ -208,7 +209,10 @@ def test_a_recipe_that_never_reaches_its_target_is_refused(tmp_path, data_dir, c
         res, "never reached", "0.5", "its one seed missed", "train.max_iters", notes_ok=True
     )
     assert "seed 1337: missed 0.5; stop val" in res.stderr
-    assert not (out / REPORT).exists()
+    # The report is written and shown all the same: the miss, with its val, is a result.
+    report = json.loads((out / REPORT).read_text())
+    assert report["hits"] == 0 and report["median_time_s"] is None and not report["seeds"][0]["hit"]
+    assert "miss" in res.stdout and f"{report['seeds'][0]['stop_val']:.4f}" in res.stderr
 
 
 def test_the_recipe_as_run_is_written_beside_the_runs_with_set_and_the_cpus_dtype(
@@ -230,6 +234,8 @@ def test_the_recipe_as_run_is_written_beside_the_runs_with_set_and_the_cpus_dtyp
     assert "the seeds run with --set dtype=float32" in res.stderr
     report = json.loads((out / REPORT).read_text())
     assert report["recipe"] == str(out / "recipe.yaml")
+    assert report["set"] == ["train.max_iters=20", "dtype=float32"]
+    assert "--set train.max_iters=20 --set dtype=float32)" in res.stdout.splitlines()[0]
     ran = load_config(out / "recipe.yaml")
     assert (ran.train.max_iters, ran.dtype) == (20, "float32")
     given = load_config(recipe)
@@ -270,6 +276,14 @@ def test_baseline_options_that_conflict_are_refused(tmp_path, cli):
     assert_user_error(res, "--baseline-script", "--baseline-nanogpt NANOGPT_GIT_DIR")
     res = cli("speedrun", "--baseline-nanogpt", tmp_path, "--baseline-script", tmp_path / "x.sh")
     assert_user_error(res, f"--baseline-script {tmp_path / 'x.sh'}: no such file")
+    # Where no checkout has the reference script: each folder looked in named once, and the way
+    # on without it.
+    from minigpt_cli.speedrun.baseline import find_script
+
+    with pytest.raises(MinigptError) as caught:
+        find_script(None, [tmp_path, tmp_path / ".", tmp_path / "a" / ".."])
+    said = str(caught.value)
+    assert said.count(str(tmp_path)) == 1 and "--baseline-seconds" in said, said
 
 
 def test_a_recipe_that_is_not_the_tracks_task_is_refused(tmp_path, data_dir, cli, monkeypatch):

@@ -183,7 +183,7 @@ def speedrun(
         else None
     )
     report = run_speedrun(
-        t, recipe_path, cfg, [cfg.seed + i for i in range(seeds)], threads, out, echo
+        t, recipe_path, cfg, [cfg.seed + i for i in range(seeds)], threads, out, echo, set_
     )
     median = report["median_time_s"]
     report["baseline"] = base
@@ -192,6 +192,15 @@ def speedrun(
     path = write_report(out, report)
     print(json.dumps(report, indent=1) if as_json else format_report(report), end="")
     echo(f"report written to {path}")
+    if not report["hits"]:
+        best = min(s["stop_val"] for s in report["seeds"])
+        which = f"all {seeds} seeds" if seeds > 1 else "its one seed"
+        raise MinigptError(
+            f"recipe {report['recipe']} never reached track {t.name}'s val {t.target} within its "
+            f"budget of {report['budget_iters']} steps: {which} missed (best stop val {best:.4f}; "
+            f"report and runs in {out})",
+            "give the recipe more steps (train.max_iters) or a faster schedule",
+        )
     if not record:
         return
     if not report["record_rule_met"]:

@@ -36,13 +36,15 @@ def find_script(given: Optional[Path], roots: list[Path]) -> Path:
                 "give the path of shared/tools/nanogpt-reference.sh",
             )
         return given
+    roots = list(dict.fromkeys(r.resolve() for r in roots))
     for root in roots:
         if (root / SCRIPT).is_file():
             return (root / SCRIPT).resolve()
     raise MinigptError(
         f"--baseline-nanogpt needs nanoGPT's reference script, {SCRIPT} beside a checkout, and "
         f"found none (looked from {', '.join(str(r) for r in roots)})",
-        "give its path with --baseline-script",
+        "give its path with --baseline-script, or time nanoGPT's recipe yourself and pass "
+        '--baseline-seconds (docs/speedrun.md, "Entering a record")',
     )
 
 

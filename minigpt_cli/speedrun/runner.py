@@ -26,7 +26,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ..errors import Interrupted, MinigptError
 from ..run import folder as runs
@@ -208,13 +208,13 @@ def run_speedrun(
     threads: int,
     out: Path,
     echo: Callable[[str], None],
+    overrides: Sequence[str] = (),
 ) -> dict:
-    """Train ``recipe`` (whose config is ``cfg``) at each of ``seeds`` (:func:`train_seed`) and
-    summarize; the report, not yet written.
+    """Train ``recipe`` (whose config is ``cfg``; ``overrides``: the ``--set`` values it was written
+    with) at each of ``seeds`` (:func:`train_seed`) and summarize; the report, not yet written.
 
     Raises:
-        MinigptError: a seed's training failed; every seed missed the target (the recipe's budget
-            never reaches it).
+        MinigptError: a seed's training failed.
     """
     import torch
 
@@ -239,19 +239,11 @@ def run_speedrun(
         )
         echo(f"seed {seed}: {reached}; stop val {r.stop_val:.4f} at step {r.stop_step}")
         results.append(r)
-    if not any(r.hit for r in results):
-        best = min(r.stop_val for r in results)
-        which = f"all {len(results)} seeds" if len(results) > 1 else "its one seed"
-        raise MinigptError(
-            f"recipe {recipe} never reached track {track.name}'s val {track.target} within its "
-            f"budget of {cfg.train.max_iters} steps: {which} missed (best stop val {best:.4f}; "
-            f"runs in {out})",
-            "give the recipe more steps (train.max_iters) or a faster schedule",
-        )
     return {
         "track": track.name,
         "target": track.target,
         "recipe": str(recipe),
+        "set": list(overrides),
         "budget_iters": cfg.train.max_iters,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_model(),
@@ -268,7 +260,9 @@ def format_report(report: dict) -> str:
     """The report as the terminal shows it: a line per seed, then the statistics."""
     lines = [
         f"track {report['track']}: val <= {report['target']} on Tiny Shakespeare's val split; "
-        f"recipe {report['recipe']} ({report['budget_iters']} steps)",
+        f"recipe {report['recipe']} ({report['budget_iters']} steps"
+        + (f"; --set {' --set '.join(report['set'])}" if report.get("set") else "")
+        + ")",
         f"CPU {report['cpu']}; threads {report['threads']}; torch {report['torch']}",
         "",
         f"{'seed':>6}  {'time to target':>14}  {'stop step':>9}  {'stop val':>8}  result",
