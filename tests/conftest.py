@@ -442,8 +442,15 @@ def _real_plot_when_marked(request: pytest.FixtureRequest, _quick_loss_plot) -> 
 #: Modules of a few long tests (torchrun sessions, sweep workers, SIGKILLed runs: processes that each import
 #: torch), handed out first under ``--dist loadscope``. It keeps a module on one worker and hands out the modules
 #: with the most tests first, so these came last: test_distributed kept one worker busy for 23 s after the other
-#: had finished.
-FIRST = ("test_distributed.py", "test_sweep_search.py", "test_checkpoint.py", "test_runtime.py")
+#: had finished. Then the manual's pages (test_docs.py: a scope a page, of a few blocks that train, 1-20 s a
+#: page), which came last too and kept one worker busy for 17 s after the other.
+FIRST = (
+    "test_distributed.py",
+    "test_sweep_search.py",
+    "test_checkpoint.py",
+    "test_runtime.py",
+    "test_docs.py",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

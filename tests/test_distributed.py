@@ -378,10 +378,11 @@ def test_ddp_with_muon_trains_as_one_process_does(data_dir, tmp_path):
     assert any("momentum_buffer" in s for s in state["state"].values())
 
 
-#: A torchrun worker that runs ``minigpt`` and counts the collectives that pickle objects on the
-#: host.
-COUNTING_WORKER = """
+#: A torchrun worker that runs ``minigpt``, counts the collectives that pickle objects on the host,
+#: and whose torch.compile works on rank 0 (Dynamo with the "eager" backend) and fails on rank 1.
+WORKER = """
 import atexit, json, os, runpy
+import torch
 import torch.distributed as dist
 
 calls = {"broadcast_object_list": 0, "all_gather_object": 0, "all_reduce": 0}
@@ -392,42 +393,54 @@ for name in calls:
         return _real(*a, **k)
     setattr(dist, name, counted)
 atexit.register(lambda: open(f"calls-{os.environ['RANK']}.json", "w").write(json.dumps(calls)))
+
+real_compile = torch.compile
+
+def no_compiler(graph, example_inputs):
+    raise RuntimeError("no C++ compiler on rank 1")
+
+backend = no_compiler if os.environ["RANK"] == "1" else "eager"
+torch.compile = lambda model, **k: real_compile(model, backend=backend)
 runpy.run_module("minigpt_cli", run_name="__main__")
 """
 
 
-def test_the_loop_broadcasts_no_object_under_torchrun(reference, data_dir, tmp_path):
-    """2 processes on gloo, 30 steps with 4 evals of 5 batches a split and a time budget: the ranks
-    agree on a stop and the time budget by a tensor all-reduce once per log interval (10 steps),
-    never by an object broadcast per step or per eval batch; the run folder's name is the only
-    object broadcast. The losses follow one process (the module's reference) to float32 rounding."""
-    (tmp_path / "worker.py").write_text(COUNTING_WORKER)
+def test_the_ranks_take_one_compile_decision_and_broadcast_no_object(reference, data_dir, tmp_path):
+    """2 processes on gloo, 30 steps with 4 evals of 5 batches a split and a time budget, compile
+    on; compiling fails on rank 1 only, in the warm-up at build.
+
+    - The ranks agree by an all-reduce and both train eagerly (before, the failing rank alone
+      rebuilt DDP at its first step, whose constructor's broadcast the other rank never joined);
+      rank 0's log says why.
+    - The ranks agree on a stop and the time budget by a tensor all-reduce once per log interval
+      (10 steps), never by an object broadcast per step or per eval batch; the run folder's name
+      is the only object broadcast.
+    - The losses follow one process (the module's reference) to float32 rounding.
+
+    One launch for both: a torchrun's processes take some 10 s to start and train here."""
+    (tmp_path / "worker.py").write_text(WORKER)
     args = train_args(
-        data_dir, ["--run-name", "ddp"], "train.max_iters=30", "train.max_seconds=3600"
+        data_dir,
+        ["--run-name", "ddp"],
+        "train.max_iters=30",
+        "train.max_seconds=3600",
+        "compile=true",
+        "train.log_interval=10",
     )
-    out = finish(
-        start(
-            [
-                "--standalone",
-                "--nproc_per_node",
-                "2",
-                "worker.py",
-                *args[2:],
-                "--set",
-                "train.log_interval=10",
-            ],
-            tmp_path,
-        )
-    )
+    out = finish(start(["--standalone", "--nproc_per_node", "2", "worker.py", *args[2:]], tmp_path))
     assert out.count("trained to step 30") == 1
+    run = tmp_path / "runs" / "ddp"
+    log = (run / "train.log").read_text()
+    assert (
+        log.count("torch.compile failed (it failed on another process); training without it") == 1
+    )
     for rank in (0, 1):
         calls = json.loads((tmp_path / f"calls-{rank}.json").read_text())
         assert calls["broadcast_object_list"] == 1 and calls["all_gather_object"] == 0, calls
         # One a step (the loss sum that decides a skip; DDP's gradient buckets are reduced in C++,
         # not counted here), two an eval (each split's sum), two a log interval (the loss, stop and
-        # time).
-        assert calls["all_reduce"] == 30 + 2 * 4 + 2 * 3, calls
-    run = tmp_path / "runs" / "ddp"
+        # time), and one for the compile decision.
+        assert calls["all_reduce"] == 30 + 2 * 4 + 2 * 3 + 1, calls
     train_steps = {k[1] for k in curve(run) if k[0] == "train"}
     assert train_steps == {10, 20, 30}
     assert_matches(run, reference)
@@ -454,40 +467,6 @@ def test_the_collective_timeout_covers_a_preparation_and_is_checked(cli, tmp_pat
     assert not (tmp_path / "runs").exists()
 
 
-#: A torchrun worker whose torch.compile works on rank 0 (Dynamo with the "eager" backend) and fails
-#: on rank 1.
-SPLIT_COMPILE_WORKER = """
-import os, runpy
-import torch
-
-real = torch.compile
-
-def no_compiler(graph, example_inputs):
-    raise RuntimeError("no C++ compiler on rank 1")
-
-backend = no_compiler if os.environ["RANK"] == "1" else "eager"
-torch.compile = lambda model, **k: real(model, backend=backend)
-runpy.run_module("minigpt_cli", run_name="__main__")
-"""
-
-
-def test_the_ranks_take_one_compile_decision(reference, data_dir, tmp_path):
-    """Compiling fails on rank 1 only, in the warm-up at build: the ranks agree by an all-reduce and
-    both train eagerly (before, the failing rank alone rebuilt DDP at its first step, whose
-    constructor's broadcast the other rank never joined); rank 0's log says why, and the run follows
-    one process."""
-    (tmp_path / "worker.py").write_text(SPLIT_COMPILE_WORKER)
-    args = train_args(data_dir, ["--run-name", "ddp"], "train.max_iters=30", "compile=true")
-    out = finish(start(["--standalone", "--nproc_per_node", "2", "worker.py", *args[2:]], tmp_path))
-    assert out.count("trained to step 30") == 1
-    run = tmp_path / "runs" / "ddp"
-    log = (run / "train.log").read_text()
-    assert (
-        log.count("torch.compile failed (it failed on another process); training without it") == 1
-    )
-    assert_matches(run, reference)
-
-
 def wait_for(path: Path, proc: subprocess.Popen) -> None:
     """Wait until ``path`` exists, while ``proc`` runs (a deadline that holds at 10x slowness)."""
     deadline = time.monotonic() + 300
@@ -505,16 +484,16 @@ def wait_for(path: Path, proc: subprocess.Popen) -> None:
 def test_a_worker_killed_mid_run_is_resumed_from_the_last_checkpoint_by_torchrun(
     data_dir, tmp_path
 ):
-    """torchrun --max-restarts 1, 2 processes on gloo, 120 steps with a checkpoint every 10: once
+    """torchrun --max-restarts 1, 2 processes on gloo, 60 steps with a checkpoint every 10: once
     the second kept checkpoint is written, rank 1 is SIGKILLed. torchrun starts the group again,
     which finds the run folder by the job's run id (not by its --run-name, which the first group
     took), says which folder and step it resumes, and ends the run normally in that one folder.
     The same checkpoint resumed by hand (--resume RUN/checkpoints/step-N, 2 processes) ends with the
     same weights, bit for bit, and the same losses and learning rates at every step."""
-    # 100 steps after the kill's cue, 10 evaluations and checkpoints among them (COMMON evaluates,
-    # and saves last, every 10): the kill lands long before the run could end, however slowly this
-    # test is scheduled.
-    every = ["train.max_iters=120", "train.keep_every=10"]
+    # 40 steps after the kill's cue, 4 evaluations and checkpoints among them (COMMON evaluates,
+    # and saves last, every 10): the kill, sent within milliseconds of the cue, lands long before
+    # the run could end, however slowly this test is scheduled.
+    every = ["train.max_iters=60", "train.keep_every=10"]
     job = ["--standalone", "--nproc_per_node", "2", "--max-restarts", "1"]
     proc = start([*job, *train_args(data_dir, ["--run-name", "r"], *every)], tmp_path)
     run = tmp_path / "runs" / "r"
@@ -531,8 +510,8 @@ def test_a_worker_killed_mid_run_is_resumed_from_the_last_checkpoint_by_torchrun
     )
     assert len(said) == 1 and Path(said[0][0]) == Path("runs/r"), err[-3000:]
     step = int(said[0][1])
-    assert 10 <= step < 120 and step % 10 == 0, step
-    assert out.count("trained to step 120") == 1
+    assert 10 <= step < 60 and step % 10 == 0, step
+    assert out.count("trained to step 60") == 1
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["r"]  # the same folder, no other
     log = (run / "train.log").read_text()
     assert "torchrun restart 1 of 1 (run id " in log and f"resumed from step {step} (" in log
@@ -562,7 +541,7 @@ def test_a_worker_killed_mid_run_is_resumed_from_the_last_checkpoint_by_torchrun
             for e in records(r)
         }
 
-    assert losses(run) == losses(hand) and max(k[1] for k in losses(run)) == 120
+    assert losses(run) == losses(hand) and max(k[1] for k in losses(run)) == 60
 
 
 def test_a_restarted_group_trains_from_step_0_in_the_folder_that_saved_nothing(

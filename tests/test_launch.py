@@ -6,6 +6,7 @@ The script running on a real Slurm is tests/test_slurm.py (marked ``slurm``).
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import subprocess
@@ -42,8 +43,10 @@ def torchrun_flags(line: str) -> list[str]:
     return [word.split("=")[0] for word in words if word.startswith("-")]
 
 
+@functools.cache
 def torchrun_options() -> set[str]:
-    """Every option ``torchrun --help`` lists (this environment's torch)."""
+    """Every option ``torchrun --help`` lists (this environment's torch); asked once (a process that
+    imports torch: 1.3 s)."""
     help_text = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--help"],
         capture_output=True,

@@ -197,50 +197,41 @@ def test_a_miss_stays_in_the_statistics(recorded):
     assert summary["median_time_s"] == hits[-1] and not math.isinf(hits[-1])
 
 
-def test_a_recipe_that_never_reaches_its_target_is_refused(tmp_path, data_dir, cli, monkeypatch):
-    _track(monkeypatch, target=0.5)
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(_recipe(data_dir, max_iters=10)))
-    out = tmp_path / "out"
-    res = cli("speedrun", "--track", "tiny-test", "--recipe", recipe, "--seeds", "1",
-              "--threads", "1", "--out", out)  # fmt: skip
-    # The seed's line comes before the error: it missed, with its val.
-    assert_user_error(
-        res, "never reached", "0.5", "its one seed missed", "train.max_iters", notes_ok=True
-    )
-    assert "seed 1337: missed 0.5; stop val" in res.stderr
-    # The report is written and shown all the same: the miss, with its val, is a result.
-    report = json.loads((out / REPORT).read_text())
-    assert report["hits"] == 0 and report["median_time_s"] is None and not report["seeds"][0]["hit"]
-    assert "miss" in res.stdout and f"{report['seeds'][0]['stop_val']:.4f}" in res.stderr
-
-
-def test_the_recipe_as_run_is_written_beside_the_runs_with_set_and_the_cpus_dtype(
+def test_a_recipe_that_misses_is_refused_after_its_report_which_names_set_and_the_cpus_dtype(
     tmp_path, data_dir, cli, monkeypatch
 ):
-    """--set KEY=VALUE, and a bfloat16 recipe on a CPU without bfloat16 units (run in float32, and
-    said): the recipe with both changes is written beside the runs, and is what the seeds train and
-    the report names; the given file is left as it was."""
+    """A bfloat16 recipe run with --set KEY=VALUE on a CPU without bfloat16 units (run in float32,
+    and said), whose one seed misses its target:
+
+    - the seed's line, with its val, comes before the one-line refusal; the miss is a result, so
+      the report is written and shown all the same;
+    - the recipe with both changes is written beside the runs, and is what the seed trained and
+      what the report names; the given file is left as it was."""
     from minigpt_cli.runtime import device
 
     monkeypatch.setattr(device, "cpu_multiplies_bfloat16", lambda: False)
-    _track(monkeypatch)
+    _track(monkeypatch, target=0.5)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(_recipe(data_dir) | {"dtype": "bfloat16"}))
     out = tmp_path / "out"
     res = cli("speedrun", "--track", "tiny-test", "--recipe", recipe, "--seeds", "1",
-              "--threads", "1", "--set", "train.max_iters=20", "--out", out)  # fmt: skip
-    assert res.exit_code == 0, res
+              "--threads", "1", "--set", "train.max_iters=10", "--out", out)  # fmt: skip
+    assert_user_error(
+        res, "never reached", "0.5", "its one seed missed", "train.max_iters", notes_ok=True
+    )
+    assert "seed 1337: missed 0.5; stop val" in res.stderr
     assert "the seeds run with --set dtype=float32" in res.stderr
     report = json.loads((out / REPORT).read_text())
+    assert report["hits"] == 0 and report["median_time_s"] is None and not report["seeds"][0]["hit"]
+    assert "miss" in res.stdout and f"{report['seeds'][0]['stop_val']:.4f}" in res.stderr
     assert report["recipe"] == str(out / "recipe.yaml")
-    assert report["set"] == ["train.max_iters=20", "dtype=float32"]
-    assert "--set train.max_iters=20 --set dtype=float32)" in res.stdout.splitlines()[0]
+    assert report["set"] == ["train.max_iters=10", "dtype=float32"]
+    assert "--set train.max_iters=10 --set dtype=float32)" in res.stdout.splitlines()[0]
     ran = load_config(out / "recipe.yaml")
-    assert (ran.train.max_iters, ran.dtype) == (20, "float32")
+    assert (ran.train.max_iters, ran.dtype) == (10, "float32")
     given = load_config(recipe)
     assert (given.train.max_iters, given.dtype) == (60, "bfloat16")
-    assert report["seeds"][0]["stop_step"] == 20
+    assert report["seeds"][0]["stop_step"] == 10
 
 
 def test_record_refuses_a_dirty_tree_before_training(tmp_path, data_dir, cli, monkeypatch):
