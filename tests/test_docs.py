@@ -220,7 +220,11 @@ def tiny(argv: list[str]) -> list[str]:
         out += ["--iters", "2", *(f"--set={s}" for s in TINY_BENCH)]
     elif cmd == "evaluate" and "--full" in out:
         out += ["--stride", "32"]
-    elif cmd == "train-tokenizer" and "--compare" in out and "--input" not in out:
+    elif (
+        cmd == "train-tokenizer"
+        and "--compare" in out
+        and not any(a.partition("=")[0] == "--input" for a in out)
+    ):
         out += ["--input", "compare.txt"]
     return out
 
@@ -374,6 +378,7 @@ def test_the_harness_shrinks_what_it_says():
     compare = "minigpt train-tokenizer --compare --vocab-size 2048".split()
     assert tiny(compare)[-2:] == ["--input", "compare.txt"]
     assert tiny([*compare, "--input", "books/"])[-2:] == ["--input", "books/"]
+    assert tiny([*compare, "--input=books/"])[-1] == "--input=books/"
     assert split_and("a 'x && y' && b") == ["a 'x && y'", "b"]
     assert is_setup(["pip", "install", "-e", "."]) and not is_setup(["minigpt", "train", "x"])
     assert plain("minigpt train x") and not plain("minigpt config-keys | grep train.")
