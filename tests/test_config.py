@@ -807,6 +807,36 @@ NOTE_CASES = [
         ["sample.window_stride=2", "sample.max_new_tokens=32", "train.sample_tokens=33"],
     ),
     (
+        "train.ema_start has no effect with train.ema_decay null",
+        ["train.ema_start=10"],
+        ["train.ema_start=10", "train.ema_decay=0.99"],
+    ),
+    (
+        "train.ema_start (30) is not before train.max_iters (30): the EMA equals the weights",
+        ["train.ema_decay=0.99", "train.ema_start=30"],
+        ["train.ema_decay=0.99", "train.ema_start=29"],
+    ),
+    (
+        "train.batch_size_warmup_start has no effect with train.batch_size_warmup_iters 0",
+        ["train.batch_size_warmup_start=2"],
+        ["train.batch_size_warmup_start=2", "train.batch_size_warmup_iters=10"],
+    ),
+    (
+        "the batch-size ramp (train.batch_size_warmup_iters 31) ends after train.max_iters (30)",
+        ["train.batch_size_warmup_iters=31"],
+        ["train.batch_size_warmup_iters=30"],
+    ),
+    (
+        "train.block_size_warmup_multiple has no effect with train.block_size_warmup_iters 0",
+        ["train.block_size_warmup_multiple=8"],
+        ["train.block_size_warmup_multiple=8", "train.block_size_warmup_iters=10"],
+    ),
+    (
+        "the sequence-length warmup (train.block_size_warmup_iters 31) ends after train.max_iters (30)",
+        ["train.block_size_warmup_iters=31"],
+        ["train.block_size_warmup_iters=30"],
+    ),
+    (
         "model.pos_encoding sinusoidal without model.emb_scale departs from Vaswani et al. 2017 (§3.4",
         ["model.pos_encoding=sinusoidal"],
         ["model.pos_encoding=sinusoidal", "model.emb_scale=true"],

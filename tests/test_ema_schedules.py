@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from minigpt_cli.accounting.steps import (
 )
 from minigpt_cli.config.schema import load_config
 from minigpt_cli.data.pipeline import BatchSampler
-from minigpt_cli.errors import Interrupted
+from minigpt_cli.errors import Interrupted, MinigptError
 from minigpt_cli.run import checkpoint
 from minigpt_cli.run import folder as runs
 from minigpt_cli.sample.load import load_run
@@ -302,6 +303,34 @@ def test_a_run_without_ema_loads_as_before_and_says_nothing(data_dir, tmp_path, 
     assert not loaded.ema and loaded.weights_note() is None
     assert not (tmp_path / "runs/plain/checkpoints/last/ema.safetensors").exists()
     assert all("ema" not in r for r in records(tmp_path / "runs" / "plain"))
+    # --raw-weights there changes nothing, and says so.
+    note = load_run(tmp_path / "runs" / "plain", ema=False).weights_note()
+    assert note.startswith("note: --raw-weights has no effect") and "train.ema_decay null" in note
+
+
+def test_a_checkpoint_whose_listed_ema_file_is_missing_is_refused_not_read_raw(
+    ema_run, cli, tmp_path
+):
+    """meta.json lists ema.safetensors; without it the raw weights would pass for the run's
+    average. evaluate, generate and export refuse in one line (and --raw-weights reads the rest);
+    a resume refuses too, as its EMA could not continue exactly."""
+    run = tmp_path / "ema"
+    shutil.copytree(ema_run, run)
+    (runs.resolve(run / "checkpoints" / "best") / "ema.safetensors").unlink()
+    for args in (
+        ["evaluate", "--run", str(run)],
+        ["generate", "--run", str(run), "--max-new-tokens", "5"],
+        ["export", str(run), "--output", str(tmp_path / "out")],
+    ):
+        assert_user_error(cli(*args), "ema.safetensors is missing", "meta.json lists it",
+                          "--raw-weights")  # fmt: skip
+    assert not (tmp_path / "out").exists()
+    res = cli("evaluate", "--run", str(run), "--raw-weights")
+    assert res.exit_code == 0 and "raw trained weights" in res.stderr, res
+    with pytest.raises(MinigptError, match="ema.safetensors is missing"):
+        checkpoint.read_ema(
+            runs.resolve(run / "checkpoints" / "best"), load_run(run, ema=False).model
+        )
 
 
 # ----------------------------------------------------------------------------- refusals

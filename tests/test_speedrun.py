@@ -206,7 +206,9 @@ def test_a_recipe_that_misses_is_refused_after_its_report_which_names_set_and_th
     - the seed's line, with its val, comes before the one-line refusal; the miss is a result, so
       the report is written and shown all the same;
     - the recipe with both changes is written beside the runs, and is what the seed trained and
-      what the report names; the given file is left as it was."""
+      what the report names; the given file is left as it was;
+    - a note the recipe as run earns (here train.ema_start without an EMA) is said once on the
+      speedrun's console, not only in the seed's log."""
     from minigpt_cli.runtime import device
 
     monkeypatch.setattr(device, "cpu_multiplies_bfloat16", lambda: False)
@@ -215,18 +217,20 @@ def test_a_recipe_that_misses_is_refused_after_its_report_which_names_set_and_th
     recipe.write_text(yaml.safe_dump(_recipe(data_dir) | {"dtype": "bfloat16"}))
     out = tmp_path / "out"
     res = cli("speedrun", "--track", "tiny-test", "--recipe", recipe, "--seeds", "1",
-              "--threads", "1", "--set", "train.max_iters=10", "--out", out)  # fmt: skip
+              "--threads", "1", "--set", "train.max_iters=10", "--set", "train.ema_start=5",
+              "--out", out)  # fmt: skip
     assert_user_error(
         res, "never reached", "0.5", "its one seed missed", "train.max_iters", notes_ok=True
     )
     assert "seed 1337: missed 0.5; stop val" in res.stderr
     assert "the seeds run with --set dtype=float32" in res.stderr
+    assert res.stderr.count("note: train.ema_start has no effect") == 1, res.stderr
     report = json.loads((out / REPORT).read_text())
     assert report["hits"] == 0 and report["median_time_s"] is None and not report["seeds"][0]["hit"]
     assert "miss" in res.stdout and f"{report['seeds'][0]['stop_val']:.4f}" in res.stderr
     assert report["recipe"] == str(out / "recipe.yaml")
-    assert report["set"] == ["train.max_iters=10", "dtype=float32"]
-    assert "--set train.max_iters=10 --set dtype=float32)" in res.stdout.splitlines()[0]
+    assert report["set"] == ["train.max_iters=10", "train.ema_start=5", "dtype=float32"]
+    assert "--set train.ema_start=5 --set dtype=float32)" in res.stdout.splitlines()[0]
     ran = load_config(out / "recipe.yaml")
     assert (ran.train.max_iters, ran.dtype) == (10, "float32")
     given = load_config(recipe)
@@ -253,6 +257,44 @@ def test_record_needs_two_seeds_and_a_checkout(tmp_path, cli, monkeypatch):
     res = cli("speedrun", "--seeds", "2", "--record", "--out", tmp_path / "out")
     assert_user_error(res, "not in one", "minigpt checkout")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        # What a seed's `minigpt train` would refuse: checked once, before --out is made.
+        (["--set", "model.vocab_size=10"], ["model.vocab_size (10)", "65 entries"]),
+        (["--set", "train.batch_size=100000000"], ["needs about", "train.batch_size smaller"]),
+        (["--set", "model.init_from=nowhere"], ["not a folder"]),
+        # Seeds past the last one: refused before the first trains.
+        (["--seeds", "2", "--set", "seed=4294967295"], ["up to 4294967296", "fewer seeds"]),
+        (["--seeds", "1001"], ["--seeds 1001", "1000"]),
+        (["--threads", "100000"], ["--threads 100000", "CPUs"]),
+        (["--baseline-seconds", "inf"], ["--baseline-seconds inf", "measured wall time"]),
+        (["--baseline-nanogpt", "nowhere"], ["--baseline-nanogpt nowhere: no such folder"]),
+    ],
+    ids=["vocab", "memory", "init_from", "seed-range", "seeds", "threads", "inf", "nanogpt"],
+)
+def test_what_a_seed_would_refuse_is_refused_before_the_out_folder(
+    args, fragments, tmp_path, data_dir, cli, monkeypatch
+):
+    _track(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(_recipe(data_dir)))
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", "recipe.yaml", "--threads", "1",
+              "--out", "out", *args)  # fmt: skip
+    assert_user_error(res, *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml"]
+
+
+def test_out_at_a_file_is_named_a_file(tmp_path, data_dir, cli, monkeypatch):
+    _track(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(_recipe(data_dir)))
+    (tmp_path / "taken").write_text("mine\n")
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", "recipe.yaml", "--out", "taken")
+    assert_user_error(res, "--out taken is a file", "new or empty folder")
+    assert (tmp_path / "taken").read_text() == "mine\n"
 
 
 def test_an_unknown_track_is_refused_with_the_tracks(cli):

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from .base import Command, JsonOption, SetOption, app, echo
+
+#: The most seeds one speedrun runs (each is a training run of the recipe: minutes).
+MAX_SEEDS = 1000
 
 
 @app.command(cls=Command)
@@ -21,7 +26,12 @@ def speedrun(
         help="nanogpt-cpu (val <= 1.886) or nanogpt-gpu (val <= 1.47).",
     ),
     seeds: int = typer.Option(
-        5, "--seeds", min=1, metavar="N", help="Runs of the recipe, seeds seed, seed+1, ..."
+        5,
+        "--seeds",
+        min=1,
+        max=MAX_SEEDS,
+        metavar="N",
+        help="Runs of the recipe, seeds seed, seed+1, ...",
     ),
     threads: Optional[int] = typer.Option(
         None,
@@ -128,6 +138,17 @@ def speedrun(
     from ..speedrun.tracks import check_recipe, fetch_corpus, get_track
 
     t = get_track(track)
+    cpus = os.cpu_count() or 1
+    if threads is not None and threads > cpus:
+        raise MinigptError(
+            f"--threads {threads}: this machine has {cpus} CPUs",
+            f"give at most {cpus}; the default is its physical cores ({physical_cores()})",
+        )
+    if baseline_seconds is not None and not math.isfinite(baseline_seconds):
+        raise MinigptError(
+            f"--baseline-seconds {baseline_seconds}: not a number of seconds",
+            "give nanoGPT's measured wall time, e.g. --baseline-seconds 64.0",
+        )
     if record and seeds < 2:
         raise MinigptError(
             f"--record needs at least 2 seeds for its t-test (--seeds {seeds})",
@@ -150,13 +171,22 @@ def speedrun(
     recipe_path = resolve_config(recipe_name, note=echo)
     cfg = load_config(recipe_path, set_)
     check_recipe(cfg, recipe_name)
+    if cfg.seed + seeds - 1 >= 2**32:
+        raise MinigptError(
+            f"--seeds {seeds} from seed {cfg.seed} would run seeds up to {cfg.seed + seeds - 1}, "
+            f"past the largest, {2**32 - 1}",
+            "give a smaller seed (--set seed=N) or fewer seeds",
+        )
     script = None
     if baseline_nanogpt is not None:
+        baselines.check_nanogpt(baseline_nanogpt)
         here = [Path.cwd(), *([root] if root else []), Path(__file__).resolve().parents[2]]
         script = baselines.find_script(baseline_script, here)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = out or Path(cfg.train.out_dir) / f"speedrun-{t.name}-{stamp}"
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not out.is_dir():
+        raise MinigptError(f"--out {out} is a file", "give a new or empty folder")
+    if out.exists() and any(out.iterdir()):
         raise MinigptError(f"--out {out} already holds files", "give a new or empty folder")
     fetch_corpus(cfg)  # after the refusals, before the baseline's minutes: never the fallback
     device = resolve_device(cfg.device)
@@ -171,6 +201,22 @@ def speedrun(
                 "bfloat16 products (25x float32's step on an AMD Zen 3): the seeds run with --set "
                 "dtype=float32, which the report and a ledger row name; --set dtype=bfloat16 keeps it"
             )
+    # Everything a seed's `minigpt train` checks before it writes (the vocabulary, model.init_from,
+    # the memory, train.trackers' packages, the folder), checked once before --out is made: a
+    # recipe a seed would refuse is refused here, with nothing written. Its notes are said here too
+    # (each seed's own go to its log only).
+    from ..trainer.setup import plan
+
+    first = plan(
+        load_config(recipe_path, [*set_, f"train.out_dir={out}"]),
+        f"seed-{cfg.seed}",
+        None,
+        lambda message: None,
+        False,
+    )
+    for said in first.notes:
+        if said != note:
+            echo(said)
     threads = threads or physical_cores()
     out.mkdir(parents=True, exist_ok=True)
     if set_:  # the recipe as run, so the seeds, the report and the ledger name one file

@@ -176,6 +176,45 @@ RULES: tuple[Rule, ...] = (
         "{c.train.warmup_iters}): the learning rate never reaches train.learning_rate",
     ),
     Rule(
+        "train.ema_start",
+        lambda c, f: c.train.ema_decay is None,
+        "note: train.ema_start has no effect with train.ema_decay null (no weight EMA is kept); set "
+        "train.ema_decay too, e.g. 0.999",
+    ),
+    Rule(
+        None,
+        lambda c, f: c.train.ema_decay is not None and c.train.ema_start >= c.train.max_iters > 0,
+        "note: train.ema_start ({c.train.ema_start}) is not before train.max_iters "
+        "({c.train.max_iters}): the EMA equals the weights to the end, never an average; lower "
+        "train.ema_start",
+    ),
+    Rule(
+        "train.batch_size_warmup_start",
+        lambda c, f: not c.train.batch_size_warmup_iters,
+        "note: train.batch_size_warmup_start has no effect with train.batch_size_warmup_iters 0 (the "
+        "batch-size ramp is off); set train.batch_size_warmup_iters to the ramp's steps",
+    ),
+    Rule(
+        "train.batch_size_warmup_iters",
+        lambda c, f: c.train.batch_size_warmup_iters > c.train.max_iters > 0,
+        "note: the batch-size ramp (train.batch_size_warmup_iters {c.train.batch_size_warmup_iters}) "
+        "ends after train.max_iters ({c.train.max_iters}): no step trains at train.batch_size "
+        "({c.train.batch_size})",
+    ),
+    Rule(
+        "train.block_size_warmup_multiple",
+        lambda c, f: not c.train.block_size_warmup_iters,
+        "note: train.block_size_warmup_multiple has no effect with train.block_size_warmup_iters 0 "
+        "(the sequence-length warmup is off); set train.block_size_warmup_iters to its steps",
+    ),
+    Rule(
+        "train.block_size_warmup_iters",
+        lambda c, f: c.train.block_size_warmup_iters > c.train.max_iters > 0,
+        "note: the sequence-length warmup (train.block_size_warmup_iters "
+        "{c.train.block_size_warmup_iters}) ends after train.max_iters ({c.train.max_iters}): no "
+        "step trains on whole windows of model.block_size ({c.model.block_size})",
+    ),
+    Rule(
         "train.early_stop_patience",
         lambda c, f: c.train.early_stop_patience >= evals_in_run(c.train),
         "note: train.early_stop_patience ({c.train.early_stop_patience}) can never stop this run: it evaluates "

@@ -361,14 +361,34 @@ def load_model(
 
 def has_ema(directory: Path) -> bool:
     """Whether a checkpoint holds the moving average of its weights (a run with
-    ``train.ema_decay``)."""
-    return (resolve(directory) / EMA).is_file()
+    ``train.ema_decay``): its meta.json lists ``ema.safetensors``, or, written before the
+    checksums, the file is there. A listed file that is missing is the loader's error, not a run
+    without EMA."""
+    directory = resolve(directory)
+    return EMA in (read_meta(directory).get("sha256") or {}) or (directory / EMA).is_file()
+
+
+def _missing_ema(directory: Path, fix: str) -> None:
+    """Refuse a checkpoint whose meta.json lists ``ema.safetensors`` where there is none: its
+    weights would pass for the run's average."""
+    if not (directory / EMA).is_file():
+        raise MinigptError(
+            f"{directory / EMA} is missing, and this checkpoint's meta.json lists it (the run kept "
+            "a moving average of its weights)",
+            fix,
+        )
 
 
 def _load_model(directory: Path, device: str | torch.device, ema: bool) -> tuple[GPT, Config]:
     directory = resolve(directory)
     config = saved_config(directory)
-    weights = directory / (EMA if ema and (directory / EMA).is_file() else WEIGHTS)
+    if ema and has_ema(directory):
+        _missing_ema(
+            directory,
+            "restore it, read another checkpoint (--checkpoint), or take the trained weights "
+            "with --raw-weights",
+        )
+    weights = directory / (EMA if ema and has_ema(directory) else WEIGHTS)
     sd = _read_weights(weights, _other_hint(directory))
     if config.model.vocab_size is None:
         config.model.vocab_size = int(sd["wte.weight"].shape[0]) if "wte.weight" in sd else 1
@@ -450,8 +470,9 @@ def read_ema(directory: Path, model: GPT) -> Optional[dict[str, torch.Tensor]]:
     it holds none (trained without ``train.ema_decay``). Raises MinigptError: a corrupt,
     truncated or altered file, or tensors of another model."""
     path = resolve(directory) / EMA
-    if not path.is_file():
+    if not has_ema(path.parent):
         return None
+    _missing_ema(path.parent, "restore it, or resume from another checkpoint of the run")
     sd = _read_weights(path, _RESUME_FIX)
     _check_keys(sd, model, path, "the model of the run's config")
     return sd

@@ -43,6 +43,7 @@ class LoadedRun:
     ema: bool = False  # the weights are the moving average the run kept (train.ema_decay)
     # The checkpoint holds that average (with ema False: the raw weights were asked for).
     has_ema: bool = False
+    raw_asked: bool = False  # --raw-weights was given (a note where the run kept no average)
 
     def describe(self) -> str:
         """``checkpoint best, step 30`` (the step left out when unknown), ``, EMA weights`` when
@@ -54,8 +55,8 @@ class LoadedRun:
         )
 
     def weights_note(self) -> Optional[str]:
-        """The line a command says for a run trained with EMA: which weights it uses; None for a
-        run without."""
+        """The line a command says for a run trained with EMA: which weights it uses; for a run
+        without, a note where --raw-weights was given, else None."""
         if self.ema:
             decay = self.config.train.ema_decay
             return (
@@ -65,6 +66,11 @@ class LoadedRun:
             )
         if self.has_ema:
             return "using the raw trained weights (--raw-weights), not the run's EMA weights"
+        if self.raw_asked:
+            return (
+                "note: --raw-weights has no effect: this run kept no moving average of its weights "
+                "(train.ema_decay null), so its trained weights are the only ones"
+            )
         return None
 
 
@@ -133,4 +139,14 @@ def load_run(
         )
     step = meta.get("step")
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
-    return LoadedRun(model, tok, cfg, run_dir, ckpt, step, ema=ema and averaged, has_ema=averaged)
+    return LoadedRun(
+        model,
+        tok,
+        cfg,
+        run_dir,
+        ckpt,
+        step,
+        ema=ema and averaged,
+        has_ema=averaged,
+        raw_asked=not ema,
+    )

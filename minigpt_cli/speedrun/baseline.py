@@ -65,6 +65,19 @@ def parse_reference(text: str) -> tuple[float, float, int]:
     return float(wall.group(1)), float(vals[-1][1]), int(vals[-1][0])
 
 
+def check_nanogpt(nanogpt: Path) -> None:
+    """Refuse a ``--baseline-nanogpt`` that is not a folder (before the speedrun writes anything).
+
+    Raises:
+        MinigptError: naming it.
+    """
+    if not nanogpt.is_dir():
+        raise MinigptError(
+            f"--baseline-nanogpt {nanogpt}: no such folder",
+            "give a clone or git snapshot of karpathy/nanoGPT",
+        )
+
+
 def run_nanogpt(
     script: Path, nanogpt: Path, threads: int, echo: Callable[[str], None]
 ) -> dict[str, object]:
@@ -74,11 +87,7 @@ def run_nanogpt(
     Raises:
         MinigptError: ``nanogpt`` is not a folder, or the script failed or printed no result.
     """
-    if not nanogpt.is_dir():
-        raise MinigptError(
-            f"--baseline-nanogpt {nanogpt}: no such folder",
-            "give a clone or git snapshot of karpathy/nanoGPT",
-        )
+    check_nanogpt(nanogpt)
     echo(f"baseline: nanoGPT's CPU recipe ({script}), about 2 minutes on 2 cores ...")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     done = subprocess.run(
