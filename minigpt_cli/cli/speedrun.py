@@ -217,6 +217,8 @@ def speedrun(
     for said in first.notes:
         if said != note:
             echo(said)
+    if first.estimate:  # train's own estimate of one run, from a few timed steps
+        echo(f"each seed: {first.estimate[0]}")
     threads = threads or physical_cores()
     out.mkdir(parents=True, exist_ok=True)
     if set_:  # the recipe as run, so the seeds, the report and the ledger name one file
