@@ -382,13 +382,14 @@ def _missing_ema(directory: Path, fix: str) -> None:
 def _load_model(directory: Path, device: str | torch.device, ema: bool) -> tuple[GPT, Config]:
     directory = resolve(directory)
     config = saved_config(directory)
-    if ema and has_ema(directory):
+    averaged = ema and has_ema(directory)
+    if averaged:
         _missing_ema(
             directory,
             "restore it, read another checkpoint (--checkpoint), or take the trained weights "
             "with --raw-weights",
         )
-    weights = directory / (EMA if ema and has_ema(directory) else WEIGHTS)
+    weights = directory / (EMA if averaged else WEIGHTS)
     sd = _read_weights(weights, _other_hint(directory))
     if config.model.vocab_size is None:
         config.model.vocab_size = int(sd["wte.weight"].shape[0]) if "wte.weight" in sd else 1
