@@ -392,6 +392,9 @@ def test_errors_name_where_the_bad_value_came_from(tmp_path):
     p.write_text("train:\n  batch_size: -4\n")  # the file's value is bad, the override is fine
     with pytest.raises(ConfigError, match=r"c\.yaml: train\.batch_size"):
         load_config(p, ["train.max_iters=5"])
+    p.write_text("hello\n")  # not a mapping at all: the file's fault, whatever --set adds
+    with pytest.raises(ConfigError, match=r"^\S*c\.yaml: the top level must be a mapping"):
+        load_config(p, ["train.max_iters=5"])
 
 
 def test_missing_file_and_bad_yaml(tmp_path):

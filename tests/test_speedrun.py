@@ -287,6 +287,27 @@ def test_what_a_seed_would_refuse_is_refused_before_the_out_folder(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml"]
 
 
+def test_a_val_split_a_set_value_moves_is_blamed_on_the_set_value(
+    tmp_path, data_dir, cli, monkeypatch
+):
+    _track(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(_recipe(data_dir)))
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", "recipe.yaml", "--out", "out",
+              "--set", "data.val_fraction=0.2")  # fmt: skip
+    assert_user_error(res, "recipe.yaml with --set data.val_fraction=0.2 holds out", "0.1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_another_tracks_recipe_is_noted(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").write_text("")  # refused after the note: nothing trains
+    res = cli("speedrun", "--recipe", "speedrun-nanogpt-gpu", "--out", "out")
+    assert_user_error(res, "--out out is a file", notes_ok=True)
+    assert "note: speedrun-nanogpt-gpu is track nanogpt-gpu's recipe (val <= 1.47)" in res.stderr
+    assert "--track nanogpt-gpu for its own" in res.stderr
+
+
 def test_out_at_a_file_is_named_a_file(tmp_path, data_dir, cli, monkeypatch):
     _track(monkeypatch)
     monkeypatch.chdir(tmp_path)

@@ -135,7 +135,7 @@ def speedrun(
     from ..speedrun import baseline as baselines
     from ..speedrun import ledger
     from ..speedrun.runner import format_report, physical_cores, run_speedrun, write_report
-    from ..speedrun.tracks import check_recipe, fetch_corpus, get_track
+    from ..speedrun.tracks import check_recipe, fetch_corpus, get_track, load_tracks
 
     t = get_track(track)
     cpus = os.cpu_count() or 1
@@ -170,7 +170,13 @@ def speedrun(
     recipe_name = recipe or t.recipe
     recipe_path = resolve_config(recipe_name, note=echo)
     cfg = load_config(recipe_path, set_)
-    check_recipe(cfg, recipe_name)
+    check_recipe(cfg, recipe_name, set_)
+    for other in load_tracks().values():  # another track's record recipe, on this track
+        if recipe is not None and other != t and Path(recipe).stem == other.recipe:
+            echo(
+                f"note: {recipe} is track {other.name}'s recipe (val <= {other.target}); this "
+                f"runs it on track {t.name} (val <= {t.target}); --track {other.name} for its own"
+            )
     if cfg.seed + seeds - 1 >= 2**32:
         raise MinigptError(
             f"--seeds {seeds} from seed {cfg.seed} would run seeds up to {cfg.seed + seeds - 1}, "

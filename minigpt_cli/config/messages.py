@@ -116,6 +116,7 @@ def _problems(err: dict[str, Any], source: str, overridden: Sequence[str], keys:
     """(where, text) for one pydantic error: ``where`` is ``source``, ``--set`` or ``source with
     --set KEY``."""
     loc = ".".join(str(p) for p in err["loc"])
+    file = source
     if any(loc == key or loc.startswith(key + ".") for key in overridden):
         source = "--set"  # the bad value is one the command line gave
     else:  # a rule over a whole section (or the config) that a --set value may be part of
@@ -124,8 +125,8 @@ def _problems(err: dict[str, Any], source: str, overridden: Sequence[str], keys:
     kind, msg, got = err["type"], err["msg"], err.get("input")
     if kind == "extra_forbidden":
         yield source, f"{loc}: unknown key; {_suggest(loc, keys)}"
-    elif kind == "model_type" and not loc:
-        yield source, f"the top level must be a mapping of sections, got {type(got).__name__}"
+    elif kind == "model_type" and not loc:  # the file itself: no --set made it so
+        yield file, f"the top level must be a mapping of sections, got {type(got).__name__}"
     elif (
         kind == "model_type"
     ):  # "valid dictionary or instance of TrainConfig": a section given a value

@@ -7,6 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Sequence
 
 import yaml
 
@@ -60,13 +61,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_recipe(cfg: Config, recipe: str) -> None:
+def check_recipe(cfg: Config, recipe: str, overrides: Sequence[str] = ()) -> None:
     """Refuse a recipe whose val split is not a track's: another corpus than Tiny Shakespeare
     (sha256 of ``datasets.json``), another tokenizer than characters, another val fraction.
+    ``overrides``: the ``--set`` values the recipe runs with (the messages name them).
 
     Raises:
         MinigptError: naming the key to change.
     """
+    if overrides:
+        recipe = f"{recipe} with --set {' --set '.join(overrides)}"
     want = dataset_registry()[DATASET]["sha256"]
     dc = cfg.data
     if dc.path is not None:
