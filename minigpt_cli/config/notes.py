@@ -104,7 +104,27 @@ _GREEDY = (
     "token"
 )
 
+
 #: Every note, in the order printed.
+def _ramp_rules(key: str, iters: str, ramp: str, whole: str) -> tuple[Rule, Rule]:
+    """A ramp's two notes: ``train.{key}`` given while the ramp is off (``train.{iters}`` 0), and a
+    ramp longer than the run (no step trains ``whole``)."""
+    return (
+        Rule(
+            f"train.{key}",
+            lambda c, f: not getattr(c.train, iters),
+            f"note: train.{key} has no effect with train.{iters} 0 ({ramp} is off); set "
+            f"train.{iters} to its steps",
+        ),
+        Rule(
+            f"train.{iters}",
+            lambda c, f: getattr(c.train, iters) > c.train.max_iters > 0,
+            f"note: {ramp} (train.{iters} {{c.train.{iters}}}) ends after train.max_iters "
+            f"({{c.train.max_iters}}): no step trains {whole}",
+        ),
+    )
+
+
 RULES: tuple[Rule, ...] = (
     # Settings that cannot take effect in this combination.
     Rule(
@@ -188,31 +208,17 @@ RULES: tuple[Rule, ...] = (
         "({c.train.max_iters}): the EMA equals the weights to the end, never an average; lower "
         "train.ema_start",
     ),
-    Rule(
-        "train.batch_size_warmup_start",
-        lambda c, f: not c.train.batch_size_warmup_iters,
-        "note: train.batch_size_warmup_start has no effect with train.batch_size_warmup_iters 0 (the "
-        "batch-size ramp is off); set train.batch_size_warmup_iters to the ramp's steps",
+    *_ramp_rules(
+        "batch_size_warmup_start",
+        "batch_size_warmup_iters",
+        "the batch-size ramp",
+        "at train.batch_size ({c.train.batch_size})",
     ),
-    Rule(
-        "train.batch_size_warmup_iters",
-        lambda c, f: c.train.batch_size_warmup_iters > c.train.max_iters > 0,
-        "note: the batch-size ramp (train.batch_size_warmup_iters {c.train.batch_size_warmup_iters}) "
-        "ends after train.max_iters ({c.train.max_iters}): no step trains at train.batch_size "
-        "({c.train.batch_size})",
-    ),
-    Rule(
-        "train.block_size_warmup_multiple",
-        lambda c, f: not c.train.block_size_warmup_iters,
-        "note: train.block_size_warmup_multiple has no effect with train.block_size_warmup_iters 0 "
-        "(the sequence-length warmup is off); set train.block_size_warmup_iters to its steps",
-    ),
-    Rule(
-        "train.block_size_warmup_iters",
-        lambda c, f: c.train.block_size_warmup_iters > c.train.max_iters > 0,
-        "note: the sequence-length warmup (train.block_size_warmup_iters "
-        "{c.train.block_size_warmup_iters}) ends after train.max_iters ({c.train.max_iters}): no "
-        "step trains on whole windows of model.block_size ({c.model.block_size})",
+    *_ramp_rules(
+        "block_size_warmup_multiple",
+        "block_size_warmup_iters",
+        "the sequence-length warmup",
+        "on whole windows of model.block_size ({c.model.block_size})",
     ),
     Rule(
         "train.early_stop_patience",
