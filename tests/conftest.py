@@ -37,6 +37,23 @@ import pytest
 # each with one thread. OMP_NUM_THREADS set in the shell wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+def _build_the_command_once() -> None:
+    """Typer's ``CliRunner.invoke`` builds the whole click command tree of the app again at every
+    call (every command's signature read: about 20 ms here, some 30 s of a worker's CPU over the
+    suite's in-process commands); each worker builds minigpt's once. The tree holds no state
+    between calls: click makes a new context for each."""
+    import functools
+
+    import typer.testing
+
+    build = getattr(typer.testing, "_get_command", None)
+    if build is not None and not hasattr(build, "cache_info"):
+        typer.testing._get_command = functools.cache(build)
+
+
+_build_the_command_once()
+
 REPO = Path(__file__).resolve().parent.parent
 #: The genuine Tiny Shakespeare's sha256 (the shipped registry's).
 CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
+from minigpt_cli.config import yaml_io
 from minigpt_cli.config.keys import describe_keys
 from minigpt_cli.config.schema import (
     Config,
@@ -319,6 +321,39 @@ def test_what_the_dumper_writes_reads_back_as_written(text):
     """A run's config.yaml, written by dump_yaml, reads back: a text that looks like a number is
     quoted."""
     assert parse_yaml(dump_yaml({"name": text, "list": [text]})) == {"name": text, "list": [text]}
+
+
+class _PyDumper(yaml.SafeDumper):
+    """dump_yaml's dumper on PyYAML's pure-Python emitter."""
+
+
+_PyDumper.add_representer(str, yaml_io._represent_str)
+
+
+def test_libyaml_and_pyyamls_own_parser_and_emitter_agree():
+    """parse_yaml and dump_yaml run on libyaml (PyYAML's C extension) where PyYAML has it. On every
+    shipped YAML file, every plain value of FORMS and the dumper's tricky texts, the pure-Python
+    loader and emitter give the same values, refusals and text."""
+    if yaml_io.CParser is None:
+        pytest.skip("this PyYAML was built without libyaml: there is one path only")
+
+    def read(loader: type, text: str):
+        try:
+            return yaml_io._load(loader, text, "", False)
+        except yaml.YAMLError as exc:  # a refusal: its words and where
+            return type(exc).__name__, exc.problem, exc.problem_mark.line, exc.problem_mark.column
+
+    texts = [p.read_text(encoding="utf-8") for p in SHIPPED]
+    texts += [f"{key.split('.')[1]}: {form}\n" for key, form, _ in FORMS]
+    texts += ["a: 1\na: 2\n", "x: &a 1\ny: *a\n", "m: !!int 3\n", "m: !x 3\n", "[" * 40 + "]" * 40]
+    for text in texts:
+        assert read(yaml_io._Loader, text) == read(yaml_io._PyLoader, text), text
+    tricky = ["yes", "08", "3e-4", "a\nb", "", " x", "x: y", "#c", "- a", "~", "é", "a " * 60]
+    data = [load_config(p).model_dump(mode="json") for p in SHIPPED] + [{"s": tricky}]
+    for item in data:
+        fast = yaml_io.dump_yaml(item)
+        assert fast == yaml.dump(item, Dumper=_PyDumper, sort_keys=False)
+        assert parse_yaml(fast) == item
 
 
 def test_an_empty_config_gets_a_note_and_an_empty_folder_key_is_refused(tmp_path):
