@@ -349,35 +349,6 @@ def test_fsdp_state_is_saved_and_loaded_in_the_one_process_layout(one_process_gr
             assert torch.allclose(weights[k], v, atol=1e-6), k
 
 
-def test_ddp_with_muon_trains_as_one_process_does(data_dir, tmp_path):
-    """train.optimizer muon under DDP (2 processes, batch 4 each): every rank orthogonalises the
-    same all-reduced gradient, so the run follows one process on batch 8 (the gradients differ by
-    float32 rounding, which Muon's bfloat16 iteration may round apart: 1e-4 here)."""
-    muon = ("train.optimizer=muon", "train.max_iters=10")
-    with working_dir(tmp_path):
-        train(tiny(data_dir, *COMMON, *muon), run_name="one", echo=lambda m: None, progress=False)
-    out = finish(
-        start(
-            [
-                "--standalone",
-                "--nproc_per_node",
-                "2",
-                *train_args(data_dir, ["--run-name", "ddp"], *muon),
-            ],
-            tmp_path,
-        )
-    )
-    assert out.count("trained to step 10") == 1
-    run, one = tmp_path / "runs" / "ddp", tmp_path / "runs" / "one"
-    assert "world 2" in (run / "train.log").read_text()
-    assert curve(run).keys() == curve(one).keys()
-    assert_matches(run, one, tol=1e-4)
-    state = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)[
-        "optimizer"
-    ]
-    assert any("momentum_buffer" in s for s in state["state"].values())
-
-
 #: A torchrun worker that runs ``minigpt``, counts the collectives that pickle objects on the host,
 #: and whose torch.compile works on rank 0 (Dynamo with the "eager" backend) and fails on rank 1.
 WORKER = """
@@ -405,9 +376,11 @@ runpy.run_module("minigpt_cli", run_name="__main__")
 """
 
 
-def test_the_ranks_take_one_compile_decision_and_broadcast_no_object(reference, data_dir, tmp_path):
-    """2 processes on gloo, 30 steps with 4 evals of 5 batches a split and a time budget, compile
-    on; compiling fails on rank 1 only, in the warm-up at build.
+def test_the_ranks_take_one_compile_decision_broadcast_no_object_and_train_muon_as_one(
+    data_dir, tmp_path
+):
+    """2 processes on gloo, 30 steps of ``train.optimizer: muon`` with 4 evals of 5 batches a split
+    and a time budget, compile on; compiling fails on rank 1 only, in the warm-up at build.
 
     - The ranks agree by an all-reduce and both train eagerly (before, the failing rank alone
       rebuilt DDP at its first step, whose constructor's broadcast the other rank never joined);
@@ -415,14 +388,19 @@ def test_the_ranks_take_one_compile_decision_and_broadcast_no_object(reference, 
     - The ranks agree on a stop and the time budget by a tensor all-reduce once per log interval
       (10 steps), never by an object broadcast per step or per eval batch; the run folder's name
       is the only object broadcast.
-    - The losses follow one process (the module's reference) to float32 rounding.
+    - Muon under DDP: every rank orthogonalises the same all-reduced gradient, so the run follows
+      one process on batch 8 (the gradients differ by float32 rounding, which Muon's bfloat16
+      iteration may round apart: 1e-4 here), and its momentum is saved.
 
-    One launch for both: a torchrun's processes take some 10 s to start and train here."""
+    One launch for all three: a torchrun's processes take some 10 s to start and train here."""
+    muon = ("train.optimizer=muon", "train.max_iters=30")
+    with working_dir(tmp_path):
+        train(tiny(data_dir, *COMMON, *muon), run_name="one", echo=lambda m: None, progress=False)
     (tmp_path / "worker.py").write_text(WORKER)
     args = train_args(
         data_dir,
         ["--run-name", "ddp"],
-        "train.max_iters=30",
+        *muon,
         "train.max_seconds=3600",
         "compile=true",
         "train.log_interval=10",
@@ -443,7 +421,11 @@ def test_the_ranks_take_one_compile_decision_and_broadcast_no_object(reference, 
         assert calls["all_reduce"] == 30 + 2 * 4 + 2 * 3 + 1, calls
     train_steps = {k[1] for k in curve(run) if k[0] == "train"}
     assert train_steps == {10, 20, 30}
-    assert_matches(run, reference)
+    assert_matches(run, tmp_path / "runs" / "one", tol=1e-4)
+    state = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)[
+        "optimizer"
+    ]
+    assert any("momentum_buffer" in s for s in state["state"].values())
 
 
 def test_the_collective_timeout_covers_a_preparation_and_is_checked(cli, tmp_path, monkeypatch):
