@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -236,6 +239,36 @@ def test_a_recipe_that_misses_is_refused_after_its_report_which_names_set_and_th
     given = load_config(recipe)
     assert (given.train.max_iters, given.dtype) == (60, "bfloat16")
     assert report["seeds"][0]["stop_step"] == 10
+
+
+def test_ctrl_c_after_a_seed_writes_the_finished_seeds_report_and_exits_130(tmp_path, data_dir):
+    """A terminal's Ctrl-C (SIGINT to the process group) once the second of 3 seeds has started: the
+    command exits 130 in one line, and speedrun.json holds the first seed, marked interrupted (a seed
+    of the nanogpt-gpu track takes most of an hour: its result is not lost). A real process, on a
+    shipped track: the tiny recipe misses it, which stops nothing before the end."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(_recipe(data_dir, max_iters=20, eval_interval=20)))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "minigpt_cli", "speedrun", "--track", "nanogpt-cpu", "--recipe",
+           str(recipe), "--seeds", "3", "--threads", "1", "--out", str(out)]  # fmt: skip
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as proc:
+        said = []
+        for line in proc.stderr:  # until the second seed starts (its line comes just before)
+            said.append(line)
+            if line.startswith("seed 1338 (2 of 3)"):
+                break
+        assert said and said[-1].startswith("seed 1338"), "".join(said)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, rest = proc.communicate(timeout=300)
+    said += rest.splitlines(keepends=True)
+    assert proc.returncode == 130, "".join(said)
+    assert said[-1].startswith("stopped by Ctrl-C") and "Traceback" not in "".join(said), said
+    report = json.loads((out / REPORT).read_text())
+    assert report["interrupted"] == "after 1 of 3 seeds"
+    assert [s["seed"] for s in report["seeds"]] == [1337] and report["seeds"][0]["stop_step"] == 20
+    assert f"the finished seeds' report (1 of 3) is in {out / REPORT}" in "".join(said)
 
 
 def test_record_refuses_a_dirty_tree_before_training(tmp_path, data_dir, cli, monkeypatch):

@@ -212,33 +212,56 @@ def run_speedrun(
 ) -> dict:
     """Train ``recipe`` (whose config is ``cfg``; ``overrides``: the ``--set`` values it was written
     with) at each of ``seeds`` (:func:`train_seed`) and summarize; the report, not yet written.
+    Stopped by a signal (Ctrl-C) after one seed or more, it writes the report of the seeds that
+    finished (``"interrupted"``: how many of how many) before it stops: a seed can take an hour.
 
     Raises:
         MinigptError: a seed's training failed.
+        Interrupted, KeyboardInterrupt: stopped by a signal.
     """
     import torch
 
     torch.set_num_threads(threads)  # the stop vals, scored in this process
     results = []
-    for i, seed in enumerate(seeds, 1):
-        echo(f"seed {seed} ({i} of {len(seeds)}): training {recipe} ...")
-        r = train_seed(
-            recipe,
-            seed,
-            out,
-            threads,
-            track.target,
-            cfg.model.block_size,
-            cfg.device,
-            progress=lambda line: echo(f"  {line}"),
-        )
-        reached = (
-            f"val <= {track.target} at step {r.hit_step}, {r.time_to_target_s:.1f} s"
-            if r.hit
-            else f"missed {track.target}"
-        )
-        echo(f"seed {seed}: {reached}; stop val {r.stop_val:.4f} at step {r.stop_step}")
-        results.append(r)
+    try:
+        for i, seed in enumerate(seeds, 1):
+            echo(f"seed {seed} ({i} of {len(seeds)}): training {recipe} ...")
+            r = train_seed(
+                recipe,
+                seed,
+                out,
+                threads,
+                track.target,
+                cfg.model.block_size,
+                cfg.device,
+                progress=lambda line: echo(f"  {line}"),
+            )
+            reached = (
+                f"val <= {track.target} at step {r.hit_step}, {r.time_to_target_s:.1f} s"
+                if r.hit
+                else f"missed {track.target}"
+            )
+            echo(f"seed {seed}: {reached}; stop val {r.stop_val:.4f} at step {r.stop_step}")
+            results.append(r)
+    except (Interrupted, KeyboardInterrupt):
+        if results:
+            report = _report(track, recipe, cfg, threads, overrides, results)
+            report.update(
+                baseline=None, ratio=None, interrupted=f"after {len(results)} of {len(seeds)} seeds"
+            )
+            path = write_report(out, report)
+            echo(
+                f"the finished seeds' report ({len(results)} of {len(seeds)}) is in {path}; "
+                "not a record"
+            )
+        raise
+    return _report(track, recipe, cfg, threads, overrides, results)
+
+
+def _report(track, recipe: Path, cfg, threads: int, overrides: Sequence[str], results) -> dict:
+    """The speedrun's report of ``results`` (:class:`SeedResult`), without the baseline."""
+    import torch
+
     return {
         "track": track.name,
         "target": track.target,
