@@ -390,7 +390,9 @@ def test_the_ranks_take_one_compile_decision_broadcast_no_object_and_train_muon_
       is the only object broadcast.
     - Muon under DDP: every rank orthogonalises the same all-reduced gradient, so the run follows
       one process on batch 8 (the gradients differ by float32 rounding, which Muon's bfloat16
-      iteration may round apart: 1e-4 here), and its momentum is saved.
+      iteration, on a CPU with bfloat16 units, rounds apart: 5.8e-5 by step 30 where the products
+      were bfloat16, emulated on a Zen 3, and 2.4e-7 in float32; 3e-4 here), and its momentum is
+      saved.
 
     One launch for all three: a torchrun's processes take some 10 s to start and train here."""
     muon = ("train.optimizer=muon", "train.max_iters=30")
@@ -421,7 +423,7 @@ def test_the_ranks_take_one_compile_decision_broadcast_no_object_and_train_muon_
         assert calls["all_reduce"] == 30 + 2 * 4 + 2 * 3 + 1, calls
     train_steps = {k[1] for k in curve(run) if k[0] == "train"}
     assert train_steps == {10, 20, 30}
-    assert_matches(run, tmp_path / "runs" / "one", tol=1e-4)
+    assert_matches(run, tmp_path / "runs" / "one", tol=3e-4)
     state = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)[
         "optimizer"
     ]
