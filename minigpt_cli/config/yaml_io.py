@@ -12,6 +12,11 @@ rules. PyYAML resolves YAML 1.1, where ``1:30`` is 90 (base 60), ``017`` is 15 (
 the last two as text and ``017`` as 17. One exception: a float that YAML 1.1 leaves as text
 (``3e-4``, ``1e3``: it wants a dot and a signed exponent, ``3.0e-4``) is the float YAML 1.2 reads,
 as everyone means it.
+
+The text is read by libyaml (PyYAML's C extension) where PyYAML has it, by PyYAML's own parser
+otherwise. The two agree but for tabs: libyaml reads a tab between a key and its value or before a
+comment (``seed:<TAB>1337``), as YAML 1.2 allows, where PyYAML's parser refuses it; a tab that
+indents is refused by both.
 """
 
 from __future__ import annotations
