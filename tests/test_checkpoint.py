@@ -104,26 +104,21 @@ def test_a_saved_checkpoint_rebuilds_the_model_alone(tmp_path):
     }
 
 
-@pytest.mark.parametrize("point", ["weights", "swap"])
-def test_kill_during_checkpoint_write_keeps_the_previous_one(
-    data_dir, tmp_path, monkeypatch, point
-):
-    """SIGKILL inside the 2nd write of checkpoints/last: the 1st stays loadable and resumable."""
+def test_kills_during_checkpoint_writes_keep_the_previous_one(data_dir, tmp_path, monkeypatch):
+    """SIGKILL inside the 2nd write of checkpoints/last, as its weights are written: the 1st stays
+    loadable. The resume is SIGKILLed inside its 1st swap, while ``.last.old`` is the only
+    complete copy: that copy survives, and the run resumes from it to the end."""
     sets = [
         f"data.data_dir={data_dir}",
         "train.max_iters=20",
         "train.eval_interval=10",
         "train.sample_tokens=0",
     ]
-    args = [
-        "train",
-        TINY,
-        "--run-name",
-        "k",
-        "--no-progress",
-        *[w for s in sets for w in ("--set", s)],
-    ]
-    killed = cli_process(args, {"MINIGPT_TEST_KILL_DURING_SAVE": f"last:2:{point}"}, cwd=tmp_path)
+    args = [TINY, "--no-progress", *[w for s in sets for w in ("--set", s)]]
+    kill_at = "MINIGPT_TEST_KILL_DURING_SAVE"
+    killed = cli_process(
+        ["train", *args, "--run-name", "k"], {kill_at: "last:2:weights"}, cwd=tmp_path
+    )
     assert killed.returncode == -signal.SIGKILL
     last = tmp_path / "runs" / "k" / "checkpoints" / "last"
     survivor = runs.resolve(last)
@@ -131,20 +126,11 @@ def test_kill_during_checkpoint_write_keeps_the_previous_one(
     model, _ = checkpoint.load_model(last)
     assert model.wte.weight.isfinite().all()
     assert list(last.parent.glob(".last.tmp-*"))  # the killed save's temporary folder
-    if point == "swap":
-        # Killed again inside the next swap, while .last.old is the only complete copy: it must
-        # survive.
-        resume = [
-            "train",
-            TINY,
-            "--resume",
-            "runs/k",
-            "--no-progress",
-            *[w for s in sets for w in ("--set", s)],
-        ]
-        again = cli_process(resume, {"MINIGPT_TEST_KILL_DURING_SAVE": "last:1:swap"}, cwd=tmp_path)
-        assert again.returncode == -signal.SIGKILL
-        assert runs.read_meta(last)["step"] == 0
+    again = cli_process(
+        ["train", *args, "--resume", "runs/k"], {kill_at: "last:1:swap"}, cwd=tmp_path
+    )
+    assert again.returncode == -signal.SIGKILL
+    assert runs.read_meta(last)["step"] == 0
     monkeypatch.chdir(tmp_path)
     resumed = train(load_config(TINY, sets), resume="runs/k", echo=lambda m: None, progress=False)
     assert resumed.step == 20 and json.loads((last / "meta.json").read_text())["step"] == 20

@@ -23,8 +23,6 @@ from minigpt_cli.model.gpt import GPT
 from minigpt_cli.trainer import make_optimizer, train_step
 
 torch.set_num_threads(1)
-if sys.argv[1] == "tuned":
-    tune_runtime(torch.device("cpu"))
 torch.manual_seed(0)
 cfg = ModelConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False, vocab_size=65)
 model = GPT(cfg)
@@ -37,13 +35,19 @@ def batches():
         x = torch.randint(0, 65, (12, 65))
         yield x[:, :-1], x[:, 1:]
 
+def faults_per_step():
+    for _ in range(3):
+        train_step(model, opt, it, 1, nullcontext(), scaler, 1.0, params)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        train_step(model, opt, it, 1, nullcontext(), scaler, 1.0, params)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
+
 it = batches()
-for _ in range(3):
-    train_step(model, opt, it, 1, nullcontext(), scaler, 1.0, params)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
-    train_step(model, opt, it, 1, nullcontext(), scaler, 1.0, params)
-print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10), flush=True)
+faults = {"default": faults_per_step()}  # malloc as glibc sets it, then as train sets it
+tune_runtime(torch.device("cpu"))
+faults["tuned"] = faults_per_step()
+print(json.dumps(faults), flush=True)
 os._exit(0)  # without the interpreter's teardown: 1.5 s with torch and its compiler loaded
 """
 
@@ -52,32 +56,21 @@ os._exit(0)  # without the interpreter's teardown: 1.5 s with torch and its comp
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt"
 )
 def test_cpu_training_steps_stop_page_faulting():
-    """nanoGPT's CPU-recipe model, batch 12 x 64: page faults per training step with and without the
-    tuning.
-
-    The two processes (one thread each) run side by side: each counts its own faults (RUSAGE_SELF).
-    """
+    """nanoGPT's CPU-recipe model, batch 12 x 64: page faults per training step, in one process
+    (one thread), first with glibc's malloc settings, then after ``tune_runtime`` (counted by
+    RUSAGE_SELF)."""
     seen = []
     for _ in range(
         3
     ):  # glibc's dynamic thresholds sometimes keep the default run's memory: measure again then
-        procs = {
-            mode: subprocess.Popen(
-                [sys.executable, "-c", SCRIPT, mode],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for mode in ("default", "tuned")
-        }
-        faults = {}
-        for mode, proc in procs.items():
-            out, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err
-            faults[mode] = json.loads(out.strip().splitlines()[-1])
+        proc = subprocess.run(
+            [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr
+        faults = json.loads(proc.stdout.strip().splitlines()[-1])
         seen.append(faults)
-        # glibc handed the default run's activations back to the OS and faulted them in again, and
-        # the tuned run kept them (a few dozen faults a step remain when other processes press on
+        # glibc handed the default steps' activations back to the OS and faulted them in again, and
+        # the tuned steps kept them (a few dozen faults a step remain when other processes press on
         # memory: 67 against 938 was seen under a parallel test run, so the check is a ratio).
         if faults["default"] > 50 and faults["tuned"] < faults["default"] / 10:
             break
