@@ -34,13 +34,16 @@ What the harness changes, so that every example runs in seconds (and nothing els
 - ``http://127.0.0.1:8000/`` (the mirror of docs/offline.md) becomes the local corpus server.
 
 ``minigpt`` commands without pipes or redirections run in-process (the real Typer app, as the
-``cli`` fixture runs it); any other command runs in ``bash`` with the suite's ``minigpt`` on PATH.
+``cli`` fixture runs it), and so does ``python -c CODE`` (as ``__main__``, its output captured); any
+other command runs in ``bash`` with the suite's ``minigpt`` on PATH.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import importlib.util
+import io
 import json
 import math
 import os
@@ -256,6 +259,10 @@ class Page:
                     if argv[0] == "minigpt" and plain(segment):
                         res = CliRunner().invoke(app, tiny(argv)[1:], catch_exceptions=False)
                         code, output = res.exit_code, res.stdout + res.stderr
+                    elif (
+                        argv[0] in ("python", "python3") and argv[1:2] == ["-c"] and plain(segment)
+                    ):
+                        code, output = python_c(argv[2], argv[3:])
                     else:
                         proc = subprocess.run(
                             ["bash", "-c", segment.replace(MIRROR, self.env["MIRROR"])],
@@ -268,6 +275,22 @@ class Page:
                     os.environ.clear()
                     os.environ.update(old_env)
                 assert code == 0, f"{block.where}: `{segment}` exited {code}:\n{output[-3000:]}"
+
+
+def python_c(source: str, args: list[str]) -> tuple[int, str]:
+    """``python -c SOURCE ARGS``, run in this process (whose imports a new interpreter would spend
+    5 s on: torch and transformers): the exit status and the output, stdout then stderr."""
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv = ["-c", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            exec(compile(source, "<string>", "exec"), {"__name__": "__main__"})
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (e.code is not None)
+    finally:
+        sys.argv = argv
+    return code, out.getvalue() + err.getvalue()
 
 
 def make_folder(folder: Path, corpus: Path) -> None:
@@ -382,3 +405,7 @@ def test_the_harness_shrinks_what_it_says():
     assert split_and("a 'x && y' && b") == ["a 'x && y'", "b"]
     assert is_setup(["pip", "install", "-e", "."]) and not is_setup(["minigpt", "train", "x"])
     assert plain("minigpt train x") and not plain("minigpt config-keys | grep train.")
+    assert python_c("import sys; print(sys.argv[1:], __name__); sys.exit(3)", ["a"]) == (
+        3,
+        "['a'] __main__\n",
+    )
