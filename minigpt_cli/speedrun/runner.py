@@ -24,6 +24,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -50,6 +51,9 @@ class SeedResult:
     stop_step: int
     stop_val: float
     torch_threads: Optional[int]  # what the run's env.json says it trained with
+    #: The CPU cores other processes kept busy while the seed's process ran, on average (Linux's
+    #: /proc/stat; None elsewhere).
+    other_cores_busy: Optional[float] = None
 
     @property
     def hit(self) -> bool:
@@ -73,6 +77,13 @@ def cpu_model() -> str:
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']}, model {fields['model']})"
     return name
+
+
+def logical_cpus() -> int:
+    """The logical CPUs this process may run on (``sched_getaffinity``, Linux's), else the
+    machine's."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def physical_cores() -> int:
@@ -110,9 +121,31 @@ def stop_val(run_dir: Path, block_size: int, device: str) -> tuple[float, int]:
     return result["loss"], result["step"]
 
 
-#: The lines of a seed's training that the speedrun passes on as they come: its time estimate and
-#: each eval's losses (``minigpt train --no-progress`` writes both on stderr).
-PROGRESS = re.compile(r"time to train: |step [\d,]+: train loss [\d.]+, val loss ")
+#: The lines of a seed's training that the speedrun passes on as they come (``minigpt train
+#: --no-progress`` writes them on stderr): its time estimate before the first step, the estimate its
+#: own first steps measure (a run past a minute), a status line every 30 s, and each eval's losses.
+PROGRESS = re.compile(
+    r"time to train: |note: about .+ to go \(|step [\d,]+/[\d,]+: loss |"
+    r"step [\d,]+: train loss [\d.]+, val loss "
+)
+#: Cores that other processes may keep busy beside a seed's threads before its time is called a
+#: busy machine's (a quiet machine's daemons take a few hundredths of a core).
+BUSY_SLACK = 0.25
+
+
+def _cpu_with_children() -> float:
+    """CPU seconds of this process and of its children that have ended (Unix)."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def contended(seed: dict, threads: int, cpus: int) -> bool:
+    """Whether other processes took cores that a seed's ``threads`` wanted (``seed``: a report's
+    seed entry), on a machine of ``cpus`` logical CPUs: the seed's time is not the machine's."""
+    others = seed.get("other_cores_busy")
+    return others is not None and others + threads > cpus + BUSY_SLACK
 
 
 def train_seed(
@@ -127,7 +160,7 @@ def train_seed(
 ) -> SeedResult:
     """Train ``recipe`` at ``seed`` as a ``minigpt train`` process with ``threads`` OpenMP threads
     into ``out/seed-<seed>``, passing its :data:`PROGRESS` lines to ``progress`` as they come, and
-    read its time to target and stop val.
+    read its time to target and stop val, and the cores other processes kept busy meanwhile.
 
     Raises:
         MinigptError: the training failed (its own error line).
@@ -139,6 +172,12 @@ def train_seed(
     # keeps that count instead of adapting it to the machine's load (runtime.device.CpuThreads).
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     lines = []
+    import torch
+
+    from ..runtime.device import CpuThreads
+
+    meter = CpuThreads(torch.device("cpu"), read_own=_cpu_with_children)
+    mark = meter.mark()  # the machine's busy time, less this process's and the seed's
     # One pipe for both streams, read as the run writes them (its stderr is line-buffered): a seed
     # of the nanogpt-gpu track trains for the best part of an hour.
     with subprocess.Popen(
@@ -153,6 +192,7 @@ def train_seed(
             proc.wait()  # (a second Ctrl-C stops the waiting too)
             raise
     returncode = proc.returncode
+    others = meter.others_since(mark)
     run_dir = out / name
     (out / f"{name}.log").write_text("".join(lines), encoding="utf-8")
     if returncode > 128:  # stopped by a signal (Ctrl-C reaches the whole process group)
@@ -172,7 +212,7 @@ def train_seed(
     val, stop_step = stop_val(run_dir, block_size, device)
     env_json = json.loads((run_dir / runs.ENV).read_text(encoding="utf-8"))
     return SeedResult(
-        seed, str(run_dir), seconds, step, stop_step, val, env_json.get("torch_threads")
+        seed, str(run_dir), seconds, step, stop_step, val, env_json.get("torch_threads"), others
     )
 
 
@@ -242,6 +282,8 @@ def run_speedrun(
                 else f"missed {track.target}"
             )
             echo(f"seed {seed}: {reached}; stop val {r.stop_val:.4f} at step {r.stop_step}")
+            if contended(asdict(r), threads, logical_cpus()):
+                echo(f"  {_busy_line([r.other_cores_busy], [seed], logical_cpus())}")
             results.append(r)
     except (Interrupted, KeyboardInterrupt):
         if results:
@@ -271,6 +313,7 @@ def _report(track, recipe: Path, cfg, threads: int, overrides: Sequence[str], re
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_model(),
         "threads": threads,
+        "cpus": logical_cpus(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "seeds": [asdict(r) | {"hit": r.hit} for r in results],
@@ -314,7 +357,24 @@ def format_report(report: dict) -> str:
         lines.append(f"baseline: {base['label']}, {base['seconds']:.1f} s")
     if report.get("ratio") is not None:
         lines.append(f"ratio to the baseline: {report['ratio']:.3f}x")
+    busy = [s for s in report["seeds"] if contended(s, report["threads"], report.get("cpus", 0))]
+    if busy:
+        lines.append(
+            _busy_line(
+                [s["other_cores_busy"] for s in busy], [s["seed"] for s in busy], report["cpus"]
+            )
+        )
     return "\n".join(lines) + "\n"
+
+
+def _busy_line(others: list[float], seeds: list[int], cpus: int) -> str:
+    """The warning for seeds that other processes slowed (their busy cores, on average)."""
+    which = ", ".join(str(seed) for seed in seeds)
+    return (
+        f"warning: other processes kept up to {max(others):.1f} of {cpus} CPU cores busy during "
+        f"seed{'s' * (len(seeds) > 1)} {which}: {'their times are' if len(seeds) > 1 else 'its time is'} "
+        "not this machine's (run the speedrun on a quiet machine)"
+    )
 
 
 def write_report(out: Path, report: dict) -> Path:
