@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import assert_user_error
 from pydantic import BaseModel
 
 from minigpt_cli.config import yaml_io
@@ -17,6 +19,7 @@ from minigpt_cli.config.schema import (
     apply_overrides,
     load_config,
     parse_yaml,
+    text_override,
     validate,
 )
 from minigpt_cli.config.yaml_io import dump_yaml
@@ -312,6 +315,40 @@ def test_a_text_key_keeps_what_set_gives_and_a_file_quotes_it(tmp_path):
     p.write_text("name: c\nsample:\n  prompt: yes\n")
     with pytest.raises(ConfigError, match="sample.prompt: yes reads as true in YAML 1.1"):
         load_config(p)
+
+
+def test_a_tag_in_a_text_keys_set_value_is_refused_as_in_a_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: c\n")
+    for key, value, tag in [
+        ("name", "!!str tiny", "!!str"),
+        ("data.data_dir", "!!int 5", "!!int"),
+        ("sample.prompt", "!Hello", "!Hello"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            load_config(p, [f"{key}={value}"])
+        assert str(e.value) == f"--set: {key}: {TAGGED.format(tag)}", str(e.value)
+
+
+#: Paths a command line may name (--init-from, --out) that YAML would read otherwise: a comment, null,
+#: a syntax error, an alias, an anchor, a tag, a flow list, a date, a YAML 1.1 boolean and octal.
+ODD_PATHS = ["x #y", "null", "~", "@x", "*a", "&a", "!x", "[x", "%x", "`x", "2024-01-01", "yes"]
+ODD_PATHS += ["017", 'a"b\\c', "tab\there", "é ü", "'q'", " lead and trail "]
+
+
+def test_a_path_the_command_line_names_is_given_as_the_text_it_is(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: c\n")
+    for text in ODD_PATHS:
+        cfg = load_config(p, [text_override("train.out_dir", text)])
+        assert cfg.train.out_dir == os.path.expanduser(text), text  # ~ is the home folder
+
+
+def test_init_from_names_a_folder_even_where_yaml_reads_otherwise(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("null", "2024-01-01", "x #y"):
+        res = cli("train", "tiny", "--dry-run", "--init-from", name)
+        assert_user_error(res, f"'{tmp_path / name}' is not a folder")
 
 
 @pytest.mark.parametrize(

@@ -127,7 +127,7 @@ def speedrun(
       minigpt speedrun --set dtype=bfloat16 --seeds 5     # a change to try
       minigpt speedrun --recipe my-recipe.yaml --baseline-nanogpt ../nanoGPT --record
     """
-    from ..config.schema import load_config
+    from ..config.schema import load_config, text_override
     from ..errors import MinigptError
     from ..paths import resolve_config
     from ..run.env import git_commit
@@ -214,7 +214,7 @@ def speedrun(
     from ..trainer.setup import plan
 
     first = plan(
-        load_config(recipe_path, [*set_, f"train.out_dir={out}"]),
+        load_config(recipe_path, [*set_, text_override("train.out_dir", str(out))]),
         f"seed-{cfg.seed}",
         None,
         lambda message: None,

@@ -84,9 +84,9 @@ def train(
     \b
     Example: minigpt train configs/shakespeare-cpu.yaml --set train.max_iters=500
     """
-    from ..config.schema import load_config
+    from ..config.schema import load_config, text_override
 
-    set_ = [*set_, f"model.init_from={init_from}"] if init_from is not None else set_
+    set_ = [*set_, text_override("model.init_from", init_from)] if init_from is not None else set_
     cfg = load_config(config, set_, note=echo)
     if not other_rank():  # a tracker's missing package is said before PyTorch loads (2.5 s)
         from ..run import trackers

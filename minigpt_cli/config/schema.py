@@ -9,6 +9,7 @@ Unknown keys, wrong types, out-of-range values and broken cross-field rules (``n
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, Optional, Sequence
 
@@ -552,6 +553,13 @@ def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) 
         raise ConfigError(
             format_errors(exc.errors(), source, overridden, [key for key, _ in _fields()])
         ) from None
+
+
+def text_override(key: str, text: str) -> str:
+    """The ``--set`` item that gives ``key`` the text ``text`` as it is: double-quoted, so that a
+    path the command line named (``--init-from``, ``--out``) is never read as YAML (``x #y`` is
+    not ``x``, ``null`` not null, ``@x`` not a syntax error). JSON's string escapes are YAML's."""
+    return f"{key}={json.dumps(str(text), ensure_ascii=False)}"
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -135,8 +135,7 @@ class _Rules:
         return node
 
     def construct_document(self, node):
-        if self.check:
-            _check_scalars(self, node, self.key)
+        _check_scalars(self, node, self.key, readings=self.check)
         return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
@@ -244,10 +243,10 @@ class _Syntax(str):
     """A YAML 1.1 key type (``merge``, ``value``) that a plain scalar stands for."""
 
 
-def _check_scalars(loader: _Rules, root: yaml.Node, key: str) -> None:
-    """Refuse the first plain scalar under ``root`` that YAML 1.1 reads otherwise than YAML 1.2,
-    naming its path from ``key`` (``train.max_iters``, ``tokenizer.special_tokens[1]``) and both
-    readings.
+def _check_scalars(loader: _Rules, root: yaml.Node, key: str, readings: bool = True) -> None:
+    """Refuse the first explicit tag under ``root`` and (``readings``) the first plain scalar that
+    YAML 1.1 reads otherwise than YAML 1.2, naming its path from ``key`` (``train.max_iters``,
+    ``tokenizer.special_tokens[1]``) and both readings.
 
     Raises _Refused: which becomes a one-line ConfigError."""
     todo = [(root, key)]  # a list, not recursion: depth is the composer's to bound
@@ -271,7 +270,7 @@ def _check_scalars(loader: _Rules, root: yaml.Node, key: str) -> None:
                 todo += [(value_node, child), (key_node, child)]
         elif isinstance(node, yaml.SequenceNode):
             todo += [(item, f"{path}[{i}]") for i, item in reversed(list(enumerate(node.value)))]
-        elif not node.style:  # plain: None from PyYAML's parser, '' from libyaml's (tagged: above)
+        elif readings and not node.style:  # plain: None from PyYAML's parser, '' from libyaml's
             _check_scalar(loader, node, path)
 
 
@@ -335,7 +334,8 @@ def parse_yaml(
 ) -> Any:
     """Parse YAML text as the module's rule says; ``key``: the config key the whole text is the
     value of (``--set``), which a refusal names; ``text_key``: that key takes text, which the caller
-    keeps as typed (no value is refused for what YAML 1.1 would read). Raises ConfigError: a syntax
+    keeps as typed (no value is refused for what YAML 1.1 would read; a tag still is). Raises
+    ConfigError: a syntax
     error or what :class:`_Loader` refuses, in one line."""
     try:
         return _load(_Loader, text, key, text_key)

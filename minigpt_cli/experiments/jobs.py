@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..config.schema import apply_overrides
+from ..config.schema import apply_overrides, text_override
 from ..errors import Interrupted, MinigptError
 from ..run import claim as claims
 from ..run import folder as runs
@@ -76,7 +76,11 @@ def _command(sweep: Sweep, run: Run) -> list[str]:
         "train",
         str(sweep.base),
         "--no-progress",
-        *[w for item in [*run.overrides, f"train.out_dir={sweep.folder}"] for w in ("--set", item)],
+        *[
+            w
+            for item in [*run.overrides, text_override("train.out_dir", str(sweep.folder))]
+            for w in ("--set", item)
+        ],
     ]
     return (
         [*words, "--resume", str(folder)]

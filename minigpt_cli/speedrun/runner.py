@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from ..config.schema import text_override
 from ..errors import Interrupted, MinigptError
 from ..run import folder as runs
 from ..run.metrics import METRICS, read_events
@@ -167,7 +168,8 @@ def train_seed(
     """
     name = f"seed-{seed}"
     cmd = [sys.executable, "-m", "minigpt_cli", "train", str(recipe), "--run-name", name]
-    cmd += ["--set", f"seed={seed}", "--set", f"train.out_dir={out}", "--no-progress"]
+    cmd += ["--set", f"seed={seed}", "--set", text_override("train.out_dir", str(out))]
+    cmd += ["--no-progress"]
     # Both variables: PyTorch takes its intra-op threads from them, and minigpt's trainer then
     # keeps that count instead of adapting it to the machine's load (runtime.device.CpuThreads).
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
