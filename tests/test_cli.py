@@ -151,6 +151,26 @@ def test_top_k_zero_and_bad_top_p(trained_run, cli, monkeypatch):
     assert_user_error(cli("generate", "--top-p", "1.5"), "--top-p")
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["count-params", "--preset", ""],  # was a traceback
+        ["compare", "--storage", ""],  # was a traceback
+        ["speedrun", "--recipe", "", "--seeds", "2"],  # trained the track's own recipe
+        ["download", "--url", ""],  # fetched the default URL
+        ["evaluate", "--split", ""],  # scored the val split
+        ["train-tokenizer", "--kind", ""],  # trained the config's kind
+    ],
+    ids=lambda args: args[0],
+)
+def test_an_empty_option_value_is_refused_not_read_as_not_given(cli, tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    res = cli(*args)
+    option = args[1]
+    assert_user_error(res, f"{option} '': an empty value; give one, or leave {option} out")
+    assert not list(tmp_path.iterdir())  # nothing made
+
+
 def test_generate_with_no_runs(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert_user_error(cli("generate"), "no trained run", "minigpt train")

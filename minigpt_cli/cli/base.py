@@ -23,6 +23,9 @@ from typing import Annotated, Any, Callable, List, NoReturn, Optional
 
 import typer
 from typer._click import (
+    core as _click_core,
+)
+from typer._click import (
     exceptions as _click_exc,
 )  # Typer's own copy of click (typer.core builds on it)
 from typer.core import TyperArgument, TyperCommand, TyperGroup
@@ -295,6 +298,30 @@ class Command(TyperCommand):
         for param in self.params:
             if param.metavar is None and not getattr(param, "is_flag", False):
                 param.metavar = _default_metavar(param)
+
+    def invoke(self, ctx):
+        """Run the command, once no option or argument is the empty text: ``--preset ''`` or
+        ``--recipe ''`` would otherwise read as not given, and the command would run on its default
+        (the track's own recipe) or fail on it. ``generate`` refuses ``--prompt ''`` itself (its line
+        says how to give a newline); a repeatable option's items are each command's to check.
+
+        Raises:
+            MinigptError: an empty value, named by its option.
+        """
+        for param in self.params:
+            if (
+                ctx.params.get(param.name) == ""
+                and ctx.get_parameter_source(param.name) == _click_core.ParameterSource.COMMANDLINE
+                and param.name not in ("prompt",)
+                and not getattr(param, "multiple", False)
+            ):
+                name = param.opts[0] if not isinstance(param, TyperArgument) else param.metavar
+                raise MinigptError(
+                    f"{name} '': an empty value; give one, or leave {name} out for its default"
+                    if not isinstance(param, TyperArgument)
+                    else f"{name} '': an empty value; give one"
+                )
+        return super().invoke(ctx)
 
     def collect_usage_pieces(self, ctx):
         pieces = [self.options_metavar] if self.options_metavar else []
