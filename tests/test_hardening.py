@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -257,6 +258,22 @@ def test_a_prompt_the_tokenizer_lacks_is_refused_by_dry_run_and_train_alike(
         (tmp_path / "runs").glob("*")
     )  # the run folder made before the check is removed
     assert_user_error(empty, "sample.prompt is empty")
+
+
+def test_a_prompt_the_new_tokenizer_lacks_is_refused_before_it_or_the_token_files_are_written(
+    cli, corpus_file, tmp_path
+):
+    data = tmp_path / "data"
+    (data / "tinyshakespeare").mkdir(parents=True)
+    shutil.copy(corpus_file, data / "tinyshakespeare" / "input.txt")
+    with working_dir(tmp_path):
+        res = _train(cli, data, "sample.prompt=1:30")
+    assert res.exit_code == 2 and "Traceback" not in res.stderr, res
+    assert _last_error(res) == (
+        "error: sample.prompt has characters the tokenizer's vocabulary lacks: '1', '0'; "
+        "remove or replace them"
+    )
+    assert [p.name for p in (data / "tinyshakespeare").iterdir()] == ["input.txt"]
 
 
 # ----------------------------------------------------------------------------- samples.txt and

@@ -414,11 +414,14 @@ def prepare_data(
     write: bool = True,
     check: Callable[[Corpus], None] = lambda corpus: None,
     found: Callable[[Optional[Corpus]], None] = lambda corpus: None,
+    check_tokenizer: Callable[[Optional[Tokenizer]], None] = lambda tok: None,
 ) -> DataStage:
     """``train``'s data steps and ``minigpt prepare``: the corpus, tokenizer and token files, each
     made if missing (``write`` False: ``--dry-run``, nothing written). ``found`` hears of the corpus
-    on disk (None: not there) before any download; ``check`` may refuse it. Raises MinigptError: as
-    the steps and ``check`` do."""
+    on disk (None: not there) before any download; ``check`` may refuse it, and
+    ``check_tokenizer`` the tokenizer (None: not trained yet, in a dry run) before a tokenizer
+    trained here or the token files are written. Raises MinigptError: as the steps and the checks
+    do."""
     dc, named = cfg.data, cfg.data.dataset
     corpus = corpus_on_disk(cfg, progress)
     found(corpus)
@@ -435,6 +438,7 @@ def prepare_data(
     # A tokenizer trained here is saved only after the token files are made: a corpus the split
     # refuses (too small) leaves no tokenizer, nor its folder, behind.
     tok, _ = ensure_tokenizer(cfg, corpus, log, root, write, save=False)
+    check_tokenizer(tok)
     stage = DataStage(root, tok_path, corpus, tok, trained=trained)
     if cfg.data.dataset != named:
         stage.fallback = cfg.data.dataset

@@ -294,8 +294,16 @@ def plan(
         barrier(
             dist
         )  # under torchrun the first process of a node prepares the data; the others wait, then read
+    # samples.txt samples from sample.prompt, and generate will: refused as generate refuses it,
+    # before a tokenizer trained for this run or its token files are written.
     stage = prepare_data(
-        cfg, echo, progress if dist.main else False, write, check=checked, found=noted
+        cfg,
+        echo,
+        progress if dist.main else False,
+        write,
+        check=checked,
+        found=noted,
+        check_tokenizer=lambda tok: encode_prompt(tok, cfg.sample.prompt, "sample.prompt"),
     )
     if write and dist.local_rank == 0:
         barrier(dist)
@@ -303,9 +311,6 @@ def plan(
         cfg = cfg.model_copy(
             update={"data": cfg.data.model_copy(update={"dataset": stage.fallback})}
         )
-    # samples.txt samples from sample.prompt, and generate will: refused now, as generate refuses
-    # it.
-    encode_prompt(stage.tok, cfg.sample.prompt, "sample.prompt")
     given, vocab = cfg, stage.tok.vocab_size if stage.tok is not None else cfg.tokenizer.vocab_size
     if cfg.tokenizer.kind == "char" and stage.tok is None:
         vocab = None  # the corpus's characters, not known before it is downloaded
