@@ -82,6 +82,20 @@ def _repo(root: Path, recipe: dict) -> Path:
     return repo
 
 
+def _nanogpt(root: Path) -> Path:
+    """A git snapshot shaped as nanoGPT's: its training script and the recipe's config committed."""
+    repo = root / "nanoGPT"
+    (repo / "config").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "test@example.com")
+    _git(repo, "config", "user.name", "test")
+    for name in ("train.py", "config/train_shakespeare_char.py"):
+        (repo / name).write_text("# nanoGPT\n")
+        _git(repo, "add", name)
+    _git(repo, "commit", "-q", "-m", "nanoGPT")
+    return repo
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, data_dir):
     """One speedrun of the test track at 2 seeds with --record and a baseline given by hand, in a
@@ -346,8 +360,19 @@ def test_record_needs_two_seeds_and_a_checkout(tmp_path, cli, monkeypatch):
         (["--threads", "100000"], ["--threads 100000", "CPUs"]),
         (["--baseline-seconds", "inf"], ["--baseline-seconds inf", "measured wall time"]),
         (["--baseline-nanogpt", "nowhere"], ["--baseline-nanogpt nowhere: no such folder"]),
+        (["--baseline-nanogpt", "."], ["--baseline-nanogpt .: not a git snapshot of nanoGPT"]),
     ],
-    ids=["vocab", "memory", "init_from", "seed-range", "seeds", "threads", "inf", "nanogpt"],
+    ids=[
+        "vocab",
+        "memory",
+        "init_from",
+        "seed-range",
+        "seeds",
+        "threads",
+        "inf",
+        "nanogpt",
+        "not-nanogpt",
+    ],  # fmt: skip
 )
 def test_what_a_seed_would_refuse_is_refused_before_the_out_folder(
     args, fragments, tmp_path, data_dir, cli, monkeypatch
@@ -392,6 +417,23 @@ def test_out_at_a_file_is_named_a_file(tmp_path, data_dir, cli, monkeypatch):
     assert (tmp_path / "taken").read_text() == "mine\n"
 
 
+def test_a_failed_baseline_run_is_one_line_and_leaves_no_out_folder(
+    tmp_path, data_dir, cli, monkeypatch
+):
+    _track(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(_recipe(data_dir)))
+    script = tmp_path / "reference.sh"
+    script.write_text("echo 'fatal: no network' >&2\nexit 3\n")
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", "recipe.yaml", "--threads", "1",
+              "--set", "seed=7", "--out", "out", "--baseline-nanogpt", _nanogpt(tmp_path),
+              "--baseline-script", script)  # fmt: skip
+    assert_user_error(
+        res, "nanoGPT's reference run failed (exit status 3): fatal: no network", notes_ok=True
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_unknown_track_is_refused_with_the_tracks(cli):
     res = cli("speedrun", "--track", "nanogpt-tpu")
     assert_user_error(res, "--track nanogpt-tpu", "nanogpt-cpu (val <= 1.886)", "nanogpt-gpu")
@@ -402,7 +444,8 @@ def test_baseline_options_that_conflict_are_refused(tmp_path, cli):
     assert_user_error(res, "--baseline-seconds and --baseline-nanogpt", "keep one")
     res = cli("speedrun", "--baseline-script", tmp_path / "x.sh")
     assert_user_error(res, "--baseline-script", "--baseline-nanogpt NANOGPT_GIT_DIR")
-    res = cli("speedrun", "--baseline-nanogpt", tmp_path, "--baseline-script", tmp_path / "x.sh")
+    nanogpt = _nanogpt(tmp_path)
+    res = cli("speedrun", "--baseline-nanogpt", nanogpt, "--baseline-script", tmp_path / "x.sh")
     assert_user_error(res, f"--baseline-script {tmp_path / 'x.sh'}: no such file")
     # Where no checkout has the reference script: each folder looked in named once, and the way
     # on without it.

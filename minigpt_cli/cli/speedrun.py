@@ -226,16 +226,16 @@ def speedrun(
     if first.estimate:  # train's own estimate of one run, from a few timed steps
         echo(f"each seed: {first.estimate[0]}")
     threads = threads or physical_cores()
-    out.mkdir(parents=True, exist_ok=True)
-    if set_:  # the recipe as run, so the seeds, the report and the ledger name one file
-        recipe_path = _write_recipe(recipe_path, set_, out / "recipe.yaml")
-    base = (
+    base = (  # before --out is made: a baseline that fails leaves nothing behind
         baselines.run_nanogpt(script, baseline_nanogpt, threads, echo)
         if script is not None
         else baselines.by_hand(baseline_seconds)
         if baseline_seconds is not None
         else None
     )
+    out.mkdir(parents=True, exist_ok=True)
+    if set_:  # the recipe as run, so the seeds, the report and the ledger name one file
+        recipe_path = _write_recipe(recipe_path, set_, out / "recipe.yaml")
     report = run_speedrun(
         t, recipe_path, cfg, [cfg.seed + i for i in range(seeds)], threads, out, echo, set_
     )

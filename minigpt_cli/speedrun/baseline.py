@@ -65,17 +65,41 @@ def parse_reference(text: str) -> tuple[float, float, int]:
     return float(wall.group(1)), float(vals[-1][1]), int(vals[-1][0])
 
 
+#: What the reference script runs from a nanoGPT snapshot (its HEAD): the training script and the
+#: recipe's config.
+NANOGPT_FILES = ("train.py", "config/train_shakespeare_char.py")
+
+
 def check_nanogpt(nanogpt: Path) -> None:
-    """Refuse a ``--baseline-nanogpt`` that is not a folder (before the speedrun writes anything).
+    """Refuse a ``--baseline-nanogpt`` that is not a git snapshot of nanoGPT (a clone, or a bare
+    repository, which the reference script clones), before the speedrun writes anything: its HEAD
+    must hold :data:`NANOGPT_FILES`.
 
     Raises:
-        MinigptError: naming it.
+        MinigptError: naming it, and what it lacks.
     """
+    fix = "give a clone or git snapshot of karpathy/nanoGPT"
     if not nanogpt.is_dir():
-        raise MinigptError(
-            f"--baseline-nanogpt {nanogpt}: no such folder",
-            "give a clone or git snapshot of karpathy/nanoGPT",
-        )
+        raise MinigptError(f"--baseline-nanogpt {nanogpt}: no such folder", fix)
+    for name in NANOGPT_FILES:
+        try:
+            held = (
+                subprocess.run(
+                    ["git", "-C", str(nanogpt), "cat-file", "-e", f"HEAD:{name}"],
+                    capture_output=True,
+                ).returncode
+                == 0
+            )
+        except OSError:  # no git: the reference script clones with it too
+            raise MinigptError(
+                "--baseline-nanogpt needs git, which the reference script clones nanoGPT with",
+                "install git",
+            ) from None
+        if not held:
+            raise MinigptError(
+                f"--baseline-nanogpt {nanogpt}: not a git snapshot of nanoGPT (no {name} at its HEAD)",
+                fix,
+            )
 
 
 def run_nanogpt(
@@ -85,7 +109,8 @@ def run_nanogpt(
     ``train.py``, start-up included) and final val.
 
     Raises:
-        MinigptError: ``nanogpt`` is not a folder, or the script failed or printed no result.
+        MinigptError: ``nanogpt`` is not a snapshot of nanoGPT, or the script failed or printed no
+            result.
     """
     check_nanogpt(nanogpt)
     echo(f"baseline: nanoGPT's CPU recipe ({script}), about 2 minutes on 2 cores ...")
