@@ -390,8 +390,9 @@ def test_libyaml_and_pyyamls_own_parser_and_emitter_agree():
     for text in ("seed:\t1337\n", "seed: 1337\t# a comment\n"):
         assert parse_yaml(text) == {"seed": 1337}
         assert read(yaml_io._PyLoader, text)[0] == "ScannerError"
-    with pytest.raises(ConfigError, match=r"found character '\\t' that cannot start any token"):
-        parse_yaml("train:\n\tmax_iters: 5\n")
+    for text in ("train:\n\tmax_iters: 5\n", "\t# c\nseed: 1\n", "model:\n  \t# c\n  bias: true\n"):
+        with pytest.raises(ConfigError, match=r"found character '\\t' that cannot start any token"):
+            parse_yaml(text)  # a tab that starts a line, whatever follows it
     tricky = ["yes", "08", "3e-4", "a\nb", "", " x", "x: y", "#c", "- a", "~", "é", "a " * 60]
     data = [load_config(p).model_dump(mode="json") for p in SHIPPED] + [{"s": tricky}]
     for item in data:

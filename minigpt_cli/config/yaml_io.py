@@ -14,9 +14,10 @@ the last two as text and ``017`` as 17. One exception: a float that YAML 1.1 lea
 as everyone means it.
 
 The text is read by libyaml (PyYAML's C extension) where PyYAML has it, by PyYAML's own parser
-otherwise. The two agree but for tabs: libyaml reads a tab between a key and its value or before a
-comment (``seed:<TAB>1337``), as YAML 1.2 allows, where PyYAML's parser refuses it; a tab that
-indents is refused by both.
+otherwise. The two agree but for tabs: libyaml reads a tab between a key and its value or between a
+value and its comment (``seed:<TAB>1337<TAB># c``), as YAML 1.2 allows, where PyYAML's parser
+refuses it; a tab at the start of a line (one that indents, or comes before a comment or nothing
+else) is refused by both.
 """
 
 from __future__ import annotations
