@@ -1177,3 +1177,23 @@ def test_a_list_key_given_a_value_shows_the_list_syntax(cli):
         TINY, ["tokenizer.special_tokens=[<|endoftext|>]"]
     )  # the syntax the hint shows works
     assert cfg.tokenizer.special_tokens == ["<|endoftext|>"]
+
+
+def test_messages_name_what_is_wrong_with_odd_keys_and_long_numbers(tmp_path):
+    """An empty part of a --set key, a key that starts with an invisible byte-order mark, and a
+    number too long for YAML 1.1 to build: each named as it is."""
+    p = tmp_path / "c.yaml"
+    p.write_text("name: c\n")
+    for key in (".seed", "seed.", "train..max_iters"):
+        with pytest.raises(ConfigError, match=f"the key '{key}' has an empty part"):
+            load_config(p, [f"{key}=5"])
+    p.write_text("name: c\n\ufeffmodel:\n  n_layer: 2\n")
+    with pytest.raises(ConfigError, match=r"'\\ufeffmodel': unknown key; did you mean model\?"):
+        load_config(p)
+    long = "1_" + "0" * 450
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "c.yaml", [f"train.max_iters={long}"])
+    assert "reads as an integer of more than 400 characters in YAML 1.1 and as the text " in str(
+        e.value
+    )
+    assert len(str(e.value)) < 300  # both quotations shortened

@@ -124,7 +124,8 @@ def _problems(err: dict[str, Any], source: str, overridden: Sequence[str], keys:
         source = f"{source} with --set {', '.join(dict.fromkeys(within))}" if within else source
     kind, msg, got = err["type"], err["msg"], err.get("input")
     if kind == "extra_forbidden":
-        yield source, f"{loc}: unknown key; {_suggest(loc, keys)}"
+        shown = loc if loc.isprintable() else repr(loc)  # an invisible byte-order mark, a tab
+        yield source, f"{shown}: unknown key; {_suggest(loc, keys)}"
     elif kind == "model_type" and not loc:  # the file itself: no --set made it so
         yield file, f"the top level must be a mapping of sections, got {type(got).__name__}"
     elif (

@@ -574,6 +574,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError(
                 f"--set {item!r}: expected section.key=value, e.g. --set train.learning_rate=3e-4"
             )
+        if "" in (part.strip() for part in key.split(".")):
+            raise ConfigError(
+                f"--set {item!r}: the key {key!r} has an empty part; write section.key, e.g. "
+                "--set train.learning_rate=3e-4 (or a top-level key: --set seed=1)"
+            )
         if _TEXT_KEYS.get(key, False):
             # A text key takes the text as given (--set sample.prompt=ROMEO: or name=2024-01-01,
             # which YAML 1.1 would read as a date), quotes taken off and null read as null.

@@ -230,7 +230,7 @@ def _yaml11(node: yaml.ScalarNode) -> Any:
     nothing for."""
     tag = _YAML11.resolve(yaml.ScalarNode, node.value, (True, False))
     if tag == _INT and len(node.value) > _MAX_DIGITS:
-        return None  # the YAML 1.2 reading refuses it first
+        return _Syntax("long")  # not built: Python's int() refuses 4,300 digits
     construct = _YAML11.yaml_constructors.get(tag)
     if construct is None:  # ``<<`` (a merge key) and ``=`` (a default value): syntax, no value
         return _Syntax(tag.rsplit(":", 1)[1])
@@ -308,9 +308,10 @@ def _reading(value: Any) -> str:
             "merge": "a merge key (<<)",
             "value": "a default-value key (=)",
             "unreadable": "an invalid number or date",
+            "long": f"an integer of more than {_MAX_DIGITS} characters",
         }.get(value, value)
     if isinstance(value, str):
-        return f"the text {value!r}"
+        return f"the text {value if len(value) <= 40 else value[:40] + '...'!r}"
     if isinstance(value, (datetime.date, datetime.datetime)):
         return (
             f"the {'time' if isinstance(value, datetime.datetime) else 'date'} {value.isoformat()}"
