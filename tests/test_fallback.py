@@ -281,3 +281,25 @@ def test_a_build_other_than_the_pinned_one_is_refused(tmp_path, registry):
     with pytest.raises(MinigptError, match="builds it differently from the one that pinned it"):
         download.download("shakespeare-gutenberg", tmp_path, progress=False)
     assert files_under(tmp_path) == []
+
+
+def test_force_with_a_good_copy_here_keeps_it_and_does_not_fall_back(tmp_path, registry, cli):
+    """``download --force`` where Tiny Shakespeare's address is unreachable and a verified copy is
+    already here: one line saying the copy is kept, no fallback corpus fetched."""
+    text = b"First Citizen:\nBefore we proceed any further, hear me speak.\n"
+    registry["tinyshakespeare"].update(sha256=hashlib.sha256(text).hexdigest(), size=len(text))
+    (tmp_path / "tinyshakespeare").mkdir()
+    (tmp_path / "tinyshakespeare" / "input.txt").write_bytes(text)
+    res = cli("download", "--force", "--data-dir", tmp_path, "--no-progress")
+    here = tmp_path / "tinyshakespeare" / "input.txt"
+    assert_user_error(
+        res, f"to fetch tinyshakespeare again; {here} is kept as it was", "drop --force"
+    )
+    assert files_under(tmp_path) == ["tinyshakespeare/input.txt"] and here.read_bytes() == text
+
+
+def test_the_fallback_note_says_how_to_put_the_corpus_in_place(tmp_path, registry):
+    notes: list[str] = []
+    download.download_or_fallback("tinyshakespeare", tmp_path, log=notes.append)
+    folder = tmp_path / "tinyshakespeare"
+    assert f"put its input.txt there (mkdir -p {folder} && cp PATH/input.txt {folder}/)" in notes[0]

@@ -580,6 +580,8 @@ def test_a_shrunk_budget_is_noted_before_any_run_and_scale_schedule_keeps_the_sc
             "train.warmup_iters with the budget, or add --scale-schedule"
         ) in res.stderr
         assert "adamw-s1338: 80 steps, warmup 100, an eval every 250 steps" in res.stdout
+        assert res.stdout.splitlines()[-1].startswith("time: about ")
+        assert " for the 4 runs, one at a time" in res.stdout
         scaled = cli("sweep", "optimizer", "--budget", "iters=80", "--dry-run", "--scale-schedule")
         assert scaled.exit_code == 0 and "note:" not in scaled.stderr, scaled
         assert (
@@ -645,3 +647,26 @@ def test_a_budget_number_follows_the_set_rule(cli, tmp_path):
         )
         ok = cli("sweep", "ffn", "--budget", "iters=17", "--dry-run")
         assert ok.exit_code == 0 and ": 17 steps," in ok.stdout, ok
+
+
+def test_the_dry_runs_time_is_each_variants_train_estimate_at_every_seed(monkeypatch):
+    """``sweep --dry-run``'s time: one ``train --dry-run`` estimate a variant, counted at each of its
+    seeds; a seconds budget counts itself."""
+    from types import SimpleNamespace
+
+    from minigpt_cli.experiments.sweepfile import Overrides, estimated_seconds
+    from minigpt_cli.trainer import setup
+
+    timed = []
+
+    def fake_plan(cfg, *args):
+        timed.append(cfg.model.ffn)
+        return SimpleNamespace(seconds={"relu": 10.0, "gelu": 20.0, "swiglu": 40.0}[cfg.model.ffn])
+
+    monkeypatch.setattr(setup, "plan", fake_plan)
+    sweep = load_sweep("ffn", lambda m: None, Overrides(seeds=2, budget="iters=50"))
+    assert estimated_seconds(sweep.runs) == 2 * (10 + 20 + 40)
+    assert sorted(timed) == ["gelu", "relu", "swiglu"]  # once a variant
+    timed.clear()
+    sweep = load_sweep("ffn", lambda m: None, Overrides(seeds=3, budget="seconds=7"))
+    assert estimated_seconds(sweep.runs) == 9 * 7.0 and not timed

@@ -101,7 +101,7 @@ def sweep(
     cores, and each one's matmuls get less of them.
 
     \b
-    Examples: minigpt sweep ffn --budget iters=50 --seeds 1
+    Examples: minigpt sweep ffn --budget iters=50 --scale-schedule --seeds 1
               minigpt sweep optimizer --budget iters=80 --scale-schedule --dry-run
               minigpt sweep search.yaml --storage /shared/search.journal --worker
     """

@@ -527,12 +527,19 @@ def download_or_fallback(
         if ds.fallback is None or resolve_url(url, ds) != ds.url:
             raise
         primary = exc
+    here = corpus_path(data_dir, ds.name)
+    if force and here.is_file() and file_ok(here, ds):  # --force, and a good copy is already here
+        raise MinigptError(
+            f"cannot reach {_redact(ds.url)} ({primary.reason}) to fetch {ds.name} again; "
+            f"{here} is kept as it was (sha256 verified)",
+            f"drop --force to use it, or set {ds.url_env} to a mirror",
+        )
     alt = get_dataset(ds.fallback)
     log(
         f"note: cannot reach {_redact(ds.url)} ({primary.reason}), so {action} {alt.name} "
         f"({alt.description}), not {ds.description}, whose figures the docs quote; for "
-        f"{ds.name}, copy its {CORPUS_FILE} to {corpus_path(data_dir, ds.name)} or set "
-        f"{ds.url_env} to a mirror (docs/offline.md)"
+        f"{ds.name}, put its {CORPUS_FILE} there (mkdir -p {here.parent} && cp PATH/{CORPUS_FILE} "
+        f"{here.parent}/) or set {ds.url_env} to a mirror (docs/offline.md)"
     )
     try:
         return alt, *download(alt, data_dir, **fetch)

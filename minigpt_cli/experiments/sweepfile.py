@@ -468,13 +468,16 @@ def schedule_note(sweep: Sweep) -> Optional[str]:
 
 def plan(sweep: Sweep) -> dict:
     """What the sweep would run (a search: its base, before the trials' values), with each run's
-    schedule in steps, and the :func:`schedule_note`: ``minigpt sweep --dry-run``."""
+    schedule in steps, the :func:`schedule_note`, and the time it would take one run at a time
+    (:func:`estimated_seconds`): ``minigpt sweep --dry-run``."""
     runs_ = sweep.runs or sweep.runs_of("trial", {})
+    trials = sweep.spec.search.trials if sweep.spec.search else None
     return {
         "sweep": sweep.name,
         "folder": str(sweep.folder),
-        "trials": sweep.spec.search.trials if sweep.spec.search else None,
+        "trials": trials,
         "note": schedule_note(sweep),
+        "seconds": estimated_seconds(runs_) * (trials or 1),
         "runs": [
             {
                 "run": r.name,
@@ -488,6 +491,24 @@ def plan(sweep: Sweep) -> dict:
             for r in runs_
         ],
     }
+
+
+def estimated_seconds(runs_: list[Run]) -> float:
+    """Seconds to train ``runs_`` one after another on this machine: each variant's run timed as
+    ``train --dry-run`` times it (a few steps of a throwaway model, every eval counted), at every
+    seed; a run with a seconds budget counts its budget."""
+    from ..trainer.setup import plan as train_plan
+
+    by_variant: dict[str, float] = {}
+    for r in runs_:
+        if r.variant not in by_variant:
+            budget = r.cfg.train.max_seconds
+            by_variant[r.variant] = (
+                budget
+                if budget is not None
+                else train_plan(r.cfg, None, None, lambda message: None, False).seconds or 0.0
+            )
+    return sum(by_variant[r.variant] for r in runs_)
 
 
 def format_plan(planned: dict) -> str:
@@ -504,4 +525,13 @@ def format_plan(planned: dict) -> str:
             f"  {r['run']}: {budget}, warmup {r['warmup_iters']:,}, "
             f"an eval every {r['eval_interval']:,} steps"
         )
+    from ..trainer.estimate import human_seconds
+
+    runs_ = (
+        f"{planned['trials']} trials" if planned["trials"] else f"the {len(planned['runs'])} runs"
+    )
+    lines.append(
+        f"time: about {human_seconds(planned['seconds'])} for {runs_}, one at a time (each "
+        "variant's steps timed as train --dry-run times them)"
+    )
     return "\n".join(lines) + "\n"

@@ -250,11 +250,12 @@ def run_estimate(
     step: int = 0,
     evaluated: bool = False,
     val_tokens: Optional[int] = None,
-) -> list[str]:
+) -> tuple[list[str], float]:
     """What ``train`` and ``--dry-run`` say before training: the run's time on ``device`` from
     ``step`` on (:func:`step_seconds`; ``about 7.2 h on cpu (...)``), then on a CPU, past
-    :data:`LONG_ON_CPU_S`, the note naming the CPU recipe. ``val_tokens``: the val split's size,
-    which ``train.eval_full_val`` scores whole at each eval (None: not known)."""
+    :data:`LONG_ON_CPU_S`, the note naming the CPU recipe; and that time in seconds.
+    ``val_tokens``: the val split's size, which ``train.eval_full_val`` scores whole at each eval
+    (None: not known)."""
     tc = cfg.train
     step_s, batch_s, how = step_seconds(cfg, device, dtype)
     if device.type == "cuda":  # the throwaway model's memory back to the device, for the run's
@@ -272,4 +273,4 @@ def run_estimate(
     ]
     if device.type == "cpu" and total > LONG_ON_CPU_S and cfg.name not in CPU_RECIPES:
         lines.append(CPU_RECIPE)
-    return lines
+    return lines, total

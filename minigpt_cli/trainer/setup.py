@@ -206,6 +206,7 @@ class Plan:
     notes: list[str]
     vocab_size: Optional[int]  # None: not known until the corpus is downloaded (a dry run)
     estimate: list[str] = field(default_factory=list)  # the run's time here, the CPU recipe note
+    seconds: Optional[float] = None  # that time, in seconds (None: not estimated)
     trackers: list[str] = field(default_factory=list)  # train.trackers, their packages imported
     group: Optional[dict] = None  # a sweep's run: its tracker group (the sweep, the trial)
     elastic: Optional[Elastic] = None  # under torchrun: the job's run id and restart count
@@ -331,7 +332,7 @@ def plan(
     # The run's time on this device, from a few timed steps (not under torchrun: one process would
     # say it for all, timed alone).
     left = resumed is None or not resumed.done
-    estimate = (
+    estimate, seconds = (
         run_estimate(
             cfg,
             device,
@@ -340,7 +341,7 @@ def plan(
             val_tokens=stage.data.counts[1] if stage.data is not None else None,
         )
         if left and not dist.enabled
-        else []
+        else ([], None)
     )
     return Plan(
         given,
@@ -355,6 +356,7 @@ def plan(
         found,
         vocab,
         estimate=estimate,
+        seconds=seconds,
         trackers=tracker_names,
         elastic=elastic,
         reuse=reuse,
