@@ -248,7 +248,7 @@ def test_existing_run_name_is_refused(trained_run, cli, monkeypatch, data_dir):
         assert_user_error(
             cli("train", TINY, "--run-name", bad, "--set", f"data.data_dir={data_dir}"),
             "--run-name",
-            "letters, digits",
+            "letters, digits" if bad else "an empty value; give one, or leave --run-name out",
             notes_ok=True,
         )
     assert sorted(p.name for p in (work / "runs").iterdir()) == ["e2e"]
