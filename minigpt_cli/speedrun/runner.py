@@ -166,6 +166,10 @@ def train_seed(
     Raises:
         MinigptError: the training failed (its own error line).
     """
+    import torch
+
+    from ..runtime.device import CpuThreads
+
     name = f"seed-{seed}"
     cmd = [sys.executable, "-m", "minigpt_cli", "train", str(recipe), "--run-name", name]
     cmd += ["--set", f"seed={seed}", "--set", text_override("train.out_dir", str(out))]
@@ -174,10 +178,6 @@ def train_seed(
     # keeps that count instead of adapting it to the machine's load (runtime.device.CpuThreads).
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     lines = []
-    import torch
-
-    from ..runtime.device import CpuThreads
-
     meter = CpuThreads(torch.device("cpu"), read_own=_cpu_with_children)
     mark = meter.mark()  # the machine's busy time, less this process's and the seed's
     # One pipe for both streams, read as the run writes them (its stderr is line-buffered): a seed
