@@ -1180,8 +1180,9 @@ def test_a_list_key_given_a_value_shows_the_list_syntax(cli):
 
 
 def test_messages_name_what_is_wrong_with_odd_keys_and_long_numbers(tmp_path):
-    """An empty part of a --set key, a key that starts with an invisible byte-order mark, and a
-    number too long for YAML 1.1 to build: each named as it is."""
+    """An empty part of a --set key, a key that starts with an invisible byte-order mark, a key YAML
+    reads as no text (true, 1.5, null), and a number too long for YAML 1.1 to build: each named as
+    it is."""
     p = tmp_path / "c.yaml"
     p.write_text("name: c\n")
     for key in (".seed", "seed.", "train..max_iters"):
@@ -1190,6 +1191,18 @@ def test_messages_name_what_is_wrong_with_odd_keys_and_long_numbers(tmp_path):
     p.write_text("name: c\n\ufeffmodel:\n  n_layer: 2\n")
     with pytest.raises(ConfigError, match=r"'\\ufeffmodel': unknown key; did you mean model\?"):
         load_config(p)
+    for text, said in [
+        ("true: x\n", "the key true is a boolean in YAML"),
+        ("model:\n  false: 1\n", "model: the key false is a boolean in YAML"),
+        ("1.5: x\n", "the key 1.5 is a number in YAML"),
+        ("~: x\n", "the key null is null in YAML"),
+    ]:
+        p.write_text("name: c\n" + text)
+        with pytest.raises(ConfigError) as e:
+            load_config(p)
+        assert str(e.value) == (
+            f"{p}: {said}, not a name; no config key is named so (minigpt config-keys lists them)"
+        )
     long = "1_" + "0" * 450
     with pytest.raises(ConfigError) as e:
         load_config(tmp_path / "c.yaml", [f"train.max_iters={long}"])

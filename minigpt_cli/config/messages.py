@@ -123,6 +123,24 @@ def _problems(err: dict[str, Any], source: str, overridden: Sequence[str], keys:
         within = [key for key in overridden if not loc or key.startswith(loc + ".")]
         source = f"{source} with --set {', '.join(dict.fromkeys(within))}" if within else source
     kind, msg, got = err["type"], err["msg"], err.get("input")
+    if kind == "invalid_key":  # the loc holds the key as a number (True is 1): named as read
+        section = ".".join(str(p) for p in err["loc"][:-1])
+        written = "null" if got is None else str(got).lower() if isinstance(got, bool) else str(got)
+        what = (
+            "null"
+            if got is None
+            else "a boolean"
+            if isinstance(got, bool)
+            else "a number"
+            if isinstance(got, (int, float))
+            else f"a {type(got).__name__}"
+        )
+        yield (
+            source,
+            f"{section + ': ' if section else ''}the key {written} is {what} in YAML, not a name; "
+            "no config key is named so (minigpt config-keys lists them)",
+        )
+        return
     if kind == "extra_forbidden":
         shown = loc if loc.isprintable() else repr(loc)  # an invisible byte-order mark, a tab
         yield source, f"{shown}: unknown key; {_suggest(loc, keys)}"
