@@ -476,6 +476,7 @@ def plan(sweep: Sweep) -> dict:
         "sweep": sweep.name,
         "folder": str(sweep.folder),
         "trials": trials,
+        "pruned": bool(sweep.spec.search and sweep.spec.search.prune != "none"),
         "note": schedule_note(sweep),
         "seconds": estimated_seconds(runs_) * (trials or 1),
         "runs": [
@@ -531,7 +532,10 @@ def format_plan(planned: dict) -> str:
         f"{planned['trials']} trials" if planned["trials"] else f"the {len(planned['runs'])} runs"
     )
     lines.append(
-        f"time: about {human_seconds(planned['seconds'])} for {runs_}, one at a time (each "
-        "variant's steps timed as train --dry-run times them)"
+        f"time: {'at most' if planned.get('pruned') else 'about'} "
+        f"{human_seconds(planned['seconds'])} for {runs_}, one at a time ("
+        + ("the base's steps" if planned["trials"] else "each variant's steps")
+        + " timed as train --dry-run times them"
+        + ("; a pruned trial ends sooner)" if planned.get("pruned") else ")")
     )
     return "\n".join(lines) + "\n"
