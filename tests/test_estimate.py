@@ -199,3 +199,32 @@ def test_a_long_cpu_run_names_the_cpu_recipe_once(cli, data_dir, tmp_path, monke
     )
     assert res.exit_code == 0, res
     assert (res.stdout + res.stderr).count("that is long for a CPU") == 1, res.stderr
+
+
+def test_the_estimate_keeps_one_thread_where_one_is_faster():
+    """Beside a busy process the threads picked over a small model's warm-up may be too many: the
+    micro-batch timed again on one thread is kept, with one thread, where it is faster; else the
+    picked count stays."""
+    import torch
+
+    from minigpt_cli.trainer.estimate import _one_thread_if_faster
+
+    before = torch.get_num_threads()
+    seen = []
+
+    def timed(seconds):
+        def run():
+            seen.append(torch.get_num_threads())
+            return seconds
+
+        return run
+
+    try:
+        torch.set_num_threads(2)
+        assert _one_thread_if_faster(timed(0.004), 0.17) == 0.004
+        assert seen == [1] and torch.get_num_threads() == 1  # the faster count is kept
+        torch.set_num_threads(2)
+        assert _one_thread_if_faster(timed(0.2), 0.1) == 0.1
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -188,11 +188,29 @@ def _timed(fn: Callable[[], None], device, repeats: int = 2) -> float:
     return best
 
 
+def _one_thread_if_faster(timed: Callable[[], float], seconds: float) -> float:
+    """``seconds`` of a micro-batch on the threads :class:`~minigpt_cli.runtime.device.CpuThreads`
+    picked, or its time on one thread (``timed``), which is then kept, where that is faster. The
+    pick reads the machine's load over a small model's warm-up, a few milliseconds of
+    ``/proc/stat``'s 10 ms ticks: beside a busy process it can keep 2 threads, whose spinning made a
+    tiny model's step 45 times slower (0.17 s against 0.0038), where train, measuring over 2 s,
+    drops to one."""
+    import torch
+
+    many = torch.get_num_threads()
+    torch.set_num_threads(1)
+    single = timed()
+    if single < seconds:
+        return single
+    torch.set_num_threads(many)
+    return seconds
+
+
 def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, str]:
     """Seconds of one optimizer step of ``cfg``'s model on ``device`` and of one eval micro-batch,
     and how they were timed, from a few steps of a throwaway model on random tokens (eager: no
     compile, one process), on as many CPU threads as the other processes leave cores (as train's
-    :class:`CpuThreads` picks).
+    :class:`CpuThreads` picks), or on one where that is faster (:func:`_one_thread_if_faster`).
 
     The step is ``grad_accum_steps`` forward-backward passes of ``train.batch_size`` sequences of
     ``block_size`` tokens and one optimizer step; a pass of one sequence is timed and scaled by the
@@ -232,11 +250,16 @@ def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, str]:
         pass_of(1)()  # warm-up: the first call allocates and picks kernels
         update()
         threads.poll(force=True)  # the thread count train's own CpuThreads would pick now
-        one = _timed(pass_of(1), device)
-        if one * tc.batch_size < WHOLE_BATCH_UNDER_S:
-            micro, how = _timed(pass_of(tc.batch_size), device), f"batch {tc.batch_size}"
-        else:
-            micro, how = one * tc.batch_size, f"1 sequence, times {tc.batch_size}"
+        whole = _timed(pass_of(1), device) * tc.batch_size < WHOLE_BATCH_UNDER_S
+        batch = tc.batch_size if whole else 1
+
+        def micro_batch() -> float:
+            return _timed(pass_of(batch), device) * (tc.batch_size // batch)
+
+        micro = micro_batch()
+        if threads.enabled and torch.get_num_threads() > 1:
+            micro = _one_thread_if_faster(micro_batch, micro)
+        how = f"batch {tc.batch_size}" if whole else f"1 sequence, times {tc.batch_size}"
         opt_s = _timed(update, device)
     finally:
         threads.restore()
