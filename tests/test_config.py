@@ -324,6 +324,8 @@ def test_a_tag_in_a_text_keys_set_value_is_refused_as_in_a_file(tmp_path):
         ("name", "!!str tiny", "!!str"),
         ("data.data_dir", "!!int 5", "!!int"),
         ("sample.prompt", "!Hello", "!Hello"),
+        ("name", "! x", "!"),  # the non-specific tag
+        ("train.max_iters", "! 5", "!"),
     ]:
         with pytest.raises(ConfigError) as e:
             load_config(p, [f"{key}={value}"])
@@ -334,6 +336,8 @@ def test_a_tag_in_a_text_keys_set_value_is_refused_as_in_a_file(tmp_path):
 #: a syntax error, an alias, an anchor, a tag, a flow list, a date, a YAML 1.1 boolean and octal.
 ODD_PATHS = ["x #y", "null", "~", "@x", "*a", "&a", "!x", "[x", "%x", "`x", "2024-01-01", "yes"]
 ODD_PATHS += ["017", 'a"b\\c', "tab\there", "é ü", "'q'", " lead and trail "]
+#: And characters YAML would fold or refuse unescaped: next-line, line separator, DEL, astral ones.
+ODD_PATHS += ["nel\u0085x", "ls\u2028x", "d\x7f", "\U0001f600/é"]
 
 
 def test_a_path_the_command_line_names_is_given_as_the_text_it_is(tmp_path):

@@ -9,7 +9,6 @@ Unknown keys, wrong types, out-of-range values and broken cross-field rules (``n
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, Optional, Sequence
 
@@ -558,8 +557,20 @@ def validate(data: Any, source: str = "config", overridden: Sequence[str] = ()) 
 def text_override(key: str, text: str) -> str:
     """The ``--set`` item that gives ``key`` the text ``text`` as it is: double-quoted, so that a
     path the command line named (``--init-from``, ``--out``) is never read as YAML (``x #y`` is
-    not ``x``, ``null`` not null, ``@x`` not a syntax error). JSON's string escapes are YAML's."""
-    return f"{key}={json.dumps(str(text), ensure_ascii=False)}"
+    not ``x``, ``null`` not null, ``@x`` not a syntax error). Every character outside printable
+    ASCII is escaped (``\\u0085``, YAML's next-line break, would fold into a space; a byte that is
+    not UTF-8, held as a lone surrogate, comes back as that byte)."""
+    quoted = "".join(
+        "\\" + ch
+        if ch in '"\\'
+        else ch
+        if " " <= ch <= "~"
+        else f"\\u{ord(ch):04x}"
+        if ord(ch) <= 0xFFFF
+        else f"\\U{ord(ch):08x}"
+        for ch in str(text)
+    )
+    return f'{key}="{quoted}"'
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -130,9 +130,9 @@ class _Rules:
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
-        # An explicit tag (``!!int 1:30``, ``!foo``) is kept for the check, which refuses it with
-        # its key; ``!`` is YAML's mark of a quoted scalar, no tag.
-        node.explicit_tag = tag if tag not in (None, "!") else None
+        # An explicit tag (``!!int 1:30``, ``!foo``, the non-specific ``! 5``, a text) is kept for
+        # the check, which refuses it with its key; a quoted scalar has none.
+        node.explicit_tag = tag
         return node
 
     def construct_document(self, node):
