@@ -160,14 +160,24 @@ def test_top_k_zero_and_bad_top_p(trained_run, cli, monkeypatch):
         ["download", "--url", ""],  # fetched the default URL
         ["evaluate", "--split", ""],  # scored the val split
         ["train-tokenizer", "--kind", ""],  # trained the config's kind
+        ["download", "--data-dir", ""],  # downloaded into the current folder
+        ["download", "--data-dir= "],  # into a folder named " "
+        ["inspect", "positions", "--output", " "],  # drew into a folder named " "
+        ["export", "runs/x", "-o", ""],  # the current folder
     ],
-    ids=lambda args: args[0],
 )
-def test_an_empty_option_value_is_refused_not_read_as_not_given(cli, tmp_path, monkeypatch, args):
+def test_an_empty_or_blank_option_value_is_refused_not_read_as_not_given(
+    cli, tmp_path, monkeypatch, args
+):
     monkeypatch.chdir(tmp_path)
     res = cli(*args)
-    option = args[1]
-    assert_user_error(res, f"{option} '': an empty value; give one, or leave {option} out")
+    given = next(a for a in args if a.startswith("-"))
+    option, eq, value = given.partition("=")
+    value = value if eq else args[args.index(given) + 1]
+    what = "an empty value" if not value else f"a blank value {value!r}"
+    assert_user_error(
+        res, f"{option} {value!r}: {what}; give one, or leave {option} out for its default"
+    )
     assert not list(tmp_path.iterdir())  # nothing made
 
 

@@ -300,6 +300,6 @@ def test_force_with_a_good_copy_here_keeps_it_and_does_not_fall_back(tmp_path, r
 
 def test_the_fallback_note_says_how_to_put_the_corpus_in_place(tmp_path, registry):
     notes: list[str] = []
-    download.download_or_fallback("tinyshakespeare", tmp_path, log=notes.append)
-    folder = tmp_path / "tinyshakespeare"
-    assert f"put its input.txt there (mkdir -p {folder} && cp PATH/input.txt {folder}/)" in notes[0]
+    download.download_or_fallback("tinyshakespeare", tmp_path / "my data", log=notes.append)
+    folder = tmp_path / "my data" / "tinyshakespeare"  # quoted as a shell needs it
+    assert f"there (mkdir -p '{folder}' && cp PATH/input.txt '{folder}/')" in notes[0], notes

@@ -299,28 +299,52 @@ class Command(TyperCommand):
             if param.metavar is None and not getattr(param, "is_flag", False):
                 param.metavar = _default_metavar(param)
 
-    def invoke(self, ctx):
-        """Run the command, once no option or argument is the empty text: ``--preset ''`` or
-        ``--recipe ''`` would otherwise read as not given, and the command would run on its default
-        (the track's own recipe) or fail on it. ``generate`` refuses ``--prompt ''`` itself (its line
-        says how to give a newline); a repeatable option's items are each command's to check.
+    def parse_args(self, ctx, args):
+        """Parse ``args``, once no option's value is empty or blank (``--preset ''``,
+        ``--output ' '``, ``--data-dir=``): an empty text read as not given ran the command on its
+        default (``speedrun --recipe ''``: the track's own recipe), an empty path as the current
+        folder (``download --data-dir ''`` wrote there), a blank one made a folder named " ".
+        ``--prompt`` and ``--text`` may be blank (a space is text to continue or to cut; empty,
+        their commands refuse them); a repeatable option's items are each command's to check.
 
         Raises:
-            MinigptError: an empty value, named by its option.
+            MinigptError: naming the option.
+        """
+        takes = {
+            name: param
+            for param in self.params
+            if not isinstance(param, TyperArgument)
+            and not getattr(param, "is_flag", False)
+            and not getattr(param, "multiple", False)
+            and param.name not in ("prompt", "text")
+            for name in param.opts
+        }
+        for i, arg in enumerate(args):
+            if arg == "--":
+                break
+            name, eq, value = arg.partition("=")
+            if not eq or not arg.startswith("--"):
+                name, value = arg, args[i + 1] if i + 1 < len(args) else None
+            if name in takes and value is not None and not value.strip():
+                what = "an empty value" if not value else f"a blank value {value!r}"
+                raise MinigptError(
+                    f"{name} {value!r}: {what}; give one, or leave {name} out for its default"
+                )
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        """Run the command, once no argument is the empty text (options: :meth:`parse_args`).
+
+        Raises:
+            MinigptError: naming the argument.
         """
         for param in self.params:
             if (
-                ctx.params.get(param.name) == ""
+                isinstance(param, TyperArgument)
+                and ctx.params.get(param.name) == ""
                 and ctx.get_parameter_source(param.name) == _click_core.ParameterSource.COMMANDLINE
-                and param.name not in ("prompt",)
-                and not getattr(param, "multiple", False)
             ):
-                name = param.opts[0] if not isinstance(param, TyperArgument) else param.metavar
-                raise MinigptError(
-                    f"{name} '': an empty value; give one, or leave {name} out for its default"
-                    if not isinstance(param, TyperArgument)
-                    else f"{name} '': an empty value; give one"
-                )
+                raise MinigptError(f"{param.metavar} '': an empty value; give one")
         return super().invoke(ctx)
 
     def collect_usage_pieces(self, ctx):

@@ -12,6 +12,7 @@ import hashlib
 import http.client
 import os
 import re
+import shlex
 import sys
 import time
 from contextlib import contextmanager, suppress
@@ -538,8 +539,9 @@ def download_or_fallback(
     log(
         f"note: cannot reach {_redact(ds.url)} ({primary.reason}), so {action} {alt.name} "
         f"({alt.description}), not {ds.description}, whose figures the docs quote; for "
-        f"{ds.name}, put its {CORPUS_FILE} there (mkdir -p {here.parent} && cp PATH/{CORPUS_FILE} "
-        f"{here.parent}/) or set {ds.url_env} to a mirror (docs/offline.md)"
+        f"{ds.name}, put its {CORPUS_FILE} there (mkdir -p {shlex.quote(str(here.parent))} && cp "
+        f"PATH/{CORPUS_FILE} {shlex.quote(str(here.parent) + '/')}) or set {ds.url_env} to a "
+        "mirror (docs/offline.md)"
     )
     try:
         return alt, *download(alt, data_dir, **fetch)
