@@ -250,13 +250,14 @@ def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, str]:
         pass_of(1)()  # warm-up: the first call allocates and picks kernels
         update()
         threads.poll(force=True)  # the thread count train's own CpuThreads would pick now
-        whole = _timed(pass_of(1), device) * tc.batch_size < WHOLE_BATCH_UNDER_S
+        one = _timed(pass_of(1), device)
+        whole = one * tc.batch_size < WHOLE_BATCH_UNDER_S
         batch = tc.batch_size if whole else 1
 
         def micro_batch() -> float:
             return _timed(pass_of(batch), device) * (tc.batch_size // batch)
 
-        micro = micro_batch()
+        micro = micro_batch() if whole else one * tc.batch_size  # the pass just timed, scaled
         if threads.enabled and torch.get_num_threads() > 1:
             micro = _one_thread_if_faster(micro_batch, micro)
         how = f"batch {tc.batch_size}" if whole else f"1 sequence, times {tc.batch_size}"
