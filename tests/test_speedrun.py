@@ -434,6 +434,50 @@ def test_a_failed_baseline_run_is_one_line_and_leaves_no_out_folder(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_baseline_that_other_processes_slowed_is_refused_for_a_record(
+    tmp_path, data_dir, cli, monkeypatch
+):
+    """Another process keeps a core busy all through the reference run (started apart from the
+    script, so not its child): the ratio would be the busy machine's, so --record stops before any
+    seed, with nothing written; without --record the report says so under the ratio."""
+    _track(monkeypatch)
+    repo = _repo(tmp_path, _recipe(data_dir))
+    monkeypatch.chdir(repo)
+    script = tmp_path / "reference.sh"
+    busy = "import time\nt = time.time()\nwhile time.time() - t < 3: pass"
+    script.write_text(
+        f"( {sys.executable} -c '{busy}' & )\nsleep 2\n"  # orphaned at once: another process
+        "echo 'step 2000: train loss 1.7600, val loss 1.8857'\necho 'wall_s 89.7'\n"
+    )
+    ledger_before = sorted(p.name for p in repo.rglob("*"))
+    res = cli("speedrun", "--track", "tiny-test", "--recipe", "recipe.yaml", "--record",
+              "--threads", str(os.cpu_count()), "--out", tmp_path / "out",
+              "--baseline-nanogpt", _nanogpt(tmp_path), "--baseline-script", script)  # fmt: skip
+    assert_user_error(res, "--record: other processes kept", notes_ok=True)
+    assert (
+        "CPU cores busy during nanoGPT's baseline, so its 89.7 s is not this machine's"
+        in res.stderr
+    )
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in repo.rglob("*")) == ledger_before
+
+
+def test_a_baseline_that_other_processes_slowed_is_named_under_the_ratio(recorded):
+    _, _, out = recorded
+    report = json.loads((out / REPORT).read_text())
+    report.update(threads=2, cpus=2)
+    report["baseline"] = {"label": "nanoGPT's CPU recipe", "seconds": 89.7, "other_cores_busy": 0.9}
+    for s in report["seeds"]:  # quiet seeds (the fixture's may have shared the machine)
+        s["other_cores_busy"] = 0.01
+    assert format_report(report).splitlines()[-1] == (
+        "warning: other processes kept 0.9 of 2 CPU cores busy during nanoGPT's baseline: its "
+        "89.7 s is not this machine's time, and the ratio flatters the seeds (run the speedrun on "
+        "a quiet machine)"
+    )
+    report["baseline"]["other_cores_busy"] = 0.2
+    assert "warning" not in format_report(report)
+
+
 def test_an_unknown_track_is_refused_with_the_tracks(cli):
     res = cli("speedrun", "--track", "nanogpt-tpu")
     assert_user_error(res, "--track nanogpt-tpu", "nanogpt-cpu (val <= 1.886)", "nanogpt-gpu")

@@ -401,3 +401,52 @@ def test_q_and_k_normed_in_one_pass_equal_their_two_norms():
     assert torch.equal(fused_grads[0], apart_grads[0])
     for a, b in zip(fused_grads[1:], apart_grads[1:]):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_q_and_k_normed_and_rotated_in_one_pass_equal_the_two_steps():
+    """norm_rotate_heads (the attention's path when QK-norm and RoPE are both on): the values of
+    qk_rms_norm then rotate_heads, and the exact gradients of qk and of both gains
+    (torch.autograd.gradcheck in float64), for one table of positions and for positions per row;
+    in bfloat16 it returns float32 when asked, within bfloat16's rounding of the two steps."""
+    from minigpt_cli.model.gpt import (
+        RMSNorm,
+        norm_rotate_heads,
+        qk_rms_norm,
+        rope_cos_sin,
+        rotate_heads,
+    )
+
+    torch.manual_seed(0)
+    B, T, nh, nkv, hd = 2, 5, 4, 2, 8
+    q_norm, k_norm = RMSNorm(hd).double(), RMSNorm(hd).double()
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5), k_norm.weight.uniform_(0.5, 1.5)
+    qkv = torch.randn(B, T, (nh + 2 * nkv) * hd, dtype=torch.float64, requires_grad=True)
+    for positions in (torch.arange(T), torch.tensor([[4, 5, 6, 7, 8], [0, 2, 4, 6, 8]])):
+        cos, sin = (t.double()[positions] for t in rope_cos_sin(torch.arange(10), hd))
+
+        def fused(qkv, gq, gk):
+            q_norm.weight, k_norm.weight = gq, gk
+            qk = qkv[..., : (nh + nkv) * hd].view(B, T, nh + nkv, hd)
+            return norm_rotate_heads(qk, q_norm, k_norm, nh, cos, sin)
+
+        def two_steps(qkv, gq, gk):  # RMSNorm's formula in float64 (qk_rms_norm's is float32)
+            qk = qkv[..., : (nh + nkv) * hd].view(B, T, nh + nkv, hd)
+            gain = torch.cat((gq.expand(nh, -1), gk.expand(nkv, -1)))
+            normed = gain * qk * torch.rsqrt(qk.square().mean(-1, keepdim=True) + q_norm.eps)
+            return rotate_heads(normed, cos, sin)
+
+        gains = [torch.nn.Parameter(torch.rand(hd, dtype=torch.float64) + 0.5) for _ in range(2)]
+        torch.testing.assert_close(fused(qkv, *gains), two_steps(qkv, *gains), rtol=0, atol=1e-12)
+        assert torch.autograd.gradcheck(fused, (qkv, *gains))
+
+    # bfloat16 heads under autocast: float32 out, rounded once; the gradient reaches qk in bfloat16.
+    q_norm, k_norm = RMSNorm(hd), RMSNorm(hd)
+    qk = torch.randn(B, T, nh + nkv, hd).bfloat16().requires_grad_()
+    cos, sin = rope_cos_sin(torch.arange(T), hd)
+    out = norm_rotate_heads(qk, q_norm, k_norm, nh, cos, sin, torch.float32)
+    expected = rotate_heads(qk_rms_norm(qk.float(), q_norm, k_norm, nh), cos, sin)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    out.sum().backward()
+    assert qk.grad.dtype == torch.bfloat16 and qk.grad.abs().sum() > 0

@@ -70,7 +70,7 @@ def speedrun(
         "--baseline-nanogpt",
         metavar="NANOGPT_GIT_DIR",
         show_default=False,
-        help="First run nanoGPT's CPU recipe from this clone or git snapshot (about 2 minutes), "
+        help="First run nanoGPT's CPU recipe from this clone or git snapshot (1.5 to 4 minutes on 2 cores), "
         "for the ratio and the ledger's baseline row.",
     ),
     baseline_script: Optional[Path] = typer.Option(
@@ -134,7 +134,15 @@ def speedrun(
     from ..runtime.device import emulated_bfloat16_note, resolve_device, resolve_dtype
     from ..speedrun import baseline as baselines
     from ..speedrun import ledger
-    from ..speedrun.runner import format_report, physical_cores, run_speedrun, write_report
+    from ..speedrun.runner import (
+        baseline_busy_line,
+        contended,
+        format_report,
+        logical_cpus,
+        physical_cores,
+        run_speedrun,
+        write_report,
+    )
     from ..speedrun.tracks import check_recipe, fetch_corpus, get_track, load_tracks
 
     t = get_track(track)
@@ -233,6 +241,16 @@ def speedrun(
         if baseline_seconds is not None
         else None
     )
+    if base is not None and contended(base, threads, logical_cpus()):
+        if record:  # the ledger's ratio would be the busy machine's: refused before the seeds
+            raise MinigptError(
+                f"--record: other processes kept {base['other_cores_busy']:.1f} of "
+                f"{logical_cpus()} CPU cores busy during nanoGPT's baseline, so its "
+                f"{base['seconds']:.1f} s is not this machine's time and the ledger's ratio would "
+                "flatter the record",
+                "run the speedrun again on a quiet machine (nothing was written)",
+            )
+        echo(baseline_busy_line(base, logical_cpus()))
     out.mkdir(parents=True, exist_ok=True)
     if set_:  # the recipe as run, so the seeds, the report and the ledger name one file
         recipe_path = _write_recipe(recipe_path, set_, out / "recipe.yaml")

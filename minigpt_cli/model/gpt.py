@@ -13,6 +13,7 @@ from typing import Optional, Protocol
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from ..config.schema import ModelConfig
 
@@ -153,6 +154,72 @@ def rotate_heads(
     return _RotateHeads.apply(x, c, s, dtype)
 
 
+def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """x (..., hs) with its two halves along the last dimension swapped: (x₂, x₁)."""
+    h = x.size(-1) // 2
+    return torch.cat((x[..., h:], x[..., :h]), dim=-1)
+
+
+class _NormRotateHeads(torch.autograd.Function):
+    """:func:`norm_rotate_heads`' arithmetic. With x̂ = x·r, r = 1/√(mean(x²) + ε) over each head,
+    and z = g ⊙ x̂, the rotation of z is z ⊙ C + swap(z) ⊙ S for C = (c, c), S = (−s, s) laid out
+    per head: forward x̂ ⊙ (g ⊙ C) + swap(x̂) ⊙ (swap(g) ⊙ S), the gains folded into the small
+    tables. Backward (the transposes): dz = dy ⊙ C + swap(dy ⊙ S), dg = Σ dz ⊙ x̂ over the
+    positions, dx = r·(g ⊙ dz − x̂ · mean(g ⊙ dz ⊙ x̂)) (RMSNorm's gradient; Zhang and Sennrich
+    2019, arXiv 1910.07467). About 17 passes over the heads where the two steps take some 30,
+    each over whole heads rather than half-heads."""
+
+    @staticmethod
+    def forward(ctx, x, gain, cos, sin, eps, dtype):
+        heads, hs = x.shape[-2:]
+        h = hs // 2
+        lead = cos.shape[:-1]  # (T,) or (B, T)
+        C = cos.unsqueeze(-2).expand(*lead, heads, hs).contiguous()
+        S = torch.cat((-sin[..., :h], sin[..., h:]), dim=-1).unsqueeze(-2).expand(*lead, heads, hs)
+        S = S.contiguous()
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # float32, or float64 for tests
+        r = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(hs).add_(eps)
+        r = r.rsqrt_()
+        xh = xf.mul_(r) if xf is not x else xf * r  # x̂, in float32
+        y = torch.addcmul(xh * (C * gain), _swap_halves(xh), S * _swap_halves(gain))
+        ctx.save_for_backward(xh, r, gain, C, S)
+        ctx.x_dtype = x.dtype
+        return y.to(dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        xh, r, gain, C, S = ctx.saved_tensors
+        dy = dy.to(xh.dtype)
+        dz = (dy * C).add_(_swap_halves(dy * S))
+        dg = (dz * xh).sum(dim=tuple(range(dz.dim() - 2)))  # (heads, hs)
+        dxh = dz.mul_(gain)
+        dot = (dxh * xh).mean(dim=-1, keepdim=True)
+        dx = torch.addcmul(dxh, xh, dot, value=-1).mul_(r)
+        return dx.to(ctx.x_dtype), dg, None, None, None, None
+
+
+def norm_rotate_heads(
+    qk: torch.Tensor,
+    q_norm: RMSNorm,
+    k_norm: RMSNorm,
+    n_head: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """:func:`qk_rms_norm` then :func:`rotate_heads` as one autograd function: qk (B, T,
+    heads, hs), the first ``n_head`` heads q's (any strides with the last dimension contiguous),
+    cos/sin (T, hs) or (B, T, hs) as :func:`rope_cos_sin` lays them out. Returns (B, T, heads, hs)
+    in ``dtype`` (None: qk's), computed in float32 and rounded once (the two steps round to qk's
+    dtype between them); its gradients reach qk in qk's dtype and the gains in theirs. The same
+    values as the two steps up to float32 rounding (tests/test_switches.py); the step of
+    ``speedrun-nanogpt-cpu`` is about 5% faster on 2 CPU cores (BENCHMARKS.md, session 28)."""
+    heads = qk.size(-2)
+    gain = torch.cat((q_norm.weight.expand(n_head, -1), k_norm.weight.expand(heads - n_head, -1)))
+    return _NormRotateHeads.apply(qk, gain, cos, sin, q_norm.eps, dtype or qk.dtype)
+
+
 class KVCacheLike(Protocol):
     """What the model asks of a KV cache (the decoders' caches, :mod:`minigpt_cli.sample.decoding`).
 
@@ -231,10 +298,13 @@ class CausalSelfAttention(nn.Module):
         wide = (
             torch.float32 if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") else None
         )
-        if self.qk_norm:  # (B, T, heads, hs): Qwen3 norms in this layout, each its own gain
-            qk = qk_rms_norm(qk, self.q_norm, self.k_norm, self.n_head)
-        if self.rope:  # q and k in one rotation: they lie side by side in the projection
-            qk = rotate_heads(qk, *rope, wide)
+        if self.qk_norm and self.rope and not torch.compiler.is_compiling():
+            qk = norm_rotate_heads(qk, self.q_norm, self.k_norm, self.n_head, *rope, wide)
+        else:
+            if self.qk_norm:  # (B, T, heads, hs): Qwen3 norms in this layout, each its own gain
+                qk = qk_rms_norm(qk, self.q_norm, self.k_norm, self.n_head)
+            if self.rope:  # q and k in one rotation: they lie side by side in the projection
+                qk = rotate_heads(qk, *rope, wide)
         q, k = qk.split([self.n_head, self.n_kv_head], dim=2)
         q, k, v = (
             q.transpose(1, 2),

@@ -106,18 +106,27 @@ def run_nanogpt(
     script: Path, nanogpt: Path, threads: int, echo: Callable[[str], None]
 ) -> dict[str, object]:
     """Run nanoGPT's CPU recipe through ``script`` on ``threads`` threads; its wall time (the whole
-    ``train.py``, start-up included) and final val.
+    ``train.py``, start-up included), final val, and the cores other processes kept busy meanwhile
+    (``other_cores_busy``, as a seed's: None where unknown).
 
     Raises:
         MinigptError: ``nanogpt`` is not a snapshot of nanoGPT, or the script failed or printed no
             result.
     """
+    import torch
+
+    from ..runtime.device import CpuThreads
+    from .runner import cpu_with_children
+
     check_nanogpt(nanogpt)
-    echo(f"baseline: nanoGPT's CPU recipe ({script}), about 2 minutes on 2 cores ...")
+    echo(f"baseline: nanoGPT's CPU recipe ({script}), 1.5 to 4 minutes on 2 cores ...")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    meter = CpuThreads(torch.device("cpu"), read_own=cpu_with_children)
+    mark = meter.mark()  # the machine's busy time, less this process's and the script's
     done = subprocess.run(
         ["bash", str(script), str(nanogpt), sys.executable], env=env, capture_output=True, text=True
     )
+    others = meter.others_since(mark)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise MinigptError(
@@ -133,6 +142,7 @@ def run_nanogpt(
         "step": step,
         "threads": threads,
         "measured": "same sitting",
+        "other_cores_busy": others,
     }
 
 

@@ -134,7 +134,7 @@ PROGRESS = re.compile(
 BUSY_SLACK = 0.25
 
 
-def _cpu_with_children() -> float:
+def cpu_with_children() -> float:
     """CPU seconds of this process and of its children that have ended (Unix)."""
     import resource
 
@@ -144,7 +144,8 @@ def _cpu_with_children() -> float:
 
 def contended(seed: dict, threads: int, cpus: int) -> bool:
     """Whether other processes took cores that a seed's ``threads`` wanted (``seed``: a report's
-    seed entry), on a machine of ``cpus`` logical CPUs: the seed's time is not the machine's."""
+    seed entry, or its baseline), on a machine of ``cpus`` logical CPUs: the time is not the
+    machine's."""
     others = seed.get("other_cores_busy")
     return others is not None and others + threads > cpus + BUSY_SLACK
 
@@ -178,7 +179,7 @@ def train_seed(
     # keeps that count instead of adapting it to the machine's load (runtime.device.CpuThreads).
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     lines = []
-    meter = CpuThreads(torch.device("cpu"), read_own=_cpu_with_children)
+    meter = CpuThreads(torch.device("cpu"), read_own=cpu_with_children)
     mark = meter.mark()  # the machine's busy time, less this process's and the seed's
     # One pipe for both streams, read as the run writes them (its stderr is line-buffered): a seed
     # of the nanogpt-gpu track trains for the best part of an hour.
@@ -359,6 +360,8 @@ def format_report(report: dict) -> str:
         lines.append(f"baseline: {base['label']}, {base['seconds']:.1f} s")
     if report.get("ratio") is not None:
         lines.append(f"ratio to the baseline: {report['ratio']:.3f}x")
+    if base and contended(base, report["threads"], report.get("cpus", 0)):
+        lines.append(baseline_busy_line(base, report["cpus"]))
     busy = [s for s in report["seeds"] if contended(s, report["threads"], report.get("cpus", 0))]
     if busy:
         lines.append(
@@ -376,6 +379,15 @@ def _busy_line(others: list[float], seeds: list[int], cpus: int) -> str:
         f"warning: other processes kept up to {max(others):.1f} of {cpus} CPU cores busy during "
         f"seed{'s' * (len(seeds) > 1)} {which}: {'their times are' if len(seeds) > 1 else 'its time is'} "
         "not this machine's (run the speedrun on a quiet machine)"
+    )
+
+
+def baseline_busy_line(base: dict, cpus: int) -> str:
+    """The warning for a baseline that other processes slowed (``base``: :func:`~minigpt_cli.speedrun.baseline.run_nanogpt`'s)."""
+    return (
+        f"warning: other processes kept {base['other_cores_busy']:.1f} of {cpus} CPU cores busy "
+        f"during nanoGPT's baseline: its {base['seconds']:.1f} s is not this machine's time, and "
+        "the ratio flatters the seeds (run the speedrun on a quiet machine)"
     )
 
 
