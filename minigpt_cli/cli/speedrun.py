@@ -70,8 +70,8 @@ def speedrun(
         "--baseline-nanogpt",
         metavar="NANOGPT_GIT_DIR",
         show_default=False,
-        help="First run nanoGPT's CPU recipe from this clone or git snapshot (1.5 to 4 minutes on 2 cores), "
-        "for the ratio and the ledger's baseline row.",
+        help="First run nanoGPT's CPU recipe from this clone or git snapshot (1.5 to 4 minutes "
+        "on 2 cores), for the ratio and the ledger's baseline row.",
     ),
     baseline_script: Optional[Path] = typer.Option(
         None,

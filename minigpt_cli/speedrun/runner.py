@@ -383,7 +383,8 @@ def _busy_line(others: list[float], seeds: list[int], cpus: int) -> str:
 
 
 def baseline_busy_line(base: dict, cpus: int) -> str:
-    """The warning for a baseline that other processes slowed (``base``: :func:`~minigpt_cli.speedrun.baseline.run_nanogpt`'s)."""
+    """The warning for a baseline that other processes slowed (``base``: the baseline's entry of a
+    report, :func:`~minigpt_cli.speedrun.baseline.run_nanogpt`'s)."""
     return (
         f"warning: other processes kept {base['other_cores_busy']:.1f} of {cpus} CPU cores busy "
         f"during nanoGPT's baseline: its {base['seconds']:.1f} s is not this machine's time, and "
