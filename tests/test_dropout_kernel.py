@@ -134,6 +134,58 @@ def test_causal_attention_equals_plain_ops_with_the_same_mask(T):
         torch.testing.assert_close(ours.grad.double(), ref.grad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("T", [24, 150, 300])
+def test_bfloat16_causal_attention_is_the_float64_one_to_bfloat16_rounding(T):
+    """The kernel in bfloat16 (q, k, v and masks): its values and gradients are the float64 plain
+    ops' on the same bfloat16 numbers and masks to bfloat16's rounding (a few parts in 1,000, as the
+    float32 kernel is to float32's), with the gradients in bfloat16."""
+    torch.manual_seed(0)
+    B, H, D = 2, 3, 16
+    qkv = [torch.randn(B, H, T, D).bfloat16() for _ in range(3)]
+    masks = fast.attention_masks(B, H, T, 0.3, dtype=torch.bfloat16)
+    assert all(m.dtype == torch.bfloat16 for m in masks)
+    ours_in = [t.clone().requires_grad_() for t in qkv]
+    ref_in = [t.double().requires_grad_() for t in qkv]
+    y = fast.causal_attention(*ours_in, masks)
+    y_ref = reference_attention(*ref_in, full_mask([m.double() for m in masks], B, H, T))
+    g = torch.randn_like(y_ref).bfloat16()
+    y.backward(g)
+    y_ref.backward(g.double())
+    assert y.dtype == torch.bfloat16
+
+    def relative(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+
+    assert relative(y, y_ref) < 1e-2
+    for ours, ref in zip(ours_in, ref_in):
+        assert ours.grad.dtype == torch.bfloat16 and relative(ours.grad, ref.grad) < 1e-2
+
+
+@pytest.mark.parametrize("units", [True, False])
+def test_attention_with_dropout_under_bfloat16_autocast_runs_in_bfloat16_on_bfloat16_units(
+    monkeypatch, units
+):
+    """Under a CPU's bfloat16 autocast, causal attention with dropout runs the kernel in bfloat16
+    with bfloat16 masks where the CPU has bfloat16 units (q and k, float32 from RoPE, rounded to
+    bfloat16), else in float32 with float32 masks, cast back; the same random draws either way, and
+    q's gradient in q's dtype."""
+    monkeypatch.setattr(fast, "_multiplies_bfloat16", lambda: units)
+    torch.manual_seed(0)
+    B, H, T, D = 2, 2, 80, 8
+    q, k = (torch.randn(B, H, T, D).requires_grad_() for _ in range(2))
+    v = torch.randn(B, H, T, D).bfloat16().requires_grad_()
+    torch.manual_seed(5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fast.attention(q, k, v, dropout_p=0.2, is_causal=True)
+    torch.manual_seed(5)
+    dtype = torch.bfloat16 if units else torch.float32
+    masks = fast.attention_masks(B, H, T, 0.2, dtype=dtype)
+    expected = fast.causal_attention(q.to(dtype), k.to(dtype), v.to(dtype), masks).bfloat16()
+    assert y.dtype == torch.bfloat16 and torch.equal(y, expected)
+    y.float().sum().backward()
+    assert q.grad.dtype == torch.float32 and v.grad.dtype == torch.bfloat16
+
+
 def test_causal_attention_without_drops_equals_sdpa():
     """With a mask of ones, the values and gradients of PyTorch's flash kernel."""
     torch.manual_seed(0)

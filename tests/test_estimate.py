@@ -228,3 +228,42 @@ def test_the_estimate_keeps_one_thread_where_one_is_faster():
         assert seen == [1, 1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_ramped_run_is_timed_again_past_its_ramps():
+    """Inside a sequence-length warmup the small steps are scaled to full ones by their FLOPs, but
+    the optimizer's update costs the same at every size, so the first figure runs long (50 minutes
+    said for a 25-minute nanogpt-gpu run): five full steps after the ramp give the figure again."""
+    tc = TrainConfig(max_iters=1000, eval_interval=1000, eval_iters=5, warmup_iters=0)
+    said, logged = [], []
+    est = TimeEstimate(
+        tc,
+        0,
+        False,
+        batches_per_eval=10,
+        on_cpu=False,
+        say=said.append,
+        log=logged.append,
+        full_steps=lambda a, b: sum(0.25 if s < 400 else 1.0 for s in range(a, b)),
+        ramp_end=400,
+    )
+    for step in range(1, 401):  # a small step: 0.5 s where FLOPs say a quarter of a 1.5 s one
+        est.step_done(step, 0.5)
+    (first,) = said
+    # 5 timed steps of 2.5 s are 1.25 full ones: 2 s each; the last eval, 10 batches of 2 / 3 s
+    assert (
+        first
+        == f"note: about {human_seconds((394 * 0.25 + 600) * 2.0 + 10 * 2 / 3)} to go (994 steps at 2 s)"
+    )
+    for step in range(401, 401 + MEASURED_STEPS):  # the first full step warms up: left out
+        est.step_done(step, 9.0 if step == 401 else 1.5)
+    assert len(said) == 1  # not yet: the warm-up step and four more
+    est.step_done(401 + MEASURED_STEPS, 1.5)
+    step = 401 + MEASURED_STEPS
+    assert said[1] == (
+        f"note: about {human_seconds((1000 - step) * 1.5 + 10 * 0.5)} to go "
+        f"({1000 - step:,} steps at 1.5 s, timed past the ramps)"
+    )
+    for step in range(step + 1, step + 50):
+        est.step_done(step, 1.5)
+    assert len(said) == 2 and len(logged) == 2  # once

@@ -91,6 +91,7 @@ class Trainer:
             say=s.say,
             log=s.logger.log,
             full_steps=lambda a, b: full_steps(a, b, s.cfg),
+            ramp_end=max(tc.batch_size_warmup_iters, tc.block_size_warmup_iters),
         )
         self.evaluator = Evaluator(
             s.cfg,

@@ -137,7 +137,10 @@ class _CausalAttention(torch.autograd.Function):
     P = softmax(S), S = q kᵀ/√d + bias; y = (P ⊙ mask) v.
     Backward: dv = (P ⊙ mask)ᵀ dy; dP = (dy vᵀ) ⊙ mask;
     dS = P ⊙ (dP − rowsum(dP ⊙ P)) (the softmax Jacobian); dq = dS k/√d; dk = dSᵀ q/√d,
-    dv and dk summed over the blocks.
+    dv and dk summed over the blocks (in float32).
+
+    Every tensor is in q's dtype, float32 or bfloat16 (q, k, v and the masks alike); PyTorch's
+    bfloat16 softmax and its backward compute in float32 inside, as autocast's softmax would.
     """
 
     @staticmethod
@@ -173,7 +176,8 @@ class _CausalAttention(torch.autograd.Function):
         probs, masks = saved[: len(blocks)], saved[len(blocks) :]
         shape = grad.shape
         g3 = grad.reshape(q3.shape)
-        dq, dk, dv = torch.empty_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
+        dq = torch.empty_like(q3)
+        dk, dv = (torch.zeros_like(t, dtype=torch.float32) for t in (k3, v3))  # sums of blocks
         for (r0, r1), p, mask in zip(blocks, probs, masks):
             g = g3[:, r0:r1]
             dv[:, :r1] += torch.bmm((p * mask).transpose(1, 2), g)
@@ -182,6 +186,7 @@ class _CausalAttention(torch.autograd.Function):
             dq[:, r0:r1] = torch.bmm(dscores, k3[:, :r1])
             dk[:, :r1] += torch.bmm(dscores.transpose(1, 2), q3[:, r0:r1])  # q3 is q/√d
         dq.mul_(ctx.scale)
+        dk, dv = dk.to(k3.dtype), dv.to(v3.dtype)  # float32: themselves
         return (dq.view(shape), dk.view(shape), dv.view(shape), *(None for _ in masks))
 
 
@@ -192,17 +197,21 @@ def attention_masks(
     p: float,
     device: torch.device | str = "cpu",
     generator: Optional[torch.Generator] = None,
+    dtype: torch.dtype = torch.float32,
 ) -> list[torch.Tensor]:
-    """:func:`keep_mask` for each block of :func:`causal_attention`: (B·H, r1 − r0, r1) each."""
-    return [keep_mask((B * H, r1 - r0, r1), p, device, generator) for r0, r1 in query_blocks(T)]
+    """:func:`keep_mask` (of ``dtype``) for each block of :func:`causal_attention`: (B·H, r1 − r0,
+    r1) each."""
+    return [
+        keep_mask((B * H, r1 - r0, r1), p, device, generator, dtype) for r0, r1 in query_blocks(T)
+    ]
 
 
 def causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: list[torch.Tensor]
 ) -> torch.Tensor:
-    """Causal attention of q, k, v (B, n_head, T, head_dim) float32, its weights multiplied by
-    ``masks`` (:func:`attention_masks`: one per block of :func:`query_blocks`); returns (B, n_head,
-    T, head_dim)."""
+    """Causal attention of q, k, v (B, n_head, T, head_dim), float32 or bfloat16 (all one dtype, the
+    masks too), its weights multiplied by ``masks`` (:func:`attention_masks`: one per block of
+    :func:`query_blocks`); returns (B, n_head, T, head_dim) in their dtype."""
     return _CausalAttention.apply(q, k, v, *masks)
 
 
@@ -216,12 +225,14 @@ def attention(
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` (same arguments and result); float32 causal attention with
     0 < ``dropout_p`` < 1 on a CPU, outside ``torch.compile``, runs :func:`causal_attention`
-    instead. Under a CPU's bfloat16 autocast, attention runs in float32 and its output is cast
-    back: PyTorch's bfloat16 CPU attention took 5x float32's time, forward and backward, at
-    shakespeare-cpu's size (BENCHMARKS.md, "What the CPU step costs"). Inside ``torch.compile`` on
-    a CPU, attention with dropout leaves the graph and runs here eagerly: Inductor's backward of it
-    under bfloat16 autocast gave NaN gradients to a 6-layer, 384-wide model whose eager step was
-    finite (PyTorch 2.13; tests/test_dropout_kernel.py)."""
+    instead. Under a CPU's bfloat16 autocast, causal attention with dropout runs
+    :func:`causal_attention` in bfloat16 where the CPU has bfloat16 units (its products 2.5-3.5x
+    float32's on a Zen 4; BENCHMARKS.md, "Session 29"); any other attention runs in float32 and its
+    output is cast back: PyTorch's bfloat16 CPU attention took 5x float32's time, forward and
+    backward, at shakespeare-cpu's size (BENCHMARKS.md, "What the CPU step costs"). Inside
+    ``torch.compile`` on a CPU, attention with dropout leaves the graph and runs here eagerly:
+    Inductor's backward of it under bfloat16 autocast gave NaN gradients to a 6-layer, 384-wide
+    model whose eager step was finite (PyTorch 2.13; tests/test_dropout_kernel.py)."""
     if dropout_p > 0 and q.device.type == "cpu" and torch.compiler.is_compiling():
         return _eager_attention(q, k, v, attn_mask, dropout_p, is_causal)
     if (
@@ -230,6 +241,17 @@ def attention(
         and torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
     ):
+        if (
+            is_causal
+            and attn_mask is None
+            and q.shape == k.shape == v.shape
+            and usable(v, dropout_p)
+            and _multiplies_bfloat16()
+        ):
+            B, H, T, _ = v.shape
+            masks = attention_masks(B, H, T, dropout_p, v.device, dtype=torch.bfloat16)
+            with torch.autocast("cpu", enabled=False):
+                return causal_attention(q.to(v.dtype), k.to(v.dtype), v, masks)
         with torch.autocast("cpu", enabled=False):  # autocast would cast the float32 back
             y = attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal)
         return y.to(v.dtype)
@@ -246,6 +268,14 @@ def attention(
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
     )
+
+
+def _multiplies_bfloat16() -> bool:
+    """:func:`~minigpt_cli.runtime.device.cpu_multiplies_bfloat16` (imported here: that module
+    imports this package)."""
+    from ..device import cpu_multiplies_bfloat16
+
+    return cpu_multiplies_bfloat16()
 
 
 #: :func:`attention` outside any compiled graph (a graph break where it is called). PyTorch's own
