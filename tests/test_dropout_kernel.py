@@ -169,7 +169,7 @@ def test_attention_with_dropout_under_bfloat16_autocast_runs_in_bfloat16_on_bflo
     with bfloat16 masks where the CPU has bfloat16 units (q and k, float32 from RoPE, rounded to
     bfloat16), else in float32 with float32 masks, cast back; the same random draws either way, and
     q's gradient in q's dtype."""
-    monkeypatch.setattr(fast, "_multiplies_bfloat16", lambda: units)
+    monkeypatch.setattr(fast, "multiplies_bfloat16", lambda: units)
     torch.manual_seed(0)
     B, H, T, D = 2, 2, 80, 8
     q, k = (torch.randn(B, H, T, D).requires_grad_() for _ in range(2))

@@ -96,6 +96,34 @@ def test_interrupted_and_resumed_equals_uninterrupted(
     assert_same_run(reference_run, run)
 
 
+def test_a_bfloat16_run_with_dropout_resumes_bit_exact(data_dir, tmp_path, monkeypatch):
+    """Under bfloat16 the attention with dropout runs in bfloat16 where the CPU has bfloat16 units
+    (taken here on any CPU): its masks come from the same saved generator, so a run stopped by
+    SIGINT and resumed computes every later loss and weight exactly as the uninterrupted one."""
+    from minigpt_cli.runtime.kernels import dropout as fast
+
+    monkeypatch.setattr(fast, "multiplies_bfloat16", lambda: True)
+    kernel, dtypes = fast.causal_attention, set()
+
+    def causal_attention(q, k, v, masks):
+        dtypes.add(q.dtype)
+        return kernel(q, k, v, masks)
+
+    monkeypatch.setattr(fast, "causal_attention", causal_attention)
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny(data_dir, "train.max_iters=60", "model.dropout=0.1", "dtype=bfloat16")
+    train(cfg, run_name="whole", echo=lambda m: None, progress=False)
+    assert dtypes == {torch.bfloat16}
+    import minigpt_cli.trainer.loop as T
+
+    real_step = signals_after_step(monkeypatch, 23, signal.SIGINT)
+    with pytest.raises(Interrupted, match="step 23"):
+        train(cfg, run_name="r", echo=lambda m: None, progress=False)
+    monkeypatch.setattr(T, "train_step", real_step)
+    train(cfg, echo=lambda m: None, progress=False, resume="runs/r")
+    assert_same_run(tmp_path / "runs" / "whole", tmp_path / "runs" / "r", tol=0.0)
+
+
 def _counting_eval_forward(on_call):
     """GPT.forward that counts eval-mode calls and runs ``on_call(n)`` after the n-th."""
     real = GPT.forward

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import random
 import re
@@ -18,6 +17,7 @@ from ..accounting import params as P
 from ..config.schema import DEVICE_PATTERN, FLOAT16_ON_CPU, Config, ModelConfig
 from ..errors import MinigptError
 from .kernels import check_settings
+from .kernels.onednn import multiplies_bfloat16 as cpu_multiplies_bfloat16
 
 
 def resolve_device(name: str) -> torch.device:
@@ -67,13 +67,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if device.type == "cpu" and dtype == torch.float16:
         raise MinigptError(FLOAT16_ON_CPU)
     return dtype
-
-
-@functools.cache
-def cpu_multiplies_bfloat16() -> bool:
-    """Whether this CPU has bfloat16 units (AVX512-BF16 or AMX, as oneDNN reports them); without
-    them PyTorch emulates bfloat16 products, far slower than float32 ones."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def emulated_bfloat16_note(device: torch.device, dtype: torch.dtype) -> Optional[str]:

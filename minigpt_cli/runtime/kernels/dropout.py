@@ -6,9 +6,9 @@ RNG state still reproduce a run: int16 compared with a threshold (``p`` rounded 
 2014 §10). :func:`attention` drops attention weights (Vaswani et al. 2017 §5.4) by blocks of queries
 against only the keys each may see. ``MINIGPT_FAST_DROPOUT=0``, CUDA, ``torch.compile`` (but
 for the attention's dropout on a CPU, which leaves the graph) and eval mode keep PyTorch's kernels;
-under a CPU's bfloat16 autocast :func:`attention` runs in float32
-(PyTorch's bfloat16 attention is 5x slower there), and the bfloat16 activations take a bfloat16
-mask: PyTorch's ``bernoulli_`` took 21% of a 6-layer, 384-wide model's step (BENCHMARKS.md)."""
+under a CPU's bfloat16 autocast :func:`attention` with dropout runs in bfloat16 where the CPU has
+bfloat16 units, otherwise in float32 (PyTorch's bfloat16 attention is 5x slower there), and the
+bfloat16 activations take a bfloat16 mask: PyTorch's ``bernoulli_`` took 21% of a 6-layer, 384-wide model's step (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .flags import env_flag
+from .onednn import multiplies_bfloat16
 
 #: The environment variable that turns the fast dropout off (``0``, ``false``, ``no``, ``off``).
 ENV = "MINIGPT_FAST_DROPOUT"
@@ -226,7 +227,7 @@ def attention(
     """``F.scaled_dot_product_attention`` (same arguments and result); float32 causal attention with
     0 < ``dropout_p`` < 1 on a CPU, outside ``torch.compile``, runs :func:`causal_attention`
     instead. Under a CPU's bfloat16 autocast, causal attention with dropout runs
-    :func:`causal_attention` in bfloat16 where the CPU has bfloat16 units (its products 2.5-3.5x
+    :func:`causal_attention` in bfloat16 where the CPU has bfloat16 units (:func:`~.onednn.multiplies_bfloat16`; its products 2.5-3.5x
     float32's on a Zen 4; BENCHMARKS.md, "Session 29"); any other attention runs in float32 and its
     output is cast back: PyTorch's bfloat16 CPU attention took 5x float32's time, forward and
     backward, at shakespeare-cpu's size (BENCHMARKS.md, "What the CPU step costs"). Inside
@@ -246,7 +247,7 @@ def attention(
             and attn_mask is None
             and q.shape == k.shape == v.shape
             and usable(v, dropout_p)
-            and _multiplies_bfloat16()
+            and multiplies_bfloat16()
         ):
             B, H, T, _ = v.shape
             masks = attention_masks(B, H, T, dropout_p, v.device, dtype=torch.bfloat16)
@@ -268,14 +269,6 @@ def attention(
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
     )
-
-
-def _multiplies_bfloat16() -> bool:
-    """:func:`~minigpt_cli.runtime.device.cpu_multiplies_bfloat16` (imported here: that module
-    imports this package)."""
-    from ..device import cpu_multiplies_bfloat16
-
-    return cpu_multiplies_bfloat16()
 
 
 #: :func:`attention` outside any compiled graph (a graph break where it is called). PyTorch's own

@@ -55,6 +55,13 @@ def matmul_op():
 
 
 @functools.cache
+def multiplies_bfloat16() -> bool:
+    """Whether this CPU has bfloat16 units (AVX512-BF16 or AMX, as oneDNN reports them); without
+    them PyTorch emulates bfloat16 products, far slower than float32 ones."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@functools.cache
 def available() -> bool:
     """Whether this machine and PyTorch can run :func:`linear` on oneDNN (x86-64 with the op)."""
     return platform.machine().lower() in ("x86_64", "amd64") and matmul_op() is not None
