@@ -267,3 +267,30 @@ def test_a_ramped_run_is_timed_again_past_its_ramps():
     for step in range(step + 1, step + 50):
         est.step_done(step, 1.5)
     assert len(said) == 2 and len(logged) == 2  # once
+
+
+def test_the_estimate_before_a_ramped_run_scales_the_passes_but_not_the_update(monkeypatch):
+    """Before the run, a ramp's small steps cost their FLOPs' share of a full step's passes, and
+    each its whole optimizer update: 1,100 steps whose first 400 are windows of 32 to 224 of 256."""
+    import torch
+
+    from minigpt_cli.accounting.steps import full_steps
+    from minigpt_cli.trainer import estimate as est
+
+    monkeypatch.setattr(est, "step_seconds", lambda cfg, device, dtype: (1.0, 0.25, 0.1, "a test"))
+    cfg = load_config(
+        "speedrun-nanogpt-gpu",
+        [
+            "train.max_iters=1100",
+            "train.eval_interval=1100",
+            "train.block_size_warmup_iters=400",
+            "train.block_size_warmup_multiple=32",
+            "model.vocab_size=65",
+        ],
+    )
+    passes = full_steps(0, 1100, cfg)
+    assert 700 + 180 < passes < 700 + 220  # the 400 ramped steps: about half a full step's FLOPs
+    (line,), total = est.run_estimate(cfg, torch.device("cpu"), torch.float32, val_tokens=111_540)
+    evals = est.eval_batches(cfg, 111_540) * 0.1
+    assert total == pytest.approx(passes * 1.0 + 1100 * 0.25 + evals)
+    assert line.startswith(f"about {human_seconds(total)} on cpu (1,100 steps at 1.25 s, 1 eval at")

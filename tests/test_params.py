@@ -682,7 +682,9 @@ def test_dry_run_and_count_params_give_one_memory_figure_for_every_shipped_confi
     monkeypatch.chdir(tmp_path)
     # The dry run's time estimate trains a few steps of each config (bfloat16 ones emulated on an
     # AVX2 CPU, seconds a step): this test reads the memory figure only, so the steps are not run.
-    monkeypatch.setattr(estimate, "step_seconds", lambda cfg, device, dtype: (1.0, 0.1, "not run"))
+    monkeypatch.setattr(
+        estimate, "step_seconds", lambda cfg, device, dtype: (1.0, 0.0, 0.1, "not run")
+    )
     names = list_configs()
     assert "shakespeare-cpu" in names and "finetune-gpt2" in names
     for name in names:

@@ -230,9 +230,10 @@ def _one_thread_if_faster(timed: Callable[[], float], seconds: float) -> float:
     return seconds
 
 
-def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, str]:
-    """Seconds of one optimizer step of ``cfg``'s model on ``device`` and of one eval micro-batch,
-    and how they were timed, from a few steps of a throwaway model on random tokens (eager: no
+def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, float, str]:
+    """Seconds of one optimizer step of ``cfg``'s model on ``device`` (its forward-backward passes,
+    then its optimizer update) and of one eval micro-batch, and how they were timed, from a few
+    steps of a throwaway model on random tokens (eager: no
     compile, one process), on as many CPU threads as the other processes leave cores (as train's
     :class:`CpuThreads` picks), or on one where that is faster (:func:`_one_thread_if_faster`).
 
@@ -288,7 +289,7 @@ def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, str]:
         opt_s = _timed(update, device)
     finally:
         threads.restore()
-    return micro * tc.grad_accum_steps + opt_s, micro / STEP_PER_FORWARD, how
+    return micro * tc.grad_accum_steps, opt_s, micro / STEP_PER_FORWARD, how
 
 
 def run_estimate(
@@ -305,15 +306,17 @@ def run_estimate(
     ``val_tokens``: the val split's size, which ``train.eval_full_val`` scores whole at each eval
     (None: not known)."""
     tc = cfg.train
-    step_s, batch_s, how = step_seconds(cfg, device, dtype)
+    passes_s, update_s, batch_s, how = step_seconds(cfg, device, dtype)
+    step_s = passes_s + update_s
     if device.type == "cuda":  # the throwaway model's memory back to the device, for the run's
         import torch
 
         torch.cuda.empty_cache()
     steps, evals = max(tc.max_iters - step, 0), evals_left(tc, step, evaluated)
     eval_s = eval_batches(cfg, val_tokens) * batch_s  # the train and val splits
-    # A ramp's smaller steps cost their share of a full step's FLOPs.
-    total = full_steps(step, tc.max_iters, cfg) * step_s + evals * eval_s
+    # A ramp's smaller steps cost their share of a full step's passes, by FLOPs; the optimizer's
+    # update costs the same at every size (Muon's was a fifth of the nanogpt-gpu recipe's step).
+    total = full_steps(step, tc.max_iters, cfg) * passes_s + steps * update_s + evals * eval_s
     lines = [
         f"about {human_seconds(total)} on {device.type} ({steps:,} steps at {step_s:.3g} s, "
         f"{evals} eval{'s' * (evals != 1)} at {human_seconds(eval_s)}; timed from a few "
