@@ -140,8 +140,8 @@ class TimeEstimate:
             )
 
     def _past_ramp(self, step: int, seconds: float) -> None:
-        """Time :data:`MEASURED_STEPS` full steps after the first past the ramps (a new shape's warm-up),
-        and say the estimate again from them."""
+        """Time :data:`MEASURED_STEPS` full steps after the first past the ramps (a new shape's
+        warm-up), and say the estimate again from them."""
         if not self.ramp_end or step <= self.ramp_end + 1:
             return
         self.full_times.append(seconds)
@@ -233,9 +233,9 @@ def _one_thread_if_faster(timed: Callable[[], float], seconds: float) -> float:
 def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, float, str]:
     """Seconds of one optimizer step of ``cfg``'s model on ``device`` (its forward-backward passes,
     then its optimizer update) and of one eval micro-batch, and how they were timed, from a few
-    steps of a throwaway model on random tokens (eager: no
-    compile, one process), on as many CPU threads as the other processes leave cores (as train's
-    :class:`CpuThreads` picks), or on one where that is faster (:func:`_one_thread_if_faster`).
+    steps of a throwaway model on random tokens (eager: no compile, one process), on as many CPU
+    threads as the other processes leave cores (as train's :class:`CpuThreads` picks), or on one
+    where that is faster (:func:`_one_thread_if_faster`).
 
     The step is ``grad_accum_steps`` forward-backward passes of ``train.batch_size`` sequences of
     ``block_size`` tokens and one optimizer step; a pass of one sequence is timed and scaled by the

@@ -8,7 +8,8 @@ against only the keys each may see. ``MINIGPT_FAST_DROPOUT=0``, CUDA, ``torch.co
 for the attention's dropout on a CPU, which leaves the graph) and eval mode keep PyTorch's kernels;
 under a CPU's bfloat16 autocast :func:`attention` with dropout runs in bfloat16 where the CPU has
 bfloat16 units, otherwise in float32 (PyTorch's bfloat16 attention is 5x slower there), and the
-bfloat16 activations take a bfloat16 mask: PyTorch's ``bernoulli_`` took 21% of a 6-layer, 384-wide model's step (BENCHMARKS.md)."""
+bfloat16 activations take a bfloat16 mask: PyTorch's ``bernoulli_`` took 21% of a 6-layer,
+384-wide model's step (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -227,9 +228,9 @@ def attention(
     """``F.scaled_dot_product_attention`` (same arguments and result); float32 causal attention with
     0 < ``dropout_p`` < 1 on a CPU, outside ``torch.compile``, runs :func:`causal_attention`
     instead. Under a CPU's bfloat16 autocast, causal attention with dropout runs
-    :func:`causal_attention` in bfloat16 where the CPU has bfloat16 units (:func:`~.onednn.multiplies_bfloat16`; its products 2.5-3.5x
-    float32's on a Zen 4; BENCHMARKS.md, "Session 29"); any other attention runs in float32 and its
-    output is cast back: PyTorch's bfloat16 CPU attention took 5x float32's time, forward and
+    :func:`causal_attention` in bfloat16 where the CPU has bfloat16 units
+    (:func:`~.onednn.multiplies_bfloat16`; its products 2.5-3.5x float32's on a Zen 4;
+    BENCHMARKS.md, "Session 29"); any other attention runs in float32 and its output is cast back: PyTorch's bfloat16 CPU attention took 5x float32's time, forward and
     backward, at shakespeare-cpu's size (BENCHMARKS.md, "What the CPU step costs"). Inside
     ``torch.compile`` on a CPU, attention with dropout leaves the graph and runs here eagerly:
     Inductor's backward of it under bfloat16 autocast gave NaN gradients to a 6-layer, 384-wide
