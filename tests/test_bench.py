@@ -317,7 +317,7 @@ def test_bench_optimizers_gives_paired_ratios_to_adamw_at_the_configs_muon_setti
     assert res.exit_code == 0, res
     r = json.loads(res.stdout)  # 7 steps: rounded up to 2 rounds of 5
     names = {"adamw", "muon", "torch.optim.Muon"}
-    variants = {"muon+polar-express", "muon+normuon", "muon+cautious-wd"}  # each alone
+    variants = {"muon+polar-express", "muon+gram", "muon+normuon", "muon+cautious-wd"}  # alone
     assert r["ns_steps"] == 3 and r["n_rounds"] == 2 and set(r["step_s"]) == names | variants
     assert r["step_ratio_interval"] == dict.fromkeys(names | variants)  # 2 rounds: too few
     for name, steps in r["rounds"][
@@ -381,6 +381,7 @@ def test_each_muon_variant_row_is_the_configs_muon_with_that_variant_alone():
     alone = {
         "muon": {},
         "muon+polar-express": {"coefficients": "polar-express"},
+        "muon+gram": {"ns_method": "gram"},
         "muon+normuon": {"normuon": True},
         "muon+cautious-wd": {"cautious_weight_decay": True},
     }

@@ -783,6 +783,7 @@ def _on_device(optimizer, skip: torch.Tensor) -> None:
 #: Every Muon variant on at once (issue 39): NorMuon's second moment must be kept too.
 MUON_VARIANTS = {
     "coefficients": "polar-express",
+    "ns_method": "gram",
     "normuon": True,
     "cautious_weight_decay": True,
     "weight_decay": 0.1,

@@ -57,6 +57,7 @@ OPTIMIZERS: dict[str, Callable[[torch.nn.Module, TrainConfig], Any]] = {
     "muon": lambda model, tc: MuonAdamW(model, tc, muon_class=BatchedMuon),
     "torch.optim.Muon": lambda model, tc: MuonAdamW(model, tc, muon_class=torch.optim.Muon),
     "muon+polar-express": _variant(coefficients="polar-express"),
+    "muon+gram": _variant(ns_method="gram"),
     "muon+normuon": _variant(normuon=True),
     "muon+cautious-wd": _cautious,
 }

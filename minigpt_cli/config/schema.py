@@ -159,6 +159,13 @@ class MuonConfig(_Strict):
         "(Jordan et al. 2024); polar-express, one tuned per iteration (Amsel et al. 2025, "
         "arXiv 2505.16932)",
     )
+    ns_method: Literal["standard", "gram"] = Field(
+        "standard",
+        description="how the Newton-Schulz polynomials are applied: standard, to each update "
+        "matrix; gram, to the Gram matrix of each matrix over 1.5 times taller than wide (or "
+        "wider than tall), the same polynomial in fewer FLOPs (Dao AI Lab 2026, Gram "
+        "Newton-Schulz), restarted every 2 iterations",
+    )
     normuon: bool = Field(
         False,
         description="NorMuon: divide each row of the orthogonalised update by its root mean "

@@ -11,9 +11,10 @@ updates agree (tests/test_optim.py holds them equal over several steps); a CPU t
 bfloat16 products runs them in float32 instead (:func:`newton_schulz_dtype`). BENCHMARKS.md,
 "Muon's step", has the cost.
 
-Three of today's variants are switches of a group (``train.muon.*``), each off by default, where the
-step is the plain one to the bit: Polar Express's coefficients (:data:`POLAR_EXPRESS`), NorMuon's
-per-row normalisation (:func:`normalize_rows`) and cautious weight decay (:func:`cautious_decay`).
+Four of today's variants are switches of a group (``train.muon.*``), each off by default, where the
+step is the plain one to the bit: Polar Express's coefficients (:data:`POLAR_EXPRESS`), Gram
+Newton-Schulz (:func:`gram_newton_schulz`), NorMuon's per-row normalisation
+(:func:`normalize_rows`) and cautious weight decay (:func:`cautious_decay`).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def orthogonalize(
     eps: float,
     safety: float = 0.0,
     dtype: Optional[torch.dtype] = None,
+    method: str = "standard",
 ) -> list[torch.Tensor]:
     """Odd quintic Newton-Schulz iterations on stacks of matrices, in bfloat16 (``dtype``; None:
     :func:`newton_schulz_dtype` of their device): those of ``torch.optim.Muon`` with one (a, b, c)
@@ -94,7 +96,8 @@ def orthogonalize(
     iteration reads Y ← aY + Y(bA + cA²) with A = YᵀY, the same products of the same numbers, since
     A and bA + cA² are symmetric. A wide stack is iterated transposed, tall, in one stack with the
     tall ones of its shape (an MLP's two matrices); the bA + cA² of all stacks whose A has one size
-    is one ``torch.baddbmm`` call.
+    is one ``torch.baddbmm`` call. ``method="gram"`` iterates the stacks whose rows number more than
+    1.5 times their columns on their Gram matrices instead (:func:`gram_newton_schulz`).
     """
     # A wide stack (m < n) iterates transposed: its Y = Xᵀ is tall, YᵀY = XXᵀ and Y(bA + cA²) =
     # ((bA + cA²)X)ᵀ are the same products of the same numbers. Stacks of one shape so oriented (an
@@ -120,8 +123,14 @@ def orthogonalize(
         xs.append(x)
     tall = [x.size(-2) > x.size(-1) for x in xs]
     by_side: dict[int, list[int]] = {}  # the side of A -> the groups with an A of that size
+    gram: dict[int, list[int]] = {}  # likewise, the groups iterated on their Gram matrices
     for i, x in enumerate(xs):
-        by_side.setdefault(min(x.shape[-2:]), []).append(i)
+        side = min(x.shape[-2:])
+        pays = method == "gram" and max(x.shape[-2:]) > GRAM_PAYS * side
+        (gram if pays else by_side).setdefault(side, []).append(i)
+    for members in gram.values():
+        for i, x in zip(members, gram_newton_schulz([xs[i] for i in members], iterations)):
+            xs[i] = x
     sides = [
         (
             members,
@@ -151,6 +160,47 @@ def orthogonalize(
                 )
     out = [xs[group][rows] for group, rows in where]
     return [x.mT if w else x for x, w in zip(out, wide)]
+
+
+#: Gram Newton-Schulz pays on a matrix whose long side exceeds this many times its short side: with a
+#: restart every :data:`GRAM_RESTART` iterations it takes 4 long products and 10 short ones for 4
+#: iterations against 8 long and 4 short, counting a long product as long/short short ones.
+GRAM_PAYS = 1.5
+#: Iterations between restarts of :func:`gram_newton_schulz` from the rectangular matrix: the
+#: Dao AI Lab's choice for half precision, where the Gram matrix drifts from the iterate's.
+GRAM_RESTART = 2
+
+
+def gram_newton_schulz(
+    xs: Sequence[torch.Tensor], iterations: Sequence[tuple[float, float, float]]
+) -> list[torch.Tensor]:
+    """The iterations of :func:`orthogonalize` on tall stacks, run on their Gram matrices: the same
+    polynomial of the same matrix in exact arithmetic, with fewer FLOPs where a stack is much
+    taller than wide (Zhang, Amsel, Chen & Dao 2026, "Gram Newton-Schulz", Dao AI Lab's blog).
+
+    ``xs``: (B_i, m_i, n) tensors of one dtype, m_i > n, spectral norm at most 1. An iteration
+    Y ← Y·P, P = aI + bA + cA², A = YᵀY, leaves Y = Y₀·Q with Q the product of the P's, and
+    the next A = P·A·P: so A (n × n) is iterated, Q gathered, and Y₀·Q formed once, every
+    :data:`GRAM_RESTART` iterations, after which A is taken afresh from Y (a restart: in bfloat16
+    the iterated A drifts from YᵀY). The n × n products of all stacks are each one call. Returns
+    the stacks' (B_i, m_i, n) iterates.
+    """
+    sizes = [x.size(0) for x in xs]
+    for start in range(0, len(iterations), GRAM_RESTART):
+        chunk = iterations[start : start + GRAM_RESTART]
+        n = xs[0].size(-1)
+        grams = xs[0].new_empty(sum(sizes), n, n)
+        for x, gram in zip(xs, grams.split(sizes)):
+            torch.bmm(x.mT, x, out=gram)
+        q = None
+        for j, (a, b, c) in enumerate(chunk):
+            p = torch.baddbmm(grams, grams, grams, beta=b, alpha=c)
+            p.diagonal(dim1=-2, dim2=-1).add_(a)
+            q = p if q is None else torch.bmm(q, p)
+            if j < len(chunk) - 1:  # the last A of a chunk is taken afresh from Y
+                grams = torch.bmm(torch.bmm(p, grams), p)
+        xs = [torch.bmm(x, qi) for x, qi in zip(xs, q.split(sizes))]
+    return xs
 
 
 #: NorMuon's guard against a zero second moment or norm (the authors' reference code's).
@@ -234,6 +284,7 @@ class BatchedMuon(torch.optim.Muon):
 
     - ``coefficients``: ``quintic`` (the group's ``ns_coefficients`` at every iteration) or
       ``polar-express`` (:func:`iteration_coefficients`);
+    - ``ns_method``: ``standard`` or ``gram`` (:func:`gram_newton_schulz` where it pays);
     - ``normuon`` with its ``beta2``: :func:`normalize_rows` on each orthogonalised update, its
       (rows, 1) second moment kept as ``state[p]["second_momentum_buffer"]``;
     - ``cautious_weight_decay``: :func:`cautious_decay` in place of the plain decay.
@@ -244,6 +295,7 @@ class BatchedMuon(torch.optim.Muon):
         params,
         *args,
         coefficients: str = "quintic",
+        ns_method: str = "standard",
         normuon: bool = False,
         beta2: float = 0.95,
         cautious_weight_decay: bool = False,
@@ -252,6 +304,7 @@ class BatchedMuon(torch.optim.Muon):
         super().__init__(params, *args, **kwargs)
         self.variants = {
             "coefficients": coefficients,
+            "ns_method": ns_method,
             "normuon": normuon,
             "beta2": beta2,
             "cautious_weight_decay": cautious_weight_decay,
@@ -324,7 +377,9 @@ class BatchedMuon(torch.optim.Muon):
             iterations, safety = iteration_coefficients(
                 group["coefficients"], group["ns_steps"], group["ns_coefficients"]
             )
-            orthos = orthogonalize(updates, iterations, group["eps"], safety)
+            orthos = orthogonalize(
+                updates, iterations, group["eps"], safety, method=group["ns_method"]
+            )
             for s, ortho in zip(stacks, orthos):
                 alpha = -_adjust_lr(lr, group["adjust_lr_fn"], s.params[0].shape)
                 if group["normuon"]:

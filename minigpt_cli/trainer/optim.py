@@ -50,6 +50,7 @@ def muon_params(model: torch.nn.Module) -> tuple[list[str], list[str]]:
 #: The ``train.muon`` variant settings of plain Muon (``torch.optim.Muon`` has no others).
 MUON_PLAIN = {
     "coefficients": "quintic",
+    "ns_method": "standard",
     "normuon": False,
     "beta2": 0.95,
     "cautious_weight_decay": False,
@@ -72,6 +73,7 @@ class MuonAdamW:
         mc = tc.muon
         variants = {
             "coefficients": mc.coefficients,
+            "ns_method": mc.ns_method,
             "normuon": mc.normuon,
             "beta2": mc.beta2,
             "cautious_weight_decay": mc.cautious_weight_decay,
