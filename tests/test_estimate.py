@@ -3,7 +3,6 @@ from steps."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -111,8 +110,8 @@ GPU_RECIPE = Path(__file__).resolve().parent.parent / "configs" / "shakespeare.y
 def test_the_gpu_recipes_dry_run_on_a_cpu_estimates_its_time_and_points_to_the_cpu_recipe(
     cli, data_dir
 ):
-    """configs/shakespeare.yaml at its real size on the CPU: the dry run times a few steps of part
-    of the batch and says the run's time (5,000 steps at a measured rate, 21 evals), and that the CPU
+    """configs/shakespeare.yaml at its real size on the CPU: the dry run times a few steps of one
+    sequence and says the run's time (5,000 steps at a measured rate, 21 evals), and that the CPU
     recipe is the one for this device (no 5,000 steps of a 10.7M-parameter model at batch 64 x 256
     fit 30 minutes of a CPU)."""
     res = cli(
@@ -127,9 +126,7 @@ def test_the_gpu_recipes_dry_run_on_a_cpu_estimates_its_time_and_points_to_the_c
     assert res.exit_code == 0, res
     (line,) = [l for l in res.stdout.splitlines() if l.startswith("  time to train ")]
     assert " about " in line and " on cpu (5,000 steps at " in line and "21 evals at " in line, line
-    # a pass of a divisor of the batch, as long as one sequence's pass predicts under a second
-    timed = re.search(r"timed from a few steps of (\d+) sequences?, times (\d+)\)", line)
-    assert timed and int(timed[1]) * int(timed[2]) == 64 and int(timed[2]) > 1, line
+    assert "timed from a few steps of 1 sequence, times 64" in line, line
     assert res.stdout.splitlines()[-1] == CPU_RECIPE, res.stdout  # with the notes, last
 
 

@@ -186,9 +186,8 @@ class TimeEstimate:
             self.log(CPU_RECIPE.removeprefix("note: "))
 
 
-#: The timed micro-batch is the largest divisor of train.batch_size whose pass one sequence's predicts
-#: under this many seconds, scaled to the whole batch: one sequence's products ran far below a batch's
-#: rate (the nanogpt-gpu recipe's step read 1.67 s scaled from one sequence, 1.3 s in the run).
+#: A timed micro-batch of the whole train.batch_size is run only when one sequence's step predicts it under
+#: this many seconds; else one sequence's time is scaled by the batch (a CPU at the GPU recipe's size).
 WHOLE_BATCH_UNDER_S = 1.0
 
 
@@ -231,11 +230,6 @@ def _one_thread_if_faster(timed: Callable[[], float], seconds: float) -> float:
     return seconds
 
 
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n`` (>= 1), ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, float, str]:
     """Seconds of one optimizer step of ``cfg``'s model on ``device`` (its forward-backward passes,
     then its optimizer update) and of one eval micro-batch, and how they were timed, from a few
@@ -244,9 +238,8 @@ def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, float, str]:
     where that is faster (:func:`_one_thread_if_faster`).
 
     The step is ``grad_accum_steps`` forward-backward passes of ``train.batch_size`` sequences of
-    ``block_size`` tokens and one optimizer step; where the whole batch would take long, a pass of
-    fewer sequences (a divisor of the batch, :data:`WHOLE_BATCH_UNDER_S`) is timed and scaled by
-    the batch; an eval batch is a
+    ``block_size`` tokens and one optimizer step; a pass of one sequence is timed and scaled by the
+    batch when the whole batch would take long (:data:`WHOLE_BATCH_UNDER_S`); an eval batch is a
     forward pass, a third of a forward-backward (:data:`STEP_PER_FORWARD`)."""
     import torch
 
@@ -283,21 +276,16 @@ def step_seconds(cfg: Config, device, dtype) -> tuple[float, float, float, str]:
         update()
         threads.poll(force=True)  # the thread count train's own CpuThreads would pick now
         one = _timed(pass_of(1), device)
-        batch = max(
-            (d for d in divisors(tc.batch_size) if one * d < WHOLE_BATCH_UNDER_S), default=1
-        )
+        whole = one * tc.batch_size < WHOLE_BATCH_UNDER_S
+        batch = tc.batch_size if whole else 1
 
         def micro_batch() -> float:
             return _timed(pass_of(batch), device) * (tc.batch_size // batch)
 
-        micro = micro_batch() if batch > 1 else one * tc.batch_size  # the pass timed, scaled
+        micro = micro_batch() if whole else one * tc.batch_size  # the pass just timed, scaled
         if threads.enabled and torch.get_num_threads() > 1:
             micro = _one_thread_if_faster(micro_batch, micro)
-        how = (
-            f"batch {tc.batch_size}"
-            if batch == tc.batch_size
-            else f"{batch} sequence{'s' * (batch > 1)}, times {tc.batch_size // batch}"
-        )
+        how = f"batch {tc.batch_size}" if whole else f"1 sequence, times {tc.batch_size}"
         opt_s = _timed(update, device)
     finally:
         threads.restore()
